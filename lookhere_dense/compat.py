@@ -1,0 +1,50 @@
+"""The few version fixes lookhere-dense needs, all in one place.
+
+Applied once when :mod:`lookhere_dense` is imported (:func:`apply`). Each fix is narrow:
+it changes behaviour only for the objects it names.
+
+1. **mmengine 0.10.7 checkpoints under torch >= 2.6.** mmengine calls ``torch.load``
+   without ``weights_only``; torch now defaults to ``weights_only=True`` and refuses the
+   Python objects mmengine writes into its own checkpoints (the message-hub
+   ``HistoryBuffer`` and the numpy arrays/scalars/dtypes it holds), so ``load_from=``
+   and ``--resume`` fail with ``UnpicklingError: Unsupported global``. Fix: add exactly
+   those classes to torch's weights-only allow-list
+   (``torch.serialization.add_safe_globals``). ``weights_only`` stays on for everything;
+   no other class becomes loadable.
+"""
+from __future__ import annotations
+
+from typing import List
+
+__all__ = ['apply', 'mmengine_checkpoint_safe_globals']
+
+_applied = False
+
+
+def mmengine_checkpoint_safe_globals() -> List[object]:
+    """The classes mmengine 0.10.x pickles into checkpoints besides tensors."""
+    import builtins
+
+    import numpy as np
+    from mmengine.logging.history_buffer import HistoryBuffer
+
+    try:  # numpy >= 2
+        from numpy._core.multiarray import _reconstruct, scalar
+    except ImportError:  # pragma: no cover - numpy 1.x
+        from numpy.core.multiarray import _reconstruct, scalar
+    dtype_classes = [getattr(np.dtypes, name) for name in dir(np.dtypes)
+                     if name.endswith('DType')]
+    return [HistoryBuffer, np.ndarray, np.dtype, _reconstruct, scalar, builtins.getattr,
+            *dtype_classes]
+
+
+def apply() -> None:
+    """Apply every fix above (idempotent)."""
+    global _applied
+    if _applied:
+        return
+    import torch
+
+    if hasattr(torch.serialization, 'add_safe_globals'):
+        torch.serialization.add_safe_globals(mmengine_checkpoint_safe_globals())
+    _applied = True

@@ -1,0 +1,507 @@
+"""The LookHere bias: head layouts, slopes, presets, and the relative-offset table.
+
+For layer ``l``, head ``h``, query patch ``q`` and key patch ``k`` LookHere adds to the
+attention logits::
+
+    bias[l, h, q, k] = -(global_slope * layer_slope[l]) * (head_slope[h] * d(q, k))
+
+inside the head's field of view (see :mod:`.directions`) and blocks the key outside it.
+The CLS token's row and column are 0. ``d`` is the Euclidean patch distance, optionally
+passed through ``sqrt`` or ``square``.
+
+Because the field of view and ``d`` depend only on the offset ``(dy, dx) = k - q``, the
+whole ``(N, N)`` bias of an ``H x W`` grid is determined by a table of shape
+``(heads, 2H-1, 2W-1)`` per layer (:func:`relative_bias_table`). That table is the single
+source of truth: :class:`GridBias` produces the full bias, a block of query rows, or
+(through a window-sized grid) a window's bias from it by index arithmetic; attention
+backends, benchmarks and plots all go through it.
+
+Two departures from the official code, both on purpose and both documented:
+
+* blocked entries hold ``-inf`` (the official code writes ``-bfloat16.max``; both give an
+  attention weight of exactly 0);
+* a slope of exactly 0 leaves blocked keys blocked (the official code turns ``0 * inf``
+  into ``nan`` and then into 0, silently removing the mask).
+
+``center`` heads are the one non-translation-equivariant type: their bias is the distance
+from the *grid centre* to the key. They are carried as a separate per-key term
+(:attr:`GridBias.key_term`) that is added to the relative table's value.
+
+This module has no OpenMMLab imports.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from .directions import (DIRECTION_TYPES, NONE_LIKE_TYPES, HeadSpec, head_blocked,
+                         heads_of_type, relative_offsets)
+
+__all__ = [
+    'LookHereConfig', 'PRESETS', 'resolve_lh_config', 'head_layout', 'layer_slopes',
+    'relative_bias_table', 'key_bias_table', 'GridBias', 'build_grid_bias',
+    'lookhere_bias', 'DISTANCES', 'FILLS', 'BIAS_ROUNDINGS',
+]
+
+DISTANCES = ('linear', 'sqrt', 'square')
+FILLS = ('inf', 'zero', 'max')
+BIAS_ROUNDINGS = ('bfloat16', 'none')
+#: Head counts the official head-layout rules cover, per number of direction types.
+_LAYOUTS = {1: 'any multiple of 4', 2: (6, 12, 16), 3: (12, 16), 4: (16,)}
+
+
+@dataclass(frozen=True)
+class LookHereConfig:
+    """A LookHere configuration, with the official ``lh_config`` keys.
+
+    Args:
+        head_directions: a head string such as ``'halves-none'`` (direction types joined
+            by ``-``, see :data:`.directions.DIRECTION_TYPES`), or one such string per
+            layer. Default: ``'halves-none'``.
+        global_slope: multiplies every layer's slope. Default: 1.0.
+        layer_slopes: ``(first, last)``; layer ``l`` uses ``linspace(first, last, depth)[l]``.
+            Default: ``(1.5, 0.5)``.
+        distance: ``'linear'``, ``'sqrt'`` or ``'square'`` of the Euclidean patch distance.
+            Default: ``'linear'``.
+        fill_with: what blocked keys get: ``'inf'`` (blocked), ``'zero'`` (distance 0) or
+            ``'max'`` (the largest distance on the grid). Default: ``'inf'``.
+        bias_rounding: ``'bfloat16'`` rounds the bias to bfloat16 like the official code
+            (so official checkpoints see exactly the bias they were trained with);
+            ``'none'`` keeps float64 precision until the compute dtype. Not an official key.
+            Default: ``'bfloat16'``.
+    """
+
+    head_directions: Union[str, Tuple[str, ...]] = 'halves-none'
+    global_slope: float = 1.0
+    layer_slopes: Tuple[float, float] = (1.5, 0.5)
+    distance: str = 'linear'
+    fill_with: str = 'inf'
+    bias_rounding: str = 'bfloat16'
+
+    def __post_init__(self):
+        hd = self.head_directions
+        if isinstance(hd, (list, tuple)):
+            if not hd or not all(isinstance(s, str) for s in hd):
+                raise ValueError('head_directions must be a string or a non-empty list of '
+                                 f'strings (one per layer), got {hd!r}')
+            object.__setattr__(self, 'head_directions', tuple(hd))
+        elif not isinstance(hd, str):
+            raise ValueError(f'head_directions must be a string or a list of strings, got {hd!r}')
+        for s in self.direction_strings:
+            for t in s.split('-'):
+                heads_of_type(t)  # raises with the allowed names
+        ls = self.layer_slopes
+        if not isinstance(ls, (list, tuple)) or len(ls) != 2:
+            raise ValueError(f'layer_slopes must be a pair (first, last), got {ls!r}')
+        object.__setattr__(self, 'layer_slopes', (float(ls[0]), float(ls[1])))
+        object.__setattr__(self, 'global_slope', float(self.global_slope))
+        for name, allowed in (('distance', DISTANCES), ('fill_with', FILLS),
+                              ('bias_rounding', BIAS_ROUNDINGS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f'unknown LookHere {name} {getattr(self, name)!r}; '
+                                 f'allowed: {list(allowed)}')
+
+    @property
+    def direction_strings(self) -> Tuple[str, ...]:
+        """The distinct head strings this config uses (one, unless it varies per layer)."""
+        hd = self.head_directions
+        return tuple(dict.fromkeys(hd)) if isinstance(hd, tuple) else (hd,)
+
+    def layer_direction(self, layer: int) -> str:
+        """The head string of ``layer``."""
+        hd = self.head_directions
+        return hd[layer] if isinstance(hd, tuple) else hd
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any]) -> 'LookHereConfig':
+        """Build from an official ``lh_config`` dict (extra keys are an error, by name)."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(cfg) - names)
+        if unknown:
+            raise ValueError(f'unknown LookHere config keys {unknown}; allowed: {sorted(names)}')
+        return cls(**dict(cfg))
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The official ``lh_config`` dict (plus ``bias_rounding``)."""
+        hd = self.head_directions
+        return dict(head_directions=list(hd) if isinstance(hd, tuple) else hd,
+                    global_slope=self.global_slope, layer_slopes=list(self.layer_slopes),
+                    distance=self.distance, fill_with=self.fill_with,
+                    bias_rounding=self.bias_rounding)
+
+    def validate(self, num_heads: int, depth: int) -> None:
+        """Check that this config fits a ``depth``-layer model with ``num_heads`` heads."""
+        hd = self.head_directions
+        if isinstance(hd, tuple) and len(hd) != depth:
+            raise ValueError(f'head_directions lists {len(hd)} strings but the model has '
+                             f'{depth} layers; give one string per layer or a single string')
+        for s in self.direction_strings:
+            head_layout(s, num_heads)
+
+    def differences(self, other: 'LookHereConfig') -> List[str]:
+        """Human-readable ``key: mine != other`` lines where two configs differ."""
+        return [f'{f.name}: {getattr(self, f.name)!r} != {getattr(other, f.name)!r}'
+                for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+
+
+#: Named presets. With 12 heads each has 8 directed heads and 4 unrestricted ("none")
+#: heads, as in the paper's LH-180 / LH-90 / LH-45 models:
+#:
+#: * ``lh180``: ``'halves-none'``  -- heads 0-7 look up/down/left/right (180 deg), two
+#:   groups with head slopes 1/2 and 1/4; heads 8-11 see everything with slopes
+#:   1/4, 1/16, 1/64, 1/256. ``layer_slopes=(1.5, 0.5)``.
+#: * ``lh90``: ``'corners-none'`` -- 90 deg quadrants, same slopes. ``layer_slopes=(1.5, 0.5)``.
+#: * ``lh45``: ``'eighths1-eighths2-none'`` -- eight 45 deg wedges (slope 1/2 each),
+#:   4 unrestricted heads. ``layer_slopes=(2.0, 0.5)``.
+#:
+#: All use ``global_slope=1.0``, ``distance='linear'``, ``fill_with='inf'``. A checkpoint's
+#: own ``config`` always wins when official weights are loaded.
+PRESETS: Dict[str, LookHereConfig] = {
+    'lh180': LookHereConfig('halves-none', 1.0, (1.5, 0.5)),
+    'lh90': LookHereConfig('corners-none', 1.0, (1.5, 0.5)),
+    'lh45': LookHereConfig('eighths1-eighths2-none', 1.0, (2.0, 0.5)),
+}
+
+
+def resolve_lh_config(lh_config: Union[None, str, Mapping[str, Any], LookHereConfig] = None,
+                      preset: Optional[str] = None) -> LookHereConfig:
+    """One :class:`LookHereConfig` from a preset name and/or an ``lh_config``.
+
+    ``lh_config`` may be a dict (official keys), a :class:`LookHereConfig`, or a preset
+    name. When both are given, ``lh_config`` entries override the preset's.
+    With neither, ``lh180`` is used.
+    """
+    if isinstance(lh_config, str):
+        if preset is not None:
+            raise ValueError('give the preset either as preset= or as lh_config=, not both')
+        preset, lh_config = lh_config, None
+    base = None
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ValueError(f'unknown LookHere preset {preset!r}; allowed: {sorted(PRESETS)}')
+        base = PRESETS[preset]
+    if lh_config is None:
+        return base if base is not None else PRESETS['lh180']
+    if isinstance(lh_config, LookHereConfig):
+        return lh_config if base is None else replace(base, **{
+            f.name: getattr(lh_config, f.name) for f in fields(lh_config)})
+    if isinstance(lh_config, Mapping):
+        if base is None:
+            return LookHereConfig.from_dict(lh_config)
+        return LookHereConfig.from_dict({**base.to_dict(), **dict(lh_config)})
+    raise TypeError(f'lh_config must be a dict, a preset name or a LookHereConfig, '
+                    f'got {type(lh_config).__name__}')
+
+
+# ----------------------------------------------------------------------------------------
+# Heads and slopes
+# ----------------------------------------------------------------------------------------
+def _none_slopes(n: int) -> List[float]:
+    """Official slopes of ``n`` consecutive unrestricted heads (``get_none_slopes``)."""
+    base = [0.25, 0.0625, 0.015625, 0.00390625]
+    if n == 2:
+        return base[:2]
+    if n == 4:
+        return base
+    return [s for s in base for _ in range(n // 4)]
+
+
+def _directed_slopes(n: int) -> List[float]:
+    """Official slopes of ``n`` consecutive directed heads (``get_slopes``): 1/2 x4, 1/4 x4, ..."""
+    return [2.0 ** -i for i in range(1, math.ceil(n / 4) + 1) for _ in range(4)]
+
+
+def head_layout(direction_string: str, num_heads: int
+                ) -> Tuple[List[HeadSpec], Tensor, List[str]]:
+    """Expand a head string into per-head fields of view and slopes (official rules).
+
+    ======  =========  ==========================================================
+    types   heads      layout
+    ======  =========  ==========================================================
+    1       4k         the type's four heads repeated k times
+    2       6          4 heads of type 1, the first 2 heads of type 2
+    2       12 / 16    8 heads of type 1 (repeated), then 4 / 8 of type 2
+    3       12         4 + 4 + 4
+    3       16         8 (type 1 repeated) + 4 + 4
+    4       16         4 + 4 + 4 + 4
+    ======  =========  ==========================================================
+
+    Consecutive heads of the same type share a slope schedule: directed types get
+    1/2, 1/2, 1/2, 1/2, 1/4, ... ; unrestricted types (``none``, ``zero*``, ``center``)
+    get 1/4, 1/16, 1/64, 1/256 (each repeated ``n // 4`` times; for two heads 1/4, 1/16).
+
+    Returns:
+        ``(specs, slopes, type_names)``: ``num_heads`` head specs, a float64 tensor of
+        ``num_heads`` head slopes, and each head's direction type.
+
+    Raises:
+        ValueError: unknown type, or a head count the official rules do not cover.
+    """
+    if not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f'num_heads must be a positive int, got {num_heads!r}')
+    types = direction_string.split('-')
+    groups = [heads_of_type(t) for t in types]
+    n = len(types)
+
+    def unsupported() -> ValueError:
+        allowed = '; '.join(f'{k} type(s): {v if isinstance(v, str) else list(v)} heads'
+                            for k, v in _LAYOUTS.items())
+        return ValueError(f'LookHere head_directions {direction_string!r} ({n} direction '
+                          f'type(s)) does not fit num_heads={num_heads}; supported: {allowed}')
+
+    if num_heads == 6 and n == 2:
+        names = [types[0]] * 4 + [types[1]] * 2
+        specs = groups[0] + groups[1][:2]
+    elif n == 1 and num_heads % 4 == 0:
+        names = [types[0]] * num_heads
+        specs = groups[0] * (num_heads // 4)
+    elif n == 2 and num_heads in (12, 16):
+        rep = 1 if num_heads == 12 else 2
+        names = [types[0]] * 8 + [types[1]] * (4 * rep)
+        specs = groups[0] * 2 + groups[1] * rep
+    elif n == 3 and num_heads in (12, 16):
+        rep = 1 if num_heads == 12 else 2
+        names = [types[0]] * (4 * rep) + [types[1]] * 4 + [types[2]] * 4
+        specs = groups[0] * rep + groups[1] + groups[2]
+    elif n == 4 and num_heads == 16:
+        names = [t for t in types for _ in range(4)]
+        specs = [s for g in groups for s in g]
+    else:
+        raise unsupported()
+
+    slopes: List[float] = []
+    for name, run in itertools.groupby(names):
+        count = len(list(run))
+        slopes += _none_slopes(count) if name in NONE_LIKE_TYPES else _directed_slopes(count)
+    if len(slopes) != num_heads:
+        raise ValueError(f'LookHere head_directions {direction_string!r} with num_heads='
+                         f'{num_heads}: the official slope rules give {len(slopes)} head slopes '
+                         f'for {num_heads} heads (consecutive groups {names}); use a layout '
+                         'whose groups are multiples of 4 heads (2 for the last group of 6)')
+    return list(specs), torch.tensor(slopes, dtype=torch.float64), names
+
+
+def layer_slopes(config: LookHereConfig, depth: int) -> List[float]:
+    """``linspace(first, last, depth)`` computed like ``numpy.linspace`` (bit-exact)."""
+    first, last = config.layer_slopes
+    if depth == 1:
+        return [first]
+    step = (last - first) / (depth - 1)
+    values = [i * step + first for i in range(depth)]
+    values[-1] = last
+    return values
+
+
+# ----------------------------------------------------------------------------------------
+# Tables
+# ----------------------------------------------------------------------------------------
+def _distance(r: Tensor, kind: str) -> Tensor:
+    if kind == 'linear':
+        return r
+    if kind == 'sqrt':
+        return r.sqrt()
+    return r.square()
+
+
+def _head_distance_table(config: LookHereConfig, direction_string: str, num_heads: int,
+                         grid_size: Tuple[int, int]) -> Tuple[Tensor, Tensor]:
+    """Unscaled table ``head_slope * d`` (+inf where blocked), float64.
+
+    Returns ``(relative, key)`` with shapes ``(heads, 2H-1, 2W-1)`` and ``(heads, H, W)``;
+    ``key`` is non-zero only for ``center`` heads.
+    """
+    height, width = grid_size
+    specs, head_slopes, _ = head_layout(direction_string, num_heads)
+    dy, dx = relative_offsets(height, width)
+    dist = _distance(torch.sqrt((dy * dy + dx * dx).double()), config.distance)
+    grid_max = dist.max()  # the largest entry of the N x N distance matrix
+
+    rel = dist.expand(num_heads, -1, -1).clone()
+    key = torch.zeros(num_heads, height, width, dtype=torch.float64)
+    ky, kx = torch.meshgrid(torch.arange(height), torch.arange(width), indexing='ij')
+    center_dist = torch.sqrt((kx - (width - 1) / 2).double() ** 2 +
+                             (ky - (height - 1) / 2).double() ** 2)
+    for h, spec in enumerate(specs):  # per head: at most 16 iterations, each vectorised
+        if 'zero' in spec:
+            rel[h] = 0.0
+        if 'center' in spec:  # official: overwritten by the (linear) centre distance
+            rel[h] = 0.0
+            key[h] = center_dist
+        blocked = head_blocked(spec, dy, dx)
+        if config.fill_with == 'inf':
+            rel[h][blocked] = math.inf
+        elif config.fill_with == 'zero':
+            rel[h][blocked] = 0.0
+        else:  # 'max': the largest value of this head's distance matrix
+            rel[h][blocked] = 0.0 if 'zero' in spec else grid_max
+    slopes = head_slopes.view(-1, 1, 1)
+    return slopes * rel, slopes * key
+
+
+def _scale_and_round(table: Tensor, scale: float, rounding: str) -> Tensor:
+    """``-(scale * table)`` in float64, rounded like the official code when asked."""
+    if scale == 0.0:  # keep blocked entries blocked (official: 0 * inf -> nan -> 0)
+        out = torch.where(torch.isinf(table), table, torch.zeros_like(table))
+    else:
+        out = scale * table
+    if rounding == 'bfloat16':
+        out = out.to(torch.bfloat16).double()
+    return -out
+
+
+def relative_bias_table(config: LookHereConfig, grid_size: Tuple[int, int], depth: int,
+                        num_heads: int) -> Tensor:
+    """The relative-offset bias table of every layer.
+
+    Args:
+        config: the LookHere configuration.
+        grid_size: ``(H, W)`` of the patch grid (or of a window).
+        depth: number of layers.
+        num_heads: heads per layer.
+
+    Returns:
+        float64 tensor ``(depth, heads, 2H-1, 2W-1)``; entry ``[l, h, dy+H-1, dx+W-1]`` is
+        the bias from a query to the key ``(dy, dx)`` away, ``-inf`` where blocked.
+    """
+    height, width = _check_grid(grid_size)
+    config.validate(num_heads, depth)
+    slopes = layer_slopes(config, depth)
+    base = {s: _head_distance_table(config, s, num_heads, (height, width))[0]
+            for s in config.direction_strings}
+    return torch.stack([
+        _scale_and_round(base[config.layer_direction(l)], config.global_slope * slopes[l],
+                         config.bias_rounding)
+        for l in range(depth)])
+
+
+def key_bias_table(config: LookHereConfig, grid_size: Tuple[int, int], depth: int,
+                   num_heads: int) -> Optional[Tensor]:
+    """The per-key term of ``center`` heads, ``(depth, heads, H, W)`` float64, or None."""
+    if not any('center' in s.split('-') for s in config.direction_strings):
+        return None
+    height, width = _check_grid(grid_size)
+    slopes = layer_slopes(config, depth)
+    base = {s: _head_distance_table(config, s, num_heads, (height, width))[1]
+            for s in config.direction_strings}
+    return torch.stack([
+        _scale_and_round(base[config.layer_direction(l)], config.global_slope * slopes[l],
+                         config.bias_rounding)
+        for l in range(depth)]) + 0.0  # turn -0.0 into 0.0
+
+
+def _check_grid(grid_size: Sequence[int]) -> Tuple[int, int]:
+    if len(grid_size) != 2 or any(not isinstance(g, int) or g < 1 for g in grid_size):
+        raise ValueError(f'grid_size must be (H, W) with positive ints, got {grid_size!r}')
+    return int(grid_size[0]), int(grid_size[1])
+
+
+# ----------------------------------------------------------------------------------------
+# Materialisation
+# ----------------------------------------------------------------------------------------
+def offset_index(grid_size: Tuple[int, int], query: Tensor, key: Tensor) -> Tensor:
+    """Flat index into a ``(2H-1) x (2W-1)`` table for every (query, key) pair.
+
+    Args:
+        grid_size: ``(H, W)``.
+        query: ``(Q,)`` patch indices (row-major, ``y * W + x``).
+        key: ``(K,)`` patch indices.
+
+    Returns:
+        int64 ``(Q, K)``.
+    """
+    height, width = grid_size
+    qy, qx = query.div(width, rounding_mode='floor'), query.remainder(width)
+    ky, kx = key.div(width, rounding_mode='floor'), key.remainder(width)
+    return ((ky[None, :] - qy[:, None] + height - 1) * (2 * width - 1)
+            + (kx[None, :] - qx[:, None] + width - 1))
+
+
+@dataclass(eq=False)
+class GridBias:
+    """The LookHere bias of every layer for one grid, kept as relative-offset tables.
+
+    Attributes:
+        grid_size: ``(H, W)``.
+        table: ``(depth, heads, 2H-1, 2W-1)`` in the compute dtype/device, ``-inf`` blocked.
+        key_term: ``(depth, heads, H*W)`` for ``center`` heads, else None.
+        visible: ``(depth, heads, 2H-1, 2W-1)`` bool, the fields of view (for masks).
+    """
+
+    grid_size: Tuple[int, int]
+    table: Tensor
+    key_term: Optional[Tensor] = None
+    visible: Tensor = field(init=False)
+
+    def __post_init__(self):
+        self.visible = ~torch.isneginf(self.table)
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_size[0] * self.grid_size[1]
+
+    @property
+    def num_heads(self) -> int:
+        return self.table.shape[1]
+
+    @property
+    def depth(self) -> int:
+        return self.table.shape[0]
+
+    def rows(self, layer: int, start: int, stop: int, cls_token: bool = False) -> Tensor:
+        """Bias rows ``start:stop`` of the token sequence for ``layer``.
+
+        With ``cls_token`` the sequence is ``[CLS, patch_0, ..., patch_{N-1}]``; the CLS
+        row and column are 0.
+
+        Returns:
+            ``(heads, stop-start, T)`` with ``T = N (+1)``, in the table's dtype.
+        """
+        n = self.num_patches
+        total = n + int(cls_token)
+        if not 0 <= start <= stop <= total:
+            raise ValueError(f'rows {start}:{stop} outside a sequence of {total} tokens')
+        device = self.table.device
+        off = int(cls_token)
+        q = torch.arange(max(start - off, 0), stop - off, device=device)
+        k = torch.arange(n, device=device)
+        flat = self.table[layer].flatten(1)
+        out = flat[:, offset_index(self.grid_size, q, k)]  # (heads, Q, N)
+        if self.key_term is not None:
+            out = out + self.key_term[layer][:, None, :]
+        if cls_token:
+            out = torch.nn.functional.pad(out, (1, 0))  # CLS column
+            if start == 0:
+                out = torch.cat([out.new_zeros(out.shape[0], 1, total), out], dim=1)
+        return out
+
+    def dense(self, layer: int, cls_token: bool = False) -> Tensor:
+        """The full ``(heads, T, T)`` bias of ``layer``."""
+        return self.rows(layer, 0, self.num_patches + int(cls_token), cls_token)
+
+
+def build_grid_bias(config: LookHereConfig, grid_size: Tuple[int, int], depth: int,
+                    num_heads: int, device: Union[torch.device, str, None] = None,
+                    dtype: torch.dtype = torch.float32) -> GridBias:
+    """Tables for one grid, moved to ``device`` and cast to ``dtype``."""
+    table = relative_bias_table(config, grid_size, depth, num_heads)
+    key = key_bias_table(config, grid_size, depth, num_heads)
+    table = table.to(device=device, dtype=dtype)
+    if key is not None:
+        key = key.flatten(2).to(device=device, dtype=dtype)
+    return GridBias(tuple(grid_size), table, key)
+
+
+def lookhere_bias(config: LookHereConfig, grid_size: Tuple[int, int], depth: int,
+                  num_heads: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The full patch-to-patch bias, ``(depth, heads, H*W, H*W)``, without CLS.
+
+    The counterpart of the official ``create_lh_bias_tensor`` (which returns the same
+    values, with ``-bfloat16.max`` where this has ``-inf``).
+    """
+    gb = build_grid_bias(config, grid_size, depth, num_heads, dtype=dtype)
+    return torch.stack([gb.dense(l) for l in range(depth)])

@@ -1,0 +1,80 @@
+"""ViTDet-style non-overlapping windows over a patch grid (pure tensor reshapes).
+
+A grid that is not a multiple of the window size is padded at the bottom/right; the
+padding is tracked so attention can ignore it (:func:`window_key_mask`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ['padded_grid', 'window_partition', 'window_unpartition', 'window_key_mask']
+
+
+def padded_grid(grid_size: Tuple[int, int], window_size: int) -> Tuple[int, int]:
+    """``(Hp, Wp)``: the grid rounded up to a multiple of ``window_size``."""
+    h, w = grid_size
+    return math.ceil(h / window_size) * window_size, math.ceil(w / window_size) * window_size
+
+
+def window_partition(x: Tensor, grid_size: Tuple[int, int], window_size: int) -> Tensor:
+    """Split patch tokens into windows.
+
+    Args:
+        x: ``(B, heads, H*W, d)`` tokens, row-major over the grid.
+        grid_size: ``(H, W)``.
+        window_size: window side ``ws``.
+
+    Returns:
+        ``(B, nWin, heads, ws*ws, d)`` with ``nWin = (Hp/ws) * (Wp/ws)``, windows in
+        row-major order, zero-padded at the bottom/right.
+    """
+    b, nh, _, d = x.shape
+    h, w = grid_size
+    hp, wp = padded_grid(grid_size, window_size)
+    x = x.reshape(b, nh, h, w, d)
+    if (hp, wp) != (h, w):
+        x = F.pad(x, (0, 0, 0, wp - w, 0, hp - h))
+    ws = window_size
+    x = x.reshape(b, nh, hp // ws, ws, wp // ws, ws, d)
+    return x.permute(0, 2, 4, 1, 3, 5, 6).reshape(b, (hp // ws) * (wp // ws), nh, ws * ws, d)
+
+
+def window_unpartition(x: Tensor, grid_size: Tuple[int, int], window_size: int) -> Tensor:
+    """Inverse of :func:`window_partition`: ``(B, nWin, heads, ws*ws, d)`` -> ``(B, heads, H*W, d)``."""
+    b, _, nh, _, d = x.shape
+    h, w = grid_size
+    hp, wp = padded_grid(grid_size, window_size)
+    ws = window_size
+    x = x.reshape(b, hp // ws, wp // ws, nh, ws, ws, d).permute(0, 3, 1, 4, 2, 5, 6)
+    x = x.reshape(b, nh, hp, wp, d)[:, :, :h, :w]
+    return x.reshape(b, nh, h * w, d)
+
+
+def window_key_mask(grid_size: Tuple[int, int], window_size: int, cls_token: bool,
+                    device=None, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Additive mask hiding padded keys from the real queries of each window.
+
+    Returns:
+        ``(nWin, 1, T, T)`` with ``T = ws*ws (+1)``: ``-inf`` where the key is padding and
+        the query is another token, else 0. A padded query still sees itself, so no row
+        is ever fully masked (no NaN, in forward or backward); padded outputs are dropped.
+    """
+    h, w = grid_size
+    hp, wp = padded_grid(grid_size, window_size)
+    ws = window_size
+    valid = torch.zeros(hp, wp, dtype=torch.bool, device=device)
+    valid[:h, :w] = True
+    valid = valid.reshape(hp // ws, ws, wp // ws, ws).permute(0, 2, 1, 3).reshape(-1, ws * ws)
+    if cls_token:
+        valid = torch.cat([valid.new_ones(valid.shape[0], 1), valid], dim=1)
+    t = valid.shape[1]
+    eye = torch.eye(t, dtype=torch.bool, device=device)
+    hidden = ~valid[:, None, :] & ~eye[None]
+    mask = torch.zeros(hidden.shape, dtype=dtype, device=device)
+    mask.masked_fill_(hidden, float('-inf'))
+    return mask[:, None]

@@ -1,0 +1,3 @@
+from .lookhere_vit import LookHereViT
+
+__all__ = ['LookHereViT']

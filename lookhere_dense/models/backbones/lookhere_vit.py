@@ -1,0 +1,534 @@
+"""``LookHereViT``: a plain ViT whose position information is the LookHere bias.
+
+A drop-in for mmseg's ``VisionTransformer`` (same argument names where the meaning is the
+same, same output contract) with the architecture of the official LookHere model
+(DeiT-III: pre-norm blocks with LayerScale, CLS token, final norm, patch-embedding conv
+with bias, no absolute position embedding), so official, timm and DeiT-III weights load
+by name. Optional ViTDet-style window attention per block.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmcv.cnn import build_activation_layer, build_norm_layer
+from mmcv.cnn.bricks.drop import DropPath
+from mmengine.logging import print_log
+from mmengine.model import BaseModule
+from mmengine.model.weight_init import trunc_normal_
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from ...checkpoint import backbone_weights, load_checkpoint_file, match_state_dict
+from ...lookhere import LookHereAttentionEngine, LookHereConfig, resolve_lh_config
+from ...lookhere.bias import BIAS_ROUNDINGS
+from ..registry import register_model
+
+__all__ = ['LookHereViT', 'LookHerePatchEmbed', 'LookHereBlock', 'LookHereSelfAttention']
+
+#: mmseg ``VisionTransformer`` arguments that mean nothing without an absolute position
+#: embedding; accepted so existing configs keep working, ignored with one warning each.
+IGNORED_ARGS = ('interpolate_mode',)
+_warned: set = set()
+
+
+def _warn_once(key: str, msg: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(msg, stacklevel=3)
+
+
+class LookHerePatchEmbed(nn.Module):
+    """Non-overlapping patch embedding (a strided conv), padding inputs to a patch multiple.
+
+    Args:
+        patch_size: patch side. Default: 16.
+        in_channels: input channels. Default: 3.
+        embed_dims: output channels. Default: 768.
+        bias: conv bias (the official model has one). Default: True.
+        padding: ``'corner'`` pads bottom/right, ``'same'`` pads evenly, like mmseg's
+            ``AdaptivePadding``. Default: ``'corner'``.
+        norm_cfg: optional norm after the projection. Default: None.
+    """
+
+    def __init__(self, patch_size: int = 16, in_channels: int = 3, embed_dims: int = 768,
+                 bias: bool = True, padding: str = 'corner', norm_cfg: Optional[dict] = None):
+        super().__init__()
+        if padding not in ('corner', 'same'):
+            raise ValueError(f"patch_pad must be 'corner' or 'same', got {padding!r}")
+        self.patch_size = patch_size
+        self.padding = padding
+        self.proj = nn.Conv2d(in_channels, embed_dims, patch_size, patch_size, bias=bias)
+        self.norm = build_norm_layer(norm_cfg, embed_dims)[1] if norm_cfg else None
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
+        """``(B, C, H, W)`` -> tokens ``(B, h*w, D)`` and the grid ``(h, w)``."""
+        if x.dim() != 4:
+            raise ValueError(f'LookHereViT expects images of shape (B, C, H, W), got {tuple(x.shape)}')
+        h, w = x.shape[-2:]
+        p = self.patch_size
+        if h < p or w < p:
+            raise ValueError(f'image of {h}x{w} px is smaller than one {p}x{p} patch')
+        if x.shape[1] != self.proj.in_channels:
+            raise ValueError(f'LookHereViT was built for {self.proj.in_channels} input channels, '
+                             f'got {x.shape[1]}')
+        pad_h, pad_w = (-h) % p, (-w) % p
+        if pad_h or pad_w:
+            if self.padding == 'corner':
+                x = F.pad(x, (0, pad_w, 0, pad_h))
+            else:
+                x = F.pad(x, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2))
+        x = self.proj(x)
+        grid = (x.shape[2], x.shape[3])
+        x = x.flatten(2).transpose(1, 2)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, grid
+
+
+class LayerScale(nn.Module):
+    """Per-channel learnable scale (DeiT-III / CaiT); parameter ``gamma``."""
+
+    def __init__(self, dim: int, init_values: float = 1e-4):
+        super().__init__()
+        self.gamma = nn.Parameter(init_values * torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+
+class Mlp(nn.Module):
+    """Two-layer MLP with timm's parameter names (``fc1``, ``fc2``)."""
+
+    def __init__(self, dim: int, hidden: int, act_cfg: dict, drop: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = build_activation_layer(act_cfg)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+class LookHereSelfAttention(nn.Module):
+    """Multi-head self-attention that takes its position bias from a LookHere engine.
+
+    Args:
+        dim: token channels.
+        num_heads: heads.
+        qkv_bias: bias of the qkv projection. Default: True.
+        attn_drop: attention dropout. Default: 0.
+        proj_drop: dropout after the output projection. Default: 0.
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.attn_drop = attn_drop
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor, engine: LookHereAttentionEngine, layer: int,
+                grid: Tuple[int, int], cls_token: bool, window_size: int = 0) -> Tensor:
+        """``(B, T, C)`` -> ``(B, T, C)``; ``window_size > 0`` selects window attention."""
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.num_heads, self.head_dim).permute(
+            2, 0, 3, 1, 4).unbind(0)
+        p = self.attn_drop if self.training else 0.0
+        if window_size:
+            x = engine.window_attention(q, k, v, layer, grid, window_size, cls_token, p)
+        else:
+            x = engine(q, k, v, layer, grid, cls_token, p)
+        x = x.transpose(1, 2).reshape(b, t, c)
+        return self.proj_drop(self.proj(x))
+
+
+class LookHereBlock(nn.Module):
+    """Pre-norm transformer block with LayerScale (DeiT-III), official parameter names.
+
+    Args:
+        dim, num_heads, mlp_ratio, qkv_bias: the usual.
+        drop: dropout after the attention projection and in the MLP. Default: 0.
+        attn_drop: attention dropout. Default: 0.
+        drop_path: stochastic depth. Default: 0.
+        init_values: LayerScale init; None disables LayerScale. Default: 1e-4.
+        norm_cfg, act_cfg: mmcv configs. Default: LN, GELU.
+        window_size: 0 for global attention, else ViTDet window size (in patches).
+            Default: 0.
+    """
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True,
+                 drop: float = 0.0, attn_drop: float = 0.0, drop_path: float = 0.0,
+                 init_values: Optional[float] = 1e-4, norm_cfg: dict = dict(type='LN'),
+                 act_cfg: dict = dict(type='GELU'), window_size: int = 0):
+        super().__init__()
+        self.window_size = window_size
+        self.norm1 = build_norm_layer(norm_cfg, dim)[1]
+        self.attn = LookHereSelfAttention(dim, num_heads, qkv_bias, attn_drop, drop)
+        self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
+        self.norm2 = build_norm_layer(norm_cfg, dim)[1]
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_cfg, drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: Tensor, engine: LookHereAttentionEngine, layer: int,
+                grid: Tuple[int, int], cls_token: bool) -> Tensor:
+        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), engine, layer, grid,
+                                                  cls_token, self.window_size)))
+        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
+
+
+def _window_blocks(num_layers: int, window_size: int,
+                   window_block_indexes: Optional[Sequence[int]],
+                   global_attn_indexes: Optional[Sequence[int]]) -> List[int]:
+    """Indexes of windowed blocks from either naming (detectron2/mmdet or SAM)."""
+    if not window_size:
+        if window_block_indexes or global_attn_indexes:
+            raise ValueError('window_block_indexes / global_attn_indexes need window_size > 0')
+        return []
+    if window_size < 1:
+        raise ValueError(f'window_size must be >= 0, got {window_size}')
+    if window_block_indexes is not None and global_attn_indexes is not None:
+        windowed = sorted(set(window_block_indexes))
+        if set(windowed) & set(global_attn_indexes) or \
+                set(windowed) | set(global_attn_indexes) != set(range(num_layers)):
+            raise ValueError('window_block_indexes and global_attn_indexes must partition '
+                             f'range({num_layers}); got {list(window_block_indexes)} and '
+                             f'{list(global_attn_indexes)}')
+    elif window_block_indexes is not None:
+        windowed = sorted(set(window_block_indexes))
+    else:
+        if global_attn_indexes is None:  # ViTDet: the last block of each quarter is global
+            step = max(num_layers // 4, 1)
+            global_attn_indexes = [i for i in range(step - 1, num_layers, step)]
+        windowed = [i for i in range(num_layers) if i not in set(global_attn_indexes)]
+    bad = [i for i in windowed if not 0 <= i < num_layers]
+    bad += [i for i in (global_attn_indexes or []) if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(f'block indexes {bad} out of range for num_layers={num_layers}')
+    return windowed
+
+
+@register_model()
+class LookHereViT(BaseModule):
+    """Plain ViT backbone with LookHere directed-attention position encoding.
+
+    Arguments shared with mmseg's ``VisionTransformer`` keep their meaning; defaults that
+    differ follow the official LookHere (DeiT-III) architecture so official weights fit:
+    ``patch_bias=True`` and ``final_norm=True``.
+
+    Args:
+        img_size (int | tuple): nominal training size; only recorded (no position
+            embedding depends on it). Default: 224.
+        patch_size (int): patch side. Default: 16.
+        patch_pad (str): ``'corner'`` or ``'same'`` padding of inputs that are not a patch
+            multiple. Default: ``'corner'``.
+        in_channels (int): input channels. Default: 3.
+        embed_dims (int): token channels. Default: 768.
+        num_layers (int): blocks. Default: 12.
+        num_heads (int): heads per block. Default: 12.
+        mlp_ratio (float): MLP hidden / embed dims. Default: 4.
+        out_origin (bool): also output the patch embeddings (before the blocks) first.
+            Default: False.
+        out_indices (int | Sequence[int]): blocks whose outputs are returned (-1: last).
+            Default: -1.
+        qkv_bias (bool): Default: True.
+        drop_rate (float): dropout after patch embedding, attention projection and MLP.
+            Default: 0.
+        attn_drop_rate (float): attention dropout. Default: 0.
+        drop_path_rate (float): stochastic depth, linearly increasing over blocks.
+            Default: 0.
+        with_cls_token (bool): prepend a CLS token (bias 0 to and from it). Default: True.
+        output_cls_token (bool): outputs become ``[feature_map, cls]``; needs
+            ``with_cls_token``. Default: False.
+        norm_cfg (dict): Default: ``dict(type='LN')`` (eps 1e-5, as the official model).
+        act_cfg (dict): Default: ``dict(type='GELU')``.
+        patch_norm (bool): norm after the patch projection. Default: False.
+        patch_bias (bool): bias of the patch projection. Default: True.
+        pre_norm (bool): norm before the first block. Default: False.
+        final_norm (bool): norm after the last block. Default: True.
+        interpolate_mode: accepted for compatibility, ignored (no position embedding).
+        num_fcs (int): MLP layers; only 2 is supported. Default: 2.
+        norm_eval (bool): keep norm layers in eval mode while training. Default: False.
+        with_cp (bool): activation checkpointing per block. Default: False.
+        frozen_exclude (list[str]): parameters whose names contain one of these stay
+            trainable, all others are frozen; ``['all']`` freezes nothing.
+            Default: ``['all']``.
+        pretrained (str, optional): deprecated, use ``init_cfg``. Default: None.
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads
+            official LookHere, timm / DeiT-III or lookhere-dense weights (see
+            :mod:`lookhere_dense.checkpoint`). Default: None.
+        lh_config (dict | str, optional): LookHere config with the official keys
+            (``head_directions``, ``global_slope``, ``layer_slopes``, ``distance``,
+            ``fill_with``, plus ``bias_rounding``); overrides ``preset`` entries.
+            Default: None.
+        preset (str, optional): ``'lh180'``, ``'lh90'`` or ``'lh45'``. With neither
+            ``preset`` nor ``lh_config``: ``lh180``, or the config stored in the
+            pretrained checkpoint. Default: None.
+        init_values (float, optional): LayerScale init; None: no LayerScale (e.g. for
+            timm ViT weights without it). Default: 1e-4.
+        attn_backend (str): ``'auto'``, ``'reference'``, ``'sdpa'``, ``'chunked'`` or
+            ``'flex'`` (see :mod:`lookhere_dense.lookhere.attention`). Default: ``'auto'``.
+        attn_block_size (int): query rows per block of the chunked backend. Default: 256.
+        max_dense_bias_mb (float): ``auto`` caches dense biases of a grid while all
+            layers' fit in this budget. Default: 1024.
+        window_size (int): ViTDet window size in patches; 0 disables windows. Default: 0.
+        window_block_indexes (Sequence[int], optional): windowed blocks (detectron2 /
+            mmdet naming). Default: None.
+        global_attn_indexes (Sequence[int], optional): global blocks (SAM naming); the
+            others are windowed. With ``window_size`` and neither list, the last block of
+            each quarter is global (ViTDet). Default: None.
+    """
+
+    def __init__(self,
+                 img_size: Union[int, Tuple[int, int]] = 224,
+                 patch_size: int = 16,
+                 patch_pad: str = 'corner',
+                 in_channels: int = 3,
+                 embed_dims: int = 768,
+                 num_layers: int = 12,
+                 num_heads: int = 12,
+                 mlp_ratio: float = 4,
+                 out_origin: bool = False,
+                 out_indices: Union[int, Sequence[int]] = -1,
+                 qkv_bias: bool = True,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.,
+                 with_cls_token: bool = True,
+                 output_cls_token: bool = False,
+                 norm_cfg: dict = dict(type='LN'),
+                 act_cfg: dict = dict(type='GELU'),
+                 patch_norm: bool = False,
+                 patch_bias: bool = True,
+                 pre_norm: bool = False,
+                 final_norm: bool = True,
+                 interpolate_mode: Optional[str] = None,
+                 num_fcs: int = 2,
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
+                 frozen_exclude: Sequence[str] = ('all',),
+                 pretrained: Optional[str] = None,
+                 init_cfg: Optional[Union[dict, List[dict]]] = None,
+                 lh_config: Union[None, str, Mapping[str, Any], LookHereConfig] = None,
+                 preset: Optional[str] = None,
+                 init_values: Optional[float] = 1e-4,
+                 attn_backend: str = 'auto',
+                 attn_block_size: int = 256,
+                 max_dense_bias_mb: float = 1024,
+                 window_size: int = 0,
+                 window_block_indexes: Optional[Sequence[int]] = None,
+                 global_attn_indexes: Optional[Sequence[int]] = None):
+        if init_cfg is not None and pretrained is not None:
+            raise ValueError('init_cfg and pretrained cannot be set at the same time')
+        if isinstance(pretrained, str):
+            warnings.warn('pretrained is deprecated, use init_cfg=dict(type="Pretrained", '
+                          'checkpoint=...)', DeprecationWarning)
+            init_cfg = dict(type='Pretrained', checkpoint=pretrained)
+        elif pretrained is not None:
+            raise TypeError('pretrained must be a str or None')
+        super().__init__(init_cfg=init_cfg)
+
+        if interpolate_mode is not None:
+            _warn_once('interpolate_mode', 'LookHereViT ignores interpolate_mode: it has no '
+                       'absolute position embedding to resize')
+        if embed_dims % num_heads:
+            raise ValueError(f'embed_dims={embed_dims} is not divisible by num_heads={num_heads}')
+        if num_fcs != 2:
+            raise ValueError(f'LookHereViT supports num_fcs=2 only (got {num_fcs})')
+        if output_cls_token and not with_cls_token:
+            raise ValueError('output_cls_token=True needs with_cls_token=True')
+        if isinstance(img_size, int):
+            img_size = (img_size, img_size)
+        self.img_size = tuple(img_size)
+        self.patch_size = patch_size
+        self.embed_dims = embed_dims
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.with_cls_token = with_cls_token
+        self.output_cls_token = output_cls_token
+        self.out_origin = out_origin
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+        self.frozen_exclude = list(frozen_exclude)
+
+        if isinstance(out_indices, int):
+            out_indices = [num_layers - 1 if out_indices == -1 else out_indices]
+        elif not isinstance(out_indices, (list, tuple)):
+            raise TypeError('out_indices must be an int, list or tuple')
+        self.out_indices = [num_layers + i if i < 0 else i for i in out_indices]
+        bad = [i for i in self.out_indices if not 0 <= i < num_layers]
+        if bad:
+            raise ValueError(f'out_indices {bad} out of range for num_layers={num_layers}')
+
+        # LookHere: explicit config (or preset) vs one to be taken from the checkpoint
+        self._lh_explicit = lh_config is not None or preset is not None
+        self.lh_config: LookHereConfig = resolve_lh_config(lh_config, preset)
+        self.lh_config.validate(num_heads, num_layers)
+        self.attn_backend = attn_backend
+        self.lookhere = LookHereAttentionEngine(self.lh_config, num_layers, num_heads,
+                                                attn_backend, attn_block_size,
+                                                max_dense_bias_mb)
+
+        self.window_size = int(window_size)
+        self.window_block_indexes = _window_blocks(num_layers, self.window_size,
+                                                   window_block_indexes, global_attn_indexes)
+
+        self.patch_embed = LookHerePatchEmbed(patch_size, in_channels, embed_dims, patch_bias,
+                                              patch_pad, norm_cfg if patch_norm else None)
+        if with_cls_token:
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims))
+        self.drop_after_pos = nn.Dropout(drop_rate)
+        self.pre_ln = build_norm_layer(norm_cfg, embed_dims)[1] if pre_norm else None
+        dpr = torch.linspace(0, drop_path_rate, num_layers).tolist()
+        self.blocks = nn.ModuleList([
+            LookHereBlock(embed_dims, num_heads, mlp_ratio, qkv_bias, drop_rate,
+                          attn_drop_rate, dpr[i], init_values, norm_cfg, act_cfg,
+                          self.window_size if i in self.window_block_indexes else 0)
+            for i in range(num_layers)])
+        self.norm = build_norm_layer(norm_cfg, embed_dims)[1] if final_norm else None
+        self._freeze()
+
+    # -- weights ---------------------------------------------------------------------------
+    def init_weights(self) -> None:
+        """Official (DeiT-III) init, or load the ``Pretrained`` checkpoint of ``init_cfg``."""
+        cfg = self.init_cfg
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            self.load_pretrained(cfg['checkpoint'], strict=cfg.get('strict', True))
+            self._is_init = True
+            return
+        if cfg is not None:
+            super().init_weights()
+            return
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        if self.with_cls_token:
+            trunc_normal_(self.cls_token, std=.02)
+
+    def load_pretrained(self, path: str, strict: bool = True) -> Dict[str, List[str]]:
+        """Load official LookHere / timm / DeiT-III / lookhere-dense weights from ``path``.
+
+        The LookHere config stored in official and lookhere-dense files replaces the
+        default one; it must equal an explicitly given ``lh_config``/``preset``.
+
+        Args:
+            path: checkpoint file.
+            strict: raise if the backbone has parameters the file lacks. Default: True.
+
+        Returns:
+            ``{'missing': [...], 'unexpected': [...], 'dropped': [...]}``.
+        """
+        weights = backbone_weights(load_checkpoint_file(path))
+        if weights.lh_config is not None:
+            self._adopt_checkpoint_config(weights.lh_config, path)
+        loadable, missing, unexpected = match_state_dict(self.state_dict(), weights.state_dict)
+        if missing and strict:
+            hint = ''
+            if any('.ls1.' in k or '.ls2.' in k for k in missing):
+                hint = ' (no LayerScale in the file: set init_values=None)'
+            raise ValueError(f'checkpoint {path!r} ({weights.format}) lacks backbone '
+                             f'parameters{hint}: {missing}')
+        self.load_state_dict(loadable, strict=False)
+        report = dict(missing=missing, unexpected=unexpected, dropped=weights.dropped)
+        print_log(f'LookHereViT: loaded {len(loadable)} tensors from {path} '
+                  f'({weights.format} format); dropped {weights.dropped or "nothing"}; '
+                  f'unexpected (ignored) {unexpected or "none"}; missing {missing or "none"}; '
+                  f'LookHere config {self.lh_config.to_dict()}', logger='current')
+        return report
+
+    def _adopt_checkpoint_config(self, stored: Mapping[str, Any], path: str) -> None:
+        keys = ('head_directions', 'global_slope', 'layer_slopes', 'distance', 'fill_with')
+        stored = dict(stored)
+        stored.setdefault('bias_rounding', self.lh_config.bias_rounding)
+        ckpt_cfg = resolve_lh_config(stored)
+        if self._lh_explicit:
+            diff = [d for d in self.lh_config.differences(ckpt_cfg) if d.split(':')[0] in keys]
+            if diff:
+                raise ValueError(f'the LookHere config given to LookHereViT conflicts with the '
+                                 f'one stored in {path!r} (given != checkpoint): '
+                                 + '; '.join(diff) + '. Remove lh_config/preset to use the '
+                                 "checkpoint's, or make them equal.")
+        try:
+            ckpt_cfg.validate(self.num_heads, self.num_layers)
+        except ValueError as err:
+            raise ValueError(f'the LookHere config stored in {path!r} does not fit this '
+                             f'backbone: {err}') from None
+        self.lh_config = ckpt_cfg
+        self.lookhere.reset(ckpt_cfg)
+
+    def _freeze(self) -> None:
+        if 'all' in self.frozen_exclude:
+            return
+        for name, param in self.named_parameters():
+            if not any(ex in name for ex in self.frozen_exclude):
+                param.requires_grad = False
+
+    # -- forward -------------------------------------------------------------------------
+    def _output(self, x: Tensor, grid: Tuple[int, int]):
+        patches = x[:, 1:] if self.with_cls_token else x
+        b, _, c = patches.shape
+        out = patches.reshape(b, grid[0], grid[1], c).permute(0, 3, 1, 2).contiguous()
+        return [out, x[:, 0]] if self.output_cls_token else out
+
+    def _embed(self, inputs: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
+        """Patch tokens (+CLS), dropout and pre-norm: ``(B, T, D)`` and the grid."""
+        x, grid = self.patch_embed(inputs)
+        if self.with_cls_token:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = self.drop_after_pos(x)
+        if self.pre_ln is not None:
+            x = self.pre_ln(x)
+        return x, grid
+
+    def _run_blocks(self, x: Tensor, grid: Tuple[int, int]):
+        """Yield ``(i, tokens)`` after every block (the last one after the final norm)."""
+        for i, blk in enumerate(self.blocks):
+            if self.with_cp and x.requires_grad:
+                x = checkpoint(blk, x, self.lookhere, i, grid, self.with_cls_token,
+                               use_reentrant=False)
+            else:
+                x = blk(x, self.lookhere, i, grid, self.with_cls_token)
+            if i == len(self.blocks) - 1 and self.norm is not None:
+                x = self.norm(x)
+            yield i, x
+
+    def forward(self, inputs: Tensor) -> Tuple[Any, ...]:
+        """Images ``(B, C, H, W)`` -> tuple of ``(B, embed_dims, h, w)`` maps per
+        ``out_indices`` (``[map, cls]`` pairs with ``output_cls_token``), where
+        ``h, w = ceil(H / patch), ceil(W / patch)``."""
+        x, grid = self._embed(inputs)
+        outs = [self._output(x, grid)] if self.out_origin else []
+        for i, x in self._run_blocks(x, grid):
+            if i in self.out_indices:
+                outs.append(self._output(x, grid))
+        return tuple(outs)
+
+    def forward_features(self, inputs: Tensor) -> Tensor:
+        """All tokens after the last block and final norm, ``(B, T, D)`` (CLS first), like
+        the official ``LookHere.forward_features``."""
+        x, grid = self._embed(inputs)
+        for _, x in self._run_blocks(x, grid):
+            pass
+        return x
+
+    def train(self, mode: bool = True) -> 'LookHereViT':
+        super().train(mode)
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, nn.LayerNorm):
+                    m.eval()
+        return self
