@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One-command set-up for lookhere-dense.
 #
-#   bash setup.sh                      # creates ./.venv and installs everything
-#   MMCV_WHEEL_DIR=../shared/wheels bash setup.sh   # use a prebuilt mmcv wheel if one matches
+#   bash setup.sh                                  # creates ./.venv, builds mmcv from source
+#   bash setup.sh --mmcv-wheels ../shared/wheels   # or take a prebuilt mmcv wheel that matches
+#   (MMCV_WHEEL_DIR=DIR does the same as --mmcv-wheels DIR)
 #
 # Installs torch 2.14.1 + torchvision 0.29.1, mmengine, mmcv 2.1.0 WITH compiled ops,
 # mmsegmentation 1.2.2, mmdet 3.3.0, timm and this package (editable) into .venv.
@@ -16,6 +17,14 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --mmcv-wheels) MMCV_WHEEL_DIR="$(cd "$2" && pwd)"; shift 2 ;;
+    --mmcv-wheels=*) MMCV_WHEEL_DIR="$(cd "${1#*=}" && pwd)"; shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
 cd "$ROOT"
 PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null || PYTHON=python3
@@ -26,6 +35,9 @@ MMCV_VERSION=2.1.0
 TORCH_SPEC=(torch==2.14.1 torchvision==0.29.1)
 
 log() { printf '[setup] %s\n' "$*"; }
+pip_install() {  # pip install, without the per-package "Location ... is ignored" noise
+  "$VPY" -m pip install "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
 
 if [ ! -x "$VPY" ]; then
   log "creating virtual environment at $VENV"
@@ -43,19 +55,19 @@ PY
 #    mmengine's package-scoped config inheritance).
 if ! have "import setuptools, wheel, ninja, pkg_resources; assert int(setuptools.__version__.split('.')[0]) < 82"; then
   log "installing build tooling"
-  "$VPY" -m pip install -q --upgrade 'pip' 'setuptools>=77.0.3,<82' wheel ninja
+  pip_install -q --upgrade 'pip' 'setuptools>=77.0.3,<82' wheel ninja
 fi
 
 # 2. torch
 if ! have "import torch, torchvision; assert torch.__version__.startswith('2.14.1') and torchvision.__version__.startswith('0.29.1')"; then
   log "installing ${TORCH_SPEC[*]} (about 2 minutes)"
-  "$VPY" -m pip install -q "${TORCH_SPEC[@]}"
+  pip_install -q "${TORCH_SPEC[@]}"
 fi
 
 # 3. mmcv 2.1.0 with compiled ops
 mmcv_ok() { have "import mmcv, mmcv.ops; from mmcv.ops import nms; assert mmcv.__version__ == '$MMCV_VERSION'"; }
 if ! mmcv_ok; then
-  "$VPY" -m pip install -q 'numpy<2.5' 'setuptools>=77.0.3,<82' wheel ninja
+  pip_install -q 'numpy<2.5' 'setuptools>=77.0.3,<82' wheel ninja
   TAG=$("$VPY" -c "import sys; print(f'cp{sys.version_info.major}{sys.version_info.minor}')")
   PLAT=$("$VPY" -c "import sysconfig; print(sysconfig.get_platform().replace('-', '_').replace('.', '_'))")
   CUDA_BUILD=0
@@ -87,8 +99,8 @@ if ! mmcv_ok; then
     WHEEL=$(ls "$WHEEL_CACHE"/mmcv-$MMCV_VERSION-*.whl | head -n 1)
   fi
   log "installing $WHEEL"
-  "$VPY" -m pip install -q --no-deps "$WHEEL"
-  "$VPY" -m pip install -q addict 'numpy<2.5' packaging Pillow pyyaml yapf 'opencv-python-headless' mmengine==0.10.7
+  pip_install -q --no-deps "$WHEEL"
+  pip_install -q addict 'numpy<2.5' packaging Pillow pyyaml yapf 'opencv-python-headless' mmengine==0.10.7
   mmcv_ok || { log "mmcv installed but mmcv.ops does not import"; exit 1; }
 fi
 
@@ -96,8 +108,8 @@ fi
 if ! have "import mmengine, mmseg, mmdet, timm, lookhere_dense, pytest; assert mmseg.__version__ == '1.2.2' and mmdet.__version__ == '3.3.0'" \
    || ! "$VPY" -m pip show -q lookhere-dense >/dev/null 2>&1; then
   log "installing requirements.txt and lookhere_dense (editable)"
-  "$VPY" -m pip install -q -r requirements.txt
-  "$VPY" -m pip install -q --no-deps --no-build-isolation -e .
+  pip_install -q -r requirements.txt
+  pip_install -q --no-deps --no-build-isolation -e .
 fi
 
 "$VPY" - <<'PY'

@@ -1,0 +1,35 @@
+"""Shared test fixtures.
+
+Reference outputs of the official LookHere code live in ``../shared/reference`` (beside
+the checkout). Tests that need them skip when the folder is absent, unless
+``LOOKHERE_REQUIRE_SHARED=1`` (set by ``.ci/run``), where a missing folder is a failure.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _shared_dir() -> Path:
+    env = os.environ.get('LOOKHERE_SHARED')
+    return Path(env) if env else REPO.parent / 'shared'
+
+
+@pytest.fixture(scope='session')
+def reference_dir() -> Path:
+    """``../shared/reference`` (or ``$LOOKHERE_SHARED/reference``)."""
+    path = _shared_dir() / 'reference'
+    if not path.is_dir():
+        if os.environ.get('LOOKHERE_REQUIRE_SHARED') == '1':
+            pytest.fail(f'reference outputs not found at {path}')
+        pytest.skip(f'reference outputs not found at {path}')
+    return path
+
+
+@pytest.fixture(scope='session')
+def repo_root() -> Path:
+    return REPO
