@@ -133,9 +133,10 @@ def match_state_dict(model_sd: Mapping[str, Tensor], weights: Mapping[str, Tenso
     mismatched = [f'{k}: checkpoint {tuple(v.shape)} vs model {tuple(model_sd[k].shape)}'
                   for k, v in weights.items() if k in model_sd and v.shape != model_sd[k].shape]
     if mismatched:
-        raise ValueError('checkpoint does not fit the backbone (wrong shapes; check '
-                         'embed_dims, patch_size, mlp_ratio, in_channels):\n  '
-                         + '\n  '.join(mismatched))
+        more = f'\n  ... and {len(mismatched) - 10} more' if len(mismatched) > 10 else ''
+        raise ValueError(f'checkpoint does not fit the backbone ({len(mismatched)} tensors of '
+                         'the wrong shape; check embed_dims, patch_size, mlp_ratio, '
+                         'in_channels):\n  ' + '\n  '.join(mismatched[:10]) + more)
     loadable = {k: v for k, v in weights.items() if k in model_sd}
     missing = sorted(k for k in model_sd if k not in weights)
     unexpected = sorted(k for k in weights if k not in model_sd)

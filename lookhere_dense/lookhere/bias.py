@@ -251,8 +251,12 @@ def head_layout(direction_string: str, num_heads: int
     def unsupported() -> ValueError:
         allowed = '; '.join(f'{k} type(s): {v if isinstance(v, str) else list(v)} heads'
                             for k, v in _LAYOUTS.items())
+        fits = _LAYOUTS.get(n)
+        hint = (f' (e.g. num_heads={fits[-2] if len(fits) > 1 else fits[0]}; a ViT-T with '
+                '3 heads fits no LookHere layout)' if isinstance(fits, tuple) else '')
         return ValueError(f'LookHere head_directions {direction_string!r} ({n} direction '
-                          f'type(s)) does not fit num_heads={num_heads}; supported: {allowed}')
+                          f'type(s)) does not fit num_heads={num_heads}{hint}; supported: '
+                          f'{allowed}')
 
     if num_heads == 6 and n == 2:
         names = [types[0]] * 4 + [types[1]] * 2

@@ -1,0 +1,384 @@
+"""LookHereViT: official outputs, registries, output contract, caching, weights, errors."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import lookhere_dense  # noqa: F401  (registers the modules)
+from lookhere_dense.models.backbones import LookHereViT
+from lookhere_dense.models.backbones import lookhere_vit as lv
+
+TINY = dict(embed_dims=96, num_layers=3, num_heads=12, init_values=0.1)
+
+
+def tiny(**kwargs) -> LookHereViT:
+    model = LookHereViT(**{**TINY, **kwargs})
+    model.init_weights()
+    return model.eval()
+
+
+@pytest.fixture(scope='module')
+def official(reference_dir: Path):
+    io = torch.load(reference_dir / 'official_tiny_halves_none_io.pt', weights_only=True)
+    return reference_dir / 'official_tiny_halves_none.pth', io
+
+
+# ----------------------------------------------------------------------------------------
+# Official outputs
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize('backend', ['auto', 'reference', 'chunked', 'flex'])
+def test_reproduces_official_forward_features(official, backend):
+    path, io = official
+    arch = io['model']
+    model = LookHereViT(embed_dims=arch['embed_dim'], num_layers=arch['depth'],
+                        num_heads=arch['num_heads'], patch_size=arch['patch_size'],
+                        init_values=arch['init_values'], attn_backend=backend,
+                        attn_block_size=5, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model.init_weights()
+    model.eval()
+    assert model.lh_config.head_directions == 'halves-none'
+    for name in ('64x64', '128x96'):  # 128x96 extrapolates: grid 8x6 vs trained 4x4
+        case = io['cases'][name]
+        with torch.no_grad():
+            feats = model.forward_features(case['input'])
+        assert feats.shape == case['forward_features'].shape
+        torch.testing.assert_close(feats, case['forward_features'], atol=1e-4, rtol=0, msg=name)
+        # the NCHW output of the last block is the same tokens, reshaped
+        model.output_cls_token = True
+        with torch.no_grad():
+            (fmap, cls), = model(case['input'])
+        model.output_cls_token = False
+        h, w = case['input'].shape[-2] // 16, case['input'].shape[-1] // 16
+        torch.testing.assert_close(cls, case['forward_features'][:, 0], atol=1e-4, rtol=0)
+        torch.testing.assert_close(fmap.flatten(2).transpose(1, 2),
+                                   case['forward_features'][:, 1:], atol=1e-4, rtol=0)
+        assert fmap.shape[-2:] == (h, w)
+
+
+def test_official_bias_rounding_is_reproduced(official):
+    """The official code rounds the bias to bfloat16; doing the same (the default) brings
+    our features an order of magnitude closer than keeping full precision."""
+    path, io = official
+    case = io['cases']['128x96']
+    errors = {}
+    for rounding in ('bfloat16', 'none'):
+        model = tiny(lh_config=dict(bias_rounding=rounding),
+                     init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+        with torch.no_grad():
+            feats = model.forward_features(case['input'])
+        errors[rounding] = (feats - case['forward_features']).abs().max().item()
+    assert errors['bfloat16'] * 5 < errors['none'], errors
+
+
+# ----------------------------------------------------------------------------------------
+# Registries
+# ----------------------------------------------------------------------------------------
+def test_registered_in_mmseg_and_mmdet():
+    from mmdet.registry import MODELS as DET
+    from mmseg.registry import MODELS as SEG
+    for registry in (SEG, DET):
+        model = registry.build(dict(type='LookHereViT', **TINY, preset='lh90'))
+        assert isinstance(model, LookHereViT)
+        assert model.lh_config.head_directions == 'corners-none'
+
+
+def test_custom_imports_in_a_fresh_interpreter(tmp_path: Path, repo_root: Path):
+    cfg = tmp_path / 'cfg.py'
+    cfg.write_text(textwrap.dedent("""
+        custom_imports = dict(imports=['lookhere_dense'], allow_failed_imports=False)
+        backbone = dict(type='LookHereViT', embed_dims=48, num_layers=2, num_heads=12,
+                        out_indices=(0, 1), preset='lh45')
+    """))
+    script = textwrap.dedent(f"""
+        import sys, torch
+        from mmengine.config import Config
+        assert 'lookhere_dense' not in sys.modules
+        cfg = Config.fromfile({str(cfg)!r})
+        from mmseg.registry import MODELS
+        m = MODELS.build(cfg.backbone)
+        outs = m(torch.randn(1, 3, 40, 72))
+        print(type(m).__name__, [tuple(o.shape) for o in outs])
+    """)
+    res = subprocess.run([sys.executable, '-c', script], cwd=repo_root, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert 'LookHereViT [(1, 48, 3, 5), (1, 48, 3, 5)]' in res.stdout
+
+
+# ----------------------------------------------------------------------------------------
+# Output contract (mmseg VisionTransformer's)
+# ----------------------------------------------------------------------------------------
+def test_outputs_follow_out_indices_and_pad_like_mmseg():
+    model = tiny(out_indices=(0, -1), out_origin=True)
+    outs = model(torch.randn(2, 3, 50, 33))          # pads to 64 x 48 (corner)
+    assert [tuple(o.shape) for o in outs] == [(2, 96, 4, 3)] * 3
+    assert model.out_indices == [0, 2]
+
+
+def test_output_cls_token_and_no_cls_token():
+    outs = tiny(output_cls_token=True, out_indices=[1, 2])(torch.randn(1, 3, 32, 48))
+    assert all(isinstance(o, list) and o[0].shape == (1, 96, 2, 3) and o[1].shape == (1, 96)
+               for o in outs)
+    model = tiny(with_cls_token=False)
+    assert not hasattr(model, 'cls_token')
+    assert model(torch.randn(1, 3, 32, 48))[0].shape == (1, 96, 2, 3)
+    with pytest.raises(ValueError, match='output_cls_token=True needs with_cls_token=True'):
+        tiny(with_cls_token=False, output_cls_token=True)
+
+
+def test_same_padding_centres_the_image():
+    corner, same = tiny(), tiny(patch_pad='same')
+    same.load_state_dict(corner.state_dict())
+    x = torch.randn(1, 3, 40, 40)                    # 8 px of padding: corner 0+8, same 4+4
+    shifted = torch.nn.functional.pad(x, (4, 4, 4, 4))
+    torch.testing.assert_close(same(x)[0], corner(shifted)[0])
+
+
+def test_mmseg_vit_arguments_are_accepted(recwarn):
+    lv._warned.discard('interpolate_mode')
+    model = tiny(img_size=(512, 1024), patch_pad='corner', in_channels=3, mlp_ratio=4,
+                 qkv_bias=True, drop_rate=0.1, attn_drop_rate=0.1, drop_path_rate=0.1,
+                 norm_cfg=dict(type='LN', eps=1e-6), act_cfg=dict(type='GELU'),
+                 patch_norm=True, patch_bias=True, pre_norm=True, final_norm=True,
+                 interpolate_mode='bicubic', num_fcs=2, norm_eval=True, with_cp=False)
+    tiny(interpolate_mode='bilinear')                  # second time: no new warning
+    msgs = [str(w.message) for w in recwarn if 'interpolate_mode' in str(w.message)]
+    assert len(msgs) == 1 and 'ignores interpolate_mode' in msgs[0]
+    model.train()
+    assert not model.blocks[0].norm1.training          # norm_eval
+    assert model(torch.randn(1, 3, 32, 32))[0].shape == (1, 96, 2, 2)
+
+
+def test_frozen_exclude_and_with_cp():
+    model = tiny(frozen_exclude=['blocks.2', 'norm.'])
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(n.startswith(('blocks.2', 'norm.')) for n in trainable)
+
+    plain, cp = tiny(), tiny(with_cp=True)
+    cp.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 3, 48, 32)
+    grads = []
+    for model in (plain, cp):
+        model.train()
+        model.zero_grad()
+        model(x)[0].square().mean().backward()
+        grads.append(model.blocks[0].attn.qkv.weight.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_bf16_autocast_has_no_nan():
+    model = tiny(preset='lh45')
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = model(torch.randn(1, 3, 64, 96))[0]
+    assert torch.isfinite(out).all()
+    assert {key[-1] for key in model.lookhere.dense.keys()} == {torch.bfloat16}
+
+
+# ----------------------------------------------------------------------------------------
+# Bias caching
+# ----------------------------------------------------------------------------------------
+def test_bias_is_built_once_per_grid_and_not_in_state_dict():
+    model = tiny()
+    engine = model.lookhere
+    x = torch.randn(1, 3, 64, 48)
+    model(x)
+    model(x)
+    assert engine.tables.misses == 1 and engine.tables.hits >= 1
+    assert engine.dense.misses == 3                    # one per layer, then reused
+    model(torch.randn(1, 3, 32, 32))                   # a new grid: new entries
+    assert engine.tables.misses == 2
+    assert set(model.state_dict()) == {name for name, _ in model.named_parameters()}
+
+
+def test_bias_cache_is_bounded():
+    model = tiny(num_layers=1, embed_dims=24)
+    for size in range(16, 16 * 12, 16):
+        model(torch.randn(1, 3, size, 16))
+    assert len(model.lookhere.tables) <= model.lookhere.tables.maxsize
+
+
+# ----------------------------------------------------------------------------------------
+# Weights
+# ----------------------------------------------------------------------------------------
+def _timm_vit(tmp_path: Path, layerscale: bool, deit3_names: bool = False) -> Path:
+    import timm
+    vit = timm.create_model('vit_tiny_patch16_224', pretrained=False, num_classes=7,
+                            embed_dim=96, depth=3, num_heads=12,
+                            init_values=0.5 if layerscale else None)
+    sd = vit.state_dict()
+    if deit3_names:  # the original DeiT-III repository's names
+        sd = {k.replace('.ls1.gamma', '.gamma_1').replace('.ls2.gamma', '.gamma_2'): v
+              for k, v in sd.items()}
+    path = tmp_path / 'timm_vit.pth'
+    torch.save({'model': sd} if deit3_names else sd, path)
+    return path
+
+
+@pytest.mark.parametrize('deit3_names', [False, True])
+def test_loads_timm_and_deit3_weights(tmp_path: Path, deit3_names: bool):
+    path = _timm_vit(tmp_path, layerscale=True, deit3_names=deit3_names)
+    model = tiny(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    report = model.load_pretrained(str(path))
+    assert 'pos_embed' in report['dropped'] and 'head.weight' in report['dropped']
+    assert report['missing'] == [] and report['unexpected'] == []
+    sd = torch.load(path, weights_only=True)
+    sd = sd.get('model', sd)
+    key = 'blocks.1.gamma_1' if deit3_names else 'blocks.1.ls1.gamma'
+    torch.testing.assert_close(model.blocks[1].ls1.gamma, sd[key])
+    torch.testing.assert_close(model.blocks[2].attn.qkv.weight, sd['blocks.2.attn.qkv.weight'])
+
+
+def test_timm_weights_without_layerscale_need_init_values_none(tmp_path: Path):
+    path = _timm_vit(tmp_path, layerscale=False)
+    with pytest.raises(ValueError, match=r'lacks backbone parameters \(no LayerScale.*'
+                                         r'init_values=None\).*blocks.0.ls1.gamma'):
+        tiny(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model = tiny(init_values=None, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    assert isinstance(model.blocks[0].ls1, torch.nn.Identity)
+
+
+def test_wrong_shapes_and_missing_files_are_named(tmp_path: Path):
+    other = LookHereViT(embed_dims=48, num_layers=3, num_heads=12)
+    path = tmp_path / 'small.pth'
+    torch.save({'state_dict': other.state_dict()}, path)
+    with pytest.raises(ValueError, match=r'(?s)47 tensors of the wrong shape.*patch_embed.proj'
+                                         r'.weight: checkpoint \(48, 3, 16, 16\) vs model '
+                                         r'\(96, 3, 16, 16\).*and 37 more'):
+        tiny(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    with pytest.raises(FileNotFoundError, match='checkpoint file not found'):
+        tiny(init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'nope.pth')))
+    torch.save({'state_dict': {'foo': torch.zeros(1)}}, path)
+    with pytest.raises(ValueError, match='no ViT backbone weights'):
+        tiny(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+
+
+def test_checkpoint_config_conflicts_with_explicit_one(official):
+    path, _ = official
+    with pytest.raises(ValueError, match=r"conflicts with the one stored.*head_directions: "
+                                         r"'corners-none' != 'halves-none'"):
+        tiny(preset='lh90', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model = tiny(preset='lh180', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    assert model.lh_config.head_directions == 'halves-none'
+
+
+def test_stored_config_must_fit_the_backbone(tmp_path: Path):
+    from lookhere_dense.checkpoint import save_backbone_checkpoint
+    path = tmp_path / 'lh45.pth'
+    save_backbone_checkpoint(str(path), tiny(num_heads=6).state_dict(),
+                             dict(head_directions='eighths1-eighths2-none', global_slope=1.0,
+                                  layer_slopes=[2.0, 0.5]), source='test')
+    with pytest.raises(ValueError, match=r'stored in .* does not fit this backbone.*'
+                                         r'does not fit num_heads=6'):
+        tiny(num_heads=6, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+
+
+def test_convert_checkpoint_cli_round_trip(official, tmp_path: Path, repo_root: Path):
+    path, io = official
+    out = tmp_path / 'converted.pth'
+    res = subprocess.run([sys.executable, 'tools/convert_checkpoint.py', str(path), str(out)],
+                         cwd=repo_root, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert 'official format, 47 tensors' in res.stdout and 'head.fc1.weight' in res.stdout
+    model = tiny(init_cfg=dict(type='Pretrained', checkpoint=str(out)))
+    assert model.lh_config.head_directions == 'halves-none'
+    case = io['cases']['64x64']
+    with torch.no_grad():
+        feats = model.forward_features(case['input'])
+    torch.testing.assert_close(feats, case['forward_features'], atol=1e-4, rtol=0)
+    res = subprocess.run([sys.executable, 'tools/convert_checkpoint.py', 'missing.pth',
+                          str(out)], cwd=repo_root, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and 'checkpoint file not found' in res.stderr
+
+
+def test_loads_whole_model_mmengine_checkpoints(tmp_path: Path):
+    source = tiny(preset='lh45')
+    path = tmp_path / 'segmentor.pth'
+    torch.save({'meta': {}, 'state_dict': {
+        **{f'backbone.{k}': v for k, v in source.state_dict().items()},
+        'decode_head.conv_seg.weight': torch.zeros(3, 96, 1, 1)}}, path)
+    model = tiny(preset='lh45', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    for (k, a), b in zip(model.state_dict().items(), source.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=k)
+
+
+def test_mmengine_checkpoints_with_message_hub_load_under_weights_only(tmp_path: Path):
+    """compat: mmengine's own checkpoints (HistoryBuffer, numpy) load with weights_only."""
+    import numpy as np
+    from mmengine.logging.history_buffer import HistoryBuffer
+    from mmengine.runner.checkpoint import CheckpointLoader
+    buf = HistoryBuffer()
+    buf.update(np.float64(1.5))
+    path = tmp_path / 'epoch_1.pth'
+    torch.save({'state_dict': {'w': torch.ones(2)}, 'message_hub': {'loss': buf},
+                'meta': {'dtype': np.dtype('float32'), 'arr': np.arange(3)}}, path)
+    ckpt = CheckpointLoader.load_checkpoint(str(path), map_location='cpu')
+    assert ckpt['message_hub']['loss'].current() == 1.5
+    assert torch.load(path, weights_only=True)['meta']['arr'].tolist() == [0, 1, 2]
+
+
+# ----------------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize('kwargs,error,match', [
+    (dict(preset='lh60'), ValueError, r"unknown LookHere preset 'lh60'"),
+    (dict(num_heads=8, embed_dims=96), ValueError, r"'halves-none'.*does not fit num_heads=8"),
+    (dict(embed_dims=100), ValueError, r'embed_dims=100 is not divisible by num_heads=12'),
+    (dict(lh_config=dict(head_directions='quarters-none')), ValueError,
+     r"unknown LookHere direction type 'quarters'"),
+    (dict(out_indices=(5,)), ValueError, r'out_indices \[5\] out of range'),
+    (dict(attn_backend='fast'), ValueError, r"unknown LookHere attention backend 'fast'"),
+    (dict(num_fcs=3), ValueError, r'num_fcs=2 only'),
+    (dict(patch_pad='reflect'), ValueError, r"patch_pad must be 'corner' or 'same'"),
+    (dict(window_block_indexes=[0]), ValueError, r'need window_size > 0'),
+])
+def test_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        LookHereViT(**{**TINY, **kwargs})
+
+
+def test_bad_inputs():
+    model = tiny()
+    with pytest.raises(ValueError, match=r'image of 12x40 px is smaller than one 16x16 patch'):
+        model(torch.randn(1, 3, 12, 40))
+    with pytest.raises(ValueError, match=r'built for 3 input channels, got 1'):
+        model(torch.randn(1, 1, 32, 32))
+    with pytest.raises(ValueError, match=r'expects images of shape \(B, C, H, W\)'):
+        model(torch.randn(3, 32, 32))
+
+
+def test_drop_in_for_mmseg_vit_in_a_shipped_config():
+    """mmseg's own Segmenter config with only the backbone type changed trains a step."""
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmengine.structures import PixelData
+    from mmseg.registry import MODELS
+    from mmseg.structures import SegDataSample
+    init_default_scope('mmseg')
+    import mmseg
+    cfg = Config.fromfile(Path(mmseg.__file__).parent / '.mim/configs/segmenter/'
+                          'segmenter_vit-t_mask_8xb1-160k_ade20k-512x512.py')
+    backbone = cfg.model.backbone
+    # every other argument as shipped, except heads: ViT-T's 3 heads fit no LookHere layout
+    backbone.update(type='LookHereViT', num_layers=2, num_heads=6, init_cfg=None)
+    cfg.model.pretrained = None                 # the shipped URL needs the internet
+    cfg.model.decode_head.update(num_layers=1, num_classes=5)
+    cfg.model.data_preprocessor.size = (64, 64)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    samples = []
+    for _ in range(2):
+        s = SegDataSample(metainfo=dict(img_shape=(64, 64), ori_shape=(64, 64),
+                                        pad_shape=(64, 64)))
+        s.gt_sem_seg = PixelData(data=torch.randint(0, 5, (1, 64, 64)))
+        samples.append(s)
+    losses = model.loss(torch.randn(2, 3, 64, 64), samples)
+    loss = sum(v for k, v in losses.items() if 'loss' in k)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert model.backbone.blocks[0].attn.qkv.weight.grad is not None

@@ -1,0 +1,57 @@
+#!/usr/bin/env python
+"""Convert an official LookHere or a timm / DeiT-III checkpoint for ``LookHereViT``.
+
+Writes ``{'state_dict': backbone weights, 'meta': {'lookhere_config': ..., 'source': ...}}``,
+which ``LookHereViT(init_cfg=dict(type='Pretrained', checkpoint=OUT))`` loads (taking the
+LookHere config from ``meta`` when the source had one).
+
+Examples::
+
+    python tools/convert_checkpoint.py LH_180_weights_and_config.pth pretrain/lh180_mmseg.pth
+    python tools/convert_checkpoint.py deit3_base_patch16_224.pth pretrain/deit3_b.pth
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lookhere_dense.checkpoint import (backbone_weights, load_checkpoint_file,  # noqa: E402
+                                       save_backbone_checkpoint)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('src', help='official LookHere (.pth with weights+config), timm or '
+                        'DeiT-III checkpoint (.pth / .safetensors)')
+    parser.add_argument('dst', help='output file (mmseg-style backbone checkpoint)')
+    parser.add_argument('--keep-pos-embed', action='store_true',
+                        help='keep a timm pos_embed (for a backbone with an absolute position '
+                        'embedding); dropped by default since LookHere has none')
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        weights = backbone_weights(load_checkpoint_file(args.src),
+                                   keep_pos_embed=args.keep_pos_embed)
+    except (FileNotFoundError, ValueError) as err:
+        print(f'convert_checkpoint: error: {err}', file=sys.stderr)
+        return 2
+    save_backbone_checkpoint(args.dst, weights.state_dict, weights.lh_config, source=args.src)
+    n_params = sum(v.numel() for v in weights.state_dict.values())
+    blocks = {k.split('.')[1] for k in weights.state_dict if k.startswith('blocks.')}
+    print(f'{args.src}: {weights.format} format, {len(weights.state_dict)} tensors '
+          f'({n_params / 1e6:.2f} M parameters, {len(blocks)} blocks)')
+    print(f'  dropped: {", ".join(weights.dropped) or "nothing"}')
+    print(f'  LookHere config: {weights.lh_config or "none in the file (set preset/lh_config)"}')
+    print(f'  wrote {args.dst}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
