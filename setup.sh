@@ -90,7 +90,8 @@ if ! mmcv_ok; then
     log "no matching mmcv wheel offered: building mmcv $MMCV_VERSION from source (FORCE_CUDA=$CUDA_BUILD; 30-50 min on 2 cores)"
     SRC="$ROOT/.cache/mmcv-src"
     rm -rf "$SRC"; mkdir -p "$SRC" "$WHEEL_CACHE"
-    "$VPY" -m pip download -q --no-deps --no-binary :all: "mmcv==$MMCV_VERSION" -d "$SRC"
+    "$VPY" -m pip download -q --no-deps --no-binary :all: --no-build-isolation \
+      "mmcv==$MMCV_VERSION" -d "$SRC" 2> >(grep -v "is ignored: it is neither" >&2)
     tar -xzf "$SRC"/mmcv-$MMCV_VERSION.tar.gz -C "$SRC"
     sed -i "s/-std=c++17/-std=c++20/g" "$SRC/mmcv-$MMCV_VERSION/setup.py"
     grep -q -- "-std=c++20" "$SRC/mmcv-$MMCV_VERSION/setup.py" || { log "could not patch mmcv setup.py"; exit 1; }
