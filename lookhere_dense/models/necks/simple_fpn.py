@@ -148,9 +148,9 @@ class SimpleFPN(BaseModule):
         if isinstance(inputs, Tensor):
             x = inputs
         else:
-            if not isinstance(inputs, (list, tuple)) or not inputs:
-                raise ValueError('SimpleFPN expects a tensor or a non-empty tuple of backbone '
-                                 f'outputs, got {type(inputs).__name__}')
+            if not isinstance(inputs, (list, tuple)):
+                raise ValueError('SimpleFPN expects a tensor or a tuple of backbone outputs, '
+                                 f'got {type(inputs).__name__}')
             try:
                 x = inputs[self.in_index]
             except IndexError:
