@@ -8,12 +8,13 @@ unchanged. Everything is drawn from a seeded generator: the same call writes the
 
 Layouts written::
 
-    make_coco_instances(root)                 make_cityscapes_instances(root)
-    root/annotations/instances_train2017.json root/annotations/instancesonly_filtered_gtFine_train.json
-    root/train2017/000000000001.png           root/leftImg8bit/train/synthcity/
-    root/annotations/instances_val2017.json       synthcity_000000_000000_leftImg8bit.png
-    root/val2017/...                          root/annotations/instancesonly_filtered_gtFine_val.json
-                                              root/leftImg8bit/val/synthcity/...
+    make_coco_instances(root):
+        root/annotations/instances_train2017.json, root/train2017/000000000001.png, ...
+        root/annotations/instances_val2017.json,   root/val2017/...
+    make_cityscapes_instances(root):
+        root/annotations/instancesonly_filtered_gtFine_train.json,
+        root/leftImg8bit/train/synthcity/synthcity_000000_000019_leftImg8bit.png, ...
+        root/annotations/instancesonly_filtered_gtFine_val.json, root/leftImg8bit/val/...
 
 (the Cityscapes file names follow the official ``{city}_{seq}_{frame}_leftImg8bit.png``
 pattern; the json is what mmdet's ``cityscapes2coco`` converter writes).
@@ -153,8 +154,11 @@ def write_instance_split(image_dir: Union[str, Path], ann_file: Union[str, Path]
     return ann_file
 
 
+Splits = Union[Mapping[str, int], Sequence[Tuple[str, int]]]
+
+
 def make_coco_instances(root: Union[str, Path],
-                        splits: Union[Mapping[str, int], Sequence[Tuple[str, int]]] = (('train2017', 4), ('val2017', 2)),
+                        splits: Splits = (('train2017', 4), ('val2017', 2)),
                         image_size: Tuple[int, int] = (160, 128),
                         classes: Sequence[str] = SHAPE_CLASSES,
                         seed: int = 0, max_objects: int = 3) -> Dict[str, Path]:
@@ -187,7 +191,7 @@ def make_coco_instances(root: Union[str, Path],
 
 
 def make_cityscapes_instances(root: Union[str, Path],
-                              splits: Union[Mapping[str, int], Sequence[Tuple[str, int]]] = (('train', 2), ('val', 1)),
+                              splits: Splits = (('train', 2), ('val', 1)),
                               image_size: Tuple[int, int] = (2048, 1024),
                               seed: int = 0, max_objects: int = 3,
                               city: str = 'synthcity') -> Dict[str, Path]:
