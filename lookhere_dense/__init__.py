@@ -10,5 +10,6 @@ from . import compat
 compat.apply()
 
 from . import models  # noqa: E402,F401  (registers modules)
+from . import engine  # noqa: E402,F401  (registers the layer-decay optimizer constructor)
 
 __version__ = '0.1.0'

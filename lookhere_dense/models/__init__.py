@@ -1,4 +1,5 @@
 """OpenMMLab model components (registered in mmseg's and mmdet's ``MODELS``)."""
 from .backbones import LookHereViT
+from .necks import LayerNorm2d, SimpleFPN  # noqa: F401  (registers SimpleFPN, LN2d)
 
 __all__ = ['LookHereViT']

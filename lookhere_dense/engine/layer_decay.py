@@ -1,0 +1,194 @@
+"""Layer-wise learning-rate decay for models with a :class:`LookHereViT` backbone.
+
+As in BEiT / MAE / ViTDet fine-tuning, a parameter at depth ``i`` of an ``L``-block ViT
+gets ``lr * decay_rate ** (L + 1 - i)`` where
+
+* ``0`` -- everything of the backbone before the blocks: patch embedding, CLS token,
+  pre-norm (and any position embedding a variant may add);
+* ``i + 1`` -- backbone block ``i``;
+* ``L + 1`` -- everything else: the backbone's final norm, the neck and the heads
+  (learning-rate scale 1).
+
+Weight decay is 0 for norm layers (weight and bias), LayerScale ``gamma``, the CLS token
+(and position embeddings), and -- unless ``bias_decay=True`` -- for every bias; all other
+parameters get the optimizer's ``weight_decay``.
+
+Use::
+
+    optim_wrapper = dict(
+        type='AmpOptimWrapper',
+        constructor='LookHereLayerDecayOptimizerConstructor',
+        optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.1),
+        paramwise_cfg=dict(num_layers=12, decay_rate=0.7))
+
+The constructor is registered in mmengine's ``OPTIM_WRAPPER_CONSTRUCTORS``; mmseg's and
+mmdet's registries are its children, so the name resolves in either scope.
+"""
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Optional, Tuple
+
+import torch.nn as nn
+from mmengine.logging import print_log
+from mmengine.optim import DefaultOptimWrapperConstructor
+from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
+from mmengine.utils.dl_utils.parrots_wrapper import _BatchNorm, _InstanceNorm
+
+from ..models.backbones.lookhere_vit import LayerScale, LookHereViT
+
+__all__ = ['LookHereLayerDecayOptimizerConstructor', 'find_lookhere_backbone',
+           'backbone_layer_id', 'is_no_decay']
+
+_BLOCK = re.compile(r'^blocks\.(\d+)\.')
+#: Backbone parameters (names relative to the backbone) that never get weight decay.
+_NO_DECAY_TOKENS = ('cls_token', 'pos_embed', 'mask_token')
+_NORMS = (nn.LayerNorm, nn.GroupNorm, _BatchNorm, _InstanceNorm)
+
+
+def find_lookhere_backbone(model: nn.Module) -> Tuple[str, LookHereViT]:
+    """The one :class:`LookHereViT` in ``model`` and its name prefix (``'backbone.'``,
+    or ``''`` when ``model`` is the backbone).
+
+    Raises:
+        ValueError: no LookHereViT, or more than one.
+    """
+    found = [(name, m) for name, m in model.named_modules() if isinstance(m, LookHereViT)]
+    if not found:
+        raise ValueError('LookHereLayerDecayOptimizerConstructor: the model has no '
+                         f'LookHereViT backbone ({type(model).__name__}); use mmengine\'s '
+                         'DefaultOptimWrapperConstructor for other models')
+    if len(found) > 1:
+        raise ValueError('LookHereLayerDecayOptimizerConstructor: the model has '
+                         f'{len(found)} LookHereViT modules ({[n for n, _ in found]}); layer '
+                         'decay is defined for one backbone')
+    name, module = found[0]
+    return (name + '.' if name else ''), module
+
+
+def backbone_layer_id(name: Optional[str], num_layers: int) -> int:
+    """Layer id of a parameter for layer-wise decay.
+
+    Args:
+        name: the parameter's name relative to the backbone (``'blocks.3.attn.qkv.weight'``),
+            or None for a parameter outside the backbone.
+        num_layers: blocks in the backbone ``L``.
+
+    Returns:
+        ``0`` before the blocks, ``i + 1`` in block ``i``, ``L + 1`` for the final norm
+        and everything outside the backbone.
+    """
+    if name is None or name.startswith('norm.'):
+        return num_layers + 1
+    match = _BLOCK.match(name)
+    if match:
+        return int(match.group(1)) + 1
+    return 0
+
+
+def is_no_decay(param_name: str, param, module: nn.Module, bias_decay: bool = False) -> bool:
+    """Whether a parameter is exempt from weight decay.
+
+    Args:
+        param_name: the parameter's own name in ``module`` (``'weight'``, ``'gamma'``, ...).
+        param: the parameter.
+        module: the module that owns it directly.
+        bias_decay: decay biases of non-norm layers. Default: False.
+    """
+    if isinstance(module, _NORMS) or isinstance(module, LayerScale):
+        return True
+    if param_name in _NO_DECAY_TOKENS:
+        return True
+    if param_name.endswith('bias'):
+        return not bias_decay
+    return False
+
+
+@OPTIM_WRAPPER_CONSTRUCTORS.register_module()
+class LookHereLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
+    """Optimizer wrapper constructor with layer-wise lr decay for a LookHereViT model.
+
+    ``paramwise_cfg`` keys:
+
+    * ``decay_rate`` (float, required): per-layer lr factor in ``(0, 1]``.
+    * ``num_layers`` (int, optional): the backbone's number of blocks; checked against the
+      model when given. Default: the backbone's ``num_layers``.
+    * ``bias_decay`` (bool): apply weight decay to biases of non-norm layers.
+      Default: False.
+    * ``decay_type`` (str): only ``'layer_wise'``; accepted so mmseg/mmdet-style configs
+      read the same. Default: ``'layer_wise'``.
+
+    Parameters with ``requires_grad=False`` are left out. Groups are ordered from the
+    heads (lr scale 1) down to the patch embedding, so the first group -- the ``lr`` that
+    mmengine logs -- carries the base learning rate.
+    """
+
+    _KEYS = ('decay_rate', 'num_layers', 'bias_decay', 'decay_type')
+
+    def _validate_cfg(self) -> None:
+        cfg = self.paramwise_cfg
+        if not isinstance(cfg, dict):
+            raise TypeError(f'paramwise_cfg must be a dict, got {type(cfg).__name__}')
+        unknown = sorted(set(cfg) - set(self._KEYS))
+        if unknown:
+            raise ValueError(f'LookHereLayerDecayOptimizerConstructor: unknown paramwise_cfg '
+                             f'keys {unknown}; allowed: {list(self._KEYS)}')
+        if 'decay_rate' not in cfg:
+            raise ValueError('LookHereLayerDecayOptimizerConstructor needs '
+                             'paramwise_cfg=dict(decay_rate=..., num_layers=...)')
+        rate = cfg['decay_rate']
+        if not isinstance(rate, (int, float)) or not 0 < rate <= 1:
+            raise ValueError(f'paramwise_cfg.decay_rate must be in (0, 1], got {rate!r}')
+        if cfg.get('decay_type', 'layer_wise') != 'layer_wise':
+            raise ValueError("paramwise_cfg.decay_type: only 'layer_wise' is supported, got "
+                             f"{cfg['decay_type']!r}")
+        layers = cfg.get('num_layers')
+        if layers is not None and (not isinstance(layers, int) or layers < 1):
+            raise ValueError(f'paramwise_cfg.num_layers must be a positive int, got {layers!r}')
+        if self.base_lr is None:
+            raise ValueError('LookHereLayerDecayOptimizerConstructor needs optimizer.lr')
+
+    def add_params(self, params: List[dict], module: nn.Module, **kwargs) -> None:
+        """Fill ``params`` with one group per (layer, decay / no decay)."""
+        prefix, backbone = find_lookhere_backbone(module)
+        num_layers = self.paramwise_cfg.get('num_layers')
+        if num_layers is None:
+            num_layers = backbone.num_layers
+        elif num_layers != backbone.num_layers:
+            raise ValueError(f'paramwise_cfg.num_layers={num_layers} but the LookHereViT '
+                             f'backbone has {backbone.num_layers} blocks')
+        rate = float(self.paramwise_cfg['decay_rate'])
+        bias_decay = bool(self.paramwise_cfg.get('bias_decay', False))
+
+        groups: Dict[Tuple[int, bool], dict] = {}
+        seen = set()
+        for mod_name, mod in module.named_modules():
+            for p_name, param in mod.named_parameters(recurse=False):
+                if not param.requires_grad or id(param) in seen:
+                    continue
+                seen.add(id(param))
+                full = f'{mod_name}.{p_name}' if mod_name else p_name
+                rel = full[len(prefix):] if full.startswith(prefix) else None
+                layer = backbone_layer_id(rel, num_layers)
+                no_decay = is_no_decay(p_name, param, mod, bias_decay)
+                key = (layer, no_decay)
+                if key not in groups:
+                    scale = rate ** (num_layers + 1 - layer)
+                    group = dict(params=[], param_names=[], lr=self.base_lr * scale,
+                                 lr_scale=scale, layer_id=layer,
+                                 group_name=f'layer_{layer}_{"no_decay" if no_decay else "decay"}')
+                    if no_decay:
+                        group['weight_decay'] = 0.0
+                    elif self.base_wd is not None:
+                        group['weight_decay'] = self.base_wd
+                    groups[key] = group
+                groups[key]['params'].append(param)
+                groups[key]['param_names'].append(full)
+
+        ordered = [groups[k] for k in sorted(groups, key=lambda k: (-k[0], k[1]))]
+        params.extend(ordered)
+        lines = [f'{g["group_name"]}: {len(g["params"])} tensors, lr_scale='
+                 f'{g["lr_scale"]:.4g}, weight_decay={g.get("weight_decay", "default")}'
+                 for g in ordered]
+        print_log(f'LookHere layer decay (rate {rate}, {num_layers} blocks):\n  '
+                  + '\n  '.join(lines), logger='current')

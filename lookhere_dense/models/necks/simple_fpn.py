@@ -1,0 +1,175 @@
+"""``SimpleFPN``: ViTDet's simple feature pyramid (Li et al., ECCV 2022).
+
+A plain ViT has one map at stride ``p`` (the patch size). The simple pyramid resamples
+that single map by powers of two -- transposed convolutions up, max-pooling down -- and
+gives every level a 1x1 + 3x3 conv pair; no top-down or lateral fusion. With ``p = 16`` and
+the default ``scale_factors=(4, 2, 1, 0.5)`` the levels have strides 4, 8, 16, 32, the
+inputs of mmdet's RPN / RoI heads and mmseg's UPerNet. Extra levels (P6 for the RPN) are
+max-pooled from the last one, as detectron2's ``LastLevelMaxPool``.
+
+The neck knows nothing of LookHere: it takes any backbone output tuple and reads one map.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch.nn as nn
+import torch.nn.functional as F
+from mmcv.cnn import ConvModule, build_activation_layer, build_norm_layer
+from mmengine.model import BaseModule
+from torch import Tensor
+
+from ..registry import register_model
+
+__all__ = ['SimpleFPN', 'scale_steps', 'resample_stage']
+
+
+def scale_steps(scale: float) -> int:
+    """Number of x2 steps of a power-of-two ``scale``: ``4 -> 2``, ``1 -> 0``, ``0.5 -> -1``.
+
+    Raises:
+        ValueError: ``scale`` is not a positive power of two.
+    """
+    if not isinstance(scale, (int, float)) or scale <= 0:
+        raise ValueError(f'SimpleFPN scale factors must be positive powers of two, got {scale!r}')
+    steps = math.log2(scale)
+    if steps != round(steps):
+        raise ValueError(f'SimpleFPN scale factors must be powers of two (4, 2, 1, 0.5, ...), '
+                         f'got {scale!r}')
+    return int(round(steps))
+
+
+def resample_stage(channels: int, steps: int, norm_cfg: dict, act_cfg: dict
+                   ) -> Tuple[nn.Module, int]:
+    """The resampling that takes the backbone map to one pyramid level.
+
+    * ``steps > 0``: ``steps`` stride-2 transposed convs, each halving the channels, with
+      norm + activation between them (not after the last), as ViTDet;
+    * ``steps == 0``: identity;
+    * ``steps < 0``: ``|steps|`` 2x2 max-pools.
+
+    Args:
+        channels: input channels ``C``.
+        steps: signed number of x2 steps.
+        norm_cfg, act_cfg: mmcv configs of the layers between transposed convs.
+
+    Returns:
+        ``(module, out_channels)``; ``module`` maps ``(B, C, H, W)`` to
+        ``(B, C / 2**steps, H * 2**steps, W * 2**steps)`` for ``steps > 0``, and to
+        ``(B, C, floor(H / 2**|steps|), floor(W / 2**|steps|))`` otherwise.
+    """
+    if steps == 0:
+        return nn.Identity(), channels
+    if steps < 0:
+        return nn.Sequential(*[nn.MaxPool2d(2, 2) for _ in range(-steps)]), channels
+    if channels % (2 ** steps):
+        raise ValueError(f'SimpleFPN: upsampling x{2 ** steps} halves the channels {steps} '
+                         f'times, so in_channels={channels} must be divisible by {2 ** steps}')
+    layers: List[nn.Module] = []
+    for i in range(steps):
+        layers.append(nn.ConvTranspose2d(channels, channels // 2, kernel_size=2, stride=2))
+        channels //= 2
+        if i < steps - 1:
+            layers.append(build_norm_layer(norm_cfg, channels)[1])
+            layers.append(build_activation_layer(act_cfg))
+    return nn.Sequential(*layers), channels
+
+
+@register_model()
+class SimpleFPN(BaseModule):
+    """ViTDet's simple feature pyramid from the last map of a plain backbone.
+
+    Registered in mmdet's and mmseg's ``MODELS``.
+
+    Args:
+        in_channels (int): channels of the backbone map (``embed_dims``).
+        out_channels (int): channels of every output level. Default: 256.
+        scale_factors (Sequence[float]): resampling factor of each level relative to the
+            backbone map; powers of two in decreasing order. Default: ``(4.0, 2.0, 1.0, 0.5)``.
+        num_outs (int, optional): number of outputs; levels beyond ``len(scale_factors)``
+            are max-pooled (kernel 1, stride 2) from the previous output. None: one per
+            scale factor. Default: None.
+        in_index (int): which element of the backbone output tuple to use. Default: -1.
+        norm_cfg (dict): norm of the 1x1 / 3x3 output convs and between transposed convs.
+            Default: ``dict(type='LN2d')``.
+        act_cfg (dict): activation between transposed convs. Default: ``dict(type='GELU')``.
+        init_cfg (dict | list[dict], optional): Default: None (mmcv ``ConvModule``'s Kaiming
+            init, PyTorch's default for the transposed convs).
+
+    Shapes:
+        ``forward(inputs)``: ``inputs[in_index]`` is ``(B, in_channels, h, w)``; returns a
+        tuple of ``num_outs`` maps ``(B, out_channels, h * s, w * s)`` for the scale
+        factors ``s`` (floored for ``s < 1``), then the extra levels.
+    """
+
+    def __init__(self,
+                 in_channels: int,
+                 out_channels: int = 256,
+                 scale_factors: Sequence[float] = (4.0, 2.0, 1.0, 0.5),
+                 num_outs: Optional[int] = None,
+                 in_index: int = -1,
+                 norm_cfg: dict = dict(type='LN2d'),
+                 act_cfg: dict = dict(type='GELU'),
+                 init_cfg: Optional[Union[dict, List[dict]]] = None):
+        super().__init__(init_cfg=init_cfg)
+        if not isinstance(in_channels, int) or in_channels < 1:
+            raise ValueError('SimpleFPN reads one backbone map: in_channels must be a '
+                             f'positive int (the backbone embed_dims), got {in_channels!r}')
+        scale_factors = tuple(scale_factors)
+        if not scale_factors:
+            raise ValueError('SimpleFPN needs at least one scale factor')
+        steps = [scale_steps(s) for s in scale_factors]
+        if any(a <= b for a, b in zip(steps, steps[1:])):
+            raise ValueError('SimpleFPN scale_factors must be strictly decreasing (finest '
+                             f'level first, like the strides of the heads), got {scale_factors}')
+        num_outs = len(scale_factors) if num_outs is None else num_outs
+        if num_outs < len(scale_factors):
+            raise ValueError(f'num_outs={num_outs} is smaller than the number of scale factors '
+                             f'({len(scale_factors)})')
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.scale_factors = scale_factors
+        self.num_outs = num_outs
+        self.in_index = in_index
+
+        self.resamplers = nn.ModuleList()
+        self.lateral_convs = nn.ModuleList()
+        self.output_convs = nn.ModuleList()
+        for s in steps:
+            resample, channels = resample_stage(in_channels, s, norm_cfg, act_cfg)
+            self.resamplers.append(resample)
+            self.lateral_convs.append(ConvModule(channels, out_channels, 1, norm_cfg=norm_cfg,
+                                                 act_cfg=None))
+            self.output_convs.append(ConvModule(out_channels, out_channels, 3, padding=1,
+                                                norm_cfg=norm_cfg, act_cfg=None))
+
+    def _select(self, inputs: Union[Tensor, Sequence[Tensor]]) -> Tensor:
+        if isinstance(inputs, Tensor):
+            x = inputs
+        else:
+            if not isinstance(inputs, (list, tuple)):
+                raise ValueError('SimpleFPN expects a tensor or a tuple of backbone outputs, '
+                                 f'got {type(inputs).__name__}')
+            try:
+                x = inputs[self.in_index]
+            except IndexError:
+                raise ValueError(f'SimpleFPN in_index={self.in_index} but the backbone gave '
+                                 f'{len(inputs)} output(s)') from None
+        if not isinstance(x, Tensor) or x.dim() != 4:
+            raise ValueError('SimpleFPN expects a (B, C, H, W) map from the backbone (with '
+                             'LookHereViT keep output_cls_token=False), got '
+                             f'{type(x).__name__ if not isinstance(x, Tensor) else tuple(x.shape)}')
+        if x.shape[1] != self.in_channels:
+            raise ValueError(f'SimpleFPN was built for in_channels={self.in_channels}, the '
+                             f'backbone map has {x.shape[1]} channels')
+        return x
+
+    def forward(self, inputs: Union[Tensor, Sequence[Tensor]]) -> Tuple[Tensor, ...]:
+        """Backbone outputs -> ``num_outs`` maps of ``out_channels`` (finest first)."""
+        x = self._select(inputs)
+        outs = [out_conv(lateral(resample(x))) for resample, lateral, out_conv
+                in zip(self.resamplers, self.lateral_convs, self.output_convs)]
+        while len(outs) < self.num_outs:
+            outs.append(F.max_pool2d(outs[-1], kernel_size=1, stride=2))
+        return tuple(outs)

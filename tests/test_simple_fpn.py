@@ -1,0 +1,138 @@
+"""SimpleFPN (ViTDet's simple feature pyramid) and the LN2d norm."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from mmcv.cnn import build_norm_layer
+from mmdet.registry import MODELS as MMDET_MODELS
+from mmengine.registry import DefaultScope
+from mmseg.registry import MODELS as MMSEG_MODELS
+
+from lookhere_dense.models import LookHereViT
+from lookhere_dense.models.necks import LayerNorm2d, SimpleFPN
+from lookhere_dense.models.necks.simple_fpn import scale_steps
+
+
+@pytest.fixture(scope='module')
+def neck() -> SimpleFPN:
+    torch.manual_seed(0)
+    fpn = SimpleFPN(in_channels=32, out_channels=16, num_outs=5)
+    fpn.init_weights()
+    return fpn.eval()
+
+
+@pytest.mark.parametrize('grid', [(8, 10), (7, 9)])
+def test_levels_channels_and_sizes(neck, grid):
+    h, w = grid
+    outs = neck((torch.randn(2, 32, h, w),))
+    assert [tuple(o.shape) for o in outs] == [
+        (2, 16, 4 * h, 4 * w), (2, 16, 2 * h, 2 * w), (2, 16, h, w),
+        (2, 16, h // 2, w // 2), (2, 16, (h // 2 + 1) // 2, (w // 2 + 1) // 2)]
+
+
+def test_resampling_follows_vitdet(neck):
+    up4, up2, same, down2 = neck.resamplers
+    assert [type(m).__name__ for m in up4] == ['ConvTranspose2d', 'LayerNorm2d', 'GELU',
+                                                'ConvTranspose2d']
+    assert (up4[0].in_channels, up4[0].out_channels, up4[3].out_channels) == (32, 16, 8)
+    assert [type(m).__name__ for m in up2] == ['ConvTranspose2d'] and up2[0].out_channels == 16
+    assert isinstance(same, torch.nn.Identity)
+    assert [type(m).__name__ for m in down2] == ['MaxPool2d']
+    assert [c.conv.in_channels for c in neck.lateral_convs] == [8, 16, 32, 32]
+    assert all(isinstance(c.norm, LayerNorm2d) and not c.with_activation
+               for c in list(neck.lateral_convs) + list(neck.output_convs))
+
+
+def test_one_level_by_hand(neck):
+    """The stride-8 level and P6, written out with functional ops."""
+    x = torch.randn(1, 32, 6, 5)
+    outs = neck(x)
+
+    def ln2d(t, norm):
+        mean = t.mean(1, keepdim=True)
+        var = t.var(1, unbiased=False, keepdim=True)
+        return (t - mean) / torch.sqrt(var + norm.eps) * norm.weight[:, None, None] \
+            + norm.bias[:, None, None]
+
+    up = neck.resamplers[1][0]
+    y = F.conv_transpose2d(x, up.weight, up.bias, stride=2)
+    lat, out = neck.lateral_convs[1], neck.output_convs[1]
+    y = ln2d(F.conv2d(y, lat.conv.weight, lat.conv.bias), lat.norm)
+    y = ln2d(F.conv2d(y, out.conv.weight, out.conv.bias, padding=1), out.norm)
+    torch.testing.assert_close(outs[1], y, rtol=1e-5, atol=1e-5)
+    assert lat.conv.bias is None  # followed by a norm: no conv bias (mmcv 'auto')
+    torch.testing.assert_close(outs[4], outs[3][:, :, ::2, ::2])
+
+
+def test_gradients_reach_every_parameter(neck):
+    fpn = SimpleFPN(in_channels=32, out_channels=8, num_outs=5)
+    x = torch.randn(1, 32, 4, 4, requires_grad=True)
+    sum(o.sum() for o in fpn([x])).backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    assert all(p.grad is not None for p in fpn.parameters())
+
+
+def test_on_lookhere_backbone_strides_4_to_32():
+    backbone = LookHereViT(patch_size=16, embed_dims=24, num_layers=2, num_heads=6,
+                           window_size=2, window_block_indexes=[0], out_indices=(0, 1))
+    fpn = SimpleFPN(in_channels=24, out_channels=8)  # reads the last backbone output
+    with torch.no_grad():
+        outs = fpn(backbone(torch.randn(1, 3, 64, 96)))
+    assert [tuple(o.shape[-2:]) for o in outs] == [(16, 24), (8, 12), (4, 6), (2, 3)]
+
+
+def test_ln2d_normalises_channels_per_pixel():
+    norm = LayerNorm2d(6)
+    x = torch.randn(2, 6, 3, 4) * 5 + 2
+    y = norm(x)
+    torch.testing.assert_close(y.mean(1), torch.zeros(2, 3, 4), atol=1e-5, rtol=0)
+    torch.testing.assert_close(y.var(1, unbiased=False), torch.ones(2, 3, 4), atol=1e-3, rtol=0)
+    with pytest.raises(ValueError, match=r'LN2d expects \(B, C, H, W\) maps, got shape \(2, 6\)'):
+        norm(torch.randn(2, 6))
+
+
+@pytest.mark.parametrize('scope', [None, 'mmdet', 'mmseg'])
+def test_registered_in_both_registries_and_ln2d_resolves_in_any_scope(scope):
+    cfg = dict(type='SimpleFPN', in_channels=16, out_channels=8, num_outs=5)
+    for registry in (MMDET_MODELS, MMSEG_MODELS):
+        assert isinstance(registry.build(cfg), SimpleFPN)
+    if scope is None:
+        name, layer = build_norm_layer(dict(type='LN2d'), 8)
+    else:
+        with DefaultScope.overwrite_default_scope(scope):
+            name, layer = build_norm_layer(dict(type='LN2d'), 8)
+    assert name == 'ln' and isinstance(layer, LayerNorm2d)
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(scale_factors=(4.0, 3.0)), r'must be powers of two .* got 3.0'),
+    (dict(scale_factors=(1.0, 2.0)), r'strictly decreasing'),
+    (dict(scale_factors=(-1.0,)), r'positive powers of two'),
+    (dict(scale_factors=()), r'at least one scale factor'),
+    (dict(in_channels=6, scale_factors=(8.0,)), r'in_channels=6 must be divisible by 8'),
+    (dict(num_outs=3), r'num_outs=3 is smaller than the number of scale factors \(4\)'),
+    (dict(in_channels=[32, 32]), r'in_channels must be a positive int'),
+])
+def test_bad_arguments_are_named(kwargs, match):
+    args = dict(in_channels=32, out_channels=8)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        SimpleFPN(**args)
+
+
+def test_bad_inputs_are_named(neck):
+    with pytest.raises(ValueError, match=r'built for in_channels=32, the backbone map has 24'):
+        neck((torch.randn(1, 24, 4, 4),))
+    with pytest.raises(ValueError, match=r'output_cls_token=False'):
+        neck(([torch.randn(1, 32, 4, 4), torch.randn(1, 32)],))
+    with pytest.raises(ValueError, match=r'in_index=-1 but the backbone gave 0 output'):
+        neck(())
+    with pytest.raises(ValueError, match=r'in_index=2 but the backbone gave 1 output'):
+        SimpleFPN(in_channels=32, in_index=2)((torch.randn(1, 32, 4, 4),))
+    with pytest.raises(ValueError, match=r'a tensor or a tuple of backbone outputs, got dict'):
+        neck({'x': torch.randn(1, 32, 4, 4)})
+
+
+def test_scale_steps():
+    assert [scale_steps(s) for s in (8, 4.0, 2, 1, 0.5, 0.25)] == [3, 2, 1, 0, -1, -2]
