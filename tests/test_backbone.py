@@ -382,3 +382,19 @@ def test_drop_in_for_mmseg_vit_in_a_shipped_config():
     loss.backward()
     assert torch.isfinite(loss)
     assert model.backbone.blocks[0].attn.qkv.weight.grad is not None
+
+
+@pytest.mark.parametrize('layers,windowed', [
+    (12, [0, 1, 3, 4, 6, 7, 9, 10]),                       # ViTDet-B: global 2, 5, 8, 11
+    (24, [i for i in range(24) if i not in (5, 11, 17, 23)]),  # ViTDet-L
+    (6, [1, 4])])
+def test_default_global_blocks_are_the_last_of_each_quarter(layers, windowed):
+    model = LookHereViT(embed_dims=48, num_layers=layers, num_heads=12, window_size=4)
+    assert model.window_block_indexes == windowed
+    assert [b.window_size for b in model.blocks] == [4 if i in windowed else 0
+                                                      for i in range(layers)]
+
+
+def test_too_few_layers_for_the_default_window_pattern():
+    with pytest.raises(ValueError, match=r'leaves no windowed block; give window_block_indexes'):
+        LookHereViT(embed_dims=48, num_layers=3, num_heads=12, window_size=4)

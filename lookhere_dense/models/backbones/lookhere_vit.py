@@ -207,8 +207,13 @@ def _window_blocks(num_layers: int, window_size: int,
         windowed = sorted(set(window_block_indexes))
     else:
         if global_attn_indexes is None:  # ViTDet: the last block of each quarter is global
-            step = max(num_layers // 4, 1)
-            global_attn_indexes = [i for i in range(step - 1, num_layers, step)]
+            global_attn_indexes = sorted({max((q + 1) * num_layers // 4 - 1, 0)
+                                          for q in range(4)})
+            if len(global_attn_indexes) == num_layers:
+                raise ValueError(f'window_size={window_size} with {num_layers} layers: the '
+                                 'default (the last block of each quarter is global) leaves no '
+                                 'windowed block; give window_block_indexes or '
+                                 'global_attn_indexes')
         windowed = [i for i in range(num_layers) if i not in set(global_attn_indexes)]
     bad = [i for i in windowed if not 0 <= i < num_layers]
     bad += [i for i in (global_attn_indexes or []) if not 0 <= i < num_layers]
