@@ -1,50 +1,66 @@
 """LookHere attention: one entry point, several backends that all give the same result.
 
-==============  ==============================================================  ==========
-backend         how the bias reaches the softmax                                memory
-==============  ==============================================================  ==========
-``reference``   materialised ``(heads, T, T)`` bias + plain softmax attention    heads*T^2
-``sdpa``        cached materialised bias as ``attn_mask`` of                     heads*T^2
-                ``F.scaled_dot_product_attention``
-``chunked``     blocks of query rows; each block's bias is gathered from the     heads*T*block
-                relative-offset table on the fly; backward recomputes per block
-``flex``        ``flex_attention`` with a ``score_mod`` that reads the table     O(T)
+==============  ==============================================================  ==============
+backend         how the bias reaches the softmax                                extra memory
+==============  ==============================================================  ==============
+``reference``   materialised ``(heads, T, T)`` bias + plain softmax attention    heads*T^2 (x2)
+``sdpa``        cached materialised bias as a 4-D ``attn_mask`` of              heads*T^2 per
+                ``F.scaled_dot_product_attention`` (fused kernel on CPU/GPU)     layer, cached
+``chunked``     blocks of query rows; each block's bias rows are gathered from  heads*T*block
+                the relative-offset table into one reused buffer; backward
+                recomputes per block (activation checkpointing)
+``flex``        ``flex_attention`` with a ``score_mod`` that reads the table     O(T) + tiles
                 by ``(q_idx, kv_idx)`` and a ``BlockMask`` of the fields of
                 view, so fully blocked tiles are skipped (compiled on CUDA)
-==============  ==============================================================  ==========
+==============  ==============================================================  ==============
 
 Token order is ``[CLS, patch_0, ..., patch_{N-1}]`` when there is a CLS token (its row and
 column carry no bias), otherwise just the patches, row-major over the grid.
 
-:class:`LookHereAttentionEngine` owns the caches (tables per grid, dense biases, block
-masks; all bounded, keyed by grid or window size, device and dtype), chooses a backend
-per call (``auto``), and is shared by all layers of a model: layers differ only in which
-table slice they read. Nothing here is part of a ``state_dict``.
+Masks go to ``F.scaled_dot_product_attention`` as 4-D ``(1, heads, Tq, Tk)`` tensors and
+windows as a 4-D batch: with a 3-D mask or 5-D inputs PyTorch silently drops to its
+unfused "math" kernel (2-8x slower on CPU, and it materialises the attention matrix).
+
+:class:`LookHereAttentionEngine` owns the caches (tables per grid and dtype, dense biases,
+window biases, flex block masks and score functions; all bounded, keyed by grid or window
+size, device and dtype), chooses a backend per call (``auto``), and is shared by all
+layers of a model: layers differ only in which table slice they read, and layers with
+the same head string share one block mask. Nothing here is part of a ``state_dict``.
 """
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Callable, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from .bias import GridBias, LookHereConfig, build_grid_bias
+from .bias import GridBias, LookHereConfig, build_grid_bias, gather_rows
 from .cache import BoundedCache
 from .windows import padded_grid, window_key_mask, window_partition, window_unpartition
 
 __all__ = ['BACKENDS', 'LookHereAttentionEngine', 'reference_attention', 'sdpa_attention',
-           'chunked_attention', 'flex_attention_lookhere', 'flex_available']
+           'chunked_attention', 'flex_attention_lookhere', 'flex_available', 'flex_score_mod',
+           'flex_mask_mod', 'lookhere_block_mask']
 
 BACKENDS = ('auto', 'reference', 'sdpa', 'chunked', 'flex')
+#: Query/key tile side of the flex kernels and block masks.
+FLEX_BLOCK = 128
+
+
+def _as_4d(mask: Tensor) -> Tensor:
+    """``(heads, T, S)`` -> ``(1, heads, T, S)`` (a view); 4-D masks pass through."""
+    return mask.unsqueeze(0) if mask.dim() == 3 else mask
 
 
 def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
                         dropout_p: float = 0.0) -> Tensor:
     """Plain softmax attention with an additive bias; the ground truth for tests.
+
+    The logits are formed in the inputs' dtype, the softmax runs in float32.
 
     Args:
         q, k, v: ``(B, heads, T, d)`` (``k``/``v`` may have another length ``S``).
@@ -55,7 +71,7 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
         ``(B, heads, T, d)``.
     """
     scale = q.shape[-1] ** -0.5
-    logits = (q * scale) @ k.transpose(-2, -1) + bias
+    logits = (q * scale) @ k.transpose(-2, -1) + bias.to(q.dtype)
     attn = logits.float().softmax(dim=-1).to(q.dtype)
     if dropout_p > 0:
         attn = F.dropout(attn, p=dropout_p)
@@ -64,8 +80,16 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
 
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
                    dropout_p: float = 0.0) -> Tensor:
-    """``F.scaled_dot_product_attention`` with the bias as a float ``attn_mask``."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype),
+    """``F.scaled_dot_product_attention`` with the bias as a 4-D float ``attn_mask``.
+
+    Args:
+        q, k, v: ``(B, heads, T, d)``.
+        bias: ``(heads, T, S)`` or ``(1 | B, heads, T, S)``.
+
+    Returns:
+        ``(B, heads, T, d)``.
+    """
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=_as_4d(bias).to(q.dtype),
                                           dropout_p=dropout_p)
 
 
@@ -75,10 +99,20 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias, laye
     """Exact attention over blocks of ``block_size`` query rows.
 
     Each block's ``(heads, block, T)`` bias is gathered from ``grid_bias``'s relative
-    table when the block is computed, so the whole ``(heads, T, T)`` bias never exists.
-    With ``recompute`` (default: whenever autograd records) each block runs under
-    activation checkpointing, so the backward pass keeps no ``T x T`` attention matrix
-    either.
+    table when the block is computed (:func:`~.bias.gather_rows`), so the whole
+    ``(heads, T, T)`` bias never exists. Without autograd one buffer is reused by all
+    blocks. With ``recompute`` (default: whenever autograd records) each block runs under
+    activation checkpointing, so the backward pass keeps no bias rows and no ``T x T``
+    attention matrix either (it recomputes them per block).
+
+    Args:
+        q, k, v: ``(B, heads, T, d)`` with ``T = H*W (+1)``.
+        grid_bias: tables of the grid (best in ``q``'s dtype; cast otherwise).
+        layer: which layer's table to use.
+        cls_token: token 0 is a CLS token.
+        block_size: query rows per block. Default: 256.
+        dropout_p: attention dropout. Default: 0.
+        recompute: checkpoint each block. Default: when autograd records.
 
     Returns:
         ``(B, heads, T, d)``.
@@ -86,15 +120,24 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias, laye
     total = q.shape[-2]
     if recompute is None:
         recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    table = grid_bias.table[layer].to(q.dtype)
+    key_term = None if grid_bias.key_term is None else grid_bias.key_term[layer].to(q.dtype)
+    rows = max(1, min(block_size, total))
+    buffer = None if recompute else table.new_empty(table.shape[0], rows, total)
 
     def block(start: int, q_blk: Tensor, k_: Tensor, v_: Tensor) -> Tensor:
-        rows = grid_bias.rows(layer, start, start + q_blk.shape[-2], cls_token)
-        return F.scaled_dot_product_attention(q_blk, k_, v_, attn_mask=rows.to(q_blk.dtype),
+        stop = start + q_blk.shape[-2]
+        out = None if buffer is None else buffer[:, :stop - start]
+        bias = gather_rows(table, grid_bias.grid_size, start, stop, cls_token, key_term,
+                           out=out)
+        return F.scaled_dot_product_attention(q_blk, k_, v_, attn_mask=bias.unsqueeze(0),
                                               dropout_p=dropout_p)
 
+    if rows >= total and not recompute:
+        return block(0, q, k, v)
     outs = []
-    for start in range(0, total, block_size):
-        q_blk = q[..., start:start + block_size, :]
+    for start in range(0, total, rows):
+        q_blk = q[..., start:start + rows, :]
         if recompute:
             outs.append(checkpoint(block, start, q_blk, k, v, use_reentrant=False))
         else:
@@ -116,17 +159,22 @@ def flex_available() -> bool:
 
 def _flex_index(grid_size: Tuple[int, int], cls_token: bool
                 ) -> Callable[[Tensor, Tensor], Tuple[Tensor, Tensor, Tensor]]:
-    """``(q_idx, kv_idx) -> (is_cls, table_index, key_patch)`` for flex callbacks."""
+    """``(q_idx, kv_idx) -> (is_cls, table_index, key_patch)`` for flex callbacks.
+
+    ``table_index`` indexes a flattened ``(2H-1) * (2W-1)`` table; indices are clamped
+    so that CLS pairs and the padding of a ragged last tile stay in range.
+    """
     height, width = grid_size
     off = int(cls_token)
     table_len = (2 * height - 1) * (2 * width - 1)
+    num_patches = height * width
 
     def index(q_idx: Tensor, kv_idx: Tensor):
         qp = q_idx - off
         kp = kv_idx - off
         is_cls = (qp < 0) | (kp < 0)
-        qp = qp.clamp(min=0)
-        kp = kp.clamp(min=0)
+        qp = qp.clamp(0, num_patches - 1)
+        kp = kp.clamp(0, num_patches - 1)
         t = ((kp // width - qp // width + height - 1) * (2 * width - 1)
              + (kp % width - qp % width + width - 1))
         return is_cls, t.clamp(0, table_len - 1), kp
@@ -135,10 +183,15 @@ def _flex_index(grid_size: Tuple[int, int], cls_token: bool
 
 
 def flex_score_mod(grid_bias: GridBias, layer: int, cls_token: bool) -> Callable:
-    """A flex ``score_mod`` adding layer ``layer``'s LookHere bias from the table."""
+    """A flex ``score_mod`` adding layer ``layer``'s LookHere bias from the table.
+
+    The bias is read from the flattened ``(heads, (2H-1)(2W-1))`` table (float32) at the
+    pair's relative offset, plus the per-key term of ``center`` heads; CLS pairs get 0.
+    """
     index = _flex_index(grid_bias.grid_size, cls_token)
-    table = grid_bias.table[layer].flatten(1).float()
-    key_term = None if grid_bias.key_term is None else grid_bias.key_term[layer].float()
+    table = grid_bias.table[layer].float().flatten(1).contiguous()
+    key_term = (None if grid_bias.key_term is None
+                else grid_bias.key_term[layer].float().contiguous())
 
     def score_mod(score, b, h, q_idx, kv_idx):
         is_cls, t, kp = index(q_idx, kv_idx)
@@ -153,7 +206,7 @@ def flex_score_mod(grid_bias: GridBias, layer: int, cls_token: bool) -> Callable
 def flex_mask_mod(grid_bias: GridBias, layer: int, cls_token: bool) -> Callable:
     """A flex ``mask_mod``: True where layer ``layer``'s heads see the key."""
     index = _flex_index(grid_bias.grid_size, cls_token)
-    visible = grid_bias.visible[layer].flatten(1)
+    visible = grid_bias.visible[layer].flatten(1).contiguous()
 
     def mask_mod(b, h, q_idx, kv_idx):
         is_cls, t, _ = index(q_idx, kv_idx)
@@ -162,10 +215,58 @@ def flex_mask_mod(grid_bias: GridBias, layer: int, cls_token: bool) -> Callable:
     return mask_mod
 
 
+def _ordered(blocks: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(..., nQ, nK)`` bool tiles -> (count per row, column indices, tiles first), int32."""
+    as_int = blocks.to(torch.int32)
+    return (as_int.sum(-1).to(torch.int32),
+            torch.argsort(as_int, dim=-1, descending=True, stable=True).to(torch.int32))
+
+
+def lookhere_block_mask(grid_bias: GridBias, layer: int, cls_token: bool,
+                        block: int = FLEX_BLOCK):
+    """The flex ``BlockMask`` of layer ``layer``'s fields of view, built tile row by tile row.
+
+    For every tile row of ``block`` queries the ``(heads, block, T)`` visibility rows are
+    gathered from the boolean table (no ``(heads, T, T)`` mask, no compilation) and
+    reduced to "some key visible" (partial tile) and "all keys visible" (full tile, no
+    ``mask_mod`` call needed); tiles with no visible key are skipped by the kernel.
+    Equal to ``create_block_mask(flex_mask_mod(...), None, heads, T, T)``.
+
+    Returns:
+        A ``BlockMask`` for ``(B=1 broadcast, heads, T, T)``, or None when every head
+        sees every key (nothing to skip).
+    """
+    visible = grid_bias.visible[layer]
+    if bool(visible.all()):
+        return None
+    from torch.nn.attention.flex_attention import BlockMask
+    heads = visible.shape[0]
+    total = grid_bias.num_patches + int(cls_token)
+    n_tiles = math.ceil(total / block)
+    buf = torch.zeros(heads, block, n_tiles * block, dtype=torch.bool, device=visible.device)
+    partial = torch.zeros(heads, n_tiles, n_tiles, dtype=torch.bool, device=visible.device)
+    full = torch.zeros_like(partial)
+    for i in range(n_tiles):
+        start, stop = i * block, min(total, (i + 1) * block)
+        gather_rows(visible, grid_bias.grid_size, start, stop, cls_token, cls_value=True,
+                    out=buf[:, :stop - start, :total])
+        if stop - start < block:
+            buf[:, stop - start:] = False  # padding rows of the ragged last tile
+        tiles = buf.view(heads, block, n_tiles, block)
+        full[:, i] = tiles.all(dim=3).all(dim=1)
+        partial[:, i] = tiles.any(dim=3).any(dim=1) & ~full[:, i]
+    kv_num, kv_idx = _ordered(partial[None])
+    full_num, full_idx = _ordered(full[None])
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block,
+                                    mask_mod=flex_mask_mod(grid_bias, layer, cls_token),
+                                    seq_lengths=(total, total))
+
+
 _compiled_flex = None
 
 
 def _flex_fn(compiled: bool) -> Callable:
+    """``flex_attention``, eager or ``torch.compile``-d (compiled once per process)."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
     if not compiled:
@@ -177,22 +278,33 @@ def _flex_fn(compiled: bool) -> Callable:
 
 def flex_attention_lookhere(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias,
                             layer: int, cls_token: bool, block_mask=None,
-                            compiled: Optional[bool] = None) -> Tensor:
+                            compiled: Optional[bool] = None,
+                            score_mod: Optional[Callable] = None) -> Tensor:
     """LookHere attention through ``flex_attention`` (fused and tile-skipping when compiled).
 
     Args:
-        block_mask: a ``BlockMask`` from :meth:`LookHereAttentionEngine.block_mask`
-            (optional: without it no tile is skipped, the result is the same).
+        q, k, v: ``(B, heads, T, d)``.
+        grid_bias: tables of the grid.
+        layer: which layer's table to use.
+        cls_token: token 0 is a CLS token.
+        block_mask: a ``BlockMask`` from :func:`lookhere_block_mask` (optional: without it
+            no tile is skipped, the result is the same).
         compiled: run the ``torch.compile``-d kernel. Default: on CUDA only (eager flex
-            materialises the scores; it is kept for CPU tests of the callbacks).
+            materialises the scores; it is kept for CPU tests of the callbacks). Compiled
+            flex also runs on CPU (slow to compile, ~15-30 s per shape).
+        score_mod: a cached :func:`flex_score_mod` for this layer (built if None).
+
+    Returns:
+        ``(B, heads, T, d)``.
     """
     if compiled is None:
         compiled = q.is_cuda
     fn = _flex_fn(compiled)
+    if score_mod is None:
+        score_mod = flex_score_mod(grid_bias, layer, cls_token)
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='flex_attention called without torch.compile')
-        return fn(q, k, v, score_mod=flex_score_mod(grid_bias, layer, cls_token),
-                  block_mask=block_mask)
+        return fn(q, k, v, score_mod=score_mod, block_mask=block_mask)
 
 
 # ----------------------------------------------------------------------------------------
@@ -205,22 +317,28 @@ class LookHereAttentionEngine:
         config: the LookHere configuration.
         depth: number of layers that ask for a bias (layer index ``0..depth-1``).
         num_heads: heads per layer.
-        backend: one of :data:`BACKENDS`. ``auto`` uses ``sdpa`` with a cached dense bias
+        backend: one of :data:`BACKENDS`. ``auto`` uses ``sdpa`` with cached dense biases
             when the dense biases of all layers for the grid fit in ``max_dense_mb``, else
-            ``flex`` on CUDA and ``chunked`` elsewhere. Default: ``'auto'``.
+            ``flex`` on CUDA (without attention dropout) and ``chunked`` elsewhere.
+            Default: ``'auto'``.
         block_size: query rows per block of the ``chunked`` backend. Default: 256.
-        max_dense_mb: budget for cached dense biases of one grid (all layers). Default: 1024.
-        cache_size: grids / windows kept per cache. Default: 4.
+        max_dense_mb: budget for the cached dense biases (all layers, all grids; also the
+            byte bound of that cache). Default: 1024.
+        cache_size: grids / windows kept per cache (times ``depth`` for per-layer
+            entries). Default: 4.
+        flex_compile: compile ``flex_attention``; None: on CUDA only. Default: None.
     """
 
     def __init__(self, config: LookHereConfig, depth: int, num_heads: int,
                  backend: str = 'auto', block_size: int = 256, max_dense_mb: float = 1024,
-                 cache_size: int = 4):
+                 cache_size: int = 4, flex_compile: Optional[bool] = None):
         if backend not in BACKENDS:
             raise ValueError(f'unknown LookHere attention backend {backend!r}; '
                              f'allowed: {list(BACKENDS)}')
         if block_size < 1:
             raise ValueError(f'block_size must be >= 1, got {block_size}')
+        if max_dense_mb < 0:
+            raise ValueError(f'max_dense_mb must be >= 0, got {max_dense_mb}')
         config.validate(num_heads, depth)
         self.config = config
         self.depth = depth
@@ -228,62 +346,97 @@ class LookHereAttentionEngine:
         self.backend = backend
         self.block_size = block_size
         self.max_dense_bytes = max_dense_mb * 2 ** 20
-        self.tables = BoundedCache(cache_size)
-        self.dense = BoundedCache(cache_size * depth)
+        self.flex_compile = flex_compile
+        #: relative tables per (grid, device, dtype)
+        self.tables = BoundedCache(2 * cache_size)
+        #: dense (heads, T, T) biases of global layers per (layer, grid, cls, device, dtype)
+        self.dense = BoundedCache(cache_size * depth, max_bytes=self.max_dense_bytes)
+        #: window biases and padding masks per (layer or 'pad', window, ..., device, dtype)
+        self.windows = BoundedCache(cache_size * (depth + 1))
+        #: flex block masks per (head string, grid, cls, device): shared across layers
         self.block_masks = BoundedCache(cache_size * max(1, len(config.direction_strings)))
+        #: flex score_mods per (layer, grid, cls, device): one function object per layer
+        self.score_mods = BoundedCache(cache_size * depth)
+        self.last_backend: Optional[str] = None
         self._flex_failed = False
+
+    def _caches(self) -> Dict[str, BoundedCache]:
+        return dict(tables=self.tables, dense=self.dense, windows=self.windows,
+                    block_masks=self.block_masks, score_mods=self.score_mods)
 
     def reset(self, config: Optional[LookHereConfig] = None) -> None:
         """Drop all caches (and switch to ``config`` if given)."""
         if config is not None:
             config.validate(self.num_heads, self.depth)
             self.config = config
-        self.tables.clear()
-        self.dense.clear()
-        self.block_masks.clear()
+        for cache in self._caches().values():
+            cache.clear()
+
+    def cache_info(self) -> Dict[str, Dict[str, int]]:
+        """Per cache: ``size``, ``hits``, ``misses``, ``evictions``, ``bytes``."""
+        return {name: cache.stats() for name, cache in self._caches().items()}
 
     # -- cached pieces -------------------------------------------------------------------
-    def grid_bias(self, grid_size: Tuple[int, int], device: torch.device) -> GridBias:
-        """Relative tables (float32) of every layer for ``grid_size`` on ``device``."""
-        key = (tuple(grid_size), str(device))
+    def grid_bias(self, grid_size: Tuple[int, int], device: torch.device,
+                  dtype: torch.dtype = torch.float32) -> GridBias:
+        """Relative tables of every layer for ``grid_size`` on ``device`` in ``dtype``.
+
+        Each dtype's tables are cast once from the float64 construction (bf16-rounded
+        biases are exact in bfloat16 and float32).
+        """
+        key = (tuple(grid_size), str(device), dtype)
         return self.tables.get_or_create(key, lambda: build_grid_bias(
             self.config, tuple(grid_size), self.depth, self.num_heads, device=device,
-            dtype=torch.float32))
+            dtype=dtype))
 
     def dense_bias(self, layer: int, grid_size: Tuple[int, int], cls_token: bool,
                    device: torch.device, dtype: torch.dtype) -> Tensor:
-        """The ``(heads, T, T)`` bias of ``layer`` in ``dtype``, built once per grid."""
+        """The ``(heads, T, T)`` bias of ``layer`` in ``dtype``, built once per grid
+        (unless it alone exceeds ``max_dense_mb``)."""
         key = (layer, tuple(grid_size), cls_token, str(device), dtype)
-        return self.dense.get_or_create(key, lambda: self.grid_bias(grid_size, device).dense(
-            layer, cls_token).to(dtype))
+        return self.dense.get_or_create(key, lambda: self.grid_bias(
+            grid_size, device, dtype).dense(layer, cls_token))
+
+    def window_bias(self, layer: int, window_size: int, cls_token: bool,
+                    device: torch.device, dtype: torch.dtype) -> Tensor:
+        """The ``(heads, T_w, T_w)`` bias of a ``window_size`` x ``window_size`` window."""
+        ws = int(window_size)
+        key = (layer, (ws, ws), cls_token, str(device), dtype)
+        return self.windows.get_or_create(key, lambda: self.grid_bias(
+            (ws, ws), device, dtype).dense(layer, cls_token))
 
     def block_mask(self, layer: int, grid_size: Tuple[int, int], cls_token: bool,
                    device: torch.device):
         """The flex ``BlockMask`` of ``layer``'s fields of view (shared by all layers with
         the same head string), or None when nothing is blocked."""
-        gb = self.grid_bias(grid_size, device)
         direction = self.config.layer_direction(layer)
         key = (direction, tuple(grid_size), cls_token, str(device))
+        return self.block_masks.get_or_create(key, lambda: lookhere_block_mask(
+            self.grid_bias(grid_size, device), layer, cls_token))
 
-        def make():
-            from torch.nn.attention.flex_attention import create_block_mask
-            if bool(gb.visible[layer].all()):
-                return None
-            total = gb.num_patches + int(cls_token)
-            return create_block_mask(flex_mask_mod(gb, layer, cls_token), None,
-                                     self.num_heads, total, total, device=device,
-                                     _compile=device.type == 'cuda')
+    def score_mod(self, layer: int, grid_size: Tuple[int, int], cls_token: bool,
+                  device: torch.device) -> Callable:
+        """The flex ``score_mod`` of ``layer`` (the same function object on every call)."""
+        key = (layer, tuple(grid_size), cls_token, str(device))
+        return self.score_mods.get_or_create(key, lambda: flex_score_mod(
+            self.grid_bias(grid_size, device), layer, cls_token))
 
-        return self.block_masks.get_or_create(key, make)
+    def choose_backend(self, tokens: int, device: torch.device,
+                       dtype: torch.dtype = torch.float32, dropout_p: float = 0.0) -> str:
+        """The backend ``auto`` picks for a sequence of ``tokens`` on ``device``.
 
-    def choose_backend(self, tokens: int, device: torch.device) -> str:
-        """The backend ``auto`` picks for a sequence of ``tokens`` on ``device``."""
+        ``sdpa`` (cached dense biases, the fastest where they fit) when all layers' dense
+        biases in ``dtype`` fit in ``max_dense_mb``; otherwise ``flex`` on CUDA (unless
+        attention dropout is on, or flex failed before) and ``chunked`` elsewhere.
+        """
         if self.backend != 'auto':
             return self.backend
-        dense_bytes = self.depth * self.num_heads * tokens * tokens * 4
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        dense_bytes = self.depth * self.num_heads * tokens * tokens * itemsize
         if dense_bytes <= self.max_dense_bytes:
             return 'sdpa'
-        if device.type == 'cuda' and flex_available() and not self._flex_failed:
+        if (torch.device(device).type == 'cuda' and dropout_p == 0 and flex_available()
+                and not self._flex_failed):
             return 'flex'
         return 'chunked'
 
@@ -294,6 +447,9 @@ class LookHereAttentionEngine:
         """Attention of ``layer`` for ``q, k, v`` of shape ``(B, heads, T, d)``.
 
         ``T`` must be ``H*W`` (+1 with ``cls_token``) for ``grid_size = (H, W)``.
+
+        Returns:
+            ``(B, heads, T, d)``.
         """
         n = grid_size[0] * grid_size[1] + int(cls_token)
         if q.shape[-2] != n or k.shape[-2] != n:
@@ -302,31 +458,38 @@ class LookHereAttentionEngine:
         if q.shape[1] != self.num_heads:
             raise ValueError(f'attention got {q.shape[1]} heads, the LookHere config was '
                              f'built for {self.num_heads}')
+        if not 0 <= layer < self.depth:
+            raise ValueError(f'layer {layer} out of range for depth {self.depth}')
         chosen_by_auto = backend is None and self.backend == 'auto'
-        backend = backend or self.choose_backend(n, q.device)
+        backend = backend or self.choose_backend(n, q.device, q.dtype, dropout_p)
         if backend not in BACKENDS or backend == 'auto':
             raise ValueError(f'unknown LookHere attention backend {backend!r}; '
                              f'allowed: {list(BACKENDS[1:])}')
+        self.last_backend = backend
         if backend in ('reference', 'sdpa'):
             bias = self.dense_bias(layer, grid_size, cls_token, q.device, q.dtype)
             fn = reference_attention if backend == 'reference' else sdpa_attention
             return fn(q, k, v, bias, dropout_p)
-        gb = self.grid_bias(grid_size, q.device)
         if backend == 'chunked':
-            return chunked_attention(q, k, v, gb, layer, cls_token, self.block_size, dropout_p)
+            return chunked_attention(q, k, v, self.grid_bias(grid_size, q.device, q.dtype),
+                                     layer, cls_token, self.block_size, dropout_p)
         if dropout_p > 0:
             raise ValueError('the flex backend has no attention dropout; set attn_drop_rate=0 '
                              "or use backend 'chunked'/'sdpa'")
         try:
             mask = self.block_mask(layer, grid_size, cls_token, q.device)
-            return flex_attention_lookhere(q, k, v, gb, layer, cls_token, mask)
+            mod = self.score_mod(layer, grid_size, cls_token, q.device)
+            return flex_attention_lookhere(q, k, v, self.grid_bias(grid_size, q.device),
+                                           layer, cls_token, mask, self.flex_compile, mod)
         except Exception as err:  # pragma: no cover - compile problems are platform specific
             if not chosen_by_auto:
                 raise
             self._flex_failed = True
+            self.last_backend = 'chunked'
             warnings.warn(f'LookHere flex attention failed ({type(err).__name__}: {err}); '
                           'falling back to the chunked backend for this model')
-            return chunked_attention(q, k, v, gb, layer, cls_token, self.block_size, dropout_p)
+            return chunked_attention(q, k, v, self.grid_bias(grid_size, q.device, q.dtype),
+                                     layer, cls_token, self.block_size, dropout_p)
 
     def window_attention(self, q: Tensor, k: Tensor, v: Tensor, layer: int,
                          grid_size: Tuple[int, int], window_size: int, cls_token: bool,
@@ -342,6 +505,9 @@ class LookHereAttentionEngine:
         also sees the CLS key (bias 0), and the CLS query attends to all tokens (bias 0),
         exactly as in a global block.
 
+        Windows run as one 4-D batch ``(B * nWin, heads, T_w, d)`` (with padding: one
+        call per image, as the padding mask differs per window).
+
         Args:
             q, k, v: ``(B, heads, T, d)``, ``T = H*W (+1)``.
 
@@ -355,18 +521,26 @@ class LookHereAttentionEngine:
                              f'{tuple(grid_size)} {"with" if cls_token else "without"} CLS '
                              f'needs {n}')
         ws = int(window_size)
+        batch = q.shape[0]
         qw, kw, vw = (window_partition(t[:, :, off:], grid_size, ws) for t in (q, k, v))
+        n_win = qw.shape[1]
         if cls_token:
-            n_win = qw.shape[1]
             qw, kw, vw = (torch.cat([t[:, None, :, :1].expand(-1, n_win, -1, -1, -1), tw], dim=-2)
                           for t, tw in ((q, qw), (k, kw), (v, vw)))
-        mask = self.dense_bias(layer, (ws, ws), cls_token, q.device, q.dtype)
+        mask = self.window_bias(layer, ws, cls_token, q.device, q.dtype)
         if padded_grid(grid_size, ws) != tuple(grid_size):
-            key = ('window_pad', tuple(grid_size), ws, cls_token, str(q.device), q.dtype)
-            pad = self.dense.get_or_create(key, lambda: window_key_mask(
+            key = ('pad', tuple(grid_size), ws, cls_token, str(q.device), q.dtype)
+            pad = self.windows.get_or_create(key, lambda: window_key_mask(
                 grid_size, ws, cls_token, q.device, q.dtype))
             mask = mask + pad  # (nWin, heads, T_w, T_w)
-        out = F.scaled_dot_product_attention(qw, kw, vw, attn_mask=mask, dropout_p=dropout_p)
+            out = torch.stack([F.scaled_dot_product_attention(
+                qw[i], kw[i], vw[i], attn_mask=mask, dropout_p=dropout_p)
+                for i in range(batch)])
+        else:
+            out = F.scaled_dot_product_attention(
+                qw.flatten(0, 1), kw.flatten(0, 1), vw.flatten(0, 1),
+                attn_mask=mask.unsqueeze(0), dropout_p=dropout_p)
+            out = out.view(batch, n_win, *out.shape[1:])
         out = window_unpartition(out[..., off:, :], grid_size, ws)
         if cls_token:  # the CLS row of a global block: no bias, all keys
             cls_out = F.scaled_dot_product_attention(q[:, :, :1], k, v, dropout_p=dropout_p)
