@@ -31,20 +31,20 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from .bias import GridBias, LookHereConfig, build_grid_bias, gather_rows
+from .bias import GridBias, LookHereConfig, build_grid_bias, gather_block, gather_rows
 from .cache import BoundedCache
 from .windows import padded_grid, window_key_mask, window_partition, window_unpartition
 
 __all__ = ['BACKENDS', 'LookHereAttentionEngine', 'reference_attention', 'sdpa_attention',
            'chunked_attention', 'flex_attention_lookhere', 'flex_available', 'flex_score_mod',
-           'flex_mask_mod', 'lookhere_block_mask']
+           'flex_mask_mod', 'lookhere_block_mask', 'key_row_groups']
 
 BACKENDS = ('auto', 'reference', 'sdpa', 'chunked', 'flex')
 #: Query/key tile side of the flex kernels and block masks.
@@ -93,56 +93,162 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
                                           dropout_p=dropout_p)
 
 
-def chunked_attention(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias, layer: int,
-                      cls_token: bool, block_size: int = 256, dropout_p: float = 0.0,
-                      recompute: Optional[bool] = None) -> Tensor:
-    """Exact attention over blocks of ``block_size`` query rows.
+def key_row_groups(visible: Tensor) -> List[Tuple[Tuple[int, ...], int, int]]:
+    """Heads grouped by the vertical extent of their fields of view.
 
-    Each block's ``(heads, block, T)`` bias is gathered from ``grid_bias``'s relative
-    table when the block is computed (:func:`~.bias.gather_rows`), so the whole
-    ``(heads, T, T)`` bias never exists. Without autograd one buffer is reused by all
-    blocks. With ``recompute`` (default: whenever autograd records) each block runs under
-    activation checkpointing, so the backward pass keeps no bias rows and no ``T x T``
-    attention matrix either (it recomputes them per block).
+    A head that can only look up (``up``, ``corners`` up-left/up-right, ``tri_up``, ...)
+    sees, from a block of query rows, only the key rows above the block's last row; a
+    head that looks down only the rows below its first row. The chunked backend uses
+    this to hand each group of heads just the key rows it can see.
+
+    Args:
+        visible: ``(heads, 2H-1, 2W-1)`` bool fields of view of one layer.
+
+    Returns:
+        ``[(heads, dy_min, dy_max)]``: head indices (ascending) sharing the smallest and
+        largest visible row offset ``dy``; groups ordered by their first head.
+    """
+    height = (visible.shape[-2] + 1) // 2
+    rows = visible.any(dim=-1).cpu()  # (heads, 2H-1)
+    groups: Dict[Tuple[int, int], List[int]] = {}
+    for h in range(rows.shape[0]):
+        seen = rows[h].nonzero().flatten()  # never empty: (0, 0) is always visible
+        extent = (int(seen.min()) - (height - 1), int(seen.max()) - (height - 1))
+        groups.setdefault(extent, []).append(h)
+    return [(tuple(hs), lo, hi) for (lo, hi), hs in groups.items()]
+
+
+def _key_slice(lo: int, hi: int, height: int, width: int, off: int, qy0: int, qy1: int,
+               cls_last: bool) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+    """Key rows ``(r0, r1)`` and key tokens ``(k0, k1)`` a group sees from query rows
+    ``qy0..qy1``: a prefix ``[CLS, rows 0..]`` or, with ``cls_last``, a suffix
+    ``[rows ..H-1, CLS]`` of the group's key layout."""
+    if cls_last:
+        r0 = max(0, qy0 + lo)
+        return (r0, height), (r0 * width, height * width + off)
+    r1 = min(height, qy1 + hi + 1)
+    return (0, r1), (0, off + r1 * width)
+
+
+def auto_block_rows(q: Tensor, group_heads: int, grid_width: int) -> int:
+    """Query rows per block of :func:`chunked_attention` when none is given.
+
+    The bias block (``group_heads x rows x T``) is kept no larger than the MLP hidden
+    activation of the same tokens (``B x T x 4C`` with ``C = heads x d``), which a ViT
+    block holds anyway, so the attention phase does not set the model's peak memory;
+    then rounded down to whole grid rows (tighter key ranges) and kept >= 64 rows (the
+    CPU kernel slows down on short query blocks).
+
+    Args:
+        q: ``(B, heads, T, d)``.
+        group_heads: the most heads that share one block's bias.
+        grid_width: ``W`` of the patch grid.
+    """
+    batch, heads, _, dim = q.shape
+    rows = max(64, 4 * batch * heads * dim // max(group_heads, 1))
+    return rows - rows % grid_width if rows >= grid_width else rows
+
+
+def chunked_attention(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias, layer: int,
+                      cls_token: bool, block_size: Optional[int] = None,
+                      dropout_p: float = 0.0, recompute: Optional[bool] = None) -> Tensor:
+    """Exact attention over blocks of ``block_size`` query rows, bias gathered per block.
+
+    Each block's bias is gathered from ``grid_bias``'s relative table when the block is
+    computed (:func:`~.bias.gather_block`), so the whole ``(heads, T, T)`` bias never
+    exists. Heads are grouped by the vertical extent of their fields of view
+    (:func:`key_row_groups`); each group attends only to the key rows it can see from
+    the block (a prefix for upward-looking heads, a suffix for downward-looking ones),
+    which skips the fully blocked part of the grid: for LH-90 / LH-45 a third of the
+    attention work and of the bias rows. The CLS query (bias 0, all keys) runs as one
+    plain SDPA row.
+
+    Without autograd one buffer holds every block's bias. With ``recompute`` (default:
+    whenever autograd records) each block runs under activation checkpointing, so the
+    backward pass keeps no bias rows and no attention matrix either.
 
     Args:
         q, k, v: ``(B, heads, T, d)`` with ``T = H*W (+1)``.
         grid_bias: tables of the grid (best in ``q``'s dtype; cast otherwise).
         layer: which layer's table to use.
         cls_token: token 0 is a CLS token.
-        block_size: query rows per block. Default: 256.
+        block_size: query rows per block; None or 0: :func:`auto_block_rows`.
+            Default: None.
         dropout_p: attention dropout. Default: 0.
         recompute: checkpoint each block. Default: when autograd records.
 
     Returns:
         ``(B, heads, T, d)``.
     """
-    total = q.shape[-2]
+    height, width = grid_bias.grid_size
+    n = height * width
+    off = int(cls_token)
+    heads = q.shape[1]
+    records = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if recompute is None:
-        recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        recompute = records
     table = grid_bias.table[layer].to(q.dtype)
     key_term = None if grid_bias.key_term is None else grid_bias.key_term[layer].to(q.dtype)
-    rows = max(1, min(block_size, total))
-    buffer = None if recompute else table.new_empty(table.shape[0], rows, total)
+    groups = key_row_groups(grid_bias.visible[layer])
+    widest = max(len(g) for g, _, _ in groups)
+    rows = block_size or auto_block_rows(q, widest, width)
+    rows = max(1, min(rows, n))
+    buffer = None if recompute else table.new_empty(widest * rows * (n + off))
+    # without autograd, every block is written straight into the result
+    result = None if records else q.new_empty(*q.shape[:-1], v.shape[-1])
 
-    def block(start: int, q_blk: Tensor, k_: Tensor, v_: Tensor) -> Tensor:
-        stop = start + q_blk.shape[-2]
-        out = None if buffer is None else buffer[:, :stop - start]
-        bias = gather_rows(table, grid_bias.grid_size, start, stop, cls_token, key_term,
-                           out=out)
-        return F.scaled_dot_product_attention(q_blk, k_, v_, attn_mask=bias.unsqueeze(0),
-                                              dropout_p=dropout_p)
-
-    if rows >= total and not recompute:
-        return block(0, q, k, v)
-    outs = []
-    for start in range(0, total, rows):
-        q_blk = q[..., start:start + rows, :]
-        if recompute:
-            outs.append(checkpoint(block, start, q_blk, k, v, use_reentrant=False))
+    outs, order = [], []
+    for sel, lo, hi in groups:
+        idx = torch.tensor(sel, device=q.device)
+        if len(sel) == heads:
+            q_g, k_g, v_g, table_g, kt_g = q, k, v, table, key_term
         else:
-            outs.append(block(start, q_blk, k, v))
-    return torch.cat(outs, dim=-2)
+            q_g, k_g, v_g = (t.index_select(1, idx) for t in (q, k, v))
+            table_g = table.index_select(0, idx)
+            kt_g = None if key_term is None else key_term.index_select(0, idx)
+        cls_last = lo > -(height - 1) and hi == height - 1
+        if cls_last and off:  # key layout [patches, CLS]: the visible rows are a suffix
+            k_g, v_g = (torch.cat([t[:, :, off:], t[:, :, :off]], dim=2) for t in (k_g, v_g))
+        cls_key = None if not off else ('last' if cls_last else 'first')
+
+        def block(s: int, e: int, key_rows: Tuple[int, int], q_blk: Tensor, k_blk: Tensor,
+                  v_blk: Tensor, table_g: Tensor = table_g, kt_g: Optional[Tensor] = kt_g,
+                  cls_key: Optional[str] = cls_key) -> Tensor:
+            shape = (table_g.shape[0], e - s, k_blk.shape[-2])
+            out = None if buffer is None else buffer[:math.prod(shape)].view(shape)
+            bias = gather_block(table_g, (height, width), s, e, key_rows, cls_key, kt_g,
+                                out=out)
+            return F.scaled_dot_product_attention(q_blk, k_blk, v_blk,
+                                                  attn_mask=bias.unsqueeze(0),
+                                                  dropout_p=dropout_p)
+
+        blocks = []
+        for s in range(0, n, rows):
+            e = min(n, s + rows)
+            key_rows, (k0, k1) = _key_slice(lo, hi, height, width, off, s // width,
+                                            (e - 1) // width, cls_last)
+            args = (s, e, key_rows, q_g[:, :, off + s:off + e], k_g[:, :, k0:k1],
+                    v_g[:, :, k0:k1])
+            if recompute:
+                blocks.append(checkpoint(block, *args, use_reentrant=False))
+            elif result is None:
+                blocks.append(block(*args))
+            else:
+                result[:, :, off + s:off + e].index_copy_(1, idx, block(*args))
+        if blocks:
+            outs.append(blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2))
+        order += sel
+        del q_g, k_g, v_g, args, blocks  # free this group's copies before the next
+    if off:  # the CLS query: bias 0 to every key
+        cls_out = F.scaled_dot_product_attention(q[:, :, :off], k, v, dropout_p=dropout_p)
+        if result is not None:
+            result[:, :, :off] = cls_out
+    if result is not None:
+        return result
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+    if order != sorted(order):
+        out = out.index_select(1, torch.tensor(order, device=q.device).argsort())
+    return torch.cat([cls_out, out], dim=2) if off else out
 
 
 # ----------------------------------------------------------------------------------------
@@ -321,7 +427,8 @@ class LookHereAttentionEngine:
             when the dense biases of all layers for the grid fit in ``max_dense_mb``, else
             ``flex`` on CUDA (without attention dropout) and ``chunked`` elsewhere.
             Default: ``'auto'``.
-        block_size: query rows per block of the ``chunked`` backend. Default: 256.
+        block_size: query rows per block of the ``chunked`` backend; None or 0 sizes
+            blocks automatically (:func:`auto_block_rows`). Default: None.
         max_dense_mb: budget for the cached dense biases (all layers, all grids; also the
             byte bound of that cache). Default: 1024.
         cache_size: grids / windows kept per cache (times ``depth`` for per-layer
@@ -330,13 +437,15 @@ class LookHereAttentionEngine:
     """
 
     def __init__(self, config: LookHereConfig, depth: int, num_heads: int,
-                 backend: str = 'auto', block_size: int = 256, max_dense_mb: float = 1024,
-                 cache_size: int = 4, flex_compile: Optional[bool] = None):
+                 backend: str = 'auto', block_size: Optional[int] = None,
+                 max_dense_mb: float = 1024, cache_size: int = 4,
+                 flex_compile: Optional[bool] = None):
         if backend not in BACKENDS:
             raise ValueError(f'unknown LookHere attention backend {backend!r}; '
                              f'allowed: {list(BACKENDS)}')
-        if block_size < 1:
-            raise ValueError(f'block_size must be >= 1, got {block_size}')
+        if block_size is not None and (not isinstance(block_size, int) or block_size < 0):
+            raise ValueError(f'block_size must be None or an int >= 0 (0: automatic), '
+                             f'got {block_size!r}')
         if max_dense_mb < 0:
             raise ValueError(f'max_dense_mb must be >= 0, got {max_dense_mb}')
         config.validate(num_heads, depth)
@@ -344,7 +453,7 @@ class LookHereAttentionEngine:
         self.depth = depth
         self.num_heads = num_heads
         self.backend = backend
-        self.block_size = block_size
+        self.block_size = block_size or None
         self.max_dense_bytes = max_dense_mb * 2 ** 20
         self.flex_compile = flex_compile
         #: relative tables per (grid, device, dtype)

@@ -45,7 +45,8 @@ from .directions import (DIRECTION_TYPES, NONE_LIKE_TYPES, HeadSpec, head_blocke
 __all__ = [
     'LookHereConfig', 'PRESETS', 'resolve_lh_config', 'head_layout', 'layer_slopes',
     'relative_bias_table', 'key_bias_table', 'GridBias', 'build_grid_bias',
-    'lookhere_bias', 'query_windows', 'gather_rows', 'DISTANCES', 'FILLS', 'BIAS_ROUNDINGS',
+    'lookhere_bias', 'query_windows', 'gather_rows', 'gather_block', 'DISTANCES', 'FILLS',
+    'BIAS_ROUNDINGS',
 ]
 
 DISTANCES = ('linear', 'sqrt', 'square')
@@ -481,20 +482,70 @@ def gather_rows(table: Tensor, grid_size: Tuple[int, int], start: int, stop: int
                          f'{out.dtype}')
     first = max(start - off, 0)                 # first patch query
     skip = int(cls_token and start == 0 < stop)  # 1 when the block holds the CLS row
-    if cls_token:
+    if skip:
+        out[:, 0] = cls_value
+    gather_block(table, grid_size, first, max(stop - off, first), (0, height),
+                 'first' if cls_token else None, key_term, cls_value, out=out[:, skip:])
+    return out
+
+
+def gather_block(table: Tensor, grid_size: Tuple[int, int], q_start: int, q_stop: int,
+                 key_rows: Tuple[int, int], cls_key: Optional[str] = None,
+                 key_term: Optional[Tensor] = None, cls_value: Union[float, bool] = 0,
+                 out: Optional[Tensor] = None) -> Tensor:
+    """Bias of patch queries ``q_start:q_stop`` against the patch keys of grid rows
+    ``key_rows[0]:key_rows[1]``, plus an optional CLS key column.
+
+    The building block of :func:`gather_rows` and of the key-range-restricted chunked
+    attention: one gather with a ``(Q,)`` index from :func:`query_windows`, restricted to
+    the key rows, written straight into ``out``.
+
+    Args:
+        table: ``(heads, 2H-1, 2W-1)``.
+        grid_size: ``(H, W)``.
+        q_start, q_stop: patch indices (no CLS), ``0 <= q_start <= q_stop <= H*W``.
+        key_rows: ``(r0, r1)``, grid rows of the keys, ``0 <= r0 <= r1 <= H``.
+        cls_key: ``'first'`` / ``'last'``: a CLS key column (value ``cls_value``) before /
+            after the patch keys; None: no CLS column.
+        key_term: optional ``(heads, H*W)`` per-key term (``center`` heads).
+        cls_value: value of the CLS column. Default: 0.
+        out: optional ``(heads, Q, K)`` tensor to write into (its last dim contiguous).
+
+    Returns:
+        ``(heads, Q, K)`` with ``Q = q_stop - q_start``, ``K = (r1 - r0) * W (+1)``.
+    """
+    height, width = grid_size
+    r0, r1 = key_rows
+    if not 0 <= q_start <= q_stop <= height * width:
+        raise ValueError(f'patch queries {q_start}:{q_stop} outside a {height}x{width} grid')
+    if not 0 <= r0 <= r1 <= height:
+        raise ValueError(f'key rows {r0}:{r1} outside a grid of {height} rows')
+    if cls_key not in (None, 'first', 'last'):
+        raise ValueError(f"cls_key must be None, 'first' or 'last', got {cls_key!r}")
+    heads = table.shape[0]
+    num_q = q_stop - q_start
+    shape = (heads, num_q, (r1 - r0) * width + (cls_key is not None))
+    if out is None:
+        out = table.new_empty(shape)
+    elif tuple(out.shape) != shape or out.dtype != table.dtype:
+        raise ValueError(f'out must be {shape} {table.dtype}, got {tuple(out.shape)} '
+                         f'{out.dtype}')
+    patch = out
+    if cls_key == 'first':
         out[:, :, 0] = cls_value
-        if skip:
-            out[:, 0] = cls_value
-    q = torch.arange(first, max(stop - off, first), device=table.device)
-    if q.numel():
-        patch = out[:, skip:, off:]  # (heads, Q, N), row stride T
-        target = patch.view(heads, q.numel(), height, width)
+        patch = out[:, :, 1:]
+    elif cls_key == 'last':
+        out[:, :, -1] = cls_value
+        patch = out[:, :, :-1]
+    if num_q and r1 > r0:
+        q = torch.arange(q_start, q_stop, device=table.device)
         iy = (height - 1) - q.div(width, rounding_mode='floor')
         ix = (width - 1) - q.remainder(width)
-        torch.ops.aten.index.Tensor_out(query_windows(table, grid_size), [None, iy, ix],
-                                        out=target)
+        windows = query_windows(table, grid_size)[..., r0:r1, :]  # (heads, H, W, r1-r0, W)
+        torch.ops.aten.index.Tensor_out(windows, [None, iy, ix],
+                                        out=patch.view(heads, num_q, r1 - r0, width))
         if key_term is not None:
-            patch += key_term[:, None, :]
+            patch += key_term[:, None, r0 * width:r1 * width]
     return out
 
 
