@@ -44,7 +44,7 @@ from .windows import padded_grid, window_key_mask, window_partition, window_unpa
 
 __all__ = ['BACKENDS', 'LookHereAttentionEngine', 'reference_attention', 'sdpa_attention',
            'chunked_attention', 'flex_attention_lookhere', 'flex_available', 'flex_score_mod',
-           'flex_mask_mod', 'lookhere_block_mask', 'key_row_groups']
+           'flex_mask_mod', 'lookhere_block_mask', 'key_row_groups', 'head_runs']
 
 BACKENDS = ('auto', 'reference', 'sdpa', 'chunked', 'flex')
 #: Query/key tile side of the flex kernels and block masks.
@@ -118,22 +118,28 @@ def key_row_groups(visible: Tensor) -> List[Tuple[Tuple[int, ...], int, int]]:
     return [(tuple(hs), lo, hi) for (lo, hi), hs in groups.items()]
 
 
-def _key_slice(lo: int, hi: int, height: int, width: int, off: int, qy0: int, qy1: int,
-               cls_last: bool) -> Tuple[Tuple[int, int], Tuple[int, int]]:
-    """Key rows ``(r0, r1)`` and key tokens ``(k0, k1)`` a group sees from query rows
-    ``qy0..qy1``: a prefix ``[CLS, rows 0..]`` or, with ``cls_last``, a suffix
-    ``[rows ..H-1, CLS]`` of the group's key layout."""
-    if cls_last:
-        r0 = max(0, qy0 + lo)
-        return (r0, height), (r0 * width, height * width + off)
-    r1 = min(height, qy1 + hi + 1)
-    return (0, r1), (0, off + r1 * width)
+def head_runs(visible: Tensor) -> List[Tuple[int, int, int, int]]:
+    """:func:`key_row_groups` split into runs of consecutive heads (so that every run is
+    a view of ``q``, ``k``, ``v``), ordered by head.
+
+    Returns:
+        ``[(h0, h1, dy_min, dy_max)]``: heads ``h0:h1`` share the visible row offsets
+        ``dy_min..dy_max``.
+    """
+    runs = []
+    for heads, lo, hi in key_row_groups(visible):
+        start = heads[0]
+        for prev, h in zip(heads, heads[1:] + (None,)):
+            if h != prev + 1:  # a run ends at prev
+                runs.append((start, prev + 1, lo, hi))
+                start = h
+    return sorted(runs)
 
 
-def auto_block_rows(q: Tensor, group_heads: int, grid_width: int) -> int:
+def auto_block_rows(q: Tensor, run_heads: int, grid_width: int) -> int:
     """Query rows per block of :func:`chunked_attention` when none is given.
 
-    The bias block (``group_heads x rows x T``) is kept no larger than the MLP hidden
+    The bias block (``run_heads x rows x T``) is kept no larger than the MLP hidden
     activation of the same tokens (``B x T x 4C`` with ``C = heads x d``), which a ViT
     block holds anyway, so the attention phase does not set the model's peak memory;
     then rounded down to whole grid rows (tighter key ranges) and kept >= 64 rows (the
@@ -141,12 +147,32 @@ def auto_block_rows(q: Tensor, group_heads: int, grid_width: int) -> int:
 
     Args:
         q: ``(B, heads, T, d)``.
-        group_heads: the most heads that share one block's bias.
+        run_heads: the most heads that share one block's bias.
         grid_width: ``W`` of the patch grid.
     """
     batch, heads, _, dim = q.shape
-    rows = max(64, 4 * batch * heads * dim // max(group_heads, 1))
+    rows = max(64, 4 * batch * heads * dim // max(run_heads, 1))
     return rows - rows % grid_width if rows >= grid_width else rows
+
+
+def _key_span(lo: int, hi: int, height: int, width: int, off: int, qy0: int, qy1: int
+              ) -> Tuple[Tuple[int, int], Tuple[int, int], Optional[str]]:
+    """What a run of heads sees from query rows ``qy0..qy1``.
+
+    Keys live in the layout ``[CLS, patches, CLS]`` (the CLS key at both ends when
+    ``off``): heads that see every row above (``dy_min = -(H-1)``) take a prefix
+    ``[CLS, rows 0..r1)``, the others a suffix ``[rows r0..H-1, CLS]``.
+
+    Returns:
+        ``((r0, r1), (k0, k1), cls_key)``: key grid rows, key tokens in the layout, and
+        where the CLS column of the bias goes (``'first'`` / ``'last'`` / None).
+    """
+    if lo == -(height - 1) or hi < height - 1:
+        r1 = min(height, qy1 + hi + 1)
+        return (0, r1), (0, off + r1 * width), 'first' if off else None
+    r0 = max(0, qy0 + lo)
+    return (r0, height), (off + r0 * width, off + height * width + off), \
+        'last' if off else None
 
 
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias, layer: int,
@@ -154,18 +180,19 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias, laye
                       dropout_p: float = 0.0, recompute: Optional[bool] = None) -> Tensor:
     """Exact attention over blocks of ``block_size`` query rows, bias gathered per block.
 
-    Each block's bias is gathered from ``grid_bias``'s relative table when the block is
-    computed (:func:`~.bias.gather_block`), so the whole ``(heads, T, T)`` bias never
-    exists. Heads are grouped by the vertical extent of their fields of view
-    (:func:`key_row_groups`); each group attends only to the key rows it can see from
-    the block (a prefix for upward-looking heads, a suffix for downward-looking ones),
-    which skips the fully blocked part of the grid: for LH-90 / LH-45 a third of the
-    attention work and of the bias rows. The CLS query (bias 0, all keys) runs as one
-    plain SDPA row.
+    Each block's bias is copied from ``grid_bias``'s relative table when the block is
+    computed (:func:`~.bias.gather_block`, queries in reversed order so that the copy is
+    a few strided slices), so the whole ``(heads, T, T)`` bias never exists. Heads are
+    grouped by the vertical extent of their fields of view (:func:`head_runs`); each
+    run of heads attends only to the key rows it can see from the block (a prefix for
+    upward-looking heads, a suffix for downward-looking ones), which skips the fully
+    blocked part of the grid: for LH-90 / LH-45 a third of the attention work and of
+    the bias. The CLS query (bias 0, all keys) runs as one plain SDPA row.
 
-    Without autograd one buffer holds every block's bias. With ``recompute`` (default:
-    whenever autograd records) each block runs under activation checkpointing, so the
-    backward pass keeps no bias rows and no attention matrix either.
+    Without autograd one buffer holds every block's bias and the blocks are written
+    straight into the result. With ``recompute`` (default: whenever autograd records)
+    each block runs under activation checkpointing, so the backward pass keeps no bias
+    rows and no attention matrix either.
 
     Args:
         q, k, v: ``(B, heads, T, d)`` with ``T = H*W (+1)``.
@@ -183,62 +210,52 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias, laye
     height, width = grid_bias.grid_size
     n = height * width
     off = int(cls_token)
-    heads = q.shape[1]
     records = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if recompute is None:
         recompute = records
     table = grid_bias.table[layer].to(q.dtype)
     key_term = None if grid_bias.key_term is None else grid_bias.key_term[layer].to(q.dtype)
-    groups = key_row_groups(grid_bias.visible[layer])
-    widest = max(len(g) for g, _, _ in groups)
+    runs = head_runs(grid_bias.visible[layer])
+    widest = max(h1 - h0 for h0, h1, _, _ in runs)
     rows = block_size or auto_block_rows(q, widest, width)
     rows = max(1, min(rows, n))
-    buffer = None if recompute else table.new_empty(widest * rows * (n + off))
+    buffer = None if recompute else table.new_empty(widest * rows * (n + 2 * off))
     # without autograd, every block is written straight into the result
     result = None if records else q.new_empty(*q.shape[:-1], v.shape[-1])
+    if off and any(_key_span(lo, hi, height, width, off, 0, 0)[2] == 'last'
+                   for _, _, lo, hi in runs):
+        k_ext, v_ext = (torch.cat([t, t[:, :, :off]], dim=2) for t in (k, v))  # [CLS, P, CLS]
+    else:
+        k_ext, v_ext = k, v
 
-    outs, order = [], []
-    for sel, lo, hi in groups:
-        idx = torch.tensor(sel, device=q.device)
-        if len(sel) == heads:
-            q_g, k_g, v_g, table_g, kt_g = q, k, v, table, key_term
-        else:
-            q_g, k_g, v_g = (t.index_select(1, idx) for t in (q, k, v))
-            table_g = table.index_select(0, idx)
-            kt_g = None if key_term is None else key_term.index_select(0, idx)
-        cls_last = lo > -(height - 1) and hi == height - 1
-        if cls_last and off:  # key layout [patches, CLS]: the visible rows are a suffix
-            k_g, v_g = (torch.cat([t[:, :, off:], t[:, :, :off]], dim=2) for t in (k_g, v_g))
-        cls_key = None if not off else ('last' if cls_last else 'first')
+    def block(h0: int, h1: int, s: int, e: int, key_rows: Tuple[int, int],
+              cls_key: Optional[str], q_blk: Tensor, k_blk: Tensor, v_blk: Tensor) -> Tensor:
+        shape = (h1 - h0, e - s, k_blk.shape[-2])
+        out = None if buffer is None else buffer[:math.prod(shape)].view(shape)
+        bias = gather_block(table[h0:h1], (height, width), s, e, key_rows, cls_key,
+                            None if key_term is None else key_term[h0:h1], out=out,
+                            reverse_queries=True)
+        return F.scaled_dot_product_attention(q_blk.flip(2), k_blk, v_blk,
+                                              attn_mask=bias.unsqueeze(0),
+                                              dropout_p=dropout_p).flip(2)
 
-        def block(s: int, e: int, key_rows: Tuple[int, int], q_blk: Tensor, k_blk: Tensor,
-                  v_blk: Tensor, table_g: Tensor = table_g, kt_g: Optional[Tensor] = kt_g,
-                  cls_key: Optional[str] = cls_key) -> Tensor:
-            shape = (table_g.shape[0], e - s, k_blk.shape[-2])
-            out = None if buffer is None else buffer[:math.prod(shape)].view(shape)
-            bias = gather_block(table_g, (height, width), s, e, key_rows, cls_key, kt_g,
-                                out=out)
-            return F.scaled_dot_product_attention(q_blk, k_blk, v_blk,
-                                                  attn_mask=bias.unsqueeze(0),
-                                                  dropout_p=dropout_p)
-
+    outs = []
+    for h0, h1, lo, hi in runs:
         blocks = []
         for s in range(0, n, rows):
             e = min(n, s + rows)
-            key_rows, (k0, k1) = _key_slice(lo, hi, height, width, off, s // width,
-                                            (e - 1) // width, cls_last)
-            args = (s, e, key_rows, q_g[:, :, off + s:off + e], k_g[:, :, k0:k1],
-                    v_g[:, :, k0:k1])
+            key_rows, (k0, k1), cls_key = _key_span(lo, hi, height, width, off, s // width,
+                                                    (e - 1) // width)
+            args = (h0, h1, s, e, key_rows, cls_key, q[:, h0:h1, off + s:off + e],
+                    k_ext[:, h0:h1, k0:k1], v_ext[:, h0:h1, k0:k1])
             if recompute:
                 blocks.append(checkpoint(block, *args, use_reentrant=False))
             elif result is None:
                 blocks.append(block(*args))
             else:
-                result[:, :, off + s:off + e].index_copy_(1, idx, block(*args))
+                result[:, h0:h1, off + s:off + e] = block(*args)
         if blocks:
             outs.append(blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2))
-        order += sel
-        del q_g, k_g, v_g, args, blocks  # free this group's copies before the next
     if off:  # the CLS query: bias 0 to every key
         cls_out = F.scaled_dot_product_attention(q[:, :, :off], k, v, dropout_p=dropout_p)
         if result is not None:
@@ -246,8 +263,6 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias, laye
     if result is not None:
         return result
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-    if order != sorted(order):
-        out = out.index_select(1, torch.tensor(order, device=q.device).argsort())
     return torch.cat([cls_out, out], dim=2) if off else out
 
 

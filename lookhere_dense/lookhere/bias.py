@@ -492,7 +492,7 @@ def gather_rows(table: Tensor, grid_size: Tuple[int, int], start: int, stop: int
 def gather_block(table: Tensor, grid_size: Tuple[int, int], q_start: int, q_stop: int,
                  key_rows: Tuple[int, int], cls_key: Optional[str] = None,
                  key_term: Optional[Tensor] = None, cls_value: Union[float, bool] = 0,
-                 out: Optional[Tensor] = None) -> Tensor:
+                 out: Optional[Tensor] = None, reverse_queries: bool = False) -> Tensor:
     """Bias of patch queries ``q_start:q_stop`` against the patch keys of grid rows
     ``key_rows[0]:key_rows[1]``, plus an optional CLS key column.
 
@@ -510,6 +510,11 @@ def gather_block(table: Tensor, grid_size: Tuple[int, int], q_start: int, q_stop
         key_term: optional ``(heads, H*W)`` per-key term (``center`` heads).
         cls_value: value of the CLS column. Default: 0.
         out: optional ``(heads, Q, K)`` tensor to write into (its last dim contiguous).
+        reverse_queries: return the rows in reversed query order (``q_stop - 1`` first).
+            :func:`query_windows` holds the queries mirrored, so in this order the rows
+            are plain strided slices of the table: at most three ``copy_`` calls with
+            contiguous runs of ``W`` values instead of an element-wise gather (2-4x
+            faster on CPU). Default: False.
 
     Returns:
         ``(heads, Q, K)`` with ``Q = q_stop - q_start``, ``K = (r1 - r0) * W (+1)``.
@@ -538,15 +543,46 @@ def gather_block(table: Tensor, grid_size: Tuple[int, int], q_start: int, q_stop
         out[:, :, -1] = cls_value
         patch = out[:, :, :-1]
     if num_q and r1 > r0:
-        q = torch.arange(q_start, q_stop, device=table.device)
-        iy = (height - 1) - q.div(width, rounding_mode='floor')
-        ix = (width - 1) - q.remainder(width)
         windows = query_windows(table, grid_size)[..., r0:r1, :]  # (heads, H, W, r1-r0, W)
-        torch.ops.aten.index.Tensor_out(windows, [None, iy, ix],
-                                        out=patch.view(heads, num_q, r1 - r0, width))
+        target = patch.view(heads, num_q, r1 - r0, width)
+        if reverse_queries:
+            _copy_mirrored_rows(windows, height * width - q_stop, height * width - q_start,
+                                target)
+        else:
+            q = torch.arange(q_start, q_stop, device=table.device)
+            iy = (height - 1) - q.div(width, rounding_mode='floor')
+            ix = (width - 1) - q.remainder(width)
+            torch.ops.aten.index.Tensor_out(windows, [None, iy, ix], out=target)
         if key_term is not None:
             patch += key_term[:, None, r0 * width:r1 * width]
     return out
+
+
+def _copy_mirrored_rows(windows: Tensor, m_start: int, m_stop: int, target: Tensor) -> None:
+    """Copy rows ``m_start:m_stop`` of the mirrored query axes of :func:`query_windows`.
+
+    Args:
+        windows: ``(heads, H, W, R, W)`` view; mirrored query ``m = a * W + b``.
+        m_start, m_stop: range of ``m`` (row-major over ``(a, b)``).
+        target: ``(heads, m_stop - m_start, R, W)``.
+    """
+    width = windows.shape[2]
+    a0, b0 = divmod(m_start, width)
+    a1, b1 = divmod(m_stop, width)
+    if a0 == a1:  # inside one grid row
+        target.copy_(windows[:, a0, b0:b1])
+        return
+    i = 0
+    if b0:  # tail of the first row
+        target[:, :width - b0].copy_(windows[:, a0, b0:])
+        i, a0 = width - b0, a0 + 1
+    if a1 > a0:  # whole rows
+        n = (a1 - a0) * width
+        target[:, i:i + n].view(target.shape[0], a1 - a0, width, *target.shape[2:]).copy_(
+            windows[:, a0:a1])
+        i += n
+    if b1:  # head of the last row
+        target[:, i:].copy_(windows[:, a1, :b1])
 
 
 @dataclass(eq=False)
