@@ -60,7 +60,9 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
                         dropout_p: float = 0.0) -> Tensor:
     """Plain softmax attention with an additive bias; the ground truth for tests.
 
-    The logits are formed in the inputs' dtype, the softmax runs in float32.
+    Computed in float32 (float64 for float64 inputs) whatever the inputs' dtype, and
+    returned in that dtype, so low-precision runs of the other backends can be checked
+    against it.
 
     Args:
         q, k, v: ``(B, heads, T, d)`` (``k``/``v`` may have another length ``S``).
@@ -68,14 +70,15 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
         dropout_p: attention dropout probability (applied only if > 0).
 
     Returns:
-        ``(B, heads, T, d)``.
+        ``(B, heads, T, d)`` in ``q``'s dtype.
     """
+    work = torch.promote_types(q.dtype, torch.float32)
     scale = q.shape[-1] ** -0.5
-    logits = (q * scale) @ k.transpose(-2, -1) + bias.to(q.dtype)
-    attn = logits.float().softmax(dim=-1).to(q.dtype)
+    logits = (q.to(work) * scale) @ k.to(work).transpose(-2, -1) + bias.to(work)
+    attn = logits.softmax(dim=-1)
     if dropout_p > 0:
         attn = F.dropout(attn, p=dropout_p)
-    return attn @ v
+    return (attn @ v.to(work)).to(q.dtype)
 
 
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
@@ -473,10 +476,10 @@ class LookHereAttentionEngine:
         self.flex_compile = flex_compile
         #: relative tables per (grid, device, dtype)
         self.tables = BoundedCache(2 * cache_size)
-        #: dense (heads, T, T) biases of global layers per (layer, grid, cls, device, dtype)
-        self.dense = BoundedCache(cache_size * depth, max_bytes=self.max_dense_bytes)
-        #: window biases and padding masks per (layer or 'pad', window, ..., device, dtype)
-        self.windows = BoundedCache(cache_size * (depth + 1))
+        #: dense (heads, T, T) biases per (layer, grid, cls, device, dtype): global layers'
+        #: and window-sized ones (a window's bias is the dense bias of a (ws, ws) grid),
+        #: plus window padding masks under ('pad', grid, ws, cls, device, dtype)
+        self.dense = BoundedCache(cache_size * (depth + 1), max_bytes=self.max_dense_bytes)
         #: flex block masks per (head string, grid, cls, device): shared across layers
         self.block_masks = BoundedCache(cache_size * max(1, len(config.direction_strings)))
         #: flex score_mods per (layer, grid, cls, device): one function object per layer
@@ -485,8 +488,8 @@ class LookHereAttentionEngine:
         self._flex_failed = False
 
     def _caches(self) -> Dict[str, BoundedCache]:
-        return dict(tables=self.tables, dense=self.dense, windows=self.windows,
-                    block_masks=self.block_masks, score_mods=self.score_mods)
+        return dict(tables=self.tables, dense=self.dense, block_masks=self.block_masks,
+                    score_mods=self.score_mods)
 
     def reset(self, config: Optional[LookHereConfig] = None) -> None:
         """Drop all caches (and switch to ``config`` if given)."""
@@ -523,11 +526,10 @@ class LookHereAttentionEngine:
 
     def window_bias(self, layer: int, window_size: int, cls_token: bool,
                     device: torch.device, dtype: torch.dtype) -> Tensor:
-        """The ``(heads, T_w, T_w)`` bias of a ``window_size`` x ``window_size`` window."""
+        """The ``(heads, T_w, T_w)`` bias of a ``window_size`` x ``window_size`` window
+        (the dense bias of a window-sized grid, cached like one)."""
         ws = int(window_size)
-        key = (layer, (ws, ws), cls_token, str(device), dtype)
-        return self.windows.get_or_create(key, lambda: self.grid_bias(
-            (ws, ws), device, dtype).dense(layer, cls_token))
+        return self.dense_bias(layer, (ws, ws), cls_token, device, dtype)
 
     def block_mask(self, layer: int, grid_size: Tuple[int, int], cls_token: bool,
                    device: torch.device):
@@ -654,7 +656,7 @@ class LookHereAttentionEngine:
         mask = self.window_bias(layer, ws, cls_token, q.device, q.dtype)
         if padded_grid(grid_size, ws) != tuple(grid_size):
             key = ('pad', tuple(grid_size), ws, cls_token, str(q.device), q.dtype)
-            pad = self.windows.get_or_create(key, lambda: window_key_mask(
+            pad = self.dense.get_or_create(key, lambda: window_key_mask(
                 grid_size, ws, cls_token, q.device, q.dtype))
             mask = mask + pad  # (nWin, heads, T_w, T_w)
             out = torch.stack([F.scaled_dot_product_attention(
