@@ -145,8 +145,9 @@ def auto_block_rows(q: Tensor, run_heads: int, grid_width: int) -> int:
     The bias block (``run_heads x rows x T``) is kept no larger than the MLP hidden
     activation of the same tokens (``B x T x 4C`` with ``C = heads x d``), which a ViT
     block holds anyway, so the attention phase does not set the model's peak memory;
-    then rounded down to whole grid rows (tighter key ranges) and kept >= 64 rows (the
-    CPU kernel slows down on short query blocks).
+    at least 64 rows (the CPU kernel slows down on short query blocks), rounded to
+    whole grid rows when a row is shorter (tighter key ranges): down, unless that
+    would drop below 64.
 
     Args:
         q: ``(B, heads, T, d)``.
@@ -155,7 +156,10 @@ def auto_block_rows(q: Tensor, run_heads: int, grid_width: int) -> int:
     """
     batch, heads, _, dim = q.shape
     rows = max(64, 4 * batch * heads * dim // max(run_heads, 1))
-    return rows - rows % grid_width if rows >= grid_width else rows
+    if rows < grid_width:
+        return rows
+    whole = rows - rows % grid_width
+    return whole if whole >= 64 else whole + grid_width
 
 
 def _key_span(lo: int, hi: int, height: int, width: int, off: int, qy0: int, qy1: int
