@@ -175,7 +175,7 @@ def test_backbone_forwards_never_rebuild_cached_data(backend, window):
     if backend == 'chunked':
         assert misses['dense'] == 0
     elif window:
-        assert {k[1] for k in eng.dense.keys() if k[0] != 'pad'} == {(2, 2), (5, 7)}
+        assert {k[1] for k in eng.dense.keys() if k[0] != 'window_pad'} == {(2, 2), (5, 7)}
     else:
         assert misses['dense'] == 3       # one per layer, then reused
     assert set(model.state_dict()) == {name for name, _ in model.named_parameters()}

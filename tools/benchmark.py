@@ -343,6 +343,8 @@ def build_mmseg_vit(arch: Dict[str, Any], img_size: Tuple[int, int], device: str
 # ----------------------------------------------------------------------------------------
 def child_bias(case: Dict[str, Any]) -> Dict[str, Any]:
     """Time and peak-RSS rise of one bias construction (ours or the baseline)."""
+    if case.get('threads'):
+        torch.set_num_threads(case['threads'])
     cfg = resolve_lh_config(case['preset'])
     grid, depth, heads = tuple(case['grid']), case['depth'], case['heads']
     if case['impl'] == 'baseline':
@@ -405,7 +407,8 @@ def child_frame(case: Dict[str, Any]) -> Dict[str, Any]:
 def bench_bias(args) -> Dict[str, Any]:
     """Section ``bias``: our tables vs the loop-based official-style construction."""
     grid = (args.grid, args.grid)
-    base = dict(kind='bias', preset=args.bias_preset, grid=grid, heads=args.num_heads)
+    base = dict(kind='bias', preset=args.bias_preset, grid=grid, heads=args.num_heads,
+                threads=args.threads)
     ours = run_child(dict(base, impl='ours', depth=args.bias_layers, repeats=args.repeats),
                      args.child_timeout)
     theirs = run_child(dict(base, impl='baseline', depth=args.baseline_depth),
@@ -681,17 +684,18 @@ QUICK = dict(grid=12, bias_layers=3, baseline_depth=1, embed_dims=96, num_layers
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                epilog='Sections and measurement method: see the module '
+                                       'docstring and docs/performance.md.')
     p.add_argument('--device', choices=('cpu', 'cuda'), default='cpu',
-                   help='where to run the model sections (cuda adds the attention timings)')
+                   help='where to run (cuda adds the attention timings); default: cpu')
     p.add_argument('--sections', nargs='+', choices=SECTIONS, default=None,
-                   help='sections to run (default: bias vit frame, plus attn)')
+                   help='sections to run (default: all: bias vit frame attn)')
     p.add_argument('--quick', action='store_true',
                    help='tiny sizes for a smoke test (< 1 min); explicit flags still win')
-    p.add_argument('--json', type=Path, default=None, help='write the results here')
-    p.add_argument('--preset', default='lh90', help='LookHere preset of the models')
+    p.add_argument('--json', type=Path, default=None, help='write the results as JSON here (default: no file)')
+    p.add_argument('--preset', default='lh90', help='LookHere preset of the models (default: lh90)')
     p.add_argument('--bias-preset', default='lh45',
-                   help='preset of the bias-build section (lh45 uses the triangle masks)')
+                   help='preset of the bias-build section; lh45 uses the triangle masks (default: lh45)')
     p.add_argument('--grid', type=int, default=None,
                    help='side of the square grid of the bias section (default 64)')
     p.add_argument('--bias-layers', type=int, default=None,
@@ -700,48 +704,52 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help='layers the baseline really builds; the rest is extrapolated (default 1)')
     p.add_argument('--embed-dims', type=int, default=None, help='ViT width (default 768)')
     p.add_argument('--num-layers', type=int, default=None, help='ViT depth (default 12)')
-    p.add_argument('--num-heads', type=int, default=12, help='ViT heads')
+    p.add_argument('--num-heads', type=int, default=12, help='ViT heads (default: 12)')
     p.add_argument('--dtype', choices=tuple(DTYPES), default='float32',
-                   help='model dtype of the vit and frame sections')
+                   help='model dtype of the vit and frame sections (default: float32)')
     p.add_argument('--vit-size', type=int, default=None,
                    help='image side of the vit section (default 512)')
-    p.add_argument('--vit-batch', type=int, default=1, help='batch of the vit section')
+    p.add_argument('--vit-batch', type=int, default=1, help='batch of the vit section (default: 1)')
     p.add_argument('--vit-backends', nargs='*', default=None,
                    help="LookHere backends timed besides 'auto' in the vit section "
-                        "(default: chunked)")
+                        "(default: chunked; on cuda chunked flex)")
     p.add_argument('--no-mmseg', action='store_true',
                    help="skip mmseg's VisionTransformer in the vit section")
     p.add_argument('--frame-size', type=int, nargs=2, default=None, metavar=('H', 'W'),
                    help='image size of the frame section (default 1024 2048)')
     p.add_argument('--frame-backends', nargs='+', default=None,
                    help="frame cases: 'nobias', a backend, or 'chunked:<block rows>' "
-                        "(default: nobias auto chunked:128 chunked:512 sdpa)")
+                        "(default: nobias auto chunked:256 sdpa; on cuda nobias auto flex "
+                        "chunked sdpa)")
     p.add_argument('--frame-repeats', type=int, default=None,
                    help='fresh-process runs per frame case, interleaved (default 2)')
     p.add_argument('--max-dense-gib', type=float, default=8.0,
-                   help='skip frame cases whose dense biases would exceed this')
+                   help='skip frame cases whose dense biases would exceed this many GiB (default: 8)')
     p.add_argument('--block-size', type=int, default=0,
-                   help='query rows per block of the chunked backend (0: automatic)')
+                   help='query rows per block of the chunked backend (default: 0 = automatic)')
     p.add_argument('--attn-tokens', type=int, nargs='+', default=None,
                    help='token counts of the attn section (default 1024 4096 8192)')
     p.add_argument('--attn-dtype', choices=tuple(DTYPES), default='bfloat16',
-                   help='dtype of the attn section')
+                   help='dtype of the attn section (default: bfloat16)')
     p.add_argument('--repeats', type=int, default=None,
                    help='timed repeats per case in-process (default 5)')
     p.add_argument('--threads', type=int, default=None,
                    help='torch threads (default: torch default; 1 with --quick, where tiny '
                         'ops on busy cores otherwise spend their time in thread hand-offs)')
     p.add_argument('--child-timeout', type=float, default=1800,
-                   help='seconds before a subprocess case is abandoned')
+                   help='seconds before a subprocess case is abandoned (default: 1800)')
     p.add_argument('--child', default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     defaults = dict(grid=64, bias_layers=12, baseline_depth=1, embed_dims=768, num_layers=12,
                     vit_size=512, frame_size=[1024, 2048], repeats=5, frame_repeats=2,
                     attn_tokens=[1024, 4096, 8192], vit_backends=['chunked'], threads=None,
-                    frame_backends=['nobias', 'auto', 'chunked:128', 'chunked:512', 'sdpa'])
+                    frame_backends=['nobias', 'auto', 'chunked:256', 'sdpa'])
+    if args.device == 'cuda':  # flex is the CUDA path for large grids
+        defaults.update(vit_backends=['chunked', 'flex'],
+                        frame_backends=['nobias', 'auto', 'flex', 'chunked', 'sdpa'])
     for key, value in defaults.items():
         if getattr(args, key) is None:
-            setattr(args, key, QUICK[key] if args.quick else value)
+            setattr(args, key, QUICK[key] if args.quick and key in QUICK else value)
     if args.sections is None:
         args.sections = list(SECTIONS)
     return args

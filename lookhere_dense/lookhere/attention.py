@@ -482,7 +482,7 @@ class LookHereAttentionEngine:
         self.tables = BoundedCache(2 * cache_size)
         #: dense (heads, T, T) biases per (layer, grid, cls, device, dtype): global layers'
         #: and window-sized ones (a window's bias is the dense bias of a (ws, ws) grid),
-        #: plus window padding masks under ('pad', grid, ws, cls, device, dtype)
+        #: plus window padding masks under ('window_pad', grid, ws, cls, device, dtype)
         self.dense = BoundedCache(cache_size * (depth + 1), max_bytes=self.max_dense_bytes)
         #: flex block masks per (head string, grid, cls, device): shared across layers
         self.block_masks = BoundedCache(cache_size * max(1, len(config.direction_strings)))
@@ -659,7 +659,7 @@ class LookHereAttentionEngine:
                           for t, tw in ((q, qw), (k, kw), (v, vw)))
         mask = self.window_bias(layer, ws, cls_token, q.device, q.dtype)
         if padded_grid(grid_size, ws) != tuple(grid_size):
-            key = ('pad', tuple(grid_size), ws, cls_token, str(q.device), q.dtype)
+            key = ('window_pad', tuple(grid_size), ws, cls_token, str(q.device), q.dtype)
             pad = self.dense.get_or_create(key, lambda: window_key_mask(
                 grid_size, ws, cls_token, q.device, q.dtype))
             mask = mask + pad  # (nWin, heads, T_w, T_w)
