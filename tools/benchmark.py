@@ -667,7 +667,12 @@ def environment(args) -> Dict[str, Any]:
                 name = next(ln.split(':', 1)[1].strip() for ln in f if 'model name' in ln)
         except (OSError, StopIteration):
             pass
-    return dict(device=args.device, device_name=name, torch=torch.__version__,
+    try:
+        commit = subprocess.run(['git', '-C', str(REPO), 'rev-parse', '--short', 'HEAD'],
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return dict(device=args.device, device_name=name, torch=torch.__version__, commit=commit,
                 threads=torch.get_num_threads(), cpus=os.cpu_count(),
                 python=platform.python_version(),
                 load_avg=os.getloadavg() if hasattr(os, 'getloadavg') else None)

@@ -6,9 +6,10 @@ backend         how the bias reaches the softmax                                
 ``reference``   materialised ``(heads, T, T)`` bias + plain softmax attention    heads*T^2 (x2)
 ``sdpa``        cached materialised bias as a 4-D ``attn_mask`` of              heads*T^2 per
                 ``F.scaled_dot_product_attention`` (fused kernel on CPU/GPU)     layer, cached
-``chunked``     blocks of query rows; each block's bias rows are gathered from  heads*T*block
-                the relative-offset table into one reused buffer; backward
-                recomputes per block (activation checkpointing)
+``chunked``     blocks of query rows; each block's bias rows are copied from    heads*T*block
+                the relative-offset table into one reused buffer; runs of
+                heads that only look up (down) attend only to the key rows
+                above (below) the block; backward recomputes per block
 ``flex``        ``flex_attention`` with a ``score_mod`` that reads the table     O(T) + tiles
                 by ``(q_idx, kv_idx)`` and a ``BlockMask`` of the fields of
                 view, so fully blocked tiles are skipped (compiled on CUDA)
