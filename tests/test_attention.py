@@ -25,7 +25,8 @@ from lookhere_dense.lookhere import (PRESETS, LookHereAttentionEngine, LookHereC
 from lookhere_dense.lookhere.attention import (auto_block_rows, flex_available,
                                                flex_attention_lookhere, flex_mask_mod,
                                                head_runs, key_row_groups,
-                                               lookhere_block_mask, reference_attention)
+                                               lookhere_block_mask, reference_attention,
+                                               tile_order)
 from lookhere_dense.lookhere.bias import gather_block, gather_rows, offset_index
 
 CONFIGS = {
@@ -249,17 +250,30 @@ def test_gather_block_validates_its_arguments():
 @pytest.mark.parametrize('name,grid,cls_token,block', [
     ('lh90', (12, 13), True, 16), ('lh45', (9, 9), False, 16), ('lh180', (5, 7), True, 8),
     ('per_layer', (7, 10), False, 32)])
-def test_tile_row_block_mask_equals_create_block_mask(name, grid, cls_token, block):
+@pytest.mark.parametrize('tiles', [False, True])
+def test_tile_row_block_mask_equals_create_block_mask(name, grid, cls_token, block, tiles):
     from torch.nn.attention.flex_attention import create_block_mask
     gb = build_grid_bias(CONFIGS[name], grid, DEPTH, HEADS)
     t = grid[0] * grid[1] + int(cls_token)
+    order = tile_order(grid, cls_token, tile=(2, block // 2)) if tiles else None
     for layer in range(DEPTH):
-        ours = lookhere_block_mask(gb, layer, cls_token, block=block)
-        theirs = create_block_mask(flex_mask_mod(gb, layer, cls_token), None, HEADS, t, t,
-                                   device='cpu', BLOCK_SIZE=block)
+        ours = lookhere_block_mask(gb, layer, cls_token, block=block, order=order)
+        theirs = create_block_mask(flex_mask_mod(gb, layer, cls_token, order), None, HEADS,
+                                   t, t, device='cpu', BLOCK_SIZE=block)
         for attr in ('kv_num_blocks', 'kv_indices', 'full_kv_num_blocks', 'full_kv_indices'):
             assert torch.equal(getattr(ours, attr), getattr(theirs, attr)), attr
         assert ours.sparsity() > 0  # directed heads skip tiles
+
+
+def test_tile_order_is_a_permutation_with_cls_last_and_skips_more_tiles():
+    order = tile_order((3, 5), True, tile=(2, 2))
+    # tiles of 2x2 patches (token = 1 + y*5 + x), ragged at the right/bottom; CLS last
+    assert order.tolist() == [1, 2, 6, 7, 3, 4, 8, 9, 5, 10, 11, 12, 13, 14, 15, 0]
+    assert sorted(tile_order((7, 9), False).tolist()) == list(range(63))
+    gb = build_grid_bias(CONFIGS['lh90'], (32, 32), 1, HEADS)
+    rows = lookhere_block_mask(gb, 0, True).sparsity()
+    tiles = lookhere_block_mask(gb, 0, True, order=tile_order((32, 32), True)).sparsity()
+    assert tiles > rows + 5  # 8x16 tiles: quadrant heads skip ~3/4 of the tiles, not ~1/2
 
 
 def test_block_masks_are_shared_by_layers_with_the_same_head_string():
@@ -274,14 +288,21 @@ def test_block_masks_are_shared_by_layers_with_the_same_head_string():
 
 
 @needs_flex
-def test_flex_runs_with_a_given_block_mask_and_score_mod():
+@pytest.mark.parametrize('tiles', [False, True])
+def test_flex_runs_with_a_given_block_mask_and_order(tiles):
     grid = (6, 5)
     gb = build_grid_bias(CONFIGS['lh45'], grid, DEPTH, HEADS)
     q, k, v = qkv(grid, True, batch=1)
     ref = reference_attention(q, k, v, gb.dense(1, True))
-    mask = lookhere_block_mask(gb, 1, True, block=8)
-    out = flex_attention_lookhere(q, k, v, gb, 1, True, block_mask=mask, compiled=False)
+    order = tile_order(grid, True, tile=(2, 4)) if tiles else None
+    mask = lookhere_block_mask(gb, 1, True, block=8, order=order)
+    out = flex_attention_lookhere(q, k, v, gb, 1, True, block_mask=mask, compiled=False,
+                                  order=order)
     torch.testing.assert_close(out, ref, atol=ATOL[torch.float32], rtol=0)
+    eng = engine('lh45', flex_tiles=tiles)
+    torch.testing.assert_close(eng(q, k, v, 1, grid, True, backend='flex'), ref,
+                               atol=ATOL[torch.float32], rtol=0)
+    assert (eng.flex_order(grid, True, q.device) is None) == (not tiles)
 
 
 def test_head_runs_split_heads_by_vertical_field_of_view():

@@ -127,6 +127,8 @@ def test_flex_pieces_are_cached_and_shared():
     mods = [eng.score_mod(layer, grid, True, CPU) for layer in range(3)]
     assert eng.score_mod(1, grid, True, CPU) is mods[1]   # same function object: no recompile
     assert len({id(m) for m in mods}) == 3
+    assert len(eng.orders) == 1                          # one token order per grid
+    assert eng.flex_order(grid, True, CPU) is eng.flex_order(grid, True, CPU)
 
 
 def test_reset_drops_everything_and_switches_config():

@@ -540,9 +540,10 @@ def bench_attention(args) -> Dict[str, Any]:
         eng = LookHereAttentionEngine(cfg, 1, args.num_heads, 'flex')
         gb = eng.grid_bias(grid, torch.device(device))
         sparsity = {}
-        for layer in range(1):
-            bm = lookhere_block_mask(gb, layer, False)
-            sparsity[cfg.layer_direction(layer)] = 0.0 if bm is None else bm.sparsity() / 100
+        for name, order in (('row order', None),
+                            ('tile order', eng.flex_order(grid, False, torch.device(device)))):
+            bm = lookhere_block_mask(gb, 0, False, order=order)
+            sparsity[name] = 0.0 if bm is None else bm.sparsity() / 100
         case: Dict[str, Any] = dict(grid=list(grid), skipped_tile_fraction=sparsity)
         if device == 'cuda':
             q, k, v = (torch.randn(1, args.num_heads, tokens, args.embed_dims // args.num_heads,
@@ -550,8 +551,10 @@ def bench_attention(args) -> Dict[str, Any]:
             bias = eng.dense_bias(0, grid, False, q.device, dtype)[None]
             mask = eng.block_mask(0, grid, False, q.device)
             mod = eng.score_mod(0, grid, False, q.device)
+            order = eng.flex_order(grid, False, q.device)
             fns = {
-                'flex': lambda: flex_attention_lookhere(q, k, v, gb, 0, False, mask, True, mod),
+                'flex': lambda: flex_attention_lookhere(q, k, v, gb, 0, False, mask, True, mod,
+                                                        order),
                 'sdpa_nobias': lambda: F.scaled_dot_product_attention(q, k, v),
                 'sdpa_dense_bias': lambda: F.scaled_dot_product_attention(q, k, v,
                                                                           attn_mask=bias),
@@ -645,9 +648,10 @@ def format_table(results: Dict[str, Any]) -> str:
         lines.append('')
     a = results.get('attn')
     if a:
-        lines.append(f"[attn] preset {a['preset']}, {a['dtype']}")
+        lines.append(f"[attn] preset {a['preset']}, {a['dtype']}; fraction of 128x128 tiles "
+                     f"flex skips (all heads)")
         for tokens, c in a['cases'].items():
-            line = (f"  {tokens:>6} tokens {c['grid'][0]}x{c['grid'][1]}: skipped tiles "
+            line = (f"  {tokens:>6} tokens {c['grid'][0]}x{c['grid'][1]}: "
                     + ', '.join(f'{d} {s:.0%}' for d, s in c['skipped_tile_fraction'].items()))
             if 'seconds' in c:
                 line += (f" | flex {c['seconds']['flex'] * 1e3:.2f} ms, x no-bias "

@@ -39,13 +39,14 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from .bias import GridBias, LookHereConfig, build_grid_bias, gather_block, gather_rows
+from .bias import GridBias, LookHereConfig, build_grid_bias, gather_block
 from .cache import BoundedCache
 from .windows import padded_grid, window_key_mask, window_partition, window_unpartition
 
 __all__ = ['BACKENDS', 'LookHereAttentionEngine', 'reference_attention', 'sdpa_attention',
            'chunked_attention', 'flex_attention_lookhere', 'flex_available', 'flex_score_mod',
-           'flex_mask_mod', 'lookhere_block_mask', 'key_row_groups', 'head_runs']
+           'flex_mask_mod', 'lookhere_block_mask', 'key_row_groups', 'head_runs',
+           'tile_order']
 
 BACKENDS = ('auto', 'reference', 'sdpa', 'chunked', 'flex')
 #: Query/key tile side of the flex kernels and block masks.
@@ -286,19 +287,57 @@ def flex_available() -> bool:
     return True
 
 
-def _flex_index(grid_size: Tuple[int, int], cls_token: bool
+def tile_order(grid_size: Tuple[int, int], cls_token: bool,
+               tile: Tuple[int, int] = (8, 16), device=None) -> Tensor:
+    """The token order flex runs in: patches tile by tile, the CLS token last.
+
+    In the model's row-major order a block of 128 tokens is a stripe of whole grid rows,
+    so a head that looks up-left skips only the tiles below (about half); in tile order
+    a block is an ``8 x 16`` patch of the grid and the same head skips about 3/4 of the
+    tiles (a 45-degree head about 7/8). The CLS token goes last so that the patch tiles
+    stay aligned to flex's 128-token blocks.
+
+    Args:
+        grid_size: ``(H, W)``.
+        cls_token: the model's sequence starts with a CLS token.
+        tile: ``(th, tw)`` of one block (``th * tw`` should be the flex block, 128).
+        device: where the result lives.
+
+    Returns:
+        int64 ``(T,)``: position in flex order -> index in the model's order.
+    """
+    height, width = grid_size
+    th, tw = tile
+    y = torch.arange(height, device=device)[:, None].expand(height, width)
+    x = torch.arange(width, device=device)[None, :].expand(height, width)
+    tiles_per_row = -(-width // tw)
+    rank = (((y // th) * tiles_per_row + x // tw) * (th * tw)
+            + (y % th) * tw + x % tw).flatten()
+    order = rank.argsort() + int(cls_token)
+    if cls_token:
+        order = torch.cat([order, order.new_zeros(1)])
+    return order
+
+
+def _flex_index(grid_size: Tuple[int, int], cls_token: bool, order: Optional[Tensor] = None
                 ) -> Callable[[Tensor, Tensor], Tuple[Tensor, Tensor, Tensor]]:
     """``(q_idx, kv_idx) -> (is_cls, table_index, key_patch)`` for flex callbacks.
 
-    ``table_index`` indexes a flattened ``(2H-1) * (2W-1)`` table; indices are clamped
-    so that CLS pairs and the padding of a ragged last tile stay in range.
+    ``q_idx``/``kv_idx`` are positions in ``order`` (:func:`tile_order`; None: the
+    model's order). ``table_index`` indexes a flattened ``(2H-1) * (2W-1)`` table;
+    indices are clamped so that CLS pairs and the padding of a ragged last tile stay in
+    range.
     """
     height, width = grid_size
     off = int(cls_token)
     table_len = (2 * height - 1) * (2 * width - 1)
     num_patches = height * width
+    total = num_patches + off
 
     def index(q_idx: Tensor, kv_idx: Tensor):
+        if order is not None:
+            q_idx = order[q_idx.clamp(0, total - 1)]
+            kv_idx = order[kv_idx.clamp(0, total - 1)]
         qp = q_idx - off
         kp = kv_idx - off
         is_cls = (qp < 0) | (kp < 0)
@@ -311,13 +350,15 @@ def _flex_index(grid_size: Tuple[int, int], cls_token: bool
     return index
 
 
-def flex_score_mod(grid_bias: GridBias, layer: int, cls_token: bool) -> Callable:
+def flex_score_mod(grid_bias: GridBias, layer: int, cls_token: bool,
+                   order: Optional[Tensor] = None) -> Callable:
     """A flex ``score_mod`` adding layer ``layer``'s LookHere bias from the table.
 
     The bias is read from the flattened ``(heads, (2H-1)(2W-1))`` table (float32) at the
     pair's relative offset, plus the per-key term of ``center`` heads; CLS pairs get 0.
+    ``order``: the token order of the flex call (:func:`tile_order`), None: the model's.
     """
-    index = _flex_index(grid_bias.grid_size, cls_token)
+    index = _flex_index(grid_bias.grid_size, cls_token, order)
     table = grid_bias.table[layer].float().flatten(1).contiguous()
     key_term = (None if grid_bias.key_term is None
                 else grid_bias.key_term[layer].float().contiguous())
@@ -332,9 +373,11 @@ def flex_score_mod(grid_bias: GridBias, layer: int, cls_token: bool) -> Callable
     return score_mod
 
 
-def flex_mask_mod(grid_bias: GridBias, layer: int, cls_token: bool) -> Callable:
-    """A flex ``mask_mod``: True where layer ``layer``'s heads see the key."""
-    index = _flex_index(grid_bias.grid_size, cls_token)
+def flex_mask_mod(grid_bias: GridBias, layer: int, cls_token: bool,
+                  order: Optional[Tensor] = None) -> Callable:
+    """A flex ``mask_mod``: True where layer ``layer``'s heads see the key (positions in
+    ``order``, None: the model's order)."""
+    index = _flex_index(grid_bias.grid_size, cls_token, order)
     visible = grid_bias.visible[layer].flatten(1).contiguous()
 
     def mask_mod(b, h, q_idx, kv_idx):
@@ -352,14 +395,17 @@ def _ordered(blocks: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 def lookhere_block_mask(grid_bias: GridBias, layer: int, cls_token: bool,
-                        block: int = FLEX_BLOCK):
+                        block: int = FLEX_BLOCK, order: Optional[Tensor] = None):
     """The flex ``BlockMask`` of layer ``layer``'s fields of view, built tile row by tile row.
 
-    For every tile row of ``block`` queries the ``(heads, block, T)`` visibility rows are
-    gathered from the boolean table (no ``(heads, T, T)`` mask, no compilation) and
+    For every tile row of ``block`` queries the ``(heads, block, T)`` visibility is read
+    from the boolean relative table (no ``(heads, T, T)`` mask, no compilation) and
     reduced to "some key visible" (partial tile) and "all keys visible" (full tile, no
     ``mask_mod`` call needed); tiles with no visible key are skipped by the kernel.
-    Equal to ``create_block_mask(flex_mask_mod(...), None, heads, T, T)``.
+    Equal to ``create_block_mask(flex_mask_mod(..., order), None, heads, T, T)``.
+
+    Args:
+        order: token order of the flex call (:func:`tile_order`); None: the model's.
 
     Returns:
         A ``BlockMask`` for ``(B=1 broadcast, heads, T, T)``, or None when every head
@@ -369,25 +415,34 @@ def lookhere_block_mask(grid_bias: GridBias, layer: int, cls_token: bool,
     if bool(visible.all()):
         return None
     from torch.nn.attention.flex_attention import BlockMask
+    height, width = grid_bias.grid_size
+    off = int(cls_token)
     heads = visible.shape[0]
-    total = grid_bias.num_patches + int(cls_token)
+    total = grid_bias.num_patches + off
+    flat = visible.flatten(1)
+    tokens = (torch.arange(total, device=visible.device) if order is None
+              else order.to(visible.device))
+    k_cls = tokens < off
+    kp = (tokens - off).clamp(min=0)
+    ky, kx = kp // width, kp % width
     n_tiles = math.ceil(total / block)
     buf = torch.zeros(heads, block, n_tiles * block, dtype=torch.bool, device=visible.device)
     partial = torch.zeros(heads, n_tiles, n_tiles, dtype=torch.bool, device=visible.device)
     full = torch.zeros_like(partial)
     for i in range(n_tiles):
-        start, stop = i * block, min(total, (i + 1) * block)
-        gather_rows(visible, grid_bias.grid_size, start, stop, cls_token, cls_value=True,
-                    out=buf[:, :stop - start, :total])
-        if stop - start < block:
-            buf[:, stop - start:] = False  # padding rows of the ragged last tile
+        s, e = i * block, min(total, (i + 1) * block)
+        qy, qx, q_cls = ky[s:e, None], kx[s:e, None], k_cls[s:e, None]
+        t = (ky - qy + height - 1) * (2 * width - 1) + (kx - qx + width - 1)  # (Q, T)
+        buf[:, :e - s, :total] = flat[:, t] | (q_cls | k_cls)
+        if e - s < block:
+            buf[:, e - s:] = False  # padding rows of the ragged last tile
         tiles = buf.view(heads, block, n_tiles, block)
         full[:, i] = tiles.all(dim=3).all(dim=1)
         partial[:, i] = tiles.any(dim=3).any(dim=1) & ~full[:, i]
     kv_num, kv_idx = _ordered(partial[None])
     full_num, full_idx = _ordered(full[None])
     return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block,
-                                    mask_mod=flex_mask_mod(grid_bias, layer, cls_token),
+                                    mask_mod=flex_mask_mod(grid_bias, layer, cls_token, order),
                                     seq_lengths=(total, total))
 
 
@@ -408,7 +463,8 @@ def _flex_fn(compiled: bool) -> Callable:
 def flex_attention_lookhere(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias,
                             layer: int, cls_token: bool, block_mask=None,
                             compiled: Optional[bool] = None,
-                            score_mod: Optional[Callable] = None) -> Tensor:
+                            score_mod: Optional[Callable] = None,
+                            order: Optional[Tensor] = None) -> Tensor:
     """LookHere attention through ``flex_attention`` (fused and tile-skipping when compiled).
 
     Args:
@@ -422,6 +478,9 @@ def flex_attention_lookhere(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias
             materialises the scores; it is kept for CPU tests of the callbacks). Compiled
             flex also runs on CPU (slow to compile, ~15-30 s per shape).
         score_mod: a cached :func:`flex_score_mod` for this layer (built if None).
+        order: run flex in this token order (:func:`tile_order`): ``q, k, v`` are
+            permuted before and the output back after; ``block_mask`` and ``score_mod``
+            must be built for the same order. None: the model's order.
 
     Returns:
         ``(B, heads, T, d)``.
@@ -430,10 +489,17 @@ def flex_attention_lookhere(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias
         compiled = q.is_cuda
     fn = _flex_fn(compiled)
     if score_mod is None:
-        score_mod = flex_score_mod(grid_bias, layer, cls_token)
+        score_mod = flex_score_mod(grid_bias, layer, cls_token, order)
+    if order is not None:
+        q, k, v = (t.index_select(2, order) for t in (q, k, v))
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='flex_attention called without torch.compile')
-        return fn(q, k, v, score_mod=score_mod, block_mask=block_mask)
+        out = fn(q, k, v, score_mod=score_mod, block_mask=block_mask)
+    if order is not None:
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        out = out.index_select(2, inverse)
+    return out
 
 
 # ----------------------------------------------------------------------------------------
@@ -457,12 +523,14 @@ class LookHereAttentionEngine:
         cache_size: grids / windows kept per cache (times ``depth`` for per-layer
             entries). Default: 4.
         flex_compile: compile ``flex_attention``; None: on CUDA only. Default: None.
+        flex_tiles: run flex in tile order (:func:`tile_order`), where directed heads skip
+            more tiles; False: the model's row-major order. Default: True.
     """
 
     def __init__(self, config: LookHereConfig, depth: int, num_heads: int,
                  backend: str = 'auto', block_size: Optional[int] = None,
                  max_dense_mb: float = 1024, cache_size: int = 4,
-                 flex_compile: Optional[bool] = None):
+                 flex_compile: Optional[bool] = None, flex_tiles: bool = True):
         if backend not in BACKENDS:
             raise ValueError(f'unknown LookHere attention backend {backend!r}; '
                              f'allowed: {list(BACKENDS)}')
@@ -479,6 +547,7 @@ class LookHereAttentionEngine:
         self.block_size = block_size or None
         self.max_dense_bytes = max_dense_mb * 2 ** 20
         self.flex_compile = flex_compile
+        self.flex_tiles = flex_tiles
         #: relative tables per (grid, device, dtype)
         self.tables = BoundedCache(2 * cache_size)
         #: dense (heads, T, T) biases per (layer, grid, cls, device, dtype): global layers'
@@ -489,12 +558,14 @@ class LookHereAttentionEngine:
         self.block_masks = BoundedCache(cache_size * max(1, len(config.direction_strings)))
         #: flex score_mods per (layer, grid, cls, device): one function object per layer
         self.score_mods = BoundedCache(cache_size * depth)
+        #: flex token orders per (grid, cls, device)
+        self.orders = BoundedCache(cache_size)
         self.last_backend: Optional[str] = None
         self._flex_failed = False
 
     def _caches(self) -> Dict[str, BoundedCache]:
         return dict(tables=self.tables, dense=self.dense, block_masks=self.block_masks,
-                    score_mods=self.score_mods)
+                    score_mods=self.score_mods, orders=self.orders)
 
     def reset(self, config: Optional[LookHereConfig] = None) -> None:
         """Drop all caches (and switch to ``config`` if given)."""
@@ -543,14 +614,25 @@ class LookHereAttentionEngine:
         direction = self.config.layer_direction(layer)
         key = (direction, tuple(grid_size), cls_token, str(device))
         return self.block_masks.get_or_create(key, lambda: lookhere_block_mask(
-            self.grid_bias(grid_size, device), layer, cls_token))
+            self.grid_bias(grid_size, device), layer, cls_token,
+            order=self.flex_order(grid_size, cls_token, device)))
 
     def score_mod(self, layer: int, grid_size: Tuple[int, int], cls_token: bool,
                   device: torch.device) -> Callable:
         """The flex ``score_mod`` of ``layer`` (the same function object on every call)."""
         key = (layer, tuple(grid_size), cls_token, str(device))
         return self.score_mods.get_or_create(key, lambda: flex_score_mod(
-            self.grid_bias(grid_size, device), layer, cls_token))
+            self.grid_bias(grid_size, device), layer, cls_token,
+            self.flex_order(grid_size, cls_token, device)))
+
+    def flex_order(self, grid_size: Tuple[int, int], cls_token: bool,
+                   device: torch.device) -> Optional[Tensor]:
+        """The token order flex runs in (:func:`tile_order`), or None (``flex_tiles=False``)."""
+        if not self.flex_tiles:
+            return None
+        key = (tuple(grid_size), cls_token, str(device))
+        return self.orders.get_or_create(key, lambda: tile_order(
+            tuple(grid_size), cls_token, device=device))
 
     def choose_backend(self, tokens: int, device: torch.device,
                        dtype: torch.dtype = torch.float32, dropout_p: float = 0.0) -> str:
@@ -611,7 +693,8 @@ class LookHereAttentionEngine:
             mask = self.block_mask(layer, grid_size, cls_token, q.device)
             mod = self.score_mod(layer, grid_size, cls_token, q.device)
             return flex_attention_lookhere(q, k, v, self.grid_bias(grid_size, q.device),
-                                           layer, cls_token, mask, self.flex_compile, mod)
+                                           layer, cls_token, mask, self.flex_compile, mod,
+                                           self.flex_order(grid_size, cls_token, q.device))
         except Exception as err:  # pragma: no cover - compile problems are platform specific
             if not chosen_by_auto:
                 raise
