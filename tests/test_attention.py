@@ -128,13 +128,17 @@ def test_flex_matches_reference_forward_on_cpu(name, grid, cls_token):
 @needs_flex
 @pytest.mark.skipif(os.environ.get('LOOKHERE_SLOW') != '1',
                     reason='compiles flex_attention on CPU (~30 s); set LOOKHERE_SLOW=1')
-def test_compiled_flex_on_cpu_matches_reference():
+def test_compiled_flex_on_cpu_matches_reference_and_compiles_once():
+    """The CUDA code path (compiled flex, tile order, block mask), run on CPU; layers
+    (different captured tables) and later forwards reuse the one compiled kernel."""
+    import torch._dynamo
     eng = engine('lh90', flex_compile=True)
     grid = (8, 8)
     q, k, v = qkv(grid, True, batch=1, dim=16)
-    for layer in range(DEPTH):
+    for layer in list(range(DEPTH)) + [0]:
         ref = eng(q, k, v, layer, grid, True, backend='reference')
-        out = eng(q, k, v, layer, grid, True, backend='flex')
+        with torch._dynamo.config.patch(error_on_recompile=layer > 0):
+            out = eng(q, k, v, layer, grid, True, backend='flex')
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
 
 
