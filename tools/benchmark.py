@@ -632,7 +632,8 @@ def format_table(results: Dict[str, Any]) -> str:
     f = results.get('frame')
     if f:
         lines.append(f"[frame] {f['size'][0]}x{f['size'][1]}, batch 1, {f['tokens']} tokens "
-                     f"(dense bias of all layers would be {f['dense_bias_gib_all_layers']:.1f} GiB)")
+                     f"(dense bias of all layers would be "
+                     f"{f['dense_bias_gib_all_layers']:.1f} GiB)")
         lines.append(f"  {'backend':<14}{'chosen':<10}{'s/forward':>10}{'x time':>8}"
                      f"{'peak':>12}{'x peak':>8}{'fwd rise':>12}{'x rise':>8}")
         for spec, c in f['cases'].items():
@@ -701,10 +702,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help='sections to run (default: all: bias vit frame attn)')
     p.add_argument('--quick', action='store_true',
                    help='tiny sizes for a smoke test (< 1 min); explicit flags still win')
-    p.add_argument('--json', type=Path, default=None, help='write the results as JSON here (default: no file)')
-    p.add_argument('--preset', default='lh90', help='LookHere preset of the models (default: lh90)')
+    p.add_argument('--json', type=Path, default=None,
+                   help='write the results as JSON here (default: no file)')
+    p.add_argument('--preset', default='lh90',
+                   help='LookHere preset of the models (default: lh90)')
     p.add_argument('--bias-preset', default='lh45',
-                   help='preset of the bias-build section; lh45 uses the triangle masks (default: lh45)')
+                   help='preset of the bias-build section; lh45 uses the triangle masks '
+                        '(default: lh45)')
     p.add_argument('--grid', type=int, default=None,
                    help='side of the square grid of the bias section (default 64)')
     p.add_argument('--bias-layers', type=int, default=None,
@@ -718,7 +722,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help='model dtype of the vit and frame sections (default: float32)')
     p.add_argument('--vit-size', type=int, default=None,
                    help='image side of the vit section (default 512)')
-    p.add_argument('--vit-batch', type=int, default=1, help='batch of the vit section (default: 1)')
+    p.add_argument('--vit-batch', type=int, default=1,
+                   help='batch of the vit section (default: 1)')
     p.add_argument('--vit-backends', nargs='*', default=None,
                    help="LookHere backends timed besides 'auto' in the vit section "
                         "(default: chunked; on cuda chunked flex)")
@@ -733,7 +738,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--frame-repeats', type=int, default=None,
                    help='fresh-process runs per frame case, interleaved (default 2)')
     p.add_argument('--max-dense-gib', type=float, default=8.0,
-                   help='skip frame cases whose dense biases would exceed this many GiB (default: 8)')
+                   help='skip frame cases whose dense biases would exceed this many GiB '
+                        '(default: 8)')
     p.add_argument('--block-size', type=int, default=0,
                    help='query rows per block of the chunked backend (default: 0 = automatic)')
     p.add_argument('--attn-tokens', type=int, nargs='+', default=None,
