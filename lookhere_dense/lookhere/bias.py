@@ -45,7 +45,8 @@ from .directions import (DIRECTION_TYPES, NONE_LIKE_TYPES, HeadSpec, head_blocke
 __all__ = [
     'LookHereConfig', 'PRESETS', 'resolve_lh_config', 'head_layout', 'layer_slopes',
     'relative_bias_table', 'key_bias_table', 'GridBias', 'build_grid_bias',
-    'lookhere_bias', 'DISTANCES', 'FILLS', 'BIAS_ROUNDINGS',
+    'lookhere_bias', 'query_windows', 'gather_rows', 'gather_block', 'DISTANCES', 'FILLS',
+    'BIAS_ROUNDINGS',
 ]
 
 DISTANCES = ('linear', 'sqrt', 'square')
@@ -410,6 +411,9 @@ def _check_grid(grid_size: Sequence[int]) -> Tuple[int, int]:
 def offset_index(grid_size: Tuple[int, int], query: Tensor, key: Tensor) -> Tensor:
     """Flat index into a ``(2H-1) x (2W-1)`` table for every (query, key) pair.
 
+    Not used on the hot paths (:func:`gather_rows` needs only a ``(Q,)`` index); kept as
+    the plain statement of the token-pair -> table-entry map, e.g. for tests.
+
     Args:
         grid_size: ``(H, W)``.
         query: ``(Q,)`` patch indices (row-major, ``y * W + x``).
@@ -423,6 +427,166 @@ def offset_index(grid_size: Tuple[int, int], query: Tensor, key: Tensor) -> Tens
     ky, kx = key.div(width, rounding_mode='floor'), key.remainder(width)
     return ((ky[None, :] - qy[:, None] + height - 1) * (2 * width - 1)
             + (kx[None, :] - qx[:, None] + width - 1))
+
+
+def query_windows(table: Tensor, grid_size: Tuple[int, int]) -> Tensor:
+    """Every query's ``H x W`` window of a relative table, as a view (no copy).
+
+    For a query at ``(qy, qx)`` the keys of the grid are the table entries
+    ``[H-1-qy : 2H-1-qy, W-1-qx : 2W-1-qx]``, a plain 2-D slice. ``unfold`` exposes all
+    these slices at once; the query axes come out mirrored (index ``H-1-qy``,
+    ``W-1-qx``), because a view cannot have negative strides.
+
+    Args:
+        table: ``(..., 2H-1, 2W-1)``.
+        grid_size: ``(H, W)``.
+
+    Returns:
+        view ``(..., H, W, H, W)`` with ``[..., a, b, ky, kx] = table[..., a+ky, b+kx]``,
+        i.e. the row of query ``(H-1-a, W-1-b)``.
+    """
+    height, width = grid_size
+    return table.unfold(-2, height, 1).unfold(-2, width, 1)
+
+
+def gather_rows(table: Tensor, grid_size: Tuple[int, int], start: int, stop: int,
+                cls_token: bool = False, key_term: Optional[Tensor] = None,
+                cls_value: Union[float, bool] = 0, out: Optional[Tensor] = None) -> Tensor:
+    """Rows ``start:stop`` of the token-pair matrix of one layer's relative table.
+
+    One gather with a ``(Q,)`` index from :func:`query_windows` (no ``(Q, N)`` index
+    tensor, no intermediate copies), written straight into the result; the CLS row and
+    column are filled with ``cls_value``. Works for any table dtype (float biases,
+    bool fields of view).
+
+    Args:
+        table: ``(heads, 2H-1, 2W-1)``.
+        grid_size: ``(H, W)``.
+        start, stop: token rows, ``0 <= start <= stop <= T`` with ``T = H*W (+1)``.
+        cls_token: the sequence is ``[CLS, patch_0, ..., patch_{N-1}]``.
+        key_term: optional ``(heads, H*W)`` added to every row (``center`` heads).
+        cls_value: value of the CLS row and column. Default: 0.
+        out: optional ``(heads, stop-start, T)`` tensor to write into.
+
+    Returns:
+        ``(heads, stop-start, T)`` in ``table``'s dtype (``out`` when given).
+    """
+    height, width = grid_size
+    n = height * width
+    off = int(cls_token)
+    total = n + off
+    if not 0 <= start <= stop <= total:
+        raise ValueError(f'rows {start}:{stop} outside a sequence of {total} tokens')
+    heads = table.shape[0]
+    shape = (heads, stop - start, total)
+    if out is None:
+        out = table.new_empty(shape)
+    elif tuple(out.shape) != shape or out.dtype != table.dtype:
+        raise ValueError(f'out must be {shape} {table.dtype}, got {tuple(out.shape)} '
+                         f'{out.dtype}')
+    first = max(start - off, 0)                 # first patch query
+    skip = int(cls_token and start == 0 < stop)  # 1 when the block holds the CLS row
+    if skip:
+        out[:, 0] = cls_value
+    gather_block(table, grid_size, first, max(stop - off, first), (0, height),
+                 'first' if cls_token else None, key_term, cls_value, out=out[:, skip:])
+    return out
+
+
+def gather_block(table: Tensor, grid_size: Tuple[int, int], q_start: int, q_stop: int,
+                 key_rows: Tuple[int, int], cls_key: Optional[str] = None,
+                 key_term: Optional[Tensor] = None, cls_value: Union[float, bool] = 0,
+                 out: Optional[Tensor] = None, reverse_queries: bool = False) -> Tensor:
+    """Bias of patch queries ``q_start:q_stop`` against the patch keys of grid rows
+    ``key_rows[0]:key_rows[1]``, plus an optional CLS key column.
+
+    The building block of :func:`gather_rows` and of the key-range-restricted chunked
+    attention: one gather with a ``(Q,)`` index from :func:`query_windows`, restricted to
+    the key rows, written straight into ``out``.
+
+    Args:
+        table: ``(heads, 2H-1, 2W-1)``.
+        grid_size: ``(H, W)``.
+        q_start, q_stop: patch indices (no CLS), ``0 <= q_start <= q_stop <= H*W``.
+        key_rows: ``(r0, r1)``, grid rows of the keys, ``0 <= r0 <= r1 <= H``.
+        cls_key: ``'first'`` / ``'last'``: a CLS key column (value ``cls_value``) before /
+            after the patch keys; None: no CLS column.
+        key_term: optional ``(heads, H*W)`` per-key term (``center`` heads).
+        cls_value: value of the CLS column. Default: 0.
+        out: optional ``(heads, Q, K)`` tensor to write into (its last dim contiguous).
+        reverse_queries: return the rows in reversed query order (``q_stop - 1`` first).
+            :func:`query_windows` holds the queries mirrored, so in this order the rows
+            are plain strided slices of the table: at most three ``copy_`` calls with
+            contiguous runs of ``W`` values instead of an element-wise gather (2-4x
+            faster on CPU). Default: False.
+
+    Returns:
+        ``(heads, Q, K)`` with ``Q = q_stop - q_start``, ``K = (r1 - r0) * W (+1)``.
+    """
+    height, width = grid_size
+    r0, r1 = key_rows
+    if not 0 <= q_start <= q_stop <= height * width:
+        raise ValueError(f'patch queries {q_start}:{q_stop} outside a {height}x{width} grid')
+    if not 0 <= r0 <= r1 <= height:
+        raise ValueError(f'key rows {r0}:{r1} outside a grid of {height} rows')
+    if cls_key not in (None, 'first', 'last'):
+        raise ValueError(f"cls_key must be None, 'first' or 'last', got {cls_key!r}")
+    heads = table.shape[0]
+    num_q = q_stop - q_start
+    shape = (heads, num_q, (r1 - r0) * width + (cls_key is not None))
+    if out is None:
+        out = table.new_empty(shape)
+    elif tuple(out.shape) != shape or out.dtype != table.dtype:
+        raise ValueError(f'out must be {shape} {table.dtype}, got {tuple(out.shape)} '
+                         f'{out.dtype}')
+    patch = out
+    if cls_key == 'first':
+        out[:, :, 0] = cls_value
+        patch = out[:, :, 1:]
+    elif cls_key == 'last':
+        out[:, :, -1] = cls_value
+        patch = out[:, :, :-1]
+    if num_q and r1 > r0:
+        windows = query_windows(table, grid_size)[..., r0:r1, :]  # (heads, H, W, r1-r0, W)
+        target = patch.view(heads, num_q, r1 - r0, width)
+        if reverse_queries:
+            _copy_mirrored_rows(windows, height * width - q_stop, height * width - q_start,
+                                target)
+        else:
+            q = torch.arange(q_start, q_stop, device=table.device)
+            iy = (height - 1) - q.div(width, rounding_mode='floor')
+            ix = (width - 1) - q.remainder(width)
+            torch.ops.aten.index.Tensor_out(windows, [None, iy, ix], out=target)
+        if key_term is not None:
+            patch += key_term[:, None, r0 * width:r1 * width]
+    return out
+
+
+def _copy_mirrored_rows(windows: Tensor, m_start: int, m_stop: int, target: Tensor) -> None:
+    """Copy rows ``m_start:m_stop`` of the mirrored query axes of :func:`query_windows`.
+
+    Args:
+        windows: ``(heads, H, W, R, W)`` view; mirrored query ``m = a * W + b``.
+        m_start, m_stop: range of ``m`` (row-major over ``(a, b)``).
+        target: ``(heads, m_stop - m_start, R, W)``.
+    """
+    width = windows.shape[2]
+    a0, b0 = divmod(m_start, width)
+    a1, b1 = divmod(m_stop, width)
+    if a0 == a1:  # inside one grid row
+        target.copy_(windows[:, a0, b0:b1])
+        return
+    i = 0
+    if b0:  # tail of the first row
+        target[:, :width - b0].copy_(windows[:, a0, b0:])
+        i, a0 = width - b0, a0 + 1
+    if a1 > a0:  # whole rows
+        n = (a1 - a0) * width
+        target[:, i:i + n].view(target.shape[0], a1 - a0, width, *target.shape[2:]).copy_(
+            windows[:, a0:a1])
+        i += n
+    if b1:  # head of the last row
+        target[:, i:].copy_(windows[:, a1, :b1])
 
 
 @dataclass(eq=False)
@@ -465,23 +629,8 @@ class GridBias:
         Returns:
             ``(heads, stop-start, T)`` with ``T = N (+1)``, in the table's dtype.
         """
-        n = self.num_patches
-        total = n + int(cls_token)
-        if not 0 <= start <= stop <= total:
-            raise ValueError(f'rows {start}:{stop} outside a sequence of {total} tokens')
-        device = self.table.device
-        off = int(cls_token)
-        q = torch.arange(max(start - off, 0), stop - off, device=device)
-        k = torch.arange(n, device=device)
-        flat = self.table[layer].flatten(1)
-        out = flat[:, offset_index(self.grid_size, q, k)]  # (heads, Q, N)
-        if self.key_term is not None:
-            out = out + self.key_term[layer][:, None, :]
-        if cls_token:
-            out = torch.nn.functional.pad(out, (1, 0))  # CLS column
-            if start == 0:
-                out = torch.cat([out.new_zeros(out.shape[0], 1, total), out], dim=1)
-        return out
+        return gather_rows(self.table[layer], self.grid_size, start, stop, cls_token,
+                           None if self.key_term is None else self.key_term[layer])
 
     def dense(self, layer: int, cls_token: bool = False) -> Tensor:
         """The full ``(heads, T, T)`` bias of ``layer``."""
@@ -508,4 +657,9 @@ def lookhere_bias(config: LookHereConfig, grid_size: Tuple[int, int], depth: int
     values, with ``-bfloat16.max`` where this has ``-inf``).
     """
     gb = build_grid_bias(config, grid_size, depth, num_heads, dtype=dtype)
-    return torch.stack([gb.dense(l) for l in range(depth)])
+    n = gb.num_patches
+    out = gb.table.new_empty(depth, num_heads, n, n)
+    for layer in range(depth):
+        gather_rows(gb.table[layer], gb.grid_size, 0, n,
+                    key_term=None if gb.key_term is None else gb.key_term[layer], out=out[layer])
+    return out

@@ -4,30 +4,76 @@ Keys are plain tuples such as ``('grid', (H, W), device, dtype)``; values are wh
 factory builds (a :class:`~.bias.GridBias`, a dense bias, a flex ``BlockMask``). The cache
 lives on a module as a plain attribute, never as a buffer: nothing in it is part of a
 ``state_dict``.
+
+The cache is bounded by a number of entries and, optionally, by the bytes of the tensors
+its values hold (:func:`tensor_bytes`); the least recently used entries go first.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Hashable, Iterator, Tuple
+from typing import Any, Callable, Dict, Hashable, Iterator, Optional
 
-__all__ = ['BoundedCache']
+import torch
+
+__all__ = ['BoundedCache', 'tensor_bytes']
+
+
+def tensor_bytes(value: Any, _seen: Optional[set] = None) -> int:
+    """Bytes of the tensor storages reachable from ``value`` (each storage counted once).
+
+    Follows tensors, lists / tuples / dicts and the attributes (``__dict__``) of plain
+    objects such as :class:`~.bias.GridBias` or a flex ``BlockMask``; views count their
+    storage once.
+    """
+    seen = set() if _seen is None else _seen
+    if isinstance(value, torch.Tensor):
+        try:
+            storage = value.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # pragma: no cover - exotic tensors
+            return value.numel() * value.element_size()
+        key = (storage.data_ptr(), value.device.type)
+        if key in seen:
+            return 0
+        seen.add(key)
+        return storage.nbytes()
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(v, seen) for v in value)
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v, seen) for v in value.values())
+    attrs = getattr(value, '__dict__', None)
+    if attrs is not None and not callable(value):
+        return sum(tensor_bytes(v, seen) for v in attrs.values())
+    return 0
 
 
 class BoundedCache:
-    """Least-recently-used cache holding at most ``maxsize`` entries.
+    """Least-recently-used cache holding at most ``maxsize`` entries (and ``max_bytes``).
 
     Args:
         maxsize: the most entries kept; the least recently used one is dropped first.
             Default: 8.
+        max_bytes: optional bound on the summed :func:`tensor_bytes` of the values. A
+            value larger than this on its own is returned but not kept (so it does not
+            flush everything else). Default: None (no byte bound).
     """
 
-    def __init__(self, maxsize: int = 8):
+    def __init__(self, maxsize: int = 8, max_bytes: Optional[float] = None):
         if maxsize < 1:
             raise ValueError(f'maxsize must be >= 1, got {maxsize}')
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError(f'max_bytes must be >= 0, got {max_bytes}')
         self.maxsize = maxsize
+        self.max_bytes = max_bytes
         self._data: 'OrderedDict[Hashable, Any]' = OrderedDict()
+        self._bytes: Dict[Hashable, int] = {}
         self.hits = 0
         self.misses = 0
+        self.evictions = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Summed tensor bytes of the values held now."""
+        return sum(self._bytes.values())
 
     def get_or_create(self, key: Hashable, factory: Callable[[], Any]) -> Any:
         """The value for ``key``, built with ``factory()`` (and kept) on a miss."""
@@ -37,14 +83,27 @@ class BoundedCache:
             return self._data[key]
         self.misses += 1
         value = factory()
+        size = tensor_bytes(value)
+        if self.max_bytes is not None and size > self.max_bytes:
+            return value  # too large to keep without flushing the whole cache
         self._data[key] = value
-        while len(self._data) > self.maxsize:
-            self._data.popitem(last=False)
+        self._bytes[key] = size
+        while len(self._data) > self.maxsize or (
+                self.max_bytes is not None and self.nbytes > self.max_bytes):
+            old, _ = self._data.popitem(last=False)
+            del self._bytes[old]
+            self.evictions += 1
         return value
 
     def clear(self) -> None:
         """Drop every entry (e.g. after the LookHere config changed)."""
         self._data.clear()
+        self._bytes.clear()
+
+    def stats(self) -> Dict[str, int]:
+        """``{'size', 'hits', 'misses', 'evictions', 'bytes'}``."""
+        return dict(size=len(self), hits=self.hits, misses=self.misses,
+                    evictions=self.evictions, bytes=self.nbytes)
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._data
@@ -53,8 +112,9 @@ class BoundedCache:
         return len(self._data)
 
     def keys(self) -> Iterator[Hashable]:
+        """The keys, least recently used first."""
         return iter(list(self._data.keys()))
 
     def __repr__(self) -> str:
-        return (f'BoundedCache(maxsize={self.maxsize}, size={len(self)}, hits={self.hits}, '
-                f'misses={self.misses})')
+        return (f'BoundedCache(maxsize={self.maxsize}, max_bytes={self.max_bytes}, '
+                f'size={len(self)}, hits={self.hits}, misses={self.misses})')
