@@ -194,6 +194,8 @@ def test_highres_windowed_blocks_never_build_a_full_grid_bias(cityscapes_highres
         assert engine.dense.get_or_create(k, None).numel() < full_numel / 50, k
     # global blocks took the chunked backend: the relative table of the grid, no dense bias
     assert engine.choose_backend(grid[0] * grid[1] + 1, torch.device('cpu')) == 'chunked'
-    assert set(engine.tables.keys()) == {((14, 14), 'cpu'), (grid, 'cpu')}
-    table = engine.tables.get_or_create((grid, 'cpu'), None).table
+    assert engine.last_backend == 'chunked'
+    f32 = torch.float32
+    assert set(engine.tables.keys()) == {((14, 14), 'cpu', f32), (grid, 'cpu', f32)}
+    table = engine.tables.get_or_create((grid, 'cpu', f32), None).table
     assert table.shape == (LAYERS, HEADS, 2 * grid[0] - 1, 2 * grid[1] - 1)

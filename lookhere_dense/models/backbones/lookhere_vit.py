@@ -282,7 +282,9 @@ class LookHereViT(BaseModule):
             timm ViT weights without it). Default: 1e-4.
         attn_backend (str): ``'auto'``, ``'reference'``, ``'sdpa'``, ``'chunked'`` or
             ``'flex'`` (see :mod:`lookhere_dense.lookhere.attention`). Default: ``'auto'``.
-        attn_block_size (int): query rows per block of the chunked backend. Default: 256.
+        attn_block_size (int, optional): query rows per block of the chunked backend;
+            None: sized automatically (the bias block never exceeds the MLP activation).
+            Default: None.
         max_dense_bias_mb (float): ``auto`` caches dense biases of a grid while all
             layers' fit in this budget. Default: 1024.
         window_size (int): ViTDet window size in patches; 0 disables windows. Default: 0.
@@ -327,7 +329,7 @@ class LookHereViT(BaseModule):
                  preset: Optional[str] = None,
                  init_values: Optional[float] = 1e-4,
                  attn_backend: str = 'auto',
-                 attn_block_size: int = 256,
+                 attn_block_size: Optional[int] = None,
                  max_dense_bias_mb: float = 1024,
                  window_size: int = 0,
                  window_block_indexes: Optional[Sequence[int]] = None,
