@@ -10,5 +10,6 @@ from . import compat
 compat.apply()
 
 from . import models  # noqa: E402,F401  (registers modules)
+from .data import checks  # noqa: E402,F401  (registers the CheckSegLabels transform)
 
 __version__ = '0.1.0'
