@@ -63,7 +63,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def build_cfg(args: argparse.Namespace):
-    """The config to train with: file + ``--cfg-options`` + the flags, checked."""
+    """The config to train with (file + ``--cfg-options`` + the flags, checked) and the
+    pretrained files it named that were missing (dropped: training starts from scratch)."""
     from lookhere_dense.cli import load_config, preflight, set_work_dir
     from lookhere_dense.swap import ConfigError
 
@@ -94,9 +95,9 @@ def build_cfg(args: argparse.Namespace):
             raise FileNotFoundError(f'--resume checkpoint {args.resume!r} not found')
         cfg.resume = True
         cfg.load_from = args.resume
-    preflight(cfg, ('train', 'val'), require_pretrained=args.require_pretrained,
-              check_data=not args.skip_data_check)
-    return cfg
+    dropped = preflight(cfg, ('train', 'val'), require_pretrained=args.require_pretrained,
+                        check_data=not args.skip_data_check)
+    return cfg, dropped
 
 
 def main(argv: Optional[List[str]] = None):
@@ -107,12 +108,15 @@ def main(argv: Optional[List[str]] = None):
     from mmengine.runner import Runner
 
     args = parse_args(argv)
-    cfg = build_cfg(args)
+    cfg, dropped = build_cfg(args)
     if 'runner_type' in cfg:
         from mmengine.registry import RUNNERS
         runner = RUNNERS.build(cfg)
     else:
         runner = Runner.from_cfg(cfg)
+    for path in dropped:  # repeat the warning where the run's log file gets it
+        runner.logger.warning(f'pretrained file {path!r} not found: the backbone starts '
+                              'from RANDOM weights (see the data/config checks above)')
     runner.train()
     return runner
 
