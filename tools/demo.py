@@ -75,17 +75,17 @@ def chance_levels(label_files: List[str], reduce_zero_label: bool,
     return dict(uniform=100 * float(uniform), majority=100 * float(majority), classes=k)
 
 
-def _val_miou(work_dir: str) -> Optional[float]:
-    """The last validation mIoU the Runner logged in ``work_dir``."""
-    logs = sorted(glob.glob(osp.join(work_dir, '*', 'vis_data', 'scalars.json')))
-    best = None
-    for path in logs:
-        with open(path) as f:
-            for line in f:
-                rec = json.loads(line)
-                if 'mIoU' in rec:
-                    best = float(rec['mIoU'])
-    return best
+def _val_miou(log_dir: str) -> float:
+    """The last validation mIoU a Runner wrote to ``<log_dir>/vis_data/scalars.json``."""
+    last = None
+    with open(osp.join(log_dir, 'vis_data', 'scalars.json')) as f:
+        for line in f:
+            rec = json.loads(line)
+            if 'mIoU' in rec:
+                last = float(rec['mIoU'])
+    if last is None:
+        raise RuntimeError(f'no validation mIoU in {log_dir}: did training validate?')
+    return last
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -156,8 +156,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
                  f'default_hooks.checkpoint.interval={args.iters}']
         t0 = time.time()
         print(f'[demo] {name}: training {args.iters} iterations with tools/train.py', flush=True)
-        train.main([cfg_path, '--work-dir', work, '--cfg-options', *roots_opts, *iters,
-                    *args.cfg_options])
+        runner = train.main([cfg_path, '--work-dir', work, '--cfg-options', *roots_opts,
+                             *iters, *args.cfg_options])
         train_s = time.time() - t0
         ckpt = osp.join(work, f'iter_{args.iters}.pth')
         tests = args.tests or demo['tests']
@@ -168,7 +168,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         labels = sorted(glob.glob(osp.join(roots[name], demo['val_labels'])))
         summary['datasets'][name] = dict(
             config=demo['config'], checkpoint=ckpt, train_seconds=round(train_s, 1),
-            report_seconds=round(time.time() - t0, 1), val_mIoU=_val_miou(work),
+            report_seconds=round(time.time() - t0, 1), val_mIoU=_val_miou(runner.log_dir),
             chance=chance_levels(labels, demo['reduce_zero_label']),
             report_json=report['json'], report_png=report['png'], rows=report['rows'])
     os.makedirs(args.work_dir, exist_ok=True)

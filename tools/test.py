@@ -38,6 +38,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--show-dir', help='folder for images painted with the predictions')
     parser.add_argument('--show', action='store_true',
                         help='show the painted predictions in a window')
+    parser.add_argument('--show-interval', type=int, default=1,
+                        help='with --show / --show-dir: paint every N-th image (default: 1)')
     parser.add_argument('--wait-time', type=float, default=2,
                         help='seconds each shown image stays up (with --show)')
     parser.add_argument('--tta', action='store_true',
@@ -65,6 +67,7 @@ def _enable_visualization(cfg, args: argparse.Namespace) -> None:
         raise ConfigError('--show / --show-dir need a visualization hook in default_hooks '
                           "(mmseg: SegVisualizationHook, mmdet: DetVisualizationHook)")
     hook['draw'] = True
+    hook['interval'] = args.show_interval
     if args.show:
         hook['show'] = True
         hook['wait_time'] = args.wait_time
@@ -86,6 +89,8 @@ def build_cfg(args: argparse.Namespace):
     cfg.launcher = args.launcher
     set_work_dir(cfg, args.work_dir, args.config)
     cfg.load_from = args.checkpoint
+    if isinstance(cfg.get('visualizer'), dict):
+        cfg.visualizer.pop('name', None)  # one visualizer per run (see tools/train.py)
     if args.show or args.show_dir:
         _enable_visualization(cfg, args)
     if args.tta:

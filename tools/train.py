@@ -71,6 +71,11 @@ def build_cfg(args: argparse.Namespace):
     cfg = load_config(args.config, args.cfg_options)
     cfg.launcher = args.launcher
     set_work_dir(cfg, args.work_dir, args.config)
+    if isinstance(cfg.get('visualizer'), dict):
+        # mmseg / mmdet configs name their visualizer 'visualizer'; a named instance is
+        # reused by every later Runner in the process (logging into the first run's
+        # folder). Without the name each run gets its own, named after the experiment.
+        cfg.visualizer.pop('name', None)
     if args.amp:
         import torch
         if not torch.cuda.is_available():
