@@ -3,7 +3,7 @@
 Each config whose backbone is ``VisionTransformer`` (Segmenter, ViT/DeiT UPerNet, SETR,
 DPT), ``BEiT`` or ``MAE`` is found by reading the installed config files (no list is
 hard-coded), swapped to ``LookHereViT`` with :func:`lookhere_dense.swap.swap_backbone`,
-shrunk (fewer layers, 16 dims per head, 64x64 inputs; every channel count that equalled
+shrunk (fewer layers, 16 dims per head, 32x32 inputs; every channel count that equalled
 the embed dims follows it), built with mmseg's registry and run forward + loss +
 backward on CPU. Configs that differ only in schedule, dataset or crop give the same
 shrunk model and are tested once.
@@ -27,6 +27,7 @@ mmseg = pytest.importorskip('mmseg')
 CONFIG_ROOT = osp.join(osp.dirname(mmseg.__file__), '.mim', 'configs')
 _TYPE = re.compile(r"type\s*=\s*'(%s)'" % '|'.join(SOURCE_BACKBONES))
 _BASE = re.compile(r"_base_\s*=\s*(\[[^\]]*\]|'[^']*')", re.S)
+SIZE = 32  # input side in px: a 2x2 patch grid
 _CHANNEL_KEYS = {'in_channels', 'channels', 'embed_dims', 'out_channels', 'embed_dim',
                  'post_process_channels'}
 
@@ -90,14 +91,14 @@ def shrink(model: dict) -> dict:
     else:
         bb['num_layers'], bb['out_indices'] = len(outs), list(range(len(outs)))
     bb['embed_dims'] = new
-    bb['img_size'] = (64, 64)
+    bb['img_size'] = (SIZE, SIZE)
     for part in ('neck', 'decode_head', 'auxiliary_head'):
         if model.get(part) is not None:
             model[part] = _replace_channels(model[part], old, new)
     if model.get('decode_head', {}).get('type') == 'SegmenterMaskTransformerHead':
         model['decode_head']['num_heads'] = 4  # keep the head's own transformer tiny
     model = _bn_for_syncbn(model)
-    model['data_preprocessor']['size'] = (64, 64)
+    model['data_preprocessor']['size'] = (SIZE, SIZE)
     model['test_cfg'] = dict(mode='whole')
     return model
 
@@ -178,19 +179,18 @@ def test_every_vit_config_swaps_builds_and_trains_a_step(models):
     failures = []
     for rel, model_cfg in models.items():
         try:
-            model = MODELS.build(ConfigDict(model_cfg))
-            model.init_weights()
+            model = MODELS.build(ConfigDict(model_cfg))  # PyTorch's default init is enough
             model.train()
             assert type(model.backbone).__name__ == 'LookHereViT'
             num_classes = model.decode_head.num_classes
-            imgs = [torch.randint(0, 255, (3, 64, 64), dtype=torch.uint8) for _ in range(2)]
+            imgs = [torch.randint(0, 255, (3, SIZE, SIZE), dtype=torch.uint8) for _ in range(2)]
             samples = []
             for _ in imgs:
                 s = SegDataSample()
                 s.gt_sem_seg = PixelData(
-                    data=torch.randint(0, num_classes, (1, 64, 64), dtype=torch.long))
-                s.set_metainfo(dict(img_shape=(64, 64), ori_shape=(64, 64),
-                                    pad_shape=(64, 64)))
+                    data=torch.randint(0, num_classes, (1, SIZE, SIZE), dtype=torch.long))
+                s.set_metainfo(dict(img_shape=(SIZE, SIZE), ori_shape=(SIZE, SIZE),
+                                    pad_shape=(SIZE, SIZE)))
                 samples.append(s)
             data = model.data_preprocessor(dict(inputs=imgs, data_samples=samples), True)
             losses = model(**data, mode='loss')
@@ -202,7 +202,7 @@ def test_every_vit_config_swaps_builds_and_trains_a_step(models):
             model.eval()
             with torch.no_grad():
                 pred = model(data['inputs'], data['data_samples'], mode='predict')
-            assert pred[0].pred_sem_seg.data.shape[-2:] == (64, 64), rel
+            assert pred[0].pred_sem_seg.data.shape[-2:] == (SIZE, SIZE), rel
         except Exception as err:  # collect all, report together
             failures.append(f'{rel}: {type(err).__name__}: {err}')
     assert not failures, '\n'.join(failures)
