@@ -31,7 +31,7 @@ model = dict(
     backbone=dict(img_size=crop_size, drop_path_rate=0.0),
     test_cfg=dict(mode='slide', crop_size=crop_size, stride=(120, 120)))
 train_dataloader = dict(
-    batch_size=8, num_workers=2, persistent_workers=True,
+    batch_size=4, num_workers=2, persistent_workers=True,
     dataset=dict(pipeline=train_pipeline))
 val_dataloader = dict(
     batch_size=1, num_workers=1, persistent_workers=True,

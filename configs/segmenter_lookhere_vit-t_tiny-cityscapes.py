@@ -36,7 +36,7 @@ model = dict(
                      num_classes=19),
     test_cfg=dict(mode='slide', crop_size=crop_size, stride=(64, 64)))
 train_dataloader = dict(
-    batch_size=8, num_workers=2, persistent_workers=True,
+    batch_size=4, num_workers=2, persistent_workers=True,
     dataset=dict(pipeline=train_pipeline))
 val_dataloader = dict(
     batch_size=1, num_workers=1, persistent_workers=True,

@@ -168,6 +168,27 @@ class PeakMemory:
             self.peak_mb = max(self.peak_mb, self._rss_mb())
 
 
+def release_memory(model) -> None:
+    """Start a test from a clean slate: empty the LookHere bias caches (each test pays for
+    its own biases), collect garbage and hand freed heap back to the OS, so the peak
+    memory of one test does not carry the previous test's leftovers."""
+    import gc
+
+    import torch
+    for module in model.modules():
+        engine = getattr(module, 'lookhere', None)
+        if engine is not None and callable(getattr(engine, 'reset', None)):
+            engine.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    try:
+        import ctypes
+        ctypes.CDLL('libc.so.6').malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def _silence_metric_tables():
     """IoUMetric logs a 150-row per-class table per test; keep only warnings."""
     import logging
@@ -203,6 +224,7 @@ def evaluate_spec(model, cfg, spec: TestSpec, split: str, device: str,
         crop, stride = slide_settings(cfg)
         model.test_cfg = ConfigDict(mode='slide', crop_size=crop, stride=stride)
     seconds, shapes = [], []
+    release_memory(model)
     with PeakMemory(device) as mem:
         for data in tqdm(loader, desc=f'{spec.text:>16}', unit='img', leave=False,
                          dynamic_ncols=True):
@@ -314,6 +336,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help='cpu or cuda[:N] (default: cuda when available, else cpu)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
                         help='override config entries, e.g. test_dataloader.dataset.data_root=...')
+    from lookhere_dense.cli import add_threads_arg
+    add_threads_arg(parser)
     return parser.parse_args(argv)
 
 
@@ -329,6 +353,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     from lookhere_dense.swap import ConfigError
 
     args = parse_args(argv)
+    from lookhere_dense.cli import apply_threads
+    apply_threads(args.threads)
     specs = [parse_spec(t) for t in args.tests]
     if not osp.isfile(args.checkpoint):
         raise FileNotFoundError(f'checkpoint {args.checkpoint!r} not found')

@@ -75,6 +75,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help='cpu or cuda[:N] (default: cuda when available, else cpu)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
                         help='override config entries')
+    from lookhere_dense.cli import add_threads_arg
+    add_threads_arg(parser)
     return parser.parse_args(argv)
 
 
@@ -172,6 +174,8 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
     from lookhere_dense.cli import build_model_from_checkpoint, load_config
 
     args = parse_args(argv)
+    from lookhere_dense.cli import apply_threads
+    apply_threads(args.threads)
     if not 0.0 <= args.opacity <= 1.0:
         raise SystemExit(f'--opacity must be in 0..1, got {args.opacity}')
     images = list_images(args.input)

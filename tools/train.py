@@ -56,6 +56,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         'still checked when the dataloaders are built)')
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0,
                         help='set by torch.distributed.launch; do not pass by hand')
+    from lookhere_dense.cli import add_threads_arg
+    add_threads_arg(parser)
     args = parser.parse_args(argv)
     if 'LOCAL_RANK' not in os.environ:
         os.environ['LOCAL_RANK'] = str(args.local_rank)
@@ -113,6 +115,8 @@ def main(argv: Optional[List[str]] = None):
     from mmengine.runner import Runner
 
     args = parse_args(argv)
+    from lookhere_dense.cli import apply_threads
+    apply_threads(args.threads)
     cfg, dropped = build_cfg(args)
     if 'runner_type' in cfg:
         from mmengine.registry import RUNNERS
