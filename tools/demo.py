@@ -153,7 +153,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     summary: Dict[str, Any] = dict(iters=args.iters, datasets={})
     for name in args.datasets:
         demo = DEMOS[name]
-        cfg_path = str(REPO / demo['config'])
+        # relative when run from the repository root, so the reports name it portably
+        cfg_path = demo['config'] if osp.isfile(demo['config']) else str(REPO / demo['config'])
         work = osp.join(args.work_dir, name)
         roots_opts = [f'{split}_dataloader.dataset.data_root={roots[name]}'
                       for split in ('train', 'val', 'test')]
