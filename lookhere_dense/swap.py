@@ -22,7 +22,7 @@ import copy
 import difflib
 import inspect
 import os.path as osp
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 __all__ = ['ConfigError', 'SOURCE_BACKBONES', 'lookhere_backbone_cfg', 'swap_backbone',
            'check_model_cfg', 'drop_missing_pretrained', 'model_registry']

@@ -3,7 +3,6 @@ with one key, and the ADE20K config starts training on an ADE20K folder as it is
 from __future__ import annotations
 
 import glob
-import os
 import os.path as osp
 
 import pytest

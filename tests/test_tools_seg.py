@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import os.path as osp
 
 import cv2

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The end-to-end demo, on CPU in minutes: tiny datasets -> train -> validate -> extrapolation report.
+"""The end-to-end demo on CPU, in minutes: tiny datasets, train, validate, extrapolation report.
 
 1. writes a tiny ADE20K-layout dataset (and a Cityscapes-layout one) of procedurally drawn
    scenes (``lookhere_dense.data.synthetic_seg``) into ``--data-root``;

@@ -11,7 +11,8 @@ Examples::
 
     python tools/swap_backbone.py mmseg::vit/vit_deit-s16_upernet_8xb2-80k_ade20k-512x512.py \\
         configs/upernet_lookhere_deit-s16_ade20k.py --preset lh90
-    python tools/swap_backbone.py mmseg::segmenter/segmenter_vit-t_mask_8xb1-160k_ade20k-512x512.py \\
+    python tools/swap_backbone.py \\
+        mmseg::segmenter/segmenter_vit-t_mask_8xb1-160k_ade20k-512x512.py \\
         t.py --num-heads 12       # ViT-T's 3 heads fit no LookHere head layout
 """
 from __future__ import annotations

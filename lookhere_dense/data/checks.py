@@ -17,7 +17,6 @@ file / folder / setting and what to change.
 """
 from __future__ import annotations
 
-import os
 import os.path as osp
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
