@@ -227,7 +227,7 @@ def evaluate_spec(model, cfg, spec: TestSpec, split: str, device: str,
     release_memory(model)
     with PeakMemory(device) as mem:
         for data in tqdm(loader, desc=f'{spec.text:>16}', unit='img', leave=False,
-                         dynamic_ncols=True):
+                         dynamic_ncols=True, disable=None):  # no bars in logs
             t0 = time.perf_counter()
             with torch.no_grad():
                 outputs = model.test_step(data)

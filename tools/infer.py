@@ -188,7 +188,8 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
     palette = _palette(meta, cfg, num_classes)
     os.makedirs(args.out_dir, exist_ok=True)
     written = []
-    for path in tqdm(images, desc='infer', unit='img', dynamic_ncols=True):
+    for path in tqdm(images, desc='infer', unit='img', dynamic_ncols=True,
+                     disable=None):
         data = pipeline(dict(img_path=path))
         batch = dict(inputs=[data['inputs']], data_samples=[data['data_samples']])
         with torch.no_grad():
