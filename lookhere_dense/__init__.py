@@ -11,5 +11,6 @@ compat.apply()
 
 from . import models  # noqa: E402,F401  (registers modules)
 from . import engine  # noqa: E402,F401  (registers the layer-decay optimizer constructor)
+from .data import checks  # noqa: E402,F401  (registers the CheckSegLabels transform)
 
 __version__ = '0.1.0'

@@ -1,0 +1,366 @@
+"""Checks that turn bad segmentation data into messages that say what to fix.
+
+Three kinds of mistakes otherwise surface as tracebacks deep inside a dataloader or the
+loss (``IndexError: Target 151 is out of bounds``, a CUDA device-side assert, an empty
+dataset, training on nothing but padding):
+
+* a dataset folder that is missing or empty (:func:`check_dataset_layout`, run by
+  ``tools/train.py`` / ``tools/test.py`` before anything is built);
+* label values outside ``0..num_classes-1`` (other than the ignore index):
+  :class:`CheckSegLabels`, a pipeline transform that checks every loaded annotation,
+  and :func:`check_label_values`, a sampled scan before training;
+* a training crop larger than the images even at the pipeline's largest resize
+  (:func:`check_crop_fits`).
+
+Every failure raises a subclass of :class:`DataCheckError` whose message names the
+file / folder / setting and what to change.
+"""
+from __future__ import annotations
+
+import os.path as osp
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+from mmcv.transforms import BaseTransform
+from mmseg.registry import TRANSFORMS
+
+__all__ = ['DataCheckError', 'DatasetLayoutError', 'LabelRangeError', 'CropSizeError',
+           'CheckSegLabels', 'check_dataset_layout', 'check_label_values',
+           'check_crop_fits', 'check_seg_data', 'LAYOUT_HINTS']
+
+
+class DataCheckError(ValueError):
+    """Base class of the data checks' errors (the message says what to fix)."""
+
+
+class DatasetLayoutError(DataCheckError, FileNotFoundError):
+    """A dataset folder or file named by the config is missing or holds no data."""
+
+
+class LabelRangeError(DataCheckError):
+    """An annotation holds label values the model cannot take."""
+
+
+class CropSizeError(DataCheckError):
+    """The training crop is larger than the (resized) images."""
+
+
+#: How each dataset type expects its files (shown when something is missing).
+LAYOUT_HINTS: Dict[str, str] = {
+    'ADE20KDataset': (
+        'ADE20K layout: <data_root>/images/{training,validation}/*.jpg and '
+        '<data_root>/annotations/{training,validation}/*.png (uint8; 0 = other, k = class '
+        'k-1), e.g. data_root=data/ade/ADEChallengeData2016 from ADEChallengeData2016.zip'),
+    'CityscapesDataset': (
+        'Cityscapes layout: <data_root>/leftImg8bit/{train,val}/<city>/*_leftImg8bit.png and '
+        '<data_root>/gtFine/{train,val}/<city>/*_gtFine_labelTrainIds.png (train ids 0..18, '
+        "255 = ignore; made from the official labels by mmseg's "
+        'tools/dataset_converters/cityscapes.py), e.g. data_root=data/cityscapes/'),
+}
+_DEMO_HINT = ('To try the pipeline without the real data, write the tiny datasets in these '
+              'layouts: python tools/demo.py --data-only (into ./data).')
+
+
+# ----------------------------------------------------------------------------------------
+# Labels
+# ----------------------------------------------------------------------------------------
+def _label_values(seg: np.ndarray) -> np.ndarray:
+    seg = np.asarray(seg)
+    if seg.dtype == np.uint8:
+        return np.flatnonzero(np.bincount(seg.ravel(), minlength=256))
+    return np.unique(seg)
+
+
+def bad_label_values(seg: np.ndarray, num_classes: int, ignore_index: int = 255) -> List[int]:
+    """Values of ``seg`` that are neither a class id (``0..num_classes-1``) nor
+    ``ignore_index``."""
+    values = _label_values(seg)
+    return [int(v) for v in values if not (0 <= v < num_classes or v == ignore_index)]
+
+
+def _label_message(path: str, bad: Sequence[int], num_classes: int, ignore_index: int,
+                   reduce_zero_label: Optional[bool]) -> str:
+    shown = list(bad[:10]) + (['...'] if len(bad) > 10 else [])
+    msg = (f'annotation {path!r} has label values {shown} outside the classes 0..'
+           f'{num_classes - 1} (ignore index {ignore_index})')
+    if reduce_zero_label:
+        msg += (' after reduce_zero_label (file value k becomes class k-1, 0 becomes '
+                f'ignored): the file holds values up to {max(bad) + 1}, the model has '
+                f'{num_classes} classes')
+    msg += ('. Fix the annotation, or make the class count match the data: set '
+            'model.decode_head.num_classes (and the dataset metainfo classes)')
+    if reduce_zero_label is False and num_classes in bad:
+        msg += ', or reduce_zero_label=True if 0 means "other" in these files'
+    return msg + '.'
+
+
+@TRANSFORMS.register_module()
+class CheckSegLabels(BaseTransform):
+    """Pipeline transform: fail clearly when a loaded annotation has a label value the
+    model cannot take. Put it right after ``LoadAnnotations``.
+
+    Required keys: ``gt_seg_map`` (and ``seg_map_path`` for the message).
+
+    Args:
+        num_classes: valid class ids are ``0..num_classes-1``.
+        ignore_index: the one other allowed value. Default: 255.
+
+    Raises:
+        LabelRangeError: naming the file, the bad values and what to change.
+    """
+
+    def __init__(self, num_classes: int, ignore_index: int = 255):
+        if not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(f'CheckSegLabels: num_classes must be a positive int, '
+                             f'got {num_classes!r}')
+        self.num_classes = num_classes
+        self.ignore_index = ignore_index
+
+    def transform(self, results: Dict[str, Any]) -> Dict[str, Any]:
+        """Check ``results['gt_seg_map']``; return ``results`` unchanged."""
+        seg = results.get('gt_seg_map')
+        if seg is None:
+            raise KeyError('CheckSegLabels needs gt_seg_map: put it after LoadAnnotations')
+        bad = bad_label_values(seg, self.num_classes, self.ignore_index)
+        if bad:
+            raise LabelRangeError(_label_message(
+                results.get('seg_map_path', '<unknown file>'), bad, self.num_classes,
+                self.ignore_index, results.get('reduce_zero_label')))
+        return results
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}(num_classes={self.num_classes}, '
+                f'ignore_index={self.ignore_index})')
+
+
+# ----------------------------------------------------------------------------------------
+# Config walking
+# ----------------------------------------------------------------------------------------
+def _leaf_datasets(ds_cfg: Mapping) -> List[Mapping]:
+    """The concrete dataset configs inside wrappers (RepeatDataset, ConcatDataset, ...)."""
+    if 'datasets' in ds_cfg:
+        return [d for sub in ds_cfg['datasets'] for d in _leaf_datasets(sub)]
+    if 'dataset' in ds_cfg and isinstance(ds_cfg['dataset'], Mapping):
+        return _leaf_datasets(ds_cfg['dataset'])
+    return [ds_cfg]
+
+
+def _dataloaders(cfg: Mapping, splits: Iterable[str]) -> List[Tuple[str, Mapping]]:
+    out = []
+    for split in splits:
+        dl = cfg.get(f'{split}_dataloader')
+        if dl and dl.get('dataset'):
+            out += [(f'{split}_dataloader', d) for d in _leaf_datasets(dl['dataset'])]
+    return out
+
+
+def _hint(ds: Mapping) -> str:
+    return ' ' + LAYOUT_HINTS.get(str(ds.get('type')), '') + ' ' + _DEMO_HINT
+
+
+def _join(root: str, path: str) -> str:
+    return path if (not root or osp.isabs(path) or '://' in path) else osp.join(root, path)
+
+
+def check_dataset_layout(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'test')
+                         ) -> None:
+    """Check that every folder / file the dataloaders of ``splits`` name exists.
+
+    Works for any OpenMMLab dataset config (``data_root``, ``data_prefix``, ``ann_file``).
+
+    Raises:
+        DatasetLayoutError: naming the dataloader, the setting, the missing path (also
+            made absolute) and the layout the dataset type expects.
+    """
+    for where, ds in _dataloaders(cfg, splits):
+        root = ds.get('data_root') or ''
+        if '://' in root:
+            continue  # remote storage: nothing to check locally
+        if root and not osp.isdir(root):
+            raise DatasetLayoutError(
+                f'{where}: dataset folder data_root={root!r} not found (looked in '
+                f'{osp.abspath(root)!r}). Put the dataset there or point to it with '
+                f'--cfg-options {where}.dataset.data_root=PATH (all dataloaders that use it).'
+                + _hint(ds))
+        prefix = ds.get('data_prefix') or {}
+        for key, sub in prefix.items():
+            if not isinstance(sub, str) or not sub:
+                continue
+            path = _join(root, sub)
+            if '://' not in path and not osp.exists(path):
+                raise DatasetLayoutError(
+                    f'{where}: {key} folder {path!r} not found (data_root={root!r}, '
+                    f'data_prefix.{key}={sub!r}).' + _hint(ds))
+        ann = ds.get('ann_file') or ''
+        if ann and '://' not in ann:
+            path = _join(root, ann)
+            if not osp.exists(path):
+                raise DatasetLayoutError(f'{where}: ann_file {path!r} not found.' + _hint(ds))
+
+
+def _build_seg_dataset(ds_cfg: Mapping):
+    from mmseg.registry import DATASETS
+    cfg = dict(ds_cfg)
+    cfg['lazy_init'] = True
+    cfg['pipeline'] = []
+    return DATASETS.build(cfg)
+
+
+def _num_classes(cfg: Mapping, dataset) -> int:
+    head = (cfg.get('model') or {}).get('decode_head') or {}
+    if isinstance(head, Mapping) and isinstance(head.get('num_classes'), int):
+        return head['num_classes']
+    return len(dataset.metainfo['classes'])
+
+
+def _spread(n: int, k: int) -> List[int]:
+    """``k`` indexes spread evenly over ``range(n)``."""
+    if n <= k:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if k > 1 else [0]
+
+
+def check_label_values(cfg: Mapping, splits: Sequence[str] = ('train', 'val'),
+                       max_files: int = 64) -> Dict[str, int]:
+    """Scan up to ``max_files`` annotations per segmentation dataloader (spread over the
+    dataset) for label values outside the model's classes, and check that every image
+    has its annotation file.
+
+    Loads annotations with mmseg's own ``LoadAnnotations`` (so ``reduce_zero_label`` and
+    ``label_map`` apply exactly as in training).
+
+    Returns:
+        ``{dataloader: number of images}``.
+
+    Raises:
+        DatasetLayoutError: no images, or images without annotation files.
+        LabelRangeError: a label value outside ``0..num_classes-1`` / the ignore index.
+    """
+    from mmseg.datasets import BaseSegDataset
+    from mmseg.datasets.transforms import LoadAnnotations
+
+    sizes = {}
+    for where, ds_cfg in _dataloaders(cfg, splits):
+        ds = _build_seg_dataset(ds_cfg)
+        if not isinstance(ds, BaseSegDataset):
+            continue
+        ds.full_init()
+        n = len(ds)
+        img_dir = ds.data_prefix.get('img_path', ds.data_root)
+        if n == 0:
+            raise DatasetLayoutError(
+                f'{where}: no images ending in {ds.img_suffix!r} under {img_dir!r}.'
+                + _hint(ds_cfg))
+        seg_paths = [ds.get_data_info(i)['seg_map_path'] for i in range(n)]
+        missing = [p for p in seg_paths if not osp.exists(p)]
+        if missing:
+            raise DatasetLayoutError(
+                f'{where}: {len(missing)} of {n} images have no annotation file, e.g. '
+                f'{missing[0]!r} (annotations must end in {ds.seg_map_suffix!r}, same '
+                f'name and sub-folders as the image).' + _hint(ds_cfg))
+        num_classes = _num_classes(cfg, ds)
+        loader = LoadAnnotations()
+        for i in _spread(n, max_files):
+            info = ds.get_data_info(i)
+            seg = loader(dict(info))['gt_seg_map']
+            bad = bad_label_values(seg, num_classes, ds.ignore_index)
+            if bad:
+                raise LabelRangeError(_label_message(info['seg_map_path'], bad, num_classes,
+                                                     ds.ignore_index, ds.reduce_zero_label))
+        sizes[where] = n
+    return sizes
+
+
+# ----------------------------------------------------------------------------------------
+# Crop size
+# ----------------------------------------------------------------------------------------
+def _pair(x) -> Tuple[float, float]:
+    return (float(x), float(x)) if isinstance(x, (int, float)) else (float(x[0]), float(x[1]))
+
+
+def _resized(h: float, w: float, scale_wh: Tuple[float, float], keep_ratio: bool
+             ) -> Tuple[float, float]:
+    """Image size after mmcv's ``Resize`` to ``scale`` (given as ``(w, h)``)."""
+    if not keep_ratio:
+        return scale_wh[1], scale_wh[0]
+    f = min(max(scale_wh) / max(h, w), min(scale_wh) / min(h, w))
+    return h * f, w * f
+
+
+def _largest_after(t: Mapping, h: float, w: float) -> Tuple[float, float]:
+    """The largest size transform ``t`` can give an ``h x w`` image (resizes only)."""
+    typ = str(t.get('type', '')).split('.')[-1]
+    keep = bool(t.get('keep_ratio', False))  # mmcv's default
+    if typ in ('RandomResize', 'Resize') and t.get('scale') is not None:
+        scales = t['scale'] if isinstance(t['scale'], list) else [t['scale']]
+        ratio = max(t.get('ratio_range') or (1.0,)) if typ == 'RandomResize' else 1.0
+        best = (0.0, 0.0)
+        for s in scales:
+            sw, sh = _pair(s)
+            best = max(best, _resized(h, w, (sw * ratio, sh * ratio), keep),
+                       key=lambda x: x[0] * x[1])
+        return best
+    if typ == 'Resize' and t.get('scale_factor') is not None:
+        fw, fh = _pair(t['scale_factor'])
+        return h * fh, w * fw
+    if typ == 'RandomChoiceResize' and t.get('scales'):
+        return max((_resized(h, w, _pair(s), keep) for s in t['scales']),
+                   key=lambda x: x[0] * x[1])
+    return h, w
+
+
+def check_crop_fits(cfg: Mapping, max_images: int = 8) -> None:
+    """Check that the training ``RandomCrop`` fits in the training images, at least at
+    the largest size the pipeline's resizes can give them (checks up to
+    ``max_images`` images spread over each training dataset).
+
+    A crop larger than the image is legal in mmseg (the rest is padding); a crop larger
+    than the image at *every* resize scale means training mostly on padding, which is
+    a configuration mistake.
+
+    Raises:
+        CropSizeError: naming the image, its size, the largest resized size, the crop and
+            what to change.
+    """
+    from PIL import Image
+
+    for where, ds_cfg in _dataloaders(cfg, ['train']):
+        pipeline = list(ds_cfg.get('pipeline') or [])
+        crops = [t for t in pipeline if str(t.get('type', '')).endswith('RandomCrop')]
+        if not crops:
+            continue
+        ds = _build_seg_dataset(ds_cfg)
+        ds.full_init()
+        for i in _spread(len(ds), max_images):
+            path = ds.get_data_info(i)['img_path']
+            with Image.open(path) as im:
+                w0, h0 = im.size
+            h, w = float(h0), float(w0)
+            for t in pipeline:
+                if str(t.get('type', '')).endswith('RandomCrop'):
+                    ch, cw = _pair(t['crop_size'])
+                    if ch > round(h) or cw > round(w):
+                        raise CropSizeError(
+                            f'{where}: RandomCrop crop_size={tuple(int(c) for c in (ch, cw))} '
+                            f'is larger than image {path!r} ({h0}x{w0} px), which the '
+                            f'pipeline resizes to at most {round(h)}x{round(w)}: every crop '
+                            'would be mostly padding. Lower crop_size (and '
+                            'model.data_preprocessor.size and test_cfg.crop_size with it), '
+                            'or raise the RandomResize / Resize scale.')
+                    h, w = min(h, ch), min(w, cw)
+                else:
+                    h, w = _largest_after(t, h, w)
+
+
+def check_seg_data(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'test'),
+                   max_label_files: int = 64) -> Dict[str, int]:
+    """All checks for a segmentation config: layout, label values, crop size.
+
+    Returns:
+        ``{dataloader: number of images}`` of the checked segmentation dataloaders.
+    """
+    check_dataset_layout(cfg, splits)
+    sizes = check_label_values(cfg, splits, max_label_files)
+    if 'train' in splits:
+        check_crop_fits(cfg)
+    return sizes

@@ -1,0 +1,321 @@
+"""Backbones in OpenMMLab configs: swap a plain ViT for ``LookHereViT``, check the model
+part of a config, and handle pretrained files that are not there.
+
+:func:`swap_backbone` turns any mmseg config whose backbone is a plain ViT
+(``VisionTransformer`` — Segmenter, ViT/DeiT UPerNet, SETR, DPT — or ``BEiT`` / ``MAE``)
+into the same model on a LookHere backbone: the architecture arguments (embed dims,
+layers, heads, out_indices, CLS-token outputs, norms, drop rates, ...) are carried over,
+the position-embedding ones are dropped, and the heads are checked against what
+LookHereViT gives. ``tools/swap_backbone.py`` does it on the command line::
+
+    python tools/swap_backbone.py mmseg::setr/setr_vit-l_pup_8xb1-80k_cityscapes-768x768.py \\
+        configs/setr_lookhere_pup_cityscapes.py --preset lh90
+
+:func:`check_model_cfg` (run by ``tools/train.py`` / ``tools/test.py``) turns an unknown
+backbone type or a head that cannot read the backbone's outputs into a
+:class:`ConfigError` that says what to set; :func:`drop_missing_pretrained` lets a config
+that names not-yet-downloaded weights still start training, with a loud warning.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import inspect
+import os.path as osp
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+__all__ = ['ConfigError', 'SOURCE_BACKBONES', 'lookhere_backbone_cfg', 'swap_backbone',
+           'check_model_cfg', 'drop_missing_pretrained', 'model_registry']
+
+
+class ConfigError(ValueError):
+    """A config that cannot work as written; the message says which key to set."""
+
+
+#: Arguments every supported plain-ViT backbone shares with ``LookHereViT``.
+_SHARED = ('img_size', 'patch_size', 'in_channels', 'embed_dims', 'num_layers', 'num_heads',
+           'mlp_ratio', 'out_indices', 'attn_drop_rate', 'drop_path_rate', 'norm_cfg',
+           'act_cfg', 'patch_norm', 'final_norm', 'num_fcs', 'norm_eval')
+
+#: Per source backbone type: arguments carried over as they are, renamed, and dropped.
+#: Dropped: position-embedding settings (LookHere has none), weight-file settings (the
+#: source's pretrained files are for another architecture) and ``patch_bias`` (LookHere
+#: keeps the official patch-embedding bias so its checkpoints load).
+SOURCE_BACKBONES: Dict[str, Dict[str, Any]] = {
+    'VisionTransformer': dict(
+        copy=_SHARED + ('patch_pad', 'out_origin', 'qkv_bias', 'drop_rate', 'with_cls_token',
+                        'output_cls_token', 'pre_norm', 'with_cp', 'frozen_exclude'),
+        rename={},
+        drop=('interpolate_mode', 'patch_bias', 'pretrained', 'init_cfg')),
+    'BEiT': dict(copy=_SHARED + ('init_values',), rename={'qv_bias': 'qkv_bias'},
+                 drop=('pretrained', 'init_cfg')),
+    'MAE': dict(copy=_SHARED + ('init_values',), rename={}, drop=('pretrained', 'init_cfg')),
+}
+
+
+def model_registry(scope: Optional[str]):
+    """The ``MODELS`` registry of an OpenMMLab scope (``'mmseg'`` or ``'mmdet'``)."""
+    if scope == 'mmdet':
+        from mmdet.registry import MODELS
+    elif scope in (None, 'mmseg'):
+        from mmseg.registry import MODELS
+    else:
+        from mmengine.registry import MODELS
+    return MODELS
+
+
+def _source_defaults(type_name: str) -> Dict[str, Any]:
+    cls = model_registry('mmseg').get(type_name)
+    if cls is None:  # pragma: no cover - the three are always in mmseg 1.x
+        return {}
+    return {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+def lookhere_backbone_cfg(source: Mapping[str, Any], preset: Optional[str] = None,
+                          num_heads: Optional[int] = None, checkpoint: Optional[str] = None,
+                          **overrides: Any) -> Dict[str, Any]:
+    """The ``LookHereViT`` config equivalent to a plain-ViT backbone config.
+
+    Arguments the source config leaves out take the *source* class's defaults (so e.g.
+    mmseg's ``VisionTransformer`` keeps ``final_norm=False``), then LookHere's own
+    (``init_values=1e-4`` LayerScale, ``patch_bias=True``: the official architecture).
+
+    Args:
+        source: the backbone config (``type`` one of :data:`SOURCE_BACKBONES`).
+        preset: LookHere preset (``'lh180'``, ``'lh90'``, ``'lh45'``); None: lh180, or the
+            config stored in ``checkpoint``. Default: None.
+        num_heads: override the head count (LookHere head layouts need 6, 12 or 16 heads;
+            12 or 16 for lh45). Default: None (keep the source's).
+        checkpoint: weights for ``init_cfg=dict(type='Pretrained', ...)`` (official
+            LookHere, timm / DeiT-III or lookhere-dense files). Default: None.
+        **overrides: any other ``LookHereViT`` argument.
+
+    Raises:
+        ConfigError: an unsupported source type or an argument it cannot carry over.
+    """
+    src = dict(source)
+    typ = src.pop('type', None)
+    if typ not in SOURCE_BACKBONES:
+        raise ConfigError(f'cannot swap backbone type {typ!r} for LookHereViT; supported '
+                          f'plain-ViT types: {sorted(SOURCE_BACKBONES)}')
+    rule = SOURCE_BACKBONES[typ]
+    unknown = sorted(set(src) - set(rule['copy']) - set(rule['rename']) - set(rule['drop']))
+    if unknown:
+        raise ConfigError(f'{typ} arguments {unknown} have no LookHereViT counterpart that '
+                          'swap_backbone knows; remove them from the source config or pass '
+                          'the LookHereViT equivalent as an override')
+    effective = {**_source_defaults(typ), **src}
+    out: Dict[str, Any] = dict(type='LookHereViT')
+    for key in rule['copy']:
+        if key in effective:
+            out[key] = copy.deepcopy(effective[key])
+    for old, new in rule['rename'].items():
+        if old in effective:
+            out[new] = effective[old]
+    if num_heads is not None:
+        out['num_heads'] = num_heads
+    if preset is not None:
+        out['preset'] = preset
+    if checkpoint is not None:
+        out['init_cfg'] = dict(type='Pretrained', checkpoint=checkpoint)
+    out.update(overrides)
+    return out
+
+
+def swap_backbone(cfg, preset: Optional[str] = None, num_heads: Optional[int] = None,
+                  checkpoint: Optional[str] = None, keep_pretrained: bool = False,
+                  **overrides: Any):
+    """A copy of an mmseg config with its plain-ViT backbone replaced by ``LookHereViT``.
+
+    Also: ``custom_imports`` gains ``lookhere_dense``; the model-level ``pretrained``
+    (weights of the source architecture) is cleared unless ``keep_pretrained``; the
+    result passes :func:`check_model_cfg`.
+
+    Args:
+        cfg: an ``mmengine.Config`` (or a dict with ``model``).
+        preset, num_heads, checkpoint, **overrides: see :func:`lookhere_backbone_cfg`.
+        keep_pretrained: keep ``model.pretrained``. Default: False.
+
+    Returns:
+        The new config (the input is not changed).
+
+    Raises:
+        ConfigError: unsupported backbone, or the heads need something the LookHere
+            backbone cannot give as configured (the message says what to set).
+    """
+    new = copy.deepcopy(cfg)
+    model = new['model']
+    backbone = model.get('backbone')
+    if not isinstance(backbone, Mapping):
+        raise ConfigError('the config has no model.backbone to swap')
+    model['backbone'] = lookhere_backbone_cfg(backbone, preset, num_heads, checkpoint,
+                                              **overrides)
+    if not keep_pretrained and model.get('pretrained') is not None:
+        model['pretrained'] = None
+    imports = new.get('custom_imports') or dict(imports=[], allow_failed_imports=False)
+    imports = dict(imports)
+    mods = list(imports.get('imports') or [])
+    if isinstance(mods, str):
+        mods = [mods]
+    if 'lookhere_dense' not in mods:
+        mods.append('lookhere_dense')
+    imports['imports'] = mods
+    new['custom_imports'] = imports
+    check_model_cfg(new)
+    return new
+
+
+# ----------------------------------------------------------------------------------------
+# Checks
+# ----------------------------------------------------------------------------------------
+def _heads(model: Mapping) -> List[Tuple[str, Mapping]]:
+    out = []
+    if isinstance(model.get('decode_head'), Mapping):
+        out.append(('model.decode_head', model['decode_head']))
+    aux = model.get('auxiliary_head')
+    if isinstance(aux, Mapping):
+        out.append(('model.auxiliary_head', aux))
+    elif isinstance(aux, (list, tuple)):
+        out += [(f'model.auxiliary_head[{i}]', h) for i, h in enumerate(aux)]
+    return out
+
+
+def _check_registered(where: str, node: Mapping, registry, scope: str) -> None:
+    typ = node.get('type')
+    if not isinstance(typ, str) or registry.get(typ) is not None:
+        return
+    names = set(registry.module_dict)
+    if registry.parent is not None:
+        names |= set(registry.parent.module_dict)
+    close = difflib.get_close_matches(typ, sorted(names), n=3, cutoff=0.6)
+    hint = f' Did you mean {close}?' if close else ''
+    raise ConfigError(
+        f'{where}.type={typ!r} is not a registered model in the {scope} registry.{hint} '
+        "LookHereViT and the other lookhere-dense modules register when lookhere_dense "
+        "is imported: keep custom_imports=dict(imports=['lookhere_dense']) in the config "
+        '(tools/train.py and tools/test.py import it for you); modules of other packages '
+        'need their own custom_imports.')
+
+
+def _lookhere_checks(model: Mapping) -> None:
+    from .lookhere import resolve_lh_config
+
+    bb = model['backbone']
+    num_layers = bb.get('num_layers', 12)
+    num_heads = bb.get('num_heads', 12)
+    embed_dims = bb.get('embed_dims', 768)
+    try:
+        resolve_lh_config(bb.get('lh_config'), bb.get('preset')).validate(num_heads, num_layers)
+    except ValueError as err:
+        raise ConfigError(
+            f'model.backbone (LookHereViT): {err}. Set model.backbone.num_heads to 12 or 16 '
+            f'(embed_dims={embed_dims} must be divisible by it), or choose another preset '
+            'with model.backbone.preset.') from None
+    outs = bb.get('out_indices', -1)
+    n_out = (1 if isinstance(outs, int) else len(outs)) + int(bool(bb.get('out_origin')))
+    cls_out = bool(bb.get('output_cls_token', False))
+    heads = _heads(model)
+    dpt = [w for w, h in heads if str(h.get('type')).endswith('DPTHead')]
+    if dpt and not cls_out:
+        raise ConfigError(
+            f'{dpt[0]} (DPTHead) reads the CLS token of every backbone output: set '
+            'model.backbone.with_cls_token=True and model.backbone.output_cls_token=True.')
+    if cls_out:
+        readers = [w for w, h in heads if not str(h.get('type')).endswith('DPTHead')]
+        if model.get('neck') or readers:
+            raise ConfigError(
+                'model.backbone.output_cls_token=True makes every backbone output a '
+                f'[feature_map, cls_token] pair, which only DPTHead reads; '
+                f'{(["model.neck"] if model.get("neck") else []) + readers} expect feature '
+                'maps. Set model.backbone.output_cls_token=False.')
+    if model.get('neck'):
+        return  # the neck decides what the heads see
+    for where, head in heads:
+        idx = head.get('in_index', -1)
+        idxs = [idx] if isinstance(idx, int) else list(idx)
+        bad = [i for i in idxs if not -n_out <= i < n_out]
+        if bad:
+            raise ConfigError(
+                f'{where}.in_index={idx} but the backbone gives {n_out} output(s) '
+                f'(out_indices={outs}): set model.backbone.out_indices to give enough maps, '
+                f'or {where}.in_index to one of 0..{n_out - 1}.')
+        chans = head.get('in_channels')
+        chans = [chans] if isinstance(chans, int) else list(chans or [])
+        if chans and any(c != embed_dims for c in chans):
+            raise ConfigError(
+                f'{where}.in_channels={head.get("in_channels")} but LookHereViT gives '
+                f'{embed_dims}-channel maps (model.backbone.embed_dims): make them equal.')
+
+
+def check_model_cfg(cfg: Mapping) -> None:
+    """Check the model part of a config before building it.
+
+    * every ``type`` of the model, backbone, neck and heads is registered in the scope's
+      ``MODELS`` (an unknown one gets close matches and the ``custom_imports`` hint);
+    * for ``LookHereViT``: the LookHere head layout fits ``num_heads``, DPT heads get CLS
+      tokens, other heads do not, head ``in_index`` / ``in_channels`` match the outputs.
+
+    Raises:
+        ConfigError: naming the key to set.
+    """
+    model = cfg.get('model')
+    if not isinstance(model, Mapping):
+        return
+    scope = cfg.get('default_scope') or 'mmseg'
+    registry = model_registry(scope)
+    _check_registered('model', model, registry, scope)
+    parts = [('model.backbone', model.get('backbone')), ('model.neck', model.get('neck'))]
+    parts += _heads(model)
+    for where, node in parts:
+        if isinstance(node, Mapping):
+            _check_registered(where, node, registry, scope)
+    bb = model.get('backbone')
+    if isinstance(bb, Mapping) and str(bb.get('type', '')).split('.')[-1] == 'LookHereViT':
+        _lookhere_checks(model)
+
+
+def _local_missing(path: Any) -> bool:
+    return isinstance(path, str) and '://' not in path and not osp.isfile(path)
+
+
+def drop_missing_pretrained(cfg: Mapping, warn: Callable[[str], None]) -> List[str]:
+    """Clear pretrained-weight settings whose local file does not exist, so training
+    starts (from random init), and ``warn`` about each one.
+
+    Looks at ``model.pretrained``, ``model.backbone.pretrained`` and a
+    ``model.backbone.init_cfg`` of type ``Pretrained``. Remote paths (``http://``...) are
+    left to the loader.
+
+    Returns:
+        The missing paths (empty when nothing was dropped).
+    """
+    model = cfg.get('model')
+    if not isinstance(model, Mapping):
+        return []
+    dropped = []
+
+    def note(key: str, path: str, off: str = None) -> None:
+        dropped.append(path)
+        warn(f'{key}={path!r}: file not found, so the backbone starts from RANDOM weights. '
+             'Fine-tuning needs the weights: put the file there (the official LookHere '
+             'ImageNet checkpoints LH_180/LH_90/LH_45_weights_and_config.pth are linked from '
+             'github.com/GreenCUBIC/lookhere) or set --cfg-options model.pretrained=PATH. '
+             f'--cfg-options {off or key}=None trains from scratch without this warning; '
+             '--require-pretrained turns it into an error.')
+
+    if _local_missing(model.get('pretrained')):
+        note('model.pretrained', model['pretrained'])
+        model['pretrained'] = None
+    bb = model.get('backbone')
+    if isinstance(bb, Mapping):
+        if _local_missing(bb.get('pretrained')):
+            note('model.backbone.pretrained', bb['pretrained'])
+            bb['pretrained'] = None
+        init = bb.get('init_cfg')
+        if isinstance(init, Mapping) and init.get('type') == 'Pretrained' \
+                and _local_missing(init.get('checkpoint')):
+            note('model.backbone.init_cfg.checkpoint', init['checkpoint'],
+                 'model.backbone.init_cfg')
+            bb['init_cfg'] = None
+    return dropped

@@ -1,0 +1,260 @@
+"""Backbone swap over every plain-ViT segmentation config shipped with mmsegmentation.
+
+Each config whose backbone is ``VisionTransformer`` (Segmenter, ViT/DeiT UPerNet, SETR,
+DPT), ``BEiT`` or ``MAE`` is found by reading the installed config files (no list is
+hard-coded), swapped to ``LookHereViT`` with :func:`lookhere_dense.swap.swap_backbone`,
+shrunk (fewer layers, 16 dims per head, 32x32 inputs; every channel count that equalled
+the embed dims follows it), built with mmseg's registry and run forward + loss +
+backward on CPU. Configs that differ only in schedule, dataset or crop give the same
+shrunk model and are tested once.
+"""
+from __future__ import annotations
+
+import copy
+import glob
+import json
+import os.path as osp
+import re
+from typing import Dict, List, Tuple
+
+import pytest
+import torch
+
+import lookhere_dense  # noqa: F401
+from lookhere_dense.swap import SOURCE_BACKBONES, ConfigError, swap_backbone
+
+mmseg = pytest.importorskip('mmseg')
+CONFIG_ROOT = osp.join(osp.dirname(mmseg.__file__), '.mim', 'configs')
+_TYPE = re.compile(r"type\s*=\s*'(%s)'" % '|'.join(SOURCE_BACKBONES))
+_BASE = re.compile(r"_base_\s*=\s*(\[[^\]]*\]|'[^']*')", re.S)
+SIZE = 32  # input side in px: a 2x2 patch grid
+_CHANNEL_KEYS = {'in_channels', 'channels', 'embed_dims', 'out_channels', 'embed_dim',
+                 'post_process_channels'}
+
+
+def _mentions_vit(path: str, seen: set) -> bool:
+    """Does the config file or any of its bases name a plain-ViT backbone type?"""
+    if path in seen or not osp.isfile(path):
+        return False
+    seen.add(path)
+    text = open(path).read()
+    if _TYPE.search(text):
+        return True
+    m = _BASE.search(text)
+    bases = re.findall(r"'([^']+)'", m.group(1)) if m else []
+    return any(_mentions_vit(osp.normpath(osp.join(osp.dirname(path), b)), seen)
+               for b in bases if '::' not in b)
+
+
+def vit_configs() -> List[str]:
+    """Relative paths of the shipped configs whose model backbone is a plain ViT."""
+    from mmengine.config import Config
+    out = []
+    for path in sorted(glob.glob(osp.join(CONFIG_ROOT, '*', '*.py'))):
+        if '/_base_/' in path or not _mentions_vit(path, set()):
+            continue
+        cfg = Config.fromfile(path)
+        if cfg.get('model', {}).get('backbone', {}).get('type') in SOURCE_BACKBONES:
+            out.append(osp.relpath(path, CONFIG_ROOT))
+    return out
+
+
+def _replace_channels(node, old: int, new: int, key: str = ''):
+    if isinstance(node, dict):
+        return {k: _replace_channels(v, old, new, k) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        items = [_replace_channels(v, old, new, key) for v in node]
+        return type(node)(items)
+    if key in _CHANNEL_KEYS and node == old:
+        return new
+    return node
+
+
+def _bn_for_syncbn(node):
+    if isinstance(node, dict):
+        return {k: ('BN' if k == 'type' and v == 'SyncBN' else _bn_for_syncbn(v))
+                for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return type(node)(_bn_for_syncbn(v) for v in node)
+    return node
+
+
+def shrink(model: dict) -> dict:
+    """A small but structurally identical copy of a swapped model config."""
+    model = copy.deepcopy(model)
+    bb = model['backbone']
+    old = bb.get('embed_dims', 768)
+    new = 16 * bb.get('num_heads', 12)
+    outs = bb.get('out_indices', -1)
+    if isinstance(outs, int):
+        bb['num_layers'], bb['out_indices'] = 2, -1
+    else:
+        bb['num_layers'], bb['out_indices'] = len(outs), list(range(len(outs)))
+    bb['embed_dims'] = new
+    bb['img_size'] = (SIZE, SIZE)
+    for part in ('neck', 'decode_head', 'auxiliary_head'):
+        if model.get(part) is not None:
+            model[part] = _replace_channels(model[part], old, new)
+    if model.get('decode_head', {}).get('type') == 'SegmenterMaskTransformerHead':
+        model['decode_head']['num_heads'] = 4  # keep the head's own transformer tiny
+    model = _bn_for_syncbn(model)
+    model['data_preprocessor']['size'] = (SIZE, SIZE)
+    model['test_cfg'] = dict(mode='whole')
+    return model
+
+
+#: Settings that change numbers, not structure: models that differ only in these (after
+#: shrinking) are tested once.
+_NUMERIC = _CHANNEL_KEYS | {'num_classes', 'drop_path_rate', 'drop_rate', 'attn_drop_rate',
+                            'dropout_ratio', 'init_values', 'eps', 'num_heads', 'img_size',
+                            'loss_weight', 'data_preprocessor', 'mla_channels'}
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _one_torch_thread():
+    """One PyTorch thread for this module: on a busy 2-core machine the tiny models here
+    run several times faster than with two threads that wait for each other."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _structure(node):
+    if isinstance(node, dict):
+        return {k: (None if k in _NUMERIC else _structure(v)) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_structure(v) for v in node]
+    return node
+
+
+def _signature(model: dict) -> str:
+    return json.dumps(_structure(model), sort_keys=True, default=str)
+
+
+def _load(rel: str):
+    from mmengine.config import Config
+    return Config.fromfile(osp.join(CONFIG_ROOT, rel))
+
+
+def _swap_kwargs(rel: str) -> dict:
+    cfg = _load(rel)
+    heads = cfg.model.backbone.get('num_heads', 12)
+    return {} if heads in (6, 12, 16) else dict(num_heads=12)
+
+
+def unique_models() -> Dict[str, Tuple[str, dict]]:
+    """``{config: shrunk swapped model}`` for one config per distinct shrunk model."""
+    seen, out = set(), {}
+    for rel in vit_configs():
+        new = swap_backbone(_load(rel), **_swap_kwargs(rel))
+        model = shrink(new.to_dict()['model'])
+        sig = _signature(model)
+        if sig not in seen:
+            seen.add(sig)
+            out[rel] = model
+    return out
+
+
+@pytest.fixture(scope='module')
+def discovered() -> List[str]:
+    return vit_configs()
+
+
+@pytest.fixture(scope='module')
+def models() -> Dict[str, dict]:
+    return unique_models()
+
+
+def test_discovery_covers_the_vit_families(discovered):
+    families = {rel.split('/')[0] for rel in discovered}
+    assert {'segmenter', 'vit', 'setr', 'dpt', 'beit', 'mae'} <= families, families
+    assert len(discovered) >= 25  # 30 in mmsegmentation 1.2.2
+
+
+def test_dedupe_keeps_every_family(models, discovered):
+    assert {rel.split('/')[0] for rel in models} == {rel.split('/')[0] for rel in discovered}
+    assert len(models) < len(discovered)
+
+
+def test_every_vit_config_swaps_builds_and_trains_a_step(models):
+    from mmengine.config import ConfigDict
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+    from mmseg.structures import SegDataSample
+    from mmengine.structures import PixelData
+
+    init_default_scope('mmseg')
+    torch.manual_seed(0)
+    failures = []
+    for rel, model_cfg in models.items():
+        try:
+            model = MODELS.build(ConfigDict(model_cfg))  # PyTorch's default init is enough
+            model.train()
+            assert type(model.backbone).__name__ == 'LookHereViT'
+            num_classes = model.decode_head.num_classes
+            imgs = [torch.randint(0, 255, (3, SIZE, SIZE), dtype=torch.uint8) for _ in range(2)]
+            samples = []
+            for _ in imgs:
+                s = SegDataSample()
+                s.gt_sem_seg = PixelData(
+                    data=torch.randint(0, num_classes, (1, SIZE, SIZE), dtype=torch.long))
+                s.set_metainfo(dict(img_shape=(SIZE, SIZE), ori_shape=(SIZE, SIZE),
+                                    pad_shape=(SIZE, SIZE)))
+                samples.append(s)
+            data = model.data_preprocessor(dict(inputs=imgs, data_samples=samples), True)
+            losses = model(**data, mode='loss')
+            total = sum(v for k, v in losses.items() if 'loss' in k)
+            assert torch.isfinite(total), (rel, losses)
+            total.backward()
+            grads = [p.grad for p in model.backbone.parameters() if p.requires_grad]
+            assert any(g is not None and g.abs().sum() > 0 for g in grads), rel
+            model.eval()
+            with torch.no_grad():
+                pred = model(data['inputs'], data['data_samples'], mode='predict')
+            assert pred[0].pred_sem_seg.data.shape[-2:] == (SIZE, SIZE), rel
+        except Exception as err:  # collect all, report together
+            failures.append(f'{rel}: {type(err).__name__}: {err}')
+    assert not failures, '\n'.join(failures)
+
+
+def test_vit_t_needs_a_head_count_lookhere_supports():
+    rel = 'segmenter/segmenter_vit-t_mask_8xb1-160k_ade20k-512x512.py'
+    with pytest.raises(ConfigError, match=r'num_heads=3.*Set model.backbone.num_heads'):
+        swap_backbone(_load(rel))
+    new = swap_backbone(_load(rel), num_heads=12)
+    assert new.model.backbone.num_heads == 12
+    assert new.model.backbone.embed_dims == 192
+
+
+def test_swap_carries_architecture_and_drops_position_settings():
+    dpt = swap_backbone(_load('dpt/dpt_vit-b16_8xb2-160k_ade20k-512x512.py'), preset='lh90')
+    bb = dpt.model.backbone
+    assert bb.type == 'LookHereViT' and bb.preset == 'lh90'
+    assert (bb.embed_dims, bb.num_layers, tuple(bb.out_indices)) == (768, 12, (2, 5, 8, 11))
+    assert bb.output_cls_token is True and bb.final_norm is False
+    assert 'interpolate_mode' not in bb and 'pretrained' not in bb
+    assert dpt.model.pretrained is None
+    assert 'lookhere_dense' in dpt.custom_imports.imports
+    beit = swap_backbone(_load('beit/beit-base_upernet_8xb2-160k_ade20k-640x640.py'))
+    assert beit.model.backbone.qkv_bias is True and beit.model.backbone.init_values == 0.1
+    src = _load('setr/setr_vit-l_mla_8xb1-80k_cityscapes-768x768.py')
+    setr = swap_backbone(src).model.backbone
+    assert setr.with_cls_token is False
+    for key in ('drop_rate', 'out_indices', 'norm_cfg', 'num_layers', 'embed_dims'):
+        assert setr[key] == src.model.backbone[key], key
+
+
+def test_dpt_without_cls_token_outputs_says_what_to_set():
+    cfg = _load('dpt/dpt_vit-b16_8xb2-160k_ade20k-512x512.py')
+    cfg.model.backbone.output_cls_token = False
+    with pytest.raises(ConfigError, match='output_cls_token=True'):
+        swap_backbone(cfg)
+
+
+def test_cls_token_outputs_into_a_plain_head_says_what_to_set():
+    cfg = _load('segmenter/segmenter_vit-b_mask_8xb1-160k_ade20k-512x512.py')
+    cfg.model.backbone.output_cls_token = True
+    with pytest.raises(ConfigError, match='Set model.backbone.output_cls_token=False'):
+        swap_backbone(cfg)

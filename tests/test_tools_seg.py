@@ -1,0 +1,193 @@
+"""The tools end to end, shrunk: ``tools/demo.py`` writes both tiny datasets, trains a
+(2-layer) LookHere Segmenter on each with ``tools/train.py`` through the real mmengine
+Runner, validates with IoUMetric and runs ``tools/extrapolate.py``. The other tools then
+use its checkpoints. Everything runs once per module."""
+from __future__ import annotations
+
+import glob
+import json
+import os.path as osp
+
+import cv2
+import numpy as np
+import pytest
+
+import lookhere_dense  # noqa: F401
+from lookhere_dense.cli import load_tool, run_main
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+ADE_CFG = osp.join(REPO, 'configs', 'segmenter_lookhere_vit-t_tiny-ade.py')
+#: Shrinks the demo model and loaders so a training step takes well under a second.
+SHRINK = ['model.backbone.num_layers=2', 'model.backbone.embed_dims=96',
+          'model.decode_head.in_channels=96', 'model.decode_head.channels=96',
+          'model.decode_head.embed_dims=96', 'model.decode_head.num_heads=2',
+          'train_dataloader.batch_size=2', 'train_dataloader.num_workers=0',
+          'train_dataloader.persistent_workers=False', 'val_dataloader.num_workers=0',
+          'val_dataloader.persistent_workers=False', 'test_dataloader.num_workers=0',
+          'test_dataloader.persistent_workers=False']
+ITERS = 3
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _one_torch_thread():
+    """One PyTorch thread for this module: on a busy 2-core machine the tiny models here
+    run several times faster than with two threads that wait for each other."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope='module')
+def demo(tmp_path_factory):
+    root = tmp_path_factory.mktemp('demo')
+    data, work = root / 'data', root / 'work'
+    summary = load_tool('demo').main([
+        '--data-root', str(data), '--work-dir', str(work), '--iters', str(ITERS),
+        '--num-train', '4', '--num-val', '2', '--tests', 'slide@x1', 'whole@x1', 'whole@x2',
+        '--cfg-options', *SHRINK])
+    return dict(summary=summary, data=data, work=work,
+                ade_root=data / 'ade' / 'ADEChallengeData2016',
+                ckpt=str(work / 'ade20k' / f'iter_{ITERS}.pth'))
+
+
+def _roots(path) -> list:
+    return [f'{s}_dataloader.dataset.data_root={path}' for s in ('train', 'val', 'test')]
+
+
+def test_demo_trains_validates_and_reports_both_datasets(demo):
+    summary = demo['summary']
+    assert set(summary['datasets']) == {'ade20k', 'cityscapes'}
+    for name, d in summary['datasets'].items():
+        assert osp.isfile(d['checkpoint'])
+        assert 0.0 <= d['val_mIoU'] <= 100.0  # IoUMetric ran at the end of training
+        assert 0.0 < d['chance']['uniform'] < 100.0 and d['chance']['classes'] >= 3
+        assert osp.isfile(d['report_png']) and osp.getsize(d['report_png']) > 10_000
+        rows = json.load(open(d['report_json']))['rows']
+        assert [r['test'] for r in rows] == ['slide@x1', 'whole@x1', 'whole@x2']
+        assert rows[2]['grid_h'] * rows[2]['grid_w'] > 3 * rows[1]['grid_h'] * rows[1]['grid_w']
+        assert all(r['images'] == 2 and r['sec_per_img'] > 0 for r in rows)
+    city = summary['datasets']['cityscapes']['rows']
+    assert (city[1]['input_h'], city[1]['input_w']) == (128, 256)  # the whole frame
+    assert (city[2]['input_h'], city[2]['input_w']) == (256, 512)
+    assert (city[0]['grid_h'], city[0]['grid_w']) == (6, 6)  # 96 px windows
+    assert osp.isfile(demo['work'] / 'demo_summary.json')
+
+
+def test_chance_levels_match_a_hand_computation(tmp_path):
+    chance = load_tool('demo').chance_levels
+    seg = np.zeros((10, 10), np.uint8)
+    seg[:, :3] = 1           # shares: class 0: 0.7, class 1: 0.3
+    seg[0, 0] = 255          # ignored
+    path = str(tmp_path / 'a.png')
+    cv2.imwrite(path, seg)
+    c = chance([path], reduce_zero_label=False)
+    p = np.array([70, 29]) / 99
+    expected = np.mean((p / 2) / (p + 0.5 - p / 2)) * 100
+    assert c['classes'] == 2 and abs(c['uniform'] - expected) < 1e-6
+    assert abs(c['majority'] - 100 * p[0] / 2) < 1e-6
+
+
+def test_resume_continues_from_the_last_checkpoint(demo, tmp_path):
+    import shutil
+    work = tmp_path / 'resume'
+    shutil.copytree(demo['work'] / 'ade20k', work)
+    runner = load_tool('train').main([ADE_CFG, '--work-dir', str(work), '--resume',
+                                      '--cfg-options', *_roots(demo['ade_root']), *SHRINK,
+                                      f'train_cfg.max_iters={ITERS + 2}',
+                                      f'train_cfg.val_interval={ITERS + 2}'])
+    assert runner.iter == ITERS + 2
+    assert osp.isfile(work / f'iter_{ITERS + 2}.pth')
+    logs = sorted(glob.glob(str(work / '*' / '*.log')))
+    assert any(f'resumed epoch: 0, iter: {ITERS}' in open(p).read() for p in logs)
+
+
+def test_test_tool_scores_and_writes_predictions(demo, tmp_path):
+    out, show = tmp_path / 'preds', tmp_path / 'vis'
+    metrics = load_tool('test').main([ADE_CFG, demo['ckpt'], '--work-dir', str(tmp_path / 'w'),
+                                      '--out', str(out), '--show-dir', str(show),
+                                      '--cfg-options', *_roots(demo['ade_root']), *SHRINK,
+                                      'model.test_cfg.mode=whole'])
+    assert 0.0 <= metrics['mIoU'] <= 100.0
+    preds = sorted(glob.glob(str(out / '*.png')))
+    assert len(preds) == 2
+    img = cv2.imread(str(demo['ade_root'] / 'images' / 'validation' / 'ADE_val_00000001.jpg'))
+    assert cv2.imread(preds[0], cv2.IMREAD_UNCHANGED).shape == img.shape[:2]
+    assert len(glob.glob(str(show / '**' / '*.png'), recursive=True)) == 2
+
+
+def test_infer_writes_overlays_at_any_resolution(demo, tmp_path):
+    folder = demo['ade_root'] / 'images' / 'validation'
+    out = tmp_path / 'overlays'
+    infer = load_tool('infer')
+    written = infer.main([ADE_CFG, demo['ckpt'], str(folder), '--out-dir', str(out),
+                          '--whole', '--size', '320x400', '--save-labels',
+                          '--cfg-options', *SHRINK])
+    assert len(written) == 2
+    src = cv2.imread(str(folder / 'ADE_val_00000001.jpg'))
+    ov = cv2.imread(str(out / 'ADE_val_00000001.png'))
+    labels = cv2.imread(str(out / 'ADE_val_00000001_labels.png'), cv2.IMREAD_UNCHANGED)
+    assert ov.shape == src.shape and labels.shape == src.shape[:2]
+    assert not np.array_equal(ov, src)  # colours were blended in
+    one = infer.main([ADE_CFG, demo['ckpt'], str(folder / 'ADE_val_00000002.jpg'),
+                      '--out-dir', str(out / 'slide'), '--slide', '--crop', '128x128',
+                      '--stride', '96x96', '--native', '--cfg-options', *SHRINK])
+    assert len(one) == 1 and osp.isfile(one[0])
+
+
+def test_extrapolate_spec_parsing_and_pipelines():
+    ex = load_tool('extrapolate')
+    assert ex.parse_spec('whole@x1.5').factor == 1.5
+    assert ex.parse_spec('slide@768').short_side == 768
+    assert ex.parse_spec('whole@1024x2048').size == (1024, 2048)
+    from lookhere_dense.swap import ConfigError
+    with pytest.raises(ConfigError, match='MODE@SIZE'):
+        ex.parse_spec('whole:2x')
+    pipe = [dict(type='LoadImageFromFile'), dict(type='Resize', scale=(2048, 512),
+                                                 keep_ratio=True),
+            dict(type='LoadAnnotations'), dict(type='PackSegInputs')]
+    assert ex.spec_pipeline(pipe, ex.parse_spec('whole@x2'))[1]['scale'] == (4096, 1024)
+    assert ex.spec_pipeline(pipe, ex.parse_spec('whole@1024x2048'))[1] == dict(
+        type='Resize', scale=(2048, 1024), keep_ratio=False)
+    assert ex.spec_pipeline(pipe, ex.parse_spec('whole@768'))[1]['scale'][1] == 768
+    assert pipe[1]['scale'] == (2048, 512)  # the config's pipeline is not changed
+
+
+def _error_of(tool: str, argv: list, capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        run_main(load_tool(tool).main, argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert 'Traceback' not in err
+    lines = [ln for ln in err.splitlines() if ln.startswith('error: ')]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_train_errors_say_what_to_fix(demo, tmp_path, capsys):
+    err = _error_of('train', [ADE_CFG, '--work-dir', str(tmp_path / 'a'), '--cfg-options',
+                              *_roots(tmp_path / 'missing'), *SHRINK], capsys)
+    assert 'not found' in err and 'missing' in err and 'ADE20K layout' in err
+    err = _error_of('train', [ADE_CFG, '--work-dir', str(tmp_path / 'b'), '--cfg-options',
+                              *_roots(demo['ade_root']), *SHRINK,
+                              'model.backbone.type=VisionTransfomer'], capsys)
+    assert "'VisionTransfomer' is not a registered model" in err and 'VisionTransformer' in err
+    err = _error_of('train', [ADE_CFG, '--work-dir', str(tmp_path / 'c'), '--amp',
+                              '--cfg-options', *_roots(demo['ade_root']), *SHRINK], capsys)
+    assert '--amp needs a CUDA GPU' in err
+
+
+def test_label_error_inside_training_is_reported_cleanly(demo, tmp_path, capsys):
+    """Past the pre-flight scan (skipped here), the CheckSegLabels transform in the
+    pipeline stops training at the first bad annotation with the same message."""
+    import shutil
+    root = tmp_path / 'ade'
+    shutil.copytree(demo['ade_root'], root)
+    for path in glob.glob(str(root / 'annotations' / 'training' / '*.png')):
+        seg = cv2.imread(path, cv2.IMREAD_UNCHANGED)
+        seg[0, 0] = 180
+        cv2.imwrite(path, seg)
+    err = _error_of('train', [ADE_CFG, '--work-dir', str(tmp_path / 'w'), '--skip-data-check',
+                              '--cfg-options', *_roots(root), *SHRINK], capsys)
+    assert 'label values [179]' in err and 'outside the classes 0..149' in err

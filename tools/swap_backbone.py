@@ -1,0 +1,78 @@
+#!/usr/bin/env python
+"""Write a copy of an mmseg config whose plain-ViT backbone is replaced by LookHereViT.
+
+Works for the configs whose backbone is ``VisionTransformer`` (Segmenter, ViT/DeiT UPerNet,
+SETR, DPT), ``BEiT`` or ``MAE``: embed dims, layers, heads, out_indices, CLS-token outputs,
+norms and drop rates are carried over; position-embedding settings and the source's
+pretrained weights are dropped (see ``lookhere_dense.swap``). The written file is a flat
+config that ``tools/train.py`` runs as it is.
+
+Examples::
+
+    python tools/swap_backbone.py mmseg::vit/vit_deit-s16_upernet_8xb2-80k_ade20k-512x512.py \\
+        configs/upernet_lookhere_deit-s16_ade20k.py --preset lh90
+    python tools/swap_backbone.py \\
+        mmseg::segmenter/segmenter_vit-t_mask_8xb1-160k_ade20k-512x512.py \\
+        t.py --num-heads 12       # ViT-T's 3 heads fit no LookHere head layout
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Command-line arguments."""
+    from mmengine.config import DictAction
+
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('config', help='source config (file or mmseg:: package path)')
+    parser.add_argument('out', help='where to write the new config (.py)')
+    parser.add_argument('--preset', choices=['lh180', 'lh90', 'lh45'], default=None,
+                        help='LookHere preset (default: lh180, or the config stored in '
+                        '--checkpoint)')
+    parser.add_argument('--num-heads', type=int, default=None,
+                        help='override the head count (LookHere layouts need 6, 12 or 16 '
+                        'heads; 12 or 16 for lh45)')
+    parser.add_argument('--checkpoint', default=None,
+                        help='backbone weights (official LookHere, timm / DeiT-III or '
+                        'lookhere-dense file) for init_cfg=Pretrained')
+    parser.add_argument('--keep-pretrained', action='store_true',
+                        help="keep the source config's model.pretrained")
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
+                        help='override entries of the source config before swapping')
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None):
+    """Swap and write; returns the new config."""
+    from lookhere_dense.cli import quiet_known_warnings
+    quiet_known_warnings()
+    import lookhere_dense  # noqa: F401
+    from lookhere_dense.cli import load_config
+    from lookhere_dense.swap import swap_backbone
+
+    args = parse_args(argv)
+    if not args.out.endswith('.py'):
+        raise SystemExit(f'the output config must end in .py, got {args.out!r}')
+    cfg = load_config(args.config, args.cfg_options)
+    new = swap_backbone(cfg, preset=args.preset, num_heads=args.num_heads,
+                        checkpoint=args.checkpoint, keep_pretrained=args.keep_pretrained)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    new.dump(args.out)
+    bb = new.model.backbone
+    print(f'wrote {args.out}: LookHereViT embed_dims={bb.get("embed_dims")} '
+          f'num_layers={bb.get("num_layers")} num_heads={bb.get("num_heads")} '
+          f'out_indices={bb.get("out_indices")} preset={bb.get("preset") or "lh180 (default)"}')
+    return new
+
+
+if __name__ == '__main__':
+    from lookhere_dense.cli import run_main
+    run_main(main)

@@ -1,0 +1,140 @@
+#!/usr/bin/env python
+"""Test (and evaluate) a checkpoint with mmengine's Runner: mmseg or mmdet configs.
+
+lookhere-dense registers itself. The model and test data are checked before the Runner
+is built (unknown types, missing folders, label values outside the classes).
+
+Examples::
+
+    python tools/test.py configs/segmenter_lookhere_ade20k.py work_dirs/x/iter_160000.pth
+    python tools/test.py configs/segmenter_lookhere_cityscapes_whole.py CKPT --show-dir vis
+    python tools/test.py configs/segmenter_lookhere_vit-t_tiny-ade.py CKPT --out preds \\
+        --cfg-options model.test_cfg.mode=whole
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Command-line arguments (mmseg / mmdet ``tools/test.py`` conventions)."""
+    from mmengine.config import DictAction
+
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('config', help='config file (or mmseg::/mmdet:: package path)')
+    parser.add_argument('checkpoint', help='checkpoint file to test')
+    parser.add_argument('--work-dir', help='folder for the log and the metrics JSON (default: '
+                        "the config's work_dir, else work_dirs/<config name>)")
+    parser.add_argument('--out', help='mmseg: folder for the predicted label maps (PNG, '
+                        'one per image); mmdet: a .pkl file for the raw results')
+    parser.add_argument('--show-dir', help='folder for images painted with the predictions')
+    parser.add_argument('--show', action='store_true',
+                        help='show the painted predictions in a window')
+    parser.add_argument('--show-interval', type=int, default=1,
+                        help='with --show / --show-dir: paint every N-th image (default: 1)')
+    parser.add_argument('--wait-time', type=float, default=2,
+                        help='seconds each shown image stays up (with --show)')
+    parser.add_argument('--tta', action='store_true',
+                        help="test-time augmentation with the config's tta_pipeline / "
+                        'tta_model')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
+                        help='override config entries, e.g. model.test_cfg.mode=whole')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher; "pytorch" under torchrun')
+    parser.add_argument('--skip-data-check', action='store_true',
+                        help='do not run the data checks before testing')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0,
+                        help='set by torch.distributed.launch; do not pass by hand')
+    from lookhere_dense.cli import add_threads_arg
+    add_threads_arg(parser)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def _enable_visualization(cfg, args: argparse.Namespace) -> None:
+    from lookhere_dense.swap import ConfigError
+
+    hook = cfg.get('default_hooks', {}).get('visualization')
+    if hook is None:
+        raise ConfigError('--show / --show-dir need a visualization hook in default_hooks '
+                          "(mmseg: SegVisualizationHook, mmdet: DetVisualizationHook)")
+    hook['draw'] = True
+    hook['interval'] = args.show_interval
+    if args.show:
+        hook['show'] = True
+        hook['wait_time'] = args.wait_time
+    if args.show_dir:
+        if cfg.get('default_scope') == 'mmdet':
+            hook['test_out_dir'] = args.show_dir
+        else:
+            cfg.visualizer['save_dir'] = args.show_dir
+
+
+def build_cfg(args: argparse.Namespace):
+    """The config to test with: file + ``--cfg-options`` + the flags, checked."""
+    from lookhere_dense.cli import load_config, preflight, set_work_dir
+    from lookhere_dense.swap import ConfigError
+
+    if not os.path.isfile(args.checkpoint) and '://' not in args.checkpoint:
+        raise FileNotFoundError(f'checkpoint {args.checkpoint!r} not found')
+    cfg = load_config(args.config, args.cfg_options)
+    cfg.launcher = args.launcher
+    set_work_dir(cfg, args.work_dir, args.config)
+    cfg.load_from = args.checkpoint
+    if isinstance(cfg.get('visualizer'), dict):
+        cfg.visualizer.pop('name', None)  # one visualizer per run (see tools/train.py)
+    if args.show or args.show_dir:
+        _enable_visualization(cfg, args)
+    if args.tta:
+        if 'tta_model' not in cfg or 'tta_pipeline' not in cfg:
+            raise ConfigError('--tta needs tta_model and tta_pipeline in the config')
+        cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
+        cfg.tta_model.module = cfg.model
+        cfg.model = cfg.tta_model
+    if args.out is not None:
+        if cfg.get('default_scope') == 'mmdet':
+            if not args.out.endswith(('.pkl', '.pickle')):
+                raise ConfigError(f'--out for an mmdet config is a .pkl file, got {args.out!r}')
+        else:
+            cfg.test_evaluator['output_dir'] = args.out
+            cfg.test_evaluator['keep_results'] = True
+    # the model is loaded from the checkpoint: pretrained files are irrelevant here
+    preflight(cfg, ('test',), check_pretrained=False, check_data=not args.skip_data_check)
+    return cfg
+
+
+def main(argv: Optional[List[str]] = None):
+    """Test; returns the metrics dict."""
+    from lookhere_dense.cli import quiet_known_warnings
+    quiet_known_warnings()
+    import lookhere_dense  # noqa: F401  (registers the models, transforms, fixes)
+    from mmengine.runner import Runner
+
+    args = parse_args(argv)
+    from lookhere_dense.cli import apply_threads
+    apply_threads(args.threads)
+    cfg = build_cfg(args)
+    if 'runner_type' in cfg:
+        from mmengine.registry import RUNNERS
+        runner = RUNNERS.build(cfg)
+    else:
+        runner = Runner.from_cfg(cfg)
+    if args.out is not None and cfg.get('default_scope') == 'mmdet':
+        from mmdet.evaluation import DumpDetResults
+        runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
+    return runner.test()
+
+
+if __name__ == '__main__':
+    from lookhere_dense.cli import run_main
+    run_main(main)
