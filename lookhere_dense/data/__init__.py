@@ -1,0 +1,1 @@
+"""Datasets written in the real mmseg / mmdet folder layouts (no OpenMMLab imports)."""
