@@ -170,3 +170,21 @@ def test_shrunk_study_end_to_end(study, tmp_path):
     assert (out / 'tiny.png').stat().st_size > 10_000
     assert '| lookhere |' in (out / 'tiny_table.md').read_text()
     assert os.path.isfile(tmp_path / 'work' / 'rope2d' / 'seed7' / 'iter_3.pth')
+
+
+def test_full_scale_segmenter_config_builds_every_encoding_and_scales_its_ladder(study,
+                                                                                 repo_root):
+    from mmengine.config import Config
+    from mmseg.registry import MODELS
+    cfg = Config.fromfile(str(repo_root / 'configs' / 'study' /
+                              'segmenter_vit-b_ade20k_ladder.py'))
+    assert cfg.model.test_cfg == dict(mode='whole') and cfg.model.pretrained is None
+    settings = study.study_settings(cfg, study.parse_args([]))
+    assert settings['ladder'] == 'resize' and settings['train_size'] == (512, 512)
+    dl = study.ladder_dataloader(cfg, settings, 3.0)
+    assert [t['scale'] for t in dl['dataset']['pipeline'] if t['type'] == 'Resize'] == [
+        (6144, 1536)]
+    for spec in ('lookhere', 'abs', 'rope2d_mixed', 'alibi2d'):
+        backbone = study.backbone_for(cfg.model.backbone, spec)
+        model = MODELS.build({**backbone, 'num_layers': 1})  # one block keeps the test small
+        assert model.pos_encoding == spec and model.embed_dims == 768
