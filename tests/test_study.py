@@ -95,13 +95,14 @@ def test_dataset_folder_loads_with_mmseg(tmp_path):
 
 # -- the tool's pieces ---------------------------------------------------------------------
 def test_encoding_specs(study):
-    assert study.parse_encoding('lookhere:lh45') == (
-        'lookhere', dict(pos_encoding='lookhere', preset='lh45', lh_config=None))
+    assert study.parse_encoding('lookhere:lh45') == ('lookhere', 'lh45')
+    assert study.parse_encoding('alibi2d') == ('alibi2d', None)
     bb = dict(type='LookHereViT', preset='lh180', embed_dims=8)
     assert study.backbone_for(bb, 'rope2d') == dict(type='LookHereViT', embed_dims=8,
                                                      pos_encoding='rope2d')
     assert study.backbone_for(bb, 'lookhere')['preset'] == 'lh180'
-    assert study.backbone_for(bb, 'lookhere:lh90')['preset'] == 'lh90'
+    assert study.backbone_for({**bb, 'lh_config': dict(global_slope=2.0)}, 'lookhere:lh90') == \
+        dict(type='LookHereViT', embed_dims=8, preset='lh90', pos_encoding='lookhere')
     with pytest.raises(ValueError, match='unknown encoding .sincos.'):
         study.parse_encoding('sincos')
     with pytest.raises(ValueError, match='only lookhere takes a preset'):
@@ -188,3 +189,15 @@ def test_full_scale_segmenter_config_builds_every_encoding_and_scales_its_ladder
         backbone = study.backbone_for(cfg.model.backbone, spec)
         model = MODELS.build({**backbone, 'num_layers': 1})  # one block keeps the test small
         assert model.pos_encoding == spec and model.embed_dims == 768
+
+
+def test_iters_override_stretches_and_clips_iteration_schedules(study):
+    from mmengine.config import Config
+    cfg = Config(dict(train_cfg=dict(max_iters=600), param_scheduler=[
+        dict(type='LinearLR', by_epoch=False, begin=0, end=50),
+        dict(type='CosineAnnealingLR', by_epoch=False, begin=50, end=600)]))
+    study._schedule_to(cfg, 2000)
+    assert [(s.begin, s.end) for s in cfg.param_scheduler] == [(0, 50), (50, 2000)]
+    study._schedule_to(cfg, 20)
+    assert cfg.train_cfg.max_iters == 20
+    assert [(s.begin, s.end) for s in cfg.param_scheduler] == [(0, 20), (19, 20)]

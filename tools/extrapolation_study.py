@@ -65,8 +65,8 @@ LADDERS = ('rendered', 'resize')
 # ----------------------------------------------------------------------------------------
 # Encodings and configs
 # ----------------------------------------------------------------------------------------
-def parse_encoding(spec: str) -> Tuple[str, Dict[str, Any]]:
-    """``'rope2d'`` or ``'lookhere:lh45'`` -> ``(name, backbone updates)``.
+def parse_encoding(spec: str) -> Tuple[str, Optional[str]]:
+    """``'rope2d'`` -> ``('rope2d', None)``; ``'lookhere:lh45'`` -> ``('lookhere', 'lh45')``.
 
     Raises:
         ValueError: unknown encoding or preset, naming the allowed ones.
@@ -80,47 +80,40 @@ def parse_encoding(spec: str) -> Tuple[str, Dict[str, Any]]:
     if preset and preset not in PRESETS:
         raise ValueError(f'{spec!r}: unknown LookHere preset {preset!r}; allowed: '
                          f'{sorted(PRESETS)}')
-    updates: Dict[str, Any] = dict(pos_encoding=name)
-    if preset:
-        updates.update(preset=preset, lh_config=None)
-    return name, updates
+    return name, preset or None
 
 
 def backbone_for(backbone: Dict[str, Any], spec: str) -> Dict[str, Any]:
     """The config's backbone dict with encoding ``spec``: LookHere keeps the config's
     ``preset`` / ``lh_config`` unless the spec names a preset; the others drop them."""
-    name, updates = parse_encoding(spec)
+    name, preset = parse_encoding(spec)
     if backbone.get('type') != 'LookHereViT':
         raise ValueError(f"the study needs model.backbone.type='LookHereViT', the config has "
                          f'{backbone.get("type")!r}')
     out = dict(backbone)
-    if name != 'lookhere':
+    if name != 'lookhere' or preset:
         out.pop('preset', None)
         out.pop('lh_config', None)
-    out.update(updates)
-    if out.get('lh_config', 0) is None:
-        out.pop('lh_config')
+    if preset:
+        out['preset'] = preset
+    out['pos_encoding'] = name
     return out
 
 
 def _schedule_to(cfg, iters: int) -> None:
-    """Shorten / lengthen the train loop and iteration-based schedulers to ``iters``."""
+    """Set the train loop to ``iters`` and clip / stretch iteration-based schedulers: a
+    scheduler that ran to the old end now runs to ``iters``, none runs past it."""
     old = cfg.train_cfg.get('max_iters')
     if old is None:
         raise ValueError('--iters needs an iteration-based train_cfg (max_iters)')
     cfg.train_cfg.max_iters = iters
     schedulers = cfg.get('param_scheduler') or []
-    if isinstance(schedulers, dict):
-        schedulers = [schedulers]
-    for sch in schedulers:
+    for sch in [schedulers] if isinstance(schedulers, dict) else schedulers:
         if sch.get('by_epoch', True):
             continue
-        begin, end = sch.get('begin', 0), sch.get('end', old)
-        if end >= old:
-            sch['end'] = iters
-        elif end > iters:
-            sch['end'] = iters
-        sch['begin'] = min(begin, max(sch['end'] - 1, 0))
+        end = sch.get('end', old)
+        sch['end'] = iters if end >= old else min(end, iters)
+        sch['begin'] = min(sch.get('begin', 0), sch['end'] - 1)
         if 'T_max' in sch:
             sch['T_max'] = sch['end'] - sch['begin']
 
@@ -156,6 +149,9 @@ def prepare_data(cfg, study: Dict[str, Any], progress: bool = True) -> Optional[
         raise ValueError(f'relational.train_size {settings.train_size} differs from '
                          f'extrapolation.train_size {study["train_size"]}')
     root = cfg.train_dataloader.dataset.get('data_root')
+    if cfg.val_dataloader.dataset.get('data_root') != root:
+        raise ValueError('the relational dataset needs train and val data_root to be equal, got '
+                         f'{root!r} and {cfg.val_dataloader.dataset.get("data_root")!r}')
     return ensure_relational_dataset(root, settings, progress=progress)
 
 
