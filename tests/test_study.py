@@ -201,3 +201,11 @@ def test_iters_override_stretches_and_clips_iteration_schedules(study):
     study._schedule_to(cfg, 20)
     assert cfg.train_cfg.max_iters == 20
     assert [(s.begin, s.end) for s in cfg.param_scheduler] == [(0, 20), (19, 20)]
+
+
+def test_example_sheet(tmp_path):
+    from PIL import Image
+
+    from lookhere_dense.data.relational import save_examples
+    save_examples(str(tmp_path / 'ex.png'), num=3, scales=(1, 2), settings=SMALL)
+    assert Image.open(tmp_path / 'ex.png').size == (3 * (64 + 4), 4 * (64 + 4))

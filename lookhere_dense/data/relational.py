@@ -44,7 +44,7 @@ import numpy as np
 
 __all__ = ['CLASSES', 'PALETTE', 'RelationalSettings', 'Scene', 'sample_scene',
            'render_scene', 'split_name', 'write_relational_dataset',
-           'ensure_relational_dataset', 'settings_from_dict']
+           'ensure_relational_dataset', 'settings_from_dict', 'save_examples']
 
 CLASSES = ('background', 'anchor', 'up-left', 'up-right', 'down-left', 'down-right')
 PALETTE = [[0, 0, 0], [255, 255, 255], [230, 25, 75], [60, 180, 75], [0, 130, 200],
@@ -291,3 +291,25 @@ def settings_from_dict(cfg: Optional[Dict[str, Any]]) -> RelationalSettings:
         raise ValueError(f'unknown relational dataset settings {unknown}; allowed: '
                          f'{sorted(allowed)}')
     return RelationalSettings(**cfg)
+
+
+def save_examples(path: str, num: int = 6, scales: Sequence[float] = (1.0, 2.0),
+                  settings: RelationalSettings = RelationalSettings(), seed: int = 0) -> None:
+    """Write a PNG sheet of ``num`` scenes: for each scale, a row of images and a row of
+    their labels in :data:`PALETTE` colours, every tile enlarged to the largest size."""
+    rng = np.random.default_rng(seed)
+    scenes = [sample_scene(rng, settings) for _ in range(num)]
+    big = settings.size_at(max(scales))
+    rows = []
+    for scale in scales:
+        size = settings.size_at(scale)
+        tiles = [render_scene(s, size, settings.noise_std) for s in scenes]
+        for part in (0, 1):
+            row = []
+            for image, label in tiles:
+                tile = image if part == 0 else np.asarray(PALETTE, dtype=np.uint8)[label]
+                rep = (big[0] // size[0], big[1] // size[1])
+                tile = tile.repeat(rep[0], 0).repeat(rep[1], 1)
+                row.append(np.pad(tile, ((2, 2), (2, 2), (0, 0)), constant_values=128))
+            rows.append(np.concatenate(row, axis=1))
+    _write_png(path, np.concatenate(rows, axis=0))
