@@ -209,3 +209,29 @@ def test_example_sheet(tmp_path):
     from lookhere_dense.data.relational import save_examples
     save_examples(str(tmp_path / 'ex.png'), num=3, scales=(1, 2), settings=SMALL)
     assert Image.open(tmp_path / 'ex.png').size == (3 * (64 + 4), 4 * (64 + 4))
+
+
+def test_merge_combines_seeds_and_refuses_other_settings(study, tmp_path):
+    def report(seed, value, iters=10):
+        return dict(command='x', date='d', wall_seconds=1.0, versions={},
+                    settings=dict(config='c.py', encodings=['abs'], seeds=[seed], scales=[1.0],
+                                  ladder='rendered', metric='mIoU', train_size=[32, 32],
+                                  iters=iters),
+                    runs=[dict(encoding='abs', seed=seed, train_seconds=1.0,
+                               eval={'1': {'mIoU': value, 'aAcc': 90.0}})])
+    paths = []
+    for i, (seed, value, iters) in enumerate([(0, 40.0, 10), (1, 60.0, 10), (1, 50.0, 10),
+                                              (2, 50.0, 99)]):
+        paths.append(str(tmp_path / f'r{i}.json'))
+        with open(paths[-1], 'w') as f:
+            json.dump(report(seed, value, iters), f)
+    merged = study.main(['--merge', paths[0], paths[1], '--out-dir', str(tmp_path / 'm'),
+                         '--name', 'merged'])
+    assert merged['settings']['seeds'] == [0, 1] and len(merged['merged_from']) == 2
+    assert merged['summary']['abs']['1'] == dict(values=[40.0, 60.0], n=2, mean=50.0,
+                                                 std=pytest.approx(14.14, abs=0.01))
+    assert (tmp_path / 'm' / 'merged.png').is_file()
+    with pytest.raises(ValueError, match='appears twice'):
+        study.merge_reports([paths[1], paths[2]], 'x')
+    with pytest.raises(ValueError, match=r"settings differ in \['iters'\]"):
+        study.merge_reports([paths[0], paths[3]], 'x')

@@ -24,9 +24,12 @@ per scale incl. per-class IoU, mean / std), ``{name}.csv`` (one row per run and 
 ``{name}_table.md`` (the table printed to stdout) and ``{name}.png`` (metric vs test
 resolution, one line per encoding, ±1 std bars with several seeds).
 
-Example (CPU default, all encodings, one seed)::
+Examples (CPU default, all encodings, one seed; then two more seeds, merged)::
 
     python tools/extrapolation_study.py --out-dir docs --name study_relational
+    python tools/extrapolation_study.py --seeds 1 2 --out-dir work_dirs --name seeds12
+    python tools/extrapolation_study.py --merge docs/study_relational.json \
+        work_dirs/seeds12.json --out-dir docs --name study_relational_3seeds
 """
 from __future__ import annotations
 
@@ -36,7 +39,6 @@ import csv
 import datetime
 import gc
 import json
-import math
 import os
 import os.path as osp
 import platform
@@ -414,15 +416,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help='where the runs keep their logs and last checkpoints')
     p.add_argument('--out-dir', default=None, help='where to write the results (default: --work-dir)')
     p.add_argument('--name', default='study', help='file stem of the JSON / CSV / PNG / table')
+    p.add_argument('--merge', nargs='+', default=None, metavar='JSON',
+                   help='train nothing: combine the runs of earlier reports made with the same '
+                        'settings (e.g. other seeds) into one report, table and plot')
     p.add_argument('--cfg-options', nargs='+', action=DictAction, default=None,
                    help='override config entries, e.g. relational.num_train=1000 '
                         'model.backbone.num_layers=4')
     return p.parse_args(argv)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    """Run the study; returns what is written to ``{name}.json``."""
-    args = parse_args(argv)
+def run_study(args: argparse.Namespace, command: str) -> Dict[str, Any]:
+    """Train and evaluate every (seed, encoding) of ``args``; returns the report dict."""
     from mmengine.config import Config
     from mmengine.logging import print_log
 
@@ -435,11 +439,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     backbone_for(cfg.model.backbone, args.encodings[0])
     study = study_settings(cfg, args)
     data_meta = prepare_data(cfg, study)
-    out_dir = args.out_dir or args.work_dir
-    os.makedirs(out_dir, exist_ok=True)
-    command = 'python ' + ' '.join(shlex.quote(a) for a in
-                                   [osp.relpath(__file__, os.getcwd())] +
-                                   list(sys.argv[1:] if argv is None else argv))
 
     runs: List[Dict[str, Any]] = []
     total = len(args.encodings) * len(args.seeds)
@@ -456,37 +455,97 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         print_log(f'[study] run {i + 1}/{total} done: train {result["train_seconds"]} s, '
                   f'eval {result["eval_seconds"]} s', logger='current')
 
-    summary = summarise(runs, study['metric'])
-    table = format_table(summary, study)
+    test_cfg = first_cfg.model.test_cfg
     settings = dict(
-        config=osp.relpath(osp.abspath(args.config), REPO), encodings=args.encodings,
-        seeds=args.seeds, scales=list(study['scales']), ladder=study['ladder'],
+        config=osp.relpath(osp.abspath(args.config), REPO), encodings=list(args.encodings),
+        seeds=list(args.seeds), scales=list(study['scales']), ladder=study['ladder'],
         metric=study['metric'], train_size=list(study['train_size']),
         iters=first_cfg.train_cfg.max_iters,
         batch_size=first_cfg.train_dataloader.batch_size,
         optimizer=first_cfg.optim_wrapper.optimizer.to_dict(),
         backbone={k: v for k, v in first_cfg.model.backbone.items()
                   if k not in ('pos_encoding', 'preset', 'lh_config')},
-        test_cfg=first_cfg.model.test_cfg.to_dict() if hasattr(first_cfg.model.test_cfg, 'to_dict')
-        else first_cfg.model.test_cfg,
+        test_cfg=test_cfg.to_dict() if hasattr(test_cfg, 'to_dict') else test_cfg,
         cfg_options=args.cfg_options, dataset=data_meta)
-    report = dict(command=command, date=datetime.datetime.now().isoformat(timespec='seconds'),
-                  wall_seconds=round(time.time() - started, 1), versions=_versions(),
-                  settings=settings, runs=runs, summary=summary, table=table)
-    stem = osp.join(out_dir, args.name)
+    return dict(command=command, date=datetime.datetime.now().isoformat(timespec='seconds'),
+                wall_seconds=round(time.time() - started, 1), versions=_versions(),
+                settings=settings, runs=runs)
+
+
+#: settings that may differ between reports merged with ``--merge``
+_MERGEABLE = ('encodings', 'seeds')
+
+
+def merge_reports(paths: Sequence[str], command: str) -> Dict[str, Any]:
+    """Combine the runs of earlier ``{name}.json`` reports made with the same settings
+    (e.g. seeds run on different machines) into one report.
+
+    Raises:
+        ValueError: settings that differ (by name), or one (encoding, seed) twice.
+    """
+    reports = []
+    for path in paths:
+        with open(path) as f:
+            reports.append(json.load(f))
+    base = reports[0]['settings']
+    for path, rep in zip(paths[1:], reports[1:]):
+        diff = sorted(k for k in set(base) | set(rep['settings']) if k not in _MERGEABLE
+                      and json.dumps(base.get(k), sort_keys=True, default=str)
+                      != json.dumps(rep['settings'].get(k), sort_keys=True, default=str))
+        if diff:
+            raise ValueError(f'cannot merge {path!r} into {paths[0]!r}: settings differ in {diff}')
+    runs, seen = [], set()
+    for path, rep in zip(paths, reports):
+        for run in rep['runs']:
+            key = (run['encoding'], run['seed'])
+            if key in seen:
+                raise ValueError(f'encoding {key[0]!r} seed {key[1]} appears twice ({path!r})')
+            seen.add(key)
+            runs.append(run)
+    settings = dict(base)
+    settings['encodings'] = list(dict.fromkeys(r['encoding'] for r in runs))
+    settings['seeds'] = sorted({r['seed'] for r in runs})
+    sources = [dict(path=p, command=r['command'], date=r['date'],
+                    wall_seconds=r['wall_seconds'], versions=r['versions'])
+               for p, r in zip(paths, reports)]
+    return dict(command=command, date=datetime.datetime.now().isoformat(timespec='seconds'),
+                wall_seconds=round(sum(r['wall_seconds'] for r in reports), 1),
+                versions=reports[0]['versions'], merged_from=sources, settings=settings,
+                runs=runs)
+
+
+def write_outputs(report: Dict[str, Any], out_dir: str, name: str) -> Dict[str, Any]:
+    """Add the summary and table to ``report`` and write the JSON, CSV, table and plot."""
+    settings = report['settings']
+    study = dict(scales=tuple(settings['scales']), metric=settings['metric'],
+                 train_size=tuple(settings['train_size']), ladder=settings['ladder'])
+    report['summary'] = summarise(report['runs'], study['metric'])
+    report['table'] = table = format_table(report['summary'], study)
+    os.makedirs(out_dir, exist_ok=True)
+    stem = osp.join(out_dir, name)
     with open(stem + '.json', 'w') as f:
         json.dump(report, f, indent=1, default=str)
-    write_csv(stem + '.csv', runs, study)
+    write_csv(stem + '.csv', report['runs'], study)
+    size = f'{study["train_size"][0]}x{study["train_size"][1]}'
     with open(stem + '_table.md', 'w') as f:
-        f.write(f'{study["metric"]} by test resolution (trained at '
-                f'{study["train_size"][0]}x{study["train_size"][1]}, seeds {args.seeds})\n\n'
-                + table + '\n')
-    title = (f'{osp.basename(args.config)}: {settings["iters"]} iters, seeds {args.seeds}, '
-             f'trained at {study["train_size"][0]}x{study["train_size"][1]}')
-    plot(stem + '.png', summary, study, title)
-    print(f'\n{study["metric"]} by test resolution ({total} runs, '
+        f.write(f'{study["metric"]} by test resolution (trained at {size}, seeds '
+                f'{settings["seeds"]})\n\n{table}\n')
+    plot(stem + '.png', report['summary'], study,
+         f'{osp.basename(settings["config"])}: {settings["iters"]} iters, seeds '
+         f'{settings["seeds"]}, trained at {size}')
+    print(f'\n{study["metric"]} by test resolution ({len(report["runs"])} runs, '
           f'{report["wall_seconds"]:.0f} s):\n{table}\n\nwrote {stem}.json, .csv, _table.md, .png')
     return report
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """Run (or ``--merge``) the study and write its outputs; returns the report."""
+    args = parse_args(argv)
+    command = 'python ' + ' '.join(shlex.quote(a) for a in
+                                   [osp.relpath(__file__, os.getcwd())] +
+                                   list(sys.argv[1:] if argv is None else argv))
+    report = merge_reports(args.merge, command) if args.merge else run_study(args, command)
+    return write_outputs(report, args.out_dir or args.work_dir, args.name)
 
 
 if __name__ == '__main__':
