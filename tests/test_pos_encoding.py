@@ -109,12 +109,13 @@ def test_abs_resampling_matches_bicubic_interpolation_and_is_used_on_larger_inpu
 def test_abs_adapts_checkpoint_embeddings():
     enc = AbsolutePositionEncoding(8, (4, 4))
     same = torch.randn(1, 16, 8)
-    out, note = enc.adapt_checkpoint_embedding(same)
-    assert out is same and note == 'kept as is'
+    out, cls_entry, note = enc.adapt_checkpoint_embedding(same)
+    assert out is same and cls_entry is None and note == 'kept as is'
     with_cls = torch.randn(1, 1 + 64, 8)  # a timm ViT: CLS entry + an 8x8 grid
-    out, note = enc.adapt_checkpoint_embedding(with_cls)
+    out, cls_entry, note = enc.adapt_checkpoint_embedding(with_cls)
     torch.testing.assert_close(out, resample_abs_pos_embed(with_cls[:, 1:], (8, 8), (4, 4)))
-    assert 'dropped its CLS entry' in note and 'resampled 8x8 -> 4x4' in note
+    torch.testing.assert_close(cls_entry, with_cls[:, :1])
+    assert 'split off its CLS entry' in note and 'resampled 8x8 -> 4x4' in note
     with pytest.raises(ValueError, match='neither'):
         enc.adapt_checkpoint_embedding(torch.randn(1, 7, 8))
     with pytest.raises(ValueError, match='channels'):
@@ -225,6 +226,8 @@ def test_timm_pos_embed_is_kept_by_abs_and_dropped_by_the_others(tmp_path):
     assert 'pos_embed' not in report['dropped'] and report['missing'] == []
     expected = resample_abs_pos_embed(pos[:, 1:], (8, 8), (4, 4))
     torch.testing.assert_close(model.pos_enc.pos_embed.data, expected)
+    # the CLS entry of pos_embed is folded into cls_token: the same CLS input as in timm
+    torch.testing.assert_close(model.cls_token.data, sd['cls_token'] + pos[:, :1])
     torch.testing.assert_close(model.blocks[1].attn.qkv.weight.data, sd['blocks.1.attn.qkv.weight'])
     for enc in ('lookhere', 'rope2d', 'none'):
         report = LookHereViT(**TINY, pos_encoding=enc).load_pretrained(path)
@@ -279,3 +282,18 @@ def test_default_lookhere_still_reproduces_the_official_model(reference_dir):
         with torch.no_grad():
             out = model.forward_features(case['input'])
         torch.testing.assert_close(out, case['forward_features'], atol=1e-4, rtol=1e-4)
+
+
+def test_timm_vit_with_cls_pos_entry_gives_the_same_block_input(tmp_path):
+    """timm ViT: x = cat(cls_token, patches) + pos_embed. After loading, our embedding step
+    (patches + pos_embed, then CLS with the folded entry) produces the same tokens."""
+    path, sd, pos = _timm_file(tmp_path, grid=4)
+    model = LookHereViT(**TINY, pos_encoding='abs')
+    model.load_pretrained(path)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        tokens, _ = model._embed(x)
+        patches = F.conv2d(x, sd['patch_embed.proj.weight'], sd['patch_embed.proj.bias'],
+                           stride=8).flatten(2).transpose(1, 2)
+        timm_tokens = torch.cat([sd['cls_token'].expand(2, -1, -1), patches], 1) + pos
+    torch.testing.assert_close(tokens, timm_tokens)

@@ -255,8 +255,9 @@ class AbsolutePositionEncoding(PositionEncoding):
 
     Inputs whose grid differs are given the embedding resampled to their grid with
     :func:`resample_abs_pos_embed`. The CLS token gets no embedding (as DeiT-III, the
-    trunk's architecture; timm checkpoints whose ``pos_embed`` has a CLS entry lose it
-    on loading, see :meth:`adapt_checkpoint_embedding`).
+    trunk's architecture); a timm checkpoint whose ``pos_embed`` has a CLS entry has that
+    entry folded into ``cls_token`` on loading (an exact conversion, see
+    :meth:`adapt_checkpoint_embedding`).
 
     Args:
         embed_dims: token channels ``D``.
@@ -293,15 +294,18 @@ class AbsolutePositionEncoding(PositionEncoding):
     def add_to_tokens(self, x: Tensor, grid_size: Tuple[int, int]) -> Tensor:
         return x + self.embedding(grid_size).to(x.dtype)
 
-    def adapt_checkpoint_embedding(self, pos_embed: Tensor) -> Tuple[Tensor, str]:
+    def adapt_checkpoint_embedding(self, pos_embed: Tensor
+                                   ) -> Tuple[Tensor, Optional[Tensor], str]:
         """A checkpoint's ``pos_embed`` resampled to this encoding's shape.
 
         Accepts ``(1, N, D)`` with ``N = h*w`` (DeiT-III / ours) or ``N = 1 + h*w`` (timm
-        ViTs with a CLS entry, which is dropped). ``(h, w)`` is this encoding's grid when
+        ViTs with a CLS entry, returned separately). ``(h, w)`` is this encoding's grid when
         ``N`` matches it, else the square ``sqrt(N)`` grid.
 
         Returns:
-            ``(tensor, note)``: the ``(1, H*W, D)`` tensor and what was done to it.
+            ``(patches, cls_entry, note)``: the ``(1, H*W, D)`` patch embedding, the
+            ``(1, 1, D)`` CLS entry or None (add it to ``cls_token`` for the same CLS input
+            as in the checkpoint's model), and what was done.
 
         Raises:
             ValueError: wrong channel count, or a length that is no grid.
@@ -323,11 +327,12 @@ class AbsolutePositionEncoding(PositionEncoding):
             return (side, side) if side * side == n and n > 0 else None
 
         n = pos_embed.shape[1]
+        cls_entry = None
         if n == own or square(n):
             src = self.grid_size if n == own else square(n)
         elif n - 1 == own or square(n - 1):
-            pos_embed = pos_embed[:, 1:]
-            notes.append('dropped its CLS entry (the CLS token has no position embedding here)')
+            cls_entry, pos_embed = pos_embed[:, :1], pos_embed[:, 1:]
+            notes.append('split off its CLS entry')
             src = self.grid_size if n - 1 == own else square(n - 1)
         else:
             raise ValueError(f'checkpoint pos_embed has {n} tokens: neither this backbone\'s '
@@ -338,7 +343,7 @@ class AbsolutePositionEncoding(PositionEncoding):
                          f'{self.grid_size[0]}x{self.grid_size[1]} ({self.interpolate_mode})')
         out = resample_abs_pos_embed(pos_embed, tuple(src), self.grid_size,
                                      self.interpolate_mode)
-        return out, '; '.join(notes) or 'kept as is'
+        return out, cls_entry, '; '.join(notes) or 'kept as is'
 
     def extra_repr(self) -> str:
         return (f'name={self.name!r}, grid_size={self.grid_size}, '

@@ -474,8 +474,10 @@ class LookHereViT(BaseModule):
         The LookHere config stored in official and lookhere-dense files replaces the
         default one; it must equal an explicitly given ``lh_config``/``preset``. Such files
         load only into ``pos_encoding='lookhere'``. With ``pos_encoding='abs'`` a file's
-        ``pos_embed`` (timm / DeiT-III) or ``pos_enc.pos_embed`` (ours) is kept, its CLS
-        entry dropped and its grid resampled to this backbone's; the other encodings drop it.
+        ``pos_embed`` (timm / DeiT-III) or ``pos_enc.pos_embed`` (ours) is kept, resampled to
+        this backbone's grid, and a CLS entry (timm ViTs) is added to ``cls_token`` (the CLS
+        token has no position embedding here, so its input stays the same); the other
+        encodings drop it.
 
         Args:
             path: checkpoint file.
@@ -496,9 +498,13 @@ class LookHereViT(BaseModule):
         if is_abs:
             stored = [k for k in ('pos_embed', 'pos_enc.pos_embed') if k in weights.state_dict]
             if stored:
-                pos_embed, pos_note = self.pos_enc.adapt_checkpoint_embedding(
-                    weights.state_dict.pop(stored[0]))
-                weights.state_dict['pos_enc.pos_embed'] = pos_embed
+                sd = weights.state_dict
+                pos_embed, cls_entry, pos_note = self.pos_enc.adapt_checkpoint_embedding(
+                    sd.pop(stored[0]))
+                sd['pos_enc.pos_embed'] = pos_embed
+                if cls_entry is not None and 'cls_token' in sd:
+                    sd['cls_token'] = sd['cls_token'] + cls_entry
+                    pos_note += ', added to cls_token'
                 pos_note = f'; {stored[0]} -> pos_enc.pos_embed: {pos_note}'
         loadable, missing, unexpected = match_state_dict(self.state_dict(), weights.state_dict)
         if missing and strict:
