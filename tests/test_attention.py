@@ -443,3 +443,32 @@ def test_benchmark_quick_mode_runs(tmp_path: Path, repo_root: Path):
     helped = subprocess.run([sys.executable, str(repo_root / 'tools' / 'benchmark.py'), '-h'],
                             capture_output=True, text=True, timeout=120)
     assert helped.returncode == 0 and '--device' in helped.stdout and '--quick' in helped.stdout
+
+
+def test_benchmark_nobias_model_is_the_trunk_without_position(repo_root: Path):
+    """The benchmark's baseline must really drop the bias: same weights as
+    ``pos_encoding='none'`` give the same output, and it differs from LookHere's."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('lh_benchmark',
+                                                  repo_root / 'tools' / 'benchmark.py')
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    from lookhere_dense.models.backbones.lookhere_vit import LookHereViT
+    arch = dict(patch_size=16, embed_dims=48, num_layers=2, num_heads=12, mlp_ratio=2)
+    plain = bench.build_lookhere(arch, 'lh180', 'auto', 0, 'cpu', torch.float32, plain=True)
+    biased = bench.build_lookhere(arch, 'lh180', 'auto', 0, 'cpu', torch.float32)
+    none = LookHereViT(**arch, pos_encoding='none').eval()
+    none.load_state_dict(plain.state_dict())
+    x = torch.randn(1, 3, 64, 80)
+
+    def attn_out(model):  # the first block's attention output (the trunk barely moves at init)
+        got = []
+        handle = model.blocks[0].attn.register_forward_hook(lambda m, i, o: got.append(o))
+        with torch.no_grad():
+            model(x)
+        handle.remove()
+        return got[0]
+
+    out_plain, out_none, out_lh = attn_out(plain), attn_out(none), attn_out(biased)
+    torch.testing.assert_close(out_plain, out_none, rtol=0, atol=1e-7)
+    assert (out_plain - out_lh).abs().max() > 100 * out_plain.abs().max() * 1e-4

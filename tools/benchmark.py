@@ -308,6 +308,12 @@ class PlainAttention:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
 
 
+def set_engine(model, engine) -> None:
+    """Make ``model`` (a LookHereViT with ``pos_encoding='lookhere'``) attend with ``engine``."""
+    model.pos_enc.engine = engine
+    model.lookhere = engine
+
+
 def vit_kwargs(args) -> Dict[str, Any]:
     """Architecture of the benchmarked ViT (ViT-B/16 unless overridden)."""
     return dict(patch_size=16, embed_dims=args.embed_dims, num_layers=args.num_layers,
@@ -323,7 +329,7 @@ def build_lookhere(arch: Dict[str, Any], preset: str, backend: str, block_size: 
                         attn_block_size=block_size)
     model.init_weights()
     if plain:
-        model.lookhere = PlainAttention()
+        set_engine(model, PlainAttention())
     return model.eval().to(device=device, dtype=dtype)
 
 
@@ -455,7 +461,7 @@ def bench_vit(args) -> Dict[str, Any]:
 
     def run_with(engine):
         def fn():
-            lookhere.lookhere = engine
+            set_engine(lookhere, engine)
             return lookhere(x)
         return fn
 
@@ -470,7 +476,7 @@ def bench_vit(args) -> Dict[str, Any]:
             cold[name] = timed(fn, device)
         times = interleaved(models, args.repeats, device)
     chosen = engines['lookhere'].last_backend
-    lookhere.lookhere = engines['lookhere']
+    set_engine(lookhere, engines['lookhere'])
     tokens = (args.vit_size // 16) ** 2 + 1
     res = dict(size=list(size), batch=args.vit_batch, tokens=tokens, auto_backend=chosen,
                cold_seconds=cold, seconds={n: statistics.median(t) for n, t in times.items()},

@@ -5,6 +5,10 @@ same, same output contract) with the architecture of the official LookHere model
 (DeiT-III: pre-norm blocks with LayerScale, CLS token, final norm, patch-embedding conv
 with bias, no absolute position embedding), so official, timm and DeiT-III weights load
 by name. Optional ViTDet-style window attention per block.
+
+For controlled comparisons ``pos_encoding=`` swaps LookHere for a baseline (learned
+absolute embedding, 2D-RoPE, 2D-ALiBi, nothing) in the otherwise identical trunk; see
+:mod:`lookhere_dense.models.pos_encoding`.
 """
 from __future__ import annotations
 
@@ -26,12 +30,16 @@ from torch.utils.checkpoint import checkpoint
 from ...checkpoint import backbone_weights, load_checkpoint_file, match_state_dict
 from ...lookhere import LookHereAttentionEngine, LookHereConfig, resolve_lh_config
 from ...lookhere.bias import BIAS_ROUNDINGS
+from ..pos_encoding import (LOOKHERE_BIAS_ENCODINGS, AbsolutePositionEncoding,
+                            PositionEncoding, alibi2d_config, build_position_encoding,
+                            isolated_rng, parse_pos_encoding)
 from ..registry import register_model
 
 __all__ = ['LookHereViT', 'LookHerePatchEmbed', 'LookHereBlock', 'LookHereSelfAttention']
 
 #: mmseg ``VisionTransformer`` arguments that mean nothing without an absolute position
-#: embedding; accepted so existing configs keep working, ignored with one warning each.
+#: embedding; accepted so existing configs keep working, ignored with one warning each
+#: (``interpolate_mode`` is used by ``pos_encoding='abs'``).
 IGNORED_ARGS = ('interpolate_mode',)
 _warned: set = set()
 
@@ -116,7 +124,10 @@ class Mlp(nn.Module):
 
 
 class LookHereSelfAttention(nn.Module):
-    """Multi-head self-attention that takes its position bias from a LookHere engine.
+    """Multi-head self-attention that takes its position information from a LookHere engine
+    or another :class:`~lookhere_dense.models.pos_encoding.PositionEncoding` (both are called
+    as ``engine(q, k, v, layer, grid, cls_token, dropout_p)`` and
+    ``engine.window_attention(...)``).
 
     Args:
         dim: token channels.
@@ -136,8 +147,9 @@ class LookHereSelfAttention(nn.Module):
         self.attn_drop = attn_drop
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: Tensor, engine: LookHereAttentionEngine, layer: int,
-                grid: Tuple[int, int], cls_token: bool, window_size: int = 0) -> Tensor:
+    def forward(self, x: Tensor, engine: Union[LookHereAttentionEngine, PositionEncoding],
+                layer: int, grid: Tuple[int, int], cls_token: bool,
+                window_size: int = 0) -> Tensor:
         """``(B, T, C)`` -> ``(B, T, C)``; ``window_size > 0`` selects window attention."""
         b, t, c = x.shape
         q, k, v = self.qkv(x).reshape(b, t, 3, self.num_heads, self.head_dim).permute(
@@ -179,8 +191,9 @@ class LookHereBlock(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: Tensor, engine: LookHereAttentionEngine, layer: int,
-                grid: Tuple[int, int], cls_token: bool) -> Tensor:
+    def forward(self, x: Tensor, engine: Union[LookHereAttentionEngine, PositionEncoding],
+                layer: int, grid: Tuple[int, int], cls_token: bool) -> Tensor:
+        """``(B, T, C)`` -> ``(B, T, C)``; ``engine`` as in :class:`LookHereSelfAttention`."""
         x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), engine, layer, grid,
                                                   cls_token, self.window_size)))
         return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
@@ -231,8 +244,9 @@ class LookHereViT(BaseModule):
     ``patch_bias=True`` and ``final_norm=True``.
 
     Args:
-        img_size (int | tuple): nominal training size; only recorded (no position
-            embedding depends on it). Default: 224.
+        img_size (int | tuple): nominal training size; only recorded, except with
+            ``pos_encoding='abs'``, whose embedding has the grid ``img_size / patch_size``.
+            Default: 224.
         patch_size (int): patch side. Default: 16.
         patch_pad (str): ``'corner'`` or ``'same'`` padding of inputs that are not a patch
             multiple. Default: ``'corner'``.
@@ -260,7 +274,9 @@ class LookHereViT(BaseModule):
         patch_bias (bool): bias of the patch projection. Default: True.
         pre_norm (bool): norm before the first block. Default: False.
         final_norm (bool): norm after the last block. Default: True.
-        interpolate_mode: accepted for compatibility, ignored (no position embedding).
+        interpolate_mode (str, optional): how ``pos_encoding='abs'`` resamples its
+            embedding to other grids (default ``'bicubic'``, as mmseg); ignored, with a
+            warning, by the other encodings.
         num_fcs (int): MLP layers; only 2 is supported. Default: 2.
         norm_eval (bool): keep norm layers in eval mode while training. Default: False.
         with_cp (bool): activation checkpointing per block. Default: False.
@@ -293,6 +309,16 @@ class LookHereViT(BaseModule):
         global_attn_indexes (Sequence[int], optional): global blocks (SAM naming); the
             others are windowed. With ``window_size`` and neither list, the last block of
             each quarter is global (ViTDet). Default: None.
+        pos_encoding (str | dict): the position encoding, by name or as
+            ``dict(type=NAME, **options)``: ``'lookhere'`` (uses ``preset`` /
+            ``lh_config``), ``'abs'`` (learned ``pos_enc.pos_embed``; option ``init_std``),
+            ``'rope2d'`` / ``'rope2d_mixed'`` (option ``theta``), ``'alibi2d'`` (optional
+            ``lh_config`` dict with ``'none'`` heads only, e.g. other slopes) or
+            ``'none'``. Everything else (blocks, parameters, their initialisation for a
+            given seed) is the same for all. Official LookHere checkpoints load only into
+            ``'lookhere'``; timm / DeiT-III ``pos_embed`` is kept (resampled) by ``'abs'``
+            and dropped by the others. See :mod:`lookhere_dense.models.pos_encoding`.
+            Default: ``'lookhere'``.
     """
 
     def __init__(self,
@@ -333,7 +359,8 @@ class LookHereViT(BaseModule):
                  max_dense_bias_mb: float = 1024,
                  window_size: int = 0,
                  window_block_indexes: Optional[Sequence[int]] = None,
-                 global_attn_indexes: Optional[Sequence[int]] = None):
+                 global_attn_indexes: Optional[Sequence[int]] = None,
+                 pos_encoding: Union[str, Mapping[str, Any]] = 'lookhere'):
         if init_cfg is not None and pretrained is not None:
             raise ValueError('init_cfg and pretrained cannot be set at the same time')
         if isinstance(pretrained, str):
@@ -344,7 +371,8 @@ class LookHereViT(BaseModule):
             raise TypeError('pretrained must be a str or None')
         super().__init__(init_cfg=init_cfg)
 
-        if interpolate_mode is not None:
+        self.pos_encoding, _ = parse_pos_encoding(pos_encoding)
+        if interpolate_mode is not None and self.pos_encoding != 'abs':
             _warn_once('interpolate_mode', 'LookHereViT ignores interpolate_mode: it has no '
                        'absolute position embedding to resize')
         if embed_dims % num_heads:
@@ -378,12 +406,31 @@ class LookHereViT(BaseModule):
 
         # LookHere: explicit config (or preset) vs one to be taken from the checkpoint
         self._lh_explicit = lh_config is not None or preset is not None
-        self.lh_config: LookHereConfig = resolve_lh_config(lh_config, preset)
-        self.lh_config.validate(num_heads, num_layers)
         self.attn_backend = attn_backend
-        self.lookhere = LookHereAttentionEngine(self.lh_config, num_layers, num_heads,
-                                                attn_backend, attn_block_size,
-                                                max_dense_bias_mb)
+        self.lh_config: Optional[LookHereConfig] = None
+        self.lookhere: Optional[LookHereAttentionEngine] = None
+        if self.pos_encoding == 'lookhere':
+            self.lh_config = resolve_lh_config(lh_config, preset)
+        elif self.pos_encoding == 'alibi2d':
+            if preset is not None:
+                raise ValueError("pos_encoding='alibi2d' takes no LookHere preset (it has no "
+                                 'direction masks); give slopes with lh_config=dict(...)')
+            self.lh_config = alibi2d_config(lh_config)
+        elif self._lh_explicit:
+            raise ValueError(f'preset / lh_config configure LookHere; they do not apply to '
+                             f'pos_encoding={self.pos_encoding!r} (allowed with '
+                             f'{list(LOOKHERE_BIAS_ENCODINGS)})')
+        if self.lh_config is not None:
+            self.lh_config.validate(num_heads, num_layers)
+            self.lookhere = LookHereAttentionEngine(self.lh_config, num_layers, num_heads,
+                                                    attn_backend, attn_block_size,
+                                                    max_dense_bias_mb)
+        grid = tuple(math.ceil(s / patch_size) for s in self.img_size)
+        with isolated_rng():  # the trunk draws the same init numbers whatever the encoding
+            self.pos_enc: PositionEncoding = build_position_encoding(
+                pos_encoding, embed_dims=embed_dims, num_heads=num_heads, depth=num_layers,
+                grid_size=grid, engine=self.lookhere,
+                interpolate_mode=interpolate_mode or 'bicubic')
 
         self.window_size = int(window_size)
         self.window_block_indexes = _window_blocks(num_layers, self.window_size,
@@ -425,12 +472,19 @@ class LookHereViT(BaseModule):
                 nn.init.zeros_(m.bias)
         if self.with_cls_token:
             trunc_normal_(self.cls_token, std=.02)
+        with isolated_rng(next(self.parameters()).device):
+            self.pos_enc.reset_parameters()
 
     def load_pretrained(self, path: str, strict: bool = True) -> Dict[str, List[str]]:
         """Load official LookHere / timm / DeiT-III / lookhere-dense weights from ``path``.
 
         The LookHere config stored in official and lookhere-dense files replaces the
-        default one; it must equal an explicitly given ``lh_config``/``preset``.
+        default one; it must equal an explicitly given ``lh_config``/``preset``. Such files
+        load only into ``pos_encoding='lookhere'``. With ``pos_encoding='abs'`` a file's
+        ``pos_embed`` (timm / DeiT-III) or ``pos_enc.pos_embed`` (ours) is kept, resampled to
+        this backbone's grid, and a CLS entry (timm ViTs) is added to ``cls_token`` (the CLS
+        token has no position embedding here, so its input stays the same); the other
+        encodings drop it.
 
         Args:
             path: checkpoint file.
@@ -439,9 +493,26 @@ class LookHereViT(BaseModule):
         Returns:
             ``{'missing': [...], 'unexpected': [...], 'dropped': [...]}``.
         """
-        weights = backbone_weights(load_checkpoint_file(path))
+        is_abs = isinstance(self.pos_enc, AbsolutePositionEncoding)
+        weights = backbone_weights(load_checkpoint_file(path), keep_pos_embed=is_abs)
         if weights.lh_config is not None:
+            if self.pos_encoding != 'lookhere':
+                raise ValueError(f'{path!r} ({weights.format} format) holds a LookHere model '
+                                 f'(config {weights.lh_config}); it loads only into '
+                                 f"pos_encoding='lookhere', not {self.pos_encoding!r}")
             self._adopt_checkpoint_config(weights.lh_config, path)
+        pos_note = ''
+        if is_abs:
+            stored = [k for k in ('pos_embed', 'pos_enc.pos_embed') if k in weights.state_dict]
+            if stored:
+                sd = weights.state_dict
+                pos_embed, cls_entry, pos_note = self.pos_enc.adapt_checkpoint_embedding(
+                    sd.pop(stored[0]))
+                sd['pos_enc.pos_embed'] = pos_embed
+                if cls_entry is not None and 'cls_token' in sd:
+                    sd['cls_token'] = sd['cls_token'] + cls_entry
+                    pos_note += ', added to cls_token'
+                pos_note = f'; {stored[0]} -> pos_enc.pos_embed: {pos_note}'
         loadable, missing, unexpected = match_state_dict(self.state_dict(), weights.state_dict)
         if missing and strict:
             hint = ''
@@ -454,7 +525,9 @@ class LookHereViT(BaseModule):
         print_log(f'LookHereViT: loaded {len(loadable)} tensors from {path} '
                   f'({weights.format} format); dropped {weights.dropped or "nothing"}; '
                   f'unexpected (ignored) {unexpected or "none"}; missing {missing or "none"}; '
-                  f'LookHere config {self.lh_config.to_dict()}', logger='current')
+                  f'pos_encoding {self.pos_encoding!r}'
+                  + (f', LookHere config {self.lh_config.to_dict()}' if self.lh_config else '')
+                  + pos_note, logger='current')
         return report
 
     def _adopt_checkpoint_config(self, stored: Mapping[str, Any], path: str) -> None:
@@ -494,6 +567,7 @@ class LookHereViT(BaseModule):
     def _embed(self, inputs: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
         """Patch tokens (+CLS), dropout and pre-norm: ``(B, T, D)`` and the grid."""
         x, grid = self.patch_embed(inputs)
+        x = self.pos_enc.add_to_tokens(x, grid)
         if self.with_cls_token:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         x = self.drop_after_pos(x)
@@ -505,10 +579,10 @@ class LookHereViT(BaseModule):
         """Yield ``(i, tokens)`` after every block (the last one after the final norm)."""
         for i, blk in enumerate(self.blocks):
             if self.with_cp and x.requires_grad:
-                x = checkpoint(blk, x, self.lookhere, i, grid, self.with_cls_token,
+                x = checkpoint(blk, x, self.pos_enc, i, grid, self.with_cls_token,
                                use_reentrant=False)
             else:
-                x = blk(x, self.lookhere, i, grid, self.with_cls_token)
+                x = blk(x, self.pos_enc, i, grid, self.with_cls_token)
             if i == len(self.blocks) - 1 and self.norm is not None:
                 x = self.norm(x)
             yield i, x

@@ -1,0 +1,315 @@
+"""A procedurally generated segmentation task where a pixel's class is a *relation*.
+
+Every image shows one white square, the **anchor**, and a few coloured rectangles and discs
+on a noisy grey background. Each object lies entirely in one quadrant around the anchor's
+centre, and its class says which one:
+
+=====  ==============  =================================================================
+label  class           pixels of ...
+=====  ==============  =================================================================
+0      ``background``  the background
+1      ``anchor``      the white square
+2      ``up-left``     an object above and to the left of the anchor's centre
+3      ``up-right``    an object above and to the right
+4      ``down-left``   an object below and to the left
+5      ``down-right``  an object below and to the right
+=====  ==============  =================================================================
+
+Object colours are drawn from one palette whatever the quadrant, so a patch's own colour
+says nothing about classes 2-5: a model must find the anchor, possibly far away, and know
+in which *direction* it lies. Position and context matter; local colour does not suffice.
+
+Scenes live in continuous image coordinates (``[0, 1]^2``, y down), so the *same* scene
+can be rendered natively at any size: the validation scenes are written once per scale of
+the extrapolation ladder (``val_x1``, ``val_x1.5``, ...), sharp at every size (no resize
+blur), with labels at that size. Images and labels are PNG files in mmseg's layout::
+
+    ROOT/img_dir/train/00000.png   ROOT/ann_dir/train/00000.png
+    ROOT/img_dir/val_x2/00000.png  ROOT/ann_dir/val_x2/00000.png
+    ROOT/meta.json                 the settings that made the folder
+
+so mmseg's ``BaseSegDataset`` (``img_suffix='.png'``, ``seg_map_suffix='.png'``,
+``metainfo=dict(classes=CLASSES, palette=PALETTE)``) and its pipelines read them.
+No OpenMMLab imports here (numpy + Pillow).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ['CLASSES', 'PALETTE', 'RelationalSettings', 'Scene', 'sample_scene',
+           'render_scene', 'split_name', 'write_relational_dataset',
+           'ensure_relational_dataset', 'settings_from_dict', 'save_examples']
+
+CLASSES = ('background', 'anchor', 'up-left', 'up-right', 'down-left', 'down-right')
+PALETTE = [[0, 0, 0], [255, 255, 255], [230, 25, 75], [60, 180, 75], [0, 130, 200],
+           [245, 130, 48]]
+#: RGB colours of the non-anchor objects (no white, no grey): the same for every quadrant.
+OBJECT_COLOURS = ((220, 40, 40), (40, 200, 60), (50, 90, 230), (240, 220, 40),
+                  (40, 210, 220), (210, 60, 210))
+ANCHOR_COLOUR = (255, 255, 255)
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RelationalSettings:
+    """What a relational dataset folder holds (stored as ``meta.json``).
+
+    Args:
+        num_train: training images. Default: 4000.
+        num_val: validation scenes (each rendered at every scale). Default: 200.
+        train_size: ``(H, W)`` of the training images in pixels. Default: ``(64, 64)``.
+        scales: validation sizes as multiples of ``train_size``. Default: 1, 1.5, 2, 3, 4.
+        seed: seed of the scene generator (train and val use disjoint streams). Default: 0.
+        objects: ``(min, max)`` non-anchor objects per scene. Default: ``(3, 6)``.
+        anchor_side: ``(min, max)`` anchor side as a fraction of the image. Default:
+            ``(0.12, 0.18)``.
+        object_half: ``(min, max)`` half extent of an object (fraction). Default:
+            ``(0.04, 0.11)``.
+        noise_std: std of the Gaussian pixel noise (0-255 scale). Default: 6.
+    """
+
+    num_train: int = 4000
+    num_val: int = 200
+    train_size: Tuple[int, int] = (64, 64)
+    scales: Tuple[float, ...] = (1.0, 1.5, 2.0, 3.0, 4.0)
+    seed: int = 0
+    objects: Tuple[int, int] = (3, 6)
+    anchor_side: Tuple[float, float] = (0.12, 0.18)
+    object_half: Tuple[float, float] = (0.04, 0.11)
+    noise_std: float = 6.0
+
+    def __post_init__(self):
+        for name in ('train_size', 'scales', 'objects', 'anchor_side', 'object_half'):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, 'scales', tuple(float(s) for s in self.scales))
+        if self.num_train < 1 or self.num_val < 1:
+            raise ValueError(f'num_train and num_val must be >= 1, got {self.num_train}, '
+                             f'{self.num_val}')
+        if len(self.train_size) != 2 or min(self.train_size) < 8:
+            raise ValueError(f'train_size must be (H, W) >= 8 px, got {self.train_size}')
+        if not self.scales or min(self.scales) <= 0:
+            raise ValueError(f'scales must be positive, got {self.scales}')
+        if not 1 <= self.objects[0] <= self.objects[1]:
+            raise ValueError(f'objects must be (min, max) with 1 <= min <= max, got '
+                             f'{self.objects}')
+
+    def size_at(self, scale: float) -> Tuple[int, int]:
+        """Image ``(H, W)`` at ``scale`` (rounded to whole pixels)."""
+        return (int(round(self.train_size[0] * scale)), int(round(self.train_size[1] * scale)))
+
+    def to_json(self) -> Dict[str, Any]:
+        """A JSON-able dict (tuples as lists) with the format version."""
+        d = asdict(self)
+        d = {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+        d['format_version'] = FORMAT_VERSION
+        return d
+
+
+@dataclass
+class Scene:
+    """One scene in image coordinates (``[0, 1]``, y down, x right).
+
+    Attributes:
+        anchor: ``(cy, cx, half_h, half_w)`` of the white square.
+        objects: ``(shape, cy, cx, half_h, half_w, rgb, label)`` with ``shape`` in
+            ``('rect', 'disc')``.
+        background: grey level of the background (0-255).
+        noise_seed: seed of the pixel noise (combined with the render size).
+    """
+
+    anchor: Tuple[float, float, float, float]
+    objects: List[Tuple[str, float, float, float, float, Tuple[int, int, int], int]] = \
+        field(default_factory=list)
+    background: int = 50
+    noise_seed: int = 0
+
+
+def _quadrant_label(up: bool, left: bool) -> int:
+    return 2 + 2 * int(not up) + int(not left)
+
+
+def sample_scene(rng: np.random.Generator, settings: RelationalSettings,
+                 max_tries: int = 50) -> Scene:
+    """Draw one scene: an anchor, then objects each inside one quadrant around the anchor's
+    centre, not touching the anchor (rejection sampling; an object that does not fit in
+    ``max_tries`` is skipped, so a scene may have fewer than ``objects[0]`` objects).
+
+    Aspect: sides are fractions of the image *height* in y and of the *width* in x, scaled
+    by the aspect so squares stay square on non-square images.
+    """
+    h, w = settings.train_size
+    ax = h / w  # x extents are multiplied by this so shapes keep their pixel aspect
+    side = rng.uniform(*settings.anchor_side)
+    a_hh, a_hw = side / 2, side / 2 * ax
+    acy, acx = rng.uniform(0.25, 0.75), rng.uniform(0.25, 0.75)
+    scene = Scene((acy, acx, a_hh, a_hw), [], int(rng.integers(15, 90)),
+                  int(rng.integers(0, 2 ** 31 - 1)))
+    margin = 0.02
+    n = int(rng.integers(settings.objects[0], settings.objects[1] + 1))
+    for _ in range(n):
+        up, left = bool(rng.integers(0, 2)), bool(rng.integers(0, 2))
+        shape = 'rect' if rng.random() < 0.5 else 'disc'
+        colour = OBJECT_COLOURS[int(rng.integers(0, len(OBJECT_COLOURS)))]
+        for _ in range(max_tries):
+            hh = rng.uniform(*settings.object_half)
+            hw = (hh if shape == 'disc' else rng.uniform(*settings.object_half)) * ax
+            # the quadrant, shrunk by the object's extent and a margin
+            y0, y1 = (hh, acy - margin - hh) if up else (acy + margin + hh, 1 - hh)
+            x0, x1 = (hw, acx - margin - hw) if left else (acx + margin + hw, 1 - hw)
+            if y1 <= y0 or x1 <= x0:
+                continue
+            cy, cx = rng.uniform(y0, y1), rng.uniform(x0, x1)
+            clear_y = abs(cy - acy) >= hh + a_hh + margin
+            clear_x = abs(cx - acx) >= hw + a_hw + margin
+            if clear_y or clear_x:  # the object's box does not touch the anchor's
+                scene.objects.append((shape, cy, cx, hh, hw, colour, _quadrant_label(up, left)))
+                break
+    return scene
+
+
+def render_scene(scene: Scene, size: Tuple[int, int], noise_std: float = 6.0
+                 ) -> Tuple[np.ndarray, np.ndarray]:
+    """Render ``scene`` at ``size = (H, W)`` pixels.
+
+    A pixel belongs to a shape when its centre ``((i + .5) / H, (j + .5) / W)`` does.
+    Later objects are drawn over earlier ones (they may overlap only within one quadrant,
+    so the label of a pixel never depends on the order); the anchor is drawn last.
+
+    Returns:
+        ``(image, label)``: ``(H, W, 3)`` uint8 RGB and ``(H, W)`` uint8 class indexes.
+    """
+    height, width = size
+    yy = ((np.arange(height) + 0.5) / height)[:, None]
+    xx = ((np.arange(width) + 0.5) / width)[None, :]
+    image = np.empty((height, width, 3), dtype=np.float32)
+    image[:] = scene.background
+    label = np.zeros((height, width), dtype=np.uint8)
+
+    def paint(mask: np.ndarray, rgb: Sequence[int], cls: int) -> None:
+        image[mask] = rgb
+        label[mask] = cls
+
+    for shape, cy, cx, hh, hw, rgb, cls in scene.objects:
+        dy, dx = (yy - cy) / hh, (xx - cx) / hw
+        if shape == 'rect':
+            mask = (np.abs(dy) <= 1) & (np.abs(dx) <= 1)
+        else:
+            mask = dy * dy + dx * dx <= 1
+        paint(mask, rgb, cls)
+    acy, acx, a_hh, a_hw = scene.anchor
+    paint((np.abs(yy - acy) <= a_hh) & (np.abs(xx - acx) <= a_hw), ANCHOR_COLOUR, 1)
+    if noise_std > 0:
+        noise_rng = np.random.default_rng([scene.noise_seed, height, width])
+        image += noise_rng.normal(0.0, noise_std, image.shape).astype(np.float32)
+    return np.clip(np.rint(image), 0, 255).astype(np.uint8), label
+
+
+def split_name(scale: float) -> str:
+    """Validation split folder of a scale: ``1 -> 'val_x1'``, ``1.5 -> 'val_x1.5'``."""
+    return f'val_x{float(scale):g}'
+
+
+def _write_png(path: str, array: np.ndarray) -> None:
+    from PIL import Image
+    Image.fromarray(array).save(path, compress_level=1)
+
+
+def write_relational_dataset(root: str, settings: RelationalSettings = RelationalSettings(),
+                             progress: bool = False) -> Dict[str, Any]:
+    """(Re)write the dataset folder ``root`` for ``settings`` (see the module docstring).
+
+    Train scenes come from ``default_rng([seed, 0])``, validation scenes from
+    ``default_rng([seed, 1])``: the validation scenes are the same at every scale.
+
+    Args:
+        progress: show a tqdm progress bar.
+
+    Returns:
+        The ``meta.json`` content.
+    """
+    if os.path.isdir(root):
+        for sub in ('img_dir', 'ann_dir'):
+            shutil.rmtree(os.path.join(root, sub), ignore_errors=True)
+    jobs = [('train', settings.train_size, settings.num_train, 0)]
+    jobs += [(split_name(s), settings.size_at(s), settings.num_val, 1) for s in settings.scales]
+    total = settings.num_train + settings.num_val * len(settings.scales)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=total, desc=f'writing {root}', unit='img', mininterval=5)
+    counts: Dict[str, List[int]] = {}
+    for split, size, number, stream in jobs:
+        img_dir = os.path.join(root, 'img_dir', split)
+        ann_dir = os.path.join(root, 'ann_dir', split)
+        os.makedirs(img_dir, exist_ok=True)
+        os.makedirs(ann_dir, exist_ok=True)
+        rng = np.random.default_rng([settings.seed, stream])
+        hist = np.zeros(len(CLASSES), dtype=np.int64)
+        for i in range(number):
+            image, label = render_scene(sample_scene(rng, settings), size, settings.noise_std)
+            _write_png(os.path.join(img_dir, f'{i:05d}.png'), image)
+            _write_png(os.path.join(ann_dir, f'{i:05d}.png'), label)
+            hist += np.bincount(label.ravel(), minlength=len(CLASSES))
+            if bar is not None:
+                bar.update()
+        counts[split] = hist.tolist()
+    if bar is not None:
+        bar.close()
+    meta = dict(settings=settings.to_json(), classes=list(CLASSES), palette=PALETTE,
+                splits={split: dict(size=list(size), images=number, pixels_per_class=counts[split])
+                        for split, size, number, _ in jobs})
+    with open(os.path.join(root, 'meta.json'), 'w') as f:
+        json.dump(meta, f, indent=1)
+    return meta
+
+
+def ensure_relational_dataset(root: str, settings: RelationalSettings = RelationalSettings(),
+                              progress: bool = False) -> Dict[str, Any]:
+    """The dataset at ``root``, written only if ``meta.json`` is absent or was made with
+    other settings. Returns the ``meta.json`` content."""
+    path = os.path.join(root, 'meta.json')
+    if os.path.isfile(path):
+        with open(path) as f:
+            meta = json.load(f)
+        if meta.get('settings') == settings.to_json():
+            return meta
+    return write_relational_dataset(root, settings, progress)
+
+
+def settings_from_dict(cfg: Optional[Dict[str, Any]]) -> RelationalSettings:
+    """:class:`RelationalSettings` from a config dict (unknown keys are an error, by name)."""
+    cfg = dict(cfg or {})
+    allowed = set(RelationalSettings.__dataclass_fields__)
+    unknown = sorted(set(cfg) - allowed)
+    if unknown:
+        raise ValueError(f'unknown relational dataset settings {unknown}; allowed: '
+                         f'{sorted(allowed)}')
+    return RelationalSettings(**cfg)
+
+
+def save_examples(path: str, num: int = 6, scales: Sequence[float] = (1.0, 2.0),
+                  settings: RelationalSettings = RelationalSettings(), seed: int = 0) -> None:
+    """Write a PNG sheet of ``num`` scenes: for each scale, a row of images and a row of
+    their labels in :data:`PALETTE` colours, every tile enlarged to the largest size."""
+    rng = np.random.default_rng(seed)
+    scenes = [sample_scene(rng, settings) for _ in range(num)]
+    big = settings.size_at(max(scales))
+    rows = []
+    for scale in scales:
+        size = settings.size_at(scale)
+        tiles = [render_scene(s, size, settings.noise_std) for s in scenes]
+        for part in (0, 1):
+            row = []
+            for image, label in tiles:
+                tile = image if part == 0 else np.asarray(PALETTE, dtype=np.uint8)[label]
+                rep = (big[0] // size[0], big[1] // size[1])
+                tile = tile.repeat(rep[0], 0).repeat(rep[1], 1)
+                row.append(np.pad(tile, ((2, 2), (2, 2), (0, 0)), constant_values=128))
+            rows.append(np.concatenate(row, axis=1))
+    _write_png(path, np.concatenate(rows, axis=0))

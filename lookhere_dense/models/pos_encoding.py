@@ -1,0 +1,552 @@
+"""Position encodings of :class:`~lookhere_dense.models.backbones.LookHereViT`: LookHere and
+the baselines it is compared with, behind one small interface (plain PyTorch).
+
+===================  ==========================================================================
+``pos_encoding``     what gives the trunk its sense of position
+===================  ==========================================================================
+``'lookhere'``       LookHere: directional attention masks + per-head/per-layer distance
+                     penalty (any preset / ``lh_config``), via the LookHere engine
+``'abs'``            a learned absolute embedding ``pos_embed`` added to the patch tokens,
+                     bicubic-resampled to the input's grid (like mmseg / timm); the CLS token
+                     gets none (DeiT-III / timm ``no_embed_class``)
+``'rope2d'``         axial 2D-RoPE: half of each head's channels rotate with the column, half
+                     with the row, fixed frequencies ``theta ** (-4i / head_dim)``
+``'rope2d_mixed'``   RoPE-Mixed (Heo et al. 2024): every channel pair rotates with
+                     ``fx * x + fy * y``, ``(fx, fy)`` learned per layer and head
+``'alibi2d'``        2D-ALiBi: the Euclidean distance penalty without direction masks, i.e. a
+                     LookHere config whose heads are all unrestricted (``'none'``), through the
+                     same engine
+``'none'``           nothing: attention sees content only
+===================  ==========================================================================
+
+Interface (:class:`PositionEncoding`), the same one the LookHere engine already has:
+
+* ``add_to_tokens(x, grid)`` -- what happens to the patch tokens before the blocks
+  (only ``abs`` changes them);
+* ``forward(q, k, v, layer, grid, cls_token, dropout_p)`` -- global attention of one layer;
+* ``window_attention(q, k, v, layer, grid, window_size, cls_token, dropout_p)`` -- ViTDet
+  window attention. Every encoding here supports windows: RoPE rotates queries and keys by
+  their position in the whole grid before windowing (relative offsets inside a window are
+  unchanged), ``abs`` and ``none`` attend plainly, LookHere / 2D-ALiBi use the engine's
+  window-sized bias.
+
+The CLS token is never rotated and never biased (it has no position), in every encoding.
+Nothing in this module imports OpenMMLab.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Iterator, Mapping, Optional, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..lookhere import BoundedCache, LookHereAttentionEngine, LookHereConfig, resolve_lh_config
+from ..lookhere.windows import padded_grid, window_key_mask, window_partition, window_unpartition
+
+__all__ = [
+    'POS_ENCODINGS', 'LOOKHERE_BIAS_ENCODINGS', 'PositionEncoding', 'LookHerePositionEncoding',
+    'AbsolutePositionEncoding', 'AxialRoPE2d', 'MixedRoPE2d', 'NoPositionEncoding',
+    'build_position_encoding', 'parse_pos_encoding', 'alibi2d_config', 'resample_abs_pos_embed',
+    'rotate_half_pairs', 'window_sdpa', 'isolated_rng',
+]
+
+#: Every value ``pos_encoding`` accepts.
+POS_ENCODINGS = ('lookhere', 'abs', 'rope2d', 'rope2d_mixed', 'alibi2d', 'none')
+#: Encodings computed by the LookHere engine from a :class:`LookHereConfig`.
+LOOKHERE_BIAS_ENCODINGS = ('lookhere', 'alibi2d')
+
+
+@contextlib.contextmanager
+def isolated_rng(device: Union[torch.device, str, None] = None) -> Iterator[None]:
+    """Run a block with the global RNG (CPU, and ``device``'s if it is CUDA) restored after it.
+
+    Random initialisation of an encoding's own parameters happens inside this, so the trunk's
+    initialisation draws the same numbers whatever the encoding: with one seed, models that
+    differ only in ``pos_encoding`` start from identical blocks, patch embedding and heads.
+    """
+    device = torch.device(device) if device is not None else torch.device('cpu')
+    devices = [device] if device.type == 'cuda' else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+
+
+def window_sdpa(q: Tensor, k: Tensor, v: Tensor, grid_size: Tuple[int, int], window_size: int,
+                cls_token: bool, dropout_p: float = 0.0) -> Tensor:
+    """ViTDet window attention without a position bias.
+
+    Patches attend within their ``window_size`` x ``window_size`` window (padded keys of
+    border windows are masked). With ``cls_token`` every window also sees the CLS key and
+    the CLS query attends to all tokens, as in
+    :meth:`~lookhere_dense.lookhere.LookHereAttentionEngine.window_attention`.
+
+    Args:
+        q, k, v: ``(B, heads, T, d)`` with ``T = H*W (+1)`` for ``grid_size = (H, W)``.
+
+    Returns:
+        ``(B, heads, T, d)``.
+    """
+    off = int(cls_token)
+    n = grid_size[0] * grid_size[1] + off
+    if q.shape[-2] != n:
+        raise ValueError(f'window attention got {q.shape[-2]} tokens but grid '
+                         f'{tuple(grid_size)} {"with" if cls_token else "without"} CLS needs {n}')
+    ws = int(window_size)
+    qw, kw, vw = (window_partition(t[:, :, off:], grid_size, ws) for t in (q, k, v))
+    if cls_token:
+        n_win = qw.shape[1]
+        qw, kw, vw = (torch.cat([t[:, None, :, :1].expand(-1, n_win, -1, -1, -1), tw], dim=-2)
+                      for t, tw in ((q, qw), (k, kw), (v, vw)))
+    mask = None
+    if padded_grid(grid_size, ws) != tuple(grid_size):
+        mask = window_key_mask(grid_size, ws, cls_token, q.device, q.dtype)
+    out = F.scaled_dot_product_attention(qw, kw, vw, attn_mask=mask, dropout_p=dropout_p)
+    out = window_unpartition(out[..., off:, :], grid_size, ws)
+    if cls_token:
+        cls_out = F.scaled_dot_product_attention(q[:, :, :1], k, v, dropout_p=dropout_p)
+        out = torch.cat([cls_out, out], dim=-2)
+    return out
+
+
+class PositionEncoding(nn.Module):
+    """Common interface of the position encodings (see the module docstring).
+
+    The default implementation is content-only attention: subclasses that only transform
+    queries and keys (RoPE) override :meth:`rotate`; ``abs`` overrides
+    :meth:`add_to_tokens`; bias-based encodings override :meth:`forward` and
+    :meth:`window_attention`.
+    """
+
+    #: the ``pos_encoding`` name this class implements
+    name: str = ''
+
+    def add_to_tokens(self, x: Tensor, grid_size: Tuple[int, int]) -> Tensor:
+        """Patch tokens ``(B, H*W, D)`` (no CLS) -> the tokens the blocks get (same shape)."""
+        return x
+
+    def rotate(self, q: Tensor, k: Tensor, layer: int, grid_size: Tuple[int, int],
+               cls_token: bool) -> Tuple[Tensor, Tensor]:
+        """Queries and keys ``(B, heads, T, d)`` as the attention logits should see them."""
+        return q, k
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, layer: int, grid_size: Tuple[int, int],
+                cls_token: bool, dropout_p: float = 0.0) -> Tensor:
+        """Global attention of ``layer``: ``(B, heads, T, d)`` -> ``(B, heads, T, d)``,
+        ``T = H*W (+1 with cls_token)``."""
+        n = grid_size[0] * grid_size[1] + int(cls_token)
+        if q.shape[-2] != n or k.shape[-2] != n:
+            raise ValueError(f'attention got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
+                             f'{"with" if cls_token else "without"} CLS needs {n}')
+        q, k = self.rotate(q, k, layer, grid_size, cls_token)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+
+    def window_attention(self, q: Tensor, k: Tensor, v: Tensor, layer: int,
+                         grid_size: Tuple[int, int], window_size: int, cls_token: bool,
+                         dropout_p: float = 0.0) -> Tensor:
+        """ViTDet window attention of ``layer`` (see :func:`window_sdpa`); shapes as
+        :meth:`forward`."""
+        q, k = self.rotate(q, k, layer, grid_size, cls_token)
+        return window_sdpa(q, k, v, grid_size, window_size, cls_token, dropout_p)
+
+    def reset_parameters(self) -> None:
+        """(Re-)initialise the encoding's own parameters (none by default)."""
+
+    def extra_repr(self) -> str:
+        return f'name={self.name!r}'
+
+
+class NoPositionEncoding(PositionEncoding):
+    """``'none'``: attention over content only (permutation-equivariant over patches)."""
+
+    name = 'none'
+
+
+class LookHerePositionEncoding(PositionEncoding):
+    """``'lookhere'`` / ``'alibi2d'``: attention with the bias of a LookHere engine.
+
+    Args:
+        engine: the engine (owns the bias caches and the backend choice).
+        name: ``'lookhere'`` or ``'alibi2d'`` (for messages; the math is the engine's).
+    """
+
+    def __init__(self, engine: LookHereAttentionEngine, name: str = 'lookhere'):
+        super().__init__()
+        if name not in LOOKHERE_BIAS_ENCODINGS:
+            raise ValueError(f'LookHerePositionEncoding implements {LOOKHERE_BIAS_ENCODINGS}, '
+                             f'got {name!r}')
+        self.engine = engine
+        self.name = name
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, layer: int, grid_size: Tuple[int, int],
+                cls_token: bool, dropout_p: float = 0.0) -> Tensor:
+        return self.engine(q, k, v, layer, grid_size, cls_token, dropout_p)
+
+    def window_attention(self, q: Tensor, k: Tensor, v: Tensor, layer: int,
+                         grid_size: Tuple[int, int], window_size: int, cls_token: bool,
+                         dropout_p: float = 0.0) -> Tensor:
+        return self.engine.window_attention(q, k, v, layer, grid_size, window_size, cls_token,
+                                            dropout_p)
+
+    def extra_repr(self) -> str:
+        return f'name={self.name!r}, config={self.engine.config.to_dict()}'
+
+
+def alibi2d_config(lh_config: Union[None, Mapping[str, Any], LookHereConfig] = None
+                   ) -> LookHereConfig:
+    """The LookHere config of ``'alibi2d'``: every head unrestricted (``'none'`` heads).
+
+    Default: ``head_directions='none'`` (slopes 1/4, 1/16, 1/64, 1/256 per group of heads,
+    LookHere's schedule for unrestricted heads), ``layer_slopes=(1.5, 0.5)`` and
+    ``global_slope=1`` as ``lh180``, so ``alibi2d`` differs from LookHere only in having no
+    direction masks. ``lh_config`` entries (a dict / :class:`LookHereConfig`) override
+    these; its ``head_directions`` must use only ``'none'`` direction types.
+    """
+    base = LookHereConfig('none', 1.0, (1.5, 0.5))
+    if lh_config is None:
+        return base
+    if isinstance(lh_config, LookHereConfig):
+        cfg = lh_config
+    elif isinstance(lh_config, Mapping):
+        cfg = resolve_lh_config({**base.to_dict(), **dict(lh_config)})
+    else:
+        raise TypeError("pos_encoding='alibi2d' takes lh_config as a dict or LookHereConfig "
+                        f'(no preset names), got {lh_config!r}')
+    directed = sorted({t for s in cfg.direction_strings for t in s.split('-') if t != 'none'})
+    if directed:
+        raise ValueError(f"pos_encoding='alibi2d' has no direction masks, but lh_config uses "
+                         f"direction types {directed}; use only 'none' (e.g. "
+                         f"head_directions='none') or pos_encoding='lookhere'")
+    return cfg
+
+
+# ----------------------------------------------------------------------------------------
+# Absolute embedding
+# ----------------------------------------------------------------------------------------
+def resample_abs_pos_embed(pos_embed: Tensor, src_grid: Tuple[int, int],
+                           dst_grid: Tuple[int, int], mode: str = 'bicubic') -> Tensor:
+    """Resize a patch position embedding from one grid to another (mmseg / timm style).
+
+    Args:
+        pos_embed: ``(1, Hs*Ws, D)``, row-major over ``src_grid = (Hs, Ws)``.
+        dst_grid: ``(Hd, Wd)``.
+        mode: ``F.interpolate`` mode (``align_corners=False``). Default: ``'bicubic'``.
+
+    Returns:
+        ``(1, Hd*Wd, D)`` (the input itself when the grids are equal).
+    """
+    src_grid, dst_grid = tuple(src_grid), tuple(dst_grid)
+    if pos_embed.dim() != 3 or pos_embed.shape[1] != src_grid[0] * src_grid[1]:
+        raise ValueError(f'pos_embed of shape {tuple(pos_embed.shape)} is not (1, H*W, D) for '
+                         f'the grid {src_grid}')
+    if src_grid == dst_grid:
+        return pos_embed
+    dim = pos_embed.shape[-1]
+    grid = pos_embed.reshape(1, src_grid[0], src_grid[1], dim).permute(0, 3, 1, 2)
+    kwargs = {} if mode in ('nearest', 'area') else dict(align_corners=False)
+    grid = F.interpolate(grid.float(), size=dst_grid, mode=mode, **kwargs).to(pos_embed.dtype)
+    return grid.permute(0, 2, 3, 1).reshape(1, dst_grid[0] * dst_grid[1], dim)
+
+
+class AbsolutePositionEncoding(PositionEncoding):
+    """``'abs'``: a learned embedding per patch of the training grid, added to the tokens.
+
+    Inputs whose grid differs are given the embedding resampled to their grid with
+    :func:`resample_abs_pos_embed`. The CLS token gets no embedding (as DeiT-III, the
+    trunk's architecture); a timm checkpoint whose ``pos_embed`` has a CLS entry has that
+    entry folded into ``cls_token`` on loading (an exact conversion, see
+    :meth:`adapt_checkpoint_embedding`).
+
+    Args:
+        embed_dims: token channels ``D``.
+        grid_size: ``(H, W)`` patch grid of the training size (``img_size / patch_size``).
+        interpolate_mode: resampling mode. Default: ``'bicubic'``.
+        init_std: std of the truncated-normal init (timm). Default: 0.02.
+
+    Parameters:
+        pos_embed: ``(1, H*W, D)``.
+    """
+
+    name = 'abs'
+
+    def __init__(self, embed_dims: int, grid_size: Tuple[int, int],
+                 interpolate_mode: str = 'bicubic', init_std: float = 0.02):
+        super().__init__()
+        if len(grid_size) != 2 or min(grid_size) < 1:
+            raise ValueError(f'grid_size must be (H, W) >= 1, got {grid_size!r}')
+        self.grid_size = (int(grid_size[0]), int(grid_size[1]))
+        self.interpolate_mode = interpolate_mode
+        self.init_std = init_std
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.grid_size[0] * self.grid_size[1],
+                                                  embed_dims))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.trunc_normal_(self.pos_embed, std=self.init_std, a=-2.0, b=2.0)
+
+    def embedding(self, grid_size: Tuple[int, int]) -> Tensor:
+        """The embedding for ``grid_size``: ``(1, H*W, D)``."""
+        return resample_abs_pos_embed(self.pos_embed, self.grid_size, tuple(grid_size),
+                                      self.interpolate_mode)
+
+    def add_to_tokens(self, x: Tensor, grid_size: Tuple[int, int]) -> Tensor:
+        return x + self.embedding(grid_size).to(x.dtype)
+
+    def adapt_checkpoint_embedding(self, pos_embed: Tensor
+                                   ) -> Tuple[Tensor, Optional[Tensor], str]:
+        """A checkpoint's ``pos_embed`` resampled to this encoding's shape.
+
+        Accepts ``(1, N, D)`` with ``N = h*w`` (DeiT-III / ours) or ``N = 1 + h*w`` (timm
+        ViTs with a CLS entry, returned separately). ``(h, w)`` is this encoding's grid when
+        ``N`` matches it, else the square ``sqrt(N)`` grid.
+
+        Returns:
+            ``(patches, cls_entry, note)``: the ``(1, H*W, D)`` patch embedding, the
+            ``(1, 1, D)`` CLS entry or None (add it to ``cls_token`` for the same CLS input
+            as in the checkpoint's model), and what was done.
+
+        Raises:
+            ValueError: wrong channel count, or a length that is no grid.
+        """
+        if pos_embed.dim() == 2:
+            pos_embed = pos_embed[None]
+        if pos_embed.dim() != 3 or pos_embed.shape[0] != 1:
+            raise ValueError(f'checkpoint pos_embed has shape {tuple(pos_embed.shape)}, '
+                             'expected (1, N, D)')
+        dim = self.pos_embed.shape[-1]
+        if pos_embed.shape[-1] != dim:
+            raise ValueError(f'checkpoint pos_embed has {pos_embed.shape[-1]} channels, the '
+                             f'backbone {dim} (check embed_dims)')
+        own = self.grid_size[0] * self.grid_size[1]
+        notes = []
+
+        def square(n: int) -> Optional[Tuple[int, int]]:
+            side = math.isqrt(n)
+            return (side, side) if side * side == n and n > 0 else None
+
+        n = pos_embed.shape[1]
+        cls_entry = None
+        if n == own or square(n):
+            src = self.grid_size if n == own else square(n)
+        elif n - 1 == own or square(n - 1):
+            cls_entry, pos_embed = pos_embed[:, :1], pos_embed[:, 1:]
+            notes.append('split off its CLS entry')
+            src = self.grid_size if n - 1 == own else square(n - 1)
+        else:
+            raise ValueError(f'checkpoint pos_embed has {n} tokens: neither this backbone\'s '
+                             f'{self.grid_size[0]}x{self.grid_size[1]} grid nor a square grid '
+                             '(with or without a CLS entry)')
+        if tuple(src) != self.grid_size:
+            notes.append(f'resampled {src[0]}x{src[1]} -> '
+                         f'{self.grid_size[0]}x{self.grid_size[1]} ({self.interpolate_mode})')
+        out = resample_abs_pos_embed(pos_embed, tuple(src), self.grid_size,
+                                     self.interpolate_mode)
+        return out, cls_entry, '; '.join(notes) or 'kept as is'
+
+    def extra_repr(self) -> str:
+        return (f'name={self.name!r}, grid_size={self.grid_size}, '
+                f'interpolate_mode={self.interpolate_mode!r}')
+
+
+# ----------------------------------------------------------------------------------------
+# 2D RoPE
+# ----------------------------------------------------------------------------------------
+def rotate_half_pairs(x: Tensor, angles: Tensor) -> Tensor:
+    """Rotate channel pairs ``(x[..., j], x[..., j + d/2])`` by ``angles[..., j]``.
+
+    Args:
+        x: ``(..., N, d)`` with even ``d``.
+        angles: ``(..., N, d/2)``, broadcastable against ``x``'s leading dims.
+
+    Returns:
+        Same shape and dtype as ``x``.
+    """
+    half = x.shape[-1] // 2
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def patch_coordinates(grid_size: Tuple[int, int], device: Union[torch.device, str, None] = None
+                      ) -> Tuple[Tensor, Tensor]:
+    """Row and column index of every patch, row-major: two float32 ``(H*W,)`` tensors."""
+    ys, xs = torch.meshgrid(torch.arange(grid_size[0], device=device, dtype=torch.float32),
+                            torch.arange(grid_size[1], device=device, dtype=torch.float32),
+                            indexing='ij')
+    return ys.flatten(), xs.flatten()
+
+
+class _RoPE2dBase(PositionEncoding):
+    """RoPE on the patch tokens (the CLS token, first when present, is not rotated)."""
+
+    def angles(self, layer: int, grid_size: Tuple[int, int], device: torch.device) -> Tensor:
+        """Rotation angles ``(heads or 1, H*W, head_dim/2)`` of ``layer`` (float32)."""
+        raise NotImplementedError
+
+    def rotate(self, q: Tensor, k: Tensor, layer: int, grid_size: Tuple[int, int],
+               cls_token: bool) -> Tuple[Tensor, Tensor]:
+        off = int(cls_token)
+        ang = self.angles(layer, tuple(grid_size), q.device)
+        if ang.shape[-2] != q.shape[-2] - off:
+            raise ValueError(f'RoPE got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
+                             f'{"with" if cls_token else "without"} CLS needs '
+                             f'{ang.shape[-2] + off}')
+        out = []
+        for t in (q, k):
+            rotated = rotate_half_pairs(t[:, :, off:], ang)
+            out.append(torch.cat([t[:, :, :off], rotated], dim=2) if off else rotated)
+        return out[0], out[1]
+
+
+class AxialRoPE2d(_RoPE2dBase):
+    """``'rope2d'``: axial 2D rotary embedding (RoPE-Axial of Heo et al. 2024).
+
+    For head channels ``d``, ``d/4`` frequencies ``f_i = theta ** (-4i / d)``; the first
+    ``d/4`` channel pairs rotate by ``x * f_i`` (column), the next ``d/4`` by ``y * f_i``
+    (row), positions in patches. The same for every head and layer; no parameters.
+    Larger grids simply use larger positions (no interpolation).
+
+    Args:
+        head_dim: channels per head (multiple of 4).
+        theta: frequency base. Default: 100 (RoPE-ViT's axial setting).
+    """
+
+    name = 'rope2d'
+
+    def __init__(self, head_dim: int, theta: float = 100.0):
+        super().__init__()
+        if head_dim % 4:
+            raise ValueError(f"pos_encoding='rope2d' needs head channels divisible by 4 "
+                             f'(embed_dims / num_heads), got {head_dim}')
+        self.head_dim = head_dim
+        self.theta = float(theta)
+        self._cache = BoundedCache(8)
+
+    def frequencies(self) -> Tensor:
+        """``(head_dim/4,)`` float32 frequencies."""
+        return self.theta ** (-torch.arange(0, self.head_dim, 4, dtype=torch.float64)
+                              / self.head_dim).float()
+
+    def angles(self, layer: int, grid_size: Tuple[int, int], device: torch.device) -> Tensor:
+        def make() -> Tensor:
+            ys, xs = patch_coordinates(grid_size, device)
+            freqs = self.frequencies().to(device)
+            return torch.cat([xs[:, None] * freqs, ys[:, None] * freqs], dim=-1)[None]
+
+        return self._cache.get_or_create((grid_size, str(device)), make)
+
+    def extra_repr(self) -> str:
+        return f'name={self.name!r}, head_dim={self.head_dim}, theta={self.theta}'
+
+
+class MixedRoPE2d(_RoPE2dBase):
+    """``'rope2d_mixed'``: RoPE-Mixed (Heo et al. 2024), learnable 2D frequencies.
+
+    Channel pair ``j`` of head ``h`` in layer ``l`` rotates by
+    ``fx[l, h, j] * x + fy[l, h, j] * y``. Initialisation: magnitudes
+    ``theta ** (-4i / d)`` for ``i < d/4``, each used twice, at directions ``phi`` and
+    ``phi + pi/2`` with a random ``phi`` per layer and head.
+
+    Args:
+        depth: layers.
+        num_heads: heads.
+        head_dim: channels per head (multiple of 4).
+        theta: magnitude base. Default: 10 (RoPE-ViT's mixed setting).
+
+    Parameters:
+        freqs: ``(2, depth, heads, head_dim/2)``: ``freqs[0]`` = ``fx``, ``freqs[1]`` = ``fy``.
+            Keep it out of weight decay (as RoPE-ViT does).
+    """
+
+    name = 'rope2d_mixed'
+
+    def __init__(self, depth: int, num_heads: int, head_dim: int, theta: float = 10.0):
+        super().__init__()
+        if head_dim % 4:
+            raise ValueError(f"pos_encoding='rope2d_mixed' needs head channels divisible by 4 "
+                             f'(embed_dims / num_heads), got {head_dim}')
+        self.depth, self.num_heads, self.head_dim = depth, num_heads, head_dim
+        self.theta = float(theta)
+        self.freqs = nn.Parameter(torch.zeros(2, depth, num_heads, head_dim // 2))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        mag = self.theta ** (-torch.arange(0, self.head_dim, 4, dtype=torch.float32)
+                             / self.head_dim)  # (d/4,)
+        phi = torch.rand(self.depth, self.num_heads, 1, device=self.freqs.device) * 2 * math.pi
+        mag = mag.to(self.freqs.device)
+        fx = torch.cat([mag * torch.cos(phi), mag * torch.cos(phi + math.pi / 2)], dim=-1)
+        fy = torch.cat([mag * torch.sin(phi), mag * torch.sin(phi + math.pi / 2)], dim=-1)
+        self.freqs.copy_(torch.stack([fx, fy]))
+
+    def angles(self, layer: int, grid_size: Tuple[int, int], device: torch.device) -> Tensor:
+        ys, xs = patch_coordinates(grid_size, device)
+        fx, fy = self.freqs[0, layer].float(), self.freqs[1, layer].float()  # (heads, d/2)
+        return xs[None, :, None] * fx[:, None, :] + ys[None, :, None] * fy[:, None, :]
+
+    def extra_repr(self) -> str:
+        return (f'name={self.name!r}, depth={self.depth}, num_heads={self.num_heads}, '
+                f'head_dim={self.head_dim}, theta={self.theta}')
+
+
+# ----------------------------------------------------------------------------------------
+# Factory
+# ----------------------------------------------------------------------------------------
+def parse_pos_encoding(spec: Union[str, Mapping[str, Any]]) -> Tuple[str, dict]:
+    """``'rope2d'`` or ``dict(type='rope2d', theta=...)`` -> ``(name, options)``.
+
+    Raises:
+        ValueError: unknown name (the message lists :data:`POS_ENCODINGS`).
+    """
+    if isinstance(spec, str):
+        name, options = spec, {}
+    elif isinstance(spec, Mapping):
+        options = dict(spec)
+        name = options.pop('type', None)
+    else:
+        raise TypeError(f'pos_encoding must be a name or a dict with "type", got {spec!r}')
+    if name not in POS_ENCODINGS:
+        raise ValueError(f'unknown pos_encoding {name!r}; allowed: {list(POS_ENCODINGS)}')
+    return name, options
+
+
+_OPTIONS = {'lookhere': (), 'alibi2d': (), 'none': (), 'abs': ('init_std',),
+            'rope2d': ('theta',), 'rope2d_mixed': ('theta',)}
+
+
+def build_position_encoding(spec: Union[str, Mapping[str, Any]], *, embed_dims: int,
+                            num_heads: int, depth: int, grid_size: Tuple[int, int],
+                            engine: Optional[LookHereAttentionEngine] = None,
+                            interpolate_mode: str = 'bicubic') -> PositionEncoding:
+    """Build the encoding ``spec`` names (see :func:`parse_pos_encoding`).
+
+    Args:
+        embed_dims, num_heads, depth: the trunk's sizes.
+        grid_size: the training grid ``(H, W)`` (used by ``abs``).
+        engine: the LookHere engine, required by ``lookhere`` and ``alibi2d`` (its config
+            decides which of the two it is).
+        interpolate_mode: ``abs`` resampling mode. Default: ``'bicubic'``.
+
+    Raises:
+        ValueError: unknown name or option (naming the allowed ones), missing engine.
+    """
+    name, options = parse_pos_encoding(spec)
+    unknown = sorted(set(options) - set(_OPTIONS[name]))
+    if unknown:
+        raise ValueError(f'pos_encoding {name!r} has no options {unknown}; allowed: '
+                         f'{list(_OPTIONS[name])}')
+    head_dim = embed_dims // num_heads
+    if name in LOOKHERE_BIAS_ENCODINGS:
+        if engine is None:
+            raise ValueError(f'pos_encoding {name!r} needs a LookHereAttentionEngine')
+        return LookHerePositionEncoding(engine, name)
+    if name == 'abs':
+        return AbsolutePositionEncoding(embed_dims, grid_size, interpolate_mode, **options)
+    if name == 'rope2d':
+        return AxialRoPE2d(head_dim, **options)
+    if name == 'rope2d_mixed':
+        return MixedRoPE2d(depth, num_heads, head_dim, **options)
+    return NoPositionEncoding()

@@ -1,0 +1,237 @@
+"""The relational dataset and tools/extrapolation_study.py (a shrunk run through the real
+mmengine Runner and mmseg's dataset, pipeline, model and IoUMetric)."""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+import lookhere_dense  # noqa: F401
+from lookhere_dense.data.relational import (CLASSES, RelationalSettings, ensure_relational_dataset,
+                                            render_scene, sample_scene, settings_from_dict,
+                                            split_name)
+
+SMALL = RelationalSettings(num_train=12, num_val=3, train_size=(32, 32), scales=(1.0, 2.0),
+                           seed=5)
+
+
+@pytest.fixture(scope='module')
+def study(repo_root):
+    spec = importlib.util.spec_from_file_location('extrapolation_study',
+                                                  repo_root / 'tools' / 'extrapolation_study.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- the generator -------------------------------------------------------------------------
+def test_labels_are_the_quadrant_around_the_anchor_centre():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        scene = sample_scene(rng, RelationalSettings())
+        image, label = render_scene(scene, (96, 80))
+        acy, acx = scene.anchor[:2]
+        ys, xs = np.nonzero(label >= 2)
+        up = (ys + 0.5) / 96 < acy
+        left = (xs + 0.5) / 80 < acx
+        expected = 2 + 2 * (~up).astype(int) + (~left).astype(int)
+        np.testing.assert_array_equal(label[ys, xs], expected)
+        anchor = label == 1
+        assert anchor.any() and (image[anchor] >= 230).all()  # white (+ small noise)
+        assert image.dtype == np.uint8 and image.shape == (96, 80, 3)
+
+
+def test_colour_alone_does_not_give_the_class():
+    """Every object colour appears in every quadrant class (over a few hundred scenes)."""
+    rng = np.random.default_rng(1)
+    seen = {}
+    for _ in range(300):
+        for _, _, _, _, _, rgb, cls in sample_scene(rng, RelationalSettings()).objects:
+            seen.setdefault(rgb, set()).add(cls)
+    assert all(classes == {2, 3, 4, 5} for classes in seen.values()), seen
+
+
+def test_the_same_scene_at_twice_the_size_has_the_same_labels():
+    scene = sample_scene(np.random.default_rng(2), RelationalSettings())
+    _, small = render_scene(scene, (64, 64))
+    _, big = render_scene(scene, (128, 128))
+    agree = (big.reshape(64, 2, 64, 2) == small[:, None, :, None]).mean()
+    assert agree > 0.97
+
+
+def test_dataset_folder_loads_with_mmseg(tmp_path):
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import DATASETS
+    init_default_scope('mmseg')
+    root = str(tmp_path / 'rel')
+    meta = ensure_relational_dataset(root, SMALL)
+    assert meta['splits']['val_x2']['size'] == [64, 64]
+    ds = DATASETS.build(dict(
+        type='BaseSegDataset', data_root=root, metainfo=dict(classes=CLASSES),
+        img_suffix='.png', seg_map_suffix='.png',
+        data_prefix=dict(img_path=f'img_dir/{split_name(2.0)}',
+                         seg_map_path=f'ann_dir/{split_name(2.0)}'),
+        pipeline=[dict(type='LoadImageFromFile'), dict(type='LoadAnnotations'),
+                  dict(type='PackSegInputs')]))
+    assert len(ds) == 3
+    sample = ds[0]
+    assert tuple(sample['inputs'].shape) == (3, 64, 64)
+    labels = sample['data_samples'].gt_sem_seg.data
+    assert labels.max() < len(CLASSES) and (labels == 1).any()
+    # not rewritten when the settings are the same; rewritten when they change
+    stamp = os.path.getmtime(os.path.join(root, 'meta.json'))
+    ensure_relational_dataset(root, SMALL)
+    assert os.path.getmtime(os.path.join(root, 'meta.json')) == stamp
+    ensure_relational_dataset(root, dataclasses.replace(SMALL, num_val=2))
+    assert len(os.listdir(os.path.join(root, 'img_dir', 'val_x1'))) == 2
+    with pytest.raises(ValueError, match=r"unknown relational dataset settings \['size'\]"):
+        settings_from_dict(dict(size=3))
+
+
+# -- the tool's pieces ---------------------------------------------------------------------
+def test_encoding_specs(study):
+    assert study.parse_encoding('lookhere:lh45') == ('lookhere', 'lh45')
+    assert study.parse_encoding('alibi2d') == ('alibi2d', None)
+    bb = dict(type='LookHereViT', preset='lh180', embed_dims=8)
+    assert study.backbone_for(bb, 'rope2d') == dict(type='LookHereViT', embed_dims=8,
+                                                     pos_encoding='rope2d')
+    assert study.backbone_for(bb, 'lookhere')['preset'] == 'lh180'
+    assert study.backbone_for({**bb, 'lh_config': dict(global_slope=2.0)}, 'lookhere:lh90') == \
+        dict(type='LookHereViT', embed_dims=8, preset='lh90', pos_encoding='lookhere')
+    with pytest.raises(ValueError, match='unknown encoding .sincos.'):
+        study.parse_encoding('sincos')
+    with pytest.raises(ValueError, match='only lookhere takes a preset'):
+        study.parse_encoding('abs:lh90')
+    with pytest.raises(ValueError, match="unknown LookHere preset 'lh30'"):
+        study.parse_encoding('lookhere:lh30')
+    with pytest.raises(ValueError, match="needs model.backbone.type='LookHereViT'"):
+        study.backbone_for(dict(type='VisionTransformer'), 'abs')
+
+
+def test_summary_mean_and_std_over_seeds(study):
+    runs = [dict(encoding='abs', seed=s, eval={'1': {'mIoU': v}, '2': {'mIoU': v / 2}})
+            for s, v in enumerate([40.0, 50.0, 60.0])]
+    summary = study.summarise(runs, 'mIoU')
+    assert summary['abs']['1']['mean'] == 50.0 and summary['abs']['1']['std'] == 10.0
+    assert summary['abs']['2']['n'] == 3 and summary['abs']['2']['mean'] == 25.0
+    table = study.format_table(summary, dict(scales=(1.0, 2.0), train_size=(32, 32)))
+    assert '| abs | 50.00 ± 10.00 | 25.00 ± 5.00 |' in table
+
+
+def test_resize_ladder_scales_the_test_pipeline(study):
+    from mmengine.config import Config
+    cfg = Config(dict(val_dataloader=dict(dataset=dict(
+        type='ADE20KDataset', pipeline=[dict(type='LoadImageFromFile'),
+                                        dict(type='Resize', scale=(2048, 512), keep_ratio=True),
+                                        dict(type='LoadAnnotations')]))))
+    dl = study.ladder_dataloader(cfg, dict(ladder='resize'), 2.0)
+    assert dl['dataset']['pipeline'][1]['scale'] == (4096, 1024)
+    assert cfg.val_dataloader.dataset.pipeline[1].scale == (2048, 512)  # config untouched
+    cfg.val_dataloader.dataset.pipeline.pop(1)
+    with pytest.raises(ValueError, match='needs a Resize'):
+        study.ladder_dataloader(cfg, dict(ladder='resize'), 2.0)
+    rendered = study.ladder_dataloader(cfg, dict(ladder='rendered', val_prefix='val_x{scale:g}'),
+                                       1.5)
+    assert rendered['dataset']['data_prefix'] == dict(img_path='img_dir/val_x1.5',
+                                                      seg_map_path='ann_dir/val_x1.5')
+
+
+# -- a shrunk study through the real Runner -------------------------------------------------
+def test_shrunk_study_end_to_end(study, tmp_path):
+    data = tmp_path / 'data'
+    out = tmp_path / 'out'
+    report = study.main([
+        '--encodings', 'lookhere', 'rope2d', '--iters', '3', '--batch-size', '4',
+        '--scales', '1', '2', '--seeds', '7', '--work-dir', str(tmp_path / 'work'),
+        '--out-dir', str(out), '--name', 'tiny',
+        '--cfg-options', f'train_dataloader.dataset.data_root={data}',
+        f'val_dataloader.dataset.data_root={data}', 'relational.num_train=16',
+        'relational.num_val=2', 'relational.train_size=(32,32)',
+        'extrapolation.train_size=(32,32)', 'model.backbone.img_size=(32,32)',
+        'model.data_preprocessor.size=(32,32)', 'model.backbone.num_layers=2',
+        'val_dataloader.batch_size=2'])
+    assert [(r['encoding'], r['seed']) for r in report['runs']] == [('lookhere', 7),
+                                                                       ('rope2d', 7)]
+    for run in report['runs']:
+        assert set(run['eval']) == {'1', '2'}
+        for metrics in run['eval'].values():
+            assert 0 <= metrics['mIoU'] <= 100 and 0 <= metrics['aAcc'] <= 100
+            assert {f'IoU.{c}' for c in CLASSES} <= set(metrics)
+    saved = json.loads((out / 'tiny.json').read_text())
+    assert saved['settings']['seeds'] == [7] and saved['settings']['iters'] == 3
+    assert saved['settings']['dataset']['splits']['val_x2']['size'] == [64, 64]
+    assert saved['summary']['rope2d']['2']['mean'] == report['runs'][1]['eval']['2']['mIoU']
+    rows = list(csv.DictReader((out / 'tiny.csv').open()))
+    assert len(rows) == 4 and {r['test_h'] for r in rows} == {'32', '64'}
+    assert (out / 'tiny.png').stat().st_size > 10_000
+    assert '| lookhere |' in (out / 'tiny_table.md').read_text()
+    assert os.path.isfile(tmp_path / 'work' / 'rope2d' / 'seed7' / 'iter_3.pth')
+
+
+def test_full_scale_segmenter_config_builds_every_encoding_and_scales_its_ladder(study,
+                                                                                 repo_root):
+    from mmengine.config import Config
+    from mmseg.registry import MODELS
+    cfg = Config.fromfile(str(repo_root / 'configs' / 'study' /
+                              'segmenter_vit-b_ade20k_ladder.py'))
+    assert cfg.model.test_cfg == dict(mode='whole') and cfg.model.pretrained is None
+    settings = study.study_settings(cfg, study.parse_args([]))
+    assert settings['ladder'] == 'resize' and settings['train_size'] == (512, 512)
+    dl = study.ladder_dataloader(cfg, settings, 3.0)
+    assert [t['scale'] for t in dl['dataset']['pipeline'] if t['type'] == 'Resize'] == [
+        (6144, 1536)]
+    for spec in ('lookhere', 'abs', 'rope2d_mixed', 'alibi2d'):
+        backbone = study.backbone_for(cfg.model.backbone, spec)
+        model = MODELS.build({**backbone, 'num_layers': 1})  # one block keeps the test small
+        assert model.pos_encoding == spec and model.embed_dims == 768
+
+
+def test_iters_override_stretches_and_clips_iteration_schedules(study):
+    from mmengine.config import Config
+    cfg = Config(dict(train_cfg=dict(max_iters=600), param_scheduler=[
+        dict(type='LinearLR', by_epoch=False, begin=0, end=50),
+        dict(type='CosineAnnealingLR', by_epoch=False, begin=50, end=600)]))
+    study._schedule_to(cfg, 2000)
+    assert [(s.begin, s.end) for s in cfg.param_scheduler] == [(0, 50), (50, 2000)]
+    study._schedule_to(cfg, 20)
+    assert cfg.train_cfg.max_iters == 20
+    assert [(s.begin, s.end) for s in cfg.param_scheduler] == [(0, 20), (19, 20)]
+
+
+def test_example_sheet(tmp_path):
+    from PIL import Image
+
+    from lookhere_dense.data.relational import save_examples
+    save_examples(str(tmp_path / 'ex.png'), num=3, scales=(1, 2), settings=SMALL)
+    assert Image.open(tmp_path / 'ex.png').size == (3 * (64 + 4), 4 * (64 + 4))
+
+
+def test_merge_combines_seeds_and_refuses_other_settings(study, tmp_path):
+    def report(seed, value, iters=10):
+        return dict(command='x', date='d', wall_seconds=1.0, versions={},
+                    settings=dict(config='c.py', encodings=['abs'], seeds=[seed], scales=[1.0],
+                                  ladder='rendered', metric='mIoU', train_size=[32, 32],
+                                  iters=iters),
+                    runs=[dict(encoding='abs', seed=seed, train_seconds=1.0,
+                               eval={'1': {'mIoU': value, 'aAcc': 90.0}})])
+    paths = []
+    for i, (seed, value, iters) in enumerate([(0, 40.0, 10), (1, 60.0, 10), (1, 50.0, 10),
+                                              (2, 50.0, 99)]):
+        paths.append(str(tmp_path / f'r{i}.json'))
+        with open(paths[-1], 'w') as f:
+            json.dump(report(seed, value, iters), f)
+    merged = study.main(['--merge', paths[0], paths[1], '--out-dir', str(tmp_path / 'm'),
+                         '--name', 'merged'])
+    assert merged['settings']['seeds'] == [0, 1] and len(merged['merged_from']) == 2
+    assert merged['summary']['abs']['1'] == dict(values=[40.0, 60.0], n=2, mean=50.0,
+                                                 std=pytest.approx(14.14, abs=0.01))
+    assert (tmp_path / 'm' / 'merged.png').is_file()
+    with pytest.raises(ValueError, match='appears twice'):
+        study.merge_reports([paths[1], paths[2]], 'x')
+    with pytest.raises(ValueError, match=r"settings differ in \['iters'\]"):
+        study.merge_reports([paths[0], paths[3]], 'x')
