@@ -154,3 +154,14 @@ def test_registered_for_both_scopes():
     for registry in (DET, SEG):
         assert registry.get('LookHereLayerDecayOptimizerConstructor') is \
             LookHereLayerDecayOptimizerConstructor
+
+
+@pytest.mark.parametrize('encoding,param', [('abs', 'pos_enc.pos_embed'),
+                                            ('rope2d_mixed', 'pos_enc.freqs')])
+def test_position_encoding_parameters_are_layer_0_without_decay(encoding, param):
+    model = segmentor(pos_encoding=encoding, img_size=32)
+    wrapper = build_optim_wrapper(model, optim_cfg())
+    group = next(g for g in wrapper.optimizer.param_groups
+                 if f'backbone.{param}' in g['param_names'])
+    assert group['layer_id'] == 0 and group['weight_decay'] == 0.0
+    assert group['lr'] == pytest.approx(BASE_LR * RATE ** (L + 1))

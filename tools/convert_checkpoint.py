@@ -29,8 +29,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         'DeiT-III checkpoint (.pth / .safetensors)')
     parser.add_argument('dst', help='output file (mmseg-style backbone checkpoint)')
     parser.add_argument('--keep-pos-embed', action='store_true',
-                        help='keep a timm pos_embed (for a backbone with an absolute position '
-                        'embedding); dropped by default since LookHere has none')
+                        help="keep a timm / DeiT-III pos_embed, for LookHereViT(pos_encoding='abs'), "
+                        'which resamples it to its grid; dropped by default since LookHere has '
+                        'none')
     return parser.parse_args(argv)
 
 

@@ -10,7 +10,7 @@ gets ``lr * decay_rate ** (L + 1 - i)`` where
   (learning-rate scale 1).
 
 Weight decay is 0 for norm layers (weight and bias), LayerScale ``gamma``, the CLS token
-(and position embeddings), and -- unless ``bias_decay=True`` -- for every bias; all other
+(and position embeddings: ``pos_embed``, RoPE-Mixed ``freqs``), and -- unless ``bias_decay=True`` -- for every bias; all other
 parameters get the optimizer's ``weight_decay``.
 
 Use::
@@ -42,7 +42,7 @@ __all__ = ['LookHereLayerDecayOptimizerConstructor', 'find_lookhere_backbone',
 
 _BLOCK = re.compile(r'^blocks\.(\d+)\.')
 #: Backbone parameters (names relative to the backbone) that never get weight decay.
-_NO_DECAY_TOKENS = ('cls_token', 'pos_embed', 'mask_token')
+_NO_DECAY_TOKENS = ('cls_token', 'pos_embed', 'mask_token', 'freqs')
 _NORMS = (nn.LayerNorm, nn.GroupNorm, _BatchNorm, _InstanceNorm)
 
 
