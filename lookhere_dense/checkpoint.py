@@ -42,14 +42,18 @@ class BackboneWeights:
     Attributes:
         state_dict: tensors keyed like ``LookHereViT.state_dict()``.
         format: ``'official'``, ``'lookhere-dense'``, ``'mmengine'`` or ``'timm'``.
-        lh_config: the LookHere config stored in the file (official / ours), else None.
+        lh_config: the LookHere config stored in the file (official / ours, or the
+            ``_extra_state`` of a saved ``LookHereViT``), else None.
         dropped: keys of the file that were dropped on purpose (classifier head, ...).
+        pos_encoding: the ``pos_encoding`` a saved ``LookHereViT`` was built with (from its
+            ``_extra_state``); ``'lookhere'`` for official files; None when unknown.
     """
 
     state_dict: Dict[str, Tensor]
     format: str
     lh_config: Optional[Dict[str, Any]] = None
     dropped: List[str] = field(default_factory=list)
+    pos_encoding: Optional[str] = None
 
 
 def load_checkpoint_file(path: str) -> Dict[str, Any]:
@@ -107,6 +111,12 @@ def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> B
     if not any(k.startswith(('blocks.', 'patch_embed.')) for k in sd):
         raise ValueError('checkpoint has no ViT backbone weights (no "blocks.*" or '
                          f'"patch_embed.*" keys); first keys: {sorted(sd)[:8]}')
+    pos_encoding = 'lookhere' if fmt == 'official' else None
+    extra = sd.pop('_extra_state', None)  # LookHereViT.get_extra_state() of our own saves
+    if isinstance(extra, Mapping):
+        pos_encoding = extra.get('pos_encoding')
+        if lh_config is None and extra.get('lh_config') is not None:
+            lh_config = dict(extra['lh_config'])
     out: Dict[str, Tensor] = {}
     dropped: List[str] = []
     for key, value in sd.items():
@@ -117,7 +127,7 @@ def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> B
             dropped.append(key)
             continue
         out[key] = value
-    return BackboneWeights(out, fmt, lh_config, sorted(dropped))
+    return BackboneWeights(out, fmt, lh_config, sorted(dropped), pos_encoding)
 
 
 def match_state_dict(model_sd: Mapping[str, Tensor], weights: Mapping[str, Tensor]
@@ -148,10 +158,13 @@ def save_backbone_checkpoint(path: str, state_dict: Mapping[str, Tensor],
     """Write backbone weights as ``{'state_dict': ..., 'meta': {...}}``.
 
     The file works with ``init_cfg=dict(type='Pretrained', checkpoint=path)`` of
-    ``LookHereViT`` (which also takes the stored LookHere config from ``meta``).
+    ``LookHereViT`` (which also takes the stored LookHere config from ``meta``). Only
+    tensors are written: a module's non-tensor ``_extra_state`` is replaced by
+    ``lh_config``.
     """
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     meta = {'lookhere_config': None if lh_config is None else dict(lh_config),
-            'source': source, 'converted_by': 'lookhere_dense/tools/convert_checkpoint.py'}
-    torch.save({'state_dict': {k: v.detach().cpu().contiguous() for k, v in state_dict.items()},
-                'meta': meta}, path)
+            'source': source, 'converted_by': 'lookhere_dense.checkpoint'}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()
+               if isinstance(v, Tensor)}
+    torch.save({'state_dict': tensors, 'meta': meta}, path)

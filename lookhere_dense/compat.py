@@ -9,8 +9,10 @@ it changes behaviour only for the objects it names.
    ``HistoryBuffer`` and the numpy arrays/scalars/dtypes it holds), so ``load_from=``
    and ``--resume`` fail with ``UnpicklingError: Unsupported global``. Fix: add exactly
    those classes to torch's weights-only allow-list
-   (``torch.serialization.add_safe_globals``). ``weights_only`` stays on for everything;
-   no other class becomes loadable.
+   (``torch.serialization.add_safe_globals``), plus ``builtins.getattr``: a
+   ``HistoryBuffer`` pickles its bound statistics methods as ``getattr(buffer, 'min')``.
+   ``weights_only`` stays on for everything; no other class becomes loadable, and
+   ``getattr`` can only reach attributes of objects built from the allowed classes.
 """
 from __future__ import annotations
 

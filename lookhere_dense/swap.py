@@ -200,18 +200,40 @@ def _check_registered(where: str, node: Mapping, registry, scope: str) -> None:
 
 def _lookhere_checks(model: Mapping) -> None:
     from .lookhere import resolve_lh_config
+    from .lookhere.attention import BACKENDS
+    from .models.pos_encoding import alibi2d_config, parse_pos_encoding
 
     bb = model['backbone']
     num_layers = bb.get('num_layers', 12)
     num_heads = bb.get('num_heads', 12)
     embed_dims = bb.get('embed_dims', 768)
     try:
-        resolve_lh_config(bb.get('lh_config'), bb.get('preset')).validate(num_heads, num_layers)
+        encoding, _ = parse_pos_encoding(bb.get('pos_encoding', 'lookhere'))
     except ValueError as err:
-        raise ConfigError(
-            f'model.backbone (LookHereViT): {err}. Set model.backbone.num_heads to 12 or 16 '
-            f'(embed_dims={embed_dims} must be divisible by it), or choose another preset '
-            'with model.backbone.preset.') from None
+        raise ConfigError(f'model.backbone.pos_encoding: {err}') from None
+    backend = bb.get('attn_backend', 'auto')
+    if backend not in BACKENDS:
+        raise ConfigError(f'model.backbone.attn_backend={backend!r} is not one of {BACKENDS}')
+    if embed_dims % num_heads:
+        raise ConfigError(f'model.backbone: embed_dims={embed_dims} is not divisible by '
+                          f'num_heads={num_heads}')
+    try:
+        if encoding == 'lookhere':
+            cfg = resolve_lh_config(bb.get('lh_config'), bb.get('preset'))
+        elif encoding == 'alibi2d':
+            cfg = alibi2d_config(bb.get('lh_config'))
+        else:
+            cfg = None
+    except ValueError as err:  # unknown preset / direction / option: the message names it
+        raise ConfigError(f'model.backbone (LookHereViT): {err}') from None
+    if cfg is not None:
+        try:
+            cfg.validate(num_heads, num_layers)
+        except ValueError as err:
+            raise ConfigError(
+                f'model.backbone (LookHereViT): {err}. Set model.backbone.num_heads to one '
+                f'that fits (embed_dims={embed_dims} must be divisible by it), or choose '
+                'another preset with model.backbone.preset.') from None
     outs = bb.get('out_indices', -1)
     n_out = (1 if isinstance(outs, int) else len(outs)) + int(bool(bb.get('out_origin')))
     cls_out = bool(bb.get('output_cls_token', False))

@@ -193,7 +193,10 @@ def test_bias_is_built_once_per_grid_and_not_in_state_dict():
     assert engine.dense.misses == 3                    # one per layer, then reused
     model(torch.randn(1, 3, 32, 32))                   # a new grid: new entries
     assert engine.tables.misses == 2
-    assert set(model.state_dict()) == {name for name, _ in model.named_parameters()}
+    # no bias tensor in the state_dict: parameters, plus the config as plain data
+    sd = model.state_dict()
+    assert set(sd) == {name for name, _ in model.named_parameters()} | {'_extra_state'}
+    assert sd['_extra_state']['pos_encoding'] == 'lookhere'
 
 
 def test_bias_cache_is_bounded():
@@ -303,8 +306,10 @@ def test_loads_whole_model_mmengine_checkpoints(tmp_path: Path):
         **{f'backbone.{k}': v for k, v in source.state_dict().items()},
         'decode_head.conv_seg.weight': torch.zeros(3, 96, 1, 1)}}, path)
     model = tiny(preset='lh45', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
-    for (k, a), b in zip(model.state_dict().items(), source.state_dict().values()):
-        torch.testing.assert_close(a, b, msg=k)
+    want = source.state_dict()
+    got = model.state_dict()
+    assert got.pop('_extra_state') == want.pop('_extra_state')  # the config came along
+    torch.testing.assert_close(got, want)
 
 
 def test_mmengine_checkpoints_with_message_hub_load_under_weights_only(tmp_path: Path):
@@ -398,3 +403,74 @@ def test_default_global_blocks_are_the_last_of_each_quarter(layers, windowed):
 def test_too_few_layers_for_the_default_window_pattern():
     with pytest.raises(ValueError, match=r'leaves no windowed block; give window_block_indexes'):
         LookHereViT(embed_dims=48, num_layers=3, num_heads=12, window_size=4)
+
+
+# ----------------------------------------------------------------------------------------
+# The LookHere config travels with trained weights (test / resume / inference)
+# ----------------------------------------------------------------------------------------
+def test_adopted_config_is_restored_where_no_init_weights_runs(tmp_path: Path):
+    """Fine-tune from a pretrained file with a non-default config (adopted by init_weights),
+    save as the Runner does, then load as tools/test.py / --resume / infer do: mmengine's
+    load_checkpoint into a segmentor built from the same config, without init_weights."""
+    from mmengine.registry import DefaultScope
+    from mmengine.runner import load_checkpoint
+    from mmseg.registry import MODELS as MMSEG_MODELS
+
+    from lookhere_dense.checkpoint import save_backbone_checkpoint
+    pretrained = tmp_path / 'lh90_pretrained.pth'
+    lh90 = dict(head_directions='corners-none', global_slope=1.0, layer_slopes=[1.5, 0.5])
+    save_backbone_checkpoint(str(pretrained), tiny(lh_config=lh90).state_dict(), lh90,
+                             source='test')
+    cfg = dict(type='EncoderDecoder',
+               data_preprocessor=dict(type='SegDataPreProcessor', mean=[0, 0, 0],
+                                      std=[1, 1, 1]),
+               backbone=dict(type='LookHereViT', **TINY, out_indices=(2, ),
+                             init_cfg=dict(type='Pretrained', checkpoint=str(pretrained))),
+               decode_head=dict(type='FCNHead', in_channels=96, channels=96, num_convs=0,
+                                concat_input=False, num_classes=3,
+                                norm_cfg=dict(type='BN', requires_grad=True)),
+               train_cfg=dict(), test_cfg=dict(mode='whole'))
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        trained = MMSEG_MODELS.build(cfg)
+        trained.init_weights()
+        assert trained.backbone.lh_config.head_directions == 'corners-none'
+        ckpt = tmp_path / 'iter_10.pth'
+        torch.save({'meta': {}, 'state_dict': trained.state_dict()}, ckpt)
+        cfg['backbone'].pop('init_cfg')                  # as tools/test.py's model sees it
+        tested = MMSEG_MODELS.build(cfg)
+    assert tested.backbone.lh_config.head_directions == 'halves-none'   # the default
+    load_checkpoint(tested, str(ckpt), map_location='cpu', logger='silent')
+    assert tested.backbone.lh_config == trained.backbone.lh_config
+    x = torch.randn(1, 3, 48, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(tested.eval().backbone(x)[0], trained.eval().backbone(x)[0])
+
+
+def test_default_backbone_adopts_the_saved_config_and_explicit_conflicts_are_named(
+        tmp_path: Path):
+    source = tiny(preset='lh90')
+    default = tiny()
+    assert default.lh_config != source.lh_config
+    default.load_state_dict(source.state_dict())
+    assert default.lh_config == source.lh_config
+    x = torch.randn(1, 3, 48, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(default(x)[0], source(x)[0])
+    with pytest.raises(ValueError, match=r'conflicts with the one stored'):
+        tiny(preset='lh45').load_state_dict(source.state_dict())
+    # init_cfg from a Runner checkpoint of ours: the config comes along too
+    ckpt = tmp_path / 'seg.pth'
+    torch.save({'meta': {}, 'state_dict': {f'backbone.{k}': v
+                                           for k, v in source.state_dict().items()}}, ckpt)
+    model = tiny(init_cfg=dict(type='Pretrained', checkpoint=str(ckpt)))
+    assert model.lh_config == source.lh_config
+
+
+def test_weights_of_another_pos_encoding_are_refused_by_load_state_dict():
+    source = tiny(pos_encoding='rope2d')
+    with pytest.raises(ValueError, match=r"trained with pos_encoding='rope2d'.*"
+                                         r"set model.backbone.pos_encoding='rope2d'"):
+        tiny().load_state_dict(source.state_dict())
+    sd = source.state_dict()
+    sd.pop('_extra_state')              # moving the trunk on purpose
+    tiny().load_state_dict(sd, strict=False)

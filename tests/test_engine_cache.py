@@ -180,7 +180,10 @@ def test_backbone_forwards_never_rebuild_cached_data(backend, window):
         assert {k[1] for k in eng.dense.keys() if k[0] != 'window_pad'} == {(2, 2), (5, 7)}
     else:
         assert misses['dense'] == 3       # one per layer, then reused
-    assert set(model.state_dict()) == {name for name, _ in model.named_parameters()}
+    # no bias tensor in the state_dict: parameters, plus the config as plain data
+    sd = model.state_dict()
+    assert set(sd) == {name for name, _ in model.named_parameters()} | {'_extra_state'}
+    assert sd['_extra_state']['pos_encoding'] == 'lookhere'
 
 
 def test_backbone_training_step_with_chunked_backend_matches_sdpa():

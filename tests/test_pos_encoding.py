@@ -60,8 +60,10 @@ def test_small_windows_and_checkpointing_run_with_gradients(enc):
 
 def test_same_seed_same_trunk_whatever_the_encoding():
     ref = tiny('lookhere').state_dict()
+    assert ref.pop('_extra_state')['pos_encoding'] == 'lookhere'
     for enc in POS_ENCODINGS:
         sd = tiny(enc).state_dict()
+        assert sd.pop('_extra_state')['pos_encoding'] == enc
         shared = [k for k in sd if not k.startswith('pos_enc.')]
         assert sorted(shared) == sorted(ref)
         for k in shared:
@@ -210,7 +212,8 @@ def test_none_is_equivariant_to_permuting_patches():
 # -- weights -------------------------------------------------------------------------------
 def _timm_file(tmp_path, grid: int = 8, cls_entry: bool = True):
     """A timm-style flat state_dict of this trunk with a ``pos_embed`` over ``grid x grid``."""
-    sd = {k: v.clone() for k, v in tiny('lookhere', seed=1).state_dict().items()}
+    sd = {k: v.clone() for k, v in tiny('lookhere', seed=1).state_dict().items()
+          if k != '_extra_state'}  # a timm file: tensors only
     pos = torch.randn(1, int(cls_entry) + grid * grid, 48)
     sd['pos_embed'] = pos
     sd['head.weight'] = torch.randn(10, 48)
@@ -228,7 +231,8 @@ def test_timm_pos_embed_is_kept_by_abs_and_dropped_by_the_others(tmp_path):
     torch.testing.assert_close(model.pos_enc.pos_embed.data, expected)
     # the CLS entry of pos_embed is folded into cls_token: the same CLS input as in timm
     torch.testing.assert_close(model.cls_token.data, sd['cls_token'] + pos[:, :1])
-    torch.testing.assert_close(model.blocks[1].attn.qkv.weight.data, sd['blocks.1.attn.qkv.weight'])
+    torch.testing.assert_close(model.blocks[1].attn.qkv.weight.data,
+                               sd['blocks.1.attn.qkv.weight'])
     for enc in ('lookhere', 'rope2d', 'none'):
         report = LookHereViT(**TINY, pos_encoding=enc).load_pretrained(path)
         assert 'pos_embed' in report['dropped'] and report['missing'] == []
@@ -245,9 +249,34 @@ def test_abs_round_trip_through_an_mmengine_checkpoint_of_another_size(tmp_path)
                                resample_abs_pos_embed(src.pos_enc.pos_embed.data, (4, 4), (6, 6)))
 
 
+def test_saved_models_load_only_into_their_own_encoding(tmp_path):
+    path = tmp_path / 'seg.pth'
+    torch.save({'state_dict': {f'backbone.{k}': v for k, v in
+                               tiny('alibi2d').state_dict().items()}, 'meta': {}}, path)
+    alibi = LookHereViT(**TINY, pos_encoding='alibi2d', lh_config=dict(layer_slopes=[1, 1]))
+    assert alibi.lh_config.layer_slopes == (1.0, 1.0)
+    with pytest.raises(ValueError, match='conflicts with the one stored'):
+        alibi.load_pretrained(str(path))           # explicit slopes vs the file's
+    alibi = LookHereViT(**TINY, pos_encoding='alibi2d')
+    alibi.load_pretrained(str(path))
+    assert alibi.lh_config == tiny('alibi2d').lh_config
+    # a pretrained trunk may move to another encoding (like timm weights), except that
+    # LookHere models load only into 'lookhere' (official rule)
+    lookhere = LookHereViT(**TINY, pos_encoding='lookhere')
+    lookhere.load_pretrained(str(path))
+    assert 'halves' in lookhere.lh_config.head_directions  # its own, not the file's
+    path_lh = tmp_path / 'seg_lh.pth'
+    torch.save({'state_dict': {f'backbone.{k}': v for k, v in
+                               tiny('lookhere').state_dict().items()}, 'meta': {}}, path_lh)
+    with pytest.raises(ValueError, match="holds a 'lookhere' model.*pos_encoding='lookhere'"):
+        LookHereViT(**TINY, pos_encoding='alibi2d').load_pretrained(str(path_lh))
+
+
 def test_abs_without_pos_embed_in_file_is_missing(tmp_path):
     path = tmp_path / 'no_pos.pth'
-    torch.save(tiny('lookhere').state_dict(), path)
+    sd = tiny('lookhere').state_dict()
+    sd.pop('_extra_state')  # a timm-like file without pos_embed
+    torch.save(sd, path)
     with pytest.raises(ValueError, match='pos_enc.pos_embed'):
         LookHereViT(**TINY, pos_encoding='abs').load_pretrained(str(path))
 
@@ -255,16 +284,20 @@ def test_abs_without_pos_embed_in_file_is_missing(tmp_path):
 def test_official_lookhere_weights_load_only_into_lookhere(tmp_path):
     src = tiny('lookhere', seed=2)
     path = tmp_path / 'LH_tiny.pth'
-    torch.save({'weights': src.state_dict(),
+    weights = {k: v for k, v in src.state_dict().items() if k != '_extra_state'}
+    torch.save({'weights': weights,
                 'config': dict(head_directions='halves-none', global_slope=1.0,
                                layer_slopes=[1.5, 0.5])}, path)
     for enc in POS_ENCODINGS:
         model = LookHereViT(**TINY, pos_encoding=enc)
         if enc == 'lookhere':
             model.load_pretrained(str(path))
-            torch.testing.assert_close(model.state_dict(), src.state_dict())
+            got = model.state_dict()
+            assert got.pop('_extra_state')['lh_config']['head_directions'] == 'halves-none'
+            torch.testing.assert_close(got, weights)
         else:
-            with pytest.raises(ValueError, match="loads only into pos_encoding='lookhere'"):
+            with pytest.raises(ValueError, match="holds a 'lookhere' model.*loads only into "
+                                                 "pos_encoding='lookhere'"):
                 model.load_pretrained(str(path))
 
 

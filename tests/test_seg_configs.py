@@ -139,8 +139,36 @@ def test_head_channel_mismatch_is_named():
 
 def test_head_layout_that_does_not_fit_is_named():
     cfg = _cfg('segmenter_lookhere_vit-t_tiny-ade.py', **{'model.backbone.num_heads': 3})
-    with pytest.raises(ConfigError, match='Set model.backbone.num_heads to 12 or 16'):
+    with pytest.raises(ConfigError, match=r'does not fit num_heads=3.*Set model.backbone.'
+                                          r'num_heads to one that fits'):
         check_model_cfg(cfg)
+
+
+@pytest.mark.parametrize('encoding', ['abs', 'rope2d', 'rope2d_mixed', 'none'])
+def test_baseline_encodings_need_no_lookhere_head_layout(encoding):
+    cfg = _cfg('segmenter_lookhere_vit-t_tiny-ade.py', **{'model.backbone.num_heads': 8,
+                                                          'model.backbone.pos_encoding': encoding})
+    check_model_cfg(cfg)
+    cfg = _cfg('segmenter_lookhere_vit-t_tiny-ade.py', **{'model.backbone.num_heads': 8,
+                                                          'model.backbone.pos_encoding': 'alibi2d'})
+    check_model_cfg(cfg)  # 'none' heads: any multiple of 4
+    cfg = _cfg('segmenter_lookhere_vit-t_tiny-ade.py', **{'model.backbone.num_heads': 6,
+                                                          'model.backbone.pos_encoding': 'alibi2d'})
+    with pytest.raises(ConfigError, match=r"'none'.*does not fit num_heads=6"):
+        check_model_cfg(cfg)
+
+
+@pytest.mark.parametrize('key,value,match', [
+    ('model.backbone.pos_encoding', 'rope', r"model.backbone.pos_encoding: .*'rope'.*rope2d"),
+    ('model.backbone.attn_backend', 'fast', r"attn_backend='fast' is not one of"),
+    ('model.backbone.preset', 'lh30', r"unknown LookHere preset 'lh30'"),
+    ('model.backbone.embed_dims', 200, r'embed_dims=200 is not divisible by num_heads=12'),
+])
+def test_backbone_typos_are_config_errors(key, value, match):
+    cfg = _cfg('segmenter_lookhere_vit-t_tiny-ade.py', **{key: value})
+    with pytest.raises(ConfigError, match=match) as info:
+        check_model_cfg(cfg)
+    assert 'Set model.backbone.num_heads' not in str(info.value)
 
 
 def test_ade20k_config_starts_training_on_an_ade20k_folder_as_is(tmp_path, monkeypatch):

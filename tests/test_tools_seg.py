@@ -130,6 +130,10 @@ def test_infer_writes_overlays_at_any_resolution(demo, tmp_path):
     labels = cv2.imread(str(out / 'ADE_val_00000001_labels.png'), cv2.IMREAD_UNCHANGED)
     assert ov.shape == src.shape and labels.shape == src.shape[:2]
     assert not np.array_equal(ov, src)  # colours were blended in
+    not_an_image = tmp_path / 'notes.jpg'
+    not_an_image.write_text('not an image')
+    with pytest.raises(FileNotFoundError, match='is not an image OpenCV can read'):
+        infer.list_images(str(not_an_image))
     one = infer.main([ADE_CFG, demo['ckpt'], str(folder / 'ADE_val_00000002.jpg'),
                       '--out-dir', str(out / 'slide'), '--slide', '--crop', '128x128',
                       '--stride', '96x96', '--native', '--cfg-options', *SHRINK])
@@ -144,6 +148,9 @@ def test_extrapolate_spec_parsing_and_pipelines():
     from lookhere_dense.swap import ConfigError
     with pytest.raises(ConfigError, match='MODE@SIZE'):
         ex.parse_spec('whole:2x')
+    for bad in ('whole@x0', 'slide@0', 'whole@0x2048'):
+        with pytest.raises(ConfigError, match='must be positive'):
+            ex.parse_spec(bad)
     pipe = [dict(type='LoadImageFromFile'), dict(type='Resize', scale=(2048, 512),
                                                  keep_ratio=True),
             dict(type='LoadAnnotations'), dict(type='PackSegInputs')]

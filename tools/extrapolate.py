@@ -74,10 +74,17 @@ def parse_spec(text: str) -> TestSpec:
                          'SIZE x<factor> (x2), <short side> (768) or <H>x<W> (1024x2048)')
     mode = m.group(1)
     if m.group('f'):
-        return TestSpec(text, mode, factor=float(m.group('f')))
-    if m.group('s'):
-        return TestSpec(text, mode, short_side=int(m.group('s')))
-    return TestSpec(text, mode, size=(int(m.group('h')), int(m.group('w'))))
+        spec = TestSpec(text, mode, factor=float(m.group('f')))
+        values = [spec.factor]
+    elif m.group('s'):
+        spec = TestSpec(text, mode, short_side=int(m.group('s')))
+        values = [spec.short_side]
+    else:
+        spec = TestSpec(text, mode, size=(int(m.group('h')), int(m.group('w'))))
+        values = list(spec.size)
+    if min(values) <= 0:
+        raise ConfigError(f'bad test {text!r}: the size must be positive')
+    return spec
 
 
 def _is(t: Dict[str, Any], name: str) -> bool:

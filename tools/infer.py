@@ -84,9 +84,14 @@ def list_images(path: str) -> List[str]:
     """``path`` itself, or the images in the folder ``path`` (sorted, not recursive).
 
     Raises:
-        FileNotFoundError: ``path`` does not exist or the folder holds no images.
+        FileNotFoundError: ``path`` does not exist, is a file that is not an image, or is
+            a folder that holds no images.
     """
     if osp.isfile(path):
+        import cv2
+        if cv2.imread(path, cv2.IMREAD_UNCHANGED) is None:
+            raise FileNotFoundError(f'input {path!r} is not an image OpenCV can read '
+                                    f'(give an image file or a folder of {IMAGE_SUFFIXES})')
         return [path]
     if not osp.isdir(path):
         raise FileNotFoundError(f'input {path!r} is neither an image file nor a folder')

@@ -689,6 +689,11 @@ class LookHereAttentionEngine:
         if dropout_p > 0:
             raise ValueError('the flex backend has no attention dropout; set attn_drop_rate=0 '
                              "or use backend 'chunked'/'sdpa'")
+        if q.device.type == 'cpu' and torch.is_grad_enabled() and any(
+                t.requires_grad for t in (q, k, v)):
+            raise ValueError("attn_backend='flex' cannot train on CPU (PyTorch's "
+                             'flex_attention has no CPU backward); use attn_backend='
+                             "'auto' or 'chunked' there, or run under torch.no_grad()")
         try:
             mask = self.block_mask(layer, grid_size, cls_token, q.device)
             mod = self.score_mod(layer, grid_size, cls_token, q.device)

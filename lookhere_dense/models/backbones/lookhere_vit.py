@@ -29,7 +29,6 @@ from torch.utils.checkpoint import checkpoint
 
 from ...checkpoint import backbone_weights, load_checkpoint_file, match_state_dict
 from ...lookhere import LookHereAttentionEngine, LookHereConfig, resolve_lh_config
-from ...lookhere.bias import BIAS_ROUNDINGS
 from ..pos_encoding import (LOOKHERE_BIAS_ENCODINGS, AbsolutePositionEncoding,
                             PositionEncoding, alibi2d_config, build_position_encoding,
                             isolated_rng, parse_pos_encoding)
@@ -37,10 +36,8 @@ from ..registry import register_model
 
 __all__ = ['LookHereViT', 'LookHerePatchEmbed', 'LookHereBlock', 'LookHereSelfAttention']
 
-#: mmseg ``VisionTransformer`` arguments that mean nothing without an absolute position
-#: embedding; accepted so existing configs keep working, ignored with one warning each
-#: (``interpolate_mode`` is used by ``pos_encoding='abs'``).
-IGNORED_ARGS = ('interpolate_mode',)
+#: the ``state_dict`` key of :meth:`LookHereViT.get_extra_state` (PyTorch's name for it)
+EXTRA_STATE_KEY = '_extra_state'
 _warned: set = set()
 
 
@@ -495,11 +492,14 @@ class LookHereViT(BaseModule):
         """
         is_abs = isinstance(self.pos_enc, AbsolutePositionEncoding)
         weights = backbone_weights(load_checkpoint_file(path), keep_pos_embed=is_abs)
+        if weights.pos_encoding == 'alibi2d' and self.pos_encoding != 'alibi2d':
+            weights.lh_config = None  # 2D-ALiBi slopes: meaningless for another encoding
         if weights.lh_config is not None:
-            if self.pos_encoding != 'lookhere':
-                raise ValueError(f'{path!r} ({weights.format} format) holds a LookHere model '
+            if self.pos_encoding != (weights.pos_encoding or 'lookhere'):
+                source = weights.pos_encoding or 'lookhere'
+                raise ValueError(f'{path!r} ({weights.format} format) holds a {source!r} model '
                                  f'(config {weights.lh_config}); it loads only into '
-                                 f"pos_encoding='lookhere', not {self.pos_encoding!r}")
+                                 f'pos_encoding={source!r}, not {self.pos_encoding!r}')
             self._adopt_checkpoint_config(weights.lh_config, path)
         pos_note = ''
         if is_abs:
@@ -513,7 +513,8 @@ class LookHereViT(BaseModule):
                     sd['cls_token'] = sd['cls_token'] + cls_entry
                     pos_note += ', added to cls_token'
                 pos_note = f'; {stored[0]} -> pos_enc.pos_embed: {pos_note}'
-        loadable, missing, unexpected = match_state_dict(self.state_dict(), weights.state_dict)
+        own = {k: v for k, v in self.state_dict().items() if isinstance(v, Tensor)}
+        loadable, missing, unexpected = match_state_dict(own, weights.state_dict)
         if missing and strict:
             hint = ''
             if any('.ls1.' in k or '.ls2.' in k for k in missing):
@@ -529,6 +530,39 @@ class LookHereViT(BaseModule):
                   + (f', LookHere config {self.lh_config.to_dict()}' if self.lh_config else '')
                   + pos_note, logger='current')
         return report
+
+    # -- what the weights mean beyond their shapes ---------------------------------------
+    def get_extra_state(self) -> Dict[str, Any]:
+        """Saved in every ``state_dict`` (key ``_extra_state``): the position encoding and
+        the active LookHere config, e.g. the one adopted from an official checkpoint by
+        :meth:`init_weights`. A trained model therefore carries the bias it was trained
+        with into ``tools/test.py``, ``--resume`` and inference, where no ``init_weights``
+        runs. Plain strings and numbers only (loads with ``weights_only=True``)."""
+        return {'pos_encoding': self.pos_encoding,
+                'lh_config': self.lh_config.to_dict() if self.lh_config is not None else None}
+
+    def set_extra_state(self, state: Any) -> None:
+        """Adopt the LookHere config of loaded weights (see :meth:`get_extra_state`).
+
+        Raises:
+            ValueError: the weights come from another ``pos_encoding``, or their LookHere
+                config conflicts with an explicitly given ``preset`` / ``lh_config`` or
+                does not fit this backbone.
+        """
+        if not isinstance(state, Mapping):
+            raise ValueError(f'LookHereViT: the loaded state_dict has an unreadable '
+                             f'{EXTRA_STATE_KEY!r} entry ({type(state).__name__}); expected '
+                             'the dict LookHereViT.get_extra_state() writes')
+        source = state.get('pos_encoding')
+        if source is not None and source != self.pos_encoding:
+            raise ValueError(f'the loaded weights were trained with pos_encoding={source!r}, '
+                             f'but this LookHereViT has pos_encoding={self.pos_encoding!r}: '
+                             f'set model.backbone.pos_encoding={source!r} (or drop the '
+                             f'{EXTRA_STATE_KEY!r} key to move the trunk weights on purpose)')
+        stored = state.get('lh_config')
+        if stored is not None and self.lh_config is not None:
+            stored = {k: v for k, v in stored.items() if k != 'bias_rounding'}
+            self._adopt_checkpoint_config(stored, 'the loaded state_dict')
 
     def _adopt_checkpoint_config(self, stored: Mapping[str, Any], path: str) -> None:
         keys = ('head_directions', 'global_slope', 'layer_slopes', 'distance', 'fill_with')
@@ -547,6 +581,9 @@ class LookHereViT(BaseModule):
         except ValueError as err:
             raise ValueError(f'the LookHere config stored in {path!r} does not fit this '
                              f'backbone: {err}') from None
+        if ckpt_cfg != self.lh_config:
+            print_log(f'LookHereViT: LookHere config from {path}: {ckpt_cfg.to_dict()}',
+                      logger='current')
         self.lh_config = ckpt_cfg
         self.lookhere.reset(ckpt_cfg)
 
