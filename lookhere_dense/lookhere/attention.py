@@ -41,7 +41,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .bias import GridBias, LookHereConfig, build_grid_bias, gather_block
 from .cache import BoundedCache
-from .windows import padded_grid, window_key_mask, window_partition, window_unpartition
+from .windows import attend_in_windows, padded_grid, window_key_mask
 
 __all__ = ['BACKENDS', 'LookHereAttentionEngine', 'reference_attention', 'sdpa_attention',
            'chunked_attention', 'flex_attention_lookhere', 'flex_available', 'flex_score_mod',
@@ -733,35 +733,24 @@ class LookHereAttentionEngine:
         Returns:
             ``(B, heads, T, d)``.
         """
-        off = int(cls_token)
-        n = grid_size[0] * grid_size[1] + off
-        if q.shape[-2] != n:
-            raise ValueError(f'window attention got {q.shape[-2]} tokens but grid '
-                             f'{tuple(grid_size)} {"with" if cls_token else "without"} CLS '
-                             f'needs {n}')
         ws = int(window_size)
-        batch = q.shape[0]
-        qw, kw, vw = (window_partition(t[:, :, off:], grid_size, ws) for t in (q, k, v))
-        n_win = qw.shape[1]
-        if cls_token:
-            qw, kw, vw = (torch.cat([t[:, None, :, :1].expand(-1, n_win, -1, -1, -1), tw], dim=-2)
-                          for t, tw in ((q, qw), (k, kw), (v, vw)))
-        mask = self.window_bias(layer, ws, cls_token, q.device, q.dtype)
+        window_bias = self.window_bias(layer, ws, cls_token, q.device, q.dtype)
+        pad = None
         if padded_grid(grid_size, ws) != tuple(grid_size):
             key = ('window_pad', tuple(grid_size), ws, cls_token, str(q.device), q.dtype)
             pad = self.dense.get_or_create(key, lambda: window_key_mask(
                 grid_size, ws, cls_token, q.device, q.dtype))
-            mask = mask + pad  # (nWin, heads, T_w, T_w)
-            out = torch.stack([F.scaled_dot_product_attention(
-                qw[i], kw[i], vw[i], attn_mask=mask, dropout_p=dropout_p)
-                for i in range(batch)])
-        else:
+
+        def attend(qw: Tensor, kw: Tensor, vw: Tensor) -> Tensor:
+            batch, n_win = qw.shape[:2]
+            if pad is not None:
+                mask = window_bias + pad  # (nWin, heads, T_w, T_w)
+                return torch.stack([F.scaled_dot_product_attention(
+                    qw[i], kw[i], vw[i], attn_mask=mask, dropout_p=dropout_p)
+                    for i in range(batch)])
             out = F.scaled_dot_product_attention(
                 qw.flatten(0, 1), kw.flatten(0, 1), vw.flatten(0, 1),
-                attn_mask=mask.unsqueeze(0), dropout_p=dropout_p)
-            out = out.view(batch, n_win, *out.shape[1:])
-        out = window_unpartition(out[..., off:, :], grid_size, ws)
-        if cls_token:  # the CLS row of a global block: no bias, all keys
-            cls_out = F.scaled_dot_product_attention(q[:, :, :1], k, v, dropout_p=dropout_p)
-            out = torch.cat([cls_out, out], dim=-2)
-        return out
+                attn_mask=window_bias.unsqueeze(0), dropout_p=dropout_p)
+            return out.view(batch, n_win, *out.shape[1:])
+
+        return attend_in_windows(q, k, v, grid_size, ws, cls_token, attend, dropout_p)

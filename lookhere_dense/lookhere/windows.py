@@ -6,13 +6,14 @@ padding is tracked so attention can ignore it (:func:`window_key_mask`).
 from __future__ import annotations
 
 import math
-from typing import Tuple
+from typing import Callable, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ['padded_grid', 'window_partition', 'window_unpartition', 'window_key_mask']
+__all__ = ['padded_grid', 'window_partition', 'window_unpartition', 'window_key_mask',
+           'attend_in_windows']
 
 
 def padded_grid(grid_size: Tuple[int, int], window_size: int) -> Tuple[int, int]:
@@ -78,3 +79,41 @@ def window_key_mask(grid_size: Tuple[int, int], window_size: int, cls_token: boo
     mask = torch.zeros(hidden.shape, dtype=dtype, device=device)
     mask.masked_fill_(hidden, float('-inf'))
     return mask[:, None]
+
+
+def attend_in_windows(q: Tensor, k: Tensor, v: Tensor, grid_size: Tuple[int, int],
+                      window_size: int, cls_token: bool,
+                      attend: Callable[[Tensor, Tensor, Tensor], Tensor],
+                      dropout_p: float = 0.0) -> Tensor:
+    """The frame of ViTDet window attention shared by every position encoding.
+
+    Splits the patch tokens into windows, puts the CLS token (if any) at the front of every
+    window, lets ``attend`` compute the attention inside the windows, puts the windows back
+    and gives the CLS query global attention over all tokens (no bias), as in a global
+    block.
+
+    Args:
+        q, k, v: ``(B, heads, T, d)`` with ``T = H*W (+1)`` for ``grid_size = (H, W)``.
+        attend: ``(qw, kw, vw)`` of shape ``(B, nWin, heads, T_w, d)`` -> the same shape,
+            ``T_w = ws*ws (+1)``; it owns the window bias and the padding mask.
+        dropout_p: attention dropout of the CLS row.
+
+    Returns:
+        ``(B, heads, T, d)``.
+    """
+    off = int(cls_token)
+    n = grid_size[0] * grid_size[1] + off
+    if q.shape[-2] != n:
+        raise ValueError(f'window attention got {q.shape[-2]} tokens but grid '
+                         f'{tuple(grid_size)} {"with" if cls_token else "without"} CLS needs {n}')
+    ws = int(window_size)
+    qw, kw, vw = (window_partition(t[:, :, off:], grid_size, ws) for t in (q, k, v))
+    if cls_token:
+        n_win = qw.shape[1]
+        qw, kw, vw = (torch.cat([t[:, None, :, :1].expand(-1, n_win, -1, -1, -1), tw], dim=-2)
+                      for t, tw in ((q, qw), (k, kw), (v, vw)))
+    out = window_unpartition(attend(qw, kw, vw)[..., off:, :], grid_size, ws)
+    if cls_token:
+        cls_out = F.scaled_dot_product_attention(q[:, :, :1], k, v, dropout_p=dropout_p)
+        out = torch.cat([cls_out, out], dim=-2)
+    return out

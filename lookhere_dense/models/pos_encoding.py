@@ -45,13 +45,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..lookhere import BoundedCache, LookHereAttentionEngine, LookHereConfig, resolve_lh_config
-from ..lookhere.windows import padded_grid, window_key_mask, window_partition, window_unpartition
+from ..lookhere.windows import attend_in_windows, padded_grid, window_key_mask
 
 __all__ = [
     'POS_ENCODINGS', 'LOOKHERE_BIAS_ENCODINGS', 'PositionEncoding', 'LookHerePositionEncoding',
     'AbsolutePositionEncoding', 'AxialRoPE2d', 'MixedRoPE2d', 'NoPositionEncoding',
     'build_position_encoding', 'parse_pos_encoding', 'alibi2d_config', 'resample_abs_pos_embed',
-    'rotate_half_pairs', 'window_sdpa', 'isolated_rng',
+    'rotate_half_pairs', 'window_sdpa', 'isolated_rng', 'bias_config',
 ]
 
 #: Every value ``pos_encoding`` accepts.
@@ -89,26 +89,13 @@ def window_sdpa(q: Tensor, k: Tensor, v: Tensor, grid_size: Tuple[int, int], win
     Returns:
         ``(B, heads, T, d)``.
     """
-    off = int(cls_token)
-    n = grid_size[0] * grid_size[1] + off
-    if q.shape[-2] != n:
-        raise ValueError(f'window attention got {q.shape[-2]} tokens but grid '
-                         f'{tuple(grid_size)} {"with" if cls_token else "without"} CLS needs {n}')
     ws = int(window_size)
-    qw, kw, vw = (window_partition(t[:, :, off:], grid_size, ws) for t in (q, k, v))
-    if cls_token:
-        n_win = qw.shape[1]
-        qw, kw, vw = (torch.cat([t[:, None, :, :1].expand(-1, n_win, -1, -1, -1), tw], dim=-2)
-                      for t, tw in ((q, qw), (k, kw), (v, vw)))
     mask = None
     if padded_grid(grid_size, ws) != tuple(grid_size):
         mask = window_key_mask(grid_size, ws, cls_token, q.device, q.dtype)
-    out = F.scaled_dot_product_attention(qw, kw, vw, attn_mask=mask, dropout_p=dropout_p)
-    out = window_unpartition(out[..., off:, :], grid_size, ws)
-    if cls_token:
-        cls_out = F.scaled_dot_product_attention(q[:, :, :1], k, v, dropout_p=dropout_p)
-        out = torch.cat([cls_out, out], dim=-2)
-    return out
+    return attend_in_windows(q, k, v, grid_size, ws, cls_token, lambda qw, kw, vw:
+                             F.scaled_dot_product_attention(qw, kw, vw, attn_mask=mask,
+                                                            dropout_p=dropout_p), dropout_p)
 
 
 class PositionEncoding(nn.Module):
@@ -220,6 +207,31 @@ def alibi2d_config(lh_config: Union[None, Mapping[str, Any], LookHereConfig] = N
                          f"direction types {directed}; use only 'none' (e.g. "
                          f"head_directions='none') or pos_encoding='lookhere'")
     return cfg
+
+
+def bias_config(encoding: str, lh_config: Union[None, str, Mapping[str, Any],
+                                                 LookHereConfig] = None,
+                preset: Optional[str] = None) -> Optional[LookHereConfig]:
+    """The LookHere config the bias of ``encoding`` is computed from: ``lh_config`` /
+    ``preset`` for ``'lookhere'``, :func:`alibi2d_config` for ``'alibi2d'``, None for the
+    encodings without a LookHere bias. Used by the backbone and by config checks alike.
+
+    Raises:
+        ValueError: an unknown preset or option, a preset for ``'alibi2d'``, or
+            ``lh_config`` / ``preset`` for an encoding that has no LookHere bias.
+    """
+    if encoding == 'lookhere':
+        return resolve_lh_config(lh_config, preset)
+    if encoding == 'alibi2d':
+        if preset is not None:
+            raise ValueError("pos_encoding='alibi2d' takes no LookHere preset (it has no "
+                             'direction masks); give slopes with lh_config=dict(...)')
+        return alibi2d_config(lh_config)
+    if lh_config is not None or preset is not None:
+        raise ValueError(f'preset / lh_config configure LookHere; they do not apply to '
+                         f'pos_encoding={encoding!r} (allowed with '
+                         f'{list(LOOKHERE_BIAS_ENCODINGS)})')
+    return None
 
 
 # ----------------------------------------------------------------------------------------
