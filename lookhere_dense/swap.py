@@ -199,9 +199,8 @@ def _check_registered(where: str, node: Mapping, registry, scope: str) -> None:
 
 
 def _lookhere_checks(model: Mapping) -> None:
-    from .lookhere import resolve_lh_config
     from .lookhere.attention import BACKENDS
-    from .models.pos_encoding import alibi2d_config, parse_pos_encoding
+    from .models.pos_encoding import bias_config, parse_pos_encoding
 
     bb = model['backbone']
     num_layers = bb.get('num_layers', 12)
@@ -218,12 +217,7 @@ def _lookhere_checks(model: Mapping) -> None:
         raise ConfigError(f'model.backbone: embed_dims={embed_dims} is not divisible by '
                           f'num_heads={num_heads}')
     try:
-        if encoding == 'lookhere':
-            cfg = resolve_lh_config(bb.get('lh_config'), bb.get('preset'))
-        elif encoding == 'alibi2d':
-            cfg = alibi2d_config(bb.get('lh_config'))
-        else:
-            cfg = None
+        cfg = bias_config(encoding, bb.get('lh_config'), bb.get('preset'))
     except ValueError as err:  # unknown preset / direction / option: the message names it
         raise ConfigError(f'model.backbone (LookHereViT): {err}') from None
     if cfg is not None:

@@ -29,9 +29,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ...checkpoint import backbone_weights, load_checkpoint_file, match_state_dict
 from ...lookhere import LookHereAttentionEngine, LookHereConfig, resolve_lh_config
-from ..pos_encoding import (LOOKHERE_BIAS_ENCODINGS, AbsolutePositionEncoding,
-                            PositionEncoding, alibi2d_config, build_position_encoding,
-                            isolated_rng, parse_pos_encoding)
+from ..pos_encoding import (AbsolutePositionEncoding, PositionEncoding, bias_config,
+                            build_position_encoding, isolated_rng, parse_pos_encoding)
 from ..registry import register_model
 
 __all__ = ['LookHereViT', 'LookHerePatchEmbed', 'LookHereBlock', 'LookHereSelfAttention']
@@ -404,19 +403,9 @@ class LookHereViT(BaseModule):
         # LookHere: explicit config (or preset) vs one to be taken from the checkpoint
         self._lh_explicit = lh_config is not None or preset is not None
         self.attn_backend = attn_backend
-        self.lh_config: Optional[LookHereConfig] = None
+        self.lh_config: Optional[LookHereConfig] = bias_config(self.pos_encoding, lh_config,
+                                                               preset)
         self.lookhere: Optional[LookHereAttentionEngine] = None
-        if self.pos_encoding == 'lookhere':
-            self.lh_config = resolve_lh_config(lh_config, preset)
-        elif self.pos_encoding == 'alibi2d':
-            if preset is not None:
-                raise ValueError("pos_encoding='alibi2d' takes no LookHere preset (it has no "
-                                 'direction masks); give slopes with lh_config=dict(...)')
-            self.lh_config = alibi2d_config(lh_config)
-        elif self._lh_explicit:
-            raise ValueError(f'preset / lh_config configure LookHere; they do not apply to '
-                             f'pos_encoding={self.pos_encoding!r} (allowed with '
-                             f'{list(LOOKHERE_BIAS_ENCODINGS)})')
         if self.lh_config is not None:
             self.lh_config.validate(num_heads, num_layers)
             self.lookhere = LookHereAttentionEngine(self.lh_config, num_layers, num_heads,
