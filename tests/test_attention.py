@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lookhere_dense.cli import load_tool
 from lookhere_dense.lookhere import (PRESETS, LookHereAttentionEngine, LookHereConfig,
                                      build_grid_bias, chunked_attention)
 from lookhere_dense.lookhere.attention import (auto_block_rows, flex_available,
@@ -59,13 +60,7 @@ def engine(name, **kw):
     return LookHereAttentionEngine(CONFIGS[name], DEPTH, HEADS, **kw)
 
 
-@pytest.fixture(autouse=True, scope='module')
-def one_thread():
-    """Tiny tensors: one thread (on shared cores, thread hand-offs dominate otherwise)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures('one_torch_thread')  # tiny tensors: see conftest
 
 
 # ----------------------------------------------------------------------------------------
@@ -455,14 +450,10 @@ def test_benchmark_quick_mode_runs(tmp_path: Path, repo_root: Path):
     assert helped.returncode == 0 and '--device' in helped.stdout and '--quick' in helped.stdout
 
 
-def test_benchmark_nobias_model_is_the_trunk_without_position(repo_root: Path):
+def test_benchmark_nobias_model_is_the_trunk_without_position():
     """The benchmark's baseline must really drop the bias: same weights as
     ``pos_encoding='none'`` give the same output, and it differs from LookHere's."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location('lh_benchmark',
-                                                  repo_root / 'tools' / 'benchmark.py')
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_tool('benchmark')
     from lookhere_dense.models.backbones.lookhere_vit import LookHereViT
     arch = dict(patch_size=16, embed_dims=48, num_layers=2, num_heads=12, mlp_ratio=2)
     plain = bench.build_lookhere(arch, 'lh180', 'auto', 0, 'cpu', torch.float32, plain=True)

@@ -12,13 +12,7 @@ from lookhere_dense.models.backbones.lookhere_vit import LookHereViT
 CPU = torch.device('cpu')
 
 
-@pytest.fixture(autouse=True, scope='module')
-def one_thread():
-    """Tiny tensors: one thread (on shared cores, thread hand-offs dominate otherwise)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures('one_torch_thread')  # tiny tensors: see conftest
 
 
 # ----------------------------------------------------------------------------------------

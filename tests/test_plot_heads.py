@@ -1,20 +1,17 @@
 """tools/plot_heads.py: the plotted fields of view are LookHere's masks and penalties."""
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
 import torch
 
+from lookhere_dense.cli import load_tool
+
 
 @pytest.fixture(scope='module')
-def plot_heads(repo_root):
-    spec = importlib.util.spec_from_file_location('plot_heads',
-                                                  repo_root / 'tools' / 'plot_heads.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def plot_heads():
+    return load_tool('plot_heads')
 
 
 def test_lh180_fields_are_half_planes_with_a_linear_penalty(plot_heads):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import importlib.util
 import json
 import os
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 
 import lookhere_dense  # noqa: F401
+from lookhere_dense.cli import load_tool
 from lookhere_dense.data.relational import (CLASSES, RelationalSettings, ensure_relational_dataset,
                                             render_scene, sample_scene, settings_from_dict,
                                             split_name)
@@ -21,12 +21,8 @@ SMALL = RelationalSettings(num_train=12, num_val=3, train_size=(32, 32), scales=
 
 
 @pytest.fixture(scope='module')
-def study(repo_root):
-    spec = importlib.util.spec_from_file_location('extrapolation_study',
-                                                  repo_root / 'tools' / 'extrapolation_study.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def study():
+    return load_tool('extrapolation_study')
 
 
 # -- the generator -------------------------------------------------------------------------

@@ -110,15 +110,8 @@ _NUMERIC = _CHANNEL_KEYS | {'num_classes', 'drop_path_rate', 'drop_rate', 'attn_
                             'loss_weight', 'data_preprocessor', 'mla_channels'}
 
 
-@pytest.fixture(autouse=True, scope='module')
-def _one_torch_thread():
-    """One PyTorch thread for this module: on a busy 2-core machine the tiny models here
-    run several times faster than with two threads that wait for each other."""
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# one PyTorch thread for the whole module (see conftest.one_torch_thread)
+pytestmark = pytest.mark.usefixtures('one_torch_thread')
 
 
 def _structure(node):
