@@ -14,6 +14,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config):
+    """The suite tests an OpenMMLab toolkit: register its components once, as the tools do
+    (``import lookhere_dense`` alone stays light; see :mod:`lookhere_dense.registry`)."""
+    import lookhere_dense
+    lookhere_dense.register_all_modules()
+
+
 def _shared_dir() -> Path:
     env = os.environ.get('LOOKHERE_SHARED')
     return Path(env) if env else REPO.parent / 'shared'

@@ -145,7 +145,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     if args.data_only:
         return dict(data=roots)
 
-    import lookhere_dense  # noqa: F401
+    import lookhere_dense
+    lookhere_dense.register_all_modules()
     from lookhere_dense.cli import apply_threads, load_tool
     apply_threads(args.threads or None)
     train, extrapolate = load_tool('train'), load_tool('extrapolate')

@@ -352,7 +352,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     """Run the report; returns the JSON content."""
     from lookhere_dense.cli import quiet_known_warnings
     quiet_known_warnings()
-    import lookhere_dense  # noqa: F401
+    import lookhere_dense
+    lookhere_dense.register_all_modules()
     import torch
     from mmengine.registry import init_default_scope
 

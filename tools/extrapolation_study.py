@@ -52,7 +52,9 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-import lookhere_dense  # noqa: E402,F401  (registers LookHereViT)
+import lookhere_dense  # noqa: E402
+
+lookhere_dense.register_all_modules()
 from lookhere_dense.data.relational import (ensure_relational_dataset,  # noqa: E402
                                             settings_from_dict)
 from lookhere_dense.lookhere.bias import PRESETS  # noqa: E402

@@ -169,7 +169,8 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
     """Write the overlays; returns their paths."""
     from lookhere_dense.cli import quiet_known_warnings
     quiet_known_warnings()
-    import lookhere_dense  # noqa: F401
+    import lookhere_dense
+    lookhere_dense.register_all_modules()
     import cv2
     import torch
     from mmcv.transforms import Compose

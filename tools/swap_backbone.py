@@ -54,7 +54,8 @@ def main(argv: Optional[List[str]] = None):
     """Swap and write; returns the new config."""
     from lookhere_dense.cli import quiet_known_warnings
     quiet_known_warnings()
-    import lookhere_dense  # noqa: F401
+    import lookhere_dense
+    lookhere_dense.register_all_modules()
     from lookhere_dense.cli import load_config
     from lookhere_dense.swap import swap_backbone
 

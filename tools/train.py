@@ -111,7 +111,8 @@ def main(argv: Optional[List[str]] = None):
     """Train; returns the Runner (its ``work_dir`` holds logs and checkpoints)."""
     from lookhere_dense.cli import quiet_known_warnings
     quiet_known_warnings()
-    import lookhere_dense  # noqa: F401  (registers the models, transforms, fixes)
+    import lookhere_dense
+    lookhere_dense.register_all_modules()
     from mmengine.runner import Runner
 
     args = parse_args(argv)
