@@ -14,8 +14,8 @@ from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine, LookHereCo
 from lookhere_dense.models.backbones import LookHereViT
 from lookhere_dense.models.pos_encoding import (POS_ENCODINGS, AbsolutePositionEncoding,
                                                 AxialRoPE2d, LookHerePositionEncoding,
-                                                MixedRoPE2d, NoPositionEncoding,
-                                                PosEncodingError, PosEncodingSpec,
+                                                MixedRoPE2d, PosEncodingError,
+                                                PosEncodingSpec,
                                                 alibi2d_config, build_position_encoding,
                                                 parse_pos_encoding, resample_abs_pos_embed)
 
