@@ -199,27 +199,25 @@ def _check_registered(where: str, node: Mapping, registry, scope: str) -> None:
 
 
 def _lookhere_checks(model: Mapping) -> None:
-    from .lookhere.attention import BACKENDS
-    from .models.pos_encoding import bias_config, parse_pos_encoding
+    from .lookhere import BACKENDS
+    from .models.pos_encoding import PosEncodingError, parse_pos_encoding
 
     bb = model['backbone']
     num_layers = bb.get('num_layers', 12)
     num_heads = bb.get('num_heads', 12)
     embed_dims = bb.get('embed_dims', 768)
     try:
-        encoding, _ = parse_pos_encoding(bb.get('pos_encoding', 'lookhere'))
-    except ValueError as err:
-        raise ConfigError(f'model.backbone.pos_encoding: {err}') from None
+        spec = parse_pos_encoding(bb.get('pos_encoding', 'lookhere'), bb.get('lh_config'),
+                                  bb.get('preset'))
+    except PosEncodingError as err:  # unknown name / preset / direction / option: named
+        raise ConfigError(f'model.backbone.{err.key}: {err}') from None
     backend = bb.get('attn_backend', 'auto')
     if backend not in BACKENDS:
         raise ConfigError(f'model.backbone.attn_backend={backend!r} is not one of {BACKENDS}')
     if embed_dims % num_heads:
         raise ConfigError(f'model.backbone: embed_dims={embed_dims} is not divisible by '
                           f'num_heads={num_heads}')
-    try:
-        cfg = bias_config(encoding, bb.get('lh_config'), bb.get('preset'))
-    except ValueError as err:  # unknown preset / direction / option: the message names it
-        raise ConfigError(f'model.backbone (LookHereViT): {err}') from None
+    cfg = spec.lh_config
     if cfg is not None:
         try:
             cfg.validate(num_heads, num_layers)

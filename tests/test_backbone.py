@@ -11,8 +11,10 @@ import pytest
 import torch
 
 import lookhere_dense  # noqa: F401  (registers the modules)
+from lookhere_dense.lookhere import LookHereAttentionEngine
 from lookhere_dense.models.backbones import LookHereViT
 from lookhere_dense.models.backbones import lookhere_vit as lv
+from lookhere_dense.models.pos_encoding import LookHerePositionEncoding, PositionEncoding
 
 TINY = dict(embed_dims=96, num_layers=3, num_heads=12, init_values=0.1)
 
@@ -177,7 +179,7 @@ def test_bf16_autocast_has_no_nan():
     with torch.autocast('cpu', dtype=torch.bfloat16):
         out = model(torch.randn(1, 3, 64, 96))[0]
     assert torch.isfinite(out).all()
-    assert {key[-1] for key in model.lookhere.dense.keys()} == {torch.bfloat16}
+    assert {key[-1] for key in model.pos_enc.engine.dense.keys()} == {torch.bfloat16}
 
 
 # ----------------------------------------------------------------------------------------
@@ -185,7 +187,7 @@ def test_bf16_autocast_has_no_nan():
 # ----------------------------------------------------------------------------------------
 def test_bias_is_built_once_per_grid_and_not_in_state_dict():
     model = tiny()
-    engine = model.lookhere
+    engine = model.pos_enc.engine
     x = torch.randn(1, 3, 64, 48)
     model(x)
     model(x)
@@ -203,7 +205,64 @@ def test_bias_cache_is_bounded():
     model = tiny(num_layers=1, embed_dims=24)
     for size in range(16, 16 * 12, 16):
         model(torch.randn(1, 3, size, 16))
-    assert len(model.lookhere.tables) <= model.lookhere.tables.maxsize
+    engine = model.pos_enc.engine
+    assert len(engine.tables) <= engine.tables.maxsize
+
+
+# ----------------------------------------------------------------------------------------
+# One owner of the position encoding
+# ----------------------------------------------------------------------------------------
+class CountingEncoding(PositionEncoding):
+    """Plain attention that records which layers asked it for attention."""
+
+    name = 'none'
+
+    def __init__(self):
+        super().__init__()
+        self.layers = []
+
+    def forward(self, q, k, v, layer, grid_size, cls_token, dropout_p=0.0):
+        self.layers.append(layer)
+        return super().forward(q, k, v, layer, grid_size, cls_token, dropout_p)
+
+
+def test_pos_enc_is_the_one_owner_of_the_engine():
+    model = tiny(preset='lh90')
+    engine = model.pos_enc.engine
+    assert isinstance(model.pos_enc, LookHerePositionEncoding)
+    # no attribute of the backbone or its blocks holds the engine besides pos_enc
+    holders = [f'{name}.{key}' for name, module in model.named_modules()
+               for key, value in vars(module).items() if value is engine]
+    assert holders == ['pos_enc.engine']
+    assert model.lookhere is engine and model.lh_config is engine.config
+    assert model.pos_encoding == model.pos_enc.name == 'lookhere'
+    # a new owner is what forward uses, in every block
+    model.pos_enc = CountingEncoding()
+    model(torch.randn(1, 3, 32, 32))
+    assert model.pos_enc.layers == [0, 1, 2]
+    assert model.lookhere is None and model.lh_config is None and model.pos_encoding == 'none'
+    with pytest.raises(AttributeError, match='assign model.pos_enc instead'):
+        model.lookhere = engine
+
+
+def test_assigning_the_engine_alias_reaches_the_owner():
+    model = tiny()
+    other = LookHereAttentionEngine(model.lh_config, 3, 12, backend='chunked')
+    model.lookhere = other
+    assert model.pos_enc.engine is other and 'lookhere' not in vars(model)
+    model(torch.randn(1, 3, 32, 32))
+    assert other.last_backend == 'chunked'
+
+
+def test_adopting_a_checkpoint_config_resets_the_engine_of_the_owner():
+    source = tiny(preset='lh90')
+    model = tiny()
+    engine = model.pos_enc.engine
+    model(torch.randn(1, 3, 32, 32))
+    assert len(engine.tables) == 1
+    model.load_state_dict(source.state_dict())
+    assert model.pos_enc.engine is engine                 # the same engine, reset
+    assert engine.config == source.lh_config and len(engine.tables) == 0
 
 
 # ----------------------------------------------------------------------------------------

@@ -1,17 +1,23 @@
 """The ``pos_encoding=`` switch of LookHereViT: every encoding in the same trunk."""
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import lookhere_dense  # noqa: F401  (registers LookHereViT)
-from lookhere_dense.lookhere import LookHereAttentionEngine, LookHereConfig
+from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine, LookHereConfig
 from lookhere_dense.models.backbones import LookHereViT
 from lookhere_dense.models.pos_encoding import (POS_ENCODINGS, AbsolutePositionEncoding,
-                                                AxialRoPE2d, MixedRoPE2d, alibi2d_config,
-                                                build_position_encoding,
-                                                resample_abs_pos_embed)
+                                                AxialRoPE2d, LookHerePositionEncoding,
+                                                MixedRoPE2d, PosEncodingError,
+                                                PosEncodingSpec,
+                                                alibi2d_config, build_position_encoding,
+                                                parse_pos_encoding, resample_abs_pos_embed)
 
 TINY = dict(img_size=32, patch_size=8, embed_dims=48, num_layers=3, num_heads=12,
             init_values=None)
@@ -83,6 +89,134 @@ def test_unknown_encoding_and_misplaced_options_name_the_problem():
         LookHereViT(**TINY, pos_encoding='alibi2d', lh_config=dict(head_directions='halves-none'))
     with pytest.raises(ValueError, match='divisible by 4'):
         LookHereViT(**{**TINY, 'embed_dims': 72}, pos_encoding='rope2d')  # head_dim 6
+
+
+# -- the one spec parser ----------------------------------------------------------------------
+def test_parse_pos_encoding_forms():
+    assert parse_pos_encoding('rope2d') == PosEncodingSpec('rope2d')
+    assert parse_pos_encoding(dict(type='rope2d', theta=10.0)).options == {'theta': 10.0}
+    default = parse_pos_encoding()
+    assert default.name == 'lookhere' and default.lh_config == PRESETS['lh180']
+    assert not default.explicit and default.preset is None
+    short = parse_pos_encoding('lookhere:lh45')
+    assert short == parse_pos_encoding('lookhere', preset='lh45')
+    assert (short.name, short.preset, short.lh_config, short.explicit) == \
+        ('lookhere', 'lh45', PRESETS['lh45'], True)
+    assert parse_pos_encoding('lookhere:lh45', preset='lh45') == short
+    over = parse_pos_encoding('lookhere:lh90', lh_config=dict(global_slope=2.0))
+    assert over.lh_config.global_slope == 2.0
+    assert over.lh_config.head_directions == PRESETS['lh90'].head_directions
+    alibi = parse_pos_encoding('alibi2d')
+    assert alibi.lh_config == alibi2d_config() and not alibi.explicit
+    assert parse_pos_encoding('alibi2d', lh_config=dict(global_slope=2.0)).explicit
+    assert parse_pos_encoding('none').lh_config is None
+    assert parse_pos_encoding(short) is short  # already parsed
+
+
+@pytest.mark.parametrize('spec,kwargs,key,match', [
+    ('sincos', {}, 'pos_encoding', r"unknown pos_encoding 'sincos'; allowed: \['lookhere'"),
+    (dict(type='sincos'), {}, 'pos_encoding', r"unknown pos_encoding 'sincos'"),
+    ('abs:lh90', {}, 'pos_encoding', r"'abs:lh90': only lookhere takes a preset"),
+    ('alibi2d:lh90', {}, 'pos_encoding', r'only lookhere takes a preset'),
+    ('lookhere:', {}, 'pos_encoding', r"names no preset; allowed: \['lh180', 'lh45', 'lh90'\]"),
+    ('lookhere:lh30', {}, 'pos_encoding', r"unknown LookHere preset 'lh30'; allowed"),
+    ('lookhere:lh45', dict(preset='lh90'), 'preset', 'two different presets'),
+    ('lookhere', dict(preset='lh30'), 'preset', r"unknown LookHere preset 'lh30'"),
+    ('lookhere', dict(lh_config='lh30'), 'lh_config', r"unknown LookHere preset 'lh30'"),
+    ('lookhere', dict(lh_config=dict(distance='cubic')), 'lh_config', 'cubic'),
+    (dict(type='abs', theta=3), {}, 'pos_encoding', r"has no options \['theta'\]; allowed: "
+                                                    r"\['init_std'\]"),
+    ('abs', dict(preset='lh90'), 'preset', 'do not apply to pos_encoding=.abs.'),
+    ('rope2d', dict(lh_config=dict(global_slope=1.0)), 'lh_config', 'do not apply'),
+    ('alibi2d', dict(preset='lh180'), 'preset', 'no LookHere preset'),
+    ('alibi2d', dict(lh_config=dict(head_directions='halves-none')), 'lh_config',
+     r"direction types \['halves'\]"),
+])
+def test_parse_pos_encoding_names_the_problem_and_the_key(spec, kwargs, key, match):
+    with pytest.raises(PosEncodingError, match=match) as info:
+        parse_pos_encoding(spec, **kwargs)
+    assert info.value.key == key
+
+
+def test_parse_pos_encoding_rejects_other_types():
+    with pytest.raises(TypeError, match='a name or a dict'):
+        parse_pos_encoding(3)
+    with pytest.raises(TypeError, match='already parsed'):
+        parse_pos_encoding(parse_pos_encoding('lookhere'), preset='lh90')
+
+
+def test_backbone_takes_the_short_preset_form():
+    short = LookHereViT(**TINY, pos_encoding='lookhere:lh45')
+    assert short.lh_config == PRESETS['lh45'] and short.pos_encoding == 'lookhere'
+    assert short.get_extra_state() == LookHereViT(**TINY, preset='lh45').get_extra_state()
+    with pytest.raises(ValueError, match='two different presets'):
+        LookHereViT(**TINY, pos_encoding='lookhere:lh45', preset='lh90')
+
+
+def test_build_position_encoding_owns_a_new_engine_or_the_given_one():
+    pe = build_position_encoding('lookhere:lh90', embed_dims=48, num_heads=12, depth=2,
+                                 grid_size=(4, 4), attn_backend='chunked', attn_block_size=3)
+    assert isinstance(pe, LookHerePositionEncoding) and pe.lh_config == PRESETS['lh90']
+    assert (pe.engine.backend, pe.engine.block_size, pe.engine.depth) == ('chunked', 3, 2)
+    engine = LookHereAttentionEngine(PRESETS['lh180'], 2, 12)
+    given = build_position_encoding('lookhere', embed_dims=48, num_heads=12, depth=2,
+                                    grid_size=(4, 4), engine=engine)
+    assert given.engine is engine
+    with pytest.raises(ValueError, match='does not fit num_heads=8'):
+        build_position_encoding('lookhere:lh45', embed_dims=48, num_heads=8, depth=2,
+                                grid_size=(4, 4))
+
+
+@pytest.mark.parametrize('enc', POS_ENCODINGS)
+def test_clear_caches_starts_from_a_clean_slate(enc):
+    model = tiny(enc).eval()
+    x = torch.randn(1, 3, 32, 40)
+    with torch.no_grad():
+        before = model(x)[0]
+    model.pos_enc.clear_caches()
+    engine = getattr(model.pos_enc, 'engine', None)
+    if engine is not None:
+        assert all(info['size'] == 0 for info in engine.cache_info().values())
+        assert engine.config == model.lh_config  # the config stays
+    if enc == 'rope2d':
+        assert len(model.pos_enc._cache) == 0
+    with torch.no_grad():
+        torch.testing.assert_close(model(x)[0], before, rtol=0, atol=0)
+    if engine is not None:
+        assert engine.cache_info()['tables']['size'] == 1  # rebuilt on demand
+
+
+def test_pos_encoding_imports_and_runs_without_openmmlab(repo_root):
+    """``lookhere_dense.models.pos_encoding`` is plain PyTorch: it imports, builds every
+    encoding and attends in a process where importing any OpenMMLab package fails."""
+    script = textwrap.dedent("""
+        import sys
+        BLOCKED = ('mmcv', 'mmengine', 'mmseg', 'mmdet')
+
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split('.')[0] in BLOCKED:
+                    raise ImportError(f'{name} is blocked in this test')
+
+        sys.meta_path.insert(0, Block())
+        import torch
+        from lookhere_dense.models import pos_encoding as pe
+        from lookhere_dense.models import POS_ENCODINGS
+        q = torch.randn(1, 12, 1 + 20, 4)
+        for name in POS_ENCODINGS:
+            enc = pe.build_position_encoding(name, embed_dims=48, num_heads=12, depth=2,
+                                             grid_size=(4, 5))
+            assert enc(q, q, q, 1, (4, 5), True).shape == q.shape
+            assert enc.window_attention(q, q, q, 1, (4, 5), 3, True).shape == q.shape
+            enc.clear_caches()
+        assert pe.parse_pos_encoding('lookhere:lh45').preset == 'lh45'
+        loaded = sorted(m for m in sys.modules if m.split('.')[0] in BLOCKED)
+        print('OK', loaded)
+    """)
+    res = subprocess.run([sys.executable, '-c', script], cwd=repo_root, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert 'OK []' in res.stdout
 
 
 def test_registry_builds_every_encoding():
@@ -177,7 +311,8 @@ def test_alibi2d_is_the_lookhere_engine_with_unrestricted_heads():
     cfg = model.lh_config
     assert cfg == LookHereConfig('none', 1.0, (1.5, 0.5))
     assert model.pos_enc.engine is model.lookhere
-    bias = model.lookhere.dense_bias(0, (4, 5), False, torch.device('cpu'), torch.float32)
+    bias = model.pos_enc.engine.dense_bias(0, (4, 5), False, torch.device('cpu'),
+                                           torch.float32)
     assert torch.isfinite(bias).all()  # no direction masks
     torch.testing.assert_close(bias, bias.transpose(-1, -2))  # a distance: symmetric
     assert (bias <= 0).all() and (bias.diagonal(dim1=-2, dim2=-1) == 0).all()

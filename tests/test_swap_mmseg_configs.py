@@ -251,3 +251,29 @@ def test_cls_token_outputs_into_a_plain_head_says_what_to_set():
     cfg.model.backbone.output_cls_token = True
     with pytest.raises(ConfigError, match='Set model.backbone.output_cls_token=False'):
         swap_backbone(cfg)
+
+
+@pytest.mark.parametrize('overrides,match', [
+    (dict(pos_encoding='sincos'), r"model.backbone.pos_encoding: unknown pos_encoding 'sincos'"),
+    (dict(pos_encoding='lookhere:lh30'),
+     r"model.backbone.pos_encoding: unknown LookHere preset 'lh30'"),
+    (dict(pos_encoding='abs:lh90'), r'model.backbone.pos_encoding: .*only lookhere takes'),
+    (dict(preset='lh30'), r"model.backbone.preset: unknown LookHere preset 'lh30'"),
+    (dict(pos_encoding='alibi2d', preset='lh90'), r'model.backbone.preset: .*no LookHere'),
+    (dict(lh_config=dict(head_directions='quarters-none')),
+     r"model.backbone.lh_config: unknown LookHere direction type 'quarters'"),
+    (dict(pos_encoding='lookhere:lh45', preset='lh90'), r'model.backbone.preset: .*two '
+                                                        r'different presets'),
+])
+def test_swap_names_the_backbone_key_of_a_bad_position_encoding(overrides, match):
+    """The config check parses pos_encoding / preset / lh_config with the backbone's own
+    parser (parse_pos_encoding) and names the key at fault."""
+    with pytest.raises(ConfigError, match=match):
+        swap_backbone(_load('segmenter/segmenter_vit-b_mask_8xb1-160k_ade20k-512x512.py'),
+                      **overrides)
+
+
+def test_swap_accepts_the_short_lookhere_preset_form():
+    cfg = swap_backbone(_load('segmenter/segmenter_vit-b_mask_8xb1-160k_ade20k-512x512.py'),
+                        pos_encoding='lookhere:lh45')
+    assert cfg.model.backbone.pos_encoding == 'lookhere:lh45'

@@ -9,6 +9,8 @@ in the forward pass and in the gradients, for grids that are not multiples of th
 """
 from __future__ import annotations
 
+import collections
+import copy
 import functools
 import math
 
@@ -19,6 +21,7 @@ from lookhere_dense.lookhere import LookHereAttentionEngine, PRESETS, lookhere_b
 from lookhere_dense.lookhere.windows import (padded_grid, window_key_mask, window_partition,
                                              window_unpartition)
 from lookhere_dense.models import LookHereViT
+from lookhere_dense.models.pos_encoding import PositionEncoding
 
 DEPTH = 3
 HEADS = {'lh180': 6, 'lh90': 6, 'lh45': 12}   # lh45 has 3 direction types: 12 or 16 heads
@@ -161,16 +164,31 @@ def test_bad_token_count_is_named():
 # ----------------------------------------------------------------------------------------
 # Through the backbone
 # ----------------------------------------------------------------------------------------
-class SlowEngine(LookHereAttentionEngine):
-    """The engine with both attention paths replaced by the slow definitions."""
+class SlowLookHere(PositionEncoding):
+    """LookHere by its slow definitions (:func:`slow_attention`: the materialised float64
+    full-grid bias, windows as a mask), as the position encoding a backbone owns. Counts
+    its calls, so a test can see that the backbone really ran it."""
+
+    name = 'lookhere'
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.calls = collections.Counter()
+
+    @property
+    def lh_config(self):
+        return self.config
+
+    def forward(self, q, k, v, layer, grid_size, cls_token, dropout_p=0.0):
+        self.calls['global'] += 1
+        return slow_attention(q, k, v, self.config, layer, grid_size, cls_token)
 
     def window_attention(self, q, k, v, layer, grid_size, window_size, cls_token,
                          dropout_p=0.0):
+        self.calls['window'] += 1
         return slow_window_attention(q, k, v, self.config, layer, grid_size, window_size,
                                      cls_token)
-
-    def __call__(self, q, k, v, layer, grid_size, cls_token, dropout_p=0.0, backend=None):
-        return slow_attention(q, k, v, self.config, layer, grid_size, cls_token)
 
 
 def tiny_windowed(**kwargs) -> LookHereViT:
@@ -184,15 +202,19 @@ def tiny_windowed(**kwargs) -> LookHereViT:
     return model.double().eval()
 
 
-@pytest.mark.parametrize('cls_token', [False, True], ids=['nocls', 'cls'])
-def test_backbone_window_blocks_match_slow_reference(cls_token):
+def assert_backbone_matches_slow_reference(cls_token: bool) -> None:
+    """The backbone (window blocks 0 and 2, global block 1) against the same weights whose
+    one position-encoding owner is :class:`SlowLookHere`: outputs and input gradients."""
     model = tiny_windowed(with_cls_token=cls_token)
     assert [blk.window_size for blk in model.blocks] == [3, 0, 3]
-    img = torch.randn(2, 3, 20, 26, dtype=torch.float64, requires_grad=True)  # grid 5 x 7
+    slow = copy.deepcopy(model)
+    slow.pos_enc = SlowLookHere(model.lh_config)
+    img = torch.randn(2, 3, 20, 26, dtype=torch.float64, requires_grad=True,
+                      generator=torch.Generator().manual_seed(3))  # grid 5 x 7
     outs = model(img)
-    slow = tiny_windowed(with_cls_token=cls_token)
-    slow.lookhere = SlowEngine(slow.lh_config, DEPTH, 6)
     ref = slow(img)
+    assert slow.pos_enc.calls == {'window': 2, 'global': 1}  # the slow definition ran
+    assert isinstance(model.pos_enc.engine, LookHereAttentionEngine)
     for o, r in zip(outs, ref):
         assert o.shape == (2, 24, 5, 7)
         torch.testing.assert_close(o, r, rtol=1e-9, atol=1e-9)
@@ -202,9 +224,28 @@ def test_backbone_window_blocks_match_slow_reference(cls_token):
     torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize('cls_token', [False, True], ids=['nocls', 'cls'])
+def test_backbone_window_blocks_match_slow_reference(cls_token):
+    assert_backbone_matches_slow_reference(cls_token)
+
+
+@pytest.mark.parametrize('path', ['window_attention', '__call__'], ids=['window', 'global'])
+def test_slow_reference_catches_a_perturbed_fast_path(monkeypatch, path):
+    """The comparison above can fail: 1e-3 added to the engine's window (or global)
+    attention output makes it fail."""
+    original = getattr(LookHereAttentionEngine, path)
+
+    def perturbed(self, *args, **kwargs):
+        return original(self, *args, **kwargs) + 1e-3
+
+    monkeypatch.setattr(LookHereAttentionEngine, path, perturbed)
+    with pytest.raises(AssertionError, match='not close'):
+        assert_backbone_matches_slow_reference(cls_token=True)
+
+
 def test_window_bias_is_cached_once_per_window_and_layer():
     model = tiny_windowed(window_block_indexes=[0, 1], with_cls_token=True).float()
-    engine = model.lookhere
+    engine = model.pos_enc.engine
     with torch.no_grad():
         model(torch.randn(1, 3, 20, 26))   # grid 5 x 7
     window_keys = {k for k in engine.dense.keys() if k[1] == (3, 3)}

@@ -28,7 +28,18 @@ Interface (:class:`PositionEncoding`), the same one the LookHere engine already 
   window attention. Every encoding here supports windows: RoPE rotates queries and keys by
   their position in the whole grid before windowing (relative offsets inside a window are
   unchanged), ``abs`` and ``none`` attend plainly, LookHere / 2D-ALiBi use the engine's
-  window-sized bias.
+  window-sized bias;
+* ``lh_config`` -- the LookHere config of the bias (None for encodings without one);
+* ``clear_caches()`` -- drop cached tensors (bias tables, rotation angles), e.g. to start
+  a measurement from a clean slate.
+
+The backbone owns ONE encoding (``LookHereViT.pos_enc``) and hands it to every block in
+each forward; for ``'lookhere'`` / ``'alibi2d'`` that encoding owns the LookHere engine.
+
+A ``pos_encoding`` spec (``'rope2d'``, ``'lookhere:lh45'``, ``dict(type='abs',
+init_std=0.02)``, plus the backbone's ``preset`` / ``lh_config``) is parsed by one function,
+:func:`parse_pos_encoding`, into a :class:`PosEncodingSpec`; the backbone, the config checks
+of :mod:`lookhere_dense.swap`, the benchmark and the study all call it.
 
 The CLS token is never rotated and never biased (it has no position), in every encoding.
 Nothing in this module imports OpenMMLab.
@@ -37,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Optional, Tuple, Union
 
 import torch
@@ -44,20 +56,25 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..lookhere import BoundedCache, LookHereAttentionEngine, LookHereConfig, resolve_lh_config
+from ..lookhere import (PRESETS, BoundedCache, LookHereAttentionEngine, LookHereConfig,
+                        resolve_lh_config)
 from ..lookhere.windows import attend_in_windows, padded_grid, window_key_mask
 
 __all__ = [
-    'POS_ENCODINGS', 'LOOKHERE_BIAS_ENCODINGS', 'PositionEncoding', 'LookHerePositionEncoding',
-    'AbsolutePositionEncoding', 'AxialRoPE2d', 'MixedRoPE2d', 'NoPositionEncoding',
-    'build_position_encoding', 'parse_pos_encoding', 'alibi2d_config', 'resample_abs_pos_embed',
-    'rotate_half_pairs', 'window_sdpa', 'isolated_rng', 'bias_config',
+    'POS_ENCODINGS', 'LOOKHERE_BIAS_ENCODINGS', 'POS_ENCODING_OPTIONS', 'PositionEncoding',
+    'LookHerePositionEncoding', 'AbsolutePositionEncoding', 'AxialRoPE2d', 'MixedRoPE2d',
+    'NoPositionEncoding', 'PosEncodingSpec', 'PosEncodingError', 'build_position_encoding',
+    'parse_pos_encoding', 'alibi2d_config', 'resample_abs_pos_embed', 'rotate_half_pairs',
+    'window_sdpa', 'isolated_rng', 'bias_config',
 ]
 
 #: Every value ``pos_encoding`` accepts.
 POS_ENCODINGS = ('lookhere', 'abs', 'rope2d', 'rope2d_mixed', 'alibi2d', 'none')
 #: Encodings computed by the LookHere engine from a :class:`LookHereConfig`.
 LOOKHERE_BIAS_ENCODINGS = ('lookhere', 'alibi2d')
+#: The options each encoding takes in the dict form ``dict(type=NAME, **options)``.
+POS_ENCODING_OPTIONS = {'lookhere': (), 'alibi2d': (), 'none': (), 'abs': ('init_std',),
+                        'rope2d': ('theta',), 'rope2d_mixed': ('theta',)}
 
 
 @contextlib.contextmanager
@@ -138,8 +155,18 @@ class PositionEncoding(nn.Module):
         q, k = self.rotate(q, k, layer, grid_size, cls_token)
         return window_sdpa(q, k, v, grid_size, window_size, cls_token, dropout_p)
 
+    @property
+    def lh_config(self) -> Optional[LookHereConfig]:
+        """The LookHere config of the encoding's bias; None (the default) for encodings
+        without a LookHere bias."""
+        return None
+
     def reset_parameters(self) -> None:
         """(Re-)initialise the encoding's own parameters (none by default)."""
+
+    def clear_caches(self) -> None:
+        """Drop every cached tensor (bias tables, rotation angles), so the next forward
+        starts from a clean slate (e.g. for a memory measurement). Nothing by default."""
 
     def extra_repr(self) -> str:
         return f'name={self.name!r}'
@@ -154,9 +181,17 @@ class NoPositionEncoding(PositionEncoding):
 class LookHerePositionEncoding(PositionEncoding):
     """``'lookhere'`` / ``'alibi2d'``: attention with the bias of a LookHere engine.
 
+    The encoding is the one owner of its engine: the backbone reaches the engine (its
+    config, caches and backend) only through ``pos_enc.engine``. To attend with another
+    engine, assign ``pos_enc.engine`` (anything called like
+    :class:`~lookhere_dense.lookhere.LookHereAttentionEngine` and with its
+    ``window_attention``; stand-ins without ``config`` / ``reset`` have no ``lh_config``
+    and nothing to clear).
+
     Args:
         engine: the engine (owns the bias caches and the backend choice).
         name: ``'lookhere'`` or ``'alibi2d'`` (for messages; the math is the engine's).
+            Default: ``'lookhere'``.
     """
 
     def __init__(self, engine: LookHereAttentionEngine, name: str = 'lookhere'):
@@ -177,8 +212,29 @@ class LookHerePositionEncoding(PositionEncoding):
         return self.engine.window_attention(q, k, v, layer, grid_size, window_size, cls_token,
                                             dropout_p)
 
+    @property
+    def lh_config(self) -> Optional[LookHereConfig]:
+        """The engine's config (None for a stand-in engine without one)."""
+        return getattr(self.engine, 'config', None)
+
+    def set_lh_config(self, config: LookHereConfig) -> None:
+        """Switch the engine to ``config`` (e.g. the one stored in a checkpoint) and drop
+        its caches.
+
+        Raises:
+            ValueError: ``config`` does not fit the engine's heads / layers.
+        """
+        self.engine.reset(config)
+
+    def clear_caches(self) -> None:
+        """Drop the engine's bias tables, dense biases, block masks and tile orders."""
+        reset = getattr(self.engine, 'reset', None)
+        if reset is not None:
+            reset()
+
     def extra_repr(self) -> str:
-        return f'name={self.name!r}, config={self.engine.config.to_dict()}'
+        cfg = self.lh_config
+        return f'name={self.name!r}, config={cfg.to_dict() if cfg is not None else None}'
 
 
 def alibi2d_config(lh_config: Union[None, Mapping[str, Any], LookHereConfig] = None
@@ -209,29 +265,153 @@ def alibi2d_config(lh_config: Union[None, Mapping[str, Any], LookHereConfig] = N
     return cfg
 
 
+class PosEncodingError(ValueError):
+    """A ``pos_encoding`` / ``preset`` / ``lh_config`` that cannot work.
+
+    Attributes:
+        key: the backbone argument at fault: ``'pos_encoding'``, ``'preset'`` or
+            ``'lh_config'`` (config checks prefix it, e.g. ``model.backbone.preset``).
+    """
+
+    def __init__(self, message: str, key: str = 'pos_encoding'):
+        super().__init__(message)
+        self.key = key
+
+
 def bias_config(encoding: str, lh_config: Union[None, str, Mapping[str, Any],
                                                  LookHereConfig] = None,
                 preset: Optional[str] = None) -> Optional[LookHereConfig]:
     """The LookHere config the bias of ``encoding`` is computed from: ``lh_config`` /
     ``preset`` for ``'lookhere'``, :func:`alibi2d_config` for ``'alibi2d'``, None for the
-    encodings without a LookHere bias. Used by the backbone and by config checks alike.
+    encodings without a LookHere bias. Part of :func:`parse_pos_encoding` (call that).
 
     Raises:
-        ValueError: an unknown preset or option, a preset for ``'alibi2d'``, or
-            ``lh_config`` / ``preset`` for an encoding that has no LookHere bias.
+        PosEncodingError: an unknown preset or option, a preset for ``'alibi2d'``, or
+            ``lh_config`` / ``preset`` for an encoding that has no LookHere bias; ``key``
+            names the argument at fault.
     """
     if encoding == 'lookhere':
-        return resolve_lh_config(lh_config, preset)
+        try:
+            return resolve_lh_config(lh_config, preset)
+        except ValueError as err:
+            bad_preset = preset is not None and preset not in PRESETS
+            raise PosEncodingError(str(err), 'preset' if bad_preset else 'lh_config') from None
     if encoding == 'alibi2d':
         if preset is not None:
-            raise ValueError("pos_encoding='alibi2d' takes no LookHere preset (it has no "
-                             'direction masks); give slopes with lh_config=dict(...)')
-        return alibi2d_config(lh_config)
+            raise PosEncodingError("pos_encoding='alibi2d' takes no LookHere preset (it has "
+                                   'no direction masks); give slopes with lh_config=dict(...)',
+                                   'preset')
+        try:
+            return alibi2d_config(lh_config)
+        except ValueError as err:
+            raise PosEncodingError(str(err), 'lh_config') from None
     if lh_config is not None or preset is not None:
-        raise ValueError(f'preset / lh_config configure LookHere; they do not apply to '
-                         f'pos_encoding={encoding!r} (allowed with '
-                         f'{list(LOOKHERE_BIAS_ENCODINGS)})')
+        raise PosEncodingError(f'preset / lh_config configure LookHere; they do not apply to '
+                               f'pos_encoding={encoding!r} (allowed with '
+                               f'{list(LOOKHERE_BIAS_ENCODINGS)})',
+                               'preset' if preset is not None else 'lh_config')
     return None
+
+
+@dataclass(frozen=True)
+class PosEncodingSpec:
+    """A parsed ``pos_encoding``: what :func:`parse_pos_encoding` returns.
+
+    Attributes:
+        name: one of :data:`POS_ENCODINGS`.
+        options: the encoding's own options (checked against
+            :data:`POS_ENCODING_OPTIONS`), e.g. ``{'theta': 10.0}``. Default: none.
+        preset: the LookHere preset, from the spec (``'lookhere:lh45'``) or from
+            ``preset=``; None when none was named. Default: None.
+        lh_config: the :class:`LookHereConfig` of the bias of ``'lookhere'`` /
+            ``'alibi2d'`` (the default one when neither preset nor lh_config was given);
+            None for the encodings without a LookHere bias. Default: None.
+        explicit: a preset or lh_config was given. Only a default (not explicit) config
+            gives way to the one stored in a checkpoint. Default: False.
+    """
+
+    name: str
+    options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    preset: Optional[str] = None
+    lh_config: Optional[LookHereConfig] = None
+    explicit: bool = False
+
+
+def parse_pos_encoding(spec: Union[str, Mapping[str, Any], PosEncodingSpec] = 'lookhere',
+                       lh_config: Union[None, str, Mapping[str, Any], LookHereConfig] = None,
+                       preset: Optional[str] = None) -> PosEncodingSpec:
+    """THE parser of a ``pos_encoding`` spec (with the backbone's ``preset`` /
+    ``lh_config``), used by the backbone, the config checks, the benchmark and the study.
+
+    Spec forms:
+
+    * a name of :data:`POS_ENCODINGS`: ``'rope2d'``;
+    * ``'lookhere:PRESET'``: LookHere with a preset, e.g. ``'lookhere:lh45'`` (the study's
+      short form; the same as ``'lookhere'`` with ``preset='lh45'``);
+    * ``dict(type=NAME, **options)`` with the options of :data:`POS_ENCODING_OPTIONS`, e.g.
+      ``dict(type='rope2d', theta=10.0)``;
+    * a :class:`PosEncodingSpec` (returned as it is; then no ``lh_config`` / ``preset``).
+
+    Args:
+        spec: the encoding. Default: ``'lookhere'``.
+        lh_config: LookHere config (official keys, a :class:`LookHereConfig` or a preset
+            name) for ``'lookhere'``, or slopes for ``'alibi2d'``; overrides the preset's
+            entries. Default: None.
+        preset: LookHere preset (``'lh180'``, ``'lh90'``, ``'lh45'``). Default: None.
+
+    Returns:
+        The :class:`PosEncodingSpec`, with the resolved LookHere config.
+
+    Raises:
+        PosEncodingError: an unknown name, option or preset, a preset for an encoding
+            other than ``'lookhere'``, two different presets, lh_config for an encoding
+            without a LookHere bias, an lh_config ``'alibi2d'`` cannot have; the message
+            names the allowed values and ``key`` the argument at fault.
+        TypeError: a spec that is neither a string, a dict nor a :class:`PosEncodingSpec`.
+    """
+    if isinstance(spec, PosEncodingSpec):
+        if lh_config is not None or preset is not None:
+            raise TypeError('parse_pos_encoding: a PosEncodingSpec is already parsed; it '
+                            'takes no further lh_config / preset')
+        return spec
+    spec_preset = None
+    if isinstance(spec, str):
+        name, colon, spec_preset = spec.partition(':')
+        options: dict = {}
+        shown = spec
+    elif isinstance(spec, Mapping):
+        options = dict(spec)
+        name, colon = options.pop('type', None), ''
+        shown = name
+    else:
+        raise TypeError(f'pos_encoding must be a name or a dict with "type", got {spec!r}')
+    if name not in POS_ENCODINGS:
+        raise PosEncodingError(f'unknown pos_encoding {shown!r}; allowed: '
+                               f"{list(POS_ENCODINGS)} (a LookHere preset as "
+                               "'lookhere:PRESET', e.g. 'lookhere:lh45')")
+    if colon:
+        if name != 'lookhere':
+            raise PosEncodingError(f"pos_encoding {spec!r}: only lookhere takes a preset "
+                                   f"('lookhere:PRESET'); use {name!r}")
+        if not spec_preset:
+            raise PosEncodingError(f'pos_encoding {spec!r} names no preset; allowed: '
+                                   f'{sorted(PRESETS)}')
+        if preset is not None and preset != spec_preset:
+            raise PosEncodingError(f'pos_encoding {spec!r} and preset={preset!r} name two '
+                                   'different presets; give the preset once', 'preset')
+        preset = spec_preset
+    unknown = sorted(set(options) - set(POS_ENCODING_OPTIONS[name]))
+    if unknown:
+        raise PosEncodingError(f'pos_encoding {name!r} has no options {unknown}; allowed: '
+                               f'{list(POS_ENCODING_OPTIONS[name])}')
+    try:
+        config = bias_config(name, lh_config, preset)
+    except PosEncodingError as err:
+        if spec_preset and err.key == 'preset':  # the preset came with the spec
+            err.key = 'pos_encoding'
+        raise
+    return PosEncodingSpec(name, options, preset, config,
+                           explicit=lh_config is not None or preset is not None)
 
 
 # ----------------------------------------------------------------------------------------
@@ -449,6 +629,10 @@ class AxialRoPE2d(_RoPE2dBase):
 
         return self._cache.get_or_create((grid_size, str(device)), make)
 
+    def clear_caches(self) -> None:
+        """Drop the cached rotation angles."""
+        self._cache.clear()
+
     def extra_repr(self) -> str:
         return f'name={self.name!r}, head_dim={self.head_dim}, theta={self.theta}'
 
@@ -507,58 +691,46 @@ class MixedRoPE2d(_RoPE2dBase):
 # ----------------------------------------------------------------------------------------
 # Factory
 # ----------------------------------------------------------------------------------------
-def parse_pos_encoding(spec: Union[str, Mapping[str, Any]]) -> Tuple[str, dict]:
-    """``'rope2d'`` or ``dict(type='rope2d', theta=...)`` -> ``(name, options)``.
-
-    Raises:
-        ValueError: unknown name (the message lists :data:`POS_ENCODINGS`).
-    """
-    if isinstance(spec, str):
-        name, options = spec, {}
-    elif isinstance(spec, Mapping):
-        options = dict(spec)
-        name = options.pop('type', None)
-    else:
-        raise TypeError(f'pos_encoding must be a name or a dict with "type", got {spec!r}')
-    if name not in POS_ENCODINGS:
-        raise ValueError(f'unknown pos_encoding {name!r}; allowed: {list(POS_ENCODINGS)}')
-    return name, options
-
-
-_OPTIONS = {'lookhere': (), 'alibi2d': (), 'none': (), 'abs': ('init_std',),
-            'rope2d': ('theta',), 'rope2d_mixed': ('theta',)}
-
-
-def build_position_encoding(spec: Union[str, Mapping[str, Any]], *, embed_dims: int,
-                            num_heads: int, depth: int, grid_size: Tuple[int, int],
+def build_position_encoding(spec: Union[str, Mapping[str, Any], PosEncodingSpec], *,
+                            embed_dims: int, num_heads: int, depth: int,
+                            grid_size: Tuple[int, int],
                             engine: Optional[LookHereAttentionEngine] = None,
-                            interpolate_mode: str = 'bicubic') -> PositionEncoding:
-    """Build the encoding ``spec`` names (see :func:`parse_pos_encoding`).
+                            interpolate_mode: str = 'bicubic', attn_backend: str = 'auto',
+                            attn_block_size: Optional[int] = None,
+                            max_dense_bias_mb: float = 1024) -> PositionEncoding:
+    """Build the encoding ``spec`` names (a spec or a :class:`PosEncodingSpec` from
+    :func:`parse_pos_encoding`; a spec string / dict takes the default LookHere config).
 
     Args:
         embed_dims, num_heads, depth: the trunk's sizes.
         grid_size: the training grid ``(H, W)`` (used by ``abs``).
-        engine: the LookHere engine, required by ``lookhere`` and ``alibi2d`` (its config
-            decides which of the two it is).
+        engine: the LookHere engine of ``lookhere`` / ``alibi2d``; None builds one from
+            ``spec.lh_config`` and the three ``attn_*`` / ``max_dense_bias_mb`` arguments
+            (as :class:`~lookhere_dense.models.backbones.LookHereViT` names them). The
+            returned encoding owns it. Default: None.
         interpolate_mode: ``abs`` resampling mode. Default: ``'bicubic'``.
+        attn_backend: the engine's backend. Default: ``'auto'``.
+        attn_block_size: query rows per block of the chunked backend. Default: None.
+        max_dense_bias_mb: the engine's dense-bias budget. Default: 1024.
 
     Raises:
-        ValueError: unknown name or option (naming the allowed ones), missing engine.
+        PosEncodingError: see :func:`parse_pos_encoding`.
+        ValueError: a LookHere config that does not fit ``num_heads`` / ``depth``, an
+            unknown backend.
     """
-    name, options = parse_pos_encoding(spec)
-    unknown = sorted(set(options) - set(_OPTIONS[name]))
-    if unknown:
-        raise ValueError(f'pos_encoding {name!r} has no options {unknown}; allowed: '
-                         f'{list(_OPTIONS[name])}')
+    spec = parse_pos_encoding(spec)
     head_dim = embed_dims // num_heads
-    if name in LOOKHERE_BIAS_ENCODINGS:
+    if spec.name in LOOKHERE_BIAS_ENCODINGS:
         if engine is None:
-            raise ValueError(f'pos_encoding {name!r} needs a LookHereAttentionEngine')
-        return LookHerePositionEncoding(engine, name)
-    if name == 'abs':
-        return AbsolutePositionEncoding(embed_dims, grid_size, interpolate_mode, **options)
-    if name == 'rope2d':
-        return AxialRoPE2d(head_dim, **options)
-    if name == 'rope2d_mixed':
-        return MixedRoPE2d(depth, num_heads, head_dim, **options)
+            spec.lh_config.validate(num_heads, depth)
+            engine = LookHereAttentionEngine(spec.lh_config, depth, num_heads, attn_backend,
+                                             attn_block_size, max_dense_bias_mb)
+        return LookHerePositionEncoding(engine, spec.name)
+    if spec.name == 'abs':
+        return AbsolutePositionEncoding(embed_dims, grid_size, interpolate_mode,
+                                        **spec.options)
+    if spec.name == 'rope2d':
+        return AxialRoPE2d(head_dim, **spec.options)
+    if spec.name == 'rope2d_mixed':
+        return MixedRoPE2d(depth, num_heads, head_dim, **spec.options)
     return NoPositionEncoding()

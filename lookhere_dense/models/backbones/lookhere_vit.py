@@ -29,8 +29,9 @@ from torch.utils.checkpoint import checkpoint
 
 from ...checkpoint import backbone_weights, load_checkpoint_file, match_state_dict
 from ...lookhere import LookHereAttentionEngine, LookHereConfig, resolve_lh_config
-from ..pos_encoding import (AbsolutePositionEncoding, PositionEncoding, bias_config,
-                            build_position_encoding, isolated_rng, parse_pos_encoding)
+from ..pos_encoding import (AbsolutePositionEncoding, LookHerePositionEncoding,
+                            PositionEncoding, build_position_encoding, isolated_rng,
+                            parse_pos_encoding)
 from ..registry import register_model
 
 __all__ = ['LookHereViT', 'LookHerePatchEmbed', 'LookHereBlock', 'LookHereSelfAttention']
@@ -120,10 +121,10 @@ class Mlp(nn.Module):
 
 
 class LookHereSelfAttention(nn.Module):
-    """Multi-head self-attention that takes its position information from a LookHere engine
-    or another :class:`~lookhere_dense.models.pos_encoding.PositionEncoding` (both are called
-    as ``engine(q, k, v, layer, grid, cls_token, dropout_p)`` and
-    ``engine.window_attention(...)``).
+    """Multi-head self-attention that takes its position information from the backbone's
+    :class:`~lookhere_dense.models.pos_encoding.PositionEncoding`, handed in every forward
+    (called as ``pos_enc(q, k, v, layer, grid, cls_token, dropout_p)`` and
+    ``pos_enc.window_attention(...)``; a bare LookHere engine has the same calls).
 
     Args:
         dim: token channels.
@@ -143,7 +144,7 @@ class LookHereSelfAttention(nn.Module):
         self.attn_drop = attn_drop
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: Tensor, engine: Union[LookHereAttentionEngine, PositionEncoding],
+    def forward(self, x: Tensor, pos_enc: Union[PositionEncoding, LookHereAttentionEngine],
                 layer: int, grid: Tuple[int, int], cls_token: bool,
                 window_size: int = 0) -> Tensor:
         """``(B, T, C)`` -> ``(B, T, C)``; ``window_size > 0`` selects window attention."""
@@ -152,9 +153,9 @@ class LookHereSelfAttention(nn.Module):
             2, 0, 3, 1, 4).unbind(0)
         p = self.attn_drop if self.training else 0.0
         if window_size:
-            x = engine.window_attention(q, k, v, layer, grid, window_size, cls_token, p)
+            x = pos_enc.window_attention(q, k, v, layer, grid, window_size, cls_token, p)
         else:
-            x = engine(q, k, v, layer, grid, cls_token, p)
+            x = pos_enc(q, k, v, layer, grid, cls_token, p)
         x = x.transpose(1, 2).reshape(b, t, c)
         return self.proj_drop(self.proj(x))
 
@@ -187,10 +188,10 @@ class LookHereBlock(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: Tensor, engine: Union[LookHereAttentionEngine, PositionEncoding],
+    def forward(self, x: Tensor, pos_enc: Union[PositionEncoding, LookHereAttentionEngine],
                 layer: int, grid: Tuple[int, int], cls_token: bool) -> Tensor:
-        """``(B, T, C)`` -> ``(B, T, C)``; ``engine`` as in :class:`LookHereSelfAttention`."""
-        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), engine, layer, grid,
+        """``(B, T, C)`` -> ``(B, T, C)``; ``pos_enc`` as in :class:`LookHereSelfAttention`."""
+        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), pos_enc, layer, grid,
                                                   cls_token, self.window_size)))
         return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
 
@@ -307,7 +308,8 @@ class LookHereViT(BaseModule):
             each quarter is global (ViTDet). Default: None.
         pos_encoding (str | dict): the position encoding, by name or as
             ``dict(type=NAME, **options)``: ``'lookhere'`` (uses ``preset`` /
-            ``lh_config``), ``'abs'`` (learned ``pos_enc.pos_embed``; option ``init_std``),
+            ``lh_config``; ``'lookhere:lh45'`` is short for ``preset='lh45'``),
+            ``'abs'`` (learned ``pos_enc.pos_embed``; option ``init_std``),
             ``'rope2d'`` / ``'rope2d_mixed'`` (option ``theta``), ``'alibi2d'`` (optional
             ``lh_config`` dict with ``'none'`` heads only, e.g. other slopes) or
             ``'none'``. Everything else (blocks, parameters, their initialisation for a
@@ -315,6 +317,12 @@ class LookHereViT(BaseModule):
             ``'lookhere'``; timm / DeiT-III ``pos_embed`` is kept (resampled) by ``'abs'``
             and dropped by the others. See :mod:`lookhere_dense.models.pos_encoding`.
             Default: ``'lookhere'``.
+
+    Attributes:
+        pos_enc (PositionEncoding): the one owner of the position encoding (for
+            ``'lookhere'`` / ``'alibi2d'``: of the LookHere engine, ``pos_enc.engine``),
+            handed to every block in each forward. ``pos_encoding``, ``lh_config`` and
+            ``lookhere`` are read from it.
     """
 
     def __init__(self,
@@ -367,8 +375,8 @@ class LookHereViT(BaseModule):
             raise TypeError('pretrained must be a str or None')
         super().__init__(init_cfg=init_cfg)
 
-        self.pos_encoding, _ = parse_pos_encoding(pos_encoding)
-        if interpolate_mode is not None and self.pos_encoding != 'abs':
+        spec = parse_pos_encoding(pos_encoding, lh_config, preset)
+        if interpolate_mode is not None and spec.name != 'abs':
             _warn_once('interpolate_mode', 'LookHereViT ignores interpolate_mode: it has no '
                        'absolute position embedding to resize')
         if embed_dims % num_heads:
@@ -401,22 +409,15 @@ class LookHereViT(BaseModule):
             raise ValueError(f'out_indices {bad} out of range for num_layers={num_layers}')
 
         # LookHere: explicit config (or preset) vs one to be taken from the checkpoint
-        self._lh_explicit = lh_config is not None or preset is not None
+        self._lh_explicit = spec.explicit
         self.attn_backend = attn_backend
-        self.lh_config: Optional[LookHereConfig] = bias_config(self.pos_encoding, lh_config,
-                                                               preset)
-        self.lookhere: Optional[LookHereAttentionEngine] = None
-        if self.lh_config is not None:
-            self.lh_config.validate(num_heads, num_layers)
-            self.lookhere = LookHereAttentionEngine(self.lh_config, num_layers, num_heads,
-                                                    attn_backend, attn_block_size,
-                                                    max_dense_bias_mb)
         grid = tuple(math.ceil(s / patch_size) for s in self.img_size)
         with isolated_rng():  # the trunk draws the same init numbers whatever the encoding
             self.pos_enc: PositionEncoding = build_position_encoding(
-                pos_encoding, embed_dims=embed_dims, num_heads=num_heads, depth=num_layers,
-                grid_size=grid, engine=self.lookhere,
-                interpolate_mode=interpolate_mode or 'bicubic')
+                spec, embed_dims=embed_dims, num_heads=num_heads, depth=num_layers,
+                grid_size=grid, interpolate_mode=interpolate_mode or 'bicubic',
+                attn_backend=attn_backend, attn_block_size=attn_block_size,
+                max_dense_bias_mb=max_dense_bias_mb)
 
         self.window_size = int(window_size)
         self.window_block_indexes = _window_blocks(num_layers, self.window_size,
@@ -436,6 +437,31 @@ class LookHereViT(BaseModule):
             for i in range(num_layers)])
         self.norm = build_norm_layer(norm_cfg, embed_dims)[1] if final_norm else None
         self._freeze()
+
+    # -- read from the one owner, pos_enc ------------------------------------------------
+    @property
+    def pos_encoding(self) -> str:
+        """The ``pos_encoding`` name (``pos_enc.name``), e.g. ``'lookhere'``."""
+        return self.pos_enc.name
+
+    @property
+    def lh_config(self) -> Optional[LookHereConfig]:
+        """The active LookHere config (``pos_enc.lh_config``); None for encodings without
+        a LookHere bias."""
+        return self.pos_enc.lh_config
+
+    @property
+    def lookhere(self) -> Optional[LookHereAttentionEngine]:
+        """The LookHere engine, ``pos_enc.engine`` (None for encodings without one). Not a
+        second handle: reading and assigning both go to ``pos_enc.engine``."""
+        return getattr(self.pos_enc, 'engine', None)
+
+    @lookhere.setter
+    def lookhere(self, engine: LookHereAttentionEngine) -> None:
+        if not isinstance(self.pos_enc, LookHerePositionEncoding):
+            raise AttributeError(f'LookHereViT(pos_encoding={self.pos_encoding!r}) has no '
+                                 'LookHere engine to replace; assign model.pos_enc instead')
+        self.pos_enc.engine = engine
 
     # -- weights ---------------------------------------------------------------------------
     def init_weights(self) -> None:
@@ -573,8 +599,7 @@ class LookHereViT(BaseModule):
         if ckpt_cfg != self.lh_config:
             print_log(f'LookHereViT: LookHere config from {path}: {ckpt_cfg.to_dict()}',
                       logger='current')
-        self.lh_config = ckpt_cfg
-        self.lookhere.reset(ckpt_cfg)
+        self.pos_enc.set_lh_config(ckpt_cfg)
 
     def _freeze(self) -> None:
         if 'all' in self.frozen_exclude:
