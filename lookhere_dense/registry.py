@@ -20,6 +20,7 @@ REGISTERING_MODULES = (
     'lookhere_dense.models',
     'lookhere_dense.engine',
     'lookhere_dense.data.checks',
+    'lookhere_dense.evaluation.metrics',
 )
 
 _done = False
