@@ -198,8 +198,12 @@ def build_model_from_checkpoint(cfg, checkpoint: str, device: str = 'cpu'):
 
 
 def load_tool(name: str):
-    """Import ``tools/<name>.py`` as a module (``lookhere_dense_tools_<name>``), so tools
-    can call each other's ``main`` in one process and tests can import them."""
+    """Import ``tools/<name>.py`` as a module (``lookhere_dense_tools_<name>``).
+
+    Deprecated: tools and tests call the package functions the tools call
+    (:mod:`lookhere_dense.apis`, :mod:`lookhere_dense.evaluation`,
+    :mod:`lookhere_dense.study`); kept only until the benchmark's test stops using it.
+    """
     import importlib.util
 
     path = osp.join(REPO, 'tools', f'{name}.py')
