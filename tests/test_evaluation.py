@@ -154,7 +154,7 @@ def test_per_class_iou_metric_is_registered_and_reports_every_class():
     from lookhere_dense.registry import REGISTERING_MODULES
     assert 'lookhere_dense.evaluation.metrics' in REGISTERING_MODULES
     assert METRICS.get('PerClassIoUMetric') is PerClassIoUMetric
-    metric = METRICS.build(dict(type='PerClassIoUMetric'))
+    metric = METRICS.build(dict(type='PerClassIoUMetric', _scope_='mmseg'))
     metric.dataset_meta = dict(classes=('sky', 'road', 'car'))
     pred = torch.tensor([[0, 0, 1, 1]])
     label = torch.tensor([[0, 1, 1, 1]])

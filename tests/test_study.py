@@ -254,4 +254,4 @@ def test_ladder_settings_and_the_per_class_evaluator():
     ev = ladder_evaluator(cfg)
     assert ev == dict(type='PerClassIoUMetric', iou_metrics=['mIoU'])
     assert cfg.val_evaluator.type == 'IoUMetric'  # config untouched
-    assert isinstance(METRICS.build(ev), PerClassIoUMetric)
+    assert isinstance(METRICS.build(dict(ev, _scope_='mmseg')), PerClassIoUMetric)
