@@ -7,6 +7,7 @@ which (the segmentation data checks run for ``mmseg`` configs only).
 """
 from __future__ import annotations
 
+import argparse
 import copy
 import logging
 import re
@@ -17,7 +18,7 @@ from typing import Callable, List, Optional, Sequence
 
 __all__ = ['quiet_known_warnings', 'resolve_config_path', 'load_config', 'set_work_dir',
            'preflight', 'run_main', 'build_model_from_checkpoint', 'load_tool',
-           'add_threads_arg', 'apply_threads', 'REPO']
+           'add_threads_arg', 'apply_threads', 'parse_cfg_options', 'REPO']
 
 #: The repository root (``tools/`` and ``configs/`` live here).
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -59,6 +60,18 @@ def load_config(path: str, cfg_options: Optional[dict] = None):
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     return cfg
+
+
+def parse_cfg_options(pairs: Sequence[str]) -> dict:
+    """``['a.b=1', 'c=[2,3]']`` -> ``{'a.b': 1, 'c': [2, 3]}``: ``KEY=VALUE`` overrides read
+    exactly as a tool's ``--cfg-options`` reads them (mmengine's ``DictAction``; a later
+    key wins)."""
+    from mmengine.config import DictAction
+
+    namespace = argparse.Namespace()
+    DictAction(option_strings=['--cfg-options'], dest='cfg_options')(
+        None, namespace, list(pairs))
+    return getattr(namespace, 'cfg_options', None) or {}
 
 
 def set_work_dir(cfg, work_dir: Optional[str], config_path: str) -> None:
@@ -185,8 +198,12 @@ def build_model_from_checkpoint(cfg, checkpoint: str, device: str = 'cpu'):
 
 
 def load_tool(name: str):
-    """Import ``tools/<name>.py`` as a module (``lookhere_dense_tools_<name>``), so tools
-    can call each other's ``main`` in one process and tests can import them."""
+    """Import ``tools/<name>.py`` as a module (``lookhere_dense_tools_<name>``).
+
+    Deprecated: tools and tests call the package functions the tools call
+    (:mod:`lookhere_dense.apis`, :mod:`lookhere_dense.evaluation`,
+    :mod:`lookhere_dense.study`); kept only until the benchmark's test stops using it.
+    """
     import importlib.util
 
     path = osp.join(REPO, 'tools', f'{name}.py')

@@ -1,4 +1,5 @@
-"""tools/plot_heads.py: the plotted fields of view are LookHere's masks and penalties."""
+"""The head pictures of ``tools/plot_heads.py`` (:mod:`lookhere_dense.visualization.heads`):
+the plotted fields of view are LookHere's masks and penalties."""
 from __future__ import annotations
 
 import math
@@ -6,18 +7,13 @@ import math
 import pytest
 import torch
 
-from lookhere_dense.cli import load_tool
+from lookhere_dense.visualization.heads import draw_head_fields, head_fields, load_lh_config
 
 
-@pytest.fixture(scope='module')
-def plot_heads():
-    return load_tool('plot_heads')
-
-
-def test_lh180_fields_are_half_planes_with_a_linear_penalty(plot_heads):
+def test_lh180_fields_are_half_planes_with_a_linear_penalty():
     from lookhere_dense.lookhere import resolve_lh_config
     cfg = resolve_lh_config(preset='lh180')
-    fields = plot_heads.head_fields(cfg, (7, 9), (3, 2), depth=4, num_heads=12, layers=[0, 3])
+    fields = head_fields(cfg, (7, 9), (3, 2), depth=4, num_heads=12, layers=[0, 3])
     assert fields.shape == (2, 12, 7, 9)
     up, down, left, right = fields[0, :4]
     assert torch.isinf(up[4:]).all() and torch.isfinite(up[:4]).all()    # rows below blocked
@@ -32,16 +28,25 @@ def test_lh180_fields_are_half_planes_with_a_linear_penalty(plot_heads):
     assert fields[1, 0, 0, 0].item() == pytest.approx(fields[0, 0, 0, 0].item() / 3, rel=1e-2)
 
 
-def test_cli_writes_a_png_and_checks_its_arguments(plot_heads, tmp_path):
+def test_drawing_writes_a_png_and_checks_its_arguments(tmp_path):
     out = tmp_path / 'heads.png'
-    fields = plot_heads.main(['--preset', 'lh90', '--grid', '6', '8', '--query', '1', '6',
-                              '--depth', '3', '--layers', '1', '--out', str(out)])
+    fields = draw_head_fields(load_lh_config(preset='lh90'), (6, 8), str(out), query=(1, 6),
+                              depth=3, layers=[1], name='lh90')
     assert fields.shape == (1, 12, 6, 8)
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and out.stat().st_size > 20_000
+    lh180 = load_lh_config()
     with pytest.raises(ValueError, match='outside the 6x8 grid'):
-        plot_heads.main(['--grid', '6', '8', '--query', '6', '0', '--out', str(out)])
+        draw_head_fields(lh180, (6, 8), str(out), query=(6, 0))
     with pytest.raises(ValueError, match=r'layers \[5\] out of range'):
-        plot_heads.main(['--depth', '3', '--layers', '5', '--out', str(out)])
-    fields = plot_heads.main(['--lh-config', '{"head_directions": "none"}', '--grid', '4', '4',
-                              '--depth', '2', '--out', str(out)])
+        draw_head_fields(lh180, (14, 14), str(out), depth=3, layers=[5])
+    fields = draw_head_fields(load_lh_config('{"head_directions": "none"}'), (4, 4), str(out),
+                              depth=2)
     assert torch.isfinite(fields).all()  # 2D-ALiBi-like: no masks
+    assert fields.shape == (2, 12, 4, 4)  # default layers: the first and the last
+
+
+def test_lh_config_from_a_json_file(tmp_path):
+    path = tmp_path / 'lh.json'
+    path.write_text('{"head_directions": "none", "global_slope": 2.0}')
+    cfg = load_lh_config(str(path), preset='lh45')
+    assert cfg.global_slope == 2.0 and cfg == load_lh_config(path.read_text())

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lookhere_dense  # noqa: F401
-from lookhere_dense.cli import load_tool
+from lookhere_dense.apis.train import train_model
 from lookhere_dense.lookhere import PRESETS
 from lookhere_dense.swap import ConfigError, check_model_cfg, drop_missing_pretrained
 
@@ -172,11 +172,10 @@ def test_ade20k_config_starts_training_on_an_ade20k_folder_as_is(tmp_path, monke
 
     make_ade20k_like(tmp_path / 'data', num_train=2, num_val=1)
     monkeypatch.chdir(tmp_path)
-    train = load_tool('train')
-    runner = train.main([osp.join(REPO, 'configs', 'segmenter_lookhere_ade20k.py'),
-                         '--cfg-options', 'train_cfg.max_iters=1',
-                         'train_dataloader.num_workers=0',
-                         'train_dataloader.persistent_workers=False'])
+    runner = train_model(osp.join(REPO, 'configs', 'segmenter_lookhere_ade20k.py'),
+                         cfg_options={'train_cfg.max_iters': 1,
+                                      'train_dataloader.num_workers': 0,
+                                      'train_dataloader.persistent_workers': False})
     assert runner.iter == 1
     assert type(runner.model.backbone).__name__ == 'LookHereViT'
     assert runner.model.backbone.embed_dims == 768 and len(runner.model.backbone.blocks) == 12

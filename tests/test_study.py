@@ -1,5 +1,5 @@
-"""The relational dataset and tools/extrapolation_study.py (a shrunk run through the real
-mmengine Runner and mmseg's dataset, pipeline, model and IoUMetric)."""
+"""The relational dataset and the extrapolation study (:mod:`lookhere_dense.study`; a shrunk
+run through the real mmengine Runner and mmseg's dataset, pipeline, model and IoUMetric)."""
 from __future__ import annotations
 
 import csv
@@ -11,18 +11,19 @@ import numpy as np
 import pytest
 
 import lookhere_dense  # noqa: F401
-from lookhere_dense.cli import load_tool
+from lookhere_dense.cli import parse_cfg_options
 from lookhere_dense.data.relational import (CLASSES, RelationalSettings, ensure_relational_dataset,
                                             render_scene, sample_scene, settings_from_dict,
                                             split_name)
+from lookhere_dense.study.encodings import backbone_for, parse_encoding
+from lookhere_dense.study.ladders import (LADDERS, ladder_dataloader, ladder_evaluator,
+                                        study_settings)
+from lookhere_dense.study.reports import format_table, merge_reports, summarise, write_outputs
+from lookhere_dense.study.runs import RunOptions, run_study
+from lookhere_dense.study.schedules import schedule_to
 
 SMALL = RelationalSettings(num_train=12, num_val=3, train_size=(32, 32), scales=(1.0, 2.0),
                            seed=5)
-
-
-@pytest.fixture(scope='module')
-def study():
-    return load_tool('extrapolation_study')
 
 
 # -- the generator -------------------------------------------------------------------------
@@ -89,68 +90,69 @@ def test_dataset_folder_loads_with_mmseg(tmp_path):
         settings_from_dict(dict(size=3))
 
 
-# -- the tool's pieces ---------------------------------------------------------------------
-def test_encoding_specs(study):
-    assert study.parse_encoding('lookhere:lh45') == ('lookhere', 'lh45')
-    assert study.parse_encoding('alibi2d') == ('alibi2d', None)
+# -- the study's pieces ------------------------------------------------------------------
+def test_encoding_specs():
+    assert parse_encoding('lookhere:lh45') == ('lookhere', 'lh45')
+    assert parse_encoding('alibi2d') == ('alibi2d', None)
     bb = dict(type='LookHereViT', preset='lh180', embed_dims=8)
-    assert study.backbone_for(bb, 'rope2d') == dict(type='LookHereViT', embed_dims=8,
-                                                     pos_encoding='rope2d')
-    assert study.backbone_for(bb, 'lookhere')['preset'] == 'lh180'
-    assert study.backbone_for({**bb, 'lh_config': dict(global_slope=2.0)}, 'lookhere:lh90') == \
+    assert backbone_for(bb, 'rope2d') == dict(type='LookHereViT', embed_dims=8,
+                                              pos_encoding='rope2d')
+    assert backbone_for(bb, 'lookhere')['preset'] == 'lh180'
+    assert backbone_for({**bb, 'lh_config': dict(global_slope=2.0)}, 'lookhere:lh90') == \
         dict(type='LookHereViT', embed_dims=8, preset='lh90', pos_encoding='lookhere')
     with pytest.raises(ValueError, match='unknown encoding .sincos.'):
-        study.parse_encoding('sincos')
+        parse_encoding('sincos')
     with pytest.raises(ValueError, match='only lookhere takes a preset'):
-        study.parse_encoding('abs:lh90')
+        parse_encoding('abs:lh90')
     with pytest.raises(ValueError, match="unknown LookHere preset 'lh30'"):
-        study.parse_encoding('lookhere:lh30')
+        parse_encoding('lookhere:lh30')
     with pytest.raises(ValueError, match="needs model.backbone.type='LookHereViT'"):
-        study.backbone_for(dict(type='VisionTransformer'), 'abs')
+        backbone_for(dict(type='VisionTransformer'), 'abs')
 
 
-def test_summary_mean_and_std_over_seeds(study):
+def test_summary_mean_and_std_over_seeds():
     runs = [dict(encoding='abs', seed=s, eval={'1': {'mIoU': v}, '2': {'mIoU': v / 2}})
             for s, v in enumerate([40.0, 50.0, 60.0])]
-    summary = study.summarise(runs, 'mIoU')
+    summary = summarise(runs, 'mIoU')
     assert summary['abs']['1']['mean'] == 50.0 and summary['abs']['1']['std'] == 10.0
     assert summary['abs']['2']['n'] == 3 and summary['abs']['2']['mean'] == 25.0
-    table = study.format_table(summary, dict(scales=(1.0, 2.0), train_size=(32, 32)))
+    table = format_table(summary, dict(scales=(1.0, 2.0), train_size=(32, 32)))
     assert '| abs | 50.00 ± 10.00 | 25.00 ± 5.00 |' in table
 
 
-def test_resize_ladder_scales_the_test_pipeline(study):
+def test_resize_ladder_scales_the_test_pipeline():
     from mmengine.config import Config
     cfg = Config(dict(val_dataloader=dict(dataset=dict(
         type='ADE20KDataset', pipeline=[dict(type='LoadImageFromFile'),
                                         dict(type='Resize', scale=(2048, 512), keep_ratio=True),
                                         dict(type='LoadAnnotations')]))))
-    dl = study.ladder_dataloader(cfg, dict(ladder='resize'), 2.0)
+    dl = ladder_dataloader(cfg, dict(ladder='resize'), 2.0)
     assert dl['dataset']['pipeline'][1]['scale'] == (4096, 1024)
     assert cfg.val_dataloader.dataset.pipeline[1].scale == (2048, 512)  # config untouched
     cfg.val_dataloader.dataset.pipeline.pop(1)
     with pytest.raises(ValueError, match='needs a Resize'):
-        study.ladder_dataloader(cfg, dict(ladder='resize'), 2.0)
-    rendered = study.ladder_dataloader(cfg, dict(ladder='rendered', val_prefix='val_x{scale:g}'),
-                                       1.5)
+        ladder_dataloader(cfg, dict(ladder='resize'), 2.0)
+    rendered = ladder_dataloader(cfg, dict(ladder='rendered', val_prefix='val_x{scale:g}'),
+                                 1.5)
     assert rendered['dataset']['data_prefix'] == dict(img_path='img_dir/val_x1.5',
                                                       seg_map_path='ann_dir/val_x1.5')
 
 
 # -- a shrunk study through the real Runner -------------------------------------------------
-def test_shrunk_study_end_to_end(study, tmp_path):
+def test_shrunk_study_end_to_end(tmp_path):
     data = tmp_path / 'data'
     out = tmp_path / 'out'
-    report = study.main([
-        '--encodings', 'lookhere', 'rope2d', '--iters', '3', '--batch-size', '4',
-        '--scales', '1', '2', '--seeds', '7', '--work-dir', str(tmp_path / 'work'),
-        '--out-dir', str(out), '--name', 'tiny',
-        '--cfg-options', f'train_dataloader.dataset.data_root={data}',
-        f'val_dataloader.dataset.data_root={data}', 'relational.num_train=16',
-        'relational.num_val=2', 'relational.train_size=(32,32)',
-        'extrapolation.train_size=(32,32)', 'model.backbone.img_size=(32,32)',
-        'model.data_preprocessor.size=(32,32)', 'model.backbone.num_layers=2',
-        'val_dataloader.batch_size=2'])
+    report = run_study(
+        encodings=['lookhere', 'rope2d'], seeds=[7], options=RunOptions(iters=3, batch_size=4),
+        scales=[1, 2], work_dir=str(tmp_path / 'work'),
+        cfg_options=parse_cfg_options([
+            f'train_dataloader.dataset.data_root={data}',
+            f'val_dataloader.dataset.data_root={data}', 'relational.num_train=16',
+            'relational.num_val=2', 'relational.train_size=(32,32)',
+            'extrapolation.train_size=(32,32)', 'model.backbone.img_size=(32,32)',
+            'model.data_preprocessor.size=(32,32)', 'model.backbone.num_layers=2',
+            'val_dataloader.batch_size=2']))
+    write_outputs(report, str(out), 'tiny')
     assert [(r['encoding'], r['seed']) for r in report['runs']] == [('lookhere', 7),
                                                                        ('rope2d', 7)]
     for run in report['runs']:
@@ -169,32 +171,31 @@ def test_shrunk_study_end_to_end(study, tmp_path):
     assert os.path.isfile(tmp_path / 'work' / 'rope2d' / 'seed7' / 'iter_3.pth')
 
 
-def test_full_scale_segmenter_config_builds_every_encoding_and_scales_its_ladder(study,
-                                                                                 repo_root):
+def test_full_scale_segmenter_config_builds_every_encoding_and_scales_its_ladder(repo_root):
     from mmengine.config import Config
     from mmseg.registry import MODELS
     cfg = Config.fromfile(str(repo_root / 'configs' / 'study' /
                               'segmenter_vit-b_ade20k_ladder.py'))
     assert cfg.model.test_cfg == dict(mode='whole') and cfg.model.pretrained is None
-    settings = study.study_settings(cfg, study.parse_args([]))
+    settings = study_settings(cfg)
     assert settings['ladder'] == 'resize' and settings['train_size'] == (512, 512)
-    dl = study.ladder_dataloader(cfg, settings, 3.0)
+    dl = ladder_dataloader(cfg, settings, 3.0)
     assert [t['scale'] for t in dl['dataset']['pipeline'] if t['type'] == 'Resize'] == [
         (6144, 1536)]
     for spec in ('lookhere', 'abs', 'rope2d_mixed', 'alibi2d'):
-        backbone = study.backbone_for(cfg.model.backbone, spec)
+        backbone = backbone_for(cfg.model.backbone, spec)
         model = MODELS.build({**backbone, 'num_layers': 1})  # one block keeps the test small
         assert model.pos_encoding == spec and model.embed_dims == 768
 
 
-def test_iters_override_stretches_and_clips_iteration_schedules(study):
+def test_iters_override_stretches_and_clips_iteration_schedules():
     from mmengine.config import Config
     cfg = Config(dict(train_cfg=dict(max_iters=600), param_scheduler=[
         dict(type='LinearLR', by_epoch=False, begin=0, end=50),
         dict(type='CosineAnnealingLR', by_epoch=False, begin=50, end=600)]))
-    study._schedule_to(cfg, 2000)
+    schedule_to(cfg, 2000)
     assert [(s.begin, s.end) for s in cfg.param_scheduler] == [(0, 50), (50, 2000)]
-    study._schedule_to(cfg, 20)
+    schedule_to(cfg, 20)
     assert cfg.train_cfg.max_iters == 20
     assert [(s.begin, s.end) for s in cfg.param_scheduler] == [(0, 20), (19, 20)]
 
@@ -207,7 +208,7 @@ def test_example_sheet(tmp_path):
     assert Image.open(tmp_path / 'ex.png').size == (3 * (64 + 4), 4 * (64 + 4))
 
 
-def test_merge_combines_seeds_and_refuses_other_settings(study, tmp_path):
+def test_merge_combines_seeds_and_refuses_other_settings(tmp_path):
     def report(seed, value, iters=10):
         return dict(command='x', date='d', wall_seconds=1.0, versions={},
                     settings=dict(config='c.py', encodings=['abs'], seeds=[seed], scales=[1.0],
@@ -221,13 +222,36 @@ def test_merge_combines_seeds_and_refuses_other_settings(study, tmp_path):
         paths.append(str(tmp_path / f'r{i}.json'))
         with open(paths[-1], 'w') as f:
             json.dump(report(seed, value, iters), f)
-    merged = study.main(['--merge', paths[0], paths[1], '--out-dir', str(tmp_path / 'm'),
-                         '--name', 'merged'])
+    merged = write_outputs(merge_reports([paths[0], paths[1]], 'x'), str(tmp_path / 'm'),
+                           'merged')
     assert merged['settings']['seeds'] == [0, 1] and len(merged['merged_from']) == 2
     assert merged['summary']['abs']['1'] == dict(values=[40.0, 60.0], n=2, mean=50.0,
                                                  std=pytest.approx(14.14, abs=0.01))
     assert (tmp_path / 'm' / 'merged.png').is_file()
     with pytest.raises(ValueError, match='appears twice'):
-        study.merge_reports([paths[1], paths[2]], 'x')
+        merge_reports([paths[1], paths[2]], 'x')
     with pytest.raises(ValueError, match=r"settings differ in \['iters'\]"):
-        study.merge_reports([paths[0], paths[3]], 'x')
+        merge_reports([paths[0], paths[3]], 'x')
+
+
+def test_ladder_settings_and_the_per_class_evaluator():
+    from mmengine.config import Config
+    from mmseg.registry import METRICS
+
+    from lookhere_dense.evaluation.metrics import PerClassIoUMetric
+    assert set(LADDERS) == {'rendered', 'resize'}
+    cfg = Config(dict(extrapolation=dict(ladder='fov'), model=dict(backbone=dict(img_size=32)),
+                      val_evaluator=dict(type='IoUMetric', iou_metrics=['mIoU'])))
+    with pytest.raises(ValueError, match=r"unknown extrapolation.ladder 'fov'; allowed: "
+                                         r"\['rendered', 'resize'\]"):
+        study_settings(cfg)
+    cfg.extrapolation.ladder = 'rendered'
+    settings = study_settings(cfg, scales=[2, 1], metric='aAcc')
+    assert settings == dict(ladder='rendered', scales=(2.0, 1.0), metric='aAcc',
+                            train_size=(32, 32), val_prefix='val_x{scale:g}')
+    with pytest.raises(ValueError, match='scales must be positive'):
+        study_settings(cfg, scales=[1, 0])
+    ev = ladder_evaluator(cfg)
+    assert ev == dict(type='PerClassIoUMetric', iou_metrics=['mIoU'])
+    assert cfg.val_evaluator.type == 'IoUMetric'  # config untouched
+    assert isinstance(METRICS.build(dict(ev, _scope_='mmseg')), PerClassIoUMetric)

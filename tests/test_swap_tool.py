@@ -1,10 +1,13 @@
-"""``tools/swap_backbone.py`` and the smaller pieces of ``lookhere_dense.swap``."""
+"""Swapping a config file's backbone (``tools/swap_backbone.py``:
+:func:`lookhere_dense.apis.swap.swap_config_file`) and the smaller pieces of
+``lookhere_dense.swap``."""
 from __future__ import annotations
 
 import pytest
 
 import lookhere_dense  # noqa: F401
-from lookhere_dense.cli import load_tool, resolve_config_path
+from lookhere_dense.apis.swap import swap_config_file
+from lookhere_dense.cli import resolve_config_path
 from lookhere_dense.swap import (ConfigError, check_model_cfg, drop_missing_pretrained,
                                  lookhere_backbone_cfg)
 
@@ -12,8 +15,8 @@ from lookhere_dense.swap import (ConfigError, check_model_cfg, drop_missing_pret
 def test_swap_tool_writes_a_config_train_can_load(tmp_path):
     from mmengine.config import Config
     out = tmp_path / 'upernet_lookhere_deit-s.py'
-    load_tool('swap_backbone').main(['mmseg::vit/vit_deit-s16_upernet_8xb2-80k_ade20k-512x512.py',
-                                     str(out), '--preset', 'lh90'])
+    swap_config_file('mmseg::vit/vit_deit-s16_upernet_8xb2-80k_ade20k-512x512.py', str(out),
+                     preset='lh90')
     cfg = Config.fromfile(str(out))
     bb = cfg.model.backbone
     assert bb.type == 'LookHereViT' and bb.preset == 'lh90'
@@ -21,6 +24,8 @@ def test_swap_tool_writes_a_config_train_can_load(tmp_path):
     assert 'lookhere_dense' in cfg.custom_imports.imports
     assert cfg.model.decode_head.type == 'UPerHead'
     check_model_cfg(cfg)
+    with pytest.raises(ValueError, match="must end in .py, got 'x.txt'"):
+        swap_config_file('mmseg::vit/vit_deit-s16_upernet_8xb2-80k_ade20k-512x512.py', 'x.txt')
 
 
 def test_package_config_paths_resolve():

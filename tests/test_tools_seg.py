@@ -1,7 +1,9 @@
-"""The tools end to end, shrunk: ``tools/demo.py`` writes both tiny datasets, trains a
-(2-layer) LookHere Segmenter on each with ``tools/train.py`` through the real mmengine
-Runner, validates with IoUMetric and runs ``tools/extrapolate.py``. The other tools then
-use its checkpoints. Everything runs once per module."""
+"""What the tools do, end to end and shrunk, through the package functions they call
+(:mod:`lookhere_dense.apis`): the demo writes both tiny datasets, trains a (2-layer)
+LookHere Segmenter on each through the real mmengine Runner, validates with IoUMetric and
+runs the extrapolation report. Training again, testing and inference then use its
+checkpoints. Everything runs once per module. The tools' command lines are tested in
+``test_tools_cli.py``."""
 from __future__ import annotations
 
 import glob
@@ -13,7 +15,12 @@ import numpy as np
 import pytest
 
 import lookhere_dense  # noqa: F401
-from lookhere_dense.cli import load_tool, run_main
+from lookhere_dense.apis.demo import generate_dataset, run_demo
+from lookhere_dense.apis.inference import list_images, segment_images
+from lookhere_dense.apis.test import evaluate_checkpoint
+from lookhere_dense.apis.train import train_model
+from lookhere_dense.cli import parse_cfg_options, run_main
+from lookhere_dense.evaluation.chance import chance_levels
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 ADE_CFG = osp.join(REPO, 'configs', 'segmenter_lookhere_vit-t_tiny-ade.py')
@@ -36,10 +43,10 @@ pytestmark = pytest.mark.usefixtures('one_torch_thread')
 def demo(tmp_path_factory):
     root = tmp_path_factory.mktemp('demo')
     data, work = root / 'data', root / 'work'
-    summary = load_tool('demo').main([
-        '--data-root', str(data), '--work-dir', str(work), '--iters', str(ITERS),
-        '--num-train', '4', '--num-val', '2', '--tests', 'slide@x1', 'whole@x1', 'whole@x2',
-        '--cfg-options', *SHRINK])
+    roots = {name: generate_dataset(name, str(data), num_train=4, num_val=2)
+             for name in ('ade20k', 'cityscapes')}
+    summary = run_demo(roots, str(work), ITERS, tests=['slide@x1', 'whole@x1', 'whole@x2'],
+                       cfg_options=SHRINK)
     return dict(summary=summary, data=data, work=work,
                 ade_root=data / 'ade' / 'ADEChallengeData2016',
                 ckpt=str(work / 'ade20k' / f'iter_{ITERS}.pth'))
@@ -47,6 +54,11 @@ def demo(tmp_path_factory):
 
 def _roots(path) -> list:
     return [f'{s}_dataloader.dataset.data_root={path}' for s in ('train', 'val', 'test')]
+
+
+def _opts(*pairs) -> dict:
+    """``--cfg-options`` pairs as the tools read them."""
+    return parse_cfg_options(pairs)
 
 
 def test_demo_trains_validates_and_reports_both_datasets(demo):
@@ -69,7 +81,7 @@ def test_demo_trains_validates_and_reports_both_datasets(demo):
 
 
 def test_chance_levels_match_a_hand_computation(tmp_path):
-    chance = load_tool('demo').chance_levels
+    chance = chance_levels
     seg = np.zeros((10, 10), np.uint8)
     seg[:, :3] = 1           # shares: class 0: 0.7, class 1: 0.3
     seg[0, 0] = 255          # ignored
@@ -86,10 +98,10 @@ def test_resume_continues_from_the_last_checkpoint(demo, tmp_path):
     import shutil
     work = tmp_path / 'resume'
     shutil.copytree(demo['work'] / 'ade20k', work)
-    runner = load_tool('train').main([ADE_CFG, '--work-dir', str(work), '--resume',
-                                      '--cfg-options', *_roots(demo['ade_root']), *SHRINK,
-                                      f'train_cfg.max_iters={ITERS + 2}',
-                                      f'train_cfg.val_interval={ITERS + 2}'])
+    runner = train_model(ADE_CFG, work_dir=str(work), resume='auto',
+                         cfg_options=_opts(*_roots(demo['ade_root']), *SHRINK,
+                                           f'train_cfg.max_iters={ITERS + 2}',
+                                           f'train_cfg.val_interval={ITERS + 2}'))
     assert runner.iter == ITERS + 2
     assert osp.isfile(work / f'iter_{ITERS + 2}.pth')
     logs = sorted(glob.glob(str(work / '*' / '*.log')))
@@ -98,10 +110,10 @@ def test_resume_continues_from_the_last_checkpoint(demo, tmp_path):
 
 def test_test_tool_scores_and_writes_predictions(demo, tmp_path):
     out, show = tmp_path / 'preds', tmp_path / 'vis'
-    metrics = load_tool('test').main([ADE_CFG, demo['ckpt'], '--work-dir', str(tmp_path / 'w'),
-                                      '--out', str(out), '--show-dir', str(show),
-                                      '--cfg-options', *_roots(demo['ade_root']), *SHRINK,
-                                      'model.test_cfg.mode=whole'])
+    metrics = evaluate_checkpoint(ADE_CFG, demo['ckpt'], work_dir=str(tmp_path / 'w'),
+                                  out=str(out), show_dir=str(show),
+                                  cfg_options=_opts(*_roots(demo['ade_root']), *SHRINK,
+                                                    'model.test_cfg.mode=whole'))
     assert 0.0 <= metrics['mIoU'] <= 100.0
     preds = sorted(glob.glob(str(out / '*.png')))
     assert len(preds) == 2
@@ -113,10 +125,12 @@ def test_test_tool_scores_and_writes_predictions(demo, tmp_path):
 def test_infer_writes_overlays_at_any_resolution(demo, tmp_path):
     folder = demo['ade_root'] / 'images' / 'validation'
     out = tmp_path / 'overlays'
-    infer = load_tool('infer')
-    written = infer.main([ADE_CFG, demo['ckpt'], str(folder), '--out-dir', str(out),
-                          '--whole', '--size', '320x400', '--save-labels',
-                          '--cfg-options', *SHRINK])
+    result = segment_images(ADE_CFG, demo['ckpt'], str(folder), out_dir=str(out), whole=True,
+                            size=(320, 400), save_labels=True, cfg_options=_opts(*SHRINK))
+    written = result.paths
+    import torch
+    assert result.mode == 'whole'
+    assert result.device == ('cuda' if torch.cuda.is_available() else 'cpu')
     assert len(written) == 2
     src = cv2.imread(str(folder / 'ADE_val_00000001.jpg'))
     ov = cv2.imread(str(out / 'ADE_val_00000001.png'))
@@ -126,37 +140,20 @@ def test_infer_writes_overlays_at_any_resolution(demo, tmp_path):
     not_an_image = tmp_path / 'notes.jpg'
     not_an_image.write_text('not an image')
     with pytest.raises(FileNotFoundError, match='is not an image OpenCV can read'):
-        infer.list_images(str(not_an_image))
-    one = infer.main([ADE_CFG, demo['ckpt'], str(folder / 'ADE_val_00000002.jpg'),
-                      '--out-dir', str(out / 'slide'), '--slide', '--crop', '128x128',
-                      '--stride', '96x96', '--native', '--cfg-options', *SHRINK])
+        list_images(str(not_an_image))
+    slide = segment_images(ADE_CFG, demo['ckpt'], str(folder / 'ADE_val_00000002.jpg'),
+                           out_dir=str(out / 'slide'), slide=True, crop=(128, 128),
+                           stride=(96, 96), native=True, cfg_options=_opts(*SHRINK))
+    one = slide.paths
+    assert slide.mode == 'slide'
     assert len(one) == 1 and osp.isfile(one[0])
 
 
-def test_extrapolate_spec_parsing_and_pipelines():
-    ex = load_tool('extrapolate')
-    assert ex.parse_spec('whole@x1.5').factor == 1.5
-    assert ex.parse_spec('slide@768').short_side == 768
-    assert ex.parse_spec('whole@1024x2048').size == (1024, 2048)
-    from lookhere_dense.swap import ConfigError
-    with pytest.raises(ConfigError, match='MODE@SIZE'):
-        ex.parse_spec('whole:2x')
-    for bad in ('whole@x0', 'slide@0', 'whole@0x2048'):
-        with pytest.raises(ConfigError, match='must be positive'):
-            ex.parse_spec(bad)
-    pipe = [dict(type='LoadImageFromFile'), dict(type='Resize', scale=(2048, 512),
-                                                 keep_ratio=True),
-            dict(type='LoadAnnotations'), dict(type='PackSegInputs')]
-    assert ex.spec_pipeline(pipe, ex.parse_spec('whole@x2'))[1]['scale'] == (4096, 1024)
-    assert ex.spec_pipeline(pipe, ex.parse_spec('whole@1024x2048'))[1] == dict(
-        type='Resize', scale=(2048, 1024), keep_ratio=False)
-    assert ex.spec_pipeline(pipe, ex.parse_spec('whole@768'))[1]['scale'][1] == 768
-    assert pipe[1]['scale'] == (2048, 512)  # the config's pipeline is not changed
-
-
-def _error_of(tool: str, argv: list, capsys) -> str:
+def _error_of(call, capsys) -> str:
+    """The one ``error: ...`` line :func:`run_main` (what every tool runs in) prints for
+    the mistake ``call()`` raises, exiting with status 2 without a traceback."""
     with pytest.raises(SystemExit) as exc:
-        run_main(load_tool(tool).main, argv)
+        run_main(lambda argv: call(), None)
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert 'Traceback' not in err
@@ -166,15 +163,15 @@ def _error_of(tool: str, argv: list, capsys) -> str:
 
 
 def test_train_errors_say_what_to_fix(demo, tmp_path, capsys):
-    err = _error_of('train', [ADE_CFG, '--work-dir', str(tmp_path / 'a'), '--cfg-options',
-                              *_roots(tmp_path / 'missing'), *SHRINK], capsys)
+    err = _error_of(lambda: train_model(ADE_CFG, work_dir=str(tmp_path / 'a'), cfg_options=_opts(
+        *_roots(tmp_path / 'missing'), *SHRINK)), capsys)
     assert 'not found' in err and 'missing' in err and 'ADE20K layout' in err
-    err = _error_of('train', [ADE_CFG, '--work-dir', str(tmp_path / 'b'), '--cfg-options',
-                              *_roots(demo['ade_root']), *SHRINK,
-                              'model.backbone.type=VisionTransfomer'], capsys)
+    err = _error_of(lambda: train_model(ADE_CFG, work_dir=str(tmp_path / 'b'), cfg_options=_opts(
+        *_roots(demo['ade_root']), *SHRINK, 'model.backbone.type=VisionTransfomer')), capsys)
     assert "'VisionTransfomer' is not a registered model" in err and 'VisionTransformer' in err
-    err = _error_of('train', [ADE_CFG, '--work-dir', str(tmp_path / 'c'), '--amp',
-                              '--cfg-options', *_roots(demo['ade_root']), *SHRINK], capsys)
+    err = _error_of(lambda: train_model(ADE_CFG, work_dir=str(tmp_path / 'c'), amp=True,
+                                        cfg_options=_opts(*_roots(demo['ade_root']), *SHRINK)),
+                    capsys)
     assert '--amp needs a CUDA GPU' in err
 
 
@@ -188,6 +185,6 @@ def test_label_error_inside_training_is_reported_cleanly(demo, tmp_path, capsys)
         seg = cv2.imread(path, cv2.IMREAD_UNCHANGED)
         seg[0, 0] = 180
         cv2.imwrite(path, seg)
-    err = _error_of('train', [ADE_CFG, '--work-dir', str(tmp_path / 'w'), '--skip-data-check',
-                              '--cfg-options', *_roots(root), *SHRINK], capsys)
+    err = _error_of(lambda: train_model(ADE_CFG, work_dir=str(tmp_path / 'w'), check_data=False,
+                                        cfg_options=_opts(*_roots(root), *SHRINK)), capsys)
     assert 'label values [179]' in err and 'outside the classes 0..149' in err

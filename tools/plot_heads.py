@@ -15,90 +15,18 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import os.path as osp
 import sys
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-from lookhere_dense.lookhere.bias import (PRESETS, LookHereConfig, build_grid_bias,  # noqa: E402
-                                          head_layout, layer_slopes, resolve_lh_config)
-
-
-def head_fields(config: LookHereConfig, grid_size: Tuple[int, int], query: Tuple[int, int],
-                depth: int, num_heads: int, layers: Sequence[int]) -> Tensor:
-    """The bias from patch ``query = (y, x)`` to every key, per chosen layer and head.
-
-    Returns:
-        float32 ``(len(layers), heads, H, W)``; ``-inf`` where a head's mask blocks the key.
-
-    Raises:
-        ValueError: query outside the grid, layer outside ``range(depth)``.
-    """
-    height, width = grid_size
-    qy, qx = query
-    if not (0 <= qy < height and 0 <= qx < width):
-        raise ValueError(f'query patch {tuple(query)} is outside the {height}x{width} grid')
-    bad = [l for l in layers if not 0 <= l < depth]
-    if bad:
-        raise ValueError(f'layers {bad} out of range for depth={depth}')
-    gb = build_grid_bias(config, (height, width), depth, num_heads, dtype=torch.float32)
-    q = qy * width + qx
-    return torch.stack([gb.rows(l, q, q + 1)[:, 0].reshape(num_heads, height, width)
-                        for l in layers])
-
-
-def head_titles(config: LookHereConfig, depth: int, num_heads: int, layer: int) -> List[str]:
-    """``'up\\nslope 0.75'``-style labels: each head's primitives and its total slope."""
-    specs, slopes, _ = head_layout(config.layer_direction(layer), num_heads)
-    scale = config.global_slope * layer_slopes(config, depth)[layer]
-    return [f'{"+".join(s) if s else "none"}\nslope {scale * float(h):.3g}'
-            for s, h in zip(specs, slopes)]
-
-
-def plot_fields(fields: Tensor, config: LookHereConfig, query: Tuple[int, int], depth: int,
-                layers: Sequence[int], out: str, title: str = '') -> None:
-    """Write the panel grid of :func:`head_fields` to ``out`` (PNG)."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    n_layers, heads, height, width = fields.shape
-    finite = fields[torch.isfinite(fields)]
-    vmin = float(finite.min()) if finite.numel() else -1.0
-    cmap = matplotlib.colormaps['viridis'].copy()
-    cmap.set_bad('#3a3a3a')
-    fig, axes = plt.subplots(n_layers, heads, figsize=(1.55 * heads, 1.9 * n_layers + 0.6),
-                             squeeze=False)
-    image = None
-    for r, layer in enumerate(layers):
-        titles = head_titles(config, depth, heads, layer)
-        for h in range(heads):
-            ax = axes[r, h]
-            data = np.ma.masked_invalid(fields[r, h].numpy())
-            image = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=0.0, interpolation='nearest')
-            ax.plot(query[1], query[0], 'x', color='red', ms=6, mew=2)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            ax.set_title(f'h{h}: {titles[h]}', fontsize=6.5)
-            if h == 0:
-                ax.set_ylabel(f'layer {layer}', fontsize=8)
-    fig.suptitle(title or f'LookHere bias from query patch {tuple(query)} '
-                 f'({height}x{width} grid); dark grey = blocked', fontsize=9)
-    fig.tight_layout(rect=(0, 0, 0.94, 0.97))
-    cax = fig.add_axes((0.95, 0.15, 0.012, 0.7))
-    fig.colorbar(image, cax=cax, label='bias added to the logit')
-    os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+from lookhere_dense.lookhere.bias import PRESETS  # noqa: E402
+from lookhere_dense.visualization.heads import draw_head_fields, load_lh_config  # noqa: E402
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -122,25 +50,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Tensor:
-    """Draw the picture; returns the plotted fields (see :func:`head_fields`)."""
+    """Draw the picture (:func:`lookhere_dense.visualization.heads.draw_head_fields`);
+    returns the plotted fields."""
     args = parse_args(argv)
-    if args.lh_config:
-        text = args.lh_config
-        if osp.isfile(text):
-            with open(text) as f:
-                text = f.read()
-        config = resolve_lh_config(json.loads(text))
-    else:
-        config = resolve_lh_config(preset=args.preset)
-    grid = (args.grid[0], args.grid[1])
-    query = tuple(args.query) if args.query else (grid[0] // 2, grid[1] // 2)
-    layers = args.layers if args.layers is not None else sorted({0, args.depth - 1})
-    fields = head_fields(config, grid, query, args.depth, args.num_heads, layers)
-    name = 'lh_config' if args.lh_config else args.preset
-    plot_fields(fields, config, query, args.depth, layers, args.out,
-                f'{name} {config.head_directions}: bias from query patch {query} on a '
-                f'{grid[0]}x{grid[1]} grid, {args.num_heads} heads, depth {args.depth}; '
-                'dark grey = blocked')
+    config = load_lh_config(args.lh_config, args.preset)
+    fields = draw_head_fields(config, (args.grid[0], args.grid[1]), args.out,
+                              query=args.query, depth=args.depth, num_heads=args.num_heads,
+                              layers=args.layers,
+                              name='lh_config' if args.lh_config else args.preset)
     print(f'wrote {args.out}')
     return fields
 

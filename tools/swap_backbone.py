@@ -51,22 +51,20 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None):
-    """Swap and write; returns the new config."""
+    """Swap and write (:func:`lookhere_dense.apis.swap.swap_config_file`); returns the new
+    config."""
     from lookhere_dense.cli import quiet_known_warnings
     quiet_known_warnings()
     import lookhere_dense
     lookhere_dense.register_all_modules()
-    from lookhere_dense.cli import load_config
-    from lookhere_dense.swap import swap_backbone
+    from lookhere_dense.apis.swap import swap_config_file
 
     args = parse_args(argv)
     if not args.out.endswith('.py'):
         raise SystemExit(f'the output config must end in .py, got {args.out!r}')
-    cfg = load_config(args.config, args.cfg_options)
-    new = swap_backbone(cfg, preset=args.preset, num_heads=args.num_heads,
-                        checkpoint=args.checkpoint, keep_pretrained=args.keep_pretrained)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    new.dump(args.out)
+    new = swap_config_file(args.config, args.out, preset=args.preset,
+                           num_heads=args.num_heads, checkpoint=args.checkpoint,
+                           keep_pretrained=args.keep_pretrained, cfg_options=args.cfg_options)
     bb = new.model.backbone
     print(f'wrote {args.out}: LookHereViT embed_dims={bb.get("embed_dims")} '
           f'num_layers={bb.get("num_layers")} num_heads={bb.get("num_heads")} '

@@ -61,79 +61,22 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
-def _enable_visualization(cfg, args: argparse.Namespace) -> None:
-    from lookhere_dense.swap import ConfigError
-
-    hook = cfg.get('default_hooks', {}).get('visualization')
-    if hook is None:
-        raise ConfigError('--show / --show-dir need a visualization hook in default_hooks '
-                          "(mmseg: SegVisualizationHook, mmdet: DetVisualizationHook)")
-    hook['draw'] = True
-    hook['interval'] = args.show_interval
-    if args.show:
-        hook['show'] = True
-        hook['wait_time'] = args.wait_time
-    if args.show_dir:
-        if cfg.get('default_scope') == 'mmdet':
-            hook['test_out_dir'] = args.show_dir
-        else:
-            cfg.visualizer['save_dir'] = args.show_dir
-
-
-def build_cfg(args: argparse.Namespace):
-    """The config to test with: file + ``--cfg-options`` + the flags, checked."""
-    from lookhere_dense.cli import load_config, preflight, set_work_dir
-    from lookhere_dense.swap import ConfigError
-
-    if not os.path.isfile(args.checkpoint) and '://' not in args.checkpoint:
-        raise FileNotFoundError(f'checkpoint {args.checkpoint!r} not found')
-    cfg = load_config(args.config, args.cfg_options)
-    cfg.launcher = args.launcher
-    set_work_dir(cfg, args.work_dir, args.config)
-    cfg.load_from = args.checkpoint
-    if isinstance(cfg.get('visualizer'), dict):
-        cfg.visualizer.pop('name', None)  # one visualizer per run (see tools/train.py)
-    if args.show or args.show_dir:
-        _enable_visualization(cfg, args)
-    if args.tta:
-        if 'tta_model' not in cfg or 'tta_pipeline' not in cfg:
-            raise ConfigError('--tta needs tta_model and tta_pipeline in the config')
-        cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
-        cfg.tta_model.module = cfg.model
-        cfg.model = cfg.tta_model
-    if args.out is not None:
-        if cfg.get('default_scope') == 'mmdet':
-            if not args.out.endswith(('.pkl', '.pickle')):
-                raise ConfigError(f'--out for an mmdet config is a .pkl file, got {args.out!r}')
-        else:
-            cfg.test_evaluator['output_dir'] = args.out
-            cfg.test_evaluator['keep_results'] = True
-    # the model is loaded from the checkpoint: pretrained files are irrelevant here
-    preflight(cfg, ('test',), check_pretrained=False, check_data=not args.skip_data_check)
-    return cfg
-
-
 def main(argv: Optional[List[str]] = None):
-    """Test; returns the metrics dict."""
-    from lookhere_dense.cli import quiet_known_warnings
+    """Test (:func:`lookhere_dense.apis.test.evaluate_checkpoint`); returns the metrics
+    dict."""
+    from lookhere_dense.cli import apply_threads, quiet_known_warnings
     quiet_known_warnings()
     import lookhere_dense
     lookhere_dense.register_all_modules()
-    from mmengine.runner import Runner
+    from lookhere_dense.apis.test import evaluate_checkpoint
 
     args = parse_args(argv)
-    from lookhere_dense.cli import apply_threads
     apply_threads(args.threads)
-    cfg = build_cfg(args)
-    if 'runner_type' in cfg:
-        from mmengine.registry import RUNNERS
-        runner = RUNNERS.build(cfg)
-    else:
-        runner = Runner.from_cfg(cfg)
-    if args.out is not None and cfg.get('default_scope') == 'mmdet':
-        from mmdet.evaluation import DumpDetResults
-        runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
-    return runner.test()
+    return evaluate_checkpoint(
+        args.config, args.checkpoint, work_dir=args.work_dir, out=args.out,
+        show_dir=args.show_dir, show=args.show, show_interval=args.show_interval,
+        wait_time=args.wait_time, tta=args.tta, cfg_options=args.cfg_options,
+        launcher=args.launcher, check_data=not args.skip_data_check)
 
 
 if __name__ == '__main__':

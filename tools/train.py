@@ -18,7 +18,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -64,71 +63,21 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
-def build_cfg(args: argparse.Namespace):
-    """The config to train with (file + ``--cfg-options`` + the flags, checked) and the
-    pretrained files it named that were missing (dropped: training starts from scratch)."""
-    from lookhere_dense.cli import load_config, preflight, set_work_dir
-    from lookhere_dense.swap import ConfigError
-
-    cfg = load_config(args.config, args.cfg_options)
-    cfg.launcher = args.launcher
-    set_work_dir(cfg, args.work_dir, args.config)
-    if isinstance(cfg.get('visualizer'), dict):
-        # mmseg / mmdet configs name their visualizer 'visualizer'; a named instance is
-        # reused by every later Runner in the process (logging into the first run's
-        # folder). Without the name each run gets its own, named after the experiment.
-        cfg.visualizer.pop('name', None)
-    if args.amp:
-        import torch
-        if not torch.cuda.is_available():
-            raise ConfigError('--amp needs a CUDA GPU (mmengine AmpOptimWrapper); drop --amp '
-                             'on CPU')
-        wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
-        if wrapper == 'AmpOptimWrapper':
-            from mmengine.logging import print_log
-            print_log('AMP is already enabled in the config', logger='current',
-                      level=logging.WARNING)
-        elif wrapper != 'OptimWrapper':
-            raise ConfigError(f'--amp works with optim_wrapper type OptimWrapper, the config '
-                             f'has {wrapper!r}')
-        else:
-            cfg.optim_wrapper.type = 'AmpOptimWrapper'
-            cfg.optim_wrapper.loss_scale = 'dynamic'
-    if args.resume == 'auto':
-        cfg.resume = True
-        cfg.load_from = None
-    elif args.resume is not None:
-        if not os.path.isfile(args.resume):
-            raise FileNotFoundError(f'--resume checkpoint {args.resume!r} not found')
-        cfg.resume = True
-        cfg.load_from = args.resume
-    dropped = preflight(cfg, ('train', 'val'), require_pretrained=args.require_pretrained,
-                        check_data=not args.skip_data_check)
-    return cfg, dropped
-
-
 def main(argv: Optional[List[str]] = None):
-    """Train; returns the Runner (its ``work_dir`` holds logs and checkpoints)."""
-    from lookhere_dense.cli import quiet_known_warnings
+    """Train (:func:`lookhere_dense.apis.train.train_model`); returns the Runner (its
+    ``work_dir`` holds logs and checkpoints)."""
+    from lookhere_dense.cli import apply_threads, quiet_known_warnings
     quiet_known_warnings()
     import lookhere_dense
     lookhere_dense.register_all_modules()
-    from mmengine.runner import Runner
+    from lookhere_dense.apis.train import train_model
 
     args = parse_args(argv)
-    from lookhere_dense.cli import apply_threads
     apply_threads(args.threads)
-    cfg, dropped = build_cfg(args)
-    if 'runner_type' in cfg:
-        from mmengine.registry import RUNNERS
-        runner = RUNNERS.build(cfg)
-    else:
-        runner = Runner.from_cfg(cfg)
-    for path in dropped:  # repeat the warning where the run's log file gets it
-        runner.logger.warning(f'pretrained file {path!r} not found: the backbone starts '
-                              'from RANDOM weights (see the data/config checks above)')
-    runner.train()
-    return runner
+    return train_model(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
+                       launcher=args.launcher, amp=args.amp, resume=args.resume,
+                       require_pretrained=args.require_pretrained,
+                       check_data=not args.skip_data_check)
 
 
 if __name__ == '__main__':

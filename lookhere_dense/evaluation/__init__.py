@@ -1,5 +1,12 @@
-"""Evaluation helpers shared by the tools and the study: the peak-memory meter
-(:mod:`.memory`, torch only), test-time resize rewriting, ladders and metrics.
+"""Evaluation: what the tools and the study measure and how.
+
+* :mod:`.memory` -- the one peak-memory meter (torch only);
+* :mod:`.resize` -- the one test-time ``Resize`` rewrite of a pipeline (plain Python);
+* :mod:`.extrapolation` -- the extrapolation report (test specs, slide settings, one test,
+  table, plot; ``tools/extrapolate.py``);
+* :mod:`.metrics` -- :class:`~.metrics.PerClassIoUMetric` (registered in mmseg's
+  ``METRICS`` by :func:`lookhere_dense.register_all_modules`);
+* :mod:`.chance` -- chance levels of mIoU.
 
 Import the submodules directly; this package imports nothing on its own, so the
 torch-only ones stay usable without OpenMMLab.

@@ -1,0 +1,108 @@
+"""Test (and evaluate) a checkpoint with mmengine's Runner: mmseg or mmdet configs
+(``tools/test.py``). The model and test data are checked before the Runner is built
+(unknown types, missing folders, label values outside the classes)."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+__all__ = ['build_test_config', 'evaluate_checkpoint']
+
+
+def _enable_visualization(cfg, show: bool, show_dir: Optional[str], show_interval: int,
+                          wait_time: float) -> None:
+    from lookhere_dense.swap import ConfigError
+
+    hook = cfg.get('default_hooks', {}).get('visualization')
+    if hook is None:
+        raise ConfigError('--show / --show-dir need a visualization hook in default_hooks '
+                          "(mmseg: SegVisualizationHook, mmdet: DetVisualizationHook)")
+    hook['draw'] = True
+    hook['interval'] = show_interval
+    if show:
+        hook['show'] = True
+        hook['wait_time'] = wait_time
+    if show_dir:
+        if cfg.get('default_scope') == 'mmdet':
+            hook['test_out_dir'] = show_dir
+        else:
+            cfg.visualizer['save_dir'] = show_dir
+
+
+def build_test_config(config: str, checkpoint: str, work_dir: Optional[str] = None,
+                      out: Optional[str] = None, show_dir: Optional[str] = None,
+                      show: bool = False, show_interval: int = 1, wait_time: float = 2,
+                      tta: bool = False, cfg_options: Optional[dict] = None,
+                      launcher: str = 'none', check_data: bool = True):
+    """The config to test ``checkpoint`` with: the file + ``cfg_options`` + the options,
+    checked.
+
+    Args:
+        config: config file (``mmseg::`` / ``mmdet::`` paths allowed).
+        checkpoint: the checkpoint (a file, or a URL).
+        work_dir: log and metrics JSON. Default: None (as :mod:`.train`).
+        out: mmseg: folder for the predicted label maps; mmdet: a ``.pkl`` file for the
+            raw results. Default: None.
+        show_dir: folder for painted predictions. Default: None.
+        show: show the painted predictions in a window. Default: False.
+        show_interval: paint every N-th image. Default: 1.
+        wait_time: seconds each shown image stays up. Default: 2.
+        tta: the config's ``tta_pipeline`` / ``tta_model``. Default: False.
+        cfg_options: config overrides. Default: None.
+        launcher: job launcher. Default: ``'none'``.
+        check_data: run the data checks. Default: True.
+
+    Raises:
+        lookhere_dense.swap.ConfigError, lookhere_dense.data.checks.DataCheckError,
+        FileNotFoundError: saying what to fix.
+    """
+    from lookhere_dense.cli import load_config, preflight, set_work_dir
+    from lookhere_dense.swap import ConfigError
+
+    if not os.path.isfile(checkpoint) and '://' not in checkpoint:
+        raise FileNotFoundError(f'checkpoint {checkpoint!r} not found')
+    cfg = load_config(config, cfg_options)
+    cfg.launcher = launcher
+    set_work_dir(cfg, work_dir, config)
+    cfg.load_from = checkpoint
+    if isinstance(cfg.get('visualizer'), dict):
+        cfg.visualizer.pop('name', None)  # one visualizer per run (see apis/train.py)
+    if show or show_dir:
+        _enable_visualization(cfg, show, show_dir, show_interval, wait_time)
+    if tta:
+        if 'tta_model' not in cfg or 'tta_pipeline' not in cfg:
+            raise ConfigError('--tta needs tta_model and tta_pipeline in the config')
+        cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
+        cfg.tta_model.module = cfg.model
+        cfg.model = cfg.tta_model
+    if out is not None:
+        if cfg.get('default_scope') == 'mmdet':
+            if not out.endswith(('.pkl', '.pickle')):
+                raise ConfigError(f'--out for an mmdet config is a .pkl file, got {out!r}')
+        else:
+            cfg.test_evaluator['output_dir'] = out
+            cfg.test_evaluator['keep_results'] = True
+    # the model is loaded from the checkpoint: pretrained files are irrelevant here
+    preflight(cfg, ('test',), check_pretrained=False, check_data=check_data)
+    return cfg
+
+
+def evaluate_checkpoint(config: str, checkpoint: str, out: Optional[str] = None,
+                        **options) -> dict:
+    """Test: :func:`build_test_config` (``options`` are its other arguments), build the
+    Runner, ``runner.test()`` (mmdet with ``out``: also dump the raw results).
+
+    Returns:
+        The metrics dict.
+    """
+    import lookhere_dense
+    lookhere_dense.register_all_modules()
+
+    from .train import build_runner
+
+    cfg = build_test_config(config, checkpoint, out=out, **options)
+    runner = build_runner(cfg)
+    if out is not None and cfg.get('default_scope') == 'mmdet':
+        from mmdet.evaluation import DumpDetResults
+        runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=out))
+    return runner.test()

@@ -1,0 +1,29 @@
+"""Segmentation metrics (registered in mmseg's ``METRICS`` by
+:func:`lookhere_dense.register_all_modules`)."""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+from mmseg.evaluation.metrics import IoUMetric
+from mmseg.registry import METRICS
+
+__all__ = ['PerClassIoUMetric']
+
+
+@METRICS.register_module()
+class PerClassIoUMetric(IoUMetric):
+    """mmseg's ``IoUMetric`` that also returns ``IoU.<class>`` for every class of the
+    dataset (IoU in %, rounded to 2 decimals; None for a class absent from predictions
+    and labels alike). The extrapolation study scores its ladders with it.
+
+    Takes the same arguments as ``IoUMetric``.
+    """
+
+    def compute_metrics(self, results: list) -> Dict[str, Optional[float]]:
+        per = tuple(zip(*results))
+        inter, union = sum(per[0]), sum(per[1])
+        metrics = super().compute_metrics(results)
+        iou = (inter / union).tolist()
+        for name, value in zip(self.dataset_meta['classes'], iou):
+            metrics[f'IoU.{name}'] = round(100 * value, 2) if value == value else None
+        return metrics

@@ -1,0 +1,2 @@
+"""Pictures: :mod:`.heads` draws each LookHere head's field of view. Import the
+submodules directly."""

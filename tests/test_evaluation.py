@@ -1,0 +1,200 @@
+"""lookhere_dense.evaluation: the one test-time resize rewrite, the extrapolation report's
+test specs and clean-slate step, the per-class IoU metric; and the inference pipeline that
+uses the same rewrite."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from lookhere_dense.apis.inference import inference_pipeline, inference_test_cfg
+from lookhere_dense.evaluation.extrapolation import (clear_position_caches, format_table,
+                                                     parse_spec, slide_settings, spec_pipeline)
+from lookhere_dense.evaluation.resize import (exact_resize, find_resize, is_resize,
+                                              replace_resize, scale_resizes, short_side_resize)
+from lookhere_dense.swap import ConfigError
+
+PIPE = [dict(type='LoadImageFromFile'), dict(type='Resize', scale=(2048, 512), keep_ratio=True),
+        dict(type='LoadAnnotations'), dict(type='PackSegInputs')]
+
+
+# -- the resize rewrite ---------------------------------------------------------------------
+def test_resize_type_names_are_matched_one_way():
+    class Resize:  # a class as ``type`` (pure-Python configs)
+        pass
+
+    for kind in ('Resize', 'mmseg.Resize', 'mmcv.Resize', Resize):
+        assert is_resize(dict(type=kind))
+    for kind in ('RandomResize', 'mmseg.RandomResize', 'ResizeToMultiple', 'LoadImageFromFile'):
+        assert not is_resize(dict(type=kind))
+    assert not is_resize(dict(scale=(1, 2)))
+    assert find_resize([dict(type='RandomResize'), dict(type='mmcv.Resize')]) == 1
+    assert find_resize([dict(type='LoadImageFromFile')]) is None
+
+
+def test_scale_resizes_multiplies_every_resize_and_keeps_the_rest():
+    pipe = [dict(type='LoadImageFromFile'),
+            dict(type='mmseg.Resize', scale=(2048, 511), keep_ratio=True, interpolation='area'),
+            dict(type='RandomResize', scale=(10, 10)),
+            dict(type='mmcv.Resize', scale=300),
+            dict(type='Resize', scale_factor=(0.5, 0.25))]
+    out, n = scale_resizes(pipe, 1.5)
+    assert n == 3
+    assert out[1] == dict(type='mmseg.Resize', scale=(3072, 766), keep_ratio=True,
+                          interpolation='area')
+    assert out[2] == dict(type='RandomResize', scale=(10, 10))  # not a Resize
+    assert out[3]['scale'] == 450
+    assert out[4]['scale_factor'] == (0.75, 0.375)
+    assert pipe[1]['scale'] == (2048, 511) and pipe[3]['scale'] == 300  # input untouched
+    assert scale_resizes([dict(type='LoadImageFromFile')], 2.0)[1] == 0
+
+
+def test_replace_resize_replaces_inserts_or_removes():
+    assert short_side_resize(768) == dict(type='Resize', scale=(1 << 20, 768), keep_ratio=True)
+    assert exact_resize((1024, 2048)) == dict(type='Resize', scale=(2048, 1024),
+                                              keep_ratio=False)
+    out = replace_resize(PIPE, exact_resize((64, 32)))
+    assert out[1] == dict(type='Resize', scale=(32, 64), keep_ratio=False) and len(out) == 4
+    no_resize = [PIPE[0], PIPE[2], PIPE[3]]
+    assert replace_resize(no_resize, short_side_resize(8))[1]['scale'] == (1 << 20, 8)
+    assert [t['type'] for t in replace_resize(PIPE, None)] == [
+        'LoadImageFromFile', 'LoadAnnotations', 'PackSegInputs']
+    assert PIPE[1]['scale'] == (2048, 512)
+
+
+# -- the extrapolation report's pieces ------------------------------------------------------
+def test_extrapolate_spec_parsing_and_pipelines():
+    assert parse_spec('whole@x1.5').factor == 1.5
+    assert parse_spec('slide@768').short_side == 768
+    assert parse_spec('whole@1024x2048').size == (1024, 2048)
+    with pytest.raises(ConfigError, match='MODE@SIZE'):
+        parse_spec('whole:2x')
+    for bad in ('whole@x0', 'slide@0', 'whole@0x2048'):
+        with pytest.raises(ConfigError, match='must be positive'):
+            parse_spec(bad)
+    pipe = [dict(t) for t in PIPE]
+    assert spec_pipeline(pipe, parse_spec('whole@x2'))[1]['scale'] == (4096, 1024)
+    assert spec_pipeline(pipe, parse_spec('whole@1024x2048'))[1] == dict(
+        type='Resize', scale=(2048, 1024), keep_ratio=False)
+    assert spec_pipeline(pipe, parse_spec('whole@768'))[1]['scale'][1] == 768
+    assert pipe[1]['scale'] == (2048, 512)  # the config's pipeline is not changed
+    with pytest.raises(ConfigError, match='whole@x2: the test pipeline has no Resize scale'):
+        spec_pipeline([PIPE[0], PIPE[3]], parse_spec('whole@x2'))
+
+
+def test_slide_settings_and_table():
+    from mmengine.config import Config
+    cfg = Config(dict(model=dict(test_cfg=dict(mode='slide', crop_size=(96, 96), stride=(64, 64)))))
+    assert slide_settings(cfg) == ((96, 96), (64, 64))
+    cfg = Config(dict(model=dict(test_cfg=dict(mode='whole'),
+                                 data_preprocessor=dict(size=(96, 120)))))
+    assert slide_settings(cfg) == ((96, 120), (64, 80))
+    with pytest.raises(ConfigError, match='slide tests need a crop'):
+        slide_settings(Config(dict(model=dict())))
+    row = dict(test='slide@x1', mode='slide', input_h=128, input_w=256, grid_h=6, grid_w=6,
+               mIoU=12.345, aAcc=50.0, sec_per_img=0.1234, peak_mem_mb=812.4,
+               memory_kind='process_rss')
+    table = format_table([row], (6, 6))
+    assert '| test | input (median HxW) | patch grid | mIoU | aAcc | s / img | peak RSS MB |' \
+        in table
+    assert '| slide@x1 | 128x256 | 6x6 (windows) | 12.35 | 50.00 | 0.123 | 812 |' in table
+    assert table.endswith('training crop grid: 6x6 patches')
+    assert 'peak GPU MB' in format_table([dict(row, memory_kind='cuda_max_allocated')], None)
+
+
+def test_clean_slate_clears_every_position_encoding_cache():
+    from lookhere_dense.models.pos_encoding import PositionEncoding
+
+    class CountingEncoding(PositionEncoding):
+        def __init__(self):
+            super().__init__()
+            self.cleared = 0
+
+        def clear_caches(self):
+            self.cleared += 1
+
+    class NotAnEncoding(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cleared = 0
+
+        def clear_caches(self):
+            self.cleared += 1
+
+    model = nn.Sequential(CountingEncoding(), nn.Sequential(CountingEncoding()),
+                          NotAnEncoding())
+    assert clear_position_caches(model) == 2
+    assert [model[0].cleared, model[1][0].cleared, model[2].cleared] == [1, 1, 0]
+
+
+def test_clean_slate_empties_a_backbone_s_caches():
+    """After a forward the backbone's encoding holds cached biases; the clean slate leaves
+    none (through ``PositionEncoding.clear_caches``, where the encoding has it)."""
+    from lookhere_dense.models import LookHereViT
+    from lookhere_dense.models.pos_encoding import PositionEncoding
+
+    if not callable(getattr(PositionEncoding, 'clear_caches', None)):
+        pytest.skip('PositionEncoding.clear_caches() is not there yet')
+    model = LookHereViT(img_size=(32, 32), patch_size=16, embed_dims=24, num_layers=1,
+                        num_heads=6, out_indices=(0,))
+    with torch.no_grad():
+        model(torch.zeros(1, 3, 32, 32))
+    engine = model.pos_enc.engine
+    assert len(engine.tables) > 0
+    assert clear_position_caches(model) >= 1
+    assert len(engine.tables) == 0
+
+
+# -- the per-class IoU metric ---------------------------------------------------------------
+def test_per_class_iou_metric_is_registered_and_reports_every_class():
+    from mmseg.registry import METRICS
+
+    from lookhere_dense.evaluation.metrics import PerClassIoUMetric
+    from lookhere_dense.registry import REGISTERING_MODULES
+    assert 'lookhere_dense.evaluation.metrics' in REGISTERING_MODULES
+    assert METRICS.get('PerClassIoUMetric') is PerClassIoUMetric
+    metric = METRICS.build(dict(type='PerClassIoUMetric', _scope_='mmseg'))
+    metric.dataset_meta = dict(classes=('sky', 'road', 'car'))
+    pred = torch.tensor([[0, 0, 1, 1]])
+    label = torch.tensor([[0, 1, 1, 1]])
+    metric.process([], [dict(pred_sem_seg=dict(data=pred), gt_sem_seg=dict(data=label))])
+    out = metric.compute_metrics(metric.results)
+    # sky: 1 / 2, road: 2 / 3, car: never predicted nor present -> None
+    assert out['IoU.sky'] == 50.0 and out['IoU.road'] == pytest.approx(66.67)
+    assert out['IoU.car'] is None
+    assert out['mIoU'] == pytest.approx((50.0 + 66.67) / 2, abs=0.01)
+
+
+# -- the inference pipeline (same rewrite) --------------------------------------------------
+def test_inference_pipeline_and_test_cfg():
+    from mmengine.config import Config
+    cfg = Config(dict(test_dataloader=dict(dataset=dict(pipeline=[
+        dict(type='LoadImageFromFile'), dict(type='mmseg.Resize', scale=(512, 128),
+                                             keep_ratio=True), dict(type='PackSegInputs')])),
+        model=dict(test_cfg=dict(mode='slide', crop_size=(96, 96), stride=(64, 64)),
+                   data_preprocessor=dict(size=(96, 96)))))
+    steps = inference_pipeline(cfg)
+    assert [t['type'] for t in steps] == ['LoadImageFromFile', 'mmseg.Resize', 'PackSegInputs']
+    assert steps[1]['scale'] == (512, 128)
+    assert inference_pipeline(cfg, native=True) == [dict(type='LoadImageFromFile'),
+                                                    dict(type='PackSegInputs')]
+    assert inference_pipeline(cfg, short_side=200)[1] == short_side_resize(200)
+    assert inference_pipeline(cfg, size=(320, 400))[1] == exact_resize((320, 400))
+    assert inference_test_cfg(cfg, whole=True) == dict(mode='whole')
+    assert inference_test_cfg(cfg) == dict(mode='slide', crop_size=(96, 96), stride=(64, 64))
+    assert inference_test_cfg(cfg, crop=(48, 48)) == dict(mode='slide', crop_size=(48, 48),
+                                                          stride=(32, 32))
+    whole_cfg = Config(dict(model=dict(test_cfg=dict(mode='whole'))))
+    assert inference_test_cfg(whole_cfg) == dict(mode='whole')
+    with pytest.raises(ConfigError, match='--slide needs --crop'):
+        inference_test_cfg(whole_cfg, slide=True)
+
+
+def test_overlay_blends_only_palette_classes():
+    from lookhere_dense.apis.inference import overlay
+    rgb = np.full((1, 3, 3), 100, np.uint8)
+    labels = np.array([[0, 1, 255]], np.uint8)
+    out = overlay(rgb, labels, [[200, 0, 0]], opacity=0.5)
+    assert out[0, 0].tolist() == [150, 50, 50]
+    assert out[0, 1].tolist() == [100, 100, 100] and out[0, 2].tolist() == [100, 100, 100]

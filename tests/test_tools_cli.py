@@ -1,0 +1,169 @@
+"""The command lines of ``tools/``: each tool answers ``--help``, and cheap real invocations
+go through its argument parsing to the clear message (or the output) a user sees. What
+the tools do is tested through the package functions they call (``test_tools_seg.py``,
+``test_study.py``, ``test_evaluation.py``, ...); no test imports a tool script."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOLS = ('train', 'test', 'infer', 'extrapolate', 'extrapolation_study', 'demo',
+         'swap_backbone', 'plot_heads', 'convert_checkpoint')
+
+
+#: Runs tool command lines as ``python tools/<tool>.py ARGS`` would, one after the other in
+#: ONE fresh interpreter (so the OpenMMLab imports are paid once): stdout, stderr and the
+#: exit status of each, as JSON on the real stdout.
+_DRIVER = r"""
+import contextlib, io, json, os, runpy, sys, traceback
+results = []
+for tool, args in json.loads(sys.argv[1]):
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    sys.argv = [os.path.join('tools', tool + '.py'), *args]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(sys.argv[0], run_name='__main__')
+        except SystemExit as exc:
+            if isinstance(exc.code, str):
+                print(exc.code, file=sys.stderr)
+                code = 1
+            else:
+                code = exc.code or 0
+        except Exception:
+            traceback.print_exc()
+            code = 1
+    results.append(dict(rc=code, stdout=out.getvalue(), stderr=err.getvalue()))
+print('\n@@RESULTS@@' + json.dumps(results))
+"""
+
+
+def run_tools(calls) -> list:
+    """``[(tool, [args...]), ...]`` -> ``[dict(rc, stdout, stderr), ...]`` (see _DRIVER)."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
+               OMP_NUM_THREADS='1')
+    res = subprocess.run([sys.executable, '-c', _DRIVER, json.dumps(calls)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert '@@RESULTS@@' in res.stdout, res.stderr
+    return json.loads(res.stdout.split('@@RESULTS@@')[-1])
+
+
+ADE_CFG = os.path.join(REPO, 'configs', 'segmenter_lookhere_vit-t_tiny-ade.py')
+DEIT_UPERNET = 'mmseg::vit/vit_deit-s16_upernet_8xb2-80k_ade20k-512x512.py'
+
+
+def _merge_inputs(folder) -> list:
+    paths = []
+    for seed, value in ((0, 40.0), (1, 60.0)):
+        report = dict(command='x', date='d', wall_seconds=1.0, versions={},
+                      settings=dict(config='c.py', encodings=['abs'], seeds=[seed],
+                                    scales=[1.0], ladder='rendered', metric='mIoU',
+                                    train_size=[32, 32], iters=10),
+                      runs=[dict(encoding='abs', seed=seed, train_seconds=1.0,
+                                 eval={'1': {'mIoU': value, 'aAcc': 90.0}})])
+        paths.append(str(folder / f'r{seed}.json'))
+        with open(paths[-1], 'w') as f:
+            json.dump(report, f)
+    return paths
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+    """Every command line below, run once; ``runs[key] = dict(rc, stdout, stderr, tmp)``."""
+    tmp = tmp_path_factory.mktemp('cli')
+    calls = {f'help:{tool}': (tool, ['--help']) for tool in TOOLS}
+    calls.update({
+        'train:missing config': ('train', [str(tmp / 'nope.py')]),
+        'test:missing checkpoint': ('test', [ADE_CFG, str(tmp / 'none.pth')]),
+        'extrapolate:bad test': ('extrapolate', [ADE_CFG, 'x.pth', '--tests', 'whole:2x']),
+        'infer:missing input': ('infer', [ADE_CFG, 'x.pth', str(tmp / 'missing')]),
+        'infer:bad size': ('infer', [ADE_CFG, 'x.pth', str(tmp), '--size', '10y20']),
+        'plot_heads': ('plot_heads', ['--preset', 'lh90', '--grid', '4', '4', '--depth', '2',
+                                      '--out', str(tmp / 'heads.png')]),
+        'demo:data only': ('demo', ['--data-only', '--datasets', 'cityscapes', '--num-train',
+                                    '1', '--num-val', '1', '--data-root', str(tmp / 'data')]),
+        'study:merge': ('extrapolation_study', ['--merge', *_merge_inputs(tmp), '--out-dir',
+                                                str(tmp / 'm'), '--name', 'merged']),
+        'swap:not python': ('swap_backbone', [DEIT_UPERNET, str(tmp / 'x.txt')]),
+    })
+    results = run_tools(list(calls.values()))
+    return {key: dict(res, tmp=tmp) for key, res in zip(calls, results)}
+
+
+@pytest.mark.parametrize('tool', TOOLS)
+def test_every_tool_answers_help(runs, tool):
+    res = runs[f'help:{tool}']
+    assert res['rc'] == 0, res['stderr']
+    assert res['stdout'].startswith('usage: ') and f'{tool}.py' in res['stdout']
+
+
+def _error_line(res: dict) -> str:
+    assert res['rc'] == 2, res
+    assert 'Traceback' not in res['stderr']
+    lines = [ln for ln in res['stderr'].splitlines() if ln.startswith('error: ')]
+    assert len(lines) == 1, res['stderr']
+    return lines[0]
+
+
+def test_a_tool_run_as_a_script_reports_a_user_error_without_a_traceback(tmp_path):
+    """The real ``python tools/train.py ...`` process (the others run in one interpreter)."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''))
+    res = subprocess.run([sys.executable, 'tools/train.py', str(tmp_path / 'nope.py')],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and 'Traceback' not in res.stderr
+    assert f"error: config file {str(tmp_path / 'nope.py')!r} not found" in res.stderr
+
+
+def test_train_and_test_name_a_missing_config_or_checkpoint(runs):
+    tmp = runs['train:missing config']['tmp']
+    err = _error_line(runs['train:missing config'])
+    assert err == f"error: config file {str(tmp / 'nope.py')!r} not found"
+    err = _error_line(runs['test:missing checkpoint'])
+    assert err == f"error: checkpoint {str(tmp / 'none.pth')!r} not found"
+
+
+def test_extrapolate_and_infer_say_what_is_wrong(runs):
+    err = _error_line(runs['extrapolate:bad test'])
+    assert "bad test 'whole:2x': write MODE@SIZE" in err
+    err = _error_line(runs['infer:missing input'])
+    assert 'is neither an image file nor a folder' in err
+    res = runs['infer:bad size']
+    assert res['rc'] == 2 and "expected HxW such as 1024x2048, got '10y20'" in res['stderr']
+
+
+def test_plot_heads_writes_its_png(runs):
+    res = runs['plot_heads']
+    out = res['tmp'] / 'heads.png'
+    assert res['rc'] == 0, res['stderr']
+    assert res['stdout'].strip() == f'wrote {out}'
+    assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_demo_data_only_writes_a_dataset(runs):
+    res = runs['demo:data only']
+    assert res['rc'] == 0, res['stderr']
+    assert '[demo] cityscapes: wrote a tiny dataset in' in res['stdout']
+    assert (res['tmp'] / 'data' / 'cityscapes' / 'gtFine' / 'val').is_dir()
+
+
+def test_study_merge_writes_the_report_files(runs):
+    res = runs['study:merge']
+    assert res['rc'] == 0, res['stderr']
+    stem = res['tmp'] / 'm' / 'merged'
+    assert f'wrote {stem}.json, .csv, _table.md, .png' in res['stdout']
+    assert '| abs | 50.00 ± 14.14 |' in res['stdout']
+    merged = json.loads((res['tmp'] / 'm' / 'merged.json').read_text())
+    assert merged['command'].startswith('python ') and '--merge' in merged['command']
+    assert merged['settings']['seeds'] == [0, 1]
+    for name in ('merged.csv', 'merged.png', 'merged_table.md'):
+        assert (res['tmp'] / 'm' / name).is_file()
+
+
+def test_swap_backbone_refuses_an_output_that_is_not_python(runs):
+    res = runs['swap:not python']
+    assert res['rc'] == 1
+    assert 'the output config must end in .py, got ' in res['stderr']
