@@ -13,22 +13,20 @@ DEFAULT_ENCODINGS = ('lookhere', 'rope2d', 'rope2d_mixed', 'abs', 'alibi2d', 'no
 def parse_encoding(spec: str) -> Tuple[str, Optional[str]]:
     """``'rope2d'`` -> ``('rope2d', None)``; ``'lookhere:lh45'`` -> ``('lookhere', 'lh45')``.
 
+    A study encoding is a ``pos_encoding`` spec string, parsed by the one parser
+    (:func:`~lookhere_dense.models.pos_encoding.parse_pos_encoding`); only the message for
+    an unknown name speaks of the study's "encodings".
+
     Raises:
         ValueError: unknown encoding or preset, naming the allowed ones.
     """
-    from lookhere_dense.lookhere.bias import PRESETS
-    from lookhere_dense.models.pos_encoding import POS_ENCODINGS
+    from lookhere_dense.models.pos_encoding import POS_ENCODINGS, parse_pos_encoding
 
-    name, _, preset = spec.partition(':')
-    if name not in POS_ENCODINGS:
+    if spec.partition(':')[0] not in POS_ENCODINGS:
         raise ValueError(f'unknown encoding {spec!r}; allowed: {list(POS_ENCODINGS)} '
                          "(LookHere presets as 'lookhere:PRESET')")
-    if preset and name != 'lookhere':
-        raise ValueError(f'{spec!r}: only lookhere takes a preset (lookhere:PRESET)')
-    if preset and preset not in PRESETS:
-        raise ValueError(f'{spec!r}: unknown LookHere preset {preset!r}; allowed: '
-                         f'{sorted(PRESETS)}')
-    return name, preset or None
+    parsed = parse_pos_encoding(spec)
+    return parsed.name, parsed.preset
 
 
 def backbone_for(backbone: Dict[str, Any], spec: str) -> Dict[str, Any]:
