@@ -23,11 +23,10 @@ import torch
 from lookhere_dense.cli import load_tool
 from lookhere_dense.lookhere import (PRESETS, LookHereAttentionEngine, LookHereConfig,
                                      build_grid_bias, chunked_attention)
-from lookhere_dense.lookhere.attention import (auto_block_rows, flex_available,
-                                               flex_attention_lookhere, flex_mask_mod,
-                                               head_runs, key_row_groups,
-                                               lookhere_block_mask, reference_attention,
-                                               tile_order)
+from lookhere_dense.lookhere.attention import reference_attention
+from lookhere_dense.lookhere.chunked import auto_block_rows, head_runs, key_row_groups
+from lookhere_dense.lookhere.flex import (flex_attention_lookhere, flex_available, flex_mask_mod,
+                                          lookhere_block_mask, tile_order)
 from lookhere_dense.lookhere.bias import gather_block, gather_rows, offset_index
 
 CONFIGS = {

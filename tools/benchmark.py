@@ -57,8 +57,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from lookhere_dense.lookhere import (LookHereAttentionEngine, build_grid_bias,  # noqa: E402
                                      head_layout, layer_slopes, resolve_lh_config)
-from lookhere_dense.lookhere.attention import (flex_attention_lookhere,  # noqa: E402
-                                               lookhere_block_mask)
+from lookhere_dense.lookhere.flex import (flex_attention_lookhere,  # noqa: E402
+                                          lookhere_block_mask)
 
 GiB = 2 ** 30
 MiB = 2 ** 20
