@@ -86,4 +86,3 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
     """
     return F.scaled_dot_product_attention(q, k, v, attn_mask=_as_4d(bias).to(q.dtype),
                                           dropout_p=dropout_p)
-

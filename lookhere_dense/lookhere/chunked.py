@@ -195,4 +195,3 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias, laye
         return result
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
     return torch.cat([cls_out, out], dim=2) if off else out
-

@@ -278,4 +278,3 @@ class LookHereAttentionEngine:
             return out.view(batch, n_win, *out.shape[1:])
 
         return attend_in_windows(q, k, v, grid_size, ws, cls_token, attend, dropout_p)
-

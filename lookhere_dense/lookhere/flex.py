@@ -249,4 +249,3 @@ def flex_attention_lookhere(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias
         inverse[order] = torch.arange(order.numel(), device=order.device)
         out = out.index_select(2, inverse)
     return out
-
