@@ -39,8 +39,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from .directions import (DIRECTION_TYPES, NONE_LIKE_TYPES, HeadSpec, head_blocked,
-                         heads_of_type, relative_offsets)
+from .directions import NONE_LIKE_TYPES, HeadSpec, head_blocked, heads_of_type, relative_offsets
 
 __all__ = [
     'LookHereConfig', 'PRESETS', 'resolve_lh_config', 'head_layout', 'layer_slopes',
