@@ -137,8 +137,8 @@ def test_benchmark_attention_section_runs_without_openmmlab_and_timm(tmp_path: P
     assert bias['baseline_matches_ours'] is True and bias['speedup_vs_measured'] > 0
     assert set(res['attn']['cases']) == {'64', '256'}
     assert '[bias]' in proc.stdout and '[attn]' in proc.stdout
-    # the model sections say what they need instead of a traceback
-    proc = _run([tool, '--sections', 'vit', '--quick'], env, tmp_path)
-    assert proc.returncode == 1
-    assert "section 'vit' builds ViTs and needs OpenMMLab" in proc.stderr
+    # the model sections say what they need, before running anything, without a traceback
+    proc = _run([tool, '--quick'], env, tmp_path)
+    assert proc.returncode == 1 and '[bias]' not in proc.stdout
+    assert 'sections vit / frame build ViTs and need OpenMMLab' in proc.stderr
     assert 'run --section attention' in proc.stderr and 'Traceback' not in proc.stderr

@@ -150,6 +150,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
+def model_cases():
+    """:mod:`lookhere_dense.benchmark.models`, or exit naming what the model sections need."""
+    try:
+        from lookhere_dense.benchmark import models
+    except ImportError as err:
+        raise SystemExit(f'sections vit / frame build ViTs and need OpenMMLab (mmcv, '
+                         f'mmengine, mmseg): {err}. Where only torch is installed, run '
+                         '--section attention.') from err
+    return models
+
+
 def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
     """Call the package function of ``section`` with the command-line settings."""
     if section == 'bias':
@@ -158,20 +169,15 @@ def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
     if section == 'attn':
         return bench_attention(args.preset, args.attn_tokens, args.num_heads, args.embed_dims,
                                args.device, args.attn_dtype, args.repeats)
-    try:
-        from lookhere_dense.benchmark.models import bench_frame, bench_vit, vit_arch
-    except ImportError as err:
-        raise SystemExit(f'section {section!r} builds ViTs and needs OpenMMLab (mmcv, '
-                         f'mmengine, mmseg): {err}. Where only torch is installed, run '
-                         '--section attention.') from err
-    arch = vit_arch(args.embed_dims, args.num_layers, args.num_heads)
+    models = model_cases()
+    arch = models.vit_arch(args.embed_dims, args.num_layers, args.num_heads)
     if section == 'vit':
-        return bench_vit(arch, args.vit_size, args.vit_batch, args.preset, args.vit_backends,
-                         args.block_size, not args.no_mmseg, args.device, args.dtype,
-                         args.repeats)
-    return bench_frame(arch, tuple(args.frame_size), args.preset, args.frame_backends,
-                       args.block_size, args.device, args.dtype, args.frame_repeats,
-                       args.max_dense_gib, args.threads, args.child_timeout)
+        return models.bench_vit(arch, args.vit_size, args.vit_batch, args.preset,
+                                args.vit_backends, args.block_size, not args.no_mmseg,
+                                args.device, args.dtype, args.repeats)
+    return models.bench_frame(arch, tuple(args.frame_size), args.preset, args.frame_backends,
+                              args.block_size, args.device, args.dtype, args.frame_repeats,
+                              args.max_dense_gib, args.threads, args.child_timeout)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
@@ -179,6 +185,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     args = parse_args(argv)
     if args.device == 'cuda' and not torch.cuda.is_available():
         raise SystemExit('--device cuda: no CUDA device available')
+    if {'vit', 'frame'} & set(args.sections):
+        model_cases()  # fail before the first section, not after it
     if args.threads:
         torch.set_num_threads(args.threads)
     results: Dict[str, Any] = dict(
