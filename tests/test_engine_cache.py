@@ -159,7 +159,7 @@ def tiny(**kw):
 def test_backbone_forwards_never_rebuild_cached_data(backend, window):
     model = tiny(attn_backend=backend, window_size=window,
                  **(dict(global_attn_indexes=[2]) if window else {}))
-    eng = model.lookhere
+    eng = model.pos_enc.engine
     x = torch.randn(2, 3, 80, 112)   # grid 5 x 7: windows of 2 need padding
     with torch.no_grad():
         first = model(x)[0]
@@ -186,7 +186,7 @@ def test_backbone_training_step_with_chunked_backend_matches_sdpa():
     x = torch.randn(2, 3, 48, 64)
     grads = {}
     for backend in ('sdpa', 'chunked'):
-        model.lookhere.backend = backend
+        model.pos_enc.engine.backend = backend
         model.zero_grad()
         model(x)[0].square().mean().backward()
         grads[backend] = [p.grad.clone() for p in model.parameters()]

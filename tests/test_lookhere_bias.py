@@ -324,3 +324,22 @@ def test_math_module_has_no_openmmlab_imports():
                 names = [node.module or '']
             for name in names:
                 assert not name.split('.')[0].startswith('mm'), f'{path.name} imports {name}'
+
+
+@pytest.mark.parametrize('grid', [(1, 1), (3, 5), (6, 2)])
+def test_pair_index_points_at_the_offset_from_query_to_key(grid):
+    """The one token-pair -> table-entry map: the entry it names holds (dy, dx) = k - q in
+    the table layout of :func:`relative_offsets`; it broadcasts, and ``offset_index`` is
+    its outer product."""
+    from lookhere_dense.lookhere.directions import relative_offsets
+    height, width = grid
+    dy, dx = (t.flatten() for t in relative_offsets(height, width))
+    patches = torch.arange(height * width)
+    q, k = patches[:, None], patches[None, :]
+    idx = B.pair_index(grid, q, k)
+    assert idx.shape == (height * width,) * 2 and idx.dtype == torch.int64
+    assert torch.equal(dy[idx], k // width - q // width)
+    assert torch.equal(dx[idx], k % width - q % width)
+    assert torch.equal(B.offset_index(grid, patches, patches), idx)
+    assert B.pair_index(grid, torch.tensor(0), torch.tensor(height * width - 1)).item() == (
+        (2 * height - 1) * (2 * width - 1) - 1)  # bottom-right key from the top-left query

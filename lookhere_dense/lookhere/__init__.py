@@ -1,17 +1,23 @@
-"""The LookHere method in plain PyTorch (no OpenMMLab imports).
+"""The LookHere method in plain PyTorch (torch alone; timm optional; no OpenMMLab imports).
 
 * :mod:`.directions` -- fields of view of the head types, from relative offsets;
-* :mod:`.bias` -- slopes, presets, the relative-offset table and its materialisations;
-* :mod:`.attention` -- the attention backends and the caching engine;
+* :mod:`.bias` -- slopes, presets, the relative-offset table, the token-pair -> table
+  index, and the table's materialisations;
+* :mod:`.attention` -- the backends (overview) and the dense ones (``reference``, ``sdpa``);
+* :mod:`.chunked` -- the ``chunked`` backend (blocks of query rows);
+* :mod:`.flex` -- the ``flex`` backend (``flex_attention``, block masks, tile order);
+* :mod:`.engine` -- :class:`LookHereAttentionEngine`: backend choice and bias caches;
 * :mod:`.windows` -- ViTDet window partitioning;
 * :mod:`.cache` -- the bounded cache.
 """
-from .attention import (BACKENDS, LookHereAttentionEngine, chunked_attention,
-                        flex_attention_lookhere, reference_attention, sdpa_attention)
+from .attention import BACKENDS, reference_attention, sdpa_attention
 from .bias import (PRESETS, GridBias, LookHereConfig, build_grid_bias, head_layout,
                    layer_slopes, lookhere_bias, relative_bias_table, resolve_lh_config)
 from .cache import BoundedCache
+from .chunked import chunked_attention
 from .directions import DIRECTION_TYPES, PRIMITIVES
+from .engine import LookHereAttentionEngine
+from .flex import flex_attention_lookhere
 
 __all__ = [
     'BACKENDS', 'LookHereAttentionEngine', 'chunked_attention', 'flex_attention_lookhere',

@@ -39,14 +39,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from .directions import (DIRECTION_TYPES, NONE_LIKE_TYPES, HeadSpec, head_blocked,
-                         heads_of_type, relative_offsets)
+from .directions import NONE_LIKE_TYPES, HeadSpec, head_blocked, heads_of_type, relative_offsets
 
 __all__ = [
     'LookHereConfig', 'PRESETS', 'resolve_lh_config', 'head_layout', 'layer_slopes',
     'relative_bias_table', 'key_bias_table', 'GridBias', 'build_grid_bias',
-    'lookhere_bias', 'query_windows', 'gather_rows', 'gather_block', 'DISTANCES', 'FILLS',
-    'BIAS_ROUNDINGS',
+    'lookhere_bias', 'pair_index', 'offset_index', 'query_windows', 'gather_rows',
+    'gather_block', 'DISTANCES', 'FILLS', 'BIAS_ROUNDINGS',
 ]
 
 DISTANCES = ('linear', 'sqrt', 'square')
@@ -408,11 +407,33 @@ def _check_grid(grid_size: Sequence[int]) -> Tuple[int, int]:
 # ----------------------------------------------------------------------------------------
 # Materialisation
 # ----------------------------------------------------------------------------------------
-def offset_index(grid_size: Tuple[int, int], query: Tensor, key: Tensor) -> Tensor:
-    """Flat index into a ``(2H-1) x (2W-1)`` table for every (query, key) pair.
+def pair_index(grid_size: Tuple[int, int], query: Tensor, key: Tensor) -> Tensor:
+    """Flat index into a ``(2H-1) x (2W-1)`` relative table for query / key patch pairs.
 
-    Not used on the hot paths (:func:`gather_rows` needs only a ``(Q,)`` index); kept as
-    the plain statement of the token-pair -> table-entry map, e.g. for tests.
+    The one statement of the token-pair -> table-entry map: the entry of the offset
+    ``(dy, dx) = (k_y - q_y, k_x - q_x)`` is ``(dy + H-1) * (2W-1) + (dx + W-1)``.
+    Element-wise with broadcasting, so it serves a ``(Q, 1)`` x ``(K,)`` outer product
+    (:func:`offset_index`, the flex block mask) as well as the scalar-shaped index tensors
+    of flex's ``score_mod`` / ``mask_mod`` callbacks.
+
+    Args:
+        grid_size: ``(H, W)``.
+        query: patch indices (row-major, ``y * W + x``; no CLS), any integer shape.
+        key: patch indices, broadcastable against ``query``.
+
+    Returns:
+        int64 (the inputs' integer dtype), the broadcast shape of ``query`` and ``key``.
+    """
+    height, width = grid_size
+    return ((key // width - query // width + height - 1) * (2 * width - 1)
+            + (key % width - query % width + width - 1))
+
+
+def offset_index(grid_size: Tuple[int, int], query: Tensor, key: Tensor) -> Tensor:
+    """Flat table index of every (query, key) pair: :func:`pair_index` as an outer product.
+
+    Not used on the hot paths (:func:`gather_rows` needs only a ``(Q,)`` index); the plain
+    statement of the dense bias, e.g. for tests.
 
     Args:
         grid_size: ``(H, W)``.
@@ -422,11 +443,7 @@ def offset_index(grid_size: Tuple[int, int], query: Tensor, key: Tensor) -> Tens
     Returns:
         int64 ``(Q, K)``.
     """
-    height, width = grid_size
-    qy, qx = query.div(width, rounding_mode='floor'), query.remainder(width)
-    ky, kx = key.div(width, rounding_mode='floor'), key.remainder(width)
-    return ((ky[None, :] - qy[:, None] + height - 1) * (2 * width - 1)
-            + (kx[None, :] - qx[:, None] + width - 1))
+    return pair_index(grid_size, query[:, None], key[None, :])
 
 
 def query_windows(table: Tensor, grid_size: Tuple[int, int]) -> Tensor:

@@ -46,7 +46,8 @@ def window_partition(x: Tensor, grid_size: Tuple[int, int], window_size: int) ->
 
 
 def window_unpartition(x: Tensor, grid_size: Tuple[int, int], window_size: int) -> Tensor:
-    """Inverse of :func:`window_partition`: ``(B, nWin, heads, ws*ws, d)`` -> ``(B, heads, H*W, d)``."""
+    """Inverse of :func:`window_partition`:
+    ``(B, nWin, heads, ws*ws, d)`` -> ``(B, heads, H*W, d)``."""
     b, _, nh, _, d = x.shape
     h, w = grid_size
     hp, wp = padded_grid(grid_size, window_size)

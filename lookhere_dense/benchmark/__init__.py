@@ -1,0 +1,44 @@
+"""Benchmarks of the LookHere attention engine: the cases behind ``tools/benchmark.py``.
+
+Sections (see ``docs/performance.md`` for the method and the recorded results):
+
+========  ==========================================================  =================
+section   what                                                         needs
+========  ==========================================================  =================
+``bias``  build the bias of a large grid: our tables vs a loop-based    torch (+ numpy
+          construction that follows the official algorithm             for the baseline)
+          (:mod:`.bias`, baseline in :mod:`.official`)
+``attn``  attention alone: flex vs SDPA without / with the             torch
+          materialised bias on CUDA; on CPU the block-mask tile
+          sparsity (:mod:`.attention`)
+``vit``   ViT-B forward: LookHereViT per backend vs the same trunk     OpenMMLab
+          without position encoding vs mmseg's ViT (:mod:`.models`)
+``frame`` whole-frame inference, peak memory and time per backend,     OpenMMLab
+          fresh process per case (:mod:`.models`)
+========  ==========================================================  =================
+
+The torch-only modules (:mod:`.timing`, :mod:`.child`, :mod:`.official`, :mod:`.bias`,
+:mod:`.attention`, :mod:`.report`) import nothing from OpenMMLab, so the ``attention``
+group (``bias`` + ``attn``) runs where only torch is installed. Only :mod:`.models`
+imports the backbone (mmcv / mmengine) and mmseg. This package imports no submodule on
+its own.
+"""
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import torch
+
+__all__ = ['SECTIONS', 'SECTION_GROUPS', 'DTYPES']
+
+#: Every section, in the order they run.
+SECTIONS: Tuple[str, ...] = ('bias', 'vit', 'frame', 'attn')
+#: Named groups of sections: ``attention`` needs torch alone, ``models`` needs OpenMMLab.
+SECTION_GROUPS: Dict[str, Tuple[str, ...]] = {
+    'all': SECTIONS,
+    'attention': ('bias', 'attn'),
+    'models': ('vit', 'frame'),
+}
+#: dtype names accepted on the command line.
+DTYPES: Dict[str, torch.dtype] = {'float32': torch.float32, 'bfloat16': torch.bfloat16,
+                                  'float16': torch.float16}

@@ -1,0 +1,280 @@
+"""The LookHere attention engine of one model: backend choice and bias caches.
+
+:class:`LookHereAttentionEngine` owns the caches (tables per grid and dtype, dense biases,
+window biases, flex block masks and score functions; all bounded, keyed by grid or window
+size, device and dtype), chooses a backend per call (``auto``, see
+:meth:`~LookHereAttentionEngine.choose_backend`), and is shared by all layers of a model:
+layers differ only in which table slice they read, and layers with the same head string
+share one block mask. Nothing here is part of a ``state_dict``. The backends themselves
+live in :mod:`.attention` (dense), :mod:`.chunked` and :mod:`.flex`.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .attention import BACKENDS, reference_attention, sdpa_attention
+from .bias import GridBias, LookHereConfig, build_grid_bias
+from .cache import BoundedCache
+from .chunked import chunked_attention
+from .flex import (flex_attention_lookhere, flex_available, flex_score_mod,
+                   lookhere_block_mask, tile_order)
+from .windows import attend_in_windows, padded_grid, window_key_mask
+
+__all__ = ['LookHereAttentionEngine']
+
+
+class LookHereAttentionEngine:
+    """LookHere attention for one model: bias caches and backend choice.
+
+    Args:
+        config: the LookHere configuration.
+        depth: number of layers that ask for a bias (layer index ``0..depth-1``).
+        num_heads: heads per layer.
+        backend: one of :data:`BACKENDS`. ``auto`` uses ``sdpa`` with cached dense biases
+            when the dense biases of all layers for the grid fit in ``max_dense_mb``, else
+            ``flex`` on CUDA (without attention dropout) and ``chunked`` elsewhere.
+            Default: ``'auto'``.
+        block_size: query rows per block of the ``chunked`` backend; None or 0 sizes
+            blocks automatically (:func:`~.chunked.auto_block_rows`). Default: None.
+        max_dense_mb: budget for the cached dense biases (all layers, all grids; also the
+            byte bound of that cache). Default: 1024.
+        cache_size: grids / windows kept per cache (times ``depth`` for per-layer
+            entries). Default: 4.
+        flex_compile: compile ``flex_attention``; None: on CUDA only. Default: None.
+        flex_tiles: run flex in tile order (:func:`~.flex.tile_order`), where directed heads
+            skip more tiles; False: the model's row-major order. Default: True.
+    """
+
+    def __init__(self, config: LookHereConfig, depth: int, num_heads: int,
+                 backend: str = 'auto', block_size: Optional[int] = None,
+                 max_dense_mb: float = 1024, cache_size: int = 4,
+                 flex_compile: Optional[bool] = None, flex_tiles: bool = True):
+        if backend not in BACKENDS:
+            raise ValueError(f'unknown LookHere attention backend {backend!r}; '
+                             f'allowed: {list(BACKENDS)}')
+        if block_size is not None and (not isinstance(block_size, int) or block_size < 0):
+            raise ValueError(f'block_size must be None or an int >= 0 (0: automatic), '
+                             f'got {block_size!r}')
+        if max_dense_mb < 0:
+            raise ValueError(f'max_dense_mb must be >= 0, got {max_dense_mb}')
+        config.validate(num_heads, depth)
+        self.config = config
+        self.depth = depth
+        self.num_heads = num_heads
+        self.backend = backend
+        self.block_size = block_size or None
+        self.max_dense_bytes = max_dense_mb * 2 ** 20
+        self.flex_compile = flex_compile
+        self.flex_tiles = flex_tiles
+        #: relative tables per (grid, device, dtype)
+        self.tables = BoundedCache(2 * cache_size)
+        #: dense (heads, T, T) biases per (layer, grid, cls, device, dtype): global layers'
+        #: and window-sized ones (a window's bias is the dense bias of a (ws, ws) grid),
+        #: plus window padding masks under ('window_pad', grid, ws, cls, device, dtype)
+        self.dense = BoundedCache(cache_size * (depth + 1), max_bytes=self.max_dense_bytes)
+        #: flex block masks per (head string, grid, cls, device): shared across layers
+        self.block_masks = BoundedCache(cache_size * max(1, len(config.direction_strings)))
+        #: flex score_mods per (layer, grid, cls, device): one function object per layer
+        self.score_mods = BoundedCache(cache_size * depth)
+        #: flex token orders per (grid, cls, device)
+        self.orders = BoundedCache(cache_size)
+        self.last_backend: Optional[str] = None
+        self._flex_failed = False
+
+    def _caches(self) -> Dict[str, BoundedCache]:
+        return dict(tables=self.tables, dense=self.dense, block_masks=self.block_masks,
+                    score_mods=self.score_mods, orders=self.orders)
+
+    def reset(self, config: Optional[LookHereConfig] = None) -> None:
+        """Drop all caches (and switch to ``config`` if given)."""
+        if config is not None:
+            config.validate(self.num_heads, self.depth)
+            self.config = config
+        for cache in self._caches().values():
+            cache.clear()
+
+    def cache_info(self) -> Dict[str, Dict[str, int]]:
+        """Per cache: ``size``, ``hits``, ``misses``, ``evictions``, ``bytes``."""
+        return {name: cache.stats() for name, cache in self._caches().items()}
+
+    # -- cached pieces -------------------------------------------------------------------
+    def grid_bias(self, grid_size: Tuple[int, int], device: torch.device,
+                  dtype: torch.dtype = torch.float32) -> GridBias:
+        """Relative tables of every layer for ``grid_size`` on ``device`` in ``dtype``.
+
+        Each dtype's tables are cast once from the float64 construction (bf16-rounded
+        biases are exact in bfloat16 and float32).
+        """
+        key = (tuple(grid_size), str(device), dtype)
+        return self.tables.get_or_create(key, lambda: build_grid_bias(
+            self.config, tuple(grid_size), self.depth, self.num_heads, device=device,
+            dtype=dtype))
+
+    def dense_bias(self, layer: int, grid_size: Tuple[int, int], cls_token: bool,
+                   device: torch.device, dtype: torch.dtype) -> Tensor:
+        """The ``(heads, T, T)`` bias of ``layer`` in ``dtype``, built once per grid
+        (unless it alone exceeds ``max_dense_mb``)."""
+        key = (layer, tuple(grid_size), cls_token, str(device), dtype)
+        return self.dense.get_or_create(key, lambda: self.grid_bias(
+            grid_size, device, dtype).dense(layer, cls_token))
+
+    def window_bias(self, layer: int, window_size: int, cls_token: bool,
+                    device: torch.device, dtype: torch.dtype) -> Tensor:
+        """The ``(heads, T_w, T_w)`` bias of a ``window_size`` x ``window_size`` window
+        (the dense bias of a window-sized grid, cached like one)."""
+        ws = int(window_size)
+        return self.dense_bias(layer, (ws, ws), cls_token, device, dtype)
+
+    def block_mask(self, layer: int, grid_size: Tuple[int, int], cls_token: bool,
+                   device: torch.device):
+        """The flex ``BlockMask`` of ``layer``'s fields of view (shared by all layers with
+        the same head string), or None when nothing is blocked."""
+        direction = self.config.layer_direction(layer)
+        key = (direction, tuple(grid_size), cls_token, str(device))
+        return self.block_masks.get_or_create(key, lambda: lookhere_block_mask(
+            self.grid_bias(grid_size, device), layer, cls_token,
+            order=self.flex_order(grid_size, cls_token, device)))
+
+    def score_mod(self, layer: int, grid_size: Tuple[int, int], cls_token: bool,
+                  device: torch.device) -> Callable:
+        """The flex ``score_mod`` of ``layer`` (the same function object on every call)."""
+        key = (layer, tuple(grid_size), cls_token, str(device))
+        return self.score_mods.get_or_create(key, lambda: flex_score_mod(
+            self.grid_bias(grid_size, device), layer, cls_token,
+            self.flex_order(grid_size, cls_token, device)))
+
+    def flex_order(self, grid_size: Tuple[int, int], cls_token: bool,
+                   device: torch.device) -> Optional[Tensor]:
+        """The token order flex runs in (:func:`~.flex.tile_order`), or None
+        (``flex_tiles=False``)."""
+        if not self.flex_tiles:
+            return None
+        key = (tuple(grid_size), cls_token, str(device))
+        return self.orders.get_or_create(key, lambda: tile_order(
+            tuple(grid_size), cls_token, device=device))
+
+    def choose_backend(self, tokens: int, device: torch.device,
+                       dtype: torch.dtype = torch.float32, dropout_p: float = 0.0) -> str:
+        """The backend ``auto`` picks for a sequence of ``tokens`` on ``device``.
+
+        ``sdpa`` (cached dense biases, the fastest where they fit) when all layers' dense
+        biases in ``dtype`` fit in ``max_dense_mb``; otherwise ``flex`` on CUDA (unless
+        attention dropout is on, or flex failed before) and ``chunked`` elsewhere.
+        """
+        if self.backend != 'auto':
+            return self.backend
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        dense_bytes = self.depth * self.num_heads * tokens * tokens * itemsize
+        if dense_bytes <= self.max_dense_bytes:
+            return 'sdpa'
+        if (torch.device(device).type == 'cuda' and dropout_p == 0 and flex_available()
+                and not self._flex_failed):
+            return 'flex'
+        return 'chunked'
+
+    # -- attention -----------------------------------------------------------------------
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, layer: int,
+                 grid_size: Tuple[int, int], cls_token: bool, dropout_p: float = 0.0,
+                 backend: Optional[str] = None) -> Tensor:
+        """Attention of ``layer`` for ``q, k, v`` of shape ``(B, heads, T, d)``.
+
+        ``T`` must be ``H*W`` (+1 with ``cls_token``) for ``grid_size = (H, W)``.
+
+        Returns:
+            ``(B, heads, T, d)``.
+        """
+        n = grid_size[0] * grid_size[1] + int(cls_token)
+        if q.shape[-2] != n or k.shape[-2] != n:
+            raise ValueError(f'attention got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
+                             f'{"with" if cls_token else "without"} CLS needs {n}')
+        if q.shape[1] != self.num_heads:
+            raise ValueError(f'attention got {q.shape[1]} heads, the LookHere config was '
+                             f'built for {self.num_heads}')
+        if not 0 <= layer < self.depth:
+            raise ValueError(f'layer {layer} out of range for depth {self.depth}')
+        chosen_by_auto = backend is None and self.backend == 'auto'
+        backend = backend or self.choose_backend(n, q.device, q.dtype, dropout_p)
+        if backend not in BACKENDS or backend == 'auto':
+            raise ValueError(f'unknown LookHere attention backend {backend!r}; '
+                             f'allowed: {list(BACKENDS[1:])}')
+        self.last_backend = backend
+        if backend in ('reference', 'sdpa'):
+            bias = self.dense_bias(layer, grid_size, cls_token, q.device, q.dtype)
+            fn = reference_attention if backend == 'reference' else sdpa_attention
+            return fn(q, k, v, bias, dropout_p)
+        if backend == 'chunked':
+            return chunked_attention(q, k, v, self.grid_bias(grid_size, q.device, q.dtype),
+                                     layer, cls_token, self.block_size, dropout_p)
+        if dropout_p > 0:
+            raise ValueError('the flex backend has no attention dropout; set attn_drop_rate=0 '
+                             "or use backend 'chunked'/'sdpa'")
+        if q.device.type == 'cpu' and torch.is_grad_enabled() and any(
+                t.requires_grad for t in (q, k, v)):
+            raise ValueError("attn_backend='flex' cannot train on CPU (PyTorch's "
+                             'flex_attention has no CPU backward); use attn_backend='
+                             "'auto' or 'chunked' there, or run under torch.no_grad()")
+        try:
+            mask = self.block_mask(layer, grid_size, cls_token, q.device)
+            mod = self.score_mod(layer, grid_size, cls_token, q.device)
+            return flex_attention_lookhere(q, k, v, self.grid_bias(grid_size, q.device),
+                                           layer, cls_token, mask, self.flex_compile, mod,
+                                           self.flex_order(grid_size, cls_token, q.device))
+        except Exception as err:  # pragma: no cover - compile problems are platform specific
+            if not chosen_by_auto:
+                raise
+            self._flex_failed = True
+            self.last_backend = 'chunked'
+            warnings.warn(f'LookHere flex attention failed ({type(err).__name__}: {err}); '
+                          'falling back to the chunked backend for this model')
+            return chunked_attention(q, k, v, self.grid_bias(grid_size, q.device, q.dtype),
+                                     layer, cls_token, self.block_size, dropout_p)
+
+    def window_attention(self, q: Tensor, k: Tensor, v: Tensor, layer: int,
+                         grid_size: Tuple[int, int], window_size: int, cls_token: bool,
+                         dropout_p: float = 0.0) -> Tensor:
+        """ViTDet-style window attention with the LookHere bias of a window-sized grid.
+
+        Patches attend within their ``window_size`` x ``window_size`` window (grids that
+        are not a multiple are padded; padded keys are masked out, so a border window acts
+        like a smaller one). The window bias is the bias of a ``(ws, ws)`` grid, the same
+        for every window, built once per (window size, layer) and cached.
+
+        With ``cls_token`` the CLS token keeps LookHere's global behaviour: every window
+        also sees the CLS key (bias 0), and the CLS query attends to all tokens (bias 0),
+        exactly as in a global block.
+
+        Windows run as one 4-D batch ``(B * nWin, heads, T_w, d)`` (with padding: one
+        call per image, as the padding mask differs per window).
+
+        Args:
+            q, k, v: ``(B, heads, T, d)``, ``T = H*W (+1)``.
+
+        Returns:
+            ``(B, heads, T, d)``.
+        """
+        ws = int(window_size)
+        window_bias = self.window_bias(layer, ws, cls_token, q.device, q.dtype)
+        pad = None
+        if padded_grid(grid_size, ws) != tuple(grid_size):
+            key = ('window_pad', tuple(grid_size), ws, cls_token, str(q.device), q.dtype)
+            pad = self.dense.get_or_create(key, lambda: window_key_mask(
+                grid_size, ws, cls_token, q.device, q.dtype))
+
+        def attend(qw: Tensor, kw: Tensor, vw: Tensor) -> Tensor:
+            batch, n_win = qw.shape[:2]
+            if pad is not None:
+                mask = window_bias + pad  # (nWin, heads, T_w, T_w)
+                return torch.stack([F.scaled_dot_product_attention(
+                    qw[i], kw[i], vw[i], attn_mask=mask, dropout_p=dropout_p)
+                    for i in range(batch)])
+            out = F.scaled_dot_product_attention(
+                qw.flatten(0, 1), kw.flatten(0, 1), vw.flatten(0, 1),
+                attn_mask=window_bias.unsqueeze(0), dropout_p=dropout_p)
+            return out.view(batch, n_win, *out.shape[1:])
+
+        return attend_in_windows(q, k, v, grid_size, ws, cls_token, attend, dropout_p)

@@ -1,0 +1,270 @@
+"""The benchmark package (:mod:`lookhere_dense.benchmark`) and its command line.
+
+The torch-only cases (bias build, the official-style baseline, the attention section, the
+report, the fresh-process runner) are tested directly; the model cases (need OpenMMLab)
+on a tiny ViT; ``tools/benchmark.py`` itself only as a subprocess (``--quick``, ``-h``).
+Running the ``attention`` group without OpenMMLab is in ``tests/test_torch_only.py``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lookhere_dense.benchmark import DTYPES, SECTION_GROUPS, SECTIONS
+from lookhere_dense.benchmark.attention import bench_attention, grid_for, skipped_tile_fraction
+from lookhere_dense.benchmark.bias import bias_case
+from lookhere_dense.benchmark.child import run_case, run_child
+from lookhere_dense.benchmark.official import baseline_matches, official_style_bias
+from lookhere_dense.benchmark.report import environment, format_table
+from lookhere_dense.benchmark.timing import interleaved, paired_ratio
+from lookhere_dense.lookhere import (PRESETS, LookHereAttentionEngine, LookHereConfig,
+                                     build_grid_bias, lookhere_bias)
+from lookhere_dense.lookhere.bias import offset_index
+from lookhere_dense.lookhere.flex import FLEX_BLOCK, flex_available, tile_order
+
+pytestmark = pytest.mark.usefixtures('one_torch_thread')  # tiny tensors: see conftest
+needs_flex = pytest.mark.skipif(not flex_available(), reason='no flex_attention in this torch')
+
+
+# ----------------------------------------------------------------------------------------
+# Sections and timing
+# ----------------------------------------------------------------------------------------
+def test_section_groups_cover_the_sections():
+    assert SECTION_GROUPS['all'] == SECTIONS == ('bias', 'vit', 'frame', 'attn')
+    assert SECTION_GROUPS['attention'] == ('bias', 'attn')
+    assert set(SECTION_GROUPS['attention']) | set(SECTION_GROUPS['models']) == set(SECTIONS)
+    assert DTYPES['bfloat16'] is torch.bfloat16
+
+
+def test_interleaved_rotates_the_order_every_round():
+    calls = []
+    cases = {name: (lambda name=name: calls.append(name)) for name in 'abc'}
+    times = interleaved(cases, 4, 'cpu')
+    assert calls == list('abc' 'bca' 'cab' 'abc')
+    assert {n: len(t) for n, t in times.items()} == dict(a=4, b=4, c=4)
+    assert all(s >= 0 for t in times.values() for s in t)
+
+
+def test_paired_ratio_is_the_median_of_per_round_ratios():
+    assert paired_ratio([2.0, 9.0, 3.0], [1.0, 3.0, 1.0]) == 3.0  # ratios 2, 3, 3
+    assert paired_ratio([1.0, 4.0], [1.0, 1.0]) == 2.5
+    with pytest.raises(ValueError, match='equally long'):
+        paired_ratio([1.0], [1.0, 2.0])
+
+
+# ----------------------------------------------------------------------------------------
+# The official-style baseline and the bias section
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize('config', [
+    PRESETS['lh45'], PRESETS['lh90'], PRESETS['lh180'],
+    LookHereConfig('triangles-none', fill_with='max', distance='sqrt', layer_slopes=(1, 2)),
+    LookHereConfig('halves-none', fill_with='zero', global_slope=0.5, distance='square')])
+def test_official_style_baseline_gives_our_bias(config):
+    """Two independent constructions (per-query loops + np.tri vs offset tables) agree
+    bit for bit on a rectangular grid (bf16 max <-> -inf)."""
+    grid = (4, 6)
+    ours = lookhere_bias(config, grid, 3, 12, dtype=torch.float32)
+    theirs = official_style_bias(config, grid, 3, 12)
+    assert theirs.dtype == torch.bfloat16 and theirs.shape == ours.shape
+    theirs = theirs.float()
+    theirs[theirs == -torch.finfo(torch.bfloat16).max] = -math.inf
+    assert torch.equal(ours, theirs)
+    assert baseline_matches('lh45', (3, 5))
+
+
+def test_official_style_baseline_reports_its_stages():
+    marks = {}
+    official_style_bias(PRESETS['lh90'], (3, 3), 2, 12, marks)
+    assert set(marks) == {'shared_s', 'layers_s', 'shared_rss', 'layers_rss'}
+    assert marks['layers_rss'] >= marks['shared_rss'] > 0
+
+
+def test_bias_case_measures_ours_and_the_baseline_in_process():
+    base = dict(kind='bias', preset='lh45', grid=[5, 6], heads=12)
+    ours = bias_case(dict(base, impl='ours', depth=2, repeats=2))
+    assert ours['seconds'] > 0 and ours['first_seconds'] > 0
+    assert ours['table_bytes'] == 2 * 12 * 9 * 11 * 4  # (depth, heads, 2H-1, 2W-1) float32
+    assert ours['peak_rise'] >= 0 and ours['peak'] > 0 and ours['dense_layer_seconds'] > 0
+    theirs = bias_case(dict(base, impl='baseline', depth=1))
+    assert theirs['seconds'] > 0 and theirs['shared_s'] > 0 and theirs['layers_s'] > 0
+    assert theirs['impl'] == 'baseline' and theirs['grid'] == [5, 6]
+    with pytest.raises(ValueError, match="unknown bias implementation 'fast'"):
+        bias_case(dict(base, impl='fast', depth=1))
+
+
+def test_run_child_runs_a_case_in_a_fresh_process_and_reports_failures():
+    case = dict(kind='bias', preset='lh90', grid=[4, 4], heads=12, impl='ours', depth=1,
+                repeats=1, threads=1)
+    done = run_child(case, timeout=300)
+    assert 'error' not in done, done
+    assert done['table_bytes'] == 12 * 7 * 7 * 4 and done['seconds'] > 0
+    failed = run_child(dict(kind='nonsense'), timeout=300)
+    assert failed['kind'] == 'nonsense'
+    assert failed['error'].startswith('exit 1') and 'unknown benchmark case kind' in failed['error']
+    with pytest.raises(ValueError, match="allowed: \\['bias', 'frame'\\]"):
+        run_case(dict(kind='nonsense'))
+
+
+# ----------------------------------------------------------------------------------------
+# The attention section
+# ----------------------------------------------------------------------------------------
+def test_grid_for_is_as_square_as_possible():
+    assert grid_for(8192) == (64, 128)
+    assert grid_for(1024) == (32, 32)
+    assert grid_for(4096) == (64, 64)
+    assert grid_for(7) == (1, 7)
+    assert grid_for(12) == (3, 4)
+    with pytest.raises(ValueError, match='tokens must be >= 1'):
+        grid_for(0)
+
+
+def _skipped_by_definition(config, grid, order=None, block=FLEX_BLOCK):
+    """Fraction of all-blocked ``block`` x ``block`` tiles of the dense visibility (all
+    heads of layer 0, no CLS), from :func:`offset_index` (the plain definition)."""
+    gb = build_grid_bias(config, grid, 1, 12)
+    n = grid[0] * grid[1]
+    idx = torch.arange(n) if order is None else order
+    visible = gb.visible[0].flatten(1)[:, offset_index(grid, idx, idx)]  # (heads, n, n)
+    tiles = math.ceil(n / block)
+    padded = torch.zeros(12, tiles * block, tiles * block, dtype=torch.bool)
+    padded[:, :n, :n] = visible
+    seen = padded.view(12, tiles, block, tiles, block).any(dim=4).any(dim=2)
+    return 1 - seen.float().mean().item()
+
+
+@needs_flex
+@pytest.mark.parametrize('preset,tokens', [('lh90', 1024), ('lh45', 512), ('lh45', 300)])
+def test_skipped_tile_fraction_is_the_fraction_of_all_blocked_tiles(preset, tokens):
+    grid = grid_for(tokens)  # 32x32, 16x32, 15x20 (ragged last tile)
+    eng = LookHereAttentionEngine(PRESETS[preset], 1, 12, 'flex')
+    got = skipped_tile_fraction(eng, grid, torch.device('cpu'))
+    assert got['row order'] == pytest.approx(_skipped_by_definition(PRESETS[preset], grid))
+    assert got['tile order'] == pytest.approx(
+        _skipped_by_definition(PRESETS[preset], grid, tile_order(grid, False)))
+    assert 0 < got['row order'] < 1 and 0 < got['tile order'] < 1
+    if tokens == 1024:  # docs/performance.md: LH-90 at 1024 tokens, 29 % vs 35 %
+        assert (round(got['row order'], 2), round(got['tile order'], 2)) == (0.29, 0.35)
+
+
+@needs_flex
+def test_bench_attention_on_cpu_reports_tile_sparsity_only():
+    res = bench_attention('lh90', [64, 256], num_heads=12, embed_dims=96, device='cpu')
+    assert res['preset'] == 'lh90' and res['dtype'] == 'bfloat16'
+    assert set(res['cases']) == {'64', '256'}
+    assert res['cases']['64'] == dict(grid=[8, 8], skipped_tile_fraction={
+        'row order': 0.0, 'tile order': 0.0})  # one tile, every head sees some key
+    assert res['cases']['256']['skipped_tile_fraction']['tile order'] > 0
+    assert 'seconds' not in res['cases']['256']  # timings are CUDA only
+    table = format_table(dict(env=environment('cpu'), attn=res))
+    assert '[attn] preset lh90, bfloat16' in table and '256 tokens 16x16: row order' in table
+
+
+def test_format_table_shows_what_did_not_run():
+    env = environment('cpu')
+    assert env['device'] == 'cpu' and env['torch'] == torch.__version__ and env['threads'] >= 1
+    table = format_table(dict(
+        env=env,
+        attn=dict(preset='lh90', dtype='bfloat16', cases={'64': dict(
+            grid=[8, 8], skipped='no torch.nn.attention.flex_attention in this torch')}),
+        frame=dict(size=[64, 128], tokens=33, dense_bias_gib_all_layers=0.0,
+                   cases={'auto': dict(error='exit 1: boom')},
+                   skipped={'flex': 'flex is benchmarked on CUDA only'})))
+    assert '64 tokens 8x8: not run: no torch.nn.attention.flex_attention' in table
+    assert 'auto          error: exit 1: boom' in table
+    assert 'flex          not run: flex is benchmarked on CUDA only' in table
+    assert '[bias]' not in table and '[vit]' not in table
+
+
+# ----------------------------------------------------------------------------------------
+# The model sections (OpenMMLab)
+# ----------------------------------------------------------------------------------------
+TINY = dict(patch_size=16, embed_dims=48, num_layers=2, num_heads=12, mlp_ratio=2)
+
+
+def test_nobias_baseline_is_the_trunk_without_position():
+    """The benchmark's baseline must really drop the bias: same weights as
+    ``pos_encoding='none'`` give the same output, and it differs from LookHere's."""
+    from lookhere_dense.benchmark.models import build_vit
+    from lookhere_dense.models.backbones.lookhere_vit import LookHereViT
+    plain = build_vit(TINY, 'lh180', pos_encoding='none')
+    biased = build_vit(TINY, 'lh180')
+    none = LookHereViT(**TINY, pos_encoding='none').eval()
+    trunk = plain.state_dict()
+    trunk.pop('_extra_state')  # the encodings differ on purpose
+    none.load_state_dict(trunk, strict=False)
+    # the same trunk by construction: equal initial weights, not copied ones
+    lh_trunk = biased.state_dict()
+    lh_trunk.pop('_extra_state')
+    assert trunk.keys() == lh_trunk.keys()
+    assert all(torch.equal(trunk[k], lh_trunk[k]) for k in trunk)
+    x = torch.randn(1, 3, 64, 80)
+
+    def attn_out(model):  # the first block's attention output (the trunk barely moves at init)
+        got = []
+        handle = model.blocks[0].attn.register_forward_hook(lambda m, i, o: got.append(o))
+        with torch.no_grad():
+            model(x)
+        handle.remove()
+        return got[0]
+
+    out_plain, out_none, out_lh = attn_out(plain), attn_out(none), attn_out(biased)
+    torch.testing.assert_close(out_plain, out_none, rtol=0, atol=1e-7)
+    assert (out_plain - out_lh).abs().max() > 100 * out_plain.abs().max() * 1e-4
+
+
+def test_frame_case_measures_a_forward_and_names_the_chosen_backend():
+    from lookhere_dense.benchmark.models import frame_case
+    base = dict(kind='frame', size=[32, 48], arch=TINY, preset='lh90', device='cpu',
+                dtype='float32', repeats=2, block_size=0)
+    auto = frame_case(dict(base, backend='auto', spec='auto'))
+    assert auto['chosen'] == 'sdpa' and auto['tokens'] == 2 * 3 + 1
+    assert len(auto['times']) == 2 and auto['seconds'] > 0 and auto['peak'] > 0
+    chunked = frame_case(dict(base, backend='chunked', spec='chunked:4', block_size=4))
+    assert chunked['chosen'] == 'chunked'
+    assert frame_case(dict(base, backend='nobias', spec='nobias'))['chosen'] is None
+
+
+def test_bench_vit_times_every_model_against_the_nobias_trunk():
+    from lookhere_dense.benchmark.models import bench_vit
+    res = bench_vit(TINY, size=32, backends=['chunked'], with_mmseg=False, repeats=2)
+    assert set(res['seconds']) == {'lookhere', 'lookhere-chunked', 'nobias'}
+    assert res['ratio_vs_nobias']['nobias'] == 1.0
+    assert res['auto_backend'] == 'sdpa' and res['tokens'] == 5
+    assert res['cache']['dense']['misses'] == TINY['num_layers']
+
+
+# ----------------------------------------------------------------------------------------
+# The command line (a subprocess: tests never import tools/)
+# ----------------------------------------------------------------------------------------
+def test_benchmark_quick_mode_runs(tmp_path: Path, repo_root: Path):
+    out = tmp_path / 'bench.json'
+    proc = subprocess.run([sys.executable, str(repo_root / 'tools' / 'benchmark.py'), '--quick',
+                           '--json', str(out)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res['bias']['baseline_matches_ours'] is True
+    assert res['bias']['ours']['seconds'] > 0 and res['bias']['baseline']['seconds'] > 0
+    assert set(res['vit']['seconds']) >= {'lookhere', 'nobias', 'mmseg_vit'}
+    assert res['frame']['cases']['auto']['chosen'] == 'sdpa'
+    assert 'error' not in res['frame']['cases']['nobias']
+    assert '[frame]' in proc.stdout and '[bias]' in proc.stdout
+    assert res['args']['sections'] == list(SECTIONS)
+    helped = subprocess.run([sys.executable, str(repo_root / 'tools' / 'benchmark.py'), '-h'],
+                            capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0 and '--device' in helped.stdout and '--quick' in helped.stdout
+    assert '--section {all,attention,models}' in helped.stdout
+
+
+def test_benchmark_refuses_a_group_and_names_together(repo_root: Path):
+    proc = subprocess.run([sys.executable, str(repo_root / 'tools' / 'benchmark.py'),
+                           '--section', 'attention', '--sections', 'bias'],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert 'give --section (a group) or --sections (names), not both' in proc.stderr

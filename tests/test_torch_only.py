@@ -1,0 +1,144 @@
+"""The LookHere core and the benchmark's ``attention`` group run with torch alone.
+
+Each test runs a fresh interpreter in which importing mmcv, mmengine, mmseg or mmdet (and,
+in one variant, timm) fails, as on a machine where they are not installed: a
+``sitecustomize`` module on ``PYTHONPATH`` puts an import blocker on ``sys.meta_path``
+before anything else runs, so the benchmark's own child processes are blocked too.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from lookhere_dense.lookhere.flex import flex_available
+
+OPENMMLAB = ('mmcv', 'mmengine', 'mmseg', 'mmdet')
+
+SITECUSTOMIZE = '''
+"""Test helper: make the packages named in $LOOKHERE_BLOCKED_IMPORTS unimportable."""
+import os
+import sys
+
+BLOCKED = frozenset(filter(None, os.environ.get('LOOKHERE_BLOCKED_IMPORTS', '').split(',')))
+
+
+class BlockedImports:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in BLOCKED:
+            raise ModuleNotFoundError(f'blocked for this test: {name}', name=name)
+        return None
+
+
+sys.meta_path.insert(0, BlockedImports())
+'''
+
+#: Runs in the blocked interpreter: every CPU backend, window attention, the benchmark's
+#: torch-only modules; then checks that no blocked package was loaded.
+CORE = '''
+import sys
+
+import torch
+
+import lookhere_dense.lookhere as lh
+from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine, reference_attention
+from lookhere_dense.lookhere.flex import flex_available
+
+torch.manual_seed(0)
+grid, cls_token = (5, 6), True
+eng = LookHereAttentionEngine(PRESETS['lh90'], 2, 12, block_size=7)
+q, k, v = (torch.randn(2, 12, 31, 8) for _ in range(3))
+ref = eng(q, k, v, 1, grid, cls_token, backend='reference')
+bias = eng.grid_bias(grid, q.device).dense(1, cls_token)
+torch.testing.assert_close(reference_attention(q, k, v, bias), ref, atol=0, rtol=0)
+backends = ['sdpa', 'chunked'] + (['flex'] if flex_available() else [])
+with torch.no_grad():
+    for backend in backends:
+        out = eng(q, k, v, 1, grid, cls_token, backend=backend)
+        torch.testing.assert_close(out, ref, atol=2e-5, rtol=0)
+    eng(q, k, v, 1, grid, cls_token)
+    assert eng.last_backend == 'sdpa', eng.last_backend
+    for ws in (3, 4):  # 4 pads the grid
+        win = eng.window_attention(q, k, v, 0, grid, ws, cls_token)
+        assert win.shape == q.shape and bool(torch.isfinite(win).all())
+    # one window covering the grid is global attention
+    qs, ks, vs = (t[:, :, :25] for t in (q, k, v))
+    torch.testing.assert_close(eng.window_attention(qs, ks, vs, 0, (5, 5), 5, False),
+                               eng(qs, ks, vs, 0, (5, 5), False, backend='reference'),
+                               atol=2e-5, rtol=0)
+
+import lookhere_dense.benchmark.attention
+import lookhere_dense.benchmark.bias
+import lookhere_dense.benchmark.child
+import lookhere_dense.benchmark.official
+import lookhere_dense.benchmark.report
+import lookhere_dense.benchmark.timing
+import lookhere_dense.evaluation.memory
+
+blocked = set(sys.argv[1].split(','))
+loaded = sorted(m for m in sys.modules if m.split('.')[0] in blocked)
+assert not loaded, loaded
+assert 'lookhere_dense.models' not in sys.modules
+print('torch-only core ok:', ', '.join(['reference'] + backends + ['window']))
+'''
+
+
+def _env(tmp_path: Path, repo_root: Path, blocked) -> dict:
+    site = tmp_path / 'site'
+    site.mkdir(exist_ok=True)
+    (site / 'sitecustomize.py').write_text(SITECUSTOMIZE)
+    env = dict(os.environ)
+    env['PYTHONPATH'] = os.pathsep.join([str(site), str(repo_root)])
+    env['LOOKHERE_BLOCKED_IMPORTS'] = ','.join(blocked)
+    return env
+
+
+def _run(args, env, cwd, timeout=300):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=timeout)
+
+
+@pytest.mark.parametrize('blocked', [OPENMMLAB, OPENMMLAB + ('timm',)],
+                         ids=['no-openmmlab', 'no-openmmlab-no-timm'])
+def test_core_runs_without_openmmlab(blocked, tmp_path: Path, repo_root: Path):
+    env = _env(tmp_path, repo_root, blocked)
+    probe = ('import importlib, sys\n'
+             'for name in sys.argv[1:]:\n'
+             '    try:\n'
+             '        importlib.import_module(name)\n'
+             '    except ImportError as err:\n'
+             '        print(err)\n')
+    proc = _run(['-c', probe, *blocked], env, tmp_path)  # else this test proves nothing
+    assert proc.stdout.splitlines() == [f'blocked for this test: {name}' for name in blocked]
+    proc = _run(['-c', textwrap.dedent(CORE), ','.join(blocked)], env, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 'torch-only core ok: reference, sdpa, chunked' in proc.stdout
+    if flex_available():
+        assert 'chunked, flex, window' in proc.stdout
+
+
+def test_benchmark_attention_section_runs_without_openmmlab_and_timm(tmp_path: Path,
+                                                                     repo_root: Path):
+    env = _env(tmp_path, repo_root, OPENMMLAB + ('timm',))
+    tool = str(repo_root / 'tools' / 'benchmark.py')
+    out = tmp_path / 'attention.json'
+    proc = _run([tool, '--section', 'attention', '--quick', '--json', str(out)], env, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res['args']['sections'] == ['bias', 'attn']
+    assert 'vit' not in res and 'frame' not in res
+    bias = res['bias']
+    assert 'error' not in bias['ours'] and 'error' not in bias['baseline'], bias
+    assert bias['baseline_matches_ours'] is True and bias['speedup_vs_measured'] > 0
+    assert set(res['attn']['cases']) == {'64', '256'}
+    assert '[bias]' in proc.stdout and '[attn]' in proc.stdout
+    # the model sections say what they need, before running anything, without a traceback
+    proc = _run([tool, '--quick'], env, tmp_path)
+    assert proc.returncode == 1 and '[bias]' not in proc.stdout
+    assert 'sections vit / frame build ViTs and need OpenMMLab' in proc.stderr
+    assert 'run --section attention' in proc.stderr and 'Traceback' not in proc.stderr
