@@ -17,7 +17,7 @@ import warnings
 from typing import Callable, List, Optional, Sequence
 
 __all__ = ['quiet_known_warnings', 'resolve_config_path', 'load_config', 'set_work_dir',
-           'preflight', 'run_main', 'build_model_from_checkpoint', 'load_tool',
+           'preflight', 'run_main', 'build_model_from_checkpoint',
            'add_threads_arg', 'apply_threads', 'parse_cfg_options', 'REPO']
 
 #: The repository root (``tools/`` and ``configs/`` live here).
@@ -195,23 +195,3 @@ def build_model_from_checkpoint(cfg, checkpoint: str, device: str = 'cpu'):
     model.to(device).eval()
     meta = (ckpt.get('meta') or {}).get('dataset_meta') if isinstance(ckpt, dict) else None
     return model, meta
-
-
-def load_tool(name: str):
-    """Import ``tools/<name>.py`` as a module (``lookhere_dense_tools_<name>``).
-
-    Deprecated: tools and tests call the package functions the tools call
-    (:mod:`lookhere_dense.apis`, :mod:`lookhere_dense.evaluation`,
-    :mod:`lookhere_dense.study`); kept only until the benchmark's test stops using it.
-    """
-    import importlib.util
-
-    path = osp.join(REPO, 'tools', f'{name}.py')
-    mod_name = f'lookhere_dense_tools_{name}'
-    if mod_name in sys.modules:
-        return sys.modules[mod_name]
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    spec.loader.exec_module(module)
-    return module

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 from mmdet.registry import MODELS
 from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper

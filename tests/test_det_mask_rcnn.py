@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import copy
 import math
 from pathlib import Path
 
@@ -142,7 +141,7 @@ def test_window_blocks_ran_padded_and_bias_stayed_window_sized(coco_run):
     runner, _, _ = coco_run
     backbone = runner.model.backbone
     assert [b.window_size for b in backbone.blocks] == [3, 3, 0]
-    engine = backbone.lookhere
+    engine = backbone.pos_enc.engine
     keys = list(engine.dense.keys())
     assert {k[0] for k in keys if k[1] == (3, 3)} == set(WINDOWED)
     assert any(k[0] == 'window_pad' and k[1] == (8, 8) for k in keys)  # 8 = 2*3 + 2
@@ -164,7 +163,7 @@ def cityscapes_highres(tmp_path_factory):
     cfg.optim_wrapper = None
     cfg.param_scheduler = None
     runner = Runner.from_cfg(cfg)
-    engine = runner.model.backbone.lookhere
+    engine = runner.model.backbone.pos_enc.engine
     grid = (1024 // 16, 2048 // 16)
     tokens = grid[0] * grid[1] + 1
     full_bias_numel = HEADS * tokens * tokens

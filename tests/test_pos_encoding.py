@@ -9,7 +9,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import lookhere_dense  # noqa: F401  (registers LookHereViT)
 from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine, LookHereConfig
 from lookhere_dense.models.backbones import LookHereViT
 from lookhere_dense.models.pos_encoding import (POS_ENCODINGS, AbsolutePositionEncoding,

@@ -8,7 +8,6 @@ import os.path as osp
 import pytest
 import torch
 
-import lookhere_dense  # noqa: F401
 from lookhere_dense.apis.train import train_model
 from lookhere_dense.lookhere import PRESETS
 from lookhere_dense.swap import ConfigError, check_model_cfg, drop_missing_pretrained

@@ -10,7 +10,6 @@ import cv2
 import numpy as np
 import pytest
 
-import lookhere_dense  # noqa: F401  (registers CheckSegLabels)
 from lookhere_dense.data.checks import (CheckSegLabels, CropSizeError, DatasetLayoutError,
                                         LabelRangeError, check_crop_fits,
                                         check_dataset_layout, check_label_values)

@@ -10,7 +10,6 @@ import os
 import numpy as np
 import pytest
 
-import lookhere_dense  # noqa: F401
 from lookhere_dense.cli import parse_cfg_options
 from lookhere_dense.data.relational import (CLASSES, RelationalSettings, ensure_relational_dataset,
                                             render_scene, sample_scene, settings_from_dict,

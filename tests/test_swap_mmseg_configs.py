@@ -20,7 +20,6 @@ from typing import Dict, List, Tuple
 import pytest
 import torch
 
-import lookhere_dense  # noqa: F401
 from lookhere_dense.swap import SOURCE_BACKBONES, ConfigError, swap_backbone
 
 mmseg = pytest.importorskip('mmseg')

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-import lookhere_dense  # noqa: F401
 from lookhere_dense.apis.swap import swap_config_file
 from lookhere_dense.cli import resolve_config_path
 from lookhere_dense.swap import (ConfigError, check_model_cfg, drop_missing_pretrained,

@@ -14,7 +14,6 @@ import cv2
 import numpy as np
 import pytest
 
-import lookhere_dense  # noqa: F401
 from lookhere_dense.apis.demo import generate_dataset, run_demo
 from lookhere_dense.apis.inference import list_images, segment_images
 from lookhere_dense.apis.test import evaluate_checkpoint

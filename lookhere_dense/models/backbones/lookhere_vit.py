@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ...checkpoint import backbone_weights, load_checkpoint_file, match_state_dict
 from ...lookhere import LookHereAttentionEngine, LookHereConfig, resolve_lh_config
-from ..pos_encoding import (AbsolutePositionEncoding, LookHerePositionEncoding,
+from ..pos_encoding import (AbsolutePositionEncoding,
                             PositionEncoding, build_position_encoding, isolated_rng,
                             parse_pos_encoding)
 from ..registry import register_model
@@ -452,16 +452,9 @@ class LookHereViT(BaseModule):
 
     @property
     def lookhere(self) -> Optional[LookHereAttentionEngine]:
-        """The LookHere engine, ``pos_enc.engine`` (None for encodings without one). Not a
-        second handle: reading and assigning both go to ``pos_enc.engine``."""
+        """The LookHere engine, read from its one owner ``pos_enc`` (None for encodings
+        without one). Read-only: replace ``model.pos_enc`` to change the encoding."""
         return getattr(self.pos_enc, 'engine', None)
-
-    @lookhere.setter
-    def lookhere(self, engine: LookHereAttentionEngine) -> None:
-        if not isinstance(self.pos_enc, LookHerePositionEncoding):
-            raise AttributeError(f'LookHereViT(pos_encoding={self.pos_encoding!r}) has no '
-                                 'LookHere engine to replace; assign model.pos_enc instead')
-        self.pos_enc.engine = engine
 
     # -- weights ---------------------------------------------------------------------------
     def init_weights(self) -> None:
