@@ -18,6 +18,8 @@ __all__ = ['register_all_modules', 'REGISTERING_MODULES']
 #: The modules whose import registers lookhere-dense components, in import order.
 REGISTERING_MODULES = (
     'lookhere_dense.models',
+    'lookhere_dense.models.heads',
+    'lookhere_dense.models.segmentors',
     'lookhere_dense.engine',
     'lookhere_dense.data.checks',
 )
