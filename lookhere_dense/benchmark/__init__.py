@@ -1,0 +1,1 @@
+"""Benchmarks of lookhere-dense (memory and time), as functions the tools call."""
