@@ -362,3 +362,27 @@ def test_our_segmenter_configs_use_the_lean_drop_ins():
         model = Config.fromfile(name).model
         assert model.type == 'LeanEncoderDecoder', name
         assert model.decode_head.type in ('LeanSegmenterMaskTransformerHead', 'FCNHead'), name
+
+
+def test_case_ratios():
+    from lookhere_dense.benchmark.segmenter import case_ratios
+    res = dict(backbone=dict(peak_bytes=100, rise_bytes=40),
+               model=dict(peak_bytes=120, rise_bytes=50),
+               mmseg=dict(error='timed out after 1 s'))
+    assert case_ratios(res) == dict(model_peak=1.2, model_rise=1.25)
+    assert case_ratios(dict(model=dict(peak_bytes=1, rise_bytes=1))) == {}
+
+
+def test_whole_frame_memory_in_child_processes():
+    """The real entry: fresh child processes, JSON back, ratios and the target verdict."""
+    from lookhere_dense.benchmark.segmenter import format_result, whole_frame_memory
+    res = whole_frame_memory(TINY, size=(32, 64), cases=('backbone', 'model'),
+                             cfg_options={'model.backbone.num_layers': 1}, timeout=600)
+    assert 'error' not in res['cases']['backbone'], res['cases']['backbone']
+    assert 'error' not in res['cases']['model'], res['cases']['model']
+    assert res['cases']['model']['types']['segmentor'] == 'LeanEncoderDecoder'
+    assert set(res['ratios']) == {'model_peak', 'model_rise'}
+    assert res['meets_target'] == (res['ratios']['model_peak'] <= 1.3)
+    assert 'model' in format_result(res)
+    with pytest.raises(ValueError, match='unknown cases'):
+        whole_frame_memory(TINY, cases=('head', ))

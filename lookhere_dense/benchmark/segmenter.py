@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-__all__ = ['whole_frame_memory', 'format_result', 'mmseg_original_cfg', 'MMSEG_ORIGINALS',
+__all__ = ['whole_frame_memory', 'format_result', 'case_ratios', 'run_case', 'mmseg_original_cfg', 'MMSEG_ORIGINALS',
            'CASES', 'TARGET_RATIO', 'main']
 
 #: lookhere-dense's lean drop-ins -> the mmseg classes they replace (same arguments,
@@ -252,17 +252,25 @@ def whole_frame_memory(config: Union[str, os.PathLike, Any], size: Sequence[int]
     finally:
         if tmp is not None:
             os.unlink(tmp.name)
-    ratios: Dict[str, float] = {}
-    base = results.get('backbone', {})
-    if 'peak_bytes' in base:
-        for case, r in results.items():
-            if case != 'backbone' and 'peak_bytes' in r:
-                ratios[f'{case}_peak'] = r['peak_bytes'] / base['peak_bytes']
-                ratios[f'{case}_rise'] = r['rise_bytes'] / max(base['rise_bytes'], 1)
+    ratios = case_ratios(results)
     meets = (ratios['model_peak'] <= TARGET_RATIO) if 'model_peak' in ratios else None
     return dict(config=str(config) if tmp is None else '<Config>', size=list(size),
                 device=str(device), threads=threads, cases=results, swapped=swapped,
                 ratios=ratios, target=TARGET_RATIO, meets_target=meets)
+
+
+def case_ratios(results: Mapping[str, Mapping[str, Any]]) -> Dict[str, float]:
+    """``<case>_peak`` and ``<case>_rise`` of every measured case over the backbone's
+    (cases without numbers, and all of them without a backbone, are left out)."""
+    ratios: Dict[str, float] = {}
+    base = results.get('backbone', {})
+    if 'peak_bytes' not in base:
+        return ratios
+    for case, r in results.items():
+        if case != 'backbone' and 'peak_bytes' in r:
+            ratios[f'{case}_peak'] = r['peak_bytes'] / base['peak_bytes']
+            ratios[f'{case}_rise'] = r['rise_bytes'] / max(base['rise_bytes'], 1)
+    return ratios
 
 
 def format_result(res: Dict[str, Any]) -> str:
@@ -324,7 +332,13 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
         import shlex
         cmd = 'python -m lookhere_dense.benchmark.segmenter ' + ' '.join(
             shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
-        Path(args.json).write_text(json.dumps(dict(command=cmd, results=out), indent=1))
+        import platform
+
+        import torch
+        env = dict(torch=torch.__version__, python=platform.python_version(),
+                   cpu_count=os.cpu_count(), load_average=os.getloadavg())
+        Path(args.json).write_text(json.dumps(dict(command=cmd, environment=env, results=out),
+                                              indent=1))
     return out
 
 
