@@ -19,6 +19,8 @@ __all__ = ['register_all_modules', 'REGISTERING_MODULES']
 REGISTERING_MODULES = (
     'lookhere_dense.models.backbones',
     'lookhere_dense.models.necks',
+    'lookhere_dense.models.heads',
+    'lookhere_dense.models.segmentors',
     'lookhere_dense.engine',
     'lookhere_dense.data.checks',
     'lookhere_dense.evaluation.metrics',

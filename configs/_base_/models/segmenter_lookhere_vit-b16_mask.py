@@ -1,6 +1,10 @@
 # Segmenter (mask-transformer decoder, Strudel et al. 2021) on a LookHere ViT-B/16.
 # The backbone replaces mmseg's VisionTransformer: no position embedding, the LookHere
 # bias (preset lh180 unless the pretrained checkpoint stores another) gives position.
+# LeanEncoderDecoder / LeanSegmenterMaskTransformerHead are the drop-ins for mmseg's
+# EncoderDecoder / SegmenterMaskTransformerHead (same arguments, weights and outputs) that
+# keep whole-frame inference lean: fused attention in the head, no identity resize of the
+# full-resolution logits (see docs/performance.md). mmseg Segmenter checkpoints load as they are.
 custom_imports = dict(imports=['lookhere_dense'], allow_failed_imports=False)
 
 # The official LookHere ImageNet weights (GreenCUBIC/lookhere: LH_180 / LH_90 / LH_45
@@ -15,7 +19,7 @@ data_preprocessor = dict(
     # pad test images to a patch multiple; the padding is cropped off the prediction
     test_cfg=dict(size_divisor=16))
 model = dict(
-    type='EncoderDecoder',
+    type='LeanEncoderDecoder',
     data_preprocessor=data_preprocessor,
     backbone=dict(
         type='LookHereViT',
@@ -37,7 +41,7 @@ model = dict(
         preset=None,
         init_cfg=None),
     decode_head=dict(
-        type='SegmenterMaskTransformerHead',
+        type='LeanSegmenterMaskTransformerHead',
         in_channels=768,
         channels=768,
         num_classes=150,
