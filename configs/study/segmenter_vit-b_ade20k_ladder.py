@@ -18,11 +18,16 @@ custom_imports = dict(imports=['lookhere_dense'], allow_failed_imports=False)
 
 extrapolation = dict(ladder='resize', scales=(1.0, 1.5, 2.0, 3.0, 4.0), train_size=(512, 512),
                      metric='mIoU')
+# lookhere-dense's lean drop-ins for mmseg's EncoderDecoder / SegmenterMaskTransformerHead
+# (same weights and outputs; the head's attention through the fused SDPA kernel, so the
+# whole-image tests at 2x-4x do not materialise a (heads, N, N) attention).
 model = dict(
+    type='LeanEncoderDecoder',
     pretrained=None,
     backbone=dict(
         _delete_=True, type='LookHereViT', img_size=(512, 512), patch_size=16,
         embed_dims=768, num_layers=12, num_heads=12, mlp_ratio=4, drop_path_rate=0.1,
         with_cls_token=True, final_norm=True, norm_cfg=dict(type='LN', eps=1e-6),
         init_values=1e-4, pos_encoding='lookhere', preset='lh180'),
+    decode_head=dict(type='LeanSegmenterMaskTransformerHead'),
     test_cfg=dict(_delete_=True, mode='whole'))
