@@ -78,9 +78,9 @@ from ..lookhere.windows import attend_in_windows, padded_grid, window_key_mask
 __all__ = [
     'POS_ENCODINGS', 'LOOKHERE_BIAS_ENCODINGS', 'POS_ENCODING_OPTIONS', 'PositionEncoding',
     'LookHerePositionEncoding', 'AbsolutePositionEncoding', 'AxialRoPE2d', 'MixedRoPE2d',
-    'DinoV3RoPE2d', 'NoPositionEncoding', 'PosEncodingSpec', 'PosEncodingError', 'build_position_encoding',
-    'parse_pos_encoding', 'alibi2d_config', 'resample_abs_pos_embed', 'rotate_half_pairs',
-    'window_sdpa', 'isolated_rng', 'bias_config',
+    'DinoV3RoPE2d', 'NoPositionEncoding', 'PosEncodingSpec', 'PosEncodingError',
+    'build_position_encoding', 'parse_pos_encoding', 'alibi2d_config', 'resample_abs_pos_embed',
+    'rotate_half_pairs', 'window_sdpa', 'isolated_rng', 'bias_config',
 ]
 
 #: Every value ``pos_encoding`` accepts.
