@@ -40,7 +40,8 @@ def test_forward_train_size_and_larger_rectangle_with_gradients(enc):
     no_grad = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.any()]
     assert no_grad == []
     own = [n for n, _ in model.pos_enc.named_parameters()]
-    assert own == {'abs': ['pos_embed'], 'rope2d_mixed': ['freqs']}.get(enc, [])
+    assert own == {'abs': ['pos_embed'], 'rope2d_mixed': ['freqs'],
+                   'pape': ['position_proj', 'curve_proj']}.get(enc, [])
 
 
 @pytest.mark.parametrize('enc', POS_ENCODINGS)
@@ -202,12 +203,15 @@ def test_pos_encoding_imports_and_runs_without_openmmlab(repo_root):
         from lookhere_dense.models import pos_encoding as pe
         from lookhere_dense.models import POS_ENCODINGS
         q = torch.randn(1, 12, 1 + 20, 4)
+        tokens = torch.randn(1, 1 + 20, 48)
         for name in POS_ENCODINGS:
             enc = pe.build_position_encoding(name, embed_dims=48, num_heads=12, depth=2,
                                              grid_size=(4, 5))
-            assert enc(q, q, q, 1, (4, 5), True).shape == q.shape
-            assert enc.window_attention(q, q, q, 1, (4, 5), 3, True).shape == q.shape
+            kw = dict(tokens=tokens) if enc.uses_tokens else {}
+            assert enc(q, q, q, 1, (4, 5), True, **kw).shape == q.shape
+            assert enc.window_attention(q, q, q, 1, (4, 5), 3, True, **kw).shape == q.shape
             enc.clear_caches()
+        from lookhere_dense.models.pape import ParabolicPositionEncoding  # torch only
         assert pe.parse_pos_encoding('lookhere:lh45').preset == 'lh45'
         loaded = sorted(m for m in sys.modules if m.split('.')[0] in BLOCKED)
         print('OK', loaded)

@@ -13,6 +13,14 @@ the baselines it is compared with, behind one small interface (plain PyTorch).
                      with the row, fixed frequencies ``theta ** (-4i / head_dim)``
 ``'rope2d_mixed'``   RoPE-Mixed (Heo et al. 2024): every channel pair rotates with
                      ``fx * x + fy * y``, ``(fx, fy)`` learned per layer and head
+``'rope_dinov3'``    DINOv3's axial RoPE (Simeoni et al. 2025) through timm's
+                     ``RotaryEmbeddingDinoV3``: patch centres normalised to ``[-1, 1]`` per
+                     axis (a larger grid is denser, not larger), random coordinate rescaling
+                     while training; needs timm
+``'pape'``           PaPE (Ohrstrom et al. 2026): per layer and head, a sum of parabolas in
+                     learned projections of the query-key offset, curvature and slope from
+                     the query token; appended to q and k (fused SDPA, no N x N bias);
+                     :mod:`lookhere_dense.models.pape`
 ``'alibi2d'``        2D-ALiBi: the Euclidean distance penalty without direction masks, i.e. a
                      LookHere config whose heads are all unrestricted (``'none'``), through the
                      same engine
@@ -22,13 +30,18 @@ the baselines it is compared with, behind one small interface (plain PyTorch).
 Interface (:class:`PositionEncoding`), the same one the LookHere engine already has:
 
 * ``add_to_tokens(x, grid)`` -- what happens to the patch tokens before the blocks
-  (only ``abs`` changes them);
-* ``forward(q, k, v, layer, grid, cls_token, dropout_p)`` -- global attention of one layer;
-* ``window_attention(q, k, v, layer, grid, window_size, cls_token, dropout_p)`` -- ViTDet
-  window attention. Every encoding here supports windows: RoPE rotates queries and keys by
-  their position in the whole grid before windowing (relative offsets inside a window are
-  unchanged), ``abs`` and ``none`` attend plainly, LookHere / 2D-ALiBi use the engine's
-  window-sized bias;
+  (only ``abs`` changes them). The backbone calls it once per forward, so an encoding
+  that draws per-forward randomness (``rope_dinov3``'s coordinate augmentation) draws it
+  here and every layer of that forward shares it;
+* ``forward(q, k, v, layer, grid, cls_token, dropout_p, tokens=None)`` -- global attention
+  of one layer. ``tokens`` (``(B, T, C)``, the attention's input) is given to encodings
+  with ``uses_tokens = True`` (``pape``: content-dependent curvature and slope) and
+  ignored by the others;
+* ``window_attention(q, k, v, layer, grid, window_size, cls_token, dropout_p,
+  tokens=None)`` -- ViTDet window attention. Every encoding here supports windows: RoPE
+  rotates queries and keys by their position in the whole grid before windowing (relative
+  offsets inside a window are unchanged), PaPE appends its features the same way, ``abs``
+  and ``none`` attend plainly, LookHere / 2D-ALiBi use the engine's window-sized bias;
 * ``lh_config`` -- the LookHere config of the bias (None for encodings without one);
 * ``clear_caches()`` -- drop cached tensors (bias tables, rotation angles), e.g. to start
   a measurement from a clean slate.
@@ -42,7 +55,9 @@ init_std=0.02)``, plus the backbone's ``preset`` / ``lh_config``) is parsed by o
 of :mod:`lookhere_dense.swap`, the benchmark and the study all call it.
 
 The CLS token is never rotated and never biased (it has no position), in every encoding.
-Nothing in this module imports OpenMMLab.
+Nothing in this module imports OpenMMLab; ``rope_dinov3`` imports timm when built.
+Definitions and conventions (channel layouts, the timm counterparts of ``rope2d`` /
+``rope2d_mixed``): ``docs/position_encodings.md``.
 """
 from __future__ import annotations
 
@@ -63,18 +78,22 @@ from ..lookhere.windows import attend_in_windows, padded_grid, window_key_mask
 __all__ = [
     'POS_ENCODINGS', 'LOOKHERE_BIAS_ENCODINGS', 'POS_ENCODING_OPTIONS', 'PositionEncoding',
     'LookHerePositionEncoding', 'AbsolutePositionEncoding', 'AxialRoPE2d', 'MixedRoPE2d',
-    'NoPositionEncoding', 'PosEncodingSpec', 'PosEncodingError', 'build_position_encoding',
-    'parse_pos_encoding', 'alibi2d_config', 'resample_abs_pos_embed', 'rotate_half_pairs',
-    'window_sdpa', 'isolated_rng', 'bias_config',
+    'DinoV3RoPE2d', 'NoPositionEncoding', 'PosEncodingSpec', 'PosEncodingError',
+    'build_position_encoding', 'parse_pos_encoding', 'alibi2d_config', 'resample_abs_pos_embed',
+    'rotate_half_pairs', 'window_sdpa', 'isolated_rng', 'bias_config',
 ]
 
 #: Every value ``pos_encoding`` accepts.
-POS_ENCODINGS = ('lookhere', 'abs', 'rope2d', 'rope2d_mixed', 'alibi2d', 'none')
+POS_ENCODINGS = ('lookhere', 'abs', 'rope2d', 'rope2d_mixed', 'rope_dinov3', 'pape', 'alibi2d',
+                 'none')
 #: Encodings computed by the LookHere engine from a :class:`LookHereConfig`.
 LOOKHERE_BIAS_ENCODINGS = ('lookhere', 'alibi2d')
 #: The options each encoding takes in the dict form ``dict(type=NAME, **options)``.
 POS_ENCODING_OPTIONS = {'lookhere': (), 'alibi2d': (), 'none': (), 'abs': ('init_std',),
-                        'rope2d': ('theta',), 'rope2d_mixed': ('theta',)}
+                        'rope2d': ('theta',), 'rope2d_mixed': ('theta',),
+                        'rope_dinov3': ('theta', 'normalize_coords', 'shift_coords',
+                                        'jitter_coords', 'rescale_coords'),
+                        'pape': ('parabolas',)}
 
 
 @contextlib.contextmanager
@@ -126,6 +145,9 @@ class PositionEncoding(nn.Module):
 
     #: the ``pos_encoding`` name this class implements
     name: str = ''
+    #: whether :meth:`forward` / :meth:`window_attention` need ``tokens`` (the attention's
+    #: input); the attention passes them only to encodings that say so
+    uses_tokens: bool = False
 
     def add_to_tokens(self, x: Tensor, grid_size: Tuple[int, int]) -> Tensor:
         """Patch tokens ``(B, H*W, D)`` (no CLS) -> the tokens the blocks get (same shape)."""
@@ -137,9 +159,11 @@ class PositionEncoding(nn.Module):
         return q, k
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, layer: int, grid_size: Tuple[int, int],
-                cls_token: bool, dropout_p: float = 0.0) -> Tensor:
+                cls_token: bool, dropout_p: float = 0.0, tokens: Optional[Tensor] = None
+                ) -> Tensor:
         """Global attention of ``layer``: ``(B, heads, T, d)`` -> ``(B, heads, T, d)``,
-        ``T = H*W (+1 with cls_token)``."""
+        ``T = H*W (+1 with cls_token)``. ``tokens``: the attention's input ``(B, T, C)``,
+        used by encodings with :attr:`uses_tokens` (ignored here). Default: None."""
         n = grid_size[0] * grid_size[1] + int(cls_token)
         if q.shape[-2] != n or k.shape[-2] != n:
             raise ValueError(f'attention got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
@@ -149,9 +173,9 @@ class PositionEncoding(nn.Module):
 
     def window_attention(self, q: Tensor, k: Tensor, v: Tensor, layer: int,
                          grid_size: Tuple[int, int], window_size: int, cls_token: bool,
-                         dropout_p: float = 0.0) -> Tensor:
-        """ViTDet window attention of ``layer`` (see :func:`window_sdpa`); shapes as
-        :meth:`forward`."""
+                         dropout_p: float = 0.0, tokens: Optional[Tensor] = None) -> Tensor:
+        """ViTDet window attention of ``layer`` (see :func:`window_sdpa`); shapes and
+        ``tokens`` as :meth:`forward`."""
         q, k = self.rotate(q, k, layer, grid_size, cls_token)
         return window_sdpa(q, k, v, grid_size, window_size, cls_token, dropout_p)
 
@@ -203,12 +227,13 @@ class LookHerePositionEncoding(PositionEncoding):
         self.name = name
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, layer: int, grid_size: Tuple[int, int],
-                cls_token: bool, dropout_p: float = 0.0) -> Tensor:
+                cls_token: bool, dropout_p: float = 0.0, tokens: Optional[Tensor] = None
+                ) -> Tensor:
         return self.engine(q, k, v, layer, grid_size, cls_token, dropout_p)
 
     def window_attention(self, q: Tensor, k: Tensor, v: Tensor, layer: int,
                          grid_size: Tuple[int, int], window_size: int, cls_token: bool,
-                         dropout_p: float = 0.0) -> Tensor:
+                         dropout_p: float = 0.0, tokens: Optional[Tensor] = None) -> Tensor:
         return self.engine.window_attention(q, k, v, layer, grid_size, window_size, cls_token,
                                             dropout_p)
 
@@ -598,7 +623,15 @@ class AxialRoPE2d(_RoPE2dBase):
     For head channels ``d``, ``d/4`` frequencies ``f_i = theta ** (-4i / d)``; the first
     ``d/4`` channel pairs rotate by ``x * f_i`` (column), the next ``d/4`` by ``y * f_i``
     (row), positions in patches. The same for every head and layer; no parameters.
-    Larger grids simply use larger positions (no interpolation).
+    Larger grids simply use larger positions (no interpolation). Channel pairs are
+    ``(j, j + d/2)`` ("half" layout).
+
+    The same rotation as RoPE-ViT's axial RoPE and timm's ``RotaryEmbeddingCat(dim=d,
+    in_pixels=False, temperature=theta, grid_indexing='xy')`` (timm's
+    ``vit_base_patch16_rope_224``): equal angles per pair; those interleave the pairs as
+    ``(2j, 2j + 1)``, so weights trained there load here after moving q / k channel
+    ``2j -> j`` and ``2j + 1 -> j + d/2`` in every head (``tests/test_pos_encoding_timm.py``
+    proves the attention logits equal).
 
     Args:
         head_dim: channels per head (multiple of 4).
@@ -643,7 +676,13 @@ class MixedRoPE2d(_RoPE2dBase):
     Channel pair ``j`` of head ``h`` in layer ``l`` rotates by
     ``fx[l, h, j] * x + fy[l, h, j] * y``. Initialisation: magnitudes
     ``theta ** (-4i / d)`` for ``i < d/4``, each used twice, at directions ``phi`` and
-    ``phi + pi/2`` with a random ``phi`` per layer and head.
+    ``phi + pi/2`` with a random ``phi`` per layer and head. Channel pairs
+    ``(j, j + d/2)``.
+
+    The same encoding as RoPE-ViT's RoPE-Mixed and timm's ``RotaryEmbeddingMixed``: with
+    one seed the initial ``freqs`` are the same numbers (timm's ``init_random_2d_freqs``
+    draws the same), and the rotations are equal up to the pair layout (timm interleaves
+    the pairs as ``(2j, 2j + 1)``; see :class:`AxialRoPE2d`).
 
     Args:
         depth: layers.
@@ -688,6 +727,135 @@ class MixedRoPE2d(_RoPE2dBase):
                 f'head_dim={self.head_dim}, theta={self.theta}')
 
 
+def _timm_dinov3_rope() -> Tuple[Any, Any]:
+    """timm's ``RotaryEmbeddingDinoV3`` and ``apply_rot_embed_cat`` (imported on use)."""
+    try:
+        from timm.layers.pos_embed_sincos import RotaryEmbeddingDinoV3, apply_rot_embed_cat
+    except ImportError as err:
+        raise ImportError("pos_encoding='rope_dinov3' uses timm's RotaryEmbeddingDinoV3 "
+                          '(timm >= 1.0.20: `pip install -U timm`), which could not be '
+                          f'imported: {err}') from err
+    return RotaryEmbeddingDinoV3, apply_rot_embed_cat
+
+
+class DinoV3RoPE2d(PositionEncoding):
+    """``'rope_dinov3'``: DINOv3's axial RoPE (Simeoni et al. 2025), timm's implementation.
+
+    Wraps ``timm.layers.pos_embed_sincos.RotaryEmbeddingDinoV3`` (numerically DINOv3's
+    ``RopePositionEmbedding``): patch centres ``((i + 0.5) / n) * 2 - 1`` per axis, in
+    ``[-1, 1]`` whatever the grid (a larger test grid is denser, not larger); periods
+    ``theta ** (2i / (d/2))`` for ``i < d/4``; angles ``2 pi * coordinate / period``, the
+    first ``d/4`` channel pairs with the row, the next ``d/4`` with the column; pairs
+    ``(j, j + d/2)`` (timm's ``rotate_half=True``, DINOv3's layout). No parameters.
+
+    While training (``self.training``) the coordinates get DINOv3's augmentations, one
+    random transform per forward shared by every layer: a shift uniform in
+    ``[-shift, shift]`` per axis, a per-axis scale log-uniform in ``[1/jitter, jitter]``,
+    a shared scale log-uniform in ``[1/rescale, rescale]`` (timm's order and RNG use). It
+    is drawn in :meth:`add_to_tokens`, which the backbone calls once per forward (without
+    that call, :meth:`rotate` draws once per new grid). Evaluation uses the plain
+    coordinates.
+
+    Args:
+        head_dim: channels per head (multiple of 4).
+        theta: period base (timm's ``temperature``, DINOv3's ``pos_embed_rope_base``).
+            Default: 100 (DINOv3).
+        normalize_coords: ``'separate'`` (each axis by its own length), ``'min'`` or
+            ``'max'`` (both by the shorter / longer side). Default: ``'separate'`` (DINOv3).
+        shift_coords: training shift, or None. Default: None (DINOv3).
+        jitter_coords: training per-axis scale factor ``>= 1``, or None. Default: None
+            (DINOv3).
+        rescale_coords: training shared scale factor ``>= 1``, or None. Default: 2
+            (DINOv3's released models).
+
+    Raises:
+        ImportError: timm (with ``RotaryEmbeddingDinoV3``) is not installed.
+        ValueError: a head size not divisible by 4, or a bad option.
+    """
+
+    name = 'rope_dinov3'
+
+    def __init__(self, head_dim: int, theta: float = 100.0, normalize_coords: str = 'separate',
+                 shift_coords: Optional[float] = None, jitter_coords: Optional[float] = None,
+                 rescale_coords: Optional[float] = 2.0):
+        super().__init__()
+        if head_dim % 4:
+            raise ValueError(f"pos_encoding='rope_dinov3' needs head channels divisible by 4 "
+                             f'(embed_dims / num_heads), got {head_dim}')
+        if normalize_coords not in ('separate', 'min', 'max'):
+            raise ValueError(f"pos_encoding='rope_dinov3': normalize_coords must be "
+                             f"'separate', 'min' or 'max', got {normalize_coords!r}")
+        rope_cls, self._rotate_cat = _timm_dinov3_rope()
+        try:
+            #: timm's ``RotaryEmbeddingDinoV3`` (its ``periods`` buffer is not saved)
+            self.rope = rope_cls(dim=head_dim, temperature=float(theta),
+                                 normalize_coords=normalize_coords, grid_indexing='ij',
+                                 rotate_half=True, shift_coords=shift_coords,
+                                 jitter_coords=jitter_coords, rescale_coords=rescale_coords)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"pos_encoding='rope_dinov3': {err}") from None
+        self.head_dim = head_dim
+        self._cache = BoundedCache(8)
+        self._drawn: Optional[Tuple[Tuple[int, int], Tensor]] = None
+
+    @property
+    def augments(self) -> bool:
+        """Whether forwards draw random coordinates now (training, some augmentation on)."""
+        return self.training and self.rope.aug_active
+
+    def draw(self, grid_size: Tuple[int, int]) -> Tensor:
+        """Draw a random coordinate transform for ``grid_size``, keep it for the layers of
+        this forward and return its embedding (see :meth:`embedding`)."""
+        grid = (int(grid_size[0]), int(grid_size[1]))
+        self._drawn = (grid, self.rope.get_embed(list(grid)))
+        return self._drawn[1]
+
+    def embedding(self, grid_size: Tuple[int, int],
+                  device: Union[torch.device, str, None] = None) -> Tensor:
+        """``(H*W, 2 * head_dim)``: ``[sin | cos]`` of the angles in timm's half layout
+        (float32), row-major over the grid; while augmenting, this forward's drawn one."""
+        grid = (int(grid_size[0]), int(grid_size[1]))
+        if self.augments:
+            drawn = self._drawn
+            emb = drawn[1] if drawn is not None and drawn[0] == grid else self.draw(grid)
+            return emb.to(device) if device is not None else emb
+        return self._cache.get_or_create(
+            (grid, str(device)), lambda: self.rope.get_embed(list(grid)).to(device))
+
+    def add_to_tokens(self, x: Tensor, grid_size: Tuple[int, int]) -> Tensor:
+        """Tokens unchanged; while augmenting, draws this forward's coordinate transform."""
+        if self.augments:
+            self.draw(grid_size)
+        else:
+            self._drawn = None
+        return x
+
+    def rotate(self, q: Tensor, k: Tensor, layer: int, grid_size: Tuple[int, int],
+               cls_token: bool) -> Tuple[Tensor, Tensor]:
+        off = int(cls_token)
+        emb = self.embedding(grid_size, q.device)
+        if emb.shape[0] != q.shape[-2] - off:
+            raise ValueError(f'RoPE got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
+                             f'{"with" if cls_token else "without"} CLS needs '
+                             f'{emb.shape[0] + off}')
+        out = []
+        for t in (q, k):
+            rotated = self._rotate_cat(t[:, :, off:], emb, half=True)
+            out.append(torch.cat([t[:, :, :off], rotated], dim=2) if off else rotated)
+        return out[0], out[1]
+
+    def clear_caches(self) -> None:
+        """Drop the cached embeddings and the drawn transform."""
+        self._cache.clear()
+        self._drawn = None
+
+    def extra_repr(self) -> str:
+        r = self.rope
+        return (f'name={self.name!r}, head_dim={self.head_dim}, theta={r.temperature}, '
+                f'normalize_coords={r.normalize_coords!r}, shift_coords={r.shift_coords}, '
+                f'jitter_coords={r.jitter_coords}, rescale_coords={r.rescale_coords}')
+
+
 # ----------------------------------------------------------------------------------------
 # Factory
 # ----------------------------------------------------------------------------------------
@@ -716,7 +884,8 @@ def build_position_encoding(spec: Union[str, Mapping[str, Any], PosEncodingSpec]
     Raises:
         PosEncodingError: see :func:`parse_pos_encoding`.
         ValueError: a LookHere config that does not fit ``num_heads`` / ``depth``, an
-            unknown backend.
+            unknown backend, an option value the encoding cannot use.
+        ImportError: ``'rope_dinov3'`` without timm.
     """
     spec = parse_pos_encoding(spec)
     head_dim = embed_dims // num_heads
@@ -733,4 +902,9 @@ def build_position_encoding(spec: Union[str, Mapping[str, Any], PosEncodingSpec]
         return AxialRoPE2d(head_dim, **spec.options)
     if spec.name == 'rope2d_mixed':
         return MixedRoPE2d(depth, num_heads, head_dim, **spec.options)
+    if spec.name == 'rope_dinov3':
+        return DinoV3RoPE2d(head_dim, **spec.options)
+    if spec.name == 'pape':
+        from .pape import ParabolicPositionEncoding  # builds on this module: imported here
+        return ParabolicPositionEncoding(embed_dims, depth, num_heads, **spec.options)
     return NoPositionEncoding()

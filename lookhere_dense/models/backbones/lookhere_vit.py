@@ -124,7 +124,8 @@ class LookHereSelfAttention(nn.Module):
     """Multi-head self-attention that takes its position information from the backbone's
     :class:`~lookhere_dense.models.pos_encoding.PositionEncoding`, handed in every forward
     (called as ``pos_enc(q, k, v, layer, grid, cls_token, dropout_p)`` and
-    ``pos_enc.window_attention(...)``; a bare LookHere engine has the same calls).
+    ``pos_enc.window_attention(...)``, plus ``tokens=`` the input for encodings with
+    ``uses_tokens``; a bare LookHere engine has the same calls).
 
     Args:
         dim: token channels.
@@ -152,10 +153,12 @@ class LookHereSelfAttention(nn.Module):
         q, k, v = self.qkv(x).reshape(b, t, 3, self.num_heads, self.head_dim).permute(
             2, 0, 3, 1, 4).unbind(0)
         p = self.attn_drop if self.training else 0.0
+        extra = {'tokens': x} if getattr(pos_enc, 'uses_tokens', False) else {}  # PaPE
         if window_size:
-            x = pos_enc.window_attention(q, k, v, layer, grid, window_size, cls_token, p)
+            x = pos_enc.window_attention(q, k, v, layer, grid, window_size, cls_token, p,
+                                         **extra)
         else:
-            x = pos_enc(q, k, v, layer, grid, cls_token, p)
+            x = pos_enc(q, k, v, layer, grid, cls_token, p, **extra)
         x = x.transpose(1, 2).reshape(b, t, c)
         return self.proj_drop(self.proj(x))
 
@@ -310,7 +313,10 @@ class LookHereViT(BaseModule):
             ``dict(type=NAME, **options)``: ``'lookhere'`` (uses ``preset`` /
             ``lh_config``; ``'lookhere:lh45'`` is short for ``preset='lh45'``),
             ``'abs'`` (learned ``pos_enc.pos_embed``; option ``init_std``),
-            ``'rope2d'`` / ``'rope2d_mixed'`` (option ``theta``), ``'alibi2d'`` (optional
+            ``'rope2d'`` / ``'rope2d_mixed'`` (option ``theta``), ``'rope_dinov3'``
+            (DINOv3's RoPE via timm; options ``theta``, ``normalize_coords``,
+            ``shift_coords``, ``jitter_coords``, ``rescale_coords``), ``'pape'`` (PaPE;
+            option ``parabolas``), ``'alibi2d'`` (optional
             ``lh_config`` dict with ``'none'`` heads only, e.g. other slopes) or
             ``'none'``. Everything else (blocks, parameters, their initialisation for a
             given seed) is the same for all. Official LookHere checkpoints load only into
