@@ -121,7 +121,9 @@ def _unreadable(path: str, err: BaseException) -> CheckpointError:
             "strings; lookhere-dense loads weights only (unpickling arbitrary objects can run "
             'code). Re-save the weights alone, e.g. torch.save({"state_dict": '
             'model.state_dict()}, PATH)')
-    if isinstance(err, (EOFError, zipfile.BadZipFile)) or (
+    if isinstance(err, PermissionError):
+        return CheckpointError(f'checkpoint {path!r} cannot be read: permission denied')
+    if isinstance(err, (EOFError, zipfile.BadZipFile, OSError)) or (
             isinstance(err, RuntimeError) and ('central directory' in text
                                                or 'PytorchStreamReader' in text)):
         return CheckpointError(
@@ -229,6 +231,8 @@ def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> B
         m = _DEIT3_LAYERSCALE.match(key)
         if m:  # original DeiT-III repo: blocks.i.gamma_1 -> blocks.i.ls1.gamma
             key = f'{m.group(1)}.ls{m.group(2)}.gamma'
+        if key.startswith('norm_pre.'):  # timm's norm before the blocks (CLIP ViTs)
+            key = 'pre_ln.' + key[len('norm_pre.'):]
         if _CLASSIFIER.match(key) or (key == 'pos_embed' and not keep_pos_embed):
             dropped.append(key)
             continue
@@ -373,6 +377,21 @@ def _listed(keys: List[str], n: int = 12) -> str:
     return str(keys[:n])[:-1] + (f', ... ({len(keys) - n} more)]' if len(keys) > n else ']')
 
 
+#: ``(key pattern, what, option when the file lacks it, option when the file has it)``: a
+#: flag of the architecture differs when one side has such a tensor and the other has none
+_FLAG_HINTS = (
+    (r'(^|\.)attn\.qkv\.bias$', 'qkv bias', 'qkv_bias=False', 'qkv_bias=True'),
+    (r'(^|\.)patch_embed\.proj\.bias$', 'patch-embedding bias', 'patch_bias=False',
+     'patch_bias=True'),
+    (r'(^|\.)patch_embed\.norm\.weight$', 'patch-embedding norm', 'patch_norm=False',
+     'patch_norm=True'),
+    (r'(^|\.)pre_ln\.weight$', 'norm before the blocks', 'pre_norm=False', 'pre_norm=True'),
+    (r'^(backbone\.)?norm\.weight$', 'final norm', 'final_norm=False', 'final_norm=True'),
+    (r'(^|\.)cls_token$', 'CLS token', 'with_cls_token=False', 'with_cls_token=True'),
+    (r'\.ls[12]\.gamma$', 'LayerScale', 'init_values=None', 'init_values to a number'),
+)
+
+
 def _key_hints(missing: List[str], unexpected: List[str], model_keys, file_keys) -> List[str]:
     """The usual reasons why keys of a ViT differ, found from the keys themselves."""
     hints = []
@@ -382,13 +401,22 @@ def _key_hints(missing: List[str], unexpected: List[str], model_keys, file_keys)
         if have != want:
             hints.append(f'the file has {have} blocks ({prefix}blocks.0-{have - 1}), the '
                          f'model {want}: set num_layers={have}')
-    layerscale = [k for k in missing if re.search(r'\.ls[12]\.gamma$', k)]
-    if layerscale and not any(re.search(r'\.ls[12]\.gamma$', k) for k in file_keys):
-        hints.append('no LayerScale in the file: set init_values=None')
-    if any(re.search(r'\.ls[12]\.gamma$', k) for k in unexpected) and not any(
-            re.search(r'\.ls[12]\.gamma$', k) for k in model_keys):
-        hints.append('the file has LayerScale (ls1/ls2.gamma): set init_values to a number')
-    if any(k.endswith('pos_enc.pos_embed') for k in missing):
+
+    def some(keys, pattern: str) -> bool:
+        return any(re.search(pattern, k) for k in keys)
+
+    for pattern, what, off, on in _FLAG_HINTS:
+        if some(missing, pattern) and not some(file_keys, pattern):
+            hints.append(f'no LayerScale in the file: set {off}' if what == 'LayerScale' else
+                         f'the file has no {what}: set {off}')
+        elif some(unexpected, pattern) and not some(model_keys, pattern):
+            hints.append(f'the file has LayerScale (ls1/ls2.gamma): set {on}'
+                         if what == 'LayerScale' else f'the file has a {what}: set {on}')
+    if some(file_keys, r'^(backbone\.)?layers\.\d+\.'):
+        hints.append("the file uses mmseg VisionTransformer's names (layers.*); LookHereViT "
+                     'takes timm / official names (blocks.*): load the original timm / '
+                     'DeiT-III / LookHere file instead of the mmseg conversion')
+    if some(missing, r'(^|\.)pos_enc\.pos_embed$'):
         hints.append("the file has no position embedding for pos_encoding='abs'")
     return hints
 
@@ -431,6 +459,13 @@ def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, Any], sou
     everything = module.state_dict()
     own = {k: v for k, v in everything.items() if isinstance(v, Tensor)}
     loadable, missing, unexpected = match_state_dict(own, entries, source)
+    params = {name for name, _ in module.named_parameters()}
+    broken = [k for k, v in loadable.items()
+              if k in params and v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if broken:
+        raise CheckpointError(f'checkpoint {source!r} holds NaN / inf values in '
+                              f'{len(broken)} parameters: {_listed(broken)}; it was saved '
+                              'after training diverged or is corrupt: use an earlier one')
     if strict and (missing or unexpected):
         hints = _key_hints(missing, unexpected, own.keys(), entries.keys())
         because = f' ({"; ".join(hints)})' if hints else ''
@@ -450,7 +485,10 @@ def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, Any], sou
         verify()
     extras = {k: v for k, v in entries.items()
               if not isinstance(v, Tensor) and k in everything and k not in own}
-    module.load_state_dict({**loadable, **extras}, strict=False)
+    try:
+        module.load_state_dict({**loadable, **extras}, strict=False)
+    except ValueError as err:  # a module's set_extra_state refused what the file records
+        raise CheckpointError(f'checkpoint {source!r}: {err}') from None
     return dict(missing=missing, unexpected=unexpected, dropped=sorted(dropped))
 
 

@@ -124,6 +124,13 @@ def _size_message(where: str, img_path: str, img_hw: Tuple[int, int], seg_path: 
             'annotation folders (data_prefix) belong together.')
 
 
+def _channels_message(where: str, path: str, shape: Tuple[int, ...]) -> str:
+    return (f'{where}: annotation {path!r} has shape {tuple(shape)}, not (H, W): a colour '
+            'image, not a map of class indices. mmseg needs single-channel PNGs of class ids '
+            '(Cityscapes: *_gtFine_labelTrainIds.png, not *_color.png); check '
+            'data_prefix.seg_map_path and seg_map_suffix')
+
+
 def _all_ignored_message(paths: Sequence[str], ignore_index: int, total: int = 0) -> str:
     shown = ', '.join(repr(p) for p in paths[:5]) + (' ...' if len(paths) > 5 else '')
     of = f' of {total} checked' if total else ''
@@ -176,6 +183,8 @@ class CheckSegLabels(BaseTransform):
         if seg is None:
             raise KeyError('CheckSegLabels needs gt_seg_map: put it after LoadAnnotations')
         path = results.get('seg_map_path', '<unknown file>')
+        if seg.ndim != 2:
+            raise LabelRangeError(_channels_message('CheckSegLabels', path, seg.shape))
         bad = bad_label_values(seg, self.num_classes, self.ignore_index)
         if bad:
             raise LabelRangeError(_label_message(
@@ -406,6 +415,8 @@ def check_label_values(cfg: Mapping, splits: Sequence[str] = ('train', 'val'),
                 seg = loader(dict(info))['gt_seg_map']
             except Exception as err:
                 raise _unreadable(where, 'annotation', info['seg_map_path'], err) from None
+            if seg.ndim != 2:
+                raise LabelRangeError(_channels_message(where, info['seg_map_path'], seg.shape))
             bad = bad_label_values(seg, num_classes, ds.ignore_index)
             if bad:
                 raise LabelRangeError(_label_message(info['seg_map_path'], bad, num_classes,

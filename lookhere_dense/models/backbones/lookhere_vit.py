@@ -49,6 +49,14 @@ def _warn_once(key: str, msg: str) -> None:
         warnings.warn(msg, stacklevel=3)
 
 
+def _autocast_on(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` (then it casts the inputs itself)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # pragma: no cover - torch < 2.4: CUDA autocast only
+        return torch.is_autocast_enabled()
+
+
 class LookHerePatchEmbed(nn.Module):
     """Non-overlapping patch embedding (a strided conv), padding inputs to a patch multiple.
 
@@ -103,6 +111,11 @@ class LookHerePatchEmbed(nn.Module):
         p = self.patch_size
         if h < p or w < p:
             raise ValueError(f'image of {h}x{w} px is smaller than one {p}x{p} patch')
+        weight = self.proj.weight
+        if x.dtype != weight.dtype and not _autocast_on(x.device.type):
+            raise ValueError(f'LookHereViT weights are {weight.dtype} but the images are '
+                             f'{x.dtype}: cast one to the other (e.g. x.to({weight.dtype}) '
+                             'or model.to(x.dtype)), or run under torch.autocast')
         pad_h, pad_w = (-h) % p, (-w) % p
         if pad_h or pad_w:
             if self.padding == 'corner':
@@ -255,6 +268,7 @@ def image_size_pair(img_size: Any) -> Tuple[int, int]:
     Raises:
         ValueError: naming the value.
     """
+    given = img_size
     if _is_int(img_size):
         img_size = (img_size, img_size)
     elif isinstance(img_size, (list, tuple)) and len(img_size) == 1:
@@ -262,7 +276,7 @@ def image_size_pair(img_size: Any) -> Tuple[int, int]:
     if (not isinstance(img_size, (list, tuple)) or len(img_size) != 2
             or not all(_is_int(s) and s >= 1 for s in img_size)):
         raise ValueError('LookHereViT: img_size must be a positive int or (H, W) with two '
-                         f'positive ints, got {img_size!r}')
+                         f'positive ints, got {given!r}')
     return int(img_size[0]), int(img_size[1])
 
 
@@ -759,6 +773,13 @@ class LookHereViT(BaseModule):
     def _freeze(self) -> None:
         if 'all' in self.frozen_exclude:
             return
+        names = [name for name, _ in self.named_parameters()]
+        unmatched = [ex for ex in self.frozen_exclude
+                     if not isinstance(ex, str) or not any(ex in n for n in names)]
+        if unmatched:
+            raise ValueError(f'LookHereViT: frozen_exclude entries {unmatched} match no '
+                             f'parameter (names like {names[:3]} ... {names[-2:]}); every '
+                             "parameter would be frozen. ['all'] freezes nothing")
         for name, param in self.named_parameters():
             if not any(ex in name for ex in self.frozen_exclude):
                 param.requires_grad = False
