@@ -51,16 +51,24 @@ def files(root: Path, split: str = 'training', i: int = 2):
             root / 'annotations' / split / f'{name}.png')
 
 
-def load_pair(root: Path, index: int, split: str = 'training'):
-    """Load one training pair through mmseg's dataset and the config's first 3 steps."""
+TRAIN_STEPS = [dict(type='LoadImageFromFile'),
+               dict(type='LoadAnnotations', reduce_zero_label=True),
+               dict(type='CheckSegLabels', num_classes=150)]
+#: mmseg's test order: the image is resized before the annotation is loaded
+TEST_STEPS = [dict(type='LoadImageFromFile'),
+              dict(type='Resize', scale=(512, 128), keep_ratio=True),
+              dict(type='LoadAnnotations', reduce_zero_label=True),
+              dict(type='CheckSegLabels', num_classes=150)]
+
+
+def load_pair(root: Path, index: int, split: str = 'training', steps=TRAIN_STEPS):
+    """Load one pair through mmseg's dataset and the config's first pipeline steps."""
     from mmengine.registry import DefaultScope
     from mmseg.datasets import ADE20KDataset
     with DefaultScope.overwrite_default_scope('mmseg'):
         ds = ADE20KDataset(data_root=str(root), data_prefix=dict(
             img_path=f'images/{split}', seg_map_path=f'annotations/{split}'),
-            pipeline=[dict(type='LoadImageFromFile'),
-                      dict(type='LoadAnnotations', reduce_zero_label=True),
-                      dict(type='CheckSegLabels', num_classes=150)])
+            pipeline=steps)
         return ds[index]
 
 
@@ -84,8 +92,11 @@ def test_an_annotation_of_another_size_is_named(ade, resize):
     with pytest.raises(LabelSizeError) as err:
         check_seg_data(config(ade), ['train'])
     assert want in str(err.value) and 'train_dataloader' in str(err.value)
-    with pytest.raises(LabelSizeError, match='CheckSegLabels: image'):   # at load time too
-        load_pair(ade, 1)
+    for steps in (TRAIN_STEPS, TEST_STEPS):              # at load time too
+        load_pair(ade, 0, steps=steps)
+        with pytest.raises(LabelSizeError, match=rf"CheckSegLabels: image '.*{img.name}' is "
+                                                 rf'{h}x{w} px'):
+            load_pair(ade, 1, steps=steps)
 
 
 def test_several_mismatches_are_counted(ade):

@@ -171,9 +171,9 @@ class CheckSegLabels(BaseTransform):
         self._warned: set = set()
 
     def transform(self, results: Dict[str, Any]) -> Dict[str, Any]:
-        """Check ``results['gt_seg_map']`` (values; the size of ``results['img']`` when
-        loaded; a warning, once per file, when it holds only the ignore index); return
-        ``results`` unchanged.
+        """Check ``results['gt_seg_map']`` (values; its size against the loaded image's,
+        ``ori_shape``, when an image is loaded; a warning, once per file, when it holds only
+        the ignore index); return ``results`` unchanged.
 
         Raises:
             LabelRangeError: a value outside the classes and the ignore index.
@@ -191,10 +191,14 @@ class CheckSegLabels(BaseTransform):
                 path, bad, self.num_classes, self.ignore_index,
                 results.get('reduce_zero_label')))
         img = results.get('img')
-        if img is not None and tuple(img.shape[:2]) != tuple(seg.shape[:2]):
-            raise LabelSizeError(_size_message(
-                'CheckSegLabels', results.get('img_path', '<unknown image>'),
-                tuple(img.shape[:2]), path, tuple(seg.shape[:2])))
+        if img is not None:
+            # the loaded size (ori_shape) or, when both were resized together, the image's
+            sizes = {tuple(img.shape[:2]), tuple(results.get('ori_shape') or img.shape[:2])}
+            if tuple(seg.shape[:2]) not in sizes:
+                raise LabelSizeError(_size_message(
+                    'CheckSegLabels', results.get('img_path', '<unknown image>'),
+                    tuple(results.get('ori_shape') or img.shape[:2]), path,
+                    tuple(seg.shape[:2])))
         if seg.size and path not in self._warned and bool((seg == self.ignore_index).all()):
             self._warned.add(path)
             warnings.warn(DataCheckWarning(_all_ignored_message([path], self.ignore_index)))
