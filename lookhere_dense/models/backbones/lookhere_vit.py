@@ -779,7 +779,7 @@ class LookHereViT(BaseModule):
         if unmatched:
             raise ValueError(f'LookHereViT: frozen_exclude entries {unmatched} match no '
                              f'parameter (names like {names[:3]} ... {names[-2:]}); every '
-                             "parameter would be frozen. ['all'] freezes nothing")
+                             "parameter would be frozen. ['all'] freezes nothing, [] everything")
         for name, param in self.named_parameters():
             if not any(ex in name for ex in self.frozen_exclude):
                 param.requires_grad = False
