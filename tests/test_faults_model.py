@@ -105,9 +105,14 @@ def test_slopes_too_large_for_float32_are_an_error_not_blocked_keys():
         model(torch.randn(1, 3, 32, 32))
 
 
-def test_engine_refuses_nan_budget():
-    with pytest.raises(ValueError, match=r'max_dense_mb must be >= 0, got nan'):
-        LookHereAttentionEngine(LookHereConfig(), depth=3, num_heads=12, max_dense_mb=NAN)
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(max_dense_mb=NAN), r'max_dense_mb must be >= 0, got nan'),
+    (dict(cache_size=0), r'cache_size must be a positive int, got 0'),
+    (dict(block_size=-4), r'block_size must be None or an int >= 0'),
+])
+def test_engine_options_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LookHereAttentionEngine(LookHereConfig(), depth=3, num_heads=12, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------

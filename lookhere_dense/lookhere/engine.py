@@ -62,6 +62,8 @@ class LookHereAttentionEngine:
                              f'got {block_size!r}')
         if not max_dense_mb >= 0:  # also NaN
             raise ValueError(f'max_dense_mb must be >= 0, got {max_dense_mb}')
+        if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
+            raise ValueError(f'cache_size must be a positive int, got {cache_size!r}')
         config.validate(num_heads, depth)
         self.config = config
         self.depth = depth
