@@ -5,6 +5,8 @@ through mmseg's own dataset class and transforms.
 """
 from __future__ import annotations
 
+import copy
+import functools
 import os.path as osp
 import shutil
 import warnings
@@ -37,9 +39,14 @@ def ade(pristine, tmp_path) -> Path:
     return root
 
 
-def config(data_root: Path):
+@functools.lru_cache(maxsize=1)
+def _parsed_config():
     from mmengine.config import Config
-    cfg = Config.fromfile(str(CONFIG))
+    return Config.fromfile(str(CONFIG))
+
+
+def config(data_root: Path):
+    cfg = copy.deepcopy(_parsed_config())
     for split in ('train', 'val', 'test'):
         cfg[f'{split}_dataloader'].dataset.data_root = str(data_root)
     return cfg
