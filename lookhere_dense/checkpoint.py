@@ -1,4 +1,6 @@
-"""Read official LookHere, timm / DeiT-III and lookhere-dense checkpoints into our keys.
+"""Read official LookHere, timm / DeiT-III and lookhere-dense checkpoints, and load them
+strictly: a file that does not fit the model is refused with a message that names what
+differs, never used anyway.
 
 The backbone (:class:`~lookhere_dense.models.backbones.LookHereViT`) uses the official /
 timm parameter names (``patch_embed.proj``, ``cls_token``, ``blocks.{i}.attn.qkv``,
@@ -16,23 +18,58 @@ format             recognised by                                         LookHer
 ``timm``           a flat state_dict or ``{'model': ...}`` / ``{'state_dict': ...}``  none
                    with ``blocks.*`` / ``patch_embed.*`` keys
 =================  ====================================================  ===============
+
+Every load goes through :func:`load_state_dict_strict`: tensors of another shape, keys the
+model has and the file lacks, and keys the file has and the model lacks are errors that
+name them (with a hint for the usual causes: depth, LayerScale, final norm). Two entry
+points use it:
+
+* :meth:`LookHereViT.load_pretrained` (``init_cfg=dict(type='Pretrained', ...)``) for
+  backbone weights in any of the formats above;
+* :func:`load_model_weights` for a whole model's checkpoint (``tools/test.py``,
+  ``tools/infer.py``, ``--resume``).
+
+Attention geometry. The qkv weights have the same shapes for any head count, so loading a
+12-head file into a 6-head model "works" and gives wrong features. The head count of a
+file is taken from (in this order) ``checkpoint_num_heads`` given by the user, the file
+itself (lookhere-dense writes it), or a documented convention
+(:func:`file_num_heads`); a file whose head count cannot be known is refused with a
+message naming the key to set.
 """
 from __future__ import annotations
 
 import os
+import pickle
 import re
+import zipfile
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ['BackboneWeights', 'load_checkpoint_file', 'backbone_weights',
-           'match_state_dict', 'save_backbone_checkpoint']
+__all__ = ['BackboneWeights', 'CheckpointError', 'load_checkpoint_file', 'backbone_weights',
+           'match_state_dict', 'file_num_heads', 'check_num_heads',
+           'load_state_dict_strict', 'load_model_weights', 'save_backbone_checkpoint',
+           'EXTRA_STATE_KEY', 'HEADS_KEY']
 
+#: the ``state_dict`` key of a module's ``get_extra_state()`` (PyTorch's name for it)
+EXTRA_STATE_KEY = '_extra_state'
+#: the ``init_cfg`` key (and keyword argument) that states a file's head count
+HEADS_KEY = 'checkpoint_num_heads'
 #: Keys a classification checkpoint has that a dense-prediction backbone drops.
 _CLASSIFIER = re.compile(r'^(head|fc_norm|head_drop|pre_logits)(\.|$)')
 _DEIT3_LAYERSCALE = re.compile(r'^(blocks\.\d+)\.gamma_([12])$')
+#: the head count of the official ``LookHere`` class and of every released checkpoint
+#: (LH_180 / LH_90 / LH_45, ViT-B/16), and the default of ``LookHereViT``
+OFFICIAL_NUM_HEADS = 12
+#: the head width of timm / DeiT-III ViT-Ti/S/B/L (192/3, 384/6, 768/12, 1024/16)
+TIMM_HEAD_DIM = 64
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read, or whose weights do not fit the model; the
+    message names the file and what to change."""
 
 
 @dataclass
@@ -47,6 +84,9 @@ class BackboneWeights:
         dropped: keys of the file that were dropped on purpose (classifier head, ...).
         pos_encoding: the ``pos_encoding`` a saved ``LookHereViT`` was built with (from its
             ``_extra_state``); ``'lookhere'`` for official files; None when unknown.
+        num_heads: the head count recorded in the file (``_extra_state`` of a saved
+            ``LookHereViT`` or ``meta['num_heads']`` of a converted file); None when the
+            file does not record it.
     """
 
     state_dict: Dict[str, Tensor]
@@ -54,31 +94,94 @@ class BackboneWeights:
     lh_config: Optional[Dict[str, Any]] = None
     dropped: List[str] = field(default_factory=list)
     pos_encoding: Optional[str] = None
+    num_heads: Optional[int] = None
+
+
+# ----------------------------------------------------------------------------------------
+# Reading files
+# ----------------------------------------------------------------------------------------
+def _first_line(err: BaseException) -> str:
+    """The first line of an error message that is not torch's ``weights_only`` advice."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    keep = [ln for ln in lines if 'weights_only' not in ln and 'WeightsUnpickler' not in ln
+            and 'trusted source' not in ln and 'torch.load' not in ln]
+    unsupported = [ln for ln in lines if 'Unsupported global' in ln]
+    line = (unsupported or keep or lines or [type(err).__name__])[0]
+    return line.split('. ')[0][:300]
+
+
+def _unreadable(path: str, err: BaseException) -> CheckpointError:
+    """The error for a file torch cannot read, by cause; never advises weights_only=False."""
+    text = str(err)
+    if isinstance(err, pickle.UnpicklingError) and 'Unsupported global' in text:
+        m = re.search(r'GLOBAL ([\w.]+)', text)
+        what = m.group(1) if m else 'a Python class'
+        return CheckpointError(
+            f'checkpoint {path!r} holds Python objects ({what}) besides tensors, numbers and '
+            "strings; lookhere-dense loads weights only (unpickling arbitrary objects can run "
+            'code). Re-save the weights alone, e.g. torch.save({"state_dict": '
+            'model.state_dict()}, PATH)')
+    if isinstance(err, PermissionError):
+        return CheckpointError(f'checkpoint {path!r} cannot be read: permission denied')
+    if isinstance(err, (EOFError, zipfile.BadZipFile, OSError)) or (
+            isinstance(err, RuntimeError) and ('central directory' in text
+                                               or 'PytorchStreamReader' in text)):
+        return CheckpointError(
+            f'checkpoint {path!r} is truncated or corrupt ({_first_line(err)}); it was not '
+            'written completely or not downloaded completely: download / save it again')
+    return CheckpointError(
+        f'{path!r} is not a PyTorch checkpoint lookhere-dense can read '
+        f'({type(err).__name__}: {_first_line(err)}); expected a file written by torch.save '
+        '(.pth / .pt) or a .safetensors file')
 
 
 def load_checkpoint_file(path: str) -> Dict[str, Any]:
-    """Load a checkpoint file (``.pth``/``.pt``/``.safetensors``) to CPU.
+    """Load a checkpoint file (``.pth``/``.pt``/``.safetensors``) to CPU, tensors only
+    (``weights_only``; mmengine's own checkpoint objects are allowed by
+    :mod:`lookhere_dense.compat`).
 
     Raises:
         FileNotFoundError: naming the path, when it does not exist.
+        CheckpointError: naming the path, for a folder, an empty, truncated or corrupt
+            file, a file that is no checkpoint, or one that holds arbitrary Python objects.
     """
-    if '://' not in path and not os.path.isfile(path):
-        raise FileNotFoundError(f'checkpoint file not found: {path!r}')
+    if '://' not in path:
+        if os.path.isdir(path):
+            raise CheckpointError(f'checkpoint {path!r} is a folder, not a file')
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f'checkpoint file not found: {path!r}')
+        if os.path.getsize(path) == 0:
+            raise CheckpointError(f'checkpoint {path!r} is empty (0 bytes): it was not '
+                                  'written or not downloaded completely')
     if path.endswith('.safetensors'):
         from safetensors.torch import load_file
-        return load_file(path, device='cpu')
+        try:
+            return load_file(path, device='cpu')
+        except Exception as err:  # safetensors raises its own SafetensorError
+            raise CheckpointError(f'checkpoint {path!r} is not a readable .safetensors file '
+                                  f'({_first_line(err)})') from None
     from mmengine.runner.checkpoint import CheckpointLoader
 
     from . import compat
     compat.apply()
-    ckpt = CheckpointLoader.load_checkpoint(path, map_location='cpu')
+    try:
+        ckpt = CheckpointLoader.load_checkpoint(path, map_location='cpu', logger='silent')
+    except (FileNotFoundError, MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as err:
+        raise _unreadable(path, err) from None
     if not isinstance(ckpt, Mapping):
-        raise ValueError(f'{path!r} does not hold a dict of weights (got {type(ckpt).__name__})')
+        raise CheckpointError(f'{path!r} does not hold a dict of weights (got '
+                              f'{type(ckpt).__name__})')
     return dict(ckpt)
 
 
 def _strip_prefix(sd: Mapping[str, Any], prefix: str) -> Dict[str, Any]:
     return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+
+
+def _int_or_none(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> BackboneWeights:
@@ -90,11 +193,14 @@ def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> B
             position embedding uses it). Default: False (dropped and listed).
     """
     lh_config = None
+    num_heads = None
     if 'weights' in ckpt and 'config' in ckpt:
         fmt, sd, lh_config = 'official', dict(ckpt['weights']), dict(ckpt['config'])
     elif 'state_dict' in ckpt:
         sd = dict(ckpt['state_dict'])
         meta = ckpt.get('meta') or {}
+        if isinstance(meta, Mapping):
+            num_heads = _int_or_none(meta.get('num_heads'))  # save_backbone_checkpoint's
         if isinstance(meta, Mapping) and meta.get('lookhere_config') is not None:
             fmt, lh_config = 'lookhere-dense', dict(meta['lookhere_config'])
         elif any(k.startswith('backbone.') for k in sd):
@@ -109,62 +215,368 @@ def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> B
     if any(k.startswith('module.') for k in sd):
         sd = _strip_prefix(sd, 'module.')
     if not any(k.startswith(('blocks.', 'patch_embed.')) for k in sd):
-        raise ValueError('checkpoint has no ViT backbone weights (no "blocks.*" or '
-                         f'"patch_embed.*" keys); first keys: {sorted(sd)[:8]}')
+        raise CheckpointError('checkpoint has no ViT backbone weights (no "blocks.*" or '
+                              f'"patch_embed.*" keys); first keys: {sorted(sd)[:8]}')
     pos_encoding = 'lookhere' if fmt == 'official' else None
-    extra = sd.pop('_extra_state', None)  # LookHereViT.get_extra_state() of our own saves
+    extra = sd.pop(EXTRA_STATE_KEY, None)  # LookHereViT.get_extra_state() of our own saves
     if isinstance(extra, Mapping):
         pos_encoding = extra.get('pos_encoding')
         if lh_config is None and extra.get('lh_config') is not None:
             lh_config = dict(extra['lh_config'])
+        if num_heads is None:
+            num_heads = _int_or_none(extra.get('num_heads'))
     out: Dict[str, Tensor] = {}
     dropped: List[str] = []
     for key, value in sd.items():
         m = _DEIT3_LAYERSCALE.match(key)
         if m:  # original DeiT-III repo: blocks.i.gamma_1 -> blocks.i.ls1.gamma
             key = f'{m.group(1)}.ls{m.group(2)}.gamma'
+        if key.startswith('norm_pre.'):  # timm's norm before the blocks (CLIP ViTs)
+            key = 'pre_ln.' + key[len('norm_pre.'):]
         if _CLASSIFIER.match(key) or (key == 'pos_embed' and not keep_pos_embed):
             dropped.append(key)
             continue
         out[key] = value
-    return BackboneWeights(out, fmt, lh_config, sorted(dropped), pos_encoding)
+    return BackboneWeights(out, fmt, lh_config, sorted(dropped), pos_encoding, num_heads)
 
 
-def match_state_dict(model_sd: Mapping[str, Tensor], weights: Mapping[str, Tensor]
+# ----------------------------------------------------------------------------------------
+# Attention geometry
+# ----------------------------------------------------------------------------------------
+def _file_embed_dims(sd: Mapping[str, Tensor]) -> Optional[int]:
+    for key in ('patch_embed.proj.weight', 'cls_token', 'blocks.0.norm1.weight'):
+        value = sd.get(key)
+        if isinstance(value, Tensor) and value.dim() >= 1:
+            return int(value.shape[0] if key == 'patch_embed.proj.weight' else value.shape[-1])
+    return None
+
+
+def file_num_heads(weights: BackboneWeights) -> Tuple[Optional[int], str]:
+    """The head count the backbone weights of a file were trained with, and how it is known.
+
+    * recorded in the file (lookhere-dense writes it with every ``LookHereViT``);
+    * files with a LookHere config but no head count (official LookHere files, and files of
+      lookhere-dense written before it recorded head counts): 12, the head count of the
+      official ``LookHere`` class, of every released checkpoint (LH_180 / LH_90 / LH_45)
+      and the default of ``LookHereViT``;
+    * other files (timm / DeiT-III / mmengine): ``embed_dims / 64``, the head width of
+      timm's and DeiT-III's ViT-Ti/S/B/L, when ``embed_dims`` is a multiple of 64;
+    * otherwise unknown (None).
+
+    Returns:
+        ``(num_heads or None, a phrase saying where it comes from)``.
+    """
+    if weights.num_heads is not None:
+        return weights.num_heads, 'recorded in the file'
+    if weights.lh_config is not None or weights.pos_encoding is not None:
+        return OFFICIAL_NUM_HEADS, (
+            'not recorded in this LookHere file; LookHere files without a head count come '
+            f'from the official code, whose models have {OFFICIAL_NUM_HEADS} heads')
+    dims = _file_embed_dims(weights.state_dict)
+    if dims is not None and dims % TIMM_HEAD_DIM == 0:
+        return dims // TIMM_HEAD_DIM, (
+            f'not recorded in this {weights.format} file; assumed from its {dims} channels '
+            f'and the head width {TIMM_HEAD_DIM} of timm / DeiT-III ViTs')
+    return None, (f'not recorded in this {weights.format} file, and its {dims} channels are '
+                  f'no multiple of the usual head width {TIMM_HEAD_DIM}')
+
+
+def check_num_heads(model_heads: int, file_heads: Optional[int], how: str, source: str,
+                    declared: Optional[int] = None, key: str = HEADS_KEY) -> None:
+    """Refuse weights trained with another head count than ``model_heads``.
+
+    Args:
+        model_heads: the model's ``num_heads``.
+        file_heads: the file's head count (see :func:`file_num_heads`), or None.
+        how: where ``file_heads`` comes from (for the message).
+        source: the file (for the message).
+        declared: the head count the user states for the file (``checkpoint_num_heads``);
+            overrides an assumed ``file_heads`` but must equal a recorded one.
+        key: how the user states it (for the message). Default: :data:`HEADS_KEY`.
+
+    Raises:
+        CheckpointError: naming the file, both head counts and the key to set.
+    """
+    if declared is not None:
+        if not isinstance(declared, int) or isinstance(declared, bool) or declared < 1:
+            raise CheckpointError(f'{key} must be a positive int (the head count the '
+                                  f'checkpoint was trained with), got {declared!r}')
+        if how == 'recorded in the file' and file_heads != declared:
+            raise CheckpointError(f'{key}={declared} but {source!r} records '
+                                  f'{file_heads} heads; remove {key}')
+        file_heads, how = declared, f'stated by {key}'
+    if file_heads is None:
+        raise CheckpointError(
+            f'cannot verify that {source!r} was trained with num_heads={model_heads} (head '
+            f'count {how}). The weights have the same shapes for any head count, but split '
+            'into other heads they give wrong features. State the head count the file was '
+            f'trained with: init_cfg=dict(type=\'Pretrained\', checkpoint=..., '
+            f'{key}=N) (load_model_weights(..., {key}=N))')
+    if file_heads != model_heads:
+        extra = ''
+        if file_heads not in (6, 12, 16):
+            extra = (f'; LookHere head layouts need 6, 12 or 16 heads, so a {file_heads}-head '
+                     "trunk fits only the other encodings (e.g. pos_encoding='rope2d')")
+        raise CheckpointError(
+            f'{source!r} has {file_heads} attention heads per block ({how}), but the model '
+            f'has num_heads={model_heads}. The qkv weights have the same shapes for any head '
+            'count, but split into other heads they give wrong features. Set '
+            f'model.backbone.num_heads={file_heads}{extra}; if the file really has '
+            f'{model_heads} heads, state it with {key}={model_heads}')
+
+
+# ----------------------------------------------------------------------------------------
+# Strict loading
+# ----------------------------------------------------------------------------------------
+def match_state_dict(model_sd: Mapping[str, Tensor], weights: Mapping[str, Tensor],
+                     source: Optional[str] = None
                      ) -> Tuple[Dict[str, Tensor], List[str], List[str]]:
     """Compare checkpoint weights with a model's state_dict.
+
+    Args:
+        model_sd: the model's tensors.
+        weights: the file's tensors (non-tensor entries are ignored here).
+        source: the file, for the message. Default: None.
 
     Returns:
         ``(loadable, missing, unexpected)``.
 
     Raises:
-        ValueError: listing every key whose shape differs (checkpoint vs model).
+        CheckpointError: listing every key whose shape differs (checkpoint vs model).
     """
+    weights = {k: v for k, v in weights.items() if isinstance(v, Tensor)}
     mismatched = [f'{k}: checkpoint {tuple(v.shape)} vs model {tuple(model_sd[k].shape)}'
                   for k, v in weights.items() if k in model_sd and v.shape != model_sd[k].shape]
     if mismatched:
         more = f'\n  ... and {len(mismatched) - 10} more' if len(mismatched) > 10 else ''
-        raise ValueError(f'checkpoint does not fit the backbone ({len(mismatched)} tensors of '
-                         'the wrong shape; check embed_dims, patch_size, mlp_ratio, '
-                         'in_channels):\n  ' + '\n  '.join(mismatched[:10]) + more)
+        where = f'{source!r} ' if source else ''
+        raise CheckpointError(
+            f'checkpoint {where}does not fit the model ({len(mismatched)} tensors of the '
+            'wrong shape; check embed_dims, patch_size, mlp_ratio, in_channels, num_classes'
+            '):\n  ' + '\n  '.join(mismatched[:10]) + more)
     loadable = {k: v for k, v in weights.items() if k in model_sd}
     missing = sorted(k for k in model_sd if k not in weights)
     unexpected = sorted(k for k in weights if k not in model_sd)
     return loadable, missing, unexpected
 
 
+_ANY_BLOCK = re.compile(r'^(|.*\.)blocks\.(\d+)\.')
+
+
+def _depths(keys) -> Dict[str, int]:
+    """``{prefix: number of blocks}`` of the ``{prefix}blocks.{i}.*`` keys."""
+    out: Dict[str, int] = {}
+    for k in keys:
+        m = _ANY_BLOCK.match(k)
+        if m:
+            out[m.group(1)] = max(out.get(m.group(1), 0), int(m.group(2)) + 1)
+    return out
+
+
+def _listed(keys: List[str], n: int = 12) -> str:
+    return str(keys[:n])[:-1] + (f', ... ({len(keys) - n} more)]' if len(keys) > n else ']')
+
+
+#: ``(key pattern, what, option when the file lacks it, option when the file has it)``: a
+#: flag of the architecture differs when one side has such a tensor and the other has none
+_FLAG_HINTS = (
+    (r'(^|\.)attn\.qkv\.bias$', 'qkv bias', 'qkv_bias=False', 'qkv_bias=True'),
+    (r'(^|\.)patch_embed\.proj\.bias$', 'patch-embedding bias', 'patch_bias=False',
+     'patch_bias=True'),
+    (r'(^|\.)patch_embed\.norm\.weight$', 'patch-embedding norm', 'patch_norm=False',
+     'patch_norm=True'),
+    (r'(^|\.)pre_ln\.weight$', 'norm before the blocks', 'pre_norm=False', 'pre_norm=True'),
+    (r'^(backbone\.)?norm\.weight$', 'final norm', 'final_norm=False', 'final_norm=True'),
+    (r'(^|\.)cls_token$', 'CLS token', 'with_cls_token=False', 'with_cls_token=True'),
+    (r'\.ls[12]\.gamma$', 'LayerScale', 'init_values=None', 'init_values to a number'),
+)
+
+
+def _key_hints(missing: List[str], unexpected: List[str], model_keys, file_keys) -> List[str]:
+    """The usual reasons why keys of a ViT differ, found from the keys themselves."""
+    hints = []
+    in_file, in_model = _depths(file_keys), _depths(model_keys)
+    for prefix in sorted(set(in_file) & set(in_model)):
+        have, want = in_file[prefix], in_model[prefix]
+        if have != want:
+            hints.append(f'the file has {have} blocks ({prefix}blocks.0-{have - 1}), the '
+                         f'model {want}: set num_layers={have}')
+
+    def some(keys, pattern: str) -> bool:
+        return any(re.search(pattern, k) for k in keys)
+
+    for pattern, what, off, on in _FLAG_HINTS:
+        if some(missing, pattern) and not some(file_keys, pattern):
+            hints.append(f'no LayerScale in the file: set {off}' if what == 'LayerScale' else
+                         f'the file has no {what}: set {off}')
+        elif some(unexpected, pattern) and not some(model_keys, pattern):
+            hints.append(f'the file has LayerScale (ls1/ls2.gamma): set {on}'
+                         if what == 'LayerScale' else f'the file has a {what}: set {on}')
+    if some(file_keys, r'^(backbone\.)?layers\.\d+\.'):
+        hints.append("the file uses mmseg VisionTransformer's names (layers.*); LookHereViT "
+                     'takes timm / official names (blocks.*): load the original timm / '
+                     'DeiT-III / LookHere file instead of the mmseg conversion')
+    if some(missing, r'(^|\.)pos_enc\.pos_embed$'):
+        hints.append("the file has no position embedding for pos_encoding='abs'")
+    return hints
+
+
+def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, Any], source: str,
+                           strict: bool = True,
+                           dropped: Optional[Mapping[str, str]] = None,
+                           what: str = 'model',
+                           verify: Optional[Callable[[], None]] = None
+                           ) -> Dict[str, List[str]]:
+    """THE strict loader: load ``state_dict`` into ``module`` only if it fits.
+
+    Shapes must agree always. With ``strict`` every tensor of ``module`` must be in the
+    file and every tensor of the file in ``module``, except the keys of ``dropped``
+    (dropped on purpose, with the reason). Non-tensor entries (``*._extra_state``) are
+    handed to the modules (``LookHereViT.set_extra_state`` checks the position encoding,
+    the LookHere config and the head count they record).
+
+    Args:
+        module: the model or backbone.
+        state_dict: the file's entries in ``module``'s key names.
+        source: the file (for messages).
+        strict: refuse missing and unexpected keys. Default: True.
+        dropped: ``{key: reason}`` of file keys to leave out on purpose. Default: none.
+        what: what ``module`` is, for messages (``'model'``, ``'backbone'``).
+            Default: ``'model'``.
+        verify: called after the key checks, before anything is loaded (further checks,
+            e.g. of the head count). Default: None.
+
+    Returns:
+        ``{'missing': [...], 'unexpected': [...], 'dropped': [...]}`` (the first two are
+        empty with ``strict``).
+
+    Raises:
+        CheckpointError: a shape mismatch, or (``strict``) missing / unexpected keys, named
+            with the likely cause.
+    """
+    dropped = dict(dropped or {})
+    entries = {k: v for k, v in state_dict.items() if k not in dropped}
+    everything = module.state_dict()
+    own = {k: v for k, v in everything.items() if isinstance(v, Tensor)}
+    loadable, missing, unexpected = match_state_dict(own, entries, source)
+    params = {name for name, _ in module.named_parameters()}
+    broken = [k for k, v in loadable.items()
+              if k in params and v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if broken:
+        raise CheckpointError(f'checkpoint {source!r} holds NaN / inf values in '
+                              f'{len(broken)} parameters: {_listed(broken)}; it was saved '
+                              'after training diverged or is corrupt: use an earlier one')
+    if strict and (missing or unexpected):
+        hints = _key_hints(missing, unexpected, own.keys(), entries.keys())
+        because = f' ({"; ".join(hints)})' if hints else ''
+        if missing:
+            msg = (f'checkpoint {source!r} lacks {what} parameters{because}: '
+                   f'{_listed(missing)}')
+            if unexpected:
+                msg += f'; and it has tensors the {what} lacks: {_listed(unexpected)}'
+        else:
+            msg = (f'checkpoint {source!r} has tensors the {what} lacks{because}: '
+                   f'{_listed(unexpected)}')
+        raise CheckpointError(
+            msg + f'. Build the {what} the file was trained with (pretrained weights meant '
+            "for another architecture: init_cfg=dict(type='Pretrained', ..., strict=False) "
+            'loads what fits)')
+    if verify is not None:
+        verify()
+    extras = {k: v for k, v in entries.items()
+              if not isinstance(v, Tensor) and k in everything and k not in own}
+    try:
+        module.load_state_dict({**loadable, **extras}, strict=False)
+    except ValueError as err:  # a module's set_extra_state refused what the file records
+        raise CheckpointError(f'checkpoint {source!r}: {err}') from None
+    return dict(missing=missing, unexpected=unexpected, dropped=sorted(dropped))
+
+
+def _lookhere_backbones(model: nn.Module) -> List[Tuple[str, nn.Module]]:
+    from .models.backbones.lookhere_vit import LookHereViT
+    return [(name + '.' if name else '', m) for name, m in model.named_modules()
+            if isinstance(m, LookHereViT)]
+
+
+def load_model_weights(model: nn.Module, path: str, strict: bool = True,
+                       checkpoint_num_heads: Optional[int] = None) -> Dict[str, Any]:
+    """Load a whole model's checkpoint (a Runner's ``iter_N.pth`` / ``epoch_N.pth``, or
+    ``{'state_dict': ...}`` / a plain state_dict) strictly into ``model``: what
+    ``tools/test.py``, ``tools/infer.py`` and ``--resume`` load.
+
+    Every tensor must fit (shape) and, with ``strict``, every key must match; the
+    ``LookHereViT`` backbones must have the head count, position encoding and LookHere
+    config the file records (files of lookhere-dense that predate recorded head counts
+    count as 12 heads, see :func:`file_num_heads`).
+
+    Args:
+        model: the built model (e.g. a segmentor), on any device.
+        path: the checkpoint file.
+        strict: refuse missing / unexpected keys. Default: True.
+        checkpoint_num_heads: the head count of the file's LookHere backbone, for files
+            that do not record it. Default: None.
+
+    Returns:
+        The loaded checkpoint dict (``meta``, ``message_hub``, ... of a Runner file).
+
+    Raises:
+        FileNotFoundError, CheckpointError: naming the file and what does not fit.
+    """
+    ckpt = load_checkpoint_file(path)
+    sd = ckpt.get('state_dict', ckpt)
+    if not isinstance(sd, Mapping):
+        raise CheckpointError(f'{path!r}: "state_dict" is a {type(sd).__name__}, not a dict '
+                              'of weights')
+    sd = dict(sd)
+    if sd and all(k.startswith('module.') for k in sd):  # saved from a DDP wrapper
+        sd = _strip_prefix(sd, 'module.')
+    own = model.state_dict()
+    if not set(sd) & set(own):
+        hint = ''
+        if 'weights' in ckpt and 'config' in ckpt or any(
+                k.startswith(('blocks.', 'patch_embed.')) for k in sd):
+            hint = (' It looks like backbone-only weights (pretrained): use them as '
+                    "model.backbone.init_cfg=dict(type='Pretrained', checkpoint=...) and "
+                    'train, instead of testing with them.')
+        raise CheckpointError(f'checkpoint {path!r} has none of the model\'s keys (file: '
+                              f'{_listed(sorted(sd), 6)}, model: '
+                              f'{_listed(sorted(own), 6)}).{hint}')
+
+    def verify_heads() -> None:
+        for prefix, backbone in _lookhere_backbones(model):
+            state = sd.get(prefix + EXTRA_STATE_KEY)
+            part = BackboneWeights(_strip_prefix(sd, prefix), 'mmengine')
+            if isinstance(state, Mapping):
+                part.pos_encoding = state.get('pos_encoding')
+                part.num_heads = _int_or_none(state.get('num_heads'))
+            heads, how = file_num_heads(part)
+            check_num_heads(backbone.num_heads, heads, how, path, checkpoint_num_heads)
+
+    load_state_dict_strict(model, sd, path, strict=strict, verify=verify_heads)
+    return ckpt
+
+
 def save_backbone_checkpoint(path: str, state_dict: Mapping[str, Tensor],
-                             lh_config: Optional[Mapping[str, Any]], source: str) -> None:
+                             lh_config: Optional[Mapping[str, Any]], source: str,
+                             num_heads: Optional[int] = None) -> None:
     """Write backbone weights as ``{'state_dict': ..., 'meta': {...}}``.
 
     The file works with ``init_cfg=dict(type='Pretrained', checkpoint=path)`` of
     ``LookHereViT`` (which also takes the stored LookHere config from ``meta``). Only
     tensors are written: a module's non-tensor ``_extra_state`` is replaced by
-    ``lh_config``.
+    ``lh_config`` and the head count.
+
+    Args:
+        num_heads: the head count of the weights, written to ``meta['num_heads']`` so
+            loading can check it; None: taken from the ``_extra_state`` of a saved
+            ``LookHereViT`` in ``state_dict``, else not recorded. Default: None.
     """
+    extra = state_dict.get(EXTRA_STATE_KEY)
+    if num_heads is None and isinstance(extra, Mapping):
+        num_heads = _int_or_none(extra.get('num_heads'))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     meta = {'lookhere_config': None if lh_config is None else dict(lh_config),
-            'source': source, 'converted_by': 'lookhere_dense.checkpoint'}
+            'num_heads': num_heads, 'source': source, 'converted_by': __name__}
     tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()
                if isinstance(v, Tensor)}
     torch.save({'state_dict': tensors, 'meta': meta}, path)

@@ -363,7 +363,7 @@ def _timm_file(tmp_path, grid: int = 8, cls_entry: bool = True):
 def test_timm_pos_embed_is_kept_by_abs_and_dropped_by_the_others(tmp_path):
     path, sd, pos = _timm_file(tmp_path)
     model = LookHereViT(**TINY, pos_encoding='abs')
-    report = model.load_pretrained(path)
+    report = model.load_pretrained(path, checkpoint_num_heads=12)  # not in a timm file
     assert 'pos_embed' not in report['dropped'] and report['missing'] == []
     expected = resample_abs_pos_embed(pos[:, 1:], (8, 8), (4, 4))
     torch.testing.assert_close(model.pos_enc.pos_embed.data, expected)
@@ -372,7 +372,8 @@ def test_timm_pos_embed_is_kept_by_abs_and_dropped_by_the_others(tmp_path):
     torch.testing.assert_close(model.blocks[1].attn.qkv.weight.data,
                                sd['blocks.1.attn.qkv.weight'])
     for enc in ('lookhere', 'rope2d', 'none'):
-        report = LookHereViT(**TINY, pos_encoding=enc).load_pretrained(path)
+        report = LookHereViT(**TINY, pos_encoding=enc).load_pretrained(
+            path, checkpoint_num_heads=12)
         assert 'pos_embed' in report['dropped'] and report['missing'] == []
 
 
@@ -460,7 +461,7 @@ def test_timm_vit_with_cls_pos_entry_gives_the_same_block_input(tmp_path):
     (patches + pos_embed, then CLS with the folded entry) produces the same tokens."""
     path, sd, pos = _timm_file(tmp_path, grid=4)
     model = LookHereViT(**TINY, pos_encoding='abs')
-    model.load_pretrained(path)
+    model.load_pretrained(path, checkpoint_num_heads=12)  # not in a timm file
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         tokens, _ = model._embed(x)

@@ -113,6 +113,13 @@ def test_registered_in_both_registries_and_ln2d_resolves_in_any_scope(scope):
     (dict(in_channels=6, scale_factors=(8.0,)), r'in_channels=6 must be divisible by 8'),
     (dict(num_outs=3), r'num_outs=3 is smaller than the number of scale factors \(4\)'),
     (dict(in_channels=[32, 32]), r'in_channels must be a positive int'),
+    (dict(in_channels=[8, 16, 32, 16], backbone_channel=32),
+     r'in_channels=\[8, 16, 32, 16\] \(per level\) does not match its levels: '
+     r'backbone_channel=32 .* gives \[8, 16, 32, 32\]'),
+    (dict(in_channels=32, backbone_channel=32), r'with backbone_channel, in_channels lists'),
+    (dict(in_channels=[8, 16, 32, 32], backbone_channel=0),
+     r'backbone_channel must be a positive int'),
+    (dict(out_channels=0), r'out_channels must be a positive int, got 0'),
 ])
 def test_bad_arguments_are_named(kwargs, match):
     args = dict(in_channels=32, out_channels=8)
@@ -136,3 +143,28 @@ def test_bad_inputs_are_named(neck):
 
 def test_scale_steps():
     assert [scale_steps(s) for s in (8, 4.0, 2, 1, 0.5, 0.25)] == [3, 2, 1, 0, -1, -2]
+
+
+def test_mmdet_vitdet_neck_arguments_build_the_same_neck():
+    """mmdet projects/ViTDet's neck config (backbone_channel, per-level in_channels,
+    out_channels, num_outs, LN2d) builds the same pyramid as ours, in both scopes."""
+    vitdet = dict(type='SimpleFPN', backbone_channel=32, in_channels=[8, 16, 32, 32],
+                  out_channels=16, num_outs=5, norm_cfg=dict(type='LN2d', requires_grad=True))
+    ours = SimpleFPN(in_channels=32, out_channels=16, num_outs=5)
+    for registry in (MMDET_MODELS, MMSEG_MODELS):
+        neck = registry.build(vitdet)
+        assert neck.in_channels == 32 and neck.num_outs == 5
+        neck.load_state_dict(ours.state_dict())
+        x = (torch.randn(1, 32, 6, 8),)
+        with torch.no_grad():
+            for a, b in zip(neck(x), ours(x)):
+                torch.testing.assert_close(a, b)
+
+
+def test_norm_cfg_none_and_conv_cfg():
+    neck = SimpleFPN(in_channels=32, out_channels=8, norm_cfg=None, conv_cfg=dict(type='Conv2d'))
+    assert not any(isinstance(m, (LayerNorm2d, torch.nn.LayerNorm)) for m in neck.modules())
+    assert all(c.with_bias for c in neck.lateral_convs)   # no norm: the convs keep a bias
+    outs = neck((torch.randn(1, 32, 4, 4),))
+    assert [tuple(o.shape) for o in outs] == [(1, 8, 16, 16), (1, 8, 8, 8), (1, 8, 4, 4),
+                                              (1, 8, 2, 2)]

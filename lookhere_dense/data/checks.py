@@ -10,7 +10,12 @@ dataset, training on nothing but padding):
   :class:`CheckSegLabels`, a pipeline transform that checks every loaded annotation,
   and :func:`check_label_values`, a sampled scan before training;
 * a training crop larger than the images even at the pipeline's largest resize
-  (:func:`check_crop_fits`).
+  (:func:`check_crop_fits`);
+* an annotation of another size than its image (the crops would pair pixels with the
+  wrong labels), an image or annotation file that cannot be read, and annotations that hold
+  nothing but the ignore index (nothing to learn; mmseg's ``acc_seg`` reports 100 for
+  them): :func:`check_label_values` (sizes from the file headers, all files up to a
+  budget) and :class:`CheckSegLabels` (every loaded pair).
 
 Every failure raises a subclass of :class:`DataCheckError` whose message names the
 file / folder / setting and what to change.
@@ -18,6 +23,7 @@ file / folder / setting and what to change.
 from __future__ import annotations
 
 import os.path as osp
+import warnings
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -25,8 +31,9 @@ from mmcv.transforms import BaseTransform
 from mmseg.registry import TRANSFORMS
 
 __all__ = ['DataCheckError', 'DatasetLayoutError', 'LabelRangeError', 'CropSizeError',
-           'CheckSegLabels', 'check_dataset_layout', 'check_label_values',
-           'check_crop_fits', 'check_seg_data', 'LAYOUT_HINTS']
+           'LabelSizeError', 'UnreadableFileError', 'DataCheckWarning', 'CheckSegLabels',
+           'check_dataset_layout', 'check_label_values', 'check_crop_fits', 'check_seg_data',
+           'image_size', 'LAYOUT_HINTS']
 
 
 class DataCheckError(ValueError):
@@ -43,6 +50,19 @@ class LabelRangeError(DataCheckError):
 
 class CropSizeError(DataCheckError):
     """The training crop is larger than the (resized) images."""
+
+
+class LabelSizeError(DataCheckError):
+    """An annotation has another size than its image."""
+
+
+class UnreadableFileError(DataCheckError):
+    """An image or annotation file cannot be read (corrupt, truncated, not an image)."""
+
+
+class DataCheckWarning(UserWarning):
+    """Data that trains, but probably not as meant (e.g. annotations with only the ignore
+    index)."""
 
 
 #: How each dataset type expects its files (shown when something is missing).
@@ -94,6 +114,39 @@ def _label_message(path: str, bad: Sequence[int], num_classes: int, ignore_index
     return msg + '.'
 
 
+def _size_message(where: str, img_path: str, img_hw: Tuple[int, int], seg_path: str,
+                  seg_hw: Tuple[int, int], more: int = 0) -> str:
+    extra = f' ({more} more pairs differ)' if more else ''
+    return (f'{where}: image {img_path!r} is {img_hw[0]}x{img_hw[1]} px (H x W) but its '
+            f'annotation {seg_path!r} is {seg_hw[0]}x{seg_hw[1]} px{extra}: resizing and '
+            'cropping would pair pixels with the wrong labels. Every annotation must have '
+            'the size of its image: regenerate the annotations, or check that the image and '
+            'annotation folders (data_prefix) belong together.')
+
+
+def _channels_message(where: str, path: str, shape: Tuple[int, ...]) -> str:
+    return (f'{where}: annotation {path!r} has shape {tuple(shape)}, not (H, W): a colour '
+            'image, not a map of class indices. mmseg needs single-channel PNGs of class ids '
+            '(Cityscapes: *_gtFine_labelTrainIds.png, not *_color.png); check '
+            'data_prefix.seg_map_path and seg_map_suffix')
+
+
+def _all_ignored_message(paths: Sequence[str], ignore_index: int, total: int = 0) -> str:
+    shown = ', '.join(repr(p) for p in paths[:5]) + (' ...' if len(paths) > 5 else '')
+    of = f' of {total} checked' if total else ''
+    return (f'{len(paths)}{of} annotation(s) hold only the ignore index {ignore_index} '
+            f'({shown}): they contribute nothing to the loss, and mmseg\'s acc_seg reports '
+            '100 for batches of them. Check reduce_zero_label (it turns 0 into the ignore '
+            'index) and the label conversion.')
+
+
+def _unreadable(where: str, kind: str, path: str, err: BaseException) -> 'UnreadableFileError':
+    reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+    return UnreadableFileError(f'{where}: cannot read {kind} file {path!r} ({type(err).__name__}: '
+                               f'{reason}); it is corrupt, truncated or not an image: '
+                               'replace or remove it (and its image / annotation)')
+
+
 @TRANSFORMS.register_module()
 class CheckSegLabels(BaseTransform):
     """Pipeline transform: fail clearly when a loaded annotation has a label value the
@@ -115,17 +168,40 @@ class CheckSegLabels(BaseTransform):
                              f'got {num_classes!r}')
         self.num_classes = num_classes
         self.ignore_index = ignore_index
+        self._warned: set = set()
 
     def transform(self, results: Dict[str, Any]) -> Dict[str, Any]:
-        """Check ``results['gt_seg_map']``; return ``results`` unchanged."""
+        """Check ``results['gt_seg_map']`` (values; its size against the loaded image's,
+        ``ori_shape``, when an image is loaded; a warning, once per file, when it holds only
+        the ignore index); return ``results`` unchanged.
+
+        Raises:
+            LabelRangeError: a value outside the classes and the ignore index.
+            LabelSizeError: the annotation's size differs from the image's.
+        """
         seg = results.get('gt_seg_map')
         if seg is None:
             raise KeyError('CheckSegLabels needs gt_seg_map: put it after LoadAnnotations')
+        path = results.get('seg_map_path', '<unknown file>')
+        if seg.ndim != 2:
+            raise LabelRangeError(_channels_message('CheckSegLabels', path, seg.shape))
         bad = bad_label_values(seg, self.num_classes, self.ignore_index)
         if bad:
             raise LabelRangeError(_label_message(
-                results.get('seg_map_path', '<unknown file>'), bad, self.num_classes,
-                self.ignore_index, results.get('reduce_zero_label')))
+                path, bad, self.num_classes, self.ignore_index,
+                results.get('reduce_zero_label')))
+        img = results.get('img')
+        if img is not None:
+            # the loaded size (ori_shape) or, when both were resized together, the image's
+            sizes = {tuple(img.shape[:2]), tuple(results.get('ori_shape') or img.shape[:2])}
+            if tuple(seg.shape[:2]) not in sizes:
+                raise LabelSizeError(_size_message(
+                    'CheckSegLabels', results.get('img_path', '<unknown image>'),
+                    tuple(results.get('ori_shape') or img.shape[:2]), path,
+                    tuple(seg.shape[:2])))
+        if seg.size and path not in self._warned and bool((seg == self.ignore_index).all()):
+            self._warned.add(path)
+            warnings.warn(DataCheckWarning(_all_ignored_message([path], self.ignore_index)))
         return results
 
     def __repr__(self) -> str:
@@ -203,7 +279,67 @@ def _build_seg_dataset(ds_cfg: Mapping):
     cfg = dict(ds_cfg)
     cfg['lazy_init'] = True
     cfg['pipeline'] = []
+    cfg['serialize_data'] = False  # mmengine cannot serialize an empty list of images
     return DATASETS.build(cfg)
+
+
+def image_size(path: str, apply_orientation: bool = False, decode: bool = False
+               ) -> Tuple[int, int]:
+    """``(H, W)`` of an image file, read from its header (PIL; nothing is decoded unless
+    ``decode``).
+
+    Args:
+        path: the file.
+        apply_orientation: the size after the EXIF orientation is applied (rotated by 90
+            degrees for orientations 5-8), as mmcv's image loaders do with their default
+            ``color_type='color'``. Default: False.
+        decode: also decode the pixels (finds truncated files). Default: False.
+
+    Raises:
+        OSError / PIL's errors: the file is no readable image.
+    """
+    from PIL import Image
+
+    with Image.open(path) as im:
+        width, height = im.size
+        if decode:
+            im.load()
+        if apply_orientation and im.getexif().get(0x0112, 1) in (5, 6, 7, 8):
+            width, height = height, width
+    return int(height), int(width)
+
+
+def _orientation_applied(ds_cfg: Mapping) -> bool:
+    """Whether the pipeline's image loader applies EXIF orientation (mmcv: ``color_type``
+    ``'color'`` / ``'grayscale'``, the default, does; ``'unchanged'`` and
+    ``'*_ignore_orientation'`` do not)."""
+    for t in ds_cfg.get('pipeline') or []:
+        if str(t.get('type', '')).endswith('LoadImageFromFile'):
+            color = str(t.get('color_type', 'color'))
+            return color in ('color', 'grayscale')
+    return True
+
+
+def _check_pair_sizes(where: str, infos: Sequence[Mapping], orientation: bool,
+                      max_files: int) -> None:
+    """Image vs annotation size (headers only) of up to ``max_files`` pairs."""
+    wrong = []
+    for i in _spread(len(infos), max_files):
+        img, seg = infos[i]['img_path'], infos[i]['seg_map_path']
+        if '://' in img or '://' in seg:
+            continue
+        try:
+            img_hw = image_size(img, orientation)
+        except Exception as err:
+            raise _unreadable(where, 'image', img, err) from None
+        try:
+            seg_hw = image_size(seg)
+        except Exception as err:
+            raise _unreadable(where, 'annotation', seg, err) from None
+        if img_hw != seg_hw:
+            wrong.append((img, img_hw, seg, seg_hw))
+    if wrong:
+        raise LabelSizeError(_size_message(where, *wrong[0], more=len(wrong) - 1))
 
 
 def _num_classes(cfg: Mapping, dataset) -> int:
@@ -221,10 +357,16 @@ def _spread(n: int, k: int) -> List[int]:
 
 
 def check_label_values(cfg: Mapping, splits: Sequence[str] = ('train', 'val'),
-                       max_files: int = 64) -> Dict[str, int]:
-    """Scan up to ``max_files`` annotations per segmentation dataloader (spread over the
-    dataset) for label values outside the model's classes, and check that every image
-    has its annotation file.
+                       max_files: int = 64, max_header_files: int = 25000) -> Dict[str, int]:
+    """Check the images and annotations of every segmentation dataloader of ``splits``.
+
+    * every image has its annotation file;
+    * image and annotation have the same size (read from the file headers, up to
+      ``max_header_files`` pairs spread over the dataset: all of ADE20K and Cityscapes);
+    * up to ``max_files`` annotations (spread over the dataset) hold no label value
+      outside the model's classes, and their images decode;
+    * annotations that hold only the ignore index: a :class:`DataCheckWarning` naming
+      them, an error when every checked one does.
 
     Loads annotations with mmseg's own ``LoadAnnotations`` (so ``reduce_zero_label`` and
     ``label_map`` apply exactly as in training).
@@ -234,7 +376,10 @@ def check_label_values(cfg: Mapping, splits: Sequence[str] = ('train', 'val'),
 
     Raises:
         DatasetLayoutError: no images, or images without annotation files.
-        LabelRangeError: a label value outside ``0..num_classes-1`` / the ignore index.
+        LabelSizeError: an annotation of another size than its image.
+        UnreadableFileError: an image or annotation file that cannot be read.
+        LabelRangeError: a label value outside ``0..num_classes-1`` / the ignore index, or
+            every checked annotation holds only the ignore index.
     """
     from mmseg.datasets import BaseSegDataset
     from mmseg.datasets.transforms import LoadAnnotations
@@ -251,22 +396,42 @@ def check_label_values(cfg: Mapping, splits: Sequence[str] = ('train', 'val'),
             raise DatasetLayoutError(
                 f'{where}: no images ending in {ds.img_suffix!r} under {img_dir!r}.'
                 + _hint(ds_cfg))
-        seg_paths = [ds.get_data_info(i)['seg_map_path'] for i in range(n)]
-        missing = [p for p in seg_paths if not osp.exists(p)]
+        infos = [ds.get_data_info(i) for i in range(n)]
+        missing = [i['seg_map_path'] for i in infos if not osp.exists(i['seg_map_path'])]
         if missing:
             raise DatasetLayoutError(
                 f'{where}: {len(missing)} of {n} images have no annotation file, e.g. '
                 f'{missing[0]!r} (annotations must end in {ds.seg_map_suffix!r}, same '
                 f'name and sub-folders as the image).' + _hint(ds_cfg))
+        _check_pair_sizes(where, infos, _orientation_applied(ds_cfg), max_header_files)
         num_classes = _num_classes(cfg, ds)
         loader = LoadAnnotations()
-        for i in _spread(n, max_files):
-            info = ds.get_data_info(i)
-            seg = loader(dict(info))['gt_seg_map']
+        sample = _spread(n, max_files)
+        ignored = []
+        for i in sample:
+            info = infos[i]
+            if '://' not in info['img_path']:
+                try:
+                    image_size(info['img_path'], decode=True)
+                except Exception as err:
+                    raise _unreadable(where, 'image', info['img_path'], err) from None
+            try:
+                seg = loader(dict(info))['gt_seg_map']
+            except Exception as err:
+                raise _unreadable(where, 'annotation', info['seg_map_path'], err) from None
+            if seg.ndim != 2:
+                raise LabelRangeError(_channels_message(where, info['seg_map_path'], seg.shape))
             bad = bad_label_values(seg, num_classes, ds.ignore_index)
             if bad:
                 raise LabelRangeError(_label_message(info['seg_map_path'], bad, num_classes,
                                                      ds.ignore_index, ds.reduce_zero_label))
+            if seg.size and bool((seg == ds.ignore_index).all()):
+                ignored.append(info['seg_map_path'])
+        if ignored:
+            msg = f'{where}: ' + _all_ignored_message(ignored, ds.ignore_index, len(sample))
+            if len(ignored) == len(sample):
+                raise LabelRangeError(msg + ' Nothing to train or evaluate on.')
+            warnings.warn(DataCheckWarning(msg))
         sizes[where] = n
     return sizes
 
@@ -353,14 +518,16 @@ def check_crop_fits(cfg: Mapping, max_images: int = 8) -> None:
 
 
 def check_seg_data(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'test'),
-                   max_label_files: int = 64) -> Dict[str, int]:
-    """All checks for a segmentation config: layout, label values, crop size.
+                   max_label_files: int = 64, max_header_files: int = 25000
+                   ) -> Dict[str, int]:
+    """All checks for a segmentation config: layout, images and annotations (sizes,
+    readable files, label values), crop size.
 
     Returns:
         ``{dataloader: number of images}`` of the checked segmentation dataloaders.
     """
     check_dataset_layout(cfg, splits)
-    sizes = check_label_values(cfg, splits, max_label_files)
+    sizes = check_label_values(cfg, splits, max_label_files, max_header_files)
     if 'train' in splits:
         check_crop_fits(cfg)
     return sizes

@@ -23,6 +23,14 @@ Use::
 
 The constructor is registered in mmengine's ``OPTIM_WRAPPER_CONSTRUCTORS``; mmseg's and
 mmdet's registries are its children, so the name resolves in either scope.
+
+mmdet's ``projects/ViTDet`` configs name ``constructor='LayerDecayOptimizerConstructor'``
+(with ``paramwise_cfg=dict(decay_rate=..., decay_type='layer_wise', num_layers=...)``),
+a class that exists only once that project is imported. The same name is registered here
+in mmengine's root registry (:class:`ViTDetLayerDecayOptimizerConstructor`), so in the
+mmdet scope it resolves to this constructor when the project is not imported, and to the
+project's own when it is (a child registry wins over its parent; no name clash). The mmseg
+scope keeps mmseg's own ``LayerDecayOptimizerConstructor`` (BEiT / ConvNeXt).
 """
 from __future__ import annotations
 
@@ -37,8 +45,8 @@ from mmengine.utils.dl_utils.parrots_wrapper import _BatchNorm, _InstanceNorm
 
 from ..models.backbones.lookhere_vit import LayerScale, LookHereViT
 
-__all__ = ['LookHereLayerDecayOptimizerConstructor', 'find_lookhere_backbone',
-           'backbone_layer_id', 'is_no_decay']
+__all__ = ['LookHereLayerDecayOptimizerConstructor', 'ViTDetLayerDecayOptimizerConstructor',
+           'find_lookhere_backbone', 'backbone_layer_id', 'is_no_decay']
 
 _BLOCK = re.compile(r'^blocks\.(\d+)\.')
 #: Backbone parameters (names relative to the backbone) that never get weight decay.
@@ -192,3 +200,29 @@ class LookHereLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
                  for g in ordered]
         print_log(f'LookHere layer decay (rate {rate}, {num_layers} blocks):\n  '
                   + '\n  '.join(lines), logger='current')
+
+
+@OPTIM_WRAPPER_CONSTRUCTORS.register_module(name='LayerDecayOptimizerConstructor', force=True)
+class ViTDetLayerDecayOptimizerConstructor(LookHereLayerDecayOptimizerConstructor):
+    """``constructor='LayerDecayOptimizerConstructor'`` of mmdet's ViTDet configs, for a
+    LookHereViT model: :class:`LookHereLayerDecayOptimizerConstructor` (same ``paramwise_cfg``
+    keys: ``decay_rate``, ``decay_type='layer_wise'``, ``num_layers``).
+
+    Registered under that name in mmengine's root registry only (see the module docstring):
+    importing mmdet's ``projects.ViTDet.vitdet`` puts its own class first in the mmdet scope.
+    """
+
+    def add_params(self, params: List[dict], module: nn.Module, **kwargs) -> None:
+        """As :meth:`LookHereLayerDecayOptimizerConstructor.add_params`; a model without a
+        LookHereViT is told where the name came from."""
+        try:
+            find_lookhere_backbone(module)
+        except ValueError as err:
+            raise ValueError(f'{err}. constructor=\'LayerDecayOptimizerConstructor\' resolved '
+                             "to lookhere-dense's layer decay for LookHereViT because mmdet's "
+                             'projects/ViTDet is not imported; for its ViT add '
+                             "custom_imports=dict(imports=['projects.ViTDet.vitdet'])") from None
+        print_log("constructor='LayerDecayOptimizerConstructor': lookhere-dense's "
+                  'LookHereLayerDecayOptimizerConstructor (mmdet projects/ViTDet not imported)',
+                  logger='current')
+        super().add_params(params, module, **kwargs)

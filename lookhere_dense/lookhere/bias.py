@@ -55,6 +55,16 @@ BIAS_ROUNDINGS = ('bfloat16', 'none')
 _LAYOUTS = {1: 'any multiple of 4', 2: (6, 12, 16), 3: (12, 16), 4: (16,)}
 
 
+def _check_slope(name: str, value: Any, whole: Any = None) -> None:
+    """A slope is a finite number >= 0 (0: the fields of view without distance penalty)."""
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value) and value >= 0)
+    if not ok:
+        shown = f'{value!r}' + (f' (layer_slopes={whole!r})' if whole is not None else '')
+        raise ValueError(f'LookHere {name} must be a finite number >= 0 (0 keeps the fields '
+                         f'of view and drops the distance penalty), got {shown}')
+
+
 @dataclass(frozen=True)
 class LookHereConfig:
     """A LookHere configuration, with the official ``lh_config`` keys.
@@ -98,6 +108,9 @@ class LookHereConfig:
         ls = self.layer_slopes
         if not isinstance(ls, (list, tuple)) or len(ls) != 2:
             raise ValueError(f'layer_slopes must be a pair (first, last), got {ls!r}')
+        _check_slope('global_slope', self.global_slope)
+        for name, value in zip(('first', 'last'), ls):
+            _check_slope(f'layer_slopes {name} value', value, ls)
         object.__setattr__(self, 'layer_slopes', (float(ls[0]), float(ls[1])))
         object.__setattr__(self, 'global_slope', float(self.global_slope))
         for name, allowed in (('distance', DISTANCES), ('fill_with', FILLS),
@@ -347,6 +360,10 @@ def _head_distance_table(config: LookHereConfig, direction_string: str, num_head
     return slopes * rel, slopes * key
 
 
+#: the largest bias magnitude a table may hold (float32 / bfloat16 reach 3.4e38)
+_BIAS_MAX = 1e30
+
+
 def _scale_and_round(table: Tensor, scale: float, rounding: str) -> Tensor:
     """``-(scale * table)`` in float64, rounded like the official code when asked."""
     if scale == 0.0:  # keep blocked entries blocked (official: 0 * inf -> nan -> 0)
@@ -355,6 +372,14 @@ def _scale_and_round(table: Tensor, scale: float, rounding: str) -> Tensor:
         out = scale * table
     if rounding == 'bfloat16':
         out = out.to(torch.bfloat16).double()
+    finite = torch.isfinite(table)
+    values = out[finite]
+    if values.numel() and not (torch.isfinite(values).all()
+                               and values.abs().max() <= _BIAS_MAX):
+        raise ValueError(f'LookHere slopes too large: global_slope * layer slope = {scale:g} '
+                         f'times distances up to {table[finite].max().item():g} exceeds '
+                         f'{_BIAS_MAX:g} (float32 / bfloat16 would turn it into -inf, i.e. '
+                         'block the key); use smaller slopes')
     return -out
 
 

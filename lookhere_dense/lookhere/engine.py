@@ -60,8 +60,10 @@ class LookHereAttentionEngine:
         if block_size is not None and (not isinstance(block_size, int) or block_size < 0):
             raise ValueError(f'block_size must be None or an int >= 0 (0: automatic), '
                              f'got {block_size!r}')
-        if max_dense_mb < 0:
+        if not max_dense_mb >= 0:  # also NaN
             raise ValueError(f'max_dense_mb must be >= 0, got {max_dense_mb}')
+        if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
+            raise ValueError(f'cache_size must be a positive int, got {cache_size!r}')
         config.validate(num_heads, depth)
         self.config = config
         self.depth = depth
@@ -267,6 +269,8 @@ class LookHereAttentionEngine:
 
         def attend(qw: Tensor, kw: Tensor, vw: Tensor) -> Tensor:
             batch, n_win = qw.shape[:2]
+            if batch == 0:  # an empty batch: an empty result
+                return vw.new_empty(vw.shape)
             if pad is not None:
                 mask = window_bias + pad  # (nWin, heads, T_w, T_w)
                 return torch.stack([F.scaled_dot_product_attention(

@@ -27,7 +27,9 @@ from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from ...checkpoint import backbone_weights, load_checkpoint_file, match_state_dict
+from ...checkpoint import (EXTRA_STATE_KEY, HEADS_KEY, CheckpointError, backbone_weights,
+                           check_num_heads, file_num_heads, load_checkpoint_file,
+                           load_state_dict_strict)
 from ...lookhere import LookHereAttentionEngine, LookHereConfig, resolve_lh_config
 from ..pos_encoding import (AbsolutePositionEncoding,
                             PositionEncoding, build_position_encoding, isolated_rng,
@@ -36,8 +38,8 @@ from ..registry import register_model
 
 __all__ = ['LookHereViT', 'LookHerePatchEmbed', 'LookHereBlock', 'LookHereSelfAttention']
 
-#: the ``state_dict`` key of :meth:`LookHereViT.get_extra_state` (PyTorch's name for it)
-EXTRA_STATE_KEY = '_extra_state'
+#: the keys ``init_cfg=dict(type='Pretrained', ...)`` takes (mmengine's and ours)
+_PRETRAINED_KEYS = ('type', 'checkpoint', 'strict', 'prefix', 'map_location', HEADS_KEY)
 _warned: set = set()
 
 
@@ -45,6 +47,14 @@ def _warn_once(key: str, msg: str) -> None:
     if key not in _warned:
         _warned.add(key)
         warnings.warn(msg, stacklevel=3)
+
+
+def _autocast_on(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` (then it casts the inputs itself)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # pragma: no cover - torch < 2.4: CUDA autocast only
+        return torch.is_autocast_enabled()
 
 
 class LookHerePatchEmbed(nn.Module):
@@ -71,16 +81,41 @@ class LookHerePatchEmbed(nn.Module):
         self.norm = build_norm_layer(norm_cfg, embed_dims)[1] if norm_cfg else None
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
-        """``(B, C, H, W)`` -> tokens ``(B, h*w, D)`` and the grid ``(h, w)``."""
+        """``(B, C, H, W)`` -> tokens ``(B, h*w, D)`` and the grid ``(h, w)``.
+
+        Any memory format (``torch.channels_last`` too) gives the same result; a batch of
+        0 images gives empty outputs.
+
+        Raises:
+            TypeError: not a tensor.
+            ValueError: not 4-D, not a float dtype, the channel axis last
+                ``(B, H, W, C)``, another channel count, or smaller than one patch.
+        """
+        if not isinstance(x, Tensor):
+            raise TypeError(f'LookHereViT expects a tensor of images (B, C, H, W), got '
+                            f'{type(x).__name__}')
         if x.dim() != 4:
             raise ValueError(f'LookHereViT expects images of shape (B, C, H, W), got {tuple(x.shape)}')
+        if not x.is_floating_point():
+            raise ValueError(f'LookHereViT expects float images (B, C, H, W), got dtype '
+                             f'{x.dtype}: convert and normalise them first (in mmseg / mmdet '
+                             "the model's data_preprocessor does), e.g. x.float()")
+        c = self.proj.in_channels
+        if x.shape[1] != c:
+            if x.shape[-1] == c:
+                raise ValueError(f'LookHereViT expects images of shape (B, C, H, W); got '
+                                 f'{tuple(x.shape)}, which looks like (B, H, W, C) with the '
+                                 f'channel axis last: use x.permute(0, 3, 1, 2)')
+            raise ValueError(f'LookHereViT was built for {c} input channels, got {x.shape[1]}')
         h, w = x.shape[-2:]
         p = self.patch_size
         if h < p or w < p:
             raise ValueError(f'image of {h}x{w} px is smaller than one {p}x{p} patch')
-        if x.shape[1] != self.proj.in_channels:
-            raise ValueError(f'LookHereViT was built for {self.proj.in_channels} input channels, '
-                             f'got {x.shape[1]}')
+        weight = self.proj.weight
+        if x.dtype != weight.dtype and not _autocast_on(x.device.type):
+            raise ValueError(f'LookHereViT weights are {weight.dtype} but the images are '
+                             f'{x.dtype}: cast one to the other (e.g. x.to({weight.dtype}) '
+                             'or model.to(x.dtype)), or run under torch.autocast')
         pad_h, pad_w = (-h) % p, (-w) % p
         if pad_h or pad_w:
             if self.padding == 'corner':
@@ -197,6 +232,88 @@ class LookHereBlock(nn.Module):
         x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), pos_enc, layer, grid,
                                                   cls_token, self.window_size)))
         return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value: Any, minimum: int = 1) -> None:
+    if not _is_int(value) or value < minimum:
+        what = 'a positive int' if minimum == 1 else f'>= {minimum} (an int)'
+        raise ValueError(f'LookHereViT: {name} must be {what}, got {value!r}')
+
+
+def _check_rate(name: str, value: Any) -> None:
+    if not _is_number(value) or not 0 <= value < 1:
+        raise ValueError(f'LookHereViT: {name} must be a probability in [0, 1), got {value!r}')
+
+
+def _check_finite(name: str, value: Any, minimum: Optional[float] = None,
+                  strict: bool = False) -> None:
+    """``value`` is a finite number (``> minimum`` with ``strict``, else ``>= minimum``)."""
+    ok = _is_number(value) and math.isfinite(value)
+    if ok and minimum is not None:
+        ok = value > minimum if strict else value >= minimum
+    if not ok:
+        bound = '' if minimum is None else f' {">" if strict else ">="} {minimum:g}'
+        raise ValueError(f'LookHereViT: {name} must be a finite number{bound}, got {value!r}')
+
+
+def image_size_pair(img_size: Any) -> Tuple[int, int]:
+    """``img_size`` as ``(H, W)``: an int, or a sequence of one or two positive ints (like
+    mmseg's ``VisionTransformer``).
+
+    Raises:
+        ValueError: naming the value.
+    """
+    given = img_size
+    if _is_int(img_size):
+        img_size = (img_size, img_size)
+    elif isinstance(img_size, (list, tuple)) and len(img_size) == 1:
+        img_size = (img_size[0], img_size[0])
+    if (not isinstance(img_size, (list, tuple)) or len(img_size) != 2
+            or not all(_is_int(s) and s >= 1 for s in img_size)):
+        raise ValueError('LookHereViT: img_size must be a positive int or (H, W) with two '
+                         f'positive ints, got {given!r}')
+    return int(img_size[0]), int(img_size[1])
+
+
+def _check_arguments(args: Mapping[str, Any]) -> None:
+    """Validate the numeric arguments of :class:`LookHereViT`, naming key and value."""
+    for name in ('patch_size', 'in_channels', 'embed_dims', 'num_layers', 'num_heads'):
+        _check_int(name, args[name])
+    for name in ('drop_rate', 'attn_drop_rate', 'drop_path_rate'):
+        _check_rate(name, args[name])
+    _check_finite('mlp_ratio', args['mlp_ratio'], 0, strict=True)
+    if int(args['embed_dims'] * args['mlp_ratio']) < 1:
+        raise ValueError(f"LookHereViT: mlp_ratio={args['mlp_ratio']!r} gives an MLP of "
+                         f"{int(args['embed_dims'] * args['mlp_ratio'])} channels")
+    if args['init_values'] is not None:
+        _check_finite('init_values', args['init_values'])
+    _check_int('window_size', args['window_size'], minimum=0)
+    if args['attn_block_size'] is not None:
+        _check_int('attn_block_size', args['attn_block_size'], minimum=0)
+    mb = args['max_dense_bias_mb']
+    if not _is_number(mb) or not mb >= 0:  # inf: no limit
+        raise ValueError(f'LookHereViT: max_dense_bias_mb must be a number >= 0, got {mb!r}')
+    for name in ('window_block_indexes', 'global_attn_indexes'):
+        if args[name] is not None:
+            if not isinstance(args[name], (list, tuple)) or not all(
+                    _is_int(i) for i in args[name]):
+                raise ValueError(f'LookHereViT: {name} must be a list of block indexes '
+                                 f'(ints), got {args[name]!r}')
+    out_indices = args['out_indices']
+    if isinstance(out_indices, (list, tuple)):
+        if not out_indices or not all(_is_int(i) for i in out_indices):
+            raise ValueError('LookHereViT: out_indices must be an int or a non-empty list of '
+                             f'ints, got {out_indices!r}')
+    elif not _is_int(out_indices):
+        raise TypeError('out_indices must be an int, list or tuple')
 
 
 def _window_blocks(num_layers: int, window_size: int,
@@ -380,8 +497,14 @@ class LookHereViT(BaseModule):
         elif pretrained is not None:
             raise TypeError('pretrained must be a str or None')
         super().__init__(init_cfg=init_cfg)
+        _check_arguments(locals())
+        img_size = image_size_pair(img_size)
+        if isinstance(frozen_exclude, str):  # one name, not its letters
+            frozen_exclude = [frozen_exclude]
 
         spec = parse_pos_encoding(pos_encoding, lh_config, preset)
+        for key, value in spec.options.items():  # theta (RoPE), init_std (abs)
+            _check_finite(f'pos_encoding {key}', value, 0, strict=key == 'theta')
         if interpolate_mode is not None and spec.name != 'abs':
             _warn_once('interpolate_mode', 'LookHereViT ignores interpolate_mode: it has no '
                        'absolute position embedding to resize')
@@ -391,9 +514,7 @@ class LookHereViT(BaseModule):
             raise ValueError(f'LookHereViT supports num_fcs=2 only (got {num_fcs})')
         if output_cls_token and not with_cls_token:
             raise ValueError('output_cls_token=True needs with_cls_token=True')
-        if isinstance(img_size, int):
-            img_size = (img_size, img_size)
-        self.img_size = tuple(img_size)
+        self.img_size = img_size
         self.patch_size = patch_size
         self.embed_dims = embed_dims
         self.num_layers = num_layers
@@ -464,10 +585,19 @@ class LookHereViT(BaseModule):
 
     # -- weights ---------------------------------------------------------------------------
     def init_weights(self) -> None:
-        """Official (DeiT-III) init, or load the ``Pretrained`` checkpoint of ``init_cfg``."""
+        """Official (DeiT-III) init, or load the ``Pretrained`` checkpoint of ``init_cfg``
+        (keys ``checkpoint``, ``strict``, and ``checkpoint_num_heads`` for files that do not
+        record their head count; see :meth:`load_pretrained`)."""
         cfg = self.init_cfg
         if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            self.load_pretrained(cfg['checkpoint'], strict=cfg.get('strict', True))
+            unknown = sorted(set(cfg) - set(_PRETRAINED_KEYS))
+            if unknown or not cfg.get('checkpoint'):
+                raise ValueError(f'LookHereViT init_cfg {dict(cfg)}: '
+                                 + (f'unknown keys {unknown}; allowed: '
+                                    f'{list(_PRETRAINED_KEYS)}' if unknown else
+                                    'needs checkpoint=PATH'))
+            self.load_pretrained(cfg['checkpoint'], strict=cfg.get('strict', True),
+                                 checkpoint_num_heads=cfg.get(HEADS_KEY))
             self._is_init = True
             return
         if cfg is not None:
@@ -486,7 +616,8 @@ class LookHereViT(BaseModule):
         with isolated_rng(next(self.parameters()).device):
             self.pos_enc.reset_parameters()
 
-    def load_pretrained(self, path: str, strict: bool = True) -> Dict[str, List[str]]:
+    def load_pretrained(self, path: str, strict: bool = True,
+                        checkpoint_num_heads: Optional[int] = None) -> Dict[str, List[str]]:
         """Load official LookHere / timm / DeiT-III / lookhere-dense weights from ``path``.
 
         The LookHere config stored in official and lookhere-dense files replaces the
@@ -497,24 +628,38 @@ class LookHereViT(BaseModule):
         token has no position embedding here, so its input stays the same); the other
         encodings drop it.
 
+        The file must fit (:func:`~lookhere_dense.checkpoint.load_state_dict_strict`):
+        tensor shapes always; with ``strict`` also every key both ways, except what is
+        dropped on purpose (classifier head, ``pos_embed`` of non-``abs`` encodings, the
+        final ``norm`` with ``final_norm=False``, ``cls_token`` with
+        ``with_cls_token=False``, another encoding's ``pos_enc.*``). The file's head count
+        must equal ``num_heads`` (:func:`~lookhere_dense.checkpoint.file_num_heads`:
+        recorded in lookhere-dense files, 12 for official LookHere files, ``embed_dims/64``
+        for timm / DeiT-III files; files it cannot tell need ``checkpoint_num_heads``).
+
         Args:
             path: checkpoint file.
-            strict: raise if the backbone has parameters the file lacks. Default: True.
+            strict: refuse files that lack parameters of the backbone or have parameters
+                it lacks. Default: True.
+            checkpoint_num_heads: the head count the file was trained with, for files
+                that do not record it. Default: None.
 
         Returns:
             ``{'missing': [...], 'unexpected': [...], 'dropped': [...]}``.
+
+        Raises:
+            FileNotFoundError, CheckpointError: naming the file and what does not fit.
         """
         is_abs = isinstance(self.pos_enc, AbsolutePositionEncoding)
         weights = backbone_weights(load_checkpoint_file(path), keep_pos_embed=is_abs)
         if weights.pos_encoding == 'alibi2d' and self.pos_encoding != 'alibi2d':
             weights.lh_config = None  # 2D-ALiBi slopes: meaningless for another encoding
         if weights.lh_config is not None:
-            if self.pos_encoding != (weights.pos_encoding or 'lookhere'):
-                source = weights.pos_encoding or 'lookhere'
-                raise ValueError(f'{path!r} ({weights.format} format) holds a {source!r} model '
-                                 f'(config {weights.lh_config}); it loads only into '
-                                 f'pos_encoding={source!r}, not {self.pos_encoding!r}')
-            self._adopt_checkpoint_config(weights.lh_config, path)
+            source = weights.pos_encoding or 'lookhere'
+            if self.pos_encoding != source:
+                raise CheckpointError(f'{path!r} ({weights.format} format) holds a {source!r} '
+                                      f'model (config {weights.lh_config}); it loads only into '
+                                      f'pos_encoding={source!r}, not {self.pos_encoding!r}')
         pos_note = ''
         if is_abs:
             stored = [k for k in ('pos_embed', 'pos_enc.pos_embed') if k in weights.state_dict]
@@ -527,46 +672,77 @@ class LookHereViT(BaseModule):
                     sd['cls_token'] = sd['cls_token'] + cls_entry
                     pos_note += ', added to cls_token'
                 pos_note = f'; {stored[0]} -> pos_enc.pos_embed: {pos_note}'
-        own = {k: v for k, v in self.state_dict().items() if isinstance(v, Tensor)}
-        loadable, missing, unexpected = match_state_dict(own, weights.state_dict)
-        if missing and strict:
-            hint = ''
-            if any('.ls1.' in k or '.ls2.' in k for k in missing):
-                hint = ' (no LayerScale in the file: set init_values=None)'
-            raise ValueError(f'checkpoint {path!r} ({weights.format}) lacks backbone '
-                             f'parameters{hint}: {missing}')
-        self.load_state_dict(loadable, strict=False)
-        report = dict(missing=missing, unexpected=unexpected, dropped=weights.dropped)
-        print_log(f'LookHereViT: loaded {len(loadable)} tensors from {path} '
-                  f'({weights.format} format); dropped {weights.dropped or "nothing"}; '
-                  f'unexpected (ignored) {unexpected or "none"}; missing {missing or "none"}; '
-                  f'pos_encoding {self.pos_encoding!r}'
+        dropped = self._unused_checkpoint_keys(weights.state_dict, weights.pos_encoding)
+
+        def verify() -> None:  # after the key checks, before anything is loaded
+            heads, how = file_num_heads(weights)
+            check_num_heads(self.num_heads, heads, how, path, checkpoint_num_heads)
+            if weights.lh_config is not None:
+                self._adopt_checkpoint_config(weights.lh_config, path)
+
+        report = load_state_dict_strict(self, weights.state_dict, path, strict=strict,
+                                        dropped=dropped, what='backbone', verify=verify)
+        report['dropped'] = sorted(weights.dropped + report['dropped'])
+        loaded = len(weights.state_dict) - len(dropped) - len(report['unexpected'])
+        print_log(f'LookHereViT: loaded {loaded} tensors from {path} '
+                  f'({weights.format} format); dropped {report["dropped"] or "nothing"}; '
+                  f'unexpected (ignored) {report["unexpected"] or "none"}; missing '
+                  f'{report["missing"] or "none"}; pos_encoding {self.pos_encoding!r}'
                   + (f', LookHere config {self.lh_config.to_dict()}' if self.lh_config else '')
                   + pos_note, logger='current')
         return report
 
+    def _unused_checkpoint_keys(self, state_dict: Mapping[str, Tensor],
+                                file_encoding: Optional[str]) -> Dict[str, str]:
+        """``{key: reason}`` of file tensors this backbone leaves out by design."""
+        own = self.state_dict()
+        out = {}
+        for key in state_dict:
+            if key in own:
+                continue
+            if key.startswith('norm.') and self.norm is None:
+                out[key] = 'final_norm=False'
+            elif key == 'cls_token' and not self.with_cls_token:
+                out[key] = 'with_cls_token=False'
+            elif key.startswith('pos_enc.') and file_encoding not in (None, self.pos_encoding):
+                out[key] = f'position encoding {file_encoding!r} of the file'
+        return out
+
     # -- what the weights mean beyond their shapes ---------------------------------------
     def get_extra_state(self) -> Dict[str, Any]:
-        """Saved in every ``state_dict`` (key ``_extra_state``): the position encoding and
-        the active LookHere config, e.g. the one adopted from an official checkpoint by
-        :meth:`init_weights`. A trained model therefore carries the bias it was trained
-        with into ``tools/test.py``, ``--resume`` and inference, where no ``init_weights``
-        runs. Plain strings and numbers only (loads with ``weights_only=True``)."""
+        """Saved in every ``state_dict`` (key ``_extra_state``): the position encoding, the
+        active LookHere config (e.g. the one adopted from an official checkpoint by
+        :meth:`init_weights`) and the attention geometry (``num_heads``, ``num_layers``,
+        ``embed_dims``). A trained model therefore carries the bias it was trained with
+        into ``tools/test.py``, ``--resume`` and inference, where no ``init_weights`` runs,
+        and a model with another head count refuses it. Plain strings and numbers only
+        (loads with ``weights_only=True``)."""
         return {'pos_encoding': self.pos_encoding,
-                'lh_config': self.lh_config.to_dict() if self.lh_config is not None else None}
+                'lh_config': self.lh_config.to_dict() if self.lh_config is not None else None,
+                'num_heads': self.num_heads, 'num_layers': self.num_layers,
+                'embed_dims': self.embed_dims}
 
     def set_extra_state(self, state: Any) -> None:
         """Adopt the LookHere config of loaded weights (see :meth:`get_extra_state`).
 
         Raises:
-            ValueError: the weights come from another ``pos_encoding``, or their LookHere
-                config conflicts with an explicitly given ``preset`` / ``lh_config`` or
-                does not fit this backbone.
+            ValueError: the weights come from another ``pos_encoding`` or attention geometry
+                (heads, layers, channels), or their LookHere config conflicts with an
+                explicitly given ``preset`` / ``lh_config`` or does not fit this backbone.
         """
         if not isinstance(state, Mapping):
             raise ValueError(f'LookHereViT: the loaded state_dict has an unreadable '
                              f'{EXTRA_STATE_KEY!r} entry ({type(state).__name__}); expected '
                              'the dict LookHereViT.get_extra_state() writes')
+        for key in ('num_layers', 'embed_dims'):
+            stored = state.get(key)
+            if stored is not None and stored != getattr(self, key):
+                raise CheckpointError(f'the loaded weights come from a LookHereViT with '
+                                      f'{key}={stored}, this one has {key}='
+                                      f'{getattr(self, key)}: set model.backbone.{key}={stored}')
+        if state.get('num_heads') is not None:
+            check_num_heads(self.num_heads, state['num_heads'], 'recorded in the file',
+                            'the loaded state_dict')
         source = state.get('pos_encoding')
         if source is not None and source != self.pos_encoding:
             raise ValueError(f'the loaded weights were trained with pos_encoding={source!r}, '
@@ -603,6 +779,13 @@ class LookHereViT(BaseModule):
     def _freeze(self) -> None:
         if 'all' in self.frozen_exclude:
             return
+        names = [name for name, _ in self.named_parameters()]
+        unmatched = [ex for ex in self.frozen_exclude
+                     if not isinstance(ex, str) or not any(ex in n for n in names)]
+        if unmatched:
+            raise ValueError(f'LookHereViT: frozen_exclude entries {unmatched} match no '
+                             f'parameter (names like {names[:3]} ... {names[-2:]}); every '
+                             "parameter would be frozen. ['all'] freezes nothing, [] everything")
         for name, param in self.named_parameters():
             if not any(ex in name for ex in self.frozen_exclude):
                 param.requires_grad = False

@@ -8,21 +8,27 @@ inputs of mmdet's RPN / RoI heads and mmseg's UPerNet. Extra levels (P6 for the 
 max-pooled from the last one, as detectron2's ``LastLevelMaxPool``.
 
 The neck knows nothing of LookHere: it takes any backbone output tuple and reads one map.
+
+It also takes the arguments of mmdet's ``projects/ViTDet`` ``SimpleFPN``
+(``backbone_channel=768, in_channels=[192, 384, 768, 768], out_channels=256, num_outs=5,
+norm_cfg=dict(type='LN2d')``), so that config's neck builds unchanged. It is registered in
+mmengine's root ``MODELS`` (found from the mmseg and mmdet scopes alike), so importing
+mmdet's ViTDet project, which registers its own ``SimpleFPN`` in mmdet's registry, does
+not clash; in the mmdet scope the project's class then wins.
 """
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn import ConvModule, build_activation_layer, build_norm_layer
 from mmengine.model import BaseModule
+from mmengine.registry import MODELS
 from torch import Tensor
 
-from ..registry import register_model
-
-__all__ = ['SimpleFPN', 'scale_steps', 'resample_stage']
+__all__ = ['SimpleFPN', 'scale_steps', 'resample_stage', 'level_channels']
 
 
 def scale_steps(scale: float) -> int:
@@ -40,7 +46,13 @@ def scale_steps(scale: float) -> int:
     return int(round(steps))
 
 
-def resample_stage(channels: int, steps: int, norm_cfg: dict, act_cfg: dict
+def level_channels(channels: int, steps: int) -> int:
+    """Channels of a pyramid level ``steps`` x2 steps from a ``channels`` map: halved per
+    upsampling step (ViTDet), unchanged otherwise."""
+    return channels // (2 ** steps) if steps > 0 else channels
+
+
+def resample_stage(channels: int, steps: int, norm_cfg: Optional[dict], act_cfg: dict
                    ) -> Tuple[nn.Module, int]:
     """The resampling that takes the backbone map to one pyramid level.
 
@@ -71,19 +83,23 @@ def resample_stage(channels: int, steps: int, norm_cfg: dict, act_cfg: dict
         layers.append(nn.ConvTranspose2d(channels, channels // 2, kernel_size=2, stride=2))
         channels //= 2
         if i < steps - 1:
-            layers.append(build_norm_layer(norm_cfg, channels)[1])
+            if norm_cfg is not None:
+                layers.append(build_norm_layer(norm_cfg, channels)[1])
             layers.append(build_activation_layer(act_cfg))
     return nn.Sequential(*layers), channels
 
 
-@register_model()
+@MODELS.register_module(force=True)
 class SimpleFPN(BaseModule):
     """ViTDet's simple feature pyramid from the last map of a plain backbone.
 
-    Registered in mmdet's and mmseg's ``MODELS``.
+    Registered in mmengine's root ``MODELS``: found in the mmseg and mmdet scopes (see the
+    module docstring).
 
     Args:
-        in_channels (int): channels of the backbone map (``embed_dims``).
+        in_channels (int | list[int]): channels of the backbone map (``embed_dims``); or,
+            with ``backbone_channel`` (mmdet's ViTDet form), the channels of each resampled
+            level (``[C/4, C/2, C, C]`` for the default scale factors), checked.
         out_channels (int): channels of every output level. Default: 256.
         scale_factors (Sequence[float]): resampling factor of each level relative to the
             backbone map; powers of two in decreasing order. Default: ``(4.0, 2.0, 1.0, 0.5)``.
@@ -91,11 +107,15 @@ class SimpleFPN(BaseModule):
             are max-pooled (kernel 1, stride 2) from the previous output. None: one per
             scale factor. Default: None.
         in_index (int): which element of the backbone output tuple to use. Default: -1.
-        norm_cfg (dict): norm of the 1x1 / 3x3 output convs and between transposed convs.
-            Default: ``dict(type='LN2d')``.
+        norm_cfg (dict, optional): norm of the 1x1 / 3x3 output convs and between
+            transposed convs; None: no norm. Default: ``dict(type='LN2d')``.
         act_cfg (dict): activation between transposed convs. Default: ``dict(type='GELU')``.
         init_cfg (dict | list[dict], optional): Default: None (mmcv ``ConvModule``'s Kaiming
             init, PyTorch's default for the transposed convs).
+        backbone_channel (int, optional): mmdet ViTDet's name for the channels of the
+            backbone map; then ``in_channels`` lists the levels' channels. Default: None.
+        conv_cfg (dict, optional): conv config of the 1x1 / 3x3 convs (mmcv
+            ``ConvModule``). Default: None.
 
     Shapes:
         ``forward(inputs)``: ``inputs[in_index]`` is ``(B, in_channels, h, w)``; returns a
@@ -104,18 +124,17 @@ class SimpleFPN(BaseModule):
     """
 
     def __init__(self,
-                 in_channels: int,
+                 in_channels: Union[int, Sequence[int]],
                  out_channels: int = 256,
                  scale_factors: Sequence[float] = (4.0, 2.0, 1.0, 0.5),
                  num_outs: Optional[int] = None,
                  in_index: int = -1,
-                 norm_cfg: dict = dict(type='LN2d'),
+                 norm_cfg: Optional[dict] = dict(type='LN2d'),
                  act_cfg: dict = dict(type='GELU'),
-                 init_cfg: Optional[Union[dict, List[dict]]] = None):
+                 init_cfg: Optional[Union[dict, List[dict]]] = None,
+                 backbone_channel: Optional[int] = None,
+                 conv_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
-        if not isinstance(in_channels, int) or in_channels < 1:
-            raise ValueError('SimpleFPN reads one backbone map: in_channels must be a '
-                             f'positive int (the backbone embed_dims), got {in_channels!r}')
         scale_factors = tuple(scale_factors)
         if not scale_factors:
             raise ValueError('SimpleFPN needs at least one scale factor')
@@ -123,6 +142,11 @@ class SimpleFPN(BaseModule):
         if any(a <= b for a, b in zip(steps, steps[1:])):
             raise ValueError('SimpleFPN scale_factors must be strictly decreasing (finest '
                              f'level first, like the strides of the heads), got {scale_factors}')
+        in_channels = self._backbone_channels(in_channels, backbone_channel, steps)
+        for name, value in (('out_channels', out_channels), ('num_outs', num_outs)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 1):
+                raise ValueError(f'SimpleFPN {name} must be a positive int, got {value!r}')
         num_outs = len(scale_factors) if num_outs is None else num_outs
         if num_outs < len(scale_factors):
             raise ValueError(f'num_outs={num_outs} is smaller than the number of scale factors '
@@ -139,10 +163,44 @@ class SimpleFPN(BaseModule):
         for s in steps:
             resample, channels = resample_stage(in_channels, s, norm_cfg, act_cfg)
             self.resamplers.append(resample)
-            self.lateral_convs.append(ConvModule(channels, out_channels, 1, norm_cfg=norm_cfg,
-                                                 act_cfg=None))
+            self.lateral_convs.append(ConvModule(channels, out_channels, 1, conv_cfg=conv_cfg,
+                                                 norm_cfg=norm_cfg, act_cfg=None))
             self.output_convs.append(ConvModule(out_channels, out_channels, 3, padding=1,
-                                                norm_cfg=norm_cfg, act_cfg=None))
+                                                conv_cfg=conv_cfg, norm_cfg=norm_cfg,
+                                                act_cfg=None))
+
+    @staticmethod
+    def _backbone_channels(in_channels: Any, backbone_channel: Any, steps: List[int]) -> int:
+        """The backbone map's channels from either form of the arguments (ours:
+        ``in_channels=C``; mmdet ViTDet's: ``backbone_channel=C`` and the levels' channels
+        as ``in_channels``, which must be what the resampling gives)."""
+        def positive_int(x: Any) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+        if backbone_channel is None:
+            if not positive_int(in_channels):
+                hint = (' (or, as in mmdet\'s ViTDet config, backbone_channel=C with the '
+                        'per-level channels in_channels=[C/4, C/2, C, C])'
+                        if isinstance(in_channels, (list, tuple)) else '')
+                raise ValueError('SimpleFPN reads one backbone map: in_channels must be a '
+                                 'positive int (the backbone embed_dims), got '
+                                 f'{in_channels!r}{hint}')
+            return in_channels
+        if not positive_int(backbone_channel):
+            raise ValueError('SimpleFPN backbone_channel must be a positive int (the backbone '
+                             f'embed_dims), got {backbone_channel!r}')
+        if not isinstance(in_channels, (list, tuple)):
+            raise ValueError(f'SimpleFPN got backbone_channel={backbone_channel} and '
+                             f'in_channels={in_channels!r}: with backbone_channel, in_channels '
+                             'lists the channels of each level (mmdet ViTDet); or give only '
+                             'in_channels=<backbone channels>')
+        expected = [level_channels(backbone_channel, s) for s in steps]
+        if list(in_channels) != expected:
+            raise ValueError(f'SimpleFPN in_channels={list(in_channels)} (per level) does not '
+                             f'match its levels: backbone_channel={backbone_channel} resampled '
+                             f'by the scale factors {tuple(2.0 ** s for s in steps)} gives '
+                             f'{expected} channels (halved per upsampling step, as ViTDet)')
+        return backbone_channel
 
     def _select(self, inputs: Union[Tensor, Sequence[Tensor]]) -> Tensor:
         if isinstance(inputs, Tensor):

@@ -1,0 +1,197 @@
+"""mmdet's own ViTDet config (``projects/ViTDet/configs/vitdet_mask-rcnn_vit-b-mae_lsj-100e.py``)
+with only the backbone swapped: ``type='LookHereViT'`` and its argument names
+(``embed_dim`` -> ``embed_dims``, ``depth`` -> ``num_layers``; ``use_rel_pos`` dropped: the
+LookHere bias is the position information). Its neck (``SimpleFPN`` with
+``backbone_channel`` / per-level ``in_channels`` / ``num_outs`` / ``LN2d``) and its
+``constructor='LayerDecayOptimizerConstructor'`` resolve to lookhere-dense's classes in the
+mmdet scope, without mmdet's ViTDet project (which mmdet's pip package does not ship).
+
+The model section is restated below, built on ``mmdet::_base_/models/mask-rcnn_r50_fpn.py``
+as the project config is. The full-size model is built and gets its layer-decay optimizer;
+one training step and a prediction run at ViT-B width on a 128 x 128 image (the step's
+cost is the image size, not the config).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.optim import build_optim_wrapper
+from mmengine.registry import DefaultScope
+
+pytestmark = pytest.mark.usefixtures('one_torch_thread')
+
+#: the project config's model section and optimizer, backbone type and names swapped
+VITDET_CONFIG = '''
+_base_ = ['mmdet::_base_/models/mask-rcnn_r50_fpn.py']
+custom_imports = dict(imports=['lookhere_dense'])
+
+backbone_norm_cfg = dict(type='LN', requires_grad=True)
+norm_cfg = dict(type='LN2d', requires_grad=True)
+image_size = (1024, 1024)
+batch_augments = [
+    dict(type='BatchFixedSizePad', size=image_size, pad_mask=True)
+]
+
+model = dict(
+    data_preprocessor=dict(pad_size_divisor=32, batch_augments=batch_augments),
+    backbone=dict(
+        _delete_=True,
+        type='LookHereViT',
+        img_size=1024,
+        patch_size=16,
+        embed_dims=768,
+        num_layers=12,
+        num_heads=12,
+        drop_path_rate=0.1,
+        window_size=14,
+        mlp_ratio=4,
+        qkv_bias=True,
+        norm_cfg=backbone_norm_cfg,
+        window_block_indexes=[0, 1, 3, 4, 6, 7, 9, 10]),
+    neck=dict(
+        _delete_=True,
+        type='SimpleFPN',
+        backbone_channel=768,
+        in_channels=[192, 384, 768, 768],
+        out_channels=256,
+        num_outs=5,
+        norm_cfg=norm_cfg),
+    rpn_head=dict(num_convs=2),
+    roi_head=dict(
+        bbox_head=dict(
+            type='Shared4Conv1FCBBoxHead',
+            conv_out_channels=256,
+            norm_cfg=norm_cfg),
+        mask_head=dict(norm_cfg=norm_cfg)))
+
+optim_wrapper = dict(
+    type='OptimWrapper',   # the project's AmpOptimWrapper needs a GPU
+    constructor='LayerDecayOptimizerConstructor',
+    paramwise_cfg={
+        'decay_rate': 0.7,
+        'decay_type': 'layer_wise',
+        'num_layers': 12,
+    },
+    optimizer=dict(
+        type='AdamW',
+        lr=0.0001,
+        betas=(0.9, 0.999),
+        weight_decay=0.1,
+    ))
+'''
+
+
+@pytest.fixture(scope='module')
+def vitdet(tmp_path_factory):
+    path = tmp_path_factory.mktemp('vitdet') / 'vitdet_mask-rcnn_lookhere-b_lsj-100e.py'
+    path.write_text(VITDET_CONFIG)
+    cfg = Config.fromfile(str(path))
+    from mmdet.registry import MODELS
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        torch.manual_seed(0)
+        model = MODELS.build(cfg.model)
+        model.init_weights()
+        optim = build_optim_wrapper(model, cfg.optim_wrapper)
+    return cfg, model, optim
+
+
+def _batch(size: int = 128):
+    from mmdet.structures import DetDataSample
+    from mmdet.structures.mask import BitmapMasks
+    from mmengine.structures import InstanceData
+    g = torch.Generator().manual_seed(0)
+    img = torch.randint(0, 256, (3, size, size), dtype=torch.uint8, generator=g)
+    masks = torch.zeros(2, size, size, dtype=torch.uint8)
+    masks[0, 10:60, 20:90] = 1
+    masks[1, 70:120, 40:100] = 1
+    sample = DetDataSample(metainfo=dict(img_shape=(size, size), ori_shape=(size, size),
+                                         scale_factor=(1.0, 1.0)))
+    sample.gt_instances = InstanceData(
+        bboxes=torch.tensor([[20., 10., 90., 60.], [40., 70., 100., 120.]]),
+        labels=torch.tensor([3, 17]), masks=BitmapMasks(masks.numpy(), size, size))
+    return dict(inputs=[img], data_samples=[sample])
+
+
+def test_the_vitdet_model_section_builds_with_lookhere(vitdet):
+    from lookhere_dense.engine import ViTDetLayerDecayOptimizerConstructor
+    from lookhere_dense.models import LookHereViT, SimpleFPN
+    cfg, model, optim = vitdet
+    assert isinstance(model.backbone, LookHereViT) and isinstance(model.neck, SimpleFPN)
+    assert model.backbone.window_block_indexes == [0, 1, 3, 4, 6, 7, 9, 10]
+    assert model.neck.in_channels == 768 and model.neck.num_outs == 5
+    assert [c.conv.in_channels for c in model.neck.lateral_convs] == [192, 384, 768, 768]
+    # the layer-decay constructor of the config resolved to ours in the mmdet scope
+    from mmdet.registry import OPTIM_WRAPPER_CONSTRUCTORS
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        assert OPTIM_WRAPPER_CONSTRUCTORS.get('LayerDecayOptimizerConstructor') is \
+            ViTDetLayerDecayOptimizerConstructor
+    lr = {g['layer_id']: g['lr'] for g in optim.optimizer.param_groups}
+    assert sorted(lr) == list(range(14))
+    for layer, value in lr.items():
+        assert value == pytest.approx(1e-4 * 0.7 ** (13 - layer), rel=1e-9)
+    names = {n: g['layer_id'] for g in optim.optimizer.param_groups for n in g['param_names']}
+    assert names['backbone.patch_embed.proj.weight'] == 0
+    assert names['backbone.blocks.11.attn.qkv.weight'] == 12
+    assert names['neck.lateral_convs.0.conv.weight'] == 13
+
+
+def test_one_training_step_and_a_prediction(vitdet):
+    cfg, model, optim = vitdet
+    model.data_preprocessor.batch_augments[0].size = (128, 128)  # LSJ pad at 128, not 1024
+    model.train()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    losses = model.train_step(_batch(), optim)
+    for key in ('loss_rpn_cls', 'loss_rpn_bbox', 'loss_cls', 'loss_bbox', 'loss_mask'):
+        assert math.isfinite(losses[key].item()), key
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    for part in ('backbone.patch_embed.', 'backbone.blocks.0.attn.', 'backbone.blocks.11.',
+                 'neck.lateral_convs.0.', 'rpn_head.', 'roi_head.mask_head.'):
+        assert any(n.startswith(part) for n in moved), f'{part} did not train'
+    model.eval()
+    with torch.no_grad():
+        (pred,) = model.test_step(_batch())
+    inst = pred.pred_instances
+    assert inst.bboxes.shape[1] == 4 and len(inst.bboxes) == len(inst.scores) == len(inst.labels)
+    assert inst.masks.shape[1:] == (128, 128)
+    assert torch.isfinite(inst.bboxes).all()
+
+
+def test_importing_mmdets_vitdet_project_does_not_clash():
+    """What ``import projects.ViTDet.vitdet`` does (mmdet's pip package does not ship it):
+    register ``SimpleFPN``, ``LN2d`` and ``LayerDecayOptimizerConstructor`` in mmdet's
+    registries without ``force``. That must not fail after lookhere-dense registered, and
+    the project's classes then win in the mmdet scope; mmseg keeps its own constructor."""
+    from mmdet.registry import MODELS, OPTIM_WRAPPER_CONSTRUCTORS
+    from mmengine.optim import DefaultOptimWrapperConstructor
+    from mmseg.registry import MODELS as SEG_MODELS
+    from mmseg.registry import OPTIM_WRAPPER_CONSTRUCTORS as SEG_CONSTRUCTORS
+
+    from lookhere_dense.models import SimpleFPN
+
+    class ProjectSimpleFPN(torch.nn.Module):
+        pass
+
+    class ProjectLayerDecay(DefaultOptimWrapperConstructor):
+        pass
+
+    added = [(MODELS, 'SimpleFPN'), (MODELS, 'LN2d'),
+             (OPTIM_WRAPPER_CONSTRUCTORS, 'LayerDecayOptimizerConstructor')]
+    try:
+        MODELS.register_module('SimpleFPN', module=ProjectSimpleFPN)
+        MODELS.register_module('LN2d', module=torch.nn.LayerNorm)
+        OPTIM_WRAPPER_CONSTRUCTORS.register_module('LayerDecayOptimizerConstructor',
+                                                   module=ProjectLayerDecay)
+        with DefaultScope.overwrite_default_scope('mmdet'):
+            assert MODELS.get('SimpleFPN') is ProjectSimpleFPN
+            assert OPTIM_WRAPPER_CONSTRUCTORS.get('LayerDecayOptimizerConstructor') is \
+                ProjectLayerDecay
+        with DefaultScope.overwrite_default_scope('mmseg'):
+            assert SEG_MODELS.get('SimpleFPN') is SimpleFPN
+            assert SEG_CONSTRUCTORS.get('LayerDecayOptimizerConstructor').__module__ \
+                .startswith('mmseg.')
+    finally:
+        for registry, name in added:
+            registry._module_dict.pop(name, None)
