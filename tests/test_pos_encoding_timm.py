@@ -291,6 +291,17 @@ def test_rope_dinov3_in_the_backbone():
     assert losses[-1] < losses[0]
 
 
+def test_rope_dinov3_string_and_none_options_build_in_the_backbone():
+    """Options that are not numbers (normalize_coords='min', shift_coords=None) pass the
+    backbone's checks: every encoding validates its own options."""
+    model = LookHereViT(**TINY, pos_encoding=dict(type='rope_dinov3', normalize_coords='min',
+                                                  shift_coords=None, theta=50.0))
+    assert model.pos_enc.rope.normalize_coords == 'min'
+    with pytest.raises(ValueError, match=r'pos_encoding theta must be a finite number > 0, '
+                                         r'got -1'):
+        LookHereViT(**TINY, pos_encoding=dict(type='rope_dinov3', theta=-1))
+
+
 def test_rope_dinov3_bad_options_name_the_problem():
     with pytest.raises(ValueError, match="normalize_coords must be 'separate', 'min' or 'max'"):
         LookHereViT(**TINY, pos_encoding=dict(type='rope_dinov3', normalize_coords='mean'))

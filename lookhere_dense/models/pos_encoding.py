@@ -110,6 +110,21 @@ def isolated_rng(device: Union[torch.device, str, None] = None) -> Iterator[None
         yield
 
 
+def check_number(name: str, value: Any, minimum: float, strict: bool = False) -> float:
+    """``value`` as a float, when it is a finite real number ``>= minimum`` (``> minimum``
+    with ``strict``): the check of an encoding's numeric options.
+
+    Raises:
+        ValueError: ``pos_encoding NAME must be a finite number > / >= MIN, got VALUE``.
+    """
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and math.isfinite(value) and (value > minimum if strict else value >= minimum)
+    if not ok:
+        raise ValueError(f'pos_encoding {name} must be a finite number '
+                         f'{">" if strict else ">="} {minimum:g}, got {value!r}')
+    return float(value)
+
+
 def window_sdpa(q: Tensor, k: Tensor, v: Tensor, grid_size: Tuple[int, int], window_size: int,
                 cls_token: bool, dropout_p: float = 0.0) -> Tensor:
     """ViTDet window attention without a position bias.
@@ -495,7 +510,7 @@ class AbsolutePositionEncoding(PositionEncoding):
             raise ValueError(f'grid_size must be (H, W) >= 1, got {grid_size!r}')
         self.grid_size = (int(grid_size[0]), int(grid_size[1]))
         self.interpolate_mode = interpolate_mode
-        self.init_std = init_std
+        self.init_std = check_number('init_std', init_std, 0)
         self.pos_embed = nn.Parameter(torch.zeros(1, self.grid_size[0] * self.grid_size[1],
                                                   embed_dims))
         self.reset_parameters()
@@ -646,7 +661,7 @@ class AxialRoPE2d(_RoPE2dBase):
             raise ValueError(f"pos_encoding='rope2d' needs head channels divisible by 4 "
                              f'(embed_dims / num_heads), got {head_dim}')
         self.head_dim = head_dim
-        self.theta = float(theta)
+        self.theta = check_number('theta', theta, 0, strict=True)
         self._cache = BoundedCache(8)
 
     def frequencies(self) -> Tensor:
@@ -703,7 +718,7 @@ class MixedRoPE2d(_RoPE2dBase):
             raise ValueError(f"pos_encoding='rope2d_mixed' needs head channels divisible by 4 "
                              f'(embed_dims / num_heads), got {head_dim}')
         self.depth, self.num_heads, self.head_dim = depth, num_heads, head_dim
-        self.theta = float(theta)
+        self.theta = check_number('theta', theta, 0, strict=True)
         self.freqs = nn.Parameter(torch.zeros(2, depth, num_heads, head_dim // 2))
         self.reset_parameters()
 
@@ -788,7 +803,8 @@ class DinoV3RoPE2d(PositionEncoding):
         rope_cls, self._rotate_cat = _timm_dinov3_rope()
         try:
             #: timm's ``RotaryEmbeddingDinoV3`` (its ``periods`` buffer is not saved)
-            self.rope = rope_cls(dim=head_dim, temperature=float(theta),
+            self.rope = rope_cls(dim=head_dim,
+                                 temperature=check_number('theta', theta, 0, strict=True),
                                  normalize_coords=normalize_coords, grid_indexing='ij',
                                  rotate_half=True, shift_coords=shift_coords,
                                  jitter_coords=jitter_coords, rescale_coords=rescale_coords)

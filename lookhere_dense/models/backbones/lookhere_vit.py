@@ -503,8 +503,6 @@ class LookHereViT(BaseModule):
             frozen_exclude = [frozen_exclude]
 
         spec = parse_pos_encoding(pos_encoding, lh_config, preset)
-        for key, value in spec.options.items():  # theta (RoPE), init_std (abs)
-            _check_finite(f'pos_encoding {key}', value, 0, strict=key == 'theta')
         if interpolate_mode is not None and spec.name != 'abs':
             _warn_once('interpolate_mode', 'LookHereViT ignores interpolate_mode: it has no '
                        'absolute position embedding to resize')
