@@ -73,7 +73,7 @@ from lookhere_dense.benchmark.bias import bench_bias  # noqa: E402
 from lookhere_dense.benchmark.report import environment, format_table  # noqa: E402
 from lookhere_dense.benchmark.segmenter import CASES as SEGMENTER_CASES  # noqa: E402
 from lookhere_dense.benchmark.segmenter import bench_segmenter  # noqa: E402
-from lookhere_dense.cli import resolve_config_path  # noqa: E402
+from lookhere_dense.cli import quiet_known_warnings, resolve_config_path  # noqa: E402
 
 #: Default configs of the segmenter section (relative to the repository).
 SEGMENTER_CONFIGS = ['configs/segmenter_lookhere_cityscapes_whole.py',
@@ -231,6 +231,7 @@ def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Run the chosen sections, print the table, write the JSON; return the results."""
     args = parse_args(argv)
+    quiet_known_warnings()
     if args.device == 'cuda' and not torch.cuda.is_available():
         raise SystemExit('--device cuda: no CUDA device available')
     if set(SECTION_GROUPS['models']) & set(args.sections):
