@@ -196,9 +196,9 @@ def model_cases():
     try:
         from lookhere_dense.benchmark import models
     except ImportError as err:
-        raise SystemExit(f'sections vit / frame / segmenter build models and need OpenMMLab '
-                         f'(mmcv, mmengine, mmseg): {err}. Where only torch is installed, '
-                         'run --section attention.') from err
+        raise SystemExit(f'sections vit / frame build ViTs and need OpenMMLab (mmcv, '
+                         f'mmengine, mmseg), as does segmenter (whole mmseg models): {err}. '
+                         'Where only torch is installed, run --section attention.') from err
     return models
 
 
