@@ -36,9 +36,10 @@ needs_flex = pytest.mark.skipif(not flex_available(), reason='no flex_attention 
 # Sections and timing
 # ----------------------------------------------------------------------------------------
 def test_section_groups_cover_the_sections():
-    assert SECTION_GROUPS['all'] == SECTIONS == ('bias', 'vit', 'frame', 'attn')
+    assert SECTION_GROUPS['all'] == SECTIONS == ('bias', 'vit', 'frame', 'segmenter', 'attn')
     assert SECTION_GROUPS['attention'] == ('bias', 'attn')
     assert set(SECTION_GROUPS['attention']) | set(SECTION_GROUPS['models']) == set(SECTIONS)
+    assert SECTION_GROUPS['models'] == ('vit', 'frame', 'segmenter')
     assert DTYPES['bfloat16'] is torch.bfloat16
 
 
@@ -107,7 +108,7 @@ def test_run_child_runs_a_case_in_a_fresh_process_and_reports_failures():
     failed = run_child(dict(kind='nonsense'), timeout=300)
     assert failed['kind'] == 'nonsense'
     assert failed['error'].startswith('exit 1') and 'unknown benchmark case kind' in failed['error']
-    with pytest.raises(ValueError, match="allowed: \\['bias', 'frame'\\]"):
+    with pytest.raises(ValueError, match="allowed: \\['bias', 'frame', 'segmenter'\\]"):
         run_case(dict(kind='nonsense'))
 
 
@@ -174,10 +175,22 @@ def test_format_table_shows_what_did_not_run():
             grid=[8, 8], skipped='no torch.nn.attention.flex_attention in this torch')}),
         frame=dict(size=[64, 128], tokens=33, dense_bias_gib_all_layers=0.0,
                    cases={'auto': dict(error='exit 1: boom')},
-                   skipped={'flex': 'flex is benchmarked on CUDA only'})))
+                   skipped={'flex': 'flex is benchmarked on CUDA only'}),
+        segmenter=dict(size=[64, 128], device='cpu', target=1.3, results=[dict(
+            config='configs/x.py', size=[64, 128], device='cpu', threads=1,
+            cases=dict(backbone=dict(peak_bytes=100 * 2 ** 20, rise_bytes=10 * 2 ** 20,
+                                     seconds=1.5, types=dict(backbone='LookHereViT')),
+                       model=dict(error='timed out after 9 s'),
+                       mmseg=dict(skipped='the config uses no lean drop-in')),
+            ratios={}, target=1.3, meets_target=None)])))
     assert '64 tokens 8x8: not run: no torch.nn.attention.flex_attention' in table
     assert 'auto          error: exit 1: boom' in table
     assert 'flex          not run: flex is benchmarked on CUDA only' in table
+    assert '[segmenter] whole frame 64x128, batch 1, process peak RSS' in table
+    assert '    backbone      100 MiB      10 MiB     1.50   1.000  LookHereViT' in table
+    assert '    model    error: timed out after 9 s' in table
+    assert '    mmseg    not run: the config uses no lean drop-in' in table
+    assert 'backbone: yes' not in table and 'backbone: NO' not in table  # no model: no verdict
     assert '[bias]' not in table and '[vit]' not in table
 
 
@@ -230,6 +243,16 @@ def test_frame_case_measures_a_forward_and_names_the_chosen_backend():
     assert frame_case(dict(base, backend='nobias', spec='nobias'))['chosen'] is None
 
 
+def test_bench_segmenter_refuses_bad_input_before_running_anything():
+    from lookhere_dense.benchmark.segmenter import bench_segmenter
+    with pytest.raises(ValueError, match='at least one config'):
+        bench_segmenter([])
+    with pytest.raises(ValueError, match="unknown cases \\['head'\\]"):
+        bench_segmenter(['configs/segmenter_lookhere_cityscapes_whole.py'], cases=['head'])
+    with pytest.raises(FileNotFoundError, match="config file 'no/such.py' not found"):
+        bench_segmenter(['no/such.py'])
+
+
 def test_bench_vit_times_every_model_against_the_nobias_trunk():
     from lookhere_dense.benchmark.models import bench_vit
     res = bench_vit(TINY, size=32, backends=['chunked'], with_mmseg=False, repeats=2)
@@ -256,10 +279,26 @@ def test_benchmark_quick_mode_runs(tmp_path: Path, repo_root: Path):
     assert 'error' not in res['frame']['cases']['nobias']
     assert '[frame]' in proc.stdout and '[bias]' in proc.stdout
     assert res['args']['sections'] == list(SECTIONS)
+    # segmenter: the tiny Cityscapes config, backbone alone vs whole model, side by side
+    seg = res['segmenter']
+    assert seg['size'] == [64, 128] and seg['cases'] == ['backbone', 'model']
+    (one,) = seg['results']
+    assert one['config'].endswith('configs/segmenter_lookhere_vit-t_tiny-cityscapes.py')
+    for case in ('backbone', 'model'):
+        assert 'error' not in one['cases'][case], one['cases'][case]
+        assert one['cases'][case]['peak_bytes'] >= one['cases'][case]['start_bytes'] > 0
+    assert one['cases']['model']['types'] == dict(
+        segmentor='LeanEncoderDecoder', backbone='LookHereViT',
+        head='LeanSegmenterMaskTransformerHead')
+    assert one['ratios']['model_peak'] == pytest.approx(
+        one['cases']['model']['peak_bytes'] / one['cases']['backbone']['peak_bytes'])
+    assert one['meets_target'] is (one['ratios']['model_peak'] <= 1.3)
+    assert '[segmenter] whole frame 64x128' in proc.stdout
     helped = subprocess.run([sys.executable, str(repo_root / 'tools' / 'benchmark.py'), '-h'],
                             capture_output=True, text=True, timeout=120)
     assert helped.returncode == 0 and '--device' in helped.stdout and '--quick' in helped.stdout
     assert '--section {all,attention,models}' in helped.stdout
+    assert '--segmenter-configs' in helped.stdout
 
 
 def test_benchmark_refuses_a_group_and_names_together(repo_root: Path):
@@ -268,3 +307,14 @@ def test_benchmark_refuses_a_group_and_names_together(repo_root: Path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert 'give --section (a group) or --sections (names), not both' in proc.stderr
+
+
+def test_benchmark_names_a_missing_segmenter_config_before_running(repo_root: Path):
+    proc = subprocess.run([sys.executable, str(repo_root / 'tools' / 'benchmark.py'),
+                           '--sections', 'bias', 'segmenter', '--segmenter-configs',
+                           'configs/no_such_config.py'],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert ("--segmenter-configs: config file 'configs/no_such_config.py' not found"
+            in proc.stderr)
+    assert '[bias]' not in proc.stdout  # nothing ran

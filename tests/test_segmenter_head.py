@@ -14,7 +14,7 @@ from mmengine.structures import PixelData
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lookhere_dense.cli import resolve_config_path
-from lookhere_dense.benchmark.segmenter import MMSEG_ORIGINALS, mmseg_original_cfg, run_case
+from lookhere_dense.benchmark.segmenter import MMSEG_ORIGINALS, mmseg_original_cfg, segmenter_case
 from lookhere_dense.models.heads import FusedSelfAttention, LeanSegmenterMaskTransformerHead
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -334,8 +334,8 @@ def test_whole_predict_makes_one_full_resolution_copy():
 # ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize('case', ['backbone', 'model', 'mmseg'])
 def test_whole_frame_memory_case_runs(case):
-    res = run_case(dict(config=TINY, cfg_options={'model.backbone.num_layers': 1}, case=case,
-                        size=[64, 96], device='cpu', threads=None))
+    res = segmenter_case(dict(config=TINY, cfg_options={'model.backbone.num_layers': 1},
+                              case=case, size=[64, 96], device='cpu', threads=None))
     assert res['peak_bytes'] >= res['start_bytes'] > 0
     assert res['seconds'] > 0
     expect = {'backbone': 'LookHereViT', 'model': 'LeanSegmenterMaskTransformerHead',
@@ -374,8 +374,10 @@ def test_case_ratios():
 
 
 def test_whole_frame_memory_in_child_processes():
-    """The real entry: fresh child processes, JSON back, ratios and the target verdict."""
-    from lookhere_dense.benchmark.segmenter import format_result, whole_frame_memory
+    """The real entry: fresh child processes (benchmark.child, kind 'segmenter'), JSON
+    back, ratios and the target verdict."""
+    from lookhere_dense.benchmark.report import format_segmenter
+    from lookhere_dense.benchmark.segmenter import whole_frame_memory
     res = whole_frame_memory(TINY, size=(32, 64), cases=('backbone', 'model'),
                              cfg_options={'model.backbone.num_layers': 1}, timeout=600)
     assert 'error' not in res['cases']['backbone'], res['cases']['backbone']
@@ -383,6 +385,6 @@ def test_whole_frame_memory_in_child_processes():
     assert res['cases']['model']['types']['segmentor'] == 'LeanEncoderDecoder'
     assert set(res['ratios']) == {'model_peak', 'model_rise'}
     assert res['meets_target'] == (res['ratios']['model_peak'] <= 1.3)
-    assert 'model' in format_result(res)
+    assert 'model' in format_segmenter(res)
     with pytest.raises(ValueError, match='unknown cases'):
         whole_frame_memory(TINY, cases=('head', ))

@@ -22,14 +22,22 @@ command line, calls them and prints.
            trunk is ``LookHereViT(pos_encoding='none')`` built from the same seed.
 ``frame``  ViT-B whole-frame 1024x2048 inference (batch 1): peak memory and time per
            backend, each case in a fresh subprocess (order interleaved over repeats).
+``segmenter``  Whole-frame inference (``--frame-size``, default 1024x2048) of
+           segmentation configs (``--segmenter-configs``, default the two Cityscapes
+           whole-frame Segmenter configs, mask transformer and linear), peak memory side
+           by side: the config's backbone alone vs the whole model (``predict``, whole
+           mode) vs the same model with mmseg's original classes in place of our lean
+           drop-ins; each case in a fresh subprocess, random weights, float32; target:
+           model peak <= 1.3x backbone. ``--quick`` uses the ViT-T tiny Cityscapes
+           config, backbone and model only.
 ``attn``   (``--device cuda`` only) attention-only microbenchmark at 1024 / 4096 / 8192
            tokens: LookHere flex (compiled, block mask) vs SDPA without bias vs SDPA with
            the materialised bias. On CPU this section only reports the block-mask tile
            sparsity (the fraction of tiles flex skips), which needs no GPU.
 
 ``--section attention`` (= ``bias attn``) needs torch alone (numpy for the bias
-baseline): no mmcv / mmengine / mmseg / mmdet, no timm. ``vit`` and ``frame`` need
-OpenMMLab.
+baseline): no mmcv / mmengine / mmseg / mmdet, no timm. ``--section models`` (= ``vit
+frame segmenter``) needs OpenMMLab.
 
 Output: a table on stdout and, with ``--json``, the results and the exact command.
 
@@ -39,6 +47,8 @@ Examples::
     python tools/benchmark.py --quick                                 # < 1 min smoke run
     python tools/benchmark.py --device cuda --section attention       # torch + CUDA only
     python tools/benchmark.py --device cuda --json docs/benchmark_cuda.json
+    python tools/benchmark.py --sections segmenter --threads 1 \
+        --json docs/segmenter_whole_frame_cpu.json                     # Segmenter vs backbone
 """
 from __future__ import annotations
 
@@ -49,7 +59,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -61,11 +71,19 @@ from lookhere_dense.benchmark import DTYPES, SECTION_GROUPS, SECTIONS  # noqa: E
 from lookhere_dense.benchmark.attention import bench_attention  # noqa: E402
 from lookhere_dense.benchmark.bias import bench_bias  # noqa: E402
 from lookhere_dense.benchmark.report import environment, format_table  # noqa: E402
+from lookhere_dense.benchmark.segmenter import CASES as SEGMENTER_CASES  # noqa: E402
+from lookhere_dense.benchmark.segmenter import bench_segmenter  # noqa: E402
+from lookhere_dense.cli import quiet_known_warnings, resolve_config_path  # noqa: E402
 
+#: Default configs of the segmenter section (relative to the repository).
+SEGMENTER_CONFIGS = ['configs/segmenter_lookhere_cityscapes_whole.py',
+                     'configs/segmenter_lookhere_linear_cityscapes_whole.py']
 QUICK = dict(grid=12, bias_layers=3, baseline_depth=1, embed_dims=96, num_layers=2,
              vit_size=64, frame_size=[64, 128], repeats=2, frame_repeats=1,
              attn_tokens=[64, 256], vit_backends=['chunked'], threads=1,
-             frame_backends=['nobias', 'auto'])
+             frame_backends=['nobias', 'auto'],
+             segmenter_configs=['configs/segmenter_lookhere_vit-t_tiny-cityscapes.py'],
+             segmenter_cases=['backbone', 'model'])
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -76,9 +94,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help='where to run (cuda adds the attention timings); default: cpu')
     p.add_argument('--section', choices=tuple(SECTION_GROUPS), default=None,
                    help="a group of sections: 'attention' = bias attn (torch alone, no "
-                        "OpenMMLab needed), 'models' = vit frame, 'all' (default: all)")
+                        "OpenMMLab needed), 'models' = vit frame segmenter, 'all' "
+                        "(default: all)")
     p.add_argument('--sections', nargs='+', choices=SECTIONS, default=None,
-                   help='sections to run, by name (default: all: bias vit frame attn)')
+                   help='sections to run, by name (default: all: bias vit frame segmenter '
+                        'attn)')
     p.add_argument('--quick', action='store_true',
                    help='tiny sizes for a smoke test (< 1 min); explicit flags still win')
     p.add_argument('--json', type=Path, default=None,
@@ -109,7 +129,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--no-mmseg', action='store_true',
                    help="skip mmseg's VisionTransformer in the vit section")
     p.add_argument('--frame-size', type=int, nargs=2, default=None, metavar=('H', 'W'),
-                   help='image size of the frame section (default 1024 2048)')
+                   help='image size of the frame and segmenter sections (default 1024 2048)')
     p.add_argument('--frame-backends', nargs='+', default=None,
                    help="frame cases: 'nobias', a backend, or 'chunked:<block rows>' "
                         "(default: nobias auto chunked:256 sdpa; on cuda nobias auto flex "
@@ -121,6 +141,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         '(default: 8)')
     p.add_argument('--block-size', type=int, default=0,
                    help='query rows per block of the chunked backend (default: 0 = automatic)')
+    p.add_argument('--segmenter-configs', nargs='+', default=None, metavar='CONFIG',
+                   help='mmseg configs of the segmenter section (default: the repository\'s '
+                        + ' '.join(SEGMENTER_CONFIGS) + ')')
+    p.add_argument('--segmenter-cases', nargs='+', default=None, choices=SEGMENTER_CASES,
+                   help='cases of the segmenter section (default: backbone model mmseg)')
+    p.add_argument('--segmenter-cfg-options', nargs='+', default=None, metavar='KEY=VALUE',
+                   help="overrides merged into every segmenter config, as a tool's "
+                        "--cfg-options (e.g. model.backbone.attn_backend=flex)")
     p.add_argument('--attn-tokens', type=int, nargs='+', default=None,
                    help='token counts of the attn section (default 1024 4096 8192)')
     p.add_argument('--attn-dtype', choices=tuple(DTYPES), default='bfloat16',
@@ -136,18 +164,31 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     defaults = dict(grid=64, bias_layers=12, baseline_depth=1, embed_dims=768, num_layers=12,
                     vit_size=512, frame_size=[1024, 2048], repeats=5, frame_repeats=2,
                     attn_tokens=[1024, 4096, 8192], vit_backends=['chunked'], threads=None,
-                    frame_backends=['nobias', 'auto', 'chunked:256', 'sdpa'])
+                    frame_backends=['nobias', 'auto', 'chunked:256', 'sdpa'],
+                    segmenter_configs=SEGMENTER_CONFIGS,
+                    segmenter_cases=list(SEGMENTER_CASES))
     if args.device == 'cuda':  # flex is the CUDA path for large grids
         defaults.update(vit_backends=['chunked', 'flex'],
                         frame_backends=['nobias', 'auto', 'flex', 'chunked', 'sdpa'])
+    default_configs = args.segmenter_configs is None
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, QUICK[key] if args.quick and key in QUICK else value)
+    if default_configs:  # the repository's, from any working directory
+        args.segmenter_configs = repo_configs(args.segmenter_configs)
     if args.section is not None and args.sections is not None:
         p.error('give --section (a group) or --sections (names), not both')
     if args.sections is None:
         args.sections = list(SECTION_GROUPS[args.section or 'all'])
     return args
+
+
+def repo_configs(paths: Sequence[str]) -> List[str]:
+    """Repository-relative config paths as the command line should use them: unchanged
+    when run from the repository root, absolute otherwise (the defaults work from any
+    working directory)."""
+    here = Path.cwd().resolve() == REPO
+    return [p if here else str(REPO / p) for p in paths]
 
 
 def model_cases():
@@ -156,8 +197,8 @@ def model_cases():
         from lookhere_dense.benchmark import models
     except ImportError as err:
         raise SystemExit(f'sections vit / frame build ViTs and need OpenMMLab (mmcv, '
-                         f'mmengine, mmseg): {err}. Where only torch is installed, run '
-                         '--section attention.') from err
+                         f'mmengine, mmseg), as does segmenter (whole mmseg models): {err}. '
+                         'Where only torch is installed, run --section attention.') from err
     return models
 
 
@@ -169,6 +210,13 @@ def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
     if section == 'attn':
         return bench_attention(args.preset, args.attn_tokens, args.num_heads, args.embed_dims,
                                args.device, args.attn_dtype, args.repeats)
+    if section == 'segmenter':
+        from lookhere_dense.cli import parse_cfg_options
+        cfg_options = (parse_cfg_options(args.segmenter_cfg_options)
+                       if args.segmenter_cfg_options else None)
+        return bench_segmenter(args.segmenter_configs, tuple(args.frame_size), args.device,
+                               args.threads, args.segmenter_cases, cfg_options,
+                               args.child_timeout)
     models = model_cases()
     arch = models.vit_arch(args.embed_dims, args.num_layers, args.num_heads)
     if section == 'vit':
@@ -183,10 +231,17 @@ def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Run the chosen sections, print the table, write the JSON; return the results."""
     args = parse_args(argv)
+    quiet_known_warnings()
     if args.device == 'cuda' and not torch.cuda.is_available():
         raise SystemExit('--device cuda: no CUDA device available')
-    if {'vit', 'frame'} & set(args.sections):
+    if set(SECTION_GROUPS['models']) & set(args.sections):
         model_cases()  # fail before the first section, not after it
+    if 'segmenter' in args.sections:  # a missing config: before the first section too
+        for config in args.segmenter_configs:
+            try:
+                resolve_config_path(config)
+            except FileNotFoundError as err:
+                raise SystemExit(f'--segmenter-configs: {err}') from err
     if args.threads:
         torch.set_num_threads(args.threads)
     results: Dict[str, Any] = dict(

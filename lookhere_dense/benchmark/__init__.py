@@ -2,26 +2,32 @@
 
 Sections (see ``docs/performance.md`` for the method and the recorded results):
 
-========  ==========================================================  =================
-section   what                                                         needs
-========  ==========================================================  =================
-``bias``  build the bias of a large grid: our tables vs a loop-based    torch (+ numpy
-          construction that follows the official algorithm             for the baseline)
-          (:mod:`.bias`, baseline in :mod:`.official`)
-``attn``  attention alone: flex vs SDPA without / with the             torch
-          materialised bias on CUDA; on CPU the block-mask tile
-          sparsity (:mod:`.attention`)
-``vit``   ViT-B forward: LookHereViT per backend vs the same trunk     OpenMMLab
-          without position encoding vs mmseg's ViT (:mod:`.models`)
-``frame`` whole-frame inference, peak memory and time per backend,     OpenMMLab
-          fresh process per case (:mod:`.models`)
-========  ==========================================================  =================
+=============  =======================================================  ==================
+section        what                                                     needs
+=============  =======================================================  ==================
+``bias``       build the bias of a large grid: our tables vs a          torch (+ numpy for
+               loop-based construction that follows the official        the baseline)
+               algorithm (:mod:`.bias`, baseline in :mod:`.official`)
+``attn``       attention alone: flex vs SDPA without / with the         torch
+               materialised bias on CUDA; on CPU the block-mask tile
+               sparsity (:mod:`.attention`)
+``vit``        ViT-B forward: LookHereViT per backend vs the same       OpenMMLab
+               trunk without position encoding vs mmseg's ViT
+               (:mod:`.models`)
+``frame``      whole-frame inference, peak memory and time per          OpenMMLab
+               backend, fresh process per case (:mod:`.models`)
+``segmenter``  whole-frame inference of segmentation configs, peak      OpenMMLab
+               memory: the backbone alone vs the whole model
+               (``predict``, whole mode) vs mmseg's original classes,
+               fresh process per case (:mod:`.segmenter`)
+=============  =======================================================  ==================
 
 The torch-only modules (:mod:`.timing`, :mod:`.child`, :mod:`.official`, :mod:`.bias`,
 :mod:`.attention`, :mod:`.report`) import nothing from OpenMMLab, so the ``attention``
-group (``bias`` + ``attn``) runs where only torch is installed. Only :mod:`.models`
-imports the backbone (mmcv / mmengine) and mmseg. This package imports no submodule on
-its own.
+group (``bias`` + ``attn``) runs where only torch is installed. :mod:`.models` imports
+the backbone (mmcv / mmengine) and mmseg; :mod:`.segmenter` imports OpenMMLab inside its
+functions (its cases build whole mmseg models). This package imports no
+submodule on its own.
 """
 from __future__ import annotations
 
@@ -32,12 +38,12 @@ import torch
 __all__ = ['SECTIONS', 'SECTION_GROUPS', 'DTYPES']
 
 #: Every section, in the order they run.
-SECTIONS: Tuple[str, ...] = ('bias', 'vit', 'frame', 'attn')
+SECTIONS: Tuple[str, ...] = ('bias', 'vit', 'frame', 'segmenter', 'attn')
 #: Named groups of sections: ``attention`` needs torch alone, ``models`` needs OpenMMLab.
 SECTION_GROUPS: Dict[str, Tuple[str, ...]] = {
     'all': SECTIONS,
     'attention': ('bias', 'attn'),
-    'models': ('vit', 'frame'),
+    'models': ('vit', 'frame', 'segmenter'),
 }
 #: dtype names accepted on the command line.
 DTYPES: Dict[str, torch.dtype] = {'float32': torch.float32, 'bfloat16': torch.bfloat16,

@@ -6,12 +6,14 @@ child's last stdout line that is a JSON object. A fresh process gives every case
 same clean start: peak-memory figures are not inflated by what an earlier case left
 behind, and no case inherits another's warm caches.
 
-=========  =================================================  =====================
-kind       what                                               needs
-=========  =================================================  =====================
-``bias``   :func:`.bias.bias_case` (one bias construction)    torch (+ numpy)
-``frame``  :func:`.models.frame_case` (whole-frame forward)   OpenMMLab
-=========  =================================================  =====================
+=============  ==================================================  ==================
+kind           what                                                needs
+=============  ==================================================  ==================
+``bias``       :func:`.bias.bias_case` (one bias construction)     torch (+ numpy)
+``frame``      :func:`.models.frame_case` (whole-frame forward)    OpenMMLab
+``segmenter``  :func:`.segmenter.segmenter_case` (whole-frame      OpenMMLab
+               memory of a config's backbone or model)
+=============  ==================================================  ==================
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from typing import Any, Dict, Optional, Sequence
 __all__ = ['CASE_KINDS', 'run_case', 'run_child']
 
 #: Case kinds a child can run.
-CASE_KINDS = ('bias', 'frame')
+CASE_KINDS = ('bias', 'frame', 'segmenter')
 
 
 def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
@@ -37,6 +39,9 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
     if kind == 'frame':
         from .models import frame_case
         return frame_case(case)
+    if kind == 'segmenter':
+        from .segmenter import segmenter_case
+        return segmenter_case(case)
     raise ValueError(f'unknown benchmark case kind {kind!r}; allowed: {list(CASE_KINDS)}')
 
 

@@ -12,7 +12,7 @@ import torch
 
 from ..evaluation.memory import MiB
 
-__all__ = ['environment', 'format_table']
+__all__ = ['environment', 'format_table', 'format_segmenter']
 
 
 def _checkout() -> Path:
@@ -26,7 +26,7 @@ def _mb(x: Optional[float]) -> str:
 
 def format_table(results: Dict[str, Any]) -> str:
     """Human-readable summary of the results: ``env`` (:func:`environment`) and any of the
-    sections ``bias``, ``vit``, ``frame``, ``attn``."""
+    sections ``bias``, ``vit``, ``frame``, ``segmenter``, ``attn``."""
     lines = [f"device: {results['env']['device_name']} | torch {results['env']['torch']} | "
              f"threads {results['env']['threads']}", '']
     b = results.get('bias')
@@ -79,6 +79,16 @@ def format_table(results: Dict[str, Any]) -> str:
         for spec, why in f['skipped'].items():
             lines.append(f"  {spec:<14}not run: {why}")
         lines.append('')
+    sg = results.get('segmenter')
+    if sg:
+        meter = ('CUDA max allocated' if str(sg['device']).startswith('cuda')
+                 else 'process peak RSS')
+        lines.append(f"[segmenter] whole frame {sg['size'][0]}x{sg['size'][1]}, batch 1, "
+                     f"{meter}, fresh process per case; target: model peak <= "
+                     f"{sg['target']} x backbone")
+        for res in sg['results']:
+            lines += ['  ' + ln for ln in format_segmenter(res).splitlines()]
+        lines.append('')
     a = results.get('attn')
     if a:
         lines.append(f"[attn] preset {a['preset']}, {a['dtype']}; fraction of 128x128 tiles "
@@ -93,6 +103,29 @@ def format_table(results: Dict[str, Any]) -> str:
                 line += (f" | flex {c['seconds']['flex'] * 1e3:.2f} ms, x no-bias "
                          f"{c['flex_vs_nobias']:.2f}, dense-bias/flex {c['dense_vs_flex']:.2f}")
             lines.append(line)
+    return '\n'.join(lines)
+
+
+def format_segmenter(res: Dict[str, Any]) -> str:
+    """A small text table of one ``whole_frame_memory`` result
+    (:func:`lookhere_dense.benchmark.segmenter.whole_frame_memory`): per case its peak,
+    rise, seconds, peak over the backbone's and the classes built; failed or skipped
+    cases say why; the verdict on the target last."""
+    lines = [f"{res['config']}  {res['size'][0]}x{res['size'][1]}  {res['device']}  "
+             f"threads={res['threads']}",
+             f"  {'case':<9}{'peak':>12}{'rise':>12}{'seconds':>9}{'x peak':>8}  classes"]
+    for case, r in res['cases'].items():
+        if 'peak_bytes' not in r:
+            why = f"error: {r['error']}" if 'error' in r else f"not run: {r.get('skipped')}"
+            lines.append(f"  {case:<9}{why}")
+            continue
+        ratio = res['ratios'].get(f'{case}_peak', 1.0 if case == 'backbone' else None)
+        lines.append(f"  {case:<9}{_mb(r['peak_bytes']):>12}{_mb(r['rise_bytes']):>12}"
+                     f"{r['seconds']:>9.2f}{'-' if ratio is None else f'{ratio:.3f}':>8}  "
+                     f"{', '.join(r['types'].values())}")
+    if res['meets_target'] is not None:
+        lines.append(f"  model peak <= {res['target']} x backbone: "
+                     f"{'yes' if res['meets_target'] else 'NO'}")
     return '\n'.join(lines)
 
 

@@ -1,8 +1,10 @@
-"""Whole-frame memory of a segmentation model against its backbone alone, side by side.
+"""Section ``segmenter``: whole-frame memory of a segmentation model against its
+backbone alone, side by side (needs OpenMMLab).
 
 :func:`whole_frame_memory` builds the model of an mmseg config (random init: no
-checkpoint, no data) and measures, each case in a fresh child process so that peaks do
-not carry over:
+checkpoint, no data) and measures, each case in a fresh child process
+(:func:`lookhere_dense.benchmark.child.run_child`, case kind ``segmenter``) so that peaks
+do not carry over:
 
 ``backbone``  the config's backbone alone (built alone) on the preprocessed frame;
 ``model``     the whole model's test-time ``predict`` in whole mode (what ``tools/test.py``
@@ -17,29 +19,25 @@ Memory is :class:`lookhere_dense.evaluation.memory.PeakMemory`: the process's pe
 the CPU (exact kernel high-water mark, reset after building the model, making the
 inputs and a warm-up), ``torch.cuda.max_memory_allocated`` on CUDA. Peaks are of the
 whole process / all allocated memory (weights included); ``rise`` is what the measured
-call added. The ratios divide by the backbone's.
+call added. The ratios divide by the backbone's. :func:`bench_segmenter` runs it for
+several configs (the section of ``tools/benchmark.py``)::
 
-Command line (one or more configs; ``-h`` for the options)::
-
-    python -m lookhere_dense.benchmark.segmenter \\
-        configs/segmenter_lookhere_cityscapes_whole.py \\
-        configs/segmenter_lookhere_linear_cityscapes_whole.py --threads 1 --json out.json
+    python tools/benchmark.py --sections segmenter --threads 1 \\
+        --segmenter-configs configs/segmenter_lookhere_cityscapes_whole.py \\
+        configs/segmenter_lookhere_linear_cityscapes_whole.py
 """
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-__all__ = ['whole_frame_memory', 'format_result', 'case_ratios', 'run_case', 'mmseg_original_cfg', 'MMSEG_ORIGINALS',
-           'CASES', 'TARGET_RATIO', 'main']
+from .child import run_child
+
+__all__ = ['whole_frame_memory', 'bench_segmenter', 'case_ratios', 'segmenter_case',
+           'mmseg_original_cfg', 'MMSEG_ORIGINALS', 'CASES', 'TARGET_RATIO']
 
 #: lookhere-dense's lean drop-ins -> the mmseg classes they replace (same arguments,
 #: weights and outputs).
@@ -51,8 +49,6 @@ MMSEG_ORIGINALS = {
 CASES = ('backbone', 'model', 'mmseg')
 #: Issue 10's bound: whole-frame peak of the model <= 1.3x the backbone's.
 TARGET_RATIO = 1.3
-
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 def mmseg_original_cfg(model_cfg: Mapping) -> Tuple[dict, List[str]]:
@@ -83,7 +79,7 @@ def mmseg_original_cfg(model_cfg: Mapping) -> Tuple[dict, List[str]]:
 
 
 # ----------------------------------------------------------------------------------------
-# One case, in a child process
+# One case (in a fresh child: benchmark.child, kind 'segmenter')
 # ----------------------------------------------------------------------------------------
 def _model_cfg(spec: Dict[str, Any]) -> dict:
     """The config's model for a case: no checkpoint, whole-frame test mode."""
@@ -113,16 +109,19 @@ def _frame(preprocessor, size: Sequence[int], device: str):
     return data['inputs'].to(device), data['data_samples']
 
 
-def run_case(spec: Dict[str, Any]) -> Dict[str, Any]:
-    """Measure one case in this process (called in a fresh child by :func:`whole_frame_memory`).
+def segmenter_case(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """Measure one case in this process (what the fresh child of :func:`whole_frame_memory`
+    runs: :mod:`.child`, case kind ``segmenter``).
 
     Args:
         spec: ``config`` (path), ``cfg_options`` (dict or None), ``case`` (one of
-            :data:`CASES`), ``size`` ``(H, W)``, ``device``, ``threads`` (int or None).
+            :data:`CASES`), ``size`` ``(H, W)``, ``device``, ``threads`` (int or None);
+            ``kind`` and anything else is passed through.
 
     Returns:
-        ``spec`` plus ``peak_bytes``, ``start_bytes``, ``rise_bytes``, ``kind`` (of the
-        meter), ``seconds`` (the measured call), ``types`` (segmentor, backbone, head).
+        ``spec`` plus ``peak_bytes``, ``start_bytes``, ``rise_bytes``, ``meter`` (the
+        :class:`~lookhere_dense.evaluation.memory.PeakMemory` kind), ``seconds`` (the
+        measured call), ``types`` (segmentor, backbone, head).
     """
     import torch
     from mmengine.config import ConfigDict
@@ -169,25 +168,7 @@ def run_case(spec: Dict[str, Any]) -> Dict[str, Any]:
     if case != 'backbone':  # the prediction is what mmseg's path gives back
         assert tuple(out[0].pred_sem_seg.data.shape[-2:]) == size
     return dict(spec, peak_bytes=mem.peak_bytes, start_bytes=mem.start_bytes,
-                rise_bytes=mem.rise_bytes, kind=mem.kind, seconds=seconds, types=types)
-
-
-def _run_child(spec: Dict[str, Any], timeout: float) -> Dict[str, Any]:
-    """Run :func:`run_case` in a fresh interpreter; its last stdout line is the JSON result."""
-    env = dict(os.environ)
-    env['PYTHONPATH'] = os.pathsep.join(
-        p for p in (str(_PACKAGE_ROOT), env.get('PYTHONPATH')) if p)
-    cmd = [sys.executable, '-m', 'lookhere_dense.benchmark.segmenter', '--child',
-           json.dumps(spec)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return dict(spec, error=f'timed out after {timeout:.0f} s')
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{')]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        return dict(spec, error=f'exit {proc.returncode}: ' + ' | '.join(tail))
-    return json.loads(lines[-1])
+                rise_bytes=mem.rise_bytes, meter=mem.kind, seconds=seconds, types=types)
 
 
 # ----------------------------------------------------------------------------------------
@@ -199,12 +180,12 @@ def whole_frame_memory(config: Union[str, os.PathLike, Any], size: Sequence[int]
                        timeout: float = 3600.0) -> Dict[str, Any]:
     """Peak memory of whole-frame inference of a config's model vs its backbone alone.
 
-    Every case runs in a fresh child process (``python -m
-    lookhere_dense.benchmark.segmenter --child ...``), one after the other.
+    Every case runs in a fresh child process (:func:`.child.run_child` with
+    ``kind='segmenter'``: :func:`segmenter_case`), one after the other.
 
     Args:
-        config: an mmseg config file (``mmseg::...`` paths too), or an mmengine ``Config`` (dumped to a temporary
-            file for the children).
+        config: an mmseg config file (``mmseg::...`` paths too), or an mmengine ``Config``
+            (dumped to a temporary file for the children).
         size: frame ``(H, W)`` in pixels. Default: ``(1024, 2048)``.
         device: ``'cpu'`` or a CUDA device. Default: ``'cpu'``.
         threads: torch threads per child (None: torch's default). Default: 1.
@@ -214,13 +195,15 @@ def whole_frame_memory(config: Union[str, os.PathLike, Any], size: Sequence[int]
 
     Returns:
         ``config``, ``size``, ``device``, ``threads``, ``cases`` (one dict per case: the
-        :func:`run_case` result, or ``error``), ``swapped`` (the mmseg contrast's
-        replacements), ``ratios`` (``<case>_peak`` and ``<case>_rise`` divided by the
-        backbone's, for every case measured besides it), ``target`` (:data:`TARGET_RATIO`)
-        and ``meets_target`` (the model's peak ratio <= target; None if not measured).
+        :func:`segmenter_case` result, or ``error``, or ``skipped``), ``swapped`` (the
+        mmseg contrast's replacements), ``ratios`` (``<case>_peak`` and ``<case>_rise``
+        divided by the backbone's, for every case measured besides it), ``target``
+        (:data:`TARGET_RATIO`) and ``meets_target`` (the model's peak ratio <= target;
+        None if not measured).
 
     Raises:
         ValueError: an unknown case.
+        FileNotFoundError: a config file that does not exist.
     """
     unknown = [c for c in cases if c not in CASES]
     if unknown:
@@ -246,9 +229,9 @@ def whole_frame_memory(config: Union[str, os.PathLike, Any], size: Sequence[int]
                 results[case] = dict(skipped='the config uses no lean drop-in: the model '
                                              'case is already mmseg\'s')
                 continue
-            spec = dict(config=config_path, cfg_options=cfg_options, case=case,
-                        size=list(size), device=str(device), threads=threads)
-            results[case] = _run_child(spec, timeout)
+            spec = dict(kind='segmenter', config=config_path, cfg_options=cfg_options,
+                        case=case, size=list(size), device=str(device), threads=threads)
+            results[case] = run_child(spec, timeout)
     finally:
         if tmp is not None:
             os.unlink(tmp.name)
@@ -273,74 +256,37 @@ def case_ratios(results: Mapping[str, Mapping[str, Any]]) -> Dict[str, float]:
     return ratios
 
 
-def format_result(res: Dict[str, Any]) -> str:
-    """A small text table of one :func:`whole_frame_memory` result."""
-    mib = 2 ** 20
-    lines = [f'{res["config"]}  {res["size"][0]}x{res["size"][1]}  {res["device"]}  '
-             f'threads={res["threads"]}',
-             f'  {"case":<9} {"peak MiB":>9} {"rise MiB":>9} {"seconds":>8}  '
-             f'{"peak / backbone":>15}  classes']
-    for case, r in res['cases'].items():
-        if 'peak_bytes' not in r:
-            lines.append(f'  {case:<9} {r.get("error") or r.get("skipped")}')
-            continue
-        ratio = res['ratios'].get(f'{case}_peak', 1.0 if case == 'backbone' else None)
-        types = ', '.join(f'{v}' for v in r['types'].values())
-        lines.append(f'  {case:<9} {r["peak_bytes"] / mib:9.0f} {r["rise_bytes"] / mib:9.0f} '
-                     f'{r["seconds"]:8.1f}  {ratio:15.3f}  {types}')
-    if res['meets_target'] is not None:
-        lines.append(f'  model peak <= {res["target"]} x backbone: '
-                     f'{"yes" if res["meets_target"] else "NO"}')
-    return '\n'.join(lines)
+def bench_segmenter(configs: Sequence[str], size: Sequence[int] = (1024, 2048),
+                    device: str = 'cpu', threads: Optional[int] = 1,
+                    cases: Sequence[str] = CASES, cfg_options: Optional[dict] = None,
+                    timeout: float = 3600.0) -> Dict[str, Any]:
+    """Section ``segmenter``: :func:`whole_frame_memory` of every config, one after the other.
 
+    Args:
+        configs: mmseg config files (``mmseg::...`` paths too).
+        size, device, threads, cases, cfg_options, timeout: as :func:`whole_frame_memory`
+            (``cfg_options`` applies to every config).
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog='python -m lookhere_dense.benchmark.segmenter',
-        description='Whole-frame peak memory of segmentation configs vs their backbone '
-                    'alone (each case in a fresh process).')
-    p.add_argument('configs', nargs='*', help='mmseg config files')
-    p.add_argument('--size', type=int, nargs=2, default=(1024, 2048), metavar=('H', 'W'),
-                   help='frame size in pixels (default: 1024 2048)')
-    p.add_argument('--device', default='cpu', help='cpu or cuda[:N] (default: cpu)')
-    p.add_argument('--threads', type=int, default=1,
-                   help='torch threads per child; 0: torch default (default: 1)')
-    p.add_argument('--cases', nargs='+', default=list(CASES), choices=CASES)
-    p.add_argument('--timeout', type=float, default=3600.0, help='seconds per child')
-    p.add_argument('--json', help='write the results (and the command) to this file')
-    p.add_argument('--child', help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if not args.child and not args.configs:
-        p.error('give at least one config')
-    return args
+    Returns:
+        ``size``, ``device``, ``threads``, ``cases``, ``cfg_options``, ``target``
+        (:data:`TARGET_RATIO`), ``results`` (one :func:`whole_frame_memory` result per
+        config, in order) and ``all_meet_target`` (every config's ``meets_target`` is
+        True).
 
-
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
-    """Command-line entry (see the module docstring)."""
-    args = parse_args(argv)
-    if args.child:
-        print(json.dumps(run_case(json.loads(args.child))), flush=True)
-        return []
-    out = []
-    for config in args.configs:
-        res = whole_frame_memory(config, size=args.size, device=args.device,
-                                 threads=args.threads or None, cases=args.cases,
-                                 timeout=args.timeout)
-        print(format_result(res), flush=True)
-        out.append(res)
-    if args.json:
-        import shlex
-        cmd = 'python -m lookhere_dense.benchmark.segmenter ' + ' '.join(
-            shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
-        import platform
-
-        import torch
-        env = dict(torch=torch.__version__, python=platform.python_version(),
-                   cpu_count=os.cpu_count(), load_average=os.getloadavg())
-        Path(args.json).write_text(json.dumps(dict(command=cmd, environment=env, results=out),
-                                              indent=1))
-    return out
-
-
-if __name__ == '__main__':
-    main()
+    Raises:
+        ValueError: no config, or an unknown case.
+        FileNotFoundError: a config file that does not exist (before anything runs).
+    """
+    if not configs:
+        raise ValueError('bench_segmenter needs at least one config')
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise ValueError(f'unknown cases {unknown}; choose from {list(CASES)}')
+    from lookhere_dense.cli import resolve_config_path
+    for config in configs:  # fail before the first child, not after an hour
+        resolve_config_path(str(config))
+    results = [whole_frame_memory(c, size, device, threads, cases, cfg_options, timeout)
+               for c in configs]
+    return dict(size=list(size), device=str(device), threads=threads, cases=list(cases),
+                cfg_options=cfg_options, target=TARGET_RATIO, results=results,
+                all_meet_target=all(r['meets_target'] is True for r in results))
