@@ -20,6 +20,7 @@ REGISTERING_MODULES = (
     'lookhere_dense.models.backbones',
     'lookhere_dense.models.necks',
     'lookhere_dense.engine',
+    'lookhere_dense.engine.hooks',
     'lookhere_dense.data.checks',
     'lookhere_dense.evaluation.metrics',
 )

@@ -18,9 +18,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lookhere_dense.checkpoint import (backbone_weights, load_checkpoint_file,  # noqa: E402
-                                       save_backbone_checkpoint)
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
@@ -37,6 +34,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from lookhere_dense.checkpoint import (backbone_weights, load_checkpoint_file,
+                                           save_backbone_checkpoint)
     try:
         weights = backbone_weights(load_checkpoint_file(args.src),
                                    keep_pos_embed=args.keep_pos_embed)
