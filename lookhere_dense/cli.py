@@ -23,7 +23,7 @@ __all__ = ['quiet_known_warnings', 'resolve_config_path', 'load_config', 'set_wo
            'preflight', 'run_main', 'build_model_from_checkpoint', 'ToolError',
            'ToolArgumentParser', 'CfgOptionsAction', 'add_cfg_options_arg',
            'check_cfg_options', 'checkpoint_problem', 'read_checkpoint',
-           'add_threads_arg', 'apply_threads', 'parse_cfg_options', 'REPO']
+           'add_threads_arg', 'apply_threads', 'positive_int', 'parse_cfg_options', 'REPO']
 
 #: The repository root (``tools/`` and ``configs/`` live here).
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -138,8 +138,9 @@ def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
     * a value whose type cannot replace the config's (a word for a number or a bool, a
       word for a list, a plain value for a whole section) is an error naming the option
       and what the config has there (``None`` is always allowed: it switches things off);
-    * a key the config does not have is added (new keys are legitimate), with a warning
-      that names close matches (``max_iter`` -> ``max_iters``).
+    * a key the config does not have but that is close to one it has (``max_iter`` for
+      ``max_iters``) is an error naming the close keys; other new keys are added (new
+      keys are legitimate), with a warning when their section is new too.
 
     Raises:
         lookhere_dense.swap.ConfigError: naming the option and the expected value.
@@ -153,10 +154,12 @@ def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
             where = '.'.join(parts[:depth]) or 'the top level'
             names = list(parent) if isinstance(parent, dict) else []
             close = difflib.get_close_matches(parts[depth], names, n=3, cutoff=0.75)
-            hint = f' (did you mean {", ".join(close)}?)' if close else ''
-            if close or depth < len(parts) - 1:
-                warn(f'--cfg-options {key}: the config has no {parts[depth]!r} in {where}'
-                     f'{hint}; it is added as a new key')
+            if close:
+                raise ConfigError(f'--cfg-options {key}: the config has no {parts[depth]!r} '
+                                  f'in {where}; did you mean {" or ".join(close)}?')
+            if depth < len(parts) - 1:
+                warn(f'--cfg-options {key}: the config has no {parts[depth]!r} in {where}; '
+                     'it is added as a new section')
             continue
         if value is None or old is None:
             continue
@@ -189,18 +192,37 @@ def parse_cfg_options(pairs: Sequence[str]) -> dict:
 
 
 def set_work_dir(cfg, work_dir: Optional[str], config_path: str) -> None:
-    """``--work-dir`` > the config's ``work_dir`` > ``work_dirs/<config name>``."""
+    """``--work-dir`` > the config's ``work_dir`` > ``work_dirs/<config name>``.
+
+    Raises:
+        lookhere_dense.swap.ConfigError: the work dir exists and is not a folder.
+    """
     if work_dir is not None:
         cfg.work_dir = work_dir
     elif cfg.get('work_dir') is None:
         name = osp.splitext(osp.basename(config_path.split('::')[-1]))[0]
         cfg.work_dir = osp.join('./work_dirs', name)
+    if osp.exists(cfg.work_dir) and not osp.isdir(cfg.work_dir):
+        from .swap import ConfigError
+        raise ConfigError(f'the work dir {cfg.work_dir!r} is a file, not a folder: choose '
+                          'another --work-dir')
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected a whole number, got {text!r}') from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f'must be >= 1, got {value}')
+    return value
 
 
 def add_threads_arg(parser, default: Optional[int] = None) -> None:
     """Add ``--threads`` (PyTorch intra-op CPU threads) to a tool's parser."""
     parser.add_argument(
-        '--threads', type=int, default=default,
+        '--threads', type=positive_int, default=default, metavar='N',
         help='CPU threads for PyTorch ops (torch.set_num_threads); default: '
         + ("PyTorch's choice" if default is None else str(default))
         + '. On a busy machine 1 thread can be several times faster for small models')
@@ -216,6 +238,10 @@ def apply_threads(threads: Optional[int]) -> None:
 
 
 def _log(msg: str, level: int = logging.INFO) -> None:
+    """Log through mmengine's current logger; in a multi-process run only rank 0 logs
+    (errors are raised on every rank anyway)."""
+    if os.environ.get('RANK', '0') != '0':
+        return
     from mmengine.logging import print_log
     print_log(msg, logger='current', level=level)
 
@@ -315,6 +341,10 @@ def checkpoint_problem(path: str) -> Optional[str]:
         return 'file not found'
     if osp.getsize(path) == 0:
         return 'empty file'
+    with open(path, 'rb') as f:
+        head = f.read(4)
+    if head == b'PK\x03\x04' and not zipfile.is_zipfile(path):
+        return 'damaged: a torch.save (zip) file whose end is missing (truncated?)'
     if zipfile.is_zipfile(path):
         try:
             with zipfile.ZipFile(path) as zf:

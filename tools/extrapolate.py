@@ -29,19 +29,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'expected a whole number, got {text!r}')
-    if value < 1:
-        raise argparse.ArgumentTypeError(f'must be >= 1, got {value}')
-    return value
-
-
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
-    from lookhere_dense.cli import ToolArgumentParser, add_cfg_options_arg, add_threads_arg
+    from lookhere_dense.cli import (ToolArgumentParser, add_cfg_options_arg, add_threads_arg,
+                                    positive_int)
 
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='the segmentation config the checkpoint was trained with')
@@ -52,7 +43,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         'x<factor of the config test scale>, <short side px> or <H>x<W>')
     parser.add_argument('--split', choices=['test', 'val'], default='test',
                         help='which dataloader of the config to use (default: test)')
-    parser.add_argument('--max-images', type=_positive, default=None, metavar='N',
+    parser.add_argument('--max-images', type=positive_int, default=None, metavar='N',
                         help='evaluate only the first N images of the split (N >= 1)')
     parser.add_argument('--out-dir', default=None,
                         help='folder for extrapolation.json / extrapolation.png (default: '

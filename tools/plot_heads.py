@@ -26,8 +26,10 @@ if REPO not in sys.path:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    from lookhere_dense.cli import ToolArgumentParser
+
+    p = ToolArgumentParser(description=__doc__.split('\n\n')[0],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument('--preset', default='lh180',
                    help='LookHere preset: lh180, lh90 or lh45 (ignored with --lh-config)')
     p.add_argument('--lh-config', default=None,
@@ -54,15 +56,23 @@ def main(argv: Optional[Sequence[str]] = None):
     """Draw the picture (:func:`lookhere_dense.visualization.heads.draw_head_fields`);
     returns the plotted fields (a tensor)."""
     args = parse_args(argv)
+    from lookhere_dense.cli import ToolError
     from lookhere_dense.visualization.heads import draw_head_fields, load_lh_config
-    config = load_lh_config(args.lh_config, args.preset)
-    fields = draw_head_fields(config, (args.grid[0], args.grid[1]), args.out,
-                              query=args.query, depth=args.depth, num_heads=args.num_heads,
-                              layers=args.layers,
-                              name='lh_config' if args.lh_config else args.preset)
+    try:
+        config = load_lh_config(args.lh_config, args.preset)
+    except ValueError as err:  # also JSON syntax errors
+        raise ToolError(f'--lh-config: {err}') from None
+    try:
+        fields = draw_head_fields(config, (args.grid[0], args.grid[1]), args.out,
+                                  query=args.query, depth=args.depth,
+                                  num_heads=args.num_heads, layers=args.layers,
+                                  name='lh_config' if args.lh_config else args.preset)
+    except ValueError as err:  # grid, query, layers, heads that do not fit: named
+        raise ToolError(str(err)) from None
     print(f'wrote {args.out}')
     return fields
 
 
 if __name__ == '__main__':
-    main()
+    from lookhere_dense.cli import run_main
+    run_main(main)

@@ -42,8 +42,8 @@ TORCHRUN_ENV = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT'
 
 
 def _warn(msg: str) -> None:
-    from mmengine.logging import print_log
-    print_log(msg, logger='current', level=logging.WARNING)
+    from lookhere_dense.cli import _log
+    _log(msg, logging.WARNING)
 
 
 def _checkpoint_number(path: str) -> int:
@@ -265,20 +265,18 @@ def init_distributed(cfg) -> bool:
 
 
 def build_runner(cfg, quiet: bool = True):
-    """The config's ``runner_type`` (from mmengine's ``RUNNERS``), else mmengine's Runner
-    (``quiet``: :class:`~lookhere_dense.engine.terminal.TerminalQuietRunner`, which keeps
-    the run header, config dump and library noise in the log file only)."""
-    from lookhere_dense.engine.terminal import TerminalQuietRunner, attach_terminal_filter
+    """The config's ``runner_type`` (from mmengine's ``RUNNERS``), else
+    :class:`~lookhere_dense.engine.runner.ToolRunner` (mmengine's Runner; ``quiet``: the run
+    header, config dump and library noise go to the log file only)."""
+    from lookhere_dense.engine.runner import ToolRunner, VerboseToolRunner
+    from lookhere_dense.engine.terminal import attach_terminal_filter
     if 'runner_type' in cfg:
         from mmengine.registry import RUNNERS
         runner = RUNNERS.build(cfg)
         if quiet:
             attach_terminal_filter(runner.logger)
         return runner
-    if quiet:
-        return TerminalQuietRunner.from_cfg(cfg)
-    from mmengine.runner import Runner
-    return Runner.from_cfg(cfg)
+    return (ToolRunner if quiet else VerboseToolRunner).from_cfg(cfg)
 
 
 def announce_log_file(runner) -> None:

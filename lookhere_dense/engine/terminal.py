@@ -9,7 +9,7 @@ checkpoints, and warnings that are theirs to fix.
 
 * :class:`TerminalFilter` is a ``logging.Filter`` for the Runner logger's terminal
   handler; records it drops still reach the log file.
-* :class:`TerminalQuietRunner` is mmengine's ``Runner`` with that filter on its terminal
+* :class:`lookhere_dense.engine.runner.ToolRunner` puts that filter on its terminal
   handler from the first line (the environment and config are logged while the Runner is
   built, so the filter has to be there before).
 * :func:`warnings_to_run_log` routes Python warnings (``warnings.warn``) into the
@@ -24,10 +24,8 @@ import re
 import warnings
 from typing import Iterator, Optional, Pattern, Sequence
 
-from mmengine.runner import Runner
-
-__all__ = ['TerminalFilter', 'TerminalQuietRunner', 'attach_terminal_filter',
-           'warnings_to_run_log', 'FILE_ONLY']
+__all__ = ['TerminalFilter', 'attach_terminal_filter', 'terminal_filter_of',
+           'warnings_to_run_log', 'FILE_ONLY', 'CLASS_TABLE']
 
 #: Messages (regular expressions, matched at the start of the message) that go to the log
 #: file only: mmengine's run header, and warnings of the libraries that are not the user's
@@ -48,6 +46,8 @@ FILE_ONLY: Sequence[str] = (
     r'This DataLoader will create \d+ worker processes',
     r'`reduce_zero_label` will be deprecated',
     r'pkg_resources is deprecated',
+    r'Setting (OMP|MKL)_NUM_THREADS environment variable for each process',
+    r'`broadcast_buffers` is deprecated',
 )
 #: mmseg's per-class IoU table (and its heading), printed at every validation.
 CLASS_TABLE: Sequence[str] = (r'per class results:', r'\n\+-+\+')
@@ -97,17 +97,6 @@ def terminal_filter_of(logger: logging.Logger) -> Optional[TerminalFilter]:
             if isinstance(flt, TerminalFilter):
                 return flt
     return None
-
-
-class TerminalQuietRunner(Runner):
-    """mmengine's ``Runner``; its logger's terminal handler gets a :class:`TerminalFilter`
-    (the log file keeps everything)."""
-
-    def build_logger(self, log_level='INFO', log_file=None, **kwargs):
-        logger = super().build_logger(log_level=log_level, log_file=log_file, **kwargs)
-        if terminal_filter_of(logger) is None:
-            attach_terminal_filter(logger)
-        return logger
 
 
 @contextlib.contextmanager
