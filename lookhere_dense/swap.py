@@ -13,8 +13,10 @@ LookHereViT gives. ``tools/swap_backbone.py`` does it on the command line::
 
 :func:`check_model_cfg` (run by ``tools/train.py`` / ``tools/test.py``) turns an unknown
 backbone type or a head that cannot read the backbone's outputs into a
-:class:`ConfigError` that says what to set; :func:`drop_missing_pretrained` lets a config
-that names not-yet-downloaded weights still start training, with a loud warning.
+:class:`ConfigError` that says what to set. :func:`clear_inherited_pretrained` drops the
+``model.pretrained`` a stock mmseg config passes down when the LookHere backbone has
+weights of its own; :func:`check_pretrained_files` stops a run whose pretrained file is
+missing (random init only on request: :func:`drop_missing_pretrained`).
 """
 from __future__ import annotations
 
