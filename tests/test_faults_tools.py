@@ -113,10 +113,6 @@ def _cases(tmp) -> dict:
                                           *shrink],
                                 'backbone.patch_embed.proj.weight: checkpoint (48, 3, 16, '
                                 '16) vs model (96, 3, 16, 16)'),
-        'extrapolate: other widths': ('extrapolate', [ADE_CFG, other, '--tests', 'whole@x1',
-                                                      '--out-dir', str(tmp / 'ex'),
-                                                      *data_opts],
-                                      f'checkpoint {other!r} does not fit the model'),
         'convert: not a checkpoint': ('convert_checkpoint', [str(text), str(tmp / 'c.pth')],
                                       'cannot be read: not a PyTorch checkpoint'),
         'resume: unreadable file': ('train', [ADE_CFG, '--resume', truncated, *data_opts],
@@ -157,7 +153,7 @@ FAULTS = ['cfg-options without =', 'cfg-options word for a number', 'cfg-options
           'max-images 0', 'max-images word', 'opacity', 'show-interval 0', 'unknown preset',
           'heads without a layout', 'work dir is a file', 'missing pretrained',
           'test: not a checkpoint', 'test: truncated', 'test: other widths',
-          'infer: other widths', 'extrapolate: other widths', 'convert: not a checkpoint',
+          'infer: other widths', 'convert: not a checkpoint',
           'resume: unreadable file', 'resume: nothing readable',
           'infer: not an image in the folder', 'infer: corrupt image',
           'infer: output folder under a file', 'infer: output name taken']

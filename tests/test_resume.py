@@ -1,6 +1,7 @@
 """Interruption and resume: a training process killed with SIGKILL and resumed with
 ``--resume`` ends with exactly the weights of an uninterrupted run (CPU, num_workers=0,
-with dropout, drop-path, validation between checkpoints and a damaged newest checkpoint),
+with dropout, drop-path, validation after each checkpoint, a damaged newest checkpoint and a
+random seed in the resumed run),
 and the resume choices (fallback, nothing readable, empty work dir) say what they do."""
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ from tiny_seg import ADE_CFG, PYTHON, REPO, SHRINK, env, make_ade, options, root
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
 
 N = 6  # iterations of the full run
-#: Randomness everywhere: augmentation (numpy / random), dropout and drop-path (torch),
-#: validation every 2 iterations, a checkpoint every iteration.
-RUN = [f'train_cfg.max_iters={N}', 'train_cfg.val_interval=2',
+#: Randomness everywhere: augmentation (numpy / random), dropout and drop-path (torch);
+#: a checkpoint and a validation after every iteration (so the resumed run starts where
+#: the uninterrupted one validated).
+RUN = [f'train_cfg.max_iters={N}', 'train_cfg.val_interval=1',
        'default_hooks.checkpoint.interval=1', 'default_hooks.checkpoint.max_keep_ckpts=10',
        'model.decode_head.dropout_ratio=0.1', 'model.backbone.drop_path_rate=0.1']
 
