@@ -299,13 +299,16 @@ def preflight(cfg, splits: Sequence[str], require_pretrained: bool = False,
 
 
 def _user_errors() -> tuple:
-    """Exception types whose message is shown without a traceback."""
-    from .data.checks import DataCheckError
-    from .swap import ConfigError
-    errors = [ConfigError, DataCheckError, FileNotFoundError, ToolError]
-    if 'mmengine' in sys.modules:  # the hooks' errors can only come from a Runner
-        from .engine.hooks import CheckpointMismatchError, TrainingDivergedError
-        errors += [CheckpointMismatchError, TrainingDivergedError]
+    """Exception types whose message is shown without a traceback. Only modules already
+    loaded are consulted (an error of a module that was never imported cannot have been
+    raised), so reporting a mistake costs no imports."""
+    errors = [FileNotFoundError, ToolError]
+    for module, names in (('lookhere_dense.swap', ('ConfigError',)),
+                          ('lookhere_dense.data.checks', ('DataCheckError',)),
+                          ('lookhere_dense.engine.hooks', ('CheckpointMismatchError',
+                                                           'TrainingDivergedError'))):
+        if module in sys.modules:
+            errors += [getattr(sys.modules[module], name) for name in names]
     return tuple(errors)
 
 
