@@ -205,8 +205,9 @@ class ExactResumeHook(Hook):
     """Save the RNG and sampler state in checkpoints; restore it on resume so the resumed
     run draws exactly the batches, augmentations and dropout masks the uninterrupted run
     would have (bit-exact on CPU with ``num_workers=0``; with worker processes the
-    workers' own generators are re-seeded by PyTorch and the run is statistically, not
-    bitwise, the same).
+    workers' own generators are re-seeded by PyTorch, and in a multi-process run the
+    checkpoint holds rank 0's generators (the other ranks are re-seeded as mmengine does),
+    so those runs resume with the same data order but not bitwise).
 
     Also makes validation RNG-neutral: the states are saved before a validation pass and
     restored after it, so training does not depend on whether (or how often) it validates.
@@ -246,9 +247,13 @@ class ExactResumeHook(Hook):
         state, self._pending = self._pending, None
         if state is None:
             return
+        from mmengine.dist import get_rank
         from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
         loop = runner.train_loop
         iterator_rebuilt = self._restore_sampler_seed(runner, state)
+        if get_rank() != 0:
+            # checkpoints hold rank 0's generators: the other ranks keep their own seeding
+            state = dict(state, rng=capture_rng_state())
         if isinstance(loop, IterBasedTrainLoop) and state['iter'] == loop.iter:
             if iterator_rebuilt:
                 from mmengine.runner.loops import _InfiniteDataloaderIterator
