@@ -9,19 +9,61 @@ from __future__ import annotations
 
 import argparse
 import copy
+import difflib
 import logging
+import os
 import re
 import os.path as osp
 import sys
 import warnings
-from typing import Callable, List, Optional, Sequence
+import zipfile
+from typing import Any, Callable, List, Optional, Sequence
 
 __all__ = ['quiet_known_warnings', 'resolve_config_path', 'load_config', 'set_work_dir',
-           'preflight', 'run_main', 'build_model_from_checkpoint',
-           'add_threads_arg', 'apply_threads', 'parse_cfg_options', 'REPO']
+           'preflight', 'run_main', 'build_model_from_checkpoint', 'ToolError',
+           'ToolArgumentParser', 'CfgOptionsAction', 'add_cfg_options_arg',
+           'check_cfg_options', 'checkpoint_problem', 'read_checkpoint',
+           'add_threads_arg', 'apply_threads', 'positive_int', 'parse_cfg_options', 'REPO']
 
 #: The repository root (``tools/`` and ``configs/`` live here).
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+
+
+class ToolError(RuntimeError):
+    """A failure the user can act on that is not a config or data mistake (a file that
+    cannot be read or written, a launcher without its environment); :func:`run_main`
+    shows its message as one ``error:`` line."""
+
+
+class ToolArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors end in one ``error: <message>`` line (exit
+    status 2), like every other mistake :func:`run_main` reports."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(2, f'error: {message}\n')
+
+
+class CfgOptionsAction(argparse.Action):
+    """``--cfg-options KEY=VALUE ...``: mmengine's ``DictAction`` (values parsed as
+    numbers, bools, None, lists and tuples), imported when the option is used, with an
+    argparse error naming an item that is not ``KEY=VALUE``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        bad = [v for v in values or [] if '=' not in v or not v.split('=', 1)[0].strip()]
+        if bad:
+            raise argparse.ArgumentError(
+                self, f'{bad[0]!r} is not KEY=VALUE (e.g. train_cfg.max_iters=1000 or '
+                'model.backbone.preset=lh90)')
+        from mmengine.config import DictAction
+        DictAction(self.option_strings, self.dest)(parser, namespace, values, option_string)
+
+
+def add_cfg_options_arg(parser: argparse.ArgumentParser, example: str) -> None:
+    """Add ``--cfg-options`` (:class:`CfgOptionsAction`) to a tool's parser."""
+    parser.add_argument('--cfg-options', nargs='+', action=CfgOptionsAction,
+                        metavar='KEY=VALUE',
+                        help=f'override config entries, e.g. {example} (lists: key="[a,b]")')
 
 
 def quiet_known_warnings() -> None:
@@ -53,13 +95,88 @@ def resolve_config_path(path: str) -> str:
 
 
 def load_config(path: str, cfg_options: Optional[dict] = None):
-    """``Config.fromfile`` (package paths allowed) with ``--cfg-options`` merged in."""
+    """``Config.fromfile`` (package paths allowed) with ``--cfg-options`` merged in
+    (checked first: :func:`check_cfg_options`)."""
     from mmengine.config import Config
 
     cfg = Config.fromfile(resolve_config_path(path))
     if cfg_options:
+        check_cfg_options(cfg, cfg_options, lambda m: _log(m, logging.WARNING))
         cfg.merge_from_dict(cfg_options)
     return cfg
+
+
+_MISSING = object()
+
+
+def _lookup(node: Any, parts: Sequence[str]):
+    """``(value at parts, deepest existing node, index of the first missing part)``."""
+    for i, part in enumerate(parts):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, (list, tuple)) and part.lstrip('-').isdigit() \
+                and -len(node) <= int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING, node, i
+    return node, None, len(parts)
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return 'True or False'
+    if isinstance(value, (int, float)):
+        return 'a number'
+    if isinstance(value, (list, tuple)):
+        return 'a list such as [1,2]' if not value else f'a list such as {list(value)}'
+    return type(value).__name__
+
+
+def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
+    """Check ``--cfg-options`` against the config they override.
+
+    * a value whose type cannot replace the config's (a word for a number or a bool, a
+      word for a list, a plain value for a whole section) is an error naming the option
+      and what the config has there (``None`` is always allowed: it switches things off);
+    * a key the config does not have but that is close to one it has (``max_iter`` for
+      ``max_iters``) is an error naming the close keys; other new keys are added (new
+      keys are legitimate), with a warning when their section is new too.
+
+    Raises:
+        lookhere_dense.swap.ConfigError: naming the option and the expected value.
+    """
+    from .swap import ConfigError
+
+    for key, value in options.items():
+        parts = key.split('.')
+        old, parent, depth = _lookup(cfg._cfg_dict if hasattr(cfg, '_cfg_dict') else cfg, parts)
+        if old is _MISSING:
+            where = '.'.join(parts[:depth]) or 'the top level'
+            names = list(parent) if isinstance(parent, dict) else []
+            close = difflib.get_close_matches(parts[depth], names, n=3, cutoff=0.75)
+            if close:
+                raise ConfigError(f'--cfg-options {key}: the config has no {parts[depth]!r} '
+                                  f'in {where}; did you mean {" or ".join(close)}?')
+            if depth < len(parts) - 1:
+                warn(f'--cfg-options {key}: the config has no {parts[depth]!r} in {where}; '
+                     'it is added as a new section')
+            continue
+        if value is None or old is None:
+            continue
+        bad = None
+        if isinstance(old, bool):
+            bad = not isinstance(value, bool)
+        elif isinstance(old, (int, float)):
+            bad = isinstance(value, (str, list, tuple, dict))
+        elif isinstance(old, (list, tuple)):
+            bad = isinstance(value, str)
+        elif isinstance(old, dict):
+            bad = not isinstance(value, dict)
+        if bad:
+            shown = f'the section {key} (set one of its keys, e.g. {key}.{next(iter(old))}=...)' \
+                if isinstance(old, dict) and old else _kind(old)
+            raise ConfigError(f'--cfg-options {key}={value!r}: expected {shown}; the config '
+                              f'has {key}={old!r}')
 
 
 def parse_cfg_options(pairs: Sequence[str]) -> dict:
@@ -75,18 +192,37 @@ def parse_cfg_options(pairs: Sequence[str]) -> dict:
 
 
 def set_work_dir(cfg, work_dir: Optional[str], config_path: str) -> None:
-    """``--work-dir`` > the config's ``work_dir`` > ``work_dirs/<config name>``."""
+    """``--work-dir`` > the config's ``work_dir`` > ``work_dirs/<config name>``.
+
+    Raises:
+        lookhere_dense.swap.ConfigError: the work dir exists and is not a folder.
+    """
     if work_dir is not None:
         cfg.work_dir = work_dir
     elif cfg.get('work_dir') is None:
         name = osp.splitext(osp.basename(config_path.split('::')[-1]))[0]
         cfg.work_dir = osp.join('./work_dirs', name)
+    if osp.exists(cfg.work_dir) and not osp.isdir(cfg.work_dir):
+        from .swap import ConfigError
+        raise ConfigError(f'the work dir {cfg.work_dir!r} is a file, not a folder: choose '
+                          'another --work-dir')
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected a whole number, got {text!r}') from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f'must be >= 1, got {value}')
+    return value
 
 
 def add_threads_arg(parser, default: Optional[int] = None) -> None:
     """Add ``--threads`` (PyTorch intra-op CPU threads) to a tool's parser."""
     parser.add_argument(
-        '--threads', type=int, default=default,
+        '--threads', type=positive_int, default=default, metavar='N',
         help='CPU threads for PyTorch ops (torch.set_num_threads); default: '
         + ("PyTorch's choice" if default is None else str(default))
         + '. On a busy machine 1 thread can be several times faster for small models')
@@ -102,20 +238,35 @@ def apply_threads(threads: Optional[int]) -> None:
 
 
 def _log(msg: str, level: int = logging.INFO) -> None:
+    """Log through mmengine's current logger; in a multi-process run only rank 0 logs
+    (errors are raised on every rank anyway)."""
+    if os.environ.get('RANK', '0') != '0':
+        return
     from mmengine.logging import print_log
     print_log(msg, logger='current', level=level)
 
 
 def preflight(cfg, splits: Sequence[str], require_pretrained: bool = False,
-              check_pretrained: bool = True, check_data: bool = True) -> List[str]:
+              check_pretrained: bool = True, check_data: bool = True,
+              allow_random_init: bool = False,
+              notes: Optional[List[str]] = None) -> List[str]:
     """The checks run before the Runner is built.
 
     * the model part (:func:`lookhere_dense.swap.check_model_cfg`);
-    * pretrained files named by the config that do not exist: an error with
-      ``require_pretrained``, else dropped with a warning (training starts from
-      scratch) — only when ``check_pretrained``;
+    * a ``model.pretrained`` inherited from a stock config that conflicts with the
+      LookHereViT backbone's own weights is cleared, with a message
+      (:func:`lookhere_dense.swap.clear_inherited_pretrained`);
+    * pretrained files named by the config that do not exist: an error, unless
+      ``allow_random_init`` (then dropped with a warning: training starts from random
+      weights) — only when ``check_pretrained``;
     * the data of ``splits``: folders for any config; for mmseg configs also label
       values and the training crop size (:mod:`lookhere_dense.data.checks`).
+
+    Args:
+        require_pretrained: kept for compatibility: a missing file is an error unless
+            ``allow_random_init``. Default: False.
+        notes: the warnings printed are also appended here (to repeat them in the run's
+            log). Default: None.
 
     Returns:
         The dropped pretrained paths.
@@ -124,17 +275,19 @@ def preflight(cfg, splits: Sequence[str], require_pretrained: bool = False,
         lookhere_dense.swap.ConfigError, lookhere_dense.data.checks.DataCheckError.
     """
     from .data.checks import check_dataset_layout, check_seg_data
-    from .swap import ConfigError, check_model_cfg, drop_missing_pretrained
+    from .swap import check_model_cfg, check_pretrained_files, clear_inherited_pretrained
+
+    def warn(msg: str) -> None:
+        _log(msg, logging.WARNING)
+        if notes is not None:
+            notes.append(msg)
 
     check_model_cfg(cfg)
+    clear_inherited_pretrained(cfg, warn)
     dropped: List[str] = []
     if check_pretrained:
-        if require_pretrained:
-            missing: List[str] = []
-            drop_missing_pretrained(copy.deepcopy(cfg), missing.append)
-            if missing:
-                raise ConfigError('--require-pretrained: ' + missing[0])
-        dropped = drop_missing_pretrained(cfg, lambda m: _log(m, logging.WARNING))
+        dropped = check_pretrained_files(
+            cfg, allow_random_init=allow_random_init and not require_pretrained, warn=warn)
     if check_data:
         if (cfg.get('default_scope') or 'mmseg') == 'mmseg':
             sizes = check_seg_data(cfg, splits)
@@ -146,19 +299,33 @@ def preflight(cfg, splits: Sequence[str], require_pretrained: bool = False,
 
 
 def _user_errors() -> tuple:
-    """Exception types whose message is shown without a traceback."""
-    from .data.checks import DataCheckError
-    from .swap import ConfigError
-    return (ConfigError, DataCheckError, FileNotFoundError)
+    """Exception types whose message is shown without a traceback. Only modules already
+    loaded are consulted (an error of a module that was never imported cannot have been
+    raised), so reporting a mistake costs no imports."""
+    errors = [FileNotFoundError, ToolError]
+    for module, names in (('lookhere_dense.swap', ('ConfigError',)),
+                          ('lookhere_dense.data.checks', ('DataCheckError',)),
+                          ('lookhere_dense.engine.hooks', ('CheckpointMismatchError',
+                                                           'TrainingDivergedError'))):
+        if module in sys.modules:
+            errors += [getattr(sys.modules[module], name) for name in names]
+    return tuple(errors)
 
 
 def run_main(main: Callable[[Optional[List[str]]], object],
              argv: Optional[List[str]] = None) -> None:
     """Run a tool's ``main``; a configuration or data mistake prints ``error: <message>``
-    to stderr and exits with status 2 instead of a traceback."""
+    to stderr and exits with status 2 instead of a traceback (Ctrl-C: a one-line note and
+    status 130)."""
     try:
         main(argv)
-    except _user_errors() as err:
+    except KeyboardInterrupt:
+        print('interrupted (Ctrl-C). A training run continues from its last checkpoint '
+              'with --resume.', file=sys.stderr)
+        sys.exit(130)
+    except Exception as err:  # noqa: B902 - re-raised unless it is a user error
+        if not isinstance(err, _user_errors()):
+            raise
         msg = str(err)
         if 'Original Traceback' in msg:  # raised in a dataloader worker: keep the message
             msg = re.sub(r'^[\w.]+Error: ', '', msg.strip().splitlines()[-1])
@@ -166,22 +333,88 @@ def run_main(main: Callable[[Optional[List[str]]], object],
         sys.exit(2)
 
 
+def checkpoint_problem(path: str) -> Optional[str]:
+    """Why ``path`` is not a readable PyTorch checkpoint (None when it is).
+
+    A zip checkpoint (what ``torch.save`` writes) is checked member by member (CRC), so a
+    truncated or damaged file is found without unpickling it; other files must load with
+    ``torch.load(weights_only=True)``.
+    """
+    if not osp.isfile(path):
+        return 'file not found'
+    if osp.getsize(path) == 0:
+        return 'empty file'
+    with open(path, 'rb') as f:
+        head = f.read(4)
+    if head == b'PK\x03\x04' and not zipfile.is_zipfile(path):
+        return 'damaged: a torch.save (zip) file whose end is missing (truncated?)'
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as zf:
+                bad = zf.testzip()
+                names = zf.namelist()
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
+            return f'damaged zip archive ({err})'
+        if bad is not None:
+            return f'damaged (checksum error in {bad!r}): truncated or corrupt'
+        if not any(n.endswith('data.pkl') for n in names):
+            return 'a zip archive without data.pkl, not a torch.save file'
+        return None
+    try:
+        import torch
+        from . import compat
+        compat.apply()
+        torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as err:  # noqa: B902 - any failure means unreadable
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return f'not a PyTorch checkpoint ({type(err).__name__}: {first[:160]})'
+    return None
+
+
+def read_checkpoint(path: str) -> dict:
+    """Load a checkpoint to CPU (``torch.load``, through mmengine for URLs).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist;
+        ToolError: it is not a readable checkpoint (truncated, corrupt, not a dict).
+    """
+    from .checkpoint import load_checkpoint_file
+
+    if '://' not in path:
+        if not osp.isfile(path):
+            raise FileNotFoundError(f'checkpoint {path!r} not found')
+        problem = checkpoint_problem(path)
+        if problem:
+            raise ToolError(f'checkpoint {path!r} cannot be read: {problem}')
+    try:
+        return load_checkpoint_file(path)
+    except (FileNotFoundError, ToolError):
+        raise
+    except Exception as err:  # noqa: B902
+        raise ToolError(f'checkpoint {path!r} cannot be read: {type(err).__name__}: '
+                        f'{str(err).splitlines()[0] if str(err) else ""}') from None
+
+
 def build_model_from_checkpoint(cfg, checkpoint: str, device: str = 'cpu'):
-    """Build ``cfg.model`` in its scope, load ``checkpoint`` into it (pretrained-weight
-    settings of the config are ignored: the checkpoint has the weights), move it to
-    ``device`` in eval mode.
+    """Build ``cfg.model`` in its scope, load ``checkpoint`` into it strictly (every key
+    and shape must fit; pretrained-weight settings of the config are ignored: the
+    checkpoint has the weights), move it to ``device`` in eval mode.
 
     Returns:
         ``(model, dataset_meta)``; ``dataset_meta`` comes from the checkpoint's ``meta``
         (written by the Runner) or None.
+
+    Raises:
+        FileNotFoundError / ToolError: the checkpoint is missing or unreadable;
+        lookhere_dense.engine.hooks.CheckpointMismatchError: it does not fit the model
+        (naming the missing, unexpected and wrongly shaped keys).
     """
     from mmengine.registry import init_default_scope
-    from mmengine.runner import load_checkpoint
 
+    from .engine.hooks import load_state_dict_strictly
     from .swap import model_registry
 
-    if not osp.isfile(checkpoint):
-        raise FileNotFoundError(f'checkpoint {checkpoint!r} not found')
+    ckpt = read_checkpoint(checkpoint)
     scope = cfg.get('default_scope') or 'mmseg'
     init_default_scope(scope)
     model_cfg = copy.deepcopy(cfg.model)
@@ -191,7 +424,10 @@ def build_model_from_checkpoint(cfg, checkpoint: str, device: str = 'cpu'):
         backbone.pop('init_cfg', None)
         backbone.pop('pretrained', None)
     model = model_registry(scope).build(model_cfg)
-    ckpt = load_checkpoint(model, checkpoint, map_location='cpu', logger='silent')
+    # TODO(lead): use lookhere_dense.checkpoint.load_model_weights(model, checkpoint) (the
+    # strict loader of the checkpoint side of issue 12) once it lands; same contract.
+    state_dict = ckpt.get('state_dict', ckpt)
+    load_state_dict_strictly(model, state_dict, checkpoint)
     model.to(device).eval()
-    meta = (ckpt.get('meta') or {}).get('dataset_meta') if isinstance(ckpt, dict) else None
+    meta = (ckpt.get('meta') or {}).get('dataset_meta')
     return model, meta

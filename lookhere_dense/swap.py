@@ -13,8 +13,10 @@ LookHereViT gives. ``tools/swap_backbone.py`` does it on the command line::
 
 :func:`check_model_cfg` (run by ``tools/train.py`` / ``tools/test.py``) turns an unknown
 backbone type or a head that cannot read the backbone's outputs into a
-:class:`ConfigError` that says what to set; :func:`drop_missing_pretrained` lets a config
-that names not-yet-downloaded weights still start training, with a loud warning.
+:class:`ConfigError` that says what to set. :func:`clear_inherited_pretrained` drops the
+``model.pretrained`` a stock mmseg config passes down when the LookHere backbone has
+weights of its own; :func:`check_pretrained_files` stops a run whose pretrained file is
+missing (random init only on request: :func:`drop_missing_pretrained`).
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ import os.path as osp
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 __all__ = ['ConfigError', 'SOURCE_BACKBONES', 'lookhere_backbone_cfg', 'swap_backbone',
-           'check_model_cfg', 'drop_missing_pretrained', 'model_registry']
+           'check_model_cfg', 'drop_missing_pretrained', 'check_pretrained_files',
+           'clear_inherited_pretrained', 'model_registry']
 
 
 class ConfigError(ValueError):
@@ -293,6 +296,98 @@ def _local_missing(path: Any) -> bool:
     return isinstance(path, str) and '://' not in path and not osp.isfile(path)
 
 
+def _is_lookhere(backbone: Any) -> bool:
+    return isinstance(backbone, Mapping) and \
+        str(backbone.get('type', '')).split('.')[-1] == 'LookHereViT'
+
+
+def clear_inherited_pretrained(cfg: Mapping, note: Callable[[str], None]) -> Optional[str]:
+    """Clear a ``model.pretrained`` that conflicts with a LookHereViT backbone's own weights.
+
+    mmseg's stock ViT configs (``mmseg::vit/...``, ``mmseg::segmenter/...``) set
+    ``model.pretrained`` to weights of *their* backbone; a config that inherits one and
+    replaces the backbone (``backbone=dict(_delete_=True, type='LookHereViT', ...,
+    init_cfg=dict(type='Pretrained', checkpoint=...))``) still carries it, and mmseg's
+    ``EncoderDecoder`` hands it to the backbone, which cannot take both. When the
+    LookHereViT backbone names its own weights (``init_cfg`` or ``pretrained``), the
+    model-level one is cleared and ``note`` says so. Without weights of its own the
+    backbone keeps ``model.pretrained`` (mmseg's way to give it weights).
+
+    Returns:
+        The cleared path, or None.
+    """
+    model = cfg.get('model')
+    if not isinstance(model, Mapping):
+        return None
+    bb = model.get('backbone')
+    inherited = model.get('pretrained')
+    if inherited is None or not _is_lookhere(bb):
+        return None
+    if bb.get('init_cfg') is not None:
+        own = 'model.backbone.init_cfg'
+    elif bb.get('pretrained') is not None:
+        own = 'model.backbone.pretrained'
+    else:
+        return None
+    model['pretrained'] = None
+    note(f'model.pretrained={inherited!r} (weights for the base config\'s backbone) was '
+         f'cleared: the LookHereViT backbone takes its weights from {own}, and mmseg cannot '
+         'pass both. To use model.pretrained instead, set '
+         f'{own}=None.')
+    return inherited
+
+
+def _pretrained_entries(model: Mapping) -> List[Tuple[str, str, str]]:
+    """``(key, path, key that opts out)`` of every local pretrained file named by the
+    model part of a config that does not exist."""
+    out = []
+    if _local_missing(model.get('pretrained')):
+        out.append(('model.pretrained', model['pretrained'], 'model.pretrained'))
+    bb = model.get('backbone')
+    if isinstance(bb, Mapping):
+        if _local_missing(bb.get('pretrained')):
+            out.append(('model.backbone.pretrained', bb['pretrained'],
+                        'model.backbone.pretrained'))
+        init = bb.get('init_cfg')
+        if isinstance(init, Mapping) and init.get('type') == 'Pretrained' \
+                and _local_missing(init.get('checkpoint')):
+            out.append(('model.backbone.init_cfg.checkpoint', init['checkpoint'],
+                        'model.backbone.init_cfg'))
+    return out
+
+
+_WHERE = ('the official LookHere ImageNet checkpoints LH_180/LH_90/LH_45_weights_and_'
+          'config.pth are linked from github.com/GreenCUBIC/lookhere')
+
+
+def check_pretrained_files(cfg: Mapping, allow_random_init: bool = False,
+                           warn: Callable[[str], None] = print) -> List[str]:
+    """Stop when the config names pretrained weights whose local file does not exist.
+
+    Fine-tuning from random weights runs to the end and gives a plausible but wrong
+    number, so a missing file is an error unless ``allow_random_init`` (then the settings
+    are cleared and ``warn`` says so: :func:`drop_missing_pretrained`). Remote paths
+    (``https://``...) are left to the loader.
+
+    Returns:
+        The missing paths that were dropped (only with ``allow_random_init``).
+
+    Raises:
+        ConfigError: naming the key, the path, and how to fix it.
+    """
+    model = cfg.get('model')
+    if not isinstance(model, Mapping):
+        return []
+    missing = _pretrained_entries(model)
+    if missing and not allow_random_init:
+        key, path, off = missing[0]
+        raise ConfigError(
+            f'{key}={path!r}: pretrained weights not found. Put the file there ({_WHERE}), '
+            f'or point to it with --cfg-options {key}=PATH. To train from random weights '
+            f'on purpose pass --allow-random-init (or set {off}=None).')
+    return drop_missing_pretrained(cfg, warn)
+
+
 def drop_missing_pretrained(cfg: Mapping, warn: Callable[[str], None]) -> List[str]:
     """Clear pretrained-weight settings whose local file does not exist, so training
     starts (from random init), and ``warn`` about each one.
@@ -308,28 +403,16 @@ def drop_missing_pretrained(cfg: Mapping, warn: Callable[[str], None]) -> List[s
     if not isinstance(model, Mapping):
         return []
     dropped = []
-
-    def note(key: str, path: str, off: str = None) -> None:
+    for key, path, off in _pretrained_entries(model):
         dropped.append(path)
-        warn(f'{key}={path!r}: file not found, so the backbone starts from RANDOM weights. '
-             'Fine-tuning needs the weights: put the file there (the official LookHere '
-             'ImageNet checkpoints LH_180/LH_90/LH_45_weights_and_config.pth are linked from '
-             'github.com/GreenCUBIC/lookhere) or set --cfg-options model.pretrained=PATH. '
-             f'--cfg-options {off or key}=None trains from scratch without this warning; '
-             '--require-pretrained turns it into an error.')
-
-    if _local_missing(model.get('pretrained')):
-        note('model.pretrained', model['pretrained'])
-        model['pretrained'] = None
-    bb = model.get('backbone')
-    if isinstance(bb, Mapping):
-        if _local_missing(bb.get('pretrained')):
-            note('model.backbone.pretrained', bb['pretrained'])
-            bb['pretrained'] = None
-        init = bb.get('init_cfg')
-        if isinstance(init, Mapping) and init.get('type') == 'Pretrained' \
-                and _local_missing(init.get('checkpoint')):
-            note('model.backbone.init_cfg.checkpoint', init['checkpoint'],
-                 'model.backbone.init_cfg')
-            bb['init_cfg'] = None
+        warn(f'{key}={path!r}: file not found, so the backbone starts from RANDOM weights '
+             f'(random init allowed). Fine-tuning needs the weights: put the file there '
+             f'({_WHERE}) or set --cfg-options {key}=PATH. --cfg-options {off}=None '
+             'trains from scratch without this warning.')
+        if key == 'model.pretrained':
+            model['pretrained'] = None
+        elif key == 'model.backbone.pretrained':
+            model['backbone']['pretrained'] = None
+        else:
+            model['backbone']['init_cfg'] = None
     return dropped

@@ -172,6 +172,7 @@ def test_ade20k_config_starts_training_on_an_ade20k_folder_as_is(tmp_path, monke
     make_ade20k_like(tmp_path / 'data', num_train=2, num_val=1)
     monkeypatch.chdir(tmp_path)
     runner = train_model(osp.join(REPO, 'configs', 'segmenter_lookhere_ade20k.py'),
+                         allow_random_init=True,  # the LH_180 file is not here
                          cfg_options={'train_cfg.max_iters': 1,
                                       'train_dataloader.num_workers': 0,
                                       'train_dataloader.persistent_workers': False})

@@ -11,45 +11,11 @@ import sys
 
 import pytest
 
+from tiny_seg import run_tools
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = ('train', 'test', 'infer', 'extrapolate', 'extrapolation_study', 'demo',
          'swap_backbone', 'plot_heads', 'convert_checkpoint')
-
-
-#: Runs tool command lines as ``python tools/<tool>.py ARGS`` would, one after the other in
-#: ONE fresh interpreter (so the OpenMMLab imports are paid once): stdout, stderr and the
-#: exit status of each, as JSON on the real stdout.
-_DRIVER = r"""
-import contextlib, io, json, os, runpy, sys, traceback
-results = []
-for tool, args in json.loads(sys.argv[1]):
-    out, err, code = io.StringIO(), io.StringIO(), 0
-    sys.argv = [os.path.join('tools', tool + '.py'), *args]
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            runpy.run_path(sys.argv[0], run_name='__main__')
-        except SystemExit as exc:
-            if isinstance(exc.code, str):
-                print(exc.code, file=sys.stderr)
-                code = 1
-            else:
-                code = exc.code or 0
-        except Exception:
-            traceback.print_exc()
-            code = 1
-    results.append(dict(rc=code, stdout=out.getvalue(), stderr=err.getvalue()))
-print('\n@@RESULTS@@' + json.dumps(results))
-"""
-
-
-def run_tools(calls) -> list:
-    """``[(tool, [args...]), ...]`` -> ``[dict(rc, stdout, stderr), ...]`` (see _DRIVER)."""
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
-               OMP_NUM_THREADS='1')
-    res = subprocess.run([sys.executable, '-c', _DRIVER, json.dumps(calls)], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert '@@RESULTS@@' in res.stdout, res.stderr
-    return json.loads(res.stdout.split('@@RESULTS@@')[-1])
 
 
 ADE_CFG = os.path.join(REPO, 'configs', 'segmenter_lookhere_vit-t_tiny-ade.py')

@@ -13,18 +13,18 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import os.path as osp
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lookhere_dense.checkpoint import (backbone_weights, load_checkpoint_file,  # noqa: E402
-                                       save_backbone_checkpoint)
-
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from lookhere_dense.cli import ToolArgumentParser
+
+    parser = ToolArgumentParser(description=__doc__.split('\n\n')[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('src', help='official LookHere (.pth with weights+config), timm or '
                         'DeiT-III checkpoint (.pth / .safetensors)')
     parser.add_argument('dst', help='output file (mmseg-style backbone checkpoint)')
@@ -36,14 +36,26 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
+    """Convert; a file that is missing, unreadable or holds no ViT weights ends in one
+    ``error:`` line (exit status 2)."""
     args = parse_args(argv)
+    from lookhere_dense.checkpoint import (backbone_weights, load_checkpoint_file,
+                                           save_backbone_checkpoint)
+    from lookhere_dense.cli import ToolError, checkpoint_problem
+    if osp.isfile(args.src) and not args.src.endswith('.safetensors'):
+        problem = checkpoint_problem(args.src)
+        if problem:
+            raise ToolError(f'{args.src!r} cannot be read: {problem}')
     try:
         weights = backbone_weights(load_checkpoint_file(args.src),
                                    keep_pos_embed=args.keep_pos_embed)
-    except (FileNotFoundError, ValueError) as err:
-        print(f'convert_checkpoint: error: {err}', file=sys.stderr)
-        return 2
-    save_backbone_checkpoint(args.dst, weights.state_dict, weights.lh_config, source=args.src)
+    except ValueError as err:
+        raise ToolError(f'{args.src!r}: {err}') from None
+    try:
+        save_backbone_checkpoint(args.dst, weights.state_dict, weights.lh_config,
+                                 source=args.src)
+    except OSError as err:
+        raise ToolError(f'could not write {args.dst!r}: {err.strerror or err}') from None
     n_params = sum(v.numel() for v in weights.state_dict.values())
     blocks = {k.split('.')[1] for k in weights.state_dict if k.startswith('blocks.')}
     print(f'{args.src}: {weights.format} format, {len(weights.state_dict)} tensors '
@@ -55,4 +67,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    from lookhere_dense.cli import run_main
+    run_main(main)

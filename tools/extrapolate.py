@@ -28,24 +28,23 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from lookhere_dense.evaluation.extrapolation import DEFAULT_TESTS  # noqa: E402
-
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
-    from mmengine.config import DictAction
+    from lookhere_dense.cli import (ToolArgumentParser, add_cfg_options_arg, add_threads_arg,
+                                    positive_int)
 
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='the segmentation config the checkpoint was trained with')
     parser.add_argument('checkpoint', help='checkpoint file')
-    parser.add_argument('--tests', nargs='+', default=list(DEFAULT_TESTS), metavar='MODE@SIZE',
-                        help='tests to run, in order (default: %(default)s); MODE whole or '
-                        'slide, SIZE x<factor of the config test scale>, <short side px> '
-                        'or <H>x<W>')
+    parser.add_argument('--tests', nargs='+', default=None, metavar='MODE@SIZE',
+                        help='tests to run, in order (default: the report\'s DEFAULT_TESTS, '
+                        'slide@x1 then whole@x1 to whole@x3); MODE whole or slide, SIZE '
+                        'x<factor of the config test scale>, <short side px> or <H>x<W>')
     parser.add_argument('--split', choices=['test', 'val'], default='test',
                         help='which dataloader of the config to use (default: test)')
-    parser.add_argument('--max-images', type=int, default=None,
-                        help='evaluate only the first N images of the split')
+    parser.add_argument('--max-images', type=positive_int, default=None, metavar='N',
+                        help='evaluate only the first N images of the split (N >= 1)')
     parser.add_argument('--out-dir', default=None,
                         help='folder for extrapolation.json / extrapolation.png (default: '
                         'work_dirs/<config name>/extrapolation)')
@@ -53,9 +52,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help='file name stem of the JSON / PNG (default: extrapolation)')
     parser.add_argument('--device', default=None,
                         help='cpu or cuda[:N] (default: cuda when available, else cpu)')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
-                        help='override config entries, e.g. test_dataloader.dataset.data_root=...')
-    from lookhere_dense.cli import add_threads_arg
+    add_cfg_options_arg(parser, 'test_dataloader.dataset.data_root=...')
     add_threads_arg(parser)
     return parser.parse_args(argv)
 
@@ -63,16 +60,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     """Run the report (:func:`lookhere_dense.evaluation.extrapolation.extrapolation_report`);
     returns the JSON content."""
+    args = parse_args(argv)
     from lookhere_dense.cli import apply_threads, quiet_known_warnings
     quiet_known_warnings()
-    import lookhere_dense
-    lookhere_dense.register_all_modules()
-    from lookhere_dense.evaluation.extrapolation import extrapolation_report
-
-    args = parse_args(argv)
     apply_threads(args.threads)
+    from lookhere_dense.evaluation.extrapolation import DEFAULT_TESTS, extrapolation_report
+
     return extrapolation_report(
-        args.config, args.checkpoint, args.tests, split=args.split,
+        args.config, args.checkpoint, args.tests or DEFAULT_TESTS, split=args.split,
         max_images=args.max_images, out_dir=args.out_dir, name=args.name,
         device=args.device, cfg_options=args.cfg_options,
         command='python tools/extrapolate.py ' + ' '.join(

@@ -4,8 +4,11 @@
 By default images go through the config's test resize and the config's inference mode;
 ``--native`` keeps each image's own size, ``--short-side`` / ``--size`` pick another one,
 and ``--whole`` / ``--slide`` choose one pass over the whole image or sliding windows of
-the training crop. Overlays are written as ``<out-dir>/<image name>.png`` (and the raw
-class ids as ``<image name>_labels.png`` with ``--save-labels``).
+the training crop. Overlays are written as ``<out-dir>/<image name>.png`` with a legend of
+the classes present (``--no-legend``: without), and the raw class ids as
+``<image name>_labels.png`` with ``--save-labels``. The checkpoint must fit the config's
+model; a file that is not an image, an image that cannot be decoded and an output that
+cannot be written stop the run with a message naming the file.
 
 Examples::
 
@@ -37,9 +40,9 @@ def _hw(text: str) -> Tuple[int, int]:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
-    from mmengine.config import DictAction
+    from lookhere_dense.cli import ToolArgumentParser, add_cfg_options_arg, add_threads_arg
 
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='the config the checkpoint was trained with')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('input', help='an image file or a folder of images')
@@ -63,35 +66,38 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help='slide stride (default: the config\'s, else 2/3 of the crop)')
     parser.add_argument('--opacity', type=float, default=0.5,
                         help='overlay opacity of the class colours, 0..1 (default: 0.5)')
+    parser.add_argument('--no-legend', action='store_true',
+                        help='do not draw the legend of the classes present')
     parser.add_argument('--save-labels', action='store_true',
                         help='also write the predicted class ids as <name>_labels.png')
     parser.add_argument('--device', default=None,
                         help='cpu or cuda[:N] (default: cuda when available, else cpu)')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
-                        help='override config entries')
-    from lookhere_dense.cli import add_threads_arg
+    add_cfg_options_arg(parser, 'model.test_cfg.mode=whole')
     add_threads_arg(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not 0.0 <= args.opacity <= 1.0:
+        parser.error(f'--opacity must be in 0..1, got {args.opacity}')
+    if args.short_side is not None and args.short_side < 1:
+        parser.error(f'--short-side must be >= 1, got {args.short_side}')
+    return args
 
 
 def main(argv: Optional[List[str]] = None) -> List[str]:
     """Write the overlays (:func:`lookhere_dense.apis.inference.segment_images`); returns
     their paths."""
-    from lookhere_dense.cli import apply_threads, quiet_known_warnings
+    args = parse_args(argv)
+    from lookhere_dense.cli import apply_threads, quiet_known_warnings, resolve_config_path
+    resolve_config_path(args.config)  # a missing file fails before the heavy imports
     quiet_known_warnings()
-    import lookhere_dense
-    lookhere_dense.register_all_modules()
+    apply_threads(args.threads)
     from lookhere_dense.apis.inference import segment_images
 
-    args = parse_args(argv)
-    apply_threads(args.threads)
-    if not 0.0 <= args.opacity <= 1.0:
-        raise SystemExit(f'--opacity must be in 0..1, got {args.opacity}')
     result = segment_images(
         args.config, args.checkpoint, args.input, out_dir=args.out_dir, whole=args.whole,
         slide=args.slide, native=args.native, short_side=args.short_side, size=args.size,
         crop=args.crop, stride=args.stride, opacity=args.opacity,
-        save_labels=args.save_labels, device=args.device, cfg_options=args.cfg_options)
+        save_labels=args.save_labels, device=args.device, cfg_options=args.cfg_options,
+        legend=not args.no_legend)
     print(f'wrote {len(result.paths)} overlay(s) to {args.out_dir} '
           f'({result.mode} inference on {result.device})')
     return result.paths

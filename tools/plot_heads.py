@@ -23,17 +23,15 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from torch import Tensor  # noqa: E402
-
-from lookhere_dense.lookhere.bias import PRESETS  # noqa: E402
-from lookhere_dense.visualization.heads import draw_head_fields, load_lh_config  # noqa: E402
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument('--preset', default='lh180', choices=sorted(PRESETS),
-                   help='LookHere preset (ignored with --lh-config)')
+    from lookhere_dense.cli import ToolArgumentParser
+
+    p = ToolArgumentParser(description=__doc__.split('\n\n')[0],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument('--preset', default='lh180',
+                   help='LookHere preset: lh180, lh90 or lh45 (ignored with --lh-config)')
     p.add_argument('--lh-config', default=None,
                    help='LookHere config as JSON text or a JSON file with the official keys '
                         '(head_directions, global_slope, layer_slopes, ...)')
@@ -46,21 +44,35 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--layers', nargs='+', type=int, default=None,
                    help='layers to draw (default: the first and the last)')
     p.add_argument('--out', default='heads.png', help='output PNG')
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    from lookhere_dense.lookhere.bias import PRESETS  # torch: after --help
+    if args.preset not in PRESETS:
+        p.error(f'argument --preset: invalid choice: {args.preset!r} (choose from '
+                f'{", ".join(sorted(PRESETS))})')
+    return args
 
 
-def main(argv: Optional[Sequence[str]] = None) -> Tensor:
+def main(argv: Optional[Sequence[str]] = None):
     """Draw the picture (:func:`lookhere_dense.visualization.heads.draw_head_fields`);
-    returns the plotted fields."""
+    returns the plotted fields (a tensor)."""
     args = parse_args(argv)
-    config = load_lh_config(args.lh_config, args.preset)
-    fields = draw_head_fields(config, (args.grid[0], args.grid[1]), args.out,
-                              query=args.query, depth=args.depth, num_heads=args.num_heads,
-                              layers=args.layers,
-                              name='lh_config' if args.lh_config else args.preset)
+    from lookhere_dense.cli import ToolError
+    from lookhere_dense.visualization.heads import draw_head_fields, load_lh_config
+    try:
+        config = load_lh_config(args.lh_config, args.preset)
+    except ValueError as err:  # also JSON syntax errors
+        raise ToolError(f'--lh-config: {err}') from None
+    try:
+        fields = draw_head_fields(config, (args.grid[0], args.grid[1]), args.out,
+                                  query=args.query, depth=args.depth,
+                                  num_heads=args.num_heads, layers=args.layers,
+                                  name='lh_config' if args.lh_config else args.preset)
+    except ValueError as err:  # grid, query, layers, heads that do not fit: named
+        raise ToolError(str(err)) from None
     print(f'wrote {args.out}')
     return fields
 
 
 if __name__ == '__main__':
-    main()
+    from lookhere_dense.cli import run_main
+    run_main(main)

@@ -29,9 +29,9 @@ if str(REPO) not in sys.path:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
-    from mmengine.config import DictAction
+    from lookhere_dense.cli import ToolArgumentParser, add_cfg_options_arg
 
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='source config (file or mmseg:: package path)')
     parser.add_argument('out', help='where to write the new config (.py)')
     parser.add_argument('--preset', choices=['lh180', 'lh90', 'lh45'], default=None,
@@ -45,23 +45,21 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         'lookhere-dense file) for init_cfg=Pretrained')
     parser.add_argument('--keep-pretrained', action='store_true',
                         help="keep the source config's model.pretrained")
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
-                        help='override entries of the source config before swapping')
+    add_cfg_options_arg(parser, 'model.backbone.num_layers=24 (applied to the source '
+                        'config before swapping)')
     return parser.parse_args(argv)
 
 
 def main(argv: Optional[List[str]] = None):
     """Swap and write (:func:`lookhere_dense.apis.swap.swap_config_file`); returns the new
     config."""
-    from lookhere_dense.cli import quiet_known_warnings
-    quiet_known_warnings()
-    import lookhere_dense
-    lookhere_dense.register_all_modules()
-    from lookhere_dense.apis.swap import swap_config_file
-
     args = parse_args(argv)
     if not args.out.endswith('.py'):
         raise SystemExit(f'the output config must end in .py, got {args.out!r}')
+    from lookhere_dense.cli import quiet_known_warnings
+    quiet_known_warnings()
+    from lookhere_dense.apis.swap import swap_config_file
+
     new = swap_config_file(args.config, args.out, preset=args.preset,
                            num_heads=args.num_heads, checkpoint=args.checkpoint,
                            keep_pretrained=args.keep_pretrained, cfg_options=args.cfg_options)

@@ -2,7 +2,10 @@
 """Test (and evaluate) a checkpoint with mmengine's Runner: mmseg or mmdet configs.
 
 lookhere-dense registers itself. The model and test data are checked before the Runner
-is built (unknown types, missing folders, label values outside the classes).
+is built (unknown types, missing folders, label values outside the classes), and the
+checkpoint must fit the model exactly (missing, unexpected or wrongly shaped keys are
+named). The terminal shows progress, the per-class table and the metrics; the log file in
+the work dir has everything.
 
 Examples::
 
@@ -26,9 +29,9 @@ if str(REPO) not in sys.path:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments (mmseg / mmdet ``tools/test.py`` conventions)."""
-    from mmengine.config import DictAction
+    from lookhere_dense.cli import ToolArgumentParser, add_cfg_options_arg, add_threads_arg
 
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='config file (or mmseg::/mmdet:: package path)')
     parser.add_argument('checkpoint', help='checkpoint file to test')
     parser.add_argument('--work-dir', help='folder for the log and the metrics JSON (default: '
@@ -45,17 +48,20 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--tta', action='store_true',
                         help="test-time augmentation with the config's tta_pipeline / "
                         'tta_model')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
-                        help='override config entries, e.g. model.test_cfg.mode=whole')
+    add_cfg_options_arg(parser, 'model.test_cfg.mode=whole')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
                         default='none', help='job launcher; "pytorch" under torchrun')
     parser.add_argument('--skip-data-check', action='store_true',
                         help='do not run the data checks before testing')
+    parser.add_argument('--verbose', action='store_true',
+                        help="also show on the terminal what only the log file gets "
+                        "(mmengine's environment, config and hook listing, library warnings)")
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0,
                         help='set by torch.distributed.launch; do not pass by hand')
-    from lookhere_dense.cli import add_threads_arg
     add_threads_arg(parser)
     args = parser.parse_args(argv)
+    if args.show_interval < 1:
+        parser.error(f'--show-interval must be >= 1, got {args.show_interval}')
     if 'LOCAL_RANK' not in os.environ:
         os.environ['LOCAL_RANK'] = str(args.local_rank)
     return args
@@ -64,19 +70,18 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None):
     """Test (:func:`lookhere_dense.apis.test.evaluate_checkpoint`); returns the metrics
     dict."""
-    from lookhere_dense.cli import apply_threads, quiet_known_warnings
+    args = parse_args(argv)
+    from lookhere_dense.cli import apply_threads, quiet_known_warnings, resolve_config_path
+    resolve_config_path(args.config)  # a missing file fails before the heavy imports
     quiet_known_warnings()
-    import lookhere_dense
-    lookhere_dense.register_all_modules()
+    apply_threads(args.threads)
     from lookhere_dense.apis.test import evaluate_checkpoint
 
-    args = parse_args(argv)
-    apply_threads(args.threads)
     return evaluate_checkpoint(
         args.config, args.checkpoint, work_dir=args.work_dir, out=args.out,
         show_dir=args.show_dir, show=args.show, show_interval=args.show_interval,
         wait_time=args.wait_time, tta=args.tta, cfg_options=args.cfg_options,
-        launcher=args.launcher, check_data=not args.skip_data_check)
+        launcher=args.launcher, check_data=not args.skip_data_check, verbose=args.verbose)
 
 
 if __name__ == '__main__':

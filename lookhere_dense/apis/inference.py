@@ -3,7 +3,14 @@
 By default images go through the config's test resize and the config's inference mode;
 ``native`` keeps each image's own size, ``short_side`` / ``size`` pick another one (the
 one resize rewrite, :mod:`lookhere_dense.evaluation.resize`), and ``whole`` / ``slide``
-choose one pass over the whole image or sliding windows of the training crop.
+choose one pass over the whole image or sliding windows of the training crop. Overlays
+carry a legend of the classes present (:mod:`lookhere_dense.visualization.legend`).
+
+Every input is checked before the model is built (a file that is not an image is named),
+every image is decoded before it is segmented (a corrupt one is named), the checkpoint is
+loaded strictly (:func:`lookhere_dense.cli.build_model_from_checkpoint`), and every write
+is checked (a file that cannot be written is named; nothing is reported as written that
+was not).
 """
 from __future__ import annotations
 
@@ -17,7 +24,8 @@ import numpy as np
 from ..evaluation.resize import exact_resize, find_resize, short_side_resize
 
 __all__ = ['IMAGE_SUFFIXES', 'list_images', 'inference_pipeline', 'inference_test_cfg',
-           'overlay', 'class_palette', 'Overlays', 'segment_images']
+           'overlay', 'class_palette', 'class_names', 'output_stems', 'Overlays',
+           'segment_images']
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
 
@@ -26,11 +34,12 @@ def list_images(path: str) -> List[str]:
     """``path`` itself, or the images in the folder ``path`` (sorted, not recursive).
 
     Raises:
-        FileNotFoundError: ``path`` does not exist, is a file that is not an image, or is
-            a folder that holds no images.
+        FileNotFoundError: ``path`` does not exist, is a file that is not an image, is a
+            folder that holds no images, or holds a file named like an image that is not
+            one (named; its header is checked, not the whole file).
     """
+    import cv2
     if osp.isfile(path):
-        import cv2
         if cv2.imread(path, cv2.IMREAD_UNCHANGED) is None:
             raise FileNotFoundError(f'input {path!r} is not an image OpenCV can read '
                                     f'(give an image file or a folder of {IMAGE_SUFFIXES})')
@@ -38,9 +47,14 @@ def list_images(path: str) -> List[str]:
     if not osp.isdir(path):
         raise FileNotFoundError(f'input {path!r} is neither an image file nor a folder')
     files = sorted(osp.join(path, f) for f in os.listdir(path)
-                   if f.lower().endswith(IMAGE_SUFFIXES))
+                   if f.lower().endswith(IMAGE_SUFFIXES) and osp.isfile(osp.join(path, f)))
     if not files:
         raise FileNotFoundError(f'no images ({", ".join(IMAGE_SUFFIXES)}) in {path!r}')
+    bad = [f for f in files if not cv2.haveImageReader(f)]
+    if bad:
+        more = f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''
+        raise FileNotFoundError(f'{bad[0]!r}{more} in the input folder is named like an image '
+                                'but is not one OpenCV can read: remove or fix it')
     return files
 
 
@@ -129,6 +143,52 @@ def class_palette(meta: Optional[Dict[str, Any]], cfg, num_classes: int) -> List
     return rng.integers(0, 255, (num_classes, 3)).tolist()
 
 
+def class_names(meta: Optional[Dict[str, Any]], cfg, num_classes: int) -> List[str]:
+    """The class names: the checkpoint's ``dataset_meta``, else the config's test dataset
+    class's ``METAINFO``, else ``class <id>``."""
+    if meta and meta.get('classes'):
+        return [str(c) for c in meta['classes']]
+    from mmseg.registry import DATASETS
+    ds_type = cfg.get('test_dataloader', {}).get('dataset', {}).get('type')
+    cls = DATASETS.get(ds_type) if isinstance(ds_type, str) else None
+    if cls is not None and getattr(cls, 'METAINFO', {}).get('classes'):
+        return [str(c) for c in cls.METAINFO['classes']]
+    return [f'class {i}' for i in range(num_classes)]
+
+
+def output_stems(images: Sequence[str]) -> List[str]:
+    """The output name of each image: its name without the suffix, or with it
+    (``a.jpg`` -> ``a.jpg``) where two images share a stem (``a.jpg``, ``a.png``), so no
+    overlay overwrites another."""
+    stems = [osp.splitext(osp.basename(p))[0] for p in images]
+    return [s if stems.count(s) == 1 else osp.basename(p) for s, p in zip(stems, images)]
+
+
+def _write(path: str, image: np.ndarray) -> None:
+    import cv2
+
+    from lookhere_dense.cli import ToolError
+    try:
+        ok = cv2.imwrite(path, image)
+    except cv2.error as err:
+        raise ToolError(f'could not write {path!r}: {str(err).strip().splitlines()[-1]}') \
+            from None
+    if not ok:
+        raise ToolError(f'could not write {path!r} (is the folder writable, is the disk full, '
+                        'or is there a folder of that name?)')
+
+
+def _make_out_dir(out_dir: str) -> None:
+    from lookhere_dense.cli import ToolError
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as err:
+        raise ToolError(f'cannot create the output folder {out_dir!r}: {err.strerror or err}') \
+            from None
+    if not os.access(out_dir, os.W_OK):
+        raise ToolError(f'the output folder {out_dir!r} is not writable')
+
+
 @dataclass
 class Overlays:
     """What :func:`segment_images` wrote.
@@ -150,16 +210,21 @@ def segment_images(config: str, checkpoint: str, input: str, out_dir: str = 'wor
                    crop: Optional[Tuple[int, int]] = None,
                    stride: Optional[Tuple[int, int]] = None, opacity: float = 0.5,
                    save_labels: bool = False, device: Optional[str] = None,
-                   cfg_options: Optional[dict] = None) -> Overlays:
+                   cfg_options: Optional[dict] = None, legend: bool = True) -> Overlays:
     """Segment an image or a folder of images; write ``<out_dir>/<image name>.png``
     overlays (and the class ids as ``<image name>_labels.png`` with ``save_labels``).
 
     Args: as ``tools/infer.py`` (``size``, ``crop``, ``stride``: ``(H, W)``); ``device``
-    default: cuda when available, else cpu.
+    default: cuda when available, else cpu; ``legend``: draw the legend of the classes
+    present (default: True).
 
     Raises:
         ValueError: ``opacity`` outside 0..1; FileNotFoundError: input / config /
-        checkpoint missing; lookhere_dense.swap.ConfigError (see
+        checkpoint missing, or an input named like an image that is not one;
+        lookhere_dense.cli.ToolError: an image that cannot be decoded, a checkpoint that
+        cannot be read, an output that cannot be written (each named);
+        lookhere_dense.engine.hooks.CheckpointMismatchError: the checkpoint does not fit
+        the config's model; lookhere_dense.swap.ConfigError (see
         :func:`inference_test_cfg`).
     """
     import lookhere_dense
@@ -170,34 +235,41 @@ def segment_images(config: str, checkpoint: str, input: str, out_dir: str = 'wor
     from mmengine.config import ConfigDict
     from tqdm import tqdm
 
-    from lookhere_dense.cli import build_model_from_checkpoint, load_config
+    from lookhere_dense.cli import ToolError, build_model_from_checkpoint, load_config
+    from lookhere_dense.visualization.legend import draw_legend
 
     if not 0.0 <= opacity <= 1.0:
         raise ValueError(f'--opacity must be in 0..1, got {opacity}')
     images = list_images(input)
     cfg = load_config(config, cfg_options)
+    _make_out_dir(out_dir)
     device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
     model, meta = build_model_from_checkpoint(cfg, checkpoint, device)
     model.test_cfg = ConfigDict(inference_test_cfg(cfg, whole, slide, crop, stride))
     pipeline = Compose(inference_pipeline(cfg, native, short_side, size))
     num_classes = int(getattr(model.decode_head, 'num_classes', 0) or 0)
     palette = class_palette(meta, cfg, num_classes)
-    os.makedirs(out_dir, exist_ok=True)
+    names = class_names(meta, cfg, num_classes)
     written = []
-    for path in tqdm(images, desc='infer', unit='img', dynamic_ncols=True, disable=None):
+    for path, stem in tqdm(list(zip(images, output_stems(images))), desc='infer', unit='img',
+                           dynamic_ncols=True, disable=None):
+        bgr = cv2.imread(path, cv2.IMREAD_COLOR)
+        if bgr is None:
+            raise ToolError(f'cannot decode the image {path!r} (corrupt or not an image); '
+                            f'{len(written)} overlay(s) were written before it')
         data = pipeline(dict(img_path=path))
         batch = dict(inputs=[data['inputs']], data_samples=[data['data_samples']])
         with torch.no_grad():
             result = model.test_step(batch)[0]
         labels = result.pred_sem_seg.data[0].cpu().numpy().astype(np.uint8)
-        bgr = cv2.imread(path, cv2.IMREAD_COLOR)
         if bgr.shape[:2] != labels.shape:  # prediction is at the original size
             bgr = cv2.resize(bgr, labels.shape[::-1])
         rgb = overlay(bgr[..., ::-1], labels, palette, opacity)
-        stem = osp.splitext(osp.basename(path))[0]
+        if legend:
+            rgb = draw_legend(rgb, labels, palette, names)
         out = osp.join(out_dir, f'{stem}.png')
-        cv2.imwrite(out, np.ascontiguousarray(rgb[..., ::-1]))
+        _write(out, np.ascontiguousarray(rgb[..., ::-1]))
         written.append(out)
         if save_labels:
-            cv2.imwrite(osp.join(out_dir, f'{stem}_labels.png'), labels)
+            _write(osp.join(out_dir, f'{stem}_labels.png'), labels)
     return Overlays(written, str(model.test_cfg.get('mode')), device)

@@ -1,6 +1,9 @@
 """Test (and evaluate) a checkpoint with mmengine's Runner: mmseg or mmdet configs
 (``tools/test.py``). The model and test data are checked before the Runner is built
-(unknown types, missing folders, label values outside the classes)."""
+(unknown types, missing folders, label values outside the classes); the checkpoint must
+be readable and fit the model exactly
+(:class:`~lookhere_dense.engine.hooks.CheckpointFitHook`: missing, unexpected and wrongly
+shaped keys are named), and progress is logged about ten times per pass."""
 from __future__ import annotations
 
 import os
@@ -56,11 +59,18 @@ def build_test_config(config: str, checkpoint: str, work_dir: Optional[str] = No
         lookhere_dense.swap.ConfigError, lookhere_dense.data.checks.DataCheckError,
         FileNotFoundError: saying what to fix.
     """
-    from lookhere_dense.cli import load_config, preflight, set_work_dir
+    from lookhere_dense.apis.train import check_launcher
+    from lookhere_dense.cli import (ToolError, checkpoint_problem, load_config, preflight,
+                                    set_work_dir)
     from lookhere_dense.swap import ConfigError
 
-    if not os.path.isfile(checkpoint) and '://' not in checkpoint:
-        raise FileNotFoundError(f'checkpoint {checkpoint!r} not found')
+    if '://' not in checkpoint:
+        if not os.path.isfile(checkpoint):
+            raise FileNotFoundError(f'checkpoint {checkpoint!r} not found')
+        problem = checkpoint_problem(checkpoint)
+        if problem:
+            raise ToolError(f'checkpoint {checkpoint!r} cannot be read: {problem}')
+    check_launcher(launcher)
     cfg = load_config(config, cfg_options)
     cfg.launcher = launcher
     set_work_dir(cfg, work_dir, config)
@@ -82,15 +92,26 @@ def build_test_config(config: str, checkpoint: str, work_dir: Optional[str] = No
         else:
             cfg.test_evaluator['output_dir'] = out
             cfg.test_evaluator['keep_results'] = True
+    hooks = list(cfg.get('custom_hooks') or [])
+    hooks.append(dict(type='CheckpointFitHook', strict_load_from=True))
+    cfg.custom_hooks = hooks
+    logger = (cfg.get('default_hooks') or {}).get('logger')
+    if isinstance(logger, dict) and str(logger.get('type', '')).split('.')[-1] == 'LoggerHook':
+        logger['type'] = 'ProgressLoggerHook'  # ~10 progress lines per pass
     # the model is loaded from the checkpoint: pretrained files are irrelevant here
     preflight(cfg, ('test',), check_pretrained=False, check_data=check_data)
     return cfg
 
 
 def evaluate_checkpoint(config: str, checkpoint: str, out: Optional[str] = None,
-                        **options) -> dict:
+                        verbose: bool = False, **options) -> dict:
     """Test: :func:`build_test_config` (``options`` are its other arguments), build the
     Runner, ``runner.test()`` (mmdet with ``out``: also dump the raw results).
+
+    Args:
+        verbose: show everything mmengine logs on the terminal too (default: the run
+            header and library noise go to the log file only; the per-class table is
+            shown). Default: False.
 
     Returns:
         The metrics dict.
@@ -98,11 +119,24 @@ def evaluate_checkpoint(config: str, checkpoint: str, out: Optional[str] = None,
     import lookhere_dense
     lookhere_dense.register_all_modules()
 
-    from .train import build_runner
+    from lookhere_dense.engine.terminal import terminal_filter_of, warnings_to_run_log
+
+    from .train import announce_log_file, build_runner, init_distributed
 
     cfg = build_test_config(config, checkpoint, out=out, **options)
-    runner = build_runner(cfg)
-    if out is not None and cfg.get('default_scope') == 'mmdet':
-        from mmdet.evaluation import DumpDetResults
-        runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=out))
-    return runner.test()
+    created = init_distributed(cfg)
+    try:
+        with warnings_to_run_log():
+            runner = build_runner(cfg, quiet=not verbose)
+            flt = terminal_filter_of(runner.logger)
+            if flt is not None:
+                flt.class_table = True  # the test's result: shown once
+            announce_log_file(runner)
+            if out is not None and cfg.get('default_scope') == 'mmdet':
+                from mmdet.evaluation import DumpDetResults
+                runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=out))
+            return runner.test()
+    finally:
+        if created:
+            import torch.distributed as dist
+            dist.destroy_process_group()

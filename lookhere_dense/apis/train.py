@@ -4,22 +4,144 @@
 Before the Runner is built the config is checked (:func:`lookhere_dense.cli.preflight`):
 unknown model types, heads that cannot read the backbone, missing dataset folders, label
 values outside the classes and crops larger than the images stop with a message that says
-what to fix. Pretrained files the config names but that are not there are dropped with a
-warning (``require_pretrained``: an error).
+what to fix. Pretrained files the config names but that are not there stop the run too
+(``allow_random_init``: dropped with a warning, training starts from random weights).
+
+Every run also gets (:mod:`lookhere_dense.engine.hooks`): a stop at the first NaN / Inf
+loss, bit-exact resume (RNG and sampler state in the checkpoints), strict checkpoint
+loading on resume, loss lines at least every tenth of a short schedule and about ten
+progress lines per validation. The terminal shows what a person acts on; the run's log
+file keeps everything mmengine logs (:mod:`lookhere_dense.engine.terminal`).
+
+``--resume`` (``resume='auto'``) continues from the newest readable checkpoint of the work
+dir: an unreadable (truncated, corrupt) newest checkpoint is skipped with a warning, and a
+work dir without any checkpoint starts from iteration 0 with a warning (as mmengine does,
+so a job script can always pass ``--resume``); a work dir whose checkpoints are all
+unreadable is an error.
+
+``launcher='pytorch'`` (``torchrun``) trains with NCCL on GPUs and with Gloo on CPU-only
+machines (the process group is set up before the Runner, so mmengine's CUDA-only set-up is
+not used there).
 """
 from __future__ import annotations
 
+import glob
 import logging
 import os
+import os.path as osp
+import re
 from typing import List, Optional, Tuple
 
-__all__ = ['build_train_config', 'build_runner', 'train_model']
+__all__ = ['build_train_config', 'build_runner', 'train_model', 'find_resume_checkpoint',
+           'init_distributed', 'check_launcher', 'announce_log_file', 'TRAIN_HOOKS']
+
+#: The hooks every training run gets (unless the config already has them).
+TRAIN_HOOKS = ('FiniteLossHook', 'ExactResumeHook', 'CheckpointFitHook')
+#: Environment variables ``torchrun`` sets for ``launcher='pytorch'``.
+TORCHRUN_ENV = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
+
+
+def _warn(msg: str) -> None:
+    from lookhere_dense.cli import _log
+    _log(msg, logging.WARNING)
+
+
+def _checkpoint_number(path: str) -> int:
+    m = re.search(r'(\d+)\.pth$', osp.basename(path))
+    return int(m.group(1)) if m else -1
+
+
+def find_resume_checkpoint(work_dir: str) -> Tuple[Optional[str], List[str]]:
+    """The checkpoint ``--resume`` continues from: the one mmengine's ``last_checkpoint``
+    names, else the newest ``iter_*.pth`` / ``epoch_*.pth``; unreadable ones
+    (:func:`lookhere_dense.cli.checkpoint_problem`) are skipped for the next older one.
+
+    Returns:
+        ``(path or None, warnings)``.
+
+    Raises:
+        lookhere_dense.cli.ToolError: the work dir has checkpoints but none is readable.
+    """
+    from lookhere_dense.cli import ToolError, checkpoint_problem
+
+    candidates: List[str] = []
+    last = osp.join(work_dir, 'last_checkpoint')
+    if osp.isfile(last):
+        with open(last) as f:
+            named = f.read().strip()
+        if named:
+            candidates.append(named if osp.isabs(named) else osp.join(work_dir, named))
+    numbered = glob.glob(osp.join(work_dir, 'iter_*.pth')) + \
+        glob.glob(osp.join(work_dir, 'epoch_*.pth'))
+    for path in sorted(numbered, key=_checkpoint_number, reverse=True):
+        if not any(osp.abspath(path) == osp.abspath(c) for c in candidates):
+            candidates.append(path)
+    notes: List[str] = []
+    skipped: List[str] = []
+    for path in candidates:
+        problem = checkpoint_problem(path)
+        if problem is None:
+            if skipped:
+                notes.append(f'--resume: skipped unreadable checkpoint(s) {"; ".join(skipped)}'
+                             f'; resuming from {path}')
+            return path, notes
+        skipped.append(f'{path} ({problem})')
+    if skipped:
+        raise ToolError(f'--resume: no readable checkpoint in {work_dir!r}: '
+                        + '; '.join(skipped) + '. Resume from a good file with --resume '
+                        'PATH, or remove the broken ones to start from iteration 0.')
+    notes.append(f'--resume: no checkpoint in {work_dir!r}, so training starts from '
+                 'iteration 0 (check --work-dir if you expected to continue a run)')
+    return None, notes
+
+
+def check_launcher(launcher: str) -> None:
+    """A launcher whose environment is missing is an error naming what to run.
+
+    Raises:
+        lookhere_dense.cli.ToolError: ``'pytorch'`` outside torchrun, ``'slurm'`` outside
+            srun.
+    """
+    from lookhere_dense.cli import ToolError
+    if launcher == 'pytorch':
+        missing = [k for k in TORCHRUN_ENV if k not in os.environ]
+        if missing:
+            raise ToolError(
+                f'--launcher pytorch must run under torchrun (the variables {missing} that '
+                'torchrun sets are missing), e.g. torchrun --nproc_per_node=2 tools/train.py '
+                'CONFIG --launcher pytorch; for one process use --launcher none')
+    elif launcher == 'slurm' and 'SLURM_PROCID' not in os.environ:
+        raise ToolError('--launcher slurm must run under srun (SLURM_PROCID is not set)')
+
+
+def _add_hooks(cfg) -> None:
+    hooks = list(cfg.get('custom_hooks') or [])
+    present = {str(h.get('type', '')).split('.')[-1] for h in hooks if isinstance(h, dict)}
+    hooks += [dict(type=name) for name in TRAIN_HOOKS if name not in present]
+    cfg.custom_hooks = hooks
+
+
+def _tune_logging(cfg) -> None:
+    """Loss lines at least every tenth of the schedule (``interval = min(interval,
+    max(1, max_iters // 10))`` for iteration-based loops) and about ten progress lines
+    per validation (:class:`~lookhere_dense.engine.hooks.ProgressLoggerHook`)."""
+    logger = (cfg.get('default_hooks') or {}).get('logger')
+    if not isinstance(logger, dict) or \
+            str(logger.get('type', '')).split('.')[-1] not in ('LoggerHook',
+                                                               'ProgressLoggerHook'):
+        return
+    logger['type'] = 'ProgressLoggerHook'
+    train_cfg = cfg.get('train_cfg') or {}
+    max_iters = train_cfg.get('max_iters')
+    if isinstance(max_iters, int) and max_iters > 0:
+        logger['interval'] = min(int(logger.get('interval', 10)), max(1, max_iters // 10))
 
 
 def build_train_config(config: str, work_dir: Optional[str] = None,
                        cfg_options: Optional[dict] = None, launcher: str = 'none',
                        amp: bool = False, resume: Optional[str] = None,
-                       require_pretrained: bool = False, check_data: bool = True
+                       require_pretrained: bool = False, check_data: bool = True,
+                       allow_random_init: bool = False, hooks: bool = True
                        ) -> Tuple[object, List[str]]:
     """The config to train with: the file (``mmseg::`` / ``mmdet::`` paths allowed) +
     ``cfg_options`` + the options below, checked.
@@ -29,25 +151,34 @@ def build_train_config(config: str, work_dir: Optional[str] = None,
         work_dir: logs and checkpoints. Default: None (the config's ``work_dir``, else
             ``work_dirs/<config name>``).
         cfg_options: config overrides. Default: None.
-        launcher: ``'none'``, ``'pytorch'``, ``'slurm'`` or ``'mpi'``. Default: ``'none'``.
+        launcher: ``'none'``, ``'pytorch'`` (under torchrun), ``'slurm'`` or ``'mpi'``.
+            Default: ``'none'``.
         amp: mixed precision (``AmpOptimWrapper``, dynamic loss scale; needs CUDA).
             Default: False.
-        resume: ``'auto'`` (the latest checkpoint in the work dir), a checkpoint path, or
-            None (no resume). Default: None.
-        require_pretrained: a missing pretrained file is an error. Default: False.
+        resume: ``'auto'`` (the newest readable checkpoint in the work dir:
+            :func:`find_resume_checkpoint`), a checkpoint path, or None (no resume).
+            Default: None.
+        require_pretrained: kept for compatibility (a missing pretrained file is an error
+            unless ``allow_random_init``). Default: False.
         check_data: run the data checks. Default: True.
+        allow_random_init: a pretrained file the config names but that is missing is
+            dropped with a warning (training from random weights) instead of an error.
+            Default: False.
+        hooks: add :data:`TRAIN_HOOKS` and the progress logging. Default: True.
 
     Returns:
-        ``(cfg, dropped)``: the config and the pretrained paths that were missing
-        (dropped: training starts from scratch).
+        ``(cfg, warnings)``: the config, and the warnings printed while checking it (to
+        repeat in the run's log).
 
     Raises:
         lookhere_dense.swap.ConfigError, lookhere_dense.data.checks.DataCheckError,
-        FileNotFoundError: saying what to fix.
+        FileNotFoundError, lookhere_dense.cli.ToolError: saying what to fix.
     """
-    from lookhere_dense.cli import load_config, preflight, set_work_dir
+    from lookhere_dense.cli import (ToolError, checkpoint_problem, load_config, preflight,
+                                    set_work_dir)
     from lookhere_dense.swap import ConfigError
 
+    check_launcher(launcher)
     cfg = load_config(config, cfg_options)
     cfg.launcher = launcher
     set_work_dir(cfg, work_dir, config)
@@ -63,50 +194,126 @@ def build_train_config(config: str, work_dir: Optional[str] = None,
                               'on CPU')
         wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
         if wrapper == 'AmpOptimWrapper':
-            from mmengine.logging import print_log
-            print_log('AMP is already enabled in the config', logger='current',
-                      level=logging.WARNING)
+            _warn('AMP is already enabled in the config')
         elif wrapper != 'OptimWrapper':
             raise ConfigError(f'--amp works with optim_wrapper type OptimWrapper, the config '
                               f'has {wrapper!r}')
         else:
             cfg.optim_wrapper.type = 'AmpOptimWrapper'
             cfg.optim_wrapper.loss_scale = 'dynamic'
+    notes: List[str] = []
     if resume == 'auto':
-        cfg.resume = True
-        cfg.load_from = None
+        path, found = find_resume_checkpoint(cfg.work_dir)
+        for msg in found:
+            _warn(msg)
+        notes += found
+        cfg.resume = path is not None
+        if path is not None:
+            cfg.load_from = path  # else the config's load_from (if any) initialises
     elif resume is not None:
-        if not os.path.isfile(resume):
+        if not osp.isfile(resume):
             raise FileNotFoundError(f'--resume checkpoint {resume!r} not found')
+        problem = checkpoint_problem(resume)
+        if problem:
+            raise ToolError(f'--resume checkpoint {resume!r} cannot be read: {problem}')
         cfg.resume = True
         cfg.load_from = resume
+    if hooks:
+        _add_hooks(cfg)
+        _tune_logging(cfg)
     dropped = preflight(cfg, ('train', 'val'), require_pretrained=require_pretrained,
-                        check_data=check_data)
-    return cfg, dropped
+                        check_data=check_data, allow_random_init=allow_random_init,
+                        notes=notes)
+    notes += [f'pretrained file {path!r} not found: the backbone starts from RANDOM weights '
+              '(allowed by --allow-random-init)' for path in dropped]
+    return cfg, notes
 
 
-def build_runner(cfg):
-    """The config's ``runner_type`` (from mmengine's ``RUNNERS``), else mmengine's Runner."""
+def init_distributed(cfg) -> bool:
+    """For ``cfg.launcher == 'pytorch'`` on a machine without CUDA: start the Gloo
+    process group from torchrun's environment and make the model wrapper a CPU
+    ``MMDistributedDataParallel`` (``device_ids=None``), before the Runner is built.
+    mmengine then skips its own ``init_dist`` (which calls ``torch.cuda.set_device``).
+    With CUDA, mmengine's set-up (NCCL by default) is used unchanged.
+
+    Returns:
+        True when this call created the process group (destroy it when done).
+    """
+    if cfg.get('launcher') != 'pytorch':
+        return False
+    import torch
+    import torch.distributed as dist
+    if torch.cuda.is_available():
+        return False
+    env_cfg = cfg.setdefault('env_cfg', {})
+    dist_cfg = env_cfg.setdefault('dist_cfg', {})
+    if dist_cfg.get('backend', 'nccl') != 'gloo':
+        dist_cfg['backend'] = 'gloo'
+    wrapper = dict(cfg.get('model_wrapper_cfg') or dict(type='MMDistributedDataParallel'))
+    wrapper.setdefault('device_ids', None)
+    wrapper.setdefault('broadcast_buffers', False)
+    wrapper.setdefault('find_unused_parameters', bool(cfg.get('find_unused_parameters',
+                                                              False)))
+    cfg.model_wrapper_cfg = wrapper
+    if dist.is_initialized():
+        return False
+    import datetime
+    timeout = dist_cfg.get('timeout')
+    kwargs = dict(timeout=datetime.timedelta(seconds=timeout)) if timeout else {}
+    dist.init_process_group(backend='gloo', **kwargs)
+    return True
+
+
+def build_runner(cfg, quiet: bool = True):
+    """The config's ``runner_type`` (from mmengine's ``RUNNERS``), else
+    :class:`~lookhere_dense.engine.runner.ToolRunner` (mmengine's Runner; ``quiet``: the run
+    header, config dump and library noise go to the log file only)."""
+    from lookhere_dense.engine.runner import ToolRunner, VerboseToolRunner
+    from lookhere_dense.engine.terminal import attach_terminal_filter
     if 'runner_type' in cfg:
         from mmengine.registry import RUNNERS
-        return RUNNERS.build(cfg)
-    from mmengine.runner import Runner
-    return Runner.from_cfg(cfg)
+        runner = RUNNERS.build(cfg)
+        if quiet:
+            attach_terminal_filter(runner.logger)
+        return runner
+    return (ToolRunner if quiet else VerboseToolRunner).from_cfg(cfg)
 
 
-def train_model(config: str, **options):
-    """Train: :func:`build_train_config` (``options`` are its arguments), build the Runner,
-    repeat the missing-pretrained warnings into the run's log, ``runner.train()``.
+def announce_log_file(runner) -> None:
+    """Tell the terminal where the full log is."""
+    path = osp.join(runner.log_dir, f'{runner.timestamp}.log')
+    runner.logger.info(f'work dir: {runner.work_dir}; full log (config, environment, '
+                       f'per-class tables): {path}')
+
+
+def train_model(config: str, verbose: bool = False, **options):
+    """Train: :func:`build_train_config` (``options`` are its arguments), set up
+    distributed training (:func:`init_distributed`), build the Runner, repeat the
+    checks' warnings into the run's log, ``runner.train()``.
+
+    Args:
+        config: config file.
+        verbose: show everything mmengine logs on the terminal too. Default: False.
+        **options: :func:`build_train_config`'s arguments.
 
     Returns:
         The Runner (its ``work_dir`` holds logs and checkpoints).
     """
     import lookhere_dense
     lookhere_dense.register_all_modules()
-    cfg, dropped = build_train_config(config, **options)
-    runner = build_runner(cfg)
-    for path in dropped:  # repeat the warning where the run's log file gets it
-        runner.logger.warning(f'pretrained file {path!r} not found: the backbone starts '
-                              'from RANDOM weights (see the data/config checks above)')
-    runner.train()
+    from lookhere_dense.engine.terminal import warnings_to_run_log
+
+    cfg, notes = build_train_config(config, **options)
+    created = init_distributed(cfg)
+    try:
+        with warnings_to_run_log():
+            runner = build_runner(cfg, quiet=not verbose)
+            announce_log_file(runner)
+            for msg in notes:  # repeat the warnings where the run's log file gets them
+                runner.logger.warning(msg, extra=dict(file_only=True))
+            runner.train()
+    finally:
+        if created:
+            import torch.distributed as dist
+            dist.destroy_process_group()
     return runner

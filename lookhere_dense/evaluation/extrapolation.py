@@ -312,7 +312,7 @@ def extrapolation_report(config: str, checkpoint: str,
         tests: ``MODE@SIZE`` specs (:func:`parse_spec`), in order. Default:
             :data:`DEFAULT_TESTS`.
         split: ``'test'`` or ``'val'``: which dataloader of the config. Default: ``'test'``.
-        max_images: only the first N images of the split. Default: None (all).
+        max_images: only the first N images of the split (N >= 1). Default: None (all).
         out_dir: output folder. Default: ``work_dirs/<config name>/extrapolation``.
         name: file stem of the JSON / PNG. Default: ``'extrapolation'``.
         device: ``'cpu'`` / ``'cuda[:N]'``. Default: None (cuda when available).
@@ -338,6 +338,14 @@ def extrapolation_report(config: str, checkpoint: str,
     from lookhere_dense.swap import ConfigError
 
     specs = [parse_spec(t) for t in tests]
+    if not specs:
+        raise ConfigError('no tests given: name at least one MODE@SIZE (e.g. whole@x1)')
+    if max_images is not None and (isinstance(max_images, bool) or
+                                   not isinstance(max_images, int) or max_images < 1):
+        raise ConfigError(f'max_images must be a whole number >= 1 (or None for all), got '
+                          f'{max_images!r}')
+    if split not in ('test', 'val'):
+        raise ConfigError(f"split must be 'test' or 'val', got {split!r}")
     if not osp.isfile(checkpoint):
         raise FileNotFoundError(f'checkpoint {checkpoint!r} not found')
     cfg = load_config(config, cfg_options)

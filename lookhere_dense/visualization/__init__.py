@@ -1,2 +1,2 @@
-"""Pictures: :mod:`.heads` draws each LookHere head's field of view. Import the
-submodules directly."""
+"""Pictures: :mod:`.heads` draws each LookHere head's field of view, :mod:`.legend` the
+class legend of a segmentation overlay. Import the submodules directly."""

@@ -1,0 +1,419 @@
+"""mmengine hooks that make a training run safe to trust and to interrupt.
+
+The training API (:func:`lookhere_dense.apis.train.train_model`, ``tools/train.py``) adds
+the first three to every run; ``tools/test.py`` adds :class:`CheckpointFitHook`. In your
+own mmseg / mmdet config (with ``custom_imports=dict(imports=['lookhere_dense'])``)::
+
+    custom_hooks = [dict(type='FiniteLossHook'), dict(type='ExactResumeHook'),
+                    dict(type='CheckpointFitHook')]
+
+* :class:`FiniteLossHook` stops training at the first NaN / Inf loss, naming the
+  iteration and the loss, instead of running (and saving) a diverged model to the end.
+* :class:`ExactResumeHook` makes ``--resume`` continue **bit-exactly** (CPU,
+  ``num_workers=0``): the RNG states of torch (and CUDA), numpy and ``random`` and the
+  train sampler's seed are saved in every checkpoint and restored where the interrupted
+  run would have drawn its next batch; validation no longer moves the training RNG; and the
+  resumed loop skips the already-trained batches by advancing the sampler only (no image is
+  loaded again).
+* :class:`CheckpointFitHook` refuses a resumed (or, with ``strict_load_from``, a tested)
+  checkpoint that does not fit the model: missing, unexpected and wrongly shaped keys are
+  named (mmengine itself loads such a checkpoint with warnings only).
+* :class:`ProgressLoggerHook` is mmengine's ``LoggerHook`` with a separate interval for
+  the validation / test progress lines (about ten lines per pass by default), so a short
+  training interval does not print one line per validation image.
+
+Registered in mmengine's root ``HOOKS`` registry, so mmseg and mmdet configs find them.
+"""
+from __future__ import annotations
+
+import math
+import random
+from typing import Any, Dict, List, Mapping, Optional
+
+import numpy as np
+import torch
+from mmengine.hooks import Hook, LoggerHook
+from mmengine.registry import HOOKS
+
+__all__ = ['FiniteLossHook', 'ExactResumeHook', 'CheckpointFitHook', 'ProgressLoggerHook',
+           'TrainingDivergedError', 'CheckpointMismatchError', 'state_dict_mismatches',
+           'load_state_dict_strictly', 'capture_rng_state', 'restore_rng_state',
+           'RESUME_STATE_KEY']
+
+#: The checkpoint key :class:`ExactResumeHook` writes.
+RESUME_STATE_KEY = 'lookhere_resume_state'
+
+
+class TrainingDivergedError(RuntimeError):
+    """A loss became NaN or infinite (raised by :class:`FiniteLossHook`)."""
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint whose weights do not fit the model; the message names the keys."""
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if hasattr(model, 'module') else model
+
+
+# ----------------------------------------------------------------------------------------
+# NaN / Inf
+# ----------------------------------------------------------------------------------------
+@HOOKS.register_module()
+class FiniteLossHook(Hook):
+    """Stop training at the first iteration whose losses (the logged values whose name
+    contains ``loss``, as mmseg / mmdet name them) are not all finite.
+
+    Raises :class:`TrainingDivergedError` naming the iteration, the loss and its value,
+    and the last checkpoint saved. It runs before the logger and the checkpoint hooks, so
+    no diverged checkpoint is written.
+
+    Args:
+        interval: check every ``interval`` iterations. Default: 1.
+    """
+
+    priority = 'ABOVE_NORMAL'
+
+    def __init__(self, interval: int = 1):
+        if interval < 1:
+            raise ValueError(f'FiniteLossHook: interval must be >= 1, got {interval}')
+        self.interval = interval
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
+                         outputs: Optional[Mapping[str, Any]] = None) -> None:
+        if not outputs or not self.every_n_train_iters(runner, self.interval):
+            return
+        bad = {}
+        for name, value in outputs.items():
+            if 'loss' not in name:  # accuracies and other logged values may be NaN
+                continue
+            if isinstance(value, torch.Tensor):
+                if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                    bad[name] = float(value.detach().float().mean())
+            elif isinstance(value, float) and not math.isfinite(value):
+                bad[name] = value
+        if not bad:
+            return
+        it = runner.iter + 1
+        total = getattr(runner, 'max_iters', None)
+        # the named losses first: the total ``loss`` only repeats them
+        first = sorted(bad, key=lambda k: k == 'loss')[0]
+        others = ', '.join(f'{k} = {v}' for k, v in bad.items() if k != first)
+        last = _last_checkpoint(runner)
+        raise TrainingDivergedError(
+            f'training stopped at iteration {it}' + (f'/{total}' if total else '') +
+            f': loss {first!r} is {bad[first]}' + (f' (also {others})' if others else '') +
+            '. The weights are no longer usable, so nothing more is saved'
+            + (f'; the last checkpoint is {last}' if last else '') + '. Usual causes: '
+            'a learning rate too high for the schedule (optim_wrapper.optimizer.lr), no '
+            'gradient clipping (optim_wrapper.clip_grad=dict(max_norm=1.0)), bad labels, '
+            'or invalid model options.')
+
+
+def _last_checkpoint(runner) -> Optional[str]:
+    import os.path as osp
+    path = osp.join(runner.work_dir, 'last_checkpoint')
+    if osp.isfile(path):
+        with open(path) as f:
+            return f.read().strip() or None
+    return None
+
+
+# ----------------------------------------------------------------------------------------
+# RNG and sampler state
+# ----------------------------------------------------------------------------------------
+def capture_rng_state() -> Dict[str, Any]:
+    """The states of torch's CPU (and CUDA) generators, numpy's global generator and
+    Python's ``random``, in types that load with ``torch.load(weights_only=True)``."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = dict(torch=torch.get_rng_state(),
+                 numpy=dict(name=str(name), keys=torch.from_numpy(keys.astype(np.int64)),
+                            pos=int(pos), has_gauss=int(has_gauss), cached=float(cached)),
+                 random=_random_state_to_lists(random.getstate()))
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state['cuda'] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _random_state_to_lists(state) -> List[Any]:
+    version, internal, gauss = state
+    return [int(version), list(internal), gauss]
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore what :func:`capture_rng_state` captured."""
+    torch.set_rng_state(state['torch'])
+    npst = state['numpy']
+    np.random.set_state((npst['name'], npst['keys'].numpy().astype(np.uint32), npst['pos'],
+                         npst['has_gauss'], npst['cached']))
+    version, internal, gauss = state['random']
+    random.setstate((version, tuple(internal), gauss))
+    if 'cuda' in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state['cuda'])
+
+
+def _train_sampler(dataloader) -> Any:
+    sampler = getattr(dataloader, 'sampler', None)
+    batch_sampler = getattr(dataloader, 'batch_sampler', None)
+    if batch_sampler is not None and hasattr(batch_sampler, 'sampler'):
+        sampler = batch_sampler.sampler
+    return sampler
+
+
+def _skip_batch(iterator) -> None:
+    """Advance mmengine's infinite train iterator by one batch. With ``num_workers=0`` only
+    the batch sampler moves (no image is read); otherwise the batch is loaded and dropped,
+    as mmengine's own resume does."""
+    inner = getattr(iterator, '_iterator', None)
+    if inner is not None and getattr(inner, '_num_workers', 1) == 0 \
+            and hasattr(inner, '_next_index'):
+        try:
+            inner._next_index()
+            inner._num_yielded += 1
+            return
+        except StopIteration:  # end of a finite sampler: next() starts the next epoch
+            pass
+    next(iterator)
+
+
+class _ResumedIterator:
+    """Stands in for the train loop's iterator after a resume: the ``skip`` batches the
+    loop replays are skipped cheaply (:func:`_skip_batch`), then ``on_first_batch`` runs
+    right before the first batch that is trained on."""
+
+    def __init__(self, iterator, skip: int, on_first_batch):
+        self._iterator = iterator
+        self._skip = skip
+        self._on_first_batch = on_first_batch
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._skip > 0:
+            self._skip -= 1
+            _skip_batch(self._iterator)
+            return None  # the loop drops replayed batches
+        if self._on_first_batch is not None:
+            callback, self._on_first_batch = self._on_first_batch, None
+            callback()
+        return next(self._iterator)
+
+
+@HOOKS.register_module()
+class ExactResumeHook(Hook):
+    """Save the RNG and sampler state in checkpoints; restore it on resume so the resumed
+    run draws exactly the batches, augmentations and dropout masks the uninterrupted run
+    would have (bit-exact on CPU with ``num_workers=0``; with worker processes the
+    workers' own generators are re-seeded by PyTorch, and in a multi-process run the
+    checkpoint holds rank 0's generators (the other ranks are re-seeded as mmengine does),
+    so those runs resume with the same data order but not bitwise).
+
+    Also makes validation RNG-neutral: the states are saved before a validation pass and
+    restored after it, so training does not depend on whether (or how often) it validates.
+    """
+
+    priority = 'VERY_HIGH'
+
+    def __init__(self):
+        self._pending: Optional[Dict[str, Any]] = None
+        self._before_val: Optional[Dict[str, Any]] = None
+
+    # saving ------------------------------------------------------------------------------
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        rng = self._before_val if self._before_val is not None else capture_rng_state()
+        sampler = _train_sampler(getattr(runner.train_loop, 'dataloader', None))
+        checkpoint[RESUME_STATE_KEY] = dict(
+            rng=rng, sampler=dict(type=type(sampler).__name__,
+                                  seed=getattr(sampler, 'seed', None)))
+
+    def before_val(self, runner) -> None:
+        self._before_val = capture_rng_state()
+
+    def after_val(self, runner) -> None:
+        if self._before_val is not None:
+            restore_rng_state(self._before_val)
+            self._before_val = None
+
+    # resuming ----------------------------------------------------------------------------
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        if getattr(runner, '_resume', False) and RESUME_STATE_KEY in checkpoint:
+            meta = checkpoint.get('meta') or {}
+            # where the Runner resumes: mmengine's own counters in the checkpoint
+            self._pending = dict(checkpoint[RESUME_STATE_KEY], iter=meta.get('iter'),
+                                 epoch=meta.get('epoch'))
+
+    def before_train(self, runner) -> None:
+        state, self._pending = self._pending, None
+        if state is None:
+            return
+        from mmengine.dist import get_rank
+        from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
+        loop = runner.train_loop
+        iterator_rebuilt = self._restore_sampler_seed(runner, state)
+        if get_rank() != 0:
+            # checkpoints hold rank 0's generators: the other ranks keep their own seeding
+            state = dict(state, rng=capture_rng_state())
+        if isinstance(loop, IterBasedTrainLoop) and state['iter'] == loop.iter:
+            if iterator_rebuilt:
+                from mmengine.runner.loops import _InfiniteDataloaderIterator
+                loop.dataloader_iterator = _InfiniteDataloaderIterator(loop.dataloader)
+            loop.dataloader_iterator = _ResumedIterator(
+                loop.dataloader_iterator, loop.iter, lambda: restore_rng_state(state['rng']))
+        elif isinstance(loop, EpochBasedTrainLoop) and state['epoch'] == loop.epoch \
+                and state['iter'] == loop.epoch * len(loop.dataloader):
+            self._epoch_rng = state['rng']  # restored in before_train_epoch
+        else:
+            runner.logger.warning(
+                'ExactResumeHook: the checkpoint was not saved at a point this loop resumes '
+                f'from exactly ({type(loop).__name__}); the RNG state is not restored')
+
+    def before_train_epoch(self, runner) -> None:
+        rng = getattr(self, '_epoch_rng', None)
+        if rng is not None:
+            self._epoch_rng = None
+            restore_rng_state(rng)
+
+    @staticmethod
+    def _restore_sampler_seed(runner, state: Mapping[str, Any]) -> bool:
+        """Give the train sampler the seed of the interrupted run (it differs when
+        ``randomness.seed`` is None); True when the sampler was changed."""
+        saved = (state.get('sampler') or {}).get('seed')
+        sampler = _train_sampler(runner.train_loop.dataloader)
+        if saved is None or getattr(sampler, 'seed', saved) == saved:
+            return False
+        sampler.seed = saved
+        if hasattr(sampler, '_indices_of_rank'):  # InfiniteSampler: its index stream
+            sampler.indices = sampler._indices_of_rank()
+        runner.logger.info(f'resume: train sampler seed restored to {saved}')
+        return True
+
+
+# ----------------------------------------------------------------------------------------
+# Checkpoints that do not fit
+# ----------------------------------------------------------------------------------------
+def state_dict_mismatches(model_sd: Mapping[str, Any], ckpt_sd: Mapping[str, Any]
+                          ) -> Dict[str, List[str]]:
+    """Compare a checkpoint's state_dict with a model's.
+
+    Returns:
+        ``{'missing': [...], 'unexpected': [...], 'shape': ['key: checkpoint (a, b) vs
+        model (c, d)', ...]}`` (empty lists when it fits).
+    """
+    shape = []
+    for key, value in ckpt_sd.items():
+        ref = model_sd.get(key)
+        if isinstance(value, torch.Tensor) and isinstance(ref, torch.Tensor) \
+                and value.shape != ref.shape:
+            shape.append(f'{key}: checkpoint {tuple(value.shape)} vs model {tuple(ref.shape)}')
+    return dict(missing=sorted(k for k in model_sd if k not in ckpt_sd),
+                unexpected=sorted(k for k in ckpt_sd if k not in model_sd),
+                shape=shape)
+
+
+def _listing(keys: List[str], limit: int = 6) -> str:
+    more = f', ... ({len(keys) - limit} more)' if len(keys) > limit else ''
+    return ', '.join(keys[:limit]) + more
+
+
+def load_state_dict_strictly(model: torch.nn.Module, state_dict: Mapping[str, Any],
+                             source: str) -> None:
+    """Load ``state_dict`` into ``model`` only if every key and shape fits.
+
+    ``module.`` prefixes (DDP) are removed first. The model's own checks of loaded
+    state (e.g. ``LookHereViT``'s position-encoding / LookHere-config check) run too.
+
+    Raises:
+        CheckpointMismatchError: naming ``source`` and the missing, unexpected and
+            wrongly shaped keys (or the model's complaint).
+    """
+    sd = {(k[len('module.'):] if k.startswith('module.') else k): v
+          for k, v in state_dict.items()}
+    problems = state_dict_mismatches(model.state_dict(), sd)
+    parts = []
+    if problems['shape']:
+        parts.append(f'{len(problems["shape"])} tensor(s) of another shape: '
+                     + _listing(problems['shape'], 4))
+    if problems['missing']:
+        parts.append(f'{len(problems["missing"])} key(s) missing from the checkpoint: '
+                     + _listing(problems['missing']))
+    if problems['unexpected']:
+        parts.append(f'{len(problems["unexpected"])} unexpected key(s) in the checkpoint: '
+                     + _listing(problems['unexpected']))
+    if parts:
+        raise CheckpointMismatchError(
+            f'checkpoint {source!r} does not fit the model built from the config: '
+            + '; '.join(parts) + '. Use the config the checkpoint was trained with (or set '
+            'the same embed_dims / num_layers / num_heads / num_classes with --cfg-options).')
+    try:
+        model.load_state_dict(sd, strict=True)
+    except (ValueError, RuntimeError) as err:
+        raise CheckpointMismatchError(f'checkpoint {source!r} does not fit the model: '
+                                      f'{err}') from None
+
+
+@HOOKS.register_module()
+class CheckpointFitHook(Hook):
+    """Refuse a checkpoint that does not fit the model, naming what differs, when the
+    Runner resumes from it (and, with ``strict_load_from``, when it loads ``load_from``:
+    ``tools/test.py``). mmengine loads such checkpoints non-strictly, with warnings only.
+
+    Args:
+        strict_load_from: also check checkpoints loaded through ``load_from`` (keep False
+            for training, where ``load_from`` initialises a fine-tuning run and may
+            differ in the head on purpose). Default: False.
+    """
+
+    priority = 'VERY_HIGH'
+
+    def __init__(self, strict_load_from: bool = False):
+        self.strict_load_from = strict_load_from
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        if not (getattr(runner, '_resume', False) or self.strict_load_from):
+            return
+        sd = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) \
+            else checkpoint
+        source = getattr(runner, '_load_from', None) or 'the checkpoint'
+        load_state_dict_strictly(_unwrap(runner.model), sd, source)
+
+
+# ----------------------------------------------------------------------------------------
+# Progress lines
+# ----------------------------------------------------------------------------------------
+@HOOKS.register_module()
+class ProgressLoggerHook(LoggerHook):
+    """mmengine's ``LoggerHook`` with its own interval for validation and test progress.
+
+    Args:
+        val_interval: log every N-th validation / test batch. Default: None (about ten
+            lines per pass: ``max(1, len(dataloader) // 10)``).
+        **kwargs: ``LoggerHook``'s arguments (``interval`` is the training interval).
+    """
+
+    def __init__(self, val_interval: Optional[int] = None, **kwargs):
+        super().__init__(**kwargs)
+        if val_interval is not None and val_interval < 1:
+            raise ValueError(f'ProgressLoggerHook: val_interval must be >= 1, got '
+                             f'{val_interval}')
+        self.val_interval = val_interval
+
+    def _every(self, dataloader) -> int:
+        if self.val_interval is not None:
+            return self.val_interval
+        try:
+            return max(1, len(dataloader) // 10)
+        except TypeError:
+            return self.interval
+
+    def _progress(self, runner, batch_idx: int, mode: str, dataloader) -> None:
+        n = self._every(dataloader)
+        if self.every_n_inner_iters(batch_idx, n):
+            _, log_str = runner.log_processor.get_log_after_iter(runner, batch_idx, mode)
+            runner.logger.info(log_str)
+
+    def after_val_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        self._progress(runner, batch_idx, 'val', runner.val_dataloader)
+
+    def after_test_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        self._progress(runner, batch_idx, 'test', runner.test_dataloader)

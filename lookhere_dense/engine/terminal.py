@@ -1,0 +1,123 @@
+"""What a training or test run prints on the terminal, and what only its log file gets.
+
+mmengine's Runner prints everything it logs on the terminal: the environment, the whole
+config, the hook order, the 150-row per-class table of every validation, and the
+libraries' deprecation warnings (about 600 lines for a 4-iteration run). The tools keep
+all of it in the run's log file (``<work_dir>/<timestamp>/<timestamp>.log``) and show on
+the terminal what a person acts on: the checks, progress and loss lines, metrics,
+checkpoints, and warnings that are theirs to fix.
+
+* :class:`TerminalFilter` is a ``logging.Filter`` for the Runner logger's terminal
+  handler; records it drops still reach the log file.
+* :class:`lookhere_dense.engine.runner.ToolRunner` puts that filter on its terminal
+  handler from the first line (the environment and config are logged while the Runner is
+  built, so the filter has to be there before).
+* :func:`warnings_to_run_log` routes Python warnings (``warnings.warn``) into the
+  current run's logger, so they land in the log file too; the known library noise only
+  there.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import warnings
+from typing import Iterator, Optional, Pattern, Sequence
+
+__all__ = ['TerminalFilter', 'attach_terminal_filter', 'terminal_filter_of',
+           'warnings_to_run_log', 'FILE_ONLY', 'CLASS_TABLE']
+
+#: Messages (regular expressions, matched at the start of the message) that go to the log
+#: file only: mmengine's run header, and warnings of the libraries that are not the user's
+#: to act on.
+FILE_ONLY: Sequence[str] = (
+    r'\n-+\nSystem environment:',                     # environment block
+    r'Config:\n',                                      # the whole config
+    r'Hooks will be executed in the following order',  # hook table
+    r'Distributed training is not used, all SyncBatchNorm',
+    r'The prefix is not set in metric class',
+    r'"FileClient" will be deprecated',
+    r'"HardDiskBackend" is the alias of "LocalBackend"',
+    r'Exp name: ',
+    # Python warnings of mmseg / mmengine / torch that every run triggers
+    r'``build_loss`` would be deprecated',
+    r'Default ``avg_non_ignore`` is False',
+    r'The draw is False, it means that the hook for visualization',
+    r'This DataLoader will create \d+ worker processes',
+    r'`reduce_zero_label` will be deprecated',
+    r'pkg_resources is deprecated',
+    r'Setting (OMP|MKL)_NUM_THREADS environment variable for each process',
+    r'`broadcast_buffers` is deprecated',
+)
+#: mmseg's per-class IoU table (and its heading), printed at every validation.
+CLASS_TABLE: Sequence[str] = (r'per class results:', r'\n\+-+\+')
+
+
+class TerminalFilter(logging.Filter):
+    """Drops, from the handler it is attached to, the records whose message starts like one
+    of ``patterns`` (and those logged with ``extra={'file_only': True}``).
+
+    Args:
+        patterns: regular expressions. Default: :data:`FILE_ONLY`.
+        class_table: also show mmseg's per-class table (``tools/test.py`` shows it once;
+            training validations do not). Default: False.
+    """
+
+    def __init__(self, patterns: Sequence[str] = FILE_ONLY, class_table: bool = False):
+        super().__init__()
+        self._patterns: Pattern = re.compile('|'.join(f'(?:{p})' for p in patterns))
+        self._table: Pattern = re.compile('|'.join(f'(?:{p})' for p in CLASS_TABLE))
+        self.class_table = class_table
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, 'file_only', False):
+            return False
+        msg = str(record.msg)
+        if self._patterns.match(msg):
+            return False
+        return self.class_table or not self._table.match(msg)
+
+
+def attach_terminal_filter(logger: logging.Logger,
+                           terminal_filter: Optional[TerminalFilter] = None) -> TerminalFilter:
+    """Add ``terminal_filter`` (default: a new :class:`TerminalFilter`) to every handler of
+    ``logger`` that writes to a terminal stream (not to a file)."""
+    terminal_filter = terminal_filter or TerminalFilter()
+    for handler in logger.handlers:
+        if isinstance(handler, logging.StreamHandler) and \
+                not isinstance(handler, logging.FileHandler):
+            handler.addFilter(terminal_filter)
+    return terminal_filter
+
+
+def terminal_filter_of(logger: logging.Logger) -> Optional[TerminalFilter]:
+    """The :class:`TerminalFilter` attached to ``logger``'s terminal handler, if any."""
+    for handler in logger.handlers:
+        for flt in handler.filters:
+            if isinstance(flt, TerminalFilter):
+                return flt
+    return None
+
+
+@contextlib.contextmanager
+def warnings_to_run_log(patterns: Sequence[str] = FILE_ONLY) -> Iterator[None]:
+    """Within the block, ``warnings.warn`` messages go to the current mmengine logger (the
+    run's, once a Runner exists) as WARNING records: the log file gets them all, the
+    terminal all but those matching ``patterns``. Python's warning filters still apply
+    (a warning shown once stays shown once)."""
+    from mmengine.logging import MMLogger
+
+    noise = re.compile('|'.join(f'(?:{p})' for p in patterns))
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = str(message)
+        logger = MMLogger.get_current_instance()
+        logger.warning(f'{category.__name__}: {text} ({filename}:{lineno})',
+                       extra=dict(file_only=bool(noise.match(text))))
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous

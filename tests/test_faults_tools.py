@@ -1,0 +1,227 @@
+"""Fault battery for the tools: bad arguments, bad files, bad checkpoints, interruption.
+Every case ends in a clear message (exit status 2, exactly one ``error:`` line, no
+traceback) or in a correct result. The command lines run as ``python tools/<tool>.py``
+would, all in one interpreter (:func:`tiny_seg.run_tools`); the cases that need a
+training run go through the training API in this process."""
+from __future__ import annotations
+
+import os
+import os.path as osp
+import shutil
+
+import cv2
+import numpy as np
+import pytest
+
+from lookhere_dense.apis.train import train_model
+from lookhere_dense.cli import run_main
+from tiny_seg import ADE_CFG, SHRINK, make_ade, options, roots, run_tools, write_checkpoint
+
+pytestmark = pytest.mark.usefixtures('one_torch_thread')
+
+#: A mismatched model: other widths (12 heads of 4 dims) in the backbone and the head.
+OTHER_DIMS = ['model.backbone.embed_dims=48', 'model.decode_head.in_channels=48',
+              'model.decode_head.channels=48', 'model.decode_head.embed_dims=48']
+
+
+def _cases(tmp) -> dict:
+    """``name -> (tool, args, expected)``; ``expected`` is the text the one ``error:``
+    line must contain, or ``None`` for a run that must succeed."""
+    data = make_ade(tmp / 'data', num_train=2, num_val=2)
+    val = osp.join(data, 'images', 'validation')
+    good = write_checkpoint(str(tmp / 'ckpt' / 'good.pth'))
+    other = write_checkpoint(str(tmp / 'ckpt' / 'other.pth'), OTHER_DIMS)
+    truncated = str(tmp / 'ckpt' / 'truncated.pth')
+    with open(good, 'rb') as f, open(truncated, 'wb') as g:
+        g.write(f.read()[:3000])
+    text = tmp / 'ckpt' / 'notes.pth'
+    text.write_text('these are my notes')
+    broken_work = tmp / 'broken_work'
+    broken_work.mkdir()
+    (broken_work / 'iter_4.pth').write_bytes(b'\0' * 64)
+    (broken_work / 'last_checkpoint').write_text(str(broken_work / 'iter_4.pth'))
+
+    fake = tmp / 'fake_images'
+    fake.mkdir()
+    shutil.copy(osp.join(val, 'ADE_val_00000001.jpg'), fake)
+    (fake / 'readme.jpg').write_text('not a picture')
+    corrupt = tmp / 'corrupt_images'
+    corrupt.mkdir()
+    with open(osp.join(val, 'ADE_val_00000001.jpg'), 'rb') as f:
+        (corrupt / 'cut.jpg').write_bytes(f.read()[:200])  # a JPEG header, then nothing
+    blocked = tmp / 'blocked_out'
+    (blocked / 'ADE_val_00000001.png').mkdir(parents=True)  # the overlay's name, a folder
+    twins = tmp / 'twins'
+    twins.mkdir()
+    img = cv2.imread(osp.join(val, 'ADE_val_00000001.jpg'))
+    cv2.imwrite(str(twins / 'a.jpg'), img)
+    cv2.imwrite(str(twins / 'a.png'), img[::-1])
+    a_file = tmp / 'a_file'
+    a_file.write_text('x')
+
+    shrink = ['--cfg-options', *SHRINK]
+    data_opts = ['--cfg-options', *roots(data), *SHRINK]
+    return {
+        # arguments
+        'cfg-options without =': ('train', [ADE_CFG, '--cfg-options', 'foo'],
+                                  "argument --cfg-options: 'foo' is not KEY=VALUE"),
+        'cfg-options word for a number': (
+            'train', [ADE_CFG, '--cfg-options', 'train_cfg.max_iters=abc'],
+            "--cfg-options train_cfg.max_iters='abc': expected a number; the config has "
+            'train_cfg.max_iters=300'),
+        'cfg-options typo': ('train', [ADE_CFG, '--cfg-options', 'train_cfg.max_iter=4'],
+                             "the config has no 'max_iter' in train_cfg; did you mean "
+                             'max_iters?'),
+        'cfg-options value for a section': (
+            'train', [ADE_CFG, '--cfg-options', 'model.backbone=lh90'],
+            "--cfg-options model.backbone='lh90': expected the section model.backbone"),
+        'cfg-options word for a bool': (
+            'train', [ADE_CFG, '--cfg-options', 'model.backbone.with_cls_token=yes'],
+            'expected True or False'),
+        'launcher outside torchrun': ('train', [ADE_CFG, '--launcher', 'pytorch'],
+                                      '--launcher pytorch must run under torchrun'),
+        'test launcher outside torchrun': ('test', [ADE_CFG, good, '--launcher', 'pytorch'],
+                                           '--launcher pytorch must run under torchrun'),
+        'threads 0': ('train', [ADE_CFG, '--threads', '0'],
+                      'argument --threads: must be >= 1, got 0'),
+        'max-images 0': ('extrapolate', [ADE_CFG, good, '--max-images', '0'],
+                         'argument --max-images: must be >= 1, got 0'),
+        'max-images word': ('extrapolate', [ADE_CFG, good, '--max-images', 'all'],
+                            "argument --max-images: expected a whole number, got 'all'"),
+        'opacity': ('infer', [ADE_CFG, good, val, '--opacity', '2'],
+                    '--opacity must be in 0..1, got 2.0'),
+        'show-interval 0': ('test', [ADE_CFG, good, '--show-interval', '0'],
+                            '--show-interval must be >= 1, got 0'),
+        'unknown preset': ('plot_heads', ['--preset', 'lh30'],
+                           "argument --preset: invalid choice: 'lh30'"),
+        'heads without a layout': ('plot_heads', ['--num-heads', '5', '--out',
+                                                  str(tmp / 'h.png')], 'num_heads=5'),
+        'work dir is a file': ('train', [ADE_CFG, '--work-dir', str(a_file), *data_opts],
+                               f'the work dir {str(a_file)!r} is a file'),
+        'missing pretrained': ('train', [ADE_CFG, *data_opts, 'model.pretrained=nope.pth'],
+                               "model.pretrained='nope.pth': pretrained weights not found"),
+        # checkpoints
+        'test: not a checkpoint': ('test', [ADE_CFG, str(text), *shrink],
+                                   f'checkpoint {str(text)!r} cannot be read: not a PyTorch '
+                                   'checkpoint'),
+        'test: truncated': ('test', [ADE_CFG, truncated, *shrink],
+                            f'checkpoint {truncated!r} cannot be read: damaged'),
+        'test: other widths': ('test', [ADE_CFG, other, '--work-dir', str(tmp / 'tw'),
+                                        *data_opts],
+                               f'checkpoint {other!r} does not fit the model'),
+        'infer: other widths': ('infer', [ADE_CFG, other, val, '--out-dir', str(tmp / 'o1'),
+                                          *shrink],
+                                'backbone.patch_embed.proj.weight: checkpoint (48, 3, 16, '
+                                '16) vs model (96, 3, 16, 16)'),
+        'convert: not a checkpoint': ('convert_checkpoint', [str(text), str(tmp / 'c.pth')],
+                                      'cannot be read: not a PyTorch checkpoint'),
+        'resume: unreadable file': ('train', [ADE_CFG, '--resume', truncated, *data_opts],
+                                    f'--resume checkpoint {truncated!r} cannot be read'),
+        'resume: nothing readable': ('train', [ADE_CFG, '--resume', '--work-dir',
+                                               str(broken_work), *data_opts],
+                                     '--resume: no readable checkpoint in'),
+        # images and outputs
+        'infer: not an image in the folder': ('infer', [ADE_CFG, good, str(fake), *shrink],
+                                              f"{str(fake / 'readme.jpg')!r} in the input "
+                                              'folder is named like an image but is not one'),
+        'infer: corrupt image': ('infer', [ADE_CFG, good, str(corrupt), '--out-dir',
+                                           str(tmp / 'o2'), *shrink],
+                                 f"cannot decode the image {str(corrupt / 'cut.jpg')!r}"),
+        'infer: output folder under a file': ('infer', [ADE_CFG, good, val, '--out-dir',
+                                                        str(a_file / 'sub'), *shrink],
+                                              'cannot create the output folder'),
+        'infer: output name taken': ('infer', [ADE_CFG, good, val, '--out-dir', str(blocked),
+                                               *shrink],
+                                     f"could not write {str(blocked / 'ADE_val_00000001.png')!r}"),
+        'infer: two images, one stem': ('infer', [ADE_CFG, good, str(twins), '--out-dir',
+                                                  str(tmp / 'o3'), *shrink], None),
+    }
+
+
+@pytest.fixture(scope='module')
+def faults(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp('faults')
+    cases = _cases(tmp)
+    results = run_tools([(tool, args) for tool, args, _ in cases.values()])
+    return {name: (expected, res) for (name, (_, _, expected)), res
+            in zip(cases.items(), results)}, tmp
+
+
+FAULTS = ['cfg-options without =', 'cfg-options word for a number', 'cfg-options typo',
+          'cfg-options value for a section', 'cfg-options word for a bool',
+          'launcher outside torchrun', 'test launcher outside torchrun', 'threads 0',
+          'max-images 0', 'max-images word', 'opacity', 'show-interval 0', 'unknown preset',
+          'heads without a layout', 'work dir is a file', 'missing pretrained',
+          'test: not a checkpoint', 'test: truncated', 'test: other widths',
+          'infer: other widths', 'convert: not a checkpoint',
+          'resume: unreadable file', 'resume: nothing readable',
+          'infer: not an image in the folder', 'infer: corrupt image',
+          'infer: output folder under a file', 'infer: output name taken']
+
+
+@pytest.mark.parametrize('name', FAULTS)
+def test_a_fault_ends_in_one_clear_error_line(faults, name):
+    expected, res = faults[0][name]
+    assert 'Traceback' not in res['stderr'], res['stderr'][-3000:]
+    assert res['rc'] == 2, res
+    lines = [ln for ln in res['stderr'].splitlines() if ln.startswith('error: ')]
+    assert len(lines) == 1, res['stderr']
+    assert expected in lines[0], lines[0]
+
+
+def test_every_listed_fault_is_run(faults):
+    assert sorted(n for n, (exp, _) in faults[0].items() if exp is not None) == sorted(FAULTS)
+
+
+def test_images_that_share_a_stem_get_one_overlay_each(faults):
+    (_, res), tmp = faults[0]['infer: two images, one stem'], faults[1]
+    assert res['rc'] == 0, res['stderr'][-3000:]
+    assert 'wrote 2 overlay(s)' in res['stdout']
+    assert sorted(os.listdir(tmp / 'o3')) == ['a.jpg.png', 'a.png.png']
+
+
+def _error_of(call, capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        run_main(lambda argv: call(), None)
+    err = capsys.readouterr().err
+    assert 'Traceback' not in err
+    lines = [ln for ln in err.splitlines() if ln.startswith('error: ')]
+    assert exc.value.code == 2 and len(lines) == 1, err
+    return lines[0]
+
+
+def test_training_that_goes_nan_stops_naming_the_iteration_and_the_loss(tmp_path, capsys):
+    root = make_ade(tmp_path / 'data', num_train=2, num_val=1)
+    work = tmp_path / 'w'
+    err = _error_of(lambda: train_model(ADE_CFG, work_dir=str(work), cfg_options=options(
+        *roots(root), *SHRINK, 'train_cfg.max_iters=5', 'optim_wrapper.optimizer.lr=1e30',
+        'param_scheduler=None', 'default_hooks.checkpoint.interval=1')), capsys)
+    assert "error: training stopped at iteration 2/5: loss 'decode.loss_ce' is nan" in err
+    assert f"the last checkpoint is {work / 'iter_1.pth'}" in err
+    assert sorted(p for p in os.listdir(work) if p.endswith('.pth')) == ['iter_1.pth']
+
+
+def test_ctrl_c_is_one_line_and_status_130(capsys):
+    def interrupted(argv):
+        raise KeyboardInterrupt
+    with pytest.raises(SystemExit) as exc:
+        run_main(interrupted)
+    assert exc.value.code == 130
+    err = capsys.readouterr().err
+    assert 'Traceback' not in err and 'continues from its last checkpoint with --resume' in err
+
+
+def test_the_legend_lists_the_classes_present(tmp_path):
+    from lookhere_dense.visualization.legend import draw_legend, present_classes
+    rgb = np.full((96, 128, 3), 200, np.uint8)
+    labels = np.full((96, 128), 3, np.uint8)
+    labels[:, 100:] = 1
+    labels[0, 0] = 255
+    palette = [[255, 0, 0], [0, 255, 0], [0, 0, 255], [255, 255, 0], [0, 255, 255]]
+    assert present_classes(labels, len(palette)) == [(3, 96 * 100 - 1), (1, 96 * 28)]
+    out = draw_legend(rgb, labels, palette, ['a', 'b', 'c', 'yellow', 'e'])
+    assert out.shape == rgb.shape and np.array_equal(out[60:, 100:], rgb[60:, 100:])
+    panel = out[:40, :60].reshape(-1, 3).tolist()
+    assert [255, 255, 0] in panel and [0, 255, 0] in panel  # the two classes present
+    assert [255, 0, 0] not in panel and [0, 0, 255] not in panel  # absent ones are not
+    assert np.array_equal(draw_legend(rgb, np.full((96, 128), 255, np.uint8), palette), rgb)

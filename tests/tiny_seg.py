@@ -1,0 +1,102 @@
+"""The tiny segmentation set-up the tool tests share (not a test module): the demo config
+shrunk so that a training step takes a fraction of a second, a tiny ADE20K-layout
+dataset, and checkpoints written the way mmengine's Runner writes them."""
+from __future__ import annotations
+
+import json
+import os
+import os.path as osp
+import subprocess
+import sys
+from typing import Dict, List, Sequence
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+ADE_CFG = osp.join(REPO, 'configs', 'segmenter_lookhere_vit-t_tiny-ade.py')
+#: Shrinks the demo model and loaders (2 layers, 96 dims, one process per loader).
+SHRINK: List[str] = [
+    'model.backbone.num_layers=2', 'model.backbone.embed_dims=96',
+    'model.decode_head.in_channels=96', 'model.decode_head.channels=96',
+    'model.decode_head.embed_dims=96', 'model.decode_head.num_heads=2',
+    'train_dataloader.batch_size=2', 'train_dataloader.num_workers=0',
+    'train_dataloader.persistent_workers=False', 'val_dataloader.num_workers=0',
+    'val_dataloader.persistent_workers=False', 'test_dataloader.num_workers=0',
+    'test_dataloader.persistent_workers=False']
+
+
+def make_ade(folder, num_train: int = 4, num_val: int = 2) -> str:
+    """A tiny ADE20K-layout dataset under ``folder``; returns its root."""
+    from lookhere_dense.data.synthetic_seg import make_ade20k_like
+    make_ade20k_like(str(folder), num_train=num_train, num_val=num_val)
+    return osp.join(str(folder), 'ade', 'ADEChallengeData2016')
+
+
+def roots(data_root: str) -> List[str]:
+    """``--cfg-options`` pointing every split at ``data_root``."""
+    return [f'{s}_dataloader.dataset.data_root={data_root}' for s in ('train', 'val', 'test')]
+
+
+def options(*pairs: str) -> Dict:
+    """``KEY=VALUE`` pairs read as a tool's ``--cfg-options`` reads them."""
+    from lookhere_dense.cli import parse_cfg_options
+    return parse_cfg_options(pairs)
+
+
+def write_checkpoint(path: str, extra: Sequence[str] = ()) -> str:
+    """Build the shrunk model (plus ``extra`` overrides) and save its weights as a Runner
+    checkpoint (``state_dict`` + ``meta``)."""
+    import torch
+    from mmengine.registry import init_default_scope
+
+    from lookhere_dense.cli import load_config
+    from lookhere_dense.swap import model_registry
+
+    init_default_scope('mmseg')
+    cfg = load_config(ADE_CFG, options(*SHRINK, *extra))
+    model = model_registry('mmseg').build(cfg.model)
+    os.makedirs(osp.dirname(path), exist_ok=True)
+    torch.save({'state_dict': model.state_dict(), 'meta': {'iter': 0, 'epoch': 0}}, path)
+    return path
+
+
+def env() -> Dict[str, str]:
+    """Environment for a tool subprocess: this checkout first on ``PYTHONPATH``, one
+    thread."""
+    return dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
+                OMP_NUM_THREADS='1', MKL_NUM_THREADS='1')
+
+
+PYTHON = sys.executable
+
+
+#: Runs tool command lines as ``python tools/<tool>.py ARGS`` would, one after the other in
+#: ONE fresh interpreter (so the OpenMMLab imports are paid once): stdout, stderr and the
+#: exit status of each, as JSON on the real stdout.
+_DRIVER = r"""
+import contextlib, io, json, os, runpy, sys, traceback
+results = []
+for tool, args in json.loads(sys.argv[1]):
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    sys.argv = [os.path.join('tools', tool + '.py'), *args]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(sys.argv[0], run_name='__main__')
+        except SystemExit as exc:
+            if isinstance(exc.code, str):
+                print(exc.code, file=sys.stderr)
+                code = 1
+            else:
+                code = exc.code or 0
+        except Exception:
+            traceback.print_exc()
+            code = 1
+    results.append(dict(rc=code, stdout=out.getvalue(), stderr=err.getvalue()))
+print('\n@@RESULTS@@' + json.dumps(results))
+"""
+
+
+def run_tools(calls) -> list:
+    """``[(tool, [args...]), ...]`` -> ``[dict(rc, stdout, stderr), ...]`` (see _DRIVER)."""
+    res = subprocess.run([PYTHON, '-c', _DRIVER, json.dumps(calls)], cwd=REPO, env=env(),
+                         capture_output=True, text=True, timeout=600)
+    assert '@@RESULTS@@' in res.stdout, res.stderr
+    return json.loads(res.stdout.split('@@RESULTS@@')[-1])
