@@ -11,13 +11,16 @@ Example::
 
     python tools/plot_heads.py --preset lh180 --grid 14 14 --query 6 4 --layers 0 11 \
         --out docs/heads_lh180.png
+
+With ``--checkpoint CKPT`` (a model trained with ``lh_config.learnable_slopes=True``) it
+draws the learned slope of every layer and head next to the configured one instead.
 """
 from __future__ import annotations
 
 import argparse
 import os.path as osp
 import sys
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence, Union
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:
@@ -26,7 +29,8 @@ if REPO not in sys.path:
 from torch import Tensor  # noqa: E402
 
 from lookhere_dense.lookhere.bias import PRESETS  # noqa: E402
-from lookhere_dense.visualization.heads import draw_head_fields, load_lh_config  # noqa: E402
+from lookhere_dense.visualization.heads import (draw_head_fields, draw_learned_slopes,  # noqa: E402
+                                                load_lh_config)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -46,13 +50,21 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--layers', nargs='+', type=int, default=None,
                    help='layers to draw (default: the first and the last)')
     p.add_argument('--out', default='heads.png', help='output PNG')
+    p.add_argument('--checkpoint', default=None,
+                   help='draw the learned slopes of this checkpoint (learnable_slopes=True) '
+                        'next to the configured ones, instead of the fields of view')
     return p.parse_args(argv)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> Tensor:
+def main(argv: Optional[Sequence[str]] = None) -> Union[Tensor, Dict[str, Tensor]]:
     """Draw the picture (:func:`lookhere_dense.visualization.heads.draw_head_fields`);
-    returns the plotted fields."""
+    returns the plotted fields (with ``--checkpoint``: the slopes drawn,
+    :func:`~lookhere_dense.visualization.heads.draw_learned_slopes`)."""
     args = parse_args(argv)
+    if args.checkpoint:
+        info = draw_learned_slopes(args.checkpoint, args.out)
+        print(f'{info["table"]}\nwrote {args.out}')
+        return info['learned'] if info['learned'] is not None else info['configured']
     config = load_lh_config(args.lh_config, args.preset)
     fields = draw_head_fields(config, (args.grid[0], args.grid[1]), args.out,
                               query=args.query, depth=args.depth, num_heads=args.num_heads,

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -45,7 +45,8 @@ __all__ = [
     'LookHereConfig', 'PRESETS', 'resolve_lh_config', 'head_layout', 'layer_slopes',
     'relative_bias_table', 'key_bias_table', 'GridBias', 'build_grid_bias',
     'lookhere_bias', 'pair_index', 'offset_index', 'query_windows', 'gather_rows',
-    'gather_block', 'DISTANCES', 'FILLS', 'BIAS_ROUNDINGS',
+    'gather_block', 'DISTANCES', 'FILLS', 'BIAS_ROUNDINGS', 'DistanceTable', 'distance_table',
+    'bias_from_distances',
 ]
 
 DISTANCES = ('linear', 'sqrt', 'square')
@@ -84,6 +85,9 @@ class LookHereConfig:
             (so official checkpoints see exactly the bias they were trained with);
             ``'none'`` keeps float64 precision until the compute dtype. Not an official key.
             Default: ``'bfloat16'``.
+        learnable_slopes: the global, layer and head slopes become parameters of the
+            position encoding (:class:`~.slopes.LookHereSlopes`), initialised to this
+            config's values; they must then be > 0. Not an official key. Default: False.
     """
 
     head_directions: Union[str, Tuple[str, ...]] = 'halves-none'
@@ -92,6 +96,7 @@ class LookHereConfig:
     distance: str = 'linear'
     fill_with: str = 'inf'
     bias_rounding: str = 'bfloat16'
+    learnable_slopes: bool = False
 
     def __post_init__(self):
         hd = self.head_directions
@@ -118,6 +123,16 @@ class LookHereConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f'unknown LookHere {name} {getattr(self, name)!r}; '
                                  f'allowed: {list(allowed)}')
+        if not isinstance(self.learnable_slopes, bool):
+            raise ValueError('LookHere learnable_slopes must be True or False, got '
+                             f'{self.learnable_slopes!r}')
+        if self.learnable_slopes:
+            zero = ([f'global_slope={self.global_slope!r}'] if self.global_slope == 0 else []) \
+                + ([f'layer_slopes={list(self.layer_slopes)}'] if 0 in self.layer_slopes else [])
+            if zero:
+                raise ValueError('LookHere learnable_slopes=True needs slopes > 0 (each is '
+                                 'learned as the log of its ratio to the initial value, which '
+                                 f'0 has not), got {" and ".join(zero)}')
 
     @property
     def direction_strings(self) -> Tuple[str, ...]:
@@ -140,12 +155,17 @@ class LookHereConfig:
         return cls(**dict(cfg))
 
     def to_dict(self) -> Dict[str, Any]:
-        """The official ``lh_config`` dict (plus ``bias_rounding``)."""
+        """The official ``lh_config`` dict (plus ``bias_rounding``, and
+        ``learnable_slopes=True`` when set: fixed-slope configs write the same dict as
+        before that key existed)."""
         hd = self.head_directions
-        return dict(head_directions=list(hd) if isinstance(hd, tuple) else hd,
-                    global_slope=self.global_slope, layer_slopes=list(self.layer_slopes),
-                    distance=self.distance, fill_with=self.fill_with,
-                    bias_rounding=self.bias_rounding)
+        out = dict(head_directions=list(hd) if isinstance(hd, tuple) else hd,
+                   global_slope=self.global_slope, layer_slopes=list(self.layer_slopes),
+                   distance=self.distance, fill_with=self.fill_with,
+                   bias_rounding=self.bias_rounding)
+        if self.learnable_slopes:
+            out['learnable_slopes'] = True
+        return out
 
     def validate(self, num_heads: int, depth: int) -> None:
         """Check that this config fits a ``depth``-layer model with ``num_heads`` heads."""
@@ -325,12 +345,36 @@ def _distance(r: Tensor, kind: str) -> Tensor:
     return r.square()
 
 
-def _head_distance_table(config: LookHereConfig, direction_string: str, num_heads: int,
-                         grid_size: Tuple[int, int]) -> Tuple[Tensor, Tensor]:
-    """Unscaled table ``head_slope * d`` (+inf where blocked), float64.
+@dataclass(eq=False)
+class DistanceTable:
+    """The slope-free part of one head string's bias on one grid: what the slopes multiply.
 
-    Returns ``(relative, key)`` with shapes ``(heads, 2H-1, 2W-1)`` and ``(heads, H, W)``;
-    ``key`` is non-zero only for ``center`` heads.
+    The bias of a layer is :func:`bias_from_distances` of this table with that layer's
+    slopes; the fields of view (``visible``) do not depend on the slopes.
+
+    Attributes:
+        distance: ``(heads, 2H-1, 2W-1)`` float64 ``d(q, k)`` per relative offset (0 for
+            ``zero`` and ``center`` heads; the ``fill_with`` value where a head's mask
+            blocks the key, 0 there with ``fill_with='inf'``).
+        visible: ``(heads, 2H-1, 2W-1)`` bool, False where the key is blocked (only with
+            ``fill_with='inf'``).
+        key: ``(heads, H, W)`` float64 distance of each key from the grid centre for
+            ``center`` heads (0 for the others), or None when the string has no ``center``.
+        head_slopes: ``(heads,)`` float64, the official head slopes of the string.
+    """
+
+    distance: Tensor
+    visible: Tensor
+    key: Optional[Tensor]
+    head_slopes: Tensor
+
+
+def distance_table(config: LookHereConfig, direction_string: str, num_heads: int,
+                   grid_size: Tuple[int, int]) -> DistanceTable:
+    """The slope-free distances and fields of view of ``direction_string`` (float64).
+
+    Uses ``config.distance`` and ``config.fill_with``; the slopes of ``config`` are not
+    read (``head_slopes`` are the string's official ones).
     """
     height, width = grid_size
     specs, head_slopes, _ = head_layout(direction_string, num_heads)
@@ -339,6 +383,7 @@ def _head_distance_table(config: LookHereConfig, direction_string: str, num_head
     grid_max = dist.max()  # the largest entry of the N x N distance matrix
 
     rel = dist.expand(num_heads, -1, -1).clone()
+    visible = torch.ones(rel.shape, dtype=torch.bool)
     key = torch.zeros(num_heads, height, width, dtype=torch.float64)
     ky, kx = torch.meshgrid(torch.arange(height), torch.arange(width), indexing='ij')
     center_dist = torch.sqrt((kx - (width - 1) / 2).double() ** 2 +
@@ -351,41 +396,67 @@ def _head_distance_table(config: LookHereConfig, direction_string: str, num_head
             key[h] = center_dist
         blocked = head_blocked(spec, dy, dx)
         if config.fill_with == 'inf':
-            rel[h][blocked] = math.inf
+            rel[h][blocked] = 0.0
+            visible[h][blocked] = False
         elif config.fill_with == 'zero':
             rel[h][blocked] = 0.0
         else:  # 'max': the largest value of this head's distance matrix
             rel[h][blocked] = 0.0 if 'zero' in spec else grid_max
-    slopes = head_slopes.view(-1, 1, 1)
-    return slopes * rel, slopes * key
+    has_center = 'center' in direction_string.split('-')
+    return DistanceTable(rel, visible, key if has_center else None, head_slopes)
+
+
+def bias_from_distances(distance: Tensor, head_slopes: Tensor, scale: Union[float, Tensor],
+                        rounding: str, visible: Optional[Tensor] = None) -> Tensor:
+    """THE formula of the bias: ``-(scale * (head_slope * d))``, ``-inf`` where not visible.
+
+    Fixed slopes (:func:`relative_bias_table`) and learnable ones
+    (:class:`~.slopes.LookHereSlopes`) both go through it, with the same operations in the
+    same order, so a learnable model at its initial slopes has the fixed model's bias bit
+    for bit. Differentiable in ``head_slopes`` and ``scale``; with ``rounding='bfloat16'``
+    the forward rounds like the official code and the gradient passes straight through
+    the rounding (the cast's gradient is the identity). Blocked entries take no part in
+    the product, so their gradient is 0, never ``0 * inf``.
+
+    Args:
+        distance: ``(heads, ...)`` float64 slope-free distances (:class:`DistanceTable`).
+        head_slopes: ``(heads,)``.
+        scale: ``global_slope * layer_slope``, a number or a 0-d tensor.
+        rounding: one of :data:`BIAS_ROUNDINGS`.
+        visible: bool like ``distance``; None: everything visible. Default: None.
+
+    Returns:
+        ``distance``'s shape and dtype.
+    """
+    out = scale * (head_slopes.view(-1, *([1] * (distance.dim() - 1))) * distance)
+    if rounding == 'bfloat16':
+        out = out.to(torch.bfloat16).to(distance.dtype)
+    out = -out
+    return out if visible is None else torch.where(visible, out, -math.inf)
 
 
 #: the largest bias magnitude a table may hold (float32 / bfloat16 reach 3.4e38)
 _BIAS_MAX = 1e30
 
 
-def _scale_and_round(table: Tensor, scale: float, rounding: str) -> Tensor:
-    """``-(scale * table)`` in float64, rounded like the official code when asked."""
-    if scale == 0.0:  # keep blocked entries blocked (official: 0 * inf -> nan -> 0)
-        out = torch.where(torch.isinf(table), table, torch.zeros_like(table))
-    else:
-        out = scale * table
-    if rounding == 'bfloat16':
-        out = out.to(torch.bfloat16).double()
-    finite = torch.isfinite(table)
-    values = out[finite]
+def _check_range(bias: Tensor, table: DistanceTable, scale: float, key: bool = False
+                 ) -> Tensor:
+    """``bias`` itself, when its finite entries stay below :data:`_BIAS_MAX`."""
+    values = bias if key else bias[table.visible]
     if values.numel() and not (torch.isfinite(values).all()
                                and values.abs().max() <= _BIAS_MAX):
+        base = table.key if key else table.distance
+        largest = (table.head_slopes.view(-1, 1, 1) * base).max().item()
         raise ValueError(f'LookHere slopes too large: global_slope * layer slope = {scale:g} '
-                         f'times distances up to {table[finite].max().item():g} exceeds '
+                         f'times distances up to {largest:g} exceeds '
                          f'{_BIAS_MAX:g} (float32 / bfloat16 would turn it into -inf, i.e. '
                          'block the key); use smaller slopes')
-    return -out
+    return bias
 
 
 def relative_bias_table(config: LookHereConfig, grid_size: Tuple[int, int], depth: int,
                         num_heads: int) -> Tensor:
-    """The relative-offset bias table of every layer.
+    """The relative-offset bias table of every layer, at the config's slopes.
 
     Args:
         config: the LookHere configuration.
@@ -400,12 +471,15 @@ def relative_bias_table(config: LookHereConfig, grid_size: Tuple[int, int], dept
     height, width = _check_grid(grid_size)
     config.validate(num_heads, depth)
     slopes = layer_slopes(config, depth)
-    base = {s: _head_distance_table(config, s, num_heads, (height, width))[0]
+    base = {s: distance_table(config, s, num_heads, (height, width))
             for s in config.direction_strings}
-    return torch.stack([
-        _scale_and_round(base[config.layer_direction(l)], config.global_slope * slopes[l],
-                         config.bias_rounding)
-        for l in range(depth)])
+    out = []
+    for l in range(depth):
+        table, scale = base[config.layer_direction(l)], config.global_slope * slopes[l]
+        out.append(_check_range(bias_from_distances(
+            table.distance, table.head_slopes, scale, config.bias_rounding, table.visible),
+            table, scale))
+    return torch.stack(out)
 
 
 def key_bias_table(config: LookHereConfig, grid_size: Tuple[int, int], depth: int,
@@ -415,12 +489,17 @@ def key_bias_table(config: LookHereConfig, grid_size: Tuple[int, int], depth: in
         return None
     height, width = _check_grid(grid_size)
     slopes = layer_slopes(config, depth)
-    base = {s: _head_distance_table(config, s, num_heads, (height, width))[1]
+    base = {s: distance_table(config, s, num_heads, (height, width))
             for s in config.direction_strings}
-    return torch.stack([
-        _scale_and_round(base[config.layer_direction(l)], config.global_slope * slopes[l],
-                         config.bias_rounding)
-        for l in range(depth)]) + 0.0  # turn -0.0 into 0.0
+    out = []
+    for l in range(depth):
+        table, scale = base[config.layer_direction(l)], config.global_slope * slopes[l]
+        key = table.key if table.key is not None else torch.zeros(
+            num_heads, height, width, dtype=torch.float64)
+        out.append(_check_range(bias_from_distances(key, table.head_slopes, scale,
+                                                    config.bias_rounding), table, scale,
+                                key=True))
+    return torch.stack(out) + 0.0  # turn -0.0 into 0.0
 
 
 def _check_grid(grid_size: Sequence[int]) -> Tuple[int, int]:
@@ -544,7 +623,8 @@ def gather_block(table: Tensor, grid_size: Tuple[int, int], q_start: int, q_stop
 
     The building block of :func:`gather_rows` and of the key-range-restricted chunked
     attention: one gather with a ``(Q,)`` index from :func:`query_windows`, restricted to
-    the key rows, written straight into ``out``.
+    the key rows, written straight into ``out``. Differentiable in ``table`` and
+    ``key_term`` (learnable slopes).
 
     Args:
         table: ``(heads, 2H-1, 2W-1)``.
@@ -598,7 +678,10 @@ def gather_block(table: Tensor, grid_size: Tuple[int, int], q_start: int, q_stop
             q = torch.arange(q_start, q_stop, device=table.device)
             iy = (height - 1) - q.div(width, rounding_mode='floor')
             ix = (width - 1) - q.remainder(width)
-            torch.ops.aten.index.Tensor_out(windows, [None, iy, ix], out=target)
+            if torch.is_grad_enabled() and table.requires_grad:  # out= has no autograd
+                target.copy_(windows[:, iy, ix])
+            else:
+                torch.ops.aten.index.Tensor_out(windows, [None, iy, ix], out=target)
         if key_term is not None:
             patch += key_term[:, None, r0 * width:r1 * width]
     return out
@@ -639,16 +722,19 @@ class GridBias:
         grid_size: ``(H, W)``.
         table: ``(depth, heads, 2H-1, 2W-1)`` in the compute dtype/device, ``-inf`` blocked.
         key_term: ``(depth, heads, H*W)`` for ``center`` heads, else None.
-        visible: ``(depth, heads, 2H-1, 2W-1)`` bool, the fields of view (for masks).
+        visible: ``(depth, heads, 2H-1, 2W-1)`` bool, the fields of view (for masks);
+            computed from ``table`` when not given (learnable slopes pass the slope-free
+            one of :class:`DistanceTable`, which needs no pass over the table).
     """
 
     grid_size: Tuple[int, int]
     table: Tensor
     key_term: Optional[Tensor] = None
-    visible: Tensor = field(init=False)
+    visible: Optional[Tensor] = None
 
     def __post_init__(self):
-        self.visible = ~torch.isneginf(self.table)
+        if self.visible is None:
+            self.visible = ~torch.isneginf(self.table)
 
     @property
     def num_patches(self) -> int:
