@@ -94,7 +94,7 @@ class LookHereSlopeLoggerHook(Hook):
 
     def after_train(self, runner) -> None:
         if self._slopes:
-            self._report(runner, f'end of training (iter {runner.iter})', runner.iter,
+            self._report(runner, f'end of training, iter {runner.iter}', runner.iter,
                          table=True, write=True)
 
     # -- reporting ---------------------------------------------------------------------
@@ -116,7 +116,7 @@ class LookHereSlopeLoggerHook(Hook):
                 eff = values['effective']
                 text = (f'global {float(values["global"]):.4g} | layer {layers} | effective '
                         f'{float(eff.min()):.3g}..{float(eff.max()):.3g}')
-            print_log(f'LookHere slopes of {where} ({when}): ' + ('\n' if table else '')
+            print_log(f'LookHere slopes, {when} ({where}): ' + ('\n' if table else '')
                       + text, logger='current')
         runner.visualizer.add_scalars(scalars, step=step)
         if write and self.out_file:

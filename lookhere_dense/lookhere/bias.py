@@ -45,10 +45,14 @@ __all__ = [
     'LookHereConfig', 'PRESETS', 'resolve_lh_config', 'head_layout', 'layer_slopes',
     'relative_bias_table', 'key_bias_table', 'GridBias', 'build_grid_bias',
     'lookhere_bias', 'pair_index', 'offset_index', 'query_windows', 'gather_rows',
-    'gather_block', 'DISTANCES', 'FILLS', 'BIAS_ROUNDINGS', 'DistanceTable', 'distance_table',
+    'gather_block', 'DISTANCES', 'FILLS', 'BIAS_ROUNDINGS', 'OFFICIAL_KEYS', 'DistanceTable',
+    'distance_table',
     'bias_from_distances',
 ]
 
+#: The keys of the official ``lh_config`` (``bias_rounding`` and ``learnable_slopes`` are
+#: ours: how the bias is computed and trained, not which bias it is).
+OFFICIAL_KEYS = ('head_directions', 'global_slope', 'layer_slopes', 'distance', 'fill_with')
 DISTANCES = ('linear', 'sqrt', 'square')
 FILLS = ('inf', 'zero', 'max')
 BIAS_ROUNDINGS = ('bfloat16', 'none')
@@ -656,11 +660,16 @@ def gather_block(table: Tensor, grid_size: Tuple[int, int], q_start: int, q_stop
     heads = table.shape[0]
     num_q = q_stop - q_start
     shape = (heads, num_q, (r1 - r0) * width + (cls_key is not None))
-    if out is None:
-        out = table.new_empty(shape)
-    elif tuple(out.shape) != shape or out.dtype != table.dtype:
+    if out is not None and (tuple(out.shape) != shape or out.dtype != table.dtype):
         raise ValueError(f'out must be {shape} {table.dtype}, got {tuple(out.shape)} '
                          f'{out.dtype}')
+    if torch.is_grad_enabled() and (table.requires_grad or (
+            key_term is not None and key_term.requires_grad)):  # learnable slopes
+        block = _gather_block_with_grad(table, grid_size, q_start, q_stop, key_rows, cls_key,
+                                        key_term, cls_value, reverse_queries)
+        return block if out is None else out.copy_(block)
+    if out is None:
+        out = table.new_empty(shape)
     patch = out
     if cls_key == 'first':
         out[:, :, 0] = cls_value
@@ -678,13 +687,33 @@ def gather_block(table: Tensor, grid_size: Tuple[int, int], q_start: int, q_stop
             q = torch.arange(q_start, q_stop, device=table.device)
             iy = (height - 1) - q.div(width, rounding_mode='floor')
             ix = (width - 1) - q.remainder(width)
-            if torch.is_grad_enabled() and table.requires_grad:  # out= has no autograd
-                target.copy_(windows[:, iy, ix])
-            else:
-                torch.ops.aten.index.Tensor_out(windows, [None, iy, ix], out=target)
+            torch.ops.aten.index.Tensor_out(windows, [None, iy, ix], out=target)
         if key_term is not None:
             patch += key_term[:, None, r0 * width:r1 * width]
     return out
+
+
+def _gather_block_with_grad(table: Tensor, grid_size: Tuple[int, int], q_start: int,
+                            q_stop: int, key_rows: Tuple[int, int], cls_key: Optional[str],
+                            key_term: Optional[Tensor], cls_value: Union[float, bool],
+                            reverse_queries: bool) -> Tensor:
+    """:func:`gather_block` for autograd (learnable slopes): the same values, built
+    out of place (``out=`` kernels have no autograd, and PyTorch refuses a later in-place
+    add on a view written through another view), one gather from :func:`query_windows`."""
+    height, width = grid_size
+    r0, r1 = key_rows
+    q = torch.arange(q_start, q_stop, device=table.device)
+    if reverse_queries:
+        q = q.flip(0)
+    iy = (height - 1) - q.div(width, rounding_mode='floor')
+    ix = (width - 1) - q.remainder(width)
+    patch = query_windows(table, grid_size)[..., r0:r1, :][:, iy, ix].flatten(2)
+    if key_term is not None:
+        patch = patch + key_term[:, None, r0 * width:r1 * width]
+    if cls_key is None:
+        return patch
+    column = patch.new_full((patch.shape[0], patch.shape[1], 1), cls_value)
+    return torch.cat([column, patch] if cls_key == 'first' else [patch, column], dim=2)
 
 
 def _copy_mirrored_rows(windows: Tensor, m_start: int, m_stop: int, target: Tensor) -> None:

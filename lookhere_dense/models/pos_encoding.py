@@ -73,6 +73,7 @@ from torch import Tensor
 
 from ..lookhere import (PRESETS, BoundedCache, LookHereAttentionEngine, LookHereConfig,
                         resolve_lh_config)
+from ..lookhere.bias import OFFICIAL_KEYS
 from ..lookhere.slopes import LookHereSlopes
 from ..lookhere.windows import attend_in_windows, padded_grid, window_key_mask
 
@@ -398,8 +399,11 @@ class PosEncodingSpec:
         lh_config: the :class:`LookHereConfig` of the bias of ``'lookhere'`` /
             ``'alibi2d'`` (the default one when neither preset nor lh_config was given);
             None for the encodings without a LookHere bias. Default: None.
-        explicit: a preset or lh_config was given. Only a default (not explicit) config
-            gives way to the one stored in a checkpoint. Default: False.
+        explicit: a preset, or an lh_config with one of the official keys
+            (:data:`~lookhere_dense.lookhere.bias.OFFICIAL_KEYS`), was given. Only a
+            default (not explicit) config gives way to the one stored in a checkpoint, so
+            ``lh_config=dict(learnable_slopes=True)`` (or ``bias_rounding`` alone) still
+            takes a checkpoint's head directions and slopes. Default: False.
     """
 
     name: str
@@ -482,8 +486,9 @@ def parse_pos_encoding(spec: Union[str, Mapping[str, Any], PosEncodingSpec] = 'l
         if spec_preset and err.key == 'preset':  # the preset came with the spec
             err.key = 'pos_encoding'
         raise
-    return PosEncodingSpec(name, options, preset, config,
-                           explicit=lh_config is not None or preset is not None)
+    explicit = preset is not None or (lh_config is not None and (
+        not isinstance(lh_config, Mapping) or bool(set(lh_config) & set(OFFICIAL_KEYS))))
+    return PosEncodingSpec(name, options, preset, config, explicit=explicit)
 
 
 # ----------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from ...checkpoint import (EXTRA_STATE_KEY, HEADS_KEY, CheckpointError, backbone
                            check_num_heads, file_num_heads, load_checkpoint_file,
                            load_state_dict_strict)
 from ...lookhere import LookHereAttentionEngine, LookHereConfig, resolve_lh_config
+from ...lookhere.bias import OFFICIAL_KEYS
 from ..pos_encoding import (AbsolutePositionEncoding,
                             PositionEncoding, build_position_encoding, isolated_rng,
                             parse_pos_encoding)
@@ -759,7 +760,6 @@ class LookHereViT(BaseModule):
             self._adopt_checkpoint_config(stored, 'the loaded state_dict')
 
     def _adopt_checkpoint_config(self, stored: Mapping[str, Any], path: str) -> None:
-        keys = ('head_directions', 'global_slope', 'layer_slopes', 'distance', 'fill_with')
         stored = dict(stored)
         stored.setdefault('bias_rounding', self.lh_config.bias_rounding)
         learnable = self.lh_config.learnable_slopes
@@ -777,7 +777,8 @@ class LookHereViT(BaseModule):
             raise ValueError(f'the LookHere config stored in {path!r} cannot be used: '
                              f'{err}') from None
         if self._lh_explicit:
-            diff = [d for d in self.lh_config.differences(ckpt_cfg) if d.split(':')[0] in keys]
+            diff = [d for d in self.lh_config.differences(ckpt_cfg)
+                    if d.split(':')[0] in OFFICIAL_KEYS]
             if diff:
                 raise ValueError(f'the LookHere config given to LookHereViT conflicts with the '
                                  f'one stored in {path!r} (given != checkpoint): '
