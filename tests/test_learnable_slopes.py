@@ -78,7 +78,9 @@ def test_config_key_is_validated_and_fixed_configs_write_what_they_wrote():
 # ----------------------------------------------------------------------------------------
 CONFIGS = {
     'lh45': resolve_lh_config(preset='lh45'),
-    'center_sqrt': LookHereConfig('corners-center', 0.7, (1.3, 0.2), distance='sqrt'),
+    'center_sqrt': LookHereConfig('corners-center', 0.7, (1.3, 0.2), distance='sqrt',
+                                  bias_rounding='none'),  # slopes with no short binary form
+    'odd_bf16': LookHereConfig('halves-none', 0.9, (1.7, 0.3)),
     'fill_max': LookHereConfig('triangles-none', fill_with='max', bias_rounding='none'),
     'fill_zero': LookHereConfig('halves-none1zero3', fill_with='zero', distance='square'),
     'per_layer': LookHereConfig(('halves-none', 'eighths1-eighths2-none', 'diagonals-center')),
@@ -384,6 +386,12 @@ def test_fixed_slope_file_initialises_the_slopes_from_its_config(tmp_path):
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(again.eval()(x)[0], src.eval()(x)[0])
+    # weights without any LookHere config (a timm-style state_dict): the model's own
+    plain = {k: v for k, v in src.state_dict().items() if k != '_extra_state'}
+    perturb(again.pos_enc.slopes)
+    report = load_state_dict_strict(again, plain, 'timm-like')
+    assert len(report['from_config']) == 1 + 2 * DEPTH
+    assert all((p == 0).all() for p in again.pos_enc.slopes.parameters())
 
 
 def test_only_whole_slope_groups_may_be_missing():
