@@ -27,6 +27,11 @@ Two departures from the official code, both on purpose and both documented:
 from the *grid centre* to the key. They are carried as a separate per-key term
 (:attr:`GridBias.key_term`) that is added to the relative table's value.
 
+The slopes enter in one place, :func:`bias_from_distances`, applied to the slope-free
+:class:`DistanceTable` of a head string (distances and fields of view): at the config's
+slopes for the fixed tables, at the current parameter values for learnable slopes
+(:mod:`.slopes`).
+
 This module has no OpenMMLab imports.
 """
 from __future__ import annotations

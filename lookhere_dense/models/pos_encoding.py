@@ -5,7 +5,8 @@ the baselines it is compared with, behind one small interface (plain PyTorch).
 ``pos_encoding``     what gives the trunk its sense of position
 ===================  ==========================================================================
 ``'lookhere'``       LookHere: directional attention masks + per-head/per-layer distance
-                     penalty (any preset / ``lh_config``), via the LookHere engine
+                     penalty (any preset / ``lh_config``), via the LookHere engine;
+                     ``lh_config.learnable_slopes=True`` learns the slopes
 ``'abs'``            a learned absolute embedding ``pos_embed`` added to the patch tokens,
                      bicubic-resampled to the input's grid (like mmseg / timm); the CLS token
                      gets none (DeiT-III / timm ``no_embed_class``)
