@@ -273,6 +273,31 @@ def test_flex_is_guarded_where_torch_cannot_train_its_table(monkeypatch):
         eng(q, k, v, 0, (2, 2), False, backend='flex', slopes=slopes)
 
 
+@pytest.mark.skipif(os.environ.get('LOOKHERE_SLOW') != '1',
+                    reason='compiles flex_attention on CPU (~10 s); set LOOKHERE_SLOW=1')
+def test_compiled_flex_reuses_one_kernel_while_the_slopes_change():
+    """The CUDA code path (compiled flex) on CPU, without gradients (the CPU kernel has no
+    backward): every call builds a fresh score_mod around the current table, and the one
+    compiled kernel serves every layer and every slope update (no recompilation)."""
+    import torch._dynamo
+    cfg = learnable(resolve_lh_config(dict(head_directions='corners-none',
+                                           bias_rounding='none')))
+    eng = LookHereAttentionEngine(cfg, 2, HEADS, flex_compile=True)
+    q, k, v, _, slopes = attention_case(cfg, (8, 8), True)
+    q, k, v = (t.float() for t in (q, k, v))
+    slopes.float()
+    with torch.no_grad():
+        for step in range(4):
+            perturb(slopes, seed=step)
+            ref = eng(q, k, v, step % 2, (8, 8), True, backend='reference', slopes=slopes)
+            with torch._dynamo.config.patch(error_on_recompile=step > 0):
+                out = eng(q, k, v, step % 2, (8, 8), True, backend='flex', slopes=slopes)
+            torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+    slopes.zero_grad()
+    with pytest.raises(ValueError, match='compiled flex_attention cannot train'):
+        eng(q, k, v, 0, (8, 8), True, backend='flex', slopes=slopes)
+
+
 def test_activation_checkpointing_gives_the_same_gradients():
     grads = []
     for with_cp in (False, True):

@@ -298,6 +298,11 @@ class LookHereAttentionEngine:
             raise ValueError("attn_backend='flex' cannot train on CPU (PyTorch's "
                              'flex_attention has no CPU backward); use attn_backend='
                              "'auto' or 'chunked' there, or run under torch.no_grad()")
+        if slope_grads and q.device.type == 'cpu' and self.flex_compile:
+            raise ValueError('compiled flex_attention cannot train learnable LookHere slopes '
+                             "on CPU (PyTorch's CPU flex kernel has no backward); use "
+                             "flex_compile=None/False there, or attn_backend='auto' / "
+                             "'chunked'")
         if slope_grads and not flex_slope_grads_available():
             raise ValueError(f"attn_backend='flex' cannot train learnable LookHere slopes with "
                              f'torch {torch.__version__} (flex_attention gives captured '
