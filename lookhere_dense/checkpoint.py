@@ -29,6 +29,14 @@ points use it:
 * :func:`load_model_weights` for a whole model's checkpoint (``tools/test.py``,
   ``tools/infer.py``, ``--resume``).
 
+Learnable slopes. A model built with ``lh_config=dict(..., learnable_slopes=True)`` has
+the parameters ``pos_enc.slopes.*`` (:class:`~lookhere_dense.lookhere.slopes.LookHereSlopes`).
+A file without them (official, timm, fixed-slope lookhere-dense) still loads strictly: these
+keys, and only these, may be missing all together; the slopes then start from the LookHere
+config the file records (else the model's) and the report lists them under
+``'from_config'``. A file with learned slopes loads only into a learnable model; into a
+fixed one it is refused with a message naming ``lh_config.learnable_slopes=True``.
+
 Attention geometry. The qkv weights have the same shapes for any head count, so loading a
 12-head file into a 6-head model "works" and gives wrong features. The head count of a
 file is taken from (in this order) ``checkpoint_num_heads`` given by the user, the file
@@ -418,7 +426,35 @@ def _key_hints(missing: List[str], unexpected: List[str], model_keys, file_keys)
                      'DeiT-III / LookHere file instead of the mmseg conversion')
     if some(missing, r'(^|\.)pos_enc\.pos_embed$'):
         hints.append("the file has no position embedding for pos_encoding='abs'")
+    if some(unexpected, _SLOPE_KEY) and not some(model_keys, _SLOPE_KEY):
+        hints.append('the file has learned LookHere slopes (pos_enc.slopes.*): set '
+                     'model.backbone.lh_config.learnable_slopes=True')
     return hints
+
+
+#: the state_dict keys of learnable LookHere slopes (any prefix)
+_SLOPE_KEY = r'(^|\.)pos_enc\.slopes\.'
+
+
+def _slope_groups(module: nn.Module) -> List[Tuple[nn.Module, List[str]]]:
+    """Every learnable-slopes module in ``module`` with the full keys of its parameters."""
+    from .lookhere.slopes import LookHereSlopes
+    return [(m, [f'{name}.{p}' if name else p for p, _ in m.named_parameters()])
+            for name, m in module.named_modules() if isinstance(m, LookHereSlopes)]
+
+
+def _slopes_from_config(module: nn.Module, missing: List[str]
+                        ) -> Tuple[List[str], List[nn.Module]]:
+    """The missing keys that are whole groups of learnable slopes (they start from the
+    LookHere config), and their modules; a group missing only in part stays missing."""
+    absent = set(missing)
+    keys: List[str] = []
+    modules = []
+    for m, names in _slope_groups(module):
+        if names and absent.issuperset(names):
+            keys += names
+            modules.append(m)
+    return sorted(keys), modules
 
 
 def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, Any], source: str,
@@ -431,7 +467,9 @@ def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, Any], sou
 
     Shapes must agree always. With ``strict`` every tensor of ``module`` must be in the
     file and every tensor of the file in ``module``, except the keys of ``dropped``
-    (dropped on purpose, with the reason). Non-tensor entries (``*._extra_state``) are
+    (dropped on purpose, with the reason) and the learnable LookHere slopes of a file
+    that has none (each group all or nothing; they restart from the LookHere config,
+    the file's when it records one). Non-tensor entries (``*._extra_state``) are
     handed to the modules (``LookHereViT.set_extra_state`` checks the position encoding,
     the LookHere config and the head count they record).
 
@@ -447,8 +485,9 @@ def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, Any], sou
             e.g. of the head count). Default: None.
 
     Returns:
-        ``{'missing': [...], 'unexpected': [...], 'dropped': [...]}`` (the first two are
-        empty with ``strict``).
+        ``{'missing': [...], 'unexpected': [...], 'dropped': [...], 'from_config': [...]}``
+        (the first two are empty with ``strict``; ``from_config``: learnable-slope keys
+        the file lacks).
 
     Raises:
         CheckpointError: a shape mismatch, or (``strict``) missing / unexpected keys, named
@@ -459,6 +498,8 @@ def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, Any], sou
     everything = module.state_dict()
     own = {k: v for k, v in everything.items() if isinstance(v, Tensor)}
     loadable, missing, unexpected = match_state_dict(own, entries, source)
+    from_config, fresh_slopes = _slopes_from_config(module, missing)
+    missing = [k for k in missing if k not in set(from_config)]
     params = {name for name, _ in module.named_parameters()}
     broken = [k for k, v in loadable.items()
               if k in params and v.is_floating_point() and not bool(torch.isfinite(v).all())]
@@ -489,7 +530,10 @@ def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, Any], sou
         module.load_state_dict({**loadable, **extras}, strict=False)
     except ValueError as err:  # a module's set_extra_state refused what the file records
         raise CheckpointError(f'checkpoint {source!r}: {err}') from None
-    return dict(missing=missing, unexpected=unexpected, dropped=sorted(dropped))
+    for slopes in fresh_slopes:  # no learned values in the file: the config's slopes
+        slopes.reset_parameters()
+    return dict(missing=missing, unexpected=unexpected, dropped=sorted(dropped),
+                from_config=from_config)
 
 
 def _lookhere_backbones(model: nn.Module) -> List[Tuple[str, nn.Module]]:

@@ -23,6 +23,7 @@ REGISTERING_MODULES = (
     'lookhere_dense.models.segmentors',
     'lookhere_dense.engine',
     'lookhere_dense.engine.hooks',
+    'lookhere_dense.engine.slope_logging',
     'lookhere_dense.data.checks',
     'lookhere_dense.evaluation.metrics',
 )

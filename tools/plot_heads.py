@@ -11,6 +11,9 @@ Example::
 
     python tools/plot_heads.py --preset lh180 --grid 14 14 --query 6 4 --layers 0 11 \
         --out docs/heads_lh180.png
+
+With ``--checkpoint CKPT`` (a model trained with ``lh_config.learnable_slopes=True``) it
+draws the learned slope of every layer and head next to the configured one instead.
 """
 from __future__ import annotations
 
@@ -22,7 +25,6 @@ from typing import Optional, Sequence
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
-
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -44,6 +46,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--layers', nargs='+', type=int, default=None,
                    help='layers to draw (default: the first and the last)')
     p.add_argument('--out', default='heads.png', help='output PNG')
+    p.add_argument('--checkpoint', default=None,
+                   help='draw the learned slopes of this checkpoint (learnable_slopes=True) '
+                        'next to the configured ones, instead of the fields of view')
     args = p.parse_args(argv)
     from lookhere_dense.lookhere.bias import PRESETS  # torch: after --help
     if args.preset not in PRESETS:
@@ -54,10 +59,19 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None):
     """Draw the picture (:func:`lookhere_dense.visualization.heads.draw_head_fields`);
-    returns the plotted fields (a tensor)."""
+    returns the plotted fields (a tensor; with ``--checkpoint``: the slopes drawn,
+    :func:`~lookhere_dense.visualization.heads.draw_learned_slopes`)."""
     args = parse_args(argv)
     from lookhere_dense.cli import ToolError
-    from lookhere_dense.visualization.heads import draw_head_fields, load_lh_config
+    from lookhere_dense.visualization.heads import (draw_head_fields, draw_learned_slopes,
+                                                    load_lh_config)
+    if args.checkpoint:
+        try:
+            info = draw_learned_slopes(args.checkpoint, args.out)
+        except (ValueError, OSError) as err:  # unreadable file, no LookHere backbone: named
+            raise ToolError(f'--checkpoint: {err}') from None
+        print(f'{info["table"]}\nwrote {args.out}')
+        return info['learned'] if info['learned'] is not None else info['configured']
     try:
         config = load_lh_config(args.lh_config, args.preset)
     except ValueError as err:  # also JSON syntax errors

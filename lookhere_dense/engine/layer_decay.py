@@ -5,13 +5,17 @@ gets ``lr * decay_rate ** (L + 1 - i)`` where
 
 * ``0`` -- everything of the backbone before the blocks: patch embedding, CLS token,
   pre-norm (and any position embedding a variant may add);
-* ``i + 1`` -- backbone block ``i``;
-* ``L + 1`` -- everything else: the backbone's final norm, the neck and the heads
-  (learning-rate scale 1).
+* ``i + 1`` -- backbone block ``i``, and the learnable LookHere slopes of layer ``i``
+  (``pos_enc.slopes.layer_log_ratio.i`` / ``head_log_ratio.i``, as BEiT gives each block's
+  relative position bias its block's id);
+* ``L + 1`` -- everything else: the backbone's final norm, the learnable global LookHere
+  slope (shared by all layers, as BEiT's shared relative position bias), the neck and the
+  heads (learning-rate scale 1).
 
 Weight decay is 0 for norm layers (weight and bias), LayerScale ``gamma``, the CLS token
-(and position embeddings: ``pos_embed``, RoPE-Mixed ``freqs``), and -- unless ``bias_decay=True`` -- for every bias; all other
-parameters get the optimizer's ``weight_decay``.
+(and position parameters: ``pos_embed``, RoPE-Mixed ``freqs``, learnable LookHere
+slopes), and -- unless ``bias_decay=True`` -- for every bias; all other parameters get
+the optimizer's ``weight_decay``.
 
 Use::
 
@@ -43,12 +47,16 @@ from mmengine.optim import DefaultOptimWrapperConstructor
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
 from mmengine.utils.dl_utils.parrots_wrapper import _BatchNorm, _InstanceNorm
 
+from ..lookhere.slopes import LookHereSlopes
 from ..models.backbones.lookhere_vit import LayerScale, LookHereViT
 
 __all__ = ['LookHereLayerDecayOptimizerConstructor', 'ViTDetLayerDecayOptimizerConstructor',
-           'find_lookhere_backbone', 'backbone_layer_id', 'is_no_decay']
+           'find_lookhere_backbone', 'backbone_layer_id', 'is_no_decay', 'is_slope_parameter']
 
 _BLOCK = re.compile(r'^blocks\.(\d+)\.')
+#: per-layer learnable LookHere slopes: ``pos_enc.slopes.{layer,head}_log_ratio.{i}``
+_LAYER_SLOPES = re.compile(r'^pos_enc\.slopes\.(layer|head)_log_ratio\.(\d+)$')
+_GLOBAL_SLOPE = 'pos_enc.slopes.global_log_ratio'
 #: Backbone parameters (names relative to the backbone) that never get weight decay.
 _NO_DECAY_TOKENS = ('cls_token', 'pos_embed', 'mask_token', 'freqs')
 _NORMS = (nn.LayerNorm, nn.GroupNorm, _BatchNorm, _InstanceNorm)
@@ -83,15 +91,21 @@ def backbone_layer_id(name: Optional[str], num_layers: int) -> int:
         num_layers: blocks in the backbone ``L``.
 
     Returns:
-        ``0`` before the blocks, ``i + 1`` in block ``i``, ``L + 1`` for the final norm
-        and everything outside the backbone.
+        ``0`` before the blocks, ``i + 1`` in block ``i`` (and for layer ``i``'s learnable
+        LookHere slopes), ``L + 1`` for the final norm, the learnable global slope and
+        everything outside the backbone.
     """
-    if name is None or name.startswith('norm.'):
+    if name is None or name.startswith('norm.') or name == _GLOBAL_SLOPE:
         return num_layers + 1
-    match = _BLOCK.match(name)
+    match = _BLOCK.match(name) or _LAYER_SLOPES.match(name)
     if match:
-        return int(match.group(1)) + 1
+        return int(match.group(match.lastindex)) + 1
     return 0
+
+
+def is_slope_parameter(name: str) -> bool:
+    """Whether ``name`` (relative to the backbone) is a learnable LookHere slope."""
+    return name == _GLOBAL_SLOPE or _LAYER_SLOPES.match(name) is not None
 
 
 def is_no_decay(param_name: str, param, module: nn.Module, bias_decay: bool = False) -> bool:
@@ -103,7 +117,7 @@ def is_no_decay(param_name: str, param, module: nn.Module, bias_decay: bool = Fa
         module: the module that owns it directly.
         bias_decay: decay biases of non-norm layers. Default: False.
     """
-    if isinstance(module, _NORMS) or isinstance(module, LayerScale):
+    if isinstance(module, (*_NORMS, LayerScale, LookHereSlopes)):
         return True
     if param_name in _NO_DECAY_TOKENS:
         return True
@@ -178,7 +192,8 @@ class LookHereLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
                 full = f'{mod_name}.{p_name}' if mod_name else p_name
                 rel = full[len(prefix):] if full.startswith(prefix) else None
                 layer = backbone_layer_id(rel, num_layers)
-                no_decay = is_no_decay(p_name, param, mod, bias_decay)
+                no_decay = is_no_decay(p_name, param, mod, bias_decay) or (
+                    rel is not None and is_slope_parameter(rel))
                 key = (layer, no_decay)
                 if key not in groups:
                     scale = rate ** (num_layers + 1 - layer)

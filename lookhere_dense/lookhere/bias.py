@@ -27,16 +27,22 @@ Two departures from the official code, both on purpose and both documented:
 from the *grid centre* to the key. They are carried as a separate per-key term
 (:attr:`GridBias.key_term`) that is added to the relative table's value.
 
+The slopes enter in one place, :func:`bias_from_distances`, applied to the slope-free
+:class:`DistanceTable` of a head string (distances and fields of view): at the config's
+slopes for the fixed tables, at the current parameter values for learnable slopes
+(:mod:`.slopes`).
+
 This module has no OpenMMLab imports.
 """
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .directions import NONE_LIKE_TYPES, HeadSpec, head_blocked, heads_of_type, relative_offsets
@@ -45,9 +51,14 @@ __all__ = [
     'LookHereConfig', 'PRESETS', 'resolve_lh_config', 'head_layout', 'layer_slopes',
     'relative_bias_table', 'key_bias_table', 'GridBias', 'build_grid_bias',
     'lookhere_bias', 'pair_index', 'offset_index', 'query_windows', 'gather_rows',
-    'gather_block', 'DISTANCES', 'FILLS', 'BIAS_ROUNDINGS',
+    'gather_block', 'DISTANCES', 'FILLS', 'BIAS_ROUNDINGS', 'OFFICIAL_KEYS', 'DistanceTable',
+    'distance_table',
+    'bias_from_distances',
 ]
 
+#: The keys of the official ``lh_config`` (``bias_rounding`` and ``learnable_slopes`` are
+#: ours: how the bias is computed and trained, not which bias it is).
+OFFICIAL_KEYS = ('head_directions', 'global_slope', 'layer_slopes', 'distance', 'fill_with')
 DISTANCES = ('linear', 'sqrt', 'square')
 FILLS = ('inf', 'zero', 'max')
 BIAS_ROUNDINGS = ('bfloat16', 'none')
@@ -84,6 +95,9 @@ class LookHereConfig:
             (so official checkpoints see exactly the bias they were trained with);
             ``'none'`` keeps float64 precision until the compute dtype. Not an official key.
             Default: ``'bfloat16'``.
+        learnable_slopes: the global, layer and head slopes become parameters of the
+            position encoding (:class:`~.slopes.LookHereSlopes`), initialised to this
+            config's values; they must then be > 0. Not an official key. Default: False.
     """
 
     head_directions: Union[str, Tuple[str, ...]] = 'halves-none'
@@ -92,6 +106,7 @@ class LookHereConfig:
     distance: str = 'linear'
     fill_with: str = 'inf'
     bias_rounding: str = 'bfloat16'
+    learnable_slopes: bool = False
 
     def __post_init__(self):
         hd = self.head_directions
@@ -118,6 +133,16 @@ class LookHereConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f'unknown LookHere {name} {getattr(self, name)!r}; '
                                  f'allowed: {list(allowed)}')
+        if not isinstance(self.learnable_slopes, bool):
+            raise ValueError('LookHere learnable_slopes must be True or False, got '
+                             f'{self.learnable_slopes!r}')
+        if self.learnable_slopes:
+            zero = ([f'global_slope={self.global_slope!r}'] if self.global_slope == 0 else []) \
+                + ([f'layer_slopes={list(self.layer_slopes)}'] if 0 in self.layer_slopes else [])
+            if zero:
+                raise ValueError('LookHere learnable_slopes=True needs slopes > 0 (each is '
+                                 'learned as the log of its ratio to the initial value, which '
+                                 f'0 has not), got {" and ".join(zero)}')
 
     @property
     def direction_strings(self) -> Tuple[str, ...]:
@@ -140,12 +165,17 @@ class LookHereConfig:
         return cls(**dict(cfg))
 
     def to_dict(self) -> Dict[str, Any]:
-        """The official ``lh_config`` dict (plus ``bias_rounding``)."""
+        """The official ``lh_config`` dict (plus ``bias_rounding``, and
+        ``learnable_slopes=True`` when set: fixed-slope configs write the same dict as
+        before that key existed)."""
         hd = self.head_directions
-        return dict(head_directions=list(hd) if isinstance(hd, tuple) else hd,
-                    global_slope=self.global_slope, layer_slopes=list(self.layer_slopes),
-                    distance=self.distance, fill_with=self.fill_with,
-                    bias_rounding=self.bias_rounding)
+        out = dict(head_directions=list(hd) if isinstance(hd, tuple) else hd,
+                   global_slope=self.global_slope, layer_slopes=list(self.layer_slopes),
+                   distance=self.distance, fill_with=self.fill_with,
+                   bias_rounding=self.bias_rounding)
+        if self.learnable_slopes:
+            out['learnable_slopes'] = True
+        return out
 
     def validate(self, num_heads: int, depth: int) -> None:
         """Check that this config fits a ``depth``-layer model with ``num_heads`` heads."""
@@ -325,12 +355,36 @@ def _distance(r: Tensor, kind: str) -> Tensor:
     return r.square()
 
 
-def _head_distance_table(config: LookHereConfig, direction_string: str, num_heads: int,
-                         grid_size: Tuple[int, int]) -> Tuple[Tensor, Tensor]:
-    """Unscaled table ``head_slope * d`` (+inf where blocked), float64.
+@dataclass(eq=False)
+class DistanceTable:
+    """The slope-free part of one head string's bias on one grid: what the slopes multiply.
 
-    Returns ``(relative, key)`` with shapes ``(heads, 2H-1, 2W-1)`` and ``(heads, H, W)``;
-    ``key`` is non-zero only for ``center`` heads.
+    The bias of a layer is :func:`bias_from_distances` of this table with that layer's
+    slopes; the fields of view (``visible``) do not depend on the slopes.
+
+    Attributes:
+        distance: ``(heads, 2H-1, 2W-1)`` float64 ``d(q, k)`` per relative offset (0 for
+            ``zero`` and ``center`` heads; the ``fill_with`` value where a head's mask
+            blocks the key, 0 there with ``fill_with='inf'``).
+        visible: ``(heads, 2H-1, 2W-1)`` bool, False where the key is blocked (only with
+            ``fill_with='inf'``).
+        key: ``(heads, H, W)`` float64 distance of each key from the grid centre for
+            ``center`` heads (0 for the others), or None when the string has no ``center``.
+        head_slopes: ``(heads,)`` float64, the official head slopes of the string.
+    """
+
+    distance: Tensor
+    visible: Tensor
+    key: Optional[Tensor]
+    head_slopes: Tensor
+
+
+def distance_table(config: LookHereConfig, direction_string: str, num_heads: int,
+                   grid_size: Tuple[int, int]) -> DistanceTable:
+    """The slope-free distances and fields of view of ``direction_string`` (float64).
+
+    Uses ``config.distance`` and ``config.fill_with``; the slopes of ``config`` are not
+    read (``head_slopes`` are the string's official ones).
     """
     height, width = grid_size
     specs, head_slopes, _ = head_layout(direction_string, num_heads)
@@ -339,6 +393,7 @@ def _head_distance_table(config: LookHereConfig, direction_string: str, num_head
     grid_max = dist.max()  # the largest entry of the N x N distance matrix
 
     rel = dist.expand(num_heads, -1, -1).clone()
+    visible = torch.ones(rel.shape, dtype=torch.bool)
     key = torch.zeros(num_heads, height, width, dtype=torch.float64)
     ky, kx = torch.meshgrid(torch.arange(height), torch.arange(width), indexing='ij')
     center_dist = torch.sqrt((kx - (width - 1) / 2).double() ** 2 +
@@ -351,41 +406,67 @@ def _head_distance_table(config: LookHereConfig, direction_string: str, num_head
             key[h] = center_dist
         blocked = head_blocked(spec, dy, dx)
         if config.fill_with == 'inf':
-            rel[h][blocked] = math.inf
+            rel[h][blocked] = 0.0
+            visible[h][blocked] = False
         elif config.fill_with == 'zero':
             rel[h][blocked] = 0.0
         else:  # 'max': the largest value of this head's distance matrix
             rel[h][blocked] = 0.0 if 'zero' in spec else grid_max
-    slopes = head_slopes.view(-1, 1, 1)
-    return slopes * rel, slopes * key
+    has_center = 'center' in direction_string.split('-')
+    return DistanceTable(rel, visible, key if has_center else None, head_slopes)
+
+
+def bias_from_distances(distance: Tensor, head_slopes: Tensor, scale: Union[float, Tensor],
+                        rounding: str, visible: Optional[Tensor] = None) -> Tensor:
+    """THE formula of the bias: ``-(scale * (head_slope * d))``, ``-inf`` where not visible.
+
+    Fixed slopes (:func:`relative_bias_table`) and learnable ones
+    (:class:`~.slopes.LookHereSlopes`) both go through it, with the same operations in the
+    same order, so a learnable model at its initial slopes has the fixed model's bias bit
+    for bit. Differentiable in ``head_slopes`` and ``scale``; with ``rounding='bfloat16'``
+    the forward rounds like the official code and the gradient passes straight through
+    the rounding (the cast's gradient is the identity). Blocked entries take no part in
+    the product, so their gradient is 0, never ``0 * inf``.
+
+    Args:
+        distance: ``(heads, ...)`` float64 slope-free distances (:class:`DistanceTable`).
+        head_slopes: ``(heads,)``.
+        scale: ``global_slope * layer_slope``, a number or a 0-d tensor.
+        rounding: one of :data:`BIAS_ROUNDINGS`.
+        visible: bool like ``distance``; None: everything visible. Default: None.
+
+    Returns:
+        ``distance``'s shape and dtype.
+    """
+    out = scale * (head_slopes.view(-1, *([1] * (distance.dim() - 1))) * distance)
+    if rounding == 'bfloat16':
+        out = out.to(torch.bfloat16).to(distance.dtype)
+    out = -out
+    return out if visible is None else torch.where(visible, out, -math.inf)
 
 
 #: the largest bias magnitude a table may hold (float32 / bfloat16 reach 3.4e38)
 _BIAS_MAX = 1e30
 
 
-def _scale_and_round(table: Tensor, scale: float, rounding: str) -> Tensor:
-    """``-(scale * table)`` in float64, rounded like the official code when asked."""
-    if scale == 0.0:  # keep blocked entries blocked (official: 0 * inf -> nan -> 0)
-        out = torch.where(torch.isinf(table), table, torch.zeros_like(table))
-    else:
-        out = scale * table
-    if rounding == 'bfloat16':
-        out = out.to(torch.bfloat16).double()
-    finite = torch.isfinite(table)
-    values = out[finite]
+def _check_range(bias: Tensor, table: DistanceTable, scale: float, key: bool = False
+                 ) -> Tensor:
+    """``bias`` itself, when its finite entries stay below :data:`_BIAS_MAX`."""
+    values = bias if key else bias[table.visible]
     if values.numel() and not (torch.isfinite(values).all()
                                and values.abs().max() <= _BIAS_MAX):
+        base = table.key if key else table.distance
+        largest = (table.head_slopes.view(-1, 1, 1) * base).max().item()
         raise ValueError(f'LookHere slopes too large: global_slope * layer slope = {scale:g} '
-                         f'times distances up to {table[finite].max().item():g} exceeds '
+                         f'times distances up to {largest:g} exceeds '
                          f'{_BIAS_MAX:g} (float32 / bfloat16 would turn it into -inf, i.e. '
                          'block the key); use smaller slopes')
-    return -out
+    return bias
 
 
 def relative_bias_table(config: LookHereConfig, grid_size: Tuple[int, int], depth: int,
                         num_heads: int) -> Tensor:
-    """The relative-offset bias table of every layer.
+    """The relative-offset bias table of every layer, at the config's slopes.
 
     Args:
         config: the LookHere configuration.
@@ -400,12 +481,15 @@ def relative_bias_table(config: LookHereConfig, grid_size: Tuple[int, int], dept
     height, width = _check_grid(grid_size)
     config.validate(num_heads, depth)
     slopes = layer_slopes(config, depth)
-    base = {s: _head_distance_table(config, s, num_heads, (height, width))[0]
+    base = {s: distance_table(config, s, num_heads, (height, width))
             for s in config.direction_strings}
-    return torch.stack([
-        _scale_and_round(base[config.layer_direction(l)], config.global_slope * slopes[l],
-                         config.bias_rounding)
-        for l in range(depth)])
+    out = []
+    for l in range(depth):
+        table, scale = base[config.layer_direction(l)], config.global_slope * slopes[l]
+        out.append(_check_range(bias_from_distances(
+            table.distance, table.head_slopes, scale, config.bias_rounding, table.visible),
+            table, scale))
+    return torch.stack(out)
 
 
 def key_bias_table(config: LookHereConfig, grid_size: Tuple[int, int], depth: int,
@@ -415,12 +499,17 @@ def key_bias_table(config: LookHereConfig, grid_size: Tuple[int, int], depth: in
         return None
     height, width = _check_grid(grid_size)
     slopes = layer_slopes(config, depth)
-    base = {s: _head_distance_table(config, s, num_heads, (height, width))[1]
+    base = {s: distance_table(config, s, num_heads, (height, width))
             for s in config.direction_strings}
-    return torch.stack([
-        _scale_and_round(base[config.layer_direction(l)], config.global_slope * slopes[l],
-                         config.bias_rounding)
-        for l in range(depth)]) + 0.0  # turn -0.0 into 0.0
+    out = []
+    for l in range(depth):
+        table, scale = base[config.layer_direction(l)], config.global_slope * slopes[l]
+        key = table.key if table.key is not None else torch.zeros(
+            num_heads, height, width, dtype=torch.float64)
+        out.append(_check_range(bias_from_distances(key, table.head_slopes, scale,
+                                                    config.bias_rounding), table, scale,
+                                key=True))
+    return torch.stack(out) + 0.0  # turn -0.0 into 0.0
 
 
 def _check_grid(grid_size: Sequence[int]) -> Tuple[int, int]:
@@ -544,7 +633,8 @@ def gather_block(table: Tensor, grid_size: Tuple[int, int], q_start: int, q_stop
 
     The building block of :func:`gather_rows` and of the key-range-restricted chunked
     attention: one gather with a ``(Q,)`` index from :func:`query_windows`, restricted to
-    the key rows, written straight into ``out``.
+    the key rows, written straight into ``out``. Differentiable in ``table`` and
+    ``key_term`` (learnable slopes).
 
     Args:
         table: ``(heads, 2H-1, 2W-1)``.
@@ -576,11 +666,16 @@ def gather_block(table: Tensor, grid_size: Tuple[int, int], q_start: int, q_stop
     heads = table.shape[0]
     num_q = q_stop - q_start
     shape = (heads, num_q, (r1 - r0) * width + (cls_key is not None))
-    if out is None:
-        out = table.new_empty(shape)
-    elif tuple(out.shape) != shape or out.dtype != table.dtype:
+    if out is not None and (tuple(out.shape) != shape or out.dtype != table.dtype):
         raise ValueError(f'out must be {shape} {table.dtype}, got {tuple(out.shape)} '
                          f'{out.dtype}')
+    if torch.is_grad_enabled() and (table.requires_grad or (
+            key_term is not None and key_term.requires_grad)):  # learnable slopes
+        block = _gather_block_with_grad(table, grid_size, q_start, q_stop, key_rows, cls_key,
+                                        key_term, cls_value, reverse_queries)
+        return block if out is None else out.copy_(block)
+    if out is None:
+        out = table.new_empty(shape)
     patch = out
     if cls_key == 'first':
         out[:, :, 0] = cls_value
@@ -602,6 +697,35 @@ def gather_block(table: Tensor, grid_size: Tuple[int, int], q_start: int, q_stop
         if key_term is not None:
             patch += key_term[:, None, r0 * width:r1 * width]
     return out
+
+
+def _gather_block_with_grad(table: Tensor, grid_size: Tuple[int, int], q_start: int,
+                            q_stop: int, key_rows: Tuple[int, int], cls_key: Optional[str],
+                            key_term: Optional[Tensor], cls_value: Union[float, bool],
+                            reverse_queries: bool) -> Tensor:
+    """:func:`gather_block` for autograd (learnable slopes): the same values, built out of
+    place (``out=`` kernels have no autograd, and PyTorch refuses a later in-place add on a
+    view written through another view) by one ``index_select`` of the flattened table at
+    :func:`pair_index`, whose backward (``index_add_``) is 4-20x faster on CPU than that of
+    the :func:`query_windows` gather."""
+    height, width = grid_size
+    r0, r1 = key_rows
+    heads = table.shape[0]
+    q = torch.arange(q_start, q_stop, device=table.device)
+    if reverse_queries:
+        q = q.flip(0)
+    keys = torch.arange(r0 * width, r1 * width, device=table.device)
+    index = pair_index(grid_size, q[:, None], keys[None, :])  # (Q, K)
+    flat = table.flatten(1)
+    term = None if key_term is None else key_term[:, r0 * width:r1 * width]
+    if cls_key is not None:  # one more table entry: the CLS column's value
+        column = index.new_full((q.numel(), 1), flat.shape[1])
+        index = torch.cat([column, index] if cls_key == 'first' else [index, column], dim=1)
+        flat = torch.cat([flat, flat.new_full((heads, 1), cls_value)], dim=1)
+        if term is not None:
+            term = F.pad(term, (1, 0) if cls_key == 'first' else (0, 1))
+    out = flat.index_select(1, index.flatten()).view(heads, q.numel(), index.shape[1])
+    return out if term is None else out + term[:, None, :]
 
 
 def _copy_mirrored_rows(windows: Tensor, m_start: int, m_stop: int, target: Tensor) -> None:
@@ -639,16 +763,19 @@ class GridBias:
         grid_size: ``(H, W)``.
         table: ``(depth, heads, 2H-1, 2W-1)`` in the compute dtype/device, ``-inf`` blocked.
         key_term: ``(depth, heads, H*W)`` for ``center`` heads, else None.
-        visible: ``(depth, heads, 2H-1, 2W-1)`` bool, the fields of view (for masks).
+        visible: ``(depth, heads, 2H-1, 2W-1)`` bool, the fields of view (for masks);
+            computed from ``table`` when not given (learnable slopes pass the slope-free
+            one of :class:`DistanceTable`, which needs no pass over the table).
     """
 
     grid_size: Tuple[int, int]
     table: Tensor
     key_term: Optional[Tensor] = None
-    visible: Tensor = field(init=False)
+    visible: Optional[Tensor] = None
 
     def __post_init__(self):
-        self.visible = ~torch.isneginf(self.table)
+        if self.visible is None:
+            self.visible = ~torch.isneginf(self.table)
 
     @property
     def num_patches(self) -> int:

@@ -121,9 +121,10 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias, laye
     the bias. The CLS query (bias 0, all keys) runs as one plain SDPA row.
 
     Without autograd one buffer holds every block's bias and the blocks are written
-    straight into the result. With ``recompute`` (default: whenever autograd records)
-    each block runs under activation checkpointing, so the backward pass keeps no bias
-    rows and no attention matrix either.
+    straight into the result. With ``recompute`` (default: whenever autograd records,
+    also for a table that requires grad: learnable slopes) each block runs under
+    activation checkpointing, so the backward pass keeps no bias rows and no attention
+    matrix either; the table's gradient is accumulated block by block.
 
     Args:
         q, k, v: ``(B, heads, T, d)`` with ``T = H*W (+1)``.
@@ -141,7 +142,9 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias, laye
     height, width = grid_bias.grid_size
     n = height * width
     off = int(cls_token)
-    records = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    records = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad
+        for t in (q, k, v, grid_bias.table, grid_bias.key_term))  # + learnable slopes
     if recompute is None:
         recompute = records
     table = grid_bias.table[layer].to(q.dtype)

@@ -7,6 +7,16 @@ size, device and dtype), chooses a backend per call (``auto``, see
 layers differ only in which table slice they read, and layers with the same head string
 share one block mask. Nothing here is part of a ``state_dict``. The backends themselves
 live in :mod:`.attention` (dense), :mod:`.chunked` and :mod:`.flex`.
+
+Slopes. Called plainly, the engine computes the bias at the slopes of its config, and
+caches everything. Called with ``slopes=`` (a :class:`~.slopes.LookHereSlopes`, what
+``lh_config=dict(..., learnable_slopes=True)`` gives the position encoding), it computes
+each call's table of that layer (``heads x (2H-1) x (2W-1)``, float64, cheap) from the
+current slopes and the cached *slope-free* distances and fields of view
+(:meth:`~LookHereAttentionEngine.distance_tables`); every slope-dependent cache (tables,
+dense and window biases, flex score functions) is bypassed, so a changed slope changes the
+next call, and gradients reach the slopes through every backend. The slope-free caches
+(distances, flex block masks and token orders, window padding masks) are used as before.
 """
 from __future__ import annotations
 
@@ -18,11 +28,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import BACKENDS, reference_attention, sdpa_attention
-from .bias import GridBias, LookHereConfig, build_grid_bias
+from .bias import (DistanceTable, GridBias, LookHereConfig, bias_from_distances,
+                   build_grid_bias, distance_table)
 from .cache import BoundedCache
 from .chunked import chunked_attention
 from .flex import (flex_attention_lookhere, flex_available, flex_score_mod,
-                   lookhere_block_mask, tile_order)
+                   flex_slope_grads_available, lookhere_block_mask, tile_order)
+from .slopes import LookHereSlopes
 from .windows import attend_in_windows, padded_grid, window_key_mask
 
 __all__ = ['LookHereAttentionEngine']
@@ -85,12 +97,14 @@ class LookHereAttentionEngine:
         self.score_mods = BoundedCache(cache_size * depth)
         #: flex token orders per (grid, cls, device)
         self.orders = BoundedCache(cache_size)
+        #: slope-free distance tables per (grid, device), used with ``slopes=``
+        self.distances = BoundedCache(2 * cache_size)
         self.last_backend: Optional[str] = None
         self._flex_failed = False
 
     def _caches(self) -> Dict[str, BoundedCache]:
         return dict(tables=self.tables, dense=self.dense, block_masks=self.block_masks,
-                    score_mods=self.score_mods, orders=self.orders)
+                    score_mods=self.score_mods, orders=self.orders, distances=self.distances)
 
     def reset(self, config: Optional[LookHereConfig] = None) -> None:
         """Drop all caches (and switch to ``config`` if given)."""
@@ -160,13 +174,62 @@ class LookHereAttentionEngine:
         return self.orders.get_or_create(key, lambda: tile_order(
             tuple(grid_size), cls_token, device=device))
 
+    def distance_tables(self, grid_size: Tuple[int, int], device: torch.device
+                        ) -> Dict[str, DistanceTable]:
+        """The slope-free :class:`~.bias.DistanceTable` of each head string of the config
+        for ``grid_size`` on ``device`` (cached; what learnable slopes multiply)."""
+        grid = tuple(grid_size)
+
+        def make() -> Dict[str, DistanceTable]:
+            out = {}
+            for s in self.config.direction_strings:
+                t = distance_table(self.config, s, self.num_heads, grid)
+                out[s] = DistanceTable(t.distance.to(device), t.visible.to(device),
+                                       None if t.key is None else t.key.to(device),
+                                       t.head_slopes.to(device))
+            return out
+
+        return self.distances.get_or_create((grid, str(device)), make)
+
+    def slope_bias(self, layer: int, grid_size: Tuple[int, int], device: torch.device,
+                   dtype: torch.dtype, slopes: LookHereSlopes) -> GridBias:
+        """The tables of ``layer`` at the current ``slopes``, as a one-layer
+        :class:`~.bias.GridBias` (index 0), computed on every call (never cached: the
+        slopes change at every optimizer step) and differentiable in the slopes.
+
+        The same float64 operations as the fixed-slope tables
+        (:func:`~.bias.bias_from_distances`), so at the config's slopes the result equals
+        :meth:`grid_bias`'s layer ``layer`` bit for bit.
+        """
+        table = self.distance_tables(grid_size, device)[self.config.layer_direction(layer)]
+        scale, head = slopes.layer(layer)
+        rounding = self.config.bias_rounding
+        rel = bias_from_distances(table.distance, head, scale, rounding, table.visible)
+        key = None
+        if table.key is not None:
+            key = (bias_from_distances(table.key, head, scale, rounding) + 0.0).flatten(1)
+            key = key.to(dtype)[None]
+        return GridBias(tuple(grid_size), rel.to(dtype)[None], key, table.visible[None])
+
+    def _dense_or_slope_bias(self, layer: int, grid_size: Tuple[int, int], cls_token: bool,
+                             device: torch.device, dtype: torch.dtype,
+                             slopes: Optional[LookHereSlopes]) -> Tensor:
+        """:meth:`dense_bias`, or the dense bias at ``slopes`` (built every call)."""
+        if slopes is None:
+            return self.dense_bias(layer, grid_size, cls_token, device, dtype)
+        return self.slope_bias(layer, grid_size, device, dtype, slopes).dense(0, cls_token)
+
     def choose_backend(self, tokens: int, device: torch.device,
-                       dtype: torch.dtype = torch.float32, dropout_p: float = 0.0) -> str:
+                       dtype: torch.dtype = torch.float32, dropout_p: float = 0.0,
+                       slope_grads: bool = False) -> str:
         """The backend ``auto`` picks for a sequence of ``tokens`` on ``device``.
 
         ``sdpa`` (cached dense biases, the fastest where they fit) when all layers' dense
         biases in ``dtype`` fit in ``max_dense_mb``; otherwise ``flex`` on CUDA (unless
-        attention dropout is on, or flex failed before) and ``chunked`` elsewhere.
+        attention dropout is on, flex failed before, or ``slope_grads`` -- learnable
+        slopes that need gradients -- meet a torch whose compiled flex cannot give
+        captured tensors gradients, :func:`~.flex.flex_slope_grads_available`) and
+        ``chunked`` elsewhere.
         """
         if self.backend != 'auto':
             return self.backend
@@ -175,17 +238,21 @@ class LookHereAttentionEngine:
         if dense_bytes <= self.max_dense_bytes:
             return 'sdpa'
         if (torch.device(device).type == 'cuda' and dropout_p == 0 and flex_available()
-                and not self._flex_failed):
+                and not self._flex_failed
+                and (not slope_grads or flex_slope_grads_available())):
             return 'flex'
         return 'chunked'
 
     # -- attention -----------------------------------------------------------------------
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, layer: int,
                  grid_size: Tuple[int, int], cls_token: bool, dropout_p: float = 0.0,
-                 backend: Optional[str] = None) -> Tensor:
+                 backend: Optional[str] = None,
+                 slopes: Optional[LookHereSlopes] = None) -> Tensor:
         """Attention of ``layer`` for ``q, k, v`` of shape ``(B, heads, T, d)``.
 
         ``T`` must be ``H*W`` (+1 with ``cls_token``) for ``grid_size = (H, W)``.
+        ``slopes``: learnable slopes to compute the bias at (see the module docstring);
+        None: the config's slopes, cached. Default: None.
 
         Returns:
             ``(B, heads, T, d)``.
@@ -199,19 +266,30 @@ class LookHereAttentionEngine:
                              f'built for {self.num_heads}')
         if not 0 <= layer < self.depth:
             raise ValueError(f'layer {layer} out of range for depth {self.depth}')
+        slope_grads = slopes is not None and torch.is_grad_enabled() and any(
+            p.requires_grad for p in slopes.parameters())
         chosen_by_auto = backend is None and self.backend == 'auto'
-        backend = backend or self.choose_backend(n, q.device, q.dtype, dropout_p)
+        backend = backend or self.choose_backend(n, q.device, q.dtype, dropout_p, slope_grads)
         if backend not in BACKENDS or backend == 'auto':
             raise ValueError(f'unknown LookHere attention backend {backend!r}; '
                              f'allowed: {list(BACKENDS[1:])}')
         self.last_backend = backend
         if backend in ('reference', 'sdpa'):
-            bias = self.dense_bias(layer, grid_size, cls_token, q.device, q.dtype)
+            bias = self._dense_or_slope_bias(layer, grid_size, cls_token, q.device, q.dtype,
+                                             slopes)
             fn = reference_attention if backend == 'reference' else sdpa_attention
             return fn(q, k, v, bias, dropout_p)
+
+        def chunked() -> Tensor:
+            if slopes is None:
+                return chunked_attention(q, k, v, self.grid_bias(grid_size, q.device, q.dtype),
+                                         layer, cls_token, self.block_size, dropout_p)
+            return chunked_attention(q, k, v, self.slope_bias(layer, grid_size, q.device,
+                                                              q.dtype, slopes),
+                                     0, cls_token, self.block_size, dropout_p)
+
         if backend == 'chunked':
-            return chunked_attention(q, k, v, self.grid_bias(grid_size, q.device, q.dtype),
-                                     layer, cls_token, self.block_size, dropout_p)
+            return chunked()
         if dropout_p > 0:
             raise ValueError('the flex backend has no attention dropout; set attn_drop_rate=0 '
                              "or use backend 'chunked'/'sdpa'")
@@ -220,12 +298,28 @@ class LookHereAttentionEngine:
             raise ValueError("attn_backend='flex' cannot train on CPU (PyTorch's "
                              'flex_attention has no CPU backward); use attn_backend='
                              "'auto' or 'chunked' there, or run under torch.no_grad()")
+        if slope_grads and q.device.type == 'cpu' and self.flex_compile:
+            raise ValueError('compiled flex_attention cannot train learnable LookHere slopes '
+                             "on CPU (PyTorch's CPU flex kernel has no backward); use "
+                             "flex_compile=None/False there, or attn_backend='auto' / "
+                             "'chunked'")
+        if slope_grads and not flex_slope_grads_available():
+            raise ValueError(f"attn_backend='flex' cannot train learnable LookHere slopes with "
+                             f'torch {torch.__version__} (flex_attention gives captured '
+                             'tensors gradients from torch 2.6 on); use attn_backend='
+                             "'auto' or 'chunked', or upgrade torch")
         try:
             mask = self.block_mask(layer, grid_size, cls_token, q.device)
-            mod = self.score_mod(layer, grid_size, cls_token, q.device)
-            return flex_attention_lookhere(q, k, v, self.grid_bias(grid_size, q.device),
-                                           layer, cls_token, mask, self.flex_compile, mod,
-                                           self.flex_order(grid_size, cls_token, q.device))
+            order = self.flex_order(grid_size, cls_token, q.device)
+            if slopes is None:
+                grid_bias, index = self.grid_bias(grid_size, q.device), layer
+                mod = self.score_mod(layer, grid_size, cls_token, q.device)
+            else:  # the table changes every step: a fresh score_mod (same code, no recompile)
+                grid_bias, index = self.slope_bias(layer, grid_size, q.device, torch.float32,
+                                                   slopes), 0
+                mod = flex_score_mod(grid_bias, 0, cls_token, order)
+            return flex_attention_lookhere(q, k, v, grid_bias, index, cls_token, mask,
+                                           self.flex_compile, mod, order)
         except Exception as err:  # pragma: no cover - compile problems are platform specific
             if not chosen_by_auto:
                 raise
@@ -233,12 +327,12 @@ class LookHereAttentionEngine:
             self.last_backend = 'chunked'
             warnings.warn(f'LookHere flex attention failed ({type(err).__name__}: {err}); '
                           'falling back to the chunked backend for this model')
-            return chunked_attention(q, k, v, self.grid_bias(grid_size, q.device, q.dtype),
-                                     layer, cls_token, self.block_size, dropout_p)
+            return chunked()
 
     def window_attention(self, q: Tensor, k: Tensor, v: Tensor, layer: int,
                          grid_size: Tuple[int, int], window_size: int, cls_token: bool,
-                         dropout_p: float = 0.0) -> Tensor:
+                         dropout_p: float = 0.0,
+                         slopes: Optional[LookHereSlopes] = None) -> Tensor:
         """ViTDet-style window attention with the LookHere bias of a window-sized grid.
 
         Patches attend within their ``window_size`` x ``window_size`` window (grids that
@@ -255,12 +349,15 @@ class LookHereAttentionEngine:
 
         Args:
             q, k, v: ``(B, heads, T, d)``, ``T = H*W (+1)``.
+            slopes: learnable slopes (the window bias is then built every call); None:
+                the config's (cached). Default: None.
 
         Returns:
             ``(B, heads, T, d)``.
         """
         ws = int(window_size)
-        window_bias = self.window_bias(layer, ws, cls_token, q.device, q.dtype)
+        window_bias = self._dense_or_slope_bias(layer, (ws, ws), cls_token, q.device,
+                                                q.dtype, slopes)
         pad = None
         if padded_grid(grid_size, ws) != tuple(grid_size):
             key = ('window_pad', tuple(grid_size), ws, cls_token, str(q.device), q.dtype)

@@ -21,8 +21,8 @@ from torch import Tensor
 
 from .bias import GridBias, pair_index
 
-__all__ = ['FLEX_BLOCK', 'flex_available', 'tile_order', 'flex_score_mod', 'flex_mask_mod',
-           'lookhere_block_mask', 'flex_attention_lookhere']
+__all__ = ['FLEX_BLOCK', 'flex_available', 'flex_slope_grads_available', 'tile_order',
+           'flex_score_mod', 'flex_mask_mod', 'lookhere_block_mask', 'flex_attention_lookhere']
 
 #: Query/key tile side of the flex kernels and block masks.
 FLEX_BLOCK = 128
@@ -35,6 +35,25 @@ def flex_available() -> bool:
     except Exception:  # pragma: no cover - depends on the torch build
         return False
     return True
+
+
+#: the first torch whose flex_attention gives tensors captured by a ``score_mod`` gradients
+#: (eager, and the compiled CUDA kernel: pytorch/pytorch#136910, #137452)
+FLEX_SLOPE_GRADS_TORCH = (2, 6)
+
+
+def flex_slope_grads_available(version: Optional[str] = None) -> bool:
+    """Whether ``flex_attention`` can give the table of a learnable-slopes ``score_mod``
+    gradients (captured tensors that require grad): torch >= 2.6 with flex.
+
+    Args:
+        version: a torch version string to judge instead of the installed one (tests).
+            Default: None.
+    """
+    from torch.torch_version import TorchVersion
+    if version is None and not flex_available():
+        return False
+    return TorchVersion(version or torch.__version__) >= FLEX_SLOPE_GRADS_TORCH
 
 
 def tile_order(grid_size: Tuple[int, int], cls_token: bool,
@@ -106,6 +125,9 @@ def flex_score_mod(grid_bias: GridBias, layer: int, cls_token: bool,
     The bias is read from the flattened ``(heads, (2H-1)(2W-1))`` table (float32) at the
     pair's relative offset, plus the per-key term of ``center`` heads; CLS pairs get 0.
     ``order``: the token order of the flex call (:func:`tile_order`), None: the model's.
+    A table that requires grad (learnable slopes) gets its gradient from flex's backward
+    (torch >= 2.6, :func:`flex_slope_grads_available`); the block mask never depends on
+    the slopes.
     """
     index = _flex_index(grid_bias.grid_size, cls_token, order)
     table = grid_bias.table[layer].float().flatten(1).contiguous()

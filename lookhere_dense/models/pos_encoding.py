@@ -5,7 +5,8 @@ the baselines it is compared with, behind one small interface (plain PyTorch).
 ``pos_encoding``     what gives the trunk its sense of position
 ===================  ==========================================================================
 ``'lookhere'``       LookHere: directional attention masks + per-head/per-layer distance
-                     penalty (any preset / ``lh_config``), via the LookHere engine
+                     penalty (any preset / ``lh_config``), via the LookHere engine;
+                     ``lh_config.learnable_slopes=True`` learns the slopes
 ``'abs'``            a learned absolute embedding ``pos_embed`` added to the patch tokens,
                      bicubic-resampled to the input's grid (like mmseg / timm); the CLS token
                      gets none (DeiT-III / timm ``no_embed_class``)
@@ -73,6 +74,8 @@ from torch import Tensor
 
 from ..lookhere import (PRESETS, BoundedCache, LookHereAttentionEngine, LookHereConfig,
                         resolve_lh_config)
+from ..lookhere.bias import OFFICIAL_KEYS
+from ..lookhere.slopes import LookHereSlopes
 from ..lookhere.windows import attend_in_windows, padded_grid, window_key_mask
 
 __all__ = [
@@ -227,10 +230,18 @@ class LookHerePositionEncoding(PositionEncoding):
     ``window_attention``; stand-ins without ``config`` / ``reset`` have no ``lh_config``
     and nothing to clear).
 
+    With ``learnable_slopes=True`` in the engine's config the encoding also owns the
+    slopes as parameters (:class:`~lookhere_dense.lookhere.slopes.LookHereSlopes`, under
+    ``pos_enc.slopes.*`` in the ``state_dict``) and hands them to the engine in every
+    call, which then computes the bias at their current values.
+
     Args:
         engine: the engine (owns the bias caches and the backend choice).
         name: ``'lookhere'`` or ``'alibi2d'`` (for messages; the math is the engine's).
             Default: ``'lookhere'``.
+
+    Attributes:
+        slopes (LookHereSlopes | None): the learnable slopes; None with fixed slopes.
     """
 
     def __init__(self, engine: LookHereAttentionEngine, name: str = 'lookhere'):
@@ -240,17 +251,25 @@ class LookHerePositionEncoding(PositionEncoding):
                              f'got {name!r}')
         self.engine = engine
         self.name = name
+        config = getattr(engine, 'config', None)
+        self.slopes: Optional[LookHereSlopes] = None
+        if config is not None and config.learnable_slopes:
+            self.slopes = LookHereSlopes(config, engine.depth, engine.num_heads)
+
+    def _slope_kwargs(self) -> dict:
+        return {} if self.slopes is None else {'slopes': self.slopes}
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, layer: int, grid_size: Tuple[int, int],
                 cls_token: bool, dropout_p: float = 0.0, tokens: Optional[Tensor] = None
                 ) -> Tensor:
-        return self.engine(q, k, v, layer, grid_size, cls_token, dropout_p)
+        return self.engine(q, k, v, layer, grid_size, cls_token, dropout_p,
+                           **self._slope_kwargs())
 
     def window_attention(self, q: Tensor, k: Tensor, v: Tensor, layer: int,
                          grid_size: Tuple[int, int], window_size: int, cls_token: bool,
                          dropout_p: float = 0.0, tokens: Optional[Tensor] = None) -> Tensor:
         return self.engine.window_attention(q, k, v, layer, grid_size, window_size, cls_token,
-                                            dropout_p)
+                                            dropout_p, **self._slope_kwargs())
 
     @property
     def lh_config(self) -> Optional[LookHereConfig]:
@@ -259,12 +278,27 @@ class LookHerePositionEncoding(PositionEncoding):
 
     def set_lh_config(self, config: LookHereConfig) -> None:
         """Switch the engine to ``config`` (e.g. the one stored in a checkpoint) and drop
-        its caches.
+        its caches; learnable slopes restart from ``config``'s values.
 
         Raises:
-            ValueError: ``config`` does not fit the engine's heads / layers.
+            ValueError: ``config`` does not fit the engine's heads / layers, or its
+                ``learnable_slopes`` differs from this encoding's (the parameters exist or
+                not from construction on).
         """
+        if config.learnable_slopes != (self.slopes is not None):
+            have = 'learnable' if self.slopes is not None else 'fixed'
+            raise ValueError(f'this LookHere encoding was built with {have} slopes; it cannot '
+                             f'switch to learnable_slopes={config.learnable_slopes} (set '
+                             f'lh_config.learnable_slopes={self.slopes is not None} or build '
+                             'the model with the other setting)')
         self.engine.reset(config)
+        if self.slopes is not None:
+            self.slopes.set_config(config)
+
+    def reset_parameters(self) -> None:
+        """Learnable slopes back to the config's values (nothing with fixed slopes)."""
+        if self.slopes is not None:
+            self.slopes.reset_parameters()
 
     def clear_caches(self) -> None:
         """Drop the engine's bias tables, dense biases, block masks and tile orders."""
@@ -366,8 +400,11 @@ class PosEncodingSpec:
         lh_config: the :class:`LookHereConfig` of the bias of ``'lookhere'`` /
             ``'alibi2d'`` (the default one when neither preset nor lh_config was given);
             None for the encodings without a LookHere bias. Default: None.
-        explicit: a preset or lh_config was given. Only a default (not explicit) config
-            gives way to the one stored in a checkpoint. Default: False.
+        explicit: a preset, or an lh_config with one of the official keys
+            (:data:`~lookhere_dense.lookhere.bias.OFFICIAL_KEYS`), was given. Only a
+            default (not explicit) config gives way to the one stored in a checkpoint, so
+            ``lh_config=dict(learnable_slopes=True)`` (or ``bias_rounding`` alone) still
+            takes a checkpoint's head directions and slopes. Default: False.
     """
 
     name: str
@@ -450,8 +487,9 @@ def parse_pos_encoding(spec: Union[str, Mapping[str, Any], PosEncodingSpec] = 'l
         if spec_preset and err.key == 'preset':  # the preset came with the spec
             err.key = 'pos_encoding'
         raise
-    return PosEncodingSpec(name, options, preset, config,
-                           explicit=lh_config is not None or preset is not None)
+    explicit = preset is not None or (lh_config is not None and (
+        not isinstance(lh_config, Mapping) or bool(set(lh_config) & set(OFFICIAL_KEYS))))
+    return PosEncodingSpec(name, options, preset, config, explicit=explicit)
 
 
 # ----------------------------------------------------------------------------------------

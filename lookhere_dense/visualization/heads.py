@@ -6,21 +6,29 @@ on the attention logits from the query patch (red cross) to each key patch: 0 at
 more negative farther away (the per-head/per-layer distance penalty), and dark grey where the
 head's direction mask blocks the key. The values come from the bias code that the attention
 itself uses (:func:`lookhere_dense.lookhere.bias.build_grid_bias`).
+
+For a model trained with learnable slopes (``lh_config.learnable_slopes=True``),
+:func:`draw_learned_slopes` reads the checkpoint and draws the learned effective slope of
+every layer and head next to the configured (preset) one and their ratio
+(``tools/plot_heads.py --checkpoint CKPT``).
 """
 from __future__ import annotations
 
 import json
 import os
 import os.path as osp
-from typing import List, Optional, Sequence, Tuple
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from ..lookhere.bias import (LookHereConfig, build_grid_bias, head_layout, layer_slopes,
                              resolve_lh_config)
+from ..lookhere.slopes import configured_slopes, format_slope_table, slopes_from_state_dict
 
-__all__ = ['head_fields', 'head_titles', 'plot_fields', 'load_lh_config', 'draw_head_fields']
+__all__ = ['head_fields', 'head_titles', 'plot_fields', 'load_lh_config', 'draw_head_fields',
+           'checkpoint_slopes', 'plot_slopes', 'draw_learned_slopes']
 
 
 def head_fields(config: LookHereConfig, grid_size: Tuple[int, int], query: Tuple[int, int],
@@ -135,3 +143,106 @@ def draw_head_fields(config: LookHereConfig, grid_size: Tuple[int, int], out: st
                 f'{grid[0]}x{grid[1]} grid, {num_heads} heads, depth {depth}; '
                 'dark grey = blocked')
     return fields
+
+
+def checkpoint_slopes(path: str) -> Dict[str, Any]:
+    """The slopes of the LookHere backbone saved in ``path`` (a training checkpoint, a
+    converted or an official file).
+
+    Returns:
+        ``{'config', 'depth', 'num_heads', 'learned', 'configured'}``: the stored
+        :class:`LookHereConfig`, the sizes, and the learned and configured slopes in the
+        layout of :meth:`~lookhere_dense.lookhere.slopes.LookHereSlopes.values`
+        (``learned`` is None for a fixed-slope file).
+
+    Raises:
+        FileNotFoundError, CheckpointError: the file cannot be read or holds no backbone.
+        ValueError: it records no LookHere config, or its learned slopes are incomplete.
+    """
+    from ..checkpoint import backbone_weights, file_num_heads, load_checkpoint_file
+    weights = backbone_weights(load_checkpoint_file(path))
+    if weights.lh_config is None:
+        raise ValueError(f'{path!r} records no LookHere config (not a LookHere model, or a '
+                         'timm / DeiT-III file): there are no slopes to draw')
+    config = resolve_lh_config(weights.lh_config)
+    num_heads, _ = file_num_heads(weights)
+    blocks = [int(m.group(1)) for k in weights.state_dict
+              for m in [re.match(r'^blocks\.(\d+)\.', k)] if m]
+    if not blocks or num_heads is None:
+        raise ValueError(f'{path!r}: cannot tell the depth / head count of its backbone')
+    depth = max(blocks) + 1
+    learned = slopes_from_state_dict(config, depth, num_heads, weights.state_dict,
+                                     'pos_enc.slopes.')
+    return dict(config=config, depth=depth, num_heads=num_heads, learned=learned,
+                configured=configured_slopes(config, depth, num_heads))
+
+
+def plot_slopes(learned: Dict[str, Any], configured: Dict[str, Any], out: str,
+                title: str = '') -> None:
+    """Three panels, layers x heads: the configured effective slope of every head
+    (``global x layer x head``), the learned one (same log colour scale), and their ratio
+    (log2 scale, 0 = unchanged), with the global and layer slopes in the titles. PNG."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    conf = configured['effective'].double().numpy()
+    lrn = learned['effective'].double().numpy()
+    depth, heads = conf.shape
+    both = np.log10(np.concatenate([conf.ravel(), lrn.ravel()]))
+    vmin, vmax = float(both.min()), float(both.max())
+    ratio = np.log2(lrn / conf)
+    lim = max(float(np.abs(ratio).max()), 1e-3)
+    fig, axes = plt.subplots(1, 3, figsize=(3 * max(3.2, 0.42 * heads + 1.2),
+                                            max(2.6, 0.36 * depth + 1.6)), squeeze=False)
+    panels = [(conf, 'configured', 'viridis', (vmin, vmax), True),
+              (lrn, 'learned', 'viridis', (vmin, vmax), True),
+              (lrn / conf, 'learned / configured', 'coolwarm', (-lim, lim), False)]
+    for ax, (data, name, cmap, (lo, hi), logscale) in zip(axes[0], panels):
+        shown = np.log10(data) if logscale else np.log2(data)
+        image = ax.imshow(shown, cmap=cmap, vmin=lo, vmax=hi, aspect='auto',
+                          interpolation='nearest')
+        key = 'global' if name != 'learned / configured' else None
+        sub = '' if key is None else (
+            f'\nglobal {float((learned if name == "learned" else configured)[key]):.3g}')
+        ax.set_title(f'{name}{sub}', fontsize=8)
+        ax.set_xlabel('head', fontsize=8)
+        ax.set_ylabel('layer', fontsize=8)
+        ax.set_xticks(range(heads))
+        ax.set_yticks(range(depth))
+        ax.tick_params(labelsize=6)
+        if not logscale and heads * depth <= 256:
+            for l in range(depth):
+                for h in range(heads):
+                    ax.text(h, l, f'{data[l, h]:.2f}', ha='center', va='center', fontsize=5)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04).set_label(
+            'log10 slope' if logscale else 'log2 ratio', fontsize=7)
+    layers = ', '.join(f'{float(a):.3g}/{float(b):.3g}'
+                       for a, b in zip(learned['layer'], configured['layer']))
+    fig.suptitle((title + '\n' if title else '') + f'layer slopes learned/configured: {layers}',
+                 fontsize=8)
+    fig.tight_layout()
+    os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def draw_learned_slopes(path: str, out: str) -> Dict[str, Any]:
+    """Read the slopes of the checkpoint ``path`` (:func:`checkpoint_slopes`) and draw the
+    learned ones next to the configured ones (:func:`plot_slopes`) into ``out``. A
+    fixed-slope file is drawn with its configured slopes in both panels (ratio 1).
+
+    Returns:
+        :func:`checkpoint_slopes`'s dict plus ``'table'`` (the text of
+        :func:`~lookhere_dense.lookhere.slopes.format_slope_table`).
+    """
+    info = checkpoint_slopes(path)
+    learned = info['learned'] if info['learned'] is not None else info['configured']
+    kind = 'learned' if info['learned'] is not None else 'fixed (not learnable)'
+    plot_slopes(learned, info['configured'], out,
+                f'{osp.basename(path)}: {kind} LookHere slopes, '
+                f'{info["config"].head_directions}, {info["depth"]} layers x '
+                f'{info["num_heads"]} heads')
+    info['table'] = format_slope_table(learned, info['configured'])
+    return info

@@ -31,6 +31,7 @@ from ...checkpoint import (EXTRA_STATE_KEY, HEADS_KEY, CheckpointError, backbone
                            check_num_heads, file_num_heads, load_checkpoint_file,
                            load_state_dict_strict)
 from ...lookhere import LookHereAttentionEngine, LookHereConfig, resolve_lh_config
+from ...lookhere.bias import OFFICIAL_KEYS
 from ..pos_encoding import (AbsolutePositionEncoding,
                             PositionEncoding, build_position_encoding, isolated_rng,
                             parse_pos_encoding)
@@ -406,8 +407,12 @@ class LookHereViT(BaseModule):
             :mod:`lookhere_dense.checkpoint`). Default: None.
         lh_config (dict | str, optional): LookHere config with the official keys
             (``head_directions``, ``global_slope``, ``layer_slopes``, ``distance``,
-            ``fill_with``, plus ``bias_rounding``); overrides ``preset`` entries.
-            Default: None.
+            ``fill_with``, plus ``bias_rounding`` and ``learnable_slopes``: the slopes
+            become parameters ``pos_enc.slopes.*`` initialised to the config's, see
+            :mod:`lookhere_dense.lookhere.slopes`); overrides ``preset`` entries.
+            Official and fixed-slope checkpoints load into a learnable model (their
+            config's slopes become the initial values); learned slopes load only into
+            a learnable model. Default: None.
         preset (str, optional): ``'lh180'``, ``'lh90'`` or ``'lh45'``. With neither
             ``preset`` nor ``lh_config``: ``lh180``, or the config stored in the
             pretrained checkpoint. Default: None.
@@ -687,6 +692,8 @@ class LookHereViT(BaseModule):
                   f'unexpected (ignored) {report["unexpected"] or "none"}; missing '
                   f'{report["missing"] or "none"}; pos_encoding {self.pos_encoding!r}'
                   + (f', LookHere config {self.lh_config.to_dict()}' if self.lh_config else '')
+                  + ('; learnable slopes start from that config (the file has none)'
+                     if report.get('from_config') else '')
                   + pos_note, logger='current')
         return report
 
@@ -753,12 +760,25 @@ class LookHereViT(BaseModule):
             self._adopt_checkpoint_config(stored, 'the loaded state_dict')
 
     def _adopt_checkpoint_config(self, stored: Mapping[str, Any], path: str) -> None:
-        keys = ('head_directions', 'global_slope', 'layer_slopes', 'distance', 'fill_with')
         stored = dict(stored)
         stored.setdefault('bias_rounding', self.lh_config.bias_rounding)
-        ckpt_cfg = resolve_lh_config(stored)
+        learnable = self.lh_config.learnable_slopes
+        if stored.get('learnable_slopes') is True and not learnable:
+            raise CheckpointError(
+                f'{path!r} holds learned LookHere slopes (lh_config learnable_slopes=True, '
+                'tensors pos_enc.slopes.*), but this LookHereViT has fixed slopes: set '
+                'model.backbone.lh_config.learnable_slopes=True (lh_config=dict(..., '
+                'learnable_slopes=True)) to load them')
+        # a fixed-slope file in a learnable model: its slopes are the initial values
+        stored['learnable_slopes'] = learnable
+        try:
+            ckpt_cfg = resolve_lh_config(stored)
+        except ValueError as err:
+            raise ValueError(f'the LookHere config stored in {path!r} cannot be used: '
+                             f'{err}') from None
         if self._lh_explicit:
-            diff = [d for d in self.lh_config.differences(ckpt_cfg) if d.split(':')[0] in keys]
+            diff = [d for d in self.lh_config.differences(ckpt_cfg)
+                    if d.split(':')[0] in OFFICIAL_KEYS]
             if diff:
                 raise ValueError(f'the LookHere config given to LookHereViT conflicts with the '
                                  f'one stored in {path!r} (given != checkpoint): '
