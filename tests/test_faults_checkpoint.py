@@ -367,6 +367,22 @@ def test_missing_and_unexpected_keys_are_named(trained, tmp_path):
     load_model_weights(segmentor(), str(p2), strict=False)   # opting out of the key check
 
 
+def test_a_whole_model_file_without_the_backbone_record_is_refused(trained, tmp_path):
+    """test / infer / resume need the record of what the weights mean (position encoding,
+    LookHere config, head count); ``strict=False`` loads the weights without it (the head
+    count then stated)."""
+    _, path = trained
+    ckpt = torch.load(path, weights_only=True)
+    del ckpt['state_dict']['backbone._extra_state']
+    bare = tmp_path / 'bare.pth'
+    torch.save(ckpt, bare)
+    with pytest.raises(CheckpointError, match=r"lacks model parameters \(the file lacks the "
+                                              r"record a LookHereViT saves.*\['backbone."
+                                              r"_extra_state'\]"):
+        load_model_weights(segmentor(), str(bare))
+    load_model_weights(segmentor(), str(bare), strict=False, checkpoint_num_heads=12)
+
+
 def test_backbone_only_weights_for_a_whole_model_get_a_hint(official):
     with pytest.raises(CheckpointError, match=r"has none of the model's keys.*backbone-only "
                                               r"weights.*init_cfg"):
