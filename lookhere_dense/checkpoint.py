@@ -19,15 +19,23 @@ format             recognised by                                         LookHer
                    with ``blocks.*`` / ``patch_embed.*`` keys
 =================  ====================================================  ===============
 
-Every load goes through :func:`load_state_dict_strict`: tensors of another shape, keys the
-model has and the file lacks, and keys the file has and the model lacks are errors that
-name them (with a hint for the usual causes: depth, LayerScale, final norm). Two entry
-points use it:
+Every file is read by :func:`load_checkpoint_file` (:func:`checkpoint_problem` says why a
+file cannot be read without raising: the ``--resume`` fallback). Every load goes through
+:func:`load_state_dict_strict`: tensors of another shape, keys the model has and the file
+lacks, and keys the file has and the model lacks are errors that name them (with a hint for
+the usual causes: depth, LayerScale, final norm). Two entry points use it:
 
 * :meth:`LookHereViT.load_pretrained` (``init_cfg=dict(type='Pretrained', ...)``) for
   backbone weights in any of the formats above;
 * :func:`load_model_weights` for a whole model's checkpoint (``tools/test.py``,
-  ``tools/infer.py``, ``--resume``).
+  ``tools/infer.py``, ``--resume`` through
+  :class:`~lookhere_dense.engine.hooks.CheckpointFitHook`).
+
+Records. ``LookHereViT`` saves what its weights mean beyond their shapes (position
+encoding, LookHere config, head count, depth, width) as its ``_extra_state``: a uint8 tensor
+holding JSON (:func:`encode_extra_state`), so that every ``state_dict`` entry is a tensor
+(mmengine broadcasts all of them in multi-process runs). Files written before hold a dict
+there; :func:`decode_extra_state` reads both.
 
 Learnable slopes. A model built with ``lh_config=dict(..., learnable_slopes=True)`` has
 the parameters ``pos_enc.slopes.*`` (:class:`~lookhere_dense.lookhere.slopes.LookHereSlopes`).
@@ -46,19 +54,22 @@ message naming the key to set.
 """
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
 import zipfile
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ['BackboneWeights', 'CheckpointError', 'load_checkpoint_file', 'backbone_weights',
+__all__ = ['BackboneWeights', 'CheckpointError', 'UnreadableCheckpointError',
+           'load_checkpoint_file', 'checkpoint_problem', 'backbone_weights',
            'match_state_dict', 'file_num_heads', 'check_num_heads',
            'load_state_dict_strict', 'load_model_weights', 'save_backbone_checkpoint',
+           'encode_extra_state', 'decode_extra_state', 'is_extra_state_key',
            'EXTRA_STATE_KEY', 'HEADS_KEY']
 
 #: the ``state_dict`` key of a module's ``get_extra_state()`` (PyTorch's name for it)
@@ -78,6 +89,60 @@ TIMM_HEAD_DIM = 64
 class CheckpointError(ValueError):
     """A checkpoint file that cannot be read, or whose weights do not fit the model; the
     message names the file and what to change."""
+
+
+class UnreadableCheckpointError(CheckpointError):
+    """A checkpoint file that cannot be read: ``checkpoint PATH cannot be read: PROBLEM``.
+
+    Attributes:
+        path: the file.
+        problem: why, in a few words (what :func:`checkpoint_problem` returns).
+    """
+
+    def __init__(self, path: str, problem: str, advice: str = ''):
+        self.path, self.problem = path, problem
+        super().__init__(f'checkpoint {path!r} cannot be read: {problem}'
+                         + (f'; {advice}' if advice else ''))
+
+
+# ----------------------------------------------------------------------------------------
+# Records (``_extra_state``)
+# ----------------------------------------------------------------------------------------
+def is_extra_state_key(key: str) -> bool:
+    """Whether a ``state_dict`` key is a module's ``get_extra_state()`` (a record, not
+    weights)."""
+    return key == EXTRA_STATE_KEY or key.endswith('.' + EXTRA_STATE_KEY)
+
+
+def encode_extra_state(state: Mapping[str, Any]) -> Tensor:
+    """A record (a dict of strings, numbers, lists, None) as a 1-D uint8 tensor of its
+    JSON text (keys sorted, so equal records give equal tensors)."""
+    text = json.dumps(dict(state), sort_keys=True)
+    return torch.frombuffer(bytearray(text.encode('utf-8')), dtype=torch.uint8).clone()
+
+
+def decode_extra_state(value: Any) -> Dict[str, Any]:
+    """The record :func:`encode_extra_state` wrote, or the dict form of older files.
+
+    Raises:
+        ValueError: ``value`` is neither (naming its type).
+    """
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, Tensor) and value.dtype == torch.uint8 and value.dim() == 1:
+        try:
+            state = json.loads(bytes(value.cpu().tolist()).decode('utf-8'))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f'an {EXTRA_STATE_KEY!r} entry that is not a LookHereViT record '
+                             f'(a uint8 tensor of {value.numel()} bytes that is no JSON: '
+                             f'{err})') from None
+        if isinstance(state, dict):
+            return state
+    what = (f'a {value.dtype} tensor of shape {tuple(value.shape)}'
+            if isinstance(value, Tensor) else type(value).__name__)
+    raise ValueError(f'an {EXTRA_STATE_KEY!r} entry that is not a LookHereViT record ({what}); '
+                     'expected the uint8 tensor LookHereViT.get_extra_state() writes (or the '
+                     'dict of older files)')
 
 
 @dataclass
@@ -118,56 +183,108 @@ def _first_line(err: BaseException) -> str:
     return line.split('. ')[0][:300]
 
 
-def _unreadable(path: str, err: BaseException) -> CheckpointError:
+_REWRITE = ('it was not written completely or not downloaded completely: download / save '
+            'it again')
+_NOT_TORCH = 'expected a file written by torch.save (.pth / .pt) or a .safetensors file'
+
+
+def _unreadable(path: str, err: BaseException) -> UnreadableCheckpointError:
     """The error for a file torch cannot read, by cause; never advises weights_only=False."""
     text = str(err)
     if isinstance(err, pickle.UnpicklingError) and 'Unsupported global' in text:
         m = re.search(r'GLOBAL ([\w.]+)', text)
         what = m.group(1) if m else 'a Python class'
-        return CheckpointError(
-            f'checkpoint {path!r} holds Python objects ({what}) besides tensors, numbers and '
-            "strings; lookhere-dense loads weights only (unpickling arbitrary objects can run "
-            'code). Re-save the weights alone, e.g. torch.save({"state_dict": '
-            'model.state_dict()}, PATH)')
+        return UnreadableCheckpointError(
+            path, f'it holds Python objects ({what}) besides tensors, numbers and strings',
+            'lookhere-dense loads weights only (unpickling arbitrary objects can run code). '
+            'Re-save the weights alone, e.g. torch.save({"state_dict": model.state_dict()}, '
+            'PATH)')
     if isinstance(err, PermissionError):
-        return CheckpointError(f'checkpoint {path!r} cannot be read: permission denied')
+        return UnreadableCheckpointError(path, 'permission denied')
     if isinstance(err, (EOFError, zipfile.BadZipFile, OSError)) or (
             isinstance(err, RuntimeError) and ('central directory' in text
                                                or 'PytorchStreamReader' in text)):
-        return CheckpointError(
-            f'checkpoint {path!r} is truncated or corrupt ({_first_line(err)}); it was not '
-            'written completely or not downloaded completely: download / save it again')
-    return CheckpointError(
-        f'{path!r} is not a PyTorch checkpoint lookhere-dense can read '
-        f'({type(err).__name__}: {_first_line(err)}); expected a file written by torch.save '
-        '(.pth / .pt) or a .safetensors file')
+        return UnreadableCheckpointError(
+            path, f'damaged: it is truncated or corrupt ({_first_line(err)})', _REWRITE)
+    return UnreadableCheckpointError(
+        path, f'not a PyTorch checkpoint lookhere-dense can read ({type(err).__name__}: '
+        f'{_first_line(err)})', _NOT_TORCH)
+
+
+def _file_problem(path: str) -> Optional[UnreadableCheckpointError]:
+    """What is wrong with a local file before anything is unpickled: a folder, an empty
+    file, a ``torch.save`` (zip) file whose end is missing, whose members fail their
+    checksums (a truncated or corrupt download) or that has no ``data.pkl``.
+
+    Raises:
+        FileNotFoundError: naming the path, when it does not exist.
+    """
+    if os.path.isdir(path):
+        return UnreadableCheckpointError(path, 'it is a folder, not a file')
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f'checkpoint file not found: {path!r}')
+    if os.path.getsize(path) == 0:
+        return UnreadableCheckpointError(path, 'empty file',
+                                         'it is empty (0 bytes): ' + _REWRITE)
+    try:
+        with open(path, 'rb') as f:
+            head = f.read(4)
+    except OSError as err:
+        return _unreadable(path, err)
+    is_zip = zipfile.is_zipfile(path)
+    if head == b'PK\x03\x04' and not is_zip:
+        return UnreadableCheckpointError(
+            path, 'damaged: it is truncated or corrupt (a torch.save zip archive whose end '
+            'is missing)', _REWRITE)
+    if not is_zip:
+        return None
+    try:
+        with zipfile.ZipFile(path) as zf:
+            bad = zf.testzip()
+            names = zf.namelist()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
+        return UnreadableCheckpointError(
+            path, f'damaged: it is truncated or corrupt (zip archive: {_first_line(err)})',
+            _REWRITE)
+    if bad is not None:
+        return UnreadableCheckpointError(
+            path, f'damaged: it is truncated or corrupt (checksum error in {bad!r})', _REWRITE)
+    if not any(n.endswith('data.pkl') for n in names):
+        return UnreadableCheckpointError(
+            path, 'not a PyTorch checkpoint (a zip archive without data.pkl)', _NOT_TORCH)
+    return None
+
+
+def _not_weights(path: str, ckpt: Any) -> Optional[UnreadableCheckpointError]:
+    if isinstance(ckpt, Mapping):
+        return None
+    return UnreadableCheckpointError(
+        path, f'it does not hold a dict of weights (got {type(ckpt).__name__})')
 
 
 def load_checkpoint_file(path: str) -> Dict[str, Any]:
-    """Load a checkpoint file (``.pth``/``.pt``/``.safetensors``) to CPU, tensors only
-    (``weights_only``; mmengine's own checkpoint objects are allowed by
+    """THE checkpoint reader: load a file (``.pth``/``.pt``/``.safetensors``, or a URL) to
+    CPU, tensors only (``weights_only``; mmengine's own checkpoint objects are allowed by
     :mod:`lookhere_dense.compat`).
 
     Raises:
         FileNotFoundError: naming the path, when it does not exist.
-        CheckpointError: naming the path, for a folder, an empty, truncated or corrupt
-            file, a file that is no checkpoint, or one that holds arbitrary Python objects.
+        UnreadableCheckpointError: ``checkpoint PATH cannot be read: PROBLEM`` for a
+            folder, an empty, truncated or corrupt file (zip checksums are verified), a
+            file that is no checkpoint or no dict, or one that holds arbitrary Python
+            objects. Never advises ``weights_only=False``.
     """
     if '://' not in path:
-        if os.path.isdir(path):
-            raise CheckpointError(f'checkpoint {path!r} is a folder, not a file')
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f'checkpoint file not found: {path!r}')
-        if os.path.getsize(path) == 0:
-            raise CheckpointError(f'checkpoint {path!r} is empty (0 bytes): it was not '
-                                  'written or not downloaded completely')
+        problem = _file_problem(path)
+        if problem is not None:
+            raise problem
     if path.endswith('.safetensors'):
         from safetensors.torch import load_file
         try:
             return load_file(path, device='cpu')
         except Exception as err:  # safetensors raises its own SafetensorError
-            raise CheckpointError(f'checkpoint {path!r} is not a readable .safetensors file '
-                                  f'({_first_line(err)})') from None
+            raise UnreadableCheckpointError(
+                path, f'it is not a readable .safetensors file ({_first_line(err)})') from None
     from mmengine.runner.checkpoint import CheckpointLoader
 
     from . import compat
@@ -178,10 +295,47 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
         raise
     except Exception as err:
         raise _unreadable(path, err) from None
-    if not isinstance(ckpt, Mapping):
-        raise CheckpointError(f'{path!r} does not hold a dict of weights (got '
-                              f'{type(ckpt).__name__})')
+    problem = _not_weights(path, ckpt)
+    if problem is not None:
+        raise problem
     return dict(ckpt)
+
+
+def checkpoint_problem(path: str) -> Optional[str]:
+    """Why the local file ``path`` cannot be read as a checkpoint, in a few words (None when
+    it can): what :func:`load_checkpoint_file` would refuse, found without raising and
+    without loading the tensors of a ``torch.save`` (zip) file (they are memory-mapped).
+    ``'file not found'`` for a missing file."""
+    try:
+        problem = _file_problem(path)
+    except FileNotFoundError:
+        return 'file not found'
+    if problem is None and path.endswith('.safetensors'):
+        try:
+            load_checkpoint_file(path)
+        except UnreadableCheckpointError as err:
+            problem = err
+    elif problem is None:
+        from . import compat
+        compat.apply()
+        try:
+            ckpt = torch.load(path, map_location='cpu', weights_only=True,
+                              mmap=zipfile.is_zipfile(path))
+        except (MemoryError, KeyboardInterrupt):
+            raise
+        except Exception as err:  # noqa: B902 - every failure is a reason
+            problem = _unreadable(path, err)
+        else:
+            problem = _not_weights(path, ckpt)
+    return None if problem is None else problem.problem
+
+
+def _record(value: Any) -> Dict[str, Any]:
+    """:func:`decode_extra_state` raising :class:`CheckpointError`."""
+    try:
+        return decode_extra_state(value)
+    except ValueError as err:
+        raise CheckpointError(f'the checkpoint has {err}') from None
 
 
 def _strip_prefix(sd: Mapping[str, Any], prefix: str) -> Dict[str, Any]:
@@ -227,7 +381,8 @@ def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> B
                               f'"patch_embed.*" keys); first keys: {sorted(sd)[:8]}')
     pos_encoding = 'lookhere' if fmt == 'official' else None
     extra = sd.pop(EXTRA_STATE_KEY, None)  # LookHereViT.get_extra_state() of our own saves
-    if isinstance(extra, Mapping):
+    if extra is not None:
+        extra = _record(extra)
         pos_encoding = extra.get('pos_encoding')
         if lh_config is None and extra.get('lh_config') is not None:
             lh_config = dict(extra['lh_config'])
@@ -356,12 +511,12 @@ def match_state_dict(model_sd: Mapping[str, Tensor], weights: Mapping[str, Tenso
     mismatched = [f'{k}: checkpoint {tuple(v.shape)} vs model {tuple(model_sd[k].shape)}'
                   for k, v in weights.items() if k in model_sd and v.shape != model_sd[k].shape]
     if mismatched:
-        more = f'\n  ... and {len(mismatched) - 10} more' if len(mismatched) > 10 else ''
+        more = f'; ... and {len(mismatched) - 10} more' if len(mismatched) > 10 else ''
         where = f'{source!r} ' if source else ''
-        raise CheckpointError(
+        raise CheckpointError(  # one line: the tools print it as one ``error:`` line
             f'checkpoint {where}does not fit the model ({len(mismatched)} tensors of the '
             'wrong shape; check embed_dims, patch_size, mlp_ratio, in_channels, num_classes'
-            '):\n  ' + '\n  '.join(mismatched[:10]) + more)
+            '): ' + '; '.join(mismatched[:10]) + more)
     loadable = {k: v for k, v in weights.items() if k in model_sd}
     missing = sorted(k for k in model_sd if k not in weights)
     unexpected = sorted(k for k in weights if k not in model_sd)
@@ -424,6 +579,10 @@ def _key_hints(missing: List[str], unexpected: List[str], model_keys, file_keys)
         hints.append("the file uses mmseg VisionTransformer's names (layers.*); LookHereViT "
                      'takes timm / official names (blocks.*): load the original timm / '
                      'DeiT-III / LookHere file instead of the mmseg conversion')
+    if some(missing, r'(^|\.)_extra_state$'):
+        hints.append('the file lacks the record a LookHereViT saves with its weights '
+                     '(_extra_state: position encoding, LookHere config, head count); '
+                     'strict=False loads the weights without it')
     if some(missing, r'(^|\.)pos_enc\.pos_embed$'):
         hints.append("the file has no position embedding for pos_encoding='abs'")
     if some(unexpected, _SLOPE_KEY) and not some(model_keys, _SLOPE_KEY):
@@ -461,7 +620,8 @@ def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, Any], sou
                            strict: bool = True,
                            dropped: Optional[Mapping[str, str]] = None,
                            what: str = 'model',
-                           verify: Optional[Callable[[], None]] = None
+                           verify: Optional[Callable[[], None]] = None,
+                           require_extra_state: bool = False
                            ) -> Dict[str, List[str]]:
     """THE strict loader: load ``state_dict`` into ``module`` only if it fits.
 
@@ -469,9 +629,10 @@ def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, Any], sou
     file and every tensor of the file in ``module``, except the keys of ``dropped``
     (dropped on purpose, with the reason) and the learnable LookHere slopes of a file
     that has none (each group all or nothing; they restart from the LookHere config,
-    the file's when it records one). Non-tensor entries (``*._extra_state``) are
-    handed to the modules (``LookHereViT.set_extra_state`` checks the position encoding,
-    the LookHere config and the head count they record).
+    the file's when it records one). Records (``*._extra_state``, the uint8 tensor or the
+    dict of older files) are not weights: they are never compared by shape, and are
+    handed to the modules that have one (``LookHereViT.set_extra_state`` checks the
+    position encoding, the LookHere config and the head count they record).
 
     Args:
         module: the model or backbone.
@@ -483,6 +644,9 @@ def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, Any], sou
             Default: ``'model'``.
         verify: called after the key checks, before anything is loaded (further checks,
             e.g. of the head count). Default: None.
+        require_extra_state: with ``strict``, the records of ``module`` must be in the
+            file too (a whole model's checkpoint; backbone weights from elsewhere have
+            none). Default: False.
 
     Returns:
         ``{'missing': [...], 'unexpected': [...], 'dropped': [...], 'from_config': [...]}``
@@ -496,10 +660,15 @@ def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, Any], sou
     dropped = dict(dropped or {})
     entries = {k: v for k, v in state_dict.items() if k not in dropped}
     everything = module.state_dict()
-    own = {k: v for k, v in everything.items() if isinstance(v, Tensor)}
-    loadable, missing, unexpected = match_state_dict(own, entries, source)
+    own = {k: v for k, v in everything.items()
+           if isinstance(v, Tensor) and not is_extra_state_key(k)}
+    records = {k: v for k, v in entries.items() if is_extra_state_key(k) and k in everything}
+    loadable, missing, unexpected = match_state_dict(
+        own, {k: v for k, v in entries.items() if not is_extra_state_key(k)}, source)
     from_config, fresh_slopes = _slopes_from_config(module, missing)
     missing = [k for k in missing if k not in set(from_config)]
+    if require_extra_state:
+        missing += sorted(k for k in everything if is_extra_state_key(k) and k not in records)
     params = {name for name, _ in module.named_parameters()}
     broken = [k for k, v in loadable.items()
               if k in params and v.is_floating_point() and not bool(torch.isfinite(v).all())]
@@ -518,17 +687,15 @@ def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, Any], sou
         else:
             msg = (f'checkpoint {source!r} has tensors the {what} lacks{because}: '
                    f'{_listed(unexpected)}')
-        raise CheckpointError(
-            msg + f'. Build the {what} the file was trained with (pretrained weights meant '
-            "for another architecture: init_cfg=dict(type='Pretrained', ..., strict=False) "
-            'loads what fits)')
+        advice = ('its config, or the same options with --cfg-options' if what == 'model'
+                  else "pretrained weights meant for another architecture: "
+                  "init_cfg=dict(type='Pretrained', ..., strict=False) loads what fits")
+        raise CheckpointError(msg + f'. Build the {what} the file was trained with ({advice})')
     if verify is not None:
         verify()
-    extras = {k: v for k, v in entries.items()
-              if not isinstance(v, Tensor) and k in everything and k not in own}
     try:
-        module.load_state_dict({**loadable, **extras}, strict=False)
-    except ValueError as err:  # a module's set_extra_state refused what the file records
+        module.load_state_dict({**loadable, **records}, strict=False)
+    except (ValueError, RuntimeError) as err:  # a set_extra_state refused the file's record
         raise CheckpointError(f'checkpoint {source!r}: {err}') from None
     for slopes in fresh_slopes:  # no learned values in the file: the config's slopes
         slopes.reset_parameters()
@@ -542,23 +709,27 @@ def _lookhere_backbones(model: nn.Module) -> List[Tuple[str, nn.Module]]:
             if isinstance(m, LookHereViT)]
 
 
-def load_model_weights(model: nn.Module, path: str, strict: bool = True,
-                       checkpoint_num_heads: Optional[int] = None) -> Dict[str, Any]:
+def load_model_weights(model: nn.Module, checkpoint: Union[str, Mapping[str, Any]],
+                       strict: bool = True, checkpoint_num_heads: Optional[int] = None,
+                       source: Optional[str] = None) -> Dict[str, Any]:
     """Load a whole model's checkpoint (a Runner's ``iter_N.pth`` / ``epoch_N.pth``, or
     ``{'state_dict': ...}`` / a plain state_dict) strictly into ``model``: what
     ``tools/test.py``, ``tools/infer.py`` and ``--resume`` load.
 
-    Every tensor must fit (shape) and, with ``strict``, every key must match; the
-    ``LookHereViT`` backbones must have the head count, position encoding and LookHere
-    config the file records (files of lookhere-dense that predate recorded head counts
-    count as 12 heads, see :func:`file_num_heads`).
+    Every tensor must fit (shape) and, with ``strict``, every key must match (the
+    ``LookHereViT`` records included); the ``LookHereViT`` backbones must have the head
+    count, position encoding and LookHere config the file records (files of lookhere-dense
+    that predate recorded head counts count as 12 heads, see :func:`file_num_heads`).
+    ``module.`` prefixes (a DDP wrapper's) are removed first.
 
     Args:
         model: the built model (e.g. a segmentor), on any device.
-        path: the checkpoint file.
+        checkpoint: the checkpoint file, or a checkpoint already loaded (a Runner hook's).
         strict: refuse missing / unexpected keys. Default: True.
         checkpoint_num_heads: the head count of the file's LookHere backbone, for files
             that do not record it. Default: None.
+        source: the file, for messages, when ``checkpoint`` is already loaded.
+            Default: None (``'the checkpoint'``).
 
     Returns:
         The loaded checkpoint dict (``meta``, ``message_hub``, ... of a Runner file).
@@ -566,7 +737,11 @@ def load_model_weights(model: nn.Module, path: str, strict: bool = True,
     Raises:
         FileNotFoundError, CheckpointError: naming the file and what does not fit.
     """
-    ckpt = load_checkpoint_file(path)
+    if isinstance(checkpoint, str):
+        path = checkpoint
+        ckpt: Mapping[str, Any] = load_checkpoint_file(path)
+    else:
+        path, ckpt = source or 'the checkpoint', checkpoint
     sd = ckpt.get('state_dict', ckpt)
     if not isinstance(sd, Mapping):
         raise CheckpointError(f'{path!r}: "state_dict" is a {type(sd).__name__}, not a dict '
@@ -590,14 +765,16 @@ def load_model_weights(model: nn.Module, path: str, strict: bool = True,
         for prefix, backbone in _lookhere_backbones(model):
             state = sd.get(prefix + EXTRA_STATE_KEY)
             part = BackboneWeights(_strip_prefix(sd, prefix), 'mmengine')
-            if isinstance(state, Mapping):
+            if state is not None:
+                state = _record(state)
                 part.pos_encoding = state.get('pos_encoding')
                 part.num_heads = _int_or_none(state.get('num_heads'))
             heads, how = file_num_heads(part)
             check_num_heads(backbone.num_heads, heads, how, path, checkpoint_num_heads)
 
-    load_state_dict_strict(model, sd, path, strict=strict, verify=verify_heads)
-    return ckpt
+    load_state_dict_strict(model, sd, path, strict=strict, verify=verify_heads,
+                           require_extra_state=strict)
+    return dict(ckpt)
 
 
 def save_backbone_checkpoint(path: str, state_dict: Mapping[str, Tensor],
@@ -607,8 +784,8 @@ def save_backbone_checkpoint(path: str, state_dict: Mapping[str, Tensor],
 
     The file works with ``init_cfg=dict(type='Pretrained', checkpoint=path)`` of
     ``LookHereViT`` (which also takes the stored LookHere config from ``meta``). Only
-    tensors are written: a module's non-tensor ``_extra_state`` is replaced by
-    ``lh_config`` and the head count.
+    weights are written: a module's record (``_extra_state``) is replaced by ``lh_config``
+    and the head count.
 
     Args:
         num_heads: the head count of the weights, written to ``meta['num_heads']`` so
@@ -616,11 +793,11 @@ def save_backbone_checkpoint(path: str, state_dict: Mapping[str, Tensor],
             ``LookHereViT`` in ``state_dict``, else not recorded. Default: None.
     """
     extra = state_dict.get(EXTRA_STATE_KEY)
-    if num_heads is None and isinstance(extra, Mapping):
-        num_heads = _int_or_none(extra.get('num_heads'))
+    if num_heads is None and extra is not None:
+        num_heads = _int_or_none(_record(extra).get('num_heads'))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     meta = {'lookhere_config': None if lh_config is None else dict(lh_config),
             'num_heads': num_heads, 'source': source, 'converted_by': __name__}
     tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()
-               if isinstance(v, Tensor)}
+               if isinstance(v, Tensor) and not is_extra_state_key(k)}
     torch.save({'state_dict': tensors, 'meta': meta}, path)

@@ -16,14 +16,13 @@ import re
 import os.path as osp
 import sys
 import warnings
-import zipfile
 from typing import Any, Callable, List, Optional, Sequence
 
 __all__ = ['quiet_known_warnings', 'resolve_config_path', 'load_config', 'set_work_dir',
            'preflight', 'run_main', 'build_model_from_checkpoint', 'ToolError',
            'ToolArgumentParser', 'CfgOptionsAction', 'add_cfg_options_arg',
-           'check_cfg_options', 'checkpoint_problem', 'read_checkpoint',
-           'add_threads_arg', 'apply_threads', 'positive_int', 'parse_cfg_options', 'REPO']
+           'check_cfg_options', 'add_threads_arg', 'apply_threads', 'positive_int',
+           'parse_cfg_options', 'REPO']
 
 #: The repository root (``tools/`` and ``configs/`` live here).
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -305,8 +304,8 @@ def _user_errors() -> tuple:
     errors = [FileNotFoundError, ToolError]
     for module, names in (('lookhere_dense.swap', ('ConfigError',)),
                           ('lookhere_dense.data.checks', ('DataCheckError',)),
-                          ('lookhere_dense.engine.hooks', ('CheckpointMismatchError',
-                                                           'TrainingDivergedError'))):
+                          ('lookhere_dense.checkpoint', ('CheckpointError',)),
+                          ('lookhere_dense.engine.hooks', ('TrainingDivergedError',))):
         if module in sys.modules:
             errors += [getattr(sys.modules[module], name) for name in names]
     return tuple(errors)
@@ -333,88 +332,33 @@ def run_main(main: Callable[[Optional[List[str]]], object],
         sys.exit(2)
 
 
-def checkpoint_problem(path: str) -> Optional[str]:
-    """Why ``path`` is not a readable PyTorch checkpoint (None when it is).
+def build_model_from_checkpoint(cfg, checkpoint: str, device: str = 'cpu',
+                                checkpoint_num_heads: Optional[int] = None):
+    """Build ``cfg.model`` in its scope, load ``checkpoint`` into it strictly
+    (:func:`lookhere_dense.checkpoint.load_model_weights`: every key and shape must fit,
+    and the LookHere backbone's head count; pretrained-weight settings of the config are
+    ignored: the checkpoint has the weights), move it to ``device`` in eval mode.
 
-    A zip checkpoint (what ``torch.save`` writes) is checked member by member (CRC), so a
-    truncated or damaged file is found without unpickling it; other files must load with
-    ``torch.load(weights_only=True)``.
-    """
-    if not osp.isfile(path):
-        return 'file not found'
-    if osp.getsize(path) == 0:
-        return 'empty file'
-    with open(path, 'rb') as f:
-        head = f.read(4)
-    if head == b'PK\x03\x04' and not zipfile.is_zipfile(path):
-        return 'damaged: a torch.save (zip) file whose end is missing (truncated?)'
-    if zipfile.is_zipfile(path):
-        try:
-            with zipfile.ZipFile(path) as zf:
-                bad = zf.testzip()
-                names = zf.namelist()
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
-            return f'damaged zip archive ({err})'
-        if bad is not None:
-            return f'damaged (checksum error in {bad!r}): truncated or corrupt'
-        if not any(n.endswith('data.pkl') for n in names):
-            return 'a zip archive without data.pkl, not a torch.save file'
-        return None
-    try:
-        import torch
-        from . import compat
-        compat.apply()
-        torch.load(path, map_location='cpu', weights_only=True)
-    except Exception as err:  # noqa: B902 - any failure means unreadable
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        return f'not a PyTorch checkpoint ({type(err).__name__}: {first[:160]})'
-    return None
-
-
-def read_checkpoint(path: str) -> dict:
-    """Load a checkpoint to CPU (``torch.load``, through mmengine for URLs).
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist;
-        ToolError: it is not a readable checkpoint (truncated, corrupt, not a dict).
-    """
-    from .checkpoint import load_checkpoint_file
-
-    if '://' not in path:
-        if not osp.isfile(path):
-            raise FileNotFoundError(f'checkpoint {path!r} not found')
-        problem = checkpoint_problem(path)
-        if problem:
-            raise ToolError(f'checkpoint {path!r} cannot be read: {problem}')
-    try:
-        return load_checkpoint_file(path)
-    except (FileNotFoundError, ToolError):
-        raise
-    except Exception as err:  # noqa: B902
-        raise ToolError(f'checkpoint {path!r} cannot be read: {type(err).__name__}: '
-                        f'{str(err).splitlines()[0] if str(err) else ""}') from None
-
-
-def build_model_from_checkpoint(cfg, checkpoint: str, device: str = 'cpu'):
-    """Build ``cfg.model`` in its scope, load ``checkpoint`` into it strictly (every key
-    and shape must fit; pretrained-weight settings of the config are ignored: the
-    checkpoint has the weights), move it to ``device`` in eval mode.
+    Args:
+        checkpoint_num_heads: the head count of the checkpoint's LookHere backbone, for
+            files that do not record it. Default: None.
 
     Returns:
         ``(model, dataset_meta)``; ``dataset_meta`` comes from the checkpoint's ``meta``
         (written by the Runner) or None.
 
     Raises:
-        FileNotFoundError / ToolError: the checkpoint is missing or unreadable;
-        lookhere_dense.engine.hooks.CheckpointMismatchError: it does not fit the model
-        (naming the missing, unexpected and wrongly shaped keys).
+        FileNotFoundError: the checkpoint is missing;
+        lookhere_dense.checkpoint.CheckpointError: it cannot be read
+            (``UnreadableCheckpointError``) or does not fit the model (naming the missing,
+            unexpected and wrongly shaped keys, or the head counts).
     """
     from mmengine.registry import init_default_scope
 
-    from .engine.hooks import load_state_dict_strictly
+    from .checkpoint import load_checkpoint_file, load_model_weights
     from .swap import model_registry
 
-    ckpt = read_checkpoint(checkpoint)
+    ckpt = load_checkpoint_file(checkpoint)  # before the (slow) build: a bad file fails fast
     scope = cfg.get('default_scope') or 'mmseg'
     init_default_scope(scope)
     model_cfg = copy.deepcopy(cfg.model)
@@ -424,10 +368,8 @@ def build_model_from_checkpoint(cfg, checkpoint: str, device: str = 'cpu'):
         backbone.pop('init_cfg', None)
         backbone.pop('pretrained', None)
     model = model_registry(scope).build(model_cfg)
-    # TODO(lead): use lookhere_dense.checkpoint.load_model_weights(model, checkpoint) (the
-    # strict loader of the checkpoint side of issue 12) once it lands; same contract.
-    state_dict = ckpt.get('state_dict', ckpt)
-    load_state_dict_strictly(model, state_dict, checkpoint)
+    load_model_weights(model, ckpt, source=checkpoint,
+                       checkpoint_num_heads=checkpoint_num_heads)
     model.to(device).eval()
     meta = (ckpt.get('meta') or {}).get('dataset_meta')
     return model, meta

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lookhere_dense.checkpoint import decode_extra_state
 from lookhere_dense.models.backbones import LookHereViT
 from lookhere_dense.models.backbones import lookhere_vit as lv
 from lookhere_dense.models.pos_encoding import LookHerePositionEncoding, PositionEncoding
@@ -195,7 +196,7 @@ def test_bias_is_built_once_per_grid_and_not_in_state_dict():
     # no bias tensor in the state_dict: parameters, plus the config as plain data
     sd = model.state_dict()
     assert set(sd) == {name for name, _ in model.named_parameters()} | {'_extra_state'}
-    assert sd['_extra_state']['pos_encoding'] == 'lookhere'
+    assert decode_extra_state(sd['_extra_state'])['pos_encoding'] == 'lookhere'
 
 
 def test_bias_cache_is_bounded():
@@ -350,6 +351,75 @@ def test_convert_checkpoint_cli_round_trip(official, tmp_path: Path, repo_root: 
     assert res.returncode == 2 and 'checkpoint file not found' in res.stderr
 
 
+def test_converted_files_record_the_head_count(official, tmp_path: Path):
+    """tools/convert_checkpoint.py writes the head count: official files 12, a saved
+    LookHereViT its own, ``--num-heads`` for files that do not record it (refused when it
+    contradicts a recorded one); loading then checks it."""
+    from lookhere_dense.checkpoint import CheckpointError
+    from tiny_seg import run_tools
+    path, _ = official
+    six = tiny(num_heads=6)  # lh180 fits 6 heads
+    whole = tmp_path / 'iter_1.pth'
+    torch.save({'meta': {}, 'state_dict': {f'backbone.{k}': v
+                                           for k, v in six.state_dict().items()}}, whole)
+    flat = tmp_path / 'flat.pth'  # 96 channels: no head-width convention applies
+    torch.save({k: v for k, v in six.state_dict().items() if k != '_extra_state'}, flat)
+    outs = [tmp_path / f'{name}.pth' for name in ('official', 'six', 'flat', 'wrong')]
+    res = run_tools([('convert_checkpoint', [str(path), str(outs[0])]),
+                     ('convert_checkpoint', [str(whole), str(outs[1])]),
+                     ('convert_checkpoint', [str(flat), str(outs[2]), '--num-heads', '6']),
+                     ('convert_checkpoint', [str(whole), str(outs[3]), '--num-heads', '12'])])
+    assert [r['rc'] for r in res] == [0, 0, 0, 2], res
+    assert [torch.load(p, weights_only=True)['meta']['num_heads'] for p in outs[:3]] \
+        == [12, 6, 6]
+    assert 'heads: 12 (official LookHere file' in res[0]['stdout']
+    assert 'heads: 6 (recorded in the file)' in res[1]['stdout']
+    assert f"error: --num-heads 12, but {str(whole)!r} records 6 heads" in res[3]['stderr']
+    assert not outs[3].exists()
+    with pytest.raises(CheckpointError, match=r'has 6 attention heads per block \(recorded in '
+                                              r'the file\).*num_heads=12'):
+        tiny(init_cfg=dict(type='Pretrained', checkpoint=str(outs[1])))
+    model = tiny(num_heads=6, init_cfg=dict(type='Pretrained', checkpoint=str(outs[2])))
+    torch.testing.assert_close(model.blocks[2].attn.qkv.weight, six.blocks[2].attn.qkv.weight)
+
+
+def test_the_record_is_a_tensor_and_old_dict_records_still_load(tmp_path: Path):
+    """``_extra_state`` is a uint8 tensor of JSON (mmengine broadcasts every state_dict
+    entry); the dict that older files hold is read with the same checks."""
+    from mmengine.runner import load_checkpoint
+
+    from lookhere_dense.checkpoint import load_model_weights
+    source = tiny(preset='lh45')
+    sd = source.state_dict()
+    assert all(isinstance(v, torch.Tensor) for v in sd.values())
+    assert sd['_extra_state'].dtype == torch.uint8 and sd['_extra_state'].dim() == 1
+    assert decode_extra_state(sd['_extra_state']) == source.record()
+    assert source.record()['lh_config']['head_directions'] == 'eighths1-eighths2-none'
+    old = dict(sd, _extra_state=source.record())          # a file of the dict era
+    model = tiny()
+    model.load_state_dict(old)
+    assert model.lh_config == source.lh_config
+    path = tmp_path / 'old.pth'
+    torch.save({'meta': {}, 'state_dict': old}, path)
+    model = tiny()
+    load_model_weights(model, str(path))                   # tools/test.py, infer, resume
+    assert model.lh_config == source.lh_config
+    model = tiny()
+    load_checkpoint(model, str(path), logger='silent')     # mmengine's own load_from
+    assert model.lh_config == source.lh_config
+    x = torch.randn(1, 3, 32, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x)[0], source(x)[0])
+    # the checks of the record apply to both forms
+    rope = tiny(pos_encoding='rope2d')
+    for record in (rope.get_extra_state(), rope.record()):
+        with pytest.raises(ValueError, match=r"trained with pos_encoding='rope2d'"):
+            tiny().load_state_dict(dict(rope.state_dict(), _extra_state=record))
+    with pytest.raises(ValueError, match=r"has an '_extra_state' entry that is not a "
+                                         r'LookHereViT record \(a torch.float32 tensor'):
+        tiny().load_state_dict(dict(sd, _extra_state=torch.zeros(3)))
+
+
 def test_loads_whole_model_mmengine_checkpoints(tmp_path: Path):
     source = tiny(preset='lh45')
     path = tmp_path / 'segmentor.pth'
@@ -359,7 +429,8 @@ def test_loads_whole_model_mmengine_checkpoints(tmp_path: Path):
     model = tiny(preset='lh45', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
     want = source.state_dict()
     got = model.state_dict()
-    assert got.pop('_extra_state') == want.pop('_extra_state')  # the config came along
+    assert decode_extra_state(got.pop('_extra_state')) == \
+        decode_extra_state(want.pop('_extra_state'))  # the config came along
     torch.testing.assert_close(got, want)
 
 

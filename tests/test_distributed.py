@@ -3,7 +3,9 @@ the environment ``torchrun --nproc_per_node=2`` gives them (forked from one inte
 paid the imports once) train the tiny model for 2 iterations with Gloo through the training
 API (what ``tools/train.py --launcher pytorch`` calls); both ranks end with identical
 weights, and the checkpoint rank 0 wrote loads (strictly) into the config's model with
-those weights."""
+those weights. mmengine's plain ``Runner`` (what mmseg's and mmdet's own ``tools/train.py``
+build) syncs a LookHereViT's weights from rank 0 as well: every ``state_dict`` entry,
+the backbone's record included, is a tensor it can broadcast."""
 from __future__ import annotations
 
 import json
@@ -83,3 +85,39 @@ def test_two_cpu_processes_train_in_step(tmp_path):
     assert res.stdout.count('data check passed: train_dataloader') == 1
     assert res.stdout.count('Iter(train) [2/2]') == 1
     assert osp.isfile(work / 'iter_2.pth')
+
+
+_SYNC = r"""
+import os, sys, types, torch, torch.distributed as dist
+torch.set_num_threads(1)
+from mmengine.runner import Runner
+from lookhere_dense.models import LookHereViT
+r, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=r, world_size=2)
+torch.manual_seed(r)  # each rank starts from other weights
+model = LookHereViT(img_size=32, patch_size=8, embed_dims=48, num_layers=2, num_heads=12,
+                    preset='lh90')
+model.init_weights()
+torch.save(model.blocks[0].attn.qkv.weight, os.path.join(out, f'before{r}.pth'))
+Runner._init_model_weights(types.SimpleNamespace(model=model))  # mmengine's sync, as is
+torch.save(model.state_dict(), os.path.join(out, f'rank{r}.pth'))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='tests the CPU (Gloo) path')
+def test_mmengine_runner_syncs_lookhere_weights_across_processes(tmp_path):
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    driver = tmp_path / 'sync.py'
+    driver.write_text(_SYNC)
+    procs = [subprocess.Popen([PYTHON, str(driver), str(r), str(port), str(tmp_path)],
+                              cwd=REPO, env=env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], '\n'.join(logs)[-4000:]
+    before = [torch.load(tmp_path / f'before{r}.pth', weights_only=True) for r in (0, 1)]
+    assert not torch.equal(*before)  # the ranks were initialised differently
+    w0, w1 = (torch.load(tmp_path / f'rank{r}.pth', weights_only=True) for r in (0, 1))
+    assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)

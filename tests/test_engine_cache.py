@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lookhere_dense.checkpoint import decode_extra_state
 from lookhere_dense.lookhere import PRESETS, BoundedCache, LookHereAttentionEngine, LookHereConfig
 from lookhere_dense.lookhere.cache import tensor_bytes
 from lookhere_dense.models.backbones.lookhere_vit import LookHereViT
@@ -177,7 +178,7 @@ def test_backbone_forwards_never_rebuild_cached_data(backend, window):
     # no bias tensor in the state_dict: parameters, plus the config as plain data
     sd = model.state_dict()
     assert set(sd) == {name for name, _ in model.named_parameters()} | {'_extra_state'}
-    assert sd['_extra_state']['pos_encoding'] == 'lookhere'
+    assert decode_extra_state(sd['_extra_state'])['pos_encoding'] == 'lookhere'
 
 
 def test_backbone_training_step_with_chunked_backend_matches_sdpa():

@@ -14,8 +14,8 @@ import pytest
 import torch
 from mmengine.registry import DefaultScope
 
-from lookhere_dense.checkpoint import (CheckpointError, load_model_weights,
-                                       save_backbone_checkpoint)
+from lookhere_dense.checkpoint import (CheckpointError, checkpoint_problem, decode_extra_state,
+                                       load_model_weights, save_backbone_checkpoint)
 from lookhere_dense.models import LookHereViT
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
@@ -59,6 +59,10 @@ def _write(kind: str, folder: Path, official_file: Path) -> Path:
         path.write_bytes(b'')
     elif kind == 'truncated':
         path.write_bytes(official_file.read_bytes()[:50_000])
+    elif kind == 'corrupt':  # one byte flipped in a tensor: torch.load alone reads it
+        data = bytearray(official_file.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
     elif kind == 'text':
         path.write_text('not a checkpoint\n')
     elif kind == 'pickle':
@@ -78,8 +82,10 @@ def _write(kind: str, folder: Path, official_file: Path) -> Path:
 @pytest.mark.parametrize('kind,match', [
     ('empty', r'is empty \(0 bytes\)'),
     ('truncated', r'is truncated or corrupt \(.*\); it was not written completely'),
-    ('text', r'is not a PyTorch checkpoint lookhere-dense can read'),
-    ('pickle', r'is not a PyTorch checkpoint lookhere-dense can read'),
+    ('corrupt', r"cannot be read: damaged: it is truncated or corrupt \(checksum error in '.*"
+                r"data/\d+'\)"),
+    ('text', r'cannot be read: not a PyTorch checkpoint lookhere-dense can read'),
+    ('pickle', r'cannot be read: not a PyTorch checkpoint lookhere-dense can read'),
     ('objects', r'holds Python objects \(.*_Custom\) besides tensors'),
     ('folder', r'is a folder, not a file'),
     ('safetensors', r'is not a readable .safetensors file'),
@@ -95,6 +101,9 @@ def test_unreadable_files_are_named(kind, match, entry, tmp_path, official):
             load_model_weights(tiny(), str(path))
     assert str(path) in str(err.value)
     assert 'weights_only' not in str(err.value)
+    # the check without raising (the --resume fallback, the tools) finds the same problem
+    problem = checkpoint_problem(str(path))
+    assert problem and f'cannot be read: {problem}' in str(err.value)
 
 
 def test_a_missing_file_is_named(tmp_path):
@@ -158,7 +167,7 @@ def test_files_of_unknown_head_count_need_it_stated(tmp_path):
 
 def test_saved_backbones_record_their_geometry(tmp_path):
     src = tiny()
-    assert {k: src.get_extra_state()[k] for k in ('num_heads', 'num_layers', 'embed_dims')} \
+    assert {k: src.record()[k] for k in ('num_heads', 'num_layers', 'embed_dims')} \
         == dict(num_heads=12, num_layers=3, embed_dims=48)
     six = LookHereViT(**{**TINY, 'num_heads': 6})
     with pytest.raises(CheckpointError, match=r"'the loaded state_dict' has 12 attention heads "
@@ -358,6 +367,22 @@ def test_missing_and_unexpected_keys_are_named(trained, tmp_path):
     load_model_weights(segmentor(), str(p2), strict=False)   # opting out of the key check
 
 
+def test_a_whole_model_file_without_the_backbone_record_is_refused(trained, tmp_path):
+    """test / infer / resume need the record of what the weights mean (position encoding,
+    LookHere config, head count); ``strict=False`` loads the weights without it (the head
+    count then stated)."""
+    _, path = trained
+    ckpt = torch.load(path, weights_only=True)
+    del ckpt['state_dict']['backbone._extra_state']
+    bare = tmp_path / 'bare.pth'
+    torch.save(ckpt, bare)
+    with pytest.raises(CheckpointError, match=r"lacks model parameters \(the file lacks the "
+                                              r"record a LookHereViT saves.*\['backbone."
+                                              r"_extra_state'\]"):
+        load_model_weights(segmentor(), str(bare))
+    load_model_weights(segmentor(), str(bare), strict=False, checkpoint_num_heads=12)
+
+
 def test_backbone_only_weights_for_a_whole_model_get_a_hint(official):
     with pytest.raises(CheckpointError, match=r"has none of the model's keys.*backbone-only "
                                               r"weights.*init_cfg"):
@@ -369,9 +394,10 @@ def test_older_whole_model_files_without_recorded_heads(trained, tmp_path):
     (the default and every shipped config); other counts must be stated."""
     _, path = trained
     ckpt = torch.load(path, weights_only=False)
-    state = ckpt['state_dict']['backbone._extra_state']
+    state = decode_extra_state(ckpt['state_dict']['backbone._extra_state'])
     for key in ('num_heads', 'num_layers', 'embed_dims'):
         state.pop(key)
+    ckpt['state_dict']['backbone._extra_state'] = state  # the dict form files had then
     old = tmp_path / 'old.pth'
     torch.save(ckpt, old)
     load_model_weights(segmentor(), str(old))

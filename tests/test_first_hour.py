@@ -136,3 +136,38 @@ def test_help_does_not_load_pytorch():
                          text=True, timeout=120)
     loaded = json.loads(res.stdout.split('@@')[-1])
     assert loaded == {t: False for t in loaded} and len(loaded) == 7, res.stderr
+
+
+@pytest.mark.parametrize('preset', ['lh180', 'lh90'])
+def test_vit_s_config_takes_deit3_small_weights_with_their_6_heads(tmp_path, preset):
+    """What configs/segmenter_lookhere_vit-s_ade20k.py says: DeiT-III ViT-S weights (timm
+    ``deit3_small_patch16_224``: 384 channels, 6 heads) load with
+    ``model.backbone.num_heads=6`` (lh180 / lh90 fit 6 heads); the config's own 12 heads
+    refuse them. Two blocks instead of twelve, to stay fast."""
+    import timm
+    from mmengine.registry import init_default_scope
+
+    from lookhere_dense.checkpoint import CheckpointError
+    from lookhere_dense.cli import load_config
+    from lookhere_dense.swap import model_registry
+    deit = timm.create_model('deit3_small_patch16_224', pretrained=False, depth=2)
+    assert deit.blocks[0].attn.num_heads == 6
+    path = tmp_path / 'deit3_small.pth'
+    torch.save(deit.state_dict(), path)
+    init_default_scope('mmseg')
+    config = osp.join(REPO, 'configs', 'segmenter_lookhere_vit-s_ade20k.py')
+
+    def build(*extra):
+        cfg = load_config(config, options(f'model.pretrained={path}', f'model.backbone.'
+                                          f'preset={preset}', 'model.backbone.num_layers=2',
+                                          *extra))
+        model = model_registry('mmseg').build(cfg.model)
+        model.init_weights()
+        return model
+
+    model = build('model.backbone.num_heads=6')
+    torch.testing.assert_close(model.backbone.blocks[1].attn.qkv.weight,
+                               deit.blocks[1].attn.qkv.weight)
+    with pytest.raises(CheckpointError, match=r'has 6 attention heads per block.*the model '
+                                              r'has num_heads=12.*num_heads=6'):
+        build()

@@ -16,7 +16,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from lookhere_dense.checkpoint import (CheckpointError, load_model_weights,
+from lookhere_dense.checkpoint import (CheckpointError, decode_extra_state, load_model_weights,
                                        load_state_dict_strict, save_backbone_checkpoint)
 from lookhere_dense.lookhere import (LookHereAttentionEngine, LookHereConfig, LookHereSlopes,
                                      resolve_lh_config)
@@ -350,7 +350,7 @@ def test_state_dict_round_trip_restores_the_learned_slopes(tmp_path):
     src = backbone(dict(head_directions='corners-none', learnable_slopes=True))
     perturb(src.pos_enc.slopes)
     sd = src.state_dict()
-    assert sd['_extra_state']['lh_config']['learnable_slopes'] is True
+    assert decode_extra_state(sd['_extra_state'])['lh_config']['learnable_slopes'] is True
     assert sd['pos_enc.slopes.head_log_ratio.2'].shape == (HEADS,)
     dst = backbone(dict(learnable_slopes=True))  # default (lh180) config: gives way
     report = load_state_dict_strict(dst, sd, 'memory')
@@ -548,6 +548,26 @@ def test_a_tiny_training_run_moves_the_slopes_and_logs_them(trained):
                next(work.glob('*/vis_data/scalars.json')).read_text().splitlines()]
     steps = {s['step'] for s in scalars if 'lookhere_slopes/global' in s}
     assert {2, 4, 6} <= steps and any('lookhere_slopes/l1_h11' in s for s in scalars)
+
+
+def test_training_adds_the_slope_logger_when_slopes_learn(tmp_path):
+    """tools/train.py (build_train_config) adds LookHereSlopeLoggerHook for
+    ``lh_config.learnable_slopes=True``, once, and keeps the config's own."""
+    from lookhere_dense.apis.train import build_train_config
+    from tiny_seg import ADE_CFG, SHRINK, options
+
+    def hooks(**extra) -> list:
+        cfg, _ = build_train_config(ADE_CFG, work_dir=str(tmp_path), check_data=False,
+                                    cfg_options={**options(*SHRINK), **extra})
+        return [h for h in cfg.custom_hooks if h['type'] == 'LookHereSlopeLoggerHook']
+
+    assert hooks() == []
+    assert hooks(**{'model.backbone.lh_config': dict(learnable_slopes=False)}) == []
+    learn = {'model.backbone.lh_config': dict(head_directions='corners-none',
+                                              learnable_slopes=True)}
+    assert hooks(**learn) == [dict(type='LookHereSlopeLoggerHook')]
+    own = dict(type='LookHereSlopeLoggerHook', interval=3)
+    assert hooks(**learn, custom_hooks=[own]) == [own]
 
 
 def test_plot_draws_the_learned_slopes_of_a_checkpoint(trained, tmp_path):

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lookhere_dense.checkpoint import decode_extra_state
 from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine, LookHereConfig
 from lookhere_dense.models.backbones import LookHereViT
 from lookhere_dense.models.pos_encoding import (POS_ENCODINGS, AbsolutePositionEncoding,
@@ -66,10 +67,10 @@ def test_small_windows_and_checkpointing_run_with_gradients(enc):
 
 def test_same_seed_same_trunk_whatever_the_encoding():
     ref = tiny('lookhere').state_dict()
-    assert ref.pop('_extra_state')['pos_encoding'] == 'lookhere'
+    assert decode_extra_state(ref.pop('_extra_state'))['pos_encoding'] == 'lookhere'
     for enc in POS_ENCODINGS:
         sd = tiny(enc).state_dict()
-        assert sd.pop('_extra_state')['pos_encoding'] == enc
+        assert decode_extra_state(sd.pop('_extra_state'))['pos_encoding'] == enc
         shared = [k for k in sd if not k.startswith('pos_enc.')]
         assert sorted(shared) == sorted(ref)
         for k in shared:
@@ -148,7 +149,7 @@ def test_parse_pos_encoding_rejects_other_types():
 def test_backbone_takes_the_short_preset_form():
     short = LookHereViT(**TINY, pos_encoding='lookhere:lh45')
     assert short.lh_config == PRESETS['lh45'] and short.pos_encoding == 'lookhere'
-    assert short.get_extra_state() == LookHereViT(**TINY, preset='lh45').get_extra_state()
+    assert short.record() == LookHereViT(**TINY, preset='lh45').record()
     with pytest.raises(ValueError, match='two different presets'):
         LookHereViT(**TINY, pos_encoding='lookhere:lh45', preset='lh90')
 
@@ -432,7 +433,8 @@ def test_official_lookhere_weights_load_only_into_lookhere(tmp_path):
         if enc == 'lookhere':
             model.load_pretrained(str(path))
             got = model.state_dict()
-            assert got.pop('_extra_state')['lh_config']['head_directions'] == 'halves-none'
+            assert decode_extra_state(got.pop('_extra_state'))['lh_config']['head_directions'] \
+                == 'halves-none'
             torch.testing.assert_close(got, weights)
         else:
             with pytest.raises(ValueError, match="holds a 'lookhere' model.*loads only into "

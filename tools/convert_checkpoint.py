@@ -1,9 +1,12 @@
 #!/usr/bin/env python
 """Convert an official LookHere or a timm / DeiT-III checkpoint for ``LookHereViT``.
 
-Writes ``{'state_dict': backbone weights, 'meta': {'lookhere_config': ..., 'source': ...}}``,
-which ``LookHereViT(init_cfg=dict(type='Pretrained', checkpoint=OUT))`` loads (taking the
-LookHere config from ``meta`` when the source had one).
+Writes ``{'state_dict': backbone weights, 'meta': {'lookhere_config': ..., 'num_heads': ...,
+'source': ...}}``, which ``LookHereViT(init_cfg=dict(type='Pretrained', checkpoint=OUT))``
+loads (taking the LookHere config from ``meta`` when the source had one, and checking the
+head count). The head count written is ``--num-heads``, else the one the source records,
+else 12 for official LookHere files; otherwise none is written and loading applies the
+usual convention (timm / DeiT-III: ``channels / 64``) or asks for ``checkpoint_num_heads``.
 
 Examples::
 
@@ -21,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from lookhere_dense.cli import ToolArgumentParser
+    from lookhere_dense.cli import ToolArgumentParser, positive_int
 
     parser = ToolArgumentParser(description=__doc__.split('\n\n')[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -32,6 +35,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="keep a timm / DeiT-III pos_embed, for LookHereViT(pos_encoding='abs'), "
                         'which resamples it to its grid; dropped by default since LookHere has '
                         'none')
+    parser.add_argument('--num-heads', type=positive_int, default=None, metavar='N',
+                        help='the head count the source was trained with, recorded in DST '
+                        '(for files that do not record it; must equal a recorded one)')
     return parser.parse_args(argv)
 
 
@@ -39,21 +45,26 @@ def main(argv=None) -> int:
     """Convert; a file that is missing, unreadable or holds no ViT weights ends in one
     ``error:`` line (exit status 2)."""
     args = parse_args(argv)
-    from lookhere_dense.checkpoint import (backbone_weights, load_checkpoint_file,
+    from lookhere_dense.checkpoint import (OFFICIAL_NUM_HEADS, CheckpointError,
+                                           backbone_weights, load_checkpoint_file,
                                            save_backbone_checkpoint)
-    from lookhere_dense.cli import ToolError, checkpoint_problem
-    if osp.isfile(args.src) and not args.src.endswith('.safetensors'):
-        problem = checkpoint_problem(args.src)
-        if problem:
-            raise ToolError(f'{args.src!r} cannot be read: {problem}')
+    from lookhere_dense.cli import ToolError
     try:
         weights = backbone_weights(load_checkpoint_file(args.src),
                                    keep_pos_embed=args.keep_pos_embed)
-    except ValueError as err:
-        raise ToolError(f'{args.src!r}: {err}') from None
+    except CheckpointError as err:
+        raise ToolError(str(err) if args.src in str(err) else f'{args.src!r}: {err}') from None
+    num_heads, how = weights.num_heads, 'recorded in the file'
+    if args.num_heads is not None:
+        if num_heads is not None and num_heads != args.num_heads:
+            raise ToolError(f'--num-heads {args.num_heads}, but {args.src!r} records '
+                            f'{num_heads} heads: remove --num-heads')
+        num_heads, how = args.num_heads, 'stated by --num-heads'
+    elif num_heads is None and weights.format == 'official':
+        num_heads, how = OFFICIAL_NUM_HEADS, 'official LookHere file: the official models have 12'
     try:
         save_backbone_checkpoint(args.dst, weights.state_dict, weights.lh_config,
-                                 source=args.src)
+                                 source=args.src, num_heads=num_heads)
     except OSError as err:
         raise ToolError(f'could not write {args.dst!r}: {err.strerror or err}') from None
     n_params = sum(v.numel() for v in weights.state_dict.values())
@@ -62,6 +73,9 @@ def main(argv=None) -> int:
           f'({n_params / 1e6:.2f} M parameters, {len(blocks)} blocks)')
     print(f'  dropped: {", ".join(weights.dropped) or "nothing"}')
     print(f'  LookHere config: {weights.lh_config or "none in the file (set preset/lh_config)"}')
+    print(f'  heads: {num_heads} ({how})' if num_heads is not None else
+          '  heads: not recorded (loading assumes channels/64 for timm / DeiT-III files, '
+          'else set checkpoint_num_heads; --num-heads N records it)')
     print(f'  wrote {args.dst}')
     return 0
 

@@ -221,11 +221,10 @@ def segment_images(config: str, checkpoint: str, input: str, out_dir: str = 'wor
     Raises:
         ValueError: ``opacity`` outside 0..1; FileNotFoundError: input / config /
         checkpoint missing, or an input named like an image that is not one;
-        lookhere_dense.cli.ToolError: an image that cannot be decoded, a checkpoint that
-        cannot be read, an output that cannot be written (each named);
-        lookhere_dense.engine.hooks.CheckpointMismatchError: the checkpoint does not fit
-        the config's model; lookhere_dense.swap.ConfigError (see
-        :func:`inference_test_cfg`).
+        lookhere_dense.cli.ToolError: an image that cannot be decoded, an output that
+        cannot be written (each named); lookhere_dense.checkpoint.CheckpointError: the
+        checkpoint cannot be read or does not fit the config's model;
+        lookhere_dense.swap.ConfigError (see :func:`inference_test_cfg`).
     """
     import lookhere_dense
     lookhere_dense.register_all_modules()

@@ -60,12 +60,12 @@ def build_test_config(config: str, checkpoint: str, work_dir: Optional[str] = No
         FileNotFoundError: saying what to fix.
     """
     from lookhere_dense.apis.train import check_launcher
-    from lookhere_dense.cli import (ToolError, checkpoint_problem, load_config, preflight,
-                                    set_work_dir)
+    from lookhere_dense.checkpoint import checkpoint_problem
+    from lookhere_dense.cli import ToolError, load_config, preflight, set_work_dir
     from lookhere_dense.swap import ConfigError
 
     if '://' not in checkpoint:
-        if not os.path.isfile(checkpoint):
+        if not os.path.exists(checkpoint):
             raise FileNotFoundError(f'checkpoint {checkpoint!r} not found')
         problem = checkpoint_problem(checkpoint)
         if problem:

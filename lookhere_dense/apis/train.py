@@ -10,7 +10,9 @@ what to fix. Pretrained files the config names but that are not there stop the r
 Every run also gets (:mod:`lookhere_dense.engine.hooks`): a stop at the first NaN / Inf
 loss, bit-exact resume (RNG and sampler state in the checkpoints), strict checkpoint
 loading on resume, loss lines at least every tenth of a short schedule and about ten
-progress lines per validation. The terminal shows what a person acts on; the run's log
+progress lines per validation; a backbone that learns its LookHere slopes
+(``lh_config.learnable_slopes=True``) also gets their report
+(:class:`~lookhere_dense.engine.slope_logging.LookHereSlopeLoggerHook`). The terminal shows what a person acts on; the run's log
 file keeps everything mmengine logs (:mod:`lookhere_dense.engine.terminal`).
 
 ``--resume`` (``resume='auto'``) continues from the newest readable checkpoint of the work
@@ -33,10 +35,14 @@ import re
 from typing import List, Optional, Tuple
 
 __all__ = ['build_train_config', 'build_runner', 'train_model', 'find_resume_checkpoint',
-           'init_distributed', 'check_launcher', 'announce_log_file', 'TRAIN_HOOKS']
+           'init_distributed', 'check_launcher', 'announce_log_file', 'learns_slopes',
+           'TRAIN_HOOKS', 'SLOPE_HOOK']
 
 #: The hooks every training run gets (unless the config already has them).
 TRAIN_HOOKS = ('FiniteLossHook', 'ExactResumeHook', 'CheckpointFitHook')
+#: The hook a run whose backbone learns its LookHere slopes gets too
+#: (:mod:`lookhere_dense.engine.slope_logging`).
+SLOPE_HOOK = 'LookHereSlopeLoggerHook'
 #: Environment variables ``torchrun`` sets for ``launcher='pytorch'``.
 TORCHRUN_ENV = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
 
@@ -54,7 +60,8 @@ def _checkpoint_number(path: str) -> int:
 def find_resume_checkpoint(work_dir: str) -> Tuple[Optional[str], List[str]]:
     """The checkpoint ``--resume`` continues from: the one mmengine's ``last_checkpoint``
     names, else the newest ``iter_*.pth`` / ``epoch_*.pth``; unreadable ones
-    (:func:`lookhere_dense.cli.checkpoint_problem`) are skipped for the next older one.
+    (:func:`lookhere_dense.checkpoint.checkpoint_problem`) are skipped for the next older
+    one.
 
     Returns:
         ``(path or None, warnings)``.
@@ -62,7 +69,8 @@ def find_resume_checkpoint(work_dir: str) -> Tuple[Optional[str], List[str]]:
     Raises:
         lookhere_dense.cli.ToolError: the work dir has checkpoints but none is readable.
     """
-    from lookhere_dense.cli import ToolError, checkpoint_problem
+    from lookhere_dense.checkpoint import checkpoint_problem
+    from lookhere_dense.cli import ToolError
 
     candidates: List[str] = []
     last = osp.join(work_dir, 'last_checkpoint')
@@ -114,10 +122,22 @@ def check_launcher(launcher: str) -> None:
         raise ToolError('--launcher slurm must run under srun (SLURM_PROCID is not set)')
 
 
+def learns_slopes(cfg) -> bool:
+    """Whether the config's backbone learns its LookHere slopes
+    (``model.backbone.lh_config.learnable_slopes=True``)."""
+    model = cfg.get('model') or {}
+    backbone = model.get('backbone') if isinstance(model, dict) else None
+    lh_config = backbone.get('lh_config') if isinstance(backbone, dict) else None
+    return isinstance(lh_config, dict) and lh_config.get('learnable_slopes') is True
+
+
 def _add_hooks(cfg) -> None:
+    """:data:`TRAIN_HOOKS`, and :data:`SLOPE_HOOK` when the backbone learns its slopes,
+    unless the config has them already."""
     hooks = list(cfg.get('custom_hooks') or [])
     present = {str(h.get('type', '')).split('.')[-1] for h in hooks if isinstance(h, dict)}
-    hooks += [dict(type=name) for name in TRAIN_HOOKS if name not in present]
+    wanted = TRAIN_HOOKS + ((SLOPE_HOOK,) if learns_slopes(cfg) else ())
+    hooks += [dict(type=name) for name in wanted if name not in present]
     cfg.custom_hooks = hooks
 
 
@@ -164,7 +184,8 @@ def build_train_config(config: str, work_dir: Optional[str] = None,
         allow_random_init: a pretrained file the config names but that is missing is
             dropped with a warning (training from random weights) instead of an error.
             Default: False.
-        hooks: add :data:`TRAIN_HOOKS` and the progress logging. Default: True.
+        hooks: add :data:`TRAIN_HOOKS` (and :data:`SLOPE_HOOK` for learnable slopes) and
+            the progress logging. Default: True.
 
     Returns:
         ``(cfg, warnings)``: the config, and the warnings printed while checking it (to
@@ -174,8 +195,8 @@ def build_train_config(config: str, work_dir: Optional[str] = None,
         lookhere_dense.swap.ConfigError, lookhere_dense.data.checks.DataCheckError,
         FileNotFoundError, lookhere_dense.cli.ToolError: saying what to fix.
     """
-    from lookhere_dense.cli import (ToolError, checkpoint_problem, load_config, preflight,
-                                    set_work_dir)
+    from lookhere_dense.checkpoint import checkpoint_problem
+    from lookhere_dense.cli import ToolError, load_config, preflight, set_work_dir
     from lookhere_dense.swap import ConfigError
 
     check_launcher(launcher)
@@ -211,7 +232,7 @@ def build_train_config(config: str, work_dir: Optional[str] = None,
         if path is not None:
             cfg.load_from = path  # else the config's load_from (if any) initialises
     elif resume is not None:
-        if not osp.isfile(resume):
+        if not osp.exists(resume):
             raise FileNotFoundError(f'--resume checkpoint {resume!r} not found')
         problem = checkpoint_problem(resume)
         if problem:

@@ -16,8 +16,9 @@ own mmseg / mmdet config (with ``custom_imports=dict(imports=['lookhere_dense'])
   resumed loop skips the already-trained batches by advancing the sampler only (no image is
   loaded again).
 * :class:`CheckpointFitHook` refuses a resumed (or, with ``strict_load_from``, a tested)
-  checkpoint that does not fit the model: missing, unexpected and wrongly shaped keys are
-  named (mmengine itself loads such a checkpoint with warnings only).
+  checkpoint that does not fit the model: missing, unexpected and wrongly shaped keys and
+  other head counts are named (mmengine itself loads such a checkpoint with warnings
+  only); the loader is :func:`lookhere_dense.checkpoint.load_model_weights`.
 * :class:`ProgressLoggerHook` is mmengine's ``LoggerHook`` with a separate interval for
   the validation / test progress lines (about ten lines per pass by default), so a short
   training interval does not print one line per validation image.
@@ -36,8 +37,7 @@ from mmengine.hooks import Hook, LoggerHook
 from mmengine.registry import HOOKS
 
 __all__ = ['FiniteLossHook', 'ExactResumeHook', 'CheckpointFitHook', 'ProgressLoggerHook',
-           'TrainingDivergedError', 'CheckpointMismatchError', 'state_dict_mismatches',
-           'load_state_dict_strictly', 'capture_rng_state', 'restore_rng_state',
+           'TrainingDivergedError', 'capture_rng_state', 'restore_rng_state',
            'RESUME_STATE_KEY']
 
 #: The checkpoint key :class:`ExactResumeHook` writes.
@@ -46,10 +46,6 @@ RESUME_STATE_KEY = 'lookhere_resume_state'
 
 class TrainingDivergedError(RuntimeError):
     """A loss became NaN or infinite (raised by :class:`FiniteLossHook`)."""
-
-
-class CheckpointMismatchError(ValueError):
-    """A checkpoint whose weights do not fit the model; the message names the keys."""
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -292,90 +288,38 @@ class ExactResumeHook(Hook):
 # ----------------------------------------------------------------------------------------
 # Checkpoints that do not fit
 # ----------------------------------------------------------------------------------------
-def state_dict_mismatches(model_sd: Mapping[str, Any], ckpt_sd: Mapping[str, Any]
-                          ) -> Dict[str, List[str]]:
-    """Compare a checkpoint's state_dict with a model's.
-
-    Returns:
-        ``{'missing': [...], 'unexpected': [...], 'shape': ['key: checkpoint (a, b) vs
-        model (c, d)', ...]}`` (empty lists when it fits).
-    """
-    shape = []
-    for key, value in ckpt_sd.items():
-        ref = model_sd.get(key)
-        if isinstance(value, torch.Tensor) and isinstance(ref, torch.Tensor) \
-                and value.shape != ref.shape:
-            shape.append(f'{key}: checkpoint {tuple(value.shape)} vs model {tuple(ref.shape)}')
-    return dict(missing=sorted(k for k in model_sd if k not in ckpt_sd),
-                unexpected=sorted(k for k in ckpt_sd if k not in model_sd),
-                shape=shape)
-
-
-def _listing(keys: List[str], limit: int = 6) -> str:
-    more = f', ... ({len(keys) - limit} more)' if len(keys) > limit else ''
-    return ', '.join(keys[:limit]) + more
-
-
-def load_state_dict_strictly(model: torch.nn.Module, state_dict: Mapping[str, Any],
-                             source: str) -> None:
-    """Load ``state_dict`` into ``model`` only if every key and shape fits.
-
-    ``module.`` prefixes (DDP) are removed first. The model's own checks of loaded
-    state (e.g. ``LookHereViT``'s position-encoding / LookHere-config check) run too.
-
-    Raises:
-        CheckpointMismatchError: naming ``source`` and the missing, unexpected and
-            wrongly shaped keys (or the model's complaint).
-    """
-    sd = {(k[len('module.'):] if k.startswith('module.') else k): v
-          for k, v in state_dict.items()}
-    problems = state_dict_mismatches(model.state_dict(), sd)
-    parts = []
-    if problems['shape']:
-        parts.append(f'{len(problems["shape"])} tensor(s) of another shape: '
-                     + _listing(problems['shape'], 4))
-    if problems['missing']:
-        parts.append(f'{len(problems["missing"])} key(s) missing from the checkpoint: '
-                     + _listing(problems['missing']))
-    if problems['unexpected']:
-        parts.append(f'{len(problems["unexpected"])} unexpected key(s) in the checkpoint: '
-                     + _listing(problems['unexpected']))
-    if parts:
-        raise CheckpointMismatchError(
-            f'checkpoint {source!r} does not fit the model built from the config: '
-            + '; '.join(parts) + '. Use the config the checkpoint was trained with (or set '
-            'the same embed_dims / num_layers / num_heads / num_classes with --cfg-options).')
-    try:
-        model.load_state_dict(sd, strict=True)
-    except (ValueError, RuntimeError) as err:
-        raise CheckpointMismatchError(f'checkpoint {source!r} does not fit the model: '
-                                      f'{err}') from None
-
-
 @HOOKS.register_module()
 class CheckpointFitHook(Hook):
     """Refuse a checkpoint that does not fit the model, naming what differs, when the
     Runner resumes from it (and, with ``strict_load_from``, when it loads ``load_from``:
     ``tools/test.py``). mmengine loads such checkpoints non-strictly, with warnings only.
 
+    The check is :func:`lookhere_dense.checkpoint.load_model_weights` (shapes, keys both
+    ways, the ``LookHereViT`` records, head counts), run on the checkpoint mmengine has
+    read; it raises :class:`~lookhere_dense.checkpoint.CheckpointError`.
+
     Args:
         strict_load_from: also check checkpoints loaded through ``load_from`` (keep False
             for training, where ``load_from`` initialises a fine-tuning run and may
             differ in the head on purpose). Default: False.
+        checkpoint_num_heads: the head count of the checkpoint's LookHere backbone, for
+            files that do not record it. Default: None.
     """
 
     priority = 'VERY_HIGH'
 
-    def __init__(self, strict_load_from: bool = False):
+    def __init__(self, strict_load_from: bool = False,
+                 checkpoint_num_heads: Optional[int] = None):
         self.strict_load_from = strict_load_from
+        self.checkpoint_num_heads = checkpoint_num_heads
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         if not (getattr(runner, '_resume', False) or self.strict_load_from):
             return
-        sd = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) \
-            else checkpoint
+        from ..checkpoint import load_model_weights
         source = getattr(runner, '_load_from', None) or 'the checkpoint'
-        load_state_dict_strictly(_unwrap(runner.model), sd, source)
+        load_model_weights(_unwrap(runner.model), checkpoint, source=source,
+                           checkpoint_num_heads=self.checkpoint_num_heads)
 
 
 # ----------------------------------------------------------------------------------------

@@ -28,8 +28,8 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from ...checkpoint import (EXTRA_STATE_KEY, HEADS_KEY, CheckpointError, backbone_weights,
-                           check_num_heads, file_num_heads, load_checkpoint_file,
-                           load_state_dict_strict)
+                           check_num_heads, decode_extra_state, encode_extra_state,
+                           file_num_heads, load_checkpoint_file, load_state_dict_strict)
 from ...lookhere import LookHereAttentionEngine, LookHereConfig, resolve_lh_config
 from ...lookhere.bias import OFFICIAL_KEYS
 from ..pos_encoding import (AbsolutePositionEncoding,
@@ -714,31 +714,42 @@ class LookHereViT(BaseModule):
         return out
 
     # -- what the weights mean beyond their shapes ---------------------------------------
-    def get_extra_state(self) -> Dict[str, Any]:
+    def get_extra_state(self) -> Tensor:
         """Saved in every ``state_dict`` (key ``_extra_state``): the position encoding, the
         active LookHere config (e.g. the one adopted from an official checkpoint by
         :meth:`init_weights`) and the attention geometry (``num_heads``, ``num_layers``,
         ``embed_dims``). A trained model therefore carries the bias it was trained with
         into ``tools/test.py``, ``--resume`` and inference, where no ``init_weights`` runs,
-        and a model with another head count refuses it. Plain strings and numbers only
-        (loads with ``weights_only=True``)."""
+        and a model with another head count refuses it.
+
+        A uint8 tensor of JSON text (:func:`~lookhere_dense.checkpoint.encode_extra_state`;
+        read it with :func:`~lookhere_dense.checkpoint.decode_extra_state` or
+        :meth:`record`), so that every ``state_dict`` entry is a tensor: mmengine's Runner
+        broadcasts them all in multi-process runs, and files load with
+        ``weights_only=True``."""
+        return encode_extra_state(self.record())
+
+    def record(self) -> Dict[str, Any]:
+        """What :meth:`get_extra_state` saves, as a dict of strings, numbers and lists."""
         return {'pos_encoding': self.pos_encoding,
                 'lh_config': self.lh_config.to_dict() if self.lh_config is not None else None,
                 'num_heads': self.num_heads, 'num_layers': self.num_layers,
                 'embed_dims': self.embed_dims}
 
     def set_extra_state(self, state: Any) -> None:
-        """Adopt the LookHere config of loaded weights (see :meth:`get_extra_state`).
+        """Adopt the LookHere config of loaded weights (see :meth:`get_extra_state`; the
+        dict that files written before the tensor form hold is read too).
 
         Raises:
             ValueError: the weights come from another ``pos_encoding`` or attention geometry
                 (heads, layers, channels), or their LookHere config conflicts with an
-                explicitly given ``preset`` / ``lh_config`` or does not fit this backbone.
+                explicitly given ``preset`` / ``lh_config`` or does not fit this backbone,
+                or the entry is no record of a ``LookHereViT``.
         """
-        if not isinstance(state, Mapping):
-            raise ValueError(f'LookHereViT: the loaded state_dict has an unreadable '
-                             f'{EXTRA_STATE_KEY!r} entry ({type(state).__name__}); expected '
-                             'the dict LookHereViT.get_extra_state() writes')
+        try:
+            state = decode_extra_state(state)
+        except ValueError as err:
+            raise ValueError(f'LookHereViT: the loaded state_dict has {err}') from None
         for key in ('num_layers', 'embed_dims'):
             stored = state.get(key)
             if stored is not None and stored != getattr(self, key):
