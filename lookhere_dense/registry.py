@@ -21,6 +21,7 @@ REGISTERING_MODULES = (
     'lookhere_dense.models.necks',
     'lookhere_dense.engine',
     'lookhere_dense.data.checks',
+    'lookhere_dense.data.mixed_crops',
     'lookhere_dense.evaluation.metrics',
 )
 
