@@ -111,6 +111,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--keep-test-mode', action='store_true',
                    help="keep the config's model.test_cfg (default: force mode='whole' so the "
                         'model sees the whole larger image)')
+    p.add_argument('--threads', type=int, default=None,
+                   help='PyTorch CPU threads (default: PyTorch\'s choice; 1 is much faster '
+                        'on a machine whose cores are busy with other jobs)')
     p.add_argument('--work-dir', default=osp.join('work_dirs', 'extrapolation_study'),
                    help='where the runs keep their logs and last checkpoints')
     p.add_argument('--out-dir', default=None, help='where to write the results (default: --work-dir)')
@@ -130,6 +133,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     command = 'python ' + ' '.join(shlex.quote(a) for a in
                                    [osp.relpath(__file__, os.getcwd())] +
                                    list(sys.argv[1:] if argv is None else argv))
+    from lookhere_dense.cli import apply_threads
+    apply_threads(args.threads)
     if args.merge:
         report = merge_reports(args.merge, command)
     else:
