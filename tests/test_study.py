@@ -409,3 +409,21 @@ def test_shrunk_fov_study_end_to_end(tmp_path):
                            str(out), 'merged')
     assert merged['settings']['seeds'] == [1, 2]
     assert merged['summary_modes']['slide']['lookhere:lh45+mixed_crops']['1']['n'] == 2
+
+
+def test_a_zoom_report_with_a_test_time_aid(tmp_path):
+    report = dict(command='x', date='d', wall_seconds=1.0, versions={},
+                  settings=dict(config='c.py', encodings=['abs'], seeds=[0], scales=[1.0, 2.0],
+                                ladder='rendered', metric='mIoU', train_size=[32, 32], iters=10,
+                                modes=['test', 'log_n']),
+                  runs=[dict(encoding='abs', seed=0, train_seconds=1.0,
+                             eval={'1': {'mIoU': 50.0}, '2': {'mIoU': 40.0}},
+                             modes={'log_n': {'1': {'mIoU': 50.0}, '2': {'mIoU': 42.0}}})])
+    out = write_outputs(report, str(tmp_path), 'z')
+    assert '| abs | test | 50.00 | 40.00 |' in out['table']
+    assert '|  | test + log-n | 50.00 | 42.00 |' in out['table'] and 'cost_table' not in out
+    rows = list(csv.DictReader((tmp_path / 'z.csv').open()))
+    assert [(r['mode'], r['scale'], r['mIoU']) for r in rows] == [
+        ('test', '1', '50.0'), ('test', '2', '40.0'), ('log_n', '1', '50.0'),
+        ('log_n', '2', '42.0')]
+    assert (tmp_path / 'z.png').is_file()

@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 import pytest
 
-from lookhere_dense.apis.demo import generate_dataset, run_demo
+from lookhere_dense.apis.demo import STAMP, generate_dataset, run_demo
 from lookhere_dense.apis.inference import list_images, segment_images
 from lookhere_dense.apis.test import evaluate_checkpoint
 from lookhere_dense.apis.train import train_model
@@ -97,6 +97,8 @@ def test_demo_gives_the_same_numbers_on_every_run(demo, tmp_path):
     data = tmp_path / 'data'
     root = generate_dataset('cityscapes', str(data), num_train=4, num_val=2)
     assert _files(root) == _files(demo['data'] / 'cityscapes')
+    assert json.load(open(osp.join(root, STAMP)))['sha256'] == \
+        demo['summary']['datasets']['cityscapes']['data_sha256']
     summary = run_demo({'cityscapes': root}, str(tmp_path / 'work'), ITERS,
                        tests=['slide@x1', 'whole@x1'], cfg_options=SHRINK)  # the fov view
     first = demo['summary']['datasets']['cityscapes']
@@ -113,13 +115,20 @@ def test_demo_gives_the_same_numbers_on_every_run(demo, tmp_path):
 
 
 def test_demo_data_are_reused_only_with_the_same_stamp(tmp_path, capsys):
-    from lookhere_dense.apis.demo import STAMP, DemoDataError
+    from lookhere_dense.apis.demo import DemoDataError
     logs = []
     root = generate_dataset('cityscapes', str(tmp_path), num_train=2, num_val=3, log=logs.append)
     vals = osp.join(root, 'gtFine', 'val', '*', '*.png')
     assert len(glob.glob(vals)) == 3 and 'wrote' in logs[-1]
     generate_dataset('cityscapes', str(tmp_path), num_train=2, num_val=3, log=logs.append)
     assert 'using the dataset' in logs[-1]
+    first = sorted(glob.glob(vals))[0]
+    original = open(first, 'rb').read()
+    with open(first, 'ab') as f:
+        f.write(b'x')  # a changed file is not reused
+    generate_dataset('cityscapes', str(tmp_path), num_train=2, num_val=3, log=logs.append)
+    assert 'changed since the demo wrote them' in logs[-2] and 'wrote' in logs[-1]
+    assert open(first, 'rb').read() == original
     generate_dataset('cityscapes', str(tmp_path), num_train=2, num_val=1, log=logs.append)
     assert 'wrote' in logs[-1] and len(glob.glob(vals)) == 1  # no stale images left
     assert json.load(open(osp.join(root, STAMP)))['settings']['num_val'] == 1

@@ -35,7 +35,8 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 from ..swap import ConfigError
 
-__all__ = ['DEMOS', 'STAMP', 'DemoDataError', 'generate_dataset', 'last_val_miou',
+__all__ = ['DEMOS', 'STAMP', 'DemoDataError', 'dataset_digest', 'generate_dataset',
+           'last_val_miou',
            'environment', 'write_fov_view', 'run_demo']
 
 #: Per dataset: config, dataset folder under the data root, validation labels (glob),
@@ -82,16 +83,31 @@ def _stamp(name: str, num_train: Optional[int], num_val: Optional[int]) -> Dict[
                 version=DATA_VERSION, settings=settings)
 
 
+def dataset_digest(root: str) -> str:
+    """SHA-256 over the relative paths and bytes of every file under ``root`` (sorted; the
+    :data:`STAMP` file excluded): equal digests, equal data."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(glob.glob(osp.join(root, '**', '*'), recursive=True)):
+        if osp.isfile(path) and osp.basename(path) != STAMP:
+            digest.update(osp.relpath(path, root).encode() + b'\0')
+            with open(path, 'rb') as f:
+                digest.update(f.read())
+    return digest.hexdigest()
+
+
 def generate_dataset(name: str, data_root: str, num_train: Optional[int] = None,
                      num_val: Optional[int] = None, regenerate: bool = False,
                      log: Callable[[str], None] = _print) -> str:
     """Write the tiny dataset of demo ``name`` into ``data_root``, stamped with the
-    settings that made it (:data:`STAMP`).
+    settings that made it and the digest of its files (:data:`STAMP`,
+    :func:`dataset_digest`).
 
-    A folder whose stamp matches is kept (unless ``regenerate``); one the demo wrote with
-    other settings (another stamp) is deleted and written anew, so stale images never mix
-    in; a folder without a stamp (another dataset, or an older demo) is left alone and is
-    an error.
+    A folder whose stamp matches (settings and digest) is kept (unless ``regenerate``); one
+    the demo wrote with other settings, or whose files changed since, is deleted and
+    written anew, so stale images never mix in; a folder without a stamp (another dataset,
+    or an older demo) is left alone and is an error.
 
     Args:
         name: a key of :data:`DEMOS`.
@@ -123,17 +139,21 @@ def generate_dataset(name: str, data_root: str, num_train: Optional[int] = None,
                 'folder), or give the demo another folder with --data-root DIR.')
         with open(stamp_path) as f:
             old = json.load(f)
+        digest = old.pop('sha256', None)
         if old == stamp and not regenerate:
-            log(f'[demo] {name}: using the dataset in {root} (written with the same settings; '
-                '--regenerate rewrites it)')
-            return root
+            if digest == dataset_digest(root):
+                log(f'[demo] {name}: using the dataset in {root} (written with the same '
+                    'settings; --regenerate rewrites it)')
+                return root
+            log(f'[demo] {name}: the files in {root} changed since the demo wrote them: '
+                'writing them anew')
         shutil.rmtree(root)  # ours (stamped): no stale files from other settings survive
     kw = {k: v for k, v in (('num_train', num_train), ('num_val', num_val)) if v is not None}
     t0 = time.time()
     make = make_ade20k_like if name == 'ade20k' else make_cityscapes_like
     root = str(make(data_root, **kw))
     with open(osp.join(root, STAMP), 'w') as f:
-        json.dump(stamp, f, indent=1)
+        json.dump(dict(stamp, sha256=dataset_digest(root)), f, indent=1)
     log(f'[demo] {name}: wrote a tiny dataset in {root} ({time.time() - t0:.1f} s)')
     return root
 
@@ -237,9 +257,10 @@ def run_demo(roots: Dict[str, str], work_dir: str = 'work_dirs/demo', iters: int
 
     Returns:
         The summary (``iters``, ``environment`` (:func:`environment`), ``datasets: {name:
-        {config, checkpoint, train_seconds, report_seconds, val_mIoU, chance, report_json,
-        report_png, rows}}``, plus ``fov_view`` (:func:`write_fov_view`) for demos that
-        name one), as written.
+        {config, data_sha256, checkpoint, train_seconds, report_seconds, val_mIoU, chance,
+        report_json, report_png, rows}}``, plus ``fov_view`` (:func:`write_fov_view`) for
+        demos that name one), as written. ``data_sha256`` (:func:`dataset_digest`) tells
+        whether two runs trained on the same data.
     """
     import lookhere_dense
     lookhere_dense.register_all_modules()
@@ -281,8 +302,10 @@ def run_demo(roots: Dict[str, str], work_dir: str = 'work_dirs/demo', iters: int
                 [cfg_path, ckpt, '--out-dir', work, '--tests', *demo_tests, '--cfg-options',
                  *report_opts]))
         labels = sorted(glob.glob(osp.join(root, demo['val_labels'])))
+        data_sha256 = dataset_digest(root)
         entry = dict(
-            config=demo['config'], checkpoint=ckpt, train_seconds=round(train_s, 1),
+            config=demo['config'], data_sha256=data_sha256, checkpoint=ckpt,
+            train_seconds=round(train_s, 1),
             report_seconds=round(time.time() - t0, 1), val_mIoU=last_val_miou(log_dir),
             chance=chance_levels(labels, demo['reduce_zero_label']),
             report_json=report['json'], report_png=report['png'], rows=report['rows'])

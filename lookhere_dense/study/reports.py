@@ -30,10 +30,18 @@ from typing import Any, Dict, List, Optional, Sequence
 
 __all__ = ['summarise', 'mode_summaries', 'format_table', 'format_mode_table',
            'format_cost_table', 'write_csv', 'plot', 'plot_modes', 'merge_reports',
-           'write_outputs', 'MERGEABLE', 'MODE_LABELS']
+           'write_outputs', 'MERGEABLE', 'MODE_LABELS', 'mode_label']
 
-#: how the tables and plots name the prediction modes
-MODE_LABELS = {'test': 'test', 'whole': 'whole', 'slide': 'slide', 'log_n': 'whole + log-n'}
+#: how the tables and plots name the prediction modes (``log_n``: the first mode + log-n)
+MODE_LABELS = {'test': 'test', 'whole': 'whole', 'slide': 'slide'}
+
+
+def mode_label(mode: str, modes: Sequence[str]) -> str:
+    """The name of ``mode`` in tables and plots: ``'log_n'`` of ``('whole', ...)`` ->
+    ``'whole + log-n'``."""
+    if mode == 'log_n':
+        return f'{mode_label(modes[0], modes)} + log-n'
+    return MODE_LABELS.get(mode, mode)
 
 
 def _evals(run: Dict[str, Any], mode: Optional[str]) -> Dict[str, Dict[str, Any]]:
@@ -63,28 +71,26 @@ def summarise(runs: Sequence[Dict[str, Any]], metric: str, mode: Optional[str] =
 
 def format_table(summary: Dict[str, Dict[str, Dict]], study: Dict[str, Any]) -> str:
     """A Markdown table: one row per encoding, one column per test scale."""
-    scales = [f'{s:g}' for s in study['scales']]
-    th, tw = study['train_size']
-    head = ['encoding'] + [f'{s}x ({round(th * float(s))}x{round(tw * float(s))})'
-                           for s in scales]
+    head = ['encoding'] + _scale_headers(study)
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for enc, per_scale in summary.items():
-        cells = [enc]
-        for s in scales:
-            e = per_scale.get(s)
-            if e is None or e['mean'] is None:
-                cells.append('-')
-            elif e['n'] > 1:
-                cells.append(f"{e['mean']:.2f} ± {e['std']:.2f}")
-            else:
-                cells.append(f"{e['mean']:.2f}")
+        cells = [enc] + [_cell(per_scale.get(f'{s:g}')) for s in study['scales']]
         lines.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines)
 
 
-def _report_modes(settings: Dict[str, Any]) -> List[str]:
-    """The prediction modes of a report (``['test']`` for one without ``modes``)."""
-    return list(settings.get('modes') or ['test'])
+def _cell(entry: Optional[Dict[str, Any]], digits: int = 2) -> str:
+    """A table cell: ``mean`` (``mean ± std`` with several seeds), ``-`` when missing."""
+    if entry is None or entry['mean'] is None:
+        return '-'
+    if entry['n'] > 1:
+        return f"{entry['mean']:.{digits}f} ± {entry['std']:.{digits}f}"
+    return f"{entry['mean']:.{digits}f}"
+
+
+def _scale_headers(study: Dict[str, Any]) -> List[str]:
+    th, tw = study['train_size']
+    return [f'{s:g}x ({round(th * float(s))}x{round(tw * float(s))})' for s in study['scales']]
 
 
 def write_csv(path: str, runs: Sequence[Dict[str, Any]], study: Dict[str, Any]) -> None:
@@ -110,19 +116,6 @@ def write_csv(path: str, runs: Sequence[Dict[str, Any]], study: Dict[str, Any]) 
                                 run['train_seconds']])
 
 
-def _cell(entry: Optional[Dict[str, Any]], digits: int = 2) -> str:
-    if entry is None or entry['mean'] is None:
-        return '-'
-    if entry['n'] > 1:
-        return f"{entry['mean']:.{digits}f} ± {entry['std']:.{digits}f}"
-    return f"{entry['mean']:.{digits}f}"
-
-
-def _scale_headers(study: Dict[str, Any]) -> List[str]:
-    th, tw = study['train_size']
-    return [f'{s:g}x ({round(th * float(s))}x{round(tw * float(s))})' for s in study['scales']]
-
-
 def format_mode_table(summaries: Dict[str, Dict[str, Dict[str, Dict]]],
                       study: Dict[str, Any]) -> str:
     """A Markdown table: one row per encoding and mode (``summaries = {mode: summary}``,
@@ -136,7 +129,7 @@ def format_mode_table(summaries: Dict[str, Dict[str, Dict[str, Dict]]],
             per_scale = summaries.get(mode, {}).get(enc)
             if per_scale is None:
                 continue
-            cells = [enc if i == 0 else '', MODE_LABELS.get(mode, mode)]
+            cells = [enc if i == 0 else '', mode_label(mode, modes)]
             cells += [_cell(per_scale.get(f'{s:g}')) for s in study['scales']]
             lines.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines)
@@ -149,22 +142,26 @@ def mode_summaries(runs: Sequence[Dict[str, Any]], metric: str, modes: Sequence[
             for i, m in enumerate(modes)}
 
 
+def _measured(runs: Sequence[Dict[str, Any]]) -> bool:
+    """Whether the runs' evaluations carry time and memory (the fov ladder's do)."""
+    return any('sec_per_img' in m for r in runs for m in r['eval'].values())
+
+
 def format_cost_table(runs: Sequence[Dict[str, Any]], study: Dict[str, Any]) -> str:
     """A Markdown table of the cost per frame, mean over the seeds of each encoding:
     seconds per frame (model time) and peak memory per mode and scale; ``''`` when the
     report has no measurements (zoom ladders). ``log_n`` costs what its base mode costs
     and is left out."""
+    if not _measured(runs):
+        return ''
     modes = [m for m in study['modes'] if m != 'log_n']
     timed = mode_summaries(runs, 'sec_per_img', study['modes'], 4)
     memory = mode_summaries(runs, 'peak_mem_mb', study['modes'], 1)
-    if not any(e['mean'] is not None for t in timed.values() for p in t.values()
-               for e in p.values()):
-        return ''
     head = ['encoding', 'mode'] + _scale_headers(study)
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for enc in dict.fromkeys(e for t in timed.values() for e in t):
         for i, mode in enumerate(modes):
-            cells = [enc if i == 0 else '', MODE_LABELS.get(mode, mode)]
+            cells = [enc if i == 0 else '', mode_label(mode, modes)]
             for s in study['scales']:
                 t = timed[mode].get(enc, {}).get(f'{s:g}')
                 m = memory[mode].get(enc, {}).get(f'{s:g}')
@@ -211,9 +208,9 @@ def plot_modes(path: str, summaries: Dict[str, Dict[str, Dict[str, Dict]]],
                costs: Dict[str, Dict[str, Dict[str, Dict[str, Dict]]]], study: Dict[str, Any],
                title: str) -> None:
     """Metric vs test size: one colour per encoding, one line style per mode (solid: the
-    first mode, dashed: ``slide``, dotted: ``log_n``); with measured ``costs`` (``{'sec_per_img'
-    | 'peak_mem_mb': {mode: summary}}``) a second panel: seconds and peak memory per
-    frame vs size, mean over encodings, per mode."""
+    first mode, dashed: ``slide``, dotted: ``log_n``); with ``costs`` (``{'sec_per_img' |
+    'peak_mem_mb': {mode: summary}}``, empty when not measured) a second panel: seconds and
+    peak memory per frame vs size, mean over encodings, per mode."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -222,8 +219,7 @@ def plot_modes(path: str, summaries: Dict[str, Dict[str, Dict[str, Dict]]],
     modes = list(study['modes'])
     styles = {modes[0]: '-', 'slide': '--', 'log_n': ':'}
     scales = list(study['scales'])
-    has_cost = any(e['mean'] is not None for per in costs.get('sec_per_img', {}).values()
-                   for p in per.values() for e in p.values())
+    has_cost = bool(costs)
     fig, axes = plt.subplots(1, 2 if has_cost else 1, figsize=(13 if has_cost else 7.5, 5),
                              squeeze=False)
     ax = axes[0][0]
@@ -249,7 +245,7 @@ def plot_modes(path: str, summaries: Dict[str, Dict[str, Dict[str, Dict]]],
     ax.grid(alpha=0.3)
     handles = [Line2D([], [], color=colours(j), lw=2, label=e) for j, e in enumerate(encodings)]
     handles += [Line2D([], [], color='black', ls=styles.get(m, '-.'),
-                       label=MODE_LABELS.get(m, m)) for m in modes]
+                       label=mode_label(m, modes)) for m in modes]
     ax.legend(handles=handles, fontsize=7, ncol=2)
     ax.set_title(title, fontsize=9)
     if has_cost:
@@ -265,7 +261,7 @@ def plot_modes(path: str, summaries: Dict[str, Dict[str, Dict[str, Dict]]],
                     ys.append(statistics.fmean(vals) if vals else float('nan'))
                 axis.plot(scales, ys, ls=styles.get(mode, '-.'), marker=marker,
                           color='tab:green' if key == 'sec_per_img' else 'tab:red',
-                          label=f'{MODE_LABELS.get(mode, mode)}: '
+                          label=f'{mode_label(mode, modes)}: '
                                 f'{"s / frame" if key == "sec_per_img" else "peak MB"}')
         ax2.set_yscale('log')
         ax2.set_xticks(scales)
@@ -363,7 +359,7 @@ def write_outputs(report: Dict[str, Any], out_dir: str, name: str) -> Dict[str, 
         f.write(text)
     if 'modes' in study:
         costs = {k: mode_summaries(report['runs'], k, study['modes'], 4)
-                 for k in ('sec_per_img', 'peak_mem_mb')}
+                 for k in ('sec_per_img', 'peak_mem_mb')} if _measured(report['runs']) else {}
         plot_modes(stem + '.png', summaries, costs, study, title)
     else:
         plot(stem + '.png', report['summary'], study, title)
