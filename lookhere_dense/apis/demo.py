@@ -39,16 +39,17 @@ __all__ = ['DEMOS', 'STAMP', 'DemoDataError', 'dataset_digest', 'generate_datase
            'last_val_miou',
            'environment', 'write_fov_view', 'run_demo']
 
-#: Per dataset: config, dataset folder under the data root, validation labels (glob),
-#: how the labels are read, default extrapolation tests.
+#: Per dataset: its name, config, dataset folder under the data root, validation labels
+#: (glob), how the labels are read, default extrapolation tests and the tests of the
+#: field-of-view view (:func:`write_fov_view`).
 DEMOS: Dict[str, Dict[str, Any]] = {
     'ade20k': dict(
-        config='configs/segmenter_lookhere_vit-t_tiny-ade.py',
+        layout='ADE20K', config='configs/segmenter_lookhere_vit-t_tiny-ade.py',
         folder='ade/ADEChallengeData2016',
         val_labels='annotations/validation/*.png', reduce_zero_label=True,
         tests=['slide@x1', 'whole@x1', 'whole@x1.5', 'whole@x2', 'whole@x3']),
     'cityscapes': dict(
-        config='configs/segmenter_lookhere_vit-t_tiny-cityscapes.py',
+        layout='Cityscapes', config='configs/segmenter_lookhere_vit-t_tiny-cityscapes.py',
         folder='cityscapes',
         val_labels='gtFine/val/*/*_gtFine_labelTrainIds.png', reduce_zero_label=False,
         tests=['slide@x1', 'whole@x1', 'whole@x2'],
@@ -312,8 +313,9 @@ def run_demo(roots: Dict[str, str], work_dir: str = 'work_dirs/demo', iters: int
         if demo.get('fov_view'):
             frame = report['rows'][0]
             view = write_fov_view(report, demo['fov_view'], work,
-                                  f'{name}-layout, field of view: the whole frame in one pass '
-                                  f'vs sliding windows of the training crop, same pixel scale')
+                                  f'{demo["layout"]} layout, field of view: the whole frame in '
+                                  'one pass vs sliding windows of the training crop, same '
+                                  'pixel scale')
             if view is not None:
                 entry['fov_view'] = dict(table=view['table'], json=view['json'],
                                          png=view['png'])
