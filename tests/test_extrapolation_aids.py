@@ -94,6 +94,13 @@ def test_log_n_scaling_needs_two_training_tokens():
 
 
 # -- mixed crop sizes -------------------------------------------------------------------
+def _mixed(**kwargs):
+    """``MixedCropSegDataPreProcessor`` built from the registry (in mmseg's scope, whatever
+    scope an earlier test left as the default)."""
+    from mmseg.registry import MODELS
+    return MODELS.build(dict(_scope_='mmseg', type='MixedCropSegDataPreProcessor', **kwargs))
+
+
 def _batch(n: int = 3, size: int = 12):
     """Images whose channel 0 encodes each pixel's position, labels = the same code."""
     from mmengine.structures import PixelData
@@ -111,8 +118,7 @@ def _batch(n: int = 3, size: int = 12):
 
 def test_mixed_crops_share_one_size_per_batch_and_keep_labels_aligned():
     from mmseg.registry import MODELS
-    pre = MODELS.build(dict(type='MixedCropSegDataPreProcessor', crop_sizes=[(4, 4), (6, 8), 12],
-                            seed=3, size=(12, 12), bgr_to_rgb=False))
+    pre = _mixed(crop_sizes=[(4, 4), (6, 8), 12], seed=3, size=(12, 12), bgr_to_rgb=False)
     seen = set()
     for _ in range(12):
         out = pre(_batch(), training=True)
@@ -124,24 +130,21 @@ def test_mixed_crops_share_one_size_per_batch_and_keep_labels_aligned():
             assert tuple(sample.img_shape) == (h, w) == tuple(sample.gt_sem_seg.shape)
     assert seen == {(4, 4), (6, 8), (12, 12)}
     # the same seed draws the same sizes and windows
-    a = MODELS.build(dict(type='MixedCropSegDataPreProcessor', crop_sizes=[4, 6], seed=1,
-                                size=(12, 12)))
-    b = MODELS.build(dict(type='MixedCropSegDataPreProcessor', crop_sizes=[4, 6], seed=1,
-                                size=(12, 12)))
+    a = _mixed(crop_sizes=[4, 6], seed=1, size=(12, 12))
+    b = _mixed(crop_sizes=[4, 6], seed=1, size=(12, 12))
     for _ in range(3):
         assert torch.equal(a(_batch(), True)['inputs'], b(_batch(), True)['inputs'])
     # inference is SegDataPreProcessor's
-    plain = MODELS.build(dict(type='SegDataPreProcessor'))
+    plain = MODELS.build(dict(_scope_='mmseg', type='SegDataPreProcessor'))
     assert torch.equal(a(_batch(), False)['inputs'], plain(_batch(), False)['inputs'])
 
 
 def test_mixed_crops_errors_name_the_problem():
-    from mmseg.registry import MODELS
     with pytest.raises(ValueError, match='needs at least one crop size'):
-        MODELS.build(dict(type='MixedCropSegDataPreProcessor', crop_sizes=[]))
+        _mixed(crop_sizes=[])
     with pytest.raises(ValueError, match=r'crop size \(4, 0\) is not'):
-        MODELS.build(dict(type='MixedCropSegDataPreProcessor', crop_sizes=[(4, 0)]))
-    pre = MODELS.build(dict(type='MixedCropSegDataPreProcessor', crop_sizes=[16], size=(12, 12)))
+        _mixed(crop_sizes=[(4, 0)])
+    pre = _mixed(crop_sizes=[16], size=(12, 12))
     with pytest.raises(ValueError, match=r'crop size \(16, 16\) is larger than the training '
                                          r'batch \(12x12\)'):
         pre(_batch(), training=True)
