@@ -18,7 +18,7 @@ from lookhere_dense.data.relational import (CLASSES, RelationalSettings, ensure_
 from lookhere_dense.study.aids import run_specs, split_run_spec
 from lookhere_dense.study.encodings import backbone_for, parse_encoding
 from lookhere_dense.study.ladders import (LADDERS, ladder_dataloader, ladder_evaluator,
-                                        study_settings)
+                                        prepare_data, study_settings)
 from lookhere_dense.study.reports import format_table, merge_reports, summarise, write_outputs
 from lookhere_dense.study.runs import RunOptions, run_config, run_study
 from lookhere_dense.study.schedules import schedule_to
@@ -389,6 +389,7 @@ def test_shrunk_fov_study_end_to_end(tmp_path):
     for mode in ('slide', 'log_n'):  # one window / a scale of exactly 1 at the crop size
         assert run['modes'][mode]['1']['mIoU'] == run['eval']['1']['mIoU']
     for metrics in [run['eval']['2'], *(m['2'] for m in run['modes'].values())]:
+        assert (metrics['input_h'], metrics['input_w']) == (128, 128)  # 2 x the crop
         assert metrics['sec_per_img'] > 0 and metrics['peak_mem_mb'] > 0
         assert metrics['images'] == 2 and {f'IoU.{c}' for c in fov_scenes.CLASSES} <= set(metrics)
     assert os.path.isfile(tmp_path / 'work' / 'lookhere-lh45+mixed_crops' / 'seed1' / 'iter_2.pth')
@@ -427,3 +428,38 @@ def test_a_zoom_report_with_a_test_time_aid(tmp_path):
         ('test', '1', '50.0'), ('test', '2', '40.0'), ('log_n', '1', '50.0'),
         ('log_n', '2', '42.0')]
     assert (tmp_path / 'z.png').is_file()
+
+
+def test_log_n_mode_evaluates_with_the_option_on_and_restores_it(repo_root, tmp_path):
+    """The study's ``log_n`` mode predicts with ``log_n_scaling`` on (other predictions than
+    ``whole`` on a larger frame, the same on the training crop) and switches it back off."""
+    import types
+
+    import torch
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+
+    from lookhere_dense.study.runs import evaluate_rung
+    init_default_scope('mmseg')
+    data = str(tmp_path / 'data')
+    cfg = Config.fromfile(str(repo_root / 'configs' / 'study' / 'fov_vit_tiny.py'))
+    cfg.merge_from_dict(parse_cfg_options([
+        f'train_dataloader.dataset.data_root={data}', f'val_dataloader.dataset.data_root={data}',
+        'fov_scenes.num_train=1', 'fov_scenes.num_val=2', 'fov_scenes.scales=(1,2)',
+        'model.backbone.num_layers=2']))
+    study = study_settings(cfg, scales=[1, 2])
+    prepare_data(cfg, study, progress=False)
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    with torch.no_grad():  # sharp attention, as after training, so a query scale shows
+        for blk in model.backbone.blocks:
+            blk.attn.qkv.weight.mul_(6.0)
+    runner = types.SimpleNamespace(model=model.eval())
+    for scale, differ in ((1, False), (2, True)):
+        whole = evaluate_rung(runner, cfg, study, scale, 'whole')
+        log_n = evaluate_rung(runner, cfg, study, scale, 'log_n')
+        keys = [k for k in whole if k.startswith('IoU.') or k in ('mIoU', 'aAcc')]
+        assert ([whole[k] for k in keys] != [log_n[k] for k in keys]) == differ
+        assert model.backbone.log_n_scaling is False

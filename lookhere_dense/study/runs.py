@@ -108,7 +108,7 @@ def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str
     * ``'whole'`` / ``'slide'`` -- the whole frame in one pass / mmseg's sliding windows of
       the training crop (:func:`slide_window`), one frame per batch, through
       :func:`~lookhere_dense.evaluation.extrapolation.evaluate_loader`: the metrics plus
-      ``sec_per_img`` (model time), ``peak_mem_mb``, ``mem_rise_mb`` (the peak above the
+      ``input_h`` / ``input_w`` (the median frame), ``sec_per_img`` (model time), ``peak_mem_mb``, ``mem_rise_mb`` (the peak above the
       memory in use when the loop started) and ``memory_kind``;
     * ``'log_n'`` -- the ladder's first mode with the backbone's ``log_n_scaling`` on.
     """
@@ -139,9 +139,10 @@ def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str
                                  f'{mode}@x{scale:g}')
     finally:
         model.test_cfg = before
-    seconds = result['seconds']
+    seconds, shapes = result['seconds'], sorted(result['shapes'])
     metrics = {k: _plain(v) for k, v in result['metrics'].items()}
-    metrics.update(sec_per_img=_plain(sum(seconds) / max(1, len(seconds))),
+    metrics.update(input_h=shapes[len(shapes) // 2][0], input_w=shapes[len(shapes) // 2][1],
+                   sec_per_img=_plain(sum(seconds) / max(1, len(seconds))),
                    peak_mem_mb=round(result['peak_mem_mb'], 1),
                    mem_rise_mb=round(result['mem_rise_mb'], 1),
                    memory_kind=result['memory_kind'], images=len(result['shapes']))
