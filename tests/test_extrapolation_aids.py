@@ -73,8 +73,8 @@ def test_log_n_scaling_is_exactly_one_on_the_training_grid_and_off_in_training()
 def test_windowed_blocks_count_the_keys_of_one_window():
     torch.manual_seed(0)
     model = _trained_like(LookHereViT(img_size=32, patch_size=8, embed_dims=48, num_layers=2,
-                                      num_heads=12, init_values=None, window_size=2, window_block_indexes=[0],
-                                      log_n_scaling=True))
+                                      num_heads=12, init_values=None, window_size=2,
+                                      window_block_indexes=[0], log_n_scaling=True))
     # block 0: 2x2 windows on the 4x4 training grid and on the 8x8 test grid -> 1
     assert model.attention_scale((8, 8), window_size=2) == 1.0
     # a window larger than the training grid: its keys grow with the test grid

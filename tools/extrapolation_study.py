@@ -16,9 +16,10 @@ Test ladder (``--ladder``, else the config's ``extrapolation`` dict):
   predicted whole (one pass) and with mmseg's sliding windows of the training crop, each
   timed and its peak memory measured; with ``--aids log_n`` also whole with the backbone's
   ``log_n_scaling``.
-* ``ladder='rendered'`` (the default without ``--ladder``, ``configs/study/relational_vit_tiny.py``):
-  zoom; the validation scenes of :mod:`lookhere_dense.data.relational`, rendered natively
-  at every scale into ``val_x{scale}`` folders (written on first use).
+* ``ladder='rendered'`` (the default without ``--ladder``,
+  ``configs/study/relational_vit_tiny.py``): zoom; the validation scenes of
+  :mod:`lookhere_dense.data.relational`, rendered natively at every scale into
+  ``val_x{scale}`` folders (written on first use).
 * ``ladder='resize'`` (any other mmseg config with a ``LookHereViT`` backbone, e.g. the
   Segmenter ADE20K / Cityscapes configs on a GPU): zoom; every ``Resize`` of the test
   pipeline is multiplied by the scale and the model tests in ``'whole'`` mode (a sliding

@@ -369,6 +369,7 @@ def write_outputs(report: Dict[str, Any], out_dir: str, name: str) -> Dict[str, 
 def _memory_kind(runs: Sequence[Dict[str, Any]]) -> str:
     """What the peak memory of a report measured (``process_rss``: the process's peak
     resident set size; ``cuda_max_allocated``)."""
-    kinds = {m.get('memory_kind') for r in runs for evals in [r['eval'], *r.get('modes', {}).values()]
+    kinds = {m.get('memory_kind') for r in runs
+             for evals in [r['eval'], *r.get('modes', {}).values()]
              for m in evals.values() if m.get('memory_kind')}
     return ', '.join(sorted(kinds)) or 'not measured'

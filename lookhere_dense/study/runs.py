@@ -108,8 +108,9 @@ def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str
     * ``'whole'`` / ``'slide'`` -- the whole frame in one pass / mmseg's sliding windows of
       the training crop (:func:`slide_window`), one frame per batch, through
       :func:`~lookhere_dense.evaluation.extrapolation.evaluate_loader`: the metrics plus
-      ``input_h`` / ``input_w`` (the median frame), ``sec_per_img`` (model time), ``peak_mem_mb``, ``mem_rise_mb`` (the peak above the
-      memory in use when the loop started) and ``memory_kind``;
+      ``input_h`` / ``input_w`` (the median frame), ``sec_per_img`` (model time),
+      ``peak_mem_mb``, ``mem_rise_mb`` (the peak above the memory in use when the loop
+      started) and ``memory_kind``;
     * ``'log_n'`` -- the ladder's first mode with the backbone's ``log_n_scaling`` on.
     """
     from mmengine.runner import ValLoop
