@@ -3,6 +3,9 @@
 # frames, 1/8 of 1024x2048), trained on 96x96 crops (a 6x6 patch grid; the real
 # config's 768 crop is 48x48). Tests: slide at the training crop, or the whole 128x256
 # frame (grid 8x16), like the real config's slide-768 vs whole 1024x2048 (64x128).
+# As in mmseg's Cityscapes configs, training resizes the frames by 0.5-2x around the
+# test scale (RandomResize scale=(256, 128), like (2048, 1024) for 1024x2048 frames), so
+# whole-frame and sliding-window tests see the pixel scale the model trained at.
 _base_ = [
     './_base_/models/segmenter_lookhere_vit-b16_mask.py',
     './_base_/datasets/cityscapes_768x768_checked.py',
@@ -15,7 +18,7 @@ train_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='LoadAnnotations'),
     dict(type='CheckSegLabels', num_classes=19),
-    dict(type='RandomResize', scale=(512, 256), ratio_range=(0.5, 2.0), keep_ratio=True),
+    dict(type='RandomResize', scale=(256, 128), ratio_range=(0.5, 2.0), keep_ratio=True),
     dict(type='RandomCrop', crop_size=crop_size, cat_max_ratio=0.75),
     dict(type='RandomFlip', prob=0.5),
     dict(type='PhotoMetricDistortion'),

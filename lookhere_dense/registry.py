@@ -25,6 +25,7 @@ REGISTERING_MODULES = (
     'lookhere_dense.engine.hooks',
     'lookhere_dense.engine.slope_logging',
     'lookhere_dense.data.checks',
+    'lookhere_dense.data.mixed_crops',
     'lookhere_dense.evaluation.metrics',
 )
 

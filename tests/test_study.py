@@ -11,14 +11,16 @@ import numpy as np
 import pytest
 
 from lookhere_dense.cli import parse_cfg_options
+from lookhere_dense.data import fov_scenes
 from lookhere_dense.data.relational import (CLASSES, RelationalSettings, ensure_relational_dataset,
                                             render_scene, sample_scene, settings_from_dict,
                                             split_name)
+from lookhere_dense.study.aids import run_specs, split_run_spec
 from lookhere_dense.study.encodings import backbone_for, parse_encoding
 from lookhere_dense.study.ladders import (LADDERS, ladder_dataloader, ladder_evaluator,
-                                        study_settings)
+                                        prepare_data, study_settings)
 from lookhere_dense.study.reports import format_table, merge_reports, summarise, write_outputs
-from lookhere_dense.study.runs import RunOptions, run_study
+from lookhere_dense.study.runs import RunOptions, run_config, run_study
 from lookhere_dense.study.schedules import schedule_to
 
 SMALL = RelationalSettings(num_train=12, num_val=3, train_size=(32, 32), scales=(1.0, 2.0),
@@ -238,11 +240,11 @@ def test_ladder_settings_and_the_per_class_evaluator():
     from mmseg.registry import METRICS
 
     from lookhere_dense.evaluation.metrics import PerClassIoUMetric
-    assert set(LADDERS) == {'rendered', 'resize'}
-    cfg = Config(dict(extrapolation=dict(ladder='fov'), model=dict(backbone=dict(img_size=32)),
+    assert set(LADDERS) == {'rendered', 'resize', 'fov'}
+    cfg = Config(dict(extrapolation=dict(ladder='zoom'), model=dict(backbone=dict(img_size=32)),
                       val_evaluator=dict(type='IoUMetric', iou_metrics=['mIoU'])))
-    with pytest.raises(ValueError, match=r"unknown extrapolation.ladder 'fov'; allowed: "
-                                         r"\['rendered', 'resize'\]"):
+    with pytest.raises(ValueError, match=r"unknown extrapolation.ladder 'zoom'; allowed: "
+                                         r"\['rendered', 'resize', 'fov'\]"):
         study_settings(cfg)
     cfg.extrapolation.ladder = 'rendered'
     settings = study_settings(cfg, scales=[2, 1], metric='aAcc')
@@ -254,3 +256,210 @@ def test_ladder_settings_and_the_per_class_evaluator():
     assert ev == dict(type='PerClassIoUMetric', iou_metrics=['mIoU'])
     assert cfg.val_evaluator.type == 'IoUMetric'  # config untouched
     assert isinstance(METRICS.build(dict(ev, _scope_='mmseg')), PerClassIoUMetric)
+
+
+# -- the field-of-view task -----------------------------------------------------------------
+FOV_SMALL = fov_scenes.FovSceneSettings(num_train=6, num_val=2, crop=(32, 32), train_scale=2,
+                                        scales=(1, 2), seed=3)
+
+
+def _grid(h: int, w: int):
+    return np.mgrid[0:h, 0:w]
+
+
+def test_fov_labels_follow_the_horizon_and_the_side_of_the_tower():
+    rng = np.random.default_rng(0)
+    for scale in (1, 2, 4):
+        for _ in range(4):
+            scene = fov_scenes.sample_scene(rng, (64 * scale, 48 * scale))
+            image, label = fov_scenes.render_scene(scene)
+            rows, cols = _grid(*scene.size)
+            x0, width = scene.tower
+            tower = (cols >= x0) & (cols < x0 + width)
+            assert (label[tower] == 2).all() and (image[tower] >= 210).all()
+            background = label <= 1
+            np.testing.assert_array_equal(label[background],
+                                          (rows[background] >= scene.horizon).astype(np.uint8))
+            ys, xs = np.nonzero(label >= 3)
+            np.testing.assert_array_equal(label[ys, xs],
+                                          np.where(xs + 0.5 < scene.tower_centre, 3, 4))
+            assert image.dtype == np.uint8 and image.shape == (*scene.size, 3)
+
+
+def test_fov_appearance_says_nothing_about_sky_road_or_side():
+    rng = np.random.default_rng(2)
+    seen = {}
+    for _ in range(150):
+        for _, _, _, _, _, rgb, cls in fov_scenes.sample_scene(rng, (64, 128)).objects:
+            seen.setdefault(rgb, set()).add(cls)
+    assert all(classes == {3, 4} for classes in seen.values()), seen
+    scene = fov_scenes.sample_scene(np.random.default_rng(3), (256, 256))
+    image, label = fov_scenes.render_scene(scene)
+    rows, _ = _grid(256, 256)
+    off_line = np.abs(rows - scene.horizon) > 2
+    sky, road = image[(label == 0) & off_line], image[(label == 1) & off_line]
+    assert abs(float(sky.mean()) - float(road.mean())) < 1.0
+    assert abs(float(sky.std()) - float(road.std())) < 1.0
+
+
+def test_fov_frames_show_more_of_the_world_at_one_pixel_scale():
+    settings = fov_scenes.FovSceneSettings()
+    rng = np.random.default_rng(1)
+    count = {}
+    for scale in (1, 4):
+        scenes = [fov_scenes.sample_scene(rng, settings.size_at(scale), settings)
+                  for _ in range(30)]
+        count[scale] = np.mean([len(s.objects) for s in scenes])
+        for s in scenes:  # sizes in px, whatever the frame
+            assert 4 <= s.tower[1] <= 6
+            assert all(4 <= o[3] <= 8 and 4 <= o[4] <= 8 for o in s.objects)
+    assert 12 < count[4] / count[1] < 20  # 16 x the area, about 16 x the objects
+
+
+def test_fov_dataset_folder_and_settings(tmp_path):
+    meta = fov_scenes.ensure_fov_dataset(str(tmp_path / 'fov'), FOV_SMALL)
+    assert meta['splits']['train']['size'] == [64, 64]  # train_scale x the crop
+    assert meta['splits']['val_x1']['size'] == [32, 32]
+    assert meta['splits']['val_x2']['size'] == [64, 64]
+    assert meta['classes'] == list(fov_scenes.CLASSES)
+    with pytest.raises(ValueError, match=r"unknown fov_scenes settings \['size'\]"):
+        fov_scenes.settings_from_dict(dict(size=3))
+    with pytest.raises(ValueError, match='scales must be >= 1'):
+        fov_scenes.FovSceneSettings(scales=(0.5,))
+    fov_scenes.save_examples(str(tmp_path / 'ex.png'), scales=(1, 2), settings=FOV_SMALL)
+    from PIL import Image
+    assert Image.open(tmp_path / 'ex.png').size == (32 + 64 + 4 * 4, 2 * 64 + 3 * 4)
+
+
+# -- aids ---------------------------------------------------------------------------------------
+def test_run_specs_with_aids():
+    assert split_run_spec('lookhere:lh45+mixed_crops') == ('lookhere:lh45', ('mixed_crops',))
+    assert run_specs(['abs', 'rope2d+mixed_crops'], ['log_n', 'mixed_crops']) == [
+        'abs+mixed_crops', 'rope2d+mixed_crops']
+    assert run_specs(['abs', 'none'], ['log_n']) == ['abs', 'none']
+    with pytest.raises(ValueError, match="'log_n' is a test-time aid"):
+        split_run_spec('abs+log_n')
+    with pytest.raises(ValueError, match="unknown training aid 'flip'"):
+        split_run_spec('abs+flip')
+    with pytest.raises(ValueError, match='names an aid twice'):
+        split_run_spec('abs+mixed_crops+mixed_crops')
+    with pytest.raises(ValueError, match=r"unknown aid\(s\) \['zoom'\]"):
+        run_specs(['abs'], ['zoom'])
+    with pytest.raises(ValueError, match='name one run twice'):
+        run_specs(['abs', 'abs+mixed_crops'], ['mixed_crops'])
+    with pytest.raises(ValueError, match='unknown encoding'):
+        split_run_spec('sincos+mixed_crops')
+
+
+def test_mixed_crops_aid_rewrites_the_run_config(repo_root, tmp_path):
+    from mmengine.config import Config
+    cfg = Config.fromfile(str(repo_root / 'configs' / 'study' / 'fov_vit_tiny.py'))
+    run = run_config(cfg, 'abs+mixed_crops', 0, RunOptions(), str(tmp_path))
+    crop = [t for t in run.train_dataloader.dataset.pipeline if t['type'] == 'RandomCrop']
+    assert crop[0]['crop_size'] == (128, 128)
+    dp = run.model.data_preprocessor
+    assert dp['type'] == 'MixedCropSegDataPreProcessor' and dp['size'] == (128, 128)
+    assert dp['crop_sizes'] == [[64, 64], [96, 96], [128, 128]]
+    assert run.model.backbone.pos_encoding == 'abs'
+    plain = run_config(cfg, 'abs', 0, RunOptions(), str(tmp_path))
+    assert plain.model.data_preprocessor['type'] == 'SegDataPreProcessor'
+    cfg.train_dataloader.dataset.pipeline = cfg.train_dataloader.dataset.pipeline[:2]
+    with pytest.raises(ValueError, match='needs a RandomCrop in the training pipeline'):
+        run_config(cfg, 'abs+mixed_crops', 0, RunOptions(), str(tmp_path))
+
+
+# -- a shrunk field-of-view study through the real Runner --------------------------------------
+def test_shrunk_fov_study_end_to_end(tmp_path):
+    data, out = tmp_path / 'data', tmp_path / 'out'
+    report = run_study(
+        ladder='fov', encodings=['lookhere:lh45'], aids=['log_n', 'mixed_crops'], seeds=[1],
+        options=RunOptions(iters=2, batch_size=2), scales=[1, 2],
+        work_dir=str(tmp_path / 'work'),
+        cfg_options=parse_cfg_options([
+            f'train_dataloader.dataset.data_root={data}',
+            f'val_dataloader.dataset.data_root={data}', 'fov_scenes.num_train=4',
+            'fov_scenes.num_val=2', 'fov_scenes.scales=(1,2)', 'model.backbone.num_layers=1']))
+    write_outputs(report, str(out), 'fov')
+    settings = report['settings']
+    assert settings['ladder'] == 'fov' and settings['modes'] == ['whole', 'slide', 'log_n']
+    assert settings['slide'] == dict(crop=[64, 64], stride=[43, 43])
+    assert settings['encodings'] == ['lookhere:lh45+mixed_crops']
+    run, = report['runs']
+    assert set(run['eval']) == {'1', '2'} and set(run['modes']) == {'slide', 'log_n'}
+    for mode in ('slide', 'log_n'):  # one window / a scale of exactly 1 at the crop size
+        assert run['modes'][mode]['1']['mIoU'] == run['eval']['1']['mIoU']
+    for metrics in [run['eval']['2'], *(m['2'] for m in run['modes'].values())]:
+        assert (metrics['input_h'], metrics['input_w']) == (128, 128)  # 2 x the crop
+        assert metrics['sec_per_img'] > 0 and metrics['peak_mem_mb'] > 0
+        assert metrics['images'] == 2 and {f'IoU.{c}' for c in fov_scenes.CLASSES} <= set(metrics)
+    assert os.path.isfile(tmp_path / 'work' / 'lookhere-lh45+mixed_crops' / 'seed1' / 'iter_2.pth')
+    rows = list(csv.DictReader((out / 'fov.csv').open()))
+    assert len(rows) == 6 and {r['mode'] for r in rows} == {'whole', 'slide', 'log_n'}
+    assert {(r['test_h'], r['scale']) for r in rows} == {('64', '1'), ('128', '2')}
+    table = (out / 'fov_table.md').read_text()
+    assert '| lookhere:lh45+mixed_crops | whole |' in table and '|  | whole + log-n |' in table
+    assert 'seconds per frame' in table and ' s, ' in report['cost_table']
+    assert (out / 'fov.png').stat().st_size > 10_000
+    saved = json.loads((out / 'fov.json').read_text())
+    assert saved['summary_modes']['slide']['lookhere:lh45+mixed_crops']['2']['n'] == 1
+    # seeds merge as for the zoom ladders
+    other = json.loads((out / 'fov.json').read_text())
+    other['runs'][0]['seed'] = 2
+    (out / 'other.json').write_text(json.dumps(other))
+    merged = write_outputs(merge_reports([str(out / 'fov.json'), str(out / 'other.json')], 'x'),
+                           str(out), 'merged')
+    assert merged['settings']['seeds'] == [1, 2]
+    assert merged['summary_modes']['slide']['lookhere:lh45+mixed_crops']['1']['n'] == 2
+
+
+def test_a_zoom_report_with_a_test_time_aid(tmp_path):
+    report = dict(command='x', date='d', wall_seconds=1.0, versions={},
+                  settings=dict(config='c.py', encodings=['abs'], seeds=[0], scales=[1.0, 2.0],
+                                ladder='rendered', metric='mIoU', train_size=[32, 32], iters=10,
+                                modes=['test', 'log_n']),
+                  runs=[dict(encoding='abs', seed=0, train_seconds=1.0,
+                             eval={'1': {'mIoU': 50.0}, '2': {'mIoU': 40.0}},
+                             modes={'log_n': {'1': {'mIoU': 50.0}, '2': {'mIoU': 42.0}}})])
+    out = write_outputs(report, str(tmp_path), 'z')
+    assert '| abs | test | 50.00 | 40.00 |' in out['table']
+    assert '|  | test + log-n | 50.00 | 42.00 |' in out['table'] and 'cost_table' not in out
+    rows = list(csv.DictReader((tmp_path / 'z.csv').open()))
+    assert [(r['mode'], r['scale'], r['mIoU']) for r in rows] == [
+        ('test', '1', '50.0'), ('test', '2', '40.0'), ('log_n', '1', '50.0'),
+        ('log_n', '2', '42.0')]
+    assert (tmp_path / 'z.png').is_file()
+
+
+def test_log_n_mode_evaluates_with_the_option_on_and_restores_it(repo_root, tmp_path):
+    """The study's ``log_n`` mode predicts with ``log_n_scaling`` on (other predictions than
+    ``whole`` on a larger frame, the same on the training crop) and switches it back off."""
+    import types
+
+    import torch
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+
+    from lookhere_dense.study.runs import evaluate_rung
+    init_default_scope('mmseg')
+    data = str(tmp_path / 'data')
+    cfg = Config.fromfile(str(repo_root / 'configs' / 'study' / 'fov_vit_tiny.py'))
+    cfg.merge_from_dict(parse_cfg_options([
+        f'train_dataloader.dataset.data_root={data}', f'val_dataloader.dataset.data_root={data}',
+        'fov_scenes.num_train=1', 'fov_scenes.num_val=2', 'fov_scenes.scales=(1,2)',
+        'model.backbone.num_layers=2']))
+    study = study_settings(cfg, scales=[1, 2])
+    prepare_data(cfg, study, progress=False)
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    with torch.no_grad():  # sharp attention, as after training, so a query scale shows
+        for blk in model.backbone.blocks:
+            blk.attn.qkv.weight.mul_(6.0)
+    runner = types.SimpleNamespace(model=model.eval())
+    for scale, differ in ((1, False), (2, True)):
+        whole = evaluate_rung(runner, cfg, study, scale, 'whole')
+        log_n = evaluate_rung(runner, cfg, study, scale, 'log_n')
+        keys = [k for k in whole if k.startswith('IoU.') or k in ('mIoU', 'aAcc')]
+        assert ([whole[k] for k in keys] != [log_n[k] for k in keys]) == differ
+        assert model.backbone.log_n_scaling is False

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import os.path as osp
 
 import cv2
 import numpy as np
 import pytest
 
-from lookhere_dense.apis.demo import generate_dataset, run_demo
+from lookhere_dense.apis.demo import STAMP, generate_dataset, run_demo
 from lookhere_dense.apis.inference import list_images, segment_images
 from lookhere_dense.apis.test import evaluate_checkpoint
 from lookhere_dense.apis.train import train_model
@@ -77,6 +78,67 @@ def test_demo_trains_validates_and_reports_both_datasets(demo):
     assert (city[2]['input_h'], city[2]['input_w']) == (256, 512)
     assert (city[0]['grid_h'], city[0]['grid_w']) == (6, 6)  # 96 px windows
     assert osp.isfile(demo['work'] / 'demo_summary.json')
+    view = summary['datasets']['cityscapes']['fov_view']  # whole frame vs slide
+    assert '| slide@x1 |' in view['table'] and '| whole@x1 |' in view['table']
+    assert osp.getsize(view['png']) > 10_000
+    assert 'fov_view' not in summary['datasets']['ade20k']
+    env = summary['environment']
+    assert env['torch_threads'] == 1 and env['torch'] and env['numpy'] and env['cpu']
+
+
+def _files(root) -> dict:
+    return {osp.relpath(p, root): open(p, 'rb').read()
+            for p in sorted(glob.glob(osp.join(str(root), '**', '*.*'), recursive=True))}
+
+
+def test_demo_gives_the_same_numbers_on_every_run(demo, tmp_path):
+    """A second tiny run -- data written anew into another folder, another work dir --
+    reproduces the first one's data byte for byte and its metrics exactly."""
+    data = tmp_path / 'data'
+    root = generate_dataset('cityscapes', str(data), num_train=4, num_val=2)
+    assert _files(root) == _files(demo['data'] / 'cityscapes')
+    assert json.load(open(osp.join(root, STAMP)))['sha256'] == \
+        demo['summary']['datasets']['cityscapes']['data_sha256']
+    summary = run_demo({'cityscapes': root}, str(tmp_path / 'work'), ITERS,
+                       tests=['slide@x1', 'whole@x1'], cfg_options=SHRINK)  # the fov view
+    first = demo['summary']['datasets']['cityscapes']
+    second = summary['datasets']['cityscapes']
+    assert second['val_mIoU'] == first['val_mIoU']
+    keys = ('test', 'mIoU', 'aAcc', 'mAcc', 'input_h', 'input_w', 'grid_h', 'grid_w')
+    assert [{k: r[k] for k in keys} for r in second['rows']] == \
+        [{k: r[k] for k in keys} for r in first['rows'][:2]]
+    assert second['fov_view']['table'].splitlines()[2:4] != []
+    import torch
+    a = torch.load(first['checkpoint'], map_location='cpu', weights_only=False)['state_dict']
+    b = torch.load(second['checkpoint'], map_location='cpu', weights_only=False)['state_dict']
+    assert all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
+
+
+def test_demo_data_are_reused_only_with_the_same_stamp(tmp_path, capsys):
+    from lookhere_dense.apis.demo import DemoDataError
+    logs = []
+    root = generate_dataset('cityscapes', str(tmp_path), num_train=2, num_val=3, log=logs.append)
+    vals = osp.join(root, 'gtFine', 'val', '*', '*.png')
+    assert len(glob.glob(vals)) == 3 and 'wrote' in logs[-1]
+    generate_dataset('cityscapes', str(tmp_path), num_train=2, num_val=3, log=logs.append)
+    assert 'using the dataset' in logs[-1]
+    first = sorted(glob.glob(vals))[0]
+    original = open(first, 'rb').read()
+    with open(first, 'ab') as f:
+        f.write(b'x')  # a changed file is not reused
+    generate_dataset('cityscapes', str(tmp_path), num_train=2, num_val=3, log=logs.append)
+    assert 'changed since the demo wrote them' in logs[-2] and 'wrote' in logs[-1]
+    assert open(first, 'rb').read() == original
+    generate_dataset('cityscapes', str(tmp_path), num_train=2, num_val=1, log=logs.append)
+    assert 'wrote' in logs[-1] and len(glob.glob(vals)) == 1  # no stale images left
+    assert json.load(open(osp.join(root, STAMP)))['settings']['num_val'] == 1
+    os.remove(osp.join(root, STAMP))
+    err = _error_of(lambda: generate_dataset('cityscapes', str(tmp_path), log=logs.append),
+                    capsys)
+    assert 'exists but was not written by this demo' in err and '--data-root' in err
+    assert len(glob.glob(vals)) == 1  # a folder without a stamp is never touched
+    with pytest.raises(DemoDataError):
+        generate_dataset('cityscapes', str(tmp_path), regenerate=True, log=logs.append)
 
 
 def test_chance_levels_match_a_hand_computation(tmp_path):

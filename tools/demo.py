@@ -6,9 +6,17 @@
 2. trains a LookHere ViT-T Segmenter on each as ``tools/train.py`` does (mmengine Runner,
    mmseg's IoUMetric validation at the end);
 3. runs the extrapolation report of ``tools/extrapolate.py`` on each checkpoint: mIoU, time
-   and memory at the training resolution and far above it, as a table, JSON and PNG;
+   and memory at the training resolution and far above it, as a table, JSON and PNG; for
+   the Cityscapes layout also the field-of-view view (``fov_view.md/.json/.png``): the
+   whole frame in one pass vs sliding windows of the training crop, same pixel scale;
 4. writes ``<work-dir>/demo_summary.json`` with the validation mIoU next to chance
-   levels computed from the same validation labels.
+   levels computed from the same validation labels, and the environment (versions,
+   threads, CPU, commit).
+
+The same command gives the same numbers on every run on one machine: the data come from
+fixed seeds (a folder is reused only when its stamp says it was written with the same
+settings), training is seeded (data order, augmentation, dataloader workers) and runs on
+``--threads`` PyTorch threads.
 
 Example::
 
@@ -52,7 +60,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--tests', nargs='+', default=None, metavar='MODE@SIZE',
                         help='extrapolation tests (default: per dataset, see tools/extrapolate.py)')
     parser.add_argument('--regenerate', action='store_true',
-                        help='rewrite the datasets even if they exist')
+                        help='rewrite the demo\'s datasets even if their stamp matches '
+                        '(a folder the demo did not write is never touched)')
     parser.add_argument('--data-only', action='store_true',
                         help='only write the datasets, then stop')
     parser.add_argument('--threads', type=int, default=1,
@@ -89,6 +98,9 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
               f"({d['train_seconds']:.0f} s); chance {c['uniform']:.2f} (uniform over the "
               f"{c['classes']} classes present), {c['majority']:.2f} (majority class); "
               f"report {d['report_png']}")
+        if d.get('fov_view'):
+            print(f"  {name} field of view (whole frame vs sliding windows, "
+                  f"{d['fov_view']['png']}):\n{d['fov_view']['table']}")
     print(f"  written: {osp.join(args.work_dir, 'demo_summary.json')}")
     return summary
 

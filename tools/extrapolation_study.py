@@ -8,26 +8,41 @@ runs share the trunk's initial weights (see :func:`lookhere_dense.models.pos_enc
 and the order of the training data. After training, each test scale gets its own mmengine
 ``ValLoop`` with mmseg's ``IoUMetric``.
 
-Test ladder, chosen by the config's ``extrapolation`` dict:
+Test ladder (``--ladder``, else the config's ``extrapolation`` dict):
 
-* ``ladder='rendered'`` (the CPU default, ``configs/study/relational_vit_tiny.py``): the
-  validation scenes of :mod:`lookhere_dense.data.relational`, rendered natively at every
-  scale into ``val_x{scale}`` folders (written on first use).
+* ``--ladder fov`` (CPU default ``configs/study/fov_vit_tiny.py``): the field of view. The
+  models train on 64 px crops of generated scenes (:mod:`lookhere_dense.data.fov_scenes`);
+  other scenes whose frames are 1x..4x the crop side at the *same* pixel scale are
+  predicted whole (one pass) and with mmseg's sliding windows of the training crop, each
+  timed and its peak memory measured; with ``--aids log_n`` also whole with the backbone's
+  ``log_n_scaling``.
+* ``ladder='rendered'`` (the default without ``--ladder``,
+  ``configs/study/relational_vit_tiny.py``): zoom; the validation scenes of
+  :mod:`lookhere_dense.data.relational`, rendered natively at every scale into
+  ``val_x{scale}`` folders (written on first use).
 * ``ladder='resize'`` (any other mmseg config with a ``LookHereViT`` backbone, e.g. the
-  Segmenter ADE20K / Cityscapes configs on a GPU): every ``Resize`` of the test pipeline is
-  multiplied by the scale and the model tests in ``'whole'`` mode (a sliding window would
-  hide the larger input; ``--keep-test-mode`` keeps the config's). Predictions are scored at
-  the annotation's own size, as mmseg does.
+  Segmenter ADE20K / Cityscapes configs on a GPU): zoom; every ``Resize`` of the test
+  pipeline is multiplied by the scale and the model tests in ``'whole'`` mode (a sliding
+  window would hide the larger input; ``--keep-test-mode`` keeps the config's).
+  Predictions are scored at the annotation's own size, as mmseg does.
 
-The machinery is :mod:`lookhere_dense.study` (encodings, schedules, ladders, runs, reports).
+Extrapolation aids (``--aids``, :mod:`lookhere_dense.study.aids`): ``log_n`` (test time:
+every run is also evaluated with ``log_n_scaling``) and ``mixed_crops`` (training on crops
+of 1x, 1.5x and 2x the crop side, one size per batch; the runs are named
+``ENCODING+mixed_crops``, or give ``ENCODING+mixed_crops`` in ``--encodings``).
+
+The machinery is :mod:`lookhere_dense.study` (encodings, aids, schedules, ladders, runs,
+reports).
 
 Outputs in ``--out-dir``: ``{name}.json`` (settings, seeds, versions, every run's metrics
-per scale incl. per-class IoU, mean / std), ``{name}.csv`` (one row per run and scale),
-``{name}_table.md`` (the table printed to stdout) and ``{name}.png`` (metric vs test
-resolution, one line per encoding, ±1 std bars with several seeds).
+per scale (and mode) incl. per-class IoU, time and memory, mean / std), ``{name}.csv`` (one
+row per run, mode and scale), ``{name}_table.md`` (the tables printed to stdout) and
+``{name}.png`` (metric vs test size, one line per encoding and mode, ±1 std bars with
+several seeds; for the fov ladder also time and memory per frame).
 
 Examples (CPU default, all encodings, one seed; then two more seeds, merged)::
 
+    python tools/extrapolation_study.py --ladder fov --out-dir work_dirs --name study_fov
     python tools/extrapolation_study.py --out-dir docs --name study_relational
     python tools/extrapolation_study.py --seeds 1 2 --out-dir work_dirs --name seeds12
     python tools/extrapolation_study.py --merge docs/study_relational.json \
@@ -51,21 +66,33 @@ import lookhere_dense  # noqa: E402
 lookhere_dense.register_all_modules()
 from lookhere_dense.lookhere.bias import PRESETS  # noqa: E402
 from lookhere_dense.models.pos_encoding import POS_ENCODINGS  # noqa: E402
+from lookhere_dense.study.aids import AIDS  # noqa: E402
 from lookhere_dense.study.encodings import DEFAULT_ENCODINGS  # noqa: E402
+from lookhere_dense.study.ladders import LADDERS  # noqa: E402
 from lookhere_dense.study.reports import merge_reports, write_outputs  # noqa: E402
-from lookhere_dense.study.runs import DEFAULT_CONFIG, RunOptions, run_study  # noqa: E402
+from lookhere_dense.study.runs import LADDER_CONFIGS, RunOptions, run_study  # noqa: E402
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     from mmengine.config import DictAction
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument('--config', default=DEFAULT_CONFIG,
+    p.add_argument('--config', default=None,
                    help='mmseg config with a LookHereViT backbone (and optionally the '
-                        '`relational` / `extrapolation` dicts of configs/study/*)')
-    p.add_argument('--encodings', nargs='+', default=list(DEFAULT_ENCODINGS),
+                        'generated-dataset / `extrapolation` dicts of configs/study/*); '
+                        'default: the ladder\'s CPU default '
+                        f'({ {k: osp.relpath(v, REPO) for k, v in LADDER_CONFIGS.items()} })')
+    p.add_argument('--ladder', choices=list(LADDERS), default=None,
+                   help='test ladder (default: the config\'s extrapolation.ladder): '
+                        + '; '.join(f'{k}: {v.description}' for k, v in LADDERS.items()))
+    p.add_argument('--encodings', nargs='+', default=None,
                    help=f'encodings to compare: {list(POS_ENCODINGS)}, or lookhere:PRESET '
-                        f'with PRESET in {sorted(PRESETS)}')
+                        f'with PRESET in {sorted(PRESETS)}; ENCODING+mixed_crops trains '
+                        'with that aid (default: the config\'s extrapolation.encodings, else '
+                        f'{list(DEFAULT_ENCODINGS)})')
+    p.add_argument('--aids', nargs='*', default=None, choices=list(AIDS), metavar='AID',
+                   help=f'extrapolation aids for every run, replacing the config\'s '
+                        f'extrapolation.aids: {AIDS}')
     p.add_argument('--seeds', nargs='+', type=int, default=[0],
                    help='one run per encoding and seed; several seeds give mean ± std')
     p.add_argument('--scales', nargs='+', type=float, default=None,
@@ -85,6 +112,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--keep-test-mode', action='store_true',
                    help="keep the config's model.test_cfg (default: force mode='whole' so the "
                         'model sees the whole larger image)')
+    p.add_argument('--threads', type=int, default=None,
+                   help='PyTorch CPU threads (default: PyTorch\'s choice; 1 is much faster '
+                        'on a machine whose cores are busy with other jobs)')
     p.add_argument('--work-dir', default=osp.join('work_dirs', 'extrapolation_study'),
                    help='where the runs keep their logs and last checkpoints')
     p.add_argument('--out-dir', default=None, help='where to write the results (default: --work-dir)')
@@ -104,6 +134,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     command = 'python ' + ' '.join(shlex.quote(a) for a in
                                    [osp.relpath(__file__, os.getcwd())] +
                                    list(sys.argv[1:] if argv is None else argv))
+    from lookhere_dense.cli import apply_threads
+    apply_threads(args.threads)
     if args.merge:
         report = merge_reports(args.merge, command)
     else:
@@ -112,13 +144,16 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             RunOptions(iters=args.iters, batch_size=args.batch_size, lr=args.lr,
                        val_interval=args.val_interval, keep_test_mode=args.keep_test_mode),
             work_dir=args.work_dir, scales=args.scales, metric=args.metric,
-            cfg_options=args.cfg_options, command=command)
+            cfg_options=args.cfg_options, command=command, ladder=args.ladder,
+            aids=args.aids)
     out_dir = args.out_dir or args.work_dir
     write_outputs(report, out_dir, args.name)
     stem = osp.join(out_dir, args.name)
+    cost = f'\n\nseconds and peak memory per frame:\n{report["cost_table"]}' \
+        if report.get('cost_table') else ''
     print(f'\n{report["settings"]["metric"]} by test resolution ({len(report["runs"])} runs, '
-          f'{report["wall_seconds"]:.0f} s):\n{report["table"]}\n\nwrote {stem}.json, .csv, '
-          '_table.md, .png')
+          f'{report["wall_seconds"]:.0f} s):\n{report["table"]}{cost}\n\nwrote {stem}.json, '
+          '.csv, _table.md, .png')
     return report
 
 

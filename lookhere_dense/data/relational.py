@@ -34,13 +34,12 @@ No OpenMMLab imports here (numpy + Pillow).
 """
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from .folders import ensure_dataset, write_dataset, write_png
 
 __all__ = ['CLASSES', 'PALETTE', 'RelationalSettings', 'Scene', 'sample_scene',
            'render_scene', 'split_name', 'write_relational_dataset',
@@ -215,14 +214,10 @@ def split_name(scale: float) -> str:
     return f'val_x{float(scale):g}'
 
 
-def _write_png(path: str, array: np.ndarray) -> None:
-    from PIL import Image
-    Image.fromarray(array).save(path, compress_level=1)
-
-
 def write_relational_dataset(root: str, settings: RelationalSettings = RelationalSettings(),
                              progress: bool = False) -> Dict[str, Any]:
-    """(Re)write the dataset folder ``root`` for ``settings`` (see the module docstring).
+    """(Re)write the dataset folder ``root`` for ``settings`` (see the module docstring;
+    written by :func:`lookhere_dense.data.folders.write_dataset`).
 
     Train scenes come from ``default_rng([seed, 0])``, validation scenes from
     ``default_rng([seed, 1])``: the validation scenes are the same at every scale.
@@ -233,53 +228,24 @@ def write_relational_dataset(root: str, settings: RelationalSettings = Relationa
     Returns:
         The ``meta.json`` content.
     """
-    if os.path.isdir(root):
-        for sub in ('img_dir', 'ann_dir'):
-            shutil.rmtree(os.path.join(root, sub), ignore_errors=True)
-    jobs = [('train', settings.train_size, settings.num_train, 0)]
-    jobs += [(split_name(s), settings.size_at(s), settings.num_val, 1) for s in settings.scales]
-    total = settings.num_train + settings.num_val * len(settings.scales)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=total, desc=f'writing {root}', unit='img', mininterval=5)
-    counts: Dict[str, List[int]] = {}
-    for split, size, number, stream in jobs:
-        img_dir = os.path.join(root, 'img_dir', split)
-        ann_dir = os.path.join(root, 'ann_dir', split)
-        os.makedirs(img_dir, exist_ok=True)
-        os.makedirs(ann_dir, exist_ok=True)
-        rng = np.random.default_rng([settings.seed, stream])
-        hist = np.zeros(len(CLASSES), dtype=np.int64)
-        for i in range(number):
-            image, label = render_scene(sample_scene(rng, settings), size, settings.noise_std)
-            _write_png(os.path.join(img_dir, f'{i:05d}.png'), image)
-            _write_png(os.path.join(ann_dir, f'{i:05d}.png'), label)
-            hist += np.bincount(label.ravel(), minlength=len(CLASSES))
-            if bar is not None:
-                bar.update()
-        counts[split] = hist.tolist()
-    if bar is not None:
-        bar.close()
-    meta = dict(settings=settings.to_json(), classes=list(CLASSES), palette=PALETTE,
-                splits={split: dict(size=list(size), images=number, pixels_per_class=counts[split])
-                        for split, size, number, _ in jobs})
-    with open(os.path.join(root, 'meta.json'), 'w') as f:
-        json.dump(meta, f, indent=1)
-    return meta
+    splits = [('train', settings.train_size, settings.num_train)]
+    splits += [(split_name(s), settings.size_at(s), settings.num_val) for s in settings.scales]
+
+    def images(name: str, size: Tuple[int, int], number: int):
+        rng = np.random.default_rng([settings.seed, 0 if name == 'train' else 1])
+        for _ in range(number):
+            yield render_scene(sample_scene(rng, settings), size, settings.noise_std)
+
+    meta = dict(settings=settings.to_json(), classes=list(CLASSES), palette=PALETTE)
+    return write_dataset(root, splits, images, meta, len(CLASSES), progress)
 
 
 def ensure_relational_dataset(root: str, settings: RelationalSettings = RelationalSettings(),
                               progress: bool = False) -> Dict[str, Any]:
     """The dataset at ``root``, written only if ``meta.json`` is absent or was made with
     other settings. Returns the ``meta.json`` content."""
-    path = os.path.join(root, 'meta.json')
-    if os.path.isfile(path):
-        with open(path) as f:
-            meta = json.load(f)
-        if meta.get('settings') == settings.to_json():
-            return meta
-    return write_relational_dataset(root, settings, progress)
+    return ensure_dataset(root, settings.to_json(),
+                          lambda: write_relational_dataset(root, settings, progress))
 
 
 def settings_from_dict(cfg: Optional[Dict[str, Any]]) -> RelationalSettings:
@@ -312,4 +278,4 @@ def save_examples(path: str, num: int = 6, scales: Sequence[float] = (1.0, 2.0),
                 tile = tile.repeat(rep[0], 0).repeat(rep[1], 1)
                 row.append(np.pad(tile, ((2, 2), (2, 2), (0, 0)), constant_values=128))
             rows.append(np.concatenate(row, axis=1))
-    _write_png(path, np.concatenate(rows, axis=0))
+    write_png(path, np.concatenate(rows, axis=0))

@@ -30,7 +30,8 @@ from .memory import PeakMemory, free_memory
 from .resize import exact_resize, replace_resize, scale_resizes, short_side_resize
 
 __all__ = ['DEFAULT_TESTS', 'TestSpec', 'parse_spec', 'spec_pipeline', 'slide_settings',
-           'clear_position_caches', 'start_clean', 'evaluate_spec', 'format_table',
+           'clear_position_caches', 'start_clean', 'evaluate_loader', 'evaluate_spec',
+           'format_table',
            'plot_report', 'extrapolation_report']
 
 #: the tests of ``tools/extrapolate.py`` when none are given
@@ -168,15 +169,34 @@ def _silence_metric_tables():
     return logger, old
 
 
-def evaluate_spec(model, cfg, spec: TestSpec, split: str, device: str,
-                  max_images: Optional[int], patch_size: int) -> Dict[str, Any]:
-    """Run one test of ``model`` on the ``split`` dataloader of ``cfg``.
+def evaluate_loader(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any], mode: str,
+                    device: str, slide: Optional[Tuple[Tuple[int, int], Tuple[int, int]]] = None,
+                    desc: str = '') -> Dict[str, Any]:
+    """Predict every image of a dataloader ``whole`` or with mmseg's ``slide`` inference,
+    score it with ``evaluator`` and measure time and peak memory: the one evaluation of
+    the extrapolation report and the study's field-of-view ladder.
+
+    Each call starts clean (:func:`start_clean`: empty position-encoding caches, freed
+    memory); time is model time (``test_step``, data loading excluded) and memory the peak
+    of :class:`~lookhere_dense.evaluation.memory.PeakMemory` over the whole loop.
+
+    Args:
+        model: an mmseg segmentor in eval mode; its ``test_cfg`` is set to ``mode``.
+        dataloader: the dataloader config (built with mmengine's ``Runner.build_dataloader``).
+        evaluator: the evaluator config (e.g. ``IoUMetric``).
+        mode: ``'whole'`` or ``'slide'``.
+        device: ``'cpu'`` / ``'cuda[:N]'`` (for the memory meter and timing).
+        slide: ``(crop, stride)`` of ``slide`` mode (e.g. :func:`slide_settings`).
+            Default: None.
+        desc: progress-bar label. Default: ``''``.
 
     Returns:
-        The report row: ``test, mode, input_h, input_w`` (median input size), ``grid_h,
-        grid_w`` (patch grid the backbone saw; a window's for slide tests), ``mIoU, aAcc,
-        mAcc``, ``sec_per_img`` (model time), ``peak_mem_mb``, ``memory_kind``
-        (:attr:`PeakMemory.kind`), ``images``.
+        ``dict(metrics, seconds, shapes, peak_mem_mb, mem_rise_mb, memory_kind)``: the
+        evaluator's metrics, model seconds per image of every batch, the ``img_shape`` of
+        every image, the peak memory and its rise above the memory in use at the start.
+
+    Raises:
+        ValueError: ``slide`` mode without ``slide`` settings, or an unknown mode.
     """
     import torch
     from mmengine.config import ConfigDict
@@ -184,6 +204,51 @@ def evaluate_spec(model, cfg, spec: TestSpec, split: str, device: str,
     from mmengine.runner import Runner
     from tqdm import tqdm
 
+    if mode == 'whole':
+        model.test_cfg = ConfigDict(mode='whole')
+    elif mode == 'slide':
+        if slide is None:
+            raise ValueError("mode='slide' needs slide=(crop, stride)")
+        crop, stride = slide
+        model.test_cfg = ConfigDict(mode='slide', crop_size=tuple(crop), stride=tuple(stride))
+    else:
+        raise ValueError(f"mode must be 'whole' or 'slide', got {mode!r}")
+    loader = Runner.build_dataloader(dataloader)
+    evaluator = Evaluator(copy.deepcopy(evaluator))
+    evaluator.dataset_meta = loader.dataset.metainfo
+    seconds, shapes = [], []
+    start_clean(model)
+    with PeakMemory(device) as mem:
+        for data in tqdm(loader, desc=f'{desc:>16}', unit='img', leave=False,
+                         dynamic_ncols=True, disable=None):  # no bars in logs
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                outputs = model.test_step(data)
+            if device.startswith('cuda'):
+                torch.cuda.synchronize()
+            seconds.append((time.perf_counter() - t0) / max(1, len(outputs)))
+            shapes += [tuple(o.metainfo['img_shape'][:2]) for o in outputs]
+            evaluator.process(data_samples=outputs, data_batch=data)
+    logger, level = _silence_metric_tables()
+    try:
+        metrics = evaluator.evaluate(len(loader.dataset))
+    finally:
+        logger.setLevel(level)
+    return dict(metrics=metrics, seconds=seconds, shapes=shapes, peak_mem_mb=mem.peak_mb,
+                mem_rise_mb=mem.rise_mb, memory_kind=mem.kind)
+
+
+def evaluate_spec(model, cfg, spec: TestSpec, split: str, device: str,
+                  max_images: Optional[int], patch_size: int) -> Dict[str, Any]:
+    """Run one test of ``model`` on the ``split`` dataloader of ``cfg``
+    (:func:`evaluate_loader`, one image per batch).
+
+    Returns:
+        The report row: ``test, mode, input_h, input_w`` (median input size), ``grid_h,
+        grid_w`` (patch grid the backbone saw; a window's for slide tests), ``mIoU, aAcc,
+        mAcc``, ``sec_per_img`` (model time), ``peak_mem_mb``, ``memory_kind``
+        (:attr:`PeakMemory.kind`), ``images``.
+    """
     dl_cfg = copy.deepcopy(cfg.get(f'{split}_dataloader'))
     dl_cfg['dataset']['pipeline'] = spec_pipeline(dl_cfg['dataset']['pipeline'], spec)
     dl_cfg['batch_size'] = 1
@@ -191,37 +256,15 @@ def evaluate_spec(model, cfg, spec: TestSpec, split: str, device: str,
     dl_cfg['num_workers'] = min(int(dl_cfg.get('num_workers', 0)), 2)
     if max_images:
         dl_cfg['dataset']['indices'] = max_images
-    loader = Runner.build_dataloader(dl_cfg)
-    evaluator = Evaluator(copy.deepcopy(cfg.get(f'{split}_evaluator')))
-    evaluator.dataset_meta = loader.dataset.metainfo
-    if spec.mode == 'whole':
-        model.test_cfg = ConfigDict(mode='whole')
-    else:
-        crop, stride = slide_settings(cfg)
-        model.test_cfg = ConfigDict(mode='slide', crop_size=crop, stride=stride)
-    seconds, shapes = [], []
-    start_clean(model)
-    with PeakMemory(device) as mem:
-        for data in tqdm(loader, desc=f'{spec.text:>16}', unit='img', leave=False,
-                         dynamic_ncols=True, disable=None):  # no bars in logs
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                outputs = model.test_step(data)
-            if device.startswith('cuda'):
-                torch.cuda.synchronize()
-            seconds.append(time.perf_counter() - t0)
-            shapes.append(tuple(outputs[0].metainfo['img_shape'][:2]))
-            evaluator.process(data_samples=outputs, data_batch=data)
-    logger, level = _silence_metric_tables()
-    try:
-        metrics = evaluator.evaluate(len(loader.dataset))
-    finally:
-        logger.setLevel(level)
+    slide = slide_settings(cfg) if spec.mode == 'slide' else None
+    result = evaluate_loader(model, dl_cfg, cfg.get(f'{split}_evaluator'), spec.mode, device,
+                             slide, spec.text)
+    metrics, seconds, shapes = result['metrics'], result['seconds'], result['shapes']
     hs = sorted(s[0] for s in shapes)
     ws = sorted(s[1] for s in shapes)
     h, w = hs[len(hs) // 2], ws[len(ws) // 2]
     if spec.mode == 'slide':
-        crop, _ = slide_settings(cfg)
+        crop, _ = slide
         grid_h, grid_w = (math.ceil(min(c, d) / patch_size) for c, d in zip(crop, (h, w)))
     else:
         grid_h, grid_w = math.ceil(h / patch_size), math.ceil(w / patch_size)
@@ -230,8 +273,8 @@ def evaluate_spec(model, cfg, spec: TestSpec, split: str, device: str,
         mIoU=float(metrics.get('mIoU', float('nan'))),
         aAcc=float(metrics.get('aAcc', float('nan'))),
         mAcc=float(metrics.get('mAcc', float('nan'))),
-        sec_per_img=sum(seconds) / max(1, len(seconds)), peak_mem_mb=mem.peak_mb,
-        memory_kind=mem.kind, images=len(seconds))
+        sec_per_img=sum(seconds) / max(1, len(seconds)), peak_mem_mb=result['peak_mem_mb'],
+        memory_kind=result['memory_kind'], images=len(seconds))
 
 
 def _memory_label(rows: Sequence[Dict[str, Any]]) -> str:

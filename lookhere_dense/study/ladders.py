@@ -1,30 +1,49 @@
-"""Test ladders: the validation data a trained run is evaluated on, one rung per scale.
+"""Test ladders: the validation data a trained run is evaluated on, one rung per scale,
+and how each rung is predicted.
 
-Both ladders here are *zoom* ladders: rung ``s`` shows the same scenes at ``s`` times the
-training resolution (the content is the same, each object covers ``s``² times the pixels).
-The config's ``extrapolation`` dict chooses one:
+Two kinds of ladder, chosen by the config's ``extrapolation`` dict:
 
-* ``ladder='rendered'`` (the CPU default, ``configs/study/relational_vit_tiny.py``): the
-  validation scenes of :mod:`lookhere_dense.data.relational`, rendered natively at every
-  scale into ``val_x{scale}`` folders (written by :func:`prepare_data` on first use);
+*Zoom* ladders: rung ``s`` shows the same scenes at ``s`` times the training resolution
+(the content is the same, each object covers ``s``² times the pixels); the model predicts
+each image whole (the config's ``test_cfg`` with ``--keep-test-mode``):
+
+* ``ladder='rendered'`` (``configs/study/relational_vit_tiny.py``): the validation scenes
+  of :mod:`lookhere_dense.data.relational`, rendered natively at every scale into
+  ``val_x{scale}`` folders (written by :func:`prepare_data` on first use);
 * ``ladder='resize'`` (any other mmseg config with a ``LookHereViT`` backbone, e.g. the
   Segmenter ADE20K / Cityscapes configs on a GPU): every ``Resize`` of the validation
   pipeline is multiplied by the scale (:func:`lookhere_dense.evaluation.resize.scale_resizes`).
   Predictions are scored at the annotation's own size, as mmseg does.
 
-A ladder is a function ``(val_dataloader dict, study settings, scale) -> val_dataloader
-dict`` in :data:`LADDERS`; another kind of ladder (e.g. one that widens the field of view
-at a fixed pixel density) is one more entry there.
+The *field-of-view* ladder, ``ladder='fov'`` (``configs/study/fov_vit_tiny.py``): rung ``s``
+holds frames ``s`` times the training crop's side at the *same* pixel scale (``s``² times
+as much of the scene; :mod:`lookhere_dense.data.fov_scenes`, folders ``val_x{scale}``),
+and every frame is predicted twice: ``whole`` (one pass over the whole frame) and
+``slide`` (mmseg's sliding-window inference with windows of the training crop,
+:func:`slide_window`) -- the reference line whole-frame inference must beat. Each
+prediction is timed and its peak memory measured
+(:func:`lookhere_dense.evaluation.extrapolation.evaluate_loader`).
+
+Test-time aids (``--aids log_n``, :mod:`.aids`) add a mode: ``log_n`` is the ladder's
+whole-image prediction with the backbone's ``log_n_scaling`` on.
+
+A ladder is a :class:`Ladder` in :data:`LADDERS`: its rung builder ``(val_dataloader dict,
+study settings, scale) -> val_dataloader dict`` (the ladder is called like it) and the
+modes it predicts with.
 """
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Dict, Optional, Sequence
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..evaluation.resize import scale_resizes
 
-__all__ = ['DEFAULT_SCALES', 'LADDERS', 'study_settings', 'prepare_data', 'rendered_ladder',
-           'resize_ladder', 'ladder_dataloader', 'ladder_evaluator']
+__all__ = ['DEFAULT_SCALES', 'Ladder', 'LADDERS', 'GENERATED_DATASETS', 'study_settings',
+           'prepare_data',
+           'rendered_ladder', 'resize_ladder', 'fov_ladder', 'slide_window', 'ladder_modes',
+           'ladder_dataloader', 'ladder_evaluator']
 
 #: test scales (multiples of the training size) when neither the command line nor the
 #: config's ``extrapolation.scales`` give any
@@ -61,28 +80,87 @@ def resize_ladder(dataloader: Dict[str, Any], study: Dict[str, Any],
     return dataloader
 
 
-#: ladder name -> rung builder (see the module docstring)
-LADDERS: Dict[str, Callable[[Dict[str, Any], Dict[str, Any], float], Dict[str, Any]]] = {
-    'rendered': rendered_ladder,
-    'resize': resize_ladder,
+def fov_ladder(dataloader: Dict[str, Any], study: Dict[str, Any],
+               scale: float) -> Dict[str, Any]:
+    """Rung ``scale`` of the ``fov`` ladder: the dataset reads the ``study['val_prefix']``
+    split (``val_x{scale:g}``), whose frames are ``scale`` times the training crop's side at
+    the training pixel scale (the same folders as :func:`rendered_ladder`; what differs is
+    the content of the folders and the modes). Changes ``dataloader`` in place and returns
+    it."""
+    return rendered_ladder(dataloader, study, scale)
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """A test ladder: how rung ``s`` reads its data and how it is predicted.
+
+    Attributes:
+        rung: ``(val_dataloader dict, study settings, scale) -> val_dataloader dict``.
+        modes: the predictions of every rung: ``('test',)`` (the run's ``test_cfg``, through
+            mmengine's ``ValLoop``) or ``('whole', 'slide')`` (timed and measured, through
+            :func:`lookhere_dense.evaluation.extrapolation.evaluate_loader`). The first is
+            the report's main line.
+        description: one line for help texts.
+    """
+
+    rung: Callable[[Dict[str, Any], Dict[str, Any], float], Dict[str, Any]]
+    modes: Tuple[str, ...]
+    description: str
+
+    def __call__(self, dataloader: Dict[str, Any], study: Dict[str, Any],
+                 scale: float) -> Dict[str, Any]:
+        return self.rung(dataloader, study, scale)
+
+
+#: ladder name -> :class:`Ladder` (see the module docstring)
+LADDERS: Dict[str, Ladder] = {
+    'rendered': Ladder(rendered_ladder, ('test',),
+                       'zoom: the same scenes rendered natively at every scale'),
+    'resize': Ladder(resize_ladder, ('test',),
+                     "zoom: the config's test Resize multiplied by the scale"),
+    'fov': Ladder(fov_ladder, ('whole', 'slide'),
+                  'field of view: frames s x the training crop at one pixel scale, predicted '
+                  'whole and with sliding windows of the crop'),
 }
 
 
+def ladder_modes(study: Dict[str, Any]) -> Tuple[str, ...]:
+    """The modes every rung of ``study`` is predicted with: the ladder's, then one per
+    test-time aid (``'log_n'``)."""
+    return LADDERS[study['ladder']].modes + tuple(study.get('aids', ()))
+
+
+def slide_window(study: Dict[str, Any]) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+    """``(crop, stride)`` of the ``slide`` mode: windows of the training crop
+    (``study['train_size']``), stride ``study['slide_stride']`` or 2/3 of the crop (mmseg's
+    Cityscapes ratio, 768 / 512)."""
+    crop = tuple(int(c) for c in study['train_size'])
+    stride = study.get('slide_stride') or tuple(max(1, math.ceil(c * 2 / 3)) for c in crop)
+    if isinstance(stride, int):
+        stride = (stride, stride)
+    return crop, tuple(int(s) for s in stride)
+
+
 def study_settings(cfg, scales: Optional[Sequence[float]] = None,
-                   metric: Optional[str] = None) -> Dict[str, Any]:
+                   metric: Optional[str] = None, ladder: Optional[str] = None,
+                   aids: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """The ladder settings of ``cfg`` (its ``extrapolation`` dict), the command line's
-    ``scales`` / ``metric`` winning.
+    ``scales`` / ``metric`` / ``ladder`` / ``aids`` winning.
 
     Returns:
         ``dict(ladder, scales, metric, train_size, val_prefix)``; defaults: ladder
         ``'resize'``, scales :data:`DEFAULT_SCALES`, metric ``'mIoU'``, train size the
-        backbone's ``img_size`` (224), val prefix ``'val_x{scale:g}'``.
+        backbone's ``img_size`` (224), val prefix ``'val_x{scale:g}'``. Plus ``aids``
+        (the test-time aids, :mod:`.aids`) when there are any, and for the ``fov`` ladder
+        ``slide_stride`` (``extrapolation.slide_stride``, None: 2/3 of the crop).
 
     Raises:
-        ValueError: an unknown ladder or a scale <= 0.
+        ValueError: an unknown ladder or aid, or a scale <= 0.
     """
+    from .aids import check_aids
+
     ext = dict(cfg.get('extrapolation') or {})
-    ladder = ext.get('ladder', 'resize')
+    ladder = ladder or ext.get('ladder', 'resize')
     if ladder not in LADDERS:
         raise ValueError(f'unknown extrapolation.ladder {ladder!r}; allowed: {list(LADDERS)}')
     scales = tuple(float(s) for s in (scales or ext.get('scales') or DEFAULT_SCALES))
@@ -91,35 +169,60 @@ def study_settings(cfg, scales: Optional[Sequence[float]] = None,
     train_size = ext.get('train_size') or cfg.model.backbone.get('img_size', 224)
     if isinstance(train_size, int):
         train_size = (train_size, train_size)
-    return dict(ladder=ladder, scales=scales, metric=metric or ext.get('metric', 'mIoU'),
-                train_size=tuple(train_size), val_prefix=ext.get('val_prefix', 'val_x{scale:g}'))
+    study = dict(ladder=ladder, scales=scales, metric=metric or ext.get('metric', 'mIoU'),
+                 train_size=tuple(train_size),
+                 val_prefix=ext.get('val_prefix', 'val_x{scale:g}'))
+    test_aids, _ = check_aids(ext.get('aids', ()) if aids is None else aids)
+    if test_aids:
+        study['aids'] = test_aids
+    if ladder == 'fov':
+        study['slide_stride'] = ext.get('slide_stride')
+    return study
+
+
+#: config dict -> (generator module, its ``ensure_*`` writer, the settings field that is the
+#: training size) of the generated datasets :func:`prepare_data` writes (every module has
+#: ``settings_from_dict``)
+GENERATED_DATASETS = {
+    'relational': ('lookhere_dense.data.relational', 'ensure_relational_dataset',
+                   'train_size'),
+    'fov_scenes': ('lookhere_dense.data.fov_scenes', 'ensure_fov_dataset', 'crop'),
+}
 
 
 def prepare_data(cfg, study: Dict[str, Any], progress: bool = True) -> Optional[Dict[str, Any]]:
-    """Write the relational dataset the config describes (if any, and if not there yet),
-    with every scale of the study rendered.
+    """Write the generated dataset the config describes (its ``relational`` or
+    ``fov_scenes`` dict, :data:`GENERATED_DATASETS`) if it is not there yet, with every
+    scale of the study.
 
     Returns:
-        Its ``meta.json`` content, or None for configs without a ``relational`` dict.
+        Its ``meta.json`` content, or None for configs without such a dict.
 
     Raises:
-        ValueError: train sizes that disagree, or train and val ``data_root`` that differ.
+        ValueError: two such dicts, train sizes that disagree, or train and val
+            ``data_root`` that differ.
     """
-    from lookhere_dense.data.relational import ensure_relational_dataset, settings_from_dict
+    import importlib
 
-    if cfg.get('relational') is None:
+    present = [key for key in GENERATED_DATASETS if cfg.get(key) is not None]
+    if not present:
         return None
-    rel = dict(cfg.relational)
+    if len(present) > 1:
+        raise ValueError(f'the config describes two generated datasets {present}; keep one')
+    key = present[0]
+    module, ensure, size_key = GENERATED_DATASETS[key]
+    module = importlib.import_module(module)
+    rel = dict(cfg[key])
     rel['scales'] = tuple(sorted(set(map(float, rel.get('scales', ()))) | set(study['scales'])))
-    settings = settings_from_dict(rel)
-    if tuple(settings.train_size) != tuple(study['train_size']):
-        raise ValueError(f'relational.train_size {settings.train_size} differs from '
+    settings = module.settings_from_dict(rel)
+    if tuple(getattr(settings, size_key)) != tuple(study['train_size']):
+        raise ValueError(f'{key}.{size_key} {getattr(settings, size_key)} differs from '
                          f'extrapolation.train_size {study["train_size"]}')
     root = cfg.train_dataloader.dataset.get('data_root')
     if cfg.val_dataloader.dataset.get('data_root') != root:
-        raise ValueError('the relational dataset needs train and val data_root to be equal, got '
+        raise ValueError(f'the {key} dataset needs train and val data_root to be equal, got '
                          f'{root!r} and {cfg.val_dataloader.dataset.get("data_root")!r}')
-    return ensure_relational_dataset(root, settings, progress=progress)
+    return getattr(module, ensure)(root, settings, progress=progress)
 
 
 def ladder_dataloader(cfg, study: Dict[str, Any], scale: float) -> Dict[str, Any]:

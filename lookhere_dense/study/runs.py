@@ -6,8 +6,12 @@ Every run is a real mmengine ``Runner`` on an mmseg config in which only
 ``model.backbone.pos_encoding`` (and, for LookHere, its preset) changes; with one seed the
 runs share the trunk's initial weights (see
 :func:`lookhere_dense.models.pos_encoding.isolated_rng`) and the order of the training
-data. After training, each test scale gets its own mmengine ``ValLoop`` with
-:class:`~lookhere_dense.evaluation.metrics.PerClassIoUMetric`.
+data. After training, each test scale is evaluated in every mode of the ladder
+(:func:`~lookhere_dense.study.ladders.ladder_modes`) with
+:class:`~lookhere_dense.evaluation.metrics.PerClassIoUMetric`: zoom ladders through
+mmengine's ``ValLoop``, the field-of-view ladder through
+:func:`~lookhere_dense.evaluation.extrapolation.evaluate_loader` (whole vs sliding windows,
+timed, peak memory measured).
 """
 from __future__ import annotations
 
@@ -20,12 +24,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from .encodings import DEFAULT_ENCODINGS, backbone_for, parse_encoding
-from .ladders import ladder_dataloader, ladder_evaluator, prepare_data, study_settings
+from .aids import apply_train_aids, run_specs, split_run_spec
+from .encodings import DEFAULT_ENCODINGS, backbone_for
+from .ladders import (LADDERS, ladder_dataloader, ladder_evaluator, ladder_modes, prepare_data,
+                      slide_window, study_settings)
 from .schedules import schedule_to
 
-__all__ = ['DEFAULT_CONFIG', 'RunOptions', 'run_config', 'train_and_evaluate', 'versions',
-           'run_study']
+__all__ = ['DEFAULT_CONFIG', 'LADDER_CONFIGS', 'RunOptions', 'run_config', 'evaluate_rung',
+           'train_and_evaluate', 'versions', 'run_study']
 
 
 def _repo() -> str:
@@ -36,6 +42,9 @@ def _repo() -> str:
 #: the CPU default of ``tools/extrapolation_study.py``: a tiny LookHereViT on the
 #: relational task (``configs/study/relational_vit_tiny.py``)
 DEFAULT_CONFIG = osp.join(_repo(), 'configs', 'study', 'relational_vit_tiny.py')
+#: the CPU default config of each ladder (``--ladder`` without ``--config``)
+LADDER_CONFIGS = {'rendered': DEFAULT_CONFIG,
+                  'fov': osp.join(_repo(), 'configs', 'study', 'fov_vit_tiny.py')}
 
 
 @dataclass
@@ -61,9 +70,13 @@ class RunOptions:
 
 
 def run_config(base_cfg, spec: str, seed: int, options: RunOptions, work_dir: str):
-    """A deep copy of ``base_cfg`` for one run (encoding ``spec``, ``seed``, ``options``)."""
+    """A deep copy of ``base_cfg`` for one run (run ``spec``: an encoding with optional
+    training aids, :func:`~lookhere_dense.study.aids.split_run_spec`; ``seed``,
+    ``options``)."""
+    encoding, aids = split_run_spec(spec)
     cfg = copy.deepcopy(base_cfg)
-    cfg.model.backbone = backbone_for(cfg.model.backbone, spec)
+    cfg.model.backbone = backbone_for(cfg.model.backbone, encoding)
+    apply_train_aids(cfg, aids)
     cfg.work_dir = work_dir
     cfg.randomness = dict(seed=seed, deterministic=False)
     if options.iters:
@@ -87,14 +100,67 @@ def _plain(value: Any) -> Any:
     return round(value, 4) if isinstance(value, float) else value
 
 
+def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str
+                  ) -> Dict[str, Any]:
+    """The metrics of rung ``scale`` predicted in ``mode`` (:func:`ladder_modes`):
+
+    * ``'test'`` -- the run's ``test_cfg`` through mmengine's ``ValLoop`` (zoom ladders);
+    * ``'whole'`` / ``'slide'`` -- the whole frame in one pass / mmseg's sliding windows of
+      the training crop (:func:`slide_window`), one frame per batch, through
+      :func:`~lookhere_dense.evaluation.extrapolation.evaluate_loader`: the metrics plus
+      ``input_h`` / ``input_w`` (the median frame), ``sec_per_img`` (model time),
+      ``peak_mem_mb``, ``mem_rise_mb`` (the peak above the memory in use when the loop
+      started) and ``memory_kind``;
+    * ``'log_n'`` -- the ladder's first mode with the backbone's ``log_n_scaling`` on.
+    """
+    from mmengine.runner import ValLoop
+
+    model = runner.model.module if hasattr(runner.model, 'module') else runner.model
+    if mode == 'log_n':
+        backbone = model.backbone
+        before = backbone.log_n_scaling
+        backbone.log_n_scaling = True
+        try:
+            return evaluate_rung(runner, cfg, study, scale, LADDERS[study['ladder']].modes[0])
+        finally:
+            backbone.log_n_scaling = before
+    dataloader = ladder_dataloader(cfg, study, scale)
+    if mode == 'test':
+        loop = ValLoop(runner, dataloader, ladder_evaluator(cfg))
+        return {k: _plain(v) for k, v in loop.run().items()}
+    from lookhere_dense.evaluation.extrapolation import evaluate_loader
+
+    dataloader.update(batch_size=1, num_workers=0, persistent_workers=False)
+    device = 'cuda' if next(model.parameters()).is_cuda else 'cpu'
+    model.eval()
+    before = model.test_cfg
+    try:
+        result = evaluate_loader(model, dataloader, ladder_evaluator(cfg), mode, device,
+                                 slide_window(study) if mode == 'slide' else None,
+                                 f'{mode}@x{scale:g}')
+    finally:
+        model.test_cfg = before
+    seconds, shapes = result['seconds'], sorted(result['shapes'])
+    metrics = {k: _plain(v) for k, v in result['metrics'].items()}
+    metrics.update(input_h=shapes[len(shapes) // 2][0], input_w=shapes[len(shapes) // 2][1],
+                   sec_per_img=_plain(sum(seconds) / max(1, len(seconds))),
+                   peak_mem_mb=round(result['peak_mem_mb'], 1),
+                   mem_rise_mb=round(result['mem_rise_mb'], 1),
+                   memory_kind=result['memory_kind'], images=len(result['shapes']))
+    return metrics
+
+
 def train_and_evaluate(cfg, study: Dict[str, Any]) -> Dict[str, Any]:
-    """Train one run with the mmengine ``Runner`` and evaluate it at every ladder scale.
+    """Train one run with the mmengine ``Runner`` and evaluate it at every ladder scale in
+    every mode (:func:`evaluate_rung`).
 
     Returns:
-        ``dict(train_seconds, eval_seconds, params, eval={scale: {metric: value}})``.
+        ``dict(train_seconds, eval_seconds, params, eval={scale: {metric: value}})`` with
+        the ladder's first mode in ``eval``, plus ``modes={mode: {scale: {metric:
+        value}}}`` for the other modes (none for a zoom ladder without aids).
     """
     from mmengine.logging import print_log
-    from mmengine.runner import Runner, ValLoop
+    from mmengine.runner import Runner
 
     runner = Runner.from_cfg(cfg)
     start = time.time()
@@ -102,19 +168,23 @@ def train_and_evaluate(cfg, study: Dict[str, Any]) -> Dict[str, Any]:
     train_seconds = time.time() - start
     model = runner.model.module if hasattr(runner.model, 'module') else runner.model
     params = sum(p.numel() for p in model.parameters())
-    results: Dict[str, Dict[str, Any]] = {}
+    modes = ladder_modes(study)
+    results: Dict[str, Dict[str, Dict[str, Any]]] = {mode: {} for mode in modes}
     start = time.time()
     for scale in study['scales']:
-        loop = ValLoop(runner, ladder_dataloader(cfg, study, scale), ladder_evaluator(cfg))
-        metrics = {k: _plain(v) for k, v in loop.run().items()}
-        results[f'{scale:g}'] = metrics
-        print_log(f'[study] {cfg.model.backbone.pos_encoding} scale {scale:g}: '
-                  f'{study["metric"]} {metrics.get(study["metric"])}', logger='current')
+        for mode in modes:
+            metrics = evaluate_rung(runner, cfg, study, scale, mode)
+            results[mode][f'{scale:g}'] = metrics
+            print_log(f'[study] {cfg.model.backbone.pos_encoding} scale {scale:g} {mode}: '
+                      f'{study["metric"]} {metrics.get(study["metric"])}', logger='current')
     eval_seconds = time.time() - start
-    del runner, loop, model
+    del runner, model
     gc.collect()
-    return dict(train_seconds=round(train_seconds, 1), eval_seconds=round(eval_seconds, 1),
-                params=params, eval=results)
+    out = dict(train_seconds=round(train_seconds, 1), eval_seconds=round(eval_seconds, 1),
+               params=params, eval=results.pop(modes[0]))
+    if results:
+        out['modes'] = results
+    return out
 
 
 def versions() -> Dict[str, str]:
@@ -133,31 +203,39 @@ def versions() -> Dict[str, str]:
                 else 'cpu')
 
 
-def run_study(config: str = DEFAULT_CONFIG, encodings: Sequence[str] = DEFAULT_ENCODINGS,
+def run_study(config: Optional[str] = None, encodings: Optional[Sequence[str]] = None,
               seeds: Sequence[int] = (0,), options: Optional[RunOptions] = None,
               work_dir: str = osp.join('work_dirs', 'extrapolation_study'),
               scales: Optional[Sequence[float]] = None, metric: Optional[str] = None,
-              cfg_options: Optional[dict] = None, command: str = '') -> Dict[str, Any]:
-    """Train and evaluate every (seed, encoding); returns the report dict (``command``,
+              cfg_options: Optional[dict] = None, command: str = '',
+              ladder: Optional[str] = None, aids: Optional[Sequence[str]] = None
+              ) -> Dict[str, Any]:
+    """Train and evaluate every (seed, run); returns the report dict (``command``,
     ``date``, ``wall_seconds``, ``versions``, ``settings``, ``runs``; write it with
     :func:`lookhere_dense.study.reports.write_outputs`).
 
     Args:
-        config: mmseg config with a LookHereViT backbone (and optionally the ``relational``
-            / ``extrapolation`` dicts of ``configs/study/*``). Default:
-            :data:`DEFAULT_CONFIG`.
-        encodings: encodings to compare (:func:`parse_encoding`). Default:
-            :data:`DEFAULT_ENCODINGS`.
+        config: mmseg config with a LookHereViT backbone (and optionally the generated
+            dataset and ``extrapolation`` dicts of ``configs/study/*``). Default: None (the
+            ladder's CPU default, :data:`LADDER_CONFIGS`; :data:`DEFAULT_CONFIG` without
+            a ladder).
+        encodings: encodings (or run specs with training aids,
+            :func:`~lookhere_dense.study.aids.split_run_spec`) to compare. Default: None
+            (the config's ``extrapolation.encodings``, else :data:`DEFAULT_ENCODINGS`).
         seeds: one run per encoding and seed. Default: ``(0,)``.
         options: per-run overrides. Default: None (:class:`RunOptions()`).
-        work_dir: runs' logs and checkpoints (``<work_dir>/<encoding>/seed<N>``).
+        work_dir: runs' logs and checkpoints (``<work_dir>/<run>/seed<N>``).
             Default: ``work_dirs/extrapolation_study``.
         scales / metric: override the config's (:func:`study_settings`). Default: None.
         cfg_options: config overrides. Default: None.
         command: the command line, stored in the report. Default: ``''``.
+        ladder: override the config's ``extrapolation.ladder``. Default: None.
+        aids: extrapolation aids for every run (:mod:`lookhere_dense.study.aids`),
+            replacing the config's ``extrapolation.aids``. Default: None (the config's).
 
     Raises:
-        ValueError: a bad encoding (before any training), ladder or scale.
+        ValueError: a bad encoding, aid (before any training), ladder or scale; a ladder
+            without a CPU default config and no ``config``.
     """
     from mmengine.config import Config
     from mmengine.logging import print_log
@@ -165,24 +243,31 @@ def run_study(config: str = DEFAULT_CONFIG, encodings: Sequence[str] = DEFAULT_E
     import lookhere_dense
     lookhere_dense.register_all_modules()  # the models and PerClassIoUMetric
     options = options or RunOptions()
-    for spec in encodings:
-        parse_encoding(spec)  # fail early, before any training
+    if config is None:
+        if ladder is not None and ladder not in LADDER_CONFIGS:
+            raise ValueError(f'ladder {ladder!r} has no CPU default config: give one (e.g. '
+                             'configs/study/segmenter_vit-b_ade20k_ladder.py for resize)')
+        config = LADDER_CONFIGS.get(ladder, DEFAULT_CONFIG)
     cfg = Config.fromfile(config)
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
-    backbone_for(cfg.model.backbone, encodings[0])
-    study = study_settings(cfg, scales, metric)
+    ext = cfg.get('extrapolation') or {}
+    encodings = list(encodings or ext.get('encodings') or DEFAULT_ENCODINGS)
+    all_aids = list(ext.get('aids', ()) if aids is None else aids)
+    specs = run_specs(encodings, all_aids)  # fail early, before any training
+    backbone_for(cfg.model.backbone, split_run_spec(specs[0])[0])
+    study = study_settings(cfg, scales, metric, ladder, all_aids)
     data_meta = prepare_data(cfg, study)
 
     runs: List[Dict[str, Any]] = []
-    total = len(encodings) * len(seeds)
+    total = len(specs) * len(seeds)
     started = time.time()
     first_cfg = None
-    for i, (seed, spec) in enumerate((s, e) for s in seeds for e in encodings):
+    for i, (seed, spec) in enumerate((s, e) for s in seeds for e in specs):
         run_dir = osp.join(work_dir, spec.replace(':', '-'), f'seed{seed}')
         cfg_run = run_config(cfg, spec, seed, options, run_dir)
         first_cfg = first_cfg or cfg_run
-        print_log(f'[study] run {i + 1}/{total}: encoding {spec}, seed {seed}, '
+        print_log(f'[study] run {i + 1}/{total}: {spec}, seed {seed}, '
                   f'{cfg_run.train_cfg.max_iters} iters -> {run_dir}', logger='current')
         result = train_and_evaluate(cfg_run, study)
         runs.append(dict(encoding=spec, seed=seed, **result))
@@ -191,7 +276,7 @@ def run_study(config: str = DEFAULT_CONFIG, encodings: Sequence[str] = DEFAULT_E
 
     test_cfg = first_cfg.model.test_cfg
     settings = dict(
-        config=osp.relpath(osp.abspath(config), _repo()), encodings=list(encodings),
+        config=osp.relpath(osp.abspath(config), _repo()), encodings=specs,
         seeds=list(seeds), scales=list(study['scales']), ladder=study['ladder'],
         metric=study['metric'], train_size=list(study['train_size']),
         iters=first_cfg.train_cfg.max_iters,
@@ -201,6 +286,12 @@ def run_study(config: str = DEFAULT_CONFIG, encodings: Sequence[str] = DEFAULT_E
                   if k not in ('pos_encoding', 'preset', 'lh_config')},
         test_cfg=test_cfg.to_dict() if hasattr(test_cfg, 'to_dict') else test_cfg,
         cfg_options=cfg_options, dataset=data_meta)
+    modes = ladder_modes(study)
+    if modes != ('test',):
+        settings['modes'] = list(modes)
+    if study['ladder'] == 'fov':
+        crop, stride = slide_window(study)
+        settings['slide'] = dict(crop=list(crop), stride=list(stride))
     return dict(command=command, date=datetime.datetime.now().isoformat(timespec='seconds'),
                 wall_seconds=round(time.time() - started, 1), versions=versions(),
                 settings=settings, runs=runs)

@@ -183,11 +183,19 @@ class LookHereSelfAttention(nn.Module):
 
     def forward(self, x: Tensor, pos_enc: Union[PositionEncoding, LookHereAttentionEngine],
                 layer: int, grid: Tuple[int, int], cls_token: bool,
-                window_size: int = 0) -> Tensor:
-        """``(B, T, C)`` -> ``(B, T, C)``; ``window_size > 0`` selects window attention."""
+                window_size: int = 0, q_scale: float = 1.0) -> Tensor:
+        """``(B, T, C)`` -> ``(B, T, C)``; ``window_size > 0`` selects window attention.
+
+        ``q_scale`` multiplies the queries before the position encoding is asked, i.e. the
+        content logits ``q . k / sqrt(d)`` of every encoding (RoPE rotates linearly, so
+        its logits scale alike); an additive LookHere / 2D-ALiBi bias is not scaled. The
+        backbone's ``log_n_scaling`` sets it (see :meth:`LookHereViT.attention_scale`).
+        """
         b, t, c = x.shape
         q, k, v = self.qkv(x).reshape(b, t, 3, self.num_heads, self.head_dim).permute(
             2, 0, 3, 1, 4).unbind(0)
+        if q_scale != 1.0:
+            q = q * q_scale
         p = self.attn_drop if self.training else 0.0
         extra = {'tokens': x} if getattr(pos_enc, 'uses_tokens', False) else {}  # PaPE
         if window_size:
@@ -228,10 +236,12 @@ class LookHereBlock(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: Tensor, pos_enc: Union[PositionEncoding, LookHereAttentionEngine],
-                layer: int, grid: Tuple[int, int], cls_token: bool) -> Tensor:
-        """``(B, T, C)`` -> ``(B, T, C)``; ``pos_enc`` as in :class:`LookHereSelfAttention`."""
+                layer: int, grid: Tuple[int, int], cls_token: bool,
+                q_scale: float = 1.0) -> Tensor:
+        """``(B, T, C)`` -> ``(B, T, C)``; ``pos_enc`` and ``q_scale`` as in
+        :class:`LookHereSelfAttention`."""
         x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), pos_enc, layer, grid,
-                                                  cls_token, self.window_size)))
+                                                  cls_token, self.window_size, q_scale)))
         return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
 
 
@@ -445,6 +455,16 @@ class LookHereViT(BaseModule):
             ``'lookhere'``; timm / DeiT-III ``pos_embed`` is kept (resampled) by ``'abs'``
             and dropped by the others. See :mod:`lookhere_dense.models.pos_encoding`.
             Default: ``'lookhere'``.
+        log_n_scaling (bool): a test-time extrapolation aid: in eval mode, multiply every
+            block's queries by ``log(N) / log(N_train)``, ``N`` the keys a query attends
+            to (patches + CLS; for a windowed block the patches of one window) and
+            ``N_train`` the same count on the training grid ``img_size / patch_size``
+            (see :meth:`attention_scale`). Exactly 1 at the training grid; training (the
+            module in train mode) is never scaled. Applied in one place for every
+            ``pos_encoding`` (:class:`LookHereSelfAttention`): the content logits are
+            sharpened as the number of keys grows, an additive LookHere / 2D-ALiBi bias is
+            left as trained (its distance penalty already grows with the grid).
+            Default: False.
 
     Attributes:
         pos_enc (PositionEncoding): the one owner of the position encoding (for
@@ -492,7 +512,8 @@ class LookHereViT(BaseModule):
                  window_size: int = 0,
                  window_block_indexes: Optional[Sequence[int]] = None,
                  global_attn_indexes: Optional[Sequence[int]] = None,
-                 pos_encoding: Union[str, Mapping[str, Any]] = 'lookhere'):
+                 pos_encoding: Union[str, Mapping[str, Any]] = 'lookhere',
+                 log_n_scaling: bool = False):
         if init_cfg is not None and pretrained is not None:
             raise ValueError('init_cfg and pretrained cannot be set at the same time')
         if isinstance(pretrained, str):
@@ -542,6 +563,12 @@ class LookHereViT(BaseModule):
         self._lh_explicit = spec.explicit
         self.attn_backend = attn_backend
         grid = tuple(math.ceil(s / patch_size) for s in self.img_size)
+        self.train_grid: Tuple[int, int] = grid
+        self.log_n_scaling = bool(log_n_scaling)
+        if self.log_n_scaling and grid[0] * grid[1] + int(with_cls_token) < 2:
+            raise ValueError(f'log_n_scaling needs at least 2 tokens on the training grid '
+                             f'(img_size {self.img_size} / patch_size {patch_size} gives '
+                             f'{grid[0]}x{grid[1]})')
         with isolated_rng():  # the trunk draws the same init numbers whatever the encoding
             self.pos_enc: PositionEncoding = build_position_encoding(
                 spec, embed_dims=embed_dims, num_heads=num_heads, depth=num_layers,
@@ -837,14 +864,35 @@ class LookHereViT(BaseModule):
             x = self.pre_ln(x)
         return x, grid
 
+    def attention_scale(self, grid: Tuple[int, int], window_size: int = 0) -> float:
+        """The query scale of ``log_n_scaling`` for an input grid: ``log(N) / log(N_train)``.
+
+        ``N`` counts the keys a query attends to: ``H * W`` patches (+1 with the CLS
+        token); for a windowed block (``window_size > 0``) the patches of one window,
+        ``min(ws, H) * min(ws, W)`` (+1). ``N_train`` is the same count on the training
+        grid (:attr:`train_grid`). 1.0 when ``log_n_scaling`` is off or the module is in
+        train mode."""
+        if not self.log_n_scaling or self.training:
+            return 1.0
+        cls = int(self.with_cls_token)
+
+        def keys(h: int, w: int) -> int:
+            if window_size:
+                h, w = min(window_size, h), min(window_size, w)
+            return h * w + cls
+
+        n, n_train = keys(*grid), keys(*self.train_grid)
+        return 1.0 if n == n_train else math.log(n) / math.log(n_train)
+
     def _run_blocks(self, x: Tensor, grid: Tuple[int, int]):
         """Yield ``(i, tokens)`` after every block (the last one after the final norm)."""
         for i, blk in enumerate(self.blocks):
+            q_scale = self.attention_scale(grid, blk.window_size)
             if self.with_cp and x.requires_grad:
-                x = checkpoint(blk, x, self.pos_enc, i, grid, self.with_cls_token,
+                x = checkpoint(blk, x, self.pos_enc, i, grid, self.with_cls_token, q_scale,
                                use_reentrant=False)
             else:
-                x = blk(x, self.pos_enc, i, grid, self.with_cls_token)
+                x = blk(x, self.pos_enc, i, grid, self.with_cls_token, q_scale)
             if i == len(self.blocks) - 1 and self.norm is not None:
                 x = self.norm(x)
             yield i, x
