@@ -19,19 +19,12 @@ from lookhere_dense.apis.demo import STAMP, generate_dataset, run_demo
 from lookhere_dense.apis.inference import list_images, segment_images
 from lookhere_dense.apis.test import evaluate_checkpoint
 from lookhere_dense.apis.train import train_model
-from lookhere_dense.cli import parse_cfg_options, run_main
+from lookhere_dense.cli import run_main
 from lookhere_dense.evaluation.chance import chance_levels
+from tiny_seg import ADE_CFG, SHRINK
+from tiny_seg import options as _opts
+from tiny_seg import roots as _roots
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-ADE_CFG = osp.join(REPO, 'configs', 'segmenter_lookhere_vit-t_tiny-ade.py')
-#: Shrinks the demo model and loaders so a training step takes well under a second.
-SHRINK = ['model.backbone.num_layers=2', 'model.backbone.embed_dims=96',
-          'model.decode_head.in_channels=96', 'model.decode_head.channels=96',
-          'model.decode_head.embed_dims=96', 'model.decode_head.num_heads=2',
-          'train_dataloader.batch_size=2', 'train_dataloader.num_workers=0',
-          'train_dataloader.persistent_workers=False', 'val_dataloader.num_workers=0',
-          'val_dataloader.persistent_workers=False', 'test_dataloader.num_workers=0',
-          'test_dataloader.persistent_workers=False']
 ITERS = 3
 
 
@@ -50,15 +43,6 @@ def demo(tmp_path_factory):
     return dict(summary=summary, data=data, work=work,
                 ade_root=data / 'ade' / 'ADEChallengeData2016',
                 ckpt=str(work / 'ade20k' / f'iter_{ITERS}.pth'))
-
-
-def _roots(path) -> list:
-    return [f'{s}_dataloader.dataset.data_root={path}' for s in ('train', 'val', 'test')]
-
-
-def _opts(*pairs) -> dict:
-    """``--cfg-options`` pairs as the tools read them."""
-    return parse_cfg_options(pairs)
 
 
 def test_demo_trains_validates_and_reports_both_datasets(demo):
