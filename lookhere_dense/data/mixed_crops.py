@@ -16,22 +16,17 @@ How to use it in an mmseg config: let the training pipeline's ``RandomCrop`` pro
 
 Inference (validation, test) is exactly ``SegDataPreProcessor``'s. The study tool applies
 it with ``--aids mixed_crops`` (:mod:`lookhere_dense.study.aids`).
-
-The registry entry is a builder (:func:`build_mixed_crop_preprocessor`) that defines the
-class (:func:`mixed_crop_preprocessor_class`, a ``SegDataPreProcessor`` subclass) on first
-use: importing mmseg's data preprocessor imports all of ``mmseg.models``, which
-:func:`lookhere_dense.register_all_modules` must not pay for.
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from mmengine.structures import PixelData
+from mmseg.models.data_preprocessor import SegDataPreProcessor
 from mmseg.registry import MODELS
 
-__all__ = ['mixed_crop_preprocessor_class', 'build_mixed_crop_preprocessor',
-           'check_crop_sizes']
+__all__ = ['MixedCropSegDataPreProcessor', 'check_crop_sizes']
 
 #: the per-pixel fields of a ``SegDataSample`` that are cropped with the image
 _PIXEL_FIELDS = ('gt_sem_seg', 'gt_edge_map', 'gt_depth_map')
@@ -56,80 +51,66 @@ def check_crop_sizes(crop_sizes: Sequence[Any]) -> List[Tuple[int, int]]:
     return sizes
 
 
-@functools.lru_cache(maxsize=None)
-def mixed_crop_preprocessor_class() -> type:
-    """The ``MixedCropSegDataPreProcessor`` class (defined on the first call)."""
-    from mmengine.structures import PixelData
-    from mmseg.models.data_preprocessor import SegDataPreProcessor
+@MODELS.register_module()
+class MixedCropSegDataPreProcessor(SegDataPreProcessor):
+    """``SegDataPreProcessor`` that crops each training batch to one size drawn from
+    ``crop_sizes`` (see :mod:`lookhere_dense.data.mixed_crops`).
 
-    class MixedCropSegDataPreProcessor(SegDataPreProcessor):
-        """``SegDataPreProcessor`` that crops each training batch to one size drawn from
-        ``crop_sizes`` (see :mod:`lookhere_dense.data.mixed_crops`).
+    Args:
+        crop_sizes: ``(H, W)`` sizes to draw from (uniformly; an int ``s`` is
+            ``(s, s)``), each no larger than the batches the pipeline produces.
+        seed: seed of the draws (sizes and positions; a generator of its own, so the
+            global random streams are not touched). Default: None
+            (``torch.initial_seed()`` at the first training batch, i.e. the run's seed
+            under mmengine's ``randomness``).
+        **kwargs: ``SegDataPreProcessor``'s arguments.
 
-        Args:
-            crop_sizes: ``(H, W)`` sizes to draw from (uniformly; an int ``s`` is
-                ``(s, s)``), each no larger than the batches the pipeline produces.
-            seed: seed of the draws (sizes and positions; a generator of its own, so the
-                global random streams are not touched). Default: None
-                (``torch.initial_seed()`` at the first training batch, i.e. the run's seed
-                under mmengine's ``randomness``).
-            **kwargs: ``SegDataPreProcessor``'s arguments.
+    Raises:
+        ValueError: see :func:`check_crop_sizes`.
+    """
+
+    def __init__(self, crop_sizes: Sequence[Any], seed: Optional[int] = None,
+                 **kwargs: Any):
+        super().__init__(**kwargs)
+        self.crop_sizes = check_crop_sizes(crop_sizes)
+        self.seed = seed
+        self._generator: Optional[torch.Generator] = None
+
+    def _draw(self, high: int) -> int:
+        """A uniform int in ``[0, high)`` from the preprocessor's own generator."""
+        if self._generator is None:
+            self._generator = torch.Generator()
+            self._generator.manual_seed(torch.initial_seed() if self.seed is None
+                                        else int(self.seed))
+        return int(torch.randint(high, (1,), generator=self._generator))
+
+    def forward(self, data: dict, training: bool = False) -> Dict[str, Any]:
+        """``SegDataPreProcessor.forward``; in training the batch is then cropped to
+        one drawn size.
 
         Raises:
-            ValueError: see :func:`check_crop_sizes`.
+            ValueError: a drawn size larger than the batch (naming both).
         """
-
-        def __init__(self, crop_sizes: Sequence[Any], seed: Optional[int] = None,
-                     **kwargs: Any):
-            super().__init__(**kwargs)
-            self.crop_sizes = check_crop_sizes(crop_sizes)
-            self.seed = seed
-            self._generator: Optional[torch.Generator] = None
-
-        def _draw(self, high: int) -> int:
-            """A uniform int in ``[0, high)`` from the preprocessor's own generator."""
-            if self._generator is None:
-                self._generator = torch.Generator()
-                self._generator.manual_seed(torch.initial_seed() if self.seed is None
-                                            else int(self.seed))
-            return int(torch.randint(high, (1,), generator=self._generator))
-
-        def forward(self, data: dict, training: bool = False) -> Dict[str, Any]:
-            """``SegDataPreProcessor.forward``; in training the batch is then cropped to
-            one drawn size.
-
-            Raises:
-                ValueError: a drawn size larger than the batch (naming both).
-            """
-            out = super().forward(data, training)
-            if not training:
-                return out
-            inputs, samples = out['inputs'], out['data_samples']
-            ch, cw = self.crop_sizes[self._draw(len(self.crop_sizes))]
-            height, width = inputs.shape[-2:]
-            if ch > height or cw > width:
-                raise ValueError(f'MixedCropSegDataPreProcessor: crop size {(ch, cw)} is '
-                                 f'larger than the training batch ({height}x{width}); let the '
-                                 'pipeline crop to the largest of crop_sizes')
-            crops = []
-            for i, sample in enumerate(samples):
-                y0, x0 = self._draw(height - ch + 1), self._draw(width - cw + 1)
-                crops.append(inputs[i, :, y0:y0 + ch, x0:x0 + cw])
-                for name in _PIXEL_FIELDS:
-                    if name in sample:
-                        pixels = getattr(sample, name)
-                        setattr(sample, name, PixelData(
-                            data=pixels.data[..., y0:y0 + ch, x0:x0 + cw],
-                            metainfo=pixels.metainfo))
-                sample.set_metainfo(dict(img_shape=(ch, cw), pad_shape=(ch, cw),
-                                         batch_input_shape=(ch, cw)))
-            return dict(inputs=torch.stack(crops), data_samples=samples)
-
-    return MixedCropSegDataPreProcessor
-
-
-@MODELS.register_module(name='MixedCropSegDataPreProcessor')
-def build_mixed_crop_preprocessor(**kwargs: Any):
-    """Registry entry ``MixedCropSegDataPreProcessor``: an instance of
-    :func:`mixed_crop_preprocessor_class` built with ``kwargs``."""
-    return mixed_crop_preprocessor_class()(**kwargs)
+        out = super().forward(data, training)
+        if not training:
+            return out
+        inputs, samples = out['inputs'], out['data_samples']
+        ch, cw = self.crop_sizes[self._draw(len(self.crop_sizes))]
+        height, width = inputs.shape[-2:]
+        if ch > height or cw > width:
+            raise ValueError(f'MixedCropSegDataPreProcessor: crop size {(ch, cw)} is '
+                             f'larger than the training batch ({height}x{width}); let the '
+                             'pipeline crop to the largest of crop_sizes')
+        crops = []
+        for i, sample in enumerate(samples):
+            y0, x0 = self._draw(height - ch + 1), self._draw(width - cw + 1)
+            crops.append(inputs[i, :, y0:y0 + ch, x0:x0 + cw])
+            for name in _PIXEL_FIELDS:
+                if name in sample:
+                    pixels = getattr(sample, name)
+                    setattr(sample, name, PixelData(
+                        data=pixels.data[..., y0:y0 + ch, x0:x0 + cw],
+                        metainfo=pixels.metainfo))
+            sample.set_metainfo(dict(img_shape=(ch, cw), pad_shape=(ch, cw),
+                                     batch_input_shape=(ch, cw)))
+        return dict(inputs=torch.stack(crops), data_samples=samples)
