@@ -591,6 +591,8 @@ def test_default_studies_compare_the_new_encodings_at_a_comparable_size(repo_roo
     assert study['scales'][0] == 0.5 and study['scales'][-1] == 4 and study['native_aspect']
     assert 'native_aspect' not in study_settings(fov)
     for c in (cfg, fov):
+        # learnable slopes set with --cfg-options (not the run spec) get no weight decay
+        assert c.optim_wrapper.paramwise_cfg.custom_keys['slopes'] == dict(decay_mult=0.0)
         opts = c.extrapolation.encoding_options
 
         def params(spec):
