@@ -223,3 +223,31 @@ def test_overlay_blends_only_palette_classes():
     out = overlay(rgb, labels, [[200, 0, 0]], opacity=0.5)
     assert out[0, 0].tolist() == [150, 50, 50]
     assert out[0, 1].tolist() == [100, 100, 100] and out[0, 2].tolist() == [100, 100, 100]
+
+
+def test_tests_below_the_training_size_run_whole_and_slide(tmp_path, repo_root):
+    """Below the training crop: a slide window larger than the image is the image (slide =
+    whole), and a 4x3-patch grid or a native-aspect frame runs through the real test path."""
+    import torch
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+
+    from lookhere_dense.cli import parse_cfg_options
+    from lookhere_dense.data.relational import RelationalSettings, ensure_relational_dataset
+    from lookhere_dense.evaluation.extrapolation import evaluate_spec
+    init_default_scope('mmseg')
+    root = str(tmp_path / 'rel')
+    ensure_relational_dataset(root, RelationalSettings(num_train=1, num_val=2, scales=(1.0,)))
+    cfg = Config.fromfile(str(repo_root / 'configs' / 'study' / 'relational_vit_tiny.py'))
+    cfg.merge_from_dict(parse_cfg_options([f'val_dataloader.dataset.data_root={root}',
+                                           'model.backbone.num_layers=1']))
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model).eval()
+    rows = {t: evaluate_spec(model, cfg, parse_spec(t), 'val', 'cpu', None, 8)
+            for t in ('slide@32', 'whole@32', 'whole@long48', 'whole@24x40')}
+    assert (rows['slide@32']['input_h'], rows['slide@32']['grid_h']) == (32, 4)
+    assert rows['slide@32']['mIoU'] == rows['whole@32']['mIoU']   # one window: the image
+    assert (rows['whole@long48']['input_h'], rows['whole@long48']['input_w']) == (48, 48)
+    assert (rows['whole@24x40']['grid_h'], rows['whole@24x40']['grid_w']) == (3, 5)
+    assert all(r['images'] == 2 for r in rows.values())
