@@ -63,7 +63,8 @@ def test_pixel_box_is_the_data_preprocessor_s_own_normalisation():
     dp = SegDataPreProcessor(mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375],
                              bgr_to_rgb=True)
     unit, lower, upper = pixel_box(dp)
-    images = [torch.zeros(3, 2, 2, dtype=torch.uint8), torch.full((3, 2, 2), 255, dtype=torch.uint8)]
+    images = [torch.zeros(3, 2, 2, dtype=torch.uint8),
+              torch.full((3, 2, 2), 255, dtype=torch.uint8)]
     out = dp(dict(inputs=images, data_samples=None), False)['inputs']
     assert torch.equal(out[0], lower[0].expand(3, 2, 2))
     assert torch.equal(out[1], upper[0].expand(3, 2, 2))

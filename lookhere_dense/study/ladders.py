@@ -50,8 +50,8 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from ..evaluation.resize import long_side_resize, replace_resize, scale_resizes
 
-__all__ = ['DEFAULT_SCALES', 'NATIVE_ASPECT', 'STUDY_ROBUSTNESS', 'Ladder', 'LADDERS', 'GENERATED_DATASETS',
-           'study_settings', 'prepare_data', 'rendered_ladder', 'resize_ladder', 'fov_ladder',
+__all__ = ['DEFAULT_SCALES', 'NATIVE_ASPECT', 'STUDY_ROBUSTNESS', 'Ladder', 'LADDERS',
+           'GENERATED_DATASETS', 'study_settings', 'prepare_data', 'rendered_ladder', 'resize_ladder', 'fov_ladder',
            'rendered_native_aspect', 'resize_native_aspect', 'slide_window', 'ladder_modes',
            'ladder_dataloader', 'native_aspect_dataloader', 'ladder_evaluator']
 
