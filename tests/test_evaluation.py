@@ -12,7 +12,8 @@ from lookhere_dense.apis.inference import inference_pipeline, inference_test_cfg
 from lookhere_dense.evaluation.extrapolation import (clear_position_caches, format_table,
                                                      parse_spec, slide_settings, spec_pipeline)
 from lookhere_dense.evaluation.resize import (exact_resize, find_resize, is_resize,
-                                              replace_resize, scale_resizes, short_side_resize)
+                                              long_side_resize, replace_resize, scale_resizes,
+                                              short_side_resize)
 from lookhere_dense.swap import ConfigError
 
 PIPE = [dict(type='LoadImageFromFile'), dict(type='Resize', scale=(2048, 512), keep_ratio=True),
@@ -81,6 +82,30 @@ def test_extrapolate_spec_parsing_and_pipelines():
     assert pipe[1]['scale'] == (2048, 512)  # the config's pipeline is not changed
     with pytest.raises(ConfigError, match='whole@x2: the test pipeline has no Resize scale'):
         spec_pipeline([PIPE[0], PIPE[3]], parse_spec('whole@x2'))
+
+
+def test_below_training_size_and_native_aspect_specs():
+    assert parse_spec('whole@x0.5').factor == 0.5
+    assert spec_pipeline(PIPE, parse_spec('whole@x0.25'))[1]['scale'] == (512, 128)
+    spec = parse_spec('slide@long384')
+    assert (spec.mode, spec.long_side, spec.short_side, spec.factor) == ('slide', 384, None, None)
+    assert spec_pipeline(PIPE, spec)[1] == dict(type='Resize', scale=(384, 384), keep_ratio=True)
+    assert long_side_resize(512) == dict(type='Resize', scale=(512, 512), keep_ratio=True)
+    with pytest.raises(ConfigError, match='must be positive'):
+        parse_spec('whole@long0')
+    with pytest.raises(ConfigError, match='long<long side>'):
+        parse_spec('whole@long')
+
+
+def test_long_side_resize_keeps_the_aspect_and_sets_the_longer_side():
+    """mmcv's own Resize with the long-side dict: the longer side becomes exactly N (larger
+    and smaller images alike), the shorter one follows the aspect."""
+    from mmcv.transforms import Resize
+    resize = Resize(**{k: v for k, v in long_side_resize(64).items() if k != 'type'})
+    for (h, w), want in (((100, 50), (64, 32)), ((30, 60), (32, 64)), ((20, 20), (64, 64)),
+                         ((300, 400), (48, 64))):
+        out = resize(dict(img=np.zeros((h, w, 3), np.uint8)))
+        assert out['img'].shape[:2] == want, (h, w)
 
 
 def test_slide_settings_and_table():
@@ -198,3 +223,31 @@ def test_overlay_blends_only_palette_classes():
     out = overlay(rgb, labels, [[200, 0, 0]], opacity=0.5)
     assert out[0, 0].tolist() == [150, 50, 50]
     assert out[0, 1].tolist() == [100, 100, 100] and out[0, 2].tolist() == [100, 100, 100]
+
+
+def test_tests_below_the_training_size_run_whole_and_slide(tmp_path, repo_root):
+    """Below the training crop: a slide window larger than the image is the image (slide =
+    whole), and a 4x3-patch grid or a native-aspect frame runs through the real test path."""
+    import torch
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+
+    from lookhere_dense.cli import parse_cfg_options
+    from lookhere_dense.data.relational import RelationalSettings, ensure_relational_dataset
+    from lookhere_dense.evaluation.extrapolation import evaluate_spec
+    init_default_scope('mmseg')
+    root = str(tmp_path / 'rel')
+    ensure_relational_dataset(root, RelationalSettings(num_train=1, num_val=2, scales=(1.0,)))
+    cfg = Config.fromfile(str(repo_root / 'configs' / 'study' / 'relational_vit_tiny.py'))
+    cfg.merge_from_dict(parse_cfg_options([f'val_dataloader.dataset.data_root={root}',
+                                           'model.backbone.num_layers=1']))
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model).eval()
+    rows = {t: evaluate_spec(model, cfg, parse_spec(t), 'val', 'cpu', None, 8)
+            for t in ('slide@32', 'whole@32', 'whole@long48', 'whole@24x40')}
+    assert (rows['slide@32']['input_h'], rows['slide@32']['grid_h']) == (32, 4)
+    assert rows['slide@32']['mIoU'] == rows['whole@32']['mIoU']   # one window: the image
+    assert (rows['whole@long48']['input_h'], rows['whole@long48']['input_w']) == (48, 48)
+    assert (rows['whole@24x40']['grid_h'], rows['whole@24x40']['grid_w']) == (3, 5)
+    assert all(r['images'] == 2 for r in rows.values())

@@ -145,7 +145,7 @@ def test_shrunk_study_end_to_end(tmp_path):
     out = tmp_path / 'out'
     report = run_study(
         encodings=['lookhere', 'rope2d'], seeds=[7], options=RunOptions(iters=3, batch_size=4),
-        scales=[1, 2], work_dir=str(tmp_path / 'work'),
+        scales=[1, 2], work_dir=str(tmp_path / 'work'), native_aspect=False,
         cfg_options=parse_cfg_options([
             f'train_dataloader.dataset.data_root={data}',
             f'val_dataloader.dataset.data_root={data}', 'relational.num_train=16',
@@ -463,3 +463,189 @@ def test_log_n_mode_evaluates_with_the_option_on_and_restores_it(repo_root, tmp_
         keys = [k for k in whole if k.startswith('IoU.') or k in ('mIoU', 'aAcc')]
         assert ([whole[k] for k in keys] != [log_n[k] for k in keys]) == differ
         assert model.backbone.log_n_scaling is False
+
+
+# -- below 1x, native aspect, encoding options, learnable slopes, robustness -------------------
+def test_native_aspect_scenes_keep_the_task_at_their_own_aspect(tmp_path):
+    from lookhere_dense.data.relational import aspect_size, aspect_split_name
+    settings = dataclasses.replace(SMALL, scales=(0.5, 1.0), aspect_ratios=(0.5, 2.0))
+    assert [aspect_size(settings, 1.0, r) for r in (0.5, 2.0, 1.0)] == [(32, 16), (16, 32),
+                                                                      (32, 32)]
+    assert 'aspect_ratios' not in SMALL.to_json()   # folders written before still match
+    root = str(tmp_path / 'rel')
+    meta = ensure_relational_dataset(root, settings)
+    assert meta['splits'][aspect_split_name(0.5)]['size'] == [16, 16]   # (long, long)
+    from PIL import Image
+    sizes = [Image.open(os.path.join(root, 'img_dir', 'val_aspect_x1', f'{i:05d}.png')).size
+             for i in range(3)]
+    assert sizes == [(16, 32), (32, 16), (16, 32)]   # (W, H): aspect 0.5, 2, 0.5
+    # the same native-aspect scenes at every scale; labels still the quadrant classes
+    small = np.asarray(Image.open(os.path.join(root, 'ann_dir', 'val_aspect_x0.5', '00001.png')))
+    big = np.asarray(Image.open(os.path.join(root, 'ann_dir', 'val_aspect_x1', '00001.png')))
+    assert small.shape == (8, 16)
+    assert (big.reshape(8, 2, 16, 2) == small[:, None, :, None]).mean() > 0.9
+    # shapes are as large in pixels as in the square image of the same longer side
+    square = dataclasses.replace(SMALL, train_size=(64, 64))
+    wide = sample_scene(np.random.default_rng(4), square, aspect=2.0)
+    _, label = render_scene(wide, aspect_size(square, 1.0, 2.0))
+    side = wide.anchor[2] * 2 * 32
+    assert 0.12 * 64 - 1 <= side <= 0.18 * 64 + 1 and (label == 1).sum() >= (0.12 * 64 - 1) ** 2
+    with pytest.raises(ValueError, match=r'scales \[0.05\] render'):
+        dataclasses.replace(SMALL, scales=(0.05, 1.0))
+
+
+def test_below_1x_and_native_aspect_rungs():
+    from mmengine.config import Config
+    pipe = [dict(type='LoadImageFromFile'), dict(type='Resize', scale=(2048, 512), keep_ratio=True),
+            dict(type='LoadAnnotations')]
+    cfg = Config(dict(model=dict(backbone=dict(img_size=512)), extrapolation=dict(
+        ladder='resize', native_aspect=True), val_dataloader=dict(batch_size=4, dataset=dict(
+            type='ADE20KDataset', pipeline=pipe))))
+    study = study_settings(cfg, scales=[0.25, 0.5, 1])
+    assert study['scales'] == (0.25, 0.5, 1.0) and study['native_aspect']
+    assert ladder_dataloader(cfg, study, 0.25)['dataset']['pipeline'][1]['scale'] == (512, 128)
+    from lookhere_dense.study.ladders import ladder_modes, native_aspect_dataloader
+    assert ladder_modes(study) == ('test', 'native_aspect')
+    dl = native_aspect_dataloader(cfg, study, 0.75)
+    assert dl['batch_size'] == 1 and dl['dataset']['pipeline'][1] == dict(
+        type='Resize', scale=(384, 384), keep_ratio=True)
+    cfg.extrapolation.ladder = 'rendered'
+    study = study_settings(cfg, scales=[0.5])
+    assert native_aspect_dataloader(cfg, study, 0.5)['dataset']['data_prefix'] == dict(
+        img_path='img_dir/val_aspect_x0.5', seg_map_path='ann_dir/val_aspect_x0.5')
+    assert 'native_aspect' not in study_settings(cfg, native_aspect=False)
+    with pytest.raises(ValueError, match="native aspect needs a zoom ladder.*'fov'"):
+        study_settings(cfg, ladder='fov')
+    cfg.relational = dict(num_train=1, num_val=1, train_size=(512, 512))
+    cfg.train_dataloader = dict(dataset=dict(data_root='x'))
+    with pytest.raises(ValueError, match='native aspect needs scenes at other aspect ratios: '
+                                         'set relational.aspect_ratios'):
+        prepare_data(cfg, study)
+    rob = study_settings(cfg, robustness=True)['robustness']
+    assert rob['attacks'] == ['fgsm', 'pgd'] and rob['steps'] == 5
+    cfg.extrapolation.robustness = dict(eps=(3,), attack='x')
+    with pytest.raises(ValueError, match="unknown robustness settings \\['attack'\\]"):
+        study_settings(cfg, robustness=True)
+
+
+def test_encoding_options_and_the_learnable_slopes_run(repo_root, tmp_path):
+    from mmengine.config import Config
+    from mmengine.optim import build_optim_wrapper
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+    init_default_scope('mmseg')
+    bb = dict(type='LookHereViT', preset='lh180', embed_dims=8)
+    opts = dict(pape=dict(parabolas=6))
+    assert backbone_for(bb, 'pape', opts)['pos_encoding'] == dict(type='pape', parabolas=6)
+    assert backbone_for(bb, 'rope2d', opts)['pos_encoding'] == 'rope2d'
+    with pytest.raises(ValueError, match=r"pape: unknown options \['width'\]; allowed: "
+                                         r"\['parabolas'\]"):
+        backbone_for(bb, 'pape', dict(pape=dict(width=2)))
+    with pytest.raises(ValueError, match="unknown encoding 'papa'"):
+        backbone_for(bb, 'pape', dict(papa={}))
+    assert run_specs(['lookhere', 'lookhere:lh45+learnable_slopes', 'alibi2d'],
+                     ['learnable_slopes']) == ['lookhere+learnable_slopes',
+                                               'lookhere:lh45+learnable_slopes',
+                                               'alibi2d+learnable_slopes']
+    with pytest.raises(ValueError, match="run 'rope2d\\+learnable_slopes': learnable_slopes "
+                                         "learns the slopes of \\['lookhere', 'alibi2d'\\]"):
+        run_specs(['lookhere', 'rope2d'], ['learnable_slopes'])
+    cfg = Config.fromfile(str(repo_root / 'configs' / 'study' / 'relational_vit_tiny.py'))
+    cfg.model.backbone.num_layers = 2
+    fixed = run_config(cfg, 'lookhere:lh45', 0, RunOptions(), str(tmp_path))
+    run = run_config(cfg, 'lookhere:lh45+learnable_slopes', 0, RunOptions(), str(tmp_path))
+    assert run.model.backbone.preset == 'lh45'
+    assert run.model.backbone.lh_config == dict(learnable_slopes=True)
+    assert 'lh_config' not in fixed.model.backbone and not fixed.get('custom_hooks')
+    assert [h['type'] for h in run.custom_hooks] == ['LookHereSlopeLoggerHook']
+    model = MODELS.build(run.model)
+    slopes = {id(p) for n, p in model.named_parameters() if '.slopes.' in n}
+    assert len(slopes) == 1 + 2 + 2   # global, per layer, per layer's heads
+
+    def decay(optim_cfg):
+        wrapper = build_optim_wrapper(model, optim_cfg)
+        return {g['weight_decay'] for g in wrapper.optimizer.param_groups
+                if any(id(p) in slopes for p in g['params'])}
+
+    assert decay(run.optim_wrapper) == {0.0}   # the study config keeps decay off the slopes
+    del run.optim_wrapper.paramwise_cfg.custom_keys['slopes']
+    assert decay(run.optim_wrapper) == {0.05}   # the constructor would decay them otherwise
+    cfg.optim_wrapper.paramwise_cfg.custom_keys.pop('slopes')   # a config without the key
+    assert run_config(cfg, 'lookhere+learnable_slopes', 0, RunOptions(), str(tmp_path)
+                      ).optim_wrapper.paramwise_cfg.custom_keys['slopes'] == dict(decay_mult=0.0)
+    cfg.model.backbone.lh_config = 'lh45'
+    with pytest.raises(ValueError, match="lh_config is 'lh45', not a dict"):
+        run_config(cfg, 'lookhere+learnable_slopes', 0, RunOptions(), str(tmp_path))
+
+
+def test_default_studies_compare_the_new_encodings_at_a_comparable_size(repo_root):
+    from mmengine.config import Config
+    from mmseg.registry import MODELS
+
+    from lookhere_dense.study.encodings import DEFAULT_ENCODINGS
+    assert {'pape', 'rope_dinov3'} <= set(DEFAULT_ENCODINGS)
+    cfg = Config.fromfile(str(repo_root / 'configs' / 'study' / 'relational_vit_tiny.py'))
+    fov = Config.fromfile(str(repo_root / 'configs' / 'study' / 'fov_vit_tiny.py'))
+    assert {'pape', 'rope_dinov3'} <= set(fov.extrapolation.encodings)
+    assert 'encodings' not in cfg.extrapolation   # the zoom study uses DEFAULT_ENCODINGS
+    study = study_settings(cfg)
+    assert study['scales'][0] == 0.5 and study['scales'][-1] == 4 and study['native_aspect']
+    assert 'native_aspect' not in study_settings(fov)
+    for c in (cfg, fov):
+        # learnable slopes set with --cfg-options (not the run spec) get no weight decay
+        assert c.optim_wrapper.paramwise_cfg.custom_keys['slopes'] == dict(decay_mult=0.0)
+        opts = c.extrapolation.encoding_options
+
+        def params(spec):
+            return sum(p.numel() for p in MODELS.build(backbone_for(
+                c.model.backbone, spec, opts)).parameters())
+
+        trunk = params('none')
+        assert 1.05 < params('pape') / trunk < 1.2, params('pape') / trunk  # 50 would be ~2x
+        assert params('rope_dinov3') == trunk
+
+
+def test_shrunk_study_below_1x_native_aspect_robustness_and_learned_slopes(tmp_path):
+    data, out = tmp_path / 'data', tmp_path / 'out'
+    report = run_study(
+        encodings=['lookhere+learnable_slopes', 'pape'], seeds=[3],
+        options=RunOptions(iters=2, batch_size=4), scales=[0.5, 1],
+        work_dir=str(tmp_path / 'work'), robustness=True,
+        cfg_options=parse_cfg_options([
+            f'train_dataloader.dataset.data_root={data}',
+            f'val_dataloader.dataset.data_root={data}', 'relational.num_train=8',
+            'relational.num_val=2', 'relational.train_size=(32,32)',
+            'extrapolation.train_size=(32,32)', 'model.backbone.img_size=(32,32)',
+            'model.data_preprocessor.size=(32,32)', 'model.backbone.num_layers=1',
+            'val_dataloader.batch_size=2', 'extrapolation.robustness.eps=[4]',
+            'extrapolation.robustness.steps=1']))
+    write_outputs(report, str(out), 'small')
+    settings = report['settings']
+    assert settings['modes'] == ['test', 'native_aspect'] and settings['scales'] == [0.5, 1.0]
+    assert settings['native_aspect']['aspect_ratios'] == [0.5, 0.75, 4 / 3, 2.0]
+    assert settings['encoding_options'] == dict(pape=dict(parabolas=6))
+    assert settings['robustness']['eps'] == [4.0] and settings['dataset']['splits'][
+        'val_x0.5']['size'] == [16, 16]
+    slopes, pape = report['runs']
+    for run in report['runs']:
+        assert set(run['eval']) == set(run['modes']['native_aspect']) == {'0.5', '1'}
+        rob = run['robustness']
+        assert set(rob) == {'clean', 'fgsm', 'pgd'} and rob['fgsm']['4']['images'] == 2
+        # the attack's clean row is the ladder's 1x evaluation (the same test path)
+        assert {k: rob['clean'][k] for k in run['eval']['1']} == run['eval']['1']
+        assert rob['clean']['loss'] < rob['fgsm']['4']['loss']
+    assert len(slopes['slopes']['layer']) == 1 and 'slopes' not in pape
+    rows = list(csv.DictReader((out / 'small.csv').open()))
+    assert {(r['mode'], r['scale'], r['test_h']) for r in rows if r['encoding'] == 'pape'} == {
+        ('test', '0.5', '16'), ('test', '1', '32'), ('native_aspect', '0.5', ''),
+        ('native_aspect', '1', '')}
+    text = (out / 'small_table.md').read_text()
+    assert '| pape | test |' in text and '|  | native aspect |' in text
+    assert 'longer side the column\'s scale x 32 px' in text
+    assert '| encoding | clean | fgsm 4/255 | fgsm mean | pgd 4/255 | pgd mean |' in text
+    assert '| lookhere+learnable_slopes | 3 |' in text   # the learned slopes
+    assert report['summary_robustness']['pape']['fgsm']['4']['n'] == 1
+    rob_rows = list(csv.DictReader((out / 'small_robustness.csv').open()))
+    assert [(r['attack'], r['eps']) for r in rob_rows[:3]] == [('clean', '0'), ('fgsm', '4'),
+                                                               ('pgd', '4')]
+    assert (out / 'small_robustness.png').stat().st_size > 10_000

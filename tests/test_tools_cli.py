@@ -15,7 +15,7 @@ from tiny_seg import run_tools
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = ('train', 'test', 'infer', 'extrapolate', 'extrapolation_study', 'demo',
-         'swap_backbone', 'plot_heads', 'convert_checkpoint')
+         'swap_backbone', 'plot_heads', 'convert_checkpoint', 'robustness')
 
 
 ADE_CFG = os.path.join(REPO, 'configs', 'segmenter_lookhere_vit-t_tiny-ade.py')
@@ -55,6 +55,8 @@ def runs(tmp_path_factory):
         'study:merge': ('extrapolation_study', ['--merge', *_merge_inputs(tmp), '--out-dir',
                                                 str(tmp / 'm'), '--name', 'merged']),
         'swap:not python': ('swap_backbone', [DEIT_UPERNET, str(tmp / 'x.txt')]),
+        'robustness:bad eps': ('robustness', [ADE_CFG, 'x.pth', '--eps', '4', '0']),
+        'robustness:missing checkpoint': ('robustness', [ADE_CFG, str(tmp / 'none.pth')]),
     })
     results = run_tools(list(calls.values()))
     return {key: dict(res, tmp=tmp) for key, res in zip(calls, results)}
@@ -99,6 +101,14 @@ def test_extrapolate_and_infer_say_what_is_wrong(runs):
     assert 'is neither an image file nor a folder' in err
     res = runs['infer:bad size']
     assert res['rc'] == 2 and "expected HxW such as 1024x2048, got '10y20'" in res['stderr']
+
+
+def test_robustness_says_what_is_wrong(runs):
+    err = _error_line(runs['robustness:bad eps'])
+    assert "argument --eps: expected a number in (0, 255] (pixel units), got '0'" in err
+    err = _error_line(runs['robustness:missing checkpoint'])
+    tmp = runs['robustness:missing checkpoint']['tmp']
+    assert err == f"error: checkpoint {str(tmp / 'none.pth')!r} not found"
 
 
 def test_plot_heads_writes_its_png(runs):

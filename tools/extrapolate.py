@@ -7,8 +7,9 @@ slide crop (``slide``); mmseg's ``IoUMetric`` scores it. The report gives mIoU, 
 grid the backbone saw (vs the training grid), time per image and peak memory, as a table
 on stdout, a JSON file and a PNG plot.
 
-SIZE is ``x<f>`` (the config's test scale times f), ``<S>`` (short side S px, aspect
-kept) or ``<H>x<W>`` (exactly H x W). Examples::
+SIZE is ``x<f>`` (the config's test scale times f; below 1 tests below the training
+size), ``<S>`` (short side S px, aspect kept), ``long<L>`` (long side L px, the image's
+native aspect kept) or ``<H>x<W>`` (exactly H x W). Examples::
 
     # ADE20K: short side 512 / 768 / 1024 / 1536, whole image, plus the usual slide test
     python tools/extrapolate.py configs/segmenter_lookhere_ade20k.py CKPT \\
@@ -16,6 +17,11 @@ kept) or ``<H>x<W>`` (exactly H x W). Examples::
     # Cityscapes: slide-768 vs whole 1024x2048 vs whole 2048x4096 (upsampled)
     python tools/extrapolate.py configs/segmenter_lookhere_cityscapes.py CKPT \\
         --tests slide@1024x2048 whole@1024x2048 whole@2048x4096
+    # below the training size (0.25x..0.75x of the test scale) and at native aspect
+    # (long side 384 / 512 / 768 px, as ImageNet-Val tested at 384 without a square crop)
+    python tools/extrapolate.py configs/segmenter_lookhere_ade20k.py CKPT \
+        --tests whole@x0.25 whole@x0.5 whole@x0.75 whole@x1 whole@long384 whole@long512 \
+        whole@long768
 """
 from __future__ import annotations
 
@@ -40,7 +46,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--tests', nargs='+', default=None, metavar='MODE@SIZE',
                         help='tests to run, in order (default: the report\'s DEFAULT_TESTS, '
                         'slide@x1 then whole@x1 to whole@x3); MODE whole or slide, SIZE '
-                        'x<factor of the config test scale>, <short side px> or <H>x<W>')
+                        'x<factor of the config test scale> (x0.5: below it), <short side '
+                        'px>, long<long side px> (native aspect) or <H>x<W>')
     parser.add_argument('--split', choices=['test', 'val'], default='test',
                         help='which dataloader of the config to use (default: test)')
     parser.add_argument('--max-images', type=positive_int, default=None, metavar='N',

@@ -19,17 +19,31 @@ Test ladder (``--ladder``, else the config's ``extrapolation`` dict):
 * ``ladder='rendered'`` (the default without ``--ladder``,
   ``configs/study/relational_vit_tiny.py``): zoom; the validation scenes of
   :mod:`lookhere_dense.data.relational`, rendered natively at every scale into
-  ``val_x{scale}`` folders (written on first use).
+  ``val_x{scale}`` folders (written on first use), from 0.5x (below the training size) to
+  4x, plus the native-aspect rows: other scenes at aspect ratios 1:2 to 2:1 whose *longer*
+  side is the scale times the training side (``val_aspect_x{scale}``).
 * ``ladder='resize'`` (any other mmseg config with a ``LookHereViT`` backbone, e.g. the
   Segmenter ADE20K / Cityscapes configs on a GPU): zoom; every ``Resize`` of the test
   pipeline is multiplied by the scale and the model tests in ``'whole'`` mode (a sliding
   window would hide the larger input; ``--keep-test-mode`` keeps the config's).
   Predictions are scored at the annotation's own size, as mmseg does.
 
+Scales below 1 (``--scales 0.5 0.75 1 ...``) test below the training size on the zoom
+ladders. ``--native-aspect`` (zoom ladders; on in the CPU default config) adds a
+``native aspect`` row per encoding: images at their own aspect ratio, longer side the scale
+times the training side (``resize``: a long-side ``Resize``, as ImageNet-Val at 384 px).
+
 Extrapolation aids (``--aids``, :mod:`lookhere_dense.study.aids`): ``log_n`` (test time:
 every run is also evaluated with ``log_n_scaling``) and ``mixed_crops`` (training on crops
 of 1x, 1.5x and 2x the crop side, one size per batch; the runs are named
-``ENCODING+mixed_crops``, or give ``ENCODING+mixed_crops`` in ``--encodings``).
+``ENCODING+mixed_crops``, or give ``ENCODING+mixed_crops`` in ``--encodings``). The
+learnable-slopes ablation is one more run spec: ``--encodings lookhere
+lookhere+learnable_slopes`` (fixed vs learned LookHere slopes, in one report).
+
+``--robustness``: every run is also attacked (FGSM and PGD at 1, 2, 4, 8 /255, 5 PGD
+steps, unless the config's ``extrapolation.robustness`` says otherwise) on the 1x
+validation images (:mod:`lookhere_dense.evaluation.robustness`; one checkpoint:
+``tools/robustness.py``).
 
 The machinery is :mod:`lookhere_dense.study` (encodings, aids, schedules, ladders, runs,
 reports).
@@ -38,7 +52,8 @@ Outputs in ``--out-dir``: ``{name}.json`` (settings, seeds, versions, every run'
 per scale (and mode) incl. per-class IoU, time and memory, mean / std), ``{name}.csv`` (one
 row per run, mode and scale), ``{name}_table.md`` (the tables printed to stdout) and
 ``{name}.png`` (metric vs test size, one line per encoding and mode, ±1 std bars with
-several seeds; for the fov ladder also time and memory per frame).
+several seeds; for the fov ladder also time and memory per frame); with ``--robustness``
+also ``{name}_robustness.csv`` and ``{name}_robustness.png`` (mIoU vs attack strength).
 
 Examples (CPU default, all encodings, one seed; then two more seeds, merged)::
 
@@ -47,6 +62,9 @@ Examples (CPU default, all encodings, one seed; then two more seeds, merged)::
     python tools/extrapolation_study.py --seeds 1 2 --out-dir work_dirs --name seeds12
     python tools/extrapolation_study.py --merge docs/study_relational.json \
         work_dirs/seeds12.json --out-dir docs --name study_relational_3seeds
+    # fixed vs learnable LookHere slopes, and every run under FGSM / PGD
+    python tools/extrapolation_study.py --encodings lookhere lookhere+learnable_slopes \
+        --robustness --out-dir work_dirs --name slopes_robustness
 """
 from __future__ import annotations
 
@@ -88,16 +106,26 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument('--encodings', nargs='+', default=None,
                    help=f'encodings to compare: {list(POS_ENCODINGS)}, or lookhere:PRESET '
                         f'with PRESET in {sorted(PRESETS)}; ENCODING+mixed_crops trains '
-                        'with that aid (default: the config\'s extrapolation.encodings, else '
-                        f'{list(DEFAULT_ENCODINGS)})')
+                        'with that aid, lookhere+learnable_slopes learns the LookHere slopes '
+                        '(default: the config\'s extrapolation.encodings, else '
+                        f'{list(DEFAULT_ENCODINGS)}); options of an encoding (e.g. pape\'s '
+                        'parabolas) come from extrapolation.encoding_options')
     p.add_argument('--aids', nargs='*', default=None, choices=list(AIDS), metavar='AID',
                    help=f'extrapolation aids for every run, replacing the config\'s '
                         f'extrapolation.aids: {AIDS}')
     p.add_argument('--seeds', nargs='+', type=int, default=[0],
                    help='one run per encoding and seed; several seeds give mean ± std')
     p.add_argument('--scales', nargs='+', type=float, default=None,
-                   help='test resolutions as multiples of the training size '
+                   help='test resolutions as multiples of the training size, below 1 too '
                         '(default: the config\'s extrapolation.scales, else 1 1.5 2 3 4)')
+    p.add_argument('--native-aspect', action=argparse.BooleanOptionalAction, default=None,
+                   help='zoom ladders: add a row per encoding at the images\' own aspect '
+                        'ratio, longer side = scale x training side (default: the config\'s '
+                        'extrapolation.native_aspect)')
+    p.add_argument('--robustness', action='store_true',
+                   help='also attack every run with FGSM / PGD on the 1x validation images '
+                        '(settings: the config\'s extrapolation.robustness, else FGSM and '
+                        '5-step PGD at 1 2 4 8 /255)')
     p.add_argument('--iters', type=int, default=None,
                    help='training iterations (default: the config\'s max_iters); '
                         'iteration-based LR schedules are stretched to match')
@@ -145,15 +173,20 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                        val_interval=args.val_interval, keep_test_mode=args.keep_test_mode),
             work_dir=args.work_dir, scales=args.scales, metric=args.metric,
             cfg_options=args.cfg_options, command=command, ladder=args.ladder,
-            aids=args.aids)
+            aids=args.aids, native_aspect=args.native_aspect, robustness=args.robustness)
     out_dir = args.out_dir or args.work_dir
     write_outputs(report, out_dir, args.name)
     stem = osp.join(out_dir, args.name)
     cost = f'\n\nseconds and peak memory per frame:\n{report["cost_table"]}' \
         if report.get('cost_table') else ''
+    if report.get('robustness_table'):
+        cost += f'\n\nunder attack (eps /255):\n{report["robustness_table"]}'
+    if report.get('slopes_table'):
+        cost += f'\n\nlearned LookHere slopes:\n{report["slopes_table"]}'
+    more = ', _robustness.csv, _robustness.png' if report.get('robustness_table') else ''
     print(f'\n{report["settings"]["metric"]} by test resolution ({len(report["runs"])} runs, '
           f'{report["wall_seconds"]:.0f} s):\n{report["table"]}{cost}\n\nwrote {stem}.json, '
-          '.csv, _table.md, .png')
+          f'.csv, _table.md, .png{more}')
     return report
 
 

@@ -23,8 +23,11 @@ extrapolation = dict(
     slide_stride=None,          # None: 2/3 of the crop (43 px), mmseg's Cityscapes ratio
     aids=('log_n',),            # test-time: every run is also evaluated with log_n_scaling
     mixed_crop_scales=(1.0, 1.5, 2.0),  # the mixed_crops aid (--aids log_n mixed_crops)
+    native_aspect=False,        # a zoom-ladder row; frames here are crops of a wider world
     encodings=('lookhere:lh180', 'lookhere:lh90', 'lookhere:lh45', 'rope2d', 'rope2d_mixed',
-               'abs', 'alibi2d', 'none'))
+               'rope_dinov3', 'pape', 'abs', 'alibi2d', 'none'))
+# (PaPE's parabola count, the robustness settings and the slopes' weight decay come from
+# relational_vit_tiny.py)
 
 data_root = 'data/fov_scenes'
 classes = ('sky', 'road', 'tower', 'left-of-tower', 'right-of-tower')

@@ -1,21 +1,31 @@
 # The CPU default of tools/extrapolation_study.py: a tiny LookHereViT (6 blocks, 96 channels,
 # 12 heads, 8 px patches) + a linear (1x1 conv) decoder, trained for 600 iterations of 16
 # images on the relational task (lookhere_dense/data/relational.py) at 64x64 px and
-# evaluated on 100 validation scenes rendered natively at 1x..4x (64..256 px).
+# evaluated on 100 validation scenes rendered natively at 0.5x..4x (32..256 px: below and
+# above the training size), plus the native-aspect rows: 100 other scenes at aspect ratios
+# 1:2, 3:4, 4:3 and 2:1 whose longer side is 0.5x..4x the training side.
 # The study tool sets model.backbone.pos_encoding per run; everything else stays identical.
-# Budget: 6 encodings ~20 min on 2 quiet cores (see docs/extrapolation_study.md).
+# Budget: see docs/extrapolation_study.md (How to run it).
 custom_imports = dict(imports=['lookhere_dense'], allow_failed_imports=False)
 default_scope = 'mmseg'
 
 # --- the study: dataset generator settings and the test ladder -------------------------
 relational = dict(num_train=4000, num_val=100, train_size=(64, 64),
-                  scales=(1.0, 1.5, 2.0, 3.0, 4.0), seed=0)
+                  scales=(0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0), seed=0,
+                  aspect_ratios=(0.5, 0.75, 4 / 3, 2.0))  # width / height, native-aspect rows
 extrapolation = dict(
     ladder='rendered',          # each scale has its own natively rendered val folder
-    scales=(1.0, 1.5, 2.0, 3.0, 4.0),
+    scales=(0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0),
     train_size=(64, 64),
     val_prefix='val_x{scale:g}',
-    metric='mIoU')
+    native_aspect=True,         # + rows at the scenes' own aspect (val_aspect_x{scale} folders)
+    metric='mIoU',
+    # PaPE's reference has 50 parabolas per head for ViT-B (head width 64): +13 % parameters,
+    # q/k 2.6x wider. 6 parabolas keep that for this trunk (head width 8: +12 %, 8 -> 24
+    # channels); 50 would double the trunk (+100 %, 8 -> 112 channels).
+    encoding_options=dict(pape=dict(parabolas=6)),
+    # --robustness: FGSM and 5-step PGD at 1, 2, 4, 8 /255 on the 1x validation scenes
+    robustness=dict(attacks=('fgsm', 'pgd'), eps=(1, 2, 4, 8), steps=5))
 
 data_root = 'data/relational'
 classes = ('background', 'anchor', 'up-left', 'up-right', 'down-left', 'down-right')
@@ -79,7 +89,8 @@ optim_wrapper = dict(
     clip_grad=dict(max_norm=1.0),
     paramwise_cfg=dict(custom_keys={
         'pos_embed': dict(decay_mult=0.0), 'freqs': dict(decay_mult=0.0),
-        'cls_token': dict(decay_mult=0.0), 'norm': dict(decay_mult=0.0)}))
+        'cls_token': dict(decay_mult=0.0), 'norm': dict(decay_mult=0.0),
+        'slopes': dict(decay_mult=0.0)}))  # learnable LookHere slopes (+learnable_slopes)
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-2, by_epoch=False, begin=0, end=50),
     dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=False, begin=50, end=max_iters)]

@@ -30,6 +30,13 @@ blur), with labels at that size. Images and labels are PNG files in mmseg's layo
 
 so mmseg's ``BaseSegDataset`` (``img_suffix='.png'``, ``seg_map_suffix='.png'``,
 ``metainfo=dict(classes=CLASSES, palette=PALETTE)``) and its pipelines read them.
+
+*Native aspect* (``aspect_ratios``, empty by default): the training and ``val_x*`` scenes
+are square; with aspect ratios ``(r1, r2, ...)`` (width / height) other validation scenes
+are drawn for those aspects (scene ``i`` has ``r[i % len(r)]``, squares stay square in
+pixels) and rendered with their *longer* side ``scale`` times the training side, the
+shorter side following the aspect (``val_aspect_x{scale}``, :func:`aspect_size`): the
+study's native-aspect rows, as ImageNet-Val tested at its own aspect ratios.
 No OpenMMLab imports here (numpy + Pillow).
 """
 from __future__ import annotations
@@ -42,7 +49,8 @@ import numpy as np
 from .folders import ensure_dataset, write_dataset, write_png
 
 __all__ = ['CLASSES', 'PALETTE', 'RelationalSettings', 'Scene', 'sample_scene',
-           'render_scene', 'split_name', 'write_relational_dataset',
+           'render_scene', 'split_name', 'aspect_split_name', 'aspect_size',
+           'write_relational_dataset',
            'ensure_relational_dataset', 'settings_from_dict', 'save_examples']
 
 CLASSES = ('background', 'anchor', 'up-left', 'up-right', 'down-left', 'down-right')
@@ -71,6 +79,8 @@ class RelationalSettings:
         object_half: ``(min, max)`` half extent of an object (fraction). Default:
             ``(0.04, 0.11)``.
         noise_std: std of the Gaussian pixel noise (0-255 scale). Default: 6.
+        aspect_ratios: width / height of the native-aspect validation scenes (each
+            rendered at every scale, ``val_aspect_x{scale}``); empty: none. Default: ``()``.
     """
 
     num_train: int = 4000
@@ -82,11 +92,14 @@ class RelationalSettings:
     anchor_side: Tuple[float, float] = (0.12, 0.18)
     object_half: Tuple[float, float] = (0.04, 0.11)
     noise_std: float = 6.0
+    aspect_ratios: Tuple[float, ...] = ()
 
     def __post_init__(self):
-        for name in ('train_size', 'scales', 'objects', 'anchor_side', 'object_half'):
+        for name in ('train_size', 'scales', 'objects', 'anchor_side', 'object_half',
+                     'aspect_ratios'):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, 'scales', tuple(float(s) for s in self.scales))
+        object.__setattr__(self, 'aspect_ratios', tuple(float(r) for r in self.aspect_ratios))
         if self.num_train < 1 or self.num_val < 1:
             raise ValueError(f'num_train and num_val must be >= 1, got {self.num_train}, '
                              f'{self.num_val}')
@@ -94,6 +107,13 @@ class RelationalSettings:
             raise ValueError(f'train_size must be (H, W) >= 8 px, got {self.train_size}')
         if not self.scales or min(self.scales) <= 0:
             raise ValueError(f'scales must be positive, got {self.scales}')
+        small = [s for s in self.scales if min(self.size_at(s)) < 4]
+        if small:
+            raise ValueError(f'scales {small} render {self.train_size} images below 4 px a '
+                             'side; use larger scales')
+        if any(not 0.1 <= r <= 10 for r in self.aspect_ratios):
+            raise ValueError(f'aspect_ratios (width / height) must lie in [0.1, 10], got '
+                             f'{self.aspect_ratios}')
         if not 1 <= self.objects[0] <= self.objects[1]:
             raise ValueError(f'objects must be (min, max) with 1 <= min <= max, got '
                              f'{self.objects}')
@@ -103,9 +123,13 @@ class RelationalSettings:
         return (int(round(self.train_size[0] * scale)), int(round(self.train_size[1] * scale)))
 
     def to_json(self) -> Dict[str, Any]:
-        """A JSON-able dict (tuples as lists) with the format version."""
+        """A JSON-able dict (tuples as lists) with the format version; without
+        ``aspect_ratios`` when there are none (so folders written before the option
+        existed still match)."""
         d = asdict(self)
         d = {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+        if not self.aspect_ratios:
+            d.pop('aspect_ratios')
         d['format_version'] = FORMAT_VERSION
         return d
 
@@ -134,18 +158,27 @@ def _quadrant_label(up: bool, left: bool) -> int:
 
 
 def sample_scene(rng: np.random.Generator, settings: RelationalSettings,
-                 max_tries: int = 50) -> Scene:
+                 max_tries: int = 50, aspect: Optional[float] = None) -> Scene:
     """Draw one scene: an anchor, then objects each inside one quadrant around the anchor's
     centre, not touching the anchor (rejection sampling; an object that does not fit in
     ``max_tries`` is skipped, so a scene may have fewer than ``objects[0]`` objects).
 
     Aspect: sides are fractions of the image *height* in y and of the *width* in x, scaled
     by the aspect so squares stay square on non-square images.
+
+    Args:
+        aspect: width / height of the image the scene is for (a native-aspect scene);
+            its sizes are fractions of the image's *longer* side, so that its shapes are
+            as large in pixels as in the square image of that side. Default: None (the
+            aspect of ``settings.train_size``, sizes fractions of the height).
     """
     h, w = settings.train_size
-    ax = h / w  # x extents are multiplied by this so shapes keep their pixel aspect
+    if aspect is None:  # y / x extents are multiplied by these so shapes keep their aspect
+        ky, kx = 1.0, h / w
+    else:
+        ky, kx = (float(aspect), 1.0) if aspect >= 1 else (1.0, 1.0 / aspect)
     side = rng.uniform(*settings.anchor_side)
-    a_hh, a_hw = side / 2, side / 2 * ax
+    a_hh, a_hw = side / 2 * ky, side / 2 * kx
     acy, acx = rng.uniform(0.25, 0.75), rng.uniform(0.25, 0.75)
     scene = Scene((acy, acx, a_hh, a_hw), [], int(rng.integers(15, 90)),
                   int(rng.integers(0, 2 ** 31 - 1)))
@@ -156,8 +189,9 @@ def sample_scene(rng: np.random.Generator, settings: RelationalSettings,
         shape = 'rect' if rng.random() < 0.5 else 'disc'
         colour = OBJECT_COLOURS[int(rng.integers(0, len(OBJECT_COLOURS)))]
         for _ in range(max_tries):
-            hh = rng.uniform(*settings.object_half)
-            hw = (hh if shape == 'disc' else rng.uniform(*settings.object_half)) * ax
+            half = rng.uniform(*settings.object_half)
+            hh = half * ky
+            hw = (half if shape == 'disc' else rng.uniform(*settings.object_half)) * kx
             # the quadrant, shrunk by the object's extent and a margin
             y0, y1 = (hh, acy - margin - hh) if up else (acy + margin + hh, 1 - hh)
             x0, x1 = (hw, acx - margin - hw) if left else (acx + margin + hw, 1 - hw)
@@ -214,13 +248,29 @@ def split_name(scale: float) -> str:
     return f'val_x{float(scale):g}'
 
 
+def aspect_split_name(scale: float) -> str:
+    """Native-aspect validation split of a scale: ``1 -> 'val_aspect_x1'``."""
+    return f'val_aspect_x{float(scale):g}'
+
+
+def aspect_size(settings: RelationalSettings, scale: float, aspect: float) -> Tuple[int, int]:
+    """``(H, W)`` of a native-aspect image: the longer side ``scale`` times the longer
+    training side, the shorter one ``aspect`` (width / height) times shorter (rounded, at
+    least 1 px)."""
+    long_side = int(round(max(settings.train_size) * scale))
+    short_side = max(1, int(round(long_side * min(aspect, 1.0 / aspect))))
+    return (short_side, long_side) if aspect >= 1 else (long_side, short_side)
+
+
 def write_relational_dataset(root: str, settings: RelationalSettings = RelationalSettings(),
                              progress: bool = False) -> Dict[str, Any]:
     """(Re)write the dataset folder ``root`` for ``settings`` (see the module docstring;
     written by :func:`lookhere_dense.data.folders.write_dataset`).
 
     Train scenes come from ``default_rng([seed, 0])``, validation scenes from
-    ``default_rng([seed, 1])``: the validation scenes are the same at every scale.
+    ``default_rng([seed, 1])``: the validation scenes are the same at every scale. The
+    native-aspect scenes (``aspect_ratios``) come from ``default_rng([seed, 2])``, the same
+    at every scale; scene ``i`` has aspect ``aspect_ratios[i % len(aspect_ratios)]``.
 
     Args:
         progress: show a tqdm progress bar.
@@ -230,8 +280,20 @@ def write_relational_dataset(root: str, settings: RelationalSettings = Relationa
     """
     splits = [('train', settings.train_size, settings.num_train)]
     splits += [(split_name(s), settings.size_at(s), settings.num_val) for s in settings.scales]
+    ratios = settings.aspect_ratios
+    if ratios:  # meta.json gives these splits' size as (long side, long side)
+        splits += [(aspect_split_name(s), (aspect_size(settings, s, 1.0)[0],) * 2,
+                    settings.num_val) for s in settings.scales]
 
     def images(name: str, size: Tuple[int, int], number: int):
+        if name.startswith('val_aspect_x'):
+            rng = np.random.default_rng([settings.seed, 2])
+            scale = float(name[len('val_aspect_x'):])
+            for i in range(number):
+                aspect = ratios[i % len(ratios)]
+                yield render_scene(sample_scene(rng, settings, aspect=aspect),
+                                   aspect_size(settings, scale, aspect), settings.noise_std)
+            return
         rng = np.random.default_rng([settings.seed, 0 if name == 'train' else 1])
         for _ in range(number):
             yield render_scene(sample_scene(rng, settings), size, settings.noise_std)

@@ -6,7 +6,9 @@
   table, plot; ``tools/extrapolate.py``);
 * :mod:`.metrics` -- :class:`~.metrics.PerClassIoUMetric` (registered in mmseg's
   ``METRICS`` by :func:`lookhere_dense.register_all_modules`);
-* :mod:`.chance` -- chance levels of mIoU.
+* :mod:`.chance` -- chance levels of mIoU;
+* :mod:`.robustness` -- FGSM / PGD attacks of a segmentor's pixel loss, mIoU per strength
+  (``tools/robustness.py``, the study's ``--robustness``).
 
 Import the submodules directly; this package imports nothing on its own, so the
 torch-only ones stay usable without OpenMMLab.

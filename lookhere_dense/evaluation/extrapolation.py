@@ -10,8 +10,9 @@ grid the backbone saw (vs the training grid), time per image and peak memory
 (:func:`format_table`), a JSON file and a PNG plot (:func:`plot_report`);
 :func:`extrapolation_report` does all of it.
 
-SIZE is ``x<f>`` (the config's test scale times f), ``<S>`` (short side S px, aspect
-kept) or ``<H>x<W>`` (exactly H x W).
+SIZE is ``x<f>`` (the config's test scale times f; ``x0.5`` tests below the training
+size), ``<S>`` (short side S px, aspect kept), ``long<L>`` (long side L px, the image's
+native aspect kept) or ``<H>x<W>`` (exactly H x W).
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .memory import PeakMemory, free_memory
-from .resize import exact_resize, replace_resize, scale_resizes, short_side_resize
+from .resize import (exact_resize, long_side_resize, replace_resize, scale_resizes,
+                     short_side_resize)
 
 __all__ = ['DEFAULT_TESTS', 'TestSpec', 'parse_spec', 'spec_pipeline', 'slide_settings',
            'clear_position_caches', 'start_clean', 'evaluate_loader', 'evaluate_spec',
@@ -38,7 +40,8 @@ __all__ = ['DEFAULT_TESTS', 'TestSpec', 'parse_spec', 'spec_pipeline', 'slide_se
 DEFAULT_TESTS = ('slide@x1', 'whole@x1', 'whole@x1.5', 'whole@x2', 'whole@x3')
 #: print that flushes (progress lines interleave with the progress bars on stderr)
 _print = functools.partial(print, flush=True)
-_SPEC = re.compile(r'^(whole|slide)@(?:x(?P<f>\d+(?:\.\d+)?)|(?P<h>\d+)x(?P<w>\d+)|(?P<s>\d+))$')
+_SPEC = re.compile(r'^(whole|slide)@(?:x(?P<f>\d+(?:\.\d+)?)|(?P<h>\d+)x(?P<w>\d+)|(?P<s>\d+)'
+                   r'|long(?P<l>\d+))$')
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class TestSpec:
         factor: multiply the config's test ``Resize`` scale (or None).
         short_side: resize to this short side, aspect kept (or None).
         size: resize to exactly ``(H, W)`` (or None).
+        long_side: resize to this long side, aspect kept (or None).
     """
 
     __test__ = False  # not a pytest test class
@@ -60,10 +64,12 @@ class TestSpec:
     factor: Optional[float] = None
     short_side: Optional[int] = None
     size: Optional[Tuple[int, int]] = None
+    long_side: Optional[int] = None
 
 
 def parse_spec(text: str) -> TestSpec:
-    """``'whole@x2'`` / ``'slide@512'`` / ``'whole@1024x2048'`` -> :class:`TestSpec`.
+    """``'whole@x2'`` / ``'whole@x0.5'`` / ``'slide@512'`` / ``'whole@long512'`` /
+    ``'whole@1024x2048'`` -> :class:`TestSpec`.
 
     Raises:
         lookhere_dense.swap.ConfigError: naming the accepted forms.
@@ -73,7 +79,8 @@ def parse_spec(text: str) -> TestSpec:
     m = _SPEC.match(text.strip())
     if not m:
         raise ConfigError(f'bad test {text!r}: write MODE@SIZE with MODE whole or slide and '
-                          'SIZE x<factor> (x2), <short side> (768) or <H>x<W> (1024x2048)')
+                          'SIZE x<factor> (x2, x0.5), <short side> (768), long<long side> '
+                          '(long512: aspect kept) or <H>x<W> (1024x2048)')
     mode = m.group(1)
     if m.group('f'):
         spec = TestSpec(text, mode, factor=float(m.group('f')))
@@ -81,6 +88,9 @@ def parse_spec(text: str) -> TestSpec:
     elif m.group('s'):
         spec = TestSpec(text, mode, short_side=int(m.group('s')))
         values = [spec.short_side]
+    elif m.group('l'):
+        spec = TestSpec(text, mode, long_side=int(m.group('l')))
+        values = [spec.long_side]
     else:
         spec = TestSpec(text, mode, size=(int(m.group('h')), int(m.group('w'))))
         values = list(spec.size)
@@ -92,7 +102,8 @@ def parse_spec(text: str) -> TestSpec:
 def spec_pipeline(pipeline: Sequence[Dict[str, Any]], spec: TestSpec) -> List[Dict[str, Any]]:
     """The test pipeline resized for ``spec`` (:mod:`lookhere_dense.evaluation.resize`):
     ``x<f>`` multiplies its ``Resize`` transforms, a short side or an exact size replaces
-    the first one (inserted after the image loading when the config has none).
+    the first one (inserted after the image loading when the config has none), as does a
+    long side (:func:`~lookhere_dense.evaluation.resize.long_side_resize`).
 
     Raises:
         lookhere_dense.swap.ConfigError: ``x<f>`` on a pipeline without a ``Resize`` to
@@ -107,6 +118,8 @@ def spec_pipeline(pipeline: Sequence[Dict[str, Any]], spec: TestSpec) -> List[Di
         return out
     if spec.short_side is not None:
         return replace_resize(pipeline, short_side_resize(spec.short_side))
+    if spec.long_side is not None:
+        return replace_resize(pipeline, long_side_resize(spec.long_side))
     return replace_resize(pipeline, exact_resize(spec.size))
 
 

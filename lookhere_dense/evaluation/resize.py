@@ -6,8 +6,8 @@ the size images are tested at; they do it here:
 
 * :func:`scale_resizes` -- every ``Resize`` multiplied by a factor (its ``scale``, or its
   ``scale_factor`` when it has no scale);
-* :func:`short_side_resize` / :func:`exact_resize` -- a ``Resize`` to a short side (aspect
-  kept) or to exactly ``(H, W)``;
+* :func:`short_side_resize` / :func:`long_side_resize` / :func:`exact_resize` -- a
+  ``Resize`` to a short side or to a long side (aspect kept), or to exactly ``(H, W)``;
 * :func:`replace_resize` -- the first ``Resize`` replaced by another one (inserted after the
   image loading when there is none), or removed.
 
@@ -22,7 +22,7 @@ import copy
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ['transform_name', 'is_resize', 'find_resize', 'scale_resizes', 'short_side_resize',
-           'exact_resize', 'replace_resize']
+           'long_side_resize', 'exact_resize', 'replace_resize']
 
 #: the ``scale`` width of a short-side resize: large enough never to be the limiting side
 LONG_SIDE_UNLIMITED = 1 << 20
@@ -89,6 +89,17 @@ def scale_resizes(pipeline: Sequence[Dict[str, Any]],
 def short_side_resize(short_side: int) -> Dict[str, Any]:
     """A ``Resize`` to short side ``short_side`` px, aspect ratio kept."""
     return dict(type='Resize', scale=(LONG_SIDE_UNLIMITED, int(short_side)), keep_ratio=True)
+
+
+def long_side_resize(long_side: int) -> Dict[str, Any]:
+    """A ``Resize`` to long side ``long_side`` px, aspect ratio kept (an image's *native*
+    aspect, as when ImageNet-Val is tested at 384 px without a square crop).
+
+    mmcv's ``Resize(scale=(N, N), keep_ratio=True)`` rescales by ``min(N / long, N / short)
+    = N / long``: the longer side becomes exactly ``N`` (``int(side * N / long + 0.5)``),
+    smaller images are enlarged and larger ones shrunk, the shorter side follows the aspect.
+    """
+    return dict(type='Resize', scale=(int(long_side), int(long_side)), keep_ratio=True)
 
 
 def exact_resize(size: Tuple[int, int]) -> Dict[str, Any]:

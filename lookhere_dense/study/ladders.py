@@ -4,8 +4,9 @@ and how each rung is predicted.
 Two kinds of ladder, chosen by the config's ``extrapolation`` dict:
 
 *Zoom* ladders: rung ``s`` shows the same scenes at ``s`` times the training resolution
-(the content is the same, each object covers ``s``² times the pixels); the model predicts
-each image whole (the config's ``test_cfg`` with ``--keep-test-mode``):
+(the content is the same, each object covers ``s``² times the pixels; ``s < 1`` tests
+*below* the training size, as the LookHere rebuttal's 64-208 px for a 224 px model); the
+model predicts each image whole (the config's ``test_cfg`` with ``--keep-test-mode``):
 
 * ``ladder='rendered'`` (``configs/study/relational_vit_tiny.py``): the validation scenes
   of :mod:`lookhere_dense.data.relational`, rendered natively at every scale into
@@ -27,9 +28,18 @@ prediction is timed and its peak memory measured
 Test-time aids (``--aids log_n``, :mod:`.aids`) add a mode: ``log_n`` is the ladder's
 whole-image prediction with the backbone's ``log_n_scaling`` on.
 
+*Native aspect* (``extrapolation.native_aspect=True`` or ``--native-aspect``, zoom ladders):
+one more mode, ``native_aspect``, whose rung ``s`` shows images at their own aspect ratio
+with the *longer* side ``s`` times the training side (as ImageNet-Val tested at 384 px
+without a square crop), predicted like the ``test`` mode, one image per batch
+(:func:`native_aspect_dataloader`): for ``rendered`` the relational task's native-aspect
+scenes (``relational.aspect_ratios``, folders ``val_aspect_x{scale}``), for ``resize`` the
+pipeline's first ``Resize`` replaced by a long-side resize
+(:func:`lookhere_dense.evaluation.resize.long_side_resize`).
+
 A ladder is a :class:`Ladder` in :data:`LADDERS`: its rung builder ``(val_dataloader dict,
-study settings, scale) -> val_dataloader dict`` (the ladder is called like it) and the
-modes it predicts with.
+study settings, scale) -> val_dataloader dict`` (the ladder is called like it), the modes
+it predicts with and its native-aspect rung builder (None: none).
 """
 from __future__ import annotations
 
@@ -38,16 +48,22 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from ..evaluation.resize import scale_resizes
+from ..evaluation.resize import long_side_resize, replace_resize, scale_resizes
 
-__all__ = ['DEFAULT_SCALES', 'Ladder', 'LADDERS', 'GENERATED_DATASETS', 'study_settings',
-           'prepare_data',
-           'rendered_ladder', 'resize_ladder', 'fov_ladder', 'slide_window', 'ladder_modes',
-           'ladder_dataloader', 'ladder_evaluator']
+__all__ = ['DEFAULT_SCALES', 'NATIVE_ASPECT', 'STUDY_ROBUSTNESS', 'Ladder', 'LADDERS',
+           'GENERATED_DATASETS', 'study_settings', 'prepare_data', 'rendered_ladder', 'resize_ladder', 'fov_ladder',
+           'rendered_native_aspect', 'resize_native_aspect', 'slide_window', 'ladder_modes',
+           'ladder_dataloader', 'native_aspect_dataloader', 'ladder_evaluator']
 
 #: test scales (multiples of the training size) when neither the command line nor the
 #: config's ``extrapolation.scales`` give any
 DEFAULT_SCALES = (1.0, 1.5, 2.0, 3.0, 4.0)
+#: the mode of the native-aspect rows (see the module docstring)
+NATIVE_ASPECT = 'native_aspect'
+#: the attacks of ``--robustness`` where the config's ``extrapolation.robustness`` does not
+#: say otherwise (:class:`~lookhere_dense.evaluation.robustness.AttackSettings`): FGSM and
+#: 5-step PGD at 1, 2, 4, 8 /255 on the validation images of the 1x rung
+STUDY_ROBUSTNESS = dict(attacks=('fgsm', 'pgd'), eps=(1.0, 2.0, 4.0, 8.0), steps=5)
 
 
 def rendered_ladder(dataloader: Dict[str, Any], study: Dict[str, Any],
@@ -90,6 +106,30 @@ def fov_ladder(dataloader: Dict[str, Any], study: Dict[str, Any],
     return rendered_ladder(dataloader, study, scale)
 
 
+def rendered_native_aspect(dataloader: Dict[str, Any], study: Dict[str, Any],
+                           scale: float) -> Dict[str, Any]:
+    """Native-aspect rung ``scale`` of the ``rendered`` ladder: the dataset reads the
+    ``study['aspect_prefix']`` split (``val_aspect_x{scale:g}``: scenes at their own aspect,
+    longer side ``scale`` times the training side). Changes ``dataloader`` in place and
+    returns it."""
+    split = study['aspect_prefix'].format(scale=scale)
+    dataloader['dataset']['data_prefix'] = dict(img_path=f'img_dir/{split}',
+                                                seg_map_path=f'ann_dir/{split}')
+    return dataloader
+
+
+def resize_native_aspect(dataloader: Dict[str, Any], study: Dict[str, Any],
+                         scale: float) -> Dict[str, Any]:
+    """Native-aspect rung ``scale`` of the ``resize`` ladder: the pipeline's first
+    ``Resize`` becomes a resize to the long side ``round(scale * max(train_size))``, aspect
+    kept (inserted after the image loading when there is none). Changes ``dataloader`` in
+    place and returns it."""
+    ds = dataloader['dataset']
+    long_side = int(round(scale * max(study['train_size'])))
+    ds['pipeline'] = replace_resize(ds.get('pipeline', []), long_side_resize(long_side))
+    return dataloader
+
+
 @dataclass(frozen=True)
 class Ladder:
     """A test ladder: how rung ``s`` reads its data and how it is predicted.
@@ -101,11 +141,15 @@ class Ladder:
             :func:`lookhere_dense.evaluation.extrapolation.evaluate_loader`). The first is
             the report's main line.
         description: one line for help texts.
+        native_aspect: the rung builder of the ``native_aspect`` mode (same signature as
+            ``rung``), or None when the ladder has none. Default: None.
     """
 
     rung: Callable[[Dict[str, Any], Dict[str, Any], float], Dict[str, Any]]
     modes: Tuple[str, ...]
     description: str
+    native_aspect: Optional[Callable[[Dict[str, Any], Dict[str, Any], float],
+                                     Dict[str, Any]]] = None
 
     def __call__(self, dataloader: Dict[str, Any], study: Dict[str, Any],
                  scale: float) -> Dict[str, Any]:
@@ -115,9 +159,11 @@ class Ladder:
 #: ladder name -> :class:`Ladder` (see the module docstring)
 LADDERS: Dict[str, Ladder] = {
     'rendered': Ladder(rendered_ladder, ('test',),
-                       'zoom: the same scenes rendered natively at every scale'),
+                       'zoom: the same scenes rendered natively at every scale',
+                       rendered_native_aspect),
     'resize': Ladder(resize_ladder, ('test',),
-                     "zoom: the config's test Resize multiplied by the scale"),
+                     "zoom: the config's test Resize multiplied by the scale",
+                     resize_native_aspect),
     'fov': Ladder(fov_ladder, ('whole', 'slide'),
                   'field of view: frames s x the training crop at one pixel scale, predicted '
                   'whole and with sliding windows of the crop'),
@@ -125,9 +171,10 @@ LADDERS: Dict[str, Ladder] = {
 
 
 def ladder_modes(study: Dict[str, Any]) -> Tuple[str, ...]:
-    """The modes every rung of ``study`` is predicted with: the ladder's, then one per
-    test-time aid (``'log_n'``)."""
-    return LADDERS[study['ladder']].modes + tuple(study.get('aids', ()))
+    """The modes every rung of ``study`` is predicted with: the ladder's, then
+    ``'native_aspect'`` when the study has it, then one per test-time aid (``'log_n'``)."""
+    native = (NATIVE_ASPECT,) if study.get('native_aspect') else ()
+    return LADDERS[study['ladder']].modes + native + tuple(study.get('aids', ()))
 
 
 def slide_window(study: Dict[str, Any]) -> Tuple[Tuple[int, int], Tuple[int, int]]:
@@ -143,19 +190,29 @@ def slide_window(study: Dict[str, Any]) -> Tuple[Tuple[int, int], Tuple[int, int
 
 def study_settings(cfg, scales: Optional[Sequence[float]] = None,
                    metric: Optional[str] = None, ladder: Optional[str] = None,
-                   aids: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+                   aids: Optional[Sequence[str]] = None,
+                   native_aspect: Optional[bool] = None,
+                   robustness: Optional[bool] = None) -> Dict[str, Any]:
     """The ladder settings of ``cfg`` (its ``extrapolation`` dict), the command line's
-    ``scales`` / ``metric`` / ``ladder`` / ``aids`` winning.
+    ``scales`` / ``metric`` / ``ladder`` / ``aids`` / ``native_aspect`` / ``robustness``
+    winning.
 
     Returns:
         ``dict(ladder, scales, metric, train_size, val_prefix)``; defaults: ladder
-        ``'resize'``, scales :data:`DEFAULT_SCALES`, metric ``'mIoU'``, train size the
-        backbone's ``img_size`` (224), val prefix ``'val_x{scale:g}'``. Plus ``aids``
-        (the test-time aids, :mod:`.aids`) when there are any, and for the ``fov`` ladder
-        ``slide_stride`` (``extrapolation.slide_stride``, None: 2/3 of the crop).
+        ``'resize'``, scales :data:`DEFAULT_SCALES` (any > 0: below 1 tests below the
+        training size), metric ``'mIoU'``, train size the backbone's ``img_size`` (224),
+        val prefix ``'val_x{scale:g}'``. Plus ``aids`` (the test-time aids, :mod:`.aids`)
+        when there are any; for the ``fov`` ladder ``slide_stride``
+        (``extrapolation.slide_stride``, None: 2/3 of the crop); with native aspect
+        (``extrapolation.native_aspect``, default False) ``native_aspect=True`` and
+        ``aspect_prefix`` (``extrapolation.aspect_prefix``, default
+        ``'val_aspect_x{scale:g}'``); with ``robustness`` (default False) ``robustness``,
+        the :class:`~lookhere_dense.evaluation.robustness.AttackSettings` of
+        ``extrapolation.robustness`` as a dict (defaults: :data:`STUDY_ROBUSTNESS`).
 
     Raises:
-        ValueError: an unknown ladder or aid, or a scale <= 0.
+        ValueError: an unknown ladder or aid, a scale <= 0, native aspect on a ladder
+            without it, bad robustness settings.
     """
     from .aids import check_aids
 
@@ -177,7 +234,18 @@ def study_settings(cfg, scales: Optional[Sequence[float]] = None,
         study['aids'] = test_aids
     if ladder == 'fov':
         study['slide_stride'] = ext.get('slide_stride')
+    if ext.get('native_aspect', False) if native_aspect is None else native_aspect:
+        if LADDERS[ladder].native_aspect is None:
+            raise ValueError(f'native aspect needs a zoom ladder (rendered or resize); '
+                             f'ladder={ladder!r} has none')
+        study.update(native_aspect=True,
+                     aspect_prefix=ext.get('aspect_prefix', 'val_aspect_x{scale:g}'))
+    if robustness:
+        from ..evaluation.robustness import settings_from_dict
+        attack = {**STUDY_ROBUSTNESS, **dict(ext.get('robustness') or {})}
+        study['robustness'] = settings_from_dict(attack).to_json()
     return study
+
 
 
 #: config dict -> (generator module, its ``ensure_*`` writer, the settings field that is the
@@ -213,8 +281,13 @@ def prepare_data(cfg, study: Dict[str, Any], progress: bool = True) -> Optional[
     module, ensure, size_key = GENERATED_DATASETS[key]
     module = importlib.import_module(module)
     rel = dict(cfg[key])
-    rel['scales'] = tuple(sorted(set(map(float, rel.get('scales', ()))) | set(study['scales'])))
+    extra = {1.0} if study.get('robustness') else set()  # attacked at the training size
+    rel['scales'] = tuple(sorted(set(map(float, rel.get('scales', ()))) | set(study['scales'])
+                                 | extra))
     settings = module.settings_from_dict(rel)
+    if study.get('native_aspect') and not getattr(settings, 'aspect_ratios', ()):
+        raise ValueError(f'native aspect needs scenes at other aspect ratios: set '
+                         f'{key}.aspect_ratios (width / height, e.g. (0.5, 0.75, 1.333, 2.0))')
     if tuple(getattr(settings, size_key)) != tuple(study['train_size']):
         raise ValueError(f'{key}.{size_key} {getattr(settings, size_key)} differs from '
                          f'extrapolation.train_size {study["train_size"]}')
@@ -231,6 +304,23 @@ def ladder_dataloader(cfg, study: Dict[str, Any], scale: float) -> Dict[str, Any
     dl = copy.deepcopy(cfg.val_dataloader.to_dict() if hasattr(cfg.val_dataloader, 'to_dict')
                        else dict(cfg.val_dataloader))
     return LADDERS[study['ladder']](dl, study, scale)
+
+
+def native_aspect_dataloader(cfg, study: Dict[str, Any], scale: float) -> Dict[str, Any]:
+    """The ``val_dataloader`` config of the native-aspect rung ``scale`` (a new dict, one
+    image per batch: the images differ in size).
+
+    Raises:
+        ValueError: the study's ladder has no native-aspect rungs.
+    """
+    build = LADDERS[study['ladder']].native_aspect
+    if build is None:
+        raise ValueError(f"ladder {study['ladder']!r} has no native-aspect rungs")
+    dl = copy.deepcopy(cfg.val_dataloader.to_dict() if hasattr(cfg.val_dataloader, 'to_dict')
+                       else dict(cfg.val_dataloader))
+    dl = build(dl, study, scale)
+    dl['batch_size'] = 1
+    return dl
 
 
 def ladder_evaluator(cfg) -> Dict[str, Any]:

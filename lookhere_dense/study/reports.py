@@ -17,6 +17,15 @@ ladder's ``whole`` / ``slide``, test-time aids such as ``log_n``) keep the first
 ``mode`` column (one row per run, mode and scale), the table one row per encoding and mode
 (:func:`format_mode_table`, plus time and peak memory when measured,
 :func:`format_cost_table`) and the plot one line style per mode (:func:`plot_modes`).
+The ``native_aspect`` mode's column ``s`` holds images at their own aspect ratio with the
+longer side ``s`` times the training side (its CSV rows have no ``test_h`` / ``test_w``).
+
+Reports with ``settings['robustness']`` (``--robustness``) hold each run's attack results
+in ``robustness`` (``{'clean': row, attack: {eps: row}}``); the outputs gain
+``summary_robustness``, a table (:func:`format_robustness`: clean, every strength, the mean
+over strengths, mean ± std over seeds), ``{name}_robustness.csv`` and
+``{name}_robustness.png``. Runs that learned their slopes (``+learnable_slopes``) list the
+learned values (:func:`format_slopes`).
 """
 from __future__ import annotations
 
@@ -30,10 +39,13 @@ from typing import Any, Dict, List, Optional, Sequence
 
 __all__ = ['summarise', 'mode_summaries', 'format_table', 'format_mode_table',
            'format_cost_table', 'write_csv', 'plot', 'plot_modes', 'merge_reports',
-           'write_outputs', 'MERGEABLE', 'MODE_LABELS', 'mode_label']
+           'write_outputs', 'MERGEABLE', 'MODE_LABELS', 'mode_label', 'attack_settings',
+           'summarise_robustness', 'format_robustness', 'write_robustness_csv',
+           'format_slopes']
 
 #: how the tables and plots name the prediction modes (``log_n``: the first mode + log-n)
-MODE_LABELS = {'test': 'test', 'whole': 'whole', 'slide': 'slide'}
+MODE_LABELS = {'test': 'test', 'whole': 'whole', 'slide': 'slide',
+               'native_aspect': 'native aspect'}
 
 
 def mode_label(mode: str, modes: Sequence[str]) -> str:
@@ -111,6 +123,8 @@ def write_csv(path: str, runs: Sequence[Dict[str, Any]], study: Dict[str, Any]) 
             for i, mode in enumerate(modes or [None]):
                 for scale, metrics in _evals(run, None if i == 0 else mode).items():
                     th, tw = (round(v * float(scale)) for v in study['train_size'])
+                    if mode == 'native_aspect':  # sizes differ per image
+                        th = tw = ''
                     w.writerow([run['encoding'], run['seed'], *([mode] if modes else []),
                                 scale, th, tw, *[metrics.get(k) for k in keys],
                                 run['train_seconds']])
@@ -238,9 +252,15 @@ def plot_modes(path: str, summaries: Dict[str, Dict[str, Dict[str, Dict]]],
                         lw=2.2 if enc.startswith('lookhere') and mode == modes[0] else 1.3)
     th, tw = study['train_size']
     ticks = [f'{s:g}x\n{round(th * s)}x{round(tw * s)}' for s in scales]
+    axis_label = ('test frame (multiple of the training crop side)' if study.get('ladder') == 'fov'
+                  else 'test resolution (multiple of the training size; native aspect: '
+                       'longer side)')
+    if min(scales) < 1:  # below the training size: a log axis keeps 0.5x .. 4x readable
+        ax.set_xscale('log', base=2)
+        ax.axvline(1.0, color='grey', ls=':', lw=1)
     ax.set_xticks(scales)
     ax.set_xticklabels(ticks)
-    ax.set_xlabel('test frame (multiple of the training crop side)')
+    ax.set_xlabel(axis_label)
     ax.set_ylabel(study['metric'])
     ax.grid(alpha=0.3)
     handles = [Line2D([], [], color=colours(j), lw=2, label=e) for j, e in enumerate(encodings)]
@@ -264,9 +284,11 @@ def plot_modes(path: str, summaries: Dict[str, Dict[str, Dict[str, Dict]]],
                           label=f'{mode_label(mode, modes)}: '
                                 f'{"s / frame" if key == "sec_per_img" else "peak MB"}')
         ax2.set_yscale('log')
+        if min(scales) < 1:
+            ax2.set_xscale('log', base=2)
         ax2.set_xticks(scales)
         ax2.set_xticklabels(ticks)
-        ax2.set_xlabel('test frame (multiple of the training crop side)')
+        ax2.set_xlabel(axis_label)
         ax2.set_ylabel('seconds per frame (model time, log scale)', color='tab:green')
         ax3.set_ylabel('peak memory (MB)', color='tab:red')
         lines = ax2.get_legend_handles_labels()
@@ -277,6 +299,91 @@ def plot_modes(path: str, summaries: Dict[str, Dict[str, Dict[str, Dict]]],
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def attack_settings(settings: Dict[str, Any]):
+    """The :class:`~lookhere_dense.evaluation.robustness.AttackSettings` of a report's
+    ``settings['robustness']``."""
+    from lookhere_dense.evaluation.robustness import AttackSettings, settings_from_dict
+
+    fields = set(AttackSettings.__dataclass_fields__)
+    return settings_from_dict({k: v for k, v in settings['robustness'].items() if k in fields})
+
+
+def _robust_runs(runs: Sequence[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+    """``{encoding: [robustness results of each seed]}`` of the runs that were attacked."""
+    out: Dict[str, List[Dict[str, Any]]] = {}
+    for run in runs:
+        if run.get('robustness'):
+            out.setdefault(run['encoding'], []).append(run['robustness'])
+    return out
+
+
+def summarise_robustness(runs: Sequence[Dict[str, Any]], metric: str = 'mIoU',
+                         digits: int = 2) -> Dict[str, Dict[str, Any]]:
+    """``{encoding: {'clean': entry, attack: {eps: entry}, attack + '_mean': entry}}`` with
+    ``entry = {'mean', 'std', 'n', 'values'}`` over seeds (``attack_mean``: the mean over the
+    strengths of each seed, then over seeds)."""
+    from lookhere_dense.evaluation.robustness import strength_means
+
+    def entry(values):
+        return dict(values=values, n=len(values),
+                    mean=round(statistics.fmean(values), digits),
+                    std=round(statistics.stdev(values), digits) if len(values) > 1 else 0.0)
+
+    out: Dict[str, Dict[str, Any]] = {}
+    for enc, many in _robust_runs(runs).items():
+        summary: Dict[str, Any] = {'clean': entry([r['clean'][metric] for r in many])}
+        for attack in [a for a in many[0] if a != 'clean']:
+            summary[attack] = {eps: entry([r[attack][eps][metric] for r in many])
+                               for eps in many[0][attack]}
+            summary[f'{attack}_mean'] = entry([strength_means(r, metric)[attack]
+                                               for r in many])
+        out[enc] = summary
+    return out
+
+
+def format_robustness(runs: Sequence[Dict[str, Any]], settings: Dict[str, Any],
+                      metric: str = 'mIoU') -> str:
+    """The robustness table of a report (one row per encoding, mean ± std over seeds;
+    :func:`~lookhere_dense.evaluation.robustness.format_robustness_table`)."""
+    from lookhere_dense.evaluation.robustness import format_robustness_table
+
+    return format_robustness_table(_robust_runs(runs), attack_settings(settings), metric,
+                                   'encoding')
+
+
+def write_robustness_csv(path: str, runs: Sequence[Dict[str, Any]]) -> None:
+    """One row per (encoding, seed, attack, strength) with the row's summary metrics,
+    ``loss`` and ``max_linf`` (the clean model: attack ``clean``, eps 0)."""
+    keys = ['mIoU', 'aAcc', 'mAcc', 'loss', 'max_linf', 'images', 'seconds']
+    with open(path, 'w', newline='') as f:
+        w = csv.writer(f)
+        w.writerow(['encoding', 'seed', 'attack', 'eps', *keys])
+        for run in runs:
+            res = run.get('robustness')
+            if not res:
+                continue
+            w.writerow([run['encoding'], run['seed'], 'clean', 0,
+                        *[res['clean'].get(k) for k in keys]])
+            for attack in [a for a in res if a != 'clean']:
+                for eps, row in res[attack].items():
+                    w.writerow([run['encoding'], run['seed'], attack, eps,
+                                *[row.get(k) for k in keys]])
+
+
+def format_slopes(runs: Sequence[Dict[str, Any]]) -> str:
+    """A Markdown table of the learned LookHere slopes (global, per layer) of every run
+    that learned them; ``''`` when none did."""
+    rows = [r for r in runs if r.get('slopes')]
+    if not rows:
+        return ''
+    lines = ['| run | seed | global slope | layer slopes |', '|---|---|---|---|']
+    for r in rows:
+        layers = ', '.join(f'{v:.3f}' for v in r['slopes']['layer'])
+        lines.append(f"| {r['encoding']} | {r['seed']} | {r['slopes']['global_slope']:.3f} | "
+                     f'{layers} |')
+    return '\n'.join(lines)
 
 
 #: settings that may differ between reports merged with ``--merge``
@@ -323,7 +430,8 @@ def merge_reports(paths: Sequence[str], command: str) -> Dict[str, Any]:
 
 def write_outputs(report: Dict[str, Any], out_dir: str, name: str) -> Dict[str, Any]:
     """Add the summary and table to ``report`` and write ``<out_dir>/<name>.json``,
-    ``.csv``, ``_table.md`` and ``.png``; returns ``report``."""
+    ``.csv``, ``_table.md`` and ``.png`` (with robustness also ``_robustness.csv`` and
+    ``_robustness.png``); returns ``report``."""
     settings = report['settings']
     study = dict(scales=tuple(settings['scales']), metric=settings['metric'],
                  train_size=tuple(settings['train_size']), ladder=settings['ladder'])
@@ -350,11 +458,32 @@ def write_outputs(report: Dict[str, Any], out_dir: str, name: str) -> Dict[str, 
         report['table'] = table = format_table(report['summary'], study)
         text = (f'{study["metric"]} by test resolution (trained at {size}, seeds '
                 f'{settings["seeds"]})\n\n{table}\n')
+    if study.get('modes') and 'native_aspect' in study['modes']:
+        text += (f'\nnative aspect: images at their own aspect ratio, the longer side the '
+                 f'column\'s scale x {max(study["train_size"])} px\n')
+    if settings.get('robustness'):
+        rob = settings['robustness']
+        report['summary_robustness'] = summarise_robustness(report['runs'], study['metric'])
+        report['robustness_table'] = rob_table = format_robustness(report['runs'], settings,
+                                                                   study['metric'])
+        pgd = (f', PGD {rob["steps"]} steps' if 'pgd' in rob['attacks'] else '')
+        text += (f'\n{study["metric"]} under attack (L-inf eps in pixel units /255{pgd}; '
+                 f'validation images at 1x; mean over seeds)\n\n{rob_table}\n')
+    slopes = format_slopes(report['runs'])
+    if slopes:
+        report['slopes_table'] = slopes
+        text += f'\nlearned LookHere slopes\n\n{slopes}\n'
     os.makedirs(out_dir, exist_ok=True)
     stem = osp.join(out_dir, name)
     with open(stem + '.json', 'w') as f:
         json.dump(report, f, indent=1, default=str)
     write_csv(stem + '.csv', report['runs'], study)
+    if settings.get('robustness'):
+        from lookhere_dense.evaluation.robustness import plot_robustness
+        write_robustness_csv(stem + '_robustness.csv', report['runs'])
+        plot_robustness(stem + '_robustness.png', _robust_runs(report['runs']),
+                        attack_settings(settings), f'{title}; attacked at 1x',
+                        study['metric'])
     with open(stem + '_table.md', 'w') as f:
         f.write(text)
     if 'modes' in study:

@@ -8,10 +8,12 @@ runs share the trunk's initial weights (see
 :func:`lookhere_dense.models.pos_encoding.isolated_rng`) and the order of the training
 data. After training, each test scale is evaluated in every mode of the ladder
 (:func:`~lookhere_dense.study.ladders.ladder_modes`) with
-:class:`~lookhere_dense.evaluation.metrics.PerClassIoUMetric`: zoom ladders through
-mmengine's ``ValLoop``, the field-of-view ladder through
+:class:`~lookhere_dense.evaluation.metrics.PerClassIoUMetric`: zoom ladders (and their
+native-aspect rows) through mmengine's ``ValLoop``, the field-of-view ladder through
 :func:`~lookhere_dense.evaluation.extrapolation.evaluate_loader` (whole vs sliding windows,
-timed, peak memory measured).
+timed, peak memory measured). With ``robustness`` every run is also attacked (FGSM / PGD,
+:mod:`lookhere_dense.evaluation.robustness`) on the validation images of the 1x rung
+(:func:`evaluate_robustness`).
 """
 from __future__ import annotations
 
@@ -25,13 +27,15 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 from .aids import apply_train_aids, run_specs, split_run_spec
-from .encodings import DEFAULT_ENCODINGS, backbone_for
-from .ladders import (LADDERS, ladder_dataloader, ladder_evaluator, ladder_modes, prepare_data,
-                      slide_window, study_settings)
+from .encodings import DEFAULT_ENCODINGS, backbone_for, check_encoding_options
+from .ladders import (LADDERS, NATIVE_ASPECT, ladder_dataloader, ladder_evaluator,
+                      ladder_modes, native_aspect_dataloader, prepare_data, slide_window,
+                      study_settings)
 from .schedules import schedule_to
 
 __all__ = ['DEFAULT_CONFIG', 'LADDER_CONFIGS', 'RunOptions', 'run_config', 'evaluate_rung',
-           'train_and_evaluate', 'versions', 'run_study']
+           'evaluate_robustness', 'learned_slopes', 'train_and_evaluate', 'versions',
+           'run_study']
 
 
 def _repo() -> str:
@@ -72,10 +76,11 @@ class RunOptions:
 def run_config(base_cfg, spec: str, seed: int, options: RunOptions, work_dir: str):
     """A deep copy of ``base_cfg`` for one run (run ``spec``: an encoding with optional
     training aids, :func:`~lookhere_dense.study.aids.split_run_spec`; ``seed``,
-    ``options``)."""
+    ``options``); the encoding's options from ``extrapolation.encoding_options``."""
     encoding, aids = split_run_spec(spec)
     cfg = copy.deepcopy(base_cfg)
-    cfg.model.backbone = backbone_for(cfg.model.backbone, encoding)
+    cfg.model.backbone = backbone_for(cfg.model.backbone, encoding,
+                                      (cfg.get('extrapolation') or {}).get('encoding_options'))
     apply_train_aids(cfg, aids)
     cfg.work_dir = work_dir
     cfg.randomness = dict(seed=seed, deterministic=False)
@@ -94,6 +99,12 @@ def run_config(base_cfg, spec: str, seed: int, options: RunOptions, work_dir: st
     return cfg
 
 
+def _encoding_name(cfg) -> str:
+    """The run's ``pos_encoding`` name (the dict form's ``type``)."""
+    name = cfg.model.backbone.pos_encoding
+    return name if isinstance(name, str) else str(name.get('type'))
+
+
 def _plain(value: Any) -> Any:
     """numpy / float32 scalars -> Python numbers rounded to 4 decimals (for JSON)."""
     value = value.item() if hasattr(value, 'item') else value
@@ -105,6 +116,9 @@ def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str
     """The metrics of rung ``scale`` predicted in ``mode`` (:func:`ladder_modes`):
 
     * ``'test'`` -- the run's ``test_cfg`` through mmengine's ``ValLoop`` (zoom ladders);
+    * ``'native_aspect'`` -- the same on the native-aspect rung (images at their own aspect,
+      long side ``scale`` times the training side; one image per batch,
+      :func:`~lookhere_dense.study.ladders.native_aspect_dataloader`);
     * ``'whole'`` / ``'slide'`` -- the whole frame in one pass / mmseg's sliding windows of
       the training crop (:func:`slide_window`), one frame per batch, through
       :func:`~lookhere_dense.evaluation.extrapolation.evaluate_loader`: the metrics plus
@@ -124,6 +138,9 @@ def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str
             return evaluate_rung(runner, cfg, study, scale, LADDERS[study['ladder']].modes[0])
         finally:
             backbone.log_n_scaling = before
+    if mode == NATIVE_ASPECT:
+        loop = ValLoop(runner, native_aspect_dataloader(cfg, study, scale), ladder_evaluator(cfg))
+        return {k: _plain(v) for k, v in loop.run().items()}
     dataloader = ladder_dataloader(cfg, study, scale)
     if mode == 'test':
         loop = ValLoop(runner, dataloader, ladder_evaluator(cfg))
@@ -150,14 +167,54 @@ def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str
     return metrics
 
 
+def evaluate_robustness(runner, cfg, study: Dict[str, Any]) -> Dict[str, Any]:
+    """Attack the run's model with ``study['robustness']`` (FGSM / PGD,
+    :func:`~lookhere_dense.evaluation.robustness.robustness_sweep`) on the validation images
+    of the 1x rung (the training size), predicted whole, scored with the ladder's
+    evaluator.
+
+    Returns:
+        ``{'clean': row, attack: {eps: row}}`` (rows: the metrics plus ``loss``,
+        ``max_linf``, ``images``, ``seconds``).
+    """
+    from mmengine.logging import print_log
+
+    from lookhere_dense.evaluation.robustness import robustness_sweep, settings_from_dict
+
+    model = runner.model.module if hasattr(runner.model, 'module') else runner.model
+    device = 'cuda' if next(model.parameters()).is_cuda else 'cpu'
+    dataloader = ladder_dataloader(cfg, study, 1.0)
+    dataloader.update(num_workers=0, persistent_workers=False)
+    return robustness_sweep(model, dataloader, ladder_evaluator(cfg),
+                            settings_from_dict(study['robustness']), device,
+                            lambda line: print_log(f'[study] {line}', logger='current'),
+                            label=_encoding_name(cfg))
+
+
+def learned_slopes(model) -> Optional[Dict[str, Any]]:
+    """The learned LookHere slopes of ``model`` (``global`` and per-``layer`` values,
+    rounded to 4 decimals), or None when it has no learnable slopes."""
+    from lookhere_dense.lookhere.slopes import LookHereSlopes
+
+    found = [m for m in model.modules() if isinstance(m, LookHereSlopes)]
+    if not found:
+        return None
+    values = found[0].values()
+    return dict(global_slope=round(float(values['global']), 4),
+                layer=[round(float(v), 4) for v in values['layer']])
+
+
 def train_and_evaluate(cfg, study: Dict[str, Any]) -> Dict[str, Any]:
     """Train one run with the mmengine ``Runner`` and evaluate it at every ladder scale in
-    every mode (:func:`evaluate_rung`).
+    every mode (:func:`evaluate_rung`), then, with ``study['robustness']``, under attack
+    (:func:`evaluate_robustness`).
 
     Returns:
         ``dict(train_seconds, eval_seconds, params, eval={scale: {metric: value}})`` with
         the ladder's first mode in ``eval``, plus ``modes={mode: {scale: {metric:
-        value}}}`` for the other modes (none for a zoom ladder without aids).
+        value}}}`` for the other modes (none for a zoom ladder without aids or native
+        aspect), ``robustness`` (see :func:`evaluate_robustness`) and ``robustness_seconds``
+        when attacked, ``slopes`` (:func:`learned_slopes`) when the slopes were learned.
     """
     from mmengine.logging import print_log
     from mmengine.runner import Runner
@@ -175,15 +232,25 @@ def train_and_evaluate(cfg, study: Dict[str, Any]) -> Dict[str, Any]:
         for mode in modes:
             metrics = evaluate_rung(runner, cfg, study, scale, mode)
             results[mode][f'{scale:g}'] = metrics
-            print_log(f'[study] {cfg.model.backbone.pos_encoding} scale {scale:g} {mode}: '
+            print_log(f'[study] {_encoding_name(cfg)} scale {scale:g} {mode}: '
                       f'{study["metric"]} {metrics.get(study["metric"])}', logger='current')
     eval_seconds = time.time() - start
+    robustness = None
+    if study.get('robustness'):
+        start = time.time()
+        robustness = evaluate_robustness(runner, cfg, study)
+        robustness_seconds = time.time() - start
+    slopes = learned_slopes(model)
     del runner, model
     gc.collect()
     out = dict(train_seconds=round(train_seconds, 1), eval_seconds=round(eval_seconds, 1),
                params=params, eval=results.pop(modes[0]))
     if results:
         out['modes'] = results
+    if robustness is not None:
+        out.update(robustness=robustness, robustness_seconds=round(robustness_seconds, 1))
+    if slopes is not None:
+        out['slopes'] = slopes
     return out
 
 
@@ -208,7 +275,8 @@ def run_study(config: Optional[str] = None, encodings: Optional[Sequence[str]] =
               work_dir: str = osp.join('work_dirs', 'extrapolation_study'),
               scales: Optional[Sequence[float]] = None, metric: Optional[str] = None,
               cfg_options: Optional[dict] = None, command: str = '',
-              ladder: Optional[str] = None, aids: Optional[Sequence[str]] = None
+              ladder: Optional[str] = None, aids: Optional[Sequence[str]] = None,
+              native_aspect: Optional[bool] = None, robustness: bool = False
               ) -> Dict[str, Any]:
     """Train and evaluate every (seed, run); returns the report dict (``command``,
     ``date``, ``wall_seconds``, ``versions``, ``settings``, ``runs``; write it with
@@ -232,10 +300,17 @@ def run_study(config: Optional[str] = None, encodings: Optional[Sequence[str]] =
         ladder: override the config's ``extrapolation.ladder``. Default: None.
         aids: extrapolation aids for every run (:mod:`lookhere_dense.study.aids`),
             replacing the config's ``extrapolation.aids``. Default: None (the config's).
+        native_aspect: add the native-aspect rows (zoom ladders; see
+            :mod:`lookhere_dense.study.ladders`). Default: None (the config's
+            ``extrapolation.native_aspect``, else off).
+        robustness: attack every run (FGSM / PGD at the settings of
+            ``extrapolation.robustness``, default
+            :data:`~lookhere_dense.study.ladders.STUDY_ROBUSTNESS`). Default: False.
 
     Raises:
-        ValueError: a bad encoding, aid (before any training), ladder or scale; a ladder
-            without a CPU default config and no ``config``.
+        ValueError: a bad encoding, aid, encoding option (before any training), ladder,
+            scale, native-aspect or robustness setting; a ladder without a CPU default
+            config and no ``config``.
     """
     from mmengine.config import Config
     from mmengine.logging import print_log
@@ -255,8 +330,9 @@ def run_study(config: Optional[str] = None, encodings: Optional[Sequence[str]] =
     encodings = list(encodings or ext.get('encodings') or DEFAULT_ENCODINGS)
     all_aids = list(ext.get('aids', ()) if aids is None else aids)
     specs = run_specs(encodings, all_aids)  # fail early, before any training
-    backbone_for(cfg.model.backbone, split_run_spec(specs[0])[0])
-    study = study_settings(cfg, scales, metric, ladder, all_aids)
+    encoding_options = check_encoding_options(ext.get('encoding_options'))
+    backbone_for(cfg.model.backbone, split_run_spec(specs[0])[0], encoding_options)
+    study = study_settings(cfg, scales, metric, ladder, all_aids, native_aspect, robustness)
     data_meta = prepare_data(cfg, study)
 
     runs: List[Dict[str, Any]] = []
@@ -286,9 +362,19 @@ def run_study(config: Optional[str] = None, encodings: Optional[Sequence[str]] =
                   if k not in ('pos_encoding', 'preset', 'lh_config')},
         test_cfg=test_cfg.to_dict() if hasattr(test_cfg, 'to_dict') else test_cfg,
         cfg_options=cfg_options, dataset=data_meta)
+    if encoding_options:
+        settings['encoding_options'] = encoding_options
     modes = ladder_modes(study)
     if modes != ('test',):
         settings['modes'] = list(modes)
+    if study.get('native_aspect'):
+        settings['native_aspect'] = dict(
+            long_side_at_1x=max(study['train_size']),
+            aspect_ratios=((data_meta or {}).get('settings') or {}).get('aspect_ratios'),
+            split=study['aspect_prefix'] if study['ladder'] == 'rendered' else None)
+    if study.get('robustness'):
+        settings['robustness'] = dict(study['robustness'], rung=1.0,
+                                      space='L-inf, 0-255 pixel units; clipped to valid pixels')
     if study['ladder'] == 'fov':
         crop, stride = slide_window(study)
         settings['slide'] = dict(crop=list(crop), stride=list(stride))
