@@ -50,6 +50,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..settings import settings_from_dict as _from_dict
 from .folders import ensure_dataset, write_dataset, write_png
 
 __all__ = ['CLASSES', 'PALETTE', 'FovSceneSettings', 'FovScene', 'sample_scene',
@@ -287,12 +288,7 @@ def ensure_fov_dataset(root: str, settings: FovSceneSettings = FovSceneSettings(
 
 def settings_from_dict(cfg: Optional[Dict[str, Any]]) -> FovSceneSettings:
     """:class:`FovSceneSettings` from a config dict (unknown keys are an error, by name)."""
-    cfg = dict(cfg or {})
-    allowed = set(FovSceneSettings.__dataclass_fields__)
-    unknown = sorted(set(cfg) - allowed)
-    if unknown:
-        raise ValueError(f'unknown fov_scenes settings {unknown}; allowed: {sorted(allowed)}')
-    return FovSceneSettings(**cfg)
+    return _from_dict(FovSceneSettings, cfg, 'fov_scenes settings')
 
 
 def save_examples(path: str, scales: Sequence[float] = (1.0, 2.0, 4.0),

@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..settings import settings_from_dict as _from_dict
 from .folders import ensure_dataset, write_dataset, write_png
 
 __all__ = ['CLASSES', 'PALETTE', 'RelationalSettings', 'Scene', 'sample_scene',
@@ -312,13 +313,7 @@ def ensure_relational_dataset(root: str, settings: RelationalSettings = Relation
 
 def settings_from_dict(cfg: Optional[Dict[str, Any]]) -> RelationalSettings:
     """:class:`RelationalSettings` from a config dict (unknown keys are an error, by name)."""
-    cfg = dict(cfg or {})
-    allowed = set(RelationalSettings.__dataclass_fields__)
-    unknown = sorted(set(cfg) - allowed)
-    if unknown:
-        raise ValueError(f'unknown relational dataset settings {unknown}; allowed: '
-                         f'{sorted(allowed)}')
-    return RelationalSettings(**cfg)
+    return _from_dict(RelationalSettings, cfg, 'relational dataset settings')
 
 
 def save_examples(path: str, num: int = 6, scales: Sequence[float] = (1.0, 2.0),

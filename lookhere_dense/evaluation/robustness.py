@@ -52,6 +52,8 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from ..settings import settings_from_dict as _from_dict
+
 __all__ = ['ATTACKS', 'AttackSettings', 'settings_from_dict', 'pixel_box', 'input_gradient',
            'fgsm', 'pgd', 'decode_loss', 'perturb', 'evaluate_attack', 'robustness_sweep',
            'strength_means', 'format_robustness_table', 'plot_robustness',
@@ -127,12 +129,7 @@ def settings_from_dict(cfg: Optional[Dict[str, Any]]) -> AttackSettings:
     Raises:
         ValueError: an unknown key or a bad value.
     """
-    cfg = dict(cfg or {})
-    allowed = set(AttackSettings.__dataclass_fields__)
-    unknown = sorted(set(cfg) - allowed)
-    if unknown:
-        raise ValueError(f'unknown robustness settings {unknown}; allowed: {sorted(allowed)}')
-    return AttackSettings(**cfg)
+    return _from_dict(AttackSettings, cfg, 'robustness settings')
 
 
 # ----------------------------------------------------------------------------------------
