@@ -494,6 +494,34 @@ def test_native_aspect_scenes_keep_the_task_at_their_own_aspect(tmp_path):
         dataclasses.replace(SMALL, scales=(0.05, 1.0))
 
 
+
+def test_size_multiple_keeps_every_test_image_in_whole_patches(repo_root):
+    from mmengine.config import Config
+    from lookhere_dense.data.relational import aspect_size
+    eight = dataclasses.replace(SMALL, train_size=(64, 64), scales=(0.75, 1.0),
+                                aspect_ratios=(0.75, 4 / 3), size_multiple=8)
+    # 48 * 3/4 = 36 px would be padded to 40 by the backbone: rounded to 40 (halves up)
+    assert aspect_size(eight, 0.75, 0.75) == (48, 40) and aspect_size(eight, 0.75, 4 / 3) == (40, 48)
+    assert aspect_size(eight, 1.0, 0.75) == (64, 48)
+    assert aspect_size(dataclasses.replace(eight, size_multiple=1), 0.75, 0.75) == (48, 36)
+    assert 'size_multiple' not in SMALL.to_json() and eight.to_json()['size_multiple'] == 8
+    with pytest.raises(ValueError, match=r'scale 0.7 renders 45x45 px images, not whole '
+                                         r'multiples of size_multiple=8'):
+        dataclasses.replace(eight, scales=(0.7, 1.0))
+    with pytest.raises(ValueError, match=r'scale 0.125 at aspect 0.2 has a shorter side of '
+                                         r'1.6 px, below one size_multiple=8'):
+        dataclasses.replace(eight, scales=(0.125, 1.0), aspect_ratios=(0.2,))
+    with pytest.raises(ValueError, match='size_multiple must be an int'):
+        dataclasses.replace(eight, size_multiple=0)
+    # the default study: every square and native-aspect test image is whole 8 px patches
+    cfg = Config.fromfile(os.path.join(repo_root, 'configs/study/relational_vit_tiny.py'))
+    settings = RelationalSettings(**cfg.relational)
+    assert settings.size_multiple == cfg.model.backbone.patch_size == 8
+    for scale in settings.scales:
+        for aspect in settings.aspect_ratios:
+            assert all(side % 8 == 0 for side in aspect_size(settings, scale, aspect))
+
+
 def test_below_1x_and_native_aspect_rungs():
     from mmengine.config import Config
     pipe = [dict(type='LoadImageFromFile'), dict(type='Resize', scale=(2048, 512), keep_ratio=True),

@@ -12,7 +12,8 @@ default_scope = 'mmseg'
 # --- the study: dataset generator settings and the test ladder -------------------------
 relational = dict(num_train=4000, num_val=100, train_size=(64, 64),
                   scales=(0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0), seed=0,
-                  aspect_ratios=(0.5, 0.75, 4 / 3, 2.0))  # width / height, native-aspect rows
+                  aspect_ratios=(0.5, 0.75, 4 / 3, 2.0),  # width / height, native-aspect rows
+                  size_multiple=8)  # whole patches: no test image is padded
 extrapolation = dict(
     ladder='rendered',          # each scale has its own natively rendered val folder
     scales=(0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0),

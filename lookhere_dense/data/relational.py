@@ -41,6 +41,7 @@ No OpenMMLab imports here (numpy + Pillow).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -82,6 +83,12 @@ class RelationalSettings:
         noise_std: std of the Gaussian pixel noise (0-255 scale). Default: 6.
         aspect_ratios: width / height of the native-aspect validation scenes (each
             rendered at every scale, ``val_aspect_x{scale}``); empty: none. Default: ``()``.
+        size_multiple: every image side is a multiple of this (set it to the model's patch
+            size so that no test image is padded to whole patches, which would stretch the
+            prediction over the padding): square sizes must be multiples already (an
+            error names the scale otherwise), native-aspect shorter sides are rounded to
+            the nearest multiple (so a 3:4 scene of long side 48 px is 48x40 with 8, not
+            48x36). Sides below one multiple are an error. Default: 1.
     """
 
     num_train: int = 4000
@@ -94,6 +101,7 @@ class RelationalSettings:
     object_half: Tuple[float, float] = (0.04, 0.11)
     noise_std: float = 6.0
     aspect_ratios: Tuple[float, ...] = ()
+    size_multiple: int = 1
 
     def __post_init__(self):
         for name in ('train_size', 'scales', 'objects', 'anchor_side', 'object_half',
@@ -115,6 +123,22 @@ class RelationalSettings:
         if any(not 0.1 <= r <= 10 for r in self.aspect_ratios):
             raise ValueError(f'aspect_ratios (width / height) must lie in [0.1, 10], got '
                              f'{self.aspect_ratios}')
+        m = self.size_multiple
+        if not isinstance(m, int) or isinstance(m, bool) or m < 1:
+            raise ValueError(f'size_multiple must be an int >= 1, got {m!r}')
+        for scale in self.scales:
+            size = self.size_at(scale)
+            if min(size) < m or size[0] % m or size[1] % m:
+                raise ValueError(f'scale {scale:g} renders {size[0]}x{size[1]} px images, not '
+                                 f'whole multiples of size_multiple={m} (the patch size); '
+                                 'choose scales whose sizes are')
+            for aspect in self.aspect_ratios:
+                long_side = int(round(max(self.train_size) * scale))
+                if long_side * min(aspect, 1.0 / aspect) < m / 2:
+                    raise ValueError(
+                        f'scale {scale:g} at aspect {aspect:g} has a shorter side of '
+                        f'{long_side * min(aspect, 1.0 / aspect):.1f} px, below one '
+                        f'size_multiple={m} (the patch size)')
         if not 1 <= self.objects[0] <= self.objects[1]:
             raise ValueError(f'objects must be (min, max) with 1 <= min <= max, got '
                              f'{self.objects}')
@@ -131,6 +155,8 @@ class RelationalSettings:
         d = {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
         if not self.aspect_ratios:
             d.pop('aspect_ratios')
+        if self.size_multiple == 1:
+            d.pop('size_multiple')
         d['format_version'] = FORMAT_VERSION
         return d
 
@@ -256,10 +282,11 @@ def aspect_split_name(scale: float) -> str:
 
 def aspect_size(settings: RelationalSettings, scale: float, aspect: float) -> Tuple[int, int]:
     """``(H, W)`` of a native-aspect image: the longer side ``scale`` times the longer
-    training side, the shorter one ``aspect`` (width / height) times shorter (rounded, at
-    least 1 px)."""
+    training side, the shorter one ``aspect`` (width / height) times shorter, rounded to the
+    nearest multiple of ``settings.size_multiple`` (halves up; at least one multiple)."""
+    m = settings.size_multiple
     long_side = int(round(max(settings.train_size) * scale))
-    short_side = max(1, int(round(long_side * min(aspect, 1.0 / aspect))))
+    short_side = max(1, int(math.floor(long_side * min(aspect, 1.0 / aspect) / m + 0.5))) * m
     return (short_side, long_side) if aspect >= 1 else (long_side, short_side)
 
 
