@@ -69,6 +69,21 @@ def test_every_tool_answers_help(runs, tool):
     assert res['stdout'].startswith('usage: ') and f'{tool}.py' in res['stdout']
 
 
+@pytest.mark.parametrize('tool', sorted(f[:-3] for f in os.listdir(os.path.join(REPO, 'tools'))
+                                         if f.endswith('.py')))
+def test_tool_docstring_examples_keep_their_line_breaks(tool):
+    """A single ``\\`` at a line end inside a (non-raw) docstring joins the lines of an
+    example command; the examples write ``\\\\``. Every line of the source must be a line
+    of the docstring."""
+    import ast
+    with open(os.path.join(REPO, 'tools', f'{tool}.py')) as f:
+        node = ast.parse(f.read()).body[0]
+    assert isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    lines = node.value.value.split('\n')
+    assert len(lines) == node.end_lineno - node.lineno + 1, \
+        [ln for ln in lines if '  --' in ln or '\\  ' in ln]
+
+
 def _error_line(res: dict) -> str:
     assert res['rc'] == 2, res
     assert 'Traceback' not in res['stderr']
