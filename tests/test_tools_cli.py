@@ -41,6 +41,12 @@ def _merge_inputs(folder) -> list:
 def runs(tmp_path_factory):
     """Every command line below, run once; ``runs[key] = dict(rc, stdout, stderr, tmp)``."""
     tmp = tmp_path_factory.mktemp('cli')
+    no_test_labels = tmp / 'no_test_labels.py'   # a label-less test split
+    no_test_labels.write_text(
+        f"_base_ = [{os.path.join(REPO, 'configs', 'study', 'relational_vit_tiny.py')!r}]\n"
+        "test_dataloader = dict(dataset=dict(pipeline=[dict(type='LoadImageFromFile'), "
+        "dict(type='PackSegInputs')]))\n")
+    (tmp / 'not_a_checkpoint.pth').write_text('x')
     calls = {f'help:{tool}': (tool, ['--help']) for tool in TOOLS}
     calls.update({
         'train:missing config': ('train', [str(tmp / 'nope.py')]),
@@ -57,6 +63,9 @@ def runs(tmp_path_factory):
         'swap:not python': ('swap_backbone', [DEIT_UPERNET, str(tmp / 'x.txt')]),
         'robustness:bad eps': ('robustness', [ADE_CFG, 'x.pth', '--eps', '4', '0']),
         'robustness:missing checkpoint': ('robustness', [ADE_CFG, str(tmp / 'none.pth')]),
+        'robustness:no labels': ('robustness', [str(no_test_labels),
+                                                str(tmp / 'not_a_checkpoint.pth'),
+                                                '--split', 'test']),
     })
     results = run_tools(list(calls.values()))
     return {key: dict(res, tmp=tmp) for key, res in zip(calls, results)}
@@ -124,6 +133,9 @@ def test_robustness_says_what_is_wrong(runs):
     err = _error_line(runs['robustness:missing checkpoint'])
     tmp = runs['robustness:missing checkpoint']['tmp']
     assert err == f"error: checkpoint {str(tmp / 'none.pth')!r} not found"
+    err = _error_line(runs['robustness:no labels'])   # before the model: no traceback
+    assert err.startswith('error: the test split cannot be attacked: test_dataloader.dataset.'
+                          'pipeline has no LoadAnnotations') and '--split val' in err
 
 
 def test_plot_heads_writes_its_png(runs):
