@@ -3,6 +3,8 @@ test specs and clean-slate step, the per-class IoU metric; and the inference pip
 uses the same rewrite."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -95,6 +97,46 @@ def test_below_training_size_and_native_aspect_specs():
         parse_spec('whole@long0')
     with pytest.raises(ConfigError, match='long<long side>'):
         parse_spec('whole@long')
+
+
+def test_resizes_to_zero_px_or_below_one_patch_are_refused():
+    """A test resized to a side of 0 px (OpenCV's ``inv_scale_x > 0``) or below one patch
+    (the backbone's error) is a config error naming the spec, the size and the patch."""
+    from mmengine.config import Config
+
+    from lookhere_dense.evaluation.extrapolation import config_patch_size
+    for text, size in (('whole@x0.0001', '(0, 0)'), ('whole@x0.05', '(102, 26)')):
+        with pytest.raises(ConfigError, match=rf'{text}: the test Resize scale \(2048, 512\) '
+                           rf'x {text[7:]} = {re.escape(size)} has a side of'):
+            spec_pipeline(PIPE, parse_spec(text), patch_size=32)
+    for text, side in (('slide@x0.01', 5), ('whole@8', 8), ('whole@long15', 15),
+                       ('whole@16x12', 12)):
+        with pytest.raises(ConfigError, match=rf'{text}: .* a side of {side} px, below one '
+                           r'patch of the model \(16 px\)'):
+            spec_pipeline(PIPE, parse_spec(text), patch_size=16)
+    assert spec_pipeline(PIPE, parse_spec('whole@16x16'), 16)[1]['scale'] == (16, 16)
+    assert spec_pipeline(PIPE, parse_spec('whole@x0.0625'), 16)[1]['scale'] == (128, 32)
+    # the patch unknown: only 0 px is refused
+    assert spec_pipeline(PIPE, parse_spec('whole@x0.01'))[1]['scale'] == (20, 5)
+    with pytest.raises(ConfigError, match='has a side of 0 px: test at 1 px or more'):
+        spec_pipeline(PIPE, parse_spec('whole@x0.0001'))
+    assert config_patch_size(Config(dict(model=dict(backbone=dict(patch_size=8))))) == 8
+    assert config_patch_size(Config(dict(model=dict(backbone=dict(type='ResNet'))))) is None
+
+
+def test_the_report_refuses_a_test_below_one_patch_before_any_evaluation(tmp_path, repo_root):
+    """Checked right after the config is read: no data (the pre-flight data check would
+    fail) and no model (the file is not a checkpoint) are needed to get the error."""
+    from lookhere_dense.evaluation.extrapolation import extrapolation_report
+    not_a_checkpoint = tmp_path / 'x.pth'
+    not_a_checkpoint.write_text('not a checkpoint')
+    config = str(repo_root / 'configs' / 'segmenter_lookhere_vit-t_tiny-ade.py')
+    with pytest.raises(ConfigError, match=r'whole@x0\.05: the test Resize scale \(512, 128\) x '
+                       r'0\.05 = \(26, 6\) has a side of 6 px, below one patch of the model '
+                       r'\(16 px\)'):
+        extrapolation_report(config, str(not_a_checkpoint), ['whole@x1', 'whole@x0.05'],
+                             out_dir=str(tmp_path / 'out'))
+    assert not (tmp_path / 'out').exists()
 
 
 def test_long_side_resize_keeps_the_aspect_and_sets_the_longer_side():
@@ -227,27 +269,44 @@ def test_overlay_blends_only_palette_classes():
 
 def test_tests_below_the_training_size_run_whole_and_slide(tmp_path, repo_root):
     """Below the training crop: a slide window larger than the image is the image (slide =
-    whole), and a 4x3-patch grid or a native-aspect frame runs through the real test path."""
+    whole), and a 4x3-patch grid or a native-aspect frame runs through the real test path.
+    ``long48`` on portrait and landscape scenes sets their *longer* side (a short-side
+    resize would give 96x48 from 64x32), and the report's input is the size of the median
+    image by area (36x48), not the median H and median W apart (48x48: no image has it)."""
     import torch
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
 
     from lookhere_dense.cli import parse_cfg_options
-    from lookhere_dense.data.relational import RelationalSettings, ensure_relational_dataset
+    from lookhere_dense.data.relational import (RelationalSettings, aspect_split_name,
+                                                ensure_relational_dataset)
     from lookhere_dense.evaluation.extrapolation import evaluate_spec
     init_default_scope('mmseg')
     root = str(tmp_path / 'rel')
-    ensure_relational_dataset(root, RelationalSettings(num_train=1, num_val=2, scales=(1.0,)))
+    aspects = (0.5, 0.75, 4 / 3, 2.0)   # width / height: 64x32, 64x48, 48x64, 32x64 at 1x
+    ensure_relational_dataset(root, RelationalSettings(num_train=1, num_val=4, scales=(1.0,),
+                                                       aspect_ratios=aspects))
     cfg = Config.fromfile(str(repo_root / 'configs' / 'study' / 'relational_vit_tiny.py'))
     cfg.merge_from_dict(parse_cfg_options([f'val_dataloader.dataset.data_root={root}',
                                            'model.backbone.num_layers=1']))
     torch.manual_seed(0)
     model = MODELS.build(cfg.model).eval()
     rows = {t: evaluate_spec(model, cfg, parse_spec(t), 'val', 'cpu', None, 8)
-            for t in ('slide@32', 'whole@32', 'whole@long48', 'whole@24x40')}
+            for t in ('slide@32', 'whole@32', 'whole@24x40')}
     assert (rows['slide@32']['input_h'], rows['slide@32']['grid_h']) == (32, 4)
     assert rows['slide@32']['mIoU'] == rows['whole@32']['mIoU']   # one window: the image
-    assert (rows['whole@long48']['input_h'], rows['whole@long48']['input_w']) == (48, 48)
     assert (rows['whole@24x40']['grid_h'], rows['whole@24x40']['grid_w']) == (3, 5)
-    assert all(r['images'] == 2 for r in rows.values())
+    assert all(r['images'] == 4 and r['input_sizes'] == 1 for r in rows.values())
+    split = aspect_split_name(1.0)
+    cfg.val_dataloader.dataset.data_prefix = dict(img_path=f'img_dir/{split}',
+                                                  seg_map_path=f'ann_dir/{split}')
+    long48 = evaluate_spec(model, cfg, parse_spec('whole@long48'), 'val', 'cpu', None, 8)
+    # 48x24, 48x36, 36x48, 24x48: long side 48, aspect kept; the median image by area
+    assert (long48['input_h'], long48['input_w'], long48['grid_h'], long48['grid_w']) == \
+        (36, 48, 5, 6)
+    assert (long48['input_sizes'], long48['input_h_range'], long48['input_w_range']) == \
+        (4, [24, 48], [24, 48])
+    table = format_table([long48, rows['whole@32']], None)
+    assert '| whole@long48 | 36x48 (median of 4 sizes: H 24-48, W 24-48) | 5x6 |' in table
+    assert '| whole@32 | 32x32 | 4x4 |' in table

@@ -51,6 +51,10 @@ def test_pgd_stays_in_the_ball_and_in_valid_pixels():
         inside = ((x - 0.1) >= 0) & ((x + 0.1) <= 1)
         assert torch.allclose(delta.abs()[inside], torch.full_like(delta[inside], 0.1),
                               atol=1e-6)
+        # along the gradient's sign, away from 0.5 (where the random start cannot cross it)
+        away = inside & ((x - 0.5).abs() > 0.1)
+        assert away.sum() > 40
+        assert torch.equal(delta.sign()[away], (x - 0.5).sign()[away])
     assert torch.equal(pgd(outward, x, torch.zeros(1), torch.zeros(1), 3, 0.0, 1.0), x)
     # the random start is reproducible and inside the ball
     a, b = (pgd(lambda v: v.sum() * 0, x, eps, eps, 1, 0.0, 1.0, True,
@@ -90,6 +94,106 @@ def test_attack_settings_and_the_table():
     assert '| model | clean | fgsm 2/255 | fgsm 8/255 | fgsm mean |' in table
     assert '| a | 60.00 | 50.00 | 30.00 | 40.00 |' in table
     assert '| b | 65.00 ± 7.07 | 50.00 ± 0.00 |' in table
+
+
+def test_attack_settings_refuse_a_bad_seed_or_random_start():
+    """Both would pass a study's settings and fail (or silently mean the opposite) only
+    after training: ``int(None)``, and the string 'false' is truthy."""
+    for bad, match in ((dict(seed=None), 'seed must be a whole number, got None'),
+                       (dict(seed='0'), "seed must be a whole number, got '0'"),
+                       (dict(seed=1.5), 'seed must be a whole number, got 1.5'),
+                       (dict(seed=True), 'seed must be a whole number, got True'),
+                       (dict(random_start='false'),
+                        "random_start must be True or False, got 'false'"),
+                       (dict(random_start=0), 'random_start must be True or False, got 0'),
+                       (dict(random_start=None), 'random_start must be True or False')):
+        with pytest.raises(ValueError, match=match):
+            settings_from_dict(bad)
+    s = settings_from_dict(dict(seed=7, random_start=False))
+    assert (s.seed, s.random_start) == (7, False)
+
+
+class _LinearLossSegmentor(torch.nn.Module):
+    """What :func:`perturb` uses of a segmentor: mmseg's data preprocessor (per-channel
+    std, so one pixel level is a different step per channel) and ``loss``. The decode loss
+    is linear in the input (gradient ``weight``); an auxiliary term that would flip many
+    signs must be left out."""
+
+    def __init__(self, weight, decode_key='decode.loss_ce'):
+        super().__init__()
+        from mmseg.models.data_preprocessor import SegDataPreProcessor
+        self.data_preprocessor = SegDataPreProcessor(mean=[127.5, 127.5, 127.5],
+                                                     std=[10.0, 20.0, 40.0])
+        self.weight, self.decode_key = weight, decode_key
+
+    def loss(self, inputs, data_samples):
+        return {self.decode_key: (self.weight * inputs).sum(), 'aux.loss_ce': 1e3 * inputs.sum()}
+
+
+def _samples(n, h, w, labels=True):
+    from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
+    samples = [SegDataSample() for _ in range(n)]
+    if labels:
+        for s in samples:
+            s.gt_sem_seg = PixelData(data=torch.zeros(1, h, w, dtype=torch.long))
+    return samples
+
+
+def test_pgd_steps_by_step_size_pixel_levels_of_each_channel():
+    """One PGD step from the image (no random start), step < eps: every value moves by
+    exactly ``step`` pixel levels -- ``step / std_c`` in the normalised input -- along the
+    decode loss's gradient sign; FGSM moves by ``eps`` pixel levels."""
+    from lookhere_dense.evaluation.robustness import perturb
+    w = torch.randn(1, 3, 4, 5, generator=torch.Generator().manual_seed(0))
+    model = _LinearLossSegmentor(w)
+    x = torch.zeros(1, 3, 4, 5)   # pixel 127.5: far from the valid range's ends
+    unit = 1.0 / torch.tensor([10.0, 20.0, 40.0]).view(1, 3, 1, 1)
+    settings = AttackSettings(steps=1, step_size=3.0, random_start=False)
+    delta = perturb(model, x, _samples(1, 4, 5), 'pgd', 8.0, settings) - x
+    assert torch.equal(delta, 3.0 * unit * w.sign())
+    delta = perturb(model, x, _samples(1, 4, 5), 'fgsm', 8.0, settings) - x
+    assert torch.equal(delta, 8.0 * unit * w.sign())
+
+
+def test_decode_loss_refuses_samples_without_labels_or_a_model_without_a_decode_loss():
+    from lookhere_dense.evaluation.robustness import decode_loss
+    from lookhere_dense.swap import ConfigError
+    x = torch.zeros(1, 3, 2, 2)
+    with pytest.raises(ConfigError, match="needs the ground-truth labels.*LoadAnnotations"):
+        decode_loss(_LinearLossSegmentor(torch.ones(1)), x, _samples(1, 2, 2, labels=False))
+    with pytest.raises(ConfigError, match=r"no decode-head term \(decode.\*loss\*\): got "
+                       r"\['aux.loss_ce', 'head.loss_ce'\]"):
+        decode_loss(_LinearLossSegmentor(torch.ones(1), 'head.loss_ce'), x, _samples(1, 2, 2))
+
+
+def test_a_split_without_labels_is_refused_before_the_model_is_built(tmp_path, repo_root):
+    """``--split test`` on a label-less test set: a config error naming the split and what to
+    do, before the pre-flight data check (no data here) and the model build (the file is not
+    a checkpoint)."""
+    from mmengine.config import Config
+
+    from lookhere_dense.evaluation.robustness import check_attackable, robustness_report
+    from lookhere_dense.swap import ConfigError
+    base = repo_root / 'configs' / 'study' / 'relational_vit_tiny.py'
+    config = tmp_path / 'no_test_labels.py'
+    config.write_text(f"_base_ = [{str(base)!r}]\ntest_dataloader = dict(dataset=dict(pipeline=["
+                      "dict(type='LoadImageFromFile'), dict(type='PackSegInputs')]))\n")
+    not_a_checkpoint = tmp_path / 'x.pth'
+    not_a_checkpoint.write_text('not a checkpoint')
+    with pytest.raises(ConfigError, match=r'the test split cannot be attacked: test_dataloader'
+                       r'.dataset.pipeline has no LoadAnnotations \(LoadImageFromFile -> '
+                       r'PackSegInputs\).*--split val'):
+        robustness_report(str(config), str(not_a_checkpoint), split='test',
+                          out_dir=str(tmp_path / 'out'))
+    assert not (tmp_path / 'out').exists()
+    cfg = Config.fromfile(str(config))
+    check_attackable(cfg, 'val')   # val loads its labels
+    cfg.val_dataloader.dataset.pipeline[1] = dict(type='mmseg.LoadAnnotations')
+    check_attackable(cfg, 'val')
+    cfg.model.pop('decode_head')
+    with pytest.raises(ConfigError, match="model \\(type='EncoderDecoder'\\) has no decode_head"):
+        check_attackable(cfg, 'val')
 
 
 # -- a tiny segmentor through the real test path ------------------------------------------------
@@ -154,3 +258,45 @@ def test_a_stronger_attack_lowers_miou_of_a_trained_model(trained):
         assert weak['max_linf'] <= 2 + 1e-3 and strong['max_linf'] <= 16 + 1e-3
     assert res['fgsm']['16']['max_linf'] > 15.99   # FGSM moves by eps (not clipped everywhere)
     assert res['pgd']['16']['loss'] >= res['fgsm']['16']['loss']
+
+
+def test_an_attack_restores_train_mode_test_cfg_and_requires_grad(trained):
+    """The model is attacked and predicted in eval mode with a whole ``test_cfg``, weights
+    frozen; afterwards it is exactly as it was: in train mode, with its own ``test_cfg``
+    and each parameter's own ``requires_grad``."""
+    from mmengine.config import ConfigDict
+
+    from lookhere_dense.evaluation.robustness import evaluate_attack
+    model, cfg = trained
+    dl = cfg.val_dataloader.to_dict()
+    dl['dataset']['indices'] = 2
+    params = list(model.parameters())
+    before = model.test_cfg
+    slide = ConfigDict(mode='slide', crop_size=(32, 32), stride=(16, 16))
+    try:
+        params[0].requires_grad_(False)
+        model.test_cfg = slide
+        model.train()
+        res = evaluate_attack(model, dl, cfg.val_evaluator.to_dict(), 'pgd', 2.0,
+                              AttackSettings(steps=1))
+        assert res['images'] == 2 and 0 < res['max_linf'] <= 2 + 1e-3
+        assert model.training and all(m.training for m in model.modules())
+        assert model.test_cfg is slide
+        assert [p.requires_grad for p in params] == [False] + [True] * (len(params) - 1)
+    finally:
+        params[0].requires_grad_(True)
+        model.test_cfg = before
+        model.eval()
+
+
+def test_an_evaluator_without_the_metric_fails_before_any_attack(trained):
+    from lookhere_dense.evaluation.robustness import robustness_sweep
+    from lookhere_dense.swap import ConfigError
+    model, cfg = trained
+    lines = []
+    with pytest.raises(ConfigError, match=r"the evaluator reports no 'mIoU', which the "
+                       r"robustness summary uses; it reports \['aAcc', 'mAcc', 'mDice'\]"):
+        robustness_sweep(model, cfg.val_dataloader.to_dict(),
+                         dict(type='IoUMetric', iou_metrics=['mDice']),
+                         AttackSettings(steps=1, max_images=2), log=lines.append)
+    assert len(lines) == 1 and 'clean' in lines[0]   # no attack ran

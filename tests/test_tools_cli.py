@@ -41,6 +41,12 @@ def _merge_inputs(folder) -> list:
 def runs(tmp_path_factory):
     """Every command line below, run once; ``runs[key] = dict(rc, stdout, stderr, tmp)``."""
     tmp = tmp_path_factory.mktemp('cli')
+    no_test_labels = tmp / 'no_test_labels.py'   # a label-less test split
+    no_test_labels.write_text(
+        f"_base_ = [{os.path.join(REPO, 'configs', 'study', 'relational_vit_tiny.py')!r}]\n"
+        "test_dataloader = dict(dataset=dict(pipeline=[dict(type='LoadImageFromFile'), "
+        "dict(type='PackSegInputs')]))\n")
+    (tmp / 'not_a_checkpoint.pth').write_text('x')
     calls = {f'help:{tool}': (tool, ['--help']) for tool in TOOLS}
     calls.update({
         'train:missing config': ('train', [str(tmp / 'nope.py')]),
@@ -57,6 +63,9 @@ def runs(tmp_path_factory):
         'swap:not python': ('swap_backbone', [DEIT_UPERNET, str(tmp / 'x.txt')]),
         'robustness:bad eps': ('robustness', [ADE_CFG, 'x.pth', '--eps', '4', '0']),
         'robustness:missing checkpoint': ('robustness', [ADE_CFG, str(tmp / 'none.pth')]),
+        'robustness:no labels': ('robustness', [str(no_test_labels),
+                                                str(tmp / 'not_a_checkpoint.pth'),
+                                                '--split', 'test']),
     })
     results = run_tools(list(calls.values()))
     return {key: dict(res, tmp=tmp) for key, res in zip(calls, results)}
@@ -67,6 +76,21 @@ def test_every_tool_answers_help(runs, tool):
     res = runs[f'help:{tool}']
     assert res['rc'] == 0, res['stderr']
     assert res['stdout'].startswith('usage: ') and f'{tool}.py' in res['stdout']
+
+
+@pytest.mark.parametrize('tool', sorted(f[:-3] for f in os.listdir(os.path.join(REPO, 'tools'))
+                                         if f.endswith('.py')))
+def test_tool_docstring_examples_keep_their_line_breaks(tool):
+    """A single ``\\`` at a line end inside a (non-raw) docstring joins the lines of an
+    example command; the examples write ``\\\\``. Every line of the source must be a line
+    of the docstring."""
+    import ast
+    with open(os.path.join(REPO, 'tools', f'{tool}.py')) as f:
+        node = ast.parse(f.read()).body[0]
+    assert isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    lines = node.value.value.split('\n')
+    assert len(lines) == node.end_lineno - node.lineno + 1, \
+        [ln for ln in lines if '  --' in ln or '\\  ' in ln]
 
 
 def _error_line(res: dict) -> str:
@@ -109,6 +133,9 @@ def test_robustness_says_what_is_wrong(runs):
     err = _error_line(runs['robustness:missing checkpoint'])
     tmp = runs['robustness:missing checkpoint']['tmp']
     assert err == f"error: checkpoint {str(tmp / 'none.pth')!r} not found"
+    err = _error_line(runs['robustness:no labels'])   # before the model: no traceback
+    assert err.startswith('error: the test split cannot be attacked: test_dataloader.dataset.'
+                          'pipeline has no LoadAnnotations') and '--split val' in err
 
 
 def test_plot_heads_writes_its_png(runs):

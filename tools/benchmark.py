@@ -47,7 +47,7 @@ Examples::
     python tools/benchmark.py --quick                                 # < 1 min smoke run
     python tools/benchmark.py --device cuda --section attention       # torch + CUDA only
     python tools/benchmark.py --device cuda --json docs/benchmark_cuda.json
-    python tools/benchmark.py --sections segmenter --threads 1 \
+    python tools/benchmark.py --sections segmenter --threads 1 \\
         --json docs/segmenter_whole_frame_cpu.json                     # Segmenter vs backbone
 """
 from __future__ import annotations

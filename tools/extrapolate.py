@@ -19,8 +19,8 @@ native aspect kept) or ``<H>x<W>`` (exactly H x W). Examples::
         --tests slide@1024x2048 whole@1024x2048 whole@2048x4096
     # below the training size (0.25x..0.75x of the test scale) and at native aspect
     # (long side 384 / 512 / 768 px, as ImageNet-Val tested at 384 without a square crop)
-    python tools/extrapolate.py configs/segmenter_lookhere_ade20k.py CKPT \
-        --tests whole@x0.25 whole@x0.5 whole@x0.75 whole@x1 whole@long384 whole@long512 \
+    python tools/extrapolate.py configs/segmenter_lookhere_ade20k.py CKPT \\
+        --tests whole@x0.25 whole@x0.5 whole@x0.75 whole@x1 whole@long384 whole@long512 \\
         whole@long768
 """
 from __future__ import annotations

@@ -60,10 +60,10 @@ Examples (CPU default, all encodings, one seed; then two more seeds, merged)::
     python tools/extrapolation_study.py --ladder fov --out-dir work_dirs --name study_fov
     python tools/extrapolation_study.py --out-dir docs --name study_relational
     python tools/extrapolation_study.py --seeds 1 2 --out-dir work_dirs --name seeds12
-    python tools/extrapolation_study.py --merge docs/study_relational.json \
+    python tools/extrapolation_study.py --merge docs/study_relational.json \\
         work_dirs/seeds12.json --out-dir docs --name study_relational_3seeds
     # fixed vs learnable LookHere slopes, and every run under FGSM / PGD
-    python tools/extrapolation_study.py --encodings lookhere lookhere+learnable_slopes \
+    python tools/extrapolation_study.py --encodings lookhere lookhere+learnable_slopes \\
         --robustness --out-dir work_dirs --name slopes_robustness
 """
 from __future__ import annotations

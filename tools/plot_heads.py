@@ -9,7 +9,7 @@ itself uses (:func:`lookhere_dense.lookhere.bias.build_grid_bias`).
 
 Example::
 
-    python tools/plot_heads.py --preset lh180 --grid 14 14 --query 6 4 --layers 0 11 \
+    python tools/plot_heads.py --preset lh180 --grid 14 14 --query 6 4 --layers 0 11 \\
         --out docs/heads_lh180.png
 
 With ``--checkpoint CKPT`` (a model trained with ``lh_config.learnable_slopes=True``) it

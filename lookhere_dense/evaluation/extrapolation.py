@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .memory import PeakMemory, free_memory
-from .resize import (exact_resize, long_side_resize, replace_resize, scale_resizes,
-                     short_side_resize)
+from .resize import (exact_resize, is_resize, long_side_resize, replace_resize,
+                     scale_resizes, short_side_resize)
 
-__all__ = ['DEFAULT_TESTS', 'TestSpec', 'parse_spec', 'spec_pipeline', 'slide_settings',
-           'clear_position_caches', 'start_clean', 'evaluate_loader', 'evaluate_spec',
-           'format_table',
-           'plot_report', 'extrapolation_report']
+__all__ = ['DEFAULT_TESTS', 'TestSpec', 'parse_spec', 'config_patch_size', 'spec_pipeline',
+           'slide_settings', 'clear_position_caches', 'start_clean', 'evaluate_loader',
+           'median_shape', 'evaluate_spec', 'format_table', 'plot_report',
+           'extrapolation_report']
 
 #: the tests of ``tools/extrapolate.py`` when none are given
 DEFAULT_TESTS = ('slide@x1', 'whole@x1', 'whole@x1.5', 'whole@x2', 'whole@x3')
@@ -99,15 +99,47 @@ def parse_spec(text: str) -> TestSpec:
     return spec
 
 
-def spec_pipeline(pipeline: Sequence[Dict[str, Any]], spec: TestSpec) -> List[Dict[str, Any]]:
+def config_patch_size(cfg) -> Optional[int]:
+    """The patch size the config gives its backbone (``model.backbone.patch_size``; the
+    smaller side of an ``(h, w)`` patch), or None when it gives none."""
+    patch = (cfg.model.get('backbone') or {}).get('patch_size')
+    if patch is None:
+        return None
+    return int(min(patch)) if isinstance(patch, (list, tuple)) else int(patch)
+
+
+def _check_sides(spec: TestSpec, sides: Sequence[int], what: str,
+                 patch_size: Optional[int]) -> None:
+    """Refuse a test whose resize gives a side of 0 px or, with ``patch_size``, below one
+    patch (the backbone cannot embed it)."""
+    smallest = min(int(v) for v in sides)
+    if smallest >= (patch_size or 1):
+        return
+    from lookhere_dense.swap import ConfigError
+    if patch_size:
+        raise ConfigError(f'{spec.text}: {what} has a side of {smallest} px, below one patch of '
+                          f'the model ({patch_size} px): test at {patch_size} px or more')
+    raise ConfigError(f'{spec.text}: {what} has a side of {smallest} px: test at 1 px or more')
+
+
+def spec_pipeline(pipeline: Sequence[Dict[str, Any]], spec: TestSpec,
+                  patch_size: Optional[int] = None) -> List[Dict[str, Any]]:
     """The test pipeline resized for ``spec`` (:mod:`lookhere_dense.evaluation.resize`):
     ``x<f>`` multiplies its ``Resize`` transforms, a short side or an exact size replaces
     the first one (inserted after the image loading when the config has none), as does a
     long side (:func:`~lookhere_dense.evaluation.resize.long_side_resize`).
 
+    Args:
+        pipeline: the config's test pipeline (not changed).
+        spec: the test.
+        patch_size: the model's patch size (e.g. :func:`config_patch_size`): resized sizes
+            below one patch are refused. Default: None (only sizes of 0 px are refused).
+
     Raises:
         lookhere_dense.swap.ConfigError: ``x<f>`` on a pipeline without a ``Resize`` to
-            multiply.
+            multiply; a resize to a side of 0 px or below one patch (``x<f>`` checks the
+            scaled ``scale`` of every ``Resize``; a ``scale_factor`` is not checked), naming
+            the spec, the size and the patch.
     """
     if spec.factor is not None:
         out, scaled = scale_resizes(pipeline, spec.factor)
@@ -115,11 +147,22 @@ def spec_pipeline(pipeline: Sequence[Dict[str, Any]], spec: TestSpec) -> List[Di
             from lookhere_dense.swap import ConfigError
             raise ConfigError(f'{spec.text}: the test pipeline has no Resize scale to '
                               'multiply; give the size in px (e.g. whole@512)')
+        for before, after in zip(pipeline, out):
+            if is_resize(after) and after.get('scale') is not None:
+                scale = after['scale']
+                _check_sides(spec, scale if isinstance(scale, tuple) else (scale,),
+                             f"the test Resize scale {before['scale']} x {spec.factor:g} = "
+                             f'{scale}', patch_size)
         return out
     if spec.short_side is not None:
+        _check_sides(spec, (spec.short_side,), f'the short side {spec.short_side} px',
+                     patch_size)
         return replace_resize(pipeline, short_side_resize(spec.short_side))
     if spec.long_side is not None:
+        _check_sides(spec, (spec.long_side,), f'the long side {spec.long_side} px',
+                     patch_size)
         return replace_resize(pipeline, long_side_resize(spec.long_side))
+    _check_sides(spec, spec.size, f'the size {spec.size[0]}x{spec.size[1]} px', patch_size)
     return replace_resize(pipeline, exact_resize(spec.size))
 
 
@@ -251,19 +294,34 @@ def evaluate_loader(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any]
                 mem_rise_mb=mem.rise_mb, memory_kind=mem.kind)
 
 
+def median_shape(shapes: Sequence[Tuple[int, int]]) -> Tuple[int, int]:
+    """The ``(H, W)`` of the median image by area (ties by H, then W): the size of an image
+    that was tested, unlike the median H and median W taken apart (on mixed portrait and
+    landscape images those give a shape no image has)."""
+    ordered = sorted((tuple(s) for s in shapes), key=lambda s: (s[0] * s[1], s[0], s[1]))
+    return ordered[len(ordered) // 2]
+
+
 def evaluate_spec(model, cfg, spec: TestSpec, split: str, device: str,
                   max_images: Optional[int], patch_size: int) -> Dict[str, Any]:
     """Run one test of ``model`` on the ``split`` dataloader of ``cfg``
     (:func:`evaluate_loader`, one image per batch).
 
     Returns:
-        The report row: ``test, mode, input_h, input_w`` (median input size), ``grid_h,
-        grid_w`` (patch grid the backbone saw; a window's for slide tests), ``mIoU, aAcc,
-        mAcc``, ``sec_per_img`` (model time), ``peak_mem_mb``, ``memory_kind``
-        (:attr:`PeakMemory.kind`), ``images``.
+        The report row: ``test, mode, input_h, input_w`` (the size of the median image by
+        area, :func:`median_shape`), ``input_sizes`` (how many distinct sizes were tested),
+        ``input_h_range, input_w_range`` (``[min, max]`` of each side), ``grid_h, grid_w``
+        (patch grid the backbone saw for the median image; a window's for slide tests),
+        ``mIoU, aAcc, mAcc``, ``sec_per_img`` (model time), ``peak_mem_mb``,
+        ``memory_kind`` (:attr:`PeakMemory.kind`), ``images``.
+
+    Raises:
+        lookhere_dense.swap.ConfigError: a resize below one patch of the config's backbone
+            (:func:`spec_pipeline`), before any image is predicted.
     """
     dl_cfg = copy.deepcopy(cfg.get(f'{split}_dataloader'))
-    dl_cfg['dataset']['pipeline'] = spec_pipeline(dl_cfg['dataset']['pipeline'], spec)
+    dl_cfg['dataset']['pipeline'] = spec_pipeline(dl_cfg['dataset']['pipeline'], spec,
+                                                  config_patch_size(cfg))
     dl_cfg['batch_size'] = 1
     dl_cfg['persistent_workers'] = False
     dl_cfg['num_workers'] = min(int(dl_cfg.get('num_workers', 0)), 2)
@@ -273,16 +331,17 @@ def evaluate_spec(model, cfg, spec: TestSpec, split: str, device: str,
     result = evaluate_loader(model, dl_cfg, cfg.get(f'{split}_evaluator'), spec.mode, device,
                              slide, spec.text)
     metrics, seconds, shapes = result['metrics'], result['seconds'], result['shapes']
-    hs = sorted(s[0] for s in shapes)
-    ws = sorted(s[1] for s in shapes)
-    h, w = hs[len(hs) // 2], ws[len(ws) // 2]
+    h, w = median_shape(shapes)
     if spec.mode == 'slide':
         crop, _ = slide
         grid_h, grid_w = (math.ceil(min(c, d) / patch_size) for c, d in zip(crop, (h, w)))
     else:
         grid_h, grid_w = math.ceil(h / patch_size), math.ceil(w / patch_size)
+    hs, ws = [s[0] for s in shapes], [s[1] for s in shapes]
     return dict(
-        test=spec.text, mode=spec.mode, input_h=h, input_w=w, grid_h=grid_h, grid_w=grid_w,
+        test=spec.text, mode=spec.mode, input_h=h, input_w=w,
+        input_sizes=len(set(shapes)), input_h_range=[min(hs), max(hs)],
+        input_w_range=[min(ws), max(ws)], grid_h=grid_h, grid_w=grid_w,
         mIoU=float(metrics.get('mIoU', float('nan'))),
         aAcc=float(metrics.get('aAcc', float('nan'))),
         mAcc=float(metrics.get('mAcc', float('nan'))),
@@ -295,15 +354,28 @@ def _memory_label(rows: Sequence[Dict[str, Any]]) -> str:
         else 'peak RSS MB'
 
 
+def input_cell(row: Dict[str, Any]) -> str:
+    """The input size of a report row: ``HxW`` of its median image, followed by how many
+    sizes there were and their ranges when the images were not all one size (``36x48
+    (median of 4 sizes: H 24-48, W 24-48)``)."""
+    cell = f"{row['input_h']}x{row['input_w']}"
+    if row.get('input_sizes', 1) > 1:
+        (h0, h1), (w0, w1) = row['input_h_range'], row['input_w_range']
+        cell += f" (median of {row['input_sizes']} sizes: H {h0}-{h1}, W {w0}-{w1})"
+    return cell
+
+
 def format_row(row: Dict[str, Any]) -> str:
     """One report row as the progress line ``tools/extrapolate.py`` prints."""
-    return (f"{row['test']:>18}: mIoU {row['mIoU']:6.2f}  input {row['input_h']}x"
-            f"{row['input_w']}  grid {row['grid_h']}x{row['grid_w']}  "
+    return (f"{row['test']:>18}: mIoU {row['mIoU']:6.2f}  input {input_cell(row)}  "
+            f"grid {row['grid_h']}x{row['grid_w']}  "
             f"{row['sec_per_img']:.3f} s/img  peak {row['peak_mem_mb']:.0f} MB")
 
 
 def format_table(rows: List[Dict[str, Any]], train_grid: Optional[Tuple[int, int]]) -> str:
-    """The report rows as a Markdown table."""
+    """The report rows as a Markdown table. The input column is the size of the median
+    image by area (:func:`input_cell`: with the number of sizes and their ranges when
+    they vary); the patch grid is the median image's."""
     lines = [f'| test | input (median HxW) | patch grid | mIoU | aAcc | s / img | '
              f'{_memory_label(rows)} |',
              '|---|---|---|---|---|---|---|']
@@ -311,7 +383,7 @@ def format_table(rows: List[Dict[str, Any]], train_grid: Optional[Tuple[int, int
         grid = f"{r['grid_h']}x{r['grid_w']}"
         if r['mode'] == 'slide':
             grid += ' (windows)'
-        lines.append(f"| {r['test']} | {r['input_h']}x{r['input_w']} | {grid} | "
+        lines.append(f"| {r['test']} | {input_cell(r)} | {grid} | "
                      f"{r['mIoU']:.2f} | {r['aAcc']:.2f} | {r['sec_per_img']:.3f} | "
                      f"{r['peak_mem_mb']:.0f} |")
     if train_grid:
@@ -326,8 +398,9 @@ def plot_report(rows: List[Dict[str, Any]], path: str, title: str,
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    labels = [f"{r['test']}\n{r['input_h']}x{r['input_w']}\ngrid {r['grid_h']}x{r['grid_w']}"
-              for r in rows]
+    labels = [f"{r['test']}\n{r['input_h']}x{r['input_w']}"
+              f"{' (%d sizes)' % r['input_sizes'] if r.get('input_sizes', 1) > 1 else ''}"
+              f"\ngrid {r['grid_h']}x{r['grid_w']}" for r in rows]
     x = list(range(len(rows)))
     colours = ['tab:orange' if r['mode'] == 'slide' else 'tab:blue' for r in rows]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(10.0, 2.4 * len(rows) + 2), 4.8))
@@ -381,7 +454,9 @@ def extrapolation_report(config: str, checkpoint: str,
         The JSON content, plus ``json`` and ``png`` (the written paths).
 
     Raises:
-        lookhere_dense.swap.ConfigError: a bad test spec or a non-mmseg config;
+        lookhere_dense.swap.ConfigError: a bad test spec, a test resized below one patch
+        of the config's backbone (:func:`spec_pipeline`; checked before the model is built)
+        or a non-mmseg config;
         FileNotFoundError: config or checkpoint missing; the pre-flight data checks'
         errors (:func:`lookhere_dense.cli.preflight`).
     """
@@ -409,12 +484,17 @@ def extrapolation_report(config: str, checkpoint: str,
     if scope != 'mmseg':
         raise ConfigError('extrapolate.py reports segmentation (mmseg) configs; this one '
                           f'has default_scope={scope!r}')
+    dl_cfg = cfg.get(f'{split}_dataloader') or {}
+    pipeline = (dl_cfg.get('dataset') or {}).get('pipeline')
+    if pipeline is not None:  # every resize against the patch: before any evaluation work
+        for spec in specs:
+            spec_pipeline(pipeline, spec, config_patch_size(cfg))
     init_default_scope(scope)
     preflight(cfg, (split,), check_pretrained=False)
     device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
 
     model, _ = build_model_from_checkpoint(cfg, checkpoint, device)
-    patch = int(cfg.model.get('backbone', {}).get('patch_size', 16))
+    patch = config_patch_size(cfg) or 16
     size = (cfg.model.get('data_preprocessor') or {}).get('size')
     train_grid = tuple(math.ceil(s / patch) for s in size) if size else None
 

@@ -55,7 +55,7 @@ from torch import Tensor
 from ..settings import settings_from_dict as _from_dict
 
 __all__ = ['ATTACKS', 'AttackSettings', 'settings_from_dict', 'pixel_box', 'input_gradient',
-           'fgsm', 'pgd', 'decode_loss', 'perturb', 'evaluate_attack', 'robustness_sweep',
+           'fgsm', 'pgd', 'decode_loss', 'check_attackable', 'perturb', 'evaluate_attack', 'robustness_sweep',
            'strength_means', 'format_robustness_table', 'plot_robustness',
            'robustness_report']
 
@@ -75,8 +75,9 @@ class AttackSettings:
         steps: PGD steps. Default: 10.
         step_size: PGD step in pixel units; None: ``2.5 * eps / steps`` (Madry et al.).
             Default: None.
-        random_start: PGD starts from a uniform random point of the ball. Default: True.
-        seed: seed of PGD's random start (each strength starts from this seed).
+        random_start: PGD starts from a uniform random point of the ball (a bool).
+            Default: True.
+        seed: seed of PGD's random start (an int; each strength starts from this seed).
             Default: 0.
         max_images: only the first N images of the split; None: all. Default: None.
     """
@@ -108,6 +109,10 @@ class AttackSettings:
                 self.step_size, (int, float)) or not 0 < self.step_size <= 255):
             raise ValueError(f'step_size must be in (0, 255] pixel units or None, got '
                              f'{self.step_size!r}')
+        if not isinstance(self.random_start, bool):
+            raise ValueError(f'random_start must be True or False, got {self.random_start!r}')
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f'seed must be a whole number, got {self.seed!r}')
         if self.max_images is not None and (isinstance(self.max_images, bool) or not
                                             isinstance(self.max_images, int) or
                                             self.max_images < 1):
@@ -219,21 +224,57 @@ def decode_loss(model, inputs: Tensor, data_samples) -> Tensor:
     the ``decode.*loss*`` terms of ``model.loss`` (auxiliary heads left out).
 
     Raises:
-        ValueError: samples without ``gt_sem_seg`` (a pipeline without
-            ``LoadAnnotations``), or a model whose losses have no ``decode.*loss*`` term.
+        lookhere_dense.swap.ConfigError: samples without ``gt_sem_seg`` (a pipeline
+            without ``LoadAnnotations``), or a model whose losses have no ``decode.*loss*``
+            term (:func:`robustness_report` checks the config for both before building the
+            model: :func:`check_attackable`).
     """
+    from lookhere_dense.swap import ConfigError
+
     if any('gt_sem_seg' not in s for s in data_samples):
-        raise ValueError('the attack needs the ground-truth labels: add LoadAnnotations to '
-                         'the test pipeline')
+        raise ConfigError('the attack needs the ground-truth labels, and these samples have '
+                          "none: add dict(type='LoadAnnotations') to the split's pipeline "
+                          '(after the image loading), or attack a split that has labels')
     losses = model.loss(inputs, data_samples)
     terms = [v for k, v in losses.items() if k.startswith('decode.') and 'loss' in k]
     if not terms:
-        raise ValueError(f'the model\'s losses have no decode-head term (decode.*loss*); '
-                         f'got {sorted(losses)}')
+        raise ConfigError(f'the attack maximises the decode head\'s loss, and the model\'s '
+                          f'losses have no decode-head term (decode.*loss*): got '
+                          f'{sorted(losses)}')
     total = 0.0
     for value in terms:
         total = total + (sum(value) if isinstance(value, (list, tuple)) else value)
     return total
+
+
+def check_attackable(cfg, split: str) -> None:
+    """What the attacks need from an mmseg config, checked before any model is built: a
+    ``decode_head`` in ``cfg.model`` (its loss is attacked) and, in the ``split``
+    dataloader's pipeline, a transform that loads the annotations (``LoadAnnotations``:
+    the loss needs the ground-truth labels).
+
+    Raises:
+        lookhere_dense.swap.ConfigError: naming the split (or the model key) and what to do.
+    """
+    from lookhere_dense.swap import ConfigError
+
+    from .resize import transform_name
+
+    if not cfg.model.get('decode_head'):
+        raise ConfigError(f"the attack maximises the decode head's loss, and model "
+                          f"(type={cfg.model.get('type')!r}) has no decode_head")
+    dataset = (cfg.get(f'{split}_dataloader') or {}).get('dataset') or {}
+    pipeline = dataset.get('pipeline')
+    if pipeline is None:  # a dataset wrapper: the samples are checked when loaded
+        return
+    names = [transform_name(t) for t in pipeline]
+    if not any(n.startswith('Load') and 'Annotation' in n for n in names):
+        other = 'val' if split == 'test' else 'test'
+        raise ConfigError(
+            f"the {split} split cannot be attacked: {split}_dataloader.dataset.pipeline has no "
+            f"LoadAnnotations ({' -> '.join(names)}), and the attack maximises the loss "
+            f"against the ground-truth labels. Attack a split with labels (--split {other}) "
+            f"or add dict(type='LoadAnnotations') after the image loading")
 
 
 def perturb(model, inputs: Tensor, data_samples, attack: str, eps: float,
@@ -352,17 +393,30 @@ def _key(eps: float) -> str:
     return f'{eps:g}'
 
 
+#: what a sweep row adds to the evaluator's metrics
+_ROW_KEYS = ('loss', 'max_linf', 'images', 'seconds')
+
+
 def robustness_sweep(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any],
                      settings: AttackSettings, device: str = 'cpu',
                      log: Optional[Callable[[str], None]] = None,
-                     label: str = '') -> Dict[str, Any]:
+                     label: str = '', metric: Optional[str] = 'mIoU') -> Dict[str, Any]:
     """The clean model and every attack of ``settings`` at every strength
     (:func:`evaluate_attack`).
+
+    Args:
+        metric: the evaluator's metric the summaries use (:func:`strength_means`), checked
+            right after the clean evaluation, before any attack runs; None: not checked.
+            Default: ``'mIoU'``.
 
     Returns:
         ``{'clean': row, attack: {eps: row}}`` with ``eps`` as ``'4'``, ``'0.5'``, and
         ``row = dict(metrics..., loss, max_linf, images, seconds)`` (the evaluator's
         metrics flattened into the row).
+
+    Raises:
+        lookhere_dense.swap.ConfigError: the evaluator does not report ``metric`` (naming
+            the metrics it does report).
     """
     dataloader = copy.deepcopy(dataloader)
     if settings.max_images:
@@ -381,6 +435,12 @@ def robustness_sweep(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any
         return out
 
     results: Dict[str, Any] = {'clean': row(None, 0.0)}
+    reported = sorted(k for k in results['clean'] if k not in _ROW_KEYS)
+    if metric is not None and metric not in reported:
+        from lookhere_dense.swap import ConfigError
+        raise ConfigError(f'the evaluator reports no {metric!r}, which the robustness summary '
+                          f'uses; it reports {reported} (use an evaluator that reports '
+                          f'{metric}, e.g. IoUMetric, before running the attacks)')
     for attack in settings.attacks:
         results[attack] = {_key(e): row(attack, e) for e in settings.eps}
     return results
@@ -486,7 +546,10 @@ def robustness_report(config: str, checkpoint: str, settings: AttackSettings = A
         ``png`` (the written paths).
 
     Raises:
-        lookhere_dense.swap.ConfigError: a non-mmseg config or a bad split;
+        lookhere_dense.swap.ConfigError: a non-mmseg config, a bad split, a split whose
+        pipeline loads no labels or a model without a decode head (:func:`check_attackable`,
+        before the model is built), an evaluator without ``mIoU`` (after the clean
+        evaluation, before the attacks);
         FileNotFoundError: config or checkpoint missing; the pre-flight data checks'
         errors (:func:`lookhere_dense.cli.preflight`).
     """
@@ -506,6 +569,7 @@ def robustness_report(config: str, checkpoint: str, settings: AttackSettings = A
     if scope != 'mmseg':
         raise ConfigError('robustness.py attacks segmentation (mmseg) configs; this one has '
                           f'default_scope={scope!r}')
+    check_attackable(cfg, split)
     init_default_scope(scope)
     preflight(cfg, (split,), check_pretrained=False)
     device = device or ('cuda' if torch.cuda.is_available() else 'cpu')

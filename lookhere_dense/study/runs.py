@@ -188,7 +188,7 @@ def evaluate_robustness(runner, cfg, study: Dict[str, Any]) -> Dict[str, Any]:
     return robustness_sweep(model, dataloader, ladder_evaluator(cfg),
                             settings_from_dict(study['robustness']), device,
                             lambda line: print_log(f'[study] {line}', logger='current'),
-                            label=_encoding_name(cfg))
+                            label=_encoding_name(cfg), metric=study.get('metric', 'mIoU'))
 
 
 def learned_slopes(model) -> Optional[Dict[str, Any]]:
