@@ -8,7 +8,6 @@ from typing import List, Tuple
 
 import pytest
 import torch
-import torch.nn.functional as F
 from mmengine.config import Config, ConfigDict
 from mmengine.structures import PixelData
 from torch.utils._python_dispatch import TorchDispatchMode

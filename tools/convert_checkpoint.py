@@ -16,7 +16,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import os.path as osp
 import sys
 from pathlib import Path
 
