@@ -105,6 +105,36 @@ def load_config(path: str, cfg_options: Optional[dict] = None):
     return cfg
 
 
+
+def load_segmentation_job(config: str, checkpoint: str, split: str,
+                          cfg_options: Optional[dict], tool: str):
+    """The config of a tool that evaluates one mmseg checkpoint on one split
+    (``tools/extrapolate.py``, ``tools/robustness.py``): the split name and the checkpoint
+    file are checked before the config is read (:func:`load_config`), and a config of
+    another scope is refused.
+
+    Args:
+        tool: how errors name the tool, e.g. ``'extrapolate.py'``.
+
+    Raises:
+        ConfigError: ``split`` is not ``'test'`` / ``'val'``, or the config's
+            ``default_scope`` is not mmseg.
+        FileNotFoundError: the checkpoint or the config is missing.
+    """
+    from .swap import ConfigError
+
+    if split not in ('test', 'val'):
+        raise ConfigError(f"split must be 'test' or 'val', got {split!r}")
+    if not osp.isfile(checkpoint):
+        raise FileNotFoundError(f'checkpoint {checkpoint!r} not found')
+    cfg = load_config(config, cfg_options)
+    scope = cfg.get('default_scope') or 'mmseg'
+    if scope != 'mmseg':
+        raise ConfigError(f'{tool} works on segmentation (mmseg) configs; this one has '
+                          f'default_scope={scope!r}')
+    return cfg
+
+
 _MISSING = object()
 
 

@@ -225,3 +225,21 @@ def test_the_legend_lists_the_classes_present(tmp_path):
     assert [255, 255, 0] in panel and [0, 255, 0] in panel  # the two classes present
     assert [255, 0, 0] not in panel and [0, 0, 255] not in panel  # absent ones are not
     assert np.array_equal(draw_legend(rgb, np.full((96, 128), 255, np.uint8), palette), rgb)
+
+
+def test_checkpoint_tools_refuse_a_bad_split_a_missing_checkpoint_and_a_detection_config(
+        tmp_path, repo_root):
+    from lookhere_dense.cli import load_segmentation_job
+    from lookhere_dense.swap import ConfigError
+    ckpt = tmp_path / 'model.pth'
+    ckpt.write_bytes(b'only its existence is checked here')
+    seg = osp.join(repo_root, ADE_CFG)
+    with pytest.raises(ConfigError, match="split must be 'test' or 'val', got 'train'"):
+        load_segmentation_job(seg, str(ckpt), 'train', None, 'extrapolate.py')
+    with pytest.raises(FileNotFoundError, match=r"checkpoint '.*nope\.pth' not found"):
+        load_segmentation_job(seg, str(tmp_path / 'nope.pth'), 'val', None, 'extrapolate.py')
+    det = osp.join(repo_root, 'configs/mask_rcnn_lookhere-b16_sfpn_lsj-1024-24k_cityscapes.py')
+    with pytest.raises(ConfigError, match=r"robustness\.py works on segmentation \(mmseg\) "
+                                          r"configs; this one has default_scope='mmdet'"):
+        load_segmentation_job(det, str(ckpt), 'val', None, 'robustness.py')
+    assert load_segmentation_job(seg, str(ckpt), 'val', None, 'robustness.py').model

@@ -465,7 +465,8 @@ def extrapolation_report(config: str, checkpoint: str,
     import torch
     from mmengine.registry import init_default_scope
 
-    from lookhere_dense.cli import build_model_from_checkpoint, load_config, preflight
+    from lookhere_dense.cli import (build_model_from_checkpoint, load_segmentation_job,
+                                    preflight)
     from lookhere_dense.swap import ConfigError
 
     specs = [parse_spec(t) for t in tests]
@@ -475,15 +476,8 @@ def extrapolation_report(config: str, checkpoint: str,
                                    not isinstance(max_images, int) or max_images < 1):
         raise ConfigError(f'max_images must be a whole number >= 1 (or None for all), got '
                           f'{max_images!r}')
-    if split not in ('test', 'val'):
-        raise ConfigError(f"split must be 'test' or 'val', got {split!r}")
-    if not osp.isfile(checkpoint):
-        raise FileNotFoundError(f'checkpoint {checkpoint!r} not found')
-    cfg = load_config(config, cfg_options)
+    cfg = load_segmentation_job(config, checkpoint, split, cfg_options, 'extrapolate.py')
     scope = cfg.get('default_scope') or 'mmseg'
-    if scope != 'mmseg':
-        raise ConfigError('extrapolate.py reports segmentation (mmseg) configs; this one '
-                          f'has default_scope={scope!r}')
     dl_cfg = cfg.get(f'{split}_dataloader') or {}
     pipeline = (dl_cfg.get('dataset') or {}).get('pipeline')
     if pipeline is not None:  # every resize against the patch: before any evaluation work

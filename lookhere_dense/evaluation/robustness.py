@@ -557,18 +557,11 @@ def robustness_report(config: str, checkpoint: str, settings: AttackSettings = A
     lookhere_dense.register_all_modules()
     from mmengine.registry import init_default_scope
 
-    from lookhere_dense.cli import build_model_from_checkpoint, load_config, preflight
-    from lookhere_dense.swap import ConfigError
+    from lookhere_dense.cli import (build_model_from_checkpoint, load_segmentation_job,
+                                    preflight)
 
-    if split not in ('test', 'val'):
-        raise ConfigError(f"split must be 'val' or 'test', got {split!r}")
-    if not osp.isfile(checkpoint):
-        raise FileNotFoundError(f'checkpoint {checkpoint!r} not found')
-    cfg = load_config(config, cfg_options)
+    cfg = load_segmentation_job(config, checkpoint, split, cfg_options, 'robustness.py')
     scope = cfg.get('default_scope') or 'mmseg'
-    if scope != 'mmseg':
-        raise ConfigError('robustness.py attacks segmentation (mmseg) configs; this one has '
-                          f'default_scope={scope!r}')
     check_attackable(cfg, split)
     init_default_scope(scope)
     preflight(cfg, (split,), check_pretrained=False)
