@@ -71,7 +71,12 @@ def rendered_ladder(dataloader: Dict[str, Any], study: Dict[str, Any],
     """Rung ``scale`` of the ``rendered`` ladder: the dataset reads the
     ``study['val_prefix']`` split (``val_x{scale:g}``), rendered at that scale. Changes
     ``dataloader`` in place and returns it."""
-    split = study['val_prefix'].format(scale=scale)
+    return _read_split(dataloader, study['val_prefix'].format(scale=scale))
+
+
+def _read_split(dataloader: Dict[str, Any], split: str) -> Dict[str, Any]:
+    """Point ``dataloader``'s dataset at the generated folder layout's ``split``
+    (``img_dir/{split}``, ``ann_dir/{split}``), in place; returns it."""
     dataloader['dataset']['data_prefix'] = dict(img_path=f'img_dir/{split}',
                                                 seg_map_path=f'ann_dir/{split}')
     return dataloader
@@ -112,10 +117,7 @@ def rendered_native_aspect(dataloader: Dict[str, Any], study: Dict[str, Any],
     ``study['aspect_prefix']`` split (``val_aspect_x{scale:g}``: scenes at their own aspect,
     longer side ``scale`` times the training side). Changes ``dataloader`` in place and
     returns it."""
-    split = study['aspect_prefix'].format(scale=scale)
-    dataloader['dataset']['data_prefix'] = dict(img_path=f'img_dir/{split}',
-                                                seg_map_path=f'ann_dir/{split}')
-    return dataloader
+    return _read_split(dataloader, study['aspect_prefix'].format(scale=scale))
 
 
 def resize_native_aspect(dataloader: Dict[str, Any], study: Dict[str, Any],
