@@ -1,6 +1,7 @@
 """The few version fixes lookhere-dense needs, all in one place.
 
-Applied once when :mod:`lookhere_dense` is imported (:func:`apply`). Each fix is narrow:
+Applied once by :func:`lookhere_dense.register_all_modules` (:func:`apply`); the torch-only
+checkpoint reader (:mod:`lookhere_dense.checkpoint`) relies on it for Runner checkpoints. Each fix is narrow:
 it changes behaviour only for the objects it names.
 
 1. **mmengine 0.10.7 checkpoints under torch >= 2.6.** mmengine calls ``torch.load``
@@ -41,11 +42,16 @@ def mmengine_checkpoint_safe_globals() -> List[object]:
 
 
 def apply() -> None:
-    """Apply every fix above (idempotent)."""
+    """Apply every fix above (idempotent; nothing to allow where mmengine is not
+    installed: no file then holds its classes that could be read anyway)."""
     global _applied
     if _applied:
         return
     import torch
+    try:
+        import mmengine  # noqa: F401
+    except ImportError:
+        return
 
     if hasattr(torch.serialization, 'add_safe_globals'):
         torch.serialization.add_safe_globals(mmengine_checkpoint_safe_globals())

@@ -24,7 +24,7 @@ REGISTERING_MODULES = (
     'lookhere_dense.engine',
     'lookhere_dense.engine.hooks',
     'lookhere_dense.engine.slope_logging',
-    'lookhere_dense.data.checks',
+    'lookhere_dense.data.transforms',
     'lookhere_dense.data.mixed_crops',
     'lookhere_dense.evaluation.metrics',
 )

@@ -25,14 +25,11 @@ import difflib
 import inspect
 import os.path as osp
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from .errors import ConfigError
 
-__all__ = ['ConfigError', 'SOURCE_BACKBONES', 'lookhere_backbone_cfg', 'swap_backbone',
+__all__ = [ 'SOURCE_BACKBONES', 'lookhere_backbone_cfg', 'swap_backbone',
            'check_model_cfg', 'drop_missing_pretrained', 'check_pretrained_files',
            'clear_inherited_pretrained', 'model_registry']
-
-
-class ConfigError(ValueError):
-    """A config that cannot work as written; the message says which key to set."""
 
 
 #: Arguments every supported plain-ViT backbone shares with ``LookHereViT``.
@@ -203,7 +200,8 @@ def _check_registered(where: str, node: Mapping, registry, scope: str) -> None:
 
 def _lookhere_checks(model: Mapping) -> None:
     from .lookhere import BACKENDS
-    from .models.pos_encoding import PosEncodingError, parse_pos_encoding
+    from .errors import PosEncodingError
+    from .lookhere.pos_encoding import parse_pos_encoding
 
     bb = model['backbone']
     num_layers = bb.get('num_layers', 12)

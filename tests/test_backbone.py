@@ -11,8 +11,8 @@ import torch
 
 from lookhere_dense.checkpoint import decode_extra_state
 from lookhere_dense.models.backbones import LookHereViT
-from lookhere_dense.models.backbones import lookhere_vit as lv
-from lookhere_dense.models.pos_encoding import LookHerePositionEncoding, PositionEncoding
+from lookhere_dense.lookhere import vit as lv
+from lookhere_dense.lookhere.pos_encoding import LookHerePositionEncoding, PositionEncoding
 
 TINY = dict(embed_dims=96, num_layers=3, num_heads=12, init_values=0.1)
 
@@ -323,7 +323,7 @@ def test_checkpoint_config_conflicts_with_explicit_one(official):
 
 
 def test_stored_config_must_fit_the_backbone(tmp_path: Path):
-    from lookhere_dense.checkpoint import save_backbone_checkpoint
+    from lookhere_dense.lookhere.weights import save_backbone_checkpoint
     path = tmp_path / 'lh45.pth'
     save_backbone_checkpoint(str(path), tiny(num_heads=6).state_dict(),
                              dict(head_directions='eighths1-eighths2-none', global_slope=1.0,
@@ -355,7 +355,7 @@ def test_converted_files_record_the_head_count(official, tmp_path: Path):
     """tools/convert_checkpoint.py writes the head count: official files 12, a saved
     LookHereViT its own, ``--num-heads`` for files that do not record it (refused when it
     contradicts a recorded one); loading then checks it."""
-    from lookhere_dense.checkpoint import CheckpointError
+    from lookhere_dense.errors import CheckpointError
     from tiny_seg import run_tools
     path, _ = official
     six = tiny(num_heads=6)  # lh180 fits 6 heads
@@ -388,7 +388,7 @@ def test_the_record_is_a_tensor_and_old_dict_records_still_load(tmp_path: Path):
     entry); the dict that older files hold is read with the same checks."""
     from mmengine.runner import load_checkpoint
 
-    from lookhere_dense.checkpoint import load_model_weights
+    from lookhere_dense.lookhere.loading import load_model_weights
     source = tiny(preset='lh45')
     sd = source.state_dict()
     assert all(isinstance(v, torch.Tensor) for v in sd.values())
@@ -538,7 +538,7 @@ def test_adopted_config_is_restored_where_no_init_weights_runs(tmp_path: Path):
     from mmengine.runner import load_checkpoint
     from mmseg.registry import MODELS as MMSEG_MODELS
 
-    from lookhere_dense.checkpoint import save_backbone_checkpoint
+    from lookhere_dense.lookhere.weights import save_backbone_checkpoint
     pretrained = tmp_path / 'lh90_pretrained.pth'
     lh90 = dict(head_directions='corners-none', global_slope=1.0, layer_slopes=[1.5, 0.5])
     save_backbone_checkpoint(str(pretrained), tiny(lh_config=lh90).state_dict(), lh90,

@@ -1,4 +1,4 @@
-"""The benchmark package (:mod:`lookhere_dense.benchmark`) and its command line.
+"""The benchmark package (:mod:`lookhere_dense.research.benchmark`) and its command line.
 
 The torch-only cases (bias build, the official-style baseline, the attention section, the
 report, the fresh-process runner) are tested directly; the model cases (need OpenMMLab)
@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from lookhere_dense.benchmark import DTYPES, SECTION_GROUPS, SECTIONS
-from lookhere_dense.benchmark.attention import bench_attention, grid_for, skipped_tile_fraction
-from lookhere_dense.benchmark.bias import bias_case
-from lookhere_dense.benchmark.child import run_case, run_child
-from lookhere_dense.benchmark.official import baseline_matches, official_style_bias
-from lookhere_dense.benchmark.report import environment, format_table
-from lookhere_dense.benchmark.timing import interleaved, paired_ratio
+from lookhere_dense.research.benchmark import DTYPES, SECTION_GROUPS, SECTIONS
+from lookhere_dense.research.benchmark.attention import (bench_attention, grid_for,
+                                                         skipped_tile_fraction)
+from lookhere_dense.research.benchmark.bias import bias_case
+from lookhere_dense.research.benchmark.child import run_case, run_child
+from lookhere_dense.research.benchmark.official import baseline_matches, official_style_bias
+from lookhere_dense.research.benchmark.report import environment, format_table
+from lookhere_dense.research.benchmark.timing import interleaved, paired_ratio
 from lookhere_dense.lookhere import (PRESETS, LookHereAttentionEngine, LookHereConfig,
                                      build_grid_bias, lookhere_bias)
 from lookhere_dense.lookhere.bias import offset_index
@@ -203,7 +204,7 @@ TINY = dict(patch_size=16, embed_dims=48, num_layers=2, num_heads=12, mlp_ratio=
 def test_nobias_baseline_is_the_trunk_without_position():
     """The benchmark's baseline must really drop the bias: same weights as
     ``pos_encoding='none'`` give the same output, and it differs from LookHere's."""
-    from lookhere_dense.benchmark.models import build_vit
+    from lookhere_dense.research.benchmark.models import build_vit
     from lookhere_dense.models.backbones.lookhere_vit import LookHereViT
     plain = build_vit(TINY, 'lh180', pos_encoding='none')
     biased = build_vit(TINY, 'lh180')
@@ -232,7 +233,7 @@ def test_nobias_baseline_is_the_trunk_without_position():
 
 
 def test_frame_case_measures_a_forward_and_names_the_chosen_backend():
-    from lookhere_dense.benchmark.models import frame_case
+    from lookhere_dense.research.benchmark.models import frame_case
     base = dict(kind='frame', size=[32, 48], arch=TINY, preset='lh90', device='cpu',
                 dtype='float32', repeats=2, block_size=0)
     auto = frame_case(dict(base, backend='auto', spec='auto'))
@@ -244,7 +245,7 @@ def test_frame_case_measures_a_forward_and_names_the_chosen_backend():
 
 
 def test_bench_segmenter_refuses_bad_input_before_running_anything():
-    from lookhere_dense.benchmark.segmenter import bench_segmenter
+    from lookhere_dense.research.benchmark.segmenter import bench_segmenter
     with pytest.raises(ValueError, match='at least one config'):
         bench_segmenter([])
     with pytest.raises(ValueError, match="unknown cases \\['head'\\]"):
@@ -254,7 +255,7 @@ def test_bench_segmenter_refuses_bad_input_before_running_anything():
 
 
 def test_bench_vit_times_every_model_against_the_nobias_trunk():
-    from lookhere_dense.benchmark.models import bench_vit
+    from lookhere_dense.research.benchmark.models import bench_vit
     res = bench_vit(TINY, size=32, backends=['chunked'], with_mmseg=False, repeats=2)
     assert set(res['seconds']) == {'lookhere', 'lookhere-chunked', 'nobias'}
     assert res['ratio_vs_nobias']['nobias'] == 1.0

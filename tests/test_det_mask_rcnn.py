@@ -17,8 +17,10 @@ import torch
 from mmengine.config import Config
 from mmengine.runner import Runner
 
-from lookhere_dense.data.synthetic_coco import (CITYSCAPES_THING_CLASSES, SHAPE_CLASSES,
-                                                make_cityscapes_instances, make_coco_instances)
+from lookhere_dense.research.datasets.synthetic_coco import (CITYSCAPES_THING_CLASSES,
+                                                             SHAPE_CLASSES,
+                                                             make_cityscapes_instances,
+                                                             make_coco_instances)
 
 REPO = Path(__file__).resolve().parents[1]
 COCO_CFG = REPO / 'configs' / 'mask_rcnn_lookhere-b16_sfpn_lsj-1024-100e_coco.py'

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from pycocotools.coco import COCO
 
-from lookhere_dense.data.synthetic_coco import (CITYSCAPES_THING_IDS, SHAPE_CLASSES,
-                                                make_cityscapes_instances, make_coco_instances,
-                                                polygon_area, shape_polygon)
+from lookhere_dense.research.datasets.synthetic_coco import (CITYSCAPES_THING_IDS, SHAPE_CLASSES,
+                                                             make_cityscapes_instances,
+                                                             make_coco_instances, polygon_area,
+                                                             shape_polygon)
 
 
 def test_coco_layout_masks_boxes_and_areas_agree(tmp_path):

@@ -26,7 +26,7 @@ import lookhere_dense
 lookhere_dense.register_all_modules()
 import mmseg.models  # the heavy imports once, before the ranks are forked
 from lookhere_dense.apis.train import train_model
-from lookhere_dense.cli import parse_cfg_options
+from lookhere_dense.apis.cli import parse_cfg_options
 cfg, work, opts, port = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 
 
@@ -76,7 +76,7 @@ def test_two_cpu_processes_train_in_step(tmp_path):
     w0, w1 = (torch.load(work / f'rank{r}.pth', weights_only=True) for r in (0, 1))
     assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)
 
-    from lookhere_dense.cli import build_model_from_checkpoint, load_config
+    from lookhere_dense.apis.cli import build_model_from_checkpoint, load_config
     cfg = load_config(ADE_CFG, options(*SHRINK))
     model, _ = build_model_from_checkpoint(cfg, str(work / 'iter_2.pth'))
     sd = model.state_dict()

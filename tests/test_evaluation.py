@@ -11,12 +11,12 @@ import torch
 from torch import nn
 
 from lookhere_dense.apis.inference import inference_pipeline, inference_test_cfg
-from lookhere_dense.evaluation.extrapolation import (clear_position_caches, format_table,
-                                                     parse_spec, slide_settings, spec_pipeline)
+from lookhere_dense.research.extrapolation import (clear_position_caches, format_table, parse_spec,
+                                                   slide_settings, spec_pipeline)
 from lookhere_dense.evaluation.resize import (exact_resize, find_resize, is_resize,
                                               long_side_resize, replace_resize, scale_resizes,
                                               short_side_resize)
-from lookhere_dense.swap import ConfigError
+from lookhere_dense.errors import ConfigError
 
 PIPE = [dict(type='LoadImageFromFile'), dict(type='Resize', scale=(2048, 512), keep_ratio=True),
         dict(type='LoadAnnotations'), dict(type='PackSegInputs')]
@@ -104,7 +104,7 @@ def test_resizes_to_zero_px_or_below_one_patch_are_refused():
     (the backbone's error) is a config error naming the spec, the size and the patch."""
     from mmengine.config import Config
 
-    from lookhere_dense.evaluation.extrapolation import config_patch_size
+    from lookhere_dense.research.extrapolation import config_patch_size
     for text, size in (('whole@x0.0001', '(0, 0)'), ('whole@x0.05', '(102, 26)')):
         with pytest.raises(ConfigError, match=rf'{text}: the test Resize scale \(2048, 512\) '
                            rf'x {text[7:]} = {re.escape(size)} has a side of'):
@@ -127,7 +127,7 @@ def test_resizes_to_zero_px_or_below_one_patch_are_refused():
 def test_the_report_refuses_a_test_below_one_patch_before_any_evaluation(tmp_path, repo_root):
     """Checked right after the config is read: no data (the pre-flight data check would
     fail) and no model (the file is not a checkpoint) are needed to get the error."""
-    from lookhere_dense.evaluation.extrapolation import extrapolation_report
+    from lookhere_dense.research.extrapolation import extrapolation_report
     not_a_checkpoint = tmp_path / 'x.pth'
     not_a_checkpoint.write_text('not a checkpoint')
     config = str(repo_root / 'configs' / 'segmenter_lookhere_vit-t_tiny-ade.py')
@@ -171,7 +171,7 @@ def test_slide_settings_and_table():
 
 
 def test_clean_slate_clears_every_position_encoding_cache():
-    from lookhere_dense.models.pos_encoding import PositionEncoding
+    from lookhere_dense.lookhere.pos_encoding import PositionEncoding
 
     class CountingEncoding(PositionEncoding):
         def __init__(self):
@@ -199,7 +199,7 @@ def test_clean_slate_empties_a_backbone_s_caches():
     """After a forward the backbone's encoding holds cached biases; the clean slate leaves
     none (through ``PositionEncoding.clear_caches``, where the encoding has it)."""
     from lookhere_dense.models import LookHereViT
-    from lookhere_dense.models.pos_encoding import PositionEncoding
+    from lookhere_dense.lookhere.pos_encoding import PositionEncoding
 
     if not callable(getattr(PositionEncoding, 'clear_caches', None)):
         pytest.skip('PositionEncoding.clear_caches() is not there yet')
@@ -278,10 +278,10 @@ def test_tests_below_the_training_size_run_whole_and_slide(tmp_path, repo_root):
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
 
-    from lookhere_dense.cli import parse_cfg_options
-    from lookhere_dense.data.relational import (RelationalSettings, aspect_split_name,
-                                                ensure_relational_dataset)
-    from lookhere_dense.evaluation.extrapolation import evaluate_spec
+    from lookhere_dense.apis.cli import parse_cfg_options
+    from lookhere_dense.research.datasets.relational import (RelationalSettings, aspect_split_name,
+                                                             ensure_relational_dataset)
+    from lookhere_dense.research.extrapolation import evaluate_spec
     init_default_scope('mmseg')
     root = str(tmp_path / 'rel')
     aspects = (0.5, 0.75, 4 / 3, 2.0)   # width / height: 64x32, 64x48, 48x64, 32x64 at 1x

@@ -1,7 +1,7 @@
 """Fault battery, checkpoints: a file that cannot be read, or whose weights do not fit the
 model, is refused with a message naming the file and what differs -- for backbone weights
 (``init_cfg=dict(type='Pretrained', ...)``) and for whole models
-(:func:`lookhere_dense.checkpoint.load_model_weights`: test / infer / resume). A file that
+(:func:`lookhere_dense.lookhere.loading.load_model_weights`: test / infer / resume). A file that
 fits loads exactly.
 """
 from __future__ import annotations
@@ -14,8 +14,10 @@ import pytest
 import torch
 from mmengine.registry import DefaultScope
 
-from lookhere_dense.checkpoint import (CheckpointError, checkpoint_problem, decode_extra_state,
-                                       load_model_weights, save_backbone_checkpoint)
+from lookhere_dense.errors import CheckpointError
+from lookhere_dense.checkpoint import checkpoint_problem, decode_extra_state
+from lookhere_dense.lookhere.loading import load_model_weights
+from lookhere_dense.lookhere.weights import save_backbone_checkpoint
 from lookhere_dense.models import LookHereViT
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')

@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lookhere_dense.data.checks import (CheckSegLabels, DataCheckWarning, DatasetLayoutError,
-                                        LabelRangeError, LabelSizeError, UnreadableFileError,
-                                        check_seg_data, image_size)
-from lookhere_dense.data.synthetic_seg import make_ade20k_like
+from lookhere_dense.data.transforms import CheckSegLabels
+from lookhere_dense.data.checks import check_seg_data, image_size
+from lookhere_dense.errors import (DataCheckWarning, DatasetLayoutError, LabelRangeError,
+                                   LabelSizeError, UnreadableFileError)
+from lookhere_dense.research.datasets.synthetic_seg import make_ade20k_like
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / 'configs' / 'segmenter_lookhere_vit-t_tiny-ade.py'

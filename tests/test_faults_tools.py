@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from lookhere_dense.apis.train import train_model
-from lookhere_dense.cli import run_main
+from lookhere_dense.apis.cli import run_main
 from tiny_seg import ADE_CFG, SHRINK, make_ade, options, roots, run_tools, write_checkpoint
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
@@ -229,8 +229,8 @@ def test_the_legend_lists_the_classes_present(tmp_path):
 
 def test_checkpoint_tools_refuse_a_bad_split_a_missing_checkpoint_and_a_detection_config(
         tmp_path, repo_root):
-    from lookhere_dense.cli import load_segmentation_job
-    from lookhere_dense.swap import ConfigError
+    from lookhere_dense.apis.cli import load_segmentation_job
+    from lookhere_dense.errors import ConfigError
     ckpt = tmp_path / 'model.pth'
     ckpt.write_bytes(b'only its existence is checked here')
     seg = osp.join(repo_root, ADE_CFG)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lookhere_dense.apis.train import build_train_config, train_model
-from lookhere_dense.swap import ConfigError
+from lookhere_dense.errors import ConfigError
 from tiny_seg import ADE_CFG, PYTHON, REPO, SHRINK, env, make_ade, options, roots
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
@@ -51,7 +51,7 @@ def _user_config(tmp_path, base: str) -> str:
 def _weights_file(tmp_path, snippet_cfg) -> str:
     """The file the snippet names, next to the user's config (the snippet's path is
     relative), holding weights for the shrunk backbone."""
-    from lookhere_dense.checkpoint import save_backbone_checkpoint
+    from lookhere_dense.lookhere.weights import save_backbone_checkpoint
     from lookhere_dense.models.backbones import LookHereViT
     bb = dict(snippet_cfg.model.backbone)
     name = bb.pop('init_cfg')['checkpoint']
@@ -83,7 +83,7 @@ def test_readme_snippet_works_under_stock_mmseg_configs(base, tmp_path, monkeypa
     assert 'model.backbone.init_cfg' in warned[0]
     assert any('model.backbone.init_cfg.checkpoint=' in w and 'RANDOM' in w for w in warned)
 
-    from lookhere_dense.cli import load_config
+    from lookhere_dense.apis.cli import load_config
     weights = _weights_file(tmp_path, load_config(config, opts))
     cfg, warned = build_train_config(config, cfg_options=opts, check_data=False)
     assert cfg.model.pretrained is None and len(warned) == 1
@@ -147,8 +147,8 @@ def test_vit_s_config_takes_deit3_small_weights_with_their_6_heads(tmp_path, pre
     import timm
     from mmengine.registry import init_default_scope
 
-    from lookhere_dense.checkpoint import CheckpointError
-    from lookhere_dense.cli import load_config
+    from lookhere_dense.errors import CheckpointError
+    from lookhere_dense.apis.cli import load_config
     from lookhere_dense.swap import model_registry
     deit = timm.create_model('deit3_small_patch16_224', pretrained=False, depth=2)
     assert deit.blocks[0].attn.num_heads == 6

@@ -16,12 +16,14 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from lookhere_dense.checkpoint import (CheckpointError, decode_extra_state, load_model_weights,
-                                       load_state_dict_strict, save_backbone_checkpoint)
+from lookhere_dense.errors import CheckpointError
+from lookhere_dense.checkpoint import decode_extra_state, load_state_dict_strict
+from lookhere_dense.lookhere.loading import load_model_weights
+from lookhere_dense.lookhere.weights import save_backbone_checkpoint, vit_key_hints
 from lookhere_dense.lookhere import (LookHereAttentionEngine, LookHereConfig, LookHereSlopes,
                                      resolve_lh_config)
 from lookhere_dense.lookhere import engine as engine_module
-from lookhere_dense.lookhere.bias import layer_slopes
+from lookhere_dense.lookhere.config import layer_slopes
 from lookhere_dense.lookhere.flex import flex_slope_grads_available
 from lookhere_dense.models.backbones import LookHereViT
 
@@ -483,7 +485,7 @@ def test_layer_decay_keeps_slopes_out_of_weight_decay_with_their_layer_ids():
 
 
 def test_the_study_reaches_the_option_through_cfg_options():
-    from lookhere_dense.study.encodings import backbone_for
+    from lookhere_dense.research.study.encodings import backbone_for
     cfg = Config.fromfile(str(REPO / 'configs' / 'study' / 'relational_vit_tiny.py'))
     cfg.merge_from_dict({'model.backbone.lh_config.learnable_slopes': True})
     spec = backbone_for(cfg.model.backbone.to_dict(), 'lookhere')
@@ -500,7 +502,7 @@ def trained(tmp_path_factory):
     (layer decay, the slope logger, one validation, a checkpoint)."""
     from mmengine.runner import Runner
 
-    from lookhere_dense.data.synthetic_seg import make_ade20k_like
+    from lookhere_dense.research.datasets.synthetic_seg import make_ade20k_like
     root = tmp_path_factory.mktemp('slopes')
     data = make_ade20k_like(root / 'data', num_train=4, num_val=1, short_side=(64, 80))
     cfg = Config.fromfile(str(REPO / 'configs' / 'segmenter_lookhere_vit-t_tiny-ade.py'))
@@ -571,7 +573,7 @@ def test_training_adds_the_slope_logger_when_slopes_learn(tmp_path):
 
 
 def test_plot_draws_the_learned_slopes_of_a_checkpoint(trained, tmp_path):
-    from lookhere_dense.visualization.heads import draw_learned_slopes
+    from lookhere_dense.research.head_plots import draw_learned_slopes
     out = tmp_path / 'slopes.png'
     info = draw_learned_slopes(str(trained['ckpt']), str(out))
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
@@ -602,4 +604,4 @@ def test_trained_checkpoint_into_a_fixed_model_is_refused(trained):
     sd = {k[len('backbone.'):]: v for k, v in model.state_dict().items()
           if k.startswith('backbone.')}
     with pytest.raises(CheckpointError, match=r'learnable_slopes=True'):
-        load_state_dict_strict(fixed, sd, str(trained['ckpt']))
+        load_state_dict_strict(fixed, sd, str(trained['ckpt']), hints=vit_key_hints)

@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from lookhere_dense.lookhere import bias as B
-from lookhere_dense.lookhere.bias import (PRESETS, LookHereConfig, build_grid_bias, head_layout,
-                                          layer_slopes, lookhere_bias, resolve_lh_config)
+from lookhere_dense.lookhere import config as C
+from lookhere_dense.lookhere.config import (PRESETS, LookHereConfig, head_layout, layer_slopes,
+                                            resolve_lh_config)
+from lookhere_dense.lookhere.bias import build_grid_bias, lookhere_bias
 from lookhere_dense.lookhere.directions import DIRECTION_TYPES
 
 BF16_MAX = torch.finfo(torch.bfloat16).max
@@ -120,7 +122,7 @@ def test_every_direction_type_matches_slow_definition(direction, grid):
                                slow_bias(cfg, grid, 2, 8), rtol=1e-12, atol=0)
 
 
-@pytest.mark.parametrize('distance,fill', list(itertools.product(B.DISTANCES, B.FILLS)))
+@pytest.mark.parametrize('distance,fill', list(itertools.product(C.DISTANCES, C.FILLS)))
 def test_distance_and_fill_options_match_slow_definition(distance, fill):
     cfg = LookHereConfig('corners-triangles-center', 1.3, (1.0, 0.25), distance=distance,
                          fill_with=fill, bias_rounding='none')

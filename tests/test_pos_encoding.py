@@ -12,12 +12,12 @@ import torch.nn.functional as F
 from lookhere_dense.checkpoint import decode_extra_state
 from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine, LookHereConfig
 from lookhere_dense.models.backbones import LookHereViT
-from lookhere_dense.models.pos_encoding import (POS_ENCODINGS, AbsolutePositionEncoding,
-                                                AxialRoPE2d, LookHerePositionEncoding,
-                                                MixedRoPE2d, PosEncodingError,
-                                                PosEncodingSpec,
-                                                alibi2d_config, build_position_encoding,
-                                                parse_pos_encoding, resample_abs_pos_embed)
+from lookhere_dense.lookhere.pos_encoding import (POS_ENCODINGS, AbsolutePositionEncoding,
+                                                  AxialRoPE2d, LookHerePositionEncoding,
+                                                  MixedRoPE2d, PosEncodingSpec, alibi2d_config,
+                                                  build_position_encoding, parse_pos_encoding,
+                                                  resample_abs_pos_embed)
+from lookhere_dense.errors import PosEncodingError
 
 TINY = dict(img_size=32, patch_size=8, embed_dims=48, num_layers=3, num_heads=12,
             init_values=None)
@@ -188,7 +188,7 @@ def test_clear_caches_starts_from_a_clean_slate(enc):
 
 
 def test_pos_encoding_imports_and_runs_without_openmmlab(repo_root):
-    """``lookhere_dense.models.pos_encoding`` is plain PyTorch: it imports, builds every
+    """``lookhere_dense.lookhere.pos_encoding`` is plain PyTorch: it imports, builds every
     encoding and attends in a process where importing any OpenMMLab package fails."""
     script = textwrap.dedent("""
         import sys
@@ -201,8 +201,8 @@ def test_pos_encoding_imports_and_runs_without_openmmlab(repo_root):
 
         sys.meta_path.insert(0, Block())
         import torch
-        from lookhere_dense.models import pos_encoding as pe
-        from lookhere_dense.models import POS_ENCODINGS
+        from lookhere_dense.lookhere import pos_encoding as pe
+        from lookhere_dense.lookhere.pos_encoding import POS_ENCODINGS
         q = torch.randn(1, 12, 1 + 20, 4)
         tokens = torch.randn(1, 1 + 20, 48)
         for name in POS_ENCODINGS:
@@ -212,7 +212,7 @@ def test_pos_encoding_imports_and_runs_without_openmmlab(repo_root):
             assert enc(q, q, q, 1, (4, 5), True, **kw).shape == q.shape
             assert enc.window_attention(q, q, q, 1, (4, 5), 3, True, **kw).shape == q.shape
             enc.clear_caches()
-        from lookhere_dense.models.pape import ParabolicPositionEncoding  # torch only
+        from lookhere_dense.lookhere.pos_encoding.pape import ParabolicPositionEncoding  # torch only
         assert pe.parse_pos_encoding('lookhere:lh45').preset == 'lh45'
         loaded = sorted(m for m in sys.modules if m.split('.')[0] in BLOCKED)
         print('OK', loaded)

@@ -9,10 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lookhere_dense.models import pape as pape_module
+from lookhere_dense.lookhere.pos_encoding import pape as pape_module
 from lookhere_dense.models.backbones import LookHereViT
-from lookhere_dense.models.pape import ParabolicPositionEncoding, parabola_features
-from lookhere_dense.models.pos_encoding import PosEncodingError, parse_pos_encoding
+from lookhere_dense.lookhere.pos_encoding.pape import ParabolicPositionEncoding, parabola_features
+from lookhere_dense.errors import PosEncodingError
+from lookhere_dense.lookhere.pos_encoding import parse_pos_encoding
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
 

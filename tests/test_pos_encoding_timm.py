@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from lookhere_dense.models.backbones import LookHereViT
-from lookhere_dense.models.pos_encoding import (AxialRoPE2d, DinoV3RoPE2d, MixedRoPE2d,
-                                                build_position_encoding)
+from lookhere_dense.lookhere.pos_encoding import (AxialRoPE2d, DinoV3RoPE2d, MixedRoPE2d,
+                                                  build_position_encoding)
 
 timm_rope = pytest.importorskip('timm.layers.pos_embed_sincos')
 
@@ -324,7 +324,7 @@ def test_rope_dinov3_without_timm_is_a_clear_error(repo_root):
 
         sys.meta_path.insert(0, Block())
         import torch
-        from lookhere_dense.models import pos_encoding as pe
+        from lookhere_dense.lookhere import pos_encoding as pe
         for name in ('pape', 'rope2d', 'rope2d_mixed'):
             pe.build_position_encoding(name, embed_dims=48, num_heads=12, depth=2,
                                        grid_size=(4, 4))

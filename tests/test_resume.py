@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from lookhere_dense.apis.train import build_train_config, find_resume_checkpoint, train_model
-from lookhere_dense.cli import ToolError
+from lookhere_dense.errors import ToolError
 from tiny_seg import ADE_CFG, PYTHON, REPO, SHRINK, env, make_ade, options, roots
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')

@@ -10,7 +10,8 @@ import torch
 
 from lookhere_dense.apis.train import train_model
 from lookhere_dense.lookhere import PRESETS
-from lookhere_dense.swap import ConfigError, check_model_cfg, drop_missing_pretrained
+from lookhere_dense.errors import ConfigError
+from lookhere_dense.swap import check_model_cfg, drop_missing_pretrained
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = sorted(osp.basename(p) for p in glob.glob(osp.join(REPO, 'configs', 'segmenter_*.py')))
@@ -167,7 +168,7 @@ def test_ade20k_config_starts_training_on_an_ade20k_folder_as_is(tmp_path, monke
     """``python tools/train.py configs/segmenter_lookhere_ade20k.py`` in a folder that has
     ``data/ade/ADEChallengeData2016`` (here: the tiny one) trains the ViT-B/16 model: one
     iteration of the real recipe, everything else as in the file."""
-    from lookhere_dense.data.synthetic_seg import make_ade20k_like
+    from lookhere_dense.research.datasets.synthetic_seg import make_ade20k_like
 
     make_ade20k_like(tmp_path / 'data', num_train=2, num_val=1)
     monkeypatch.chdir(tmp_path)

@@ -10,11 +10,12 @@ import cv2
 import numpy as np
 import pytest
 
-from lookhere_dense.data.checks import (CheckSegLabels, CropSizeError, DatasetLayoutError,
-                                        LabelRangeError, check_crop_fits,
-                                        check_dataset_layout, check_label_values)
-from lookhere_dense.data.synthetic_seg import (ADE_CLASSES, CITYSCAPES_CLASSES,
-                                               make_ade20k_like, make_cityscapes_like)
+from lookhere_dense.data.transforms import CheckSegLabels
+from lookhere_dense.data.checks import (check_crop_fits, check_dataset_layout,
+                                        check_label_values)
+from lookhere_dense.errors import CropSizeError, DatasetLayoutError, LabelRangeError
+from lookhere_dense.research.datasets.synthetic_seg import (ADE_CLASSES, CITYSCAPES_CLASSES,
+                                                            make_ade20k_like, make_cityscapes_like)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 

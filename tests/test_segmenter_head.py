@@ -12,8 +12,9 @@ from mmengine.config import Config, ConfigDict
 from mmengine.structures import PixelData
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lookhere_dense.cli import resolve_config_path
-from lookhere_dense.benchmark.segmenter import MMSEG_ORIGINALS, mmseg_original_cfg, segmenter_case
+from lookhere_dense.apis.cli import resolve_config_path
+from lookhere_dense.research.benchmark.segmenter import (MMSEG_ORIGINALS, mmseg_original_cfg,
+                                                         segmenter_case)
 from lookhere_dense.models.heads import FusedSelfAttention, LeanSegmenterMaskTransformerHead
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -364,7 +365,7 @@ def test_our_segmenter_configs_use_the_lean_drop_ins():
 
 
 def test_case_ratios():
-    from lookhere_dense.benchmark.segmenter import case_ratios
+    from lookhere_dense.research.benchmark.segmenter import case_ratios
     res = dict(backbone=dict(peak_bytes=100, rise_bytes=40),
                model=dict(peak_bytes=120, rise_bytes=50),
                mmseg=dict(error='timed out after 1 s'))
@@ -375,8 +376,8 @@ def test_case_ratios():
 def test_whole_frame_memory_in_child_processes():
     """The real entry: fresh child processes (benchmark.child, kind 'segmenter'), JSON
     back, ratios and the target verdict."""
-    from lookhere_dense.benchmark.report import format_segmenter
-    from lookhere_dense.benchmark.segmenter import whole_frame_memory
+    from lookhere_dense.research.benchmark.report import format_segmenter
+    from lookhere_dense.research.benchmark.segmenter import whole_frame_memory
     res = whole_frame_memory(TINY, size=(32, 64), cases=('backbone', 'model'),
                              cfg_options={'model.backbone.num_layers': 1}, timeout=600)
     assert 'error' not in res['cases']['backbone'], res['cases']['backbone']

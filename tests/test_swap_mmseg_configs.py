@@ -20,7 +20,8 @@ from typing import Dict, List, Tuple
 import pytest
 import torch
 
-from lookhere_dense.swap import SOURCE_BACKBONES, ConfigError, swap_backbone
+from lookhere_dense.swap import SOURCE_BACKBONES, swap_backbone
+from lookhere_dense.errors import ConfigError
 
 mmseg = pytest.importorskip('mmseg')
 CONFIG_ROOT = osp.join(osp.dirname(mmseg.__file__), '.mim', 'configs')

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from lookhere_dense.apis.swap import swap_config_file
-from lookhere_dense.cli import resolve_config_path
-from lookhere_dense.swap import (ConfigError, check_model_cfg, drop_missing_pretrained,
-                                 lookhere_backbone_cfg)
+from lookhere_dense.apis.cli import resolve_config_path
+from lookhere_dense.errors import ConfigError
+from lookhere_dense.swap import check_model_cfg, drop_missing_pretrained, lookhere_backbone_cfg
 
 
 def test_swap_tool_writes_a_config_train_can_load(tmp_path):

@@ -72,13 +72,13 @@ with torch.no_grad():
                                eng(qs, ks, vs, 0, (5, 5), False, backend='reference'),
                                atol=2e-5, rtol=0)
 
-import lookhere_dense.benchmark.attention
-import lookhere_dense.benchmark.bias
-import lookhere_dense.benchmark.child
-import lookhere_dense.benchmark.official
-import lookhere_dense.benchmark.report
-import lookhere_dense.benchmark.timing
-import lookhere_dense.evaluation.memory
+import lookhere_dense.research.benchmark.attention
+import lookhere_dense.research.benchmark.bias
+import lookhere_dense.research.benchmark.child
+import lookhere_dense.research.benchmark.official
+import lookhere_dense.research.benchmark.report
+import lookhere_dense.research.benchmark.timing
+import lookhere_dense.research.memory
 
 blocked = set(sys.argv[1].split(','))
 loaded = sorted(m for m in sys.modules if m.split('.')[0] in blocked)

@@ -21,7 +21,7 @@ from lookhere_dense.lookhere import LookHereAttentionEngine, PRESETS, lookhere_b
 from lookhere_dense.lookhere.windows import (padded_grid, window_key_mask, window_partition,
                                              window_unpartition)
 from lookhere_dense.models import LookHereViT
-from lookhere_dense.models.pos_encoding import PositionEncoding
+from lookhere_dense.lookhere.pos_encoding import PositionEncoding
 
 DEPTH = 3
 HEADS = {'lh180': 6, 'lh90': 6, 'lh45': 12}   # lh45 has 3 direction types: 12 or 16 heads

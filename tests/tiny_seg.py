@@ -25,7 +25,7 @@ SHRINK: List[str] = [
 
 def make_ade(folder, num_train: int = 4, num_val: int = 2) -> str:
     """A tiny ADE20K-layout dataset under ``folder``; returns its root."""
-    from lookhere_dense.data.synthetic_seg import make_ade20k_like
+    from lookhere_dense.research.datasets.synthetic_seg import make_ade20k_like
     make_ade20k_like(str(folder), num_train=num_train, num_val=num_val)
     return osp.join(str(folder), 'ade', 'ADEChallengeData2016')
 
@@ -37,7 +37,7 @@ def roots(data_root: str) -> List[str]:
 
 def options(*pairs: str) -> Dict:
     """``KEY=VALUE`` pairs read as a tool's ``--cfg-options`` reads them."""
-    from lookhere_dense.cli import parse_cfg_options
+    from lookhere_dense.apis.cli import parse_cfg_options
     return parse_cfg_options(pairs)
 
 
@@ -47,7 +47,7 @@ def write_checkpoint(path: str, extra: Sequence[str] = ()) -> str:
     import torch
     from mmengine.registry import init_default_scope
 
-    from lookhere_dense.cli import load_config
+    from lookhere_dense.apis.cli import load_config
     from lookhere_dense.swap import model_registry
 
     init_default_scope('mmseg')

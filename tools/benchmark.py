@@ -2,7 +2,7 @@
 """Benchmarks of the LookHere attention engine, ratios measured side by side in one run.
 
 Sections (``--sections`` by name, or ``--section attention`` / ``models`` / ``all``;
-default all). The cases live in :mod:`lookhere_dense.benchmark`; this script parses the
+default all). The cases live in :mod:`lookhere_dense.research.benchmark`; this script parses the
 command line, calls them and prints.
 
 ``bias``   Building the LookHere bias of a 64x64 grid for 12 layers x 12 heads: our
@@ -11,7 +11,7 @@ command line, calls them and prints.
            patches, per-query triangle masks with ``np.tri``, float64 numpy, dense
            ``(depth, heads, N, N)`` result, bf16 rounding). Each case runs in a fresh
            subprocess; peak memory is the rise of the process's peak RSS (``VmHWM``,
-           reset after imports and a tiny warm-up: ``lookhere_dense.evaluation.memory``).
+           reset after imports and a tiny warm-up: ``lookhere_dense.research.memory``).
            The baseline runs ``--baseline-depth`` layers (default 1: 12 would need
            ~40 GB) and is extrapolated linearly in depth from its measured per-layer
            stage; the output says so.
@@ -67,13 +67,13 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from lookhere_dense.benchmark import DTYPES, SECTION_GROUPS, SECTIONS  # noqa: E402
-from lookhere_dense.benchmark.attention import bench_attention  # noqa: E402
-from lookhere_dense.benchmark.bias import bench_bias  # noqa: E402
-from lookhere_dense.benchmark.report import environment, format_table  # noqa: E402
-from lookhere_dense.benchmark.segmenter import CASES as SEGMENTER_CASES  # noqa: E402
-from lookhere_dense.benchmark.segmenter import bench_segmenter  # noqa: E402
-from lookhere_dense.cli import quiet_known_warnings, resolve_config_path  # noqa: E402
+from lookhere_dense.research.benchmark import DTYPES, SECTION_GROUPS, SECTIONS  # noqa: E402
+from lookhere_dense.research.benchmark.attention import bench_attention  # noqa: E402
+from lookhere_dense.research.benchmark.bias import bench_bias  # noqa: E402
+from lookhere_dense.research.benchmark.report import environment, format_table  # noqa: E402
+from lookhere_dense.research.benchmark.segmenter import CASES as SEGMENTER_CASES  # noqa: E402
+from lookhere_dense.research.benchmark.segmenter import bench_segmenter  # noqa: E402
+from lookhere_dense.apis.cli import quiet_known_warnings, resolve_config_path  # noqa: E402
 
 #: Default configs of the segmenter section (relative to the repository).
 SEGMENTER_CONFIGS = ['configs/segmenter_lookhere_cityscapes_whole.py',
@@ -192,9 +192,9 @@ def repo_configs(paths: Sequence[str]) -> List[str]:
 
 
 def model_cases():
-    """:mod:`lookhere_dense.benchmark.models`, or exit naming what the model sections need."""
+    """:mod:`lookhere_dense.research.benchmark.models`, or exit naming what the model sections need."""
     try:
-        from lookhere_dense.benchmark import models
+        from lookhere_dense.research.benchmark import models
     except ImportError as err:
         raise SystemExit(f'sections vit / frame build ViTs and need OpenMMLab (mmcv, '
                          f'mmengine, mmseg), as does segmenter (whole mmseg models): {err}. '
@@ -211,7 +211,7 @@ def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
         return bench_attention(args.preset, args.attn_tokens, args.num_heads, args.embed_dims,
                                args.device, args.attn_dtype, args.repeats)
     if section == 'segmenter':
-        from lookhere_dense.cli import parse_cfg_options
+        from lookhere_dense.apis.cli import parse_cfg_options
         cfg_options = (parse_cfg_options(args.segmenter_cfg_options)
                        if args.segmenter_cfg_options else None)
         return bench_segmenter(args.segmenter_configs, tuple(args.frame_size), args.device,

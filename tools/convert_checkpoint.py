@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from lookhere_dense.cli import ToolArgumentParser, positive_int
+    from lookhere_dense.apis.cli import ToolArgumentParser, positive_int
 
     parser = ToolArgumentParser(description=__doc__.split('\n\n')[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,10 +44,11 @@ def main(argv=None) -> int:
     """Convert; a file that is missing, unreadable or holds no ViT weights ends in one
     ``error:`` line (exit status 2)."""
     args = parse_args(argv)
-    from lookhere_dense.checkpoint import (OFFICIAL_NUM_HEADS, CheckpointError,
-                                           backbone_weights, load_checkpoint_file,
-                                           save_backbone_checkpoint)
-    from lookhere_dense.cli import ToolError
+    from lookhere_dense.lookhere.weights import (OFFICIAL_NUM_HEADS, backbone_weights,
+                                                 save_backbone_checkpoint)
+    from lookhere_dense.errors import CheckpointError
+    from lookhere_dense.checkpoint import load_checkpoint_file
+    from lookhere_dense.errors import ToolError
     try:
         weights = backbone_weights(load_checkpoint_file(args.src),
                                    keep_pos_embed=args.keep_pos_embed)
@@ -80,5 +81,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-    from lookhere_dense.cli import run_main
+    from lookhere_dense.apis.cli import run_main
     run_main(main)

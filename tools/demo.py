@@ -2,7 +2,7 @@
 """The end-to-end demo on CPU, in minutes: tiny datasets, train, validate, extrapolation report.
 
 1. writes a tiny ADE20K-layout dataset (and a Cityscapes-layout one) of procedurally drawn
-   scenes (``lookhere_dense.data.synthetic_seg``) into ``--data-root``;
+   scenes (``lookhere_dense.research.datasets.synthetic_seg``) into ``--data-root``;
 2. trains a LookHere ViT-T Segmenter on each as ``tools/train.py`` does (mmengine Runner,
    mmseg's IoUMetric validation at the end);
 3. runs the extrapolation report of ``tools/extrapolate.py`` on each checkpoint: mIoU, time
@@ -24,7 +24,7 @@ Example::
     python tools/demo.py --datasets ade20k --iters 100
     python tools/demo.py --data-only           # only write the datasets into ./data
 
-The steps are :mod:`lookhere_dense.apis.demo`.
+The steps are :mod:`lookhere_dense.research.demo`.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from lookhere_dense.apis.demo import DEMOS  # noqa: E402
+from lookhere_dense.research.demo import DEMOS  # noqa: E402
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -75,9 +75,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     """Run the demo; returns the summary."""
-    from lookhere_dense.cli import quiet_known_warnings
+    from lookhere_dense.apis.cli import quiet_known_warnings
     quiet_known_warnings()
-    from lookhere_dense.apis.demo import generate_dataset, run_demo
+    from lookhere_dense.research.demo import generate_dataset, run_demo
 
     args = parse_args(argv)
     roots = {name: generate_dataset(name, args.data_root, args.num_train, args.num_val,
@@ -88,7 +88,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
 
     import lookhere_dense
     lookhere_dense.register_all_modules()
-    from lookhere_dense.cli import apply_threads
+    from lookhere_dense.apis.cli import apply_threads
     apply_threads(args.threads or None)
     summary = run_demo(roots, args.work_dir, args.iters, args.tests, args.cfg_options)
     print('\n[demo] summary')
@@ -106,5 +106,5 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
 
 
 if __name__ == '__main__':
-    from lookhere_dense.cli import run_main
+    from lookhere_dense.apis.cli import run_main
     run_main(main)

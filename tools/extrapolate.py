@@ -37,8 +37,8 @@ if str(REPO) not in sys.path:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
-    from lookhere_dense.cli import (ToolArgumentParser, add_cfg_options_arg, add_threads_arg,
-                                    positive_int)
+    from lookhere_dense.apis.cli import (ToolArgumentParser, add_cfg_options_arg, add_threads_arg,
+                                         positive_int)
 
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='the segmentation config the checkpoint was trained with')
@@ -65,13 +65,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
-    """Run the report (:func:`lookhere_dense.evaluation.extrapolation.extrapolation_report`);
+    """Run the report (:func:`lookhere_dense.research.extrapolation.extrapolation_report`);
     returns the JSON content."""
     args = parse_args(argv)
-    from lookhere_dense.cli import apply_threads, quiet_known_warnings
+    from lookhere_dense.apis.cli import apply_threads, quiet_known_warnings
     quiet_known_warnings()
     apply_threads(args.threads)
-    from lookhere_dense.evaluation.extrapolation import DEFAULT_TESTS, extrapolation_report
+    from lookhere_dense.research.extrapolation import DEFAULT_TESTS, extrapolation_report
 
     return extrapolation_report(
         args.config, args.checkpoint, args.tests or DEFAULT_TESTS, split=args.split,
@@ -82,5 +82,5 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
 
 
 if __name__ == '__main__':
-    from lookhere_dense.cli import run_main
+    from lookhere_dense.apis.cli import run_main
     run_main(main)

@@ -40,7 +40,7 @@ def _hw(text: str) -> Tuple[int, int]:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
-    from lookhere_dense.cli import ToolArgumentParser, add_cfg_options_arg, add_threads_arg
+    from lookhere_dense.apis.cli import ToolArgumentParser, add_cfg_options_arg, add_threads_arg
 
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='the config the checkpoint was trained with')
@@ -86,7 +86,7 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
     """Write the overlays (:func:`lookhere_dense.apis.inference.segment_images`); returns
     their paths."""
     args = parse_args(argv)
-    from lookhere_dense.cli import apply_threads, quiet_known_warnings, resolve_config_path
+    from lookhere_dense.apis.cli import apply_threads, quiet_known_warnings, resolve_config_path
     resolve_config_path(args.config)  # a missing file fails before the heavy imports
     quiet_known_warnings()
     apply_threads(args.threads)
@@ -104,5 +104,5 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
 
 
 if __name__ == '__main__':
-    from lookhere_dense.cli import run_main
+    from lookhere_dense.apis.cli import run_main
     run_main(main)

@@ -28,7 +28,7 @@ if REPO not in sys.path:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    from lookhere_dense.cli import ToolArgumentParser
+    from lookhere_dense.apis.cli import ToolArgumentParser
 
     p = ToolArgumentParser(description=__doc__.split('\n\n')[0],
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -50,7 +50,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help='draw the learned slopes of this checkpoint (learnable_slopes=True) '
                         'next to the configured ones, instead of the fields of view')
     args = p.parse_args(argv)
-    from lookhere_dense.lookhere.bias import PRESETS  # torch: after --help
+    from lookhere_dense.lookhere.config import PRESETS  # torch: after --help
     if args.preset not in PRESETS:
         p.error(f'argument --preset: invalid choice: {args.preset!r} (choose from '
                 f'{", ".join(sorted(PRESETS))})')
@@ -58,12 +58,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None):
-    """Draw the picture (:func:`lookhere_dense.visualization.heads.draw_head_fields`);
+    """Draw the picture (:func:`lookhere_dense.research.head_plots.draw_head_fields`);
     returns the plotted fields (a tensor; with ``--checkpoint``: the slopes drawn,
-    :func:`~lookhere_dense.visualization.heads.draw_learned_slopes`)."""
+    :func:`~lookhere_dense.research.head_plots.draw_learned_slopes`)."""
     args = parse_args(argv)
-    from lookhere_dense.cli import ToolError
-    from lookhere_dense.visualization.heads import (draw_head_fields, draw_learned_slopes,
+    from lookhere_dense.errors import ToolError
+    from lookhere_dense.research.head_plots import (draw_head_fields, draw_learned_slopes,
                                                     load_lh_config)
     if args.checkpoint:
         try:
@@ -88,5 +88,5 @@ def main(argv: Optional[Sequence[str]] = None):
 
 
 if __name__ == '__main__':
-    from lookhere_dense.cli import run_main
+    from lookhere_dense.apis.cli import run_main
     run_main(main)

@@ -7,7 +7,7 @@ perturbed images are predicted whole with the config's data preprocessor and sco
 its evaluator (mmseg's ``IoUMetric``). The clean model is evaluated too, and every attack is
 summarised by its mean over the strengths (as the LookHere rebuttal averages). Outputs: a
 table on stdout, ``{name}.json``, ``{name}.md`` and ``{name}.png`` (mIoU vs strength).
-Details: :mod:`lookhere_dense.evaluation.robustness`.
+Details: :mod:`lookhere_dense.research.robustness.segmentor`.
 
 Examples::
 
@@ -42,8 +42,8 @@ def _positive_float(text: str) -> float:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
-    from lookhere_dense.cli import (ToolArgumentParser, add_cfg_options_arg, add_threads_arg,
-                                    positive_int)
+    from lookhere_dense.apis.cli import (ToolArgumentParser, add_cfg_options_arg, add_threads_arg,
+                                         positive_int)
 
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='the segmentation config the checkpoint was trained with')
@@ -79,13 +79,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
-    """Run the report (:func:`lookhere_dense.evaluation.robustness.robustness_report`);
+    """Run the report (:func:`lookhere_dense.research.robustness.segmentor.robustness_report`);
     returns the JSON content."""
     args = parse_args(argv)
-    from lookhere_dense.cli import apply_threads, quiet_known_warnings
+    from lookhere_dense.apis.cli import apply_threads, quiet_known_warnings
     quiet_known_warnings()
     apply_threads(args.threads)
-    from lookhere_dense.evaluation.robustness import AttackSettings, robustness_report
+    from lookhere_dense.research.robustness.segmentor import AttackSettings, robustness_report
 
     settings = AttackSettings(attacks=tuple(dict.fromkeys(args.attack)), eps=tuple(args.eps),
                               steps=args.steps, step_size=args.step_size,
@@ -99,5 +99,5 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
 
 
 if __name__ == '__main__':
-    from lookhere_dense.cli import run_main
+    from lookhere_dense.apis.cli import run_main
     run_main(main)

@@ -29,7 +29,7 @@ if str(REPO) not in sys.path:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
-    from lookhere_dense.cli import ToolArgumentParser, add_cfg_options_arg
+    from lookhere_dense.apis.cli import ToolArgumentParser, add_cfg_options_arg
 
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='source config (file or mmseg:: package path)')
@@ -56,7 +56,7 @@ def main(argv: Optional[List[str]] = None):
     args = parse_args(argv)
     if not args.out.endswith('.py'):
         raise SystemExit(f'the output config must end in .py, got {args.out!r}')
-    from lookhere_dense.cli import quiet_known_warnings
+    from lookhere_dense.apis.cli import quiet_known_warnings
     quiet_known_warnings()
     from lookhere_dense.apis.swap import swap_config_file
 
@@ -71,5 +71,5 @@ def main(argv: Optional[List[str]] = None):
 
 
 if __name__ == '__main__':
-    from lookhere_dense.cli import run_main
+    from lookhere_dense.apis.cli import run_main
     run_main(main)

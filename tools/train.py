@@ -33,7 +33,7 @@ if str(REPO) not in sys.path:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments (mmseg / mmdet ``tools/train.py`` conventions)."""
-    from lookhere_dense.cli import ToolArgumentParser, add_cfg_options_arg, add_threads_arg
+    from lookhere_dense.apis.cli import ToolArgumentParser, add_cfg_options_arg, add_threads_arg
 
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='config file (or mmseg::/mmdet:: package path)')
@@ -75,7 +75,7 @@ def main(argv: Optional[List[str]] = None):
     """Train (:func:`lookhere_dense.apis.train.train_model`); returns the Runner (its
     ``work_dir`` holds logs and checkpoints)."""
     args = parse_args(argv)
-    from lookhere_dense.cli import apply_threads, quiet_known_warnings, resolve_config_path
+    from lookhere_dense.apis.cli import apply_threads, quiet_known_warnings, resolve_config_path
     resolve_config_path(args.config)  # a missing file fails before the heavy imports
     quiet_known_warnings()
     apply_threads(args.threads)
@@ -89,5 +89,5 @@ def main(argv: Optional[List[str]] = None):
 
 
 if __name__ == '__main__':
-    from lookhere_dense.cli import run_main
+    from lookhere_dense.apis.cli import run_main
     run_main(main)

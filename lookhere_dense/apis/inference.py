@@ -8,7 +8,7 @@ carry a legend of the classes present (:mod:`lookhere_dense.visualization.legend
 
 Every input is checked before the model is built (a file that is not an image is named),
 every image is decoded before it is segmented (a corrupt one is named), the checkpoint is
-loaded strictly (:func:`lookhere_dense.cli.build_model_from_checkpoint`), and every write
+loaded strictly (:func:`lookhere_dense.apis.cli.build_model_from_checkpoint`), and every write
 is checked (a file that cannot be written is named; nothing is reported as written that
 was not).
 """
@@ -86,7 +86,7 @@ def inference_test_cfg(cfg, whole: bool = False, slide: bool = False,
     config's, else 2/3 of the crop), or the config's own.
 
     Raises:
-        lookhere_dense.swap.ConfigError: slide inference without any crop.
+        lookhere_dense.errors.ConfigError: slide inference without any crop.
     """
     tc = dict(cfg.model.get('test_cfg') or dict(mode='whole'))
     if whole:
@@ -95,7 +95,7 @@ def inference_test_cfg(cfg, whole: bool = False, slide: bool = False,
         window = crop or tc.get('crop_size') or \
             (cfg.model.get('data_preprocessor') or {}).get('size')
         if not window:
-            from lookhere_dense.swap import ConfigError
+            from ..errors import ConfigError
             raise ConfigError('--slide needs --crop (the config has no slide crop and no '
                               'model.data_preprocessor.size)')
         window = tuple(window)
@@ -167,7 +167,7 @@ def output_stems(images: Sequence[str]) -> List[str]:
 def _write(path: str, image: np.ndarray) -> None:
     import cv2
 
-    from lookhere_dense.cli import ToolError
+    from ..errors import ToolError
     try:
         ok = cv2.imwrite(path, image)
     except cv2.error as err:
@@ -179,7 +179,7 @@ def _write(path: str, image: np.ndarray) -> None:
 
 
 def _make_out_dir(out_dir: str) -> None:
-    from lookhere_dense.cli import ToolError
+    from ..errors import ToolError
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as err:
@@ -221,10 +221,10 @@ def segment_images(config: str, checkpoint: str, input: str, out_dir: str = 'wor
     Raises:
         ValueError: ``opacity`` outside 0..1; FileNotFoundError: input / config /
         checkpoint missing, or an input named like an image that is not one;
-        lookhere_dense.cli.ToolError: an image that cannot be decoded, an output that
-        cannot be written (each named); lookhere_dense.checkpoint.CheckpointError: the
+        lookhere_dense.apis.cli.ToolError: an image that cannot be decoded, an output that
+        cannot be written (each named); lookhere_dense.errors.CheckpointError: the
         checkpoint cannot be read or does not fit the config's model;
-        lookhere_dense.swap.ConfigError (see :func:`inference_test_cfg`).
+        lookhere_dense.errors.ConfigError (see :func:`inference_test_cfg`).
     """
     import lookhere_dense
     lookhere_dense.register_all_modules()
@@ -234,8 +234,9 @@ def segment_images(config: str, checkpoint: str, input: str, out_dir: str = 'wor
     from mmengine.config import ConfigDict
     from tqdm import tqdm
 
-    from lookhere_dense.cli import ToolError, build_model_from_checkpoint, load_config
-    from lookhere_dense.visualization.legend import draw_legend
+    from ..errors import ToolError
+    from .cli import build_model_from_checkpoint, load_config
+    from ..visualization.legend import draw_legend
 
     if not 0.0 <= opacity <= 1.0:
         raise ValueError(f'--opacity must be in 0..1, got {opacity}')

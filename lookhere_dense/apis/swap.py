@@ -29,12 +29,12 @@ def swap_config_file(config: str, out: str, preset: Optional[str] = None,
 
     Raises:
         ValueError: ``out`` does not end in ``.py``;
-        lookhere_dense.swap.ConfigError: a backbone that cannot be swapped.
+        lookhere_dense.errors.ConfigError: a backbone that cannot be swapped.
     """
     import lookhere_dense
     lookhere_dense.register_all_modules()
-    from lookhere_dense.cli import load_config
-    from lookhere_dense.swap import swap_backbone
+    from .cli import load_config
+    from ..swap import swap_backbone
 
     if not out.endswith('.py'):
         raise ValueError(f'the output config must end in .py, got {out!r}')

@@ -14,7 +14,7 @@ __all__ = ['build_test_config', 'evaluate_checkpoint']
 
 def _enable_visualization(cfg, show: bool, show_dir: Optional[str], show_interval: int,
                           wait_time: float) -> None:
-    from lookhere_dense.swap import ConfigError
+    from ..errors import ConfigError
 
     hook = cfg.get('default_hooks', {}).get('visualization')
     if hook is None:
@@ -56,13 +56,14 @@ def build_test_config(config: str, checkpoint: str, work_dir: Optional[str] = No
         check_data: run the data checks. Default: True.
 
     Raises:
-        lookhere_dense.swap.ConfigError, lookhere_dense.data.checks.DataCheckError,
+        lookhere_dense.errors.ConfigError, lookhere_dense.errors.DataCheckError,
         FileNotFoundError: saying what to fix.
     """
-    from lookhere_dense.apis.train import check_launcher
-    from lookhere_dense.checkpoint import checkpoint_problem
-    from lookhere_dense.cli import ToolError, load_config, preflight, set_work_dir
-    from lookhere_dense.swap import ConfigError
+    from .train import check_launcher
+    from ..checkpoint import checkpoint_problem
+    from ..errors import ToolError
+    from .cli import load_config, preflight, set_work_dir
+    from ..errors import ConfigError
 
     if '://' not in checkpoint:
         if not os.path.exists(checkpoint):
@@ -119,7 +120,7 @@ def evaluate_checkpoint(config: str, checkpoint: str, out: Optional[str] = None,
     import lookhere_dense
     lookhere_dense.register_all_modules()
 
-    from lookhere_dense.engine.terminal import terminal_filter_of, warnings_to_run_log
+    from ..engine.terminal import terminal_filter_of, warnings_to_run_log
 
     from .train import announce_log_file, build_runner, init_distributed
 

@@ -1,7 +1,7 @@
 """Train a segmentor (mmseg config) or detector (mmdet config) with mmengine's Runner
 (``tools/train.py``).
 
-Before the Runner is built the config is checked (:func:`lookhere_dense.cli.preflight`):
+Before the Runner is built the config is checked (:func:`lookhere_dense.apis.cli.preflight`):
 unknown model types, heads that cannot read the backbone, missing dataset folders, label
 values outside the classes and crops larger than the images stop with a message that says
 what to fix. Pretrained files the config names but that are not there stop the run too
@@ -48,7 +48,7 @@ TORCHRUN_ENV = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT'
 
 
 def _warn(msg: str) -> None:
-    from lookhere_dense.cli import _log
+    from .cli import _log
     _log(msg, logging.WARNING)
 
 
@@ -67,10 +67,10 @@ def find_resume_checkpoint(work_dir: str) -> Tuple[Optional[str], List[str]]:
         ``(path or None, warnings)``.
 
     Raises:
-        lookhere_dense.cli.ToolError: the work dir has checkpoints but none is readable.
+        lookhere_dense.apis.cli.ToolError: the work dir has checkpoints but none is readable.
     """
-    from lookhere_dense.checkpoint import checkpoint_problem
-    from lookhere_dense.cli import ToolError
+    from ..checkpoint import checkpoint_problem
+    from ..errors import ToolError
 
     candidates: List[str] = []
     last = osp.join(work_dir, 'last_checkpoint')
@@ -107,10 +107,10 @@ def check_launcher(launcher: str) -> None:
     """A launcher whose environment is missing is an error naming what to run.
 
     Raises:
-        lookhere_dense.cli.ToolError: ``'pytorch'`` outside torchrun, ``'slurm'`` outside
+        lookhere_dense.apis.cli.ToolError: ``'pytorch'`` outside torchrun, ``'slurm'`` outside
             srun.
     """
-    from lookhere_dense.cli import ToolError
+    from ..errors import ToolError
     if launcher == 'pytorch':
         missing = [k for k in TORCHRUN_ENV if k not in os.environ]
         if missing:
@@ -192,12 +192,13 @@ def build_train_config(config: str, work_dir: Optional[str] = None,
         repeat in the run's log).
 
     Raises:
-        lookhere_dense.swap.ConfigError, lookhere_dense.data.checks.DataCheckError,
-        FileNotFoundError, lookhere_dense.cli.ToolError: saying what to fix.
+        lookhere_dense.errors.ConfigError, lookhere_dense.errors.DataCheckError,
+        FileNotFoundError, lookhere_dense.apis.cli.ToolError: saying what to fix.
     """
-    from lookhere_dense.checkpoint import checkpoint_problem
-    from lookhere_dense.cli import ToolError, load_config, preflight, set_work_dir
-    from lookhere_dense.swap import ConfigError
+    from ..checkpoint import checkpoint_problem
+    from ..errors import ToolError
+    from .cli import load_config, preflight, set_work_dir
+    from ..errors import ConfigError
 
     check_launcher(launcher)
     cfg = load_config(config, cfg_options)
@@ -289,8 +290,8 @@ def build_runner(cfg, quiet: bool = True):
     """The config's ``runner_type`` (from mmengine's ``RUNNERS``), else
     :class:`~lookhere_dense.engine.runner.ToolRunner` (mmengine's Runner; ``quiet``: the run
     header, config dump and library noise go to the log file only)."""
-    from lookhere_dense.engine.runner import ToolRunner, VerboseToolRunner
-    from lookhere_dense.engine.terminal import attach_terminal_filter
+    from ..engine.runner import ToolRunner, VerboseToolRunner
+    from ..engine.terminal import attach_terminal_filter
     if 'runner_type' in cfg:
         from mmengine.registry import RUNNERS
         runner = RUNNERS.build(cfg)
@@ -322,7 +323,7 @@ def train_model(config: str, verbose: bool = False, **options):
     """
     import lookhere_dense
     lookhere_dense.register_all_modules()
-    from lookhere_dense.engine.terminal import warnings_to_run_log
+    from ..engine.terminal import warnings_to_run_log
 
     cfg, notes = build_train_config(config, **options)
     created = init_distributed(cfg)

@@ -1,4 +1,5 @@
-"""Tiny generated datasets in the real ADE20K / Cityscapes / COCO layouts, the procedural
-tasks of the extrapolation study (:mod:`.relational`: zoom; :mod:`.fov_scenes`: field of
-view; both written by :mod:`.folders`), the data checks, and training on mixed crop sizes
-(:mod:`.mixed_crops`). Import the submodules directly."""
+"""Data components of the OpenMMLab layer: the data checks (:mod:`.checks`: dataset layout,
+label values, crop sizes, run before training; :mod:`.transforms`: the pipeline transform
+that checks every loaded annotation; :mod:`.labels`: their label scans and messages) and
+training on mixed crop sizes (:mod:`.mixed_crops`). The generated datasets are research
+tooling: :mod:`lookhere_dense.research.datasets`. Import the submodules directly."""

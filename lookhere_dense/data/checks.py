@@ -7,7 +7,7 @@ dataset, training on nothing but padding):
 * a dataset folder that is missing or empty (:func:`check_dataset_layout`, run by
   ``tools/train.py`` / ``tools/test.py`` before anything is built);
 * label values outside ``0..num_classes-1`` (other than the ignore index):
-  :class:`CheckSegLabels`, a pipeline transform that checks every loaded annotation,
+  :class:`~.transforms.CheckSegLabels`, a pipeline transform that checks every loaded annotation,
   and :func:`check_label_values`, a sampled scan before training;
 * a training crop larger than the images even at the pipeline's largest resize
   (:func:`check_crop_fits`);
@@ -15,54 +15,23 @@ dataset, training on nothing but padding):
   wrong labels), an image or annotation file that cannot be read, and annotations that hold
   nothing but the ignore index (nothing to learn; mmseg's ``acc_seg`` reports 100 for
   them): :func:`check_label_values` (sizes from the file headers, all files up to a
-  budget) and :class:`CheckSegLabels` (every loaded pair).
+  budget) and :class:`~.transforms.CheckSegLabels` (every loaded pair).
 
-Every failure raises a subclass of :class:`DataCheckError` whose message names the
+Every failure raises a subclass of :class:`~lookhere_dense.errors.DataCheckError` whose message names the
 file / folder / setting and what to change.
 """
 from __future__ import annotations
 
 import os.path as osp
 import warnings
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
 
-import numpy as np
-from mmcv.transforms import BaseTransform
-from mmseg.registry import TRANSFORMS
+from ..errors import CropSizeError, DataCheckWarning, DatasetLayoutError, LabelRangeError, LabelSizeError
+from .labels import (all_ignored_message, bad_label_values, channels_message, label_message,
+                     size_message, unreadable_file)
 
-__all__ = ['DataCheckError', 'DatasetLayoutError', 'LabelRangeError', 'CropSizeError',
-           'LabelSizeError', 'UnreadableFileError', 'DataCheckWarning', 'CheckSegLabels',
-           'check_dataset_layout', 'check_label_values', 'check_crop_fits', 'check_seg_data',
+__all__ = ['check_dataset_layout', 'check_label_values', 'check_crop_fits', 'check_seg_data',
            'image_size', 'LAYOUT_HINTS']
-
-
-class DataCheckError(ValueError):
-    """Base class of the data checks' errors (the message says what to fix)."""
-
-
-class DatasetLayoutError(DataCheckError, FileNotFoundError):
-    """A dataset folder or file named by the config is missing or holds no data."""
-
-
-class LabelRangeError(DataCheckError):
-    """An annotation holds label values the model cannot take."""
-
-
-class CropSizeError(DataCheckError):
-    """The training crop is larger than the (resized) images."""
-
-
-class LabelSizeError(DataCheckError):
-    """An annotation has another size than its image."""
-
-
-class UnreadableFileError(DataCheckError):
-    """An image or annotation file cannot be read (corrupt, truncated, not an image)."""
-
-
-class DataCheckWarning(UserWarning):
-    """Data that trains, but probably not as meant (e.g. annotations with only the ignore
-    index)."""
 
 
 #: How each dataset type expects its files (shown when something is missing).
@@ -84,134 +53,7 @@ _DEMO_HINT = ('To try the pipeline without the real data, write the tiny dataset
 # ----------------------------------------------------------------------------------------
 # Labels
 # ----------------------------------------------------------------------------------------
-def _label_values(seg: np.ndarray) -> np.ndarray:
-    seg = np.asarray(seg)
-    if seg.dtype == np.uint8:
-        return np.flatnonzero(np.bincount(seg.ravel(), minlength=256))
-    return np.unique(seg)
 
-
-def bad_label_values(seg: np.ndarray, num_classes: int, ignore_index: int = 255) -> List[int]:
-    """Values of ``seg`` that are neither a class id (``0..num_classes-1``) nor
-    ``ignore_index``."""
-    values = _label_values(seg)
-    return [int(v) for v in values if not (0 <= v < num_classes or v == ignore_index)]
-
-
-def _label_message(path: str, bad: Sequence[int], num_classes: int, ignore_index: int,
-                   reduce_zero_label: Optional[bool]) -> str:
-    shown = list(bad[:10]) + (['...'] if len(bad) > 10 else [])
-    msg = (f'annotation {path!r} has label values {shown} outside the classes 0..'
-           f'{num_classes - 1} (ignore index {ignore_index})')
-    if reduce_zero_label:
-        msg += (' after reduce_zero_label (file value k becomes class k-1, 0 becomes '
-                f'ignored): the file holds values up to {max(bad) + 1}, the model has '
-                f'{num_classes} classes')
-    msg += ('. Fix the annotation, or make the class count match the data: set '
-            'model.decode_head.num_classes (and the dataset metainfo classes)')
-    if reduce_zero_label is False and num_classes in bad:
-        msg += ', or reduce_zero_label=True if 0 means "other" in these files'
-    return msg + '.'
-
-
-def _size_message(where: str, img_path: str, img_hw: Tuple[int, int], seg_path: str,
-                  seg_hw: Tuple[int, int], more: int = 0) -> str:
-    extra = f' ({more} more pairs differ)' if more else ''
-    return (f'{where}: image {img_path!r} is {img_hw[0]}x{img_hw[1]} px (H x W) but its '
-            f'annotation {seg_path!r} is {seg_hw[0]}x{seg_hw[1]} px{extra}: resizing and '
-            'cropping would pair pixels with the wrong labels. Every annotation must have '
-            'the size of its image: regenerate the annotations, or check that the image and '
-            'annotation folders (data_prefix) belong together.')
-
-
-def _channels_message(where: str, path: str, shape: Tuple[int, ...]) -> str:
-    return (f'{where}: annotation {path!r} has shape {tuple(shape)}, not (H, W): a colour '
-            'image, not a map of class indices. mmseg needs single-channel PNGs of class ids '
-            '(Cityscapes: *_gtFine_labelTrainIds.png, not *_color.png); check '
-            'data_prefix.seg_map_path and seg_map_suffix')
-
-
-def _all_ignored_message(paths: Sequence[str], ignore_index: int, total: int = 0) -> str:
-    shown = ', '.join(repr(p) for p in paths[:5]) + (' ...' if len(paths) > 5 else '')
-    of = f' of {total} checked' if total else ''
-    return (f'{len(paths)}{of} annotation(s) hold only the ignore index {ignore_index} '
-            f'({shown}): they contribute nothing to the loss, and mmseg\'s acc_seg reports '
-            '100 for batches of them. Check reduce_zero_label (it turns 0 into the ignore '
-            'index) and the label conversion.')
-
-
-def _unreadable(where: str, kind: str, path: str, err: BaseException) -> 'UnreadableFileError':
-    reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
-    return UnreadableFileError(f'{where}: cannot read {kind} file {path!r} ({type(err).__name__}: '
-                               f'{reason}); it is corrupt, truncated or not an image: '
-                               'replace or remove it (and its image / annotation)')
-
-
-@TRANSFORMS.register_module()
-class CheckSegLabels(BaseTransform):
-    """Pipeline transform: fail clearly when a loaded annotation has a label value the
-    model cannot take. Put it right after ``LoadAnnotations``.
-
-    Required keys: ``gt_seg_map`` (and ``seg_map_path`` for the message).
-
-    Args:
-        num_classes: valid class ids are ``0..num_classes-1``.
-        ignore_index: the one other allowed value. Default: 255.
-
-    Raises:
-        LabelRangeError: naming the file, the bad values and what to change.
-    """
-
-    def __init__(self, num_classes: int, ignore_index: int = 255):
-        if not isinstance(num_classes, int) or num_classes < 1:
-            raise ValueError(f'CheckSegLabels: num_classes must be a positive int, '
-                             f'got {num_classes!r}')
-        self.num_classes = num_classes
-        self.ignore_index = ignore_index
-        self._warned: set = set()
-
-    def transform(self, results: Dict[str, Any]) -> Dict[str, Any]:
-        """Check ``results['gt_seg_map']`` (values; its size against the loaded image's,
-        ``ori_shape``, when an image is loaded; a warning, once per file, when it holds only
-        the ignore index); return ``results`` unchanged.
-
-        Raises:
-            LabelRangeError: a value outside the classes and the ignore index.
-            LabelSizeError: the annotation's size differs from the image's.
-        """
-        seg = results.get('gt_seg_map')
-        if seg is None:
-            raise KeyError('CheckSegLabels needs gt_seg_map: put it after LoadAnnotations')
-        path = results.get('seg_map_path', '<unknown file>')
-        if seg.ndim != 2:
-            raise LabelRangeError(_channels_message('CheckSegLabels', path, seg.shape))
-        bad = bad_label_values(seg, self.num_classes, self.ignore_index)
-        if bad:
-            raise LabelRangeError(_label_message(
-                path, bad, self.num_classes, self.ignore_index,
-                results.get('reduce_zero_label')))
-        img = results.get('img')
-        if img is not None:
-            # the loaded size (ori_shape) or, when both were resized together, the image's
-            sizes = {tuple(img.shape[:2]), tuple(results.get('ori_shape') or img.shape[:2])}
-            if tuple(seg.shape[:2]) not in sizes:
-                raise LabelSizeError(_size_message(
-                    'CheckSegLabels', results.get('img_path', '<unknown image>'),
-                    tuple(results.get('ori_shape') or img.shape[:2]), path,
-                    tuple(seg.shape[:2])))
-        if seg.size and path not in self._warned and bool((seg == self.ignore_index).all()):
-            self._warned.add(path)
-            warnings.warn(DataCheckWarning(_all_ignored_message([path], self.ignore_index)))
-        return results
-
-    def __repr__(self) -> str:
-        return (f'{self.__class__.__name__}(num_classes={self.num_classes}, '
-                f'ignore_index={self.ignore_index})')
-
-
-# ----------------------------------------------------------------------------------------
-# Config walking
-# ----------------------------------------------------------------------------------------
 def _leaf_datasets(ds_cfg: Mapping) -> List[Mapping]:
     """The concrete dataset configs inside wrappers (RepeatDataset, ConcatDataset, ...)."""
     if 'datasets' in ds_cfg:
@@ -331,15 +173,15 @@ def _check_pair_sizes(where: str, infos: Sequence[Mapping], orientation: bool,
         try:
             img_hw = image_size(img, orientation)
         except Exception as err:
-            raise _unreadable(where, 'image', img, err) from None
+            raise unreadable_file(where, 'image', img, err) from None
         try:
             seg_hw = image_size(seg)
         except Exception as err:
-            raise _unreadable(where, 'annotation', seg, err) from None
+            raise unreadable_file(where, 'annotation', seg, err) from None
         if img_hw != seg_hw:
             wrong.append((img, img_hw, seg, seg_hw))
     if wrong:
-        raise LabelSizeError(_size_message(where, *wrong[0], more=len(wrong) - 1))
+        raise LabelSizeError(size_message(where, *wrong[0], more=len(wrong) - 1))
 
 
 def _num_classes(cfg: Mapping, dataset) -> int:
@@ -414,21 +256,21 @@ def check_label_values(cfg: Mapping, splits: Sequence[str] = ('train', 'val'),
                 try:
                     image_size(info['img_path'], decode=True)
                 except Exception as err:
-                    raise _unreadable(where, 'image', info['img_path'], err) from None
+                    raise unreadable_file(where, 'image', info['img_path'], err) from None
             try:
                 seg = loader(dict(info))['gt_seg_map']
             except Exception as err:
-                raise _unreadable(where, 'annotation', info['seg_map_path'], err) from None
+                raise unreadable_file(where, 'annotation', info['seg_map_path'], err) from None
             if seg.ndim != 2:
-                raise LabelRangeError(_channels_message(where, info['seg_map_path'], seg.shape))
+                raise LabelRangeError(channels_message(where, info['seg_map_path'], seg.shape))
             bad = bad_label_values(seg, num_classes, ds.ignore_index)
             if bad:
-                raise LabelRangeError(_label_message(info['seg_map_path'], bad, num_classes,
+                raise LabelRangeError(label_message(info['seg_map_path'], bad, num_classes,
                                                      ds.ignore_index, ds.reduce_zero_label))
             if seg.size and bool((seg == ds.ignore_index).all()):
                 ignored.append(info['seg_map_path'])
         if ignored:
-            msg = f'{where}: ' + _all_ignored_message(ignored, ds.ignore_index, len(sample))
+            msg = f'{where}: ' + all_ignored_message(ignored, ds.ignore_index, len(sample))
             if len(ignored) == len(sample):
                 raise LabelRangeError(msg + ' Nothing to train or evaluate on.')
             warnings.warn(DataCheckWarning(msg))

@@ -18,7 +18,7 @@ own mmseg / mmdet config (with ``custom_imports=dict(imports=['lookhere_dense'])
 * :class:`CheckpointFitHook` refuses a resumed (or, with ``strict_load_from``, a tested)
   checkpoint that does not fit the model: missing, unexpected and wrongly shaped keys and
   other head counts are named (mmengine itself loads such a checkpoint with warnings
-  only); the loader is :func:`lookhere_dense.checkpoint.load_model_weights`.
+  only); the loader is :func:`lookhere_dense.lookhere.loading.load_model_weights`.
 * :class:`ProgressLoggerHook` is mmengine's ``LoggerHook`` with a separate interval for
   the validation / test progress lines (about ten lines per pass by default), so a short
   training interval does not print one line per validation image.
@@ -35,17 +35,13 @@ import numpy as np
 import torch
 from mmengine.hooks import Hook, LoggerHook
 from mmengine.registry import HOOKS
+from ..errors import TrainingDivergedError
 
-__all__ = ['FiniteLossHook', 'ExactResumeHook', 'CheckpointFitHook', 'ProgressLoggerHook',
-           'TrainingDivergedError', 'capture_rng_state', 'restore_rng_state',
+__all__ = ['FiniteLossHook', 'ExactResumeHook', 'CheckpointFitHook', 'ProgressLoggerHook', 'capture_rng_state', 'restore_rng_state',
            'RESUME_STATE_KEY']
 
 #: The checkpoint key :class:`ExactResumeHook` writes.
 RESUME_STATE_KEY = 'lookhere_resume_state'
-
-
-class TrainingDivergedError(RuntimeError):
-    """A loss became NaN or infinite (raised by :class:`FiniteLossHook`)."""
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -294,9 +290,9 @@ class CheckpointFitHook(Hook):
     Runner resumes from it (and, with ``strict_load_from``, when it loads ``load_from``:
     ``tools/test.py``). mmengine loads such checkpoints non-strictly, with warnings only.
 
-    The check is :func:`lookhere_dense.checkpoint.load_model_weights` (shapes, keys both
+    The check is :func:`lookhere_dense.lookhere.loading.load_model_weights` (shapes, keys both
     ways, the ``LookHereViT`` records, head counts), run on the checkpoint mmengine has
-    read; it raises :class:`~lookhere_dense.checkpoint.CheckpointError`.
+    read; it raises :class:`~lookhere_dense.errors.CheckpointError`.
 
     Args:
         strict_load_from: also check checkpoints loaded through ``load_from`` (keep False
@@ -316,7 +312,7 @@ class CheckpointFitHook(Hook):
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         if not (getattr(runner, '_resume', False) or self.strict_load_from):
             return
-        from ..checkpoint import load_model_weights
+        from ..lookhere.loading import load_model_weights
         source = getattr(runner, '_load_from', None) or 'the checkpoint'
         load_model_weights(_unwrap(runner.model), checkpoint, source=source,
                            checkpoint_num_heads=self.checkpoint_num_heads)

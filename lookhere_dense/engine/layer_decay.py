@@ -48,7 +48,7 @@ from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
 from mmengine.utils.dl_utils.parrots_wrapper import _BatchNorm, _InstanceNorm
 
 from ..lookhere.slopes import LookHereSlopes
-from ..models.backbones.lookhere_vit import LayerScale, LookHereViT
+from ..lookhere.vit import LayerScale, LookHereVisionTransformer
 
 __all__ = ['LookHereLayerDecayOptimizerConstructor', 'ViTDetLayerDecayOptimizerConstructor',
            'find_lookhere_backbone', 'backbone_layer_id', 'is_no_decay', 'is_slope_parameter']
@@ -62,14 +62,14 @@ _NO_DECAY_TOKENS = ('cls_token', 'pos_embed', 'mask_token', 'freqs')
 _NORMS = (nn.LayerNorm, nn.GroupNorm, _BatchNorm, _InstanceNorm)
 
 
-def find_lookhere_backbone(model: nn.Module) -> Tuple[str, LookHereViT]:
+def find_lookhere_backbone(model: nn.Module) -> Tuple[str, LookHereVisionTransformer]:
     """The one :class:`LookHereViT` in ``model`` and its name prefix (``'backbone.'``,
     or ``''`` when ``model`` is the backbone).
 
     Raises:
         ValueError: no LookHereViT, or more than one.
     """
-    found = [(name, m) for name, m in model.named_modules() if isinstance(m, LookHereViT)]
+    found = [(name, m) for name, m in model.named_modules() if isinstance(m, LookHereVisionTransformer)]
     if not found:
         raise ValueError('LookHereLayerDecayOptimizerConstructor: the model has no '
                          f'LookHereViT backbone ({type(model).__name__}); use mmengine\'s '

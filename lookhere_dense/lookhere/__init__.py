@@ -1,29 +1,48 @@
-"""The LookHere method in plain PyTorch (torch alone; timm optional; no OpenMMLab imports).
+"""The LookHere model in plain PyTorch (torch alone; timm optional; no OpenMMLab imports).
 
+The model:
+
+* :mod:`.vit` -- :class:`LookHereVisionTransformer` (patch embedding, global and window
+  blocks, CLS, LayerScale) and :func:`create_model`;
+* :mod:`.weights` -- official LookHere / timm / DeiT-III / lookhere-dense files -> the
+  trunk's keys, head-count rules, LookHere-config adoption; :mod:`.loading` -- whole-model
+  checkpoints;
+* :mod:`.pos_encoding` -- LookHere and the encodings it is compared with, one file per
+  family, one parser and one factory.
+
+The LookHere math:
+
+* :mod:`.config` -- :class:`LookHereConfig`, the presets, head layouts and slope rules;
 * :mod:`.directions` -- fields of view of the head types, from relative offsets;
-* :mod:`.bias` -- slopes, presets, the relative-offset table, the token-pair -> table
-  index, and the table's materialisations;
-* :mod:`.attention` -- the backends (overview) and the dense ones (``reference``, ``sdpa``);
-* :mod:`.chunked` -- the ``chunked`` backend (blocks of query rows);
-* :mod:`.flex` -- the ``flex`` backend (``flex_attention``, block masks, tile order);
-* :mod:`.engine` -- :class:`LookHereAttentionEngine`: backend choice and bias caches;
+* :mod:`.bias` -- the relative-offset table, the token-pair -> table index, and the
+  table's materialisations (the one source of the bias);
 * :mod:`.slopes` -- :class:`LookHereSlopes`: learnable global / layer / head slopes;
-* :mod:`.windows` -- ViTDet window partitioning;
-* :mod:`.cache` -- the bounded cache.
+* :mod:`.attention` -- the backends (overview) and the dense ones (``reference``, ``sdpa``);
+  :mod:`.chunked` (blocks of query rows), :mod:`.flex` (``flex_attention``, block masks,
+  tile order); :mod:`.engine` -- :class:`LookHereAttentionEngine`: backend choice and bias
+  caches;
+* :mod:`.windows` -- ViTDet window partitioning; :mod:`.cache` -- the bounded cache.
 """
 from .attention import BACKENDS, reference_attention, sdpa_attention
-from .bias import (PRESETS, GridBias, LookHereConfig, build_grid_bias, head_layout,
-                   layer_slopes, lookhere_bias, relative_bias_table, resolve_lh_config)
+from .bias import (GridBias, build_grid_bias, lookhere_bias,
+                   relative_bias_table)
 from .cache import BoundedCache
 from .chunked import chunked_attention
+from .config import (PRESETS, LookHereConfig, head_layout, layer_slopes,
+                     resolve_lh_config)
 from .directions import DIRECTION_TYPES, PRIMITIVES
 from .engine import LookHereAttentionEngine
 from .flex import flex_attention_lookhere
+from .loading import load_model_weights
 from .slopes import LookHereSlopes
+from .vit import LookHereVisionTransformer, create_model
+from .weights import save_backbone_checkpoint
 
 __all__ = [
-    'BACKENDS', 'LookHereAttentionEngine', 'chunked_attention', 'flex_attention_lookhere',
-    'reference_attention', 'sdpa_attention', 'PRESETS', 'GridBias', 'LookHereConfig',
-    'build_grid_bias', 'head_layout', 'layer_slopes', 'lookhere_bias', 'relative_bias_table',
-    'resolve_lh_config', 'BoundedCache', 'DIRECTION_TYPES', 'PRIMITIVES', 'LookHereSlopes',
+    'create_model', 'LookHereVisionTransformer', 'load_model_weights',
+    'save_backbone_checkpoint', 'BACKENDS', 'LookHereAttentionEngine', 'chunked_attention',
+    'flex_attention_lookhere', 'reference_attention', 'sdpa_attention', 'PRESETS', 'GridBias',
+    'LookHereConfig', 'build_grid_bias', 'head_layout', 'layer_slopes', 'lookhere_bias',
+    'relative_bias_table', 'resolve_lh_config', 'BoundedCache', 'DIRECTION_TYPES',
+    'PRIMITIVES', 'LookHereSlopes',
 ]

@@ -28,12 +28,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import BACKENDS, reference_attention, sdpa_attention
-from .bias import (DistanceTable, GridBias, LookHereConfig, bias_from_distances,
+from .bias import (DistanceTable, GridBias, bias_from_distances,
                    build_grid_bias, distance_table)
+from .config import LookHereConfig
 from .cache import BoundedCache
 from .chunked import chunked_attention
 from .flex import (flex_attention_lookhere, flex_available, flex_score_mod,
-                   flex_slope_grads_available, lookhere_block_mask, tile_order)
+                   flex_slope_grads_available, lookhere_block_mask,
+                   tile_order)
 from .slopes import LookHereSlopes
 from .windows import attend_in_windows, padded_grid, window_key_mask
 

@@ -41,7 +41,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from .bias import LookHereConfig, head_layout, layer_slopes
+from .config import LookHereConfig, head_layout, layer_slopes
 from .cache import BoundedCache
 
 __all__ = ['LookHereSlopes', 'SLOPE_PARAMETERS', 'configured_slopes', 'slopes_from_state_dict']
@@ -69,6 +69,10 @@ class LookHereSlopes(nn.Module):
 
     All are 0 after construction and :meth:`reset_parameters`.
     """
+
+    #: a checkpoint without these parameters still loads strictly: they restart from the
+    #: config (:func:`lookhere_dense.checkpoint.load_state_dict_strict`)
+    restart_when_missing = True
 
     def __init__(self, config: LookHereConfig, depth: int, num_heads: int):
         super().__init__()

@@ -1,21 +1,17 @@
-"""OpenMMLab model components (registered in mmseg's and mmdet's ``MODELS``) and the
-position encodings they use.
-
-:mod:`.pos_encoding` is plain PyTorch and imports without OpenMMLab. The names below are
-loaded on first use (PEP 562), so ``import lookhere_dense.models.pos_encoding`` does not
-import mmcv / mmengine / mmseg / mmdet; the modules that register (:mod:`.backbones`,
-:mod:`.necks`) are imported by :func:`lookhere_dense.registry.register_all_modules`.
+"""OpenMMLab model components, registered in mmseg's and mmdet's ``MODELS``: the backbone
+(:mod:`.backbones`, a thin wrapper of the torch-only trunk :mod:`lookhere_dense.lookhere.vit`),
+necks, heads and segmentors. The names below are loaded on first use (PEP 562); the
+modules register when :func:`lookhere_dense.registry.register_all_modules` imports them.
 """
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-__all__ = ['LookHereViT', 'SimpleFPN', 'LayerNorm2d', 'POS_ENCODINGS']
+__all__ = ['LookHereViT', 'SimpleFPN', 'LayerNorm2d']
 
 #: where each lazily loaded name lives
-_HOMES = {'LookHereViT': '.backbones', 'SimpleFPN': '.necks', 'LayerNorm2d': '.necks',
-          'POS_ENCODINGS': '.pos_encoding'}
+_HOMES = {'LookHereViT': '.backbones', 'SimpleFPN': '.necks', 'LayerNorm2d': '.necks'}
 
 
 def __getattr__(name: str) -> Any:

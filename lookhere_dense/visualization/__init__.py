@@ -1,2 +1,3 @@
-"""Pictures: :mod:`.heads` draws each LookHere head's field of view, :mod:`.legend` the
-class legend of a segmentation overlay. Import the submodules directly."""
+"""Pictures of the library: :mod:`.legend`, the class legend of a segmentation overlay
+(``tools/infer.py``). Report pictures (head fields of view, study plots) are research
+tooling: :mod:`lookhere_dense.research`. Import the submodules directly."""

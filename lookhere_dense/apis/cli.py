@@ -1,0 +1,388 @@
+"""What the command-line tools in ``tools/`` share: loading a config (also ``mmseg::`` /
+``mmdet::`` package paths), the pre-flight checks, and turning the checks' errors into a
+one-paragraph message instead of a traceback.
+
+The tools work for mmseg and mmdet configs alike; the config's ``default_scope`` says
+which (the segmentation data checks run for ``mmseg`` configs only).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import difflib
+import logging
+import os
+import re
+import os.path as osp
+import sys
+import warnings
+from typing import Any, Callable, List, Optional, Sequence
+from ..errors import USER_ERRORS
+
+__all__ = ['quiet_known_warnings', 'resolve_config_path', 'load_config', 'set_work_dir',
+           'preflight', 'run_main', 'build_model_from_checkpoint',
+           'ToolArgumentParser', 'CfgOptionsAction', 'add_cfg_options_arg',
+           'check_cfg_options', 'add_threads_arg', 'apply_threads', 'positive_int',
+           'parse_cfg_options', 'REPO']
+
+#: The repository root (``tools/`` and ``configs/`` live here).
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+
+class ToolArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors end in one ``error: <message>`` line (exit
+    status 2), like every other mistake :func:`run_main` reports."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(2, f'error: {message}\n')
+
+
+class CfgOptionsAction(argparse.Action):
+    """``--cfg-options KEY=VALUE ...``: mmengine's ``DictAction`` (values parsed as
+    numbers, bools, None, lists and tuples), imported when the option is used, with an
+    argparse error naming an item that is not ``KEY=VALUE``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        bad = [v for v in values or [] if '=' not in v or not v.split('=', 1)[0].strip()]
+        if bad:
+            raise argparse.ArgumentError(
+                self, f'{bad[0]!r} is not KEY=VALUE (e.g. train_cfg.max_iters=1000 or '
+                'model.backbone.preset=lh90)')
+        from mmengine.config import DictAction
+        DictAction(self.option_strings, self.dest)(parser, namespace, values, option_string)
+
+
+def add_cfg_options_arg(parser: argparse.ArgumentParser, example: str) -> None:
+    """Add ``--cfg-options`` (:class:`CfgOptionsAction`) to a tool's parser."""
+    parser.add_argument('--cfg-options', nargs='+', action=CfgOptionsAction,
+                        metavar='KEY=VALUE',
+                        help=f'override config entries, e.g. {example} (lists: key="[a,b]")')
+
+
+def quiet_known_warnings() -> None:
+    """Hide the warnings every run prints that are not the user's to fix
+    (``pkg_resources is deprecated`` from mmengine's and mmcv's imports)."""
+    warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
+    # mmseg's own ADE20K configs pass reduce_zero_label to LoadAnnotations, which then
+    # warns about its own planned deprecation on every pipeline build
+    warnings.filterwarnings('ignore', message='`reduce_zero_label` will be deprecated')
+
+
+def resolve_config_path(path: str) -> str:
+    """``mmseg::segmenter/x.py`` -> the file inside the installed package; other paths
+    unchanged.
+
+    Raises:
+        FileNotFoundError: naming the path (and the resolved one for package paths).
+    """
+    if '::' in path:
+        from mmengine.utils import get_installed_path
+        package, rel = path.split('::', 1)
+        full = osp.join(get_installed_path(package), '.mim', 'configs', rel)
+        if not osp.isfile(full):
+            raise FileNotFoundError(f'config {path!r} not found (looked for {full!r})')
+        return full
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'config file {path!r} not found')
+    return path
+
+
+def load_config(path: str, cfg_options: Optional[dict] = None):
+    """``Config.fromfile`` (package paths allowed) with ``--cfg-options`` merged in
+    (checked first: :func:`check_cfg_options`)."""
+    from mmengine.config import Config
+
+    cfg = Config.fromfile(resolve_config_path(path))
+    if cfg_options:
+        check_cfg_options(cfg, cfg_options, lambda m: _log(m, logging.WARNING))
+        cfg.merge_from_dict(cfg_options)
+    return cfg
+
+
+
+def load_segmentation_job(config: str, checkpoint: str, split: str,
+                          cfg_options: Optional[dict], tool: str):
+    """The config of a tool that evaluates one mmseg checkpoint on one split
+    (``tools/extrapolate.py``, ``tools/robustness.py``): the split name and the checkpoint
+    file are checked before the config is read (:func:`load_config`), and a config of
+    another scope is refused.
+
+    Args:
+        tool: how errors name the tool, e.g. ``'extrapolate.py'``.
+
+    Raises:
+        ConfigError: ``split`` is not ``'test'`` / ``'val'``, or the config's
+            ``default_scope`` is not mmseg.
+        FileNotFoundError: the checkpoint or the config is missing.
+    """
+    from ..errors import ConfigError
+
+    if split not in ('test', 'val'):
+        raise ConfigError(f"split must be 'test' or 'val', got {split!r}")
+    if not osp.isfile(checkpoint):
+        raise FileNotFoundError(f'checkpoint {checkpoint!r} not found')
+    cfg = load_config(config, cfg_options)
+    scope = cfg.get('default_scope') or 'mmseg'
+    if scope != 'mmseg':
+        raise ConfigError(f'{tool} works on segmentation (mmseg) configs; this one has '
+                          f'default_scope={scope!r}')
+    return cfg
+
+
+_MISSING = object()
+
+
+def _lookup(node: Any, parts: Sequence[str]):
+    """``(value at parts, deepest existing node, index of the first missing part)``."""
+    for i, part in enumerate(parts):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, (list, tuple)) and part.lstrip('-').isdigit() \
+                and -len(node) <= int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING, node, i
+    return node, None, len(parts)
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return 'True or False'
+    if isinstance(value, (int, float)):
+        return 'a number'
+    if isinstance(value, (list, tuple)):
+        return 'a list such as [1,2]' if not value else f'a list such as {list(value)}'
+    return type(value).__name__
+
+
+def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
+    """Check ``--cfg-options`` against the config they override.
+
+    * a value whose type cannot replace the config's (a word for a number or a bool, a
+      word for a list, a plain value for a whole section) is an error naming the option
+      and what the config has there (``None`` is always allowed: it switches things off);
+    * a key the config does not have but that is close to one it has (``max_iter`` for
+      ``max_iters``) is an error naming the close keys; other new keys are added (new
+      keys are legitimate), with a warning when their section is new too.
+
+    Raises:
+        lookhere_dense.errors.ConfigError: naming the option and the expected value.
+    """
+    from ..errors import ConfigError
+
+    for key, value in options.items():
+        parts = key.split('.')
+        old, parent, depth = _lookup(cfg._cfg_dict if hasattr(cfg, '_cfg_dict') else cfg, parts)
+        if old is _MISSING:
+            where = '.'.join(parts[:depth]) or 'the top level'
+            names = list(parent) if isinstance(parent, dict) else []
+            close = difflib.get_close_matches(parts[depth], names, n=3, cutoff=0.75)
+            if close:
+                raise ConfigError(f'--cfg-options {key}: the config has no {parts[depth]!r} '
+                                  f'in {where}; did you mean {" or ".join(close)}?')
+            if depth < len(parts) - 1:
+                warn(f'--cfg-options {key}: the config has no {parts[depth]!r} in {where}; '
+                     'it is added as a new section')
+            continue
+        if value is None or old is None:
+            continue
+        bad = None
+        if isinstance(old, bool):
+            bad = not isinstance(value, bool)
+        elif isinstance(old, (int, float)):
+            bad = isinstance(value, (str, list, tuple, dict))
+        elif isinstance(old, (list, tuple)):
+            bad = isinstance(value, str)
+        elif isinstance(old, dict):
+            bad = not isinstance(value, dict)
+        if bad:
+            shown = f'the section {key} (set one of its keys, e.g. {key}.{next(iter(old))}=...)' \
+                if isinstance(old, dict) and old else _kind(old)
+            raise ConfigError(f'--cfg-options {key}={value!r}: expected {shown}; the config '
+                              f'has {key}={old!r}')
+
+
+def parse_cfg_options(pairs: Sequence[str]) -> dict:
+    """``['a.b=1', 'c=[2,3]']`` -> ``{'a.b': 1, 'c': [2, 3]}``: ``KEY=VALUE`` overrides read
+    exactly as a tool's ``--cfg-options`` reads them (mmengine's ``DictAction``; a later
+    key wins)."""
+    from mmengine.config import DictAction
+
+    namespace = argparse.Namespace()
+    DictAction(option_strings=['--cfg-options'], dest='cfg_options')(
+        None, namespace, list(pairs))
+    return getattr(namespace, 'cfg_options', None) or {}
+
+
+def set_work_dir(cfg, work_dir: Optional[str], config_path: str) -> None:
+    """``--work-dir`` > the config's ``work_dir`` > ``work_dirs/<config name>``.
+
+    Raises:
+        lookhere_dense.errors.ConfigError: the work dir exists and is not a folder.
+    """
+    if work_dir is not None:
+        cfg.work_dir = work_dir
+    elif cfg.get('work_dir') is None:
+        name = osp.splitext(osp.basename(config_path.split('::')[-1]))[0]
+        cfg.work_dir = osp.join('./work_dirs', name)
+    if osp.exists(cfg.work_dir) and not osp.isdir(cfg.work_dir):
+        from ..errors import ConfigError
+        raise ConfigError(f'the work dir {cfg.work_dir!r} is a file, not a folder: choose '
+                          'another --work-dir')
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected a whole number, got {text!r}') from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f'must be >= 1, got {value}')
+    return value
+
+
+def add_threads_arg(parser, default: Optional[int] = None) -> None:
+    """Add ``--threads`` (PyTorch intra-op CPU threads) to a tool's parser."""
+    parser.add_argument(
+        '--threads', type=positive_int, default=default, metavar='N',
+        help='CPU threads for PyTorch ops (torch.set_num_threads); default: '
+        + ("PyTorch's choice" if default is None else str(default))
+        + '. On a busy machine 1 thread can be several times faster for small models')
+
+
+def apply_threads(threads: Optional[int]) -> None:
+    """``torch.set_num_threads(threads)`` unless None."""
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f'--threads must be >= 1, got {threads}')
+        import torch
+        torch.set_num_threads(threads)
+
+
+def _log(msg: str, level: int = logging.INFO) -> None:
+    """Log through mmengine's current logger; in a multi-process run only rank 0 logs
+    (errors are raised on every rank anyway)."""
+    if os.environ.get('RANK', '0') != '0':
+        return
+    from mmengine.logging import print_log
+    print_log(msg, logger='current', level=level)
+
+
+def preflight(cfg, splits: Sequence[str], require_pretrained: bool = False,
+              check_pretrained: bool = True, check_data: bool = True,
+              allow_random_init: bool = False,
+              notes: Optional[List[str]] = None) -> List[str]:
+    """The checks run before the Runner is built.
+
+    * the model part (:func:`lookhere_dense.swap.check_model_cfg`);
+    * a ``model.pretrained`` inherited from a stock config that conflicts with the
+      LookHereViT backbone's own weights is cleared, with a message
+      (:func:`lookhere_dense.swap.clear_inherited_pretrained`);
+    * pretrained files named by the config that do not exist: an error, unless
+      ``allow_random_init`` (then dropped with a warning: training starts from random
+      weights) — only when ``check_pretrained``;
+    * the data of ``splits``: folders for any config; for mmseg configs also label
+      values and the training crop size (:mod:`lookhere_dense.data.checks`).
+
+    Args:
+        require_pretrained: kept for compatibility: a missing file is an error unless
+            ``allow_random_init``. Default: False.
+        notes: the warnings printed are also appended here (to repeat them in the run's
+            log). Default: None.
+
+    Returns:
+        The dropped pretrained paths.
+
+    Raises:
+        lookhere_dense.errors.ConfigError, lookhere_dense.errors.DataCheckError.
+    """
+    from ..data.checks import check_dataset_layout, check_seg_data
+    from ..swap import (check_model_cfg, check_pretrained_files,
+                        clear_inherited_pretrained)
+
+    def warn(msg: str) -> None:
+        _log(msg, logging.WARNING)
+        if notes is not None:
+            notes.append(msg)
+
+    check_model_cfg(cfg)
+    clear_inherited_pretrained(cfg, warn)
+    dropped: List[str] = []
+    if check_pretrained:
+        dropped = check_pretrained_files(
+            cfg, allow_random_init=allow_random_init and not require_pretrained, warn=warn)
+    if check_data:
+        if (cfg.get('default_scope') or 'mmseg') == 'mmseg':
+            sizes = check_seg_data(cfg, splits)
+            for where, n in sizes.items():
+                _log(f'data check passed: {where} has {n} images with annotations')
+        else:
+            check_dataset_layout(cfg, splits)
+    return dropped
+
+
+def run_main(main: Callable[[Optional[List[str]]], object],
+             argv: Optional[List[str]] = None) -> None:
+    """Run a tool's ``main``; a configuration or data mistake prints ``error: <message>``
+    to stderr and exits with status 2 instead of a traceback (Ctrl-C: a one-line note and
+    status 130)."""
+    try:
+        main(argv)
+    except KeyboardInterrupt:
+        print('interrupted (Ctrl-C). A training run continues from its last checkpoint '
+              'with --resume.', file=sys.stderr)
+        sys.exit(130)
+    except Exception as err:  # noqa: B902 - re-raised unless it is a user error
+        if not isinstance(err, USER_ERRORS):
+            raise
+        msg = str(err)
+        if 'Original Traceback' in msg:  # raised in a dataloader worker: keep the message
+            msg = re.sub(r'^[\w.]+Error: ', '', msg.strip().splitlines()[-1])
+        print(f'error: {msg}', file=sys.stderr)
+        sys.exit(2)
+
+
+def build_model_from_checkpoint(cfg, checkpoint: str, device: str = 'cpu',
+                                checkpoint_num_heads: Optional[int] = None):
+    """Build ``cfg.model`` in its scope, load ``checkpoint`` into it strictly
+    (:func:`lookhere_dense.lookhere.loading.load_model_weights`: every key and shape must fit,
+    and the LookHere backbone's head count; pretrained-weight settings of the config are
+    ignored: the checkpoint has the weights), move it to ``device`` in eval mode.
+
+    Args:
+        checkpoint_num_heads: the head count of the checkpoint's LookHere backbone, for
+            files that do not record it. Default: None.
+
+    Returns:
+        ``(model, dataset_meta)``; ``dataset_meta`` comes from the checkpoint's ``meta``
+        (written by the Runner) or None.
+
+    Raises:
+        FileNotFoundError: the checkpoint is missing;
+        lookhere_dense.errors.CheckpointError: it cannot be read
+            (``UnreadableCheckpointError``) or does not fit the model (naming the missing,
+            unexpected and wrongly shaped keys, or the head counts).
+    """
+    from mmengine.registry import init_default_scope
+
+    from ..checkpoint import load_checkpoint_file
+    from ..lookhere.loading import load_model_weights
+    from ..swap import model_registry
+
+    ckpt = load_checkpoint_file(checkpoint)  # before the (slow) build: a bad file fails fast
+    scope = cfg.get('default_scope') or 'mmseg'
+    init_default_scope(scope)
+    model_cfg = copy.deepcopy(cfg.model)
+    model_cfg.pop('pretrained', None)
+    backbone = model_cfg.get('backbone')
+    if isinstance(backbone, dict):
+        backbone.pop('init_cfg', None)
+        backbone.pop('pretrained', None)
+    model = model_registry(scope).build(model_cfg)
+    load_model_weights(model, ckpt, source=checkpoint,
+                       checkpoint_num_heads=checkpoint_num_heads)
+    model.to(device).eval()
+    meta = (ckpt.get('meta') or {}).get('dataset_meta')
+    return model, meta

@@ -1,0 +1,77 @@
+"""What the data checks say about label maps: the values a map holds, the ones the model
+cannot take, and the messages (numpy alone; used by :mod:`.transforms` and :mod:`.checks`).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import UnreadableFileError
+
+__all__ = ['label_values', 'bad_label_values', 'label_message', 'size_message', 'channels_message',
+           'all_ignored_message', 'unreadable_file']
+
+
+def label_values(seg: np.ndarray) -> np.ndarray:
+    """The distinct values of a label map, sorted."""
+    seg = np.asarray(seg)
+    if seg.dtype == np.uint8:
+        return np.flatnonzero(np.bincount(seg.ravel(), minlength=256))
+    return np.unique(seg)
+
+
+def bad_label_values(seg: np.ndarray, num_classes: int, ignore_index: int = 255) -> List[int]:
+    """Values of ``seg`` that are neither a class id (``0..num_classes-1``) nor
+    ``ignore_index``."""
+    values = label_values(seg)
+    return [int(v) for v in values if not (0 <= v < num_classes or v == ignore_index)]
+
+
+def label_message(path: str, bad: Sequence[int], num_classes: int, ignore_index: int,
+                   reduce_zero_label: Optional[bool]) -> str:
+    shown = list(bad[:10]) + (['...'] if len(bad) > 10 else [])
+    msg = (f'annotation {path!r} has label values {shown} outside the classes 0..'
+           f'{num_classes - 1} (ignore index {ignore_index})')
+    if reduce_zero_label:
+        msg += (' after reduce_zero_label (file value k becomes class k-1, 0 becomes '
+                f'ignored): the file holds values up to {max(bad) + 1}, the model has '
+                f'{num_classes} classes')
+    msg += ('. Fix the annotation, or make the class count match the data: set '
+            'model.decode_head.num_classes (and the dataset metainfo classes)')
+    if reduce_zero_label is False and num_classes in bad:
+        msg += ', or reduce_zero_label=True if 0 means "other" in these files'
+    return msg + '.'
+
+
+def size_message(where: str, img_path: str, img_hw: Tuple[int, int], seg_path: str,
+                  seg_hw: Tuple[int, int], more: int = 0) -> str:
+    extra = f' ({more} more pairs differ)' if more else ''
+    return (f'{where}: image {img_path!r} is {img_hw[0]}x{img_hw[1]} px (H x W) but its '
+            f'annotation {seg_path!r} is {seg_hw[0]}x{seg_hw[1]} px{extra}: resizing and '
+            'cropping would pair pixels with the wrong labels. Every annotation must have '
+            'the size of its image: regenerate the annotations, or check that the image and '
+            'annotation folders (data_prefix) belong together.')
+
+
+def channels_message(where: str, path: str, shape: Tuple[int, ...]) -> str:
+    return (f'{where}: annotation {path!r} has shape {tuple(shape)}, not (H, W): a colour '
+            'image, not a map of class indices. mmseg needs single-channel PNGs of class ids '
+            '(Cityscapes: *_gtFine_labelTrainIds.png, not *_color.png); check '
+            'data_prefix.seg_map_path and seg_map_suffix')
+
+
+def all_ignored_message(paths: Sequence[str], ignore_index: int, total: int = 0) -> str:
+    shown = ', '.join(repr(p) for p in paths[:5]) + (' ...' if len(paths) > 5 else '')
+    of = f' of {total} checked' if total else ''
+    return (f'{len(paths)}{of} annotation(s) hold only the ignore index {ignore_index} '
+            f'({shown}): they contribute nothing to the loss, and mmseg\'s acc_seg reports '
+            '100 for batches of them. Check reduce_zero_label (it turns 0 into the ignore '
+            'index) and the label conversion.')
+
+
+def unreadable_file(where: str, kind: str, path: str, err: BaseException) -> 'UnreadableFileError':
+    reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+    return UnreadableFileError(f'{where}: cannot read {kind} file {path!r} ({type(err).__name__}: '
+                               f'{reason}); it is corrupt, truncated or not an image: '
+                               'replace or remove it (and its image / annotation)')

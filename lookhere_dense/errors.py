@@ -1,0 +1,112 @@
+"""Every error and warning class of lookhere-dense, in one module (no imports).
+
+Each class marks a mistake the user can act on; its message names the key, value or file
+at fault and what to change. The tools print these as one ``error:`` line instead of a
+traceback (:data:`USER_ERRORS`, used by :func:`lookhere_dense.apis.cli.run_main`).
+
+==========================  ============================================================
+class                       raised when
+==========================  ============================================================
+:class:`ConfigError`        a config (or argument) cannot work as written
+:class:`PosEncodingError`   a ``pos_encoding`` / ``preset`` / ``lh_config`` that cannot
+                            work (``key`` names the backbone argument at fault)
+:class:`CheckpointError`    a checkpoint that cannot be read or does not fit the model
+:class:`DataCheckError`     the data named by a config is missing or unusable (and its
+                            subclasses: layout, label range, crop size, label size,
+                            unreadable file)
+:class:`TrainingDivergedError`  a loss became NaN or infinite
+:class:`ToolError`          anything else a tool user can fix (a file that cannot be
+                            written, a launcher without its environment)
+==========================  ============================================================
+"""
+from __future__ import annotations
+
+__all__ = [
+    'ConfigError', 'PosEncodingError', 'CheckpointError', 'UnreadableCheckpointError',
+    'DataCheckError', 'DatasetLayoutError', 'LabelRangeError', 'CropSizeError',
+    'LabelSizeError', 'UnreadableFileError', 'NonFiniteInputError', 'DataCheckWarning',
+    'TrainingDivergedError', 'ToolError', 'USER_ERRORS',
+]
+
+
+class ConfigError(ValueError):
+    """A config that cannot work as written; the message says which key to set."""
+
+
+class PosEncodingError(ValueError):
+    """A ``pos_encoding`` / ``preset`` / ``lh_config`` that cannot work.
+
+    Attributes:
+        key: the backbone argument at fault: ``'pos_encoding'``, ``'preset'`` or
+            ``'lh_config'`` (config checks prefix it, e.g. ``model.backbone.preset``).
+    """
+
+    def __init__(self, message: str, key: str = 'pos_encoding'):
+        super().__init__(message)
+        self.key = key
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read, or whose weights do not fit the model; the
+    message names the file and what to change."""
+
+
+class UnreadableCheckpointError(CheckpointError):
+    """A checkpoint file that cannot be read: ``checkpoint PATH cannot be read: PROBLEM``.
+
+    Attributes:
+        path: the file.
+        problem: why, in a few words.
+    """
+
+    def __init__(self, path: str, problem: str, advice: str = ''):
+        self.path, self.problem = path, problem
+        super().__init__(f'checkpoint {path!r} cannot be read: {problem}'
+                         + (f'; {advice}' if advice else ''))
+
+
+class DataCheckError(ValueError):
+    """Base class of the data checks' errors (the message says what to fix)."""
+
+
+class DatasetLayoutError(DataCheckError, FileNotFoundError):
+    """A dataset folder or file named by the config is missing or holds no data."""
+
+
+class LabelRangeError(DataCheckError):
+    """An annotation holds label values the model cannot take."""
+
+
+class CropSizeError(DataCheckError):
+    """The training crop is larger than the (resized) images."""
+
+
+class LabelSizeError(DataCheckError):
+    """An annotation has another size than its image."""
+
+
+class UnreadableFileError(DataCheckError):
+    """An image or annotation file cannot be read (corrupt, truncated, not an image)."""
+
+
+class NonFiniteInputError(DataCheckError):
+    """An input image holds NaN or infinite values (which would give a NaN prediction)."""
+
+
+class DataCheckWarning(UserWarning):
+    """Data that trains, but probably not as meant (e.g. annotations with only the ignore
+    index)."""
+
+
+class TrainingDivergedError(RuntimeError):
+    """A loss became NaN or infinite (raised by the ``FiniteLossHook``)."""
+
+
+class ToolError(RuntimeError):
+    """A failure the user can act on that is not a config or data mistake (a file that
+    cannot be read or written, a launcher without its environment)."""
+
+
+#: The errors the tools report as one ``error:`` line (exit status 2), never a traceback.
+USER_ERRORS = (FileNotFoundError, ConfigError, PosEncodingError, CheckpointError,
+               DataCheckError, TrainingDivergedError, ToolError)

@@ -1,0 +1,834 @@
+"""The LookHere plain ViT in torch alone: patch embedding, global and window blocks, the trunk,
+and :func:`create_model`.
+
+The architecture of the official LookHere model (DeiT-III: pre-norm blocks with LayerScale,
+CLS token, final norm, patch-embedding conv with bias, no absolute position embedding), so
+official, timm and DeiT-III weights load by name (:mod:`.weights`), with optional
+ViTDet-style window attention per block and, for controlled comparisons, other position
+encodings in the identical trunk (:mod:`.pos_encoding`). The argument names are mmseg
+``VisionTransformer``'s where the meaning is the same; the OpenMMLab backbone
+(``LookHereViT`` in mmseg's and mmdet's registries) is a thin wrapper of
+:class:`LookHereVisionTransformer` with the same ``state_dict`` keys and outputs.
+
+Plain PyTorch::
+
+    from lookhere_dense.lookhere import create_model
+
+    model = create_model(pretrained='LH_180_weights_and_config.pth', out_indices=(3, 5, 7, 11))
+    tokens = model.forward_features(images)   # (B, 1 + N, 768), the official model's output
+    maps = model(images)                      # NCHW maps of blocks 3, 5, 7, 11
+"""
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from ..checkpoint import encode_extra_state
+from ..validation import check_int, check_number, check_rate, is_int, is_number
+from . import weights as _weights
+from .config import LookHereConfig
+from .engine import LookHereAttentionEngine
+from .pos_encoding import (PositionEncoding, build_position_encoding,
+                           isolated_rng)
+from .pos_encoding.spec import parse_pos_encoding
+
+__all__ = ['LookHereVisionTransformer', 'create_model', 'LookHerePatchEmbed', 'LookHereBlock',
+           'LookHereSelfAttention', 'LayerScale', 'Mlp', 'DropPath', 'window_blocks',
+           'image_size_pair', 'trunc_normal_']
+
+logger = logging.getLogger(__name__)
+#: the keys of the warnings given once per process
+_warned: set = set()
+
+#: ``norm_layer(dim) -> module`` and ``act_layer() -> module``
+NormLayer = Callable[[int], nn.Module]
+ActLayer = Callable[[], nn.Module]
+
+
+def _warn_once(key: str, msg: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(msg, stacklevel=3)
+
+
+def _autocast_on(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type`` (then it casts the inputs itself)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # pragma: no cover - torch < 2.4: CUDA autocast only
+        return torch.is_autocast_enabled()
+
+
+@torch.no_grad()
+def trunc_normal_(tensor: Tensor, std: float = 1.0, mean: float = 0.0, a: float = -2.0,
+                  b: float = 2.0) -> Tensor:
+    """Fill ``tensor`` from a normal distribution truncated to ``[a, b]`` by the inverse CDF
+    of a uniform draw (the method of DeiT / timm's and mmengine's ``trunc_normal_``; one
+    uniform draw per element, so a seed gives the same weights as those)."""
+    def cdf(x: float) -> float:
+        return (1.0 + math.erf(x / math.sqrt(2.0))) / 2.0
+
+    lower, upper = cdf((a - mean) / std), cdf((b - mean) / std)
+    tensor.uniform_(2 * lower - 1, 2 * upper - 1).erfinv_()
+    return tensor.mul_(std * math.sqrt(2.0)).add_(mean).clamp_(min=a, max=b)
+
+
+class DropPath(nn.Module):
+    """Stochastic depth per sample: in training, zero a sample's residual branch with
+    probability ``drop_prob`` and scale the kept ones by ``1 / (1 - drop_prob)``.
+
+    Args:
+        drop_prob: the probability. Default: 0.
+    """
+
+    def __init__(self, drop_prob: float = 0.0):
+        super().__init__()
+        self.drop_prob = drop_prob
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.drop_prob == 0.0 or not self.training:
+            return x
+        keep = 1 - self.drop_prob
+        shape = (x.shape[0],) + (1,) * (x.dim() - 1)
+        mask = (keep + torch.rand(shape, dtype=x.dtype, device=x.device)).floor()
+        return x.div(keep) * mask
+
+    def extra_repr(self) -> str:
+        return f'drop_prob={self.drop_prob}'
+
+
+class LookHerePatchEmbed(nn.Module):
+    """Non-overlapping patch embedding (a strided conv), padding inputs to a patch multiple.
+
+    Args:
+        patch_size: patch side. Default: 16.
+        in_channels: input channels. Default: 3.
+        embed_dims: output channels. Default: 768.
+        bias: conv bias (the official model has one). Default: True.
+        padding: ``'corner'`` pads bottom/right, ``'same'`` pads evenly, like mmseg's
+            ``AdaptivePadding``. Default: ``'corner'``.
+        norm_layer: optional norm after the projection, ``norm_layer(embed_dims)``.
+            Default: None.
+    """
+
+    def __init__(self, patch_size: int = 16, in_channels: int = 3, embed_dims: int = 768,
+                 bias: bool = True, padding: str = 'corner',
+                 norm_layer: Optional[NormLayer] = None):
+        super().__init__()
+        if padding not in ('corner', 'same'):
+            raise ValueError(f"patch_pad must be 'corner' or 'same', got {padding!r}")
+        self.patch_size = patch_size
+        self.padding = padding
+        self.proj = nn.Conv2d(in_channels, embed_dims, patch_size, patch_size, bias=bias)
+        self.norm = norm_layer(embed_dims) if norm_layer is not None else None
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
+        """``(B, C, H, W)`` -> tokens ``(B, h*w, D)`` and the grid ``(h, w)``.
+
+        Any memory format (``torch.channels_last`` too) gives the same result; a batch of
+        0 images gives empty outputs.
+
+        Raises:
+            TypeError: not a tensor.
+            ValueError: not 4-D, not a float dtype, the channel axis last
+                ``(B, H, W, C)``, another channel count, or smaller than one patch.
+        """
+        if not isinstance(x, Tensor):
+            raise TypeError(f'LookHereViT expects a tensor of images (B, C, H, W), got '
+                            f'{type(x).__name__}')
+        if x.dim() != 4:
+            raise ValueError(f'LookHereViT expects images of shape (B, C, H, W), got {tuple(x.shape)}')
+        if not x.is_floating_point():
+            raise ValueError(f'LookHereViT expects float images (B, C, H, W), got dtype '
+                             f'{x.dtype}: convert and normalise them first (in mmseg / mmdet '
+                             "the model's data_preprocessor does), e.g. x.float()")
+        c = self.proj.in_channels
+        if x.shape[1] != c:
+            if x.shape[-1] == c:
+                raise ValueError(f'LookHereViT expects images of shape (B, C, H, W); got '
+                                 f'{tuple(x.shape)}, which looks like (B, H, W, C) with the '
+                                 f'channel axis last: use x.permute(0, 3, 1, 2)')
+            raise ValueError(f'LookHereViT was built for {c} input channels, got {x.shape[1]}')
+        h, w = x.shape[-2:]
+        p = self.patch_size
+        if h < p or w < p:
+            raise ValueError(f'image of {h}x{w} px is smaller than one {p}x{p} patch')
+        weight = self.proj.weight
+        if x.dtype != weight.dtype and not _autocast_on(x.device.type):
+            raise ValueError(f'LookHereViT weights are {weight.dtype} but the images are '
+                             f'{x.dtype}: cast one to the other (e.g. x.to({weight.dtype}) '
+                             'or model.to(x.dtype)), or run under torch.autocast')
+        pad_h, pad_w = (-h) % p, (-w) % p
+        if pad_h or pad_w:
+            if self.padding == 'corner':
+                x = F.pad(x, (0, pad_w, 0, pad_h))
+            else:
+                x = F.pad(x, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2))
+        x = self.proj(x)
+        grid = (x.shape[2], x.shape[3])
+        x = x.flatten(2).transpose(1, 2)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, grid
+
+
+class LayerScale(nn.Module):
+    """Per-channel learnable scale (DeiT-III / CaiT); parameter ``gamma``."""
+
+    def __init__(self, dim: int, init_values: float = 1e-4):
+        super().__init__()
+        self.gamma = nn.Parameter(init_values * torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+
+class Mlp(nn.Module):
+    """Two-layer MLP with timm's parameter names (``fc1``, ``fc2``).
+
+    Args:
+        dim: input and output channels.
+        hidden: hidden channels.
+        act_layer: ``act_layer()`` builds the activation. Default: ``nn.GELU``.
+        drop: dropout after the activation and the output. Default: 0.
+    """
+
+    def __init__(self, dim: int, hidden: int, act_layer: ActLayer = nn.GELU, drop: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = act_layer()
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+class LookHereSelfAttention(nn.Module):
+    """Multi-head self-attention that takes its position information from the trunk's
+    :class:`~lookhere_dense.lookhere.pos_encoding.PositionEncoding`, handed in every forward
+    (called as ``pos_enc(q, k, v, layer, grid, cls_token, dropout_p)`` and
+    ``pos_enc.window_attention(...)``, plus ``tokens=`` the input for encodings with
+    ``uses_tokens``; a bare LookHere engine has the same calls).
+
+    Args:
+        dim: token channels.
+        num_heads: heads.
+        qkv_bias: bias of the qkv projection. Default: True.
+        attn_drop: attention dropout. Default: 0.
+        proj_drop: dropout after the output projection. Default: 0.
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.attn_drop = attn_drop
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor, pos_enc: Union[PositionEncoding, LookHereAttentionEngine],
+                layer: int, grid: Tuple[int, int], cls_token: bool,
+                window_size: int = 0, q_scale: float = 1.0) -> Tensor:
+        """``(B, T, C)`` -> ``(B, T, C)``; ``window_size > 0`` selects window attention.
+
+        ``q_scale`` multiplies the queries before the position encoding is asked, i.e. the
+        content logits ``q . k / sqrt(d)`` of every encoding (RoPE rotates linearly, so
+        its logits scale alike); an additive LookHere / 2D-ALiBi bias is not scaled. The
+        trunk's ``log_n_scaling`` sets it (see
+        :meth:`LookHereVisionTransformer.attention_scale`).
+        """
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.num_heads, self.head_dim).permute(
+            2, 0, 3, 1, 4).unbind(0)
+        if q_scale != 1.0:
+            q = q * q_scale
+        p = self.attn_drop if self.training else 0.0
+        extra = {'tokens': x} if getattr(pos_enc, 'uses_tokens', False) else {}  # PaPE
+        if window_size:
+            x = pos_enc.window_attention(q, k, v, layer, grid, window_size, cls_token, p,
+                                         **extra)
+        else:
+            x = pos_enc(q, k, v, layer, grid, cls_token, p, **extra)
+        x = x.transpose(1, 2).reshape(b, t, c)
+        return self.proj_drop(self.proj(x))
+
+
+class LookHereBlock(nn.Module):
+    """Pre-norm transformer block with LayerScale (DeiT-III), official parameter names.
+
+    Args:
+        dim, num_heads, mlp_ratio, qkv_bias: the usual.
+        drop: dropout after the attention projection and in the MLP. Default: 0.
+        attn_drop: attention dropout. Default: 0.
+        drop_path: stochastic depth. Default: 0.
+        init_values: LayerScale init; None disables LayerScale. Default: 1e-4.
+        norm_layer: ``norm_layer(dim)``. Default: ``nn.LayerNorm`` (eps 1e-5).
+        act_layer: ``act_layer()``. Default: ``nn.GELU``.
+        window_size: 0 for global attention, else ViTDet window size (in patches).
+            Default: 0.
+    """
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True,
+                 drop: float = 0.0, attn_drop: float = 0.0, drop_path: float = 0.0,
+                 init_values: Optional[float] = 1e-4, norm_layer: NormLayer = nn.LayerNorm,
+                 act_layer: ActLayer = nn.GELU, window_size: int = 0):
+        super().__init__()
+        self.window_size = window_size
+        self.norm1 = norm_layer(dim)
+        self.attn = LookHereSelfAttention(dim, num_heads, qkv_bias, attn_drop, drop)
+        self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer, drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: Tensor, pos_enc: Union[PositionEncoding, LookHereAttentionEngine],
+                layer: int, grid: Tuple[int, int], cls_token: bool,
+                q_scale: float = 1.0) -> Tensor:
+        """``(B, T, C)`` -> ``(B, T, C)``; ``pos_enc`` and ``q_scale`` as in
+        :class:`LookHereSelfAttention`."""
+        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), pos_enc, layer, grid,
+                                                  cls_token, self.window_size, q_scale)))
+        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
+
+
+def image_size_pair(img_size: Any) -> Tuple[int, int]:
+    """``img_size`` as ``(H, W)``: an int, or a sequence of one or two positive ints (like
+    mmseg's ``VisionTransformer``).
+
+    Raises:
+        ValueError: naming the value.
+    """
+    given = img_size
+    if is_int(img_size):
+        img_size = (img_size, img_size)
+    elif isinstance(img_size, (list, tuple)) and len(img_size) == 1:
+        img_size = (img_size[0], img_size[0])
+    if (not isinstance(img_size, (list, tuple)) or len(img_size) != 2
+            or not all(is_int(s) and s >= 1 for s in img_size)):
+        raise ValueError('LookHereViT: img_size must be a positive int or (H, W) with two '
+                         f'positive ints, got {given!r}')
+    return int(img_size[0]), int(img_size[1])
+
+
+def _check_arguments(args: Mapping[str, Any]) -> None:
+    """Validate the numeric arguments of :class:`LookHereVisionTransformer`, naming key
+    and value."""
+    for name in ('patch_size', 'in_channels', 'embed_dims', 'num_layers', 'num_heads'):
+        check_int(f'LookHereViT: {name}', args[name])
+    for name in ('drop_rate', 'attn_drop_rate', 'drop_path_rate'):
+        check_rate(f'LookHereViT: {name}', args[name])
+    check_number('LookHereViT: mlp_ratio', args['mlp_ratio'], 0, strict=True)
+    if int(args['embed_dims'] * args['mlp_ratio']) < 1:
+        raise ValueError(f"LookHereViT: mlp_ratio={args['mlp_ratio']!r} gives an MLP of "
+                         f"{int(args['embed_dims'] * args['mlp_ratio'])} channels")
+    if args['init_values'] is not None:
+        check_number('LookHereViT: init_values', args['init_values'])
+    check_int('LookHereViT: window_size', args['window_size'], minimum=0,
+              description='>= 0 (an int)')
+    if args['attn_block_size'] is not None:
+        check_int('LookHereViT: attn_block_size', args['attn_block_size'], minimum=0,
+                  description='>= 0 (an int)')
+    mb = args['max_dense_bias_mb']
+    if not is_number(mb) or not mb >= 0:  # inf: no limit
+        raise ValueError(f'LookHereViT: max_dense_bias_mb must be a number >= 0, got {mb!r}')
+    for name in ('window_block_indexes', 'global_attn_indexes'):
+        if args[name] is not None:
+            if not isinstance(args[name], (list, tuple)) or not all(
+                    is_int(i) for i in args[name]):
+                raise ValueError(f'LookHereViT: {name} must be a list of block indexes '
+                                 f'(ints), got {args[name]!r}')
+    out_indices = args['out_indices']
+    if isinstance(out_indices, (list, tuple)):
+        if not out_indices or not all(is_int(i) for i in out_indices):
+            raise ValueError('LookHereViT: out_indices must be an int or a non-empty list of '
+                             f'ints, got {out_indices!r}')
+    elif not is_int(out_indices):
+        raise TypeError('out_indices must be an int, list or tuple')
+
+
+def window_blocks(num_layers: int, window_size: int,
+                  window_block_indexes: Optional[Sequence[int]],
+                  global_attn_indexes: Optional[Sequence[int]]) -> List[int]:
+    """Indexes of windowed blocks from either naming (detectron2/mmdet or SAM); with
+    ``window_size`` and neither list, the last block of each quarter is global (ViTDet)."""
+    if not window_size:
+        if window_block_indexes or global_attn_indexes:
+            raise ValueError('window_block_indexes / global_attn_indexes need window_size > 0')
+        return []
+    if window_size < 1:
+        raise ValueError(f'window_size must be >= 0, got {window_size}')
+    if window_block_indexes is not None and global_attn_indexes is not None:
+        windowed = sorted(set(window_block_indexes))
+        if set(windowed) & set(global_attn_indexes) or \
+                set(windowed) | set(global_attn_indexes) != set(range(num_layers)):
+            raise ValueError('window_block_indexes and global_attn_indexes must partition '
+                             f'range({num_layers}); got {list(window_block_indexes)} and '
+                             f'{list(global_attn_indexes)}')
+    elif window_block_indexes is not None:
+        windowed = sorted(set(window_block_indexes))
+    else:
+        if global_attn_indexes is None:  # ViTDet: the last block of each quarter is global
+            global_attn_indexes = sorted({max((q + 1) * num_layers // 4 - 1, 0)
+                                          for q in range(4)})
+            if len(global_attn_indexes) == num_layers:
+                raise ValueError(f'window_size={window_size} with {num_layers} layers: the '
+                                 'default (the last block of each quarter is global) leaves no '
+                                 'windowed block; give window_block_indexes or '
+                                 'global_attn_indexes')
+        windowed = [i for i in range(num_layers) if i not in set(global_attn_indexes)]
+    bad = [i for i in windowed if not 0 <= i < num_layers]
+    bad += [i for i in (global_attn_indexes or []) if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(f'block indexes {bad} out of range for num_layers={num_layers}')
+    return windowed
+
+
+class LookHereVisionTransformer(nn.Module):
+    """Plain ViT with LookHere directed-attention position encoding (torch alone).
+
+    Arguments shared with mmseg's ``VisionTransformer`` keep their meaning; defaults that
+    differ follow the official LookHere (DeiT-III) architecture so official weights fit:
+    ``patch_bias=True`` and ``final_norm=True``.
+
+    Args:
+        img_size (int | tuple): nominal training size; only recorded, except with
+            ``pos_encoding='abs'``, whose embedding has the grid ``img_size / patch_size``,
+            and ``log_n_scaling``. Default: 224.
+        patch_size (int): patch side. Default: 16.
+        patch_pad (str): ``'corner'`` or ``'same'`` padding of inputs that are not a patch
+            multiple. Default: ``'corner'``.
+        in_channels (int): input channels. Default: 3.
+        embed_dims (int): token channels. Default: 768.
+        num_layers (int): blocks. Default: 12.
+        num_heads (int): heads per block. Default: 12.
+        mlp_ratio (float): MLP hidden / embed dims. Default: 4.
+        out_origin (bool): also output the patch embeddings (before the blocks) first.
+            Default: False.
+        out_indices (int | Sequence[int]): blocks whose outputs :meth:`forward` returns
+            (-1: last). Default: -1.
+        qkv_bias (bool): Default: True.
+        drop_rate (float): dropout after patch embedding, attention projection and MLP.
+            Default: 0.
+        attn_drop_rate (float): attention dropout. Default: 0.
+        drop_path_rate (float): stochastic depth, linearly increasing over blocks.
+            Default: 0.
+        with_cls_token (bool): prepend a CLS token (bias 0 to and from it). Default: True.
+        output_cls_token (bool): outputs become ``[feature_map, cls]``; needs
+            ``with_cls_token``. Default: False.
+        norm_layer (callable): ``norm_layer(dim)`` builds every norm. Default:
+            ``nn.LayerNorm`` (eps 1e-5, as the official model).
+        act_layer (callable): ``act_layer()`` builds the MLP activation. Default:
+            ``nn.GELU``.
+        patch_norm (bool): norm after the patch projection. Default: False.
+        patch_bias (bool): bias of the patch projection. Default: True.
+        pre_norm (bool): norm before the first block. Default: False.
+        final_norm (bool): norm after the last block. Default: True.
+        interpolate_mode (str, optional): how ``pos_encoding='abs'`` resamples its
+            embedding to other grids (default ``'bicubic'``, as mmseg); ignored, with a
+            warning, by the other encodings.
+        norm_eval (bool): keep norm layers in eval mode while training. Default: False.
+        with_cp (bool): activation checkpointing per block. Default: False.
+        frozen_exclude (list[str]): parameters whose names contain one of these stay
+            trainable, all others are frozen; ``['all']`` freezes nothing.
+            Default: ``['all']``.
+        lh_config (dict | str, optional): LookHere config with the official keys
+            (``head_directions``, ``global_slope``, ``layer_slopes``, ``distance``,
+            ``fill_with``, plus ``bias_rounding`` and ``learnable_slopes``: the slopes
+            become parameters ``pos_enc.slopes.*`` initialised to the config's, see
+            :mod:`lookhere_dense.lookhere.slopes`); overrides ``preset`` entries.
+            Official and fixed-slope checkpoints load into a learnable model (their
+            config's slopes become the initial values); learned slopes load only into
+            a learnable model. Default: None.
+        preset (str, optional): ``'lh180'``, ``'lh90'`` or ``'lh45'``. With neither
+            ``preset`` nor ``lh_config``: ``lh180``, or the config stored in the
+            pretrained checkpoint. Default: None.
+        init_values (float, optional): LayerScale init; None: no LayerScale (e.g. for
+            timm ViT weights without it). Default: 1e-4.
+        attn_backend (str): ``'auto'``, ``'reference'``, ``'sdpa'``, ``'chunked'`` or
+            ``'flex'`` (see :mod:`lookhere_dense.lookhere.attention`). Default: ``'auto'``.
+        attn_block_size (int, optional): query rows per block of the chunked backend;
+            None: sized automatically (the bias block never exceeds the MLP activation).
+            Default: None.
+        max_dense_bias_mb (float): ``auto`` caches dense biases of a grid while all
+            layers' fit in this budget. Default: 1024.
+        window_size (int): ViTDet window size in patches; 0 disables windows. Default: 0.
+        window_block_indexes (Sequence[int], optional): windowed blocks (detectron2 /
+            mmdet naming). Default: None.
+        global_attn_indexes (Sequence[int], optional): global blocks (SAM naming); the
+            others are windowed. With ``window_size`` and neither list, the last block of
+            each quarter is global (ViTDet). Default: None.
+        pos_encoding (str | dict): the position encoding, by name or as
+            ``dict(type=NAME, **options)``: ``'lookhere'`` (uses ``preset`` /
+            ``lh_config``; ``'lookhere:lh45'`` is short for ``preset='lh45'``),
+            ``'abs'`` (learned ``pos_enc.pos_embed``; option ``init_std``),
+            ``'rope2d'`` / ``'rope2d_mixed'`` (option ``theta``), ``'rope_dinov3'``
+            (DINOv3's RoPE via timm; options ``theta``, ``normalize_coords``,
+            ``shift_coords``, ``jitter_coords``, ``rescale_coords``), ``'pape'`` (PaPE;
+            option ``parabolas``), ``'alibi2d'`` (optional
+            ``lh_config`` dict with ``'none'`` heads only, e.g. other slopes) or
+            ``'none'``. Everything else (blocks, parameters, their initialisation for a
+            given seed) is the same for all. Official LookHere checkpoints load only into
+            ``'lookhere'``; timm / DeiT-III ``pos_embed`` is kept (resampled) by ``'abs'``
+            and dropped by the others. See :mod:`lookhere_dense.lookhere.pos_encoding`.
+            Default: ``'lookhere'``.
+        log_n_scaling (bool): a test-time extrapolation aid: in eval mode, multiply every
+            block's queries by ``log(N) / log(N_train)``, ``N`` the keys a query attends
+            to (patches + CLS; for a windowed block the patches of one window) and
+            ``N_train`` the same count on the training grid ``img_size / patch_size``
+            (see :meth:`attention_scale`). Exactly 1 at the training grid; training (the
+            module in train mode) is never scaled. Applied in one place for every
+            ``pos_encoding`` (:class:`LookHereSelfAttention`): the content logits are
+            sharpened as the number of keys grows, an additive LookHere / 2D-ALiBi bias is
+            left as trained (its distance penalty already grows with the grid).
+            Default: False.
+
+    Attributes:
+        pos_enc (PositionEncoding): the one owner of the position encoding (for
+            ``'lookhere'`` / ``'alibi2d'``: of the LookHere engine, ``pos_enc.engine``),
+            handed to every block in each forward. ``pos_encoding``, ``lh_config`` and
+            ``lookhere`` are read from it.
+    """
+
+    def __init__(self,
+                 img_size: Union[int, Tuple[int, int]] = 224,
+                 patch_size: int = 16,
+                 patch_pad: str = 'corner',
+                 in_channels: int = 3,
+                 embed_dims: int = 768,
+                 num_layers: int = 12,
+                 num_heads: int = 12,
+                 mlp_ratio: float = 4,
+                 out_origin: bool = False,
+                 out_indices: Union[int, Sequence[int]] = -1,
+                 qkv_bias: bool = True,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.,
+                 with_cls_token: bool = True,
+                 output_cls_token: bool = False,
+                 norm_layer: NormLayer = nn.LayerNorm,
+                 act_layer: ActLayer = nn.GELU,
+                 patch_norm: bool = False,
+                 patch_bias: bool = True,
+                 pre_norm: bool = False,
+                 final_norm: bool = True,
+                 interpolate_mode: Optional[str] = None,
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
+                 frozen_exclude: Sequence[str] = ('all',),
+                 lh_config: Union[None, str, Mapping[str, Any], LookHereConfig] = None,
+                 preset: Optional[str] = None,
+                 init_values: Optional[float] = 1e-4,
+                 attn_backend: str = 'auto',
+                 attn_block_size: Optional[int] = None,
+                 max_dense_bias_mb: float = 1024,
+                 window_size: int = 0,
+                 window_block_indexes: Optional[Sequence[int]] = None,
+                 global_attn_indexes: Optional[Sequence[int]] = None,
+                 pos_encoding: Union[str, Mapping[str, Any]] = 'lookhere',
+                 log_n_scaling: bool = False):
+        super().__init__()
+        _check_arguments(locals())
+        img_size = image_size_pair(img_size)
+        if isinstance(frozen_exclude, str):  # one name, not its letters
+            frozen_exclude = [frozen_exclude]
+
+        spec = parse_pos_encoding(pos_encoding, lh_config, preset)
+        if interpolate_mode is not None and spec.name != 'abs':
+            _warn_once('interpolate_mode', 'LookHereViT ignores interpolate_mode: it has no '
+                       'absolute position embedding to resize')
+        if embed_dims % num_heads:
+            raise ValueError(f'embed_dims={embed_dims} is not divisible by num_heads={num_heads}')
+        if output_cls_token and not with_cls_token:
+            raise ValueError('output_cls_token=True needs with_cls_token=True')
+        self.img_size = img_size
+        self.patch_size = patch_size
+        self.embed_dims = embed_dims
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.with_cls_token = with_cls_token
+        self.output_cls_token = output_cls_token
+        self.out_origin = out_origin
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+        self.frozen_exclude = list(frozen_exclude)
+
+        if isinstance(out_indices, int):
+            out_indices = [num_layers - 1 if out_indices == -1 else out_indices]
+        self.out_indices = [num_layers + i if i < 0 else i for i in out_indices]
+        bad = [i for i in self.out_indices if not 0 <= i < num_layers]
+        if bad:
+            raise ValueError(f'out_indices {bad} out of range for num_layers={num_layers}')
+
+        #: an explicit LookHere config (or preset) vs one to be taken from a checkpoint
+        self.lh_explicit = spec.explicit
+        self.attn_backend = attn_backend
+        grid = tuple(math.ceil(s / patch_size) for s in self.img_size)
+        self.train_grid: Tuple[int, int] = grid
+        self.log_n_scaling = bool(log_n_scaling)
+        if self.log_n_scaling and grid[0] * grid[1] + int(with_cls_token) < 2:
+            raise ValueError(f'log_n_scaling needs at least 2 tokens on the training grid '
+                             f'(img_size {self.img_size} / patch_size {patch_size} gives '
+                             f'{grid[0]}x{grid[1]})')
+        with isolated_rng():  # the trunk draws the same init numbers whatever the encoding
+            self.pos_enc: PositionEncoding = build_position_encoding(
+                spec, embed_dims=embed_dims, num_heads=num_heads, depth=num_layers,
+                grid_size=grid, interpolate_mode=interpolate_mode or 'bicubic',
+                attn_backend=attn_backend, attn_block_size=attn_block_size,
+                max_dense_bias_mb=max_dense_bias_mb)
+
+        self.window_size = int(window_size)
+        self.window_block_indexes = window_blocks(num_layers, self.window_size,
+                                                  window_block_indexes, global_attn_indexes)
+
+        self.patch_embed = LookHerePatchEmbed(patch_size, in_channels, embed_dims, patch_bias,
+                                              patch_pad, norm_layer if patch_norm else None)
+        if with_cls_token:
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims))
+        self.drop_after_pos = nn.Dropout(drop_rate)
+        self.pre_ln = norm_layer(embed_dims) if pre_norm else None
+        dpr = torch.linspace(0, drop_path_rate, num_layers).tolist()
+        self.blocks = nn.ModuleList([
+            LookHereBlock(embed_dims, num_heads, mlp_ratio, qkv_bias, drop_rate,
+                          attn_drop_rate, dpr[i], init_values, norm_layer, act_layer,
+                          self.window_size if i in self.window_block_indexes else 0)
+            for i in range(num_layers)])
+        self.norm = norm_layer(embed_dims) if final_norm else None
+        self._freeze()
+
+    # -- messages (the OpenMMLab wrapper sends them to mmengine's logger) -------------------
+    def _log(self, msg: str) -> None:
+        """An info message (the ``lookhere_dense.lookhere.vit`` logger)."""
+        logger.info(msg)
+
+    # -- read from the one owner, pos_enc ------------------------------------------------
+    @property
+    def pos_encoding(self) -> str:
+        """The ``pos_encoding`` name (``pos_enc.name``), e.g. ``'lookhere'``."""
+        return self.pos_enc.name
+
+    @property
+    def lh_config(self) -> Optional[LookHereConfig]:
+        """The active LookHere config (``pos_enc.lh_config``); None for encodings without
+        a LookHere bias."""
+        return self.pos_enc.lh_config
+
+    @property
+    def lookhere(self) -> Optional[LookHereAttentionEngine]:
+        """The LookHere engine, read from its one owner ``pos_enc`` (None for encodings
+        without one). Read-only: replace ``model.pos_enc`` to change the encoding."""
+        return getattr(self.pos_enc, 'engine', None)
+
+    # -- weights ---------------------------------------------------------------------------
+    def init_weights(self) -> None:
+        """The official (DeiT-III) initialisation: truncated-normal (std 0.02) linear
+        weights and CLS token, zero biases, unit LayerNorms, the position encoding's own
+        parameters from their own RNG stream (:func:`~.pos_encoding.isolated_rng`)."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        if self.with_cls_token:
+            trunc_normal_(self.cls_token, std=.02)
+        with isolated_rng(next(self.parameters()).device):
+            self.pos_enc.reset_parameters()
+
+    def load_pretrained(self, path: Union[str, Mapping[str, Any]], strict: bool = True,
+                        checkpoint_num_heads: Optional[int] = None,
+                        source: Optional[str] = None) -> Dict[str, List[str]]:
+        """Load official LookHere / timm / DeiT-III / lookhere-dense weights from ``path``
+        (see :func:`lookhere_dense.lookhere.weights.load_backbone_weights`: the strict
+        checks, the head-count rules and the adoption of the file's LookHere config).
+
+        Args:
+            path: checkpoint file, or a checkpoint already loaded (then ``source`` names
+                it in messages).
+            strict: refuse files that lack parameters of the backbone or have parameters
+                it lacks. Default: True.
+            checkpoint_num_heads: the head count the file was trained with, for files
+                that do not record it. Default: None.
+            source: the file's name for messages when ``path`` is a loaded dict.
+                Default: None.
+
+        Returns:
+            ``{'missing': [...], 'unexpected': [...], 'dropped': [...]}``.
+
+        Raises:
+            FileNotFoundError, CheckpointError: naming the file and what does not fit.
+        """
+        return _weights.load_backbone_weights(self, path, strict, checkpoint_num_heads,
+                                              source=source)
+
+    def get_extra_state(self) -> Tensor:
+        """Saved in every ``state_dict`` (key ``_extra_state``): the position encoding, the
+        active LookHere config (e.g. the one adopted from an official checkpoint) and the
+        attention geometry (``num_heads``, ``num_layers``, ``embed_dims``). A trained model
+        therefore carries the bias it was trained with into testing, ``--resume`` and
+        inference, where no pretrained weights are loaded, and a model with another head
+        count refuses it.
+
+        A uint8 tensor of JSON text (:func:`~lookhere_dense.checkpoint.encode_extra_state`;
+        read it with :func:`~lookhere_dense.checkpoint.decode_extra_state` or
+        :meth:`record`), so that every ``state_dict`` entry is a tensor: mmengine's Runner
+        broadcasts them all in multi-process runs, and files load with
+        ``weights_only=True``."""
+        return encode_extra_state(self.record())
+
+    def record(self) -> Dict[str, Any]:
+        """What :meth:`get_extra_state` saves, as a dict of strings, numbers and lists."""
+        return {'pos_encoding': self.pos_encoding,
+                'lh_config': self.lh_config.to_dict() if self.lh_config is not None else None,
+                'num_heads': self.num_heads, 'num_layers': self.num_layers,
+                'embed_dims': self.embed_dims}
+
+    def set_extra_state(self, state: Any) -> None:
+        """Check and adopt the record of loaded weights
+        (:func:`~lookhere_dense.lookhere.weights.check_backbone_record`).
+
+        Raises:
+            ValueError: the weights come from another ``pos_encoding`` or attention geometry
+                (heads, layers, channels), or their LookHere config conflicts with an
+                explicitly given ``preset`` / ``lh_config`` or does not fit this backbone,
+                or the entry is no record of a LookHere ViT.
+        """
+        _weights.check_backbone_record(self, state)
+
+    def _freeze(self) -> None:
+        if 'all' in self.frozen_exclude:
+            return
+        names = [name for name, _ in self.named_parameters()]
+        unmatched = [ex for ex in self.frozen_exclude
+                     if not isinstance(ex, str) or not any(ex in n for n in names)]
+        if unmatched:
+            raise ValueError(f'LookHereViT: frozen_exclude entries {unmatched} match no '
+                             f'parameter (names like {names[:3]} ... {names[-2:]}); every '
+                             "parameter would be frozen. ['all'] freezes nothing, [] everything")
+        for name, param in self.named_parameters():
+            if not any(ex in name for ex in self.frozen_exclude):
+                param.requires_grad = False
+
+    # -- forward -------------------------------------------------------------------------
+    def _output(self, x: Tensor, grid: Tuple[int, int]):
+        patches = x[:, 1:] if self.with_cls_token else x
+        b, _, c = patches.shape
+        out = patches.reshape(b, grid[0], grid[1], c).permute(0, 3, 1, 2).contiguous()
+        return [out, x[:, 0]] if self.output_cls_token else out
+
+    def _embed(self, inputs: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
+        """Patch tokens (+CLS), dropout and pre-norm: ``(B, T, D)`` and the grid."""
+        x, grid = self.patch_embed(inputs)
+        x = self.pos_enc.add_to_tokens(x, grid)
+        if self.with_cls_token:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = self.drop_after_pos(x)
+        if self.pre_ln is not None:
+            x = self.pre_ln(x)
+        return x, grid
+
+    def attention_scale(self, grid: Tuple[int, int], window_size: int = 0) -> float:
+        """The query scale of ``log_n_scaling`` for an input grid: ``log(N) / log(N_train)``.
+
+        ``N`` counts the keys a query attends to: ``H * W`` patches (+1 with the CLS
+        token); for a windowed block (``window_size > 0``) the patches of one window,
+        ``min(ws, H) * min(ws, W)`` (+1). ``N_train`` is the same count on the training
+        grid (:attr:`train_grid`). 1.0 when ``log_n_scaling`` is off or the module is in
+        train mode."""
+        if not self.log_n_scaling or self.training:
+            return 1.0
+        cls = int(self.with_cls_token)
+
+        def keys(h: int, w: int) -> int:
+            if window_size:
+                h, w = min(window_size, h), min(window_size, w)
+            return h * w + cls
+
+        n, n_train = keys(*grid), keys(*self.train_grid)
+        return 1.0 if n == n_train else math.log(n) / math.log(n_train)
+
+    def _run_blocks(self, x: Tensor, grid: Tuple[int, int]):
+        """Yield ``(i, tokens)`` after every block (the last one after the final norm)."""
+        for i, blk in enumerate(self.blocks):
+            q_scale = self.attention_scale(grid, blk.window_size)
+            if self.with_cp and x.requires_grad:
+                x = checkpoint(blk, x, self.pos_enc, i, grid, self.with_cls_token, q_scale,
+                               use_reentrant=False)
+            else:
+                x = blk(x, self.pos_enc, i, grid, self.with_cls_token, q_scale)
+            if i == len(self.blocks) - 1 and self.norm is not None:
+                x = self.norm(x)
+            yield i, x
+
+    def forward(self, inputs: Tensor) -> Tuple[Any, ...]:
+        """Images ``(B, C, H, W)`` -> tuple of ``(B, embed_dims, h, w)`` maps per
+        ``out_indices`` (``[map, cls]`` pairs with ``output_cls_token``), where
+        ``h, w = ceil(H / patch), ceil(W / patch)``."""
+        x, grid = self._embed(inputs)
+        outs = [self._output(x, grid)] if self.out_origin else []
+        for i, x in self._run_blocks(x, grid):
+            if i in self.out_indices:
+                outs.append(self._output(x, grid))
+        return tuple(outs)
+
+    def forward_features(self, inputs: Tensor) -> Tensor:
+        """All tokens after the last block and final norm, ``(B, T, D)`` (CLS first), like
+        the official ``LookHere.forward_features``."""
+        x, grid = self._embed(inputs)
+        for _, x in self._run_blocks(x, grid):
+            pass
+        return x
+
+    def train(self, mode: bool = True) -> 'LookHereVisionTransformer':
+        super().train(mode)
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, nn.LayerNorm):
+                    m.eval()
+        return self
+
+
+def create_model(pretrained: Optional[str] = None, *, strict: bool = True,
+                 checkpoint_num_heads: Optional[int] = None,
+                 **arch: Any) -> LookHereVisionTransformer:
+    """Build a LookHere ViT with torch alone, initialised, optionally from weights.
+
+    Args:
+        pretrained: official LookHere (``LH_180_weights_and_config.pth``, ...), timm /
+            DeiT-III or lookhere-dense weights; None: the official random initialisation.
+            The LookHere config stored in official and lookhere-dense files is adopted (an
+            explicit ``preset`` / ``lh_config`` that differs is an error). Default: None.
+        strict: refuse files with missing or unexpected parameters. Default: True.
+        checkpoint_num_heads: the head count of a file that does not record it (see
+            :func:`lookhere_dense.lookhere.weights.file_num_heads`). Default: None.
+        **arch: the arguments of :class:`LookHereVisionTransformer` (``embed_dims``,
+            ``num_layers``, ``num_heads``, ``patch_size``, ``init_values``, ``preset``,
+            ``pos_encoding``, ``out_indices``, ...).
+
+    Returns:
+        The model, in train mode (call ``.eval()`` for inference).
+
+    Raises:
+        FileNotFoundError, CheckpointError: the file is missing or does not fit.
+        ValueError / PosEncodingError: an argument that cannot work, named.
+    """
+    model = LookHereVisionTransformer(**arch)
+    model.init_weights()
+    if pretrained is not None:
+        model.load_pretrained(pretrained, strict=strict,
+                              checkpoint_num_heads=checkpoint_num_heads)
+    return model

@@ -1,0 +1,532 @@
+"""What a LookHere ViT's weights mean: checkpoint formats, head counts and LookHere configs.
+
+The trunk (:class:`~lookhere_dense.lookhere.vit.LookHereVisionTransformer`) uses the
+official / timm parameter names (``patch_embed.proj``, ``cls_token``,
+``blocks.{i}.attn.qkv``, ``blocks.{i}.ls1.gamma``, ``norm``, ...), so converting a file is
+mostly dropping what a dense backbone has no use for and renaming the original DeiT-III
+LayerScale keys.
+
+=================  ====================================================  ===============
+format             recognised by                                         LookHere config
+=================  ====================================================  ===============
+``official``       ``{'weights': state_dict, 'config': lh_config}``      from the file
+``lookhere-dense`` ``{'state_dict': ..., 'meta': {'lookhere_config'}}``  from the file
+                   (written by :func:`save_backbone_checkpoint`)
+``mmengine``       ``{'state_dict': ...}`` of a whole segmentor/detector  none
+                   (keys ``backbone.*``)
+``timm``           a flat state_dict or ``{'model': ...}`` / ``{'state_dict': ...}``  none
+                   with ``blocks.*`` / ``patch_embed.*`` keys
+=================  ====================================================  ===============
+
+Files are read by :func:`lookhere_dense.checkpoint.load_checkpoint_file` and loaded by
+:func:`lookhere_dense.checkpoint.load_state_dict_strict` with :func:`vit_key_hints` (the
+usual reasons why a ViT's keys differ: depth, LayerScale, final norm, ...). This module
+adds what is LookHere-specific: :func:`backbone_weights` (format -> our keys),
+:func:`file_num_heads` / :func:`check_num_heads` (the head-count rules) and
+:func:`load_backbone_weights`, :func:`check_backbone_record` (adopting a file's LookHere
+config into a trunk, the checks of its record); whole models: :mod:`.loading`.
+
+Learnable slopes. A model built with ``lh_config=dict(..., learnable_slopes=True)`` has
+the parameters ``pos_enc.slopes.*`` (:class:`~lookhere_dense.lookhere.slopes.LookHereSlopes`).
+A file without them (official, timm, fixed-slope lookhere-dense) still loads strictly: these
+keys, and only these, may be missing all together; the slopes then start from the LookHere
+config the file records (else the model's) and the report lists them under
+``'from_config'``. A file with learned slopes loads only into a learnable model; into a
+fixed one it is refused with a message naming ``lh_config.learnable_slopes=True``.
+
+Attention geometry. The qkv weights have the same shapes for any head count, so loading a
+12-head file into a 6-head model "works" and gives wrong features. The head count of a
+file is taken from (in this order) ``checkpoint_num_heads`` given by the user, the file
+itself (lookhere-dense writes it), or a documented convention
+(:func:`file_num_heads`); a file whose head count cannot be known is refused with a
+message naming the key to set. Torch alone.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from ..checkpoint import (EXTRA_STATE_KEY, decode_extra_state, is_extra_state_key,
+                          load_checkpoint_file, load_state_dict_strict, read_record,
+                          strip_prefix)
+from ..errors import CheckpointError
+from ..validation import int_or_none, is_int
+from .config import OFFICIAL_KEYS, resolve_lh_config
+from .pos_encoding import AbsolutePositionEncoding
+
+__all__ = ['BackboneWeights', 'backbone_weights', 'file_num_heads', 'check_num_heads',
+           'vit_key_hints', 'load_backbone_weights', 'check_backbone_record',
+           'adopt_lh_config', 'save_backbone_checkpoint', 'HEADS_KEY', 'OFFICIAL_NUM_HEADS',
+           'TIMM_HEAD_DIM']
+
+#: the ``init_cfg`` key (and keyword argument) that states a file's head count
+HEADS_KEY = 'checkpoint_num_heads'
+#: Keys a classification checkpoint has that a dense-prediction backbone drops.
+_CLASSIFIER = re.compile(r'^(head|fc_norm|head_drop|pre_logits)(\.|$)')
+_DEIT3_LAYERSCALE = re.compile(r'^(blocks\.\d+)\.gamma_([12])$')
+#: the head count of the official ``LookHere`` class and of every released checkpoint
+#: (LH_180 / LH_90 / LH_45, ViT-B/16), and the default of ``LookHereViT``
+OFFICIAL_NUM_HEADS = 12
+#: the head width of timm / DeiT-III ViT-Ti/S/B/L (192/3, 384/6, 768/12, 1024/16)
+TIMM_HEAD_DIM = 64
+
+
+@dataclass
+class BackboneWeights:
+    """Backbone parameters read from a checkpoint, in our key names.
+
+    Attributes:
+        state_dict: tensors keyed like ``LookHereViT.state_dict()``.
+        format: ``'official'``, ``'lookhere-dense'``, ``'mmengine'`` or ``'timm'``.
+        lh_config: the LookHere config stored in the file (official / ours, or the
+            ``_extra_state`` of a saved ``LookHereViT``), else None.
+        dropped: keys of the file that were dropped on purpose (classifier head, ...).
+        pos_encoding: the ``pos_encoding`` a saved ``LookHereViT`` was built with (from its
+            ``_extra_state``); ``'lookhere'`` for official files; None when unknown.
+        num_heads: the head count recorded in the file (``_extra_state`` of a saved
+            ``LookHereViT`` or ``meta['num_heads']`` of a converted file); None when the
+            file does not record it.
+    """
+
+    state_dict: Dict[str, Tensor]
+    format: str
+    lh_config: Optional[Dict[str, Any]] = None
+    dropped: List[str] = field(default_factory=list)
+    pos_encoding: Optional[str] = None
+    num_heads: Optional[int] = None
+
+
+def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> BackboneWeights:
+    """Recognise a checkpoint's format and return its backbone weights in our keys.
+
+    Args:
+        ckpt: the loaded checkpoint (see :func:`load_checkpoint_file`).
+        keep_pos_embed: keep a timm ``pos_embed`` (only a backbone with an absolute
+            position embedding uses it). Default: False (dropped and listed).
+    """
+    lh_config = None
+    num_heads = None
+    if 'weights' in ckpt and 'config' in ckpt:
+        fmt, sd, lh_config = 'official', dict(ckpt['weights']), dict(ckpt['config'])
+    elif 'state_dict' in ckpt:
+        sd = dict(ckpt['state_dict'])
+        meta = ckpt.get('meta') or {}
+        if isinstance(meta, Mapping):
+            num_heads = int_or_none(meta.get('num_heads'))  # save_backbone_checkpoint's
+        if isinstance(meta, Mapping) and meta.get('lookhere_config') is not None:
+            fmt, lh_config = 'lookhere-dense', dict(meta['lookhere_config'])
+        elif any(k.startswith('backbone.') for k in sd):
+            fmt, sd = 'mmengine', strip_prefix(sd, 'backbone.')
+        else:
+            fmt = 'timm'
+    elif 'model' in ckpt and isinstance(ckpt['model'], Mapping):
+        fmt, sd = 'timm', dict(ckpt['model'])
+    else:
+        fmt, sd = 'timm', dict(ckpt)
+
+    if any(k.startswith('module.') for k in sd):
+        sd = strip_prefix(sd, 'module.')
+    if not any(k.startswith(('blocks.', 'patch_embed.')) for k in sd):
+        raise CheckpointError('checkpoint has no ViT backbone weights (no "blocks.*" or '
+                              f'"patch_embed.*" keys); first keys: {sorted(sd)[:8]}')
+    pos_encoding = 'lookhere' if fmt == 'official' else None
+    extra = sd.pop(EXTRA_STATE_KEY, None)  # LookHereViT.get_extra_state() of our own saves
+    if extra is not None:
+        extra = read_record(extra)
+        pos_encoding = extra.get('pos_encoding')
+        if lh_config is None and extra.get('lh_config') is not None:
+            lh_config = dict(extra['lh_config'])
+        if num_heads is None:
+            num_heads = int_or_none(extra.get('num_heads'))
+    out: Dict[str, Tensor] = {}
+    dropped: List[str] = []
+    for key, value in sd.items():
+        m = _DEIT3_LAYERSCALE.match(key)
+        if m:  # original DeiT-III repo: blocks.i.gamma_1 -> blocks.i.ls1.gamma
+            key = f'{m.group(1)}.ls{m.group(2)}.gamma'
+        if key.startswith('norm_pre.'):  # timm's norm before the blocks (CLIP ViTs)
+            key = 'pre_ln.' + key[len('norm_pre.'):]
+        if _CLASSIFIER.match(key) or (key == 'pos_embed' and not keep_pos_embed):
+            dropped.append(key)
+            continue
+        out[key] = value
+    return BackboneWeights(out, fmt, lh_config, sorted(dropped), pos_encoding, num_heads)
+
+
+# ----------------------------------------------------------------------------------------
+# Attention geometry
+# ----------------------------------------------------------------------------------------
+def _file_embed_dims(sd: Mapping[str, Tensor]) -> Optional[int]:
+    for key in ('patch_embed.proj.weight', 'cls_token', 'blocks.0.norm1.weight'):
+        value = sd.get(key)
+        if isinstance(value, Tensor) and value.dim() >= 1:
+            return int(value.shape[0] if key == 'patch_embed.proj.weight' else value.shape[-1])
+    return None
+
+
+def file_num_heads(weights: BackboneWeights) -> Tuple[Optional[int], str]:
+    """The head count the backbone weights of a file were trained with, and how it is known.
+
+    * recorded in the file (lookhere-dense writes it with every ``LookHereViT``);
+    * files with a LookHere config but no head count (official LookHere files, and files of
+      lookhere-dense written before it recorded head counts): 12, the head count of the
+      official ``LookHere`` class, of every released checkpoint (LH_180 / LH_90 / LH_45)
+      and the default of ``LookHereViT``;
+    * other files (timm / DeiT-III / mmengine): ``embed_dims / 64``, the head width of
+      timm's and DeiT-III's ViT-Ti/S/B/L, when ``embed_dims`` is a multiple of 64;
+    * otherwise unknown (None).
+
+    Returns:
+        ``(num_heads or None, a phrase saying where it comes from)``.
+    """
+    if weights.num_heads is not None:
+        return weights.num_heads, 'recorded in the file'
+    if weights.lh_config is not None or weights.pos_encoding is not None:
+        return OFFICIAL_NUM_HEADS, (
+            'not recorded in this LookHere file; LookHere files without a head count come '
+            f'from the official code, whose models have {OFFICIAL_NUM_HEADS} heads')
+    dims = _file_embed_dims(weights.state_dict)
+    if dims is not None and dims % TIMM_HEAD_DIM == 0:
+        return dims // TIMM_HEAD_DIM, (
+            f'not recorded in this {weights.format} file; assumed from its {dims} channels '
+            f'and the head width {TIMM_HEAD_DIM} of timm / DeiT-III ViTs')
+    return None, (f'not recorded in this {weights.format} file, and its {dims} channels are '
+                  f'no multiple of the usual head width {TIMM_HEAD_DIM}')
+
+
+def check_num_heads(model_heads: int, file_heads: Optional[int], how: str, source: str,
+                    declared: Optional[int] = None, key: str = HEADS_KEY) -> None:
+    """Refuse weights trained with another head count than ``model_heads``.
+
+    Args:
+        model_heads: the model's ``num_heads``.
+        file_heads: the file's head count (see :func:`file_num_heads`), or None.
+        how: where ``file_heads`` comes from (for the message).
+        source: the file (for the message).
+        declared: the head count the user states for the file (``checkpoint_num_heads``);
+            overrides an assumed ``file_heads`` but must equal a recorded one.
+        key: how the user states it (for the message). Default: :data:`HEADS_KEY`.
+
+    Raises:
+        CheckpointError: naming the file, both head counts and the key to set.
+    """
+    if declared is not None:
+        if not is_int(declared) or declared < 1:
+            raise CheckpointError(f'{key} must be a positive int (the head count the '
+                                  f'checkpoint was trained with), got {declared!r}')
+        if how == 'recorded in the file' and file_heads != declared:
+            raise CheckpointError(f'{key}={declared} but {source!r} records '
+                                  f'{file_heads} heads; remove {key}')
+        file_heads, how = declared, f'stated by {key}'
+    if file_heads is None:
+        raise CheckpointError(
+            f'cannot verify that {source!r} was trained with num_heads={model_heads} (head '
+            f'count {how}). The weights have the same shapes for any head count, but split '
+            'into other heads they give wrong features. State the head count the file was '
+            f'trained with: init_cfg=dict(type=\'Pretrained\', checkpoint=..., '
+            f'{key}=N) (load_model_weights(..., {key}=N))')
+    if file_heads != model_heads:
+        extra = ''
+        if file_heads not in (6, 12, 16):
+            extra = (f'; LookHere head layouts need 6, 12 or 16 heads, so a {file_heads}-head '
+                     "trunk fits only the other encodings (e.g. pos_encoding='rope2d')")
+        raise CheckpointError(
+            f'{source!r} has {file_heads} attention heads per block ({how}), but the model '
+            f'has num_heads={model_heads}. The qkv weights have the same shapes for any head '
+            'count, but split into other heads they give wrong features. Set '
+            f'model.backbone.num_heads={file_heads}{extra}; if the file really has '
+            f'{model_heads} heads, state it with {key}={model_heads}')
+
+
+_ANY_BLOCK = re.compile(r'^(|.*\.)blocks\.(\d+)\.')
+
+
+def _depths(keys) -> Dict[str, int]:
+    """``{prefix: number of blocks}`` of the ``{prefix}blocks.{i}.*`` keys."""
+    out: Dict[str, int] = {}
+    for k in keys:
+        m = _ANY_BLOCK.match(k)
+        if m:
+            out[m.group(1)] = max(out.get(m.group(1), 0), int(m.group(2)) + 1)
+    return out
+
+
+#: flag of the architecture differs when one side has such a tensor and the other has none
+_FLAG_HINTS = (
+    (r'(^|\.)attn\.qkv\.bias$', 'qkv bias', 'qkv_bias=False', 'qkv_bias=True'),
+    (r'(^|\.)patch_embed\.proj\.bias$', 'patch-embedding bias', 'patch_bias=False',
+     'patch_bias=True'),
+    (r'(^|\.)patch_embed\.norm\.weight$', 'patch-embedding norm', 'patch_norm=False',
+     'patch_norm=True'),
+    (r'(^|\.)pre_ln\.weight$', 'norm before the blocks', 'pre_norm=False', 'pre_norm=True'),
+    (r'^(backbone\.)?norm\.weight$', 'final norm', 'final_norm=False', 'final_norm=True'),
+    (r'(^|\.)cls_token$', 'CLS token', 'with_cls_token=False', 'with_cls_token=True'),
+    (r'\.ls[12]\.gamma$', 'LayerScale', 'init_values=None', 'init_values to a number'),
+)
+
+
+def vit_key_hints(missing: List[str], unexpected: List[str], model_keys: Sequence[str],
+                  file_keys: Sequence[str]) -> List[str]:
+    """The usual reasons why keys of a ViT differ, found from the keys themselves (the
+    ``hints`` of :func:`~lookhere_dense.checkpoint.load_state_dict_strict`)."""
+    hints = []
+    in_file, in_model = _depths(file_keys), _depths(model_keys)
+    for prefix in sorted(set(in_file) & set(in_model)):
+        have, want = in_file[prefix], in_model[prefix]
+        if have != want:
+            hints.append(f'the file has {have} blocks ({prefix}blocks.0-{have - 1}), the '
+                         f'model {want}: set num_layers={have}')
+
+    def some(keys, pattern: str) -> bool:
+        return any(re.search(pattern, k) for k in keys)
+
+    for pattern, what, off, on in _FLAG_HINTS:
+        if some(missing, pattern) and not some(file_keys, pattern):
+            hints.append(f'no LayerScale in the file: set {off}' if what == 'LayerScale' else
+                         f'the file has no {what}: set {off}')
+        elif some(unexpected, pattern) and not some(model_keys, pattern):
+            hints.append(f'the file has LayerScale (ls1/ls2.gamma): set {on}'
+                         if what == 'LayerScale' else f'the file has a {what}: set {on}')
+    if some(file_keys, r'^(backbone\.)?layers\.\d+\.'):
+        hints.append("the file uses mmseg VisionTransformer's names (layers.*); LookHereViT "
+                     'takes timm / official names (blocks.*): load the original timm / '
+                     'DeiT-III / LookHere file instead of the mmseg conversion')
+    if some(missing, r'(^|\.)_extra_state$'):
+        hints.append('the file lacks the record a LookHereViT saves with its weights '
+                     '(_extra_state: position encoding, LookHere config, head count); '
+                     'strict=False loads the weights without it')
+    if some(missing, r'(^|\.)pos_enc\.pos_embed$'):
+        hints.append("the file has no position embedding for pos_encoding='abs'")
+    if some(unexpected, _SLOPE_KEY) and not some(model_keys, _SLOPE_KEY):
+        hints.append('the file has learned LookHere slopes (pos_enc.slopes.*): set '
+                     'model.backbone.lh_config.learnable_slopes=True')
+    return hints
+
+
+#: the state_dict keys of learnable LookHere slopes (any prefix)
+_SLOPE_KEY = r'(^|\.)pos_enc\.slopes\.'
+
+
+def save_backbone_checkpoint(path: str, state_dict: Mapping[str, Tensor],
+                             lh_config: Optional[Mapping[str, Any]], source: str,
+                             num_heads: Optional[int] = None) -> None:
+    """Write backbone weights as ``{'state_dict': ..., 'meta': {...}}``.
+
+    The file works with ``init_cfg=dict(type='Pretrained', checkpoint=path)`` of
+    ``LookHereViT`` (which also takes the stored LookHere config from ``meta``). Only
+    weights are written: a module's record (``_extra_state``) is replaced by ``lh_config``
+    and the head count.
+
+    Args:
+        num_heads: the head count of the weights, written to ``meta['num_heads']`` so
+            loading can check it; None: taken from the ``_extra_state`` of a saved
+            ``LookHereViT`` in ``state_dict``, else not recorded. Default: None.
+    """
+    extra = state_dict.get(EXTRA_STATE_KEY)
+    if num_heads is None and extra is not None:
+        num_heads = int_or_none(read_record(extra).get('num_heads'))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    meta = {'lookhere_config': None if lh_config is None else dict(lh_config),
+            'num_heads': num_heads, 'source': source, 'converted_by': __name__}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()
+               if isinstance(v, Tensor) and not is_extra_state_key(k)}
+    torch.save({'state_dict': tensors, 'meta': meta}, path)
+
+
+# ----------------------------------------------------------------------------------------
+# Adoption into a trunk (a LookHereVisionTransformer; duck-typed here, so this module does
+# not import the model)
+# ----------------------------------------------------------------------------------------
+def unused_checkpoint_keys(model: Any, state_dict: Mapping[str, Tensor],
+                           file_encoding: Optional[str]) -> Dict[str, str]:
+    """``{key: reason}`` of file tensors the trunk ``model`` leaves out by design: the final
+    ``norm`` with ``final_norm=False``, ``cls_token`` with ``with_cls_token=False``, and
+    another encoding's ``pos_enc.*``."""
+    own = model.state_dict()
+    out = {}
+    for key in state_dict:
+        if key in own:
+            continue
+        if key.startswith('norm.') and model.norm is None:
+            out[key] = 'final_norm=False'
+        elif key == 'cls_token' and not model.with_cls_token:
+            out[key] = 'with_cls_token=False'
+        elif key.startswith('pos_enc.') and file_encoding not in (None, model.pos_encoding):
+            out[key] = f'position encoding {file_encoding!r} of the file'
+    return out
+
+
+def load_backbone_weights(model: Any, checkpoint: Union[str, Mapping[str, Any]],
+                          strict: bool = True, checkpoint_num_heads: Optional[int] = None,
+                          source: Optional[str] = None) -> Dict[str, List[str]]:
+    """Load official LookHere / timm / DeiT-III / lookhere-dense weights into a trunk.
+
+    The LookHere config stored in official and lookhere-dense files replaces the
+    default one; it must equal an explicitly given ``lh_config``/``preset``. Such files
+    load only into ``pos_encoding='lookhere'``. With ``pos_encoding='abs'`` a file's
+    ``pos_embed`` (timm / DeiT-III) or ``pos_enc.pos_embed`` (ours) is kept, resampled to
+    the trunk's grid, and a CLS entry (timm ViTs) is added to ``cls_token`` (the CLS
+    token has no position embedding here, so its input stays the same); the other
+    encodings drop it.
+
+    The file must fit (:func:`~lookhere_dense.checkpoint.load_state_dict_strict`):
+    tensor shapes always; with ``strict`` also every key both ways, except what is
+    dropped on purpose (classifier head, ``pos_embed`` of non-``abs`` encodings, the
+    final ``norm`` with ``final_norm=False``, ``cls_token`` with
+    ``with_cls_token=False``, another encoding's ``pos_enc.*``). The file's head count
+    must equal ``num_heads`` (:func:`file_num_heads`: recorded in lookhere-dense files, 12
+    for official LookHere files, ``embed_dims/64`` for timm / DeiT-III files; files it
+    cannot tell need ``checkpoint_num_heads``).
+
+    Args:
+        model: a :class:`~lookhere_dense.lookhere.vit.LookHereVisionTransformer`.
+        checkpoint: the file, or a checkpoint already loaded.
+        strict: refuse files that lack parameters of the backbone or have parameters
+            it lacks. Default: True.
+        checkpoint_num_heads: the head count the file was trained with, for files
+            that do not record it. Default: None.
+        source: the file's name for messages when ``checkpoint`` is a dict. Default: None.
+
+    Returns:
+        ``{'missing': [...], 'unexpected': [...], 'dropped': [...]}`` (and
+        ``'from_config'``: learnable-slope keys the file lacks).
+
+    Raises:
+        FileNotFoundError, CheckpointError: naming the file and what does not fit.
+    """
+    if isinstance(checkpoint, str):
+        path, ckpt = checkpoint, load_checkpoint_file(checkpoint)
+    else:
+        path, ckpt = source or 'the checkpoint', checkpoint
+    is_abs = isinstance(model.pos_enc, AbsolutePositionEncoding)
+    weights = backbone_weights(ckpt, keep_pos_embed=is_abs)
+    if weights.pos_encoding == 'alibi2d' and model.pos_encoding != 'alibi2d':
+        weights.lh_config = None  # 2D-ALiBi slopes: meaningless for another encoding
+    if weights.lh_config is not None:
+        file_encoding = weights.pos_encoding or 'lookhere'
+        if model.pos_encoding != file_encoding:
+            raise CheckpointError(f'{path!r} ({weights.format} format) holds a '
+                                  f'{file_encoding!r} model (config {weights.lh_config}); it '
+                                  f'loads only into pos_encoding={file_encoding!r}, not '
+                                  f'{model.pos_encoding!r}')
+    pos_note = ''
+    if is_abs:
+        stored = [k for k in ('pos_embed', 'pos_enc.pos_embed') if k in weights.state_dict]
+        if stored:
+            sd = weights.state_dict
+            pos_embed, cls_entry, pos_note = model.pos_enc.adapt_checkpoint_embedding(
+                sd.pop(stored[0]))
+            sd['pos_enc.pos_embed'] = pos_embed
+            if cls_entry is not None and 'cls_token' in sd:
+                sd['cls_token'] = sd['cls_token'] + cls_entry
+                pos_note += ', added to cls_token'
+            pos_note = f'; {stored[0]} -> pos_enc.pos_embed: {pos_note}'
+    dropped = unused_checkpoint_keys(model, weights.state_dict, weights.pos_encoding)
+
+    def verify() -> None:  # after the key checks, before anything is loaded
+        heads, how = file_num_heads(weights)
+        check_num_heads(model.num_heads, heads, how, path, checkpoint_num_heads)
+        if weights.lh_config is not None:
+            adopt_lh_config(model, weights.lh_config, path)
+
+    report = load_state_dict_strict(model, weights.state_dict, path, strict=strict,
+                                    dropped=dropped, what='backbone', verify=verify,
+                                    hints=vit_key_hints)
+    report['dropped'] = sorted(weights.dropped + report['dropped'])
+    loaded = len(weights.state_dict) - len(dropped) - len(report['unexpected'])
+    config = model.lh_config
+    model._log(f'LookHereViT: loaded {loaded} tensors from {path} '
+               f'({weights.format} format); dropped {report["dropped"] or "nothing"}; '
+               f'unexpected (ignored) {report["unexpected"] or "none"}; missing '
+               f'{report["missing"] or "none"}; pos_encoding {model.pos_encoding!r}'
+               + (f', LookHere config {config.to_dict()}' if config else '')
+               + ('; learnable slopes start from that config (the file has none)'
+                  if report.get('from_config') else '')
+               + pos_note)
+    return report
+
+
+def check_backbone_record(model: Any, state: Any) -> None:
+    """Check the record (``_extra_state``) of weights loaded into a trunk and adopt their
+    LookHere config (the trunk's ``set_extra_state``; the dict that files written before
+    the tensor form hold is read too).
+
+    Raises:
+        ValueError / CheckpointError: the weights come from another ``pos_encoding`` or
+            attention geometry (heads, layers, channels), or their LookHere config conflicts
+            with an explicitly given ``preset`` / ``lh_config`` or does not fit the trunk,
+            or the entry is no record of a LookHere ViT.
+    """
+    try:
+        state = decode_extra_state(state)
+    except ValueError as err:
+        raise ValueError(f'LookHereViT: the loaded state_dict has {err}') from None
+    for key in ('num_layers', 'embed_dims'):
+        stored = state.get(key)
+        if stored is not None and stored != getattr(model, key):
+            raise CheckpointError(f'the loaded weights come from a LookHereViT with '
+                                  f'{key}={stored}, this one has {key}='
+                                  f'{getattr(model, key)}: set model.backbone.{key}={stored}')
+    if state.get('num_heads') is not None:
+        check_num_heads(model.num_heads, state['num_heads'], 'recorded in the file',
+                        'the loaded state_dict')
+    source = state.get('pos_encoding')
+    if source is not None and source != model.pos_encoding:
+        raise ValueError(f'the loaded weights were trained with pos_encoding={source!r}, '
+                         f'but this LookHereViT has pos_encoding={model.pos_encoding!r}: '
+                         f'set model.backbone.pos_encoding={source!r} (or drop the '
+                         f'{EXTRA_STATE_KEY!r} key to move the trunk weights on purpose)')
+    stored = state.get('lh_config')
+    if stored is not None and model.lh_config is not None:
+        stored = {k: v for k, v in stored.items() if k != 'bias_rounding'}
+        adopt_lh_config(model, stored, 'the loaded state_dict')
+
+
+def adopt_lh_config(model: Any, stored: Mapping[str, Any], path: str) -> None:
+    """Switch the trunk ``model`` to the LookHere config ``stored`` in a file.
+
+    The file's ``bias_rounding`` defaults to the model's; its learnable-slopes flag must
+    not ask for learned slopes the model cannot hold (a fixed-slope file in a learnable
+    model gives the initial slopes). With an explicit ``preset`` / ``lh_config`` on the
+    model the official keys must agree.
+
+    Raises:
+        CheckpointError, ValueError: naming the file and what differs.
+    """
+    stored = dict(stored)
+    stored.setdefault('bias_rounding', model.lh_config.bias_rounding)
+    learnable = model.lh_config.learnable_slopes
+    if stored.get('learnable_slopes') is True and not learnable:
+        raise CheckpointError(
+            f'{path!r} holds learned LookHere slopes (lh_config learnable_slopes=True, '
+            'tensors pos_enc.slopes.*), but this LookHereViT has fixed slopes: set '
+            'model.backbone.lh_config.learnable_slopes=True (lh_config=dict(..., '
+            'learnable_slopes=True)) to load them')
+    # a fixed-slope file in a learnable model: its slopes are the initial values
+    stored['learnable_slopes'] = learnable
+    try:
+        ckpt_cfg = resolve_lh_config(stored)
+    except ValueError as err:
+        raise ValueError(f'the LookHere config stored in {path!r} cannot be used: '
+                         f'{err}') from None
+    if model.lh_explicit:
+        diff = [d for d in model.lh_config.differences(ckpt_cfg)
+                if d.split(':')[0] in OFFICIAL_KEYS]
+        if diff:
+            raise ValueError(f'the LookHere config given to LookHereViT conflicts with the '
+                             f'one stored in {path!r} (given != checkpoint): '
+                             + '; '.join(diff) + '. Remove lh_config/preset to use the '
+                             "checkpoint's, or make them equal.")
+    try:
+        ckpt_cfg.validate(model.num_heads, model.num_layers)
+    except ValueError as err:
+        raise ValueError(f'the LookHere config stored in {path!r} does not fit this '
+                         f'backbone: {err}') from None
+    if ckpt_cfg != model.lh_config:
+        model._log(f'LookHereViT: LookHere config from {path}: {ckpt_cfg.to_dict()}')
+    model.pos_enc.set_lh_config(ckpt_cfg)

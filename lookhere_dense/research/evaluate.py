@@ -1,0 +1,159 @@
+"""The one evaluation loop of every report: predict every batch of a dataloader, score the
+predictions with the config's evaluator, time the model and meter the peak memory.
+
+* :func:`evaluate` -- the loop, with the per-batch work as a function (``step``);
+* :func:`evaluate_loader` -- the segmentor predicting ``whole`` or with mmseg's ``slide``
+  inference (the extrapolation report, the study's ladders);
+* the attacks of :mod:`lookhere_dense.research.robustness` pass their own ``step``
+  (perturb, then predict).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from .memory import PeakMemory, free_memory
+
+__all__ = ['evaluate', 'evaluate_loader', 'clear_position_caches', 'start_clean',
+           'quiet_metric_tables']
+
+
+def clear_position_caches(model) -> int:
+    """Empty the caches of every position encoding of ``model`` (LookHere biases, RoPE
+    tables): ``clear_caches()`` of each
+    :class:`~lookhere_dense.lookhere.pos_encoding.PositionEncoding` that has one.
+
+    Returns:
+        How many encodings were cleared.
+    """
+    from lookhere_dense.lookhere.pos_encoding import PositionEncoding
+
+    cleared = 0
+    for module in model.modules():
+        if not isinstance(module, PositionEncoding):
+            continue
+        clear = getattr(module, 'clear_caches', None)
+        if callable(clear):
+            clear()
+            cleared += 1
+    return cleared
+
+
+def start_clean(model) -> None:
+    """Start a measurement from a clean slate: empty the position-encoding caches (each
+    test pays for its own biases) and free memory (:func:`free_memory`), so the peak memory
+    of one test does not carry the previous test's leftovers."""
+    clear_position_caches(model)
+    free_memory()
+
+
+@contextlib.contextmanager
+def quiet_metric_tables() -> Iterator[None]:
+    """mmseg's ``IoUMetric`` logs a per-class table (150 rows for ADE20K) per evaluation:
+    keep only warnings of the current mmengine logger inside the block."""
+    from mmengine.logging import MMLogger
+
+    logger = MMLogger.get_current_instance()
+    old = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
+
+
+def evaluate(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any],
+             step: Callable[[Any], Sequence[Any]], device: str = 'cpu', desc: str = '',
+             memory: bool = True) -> Dict[str, Any]:
+    """THE evaluation loop: ``step`` every batch, score its outputs, measure.
+
+    Args:
+        model: the segmentor (for the clean start; ``step`` decides what it runs).
+        dataloader: the dataloader config (built with mmengine's ``Runner.build_dataloader``).
+        evaluator: the evaluator config (e.g. ``IoUMetric``).
+        step: ``step(data_batch) -> outputs`` (a list of data samples): the timed work of one
+            batch (data loading is not timed).
+        device: ``'cpu'`` / ``'cuda[:N]'`` (for the memory meter and the timing).
+            Default: ``'cpu'``.
+        desc: progress-bar label. Default: ``''``.
+        memory: meter the peak memory over the loop (:class:`PeakMemory`), after a clean
+            start (:func:`start_clean`). Default: True.
+
+    Returns:
+        ``dict(metrics, seconds, shapes, images, peak_mem_mb, mem_rise_mb, memory_kind)``:
+        the evaluator's metrics, model seconds per image of every batch, the ``img_shape``
+        of every image, the image count, and (with ``memory``, else None) the peak memory
+        and its rise above the memory in use at the start.
+    """
+    import torch
+    from mmengine.evaluator import Evaluator
+    from mmengine.runner import Runner
+    from tqdm import tqdm
+
+    loader = Runner.build_dataloader(dataloader)
+    scorer = Evaluator(copy.deepcopy(evaluator))
+    scorer.dataset_meta = loader.dataset.metainfo
+    seconds: List[float] = []
+    shapes: List[Tuple[int, int]] = []
+    if memory:
+        start_clean(model)
+    meter = PeakMemory(device) if memory else contextlib.nullcontext()
+    with meter:
+        for data in tqdm(loader, desc=f'{desc:>16}', unit='img', leave=False,
+                         dynamic_ncols=True, disable=None):  # no bars in logs
+            t0 = time.perf_counter()
+            outputs = step(data)
+            if device.startswith('cuda'):
+                torch.cuda.synchronize()
+            seconds.append((time.perf_counter() - t0) / max(1, len(outputs)))
+            shapes += [tuple(o.metainfo['img_shape'][:2]) for o in outputs]
+            scorer.process(data_samples=outputs, data_batch=data)
+    with quiet_metric_tables():
+        metrics = scorer.evaluate(len(loader.dataset))
+    return dict(metrics=metrics, seconds=seconds, shapes=shapes, images=len(shapes),
+                peak_mem_mb=meter.peak_mb if memory else None,
+                mem_rise_mb=meter.rise_mb if memory else None,
+                memory_kind=meter.kind if memory else None)
+
+
+def evaluate_loader(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any], mode: str,
+                    device: str, slide: Optional[Tuple[Tuple[int, int], Tuple[int, int]]] = None,
+                    desc: str = '') -> Dict[str, Any]:
+    """Predict every image of a dataloader ``whole`` or with mmseg's ``slide`` inference
+    (the segmentor's own ``test_step``) and score it (:func:`evaluate`): the evaluation of
+    the extrapolation report and the study's ladders.
+
+    Args:
+        model: an mmseg segmentor in eval mode; its ``test_cfg`` is set to ``mode``.
+        mode: ``'whole'`` or ``'slide'``.
+        slide: ``(crop, stride)`` of ``slide`` mode (e.g.
+            :func:`lookhere_dense.research.extrapolation.slide_settings`). Default: None.
+        dataloader, evaluator, device, desc: as :func:`evaluate`.
+
+    Returns:
+        :func:`evaluate`'s dict.
+
+    Raises:
+        ValueError: ``slide`` mode without ``slide`` settings, or an unknown mode.
+    """
+    import torch
+    from mmengine.config import ConfigDict
+
+    if mode == 'whole':
+        model.test_cfg = ConfigDict(mode='whole')
+    elif mode == 'slide':
+        if slide is None:
+            raise ValueError("mode='slide' needs slide=(crop, stride)")
+        crop, stride = slide
+        model.test_cfg = ConfigDict(mode='slide', crop_size=tuple(crop), stride=tuple(stride))
+    else:
+        raise ValueError(f"mode must be 'whole' or 'slide', got {mode!r}")
+
+    def step(data):
+        with torch.no_grad():
+            return model.test_step(data)
+
+    return evaluate(model, dataloader, evaluator, step, device, desc)

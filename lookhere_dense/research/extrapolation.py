@@ -1,0 +1,519 @@
+"""The extrapolation report: one segmentation checkpoint evaluated at several test
+resolutions (``tools/extrapolate.py``; ``tools/demo.py`` runs it after training).
+
+For every test (``MODE@SIZE``, :func:`parse_spec`) the config's test pipeline resizes the
+images to SIZE (:func:`spec_pipeline`) and the model predicts the whole image at once
+(``whole``) or in windows of the config's slide crop (``slide``, :func:`slide_settings`);
+mmseg's ``IoUMetric`` scores it (:func:`evaluate_spec`). The report gives mIoU, the patch
+grid the backbone saw (vs the training grid), time per image and peak memory
+(:class:`lookhere_dense.research.memory.PeakMemory`) as a Markdown table
+(:func:`format_table`), a JSON file and a PNG plot (:func:`plot_report`);
+:func:`extrapolation_report` does all of it.
+
+SIZE is ``x<f>`` (the config's test scale times f; ``x0.5`` tests below the training
+size), ``<S>`` (short side S px, aspect kept), ``long<L>`` (long side L px, the image's
+native aspect kept) or ``<H>x<W>`` (exactly H x W).
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import math
+import os
+import os.path as osp
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from .memory import PeakMemory, free_memory
+from ..evaluation.resize import (exact_resize, is_resize, long_side_resize,
+                                 replace_resize, scale_resizes, short_side_resize)
+
+__all__ = ['DEFAULT_TESTS', 'TestSpec', 'parse_spec', 'config_patch_size', 'spec_pipeline',
+           'slide_settings', 'clear_position_caches', 'start_clean', 'evaluate_loader',
+           'median_shape', 'evaluate_spec', 'format_table', 'plot_report',
+           'extrapolation_report']
+
+#: the tests of ``tools/extrapolate.py`` when none are given
+DEFAULT_TESTS = ('slide@x1', 'whole@x1', 'whole@x1.5', 'whole@x2', 'whole@x3')
+#: print that flushes (progress lines interleave with the progress bars on stderr)
+_print = functools.partial(print, flush=True)
+_SPEC = re.compile(r'^(whole|slide)@(?:x(?P<f>\d+(?:\.\d+)?)|(?P<h>\d+)x(?P<w>\d+)|(?P<s>\d+)'
+                   r'|long(?P<l>\d+))$')
+
+
+@dataclass(frozen=True)
+class TestSpec:
+    """One test: inference ``mode`` and how the test pipeline resizes.
+
+    Attributes:
+        text: the spec as written (``whole@x2``).
+        mode: ``'whole'`` or ``'slide'``.
+        factor: multiply the config's test ``Resize`` scale (or None).
+        short_side: resize to this short side, aspect kept (or None).
+        size: resize to exactly ``(H, W)`` (or None).
+        long_side: resize to this long side, aspect kept (or None).
+    """
+
+    __test__ = False  # not a pytest test class
+
+    text: str
+    mode: str
+    factor: Optional[float] = None
+    short_side: Optional[int] = None
+    size: Optional[Tuple[int, int]] = None
+    long_side: Optional[int] = None
+
+
+def parse_spec(text: str) -> TestSpec:
+    """``'whole@x2'`` / ``'whole@x0.5'`` / ``'slide@512'`` / ``'whole@long512'`` /
+    ``'whole@1024x2048'`` -> :class:`TestSpec`.
+
+    Raises:
+        lookhere_dense.errors.ConfigError: naming the accepted forms.
+    """
+    from ..errors import ConfigError
+
+    m = _SPEC.match(text.strip())
+    if not m:
+        raise ConfigError(f'bad test {text!r}: write MODE@SIZE with MODE whole or slide and '
+                          'SIZE x<factor> (x2, x0.5), <short side> (768), long<long side> '
+                          '(long512: aspect kept) or <H>x<W> (1024x2048)')
+    mode = m.group(1)
+    if m.group('f'):
+        spec = TestSpec(text, mode, factor=float(m.group('f')))
+        values = [spec.factor]
+    elif m.group('s'):
+        spec = TestSpec(text, mode, short_side=int(m.group('s')))
+        values = [spec.short_side]
+    elif m.group('l'):
+        spec = TestSpec(text, mode, long_side=int(m.group('l')))
+        values = [spec.long_side]
+    else:
+        spec = TestSpec(text, mode, size=(int(m.group('h')), int(m.group('w'))))
+        values = list(spec.size)
+    if min(values) <= 0:
+        raise ConfigError(f'bad test {text!r}: the size must be positive')
+    return spec
+
+
+def config_patch_size(cfg) -> Optional[int]:
+    """The patch size the config gives its backbone (``model.backbone.patch_size``; the
+    smaller side of an ``(h, w)`` patch), or None when it gives none."""
+    patch = (cfg.model.get('backbone') or {}).get('patch_size')
+    if patch is None:
+        return None
+    return int(min(patch)) if isinstance(patch, (list, tuple)) else int(patch)
+
+
+def _check_sides(spec: TestSpec, sides: Sequence[int], what: str,
+                 patch_size: Optional[int]) -> None:
+    """Refuse a test whose resize gives a side of 0 px or, with ``patch_size``, below one
+    patch (the backbone cannot embed it)."""
+    smallest = min(int(v) for v in sides)
+    if smallest >= (patch_size or 1):
+        return
+    from ..errors import ConfigError
+    if patch_size:
+        raise ConfigError(f'{spec.text}: {what} has a side of {smallest} px, below one patch of '
+                          f'the model ({patch_size} px): test at {patch_size} px or more')
+    raise ConfigError(f'{spec.text}: {what} has a side of {smallest} px: test at 1 px or more')
+
+
+def spec_pipeline(pipeline: Sequence[Dict[str, Any]], spec: TestSpec,
+                  patch_size: Optional[int] = None) -> List[Dict[str, Any]]:
+    """The test pipeline resized for ``spec`` (:mod:`lookhere_dense.evaluation.resize`):
+    ``x<f>`` multiplies its ``Resize`` transforms, a short side or an exact size replaces
+    the first one (inserted after the image loading when the config has none), as does a
+    long side (:func:`~lookhere_dense.evaluation.resize.long_side_resize`).
+
+    Args:
+        pipeline: the config's test pipeline (not changed).
+        spec: the test.
+        patch_size: the model's patch size (e.g. :func:`config_patch_size`): resized sizes
+            below one patch are refused. Default: None (only sizes of 0 px are refused).
+
+    Raises:
+        lookhere_dense.errors.ConfigError: ``x<f>`` on a pipeline without a ``Resize`` to
+            multiply; a resize to a side of 0 px or below one patch (``x<f>`` checks the
+            scaled ``scale`` of every ``Resize``; a ``scale_factor`` is not checked), naming
+            the spec, the size and the patch.
+    """
+    if spec.factor is not None:
+        out, scaled = scale_resizes(pipeline, spec.factor)
+        if not scaled:
+            from ..errors import ConfigError
+            raise ConfigError(f'{spec.text}: the test pipeline has no Resize scale to '
+                              'multiply; give the size in px (e.g. whole@512)')
+        for before, after in zip(pipeline, out):
+            if is_resize(after) and after.get('scale') is not None:
+                scale = after['scale']
+                _check_sides(spec, scale if isinstance(scale, tuple) else (scale,),
+                             f"the test Resize scale {before['scale']} x {spec.factor:g} = "
+                             f'{scale}', patch_size)
+        return out
+    if spec.short_side is not None:
+        _check_sides(spec, (spec.short_side,), f'the short side {spec.short_side} px',
+                     patch_size)
+        return replace_resize(pipeline, short_side_resize(spec.short_side))
+    if spec.long_side is not None:
+        _check_sides(spec, (spec.long_side,), f'the long side {spec.long_side} px',
+                     patch_size)
+        return replace_resize(pipeline, long_side_resize(spec.long_side))
+    _check_sides(spec, spec.size, f'the size {spec.size[0]}x{spec.size[1]} px', patch_size)
+    return replace_resize(pipeline, exact_resize(spec.size))
+
+
+def slide_settings(cfg) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+    """``(crop, stride)`` for slide tests: the config's slide ``test_cfg``, else the
+    training crop (``data_preprocessor.size``) with a 2/3 stride.
+
+    Raises:
+        lookhere_dense.errors.ConfigError: the config has neither.
+    """
+    tc = cfg.model.get('test_cfg') or {}
+    if tc.get('mode') == 'slide' and tc.get('crop_size'):
+        return tuple(tc['crop_size']), tuple(tc.get('stride') or tc['crop_size'])
+    size = (cfg.model.get('data_preprocessor') or {}).get('size')
+    if not size:
+        from ..errors import ConfigError
+        raise ConfigError('slide tests need a crop: the config has neither a slide test_cfg '
+                          'nor model.data_preprocessor.size')
+    crop = tuple(size)
+    return crop, tuple(max(1, c * 2 // 3) for c in crop)
+
+
+def clear_position_caches(model) -> int:
+    """Empty the caches of every position encoding of ``model`` (LookHere biases, RoPE
+    tables): ``clear_caches()`` of each
+    :class:`~lookhere_dense.lookhere.pos_encoding.PositionEncoding` that has one.
+
+    Returns:
+        How many encodings were cleared.
+    """
+    from ..lookhere.pos_encoding import PositionEncoding
+
+    cleared = 0
+    for module in model.modules():
+        if not isinstance(module, PositionEncoding):
+            continue
+        clear = getattr(module, 'clear_caches', None)
+        if callable(clear):
+            clear()
+            cleared += 1
+    return cleared
+
+
+def start_clean(model) -> None:
+    """Start a measurement from a clean slate: empty the position-encoding caches (each
+    test pays for its own biases) and free memory (:func:`free_memory`), so the peak memory
+    of one test does not carry the previous test's leftovers."""
+    clear_position_caches(model)
+    free_memory()
+
+
+def _silence_metric_tables():
+    """IoUMetric logs a 150-row per-class table per test; keep only warnings."""
+    import logging
+
+    from mmengine.logging import MMLogger
+    logger = MMLogger.get_current_instance()
+    old = logger.level
+    logger.setLevel(logging.WARNING)
+    return logger, old
+
+
+def evaluate_loader(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any], mode: str,
+                    device: str, slide: Optional[Tuple[Tuple[int, int], Tuple[int, int]]] = None,
+                    desc: str = '') -> Dict[str, Any]:
+    """Predict every image of a dataloader ``whole`` or with mmseg's ``slide`` inference,
+    score it with ``evaluator`` and measure time and peak memory: the one evaluation of
+    the extrapolation report and the study's field-of-view ladder.
+
+    Each call starts clean (:func:`start_clean`: empty position-encoding caches, freed
+    memory); time is model time (``test_step``, data loading excluded) and memory the peak
+    of :class:`~lookhere_dense.research.memory.PeakMemory` over the whole loop.
+
+    Args:
+        model: an mmseg segmentor in eval mode; its ``test_cfg`` is set to ``mode``.
+        dataloader: the dataloader config (built with mmengine's ``Runner.build_dataloader``).
+        evaluator: the evaluator config (e.g. ``IoUMetric``).
+        mode: ``'whole'`` or ``'slide'``.
+        device: ``'cpu'`` / ``'cuda[:N]'`` (for the memory meter and timing).
+        slide: ``(crop, stride)`` of ``slide`` mode (e.g. :func:`slide_settings`).
+            Default: None.
+        desc: progress-bar label. Default: ``''``.
+
+    Returns:
+        ``dict(metrics, seconds, shapes, peak_mem_mb, mem_rise_mb, memory_kind)``: the
+        evaluator's metrics, model seconds per image of every batch, the ``img_shape`` of
+        every image, the peak memory and its rise above the memory in use at the start.
+
+    Raises:
+        ValueError: ``slide`` mode without ``slide`` settings, or an unknown mode.
+    """
+    import torch
+    from mmengine.config import ConfigDict
+    from mmengine.evaluator import Evaluator
+    from mmengine.runner import Runner
+    from tqdm import tqdm
+
+    if mode == 'whole':
+        model.test_cfg = ConfigDict(mode='whole')
+    elif mode == 'slide':
+        if slide is None:
+            raise ValueError("mode='slide' needs slide=(crop, stride)")
+        crop, stride = slide
+        model.test_cfg = ConfigDict(mode='slide', crop_size=tuple(crop), stride=tuple(stride))
+    else:
+        raise ValueError(f"mode must be 'whole' or 'slide', got {mode!r}")
+    loader = Runner.build_dataloader(dataloader)
+    evaluator = Evaluator(copy.deepcopy(evaluator))
+    evaluator.dataset_meta = loader.dataset.metainfo
+    seconds, shapes = [], []
+    start_clean(model)
+    with PeakMemory(device) as mem:
+        for data in tqdm(loader, desc=f'{desc:>16}', unit='img', leave=False,
+                         dynamic_ncols=True, disable=None):  # no bars in logs
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                outputs = model.test_step(data)
+            if device.startswith('cuda'):
+                torch.cuda.synchronize()
+            seconds.append((time.perf_counter() - t0) / max(1, len(outputs)))
+            shapes += [tuple(o.metainfo['img_shape'][:2]) for o in outputs]
+            evaluator.process(data_samples=outputs, data_batch=data)
+    logger, level = _silence_metric_tables()
+    try:
+        metrics = evaluator.evaluate(len(loader.dataset))
+    finally:
+        logger.setLevel(level)
+    return dict(metrics=metrics, seconds=seconds, shapes=shapes, peak_mem_mb=mem.peak_mb,
+                mem_rise_mb=mem.rise_mb, memory_kind=mem.kind)
+
+
+def median_shape(shapes: Sequence[Tuple[int, int]]) -> Tuple[int, int]:
+    """The ``(H, W)`` of the median image by area (ties by H, then W): the size of an image
+    that was tested, unlike the median H and median W taken apart (on mixed portrait and
+    landscape images those give a shape no image has)."""
+    ordered = sorted((tuple(s) for s in shapes), key=lambda s: (s[0] * s[1], s[0], s[1]))
+    return ordered[len(ordered) // 2]
+
+
+def evaluate_spec(model, cfg, spec: TestSpec, split: str, device: str,
+                  max_images: Optional[int], patch_size: int) -> Dict[str, Any]:
+    """Run one test of ``model`` on the ``split`` dataloader of ``cfg``
+    (:func:`evaluate_loader`, one image per batch).
+
+    Returns:
+        The report row: ``test, mode, input_h, input_w`` (the size of the median image by
+        area, :func:`median_shape`), ``input_sizes`` (how many distinct sizes were tested),
+        ``input_h_range, input_w_range`` (``[min, max]`` of each side), ``grid_h, grid_w``
+        (patch grid the backbone saw for the median image; a window's for slide tests),
+        ``mIoU, aAcc, mAcc``, ``sec_per_img`` (model time), ``peak_mem_mb``,
+        ``memory_kind`` (:attr:`PeakMemory.kind`), ``images``.
+
+    Raises:
+        lookhere_dense.errors.ConfigError: a resize below one patch of the config's backbone
+            (:func:`spec_pipeline`), before any image is predicted.
+    """
+    dl_cfg = copy.deepcopy(cfg.get(f'{split}_dataloader'))
+    dl_cfg['dataset']['pipeline'] = spec_pipeline(dl_cfg['dataset']['pipeline'], spec,
+                                                  config_patch_size(cfg))
+    dl_cfg['batch_size'] = 1
+    dl_cfg['persistent_workers'] = False
+    dl_cfg['num_workers'] = min(int(dl_cfg.get('num_workers', 0)), 2)
+    if max_images:
+        dl_cfg['dataset']['indices'] = max_images
+    slide = slide_settings(cfg) if spec.mode == 'slide' else None
+    result = evaluate_loader(model, dl_cfg, cfg.get(f'{split}_evaluator'), spec.mode, device,
+                             slide, spec.text)
+    metrics, seconds, shapes = result['metrics'], result['seconds'], result['shapes']
+    h, w = median_shape(shapes)
+    if spec.mode == 'slide':
+        crop, _ = slide
+        grid_h, grid_w = (math.ceil(min(c, d) / patch_size) for c, d in zip(crop, (h, w)))
+    else:
+        grid_h, grid_w = math.ceil(h / patch_size), math.ceil(w / patch_size)
+    hs, ws = [s[0] for s in shapes], [s[1] for s in shapes]
+    return dict(
+        test=spec.text, mode=spec.mode, input_h=h, input_w=w,
+        input_sizes=len(set(shapes)), input_h_range=[min(hs), max(hs)],
+        input_w_range=[min(ws), max(ws)], grid_h=grid_h, grid_w=grid_w,
+        mIoU=float(metrics.get('mIoU', float('nan'))),
+        aAcc=float(metrics.get('aAcc', float('nan'))),
+        mAcc=float(metrics.get('mAcc', float('nan'))),
+        sec_per_img=sum(seconds) / max(1, len(seconds)), peak_mem_mb=result['peak_mem_mb'],
+        memory_kind=result['memory_kind'], images=len(seconds))
+
+
+def _memory_label(rows: Sequence[Dict[str, Any]]) -> str:
+    return 'peak GPU MB' if rows and rows[0]['memory_kind'] == 'cuda_max_allocated' \
+        else 'peak RSS MB'
+
+
+def input_cell(row: Dict[str, Any]) -> str:
+    """The input size of a report row: ``HxW`` of its median image, followed by how many
+    sizes there were and their ranges when the images were not all one size (``36x48
+    (median of 4 sizes: H 24-48, W 24-48)``)."""
+    cell = f"{row['input_h']}x{row['input_w']}"
+    if row.get('input_sizes', 1) > 1:
+        (h0, h1), (w0, w1) = row['input_h_range'], row['input_w_range']
+        cell += f" (median of {row['input_sizes']} sizes: H {h0}-{h1}, W {w0}-{w1})"
+    return cell
+
+
+def format_row(row: Dict[str, Any]) -> str:
+    """One report row as the progress line ``tools/extrapolate.py`` prints."""
+    return (f"{row['test']:>18}: mIoU {row['mIoU']:6.2f}  input {input_cell(row)}  "
+            f"grid {row['grid_h']}x{row['grid_w']}  "
+            f"{row['sec_per_img']:.3f} s/img  peak {row['peak_mem_mb']:.0f} MB")
+
+
+def format_table(rows: List[Dict[str, Any]], train_grid: Optional[Tuple[int, int]]) -> str:
+    """The report rows as a Markdown table. The input column is the size of the median
+    image by area (:func:`input_cell`: with the number of sizes and their ranges when
+    they vary); the patch grid is the median image's."""
+    lines = [f'| test | input (median HxW) | patch grid | mIoU | aAcc | s / img | '
+             f'{_memory_label(rows)} |',
+             '|---|---|---|---|---|---|---|']
+    for r in rows:
+        grid = f"{r['grid_h']}x{r['grid_w']}"
+        if r['mode'] == 'slide':
+            grid += ' (windows)'
+        lines.append(f"| {r['test']} | {input_cell(r)} | {grid} | "
+                     f"{r['mIoU']:.2f} | {r['aAcc']:.2f} | {r['sec_per_img']:.3f} | "
+                     f"{r['peak_mem_mb']:.0f} |")
+    if train_grid:
+        lines.append(f'\ntraining crop grid: {train_grid[0]}x{train_grid[1]} patches')
+    return '\n'.join(lines)
+
+
+def plot_report(rows: List[Dict[str, Any]], path: str, title: str,
+                train_grid: Optional[Tuple[int, int]]) -> None:
+    """PNG: mIoU vs test (patch grid), and time / memory per test."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['test']}\n{r['input_h']}x{r['input_w']}"
+              f"{' (%d sizes)' % r['input_sizes'] if r.get('input_sizes', 1) > 1 else ''}"
+              f"\ngrid {r['grid_h']}x{r['grid_w']}" for r in rows]
+    x = list(range(len(rows)))
+    colours = ['tab:orange' if r['mode'] == 'slide' else 'tab:blue' for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(10.0, 2.4 * len(rows) + 2), 4.8))
+    ax1.bar(x, [r['mIoU'] for r in rows], color=colours)
+    for xi, r in zip(x, rows):
+        ax1.annotate(f"{r['mIoU']:.1f}", (xi, r['mIoU']), ha='center', va='bottom', fontsize=9)
+    ax1.set_xticks(x, labels, fontsize=8)
+    ax1.set_ylabel('mIoU (%)')
+    ax1.set_ylim(0, max(100, max((r['mIoU'] for r in rows), default=0) * 1.1))
+    note = f' (trained on {train_grid[0]}x{train_grid[1]} crops)' if train_grid else ''
+    ax1.set_title('mIoU per test' + note, fontsize=10)
+    ax2.plot(x, [r['sec_per_img'] for r in rows], 'o-', color='tab:green', label='s / image')
+    ax2.set_ylabel('seconds per image', color='tab:green')
+    ax2.set_xticks(x, labels, fontsize=8)
+    ax3 = ax2.twinx()
+    kind = _memory_label(rows)
+    ax3.plot(x, [r['peak_mem_mb'] for r in rows], 's--', color='tab:red', label=kind)
+    ax3.set_ylabel(kind, color='tab:red')
+    ax2.set_title('cost per test', fontsize=10)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def extrapolation_report(config: str, checkpoint: str,
+                         tests: Sequence[str] = DEFAULT_TESTS, split: str = 'test',
+                         max_images: Optional[int] = None, out_dir: Optional[str] = None,
+                         name: str = 'extrapolation', device: Optional[str] = None,
+                         cfg_options: Optional[dict] = None, command: str = '',
+                         log: Callable[[str], None] = _print) -> Dict[str, Any]:
+    """Evaluate ``checkpoint`` at every test and write ``<out_dir>/<name>.json`` and
+    ``.png``.
+
+    Args:
+        config: the mmseg config the checkpoint was trained with (``mmseg::`` paths allowed).
+        checkpoint: the checkpoint file.
+        tests: ``MODE@SIZE`` specs (:func:`parse_spec`), in order. Default:
+            :data:`DEFAULT_TESTS`.
+        split: ``'test'`` or ``'val'``: which dataloader of the config. Default: ``'test'``.
+        max_images: only the first N images of the split (N >= 1). Default: None (all).
+        out_dir: output folder. Default: ``work_dirs/<config name>/extrapolation``.
+        name: file stem of the JSON / PNG. Default: ``'extrapolation'``.
+        device: ``'cpu'`` / ``'cuda[:N]'``. Default: None (cuda when available).
+        cfg_options: config overrides (``--cfg-options``). Default: None.
+        command: the command line, stored in the report. Default: ``''``.
+        log: where the progress lines, the table and the written paths go. Default:
+            print (flushed).
+
+    Returns:
+        The JSON content, plus ``json`` and ``png`` (the written paths).
+
+    Raises:
+        lookhere_dense.errors.ConfigError: a bad test spec, a test resized below one patch
+        of the config's backbone (:func:`spec_pipeline`; checked before the model is built)
+        or a non-mmseg config;
+        FileNotFoundError: config or checkpoint missing; the pre-flight data checks'
+        errors (:func:`lookhere_dense.apis.cli.preflight`).
+    """
+    import lookhere_dense
+    lookhere_dense.register_all_modules()
+    import torch
+    from mmengine.registry import init_default_scope
+
+    from ..apis.cli import (build_model_from_checkpoint, load_segmentation_job,
+                            preflight)
+    from ..errors import ConfigError
+
+    specs = [parse_spec(t) for t in tests]
+    if not specs:
+        raise ConfigError('no tests given: name at least one MODE@SIZE (e.g. whole@x1)')
+    if max_images is not None and (isinstance(max_images, bool) or
+                                   not isinstance(max_images, int) or max_images < 1):
+        raise ConfigError(f'max_images must be a whole number >= 1 (or None for all), got '
+                          f'{max_images!r}')
+    cfg = load_segmentation_job(config, checkpoint, split, cfg_options, 'extrapolate.py')
+    scope = cfg.get('default_scope') or 'mmseg'
+    dl_cfg = cfg.get(f'{split}_dataloader') or {}
+    pipeline = (dl_cfg.get('dataset') or {}).get('pipeline')
+    if pipeline is not None:  # every resize against the patch: before any evaluation work
+        for spec in specs:
+            spec_pipeline(pipeline, spec, config_patch_size(cfg))
+    init_default_scope(scope)
+    preflight(cfg, (split,), check_pretrained=False)
+    device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
+
+    model, _ = build_model_from_checkpoint(cfg, checkpoint, device)
+    patch = config_patch_size(cfg) or 16
+    size = (cfg.model.get('data_preprocessor') or {}).get('size')
+    train_grid = tuple(math.ceil(s / patch) for s in size) if size else None
+
+    rows = []
+    log(f'{len(specs)} tests on the {split} split, device {device}')
+    for spec in specs:
+        row = evaluate_spec(model, cfg, spec, split, device, max_images, patch)
+        rows.append(row)
+        log(format_row(row))
+
+    stem = osp.splitext(osp.basename(config.split('::')[-1]))[0]
+    out_dir = out_dir or osp.join('work_dirs', stem, 'extrapolation')
+    os.makedirs(out_dir, exist_ok=True)
+    table = format_table(rows, train_grid)
+    log('\n' + table)
+    report = dict(
+        config=config, checkpoint=checkpoint, split=split, device=device,
+        torch=torch.__version__, train_crop=list(size) if size else None,
+        train_grid=list(train_grid) if train_grid else None, patch_size=patch,
+        command=command, rows=rows)
+    json_path = osp.join(out_dir, f'{name}.json')
+    png_path = osp.join(out_dir, f'{name}.png')
+    with open(json_path, 'w') as f:
+        json.dump(report, f, indent=2)
+    plot_report(rows, png_path, f'{stem} — {osp.basename(checkpoint)} ({device})', train_grid)
+    log(f'\nwrote {json_path} and {png_path}')
+    report['json'], report['png'] = json_path, png_path
+    return report

@@ -1,0 +1,87 @@
+"""The one reporting layer: Markdown tables, CSV, JSON, text and PNG figures, written the
+same way by every report (the extrapolation report, the robustness report, the study and
+the benchmark). Each writer creates the folder it writes into.
+
+Figures use matplotlib's ``Agg`` backend (no screen needed), imported on first use.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import os.path as osp
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple
+
+__all__ = ['markdown_table', 'write_csv', 'write_json', 'write_text', 'figure', 'ensure_dir']
+
+
+def ensure_dir(path: str) -> str:
+    """Create the folder ``path`` (and its parents) if needed; return it."""
+    if path:
+        os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _parent(path: str) -> None:
+    ensure_dir(osp.dirname(osp.abspath(path)))
+
+
+def markdown_table(header: Sequence[Any], rows: Iterable[Sequence[Any]]) -> str:
+    """A Markdown table (``| a | b |`` lines under a ``|---|`` rule); cells as ``str``."""
+    lines = ['| ' + ' | '.join(str(h) for h in header) + ' |', '|' + '---|' * len(header)]
+    lines += ['| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows]
+    return '\n'.join(lines)
+
+
+def write_csv(path: str, header: Sequence[Any], rows: Iterable[Sequence[Any]]) -> str:
+    """Write a CSV file with one header row; returns ``path``."""
+    _parent(path)
+    with open(path, 'w', newline='') as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def write_json(path: str, data: Any, indent: int = 2,
+               default: Optional[Callable[[Any], Any]] = None) -> str:
+    """Write ``data`` as JSON; returns ``path``."""
+    _parent(path)
+    with open(path, 'w') as f:
+        json.dump(data, f, indent=indent, default=default)
+    return path
+
+
+def write_text(path: str, text: str) -> str:
+    """Write ``text``; returns ``path``."""
+    _parent(path)
+    with open(path, 'w') as f:
+        f.write(text)
+    return path
+
+
+@contextlib.contextmanager
+def figure(path: str, nrows: int = 1, ncols: int = 1, figsize: Tuple[float, float] = (7, 4.5),
+           dpi: int = 110, title: Optional[str] = None, squeeze: bool = True,
+           **subplots: Any) -> Iterator[Tuple[Any, Any]]:
+    """A matplotlib figure saved to ``path`` (PNG) when the block ends.
+
+    Yields ``(fig, axes)`` of ``plt.subplots(nrows, ncols, ...)``; on leaving, the title is
+    set (``title``, as ``suptitle``), the layout tightened, the figure written and closed
+    (also when the block raises: then nothing is written).
+    """
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(nrows, ncols, figsize=figsize, squeeze=squeeze, **subplots)
+    try:
+        yield fig, axes
+        if title:
+            fig.suptitle(title, fontsize=10)
+        fig.tight_layout()
+        _parent(path)
+        fig.savefig(path, dpi=dpi)
+    finally:
+        plt.close(fig)

@@ -1,0 +1,148 @@
+"""The shared validators: every "a number but not a bool" check of the package (no imports
+beyond the standard library).
+
+Each ``check_*`` returns the value (converted where it says so) or raises an error whose
+message names the argument and the value: ``NAME must be DESCRIPTION, got VALUE``. ``NAME``
+is what the user wrote, with its owner when that helps (``'LookHereViT: patch_size'``,
+``"pos_encoding='pape': parabolas"``). ``error`` chooses the class (default ``ValueError``;
+e.g. :class:`~lookhere_dense.errors.ConfigError` in the tools, whose errors print as one
+line).
+
+``bool`` is an ``int`` in Python, so ``True`` would pass a plain ``isinstance(x, int)``
+check as 1; :func:`is_int` and :func:`is_number` refuse it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Dict, Optional, Type, TypeVar
+
+__all__ = ['is_int', 'is_number', 'int_or_none', 'check_int', 'check_number', 'check_rate',
+           'check_bool', 'settings_from_dict']
+
+T = TypeVar('T')
+
+
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is an ``int`` (not a ``bool``)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is an ``int`` or ``float`` (not a ``bool``; NaN and inf are
+    numbers here, see :func:`check_number` for finiteness)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def int_or_none(value: Any) -> Optional[int]:
+    """``value`` when it is an int (:func:`is_int`), else None (for optional records)."""
+    return value if is_int(value) else None
+
+
+def _int_description(minimum: int) -> str:
+    if minimum == 1:
+        return 'a positive int'
+    return f'an int >= {minimum}'
+
+
+def check_int(name: str, value: Any, minimum: Optional[int] = 1,
+              error: Type[Exception] = ValueError, description: Optional[str] = None) -> int:
+    """``value`` when it is an int ``>= minimum`` (None: any int).
+
+    Args:
+        name: the argument, as the message names it.
+        value: what was given.
+        minimum: the smallest allowed value. Default: 1.
+        error: the exception class. Default: ``ValueError``.
+        description: what the message says ``value`` must be. Default: ``'a positive
+            int'`` for ``minimum=1``, else ``'an int >= MIN'``.
+
+    Raises:
+        error: ``NAME must be DESCRIPTION, got VALUE``.
+    """
+    if not is_int(value) or (minimum is not None and value < minimum):
+        what = description or ('an int' if minimum is None else _int_description(minimum))
+        raise error(f'{name} must be {what}, got {value!r}')
+    return value
+
+
+def check_number(name: str, value: Any, minimum: Optional[float] = None,
+                 strict: bool = False, maximum: Optional[float] = None,
+                 error: Type[Exception] = ValueError,
+                 description: Optional[str] = None) -> float:
+    """``value`` as a float, when it is a finite number in range.
+
+    Args:
+        name: the argument, as the message names it.
+        value: what was given.
+        minimum: lower bound (inclusive, exclusive with ``strict``); None: none.
+            Default: None.
+        strict: the lower bound is exclusive. Default: False.
+        maximum: inclusive upper bound; None: none. Default: None.
+        error: the exception class. Default: ``ValueError``.
+        description: what the message says ``value`` must be. Default: ``'a finite
+            number'`` with the bounds (``'a finite number > 0'``, ``'... in (0, 255]'``).
+
+    Raises:
+        error: ``NAME must be DESCRIPTION, got VALUE``.
+    """
+    ok = is_number(value) and math.isfinite(value)
+    if ok and minimum is not None:
+        ok = value > minimum if strict else value >= minimum
+    if ok and maximum is not None:
+        ok = value <= maximum
+    if not ok:
+        if description is None:
+            description = 'a finite number'
+            if minimum is not None and maximum is not None:
+                description += f' in {"(" if strict else "["}{minimum:g}, {maximum:g}]'
+            elif minimum is not None:
+                description += f' {">" if strict else ">="} {minimum:g}'
+            elif maximum is not None:
+                description += f' <= {maximum:g}'
+        raise error(f'{name} must be {description}, got {value!r}')
+    return float(value)
+
+
+def check_rate(name: str, value: Any, error: Type[Exception] = ValueError) -> float:
+    """``value`` as a float, when it is a probability in ``[0, 1)`` (a dropout rate).
+
+    Raises:
+        error: ``NAME must be a probability in [0, 1), got VALUE``.
+    """
+    if not is_number(value) or not 0 <= value < 1:
+        raise error(f'{name} must be a probability in [0, 1), got {value!r}')
+    return float(value)
+
+
+def check_bool(name: str, value: Any, error: Type[Exception] = ValueError) -> bool:
+    """``value`` when it is ``True`` or ``False`` (not 0 / 1, not a string).
+
+    Raises:
+        error: ``NAME must be True or False, got VALUE``.
+    """
+    if not isinstance(value, bool):
+        raise error(f'{name} must be True or False, got {value!r}')
+    return value
+
+
+def settings_from_dict(cls: Type[T], cfg: Optional[Dict[str, Any]], what: str) -> T:
+    """``cls(**cfg)`` for a dataclass ``cls``, refusing keys it does not have: the one
+    conversion of settings given as config dicts (generated datasets, attacks), so an
+    unknown key is refused by name everywhere in the same words.
+
+    Args:
+        cls: the settings dataclass.
+        cfg: its options (``None`` = all defaults).
+        what: how the error names the settings, e.g. ``'relational dataset settings'``.
+
+    Raises:
+        ValueError: ``unknown {what} [keys]; allowed: [fields]``; and whatever the
+            dataclass's own validation raises for a bad value.
+    """
+    cfg = dict(cfg or {})
+    allowed = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(cfg) - allowed)
+    if unknown:
+        raise ValueError(f'unknown {what} {unknown}; allowed: {sorted(allowed)}')
+    return cls(**cfg)
