@@ -20,7 +20,8 @@ from lookhere_dense.research.benchmark import DTYPES, SECTION_GROUPS, SECTIONS
 from lookhere_dense.research.benchmark.attention import (bench_attention, grid_for,
                                                          skipped_tile_fraction)
 from lookhere_dense.research.benchmark.bias import bias_case
-from lookhere_dense.research.benchmark.child import run_case, run_child
+from lookhere_dense.research.benchmark.child import run_case
+from lookhere_dense.research.benchmark.fresh import run_child
 from lookhere_dense.research.benchmark.official import baseline_matches, official_style_bias
 from lookhere_dense.research.benchmark.report import environment, format_table
 from lookhere_dense.research.benchmark.timing import interleaved, paired_ratio

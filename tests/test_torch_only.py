@@ -75,6 +75,7 @@ with torch.no_grad():
 import lookhere_dense.research.benchmark.attention
 import lookhere_dense.research.benchmark.bias
 import lookhere_dense.research.benchmark.child
+import lookhere_dense.research.benchmark.fresh
 import lookhere_dense.research.benchmark.official
 import lookhere_dense.research.benchmark.report
 import lookhere_dense.research.benchmark.timing

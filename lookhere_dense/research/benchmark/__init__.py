@@ -22,7 +22,7 @@ section        what                                                     needs
                fresh process per case (:mod:`.segmenter`)
 =============  =======================================================  ==================
 
-The torch-only modules (:mod:`.timing`, :mod:`.child`, :mod:`.official`, :mod:`.bias`,
+The torch-only modules (:mod:`.timing`, :mod:`.fresh`, :mod:`.child`, :mod:`.official`, :mod:`.bias`,
 :mod:`.attention`, :mod:`.report`) import nothing from OpenMMLab, so the ``attention``
 group (``bias`` + ``attn``) runs where only torch is installed. :mod:`.models` imports
 the backbone (mmcv / mmengine) and mmseg; :mod:`.segmenter` imports OpenMMLab inside its

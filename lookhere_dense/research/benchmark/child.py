@@ -1,10 +1,9 @@
 """Benchmark cases that run in a fresh interpreter (torch only; the case decides the rest).
 
-A case is a JSON-able dict with a ``kind``; :func:`run_child` starts
-``python -m lookhere_dense.research.benchmark.child '<case JSON>'`` and reads the result, the
-child's last stdout line that is a JSON object. A fresh process gives every case the
-same clean start: peak-memory figures are not inflated by what an earlier case left
-behind, and no case inherits another's warm caches.
+What runs in the child: ``python -m lookhere_dense.research.benchmark.child '<case JSON>'``
+runs one case (:func:`run_case`) and prints its result as the last stdout line. The
+parent side, :func:`lookhere_dense.research.benchmark.fresh.run_child`, starts it; the
+case modules import that, never this one, so the dispatch below does not import back.
 
 =============  ==================================================  ==================
 kind           what                                                needs
@@ -18,13 +17,10 @@ kind           what                                                needs
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
-__all__ = ['CASE_KINDS', 'run_case', 'run_child']
+__all__ = ['CASE_KINDS', 'run_case', 'main']
 
 #: Case kinds a child can run.
 CASE_KINDS = ('bias', 'frame', 'segmenter')
@@ -43,41 +39,6 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
         from .segmenter import segmenter_case
         return segmenter_case(case)
     raise ValueError(f'unknown benchmark case kind {kind!r}; allowed: {list(CASE_KINDS)}')
-
-
-def _child_env() -> Dict[str, str]:
-    """This environment, with the directory of the imported ``lookhere_dense`` first on
-    ``PYTHONPATH``: the child runs the same code as the parent (a checkout, not another
-    installed copy)."""
-    import lookhere_dense
-    root = str(Path(lookhere_dense.__file__).resolve().parents[1])
-    env = dict(os.environ)
-    env['PYTHONPATH'] = os.pathsep.join(p for p in (root, env.get('PYTHONPATH')) if p)
-    return env
-
-
-def run_child(case: Dict[str, Any], timeout: float) -> Dict[str, Any]:
-    """Run ``case`` in a fresh interpreter.
-
-    Args:
-        case: a dict with ``kind`` (one of :data:`CASE_KINDS`) and the case's settings.
-        timeout: seconds before the child is abandoned.
-
-    Returns:
-        The child's result, or ``case`` plus ``error`` (a one-line reason: timeout, exit
-        status and the last lines of its stderr) when it failed.
-    """
-    cmd = [sys.executable, '-m', 'lookhere_dense.research.benchmark.child', json.dumps(case)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=_child_env())
-    except subprocess.TimeoutExpired:
-        return dict(case, error=f'timed out after {timeout:.0f} s')
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{')]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return dict(case, error=f'exit {proc.returncode}: ' + ' | '.join(tail))
-    return json.loads(lines[-1])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

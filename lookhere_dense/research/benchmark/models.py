@@ -19,7 +19,7 @@ import torch
 from ..memory import GiB, PeakMemory
 from lookhere_dense.models.backbones.lookhere_vit import LookHereViT
 from . import DTYPES
-from .child import run_child
+from .fresh import run_child
 from .timing import interleaved, paired_ratio, timed
 
 __all__ = ['vit_arch', 'build_vit', 'engine_of', 'build_mmseg_vit', 'frame_case',

@@ -3,7 +3,7 @@ backbone alone, side by side (needs OpenMMLab).
 
 :func:`whole_frame_memory` builds the model of an mmseg config (random init: no
 checkpoint, no data) and measures, each case in a fresh child process
-(:func:`lookhere_dense.research.benchmark.child.run_child`, case kind ``segmenter``) so that peaks
+(:func:`lookhere_dense.research.benchmark.fresh.run_child`, case kind ``segmenter``) so that peaks
 do not carry over:
 
 ``backbone``  the config's backbone alone (built alone) on the preprocessed frame;
@@ -34,7 +34,7 @@ import tempfile
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .child import run_child
+from .fresh import run_child
 
 __all__ = ['whole_frame_memory', 'bench_segmenter', 'case_ratios', 'segmenter_case',
            'mmseg_original_cfg', 'MMSEG_ORIGINALS', 'CASES', 'TARGET_RATIO']
@@ -180,7 +180,7 @@ def whole_frame_memory(config: Union[str, os.PathLike, Any], size: Sequence[int]
                        timeout: float = 3600.0) -> Dict[str, Any]:
     """Peak memory of whole-frame inference of a config's model vs its backbone alone.
 
-    Every case runs in a fresh child process (:func:`.child.run_child` with
+    Every case runs in a fresh child process (:func:`.fresh.run_child` with
     ``kind='segmenter'``: :func:`segmenter_case`), one after the other.
 
     Args:
