@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from lookhere_dense.apis.inference import inference_pipeline, inference_test_cfg
-from lookhere_dense.research.extrapolation import (clear_position_caches, format_table, parse_spec,
-                                                   slide_settings, spec_pipeline)
+from lookhere_dense.research.evaluate import clear_position_caches
+from lookhere_dense.research.extrapolation import (format_table, parse_spec, slide_settings,
+                                                   spec_pipeline)
 from lookhere_dense.evaluation.resize import (exact_resize, find_resize, is_resize,
                                               long_side_resize, replace_resize, scale_resizes,
                                               short_side_resize)

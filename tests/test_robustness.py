@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lookhere_dense.research.robustness.segmentor import (AttackSettings, fgsm,
+from lookhere_dense.research.robustness import (AttackSettings, fgsm,
                                                           format_robustness_table, pgd, pixel_box,
                                                           settings_from_dict, strength_means)
 
@@ -144,7 +144,7 @@ def test_pgd_steps_by_step_size_pixel_levels_of_each_channel():
     """One PGD step from the image (no random start), step < eps: every value moves by
     exactly ``step`` pixel levels -- ``step / std_c`` in the normalised input -- along the
     decode loss's gradient sign; FGSM moves by ``eps`` pixel levels."""
-    from lookhere_dense.research.robustness.segmentor import perturb
+    from lookhere_dense.research.robustness import perturb
     w = torch.randn(1, 3, 4, 5, generator=torch.Generator().manual_seed(0))
     model = _LinearLossSegmentor(w)
     x = torch.zeros(1, 3, 4, 5)   # pixel 127.5: far from the valid range's ends
@@ -157,7 +157,7 @@ def test_pgd_steps_by_step_size_pixel_levels_of_each_channel():
 
 
 def test_decode_loss_refuses_samples_without_labels_or_a_model_without_a_decode_loss():
-    from lookhere_dense.research.robustness.segmentor import decode_loss
+    from lookhere_dense.research.robustness import decode_loss
     from lookhere_dense.errors import ConfigError
     x = torch.zeros(1, 3, 2, 2)
     with pytest.raises(ConfigError, match="needs the ground-truth labels.*LoadAnnotations"):
@@ -173,7 +173,7 @@ def test_a_split_without_labels_is_refused_before_the_model_is_built(tmp_path, r
     a checkpoint)."""
     from mmengine.config import Config
 
-    from lookhere_dense.research.robustness.segmentor import check_attackable, robustness_report
+    from lookhere_dense.research.robustness import check_attackable, robustness_report
     from lookhere_dense.errors import ConfigError
     base = repo_root / 'configs' / 'study' / 'relational_vit_tiny.py'
     config = tmp_path / 'no_test_labels.py'
@@ -231,8 +231,8 @@ def trained(tmp_path_factory, repo_root):
 
 
 def test_an_attack_of_strength_zero_is_the_clean_test_path(trained):
-    from lookhere_dense.research.extrapolation import evaluate_loader
-    from lookhere_dense.research.robustness.segmentor import evaluate_attack
+    from lookhere_dense.research.evaluate import evaluate_loader
+    from lookhere_dense.research.robustness import evaluate_attack
     model, cfg = trained
     dl, ev = cfg.val_dataloader.to_dict(), cfg.val_evaluator.to_dict()
     clean = evaluate_loader(model, dl, ev, 'whole', 'cpu')['metrics']   # model.test_step
@@ -245,7 +245,7 @@ def test_an_attack_of_strength_zero_is_the_clean_test_path(trained):
 
 
 def test_a_stronger_attack_lowers_miou_of_a_trained_model(trained):
-    from lookhere_dense.research.robustness.segmentor import robustness_sweep
+    from lookhere_dense.research.robustness import robustness_sweep
     model, cfg = trained
     settings = AttackSettings(eps=(2, 16), steps=3)
     res = robustness_sweep(model, cfg.val_dataloader.to_dict(), cfg.val_evaluator.to_dict(),
@@ -267,7 +267,7 @@ def test_an_attack_restores_train_mode_test_cfg_and_requires_grad(trained):
     and each parameter's own ``requires_grad``."""
     from mmengine.config import ConfigDict
 
-    from lookhere_dense.research.robustness.segmentor import evaluate_attack
+    from lookhere_dense.research.robustness import evaluate_attack
     model, cfg = trained
     dl = cfg.val_dataloader.to_dict()
     dl['dataset']['indices'] = 2
@@ -291,7 +291,7 @@ def test_an_attack_restores_train_mode_test_cfg_and_requires_grad(trained):
 
 
 def test_an_evaluator_without_the_metric_fails_before_any_attack(trained):
-    from lookhere_dense.research.robustness.segmentor import robustness_sweep
+    from lookhere_dense.research.robustness import robustness_sweep
     from lookhere_dense.errors import ConfigError
     model, cfg = trained
     lines = []

@@ -53,7 +53,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -73,6 +72,7 @@ from lookhere_dense.research.benchmark.bias import bench_bias  # noqa: E402
 from lookhere_dense.research.benchmark.report import environment, format_table  # noqa: E402
 from lookhere_dense.research.benchmark.segmenter import CASES as SEGMENTER_CASES  # noqa: E402
 from lookhere_dense.research.benchmark.segmenter import bench_segmenter  # noqa: E402
+from lookhere_dense.research.reporting import write_json  # noqa: E402
 from lookhere_dense.apis.cli import quiet_known_warnings, resolve_config_path  # noqa: E402
 
 #: Default configs of the segmenter section (relative to the repository).
@@ -259,8 +259,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     results['env']['load_avg_end'] = os.getloadavg() if hasattr(os, 'getloadavg') else None
     print(format_table(results))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1, default=str) + '\n')
+        write_json(str(args.json), results, indent=1, default=str)
         print(f'\nwrote {args.json}')
     return results
 

@@ -79,13 +79,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
-    """Run the report (:func:`lookhere_dense.research.robustness.segmentor.robustness_report`);
+    """Run the report (:func:`lookhere_dense.research.robustness.robustness_report`);
     returns the JSON content."""
     args = parse_args(argv)
     from lookhere_dense.apis.cli import apply_threads, quiet_known_warnings
     quiet_known_warnings()
     apply_threads(args.threads)
-    from lookhere_dense.research.robustness.segmentor import AttackSettings, robustness_report
+    from lookhere_dense.research.robustness import AttackSettings, robustness_report
 
     settings = AttackSettings(attacks=tuple(dict.fromkeys(args.attack)), eps=tuple(args.eps),
                               steps=args.steps, step_size=args.step_size,

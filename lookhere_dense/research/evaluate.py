@@ -83,10 +83,11 @@ def evaluate(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any],
             start (:func:`start_clean`). Default: True.
 
     Returns:
-        ``dict(metrics, seconds, shapes, images, peak_mem_mb, mem_rise_mb, memory_kind)``:
-        the evaluator's metrics, model seconds per image of every batch, the ``img_shape``
-        of every image, the image count, and (with ``memory``, else None) the peak memory
-        and its rise above the memory in use at the start.
+        ``dict(metrics, seconds, total_seconds, shapes, images, peak_mem_mb, mem_rise_mb,
+        memory_kind)``: the evaluator's metrics, model seconds per image of every batch and
+        their total, the ``img_shape`` of every image, the image count, and (with
+        ``memory``, else None) the peak memory and its rise above the memory in use at the
+        start.
     """
     import torch
     from mmengine.evaluator import Evaluator
@@ -98,6 +99,7 @@ def evaluate(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any],
     scorer.dataset_meta = loader.dataset.metainfo
     seconds: List[float] = []
     shapes: List[Tuple[int, int]] = []
+    total = 0.0
     if memory:
         start_clean(model)
     meter = PeakMemory(device) if memory else contextlib.nullcontext()
@@ -108,12 +110,15 @@ def evaluate(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any],
             outputs = step(data)
             if device.startswith('cuda'):
                 torch.cuda.synchronize()
-            seconds.append((time.perf_counter() - t0) / max(1, len(outputs)))
+            spent = time.perf_counter() - t0
+            total += spent
+            seconds.append(spent / max(1, len(outputs)))
             shapes += [tuple(o.metainfo['img_shape'][:2]) for o in outputs]
             scorer.process(data_samples=outputs, data_batch=data)
     with quiet_metric_tables():
         metrics = scorer.evaluate(len(loader.dataset))
-    return dict(metrics=metrics, seconds=seconds, shapes=shapes, images=len(shapes),
+    return dict(metrics=metrics, seconds=seconds, total_seconds=total, shapes=shapes,
+                images=len(shapes),
                 peak_mem_mb=meter.peak_mb if memory else None,
                 mem_rise_mb=meter.rise_mb if memory else None,
                 memory_kind=meter.kind if memory else None)

@@ -18,22 +18,19 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import math
-import os
 import os.path as osp
 import re
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .memory import PeakMemory, free_memory
+from .evaluate import evaluate_loader
+from .reporting import ensure_dir, figure, markdown_table, write_json
 from ..evaluation.resize import (exact_resize, is_resize, long_side_resize,
                                  replace_resize, scale_resizes, short_side_resize)
 
 __all__ = ['DEFAULT_TESTS', 'TestSpec', 'parse_spec', 'config_patch_size', 'spec_pipeline',
-           'slide_settings', 'clear_position_caches', 'start_clean', 'evaluate_loader',
-           'median_shape', 'evaluate_spec', 'format_table', 'plot_report',
+           'slide_settings', 'median_shape', 'evaluate_spec', 'format_table', 'plot_report',
            'extrapolation_report']
 
 #: the tests of ``tools/extrapolate.py`` when none are given
@@ -185,115 +182,6 @@ def slide_settings(cfg) -> Tuple[Tuple[int, int], Tuple[int, int]]:
     return crop, tuple(max(1, c * 2 // 3) for c in crop)
 
 
-def clear_position_caches(model) -> int:
-    """Empty the caches of every position encoding of ``model`` (LookHere biases, RoPE
-    tables): ``clear_caches()`` of each
-    :class:`~lookhere_dense.lookhere.pos_encoding.PositionEncoding` that has one.
-
-    Returns:
-        How many encodings were cleared.
-    """
-    from ..lookhere.pos_encoding import PositionEncoding
-
-    cleared = 0
-    for module in model.modules():
-        if not isinstance(module, PositionEncoding):
-            continue
-        clear = getattr(module, 'clear_caches', None)
-        if callable(clear):
-            clear()
-            cleared += 1
-    return cleared
-
-
-def start_clean(model) -> None:
-    """Start a measurement from a clean slate: empty the position-encoding caches (each
-    test pays for its own biases) and free memory (:func:`free_memory`), so the peak memory
-    of one test does not carry the previous test's leftovers."""
-    clear_position_caches(model)
-    free_memory()
-
-
-def _silence_metric_tables():
-    """IoUMetric logs a 150-row per-class table per test; keep only warnings."""
-    import logging
-
-    from mmengine.logging import MMLogger
-    logger = MMLogger.get_current_instance()
-    old = logger.level
-    logger.setLevel(logging.WARNING)
-    return logger, old
-
-
-def evaluate_loader(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any], mode: str,
-                    device: str, slide: Optional[Tuple[Tuple[int, int], Tuple[int, int]]] = None,
-                    desc: str = '') -> Dict[str, Any]:
-    """Predict every image of a dataloader ``whole`` or with mmseg's ``slide`` inference,
-    score it with ``evaluator`` and measure time and peak memory: the one evaluation of
-    the extrapolation report and the study's field-of-view ladder.
-
-    Each call starts clean (:func:`start_clean`: empty position-encoding caches, freed
-    memory); time is model time (``test_step``, data loading excluded) and memory the peak
-    of :class:`~lookhere_dense.research.memory.PeakMemory` over the whole loop.
-
-    Args:
-        model: an mmseg segmentor in eval mode; its ``test_cfg`` is set to ``mode``.
-        dataloader: the dataloader config (built with mmengine's ``Runner.build_dataloader``).
-        evaluator: the evaluator config (e.g. ``IoUMetric``).
-        mode: ``'whole'`` or ``'slide'``.
-        device: ``'cpu'`` / ``'cuda[:N]'`` (for the memory meter and timing).
-        slide: ``(crop, stride)`` of ``slide`` mode (e.g. :func:`slide_settings`).
-            Default: None.
-        desc: progress-bar label. Default: ``''``.
-
-    Returns:
-        ``dict(metrics, seconds, shapes, peak_mem_mb, mem_rise_mb, memory_kind)``: the
-        evaluator's metrics, model seconds per image of every batch, the ``img_shape`` of
-        every image, the peak memory and its rise above the memory in use at the start.
-
-    Raises:
-        ValueError: ``slide`` mode without ``slide`` settings, or an unknown mode.
-    """
-    import torch
-    from mmengine.config import ConfigDict
-    from mmengine.evaluator import Evaluator
-    from mmengine.runner import Runner
-    from tqdm import tqdm
-
-    if mode == 'whole':
-        model.test_cfg = ConfigDict(mode='whole')
-    elif mode == 'slide':
-        if slide is None:
-            raise ValueError("mode='slide' needs slide=(crop, stride)")
-        crop, stride = slide
-        model.test_cfg = ConfigDict(mode='slide', crop_size=tuple(crop), stride=tuple(stride))
-    else:
-        raise ValueError(f"mode must be 'whole' or 'slide', got {mode!r}")
-    loader = Runner.build_dataloader(dataloader)
-    evaluator = Evaluator(copy.deepcopy(evaluator))
-    evaluator.dataset_meta = loader.dataset.metainfo
-    seconds, shapes = [], []
-    start_clean(model)
-    with PeakMemory(device) as mem:
-        for data in tqdm(loader, desc=f'{desc:>16}', unit='img', leave=False,
-                         dynamic_ncols=True, disable=None):  # no bars in logs
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                outputs = model.test_step(data)
-            if device.startswith('cuda'):
-                torch.cuda.synchronize()
-            seconds.append((time.perf_counter() - t0) / max(1, len(outputs)))
-            shapes += [tuple(o.metainfo['img_shape'][:2]) for o in outputs]
-            evaluator.process(data_samples=outputs, data_batch=data)
-    logger, level = _silence_metric_tables()
-    try:
-        metrics = evaluator.evaluate(len(loader.dataset))
-    finally:
-        logger.setLevel(level)
-    return dict(metrics=metrics, seconds=seconds, shapes=shapes, peak_mem_mb=mem.peak_mb,
-                mem_rise_mb=mem.rise_mb, memory_kind=mem.kind)
-
-
 def median_shape(shapes: Sequence[Tuple[int, int]]) -> Tuple[int, int]:
     """The ``(H, W)`` of the median image by area (ties by H, then W): the size of an image
     that was tested, unlike the median H and median W taken apart (on mixed portrait and
@@ -376,16 +264,13 @@ def format_table(rows: List[Dict[str, Any]], train_grid: Optional[Tuple[int, int
     """The report rows as a Markdown table. The input column is the size of the median
     image by area (:func:`input_cell`: with the number of sizes and their ranges when
     they vary); the patch grid is the median image's."""
-    lines = [f'| test | input (median HxW) | patch grid | mIoU | aAcc | s / img | '
-             f'{_memory_label(rows)} |',
-             '|---|---|---|---|---|---|---|']
+    rows_out = []
     for r in rows:
-        grid = f"{r['grid_h']}x{r['grid_w']}"
-        if r['mode'] == 'slide':
-            grid += ' (windows)'
-        lines.append(f"| {r['test']} | {input_cell(r)} | {grid} | "
-                     f"{r['mIoU']:.2f} | {r['aAcc']:.2f} | {r['sec_per_img']:.3f} | "
-                     f"{r['peak_mem_mb']:.0f} |")
+        grid = f"{r['grid_h']}x{r['grid_w']}" + (' (windows)' if r['mode'] == 'slide' else '')
+        rows_out.append([r['test'], input_cell(r), grid, f"{r['mIoU']:.2f}", f"{r['aAcc']:.2f}",
+                         f"{r['sec_per_img']:.3f}", f"{r['peak_mem_mb']:.0f}"])
+    lines = [markdown_table(['test', 'input (median HxW)', 'patch grid', 'mIoU', 'aAcc',
+                             's / img', _memory_label(rows)], rows_out)]
     if train_grid:
         lines.append(f'\ntraining crop grid: {train_grid[0]}x{train_grid[1]} patches')
     return '\n'.join(lines)
@@ -394,36 +279,31 @@ def format_table(rows: List[Dict[str, Any]], train_grid: Optional[Tuple[int, int
 def plot_report(rows: List[Dict[str, Any]], path: str, title: str,
                 train_grid: Optional[Tuple[int, int]]) -> None:
     """PNG: mIoU vs test (patch grid), and time / memory per test."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-
     labels = [f"{r['test']}\n{r['input_h']}x{r['input_w']}"
               f"{' (%d sizes)' % r['input_sizes'] if r.get('input_sizes', 1) > 1 else ''}"
               f"\ngrid {r['grid_h']}x{r['grid_w']}" for r in rows]
     x = list(range(len(rows)))
     colours = ['tab:orange' if r['mode'] == 'slide' else 'tab:blue' for r in rows]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(10.0, 2.4 * len(rows) + 2), 4.8))
-    ax1.bar(x, [r['mIoU'] for r in rows], color=colours)
-    for xi, r in zip(x, rows):
-        ax1.annotate(f"{r['mIoU']:.1f}", (xi, r['mIoU']), ha='center', va='bottom', fontsize=9)
-    ax1.set_xticks(x, labels, fontsize=8)
-    ax1.set_ylabel('mIoU (%)')
-    ax1.set_ylim(0, max(100, max((r['mIoU'] for r in rows), default=0) * 1.1))
-    note = f' (trained on {train_grid[0]}x{train_grid[1]} crops)' if train_grid else ''
-    ax1.set_title('mIoU per test' + note, fontsize=10)
-    ax2.plot(x, [r['sec_per_img'] for r in rows], 'o-', color='tab:green', label='s / image')
-    ax2.set_ylabel('seconds per image', color='tab:green')
-    ax2.set_xticks(x, labels, fontsize=8)
-    ax3 = ax2.twinx()
-    kind = _memory_label(rows)
-    ax3.plot(x, [r['peak_mem_mb'] for r in rows], 's--', color='tab:red', label=kind)
-    ax3.set_ylabel(kind, color='tab:red')
-    ax2.set_title('cost per test', fontsize=10)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, 1, 2, figsize=(max(10.0, 2.4 * len(rows) + 2), 4.8), title=title) \
+            as (_, (ax1, ax2)):
+        ax1.bar(x, [r['mIoU'] for r in rows], color=colours)
+        for xi, r in zip(x, rows):
+            ax1.annotate(f"{r['mIoU']:.1f}", (xi, r['mIoU']), ha='center', va='bottom',
+                         fontsize=9)
+        ax1.set_xticks(x, labels, fontsize=8)
+        ax1.set_ylabel('mIoU (%)')
+        ax1.set_ylim(0, max(100, max((r['mIoU'] for r in rows), default=0) * 1.1))
+        note = f' (trained on {train_grid[0]}x{train_grid[1]} crops)' if train_grid else ''
+        ax1.set_title('mIoU per test' + note, fontsize=10)
+        ax2.plot(x, [r['sec_per_img'] for r in rows], 'o-', color='tab:green',
+                 label='s / image')
+        ax2.set_ylabel('seconds per image', color='tab:green')
+        ax2.set_xticks(x, labels, fontsize=8)
+        ax3 = ax2.twinx()
+        kind = _memory_label(rows)
+        ax3.plot(x, [r['peak_mem_mb'] for r in rows], 's--', color='tab:red', label=kind)
+        ax3.set_ylabel(kind, color='tab:red')
+        ax2.set_title('cost per test', fontsize=10)
 
 
 def extrapolation_report(config: str, checkpoint: str,
@@ -500,8 +380,7 @@ def extrapolation_report(config: str, checkpoint: str,
         log(format_row(row))
 
     stem = osp.splitext(osp.basename(config.split('::')[-1]))[0]
-    out_dir = out_dir or osp.join('work_dirs', stem, 'extrapolation')
-    os.makedirs(out_dir, exist_ok=True)
+    out_dir = ensure_dir(out_dir or osp.join('work_dirs', stem, 'extrapolation'))
     table = format_table(rows, train_grid)
     log('\n' + table)
     report = dict(
@@ -511,8 +390,7 @@ def extrapolation_report(config: str, checkpoint: str,
         command=command, rows=rows)
     json_path = osp.join(out_dir, f'{name}.json')
     png_path = osp.join(out_dir, f'{name}.png')
-    with open(json_path, 'w') as f:
-        json.dump(report, f, indent=2)
+    write_json(json_path, report)
     plot_report(rows, png_path, f'{stem} — {osp.basename(checkpoint)} ({device})', train_grid)
     log(f'\nwrote {json_path} and {png_path}')
     report['json'], report['png'] = json_path, png_path

@@ -63,12 +63,12 @@ def write_text(path: str, text: str) -> str:
 
 @contextlib.contextmanager
 def figure(path: str, nrows: int = 1, ncols: int = 1, figsize: Tuple[float, float] = (7, 4.5),
-           dpi: int = 110, title: Optional[str] = None, squeeze: bool = True,
-           **subplots: Any) -> Iterator[Tuple[Any, Any]]:
+           dpi: int = 110, title: Optional[str] = None, title_size: float = 10,
+           squeeze: bool = True, **subplots: Any) -> Iterator[Tuple[Any, Any]]:
     """A matplotlib figure saved to ``path`` (PNG) when the block ends.
 
     Yields ``(fig, axes)`` of ``plt.subplots(nrows, ncols, ...)``; on leaving, the title is
-    set (``title``, as ``suptitle``), the layout tightened, the figure written and closed
+    set (``title``, as ``suptitle`` of ``title_size`` points), the layout tightened, the figure written and closed
     (also when the block raises: then nothing is written).
     """
     import matplotlib
@@ -79,7 +79,7 @@ def figure(path: str, nrows: int = 1, ncols: int = 1, figsize: Tuple[float, floa
     try:
         yield fig, axes
         if title:
-            fig.suptitle(title, fontsize=10)
+            fig.suptitle(title, fontsize=title_size)
         fig.tight_layout()
         _parent(path)
         fig.savefig(path, dpi=dpi)

@@ -23,7 +23,7 @@ and every frame is predicted twice: ``whole`` (one pass over the whole frame) an
 ``slide`` (mmseg's sliding-window inference with windows of the training crop,
 :func:`slide_window`) -- the reference line whole-frame inference must beat. Each
 prediction is timed and its peak memory measured
-(:func:`lookhere_dense.research.extrapolation.evaluate_loader`).
+(:func:`lookhere_dense.research.evaluate.evaluate_loader`).
 
 Test-time aids (``--aids log_n``, :mod:`.aids`) add a mode: ``log_n`` is the ladder's
 whole-image prediction with the backbone's ``log_n_scaling`` on.
@@ -61,7 +61,7 @@ DEFAULT_SCALES = (1.0, 1.5, 2.0, 3.0, 4.0)
 #: the mode of the native-aspect rows (see the module docstring)
 NATIVE_ASPECT = 'native_aspect'
 #: the attacks of ``--robustness`` where the config's ``extrapolation.robustness`` does not
-#: say otherwise (:class:`~lookhere_dense.research.robustness.segmentor.AttackSettings`): FGSM and
+#: say otherwise (:class:`~lookhere_dense.research.robustness.AttackSettings`): FGSM and
 #: 5-step PGD at 1, 2, 4, 8 /255 on the validation images of the 1x rung
 STUDY_ROBUSTNESS = dict(attacks=('fgsm', 'pgd'), eps=(1.0, 2.0, 4.0, 8.0), steps=5)
 
@@ -140,7 +140,7 @@ class Ladder:
         rung: ``(val_dataloader dict, study settings, scale) -> val_dataloader dict``.
         modes: the predictions of every rung: ``('test',)`` (the run's ``test_cfg``, through
             mmengine's ``ValLoop``) or ``('whole', 'slide')`` (timed and measured, through
-            :func:`lookhere_dense.research.extrapolation.evaluate_loader`). The first is
+            :func:`lookhere_dense.research.evaluate.evaluate_loader`). The first is
             the report's main line.
         description: one line for help texts.
         native_aspect: the rung builder of the ``native_aspect`` mode (same signature as
@@ -209,7 +209,7 @@ def study_settings(cfg, scales: Optional[Sequence[float]] = None,
         (``extrapolation.native_aspect``, default False) ``native_aspect=True`` and
         ``aspect_prefix`` (``extrapolation.aspect_prefix``, default
         ``'val_aspect_x{scale:g}'``); with ``robustness`` (default False) ``robustness``,
-        the :class:`~lookhere_dense.research.robustness.segmentor.AttackSettings` of
+        the :class:`~lookhere_dense.research.robustness.AttackSettings` of
         ``extrapolation.robustness`` as a dict (defaults: :data:`STUDY_ROBUSTNESS`).
 
     Raises:
@@ -243,7 +243,7 @@ def study_settings(cfg, scales: Optional[Sequence[float]] = None,
         study.update(native_aspect=True,
                      aspect_prefix=ext.get('aspect_prefix', 'val_aspect_x{scale:g}'))
     if robustness:
-        from ..robustness.segmentor import settings_from_dict
+        from ..robustness import settings_from_dict
         attack = {**STUDY_ROBUSTNESS, **dict(ext.get('robustness') or {})}
         study['robustness'] = settings_from_dict(attack).to_json()
     return study

@@ -29,13 +29,14 @@ learned values (:func:`format_slopes`).
 """
 from __future__ import annotations
 
-import csv
 import datetime
 import json
-import os
 import os.path as osp
 import statistics
 from typing import Any, Dict, List, Optional, Sequence
+
+from .. import reporting
+from ..reporting import markdown_table
 
 __all__ = ['summarise', 'mode_summaries', 'format_table', 'format_mode_table',
            'format_cost_table', 'write_csv', 'plot', 'plot_modes', 'merge_reports',
@@ -83,12 +84,9 @@ def summarise(runs: Sequence[Dict[str, Any]], metric: str, mode: Optional[str] =
 
 def format_table(summary: Dict[str, Dict[str, Dict]], study: Dict[str, Any]) -> str:
     """A Markdown table: one row per encoding, one column per test scale."""
-    head = ['encoding'] + _scale_headers(study)
-    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
-    for enc, per_scale in summary.items():
-        cells = [enc] + [_cell(per_scale.get(f'{s:g}')) for s in study['scales']]
-        lines.append('| ' + ' | '.join(cells) + ' |')
-    return '\n'.join(lines)
+    return markdown_table(['encoding'] + _scale_headers(study),
+                          [[enc] + [_cell(per_scale.get(f'{s:g}')) for s in study['scales']]
+                           for enc, per_scale in summary.items()])
 
 
 def _cell(entry: Optional[Dict[str, Any]], digits: int = 2) -> str:
@@ -115,19 +113,17 @@ def write_csv(path: str, runs: Sequence[Dict[str, Any]], study: Dict[str, Any]) 
         for evals in [run['eval'], *run.get('modes', {}).values()]:
             for metrics in evals.values():
                 keys += [k for k in metrics if not k.startswith('IoU.') and k not in keys]
-    with open(path, 'w', newline='') as f:
-        w = csv.writer(f)
-        w.writerow(['encoding', 'seed', *(['mode'] if modes else []), 'scale', 'test_h',
-                    'test_w', *keys, 'train_seconds'])
-        for run in runs:
-            for i, mode in enumerate(modes or [None]):
-                for scale, metrics in _evals(run, None if i == 0 else mode).items():
-                    th, tw = (round(v * float(scale)) for v in study['train_size'])
-                    if mode == 'native_aspect':  # sizes differ per image
-                        th = tw = ''
-                    w.writerow([run['encoding'], run['seed'], *([mode] if modes else []),
-                                scale, th, tw, *[metrics.get(k) for k in keys],
-                                run['train_seconds']])
+    rows = []
+    for run in runs:
+        for i, mode in enumerate(modes or [None]):
+            for scale, metrics in _evals(run, None if i == 0 else mode).items():
+                th, tw = (round(v * float(scale)) for v in study['train_size'])
+                if mode == 'native_aspect':  # sizes differ per image
+                    th = tw = ''
+                rows.append([run['encoding'], run['seed'], *([mode] if modes else []), scale,
+                             th, tw, *[metrics.get(k) for k in keys], run['train_seconds']])
+    reporting.write_csv(path, ['encoding', 'seed', *(['mode'] if modes else []), 'scale',
+                               'test_h', 'test_w', *keys, 'train_seconds'], rows)
 
 
 def format_mode_table(summaries: Dict[str, Dict[str, Dict[str, Dict]]],
@@ -135,18 +131,16 @@ def format_mode_table(summaries: Dict[str, Dict[str, Dict[str, Dict]]],
     """A Markdown table: one row per encoding and mode (``summaries = {mode: summary}``,
     modes in ``study['modes']`` order), one column per test scale."""
     modes = list(study['modes'])
-    head = ['encoding', 'mode'] + _scale_headers(study)
-    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    rows = []
     encodings = list(dict.fromkeys(e for m in modes for e in summaries.get(m, {})))
     for enc in encodings:
         for i, mode in enumerate(modes):
             per_scale = summaries.get(mode, {}).get(enc)
             if per_scale is None:
                 continue
-            cells = [enc if i == 0 else '', mode_label(mode, modes)]
-            cells += [_cell(per_scale.get(f'{s:g}')) for s in study['scales']]
-            lines.append('| ' + ' | '.join(cells) + ' |')
-    return '\n'.join(lines)
+            rows.append([enc if i == 0 else '', mode_label(mode, modes)]
+                        + [_cell(per_scale.get(f'{s:g}')) for s in study['scales']])
+    return markdown_table(['encoding', 'mode'] + _scale_headers(study), rows)
 
 
 def mode_summaries(runs: Sequence[Dict[str, Any]], metric: str, modes: Sequence[str],
@@ -171,8 +165,7 @@ def format_cost_table(runs: Sequence[Dict[str, Any]], study: Dict[str, Any]) -> 
     modes = [m for m in study['modes'] if m != 'log_n']
     timed = mode_summaries(runs, 'sec_per_img', study['modes'], 4)
     memory = mode_summaries(runs, 'peak_mem_mb', study['modes'], 1)
-    head = ['encoding', 'mode'] + _scale_headers(study)
-    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    rows = []
     for enc in dict.fromkeys(e for t in timed.values() for e in t):
         for i, mode in enumerate(modes):
             cells = [enc if i == 0 else '', mode_label(mode, modes)]
@@ -181,18 +174,20 @@ def format_cost_table(runs: Sequence[Dict[str, Any]], study: Dict[str, Any]) -> 
                 m = memory[mode].get(enc, {}).get(f'{s:g}')
                 cells.append('-' if t is None or t['mean'] is None else
                              f"{t['mean']:.3f} s, {m['mean']:.0f} MB")
-            lines.append('| ' + ' | '.join(cells) + ' |')
-    return '\n'.join(lines)
+            rows.append(cells)
+    return markdown_table(['encoding', 'mode'] + _scale_headers(study), rows)
 
 
 def plot(path: str, summary: Dict[str, Dict[str, Dict]], study: Dict[str, Any],
          title: str) -> None:
     """Metric vs test resolution, one line per encoding (error bars: ±1 std over seeds)."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    with reporting.figure(path, figsize=(7, 4.5), dpi=120) as (_, ax):
+        _plot_scales(ax, summary, study, title)
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+
+def _plot_scales(ax, summary: Dict[str, Dict[str, Dict]], study: Dict[str, Any],
+                 title: str) -> None:
+    """The one panel of :func:`plot`."""
     scales = list(study['scales'])
     for enc, per_scale in summary.items():
         xs = [s for s in scales if per_scale.get(f'{s:g}', {}).get('mean') is not None]
@@ -213,9 +208,6 @@ def plot(path: str, summary: Dict[str, Dict[str, Dict]], study: Dict[str, Any],
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def plot_modes(path: str, summaries: Dict[str, Dict[str, Dict[str, Dict]]],
@@ -225,8 +217,16 @@ def plot_modes(path: str, summaries: Dict[str, Dict[str, Dict[str, Dict]]],
     first mode, dashed: ``slide``, dotted: ``log_n``); with ``costs`` (``{'sec_per_img' |
     'peak_mem_mb': {mode: summary}}``, empty when not measured) a second panel: seconds and
     peak memory per frame vs size, mean over encodings, per mode."""
-    import matplotlib
-    matplotlib.use('Agg')
+    has_cost = bool(costs)
+    with reporting.figure(path, 1, 2 if has_cost else 1, figsize=(13 if has_cost else 7.5, 5),
+                          dpi=120, squeeze=False) as (_, axes):
+        _plot_mode_panels(axes[0], summaries, costs, study, title)
+
+
+def _plot_mode_panels(axes, summaries: Dict[str, Dict[str, Dict[str, Dict]]],
+                      costs: Dict[str, Dict[str, Dict[str, Dict[str, Dict]]]],
+                      study: Dict[str, Any], title: str) -> None:
+    """The panels of :func:`plot_modes`: metric vs size, and (with ``costs``) the costs."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
@@ -234,9 +234,7 @@ def plot_modes(path: str, summaries: Dict[str, Dict[str, Dict[str, Dict]]],
     styles = {modes[0]: '-', 'slide': '--', 'log_n': ':'}
     scales = list(study['scales'])
     has_cost = bool(costs)
-    fig, axes = plt.subplots(1, 2 if has_cost else 1, figsize=(13 if has_cost else 7.5, 5),
-                             squeeze=False)
-    ax = axes[0][0]
+    ax = axes[0]
     encodings = list(dict.fromkeys(e for m in modes for e in summaries.get(m, {})))
     colours = plt.get_cmap('tab10' if len(encodings) <= 10 else 'tab20')
     for j, enc in enumerate(encodings):
@@ -269,7 +267,7 @@ def plot_modes(path: str, summaries: Dict[str, Dict[str, Dict[str, Dict]]],
     ax.legend(handles=handles, fontsize=7, ncol=2)
     ax.set_title(title, fontsize=9)
     if has_cost:
-        ax2 = axes[0][1]
+        ax2 = axes[1]
         ax3 = ax2.twinx()
         for mode in [m for m in modes if m != 'log_n']:
             for key, axis, marker in (('sec_per_img', ax2, 'o'), ('peak_mem_mb', ax3, 's')):
@@ -296,15 +294,12 @@ def plot_modes(path: str, summaries: Dict[str, Dict[str, Dict[str, Dict]]],
         ax2.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7)
         ax2.set_title('cost per frame, mean over encodings', fontsize=9)
         ax2.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def attack_settings(settings: Dict[str, Any]):
-    """The :class:`~lookhere_dense.research.robustness.segmentor.AttackSettings` of a report's
+    """The :class:`~lookhere_dense.research.robustness.AttackSettings` of a report's
     ``settings['robustness']``."""
-    from ..robustness.segmentor import AttackSettings, settings_from_dict
+    from ..robustness import AttackSettings, settings_from_dict
 
     fields = set(AttackSettings.__dataclass_fields__)
     return settings_from_dict({k: v for k, v in settings['robustness'].items() if k in fields})
@@ -324,7 +319,7 @@ def summarise_robustness(runs: Sequence[Dict[str, Any]], metric: str = 'mIoU',
     """``{encoding: {'clean': entry, attack: {eps: entry}, attack + '_mean': entry}}`` with
     ``entry = {'mean', 'std', 'n', 'values'}`` over seeds (``attack_mean``: the mean over the
     strengths of each seed, then over seeds)."""
-    from ..robustness.segmentor import strength_means
+    from ..robustness import strength_means
 
     def entry(values):
         return dict(values=values, n=len(values),
@@ -346,8 +341,8 @@ def summarise_robustness(runs: Sequence[Dict[str, Any]], metric: str = 'mIoU',
 def format_robustness(runs: Sequence[Dict[str, Any]], settings: Dict[str, Any],
                       metric: str = 'mIoU') -> str:
     """The robustness table of a report (one row per encoding, mean ± std over seeds;
-    :func:`~lookhere_dense.research.robustness.segmentor.format_robustness_table`)."""
-    from ..robustness.segmentor import format_robustness_table
+    :func:`~lookhere_dense.research.robustness.format_robustness_table`)."""
+    from ..robustness import format_robustness_table
 
     return format_robustness_table(_robust_runs(runs), attack_settings(settings), metric,
                                    'encoding')
@@ -357,19 +352,18 @@ def write_robustness_csv(path: str, runs: Sequence[Dict[str, Any]]) -> None:
     """One row per (encoding, seed, attack, strength) with the row's summary metrics,
     ``loss`` and ``max_linf`` (the clean model: attack ``clean``, eps 0)."""
     keys = ['mIoU', 'aAcc', 'mAcc', 'loss', 'max_linf', 'images', 'seconds']
-    with open(path, 'w', newline='') as f:
-        w = csv.writer(f)
-        w.writerow(['encoding', 'seed', 'attack', 'eps', *keys])
-        for run in runs:
-            res = run.get('robustness')
-            if not res:
-                continue
-            w.writerow([run['encoding'], run['seed'], 'clean', 0,
-                        *[res['clean'].get(k) for k in keys]])
-            for attack in [a for a in res if a != 'clean']:
-                for eps, row in res[attack].items():
-                    w.writerow([run['encoding'], run['seed'], attack, eps,
-                                *[row.get(k) for k in keys]])
+    rows = []
+    for run in runs:
+        res = run.get('robustness')
+        if not res:
+            continue
+        rows.append([run['encoding'], run['seed'], 'clean', 0,
+                     *[res['clean'].get(k) for k in keys]])
+        for attack in [a for a in res if a != 'clean']:
+            for eps, row in res[attack].items():
+                rows.append([run['encoding'], run['seed'], attack, eps,
+                             *[row.get(k) for k in keys]])
+    reporting.write_csv(path, ['encoding', 'seed', 'attack', 'eps', *keys], rows)
 
 
 def format_slopes(runs: Sequence[Dict[str, Any]]) -> str:
@@ -378,12 +372,9 @@ def format_slopes(runs: Sequence[Dict[str, Any]]) -> str:
     rows = [r for r in runs if r.get('slopes')]
     if not rows:
         return ''
-    lines = ['| run | seed | global slope | layer slopes |', '|---|---|---|---|']
-    for r in rows:
-        layers = ', '.join(f'{v:.3f}' for v in r['slopes']['layer'])
-        lines.append(f"| {r['encoding']} | {r['seed']} | {r['slopes']['global_slope']:.3f} | "
-                     f'{layers} |')
-    return '\n'.join(lines)
+    return markdown_table(['run', 'seed', 'global slope', 'layer slopes'],
+                          [[r['encoding'], r['seed'], f"{r['slopes']['global_slope']:.3f}",
+                            ', '.join(f'{v:.3f}' for v in r['slopes']['layer'])] for r in rows])
 
 
 #: settings that may differ between reports merged with ``--merge``
@@ -473,19 +464,16 @@ def write_outputs(report: Dict[str, Any], out_dir: str, name: str) -> Dict[str, 
     if slopes:
         report['slopes_table'] = slopes
         text += f'\nlearned LookHere slopes\n\n{slopes}\n'
-    os.makedirs(out_dir, exist_ok=True)
-    stem = osp.join(out_dir, name)
-    with open(stem + '.json', 'w') as f:
-        json.dump(report, f, indent=1, default=str)
+    stem = osp.join(reporting.ensure_dir(out_dir), name)
+    reporting.write_json(stem + '.json', report, indent=1, default=str)
     write_csv(stem + '.csv', report['runs'], study)
     if settings.get('robustness'):
-        from ..robustness.segmentor import plot_robustness
+        from ..robustness import plot_robustness
         write_robustness_csv(stem + '_robustness.csv', report['runs'])
         plot_robustness(stem + '_robustness.png', _robust_runs(report['runs']),
                         attack_settings(settings), f'{title}; attacked at 1x',
                         study['metric'])
-    with open(stem + '_table.md', 'w') as f:
-        f.write(text)
+    reporting.write_text(stem + '_table.md', text)
     if 'modes' in study:
         costs = {k: mode_summaries(report['runs'], k, study['modes'], 4)
                  for k in ('sec_per_img', 'peak_mem_mb')} if _measured(report['runs']) else {}

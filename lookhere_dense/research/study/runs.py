@@ -10,7 +10,7 @@ data. After training, each test scale is evaluated in every mode of the ladder
 (:func:`~lookhere_dense.research.study.ladders.ladder_modes`) with
 :class:`~lookhere_dense.evaluation.metrics.PerClassIoUMetric`: zoom ladders (and their
 native-aspect rows) through mmengine's ``ValLoop``, the field-of-view ladder through
-:func:`~lookhere_dense.research.extrapolation.evaluate_loader` (whole vs sliding windows,
+:func:`~lookhere_dense.research.evaluate.evaluate_loader` (whole vs sliding windows,
 timed, peak memory measured). With ``robustness`` every run is also attacked (FGSM / PGD,
 :mod:`lookhere_dense.research.robustness.segmentor`) on the validation images of the 1x rung
 (:func:`evaluate_robustness`).
@@ -34,6 +34,7 @@ from .ladders import (LADDERS, NATIVE_ASPECT, ladder_dataloader,
                       native_aspect_dataloader, prepare_data,
                       slide_window, study_settings)
 from .schedules import schedule_to
+from ..evaluate import evaluate_loader
 
 __all__ = ['DEFAULT_CONFIG', 'LADDER_CONFIGS', 'RunOptions', 'run_config', 'evaluate_rung',
            'evaluate_robustness', 'learned_slopes', 'train_and_evaluate', 'versions',
@@ -123,7 +124,7 @@ def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str
       :func:`~lookhere_dense.research.study.ladders.native_aspect_dataloader`);
     * ``'whole'`` / ``'slide'`` -- the whole frame in one pass / mmseg's sliding windows of
       the training crop (:func:`slide_window`), one frame per batch, through
-      :func:`~lookhere_dense.research.extrapolation.evaluate_loader`: the metrics plus
+      :func:`~lookhere_dense.research.evaluate.evaluate_loader`: the metrics plus
       ``input_h`` / ``input_w`` (the median frame), ``sec_per_img`` (model time),
       ``peak_mem_mb``, ``mem_rise_mb`` (the peak above the memory in use when the loop
       started) and ``memory_kind``;
@@ -147,8 +148,6 @@ def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str
     if mode == 'test':
         loop = ValLoop(runner, dataloader, ladder_evaluator(cfg))
         return {k: _plain(v) for k, v in loop.run().items()}
-    from ..extrapolation import evaluate_loader
-
     dataloader.update(batch_size=1, num_workers=0, persistent_workers=False)
     device = 'cuda' if next(model.parameters()).is_cuda else 'cpu'
     model.eval()
@@ -181,7 +180,7 @@ def evaluate_robustness(runner, cfg, study: Dict[str, Any]) -> Dict[str, Any]:
     """
     from mmengine.logging import print_log
 
-    from ..robustness.segmentor import robustness_sweep, settings_from_dict
+    from ..robustness import robustness_sweep, settings_from_dict
 
     model = runner.model.module if hasattr(runner.model, 'module') else runner.model
     device = 'cuda' if next(model.parameters()).is_cuda else 'cpu'
