@@ -10,7 +10,9 @@ _base_ = [
 image_size = (1024, 1024)
 model = dict(
     data_preprocessor=dict(
-        batch_augments=[dict(type='BatchFixedSizePad', size=image_size, pad_mask=True)]))
+        batch_augments=[dict(type='BatchFixedSizePad', size=image_size, pad_mask=True)]
+    )
+)
 
 dataset_type = 'CocoDataset'
 data_root = 'data/coco/'
@@ -26,7 +28,8 @@ train_pipeline = [
         crop_type='absolute_range',
         crop_size=image_size,
         recompute_bbox=True,
-        allow_negative_crop=True),
+        allow_negative_crop=True,
+    ),
     dict(type='FilterAnnotations', min_gt_bbox_wh=(1e-2, 1e-2)),
     dict(type='PackDetInputs'),
 ]
@@ -38,7 +41,8 @@ test_pipeline = [
     dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
     dict(
         type='PackDetInputs',
-        meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
+        meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor'),
+    ),
 ]
 
 train_dataloader = dict(
@@ -53,7 +57,9 @@ train_dataloader = dict(
         data_prefix=dict(img='train2017/'),
         filter_cfg=dict(filter_empty_gt=True, min_size=32),
         pipeline=train_pipeline,
-        backend_args=backend_args))
+        backend_args=backend_args,
+    ),
+)
 val_dataloader = dict(
     batch_size=1,
     num_workers=2,
@@ -67,7 +73,9 @@ val_dataloader = dict(
         data_prefix=dict(img='val2017/'),
         test_mode=True,
         pipeline=test_pipeline,
-        backend_args=backend_args))
+        backend_args=backend_args,
+    ),
+)
 test_dataloader = val_dataloader
 
 val_evaluator = dict(
@@ -75,14 +83,16 @@ val_evaluator = dict(
     ann_file=data_root + 'annotations/instances_val2017.json',
     metric=['bbox', 'segm'],
     format_only=False,
-    backend_args=backend_args)
+    backend_args=backend_args,
+)
 test_evaluator = val_evaluator
 
 optim_wrapper = dict(
     type='AmpOptimWrapper',
     constructor='LookHereLayerDecayOptimizerConstructor',
     optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.1),
-    paramwise_cfg=dict(num_layers=12, decay_rate=0.7))
+    paramwise_cfg=dict(num_layers=12, decay_rate=0.7),
+)
 
 # 100 epochs = 184375 iterations x 64 images / 118k images
 max_iters = 184375
@@ -91,7 +101,8 @@ train_cfg = dict(
     type='IterBasedTrainLoop',
     max_iters=max_iters,
     val_interval=interval,
-    dynamic_intervals=[(max_iters // interval * interval + 1, max_iters)])
+    dynamic_intervals=[(max_iters // interval * interval + 1, max_iters)],
+)
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 param_scheduler = [
@@ -102,14 +113,16 @@ param_scheduler = [
         end=max_iters,
         by_epoch=False,
         milestones=[163889, 177546],  # epochs 88 and 96
-        gamma=0.1),
+        gamma=0.1,
+    ),
 ]
 
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50),
     checkpoint=dict(
-        type='CheckpointHook', by_epoch=False, save_last=True, interval=interval,
-        max_keep_ckpts=3))
+        type='CheckpointHook', by_epoch=False, save_last=True, interval=interval, max_keep_ckpts=3
+    ),
+)
 log_processor = dict(type='LogProcessor', window_size=50, by_epoch=False)
 
 auto_scale_lr = dict(enable=False, base_batch_size=64)

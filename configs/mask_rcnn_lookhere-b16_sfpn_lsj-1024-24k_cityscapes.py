@@ -16,8 +16,10 @@ _base_ = [
 crop_size = (1024, 1024)
 model = dict(
     data_preprocessor=dict(
-        batch_augments=[dict(type='BatchFixedSizePad', size=crop_size, pad_mask=True)]),
-    roi_head=dict(bbox_head=dict(num_classes=8), mask_head=dict(num_classes=8)))
+        batch_augments=[dict(type='BatchFixedSizePad', size=crop_size, pad_mask=True)]
+    ),
+    roi_head=dict(bbox_head=dict(num_classes=8), mask_head=dict(num_classes=8)),
+)
 
 dataset_type = 'CityscapesDataset'
 data_root = 'data/cityscapes/'
@@ -33,7 +35,8 @@ train_pipeline = [
         crop_type='absolute_range',
         crop_size=crop_size,
         recompute_bbox=True,
-        allow_negative_crop=True),
+        allow_negative_crop=True,
+    ),
     dict(type='FilterAnnotations', min_gt_bbox_wh=(1e-2, 1e-2)),
     dict(type='PackDetInputs'),
 ]
@@ -43,7 +46,8 @@ test_pipeline = [
     dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
     dict(
         type='PackDetInputs',
-        meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
+        meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor'),
+    ),
 ]
 
 train_dataloader = dict(
@@ -59,7 +63,9 @@ train_dataloader = dict(
         data_prefix=dict(img='leftImg8bit/train/'),
         filter_cfg=dict(filter_empty_gt=True, min_size=32),
         pipeline=train_pipeline,
-        backend_args=backend_args))
+        backend_args=backend_args,
+    ),
+)
 val_dataloader = dict(
     batch_size=1,
     num_workers=2,
@@ -74,7 +80,9 @@ val_dataloader = dict(
         test_mode=True,
         filter_cfg=dict(filter_empty_gt=True, min_size=32),
         pipeline=test_pipeline,
-        backend_args=backend_args))
+        backend_args=backend_args,
+    ),
+)
 test_dataloader = val_dataloader
 
 # COCO-style AP on the converted annotations. With cityscapesscripts installed, add
@@ -84,14 +92,16 @@ val_evaluator = dict(
     type='CocoMetric',
     ann_file=data_root + 'annotations/instancesonly_filtered_gtFine_val.json',
     metric=['bbox', 'segm'],
-    backend_args=backend_args)
+    backend_args=backend_args,
+)
 test_evaluator = val_evaluator
 
 optim_wrapper = dict(
     type='AmpOptimWrapper',
     constructor='LookHereLayerDecayOptimizerConstructor',
     optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.1),
-    paramwise_cfg=dict(num_layers=12, decay_rate=0.7))
+    paramwise_cfg=dict(num_layers=12, decay_rate=0.7),
+)
 
 max_iters = 24000
 interval = 2000
@@ -106,14 +116,16 @@ param_scheduler = [
         end=max_iters,
         by_epoch=False,
         milestones=[21000, 23000],  # ~88% and ~96% of the schedule, as ViTDet
-        gamma=0.1),
+        gamma=0.1,
+    ),
 ]
 
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50),
     checkpoint=dict(
-        type='CheckpointHook', by_epoch=False, save_last=True, interval=interval,
-        max_keep_ckpts=3))
+        type='CheckpointHook', by_epoch=False, save_last=True, interval=interval, max_keep_ckpts=3
+    ),
+)
 log_processor = dict(type='LogProcessor', window_size=50, by_epoch=False)
 
 auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -19,9 +19,7 @@ _base_ = [
 crop_size = (512, 512)
 lh_checkpoint = 'checkpoints/LH_180_weights_and_config.pth'
 data_preprocessor = dict(size=crop_size)
-model = dict(
-    data_preprocessor=data_preprocessor,
-    pretrained=lh_checkpoint)
+model = dict(data_preprocessor=data_preprocessor, pretrained=lh_checkpoint)
 optimizer = dict(lr=0.001, weight_decay=0.0)
 optim_wrapper = dict(type='OptimWrapper', optimizer=optimizer)
 train_dataloader = dict(batch_size=1)  # per GPU; 8 GPUs

@@ -17,7 +17,8 @@ model = dict(
     pretrained=lh_checkpoint,
     backbone=dict(img_size=crop_size),
     decode_head=dict(num_classes=19),
-    test_cfg=dict(mode='slide', crop_size=crop_size, stride=(512, 512)))
+    test_cfg=dict(mode='slide', crop_size=crop_size, stride=(512, 512)),
+)
 optimizer = dict(lr=0.01, weight_decay=0.0)
 optim_wrapper = dict(type='OptimWrapper', optimizer=optimizer)
 train_dataloader = dict(batch_size=1)  # per GPU; 8 GPUs

@@ -12,4 +12,6 @@ model = dict(
         dropout_ratio=0.0,
         concat_input=False,
         num_classes=150,
-        loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0)))
+        loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0),
+    )
+)

@@ -10,4 +10,6 @@ model = dict(
         dropout_ratio=0.0,
         concat_input=False,
         num_classes=19,
-        loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0)))
+        loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0),
+    )
+)

@@ -9,4 +9,5 @@ _base_ = ['./segmenter_lookhere_ade20k.py']
 model = dict(
     pretrained=None,
     backbone=dict(embed_dims=384, num_heads=12),
-    decode_head=dict(in_channels=384, channels=384, num_heads=6, embed_dims=384))
+    decode_head=dict(in_channels=384, channels=384, num_heads=6, embed_dims=384),
+)

@@ -3,4 +3,5 @@ _base_ = ['./segmenter_lookhere_linear_ade20k.py']
 model = dict(
     pretrained=None,
     backbone=dict(embed_dims=384, num_heads=12),
-    decode_head=dict(in_channels=384, channels=384))
+    decode_head=dict(in_channels=384, channels=384),
+)

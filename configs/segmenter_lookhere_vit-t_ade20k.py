@@ -5,4 +5,5 @@ _base_ = ['./segmenter_lookhere_ade20k.py']
 model = dict(
     pretrained=None,
     backbone=dict(embed_dims=192, num_heads=12),
-    decode_head=dict(in_channels=192, channels=192, num_heads=3, embed_dims=192))
+    decode_head=dict(in_channels=192, channels=192, num_heads=3, embed_dims=192),
+)

@@ -16,30 +16,34 @@ train_pipeline = [
     dict(type='RandomCrop', crop_size=crop_size, cat_max_ratio=0.75),
     dict(type='RandomFlip', prob=0.5),
     dict(type='PhotoMetricDistortion'),
-    dict(type='PackSegInputs')
+    dict(type='PackSegInputs'),
 ]
 test_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='Resize', scale=(512, 128), keep_ratio=True),
     dict(type='LoadAnnotations', reduce_zero_label=True),
     dict(type='CheckSegLabels', num_classes=150),
-    dict(type='PackSegInputs')
+    dict(type='PackSegInputs'),
 ]
 data_preprocessor = dict(size=crop_size)
 model = dict(
     data_preprocessor=data_preprocessor,
     backbone=dict(img_size=crop_size, drop_path_rate=0.0),
-    test_cfg=dict(mode='slide', crop_size=crop_size, stride=(120, 120)))
+    test_cfg=dict(mode='slide', crop_size=crop_size, stride=(120, 120)),
+)
 train_dataloader = dict(
-    batch_size=4, num_workers=2, persistent_workers=True,
-    dataset=dict(pipeline=train_pipeline))
+    batch_size=4, num_workers=2, persistent_workers=True, dataset=dict(pipeline=train_pipeline)
+)
 val_dataloader = dict(
-    batch_size=1, num_workers=1, persistent_workers=True,
-    dataset=dict(pipeline=test_pipeline))
+    batch_size=1, num_workers=1, persistent_workers=True, dataset=dict(pipeline=test_pipeline)
+)
 test_dataloader = val_dataloader
 optim_wrapper = dict(
-    _delete_=True, type='OptimWrapper', clip_grad=dict(max_norm=1.0),
-    optimizer=dict(type='AdamW', lr=1e-3, betas=(0.9, 0.999), weight_decay=0.01))
+    _delete_=True,
+    type='OptimWrapper',
+    clip_grad=dict(max_norm=1.0),
+    optimizer=dict(type='AdamW', lr=1e-3, betas=(0.9, 0.999), weight_decay=0.01),
+)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=30),
     dict(type='PolyLR', eta_min=1e-5, power=0.9, by_epoch=False, begin=30, end=max_iters),
@@ -47,6 +51,8 @@ param_scheduler = [
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=25, log_metric_by_epoch=False),
-    checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=max_iters,
-                    max_keep_ckpts=1, save_last=True))
+    checkpoint=dict(
+        type='CheckpointHook', by_epoch=False, interval=max_iters, max_keep_ckpts=1, save_last=True
+    ),
+)
 randomness = dict(seed=0)

@@ -12,14 +12,16 @@ crop_size = (512, 512)
 model = dict(
     data_preprocessor=dict(size=crop_size),
     decode_head=dict(num_classes=150),
-    auxiliary_head=dict(num_classes=150))
+    auxiliary_head=dict(num_classes=150),
+)
 
 optim_wrapper = dict(
     _delete_=True,
     type='AmpOptimWrapper',
     constructor='LookHereLayerDecayOptimizerConstructor',
     optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
-    paramwise_cfg=dict(num_layers=12, decay_rate=0.65))
+    paramwise_cfg=dict(num_layers=12, decay_rate=0.65),
+)
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=1500),
     dict(type='PolyLR', eta_min=0.0, power=1.0, begin=1500, end=160000, by_epoch=False),

@@ -15,6 +15,7 @@ it changes behaviour only for the objects it names.
    ``weights_only`` stays on for everything; no other class becomes loadable, and
    ``getattr`` can only reach attributes of objects built from the allowed classes.
 """
+
 from __future__ import annotations
 
 from typing import List
@@ -35,10 +36,16 @@ def mmengine_checkpoint_safe_globals() -> List[object]:
         from numpy._core.multiarray import _reconstruct, scalar
     except ImportError:  # pragma: no cover - numpy 1.x
         from numpy.core.multiarray import _reconstruct, scalar
-    dtype_classes = [getattr(np.dtypes, name) for name in dir(np.dtypes)
-                     if name.endswith('DType')]
-    return [HistoryBuffer, np.ndarray, np.dtype, _reconstruct, scalar, builtins.getattr,
-            *dtype_classes]
+    dtype_classes = [getattr(np.dtypes, name) for name in dir(np.dtypes) if name.endswith('DType')]
+    return [
+        HistoryBuffer,
+        np.ndarray,
+        np.dtype,
+        _reconstruct,
+        scalar,
+        builtins.getattr,
+        *dtype_classes,
+    ]
 
 
 def apply() -> None:
@@ -48,6 +55,7 @@ def apply() -> None:
     if _applied:
         return
     import torch
+
     try:
         import mmengine  # noqa: F401
     except ImportError:

@@ -19,13 +19,25 @@ class                       raised when
                             written, a launcher without its environment)
 ==========================  ============================================================
 """
+
 from __future__ import annotations
 
 __all__ = [
-    'ConfigError', 'PosEncodingError', 'CheckpointError', 'UnreadableCheckpointError',
-    'DataCheckError', 'DatasetLayoutError', 'LabelRangeError', 'CropSizeError',
-    'LabelSizeError', 'UnreadableFileError', 'NonFiniteInputError', 'DataCheckWarning',
-    'TrainingDivergedError', 'ToolError', 'USER_ERRORS',
+    'ConfigError',
+    'PosEncodingError',
+    'CheckpointError',
+    'UnreadableCheckpointError',
+    'DataCheckError',
+    'DatasetLayoutError',
+    'LabelRangeError',
+    'CropSizeError',
+    'LabelSizeError',
+    'UnreadableFileError',
+    'NonFiniteInputError',
+    'DataCheckWarning',
+    'TrainingDivergedError',
+    'ToolError',
+    'USER_ERRORS',
 ]
 
 
@@ -61,8 +73,9 @@ class UnreadableCheckpointError(CheckpointError):
 
     def __init__(self, path: str, problem: str, advice: str = ''):
         self.path, self.problem = path, problem
-        super().__init__(f'checkpoint {path!r} cannot be read: {problem}'
-                         + (f'; {advice}' if advice else ''))
+        super().__init__(
+            f'checkpoint {path!r} cannot be read: {problem}' + (f'; {advice}' if advice else '')
+        )
 
 
 class DataCheckError(ValueError):
@@ -108,5 +121,12 @@ class ToolError(RuntimeError):
 
 
 #: The errors the tools report as one ``error:`` line (exit status 2), never a traceback.
-USER_ERRORS = (FileNotFoundError, ConfigError, PosEncodingError, CheckpointError,
-               DataCheckError, TrainingDivergedError, ToolError)
+USER_ERRORS = (
+    FileNotFoundError,
+    ConfigError,
+    PosEncodingError,
+    CheckpointError,
+    DataCheckError,
+    TrainingDivergedError,
+    ToolError,
+)

@@ -4,16 +4,21 @@
 imports every module that registers something -- models (mmseg's and mmdet's ``MODELS``),
 the layer-decay optimizer constructor, hooks, data transforms and metrics -- like mmseg's
 own ``register_all_modules``. The tools call it first; configs reach it through
-``custom_imports=dict(imports=['lookhere_dense'])`` (see :mod:`lookhere_dense`).
+``custom_imports=dict(imports=['lookhere_dense.openmmlab'])`` (:data:`CONFIG_IMPORT`), whose
+import runs it.
 
 Nothing else in the package registers as a side effect of being imported for its math:
 ``import lookhere_dense.lookhere`` needs torch alone.
 """
+
 from __future__ import annotations
 
 import importlib
 
-__all__ = ['register_all_modules', 'REGISTERING_MODULES']
+__all__ = ['register_all_modules', 'REGISTERING_MODULES', 'CONFIG_IMPORT']
+
+#: the module a config names in ``custom_imports``: importing it registers everything
+CONFIG_IMPORT = 'lookhere_dense.openmmlab'
 
 #: The modules whose import registers lookhere-dense components, in import order.
 REGISTERING_MODULES = (
@@ -43,10 +48,12 @@ def register_all_modules(init_default_scope: bool = False, scope: str = 'mmseg')
     global _done
     if not _done:
         from . import compat
+
         compat.apply()
         for name in REGISTERING_MODULES:
             importlib.import_module(name)
         _done = True
     if init_default_scope:
         from mmengine.registry import init_default_scope as _init
+
         _init(scope)

@@ -18,6 +18,7 @@ backbone type or a head that cannot read the backbone's outputs into a
 weights of its own; :func:`check_pretrained_files` stops a run whose pretrained file is
 missing (random init only on request: :func:`drop_missing_pretrained`).
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,17 +26,41 @@ import difflib
 import inspect
 import os.path as osp
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
-from .errors import ConfigError
 
-__all__ = [ 'SOURCE_BACKBONES', 'lookhere_backbone_cfg', 'swap_backbone',
-           'check_model_cfg', 'drop_missing_pretrained', 'check_pretrained_files',
-           'clear_inherited_pretrained', 'model_registry']
+from .errors import ConfigError, PosEncodingError
+from .registry import CONFIG_IMPORT
+
+__all__ = [
+    'SOURCE_BACKBONES',
+    'lookhere_backbone_cfg',
+    'swap_backbone',
+    'check_model_cfg',
+    'drop_missing_pretrained',
+    'check_pretrained_files',
+    'clear_inherited_pretrained',
+    'model_registry',
+]
 
 
 #: Arguments every supported plain-ViT backbone shares with ``LookHereViT``.
-_SHARED = ('img_size', 'patch_size', 'in_channels', 'embed_dims', 'num_layers', 'num_heads',
-           'mlp_ratio', 'out_indices', 'attn_drop_rate', 'drop_path_rate', 'norm_cfg',
-           'act_cfg', 'patch_norm', 'final_norm', 'num_fcs', 'norm_eval')
+_SHARED = (
+    'img_size',
+    'patch_size',
+    'in_channels',
+    'embed_dims',
+    'num_layers',
+    'num_heads',
+    'mlp_ratio',
+    'out_indices',
+    'attn_drop_rate',
+    'drop_path_rate',
+    'norm_cfg',
+    'act_cfg',
+    'patch_norm',
+    'final_norm',
+    'num_fcs',
+    'norm_eval',
+)
 
 #: Per source backbone type: arguments carried over as they are, renamed, and dropped.
 #: Dropped: position-embedding settings (LookHere has none), weight-file settings (the
@@ -43,12 +68,26 @@ _SHARED = ('img_size', 'patch_size', 'in_channels', 'embed_dims', 'num_layers', 
 #: keeps the official patch-embedding bias so its checkpoints load).
 SOURCE_BACKBONES: Dict[str, Dict[str, Any]] = {
     'VisionTransformer': dict(
-        copy=_SHARED + ('patch_pad', 'out_origin', 'qkv_bias', 'drop_rate', 'with_cls_token',
-                        'output_cls_token', 'pre_norm', 'with_cp', 'frozen_exclude'),
+        copy=_SHARED
+        + (
+            'patch_pad',
+            'out_origin',
+            'qkv_bias',
+            'drop_rate',
+            'with_cls_token',
+            'output_cls_token',
+            'pre_norm',
+            'with_cp',
+            'frozen_exclude',
+        ),
         rename={},
-        drop=('interpolate_mode', 'patch_bias', 'pretrained', 'init_cfg')),
-    'BEiT': dict(copy=_SHARED + ('init_values',), rename={'qv_bias': 'qkv_bias'},
-                 drop=('pretrained', 'init_cfg')),
+        drop=('interpolate_mode', 'patch_bias', 'pretrained', 'init_cfg'),
+    ),
+    'BEiT': dict(
+        copy=_SHARED + ('init_values',),
+        rename={'qv_bias': 'qkv_bias'},
+        drop=('pretrained', 'init_cfg'),
+    ),
     'MAE': dict(copy=_SHARED + ('init_values',), rename={}, drop=('pretrained', 'init_cfg')),
 }
 
@@ -68,13 +107,20 @@ def _source_defaults(type_name: str) -> Dict[str, Any]:
     cls = model_registry('mmseg').get(type_name)
     if cls is None:  # pragma: no cover - the three are always in mmseg 1.x
         return {}
-    return {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
-            if p.default is not inspect.Parameter.empty}
+    return {
+        k: p.default
+        for k, p in inspect.signature(cls.__init__).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
 
 
-def lookhere_backbone_cfg(source: Mapping[str, Any], preset: Optional[str] = None,
-                          num_heads: Optional[int] = None, checkpoint: Optional[str] = None,
-                          **overrides: Any) -> Dict[str, Any]:
+def lookhere_backbone_cfg(
+    source: Mapping[str, Any],
+    preset: Optional[str] = None,
+    num_heads: Optional[int] = None,
+    checkpoint: Optional[str] = None,
+    **overrides: Any,
+) -> Dict[str, Any]:
     """The ``LookHereViT`` config equivalent to a plain-ViT backbone config.
 
     Arguments the source config leaves out take the *source* class's defaults (so e.g.
@@ -97,14 +143,18 @@ def lookhere_backbone_cfg(source: Mapping[str, Any], preset: Optional[str] = Non
     src = dict(source)
     typ = src.pop('type', None)
     if typ not in SOURCE_BACKBONES:
-        raise ConfigError(f'cannot swap backbone type {typ!r} for LookHereViT; supported '
-                          f'plain-ViT types: {sorted(SOURCE_BACKBONES)}')
+        raise ConfigError(
+            f'cannot swap backbone type {typ!r} for LookHereViT; supported '
+            f'plain-ViT types: {sorted(SOURCE_BACKBONES)}'
+        )
     rule = SOURCE_BACKBONES[typ]
     unknown = sorted(set(src) - set(rule['copy']) - set(rule['rename']) - set(rule['drop']))
     if unknown:
-        raise ConfigError(f'{typ} arguments {unknown} have no LookHereViT counterpart that '
-                          'swap_backbone knows; remove them from the source config or pass '
-                          'the LookHereViT equivalent as an override')
+        raise ConfigError(
+            f'{typ} arguments {unknown} have no LookHereViT counterpart that '
+            'swap_backbone knows; remove them from the source config or pass '
+            'the LookHereViT equivalent as an override'
+        )
     effective = {**_source_defaults(typ), **src}
     out: Dict[str, Any] = dict(type='LookHereViT')
     for key in rule['copy']:
@@ -123,12 +173,18 @@ def lookhere_backbone_cfg(source: Mapping[str, Any], preset: Optional[str] = Non
     return out
 
 
-def swap_backbone(cfg, preset: Optional[str] = None, num_heads: Optional[int] = None,
-                  checkpoint: Optional[str] = None, keep_pretrained: bool = False,
-                  **overrides: Any):
+def swap_backbone(
+    cfg,
+    preset: Optional[str] = None,
+    num_heads: Optional[int] = None,
+    checkpoint: Optional[str] = None,
+    keep_pretrained: bool = False,
+    **overrides: Any,
+):
     """A copy of an mmseg config with its plain-ViT backbone replaced by ``LookHereViT``.
 
-    Also: ``custom_imports`` gains ``lookhere_dense``; the model-level ``pretrained``
+    Also: ``custom_imports`` gains ``lookhere_dense.openmmlab`` (importing it registers
+    lookhere-dense); the model-level ``pretrained``
     (weights of the source architecture) is cleared unless ``keep_pretrained``; the
     result passes :func:`check_model_cfg`.
 
@@ -149,8 +205,7 @@ def swap_backbone(cfg, preset: Optional[str] = None, num_heads: Optional[int] = 
     backbone = model.get('backbone')
     if not isinstance(backbone, Mapping):
         raise ConfigError('the config has no model.backbone to swap')
-    model['backbone'] = lookhere_backbone_cfg(backbone, preset, num_heads, checkpoint,
-                                              **overrides)
+    model['backbone'] = lookhere_backbone_cfg(backbone, preset, num_heads, checkpoint, **overrides)
     if not keep_pretrained and model.get('pretrained') is not None:
         model['pretrained'] = None
     imports = new.get('custom_imports') or dict(imports=[], allow_failed_imports=False)
@@ -158,8 +213,8 @@ def swap_backbone(cfg, preset: Optional[str] = None, num_heads: Optional[int] = 
     mods = list(imports.get('imports') or [])
     if isinstance(mods, str):
         mods = [mods]
-    if 'lookhere_dense' not in mods:
-        mods.append('lookhere_dense')
+    if CONFIG_IMPORT not in mods:
+        mods.append(CONFIG_IMPORT)
     imports['imports'] = mods
     new['custom_imports'] = imports
     check_model_cfg(new)
@@ -192,15 +247,15 @@ def _check_registered(where: str, node: Mapping, registry, scope: str) -> None:
     hint = f' Did you mean {close}?' if close else ''
     raise ConfigError(
         f'{where}.type={typ!r} is not a registered model in the {scope} registry.{hint} '
-        "LookHereViT and the other lookhere-dense modules register when lookhere_dense "
-        "is imported: keep custom_imports=dict(imports=['lookhere_dense']) in the config "
-        '(tools/train.py and tools/test.py import it for you); modules of other packages '
-        'need their own custom_imports.')
+        'LookHereViT and the other lookhere-dense modules register when '
+        f"{CONFIG_IMPORT} is imported: keep custom_imports=dict(imports=['{CONFIG_IMPORT}']) "
+        'in the config (tools/train.py and tools/test.py register for you); modules of '
+        'other packages need their own custom_imports.'
+    )
 
 
 def _lookhere_checks(model: Mapping) -> None:
     from .lookhere import BACKENDS
-    from .errors import PosEncodingError
     from .lookhere.pos_encoding import parse_pos_encoding
 
     bb = model['backbone']
@@ -208,16 +263,18 @@ def _lookhere_checks(model: Mapping) -> None:
     num_heads = bb.get('num_heads', 12)
     embed_dims = bb.get('embed_dims', 768)
     try:
-        spec = parse_pos_encoding(bb.get('pos_encoding', 'lookhere'), bb.get('lh_config'),
-                                  bb.get('preset'))
+        spec = parse_pos_encoding(
+            bb.get('pos_encoding', 'lookhere'), bb.get('lh_config'), bb.get('preset')
+        )
     except PosEncodingError as err:  # unknown name / preset / direction / option: named
         raise ConfigError(f'model.backbone.{err.key}: {err}') from None
     backend = bb.get('attn_backend', 'auto')
     if backend not in BACKENDS:
         raise ConfigError(f'model.backbone.attn_backend={backend!r} is not one of {BACKENDS}')
     if embed_dims % num_heads:
-        raise ConfigError(f'model.backbone: embed_dims={embed_dims} is not divisible by '
-                          f'num_heads={num_heads}')
+        raise ConfigError(
+            f'model.backbone: embed_dims={embed_dims} is not divisible by num_heads={num_heads}'
+        )
     cfg = spec.lh_config
     if cfg is not None:
         try:
@@ -226,7 +283,8 @@ def _lookhere_checks(model: Mapping) -> None:
             raise ConfigError(
                 f'model.backbone (LookHereViT): {err}. Set model.backbone.num_heads to one '
                 f'that fits (embed_dims={embed_dims} must be divisible by it), or choose '
-                'another preset with model.backbone.preset.') from None
+                'another preset with model.backbone.preset.'
+            ) from None
     outs = bb.get('out_indices', -1)
     n_out = (1 if isinstance(outs, int) else len(outs)) + int(bool(bb.get('out_origin')))
     cls_out = bool(bb.get('output_cls_token', False))
@@ -235,7 +293,8 @@ def _lookhere_checks(model: Mapping) -> None:
     if dpt and not cls_out:
         raise ConfigError(
             f'{dpt[0]} (DPTHead) reads the CLS token of every backbone output: set '
-            'model.backbone.with_cls_token=True and model.backbone.output_cls_token=True.')
+            'model.backbone.with_cls_token=True and model.backbone.output_cls_token=True.'
+        )
     if cls_out:
         readers = [w for w, h in heads if not str(h.get('type')).endswith('DPTHead')]
         if model.get('neck') or readers:
@@ -243,7 +302,8 @@ def _lookhere_checks(model: Mapping) -> None:
                 'model.backbone.output_cls_token=True makes every backbone output a '
                 f'[feature_map, cls_token] pair, which only DPTHead reads; '
                 f'{(["model.neck"] if model.get("neck") else []) + readers} expect feature '
-                'maps. Set model.backbone.output_cls_token=False.')
+                'maps. Set model.backbone.output_cls_token=False.'
+            )
     if model.get('neck'):
         return  # the neck decides what the heads see
     for where, head in heads:
@@ -254,13 +314,15 @@ def _lookhere_checks(model: Mapping) -> None:
             raise ConfigError(
                 f'{where}.in_index={idx} but the backbone gives {n_out} output(s) '
                 f'(out_indices={outs}): set model.backbone.out_indices to give enough maps, '
-                f'or {where}.in_index to one of 0..{n_out - 1}.')
+                f'or {where}.in_index to one of 0..{n_out - 1}.'
+            )
         chans = head.get('in_channels')
         chans = [chans] if isinstance(chans, int) else list(chans or [])
         if chans and any(c != embed_dims for c in chans):
             raise ConfigError(
                 f'{where}.in_channels={head.get("in_channels")} but LookHereViT gives '
-                f'{embed_dims}-channel maps (model.backbone.embed_dims): make them equal.')
+                f'{embed_dims}-channel maps (model.backbone.embed_dims): make them equal.'
+            )
 
 
 def check_model_cfg(cfg: Mapping) -> None:
@@ -295,8 +357,10 @@ def _local_missing(path: Any) -> bool:
 
 
 def _is_lookhere(backbone: Any) -> bool:
-    return isinstance(backbone, Mapping) and \
-        str(backbone.get('type', '')).split('.')[-1] == 'LookHereViT'
+    return (
+        isinstance(backbone, Mapping)
+        and str(backbone.get('type', '')).split('.')[-1] == 'LookHereViT'
+    )
 
 
 def clear_inherited_pretrained(cfg: Mapping, note: Callable[[str], None]) -> Optional[str]:
@@ -328,10 +392,12 @@ def clear_inherited_pretrained(cfg: Mapping, note: Callable[[str], None]) -> Opt
     else:
         return None
     model['pretrained'] = None
-    note(f'model.pretrained={inherited!r} (weights for the base config\'s backbone) was '
-         f'cleared: the LookHereViT backbone takes its weights from {own}, and mmseg cannot '
-         'pass both. To use model.pretrained instead, set '
-         f'{own}=None.')
+    note(
+        f"model.pretrained={inherited!r} (weights for the base config's backbone) was "
+        f'cleared: the LookHereViT backbone takes its weights from {own}, and mmseg cannot '
+        'pass both. To use model.pretrained instead, set '
+        f'{own}=None.'
+    )
     return inherited
 
 
@@ -344,22 +410,34 @@ def _pretrained_entries(model: Mapping) -> List[Tuple[str, str, str]]:
     bb = model.get('backbone')
     if isinstance(bb, Mapping):
         if _local_missing(bb.get('pretrained')):
-            out.append(('model.backbone.pretrained', bb['pretrained'],
-                        'model.backbone.pretrained'))
+            out.append(
+                ('model.backbone.pretrained', bb['pretrained'], 'model.backbone.pretrained')
+            )
         init = bb.get('init_cfg')
-        if isinstance(init, Mapping) and init.get('type') == 'Pretrained' \
-                and _local_missing(init.get('checkpoint')):
-            out.append(('model.backbone.init_cfg.checkpoint', init['checkpoint'],
-                        'model.backbone.init_cfg'))
+        if (
+            isinstance(init, Mapping)
+            and init.get('type') == 'Pretrained'
+            and _local_missing(init.get('checkpoint'))
+        ):
+            out.append(
+                (
+                    'model.backbone.init_cfg.checkpoint',
+                    init['checkpoint'],
+                    'model.backbone.init_cfg',
+                )
+            )
     return out
 
 
-_WHERE = ('the official LookHere ImageNet checkpoints LH_180/LH_90/LH_45_weights_and_'
-          'config.pth are linked from github.com/GreenCUBIC/lookhere')
+_WHERE = (
+    'the official LookHere ImageNet checkpoints LH_180/LH_90/LH_45_weights_and_'
+    'config.pth are linked from github.com/GreenCUBIC/lookhere'
+)
 
 
-def check_pretrained_files(cfg: Mapping, allow_random_init: bool = False,
-                           warn: Callable[[str], None] = print) -> List[str]:
+def check_pretrained_files(
+    cfg: Mapping, allow_random_init: bool = False, warn: Callable[[str], None] = print
+) -> List[str]:
     """Stop when the config names pretrained weights whose local file does not exist.
 
     Fine-tuning from random weights runs to the end and gives a plausible but wrong
@@ -382,7 +460,8 @@ def check_pretrained_files(cfg: Mapping, allow_random_init: bool = False,
         raise ConfigError(
             f'{key}={path!r}: pretrained weights not found. Put the file there ({_WHERE}), '
             f'or point to it with --cfg-options {key}=PATH. To train from random weights '
-            f'on purpose pass --allow-random-init (or set {off}=None).')
+            f'on purpose pass --allow-random-init (or set {off}=None).'
+        )
     return drop_missing_pretrained(cfg, warn)
 
 
@@ -403,10 +482,12 @@ def drop_missing_pretrained(cfg: Mapping, warn: Callable[[str], None]) -> List[s
     dropped = []
     for key, path, off in _pretrained_entries(model):
         dropped.append(path)
-        warn(f'{key}={path!r}: file not found, so the backbone starts from RANDOM weights '
-             f'(random init allowed). Fine-tuning needs the weights: put the file there '
-             f'({_WHERE}) or set --cfg-options {key}=PATH. --cfg-options {off}=None '
-             'trains from scratch without this warning.')
+        warn(
+            f'{key}={path!r}: file not found, so the backbone starts from RANDOM weights '
+            f'(random init allowed). Fine-tuning needs the weights: put the file there '
+            f'({_WHERE}) or set --cfg-options {key}=PATH. --cfg-options {off}=None '
+            'trains from scratch without this warning.'
+        )
         if key == 'model.pretrained':
             model['pretrained'] = None
         elif key == 'model.backbone.pretrained':

@@ -11,14 +11,23 @@ line).
 ``bool`` is an ``int`` in Python, so ``True`` would pass a plain ``isinstance(x, int)``
 check as 1; :func:`is_int` and :func:`is_number` refuse it.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 from typing import Any, Dict, Optional, Type, TypeVar
 
-__all__ = ['is_int', 'is_number', 'int_or_none', 'check_int', 'check_number', 'check_rate',
-           'check_bool', 'settings_from_dict']
+__all__ = [
+    'is_int',
+    'is_number',
+    'int_or_none',
+    'check_int',
+    'check_number',
+    'check_rate',
+    'check_bool',
+    'settings_from_dict',
+]
 
 T = TypeVar('T')
 
@@ -45,8 +54,13 @@ def _int_description(minimum: int) -> str:
     return f'an int >= {minimum}'
 
 
-def check_int(name: str, value: Any, minimum: Optional[int] = 1,
-              error: Type[Exception] = ValueError, description: Optional[str] = None) -> int:
+def check_int(
+    name: str,
+    value: Any,
+    minimum: Optional[int] = 1,
+    error: Type[Exception] = ValueError,
+    description: Optional[str] = None,
+) -> int:
     """``value`` when it is an int ``>= minimum`` (None: any int).
 
     Args:
@@ -66,10 +80,15 @@ def check_int(name: str, value: Any, minimum: Optional[int] = 1,
     return value
 
 
-def check_number(name: str, value: Any, minimum: Optional[float] = None,
-                 strict: bool = False, maximum: Optional[float] = None,
-                 error: Type[Exception] = ValueError,
-                 description: Optional[str] = None) -> float:
+def check_number(
+    name: str,
+    value: Any,
+    minimum: Optional[float] = None,
+    strict: bool = False,
+    maximum: Optional[float] = None,
+    error: Type[Exception] = ValueError,
+    description: Optional[str] = None,
+) -> float:
     """``value`` as a float, when it is a finite number in range.
 
     Args:

@@ -4,6 +4,7 @@ Reference outputs of the official LookHere code live in ``../shared/reference`` 
 the checkout). Tests that need them skip when the folder is absent, unless
 ``LOOKHERE_REQUIRE_SHARED=1`` (set by ``.ci/run``), where a missing folder is a failure.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,6 +19,7 @@ def pytest_configure(config):
     """The suite tests an OpenMMLab toolkit: register its components once, as the tools do
     (``import lookhere_dense`` alone stays light; see :mod:`lookhere_dense.registry`)."""
     import lookhere_dense
+
     lookhere_dense.register_all_modules()
 
 
@@ -48,6 +50,7 @@ def one_torch_thread():
     busy 2-core machine tiny models run several times faster than with two threads that
     wait for each other."""
     import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -9,6 +9,7 @@ are checked against their plain definitions. Every comparison with the reference
 through one check function, and ``test_a_perturbed_fast_path_fails_its_check`` shows that
 each check fails when the fast path's output is off by 1e-3.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -19,14 +20,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lookhere_dense.lookhere import (
+    PRESETS,
+    LookHereAttentionEngine,
+    LookHereConfig,
+    build_grid_bias,
+    chunked_attention,
+)
 from lookhere_dense.lookhere import engine as engine_module
-from lookhere_dense.lookhere import (PRESETS, LookHereAttentionEngine, LookHereConfig,
-                                     build_grid_bias, chunked_attention)
 from lookhere_dense.lookhere.attention import reference_attention
-from lookhere_dense.lookhere.chunked import auto_block_rows, head_runs, key_row_groups
-from lookhere_dense.lookhere.flex import (flex_attention_lookhere, flex_available, flex_mask_mod,
-                                          lookhere_block_mask, tile_order)
 from lookhere_dense.lookhere.bias import gather_block, gather_rows, offset_index
+from lookhere_dense.lookhere.chunked import auto_block_rows, head_runs, key_row_groups
+from lookhere_dense.lookhere.flex import (
+    flex_attention_lookhere,
+    flex_available,
+    flex_mask_mod,
+    lookhere_block_mask,
+    tile_order,
+)
 
 CONFIGS = {
     'lh180': PRESETS['lh180'],
@@ -49,8 +60,12 @@ def qkv(grid, cls_token, batch=2, dim=16, dtype=torch.float32, seed=0, grad=Fals
     softmaxes, so that the bias matters)."""
     gen = torch.Generator().manual_seed(seed)
     t = grid[0] * grid[1] + int(cls_token)
-    out = [(2 * torch.randn(batch, HEADS, t, dim, generator=gen, dtype=torch.float64))
-           .to(dtype).requires_grad_(grad) for _ in range(3)]
+    out = [
+        (2 * torch.randn(batch, HEADS, t, dim, generator=gen, dtype=torch.float64))
+        .to(dtype)
+        .requires_grad_(grad)
+        for _ in range(3)
+    ]
     return out
 
 
@@ -70,8 +85,9 @@ pytestmark = pytest.mark.usefixtures('one_torch_thread')  # tiny tensors: see co
 # Forward
 # ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize('name', sorted(CONFIGS))
-@pytest.mark.parametrize('grid,cls_token', [((5, 7), True), ((6, 3), False), ((1, 9), True),
-                                            ((8, 1), False)])
+@pytest.mark.parametrize(
+    'grid,cls_token', [((5, 7), True), ((6, 3), False), ((1, 9), True), ((8, 1), False)]
+)
 def test_backends_match_reference_float32(name, grid, cls_token):
     check_backends_match_reference(name, grid, cls_token)
 
@@ -92,8 +108,10 @@ def test_backends_match_reference_low_precision_without_nan(name, dtype):
     grid, cls_token = (4, 6), True
     eng = engine(name, block_size=7)
     q, k, v = qkv(grid, cls_token, dtype=dtype)
-    exact = reference_attention(*(t.double() for t in (q, k, v)),
-                                eng.grid_bias(grid, q.device, torch.float64).dense(1, True))
+    exact = reference_attention(
+        *(t.double() for t in (q, k, v)),
+        eng.grid_bias(grid, q.device, torch.float64).dense(1, True),
+    )
     for backend in ('reference', 'sdpa', 'chunked'):
         out = eng(q, k, v, 1, grid, cls_token, backend=backend)
         assert out.dtype == dtype
@@ -112,9 +130,16 @@ def test_low_precision_tables_are_cast_once_from_float64():
 
 
 @needs_flex
-@pytest.mark.parametrize('name,grid,cls_token', [
-    ('lh90', (5, 7), True), ('lh45', (6, 4), False), ('center', (3, 5), True),
-    ('fill_zero', (4, 4), True), ('per_layer', (2, 9), False)])
+@pytest.mark.parametrize(
+    'name,grid,cls_token',
+    [
+        ('lh90', (5, 7), True),
+        ('lh45', (6, 4), False),
+        ('center', (3, 5), True),
+        ('fill_zero', (4, 4), True),
+        ('per_layer', (2, 9), False),
+    ],
+)
 def test_flex_matches_reference_forward_on_cpu(name, grid, cls_token):
     """Eager flex on CPU (forward only): the score_mod / mask_mod / BlockMask logic."""
     eng = check_flex_matches_reference(name, grid, cls_token)
@@ -133,12 +158,15 @@ def check_flex_matches_reference(name, grid, cls_token):
 
 
 @needs_flex
-@pytest.mark.skipif(os.environ.get('LOOKHERE_SLOW') != '1',
-                    reason='compiles flex_attention on CPU (~30 s); set LOOKHERE_SLOW=1')
+@pytest.mark.skipif(
+    os.environ.get('LOOKHERE_SLOW') != '1',
+    reason='compiles flex_attention on CPU (~30 s); set LOOKHERE_SLOW=1',
+)
 def test_compiled_flex_on_cpu_matches_reference_and_compiles_once():
     """The CUDA code path (compiled flex, tile order, block mask), run on CPU; layers
     (different captured tables) and later forwards reuse the one compiled kernel."""
     import torch._dynamo
+
     eng = engine('lh90', flex_compile=True)
     grid = (8, 8)
     q, k, v = qkv(grid, True, batch=1, dim=16)
@@ -153,8 +181,9 @@ def test_compiled_flex_on_cpu_matches_reference_and_compiles_once():
 # Backward
 # ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize('name', ['lh90', 'lh45', 'center', 'fill_max', 'per_layer'])
-@pytest.mark.parametrize('grid,cls_token,block', [((5, 7), True, 4), ((4, 6), False, None),
-                                                  ((3, 5), True, None)])
+@pytest.mark.parametrize(
+    'grid,cls_token,block', [((5, 7), True, 4), ((4, 6), False, None), ((3, 5), True, None)]
+)
 def test_gradients_match_reference_float64(name, grid, cls_token, block):
     check_gradients_match_reference(name, grid, cls_token, block)
 
@@ -240,18 +269,29 @@ def test_gather_block_is_a_slice_of_the_dense_bias(name, grid):
     for cls_token in (False, True):
         dense = _dense_by_index(gb, 2, cls_token)
         assert torch.equal(gb.dense(2, cls_token), dense)
-        assert torch.equal(gather_rows(gb.table[2], grid, 0, n + cls_token, cls_token,
-                                       None if gb.key_term is None else gb.key_term[2]),
-                           dense)
+        assert torch.equal(
+            gather_rows(
+                gb.table[2],
+                grid,
+                0,
+                n + cls_token,
+                cls_token,
+                None if gb.key_term is None else gb.key_term[2],
+            ),
+            dense,
+        )
     dense = _dense_by_index(gb, 2, False)
     kt = None if gb.key_term is None else gb.key_term[2]
     for (s, e), (r0, r1), cls_key, rev in itertools.product(
-            [(0, n), (1, max(1, n - 1)), (n // 2, n)],
-            [(0, height), (height // 2, height), (0, (height + 1) // 2)],
-            [None, 'first', 'last'], [False, True]):
-        got = gather_block(gb.table[2], grid, s, e, (r0, r1), cls_key, kt, cls_value=-7.0,
-                           reverse_queries=rev)
-        want = dense[:, s:e, r0 * width:r1 * width]
+        [(0, n), (1, max(1, n - 1)), (n // 2, n)],
+        [(0, height), (height // 2, height), (0, (height + 1) // 2)],
+        [None, 'first', 'last'],
+        [False, True],
+    ):
+        got = gather_block(
+            gb.table[2], grid, s, e, (r0, r1), cls_key, kt, cls_value=-7.0, reverse_queries=rev
+        )
+        want = dense[:, s:e, r0 * width : r1 * width]
         if cls_key == 'first':
             want = torch.nn.functional.pad(want, (1, 0), value=-7.0)
         elif cls_key == 'last':
@@ -272,19 +312,33 @@ def test_gather_block_validates_its_arguments():
 
 
 @needs_flex
-@pytest.mark.parametrize('name,grid,cls_token,block', [
-    ('lh90', (12, 13), True, 16), ('lh45', (9, 9), False, 16), ('lh180', (5, 7), True, 8),
-    ('per_layer', (7, 10), False, 32)])
+@pytest.mark.parametrize(
+    'name,grid,cls_token,block',
+    [
+        ('lh90', (12, 13), True, 16),
+        ('lh45', (9, 9), False, 16),
+        ('lh180', (5, 7), True, 8),
+        ('per_layer', (7, 10), False, 32),
+    ],
+)
 @pytest.mark.parametrize('tiles', [False, True])
 def test_tile_row_block_mask_equals_create_block_mask(name, grid, cls_token, block, tiles):
     from torch.nn.attention.flex_attention import create_block_mask
+
     gb = build_grid_bias(CONFIGS[name], grid, DEPTH, HEADS)
     t = grid[0] * grid[1] + int(cls_token)
     order = tile_order(grid, cls_token, tile=(2, block // 2)) if tiles else None
     for layer in range(DEPTH):
         ours = lookhere_block_mask(gb, layer, cls_token, block=block, order=order)
-        theirs = create_block_mask(flex_mask_mod(gb, layer, cls_token, order), None, HEADS,
-                                   t, t, device='cpu', BLOCK_SIZE=block)
+        theirs = create_block_mask(
+            flex_mask_mod(gb, layer, cls_token, order),
+            None,
+            HEADS,
+            t,
+            t,
+            device='cpu',
+            BLOCK_SIZE=block,
+        )
         for attr in ('kv_num_blocks', 'kv_indices', 'full_kv_num_blocks', 'full_kv_indices'):
             assert torch.equal(getattr(ours, attr), getattr(theirs, attr)), attr
         assert ours.sparsity() > 0  # directed heads skip tiles
@@ -306,8 +360,9 @@ def test_block_masks_are_shared_by_layers_with_the_same_head_string():
     masks = [eng.block_mask(layer, (9, 9), True, torch.device('cpu')) for layer in range(3)]
     assert len(eng.block_masks) == 3
     eng2 = engine('lh90')
-    shared = {id(eng2.block_mask(layer, (9, 9), True, torch.device('cpu')))
-              for layer in range(DEPTH)}
+    shared = {
+        id(eng2.block_mask(layer, (9, 9), True, torch.device('cpu'))) for layer in range(DEPTH)
+    }
     assert len(shared) == 1 and len(eng2.block_masks) == 1
     assert masks[0] is not masks[1]
 
@@ -321,26 +376,29 @@ def test_flex_runs_with_a_given_block_mask_and_order(tiles):
     ref = reference_attention(q, k, v, gb.dense(1, True))
     order = tile_order(grid, True, tile=(2, 4)) if tiles else None
     mask = lookhere_block_mask(gb, 1, True, block=8, order=order)
-    out = flex_attention_lookhere(q, k, v, gb, 1, True, block_mask=mask, compiled=False,
-                                  order=order)
+    out = flex_attention_lookhere(
+        q, k, v, gb, 1, True, block_mask=mask, compiled=False, order=order
+    )
     torch.testing.assert_close(out, ref, atol=ATOL[torch.float32], rtol=0)
     eng = engine('lh45', flex_tiles=tiles)
-    torch.testing.assert_close(eng(q, k, v, 1, grid, True, backend='flex'), ref,
-                               atol=ATOL[torch.float32], rtol=0)
+    torch.testing.assert_close(
+        eng(q, k, v, 1, grid, True, backend='flex'), ref, atol=ATOL[torch.float32], rtol=0
+    )
     assert (eng.flex_order(grid, True, q.device) is None) == (not tiles)
 
 
 def test_head_runs_split_heads_by_vertical_field_of_view():
     h = 8
-    runs = {name: head_runs(build_grid_bias(CONFIGS[name], (h, h), 1, HEADS).visible[0])
-            for name in ('lh180', 'lh90', 'lh45', 'fill_zero', 'center')}
+    runs = {
+        name: head_runs(build_grid_bias(CONFIGS[name], (h, h), 1, HEADS).visible[0])
+        for name in ('lh180', 'lh90', 'lh45', 'fill_zero', 'center')
+    }
     up, down, both = (-(h - 1), 0), (0, h - 1), (-(h - 1), h - 1)
-    assert runs['lh90'] == [(0, 2, *up), (2, 4, *down), (4, 6, *up), (6, 8, *down),
-                            (8, 12, *both)]
+    assert runs['lh90'] == [(0, 2, *up), (2, 4, *down), (4, 6, *up), (6, 8, *down), (8, 12, *both)]
     assert runs['lh180'][:3] == [(0, 1, *up), (1, 2, *down), (2, 4, *both)]
     assert runs['fill_zero'] == [(0, 12, *both)]  # nothing blocked: one run, no copies
-    assert runs['center'] == runs['lh90']          # corners + centre heads (see all)
-    for name, rs in runs.items():  # runs tile the heads in order
+    assert runs['center'] == runs['lh90']  # corners + centre heads (see all)
+    for rs in runs.values():  # runs tile the heads in order
         assert [r[0] for r in rs] == [0] + [r[1] for r in rs[:-1]] and rs[-1][1] == HEADS
     groups = key_row_groups(build_grid_bias(CONFIGS['lh90'], (h, h), 1, HEADS).visible[0])
     assert groups[0] == ((0, 1, 4, 5), *up)
@@ -348,10 +406,10 @@ def test_head_runs_split_heads_by_vertical_field_of_view():
 
 def test_auto_block_rows_follow_the_mlp_activation_and_grid_rows():
     q = torch.empty(1, 12, 8193, 64)
-    assert auto_block_rows(q, 4, 128) == 768       # 4 * 768 channels / 4 heads, whole rows
+    assert auto_block_rows(q, 4, 128) == 768  # 4 * 768 channels / 4 heads, whole rows
     assert auto_block_rows(q, 12, 128) == 256
     assert auto_block_rows(torch.empty(2, 12, 10, 64), 4, 2000) == 1536  # under one row
-    assert auto_block_rows(torch.empty(1, 2, 10, 2), 2, 3) == 66   # 64 -> whole rows of 3
+    assert auto_block_rows(torch.empty(1, 2, 10, 2), 2, 3) == 66  # 64 -> whole rows of 3
 
 
 # ----------------------------------------------------------------------------------------
@@ -360,14 +418,14 @@ def test_auto_block_rows_follow_the_mlp_activation_and_grid_rows():
 def test_auto_policy():
     eng = engine('lh90', max_dense_mb=1)
     cpu, cuda = torch.device('cpu'), torch.device('cuda')
-    small = 50    # 3 layers x 12 heads x 50^2 x 4 B = 0.34 MiB <= 1 MiB
-    big = 200     # 5.5 MiB
+    small = 50  # 3 layers x 12 heads x 50^2 x 4 B = 0.34 MiB <= 1 MiB
+    big = 200  # 5.5 MiB
     assert eng.choose_backend(small, cpu) == 'sdpa'
     assert eng.choose_backend(big, cpu) == 'chunked'
     assert eng.choose_backend(big, cuda) == ('flex' if flex_available() else 'chunked')
     assert eng.choose_backend(big, cuda, dropout_p=0.1) == 'chunked'
     # budget counted in the compute dtype: bf16 halves the dense bytes
-    mid = 100     # 1.37 MiB in float32, 0.69 MiB in bfloat16
+    mid = 100  # 1.37 MiB in float32, 0.69 MiB in bfloat16
     assert eng.choose_backend(mid, cpu) == 'chunked'
     assert eng.choose_backend(mid, cpu, torch.bfloat16) == 'sdpa'
     grid = (14, 14)
@@ -378,11 +436,14 @@ def test_auto_policy():
     assert fixed.choose_backend(big, cuda) == 'reference'
 
 
-@pytest.mark.parametrize('kwargs,match', [
-    (dict(backend='fast'), 'unknown LookHere attention backend'),
-    (dict(block_size=-1), 'block_size must be None or an int'),
-    (dict(max_dense_mb=-1), 'max_dense_mb'),
-])
+@pytest.mark.parametrize(
+    'kwargs,match',
+    [
+        (dict(backend='fast'), 'unknown LookHere attention backend'),
+        (dict(block_size=-1), 'block_size must be None or an int'),
+        (dict(max_dense_mb=-1), 'max_dense_mb'),
+    ],
+)
 def test_engine_arguments_are_validated(kwargs, match):
     with pytest.raises(ValueError, match=match):
         engine('lh90', **kwargs)
@@ -401,10 +462,10 @@ def test_engine_call_is_validated():
         eng(q, k, v, 0, (3, 4), True, backend='auto')
 
 
-@pytest.mark.parametrize('grid,ws,cls_token,batch', [((5, 7), 3, True, 2), ((6, 6), 3, False, 2),
-                                                     ((4, 5), 4, True, 1)])
-def test_window_attention_runs_as_4d_batches_and_matches_dense_windows(grid, ws, cls_token,
-                                                                     batch):
+@pytest.mark.parametrize(
+    'grid,ws,cls_token,batch', [((5, 7), 3, True, 2), ((6, 6), 3, False, 2), ((4, 5), 4, True, 1)]
+)
+def test_window_attention_runs_as_4d_batches_and_matches_dense_windows(grid, ws, cls_token, batch):
     """Window attention (4-D batch; per image with padding) equals full attention whose
     bias is the window bias inside each window and blocked across windows."""
     check_window_attention_matches_dense_windows(grid, ws, cls_token, batch)
@@ -459,18 +520,27 @@ def _off_by(fn, delta=1e-3):
 
 #: fast path -> (where it is patched, the check(s) that must then fail)
 PERTURBATIONS = {
-    'chunked': ('chunked_attention', lambda: check_backends_match_reference(
-        'lh90', (5, 7), True, backends=('chunked',))),
-    'chunked-gradients': ('chunked_attention', lambda: check_gradients_match_reference(
-        'lh45', (4, 6), False, None)),
-    'sdpa': ('sdpa_attention', lambda: check_backends_match_reference(
-        'center', (6, 3), False, backends=('sdpa',))),
-    'flex': ('flex_attention_lookhere', lambda: check_flex_matches_reference(
-        'lh45', (6, 4), False)),
-    'window-sdpa': ('F', lambda: check_window_attention_matches_dense_windows(
-        (5, 7), 3, True, 2)),
-    'window-sdpa-padded': ('F', lambda: check_window_attention_matches_dense_windows(
-        (4, 5), 4, True, 1)),
+    'chunked': (
+        'chunked_attention',
+        lambda: check_backends_match_reference('lh90', (5, 7), True, backends=('chunked',)),
+    ),
+    'chunked-gradients': (
+        'chunked_attention',
+        lambda: check_gradients_match_reference('lh45', (4, 6), False, None),
+    ),
+    'sdpa': (
+        'sdpa_attention',
+        lambda: check_backends_match_reference('center', (6, 3), False, backends=('sdpa',)),
+    ),
+    'flex': (
+        'flex_attention_lookhere',
+        lambda: check_flex_matches_reference('lh45', (6, 4), False),
+    ),
+    'window-sdpa': ('F', lambda: check_window_attention_matches_dense_windows((5, 7), 3, True, 2)),
+    'window-sdpa-padded': (
+        'F',
+        lambda: check_window_attention_matches_dense_windows((4, 5), 4, True, 1),
+    ),
 }
 
 
@@ -483,8 +553,13 @@ def test_a_perturbed_fast_path_fails_its_check(path, monkeypatch):
         pytest.skip('no flex_attention in this torch')
     check()  # passes as it is
     if name == 'F':  # the engine's SDPA call inside the windows (not the CLS row's)
-        perturbed = type('F', (), dict(
-            scaled_dot_product_attention=staticmethod(_off_by(F.scaled_dot_product_attention))))
+        perturbed = type(
+            'F',
+            (),
+            dict(
+                scaled_dot_product_attention=staticmethod(_off_by(F.scaled_dot_product_attention))
+            ),
+        )
         monkeypatch.setattr(engine_module, 'F', perturbed)
     else:
         monkeypatch.setattr(engine_module, name, _off_by(getattr(engine_module, name)))

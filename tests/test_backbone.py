@@ -1,4 +1,5 @@
 """LookHereViT: official outputs, registries, output contract, caching, weights, errors."""
+
 from __future__ import annotations
 
 import subprocess
@@ -10,9 +11,9 @@ import pytest
 import torch
 
 from lookhere_dense.checkpoint import decode_extra_state
-from lookhere_dense.models.backbones import LookHereViT
 from lookhere_dense.lookhere import vit as lv
 from lookhere_dense.lookhere.pos_encoding import LookHerePositionEncoding, PositionEncoding
+from lookhere_dense.models.backbones import LookHereViT
 
 TINY = dict(embed_dims=96, num_layers=3, num_heads=12, init_values=0.1)
 
@@ -36,10 +37,16 @@ def official(reference_dir: Path):
 def test_reproduces_official_forward_features(official, backend):
     path, io = official
     arch = io['model']
-    model = LookHereViT(embed_dims=arch['embed_dim'], num_layers=arch['depth'],
-                        num_heads=arch['num_heads'], patch_size=arch['patch_size'],
-                        init_values=arch['init_values'], attn_backend=backend,
-                        attn_block_size=5, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model = LookHereViT(
+        embed_dims=arch['embed_dim'],
+        num_layers=arch['depth'],
+        num_heads=arch['num_heads'],
+        patch_size=arch['patch_size'],
+        init_values=arch['init_values'],
+        attn_backend=backend,
+        attn_block_size=5,
+        init_cfg=dict(type='Pretrained', checkpoint=str(path)),
+    )
     model.init_weights()
     model.eval()
     assert model.lh_config.head_directions == 'halves-none'
@@ -52,12 +59,13 @@ def test_reproduces_official_forward_features(official, backend):
         # the NCHW output of the last block is the same tokens, reshaped
         model.output_cls_token = True
         with torch.no_grad():
-            (fmap, cls), = model(case['input'])
+            ((fmap, cls),) = model(case['input'])
         model.output_cls_token = False
         h, w = case['input'].shape[-2] // 16, case['input'].shape[-1] // 16
         torch.testing.assert_close(cls, case['forward_features'][:, 0], atol=1e-4, rtol=0)
-        torch.testing.assert_close(fmap.flatten(2).transpose(1, 2),
-                                   case['forward_features'][:, 1:], atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            fmap.flatten(2).transpose(1, 2), case['forward_features'][:, 1:], atol=1e-4, rtol=0
+        )
         assert fmap.shape[-2:] == (h, w)
 
 
@@ -68,8 +76,10 @@ def test_official_bias_rounding_is_reproduced(official):
     case = io['cases']['128x96']
     errors = {}
     for rounding in ('bfloat16', 'none'):
-        model = tiny(lh_config=dict(bias_rounding=rounding),
-                     init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+        model = tiny(
+            lh_config=dict(bias_rounding=rounding),
+            init_cfg=dict(type='Pretrained', checkpoint=str(path)),
+        )
         with torch.no_grad():
             feats = model.forward_features(case['input'])
         errors[rounding] = (feats - case['forward_features']).abs().max().item()
@@ -82,6 +92,7 @@ def test_official_bias_rounding_is_reproduced(official):
 def test_registered_in_mmseg_and_mmdet():
     from mmdet.registry import MODELS as DET
     from mmseg.registry import MODELS as SEG
+
     for registry in (SEG, DET):
         model = registry.build(dict(type='LookHereViT', **TINY, preset='lh90'))
         assert isinstance(model, LookHereViT)
@@ -90,11 +101,13 @@ def test_registered_in_mmseg_and_mmdet():
 
 def test_custom_imports_in_a_fresh_interpreter(tmp_path: Path, repo_root: Path):
     cfg = tmp_path / 'cfg.py'
-    cfg.write_text(textwrap.dedent("""
-        custom_imports = dict(imports=['lookhere_dense'], allow_failed_imports=False)
+    cfg.write_text(
+        textwrap.dedent("""
+        custom_imports = dict(imports=['lookhere_dense.openmmlab'], allow_failed_imports=False)
         backbone = dict(type='LookHereViT', embed_dims=48, num_layers=2, num_heads=12,
                         out_indices=(0, 1), preset='lh45')
-    """))
+    """)
+    )
     script = textwrap.dedent(f"""
         import sys, torch
         from mmengine.config import Config
@@ -105,8 +118,9 @@ def test_custom_imports_in_a_fresh_interpreter(tmp_path: Path, repo_root: Path):
         outs = m(torch.randn(1, 3, 40, 72))
         print(type(m).__name__, [tuple(o.shape) for o in outs])
     """)
-    res = subprocess.run([sys.executable, '-c', script], cwd=repo_root, capture_output=True,
-                         text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, '-c', script], cwd=repo_root, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stderr
     assert 'LookHereViT [(1, 48, 3, 5), (1, 48, 3, 5)]' in res.stdout
 
@@ -116,15 +130,16 @@ def test_custom_imports_in_a_fresh_interpreter(tmp_path: Path, repo_root: Path):
 # ----------------------------------------------------------------------------------------
 def test_outputs_follow_out_indices_and_pad_like_mmseg():
     model = tiny(out_indices=(0, -1), out_origin=True)
-    outs = model(torch.randn(2, 3, 50, 33))          # pads to 64 x 48 (corner)
+    outs = model(torch.randn(2, 3, 50, 33))  # pads to 64 x 48 (corner)
     assert [tuple(o.shape) for o in outs] == [(2, 96, 4, 3)] * 3
     assert model.out_indices == [0, 2]
 
 
 def test_output_cls_token_and_no_cls_token():
     outs = tiny(output_cls_token=True, out_indices=[1, 2])(torch.randn(1, 3, 32, 48))
-    assert all(isinstance(o, list) and o[0].shape == (1, 96, 2, 3) and o[1].shape == (1, 96)
-               for o in outs)
+    assert all(
+        isinstance(o, list) and o[0].shape == (1, 96, 2, 3) and o[1].shape == (1, 96) for o in outs
+    )
     model = tiny(with_cls_token=False)
     assert not hasattr(model, 'cls_token')
     assert model(torch.randn(1, 3, 32, 48))[0].shape == (1, 96, 2, 3)
@@ -135,23 +150,38 @@ def test_output_cls_token_and_no_cls_token():
 def test_same_padding_centres_the_image():
     corner, same = tiny(), tiny(patch_pad='same')
     same.load_state_dict(corner.state_dict())
-    x = torch.randn(1, 3, 40, 40)                    # 8 px of padding: corner 0+8, same 4+4
+    x = torch.randn(1, 3, 40, 40)  # 8 px of padding: corner 0+8, same 4+4
     shifted = torch.nn.functional.pad(x, (4, 4, 4, 4))
     torch.testing.assert_close(same(x)[0], corner(shifted)[0])
 
 
 def test_mmseg_vit_arguments_are_accepted(recwarn):
     lv._warned.discard('interpolate_mode')
-    model = tiny(img_size=(512, 1024), patch_pad='corner', in_channels=3, mlp_ratio=4,
-                 qkv_bias=True, drop_rate=0.1, attn_drop_rate=0.1, drop_path_rate=0.1,
-                 norm_cfg=dict(type='LN', eps=1e-6), act_cfg=dict(type='GELU'),
-                 patch_norm=True, patch_bias=True, pre_norm=True, final_norm=True,
-                 interpolate_mode='bicubic', num_fcs=2, norm_eval=True, with_cp=False)
-    tiny(interpolate_mode='bilinear')                  # second time: no new warning
+    model = tiny(
+        img_size=(512, 1024),
+        patch_pad='corner',
+        in_channels=3,
+        mlp_ratio=4,
+        qkv_bias=True,
+        drop_rate=0.1,
+        attn_drop_rate=0.1,
+        drop_path_rate=0.1,
+        norm_cfg=dict(type='LN', eps=1e-6),
+        act_cfg=dict(type='GELU'),
+        patch_norm=True,
+        patch_bias=True,
+        pre_norm=True,
+        final_norm=True,
+        interpolate_mode='bicubic',
+        num_fcs=2,
+        norm_eval=True,
+        with_cp=False,
+    )
+    tiny(interpolate_mode='bilinear')  # second time: no new warning
     msgs = [str(w.message) for w in recwarn if 'interpolate_mode' in str(w.message)]
     assert len(msgs) == 1 and 'ignores interpolate_mode' in msgs[0]
     model.train()
-    assert not model.blocks[0].norm1.training          # norm_eval
+    assert not model.blocks[0].norm1.training  # norm_eval
     assert model(torch.randn(1, 3, 32, 32))[0].shape == (1, 96, 2, 2)
 
 
@@ -190,8 +220,8 @@ def test_bias_is_built_once_per_grid_and_not_in_state_dict():
     model(x)
     model(x)
     assert engine.tables.misses == 1 and engine.tables.hits >= 1
-    assert engine.dense.misses == 3                    # one per layer, then reused
-    model(torch.randn(1, 3, 32, 32))                   # a new grid: new entries
+    assert engine.dense.misses == 3  # one per layer, then reused
+    model(torch.randn(1, 3, 32, 32))  # a new grid: new entries
     assert engine.tables.misses == 2
     # no bias tensor in the state_dict: parameters, plus the config as plain data
     sd = model.state_dict()
@@ -229,8 +259,12 @@ def test_pos_enc_is_the_one_owner_of_the_engine():
     engine = model.pos_enc.engine
     assert isinstance(model.pos_enc, LookHerePositionEncoding)
     # no attribute of the backbone or its blocks holds the engine besides pos_enc
-    holders = [f'{name}.{key}' for name, module in model.named_modules()
-               for key, value in vars(module).items() if value is engine]
+    holders = [
+        f'{name}.{key}'
+        for name, module in model.named_modules()
+        for key, value in vars(module).items()
+        if value is engine
+    ]
     assert holders == ['pos_enc.engine']
     assert model.lookhere is engine and model.lh_config is engine.config
     assert model.pos_encoding == model.pos_enc.name == 'lookhere'
@@ -250,7 +284,7 @@ def test_adopting_a_checkpoint_config_resets_the_engine_of_the_owner():
     model(torch.randn(1, 3, 32, 32))
     assert len(engine.tables) == 1
     model.load_state_dict(source.state_dict())
-    assert model.pos_enc.engine is engine                 # the same engine, reset
+    assert model.pos_enc.engine is engine  # the same engine, reset
     assert engine.config == source.lh_config and len(engine.tables) == 0
 
 
@@ -259,13 +293,22 @@ def test_adopting_a_checkpoint_config_resets_the_engine_of_the_owner():
 # ----------------------------------------------------------------------------------------
 def _timm_vit(tmp_path: Path, layerscale: bool, deit3_names: bool = False) -> Path:
     import timm
-    vit = timm.create_model('vit_tiny_patch16_224', pretrained=False, num_classes=7,
-                            embed_dim=96, depth=3, num_heads=12,
-                            init_values=0.5 if layerscale else None)
+
+    vit = timm.create_model(
+        'vit_tiny_patch16_224',
+        pretrained=False,
+        num_classes=7,
+        embed_dim=96,
+        depth=3,
+        num_heads=12,
+        init_values=0.5 if layerscale else None,
+    )
     sd = vit.state_dict()
     if deit3_names:  # the original DeiT-III repository's names
-        sd = {k.replace('.ls1.gamma', '.gamma_1').replace('.ls2.gamma', '.gamma_2'): v
-              for k, v in sd.items()}
+        sd = {
+            k.replace('.ls1.gamma', '.gamma_1').replace('.ls2.gamma', '.gamma_2'): v
+            for k, v in sd.items()
+        }
     path = tmp_path / 'timm_vit.pth'
     torch.save({'model': sd} if deit3_names else sd, path)
     return path
@@ -276,8 +319,7 @@ def test_loads_timm_and_deit3_weights(tmp_path: Path, deit3_names: bool):
     path = _timm_vit(tmp_path, layerscale=True, deit3_names=deit3_names)
     # a timm file does not record its head count, and 96 channels are no multiple of the
     # usual head width 64: the head count is stated
-    model = tiny(init_cfg=dict(type='Pretrained', checkpoint=str(path),
-                               checkpoint_num_heads=12))
+    model = tiny(init_cfg=dict(type='Pretrained', checkpoint=str(path), checkpoint_num_heads=12))
     report = model.load_pretrained(str(path), checkpoint_num_heads=12)
     assert 'pos_embed' in report['dropped'] and 'head.weight' in report['dropped']
     assert report['missing'] == [] and report['unexpected'] == []
@@ -290,11 +332,16 @@ def test_loads_timm_and_deit3_weights(tmp_path: Path, deit3_names: bool):
 
 def test_timm_weights_without_layerscale_need_init_values_none(tmp_path: Path):
     path = _timm_vit(tmp_path, layerscale=False)
-    with pytest.raises(ValueError, match=r'lacks backbone parameters \(no LayerScale.*'
-                                         r'init_values=None\).*blocks.0.ls1.gamma'):
+    with pytest.raises(
+        ValueError,
+        match=r'lacks backbone parameters \(no LayerScale.*'
+        r'init_values=None\).*blocks.0.ls1.gamma',
+    ):
         tiny(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
-    model = tiny(init_values=None, init_cfg=dict(type='Pretrained', checkpoint=str(path),
-                                                 checkpoint_num_heads=12))
+    model = tiny(
+        init_values=None,
+        init_cfg=dict(type='Pretrained', checkpoint=str(path), checkpoint_num_heads=12),
+    )
     assert isinstance(model.blocks[0].ls1, torch.nn.Identity)
 
 
@@ -302,9 +349,12 @@ def test_wrong_shapes_and_missing_files_are_named(tmp_path: Path):
     other = LookHereViT(embed_dims=48, num_layers=3, num_heads=12)
     path = tmp_path / 'small.pth'
     torch.save({'state_dict': other.state_dict()}, path)
-    with pytest.raises(ValueError, match=r'(?s)47 tensors of the wrong shape.*patch_embed.proj'
-                                         r'.weight: checkpoint \(48, 3, 16, 16\) vs model '
-                                         r'\(96, 3, 16, 16\).*and 37 more'):
+    with pytest.raises(
+        ValueError,
+        match=r'(?s)47 tensors of the wrong shape.*patch_embed.proj'
+        r'.weight: checkpoint \(48, 3, 16, 16\) vs model '
+        r'\(96, 3, 16, 16\).*and 37 more',
+    ):
         tiny(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
     with pytest.raises(FileNotFoundError, match='checkpoint file not found'):
         tiny(init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'nope.pth')))
@@ -315,8 +365,11 @@ def test_wrong_shapes_and_missing_files_are_named(tmp_path: Path):
 
 def test_checkpoint_config_conflicts_with_explicit_one(official):
     path, _ = official
-    with pytest.raises(ValueError, match=r"conflicts with the one stored.*head_directions: "
-                                         r"'corners-none' != 'halves-none'"):
+    with pytest.raises(
+        ValueError,
+        match=r'conflicts with the one stored.*head_directions: '
+        r"'corners-none' != 'halves-none'",
+    ):
         tiny(preset='lh90', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
     model = tiny(preset='lh180', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
     assert model.lh_config.head_directions == 'halves-none'
@@ -324,20 +377,32 @@ def test_checkpoint_config_conflicts_with_explicit_one(official):
 
 def test_stored_config_must_fit_the_backbone(tmp_path: Path):
     from lookhere_dense.lookhere.weights import save_backbone_checkpoint
+
     path = tmp_path / 'lh45.pth'
-    save_backbone_checkpoint(str(path), tiny(num_heads=6).state_dict(),
-                             dict(head_directions='eighths1-eighths2-none', global_slope=1.0,
-                                  layer_slopes=[2.0, 0.5]), source='test')
-    with pytest.raises(ValueError, match=r'stored in .* does not fit this backbone.*'
-                                         r'does not fit num_heads=6'):
+    save_backbone_checkpoint(
+        str(path),
+        tiny(num_heads=6).state_dict(),
+        dict(head_directions='eighths1-eighths2-none', global_slope=1.0, layer_slopes=[2.0, 0.5]),
+        source='test',
+    )
+    with pytest.raises(
+        ValueError,
+        match=r'stored in .* does not fit this backbone.*'
+        r'does not fit num_heads=6',
+    ):
         tiny(num_heads=6, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
 
 
 def test_convert_checkpoint_cli_round_trip(official, tmp_path: Path, repo_root: Path):
     path, io = official
     out = tmp_path / 'converted.pth'
-    res = subprocess.run([sys.executable, 'tools/convert_checkpoint.py', str(path), str(out)],
-                         cwd=repo_root, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, 'tools/convert_checkpoint.py', str(path), str(out)],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     assert 'official format, 47 tensors' in res.stdout and 'head.fc1.weight' in res.stdout
     model = tiny(init_cfg=dict(type='Pretrained', checkpoint=str(out)))
@@ -346,8 +411,13 @@ def test_convert_checkpoint_cli_round_trip(official, tmp_path: Path, repo_root: 
     with torch.no_grad():
         feats = model.forward_features(case['input'])
     torch.testing.assert_close(feats, case['forward_features'], atol=1e-4, rtol=0)
-    res = subprocess.run([sys.executable, 'tools/convert_checkpoint.py', 'missing.pth',
-                          str(out)], cwd=repo_root, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, 'tools/convert_checkpoint.py', 'missing.pth', str(out)],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 2 and 'checkpoint file not found' in res.stderr
 
 
@@ -355,29 +425,39 @@ def test_converted_files_record_the_head_count(official, tmp_path: Path):
     """tools/convert_checkpoint.py writes the head count: official files 12, a saved
     LookHereViT its own, ``--num-heads`` for files that do not record it (refused when it
     contradicts a recorded one); loading then checks it."""
-    from lookhere_dense.errors import CheckpointError
     from tiny_seg import run_tools
+
+    from lookhere_dense.errors import CheckpointError
+
     path, _ = official
     six = tiny(num_heads=6)  # lh180 fits 6 heads
     whole = tmp_path / 'iter_1.pth'
-    torch.save({'meta': {}, 'state_dict': {f'backbone.{k}': v
-                                           for k, v in six.state_dict().items()}}, whole)
+    torch.save(
+        {'meta': {}, 'state_dict': {f'backbone.{k}': v for k, v in six.state_dict().items()}},
+        whole,
+    )
     flat = tmp_path / 'flat.pth'  # 96 channels: no head-width convention applies
     torch.save({k: v for k, v in six.state_dict().items() if k != '_extra_state'}, flat)
     outs = [tmp_path / f'{name}.pth' for name in ('official', 'six', 'flat', 'wrong')]
-    res = run_tools([('convert_checkpoint', [str(path), str(outs[0])]),
-                     ('convert_checkpoint', [str(whole), str(outs[1])]),
-                     ('convert_checkpoint', [str(flat), str(outs[2]), '--num-heads', '6']),
-                     ('convert_checkpoint', [str(whole), str(outs[3]), '--num-heads', '12'])])
+    res = run_tools(
+        [
+            ('convert_checkpoint', [str(path), str(outs[0])]),
+            ('convert_checkpoint', [str(whole), str(outs[1])]),
+            ('convert_checkpoint', [str(flat), str(outs[2]), '--num-heads', '6']),
+            ('convert_checkpoint', [str(whole), str(outs[3]), '--num-heads', '12']),
+        ]
+    )
     assert [r['rc'] for r in res] == [0, 0, 0, 2], res
-    assert [torch.load(p, weights_only=True)['meta']['num_heads'] for p in outs[:3]] \
-        == [12, 6, 6]
+    assert [torch.load(p, weights_only=True)['meta']['num_heads'] for p in outs[:3]] == [12, 6, 6]
     assert 'heads: 12 (official LookHere file' in res[0]['stdout']
     assert 'heads: 6 (recorded in the file)' in res[1]['stdout']
-    assert f"error: --num-heads 12, but {str(whole)!r} records 6 heads" in res[3]['stderr']
+    assert f'error: --num-heads 12, but {str(whole)!r} records 6 heads' in res[3]['stderr']
     assert not outs[3].exists()
-    with pytest.raises(CheckpointError, match=r'has 6 attention heads per block \(recorded in '
-                                              r'the file\).*num_heads=12'):
+    with pytest.raises(
+        CheckpointError,
+        match=r'has 6 attention heads per block \(recorded in '
+        r'the file\).*num_heads=12',
+    ):
         tiny(init_cfg=dict(type='Pretrained', checkpoint=str(outs[1])))
     model = tiny(num_heads=6, init_cfg=dict(type='Pretrained', checkpoint=str(outs[2])))
     torch.testing.assert_close(model.blocks[2].attn.qkv.weight, six.blocks[2].attn.qkv.weight)
@@ -389,23 +469,24 @@ def test_the_record_is_a_tensor_and_old_dict_records_still_load(tmp_path: Path):
     from mmengine.runner import load_checkpoint
 
     from lookhere_dense.lookhere.loading import load_model_weights
+
     source = tiny(preset='lh45')
     sd = source.state_dict()
     assert all(isinstance(v, torch.Tensor) for v in sd.values())
     assert sd['_extra_state'].dtype == torch.uint8 and sd['_extra_state'].dim() == 1
     assert decode_extra_state(sd['_extra_state']) == source.record()
     assert source.record()['lh_config']['head_directions'] == 'eighths1-eighths2-none'
-    old = dict(sd, _extra_state=source.record())          # a file of the dict era
+    old = dict(sd, _extra_state=source.record())  # a file of the dict era
     model = tiny()
     model.load_state_dict(old)
     assert model.lh_config == source.lh_config
     path = tmp_path / 'old.pth'
     torch.save({'meta': {}, 'state_dict': old}, path)
     model = tiny()
-    load_model_weights(model, str(path))                   # tools/test.py, infer, resume
+    load_model_weights(model, str(path))  # tools/test.py, infer, resume
     assert model.lh_config == source.lh_config
     model = tiny()
-    load_checkpoint(model, str(path), logger='silent')     # mmengine's own load_from
+    load_checkpoint(model, str(path), logger='silent')  # mmengine's own load_from
     assert model.lh_config == source.lh_config
     x = torch.randn(1, 3, 32, 48)
     with torch.no_grad():
@@ -415,22 +496,33 @@ def test_the_record_is_a_tensor_and_old_dict_records_still_load(tmp_path: Path):
     for record in (rope.get_extra_state(), rope.record()):
         with pytest.raises(ValueError, match=r"trained with pos_encoding='rope2d'"):
             tiny().load_state_dict(dict(rope.state_dict(), _extra_state=record))
-    with pytest.raises(ValueError, match=r"has an '_extra_state' entry that is not a "
-                                         r'LookHereViT record \(a torch.float32 tensor'):
+    with pytest.raises(
+        ValueError,
+        match=r"has an '_extra_state' entry that is not a "
+        r'LookHereViT record \(a torch.float32 tensor',
+    ):
         tiny().load_state_dict(dict(sd, _extra_state=torch.zeros(3)))
 
 
 def test_loads_whole_model_mmengine_checkpoints(tmp_path: Path):
     source = tiny(preset='lh45')
     path = tmp_path / 'segmentor.pth'
-    torch.save({'meta': {}, 'state_dict': {
-        **{f'backbone.{k}': v for k, v in source.state_dict().items()},
-        'decode_head.conv_seg.weight': torch.zeros(3, 96, 1, 1)}}, path)
+    torch.save(
+        {
+            'meta': {},
+            'state_dict': {
+                **{f'backbone.{k}': v for k, v in source.state_dict().items()},
+                'decode_head.conv_seg.weight': torch.zeros(3, 96, 1, 1),
+            },
+        },
+        path,
+    )
     model = tiny(preset='lh45', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
     want = source.state_dict()
     got = model.state_dict()
-    assert decode_extra_state(got.pop('_extra_state')) == \
-        decode_extra_state(want.pop('_extra_state'))  # the config came along
+    assert decode_extra_state(got.pop('_extra_state')) == decode_extra_state(
+        want.pop('_extra_state')
+    )  # the config came along
     torch.testing.assert_close(got, want)
 
 
@@ -439,11 +531,18 @@ def test_mmengine_checkpoints_with_message_hub_load_under_weights_only(tmp_path:
     import numpy as np
     from mmengine.logging.history_buffer import HistoryBuffer
     from mmengine.runner.checkpoint import CheckpointLoader
+
     buf = HistoryBuffer()
     buf.update(np.float64(1.5))
     path = tmp_path / 'epoch_1.pth'
-    torch.save({'state_dict': {'w': torch.ones(2)}, 'message_hub': {'loss': buf},
-                'meta': {'dtype': np.dtype('float32'), 'arr': np.arange(3)}}, path)
+    torch.save(
+        {
+            'state_dict': {'w': torch.ones(2)},
+            'message_hub': {'loss': buf},
+            'meta': {'dtype': np.dtype('float32'), 'arr': np.arange(3)},
+        },
+        path,
+    )
     ckpt = CheckpointLoader.load_checkpoint(str(path), map_location='cpu')
     assert ckpt['message_hub']['loss'].current() == 1.5
     assert torch.load(path, weights_only=True)['meta']['arr'].tolist() == [0, 1, 2]
@@ -452,18 +551,24 @@ def test_mmengine_checkpoints_with_message_hub_load_under_weights_only(tmp_path:
 # ----------------------------------------------------------------------------------------
 # Errors
 # ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize('kwargs,error,match', [
-    (dict(preset='lh60'), ValueError, r"unknown LookHere preset 'lh60'"),
-    (dict(num_heads=8, embed_dims=96), ValueError, r"'halves-none'.*does not fit num_heads=8"),
-    (dict(embed_dims=100), ValueError, r'embed_dims=100 is not divisible by num_heads=12'),
-    (dict(lh_config=dict(head_directions='quarters-none')), ValueError,
-     r"unknown LookHere direction type 'quarters'"),
-    (dict(out_indices=(5,)), ValueError, r'out_indices \[5\] out of range'),
-    (dict(attn_backend='fast'), ValueError, r"unknown LookHere attention backend 'fast'"),
-    (dict(num_fcs=3), ValueError, r'num_fcs=2 only'),
-    (dict(patch_pad='reflect'), ValueError, r"patch_pad must be 'corner' or 'same'"),
-    (dict(window_block_indexes=[0]), ValueError, r'need window_size > 0'),
-])
+@pytest.mark.parametrize(
+    'kwargs,error,match',
+    [
+        (dict(preset='lh60'), ValueError, r"unknown LookHere preset 'lh60'"),
+        (dict(num_heads=8, embed_dims=96), ValueError, r"'halves-none'.*does not fit num_heads=8"),
+        (dict(embed_dims=100), ValueError, r'embed_dims=100 is not divisible by num_heads=12'),
+        (
+            dict(lh_config=dict(head_directions='quarters-none')),
+            ValueError,
+            r"unknown LookHere direction type 'quarters'",
+        ),
+        (dict(out_indices=(5,)), ValueError, r'out_indices \[5\] out of range'),
+        (dict(attn_backend='fast'), ValueError, r"unknown LookHere attention backend 'fast'"),
+        (dict(num_fcs=3), ValueError, r'num_fcs=2 only'),
+        (dict(patch_pad='reflect'), ValueError, r"patch_pad must be 'corner' or 'same'"),
+        (dict(window_block_indexes=[0]), ValueError, r'need window_size > 0'),
+    ],
+)
 def test_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         LookHereViT(**{**TINY, **kwargs})
@@ -486,22 +591,27 @@ def test_drop_in_for_mmseg_vit_in_a_shipped_config():
     from mmengine.structures import PixelData
     from mmseg.registry import MODELS
     from mmseg.structures import SegDataSample
+
     init_default_scope('mmseg')
     import mmseg
-    cfg = Config.fromfile(Path(mmseg.__file__).parent / '.mim/configs/segmenter/'
-                          'segmenter_vit-t_mask_8xb1-160k_ade20k-512x512.py')
+
+    cfg = Config.fromfile(
+        Path(mmseg.__file__).parent / '.mim/configs/segmenter/'
+        'segmenter_vit-t_mask_8xb1-160k_ade20k-512x512.py'
+    )
     backbone = cfg.model.backbone
     # every other argument as shipped, except heads: ViT-T's 3 heads fit no LookHere layout
     backbone.update(type='LookHereViT', num_layers=2, num_heads=6, init_cfg=None)
-    cfg.model.pretrained = None                 # the shipped URL needs the internet
+    cfg.model.pretrained = None  # the shipped URL needs the internet
     cfg.model.decode_head.update(num_layers=1, num_classes=5)
     cfg.model.data_preprocessor.size = (64, 64)
     model = MODELS.build(cfg.model)
     model.init_weights()
     samples = []
     for _ in range(2):
-        s = SegDataSample(metainfo=dict(img_shape=(64, 64), ori_shape=(64, 64),
-                                        pad_shape=(64, 64)))
+        s = SegDataSample(
+            metainfo=dict(img_shape=(64, 64), ori_shape=(64, 64), pad_shape=(64, 64))
+        )
         s.gt_sem_seg = PixelData(data=torch.randint(0, 5, (1, 64, 64)))
         samples.append(s)
     losses = model.loss(torch.randn(2, 3, 64, 64), samples)
@@ -511,15 +621,20 @@ def test_drop_in_for_mmseg_vit_in_a_shipped_config():
     assert model.backbone.blocks[0].attn.qkv.weight.grad is not None
 
 
-@pytest.mark.parametrize('layers,windowed', [
-    (12, [0, 1, 3, 4, 6, 7, 9, 10]),                       # ViTDet-B: global 2, 5, 8, 11
-    (24, [i for i in range(24) if i not in (5, 11, 17, 23)]),  # ViTDet-L
-    (6, [1, 4])])
+@pytest.mark.parametrize(
+    'layers,windowed',
+    [
+        (12, [0, 1, 3, 4, 6, 7, 9, 10]),  # ViTDet-B: global 2, 5, 8, 11
+        (24, [i for i in range(24) if i not in (5, 11, 17, 23)]),  # ViTDet-L
+        (6, [1, 4]),
+    ],
+)
 def test_default_global_blocks_are_the_last_of_each_quarter(layers, windowed):
     model = LookHereViT(embed_dims=48, num_layers=layers, num_heads=12, window_size=4)
     assert model.window_block_indexes == windowed
-    assert [b.window_size for b in model.blocks] == [4 if i in windowed else 0
-                                                      for i in range(layers)]
+    assert [b.window_size for b in model.blocks] == [
+        4 if i in windowed else 0 for i in range(layers)
+    ]
 
 
 def test_too_few_layers_for_the_default_window_pattern():
@@ -539,28 +654,42 @@ def test_adopted_config_is_restored_where_no_init_weights_runs(tmp_path: Path):
     from mmseg.registry import MODELS as MMSEG_MODELS
 
     from lookhere_dense.lookhere.weights import save_backbone_checkpoint
+
     pretrained = tmp_path / 'lh90_pretrained.pth'
     lh90 = dict(head_directions='corners-none', global_slope=1.0, layer_slopes=[1.5, 0.5])
-    save_backbone_checkpoint(str(pretrained), tiny(lh_config=lh90).state_dict(), lh90,
-                             source='test')
-    cfg = dict(type='EncoderDecoder',
-               data_preprocessor=dict(type='SegDataPreProcessor', mean=[0, 0, 0],
-                                      std=[1, 1, 1]),
-               backbone=dict(type='LookHereViT', **TINY, out_indices=(2, ),
-                             init_cfg=dict(type='Pretrained', checkpoint=str(pretrained))),
-               decode_head=dict(type='FCNHead', in_channels=96, channels=96, num_convs=0,
-                                concat_input=False, num_classes=3,
-                                norm_cfg=dict(type='BN', requires_grad=True)),
-               train_cfg=dict(), test_cfg=dict(mode='whole'))
+    save_backbone_checkpoint(
+        str(pretrained), tiny(lh_config=lh90).state_dict(), lh90, source='test'
+    )
+    cfg = dict(
+        type='EncoderDecoder',
+        data_preprocessor=dict(type='SegDataPreProcessor', mean=[0, 0, 0], std=[1, 1, 1]),
+        backbone=dict(
+            type='LookHereViT',
+            **TINY,
+            out_indices=(2,),
+            init_cfg=dict(type='Pretrained', checkpoint=str(pretrained)),
+        ),
+        decode_head=dict(
+            type='FCNHead',
+            in_channels=96,
+            channels=96,
+            num_convs=0,
+            concat_input=False,
+            num_classes=3,
+            norm_cfg=dict(type='BN', requires_grad=True),
+        ),
+        train_cfg=dict(),
+        test_cfg=dict(mode='whole'),
+    )
     with DefaultScope.overwrite_default_scope('mmseg'):
         trained = MMSEG_MODELS.build(cfg)
         trained.init_weights()
         assert trained.backbone.lh_config.head_directions == 'corners-none'
         ckpt = tmp_path / 'iter_10.pth'
         torch.save({'meta': {}, 'state_dict': trained.state_dict()}, ckpt)
-        cfg['backbone'].pop('init_cfg')                  # as tools/test.py's model sees it
+        cfg['backbone'].pop('init_cfg')  # as tools/test.py's model sees it
         tested = MMSEG_MODELS.build(cfg)
-    assert tested.backbone.lh_config.head_directions == 'halves-none'   # the default
+    assert tested.backbone.lh_config.head_directions == 'halves-none'  # the default
     load_checkpoint(tested, str(ckpt), map_location='cpu', logger='silent')
     assert tested.backbone.lh_config == trained.backbone.lh_config
     x = torch.randn(1, 3, 48, 64)
@@ -568,8 +697,7 @@ def test_adopted_config_is_restored_where_no_init_weights_runs(tmp_path: Path):
         torch.testing.assert_close(tested.eval().backbone(x)[0], trained.eval().backbone(x)[0])
 
 
-def test_default_backbone_adopts_the_saved_config_and_explicit_conflicts_are_named(
-        tmp_path: Path):
+def test_default_backbone_adopts_the_saved_config_and_explicit_conflicts_are_named(tmp_path: Path):
     source = tiny(preset='lh90')
     default = tiny()
     assert default.lh_config != source.lh_config
@@ -582,17 +710,22 @@ def test_default_backbone_adopts_the_saved_config_and_explicit_conflicts_are_nam
         tiny(preset='lh45').load_state_dict(source.state_dict())
     # init_cfg from a Runner checkpoint of ours: the config comes along too
     ckpt = tmp_path / 'seg.pth'
-    torch.save({'meta': {}, 'state_dict': {f'backbone.{k}': v
-                                           for k, v in source.state_dict().items()}}, ckpt)
+    torch.save(
+        {'meta': {}, 'state_dict': {f'backbone.{k}': v for k, v in source.state_dict().items()}},
+        ckpt,
+    )
     model = tiny(init_cfg=dict(type='Pretrained', checkpoint=str(ckpt)))
     assert model.lh_config == source.lh_config
 
 
 def test_weights_of_another_pos_encoding_are_refused_by_load_state_dict():
     source = tiny(pos_encoding='rope2d')
-    with pytest.raises(ValueError, match=r"trained with pos_encoding='rope2d'.*"
-                                         r"set model.backbone.pos_encoding='rope2d'"):
+    with pytest.raises(
+        ValueError,
+        match=r"trained with pos_encoding='rope2d'.*"
+        r"set model.backbone.pos_encoding='rope2d'",
+    ):
         tiny().load_state_dict(source.state_dict())
     sd = source.state_dict()
-    sd.pop('_extra_state')              # moving the trunk on purpose
+    sd.pop('_extra_state')  # moving the trunk on purpose
     tiny().load_state_dict(sd, strict=False)

@@ -5,6 +5,7 @@ report, the fresh-process runner) are tested directly; the model cases (need Ope
 on a tiny ViT; ``tools/benchmark.py`` itself only as a subprocess (``--quick``, ``-h``).
 Running the ``attention`` group without OpenMMLab is in ``tests/test_torch_only.py``.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,19 +17,27 @@ from pathlib import Path
 import pytest
 import torch
 
+from lookhere_dense.lookhere import (
+    PRESETS,
+    LookHereAttentionEngine,
+    LookHereConfig,
+    build_grid_bias,
+    lookhere_bias,
+)
+from lookhere_dense.lookhere.bias import offset_index
+from lookhere_dense.lookhere.flex import FLEX_BLOCK, flex_available, tile_order
 from lookhere_dense.research.benchmark import DTYPES, SECTION_GROUPS, SECTIONS
-from lookhere_dense.research.benchmark.attention import (bench_attention, grid_for,
-                                                         skipped_tile_fraction)
+from lookhere_dense.research.benchmark.attention import (
+    bench_attention,
+    grid_for,
+    skipped_tile_fraction,
+)
 from lookhere_dense.research.benchmark.bias import bias_case
 from lookhere_dense.research.benchmark.child import run_case
 from lookhere_dense.research.benchmark.fresh import run_child
 from lookhere_dense.research.benchmark.official import baseline_matches, official_style_bias
 from lookhere_dense.research.benchmark.report import environment, format_table
 from lookhere_dense.research.benchmark.timing import interleaved, paired_ratio
-from lookhere_dense.lookhere import (PRESETS, LookHereAttentionEngine, LookHereConfig,
-                                     build_grid_bias, lookhere_bias)
-from lookhere_dense.lookhere.bias import offset_index
-from lookhere_dense.lookhere.flex import FLEX_BLOCK, flex_available, tile_order
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')  # tiny tensors: see conftest
 needs_flex = pytest.mark.skipif(not flex_available(), reason='no flex_attention in this torch')
@@ -49,7 +58,7 @@ def test_interleaved_rotates_the_order_every_round():
     calls = []
     cases = {name: (lambda name=name: calls.append(name)) for name in 'abc'}
     times = interleaved(cases, 4, 'cpu')
-    assert calls == list('abc' 'bca' 'cab' 'abc')
+    assert calls == list('abcbcacababc')
     assert {n: len(t) for n, t in times.items()} == dict(a=4, b=4, c=4)
     assert all(s >= 0 for t in times.values() for s in t)
 
@@ -64,10 +73,16 @@ def test_paired_ratio_is_the_median_of_per_round_ratios():
 # ----------------------------------------------------------------------------------------
 # The official-style baseline and the bias section
 # ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize('config', [
-    PRESETS['lh45'], PRESETS['lh90'], PRESETS['lh180'],
-    LookHereConfig('triangles-none', fill_with='max', distance='sqrt', layer_slopes=(1, 2)),
-    LookHereConfig('halves-none', fill_with='zero', global_slope=0.5, distance='square')])
+@pytest.mark.parametrize(
+    'config',
+    [
+        PRESETS['lh45'],
+        PRESETS['lh90'],
+        PRESETS['lh180'],
+        LookHereConfig('triangles-none', fill_with='max', distance='sqrt', layer_slopes=(1, 2)),
+        LookHereConfig('halves-none', fill_with='zero', global_slope=0.5, distance='square'),
+    ],
+)
 def test_official_style_baseline_gives_our_bias(config):
     """Two independent constructions (per-query loops + np.tri vs offset tables) agree
     bit for bit on a rectangular grid (bf16 max <-> -inf)."""
@@ -102,14 +117,24 @@ def test_bias_case_measures_ours_and_the_baseline_in_process():
 
 
 def test_run_child_runs_a_case_in_a_fresh_process_and_reports_failures():
-    case = dict(kind='bias', preset='lh90', grid=[4, 4], heads=12, impl='ours', depth=1,
-                repeats=1, threads=1)
+    case = dict(
+        kind='bias',
+        preset='lh90',
+        grid=[4, 4],
+        heads=12,
+        impl='ours',
+        depth=1,
+        repeats=1,
+        threads=1,
+    )
     done = run_child(case, timeout=300)
     assert 'error' not in done, done
     assert done['table_bytes'] == 12 * 7 * 7 * 4 and done['seconds'] > 0
     failed = run_child(dict(kind='nonsense'), timeout=300)
     assert failed['kind'] == 'nonsense'
-    assert failed['error'].startswith('exit 1') and 'unknown benchmark case kind' in failed['error']
+    assert (
+        failed['error'].startswith('exit 1') and 'unknown benchmark case kind' in failed['error']
+    )
     with pytest.raises(ValueError, match="allowed: \\['bias', 'frame', 'segmenter'\\]"):
         run_case(dict(kind='nonsense'))
 
@@ -149,7 +174,8 @@ def test_skipped_tile_fraction_is_the_fraction_of_all_blocked_tiles(preset, toke
     got = skipped_tile_fraction(eng, grid, torch.device('cpu'))
     assert got['row order'] == pytest.approx(_skipped_by_definition(PRESETS[preset], grid))
     assert got['tile order'] == pytest.approx(
-        _skipped_by_definition(PRESETS[preset], grid, tile_order(grid, False)))
+        _skipped_by_definition(PRESETS[preset], grid, tile_order(grid, False))
+    )
     assert 0 < got['row order'] < 1 and 0 < got['tile order'] < 1
     if tokens == 1024:  # docs/performance.md: LH-90 at 1024 tokens, 29 % vs 35 %
         assert (round(got['row order'], 2), round(got['tile order'], 2)) == (0.29, 0.35)
@@ -160,8 +186,9 @@ def test_bench_attention_on_cpu_reports_tile_sparsity_only():
     res = bench_attention('lh90', [64, 256], num_heads=12, embed_dims=96, device='cpu')
     assert res['preset'] == 'lh90' and res['dtype'] == 'bfloat16'
     assert set(res['cases']) == {'64', '256'}
-    assert res['cases']['64'] == dict(grid=[8, 8], skipped_tile_fraction={
-        'row order': 0.0, 'tile order': 0.0})  # one tile, every head sees some key
+    assert res['cases']['64'] == dict(
+        grid=[8, 8], skipped_tile_fraction={'row order': 0.0, 'tile order': 0.0}
+    )  # one tile, every head sees some key
     assert res['cases']['256']['skipped_tile_fraction']['tile order'] > 0
     assert 'seconds' not in res['cases']['256']  # timings are CUDA only
     table = format_table(dict(env=environment('cpu'), attn=res))
@@ -171,20 +198,53 @@ def test_bench_attention_on_cpu_reports_tile_sparsity_only():
 def test_format_table_shows_what_did_not_run():
     env = environment('cpu')
     assert env['device'] == 'cpu' and env['torch'] == torch.__version__ and env['threads'] >= 1
-    table = format_table(dict(
-        env=env,
-        attn=dict(preset='lh90', dtype='bfloat16', cases={'64': dict(
-            grid=[8, 8], skipped='no torch.nn.attention.flex_attention in this torch')}),
-        frame=dict(size=[64, 128], tokens=33, dense_bias_gib_all_layers=0.0,
-                   cases={'auto': dict(error='exit 1: boom')},
-                   skipped={'flex': 'flex is benchmarked on CUDA only'}),
-        segmenter=dict(size=[64, 128], device='cpu', target=1.3, results=[dict(
-            config='configs/x.py', size=[64, 128], device='cpu', threads=1,
-            cases=dict(backbone=dict(peak_bytes=100 * 2 ** 20, rise_bytes=10 * 2 ** 20,
-                                     seconds=1.5, types=dict(backbone='LookHereViT')),
-                       model=dict(error='timed out after 9 s'),
-                       mmseg=dict(skipped='the config uses no lean drop-in')),
-            ratios={}, target=1.3, meets_target=None)])))
+    table = format_table(
+        dict(
+            env=env,
+            attn=dict(
+                preset='lh90',
+                dtype='bfloat16',
+                cases={
+                    '64': dict(
+                        grid=[8, 8], skipped='no torch.nn.attention.flex_attention in this torch'
+                    )
+                },
+            ),
+            frame=dict(
+                size=[64, 128],
+                tokens=33,
+                dense_bias_gib_all_layers=0.0,
+                cases={'auto': dict(error='exit 1: boom')},
+                skipped={'flex': 'flex is benchmarked on CUDA only'},
+            ),
+            segmenter=dict(
+                size=[64, 128],
+                device='cpu',
+                target=1.3,
+                results=[
+                    dict(
+                        config='configs/x.py',
+                        size=[64, 128],
+                        device='cpu',
+                        threads=1,
+                        cases=dict(
+                            backbone=dict(
+                                peak_bytes=100 * 2**20,
+                                rise_bytes=10 * 2**20,
+                                seconds=1.5,
+                                types=dict(backbone='LookHereViT'),
+                            ),
+                            model=dict(error='timed out after 9 s'),
+                            mmseg=dict(skipped='the config uses no lean drop-in'),
+                        ),
+                        ratios={},
+                        target=1.3,
+                        meets_target=None,
+                    )
+                ],
+            ),
+        )
+    )
     assert '64 tokens 8x8: not run: no torch.nn.attention.flex_attention' in table
     assert 'auto          error: exit 1: boom' in table
     assert 'flex          not run: flex is benchmarked on CUDA only' in table
@@ -205,8 +265,9 @@ TINY = dict(patch_size=16, embed_dims=48, num_layers=2, num_heads=12, mlp_ratio=
 def test_nobias_baseline_is_the_trunk_without_position():
     """The benchmark's baseline must really drop the bias: same weights as
     ``pos_encoding='none'`` give the same output, and it differs from LookHere's."""
-    from lookhere_dense.research.benchmark.models import build_vit
     from lookhere_dense.models.backbones.lookhere_vit import LookHereViT
+    from lookhere_dense.research.benchmark.models import build_vit
+
     plain = build_vit(TINY, 'lh180', pos_encoding='none')
     biased = build_vit(TINY, 'lh180')
     none = LookHereViT(**TINY, pos_encoding='none').eval()
@@ -235,8 +296,17 @@ def test_nobias_baseline_is_the_trunk_without_position():
 
 def test_frame_case_measures_a_forward_and_names_the_chosen_backend():
     from lookhere_dense.research.benchmark.models import frame_case
-    base = dict(kind='frame', size=[32, 48], arch=TINY, preset='lh90', device='cpu',
-                dtype='float32', repeats=2, block_size=0)
+
+    base = dict(
+        kind='frame',
+        size=[32, 48],
+        arch=TINY,
+        preset='lh90',
+        device='cpu',
+        dtype='float32',
+        repeats=2,
+        block_size=0,
+    )
     auto = frame_case(dict(base, backend='auto', spec='auto'))
     assert auto['chosen'] == 'sdpa' and auto['tokens'] == 2 * 3 + 1
     assert len(auto['times']) == 2 and auto['seconds'] > 0 and auto['peak'] > 0
@@ -247,6 +317,7 @@ def test_frame_case_measures_a_forward_and_names_the_chosen_backend():
 
 def test_bench_segmenter_refuses_bad_input_before_running_anything():
     from lookhere_dense.research.benchmark.segmenter import bench_segmenter
+
     with pytest.raises(ValueError, match='at least one config'):
         bench_segmenter([])
     with pytest.raises(ValueError, match="unknown cases \\['head'\\]"):
@@ -257,6 +328,7 @@ def test_bench_segmenter_refuses_bad_input_before_running_anything():
 
 def test_bench_vit_times_every_model_against_the_nobias_trunk():
     from lookhere_dense.research.benchmark.models import bench_vit
+
     res = bench_vit(TINY, size=32, backends=['chunked'], with_mmseg=False, repeats=2)
     assert set(res['seconds']) == {'lookhere', 'lookhere-chunked', 'nobias'}
     assert res['ratio_vs_nobias']['nobias'] == 1.0
@@ -269,9 +341,13 @@ def test_bench_vit_times_every_model_against_the_nobias_trunk():
 # ----------------------------------------------------------------------------------------
 def test_benchmark_quick_mode_runs(tmp_path: Path, repo_root: Path):
     out = tmp_path / 'bench.json'
-    proc = subprocess.run([sys.executable, str(repo_root / 'tools' / 'benchmark.py'), '--quick',
-                           '--json', str(out)], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(repo_root / 'tools' / 'benchmark.py'), '--quick', '--json', str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res['bias']['baseline_matches_ours'] is True
@@ -290,33 +366,59 @@ def test_benchmark_quick_mode_runs(tmp_path: Path, repo_root: Path):
         assert 'error' not in one['cases'][case], one['cases'][case]
         assert one['cases'][case]['peak_bytes'] >= one['cases'][case]['start_bytes'] > 0
     assert one['cases']['model']['types'] == dict(
-        segmentor='LeanEncoderDecoder', backbone='LookHereViT',
-        head='LeanSegmenterMaskTransformerHead')
+        segmentor='LeanEncoderDecoder',
+        backbone='LookHereViT',
+        head='LeanSegmenterMaskTransformerHead',
+    )
     assert one['ratios']['model_peak'] == pytest.approx(
-        one['cases']['model']['peak_bytes'] / one['cases']['backbone']['peak_bytes'])
+        one['cases']['model']['peak_bytes'] / one['cases']['backbone']['peak_bytes']
+    )
     assert one['meets_target'] is (one['ratios']['model_peak'] <= 1.3)
     assert '[segmenter] whole frame 64x128' in proc.stdout
-    helped = subprocess.run([sys.executable, str(repo_root / 'tools' / 'benchmark.py'), '-h'],
-                            capture_output=True, text=True, timeout=120)
+    helped = subprocess.run(
+        [sys.executable, str(repo_root / 'tools' / 'benchmark.py'), '-h'],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert helped.returncode == 0 and '--device' in helped.stdout and '--quick' in helped.stdout
     assert '--section {all,attention,models}' in helped.stdout
     assert '--segmenter-configs' in helped.stdout
 
 
 def test_benchmark_refuses_a_group_and_names_together(repo_root: Path):
-    proc = subprocess.run([sys.executable, str(repo_root / 'tools' / 'benchmark.py'),
-                           '--section', 'attention', '--sections', 'bias'],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(repo_root / 'tools' / 'benchmark.py'),
+            '--section',
+            'attention',
+            '--sections',
+            'bias',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert 'give --section (a group) or --sections (names), not both' in proc.stderr
 
 
 def test_benchmark_names_a_missing_segmenter_config_before_running(repo_root: Path):
-    proc = subprocess.run([sys.executable, str(repo_root / 'tools' / 'benchmark.py'),
-                           '--sections', 'bias', 'segmenter', '--segmenter-configs',
-                           'configs/no_such_config.py'],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(repo_root / 'tools' / 'benchmark.py'),
+            '--sections',
+            'bias',
+            'segmenter',
+            '--segmenter-configs',
+            'configs/no_such_config.py',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
-    assert ("--segmenter-configs: config file 'configs/no_such_config.py' not found"
-            in proc.stderr)
+    assert "--segmenter-configs: config file 'configs/no_such_config.py' not found" in proc.stderr
     assert '[bias]' not in proc.stdout  # nothing ran

@@ -2,6 +2,7 @@
 
 (Training and testing through the Runner, at toy size, is in ``test_det_mask_rcnn.py``.)
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,9 +28,9 @@ def test_there_are_coco_and_cityscapes_configs():
 def test_config_builds_full_size_vitdet_model(path):
     cfg = Config.fromfile(str(path))
     assert cfg.default_scope == 'mmdet'
-    assert 'lookhere_dense' in cfg.custom_imports.imports
+    assert 'lookhere_dense.openmmlab' in cfg.custom_imports.imports
     with DefaultScope.overwrite_default_scope('mmdet'):
-        model = MODELS.build(cfg.model)   # no init_weights: the checkpoint is not here
+        model = MODELS.build(cfg.model)  # no init_weights: the checkpoint is not here
     assert type(model).__name__ == 'MaskRCNN'
     backbone, neck = model.backbone, model.neck
     assert isinstance(backbone, LookHereViT) and isinstance(neck, SimpleFPN)

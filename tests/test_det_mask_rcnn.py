@@ -7,6 +7,7 @@
   blocks use the cached window bias only (no full-grid dense bias), and the global blocks
   at that size fall back to the memory-lean ``chunked`` backend by themselves.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,16 +18,18 @@ import torch
 from mmengine.config import Config
 from mmengine.runner import Runner
 
-from lookhere_dense.research.datasets.synthetic_coco import (CITYSCAPES_THING_CLASSES,
-                                                             SHAPE_CLASSES,
-                                                             make_cityscapes_instances,
-                                                             make_coco_instances)
+from lookhere_dense.research.datasets.synthetic_coco import (
+    CITYSCAPES_THING_CLASSES,
+    SHAPE_CLASSES,
+    make_cityscapes_instances,
+    make_coco_instances,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 COCO_CFG = REPO / 'configs' / 'mask_rcnn_lookhere-b16_sfpn_lsj-1024-100e_coco.py'
 CITY_CFG = REPO / 'configs' / 'mask_rcnn_lookhere-b16_sfpn_lsj-1024-24k_cityscapes.py'
 LAYERS, HEADS, DIMS, CH = 3, 6, 48, 32
-WINDOWED = [0, 1]          # block 2 is global
+WINDOWED = [0, 1]  # block 2 is global
 
 
 def pipeline_step(pipeline, type_: str) -> dict:
@@ -38,21 +41,29 @@ def pipeline_step(pipeline, type_: str) -> dict:
 def shrink(cfg: Config, work_dir: Path, num_classes: int, window_size: int) -> Config:
     """The config's model at toy width/depth (same structure), CPU optimizer wrapper."""
     m = cfg.model
-    m.backbone.update(embed_dims=DIMS, num_layers=LAYERS, num_heads=HEADS, init_cfg=None,
-                      out_indices=(LAYERS - 1, ), window_size=window_size,
-                      window_block_indexes=WINDOWED, drop_path_rate=0.0)
+    m.backbone.update(
+        embed_dims=DIMS,
+        num_layers=LAYERS,
+        num_heads=HEADS,
+        init_cfg=None,
+        out_indices=(LAYERS - 1,),
+        window_size=window_size,
+        window_block_indexes=WINDOWED,
+        drop_path_rate=0.0,
+    )
     m.neck.update(in_channels=DIMS, out_channels=CH)
     m.rpn_head.update(in_channels=CH, feat_channels=CH)
     m.roi_head.bbox_roi_extractor.out_channels = CH
     m.roi_head.mask_roi_extractor.out_channels = CH
-    m.roi_head.bbox_head.update(in_channels=CH, conv_out_channels=CH, fc_out_channels=64,
-                                num_classes=num_classes)
+    m.roi_head.bbox_head.update(
+        in_channels=CH, conv_out_channels=CH, fc_out_channels=64, num_classes=num_classes
+    )
     m.roi_head.mask_head.update(in_channels=CH, conv_out_channels=CH, num_classes=num_classes)
     m.train_cfg.rpn.sampler.num = 64
     m.train_cfg.rcnn.sampler.num = 64
     m.test_cfg.rpn.update(nms_pre=200, max_per_img=100)
     m.test_cfg.rcnn.max_per_img = 10
-    cfg.optim_wrapper.type = 'OptimWrapper'          # AmpOptimWrapper needs a GPU
+    cfg.optim_wrapper.type = 'OptimWrapper'  # AmpOptimWrapper needs a GPU
     cfg.optim_wrapper.paramwise_cfg.num_layers = LAYERS
     cfg.work_dir = str(work_dir)
     cfg.default_hooks.checkpoint = None
@@ -66,10 +77,12 @@ def shrink(cfg: Config, work_dir: Path, num_classes: int, window_size: int) -> C
 
 def point_data(cfg: Config, root: Path, classes, train_ann=None, test_ann=None) -> None:
     if train_ann is not None:
-        cfg.train_dataloader.dataset.update(data_root=str(root), ann_file=str(train_ann),
-                                            metainfo=dict(classes=classes))
-    cfg.test_dataloader.dataset.update(data_root=str(root), ann_file=str(test_ann),
-                                       metainfo=dict(classes=classes))
+        cfg.train_dataloader.dataset.update(
+            data_root=str(root), ann_file=str(train_ann), metainfo=dict(classes=classes)
+        )
+    cfg.test_dataloader.dataset.update(
+        data_root=str(root), ann_file=str(test_ann), metainfo=dict(classes=classes)
+    )
     cfg.val_dataloader = cfg.test_dataloader
     cfg.test_evaluator.ann_file = str(test_ann)
     cfg.val_evaluator = cfg.test_evaluator
@@ -81,10 +94,12 @@ def point_data(cfg: Config, root: Path, classes, train_ann=None, test_ann=None) 
 @pytest.fixture(scope='module')
 def coco_run(tmp_path_factory):
     root = tmp_path_factory.mktemp('coco')
-    anns = make_coco_instances(root, splits={'train2017': 4, 'val2017': 3},
-                               image_size=(160, 128), seed=0)
-    cfg = shrink(Config.fromfile(str(COCO_CFG)), root / 'work_dir', len(SHAPE_CLASSES),
-                 window_size=3)
+    anns = make_coco_instances(
+        root, splits={'train2017': 4, 'val2017': 3}, image_size=(160, 128), seed=0
+    )
+    cfg = shrink(
+        Config.fromfile(str(COCO_CFG)), root / 'work_dir', len(SHAPE_CLASSES), window_size=3
+    )
     size = (128, 128)  # LSJ at 128 instead of 1024: a 8x8 patch grid, 3x3 windows padded
     train = cfg.train_dataloader.dataset.pipeline
     pipeline_step(train, 'RandomResize').scale = size
@@ -94,8 +109,7 @@ def coco_run(tmp_path_factory):
     cfg.train_dataloader.batch_size = 2
     point_data(cfg, root, SHAPE_CLASSES, anns['train2017'], anns['val2017'])
     cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=3, val_interval=1000)
-    cfg.param_scheduler = [dict(type='LinearLR', start_factor=0.5, by_epoch=False, begin=0,
-                                end=3)]
+    cfg.param_scheduler = [dict(type='LinearLR', start_factor=0.5, by_epoch=False, begin=0, end=3)]
     runner = Runner.from_cfg(cfg)
     model = runner.model
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -113,9 +127,16 @@ def test_runner_trains_with_loss_and_backward(coco_run):
         assert math.isfinite(value), key
     assert hub.get_scalar('train/loss').current() > 0
     moved = {n for n, p in runner.model.named_parameters() if not torch.equal(p, before[n])}
-    for part in ('backbone.patch_embed.', 'backbone.cls_token', 'backbone.blocks.0.attn.',
-                 'backbone.blocks.2.mlp.', 'neck.lateral_convs.0.', 'rpn_head.',
-                 'roi_head.bbox_head.', 'roi_head.mask_head.'):
+    for part in (
+        'backbone.patch_embed.',
+        'backbone.cls_token',
+        'backbone.blocks.0.attn.',
+        'backbone.blocks.2.mlp.',
+        'neck.lateral_convs.0.',
+        'rpn_head.',
+        'roi_head.bbox_head.',
+        'roi_head.mask_head.',
+    ):
         assert any(n.startswith(part) for n in moved), f'{part} did not train'
 
 
@@ -157,8 +178,12 @@ def test_window_blocks_ran_padded_and_bias_stayed_window_sized(coco_run):
 def cityscapes_highres(tmp_path_factory):
     root = tmp_path_factory.mktemp('cityscapes')
     anns = make_cityscapes_instances(root, splits={'val': 1}, image_size=(2048, 1024), seed=3)
-    cfg = shrink(Config.fromfile(str(CITY_CFG)), root / 'work_dir',
-                 len(CITYSCAPES_THING_CLASSES), window_size=14)   # the config's window
+    cfg = shrink(
+        Config.fromfile(str(CITY_CFG)),
+        root / 'work_dir',
+        len(CITYSCAPES_THING_CLASSES),
+        window_size=14,
+    )  # the config's window
     point_data(cfg, root, CITYSCAPES_THING_CLASSES, test_ann=anns['val'])
     cfg.train_dataloader = None
     cfg.train_cfg = None

@@ -1,4 +1,5 @@
 """The generated COCO / Cityscapes instance datasets are valid, consistent and reproducible."""
+
 from __future__ import annotations
 
 import json
@@ -8,10 +9,14 @@ import numpy as np
 import pytest
 from pycocotools.coco import COCO
 
-from lookhere_dense.research.datasets.synthetic_coco import (CITYSCAPES_THING_IDS, SHAPE_CLASSES,
-                                                             make_cityscapes_instances,
-                                                             make_coco_instances, polygon_area,
-                                                             shape_polygon)
+from lookhere_dense.research.datasets.synthetic_coco import (
+    CITYSCAPES_THING_IDS,
+    SHAPE_CLASSES,
+    make_cityscapes_instances,
+    make_coco_instances,
+    polygon_area,
+    shape_polygon,
+)
 
 
 def test_coco_layout_masks_boxes_and_areas_agree(tmp_path):
@@ -43,8 +48,9 @@ def test_same_seed_same_files(tmp_path):
     c = make_coco_instances(tmp_path / 'c', {'val2017': 2}, image_size=(64, 48), seed=6)
     assert a['val2017'].read_text() == b['val2017'].read_text() != c['val2017'].read_text()
     image = '000000000001.png'
-    assert (tmp_path / 'a/val2017' / image).read_bytes() == \
-        (tmp_path / 'b/val2017' / image).read_bytes()
+    assert (tmp_path / 'a/val2017' / image).read_bytes() == (
+        tmp_path / 'b/val2017' / image
+    ).read_bytes()
 
 
 def test_cityscapes_layout(tmp_path):

@@ -11,6 +11,7 @@ as the project config is. The full-size model is built and gets its layer-decay 
 one training step and a prediction run at ViT-B width on a 128 x 128 image (the step's
 cost is the image size, not the config).
 """
+
 from __future__ import annotations
 
 import math
@@ -24,9 +25,9 @@ from mmengine.registry import DefaultScope
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
 
 #: the project config's model section and optimizer, backbone type and names swapped
-VITDET_CONFIG = '''
+VITDET_CONFIG = """
 _base_ = ['mmdet::_base_/models/mask-rcnn_r50_fpn.py']
-custom_imports = dict(imports=['lookhere_dense'])
+custom_imports = dict(imports=['lookhere_dense.openmmlab'])
 
 backbone_norm_cfg = dict(type='LN', requires_grad=True)
 norm_cfg = dict(type='LN2d', requires_grad=True)
@@ -81,7 +82,7 @@ optim_wrapper = dict(
         betas=(0.9, 0.999),
         weight_decay=0.1,
     ))
-'''
+"""
 
 
 @pytest.fixture(scope='module')
@@ -90,6 +91,7 @@ def vitdet(tmp_path_factory):
     path.write_text(VITDET_CONFIG)
     cfg = Config.fromfile(str(path))
     from mmdet.registry import MODELS
+
     with DefaultScope.overwrite_default_scope('mmdet'):
         torch.manual_seed(0)
         model = MODELS.build(cfg.model)
@@ -102,22 +104,27 @@ def _batch(size: int = 128):
     from mmdet.structures import DetDataSample
     from mmdet.structures.mask import BitmapMasks
     from mmengine.structures import InstanceData
+
     g = torch.Generator().manual_seed(0)
     img = torch.randint(0, 256, (3, size, size), dtype=torch.uint8, generator=g)
     masks = torch.zeros(2, size, size, dtype=torch.uint8)
     masks[0, 10:60, 20:90] = 1
     masks[1, 70:120, 40:100] = 1
-    sample = DetDataSample(metainfo=dict(img_shape=(size, size), ori_shape=(size, size),
-                                         scale_factor=(1.0, 1.0)))
+    sample = DetDataSample(
+        metainfo=dict(img_shape=(size, size), ori_shape=(size, size), scale_factor=(1.0, 1.0))
+    )
     sample.gt_instances = InstanceData(
-        bboxes=torch.tensor([[20., 10., 90., 60.], [40., 70., 100., 120.]]),
-        labels=torch.tensor([3, 17]), masks=BitmapMasks(masks.numpy(), size, size))
+        bboxes=torch.tensor([[20.0, 10.0, 90.0, 60.0], [40.0, 70.0, 100.0, 120.0]]),
+        labels=torch.tensor([3, 17]),
+        masks=BitmapMasks(masks.numpy(), size, size),
+    )
     return dict(inputs=[img], data_samples=[sample])
 
 
 def test_the_vitdet_model_section_builds_with_lookhere(vitdet):
     from lookhere_dense.engine import ViTDetLayerDecayOptimizerConstructor
     from lookhere_dense.models import LookHereViT, SimpleFPN
+
     cfg, model, optim = vitdet
     assert isinstance(model.backbone, LookHereViT) and isinstance(model.neck, SimpleFPN)
     assert model.backbone.window_block_indexes == [0, 1, 3, 4, 6, 7, 9, 10]
@@ -125,9 +132,12 @@ def test_the_vitdet_model_section_builds_with_lookhere(vitdet):
     assert [c.conv.in_channels for c in model.neck.lateral_convs] == [192, 384, 768, 768]
     # the layer-decay constructor of the config resolved to ours in the mmdet scope
     from mmdet.registry import OPTIM_WRAPPER_CONSTRUCTORS
+
     with DefaultScope.overwrite_default_scope('mmdet'):
-        assert OPTIM_WRAPPER_CONSTRUCTORS.get('LayerDecayOptimizerConstructor') is \
-            ViTDetLayerDecayOptimizerConstructor
+        assert (
+            OPTIM_WRAPPER_CONSTRUCTORS.get('LayerDecayOptimizerConstructor')
+            is ViTDetLayerDecayOptimizerConstructor
+        )
     lr = {g['layer_id']: g['lr'] for g in optim.optimizer.param_groups}
     assert sorted(lr) == list(range(14))
     for layer, value in lr.items():
@@ -147,8 +157,14 @@ def test_one_training_step_and_a_prediction(vitdet):
     for key in ('loss_rpn_cls', 'loss_rpn_bbox', 'loss_cls', 'loss_bbox', 'loss_mask'):
         assert math.isfinite(losses[key].item()), key
     moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
-    for part in ('backbone.patch_embed.', 'backbone.blocks.0.attn.', 'backbone.blocks.11.',
-                 'neck.lateral_convs.0.', 'rpn_head.', 'roi_head.mask_head.'):
+    for part in (
+        'backbone.patch_embed.',
+        'backbone.blocks.0.attn.',
+        'backbone.blocks.11.',
+        'neck.lateral_convs.0.',
+        'rpn_head.',
+        'roi_head.mask_head.',
+    ):
         assert any(n.startswith(part) for n in moved), f'{part} did not train'
     model.eval()
     with torch.no_grad():
@@ -177,21 +193,28 @@ def test_importing_mmdets_vitdet_project_does_not_clash():
     class ProjectLayerDecay(DefaultOptimWrapperConstructor):
         pass
 
-    added = [(MODELS, 'SimpleFPN'), (MODELS, 'LN2d'),
-             (OPTIM_WRAPPER_CONSTRUCTORS, 'LayerDecayOptimizerConstructor')]
+    added = [
+        (MODELS, 'SimpleFPN'),
+        (MODELS, 'LN2d'),
+        (OPTIM_WRAPPER_CONSTRUCTORS, 'LayerDecayOptimizerConstructor'),
+    ]
     try:
         MODELS.register_module('SimpleFPN', module=ProjectSimpleFPN)
         MODELS.register_module('LN2d', module=torch.nn.LayerNorm)
-        OPTIM_WRAPPER_CONSTRUCTORS.register_module('LayerDecayOptimizerConstructor',
-                                                   module=ProjectLayerDecay)
+        OPTIM_WRAPPER_CONSTRUCTORS.register_module(
+            'LayerDecayOptimizerConstructor', module=ProjectLayerDecay
+        )
         with DefaultScope.overwrite_default_scope('mmdet'):
             assert MODELS.get('SimpleFPN') is ProjectSimpleFPN
-            assert OPTIM_WRAPPER_CONSTRUCTORS.get('LayerDecayOptimizerConstructor') is \
-                ProjectLayerDecay
+            assert (
+                OPTIM_WRAPPER_CONSTRUCTORS.get('LayerDecayOptimizerConstructor')
+                is ProjectLayerDecay
+            )
         with DefaultScope.overwrite_default_scope('mmseg'):
             assert SEG_MODELS.get('SimpleFPN') is SimpleFPN
-            assert SEG_CONSTRUCTORS.get('LayerDecayOptimizerConstructor').__module__ \
-                .startswith('mmseg.')
+            assert SEG_CONSTRUCTORS.get('LayerDecayOptimizerConstructor').__module__.startswith(
+                'mmseg.'
+            )
     finally:
         for registry, name in added:
             registry._module_dict.pop(name, None)

@@ -6,6 +6,7 @@ weights, and the checkpoint rank 0 wrote loads (strictly) into the config's mode
 those weights. mmengine's plain ``Runner`` (what mmseg's and mmdet's own ``tools/train.py``
 build) syncs a LookHereViT's weights from rank 0 as well: every ``state_dict`` entry,
 the backbone's record included, is a tensor it can broadcast."""
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,6 @@ import subprocess
 
 import pytest
 import torch
-
 from tiny_seg import ADE_CFG, PYTHON, REPO, SHRINK, env, make_ade, options, roots
 
 _DRIVER = r"""
@@ -65,18 +65,23 @@ def test_two_cpu_processes_train_in_step(tmp_path):
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         port = s.getsockname()[1]
-    res = subprocess.run([PYTHON, str(driver), ADE_CFG, str(work), json.dumps(opts),
-                          str(port)], cwd=REPO, env=env(), capture_output=True, text=True,
-                         timeout=400)
+    res = subprocess.run(
+        [PYTHON, str(driver), ADE_CFG, str(work), json.dumps(opts), str(port)],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     info = [json.loads((work / f'rank{r}.json').read_text()) for r in (0, 1)]
     for i in info:
-        assert i == dict(wrapper='MMDistributedDataParallel', iter=2, world_size=2,
-                         backend='gloo')
+        assert i == dict(wrapper='MMDistributedDataParallel', iter=2, world_size=2, backend='gloo')
     w0, w1 = (torch.load(work / f'rank{r}.pth', weights_only=True) for r in (0, 1))
     assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)
 
     from lookhere_dense.apis.cli import build_model_from_checkpoint, load_config
+
     cfg = load_config(ADE_CFG, options(*SHRINK))
     model, _ = build_model_from_checkpoint(cfg, str(work / 'iter_2.pth'))
     sd = model.state_dict()
@@ -112,9 +117,17 @@ def test_mmengine_runner_syncs_lookhere_weights_across_processes(tmp_path):
         port = s.getsockname()[1]
     driver = tmp_path / 'sync.py'
     driver.write_text(_SYNC)
-    procs = [subprocess.Popen([PYTHON, str(driver), str(r), str(port), str(tmp_path)],
-                              cwd=REPO, env=env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [PYTHON, str(driver), str(r), str(port), str(tmp_path)],
+            cwd=REPO,
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], '\n'.join(logs)[-4000:]
     before = [torch.load(tmp_path / f'before{r}.pth', weights_only=True) for r in (0, 1)]

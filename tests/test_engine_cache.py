@@ -1,5 +1,6 @@
 """Caching of the LookHere engine: bounded, keyed by (grid or window, device, dtype),
 shared across layers where the data is the same, and never rebuilt by a later forward."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,8 +29,8 @@ def test_lru_order_hits_misses_and_bound():
 
     assert cache.get_or_create('a', make(1)) == 1
     assert cache.get_or_create('b', make(2)) == 2
-    assert cache.get_or_create('a', make(99)) == 1          # hit: not rebuilt
-    cache.get_or_create('c', make(3))                        # evicts 'b' (least recent)
+    assert cache.get_or_create('a', make(99)) == 1  # hit: not rebuilt
+    cache.get_or_create('c', make(3))  # evicts 'b' (least recent)
     assert list(cache.keys()) == ['a', 'c'] and 'b' not in cache
     assert made == [1, 2, 3]
     assert cache.stats() == dict(size=2, hits=1, misses=3, evictions=1, bytes=0)
@@ -43,9 +44,9 @@ def test_lru_order_hits_misses_and_bound():
 
 def test_byte_bound_evicts_and_never_keeps_an_oversized_value():
     cache = BoundedCache(10, max_bytes=1000)
-    cache.get_or_create('a', lambda: torch.zeros(100))      # 400 B
-    cache.get_or_create('b', lambda: torch.zeros(100))      # 800 B
-    cache.get_or_create('c', lambda: torch.zeros(100))      # 1200 B > 1000: 'a' goes
+    cache.get_or_create('a', lambda: torch.zeros(100))  # 400 B
+    cache.get_or_create('b', lambda: torch.zeros(100))  # 800 B
+    cache.get_or_create('c', lambda: torch.zeros(100))  # 1200 B > 1000: 'a' goes
     assert list(cache.keys()) == ['b', 'c'] and cache.nbytes == 800
     big = cache.get_or_create('d', lambda: torch.zeros(1000))
     assert big.numel() == 1000 and 'd' not in cache and list(cache.keys()) == ['b', 'c']
@@ -54,7 +55,7 @@ def test_byte_bound_evicts_and_never_keeps_an_oversized_value():
 def test_tensor_bytes_counts_each_storage_once():
     x = torch.zeros(10, 10)
     assert tensor_bytes(x) == 400
-    assert tensor_bytes([x, x[1], x.t()]) == 400          # views share the storage
+    assert tensor_bytes([x, x[1], x.t()]) == 400  # views share the storage
     assert tensor_bytes({'a': x, 'b': torch.zeros(5, dtype=torch.float64)}) == 440
 
     class Holder:
@@ -104,25 +105,26 @@ def test_dense_biases_are_cached_per_layer_and_reused():
 
 def test_dense_cache_respects_the_byte_budget():
     eng = LookHereAttentionEngine(PRESETS['lh90'], 2, 12, backend='sdpa', max_dense_mb=0.05)
-    grid = (6, 6)        # 12 x 37 x 37 x 4 B = 64 KiB per layer > 50 KiB
+    grid = (6, 6)  # 12 x 37 x 37 x 4 B = 64 KiB per layer > 50 KiB
     q, k, v = qkv(grid)
     ref = eng(q, k, v, 0, grid, True, backend='reference')
     out = eng(q, k, v, 0, grid, True)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=0)
-    assert len(eng.dense) == 0 and eng.dense.nbytes == 0   # built, used, not kept
+    assert len(eng.dense) == 0 and eng.dense.nbytes == 0  # built, used, not kept
 
 
 def test_flex_pieces_are_cached_and_shared():
-    eng = LookHereAttentionEngine(LookHereConfig(('halves-none', 'halves-none', 'corners-none')),
-                                  3, 12, backend='flex')
+    eng = LookHereAttentionEngine(
+        LookHereConfig(('halves-none', 'halves-none', 'corners-none')), 3, 12, backend='flex'
+    )
     grid = (6, 5)
     masks = [eng.block_mask(layer, grid, True, CPU) for layer in range(3)]
     assert masks[0] is masks[1] and masks[2] is not masks[0]
-    assert len(eng.block_masks) == 2                    # one per head string
+    assert len(eng.block_masks) == 2  # one per head string
     mods = [eng.score_mod(layer, grid, True, CPU) for layer in range(3)]
-    assert eng.score_mod(1, grid, True, CPU) is mods[1]   # same function object: no recompile
+    assert eng.score_mod(1, grid, True, CPU) is mods[1]  # same function object: no recompile
     assert len({id(m) for m in mods}) == 3
-    assert len(eng.orders) == 1                          # one token order per grid
+    assert len(eng.orders) == 1  # one token order per grid
     assert eng.flex_order(grid, True, CPU) is eng.flex_order(grid, True, CPU)
 
 
@@ -158,23 +160,26 @@ def tiny(**kw):
 
 @pytest.mark.parametrize('backend,window', [('auto', 0), ('chunked', 0), ('auto', 2)])
 def test_backbone_forwards_never_rebuild_cached_data(backend, window):
-    model = tiny(attn_backend=backend, window_size=window,
-                 **(dict(global_attn_indexes=[2]) if window else {}))
+    model = tiny(
+        attn_backend=backend,
+        window_size=window,
+        **(dict(global_attn_indexes=[2]) if window else {}),
+    )
     eng = model.pos_enc.engine
-    x = torch.randn(2, 3, 80, 112)   # grid 5 x 7: windows of 2 need padding
+    x = torch.randn(2, 3, 80, 112)  # grid 5 x 7: windows of 2 need padding
     with torch.no_grad():
         first = model(x)[0]
         misses = {name: info['misses'] for name, info in eng.cache_info().items()}
         second = model(x)[0]
     assert torch.equal(first, second)
     assert {name: info['misses'] for name, info in eng.cache_info().items()} == misses
-    assert misses['tables'] <= 2          # the grid (and the window grid)
+    assert misses['tables'] <= 2  # the grid (and the window grid)
     if backend == 'chunked':
         assert misses['dense'] == 0
     elif window:
         assert {k[1] for k in eng.dense.keys() if k[0] != 'window_pad'} == {(2, 2), (5, 7)}
     else:
-        assert misses['dense'] == 3       # one per layer, then reused
+        assert misses['dense'] == 3  # one per layer, then reused
     # no bias tensor in the state_dict: parameters, plus the config as plain data
     sd = model.state_dict()
     assert set(sd) == {name for name, _ in model.named_parameters()} | {'_extra_state'}

@@ -1,6 +1,7 @@
 """lookhere_dense.evaluation: the one test-time resize rewrite, the extrapolation report's
 test specs and clean-slate step, the per-class IoU metric; and the inference pipeline that
 uses the same rewrite."""
+
 from __future__ import annotations
 
 import re
@@ -11,16 +12,30 @@ import torch
 from torch import nn
 
 from lookhere_dense.apis.inference import inference_pipeline, inference_test_cfg
-from lookhere_dense.research.evaluate import clear_position_caches
-from lookhere_dense.research.extrapolation import (format_table, parse_spec, slide_settings,
-                                                   spec_pipeline)
-from lookhere_dense.evaluation.resize import (exact_resize, find_resize, is_resize,
-                                              long_side_resize, replace_resize, scale_resizes,
-                                              short_side_resize)
 from lookhere_dense.errors import ConfigError
+from lookhere_dense.evaluation.resize import (
+    exact_resize,
+    find_resize,
+    is_resize,
+    long_side_resize,
+    replace_resize,
+    scale_resizes,
+    short_side_resize,
+)
+from lookhere_dense.research.evaluate import clear_position_caches
+from lookhere_dense.research.extrapolation import (
+    format_table,
+    parse_spec,
+    slide_settings,
+    spec_pipeline,
+)
 
-PIPE = [dict(type='LoadImageFromFile'), dict(type='Resize', scale=(2048, 512), keep_ratio=True),
-        dict(type='LoadAnnotations'), dict(type='PackSegInputs')]
+PIPE = [
+    dict(type='LoadImageFromFile'),
+    dict(type='Resize', scale=(2048, 512), keep_ratio=True),
+    dict(type='LoadAnnotations'),
+    dict(type='PackSegInputs'),
+]
 
 
 # -- the resize rewrite ---------------------------------------------------------------------
@@ -38,15 +53,18 @@ def test_resize_type_names_are_matched_one_way():
 
 
 def test_scale_resizes_multiplies_every_resize_and_keeps_the_rest():
-    pipe = [dict(type='LoadImageFromFile'),
-            dict(type='mmseg.Resize', scale=(2048, 511), keep_ratio=True, interpolation='area'),
-            dict(type='RandomResize', scale=(10, 10)),
-            dict(type='mmcv.Resize', scale=300),
-            dict(type='Resize', scale_factor=(0.5, 0.25))]
+    pipe = [
+        dict(type='LoadImageFromFile'),
+        dict(type='mmseg.Resize', scale=(2048, 511), keep_ratio=True, interpolation='area'),
+        dict(type='RandomResize', scale=(10, 10)),
+        dict(type='mmcv.Resize', scale=300),
+        dict(type='Resize', scale_factor=(0.5, 0.25)),
+    ]
     out, n = scale_resizes(pipe, 1.5)
     assert n == 3
-    assert out[1] == dict(type='mmseg.Resize', scale=(3072, 766), keep_ratio=True,
-                          interpolation='area')
+    assert out[1] == dict(
+        type='mmseg.Resize', scale=(3072, 766), keep_ratio=True, interpolation='area'
+    )
     assert out[2] == dict(type='RandomResize', scale=(10, 10))  # not a Resize
     assert out[3]['scale'] == 450
     assert out[4]['scale_factor'] == (0.75, 0.375)
@@ -56,14 +74,16 @@ def test_scale_resizes_multiplies_every_resize_and_keeps_the_rest():
 
 def test_replace_resize_replaces_inserts_or_removes():
     assert short_side_resize(768) == dict(type='Resize', scale=(1 << 20, 768), keep_ratio=True)
-    assert exact_resize((1024, 2048)) == dict(type='Resize', scale=(2048, 1024),
-                                              keep_ratio=False)
+    assert exact_resize((1024, 2048)) == dict(type='Resize', scale=(2048, 1024), keep_ratio=False)
     out = replace_resize(PIPE, exact_resize((64, 32)))
     assert out[1] == dict(type='Resize', scale=(32, 64), keep_ratio=False) and len(out) == 4
     no_resize = [PIPE[0], PIPE[2], PIPE[3]]
     assert replace_resize(no_resize, short_side_resize(8))[1]['scale'] == (1 << 20, 8)
     assert [t['type'] for t in replace_resize(PIPE, None)] == [
-        'LoadImageFromFile', 'LoadAnnotations', 'PackSegInputs']
+        'LoadImageFromFile',
+        'LoadAnnotations',
+        'PackSegInputs',
+    ]
     assert PIPE[1]['scale'] == (2048, 512)
 
 
@@ -80,7 +100,8 @@ def test_extrapolate_spec_parsing_and_pipelines():
     pipe = [dict(t) for t in PIPE]
     assert spec_pipeline(pipe, parse_spec('whole@x2'))[1]['scale'] == (4096, 1024)
     assert spec_pipeline(pipe, parse_spec('whole@1024x2048'))[1] == dict(
-        type='Resize', scale=(2048, 1024), keep_ratio=False)
+        type='Resize', scale=(2048, 1024), keep_ratio=False
+    )
     assert spec_pipeline(pipe, parse_spec('whole@768'))[1]['scale'][1] == 768
     assert pipe[1]['scale'] == (2048, 512)  # the config's pipeline is not changed
     with pytest.raises(ConfigError, match='whole@x2: the test pipeline has no Resize scale'):
@@ -106,14 +127,25 @@ def test_resizes_to_zero_px_or_below_one_patch_are_refused():
     from mmengine.config import Config
 
     from lookhere_dense.research.extrapolation import config_patch_size
+
     for text, size in (('whole@x0.0001', '(0, 0)'), ('whole@x0.05', '(102, 26)')):
-        with pytest.raises(ConfigError, match=rf'{text}: the test Resize scale \(2048, 512\) '
-                           rf'x {text[7:]} = {re.escape(size)} has a side of'):
+        with pytest.raises(
+            ConfigError,
+            match=rf'{text}: the test Resize scale \(2048, 512\) '
+            rf'x {text[7:]} = {re.escape(size)} has a side of',
+        ):
             spec_pipeline(PIPE, parse_spec(text), patch_size=32)
-    for text, side in (('slide@x0.01', 5), ('whole@8', 8), ('whole@long15', 15),
-                       ('whole@16x12', 12)):
-        with pytest.raises(ConfigError, match=rf'{text}: .* a side of {side} px, below one '
-                           r'patch of the model \(16 px\)'):
+    for text, side in (
+        ('slide@x0.01', 5),
+        ('whole@8', 8),
+        ('whole@long15', 15),
+        ('whole@16x12', 12),
+    ):
+        with pytest.raises(
+            ConfigError,
+            match=rf'{text}: .* a side of {side} px, below one '
+            r'patch of the model \(16 px\)',
+        ):
             spec_pipeline(PIPE, parse_spec(text), patch_size=16)
     assert spec_pipeline(PIPE, parse_spec('whole@16x16'), 16)[1]['scale'] == (16, 16)
     assert spec_pipeline(PIPE, parse_spec('whole@x0.0625'), 16)[1]['scale'] == (128, 32)
@@ -129,14 +161,22 @@ def test_the_report_refuses_a_test_below_one_patch_before_any_evaluation(tmp_pat
     """Checked right after the config is read: no data (the pre-flight data check would
     fail) and no model (the file is not a checkpoint) are needed to get the error."""
     from lookhere_dense.research.extrapolation import extrapolation_report
+
     not_a_checkpoint = tmp_path / 'x.pth'
     not_a_checkpoint.write_text('not a checkpoint')
     config = str(repo_root / 'configs' / 'segmenter_lookhere_vit-t_tiny-ade.py')
-    with pytest.raises(ConfigError, match=r'whole@x0\.05: the test Resize scale \(512, 128\) x '
-                       r'0\.05 = \(26, 6\) has a side of 6 px, below one patch of the model '
-                       r'\(16 px\)'):
-        extrapolation_report(config, str(not_a_checkpoint), ['whole@x1', 'whole@x0.05'],
-                             out_dir=str(tmp_path / 'out'))
+    with pytest.raises(
+        ConfigError,
+        match=r'whole@x0\.05: the test Resize scale \(512, 128\) x '
+        r'0\.05 = \(26, 6\) has a side of 6 px, below one patch of the model '
+        r'\(16 px\)',
+    ):
+        extrapolation_report(
+            config,
+            str(not_a_checkpoint),
+            ['whole@x1', 'whole@x0.05'],
+            out_dir=str(tmp_path / 'out'),
+        )
     assert not (tmp_path / 'out').exists()
 
 
@@ -144,28 +184,48 @@ def test_long_side_resize_keeps_the_aspect_and_sets_the_longer_side():
     """mmcv's own Resize with the long-side dict: the longer side becomes exactly N (larger
     and smaller images alike), the shorter one follows the aspect."""
     from mmcv.transforms import Resize
+
     resize = Resize(**{k: v for k, v in long_side_resize(64).items() if k != 'type'})
-    for (h, w), want in (((100, 50), (64, 32)), ((30, 60), (32, 64)), ((20, 20), (64, 64)),
-                         ((300, 400), (48, 64))):
+    for (h, w), want in (
+        ((100, 50), (64, 32)),
+        ((30, 60), (32, 64)),
+        ((20, 20), (64, 64)),
+        ((300, 400), (48, 64)),
+    ):
         out = resize(dict(img=np.zeros((h, w, 3), np.uint8)))
         assert out['img'].shape[:2] == want, (h, w)
 
 
 def test_slide_settings_and_table():
     from mmengine.config import Config
-    cfg = Config(dict(model=dict(test_cfg=dict(mode='slide', crop_size=(96, 96), stride=(64, 64)))))
+
+    cfg = Config(
+        dict(model=dict(test_cfg=dict(mode='slide', crop_size=(96, 96), stride=(64, 64))))
+    )
     assert slide_settings(cfg) == ((96, 96), (64, 64))
-    cfg = Config(dict(model=dict(test_cfg=dict(mode='whole'),
-                                 data_preprocessor=dict(size=(96, 120)))))
+    cfg = Config(
+        dict(model=dict(test_cfg=dict(mode='whole'), data_preprocessor=dict(size=(96, 120))))
+    )
     assert slide_settings(cfg) == ((96, 120), (64, 80))
     with pytest.raises(ConfigError, match='slide tests need a crop'):
         slide_settings(Config(dict(model=dict())))
-    row = dict(test='slide@x1', mode='slide', input_h=128, input_w=256, grid_h=6, grid_w=6,
-               mIoU=12.345, aAcc=50.0, sec_per_img=0.1234, peak_mem_mb=812.4,
-               memory_kind='process_rss')
+    row = dict(
+        test='slide@x1',
+        mode='slide',
+        input_h=128,
+        input_w=256,
+        grid_h=6,
+        grid_w=6,
+        mIoU=12.345,
+        aAcc=50.0,
+        sec_per_img=0.1234,
+        peak_mem_mb=812.4,
+        memory_kind='process_rss',
+    )
     table = format_table([row], (6, 6))
-    assert '| test | input (median HxW) | patch grid | mIoU | aAcc | s / img | peak RSS MB |' \
-        in table
+    assert (
+        '| test | input (median HxW) | patch grid | mIoU | aAcc | s / img | peak RSS MB |' in table
+    )
     assert '| slide@x1 | 128x256 | 6x6 (windows) | 12.35 | 50.00 | 0.123 | 812 |' in table
     assert table.endswith('training crop grid: 6x6 patches')
     assert 'peak GPU MB' in format_table([dict(row, memory_kind='cuda_max_allocated')], None)
@@ -190,8 +250,7 @@ def test_clean_slate_clears_every_position_encoding_cache():
         def clear_caches(self):
             self.cleared += 1
 
-    model = nn.Sequential(CountingEncoding(), nn.Sequential(CountingEncoding()),
-                          NotAnEncoding())
+    model = nn.Sequential(CountingEncoding(), nn.Sequential(CountingEncoding()), NotAnEncoding())
     assert clear_position_caches(model) == 2
     assert [model[0].cleared, model[1][0].cleared, model[2].cleared] == [1, 1, 0]
 
@@ -199,13 +258,19 @@ def test_clean_slate_clears_every_position_encoding_cache():
 def test_clean_slate_empties_a_backbone_s_caches():
     """After a forward the backbone's encoding holds cached biases; the clean slate leaves
     none (through ``PositionEncoding.clear_caches``, where the encoding has it)."""
-    from lookhere_dense.models import LookHereViT
     from lookhere_dense.lookhere.pos_encoding import PositionEncoding
+    from lookhere_dense.models import LookHereViT
 
     if not callable(getattr(PositionEncoding, 'clear_caches', None)):
         pytest.skip('PositionEncoding.clear_caches() is not there yet')
-    model = LookHereViT(img_size=(32, 32), patch_size=16, embed_dims=24, num_layers=1,
-                        num_heads=6, out_indices=(0,))
+    model = LookHereViT(
+        img_size=(32, 32),
+        patch_size=16,
+        embed_dims=24,
+        num_layers=1,
+        num_heads=6,
+        out_indices=(0,),
+    )
     with torch.no_grad():
         model(torch.zeros(1, 3, 32, 32))
     engine = model.pos_enc.engine
@@ -220,6 +285,7 @@ def test_per_class_iou_metric_is_registered_and_reports_every_class():
 
     from lookhere_dense.evaluation.metrics import PerClassIoUMetric
     from lookhere_dense.registry import REGISTERING_MODULES
+
     assert 'lookhere_dense.evaluation.metrics' in REGISTERING_MODULES
     assert METRICS.get('PerClassIoUMetric') is PerClassIoUMetric
     metric = METRICS.build(dict(type='PerClassIoUMetric', _scope_='mmseg'))
@@ -237,22 +303,38 @@ def test_per_class_iou_metric_is_registered_and_reports_every_class():
 # -- the inference pipeline (same rewrite) --------------------------------------------------
 def test_inference_pipeline_and_test_cfg():
     from mmengine.config import Config
-    cfg = Config(dict(test_dataloader=dict(dataset=dict(pipeline=[
-        dict(type='LoadImageFromFile'), dict(type='mmseg.Resize', scale=(512, 128),
-                                             keep_ratio=True), dict(type='PackSegInputs')])),
-        model=dict(test_cfg=dict(mode='slide', crop_size=(96, 96), stride=(64, 64)),
-                   data_preprocessor=dict(size=(96, 96)))))
+
+    cfg = Config(
+        dict(
+            test_dataloader=dict(
+                dataset=dict(
+                    pipeline=[
+                        dict(type='LoadImageFromFile'),
+                        dict(type='mmseg.Resize', scale=(512, 128), keep_ratio=True),
+                        dict(type='PackSegInputs'),
+                    ]
+                )
+            ),
+            model=dict(
+                test_cfg=dict(mode='slide', crop_size=(96, 96), stride=(64, 64)),
+                data_preprocessor=dict(size=(96, 96)),
+            ),
+        )
+    )
     steps = inference_pipeline(cfg)
     assert [t['type'] for t in steps] == ['LoadImageFromFile', 'mmseg.Resize', 'PackSegInputs']
     assert steps[1]['scale'] == (512, 128)
-    assert inference_pipeline(cfg, native=True) == [dict(type='LoadImageFromFile'),
-                                                    dict(type='PackSegInputs')]
+    assert inference_pipeline(cfg, native=True) == [
+        dict(type='LoadImageFromFile'),
+        dict(type='PackSegInputs'),
+    ]
     assert inference_pipeline(cfg, short_side=200)[1] == short_side_resize(200)
     assert inference_pipeline(cfg, size=(320, 400))[1] == exact_resize((320, 400))
     assert inference_test_cfg(cfg, whole=True) == dict(mode='whole')
     assert inference_test_cfg(cfg) == dict(mode='slide', crop_size=(96, 96), stride=(64, 64))
-    assert inference_test_cfg(cfg, crop=(48, 48)) == dict(mode='slide', crop_size=(48, 48),
-                                                          stride=(32, 32))
+    assert inference_test_cfg(cfg, crop=(48, 48)) == dict(
+        mode='slide', crop_size=(48, 48), stride=(32, 32)
+    )
     whole_cfg = Config(dict(model=dict(test_cfg=dict(mode='whole'))))
     assert inference_test_cfg(whole_cfg) == dict(mode='whole')
     with pytest.raises(ConfigError, match='--slide needs --crop'):
@@ -261,6 +343,7 @@ def test_inference_pipeline_and_test_cfg():
 
 def test_overlay_blends_only_palette_classes():
     from lookhere_dense.apis.inference import overlay
+
     rgb = np.full((1, 3, 3), 100, np.uint8)
     labels = np.array([[0, 1, 255]], np.uint8)
     out = overlay(rgb, labels, [[200, 0, 0]], opacity=0.5)
@@ -280,34 +363,52 @@ def test_tests_below_the_training_size_run_whole_and_slide(tmp_path, repo_root):
     from mmseg.registry import MODELS
 
     from lookhere_dense.apis.cli import parse_cfg_options
-    from lookhere_dense.research.datasets.relational import (RelationalSettings, aspect_split_name,
-                                                             ensure_relational_dataset)
+    from lookhere_dense.research.datasets.relational import (
+        RelationalSettings,
+        aspect_split_name,
+        ensure_relational_dataset,
+    )
     from lookhere_dense.research.extrapolation import evaluate_spec
+
     init_default_scope('mmseg')
     root = str(tmp_path / 'rel')
-    aspects = (0.5, 0.75, 4 / 3, 2.0)   # width / height: 64x32, 64x48, 48x64, 32x64 at 1x
-    ensure_relational_dataset(root, RelationalSettings(num_train=1, num_val=4, scales=(1.0,),
-                                                       aspect_ratios=aspects))
+    aspects = (0.5, 0.75, 4 / 3, 2.0)  # width / height: 64x32, 64x48, 48x64, 32x64 at 1x
+    ensure_relational_dataset(
+        root, RelationalSettings(num_train=1, num_val=4, scales=(1.0,), aspect_ratios=aspects)
+    )
     cfg = Config.fromfile(str(repo_root / 'configs' / 'study' / 'relational_vit_tiny.py'))
-    cfg.merge_from_dict(parse_cfg_options([f'val_dataloader.dataset.data_root={root}',
-                                           'model.backbone.num_layers=1']))
+    cfg.merge_from_dict(
+        parse_cfg_options(
+            [f'val_dataloader.dataset.data_root={root}', 'model.backbone.num_layers=1']
+        )
+    )
     torch.manual_seed(0)
     model = MODELS.build(cfg.model).eval()
-    rows = {t: evaluate_spec(model, cfg, parse_spec(t), 'val', 'cpu', None, 8)
-            for t in ('slide@32', 'whole@32', 'whole@24x40')}
+    rows = {
+        t: evaluate_spec(model, cfg, parse_spec(t), 'val', 'cpu', None, 8)
+        for t in ('slide@32', 'whole@32', 'whole@24x40')
+    }
     assert (rows['slide@32']['input_h'], rows['slide@32']['grid_h']) == (32, 4)
-    assert rows['slide@32']['mIoU'] == rows['whole@32']['mIoU']   # one window: the image
+    assert rows['slide@32']['mIoU'] == rows['whole@32']['mIoU']  # one window: the image
     assert (rows['whole@24x40']['grid_h'], rows['whole@24x40']['grid_w']) == (3, 5)
     assert all(r['images'] == 4 and r['input_sizes'] == 1 for r in rows.values())
     split = aspect_split_name(1.0)
-    cfg.val_dataloader.dataset.data_prefix = dict(img_path=f'img_dir/{split}',
-                                                  seg_map_path=f'ann_dir/{split}')
+    cfg.val_dataloader.dataset.data_prefix = dict(
+        img_path=f'img_dir/{split}', seg_map_path=f'ann_dir/{split}'
+    )
     long48 = evaluate_spec(model, cfg, parse_spec('whole@long48'), 'val', 'cpu', None, 8)
     # 48x24, 48x36, 36x48, 24x48: long side 48, aspect kept; the median image by area
-    assert (long48['input_h'], long48['input_w'], long48['grid_h'], long48['grid_w']) == \
-        (36, 48, 5, 6)
-    assert (long48['input_sizes'], long48['input_h_range'], long48['input_w_range']) == \
-        (4, [24, 48], [24, 48])
+    assert (long48['input_h'], long48['input_w'], long48['grid_h'], long48['grid_w']) == (
+        36,
+        48,
+        5,
+        6,
+    )
+    assert (long48['input_sizes'], long48['input_h_range'], long48['input_w_range']) == (
+        4,
+        [24, 48],
+        [24, 48],
+    )
     table = format_table([long48, rows['whole@32']], None)
     assert '| whole@long48 | 36x48 (median of 4 sizes: H 24-48, W 24-48) | 5x6 |' in table
     assert '| whole@32 | 32x32 | 4x4 |' in table

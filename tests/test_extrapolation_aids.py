@@ -1,5 +1,6 @@
 """The extrapolation aids: the backbone's test-time ``log_n_scaling`` and training on mixed
 crop sizes (``MixedCropSegDataPreProcessor``), against independent constructions."""
+
 from __future__ import annotations
 
 import copy
@@ -37,9 +38,18 @@ def _scaled_q_weights(model: LookHereViT, scales) -> LookHereViT:
 @pytest.mark.parametrize('encoding', ['lookhere', 'rope2d', 'abs', 'none', 'alibi2d'])
 def test_log_n_scaling_scales_every_encodings_queries(encoding):
     torch.manual_seed(0)
-    model = _trained_like(LookHereViT(img_size=32, patch_size=8, embed_dims=48, num_layers=2,
-                                      num_heads=12, pos_encoding=encoding, init_values=None,
-                                      log_n_scaling=True))
+    model = _trained_like(
+        LookHereViT(
+            img_size=32,
+            patch_size=8,
+            embed_dims=48,
+            num_layers=2,
+            num_heads=12,
+            pos_encoding=encoding,
+            init_values=None,
+            log_n_scaling=True,
+        )
+    )
     x = torch.randn(2, 3, 64, 48)  # an 8x6 grid, trained on 4x4
     scale = math.log(8 * 6 + 1) / math.log(4 * 4 + 1)  # keys: patches + CLS
     assert model.attention_scale((8, 6)) == pytest.approx(scale, rel=1e-12)
@@ -53,9 +63,17 @@ def test_log_n_scaling_scales_every_encodings_queries(encoding):
 
 def test_log_n_scaling_is_exactly_one_on_the_training_grid_and_off_in_training():
     torch.manual_seed(0)
-    model = _trained_like(LookHereViT(img_size=(32, 24), patch_size=8, embed_dims=48,
-                                      num_layers=2, num_heads=12, init_values=None,
-                                      log_n_scaling=True))
+    model = _trained_like(
+        LookHereViT(
+            img_size=(32, 24),
+            patch_size=8,
+            embed_dims=48,
+            num_layers=2,
+            num_heads=12,
+            init_values=None,
+            log_n_scaling=True,
+        )
+    )
     ref = _scaled_q_weights(model, [1.0, 1.0]).eval()
     x = torch.randn(1, 3, 32, 24)
     with torch.no_grad():
@@ -72,25 +90,44 @@ def test_log_n_scaling_is_exactly_one_on_the_training_grid_and_off_in_training()
 
 def test_windowed_blocks_count_the_keys_of_one_window():
     torch.manual_seed(0)
-    model = _trained_like(LookHereViT(img_size=32, patch_size=8, embed_dims=48, num_layers=2,
-                                      num_heads=12, init_values=None, window_size=2,
-                                      window_block_indexes=[0], log_n_scaling=True))
+    model = _trained_like(
+        LookHereViT(
+            img_size=32,
+            patch_size=8,
+            embed_dims=48,
+            num_layers=2,
+            num_heads=12,
+            init_values=None,
+            window_size=2,
+            window_block_indexes=[0],
+            log_n_scaling=True,
+        )
+    )
     # block 0: 2x2 windows on the 4x4 training grid and on the 8x8 test grid -> 1
     assert model.attention_scale((8, 8), window_size=2) == 1.0
     # a window larger than the training grid: its keys grow with the test grid
     assert model.attention_scale((8, 8), window_size=6) == pytest.approx(
-        math.log(37) / math.log(17))
+        math.log(37) / math.log(17)
+    )
     x = torch.randn(1, 3, 64, 64)
     scale = math.log(65) / math.log(17)
     with torch.no_grad():
-        torch.testing.assert_close(model(x)[0], _scaled_q_weights(model, [1.0, scale])(x)[0],
-                                   rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            model(x)[0], _scaled_q_weights(model, [1.0, scale])(x)[0], rtol=1e-4, atol=1e-4
+        )
 
 
 def test_log_n_scaling_needs_two_training_tokens():
     with pytest.raises(ValueError, match='log_n_scaling needs at least 2 tokens'):
-        LookHereViT(img_size=8, patch_size=8, embed_dims=48, num_layers=1, num_heads=12,
-                    with_cls_token=False, log_n_scaling=True)
+        LookHereViT(
+            img_size=8,
+            patch_size=8,
+            embed_dims=48,
+            num_layers=1,
+            num_heads=12,
+            with_cls_token=False,
+            log_n_scaling=True,
+        )
 
 
 # -- mixed crop sizes -------------------------------------------------------------------
@@ -98,6 +135,7 @@ def _mixed(**kwargs):
     """``MixedCropSegDataPreProcessor`` built from the registry (in mmseg's scope, whatever
     scope an earlier test left as the default)."""
     from mmseg.registry import MODELS
+
     return MODELS.build(dict(_scope_='mmseg', type='MixedCropSegDataPreProcessor', **kwargs))
 
 
@@ -105,6 +143,7 @@ def _batch(n: int = 3, size: int = 12):
     """Images whose channel 0 encodes each pixel's position, labels = the same code."""
     from mmengine.structures import PixelData
     from mmseg.structures import SegDataSample
+
     inputs, samples = [], []
     for i in range(n):
         code = torch.arange(size * size, dtype=torch.float32).reshape(size, size) % 251 + i
@@ -118,6 +157,7 @@ def _batch(n: int = 3, size: int = 12):
 
 def test_mixed_crops_share_one_size_per_batch_and_keep_labels_aligned():
     from mmseg.registry import MODELS
+
     pre = _mixed(crop_sizes=[(4, 4), (6, 8), 12], seed=3, size=(12, 12), bgr_to_rgb=False)
     seen = set()
     for _ in range(12):
@@ -145,6 +185,9 @@ def test_mixed_crops_errors_name_the_problem():
     with pytest.raises(ValueError, match=r'crop size \(4, 0\) is not'):
         _mixed(crop_sizes=[(4, 0)])
     pre = _mixed(crop_sizes=[16], size=(12, 12))
-    with pytest.raises(ValueError, match=r'crop size \(16, 16\) is larger than the training '
-                                         r'batch \(12x12\)'):
+    with pytest.raises(
+        ValueError,
+        match=r'crop size \(16, 16\) is larger than the training '
+        r'batch \(12x12\)',
+    ):
         pre(_batch(), training=True)

@@ -4,6 +4,7 @@ model, is refused with a message naming the file and what differs -- for backbon
 (:func:`lookhere_dense.lookhere.loading.load_model_weights`: test / infer / resume). A file that
 fits loads exactly.
 """
+
 from __future__ import annotations
 
 import copy
@@ -14,8 +15,8 @@ import pytest
 import torch
 from mmengine.registry import DefaultScope
 
-from lookhere_dense.errors import CheckpointError
 from lookhere_dense.checkpoint import checkpoint_problem, decode_extra_state
+from lookhere_dense.errors import CheckpointError
 from lookhere_dense.lookhere.loading import load_model_weights
 from lookhere_dense.lookhere.weights import save_backbone_checkpoint
 from lookhere_dense.models import LookHereViT
@@ -23,8 +24,9 @@ from lookhere_dense.models import LookHereViT
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
 
 TINY = dict(img_size=32, patch_size=8, embed_dims=48, num_layers=3, num_heads=12)
-OFFICIAL = dict(img_size=64, patch_size=16, embed_dims=96, num_layers=3, num_heads=12,
-                init_values=0.1)   # the official reference file's architecture
+OFFICIAL = dict(
+    img_size=64, patch_size=16, embed_dims=96, num_layers=3, num_heads=12, init_values=0.1
+)  # the official reference file's architecture
 
 
 def tiny(**kwargs) -> LookHereViT:
@@ -81,18 +83,24 @@ def _write(kind: str, folder: Path, official_file: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize('kind,match', [
-    ('empty', r'is empty \(0 bytes\)'),
-    ('truncated', r'is truncated or corrupt \(.*\); it was not written completely'),
-    ('corrupt', r"cannot be read: damaged: it is truncated or corrupt \(checksum error in '.*"
-                r"data/\d+'\)"),
-    ('text', r'cannot be read: not a PyTorch checkpoint lookhere-dense can read'),
-    ('pickle', r'cannot be read: not a PyTorch checkpoint lookhere-dense can read'),
-    ('objects', r'holds Python objects \(.*_Custom\) besides tensors'),
-    ('folder', r'is a folder, not a file'),
-    ('safetensors', r'is not a readable .safetensors file'),
-    ('list', r'does not hold a dict of weights \(got list\)'),
-])
+@pytest.mark.parametrize(
+    'kind,match',
+    [
+        ('empty', r'is empty \(0 bytes\)'),
+        ('truncated', r'is truncated or corrupt \(.*\); it was not written completely'),
+        (
+            'corrupt',
+            r"cannot be read: damaged: it is truncated or corrupt \(checksum error in '.*"
+            r"data/\d+'\)",
+        ),
+        ('text', r'cannot be read: not a PyTorch checkpoint lookhere-dense can read'),
+        ('pickle', r'cannot be read: not a PyTorch checkpoint lookhere-dense can read'),
+        ('objects', r'holds Python objects \(.*_Custom\) besides tensors'),
+        ('folder', r'is a folder, not a file'),
+        ('safetensors', r'is not a readable .safetensors file'),
+        ('list', r'does not hold a dict of weights \(got list\)'),
+    ],
+)
 @pytest.mark.parametrize('entry', ['init_cfg', 'load_model_weights'])
 def test_unreadable_files_are_named(kind, match, entry, tmp_path, official):
     path = _write(kind, tmp_path, official)
@@ -117,13 +125,16 @@ def test_a_missing_file_is_named(tmp_path):
 # Attention geometry: same shapes, other head count
 # ----------------------------------------------------------------------------------------
 def test_official_12_head_file_is_refused_by_a_6_head_model(official):
-    with pytest.raises(CheckpointError, match=r"has 12 attention heads per block \(not "
-                                              r"recorded in this LookHere file.*official code"
-                                              r".*but the model has num_heads=6.*Set "
-                                              r"model.backbone.num_heads=12") as err:
+    with pytest.raises(
+        CheckpointError,
+        match=r'has 12 attention heads per block \(not '
+        r'recorded in this LookHere file.*official code'
+        r'.*but the model has num_heads=6.*Set '
+        r'model.backbone.num_heads=12',
+    ) as err:
         pretrained(official, **{**OFFICIAL, 'num_heads': 6})
     assert 'checkpoint_num_heads=6' in str(err.value)
-    pretrained(official, **OFFICIAL)   # the fitting model loads it
+    pretrained(official, **OFFICIAL)  # the fitting model loads it
 
 
 def test_stating_the_head_count_overrides_the_convention(official):
@@ -136,20 +147,25 @@ def test_stating_the_head_count_overrides_the_convention(official):
 
 def _timm_vit_tiny(tmp_path: Path, **kwargs) -> Path:
     import timm
-    vit = timm.create_model('vit_tiny_patch16_224', pretrained=False, num_classes=10,
-                            depth=2, **kwargs)
+
+    vit = timm.create_model(
+        'vit_tiny_patch16_224', pretrained=False, num_classes=10, depth=2, **kwargs
+    )
     path = tmp_path / 'vit_tiny.pth'
     torch.save(vit.state_dict(), path)
     return path
 
 
 def test_timm_3_head_vit_is_refused_by_12_heads(tmp_path):
-    path = _timm_vit_tiny(tmp_path)                  # 192 channels, 3 heads
+    path = _timm_vit_tiny(tmp_path)  # 192 channels, 3 heads
     args = dict(embed_dims=192, num_layers=2, init_values=None)
-    with pytest.raises(CheckpointError, match=r"has 3 attention heads per block \(not recorded "
-                                              r"in this timm file; assumed from its 192 "
-                                              r"channels.*num_heads=12.*LookHere head layouts "
-                                              r"need 6, 12 or 16 heads"):
+    with pytest.raises(
+        CheckpointError,
+        match=r'has 3 attention heads per block \(not recorded '
+        r'in this timm file; assumed from its 192 '
+        r'channels.*num_heads=12.*LookHere head layouts '
+        r'need 6, 12 or 16 heads',
+    ):
         pretrained(path, **args, num_heads=12)
     model = pretrained(path, **args, num_heads=3, pos_encoding='rope2d')
     sd = torch.load(path, weights_only=True)
@@ -159,9 +175,12 @@ def test_timm_3_head_vit_is_refused_by_12_heads(tmp_path):
 def test_files_of_unknown_head_count_need_it_stated(tmp_path):
     path = tmp_path / 'flat.pth'
     sd = {k: v for k, v in tiny().state_dict().items() if k != '_extra_state'}
-    torch.save(sd, path)                             # 48 channels: no width-64 convention
-    with pytest.raises(CheckpointError, match=r"cannot verify that '.*flat.pth' was trained "
-                                              r"with num_heads=12.*checkpoint_num_heads=N"):
+    torch.save(sd, path)  # 48 channels: no width-64 convention
+    with pytest.raises(
+        CheckpointError,
+        match=r"cannot verify that '.*flat.pth' was trained "
+        r'with num_heads=12.*checkpoint_num_heads=N',
+    ):
         pretrained(path, **TINY)
     model = pretrained(path, **TINY, checkpoint_num_heads=12)
     torch.testing.assert_close(model.blocks[0].attn.qkv.weight, sd['blocks.0.attn.qkv.weight'])
@@ -169,18 +188,25 @@ def test_files_of_unknown_head_count_need_it_stated(tmp_path):
 
 def test_saved_backbones_record_their_geometry(tmp_path):
     src = tiny()
-    assert {k: src.record()[k] for k in ('num_heads', 'num_layers', 'embed_dims')} \
-        == dict(num_heads=12, num_layers=3, embed_dims=48)
+    assert {k: src.record()[k] for k in ('num_heads', 'num_layers', 'embed_dims')} == dict(
+        num_heads=12, num_layers=3, embed_dims=48
+    )
     six = LookHereViT(**{**TINY, 'num_heads': 6})
-    with pytest.raises(CheckpointError, match=r"'the loaded state_dict' has 12 attention heads "
-                                              r'.*num_heads=6'):
+    with pytest.raises(
+        CheckpointError,
+        match=r"'the loaded state_dict' has 12 attention heads "
+        r'.*num_heads=6',
+    ):
         six.load_state_dict(src.state_dict())
     # converted files record it too (meta), so a 6-head backbone refuses them
     path = tmp_path / 'converted.pth'
     save_backbone_checkpoint(str(path), src.state_dict(), src.lh_config.to_dict(), 'test')
     assert torch.load(path, weights_only=True)['meta']['num_heads'] == 12
-    with pytest.raises(CheckpointError, match=r'has 12 attention heads per block \(recorded in '
-                                              r'the file\)'):
+    with pytest.raises(
+        CheckpointError,
+        match=r'has 12 attention heads per block \(recorded in '
+        r'the file\)',
+    ):
         pretrained(path, **{**TINY, 'num_heads': 6})
     with pytest.raises(CheckpointError, match=r'checkpoint_num_heads=6 but .* records 12'):
         pretrained(path, **{**TINY, 'num_heads': 6}, checkpoint_num_heads=6)
@@ -190,6 +216,7 @@ def test_the_runner_load_path_refuses_other_heads_too(tmp_path):
     """mmengine's own non-strict ``load_checkpoint`` (the Runner's ``load_from`` /
     ``resume``) reaches ``set_extra_state``, which checks the recorded geometry."""
     from mmengine.runner import load_checkpoint
+
     path = tmp_path / 'iter_1.pth'
     torch.save({'state_dict': tiny().state_dict(), 'meta': {}}, path)
     with pytest.raises(ValueError, match=r'12 attention heads .* num_heads=6'):
@@ -205,21 +232,27 @@ def test_official_file_into_another_depth_blames_the_depth(official):
     msg = str(err.value)
     assert 'the file has 3 blocks (blocks.0-2), the model 6: set num_layers=3' in msg
     assert 'LayerScale' not in msg and 'blocks.3.attn.qkv.weight' in msg
-    with pytest.raises(CheckpointError, match=r'has tensors the backbone lacks \(the file has 3 '
-                                              r'blocks .* the model 2: set num_layers=3\).*'
-                                              r'blocks.2.attn.qkv.weight'):
+    with pytest.raises(
+        CheckpointError,
+        match=r'has tensors the backbone lacks \(the file has 3 '
+        r'blocks .* the model 2: set num_layers=3\).*'
+        r'blocks.2.attn.qkv.weight',
+    ):
         pretrained(official, **{**OFFICIAL, 'num_layers': 2})
 
 
-@pytest.mark.parametrize('file_kw,model_kw,hint', [
-    (dict(qkv_bias=False), {}, 'the file has no qkv bias: set qkv_bias=False'),
-    ({}, dict(qkv_bias=False), 'the file has a qkv bias: set qkv_bias=True'),
-    (dict(final_norm=False), {}, 'the file has no final norm: set final_norm=False'),
-    (dict(patch_bias=False), {}, 'the file has no patch-embedding bias: set patch_bias=False'),
-    (dict(init_values=None), {}, 'no LayerScale in the file: set init_values=None'),
-    ({}, dict(init_values=None), 'the file has LayerScale (ls1/ls2.gamma): set init_values'),
-    (dict(pre_norm=True), {}, 'the file has a norm before the blocks: set pre_norm=True'),
-])
+@pytest.mark.parametrize(
+    'file_kw,model_kw,hint',
+    [
+        (dict(qkv_bias=False), {}, 'the file has no qkv bias: set qkv_bias=False'),
+        ({}, dict(qkv_bias=False), 'the file has a qkv bias: set qkv_bias=True'),
+        (dict(final_norm=False), {}, 'the file has no final norm: set final_norm=False'),
+        (dict(patch_bias=False), {}, 'the file has no patch-embedding bias: set patch_bias=False'),
+        (dict(init_values=None), {}, 'no LayerScale in the file: set init_values=None'),
+        ({}, dict(init_values=None), 'the file has LayerScale (ls1/ls2.gamma): set init_values'),
+        (dict(pre_norm=True), {}, 'the file has a norm before the blocks: set pre_norm=True'),
+    ],
+)
 def test_architecture_mismatches_name_the_option(file_kw, model_kw, hint, tmp_path):
     path = tmp_path / 'other.pth'
     torch.save({'state_dict': tiny(**file_kw).state_dict()}, path)
@@ -249,12 +282,28 @@ def test_strict_false_loads_what_fits_but_never_other_shapes(tmp_path):
 
 def test_timm_norm_pre_loads_into_pre_norm(tmp_path):
     import timm
-    vit = timm.create_model('vit_tiny_patch16_224', pretrained=False, num_classes=0, depth=2,
-                            embed_dim=128, num_heads=2, pre_norm=True)
+
+    vit = timm.create_model(
+        'vit_tiny_patch16_224',
+        pretrained=False,
+        num_classes=0,
+        depth=2,
+        embed_dim=128,
+        num_heads=2,
+        pre_norm=True,
+    )
     path = tmp_path / 'clip_like.pth'
     torch.save(vit.state_dict(), path)
-    model = pretrained(path, embed_dims=128, num_layers=2, num_heads=2, init_values=None,
-                       pre_norm=True, patch_bias=False, pos_encoding='rope2d')
+    model = pretrained(
+        path,
+        embed_dims=128,
+        num_layers=2,
+        num_heads=2,
+        init_values=None,
+        pre_norm=True,
+        patch_bias=False,
+        pos_encoding='rope2d',
+    )
     torch.testing.assert_close(model.pre_ln.weight, vit.norm_pre.weight)
 
 
@@ -263,17 +312,23 @@ def test_non_finite_weights_are_refused(tmp_path):
     sd['blocks.1.mlp.fc1.weight'][0, 0] = float('nan')
     path = tmp_path / 'diverged.pth'
     torch.save({'state_dict': sd}, path)
-    with pytest.raises(CheckpointError, match=r"holds NaN / inf values in 1 parameters: "
-                                              r"\['blocks.1.mlp.fc1.weight'\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=r'holds NaN / inf values in 1 parameters: '
+        r"\['blocks.1.mlp.fc1.weight'\]",
+    ):
         pretrained(path, **TINY)
     with pytest.raises(CheckpointError, match=r'NaN / inf'):
         load_model_weights(tiny(), str(path))
 
 
-@pytest.mark.parametrize('init_cfg,match', [
-    (dict(type='Pretrained', checkpont='x.pth'), r"unknown keys \['checkpont'\]"),
-    (dict(type='Pretrained'), r'needs checkpoint=PATH'),
-])
+@pytest.mark.parametrize(
+    'init_cfg,match',
+    [
+        (dict(type='Pretrained', checkpont='x.pth'), r"unknown keys \['checkpont'\]"),
+        (dict(type='Pretrained'), r'needs checkpoint=PATH'),
+    ],
+)
 def test_bad_init_cfg_is_named(init_cfg, match):
     with pytest.raises(ValueError, match=match):
         LookHereViT(**TINY, init_cfg=init_cfg).init_weights()
@@ -284,16 +339,23 @@ def test_bad_init_cfg_is_named(init_cfg, match):
 # ----------------------------------------------------------------------------------------
 def segmentor(num_classes: int = 3, **backbone):
     from mmseg.registry import MODELS
-    cfg = dict(type='EncoderDecoder',
-               data_preprocessor=dict(type='SegDataPreProcessor', mean=[0, 0, 0],
-                                      std=[1, 1, 1]),
-               backbone=dict(type='LookHereViT', **{**TINY, **backbone}),
-               decode_head=dict(type='FCNHead', in_channels=backbone.get('embed_dims', 48),
-                                channels=backbone.get('embed_dims', 48), num_convs=0,
-                                concat_input=False,
-                                num_classes=num_classes,
-                                norm_cfg=dict(type='BN', requires_grad=True)),
-               train_cfg=dict(), test_cfg=dict(mode='whole'))
+
+    cfg = dict(
+        type='EncoderDecoder',
+        data_preprocessor=dict(type='SegDataPreProcessor', mean=[0, 0, 0], std=[1, 1, 1]),
+        backbone=dict(type='LookHereViT', **{**TINY, **backbone}),
+        decode_head=dict(
+            type='FCNHead',
+            in_channels=backbone.get('embed_dims', 48),
+            channels=backbone.get('embed_dims', 48),
+            num_convs=0,
+            concat_input=False,
+            num_classes=num_classes,
+            norm_cfg=dict(type='BN', requires_grad=True),
+        ),
+        train_cfg=dict(),
+        test_cfg=dict(mode='whole'),
+    )
     with DefaultScope.overwrite_default_scope('mmseg'):
         torch.manual_seed(0)
         model = MODELS.build(cfg)
@@ -306,14 +368,20 @@ def trained(tmp_path_factory):
     """A Runner-style checkpoint of a segmentor with a non-default LookHere config."""
     model = segmentor(preset='lh90')
     path = tmp_path_factory.mktemp('whole') / 'iter_10.pth'
-    torch.save({'meta': {'dataset_meta': {'classes': ('a', 'b', 'c')}},
-                'state_dict': model.state_dict(), 'message_hub': {}}, path)
+    torch.save(
+        {
+            'meta': {'dataset_meta': {'classes': ('a', 'b', 'c')}},
+            'state_dict': model.state_dict(),
+            'message_hub': {},
+        },
+        path,
+    )
     return model, path
 
 
 def test_a_fitting_checkpoint_loads_exactly(trained):
     src, path = trained
-    model = segmentor()                              # default config: the file's is adopted
+    model = segmentor()  # default config: the file's is adopted
     ckpt = load_model_weights(model, str(path))
     assert ckpt['meta']['dataset_meta']['classes'] == ('a', 'b', 'c')
     assert model.backbone.lh_config == src.backbone.lh_config
@@ -330,17 +398,32 @@ def test_ddp_prefixed_checkpoints_load(trained, tmp_path):
     load_model_weights(segmentor(), str(ddp))
 
 
-@pytest.mark.parametrize('model_kw,match', [
-    (dict(embed_dims=96), r'(?s)tensors of the wrong shape.*backbone.cls_token: checkpoint '
-                          r'\(1, 1, 48\) vs model \(1, 1, 96\)'),
-    (dict(num_heads=6), r'has 12 attention heads per block \(recorded in the file\).*'
-                        r'num_heads=6'),
-    (dict(num_classes=5), r'decode_head.conv_seg.weight: checkpoint \(3, 48, 1, 1\) vs model '
-                          r'\(5, 48, 1, 1\)'),
-    (dict(num_layers=4), r'lacks model parameters \(the file has 3 blocks \(backbone.blocks.0-2'
-                         r'\), the model 4: set num_layers=3\)'),
-    (dict(pos_encoding='rope2d'), r"trained with pos_encoding='lookhere'"),
-])
+@pytest.mark.parametrize(
+    'model_kw,match',
+    [
+        (
+            dict(embed_dims=96),
+            r'(?s)tensors of the wrong shape.*backbone.cls_token: checkpoint '
+            r'\(1, 1, 48\) vs model \(1, 1, 96\)',
+        ),
+        (
+            dict(num_heads=6),
+            r'has 12 attention heads per block \(recorded in the file\).*'
+            r'num_heads=6',
+        ),
+        (
+            dict(num_classes=5),
+            r'decode_head.conv_seg.weight: checkpoint \(3, 48, 1, 1\) vs model '
+            r'\(5, 48, 1, 1\)',
+        ),
+        (
+            dict(num_layers=4),
+            r'lacks model parameters \(the file has 3 blocks \(backbone.blocks.0-2'
+            r'\), the model 4: set num_layers=3\)',
+        ),
+        (dict(pos_encoding='rope2d'), r"trained with pos_encoding='lookhere'"),
+    ],
+)
 def test_checkpoints_of_another_model_are_refused(trained, model_kw, match):
     _, path = trained
     num_classes = model_kw.pop('num_classes', 3)
@@ -356,17 +439,23 @@ def test_missing_and_unexpected_keys_are_named(trained, tmp_path):
     del lacking['state_dict']['backbone.blocks.1.norm2.bias']
     p1 = tmp_path / 'lacking.pth'
     torch.save(lacking, p1)
-    with pytest.raises(CheckpointError, match=r"lacks model parameters: \['backbone.blocks.1."
-                                              r"norm2.bias'\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"lacks model parameters: \['backbone.blocks.1."
+        r"norm2.bias'\]",
+    ):
         load_model_weights(segmentor(), str(p1))
     extra = copy.deepcopy(ckpt)
     extra['state_dict']['auxiliary_head.conv_seg.weight'] = torch.zeros(3, 48, 1, 1)
     p2 = tmp_path / 'extra.pth'
     torch.save(extra, p2)
-    with pytest.raises(CheckpointError, match=r"has tensors the model lacks: \['auxiliary_head"
-                                              r".conv_seg.weight'\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"has tensors the model lacks: \['auxiliary_head"
+        r".conv_seg.weight'\]",
+    ):
         load_model_weights(segmentor(), str(p2))
-    load_model_weights(segmentor(), str(p2), strict=False)   # opting out of the key check
+    load_model_weights(segmentor(), str(p2), strict=False)  # opting out of the key check
 
 
 def test_a_whole_model_file_without_the_backbone_record_is_refused(trained, tmp_path):
@@ -378,16 +467,22 @@ def test_a_whole_model_file_without_the_backbone_record_is_refused(trained, tmp_
     del ckpt['state_dict']['backbone._extra_state']
     bare = tmp_path / 'bare.pth'
     torch.save(ckpt, bare)
-    with pytest.raises(CheckpointError, match=r"lacks model parameters \(the file lacks the "
-                                              r"record a LookHereViT saves.*\['backbone."
-                                              r"_extra_state'\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=r'lacks model parameters \(the file lacks the '
+        r"record a LookHereViT saves.*\['backbone."
+        r"_extra_state'\]",
+    ):
         load_model_weights(segmentor(), str(bare))
     load_model_weights(segmentor(), str(bare), strict=False, checkpoint_num_heads=12)
 
 
 def test_backbone_only_weights_for_a_whole_model_get_a_hint(official):
-    with pytest.raises(CheckpointError, match=r"has none of the model's keys.*backbone-only "
-                                              r"weights.*init_cfg"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"has none of the model's keys.*backbone-only "
+        r'weights.*init_cfg',
+    ):
         load_model_weights(segmentor(), str(official))
 
 
@@ -403,7 +498,10 @@ def test_older_whole_model_files_without_recorded_heads(trained, tmp_path):
     old = tmp_path / 'old.pth'
     torch.save(ckpt, old)
     load_model_weights(segmentor(), str(old))
-    with pytest.raises(CheckpointError, match=r'has 12 attention heads per block \(not '
-                                              r'recorded.*num_heads=6'):
+    with pytest.raises(
+        CheckpointError,
+        match=r'has 12 attention heads per block \(not '
+        r'recorded.*num_heads=6',
+    ):
         load_model_weights(segmentor(num_heads=6), str(old))
     load_model_weights(segmentor(num_heads=6), str(old), checkpoint_num_heads=6)

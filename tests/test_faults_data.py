@@ -3,6 +3,7 @@
 ``CheckSegLabels`` pipeline step), or trains correctly. On the tiny ADE20K-layout data,
 through mmseg's own dataset class and transforms.
 """
+
 from __future__ import annotations
 
 import copy
@@ -17,10 +18,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lookhere_dense.data.transforms import CheckSegLabels
 from lookhere_dense.data.checks import check_seg_data, image_size
-from lookhere_dense.errors import (DataCheckWarning, DatasetLayoutError, LabelRangeError,
-                                   LabelSizeError, UnreadableFileError)
+from lookhere_dense.data.transforms import CheckSegLabels
+from lookhere_dense.errors import (
+    DataCheckWarning,
+    DatasetLayoutError,
+    LabelRangeError,
+    LabelSizeError,
+    UnreadableFileError,
+)
 from lookhere_dense.research.datasets.synthetic_seg import make_ade20k_like
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,6 +49,7 @@ def ade(pristine, tmp_path) -> Path:
 @functools.lru_cache(maxsize=1)
 def _parsed_config():
     from mmengine.config import Config
+
     return Config.fromfile(str(CONFIG))
 
 
@@ -55,34 +62,42 @@ def config(data_root: Path):
 
 def files(root: Path, split: str = 'training', i: int = 2):
     name = f'ADE_{"train" if split == "training" else "val"}_{i:08d}'
-    return (root / 'images' / split / f'{name}.jpg',
-            root / 'annotations' / split / f'{name}.png')
+    return (root / 'images' / split / f'{name}.jpg', root / 'annotations' / split / f'{name}.png')
 
 
-TRAIN_STEPS = [dict(type='LoadImageFromFile'),
-               dict(type='LoadAnnotations', reduce_zero_label=True),
-               dict(type='CheckSegLabels', num_classes=150)]
+TRAIN_STEPS = [
+    dict(type='LoadImageFromFile'),
+    dict(type='LoadAnnotations', reduce_zero_label=True),
+    dict(type='CheckSegLabels', num_classes=150),
+]
 #: mmseg's test order: the image is resized before the annotation is loaded
-TEST_STEPS = [dict(type='LoadImageFromFile'),
-              dict(type='Resize', scale=(512, 128), keep_ratio=True),
-              dict(type='LoadAnnotations', reduce_zero_label=True),
-              dict(type='CheckSegLabels', num_classes=150)]
+TEST_STEPS = [
+    dict(type='LoadImageFromFile'),
+    dict(type='Resize', scale=(512, 128), keep_ratio=True),
+    dict(type='LoadAnnotations', reduce_zero_label=True),
+    dict(type='CheckSegLabels', num_classes=150),
+]
 
 
 def load_pair(root: Path, index: int, split: str = 'training', steps=TRAIN_STEPS):
     """Load one pair through mmseg's dataset and the config's first pipeline steps."""
     from mmengine.registry import DefaultScope
     from mmseg.datasets import ADE20KDataset
+
     with DefaultScope.overwrite_default_scope('mmseg'):
-        ds = ADE20KDataset(data_root=str(root), data_prefix=dict(
-            img_path=f'images/{split}', seg_map_path=f'annotations/{split}'),
-            pipeline=steps)
+        ds = ADE20KDataset(
+            data_root=str(root),
+            data_prefix=dict(img_path=f'images/{split}', seg_map_path=f'annotations/{split}'),
+            pipeline=steps,
+        )
         return ds[index]
 
 
 def test_the_tiny_data_passes(ade):
     assert check_seg_data(config(ade), ['train', 'val']) == {
-        'train_dataloader': 4, 'val_dataloader': 2}
+        'train_dataloader': 4,
+        'val_dataloader': 2,
+    }
 
 
 # ----------------------------------------------------------------------------------------
@@ -93,17 +108,21 @@ def test_an_annotation_of_another_size_is_named(ade, resize):
     img, ann = files(ade)
     seg = cv2.imread(str(ann), cv2.IMREAD_UNCHANGED)
     h, w = seg.shape
-    new = (w // 2, h // 2) if resize == 'other_size' else (h, w)   # cv2 takes (W, H)
+    new = (w // 2, h // 2) if resize == 'other_size' else (h, w)  # cv2 takes (W, H)
     cv2.imwrite(str(ann), cv2.resize(seg, new, interpolation=cv2.INTER_NEAREST))
-    want = (f"image '{img}' is {h}x{w} px (H x W) but its annotation '{ann}' is "
-            f'{new[1]}x{new[0]} px')
+    want = (
+        f"image '{img}' is {h}x{w} px (H x W) but its annotation '{ann}' is {new[1]}x{new[0]} px"
+    )
     with pytest.raises(LabelSizeError) as err:
         check_seg_data(config(ade), ['train'])
     assert want in str(err.value) and 'train_dataloader' in str(err.value)
-    for steps in (TRAIN_STEPS, TEST_STEPS):              # at load time too
+    for steps in (TRAIN_STEPS, TEST_STEPS):  # at load time too
         load_pair(ade, 0, steps=steps)
-        with pytest.raises(LabelSizeError, match=rf"CheckSegLabels: image '.*{img.name}' is "
-                                                 rf'{h}x{w} px'):
+        with pytest.raises(
+            LabelSizeError,
+            match=rf"CheckSegLabels: image '.*{img.name}' is "
+            rf'{h}x{w} px',
+        ):
             load_pair(ade, 1, steps=steps)
 
 
@@ -123,11 +142,11 @@ def test_exif_rotated_photos_are_compared_as_loaded(ade):
     rgb = np.asarray(Image.open(img))
     seg = cv2.imread(str(ann), cv2.IMREAD_UNCHANGED)
     exif = Image.Exif()
-    exif[0x0112] = 6                                  # rotate 90 degrees clockwise to view
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to view
     Image.fromarray(np.ascontiguousarray(np.rot90(rgb, 1))).save(img, exif=exif.tobytes())
     assert image_size(str(img)) == seg.shape[::-1]
     assert image_size(str(img), apply_orientation=True) == seg.shape
-    check_seg_data(config(ade), ['train'])            # the annotation fits the loaded image
+    check_seg_data(config(ade), ['train'])  # the annotation fits the loaded image
     assert load_pair(ade, 1)['img'].shape[:2] == seg.shape
     cv2.imwrite(str(ann), np.ascontiguousarray(seg.T))  # fits the stored image only
     with pytest.raises(LabelSizeError):
@@ -139,15 +158,24 @@ def test_exif_rotated_photos_are_compared_as_loaded(ade):
 # ----------------------------------------------------------------------------------------
 # Files that cannot be read
 # ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize('which,damage', [
-    ('image', 'garbage'), ('image', 'truncated'), ('annotation', 'garbage'),
-    ('annotation', 'empty')])
+@pytest.mark.parametrize(
+    'which,damage',
+    [
+        ('image', 'garbage'),
+        ('image', 'truncated'),
+        ('annotation', 'garbage'),
+        ('annotation', 'empty'),
+    ],
+)
 def test_unreadable_files_are_named(ade, which, damage):
     img, ann = files(ade)
     path = img if which == 'image' else ann
     data = path.read_bytes()
-    path.write_bytes({'garbage': b'\x89PNG not really' * 8, 'empty': b'',
-                      'truncated': data[:len(data) // 2]}[damage])
+    path.write_bytes(
+        {'garbage': b'\x89PNG not really' * 8, 'empty': b'', 'truncated': data[: len(data) // 2]}[
+            damage
+        ]
+    )
     with pytest.raises(UnreadableFileError, match=rf"cannot read {which} file '{path}'"):
         check_seg_data(config(ade), ['train'])
 
@@ -160,20 +188,26 @@ def test_an_empty_split_says_no_images(ade, split, loader):
     for folder in ('images', 'annotations'):
         for f in (ade / folder / split).iterdir():
             f.unlink()
-    with pytest.raises(DatasetLayoutError, match=rf"{loader}_dataloader: no images ending in "
-                                                 rf"'.jpg' under '.*{split}'"):
+    with pytest.raises(
+        DatasetLayoutError,
+        match=rf'{loader}_dataloader: no images ending in '
+        rf"'.jpg' under '.*{split}'",
+    ):
         check_seg_data(config(ade), ['train', 'val'])
 
 
 def test_annotations_with_only_the_ignore_index_are_reported(ade):
     _, ann = files(ade)
     seg = cv2.imread(str(ann), cv2.IMREAD_UNCHANGED)
-    cv2.imwrite(str(ann), np.zeros_like(seg))         # 0 = "other" -> 255 after reduce_zero
-    with pytest.warns(DataCheckWarning, match=rf"train_dataloader: 1 of 4 checked annotation"
-                                              rf"\(s\) hold only the ignore index 255 "
-                                              rf"\('{ann}'\).*acc_seg reports 100"):
+    cv2.imwrite(str(ann), np.zeros_like(seg))  # 0 = "other" -> 255 after reduce_zero
+    with pytest.warns(
+        DataCheckWarning,
+        match=rf'train_dataloader: 1 of 4 checked annotation'
+        rf'\(s\) hold only the ignore index 255 '
+        rf"\('{ann}'\).*acc_seg reports 100",
+    ):
         check_seg_data(config(ade), ['train'])
-    t = CheckSegLabels(num_classes=150)               # at load time: once per file
+    t = CheckSegLabels(num_classes=150)  # at load time: once per file
     results = dict(gt_seg_map=np.full((4, 4), 255, np.uint8), seg_map_path='x/all255.png')
     with pytest.warns(DataCheckWarning, match=r"'x/all255.png'"):
         t(dict(results))
@@ -191,8 +225,11 @@ def test_colour_annotations_are_refused(ade):
     _, ann = files(ade)
     seg = cv2.imread(str(ann), cv2.IMREAD_UNCHANGED)
     cv2.imwrite(str(ann), np.stack([seg] * 3, axis=-1))
-    with pytest.raises(LabelRangeError, match=rf"annotation '{ann}' has shape \(\d+, \d+, 3\), "
-                                              r'not \(H, W\): a colour image'):
+    with pytest.raises(
+        LabelRangeError,
+        match=rf"annotation '{ann}' has shape \(\d+, \d+, 3\), "
+        r'not \(H, W\): a colour image',
+    ):
         check_seg_data(config(ade), ['train'])
     with pytest.raises(LabelRangeError, match=r'CheckSegLabels: .* not \(H, W\)'):
         load_pair(ade, 1)

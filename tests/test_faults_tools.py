@@ -3,6 +3,7 @@ Every case ends in a clear message (exit status 2, exactly one ``error:`` line, 
 traceback) or in a correct result. The command lines run as ``python tools/<tool>.py``
 would, all in one interpreter (:func:`tiny_seg.run_tools`); the cases that need a
 training run go through the training API in this process."""
+
 from __future__ import annotations
 
 import os
@@ -12,16 +13,20 @@ import shutil
 import cv2
 import numpy as np
 import pytest
-
-from lookhere_dense.apis.train import train_model
-from lookhere_dense.apis.cli import run_main
 from tiny_seg import ADE_CFG, SHRINK, make_ade, options, roots, run_tools, write_checkpoint
+
+from lookhere_dense.apis.cli import run_main
+from lookhere_dense.apis.train import train_model
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
 
 #: A mismatched model: other widths (12 heads of 4 dims) in the backbone and the head.
-OTHER_DIMS = ['model.backbone.embed_dims=48', 'model.decode_head.in_channels=48',
-              'model.decode_head.channels=48', 'model.decode_head.embed_dims=48']
+OTHER_DIMS = [
+    'model.backbone.embed_dims=48',
+    'model.decode_head.in_channels=48',
+    'model.decode_head.channels=48',
+    'model.decode_head.embed_dims=48',
+]
 
 
 def _cases(tmp) -> dict:
@@ -63,78 +68,151 @@ def _cases(tmp) -> dict:
     data_opts = ['--cfg-options', *roots(data), *SHRINK]
     return {
         # arguments
-        'cfg-options without =': ('train', [ADE_CFG, '--cfg-options', 'foo'],
-                                  "argument --cfg-options: 'foo' is not KEY=VALUE"),
+        'cfg-options without =': (
+            'train',
+            [ADE_CFG, '--cfg-options', 'foo'],
+            "argument --cfg-options: 'foo' is not KEY=VALUE",
+        ),
         'cfg-options word for a number': (
-            'train', [ADE_CFG, '--cfg-options', 'train_cfg.max_iters=abc'],
+            'train',
+            [ADE_CFG, '--cfg-options', 'train_cfg.max_iters=abc'],
             "--cfg-options train_cfg.max_iters='abc': expected a number; the config has "
-            'train_cfg.max_iters=300'),
-        'cfg-options typo': ('train', [ADE_CFG, '--cfg-options', 'train_cfg.max_iter=4'],
-                             "the config has no 'max_iter' in train_cfg; did you mean "
-                             'max_iters?'),
+            'train_cfg.max_iters=300',
+        ),
+        'cfg-options typo': (
+            'train',
+            [ADE_CFG, '--cfg-options', 'train_cfg.max_iter=4'],
+            "the config has no 'max_iter' in train_cfg; did you mean max_iters?",
+        ),
         'cfg-options value for a section': (
-            'train', [ADE_CFG, '--cfg-options', 'model.backbone=lh90'],
-            "--cfg-options model.backbone='lh90': expected the section model.backbone"),
+            'train',
+            [ADE_CFG, '--cfg-options', 'model.backbone=lh90'],
+            "--cfg-options model.backbone='lh90': expected the section model.backbone",
+        ),
         'cfg-options word for a bool': (
-            'train', [ADE_CFG, '--cfg-options', 'model.backbone.with_cls_token=yes'],
-            'expected True or False'),
-        'launcher outside torchrun': ('train', [ADE_CFG, '--launcher', 'pytorch'],
-                                      '--launcher pytorch must run under torchrun'),
-        'test launcher outside torchrun': ('test', [ADE_CFG, good, '--launcher', 'pytorch'],
-                                           '--launcher pytorch must run under torchrun'),
-        'threads 0': ('train', [ADE_CFG, '--threads', '0'],
-                      'argument --threads: must be >= 1, got 0'),
-        'max-images 0': ('extrapolate', [ADE_CFG, good, '--max-images', '0'],
-                         'argument --max-images: must be >= 1, got 0'),
-        'max-images word': ('extrapolate', [ADE_CFG, good, '--max-images', 'all'],
-                            "argument --max-images: expected a whole number, got 'all'"),
-        'opacity': ('infer', [ADE_CFG, good, val, '--opacity', '2'],
-                    '--opacity must be in 0..1, got 2.0'),
-        'show-interval 0': ('test', [ADE_CFG, good, '--show-interval', '0'],
-                            '--show-interval must be >= 1, got 0'),
-        'unknown preset': ('plot_heads', ['--preset', 'lh30'],
-                           "argument --preset: invalid choice: 'lh30'"),
-        'heads without a layout': ('plot_heads', ['--num-heads', '5', '--out',
-                                                  str(tmp / 'h.png')], 'num_heads=5'),
-        'work dir is a file': ('train', [ADE_CFG, '--work-dir', str(a_file), *data_opts],
-                               f'the work dir {str(a_file)!r} is a file'),
-        'missing pretrained': ('train', [ADE_CFG, *data_opts, 'model.pretrained=nope.pth'],
-                               "model.pretrained='nope.pth': pretrained weights not found"),
+            'train',
+            [ADE_CFG, '--cfg-options', 'model.backbone.with_cls_token=yes'],
+            'expected True or False',
+        ),
+        'launcher outside torchrun': (
+            'train',
+            [ADE_CFG, '--launcher', 'pytorch'],
+            '--launcher pytorch must run under torchrun',
+        ),
+        'test launcher outside torchrun': (
+            'test',
+            [ADE_CFG, good, '--launcher', 'pytorch'],
+            '--launcher pytorch must run under torchrun',
+        ),
+        'threads 0': (
+            'train',
+            [ADE_CFG, '--threads', '0'],
+            'argument --threads: must be >= 1, got 0',
+        ),
+        'max-images 0': (
+            'extrapolate',
+            [ADE_CFG, good, '--max-images', '0'],
+            'argument --max-images: must be >= 1, got 0',
+        ),
+        'max-images word': (
+            'extrapolate',
+            [ADE_CFG, good, '--max-images', 'all'],
+            "argument --max-images: expected a whole number, got 'all'",
+        ),
+        'opacity': (
+            'infer',
+            [ADE_CFG, good, val, '--opacity', '2'],
+            '--opacity must be in 0..1, got 2.0',
+        ),
+        'show-interval 0': (
+            'test',
+            [ADE_CFG, good, '--show-interval', '0'],
+            '--show-interval must be >= 1, got 0',
+        ),
+        'unknown preset': (
+            'plot_heads',
+            ['--preset', 'lh30'],
+            "argument --preset: invalid choice: 'lh30'",
+        ),
+        'heads without a layout': (
+            'plot_heads',
+            ['--num-heads', '5', '--out', str(tmp / 'h.png')],
+            'num_heads=5',
+        ),
+        'work dir is a file': (
+            'train',
+            [ADE_CFG, '--work-dir', str(a_file), *data_opts],
+            f'the work dir {str(a_file)!r} is a file',
+        ),
+        'missing pretrained': (
+            'train',
+            [ADE_CFG, *data_opts, 'model.pretrained=nope.pth'],
+            "model.pretrained='nope.pth': pretrained weights not found",
+        ),
         # checkpoints
-        'test: not a checkpoint': ('test', [ADE_CFG, str(text), *shrink],
-                                   f'checkpoint {str(text)!r} cannot be read: not a PyTorch '
-                                   'checkpoint'),
-        'test: truncated': ('test', [ADE_CFG, truncated, *shrink],
-                            f'checkpoint {truncated!r} cannot be read: damaged'),
-        'test: other widths': ('test', [ADE_CFG, other, '--work-dir', str(tmp / 'tw'),
-                                        *data_opts],
-                               f'checkpoint {other!r} does not fit the model'),
-        'infer: other widths': ('infer', [ADE_CFG, other, val, '--out-dir', str(tmp / 'o1'),
-                                          *shrink],
-                                'backbone.patch_embed.proj.weight: checkpoint (48, 3, 16, '
-                                '16) vs model (96, 3, 16, 16)'),
-        'convert: not a checkpoint': ('convert_checkpoint', [str(text), str(tmp / 'c.pth')],
-                                      'cannot be read: not a PyTorch checkpoint'),
-        'resume: unreadable file': ('train', [ADE_CFG, '--resume', truncated, *data_opts],
-                                    f'--resume checkpoint {truncated!r} cannot be read'),
-        'resume: nothing readable': ('train', [ADE_CFG, '--resume', '--work-dir',
-                                               str(broken_work), *data_opts],
-                                     '--resume: no readable checkpoint in'),
+        'test: not a checkpoint': (
+            'test',
+            [ADE_CFG, str(text), *shrink],
+            f'checkpoint {str(text)!r} cannot be read: not a PyTorch checkpoint',
+        ),
+        'test: truncated': (
+            'test',
+            [ADE_CFG, truncated, *shrink],
+            f'checkpoint {truncated!r} cannot be read: damaged',
+        ),
+        'test: other widths': (
+            'test',
+            [ADE_CFG, other, '--work-dir', str(tmp / 'tw'), *data_opts],
+            f'checkpoint {other!r} does not fit the model',
+        ),
+        'infer: other widths': (
+            'infer',
+            [ADE_CFG, other, val, '--out-dir', str(tmp / 'o1'), *shrink],
+            'backbone.patch_embed.proj.weight: checkpoint (48, 3, 16, '
+            '16) vs model (96, 3, 16, 16)',
+        ),
+        'convert: not a checkpoint': (
+            'convert_checkpoint',
+            [str(text), str(tmp / 'c.pth')],
+            'cannot be read: not a PyTorch checkpoint',
+        ),
+        'resume: unreadable file': (
+            'train',
+            [ADE_CFG, '--resume', truncated, *data_opts],
+            f'--resume checkpoint {truncated!r} cannot be read',
+        ),
+        'resume: nothing readable': (
+            'train',
+            [ADE_CFG, '--resume', '--work-dir', str(broken_work), *data_opts],
+            '--resume: no readable checkpoint in',
+        ),
         # images and outputs
-        'infer: not an image in the folder': ('infer', [ADE_CFG, good, str(fake), *shrink],
-                                              f"{str(fake / 'readme.jpg')!r} in the input "
-                                              'folder is named like an image but is not one'),
-        'infer: corrupt image': ('infer', [ADE_CFG, good, str(corrupt), '--out-dir',
-                                           str(tmp / 'o2'), *shrink],
-                                 f"cannot decode the image {str(corrupt / 'cut.jpg')!r}"),
-        'infer: output folder under a file': ('infer', [ADE_CFG, good, val, '--out-dir',
-                                                        str(a_file / 'sub'), *shrink],
-                                              'cannot create the output folder'),
-        'infer: output name taken': ('infer', [ADE_CFG, good, val, '--out-dir', str(blocked),
-                                               *shrink],
-                                     f"could not write {str(blocked / 'ADE_val_00000001.png')!r}"),
-        'infer: two images, one stem': ('infer', [ADE_CFG, good, str(twins), '--out-dir',
-                                                  str(tmp / 'o3'), *shrink], None),
+        'infer: not an image in the folder': (
+            'infer',
+            [ADE_CFG, good, str(fake), *shrink],
+            f'{str(fake / "readme.jpg")!r} in the input '
+            'folder is named like an image but is not one',
+        ),
+        'infer: corrupt image': (
+            'infer',
+            [ADE_CFG, good, str(corrupt), '--out-dir', str(tmp / 'o2'), *shrink],
+            f'cannot decode the image {str(corrupt / "cut.jpg")!r}',
+        ),
+        'infer: output folder under a file': (
+            'infer',
+            [ADE_CFG, good, val, '--out-dir', str(a_file / 'sub'), *shrink],
+            'cannot create the output folder',
+        ),
+        'infer: output name taken': (
+            'infer',
+            [ADE_CFG, good, val, '--out-dir', str(blocked), *shrink],
+            f'could not write {str(blocked / "ADE_val_00000001.png")!r}',
+        ),
+        'infer: two images, one stem': (
+            'infer',
+            [ADE_CFG, good, str(twins), '--out-dir', str(tmp / 'o3'), *shrink],
+            None,
+        ),
     }
 
 
@@ -143,20 +221,40 @@ def faults(tmp_path_factory):
     tmp = tmp_path_factory.mktemp('faults')
     cases = _cases(tmp)
     results = run_tools([(tool, args) for tool, args, _ in cases.values()])
-    return {name: (expected, res) for (name, (_, _, expected)), res
-            in zip(cases.items(), results)}, tmp
+    return {
+        name: (expected, res) for (name, (_, _, expected)), res in zip(cases.items(), results)
+    }, tmp
 
 
-FAULTS = ['cfg-options without =', 'cfg-options word for a number', 'cfg-options typo',
-          'cfg-options value for a section', 'cfg-options word for a bool',
-          'launcher outside torchrun', 'test launcher outside torchrun', 'threads 0',
-          'max-images 0', 'max-images word', 'opacity', 'show-interval 0', 'unknown preset',
-          'heads without a layout', 'work dir is a file', 'missing pretrained',
-          'test: not a checkpoint', 'test: truncated', 'test: other widths',
-          'infer: other widths', 'convert: not a checkpoint',
-          'resume: unreadable file', 'resume: nothing readable',
-          'infer: not an image in the folder', 'infer: corrupt image',
-          'infer: output folder under a file', 'infer: output name taken']
+FAULTS = [
+    'cfg-options without =',
+    'cfg-options word for a number',
+    'cfg-options typo',
+    'cfg-options value for a section',
+    'cfg-options word for a bool',
+    'launcher outside torchrun',
+    'test launcher outside torchrun',
+    'threads 0',
+    'max-images 0',
+    'max-images word',
+    'opacity',
+    'show-interval 0',
+    'unknown preset',
+    'heads without a layout',
+    'work dir is a file',
+    'missing pretrained',
+    'test: not a checkpoint',
+    'test: truncated',
+    'test: other widths',
+    'infer: other widths',
+    'convert: not a checkpoint',
+    'resume: unreadable file',
+    'resume: nothing readable',
+    'infer: not an image in the folder',
+    'infer: corrupt image',
+    'infer: output folder under a file',
+    'infer: output name taken',
+]
 
 
 @pytest.mark.parametrize('name', FAULTS)
@@ -193,17 +291,30 @@ def _error_of(call, capsys) -> str:
 def test_training_that_goes_nan_stops_naming_the_iteration_and_the_loss(tmp_path, capsys):
     root = make_ade(tmp_path / 'data', num_train=2, num_val=1)
     work = tmp_path / 'w'
-    err = _error_of(lambda: train_model(ADE_CFG, work_dir=str(work), cfg_options=options(
-        *roots(root), *SHRINK, 'train_cfg.max_iters=5', 'optim_wrapper.optimizer.lr=1e30',
-        'param_scheduler=None', 'default_hooks.checkpoint.interval=1')), capsys)
+    err = _error_of(
+        lambda: train_model(
+            ADE_CFG,
+            work_dir=str(work),
+            cfg_options=options(
+                *roots(root),
+                *SHRINK,
+                'train_cfg.max_iters=5',
+                'optim_wrapper.optimizer.lr=1e30',
+                'param_scheduler=None',
+                'default_hooks.checkpoint.interval=1',
+            ),
+        ),
+        capsys,
+    )
     assert "error: training stopped at iteration 2/5: loss 'decode.loss_ce' is nan" in err
-    assert f"the last checkpoint is {work / 'iter_1.pth'}" in err
+    assert f'the last checkpoint is {work / "iter_1.pth"}' in err
     assert sorted(p for p in os.listdir(work) if p.endswith('.pth')) == ['iter_1.pth']
 
 
 def test_ctrl_c_is_one_line_and_status_130(capsys):
     def interrupted(argv):
         raise KeyboardInterrupt
+
     with pytest.raises(SystemExit) as exc:
         run_main(interrupted)
     assert exc.value.code == 130
@@ -213,6 +324,7 @@ def test_ctrl_c_is_one_line_and_status_130(capsys):
 
 def test_the_legend_lists_the_classes_present(tmp_path):
     from lookhere_dense.visualization.legend import draw_legend, present_classes
+
     rgb = np.full((96, 128, 3), 200, np.uint8)
     labels = np.full((96, 128), 3, np.uint8)
     labels[:, 100:] = 1
@@ -228,9 +340,11 @@ def test_the_legend_lists_the_classes_present(tmp_path):
 
 
 def test_checkpoint_tools_refuse_a_bad_split_a_missing_checkpoint_and_a_detection_config(
-        tmp_path, repo_root):
+    tmp_path, repo_root
+):
     from lookhere_dense.apis.cli import load_segmentation_job
     from lookhere_dense.errors import ConfigError
+
     ckpt = tmp_path / 'model.pth'
     ckpt.write_bytes(b'only its existence is checked here')
     seg = osp.join(repo_root, ADE_CFG)
@@ -239,7 +353,10 @@ def test_checkpoint_tools_refuse_a_bad_split_a_missing_checkpoint_and_a_detectio
     with pytest.raises(FileNotFoundError, match=r"checkpoint '.*nope\.pth' not found"):
         load_segmentation_job(seg, str(tmp_path / 'nope.pth'), 'val', None, 'extrapolate.py')
     det = osp.join(repo_root, 'configs/mask_rcnn_lookhere-b16_sfpn_lsj-1024-24k_cityscapes.py')
-    with pytest.raises(ConfigError, match=r"robustness\.py works on segmentation \(mmseg\) "
-                                          r"configs; this one has default_scope='mmdet'"):
+    with pytest.raises(
+        ConfigError,
+        match=r'robustness\.py works on segmentation \(mmseg\) '
+        r"configs; this one has default_scope='mmdet'",
+    ):
         load_segmentation_job(det, str(ckpt), 'val', None, 'robustness.py')
     assert load_segmentation_job(seg, str(ckpt), 'val', None, 'robustness.py').model

@@ -1,4 +1,5 @@
 """Layer-wise lr decay constructor: layer ids, lr scales, weight-decay exemptions, registry."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,8 +8,11 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import DefaultScope
 from mmseg.registry import MODELS as MMSEG_MODELS
 
-from lookhere_dense.engine import (LookHereLayerDecayOptimizerConstructor, backbone_layer_id,
-                                   find_lookhere_backbone)
+from lookhere_dense.engine import (
+    LookHereLayerDecayOptimizerConstructor,
+    backbone_layer_id,
+    find_lookhere_backbone,
+)
 from lookhere_dense.models import LookHereViT
 
 L = 3
@@ -16,19 +20,38 @@ BASE_LR, BASE_WD, RATE = 1e-3, 0.05, 0.7
 
 
 def segmentor(**backbone):
-    args = dict(type='LookHereViT', patch_size=8, embed_dims=24, num_layers=L, num_heads=6,
-                out_indices=(L - 1, ), window_size=2, window_block_indexes=[0, 1])
+    args = dict(
+        type='LookHereViT',
+        patch_size=8,
+        embed_dims=24,
+        num_layers=L,
+        num_heads=6,
+        out_indices=(L - 1,),
+        window_size=2,
+        window_block_indexes=[0, 1],
+    )
     args.update(backbone)
     norm = dict(type='BN', requires_grad=True)
     with DefaultScope.overwrite_default_scope('mmseg'):
-        return MMSEG_MODELS.build(dict(
-            type='EncoderDecoder',
-            data_preprocessor=dict(type='SegDataPreProcessor', mean=[0, 0, 0], std=[1, 1, 1]),
-            backbone=args,
-            neck=dict(type='SimpleFPN', in_channels=24, out_channels=8),
-            decode_head=dict(type='FCNHead', in_channels=8, in_index=0, channels=8,
-                             num_convs=1, num_classes=3, norm_cfg=norm),
-            train_cfg=dict(), test_cfg=dict(mode='whole')))
+        return MMSEG_MODELS.build(
+            dict(
+                type='EncoderDecoder',
+                data_preprocessor=dict(type='SegDataPreProcessor', mean=[0, 0, 0], std=[1, 1, 1]),
+                backbone=args,
+                neck=dict(type='SimpleFPN', in_channels=24, out_channels=8),
+                decode_head=dict(
+                    type='FCNHead',
+                    in_channels=8,
+                    in_index=0,
+                    channels=8,
+                    num_convs=1,
+                    num_classes=3,
+                    norm_cfg=norm,
+                ),
+                train_cfg=dict(),
+                test_cfg=dict(mode='whole'),
+            )
+        )
 
 
 @pytest.fixture(scope='module')
@@ -37,17 +60,29 @@ def model():
 
 
 def optim_cfg(**paramwise):
-    return dict(type='OptimWrapper', constructor='LookHereLayerDecayOptimizerConstructor',
-                optimizer=dict(type='AdamW', lr=BASE_LR, weight_decay=BASE_WD),
-                paramwise_cfg=dict(num_layers=L, decay_rate=RATE, **paramwise))
+    return dict(
+        type='OptimWrapper',
+        constructor='LookHereLayerDecayOptimizerConstructor',
+        optimizer=dict(type='AdamW', lr=BASE_LR, weight_decay=BASE_WD),
+        paramwise_cfg=dict(num_layers=L, decay_rate=RATE, **paramwise),
+    )
 
 
-@pytest.mark.parametrize('name,layer', [
-    ('patch_embed.proj.weight', 0), ('patch_embed.proj.bias', 0), ('cls_token', 0),
-    ('pre_ln.weight', 0), ('blocks.0.attn.qkv.weight', 1), ('blocks.0.ls1.gamma', 1),
-    ('blocks.2.mlp.fc2.bias', 3), ('blocks.11.norm1.weight', 12), ('norm.weight', L + 1),
-    (None, L + 1),
-])
+@pytest.mark.parametrize(
+    'name,layer',
+    [
+        ('patch_embed.proj.weight', 0),
+        ('patch_embed.proj.bias', 0),
+        ('cls_token', 0),
+        ('pre_ln.weight', 0),
+        ('blocks.0.attn.qkv.weight', 1),
+        ('blocks.0.ls1.gamma', 1),
+        ('blocks.2.mlp.fc2.bias', 3),
+        ('blocks.11.norm1.weight', 12),
+        ('norm.weight', L + 1),
+        (None, L + 1),
+    ],
+)
 def test_layer_ids(name, layer):
     assert backbone_layer_id(name, L if layer <= L + 1 else 12) == layer
 
@@ -55,7 +90,7 @@ def test_layer_ids(name, layer):
 def expected(name: str, param) -> tuple:
     """(lr, weight decay) of a parameter of the test segmentor, spelled out."""
     if name.startswith('backbone.'):
-        rel = name[len('backbone.'):]
+        rel = name[len('backbone.') :]
         if rel.startswith(('patch_embed.', 'cls_token')):
             layer = 0
         elif rel.startswith('blocks.'):
@@ -65,9 +100,14 @@ def expected(name: str, param) -> tuple:
             layer = L + 1
     else:
         layer = L + 1
-    no_decay = (name.endswith('.bias') or '.norm' in name or '.bn.' in name
-                or '.ln.' in name or name.endswith(('gamma', 'cls_token'))
-                or '.resamplers.0.1.' in name)  # the LN2d between the transposed convs
+    no_decay = (
+        name.endswith('.bias')
+        or '.norm' in name
+        or '.bn.' in name
+        or '.ln.' in name
+        or name.endswith(('gamma', 'cls_token'))
+        or '.resamplers.0.1.' in name
+    )  # the LN2d between the transposed convs
     return BASE_LR * RATE ** (L + 1 - layer), 0.0 if no_decay else BASE_WD
 
 
@@ -107,9 +147,14 @@ def test_bias_decay_option_and_frozen_parameters():
 
 
 def test_num_layers_is_inferred_and_the_optimizer_steps(model):
-    wrapper = build_optim_wrapper(model, dict(
-        constructor='LookHereLayerDecayOptimizerConstructor',
-        optimizer=dict(type='SGD', lr=BASE_LR), paramwise_cfg=dict(decay_rate=0.5)))
+    wrapper = build_optim_wrapper(
+        model,
+        dict(
+            constructor='LookHereLayerDecayOptimizerConstructor',
+            optimizer=dict(type='SGD', lr=BASE_LR),
+            paramwise_cfg=dict(decay_rate=0.5),
+        ),
+    )
     lrs = {g['layer_id']: g['lr'] for g in wrapper.optimizer.param_groups}
     assert lrs == {i: pytest.approx(BASE_LR * 0.5 ** (L + 1 - i)) for i in range(L + 2)}
     # SGD without momentum: the update of a parameter is lr_scale * base_lr * grad
@@ -117,22 +162,34 @@ def test_num_layers_is_inferred_and_the_optimizer_steps(model):
     before = p.detach().clone()
     p.grad = torch.ones_like(p)
     wrapper.step()
-    torch.testing.assert_close(before - p.detach(), torch.full_like(p, BASE_LR * 0.5 ** 4))
+    torch.testing.assert_close(before - p.detach(), torch.full_like(p, BASE_LR * 0.5**4))
     wrapper.zero_grad()
 
 
-@pytest.mark.parametrize('paramwise,error,match', [
-    (dict(num_layers=L), ValueError, r'needs paramwise_cfg=dict\(decay_rate='),
-    (dict(decay_rate=1.5), ValueError, r'decay_rate must be in \(0, 1\], got 1.5'),
-    (dict(decay_rate=0.7, layer_decay_rate=0.7), ValueError,
-     r"unknown paramwise_cfg keys \['layer_decay_rate'\]; allowed"),
-    (dict(decay_rate=0.7, decay_type='stage_wise'), ValueError, r"only 'layer_wise'"),
-    (dict(decay_rate=0.7, num_layers=12), ValueError,
-     r'num_layers=12 but the LookHereViT backbone has 3 blocks'),
-])
+@pytest.mark.parametrize(
+    'paramwise,error,match',
+    [
+        (dict(num_layers=L), ValueError, r'needs paramwise_cfg=dict\(decay_rate='),
+        (dict(decay_rate=1.5), ValueError, r'decay_rate must be in \(0, 1\], got 1.5'),
+        (
+            dict(decay_rate=0.7, layer_decay_rate=0.7),
+            ValueError,
+            r"unknown paramwise_cfg keys \['layer_decay_rate'\]; allowed",
+        ),
+        (dict(decay_rate=0.7, decay_type='stage_wise'), ValueError, r"only 'layer_wise'"),
+        (
+            dict(decay_rate=0.7, num_layers=12),
+            ValueError,
+            r'num_layers=12 but the LookHereViT backbone has 3 blocks',
+        ),
+    ],
+)
 def test_bad_paramwise_cfg_is_named(model, paramwise, error, match):
-    cfg = dict(constructor='LookHereLayerDecayOptimizerConstructor',
-               optimizer=dict(type='AdamW', lr=BASE_LR), paramwise_cfg=paramwise)
+    cfg = dict(
+        constructor='LookHereLayerDecayOptimizerConstructor',
+        optimizer=dict(type='AdamW', lr=BASE_LR),
+        paramwise_cfg=paramwise,
+    )
     with pytest.raises(error, match=match):
         build_optim_wrapper(model, cfg)
 
@@ -140,8 +197,12 @@ def test_bad_paramwise_cfg_is_named(model, paramwise, error, match):
 def test_models_without_one_lookhere_backbone_are_refused():
     with pytest.raises(ValueError, match=r'has no LookHereViT backbone \(Linear\)'):
         find_lookhere_backbone(torch.nn.Linear(2, 2))
-    two = torch.nn.ModuleDict(dict(a=LookHereViT(embed_dims=24, num_layers=1, num_heads=6),
-                                   b=LookHereViT(embed_dims=24, num_layers=1, num_heads=6)))
+    two = torch.nn.ModuleDict(
+        dict(
+            a=LookHereViT(embed_dims=24, num_layers=1, num_heads=6),
+            b=LookHereViT(embed_dims=24, num_layers=1, num_heads=6),
+        )
+    )
     with pytest.raises(ValueError, match=r"2 LookHereViT modules \(\['a', 'b'\]\)"):
         find_lookhere_backbone(two)
     alone = LookHereViT(embed_dims=24, num_layers=1, num_heads=6)
@@ -151,17 +212,22 @@ def test_models_without_one_lookhere_backbone_are_refused():
 def test_registered_for_both_scopes():
     from mmdet.registry import OPTIM_WRAPPER_CONSTRUCTORS as DET
     from mmseg.registry import OPTIM_WRAPPER_CONSTRUCTORS as SEG
+
     for registry in (DET, SEG):
-        assert registry.get('LookHereLayerDecayOptimizerConstructor') is \
-            LookHereLayerDecayOptimizerConstructor
+        assert (
+            registry.get('LookHereLayerDecayOptimizerConstructor')
+            is LookHereLayerDecayOptimizerConstructor
+        )
 
 
-@pytest.mark.parametrize('encoding,param', [('abs', 'pos_enc.pos_embed'),
-                                            ('rope2d_mixed', 'pos_enc.freqs')])
+@pytest.mark.parametrize(
+    'encoding,param', [('abs', 'pos_enc.pos_embed'), ('rope2d_mixed', 'pos_enc.freqs')]
+)
 def test_position_encoding_parameters_are_layer_0_without_decay(encoding, param):
     model = segmentor(pos_encoding=encoding, img_size=32)
     wrapper = build_optim_wrapper(model, optim_cfg())
-    group = next(g for g in wrapper.optimizer.param_groups
-                 if f'backbone.{param}' in g['param_names'])
+    group = next(
+        g for g in wrapper.optimizer.param_groups if f'backbone.{param}' in g['param_names']
+    )
     assert group['layer_id'] == 0 and group['weight_decay'] == 0.0
     assert group['lr'] == pytest.approx(BASE_LR * RATE ** (L + 1))

@@ -4,6 +4,7 @@ and across backends), caches, checkpoints (round trip, official / fixed-slope fi
 learnable model, learned slopes into a fixed one), layer decay, the logging hook, the plot,
 the study's way in, and a tiny training run through the real mmengine Runner that moves
 the slopes."""
+
 from __future__ import annotations
 
 import json
@@ -16,20 +17,23 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from lookhere_dense.errors import CheckpointError
 from lookhere_dense.checkpoint import decode_extra_state, load_state_dict_strict
-from lookhere_dense.lookhere.loading import load_model_weights
-from lookhere_dense.lookhere.weights import save_backbone_checkpoint, vit_key_hints
-from lookhere_dense.lookhere import (LookHereAttentionEngine, LookHereConfig, LookHereSlopes,
-                                     resolve_lh_config)
+from lookhere_dense.errors import CheckpointError
+from lookhere_dense.lookhere import (
+    LookHereAttentionEngine,
+    LookHereConfig,
+    LookHereSlopes,
+    resolve_lh_config,
+)
 from lookhere_dense.lookhere import engine as engine_module
 from lookhere_dense.lookhere.config import layer_slopes
 from lookhere_dense.lookhere.flex import flex_slope_grads_available
+from lookhere_dense.lookhere.loading import load_model_weights
+from lookhere_dense.lookhere.weights import save_backbone_checkpoint, vit_key_hints
 from lookhere_dense.models.backbones import LookHereViT
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = dict(img_size=32, patch_size=8, embed_dims=48, num_layers=3, num_heads=12,
-            init_values=0.1)
+TINY = dict(img_size=32, patch_size=8, embed_dims=48, num_layers=3, num_heads=12, init_values=0.1)
 DEPTH, HEADS = 3, 12
 CPU = torch.device('cpu')
 
@@ -80,8 +84,9 @@ def test_config_key_is_validated_and_fixed_configs_write_what_they_wrote():
 # ----------------------------------------------------------------------------------------
 CONFIGS = {
     'lh45': resolve_lh_config(preset='lh45'),
-    'center_sqrt': LookHereConfig('corners-center', 0.7, (1.3, 0.2), distance='sqrt',
-                                  bias_rounding='none'),  # slopes with no short binary form
+    'center_sqrt': LookHereConfig(
+        'corners-center', 0.7, (1.3, 0.2), distance='sqrt', bias_rounding='none'
+    ),  # slopes with no short binary form
     'odd_bf16': LookHereConfig('halves-none', 0.9, (1.7, 0.3)),
     'fill_max': LookHereConfig('triangles-none', fill_with='max', bias_rounding='none'),
     'fill_zero': LookHereConfig('halves-none1zero3', fill_with='zero', distance='square'),
@@ -107,12 +112,17 @@ def test_initial_tables_equal_the_fixed_tables_bit_for_bit(name, dtype):
 
 
 def test_initial_model_equals_the_fixed_model():
-    fixed = backbone(dict(head_directions='corners-center'), window_size=2,
-                     window_block_indexes=[1])
-    model = backbone(dict(head_directions='corners-center', learnable_slopes=True),
-                     window_size=2, window_block_indexes=[1])
+    fixed = backbone(
+        dict(head_directions='corners-center'), window_size=2, window_block_indexes=[1]
+    )
+    model = backbone(
+        dict(head_directions='corners-center', learnable_slopes=True),
+        window_size=2,
+        window_block_indexes=[1],
+    )
     assert model.load_state_dict(fixed.state_dict(), strict=False).missing_keys == [
-        n for n, _ in model.named_parameters() if '.slopes.' in n]
+        n for n, _ in model.named_parameters() if '.slopes.' in n
+    ]
     x = torch.randn(2, 3, 40, 24)
     for backend in ('reference', 'sdpa', 'chunked', 'flex'):
         for m in (fixed, model):
@@ -129,8 +139,7 @@ def test_initial_model_equals_the_fixed_model():
 def attention_case(cfg: LookHereConfig, grid=(4, 5), cls=True, seed=0):
     gen = torch.Generator().manual_seed(seed)
     n = grid[0] * grid[1] + int(cls)
-    q, k, v = (torch.randn(2, HEADS, n, 8, generator=gen, dtype=torch.float64)
-               for _ in range(3))
+    q, k, v = (torch.randn(2, HEADS, n, 8, generator=gen, dtype=torch.float64) for _ in range(3))
     weight = torch.randn(2, HEADS, n, 8, generator=gen, dtype=torch.float64)
     slopes = LookHereSlopes(cfg, DEPTH, HEADS).double()
     perturb(slopes)
@@ -164,16 +173,22 @@ def test_gradients_reach_every_slope_and_agree_across_backends(name):
     for backend in ('sdpa', 'chunked'):
         got = slope_grads(eng, slopes, q, k, v, weight, grid, cls, backend)
         for pname in ref:
-            torch.testing.assert_close(got[pname], ref[pname], rtol=1e-9, atol=1e-12,
-                                       msg=f'{backend} {pname}')
+            torch.testing.assert_close(
+                got[pname], ref[pname], rtol=1e-9, atol=1e-12, msg=f'{backend} {pname}'
+            )
     # flex: PyTorch's flex_attention has no CPU backward for q/k/v, but it gives captured
     # tensors (the slope table) gradients in eager mode: check those with fixed q/k/v
     q0, k0, v0 = (t.detach() for t in (q, k, v))
     ref0 = slope_grads(eng, slopes, q0, k0, v0, weight, grid, cls, 'reference')
     flex = slope_grads(eng, slopes, q0, k0, v0, weight, grid, cls, 'flex')
     for pname in ref0:
-        torch.testing.assert_close(flex[pname], ref0[pname], rtol=1e-5, atol=1e-6,  # float32
-                                   msg=f'flex {pname}')
+        torch.testing.assert_close(
+            flex[pname],
+            ref0[pname],
+            rtol=1e-5,
+            atol=1e-6,  # float32
+            msg=f'flex {pname}',
+        )
 
 
 def test_gradients_equal_finite_differences():
@@ -187,14 +202,24 @@ def test_gradients_equal_finite_differences():
 
     def loss() -> float:
         with torch.no_grad():
-            return sum(float((eng(q, k, v, layer, grid, cls, backend='reference',
-                                  slopes=slopes) * weight).sum()) for layer in range(DEPTH))
+            return sum(
+                float(
+                    (
+                        eng(q, k, v, layer, grid, cls, backend='reference', slopes=slopes) * weight
+                    ).sum()
+                )
+                for layer in range(DEPTH)
+            )
 
     eps = 1e-6
     params = dict(slopes.named_parameters())
-    for pname, index in [('global_log_ratio', ()), ('layer_log_ratio.1', ()),
-                         ('head_log_ratio.0', (2,)), ('head_log_ratio.2', (9,)),
-                         ('head_log_ratio.2', (1,))]:
+    for pname, index in [
+        ('global_log_ratio', ()),
+        ('layer_log_ratio.1', ()),
+        ('head_log_ratio.0', (2,)),
+        ('head_log_ratio.2', (9,)),
+        ('head_log_ratio.2', (1,)),
+    ]:
         p = params[pname]
         with torch.no_grad():
             p[index] += eps
@@ -202,8 +227,9 @@ def test_gradients_equal_finite_differences():
             p[index] -= 2 * eps
             down = loss()
             p[index] += eps
-        assert grads[pname][index].item() == pytest.approx((up - down) / (2 * eps),
-                                                           rel=1e-5, abs=1e-9), pname
+        assert grads[pname][index].item() == pytest.approx(
+            (up - down) / (2 * eps), rel=1e-5, abs=1e-9
+        ), pname
 
 
 def test_window_attention_gradients_equal_the_dense_definition():
@@ -216,11 +242,18 @@ def test_window_attention_gradients_equal_the_dense_definition():
     # the same windows by hand: each 2x2 window is a 2x2 grid, bias of that grid
     slopes.zero_grad()
     loss = 0
-    part = lambda t: t.view(2, HEADS, 2, ws, 2, ws, 8).permute(0, 2, 4, 1, 3, 5, 6).reshape(
-        8, HEADS, ws * ws, 8)  # noqa: E731
+
+    def part(t):
+        return (
+            t.view(2, HEADS, 2, ws, 2, ws, 8)
+            .permute(0, 2, 4, 1, 3, 5, 6)
+            .reshape(8, HEADS, ws * ws, 8)
+        )
+
     for layer in range(DEPTH):
-        out = eng(part(q), part(k), part(v), layer, (ws, ws), False, backend='reference',
-                  slopes=slopes)
+        out = eng(
+            part(q), part(k), part(v), layer, (ws, ws), False, backend='reference', slopes=slopes
+        )
         loss = loss + (out * part(weight)).sum()
     loss.backward()
     for pname, p in slopes.named_parameters():
@@ -248,16 +281,18 @@ def test_zero_heads_learn_nothing_and_blocked_keys_stay_blocked():
     eng = LookHereAttentionEngine(cfg, 1, HEADS)
     slopes = LookHereSlopes(cfg, 1, HEADS).double()
     gen = torch.Generator().manual_seed(0)
-    q, k, v, w = (torch.randn(1, HEADS, 10, 8, generator=gen, dtype=torch.float64)
-                  for _ in range(4))
+    q, k, v, w = (
+        torch.randn(1, HEADS, 10, 8, generator=gen, dtype=torch.float64) for _ in range(4)
+    )
     (eng(q, k, v, 0, (3, 3), True, backend='chunked', slopes=slopes) * w).sum().backward()
     g = slopes.head_log_ratio[0].grad
     # heads 8-11: none1zero3 = one 'none' head, three 'zero' heads (no distance penalty)
     assert (g[:9] != 0).all() and (g[9:] == 0).all() and torch.isfinite(g).all()
     perturb(slopes, scale=2.0)
     table = eng.slope_bias(0, (3, 3), CPU, torch.float64, slopes).table[0]
-    assert torch.equal(torch.isneginf(table),
-                       torch.isneginf(eng.grid_bias((3, 3), CPU, torch.float64).table[0]))
+    assert torch.equal(
+        torch.isneginf(table), torch.isneginf(eng.grid_bias((3, 3), CPU, torch.float64).table[0])
+    )
 
 
 def test_flex_is_guarded_where_torch_cannot_train_its_table(monkeypatch):
@@ -275,15 +310,17 @@ def test_flex_is_guarded_where_torch_cannot_train_its_table(monkeypatch):
         eng(q, k, v, 0, (2, 2), False, backend='flex', slopes=slopes)
 
 
-@pytest.mark.skipif(os.environ.get('LOOKHERE_SLOW') != '1',
-                    reason='compiles flex_attention on CPU (~10 s); set LOOKHERE_SLOW=1')
+@pytest.mark.skipif(
+    os.environ.get('LOOKHERE_SLOW') != '1',
+    reason='compiles flex_attention on CPU (~10 s); set LOOKHERE_SLOW=1',
+)
 def test_compiled_flex_reuses_one_kernel_while_the_slopes_change():
     """The CUDA code path (compiled flex) on CPU, without gradients (the CPU kernel has no
     backward): every call builds a fresh score_mod around the current table, and the one
     compiled kernel serves every layer and every slope update (no recompilation)."""
     import torch._dynamo
-    cfg = learnable(resolve_lh_config(dict(head_directions='corners-none',
-                                           bias_rounding='none')))
+
+    cfg = learnable(resolve_lh_config(dict(head_directions='corners-none', bias_rounding='none')))
     eng = LookHereAttentionEngine(cfg, 2, HEADS, flex_compile=True)
     q, k, v, _, slopes = attention_case(cfg, (8, 8), True)
     q, k, v = (t.float() for t in (q, k, v))
@@ -306,8 +343,9 @@ def test_activation_checkpointing_gives_the_same_gradients():
         model = backbone(dict(learnable_slopes=True), with_cp=with_cp)
         perturb(model.pos_enc.slopes)
         model.train()
-        model(torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3)))[0] \
-            .square().mean().backward()
+        model(torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3)))[
+            0
+        ].square().mean().backward()
         grads.append({n: p.grad for n, p in model.pos_enc.slopes.named_parameters()})
     for pname, g in grads[0].items():
         assert g.abs().sum() > 0
@@ -358,8 +396,9 @@ def test_state_dict_round_trip_restores_the_learned_slopes(tmp_path):
     report = load_state_dict_strict(dst, sd, 'memory')
     assert report['from_config'] == [] and report['missing'] == []
     assert dst.lh_config == src.lh_config
-    for (n, a), (_, b) in zip(src.pos_enc.slopes.named_parameters(),
-                              dst.pos_enc.slopes.named_parameters()):
+    for (n, a), (_, b) in zip(
+        src.pos_enc.slopes.named_parameters(), dst.pos_enc.slopes.named_parameters()
+    ):
         assert torch.equal(a, b), n
     x = torch.randn(1, 3, 24, 32)
     with torch.no_grad():
@@ -367,26 +406,35 @@ def test_state_dict_round_trip_restores_the_learned_slopes(tmp_path):
     torch.save({'state_dict': sd}, tmp_path / 'whole.pth')  # tools/test.py's loader
     again = backbone(dict(learnable_slopes=True))
     load_model_weights(again, str(tmp_path / 'whole.pth'))
-    assert torch.equal(again.pos_enc.slopes.values()['effective'],
-                       src.pos_enc.slopes.values()['effective'])
+    assert torch.equal(
+        again.pos_enc.slopes.values()['effective'], src.pos_enc.slopes.values()['effective']
+    )
 
 
 def test_official_file_loads_into_a_learnable_model(reference_dir):
     path = reference_dir / 'official_tiny_halves_none.pth'
     io = torch.load(reference_dir / 'official_tiny_halves_none_io.pt', weights_only=True)
     arch = io['model']
-    model = LookHereViT(embed_dims=arch['embed_dim'], num_layers=arch['depth'],
-                        num_heads=arch['num_heads'], patch_size=arch['patch_size'],
-                        init_values=arch['init_values'], lh_config=dict(learnable_slopes=True),
-                        init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model = LookHereViT(
+        embed_dims=arch['embed_dim'],
+        num_layers=arch['depth'],
+        num_heads=arch['num_heads'],
+        patch_size=arch['patch_size'],
+        init_values=arch['init_values'],
+        lh_config=dict(learnable_slopes=True),
+        init_cfg=dict(type='Pretrained', checkpoint=str(path)),
+    )
     perturb(model.pos_enc.slopes)  # whatever they were: the file's config wins
     report = model.load_pretrained(str(path))
-    assert report['from_config'] == sorted(n for n, _ in model.named_parameters()
-                                           if '.slopes.' in n)
+    assert report['from_config'] == sorted(
+        n for n, _ in model.named_parameters() if '.slopes.' in n
+    )
     assert model.lh_config.learnable_slopes and model.lh_config.head_directions == 'halves-none'
     file_cfg = resolve_lh_config(torch.load(path, weights_only=True)['config'])
-    assert torch.equal(model.pos_enc.slopes.values()['layer'],
-                       torch.tensor(layer_slopes(file_cfg, arch['depth']), dtype=torch.float64))
+    assert torch.equal(
+        model.pos_enc.slopes.values()['layer'],
+        torch.tensor(layer_slopes(file_cfg, arch['depth']), dtype=torch.float64),
+    )
     case = io['cases']['128x96']
     with torch.no_grad():
         feats = model.eval().forward_features(case['input'])
@@ -397,12 +445,16 @@ def test_fixed_slope_file_initialises_the_slopes_from_its_config(tmp_path):
     src = backbone(dict(head_directions='eighths1-eighths2-none', layer_slopes=(2.0, 0.5)))
     path = tmp_path / 'lh45.pth'
     save_backbone_checkpoint(str(path), src.state_dict(), src.lh_config.to_dict(), 'test')
-    model = LookHereViT(**TINY, lh_config=dict(learnable_slopes=True),
-                        init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model = LookHereViT(
+        **TINY,
+        lh_config=dict(learnable_slopes=True),
+        init_cfg=dict(type='Pretrained', checkpoint=str(path)),
+    )
     model.init_weights()
     assert model.lh_config == learnable(src.lh_config)
-    assert torch.equal(model.pos_enc.slopes.values()['effective'],
-                       model.pos_enc.slopes.configured()['effective'])
+    assert torch.equal(
+        model.pos_enc.slopes.values()['effective'], model.pos_enc.slopes.configured()['effective']
+    )
     # a whole-model file (tools/test.py, --resume) without slopes: the same
     torch.save({'state_dict': src.state_dict()}, tmp_path / 'whole.pth')
     again = backbone(dict(learnable_slopes=True))
@@ -425,16 +477,20 @@ def test_only_whole_slope_groups_may_be_missing():
     src = backbone(dict(learnable_slopes=True))
     sd = src.state_dict()
     del sd['pos_enc.slopes.head_log_ratio.1']
-    with pytest.raises(CheckpointError, match=r"lacks backbone parameters.*"
-                                              r"pos_enc\.slopes\.head_log_ratio\.1"):
-        load_state_dict_strict(backbone(dict(learnable_slopes=True)), sd, 'f.pth',
-                               what='backbone')
+    with pytest.raises(
+        CheckpointError,
+        match=r'lacks backbone parameters.*'
+        r'pos_enc\.slopes\.head_log_ratio\.1',
+    ):
+        load_state_dict_strict(backbone(dict(learnable_slopes=True)), sd, 'f.pth', what='backbone')
     sd = backbone().state_dict()  # fixed file: the slopes may be missing, nothing else
     del sd['blocks.0.norm1.weight']
-    with pytest.raises(CheckpointError, match=r"lacks backbone parameters.*\['blocks\.0\."
-                                              r"norm1\.weight'\]"):
-        load_state_dict_strict(backbone(dict(learnable_slopes=True)), sd, 'f.pth',
-                               what='backbone')
+    with pytest.raises(
+        CheckpointError,
+        match=r"lacks backbone parameters.*\['blocks\.0\."
+        r"norm1\.weight'\]",
+    ):
+        load_state_dict_strict(backbone(dict(learnable_slopes=True)), sd, 'f.pth', what='backbone')
 
 
 def test_learned_slopes_into_a_fixed_model_name_the_key_to_set(tmp_path):
@@ -444,8 +500,9 @@ def test_learned_slopes_into_a_fixed_model_name_the_key_to_set(tmp_path):
     save_backbone_checkpoint(str(path), src.state_dict(), src.lh_config.to_dict(), 'test')
     key = r'model\.backbone\.lh_config\.learnable_slopes=True'
     for strict in (True, False):
-        fixed = LookHereViT(**TINY, init_cfg=dict(type='Pretrained', checkpoint=str(path),
-                                                  strict=strict))
+        fixed = LookHereViT(
+            **TINY, init_cfg=dict(type='Pretrained', checkpoint=str(path), strict=strict)
+        )
         with pytest.raises(CheckpointError, match=key):
             fixed.init_weights()
     torch.save({'state_dict': src.state_dict()}, tmp_path / 'whole.pth')
@@ -467,11 +524,17 @@ def test_alibi2d_slopes_can_be_learned_too():
 # ----------------------------------------------------------------------------------------
 def test_layer_decay_keeps_slopes_out_of_weight_decay_with_their_layer_ids():
     from mmengine.optim import build_optim_wrapper
+
     model = backbone(dict(learnable_slopes=True))
-    wrapper = build_optim_wrapper(model, dict(
-        type='OptimWrapper', constructor='LookHereLayerDecayOptimizerConstructor',
-        optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05),
-        paramwise_cfg=dict(num_layers=DEPTH, decay_rate=0.5)))
+    wrapper = build_optim_wrapper(
+        model,
+        dict(
+            type='OptimWrapper',
+            constructor='LookHereLayerDecayOptimizerConstructor',
+            optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05),
+            paramwise_cfg=dict(num_layers=DEPTH, decay_rate=0.5),
+        ),
+    )
     where = {name: g for g in wrapper.optimizer.param_groups for name in g['param_names']}
     expect = {'pos_enc.slopes.global_log_ratio': DEPTH + 1}
     for l in range(DEPTH):
@@ -486,6 +549,7 @@ def test_layer_decay_keeps_slopes_out_of_weight_decay_with_their_layer_ids():
 
 def test_the_study_reaches_the_option_through_cfg_options():
     from lookhere_dense.research.study.encodings import backbone_for
+
     cfg = Config.fromfile(str(REPO / 'configs' / 'study' / 'relational_vit_tiny.py'))
     cfg.merge_from_dict({'model.backbone.lh_config.learnable_slopes': True})
     spec = backbone_for(cfg.model.backbone.to_dict(), 'lookhere')
@@ -503,25 +567,40 @@ def trained(tmp_path_factory):
     from mmengine.runner import Runner
 
     from lookhere_dense.research.datasets.synthetic_seg import make_ade20k_like
+
     root = tmp_path_factory.mktemp('slopes')
     data = make_ade20k_like(root / 'data', num_train=4, num_val=1, short_side=(64, 80))
     cfg = Config.fromfile(str(REPO / 'configs' / 'segmenter_lookhere_vit-t_tiny-ade.py'))
-    cfg.merge_from_dict({
-        'model.backbone.num_layers': 2, 'model.backbone.embed_dims': 96,
-        'model.backbone.lh_config': dict(learnable_slopes=True),
-        'model.decode_head.in_channels': 96, 'model.decode_head.channels': 96,
-        'model.decode_head.embed_dims': 96, 'model.decode_head.num_heads': 2,
-        'train_dataloader.batch_size': 2, 'train_dataloader.num_workers': 0,
-        'train_dataloader.persistent_workers': False, 'val_dataloader.num_workers': 0,
-        'val_dataloader.persistent_workers': False, 'test_dataloader.num_workers': 0,
-        'test_dataloader.persistent_workers': False, 'train_cfg.max_iters': 6,
-        'train_cfg.val_interval': 6, 'default_hooks.logger.interval': 2,
-        'default_hooks.checkpoint.interval': 6, 'param_scheduler': [],
-        'optim_wrapper': dict(type='OptimWrapper', constructor=(
-            'LookHereLayerDecayOptimizerConstructor'),
-            optimizer=dict(type='AdamW', lr=1e-2, weight_decay=0.05),
-            paramwise_cfg=dict(num_layers=2, decay_rate=0.9)),
-        'custom_hooks': [dict(type='LookHereSlopeLoggerHook')]})
+    cfg.merge_from_dict(
+        {
+            'model.backbone.num_layers': 2,
+            'model.backbone.embed_dims': 96,
+            'model.backbone.lh_config': dict(learnable_slopes=True),
+            'model.decode_head.in_channels': 96,
+            'model.decode_head.channels': 96,
+            'model.decode_head.embed_dims': 96,
+            'model.decode_head.num_heads': 2,
+            'train_dataloader.batch_size': 2,
+            'train_dataloader.num_workers': 0,
+            'train_dataloader.persistent_workers': False,
+            'val_dataloader.num_workers': 0,
+            'val_dataloader.persistent_workers': False,
+            'test_dataloader.num_workers': 0,
+            'test_dataloader.persistent_workers': False,
+            'train_cfg.max_iters': 6,
+            'train_cfg.val_interval': 6,
+            'default_hooks.logger.interval': 2,
+            'default_hooks.checkpoint.interval': 6,
+            'param_scheduler': [],
+            'optim_wrapper': dict(
+                type='OptimWrapper',
+                constructor=('LookHereLayerDecayOptimizerConstructor'),
+                optimizer=dict(type='AdamW', lr=1e-2, weight_decay=0.05),
+                paramwise_cfg=dict(num_layers=2, decay_rate=0.9),
+            ),
+            'custom_hooks': [dict(type='LookHereSlopeLoggerHook')],
+        }
+    )
     for split in ('train', 'val', 'test'):
         cfg[f'{split}_dataloader'].dataset.data_root = str(data)
     cfg.work_dir = str(root / 'work')
@@ -541,13 +620,16 @@ def test_a_tiny_training_run_moves_the_slopes_and_logs_them(trained):
     record = json.loads((work / 'lookhere_slopes.json').read_text())
     assert record['iter'] == 6 and record['when'].startswith('end of training')
     logged = record['slopes']['backbone.pos_enc.slopes']
-    torch.testing.assert_close(torch.tensor(logged['effective'], dtype=torch.float64),
-                               values['effective'])
+    torch.testing.assert_close(
+        torch.tensor(logged['effective'], dtype=torch.float64), values['effective']
+    )
     log = next(work.glob('*/*.log')).read_text()
     assert 'LookHere slopes, iter 2 (backbone.pos_enc.slopes): global ' in log
     assert 'validation at iter 6' in log and 'effective slope per head' in log
-    scalars = [json.loads(line) for line in
-               next(work.glob('*/vis_data/scalars.json')).read_text().splitlines()]
+    scalars = [
+        json.loads(line)
+        for line in next(work.glob('*/vis_data/scalars.json')).read_text().splitlines()
+    ]
     steps = {s['step'] for s in scalars if 'lookhere_slopes/global' in s}
     assert {2, 4, 6} <= steps and any('lookhere_slopes/l1_h11' in s for s in scalars)
 
@@ -555,18 +637,24 @@ def test_a_tiny_training_run_moves_the_slopes_and_logs_them(trained):
 def test_training_adds_the_slope_logger_when_slopes_learn(tmp_path):
     """tools/train.py (build_train_config) adds LookHereSlopeLoggerHook for
     ``lh_config.learnable_slopes=True``, once, and keeps the config's own."""
-    from lookhere_dense.apis.train import build_train_config
     from tiny_seg import ADE_CFG, SHRINK, options
 
+    from lookhere_dense.apis.train import build_train_config
+
     def hooks(**extra) -> list:
-        cfg, _ = build_train_config(ADE_CFG, work_dir=str(tmp_path), check_data=False,
-                                    cfg_options={**options(*SHRINK), **extra})
+        cfg, _ = build_train_config(
+            ADE_CFG,
+            work_dir=str(tmp_path),
+            check_data=False,
+            cfg_options={**options(*SHRINK), **extra},
+        )
         return [h for h in cfg.custom_hooks if h['type'] == 'LookHereSlopeLoggerHook']
 
     assert hooks() == []
     assert hooks(**{'model.backbone.lh_config': dict(learnable_slopes=False)}) == []
-    learn = {'model.backbone.lh_config': dict(head_directions='corners-none',
-                                              learnable_slopes=True)}
+    learn = {
+        'model.backbone.lh_config': dict(head_directions='corners-none', learnable_slopes=True)
+    }
     assert hooks(**learn) == [dict(type='LookHereSlopeLoggerHook')]
     own = dict(type='LookHereSlopeLoggerHook', interval=3)
     assert hooks(**learn, custom_hooks=[own]) == [own]
@@ -574,6 +662,7 @@ def test_training_adds_the_slope_logger_when_slopes_learn(tmp_path):
 
 def test_plot_draws_the_learned_slopes_of_a_checkpoint(trained, tmp_path):
     from lookhere_dense.research.head_plots import draw_learned_slopes
+
     out = tmp_path / 'slopes.png'
     info = draw_learned_slopes(str(trained['ckpt']), str(out))
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
@@ -583,9 +672,21 @@ def test_plot_draws_the_learned_slopes_of_a_checkpoint(trained, tmp_path):
     assert 'effective slope per head' in info['table'] and '(x' in info['table']
     # the tool's flag, as a user runs it
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS='1')
-    res = subprocess.run([sys.executable, 'tools/plot_heads.py', '--checkpoint',
-                          str(trained['ckpt']), '--out', str(tmp_path / 'tool.png')],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            'tools/plot_heads.py',
+            '--checkpoint',
+            str(trained['ckpt']),
+            '--out',
+            str(tmp_path / 'tool.png'),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     assert 'global ' in res.stdout and (tmp_path / 'tool.png').stat().st_size > 10_000
     # a fixed-slope file draws its configured slopes
@@ -601,7 +702,10 @@ def test_trained_checkpoint_into_a_fixed_model_is_refused(trained):
     cfg.pop('type')
     cfg['lh_config'] = None
     fixed = LookHereViT(**cfg)
-    sd = {k[len('backbone.'):]: v for k, v in model.state_dict().items()
-          if k.startswith('backbone.')}
+    sd = {
+        k[len('backbone.') :]: v
+        for k, v in model.state_dict().items()
+        if k.startswith('backbone.')
+    }
     with pytest.raises(CheckpointError, match=r'learnable_slopes=True'):
         load_state_dict_strict(fixed, sd, str(trained['ckpt']), hints=vit_key_hints)

@@ -1,5 +1,6 @@
 """The LookHere bias: official reference outputs, an independent slow definition, properties
 and validation errors."""
+
 from __future__ import annotations
 
 import ast
@@ -13,9 +14,14 @@ import torch
 
 from lookhere_dense.lookhere import bias as B
 from lookhere_dense.lookhere import config as C
-from lookhere_dense.lookhere.config import (PRESETS, LookHereConfig, head_layout, layer_slopes,
-                                            resolve_lh_config)
 from lookhere_dense.lookhere.bias import build_grid_bias, lookhere_bias
+from lookhere_dense.lookhere.config import (
+    PRESETS,
+    LookHereConfig,
+    head_layout,
+    layer_slopes,
+    resolve_lh_config,
+)
 from lookhere_dense.lookhere.directions import DIRECTION_TYPES
 
 BF16_MAX = torch.finfo(torch.bfloat16).max
@@ -60,12 +66,18 @@ def test_presets_are_the_reference_configs():
 # ----------------------------------------------------------------------------------------
 # Visible angular sectors (degrees, math convention: 0 = right, 90 = up) of each primitive.
 SECTORS = {
-    'up': [(0, 180)], 'down': [(-180, 0)], 'right': [(-90, 90)],
+    'up': [(0, 180)],
+    'down': [(-180, 0)],
+    'right': [(-90, 90)],
     'left': [(90, 180), (-180, -90)],
-    'tri_up': [(45, 135)], 'tri_down': [(-135, -45)], 'tri_right': [(-45, 45)],
+    'tri_up': [(45, 135)],
+    'tri_down': [(-135, -45)],
+    'tri_right': [(-45, 45)],
     'tri_left': [(135, 180), (-180, -135)],
-    'diag_up_right': [(-45, 135)], 'diag_up_left': [(45, 180), (-180, -135)],
-    'diag_down_right': [(-135, 45)], 'diag_down_left': [(135, 180), (-180, -45)],
+    'diag_up_right': [(-45, 135)],
+    'diag_up_left': [(45, 180), (-180, -135)],
+    'diag_down_right': [(-135, 45)],
+    'diag_down_left': [(135, 180), (-180, -45)],
 }
 
 
@@ -73,7 +85,7 @@ def sees(spec, dy: int, dx: int) -> bool:
     if dy == 0 and dx == 0:
         return True
     angle = math.degrees(math.atan2(-dy, dx))  # image y grows downwards; in (-180, 180]
-    angles = (angle, angle - 360)              # 180 deg is also -180 deg
+    angles = (angle, angle - 360)  # 180 deg is also -180 deg
     for prim in spec:
         if prim in ('zero', 'center'):
             continue
@@ -118,23 +130,42 @@ def slow_bias(cfg: LookHereConfig, grid, depth: int, num_heads: int) -> torch.Te
 @pytest.mark.parametrize('direction', sorted(DIRECTION_TYPES))
 def test_every_direction_type_matches_slow_definition(direction, grid):
     cfg = LookHereConfig(direction, 0.7, (2.0, 0.3))
-    torch.testing.assert_close(lookhere_bias(cfg, grid, 2, 8, dtype=torch.float64),
-                               slow_bias(cfg, grid, 2, 8), rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        lookhere_bias(cfg, grid, 2, 8, dtype=torch.float64),
+        slow_bias(cfg, grid, 2, 8),
+        rtol=1e-12,
+        atol=0,
+    )
 
 
 @pytest.mark.parametrize('distance,fill', list(itertools.product(C.DISTANCES, C.FILLS)))
 def test_distance_and_fill_options_match_slow_definition(distance, fill):
-    cfg = LookHereConfig('corners-triangles-center', 1.3, (1.0, 0.25), distance=distance,
-                         fill_with=fill, bias_rounding='none')
-    torch.testing.assert_close(lookhere_bias(cfg, (4, 3), 3, 12, dtype=torch.float64),
-                               slow_bias(cfg, (4, 3), 3, 12), rtol=1e-12, atol=0)
+    cfg = LookHereConfig(
+        'corners-triangles-center',
+        1.3,
+        (1.0, 0.25),
+        distance=distance,
+        fill_with=fill,
+        bias_rounding='none',
+    )
+    torch.testing.assert_close(
+        lookhere_bias(cfg, (4, 3), 3, 12, dtype=torch.float64),
+        slow_bias(cfg, (4, 3), 3, 12),
+        rtol=1e-12,
+        atol=0,
+    )
 
 
 def test_per_layer_head_strings_match_slow_definition():
-    cfg = LookHereConfig(['halves-none', 'eighths1-eighths2-none', 'diagonals-zerohalves'],
-                         1.0, (1.5, 0.5))
-    torch.testing.assert_close(lookhere_bias(cfg, (3, 4), 3, 12, dtype=torch.float64),
-                               slow_bias(cfg, (3, 4), 3, 12), rtol=1e-12, atol=0)
+    cfg = LookHereConfig(
+        ['halves-none', 'eighths1-eighths2-none', 'diagonals-zerohalves'], 1.0, (1.5, 0.5)
+    )
+    torch.testing.assert_close(
+        lookhere_bias(cfg, (3, 4), 3, 12, dtype=torch.float64),
+        slow_bias(cfg, (3, 4), 3, 12),
+        rtol=1e-12,
+        atol=0,
+    )
 
 
 # ----------------------------------------------------------------------------------------
@@ -143,16 +174,19 @@ def test_per_layer_head_strings_match_slow_definition():
 NONE4 = [1 / 4, 1 / 16, 1 / 64, 1 / 256]
 
 
-@pytest.mark.parametrize('direction,heads,expected', [
-    ('halves-none', 12, [0.5] * 4 + [0.25] * 4 + NONE4),
-    ('eighths1-eighths2-none', 12, [0.5] * 8 + NONE4),
-    ('halves-none', 16, [0.5] * 4 + [0.25] * 4 + [s for s in NONE4 for _ in range(2)]),
-    ('corners-none', 6, [0.5] * 4 + NONE4[:2]),
-    ('halves', 12, [0.5] * 4 + [0.25] * 4 + [0.125] * 4),
-    ('none', 8, [s for s in NONE4 for _ in range(2)]),
-    ('halves-corners-triangles-none', 16, [0.5] * 12 + NONE4),
-    ('triangles-halves-none', 16, [0.5] * 4 + [0.25] * 4 + [0.5] * 4 + NONE4),
-])
+@pytest.mark.parametrize(
+    'direction,heads,expected',
+    [
+        ('halves-none', 12, [0.5] * 4 + [0.25] * 4 + NONE4),
+        ('eighths1-eighths2-none', 12, [0.5] * 8 + NONE4),
+        ('halves-none', 16, [0.5] * 4 + [0.25] * 4 + [s for s in NONE4 for _ in range(2)]),
+        ('corners-none', 6, [0.5] * 4 + NONE4[:2]),
+        ('halves', 12, [0.5] * 4 + [0.25] * 4 + [0.125] * 4),
+        ('none', 8, [s for s in NONE4 for _ in range(2)]),
+        ('halves-corners-triangles-none', 16, [0.5] * 12 + NONE4),
+        ('triangles-halves-none', 16, [0.5] * 4 + [0.25] * 4 + [0.5] * 4 + NONE4),
+    ],
+)
 def test_head_slopes(direction, heads, expected):
     specs, slopes, types = head_layout(direction, heads)
     assert len(specs) == len(types) == heads
@@ -185,31 +219,44 @@ def test_translation_equivariance_on_rectangular_grid(preset):
     h, w = 5, 9
     dense = grid_bias(PRESETS[preset], (h, w)).dense(1)
     idx = lambda y, x: y * w + x  # noqa: E731  row-major token order
-    for (qy, qx, ky, kx) in [(0, 0, 2, 3), (1, 4, 0, 8), (4, 8, 0, 0), (2, 2, 2, 6)]:
+    for qy, qx, ky, kx in [(0, 0, 2, 3), (1, 4, 0, 8), (4, 8, 0, 0), (2, 2, 2, 6)]:
         ref = dense[:, idx(qy, qx), idx(ky, kx)]
         for ty in range(-h, h):
             for tx in range(-w, w):
-                if all(0 <= a < h for a in (qy + ty, ky + ty)) and \
-                        all(0 <= a < w for a in (qx + tx, kx + tx)):
-                    torch.testing.assert_close(dense[:, idx(qy + ty, qx + tx),
-                                                     idx(ky + ty, kx + tx)], ref)
+                if all(0 <= a < h for a in (qy + ty, ky + ty)) and all(
+                    0 <= a < w for a in (qx + tx, kx + tx)
+                ):
+                    torch.testing.assert_close(
+                        dense[:, idx(qy + ty, qx + tx), idx(ky + ty, kx + tx)], ref
+                    )
 
 
-@pytest.mark.parametrize('direction,pairs', [
-    ('halves', [(0, 1), (2, 3)]),            # up <-> down, left <-> right
-    ('corners', [(0, 3), (1, 2)]),           # up-left <-> down-right, up-right <-> down-left
-    ('triangles', [(0, 1), (2, 3)]),
-    ('diagonals', [(0, 3), (1, 2)]),         # up-right <-> down-left, up-left <-> down-right
-])
+@pytest.mark.parametrize(
+    'direction,pairs',
+    [
+        ('halves', [(0, 1), (2, 3)]),  # up <-> down, left <-> right
+        ('corners', [(0, 3), (1, 2)]),  # up-left <-> down-right, up-right <-> down-left
+        ('triangles', [(0, 1), (2, 3)]),
+        ('diagonals', [(0, 3), (1, 2)]),  # up-right <-> down-left, up-left <-> down-right
+    ],
+)
 def test_opposite_heads_are_transposes(direction, pairs):
     dense = grid_bias(LookHereConfig(direction), (4, 6), heads=4, depth=1).dense(0)
     for a, b in pairs:
         torch.testing.assert_close(dense[a], dense[b].T)
 
 
-@pytest.mark.parametrize('direction,fraction', [
-    ('halves', 1 / 2), ('corners', 1 / 4), ('triangles', 1 / 4), ('eighths1', 1 / 8),
-    ('diagonals', 1 / 2), ('none', 1.0)])
+@pytest.mark.parametrize(
+    'direction,fraction',
+    [
+        ('halves', 1 / 2),
+        ('corners', 1 / 4),
+        ('triangles', 1 / 4),
+        ('eighths1', 1 / 8),
+        ('diagonals', 1 / 2),
+        ('none', 1.0),
+    ],
+)
 def test_field_of_view_sizes(direction, fraction):
     """From the centre of a large grid a head sees about its share of the plane."""
     size = 41
@@ -221,12 +268,13 @@ def test_field_of_view_sizes(direction, fraction):
 
 def test_right_head_on_rectangular_grid_by_hand():
     h, w = 2, 3  # token (y, x) -> y * 3 + x
-    dense = grid_bias(LookHereConfig('halves', bias_rounding='none'), (h, w), heads=4,
-                      depth=1).dense(0)
+    dense = grid_bias(
+        LookHereConfig('halves', bias_rounding='none'), (h, w), heads=4, depth=1
+    ).dense(0)
     up, down, left, right = dense
     scale = 1.5 * 0.5  # layer slope (depth 1 -> first) x head slope 1/2
-    assert right[0, 1] == -scale * 1.0          # (0,0) -> (0,1): one step right
-    assert torch.isneginf(right[1, 0])           # (0,1) -> (0,0) is to the left
+    assert right[0, 1] == -scale * 1.0  # (0,0) -> (0,1): one step right
+    assert torch.isneginf(right[1, 0])  # (0,1) -> (0,0) is to the left
     assert left[1, 0] == -scale * 1.0
     assert torch.isclose(down[0, 5], torch.tensor(-scale * math.sqrt(5), dtype=torch.float64))
     assert torch.isneginf(up[0, 5]) and torch.isneginf(up[0, 3]) and up[3, 0] == -scale
@@ -254,14 +302,14 @@ def test_center_heads_depend_on_the_key_only():
     dense = gb.dense(0)
     assert gb.key_term is not None
     assert torch.all(dense == dense[:, :1, :])  # the same for every query row
-    assert dense[0, 0].argmax() == 7           # (1, 2) is the centre of a 3x5 grid
+    assert dense[0, 0].argmax() == 7  # (1, 2) is the centre of a 3x5 grid
 
 
 def test_zero_slope_keeps_blocked_keys_blocked():
     cfg = LookHereConfig('halves', global_slope=0.0)
     dense = grid_bias(cfg, (3, 3), heads=4, depth=1).dense(0)
-    assert torch.isneginf(dense[0, 0, 8])      # 'up' head, key below
-    assert dense[0, 8, 0] == 0                 # visible: no penalty with slope 0
+    assert torch.isneginf(dense[0, 0, 8])  # 'up' head, key below
+    assert dense[0, 8, 0] == 0  # visible: no penalty with slope 0
 
 
 def test_window_bias_is_the_bias_of_a_window_sized_grid():
@@ -275,14 +323,17 @@ def test_window_bias_is_the_bias_of_a_window_sized_grid():
 # ----------------------------------------------------------------------------------------
 # Validation
 # ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize('kwargs,match', [
-    (dict(head_directions='halves-nine'), r"unknown LookHere direction type 'nine'.*allowed"),
-    (dict(distance='cubic'), r"unknown LookHere distance 'cubic'; allowed"),
-    (dict(fill_with='nan'), r"unknown LookHere fill_with 'nan'; allowed"),
-    (dict(layer_slopes=(1.0,)), r'layer_slopes must be a pair'),
-    (dict(bias_rounding='fp8'), r'unknown LookHere bias_rounding'),
-    (dict(head_directions=[]), r'head_directions must be'),
-])
+@pytest.mark.parametrize(
+    'kwargs,match',
+    [
+        (dict(head_directions='halves-nine'), r"unknown LookHere direction type 'nine'.*allowed"),
+        (dict(distance='cubic'), r"unknown LookHere distance 'cubic'; allowed"),
+        (dict(fill_with='nan'), r"unknown LookHere fill_with 'nan'; allowed"),
+        (dict(layer_slopes=(1.0,)), r'layer_slopes must be a pair'),
+        (dict(bias_rounding='fp8'), r'unknown LookHere bias_rounding'),
+        (dict(head_directions=[]), r'head_directions must be'),
+    ],
+)
 def test_bad_config_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LookHereConfig(**kwargs)
@@ -334,6 +385,7 @@ def test_pair_index_points_at_the_offset_from_query_to_key(grid):
     the table layout of :func:`relative_offsets`; it broadcasts, and ``offset_index`` is
     its outer product."""
     from lookhere_dense.lookhere.directions import relative_offsets
+
     height, width = grid
     dy, dx = (t.flatten() for t in relative_offsets(height, width))
     patches = torch.arange(height * width)
@@ -344,4 +396,5 @@ def test_pair_index_points_at_the_offset_from_query_to_key(grid):
     assert torch.equal(dx[idx], k % width - q % width)
     assert torch.equal(B.offset_index(grid, patches, patches), idx)
     assert B.pair_index(grid, torch.tensor(0), torch.tensor(height * width - 1)).item() == (
-        (2 * height - 1) * (2 * width - 1) - 1)  # bottom-right key from the top-left query
+        (2 * height - 1) * (2 * width - 1) - 1
+    )  # bottom-right key from the top-left query

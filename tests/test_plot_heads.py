@@ -1,5 +1,6 @@
 """The head pictures of ``tools/plot_heads.py`` (:mod:`lookhere_dense.research.head_plots`):
 the plotted fields of view are LookHere's masks and penalties."""
+
 from __future__ import annotations
 
 import math
@@ -12,11 +13,12 @@ from lookhere_dense.research.head_plots import draw_head_fields, head_fields, lo
 
 def test_lh180_fields_are_half_planes_with_a_linear_penalty():
     from lookhere_dense.lookhere import resolve_lh_config
+
     cfg = resolve_lh_config(preset='lh180')
     fields = head_fields(cfg, (7, 9), (3, 2), depth=4, num_heads=12, layers=[0, 3])
     assert fields.shape == (2, 12, 7, 9)
     up, down, left, right = fields[0, :4]
-    assert torch.isinf(up[4:]).all() and torch.isfinite(up[:4]).all()    # rows below blocked
+    assert torch.isinf(up[4:]).all() and torch.isfinite(up[:4]).all()  # rows below blocked
     assert torch.isinf(down[:3]).all() and torch.isfinite(down[3:]).all()
     assert torch.isinf(left[:, 3:]).all() and torch.isfinite(left[:, :3]).all()
     assert torch.isinf(right[:, :2]).all() and torch.isfinite(right[:, 2:]).all()
@@ -30,8 +32,15 @@ def test_lh180_fields_are_half_planes_with_a_linear_penalty():
 
 def test_drawing_writes_a_png_and_checks_its_arguments(tmp_path):
     out = tmp_path / 'heads.png'
-    fields = draw_head_fields(load_lh_config(preset='lh90'), (6, 8), str(out), query=(1, 6),
-                              depth=3, layers=[1], name='lh90')
+    fields = draw_head_fields(
+        load_lh_config(preset='lh90'),
+        (6, 8),
+        str(out),
+        query=(1, 6),
+        depth=3,
+        layers=[1],
+        name='lh90',
+    )
     assert fields.shape == (1, 12, 6, 8)
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and out.stat().st_size > 20_000
     lh180 = load_lh_config()
@@ -39,8 +48,9 @@ def test_drawing_writes_a_png_and_checks_its_arguments(tmp_path):
         draw_head_fields(lh180, (6, 8), str(out), query=(6, 0))
     with pytest.raises(ValueError, match=r'layers \[5\] out of range'):
         draw_head_fields(lh180, (14, 14), str(out), depth=3, layers=[5])
-    fields = draw_head_fields(load_lh_config('{"head_directions": "none"}'), (4, 4), str(out),
-                              depth=2)
+    fields = draw_head_fields(
+        load_lh_config('{"head_directions": "none"}'), (4, 4), str(out), depth=2
+    )
     assert torch.isfinite(fields).all()  # 2D-ALiBi-like: no masks
     assert fields.shape == (2, 12, 4, 4)  # default layers: the first and the last
 

@@ -1,4 +1,5 @@
 """The ``pos_encoding=`` switch of LookHereViT: every encoding in the same trunk."""
+
 from __future__ import annotations
 
 import subprocess
@@ -10,17 +11,23 @@ import torch
 import torch.nn.functional as F
 
 from lookhere_dense.checkpoint import decode_extra_state
-from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine, LookHereConfig
-from lookhere_dense.models.backbones import LookHereViT
-from lookhere_dense.lookhere.pos_encoding import (POS_ENCODINGS, AbsolutePositionEncoding,
-                                                  AxialRoPE2d, LookHerePositionEncoding,
-                                                  MixedRoPE2d, PosEncodingSpec, alibi2d_config,
-                                                  build_position_encoding, parse_pos_encoding,
-                                                  resample_abs_pos_embed)
 from lookhere_dense.errors import PosEncodingError
+from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine, LookHereConfig
+from lookhere_dense.lookhere.pos_encoding import (
+    POS_ENCODINGS,
+    AbsolutePositionEncoding,
+    AxialRoPE2d,
+    LookHerePositionEncoding,
+    MixedRoPE2d,
+    PosEncodingSpec,
+    alibi2d_config,
+    build_position_encoding,
+    parse_pos_encoding,
+    resample_abs_pos_embed,
+)
+from lookhere_dense.models.backbones import LookHereViT
 
-TINY = dict(img_size=32, patch_size=8, embed_dims=48, num_layers=3, num_heads=12,
-            init_values=None)
+TINY = dict(img_size=32, patch_size=8, embed_dims=48, num_layers=3, num_heads=12, init_values=None)
 
 
 def tiny(pos_encoding='lookhere', seed=0, **kw) -> LookHereViT:
@@ -41,8 +48,11 @@ def test_forward_train_size_and_larger_rectangle_with_gradients(enc):
     no_grad = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.any()]
     assert no_grad == []
     own = [n for n, _ in model.pos_enc.named_parameters()]
-    assert own == {'abs': ['pos_embed'], 'rope2d_mixed': ['freqs'],
-                   'pape': ['position_proj', 'curve_proj']}.get(enc, [])
+    assert own == {
+        'abs': ['pos_embed'],
+        'rope2d_mixed': ['freqs'],
+        'pape': ['position_proj', 'curve_proj'],
+    }.get(enc, [])
 
 
 @pytest.mark.parametrize('enc', POS_ENCODINGS)
@@ -101,8 +111,12 @@ def test_parse_pos_encoding_forms():
     assert not default.explicit and default.preset is None
     short = parse_pos_encoding('lookhere:lh45')
     assert short == parse_pos_encoding('lookhere', preset='lh45')
-    assert (short.name, short.preset, short.lh_config, short.explicit) == \
-        ('lookhere', 'lh45', PRESETS['lh45'], True)
+    assert (short.name, short.preset, short.lh_config, short.explicit) == (
+        'lookhere',
+        'lh45',
+        PRESETS['lh45'],
+        True,
+    )
     assert parse_pos_encoding('lookhere:lh45', preset='lh45') == short
     over = parse_pos_encoding('lookhere:lh90', lh_config=dict(global_slope=2.0))
     assert over.lh_config.global_slope == 2.0
@@ -114,25 +128,42 @@ def test_parse_pos_encoding_forms():
     assert parse_pos_encoding(short) is short  # already parsed
 
 
-@pytest.mark.parametrize('spec,kwargs,key,match', [
-    ('sincos', {}, 'pos_encoding', r"unknown pos_encoding 'sincos'; allowed: \['lookhere'"),
-    (dict(type='sincos'), {}, 'pos_encoding', r"unknown pos_encoding 'sincos'"),
-    ('abs:lh90', {}, 'pos_encoding', r"'abs:lh90': only lookhere takes a preset"),
-    ('alibi2d:lh90', {}, 'pos_encoding', r'only lookhere takes a preset'),
-    ('lookhere:', {}, 'pos_encoding', r"names no preset; allowed: \['lh180', 'lh45', 'lh90'\]"),
-    ('lookhere:lh30', {}, 'pos_encoding', r"unknown LookHere preset 'lh30'; allowed"),
-    ('lookhere:lh45', dict(preset='lh90'), 'preset', 'two different presets'),
-    ('lookhere', dict(preset='lh30'), 'preset', r"unknown LookHere preset 'lh30'"),
-    ('lookhere', dict(lh_config='lh30'), 'lh_config', r"unknown LookHere preset 'lh30'"),
-    ('lookhere', dict(lh_config=dict(distance='cubic')), 'lh_config', 'cubic'),
-    (dict(type='abs', theta=3), {}, 'pos_encoding', r"has no options \['theta'\]; allowed: "
-                                                    r"\['init_std'\]"),
-    ('abs', dict(preset='lh90'), 'preset', 'do not apply to pos_encoding=.abs.'),
-    ('rope2d', dict(lh_config=dict(global_slope=1.0)), 'lh_config', 'do not apply'),
-    ('alibi2d', dict(preset='lh180'), 'preset', 'no LookHere preset'),
-    ('alibi2d', dict(lh_config=dict(head_directions='halves-none')), 'lh_config',
-     r"direction types \['halves'\]"),
-])
+@pytest.mark.parametrize(
+    'spec,kwargs,key,match',
+    [
+        ('sincos', {}, 'pos_encoding', r"unknown pos_encoding 'sincos'; allowed: \['lookhere'"),
+        (dict(type='sincos'), {}, 'pos_encoding', r"unknown pos_encoding 'sincos'"),
+        ('abs:lh90', {}, 'pos_encoding', r"'abs:lh90': only lookhere takes a preset"),
+        ('alibi2d:lh90', {}, 'pos_encoding', r'only lookhere takes a preset'),
+        (
+            'lookhere:',
+            {},
+            'pos_encoding',
+            r"names no preset; allowed: \['lh180', 'lh45', 'lh90'\]",
+        ),
+        ('lookhere:lh30', {}, 'pos_encoding', r"unknown LookHere preset 'lh30'; allowed"),
+        ('lookhere:lh45', dict(preset='lh90'), 'preset', 'two different presets'),
+        ('lookhere', dict(preset='lh30'), 'preset', r"unknown LookHere preset 'lh30'"),
+        ('lookhere', dict(lh_config='lh30'), 'lh_config', r"unknown LookHere preset 'lh30'"),
+        ('lookhere', dict(lh_config=dict(distance='cubic')), 'lh_config', 'cubic'),
+        (
+            dict(type='abs', theta=3),
+            {},
+            'pos_encoding',
+            r"has no options \['theta'\]; allowed: "
+            r"\['init_std'\]",
+        ),
+        ('abs', dict(preset='lh90'), 'preset', 'do not apply to pos_encoding=.abs.'),
+        ('rope2d', dict(lh_config=dict(global_slope=1.0)), 'lh_config', 'do not apply'),
+        ('alibi2d', dict(preset='lh180'), 'preset', 'no LookHere preset'),
+        (
+            'alibi2d',
+            dict(lh_config=dict(head_directions='halves-none')),
+            'lh_config',
+            r"direction types \['halves'\]",
+        ),
+    ],
+)
 def test_parse_pos_encoding_names_the_problem_and_the_key(spec, kwargs, key, match):
     with pytest.raises(PosEncodingError, match=match) as info:
         parse_pos_encoding(spec, **kwargs)
@@ -155,17 +186,26 @@ def test_backbone_takes_the_short_preset_form():
 
 
 def test_build_position_encoding_owns_a_new_engine_or_the_given_one():
-    pe = build_position_encoding('lookhere:lh90', embed_dims=48, num_heads=12, depth=2,
-                                 grid_size=(4, 4), attn_backend='chunked', attn_block_size=3)
+    pe = build_position_encoding(
+        'lookhere:lh90',
+        embed_dims=48,
+        num_heads=12,
+        depth=2,
+        grid_size=(4, 4),
+        attn_backend='chunked',
+        attn_block_size=3,
+    )
     assert isinstance(pe, LookHerePositionEncoding) and pe.lh_config == PRESETS['lh90']
     assert (pe.engine.backend, pe.engine.block_size, pe.engine.depth) == ('chunked', 3, 2)
     engine = LookHereAttentionEngine(PRESETS['lh180'], 2, 12)
-    given = build_position_encoding('lookhere', embed_dims=48, num_heads=12, depth=2,
-                                    grid_size=(4, 4), engine=engine)
+    given = build_position_encoding(
+        'lookhere', embed_dims=48, num_heads=12, depth=2, grid_size=(4, 4), engine=engine
+    )
     assert given.engine is engine
     with pytest.raises(ValueError, match='does not fit num_heads=8'):
-        build_position_encoding('lookhere:lh45', embed_dims=48, num_heads=8, depth=2,
-                                grid_size=(4, 4))
+        build_position_encoding(
+            'lookhere:lh45', embed_dims=48, num_heads=8, depth=2, grid_size=(4, 4)
+        )
 
 
 @pytest.mark.parametrize('enc', POS_ENCODINGS)
@@ -217,14 +257,16 @@ def test_pos_encoding_imports_and_runs_without_openmmlab(repo_root):
         loaded = sorted(m for m in sys.modules if m.split('.')[0] in BLOCKED)
         print('OK', loaded)
     """)
-    res = subprocess.run([sys.executable, '-c', script], cwd=repo_root, capture_output=True,
-                         text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, '-c', script], cwd=repo_root, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stderr
     assert 'OK []' in res.stdout
 
 
 def test_registry_builds_every_encoding():
     from mmseg.registry import MODELS
+
     for enc in POS_ENCODINGS:
         model = MODELS.build(dict(type='LookHereViT', **TINY, pos_encoding=enc))
         assert model.pos_encoding == enc and model.pos_enc.name == enc
@@ -234,8 +276,16 @@ def test_registry_builds_every_encoding():
 def test_abs_resampling_matches_bicubic_interpolation_and_is_used_on_larger_inputs():
     pe = torch.randn(1, 4 * 4, 8)
     out = resample_abs_pos_embed(pe, (4, 4), (6, 10))
-    ref = F.interpolate(pe.reshape(1, 4, 4, 8).permute(0, 3, 1, 2), size=(6, 10),
-                        mode='bicubic', align_corners=False).permute(0, 2, 3, 1).reshape(1, 60, 8)
+    ref = (
+        F.interpolate(
+            pe.reshape(1, 4, 4, 8).permute(0, 3, 1, 2),
+            size=(6, 10),
+            mode='bicubic',
+            align_corners=False,
+        )
+        .permute(0, 2, 3, 1)
+        .reshape(1, 60, 8)
+    )
     torch.testing.assert_close(out, ref)
     assert resample_abs_pos_embed(pe, (4, 4), (4, 4)) is pe
     enc = AbsolutePositionEncoding(8, (4, 4))
@@ -286,16 +336,18 @@ def test_rope_logits_depend_only_on_the_offset(enc):
     torch.testing.assert_close(logits[:, idx(0, 3), idx(1, 0)], logits[:, idx(3, 5), idx(4, 2)])
     assert not torch.allclose(logits[:, idx(1, 1), idx(3, 4)], logits[:, idx(3, 4), idx(1, 1)])
     # the CLS token (first) is not rotated
-    qc, kc = pe.rotate(torch.cat([q[:, :, :1], q], 2), torch.cat([k[:, :, :1], k], 2), 1,
-                       (h, w), cls_token=True)
+    qc, kc = pe.rotate(
+        torch.cat([q[:, :, :1], q], 2), torch.cat([k[:, :, :1], k], 2), 1, (h, w), cls_token=True
+    )
     torch.testing.assert_close(qc[:, :, 0], q[:, :, 0])
     torch.testing.assert_close(qc[:, :, 1:], qr)
 
 
 def test_rope_frequencies():
     axial = AxialRoPE2d(head_dim=16, theta=100.0)
-    torch.testing.assert_close(axial.frequencies(), torch.tensor([1.0, 100 ** -0.25, 0.1,
-                                                                   100 ** -0.75]))
+    torch.testing.assert_close(
+        axial.frequencies(), torch.tensor([1.0, 100**-0.25, 0.1, 100**-0.75])
+    )
     ang = axial.angles(0, (2, 3), torch.device('cpu'))[0]  # (6, 8)
     torch.testing.assert_close(ang[4, :4], 1.0 * axial.frequencies())  # patch (1, 1): x = 1
     torch.testing.assert_close(ang[5, :4], 2.0 * axial.frequencies())  # patch (1, 2): x = 2
@@ -303,10 +355,15 @@ def test_rope_frequencies():
     mixed = MixedRoPE2d(depth=2, num_heads=3, head_dim=8, theta=10.0)
     fx, fy = mixed.freqs.detach()
     # magnitudes theta^(-4i/d), each used at two orthogonal directions per head and layer
-    torch.testing.assert_close(torch.hypot(fx, fy), torch.tensor([1.0, 10 ** -0.5] * 2)
-                               .expand(2, 3, 4))
-    torch.testing.assert_close((fx[..., :2] * fx[..., 2:] + fy[..., :2] * fy[..., 2:]),
-                               torch.zeros(2, 3, 2), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        torch.hypot(fx, fy), torch.tensor([1.0, 10**-0.5] * 2).expand(2, 3, 4)
+    )
+    torch.testing.assert_close(
+        (fx[..., :2] * fx[..., 2:] + fy[..., :2] * fy[..., 2:]),
+        torch.zeros(2, 3, 2),
+        atol=1e-6,
+        rtol=0,
+    )
 
 
 # -- alibi2d / none --------------------------------------------------------------------------
@@ -315,8 +372,7 @@ def test_alibi2d_is_the_lookhere_engine_with_unrestricted_heads():
     cfg = model.lh_config
     assert cfg == LookHereConfig('none', 1.0, (1.5, 0.5))
     assert model.pos_enc.engine is model.lookhere
-    bias = model.pos_enc.engine.dense_bias(0, (4, 5), False, torch.device('cpu'),
-                                           torch.float32)
+    bias = model.pos_enc.engine.dense_bias(0, (4, 5), False, torch.device('cpu'), torch.float32)
     assert torch.isfinite(bias).all()  # no direction masks
     torch.testing.assert_close(bias, bias.transpose(-1, -2))  # a distance: symmetric
     assert (bias <= 0).all() and (bias.diagonal(dim1=-2, dim2=-1) == 0).all()
@@ -351,8 +407,11 @@ def test_none_is_equivariant_to_permuting_patches():
 # -- weights -------------------------------------------------------------------------------
 def _timm_file(tmp_path, grid: int = 8, cls_entry: bool = True):
     """A timm-style flat state_dict of this trunk with a ``pos_embed`` over ``grid x grid``."""
-    sd = {k: v.clone() for k, v in tiny('lookhere', seed=1).state_dict().items()
-          if k != '_extra_state'}  # a timm file: tensors only
+    sd = {
+        k: v.clone()
+        for k, v in tiny('lookhere', seed=1).state_dict().items()
+        if k != '_extra_state'
+    }  # a timm file: tensors only
     pos = torch.randn(1, int(cls_entry) + grid * grid, 48)
     sd['pos_embed'] = pos
     sd['head.weight'] = torch.randn(10, 48)
@@ -370,33 +429,43 @@ def test_timm_pos_embed_is_kept_by_abs_and_dropped_by_the_others(tmp_path):
     torch.testing.assert_close(model.pos_enc.pos_embed.data, expected)
     # the CLS entry of pos_embed is folded into cls_token: the same CLS input as in timm
     torch.testing.assert_close(model.cls_token.data, sd['cls_token'] + pos[:, :1])
-    torch.testing.assert_close(model.blocks[1].attn.qkv.weight.data,
-                               sd['blocks.1.attn.qkv.weight'])
+    torch.testing.assert_close(
+        model.blocks[1].attn.qkv.weight.data, sd['blocks.1.attn.qkv.weight']
+    )
     for enc in ('lookhere', 'rope2d', 'none'):
         report = LookHereViT(**TINY, pos_encoding=enc).load_pretrained(
-            path, checkpoint_num_heads=12)
+            path, checkpoint_num_heads=12
+        )
         assert 'pos_embed' in report['dropped'] and report['missing'] == []
 
 
 def test_abs_round_trip_through_an_mmengine_checkpoint_of_another_size(tmp_path):
     src = tiny('abs', seed=3)
     path = tmp_path / 'seg.pth'
-    torch.save({'state_dict': {f'backbone.{k}': v for k, v in src.state_dict().items()},
-                'meta': {}}, path)
+    torch.save(
+        {'state_dict': {f'backbone.{k}': v for k, v in src.state_dict().items()}, 'meta': {}}, path
+    )
     dst = LookHereViT(**{**TINY, 'img_size': 48}, pos_encoding='abs')
     dst.load_pretrained(str(path))
-    torch.testing.assert_close(dst.pos_enc.pos_embed.data,
-                               resample_abs_pos_embed(src.pos_enc.pos_embed.data, (4, 4), (6, 6)))
+    torch.testing.assert_close(
+        dst.pos_enc.pos_embed.data,
+        resample_abs_pos_embed(src.pos_enc.pos_embed.data, (4, 4), (6, 6)),
+    )
 
 
 def test_saved_models_load_only_into_their_own_encoding(tmp_path):
     path = tmp_path / 'seg.pth'
-    torch.save({'state_dict': {f'backbone.{k}': v for k, v in
-                               tiny('alibi2d').state_dict().items()}, 'meta': {}}, path)
+    torch.save(
+        {
+            'state_dict': {f'backbone.{k}': v for k, v in tiny('alibi2d').state_dict().items()},
+            'meta': {},
+        },
+        path,
+    )
     alibi = LookHereViT(**TINY, pos_encoding='alibi2d', lh_config=dict(layer_slopes=[1, 1]))
     assert alibi.lh_config.layer_slopes == (1.0, 1.0)
     with pytest.raises(ValueError, match='conflicts with the one stored'):
-        alibi.load_pretrained(str(path))           # explicit slopes vs the file's
+        alibi.load_pretrained(str(path))  # explicit slopes vs the file's
     alibi = LookHereViT(**TINY, pos_encoding='alibi2d')
     alibi.load_pretrained(str(path))
     assert alibi.lh_config == tiny('alibi2d').lh_config
@@ -406,8 +475,13 @@ def test_saved_models_load_only_into_their_own_encoding(tmp_path):
     lookhere.load_pretrained(str(path))
     assert 'halves' in lookhere.lh_config.head_directions  # its own, not the file's
     path_lh = tmp_path / 'seg_lh.pth'
-    torch.save({'state_dict': {f'backbone.{k}': v for k, v in
-                               tiny('lookhere').state_dict().items()}, 'meta': {}}, path_lh)
+    torch.save(
+        {
+            'state_dict': {f'backbone.{k}': v for k, v in tiny('lookhere').state_dict().items()},
+            'meta': {},
+        },
+        path_lh,
+    )
     with pytest.raises(ValueError, match="holds a 'lookhere' model.*pos_encoding='lookhere'"):
         LookHereViT(**TINY, pos_encoding='alibi2d').load_pretrained(str(path_lh))
 
@@ -425,31 +499,47 @@ def test_official_lookhere_weights_load_only_into_lookhere(tmp_path):
     src = tiny('lookhere', seed=2)
     path = tmp_path / 'LH_tiny.pth'
     weights = {k: v for k, v in src.state_dict().items() if k != '_extra_state'}
-    torch.save({'weights': weights,
-                'config': dict(head_directions='halves-none', global_slope=1.0,
-                               layer_slopes=[1.5, 0.5])}, path)
+    torch.save(
+        {
+            'weights': weights,
+            'config': dict(
+                head_directions='halves-none', global_slope=1.0, layer_slopes=[1.5, 0.5]
+            ),
+        },
+        path,
+    )
     for enc in POS_ENCODINGS:
         model = LookHereViT(**TINY, pos_encoding=enc)
         if enc == 'lookhere':
             model.load_pretrained(str(path))
             got = model.state_dict()
-            assert decode_extra_state(got.pop('_extra_state'))['lh_config']['head_directions'] \
+            assert (
+                decode_extra_state(got.pop('_extra_state'))['lh_config']['head_directions']
                 == 'halves-none'
+            )
             torch.testing.assert_close(got, weights)
         else:
-            with pytest.raises(ValueError, match="holds a 'lookhere' model.*loads only into "
-                                                 "pos_encoding='lookhere'"):
+            with pytest.raises(
+                ValueError,
+                match="holds a 'lookhere' model.*loads only into pos_encoding='lookhere'",
+            ):
                 model.load_pretrained(str(path))
 
 
 def test_default_lookhere_still_reproduces_the_official_model(reference_dir):
     io = torch.load(reference_dir / 'official_tiny_halves_none_io.pt', weights_only=False)
     m = io['model']
-    model = LookHereViT(img_size=m['img_size'], patch_size=m['patch_size'],
-                        embed_dims=m['embed_dim'], num_layers=m['depth'],
-                        num_heads=m['num_heads'], init_values=m['init_values'],
-                        init_cfg=dict(type='Pretrained', checkpoint=str(
-                            reference_dir / 'official_tiny_halves_none.pth')))
+    model = LookHereViT(
+        img_size=m['img_size'],
+        patch_size=m['patch_size'],
+        embed_dims=m['embed_dim'],
+        num_layers=m['depth'],
+        num_heads=m['num_heads'],
+        init_values=m['init_values'],
+        init_cfg=dict(
+            type='Pretrained', checkpoint=str(reference_dir / 'official_tiny_halves_none.pth')
+        ),
+    )
     model.init_weights()
     model.eval()
     for case in io['cases'].values():
@@ -467,7 +557,10 @@ def test_timm_vit_with_cls_pos_entry_gives_the_same_block_input(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         tokens, _ = model._embed(x)
-        patches = F.conv2d(x, sd['patch_embed.proj.weight'], sd['patch_embed.proj.bias'],
-                           stride=8).flatten(2).transpose(1, 2)
+        patches = (
+            F.conv2d(x, sd['patch_embed.proj.weight'], sd['patch_embed.proj.bias'], stride=8)
+            .flatten(2)
+            .transpose(1, 2)
+        )
         timm_tokens = torch.cat([sd['cls_token'].expand(2, -1, -1), patches], 1) + pos
     torch.testing.assert_close(tokens, timm_tokens)

@@ -1,6 +1,7 @@
 """``pos_encoding='pape'``: the fast appended-feature path against PaPE's definition, written
 here as a plain ``N x N`` logit term (global and window attention), plus shapes, the CLS
 rule, the trunk's initialisation, training and weight decay."""
+
 from __future__ import annotations
 
 import math
@@ -9,16 +10,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lookhere_dense.lookhere.pos_encoding import pape as pape_module
-from lookhere_dense.models.backbones import LookHereViT
-from lookhere_dense.lookhere.pos_encoding.pape import ParabolicPositionEncoding, parabola_features
 from lookhere_dense.errors import PosEncodingError
+from lookhere_dense.lookhere.pos_encoding import pape as pape_module
 from lookhere_dense.lookhere.pos_encoding import parse_pos_encoding
+from lookhere_dense.lookhere.pos_encoding.pape import ParabolicPositionEncoding, parabola_features
+from lookhere_dense.models.backbones import LookHereViT
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
 
-TINY = dict(img_size=32, patch_size=8, embed_dims=48, num_layers=3, num_heads=12,
-            init_values=None)
+TINY = dict(img_size=32, patch_size=8, embed_dims=48, num_layers=3, num_heads=12, init_values=None)
 
 
 def tiny(pos_encoding='pape', seed=0, **kw) -> LookHereViT:
@@ -44,7 +44,7 @@ def definition_term(pe: ParabolicPositionEncoding, tokens, layer, grid, cls_toke
     a = F.softplus(torch.einsum('bnc,hmc->bhnm', t, w_cs[0]))
     s = torch.einsum('bnc,hmc->bhnm', t, w_cs[1])
     offset = p[:, :, None, :] - p[:, None, :, :]  # (heads, N_query, N_key, P)
-    term = (-a[:, :, :, None] * offset ** 2 + s[:, :, :, None] * offset).sum(-1)
+    term = (-a[:, :, :, None] * offset**2 + s[:, :, :, None] * offset).sum(-1)
     full = torch.zeros(t.shape[0], heads, h * w + off, h * w + off, dtype=torch.float64)
     full[..., off:, off:] = term
     return full
@@ -54,8 +54,9 @@ def window_visibility(grid, window_size, cls_token):
     """``(T, T)`` bool: which keys each query sees in ViTDet window attention (patches see
     their window and the CLS token, the CLS query sees everything)."""
     h, w = grid
-    win = torch.tensor([(y // window_size) * 10_000 + x // window_size
-                        for y in range(h) for x in range(w)])
+    win = torch.tensor(
+        [(y // window_size) * 10_000 + x // window_size for y in range(h) for x in range(w)]
+    )
     seen = win[:, None] == win[None, :]
     if cls_token:
         seen = torch.cat([torch.ones(1, h * w, dtype=torch.bool), seen], 0)
@@ -73,16 +74,16 @@ def definition_attention(q, k, v, term, visible=None):
 def check_against_definition(grid, cls_token, window_size=0, layer=1, parabolas=5, seed=0):
     """Fast path == definition (float64), for random weights, q, k, v and tokens."""
     torch.manual_seed(seed)
-    pe = ParabolicPositionEncoding(embed_dims=24, depth=3, num_heads=3,
-                                   parabolas=parabolas).double()
+    pe = ParabolicPositionEncoding(
+        embed_dims=24, depth=3, num_heads=3, parabolas=parabolas
+    ).double()
     t = grid[0] * grid[1] + int(cls_token)
     q, k, v = (torch.randn(2, 3, t, 8, dtype=torch.float64) for _ in range(3))
     tokens = torch.randn(2, t, 24, dtype=torch.float64)
     term = definition_term(pe, tokens, layer, grid, cls_token)
     if window_size:
         fast = pe.window_attention(q, k, v, layer, grid, window_size, cls_token, tokens=tokens)
-        slow = definition_attention(q, k, v, term,
-                                    window_visibility(grid, window_size, cls_token))
+        slow = definition_attention(q, k, v, term, window_visibility(grid, window_size, cls_token))
     else:
         fast = pe(q, k, v, layer, grid, cls_token, tokens=tokens)
         slow = definition_attention(q, k, v, term)
@@ -107,12 +108,14 @@ def test_appended_features_give_the_parabola_sum():
     """The dot products of :func:`parabola_features` are the parabola sum itself."""
     torch.manual_seed(0)
     p = torch.randn(3, 7, 4, dtype=torch.float64)  # (heads, N, P)
-    a, s = torch.rand(2, 3, 7, 4, dtype=torch.float64), torch.randn(2, 3, 7, 4,
-                                                                   dtype=torch.float64)
+    a, s = (
+        torch.rand(2, 3, 7, 4, dtype=torch.float64),
+        torch.randn(2, 3, 7, 4, dtype=torch.float64),
+    )
     qf, kf = parabola_features(p, a, s)
     assert qf.shape == (2, 3, 7, 9) and kf.shape == (3, 7, 9)
     offset = p[:, :, None] - p[:, None]
-    expected = (-a[:, :, :, None] * offset ** 2 + s[:, :, :, None] * offset).sum(-1)
+    expected = (-a[:, :, :, None] * offset**2 + s[:, :, :, None] * offset).sum(-1)
     torch.testing.assert_close(qf @ kf.transpose(-1, -2), expected, rtol=1e-12, atol=1e-12)
 
 
@@ -125,6 +128,7 @@ def test_the_definition_check_catches_a_1e3_error_in_the_fast_path(monkeypatch, 
         def features(p, a, s):
             qf, kf = real(p, a, s)
             return qf + 1e-3, kf
+
         monkeypatch.setattr(pape_module, 'parabola_features', features)
     elif perturb == 'coordinates':
         real = ParabolicPositionEncoding.patch_coordinates
@@ -133,11 +137,15 @@ def test_the_definition_check_catches_a_1e3_error_in_the_fast_path(monkeypatch, 
             out = real(self, grid, device).clone()
             out[0, 0] += 1e-3  # one patch off by 1e-3 (a shift of all would be invisible)
             return out
+
         monkeypatch.setattr(ParabolicPositionEncoding, 'patch_coordinates', coords)
     else:
         real_sdpa = F.scaled_dot_product_attention
-        monkeypatch.setattr(pape_module.F, 'scaled_dot_product_attention',
-                            lambda q, k, v, **kw: real_sdpa(q * (1 + 1e-3), k, v, **kw))
+        monkeypatch.setattr(
+            pape_module.F,
+            'scaled_dot_product_attention',
+            lambda q, k, v, **kw: real_sdpa(q * (1 + 1e-3), k, v, **kw),
+        )
     with pytest.raises(AssertionError):
         check_against_definition((3, 5), True)
 
@@ -175,8 +183,11 @@ def test_trunk_initialisation_does_not_depend_on_the_encoding_or_its_options():
     ref = {k: v for k, v in tiny('none').state_dict().items() if k != '_extra_state'}
     for spec in ('pape', dict(type='pape', parabolas=7)):
         model = tiny(spec)
-        sd = {k: v for k, v in model.state_dict().items()
-              if k != '_extra_state' and not k.startswith('pos_enc.')}
+        sd = {
+            k: v
+            for k, v in model.state_dict().items()
+            if k != '_extra_state' and not k.startswith('pos_enc.')
+        }
         assert sorted(sd) == sorted(ref)
         for key, value in sd.items():
             torch.testing.assert_close(value, ref[key], rtol=0, atol=0, msg=key)
@@ -197,8 +208,9 @@ def test_a_few_training_steps_reduce_the_loss_and_train_the_encoding():
         opt.zero_grad()
         loss = F.mse_loss(model(x)[0], target)
         loss.backward()
-        assert all(p.grad is not None and p.grad.abs().sum() > 0
-                   for p in model.pos_enc.parameters())
+        assert all(
+            p.grad is not None and p.grad.abs().sum() > 0 for p in model.pos_enc.parameters()
+        )
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
@@ -220,11 +232,17 @@ def test_weight_decay_applies_to_pape_weights_as_in_the_reference():
     """The reference decays every parameter; the toolkit's rule (no decay for position
     embeddings, norms, biases...) leaves PaPE's two weight tensors decayed, at layer 0."""
     from mmengine.optim import build_optim_wrapper
+
     model = tiny(dict(type='pape', parabolas=2))
-    wrapper = build_optim_wrapper(model, dict(
-        type='OptimWrapper', constructor='LookHereLayerDecayOptimizerConstructor',
-        optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05),
-        paramwise_cfg=dict(num_layers=3, decay_rate=0.7)))
+    wrapper = build_optim_wrapper(
+        model,
+        dict(
+            type='OptimWrapper',
+            constructor='LookHereLayerDecayOptimizerConstructor',
+            optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05),
+            paramwise_cfg=dict(num_layers=3, decay_rate=0.7),
+        ),
+    )
     for name in ('pos_enc.position_proj', 'pos_enc.curve_proj'):
         group = next(g for g in wrapper.optimizer.param_groups if name in g['param_names'])
         assert group['weight_decay'] == 0.05 and group['layer_id'] == 0
@@ -234,8 +252,11 @@ def test_bad_options_and_missing_tokens_name_the_problem():
     for bad in (0, -3, 2.5, True, '8'):
         with pytest.raises(ValueError, match='parabolas must be a positive int'):
             LookHereViT(**TINY, pos_encoding=dict(type='pape', parabolas=bad))
-    with pytest.raises(PosEncodingError, match=r"'pape' has no options \['theta'\]; allowed: "
-                                               r"\['parabolas'\]"):
+    with pytest.raises(
+        PosEncodingError,
+        match=r"'pape' has no options \['theta'\]; allowed: "
+        r"\['parabolas'\]",
+    ):
         parse_pos_encoding(dict(type='pape', theta=3))
     pe = ParabolicPositionEncoding(embed_dims=24, depth=2, num_heads=3, parabolas=2)
     q = torch.randn(1, 3, 13, 8)

@@ -9,6 +9,7 @@
 * ``rope_dinov3`` is timm's ``RotaryEmbeddingDinoV3`` in our interface; it is checked
   against DINOv3's RoPE written out here (coordinates, periods, augmentation draws).
 """
+
 from __future__ import annotations
 
 import math
@@ -20,17 +21,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lookhere_dense.lookhere.pos_encoding import (
+    AxialRoPE2d,
+    DinoV3RoPE2d,
+    MixedRoPE2d,
+    build_position_encoding,
+)
 from lookhere_dense.models.backbones import LookHereViT
-from lookhere_dense.lookhere.pos_encoding import (AxialRoPE2d, DinoV3RoPE2d, MixedRoPE2d,
-                                                  build_position_encoding)
 
 timm_rope = pytest.importorskip('timm.layers.pos_embed_sincos')
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
 
 GRIDS = [(4, 4), (3, 5), (6, 2), (1, 7), (14, 14)]
-TINY = dict(img_size=32, patch_size=8, embed_dims=48, num_layers=3, num_heads=12,
-            init_values=None)
+TINY = dict(img_size=32, patch_size=8, embed_dims=48, num_layers=3, num_heads=12, init_values=None)
 
 
 def interleaved(x):
@@ -48,10 +52,12 @@ def logits(q, k):
 # -- rope2d == timm RotaryEmbeddingCat (RoPE-ViT axial) ---------------------------------------
 def check_axial_equals_timm(grid, head_dim=16, theta=100.0):
     ours = AxialRoPE2d(head_dim, theta)
-    timm_axial = timm_rope.RotaryEmbeddingCat(dim=head_dim, in_pixels=False, temperature=theta,
-                                              grid_indexing='xy')  # rotate_half=False
-    timm_half = timm_rope.RotaryEmbeddingCat(dim=head_dim, in_pixels=False, temperature=theta,
-                                             grid_indexing='xy', rotate_half=True)
+    timm_axial = timm_rope.RotaryEmbeddingCat(
+        dim=head_dim, in_pixels=False, temperature=theta, grid_indexing='xy'
+    )  # rotate_half=False
+    timm_half = timm_rope.RotaryEmbeddingCat(
+        dim=head_dim, in_pixels=False, temperature=theta, grid_indexing='xy', rotate_half=True
+    )
     n = grid[0] * grid[1]
     # the same angle for every pair: timm's sin is sin(angle) repeated per pair
     sin_t = timm_axial.get_embed(list(grid))[:, :head_dim]
@@ -84,9 +90,9 @@ def check_mixed_equals_timm(grid, depth=2, heads=3, head_dim=16):
     torch.manual_seed(7)
     ours = MixedRoPE2d(depth, heads, head_dim, theta=10.0)
     torch.manual_seed(7)
-    theirs = timm_rope.RotaryEmbeddingMixed(dim=heads * head_dim, depth=depth,
-                                            num_heads=heads, temperature=10.0,
-                                            grid_indexing='xy')
+    theirs = timm_rope.RotaryEmbeddingMixed(
+        dim=heads * head_dim, depth=depth, num_heads=heads, temperature=10.0, grid_indexing='xy'
+    )
     # one seed, the same initial frequencies (same draws, same formula)
     torch.testing.assert_close(ours.freqs.data, theirs.freqs.data)
     with torch.no_grad():  # train one of them a little: they must still agree
@@ -118,8 +124,7 @@ def test_rope2d_mixed_backbone_init_is_timm_init():
     torch.manual_seed(3)
     model = LookHereViT(**TINY, pos_encoding='rope2d_mixed')
     torch.manual_seed(3)
-    expected = timm_rope.init_random_2d_freqs(head_dim=4, depth=3, num_heads=12,
-                                              temperature=10.0)
+    expected = timm_rope.init_random_2d_freqs(head_dim=4, depth=3, num_heads=12, temperature=10.0)
     torch.testing.assert_close(model.pos_enc.freqs.data, expected)
 
 
@@ -143,13 +148,13 @@ def dinov3_draw(shift=None, jitter=None, rescale=None):
     if jitter is not None:
         ops.append(('mul', torch.empty(2).uniform_(-math.log(jitter), math.log(jitter)).exp()))
     if rescale is not None:
-        ops.append(('mul', torch.empty(1).uniform_(-math.log(rescale),
-                                                   math.log(rescale)).exp()))
+        ops.append(('mul', torch.empty(1).uniform_(-math.log(rescale), math.log(rescale)).exp()))
 
     def apply(coords):
         for op, value in ops:
             coords = coords + value if op == 'add' else coords * value
         return coords
+
     return apply
 
 
@@ -160,8 +165,9 @@ def dinov3_rotate(x, coords, theta=100.0):
     d = x.shape[-1]
     periods = theta ** (2 * torch.arange(d // 4, dtype=torch.float32) / (d // 2))
     angles = (2 * math.pi * coords[:, :, None] / periods).flatten(1).double()  # (N, d/2)
-    z = torch.complex(x[..., :d // 2].double(), x[..., d // 2:].double()) * torch.polar(
-        torch.ones_like(angles), angles)
+    z = torch.complex(x[..., : d // 2].double(), x[..., d // 2 :].double()) * torch.polar(
+        torch.ones_like(angles), angles
+    )
     return torch.cat([z.real, z.imag], -1).to(x.dtype)
 
 
@@ -198,8 +204,7 @@ def test_rope_dinov3_normalisation_options(normalize):
 
 
 def check_dinov3_training(grid, cls_token, shift=None, jitter=None, rescale=2.0, seed=5):
-    pe = DinoV3RoPE2d(16, shift_coords=shift, jitter_coords=jitter,
-                      rescale_coords=rescale).train()
+    pe = DinoV3RoPE2d(16, shift_coords=shift, jitter_coords=jitter, rescale_coords=rescale).train()
     q, k, v = qkv(grid, cls_token)
     torch.manual_seed(seed)
     pe.add_to_tokens(torch.zeros(1), grid)  # the backbone's once-per-forward call draws
@@ -227,17 +232,27 @@ def test_the_timm_checks_catch_a_1e3_error(monkeypatch, check):
     """Companion of the checks above: a 1e-3 error in the code under test fails them."""
     if check in ('eval', 'train'):
         real = DinoV3RoPE2d.embedding
-        monkeypatch.setattr(DinoV3RoPE2d, 'embedding',
-                            lambda self, grid, device=None: real(self, grid, device) + 1e-3)
-        run = (lambda: check_dinov3_eval((3, 5), True)) if check == 'eval' else \
-            (lambda: check_dinov3_training((3, 5), True))
+        monkeypatch.setattr(
+            DinoV3RoPE2d,
+            'embedding',
+            lambda self, grid, device=None: real(self, grid, device) + 1e-3,
+        )
+        run = (
+            (lambda: check_dinov3_eval((3, 5), True))
+            if check == 'eval'
+            else (lambda: check_dinov3_training((3, 5), True))
+        )
     else:
         cls = AxialRoPE2d if check == 'axial' else MixedRoPE2d
         real = cls.angles
-        monkeypatch.setattr(cls, 'angles', lambda self, layer, grid, device:
-                            real(self, layer, grid, device) + 1e-3)
-        run = (lambda: check_axial_equals_timm((3, 5))) if check == 'axial' else \
-            (lambda: check_mixed_equals_timm((3, 5)))
+        monkeypatch.setattr(
+            cls, 'angles', lambda self, layer, grid, device: real(self, layer, grid, device) + 1e-3
+        )
+        run = (
+            (lambda: check_axial_equals_timm((3, 5)))
+            if check == 'axial'
+            else (lambda: check_mixed_equals_timm((3, 5)))
+        )
     with pytest.raises(AssertionError):
         run()
 
@@ -258,6 +273,7 @@ def test_rope_dinov3_larger_grids_are_denser_not_larger():
 def test_rope_dinov3_in_the_backbone():
     """Train mode draws once per forward (checkpointed blocks recompute with the same
     draw: the same gradients), eval is deterministic, nothing is saved, a few steps train."""
+
     def grads(with_cp):
         torch.manual_seed(0)
         model = LookHereViT(**TINY, pos_encoding='rope_dinov3', with_cp=with_cp)
@@ -294,11 +310,18 @@ def test_rope_dinov3_in_the_backbone():
 def test_rope_dinov3_string_and_none_options_build_in_the_backbone():
     """Options that are not numbers (normalize_coords='min', shift_coords=None) pass the
     backbone's checks: every encoding validates its own options."""
-    model = LookHereViT(**TINY, pos_encoding=dict(type='rope_dinov3', normalize_coords='min',
-                                                  shift_coords=None, theta=50.0))
+    model = LookHereViT(
+        **TINY,
+        pos_encoding=dict(
+            type='rope_dinov3', normalize_coords='min', shift_coords=None, theta=50.0
+        ),
+    )
     assert model.pos_enc.rope.normalize_coords == 'min'
-    with pytest.raises(ValueError, match=r'pos_encoding theta must be a finite number > 0, '
-                                         r'got -1'):
+    with pytest.raises(
+        ValueError,
+        match=r'pos_encoding theta must be a finite number > 0, '
+        r'got -1',
+    ):
         LookHereViT(**TINY, pos_encoding=dict(type='rope_dinov3', theta=-1))
 
 
@@ -335,17 +358,32 @@ def test_rope_dinov3_without_timm_is_a_clear_error(repo_root):
             print('ERROR', err)
         print('timm loaded:', 'timm' in sys.modules)
     """)
-    res = subprocess.run([sys.executable, '-c', script], cwd=repo_root, capture_output=True,
-                         text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, '-c', script], cwd=repo_root, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stderr
     assert "ERROR pos_encoding='rope_dinov3' uses timm's RotaryEmbeddingDinoV3" in res.stdout
     assert 'pip install -U timm' in res.stdout and 'timm loaded: False' in res.stdout
 
 
 def test_build_position_encoding_passes_the_options():
-    pe = build_position_encoding(dict(type='rope_dinov3', theta=10.0, jitter_coords=1.5,
-                                      rescale_coords=None, normalize_coords='max'),
-                                 embed_dims=48, num_heads=12, depth=2, grid_size=(4, 4))
-    assert (pe.rope.temperature, pe.rope.jitter_coords, pe.rope.rescale_coords,
-            pe.rope.normalize_coords) == (10.0, 1.5, None, 'max')
+    pe = build_position_encoding(
+        dict(
+            type='rope_dinov3',
+            theta=10.0,
+            jitter_coords=1.5,
+            rescale_coords=None,
+            normalize_coords='max',
+        ),
+        embed_dims=48,
+        num_heads=12,
+        depth=2,
+        grid_size=(4, 4),
+    )
+    assert (
+        pe.rope.temperature,
+        pe.rope.jitter_coords,
+        pe.rope.rescale_coords,
+        pe.rope.normalize_coords,
+    ) == (10.0, 1.5, None, 'max')
     assert pe.rope.rotate_half and pe.rope.grid_indexing == 'ij'

@@ -3,6 +3,7 @@
 with dropout, drop-path, validation after each checkpoint, a damaged newest checkpoint and a
 random seed in the resumed run),
 and the resume choices (fallback, nothing readable, empty work dir) say what they do."""
+
 from __future__ import annotations
 
 import glob
@@ -14,10 +15,10 @@ import time
 
 import pytest
 import torch
+from tiny_seg import ADE_CFG, PYTHON, REPO, SHRINK, env, make_ade, options, roots
 
 from lookhere_dense.apis.train import build_train_config, find_resume_checkpoint, train_model
 from lookhere_dense.errors import ToolError
-from tiny_seg import ADE_CFG, PYTHON, REPO, SHRINK, env, make_ade, options, roots
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
 
@@ -25,9 +26,14 @@ N = 6  # iterations of the full run
 #: Randomness everywhere: augmentation (numpy / random), dropout and drop-path (torch);
 #: a checkpoint and a validation after every iteration (so the resumed run starts where
 #: the uninterrupted one validated).
-RUN = [f'train_cfg.max_iters={N}', 'train_cfg.val_interval=1',
-       'default_hooks.checkpoint.interval=1', 'default_hooks.checkpoint.max_keep_ckpts=10',
-       'model.decode_head.dropout_ratio=0.1', 'model.backbone.drop_path_rate=0.1']
+RUN = [
+    f'train_cfg.max_iters={N}',
+    'train_cfg.val_interval=1',
+    'default_hooks.checkpoint.interval=1',
+    'default_hooks.checkpoint.max_keep_ckpts=10',
+    'model.decode_head.dropout_ratio=0.1',
+    'model.backbone.drop_path_rate=0.1',
+]
 
 
 def _weights(path: str) -> dict:
@@ -41,14 +47,28 @@ def _same(a: dict, b: dict) -> bool:
 
 def _latest(work: str) -> int:
     with open(osp.join(work, 'last_checkpoint')) as f:
-        return int(f.read().strip().rsplit('_', 1)[1][:-len('.pth')])
+        return int(f.read().strip().rsplit('_', 1)[1][: -len('.pth')])
 
 
 def _train(work: str, opts: list, err) -> subprocess.Popen:
     """``python tools/train.py`` (one thread) in a subprocess."""
     return subprocess.Popen(
-        [PYTHON, 'tools/train.py', ADE_CFG, '--work-dir', work, '--threads', '1',
-         '--cfg-options', *opts], cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=err)
+        [
+            PYTHON,
+            'tools/train.py',
+            ADE_CFG,
+            '--work-dir',
+            work,
+            '--threads',
+            '1',
+            '--cfg-options',
+            *opts,
+        ],
+        cwd=REPO,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+    )
 
 
 def _kill_after_checkpoint(work: str, opts: list, k: int) -> int:
@@ -83,22 +103,26 @@ def test_a_killed_run_resumes_bit_exactly(tmp_path):
     newest = _kill_after_checkpoint(work, opts, 2)
     assert 2 <= newest < N
     # the killed process wrote the same checkpoints as the uninterrupted one
-    assert _same(_weights(osp.join(work, f'iter_{newest - 1}.pth')),
-                 _weights(osp.join(full, f'iter_{newest - 1}.pth')))
+    assert _same(
+        _weights(osp.join(work, f'iter_{newest - 1}.pth')),
+        _weights(osp.join(full, f'iter_{newest - 1}.pth')),
+    )
     # the newest checkpoint is damaged (as if the kill had hit it while written)
     newest_path = osp.join(work, f'iter_{newest}.pth')
     with open(newest_path, 'r+b') as f:
         f.truncate(os.path.getsize(newest_path) // 2)
 
     # resumed with a random seed: the sampler seed must come from the checkpoint too
-    runner = train_model(ADE_CFG, work_dir=work, resume='auto',
-                         cfg_options=options(*opts, 'randomness.seed=None'))
+    runner = train_model(
+        ADE_CFG, work_dir=work, resume='auto', cfg_options=options(*opts, 'randomness.seed=None')
+    )
     assert runner.iter == N
     log = open(sorted(glob.glob(osp.join(work, '*', '*.log')))[-1]).read()
     assert f'skipped unreadable checkpoint(s) {newest_path}' in log
     assert f'resumed epoch: 0, iter: {newest - 1}' in log
-    assert _same(_weights(osp.join(work, f'iter_{N}.pth')),
-                 _weights(osp.join(full, f'iter_{N}.pth')))
+    assert _same(
+        _weights(osp.join(work, f'iter_{N}.pth')), _weights(osp.join(full, f'iter_{N}.pth'))
+    )
 
 
 def test_resume_without_a_readable_checkpoint_is_an_error(tmp_path):
@@ -109,17 +133,23 @@ def test_resume_without_a_readable_checkpoint_is_an_error(tmp_path):
     (work / 'last_checkpoint').write_text(str(work / 'iter_3.pth'))
     with pytest.raises(ToolError, match='no readable checkpoint in') as exc:
         find_resume_checkpoint(str(work))
-    assert 'iter_3.pth' in str(exc.value) and "iter_2.pth (empty file)" in str(exc.value)
+    assert 'iter_3.pth' in str(exc.value) and 'iter_2.pth (empty file)' in str(exc.value)
 
 
 def test_resume_in_an_empty_work_dir_starts_at_iteration_0_and_says_so(tmp_path):
     path, notes = find_resume_checkpoint(str(tmp_path / 'nothing_here'))
     assert path is None
-    assert notes == [f"--resume: no checkpoint in {str(tmp_path / 'nothing_here')!r}, so "
-                     'training starts from iteration 0 (check --work-dir if you expected to '
-                     'continue a run)']
-    cfg, warned = build_train_config(ADE_CFG, work_dir=str(tmp_path / 'nothing_here'),
-                                     resume='auto', check_data=False,
-                                     cfg_options=options(*SHRINK, 'load_from=init.pth'))
+    assert notes == [
+        f'--resume: no checkpoint in {str(tmp_path / "nothing_here")!r}, so '
+        'training starts from iteration 0 (check --work-dir if you expected to '
+        'continue a run)'
+    ]
+    cfg, warned = build_train_config(
+        ADE_CFG,
+        work_dir=str(tmp_path / 'nothing_here'),
+        resume='auto',
+        check_data=False,
+        cfg_options=options(*SHRINK, 'load_from=init.pth'),
+    )
     assert cfg.resume is False and cfg.load_from == 'init.pth'  # the config's own init stays
     assert notes[0] in warned

@@ -1,5 +1,6 @@
 """The Segmenter configs: they load through the ``mmseg::`` bases, build, switch presets
 with one key, and the ADE20K config starts training on an ADE20K folder as it is."""
+
 from __future__ import annotations
 
 import glob
@@ -9,8 +10,8 @@ import pytest
 import torch
 
 from lookhere_dense.apis.train import train_model
-from lookhere_dense.lookhere import PRESETS
 from lookhere_dense.errors import ConfigError
+from lookhere_dense.lookhere import PRESETS
 from lookhere_dense.swap import check_model_cfg, drop_missing_pretrained
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.usefixtures('one_torch_thread')
 
 def _cfg(name: str, **options):
     from mmengine.config import Config
+
     cfg = Config.fromfile(osp.join(REPO, 'configs', name))
     if options:
         cfg.merge_from_dict(options)
@@ -32,6 +34,7 @@ def _cfg(name: str, **options):
 def _build(cfg, keep_pretrained: bool = False):
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
+
     init_default_scope('mmseg')
     model_cfg = cfg.model
     if not keep_pretrained:  # the ViT-B configs name a file that is not here
@@ -40,13 +43,18 @@ def _build(cfg, keep_pretrained: bool = False):
 
 
 def test_the_issue_configs_exist():
-    for name in ('segmenter_lookhere_ade20k.py', 'segmenter_lookhere_linear_ade20k.py',
-                 'segmenter_lookhere_vit-s_ade20k.py', 'segmenter_lookhere_vit-t_ade20k.py',
-                 'segmenter_lookhere_vit-s_linear_ade20k.py',
-                 'segmenter_lookhere_vit-t_linear_ade20k.py',
-                 'segmenter_lookhere_cityscapes.py', 'segmenter_lookhere_linear_cityscapes.py',
-                 'segmenter_lookhere_cityscapes_whole.py',
-                 'segmenter_lookhere_linear_cityscapes_whole.py'):
+    for name in (
+        'segmenter_lookhere_ade20k.py',
+        'segmenter_lookhere_linear_ade20k.py',
+        'segmenter_lookhere_vit-s_ade20k.py',
+        'segmenter_lookhere_vit-t_ade20k.py',
+        'segmenter_lookhere_vit-s_linear_ade20k.py',
+        'segmenter_lookhere_vit-t_linear_ade20k.py',
+        'segmenter_lookhere_cityscapes.py',
+        'segmenter_lookhere_linear_cityscapes.py',
+        'segmenter_lookhere_cityscapes_whole.py',
+        'segmenter_lookhere_linear_cityscapes_whole.py',
+    ):
         assert name in CONFIGS
 
 
@@ -54,7 +62,7 @@ def test_the_issue_configs_exist():
 def test_config_builds_and_segments(name):
     cfg = _cfg(name, **{'model.backbone.num_layers': 1})
     assert cfg.model.backbone.type == 'LookHereViT'
-    assert 'lookhere_dense' in cfg.custom_imports.imports
+    assert 'lookhere_dense.openmmlab' in cfg.custom_imports.imports
     check_model_cfg(cfg)
     model = _build(cfg).eval()
     assert model.decode_head.num_classes == (19 if 'cityscapes' in name else 150)
@@ -83,8 +91,9 @@ def test_recipes_follow_segmenter():
 
 
 @pytest.mark.parametrize('preset', ['lh180', 'lh90', 'lh45'])
-@pytest.mark.parametrize('name', ['segmenter_lookhere_vit-t_ade20k.py',
-                                  'segmenter_lookhere_vit-s_linear_ade20k.py'])
+@pytest.mark.parametrize(
+    'name', ['segmenter_lookhere_vit-t_ade20k.py', 'segmenter_lookhere_vit-s_linear_ade20k.py']
+)
 def test_one_key_selects_the_preset(name, preset):
     cfg = _cfg(name, **{'model.backbone.preset': preset, 'model.backbone.num_layers': 2})
     model = _build(cfg)
@@ -105,10 +114,16 @@ def test_official_checkpoint_loads_through_model_pretrained(reference_dir, tmp_p
     """The mmseg ``model.pretrained`` route ends in LookHereViT's official-format loader
     (the shared reference file is a tiny model in the official checkpoint format)."""
     ckpt = str(reference_dir / 'official_tiny_halves_none.pth')
-    cfg = _cfg('segmenter_lookhere_vit-t_tiny-ade.py', **{
-        'model.pretrained': ckpt, 'model.backbone.embed_dims': 96,
-        'model.backbone.num_layers': 3, 'model.backbone.init_values': 0.1,
-        'model.decode_head.in_channels': 96})
+    cfg = _cfg(
+        'segmenter_lookhere_vit-t_tiny-ade.py',
+        **{
+            'model.pretrained': ckpt,
+            'model.backbone.embed_dims': 96,
+            'model.backbone.num_layers': 3,
+            'model.backbone.init_values': 0.1,
+            'model.decode_head.in_channels': 96,
+        },
+    )
     model = _build(cfg, keep_pretrained=True)
     model.init_weights()
     state = torch.load(ckpt, map_location='cpu', weights_only=False)['weights']
@@ -121,7 +136,7 @@ def test_unknown_backbone_is_named_with_close_matches():
         check_model_cfg(cfg)
     msg = str(err.value)
     assert "model.backbone.type='LookHereVit'" in msg and "'LookHereViT'" in msg
-    assert "custom_imports=dict(imports=['lookhere_dense'])" in msg
+    assert "custom_imports=dict(imports=['lookhere_dense.openmmlab'])" in msg
 
 
 def test_head_channel_mismatch_is_named():
@@ -132,31 +147,43 @@ def test_head_channel_mismatch_is_named():
 
 def test_head_layout_that_does_not_fit_is_named():
     cfg = _cfg('segmenter_lookhere_vit-t_tiny-ade.py', **{'model.backbone.num_heads': 3})
-    with pytest.raises(ConfigError, match=r'does not fit num_heads=3.*Set model.backbone.'
-                                          r'num_heads to one that fits'):
+    with pytest.raises(
+        ConfigError,
+        match=r'does not fit num_heads=3.*Set model.backbone.'
+        r'num_heads to one that fits',
+    ):
         check_model_cfg(cfg)
 
 
 @pytest.mark.parametrize('encoding', ['abs', 'rope2d', 'rope2d_mixed', 'none'])
 def test_baseline_encodings_need_no_lookhere_head_layout(encoding):
-    cfg = _cfg('segmenter_lookhere_vit-t_tiny-ade.py', **{'model.backbone.num_heads': 8,
-                                                          'model.backbone.pos_encoding': encoding})
+    cfg = _cfg(
+        'segmenter_lookhere_vit-t_tiny-ade.py',
+        **{'model.backbone.num_heads': 8, 'model.backbone.pos_encoding': encoding},
+    )
     check_model_cfg(cfg)
-    cfg = _cfg('segmenter_lookhere_vit-t_tiny-ade.py', **{'model.backbone.num_heads': 8,
-                                                          'model.backbone.pos_encoding': 'alibi2d'})
+    cfg = _cfg(
+        'segmenter_lookhere_vit-t_tiny-ade.py',
+        **{'model.backbone.num_heads': 8, 'model.backbone.pos_encoding': 'alibi2d'},
+    )
     check_model_cfg(cfg)  # 'none' heads: any multiple of 4
-    cfg = _cfg('segmenter_lookhere_vit-t_tiny-ade.py', **{'model.backbone.num_heads': 6,
-                                                          'model.backbone.pos_encoding': 'alibi2d'})
+    cfg = _cfg(
+        'segmenter_lookhere_vit-t_tiny-ade.py',
+        **{'model.backbone.num_heads': 6, 'model.backbone.pos_encoding': 'alibi2d'},
+    )
     with pytest.raises(ConfigError, match=r"'none'.*does not fit num_heads=6"):
         check_model_cfg(cfg)
 
 
-@pytest.mark.parametrize('key,value,match', [
-    ('model.backbone.pos_encoding', 'rope', r"model.backbone.pos_encoding: .*'rope'.*rope2d"),
-    ('model.backbone.attn_backend', 'fast', r"attn_backend='fast' is not one of"),
-    ('model.backbone.preset', 'lh30', r"unknown LookHere preset 'lh30'"),
-    ('model.backbone.embed_dims', 200, r'embed_dims=200 is not divisible by num_heads=12'),
-])
+@pytest.mark.parametrize(
+    'key,value,match',
+    [
+        ('model.backbone.pos_encoding', 'rope', r"model.backbone.pos_encoding: .*'rope'.*rope2d"),
+        ('model.backbone.attn_backend', 'fast', r"attn_backend='fast' is not one of"),
+        ('model.backbone.preset', 'lh30', r"unknown LookHere preset 'lh30'"),
+        ('model.backbone.embed_dims', 200, r'embed_dims=200 is not divisible by num_heads=12'),
+    ],
+)
 def test_backbone_typos_are_config_errors(key, value, match):
     cfg = _cfg('segmenter_lookhere_vit-t_tiny-ade.py', **{key: value})
     with pytest.raises(ConfigError, match=match) as info:
@@ -172,17 +199,23 @@ def test_ade20k_config_starts_training_on_an_ade20k_folder_as_is(tmp_path, monke
 
     make_ade20k_like(tmp_path / 'data', num_train=2, num_val=1)
     monkeypatch.chdir(tmp_path)
-    runner = train_model(osp.join(REPO, 'configs', 'segmenter_lookhere_ade20k.py'),
-                         allow_random_init=True,  # the LH_180 file is not here
-                         cfg_options={'train_cfg.max_iters': 1,
-                                      'train_dataloader.num_workers': 0,
-                                      'train_dataloader.persistent_workers': False})
+    runner = train_model(
+        osp.join(REPO, 'configs', 'segmenter_lookhere_ade20k.py'),
+        allow_random_init=True,  # the LH_180 file is not here
+        cfg_options={
+            'train_cfg.max_iters': 1,
+            'train_dataloader.num_workers': 0,
+            'train_dataloader.persistent_workers': False,
+        },
+    )
     assert runner.iter == 1
     assert type(runner.model.backbone).__name__ == 'LookHereViT'
     assert runner.model.backbone.embed_dims == 768 and len(runner.model.backbone.blocks) == 12
     assert osp.isfile(osp.join('work_dirs', 'segmenter_lookhere_ade20k', 'iter_1.pth'))
     logs = glob.glob(osp.join('work_dirs', 'segmenter_lookhere_ade20k', '*', '*.log'))
     text = open(logs[0]).read()
-    assert "'checkpoints/LH_180_weights_and_config.pth' not found: the backbone starts " \
+    assert (
+        "'checkpoints/LH_180_weights_and_config.pth' not found: the backbone starts "
         'from RANDOM weights' in text
+    )
     assert 'Iter(val)' in text and 'mIoU' in text  # validated with IoUMetric at the end

@@ -1,5 +1,6 @@
 """The tiny ADE20K / Cityscapes-layout datasets and the data checks, through mmseg's own
 dataset classes and transforms."""
+
 from __future__ import annotations
 
 import glob
@@ -10,12 +11,15 @@ import cv2
 import numpy as np
 import pytest
 
+from lookhere_dense.data.checks import check_crop_fits, check_dataset_layout, check_label_values
 from lookhere_dense.data.transforms import CheckSegLabels
-from lookhere_dense.data.checks import (check_crop_fits, check_dataset_layout,
-                                        check_label_values)
 from lookhere_dense.errors import CropSizeError, DatasetLayoutError, LabelRangeError
-from lookhere_dense.research.datasets.synthetic_seg import (ADE_CLASSES, CITYSCAPES_CLASSES,
-                                                            make_ade20k_like, make_cityscapes_like)
+from lookhere_dense.research.datasets.synthetic_seg import (
+    ADE_CLASSES,
+    CITYSCAPES_CLASSES,
+    make_ade20k_like,
+    make_cityscapes_like,
+)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
@@ -30,6 +34,7 @@ def data(tmp_path_factory):
 
 def _tiny_cfg(name: str, data_root):
     from mmengine.config import Config
+
     cfg = Config.fromfile(osp.join(REPO, 'configs', name))
     for split in ('train', 'val', 'test'):
         cfg[f'{split}_dataloader'].dataset.data_root = str(data_root)
@@ -59,7 +64,8 @@ def test_cityscapes_layout_matches_mmseg(data):
     assert re.match(r'synthtown_\d{6}_\d{6}_leftImg8bit\.png', osp.basename(imgs[0]))
     for img in imgs:
         lab = img.replace('leftImg8bit', 'gtFine', 1).replace(
-            '_leftImg8bit.png', '_gtFine_labelTrainIds.png')
+            '_leftImg8bit.png', '_gtFine_labelTrainIds.png'
+        )
         seg = cv2.imread(lab, cv2.IMREAD_UNCHANGED)
         assert seg.shape == (128, 256) and cv2.imread(img).shape == (128, 256, 3)
         assert set(np.unique(seg).tolist()) <= set(CITYSCAPES_CLASSES.values()) | {255}
@@ -78,17 +84,26 @@ def test_generation_is_deterministic(tmp_path):
 def test_mmseg_datasets_read_the_tiny_data(data):
     from mmengine.registry import init_default_scope
     from mmseg.datasets import ADE20KDataset, CityscapesDataset
+
     init_default_scope('mmseg')
     _, ade, city = data
-    ds = ADE20KDataset(data_root=str(ade), data_prefix=dict(
-        img_path='images/validation', seg_map_path='annotations/validation'),
-        pipeline=[dict(type='LoadImageFromFile'), dict(type='LoadAnnotations'),
-                  dict(type='CheckSegLabels', num_classes=150)])
+    ds = ADE20KDataset(
+        data_root=str(ade),
+        data_prefix=dict(img_path='images/validation', seg_map_path='annotations/validation'),
+        pipeline=[
+            dict(type='LoadImageFromFile'),
+            dict(type='LoadAnnotations'),
+            dict(type='CheckSegLabels', num_classes=150),
+        ],
+    )
     assert len(ds) == 3
     seg = ds[0]['gt_seg_map']
     assert set(np.unique(seg).tolist()) <= set(ADE_CLASSES.values()) | {255}
-    cs = CityscapesDataset(data_root=str(city), data_prefix=dict(
-        img_path='leftImg8bit/val', seg_map_path='gtFine/val'), pipeline=[])
+    cs = CityscapesDataset(
+        data_root=str(city),
+        data_prefix=dict(img_path='leftImg8bit/val', seg_map_path='gtFine/val'),
+        pipeline=[],
+    )
     assert len(cs) == 2
 
 
@@ -96,9 +111,12 @@ def test_check_labels_transform_names_the_file():
     t = CheckSegLabels(num_classes=19)
     ok = dict(gt_seg_map=np.array([[0, 18], [255, 3]], np.uint8), seg_map_path='ok.png')
     assert t(ok) is ok
-    bad = dict(gt_seg_map=np.array([[0, 19], [200, 3]], np.uint8), seg_map_path='x/bad.png',
-               reduce_zero_label=False)
-    with pytest.raises(LabelRangeError, match=r"x/bad.png.*\[19, 200\].*0\.\.18"):
+    bad = dict(
+        gt_seg_map=np.array([[0, 19], [200, 3]], np.uint8),
+        seg_map_path='x/bad.png',
+        reduce_zero_label=False,
+    )
+    with pytest.raises(LabelRangeError, match=r'x/bad.png.*\[19, 200\].*0\.\.18'):
         t(bad)
     with pytest.raises(ValueError, match='positive int'):
         CheckSegLabels(num_classes=0)

@@ -1,6 +1,7 @@
 """LeanSegmenterMaskTransformerHead and LeanEncoderDecoder: drop-ins for mmseg's
 SegmenterMaskTransformerHead / EncoderDecoder with the same weights and outputs, without
 the (heads, N+K, N+K) attention matrix or a second full-resolution copy of the logits."""
+
 from __future__ import annotations
 
 import os.path as osp
@@ -13,9 +14,12 @@ from mmengine.structures import PixelData
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lookhere_dense.apis.cli import resolve_config_path
-from lookhere_dense.research.benchmark.segmenter import (MMSEG_ORIGINALS, mmseg_original_cfg,
-                                                         segmenter_case)
 from lookhere_dense.models.heads import FusedSelfAttention, LeanSegmenterMaskTransformerHead
+from lookhere_dense.research.benchmark.segmenter import (
+    MMSEG_ORIGINALS,
+    mmseg_original_cfg,
+    segmenter_case,
+)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TINY = osp.join(REPO, 'configs', 'segmenter_lookhere_vit-t_tiny-cityscapes.py')
@@ -27,14 +31,24 @@ pytestmark = pytest.mark.usefixtures('one_torch_thread')
 def _build(cfg: dict):
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
+
     init_default_scope('mmseg')
     return MODELS.build(ConfigDict(cfg))
 
 
 def _head_cfg(type_: str, **kw) -> dict:
-    cfg = dict(type=type_, in_channels=48, channels=48, num_classes=5, num_layers=2,
-               num_heads=4, embed_dims=32, dropout_ratio=0.0, drop_path_rate=0.0,
-               loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0))
+    cfg = dict(
+        type=type_,
+        in_channels=48,
+        channels=48,
+        num_classes=5,
+        num_layers=2,
+        num_heads=4,
+        embed_dims=32,
+        dropout_ratio=0.0,
+        drop_path_rate=0.0,
+        loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0),
+    )
     cfg.update(kw)
     return cfg
 
@@ -73,8 +87,9 @@ def test_same_parameters_names_and_init_as_mmseg():
 
 def test_mmseg_segmenter_head_state_dict_loads_strictly():
     """The head of mmseg's own Segmenter ViT-T config, built as ours, takes its weights."""
-    cfg = Config.fromfile(resolve_config_path(
-        'mmseg::segmenter/segmenter_vit-t_mask_8xb1-160k_ade20k-512x512.py'))
+    cfg = Config.fromfile(
+        resolve_config_path('mmseg::segmenter/segmenter_vit-t_mask_8xb1-160k_ade20k-512x512.py')
+    )
     head = cfg.model.decode_head.to_dict()
     assert head['type'] == 'SegmenterMaskTransformerHead'
     theirs = _build(head)
@@ -88,6 +103,7 @@ def test_mmseg_segmenter_checkpoint_loads_into_our_config(tmp_path):
     """A checkpoint of mmseg's classes loads into our config's model through mmengine's
     loader with strict=True (and the reverse)."""
     from mmengine.runner import load_checkpoint
+
     model_cfg = _tiny_model_cfg()
     original, swapped = mmseg_original_cfg(model_cfg)
     assert sorted(swapped) == sorted(f'{k} -> {v}' for k, v in MMSEG_ORIGINALS.items())
@@ -98,15 +114,17 @@ def test_mmseg_segmenter_checkpoint_loads_into_our_config(tmp_path):
     load_checkpoint(ours, path, map_location='cpu', strict=True)
     a, b = theirs.state_dict(), ours.state_dict()
     assert list(a) == list(b)
-    assert all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
-               for k in a)
+    assert all(
+        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a
+    )
 
 
 # ----------------------------------------------------------------------------------------
 # Numbers
 # ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize('kw', [dict(), dict(qkv_bias=False, num_fcs=3, mlp_ratio=2)],
-                         ids=['default', 'no-qkv-bias'])
+@pytest.mark.parametrize(
+    'kw', [dict(), dict(qkv_bias=False, num_fcs=3, mlp_ratio=2)], ids=['default', 'no-qkv-bias']
+)
 def test_eval_outputs_equal_mmseg(kw):
     theirs, ours = _pair(**kw)
     theirs.eval(), ours.eval()
@@ -119,6 +137,7 @@ def test_eval_outputs_equal_mmseg(kw):
 
 def _samples(n: int, size: Tuple[int, int], classes: int) -> list:
     from mmseg.structures import SegDataSample
+
     g = torch.Generator().manual_seed(2)
     out = []
     for _ in range(n):
@@ -190,7 +209,7 @@ class OutputShapes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in (out if isinstance(out, (tuple, list)) else (out, )):
+        for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
                 self.outputs.append((tuple(t.shape), t.dtype, t.untyped_storage().data_ptr()))
         return out
@@ -228,6 +247,7 @@ def _frames(model, size, ori_shape=None, flip=None, n=1):
     """Random uint8 frames of ``size`` through the model's data preprocessor; metainfo as
     the test pipeline makes it (``ori_shape`` before a test-time resize, flips)."""
     from mmseg.structures import SegDataSample
+
     g = torch.Generator().manual_seed(7)
     imgs, samples = [], []
     for _ in range(n):
@@ -261,9 +281,9 @@ def _models(mode: str = 'whole'):
 
 
 CASES = {
-    'same-size': dict(size=(64, 96)),                       # logits already at ori_shape
-    'padded': dict(size=(60, 90)),                          # size_divisor=16 pads to 64x96
-    'resized': dict(size=(64, 96), ori_shape=(100, 150)),   # test-time Resize undone
+    'same-size': dict(size=(64, 96)),  # logits already at ori_shape
+    'padded': dict(size=(60, 90)),  # size_divisor=16 pads to 64x96
+    'resized': dict(size=(64, 96), ori_shape=(100, 150)),  # test-time Resize undone
     'flipped': dict(size=(60, 90), flip='horizontal'),
     'batch': dict(size=(64, 96), n=2),
 }
@@ -321,8 +341,13 @@ def test_whole_predict_makes_one_full_resolution_copy():
         """Distinct float storages of (..., H, W) tensors made during predict."""
         with torch.no_grad(), OutputShapes() as rec:
             model.predict(inputs, [s.clone() for s in samples])
-        return len({ptr for shape, dtype, ptr in rec.outputs
-                    if dtype.is_floating_point and shape[-2:] == size})
+        return len(
+            {
+                ptr
+                for shape, dtype, ptr in rec.outputs
+                if dtype.is_floating_point and shape[-2:] == size
+            }
+        )
 
     assert full_res_float_outputs(theirs) == 2
     assert full_res_float_outputs(mixed) == 1
@@ -334,21 +359,40 @@ def test_whole_predict_makes_one_full_resolution_copy():
 # ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize('case', ['backbone', 'model', 'mmseg'])
 def test_whole_frame_memory_case_runs(case):
-    res = segmenter_case(dict(config=TINY, cfg_options={'model.backbone.num_layers': 1},
-                              case=case, size=[64, 96], device='cpu', threads=None))
+    res = segmenter_case(
+        dict(
+            config=TINY,
+            cfg_options={'model.backbone.num_layers': 1},
+            case=case,
+            size=[64, 96],
+            device='cpu',
+            threads=None,
+        )
+    )
     assert res['peak_bytes'] >= res['start_bytes'] > 0
     assert res['seconds'] > 0
-    expect = {'backbone': 'LookHereViT', 'model': 'LeanSegmenterMaskTransformerHead',
-              'mmseg': 'SegmenterMaskTransformerHead'}[case]
+    expect = {
+        'backbone': 'LookHereViT',
+        'model': 'LeanSegmenterMaskTransformerHead',
+        'mmseg': 'SegmenterMaskTransformerHead',
+    }[case]
     assert expect in res['types'].values()
 
 
 def test_mmseg_original_cfg_leaves_other_types():
-    cfg = dict(type='LeanEncoderDecoder', backbone=dict(type='LookHereViT'),
-               decode_head=dict(type='FCNHead'), auxiliary_head=[dict(type='FCNHead')])
+    cfg = dict(
+        type='LeanEncoderDecoder',
+        backbone=dict(type='LookHereViT'),
+        decode_head=dict(type='FCNHead'),
+        auxiliary_head=[dict(type='FCNHead')],
+    )
     out, swapped = mmseg_original_cfg(cfg)
-    assert out == dict(type='EncoderDecoder', backbone=dict(type='LookHereViT'),
-                       decode_head=dict(type='FCNHead'), auxiliary_head=[dict(type='FCNHead')])
+    assert out == dict(
+        type='EncoderDecoder',
+        backbone=dict(type='LookHereViT'),
+        decode_head=dict(type='FCNHead'),
+        auxiliary_head=[dict(type='FCNHead')],
+    )
     assert swapped == ['LeanEncoderDecoder -> EncoderDecoder']
     assert cfg['type'] == 'LeanEncoderDecoder'  # the input is not changed
     assert mmseg_original_cfg(out)[1] == []
@@ -356,6 +400,7 @@ def test_mmseg_original_cfg_leaves_other_types():
 
 def test_our_segmenter_configs_use_the_lean_drop_ins():
     import glob
+
     names = sorted(glob.glob(osp.join(REPO, 'configs', 'segmenter_*.py')))
     assert len(names) >= 10
     for name in names:
@@ -366,9 +411,12 @@ def test_our_segmenter_configs_use_the_lean_drop_ins():
 
 def test_case_ratios():
     from lookhere_dense.research.benchmark.segmenter import case_ratios
-    res = dict(backbone=dict(peak_bytes=100, rise_bytes=40),
-               model=dict(peak_bytes=120, rise_bytes=50),
-               mmseg=dict(error='timed out after 1 s'))
+
+    res = dict(
+        backbone=dict(peak_bytes=100, rise_bytes=40),
+        model=dict(peak_bytes=120, rise_bytes=50),
+        mmseg=dict(error='timed out after 1 s'),
+    )
     assert case_ratios(res) == dict(model_peak=1.2, model_rise=1.25)
     assert case_ratios(dict(model=dict(peak_bytes=1, rise_bytes=1))) == {}
 
@@ -378,8 +426,14 @@ def test_whole_frame_memory_in_child_processes():
     back, ratios and the target verdict."""
     from lookhere_dense.research.benchmark.report import format_segmenter
     from lookhere_dense.research.benchmark.segmenter import whole_frame_memory
-    res = whole_frame_memory(TINY, size=(32, 64), cases=('backbone', 'model'),
-                             cfg_options={'model.backbone.num_layers': 1}, timeout=600)
+
+    res = whole_frame_memory(
+        TINY,
+        size=(32, 64),
+        cases=('backbone', 'model'),
+        cfg_options={'model.backbone.num_layers': 1},
+        timeout=600,
+    )
     assert 'error' not in res['cases']['backbone'], res['cases']['backbone']
     assert 'error' not in res['cases']['model'], res['cases']['model']
     assert res['cases']['model']['types']['segmentor'] == 'LeanEncoderDecoder'
@@ -387,4 +441,4 @@ def test_whole_frame_memory_in_child_processes():
     assert res['meets_target'] == (res['ratios']['model_peak'] <= 1.3)
     assert 'model' in format_segmenter(res)
     with pytest.raises(ValueError, match='unknown cases'):
-        whole_frame_memory(TINY, cases=('head', ))
+        whole_frame_memory(TINY, cases=('head',))

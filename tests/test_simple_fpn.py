@@ -1,4 +1,5 @@
 """SimpleFPN (ViTDet's simple feature pyramid) and the LN2d norm."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,21 +28,31 @@ def test_levels_channels_and_sizes(neck, grid):
     h, w = grid
     outs = neck((torch.randn(2, 32, h, w),))
     assert [tuple(o.shape) for o in outs] == [
-        (2, 16, 4 * h, 4 * w), (2, 16, 2 * h, 2 * w), (2, 16, h, w),
-        (2, 16, h // 2, w // 2), (2, 16, (h // 2 + 1) // 2, (w // 2 + 1) // 2)]
+        (2, 16, 4 * h, 4 * w),
+        (2, 16, 2 * h, 2 * w),
+        (2, 16, h, w),
+        (2, 16, h // 2, w // 2),
+        (2, 16, (h // 2 + 1) // 2, (w // 2 + 1) // 2),
+    ]
 
 
 def test_resampling_follows_vitdet(neck):
     up4, up2, same, down2 = neck.resamplers
-    assert [type(m).__name__ for m in up4] == ['ConvTranspose2d', 'LayerNorm2d', 'GELU',
-                                                'ConvTranspose2d']
+    assert [type(m).__name__ for m in up4] == [
+        'ConvTranspose2d',
+        'LayerNorm2d',
+        'GELU',
+        'ConvTranspose2d',
+    ]
     assert (up4[0].in_channels, up4[0].out_channels, up4[3].out_channels) == (32, 16, 8)
     assert [type(m).__name__ for m in up2] == ['ConvTranspose2d'] and up2[0].out_channels == 16
     assert isinstance(same, torch.nn.Identity)
     assert [type(m).__name__ for m in down2] == ['MaxPool2d']
     assert [c.conv.in_channels for c in neck.lateral_convs] == [8, 16, 32, 32]
-    assert all(isinstance(c.norm, LayerNorm2d) and not c.with_activation
-               for c in list(neck.lateral_convs) + list(neck.output_convs))
+    assert all(
+        isinstance(c.norm, LayerNorm2d) and not c.with_activation
+        for c in list(neck.lateral_convs) + list(neck.output_convs)
+    )
 
 
 def test_one_level_by_hand(neck):
@@ -52,8 +63,9 @@ def test_one_level_by_hand(neck):
     def ln2d(t, norm):
         mean = t.mean(1, keepdim=True)
         var = t.var(1, unbiased=False, keepdim=True)
-        return (t - mean) / torch.sqrt(var + norm.eps) * norm.weight[:, None, None] \
-            + norm.bias[:, None, None]
+        return (t - mean) / torch.sqrt(var + norm.eps) * norm.weight[:, None, None] + norm.bias[
+            :, None, None
+        ]
 
     up = neck.resamplers[1][0]
     y = F.conv_transpose2d(x, up.weight, up.bias, stride=2)
@@ -74,8 +86,15 @@ def test_gradients_reach_every_parameter(neck):
 
 
 def test_on_lookhere_backbone_strides_4_to_32():
-    backbone = LookHereViT(patch_size=16, embed_dims=24, num_layers=2, num_heads=6,
-                           window_size=2, window_block_indexes=[0], out_indices=(0, 1))
+    backbone = LookHereViT(
+        patch_size=16,
+        embed_dims=24,
+        num_layers=2,
+        num_heads=6,
+        window_size=2,
+        window_block_indexes=[0],
+        out_indices=(0, 1),
+    )
     fpn = SimpleFPN(in_channels=24, out_channels=8)  # reads the last backbone output
     with torch.no_grad():
         outs = fpn(backbone(torch.randn(1, 3, 64, 96)))
@@ -105,22 +124,29 @@ def test_registered_in_both_registries_and_ln2d_resolves_in_any_scope(scope):
     assert name == 'ln' and isinstance(layer, LayerNorm2d)
 
 
-@pytest.mark.parametrize('kwargs,match', [
-    (dict(scale_factors=(4.0, 3.0)), r'must be powers of two .* got 3.0'),
-    (dict(scale_factors=(1.0, 2.0)), r'strictly decreasing'),
-    (dict(scale_factors=(-1.0,)), r'positive powers of two'),
-    (dict(scale_factors=()), r'at least one scale factor'),
-    (dict(in_channels=6, scale_factors=(8.0,)), r'in_channels=6 must be divisible by 8'),
-    (dict(num_outs=3), r'num_outs=3 is smaller than the number of scale factors \(4\)'),
-    (dict(in_channels=[32, 32]), r'in_channels must be a positive int'),
-    (dict(in_channels=[8, 16, 32, 16], backbone_channel=32),
-     r'in_channels=\[8, 16, 32, 16\] \(per level\) does not match its levels: '
-     r'backbone_channel=32 .* gives \[8, 16, 32, 32\]'),
-    (dict(in_channels=32, backbone_channel=32), r'with backbone_channel, in_channels lists'),
-    (dict(in_channels=[8, 16, 32, 32], backbone_channel=0),
-     r'backbone_channel must be a positive int'),
-    (dict(out_channels=0), r'out_channels must be a positive int, got 0'),
-])
+@pytest.mark.parametrize(
+    'kwargs,match',
+    [
+        (dict(scale_factors=(4.0, 3.0)), r'must be powers of two .* got 3.0'),
+        (dict(scale_factors=(1.0, 2.0)), r'strictly decreasing'),
+        (dict(scale_factors=(-1.0,)), r'positive powers of two'),
+        (dict(scale_factors=()), r'at least one scale factor'),
+        (dict(in_channels=6, scale_factors=(8.0,)), r'in_channels=6 must be divisible by 8'),
+        (dict(num_outs=3), r'num_outs=3 is smaller than the number of scale factors \(4\)'),
+        (dict(in_channels=[32, 32]), r'in_channels must be a positive int'),
+        (
+            dict(in_channels=[8, 16, 32, 16], backbone_channel=32),
+            r'in_channels=\[8, 16, 32, 16\] \(per level\) does not match its levels: '
+            r'backbone_channel=32 .* gives \[8, 16, 32, 32\]',
+        ),
+        (dict(in_channels=32, backbone_channel=32), r'with backbone_channel, in_channels lists'),
+        (
+            dict(in_channels=[8, 16, 32, 32], backbone_channel=0),
+            r'backbone_channel must be a positive int',
+        ),
+        (dict(out_channels=0), r'out_channels must be a positive int, got 0'),
+    ],
+)
 def test_bad_arguments_are_named(kwargs, match):
     args = dict(in_channels=32, out_channels=8)
     args.update(kwargs)
@@ -148,8 +174,14 @@ def test_scale_steps():
 def test_mmdet_vitdet_neck_arguments_build_the_same_neck():
     """mmdet projects/ViTDet's neck config (backbone_channel, per-level in_channels,
     out_channels, num_outs, LN2d) builds the same pyramid as ours, in both scopes."""
-    vitdet = dict(type='SimpleFPN', backbone_channel=32, in_channels=[8, 16, 32, 32],
-                  out_channels=16, num_outs=5, norm_cfg=dict(type='LN2d', requires_grad=True))
+    vitdet = dict(
+        type='SimpleFPN',
+        backbone_channel=32,
+        in_channels=[8, 16, 32, 32],
+        out_channels=16,
+        num_outs=5,
+        norm_cfg=dict(type='LN2d', requires_grad=True),
+    )
     ours = SimpleFPN(in_channels=32, out_channels=16, num_outs=5)
     for registry in (MMDET_MODELS, MMSEG_MODELS):
         neck = registry.build(vitdet)
@@ -164,7 +196,11 @@ def test_mmdet_vitdet_neck_arguments_build_the_same_neck():
 def test_norm_cfg_none_and_conv_cfg():
     neck = SimpleFPN(in_channels=32, out_channels=8, norm_cfg=None, conv_cfg=dict(type='Conv2d'))
     assert not any(isinstance(m, (LayerNorm2d, torch.nn.LayerNorm)) for m in neck.modules())
-    assert all(c.with_bias for c in neck.lateral_convs)   # no norm: the convs keep a bias
+    assert all(c.with_bias for c in neck.lateral_convs)  # no norm: the convs keep a bias
     outs = neck((torch.randn(1, 32, 4, 4),))
-    assert [tuple(o.shape) for o in outs] == [(1, 8, 16, 16), (1, 8, 8, 8), (1, 8, 4, 4),
-                                              (1, 8, 2, 2)]
+    assert [tuple(o.shape) for o in outs] == [
+        (1, 8, 16, 16),
+        (1, 8, 8, 8),
+        (1, 8, 4, 4),
+        (1, 8, 2, 2),
+    ]

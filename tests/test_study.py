@@ -1,5 +1,6 @@
 """The relational dataset and the extrapolation study (:mod:`lookhere_dense.research.study`; a shrunk
 run through the real mmengine Runner and mmseg's dataset, pipeline, model and IoUMetric)."""
+
 from __future__ import annotations
 
 import csv
@@ -12,21 +13,34 @@ import pytest
 
 from lookhere_dense.apis.cli import parse_cfg_options
 from lookhere_dense.research.datasets import fov_scenes
-from lookhere_dense.research.datasets.relational import (CLASSES, RelationalSettings,
-                                                         ensure_relational_dataset, render_scene,
-                                                         sample_scene, settings_from_dict,
-                                                         split_name)
+from lookhere_dense.research.datasets.relational import (
+    CLASSES,
+    RelationalSettings,
+    ensure_relational_dataset,
+    render_scene,
+    sample_scene,
+    settings_from_dict,
+    split_name,
+)
 from lookhere_dense.research.study.aids import run_specs, split_run_spec
 from lookhere_dense.research.study.encodings import backbone_for, parse_encoding
-from lookhere_dense.research.study.ladders import (LADDERS, ladder_dataloader, ladder_evaluator,
-                                                   prepare_data, study_settings)
-from lookhere_dense.research.study.reports import (format_table, merge_reports, summarise,
-                                                   write_outputs)
+from lookhere_dense.research.study.ladders import (
+    LADDERS,
+    ladder_dataloader,
+    ladder_evaluator,
+    prepare_data,
+    study_settings,
+)
+from lookhere_dense.research.study.reports import (
+    format_table,
+    merge_reports,
+    summarise,
+    write_outputs,
+)
 from lookhere_dense.research.study.runs import RunOptions, run_config, run_study
 from lookhere_dense.research.study.schedules import schedule_to
 
-SMALL = RelationalSettings(num_train=12, num_val=3, train_size=(32, 32), scales=(1.0, 2.0),
-                           seed=5)
+SMALL = RelationalSettings(num_train=12, num_val=3, train_size=(32, 32), scales=(1.0, 2.0), seed=5)
 
 
 # -- the generator -------------------------------------------------------------------------
@@ -67,17 +81,28 @@ def test_the_same_scene_at_twice_the_size_has_the_same_labels():
 def test_dataset_folder_loads_with_mmseg(tmp_path):
     from mmengine.registry import init_default_scope
     from mmseg.registry import DATASETS
+
     init_default_scope('mmseg')
     root = str(tmp_path / 'rel')
     meta = ensure_relational_dataset(root, SMALL)
     assert meta['splits']['val_x2']['size'] == [64, 64]
-    ds = DATASETS.build(dict(
-        type='BaseSegDataset', data_root=root, metainfo=dict(classes=CLASSES),
-        img_suffix='.png', seg_map_suffix='.png',
-        data_prefix=dict(img_path=f'img_dir/{split_name(2.0)}',
-                         seg_map_path=f'ann_dir/{split_name(2.0)}'),
-        pipeline=[dict(type='LoadImageFromFile'), dict(type='LoadAnnotations'),
-                  dict(type='PackSegInputs')]))
+    ds = DATASETS.build(
+        dict(
+            type='BaseSegDataset',
+            data_root=root,
+            metainfo=dict(classes=CLASSES),
+            img_suffix='.png',
+            seg_map_suffix='.png',
+            data_prefix=dict(
+                img_path=f'img_dir/{split_name(2.0)}', seg_map_path=f'ann_dir/{split_name(2.0)}'
+            ),
+            pipeline=[
+                dict(type='LoadImageFromFile'),
+                dict(type='LoadAnnotations'),
+                dict(type='PackSegInputs'),
+            ],
+        )
+    )
     assert len(ds) == 3
     sample = ds[0]
     assert tuple(sample['inputs'].shape) == (3, 64, 64)
@@ -98,11 +123,13 @@ def test_encoding_specs():
     assert parse_encoding('lookhere:lh45') == ('lookhere', 'lh45')
     assert parse_encoding('alibi2d') == ('alibi2d', None)
     bb = dict(type='LookHereViT', preset='lh180', embed_dims=8)
-    assert backbone_for(bb, 'rope2d') == dict(type='LookHereViT', embed_dims=8,
-                                              pos_encoding='rope2d')
+    assert backbone_for(bb, 'rope2d') == dict(
+        type='LookHereViT', embed_dims=8, pos_encoding='rope2d'
+    )
     assert backbone_for(bb, 'lookhere')['preset'] == 'lh180'
-    assert backbone_for({**bb, 'lh_config': dict(global_slope=2.0)}, 'lookhere:lh90') == \
-        dict(type='LookHereViT', embed_dims=8, preset='lh90', pos_encoding='lookhere')
+    assert backbone_for({**bb, 'lh_config': dict(global_slope=2.0)}, 'lookhere:lh90') == dict(
+        type='LookHereViT', embed_dims=8, preset='lh90', pos_encoding='lookhere'
+    )
     with pytest.raises(ValueError, match='unknown encoding .sincos.'):
         parse_encoding('sincos')
     with pytest.raises(ValueError, match='only lookhere takes a preset'):
@@ -114,8 +141,10 @@ def test_encoding_specs():
 
 
 def test_summary_mean_and_std_over_seeds():
-    runs = [dict(encoding='abs', seed=s, eval={'1': {'mIoU': v}, '2': {'mIoU': v / 2}})
-            for s, v in enumerate([40.0, 50.0, 60.0])]
+    runs = [
+        dict(encoding='abs', seed=s, eval={'1': {'mIoU': v}, '2': {'mIoU': v / 2}})
+        for s, v in enumerate([40.0, 50.0, 60.0])
+    ]
     summary = summarise(runs, 'mIoU')
     assert summary['abs']['1']['mean'] == 50.0 and summary['abs']['1']['std'] == 10.0
     assert summary['abs']['2']['n'] == 3 and summary['abs']['2']['mean'] == 25.0
@@ -125,20 +154,31 @@ def test_summary_mean_and_std_over_seeds():
 
 def test_resize_ladder_scales_the_test_pipeline():
     from mmengine.config import Config
-    cfg = Config(dict(val_dataloader=dict(dataset=dict(
-        type='ADE20KDataset', pipeline=[dict(type='LoadImageFromFile'),
-                                        dict(type='Resize', scale=(2048, 512), keep_ratio=True),
-                                        dict(type='LoadAnnotations')]))))
+
+    cfg = Config(
+        dict(
+            val_dataloader=dict(
+                dataset=dict(
+                    type='ADE20KDataset',
+                    pipeline=[
+                        dict(type='LoadImageFromFile'),
+                        dict(type='Resize', scale=(2048, 512), keep_ratio=True),
+                        dict(type='LoadAnnotations'),
+                    ],
+                )
+            )
+        )
+    )
     dl = ladder_dataloader(cfg, dict(ladder='resize'), 2.0)
     assert dl['dataset']['pipeline'][1]['scale'] == (4096, 1024)
     assert cfg.val_dataloader.dataset.pipeline[1].scale == (2048, 512)  # config untouched
     cfg.val_dataloader.dataset.pipeline.pop(1)
     with pytest.raises(ValueError, match='needs a Resize'):
         ladder_dataloader(cfg, dict(ladder='resize'), 2.0)
-    rendered = ladder_dataloader(cfg, dict(ladder='rendered', val_prefix='val_x{scale:g}'),
-                                 1.5)
-    assert rendered['dataset']['data_prefix'] == dict(img_path='img_dir/val_x1.5',
-                                                      seg_map_path='ann_dir/val_x1.5')
+    rendered = ladder_dataloader(cfg, dict(ladder='rendered', val_prefix='val_x{scale:g}'), 1.5)
+    assert rendered['dataset']['data_prefix'] == dict(
+        img_path='img_dir/val_x1.5', seg_map_path='ann_dir/val_x1.5'
+    )
 
 
 # -- a shrunk study through the real Runner -------------------------------------------------
@@ -146,18 +186,29 @@ def test_shrunk_study_end_to_end(tmp_path):
     data = tmp_path / 'data'
     out = tmp_path / 'out'
     report = run_study(
-        encodings=['lookhere', 'rope2d'], seeds=[7], options=RunOptions(iters=3, batch_size=4),
-        scales=[1, 2], work_dir=str(tmp_path / 'work'), native_aspect=False,
-        cfg_options=parse_cfg_options([
-            f'train_dataloader.dataset.data_root={data}',
-            f'val_dataloader.dataset.data_root={data}', 'relational.num_train=16',
-            'relational.num_val=2', 'relational.train_size=(32,32)',
-            'extrapolation.train_size=(32,32)', 'model.backbone.img_size=(32,32)',
-            'model.data_preprocessor.size=(32,32)', 'model.backbone.num_layers=2',
-            'val_dataloader.batch_size=2']))
+        encodings=['lookhere', 'rope2d'],
+        seeds=[7],
+        options=RunOptions(iters=3, batch_size=4),
+        scales=[1, 2],
+        work_dir=str(tmp_path / 'work'),
+        native_aspect=False,
+        cfg_options=parse_cfg_options(
+            [
+                f'train_dataloader.dataset.data_root={data}',
+                f'val_dataloader.dataset.data_root={data}',
+                'relational.num_train=16',
+                'relational.num_val=2',
+                'relational.train_size=(32,32)',
+                'extrapolation.train_size=(32,32)',
+                'model.backbone.img_size=(32,32)',
+                'model.data_preprocessor.size=(32,32)',
+                'model.backbone.num_layers=2',
+                'val_dataloader.batch_size=2',
+            ]
+        ),
+    )
     write_outputs(report, str(out), 'tiny')
-    assert [(r['encoding'], r['seed']) for r in report['runs']] == [('lookhere', 7),
-                                                                       ('rope2d', 7)]
+    assert [(r['encoding'], r['seed']) for r in report['runs']] == [('lookhere', 7), ('rope2d', 7)]
     for run in report['runs']:
         assert set(run['eval']) == {'1', '2'}
         for metrics in run['eval'].values():
@@ -177,14 +228,17 @@ def test_shrunk_study_end_to_end(tmp_path):
 def test_full_scale_segmenter_config_builds_every_encoding_and_scales_its_ladder(repo_root):
     from mmengine.config import Config
     from mmseg.registry import MODELS
-    cfg = Config.fromfile(str(repo_root / 'configs' / 'study' /
-                              'segmenter_vit-b_ade20k_ladder.py'))
+
+    cfg = Config.fromfile(
+        str(repo_root / 'configs' / 'study' / 'segmenter_vit-b_ade20k_ladder.py')
+    )
     assert cfg.model.test_cfg == dict(mode='whole') and cfg.model.pretrained is None
     settings = study_settings(cfg)
     assert settings['ladder'] == 'resize' and settings['train_size'] == (512, 512)
     dl = ladder_dataloader(cfg, settings, 3.0)
     assert [t['scale'] for t in dl['dataset']['pipeline'] if t['type'] == 'Resize'] == [
-        (6144, 1536)]
+        (6144, 1536)
+    ]
     for spec in ('lookhere', 'abs', 'rope2d_mixed', 'alibi2d'):
         backbone = backbone_for(cfg.model.backbone, spec)
         model = MODELS.build({**backbone, 'num_layers': 1})  # one block keeps the test small
@@ -193,9 +247,16 @@ def test_full_scale_segmenter_config_builds_every_encoding_and_scales_its_ladder
 
 def test_iters_override_stretches_and_clips_iteration_schedules():
     from mmengine.config import Config
-    cfg = Config(dict(train_cfg=dict(max_iters=600), param_scheduler=[
-        dict(type='LinearLR', by_epoch=False, begin=0, end=50),
-        dict(type='CosineAnnealingLR', by_epoch=False, begin=50, end=600)]))
+
+    cfg = Config(
+        dict(
+            train_cfg=dict(max_iters=600),
+            param_scheduler=[
+                dict(type='LinearLR', by_epoch=False, begin=0, end=50),
+                dict(type='CosineAnnealingLR', by_epoch=False, begin=50, end=600),
+            ],
+        )
+    )
     schedule_to(cfg, 2000)
     assert [(s.begin, s.end) for s in cfg.param_scheduler] == [(0, 50), (50, 2000)]
     schedule_to(cfg, 20)
@@ -207,29 +268,50 @@ def test_example_sheet(tmp_path):
     from PIL import Image
 
     from lookhere_dense.research.datasets.relational import save_examples
+
     save_examples(str(tmp_path / 'ex.png'), num=3, scales=(1, 2), settings=SMALL)
     assert Image.open(tmp_path / 'ex.png').size == (3 * (64 + 4), 4 * (64 + 4))
 
 
 def test_merge_combines_seeds_and_refuses_other_settings(tmp_path):
     def report(seed, value, iters=10):
-        return dict(command='x', date='d', wall_seconds=1.0, versions={},
-                    settings=dict(config='c.py', encodings=['abs'], seeds=[seed], scales=[1.0],
-                                  ladder='rendered', metric='mIoU', train_size=[32, 32],
-                                  iters=iters),
-                    runs=[dict(encoding='abs', seed=seed, train_seconds=1.0,
-                               eval={'1': {'mIoU': value, 'aAcc': 90.0}})])
+        return dict(
+            command='x',
+            date='d',
+            wall_seconds=1.0,
+            versions={},
+            settings=dict(
+                config='c.py',
+                encodings=['abs'],
+                seeds=[seed],
+                scales=[1.0],
+                ladder='rendered',
+                metric='mIoU',
+                train_size=[32, 32],
+                iters=iters,
+            ),
+            runs=[
+                dict(
+                    encoding='abs',
+                    seed=seed,
+                    train_seconds=1.0,
+                    eval={'1': {'mIoU': value, 'aAcc': 90.0}},
+                )
+            ],
+        )
+
     paths = []
-    for i, (seed, value, iters) in enumerate([(0, 40.0, 10), (1, 60.0, 10), (1, 50.0, 10),
-                                              (2, 50.0, 99)]):
+    for i, (seed, value, iters) in enumerate(
+        [(0, 40.0, 10), (1, 60.0, 10), (1, 50.0, 10), (2, 50.0, 99)]
+    ):
         paths.append(str(tmp_path / f'r{i}.json'))
         with open(paths[-1], 'w') as f:
             json.dump(report(seed, value, iters), f)
-    merged = write_outputs(merge_reports([paths[0], paths[1]], 'x'), str(tmp_path / 'm'),
-                           'merged')
+    merged = write_outputs(merge_reports([paths[0], paths[1]], 'x'), str(tmp_path / 'm'), 'merged')
     assert merged['settings']['seeds'] == [0, 1] and len(merged['merged_from']) == 2
-    assert merged['summary']['abs']['1'] == dict(values=[40.0, 60.0], n=2, mean=50.0,
-                                                 std=pytest.approx(14.14, abs=0.01))
+    assert merged['summary']['abs']['1'] == dict(
+        values=[40.0, 60.0], n=2, mean=50.0, std=pytest.approx(14.14, abs=0.01)
+    )
     assert (tmp_path / 'm' / 'merged.png').is_file()
     with pytest.raises(ValueError, match='appears twice'):
         merge_reports([paths[1], paths[2]], 'x')
@@ -242,16 +324,30 @@ def test_ladder_settings_and_the_per_class_evaluator():
     from mmseg.registry import METRICS
 
     from lookhere_dense.evaluation.metrics import PerClassIoUMetric
+
     assert set(LADDERS) == {'rendered', 'resize', 'fov'}
-    cfg = Config(dict(extrapolation=dict(ladder='zoom'), model=dict(backbone=dict(img_size=32)),
-                      val_evaluator=dict(type='IoUMetric', iou_metrics=['mIoU'])))
-    with pytest.raises(ValueError, match=r"unknown extrapolation.ladder 'zoom'; allowed: "
-                                         r"\['rendered', 'resize', 'fov'\]"):
+    cfg = Config(
+        dict(
+            extrapolation=dict(ladder='zoom'),
+            model=dict(backbone=dict(img_size=32)),
+            val_evaluator=dict(type='IoUMetric', iou_metrics=['mIoU']),
+        )
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"unknown extrapolation.ladder 'zoom'; allowed: "
+        r"\['rendered', 'resize', 'fov'\]",
+    ):
         study_settings(cfg)
     cfg.extrapolation.ladder = 'rendered'
     settings = study_settings(cfg, scales=[2, 1], metric='aAcc')
-    assert settings == dict(ladder='rendered', scales=(2.0, 1.0), metric='aAcc',
-                            train_size=(32, 32), val_prefix='val_x{scale:g}')
+    assert settings == dict(
+        ladder='rendered',
+        scales=(2.0, 1.0),
+        metric='aAcc',
+        train_size=(32, 32),
+        val_prefix='val_x{scale:g}',
+    )
     with pytest.raises(ValueError, match='scales must be positive'):
         study_settings(cfg, scales=[1, 0])
     ev = ladder_evaluator(cfg)
@@ -261,8 +357,9 @@ def test_ladder_settings_and_the_per_class_evaluator():
 
 
 # -- the field-of-view task -----------------------------------------------------------------
-FOV_SMALL = fov_scenes.FovSceneSettings(num_train=6, num_val=2, crop=(32, 32), train_scale=2,
-                                        scales=(1, 2), seed=3)
+FOV_SMALL = fov_scenes.FovSceneSettings(
+    num_train=6, num_val=2, crop=(32, 32), train_scale=2, scales=(1, 2), seed=3
+)
 
 
 def _grid(h: int, w: int):
@@ -280,11 +377,13 @@ def test_fov_labels_follow_the_horizon_and_the_side_of_the_tower():
             tower = (cols >= x0) & (cols < x0 + width)
             assert (label[tower] == 2).all() and (image[tower] >= 210).all()
             background = label <= 1
-            np.testing.assert_array_equal(label[background],
-                                          (rows[background] >= scene.horizon).astype(np.uint8))
+            np.testing.assert_array_equal(
+                label[background], (rows[background] >= scene.horizon).astype(np.uint8)
+            )
             ys, xs = np.nonzero(label >= 3)
-            np.testing.assert_array_equal(label[ys, xs],
-                                          np.where(xs + 0.5 < scene.tower_centre, 3, 4))
+            np.testing.assert_array_equal(
+                label[ys, xs], np.where(xs + 0.5 < scene.tower_centre, 3, 4)
+            )
             assert image.dtype == np.uint8 and image.shape == (*scene.size, 3)
 
 
@@ -309,8 +408,9 @@ def test_fov_frames_show_more_of_the_world_at_one_pixel_scale():
     rng = np.random.default_rng(1)
     count = {}
     for scale in (1, 4):
-        scenes = [fov_scenes.sample_scene(rng, settings.size_at(scale), settings)
-                  for _ in range(30)]
+        scenes = [
+            fov_scenes.sample_scene(rng, settings.size_at(scale), settings) for _ in range(30)
+        ]
         count[scale] = np.mean([len(s.objects) for s in scenes])
         for s in scenes:  # sizes in px, whatever the frame
             assert 4 <= s.tower[1] <= 6
@@ -330,6 +430,7 @@ def test_fov_dataset_folder_and_settings(tmp_path):
         fov_scenes.FovSceneSettings(scales=(0.5,))
     fov_scenes.save_examples(str(tmp_path / 'ex.png'), scales=(1, 2), settings=FOV_SMALL)
     from PIL import Image
+
     assert Image.open(tmp_path / 'ex.png').size == (32 + 64 + 4 * 4, 2 * 64 + 3 * 4)
 
 
@@ -337,7 +438,9 @@ def test_fov_dataset_folder_and_settings(tmp_path):
 def test_run_specs_with_aids():
     assert split_run_spec('lookhere:lh45+mixed_crops') == ('lookhere:lh45', ('mixed_crops',))
     assert run_specs(['abs', 'rope2d+mixed_crops'], ['log_n', 'mixed_crops']) == [
-        'abs+mixed_crops', 'rope2d+mixed_crops']
+        'abs+mixed_crops',
+        'rope2d+mixed_crops',
+    ]
     assert run_specs(['abs', 'none'], ['log_n']) == ['abs', 'none']
     with pytest.raises(ValueError, match="'log_n' is a test-time aid"):
         split_run_spec('abs+log_n')
@@ -355,6 +458,7 @@ def test_run_specs_with_aids():
 
 def test_mixed_crops_aid_rewrites_the_run_config(repo_root, tmp_path):
     from mmengine.config import Config
+
     cfg = Config.fromfile(str(repo_root / 'configs' / 'study' / 'fov_vit_tiny.py'))
     run = run_config(cfg, 'abs+mixed_crops', 0, RunOptions(), str(tmp_path))
     crop = [t for t in run.train_dataloader.dataset.pipeline if t['type'] == 'RandomCrop']
@@ -374,19 +478,30 @@ def test_mixed_crops_aid_rewrites_the_run_config(repo_root, tmp_path):
 def test_shrunk_fov_study_end_to_end(tmp_path):
     data, out = tmp_path / 'data', tmp_path / 'out'
     report = run_study(
-        ladder='fov', encodings=['lookhere:lh45'], aids=['log_n', 'mixed_crops'], seeds=[1],
-        options=RunOptions(iters=2, batch_size=2), scales=[1, 2],
+        ladder='fov',
+        encodings=['lookhere:lh45'],
+        aids=['log_n', 'mixed_crops'],
+        seeds=[1],
+        options=RunOptions(iters=2, batch_size=2),
+        scales=[1, 2],
         work_dir=str(tmp_path / 'work'),
-        cfg_options=parse_cfg_options([
-            f'train_dataloader.dataset.data_root={data}',
-            f'val_dataloader.dataset.data_root={data}', 'fov_scenes.num_train=4',
-            'fov_scenes.num_val=2', 'fov_scenes.scales=(1,2)', 'model.backbone.num_layers=1']))
+        cfg_options=parse_cfg_options(
+            [
+                f'train_dataloader.dataset.data_root={data}',
+                f'val_dataloader.dataset.data_root={data}',
+                'fov_scenes.num_train=4',
+                'fov_scenes.num_val=2',
+                'fov_scenes.scales=(1,2)',
+                'model.backbone.num_layers=1',
+            ]
+        ),
+    )
     write_outputs(report, str(out), 'fov')
     settings = report['settings']
     assert settings['ladder'] == 'fov' and settings['modes'] == ['whole', 'slide', 'log_n']
     assert settings['slide'] == dict(crop=[64, 64], stride=[43, 43])
     assert settings['encodings'] == ['lookhere:lh45+mixed_crops']
-    run, = report['runs']
+    (run,) = report['runs']
     assert set(run['eval']) == {'1', '2'} and set(run['modes']) == {'slide', 'log_n'}
     for mode in ('slide', 'log_n'):  # one window / a scale of exactly 1 at the crop size
         assert run['modes'][mode]['1']['mIoU'] == run['eval']['1']['mIoU']
@@ -408,27 +523,50 @@ def test_shrunk_fov_study_end_to_end(tmp_path):
     other = json.loads((out / 'fov.json').read_text())
     other['runs'][0]['seed'] = 2
     (out / 'other.json').write_text(json.dumps(other))
-    merged = write_outputs(merge_reports([str(out / 'fov.json'), str(out / 'other.json')], 'x'),
-                           str(out), 'merged')
+    merged = write_outputs(
+        merge_reports([str(out / 'fov.json'), str(out / 'other.json')], 'x'), str(out), 'merged'
+    )
     assert merged['settings']['seeds'] == [1, 2]
     assert merged['summary_modes']['slide']['lookhere:lh45+mixed_crops']['1']['n'] == 2
 
 
 def test_a_zoom_report_with_a_test_time_aid(tmp_path):
-    report = dict(command='x', date='d', wall_seconds=1.0, versions={},
-                  settings=dict(config='c.py', encodings=['abs'], seeds=[0], scales=[1.0, 2.0],
-                                ladder='rendered', metric='mIoU', train_size=[32, 32], iters=10,
-                                modes=['test', 'log_n']),
-                  runs=[dict(encoding='abs', seed=0, train_seconds=1.0,
-                             eval={'1': {'mIoU': 50.0}, '2': {'mIoU': 40.0}},
-                             modes={'log_n': {'1': {'mIoU': 50.0}, '2': {'mIoU': 42.0}}})])
+    report = dict(
+        command='x',
+        date='d',
+        wall_seconds=1.0,
+        versions={},
+        settings=dict(
+            config='c.py',
+            encodings=['abs'],
+            seeds=[0],
+            scales=[1.0, 2.0],
+            ladder='rendered',
+            metric='mIoU',
+            train_size=[32, 32],
+            iters=10,
+            modes=['test', 'log_n'],
+        ),
+        runs=[
+            dict(
+                encoding='abs',
+                seed=0,
+                train_seconds=1.0,
+                eval={'1': {'mIoU': 50.0}, '2': {'mIoU': 40.0}},
+                modes={'log_n': {'1': {'mIoU': 50.0}, '2': {'mIoU': 42.0}}},
+            )
+        ],
+    )
     out = write_outputs(report, str(tmp_path), 'z')
     assert '| abs | test | 50.00 | 40.00 |' in out['table']
     assert '|  | test + log-n | 50.00 | 42.00 |' in out['table'] and 'cost_table' not in out
     rows = list(csv.DictReader((tmp_path / 'z.csv').open()))
     assert [(r['mode'], r['scale'], r['mIoU']) for r in rows] == [
-        ('test', '1', '50.0'), ('test', '2', '40.0'), ('log_n', '1', '50.0'),
-        ('log_n', '2', '42.0')]
+        ('test', '1', '50.0'),
+        ('test', '2', '40.0'),
+        ('log_n', '1', '50.0'),
+        ('log_n', '2', '42.0'),
+    ]
     assert (tmp_path / 'z.png').is_file()
 
 
@@ -443,13 +581,22 @@ def test_log_n_mode_evaluates_with_the_option_on_and_restores_it(repo_root, tmp_
     from mmseg.registry import MODELS
 
     from lookhere_dense.research.study.runs import evaluate_rung
+
     init_default_scope('mmseg')
     data = str(tmp_path / 'data')
     cfg = Config.fromfile(str(repo_root / 'configs' / 'study' / 'fov_vit_tiny.py'))
-    cfg.merge_from_dict(parse_cfg_options([
-        f'train_dataloader.dataset.data_root={data}', f'val_dataloader.dataset.data_root={data}',
-        'fov_scenes.num_train=1', 'fov_scenes.num_val=2', 'fov_scenes.scales=(1,2)',
-        'model.backbone.num_layers=2']))
+    cfg.merge_from_dict(
+        parse_cfg_options(
+            [
+                f'train_dataloader.dataset.data_root={data}',
+                f'val_dataloader.dataset.data_root={data}',
+                'fov_scenes.num_train=1',
+                'fov_scenes.num_val=2',
+                'fov_scenes.scales=(1,2)',
+                'model.backbone.num_layers=2',
+            ]
+        )
+    )
     study = study_settings(cfg, scales=[1, 2])
     prepare_data(cfg, study, progress=False)
     torch.manual_seed(0)
@@ -470,17 +617,24 @@ def test_log_n_mode_evaluates_with_the_option_on_and_restores_it(repo_root, tmp_
 # -- below 1x, native aspect, encoding options, learnable slopes, robustness -------------------
 def test_native_aspect_scenes_keep_the_task_at_their_own_aspect(tmp_path):
     from lookhere_dense.research.datasets.relational import aspect_size, aspect_split_name
+
     settings = dataclasses.replace(SMALL, scales=(0.5, 1.0), aspect_ratios=(0.5, 2.0))
-    assert [aspect_size(settings, 1.0, r) for r in (0.5, 2.0, 1.0)] == [(32, 16), (16, 32),
-                                                                      (32, 32)]
-    assert 'aspect_ratios' not in SMALL.to_json()   # folders written before still match
+    assert [aspect_size(settings, 1.0, r) for r in (0.5, 2.0, 1.0)] == [
+        (32, 16),
+        (16, 32),
+        (32, 32),
+    ]
+    assert 'aspect_ratios' not in SMALL.to_json()  # folders written before still match
     root = str(tmp_path / 'rel')
     meta = ensure_relational_dataset(root, settings)
-    assert meta['splits'][aspect_split_name(0.5)]['size'] == [16, 16]   # (long, long)
+    assert meta['splits'][aspect_split_name(0.5)]['size'] == [16, 16]  # (long, long)
     from PIL import Image
-    sizes = [Image.open(os.path.join(root, 'img_dir', 'val_aspect_x1', f'{i:05d}.png')).size
-             for i in range(3)]
-    assert sizes == [(16, 32), (32, 16), (16, 32)]   # (W, H): aspect 0.5, 2, 0.5
+
+    sizes = [
+        Image.open(os.path.join(root, 'img_dir', 'val_aspect_x1', f'{i:05d}.png')).size
+        for i in range(3)
+    ]
+    assert sizes == [(16, 32), (32, 16), (16, 32)]  # (W, H): aspect 0.5, 2, 0.5
     # the same native-aspect scenes at every scale; labels still the quadrant classes
     small = np.asarray(Image.open(os.path.join(root, 'ann_dir', 'val_aspect_x0.5', '00001.png')))
     big = np.asarray(Image.open(os.path.join(root, 'ann_dir', 'val_aspect_x1', '00001.png')))
@@ -496,22 +650,37 @@ def test_native_aspect_scenes_keep_the_task_at_their_own_aspect(tmp_path):
         dataclasses.replace(SMALL, scales=(0.05, 1.0))
 
 
-
 def test_size_multiple_keeps_every_test_image_in_whole_patches(repo_root):
     from mmengine.config import Config
+
     from lookhere_dense.research.datasets.relational import aspect_size
-    eight = dataclasses.replace(SMALL, train_size=(64, 64), scales=(0.75, 1.0),
-                                aspect_ratios=(0.75, 4 / 3), size_multiple=8)
+
+    eight = dataclasses.replace(
+        SMALL,
+        train_size=(64, 64),
+        scales=(0.75, 1.0),
+        aspect_ratios=(0.75, 4 / 3),
+        size_multiple=8,
+    )
     # 48 * 3/4 = 36 px would be padded to 40 by the backbone: rounded to 40 (halves up)
-    assert aspect_size(eight, 0.75, 0.75) == (48, 40) and aspect_size(eight, 0.75, 4 / 3) == (40, 48)
+    assert aspect_size(eight, 0.75, 0.75) == (48, 40) and aspect_size(eight, 0.75, 4 / 3) == (
+        40,
+        48,
+    )
     assert aspect_size(eight, 1.0, 0.75) == (64, 48)
     assert aspect_size(dataclasses.replace(eight, size_multiple=1), 0.75, 0.75) == (48, 36)
     assert 'size_multiple' not in SMALL.to_json() and eight.to_json()['size_multiple'] == 8
-    with pytest.raises(ValueError, match=r'scale 0.7 renders 45x45 px images, not whole '
-                                         r'multiples of size_multiple=8'):
+    with pytest.raises(
+        ValueError,
+        match=r'scale 0.7 renders 45x45 px images, not whole '
+        r'multiples of size_multiple=8',
+    ):
         dataclasses.replace(eight, scales=(0.7, 1.0))
-    with pytest.raises(ValueError, match=r'scale 0.125 at aspect 0.2 has a shorter side of '
-                                         r'1.6 px, below one size_multiple=8'):
+    with pytest.raises(
+        ValueError,
+        match=r'scale 0.125 at aspect 0.2 has a shorter side of '
+        r'1.6 px, below one size_multiple=8',
+    ):
         dataclasses.replace(eight, scales=(0.125, 1.0), aspect_ratios=(0.2,))
     with pytest.raises(ValueError, match='size_multiple must be an int'):
         dataclasses.replace(eight, size_multiple=0)
@@ -526,30 +695,43 @@ def test_size_multiple_keeps_every_test_image_in_whole_patches(repo_root):
 
 def test_below_1x_and_native_aspect_rungs():
     from mmengine.config import Config
-    pipe = [dict(type='LoadImageFromFile'), dict(type='Resize', scale=(2048, 512), keep_ratio=True),
-            dict(type='LoadAnnotations')]
-    cfg = Config(dict(model=dict(backbone=dict(img_size=512)), extrapolation=dict(
-        ladder='resize', native_aspect=True), val_dataloader=dict(batch_size=4, dataset=dict(
-            type='ADE20KDataset', pipeline=pipe))))
+
+    pipe = [
+        dict(type='LoadImageFromFile'),
+        dict(type='Resize', scale=(2048, 512), keep_ratio=True),
+        dict(type='LoadAnnotations'),
+    ]
+    cfg = Config(
+        dict(
+            model=dict(backbone=dict(img_size=512)),
+            extrapolation=dict(ladder='resize', native_aspect=True),
+            val_dataloader=dict(batch_size=4, dataset=dict(type='ADE20KDataset', pipeline=pipe)),
+        )
+    )
     study = study_settings(cfg, scales=[0.25, 0.5, 1])
     assert study['scales'] == (0.25, 0.5, 1.0) and study['native_aspect']
     assert ladder_dataloader(cfg, study, 0.25)['dataset']['pipeline'][1]['scale'] == (512, 128)
     from lookhere_dense.research.study.ladders import ladder_modes, native_aspect_dataloader
+
     assert ladder_modes(study) == ('test', 'native_aspect')
     dl = native_aspect_dataloader(cfg, study, 0.75)
     assert dl['batch_size'] == 1 and dl['dataset']['pipeline'][1] == dict(
-        type='Resize', scale=(384, 384), keep_ratio=True)
+        type='Resize', scale=(384, 384), keep_ratio=True
+    )
     cfg.extrapolation.ladder = 'rendered'
     study = study_settings(cfg, scales=[0.5])
     assert native_aspect_dataloader(cfg, study, 0.5)['dataset']['data_prefix'] == dict(
-        img_path='img_dir/val_aspect_x0.5', seg_map_path='ann_dir/val_aspect_x0.5')
+        img_path='img_dir/val_aspect_x0.5', seg_map_path='ann_dir/val_aspect_x0.5'
+    )
     assert 'native_aspect' not in study_settings(cfg, native_aspect=False)
     with pytest.raises(ValueError, match="native aspect needs a zoom ladder.*'fov'"):
         study_settings(cfg, ladder='fov')
     cfg.relational = dict(num_train=1, num_val=1, train_size=(512, 512))
     cfg.train_dataloader = dict(dataset=dict(data_root='x'))
-    with pytest.raises(ValueError, match='native aspect needs scenes at other aspect ratios: '
-                                         'set relational.aspect_ratios'):
+    with pytest.raises(
+        ValueError,
+        match='native aspect needs scenes at other aspect ratios: set relational.aspect_ratios',
+    ):
         prepare_data(cfg, study)
     rob = study_settings(cfg, robustness=True)['robustness']
     assert rob['attacks'] == ['fgsm', 'pgd'] and rob['steps'] == 5
@@ -563,22 +745,32 @@ def test_encoding_options_and_the_learnable_slopes_run(repo_root, tmp_path):
     from mmengine.optim import build_optim_wrapper
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
+
     init_default_scope('mmseg')
     bb = dict(type='LookHereViT', preset='lh180', embed_dims=8)
     opts = dict(pape=dict(parabolas=6))
     assert backbone_for(bb, 'pape', opts)['pos_encoding'] == dict(type='pape', parabolas=6)
     assert backbone_for(bb, 'rope2d', opts)['pos_encoding'] == 'rope2d'
-    with pytest.raises(ValueError, match=r"pape: unknown options \['width'\]; allowed: "
-                                         r"\['parabolas'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"pape: unknown options \['width'\]; allowed: "
+        r"\['parabolas'\]",
+    ):
         backbone_for(bb, 'pape', dict(pape=dict(width=2)))
     with pytest.raises(ValueError, match="unknown encoding 'papa'"):
         backbone_for(bb, 'pape', dict(papa={}))
-    assert run_specs(['lookhere', 'lookhere:lh45+learnable_slopes', 'alibi2d'],
-                     ['learnable_slopes']) == ['lookhere+learnable_slopes',
-                                               'lookhere:lh45+learnable_slopes',
-                                               'alibi2d+learnable_slopes']
-    with pytest.raises(ValueError, match="run 'rope2d\\+learnable_slopes': learnable_slopes "
-                                         "learns the slopes of \\['lookhere', 'alibi2d'\\]"):
+    assert run_specs(
+        ['lookhere', 'lookhere:lh45+learnable_slopes', 'alibi2d'], ['learnable_slopes']
+    ) == [
+        'lookhere+learnable_slopes',
+        'lookhere:lh45+learnable_slopes',
+        'alibi2d+learnable_slopes',
+    ]
+    with pytest.raises(
+        ValueError,
+        match="run 'rope2d\\+learnable_slopes': learnable_slopes "
+        "learns the slopes of \\['lookhere', 'alibi2d'\\]",
+    ):
         run_specs(['lookhere', 'rope2d'], ['learnable_slopes'])
     cfg = Config.fromfile(str(repo_root / 'configs' / 'study' / 'relational_vit_tiny.py'))
     cfg.model.backbone.num_layers = 2
@@ -590,19 +782,23 @@ def test_encoding_options_and_the_learnable_slopes_run(repo_root, tmp_path):
     assert [h['type'] for h in run.custom_hooks] == ['LookHereSlopeLoggerHook']
     model = MODELS.build(run.model)
     slopes = {id(p) for n, p in model.named_parameters() if '.slopes.' in n}
-    assert len(slopes) == 1 + 2 + 2   # global, per layer, per layer's heads
+    assert len(slopes) == 1 + 2 + 2  # global, per layer, per layer's heads
 
     def decay(optim_cfg):
         wrapper = build_optim_wrapper(model, optim_cfg)
-        return {g['weight_decay'] for g in wrapper.optimizer.param_groups
-                if any(id(p) in slopes for p in g['params'])}
+        return {
+            g['weight_decay']
+            for g in wrapper.optimizer.param_groups
+            if any(id(p) in slopes for p in g['params'])
+        }
 
-    assert decay(run.optim_wrapper) == {0.0}   # the study config keeps decay off the slopes
+    assert decay(run.optim_wrapper) == {0.0}  # the study config keeps decay off the slopes
     del run.optim_wrapper.paramwise_cfg.custom_keys['slopes']
-    assert decay(run.optim_wrapper) == {0.05}   # the constructor would decay them otherwise
-    cfg.optim_wrapper.paramwise_cfg.custom_keys.pop('slopes')   # a config without the key
-    assert run_config(cfg, 'lookhere+learnable_slopes', 0, RunOptions(), str(tmp_path)
-                      ).optim_wrapper.paramwise_cfg.custom_keys['slopes'] == dict(decay_mult=0.0)
+    assert decay(run.optim_wrapper) == {0.05}  # the constructor would decay them otherwise
+    cfg.optim_wrapper.paramwise_cfg.custom_keys.pop('slopes')  # a config without the key
+    assert run_config(
+        cfg, 'lookhere+learnable_slopes', 0, RunOptions(), str(tmp_path)
+    ).optim_wrapper.paramwise_cfg.custom_keys['slopes'] == dict(decay_mult=0.0)
     cfg.model.backbone.lh_config = 'lh45'
     with pytest.raises(ValueError, match="lh_config is 'lh45', not a dict"):
         run_config(cfg, 'lookhere+learnable_slopes', 0, RunOptions(), str(tmp_path))
@@ -613,11 +809,12 @@ def test_default_studies_compare_the_new_encodings_at_a_comparable_size(repo_roo
     from mmseg.registry import MODELS
 
     from lookhere_dense.research.study.encodings import DEFAULT_ENCODINGS
+
     assert {'pape', 'rope_dinov3'} <= set(DEFAULT_ENCODINGS)
     cfg = Config.fromfile(str(repo_root / 'configs' / 'study' / 'relational_vit_tiny.py'))
     fov = Config.fromfile(str(repo_root / 'configs' / 'study' / 'fov_vit_tiny.py'))
     assert {'pape', 'rope_dinov3'} <= set(fov.extrapolation.encodings)
-    assert 'encodings' not in cfg.extrapolation   # the zoom study uses DEFAULT_ENCODINGS
+    assert 'encodings' not in cfg.extrapolation  # the zoom study uses DEFAULT_ENCODINGS
     study = study_settings(cfg)
     assert study['scales'][0] == 0.5 and study['scales'][-1] == 4 and study['native_aspect']
     assert 'native_aspect' not in study_settings(fov)
@@ -626,9 +823,11 @@ def test_default_studies_compare_the_new_encodings_at_a_comparable_size(repo_roo
         assert c.optim_wrapper.paramwise_cfg.custom_keys['slopes'] == dict(decay_mult=0.0)
         opts = c.extrapolation.encoding_options
 
-        def params(spec):
-            return sum(p.numel() for p in MODELS.build(backbone_for(
-                c.model.backbone, spec, opts)).parameters())
+        def params(spec, c=c, opts=opts):
+            return sum(
+                p.numel()
+                for p in MODELS.build(backbone_for(c.model.backbone, spec, opts)).parameters()
+            )
 
         trunk = params('none')
         assert 1.05 < params('pape') / trunk < 1.2, params('pape') / trunk  # 50 would be ~2x
@@ -638,24 +837,37 @@ def test_default_studies_compare_the_new_encodings_at_a_comparable_size(repo_roo
 def test_shrunk_study_below_1x_native_aspect_robustness_and_learned_slopes(tmp_path):
     data, out = tmp_path / 'data', tmp_path / 'out'
     report = run_study(
-        encodings=['lookhere+learnable_slopes', 'pape'], seeds=[3],
-        options=RunOptions(iters=2, batch_size=4), scales=[0.5, 1],
-        work_dir=str(tmp_path / 'work'), robustness=True,
-        cfg_options=parse_cfg_options([
-            f'train_dataloader.dataset.data_root={data}',
-            f'val_dataloader.dataset.data_root={data}', 'relational.num_train=8',
-            'relational.num_val=2', 'relational.train_size=(32,32)',
-            'extrapolation.train_size=(32,32)', 'model.backbone.img_size=(32,32)',
-            'model.data_preprocessor.size=(32,32)', 'model.backbone.num_layers=1',
-            'val_dataloader.batch_size=2', 'extrapolation.robustness.eps=[4]',
-            'extrapolation.robustness.steps=1']))
+        encodings=['lookhere+learnable_slopes', 'pape'],
+        seeds=[3],
+        options=RunOptions(iters=2, batch_size=4),
+        scales=[0.5, 1],
+        work_dir=str(tmp_path / 'work'),
+        robustness=True,
+        cfg_options=parse_cfg_options(
+            [
+                f'train_dataloader.dataset.data_root={data}',
+                f'val_dataloader.dataset.data_root={data}',
+                'relational.num_train=8',
+                'relational.num_val=2',
+                'relational.train_size=(32,32)',
+                'extrapolation.train_size=(32,32)',
+                'model.backbone.img_size=(32,32)',
+                'model.data_preprocessor.size=(32,32)',
+                'model.backbone.num_layers=1',
+                'val_dataloader.batch_size=2',
+                'extrapolation.robustness.eps=[4]',
+                'extrapolation.robustness.steps=1',
+            ]
+        ),
+    )
     write_outputs(report, str(out), 'small')
     settings = report['settings']
     assert settings['modes'] == ['test', 'native_aspect'] and settings['scales'] == [0.5, 1.0]
     assert settings['native_aspect']['aspect_ratios'] == [0.5, 0.75, 4 / 3, 2.0]
     assert settings['encoding_options'] == dict(pape=dict(parabolas=6))
-    assert settings['robustness']['eps'] == [4.0] and settings['dataset']['splits'][
-        'val_x0.5']['size'] == [16, 16]
+    assert settings['robustness']['eps'] == [4.0] and settings['dataset']['splits']['val_x0.5'][
+        'size'
+    ] == [16, 16]
     slopes, pape = report['runs']
     for run in report['runs']:
         assert set(run['eval']) == set(run['modes']['native_aspect']) == {'0.5', '1'}
@@ -667,15 +879,21 @@ def test_shrunk_study_below_1x_native_aspect_robustness_and_learned_slopes(tmp_p
     assert len(slopes['slopes']['layer']) == 1 and 'slopes' not in pape
     rows = list(csv.DictReader((out / 'small.csv').open()))
     assert {(r['mode'], r['scale'], r['test_h']) for r in rows if r['encoding'] == 'pape'} == {
-        ('test', '0.5', '16'), ('test', '1', '32'), ('native_aspect', '0.5', ''),
-        ('native_aspect', '1', '')}
+        ('test', '0.5', '16'),
+        ('test', '1', '32'),
+        ('native_aspect', '0.5', ''),
+        ('native_aspect', '1', ''),
+    }
     text = (out / 'small_table.md').read_text()
     assert '| pape | test |' in text and '|  | native aspect |' in text
-    assert 'longer side the column\'s scale x 32 px' in text
+    assert "longer side the column's scale x 32 px" in text
     assert '| encoding | clean | fgsm 4/255 | fgsm mean | pgd 4/255 | pgd mean |' in text
-    assert '| lookhere+learnable_slopes | 3 |' in text   # the learned slopes
+    assert '| lookhere+learnable_slopes | 3 |' in text  # the learned slopes
     assert report['summary_robustness']['pape']['fgsm']['4']['n'] == 1
     rob_rows = list(csv.DictReader((out / 'small_robustness.csv').open()))
-    assert [(r['attack'], r['eps']) for r in rob_rows[:3]] == [('clean', '0'), ('fgsm', '4'),
-                                                               ('pgd', '4')]
+    assert [(r['attack'], r['eps']) for r in rob_rows[:3]] == [
+        ('clean', '0'),
+        ('fgsm', '4'),
+        ('pgd', '4'),
+    ]
     assert (out / 'small_robustness.png').stat().st_size > 10_000

@@ -8,6 +8,7 @@ the embed dims follows it), built with mmseg's registry and run forward + loss +
 backward on CPU. Configs that differ only in schedule, dataset or crop give the same
 shrunk model and are tested once.
 """
+
 from __future__ import annotations
 
 import copy
@@ -20,16 +21,22 @@ from typing import Dict, List, Tuple
 import pytest
 import torch
 
-from lookhere_dense.swap import SOURCE_BACKBONES, swap_backbone
 from lookhere_dense.errors import ConfigError
+from lookhere_dense.swap import SOURCE_BACKBONES, swap_backbone
 
 mmseg = pytest.importorskip('mmseg')
 CONFIG_ROOT = osp.join(osp.dirname(mmseg.__file__), '.mim', 'configs')
 _TYPE = re.compile(r"type\s*=\s*'(%s)'" % '|'.join(SOURCE_BACKBONES))
 _BASE = re.compile(r"_base_\s*=\s*(\[[^\]]*\]|'[^']*')", re.S)
 SIZE = 32  # input side in px: a 2x2 patch grid
-_CHANNEL_KEYS = {'in_channels', 'channels', 'embed_dims', 'out_channels', 'embed_dim',
-                 'post_process_channels'}
+_CHANNEL_KEYS = {
+    'in_channels',
+    'channels',
+    'embed_dims',
+    'out_channels',
+    'embed_dim',
+    'post_process_channels',
+}
 
 
 def _mentions_vit(path: str, seen: set) -> bool:
@@ -42,13 +49,17 @@ def _mentions_vit(path: str, seen: set) -> bool:
         return True
     m = _BASE.search(text)
     bases = re.findall(r"'([^']+)'", m.group(1)) if m else []
-    return any(_mentions_vit(osp.normpath(osp.join(osp.dirname(path), b)), seen)
-               for b in bases if '::' not in b)
+    return any(
+        _mentions_vit(osp.normpath(osp.join(osp.dirname(path), b)), seen)
+        for b in bases
+        if '::' not in b
+    )
 
 
 def vit_configs() -> List[str]:
     """Relative paths of the shipped configs whose model backbone is a plain ViT."""
     from mmengine.config import Config
+
     out = []
     for path in sorted(glob.glob(osp.join(CONFIG_ROOT, '*', '*.py'))):
         if '/_base_/' in path or not _mentions_vit(path, set()):
@@ -72,8 +83,10 @@ def _replace_channels(node, old: int, new: int, key: str = ''):
 
 def _bn_for_syncbn(node):
     if isinstance(node, dict):
-        return {k: ('BN' if k == 'type' and v == 'SyncBN' else _bn_for_syncbn(v))
-                for k, v in node.items()}
+        return {
+            k: ('BN' if k == 'type' and v == 'SyncBN' else _bn_for_syncbn(v))
+            for k, v in node.items()
+        }
     if isinstance(node, (list, tuple)):
         return type(node)(_bn_for_syncbn(v) for v in node)
     return node
@@ -105,9 +118,20 @@ def shrink(model: dict) -> dict:
 
 #: Settings that change numbers, not structure: models that differ only in these (after
 #: shrinking) are tested once.
-_NUMERIC = _CHANNEL_KEYS | {'num_classes', 'drop_path_rate', 'drop_rate', 'attn_drop_rate',
-                            'dropout_ratio', 'init_values', 'eps', 'num_heads', 'img_size',
-                            'loss_weight', 'data_preprocessor', 'mla_channels'}
+_NUMERIC = _CHANNEL_KEYS | {
+    'num_classes',
+    'drop_path_rate',
+    'drop_rate',
+    'attn_drop_rate',
+    'dropout_ratio',
+    'init_values',
+    'eps',
+    'num_heads',
+    'img_size',
+    'loss_weight',
+    'data_preprocessor',
+    'mla_channels',
+}
 
 
 # one PyTorch thread for the whole module (see conftest.one_torch_thread)
@@ -128,6 +152,7 @@ def _signature(model: dict) -> str:
 
 def _load(rel: str):
     from mmengine.config import Config
+
     return Config.fromfile(osp.join(CONFIG_ROOT, rel))
 
 
@@ -174,9 +199,9 @@ def test_dedupe_keeps_every_family(models, discovered):
 def test_every_vit_config_swaps_builds_and_trains_a_step(models):
     from mmengine.config import ConfigDict
     from mmengine.registry import init_default_scope
+    from mmengine.structures import PixelData
     from mmseg.registry import MODELS
     from mmseg.structures import SegDataSample
-    from mmengine.structures import PixelData
 
     init_default_scope('mmseg')
     torch.manual_seed(0)
@@ -192,9 +217,11 @@ def test_every_vit_config_swaps_builds_and_trains_a_step(models):
             for _ in imgs:
                 s = SegDataSample()
                 s.gt_sem_seg = PixelData(
-                    data=torch.randint(0, num_classes, (1, SIZE, SIZE), dtype=torch.long))
-                s.set_metainfo(dict(img_shape=(SIZE, SIZE), ori_shape=(SIZE, SIZE),
-                                    pad_shape=(SIZE, SIZE)))
+                    data=torch.randint(0, num_classes, (1, SIZE, SIZE), dtype=torch.long)
+                )
+                s.set_metainfo(
+                    dict(img_shape=(SIZE, SIZE), ori_shape=(SIZE, SIZE), pad_shape=(SIZE, SIZE))
+                )
                 samples.append(s)
             data = model.data_preprocessor(dict(inputs=imgs, data_samples=samples), True)
             losses = model(**data, mode='loss')
@@ -229,7 +256,7 @@ def test_swap_carries_architecture_and_drops_position_settings():
     assert bb.output_cls_token is True and bb.final_norm is False
     assert 'interpolate_mode' not in bb and 'pretrained' not in bb
     assert dpt.model.pretrained is None
-    assert 'lookhere_dense' in dpt.custom_imports.imports
+    assert 'lookhere_dense.openmmlab' in dpt.custom_imports.imports
     beit = swap_backbone(_load('beit/beit-base_upernet_8xb2-160k_ade20k-640x640.py'))
     assert beit.model.backbone.qkv_bias is True and beit.model.backbone.init_values == 0.1
     src = _load('setr/setr_vit-l_mla_8xb1-80k_cityscapes-768x768.py')
@@ -253,27 +280,43 @@ def test_cls_token_outputs_into_a_plain_head_says_what_to_set():
         swap_backbone(cfg)
 
 
-@pytest.mark.parametrize('overrides,match', [
-    (dict(pos_encoding='sincos'), r"model.backbone.pos_encoding: unknown pos_encoding 'sincos'"),
-    (dict(pos_encoding='lookhere:lh30'),
-     r"model.backbone.pos_encoding: unknown LookHere preset 'lh30'"),
-    (dict(pos_encoding='abs:lh90'), r'model.backbone.pos_encoding: .*only lookhere takes'),
-    (dict(preset='lh30'), r"model.backbone.preset: unknown LookHere preset 'lh30'"),
-    (dict(pos_encoding='alibi2d', preset='lh90'), r'model.backbone.preset: .*no LookHere'),
-    (dict(lh_config=dict(head_directions='quarters-none')),
-     r"model.backbone.lh_config: unknown LookHere direction type 'quarters'"),
-    (dict(pos_encoding='lookhere:lh45', preset='lh90'), r'model.backbone.preset: .*two '
-                                                        r'different presets'),
-])
+@pytest.mark.parametrize(
+    'overrides,match',
+    [
+        (
+            dict(pos_encoding='sincos'),
+            r"model.backbone.pos_encoding: unknown pos_encoding 'sincos'",
+        ),
+        (
+            dict(pos_encoding='lookhere:lh30'),
+            r"model.backbone.pos_encoding: unknown LookHere preset 'lh30'",
+        ),
+        (dict(pos_encoding='abs:lh90'), r'model.backbone.pos_encoding: .*only lookhere takes'),
+        (dict(preset='lh30'), r"model.backbone.preset: unknown LookHere preset 'lh30'"),
+        (dict(pos_encoding='alibi2d', preset='lh90'), r'model.backbone.preset: .*no LookHere'),
+        (
+            dict(lh_config=dict(head_directions='quarters-none')),
+            r"model.backbone.lh_config: unknown LookHere direction type 'quarters'",
+        ),
+        (
+            dict(pos_encoding='lookhere:lh45', preset='lh90'),
+            r'model.backbone.preset: .*two '
+            r'different presets',
+        ),
+    ],
+)
 def test_swap_names_the_backbone_key_of_a_bad_position_encoding(overrides, match):
     """The config check parses pos_encoding / preset / lh_config with the backbone's own
     parser (parse_pos_encoding) and names the key at fault."""
     with pytest.raises(ConfigError, match=match):
-        swap_backbone(_load('segmenter/segmenter_vit-b_mask_8xb1-160k_ade20k-512x512.py'),
-                      **overrides)
+        swap_backbone(
+            _load('segmenter/segmenter_vit-b_mask_8xb1-160k_ade20k-512x512.py'), **overrides
+        )
 
 
 def test_swap_accepts_the_short_lookhere_preset_form():
-    cfg = swap_backbone(_load('segmenter/segmenter_vit-b_mask_8xb1-160k_ade20k-512x512.py'),
-                        pos_encoding='lookhere:lh45')
+    cfg = swap_backbone(
+        _load('segmenter/segmenter_vit-b_mask_8xb1-160k_ade20k-512x512.py'),
+        pos_encoding='lookhere:lh45',
+    )
     assert cfg.model.backbone.pos_encoding == 'lookhere:lh45'

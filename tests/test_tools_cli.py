@@ -2,6 +2,7 @@
 go through its argument parsing to the clear message (or the output) a user sees. What
 the tools do is tested through the package functions they call (``test_tools_seg.py``,
 ``test_study.py``, ``test_evaluation.py``, ...); no test imports a tool script."""
+
 from __future__ import annotations
 
 import json
@@ -10,12 +11,21 @@ import subprocess
 import sys
 
 import pytest
-
 from tiny_seg import run_tools
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOOLS = ('train', 'test', 'infer', 'extrapolate', 'extrapolation_study', 'demo',
-         'swap_backbone', 'plot_heads', 'convert_checkpoint', 'robustness')
+TOOLS = (
+    'train',
+    'test',
+    'infer',
+    'extrapolate',
+    'extrapolation_study',
+    'demo',
+    'swap_backbone',
+    'plot_heads',
+    'convert_checkpoint',
+    'robustness',
+)
 
 
 ADE_CFG = os.path.join(REPO, 'configs', 'segmenter_lookhere_vit-t_tiny-ade.py')
@@ -25,12 +35,30 @@ DEIT_UPERNET = 'mmseg::vit/vit_deit-s16_upernet_8xb2-80k_ade20k-512x512.py'
 def _merge_inputs(folder) -> list:
     paths = []
     for seed, value in ((0, 40.0), (1, 60.0)):
-        report = dict(command='x', date='d', wall_seconds=1.0, versions={},
-                      settings=dict(config='c.py', encodings=['abs'], seeds=[seed],
-                                    scales=[1.0], ladder='rendered', metric='mIoU',
-                                    train_size=[32, 32], iters=10),
-                      runs=[dict(encoding='abs', seed=seed, train_seconds=1.0,
-                                 eval={'1': {'mIoU': value, 'aAcc': 90.0}})])
+        report = dict(
+            command='x',
+            date='d',
+            wall_seconds=1.0,
+            versions={},
+            settings=dict(
+                config='c.py',
+                encodings=['abs'],
+                seeds=[seed],
+                scales=[1.0],
+                ladder='rendered',
+                metric='mIoU',
+                train_size=[32, 32],
+                iters=10,
+            ),
+            runs=[
+                dict(
+                    encoding='abs',
+                    seed=seed,
+                    train_seconds=1.0,
+                    eval={'1': {'mIoU': value, 'aAcc': 90.0}},
+                )
+            ],
+        )
         paths.append(str(folder / f'r{seed}.json'))
         with open(paths[-1], 'w') as f:
             json.dump(report, f)
@@ -41,32 +69,62 @@ def _merge_inputs(folder) -> list:
 def runs(tmp_path_factory):
     """Every command line below, run once; ``runs[key] = dict(rc, stdout, stderr, tmp)``."""
     tmp = tmp_path_factory.mktemp('cli')
-    no_test_labels = tmp / 'no_test_labels.py'   # a label-less test split
+    no_test_labels = tmp / 'no_test_labels.py'  # a label-less test split
     no_test_labels.write_text(
-        f"_base_ = [{os.path.join(REPO, 'configs', 'study', 'relational_vit_tiny.py')!r}]\n"
+        f'_base_ = [{os.path.join(REPO, "configs", "study", "relational_vit_tiny.py")!r}]\n'
         "test_dataloader = dict(dataset=dict(pipeline=[dict(type='LoadImageFromFile'), "
-        "dict(type='PackSegInputs')]))\n")
+        "dict(type='PackSegInputs')]))\n"
+    )
     (tmp / 'not_a_checkpoint.pth').write_text('x')
     calls = {f'help:{tool}': (tool, ['--help']) for tool in TOOLS}
-    calls.update({
-        'train:missing config': ('train', [str(tmp / 'nope.py')]),
-        'test:missing checkpoint': ('test', [ADE_CFG, str(tmp / 'none.pth')]),
-        'extrapolate:bad test': ('extrapolate', [ADE_CFG, 'x.pth', '--tests', 'whole:2x']),
-        'infer:missing input': ('infer', [ADE_CFG, 'x.pth', str(tmp / 'missing')]),
-        'infer:bad size': ('infer', [ADE_CFG, 'x.pth', str(tmp), '--size', '10y20']),
-        'plot_heads': ('plot_heads', ['--preset', 'lh90', '--grid', '4', '4', '--depth', '2',
-                                      '--out', str(tmp / 'heads.png')]),
-        'demo:data only': ('demo', ['--data-only', '--datasets', 'cityscapes', '--num-train',
-                                    '1', '--num-val', '1', '--data-root', str(tmp / 'data')]),
-        'study:merge': ('extrapolation_study', ['--merge', *_merge_inputs(tmp), '--out-dir',
-                                                str(tmp / 'm'), '--name', 'merged']),
-        'swap:not python': ('swap_backbone', [DEIT_UPERNET, str(tmp / 'x.txt')]),
-        'robustness:bad eps': ('robustness', [ADE_CFG, 'x.pth', '--eps', '4', '0']),
-        'robustness:missing checkpoint': ('robustness', [ADE_CFG, str(tmp / 'none.pth')]),
-        'robustness:no labels': ('robustness', [str(no_test_labels),
-                                                str(tmp / 'not_a_checkpoint.pth'),
-                                                '--split', 'test']),
-    })
+    calls.update(
+        {
+            'train:missing config': ('train', [str(tmp / 'nope.py')]),
+            'test:missing checkpoint': ('test', [ADE_CFG, str(tmp / 'none.pth')]),
+            'extrapolate:bad test': ('extrapolate', [ADE_CFG, 'x.pth', '--tests', 'whole:2x']),
+            'infer:missing input': ('infer', [ADE_CFG, 'x.pth', str(tmp / 'missing')]),
+            'infer:bad size': ('infer', [ADE_CFG, 'x.pth', str(tmp), '--size', '10y20']),
+            'plot_heads': (
+                'plot_heads',
+                [
+                    '--preset',
+                    'lh90',
+                    '--grid',
+                    '4',
+                    '4',
+                    '--depth',
+                    '2',
+                    '--out',
+                    str(tmp / 'heads.png'),
+                ],
+            ),
+            'demo:data only': (
+                'demo',
+                [
+                    '--data-only',
+                    '--datasets',
+                    'cityscapes',
+                    '--num-train',
+                    '1',
+                    '--num-val',
+                    '1',
+                    '--data-root',
+                    str(tmp / 'data'),
+                ],
+            ),
+            'study:merge': (
+                'extrapolation_study',
+                ['--merge', *_merge_inputs(tmp), '--out-dir', str(tmp / 'm'), '--name', 'merged'],
+            ),
+            'swap:not python': ('swap_backbone', [DEIT_UPERNET, str(tmp / 'x.txt')]),
+            'robustness:bad eps': ('robustness', [ADE_CFG, 'x.pth', '--eps', '4', '0']),
+            'robustness:missing checkpoint': ('robustness', [ADE_CFG, str(tmp / 'none.pth')]),
+            'robustness:no labels': (
+                'robustness',
+                [str(no_test_labels), str(tmp / 'not_a_checkpoint.pth'), '--split', 'test'],
+            ),
+        }
+    )
     results = run_tools(list(calls.values()))
     return {key: dict(res, tmp=tmp) for key, res in zip(calls, results)}
 
@@ -78,19 +136,22 @@ def test_every_tool_answers_help(runs, tool):
     assert res['stdout'].startswith('usage: ') and f'{tool}.py' in res['stdout']
 
 
-@pytest.mark.parametrize('tool', sorted(f[:-3] for f in os.listdir(os.path.join(REPO, 'tools'))
-                                         if f.endswith('.py')))
+@pytest.mark.parametrize(
+    'tool', sorted(f[:-3] for f in os.listdir(os.path.join(REPO, 'tools')) if f.endswith('.py'))
+)
 def test_tool_docstring_examples_keep_their_line_breaks(tool):
     """A single ``\\`` at a line end inside a (non-raw) docstring joins the lines of an
     example command; the examples write ``\\\\``. Every line of the source must be a line
     of the docstring."""
     import ast
+
     with open(os.path.join(REPO, 'tools', f'{tool}.py')) as f:
         node = ast.parse(f.read()).body[0]
     assert isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
     lines = node.value.value.split('\n')
-    assert len(lines) == node.end_lineno - node.lineno + 1, \
-        [ln for ln in lines if '  --' in ln or '\\  ' in ln]
+    assert len(lines) == node.end_lineno - node.lineno + 1, [
+        ln for ln in lines if '  --' in ln or '\\  ' in ln
+    ]
 
 
 def _error_line(res: dict) -> str:
@@ -104,18 +165,24 @@ def _error_line(res: dict) -> str:
 def test_a_tool_run_as_a_script_reports_a_user_error_without_a_traceback(tmp_path):
     """The real ``python tools/train.py ...`` process (the others run in one interpreter)."""
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''))
-    res = subprocess.run([sys.executable, 'tools/train.py', str(tmp_path / 'nope.py')],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, 'tools/train.py', str(tmp_path / 'nope.py')],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 2 and 'Traceback' not in res.stderr
-    assert f"error: config file {str(tmp_path / 'nope.py')!r} not found" in res.stderr
+    assert f'error: config file {str(tmp_path / "nope.py")!r} not found' in res.stderr
 
 
 def test_train_and_test_name_a_missing_config_or_checkpoint(runs):
     tmp = runs['train:missing config']['tmp']
     err = _error_line(runs['train:missing config'])
-    assert err == f"error: config file {str(tmp / 'nope.py')!r} not found"
+    assert err == f'error: config file {str(tmp / "nope.py")!r} not found'
     err = _error_line(runs['test:missing checkpoint'])
-    assert err == f"error: checkpoint {str(tmp / 'none.pth')!r} not found"
+    assert err == f'error: checkpoint {str(tmp / "none.pth")!r} not found'
 
 
 def test_extrapolate_and_infer_say_what_is_wrong(runs):
@@ -132,10 +199,15 @@ def test_robustness_says_what_is_wrong(runs):
     assert "argument --eps: expected a number in (0, 255] (pixel units), got '0'" in err
     err = _error_line(runs['robustness:missing checkpoint'])
     tmp = runs['robustness:missing checkpoint']['tmp']
-    assert err == f"error: checkpoint {str(tmp / 'none.pth')!r} not found"
-    err = _error_line(runs['robustness:no labels'])   # before the model: no traceback
-    assert err.startswith('error: the test split cannot be attacked: test_dataloader.dataset.'
-                          'pipeline has no LoadAnnotations') and '--split val' in err
+    assert err == f'error: checkpoint {str(tmp / "none.pth")!r} not found'
+    err = _error_line(runs['robustness:no labels'])  # before the model: no traceback
+    assert (
+        err.startswith(
+            'error: the test split cannot be attacked: test_dataloader.dataset.'
+            'pipeline has no LoadAnnotations'
+        )
+        and '--split val' in err
+    )
 
 
 def test_plot_heads_writes_its_png(runs):

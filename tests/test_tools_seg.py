@@ -4,6 +4,7 @@ LookHere Segmenter on each through the real mmengine Runner, validates with IoUM
 runs the extrapolation report. Training again, testing and inference then use its
 checkpoints. Everything runs once per module. The tools' command lines are tested in
 ``test_tools_cli.py``."""
+
 from __future__ import annotations
 
 import glob
@@ -14,16 +15,16 @@ import os.path as osp
 import cv2
 import numpy as np
 import pytest
-
-from lookhere_dense.research.demo import STAMP, generate_dataset, run_demo
-from lookhere_dense.apis.inference import list_images, segment_images
-from lookhere_dense.apis.test import evaluate_checkpoint
-from lookhere_dense.apis.train import train_model
-from lookhere_dense.apis.cli import run_main
-from lookhere_dense.research.chance import chance_levels
 from tiny_seg import ADE_CFG, SHRINK
 from tiny_seg import options as _opts
 from tiny_seg import roots as _roots
+
+from lookhere_dense.apis.cli import run_main
+from lookhere_dense.apis.inference import list_images, segment_images
+from lookhere_dense.apis.test import evaluate_checkpoint
+from lookhere_dense.apis.train import train_model
+from lookhere_dense.research.chance import chance_levels
+from lookhere_dense.research.demo import STAMP, generate_dataset, run_demo
 
 ITERS = 3
 
@@ -36,19 +37,26 @@ pytestmark = pytest.mark.usefixtures('one_torch_thread')
 def demo(tmp_path_factory):
     root = tmp_path_factory.mktemp('demo')
     data, work = root / 'data', root / 'work'
-    roots = {name: generate_dataset(name, str(data), num_train=4, num_val=2)
-             for name in ('ade20k', 'cityscapes')}
-    summary = run_demo(roots, str(work), ITERS, tests=['slide@x1', 'whole@x1', 'whole@x2'],
-                       cfg_options=SHRINK)
-    return dict(summary=summary, data=data, work=work,
-                ade_root=data / 'ade' / 'ADEChallengeData2016',
-                ckpt=str(work / 'ade20k' / f'iter_{ITERS}.pth'))
+    roots = {
+        name: generate_dataset(name, str(data), num_train=4, num_val=2)
+        for name in ('ade20k', 'cityscapes')
+    }
+    summary = run_demo(
+        roots, str(work), ITERS, tests=['slide@x1', 'whole@x1', 'whole@x2'], cfg_options=SHRINK
+    )
+    return dict(
+        summary=summary,
+        data=data,
+        work=work,
+        ade_root=data / 'ade' / 'ADEChallengeData2016',
+        ckpt=str(work / 'ade20k' / f'iter_{ITERS}.pth'),
+    )
 
 
 def test_demo_trains_validates_and_reports_both_datasets(demo):
     summary = demo['summary']
     assert set(summary['datasets']) == {'ade20k', 'cityscapes'}
-    for name, d in summary['datasets'].items():
+    for d in summary['datasets'].values():
         assert osp.isfile(d['checkpoint'])
         assert 0.0 <= d['val_mIoU'] <= 100.0  # IoUMetric ran at the end of training
         assert 0.0 < d['chance']['uniform'] < 100.0 and d['chance']['classes'] >= 3
@@ -71,8 +79,10 @@ def test_demo_trains_validates_and_reports_both_datasets(demo):
 
 
 def _files(root) -> dict:
-    return {osp.relpath(p, root): open(p, 'rb').read()
-            for p in sorted(glob.glob(osp.join(str(root), '**', '*.*'), recursive=True))}
+    return {
+        osp.relpath(p, root): open(p, 'rb').read()
+        for p in sorted(glob.glob(osp.join(str(root), '**', '*.*'), recursive=True))
+    }
 
 
 def test_demo_gives_the_same_numbers_on_every_run(demo, tmp_path):
@@ -81,18 +91,27 @@ def test_demo_gives_the_same_numbers_on_every_run(demo, tmp_path):
     data = tmp_path / 'data'
     root = generate_dataset('cityscapes', str(data), num_train=4, num_val=2)
     assert _files(root) == _files(demo['data'] / 'cityscapes')
-    assert json.load(open(osp.join(root, STAMP)))['sha256'] == \
-        demo['summary']['datasets']['cityscapes']['data_sha256']
-    summary = run_demo({'cityscapes': root}, str(tmp_path / 'work'), ITERS,
-                       tests=['slide@x1', 'whole@x1'], cfg_options=SHRINK)  # the fov view
+    assert (
+        json.load(open(osp.join(root, STAMP)))['sha256']
+        == demo['summary']['datasets']['cityscapes']['data_sha256']
+    )
+    summary = run_demo(
+        {'cityscapes': root},
+        str(tmp_path / 'work'),
+        ITERS,
+        tests=['slide@x1', 'whole@x1'],
+        cfg_options=SHRINK,
+    )  # the fov view
     first = demo['summary']['datasets']['cityscapes']
     second = summary['datasets']['cityscapes']
     assert second['val_mIoU'] == first['val_mIoU']
     keys = ('test', 'mIoU', 'aAcc', 'mAcc', 'input_h', 'input_w', 'grid_h', 'grid_w')
-    assert [{k: r[k] for k in keys} for r in second['rows']] == \
-        [{k: r[k] for k in keys} for r in first['rows'][:2]]
+    assert [{k: r[k] for k in keys} for r in second['rows']] == [
+        {k: r[k] for k in keys} for r in first['rows'][:2]
+    ]
     assert second['fov_view']['table'].splitlines()[2:4] != []
     import torch
+
     a = torch.load(first['checkpoint'], map_location='cpu', weights_only=False)['state_dict']
     b = torch.load(second['checkpoint'], map_location='cpu', weights_only=False)['state_dict']
     assert all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
@@ -100,6 +119,7 @@ def test_demo_gives_the_same_numbers_on_every_run(demo, tmp_path):
 
 def test_demo_data_are_reused_only_with_the_same_stamp(tmp_path, capsys):
     from lookhere_dense.research.demo import DemoDataError
+
     logs = []
     root = generate_dataset('cityscapes', str(tmp_path), num_train=2, num_val=3, log=logs.append)
     vals = osp.join(root, 'gtFine', 'val', '*', '*.png')
@@ -117,8 +137,7 @@ def test_demo_data_are_reused_only_with_the_same_stamp(tmp_path, capsys):
     assert 'wrote' in logs[-1] and len(glob.glob(vals)) == 1  # no stale images left
     assert json.load(open(osp.join(root, STAMP)))['settings']['num_val'] == 1
     os.remove(osp.join(root, STAMP))
-    err = _error_of(lambda: generate_dataset('cityscapes', str(tmp_path), log=logs.append),
-                    capsys)
+    err = _error_of(lambda: generate_dataset('cityscapes', str(tmp_path), log=logs.append), capsys)
     assert 'exists but was not written by this demo' in err and '--data-root' in err
     assert len(glob.glob(vals)) == 1  # a folder without a stamp is never touched
     with pytest.raises(DemoDataError):
@@ -128,8 +147,8 @@ def test_demo_data_are_reused_only_with_the_same_stamp(tmp_path, capsys):
 def test_chance_levels_match_a_hand_computation(tmp_path):
     chance = chance_levels
     seg = np.zeros((10, 10), np.uint8)
-    seg[:, :3] = 1           # shares: class 0: 0.7, class 1: 0.3
-    seg[0, 0] = 255          # ignored
+    seg[:, :3] = 1  # shares: class 0: 0.7, class 1: 0.3
+    seg[0, 0] = 255  # ignored
     path = str(tmp_path / 'a.png')
     cv2.imwrite(path, seg)
     c = chance([path], reduce_zero_label=False)
@@ -141,12 +160,20 @@ def test_chance_levels_match_a_hand_computation(tmp_path):
 
 def test_resume_continues_from_the_last_checkpoint(demo, tmp_path):
     import shutil
+
     work = tmp_path / 'resume'
     shutil.copytree(demo['work'] / 'ade20k', work)
-    runner = train_model(ADE_CFG, work_dir=str(work), resume='auto',
-                         cfg_options=_opts(*_roots(demo['ade_root']), *SHRINK,
-                                           f'train_cfg.max_iters={ITERS + 2}',
-                                           f'train_cfg.val_interval={ITERS + 2}'))
+    runner = train_model(
+        ADE_CFG,
+        work_dir=str(work),
+        resume='auto',
+        cfg_options=_opts(
+            *_roots(demo['ade_root']),
+            *SHRINK,
+            f'train_cfg.max_iters={ITERS + 2}',
+            f'train_cfg.val_interval={ITERS + 2}',
+        ),
+    )
     assert runner.iter == ITERS + 2
     assert osp.isfile(work / f'iter_{ITERS + 2}.pth')
     logs = sorted(glob.glob(str(work / '*' / '*.log')))
@@ -155,10 +182,14 @@ def test_resume_continues_from_the_last_checkpoint(demo, tmp_path):
 
 def test_test_tool_scores_and_writes_predictions(demo, tmp_path):
     out, show = tmp_path / 'preds', tmp_path / 'vis'
-    metrics = evaluate_checkpoint(ADE_CFG, demo['ckpt'], work_dir=str(tmp_path / 'w'),
-                                  out=str(out), show_dir=str(show),
-                                  cfg_options=_opts(*_roots(demo['ade_root']), *SHRINK,
-                                                    'model.test_cfg.mode=whole'))
+    metrics = evaluate_checkpoint(
+        ADE_CFG,
+        demo['ckpt'],
+        work_dir=str(tmp_path / 'w'),
+        out=str(out),
+        show_dir=str(show),
+        cfg_options=_opts(*_roots(demo['ade_root']), *SHRINK, 'model.test_cfg.mode=whole'),
+    )
     assert 0.0 <= metrics['mIoU'] <= 100.0
     preds = sorted(glob.glob(str(out / '*.png')))
     assert len(preds) == 2
@@ -170,10 +201,19 @@ def test_test_tool_scores_and_writes_predictions(demo, tmp_path):
 def test_infer_writes_overlays_at_any_resolution(demo, tmp_path):
     folder = demo['ade_root'] / 'images' / 'validation'
     out = tmp_path / 'overlays'
-    result = segment_images(ADE_CFG, demo['ckpt'], str(folder), out_dir=str(out), whole=True,
-                            size=(320, 400), save_labels=True, cfg_options=_opts(*SHRINK))
+    result = segment_images(
+        ADE_CFG,
+        demo['ckpt'],
+        str(folder),
+        out_dir=str(out),
+        whole=True,
+        size=(320, 400),
+        save_labels=True,
+        cfg_options=_opts(*SHRINK),
+    )
     written = result.paths
     import torch
+
     assert result.mode == 'whole'
     assert result.device == ('cuda' if torch.cuda.is_available() else 'cpu')
     assert len(written) == 2
@@ -186,9 +226,17 @@ def test_infer_writes_overlays_at_any_resolution(demo, tmp_path):
     not_an_image.write_text('not an image')
     with pytest.raises(FileNotFoundError, match='is not an image OpenCV can read'):
         list_images(str(not_an_image))
-    slide = segment_images(ADE_CFG, demo['ckpt'], str(folder / 'ADE_val_00000002.jpg'),
-                           out_dir=str(out / 'slide'), slide=True, crop=(128, 128),
-                           stride=(96, 96), native=True, cfg_options=_opts(*SHRINK))
+    slide = segment_images(
+        ADE_CFG,
+        demo['ckpt'],
+        str(folder / 'ADE_val_00000002.jpg'),
+        out_dir=str(out / 'slide'),
+        slide=True,
+        crop=(128, 128),
+        stride=(96, 96),
+        native=True,
+        cfg_options=_opts(*SHRINK),
+    )
     one = slide.paths
     assert slide.mode == 'slide'
     assert len(one) == 1 and osp.isfile(one[0])
@@ -208,15 +256,35 @@ def _error_of(call, capsys) -> str:
 
 
 def test_train_errors_say_what_to_fix(demo, tmp_path, capsys):
-    err = _error_of(lambda: train_model(ADE_CFG, work_dir=str(tmp_path / 'a'), cfg_options=_opts(
-        *_roots(tmp_path / 'missing'), *SHRINK)), capsys)
+    err = _error_of(
+        lambda: train_model(
+            ADE_CFG,
+            work_dir=str(tmp_path / 'a'),
+            cfg_options=_opts(*_roots(tmp_path / 'missing'), *SHRINK),
+        ),
+        capsys,
+    )
     assert 'not found' in err and 'missing' in err and 'ADE20K layout' in err
-    err = _error_of(lambda: train_model(ADE_CFG, work_dir=str(tmp_path / 'b'), cfg_options=_opts(
-        *_roots(demo['ade_root']), *SHRINK, 'model.backbone.type=VisionTransfomer')), capsys)
+    err = _error_of(
+        lambda: train_model(
+            ADE_CFG,
+            work_dir=str(tmp_path / 'b'),
+            cfg_options=_opts(
+                *_roots(demo['ade_root']), *SHRINK, 'model.backbone.type=VisionTransfomer'
+            ),
+        ),
+        capsys,
+    )
     assert "'VisionTransfomer' is not a registered model" in err and 'VisionTransformer' in err
-    err = _error_of(lambda: train_model(ADE_CFG, work_dir=str(tmp_path / 'c'), amp=True,
-                                        cfg_options=_opts(*_roots(demo['ade_root']), *SHRINK)),
-                    capsys)
+    err = _error_of(
+        lambda: train_model(
+            ADE_CFG,
+            work_dir=str(tmp_path / 'c'),
+            amp=True,
+            cfg_options=_opts(*_roots(demo['ade_root']), *SHRINK),
+        ),
+        capsys,
+    )
     assert '--amp needs a CUDA GPU' in err
 
 
@@ -224,12 +292,20 @@ def test_label_error_inside_training_is_reported_cleanly(demo, tmp_path, capsys)
     """Past the pre-flight scan (skipped here), the CheckSegLabels transform in the
     pipeline stops training at the first bad annotation with the same message."""
     import shutil
+
     root = tmp_path / 'ade'
     shutil.copytree(demo['ade_root'], root)
     for path in glob.glob(str(root / 'annotations' / 'training' / '*.png')):
         seg = cv2.imread(path, cv2.IMREAD_UNCHANGED)
         seg[0, 0] = 180
         cv2.imwrite(path, seg)
-    err = _error_of(lambda: train_model(ADE_CFG, work_dir=str(tmp_path / 'w'), check_data=False,
-                                        cfg_options=_opts(*_roots(root), *SHRINK)), capsys)
+    err = _error_of(
+        lambda: train_model(
+            ADE_CFG,
+            work_dir=str(tmp_path / 'w'),
+            check_data=False,
+            cfg_options=_opts(*_roots(root), *SHRINK),
+        ),
+        capsys,
+    )
     assert 'label values [179]' in err and 'outside the classes 0..149' in err

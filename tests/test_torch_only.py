@@ -5,6 +5,7 @@ in one variant, timm) fails, as on a machine where they are not installed: a
 ``sitecustomize`` module on ``PYTHONPATH`` puts an import blocker on ``sys.meta_path``
 before anything else runs, so the benchmark's own child processes are blocked too.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,7 @@ sys.meta_path.insert(0, BlockedImports())
 
 #: Runs in the blocked interpreter: every CPU backend, window attention, the benchmark's
 #: torch-only modules; then checks that no blocked package was loaded.
-CORE = '''
+CORE = """
 import sys
 
 import torch
@@ -86,7 +87,7 @@ loaded = sorted(m for m in sys.modules if m.split('.')[0] in blocked)
 assert not loaded, loaded
 assert 'lookhere_dense.models' not in sys.modules
 print('torch-only core ok:', ', '.join(['reference'] + backends + ['window']))
-'''
+"""
 
 
 def _env(tmp_path: Path, repo_root: Path, blocked) -> dict:
@@ -100,20 +101,24 @@ def _env(tmp_path: Path, repo_root: Path, blocked) -> dict:
 
 
 def _run(args, env, cwd, timeout=300):
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout
+    )
 
 
-@pytest.mark.parametrize('blocked', [OPENMMLAB, OPENMMLAB + ('timm',)],
-                         ids=['no-openmmlab', 'no-openmmlab-no-timm'])
+@pytest.mark.parametrize(
+    'blocked', [OPENMMLAB, OPENMMLAB + ('timm',)], ids=['no-openmmlab', 'no-openmmlab-no-timm']
+)
 def test_core_runs_without_openmmlab(blocked, tmp_path: Path, repo_root: Path):
     env = _env(tmp_path, repo_root, blocked)
-    probe = ('import importlib, sys\n'
-             'for name in sys.argv[1:]:\n'
-             '    try:\n'
-             '        importlib.import_module(name)\n'
-             '    except ImportError as err:\n'
-             '        print(err)\n')
+    probe = (
+        'import importlib, sys\n'
+        'for name in sys.argv[1:]:\n'
+        '    try:\n'
+        '        importlib.import_module(name)\n'
+        '    except ImportError as err:\n'
+        '        print(err)\n'
+    )
     proc = _run(['-c', probe, *blocked], env, tmp_path)  # else this test proves nothing
     assert proc.stdout.splitlines() == [f'blocked for this test: {name}' for name in blocked]
     proc = _run(['-c', textwrap.dedent(CORE), ','.join(blocked)], env, tmp_path)
@@ -123,8 +128,9 @@ def test_core_runs_without_openmmlab(blocked, tmp_path: Path, repo_root: Path):
         assert 'chunked, flex, window' in proc.stdout
 
 
-def test_benchmark_attention_section_runs_without_openmmlab_and_timm(tmp_path: Path,
-                                                                     repo_root: Path):
+def test_benchmark_attention_section_runs_without_openmmlab_and_timm(
+    tmp_path: Path, repo_root: Path
+):
     env = _env(tmp_path, repo_root, OPENMMLAB + ('timm',))
     tool = str(repo_root / 'tools' / 'benchmark.py')
     out = tmp_path / 'attention.json'

@@ -4,6 +4,7 @@ Each config builds its full-size segmentor; shrunk through config options (same 
 toy widths, BN for SyncBN) it takes a training step through the real data preprocessor and
 the config's layer-decay optimizer, and predicts whole images larger than the crop.
 """
+
 from __future__ import annotations
 
 import math
@@ -57,18 +58,29 @@ def test_config_builds_full_size_segmentor(path):
 def shrunk(path: Path, crop=(64, 64)) -> Config:
     cfg = Config.fromfile(str(path))
     bn = dict(type='BN', requires_grad=True)
-    cfg.merge_from_dict({
-        'model.backbone.embed_dims': 48, 'model.backbone.num_layers': 3,
-        'model.backbone.num_heads': 6, 'model.backbone.window_size': 3,
-        'model.backbone.window_block_indexes': [0, 1], 'model.backbone.init_cfg': None,
-        'model.backbone.out_indices': (2, ), 'model.backbone.drop_path_rate': 0.0,
-        'model.neck.in_channels': 48, 'model.neck.out_channels': 16,
-        'model.decode_head.in_channels': [16] * 4, 'model.decode_head.channels': 16,
-        'model.decode_head.norm_cfg': bn, 'model.auxiliary_head.in_channels': 16,
-        'model.auxiliary_head.channels': 8, 'model.auxiliary_head.norm_cfg': bn,
-        'model.data_preprocessor.size': crop,
-        'optim_wrapper.type': 'OptimWrapper', 'optim_wrapper.paramwise_cfg.num_layers': 3,
-    })
+    cfg.merge_from_dict(
+        {
+            'model.backbone.embed_dims': 48,
+            'model.backbone.num_layers': 3,
+            'model.backbone.num_heads': 6,
+            'model.backbone.window_size': 3,
+            'model.backbone.window_block_indexes': [0, 1],
+            'model.backbone.init_cfg': None,
+            'model.backbone.out_indices': (2,),
+            'model.backbone.drop_path_rate': 0.0,
+            'model.neck.in_channels': 48,
+            'model.neck.out_channels': 16,
+            'model.decode_head.in_channels': [16] * 4,
+            'model.decode_head.channels': 16,
+            'model.decode_head.norm_cfg': bn,
+            'model.auxiliary_head.in_channels': 16,
+            'model.auxiliary_head.channels': 8,
+            'model.auxiliary_head.norm_cfg': bn,
+            'model.data_preprocessor.size': crop,
+            'optim_wrapper.type': 'OptimWrapper',
+            'optim_wrapper.paramwise_cfg.num_layers': 3,
+        }
+    )
     return cfg
 
 
@@ -104,16 +116,25 @@ def test_training_step_computes_losses_and_updates_every_part(trained):
     for log in logs:
         for key in ('loss', 'decode.loss_ce', 'aux.loss_ce'):
             assert math.isfinite(float(log[key].detach())), key
-    for part in ('backbone.patch_embed.', 'backbone.blocks.0.', 'backbone.blocks.2.', 'neck.',
-                 'decode_head.', 'auxiliary_head.'):
-        assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters()
-                   if n.startswith(part)), f'{part} did not train'
+    for part in (
+        'backbone.patch_embed.',
+        'backbone.blocks.0.',
+        'backbone.blocks.2.',
+        'neck.',
+        'decode_head.',
+        'auxiliary_head.',
+    ):
+        assert any(
+            not torch.equal(p, before[n])
+            for n, p in model.named_parameters()
+            if n.startswith(part)
+        ), f'{part} did not train'
 
 
 def test_whole_image_prediction_beyond_the_crop_size(trained):
     model, _, _, num_classes = trained
     model.eval()
-    img, ds = sample(96, 144, num_classes, 2)     # 6 x 9 patches, 3x3 windows; crop was 4x4
+    img, ds = sample(96, 144, num_classes, 2)  # 6 x 9 patches, 3x3 windows; crop was 4x4
     with torch.no_grad():
         out = model.test_step(dict(inputs=[img], data_samples=[ds]))
     pred = out[0].pred_sem_seg.data

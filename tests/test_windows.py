@@ -7,6 +7,7 @@ For translation-equivariant head types that is exactly "the bias of a window-siz
 inside each window", so the engine's padded, partitioned, cached computation must match it
 in the forward pass and in the gradients, for grids that are not multiples of the window.
 """
+
 from __future__ import annotations
 
 import collections
@@ -17,14 +18,18 @@ import math
 import pytest
 import torch
 
-from lookhere_dense.lookhere import LookHereAttentionEngine, PRESETS, lookhere_bias
-from lookhere_dense.lookhere.windows import (padded_grid, window_key_mask, window_partition,
-                                             window_unpartition)
-from lookhere_dense.models import LookHereViT
+from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine, lookhere_bias
 from lookhere_dense.lookhere.pos_encoding import PositionEncoding
+from lookhere_dense.lookhere.windows import (
+    padded_grid,
+    window_key_mask,
+    window_partition,
+    window_unpartition,
+)
+from lookhere_dense.models import LookHereViT
 
 DEPTH = 3
-HEADS = {'lh180': 6, 'lh90': 6, 'lh45': 12}   # lh45 has 3 direction types: 12 or 16 heads
+HEADS = {'lh180': 6, 'lh90': 6, 'lh45': 12}  # lh45 has 3 direction types: 12 or 16 heads
 # (grid, window): both sides padded, one side padded, window larger than the grid on one
 # side, window larger than the whole grid, and a divisible control case.
 GRIDS = [((5, 7), 3), ((6, 4), 3), ((3, 5), 4), ((4, 5), 6), ((4, 8), 4)]
@@ -45,8 +50,9 @@ def full_bias(config, grid, heads):
 def same_window(grid, ws):
     """``(N, N)`` bool: patches ``i`` and ``j`` lie in the same window (one pair at a time)."""
     n, w = grid[0] * grid[1], grid[1]
-    return torch.tensor([[window_of(i, w, ws) == window_of(j, w, ws) for j in range(n)]
-                         for i in range(n)])
+    return torch.tensor(
+        [[window_of(i, w, ws) == window_of(j, w, ws) for j in range(n)] for i in range(n)]
+    )
 
 
 def slow_attention(q, k, v, config, layer, grid, cls_token, ws=None):
@@ -67,21 +73,25 @@ def slow_window_attention(q, k, v, config, layer, grid, ws, cls_token):
 
 def qkv(batch, heads, tokens, dim=4, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(batch, heads, tokens, dim, generator=g, dtype=torch.float64,
-                        requires_grad=True) for _ in range(3)]
+    return [
+        torch.randn(
+            batch, heads, tokens, dim, generator=g, dtype=torch.float64, requires_grad=True
+        )
+        for _ in range(3)
+    ]
 
 
 @pytest.mark.parametrize('cls_token', [False, True], ids=['nocls', 'cls'])
 @pytest.mark.parametrize('grid,ws', GRIDS, ids=[f'{g[0]}x{g[1]}-ws{w}' for g, w in GRIDS])
 @pytest.mark.parametrize('preset', sorted(HEADS))
-def test_window_attention_equals_full_attention_restricted_to_windows(preset, grid, ws,
-                                                                       cls_token):
+def test_window_attention_equals_full_attention_restricted_to_windows(preset, grid, ws, cls_token):
     config, heads = PRESETS[preset], HEADS[preset]
     engine = LookHereAttentionEngine(config, DEPTH, heads)
     n = grid[0] * grid[1] + int(cls_token)
     q, k, v = qkv(2, heads, n)
-    upstream = torch.randn(2, heads, n, 4, dtype=torch.float64,
-                           generator=torch.Generator().manual_seed(1))
+    upstream = torch.randn(
+        2, heads, n, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1)
+    )
     for layer in range(DEPTH):  # each layer has its own slope
         out = engine.window_attention(q, k, v, layer, grid, ws, cls_token)
         ref = slow_window_attention(q, k, v, config, layer, grid, ws, cls_token)
@@ -184,17 +194,25 @@ class SlowLookHere(PositionEncoding):
         self.calls['global'] += 1
         return slow_attention(q, k, v, self.config, layer, grid_size, cls_token)
 
-    def window_attention(self, q, k, v, layer, grid_size, window_size, cls_token,
-                         dropout_p=0.0):
+    def window_attention(self, q, k, v, layer, grid_size, window_size, cls_token, dropout_p=0.0):
         self.calls['window'] += 1
-        return slow_window_attention(q, k, v, self.config, layer, grid_size, window_size,
-                                     cls_token)
+        return slow_window_attention(
+            q, k, v, self.config, layer, grid_size, window_size, cls_token
+        )
 
 
 def tiny_windowed(**kwargs) -> LookHereViT:
-    args = dict(patch_size=4, embed_dims=24, num_layers=DEPTH, num_heads=6, preset='lh180',
-                window_size=3, window_block_indexes=[0, 2], out_indices=(0, 1, 2),
-                init_values=1.0)
+    args = dict(
+        patch_size=4,
+        embed_dims=24,
+        num_layers=DEPTH,
+        num_heads=6,
+        preset='lh180',
+        window_size=3,
+        window_block_indexes=[0, 2],
+        out_indices=(0, 1, 2),
+        init_values=1.0,
+    )
     args.update(kwargs)
     torch.manual_seed(0)
     model = LookHereViT(**args)
@@ -209,8 +227,15 @@ def assert_backbone_matches_slow_reference(cls_token: bool) -> None:
     assert [blk.window_size for blk in model.blocks] == [3, 0, 3]
     slow = copy.deepcopy(model)
     slow.pos_enc = SlowLookHere(model.lh_config)
-    img = torch.randn(2, 3, 20, 26, dtype=torch.float64, requires_grad=True,
-                      generator=torch.Generator().manual_seed(3))  # grid 5 x 7
+    img = torch.randn(
+        2,
+        3,
+        20,
+        26,
+        dtype=torch.float64,
+        requires_grad=True,
+        generator=torch.Generator().manual_seed(3),
+    )  # grid 5 x 7
     outs = model(img)
     ref = slow(img)
     assert slow.pos_enc.calls == {'window': 2, 'global': 1}  # the slow definition ran
@@ -218,8 +243,8 @@ def assert_backbone_matches_slow_reference(cls_token: bool) -> None:
     for o, r in zip(outs, ref):
         assert o.shape == (2, 24, 5, 7)
         torch.testing.assert_close(o, r, rtol=1e-9, atol=1e-9)
-    g, = torch.autograd.grad(sum(o.square().sum() for o in outs), img)
-    r, = torch.autograd.grad(sum(o.square().sum() for o in ref), img)
+    (g,) = torch.autograd.grad(sum(o.square().sum() for o in outs), img)
+    (r,) = torch.autograd.grad(sum(o.square().sum() for o in ref), img)
     assert torch.isfinite(g).all()
     torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-9)
 
@@ -247,28 +272,40 @@ def test_window_bias_is_cached_once_per_window_and_layer():
     model = tiny_windowed(window_block_indexes=[0, 1], with_cls_token=True).float()
     engine = model.pos_enc.engine
     with torch.no_grad():
-        model(torch.randn(1, 3, 20, 26))   # grid 5 x 7
+        model(torch.randn(1, 3, 20, 26))  # grid 5 x 7
     window_keys = {k for k in engine.dense.keys() if k[1] == (3, 3)}
     assert {k[0] for k in window_keys} == {0, 1}
     cached = {k: engine.dense.get_or_create(k, None) for k in window_keys}
     with torch.no_grad():
-        model(torch.randn(1, 3, 36, 16))   # another grid: 9 x 4, same window bias
+        model(torch.randn(1, 3, 36, 16))  # another grid: 9 x 4, same window bias
     assert {k for k in engine.dense.keys() if k[1] == (3, 3)} == window_keys
     for k, tensor in cached.items():
         assert engine.dense.get_or_create(k, None) is tensor
-        assert tensor.shape == (6, 10, 10)   # (heads, 1 + 3*3, 1 + 3*3): window-sized
+        assert tensor.shape == (6, 10, 10)  # (heads, 1 + 3*3, 1 + 3*3): window-sized
     # the windowed layers never asked for a full-grid dense bias
     full = [k for k in engine.dense.keys() if k[0] in (0, 1) and k[1] in ((5, 7), (9, 4))]
     assert full == []
 
 
 def test_both_index_namings_and_vitdet_default():
-    a = LookHereViT(embed_dims=24, num_layers=8, num_heads=6, window_size=4,
-                    window_block_indexes=[0, 1, 2, 4, 5, 6])
-    b = LookHereViT(embed_dims=24, num_layers=8, num_heads=6, window_size=4,
-                    global_attn_indexes=[3, 7])
-    d = LookHereViT(embed_dims=24, num_layers=8, num_heads=6, window_size=4,
-                    window_block_indexes=[0, 1, 2, 4, 5, 6], global_attn_indexes=[3, 7])
+    a = LookHereViT(
+        embed_dims=24,
+        num_layers=8,
+        num_heads=6,
+        window_size=4,
+        window_block_indexes=[0, 1, 2, 4, 5, 6],
+    )
+    b = LookHereViT(
+        embed_dims=24, num_layers=8, num_heads=6, window_size=4, global_attn_indexes=[3, 7]
+    )
+    d = LookHereViT(
+        embed_dims=24,
+        num_layers=8,
+        num_heads=6,
+        window_size=4,
+        window_block_indexes=[0, 1, 2, 4, 5, 6],
+        global_attn_indexes=[3, 7],
+    )
     for m in (a, b, d):
         assert [blk.window_size for blk in m.blocks] == [4, 4, 4, 0, 4, 4, 4, 0]
     # neither list: the last block of each quarter is global (ViTDet-B: 2, 5, 8, 11)
@@ -276,13 +313,18 @@ def test_both_index_namings_and_vitdet_default():
     assert [i for i, blk in enumerate(c.blocks) if not blk.window_size] == [2, 5, 8, 11]
 
 
-@pytest.mark.parametrize('kwargs,match', [
-    (dict(window_size=4, window_block_indexes=[0, 1], global_attn_indexes=[1, 2]),
-     r'must partition range\(3\)'),
-    (dict(window_size=4, window_block_indexes=[0, 5]), r'block indexes \[5\] out of range'),
-    (dict(window_size=-2), r'window_size must be >= 0'),
-    (dict(global_attn_indexes=[0]), r'need window_size > 0'),
-])
+@pytest.mark.parametrize(
+    'kwargs,match',
+    [
+        (
+            dict(window_size=4, window_block_indexes=[0, 1], global_attn_indexes=[1, 2]),
+            r'must partition range\(3\)',
+        ),
+        (dict(window_size=4, window_block_indexes=[0, 5]), r'block indexes \[5\] out of range'),
+        (dict(window_size=-2), r'window_size must be >= 0'),
+        (dict(global_attn_indexes=[0]), r'need window_size > 0'),
+    ],
+)
 def test_bad_window_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LookHereViT(embed_dims=24, num_layers=3, num_heads=6, **kwargs)

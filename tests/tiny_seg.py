@@ -1,6 +1,7 @@
 """The tiny segmentation set-up the tool tests share (not a test module): the demo config
 shrunk so that a training step takes a fraction of a second, a tiny ADE20K-layout
 dataset, and checkpoints written the way mmengine's Runner writes them."""
+
 from __future__ import annotations
 
 import json
@@ -14,18 +15,26 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 ADE_CFG = osp.join(REPO, 'configs', 'segmenter_lookhere_vit-t_tiny-ade.py')
 #: Shrinks the demo model and loaders (2 layers, 96 dims, one process per loader).
 SHRINK: List[str] = [
-    'model.backbone.num_layers=2', 'model.backbone.embed_dims=96',
-    'model.decode_head.in_channels=96', 'model.decode_head.channels=96',
-    'model.decode_head.embed_dims=96', 'model.decode_head.num_heads=2',
-    'train_dataloader.batch_size=2', 'train_dataloader.num_workers=0',
-    'train_dataloader.persistent_workers=False', 'val_dataloader.num_workers=0',
-    'val_dataloader.persistent_workers=False', 'test_dataloader.num_workers=0',
-    'test_dataloader.persistent_workers=False']
+    'model.backbone.num_layers=2',
+    'model.backbone.embed_dims=96',
+    'model.decode_head.in_channels=96',
+    'model.decode_head.channels=96',
+    'model.decode_head.embed_dims=96',
+    'model.decode_head.num_heads=2',
+    'train_dataloader.batch_size=2',
+    'train_dataloader.num_workers=0',
+    'train_dataloader.persistent_workers=False',
+    'val_dataloader.num_workers=0',
+    'val_dataloader.persistent_workers=False',
+    'test_dataloader.num_workers=0',
+    'test_dataloader.persistent_workers=False',
+]
 
 
 def make_ade(folder, num_train: int = 4, num_val: int = 2) -> str:
     """A tiny ADE20K-layout dataset under ``folder``; returns its root."""
     from lookhere_dense.research.datasets.synthetic_seg import make_ade20k_like
+
     make_ade20k_like(str(folder), num_train=num_train, num_val=num_val)
     return osp.join(str(folder), 'ade', 'ADEChallengeData2016')
 
@@ -38,6 +47,7 @@ def roots(data_root: str) -> List[str]:
 def options(*pairs: str) -> Dict:
     """``KEY=VALUE`` pairs read as a tool's ``--cfg-options`` reads them."""
     from lookhere_dense.apis.cli import parse_cfg_options
+
     return parse_cfg_options(pairs)
 
 
@@ -61,8 +71,12 @@ def write_checkpoint(path: str, extra: Sequence[str] = ()) -> str:
 def env() -> Dict[str, str]:
     """Environment for a tool subprocess: this checkout first on ``PYTHONPATH``, one
     thread."""
-    return dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
-                OMP_NUM_THREADS='1', MKL_NUM_THREADS='1')
+    return dict(
+        os.environ,
+        PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', ''),
+        OMP_NUM_THREADS='1',
+        MKL_NUM_THREADS='1',
+    )
 
 
 PYTHON = sys.executable
@@ -96,7 +110,13 @@ print('\n@@RESULTS@@' + json.dumps(results))
 
 def run_tools(calls) -> list:
     """``[(tool, [args...]), ...]`` -> ``[dict(rc, stdout, stderr), ...]`` (see _DRIVER)."""
-    res = subprocess.run([PYTHON, '-c', _DRIVER, json.dumps(calls)], cwd=REPO, env=env(),
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [PYTHON, '-c', _DRIVER, json.dumps(calls)],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert '@@RESULTS@@' in res.stdout, res.stderr
     return json.loads(res.stdout.split('@@RESULTS@@')[-1])

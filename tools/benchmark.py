@@ -50,6 +50,7 @@ Examples::
     python tools/benchmark.py --sections segmenter --threads 1 \\
         --json docs/segmenter_whole_frame_cpu.json                     # Segmenter vs backbone
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,6 +67,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
+from lookhere_dense.apis.cli import quiet_known_warnings, resolve_config_path  # noqa: E402
 from lookhere_dense.research.benchmark import DTYPES, SECTION_GROUPS, SECTIONS  # noqa: E402
 from lookhere_dense.research.benchmark.attention import bench_attention  # noqa: E402
 from lookhere_dense.research.benchmark.bias import bench_bias  # noqa: E402
@@ -73,103 +75,224 @@ from lookhere_dense.research.benchmark.report import environment, format_table  
 from lookhere_dense.research.benchmark.segmenter import CASES as SEGMENTER_CASES  # noqa: E402
 from lookhere_dense.research.benchmark.segmenter import bench_segmenter  # noqa: E402
 from lookhere_dense.research.reporting import write_json  # noqa: E402
-from lookhere_dense.apis.cli import quiet_known_warnings, resolve_config_path  # noqa: E402
 
 #: Default configs of the segmenter section (relative to the repository).
-SEGMENTER_CONFIGS = ['configs/segmenter_lookhere_cityscapes_whole.py',
-                     'configs/segmenter_lookhere_linear_cityscapes_whole.py']
-QUICK = dict(grid=12, bias_layers=3, baseline_depth=1, embed_dims=96, num_layers=2,
-             vit_size=64, frame_size=[64, 128], repeats=2, frame_repeats=1,
-             attn_tokens=[64, 256], vit_backends=['chunked'], threads=1,
-             frame_backends=['nobias', 'auto'],
-             segmenter_configs=['configs/segmenter_lookhere_vit-t_tiny-cityscapes.py'],
-             segmenter_cases=['backbone', 'model'])
+SEGMENTER_CONFIGS = [
+    'configs/segmenter_lookhere_cityscapes_whole.py',
+    'configs/segmenter_lookhere_linear_cityscapes_whole.py',
+]
+QUICK = dict(
+    grid=12,
+    bias_layers=3,
+    baseline_depth=1,
+    embed_dims=96,
+    num_layers=2,
+    vit_size=64,
+    frame_size=[64, 128],
+    repeats=2,
+    frame_repeats=1,
+    attn_tokens=[64, 256],
+    vit_backends=['chunked'],
+    threads=1,
+    frame_backends=['nobias', 'auto'],
+    segmenter_configs=['configs/segmenter_lookhere_vit-t_tiny-cityscapes.py'],
+    segmenter_cases=['backbone', 'model'],
+)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                epilog='Sections and measurement method: see the module '
-                                       'docstring and docs/performance.md.')
-    p.add_argument('--device', choices=('cpu', 'cuda'), default='cpu',
-                   help='where to run (cuda adds the attention timings); default: cpu')
-    p.add_argument('--section', choices=tuple(SECTION_GROUPS), default=None,
-                   help="a group of sections: 'attention' = bias attn (torch alone, no "
-                        "OpenMMLab needed), 'models' = vit frame segmenter, 'all' "
-                        "(default: all)")
-    p.add_argument('--sections', nargs='+', choices=SECTIONS, default=None,
-                   help='sections to run, by name (default: all: bias vit frame segmenter '
-                        'attn)')
-    p.add_argument('--quick', action='store_true',
-                   help='tiny sizes for a smoke test (< 1 min); explicit flags still win')
-    p.add_argument('--json', type=Path, default=None,
-                   help='write the results as JSON here (default: no file)')
-    p.add_argument('--preset', default='lh90',
-                   help='LookHere preset of the models (default: lh90)')
-    p.add_argument('--bias-preset', default='lh45',
-                   help='preset of the bias-build section; lh45 uses the triangle masks '
-                        '(default: lh45)')
-    p.add_argument('--grid', type=int, default=None,
-                   help='side of the square grid of the bias section (default 64)')
-    p.add_argument('--bias-layers', type=int, default=None,
-                   help='layers of our bias build (default 12)')
-    p.add_argument('--baseline-depth', type=int, default=None,
-                   help='layers the baseline really builds; the rest is extrapolated (default 1)')
+    p = argparse.ArgumentParser(
+        description=__doc__.split('\n\n')[0],
+        epilog='Sections and measurement method: see the module '
+        'docstring and docs/performance.md.',
+    )
+    p.add_argument(
+        '--device',
+        choices=('cpu', 'cuda'),
+        default='cpu',
+        help='where to run (cuda adds the attention timings); default: cpu',
+    )
+    p.add_argument(
+        '--section',
+        choices=tuple(SECTION_GROUPS),
+        default=None,
+        help="a group of sections: 'attention' = bias attn (torch alone, no "
+        "OpenMMLab needed), 'models' = vit frame segmenter, 'all' "
+        '(default: all)',
+    )
+    p.add_argument(
+        '--sections',
+        nargs='+',
+        choices=SECTIONS,
+        default=None,
+        help='sections to run, by name (default: all: bias vit frame segmenter attn)',
+    )
+    p.add_argument(
+        '--quick',
+        action='store_true',
+        help='tiny sizes for a smoke test (< 1 min); explicit flags still win',
+    )
+    p.add_argument(
+        '--json', type=Path, default=None, help='write the results as JSON here (default: no file)'
+    )
+    p.add_argument(
+        '--preset', default='lh90', help='LookHere preset of the models (default: lh90)'
+    )
+    p.add_argument(
+        '--bias-preset',
+        default='lh45',
+        help='preset of the bias-build section; lh45 uses the triangle masks (default: lh45)',
+    )
+    p.add_argument(
+        '--grid',
+        type=int,
+        default=None,
+        help='side of the square grid of the bias section (default 64)',
+    )
+    p.add_argument(
+        '--bias-layers', type=int, default=None, help='layers of our bias build (default 12)'
+    )
+    p.add_argument(
+        '--baseline-depth',
+        type=int,
+        default=None,
+        help='layers the baseline really builds; the rest is extrapolated (default 1)',
+    )
     p.add_argument('--embed-dims', type=int, default=None, help='ViT width (default 768)')
     p.add_argument('--num-layers', type=int, default=None, help='ViT depth (default 12)')
     p.add_argument('--num-heads', type=int, default=12, help='ViT heads (default: 12)')
-    p.add_argument('--dtype', choices=tuple(DTYPES), default='float32',
-                   help='model dtype of the vit and frame sections (default: float32)')
-    p.add_argument('--vit-size', type=int, default=None,
-                   help='image side of the vit section (default 512)')
-    p.add_argument('--vit-batch', type=int, default=1,
-                   help='batch of the vit section (default: 1)')
-    p.add_argument('--vit-backends', nargs='*', default=None,
-                   help="LookHere backends timed besides 'auto' in the vit section "
-                        "(default: chunked; on cuda chunked flex)")
-    p.add_argument('--no-mmseg', action='store_true',
-                   help="skip mmseg's VisionTransformer in the vit section")
-    p.add_argument('--frame-size', type=int, nargs=2, default=None, metavar=('H', 'W'),
-                   help='image size of the frame and segmenter sections (default 1024 2048)')
-    p.add_argument('--frame-backends', nargs='+', default=None,
-                   help="frame cases: 'nobias', a backend, or 'chunked:<block rows>' "
-                        "(default: nobias auto chunked:256 sdpa; on cuda nobias auto flex "
-                        "chunked sdpa)")
-    p.add_argument('--frame-repeats', type=int, default=None,
-                   help='fresh-process runs per frame case, interleaved (default 2)')
-    p.add_argument('--max-dense-gib', type=float, default=8.0,
-                   help='skip frame cases whose dense biases would exceed this many GiB '
-                        '(default: 8)')
-    p.add_argument('--block-size', type=int, default=0,
-                   help='query rows per block of the chunked backend (default: 0 = automatic)')
-    p.add_argument('--segmenter-configs', nargs='+', default=None, metavar='CONFIG',
-                   help='mmseg configs of the segmenter section (default: the repository\'s '
-                        + ' '.join(SEGMENTER_CONFIGS) + ')')
-    p.add_argument('--segmenter-cases', nargs='+', default=None, choices=SEGMENTER_CASES,
-                   help='cases of the segmenter section (default: backbone model mmseg)')
-    p.add_argument('--segmenter-cfg-options', nargs='+', default=None, metavar='KEY=VALUE',
-                   help="overrides merged into every segmenter config, as a tool's "
-                        "--cfg-options (e.g. model.backbone.attn_backend=flex)")
-    p.add_argument('--attn-tokens', type=int, nargs='+', default=None,
-                   help='token counts of the attn section (default 1024 4096 8192)')
-    p.add_argument('--attn-dtype', choices=tuple(DTYPES), default='bfloat16',
-                   help='dtype of the attn section (default: bfloat16)')
-    p.add_argument('--repeats', type=int, default=None,
-                   help='timed repeats per case in-process (default 5)')
-    p.add_argument('--threads', type=int, default=None,
-                   help='torch threads (default: torch default; 1 with --quick, where tiny '
-                        'ops on busy cores otherwise spend their time in thread hand-offs)')
-    p.add_argument('--child-timeout', type=float, default=1800,
-                   help='seconds before a subprocess case is abandoned (default: 1800)')
+    p.add_argument(
+        '--dtype',
+        choices=tuple(DTYPES),
+        default='float32',
+        help='model dtype of the vit and frame sections (default: float32)',
+    )
+    p.add_argument(
+        '--vit-size', type=int, default=None, help='image side of the vit section (default 512)'
+    )
+    p.add_argument(
+        '--vit-batch', type=int, default=1, help='batch of the vit section (default: 1)'
+    )
+    p.add_argument(
+        '--vit-backends',
+        nargs='*',
+        default=None,
+        help="LookHere backends timed besides 'auto' in the vit section "
+        '(default: chunked; on cuda chunked flex)',
+    )
+    p.add_argument(
+        '--no-mmseg', action='store_true', help="skip mmseg's VisionTransformer in the vit section"
+    )
+    p.add_argument(
+        '--frame-size',
+        type=int,
+        nargs=2,
+        default=None,
+        metavar=('H', 'W'),
+        help='image size of the frame and segmenter sections (default 1024 2048)',
+    )
+    p.add_argument(
+        '--frame-backends',
+        nargs='+',
+        default=None,
+        help="frame cases: 'nobias', a backend, or 'chunked:<block rows>' "
+        '(default: nobias auto chunked:256 sdpa; on cuda nobias auto flex '
+        'chunked sdpa)',
+    )
+    p.add_argument(
+        '--frame-repeats',
+        type=int,
+        default=None,
+        help='fresh-process runs per frame case, interleaved (default 2)',
+    )
+    p.add_argument(
+        '--max-dense-gib',
+        type=float,
+        default=8.0,
+        help='skip frame cases whose dense biases would exceed this many GiB (default: 8)',
+    )
+    p.add_argument(
+        '--block-size',
+        type=int,
+        default=0,
+        help='query rows per block of the chunked backend (default: 0 = automatic)',
+    )
+    p.add_argument(
+        '--segmenter-configs',
+        nargs='+',
+        default=None,
+        metavar='CONFIG',
+        help="mmseg configs of the segmenter section (default: the repository's "
+        + ' '.join(SEGMENTER_CONFIGS)
+        + ')',
+    )
+    p.add_argument(
+        '--segmenter-cases',
+        nargs='+',
+        default=None,
+        choices=SEGMENTER_CASES,
+        help='cases of the segmenter section (default: backbone model mmseg)',
+    )
+    p.add_argument(
+        '--segmenter-cfg-options',
+        nargs='+',
+        default=None,
+        metavar='KEY=VALUE',
+        help="overrides merged into every segmenter config, as a tool's "
+        '--cfg-options (e.g. model.backbone.attn_backend=flex)',
+    )
+    p.add_argument(
+        '--attn-tokens',
+        type=int,
+        nargs='+',
+        default=None,
+        help='token counts of the attn section (default 1024 4096 8192)',
+    )
+    p.add_argument(
+        '--attn-dtype',
+        choices=tuple(DTYPES),
+        default='bfloat16',
+        help='dtype of the attn section (default: bfloat16)',
+    )
+    p.add_argument(
+        '--repeats', type=int, default=None, help='timed repeats per case in-process (default 5)'
+    )
+    p.add_argument(
+        '--threads',
+        type=int,
+        default=None,
+        help='torch threads (default: torch default; 1 with --quick, where tiny '
+        'ops on busy cores otherwise spend their time in thread hand-offs)',
+    )
+    p.add_argument(
+        '--child-timeout',
+        type=float,
+        default=1800,
+        help='seconds before a subprocess case is abandoned (default: 1800)',
+    )
     args = p.parse_args(argv)
-    defaults = dict(grid=64, bias_layers=12, baseline_depth=1, embed_dims=768, num_layers=12,
-                    vit_size=512, frame_size=[1024, 2048], repeats=5, frame_repeats=2,
-                    attn_tokens=[1024, 4096, 8192], vit_backends=['chunked'], threads=None,
-                    frame_backends=['nobias', 'auto', 'chunked:256', 'sdpa'],
-                    segmenter_configs=SEGMENTER_CONFIGS,
-                    segmenter_cases=list(SEGMENTER_CASES))
+    defaults = dict(
+        grid=64,
+        bias_layers=12,
+        baseline_depth=1,
+        embed_dims=768,
+        num_layers=12,
+        vit_size=512,
+        frame_size=[1024, 2048],
+        repeats=5,
+        frame_repeats=2,
+        attn_tokens=[1024, 4096, 8192],
+        vit_backends=['chunked'],
+        threads=None,
+        frame_backends=['nobias', 'auto', 'chunked:256', 'sdpa'],
+        segmenter_configs=SEGMENTER_CONFIGS,
+        segmenter_cases=list(SEGMENTER_CASES),
+    )
     if args.device == 'cuda':  # flex is the CUDA path for large grids
-        defaults.update(vit_backends=['chunked', 'flex'],
-                        frame_backends=['nobias', 'auto', 'flex', 'chunked', 'sdpa'])
+        defaults.update(
+            vit_backends=['chunked', 'flex'],
+            frame_backends=['nobias', 'auto', 'flex', 'chunked', 'sdpa'],
+        )
     default_configs = args.segmenter_configs is None
     for key, value in defaults.items():
         if getattr(args, key) is None:
@@ -196,36 +319,80 @@ def model_cases():
     try:
         from lookhere_dense.research.benchmark import models
     except ImportError as err:
-        raise SystemExit(f'sections vit / frame build ViTs and need OpenMMLab (mmcv, '
-                         f'mmengine, mmseg), as does segmenter (whole mmseg models): {err}. '
-                         'Where only torch is installed, run --section attention.') from err
+        raise SystemExit(
+            f'sections vit / frame build ViTs and need OpenMMLab (mmcv, '
+            f'mmengine, mmseg), as does segmenter (whole mmseg models): {err}. '
+            'Where only torch is installed, run --section attention.'
+        ) from err
     return models
 
 
 def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
     """Call the package function of ``section`` with the command-line settings."""
     if section == 'bias':
-        return bench_bias(args.bias_preset, args.grid, args.bias_layers, args.num_heads,
-                          args.baseline_depth, args.repeats, args.threads, args.child_timeout)
+        return bench_bias(
+            args.bias_preset,
+            args.grid,
+            args.bias_layers,
+            args.num_heads,
+            args.baseline_depth,
+            args.repeats,
+            args.threads,
+            args.child_timeout,
+        )
     if section == 'attn':
-        return bench_attention(args.preset, args.attn_tokens, args.num_heads, args.embed_dims,
-                               args.device, args.attn_dtype, args.repeats)
+        return bench_attention(
+            args.preset,
+            args.attn_tokens,
+            args.num_heads,
+            args.embed_dims,
+            args.device,
+            args.attn_dtype,
+            args.repeats,
+        )
     if section == 'segmenter':
         from lookhere_dense.apis.cli import parse_cfg_options
-        cfg_options = (parse_cfg_options(args.segmenter_cfg_options)
-                       if args.segmenter_cfg_options else None)
-        return bench_segmenter(args.segmenter_configs, tuple(args.frame_size), args.device,
-                               args.threads, args.segmenter_cases, cfg_options,
-                               args.child_timeout)
+
+        cfg_options = (
+            parse_cfg_options(args.segmenter_cfg_options) if args.segmenter_cfg_options else None
+        )
+        return bench_segmenter(
+            args.segmenter_configs,
+            tuple(args.frame_size),
+            args.device,
+            args.threads,
+            args.segmenter_cases,
+            cfg_options,
+            args.child_timeout,
+        )
     models = model_cases()
     arch = models.vit_arch(args.embed_dims, args.num_layers, args.num_heads)
     if section == 'vit':
-        return models.bench_vit(arch, args.vit_size, args.vit_batch, args.preset,
-                                args.vit_backends, args.block_size, not args.no_mmseg,
-                                args.device, args.dtype, args.repeats)
-    return models.bench_frame(arch, tuple(args.frame_size), args.preset, args.frame_backends,
-                              args.block_size, args.device, args.dtype, args.frame_repeats,
-                              args.max_dense_gib, args.threads, args.child_timeout)
+        return models.bench_vit(
+            arch,
+            args.vit_size,
+            args.vit_batch,
+            args.preset,
+            args.vit_backends,
+            args.block_size,
+            not args.no_mmseg,
+            args.device,
+            args.dtype,
+            args.repeats,
+        )
+    return models.bench_frame(
+        arch,
+        tuple(args.frame_size),
+        args.preset,
+        args.frame_backends,
+        args.block_size,
+        args.device,
+        args.dtype,
+        args.frame_repeats,
+        args.max_dense_gib,
+        args.threads,
+        args.child_timeout,
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
@@ -245,10 +412,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     results: Dict[str, Any] = dict(
-        command='python tools/benchmark.py ' + ' '.join(
-            shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
-        env=environment(args.device), args={k: (str(v) if isinstance(v, Path) else v)
-                                            for k, v in vars(args).items()})
+        command='python tools/benchmark.py '
+        + ' '.join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
+        env=environment(args.device),
+        args={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    )
     t0 = time.perf_counter()
     for section in SECTIONS:  # in this order, whatever the order on the command line
         if section in args.sections:

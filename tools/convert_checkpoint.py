@@ -13,6 +13,7 @@ Examples::
     python tools/convert_checkpoint.py LH_180_weights_and_config.pth pretrain/lh180_mmseg.pth
     python tools/convert_checkpoint.py deit3_base_patch16_224.pth pretrain/deit3_b.pth
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,18 +26,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def parse_args(argv=None) -> argparse.Namespace:
     from lookhere_dense.apis.cli import ToolArgumentParser, positive_int
 
-    parser = ToolArgumentParser(description=__doc__.split('\n\n')[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('src', help='official LookHere (.pth with weights+config), timm or '
-                        'DeiT-III checkpoint (.pth / .safetensors)')
+    parser = ToolArgumentParser(
+        description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        'src',
+        help='official LookHere (.pth with weights+config), timm or '
+        'DeiT-III checkpoint (.pth / .safetensors)',
+    )
     parser.add_argument('dst', help='output file (mmseg-style backbone checkpoint)')
-    parser.add_argument('--keep-pos-embed', action='store_true',
-                        help="keep a timm / DeiT-III pos_embed, for LookHereViT(pos_encoding='abs'), "
-                        'which resamples it to its grid; dropped by default since LookHere has '
-                        'none')
-    parser.add_argument('--num-heads', type=positive_int, default=None, metavar='N',
-                        help='the head count the source was trained with, recorded in DST '
-                        '(for files that do not record it; must equal a recorded one)')
+    parser.add_argument(
+        '--keep-pos-embed',
+        action='store_true',
+        help="keep a timm / DeiT-III pos_embed, for LookHereViT(pos_encoding='abs'), "
+        'which resamples it to its grid; dropped by default since LookHere has '
+        'none',
+    )
+    parser.add_argument(
+        '--num-heads',
+        type=positive_int,
+        default=None,
+        metavar='N',
+        help='the head count the source was trained with, recorded in DST '
+        '(for files that do not record it; must equal a recorded one)',
+    )
     return parser.parse_args(argv)
 
 
@@ -44,42 +57,55 @@ def main(argv=None) -> int:
     """Convert; a file that is missing, unreadable or holds no ViT weights ends in one
     ``error:`` line (exit status 2)."""
     args = parse_args(argv)
-    from lookhere_dense.lookhere.weights import (OFFICIAL_NUM_HEADS, backbone_weights,
-                                                 save_backbone_checkpoint)
-    from lookhere_dense.errors import CheckpointError
     from lookhere_dense.checkpoint import load_checkpoint_file
-    from lookhere_dense.errors import ToolError
+    from lookhere_dense.errors import CheckpointError, ToolError
+    from lookhere_dense.lookhere.weights import (
+        OFFICIAL_NUM_HEADS,
+        backbone_weights,
+        save_backbone_checkpoint,
+    )
+
     try:
-        weights = backbone_weights(load_checkpoint_file(args.src),
-                                   keep_pos_embed=args.keep_pos_embed)
+        weights = backbone_weights(
+            load_checkpoint_file(args.src), keep_pos_embed=args.keep_pos_embed
+        )
     except CheckpointError as err:
         raise ToolError(str(err) if args.src in str(err) else f'{args.src!r}: {err}') from None
     num_heads, how = weights.num_heads, 'recorded in the file'
     if args.num_heads is not None:
         if num_heads is not None and num_heads != args.num_heads:
-            raise ToolError(f'--num-heads {args.num_heads}, but {args.src!r} records '
-                            f'{num_heads} heads: remove --num-heads')
+            raise ToolError(
+                f'--num-heads {args.num_heads}, but {args.src!r} records '
+                f'{num_heads} heads: remove --num-heads'
+            )
         num_heads, how = args.num_heads, 'stated by --num-heads'
     elif num_heads is None and weights.format == 'official':
         num_heads, how = OFFICIAL_NUM_HEADS, 'official LookHere file: the official models have 12'
     try:
-        save_backbone_checkpoint(args.dst, weights.state_dict, weights.lh_config,
-                                 source=args.src, num_heads=num_heads)
+        save_backbone_checkpoint(
+            args.dst, weights.state_dict, weights.lh_config, source=args.src, num_heads=num_heads
+        )
     except OSError as err:
         raise ToolError(f'could not write {args.dst!r}: {err.strerror or err}') from None
     n_params = sum(v.numel() for v in weights.state_dict.values())
     blocks = {k.split('.')[1] for k in weights.state_dict if k.startswith('blocks.')}
-    print(f'{args.src}: {weights.format} format, {len(weights.state_dict)} tensors '
-          f'({n_params / 1e6:.2f} M parameters, {len(blocks)} blocks)')
+    print(
+        f'{args.src}: {weights.format} format, {len(weights.state_dict)} tensors '
+        f'({n_params / 1e6:.2f} M parameters, {len(blocks)} blocks)'
+    )
     print(f'  dropped: {", ".join(weights.dropped) or "nothing"}')
     print(f'  LookHere config: {weights.lh_config or "none in the file (set preset/lh_config)"}')
-    print(f'  heads: {num_heads} ({how})' if num_heads is not None else
-          '  heads: not recorded (loading assumes channels/64 for timm / DeiT-III files, '
-          'else set checkpoint_num_heads; --num-heads N records it)')
+    print(
+        f'  heads: {num_heads} ({how})'
+        if num_heads is not None
+        else '  heads: not recorded (loading assumes channels/64 for timm / DeiT-III files, '
+        'else set checkpoint_num_heads; --num-heads N records it)'
+    )
     print(f'  wrote {args.dst}')
     return 0
 
 
 if __name__ == '__main__':
     from lookhere_dense.apis.cli import run_main
+
     run_main(main)

@@ -23,6 +23,7 @@ native aspect kept) or ``<H>x<W>`` (exactly H x W). Examples::
         --tests whole@x0.25 whole@x0.5 whole@x0.75 whole@x1 whole@long384 whole@long512 \\
         whole@long768
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,28 +38,53 @@ if str(REPO) not in sys.path:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
-    from lookhere_dense.apis.cli import (ToolArgumentParser, add_cfg_options_arg, add_threads_arg,
-                                         positive_int)
+    from lookhere_dense.apis.cli import (
+        ToolArgumentParser,
+        add_cfg_options_arg,
+        add_threads_arg,
+        positive_int,
+    )
 
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='the segmentation config the checkpoint was trained with')
     parser.add_argument('checkpoint', help='checkpoint file')
-    parser.add_argument('--tests', nargs='+', default=None, metavar='MODE@SIZE',
-                        help='tests to run, in order (default: the report\'s DEFAULT_TESTS, '
-                        'slide@x1 then whole@x1 to whole@x3); MODE whole or slide, SIZE '
-                        'x<factor of the config test scale> (x0.5: below it), <short side '
-                        'px>, long<long side px> (native aspect) or <H>x<W>')
-    parser.add_argument('--split', choices=['test', 'val'], default='test',
-                        help='which dataloader of the config to use (default: test)')
-    parser.add_argument('--max-images', type=positive_int, default=None, metavar='N',
-                        help='evaluate only the first N images of the split (N >= 1)')
-    parser.add_argument('--out-dir', default=None,
-                        help='folder for extrapolation.json / extrapolation.png (default: '
-                        'work_dirs/<config name>/extrapolation)')
-    parser.add_argument('--name', default='extrapolation',
-                        help='file name stem of the JSON / PNG (default: extrapolation)')
-    parser.add_argument('--device', default=None,
-                        help='cpu or cuda[:N] (default: cuda when available, else cpu)')
+    parser.add_argument(
+        '--tests',
+        nargs='+',
+        default=None,
+        metavar='MODE@SIZE',
+        help="tests to run, in order (default: the report's DEFAULT_TESTS, "
+        'slide@x1 then whole@x1 to whole@x3); MODE whole or slide, SIZE '
+        'x<factor of the config test scale> (x0.5: below it), <short side '
+        'px>, long<long side px> (native aspect) or <H>x<W>',
+    )
+    parser.add_argument(
+        '--split',
+        choices=['test', 'val'],
+        default='test',
+        help='which dataloader of the config to use (default: test)',
+    )
+    parser.add_argument(
+        '--max-images',
+        type=positive_int,
+        default=None,
+        metavar='N',
+        help='evaluate only the first N images of the split (N >= 1)',
+    )
+    parser.add_argument(
+        '--out-dir',
+        default=None,
+        help='folder for extrapolation.json / extrapolation.png (default: '
+        'work_dirs/<config name>/extrapolation)',
+    )
+    parser.add_argument(
+        '--name',
+        default='extrapolation',
+        help='file name stem of the JSON / PNG (default: extrapolation)',
+    )
+    parser.add_argument(
+        '--device', default=None, help='cpu or cuda[:N] (default: cuda when available, else cpu)'
+    )
     add_cfg_options_arg(parser, 'test_dataloader.dataset.data_root=...')
     add_threads_arg(parser)
     return parser.parse_args(argv)
@@ -69,18 +95,27 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     returns the JSON content."""
     args = parse_args(argv)
     from lookhere_dense.apis.cli import apply_threads, quiet_known_warnings
+
     quiet_known_warnings()
     apply_threads(args.threads)
     from lookhere_dense.research.extrapolation import DEFAULT_TESTS, extrapolation_report
 
     return extrapolation_report(
-        args.config, args.checkpoint, args.tests or DEFAULT_TESTS, split=args.split,
-        max_images=args.max_images, out_dir=args.out_dir, name=args.name,
-        device=args.device, cfg_options=args.cfg_options,
-        command='python tools/extrapolate.py ' + ' '.join(
-            argv if argv is not None else sys.argv[1:]))
+        args.config,
+        args.checkpoint,
+        args.tests or DEFAULT_TESTS,
+        split=args.split,
+        max_images=args.max_images,
+        out_dir=args.out_dir,
+        name=args.name,
+        device=args.device,
+        cfg_options=args.cfg_options,
+        command='python tools/extrapolate.py '
+        + ' '.join(argv if argv is not None else sys.argv[1:]),
+    )
 
 
 if __name__ == '__main__':
     from lookhere_dense.apis.cli import run_main
+
     run_main(main)

@@ -66,6 +66,7 @@ Examples (CPU default, all encodings, one seed; then two more seeds, merged)::
     python tools/extrapolation_study.py --encodings lookhere lookhere+learnable_slopes \\
         --robustness --out-dir work_dirs --name slopes_robustness
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,100 +94,192 @@ from lookhere_dense.research.study.runs import LADDER_CONFIGS, RunOptions, run_s
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     from mmengine.config import DictAction
-    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument('--config', default=None,
-                   help='mmseg config with a LookHereViT backbone (and optionally the '
-                        'generated-dataset / `extrapolation` dicts of configs/study/*); '
-                        'default: the ladder\'s CPU default '
-                        f'({ {k: osp.relpath(v, REPO) for k, v in LADDER_CONFIGS.items()} })')
-    p.add_argument('--ladder', choices=list(LADDERS), default=None,
-                   help='test ladder (default: the config\'s extrapolation.ladder): '
-                        + '; '.join(f'{k}: {v.description}' for k, v in LADDERS.items()))
-    p.add_argument('--encodings', nargs='+', default=None,
-                   help=f'encodings to compare: {list(POS_ENCODINGS)}, or lookhere:PRESET '
-                        f'with PRESET in {sorted(PRESETS)}; ENCODING+mixed_crops trains '
-                        'with that aid, lookhere+learnable_slopes learns the LookHere slopes '
-                        '(default: the config\'s extrapolation.encodings, else '
-                        f'{list(DEFAULT_ENCODINGS)}); options of an encoding (e.g. pape\'s '
-                        'parabolas) come from extrapolation.encoding_options')
-    p.add_argument('--aids', nargs='*', default=None, choices=list(AIDS), metavar='AID',
-                   help=f'extrapolation aids for every run, replacing the config\'s '
-                        f'extrapolation.aids: {AIDS}')
-    p.add_argument('--seeds', nargs='+', type=int, default=[0],
-                   help='one run per encoding and seed; several seeds give mean ± std')
-    p.add_argument('--scales', nargs='+', type=float, default=None,
-                   help='test resolutions as multiples of the training size, below 1 too '
-                        '(default: the config\'s extrapolation.scales, else 1 1.5 2 3 4)')
-    p.add_argument('--native-aspect', action=argparse.BooleanOptionalAction, default=None,
-                   help='zoom ladders: add a row per encoding at the images\' own aspect '
-                        'ratio, longer side = scale x training side (default: the config\'s '
-                        'extrapolation.native_aspect)')
-    p.add_argument('--robustness', action='store_true',
-                   help='also attack every run with FGSM / PGD on the 1x validation images '
-                        '(settings: the config\'s extrapolation.robustness, else FGSM and '
-                        '5-step PGD at 1 2 4 8 /255)')
-    p.add_argument('--iters', type=int, default=None,
-                   help='training iterations (default: the config\'s max_iters); '
-                        'iteration-based LR schedules are stretched to match')
-    p.add_argument('--batch-size', type=int, default=None,
-                   help='training batch size (default: the config\'s)')
-    p.add_argument('--lr', type=float, default=None, help='learning rate (default: the config\'s)')
-    p.add_argument('--metric', default=None,
-                   help='metric of the table and plot (default: extrapolation.metric, else mIoU)')
-    p.add_argument('--val-interval', type=int, default=None,
-                   help='also validate at 1x every N iterations while training (default: never; '
-                        'the ladder is evaluated after training)')
-    p.add_argument('--keep-test-mode', action='store_true',
-                   help="keep the config's model.test_cfg (default: force mode='whole' so the "
-                        'model sees the whole larger image)')
-    p.add_argument('--threads', type=int, default=None,
-                   help='PyTorch CPU threads (default: PyTorch\'s choice; 1 is much faster '
-                        'on a machine whose cores are busy with other jobs)')
-    p.add_argument('--work-dir', default=osp.join('work_dirs', 'extrapolation_study'),
-                   help='where the runs keep their logs and last checkpoints')
-    p.add_argument('--out-dir', default=None, help='where to write the results (default: --work-dir)')
+
+    p = argparse.ArgumentParser(
+        description=__doc__.split('\n\n')[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        '--config',
+        default=None,
+        help='mmseg config with a LookHereViT backbone (and optionally the '
+        'generated-dataset / `extrapolation` dicts of configs/study/*); '
+        "default: the ladder's CPU default "
+        f'({ {k: osp.relpath(v, REPO) for k, v in LADDER_CONFIGS.items()} })',
+    )
+    p.add_argument(
+        '--ladder',
+        choices=list(LADDERS),
+        default=None,
+        help="test ladder (default: the config's extrapolation.ladder): "
+        + '; '.join(f'{k}: {v.description}' for k, v in LADDERS.items()),
+    )
+    p.add_argument(
+        '--encodings',
+        nargs='+',
+        default=None,
+        help=f'encodings to compare: {list(POS_ENCODINGS)}, or lookhere:PRESET '
+        f'with PRESET in {sorted(PRESETS)}; ENCODING+mixed_crops trains '
+        'with that aid, lookhere+learnable_slopes learns the LookHere slopes '
+        "(default: the config's extrapolation.encodings, else "
+        f"{list(DEFAULT_ENCODINGS)}); options of an encoding (e.g. pape's "
+        'parabolas) come from extrapolation.encoding_options',
+    )
+    p.add_argument(
+        '--aids',
+        nargs='*',
+        default=None,
+        choices=list(AIDS),
+        metavar='AID',
+        help=f"extrapolation aids for every run, replacing the config's "
+        f'extrapolation.aids: {AIDS}',
+    )
+    p.add_argument(
+        '--seeds',
+        nargs='+',
+        type=int,
+        default=[0],
+        help='one run per encoding and seed; several seeds give mean ± std',
+    )
+    p.add_argument(
+        '--scales',
+        nargs='+',
+        type=float,
+        default=None,
+        help='test resolutions as multiples of the training size, below 1 too '
+        "(default: the config's extrapolation.scales, else 1 1.5 2 3 4)",
+    )
+    p.add_argument(
+        '--native-aspect',
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="zoom ladders: add a row per encoding at the images' own aspect "
+        "ratio, longer side = scale x training side (default: the config's "
+        'extrapolation.native_aspect)',
+    )
+    p.add_argument(
+        '--robustness',
+        action='store_true',
+        help='also attack every run with FGSM / PGD on the 1x validation images '
+        "(settings: the config's extrapolation.robustness, else FGSM and "
+        '5-step PGD at 1 2 4 8 /255)',
+    )
+    p.add_argument(
+        '--iters',
+        type=int,
+        default=None,
+        help="training iterations (default: the config's max_iters); "
+        'iteration-based LR schedules are stretched to match',
+    )
+    p.add_argument(
+        '--batch-size', type=int, default=None, help="training batch size (default: the config's)"
+    )
+    p.add_argument('--lr', type=float, default=None, help="learning rate (default: the config's)")
+    p.add_argument(
+        '--metric',
+        default=None,
+        help='metric of the table and plot (default: extrapolation.metric, else mIoU)',
+    )
+    p.add_argument(
+        '--val-interval',
+        type=int,
+        default=None,
+        help='also validate at 1x every N iterations while training (default: never; '
+        'the ladder is evaluated after training)',
+    )
+    p.add_argument(
+        '--keep-test-mode',
+        action='store_true',
+        help="keep the config's model.test_cfg (default: force mode='whole' so the "
+        'model sees the whole larger image)',
+    )
+    p.add_argument(
+        '--threads',
+        type=int,
+        default=None,
+        help="PyTorch CPU threads (default: PyTorch's choice; 1 is much faster "
+        'on a machine whose cores are busy with other jobs)',
+    )
+    p.add_argument(
+        '--work-dir',
+        default=osp.join('work_dirs', 'extrapolation_study'),
+        help='where the runs keep their logs and last checkpoints',
+    )
+    p.add_argument(
+        '--out-dir', default=None, help='where to write the results (default: --work-dir)'
+    )
     p.add_argument('--name', default='study', help='file stem of the JSON / CSV / PNG / table')
-    p.add_argument('--merge', nargs='+', default=None, metavar='JSON',
-                   help='train nothing: combine the runs of earlier reports made with the same '
-                        'settings (e.g. other seeds) into one report, table and plot')
-    p.add_argument('--cfg-options', nargs='+', action=DictAction, default=None,
-                   help='override config entries, e.g. relational.num_train=1000 '
-                        'model.backbone.num_layers=4')
+    p.add_argument(
+        '--merge',
+        nargs='+',
+        default=None,
+        metavar='JSON',
+        help='train nothing: combine the runs of earlier reports made with the same '
+        'settings (e.g. other seeds) into one report, table and plot',
+    )
+    p.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        default=None,
+        help='override config entries, e.g. relational.num_train=1000 model.backbone.num_layers=4',
+    )
     return p.parse_args(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Run (or ``--merge``) the study and write its outputs; returns the report."""
     args = parse_args(argv)
-    command = 'python ' + ' '.join(shlex.quote(a) for a in
-                                   [osp.relpath(__file__, os.getcwd())] +
-                                   list(sys.argv[1:] if argv is None else argv))
+    command = 'python ' + ' '.join(
+        shlex.quote(a)
+        for a in [osp.relpath(__file__, os.getcwd())]
+        + list(sys.argv[1:] if argv is None else argv)
+    )
     from lookhere_dense.apis.cli import apply_threads
+
     apply_threads(args.threads)
     if args.merge:
         report = merge_reports(args.merge, command)
     else:
         report = run_study(
-            args.config, args.encodings, args.seeds,
-            RunOptions(iters=args.iters, batch_size=args.batch_size, lr=args.lr,
-                       val_interval=args.val_interval, keep_test_mode=args.keep_test_mode),
-            work_dir=args.work_dir, scales=args.scales, metric=args.metric,
-            cfg_options=args.cfg_options, command=command, ladder=args.ladder,
-            aids=args.aids, native_aspect=args.native_aspect, robustness=args.robustness)
+            args.config,
+            args.encodings,
+            args.seeds,
+            RunOptions(
+                iters=args.iters,
+                batch_size=args.batch_size,
+                lr=args.lr,
+                val_interval=args.val_interval,
+                keep_test_mode=args.keep_test_mode,
+            ),
+            work_dir=args.work_dir,
+            scales=args.scales,
+            metric=args.metric,
+            cfg_options=args.cfg_options,
+            command=command,
+            ladder=args.ladder,
+            aids=args.aids,
+            native_aspect=args.native_aspect,
+            robustness=args.robustness,
+        )
     out_dir = args.out_dir or args.work_dir
     write_outputs(report, out_dir, args.name)
     stem = osp.join(out_dir, args.name)
-    cost = f'\n\nseconds and peak memory per frame:\n{report["cost_table"]}' \
-        if report.get('cost_table') else ''
+    cost = (
+        f'\n\nseconds and peak memory per frame:\n{report["cost_table"]}'
+        if report.get('cost_table')
+        else ''
+    )
     if report.get('robustness_table'):
         cost += f'\n\nunder attack (eps /255):\n{report["robustness_table"]}'
     if report.get('slopes_table'):
         cost += f'\n\nlearned LookHere slopes:\n{report["slopes_table"]}'
     more = ', _robustness.csv, _robustness.png' if report.get('robustness_table') else ''
-    print(f'\n{report["settings"]["metric"]} by test resolution ({len(report["runs"])} runs, '
-          f'{report["wall_seconds"]:.0f} s):\n{report["table"]}{cost}\n\nwrote {stem}.json, '
-          f'.csv, _table.md, .png{more}')
+    print(
+        f'\n{report["settings"]["metric"]} by test resolution ({len(report["runs"])} runs, '
+        f'{report["wall_seconds"]:.0f} s):\n{report["table"]}{cost}\n\nwrote {stem}.json, '
+        f'.csv, _table.md, .png{more}'
+    )
     return report
 
 

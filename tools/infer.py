@@ -16,6 +16,7 @@ Examples::
     python tools/infer.py configs/segmenter_lookhere_cityscapes.py CKPT frames/ \\
         --size 2048x4096 --whole --out-dir vis
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,7 @@ def _hw(text: str) -> Tuple[int, int]:
     try:
         h, w = (int(v) for v in text.lower().split('x'))
     except ValueError:
-        raise argparse.ArgumentTypeError(f'expected HxW such as 1024x2048, got {text!r}')
+        raise argparse.ArgumentTypeError(f'expected HxW such as 1024x2048, got {text!r}') from None
     if h < 1 or w < 1:
         raise argparse.ArgumentTypeError(f'sizes must be positive, got {text!r}')
     return h, w
@@ -46,32 +47,58 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('config', help='the config the checkpoint was trained with')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('input', help='an image file or a folder of images')
-    parser.add_argument('--out-dir', default='work_dirs/infer',
-                        help='folder for the overlay PNGs (default: %(default)s)')
+    parser.add_argument(
+        '--out-dir',
+        default='work_dirs/infer',
+        help='folder for the overlay PNGs (default: %(default)s)',
+    )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument('--whole', action='store_true',
-                      help='predict the whole image in one pass (any size)')
-    mode.add_argument('--slide', action='store_true',
-                      help='predict in sliding windows of --crop with --stride')
+    mode.add_argument(
+        '--whole', action='store_true', help='predict the whole image in one pass (any size)'
+    )
+    mode.add_argument(
+        '--slide', action='store_true', help='predict in sliding windows of --crop with --stride'
+    )
     size = parser.add_mutually_exclusive_group()
-    size.add_argument('--native', action='store_true',
-                      help="keep each image's own size (no resize)")
-    size.add_argument('--short-side', type=int, metavar='S',
-                      help='resize so the short side is S px (aspect kept)')
+    size.add_argument(
+        '--native', action='store_true', help="keep each image's own size (no resize)"
+    )
+    size.add_argument(
+        '--short-side',
+        type=int,
+        metavar='S',
+        help='resize so the short side is S px (aspect kept)',
+    )
     size.add_argument('--size', type=_hw, metavar='HxW', help='resize to exactly HxW')
-    parser.add_argument('--crop', type=_hw, metavar='HxW',
-                        help="slide window (default: the config's slide crop, else its "
-                        'training crop)')
-    parser.add_argument('--stride', type=_hw, metavar='HxW',
-                        help='slide stride (default: the config\'s, else 2/3 of the crop)')
-    parser.add_argument('--opacity', type=float, default=0.5,
-                        help='overlay opacity of the class colours, 0..1 (default: 0.5)')
-    parser.add_argument('--no-legend', action='store_true',
-                        help='do not draw the legend of the classes present')
-    parser.add_argument('--save-labels', action='store_true',
-                        help='also write the predicted class ids as <name>_labels.png')
-    parser.add_argument('--device', default=None,
-                        help='cpu or cuda[:N] (default: cuda when available, else cpu)')
+    parser.add_argument(
+        '--crop',
+        type=_hw,
+        metavar='HxW',
+        help="slide window (default: the config's slide crop, else its training crop)",
+    )
+    parser.add_argument(
+        '--stride',
+        type=_hw,
+        metavar='HxW',
+        help="slide stride (default: the config's, else 2/3 of the crop)",
+    )
+    parser.add_argument(
+        '--opacity',
+        type=float,
+        default=0.5,
+        help='overlay opacity of the class colours, 0..1 (default: 0.5)',
+    )
+    parser.add_argument(
+        '--no-legend', action='store_true', help='do not draw the legend of the classes present'
+    )
+    parser.add_argument(
+        '--save-labels',
+        action='store_true',
+        help='also write the predicted class ids as <name>_labels.png',
+    )
+    parser.add_argument(
+        '--device', default=None, help='cpu or cuda[:N] (default: cuda when available, else cpu)'
+    )
     add_cfg_options_arg(parser, 'model.test_cfg.mode=whole')
     add_threads_arg(parser)
     args = parser.parse_args(argv)
@@ -87,22 +114,38 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
     their paths."""
     args = parse_args(argv)
     from lookhere_dense.apis.cli import apply_threads, quiet_known_warnings, resolve_config_path
+
     resolve_config_path(args.config)  # a missing file fails before the heavy imports
     quiet_known_warnings()
     apply_threads(args.threads)
     from lookhere_dense.apis.inference import segment_images
 
     result = segment_images(
-        args.config, args.checkpoint, args.input, out_dir=args.out_dir, whole=args.whole,
-        slide=args.slide, native=args.native, short_side=args.short_side, size=args.size,
-        crop=args.crop, stride=args.stride, opacity=args.opacity,
-        save_labels=args.save_labels, device=args.device, cfg_options=args.cfg_options,
-        legend=not args.no_legend)
-    print(f'wrote {len(result.paths)} overlay(s) to {args.out_dir} '
-          f'({result.mode} inference on {result.device})')
+        args.config,
+        args.checkpoint,
+        args.input,
+        out_dir=args.out_dir,
+        whole=args.whole,
+        slide=args.slide,
+        native=args.native,
+        short_side=args.short_side,
+        size=args.size,
+        crop=args.crop,
+        stride=args.stride,
+        opacity=args.opacity,
+        save_labels=args.save_labels,
+        device=args.device,
+        cfg_options=args.cfg_options,
+        legend=not args.no_legend,
+    )
+    print(
+        f'wrote {len(result.paths)} overlay(s) to {args.out_dir} '
+        f'({result.mode} inference on {result.device})'
+    )
     return result.paths
 
 
 if __name__ == '__main__':
     from lookhere_dense.apis.cli import run_main
+
     run_main(main)

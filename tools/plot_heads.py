@@ -15,6 +15,7 @@ Example::
 With ``--checkpoint CKPT`` (a model trained with ``lh_config.learnable_slopes=True``) it
 draws the learned slope of every layer and head next to the configured one instead.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,30 +31,56 @@ if REPO not in sys.path:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     from lookhere_dense.apis.cli import ToolArgumentParser
 
-    p = ToolArgumentParser(description=__doc__.split('\n\n')[0],
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument('--preset', default='lh180',
-                   help='LookHere preset: lh180, lh90 or lh45 (ignored with --lh-config)')
-    p.add_argument('--lh-config', default=None,
-                   help='LookHere config as JSON text or a JSON file with the official keys '
-                        '(head_directions, global_slope, layer_slopes, ...)')
-    p.add_argument('--grid', nargs=2, type=int, default=[14, 14], metavar=('H', 'W'),
-                   help='patch grid size')
-    p.add_argument('--query', nargs=2, type=int, default=None, metavar=('Y', 'X'),
-                   help='query patch (row, column); default: the grid centre')
+    p = ToolArgumentParser(
+        description=__doc__.split('\n\n')[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        '--preset',
+        default='lh180',
+        help='LookHere preset: lh180, lh90 or lh45 (ignored with --lh-config)',
+    )
+    p.add_argument(
+        '--lh-config',
+        default=None,
+        help='LookHere config as JSON text or a JSON file with the official keys '
+        '(head_directions, global_slope, layer_slopes, ...)',
+    )
+    p.add_argument(
+        '--grid', nargs=2, type=int, default=[14, 14], metavar=('H', 'W'), help='patch grid size'
+    )
+    p.add_argument(
+        '--query',
+        nargs=2,
+        type=int,
+        default=None,
+        metavar=('Y', 'X'),
+        help='query patch (row, column); default: the grid centre',
+    )
     p.add_argument('--depth', type=int, default=12, help='number of layers of the model')
     p.add_argument('--num-heads', type=int, default=12, help='heads per layer')
-    p.add_argument('--layers', nargs='+', type=int, default=None,
-                   help='layers to draw (default: the first and the last)')
+    p.add_argument(
+        '--layers',
+        nargs='+',
+        type=int,
+        default=None,
+        help='layers to draw (default: the first and the last)',
+    )
     p.add_argument('--out', default='heads.png', help='output PNG')
-    p.add_argument('--checkpoint', default=None,
-                   help='draw the learned slopes of this checkpoint (learnable_slopes=True) '
-                        'next to the configured ones, instead of the fields of view')
+    p.add_argument(
+        '--checkpoint',
+        default=None,
+        help='draw the learned slopes of this checkpoint (learnable_slopes=True) '
+        'next to the configured ones, instead of the fields of view',
+    )
     args = p.parse_args(argv)
     from lookhere_dense.lookhere.config import PRESETS  # torch: after --help
+
     if args.preset not in PRESETS:
-        p.error(f'argument --preset: invalid choice: {args.preset!r} (choose from '
-                f'{", ".join(sorted(PRESETS))})')
+        p.error(
+            f'argument --preset: invalid choice: {args.preset!r} (choose from '
+            f'{", ".join(sorted(PRESETS))})'
+        )
     return args
 
 
@@ -63,8 +90,12 @@ def main(argv: Optional[Sequence[str]] = None):
     :func:`~lookhere_dense.research.head_plots.draw_learned_slopes`)."""
     args = parse_args(argv)
     from lookhere_dense.errors import ToolError
-    from lookhere_dense.research.head_plots import (draw_head_fields, draw_learned_slopes,
-                                                    load_lh_config)
+    from lookhere_dense.research.head_plots import (
+        draw_head_fields,
+        draw_learned_slopes,
+        load_lh_config,
+    )
+
     if args.checkpoint:
         try:
             info = draw_learned_slopes(args.checkpoint, args.out)
@@ -77,10 +108,16 @@ def main(argv: Optional[Sequence[str]] = None):
     except ValueError as err:  # also JSON syntax errors
         raise ToolError(f'--lh-config: {err}') from None
     try:
-        fields = draw_head_fields(config, (args.grid[0], args.grid[1]), args.out,
-                                  query=args.query, depth=args.depth,
-                                  num_heads=args.num_heads, layers=args.layers,
-                                  name='lh_config' if args.lh_config else args.preset)
+        fields = draw_head_fields(
+            config,
+            (args.grid[0], args.grid[1]),
+            args.out,
+            query=args.query,
+            depth=args.depth,
+            num_heads=args.num_heads,
+            layers=args.layers,
+            name='lh_config' if args.lh_config else args.preset,
+        )
     except ValueError as err:  # grid, query, layers, heads that do not fit: named
         raise ToolError(str(err)) from None
     print(f'wrote {args.out}')
@@ -89,4 +126,5 @@ def main(argv: Optional[Sequence[str]] = None):
 
 if __name__ == '__main__':
     from lookhere_dense.apis.cli import run_main
+
     run_main(main)

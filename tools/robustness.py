@@ -17,6 +17,7 @@ Examples::
     # a quick CPU look: FGSM only, 20 images
     python tools/robustness.py CONFIG CKPT --attack fgsm --eps 2 8 --max-images 20 --threads 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,44 +36,81 @@ def _positive_float(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f'expected a number, got {text!r}') from None
     if not 0 < value <= 255:
-        raise argparse.ArgumentTypeError(f'expected a number in (0, 255] (pixel units), got '
-                                         f'{text!r}')
+        raise argparse.ArgumentTypeError(
+            f'expected a number in (0, 255] (pixel units), got {text!r}'
+        )
     return value
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
-    from lookhere_dense.apis.cli import (ToolArgumentParser, add_cfg_options_arg, add_threads_arg,
-                                         positive_int)
+    from lookhere_dense.apis.cli import (
+        ToolArgumentParser,
+        add_cfg_options_arg,
+        add_threads_arg,
+        positive_int,
+    )
 
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='the segmentation config the checkpoint was trained with')
     parser.add_argument('checkpoint', help='checkpoint file')
-    parser.add_argument('--attack', nargs='+', choices=['fgsm', 'pgd'], default=['fgsm', 'pgd'],
-                        help='attacks to run, in order (default: fgsm pgd)')
-    parser.add_argument('--eps', nargs='+', type=_positive_float, default=[1.0, 2.0, 4.0, 8.0],
-                        metavar='EPS', help='strengths: L-inf radius in 0-255 pixel units, 4 = '
-                        '4/255 (default: 1 2 4 8; the clean model is always evaluated)')
-    parser.add_argument('--steps', type=positive_int, default=10,
-                        help='PGD steps (default: 10)')
-    parser.add_argument('--step-size', type=_positive_float, default=None,
-                        help='PGD step in pixel units (default: 2.5 * eps / steps)')
-    parser.add_argument('--no-random-start', action='store_true',
-                        help='start PGD at the image instead of a random point of the ball')
+    parser.add_argument(
+        '--attack',
+        nargs='+',
+        choices=['fgsm', 'pgd'],
+        default=['fgsm', 'pgd'],
+        help='attacks to run, in order (default: fgsm pgd)',
+    )
+    parser.add_argument(
+        '--eps',
+        nargs='+',
+        type=_positive_float,
+        default=[1.0, 2.0, 4.0, 8.0],
+        metavar='EPS',
+        help='strengths: L-inf radius in 0-255 pixel units, 4 = '
+        '4/255 (default: 1 2 4 8; the clean model is always evaluated)',
+    )
+    parser.add_argument('--steps', type=positive_int, default=10, help='PGD steps (default: 10)')
+    parser.add_argument(
+        '--step-size',
+        type=_positive_float,
+        default=None,
+        help='PGD step in pixel units (default: 2.5 * eps / steps)',
+    )
+    parser.add_argument(
+        '--no-random-start',
+        action='store_true',
+        help='start PGD at the image instead of a random point of the ball',
+    )
     parser.add_argument('--seed', type=int, default=0, help="seed of PGD's random start")
-    parser.add_argument('--split', choices=['val', 'test'], default='val',
-                        help='which dataloader of the config to use (default: val)')
-    parser.add_argument('--max-images', type=positive_int, default=None, metavar='N',
-                        help='attack only the first N images of the split (N >= 1; default: '
-                        'all). Each PGD strength costs STEPS forward + backward passes per '
-                        'image')
-    parser.add_argument('--out-dir', default=None,
-                        help='folder for the outputs (default: work_dirs/<config name>/'
-                        'robustness)')
-    parser.add_argument('--name', default='robustness',
-                        help='file name stem of the JSON / MD / PNG (default: robustness)')
-    parser.add_argument('--device', default=None,
-                        help='cpu or cuda[:N] (default: cuda when available, else cpu)')
+    parser.add_argument(
+        '--split',
+        choices=['val', 'test'],
+        default='val',
+        help='which dataloader of the config to use (default: val)',
+    )
+    parser.add_argument(
+        '--max-images',
+        type=positive_int,
+        default=None,
+        metavar='N',
+        help='attack only the first N images of the split (N >= 1; default: '
+        'all). Each PGD strength costs STEPS forward + backward passes per '
+        'image',
+    )
+    parser.add_argument(
+        '--out-dir',
+        default=None,
+        help='folder for the outputs (default: work_dirs/<config name>/robustness)',
+    )
+    parser.add_argument(
+        '--name',
+        default='robustness',
+        help='file name stem of the JSON / MD / PNG (default: robustness)',
+    )
+    parser.add_argument(
+        '--device', default=None, help='cpu or cuda[:N] (default: cuda when available, else cpu)'
+    )
     add_cfg_options_arg(parser, 'val_dataloader.dataset.data_root=...')
     add_threads_arg(parser)
     return parser.parse_args(argv)
@@ -83,21 +121,35 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     returns the JSON content."""
     args = parse_args(argv)
     from lookhere_dense.apis.cli import apply_threads, quiet_known_warnings
+
     quiet_known_warnings()
     apply_threads(args.threads)
     from lookhere_dense.research.robustness import AttackSettings, robustness_report
 
-    settings = AttackSettings(attacks=tuple(dict.fromkeys(args.attack)), eps=tuple(args.eps),
-                              steps=args.steps, step_size=args.step_size,
-                              random_start=not args.no_random_start, seed=args.seed,
-                              max_images=args.max_images)
+    settings = AttackSettings(
+        attacks=tuple(dict.fromkeys(args.attack)),
+        eps=tuple(args.eps),
+        steps=args.steps,
+        step_size=args.step_size,
+        random_start=not args.no_random_start,
+        seed=args.seed,
+        max_images=args.max_images,
+    )
     return robustness_report(
-        args.config, args.checkpoint, settings, split=args.split, out_dir=args.out_dir,
-        name=args.name, device=args.device, cfg_options=args.cfg_options,
-        command='python tools/robustness.py ' + ' '.join(
-            argv if argv is not None else sys.argv[1:]))
+        args.config,
+        args.checkpoint,
+        settings,
+        split=args.split,
+        out_dir=args.out_dir,
+        name=args.name,
+        device=args.device,
+        cfg_options=args.cfg_options,
+        command='python tools/robustness.py '
+        + ' '.join(argv if argv is not None else sys.argv[1:]),
+    )
 
 
 if __name__ == '__main__':
     from lookhere_dense.apis.cli import run_main
+
     run_main(main)

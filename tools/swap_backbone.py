@@ -15,6 +15,7 @@ Examples::
         mmseg::segmenter/segmenter_vit-t_mask_8xb1-160k_ade20k-512x512.py \\
         t.py --num-heads 12       # ViT-T's 3 heads fit no LookHere head layout
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,19 +35,31 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='source config (file or mmseg:: package path)')
     parser.add_argument('out', help='where to write the new config (.py)')
-    parser.add_argument('--preset', choices=['lh180', 'lh90', 'lh45'], default=None,
-                        help='LookHere preset (default: lh180, or the config stored in '
-                        '--checkpoint)')
-    parser.add_argument('--num-heads', type=int, default=None,
-                        help='override the head count (LookHere layouts need 6, 12 or 16 '
-                        'heads; 12 or 16 for lh45)')
-    parser.add_argument('--checkpoint', default=None,
-                        help='backbone weights (official LookHere, timm / DeiT-III or '
-                        'lookhere-dense file) for init_cfg=Pretrained')
-    parser.add_argument('--keep-pretrained', action='store_true',
-                        help="keep the source config's model.pretrained")
-    add_cfg_options_arg(parser, 'model.backbone.num_layers=24 (applied to the source '
-                        'config before swapping)')
+    parser.add_argument(
+        '--preset',
+        choices=['lh180', 'lh90', 'lh45'],
+        default=None,
+        help='LookHere preset (default: lh180, or the config stored in --checkpoint)',
+    )
+    parser.add_argument(
+        '--num-heads',
+        type=int,
+        default=None,
+        help='override the head count (LookHere layouts need 6, 12 or 16 '
+        'heads; 12 or 16 for lh45)',
+    )
+    parser.add_argument(
+        '--checkpoint',
+        default=None,
+        help='backbone weights (official LookHere, timm / DeiT-III or '
+        'lookhere-dense file) for init_cfg=Pretrained',
+    )
+    parser.add_argument(
+        '--keep-pretrained', action='store_true', help="keep the source config's model.pretrained"
+    )
+    add_cfg_options_arg(
+        parser, 'model.backbone.num_layers=24 (applied to the source config before swapping)'
+    )
     return parser.parse_args(argv)
 
 
@@ -57,19 +70,29 @@ def main(argv: Optional[List[str]] = None):
     if not args.out.endswith('.py'):
         raise SystemExit(f'the output config must end in .py, got {args.out!r}')
     from lookhere_dense.apis.cli import quiet_known_warnings
+
     quiet_known_warnings()
     from lookhere_dense.apis.swap import swap_config_file
 
-    new = swap_config_file(args.config, args.out, preset=args.preset,
-                           num_heads=args.num_heads, checkpoint=args.checkpoint,
-                           keep_pretrained=args.keep_pretrained, cfg_options=args.cfg_options)
+    new = swap_config_file(
+        args.config,
+        args.out,
+        preset=args.preset,
+        num_heads=args.num_heads,
+        checkpoint=args.checkpoint,
+        keep_pretrained=args.keep_pretrained,
+        cfg_options=args.cfg_options,
+    )
     bb = new.model.backbone
-    print(f'wrote {args.out}: LookHereViT embed_dims={bb.get("embed_dims")} '
-          f'num_layers={bb.get("num_layers")} num_heads={bb.get("num_heads")} '
-          f'out_indices={bb.get("out_indices")} preset={bb.get("preset") or "lh180 (default)"}')
+    print(
+        f'wrote {args.out}: LookHereViT embed_dims={bb.get("embed_dims")} '
+        f'num_layers={bb.get("num_layers")} num_heads={bb.get("num_heads")} '
+        f'out_indices={bb.get("out_indices")} preset={bb.get("preset") or "lh180 (default)"}'
+    )
     return new
 
 
 if __name__ == '__main__':
     from lookhere_dense.apis.cli import run_main
+
     run_main(main)

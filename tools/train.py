@@ -18,6 +18,7 @@ Examples::
     torchrun --nproc_per_node=8 tools/train.py configs/segmenter_lookhere_ade20k.py \\
         --launcher pytorch          # NCCL on GPUs, Gloo on a CPU-only machine
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,33 +38,65 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='config file (or mmseg::/mmdet:: package path)')
-    parser.add_argument('--work-dir', help='folder for logs and checkpoints (default: the '
-                        "config's work_dir, else work_dirs/<config name>)")
-    parser.add_argument('--resume', nargs='?', const='auto', default=None, metavar='CKPT',
-                        help='resume training: without a value from the newest readable '
-                        'checkpoint in the work dir (none there: start from iteration 0, '
-                        'with a warning), or from the checkpoint CKPT')
-    parser.add_argument('--amp', action='store_true',
-                        help='automatic mixed precision (AmpOptimWrapper, dynamic loss '
-                        'scale; needs a GPU)')
+    parser.add_argument(
+        '--work-dir',
+        help='folder for logs and checkpoints (default: the '
+        "config's work_dir, else work_dirs/<config name>)",
+    )
+    parser.add_argument(
+        '--resume',
+        nargs='?',
+        const='auto',
+        default=None,
+        metavar='CKPT',
+        help='resume training: without a value from the newest readable '
+        'checkpoint in the work dir (none there: start from iteration 0, '
+        'with a warning), or from the checkpoint CKPT',
+    )
+    parser.add_argument(
+        '--amp',
+        action='store_true',
+        help='automatic mixed precision (AmpOptimWrapper, dynamic loss scale; needs a GPU)',
+    )
     add_cfg_options_arg(parser, 'model.backbone.preset=lh90 train_cfg.max_iters=1000')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher; "pytorch" under torchrun')
-    parser.add_argument('--allow-random-init', action='store_true',
-                        help='train even when a pretrained file named by the config is '
-                        'missing (from random weights, with a warning; default: stop)')
-    parser.add_argument('--require-pretrained', action='store_true',
-                        help='stop when a pretrained file named by the config is missing '
-                        '(the default; kept for old command lines)')
-    parser.add_argument('--skip-data-check', action='store_true',
-                        help='do not run the data checks before training (folders are '
-                        'still checked when the dataloaders are built)')
-    parser.add_argument('--verbose', action='store_true',
-                        help="also show on the terminal what only the log file gets "
-                        "(mmengine's environment, config and hook listing, library "
-                        'warnings, per-class tables)')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0,
-                        help='set by torch.distributed.launch; do not pass by hand')
+    parser.add_argument(
+        '--launcher',
+        choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none',
+        help='job launcher; "pytorch" under torchrun',
+    )
+    parser.add_argument(
+        '--allow-random-init',
+        action='store_true',
+        help='train even when a pretrained file named by the config is '
+        'missing (from random weights, with a warning; default: stop)',
+    )
+    parser.add_argument(
+        '--require-pretrained',
+        action='store_true',
+        help='stop when a pretrained file named by the config is missing '
+        '(the default; kept for old command lines)',
+    )
+    parser.add_argument(
+        '--skip-data-check',
+        action='store_true',
+        help='do not run the data checks before training (folders are '
+        'still checked when the dataloaders are built)',
+    )
+    parser.add_argument(
+        '--verbose',
+        action='store_true',
+        help='also show on the terminal what only the log file gets '
+        "(mmengine's environment, config and hook listing, library "
+        'warnings, per-class tables)',
+    )
+    parser.add_argument(
+        '--local_rank',
+        '--local-rank',
+        type=int,
+        default=0,
+        help='set by torch.distributed.launch; do not pass by hand',
+    )
     add_threads_arg(parser)
     args = parser.parse_args(argv)
     if 'LOCAL_RANK' not in os.environ:
@@ -76,18 +109,27 @@ def main(argv: Optional[List[str]] = None):
     ``work_dir`` holds logs and checkpoints)."""
     args = parse_args(argv)
     from lookhere_dense.apis.cli import apply_threads, quiet_known_warnings, resolve_config_path
+
     resolve_config_path(args.config)  # a missing file fails before the heavy imports
     quiet_known_warnings()
     apply_threads(args.threads)
     from lookhere_dense.apis.train import train_model
 
-    return train_model(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
-                       launcher=args.launcher, amp=args.amp, resume=args.resume,
-                       require_pretrained=args.require_pretrained,
-                       allow_random_init=args.allow_random_init,
-                       check_data=not args.skip_data_check, verbose=args.verbose)
+    return train_model(
+        args.config,
+        work_dir=args.work_dir,
+        cfg_options=args.cfg_options,
+        launcher=args.launcher,
+        amp=args.amp,
+        resume=args.resume,
+        require_pretrained=args.require_pretrained,
+        allow_random_init=args.allow_random_init,
+        check_data=not args.skip_data_check,
+        verbose=args.verbose,
+    )
 
 
 if __name__ == '__main__':
     from lookhere_dense.apis.cli import run_main
+
     run_main(main)

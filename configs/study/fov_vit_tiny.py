@@ -11,21 +11,33 @@
 # Budget: see docs/extrapolation_study.md (field of view).
 _base_ = ['./relational_vit_tiny.py']
 
-relational = None   # this study writes the fov_scenes dataset instead
-fov_scenes = dict(num_train=2000, num_val=24, crop=(64, 64), train_scale=2.0,
-                  scales=(1.0, 2.0, 3.0, 4.0), seed=0)
+relational = None  # this study writes the fov_scenes dataset instead
+fov_scenes = dict(
+    num_train=2000, num_val=24, crop=(64, 64), train_scale=2.0, scales=(1.0, 2.0, 3.0, 4.0), seed=0
+)
 extrapolation = dict(
-    ladder='fov',               # whole frames vs sliding windows of the training crop
+    ladder='fov',  # whole frames vs sliding windows of the training crop
     scales=(1.0, 2.0, 3.0, 4.0),
     train_size=(64, 64),
     val_prefix='val_x{scale:g}',
     metric='mIoU',
-    slide_stride=None,          # None: 2/3 of the crop (43 px), mmseg's Cityscapes ratio
-    aids=('log_n',),            # test-time: every run is also evaluated with log_n_scaling
+    slide_stride=None,  # None: 2/3 of the crop (43 px), mmseg's Cityscapes ratio
+    aids=('log_n',),  # test-time: every run is also evaluated with log_n_scaling
     mixed_crop_scales=(1.0, 1.5, 2.0),  # the mixed_crops aid (--aids log_n mixed_crops)
-    native_aspect=False,        # a zoom-ladder row; frames here are crops of a wider world
-    encodings=('lookhere:lh180', 'lookhere:lh90', 'lookhere:lh45', 'rope2d', 'rope2d_mixed',
-               'rope_dinov3', 'pape', 'abs', 'alibi2d', 'none'))
+    native_aspect=False,  # a zoom-ladder row; frames here are crops of a wider world
+    encodings=(
+        'lookhere:lh180',
+        'lookhere:lh90',
+        'lookhere:lh45',
+        'rope2d',
+        'rope2d_mixed',
+        'rope_dinov3',
+        'pape',
+        'abs',
+        'alibi2d',
+        'none',
+    ),
+)
 # (PaPE's parabola count, the robustness settings and the slopes' weight decay come from
 # relational_vit_tiny.py)
 
@@ -36,20 +48,21 @@ metainfo = dict(classes=classes, palette=palette)
 
 model = dict(decode_head=dict(num_classes=len(classes)))
 
-train_pipeline = [   # no flips: a mirrored scene would swap left and right of the tower
+train_pipeline = [  # no flips: a mirrored scene would swap left and right of the tower
     dict(type='LoadImageFromFile'),
     dict(type='LoadAnnotations'),
     dict(type='RandomCrop', crop_size=(64, 64)),
-    dict(type='PackSegInputs')]
+    dict(type='PackSegInputs'),
+]
 test_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='LoadAnnotations'),
-    dict(type='PackSegInputs')]
-train_dataloader = dict(batch_size=12,
-                        dataset=dict(data_root=data_root, metainfo=metainfo,
-                                     pipeline=train_pipeline))
-val_dataloader = dict(dataset=dict(data_root=data_root, metainfo=metainfo,
-                                   pipeline=test_pipeline))
+    dict(type='PackSegInputs'),
+]
+train_dataloader = dict(
+    batch_size=12, dataset=dict(data_root=data_root, metainfo=metainfo, pipeline=train_pipeline)
+)
+val_dataloader = dict(dataset=dict(data_root=data_root, metainfo=metainfo, pipeline=test_pipeline))
 test_dataloader = val_dataloader
 
 # 600 iterations as the zoom study, of 12 crops (not 16) and 24 scenes per size keep a run
@@ -59,5 +72,6 @@ test_dataloader = val_dataloader
 max_iters = 600
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-2, by_epoch=False, begin=0, end=50),
-    dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=False, begin=50, end=max_iters)]
+    dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=False, begin=50, end=max_iters),
+]
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters + 1)

@@ -14,10 +14,17 @@
 The tools share :mod:`.cli` (config loading, pre-flight checks, one-line errors).
 Importing this package loads no OpenMMLab module; the functions do, when called.
 """
+
 from .inference import segment_images
 from .swap import swap_config_file
 from .test import build_test_config, evaluate_checkpoint
 from .train import build_train_config, train_model
 
-__all__ = ['train_model', 'build_train_config', 'evaluate_checkpoint', 'build_test_config',
-           'segment_images', 'swap_config_file']
+__all__ = [
+    'train_model',
+    'build_train_config',
+    'evaluate_checkpoint',
+    'build_test_config',
+    'segment_images',
+    'swap_config_file',
+]

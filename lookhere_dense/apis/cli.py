@@ -5,6 +5,7 @@ one-paragraph message instead of a traceback.
 The tools work for mmseg and mmdet configs alike; the config's ``default_scope`` says
 which (the segmentation data checks run for ``mmseg`` configs only).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,18 +13,32 @@ import copy
 import difflib
 import logging
 import os
-import re
 import os.path as osp
+import re
 import sys
 import warnings
 from typing import Any, Callable, List, Optional, Sequence
-from ..errors import USER_ERRORS
 
-__all__ = ['quiet_known_warnings', 'resolve_config_path', 'load_config', 'set_work_dir',
-           'preflight', 'run_main', 'build_model_from_checkpoint',
-           'ToolArgumentParser', 'CfgOptionsAction', 'add_cfg_options_arg',
-           'check_cfg_options', 'add_threads_arg', 'apply_threads', 'positive_int',
-           'parse_cfg_options', 'REPO']
+from ..errors import USER_ERRORS, ConfigError
+
+__all__ = [
+    'quiet_known_warnings',
+    'resolve_config_path',
+    'load_config',
+    'set_work_dir',
+    'preflight',
+    'run_main',
+    'build_model_from_checkpoint',
+    'ToolArgumentParser',
+    'CfgOptionsAction',
+    'add_cfg_options_arg',
+    'check_cfg_options',
+    'add_threads_arg',
+    'apply_threads',
+    'positive_int',
+    'parse_cfg_options',
+    'REPO',
+]
 
 #: The repository root (``tools/`` and ``configs/`` live here).
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -47,17 +62,24 @@ class CfgOptionsAction(argparse.Action):
         bad = [v for v in values or [] if '=' not in v or not v.split('=', 1)[0].strip()]
         if bad:
             raise argparse.ArgumentError(
-                self, f'{bad[0]!r} is not KEY=VALUE (e.g. train_cfg.max_iters=1000 or '
-                'model.backbone.preset=lh90)')
+                self,
+                f'{bad[0]!r} is not KEY=VALUE (e.g. train_cfg.max_iters=1000 or '
+                'model.backbone.preset=lh90)',
+            )
         from mmengine.config import DictAction
+
         DictAction(self.option_strings, self.dest)(parser, namespace, values, option_string)
 
 
 def add_cfg_options_arg(parser: argparse.ArgumentParser, example: str) -> None:
     """Add ``--cfg-options`` (:class:`CfgOptionsAction`) to a tool's parser."""
-    parser.add_argument('--cfg-options', nargs='+', action=CfgOptionsAction,
-                        metavar='KEY=VALUE',
-                        help=f'override config entries, e.g. {example} (lists: key="[a,b]")')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=CfgOptionsAction,
+        metavar='KEY=VALUE',
+        help=f'override config entries, e.g. {example} (lists: key="[a,b]")',
+    )
 
 
 def quiet_known_warnings() -> None:
@@ -78,6 +100,7 @@ def resolve_config_path(path: str) -> str:
     """
     if '::' in path:
         from mmengine.utils import get_installed_path
+
         package, rel = path.split('::', 1)
         full = osp.join(get_installed_path(package), '.mim', 'configs', rel)
         if not osp.isfile(full):
@@ -100,9 +123,9 @@ def load_config(path: str, cfg_options: Optional[dict] = None):
     return cfg
 
 
-
-def load_segmentation_job(config: str, checkpoint: str, split: str,
-                          cfg_options: Optional[dict], tool: str):
+def load_segmentation_job(
+    config: str, checkpoint: str, split: str, cfg_options: Optional[dict], tool: str
+):
     """The config of a tool that evaluates one mmseg checkpoint on one split
     (``tools/extrapolate.py``, ``tools/robustness.py``): the split name and the checkpoint
     file are checked before the config is read (:func:`load_config`), and a config of
@@ -116,7 +139,6 @@ def load_segmentation_job(config: str, checkpoint: str, split: str,
             ``default_scope`` is not mmseg.
         FileNotFoundError: the checkpoint or the config is missing.
     """
-    from ..errors import ConfigError
 
     if split not in ('test', 'val'):
         raise ConfigError(f"split must be 'test' or 'val', got {split!r}")
@@ -125,8 +147,9 @@ def load_segmentation_job(config: str, checkpoint: str, split: str,
     cfg = load_config(config, cfg_options)
     scope = cfg.get('default_scope') or 'mmseg'
     if scope != 'mmseg':
-        raise ConfigError(f'{tool} works on segmentation (mmseg) configs; this one has '
-                          f'default_scope={scope!r}')
+        raise ConfigError(
+            f'{tool} works on segmentation (mmseg) configs; this one has default_scope={scope!r}'
+        )
     return cfg
 
 
@@ -138,8 +161,11 @@ def _lookup(node: Any, parts: Sequence[str]):
     for i, part in enumerate(parts):
         if isinstance(node, dict) and part in node:
             node = node[part]
-        elif isinstance(node, (list, tuple)) and part.lstrip('-').isdigit() \
-                and -len(node) <= int(part) < len(node):
+        elif (
+            isinstance(node, (list, tuple))
+            and part.lstrip('-').isdigit()
+            and -len(node) <= int(part) < len(node)
+        ):
             node = node[int(part)]
         else:
             return _MISSING, node, i
@@ -169,7 +195,6 @@ def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
     Raises:
         lookhere_dense.errors.ConfigError: naming the option and the expected value.
     """
-    from ..errors import ConfigError
 
     for key, value in options.items():
         parts = key.split('.')
@@ -179,11 +204,15 @@ def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
             names = list(parent) if isinstance(parent, dict) else []
             close = difflib.get_close_matches(parts[depth], names, n=3, cutoff=0.75)
             if close:
-                raise ConfigError(f'--cfg-options {key}: the config has no {parts[depth]!r} '
-                                  f'in {where}; did you mean {" or ".join(close)}?')
+                raise ConfigError(
+                    f'--cfg-options {key}: the config has no {parts[depth]!r} '
+                    f'in {where}; did you mean {" or ".join(close)}?'
+                )
             if depth < len(parts) - 1:
-                warn(f'--cfg-options {key}: the config has no {parts[depth]!r} in {where}; '
-                     'it is added as a new section')
+                warn(
+                    f'--cfg-options {key}: the config has no {parts[depth]!r} in {where}; '
+                    'it is added as a new section'
+                )
             continue
         if value is None or old is None:
             continue
@@ -197,10 +226,14 @@ def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
         elif isinstance(old, dict):
             bad = not isinstance(value, dict)
         if bad:
-            shown = f'the section {key} (set one of its keys, e.g. {key}.{next(iter(old))}=...)' \
-                if isinstance(old, dict) and old else _kind(old)
-            raise ConfigError(f'--cfg-options {key}={value!r}: expected {shown}; the config '
-                              f'has {key}={old!r}')
+            shown = (
+                f'the section {key} (set one of its keys, e.g. {key}.{next(iter(old))}=...)'
+                if isinstance(old, dict) and old
+                else _kind(old)
+            )
+            raise ConfigError(
+                f'--cfg-options {key}={value!r}: expected {shown}; the config has {key}={old!r}'
+            )
 
 
 def parse_cfg_options(pairs: Sequence[str]) -> dict:
@@ -210,8 +243,7 @@ def parse_cfg_options(pairs: Sequence[str]) -> dict:
     from mmengine.config import DictAction
 
     namespace = argparse.Namespace()
-    DictAction(option_strings=['--cfg-options'], dest='cfg_options')(
-        None, namespace, list(pairs))
+    DictAction(option_strings=['--cfg-options'], dest='cfg_options')(None, namespace, list(pairs))
     return getattr(namespace, 'cfg_options', None) or {}
 
 
@@ -227,9 +259,9 @@ def set_work_dir(cfg, work_dir: Optional[str], config_path: str) -> None:
         name = osp.splitext(osp.basename(config_path.split('::')[-1]))[0]
         cfg.work_dir = osp.join('./work_dirs', name)
     if osp.exists(cfg.work_dir) and not osp.isdir(cfg.work_dir):
-        from ..errors import ConfigError
-        raise ConfigError(f'the work dir {cfg.work_dir!r} is a file, not a folder: choose '
-                          'another --work-dir')
+        raise ConfigError(
+            f'the work dir {cfg.work_dir!r} is a file, not a folder: choose another --work-dir'
+        )
 
 
 def positive_int(text: str) -> int:
@@ -246,10 +278,14 @@ def positive_int(text: str) -> int:
 def add_threads_arg(parser, default: Optional[int] = None) -> None:
     """Add ``--threads`` (PyTorch intra-op CPU threads) to a tool's parser."""
     parser.add_argument(
-        '--threads', type=positive_int, default=default, metavar='N',
+        '--threads',
+        type=positive_int,
+        default=default,
+        metavar='N',
         help='CPU threads for PyTorch ops (torch.set_num_threads); default: '
         + ("PyTorch's choice" if default is None else str(default))
-        + '. On a busy machine 1 thread can be several times faster for small models')
+        + '. On a busy machine 1 thread can be several times faster for small models',
+    )
 
 
 def apply_threads(threads: Optional[int]) -> None:
@@ -258,6 +294,7 @@ def apply_threads(threads: Optional[int]) -> None:
         if threads < 1:
             raise ValueError(f'--threads must be >= 1, got {threads}')
         import torch
+
         torch.set_num_threads(threads)
 
 
@@ -267,13 +304,19 @@ def _log(msg: str, level: int = logging.INFO) -> None:
     if os.environ.get('RANK', '0') != '0':
         return
     from mmengine.logging import print_log
+
     print_log(msg, logger='current', level=level)
 
 
-def preflight(cfg, splits: Sequence[str], require_pretrained: bool = False,
-              check_pretrained: bool = True, check_data: bool = True,
-              allow_random_init: bool = False,
-              notes: Optional[List[str]] = None) -> List[str]:
+def preflight(
+    cfg,
+    splits: Sequence[str],
+    require_pretrained: bool = False,
+    check_pretrained: bool = True,
+    check_data: bool = True,
+    allow_random_init: bool = False,
+    notes: Optional[List[str]] = None,
+) -> List[str]:
     """The checks run before the Runner is built.
 
     * the model part (:func:`lookhere_dense.swap.check_model_cfg`);
@@ -299,8 +342,7 @@ def preflight(cfg, splits: Sequence[str], require_pretrained: bool = False,
         lookhere_dense.errors.ConfigError, lookhere_dense.errors.DataCheckError.
     """
     from ..data.checks import check_dataset_layout, check_seg_data
-    from ..swap import (check_model_cfg, check_pretrained_files,
-                        clear_inherited_pretrained)
+    from ..swap import check_model_cfg, check_pretrained_files, clear_inherited_pretrained
 
     def warn(msg: str) -> None:
         _log(msg, logging.WARNING)
@@ -312,7 +354,8 @@ def preflight(cfg, splits: Sequence[str], require_pretrained: bool = False,
     dropped: List[str] = []
     if check_pretrained:
         dropped = check_pretrained_files(
-            cfg, allow_random_init=allow_random_init and not require_pretrained, warn=warn)
+            cfg, allow_random_init=allow_random_init and not require_pretrained, warn=warn
+        )
     if check_data:
         if (cfg.get('default_scope') or 'mmseg') == 'mmseg':
             sizes = check_seg_data(cfg, splits)
@@ -323,16 +366,20 @@ def preflight(cfg, splits: Sequence[str], require_pretrained: bool = False,
     return dropped
 
 
-def run_main(main: Callable[[Optional[List[str]]], object],
-             argv: Optional[List[str]] = None) -> None:
+def run_main(
+    main: Callable[[Optional[List[str]]], object], argv: Optional[List[str]] = None
+) -> None:
     """Run a tool's ``main``; a configuration or data mistake prints ``error: <message>``
     to stderr and exits with status 2 instead of a traceback (Ctrl-C: a one-line note and
     status 130)."""
     try:
         main(argv)
     except KeyboardInterrupt:
-        print('interrupted (Ctrl-C). A training run continues from its last checkpoint '
-              'with --resume.', file=sys.stderr)
+        print(
+            'interrupted (Ctrl-C). A training run continues from its last checkpoint '
+            'with --resume.',
+            file=sys.stderr,
+        )
         sys.exit(130)
     except Exception as err:  # noqa: B902 - re-raised unless it is a user error
         if not isinstance(err, USER_ERRORS):
@@ -344,8 +391,9 @@ def run_main(main: Callable[[Optional[List[str]]], object],
         sys.exit(2)
 
 
-def build_model_from_checkpoint(cfg, checkpoint: str, device: str = 'cpu',
-                                checkpoint_num_heads: Optional[int] = None):
+def build_model_from_checkpoint(
+    cfg, checkpoint: str, device: str = 'cpu', checkpoint_num_heads: Optional[int] = None
+):
     """Build ``cfg.model`` in its scope, load ``checkpoint`` into it strictly
     (:func:`lookhere_dense.lookhere.loading.load_model_weights`: every key and shape must fit,
     and the LookHere backbone's head count; pretrained-weight settings of the config are
@@ -381,8 +429,7 @@ def build_model_from_checkpoint(cfg, checkpoint: str, device: str = 'cpu',
         backbone.pop('init_cfg', None)
         backbone.pop('pretrained', None)
     model = model_registry(scope).build(model_cfg)
-    load_model_weights(model, ckpt, source=checkpoint,
-                       checkpoint_num_heads=checkpoint_num_heads)
+    load_model_weights(model, ckpt, source=checkpoint, checkpoint_num_heads=checkpoint_num_heads)
     model.to(device).eval()
     meta = (ckpt.get('meta') or {}).get('dataset_meta')
     return model, meta

@@ -12,6 +12,7 @@ loaded strictly (:func:`lookhere_dense.apis.cli.build_model_from_checkpoint`), a
 is checked (a file that cannot be written is named; nothing is reported as written that
 was not).
 """
+
 from __future__ import annotations
 
 import os
@@ -21,11 +22,21 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..errors import ConfigError, ToolError
 from ..evaluation.resize import exact_resize, find_resize, short_side_resize
 
-__all__ = ['IMAGE_SUFFIXES', 'list_images', 'inference_pipeline', 'inference_test_cfg',
-           'overlay', 'class_palette', 'class_names', 'output_stems', 'Overlays',
-           'segment_images']
+__all__ = [
+    'IMAGE_SUFFIXES',
+    'list_images',
+    'inference_pipeline',
+    'inference_test_cfg',
+    'overlay',
+    'class_palette',
+    'class_names',
+    'output_stems',
+    'Overlays',
+    'segment_images',
+]
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
 
@@ -39,27 +50,39 @@ def list_images(path: str) -> List[str]:
             one (named; its header is checked, not the whole file).
     """
     import cv2
+
     if osp.isfile(path):
         if cv2.imread(path, cv2.IMREAD_UNCHANGED) is None:
-            raise FileNotFoundError(f'input {path!r} is not an image OpenCV can read '
-                                    f'(give an image file or a folder of {IMAGE_SUFFIXES})')
+            raise FileNotFoundError(
+                f'input {path!r} is not an image OpenCV can read '
+                f'(give an image file or a folder of {IMAGE_SUFFIXES})'
+            )
         return [path]
     if not osp.isdir(path):
         raise FileNotFoundError(f'input {path!r} is neither an image file nor a folder')
-    files = sorted(osp.join(path, f) for f in os.listdir(path)
-                   if f.lower().endswith(IMAGE_SUFFIXES) and osp.isfile(osp.join(path, f)))
+    files = sorted(
+        osp.join(path, f)
+        for f in os.listdir(path)
+        if f.lower().endswith(IMAGE_SUFFIXES) and osp.isfile(osp.join(path, f))
+    )
     if not files:
         raise FileNotFoundError(f'no images ({", ".join(IMAGE_SUFFIXES)}) in {path!r}')
     bad = [f for f in files if not cv2.haveImageReader(f)]
     if bad:
         more = f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''
-        raise FileNotFoundError(f'{bad[0]!r}{more} in the input folder is named like an image '
-                                'but is not one OpenCV can read: remove or fix it')
+        raise FileNotFoundError(
+            f'{bad[0]!r}{more} in the input folder is named like an image '
+            'but is not one OpenCV can read: remove or fix it'
+        )
     return files
 
 
-def inference_pipeline(cfg, native: bool = False, short_side: Optional[int] = None,
-                       size: Optional[Tuple[int, int]] = None) -> List[Dict[str, Any]]:
+def inference_pipeline(
+    cfg,
+    native: bool = False,
+    short_side: Optional[int] = None,
+    size: Optional[Tuple[int, int]] = None,
+) -> List[Dict[str, Any]]:
     """Load -> (resize) -> pack: the config's first test ``Resize`` unless ``native`` (no
     resize), ``short_side`` (px, aspect kept) or ``size`` (``(H, W)``) say otherwise."""
     test_pipeline = cfg.get('test_dataloader', {}).get('dataset', {}).get('pipeline', [])
@@ -78,9 +101,13 @@ def inference_pipeline(cfg, native: bool = False, short_side: Optional[int] = No
     return steps
 
 
-def inference_test_cfg(cfg, whole: bool = False, slide: bool = False,
-                       crop: Optional[Tuple[int, int]] = None,
-                       stride: Optional[Tuple[int, int]] = None) -> Dict[str, Any]:
+def inference_test_cfg(
+    cfg,
+    whole: bool = False,
+    slide: bool = False,
+    crop: Optional[Tuple[int, int]] = None,
+    stride: Optional[Tuple[int, int]] = None,
+) -> Dict[str, Any]:
     """The model ``test_cfg``: ``whole``, ``slide`` (windows of ``crop`` -- default the
     config's slide crop, else its training crop -- moved by ``stride`` -- default the
     config's, else 2/3 of the crop), or the config's own.
@@ -92,21 +119,31 @@ def inference_test_cfg(cfg, whole: bool = False, slide: bool = False,
     if whole:
         return dict(mode='whole')
     if slide or tc.get('mode') == 'slide':
-        window = crop or tc.get('crop_size') or \
-            (cfg.model.get('data_preprocessor') or {}).get('size')
+        window = (
+            crop or tc.get('crop_size') or (cfg.model.get('data_preprocessor') or {}).get('size')
+        )
         if not window:
-            from ..errors import ConfigError
-            raise ConfigError('--slide needs --crop (the config has no slide crop and no '
-                              'model.data_preprocessor.size)')
+            raise ConfigError(
+                '--slide needs --crop (the config has no slide crop and no '
+                'model.data_preprocessor.size)'
+            )
         window = tuple(window)
-        step = stride or (tc.get('stride') if not crop else None) or \
-            tuple(max(1, c * 2 // 3) for c in window)
+        step = (
+            stride
+            or (tc.get('stride') if not crop else None)
+            or tuple(max(1, c * 2 // 3) for c in window)
+        )
         return dict(mode='slide', crop_size=window, stride=tuple(step))
     return tc
 
 
-def overlay(rgb: np.ndarray, labels: np.ndarray, palette: Sequence[Sequence[int]],
-            opacity: float, ignore_index: int = 255) -> np.ndarray:
+def overlay(
+    rgb: np.ndarray,
+    labels: np.ndarray,
+    palette: Sequence[Sequence[int]],
+    opacity: float,
+    ignore_index: int = 255,
+) -> np.ndarray:
     """Blend class colours into an RGB image (labels outside the palette stay unpainted).
 
     Args:
@@ -135,6 +172,7 @@ def class_palette(meta: Optional[Dict[str, Any]], cfg, num_classes: int) -> List
     if meta and meta.get('palette'):
         return [list(p) for p in meta['palette']]
     from mmseg.registry import DATASETS
+
     ds_type = cfg.get('test_dataloader', {}).get('dataset', {}).get('type')
     cls = DATASETS.get(ds_type) if isinstance(ds_type, str) else None
     if cls is not None and getattr(cls, 'METAINFO', {}).get('palette'):
@@ -149,6 +187,7 @@ def class_names(meta: Optional[Dict[str, Any]], cfg, num_classes: int) -> List[s
     if meta and meta.get('classes'):
         return [str(c) for c in meta['classes']]
     from mmseg.registry import DATASETS
+
     ds_type = cfg.get('test_dataloader', {}).get('dataset', {}).get('type')
     cls = DATASETS.get(ds_type) if isinstance(ds_type, str) else None
     if cls is not None and getattr(cls, 'METAINFO', {}).get('classes'):
@@ -167,24 +206,24 @@ def output_stems(images: Sequence[str]) -> List[str]:
 def _write(path: str, image: np.ndarray) -> None:
     import cv2
 
-    from ..errors import ToolError
     try:
         ok = cv2.imwrite(path, image)
     except cv2.error as err:
-        raise ToolError(f'could not write {path!r}: {str(err).strip().splitlines()[-1]}') \
-            from None
+        raise ToolError(f'could not write {path!r}: {str(err).strip().splitlines()[-1]}') from None
     if not ok:
-        raise ToolError(f'could not write {path!r} (is the folder writable, is the disk full, '
-                        'or is there a folder of that name?)')
+        raise ToolError(
+            f'could not write {path!r} (is the folder writable, is the disk full, '
+            'or is there a folder of that name?)'
+        )
 
 
 def _make_out_dir(out_dir: str) -> None:
-    from ..errors import ToolError
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as err:
-        raise ToolError(f'cannot create the output folder {out_dir!r}: {err.strerror or err}') \
-            from None
+        raise ToolError(
+            f'cannot create the output folder {out_dir!r}: {err.strerror or err}'
+        ) from None
     if not os.access(out_dir, os.W_OK):
         raise ToolError(f'the output folder {out_dir!r} is not writable')
 
@@ -204,13 +243,24 @@ class Overlays:
     device: str
 
 
-def segment_images(config: str, checkpoint: str, input: str, out_dir: str = 'work_dirs/infer',
-                   whole: bool = False, slide: bool = False, native: bool = False,
-                   short_side: Optional[int] = None, size: Optional[Tuple[int, int]] = None,
-                   crop: Optional[Tuple[int, int]] = None,
-                   stride: Optional[Tuple[int, int]] = None, opacity: float = 0.5,
-                   save_labels: bool = False, device: Optional[str] = None,
-                   cfg_options: Optional[dict] = None, legend: bool = True) -> Overlays:
+def segment_images(
+    config: str,
+    checkpoint: str,
+    input: str,
+    out_dir: str = 'work_dirs/infer',
+    whole: bool = False,
+    slide: bool = False,
+    native: bool = False,
+    short_side: Optional[int] = None,
+    size: Optional[Tuple[int, int]] = None,
+    crop: Optional[Tuple[int, int]] = None,
+    stride: Optional[Tuple[int, int]] = None,
+    opacity: float = 0.5,
+    save_labels: bool = False,
+    device: Optional[str] = None,
+    cfg_options: Optional[dict] = None,
+    legend: bool = True,
+) -> Overlays:
     """Segment an image or a folder of images; write ``<out_dir>/<image name>.png``
     overlays (and the class ids as ``<image name>_labels.png`` with ``save_labels``).
 
@@ -227,6 +277,7 @@ def segment_images(config: str, checkpoint: str, input: str, out_dir: str = 'wor
         lookhere_dense.errors.ConfigError (see :func:`inference_test_cfg`).
     """
     import lookhere_dense
+
     lookhere_dense.register_all_modules()
     import cv2
     import torch
@@ -234,9 +285,8 @@ def segment_images(config: str, checkpoint: str, input: str, out_dir: str = 'wor
     from mmengine.config import ConfigDict
     from tqdm import tqdm
 
-    from ..errors import ToolError
-    from .cli import build_model_from_checkpoint, load_config
     from ..visualization.legend import draw_legend
+    from .cli import build_model_from_checkpoint, load_config
 
     if not 0.0 <= opacity <= 1.0:
         raise ValueError(f'--opacity must be in 0..1, got {opacity}')
@@ -251,12 +301,19 @@ def segment_images(config: str, checkpoint: str, input: str, out_dir: str = 'wor
     palette = class_palette(meta, cfg, num_classes)
     names = class_names(meta, cfg, num_classes)
     written = []
-    for path, stem in tqdm(list(zip(images, output_stems(images))), desc='infer', unit='img',
-                           dynamic_ncols=True, disable=None):
+    for path, stem in tqdm(
+        list(zip(images, output_stems(images))),
+        desc='infer',
+        unit='img',
+        dynamic_ncols=True,
+        disable=None,
+    ):
         bgr = cv2.imread(path, cv2.IMREAD_COLOR)
         if bgr is None:
-            raise ToolError(f'cannot decode the image {path!r} (corrupt or not an image); '
-                            f'{len(written)} overlay(s) were written before it')
+            raise ToolError(
+                f'cannot decode the image {path!r} (corrupt or not an image); '
+                f'{len(written)} overlay(s) were written before it'
+            )
         data = pipeline(dict(img_path=path))
         batch = dict(inputs=[data['inputs']], data_samples=[data['data_samples']])
         with torch.no_grad():

@@ -1,5 +1,6 @@
 """Write a copy of an mmseg config whose plain-ViT backbone is LookHereViT
 (``tools/swap_backbone.py``; the rules are :func:`lookhere_dense.swap.swap_backbone`)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,9 +9,15 @@ from typing import Optional
 __all__ = ['swap_config_file']
 
 
-def swap_config_file(config: str, out: str, preset: Optional[str] = None,
-                     num_heads: Optional[int] = None, checkpoint: Optional[str] = None,
-                     keep_pretrained: bool = False, cfg_options: Optional[dict] = None):
+def swap_config_file(
+    config: str,
+    out: str,
+    preset: Optional[str] = None,
+    num_heads: Optional[int] = None,
+    checkpoint: Optional[str] = None,
+    keep_pretrained: bool = False,
+    cfg_options: Optional[dict] = None,
+):
     """Load ``config`` (``mmseg::`` paths allowed; ``cfg_options`` merged in), swap its
     backbone for LookHereViT and write the result to ``out`` (a flat ``.py`` config that
     ``tools/train.py`` runs as it is).
@@ -32,15 +39,21 @@ def swap_config_file(config: str, out: str, preset: Optional[str] = None,
         lookhere_dense.errors.ConfigError: a backbone that cannot be swapped.
     """
     import lookhere_dense
+
     lookhere_dense.register_all_modules()
-    from .cli import load_config
     from ..swap import swap_backbone
+    from .cli import load_config
 
     if not out.endswith('.py'):
         raise ValueError(f'the output config must end in .py, got {out!r}')
     cfg = load_config(config, cfg_options)
-    new = swap_backbone(cfg, preset=preset, num_heads=num_heads, checkpoint=checkpoint,
-                        keep_pretrained=keep_pretrained)
+    new = swap_backbone(
+        cfg,
+        preset=preset,
+        num_heads=num_heads,
+        checkpoint=checkpoint,
+        keep_pretrained=keep_pretrained,
+    )
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     new.dump(out)
     return new

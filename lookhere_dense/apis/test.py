@@ -4,22 +4,27 @@
 be readable and fit the model exactly
 (:class:`~lookhere_dense.engine.hooks.CheckpointFitHook`: missing, unexpected and wrongly
 shaped keys are named), and progress is logged about ten times per pass."""
+
 from __future__ import annotations
 
 import os
 from typing import Optional
 
+from ..errors import ConfigError, ToolError
+
 __all__ = ['build_test_config', 'evaluate_checkpoint']
 
 
-def _enable_visualization(cfg, show: bool, show_dir: Optional[str], show_interval: int,
-                          wait_time: float) -> None:
-    from ..errors import ConfigError
+def _enable_visualization(
+    cfg, show: bool, show_dir: Optional[str], show_interval: int, wait_time: float
+) -> None:
 
     hook = cfg.get('default_hooks', {}).get('visualization')
     if hook is None:
-        raise ConfigError('--show / --show-dir need a visualization hook in default_hooks '
-                          "(mmseg: SegVisualizationHook, mmdet: DetVisualizationHook)")
+        raise ConfigError(
+            '--show / --show-dir need a visualization hook in default_hooks '
+            '(mmseg: SegVisualizationHook, mmdet: DetVisualizationHook)'
+        )
     hook['draw'] = True
     hook['interval'] = show_interval
     if show:
@@ -32,11 +37,20 @@ def _enable_visualization(cfg, show: bool, show_dir: Optional[str], show_interva
             cfg.visualizer['save_dir'] = show_dir
 
 
-def build_test_config(config: str, checkpoint: str, work_dir: Optional[str] = None,
-                      out: Optional[str] = None, show_dir: Optional[str] = None,
-                      show: bool = False, show_interval: int = 1, wait_time: float = 2,
-                      tta: bool = False, cfg_options: Optional[dict] = None,
-                      launcher: str = 'none', check_data: bool = True):
+def build_test_config(
+    config: str,
+    checkpoint: str,
+    work_dir: Optional[str] = None,
+    out: Optional[str] = None,
+    show_dir: Optional[str] = None,
+    show: bool = False,
+    show_interval: int = 1,
+    wait_time: float = 2,
+    tta: bool = False,
+    cfg_options: Optional[dict] = None,
+    launcher: str = 'none',
+    check_data: bool = True,
+):
     """The config to test ``checkpoint`` with: the file + ``cfg_options`` + the options,
     checked.
 
@@ -59,11 +73,9 @@ def build_test_config(config: str, checkpoint: str, work_dir: Optional[str] = No
         lookhere_dense.errors.ConfigError, lookhere_dense.errors.DataCheckError,
         FileNotFoundError: saying what to fix.
     """
-    from .train import check_launcher
     from ..checkpoint import checkpoint_problem
-    from ..errors import ToolError
     from .cli import load_config, preflight, set_work_dir
-    from ..errors import ConfigError
+    from .train import check_launcher
 
     if '://' not in checkpoint:
         if not os.path.exists(checkpoint):
@@ -104,8 +116,9 @@ def build_test_config(config: str, checkpoint: str, work_dir: Optional[str] = No
     return cfg
 
 
-def evaluate_checkpoint(config: str, checkpoint: str, out: Optional[str] = None,
-                        verbose: bool = False, **options) -> dict:
+def evaluate_checkpoint(
+    config: str, checkpoint: str, out: Optional[str] = None, verbose: bool = False, **options
+) -> dict:
     """Test: :func:`build_test_config` (``options`` are its other arguments), build the
     Runner, ``runner.test()`` (mmdet with ``out``: also dump the raw results).
 
@@ -118,10 +131,10 @@ def evaluate_checkpoint(config: str, checkpoint: str, out: Optional[str] = None,
         The metrics dict.
     """
     import lookhere_dense
+
     lookhere_dense.register_all_modules()
 
     from ..engine.terminal import terminal_filter_of, warnings_to_run_log
-
     from .train import announce_log_file, build_runner, init_distributed
 
     cfg = build_test_config(config, checkpoint, out=out, **options)
@@ -135,9 +148,11 @@ def evaluate_checkpoint(config: str, checkpoint: str, out: Optional[str] = None,
             announce_log_file(runner)
             if out is not None and cfg.get('default_scope') == 'mmdet':
                 from mmdet.evaluation import DumpDetResults
+
                 runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=out))
             return runner.test()
     finally:
         if created:
             import torch.distributed as dist
+
             dist.destroy_process_group()

@@ -25,6 +25,7 @@ unreadable is an error.
 machines (the process group is set up before the Runner, so mmengine's CUDA-only set-up is
 not used there).
 """
+
 from __future__ import annotations
 
 import glob
@@ -34,9 +35,20 @@ import os.path as osp
 import re
 from typing import List, Optional, Tuple
 
-__all__ = ['build_train_config', 'build_runner', 'train_model', 'find_resume_checkpoint',
-           'init_distributed', 'check_launcher', 'announce_log_file', 'learns_slopes',
-           'TRAIN_HOOKS', 'SLOPE_HOOK']
+from ..errors import ConfigError, ToolError
+
+__all__ = [
+    'build_train_config',
+    'build_runner',
+    'train_model',
+    'find_resume_checkpoint',
+    'init_distributed',
+    'check_launcher',
+    'announce_log_file',
+    'learns_slopes',
+    'TRAIN_HOOKS',
+    'SLOPE_HOOK',
+]
 
 #: The hooks every training run gets (unless the config already has them).
 TRAIN_HOOKS = ('FiniteLossHook', 'ExactResumeHook', 'CheckpointFitHook')
@@ -49,6 +61,7 @@ TORCHRUN_ENV = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT'
 
 def _warn(msg: str) -> None:
     from .cli import _log
+
     _log(msg, logging.WARNING)
 
 
@@ -70,7 +83,6 @@ def find_resume_checkpoint(work_dir: str) -> Tuple[Optional[str], List[str]]:
         lookhere_dense.apis.cli.ToolError: the work dir has checkpoints but none is readable.
     """
     from ..checkpoint import checkpoint_problem
-    from ..errors import ToolError
 
     candidates: List[str] = []
     last = osp.join(work_dir, 'last_checkpoint')
@@ -79,8 +91,9 @@ def find_resume_checkpoint(work_dir: str) -> Tuple[Optional[str], List[str]]:
             named = f.read().strip()
         if named:
             candidates.append(named if osp.isabs(named) else osp.join(work_dir, named))
-    numbered = glob.glob(osp.join(work_dir, 'iter_*.pth')) + \
-        glob.glob(osp.join(work_dir, 'epoch_*.pth'))
+    numbered = glob.glob(osp.join(work_dir, 'iter_*.pth')) + glob.glob(
+        osp.join(work_dir, 'epoch_*.pth')
+    )
     for path in sorted(numbered, key=_checkpoint_number, reverse=True):
         if not any(osp.abspath(path) == osp.abspath(c) for c in candidates):
             candidates.append(path)
@@ -90,16 +103,23 @@ def find_resume_checkpoint(work_dir: str) -> Tuple[Optional[str], List[str]]:
         problem = checkpoint_problem(path)
         if problem is None:
             if skipped:
-                notes.append(f'--resume: skipped unreadable checkpoint(s) {"; ".join(skipped)}'
-                             f'; resuming from {path}')
+                notes.append(
+                    f'--resume: skipped unreadable checkpoint(s) {"; ".join(skipped)}'
+                    f'; resuming from {path}'
+                )
             return path, notes
         skipped.append(f'{path} ({problem})')
     if skipped:
-        raise ToolError(f'--resume: no readable checkpoint in {work_dir!r}: '
-                        + '; '.join(skipped) + '. Resume from a good file with --resume '
-                        'PATH, or remove the broken ones to start from iteration 0.')
-    notes.append(f'--resume: no checkpoint in {work_dir!r}, so training starts from '
-                 'iteration 0 (check --work-dir if you expected to continue a run)')
+        raise ToolError(
+            f'--resume: no readable checkpoint in {work_dir!r}: '
+            + '; '.join(skipped)
+            + '. Resume from a good file with --resume '
+            'PATH, or remove the broken ones to start from iteration 0.'
+        )
+    notes.append(
+        f'--resume: no checkpoint in {work_dir!r}, so training starts from '
+        'iteration 0 (check --work-dir if you expected to continue a run)'
+    )
     return None, notes
 
 
@@ -110,14 +130,14 @@ def check_launcher(launcher: str) -> None:
         lookhere_dense.apis.cli.ToolError: ``'pytorch'`` outside torchrun, ``'slurm'`` outside
             srun.
     """
-    from ..errors import ToolError
     if launcher == 'pytorch':
         missing = [k for k in TORCHRUN_ENV if k not in os.environ]
         if missing:
             raise ToolError(
                 f'--launcher pytorch must run under torchrun (the variables {missing} that '
                 'torchrun sets are missing), e.g. torchrun --nproc_per_node=2 tools/train.py '
-                'CONFIG --launcher pytorch; for one process use --launcher none')
+                'CONFIG --launcher pytorch; for one process use --launcher none'
+            )
     elif launcher == 'slurm' and 'SLURM_PROCID' not in os.environ:
         raise ToolError('--launcher slurm must run under srun (SLURM_PROCID is not set)')
 
@@ -146,9 +166,10 @@ def _tune_logging(cfg) -> None:
     max(1, max_iters // 10))`` for iteration-based loops) and about ten progress lines
     per validation (:class:`~lookhere_dense.engine.hooks.ProgressLoggerHook`)."""
     logger = (cfg.get('default_hooks') or {}).get('logger')
-    if not isinstance(logger, dict) or \
-            str(logger.get('type', '')).split('.')[-1] not in ('LoggerHook',
-                                                               'ProgressLoggerHook'):
+    if not isinstance(logger, dict) or str(logger.get('type', '')).split('.')[-1] not in (
+        'LoggerHook',
+        'ProgressLoggerHook',
+    ):
         return
     logger['type'] = 'ProgressLoggerHook'
     train_cfg = cfg.get('train_cfg') or {}
@@ -157,12 +178,18 @@ def _tune_logging(cfg) -> None:
         logger['interval'] = min(int(logger.get('interval', 10)), max(1, max_iters // 10))
 
 
-def build_train_config(config: str, work_dir: Optional[str] = None,
-                       cfg_options: Optional[dict] = None, launcher: str = 'none',
-                       amp: bool = False, resume: Optional[str] = None,
-                       require_pretrained: bool = False, check_data: bool = True,
-                       allow_random_init: bool = False, hooks: bool = True
-                       ) -> Tuple[object, List[str]]:
+def build_train_config(
+    config: str,
+    work_dir: Optional[str] = None,
+    cfg_options: Optional[dict] = None,
+    launcher: str = 'none',
+    amp: bool = False,
+    resume: Optional[str] = None,
+    require_pretrained: bool = False,
+    check_data: bool = True,
+    allow_random_init: bool = False,
+    hooks: bool = True,
+) -> Tuple[object, List[str]]:
     """The config to train with: the file (``mmseg::`` / ``mmdet::`` paths allowed) +
     ``cfg_options`` + the options below, checked.
 
@@ -196,9 +223,7 @@ def build_train_config(config: str, work_dir: Optional[str] = None,
         FileNotFoundError, lookhere_dense.apis.cli.ToolError: saying what to fix.
     """
     from ..checkpoint import checkpoint_problem
-    from ..errors import ToolError
     from .cli import load_config, preflight, set_work_dir
-    from ..errors import ConfigError
 
     check_launcher(launcher)
     cfg = load_config(config, cfg_options)
@@ -211,15 +236,18 @@ def build_train_config(config: str, work_dir: Optional[str] = None,
         cfg.visualizer.pop('name', None)
     if amp:
         import torch
+
         if not torch.cuda.is_available():
-            raise ConfigError('--amp needs a CUDA GPU (mmengine AmpOptimWrapper); drop --amp '
-                              'on CPU')
+            raise ConfigError(
+                '--amp needs a CUDA GPU (mmengine AmpOptimWrapper); drop --amp on CPU'
+            )
         wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
         if wrapper == 'AmpOptimWrapper':
             _warn('AMP is already enabled in the config')
         elif wrapper != 'OptimWrapper':
-            raise ConfigError(f'--amp works with optim_wrapper type OptimWrapper, the config '
-                              f'has {wrapper!r}')
+            raise ConfigError(
+                f'--amp works with optim_wrapper type OptimWrapper, the config has {wrapper!r}'
+            )
         else:
             cfg.optim_wrapper.type = 'AmpOptimWrapper'
             cfg.optim_wrapper.loss_scale = 'dynamic'
@@ -243,11 +271,19 @@ def build_train_config(config: str, work_dir: Optional[str] = None,
     if hooks:
         _add_hooks(cfg)
         _tune_logging(cfg)
-    dropped = preflight(cfg, ('train', 'val'), require_pretrained=require_pretrained,
-                        check_data=check_data, allow_random_init=allow_random_init,
-                        notes=notes)
-    notes += [f'pretrained file {path!r} not found: the backbone starts from RANDOM weights '
-              '(allowed by --allow-random-init)' for path in dropped]
+    dropped = preflight(
+        cfg,
+        ('train', 'val'),
+        require_pretrained=require_pretrained,
+        check_data=check_data,
+        allow_random_init=allow_random_init,
+        notes=notes,
+    )
+    notes += [
+        f'pretrained file {path!r} not found: the backbone starts from RANDOM weights '
+        '(allowed by --allow-random-init)'
+        for path in dropped
+    ]
     return cfg, notes
 
 
@@ -265,6 +301,7 @@ def init_distributed(cfg) -> bool:
         return False
     import torch
     import torch.distributed as dist
+
     if torch.cuda.is_available():
         return False
     env_cfg = cfg.setdefault('env_cfg', {})
@@ -274,12 +311,12 @@ def init_distributed(cfg) -> bool:
     wrapper = dict(cfg.get('model_wrapper_cfg') or dict(type='MMDistributedDataParallel'))
     wrapper.setdefault('device_ids', None)
     wrapper.setdefault('broadcast_buffers', False)
-    wrapper.setdefault('find_unused_parameters', bool(cfg.get('find_unused_parameters',
-                                                              False)))
+    wrapper.setdefault('find_unused_parameters', bool(cfg.get('find_unused_parameters', False)))
     cfg.model_wrapper_cfg = wrapper
     if dist.is_initialized():
         return False
     import datetime
+
     timeout = dist_cfg.get('timeout')
     kwargs = dict(timeout=datetime.timedelta(seconds=timeout)) if timeout else {}
     dist.init_process_group(backend='gloo', **kwargs)
@@ -292,8 +329,10 @@ def build_runner(cfg, quiet: bool = True):
     header, config dump and library noise go to the log file only)."""
     from ..engine.runner import ToolRunner, VerboseToolRunner
     from ..engine.terminal import attach_terminal_filter
+
     if 'runner_type' in cfg:
         from mmengine.registry import RUNNERS
+
         runner = RUNNERS.build(cfg)
         if quiet:
             attach_terminal_filter(runner.logger)
@@ -304,8 +343,9 @@ def build_runner(cfg, quiet: bool = True):
 def announce_log_file(runner) -> None:
     """Tell the terminal where the full log is."""
     path = osp.join(runner.log_dir, f'{runner.timestamp}.log')
-    runner.logger.info(f'work dir: {runner.work_dir}; full log (config, environment, '
-                       f'per-class tables): {path}')
+    runner.logger.info(
+        f'work dir: {runner.work_dir}; full log (config, environment, per-class tables): {path}'
+    )
 
 
 def train_model(config: str, verbose: bool = False, **options):
@@ -322,6 +362,7 @@ def train_model(config: str, verbose: bool = False, **options):
         The Runner (its ``work_dir`` holds logs and checkpoints).
     """
     import lookhere_dense
+
     lookhere_dense.register_all_modules()
     from ..engine.terminal import warnings_to_run_log
 
@@ -337,5 +378,6 @@ def train_model(config: str, verbose: bool = False, **options):
     finally:
         if created:
             import torch.distributed as dist
+
             dist.destroy_process_group()
     return runner

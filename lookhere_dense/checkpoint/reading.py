@@ -6,6 +6,7 @@ code, so a file that holds Python objects besides tensors, numbers and strings i
 (mmengine's Runner checkpoints hold a few of mmengine's own classes; the OpenMMLab layer
 allow-lists exactly those when it registers, :mod:`lookhere_dense.compat`). Torch alone.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,15 +25,20 @@ __all__ = ['load_checkpoint_file', 'checkpoint_problem']
 def _first_line(err: BaseException) -> str:
     """The first line of an error message that is not torch's ``weights_only`` advice."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    keep = [ln for ln in lines if 'weights_only' not in ln and 'WeightsUnpickler' not in ln
-            and 'trusted source' not in ln and 'torch.load' not in ln]
+    keep = [
+        ln
+        for ln in lines
+        if 'weights_only' not in ln
+        and 'WeightsUnpickler' not in ln
+        and 'trusted source' not in ln
+        and 'torch.load' not in ln
+    ]
     unsupported = [ln for ln in lines if 'Unsupported global' in ln]
     line = (unsupported or keep or lines or [type(err).__name__])[0]
     return line.split('. ')[0][:300]
 
 
-_REWRITE = ('it was not written completely or not downloaded completely: download / save '
-            'it again')
+_REWRITE = 'it was not written completely or not downloaded completely: download / save it again'
 _NOT_TORCH = 'expected a file written by torch.save (.pth / .pt) or a .safetensors file'
 
 
@@ -43,23 +49,33 @@ def _unreadable(path: str, err: BaseException) -> UnreadableCheckpointError:
         m = re.search(r'GLOBAL ([\w.]+)', text)
         what = m.group(1) if m else 'a Python class'
         return UnreadableCheckpointError(
-            path, f'it holds Python objects ({what}) besides tensors, numbers and strings',
+            path,
+            f'it holds Python objects ({what}) besides tensors, numbers and strings',
             'lookhere-dense loads weights only (unpickling arbitrary objects can run code). '
-            + ('An mmengine Runner checkpoint: call lookhere_dense.register_all_modules() '
-               'first (it allows exactly the classes mmengine writes), or re-save'
-               if what.startswith('mmengine.') else 'Re-save')
+            + (
+                'An mmengine Runner checkpoint: call lookhere_dense.register_all_modules() '
+                'first (it allows exactly the classes mmengine writes), or re-save'
+                if what.startswith('mmengine.')
+                else 'Re-save'
+            )
             + ' the weights alone, e.g. torch.save({"state_dict": model.state_dict()}, '
-            'PATH)')
+            'PATH)',
+        )
     if isinstance(err, PermissionError):
         return UnreadableCheckpointError(path, 'permission denied')
     if isinstance(err, (EOFError, zipfile.BadZipFile, OSError)) or (
-            isinstance(err, RuntimeError) and ('central directory' in text
-                                               or 'PytorchStreamReader' in text)):
+        isinstance(err, RuntimeError)
+        and ('central directory' in text or 'PytorchStreamReader' in text)
+    ):
         return UnreadableCheckpointError(
-            path, f'damaged: it is truncated or corrupt ({_first_line(err)})', _REWRITE)
+            path, f'damaged: it is truncated or corrupt ({_first_line(err)})', _REWRITE
+        )
     return UnreadableCheckpointError(
-        path, f'not a PyTorch checkpoint lookhere-dense can read ({type(err).__name__}: '
-        f'{_first_line(err)})', _NOT_TORCH)
+        path,
+        f'not a PyTorch checkpoint lookhere-dense can read ({type(err).__name__}: '
+        f'{_first_line(err)})',
+        _NOT_TORCH,
+    )
 
 
 def _file_problem(path: str) -> Optional[UnreadableCheckpointError]:
@@ -75,8 +91,7 @@ def _file_problem(path: str) -> Optional[UnreadableCheckpointError]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f'checkpoint file not found: {path!r}')
     if os.path.getsize(path) == 0:
-        return UnreadableCheckpointError(path, 'empty file',
-                                         'it is empty (0 bytes): ' + _REWRITE)
+        return UnreadableCheckpointError(path, 'empty file', 'it is empty (0 bytes): ' + _REWRITE)
     try:
         with open(path, 'rb') as f:
             head = f.read(4)
@@ -85,8 +100,10 @@ def _file_problem(path: str) -> Optional[UnreadableCheckpointError]:
     is_zip = zipfile.is_zipfile(path)
     if head == b'PK\x03\x04' and not is_zip:
         return UnreadableCheckpointError(
-            path, 'damaged: it is truncated or corrupt (a torch.save zip archive whose end '
-            'is missing)', _REWRITE)
+            path,
+            'damaged: it is truncated or corrupt (a torch.save zip archive whose end is missing)',
+            _REWRITE,
+        )
     if not is_zip:
         return None
     try:
@@ -95,14 +112,18 @@ def _file_problem(path: str) -> Optional[UnreadableCheckpointError]:
             names = zf.namelist()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
         return UnreadableCheckpointError(
-            path, f'damaged: it is truncated or corrupt (zip archive: {_first_line(err)})',
-            _REWRITE)
+            path,
+            f'damaged: it is truncated or corrupt (zip archive: {_first_line(err)})',
+            _REWRITE,
+        )
     if bad is not None:
         return UnreadableCheckpointError(
-            path, f'damaged: it is truncated or corrupt (checksum error in {bad!r})', _REWRITE)
+            path, f'damaged: it is truncated or corrupt (checksum error in {bad!r})', _REWRITE
+        )
     if not any(n.endswith('data.pkl') for n in names):
         return UnreadableCheckpointError(
-            path, 'not a PyTorch checkpoint (a zip archive without data.pkl)', _NOT_TORCH)
+            path, 'not a PyTorch checkpoint (a zip archive without data.pkl)', _NOT_TORCH
+        )
     return None
 
 
@@ -110,7 +131,8 @@ def _not_weights(path: str, ckpt: Any) -> Optional[UnreadableCheckpointError]:
     if isinstance(ckpt, Mapping):
         return None
     return UnreadableCheckpointError(
-        path, f'it does not hold a dict of weights (got {type(ckpt).__name__})')
+        path, f'it does not hold a dict of weights (got {type(ckpt).__name__})'
+    )
 
 
 def load_checkpoint_file(path: str) -> Dict[str, Any]:
@@ -131,20 +153,23 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
             raise problem
     if path.endswith('.safetensors'):
         from safetensors.torch import load_file
+
         try:
             return load_file(path, device='cpu')
         except Exception as err:  # safetensors raises its own SafetensorError
             raise UnreadableCheckpointError(
-                path, f'it is not a readable .safetensors file ({_first_line(err)})') from None
+                path, f'it is not a readable .safetensors file ({_first_line(err)})'
+            ) from None
     try:
         if '://' in path:
             if not path.startswith(('http://', 'https://')):
                 raise UnreadableCheckpointError(
-                    path, 'only local files and http(s):// URLs can be read here',
+                    path,
+                    'only local files and http(s):// URLs can be read here',
                     'download the file first (with OpenMMLab, mmengine.runner.'
-                    'CheckpointLoader reads its other schemes)')
-            ckpt = torch.hub.load_state_dict_from_url(path, map_location='cpu',
-                                                      weights_only=True)
+                    'CheckpointLoader reads its other schemes)',
+                )
+            ckpt = torch.hub.load_state_dict_from_url(path, map_location='cpu', weights_only=True)
         else:
             ckpt = torch.load(path, map_location='cpu', weights_only=True)
     except (FileNotFoundError, MemoryError, KeyboardInterrupt, UnreadableCheckpointError):
@@ -173,8 +198,9 @@ def checkpoint_problem(path: str) -> Optional[str]:
             problem = err
     elif problem is None:
         try:
-            ckpt = torch.load(path, map_location='cpu', weights_only=True,
-                              mmap=zipfile.is_zipfile(path))
+            ckpt = torch.load(
+                path, map_location='cpu', weights_only=True, mmap=zipfile.is_zipfile(path)
+            )
         except (MemoryError, KeyboardInterrupt):
             raise
         except Exception as err:  # noqa: B902 - every failure is a reason

@@ -6,6 +6,7 @@ its ``_extra_state`` (PyTorch's ``get_extra_state``): a uint8 tensor holding JSO
 broadcasts all of them in multi-process runs, and files load with ``weights_only=True``).
 Files written before hold a dict there; :func:`decode_extra_state` reads both. Torch alone.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,13 @@ from torch import Tensor
 
 from ..errors import CheckpointError
 
-__all__ = ['EXTRA_STATE_KEY', 'is_extra_state_key', 'encode_extra_state', 'decode_extra_state',
-           'read_record']
+__all__ = [
+    'EXTRA_STATE_KEY',
+    'is_extra_state_key',
+    'encode_extra_state',
+    'decode_extra_state',
+    'read_record',
+]
 
 #: the ``state_dict`` key of a module's ``get_extra_state()`` (PyTorch's name for it)
 EXTRA_STATE_KEY = '_extra_state'
@@ -48,16 +54,23 @@ def decode_extra_state(value: Any) -> Dict[str, Any]:
         try:
             state = json.loads(bytes(value.cpu().tolist()).decode('utf-8'))
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f'an {EXTRA_STATE_KEY!r} entry that is not a LookHereViT record '
-                             f'(a uint8 tensor of {value.numel()} bytes that is no JSON: '
-                             f'{err})') from None
+            raise ValueError(
+                f'an {EXTRA_STATE_KEY!r} entry that is not a LookHereViT record '
+                f'(a uint8 tensor of {value.numel()} bytes that is no JSON: '
+                f'{err})'
+            ) from None
         if isinstance(state, dict):
             return state
-    what = (f'a {value.dtype} tensor of shape {tuple(value.shape)}'
-            if isinstance(value, Tensor) else type(value).__name__)
-    raise ValueError(f'an {EXTRA_STATE_KEY!r} entry that is not a LookHereViT record ({what}); '
-                     'expected the uint8 tensor LookHereViT.get_extra_state() writes (or the '
-                     'dict of older files)')
+    what = (
+        f'a {value.dtype} tensor of shape {tuple(value.shape)}'
+        if isinstance(value, Tensor)
+        else type(value).__name__
+    )
+    raise ValueError(
+        f'an {EXTRA_STATE_KEY!r} entry that is not a LookHereViT record ({what}); '
+        'expected the uint8 tensor LookHereViT.get_extra_state() writes (or the '
+        'dict of older files)'
+    )
 
 
 def read_record(value: Any) -> Dict[str, Any]:

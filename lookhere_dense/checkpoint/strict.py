@@ -2,6 +2,7 @@
 not fit is refused with a message that names what differs, never used anyway. Torch alone;
 nothing here knows which model it loads (model-specific hints come in as a callable).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -12,17 +13,16 @@ from torch import Tensor, nn
 from ..errors import CheckpointError
 from .records import is_extra_state_key
 
-__all__ = ['match_state_dict', 'load_state_dict_strict', 'listed', 'strip_prefix',
-           'KeyHints']
+__all__ = ['match_state_dict', 'load_state_dict_strict', 'listed', 'strip_prefix', 'KeyHints']
 
 #: ``hints(missing, unexpected, model_keys, file_keys) -> [reason, ...]``: the likely causes
 #: of a key mismatch, for the error message.
 KeyHints = Callable[[List[str], List[str], Sequence[str], Sequence[str]], List[str]]
 
 
-def match_state_dict(model_sd: Mapping[str, Tensor], weights: Mapping[str, Tensor],
-                     source: Optional[str] = None
-                     ) -> Tuple[Dict[str, Tensor], List[str], List[str]]:
+def match_state_dict(
+    model_sd: Mapping[str, Tensor], weights: Mapping[str, Tensor], source: Optional[str] = None
+) -> Tuple[Dict[str, Tensor], List[str], List[str]]:
     """Compare checkpoint weights with a model's state_dict.
 
     Args:
@@ -37,15 +37,19 @@ def match_state_dict(model_sd: Mapping[str, Tensor], weights: Mapping[str, Tenso
         CheckpointError: listing every key whose shape differs (checkpoint vs model).
     """
     weights = {k: v for k, v in weights.items() if isinstance(v, Tensor)}
-    mismatched = [f'{k}: checkpoint {tuple(v.shape)} vs model {tuple(model_sd[k].shape)}'
-                  for k, v in weights.items() if k in model_sd and v.shape != model_sd[k].shape]
+    mismatched = [
+        f'{k}: checkpoint {tuple(v.shape)} vs model {tuple(model_sd[k].shape)}'
+        for k, v in weights.items()
+        if k in model_sd and v.shape != model_sd[k].shape
+    ]
     if mismatched:
         more = f'; ... and {len(mismatched) - 10} more' if len(mismatched) > 10 else ''
         where = f'{source!r} ' if source else ''
         raise CheckpointError(  # one line: the tools print it as one ``error:`` line
             f'checkpoint {where}does not fit the model ({len(mismatched)} tensors of the '
             'wrong shape; check embed_dims, patch_size, mlp_ratio, in_channels, num_classes'
-            '): ' + '; '.join(mismatched[:10]) + more)
+            '): ' + '; '.join(mismatched[:10]) + more
+        )
     loadable = {k: v for k, v in weights.items() if k in model_sd}
     missing = sorted(k for k in model_sd if k not in weights)
     unexpected = sorted(k for k in weights if k not in model_sd)
@@ -59,14 +63,17 @@ def listed(keys: List[str], n: int = 12) -> str:
 
 def strip_prefix(sd: Mapping[str, Any], prefix: str) -> Dict[str, Any]:
     """The entries of ``sd`` under ``prefix``, with the prefix removed."""
-    return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
 
 
 def _restartable_groups(module: nn.Module) -> List[Tuple[nn.Module, List[str]]]:
     """The submodules that declare ``restart_when_missing = True`` (e.g. learnable LookHere
     slopes), with the full keys of their parameters."""
-    return [(m, [f'{name}.{p}' if name else p for p, _ in m.named_parameters()])
-            for name, m in module.named_modules() if getattr(m, 'restart_when_missing', False)]
+    return [
+        (m, [f'{name}.{p}' if name else p for p, _ in m.named_parameters()])
+        for name, m in module.named_modules()
+        if getattr(m, 'restart_when_missing', False)
+    ]
 
 
 def _restarted(module: nn.Module, missing: List[str]) -> Tuple[List[str], List[nn.Module]]:
@@ -83,13 +90,17 @@ def _restarted(module: nn.Module, missing: List[str]) -> Tuple[List[str], List[n
     return sorted(keys), modules
 
 
-def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, Any], source: str,
-                           strict: bool = True,
-                           dropped: Optional[Mapping[str, str]] = None,
-                           what: str = 'model',
-                           verify: Optional[Callable[[], None]] = None,
-                           require_extra_state: bool = False,
-                           hints: Optional[KeyHints] = None) -> Dict[str, List[str]]:
+def load_state_dict_strict(
+    module: nn.Module,
+    state_dict: Mapping[str, Any],
+    source: str,
+    strict: bool = True,
+    dropped: Optional[Mapping[str, str]] = None,
+    what: str = 'model',
+    verify: Optional[Callable[[], None]] = None,
+    require_extra_state: bool = False,
+    hints: Optional[KeyHints] = None,
+) -> Dict[str, List[str]]:
     """THE strict loader: load ``state_dict`` into ``module`` only if it fits.
 
     Shapes must agree always. With ``strict`` every tensor of ``module`` must be in the
@@ -131,36 +142,47 @@ def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, Any], sou
     dropped = dict(dropped or {})
     entries = {k: v for k, v in state_dict.items() if k not in dropped}
     everything = module.state_dict()
-    own = {k: v for k, v in everything.items()
-           if isinstance(v, Tensor) and not is_extra_state_key(k)}
+    own = {
+        k: v for k, v in everything.items() if isinstance(v, Tensor) and not is_extra_state_key(k)
+    }
     records = {k: v for k, v in entries.items() if is_extra_state_key(k) and k in everything}
     loadable, missing, unexpected = match_state_dict(
-        own, {k: v for k, v in entries.items() if not is_extra_state_key(k)}, source)
+        own, {k: v for k, v in entries.items() if not is_extra_state_key(k)}, source
+    )
     from_config, restarted = _restarted(module, missing)
     missing = [k for k in missing if k not in set(from_config)]
     if require_extra_state:
         missing += sorted(k for k in everything if is_extra_state_key(k) and k not in records)
     params = {name for name, _ in module.named_parameters()}
-    broken = [k for k, v in loadable.items()
-              if k in params and v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    broken = [
+        k
+        for k, v in loadable.items()
+        if k in params and v.is_floating_point() and not bool(torch.isfinite(v).all())
+    ]
     if broken:
-        raise CheckpointError(f'checkpoint {source!r} holds NaN / inf values in '
-                              f'{len(broken)} parameters: {listed(broken)}; it was saved '
-                              'after training diverged or is corrupt: use an earlier one')
+        raise CheckpointError(
+            f'checkpoint {source!r} holds NaN / inf values in '
+            f'{len(broken)} parameters: {listed(broken)}; it was saved '
+            'after training diverged or is corrupt: use an earlier one'
+        )
     if strict and (missing or unexpected):
         reasons = hints(missing, unexpected, list(own), list(entries)) if hints else []
         because = f' ({"; ".join(reasons)})' if reasons else ''
         if missing:
-            msg = (f'checkpoint {source!r} lacks {what} parameters{because}: '
-                   f'{listed(missing)}')
+            msg = f'checkpoint {source!r} lacks {what} parameters{because}: {listed(missing)}'
             if unexpected:
                 msg += f'; and it has tensors the {what} lacks: {listed(unexpected)}'
         else:
-            msg = (f'checkpoint {source!r} has tensors the {what} lacks{because}: '
-                   f'{listed(unexpected)}')
-        advice = ('its config, or the same options with --cfg-options' if what == 'model'
-                  else "pretrained weights meant for another architecture: "
-                  "init_cfg=dict(type='Pretrained', ..., strict=False) loads what fits")
+            msg = (
+                f'checkpoint {source!r} has tensors the {what} lacks{because}: '
+                f'{listed(unexpected)}'
+            )
+        advice = (
+            'its config, or the same options with --cfg-options'
+            if what == 'model'
+            else 'pretrained weights meant for another architecture: '
+            "init_cfg=dict(type='Pretrained', ..., strict=False) loads what fits"
+        )
         raise CheckpointError(msg + f'. Build the {what} the file was trained with ({advice})')
     if verify is not None:
         verify()
@@ -170,5 +192,6 @@ def load_state_dict_strict(module: nn.Module, state_dict: Mapping[str, Any], sou
         raise CheckpointError(f'checkpoint {source!r}: {err}') from None
     for m in restarted:  # nothing of theirs in the file: they start afresh
         m.reset_parameters()
-    return dict(missing=missing, unexpected=unexpected, dropped=sorted(dropped),
-                from_config=from_config)
+    return dict(
+        missing=missing, unexpected=unexpected, dropped=sorted(dropped), from_config=from_config
+    )

@@ -2,7 +2,7 @@
 
 The training API (:func:`lookhere_dense.apis.train.train_model`, ``tools/train.py``) adds
 the first three to every run; ``tools/test.py`` adds :class:`CheckpointFitHook`. In your
-own mmseg / mmdet config (with ``custom_imports=dict(imports=['lookhere_dense'])``)::
+own mmseg / mmdet config (with ``custom_imports=dict(imports=['lookhere_dense.openmmlab'])``)::
 
     custom_hooks = [dict(type='FiniteLossHook'), dict(type='ExactResumeHook'),
                     dict(type='CheckpointFitHook')]
@@ -25,6 +25,7 @@ own mmseg / mmdet config (with ``custom_imports=dict(imports=['lookhere_dense'])
 
 Registered in mmengine's root ``HOOKS`` registry, so mmseg and mmdet configs find them.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,10 +36,18 @@ import numpy as np
 import torch
 from mmengine.hooks import Hook, LoggerHook
 from mmengine.registry import HOOKS
+
 from ..errors import TrainingDivergedError
 
-__all__ = ['FiniteLossHook', 'ExactResumeHook', 'CheckpointFitHook', 'ProgressLoggerHook', 'capture_rng_state', 'restore_rng_state',
-           'RESUME_STATE_KEY']
+__all__ = [
+    'FiniteLossHook',
+    'ExactResumeHook',
+    'CheckpointFitHook',
+    'ProgressLoggerHook',
+    'capture_rng_state',
+    'restore_rng_state',
+    'RESUME_STATE_KEY',
+]
 
 #: The checkpoint key :class:`ExactResumeHook` writes.
 RESUME_STATE_KEY = 'lookhere_resume_state'
@@ -71,8 +80,9 @@ class FiniteLossHook(Hook):
             raise ValueError(f'FiniteLossHook: interval must be >= 1, got {interval}')
         self.interval = interval
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
-                         outputs: Optional[Mapping[str, Any]] = None) -> None:
+    def after_train_iter(
+        self, runner, batch_idx: int, data_batch=None, outputs: Optional[Mapping[str, Any]] = None
+    ) -> None:
         if not outputs or not self.every_n_train_iters(runner, self.interval):
             return
         bad = {}
@@ -93,17 +103,22 @@ class FiniteLossHook(Hook):
         others = ', '.join(f'{k} = {v}' for k, v in bad.items() if k != first)
         last = _last_checkpoint(runner)
         raise TrainingDivergedError(
-            f'training stopped at iteration {it}' + (f'/{total}' if total else '') +
-            f': loss {first!r} is {bad[first]}' + (f' (also {others})' if others else '') +
-            '. The weights are no longer usable, so nothing more is saved'
-            + (f'; the last checkpoint is {last}' if last else '') + '. Usual causes: '
+            f'training stopped at iteration {it}'
+            + (f'/{total}' if total else '')
+            + f': loss {first!r} is {bad[first]}'
+            + (f' (also {others})' if others else '')
+            + '. The weights are no longer usable, so nothing more is saved'
+            + (f'; the last checkpoint is {last}' if last else '')
+            + '. Usual causes: '
             'a learning rate too high for the schedule (optim_wrapper.optimizer.lr), no '
             'gradient clipping (optim_wrapper.clip_grad=dict(max_norm=1.0)), bad labels, '
-            'or invalid model options.')
+            'or invalid model options.'
+        )
 
 
 def _last_checkpoint(runner) -> Optional[str]:
     import os.path as osp
+
     path = osp.join(runner.work_dir, 'last_checkpoint')
     if osp.isfile(path):
         with open(path) as f:
@@ -118,10 +133,17 @@ def capture_rng_state() -> Dict[str, Any]:
     """The states of torch's CPU (and CUDA) generators, numpy's global generator and
     Python's ``random``, in types that load with ``torch.load(weights_only=True)``."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    state = dict(torch=torch.get_rng_state(),
-                 numpy=dict(name=str(name), keys=torch.from_numpy(keys.astype(np.int64)),
-                            pos=int(pos), has_gauss=int(has_gauss), cached=float(cached)),
-                 random=_random_state_to_lists(random.getstate()))
+    state = dict(
+        torch=torch.get_rng_state(),
+        numpy=dict(
+            name=str(name),
+            keys=torch.from_numpy(keys.astype(np.int64)),
+            pos=int(pos),
+            has_gauss=int(has_gauss),
+            cached=float(cached),
+        ),
+        random=_random_state_to_lists(random.getstate()),
+    )
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state['cuda'] = torch.cuda.get_rng_state_all()
     return state
@@ -136,8 +158,15 @@ def restore_rng_state(state: Mapping[str, Any]) -> None:
     """Restore what :func:`capture_rng_state` captured."""
     torch.set_rng_state(state['torch'])
     npst = state['numpy']
-    np.random.set_state((npst['name'], npst['keys'].numpy().astype(np.uint32), npst['pos'],
-                         npst['has_gauss'], npst['cached']))
+    np.random.set_state(
+        (
+            npst['name'],
+            npst['keys'].numpy().astype(np.uint32),
+            npst['pos'],
+            npst['has_gauss'],
+            npst['cached'],
+        )
+    )
     version, internal, gauss = state['random']
     random.setstate((version, tuple(internal), gauss))
     if 'cuda' in state and torch.cuda.is_available():
@@ -157,8 +186,11 @@ def _skip_batch(iterator) -> None:
     the batch sampler moves (no image is read); otherwise the batch is loaded and dropped,
     as mmengine's own resume does."""
     inner = getattr(iterator, '_iterator', None)
-    if inner is not None and getattr(inner, '_num_workers', 1) == 0 \
-            and hasattr(inner, '_next_index'):
+    if (
+        inner is not None
+        and getattr(inner, '_num_workers', 1) == 0
+        and hasattr(inner, '_next_index')
+    ):
         try:
             inner._next_index()
             inner._num_yielded += 1
@@ -216,8 +248,8 @@ class ExactResumeHook(Hook):
         rng = self._before_val if self._before_val is not None else capture_rng_state()
         sampler = _train_sampler(getattr(runner.train_loop, 'dataloader', None))
         checkpoint[RESUME_STATE_KEY] = dict(
-            rng=rng, sampler=dict(type=type(sampler).__name__,
-                                  seed=getattr(sampler, 'seed', None)))
+            rng=rng, sampler=dict(type=type(sampler).__name__, seed=getattr(sampler, 'seed', None))
+        )
 
     def before_val(self, runner) -> None:
         self._before_val = capture_rng_state()
@@ -232,8 +264,9 @@ class ExactResumeHook(Hook):
         if getattr(runner, '_resume', False) and RESUME_STATE_KEY in checkpoint:
             meta = checkpoint.get('meta') or {}
             # where the Runner resumes: mmengine's own counters in the checkpoint
-            self._pending = dict(checkpoint[RESUME_STATE_KEY], iter=meta.get('iter'),
-                                 epoch=meta.get('epoch'))
+            self._pending = dict(
+                checkpoint[RESUME_STATE_KEY], iter=meta.get('iter'), epoch=meta.get('epoch')
+            )
 
     def before_train(self, runner) -> None:
         state, self._pending = self._pending, None
@@ -241,6 +274,7 @@ class ExactResumeHook(Hook):
             return
         from mmengine.dist import get_rank
         from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
+
         loop = runner.train_loop
         iterator_rebuilt = self._restore_sampler_seed(runner, state)
         if get_rank() != 0:
@@ -249,16 +283,22 @@ class ExactResumeHook(Hook):
         if isinstance(loop, IterBasedTrainLoop) and state['iter'] == loop.iter:
             if iterator_rebuilt:
                 from mmengine.runner.loops import _InfiniteDataloaderIterator
+
                 loop.dataloader_iterator = _InfiniteDataloaderIterator(loop.dataloader)
             loop.dataloader_iterator = _ResumedIterator(
-                loop.dataloader_iterator, loop.iter, lambda: restore_rng_state(state['rng']))
-        elif isinstance(loop, EpochBasedTrainLoop) and state['epoch'] == loop.epoch \
-                and state['iter'] == loop.epoch * len(loop.dataloader):
+                loop.dataloader_iterator, loop.iter, lambda: restore_rng_state(state['rng'])
+            )
+        elif (
+            isinstance(loop, EpochBasedTrainLoop)
+            and state['epoch'] == loop.epoch
+            and state['iter'] == loop.epoch * len(loop.dataloader)
+        ):
             self._epoch_rng = state['rng']  # restored in before_train_epoch
         else:
             runner.logger.warning(
                 'ExactResumeHook: the checkpoint was not saved at a point this loop resumes '
-                f'from exactly ({type(loop).__name__}); the RNG state is not restored')
+                f'from exactly ({type(loop).__name__}); the RNG state is not restored'
+            )
 
     def before_train_epoch(self, runner) -> None:
         rng = getattr(self, '_epoch_rng', None)
@@ -304,8 +344,7 @@ class CheckpointFitHook(Hook):
 
     priority = 'VERY_HIGH'
 
-    def __init__(self, strict_load_from: bool = False,
-                 checkpoint_num_heads: Optional[int] = None):
+    def __init__(self, strict_load_from: bool = False, checkpoint_num_heads: Optional[int] = None):
         self.strict_load_from = strict_load_from
         self.checkpoint_num_heads = checkpoint_num_heads
 
@@ -313,9 +352,14 @@ class CheckpointFitHook(Hook):
         if not (getattr(runner, '_resume', False) or self.strict_load_from):
             return
         from ..lookhere.loading import load_model_weights
+
         source = getattr(runner, '_load_from', None) or 'the checkpoint'
-        load_model_weights(_unwrap(runner.model), checkpoint, source=source,
-                           checkpoint_num_heads=self.checkpoint_num_heads)
+        load_model_weights(
+            _unwrap(runner.model),
+            checkpoint,
+            source=source,
+            checkpoint_num_heads=self.checkpoint_num_heads,
+        )
 
 
 # ----------------------------------------------------------------------------------------
@@ -334,8 +378,7 @@ class ProgressLoggerHook(LoggerHook):
     def __init__(self, val_interval: Optional[int] = None, **kwargs):
         super().__init__(**kwargs)
         if val_interval is not None and val_interval < 1:
-            raise ValueError(f'ProgressLoggerHook: val_interval must be >= 1, got '
-                             f'{val_interval}')
+            raise ValueError(f'ProgressLoggerHook: val_interval must be >= 1, got {val_interval}')
         self.val_interval = val_interval
 
     def _every(self, dataloader) -> int:

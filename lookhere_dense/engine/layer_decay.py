@@ -36,6 +36,7 @@ mmdet scope it resolves to this constructor when the project is not imported, an
 project's own when it is (a child registry wins over its parent; no name clash). The mmseg
 scope keeps mmseg's own ``LayerDecayOptimizerConstructor`` (BEiT / ConvNeXt).
 """
+
 from __future__ import annotations
 
 import re
@@ -50,8 +51,14 @@ from mmengine.utils.dl_utils.parrots_wrapper import _BatchNorm, _InstanceNorm
 from ..lookhere.slopes import LookHereSlopes
 from ..lookhere.vit import LayerScale, LookHereVisionTransformer
 
-__all__ = ['LookHereLayerDecayOptimizerConstructor', 'ViTDetLayerDecayOptimizerConstructor',
-           'find_lookhere_backbone', 'backbone_layer_id', 'is_no_decay', 'is_slope_parameter']
+__all__ = [
+    'LookHereLayerDecayOptimizerConstructor',
+    'ViTDetLayerDecayOptimizerConstructor',
+    'find_lookhere_backbone',
+    'backbone_layer_id',
+    'is_no_decay',
+    'is_slope_parameter',
+]
 
 _BLOCK = re.compile(r'^blocks\.(\d+)\.')
 #: per-layer learnable LookHere slopes: ``pos_enc.slopes.{layer,head}_log_ratio.{i}``
@@ -69,15 +76,21 @@ def find_lookhere_backbone(model: nn.Module) -> Tuple[str, LookHereVisionTransfo
     Raises:
         ValueError: no LookHereViT, or more than one.
     """
-    found = [(name, m) for name, m in model.named_modules() if isinstance(m, LookHereVisionTransformer)]
+    found = [
+        (name, m) for name, m in model.named_modules() if isinstance(m, LookHereVisionTransformer)
+    ]
     if not found:
-        raise ValueError('LookHereLayerDecayOptimizerConstructor: the model has no '
-                         f'LookHereViT backbone ({type(model).__name__}); use mmengine\'s '
-                         'DefaultOptimWrapperConstructor for other models')
+        raise ValueError(
+            'LookHereLayerDecayOptimizerConstructor: the model has no '
+            f"LookHereViT backbone ({type(model).__name__}); use mmengine's "
+            'DefaultOptimWrapperConstructor for other models'
+        )
     if len(found) > 1:
-        raise ValueError('LookHereLayerDecayOptimizerConstructor: the model has '
-                         f'{len(found)} LookHereViT modules ({[n for n, _ in found]}); layer '
-                         'decay is defined for one backbone')
+        raise ValueError(
+            'LookHereLayerDecayOptimizerConstructor: the model has '
+            f'{len(found)} LookHereViT modules ({[n for n, _ in found]}); layer '
+            'decay is defined for one backbone'
+        )
     name, module = found[0]
     return (name + '.' if name else ''), module
 
@@ -153,17 +166,23 @@ class LookHereLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
             raise TypeError(f'paramwise_cfg must be a dict, got {type(cfg).__name__}')
         unknown = sorted(set(cfg) - set(self._KEYS))
         if unknown:
-            raise ValueError(f'LookHereLayerDecayOptimizerConstructor: unknown paramwise_cfg '
-                             f'keys {unknown}; allowed: {list(self._KEYS)}')
+            raise ValueError(
+                f'LookHereLayerDecayOptimizerConstructor: unknown paramwise_cfg '
+                f'keys {unknown}; allowed: {list(self._KEYS)}'
+            )
         if 'decay_rate' not in cfg:
-            raise ValueError('LookHereLayerDecayOptimizerConstructor needs '
-                             'paramwise_cfg=dict(decay_rate=..., num_layers=...)')
+            raise ValueError(
+                'LookHereLayerDecayOptimizerConstructor needs '
+                'paramwise_cfg=dict(decay_rate=..., num_layers=...)'
+            )
         rate = cfg['decay_rate']
         if not isinstance(rate, (int, float)) or not 0 < rate <= 1:
             raise ValueError(f'paramwise_cfg.decay_rate must be in (0, 1], got {rate!r}')
         if cfg.get('decay_type', 'layer_wise') != 'layer_wise':
-            raise ValueError("paramwise_cfg.decay_type: only 'layer_wise' is supported, got "
-                             f"{cfg['decay_type']!r}")
+            raise ValueError(
+                "paramwise_cfg.decay_type: only 'layer_wise' is supported, got "
+                f'{cfg["decay_type"]!r}'
+            )
         layers = cfg.get('num_layers')
         if layers is not None and (not isinstance(layers, int) or layers < 1):
             raise ValueError(f'paramwise_cfg.num_layers must be a positive int, got {layers!r}')
@@ -177,8 +196,10 @@ class LookHereLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
         if num_layers is None:
             num_layers = backbone.num_layers
         elif num_layers != backbone.num_layers:
-            raise ValueError(f'paramwise_cfg.num_layers={num_layers} but the LookHereViT '
-                             f'backbone has {backbone.num_layers} blocks')
+            raise ValueError(
+                f'paramwise_cfg.num_layers={num_layers} but the LookHereViT '
+                f'backbone has {backbone.num_layers} blocks'
+            )
         rate = float(self.paramwise_cfg['decay_rate'])
         bias_decay = bool(self.paramwise_cfg.get('bias_decay', False))
 
@@ -190,16 +211,22 @@ class LookHereLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
                     continue
                 seen.add(id(param))
                 full = f'{mod_name}.{p_name}' if mod_name else p_name
-                rel = full[len(prefix):] if full.startswith(prefix) else None
+                rel = full[len(prefix) :] if full.startswith(prefix) else None
                 layer = backbone_layer_id(rel, num_layers)
                 no_decay = is_no_decay(p_name, param, mod, bias_decay) or (
-                    rel is not None and is_slope_parameter(rel))
+                    rel is not None and is_slope_parameter(rel)
+                )
                 key = (layer, no_decay)
                 if key not in groups:
                     scale = rate ** (num_layers + 1 - layer)
-                    group = dict(params=[], param_names=[], lr=self.base_lr * scale,
-                                 lr_scale=scale, layer_id=layer,
-                                 group_name=f'layer_{layer}_{"no_decay" if no_decay else "decay"}')
+                    group = dict(
+                        params=[],
+                        param_names=[],
+                        lr=self.base_lr * scale,
+                        lr_scale=scale,
+                        layer_id=layer,
+                        group_name=f'layer_{layer}_{"no_decay" if no_decay else "decay"}',
+                    )
                     if no_decay:
                         group['weight_decay'] = 0.0
                     elif self.base_wd is not None:
@@ -210,11 +237,15 @@ class LookHereLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
 
         ordered = [groups[k] for k in sorted(groups, key=lambda k: (-k[0], k[1]))]
         params.extend(ordered)
-        lines = [f'{g["group_name"]}: {len(g["params"])} tensors, lr_scale='
-                 f'{g["lr_scale"]:.4g}, weight_decay={g.get("weight_decay", "default")}'
-                 for g in ordered]
-        print_log(f'LookHere layer decay (rate {rate}, {num_layers} blocks):\n  '
-                  + '\n  '.join(lines), logger='current')
+        lines = [
+            f'{g["group_name"]}: {len(g["params"])} tensors, lr_scale='
+            f'{g["lr_scale"]:.4g}, weight_decay={g.get("weight_decay", "default")}'
+            for g in ordered
+        ]
+        print_log(
+            f'LookHere layer decay (rate {rate}, {num_layers} blocks):\n  ' + '\n  '.join(lines),
+            logger='current',
+        )
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module(name='LayerDecayOptimizerConstructor', force=True)
@@ -233,11 +264,15 @@ class ViTDetLayerDecayOptimizerConstructor(LookHereLayerDecayOptimizerConstructo
         try:
             find_lookhere_backbone(module)
         except ValueError as err:
-            raise ValueError(f'{err}. constructor=\'LayerDecayOptimizerConstructor\' resolved '
-                             "to lookhere-dense's layer decay for LookHereViT because mmdet's "
-                             'projects/ViTDet is not imported; for its ViT add '
-                             "custom_imports=dict(imports=['projects.ViTDet.vitdet'])") from None
-        print_log("constructor='LayerDecayOptimizerConstructor': lookhere-dense's "
-                  'LookHereLayerDecayOptimizerConstructor (mmdet projects/ViTDet not imported)',
-                  logger='current')
+            raise ValueError(
+                f"{err}. constructor='LayerDecayOptimizerConstructor' resolved "
+                "to lookhere-dense's layer decay for LookHereViT because mmdet's "
+                'projects/ViTDet is not imported; for its ViT add '
+                "custom_imports=dict(imports=['projects.ViTDet.vitdet'])"
+            ) from None
+        print_log(
+            "constructor='LayerDecayOptimizerConstructor': lookhere-dense's "
+            'LookHereLayerDecayOptimizerConstructor (mmdet projects/ViTDet not imported)',
+            logger='current',
+        )
         super().add_params(params, module, **kwargs)

@@ -10,6 +10,7 @@ run them too.
 A config's own ``runner_type`` is respected instead (then the terminal filter is added
 after the Runner is built).
 """
+
 from __future__ import annotations
 
 from mmengine.runner import Runner

@@ -13,6 +13,7 @@ the configured one) and writes ``{work_dir}/lookhere_slopes.json``. Models witho
 slopes are skipped with one warning. The learned values are also in every checkpoint;
 ``tools/plot_heads.py --checkpoint CKPT`` draws them.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,13 @@ def slope_scalars(prefix: str, values: Dict[str, Any]) -> Dict[str, float]:
     out = {f'{prefix}/global': float(values['global'])}
     out.update({f'{prefix}/layer_{l}': float(v) for l, v in enumerate(values['layer'])})
     eff = values['effective']
-    out.update({f'{prefix}/l{l}_h{h}': float(eff[l, h])
-                for l in range(eff.shape[0]) for h in range(eff.shape[1])})
+    out.update(
+        {
+            f'{prefix}/l{l}_h{h}': float(eff[l, h])
+            for l in range(eff.shape[0])
+            for h in range(eff.shape[1])
+        }
+    )
     return out
 
 
@@ -61,11 +67,14 @@ class LookHereSlopeLoggerHook(Hook):
 
     priority = 'BELOW_NORMAL'
 
-    def __init__(self, interval: Optional[int] = None,
-                 out_file: Optional[str] = 'lookhere_slopes.json'):
+    def __init__(
+        self, interval: Optional[int] = None, out_file: Optional[str] = 'lookhere_slopes.json'
+    ):
         if interval is not None and (not isinstance(interval, int) or interval < 1):
-            raise ValueError(f'LookHereSlopeLoggerHook: interval must be a positive int or '
-                             f'None, got {interval!r}')
+            raise ValueError(
+                f'LookHereSlopeLoggerHook: interval must be a positive int or '
+                f'None, got {interval!r}'
+            )
         self.interval = interval
         self.out_file = out_file
         self._slopes: List[Tuple[str, LookHereSlopes]] = []
@@ -73,33 +82,36 @@ class LookHereSlopeLoggerHook(Hook):
     def before_train(self, runner) -> None:
         self._slopes = learnable_slopes_of(runner.model)
         if not self._slopes:
-            print_log('LookHereSlopeLoggerHook: the model has no learnable LookHere slopes '
-                      "(lh_config learnable_slopes=True); nothing to log", logger='current',
-                      level=30)
+            print_log(
+                'LookHereSlopeLoggerHook: the model has no learnable LookHere slopes '
+                '(lh_config learnable_slopes=True); nothing to log',
+                logger='current',
+                level=30,
+            )
             return
         if self.interval is None:
             loggers = [h for h in runner.hooks if type(h).__name__ == 'LoggerHook']
             self.interval = getattr(loggers[0], 'interval', 50) if loggers else 50
         self._report(runner, 'initial', runner.iter, table=True)
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
-                         outputs=None) -> None:
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         if self._slopes and self.every_n_train_iters(runner, self.interval):
             self._report(runner, f'iter {runner.iter + 1}', runner.iter + 1, table=False)
 
     def after_val_epoch(self, runner, metrics=None) -> None:
         if self._slopes:  # set by before_train: validation during training
-            self._report(runner, f'validation at iter {runner.iter}', runner.iter,
-                         table=True, write=True)
+            self._report(
+                runner, f'validation at iter {runner.iter}', runner.iter, table=True, write=True
+            )
 
     def after_train(self, runner) -> None:
         if self._slopes:
-            self._report(runner, f'end of training, iter {runner.iter}', runner.iter,
-                         table=True, write=True)
+            self._report(
+                runner, f'end of training, iter {runner.iter}', runner.iter, table=True, write=True
+            )
 
     # -- reporting ---------------------------------------------------------------------
-    def _report(self, runner, when: str, step: int, table: bool, write: bool = False
-                ) -> None:
+    def _report(self, runner, when: str, step: int, table: bool, write: bool = False) -> None:
         records = {}
         scalars = {}
         for name, slopes in self._slopes:
@@ -114,10 +126,14 @@ class LookHereSlopeLoggerHook(Hook):
             else:
                 layers = ' '.join(f'{float(v):.4g}' for v in values['layer'])
                 eff = values['effective']
-                text = (f'global {float(values["global"]):.4g} | layer {layers} | effective '
-                        f'{float(eff.min()):.3g}..{float(eff.max()):.3g}')
-            print_log(f'LookHere slopes, {when} ({where}): ' + ('\n' if table else '')
-                      + text, logger='current')
+                text = (
+                    f'global {float(values["global"]):.4g} | layer {layers} | effective '
+                    f'{float(eff.min()):.3g}..{float(eff.max()):.3g}'
+                )
+            print_log(
+                f'LookHere slopes, {when} ({where}): ' + ('\n' if table else '') + text,
+                logger='current',
+            )
         runner.visualizer.add_scalars(scalars, step=step)
         if write and self.out_file:
             path = osp.join(runner.work_dir, self.out_file)

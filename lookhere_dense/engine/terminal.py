@@ -16,6 +16,7 @@ checkpoints, and warnings that are theirs to fix.
   current run's logger, so they land in the log file too; the known library noise only
   there.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,15 +25,21 @@ import re
 import warnings
 from typing import Iterator, Optional, Pattern, Sequence
 
-__all__ = ['TerminalFilter', 'attach_terminal_filter', 'terminal_filter_of',
-           'warnings_to_run_log', 'FILE_ONLY', 'CLASS_TABLE']
+__all__ = [
+    'TerminalFilter',
+    'attach_terminal_filter',
+    'terminal_filter_of',
+    'warnings_to_run_log',
+    'FILE_ONLY',
+    'CLASS_TABLE',
+]
 
 #: Messages (regular expressions, matched at the start of the message) that go to the log
 #: file only: mmengine's run header, and warnings of the libraries that are not the user's
 #: to act on.
 FILE_ONLY: Sequence[str] = (
-    r'\n-+\nSystem environment:',                     # environment block
-    r'Config:\n',                                      # the whole config
+    r'\n-+\nSystem environment:',  # environment block
+    r'Config:\n',  # the whole config
     r'Hooks will be executed in the following order',  # hook table
     r'Distributed training is not used, all SyncBatchNorm',
     r'The prefix is not set in metric class',
@@ -78,14 +85,16 @@ class TerminalFilter(logging.Filter):
         return self.class_table or not self._table.match(msg)
 
 
-def attach_terminal_filter(logger: logging.Logger,
-                           terminal_filter: Optional[TerminalFilter] = None) -> TerminalFilter:
+def attach_terminal_filter(
+    logger: logging.Logger, terminal_filter: Optional[TerminalFilter] = None
+) -> TerminalFilter:
     """Add ``terminal_filter`` (default: a new :class:`TerminalFilter`) to every handler of
     ``logger`` that writes to a terminal stream (not to a file)."""
     terminal_filter = terminal_filter or TerminalFilter()
     for handler in logger.handlers:
-        if isinstance(handler, logging.StreamHandler) and \
-                not isinstance(handler, logging.FileHandler):
+        if isinstance(handler, logging.StreamHandler) and not isinstance(
+            handler, logging.FileHandler
+        ):
             handler.addFilter(terminal_filter)
     return terminal_filter
 
@@ -113,8 +122,10 @@ def warnings_to_run_log(patterns: Sequence[str] = FILE_ONLY) -> Iterator[None]:
     def show(message, category, filename, lineno, file=None, line=None):
         text = str(message)
         logger = MMLogger.get_current_instance()
-        logger.warning(f'{category.__name__}: {text} ({filename}:{lineno})',
-                       extra=dict(file_only=bool(noise.match(text))))
+        logger.warning(
+            f'{category.__name__}: {text} ({filename}:{lineno})',
+            extra=dict(file_only=bool(noise.match(text))),
+        )
 
     warnings.showwarning = show
     try:

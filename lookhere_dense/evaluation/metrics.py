@@ -1,5 +1,6 @@
 """Segmentation metrics (registered in mmseg's ``METRICS`` by
 :func:`lookhere_dense.register_all_modules`)."""
+
 from __future__ import annotations
 
 from typing import Dict, Optional

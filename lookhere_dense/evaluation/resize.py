@@ -16,13 +16,22 @@ A transform is a ``Resize`` when its ``type`` -- a registry name, possibly scope
 ``RandomResize`` and other transforms are left alone. Every function returns a new list and
 never changes the pipeline it is given.
 """
+
 from __future__ import annotations
 
 import copy
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ['transform_name', 'is_resize', 'find_resize', 'scale_resizes', 'short_side_resize',
-           'long_side_resize', 'exact_resize', 'replace_resize']
+__all__ = [
+    'transform_name',
+    'is_resize',
+    'find_resize',
+    'scale_resizes',
+    'short_side_resize',
+    'long_side_resize',
+    'exact_resize',
+    'replace_resize',
+]
 
 #: the ``scale`` width of a short-side resize: large enough never to be the limiting side
 LONG_SIDE_UNLIMITED = 1 << 20
@@ -55,13 +64,16 @@ def _copy(pipeline: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
 def _times(value: Any, factor: float, integer: bool) -> Any:
     """``value`` (a number or a sequence of numbers) times ``factor``; rounded to ints
     with ``integer``; sequences come back as tuples."""
+
     def one(v):
         return int(round(v * factor)) if integer else v * factor
+
     return tuple(one(v) for v in value) if isinstance(value, (list, tuple)) else one(value)
 
 
-def scale_resizes(pipeline: Sequence[Dict[str, Any]],
-                  factor: float) -> Tuple[List[Dict[str, Any]], int]:
+def scale_resizes(
+    pipeline: Sequence[Dict[str, Any]], factor: float
+) -> Tuple[List[Dict[str, Any]], int]:
     """Multiply every ``Resize`` of ``pipeline`` by ``factor``.
 
     A ``Resize`` with a ``scale`` gets ``round(scale * factor)`` (each side); one with only
@@ -108,8 +120,9 @@ def exact_resize(size: Tuple[int, int]) -> Dict[str, Any]:
     return dict(type='Resize', scale=(int(w), int(h)), keep_ratio=False)
 
 
-def replace_resize(pipeline: Sequence[Dict[str, Any]],
-                   resize: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def replace_resize(
+    pipeline: Sequence[Dict[str, Any]], resize: Optional[Dict[str, Any]]
+) -> List[Dict[str, Any]]:
     """``pipeline`` with its first ``Resize`` replaced by ``resize``; without a ``Resize``,
     ``resize`` goes right after ``LoadImageFromFile`` (else after the first transform, the
     loader). ``resize=None`` removes the first ``Resize`` (images keep their own size)."""
@@ -122,7 +135,6 @@ def replace_resize(pipeline: Sequence[Dict[str, Any]],
     if idx is not None:
         out[idx] = dict(resize)
     else:
-        load = next((i for i, t in enumerate(out)
-                     if transform_name(t) == 'LoadImageFromFile'), 0)
+        load = next((i for i, t in enumerate(out) if transform_name(t) == 'LoadImageFromFile'), 0)
         out.insert(load + 1, dict(resize))
     return out

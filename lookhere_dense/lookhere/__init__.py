@@ -23,13 +23,12 @@ The LookHere math:
   caches;
 * :mod:`.windows` -- ViTDet window partitioning; :mod:`.cache` -- the bounded cache.
 """
+
 from .attention import BACKENDS, reference_attention, sdpa_attention
-from .bias import (GridBias, build_grid_bias, lookhere_bias,
-                   relative_bias_table)
+from .bias import GridBias, build_grid_bias, lookhere_bias, relative_bias_table
 from .cache import BoundedCache
 from .chunked import chunked_attention
-from .config import (PRESETS, LookHereConfig, head_layout, layer_slopes,
-                     resolve_lh_config)
+from .config import PRESETS, LookHereConfig, head_layout, layer_slopes, resolve_lh_config
 from .directions import DIRECTION_TYPES, PRIMITIVES
 from .engine import LookHereAttentionEngine
 from .flex import flex_attention_lookhere
@@ -39,10 +38,27 @@ from .vit import LookHereVisionTransformer, create_model
 from .weights import save_backbone_checkpoint
 
 __all__ = [
-    'create_model', 'LookHereVisionTransformer', 'load_model_weights',
-    'save_backbone_checkpoint', 'BACKENDS', 'LookHereAttentionEngine', 'chunked_attention',
-    'flex_attention_lookhere', 'reference_attention', 'sdpa_attention', 'PRESETS', 'GridBias',
-    'LookHereConfig', 'build_grid_bias', 'head_layout', 'layer_slopes', 'lookhere_bias',
-    'relative_bias_table', 'resolve_lh_config', 'BoundedCache', 'DIRECTION_TYPES',
-    'PRIMITIVES', 'LookHereSlopes',
+    'create_model',
+    'LookHereVisionTransformer',
+    'load_model_weights',
+    'save_backbone_checkpoint',
+    'BACKENDS',
+    'LookHereAttentionEngine',
+    'chunked_attention',
+    'flex_attention_lookhere',
+    'reference_attention',
+    'sdpa_attention',
+    'PRESETS',
+    'GridBias',
+    'LookHereConfig',
+    'build_grid_bias',
+    'head_layout',
+    'layer_slopes',
+    'lookhere_bias',
+    'relative_bias_table',
+    'resolve_lh_config',
+    'BoundedCache',
+    'DIRECTION_TYPES',
+    'PRIMITIVES',
+    'LookHereSlopes',
 ]

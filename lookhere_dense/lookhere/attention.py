@@ -31,6 +31,7 @@ unfused "math" kernel (2-8x slower on CPU, and it materialises the attention mat
 :class:`~.engine.LookHereAttentionEngine` (:mod:`.engine`) chooses a backend per call and
 owns the caches.
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,8 +49,9 @@ def _as_4d(mask: Tensor) -> Tensor:
     return mask.unsqueeze(0) if mask.dim() == 3 else mask
 
 
-def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
-                        dropout_p: float = 0.0) -> Tensor:
+def reference_attention(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor, dropout_p: float = 0.0
+) -> Tensor:
     """Plain softmax attention with an additive bias; the ground truth for tests.
 
     Computed in float32 (float64 for float64 inputs) whatever the inputs' dtype, and
@@ -73,8 +75,9 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
     return (attn @ v.to(work)).to(q.dtype)
 
 
-def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
-                   dropout_p: float = 0.0) -> Tensor:
+def sdpa_attention(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor, dropout_p: float = 0.0
+) -> Tensor:
     """``F.scaled_dot_product_attention`` with the bias as a 4-D float ``attn_mask``.
 
     Args:
@@ -84,5 +87,6 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor,
     Returns:
         ``(B, heads, T, d)``.
     """
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=_as_4d(bias).to(q.dtype),
-                                          dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=_as_4d(bias).to(q.dtype), dropout_p=dropout_p
+    )

@@ -34,6 +34,7 @@ slopes for the fixed tables, at the current parameter values for learnable slope
 
 Which bias (the config, presets, head layouts) is :mod:`.config`. Torch alone.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,10 +49,21 @@ from .config import LookHereConfig, head_layout, layer_slopes
 from .directions import head_blocked, relative_offsets
 
 __all__ = [
-    'relative_bias_table', 'key_bias_table', 'GridBias', 'build_grid_bias',
-    'lookhere_bias', 'pair_index', 'offset_index', 'query_windows', 'gather_rows',
-    'gather_block', 'DistanceTable', 'distance_table', 'bias_from_distances',
+    'relative_bias_table',
+    'key_bias_table',
+    'GridBias',
+    'build_grid_bias',
+    'lookhere_bias',
+    'pair_index',
+    'offset_index',
+    'query_windows',
+    'gather_rows',
+    'gather_block',
+    'DistanceTable',
+    'distance_table',
+    'bias_from_distances',
 ]
+
 
 # ----------------------------------------------------------------------------------------
 # Tables
@@ -88,8 +100,9 @@ class DistanceTable:
     head_slopes: Tensor
 
 
-def distance_table(config: LookHereConfig, direction_string: str, num_heads: int,
-                   grid_size: Tuple[int, int]) -> DistanceTable:
+def distance_table(
+    config: LookHereConfig, direction_string: str, num_heads: int, grid_size: Tuple[int, int]
+) -> DistanceTable:
     """The slope-free distances and fields of view of ``direction_string`` (float64).
 
     Uses ``config.distance`` and ``config.fill_with``; the slopes of ``config`` are not
@@ -105,8 +118,9 @@ def distance_table(config: LookHereConfig, direction_string: str, num_heads: int
     visible = torch.ones(rel.shape, dtype=torch.bool)
     key = torch.zeros(num_heads, height, width, dtype=torch.float64)
     ky, kx = torch.meshgrid(torch.arange(height), torch.arange(width), indexing='ij')
-    center_dist = torch.sqrt((kx - (width - 1) / 2).double() ** 2 +
-                             (ky - (height - 1) / 2).double() ** 2)
+    center_dist = torch.sqrt(
+        (kx - (width - 1) / 2).double() ** 2 + (ky - (height - 1) / 2).double() ** 2
+    )
     for h, spec in enumerate(specs):  # per head: at most 16 iterations, each vectorised
         if 'zero' in spec:
             rel[h] = 0.0
@@ -125,8 +139,13 @@ def distance_table(config: LookHereConfig, direction_string: str, num_heads: int
     return DistanceTable(rel, visible, key if has_center else None, head_slopes)
 
 
-def bias_from_distances(distance: Tensor, head_slopes: Tensor, scale: Union[float, Tensor],
-                        rounding: str, visible: Optional[Tensor] = None) -> Tensor:
+def bias_from_distances(
+    distance: Tensor,
+    head_slopes: Tensor,
+    scale: Union[float, Tensor],
+    rounding: str,
+    visible: Optional[Tensor] = None,
+) -> Tensor:
     """THE formula of the bias: ``-(scale * (head_slope * d))``, ``-inf`` where not visible.
 
     Fixed slopes (:func:`relative_bias_table`) and learnable ones
@@ -158,23 +177,24 @@ def bias_from_distances(distance: Tensor, head_slopes: Tensor, scale: Union[floa
 _BIAS_MAX = 1e30
 
 
-def _check_range(bias: Tensor, table: DistanceTable, scale: float, key: bool = False
-                 ) -> Tensor:
+def _check_range(bias: Tensor, table: DistanceTable, scale: float, key: bool = False) -> Tensor:
     """``bias`` itself, when its finite entries stay below :data:`_BIAS_MAX`."""
     values = bias if key else bias[table.visible]
-    if values.numel() and not (torch.isfinite(values).all()
-                               and values.abs().max() <= _BIAS_MAX):
+    if values.numel() and not (torch.isfinite(values).all() and values.abs().max() <= _BIAS_MAX):
         base = table.key if key else table.distance
         largest = (table.head_slopes.view(-1, 1, 1) * base).max().item()
-        raise ValueError(f'LookHere slopes too large: global_slope * layer slope = {scale:g} '
-                         f'times distances up to {largest:g} exceeds '
-                         f'{_BIAS_MAX:g} (float32 / bfloat16 would turn it into -inf, i.e. '
-                         'block the key); use smaller slopes')
+        raise ValueError(
+            f'LookHere slopes too large: global_slope * layer slope = {scale:g} '
+            f'times distances up to {largest:g} exceeds '
+            f'{_BIAS_MAX:g} (float32 / bfloat16 would turn it into -inf, i.e. '
+            'block the key); use smaller slopes'
+        )
     return bias
 
 
-def relative_bias_table(config: LookHereConfig, grid_size: Tuple[int, int], depth: int,
-                        num_heads: int) -> Tensor:
+def relative_bias_table(
+    config: LookHereConfig, grid_size: Tuple[int, int], depth: int, num_heads: int
+) -> Tensor:
     """The relative-offset bias table of every layer, at the config's slopes.
 
     Args:
@@ -190,34 +210,51 @@ def relative_bias_table(config: LookHereConfig, grid_size: Tuple[int, int], dept
     height, width = _check_grid(grid_size)
     config.validate(num_heads, depth)
     slopes = layer_slopes(config, depth)
-    base = {s: distance_table(config, s, num_heads, (height, width))
-            for s in config.direction_strings}
+    base = {
+        s: distance_table(config, s, num_heads, (height, width)) for s in config.direction_strings
+    }
     out = []
     for l in range(depth):
         table, scale = base[config.layer_direction(l)], config.global_slope * slopes[l]
-        out.append(_check_range(bias_from_distances(
-            table.distance, table.head_slopes, scale, config.bias_rounding, table.visible),
-            table, scale))
+        out.append(
+            _check_range(
+                bias_from_distances(
+                    table.distance, table.head_slopes, scale, config.bias_rounding, table.visible
+                ),
+                table,
+                scale,
+            )
+        )
     return torch.stack(out)
 
 
-def key_bias_table(config: LookHereConfig, grid_size: Tuple[int, int], depth: int,
-                   num_heads: int) -> Optional[Tensor]:
+def key_bias_table(
+    config: LookHereConfig, grid_size: Tuple[int, int], depth: int, num_heads: int
+) -> Optional[Tensor]:
     """The per-key term of ``center`` heads, ``(depth, heads, H, W)`` float64, or None."""
     if not any('center' in s.split('-') for s in config.direction_strings):
         return None
     height, width = _check_grid(grid_size)
     slopes = layer_slopes(config, depth)
-    base = {s: distance_table(config, s, num_heads, (height, width))
-            for s in config.direction_strings}
+    base = {
+        s: distance_table(config, s, num_heads, (height, width)) for s in config.direction_strings
+    }
     out = []
     for l in range(depth):
         table, scale = base[config.layer_direction(l)], config.global_slope * slopes[l]
-        key = table.key if table.key is not None else torch.zeros(
-            num_heads, height, width, dtype=torch.float64)
-        out.append(_check_range(bias_from_distances(key, table.head_slopes, scale,
-                                                    config.bias_rounding), table, scale,
-                                key=True))
+        key = (
+            table.key
+            if table.key is not None
+            else torch.zeros(num_heads, height, width, dtype=torch.float64)
+        )
+        out.append(
+            _check_range(
+                bias_from_distances(key, table.head_slopes, scale, config.bias_rounding),
+                table,
+                scale,
+                key=True,
+            )
+        )
     return torch.stack(out) + 0.0  # turn -0.0 into 0.0
 
 
@@ -248,8 +285,9 @@ def pair_index(grid_size: Tuple[int, int], query: Tensor, key: Tensor) -> Tensor
         int64 (the inputs' integer dtype), the broadcast shape of ``query`` and ``key``.
     """
     height, width = grid_size
-    return ((key // width - query // width + height - 1) * (2 * width - 1)
-            + (key % width - query % width + width - 1))
+    return (key // width - query // width + height - 1) * (2 * width - 1) + (
+        key % width - query % width + width - 1
+    )
 
 
 def offset_index(grid_size: Tuple[int, int], query: Tensor, key: Tensor) -> Tensor:
@@ -289,9 +327,16 @@ def query_windows(table: Tensor, grid_size: Tuple[int, int]) -> Tensor:
     return table.unfold(-2, height, 1).unfold(-2, width, 1)
 
 
-def gather_rows(table: Tensor, grid_size: Tuple[int, int], start: int, stop: int,
-                cls_token: bool = False, key_term: Optional[Tensor] = None,
-                cls_value: Union[float, bool] = 0, out: Optional[Tensor] = None) -> Tensor:
+def gather_rows(
+    table: Tensor,
+    grid_size: Tuple[int, int],
+    start: int,
+    stop: int,
+    cls_token: bool = False,
+    key_term: Optional[Tensor] = None,
+    cls_value: Union[float, bool] = 0,
+    out: Optional[Tensor] = None,
+) -> Tensor:
     """Rows ``start:stop`` of the token-pair matrix of one layer's relative table.
 
     One gather with a ``(Q,)`` index from :func:`query_windows` (no ``(Q, N)`` index
@@ -322,21 +367,37 @@ def gather_rows(table: Tensor, grid_size: Tuple[int, int], start: int, stop: int
     if out is None:
         out = table.new_empty(shape)
     elif tuple(out.shape) != shape or out.dtype != table.dtype:
-        raise ValueError(f'out must be {shape} {table.dtype}, got {tuple(out.shape)} '
-                         f'{out.dtype}')
-    first = max(start - off, 0)                 # first patch query
+        raise ValueError(f'out must be {shape} {table.dtype}, got {tuple(out.shape)} {out.dtype}')
+    first = max(start - off, 0)  # first patch query
     skip = int(cls_token and start == 0 < stop)  # 1 when the block holds the CLS row
     if skip:
         out[:, 0] = cls_value
-    gather_block(table, grid_size, first, max(stop - off, first), (0, height),
-                 'first' if cls_token else None, key_term, cls_value, out=out[:, skip:])
+    gather_block(
+        table,
+        grid_size,
+        first,
+        max(stop - off, first),
+        (0, height),
+        'first' if cls_token else None,
+        key_term,
+        cls_value,
+        out=out[:, skip:],
+    )
     return out
 
 
-def gather_block(table: Tensor, grid_size: Tuple[int, int], q_start: int, q_stop: int,
-                 key_rows: Tuple[int, int], cls_key: Optional[str] = None,
-                 key_term: Optional[Tensor] = None, cls_value: Union[float, bool] = 0,
-                 out: Optional[Tensor] = None, reverse_queries: bool = False) -> Tensor:
+def gather_block(
+    table: Tensor,
+    grid_size: Tuple[int, int],
+    q_start: int,
+    q_stop: int,
+    key_rows: Tuple[int, int],
+    cls_key: Optional[str] = None,
+    key_term: Optional[Tensor] = None,
+    cls_value: Union[float, bool] = 0,
+    out: Optional[Tensor] = None,
+    reverse_queries: bool = False,
+) -> Tensor:
     """Bias of patch queries ``q_start:q_stop`` against the patch keys of grid rows
     ``key_rows[0]:key_rows[1]``, plus an optional CLS key column.
 
@@ -376,12 +437,21 @@ def gather_block(table: Tensor, grid_size: Tuple[int, int], q_start: int, q_stop
     num_q = q_stop - q_start
     shape = (heads, num_q, (r1 - r0) * width + (cls_key is not None))
     if out is not None and (tuple(out.shape) != shape or out.dtype != table.dtype):
-        raise ValueError(f'out must be {shape} {table.dtype}, got {tuple(out.shape)} '
-                         f'{out.dtype}')
-    if torch.is_grad_enabled() and (table.requires_grad or (
-            key_term is not None and key_term.requires_grad)):  # learnable slopes
-        block = _gather_block_with_grad(table, grid_size, q_start, q_stop, key_rows, cls_key,
-                                        key_term, cls_value, reverse_queries)
+        raise ValueError(f'out must be {shape} {table.dtype}, got {tuple(out.shape)} {out.dtype}')
+    if torch.is_grad_enabled() and (
+        table.requires_grad or (key_term is not None and key_term.requires_grad)
+    ):  # learnable slopes
+        block = _gather_block_with_grad(
+            table,
+            grid_size,
+            q_start,
+            q_stop,
+            key_rows,
+            cls_key,
+            key_term,
+            cls_value,
+            reverse_queries,
+        )
         return block if out is None else out.copy_(block)
     if out is None:
         out = table.new_empty(shape)
@@ -396,22 +466,28 @@ def gather_block(table: Tensor, grid_size: Tuple[int, int], q_start: int, q_stop
         windows = query_windows(table, grid_size)[..., r0:r1, :]  # (heads, H, W, r1-r0, W)
         target = patch.view(heads, num_q, r1 - r0, width)
         if reverse_queries:
-            _copy_mirrored_rows(windows, height * width - q_stop, height * width - q_start,
-                                target)
+            _copy_mirrored_rows(windows, height * width - q_stop, height * width - q_start, target)
         else:
             q = torch.arange(q_start, q_stop, device=table.device)
             iy = (height - 1) - q.div(width, rounding_mode='floor')
             ix = (width - 1) - q.remainder(width)
             torch.ops.aten.index.Tensor_out(windows, [None, iy, ix], out=target)
         if key_term is not None:
-            patch += key_term[:, None, r0 * width:r1 * width]
+            patch += key_term[:, None, r0 * width : r1 * width]
     return out
 
 
-def _gather_block_with_grad(table: Tensor, grid_size: Tuple[int, int], q_start: int,
-                            q_stop: int, key_rows: Tuple[int, int], cls_key: Optional[str],
-                            key_term: Optional[Tensor], cls_value: Union[float, bool],
-                            reverse_queries: bool) -> Tensor:
+def _gather_block_with_grad(
+    table: Tensor,
+    grid_size: Tuple[int, int],
+    q_start: int,
+    q_stop: int,
+    key_rows: Tuple[int, int],
+    cls_key: Optional[str],
+    key_term: Optional[Tensor],
+    cls_value: Union[float, bool],
+    reverse_queries: bool,
+) -> Tensor:
     """:func:`gather_block` for autograd (learnable slopes): the same values, built out of
     place (``out=`` kernels have no autograd, and PyTorch refuses a later in-place add on a
     view written through another view) by one ``index_select`` of the flattened table at
@@ -426,7 +502,7 @@ def _gather_block_with_grad(table: Tensor, grid_size: Tuple[int, int], q_start: 
     keys = torch.arange(r0 * width, r1 * width, device=table.device)
     index = pair_index(grid_size, q[:, None], keys[None, :])  # (Q, K)
     flat = table.flatten(1)
-    term = None if key_term is None else key_term[:, r0 * width:r1 * width]
+    term = None if key_term is None else key_term[:, r0 * width : r1 * width]
     if cls_key is not None:  # one more table entry: the CLS column's value
         column = index.new_full((q.numel(), 1), flat.shape[1])
         index = torch.cat([column, index] if cls_key == 'first' else [index, column], dim=1)
@@ -453,12 +529,13 @@ def _copy_mirrored_rows(windows: Tensor, m_start: int, m_stop: int, target: Tens
         return
     i = 0
     if b0:  # tail of the first row
-        target[:, :width - b0].copy_(windows[:, a0, b0:])
+        target[:, : width - b0].copy_(windows[:, a0, b0:])
         i, a0 = width - b0, a0 + 1
     if a1 > a0:  # whole rows
         n = (a1 - a0) * width
-        target[:, i:i + n].view(target.shape[0], a1 - a0, width, *target.shape[2:]).copy_(
-            windows[:, a0:a1])
+        target[:, i : i + n].view(target.shape[0], a1 - a0, width, *target.shape[2:]).copy_(
+            windows[:, a0:a1]
+        )
         i += n
     if b1:  # head of the last row
         target[:, i:].copy_(windows[:, a1, :b1])
@@ -507,17 +584,28 @@ class GridBias:
         Returns:
             ``(heads, stop-start, T)`` with ``T = N (+1)``, in the table's dtype.
         """
-        return gather_rows(self.table[layer], self.grid_size, start, stop, cls_token,
-                           None if self.key_term is None else self.key_term[layer])
+        return gather_rows(
+            self.table[layer],
+            self.grid_size,
+            start,
+            stop,
+            cls_token,
+            None if self.key_term is None else self.key_term[layer],
+        )
 
     def dense(self, layer: int, cls_token: bool = False) -> Tensor:
         """The full ``(heads, T, T)`` bias of ``layer``."""
         return self.rows(layer, 0, self.num_patches + int(cls_token), cls_token)
 
 
-def build_grid_bias(config: LookHereConfig, grid_size: Tuple[int, int], depth: int,
-                    num_heads: int, device: Union[torch.device, str, None] = None,
-                    dtype: torch.dtype = torch.float32) -> GridBias:
+def build_grid_bias(
+    config: LookHereConfig,
+    grid_size: Tuple[int, int],
+    depth: int,
+    num_heads: int,
+    device: Union[torch.device, str, None] = None,
+    dtype: torch.dtype = torch.float32,
+) -> GridBias:
     """Tables for one grid, moved to ``device`` and cast to ``dtype``."""
     table = relative_bias_table(config, grid_size, depth, num_heads)
     key = key_bias_table(config, grid_size, depth, num_heads)
@@ -527,8 +615,13 @@ def build_grid_bias(config: LookHereConfig, grid_size: Tuple[int, int], depth: i
     return GridBias(tuple(grid_size), table, key)
 
 
-def lookhere_bias(config: LookHereConfig, grid_size: Tuple[int, int], depth: int,
-                  num_heads: int, dtype: torch.dtype = torch.float32) -> Tensor:
+def lookhere_bias(
+    config: LookHereConfig,
+    grid_size: Tuple[int, int],
+    depth: int,
+    num_heads: int,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
     """The full patch-to-patch bias, ``(depth, heads, H*W, H*W)``, without CLS.
 
     The counterpart of the official ``create_lh_bias_tensor`` (which returns the same
@@ -538,6 +631,12 @@ def lookhere_bias(config: LookHereConfig, grid_size: Tuple[int, int], depth: int
     n = gb.num_patches
     out = gb.table.new_empty(depth, num_heads, n, n)
     for layer in range(depth):
-        gather_rows(gb.table[layer], gb.grid_size, 0, n,
-                    key_term=None if gb.key_term is None else gb.key_term[layer], out=out[layer])
+        gather_rows(
+            gb.table[layer],
+            gb.grid_size,
+            0,
+            n,
+            key_term=None if gb.key_term is None else gb.key_term[layer],
+            out=out[layer],
+        )
     return out

@@ -8,6 +8,7 @@ lives on a module as a plain attribute, never as a buffer: nothing in it is part
 The cache is bounded by a number of entries and, optionally, by the bytes of the tensors
 its values hold (:func:`tensor_bytes`); the least recently used entries go first.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -89,7 +90,8 @@ class BoundedCache:
         self._data[key] = value
         self._bytes[key] = size
         while len(self._data) > self.maxsize or (
-                self.max_bytes is not None and self.nbytes > self.max_bytes):
+            self.max_bytes is not None and self.nbytes > self.max_bytes
+        ):
             old, _ = self._data.popitem(last=False)
             del self._bytes[old]
             self.evictions += 1
@@ -102,8 +104,13 @@ class BoundedCache:
 
     def stats(self) -> Dict[str, int]:
         """``{'size', 'hits', 'misses', 'evictions', 'bytes'}``."""
-        return dict(size=len(self), hits=self.hits, misses=self.misses,
-                    evictions=self.evictions, bytes=self.nbytes)
+        return dict(
+            size=len(self),
+            hits=self.hits,
+            misses=self.misses,
+            evictions=self.evictions,
+            bytes=self.nbytes,
+        )
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._data
@@ -116,5 +123,7 @@ class BoundedCache:
         return iter(list(self._data.keys()))
 
     def __repr__(self) -> str:
-        return (f'BoundedCache(maxsize={self.maxsize}, max_bytes={self.max_bytes}, '
-                f'size={len(self)}, hits={self.hits}, misses={self.misses})')
+        return (
+            f'BoundedCache(maxsize={self.maxsize}, max_bytes={self.max_bytes}, '
+            f'size={len(self)}, hits={self.hits}, misses={self.misses})'
+        )

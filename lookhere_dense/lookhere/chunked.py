@@ -5,6 +5,7 @@ Each block's bias rows are copied from the relative-offset table into one reused
 that only look up (down) attend only to the key rows above (below) the block
 (:func:`head_runs`); with autograd each block is recomputed in backward.
 """
+
 from __future__ import annotations
 
 import math
@@ -86,8 +87,9 @@ def auto_block_rows(q: Tensor, run_heads: int, grid_width: int) -> int:
     return whole if whole >= 64 else whole + grid_width
 
 
-def _key_span(lo: int, hi: int, height: int, width: int, off: int, qy0: int, qy1: int
-              ) -> Tuple[Tuple[int, int], Tuple[int, int], Optional[str]]:
+def _key_span(
+    lo: int, hi: int, height: int, width: int, off: int, qy0: int, qy1: int
+) -> Tuple[Tuple[int, int], Tuple[int, int], Optional[str]]:
     """What a run of heads sees from query rows ``qy0..qy1``.
 
     Keys live in the layout ``[CLS, patches, CLS]`` (the CLS key at both ends when
@@ -102,13 +104,20 @@ def _key_span(lo: int, hi: int, height: int, width: int, off: int, qy0: int, qy1
         r1 = min(height, qy1 + hi + 1)
         return (0, r1), (0, off + r1 * width), 'first' if off else None
     r0 = max(0, qy0 + lo)
-    return (r0, height), (off + r0 * width, off + height * width + off), \
-        'last' if off else None
+    return (r0, height), (off + r0 * width, off + height * width + off), 'last' if off else None
 
 
-def chunked_attention(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias, layer: int,
-                      cls_token: bool, block_size: Optional[int] = None,
-                      dropout_p: float = 0.0, recompute: Optional[bool] = None) -> Tensor:
+def chunked_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    grid_bias: GridBias,
+    layer: int,
+    cls_token: bool,
+    block_size: Optional[int] = None,
+    dropout_p: float = 0.0,
+    recompute: Optional[bool] = None,
+) -> Tensor:
     """Exact attention over blocks of ``block_size`` query rows, bias gathered per block.
 
     Each block's bias is copied from ``grid_bias``'s relative table when the block is
@@ -143,8 +152,8 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias, laye
     n = height * width
     off = int(cls_token)
     records = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad
-        for t in (q, k, v, grid_bias.table, grid_bias.key_term))  # + learnable slopes
+        t is not None and t.requires_grad for t in (q, k, v, grid_bias.table, grid_bias.key_term)
+    )  # + learnable slopes
     if recompute is None:
         recompute = records
     table = grid_bias.table[layer].to(q.dtype)
@@ -156,38 +165,66 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias, laye
     buffer = None if recompute else table.new_empty(widest * rows * (n + 2 * off))
     # without autograd, every block is written straight into the result
     result = None if records else q.new_empty(*q.shape[:-1], v.shape[-1])
-    if off and any(_key_span(lo, hi, height, width, off, 0, 0)[2] == 'last'
-                   for _, _, lo, hi in runs):
+    if off and any(
+        _key_span(lo, hi, height, width, off, 0, 0)[2] == 'last' for _, _, lo, hi in runs
+    ):
         k_ext, v_ext = (torch.cat([t, t[:, :, :off]], dim=2) for t in (k, v))  # [CLS, P, CLS]
     else:
         k_ext, v_ext = k, v
 
-    def block(h0: int, h1: int, s: int, e: int, key_rows: Tuple[int, int],
-              cls_key: Optional[str], q_blk: Tensor, k_blk: Tensor, v_blk: Tensor) -> Tensor:
+    def block(
+        h0: int,
+        h1: int,
+        s: int,
+        e: int,
+        key_rows: Tuple[int, int],
+        cls_key: Optional[str],
+        q_blk: Tensor,
+        k_blk: Tensor,
+        v_blk: Tensor,
+    ) -> Tensor:
         shape = (h1 - h0, e - s, k_blk.shape[-2])
-        out = None if buffer is None else buffer[:math.prod(shape)].view(shape)
-        bias = gather_block(table[h0:h1], (height, width), s, e, key_rows, cls_key,
-                            None if key_term is None else key_term[h0:h1], out=out,
-                            reverse_queries=True)
-        return F.scaled_dot_product_attention(q_blk.flip(2), k_blk, v_blk,
-                                              attn_mask=bias.unsqueeze(0),
-                                              dropout_p=dropout_p).flip(2)
+        out = None if buffer is None else buffer[: math.prod(shape)].view(shape)
+        bias = gather_block(
+            table[h0:h1],
+            (height, width),
+            s,
+            e,
+            key_rows,
+            cls_key,
+            None if key_term is None else key_term[h0:h1],
+            out=out,
+            reverse_queries=True,
+        )
+        return F.scaled_dot_product_attention(
+            q_blk.flip(2), k_blk, v_blk, attn_mask=bias.unsqueeze(0), dropout_p=dropout_p
+        ).flip(2)
 
     outs = []
     for h0, h1, lo, hi in runs:
         blocks = []
         for s in range(0, n, rows):
             e = min(n, s + rows)
-            key_rows, (k0, k1), cls_key = _key_span(lo, hi, height, width, off, s // width,
-                                                    (e - 1) // width)
-            args = (h0, h1, s, e, key_rows, cls_key, q[:, h0:h1, off + s:off + e],
-                    k_ext[:, h0:h1, k0:k1], v_ext[:, h0:h1, k0:k1])
+            key_rows, (k0, k1), cls_key = _key_span(
+                lo, hi, height, width, off, s // width, (e - 1) // width
+            )
+            args = (
+                h0,
+                h1,
+                s,
+                e,
+                key_rows,
+                cls_key,
+                q[:, h0:h1, off + s : off + e],
+                k_ext[:, h0:h1, k0:k1],
+                v_ext[:, h0:h1, k0:k1],
+            )
             if recompute:
                 blocks.append(checkpoint(block, *args, use_reentrant=False))
             elif result is None:
                 blocks.append(block(*args))
             else:
-                result[:, h0:h1, off + s:off + e] = block(*args)
+                result[:, h0:h1, off + s : off + e] = block(*args)
         if blocks:
             outs.append(blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2))
     if off:  # the CLS query: bias 0 to every key

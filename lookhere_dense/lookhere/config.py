@@ -4,6 +4,7 @@ string expands into per-head fields of view and slopes (the official head-layout
 A :class:`LookHereConfig` says *which* bias a model has; :mod:`.bias` computes it (the
 relative-offset tables); :mod:`.slopes` makes its slopes learnable. Torch alone.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -18,8 +19,15 @@ from ..validation import check_bool, is_number
 from .directions import NONE_LIKE_TYPES, HeadSpec, heads_of_type
 
 __all__ = [
-    'LookHereConfig', 'PRESETS', 'resolve_lh_config', 'head_layout', 'layer_slopes',
-    'DISTANCES', 'FILLS', 'BIAS_ROUNDINGS', 'OFFICIAL_KEYS',
+    'LookHereConfig',
+    'PRESETS',
+    'resolve_lh_config',
+    'head_layout',
+    'layer_slopes',
+    'DISTANCES',
+    'FILLS',
+    'BIAS_ROUNDINGS',
+    'OFFICIAL_KEYS',
 ]
 
 #: The keys of the official ``lh_config`` (``bias_rounding`` and ``learnable_slopes`` are
@@ -36,8 +44,10 @@ def _check_slope(name: str, value: Any, whole: Any = None) -> None:
     """A slope is a finite number >= 0 (0: the fields of view without distance penalty)."""
     if not (is_number(value) and math.isfinite(value) and value >= 0):
         shown = f'{value!r}' + (f' (layer_slopes={whole!r})' if whole is not None else '')
-        raise ValueError(f'LookHere {name} must be a finite number >= 0 (0 keeps the fields '
-                         f'of view and drops the distance penalty), got {shown}')
+        raise ValueError(
+            f'LookHere {name} must be a finite number >= 0 (0 keeps the fields '
+            f'of view and drops the distance penalty), got {shown}'
+        )
 
 
 @dataclass(frozen=True)
@@ -76,8 +86,10 @@ class LookHereConfig:
         hd = self.head_directions
         if isinstance(hd, (list, tuple)):
             if not hd or not all(isinstance(s, str) for s in hd):
-                raise ValueError('head_directions must be a string or a non-empty list of '
-                                 f'strings (one per layer), got {hd!r}')
+                raise ValueError(
+                    'head_directions must be a string or a non-empty list of '
+                    f'strings (one per layer), got {hd!r}'
+                )
             object.__setattr__(self, 'head_directions', tuple(hd))
         elif not isinstance(hd, str):
             raise ValueError(f'head_directions must be a string or a list of strings, got {hd!r}')
@@ -92,19 +104,26 @@ class LookHereConfig:
             _check_slope(f'layer_slopes {name} value', value, ls)
         object.__setattr__(self, 'layer_slopes', (float(ls[0]), float(ls[1])))
         object.__setattr__(self, 'global_slope', float(self.global_slope))
-        for name, allowed in (('distance', DISTANCES), ('fill_with', FILLS),
-                              ('bias_rounding', BIAS_ROUNDINGS)):
+        for name, allowed in (
+            ('distance', DISTANCES),
+            ('fill_with', FILLS),
+            ('bias_rounding', BIAS_ROUNDINGS),
+        ):
             if getattr(self, name) not in allowed:
-                raise ValueError(f'unknown LookHere {name} {getattr(self, name)!r}; '
-                                 f'allowed: {list(allowed)}')
+                raise ValueError(
+                    f'unknown LookHere {name} {getattr(self, name)!r}; allowed: {list(allowed)}'
+                )
         check_bool('LookHere learnable_slopes', self.learnable_slopes)
         if self.learnable_slopes:
-            zero = ([f'global_slope={self.global_slope!r}'] if self.global_slope == 0 else []) \
-                + ([f'layer_slopes={list(self.layer_slopes)}'] if 0 in self.layer_slopes else [])
+            zero = ([f'global_slope={self.global_slope!r}'] if self.global_slope == 0 else []) + (
+                [f'layer_slopes={list(self.layer_slopes)}'] if 0 in self.layer_slopes else []
+            )
             if zero:
-                raise ValueError('LookHere learnable_slopes=True needs slopes > 0 (each is '
-                                 'learned as the log of its ratio to the initial value, which '
-                                 f'0 has not), got {" and ".join(zero)}')
+                raise ValueError(
+                    'LookHere learnable_slopes=True needs slopes > 0 (each is '
+                    'learned as the log of its ratio to the initial value, which '
+                    f'0 has not), got {" and ".join(zero)}'
+                )
 
     @property
     def direction_strings(self) -> Tuple[str, ...]:
@@ -131,10 +150,14 @@ class LookHereConfig:
         ``learnable_slopes=True`` when set: fixed-slope configs write the same dict as
         before that key existed)."""
         hd = self.head_directions
-        out = dict(head_directions=list(hd) if isinstance(hd, tuple) else hd,
-                   global_slope=self.global_slope, layer_slopes=list(self.layer_slopes),
-                   distance=self.distance, fill_with=self.fill_with,
-                   bias_rounding=self.bias_rounding)
+        out = dict(
+            head_directions=list(hd) if isinstance(hd, tuple) else hd,
+            global_slope=self.global_slope,
+            layer_slopes=list(self.layer_slopes),
+            distance=self.distance,
+            fill_with=self.fill_with,
+            bias_rounding=self.bias_rounding,
+        )
         if self.learnable_slopes:
             out['learnable_slopes'] = True
         return out
@@ -143,15 +166,20 @@ class LookHereConfig:
         """Check that this config fits a ``depth``-layer model with ``num_heads`` heads."""
         hd = self.head_directions
         if isinstance(hd, tuple) and len(hd) != depth:
-            raise ValueError(f'head_directions lists {len(hd)} strings but the model has '
-                             f'{depth} layers; give one string per layer or a single string')
+            raise ValueError(
+                f'head_directions lists {len(hd)} strings but the model has '
+                f'{depth} layers; give one string per layer or a single string'
+            )
         for s in self.direction_strings:
             head_layout(s, num_heads)
 
     def differences(self, other: 'LookHereConfig') -> List[str]:
         """Human-readable ``key: mine != other`` lines where two configs differ."""
-        return [f'{f.name}: {getattr(self, f.name)!r} != {getattr(other, f.name)!r}'
-                for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+        return [
+            f'{f.name}: {getattr(self, f.name)!r} != {getattr(other, f.name)!r}'
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(other, f.name)
+        ]
 
 
 #: Named presets. With 12 heads each has 8 directed heads and 4 unrestricted ("none")
@@ -173,8 +201,10 @@ PRESETS: Dict[str, LookHereConfig] = {
 }
 
 
-def resolve_lh_config(lh_config: Union[None, str, Mapping[str, Any], LookHereConfig] = None,
-                      preset: Optional[str] = None) -> LookHereConfig:
+def resolve_lh_config(
+    lh_config: Union[None, str, Mapping[str, Any], LookHereConfig] = None,
+    preset: Optional[str] = None,
+) -> LookHereConfig:
     """One :class:`LookHereConfig` from a preset name and/or an ``lh_config``.
 
     ``lh_config`` may be a dict (official keys), a :class:`LookHereConfig`, or a preset
@@ -193,14 +223,19 @@ def resolve_lh_config(lh_config: Union[None, str, Mapping[str, Any], LookHereCon
     if lh_config is None:
         return base if base is not None else PRESETS['lh180']
     if isinstance(lh_config, LookHereConfig):
-        return lh_config if base is None else replace(base, **{
-            f.name: getattr(lh_config, f.name) for f in fields(lh_config)})
+        return (
+            lh_config
+            if base is None
+            else replace(base, **{f.name: getattr(lh_config, f.name) for f in fields(lh_config)})
+        )
     if isinstance(lh_config, Mapping):
         if base is None:
             return LookHereConfig.from_dict(lh_config)
         return LookHereConfig.from_dict({**base.to_dict(), **dict(lh_config)})
-    raise TypeError(f'lh_config must be a dict, a preset name or a LookHereConfig, '
-                    f'got {type(lh_config).__name__}')
+    raise TypeError(
+        f'lh_config must be a dict, a preset name or a LookHereConfig, '
+        f'got {type(lh_config).__name__}'
+    )
 
 
 # ----------------------------------------------------------------------------------------
@@ -218,11 +253,10 @@ def _none_slopes(n: int) -> List[float]:
 
 def _directed_slopes(n: int) -> List[float]:
     """Official slopes of ``n`` consecutive directed heads (``get_slopes``): 1/2 x4, 1/4 x4, ..."""
-    return [2.0 ** -i for i in range(1, math.ceil(n / 4) + 1) for _ in range(4)]
+    return [2.0**-i for i in range(1, math.ceil(n / 4) + 1) for _ in range(4)]
 
 
-def head_layout(direction_string: str, num_heads: int
-                ) -> Tuple[List[HeadSpec], Tensor, List[str]]:
+def head_layout(direction_string: str, num_heads: int) -> Tuple[List[HeadSpec], Tensor, List[str]]:
     """Expand a head string into per-head fields of view and slopes (official rules).
 
     ======  =========  ==========================================================
@@ -254,14 +288,22 @@ def head_layout(direction_string: str, num_heads: int
     n = len(types)
 
     def unsupported() -> ValueError:
-        allowed = '; '.join(f'{k} type(s): {v if isinstance(v, str) else list(v)} heads'
-                            for k, v in _LAYOUTS.items())
+        allowed = '; '.join(
+            f'{k} type(s): {v if isinstance(v, str) else list(v)} heads'
+            for k, v in _LAYOUTS.items()
+        )
         fits = _LAYOUTS.get(n)
-        hint = (f' (e.g. num_heads={fits[-2] if len(fits) > 1 else fits[0]}; a ViT-T with '
-                '3 heads fits no LookHere layout)' if isinstance(fits, tuple) else '')
-        return ValueError(f'LookHere head_directions {direction_string!r} ({n} direction '
-                          f'type(s)) does not fit num_heads={num_heads}{hint}; supported: '
-                          f'{allowed}')
+        hint = (
+            f' (e.g. num_heads={fits[-2] if len(fits) > 1 else fits[0]}; a ViT-T with '
+            '3 heads fits no LookHere layout)'
+            if isinstance(fits, tuple)
+            else ''
+        )
+        return ValueError(
+            f'LookHere head_directions {direction_string!r} ({n} direction '
+            f'type(s)) does not fit num_heads={num_heads}{hint}; supported: '
+            f'{allowed}'
+        )
 
     if num_heads == 6 and n == 2:
         names = [types[0]] * 4 + [types[1]] * 2
@@ -288,10 +330,12 @@ def head_layout(direction_string: str, num_heads: int
         count = len(list(run))
         slopes += _none_slopes(count) if name in NONE_LIKE_TYPES else _directed_slopes(count)
     if len(slopes) != num_heads:
-        raise ValueError(f'LookHere head_directions {direction_string!r} with num_heads='
-                         f'{num_heads}: the official slope rules give {len(slopes)} head slopes '
-                         f'for {num_heads} heads (consecutive groups {names}); use a layout '
-                         'whose groups are multiples of 4 heads (2 for the last group of 6)')
+        raise ValueError(
+            f'LookHere head_directions {direction_string!r} with num_heads='
+            f'{num_heads}: the official slope rules give {len(slopes)} head slopes '
+            f'for {num_heads} heads (consecutive groups {names}); use a layout '
+            'whose groups are multiples of 4 heads (2 for the last group of 6)'
+        )
     return list(specs), torch.tensor(slopes, dtype=torch.float64), names
 
 

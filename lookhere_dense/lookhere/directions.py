@@ -41,6 +41,7 @@ Vocabulary (the official code's names, GreenCUBIC/lookhere ``lookhere.py``):
 Every field of view contains ``(0, 0)``: a query always sees itself, so no attention row
 is ever fully blocked.
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Sequence, Tuple
@@ -49,8 +50,14 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    'PRIMITIVES', 'DIRECTION_TYPES', 'NONE_LIKE_TYPES', 'DIRECTED_TYPES',
-    'primitive_blocked', 'head_blocked', 'head_sees_everything', 'relative_offsets',
+    'PRIMITIVES',
+    'DIRECTION_TYPES',
+    'NONE_LIKE_TYPES',
+    'DIRECTED_TYPES',
+    'primitive_blocked',
+    'head_blocked',
+    'head_sees_everything',
+    'relative_offsets',
 ]
 
 HeadSpec = Tuple[str, ...]
@@ -66,23 +73,42 @@ DIRECTION_TYPES: Dict[str, Tuple[HeadSpec, HeadSpec, HeadSpec, HeadSpec]] = {
     'halves': (('up',), ('down',), ('left',), ('right',)),
     'corners': (('up', 'left'), ('up', 'right'), ('down', 'left'), ('down', 'right')),
     'triangles': (('tri_up',), ('tri_down',), ('tri_left',), ('tri_right',)),
-    'diagonals': (('diag_up_right',), ('diag_up_left',), ('diag_down_right',),
-                  ('diag_down_left',)),
-    'eighths1': (('tri_up', 'left'), ('tri_down', 'left'), ('tri_left', 'up'),
-                 ('tri_right', 'up')),
-    'eighths2': (('tri_up', 'right'), ('tri_down', 'right'), ('tri_left', 'down'),
-                 ('tri_right', 'down')),
+    'diagonals': (
+        ('diag_up_right',),
+        ('diag_up_left',),
+        ('diag_down_right',),
+        ('diag_down_left',),
+    ),
+    'eighths1': (
+        ('tri_up', 'left'),
+        ('tri_down', 'left'),
+        ('tri_left', 'up'),
+        ('tri_right', 'up'),
+    ),
+    'eighths2': (
+        ('tri_up', 'right'),
+        ('tri_down', 'right'),
+        ('tri_left', 'down'),
+        ('tri_right', 'down'),
+    ),
     'zerohalves': (('zero', 'up'), ('zero', 'down'), ('zero', 'left'), ('zero', 'right')),
-    'zerocorners': (('zero', 'up', 'left'), ('zero', 'up', 'right'),
-                    ('zero', 'down', 'left'), ('zero', 'down', 'right')),
-    'zerotriangles': (('zero', 'tri_up'), ('zero', 'tri_down'), ('zero', 'tri_left'),
-                      ('zero', 'tri_right')),
+    'zerocorners': (
+        ('zero', 'up', 'left'),
+        ('zero', 'up', 'right'),
+        ('zero', 'down', 'left'),
+        ('zero', 'down', 'right'),
+    ),
+    'zerotriangles': (
+        ('zero', 'tri_up'),
+        ('zero', 'tri_down'),
+        ('zero', 'tri_left'),
+        ('zero', 'tri_right'),
+    ),
 }
 
 #: Types whose heads get the "unrestricted" slope schedule (official: names containing
 #: ``zero``, ``center`` or ``none``); every other type gets the directed schedule.
-NONE_LIKE_TYPES = tuple(t for t in DIRECTION_TYPES
-                        if 'zero' in t or 'center' in t or 'none' in t)
+NONE_LIKE_TYPES = tuple(t for t in DIRECTION_TYPES if 'zero' in t or 'center' in t or 'none' in t)
 DIRECTED_TYPES = tuple(t for t in DIRECTION_TYPES if t not in NONE_LIKE_TYPES)
 
 _HALF_PLANES = ('up', 'down', 'left', 'right')
@@ -92,8 +118,9 @@ _DIAGONALS = ('diag_up_right', 'diag_up_left', 'diag_down_right', 'diag_down_lef
 PRIMITIVES = _HALF_PLANES + _CONES + _DIAGONALS + ('zero', 'center')
 
 
-def relative_offsets(height: int, width: int, device: torch.device | str | None = None
-                     ) -> Tuple[Tensor, Tensor]:
+def relative_offsets(
+    height: int, width: int, device: torch.device | str | None = None
+) -> Tuple[Tensor, Tensor]:
     """All offsets a ``height x width`` grid can produce.
 
     Returns:
@@ -165,5 +192,7 @@ def heads_of_type(direction_type: str) -> List[HeadSpec]:
     try:
         return list(DIRECTION_TYPES[direction_type])
     except KeyError:
-        raise ValueError(f'unknown LookHere direction type {direction_type!r}; allowed: '
-                         f'{sorted(DIRECTION_TYPES)}') from None
+        raise ValueError(
+            f'unknown LookHere direction type {direction_type!r}; allowed: '
+            f'{sorted(DIRECTION_TYPES)}'
+        ) from None

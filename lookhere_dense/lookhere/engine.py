@@ -18,6 +18,7 @@ dense and window biases, flex score functions) is bypassed, so a changed slope c
 next call, and gradients reach the slopes through every backend. The slope-free caches
 (distances, flex block masks and token orders, window padding masks) are used as before.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -27,15 +28,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..validation import check_int
 from .attention import BACKENDS, reference_attention, sdpa_attention
-from .bias import (DistanceTable, GridBias, bias_from_distances,
-                   build_grid_bias, distance_table)
-from .config import LookHereConfig
+from .bias import DistanceTable, GridBias, bias_from_distances, build_grid_bias, distance_table
 from .cache import BoundedCache
 from .chunked import chunked_attention
-from .flex import (flex_attention_lookhere, flex_available, flex_score_mod,
-                   flex_slope_grads_available, lookhere_block_mask,
-                   tile_order)
+from .config import LookHereConfig
+from .flex import (
+    flex_attention_lookhere,
+    flex_available,
+    flex_score_mod,
+    flex_slope_grads_available,
+    lookhere_block_mask,
+    tile_order,
+)
 from .slopes import LookHereSlopes
 from .windows import attend_in_windows, padded_grid, window_key_mask
 
@@ -64,27 +70,36 @@ class LookHereAttentionEngine:
             skip more tiles; False: the model's row-major order. Default: True.
     """
 
-    def __init__(self, config: LookHereConfig, depth: int, num_heads: int,
-                 backend: str = 'auto', block_size: Optional[int] = None,
-                 max_dense_mb: float = 1024, cache_size: int = 4,
-                 flex_compile: Optional[bool] = None, flex_tiles: bool = True):
+    def __init__(
+        self,
+        config: LookHereConfig,
+        depth: int,
+        num_heads: int,
+        backend: str = 'auto',
+        block_size: Optional[int] = None,
+        max_dense_mb: float = 1024,
+        cache_size: int = 4,
+        flex_compile: Optional[bool] = None,
+        flex_tiles: bool = True,
+    ):
         if backend not in BACKENDS:
-            raise ValueError(f'unknown LookHere attention backend {backend!r}; '
-                             f'allowed: {list(BACKENDS)}')
+            raise ValueError(
+                f'unknown LookHere attention backend {backend!r}; allowed: {list(BACKENDS)}'
+            )
         if block_size is not None and (not isinstance(block_size, int) or block_size < 0):
-            raise ValueError(f'block_size must be None or an int >= 0 (0: automatic), '
-                             f'got {block_size!r}')
+            raise ValueError(
+                f'block_size must be None or an int >= 0 (0: automatic), got {block_size!r}'
+            )
         if not max_dense_mb >= 0:  # also NaN
             raise ValueError(f'max_dense_mb must be >= 0, got {max_dense_mb}')
-        if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
-            raise ValueError(f'cache_size must be a positive int, got {cache_size!r}')
+        check_int('cache_size', cache_size)
         config.validate(num_heads, depth)
         self.config = config
         self.depth = depth
         self.num_heads = num_heads
         self.backend = backend
         self.block_size = block_size or None
-        self.max_dense_bytes = max_dense_mb * 2 ** 20
+        self.max_dense_bytes = max_dense_mb * 2**20
         self.flex_compile = flex_compile
         self.flex_tiles = flex_tiles
         #: relative tables per (grid, device, dtype)
@@ -105,8 +120,14 @@ class LookHereAttentionEngine:
         self._flex_failed = False
 
     def _caches(self) -> Dict[str, BoundedCache]:
-        return dict(tables=self.tables, dense=self.dense, block_masks=self.block_masks,
-                    score_mods=self.score_mods, orders=self.orders, distances=self.distances)
+        return dict(
+            tables=self.tables,
+            dense=self.dense,
+            block_masks=self.block_masks,
+            score_mods=self.score_mods,
+            orders=self.orders,
+            distances=self.distances,
+        )
 
     def reset(self, config: Optional[LookHereConfig] = None) -> None:
         """Drop all caches (and switch to ``config`` if given)."""
@@ -121,63 +142,102 @@ class LookHereAttentionEngine:
         return {name: cache.stats() for name, cache in self._caches().items()}
 
     # -- cached pieces -------------------------------------------------------------------
-    def grid_bias(self, grid_size: Tuple[int, int], device: torch.device,
-                  dtype: torch.dtype = torch.float32) -> GridBias:
+    def grid_bias(
+        self, grid_size: Tuple[int, int], device: torch.device, dtype: torch.dtype = torch.float32
+    ) -> GridBias:
         """Relative tables of every layer for ``grid_size`` on ``device`` in ``dtype``.
 
         Each dtype's tables are cast once from the float64 construction (bf16-rounded
         biases are exact in bfloat16 and float32).
         """
         key = (tuple(grid_size), str(device), dtype)
-        return self.tables.get_or_create(key, lambda: build_grid_bias(
-            self.config, tuple(grid_size), self.depth, self.num_heads, device=device,
-            dtype=dtype))
+        return self.tables.get_or_create(
+            key,
+            lambda: build_grid_bias(
+                self.config,
+                tuple(grid_size),
+                self.depth,
+                self.num_heads,
+                device=device,
+                dtype=dtype,
+            ),
+        )
 
-    def dense_bias(self, layer: int, grid_size: Tuple[int, int], cls_token: bool,
-                   device: torch.device, dtype: torch.dtype) -> Tensor:
+    def dense_bias(
+        self,
+        layer: int,
+        grid_size: Tuple[int, int],
+        cls_token: bool,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> Tensor:
         """The ``(heads, T, T)`` bias of ``layer`` in ``dtype``, built once per grid
         (unless it alone exceeds ``max_dense_mb``)."""
         key = (layer, tuple(grid_size), cls_token, str(device), dtype)
-        return self.dense.get_or_create(key, lambda: self.grid_bias(
-            grid_size, device, dtype).dense(layer, cls_token))
+        return self.dense.get_or_create(
+            key, lambda: self.grid_bias(grid_size, device, dtype).dense(layer, cls_token)
+        )
 
-    def window_bias(self, layer: int, window_size: int, cls_token: bool,
-                    device: torch.device, dtype: torch.dtype) -> Tensor:
+    def window_bias(
+        self,
+        layer: int,
+        window_size: int,
+        cls_token: bool,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> Tensor:
         """The ``(heads, T_w, T_w)`` bias of a ``window_size`` x ``window_size`` window
         (the dense bias of a window-sized grid, cached like one)."""
         ws = int(window_size)
         return self.dense_bias(layer, (ws, ws), cls_token, device, dtype)
 
-    def block_mask(self, layer: int, grid_size: Tuple[int, int], cls_token: bool,
-                   device: torch.device):
+    def block_mask(
+        self, layer: int, grid_size: Tuple[int, int], cls_token: bool, device: torch.device
+    ):
         """The flex ``BlockMask`` of ``layer``'s fields of view (shared by all layers with
         the same head string), or None when nothing is blocked."""
         direction = self.config.layer_direction(layer)
         key = (direction, tuple(grid_size), cls_token, str(device))
-        return self.block_masks.get_or_create(key, lambda: lookhere_block_mask(
-            self.grid_bias(grid_size, device), layer, cls_token,
-            order=self.flex_order(grid_size, cls_token, device)))
+        return self.block_masks.get_or_create(
+            key,
+            lambda: lookhere_block_mask(
+                self.grid_bias(grid_size, device),
+                layer,
+                cls_token,
+                order=self.flex_order(grid_size, cls_token, device),
+            ),
+        )
 
-    def score_mod(self, layer: int, grid_size: Tuple[int, int], cls_token: bool,
-                  device: torch.device) -> Callable:
+    def score_mod(
+        self, layer: int, grid_size: Tuple[int, int], cls_token: bool, device: torch.device
+    ) -> Callable:
         """The flex ``score_mod`` of ``layer`` (the same function object on every call)."""
         key = (layer, tuple(grid_size), cls_token, str(device))
-        return self.score_mods.get_or_create(key, lambda: flex_score_mod(
-            self.grid_bias(grid_size, device), layer, cls_token,
-            self.flex_order(grid_size, cls_token, device)))
+        return self.score_mods.get_or_create(
+            key,
+            lambda: flex_score_mod(
+                self.grid_bias(grid_size, device),
+                layer,
+                cls_token,
+                self.flex_order(grid_size, cls_token, device),
+            ),
+        )
 
-    def flex_order(self, grid_size: Tuple[int, int], cls_token: bool,
-                   device: torch.device) -> Optional[Tensor]:
+    def flex_order(
+        self, grid_size: Tuple[int, int], cls_token: bool, device: torch.device
+    ) -> Optional[Tensor]:
         """The token order flex runs in (:func:`~.flex.tile_order`), or None
         (``flex_tiles=False``)."""
         if not self.flex_tiles:
             return None
         key = (tuple(grid_size), cls_token, str(device))
-        return self.orders.get_or_create(key, lambda: tile_order(
-            tuple(grid_size), cls_token, device=device))
+        return self.orders.get_or_create(
+            key, lambda: tile_order(tuple(grid_size), cls_token, device=device)
+        )
 
-    def distance_tables(self, grid_size: Tuple[int, int], device: torch.device
-                        ) -> Dict[str, DistanceTable]:
+    def distance_tables(
+        self, grid_size: Tuple[int, int], device: torch.device
+    ) -> Dict[str, DistanceTable]:
         """The slope-free :class:`~.bias.DistanceTable` of each head string of the config
         for ``grid_size`` on ``device`` (cached; what learnable slopes multiply)."""
         grid = tuple(grid_size)
@@ -186,15 +246,24 @@ class LookHereAttentionEngine:
             out = {}
             for s in self.config.direction_strings:
                 t = distance_table(self.config, s, self.num_heads, grid)
-                out[s] = DistanceTable(t.distance.to(device), t.visible.to(device),
-                                       None if t.key is None else t.key.to(device),
-                                       t.head_slopes.to(device))
+                out[s] = DistanceTable(
+                    t.distance.to(device),
+                    t.visible.to(device),
+                    None if t.key is None else t.key.to(device),
+                    t.head_slopes.to(device),
+                )
             return out
 
         return self.distances.get_or_create((grid, str(device)), make)
 
-    def slope_bias(self, layer: int, grid_size: Tuple[int, int], device: torch.device,
-                   dtype: torch.dtype, slopes: LookHereSlopes) -> GridBias:
+    def slope_bias(
+        self,
+        layer: int,
+        grid_size: Tuple[int, int],
+        device: torch.device,
+        dtype: torch.dtype,
+        slopes: LookHereSlopes,
+    ) -> GridBias:
         """The tables of ``layer`` at the current ``slopes``, as a one-layer
         :class:`~.bias.GridBias` (index 0), computed on every call (never cached: the
         slopes change at every optimizer step) and differentiable in the slopes.
@@ -213,17 +282,28 @@ class LookHereAttentionEngine:
             key = key.to(dtype)[None]
         return GridBias(tuple(grid_size), rel.to(dtype)[None], key, table.visible[None])
 
-    def _dense_or_slope_bias(self, layer: int, grid_size: Tuple[int, int], cls_token: bool,
-                             device: torch.device, dtype: torch.dtype,
-                             slopes: Optional[LookHereSlopes]) -> Tensor:
+    def _dense_or_slope_bias(
+        self,
+        layer: int,
+        grid_size: Tuple[int, int],
+        cls_token: bool,
+        device: torch.device,
+        dtype: torch.dtype,
+        slopes: Optional[LookHereSlopes],
+    ) -> Tensor:
         """:meth:`dense_bias`, or the dense bias at ``slopes`` (built every call)."""
         if slopes is None:
             return self.dense_bias(layer, grid_size, cls_token, device, dtype)
         return self.slope_bias(layer, grid_size, device, dtype, slopes).dense(0, cls_token)
 
-    def choose_backend(self, tokens: int, device: torch.device,
-                       dtype: torch.dtype = torch.float32, dropout_p: float = 0.0,
-                       slope_grads: bool = False) -> str:
+    def choose_backend(
+        self,
+        tokens: int,
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+        dropout_p: float = 0.0,
+        slope_grads: bool = False,
+    ) -> str:
         """The backend ``auto`` picks for a sequence of ``tokens`` on ``device``.
 
         ``sdpa`` (cached dense biases, the fastest where they fit) when all layers' dense
@@ -239,17 +319,29 @@ class LookHereAttentionEngine:
         dense_bytes = self.depth * self.num_heads * tokens * tokens * itemsize
         if dense_bytes <= self.max_dense_bytes:
             return 'sdpa'
-        if (torch.device(device).type == 'cuda' and dropout_p == 0 and flex_available()
-                and not self._flex_failed
-                and (not slope_grads or flex_slope_grads_available())):
+        if (
+            torch.device(device).type == 'cuda'
+            and dropout_p == 0
+            and flex_available()
+            and not self._flex_failed
+            and (not slope_grads or flex_slope_grads_available())
+        ):
             return 'flex'
         return 'chunked'
 
     # -- attention -----------------------------------------------------------------------
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, layer: int,
-                 grid_size: Tuple[int, int], cls_token: bool, dropout_p: float = 0.0,
-                 backend: Optional[str] = None,
-                 slopes: Optional[LookHereSlopes] = None) -> Tensor:
+    def __call__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        layer: int,
+        grid_size: Tuple[int, int],
+        cls_token: bool,
+        dropout_p: float = 0.0,
+        backend: Optional[str] = None,
+        slopes: Optional[LookHereSlopes] = None,
+    ) -> Tensor:
         """Attention of ``layer`` for ``q, k, v`` of shape ``(B, heads, T, d)``.
 
         ``T`` must be ``H*W`` (+1 with ``cls_token``) for ``grid_size = (H, W)``.
@@ -261,55 +353,90 @@ class LookHereAttentionEngine:
         """
         n = grid_size[0] * grid_size[1] + int(cls_token)
         if q.shape[-2] != n or k.shape[-2] != n:
-            raise ValueError(f'attention got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
-                             f'{"with" if cls_token else "without"} CLS needs {n}')
+            raise ValueError(
+                f'attention got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
+                f'{"with" if cls_token else "without"} CLS needs {n}'
+            )
         if q.shape[1] != self.num_heads:
-            raise ValueError(f'attention got {q.shape[1]} heads, the LookHere config was '
-                             f'built for {self.num_heads}')
+            raise ValueError(
+                f'attention got {q.shape[1]} heads, the LookHere config was '
+                f'built for {self.num_heads}'
+            )
         if not 0 <= layer < self.depth:
             raise ValueError(f'layer {layer} out of range for depth {self.depth}')
-        slope_grads = slopes is not None and torch.is_grad_enabled() and any(
-            p.requires_grad for p in slopes.parameters())
+        slope_grads = (
+            slopes is not None
+            and torch.is_grad_enabled()
+            and any(p.requires_grad for p in slopes.parameters())
+        )
         chosen_by_auto = backend is None and self.backend == 'auto'
         backend = backend or self.choose_backend(n, q.device, q.dtype, dropout_p, slope_grads)
         if backend not in BACKENDS or backend == 'auto':
-            raise ValueError(f'unknown LookHere attention backend {backend!r}; '
-                             f'allowed: {list(BACKENDS[1:])}')
+            raise ValueError(
+                f'unknown LookHere attention backend {backend!r}; allowed: {list(BACKENDS[1:])}'
+            )
         self.last_backend = backend
         if backend in ('reference', 'sdpa'):
-            bias = self._dense_or_slope_bias(layer, grid_size, cls_token, q.device, q.dtype,
-                                             slopes)
+            bias = self._dense_or_slope_bias(
+                layer, grid_size, cls_token, q.device, q.dtype, slopes
+            )
             fn = reference_attention if backend == 'reference' else sdpa_attention
             return fn(q, k, v, bias, dropout_p)
 
         def chunked() -> Tensor:
             if slopes is None:
-                return chunked_attention(q, k, v, self.grid_bias(grid_size, q.device, q.dtype),
-                                         layer, cls_token, self.block_size, dropout_p)
-            return chunked_attention(q, k, v, self.slope_bias(layer, grid_size, q.device,
-                                                              q.dtype, slopes),
-                                     0, cls_token, self.block_size, dropout_p)
+                return chunked_attention(
+                    q,
+                    k,
+                    v,
+                    self.grid_bias(grid_size, q.device, q.dtype),
+                    layer,
+                    cls_token,
+                    self.block_size,
+                    dropout_p,
+                )
+            return chunked_attention(
+                q,
+                k,
+                v,
+                self.slope_bias(layer, grid_size, q.device, q.dtype, slopes),
+                0,
+                cls_token,
+                self.block_size,
+                dropout_p,
+            )
 
         if backend == 'chunked':
             return chunked()
         if dropout_p > 0:
-            raise ValueError('the flex backend has no attention dropout; set attn_drop_rate=0 '
-                             "or use backend 'chunked'/'sdpa'")
-        if q.device.type == 'cpu' and torch.is_grad_enabled() and any(
-                t.requires_grad for t in (q, k, v)):
-            raise ValueError("attn_backend='flex' cannot train on CPU (PyTorch's "
-                             'flex_attention has no CPU backward); use attn_backend='
-                             "'auto' or 'chunked' there, or run under torch.no_grad()")
+            raise ValueError(
+                'the flex backend has no attention dropout; set attn_drop_rate=0 '
+                "or use backend 'chunked'/'sdpa'"
+            )
+        if (
+            q.device.type == 'cpu'
+            and torch.is_grad_enabled()
+            and any(t.requires_grad for t in (q, k, v))
+        ):
+            raise ValueError(
+                "attn_backend='flex' cannot train on CPU (PyTorch's "
+                'flex_attention has no CPU backward); use attn_backend='
+                "'auto' or 'chunked' there, or run under torch.no_grad()"
+            )
         if slope_grads and q.device.type == 'cpu' and self.flex_compile:
-            raise ValueError('compiled flex_attention cannot train learnable LookHere slopes '
-                             "on CPU (PyTorch's CPU flex kernel has no backward); use "
-                             "flex_compile=None/False there, or attn_backend='auto' / "
-                             "'chunked'")
+            raise ValueError(
+                'compiled flex_attention cannot train learnable LookHere slopes '
+                "on CPU (PyTorch's CPU flex kernel has no backward); use "
+                "flex_compile=None/False there, or attn_backend='auto' / "
+                "'chunked'"
+            )
         if slope_grads and not flex_slope_grads_available():
-            raise ValueError(f"attn_backend='flex' cannot train learnable LookHere slopes with "
-                             f'torch {torch.__version__} (flex_attention gives captured '
-                             'tensors gradients from torch 2.6 on); use attn_backend='
-                             "'auto' or 'chunked', or upgrade torch")
+            raise ValueError(
+                f"attn_backend='flex' cannot train learnable LookHere slopes with "
+                f'torch {torch.__version__} (flex_attention gives captured '
+                'tensors gradients from torch 2.6 on); use attn_backend='
+                "'auto' or 'chunked', or upgrade torch"
+            )
         try:
             mask = self.block_mask(layer, grid_size, cls_token, q.device)
             order = self.flex_order(grid_size, cls_token, q.device)
@@ -317,24 +444,38 @@ class LookHereAttentionEngine:
                 grid_bias, index = self.grid_bias(grid_size, q.device), layer
                 mod = self.score_mod(layer, grid_size, cls_token, q.device)
             else:  # the table changes every step: a fresh score_mod (same code, no recompile)
-                grid_bias, index = self.slope_bias(layer, grid_size, q.device, torch.float32,
-                                                   slopes), 0
+                grid_bias, index = (
+                    self.slope_bias(layer, grid_size, q.device, torch.float32, slopes),
+                    0,
+                )
                 mod = flex_score_mod(grid_bias, 0, cls_token, order)
-            return flex_attention_lookhere(q, k, v, grid_bias, index, cls_token, mask,
-                                           self.flex_compile, mod, order)
+            return flex_attention_lookhere(
+                q, k, v, grid_bias, index, cls_token, mask, self.flex_compile, mod, order
+            )
         except Exception as err:  # pragma: no cover - compile problems are platform specific
             if not chosen_by_auto:
                 raise
             self._flex_failed = True
             self.last_backend = 'chunked'
-            warnings.warn(f'LookHere flex attention failed ({type(err).__name__}: {err}); '
-                          'falling back to the chunked backend for this model')
+            warnings.warn(
+                f'LookHere flex attention failed ({type(err).__name__}: {err}); '
+                'falling back to the chunked backend for this model',
+                stacklevel=2,
+            )
             return chunked()
 
-    def window_attention(self, q: Tensor, k: Tensor, v: Tensor, layer: int,
-                         grid_size: Tuple[int, int], window_size: int, cls_token: bool,
-                         dropout_p: float = 0.0,
-                         slopes: Optional[LookHereSlopes] = None) -> Tensor:
+    def window_attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        layer: int,
+        grid_size: Tuple[int, int],
+        window_size: int,
+        cls_token: bool,
+        dropout_p: float = 0.0,
+        slopes: Optional[LookHereSlopes] = None,
+    ) -> Tensor:
         """ViTDet-style window attention with the LookHere bias of a window-sized grid.
 
         Patches attend within their ``window_size`` x ``window_size`` window (grids that
@@ -358,13 +499,15 @@ class LookHereAttentionEngine:
             ``(B, heads, T, d)``.
         """
         ws = int(window_size)
-        window_bias = self._dense_or_slope_bias(layer, (ws, ws), cls_token, q.device,
-                                                q.dtype, slopes)
+        window_bias = self._dense_or_slope_bias(
+            layer, (ws, ws), cls_token, q.device, q.dtype, slopes
+        )
         pad = None
         if padded_grid(grid_size, ws) != tuple(grid_size):
             key = ('window_pad', tuple(grid_size), ws, cls_token, str(q.device), q.dtype)
-            pad = self.dense.get_or_create(key, lambda: window_key_mask(
-                grid_size, ws, cls_token, q.device, q.dtype))
+            pad = self.dense.get_or_create(
+                key, lambda: window_key_mask(grid_size, ws, cls_token, q.device, q.dtype)
+            )
 
         def attend(qw: Tensor, kw: Tensor, vw: Tensor) -> Tensor:
             batch, n_win = qw.shape[:2]
@@ -372,12 +515,21 @@ class LookHereAttentionEngine:
                 return vw.new_empty(vw.shape)
             if pad is not None:
                 mask = window_bias + pad  # (nWin, heads, T_w, T_w)
-                return torch.stack([F.scaled_dot_product_attention(
-                    qw[i], kw[i], vw[i], attn_mask=mask, dropout_p=dropout_p)
-                    for i in range(batch)])
+                return torch.stack(
+                    [
+                        F.scaled_dot_product_attention(
+                            qw[i], kw[i], vw[i], attn_mask=mask, dropout_p=dropout_p
+                        )
+                        for i in range(batch)
+                    ]
+                )
             out = F.scaled_dot_product_attention(
-                qw.flatten(0, 1), kw.flatten(0, 1), vw.flatten(0, 1),
-                attn_mask=window_bias.unsqueeze(0), dropout_p=dropout_p)
+                qw.flatten(0, 1),
+                kw.flatten(0, 1),
+                vw.flatten(0, 1),
+                attn_mask=window_bias.unsqueeze(0),
+                dropout_p=dropout_p,
+            )
             return out.view(batch, n_win, *out.shape[1:])
 
         return attend_in_windows(q, k, v, grid_size, ws, cls_token, attend, dropout_p)

@@ -9,6 +9,7 @@ tiles. Compiled on CUDA; eager (forward only) on CPU, for tests.
 Needs a torch with ``torch.nn.attention.flex_attention`` (>= 2.5, see
 :func:`flex_available`); everything else in :mod:`lookhere_dense.lookhere` works without it.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -21,8 +22,16 @@ from torch import Tensor
 
 from .bias import GridBias, pair_index
 
-__all__ = ['FLEX_BLOCK', 'flex_available', 'flex_slope_grads_available', 'tile_order',
-           'flex_score_mod', 'flex_mask_mod', 'lookhere_block_mask', 'flex_attention_lookhere']
+__all__ = [
+    'FLEX_BLOCK',
+    'flex_available',
+    'flex_slope_grads_available',
+    'tile_order',
+    'flex_score_mod',
+    'flex_mask_mod',
+    'lookhere_block_mask',
+    'flex_attention_lookhere',
+]
 
 #: Query/key tile side of the flex kernels and block masks.
 FLEX_BLOCK = 128
@@ -51,13 +60,15 @@ def flex_slope_grads_available(version: Optional[str] = None) -> bool:
             Default: None.
     """
     from torch.torch_version import TorchVersion
+
     if version is None and not flex_available():
         return False
     return TorchVersion(version or torch.__version__) >= FLEX_SLOPE_GRADS_TORCH
 
 
-def tile_order(grid_size: Tuple[int, int], cls_token: bool,
-               tile: Tuple[int, int] = (8, 16), device=None) -> Tensor:
+def tile_order(
+    grid_size: Tuple[int, int], cls_token: bool, tile: Tuple[int, int] = (8, 16), device=None
+) -> Tensor:
     """The token order flex runs in: patches tile by tile, the CLS token last.
 
     In the model's row-major order a block of 128 tokens is a stripe of whole grid rows,
@@ -80,16 +91,16 @@ def tile_order(grid_size: Tuple[int, int], cls_token: bool,
     y = torch.arange(height, device=device)[:, None].expand(height, width)
     x = torch.arange(width, device=device)[None, :].expand(height, width)
     tiles_per_row = -(-width // tw)
-    rank = (((y // th) * tiles_per_row + x // tw) * (th * tw)
-            + (y % th) * tw + x % tw).flatten()
+    rank = (((y // th) * tiles_per_row + x // tw) * (th * tw) + (y % th) * tw + x % tw).flatten()
     order = rank.argsort() + int(cls_token)
     if cls_token:
         order = torch.cat([order, order.new_zeros(1)])
     return order
 
 
-def _flex_index(grid_size: Tuple[int, int], cls_token: bool, order: Optional[Tensor] = None
-                ) -> Callable[[Tensor, Tensor], Tuple[Tensor, Tensor, Tensor]]:
+def _flex_index(
+    grid_size: Tuple[int, int], cls_token: bool, order: Optional[Tensor] = None
+) -> Callable[[Tensor, Tensor], Tuple[Tensor, Tensor, Tensor]]:
     """``(q_idx, kv_idx) -> (is_cls, table_index, key_patch)`` for flex callbacks.
 
     ``q_idx``/``kv_idx`` are positions in ``order`` (:func:`tile_order`; None: the
@@ -118,8 +129,9 @@ def _flex_index(grid_size: Tuple[int, int], cls_token: bool, order: Optional[Ten
     return index
 
 
-def flex_score_mod(grid_bias: GridBias, layer: int, cls_token: bool,
-                   order: Optional[Tensor] = None) -> Callable:
+def flex_score_mod(
+    grid_bias: GridBias, layer: int, cls_token: bool, order: Optional[Tensor] = None
+) -> Callable:
     """A flex ``score_mod`` adding layer ``layer``'s LookHere bias from the table.
 
     The bias is read from the flattened ``(heads, (2H-1)(2W-1))`` table (float32) at the
@@ -131,8 +143,9 @@ def flex_score_mod(grid_bias: GridBias, layer: int, cls_token: bool,
     """
     index = _flex_index(grid_bias.grid_size, cls_token, order)
     table = grid_bias.table[layer].float().flatten(1).contiguous()
-    key_term = (None if grid_bias.key_term is None
-                else grid_bias.key_term[layer].float().contiguous())
+    key_term = (
+        None if grid_bias.key_term is None else grid_bias.key_term[layer].float().contiguous()
+    )
 
     def score_mod(score, b, h, q_idx, kv_idx):
         is_cls, t, kp = index(q_idx, kv_idx)
@@ -144,8 +157,9 @@ def flex_score_mod(grid_bias: GridBias, layer: int, cls_token: bool,
     return score_mod
 
 
-def flex_mask_mod(grid_bias: GridBias, layer: int, cls_token: bool,
-                  order: Optional[Tensor] = None) -> Callable:
+def flex_mask_mod(
+    grid_bias: GridBias, layer: int, cls_token: bool, order: Optional[Tensor] = None
+) -> Callable:
     """A flex ``mask_mod``: True where layer ``layer``'s heads see the key (positions in
     ``order``, None: the model's order)."""
     index = _flex_index(grid_bias.grid_size, cls_token, order)
@@ -161,12 +175,19 @@ def flex_mask_mod(grid_bias: GridBias, layer: int, cls_token: bool,
 def _ordered(blocks: Tensor) -> Tuple[Tensor, Tensor]:
     """``(..., nQ, nK)`` bool tiles -> (count per row, column indices, tiles first), int32."""
     as_int = blocks.to(torch.int32)
-    return (as_int.sum(-1).to(torch.int32),
-            torch.argsort(as_int, dim=-1, descending=True, stable=True).to(torch.int32))
+    return (
+        as_int.sum(-1).to(torch.int32),
+        torch.argsort(as_int, dim=-1, descending=True, stable=True).to(torch.int32),
+    )
 
 
-def lookhere_block_mask(grid_bias: GridBias, layer: int, cls_token: bool,
-                        block: int = FLEX_BLOCK, order: Optional[Tensor] = None):
+def lookhere_block_mask(
+    grid_bias: GridBias,
+    layer: int,
+    cls_token: bool,
+    block: int = FLEX_BLOCK,
+    order: Optional[Tensor] = None,
+):
     """The flex ``BlockMask`` of layer ``layer``'s fields of view, built tile row by tile row.
 
     For every tile row of ``block`` queries the ``(heads, block, T)`` visibility is read
@@ -186,12 +207,14 @@ def lookhere_block_mask(grid_bias: GridBias, layer: int, cls_token: bool,
     if bool(visible.all()):
         return None
     from torch.nn.attention.flex_attention import BlockMask
+
     off = int(cls_token)
     heads = visible.shape[0]
     total = grid_bias.num_patches + off
     flat = visible.flatten(1)
-    tokens = (torch.arange(total, device=visible.device) if order is None
-              else order.to(visible.device))
+    tokens = (
+        torch.arange(total, device=visible.device) if order is None else order.to(visible.device)
+    )
     k_cls = tokens < off
     kp = (tokens - off).clamp(min=0)
     n_tiles = math.ceil(total / block)
@@ -201,9 +224,9 @@ def lookhere_block_mask(grid_bias: GridBias, layer: int, cls_token: bool,
     for i in range(n_tiles):
         s, e = i * block, min(total, (i + 1) * block)
         t = pair_index(grid_bias.grid_size, kp[s:e, None], kp)  # (Q, T)
-        buf[:, :e - s, :total] = flat[:, t] | (k_cls[s:e, None] | k_cls)
+        buf[:, : e - s, :total] = flat[:, t] | (k_cls[s:e, None] | k_cls)
         if e - s < block:
-            buf[:, e - s:] = False  # padding rows of the ragged last tile
+            buf[:, e - s :] = False  # padding rows of the ragged last tile
         tiles = buf.view(heads, block, n_tiles, block)
         full[:, i] = tiles.all(dim=3).all(dim=1)
         partial[:, i] = tiles.any(dim=3).any(dim=1) & ~full[:, i]
@@ -212,9 +235,15 @@ def lookhere_block_mask(grid_bias: GridBias, layer: int, cls_token: bool,
     lengths = {}
     if 'seq_lengths' in inspect.signature(BlockMask.from_kv_blocks).parameters:
         lengths['seq_lengths'] = (total, total)  # torch >= 2.6; older: whole tiles
-    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block,
-                                    mask_mod=flex_mask_mod(grid_bias, layer, cls_token, order),
-                                    **lengths)
+    return BlockMask.from_kv_blocks(
+        kv_num,
+        kv_idx,
+        full_num,
+        full_idx,
+        BLOCK_SIZE=block,
+        mask_mod=flex_mask_mod(grid_bias, layer, cls_token, order),
+        **lengths,
+    )
 
 
 _compiled_flex = None
@@ -224,6 +253,7 @@ def _flex_fn(compiled: bool) -> Callable:
     """``flex_attention``, eager or ``torch.compile``-d (compiled once per process)."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
+
     if not compiled:
         return flex_attention
     if _compiled_flex is None:
@@ -231,11 +261,18 @@ def _flex_fn(compiled: bool) -> Callable:
     return _compiled_flex
 
 
-def flex_attention_lookhere(q: Tensor, k: Tensor, v: Tensor, grid_bias: GridBias,
-                            layer: int, cls_token: bool, block_mask=None,
-                            compiled: Optional[bool] = None,
-                            score_mod: Optional[Callable] = None,
-                            order: Optional[Tensor] = None) -> Tensor:
+def flex_attention_lookhere(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    grid_bias: GridBias,
+    layer: int,
+    cls_token: bool,
+    block_mask=None,
+    compiled: Optional[bool] = None,
+    score_mod: Optional[Callable] = None,
+    order: Optional[Tensor] = None,
+) -> Tensor:
     """LookHere attention through ``flex_attention`` (fused and tile-skipping when compiled).
 
     Args:

@@ -2,32 +2,45 @@
 ``state_dict``) loaded strictly into a model that holds LookHere ViTs (a segmentor, a
 detector, or a trunk alone). Torch alone.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from torch import nn
 
-from ..checkpoint import (EXTRA_STATE_KEY, listed, load_checkpoint_file,
-                          load_state_dict_strict, read_record, strip_prefix)
+from ..checkpoint import (
+    EXTRA_STATE_KEY,
+    listed,
+    load_checkpoint_file,
+    load_state_dict_strict,
+    read_record,
+    strip_prefix,
+)
 from ..errors import CheckpointError
 from ..validation import int_or_none
 from .vit import LookHereVisionTransformer
-from .weights import (BackboneWeights, check_num_heads, file_num_heads,
-                      vit_key_hints)
+from .weights import BackboneWeights, check_num_heads, file_num_heads, vit_key_hints
 
 __all__ = ['load_model_weights', 'lookhere_backbones']
 
 
 def lookhere_backbones(model: nn.Module) -> List[Tuple[str, LookHereVisionTransformer]]:
     """Every LookHere ViT in ``model`` with its key prefix (``''`` for the model itself)."""
-    return [(name + '.' if name else '', m) for name, m in model.named_modules()
-            if isinstance(m, LookHereVisionTransformer)]
+    return [
+        (name + '.' if name else '', m)
+        for name, m in model.named_modules()
+        if isinstance(m, LookHereVisionTransformer)
+    ]
 
 
-def load_model_weights(model: nn.Module, checkpoint: Union[str, Mapping[str, Any]],
-                       strict: bool = True, checkpoint_num_heads: Optional[int] = None,
-                       source: Optional[str] = None) -> Dict[str, Any]:
+def load_model_weights(
+    model: nn.Module,
+    checkpoint: Union[str, Mapping[str, Any]],
+    strict: bool = True,
+    checkpoint_num_heads: Optional[int] = None,
+    source: Optional[str] = None,
+) -> Dict[str, Any]:
     """Load a whole model's checkpoint (a Runner's ``iter_N.pth`` / ``epoch_N.pth``, or
     ``{'state_dict': ...}`` / a plain state_dict) strictly into ``model``: what
     ``tools/test.py``, ``tools/infer.py`` and ``--resume`` load.
@@ -60,22 +73,30 @@ def load_model_weights(model: nn.Module, checkpoint: Union[str, Mapping[str, Any
         path, ckpt = source or 'the checkpoint', checkpoint
     sd = ckpt.get('state_dict', ckpt)
     if not isinstance(sd, Mapping):
-        raise CheckpointError(f'{path!r}: "state_dict" is a {type(sd).__name__}, not a dict '
-                              'of weights')
+        raise CheckpointError(
+            f'{path!r}: "state_dict" is a {type(sd).__name__}, not a dict of weights'
+        )
     sd = dict(sd)
     if sd and all(k.startswith('module.') for k in sd):  # saved from a DDP wrapper
         sd = strip_prefix(sd, 'module.')
     own = model.state_dict()
     if not set(sd) & set(own):
         hint = ''
-        if 'weights' in ckpt and 'config' in ckpt or any(
-                k.startswith(('blocks.', 'patch_embed.')) for k in sd):
-            hint = (' It looks like backbone-only weights (pretrained): use them as '
-                    "model.backbone.init_cfg=dict(type='Pretrained', checkpoint=...) and "
-                    'train, instead of testing with them.')
-        raise CheckpointError(f'checkpoint {path!r} has none of the model\'s keys (file: '
-                              f'{listed(sorted(sd), 6)}, model: '
-                              f'{listed(sorted(own), 6)}).{hint}')
+        if (
+            'weights' in ckpt
+            and 'config' in ckpt
+            or any(k.startswith(('blocks.', 'patch_embed.')) for k in sd)
+        ):
+            hint = (
+                ' It looks like backbone-only weights (pretrained): use them as '
+                "model.backbone.init_cfg=dict(type='Pretrained', checkpoint=...) and "
+                'train, instead of testing with them.'
+            )
+        raise CheckpointError(
+            f"checkpoint {path!r} has none of the model's keys (file: "
+            f'{listed(sorted(sd), 6)}, model: '
+            f'{listed(sorted(own), 6)}).{hint}'
+        )
 
     def verify_heads() -> None:
         for prefix, backbone in lookhere_backbones(model):
@@ -88,6 +109,13 @@ def load_model_weights(model: nn.Module, checkpoint: Union[str, Mapping[str, Any
             heads, how = file_num_heads(part)
             check_num_heads(backbone.num_heads, heads, how, path, checkpoint_num_heads)
 
-    load_state_dict_strict(model, sd, path, strict=strict, verify=verify_heads,
-                           require_extra_state=strict, hints=vit_key_hints)
+    load_state_dict_strict(
+        model,
+        sd,
+        path,
+        strict=strict,
+        verify=verify_heads,
+        require_extra_state=strict,
+        hints=vit_key_hints,
+    )
     return dict(ckpt)

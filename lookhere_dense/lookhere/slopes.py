@@ -33,6 +33,7 @@ shows which one moved. What each head type learns:
 
 This module needs torch alone.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Optional, Tuple, Union
@@ -41,8 +42,8 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from .config import LookHereConfig, head_layout, layer_slopes
 from .cache import BoundedCache
+from .config import LookHereConfig, head_layout, layer_slopes
 
 __all__ = ['LookHereSlopes', 'SLOPE_PARAMETERS', 'configured_slopes', 'slopes_from_state_dict']
 
@@ -80,9 +81,11 @@ class LookHereSlopes(nn.Module):
         self.num_heads = num_heads
         self.global_log_ratio = nn.Parameter(torch.zeros(()))
         self.layer_log_ratio = nn.ParameterList(
-            [nn.Parameter(torch.zeros(())) for _ in range(depth)])
+            [nn.Parameter(torch.zeros(())) for _ in range(depth)]
+        )
         self.head_log_ratio = nn.ParameterList(
-            [nn.Parameter(torch.zeros(num_heads)) for _ in range(depth)])
+            [nn.Parameter(torch.zeros(num_heads)) for _ in range(depth)]
+        )
         #: the initial values in float64, per device (a plain cache: never saved, never
         #: cast by ``module.half()`` / ``.to(dtype)``)
         self._initial = BoundedCache(4)
@@ -98,9 +101,11 @@ class LookHereSlopes(nn.Module):
         """
         config.validate(self.num_heads, self.depth)
         if config.global_slope == 0 or 0 in config.layer_slopes:
-            raise ValueError('learnable LookHere slopes need global_slope and layer_slopes '
-                             f'> 0, got global_slope={config.global_slope}, layer_slopes='
-                             f'{list(config.layer_slopes)}')
+            raise ValueError(
+                'learnable LookHere slopes need global_slope and layer_slopes '
+                f'> 0, got global_slope={config.global_slope}, layer_slopes='
+                f'{list(config.layer_slopes)}'
+            )
         self.config = config
         self._initial.clear()
         self.reset_parameters()
@@ -111,8 +116,9 @@ class LookHereSlopes(nn.Module):
         for p in self.parameters():
             p.zero_()
 
-    def initial(self, device: Union[torch.device, str, None] = None
-                ) -> Tuple[Tensor, Tensor, Tensor]:
+    def initial(
+        self, device: Union[torch.device, str, None] = None
+    ) -> Tuple[Tensor, Tensor, Tensor]:
         """The configured slopes, float64 on ``device``: global ``()``, layer ``(depth,)``,
         head ``(depth, heads)``."""
         device = torch.device(device) if device is not None else self.global_log_ratio.device
@@ -128,8 +134,9 @@ class LookHereSlopes(nn.Module):
         device): ``scale = global * layer_slope`` ``()`` and the head slopes ``(heads,)``,
         as :func:`~.bias.bias_from_distances` takes them."""
         glob, layers, heads = self.initial()
-        scale = (glob * self.global_log_ratio.double().exp()) \
-            * (layers[layer] * self.layer_log_ratio[layer].double().exp())
+        scale = (glob * self.global_log_ratio.double().exp()) * (
+            layers[layer] * self.layer_log_ratio[layer].double().exp()
+        )
         return scale, heads[layer] * self.head_log_ratio[layer].double().exp()
 
     @torch.no_grad()
@@ -151,19 +158,23 @@ class LookHereSlopes(nn.Module):
         return f'depth={self.depth}, num_heads={self.num_heads}'
 
 
-def configured_slopes(config: LookHereConfig, depth: int, num_heads: int
-                      ) -> Dict[str, Tensor]:
+def configured_slopes(config: LookHereConfig, depth: int, num_heads: int) -> Dict[str, Tensor]:
     """The slopes of ``config`` as :meth:`LookHereSlopes.values` lays them out (float64)."""
     glob = torch.tensor(config.global_slope, dtype=torch.float64)
     lay = torch.tensor(layer_slopes(config, depth), dtype=torch.float64)
-    head = torch.stack([head_layout(config.layer_direction(l), num_heads)[1]
-                        for l in range(depth)])
+    head = torch.stack(
+        [head_layout(config.layer_direction(l), num_heads)[1] for l in range(depth)]
+    )
     return {'global': glob, 'layer': lay, 'head': head, 'effective': glob * lay[:, None] * head}
 
 
-def slopes_from_state_dict(config: LookHereConfig, depth: int, num_heads: int,
-                           state_dict: Dict[str, Tensor], prefix: str = ''
-                           ) -> Optional[Dict[str, Tensor]]:
+def slopes_from_state_dict(
+    config: LookHereConfig,
+    depth: int,
+    num_heads: int,
+    state_dict: Dict[str, Tensor],
+    prefix: str = '',
+) -> Optional[Dict[str, Tensor]]:
     """The learned slopes stored under ``prefix`` (e.g. ``'pos_enc.slopes.'``) of a
     ``state_dict``, laid out as :meth:`LookHereSlopes.values`; None when it holds none.
 
@@ -171,28 +182,36 @@ def slopes_from_state_dict(config: LookHereConfig, depth: int, num_heads: int,
         ValueError: some but not all slope tensors are there, or of the wrong shape.
     """
     names = [prefix + 'global_log_ratio'] + [
-        f'{prefix}{n}.{l}' for n in SLOPE_PARAMETERS[1:] for l in range(depth)]
+        f'{prefix}{n}.{l}' for n in SLOPE_PARAMETERS[1:] for l in range(depth)
+    ]
     present = [n for n in names if n in state_dict]
     if not present:
         return None
     if len(present) != len(names):
         missing = sorted(set(names) - set(present))
-        raise ValueError(f'the learned LookHere slopes are incomplete: missing {missing[:6]}'
-                         f'{" ..." if len(missing) > 6 else ""}')
+        raise ValueError(
+            f'the learned LookHere slopes are incomplete: missing {missing[:6]}'
+            f'{" ..." if len(missing) > 6 else ""}'
+        )
     module = LookHereSlopes(config, depth, num_heads)
     own = {prefix + k: v for k, v in module.state_dict().items()}
-    bad = [f'{k}: {tuple(state_dict[k].shape)} vs {tuple(v.shape)}' for k, v in own.items()
-           if tuple(state_dict[k].shape) != tuple(v.shape)]
+    bad = [
+        f'{k}: {tuple(state_dict[k].shape)} vs {tuple(v.shape)}'
+        for k, v in own.items()
+        if tuple(state_dict[k].shape) != tuple(v.shape)
+    ]
     if bad:
-        raise ValueError(f'learned LookHere slopes of the wrong shape (file vs {depth} '
-                         f'layers x {num_heads} heads): {bad[:4]}')
-    module.load_state_dict({k[len(prefix):]: state_dict[k].float() for k in own})
+        raise ValueError(
+            f'learned LookHere slopes of the wrong shape (file vs {depth} '
+            f'layers x {num_heads} heads): {bad[:4]}'
+        )
+    module.load_state_dict({k[len(prefix) :]: state_dict[k].float() for k in own})
     return module.values()
 
 
-
-def format_slope_table(learned: Dict[str, Tensor],
-                       configured: Optional[Dict[str, Tensor]] = None) -> str:
+def format_slope_table(
+    learned: Dict[str, Tensor], configured: Optional[Dict[str, Tensor]] = None
+) -> str:
     """A text table of slopes (:meth:`LookHereSlopes.values` layout): the global slope,
     then one row per layer with its layer slope and each head's effective slope
     (``global * layer * head``), and with ``configured`` each value's ratio to it.
@@ -203,6 +222,7 @@ def format_slope_table(learned: Dict[str, Tensor],
         layer  slope         h0            h1           ...
         0      1.5 (x1)      0.75 (x0.98)  0.75 (x1.1)  ...
     """
+
     def cell(value: float, ref: Optional[float]) -> str:
         return f'{value:.4g}' + ('' if ref is None else f' (x{value / ref:.3g})')
 
@@ -212,9 +232,10 @@ def format_slope_table(learned: Dict[str, Tensor],
     eff, lay = learned['effective'], learned['layer']
     rows = [['layer', 'slope'] + [f'h{h}' for h in range(eff.shape[1])]]
     for l in range(eff.shape[0]):
-        rows.append([str(l), cell(float(lay[l]), ref('layer', l))]
-                    + [cell(float(eff[l, h]), ref('effective', l, h))
-                       for h in range(eff.shape[1])])
+        rows.append(
+            [str(l), cell(float(lay[l]), ref('layer', l))]
+            + [cell(float(eff[l, h]), ref('effective', l, h)) for h in range(eff.shape[1])]
+        )
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     lines = ['  '.join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     head = 'global ' + cell(float(learned['global']), ref('global'))

@@ -18,6 +18,7 @@ Plain PyTorch::
     tokens = model.forward_features(images)   # (B, 1 + N, 768), the official model's output
     maps = model(images)                      # NCHW maps of blocks 3, 5, 7, 11
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,13 +37,22 @@ from ..validation import check_int, check_number, check_rate, is_int, is_number
 from . import weights as _weights
 from .config import LookHereConfig
 from .engine import LookHereAttentionEngine
-from .pos_encoding import (PositionEncoding, build_position_encoding,
-                           isolated_rng)
+from .pos_encoding import PositionEncoding, build_position_encoding, isolated_rng
 from .pos_encoding.spec import parse_pos_encoding
 
-__all__ = ['LookHereVisionTransformer', 'create_model', 'LookHerePatchEmbed', 'LookHereBlock',
-           'LookHereSelfAttention', 'LayerScale', 'Mlp', 'DropPath', 'window_blocks',
-           'image_size_pair', 'trunc_normal_']
+__all__ = [
+    'LookHereVisionTransformer',
+    'create_model',
+    'LookHerePatchEmbed',
+    'LookHereBlock',
+    'LookHereSelfAttention',
+    'LayerScale',
+    'Mlp',
+    'DropPath',
+    'window_blocks',
+    'image_size_pair',
+    'trunc_normal_',
+]
 
 logger = logging.getLogger(__name__)
 #: the keys of the warnings given once per process
@@ -68,11 +78,13 @@ def _autocast_on(device_type: str) -> bool:
 
 
 @torch.no_grad()
-def trunc_normal_(tensor: Tensor, std: float = 1.0, mean: float = 0.0, a: float = -2.0,
-                  b: float = 2.0) -> Tensor:
+def trunc_normal_(
+    tensor: Tensor, std: float = 1.0, mean: float = 0.0, a: float = -2.0, b: float = 2.0
+) -> Tensor:
     """Fill ``tensor`` from a normal distribution truncated to ``[a, b]`` by the inverse CDF
     of a uniform draw (the method of DeiT / timm's and mmengine's ``trunc_normal_``; one
     uniform draw per element, so a seed gives the same weights as those)."""
+
     def cdf(x: float) -> float:
         return (1.0 + math.erf(x / math.sqrt(2.0))) / 2.0
 
@@ -119,9 +131,15 @@ class LookHerePatchEmbed(nn.Module):
             Default: None.
     """
 
-    def __init__(self, patch_size: int = 16, in_channels: int = 3, embed_dims: int = 768,
-                 bias: bool = True, padding: str = 'corner',
-                 norm_layer: Optional[NormLayer] = None):
+    def __init__(
+        self,
+        patch_size: int = 16,
+        in_channels: int = 3,
+        embed_dims: int = 768,
+        bias: bool = True,
+        padding: str = 'corner',
+        norm_layer: Optional[NormLayer] = None,
+    ):
         super().__init__()
         if padding not in ('corner', 'same'):
             raise ValueError(f"patch_pad must be 'corner' or 'same', got {padding!r}")
@@ -142,20 +160,27 @@ class LookHerePatchEmbed(nn.Module):
                 ``(B, H, W, C)``, another channel count, or smaller than one patch.
         """
         if not isinstance(x, Tensor):
-            raise TypeError(f'LookHereViT expects a tensor of images (B, C, H, W), got '
-                            f'{type(x).__name__}')
+            raise TypeError(
+                f'LookHereViT expects a tensor of images (B, C, H, W), got {type(x).__name__}'
+            )
         if x.dim() != 4:
-            raise ValueError(f'LookHereViT expects images of shape (B, C, H, W), got {tuple(x.shape)}')
+            raise ValueError(
+                f'LookHereViT expects images of shape (B, C, H, W), got {tuple(x.shape)}'
+            )
         if not x.is_floating_point():
-            raise ValueError(f'LookHereViT expects float images (B, C, H, W), got dtype '
-                             f'{x.dtype}: convert and normalise them first (in mmseg / mmdet '
-                             "the model's data_preprocessor does), e.g. x.float()")
+            raise ValueError(
+                f'LookHereViT expects float images (B, C, H, W), got dtype '
+                f'{x.dtype}: convert and normalise them first (in mmseg / mmdet '
+                "the model's data_preprocessor does), e.g. x.float()"
+            )
         c = self.proj.in_channels
         if x.shape[1] != c:
             if x.shape[-1] == c:
-                raise ValueError(f'LookHereViT expects images of shape (B, C, H, W); got '
-                                 f'{tuple(x.shape)}, which looks like (B, H, W, C) with the '
-                                 f'channel axis last: use x.permute(0, 3, 1, 2)')
+                raise ValueError(
+                    f'LookHereViT expects images of shape (B, C, H, W); got '
+                    f'{tuple(x.shape)}, which looks like (B, H, W, C) with the '
+                    f'channel axis last: use x.permute(0, 3, 1, 2)'
+                )
             raise ValueError(f'LookHereViT was built for {c} input channels, got {x.shape[1]}')
         h, w = x.shape[-2:]
         p = self.patch_size
@@ -163,9 +188,11 @@ class LookHerePatchEmbed(nn.Module):
             raise ValueError(f'image of {h}x{w} px is smaller than one {p}x{p} patch')
         weight = self.proj.weight
         if x.dtype != weight.dtype and not _autocast_on(x.device.type):
-            raise ValueError(f'LookHereViT weights are {weight.dtype} but the images are '
-                             f'{x.dtype}: cast one to the other (e.g. x.to({weight.dtype}) '
-                             'or model.to(x.dtype)), or run under torch.autocast')
+            raise ValueError(
+                f'LookHereViT weights are {weight.dtype} but the images are '
+                f'{x.dtype}: cast one to the other (e.g. x.to({weight.dtype}) '
+                'or model.to(x.dtype)), or run under torch.autocast'
+            )
         pad_h, pad_w = (-h) % p, (-w) % p
         if pad_h or pad_w:
             if self.padding == 'corner':
@@ -227,8 +254,14 @@ class LookHereSelfAttention(nn.Module):
         proj_drop: dropout after the output projection. Default: 0.
     """
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+    ):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
@@ -237,9 +270,16 @@ class LookHereSelfAttention(nn.Module):
         self.attn_drop = attn_drop
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: Tensor, pos_enc: Union[PositionEncoding, LookHereAttentionEngine],
-                layer: int, grid: Tuple[int, int], cls_token: bool,
-                window_size: int = 0, q_scale: float = 1.0) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        pos_enc: Union[PositionEncoding, LookHereAttentionEngine],
+        layer: int,
+        grid: Tuple[int, int],
+        cls_token: bool,
+        window_size: int = 0,
+        q_scale: float = 1.0,
+    ) -> Tensor:
         """``(B, T, C)`` -> ``(B, T, C)``; ``window_size > 0`` selects window attention.
 
         ``q_scale`` multiplies the queries before the position encoding is asked, i.e. the
@@ -249,15 +289,18 @@ class LookHereSelfAttention(nn.Module):
         :meth:`LookHereVisionTransformer.attention_scale`).
         """
         b, t, c = x.shape
-        q, k, v = self.qkv(x).reshape(b, t, 3, self.num_heads, self.head_dim).permute(
-            2, 0, 3, 1, 4).unbind(0)
+        q, k, v = (
+            self.qkv(x)
+            .reshape(b, t, 3, self.num_heads, self.head_dim)
+            .permute(2, 0, 3, 1, 4)
+            .unbind(0)
+        )
         if q_scale != 1.0:
             q = q * q_scale
         p = self.attn_drop if self.training else 0.0
         extra = {'tokens': x} if getattr(pos_enc, 'uses_tokens', False) else {}  # PaPE
         if window_size:
-            x = pos_enc.window_attention(q, k, v, layer, grid, window_size, cls_token, p,
-                                         **extra)
+            x = pos_enc.window_attention(q, k, v, layer, grid, window_size, cls_token, p, **extra)
         else:
             x = pos_enc(q, k, v, layer, grid, cls_token, p, **extra)
         x = x.transpose(1, 2).reshape(b, t, c)
@@ -279,10 +322,20 @@ class LookHereBlock(nn.Module):
             Default: 0.
     """
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True,
-                 drop: float = 0.0, attn_drop: float = 0.0, drop_path: float = 0.0,
-                 init_values: Optional[float] = 1e-4, norm_layer: NormLayer = nn.LayerNorm,
-                 act_layer: ActLayer = nn.GELU, window_size: int = 0):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        init_values: Optional[float] = 1e-4,
+        norm_layer: NormLayer = nn.LayerNorm,
+        act_layer: ActLayer = nn.GELU,
+        window_size: int = 0,
+    ):
         super().__init__()
         self.window_size = window_size
         self.norm1 = norm_layer(dim)
@@ -293,13 +346,24 @@ class LookHereBlock(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: Tensor, pos_enc: Union[PositionEncoding, LookHereAttentionEngine],
-                layer: int, grid: Tuple[int, int], cls_token: bool,
-                q_scale: float = 1.0) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        pos_enc: Union[PositionEncoding, LookHereAttentionEngine],
+        layer: int,
+        grid: Tuple[int, int],
+        cls_token: bool,
+        q_scale: float = 1.0,
+    ) -> Tensor:
         """``(B, T, C)`` -> ``(B, T, C)``; ``pos_enc`` and ``q_scale`` as in
         :class:`LookHereSelfAttention`."""
-        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x), pos_enc, layer, grid,
-                                                  cls_token, self.window_size, q_scale)))
+        x = x + self.drop_path(
+            self.ls1(
+                self.attn(
+                    self.norm1(x), pos_enc, layer, grid, cls_token, self.window_size, q_scale
+                )
+            )
+        )
         return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
 
 
@@ -315,10 +379,15 @@ def image_size_pair(img_size: Any) -> Tuple[int, int]:
         img_size = (img_size, img_size)
     elif isinstance(img_size, (list, tuple)) and len(img_size) == 1:
         img_size = (img_size[0], img_size[0])
-    if (not isinstance(img_size, (list, tuple)) or len(img_size) != 2
-            or not all(is_int(s) and s >= 1 for s in img_size)):
-        raise ValueError('LookHereViT: img_size must be a positive int or (H, W) with two '
-                         f'positive ints, got {given!r}')
+    if (
+        not isinstance(img_size, (list, tuple))
+        or len(img_size) != 2
+        or not all(is_int(s) and s >= 1 for s in img_size)
+    ):
+        raise ValueError(
+            'LookHereViT: img_size must be a positive int or (H, W) with two '
+            f'positive ints, got {given!r}'
+        )
     return int(img_size[0]), int(img_size[1])
 
 
@@ -331,36 +400,49 @@ def _check_arguments(args: Mapping[str, Any]) -> None:
         check_rate(f'LookHereViT: {name}', args[name])
     check_number('LookHereViT: mlp_ratio', args['mlp_ratio'], 0, strict=True)
     if int(args['embed_dims'] * args['mlp_ratio']) < 1:
-        raise ValueError(f"LookHereViT: mlp_ratio={args['mlp_ratio']!r} gives an MLP of "
-                         f"{int(args['embed_dims'] * args['mlp_ratio'])} channels")
+        raise ValueError(
+            f'LookHereViT: mlp_ratio={args["mlp_ratio"]!r} gives an MLP of '
+            f'{int(args["embed_dims"] * args["mlp_ratio"])} channels'
+        )
     if args['init_values'] is not None:
         check_number('LookHereViT: init_values', args['init_values'])
-    check_int('LookHereViT: window_size', args['window_size'], minimum=0,
-              description='>= 0 (an int)')
+    check_int(
+        'LookHereViT: window_size', args['window_size'], minimum=0, description='>= 0 (an int)'
+    )
     if args['attn_block_size'] is not None:
-        check_int('LookHereViT: attn_block_size', args['attn_block_size'], minimum=0,
-                  description='>= 0 (an int)')
+        check_int(
+            'LookHereViT: attn_block_size',
+            args['attn_block_size'],
+            minimum=0,
+            description='>= 0 (an int)',
+        )
     mb = args['max_dense_bias_mb']
     if not is_number(mb) or not mb >= 0:  # inf: no limit
         raise ValueError(f'LookHereViT: max_dense_bias_mb must be a number >= 0, got {mb!r}')
     for name in ('window_block_indexes', 'global_attn_indexes'):
         if args[name] is not None:
-            if not isinstance(args[name], (list, tuple)) or not all(
-                    is_int(i) for i in args[name]):
-                raise ValueError(f'LookHereViT: {name} must be a list of block indexes '
-                                 f'(ints), got {args[name]!r}')
+            if not isinstance(args[name], (list, tuple)) or not all(is_int(i) for i in args[name]):
+                raise ValueError(
+                    f'LookHereViT: {name} must be a list of block indexes '
+                    f'(ints), got {args[name]!r}'
+                )
     out_indices = args['out_indices']
     if isinstance(out_indices, (list, tuple)):
         if not out_indices or not all(is_int(i) for i in out_indices):
-            raise ValueError('LookHereViT: out_indices must be an int or a non-empty list of '
-                             f'ints, got {out_indices!r}')
+            raise ValueError(
+                'LookHereViT: out_indices must be an int or a non-empty list of '
+                f'ints, got {out_indices!r}'
+            )
     elif not is_int(out_indices):
         raise TypeError('out_indices must be an int, list or tuple')
 
 
-def window_blocks(num_layers: int, window_size: int,
-                  window_block_indexes: Optional[Sequence[int]],
-                  global_attn_indexes: Optional[Sequence[int]]) -> List[int]:
+def window_blocks(
+    num_layers: int,
+    window_size: int,
+    window_block_indexes: Optional[Sequence[int]],
+    global_attn_indexes: Optional[Sequence[int]],
+) -> List[int]:
     """Indexes of windowed blocks from either naming (detectron2/mmdet or SAM); with
     ``window_size`` and neither list, the last block of each quarter is global (ViTDet)."""
     if not window_size:
@@ -371,22 +453,26 @@ def window_blocks(num_layers: int, window_size: int,
         raise ValueError(f'window_size must be >= 0, got {window_size}')
     if window_block_indexes is not None and global_attn_indexes is not None:
         windowed = sorted(set(window_block_indexes))
-        if set(windowed) & set(global_attn_indexes) or \
-                set(windowed) | set(global_attn_indexes) != set(range(num_layers)):
-            raise ValueError('window_block_indexes and global_attn_indexes must partition '
-                             f'range({num_layers}); got {list(window_block_indexes)} and '
-                             f'{list(global_attn_indexes)}')
+        if set(windowed) & set(global_attn_indexes) or set(windowed) | set(
+            global_attn_indexes
+        ) != set(range(num_layers)):
+            raise ValueError(
+                'window_block_indexes and global_attn_indexes must partition '
+                f'range({num_layers}); got {list(window_block_indexes)} and '
+                f'{list(global_attn_indexes)}'
+            )
     elif window_block_indexes is not None:
         windowed = sorted(set(window_block_indexes))
     else:
         if global_attn_indexes is None:  # ViTDet: the last block of each quarter is global
-            global_attn_indexes = sorted({max((q + 1) * num_layers // 4 - 1, 0)
-                                          for q in range(4)})
+            global_attn_indexes = sorted({max((q + 1) * num_layers // 4 - 1, 0) for q in range(4)})
             if len(global_attn_indexes) == num_layers:
-                raise ValueError(f'window_size={window_size} with {num_layers} layers: the '
-                                 'default (the last block of each quarter is global) leaves no '
-                                 'windowed block; give window_block_indexes or '
-                                 'global_attn_indexes')
+                raise ValueError(
+                    f'window_size={window_size} with {num_layers} layers: the '
+                    'default (the last block of each quarter is global) leaves no '
+                    'windowed block; give window_block_indexes or '
+                    'global_attn_indexes'
+                )
         windowed = [i for i in range(num_layers) if i not in set(global_attn_indexes)]
     bad = [i for i in windowed if not 0 <= i < num_layers]
     bad += [i for i in (global_attn_indexes or []) if not 0 <= i < num_layers]
@@ -501,44 +587,46 @@ class LookHereVisionTransformer(nn.Module):
             ``lookhere`` are read from it.
     """
 
-    def __init__(self,
-                 img_size: Union[int, Tuple[int, int]] = 224,
-                 patch_size: int = 16,
-                 patch_pad: str = 'corner',
-                 in_channels: int = 3,
-                 embed_dims: int = 768,
-                 num_layers: int = 12,
-                 num_heads: int = 12,
-                 mlp_ratio: float = 4,
-                 out_origin: bool = False,
-                 out_indices: Union[int, Sequence[int]] = -1,
-                 qkv_bias: bool = True,
-                 drop_rate: float = 0.,
-                 attn_drop_rate: float = 0.,
-                 drop_path_rate: float = 0.,
-                 with_cls_token: bool = True,
-                 output_cls_token: bool = False,
-                 norm_layer: NormLayer = nn.LayerNorm,
-                 act_layer: ActLayer = nn.GELU,
-                 patch_norm: bool = False,
-                 patch_bias: bool = True,
-                 pre_norm: bool = False,
-                 final_norm: bool = True,
-                 interpolate_mode: Optional[str] = None,
-                 norm_eval: bool = False,
-                 with_cp: bool = False,
-                 frozen_exclude: Sequence[str] = ('all',),
-                 lh_config: Union[None, str, Mapping[str, Any], LookHereConfig] = None,
-                 preset: Optional[str] = None,
-                 init_values: Optional[float] = 1e-4,
-                 attn_backend: str = 'auto',
-                 attn_block_size: Optional[int] = None,
-                 max_dense_bias_mb: float = 1024,
-                 window_size: int = 0,
-                 window_block_indexes: Optional[Sequence[int]] = None,
-                 global_attn_indexes: Optional[Sequence[int]] = None,
-                 pos_encoding: Union[str, Mapping[str, Any]] = 'lookhere',
-                 log_n_scaling: bool = False):
+    def __init__(
+        self,
+        img_size: Union[int, Tuple[int, int]] = 224,
+        patch_size: int = 16,
+        patch_pad: str = 'corner',
+        in_channels: int = 3,
+        embed_dims: int = 768,
+        num_layers: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4,
+        out_origin: bool = False,
+        out_indices: Union[int, Sequence[int]] = -1,
+        qkv_bias: bool = True,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        with_cls_token: bool = True,
+        output_cls_token: bool = False,
+        norm_layer: NormLayer = nn.LayerNorm,
+        act_layer: ActLayer = nn.GELU,
+        patch_norm: bool = False,
+        patch_bias: bool = True,
+        pre_norm: bool = False,
+        final_norm: bool = True,
+        interpolate_mode: Optional[str] = None,
+        norm_eval: bool = False,
+        with_cp: bool = False,
+        frozen_exclude: Sequence[str] = ('all',),
+        lh_config: Union[None, str, Mapping[str, Any], LookHereConfig] = None,
+        preset: Optional[str] = None,
+        init_values: Optional[float] = 1e-4,
+        attn_backend: str = 'auto',
+        attn_block_size: Optional[int] = None,
+        max_dense_bias_mb: float = 1024,
+        window_size: int = 0,
+        window_block_indexes: Optional[Sequence[int]] = None,
+        global_attn_indexes: Optional[Sequence[int]] = None,
+        pos_encoding: Union[str, Mapping[str, Any]] = 'lookhere',
+        log_n_scaling: bool = False,
+    ):
         super().__init__()
         _check_arguments(locals())
         img_size = image_size_pair(img_size)
@@ -547,8 +635,11 @@ class LookHereVisionTransformer(nn.Module):
 
         spec = parse_pos_encoding(pos_encoding, lh_config, preset)
         if interpolate_mode is not None and spec.name != 'abs':
-            _warn_once('interpolate_mode', 'LookHereViT ignores interpolate_mode: it has no '
-                       'absolute position embedding to resize')
+            _warn_once(
+                'interpolate_mode',
+                'LookHereViT ignores interpolate_mode: it has no '
+                'absolute position embedding to resize',
+            )
         if embed_dims % num_heads:
             raise ValueError(f'embed_dims={embed_dims} is not divisible by num_heads={num_heads}')
         if output_cls_token and not with_cls_token:
@@ -579,32 +670,60 @@ class LookHereVisionTransformer(nn.Module):
         self.train_grid: Tuple[int, int] = grid
         self.log_n_scaling = bool(log_n_scaling)
         if self.log_n_scaling and grid[0] * grid[1] + int(with_cls_token) < 2:
-            raise ValueError(f'log_n_scaling needs at least 2 tokens on the training grid '
-                             f'(img_size {self.img_size} / patch_size {patch_size} gives '
-                             f'{grid[0]}x{grid[1]})')
+            raise ValueError(
+                f'log_n_scaling needs at least 2 tokens on the training grid '
+                f'(img_size {self.img_size} / patch_size {patch_size} gives '
+                f'{grid[0]}x{grid[1]})'
+            )
         with isolated_rng():  # the trunk draws the same init numbers whatever the encoding
             self.pos_enc: PositionEncoding = build_position_encoding(
-                spec, embed_dims=embed_dims, num_heads=num_heads, depth=num_layers,
-                grid_size=grid, interpolate_mode=interpolate_mode or 'bicubic',
-                attn_backend=attn_backend, attn_block_size=attn_block_size,
-                max_dense_bias_mb=max_dense_bias_mb)
+                spec,
+                embed_dims=embed_dims,
+                num_heads=num_heads,
+                depth=num_layers,
+                grid_size=grid,
+                interpolate_mode=interpolate_mode or 'bicubic',
+                attn_backend=attn_backend,
+                attn_block_size=attn_block_size,
+                max_dense_bias_mb=max_dense_bias_mb,
+            )
 
         self.window_size = int(window_size)
-        self.window_block_indexes = window_blocks(num_layers, self.window_size,
-                                                  window_block_indexes, global_attn_indexes)
+        self.window_block_indexes = window_blocks(
+            num_layers, self.window_size, window_block_indexes, global_attn_indexes
+        )
 
-        self.patch_embed = LookHerePatchEmbed(patch_size, in_channels, embed_dims, patch_bias,
-                                              patch_pad, norm_layer if patch_norm else None)
+        self.patch_embed = LookHerePatchEmbed(
+            patch_size,
+            in_channels,
+            embed_dims,
+            patch_bias,
+            patch_pad,
+            norm_layer if patch_norm else None,
+        )
         if with_cls_token:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims))
         self.drop_after_pos = nn.Dropout(drop_rate)
         self.pre_ln = norm_layer(embed_dims) if pre_norm else None
         dpr = torch.linspace(0, drop_path_rate, num_layers).tolist()
-        self.blocks = nn.ModuleList([
-            LookHereBlock(embed_dims, num_heads, mlp_ratio, qkv_bias, drop_rate,
-                          attn_drop_rate, dpr[i], init_values, norm_layer, act_layer,
-                          self.window_size if i in self.window_block_indexes else 0)
-            for i in range(num_layers)])
+        self.blocks = nn.ModuleList(
+            [
+                LookHereBlock(
+                    embed_dims,
+                    num_heads,
+                    mlp_ratio,
+                    qkv_bias,
+                    drop_rate,
+                    attn_drop_rate,
+                    dpr[i],
+                    init_values,
+                    norm_layer,
+                    act_layer,
+                    self.window_size if i in self.window_block_indexes else 0,
+                )
+                for i in range(num_layers)
+            ]
+        )
         self.norm = norm_layer(embed_dims) if final_norm else None
         self._freeze()
 
@@ -638,20 +757,24 @@ class LookHereVisionTransformer(nn.Module):
         parameters from their own RNG stream (:func:`~.pos_encoding.isolated_rng`)."""
         for m in self.modules():
             if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=.02)
+                trunc_normal_(m.weight, std=0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
         if self.with_cls_token:
-            trunc_normal_(self.cls_token, std=.02)
+            trunc_normal_(self.cls_token, std=0.02)
         with isolated_rng(next(self.parameters()).device):
             self.pos_enc.reset_parameters()
 
-    def load_pretrained(self, path: Union[str, Mapping[str, Any]], strict: bool = True,
-                        checkpoint_num_heads: Optional[int] = None,
-                        source: Optional[str] = None) -> Dict[str, List[str]]:
+    def load_pretrained(
+        self,
+        path: Union[str, Mapping[str, Any]],
+        strict: bool = True,
+        checkpoint_num_heads: Optional[int] = None,
+        source: Optional[str] = None,
+    ) -> Dict[str, List[str]]:
         """Load official LookHere / timm / DeiT-III / lookhere-dense weights from ``path``
         (see :func:`lookhere_dense.lookhere.weights.load_backbone_weights`: the strict
         checks, the head-count rules and the adoption of the file's LookHere config).
@@ -672,8 +795,9 @@ class LookHereVisionTransformer(nn.Module):
         Raises:
             FileNotFoundError, CheckpointError: naming the file and what does not fit.
         """
-        return _weights.load_backbone_weights(self, path, strict, checkpoint_num_heads,
-                                              source=source)
+        return _weights.load_backbone_weights(
+            self, path, strict, checkpoint_num_heads, source=source
+        )
 
     def get_extra_state(self) -> Tensor:
         """Saved in every ``state_dict`` (key ``_extra_state``): the position encoding, the
@@ -692,10 +816,13 @@ class LookHereVisionTransformer(nn.Module):
 
     def record(self) -> Dict[str, Any]:
         """What :meth:`get_extra_state` saves, as a dict of strings, numbers and lists."""
-        return {'pos_encoding': self.pos_encoding,
-                'lh_config': self.lh_config.to_dict() if self.lh_config is not None else None,
-                'num_heads': self.num_heads, 'num_layers': self.num_layers,
-                'embed_dims': self.embed_dims}
+        return {
+            'pos_encoding': self.pos_encoding,
+            'lh_config': self.lh_config.to_dict() if self.lh_config is not None else None,
+            'num_heads': self.num_heads,
+            'num_layers': self.num_layers,
+            'embed_dims': self.embed_dims,
+        }
 
     def set_extra_state(self, state: Any) -> None:
         """Check and adopt the record of loaded weights
@@ -713,12 +840,17 @@ class LookHereVisionTransformer(nn.Module):
         if 'all' in self.frozen_exclude:
             return
         names = [name for name, _ in self.named_parameters()]
-        unmatched = [ex for ex in self.frozen_exclude
-                     if not isinstance(ex, str) or not any(ex in n for n in names)]
+        unmatched = [
+            ex
+            for ex in self.frozen_exclude
+            if not isinstance(ex, str) or not any(ex in n for n in names)
+        ]
         if unmatched:
-            raise ValueError(f'LookHereViT: frozen_exclude entries {unmatched} match no '
-                             f'parameter (names like {names[:3]} ... {names[-2:]}); every '
-                             "parameter would be frozen. ['all'] freezes nothing, [] everything")
+            raise ValueError(
+                f'LookHereViT: frozen_exclude entries {unmatched} match no '
+                f'parameter (names like {names[:3]} ... {names[-2:]}); every '
+                "parameter would be frozen. ['all'] freezes nothing, [] everything"
+            )
         for name, param in self.named_parameters():
             if not any(ex in name for ex in self.frozen_exclude):
                 param.requires_grad = False
@@ -766,8 +898,16 @@ class LookHereVisionTransformer(nn.Module):
         for i, blk in enumerate(self.blocks):
             q_scale = self.attention_scale(grid, blk.window_size)
             if self.with_cp and x.requires_grad:
-                x = checkpoint(blk, x, self.pos_enc, i, grid, self.with_cls_token, q_scale,
-                               use_reentrant=False)
+                x = checkpoint(
+                    blk,
+                    x,
+                    self.pos_enc,
+                    i,
+                    grid,
+                    self.with_cls_token,
+                    q_scale,
+                    use_reentrant=False,
+                )
             else:
                 x = blk(x, self.pos_enc, i, grid, self.with_cls_token, q_scale)
             if i == len(self.blocks) - 1 and self.norm is not None:
@@ -778,9 +918,9 @@ class LookHereVisionTransformer(nn.Module):
         """Images ``(B, C, H, W)`` -> tuple of ``(B, embed_dims, h, w)`` maps per
         ``out_indices`` (``[map, cls]`` pairs with ``output_cls_token``), where
         ``h, w = ceil(H / patch), ceil(W / patch)``."""
-        x, grid = self._embed(inputs)
-        outs = [self._output(x, grid)] if self.out_origin else []
-        for i, x in self._run_blocks(x, grid):
+        tokens, grid = self._embed(inputs)
+        outs = [self._output(tokens, grid)] if self.out_origin else []
+        for i, x in self._run_blocks(tokens, grid):
             if i in self.out_indices:
                 outs.append(self._output(x, grid))
         return tuple(outs)
@@ -789,8 +929,8 @@ class LookHereVisionTransformer(nn.Module):
         """All tokens after the last block and final norm, ``(B, T, D)`` (CLS first), like
         the official ``LookHere.forward_features``."""
         x, grid = self._embed(inputs)
-        for _, x in self._run_blocks(x, grid):
-            pass
+        for _, out in self._run_blocks(x, grid):
+            x = out
         return x
 
     def train(self, mode: bool = True) -> 'LookHereVisionTransformer':
@@ -802,9 +942,13 @@ class LookHereVisionTransformer(nn.Module):
         return self
 
 
-def create_model(pretrained: Optional[str] = None, *, strict: bool = True,
-                 checkpoint_num_heads: Optional[int] = None,
-                 **arch: Any) -> LookHereVisionTransformer:
+def create_model(
+    pretrained: Optional[str] = None,
+    *,
+    strict: bool = True,
+    checkpoint_num_heads: Optional[int] = None,
+    **arch: Any,
+) -> LookHereVisionTransformer:
     """Build a LookHere ViT with torch alone, initialised, optionally from weights.
 
     Args:
@@ -829,6 +973,5 @@ def create_model(pretrained: Optional[str] = None, *, strict: bool = True,
     model = LookHereVisionTransformer(**arch)
     model.init_weights()
     if pretrained is not None:
-        model.load_pretrained(pretrained, strict=strict,
-                              checkpoint_num_heads=checkpoint_num_heads)
+        model.load_pretrained(pretrained, strict=strict, checkpoint_num_heads=checkpoint_num_heads)
     return model

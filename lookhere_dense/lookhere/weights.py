@@ -41,6 +41,7 @@ itself (lookhere-dense writes it), or a documented convention
 (:func:`file_num_heads`); a file whose head count cannot be known is refused with a
 message naming the key to set. Torch alone.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,18 +52,34 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..checkpoint import (EXTRA_STATE_KEY, decode_extra_state, is_extra_state_key,
-                          load_checkpoint_file, load_state_dict_strict, read_record,
-                          strip_prefix)
+from ..checkpoint import (
+    EXTRA_STATE_KEY,
+    decode_extra_state,
+    is_extra_state_key,
+    load_checkpoint_file,
+    load_state_dict_strict,
+    read_record,
+    strip_prefix,
+)
 from ..errors import CheckpointError
 from ..validation import int_or_none, is_int
 from .config import OFFICIAL_KEYS, resolve_lh_config
 from .pos_encoding import AbsolutePositionEncoding
 
-__all__ = ['BackboneWeights', 'backbone_weights', 'file_num_heads', 'check_num_heads',
-           'vit_key_hints', 'load_backbone_weights', 'check_backbone_record',
-           'adopt_lh_config', 'save_backbone_checkpoint', 'HEADS_KEY', 'OFFICIAL_NUM_HEADS',
-           'TIMM_HEAD_DIM']
+__all__ = [
+    'BackboneWeights',
+    'backbone_weights',
+    'file_num_heads',
+    'check_num_heads',
+    'vit_key_hints',
+    'load_backbone_weights',
+    'check_backbone_record',
+    'adopt_lh_config',
+    'save_backbone_checkpoint',
+    'HEADS_KEY',
+    'OFFICIAL_NUM_HEADS',
+    'TIMM_HEAD_DIM',
+]
 
 #: the ``init_cfg`` key (and keyword argument) that states a file's head count
 HEADS_KEY = 'checkpoint_num_heads'
@@ -132,8 +149,10 @@ def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> B
     if any(k.startswith('module.') for k in sd):
         sd = strip_prefix(sd, 'module.')
     if not any(k.startswith(('blocks.', 'patch_embed.')) for k in sd):
-        raise CheckpointError('checkpoint has no ViT backbone weights (no "blocks.*" or '
-                              f'"patch_embed.*" keys); first keys: {sorted(sd)[:8]}')
+        raise CheckpointError(
+            'checkpoint has no ViT backbone weights (no "blocks.*" or '
+            f'"patch_embed.*" keys); first keys: {sorted(sd)[:8]}'
+        )
     pos_encoding = 'lookhere' if fmt == 'official' else None
     extra = sd.pop(EXTRA_STATE_KEY, None)  # LookHereViT.get_extra_state() of our own saves
     if extra is not None:
@@ -150,7 +169,7 @@ def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> B
         if m:  # original DeiT-III repo: blocks.i.gamma_1 -> blocks.i.ls1.gamma
             key = f'{m.group(1)}.ls{m.group(2)}.gamma'
         if key.startswith('norm_pre.'):  # timm's norm before the blocks (CLIP ViTs)
-            key = 'pre_ln.' + key[len('norm_pre.'):]
+            key = 'pre_ln.' + key[len('norm_pre.') :]
         if _CLASSIFIER.match(key) or (key == 'pos_embed' and not keep_pos_embed):
             dropped.append(key)
             continue
@@ -189,18 +208,28 @@ def file_num_heads(weights: BackboneWeights) -> Tuple[Optional[int], str]:
     if weights.lh_config is not None or weights.pos_encoding is not None:
         return OFFICIAL_NUM_HEADS, (
             'not recorded in this LookHere file; LookHere files without a head count come '
-            f'from the official code, whose models have {OFFICIAL_NUM_HEADS} heads')
+            f'from the official code, whose models have {OFFICIAL_NUM_HEADS} heads'
+        )
     dims = _file_embed_dims(weights.state_dict)
     if dims is not None and dims % TIMM_HEAD_DIM == 0:
         return dims // TIMM_HEAD_DIM, (
             f'not recorded in this {weights.format} file; assumed from its {dims} channels '
-            f'and the head width {TIMM_HEAD_DIM} of timm / DeiT-III ViTs')
-    return None, (f'not recorded in this {weights.format} file, and its {dims} channels are '
-                  f'no multiple of the usual head width {TIMM_HEAD_DIM}')
+            f'and the head width {TIMM_HEAD_DIM} of timm / DeiT-III ViTs'
+        )
+    return None, (
+        f'not recorded in this {weights.format} file, and its {dims} channels are '
+        f'no multiple of the usual head width {TIMM_HEAD_DIM}'
+    )
 
 
-def check_num_heads(model_heads: int, file_heads: Optional[int], how: str, source: str,
-                    declared: Optional[int] = None, key: str = HEADS_KEY) -> None:
+def check_num_heads(
+    model_heads: int,
+    file_heads: Optional[int],
+    how: str,
+    source: str,
+    declared: Optional[int] = None,
+    key: str = HEADS_KEY,
+) -> None:
     """Refuse weights trained with another head count than ``model_heads``.
 
     Args:
@@ -217,30 +246,37 @@ def check_num_heads(model_heads: int, file_heads: Optional[int], how: str, sourc
     """
     if declared is not None:
         if not is_int(declared) or declared < 1:
-            raise CheckpointError(f'{key} must be a positive int (the head count the '
-                                  f'checkpoint was trained with), got {declared!r}')
+            raise CheckpointError(
+                f'{key} must be a positive int (the head count the '
+                f'checkpoint was trained with), got {declared!r}'
+            )
         if how == 'recorded in the file' and file_heads != declared:
-            raise CheckpointError(f'{key}={declared} but {source!r} records '
-                                  f'{file_heads} heads; remove {key}')
+            raise CheckpointError(
+                f'{key}={declared} but {source!r} records {file_heads} heads; remove {key}'
+            )
         file_heads, how = declared, f'stated by {key}'
     if file_heads is None:
         raise CheckpointError(
             f'cannot verify that {source!r} was trained with num_heads={model_heads} (head '
             f'count {how}). The weights have the same shapes for any head count, but split '
             'into other heads they give wrong features. State the head count the file was '
-            f'trained with: init_cfg=dict(type=\'Pretrained\', checkpoint=..., '
-            f'{key}=N) (load_model_weights(..., {key}=N))')
+            f"trained with: init_cfg=dict(type='Pretrained', checkpoint=..., "
+            f'{key}=N) (load_model_weights(..., {key}=N))'
+        )
     if file_heads != model_heads:
         extra = ''
         if file_heads not in (6, 12, 16):
-            extra = (f'; LookHere head layouts need 6, 12 or 16 heads, so a {file_heads}-head '
-                     "trunk fits only the other encodings (e.g. pos_encoding='rope2d')")
+            extra = (
+                f'; LookHere head layouts need 6, 12 or 16 heads, so a {file_heads}-head '
+                "trunk fits only the other encodings (e.g. pos_encoding='rope2d')"
+            )
         raise CheckpointError(
             f'{source!r} has {file_heads} attention heads per block ({how}), but the model '
             f'has num_heads={model_heads}. The qkv weights have the same shapes for any head '
             'count, but split into other heads they give wrong features. Set '
             f'model.backbone.num_heads={file_heads}{extra}; if the file really has '
-            f'{model_heads} heads, state it with {key}={model_heads}')
+            f'{model_heads} heads, state it with {key}={model_heads}'
+        )
 
 
 _ANY_BLOCK = re.compile(r'^(|.*\.)blocks\.(\d+)\.')
@@ -259,10 +295,18 @@ def _depths(keys) -> Dict[str, int]:
 #: flag of the architecture differs when one side has such a tensor and the other has none
 _FLAG_HINTS = (
     (r'(^|\.)attn\.qkv\.bias$', 'qkv bias', 'qkv_bias=False', 'qkv_bias=True'),
-    (r'(^|\.)patch_embed\.proj\.bias$', 'patch-embedding bias', 'patch_bias=False',
-     'patch_bias=True'),
-    (r'(^|\.)patch_embed\.norm\.weight$', 'patch-embedding norm', 'patch_norm=False',
-     'patch_norm=True'),
+    (
+        r'(^|\.)patch_embed\.proj\.bias$',
+        'patch-embedding bias',
+        'patch_bias=False',
+        'patch_bias=True',
+    ),
+    (
+        r'(^|\.)patch_embed\.norm\.weight$',
+        'patch-embedding norm',
+        'patch_norm=False',
+        'patch_norm=True',
+    ),
     (r'(^|\.)pre_ln\.weight$', 'norm before the blocks', 'pre_norm=False', 'pre_norm=True'),
     (r'^(backbone\.)?norm\.weight$', 'final norm', 'final_norm=False', 'final_norm=True'),
     (r'(^|\.)cls_token$', 'CLS token', 'with_cls_token=False', 'with_cls_token=True'),
@@ -270,8 +314,9 @@ _FLAG_HINTS = (
 )
 
 
-def vit_key_hints(missing: List[str], unexpected: List[str], model_keys: Sequence[str],
-                  file_keys: Sequence[str]) -> List[str]:
+def vit_key_hints(
+    missing: List[str], unexpected: List[str], model_keys: Sequence[str], file_keys: Sequence[str]
+) -> List[str]:
     """The usual reasons why keys of a ViT differ, found from the keys themselves (the
     ``hints`` of :func:`~lookhere_dense.checkpoint.load_state_dict_strict`)."""
     hints = []
@@ -279,32 +324,46 @@ def vit_key_hints(missing: List[str], unexpected: List[str], model_keys: Sequenc
     for prefix in sorted(set(in_file) & set(in_model)):
         have, want = in_file[prefix], in_model[prefix]
         if have != want:
-            hints.append(f'the file has {have} blocks ({prefix}blocks.0-{have - 1}), the '
-                         f'model {want}: set num_layers={have}')
+            hints.append(
+                f'the file has {have} blocks ({prefix}blocks.0-{have - 1}), the '
+                f'model {want}: set num_layers={have}'
+            )
 
     def some(keys, pattern: str) -> bool:
         return any(re.search(pattern, k) for k in keys)
 
     for pattern, what, off, on in _FLAG_HINTS:
         if some(missing, pattern) and not some(file_keys, pattern):
-            hints.append(f'no LayerScale in the file: set {off}' if what == 'LayerScale' else
-                         f'the file has no {what}: set {off}')
+            hints.append(
+                f'no LayerScale in the file: set {off}'
+                if what == 'LayerScale'
+                else f'the file has no {what}: set {off}'
+            )
         elif some(unexpected, pattern) and not some(model_keys, pattern):
-            hints.append(f'the file has LayerScale (ls1/ls2.gamma): set {on}'
-                         if what == 'LayerScale' else f'the file has a {what}: set {on}')
+            hints.append(
+                f'the file has LayerScale (ls1/ls2.gamma): set {on}'
+                if what == 'LayerScale'
+                else f'the file has a {what}: set {on}'
+            )
     if some(file_keys, r'^(backbone\.)?layers\.\d+\.'):
-        hints.append("the file uses mmseg VisionTransformer's names (layers.*); LookHereViT "
-                     'takes timm / official names (blocks.*): load the original timm / '
-                     'DeiT-III / LookHere file instead of the mmseg conversion')
+        hints.append(
+            "the file uses mmseg VisionTransformer's names (layers.*); LookHereViT "
+            'takes timm / official names (blocks.*): load the original timm / '
+            'DeiT-III / LookHere file instead of the mmseg conversion'
+        )
     if some(missing, r'(^|\.)_extra_state$'):
-        hints.append('the file lacks the record a LookHereViT saves with its weights '
-                     '(_extra_state: position encoding, LookHere config, head count); '
-                     'strict=False loads the weights without it')
+        hints.append(
+            'the file lacks the record a LookHereViT saves with its weights '
+            '(_extra_state: position encoding, LookHere config, head count); '
+            'strict=False loads the weights without it'
+        )
     if some(missing, r'(^|\.)pos_enc\.pos_embed$'):
         hints.append("the file has no position embedding for pos_encoding='abs'")
     if some(unexpected, _SLOPE_KEY) and not some(model_keys, _SLOPE_KEY):
-        hints.append('the file has learned LookHere slopes (pos_enc.slopes.*): set '
-                     'model.backbone.lh_config.learnable_slopes=True')
+        hints.append(
+            'the file has learned LookHere slopes (pos_enc.slopes.*): set '
+            'model.backbone.lh_config.learnable_slopes=True'
+        )
     return hints
 
 
@@ -312,9 +371,13 @@ def vit_key_hints(missing: List[str], unexpected: List[str], model_keys: Sequenc
 _SLOPE_KEY = r'(^|\.)pos_enc\.slopes\.'
 
 
-def save_backbone_checkpoint(path: str, state_dict: Mapping[str, Tensor],
-                             lh_config: Optional[Mapping[str, Any]], source: str,
-                             num_heads: Optional[int] = None) -> None:
+def save_backbone_checkpoint(
+    path: str,
+    state_dict: Mapping[str, Tensor],
+    lh_config: Optional[Mapping[str, Any]],
+    source: str,
+    num_heads: Optional[int] = None,
+) -> None:
     """Write backbone weights as ``{'state_dict': ..., 'meta': {...}}``.
 
     The file works with ``init_cfg=dict(type='Pretrained', checkpoint=path)`` of
@@ -331,10 +394,17 @@ def save_backbone_checkpoint(path: str, state_dict: Mapping[str, Tensor],
     if num_heads is None and extra is not None:
         num_heads = int_or_none(read_record(extra).get('num_heads'))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    meta = {'lookhere_config': None if lh_config is None else dict(lh_config),
-            'num_heads': num_heads, 'source': source, 'converted_by': __name__}
-    tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()
-               if isinstance(v, Tensor) and not is_extra_state_key(k)}
+    meta = {
+        'lookhere_config': None if lh_config is None else dict(lh_config),
+        'num_heads': num_heads,
+        'source': source,
+        'converted_by': __name__,
+    }
+    tensors = {
+        k: v.detach().cpu().contiguous()
+        for k, v in state_dict.items()
+        if isinstance(v, Tensor) and not is_extra_state_key(k)
+    }
     torch.save({'state_dict': tensors, 'meta': meta}, path)
 
 
@@ -342,8 +412,9 @@ def save_backbone_checkpoint(path: str, state_dict: Mapping[str, Tensor],
 # Adoption into a trunk (a LookHereVisionTransformer; duck-typed here, so this module does
 # not import the model)
 # ----------------------------------------------------------------------------------------
-def unused_checkpoint_keys(model: Any, state_dict: Mapping[str, Tensor],
-                           file_encoding: Optional[str]) -> Dict[str, str]:
+def unused_checkpoint_keys(
+    model: Any, state_dict: Mapping[str, Tensor], file_encoding: Optional[str]
+) -> Dict[str, str]:
     """``{key: reason}`` of file tensors the trunk ``model`` leaves out by design: the final
     ``norm`` with ``final_norm=False``, ``cls_token`` with ``with_cls_token=False``, and
     another encoding's ``pos_enc.*``."""
@@ -361,9 +432,13 @@ def unused_checkpoint_keys(model: Any, state_dict: Mapping[str, Tensor],
     return out
 
 
-def load_backbone_weights(model: Any, checkpoint: Union[str, Mapping[str, Any]],
-                          strict: bool = True, checkpoint_num_heads: Optional[int] = None,
-                          source: Optional[str] = None) -> Dict[str, List[str]]:
+def load_backbone_weights(
+    model: Any,
+    checkpoint: Union[str, Mapping[str, Any]],
+    strict: bool = True,
+    checkpoint_num_heads: Optional[int] = None,
+    source: Optional[str] = None,
+) -> Dict[str, List[str]]:
     """Load official LookHere / timm / DeiT-III / lookhere-dense weights into a trunk.
 
     The LookHere config stored in official and lookhere-dense files replaces the
@@ -410,17 +485,20 @@ def load_backbone_weights(model: Any, checkpoint: Union[str, Mapping[str, Any]],
     if weights.lh_config is not None:
         file_encoding = weights.pos_encoding or 'lookhere'
         if model.pos_encoding != file_encoding:
-            raise CheckpointError(f'{path!r} ({weights.format} format) holds a '
-                                  f'{file_encoding!r} model (config {weights.lh_config}); it '
-                                  f'loads only into pos_encoding={file_encoding!r}, not '
-                                  f'{model.pos_encoding!r}')
+            raise CheckpointError(
+                f'{path!r} ({weights.format} format) holds a '
+                f'{file_encoding!r} model (config {weights.lh_config}); it '
+                f'loads only into pos_encoding={file_encoding!r}, not '
+                f'{model.pos_encoding!r}'
+            )
     pos_note = ''
     if is_abs:
         stored = [k for k in ('pos_embed', 'pos_enc.pos_embed') if k in weights.state_dict]
         if stored:
             sd = weights.state_dict
             pos_embed, cls_entry, pos_note = model.pos_enc.adapt_checkpoint_embedding(
-                sd.pop(stored[0]))
+                sd.pop(stored[0])
+            )
             sd['pos_enc.pos_embed'] = pos_embed
             if cls_entry is not None and 'cls_token' in sd:
                 sd['cls_token'] = sd['cls_token'] + cls_entry
@@ -434,20 +512,32 @@ def load_backbone_weights(model: Any, checkpoint: Union[str, Mapping[str, Any]],
         if weights.lh_config is not None:
             adopt_lh_config(model, weights.lh_config, path)
 
-    report = load_state_dict_strict(model, weights.state_dict, path, strict=strict,
-                                    dropped=dropped, what='backbone', verify=verify,
-                                    hints=vit_key_hints)
+    report = load_state_dict_strict(
+        model,
+        weights.state_dict,
+        path,
+        strict=strict,
+        dropped=dropped,
+        what='backbone',
+        verify=verify,
+        hints=vit_key_hints,
+    )
     report['dropped'] = sorted(weights.dropped + report['dropped'])
     loaded = len(weights.state_dict) - len(dropped) - len(report['unexpected'])
     config = model.lh_config
-    model._log(f'LookHereViT: loaded {loaded} tensors from {path} '
-               f'({weights.format} format); dropped {report["dropped"] or "nothing"}; '
-               f'unexpected (ignored) {report["unexpected"] or "none"}; missing '
-               f'{report["missing"] or "none"}; pos_encoding {model.pos_encoding!r}'
-               + (f', LookHere config {config.to_dict()}' if config else '')
-               + ('; learnable slopes start from that config (the file has none)'
-                  if report.get('from_config') else '')
-               + pos_note)
+    model._log(
+        f'LookHereViT: loaded {loaded} tensors from {path} '
+        f'({weights.format} format); dropped {report["dropped"] or "nothing"}; '
+        f'unexpected (ignored) {report["unexpected"] or "none"}; missing '
+        f'{report["missing"] or "none"}; pos_encoding {model.pos_encoding!r}'
+        + (f', LookHere config {config.to_dict()}' if config else '')
+        + (
+            '; learnable slopes start from that config (the file has none)'
+            if report.get('from_config')
+            else ''
+        )
+        + pos_note
+    )
     return report
 
 
@@ -469,18 +559,23 @@ def check_backbone_record(model: Any, state: Any) -> None:
     for key in ('num_layers', 'embed_dims'):
         stored = state.get(key)
         if stored is not None and stored != getattr(model, key):
-            raise CheckpointError(f'the loaded weights come from a LookHereViT with '
-                                  f'{key}={stored}, this one has {key}='
-                                  f'{getattr(model, key)}: set model.backbone.{key}={stored}')
+            raise CheckpointError(
+                f'the loaded weights come from a LookHereViT with '
+                f'{key}={stored}, this one has {key}='
+                f'{getattr(model, key)}: set model.backbone.{key}={stored}'
+            )
     if state.get('num_heads') is not None:
-        check_num_heads(model.num_heads, state['num_heads'], 'recorded in the file',
-                        'the loaded state_dict')
+        check_num_heads(
+            model.num_heads, state['num_heads'], 'recorded in the file', 'the loaded state_dict'
+        )
     source = state.get('pos_encoding')
     if source is not None and source != model.pos_encoding:
-        raise ValueError(f'the loaded weights were trained with pos_encoding={source!r}, '
-                         f'but this LookHereViT has pos_encoding={model.pos_encoding!r}: '
-                         f'set model.backbone.pos_encoding={source!r} (or drop the '
-                         f'{EXTRA_STATE_KEY!r} key to move the trunk weights on purpose)')
+        raise ValueError(
+            f'the loaded weights were trained with pos_encoding={source!r}, '
+            f'but this LookHereViT has pos_encoding={model.pos_encoding!r}: '
+            f'set model.backbone.pos_encoding={source!r} (or drop the '
+            f'{EXTRA_STATE_KEY!r} key to move the trunk weights on purpose)'
+        )
     stored = state.get('lh_config')
     if stored is not None and model.lh_config is not None:
         stored = {k: v for k, v in stored.items() if k != 'bias_rounding'}
@@ -506,27 +601,32 @@ def adopt_lh_config(model: Any, stored: Mapping[str, Any], path: str) -> None:
             f'{path!r} holds learned LookHere slopes (lh_config learnable_slopes=True, '
             'tensors pos_enc.slopes.*), but this LookHereViT has fixed slopes: set '
             'model.backbone.lh_config.learnable_slopes=True (lh_config=dict(..., '
-            'learnable_slopes=True)) to load them')
+            'learnable_slopes=True)) to load them'
+        )
     # a fixed-slope file in a learnable model: its slopes are the initial values
     stored['learnable_slopes'] = learnable
     try:
         ckpt_cfg = resolve_lh_config(stored)
     except ValueError as err:
-        raise ValueError(f'the LookHere config stored in {path!r} cannot be used: '
-                         f'{err}') from None
+        raise ValueError(f'the LookHere config stored in {path!r} cannot be used: {err}') from None
     if model.lh_explicit:
-        diff = [d for d in model.lh_config.differences(ckpt_cfg)
-                if d.split(':')[0] in OFFICIAL_KEYS]
+        diff = [
+            d for d in model.lh_config.differences(ckpt_cfg) if d.split(':')[0] in OFFICIAL_KEYS
+        ]
         if diff:
-            raise ValueError(f'the LookHere config given to LookHereViT conflicts with the '
-                             f'one stored in {path!r} (given != checkpoint): '
-                             + '; '.join(diff) + '. Remove lh_config/preset to use the '
-                             "checkpoint's, or make them equal.")
+            raise ValueError(
+                f'the LookHere config given to LookHereViT conflicts with the '
+                f'one stored in {path!r} (given != checkpoint): '
+                + '; '.join(diff)
+                + '. Remove lh_config/preset to use the '
+                "checkpoint's, or make them equal."
+            )
     try:
         ckpt_cfg.validate(model.num_heads, model.num_layers)
     except ValueError as err:
-        raise ValueError(f'the LookHere config stored in {path!r} does not fit this '
-                         f'backbone: {err}') from None
+        raise ValueError(
+            f'the LookHere config stored in {path!r} does not fit this backbone: {err}'
+        ) from None
     if ckpt_cfg != model.lh_config:
         model._log(f'LookHereViT: LookHere config from {path}: {ckpt_cfg.to_dict()}')
     model.pos_enc.set_lh_config(ckpt_cfg)

@@ -3,6 +3,7 @@
 A grid that is not a multiple of the window size is padded at the bottom/right; the
 padding is tracked so attention can ignore it (:func:`window_key_mask`).
 """
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ['padded_grid', 'window_partition', 'window_unpartition', 'window_key_mask',
-           'attend_in_windows']
+__all__ = [
+    'padded_grid',
+    'window_partition',
+    'window_unpartition',
+    'window_key_mask',
+    'attend_in_windows',
+]
 
 
 def padded_grid(grid_size: Tuple[int, int], window_size: int) -> Tuple[int, int]:
@@ -57,8 +63,13 @@ def window_unpartition(x: Tensor, grid_size: Tuple[int, int], window_size: int) 
     return x.reshape(b, nh, h * w, d)
 
 
-def window_key_mask(grid_size: Tuple[int, int], window_size: int, cls_token: bool,
-                    device=None, dtype: torch.dtype = torch.float32) -> Tensor:
+def window_key_mask(
+    grid_size: Tuple[int, int],
+    window_size: int,
+    cls_token: bool,
+    device=None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
     """Additive mask hiding padded keys from the real queries of each window.
 
     Returns:
@@ -82,10 +93,16 @@ def window_key_mask(grid_size: Tuple[int, int], window_size: int, cls_token: boo
     return mask[:, None]
 
 
-def attend_in_windows(q: Tensor, k: Tensor, v: Tensor, grid_size: Tuple[int, int],
-                      window_size: int, cls_token: bool,
-                      attend: Callable[[Tensor, Tensor, Tensor], Tensor],
-                      dropout_p: float = 0.0) -> Tensor:
+def attend_in_windows(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    grid_size: Tuple[int, int],
+    window_size: int,
+    cls_token: bool,
+    attend: Callable[[Tensor, Tensor, Tensor], Tensor],
+    dropout_p: float = 0.0,
+) -> Tensor:
     """The frame of ViTDet window attention shared by every position encoding.
 
     Splits the patch tokens into windows, puts the CLS token (if any) at the front of every
@@ -105,14 +122,18 @@ def attend_in_windows(q: Tensor, k: Tensor, v: Tensor, grid_size: Tuple[int, int
     off = int(cls_token)
     n = grid_size[0] * grid_size[1] + off
     if q.shape[-2] != n:
-        raise ValueError(f'window attention got {q.shape[-2]} tokens but grid '
-                         f'{tuple(grid_size)} {"with" if cls_token else "without"} CLS needs {n}')
+        raise ValueError(
+            f'window attention got {q.shape[-2]} tokens but grid '
+            f'{tuple(grid_size)} {"with" if cls_token else "without"} CLS needs {n}'
+        )
     ws = int(window_size)
     qw, kw, vw = (window_partition(t[:, :, off:], grid_size, ws) for t in (q, k, v))
     if cls_token:
         n_win = qw.shape[1]
-        qw, kw, vw = (torch.cat([t[:, None, :, :1].expand(-1, n_win, -1, -1, -1), tw], dim=-2)
-                      for t, tw in ((q, qw), (k, kw), (v, vw)))
+        qw, kw, vw = (
+            torch.cat([t[:, None, :, :1].expand(-1, n_win, -1, -1, -1), tw], dim=-2)
+            for t, tw in ((q, qw), (k, kw), (v, vw))
+        )
     out = window_unpartition(attend(qw, kw, vw)[..., off:, :], grid_size, ws)
     if cls_token:
         cls_out = F.scaled_dot_product_attention(q[:, :, :1], k, v, dropout_p=dropout_p)

@@ -3,6 +3,7 @@
 necks, heads and segmentors. The names below are loaded on first use (PEP 562); the
 modules register when :func:`lookhere_dense.registry.register_all_modules` imports them.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -5,6 +5,7 @@ config is built in the scope of one of them. Every model component here is regis
 both, under the same name, so ``dict(type='LookHereViT', ...)`` works in an mmseg config
 and in an mmdet config alike.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Type

@@ -1,5 +1,6 @@
 """Chance levels of mIoU: what label-blind predictors score on a set of label maps
 (numpy + OpenCV; the demo reports them next to its validation mIoU)."""
+
 from __future__ import annotations
 
 from typing import Dict, List
@@ -9,8 +10,9 @@ import numpy as np
 __all__ = ['chance_levels']
 
 
-def chance_levels(label_files: List[str], reduce_zero_label: bool,
-                  ignore_index: int = 255) -> Dict[str, float]:
+def chance_levels(
+    label_files: List[str], reduce_zero_label: bool, ignore_index: int = 255
+) -> Dict[str, float]:
     """Expected mIoU (%) of two label-blind predictors on these label maps, computed the
     way mmseg's IoUMetric averages (over classes with a non-empty union):
 

@@ -22,6 +22,7 @@ on ``--threads`` PyTorch threads. Other CPUs, thread counts or library builds ro
 floating point differently, and 300 steps from scratch amplify that (see
 docs/segmentation.md).
 """
+
 from __future__ import annotations
 
 import functools
@@ -35,25 +36,39 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 from ..errors import ConfigError
 
-__all__ = ['DEMOS', 'STAMP', 'DemoDataError', 'dataset_digest', 'generate_dataset',
-           'last_val_miou',
-           'environment', 'write_fov_view', 'run_demo']
+__all__ = [
+    'DEMOS',
+    'STAMP',
+    'DemoDataError',
+    'dataset_digest',
+    'generate_dataset',
+    'last_val_miou',
+    'environment',
+    'write_fov_view',
+    'run_demo',
+]
 
 #: Per dataset: its name, config, dataset folder under the data root, validation labels
 #: (glob), how the labels are read, default extrapolation tests and the tests of the
 #: field-of-view view (:func:`write_fov_view`).
 DEMOS: Dict[str, Dict[str, Any]] = {
     'ade20k': dict(
-        layout='ADE20K', config='configs/segmenter_lookhere_vit-t_tiny-ade.py',
+        layout='ADE20K',
+        config='configs/segmenter_lookhere_vit-t_tiny-ade.py',
         folder='ade/ADEChallengeData2016',
-        val_labels='annotations/validation/*.png', reduce_zero_label=True,
-        tests=['slide@x1', 'whole@x1', 'whole@x1.5', 'whole@x2', 'whole@x3']),
+        val_labels='annotations/validation/*.png',
+        reduce_zero_label=True,
+        tests=['slide@x1', 'whole@x1', 'whole@x1.5', 'whole@x2', 'whole@x3'],
+    ),
     'cityscapes': dict(
-        layout='Cityscapes', config='configs/segmenter_lookhere_vit-t_tiny-cityscapes.py',
+        layout='Cityscapes',
+        config='configs/segmenter_lookhere_vit-t_tiny-cityscapes.py',
         folder='cityscapes',
-        val_labels='gtFine/val/*/*_gtFine_labelTrainIds.png', reduce_zero_label=False,
+        val_labels='gtFine/val/*/*_gtFine_labelTrainIds.png',
+        reduce_zero_label=False,
         tests=['slide@x1', 'whole@x1', 'whole@x2'],
-        fov_view=('slide@x1', 'whole@x1')),
+        fov_view=('slide@x1', 'whole@x1'),
+    ),
 }
 #: the file in a generated dataset's root that records what wrote it
 STAMP = 'lookhere_demo_data.json'
@@ -72,17 +87,24 @@ def _stamp(name: str, num_train: Optional[int], num_val: Optional[int]) -> Dict[
     """What the demo's generator writes for ``name`` (the content of :data:`STAMP`)."""
     import inspect
 
-    from .datasets.synthetic_seg import (make_ade20k_like,
-                                         make_cityscapes_like)
+    from .datasets.synthetic_seg import make_ade20k_like, make_cityscapes_like
 
     make = make_ade20k_like if name == 'ade20k' else make_cityscapes_like
-    defaults = {k: v.default for k, v in inspect.signature(make).parameters.items()
-                if v.default is not inspect.Parameter.empty}
-    settings = dict(defaults, **{k: v for k, v in (('num_train', num_train),
-                                                    ('num_val', num_val)) if v is not None})
+    defaults = {
+        k: v.default
+        for k, v in inspect.signature(make).parameters.items()
+        if v.default is not inspect.Parameter.empty
+    }
+    settings = dict(
+        defaults,
+        **{k: v for k, v in (('num_train', num_train), ('num_val', num_val)) if v is not None},
+    )
     settings = {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
-    return dict(generator=f'lookhere_dense.research.datasets.synthetic_seg.{make.__name__}',
-                version=DATA_VERSION, settings=settings)
+    return dict(
+        generator=f'lookhere_dense.research.datasets.synthetic_seg.{make.__name__}',
+        version=DATA_VERSION,
+        settings=settings,
+    )
 
 
 def dataset_digest(root: str) -> str:
@@ -99,9 +121,14 @@ def dataset_digest(root: str) -> str:
     return digest.hexdigest()
 
 
-def generate_dataset(name: str, data_root: str, num_train: Optional[int] = None,
-                     num_val: Optional[int] = None, regenerate: bool = False,
-                     log: Callable[[str], None] = _print) -> str:
+def generate_dataset(
+    name: str,
+    data_root: str,
+    num_train: Optional[int] = None,
+    num_val: Optional[int] = None,
+    regenerate: bool = False,
+    log: Callable[[str], None] = _print,
+) -> str:
     """Write the tiny dataset of demo ``name`` into ``data_root``, stamped with the
     settings that made it and the digest of its files (:data:`STAMP`,
     :func:`dataset_digest`).
@@ -127,8 +154,7 @@ def generate_dataset(name: str, data_root: str, num_train: Optional[int] = None,
     """
     import shutil
 
-    from .datasets.synthetic_seg import (make_ade20k_like,
-                                         make_cityscapes_like)
+    from .datasets.synthetic_seg import make_ade20k_like, make_cityscapes_like
 
     root = osp.join(data_root, DEMOS[name]['folder'])
     stamp = _stamp(name, num_train, num_val)
@@ -139,17 +165,22 @@ def generate_dataset(name: str, data_root: str, num_train: Optional[int] = None,
                 f'{root!r} exists but was not written by this demo (no {STAMP}): it may be a '
                 'real dataset or the output of an older demo, and training on it would not '
                 'give the documented numbers. Move it away (or delete it if it is an old demo '
-                'folder), or give the demo another folder with --data-root DIR.')
+                'folder), or give the demo another folder with --data-root DIR.'
+            )
         with open(stamp_path) as f:
             old = json.load(f)
         digest = old.pop('sha256', None)
         if old == stamp and not regenerate:
             if digest == dataset_digest(root):
-                log(f'[demo] {name}: using the dataset in {root} (written with the same '
-                    'settings; --regenerate rewrites it)')
+                log(
+                    f'[demo] {name}: using the dataset in {root} (written with the same '
+                    'settings; --regenerate rewrites it)'
+                )
                 return root
-            log(f'[demo] {name}: the files in {root} changed since the demo wrote them: '
-                'writing them anew')
+            log(
+                f'[demo] {name}: the files in {root} changed since the demo wrote them: '
+                'writing them anew'
+            )
         shutil.rmtree(root)  # ours (stamped): no stale files from other settings survive
     kw = {k: v for k, v in (('num_train', num_train), ('num_val', num_val)) if v is not None}
     t0 = time.time()
@@ -196,26 +227,39 @@ def environment() -> Dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     try:
         with open('/proc/cpuinfo') as f:
-            cpu = next((ln.split(':', 1)[1].strip() for ln in f
-                        if ln.startswith('model name')), cpu)
+            cpu = next(
+                (ln.split(':', 1)[1].strip() for ln in f if ln.startswith('model name')), cpu
+            )
     except OSError:
         pass
     try:
-        commit = subprocess.run(['git', '-C', str(REPO), 'describe', '--always', '--dirty'],
-                                capture_output=True, text=True, timeout=10).stdout.strip()
+        commit = subprocess.run(
+            ['git', '-C', str(REPO), 'describe', '--always', '--dirty'],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ''
-    return dict(commit=commit or None, python=platform.python_version(),
-                torch=torch.__version__, numpy=numpy.__version__, opencv=cv2.__version__,
-                mmcv=mmcv.__version__, mmengine=mmengine.__version__,
-                mmseg=mmseg.__version__, torch_threads=torch.get_num_threads(), cpu=cpu,
-                cpu_count=os.cpu_count(),
-                device='cuda:' + torch.cuda.get_device_name(0) if torch.cuda.is_available()
-                else 'cpu')
+    return dict(
+        commit=commit or None,
+        python=platform.python_version(),
+        torch=torch.__version__,
+        numpy=numpy.__version__,
+        opencv=cv2.__version__,
+        mmcv=mmcv.__version__,
+        mmengine=mmengine.__version__,
+        mmseg=mmseg.__version__,
+        torch_threads=torch.get_num_threads(),
+        cpu=cpu,
+        cpu_count=os.cpu_count(),
+        device='cuda:' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu',
+    )
 
 
-def write_fov_view(report: Dict[str, Any], tests: Sequence[str], out_dir: str,
-                   title: str) -> Optional[Dict[str, Any]]:
+def write_fov_view(
+    report: Dict[str, Any], tests: Sequence[str], out_dir: str, title: str
+) -> Optional[Dict[str, Any]]:
     """The field-of-view view of an extrapolation report: its rows ``tests`` (the whole
     frame and sliding windows of the training crop, both at the frame's own pixel scale)
     as ``fov_view.md`` (Markdown table), ``fov_view.json`` and ``fov_view.png`` (mIoU, time
@@ -242,9 +286,14 @@ def write_fov_view(report: Dict[str, Any], tests: Sequence[str], out_dir: str,
     return view
 
 
-def run_demo(roots: Dict[str, str], work_dir: str = 'work_dirs/demo', iters: int = 300,
-             tests: Optional[Sequence[str]] = None, cfg_options: Sequence[str] = (),
-             log: Callable[[str], None] = _print) -> Dict[str, Any]:
+def run_demo(
+    roots: Dict[str, str],
+    work_dir: str = 'work_dirs/demo',
+    iters: int = 300,
+    tests: Optional[Sequence[str]] = None,
+    cfg_options: Sequence[str] = (),
+    log: Callable[[str], None] = _print,
+) -> Dict[str, Any]:
     """Train, validate and report every demo of ``roots``; write
     ``<work_dir>/demo_summary.json``.
 
@@ -266,29 +315,35 @@ def run_demo(roots: Dict[str, str], work_dir: str = 'work_dirs/demo', iters: int
         whether two runs trained on the same data.
     """
     import lookhere_dense
+
     lookhere_dense.register_all_modules()
 
     from ..apis.cli import REPO, parse_cfg_options
+    from ..apis.train import train_model
     from .chance import chance_levels
     from .extrapolation import extrapolation_report
-
-    from ..apis.train import train_model
 
     summary: Dict[str, Any] = dict(iters=iters, environment=environment(), datasets={})
     for name, root in roots.items():
         demo = DEMOS[name]
         # relative when run from the repository root, so the reports name it portably
-        cfg_path = demo['config'] if osp.isfile(demo['config']) \
-            else osp.join(REPO, demo['config'])
+        cfg_path = demo['config'] if osp.isfile(demo['config']) else osp.join(REPO, demo['config'])
         work = osp.join(work_dir, name)
-        roots_opts = [f'{split}_dataloader.dataset.data_root={root}'
-                      for split in ('train', 'val', 'test')]
-        iter_opts = [f'train_cfg.max_iters={iters}', f'train_cfg.val_interval={iters}',
-                     f'default_hooks.checkpoint.interval={iters}']
+        roots_opts = [
+            f'{split}_dataloader.dataset.data_root={root}' for split in ('train', 'val', 'test')
+        ]
+        iter_opts = [
+            f'train_cfg.max_iters={iters}',
+            f'train_cfg.val_interval={iters}',
+            f'default_hooks.checkpoint.interval={iters}',
+        ]
         t0 = time.time()
         log(f'[demo] {name}: training {iters} iterations with tools/train.py')
-        runner = train_model(cfg_path, work_dir=work, cfg_options=parse_cfg_options(
-            [*roots_opts, *iter_opts, *cfg_options]))
+        runner = train_model(
+            cfg_path,
+            work_dir=work,
+            cfg_options=parse_cfg_options([*roots_opts, *iter_opts, *cfg_options]),
+        )
         log_dir = runner.log_dir
         del runner  # frees the model, optimizer and dataloader workers before the report
         gc.collect()
@@ -299,30 +354,55 @@ def run_demo(roots: Dict[str, str], work_dir: str = 'work_dirs/demo', iters: int
         log(f'[demo] {name}: extrapolation report with tools/extrapolate.py')
         report_opts = [*roots_opts, *cfg_options]
         report = extrapolation_report(
-            cfg_path, ckpt, demo_tests, out_dir=work,
+            cfg_path,
+            ckpt,
+            demo_tests,
+            out_dir=work,
             cfg_options=parse_cfg_options(report_opts),
-            command='python tools/extrapolate.py ' + ' '.join(
-                [cfg_path, ckpt, '--out-dir', work, '--tests', *demo_tests, '--cfg-options',
-                 *report_opts]))
+            command='python tools/extrapolate.py '
+            + ' '.join(
+                [
+                    cfg_path,
+                    ckpt,
+                    '--out-dir',
+                    work,
+                    '--tests',
+                    *demo_tests,
+                    '--cfg-options',
+                    *report_opts,
+                ]
+            ),
+        )
         labels = sorted(glob.glob(osp.join(root, demo['val_labels'])))
         data_sha256 = dataset_digest(root)
         entry = dict(
-            config=demo['config'], data_sha256=data_sha256, checkpoint=ckpt,
+            config=demo['config'],
+            data_sha256=data_sha256,
+            checkpoint=ckpt,
             train_seconds=round(train_s, 1),
-            report_seconds=round(time.time() - t0, 1), val_mIoU=last_val_miou(log_dir),
+            report_seconds=round(time.time() - t0, 1),
+            val_mIoU=last_val_miou(log_dir),
             chance=chance_levels(labels, demo['reduce_zero_label']),
-            report_json=report['json'], report_png=report['png'], rows=report['rows'])
+            report_json=report['json'],
+            report_png=report['png'],
+            rows=report['rows'],
+        )
         if demo.get('fov_view'):
             frame = report['rows'][0]
-            view = write_fov_view(report, demo['fov_view'], work,
-                                  f'{demo["layout"]} layout, field of view: the whole frame in '
-                                  'one pass vs sliding windows of the training crop, same '
-                                  'pixel scale')
+            view = write_fov_view(
+                report,
+                demo['fov_view'],
+                work,
+                f'{demo["layout"]} layout, field of view: the whole frame in '
+                'one pass vs sliding windows of the training crop, same '
+                'pixel scale',
+            )
             if view is not None:
-                entry['fov_view'] = dict(table=view['table'], json=view['json'],
-                                         png=view['png'])
-                log(f'[demo] {name}: field-of-view view ({frame["input_h"]}x'
-                    f'{frame["input_w"]} frames)\n{view["table"]}')
+                entry['fov_view'] = dict(table=view['table'], json=view['json'], png=view['png'])
+                log(
+                    f'[demo] {name}: field-of-view view ({frame["input_h"]}x'
+                    f'{frame["input_w"]} frames)\n{view["table"]}'
+                )
         summary['datasets'][name] = entry
     os.makedirs(work_dir, exist_ok=True)
     path = osp.join(work_dir, 'demo_summary.json')

@@ -7,6 +7,7 @@ predictions with the config's evaluator, time the model and meter the peak memor
 * the attacks of :mod:`lookhere_dense.research.robustness` pass their own ``step``
   (perturb, then predict).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,8 +18,13 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from .memory import PeakMemory, free_memory
 
-__all__ = ['evaluate', 'evaluate_loader', 'clear_position_caches', 'start_clean',
-           'quiet_metric_tables']
+__all__ = [
+    'evaluate',
+    'evaluate_loader',
+    'clear_position_caches',
+    'start_clean',
+    'quiet_metric_tables',
+]
 
 
 def clear_position_caches(model) -> int:
@@ -65,9 +71,15 @@ def quiet_metric_tables() -> Iterator[None]:
         logger.setLevel(old)
 
 
-def evaluate(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any],
-             step: Callable[[Any], Sequence[Any]], device: str = 'cpu', desc: str = '',
-             memory: bool = True) -> Dict[str, Any]:
+def evaluate(
+    model,
+    dataloader: Dict[str, Any],
+    evaluator: Dict[str, Any],
+    step: Callable[[Any], Sequence[Any]],
+    device: str = 'cpu',
+    desc: str = '',
+    memory: bool = True,
+) -> Dict[str, Any]:
     """THE evaluation loop: ``step`` every batch, score its outputs, measure.
 
     Args:
@@ -104,8 +116,9 @@ def evaluate(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any],
         start_clean(model)
     meter = PeakMemory(device) if memory else contextlib.nullcontext()
     with meter:
-        for data in tqdm(loader, desc=f'{desc:>16}', unit='img', leave=False,
-                         dynamic_ncols=True, disable=None):  # no bars in logs
+        for data in tqdm(
+            loader, desc=f'{desc:>16}', unit='img', leave=False, dynamic_ncols=True, disable=None
+        ):  # no bars in logs
             t0 = time.perf_counter()
             outputs = step(data)
             if device.startswith('cuda'):
@@ -117,16 +130,27 @@ def evaluate(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any],
             scorer.process(data_samples=outputs, data_batch=data)
     with quiet_metric_tables():
         metrics = scorer.evaluate(len(loader.dataset))
-    return dict(metrics=metrics, seconds=seconds, total_seconds=total, shapes=shapes,
-                images=len(shapes),
-                peak_mem_mb=meter.peak_mb if memory else None,
-                mem_rise_mb=meter.rise_mb if memory else None,
-                memory_kind=meter.kind if memory else None)
+    return dict(
+        metrics=metrics,
+        seconds=seconds,
+        total_seconds=total,
+        shapes=shapes,
+        images=len(shapes),
+        peak_mem_mb=meter.peak_mb if memory else None,
+        mem_rise_mb=meter.rise_mb if memory else None,
+        memory_kind=meter.kind if memory else None,
+    )
 
 
-def evaluate_loader(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any], mode: str,
-                    device: str, slide: Optional[Tuple[Tuple[int, int], Tuple[int, int]]] = None,
-                    desc: str = '') -> Dict[str, Any]:
+def evaluate_loader(
+    model,
+    dataloader: Dict[str, Any],
+    evaluator: Dict[str, Any],
+    mode: str,
+    device: str,
+    slide: Optional[Tuple[Tuple[int, int], Tuple[int, int]]] = None,
+    desc: str = '',
+) -> Dict[str, Any]:
     """Predict every image of a dataloader ``whole`` or with mmseg's ``slide`` inference
     (the segmentor's own ``test_step``) and score it (:func:`evaluate`): the evaluation of
     the extrapolation report and the study's ladders.

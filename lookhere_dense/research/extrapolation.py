@@ -14,6 +14,7 @@ SIZE is ``x<f>`` (the config's test scale times f; ``x0.5`` tests below the trai
 size), ``<S>`` (short side S px, aspect kept), ``long<L>`` (long side L px, the image's
 native aspect kept) or ``<H>x<W>`` (exactly H x W).
 """
+
 from __future__ import annotations
 
 import copy
@@ -24,21 +25,41 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..errors import ConfigError
+from ..evaluation.resize import (
+    exact_resize,
+    is_resize,
+    long_side_resize,
+    replace_resize,
+    scale_resizes,
+    short_side_resize,
+)
+from ..validation import check_int
 from .evaluate import evaluate_loader
 from .reporting import ensure_dir, figure, markdown_table, write_json
-from ..evaluation.resize import (exact_resize, is_resize, long_side_resize,
-                                 replace_resize, scale_resizes, short_side_resize)
 
-__all__ = ['DEFAULT_TESTS', 'TestSpec', 'parse_spec', 'config_patch_size', 'spec_pipeline',
-           'slide_settings', 'median_shape', 'evaluate_spec', 'format_table', 'plot_report',
-           'extrapolation_report']
+__all__ = [
+    'DEFAULT_TESTS',
+    'TestSpec',
+    'parse_spec',
+    'config_patch_size',
+    'spec_pipeline',
+    'slide_settings',
+    'median_shape',
+    'evaluate_spec',
+    'format_table',
+    'plot_report',
+    'extrapolation_report',
+]
 
 #: the tests of ``tools/extrapolate.py`` when none are given
 DEFAULT_TESTS = ('slide@x1', 'whole@x1', 'whole@x1.5', 'whole@x2', 'whole@x3')
 #: print that flushes (progress lines interleave with the progress bars on stderr)
 _print = functools.partial(print, flush=True)
-_SPEC = re.compile(r'^(whole|slide)@(?:x(?P<f>\d+(?:\.\d+)?)|(?P<h>\d+)x(?P<w>\d+)|(?P<s>\d+)'
-                   r'|long(?P<l>\d+))$')
+_SPEC = re.compile(
+    r'^(whole|slide)@(?:x(?P<f>\d+(?:\.\d+)?)|(?P<h>\d+)x(?P<w>\d+)|(?P<s>\d+)'
+    r'|long(?P<l>\d+))$'
+)
 
 
 @dataclass(frozen=True)
@@ -71,13 +92,14 @@ def parse_spec(text: str) -> TestSpec:
     Raises:
         lookhere_dense.errors.ConfigError: naming the accepted forms.
     """
-    from ..errors import ConfigError
 
     m = _SPEC.match(text.strip())
     if not m:
-        raise ConfigError(f'bad test {text!r}: write MODE@SIZE with MODE whole or slide and '
-                          'SIZE x<factor> (x2, x0.5), <short side> (768), long<long side> '
-                          '(long512: aspect kept) or <H>x<W> (1024x2048)')
+        raise ConfigError(
+            f'bad test {text!r}: write MODE@SIZE with MODE whole or slide and '
+            'SIZE x<factor> (x2, x0.5), <short side> (768), long<long side> '
+            '(long512: aspect kept) or <H>x<W> (1024x2048)'
+        )
     mode = m.group(1)
     if m.group('f'):
         spec = TestSpec(text, mode, factor=float(m.group('f')))
@@ -105,22 +127,25 @@ def config_patch_size(cfg) -> Optional[int]:
     return int(min(patch)) if isinstance(patch, (list, tuple)) else int(patch)
 
 
-def _check_sides(spec: TestSpec, sides: Sequence[int], what: str,
-                 patch_size: Optional[int]) -> None:
+def _check_sides(
+    spec: TestSpec, sides: Sequence[int], what: str, patch_size: Optional[int]
+) -> None:
     """Refuse a test whose resize gives a side of 0 px or, with ``patch_size``, below one
     patch (the backbone cannot embed it)."""
     smallest = min(int(v) for v in sides)
     if smallest >= (patch_size or 1):
         return
-    from ..errors import ConfigError
     if patch_size:
-        raise ConfigError(f'{spec.text}: {what} has a side of {smallest} px, below one patch of '
-                          f'the model ({patch_size} px): test at {patch_size} px or more')
+        raise ConfigError(
+            f'{spec.text}: {what} has a side of {smallest} px, below one patch of '
+            f'the model ({patch_size} px): test at {patch_size} px or more'
+        )
     raise ConfigError(f'{spec.text}: {what} has a side of {smallest} px: test at 1 px or more')
 
 
-def spec_pipeline(pipeline: Sequence[Dict[str, Any]], spec: TestSpec,
-                  patch_size: Optional[int] = None) -> List[Dict[str, Any]]:
+def spec_pipeline(
+    pipeline: Sequence[Dict[str, Any]], spec: TestSpec, patch_size: Optional[int] = None
+) -> List[Dict[str, Any]]:
     """The test pipeline resized for ``spec`` (:mod:`lookhere_dense.evaluation.resize`):
     ``x<f>`` multiplies its ``Resize`` transforms, a short side or an exact size replaces
     the first one (inserted after the image loading when the config has none), as does a
@@ -141,23 +166,25 @@ def spec_pipeline(pipeline: Sequence[Dict[str, Any]], spec: TestSpec,
     if spec.factor is not None:
         out, scaled = scale_resizes(pipeline, spec.factor)
         if not scaled:
-            from ..errors import ConfigError
-            raise ConfigError(f'{spec.text}: the test pipeline has no Resize scale to '
-                              'multiply; give the size in px (e.g. whole@512)')
+            raise ConfigError(
+                f'{spec.text}: the test pipeline has no Resize scale to '
+                'multiply; give the size in px (e.g. whole@512)'
+            )
         for before, after in zip(pipeline, out):
             if is_resize(after) and after.get('scale') is not None:
                 scale = after['scale']
-                _check_sides(spec, scale if isinstance(scale, tuple) else (scale,),
-                             f"the test Resize scale {before['scale']} x {spec.factor:g} = "
-                             f'{scale}', patch_size)
+                _check_sides(
+                    spec,
+                    scale if isinstance(scale, tuple) else (scale,),
+                    f'the test Resize scale {before["scale"]} x {spec.factor:g} = {scale}',
+                    patch_size,
+                )
         return out
     if spec.short_side is not None:
-        _check_sides(spec, (spec.short_side,), f'the short side {spec.short_side} px',
-                     patch_size)
+        _check_sides(spec, (spec.short_side,), f'the short side {spec.short_side} px', patch_size)
         return replace_resize(pipeline, short_side_resize(spec.short_side))
     if spec.long_side is not None:
-        _check_sides(spec, (spec.long_side,), f'the long side {spec.long_side} px',
-                     patch_size)
+        _check_sides(spec, (spec.long_side,), f'the long side {spec.long_side} px', patch_size)
         return replace_resize(pipeline, long_side_resize(spec.long_side))
     _check_sides(spec, spec.size, f'the size {spec.size[0]}x{spec.size[1]} px', patch_size)
     return replace_resize(pipeline, exact_resize(spec.size))
@@ -175,9 +202,10 @@ def slide_settings(cfg) -> Tuple[Tuple[int, int], Tuple[int, int]]:
         return tuple(tc['crop_size']), tuple(tc.get('stride') or tc['crop_size'])
     size = (cfg.model.get('data_preprocessor') or {}).get('size')
     if not size:
-        from ..errors import ConfigError
-        raise ConfigError('slide tests need a crop: the config has neither a slide test_cfg '
-                          'nor model.data_preprocessor.size')
+        raise ConfigError(
+            'slide tests need a crop: the config has neither a slide test_cfg '
+            'nor model.data_preprocessor.size'
+        )
     crop = tuple(size)
     return crop, tuple(max(1, c * 2 // 3) for c in crop)
 
@@ -190,8 +218,9 @@ def median_shape(shapes: Sequence[Tuple[int, int]]) -> Tuple[int, int]:
     return ordered[len(ordered) // 2]
 
 
-def evaluate_spec(model, cfg, spec: TestSpec, split: str, device: str,
-                  max_images: Optional[int], patch_size: int) -> Dict[str, Any]:
+def evaluate_spec(
+    model, cfg, spec: TestSpec, split: str, device: str, max_images: Optional[int], patch_size: int
+) -> Dict[str, Any]:
     """Run one test of ``model`` on the ``split`` dataloader of ``cfg``
     (:func:`evaluate_loader`, one image per batch).
 
@@ -208,16 +237,18 @@ def evaluate_spec(model, cfg, spec: TestSpec, split: str, device: str,
             (:func:`spec_pipeline`), before any image is predicted.
     """
     dl_cfg = copy.deepcopy(cfg.get(f'{split}_dataloader'))
-    dl_cfg['dataset']['pipeline'] = spec_pipeline(dl_cfg['dataset']['pipeline'], spec,
-                                                  config_patch_size(cfg))
+    dl_cfg['dataset']['pipeline'] = spec_pipeline(
+        dl_cfg['dataset']['pipeline'], spec, config_patch_size(cfg)
+    )
     dl_cfg['batch_size'] = 1
     dl_cfg['persistent_workers'] = False
     dl_cfg['num_workers'] = min(int(dl_cfg.get('num_workers', 0)), 2)
     if max_images:
         dl_cfg['dataset']['indices'] = max_images
     slide = slide_settings(cfg) if spec.mode == 'slide' else None
-    result = evaluate_loader(model, dl_cfg, cfg.get(f'{split}_evaluator'), spec.mode, device,
-                             slide, spec.text)
+    result = evaluate_loader(
+        model, dl_cfg, cfg.get(f'{split}_evaluator'), spec.mode, device, slide, spec.text
+    )
     metrics, seconds, shapes = result['metrics'], result['seconds'], result['shapes']
     h, w = median_shape(shapes)
     if spec.mode == 'slide':
@@ -227,37 +258,49 @@ def evaluate_spec(model, cfg, spec: TestSpec, split: str, device: str,
         grid_h, grid_w = math.ceil(h / patch_size), math.ceil(w / patch_size)
     hs, ws = [s[0] for s in shapes], [s[1] for s in shapes]
     return dict(
-        test=spec.text, mode=spec.mode, input_h=h, input_w=w,
-        input_sizes=len(set(shapes)), input_h_range=[min(hs), max(hs)],
-        input_w_range=[min(ws), max(ws)], grid_h=grid_h, grid_w=grid_w,
+        test=spec.text,
+        mode=spec.mode,
+        input_h=h,
+        input_w=w,
+        input_sizes=len(set(shapes)),
+        input_h_range=[min(hs), max(hs)],
+        input_w_range=[min(ws), max(ws)],
+        grid_h=grid_h,
+        grid_w=grid_w,
         mIoU=float(metrics.get('mIoU', float('nan'))),
         aAcc=float(metrics.get('aAcc', float('nan'))),
         mAcc=float(metrics.get('mAcc', float('nan'))),
-        sec_per_img=sum(seconds) / max(1, len(seconds)), peak_mem_mb=result['peak_mem_mb'],
-        memory_kind=result['memory_kind'], images=len(seconds))
+        sec_per_img=sum(seconds) / max(1, len(seconds)),
+        peak_mem_mb=result['peak_mem_mb'],
+        memory_kind=result['memory_kind'],
+        images=len(seconds),
+    )
 
 
 def _memory_label(rows: Sequence[Dict[str, Any]]) -> str:
-    return 'peak GPU MB' if rows and rows[0]['memory_kind'] == 'cuda_max_allocated' \
-        else 'peak RSS MB'
+    return (
+        'peak GPU MB' if rows and rows[0]['memory_kind'] == 'cuda_max_allocated' else 'peak RSS MB'
+    )
 
 
 def input_cell(row: Dict[str, Any]) -> str:
     """The input size of a report row: ``HxW`` of its median image, followed by how many
     sizes there were and their ranges when the images were not all one size (``36x48
     (median of 4 sizes: H 24-48, W 24-48)``)."""
-    cell = f"{row['input_h']}x{row['input_w']}"
+    cell = f'{row["input_h"]}x{row["input_w"]}'
     if row.get('input_sizes', 1) > 1:
         (h0, h1), (w0, w1) = row['input_h_range'], row['input_w_range']
-        cell += f" (median of {row['input_sizes']} sizes: H {h0}-{h1}, W {w0}-{w1})"
+        cell += f' (median of {row["input_sizes"]} sizes: H {h0}-{h1}, W {w0}-{w1})'
     return cell
 
 
 def format_row(row: Dict[str, Any]) -> str:
     """One report row as the progress line ``tools/extrapolate.py`` prints."""
-    return (f"{row['test']:>18}: mIoU {row['mIoU']:6.2f}  input {input_cell(row)}  "
-            f"grid {row['grid_h']}x{row['grid_w']}  "
-            f"{row['sec_per_img']:.3f} s/img  peak {row['peak_mem_mb']:.0f} MB")
+    return (
+        f'{row["test"]:>18}: mIoU {row["mIoU"]:6.2f}  input {input_cell(row)}  '
+        f'grid {row["grid_h"]}x{row["grid_w"]}  '
+        f'{row["sec_per_img"]:.3f} s/img  peak {row["peak_mem_mb"]:.0f} MB'
+    )
 
 
 def format_table(rows: List[Dict[str, Any]], train_grid: Optional[Tuple[int, int]]) -> str:
@@ -266,37 +309,62 @@ def format_table(rows: List[Dict[str, Any]], train_grid: Optional[Tuple[int, int
     they vary); the patch grid is the median image's."""
     rows_out = []
     for r in rows:
-        grid = f"{r['grid_h']}x{r['grid_w']}" + (' (windows)' if r['mode'] == 'slide' else '')
-        rows_out.append([r['test'], input_cell(r), grid, f"{r['mIoU']:.2f}", f"{r['aAcc']:.2f}",
-                         f"{r['sec_per_img']:.3f}", f"{r['peak_mem_mb']:.0f}"])
-    lines = [markdown_table(['test', 'input (median HxW)', 'patch grid', 'mIoU', 'aAcc',
-                             's / img', _memory_label(rows)], rows_out)]
+        grid = f'{r["grid_h"]}x{r["grid_w"]}' + (' (windows)' if r['mode'] == 'slide' else '')
+        rows_out.append(
+            [
+                r['test'],
+                input_cell(r),
+                grid,
+                f'{r["mIoU"]:.2f}',
+                f'{r["aAcc"]:.2f}',
+                f'{r["sec_per_img"]:.3f}',
+                f'{r["peak_mem_mb"]:.0f}',
+            ]
+        )
+    lines = [
+        markdown_table(
+            [
+                'test',
+                'input (median HxW)',
+                'patch grid',
+                'mIoU',
+                'aAcc',
+                's / img',
+                _memory_label(rows),
+            ],
+            rows_out,
+        )
+    ]
     if train_grid:
         lines.append(f'\ntraining crop grid: {train_grid[0]}x{train_grid[1]} patches')
     return '\n'.join(lines)
 
 
-def plot_report(rows: List[Dict[str, Any]], path: str, title: str,
-                train_grid: Optional[Tuple[int, int]]) -> None:
+def plot_report(
+    rows: List[Dict[str, Any]], path: str, title: str, train_grid: Optional[Tuple[int, int]]
+) -> None:
     """PNG: mIoU vs test (patch grid), and time / memory per test."""
-    labels = [f"{r['test']}\n{r['input_h']}x{r['input_w']}"
-              f"{' (%d sizes)' % r['input_sizes'] if r.get('input_sizes', 1) > 1 else ''}"
-              f"\ngrid {r['grid_h']}x{r['grid_w']}" for r in rows]
+    labels = [
+        f'{r["test"]}\n{r["input_h"]}x{r["input_w"]}'
+        f'{" (%d sizes)" % r["input_sizes"] if r.get("input_sizes", 1) > 1 else ""}'
+        f'\ngrid {r["grid_h"]}x{r["grid_w"]}'
+        for r in rows
+    ]
     x = list(range(len(rows)))
     colours = ['tab:orange' if r['mode'] == 'slide' else 'tab:blue' for r in rows]
-    with figure(path, 1, 2, figsize=(max(10.0, 2.4 * len(rows) + 2), 4.8), title=title) \
-            as (_, (ax1, ax2)):
+    with figure(path, 1, 2, figsize=(max(10.0, 2.4 * len(rows) + 2), 4.8), title=title) as (
+        _,
+        (ax1, ax2),
+    ):
         ax1.bar(x, [r['mIoU'] for r in rows], color=colours)
         for xi, r in zip(x, rows):
-            ax1.annotate(f"{r['mIoU']:.1f}", (xi, r['mIoU']), ha='center', va='bottom',
-                         fontsize=9)
+            ax1.annotate(f'{r["mIoU"]:.1f}', (xi, r['mIoU']), ha='center', va='bottom', fontsize=9)
         ax1.set_xticks(x, labels, fontsize=8)
         ax1.set_ylabel('mIoU (%)')
         ax1.set_ylim(0, max(100, max((r['mIoU'] for r in rows), default=0) * 1.1))
         note = f' (trained on {train_grid[0]}x{train_grid[1]} crops)' if train_grid else ''
         ax1.set_title('mIoU per test' + note, fontsize=10)
-        ax2.plot(x, [r['sec_per_img'] for r in rows], 'o-', color='tab:green',
-                 label='s / image')
+        ax2.plot(x, [r['sec_per_img'] for r in rows], 'o-', color='tab:green', label='s / image')
         ax2.set_ylabel('seconds per image', color='tab:green')
         ax2.set_xticks(x, labels, fontsize=8)
         ax3 = ax2.twinx()
@@ -306,12 +374,19 @@ def plot_report(rows: List[Dict[str, Any]], path: str, title: str,
         ax2.set_title('cost per test', fontsize=10)
 
 
-def extrapolation_report(config: str, checkpoint: str,
-                         tests: Sequence[str] = DEFAULT_TESTS, split: str = 'test',
-                         max_images: Optional[int] = None, out_dir: Optional[str] = None,
-                         name: str = 'extrapolation', device: Optional[str] = None,
-                         cfg_options: Optional[dict] = None, command: str = '',
-                         log: Callable[[str], None] = _print) -> Dict[str, Any]:
+def extrapolation_report(
+    config: str,
+    checkpoint: str,
+    tests: Sequence[str] = DEFAULT_TESTS,
+    split: str = 'test',
+    max_images: Optional[int] = None,
+    out_dir: Optional[str] = None,
+    name: str = 'extrapolation',
+    device: Optional[str] = None,
+    cfg_options: Optional[dict] = None,
+    command: str = '',
+    log: Callable[[str], None] = _print,
+) -> Dict[str, Any]:
     """Evaluate ``checkpoint`` at every test and write ``<out_dir>/<name>.json`` and
     ``.png``.
 
@@ -341,21 +416,23 @@ def extrapolation_report(config: str, checkpoint: str,
         errors (:func:`lookhere_dense.apis.cli.preflight`).
     """
     import lookhere_dense
+
     lookhere_dense.register_all_modules()
     import torch
     from mmengine.registry import init_default_scope
 
-    from ..apis.cli import (build_model_from_checkpoint, load_segmentation_job,
-                            preflight)
-    from ..errors import ConfigError
+    from ..apis.cli import build_model_from_checkpoint, load_segmentation_job, preflight
 
     specs = [parse_spec(t) for t in tests]
     if not specs:
         raise ConfigError('no tests given: name at least one MODE@SIZE (e.g. whole@x1)')
-    if max_images is not None and (isinstance(max_images, bool) or
-                                   not isinstance(max_images, int) or max_images < 1):
-        raise ConfigError(f'max_images must be a whole number >= 1 (or None for all), got '
-                          f'{max_images!r}')
+    if max_images is not None:
+        check_int(
+            'max_images',
+            max_images,
+            error=ConfigError,
+            description='a whole number >= 1 (or None for all)',
+        )
     cfg = load_segmentation_job(config, checkpoint, split, cfg_options, 'extrapolate.py')
     scope = cfg.get('default_scope') or 'mmseg'
     dl_cfg = cfg.get(f'{split}_dataloader') or {}
@@ -384,10 +461,17 @@ def extrapolation_report(config: str, checkpoint: str,
     table = format_table(rows, train_grid)
     log('\n' + table)
     report = dict(
-        config=config, checkpoint=checkpoint, split=split, device=device,
-        torch=torch.__version__, train_crop=list(size) if size else None,
-        train_grid=list(train_grid) if train_grid else None, patch_size=patch,
-        command=command, rows=rows)
+        config=config,
+        checkpoint=checkpoint,
+        split=split,
+        device=device,
+        torch=torch.__version__,
+        train_crop=list(size) if size else None,
+        train_grid=list(train_grid) if train_grid else None,
+        patch_size=patch,
+        command=command,
+        rows=rows,
+    )
     json_path = osp.join(out_dir, f'{name}.json')
     png_path = osp.join(out_dir, f'{name}.png')
     write_json(json_path, report)

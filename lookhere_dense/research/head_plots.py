@@ -12,6 +12,7 @@ For a model trained with learnable slopes (``lh_config.learnable_slopes=True``),
 every layer and head next to the configured (preset) one and their ratio
 (``tools/plot_heads.py --checkpoint CKPT``).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,21 +24,33 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from ..lookhere.config import (LookHereConfig, head_layout, layer_slopes,
-                               resolve_lh_config)
-from ..lookhere.bias import build_grid_bias
 from .. import compat
 from ..checkpoint import load_checkpoint_file
+from ..lookhere.bias import build_grid_bias
+from ..lookhere.config import LookHereConfig, head_layout, layer_slopes, resolve_lh_config
+from ..lookhere.slopes import configured_slopes, format_slope_table, slopes_from_state_dict
 from ..lookhere.weights import backbone_weights, file_num_heads
-from ..lookhere.slopes import (configured_slopes, format_slope_table,
-                               slopes_from_state_dict)
 
-__all__ = ['head_fields', 'head_titles', 'plot_fields', 'load_lh_config', 'draw_head_fields',
-           'checkpoint_slopes', 'plot_slopes', 'draw_learned_slopes']
+__all__ = [
+    'head_fields',
+    'head_titles',
+    'plot_fields',
+    'load_lh_config',
+    'draw_head_fields',
+    'checkpoint_slopes',
+    'plot_slopes',
+    'draw_learned_slopes',
+]
 
 
-def head_fields(config: LookHereConfig, grid_size: Tuple[int, int], query: Tuple[int, int],
-                depth: int, num_heads: int, layers: Sequence[int]) -> Tensor:
+def head_fields(
+    config: LookHereConfig,
+    grid_size: Tuple[int, int],
+    query: Tuple[int, int],
+    depth: int,
+    num_heads: int,
+    layers: Sequence[int],
+) -> Tensor:
     """The bias from patch ``query = (y, x)`` to every key, per chosen layer and head.
 
     Returns:
@@ -55,22 +68,33 @@ def head_fields(config: LookHereConfig, grid_size: Tuple[int, int], query: Tuple
         raise ValueError(f'layers {bad} out of range for depth={depth}')
     gb = build_grid_bias(config, (height, width), depth, num_heads, dtype=torch.float32)
     q = qy * width + qx
-    return torch.stack([gb.rows(l, q, q + 1)[:, 0].reshape(num_heads, height, width)
-                        for l in layers])
+    return torch.stack(
+        [gb.rows(l, q, q + 1)[:, 0].reshape(num_heads, height, width) for l in layers]
+    )
 
 
 def head_titles(config: LookHereConfig, depth: int, num_heads: int, layer: int) -> List[str]:
     """``'up\\nslope 0.75'``-style labels: each head's primitives and its total slope."""
     specs, slopes, _ = head_layout(config.layer_direction(layer), num_heads)
     scale = config.global_slope * layer_slopes(config, depth)[layer]
-    return [f'{"+".join(s) if s else "none"}\nslope {scale * float(h):.3g}'
-            for s, h in zip(specs, slopes)]
+    return [
+        f'{"+".join(s) if s else "none"}\nslope {scale * float(h):.3g}'
+        for s, h in zip(specs, slopes)
+    ]
 
 
-def plot_fields(fields: Tensor, config: LookHereConfig, query: Tuple[int, int], depth: int,
-                layers: Sequence[int], out: str, title: str = '') -> None:
+def plot_fields(
+    fields: Tensor,
+    config: LookHereConfig,
+    query: Tuple[int, int],
+    depth: int,
+    layers: Sequence[int],
+    out: str,
+    title: str = '',
+) -> None:
     """Write the panel grid of :func:`head_fields` to ``out`` (PNG)."""
     import matplotlib
+
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     import numpy as np
@@ -80,8 +104,9 @@ def plot_fields(fields: Tensor, config: LookHereConfig, query: Tuple[int, int], 
     vmin = float(finite.min()) if finite.numel() else -1.0
     cmap = matplotlib.colormaps['viridis'].copy()
     cmap.set_bad('#3a3a3a')
-    fig, axes = plt.subplots(n_layers, heads, figsize=(1.55 * heads, 1.9 * n_layers + 0.6),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        n_layers, heads, figsize=(1.55 * heads, 1.9 * n_layers + 0.6), squeeze=False
+    )
     image = None
     for r, layer in enumerate(layers):
         titles = head_titles(config, depth, heads, layer)
@@ -95,8 +120,12 @@ def plot_fields(fields: Tensor, config: LookHereConfig, query: Tuple[int, int], 
             ax.set_title(f'h{h}: {titles[h]}', fontsize=6.5)
             if h == 0:
                 ax.set_ylabel(f'layer {layer}', fontsize=8)
-    fig.suptitle(title or f'LookHere bias from query patch {tuple(query)} '
-                 f'({height}x{width} grid); dark grey = blocked', fontsize=9)
+    fig.suptitle(
+        title
+        or f'LookHere bias from query patch {tuple(query)} '
+        f'({height}x{width} grid); dark grey = blocked',
+        fontsize=9,
+    )
     fig.tight_layout(rect=(0, 0, 0.94, 0.97))
     cax = fig.add_axes((0.95, 0.15, 0.012, 0.7))
     fig.colorbar(image, cax=cax, label='bias added to the logit')
@@ -117,10 +146,16 @@ def load_lh_config(lh_config: Optional[str] = None, preset: str = 'lh180') -> Lo
     return resolve_lh_config(preset=preset)
 
 
-def draw_head_fields(config: LookHereConfig, grid_size: Tuple[int, int], out: str,
-                     query: Optional[Tuple[int, int]] = None, depth: int = 12,
-                     num_heads: int = 12, layers: Optional[Sequence[int]] = None,
-                     name: str = 'lh_config') -> Tensor:
+def draw_head_fields(
+    config: LookHereConfig,
+    grid_size: Tuple[int, int],
+    out: str,
+    query: Optional[Tuple[int, int]] = None,
+    depth: int = 12,
+    num_heads: int = 12,
+    layers: Optional[Sequence[int]] = None,
+    name: str = 'lh_config',
+) -> Tensor:
     """Compute the fields (:func:`head_fields`) and write their picture to ``out``.
 
     Args:
@@ -143,10 +178,17 @@ def draw_head_fields(config: LookHereConfig, grid_size: Tuple[int, int], out: st
     query = tuple(query) if query else (grid[0] // 2, grid[1] // 2)
     layers = list(layers) if layers is not None else sorted({0, depth - 1})
     fields = head_fields(config, grid, query, depth, num_heads, layers)
-    plot_fields(fields, config, query, depth, layers, out,
-                f'{name} {config.head_directions}: bias from query patch {query} on a '
-                f'{grid[0]}x{grid[1]} grid, {num_heads} heads, depth {depth}; '
-                'dark grey = blocked')
+    plot_fields(
+        fields,
+        config,
+        query,
+        depth,
+        layers,
+        out,
+        f'{name} {config.head_directions}: bias from query patch {query} on a '
+        f'{grid[0]}x{grid[1]} grid, {num_heads} heads, depth {depth}; '
+        'dark grey = blocked',
+    )
     return fields
 
 
@@ -167,27 +209,41 @@ def checkpoint_slopes(path: str) -> Dict[str, Any]:
     compat.apply()  # a Runner checkpoint holds a few of mmengine's own classes
     weights = backbone_weights(load_checkpoint_file(path))
     if weights.lh_config is None:
-        raise ValueError(f'{path!r} records no LookHere config (not a LookHere model, or a '
-                         'timm / DeiT-III file): there are no slopes to draw')
+        raise ValueError(
+            f'{path!r} records no LookHere config (not a LookHere model, or a '
+            'timm / DeiT-III file): there are no slopes to draw'
+        )
     config = resolve_lh_config(weights.lh_config)
     num_heads, _ = file_num_heads(weights)
-    blocks = [int(m.group(1)) for k in weights.state_dict
-              for m in [re.match(r'^blocks\.(\d+)\.', k)] if m]
+    blocks = [
+        int(m.group(1))
+        for k in weights.state_dict
+        for m in [re.match(r'^blocks\.(\d+)\.', k)]
+        if m
+    ]
     if not blocks or num_heads is None:
         raise ValueError(f'{path!r}: cannot tell the depth / head count of its backbone')
     depth = max(blocks) + 1
-    learned = slopes_from_state_dict(config, depth, num_heads, weights.state_dict,
-                                     'pos_enc.slopes.')
-    return dict(config=config, depth=depth, num_heads=num_heads, learned=learned,
-                configured=configured_slopes(config, depth, num_heads))
+    learned = slopes_from_state_dict(
+        config, depth, num_heads, weights.state_dict, 'pos_enc.slopes.'
+    )
+    return dict(
+        config=config,
+        depth=depth,
+        num_heads=num_heads,
+        learned=learned,
+        configured=configured_slopes(config, depth, num_heads),
+    )
 
 
-def plot_slopes(learned: Dict[str, Any], configured: Dict[str, Any], out: str,
-                title: str = '') -> None:
+def plot_slopes(
+    learned: Dict[str, Any], configured: Dict[str, Any], out: str, title: str = ''
+) -> None:
     """Three panels, layers x heads: the configured effective slope of every head
     (``global x layer x head``), the learned one (same log colour scale), and their ratio
     (log2 scale, 0 = unchanged), with the global and layer slopes in the titles. PNG."""
     import matplotlib
+
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     import numpy as np
@@ -199,18 +255,28 @@ def plot_slopes(learned: Dict[str, Any], configured: Dict[str, Any], out: str,
     vmin, vmax = float(both.min()), float(both.max())
     ratio = np.log2(lrn / conf)
     lim = max(float(np.abs(ratio).max()), 1e-3)
-    fig, axes = plt.subplots(1, 3, figsize=(3 * max(3.2, 0.42 * heads + 1.2),
-                                            max(2.6, 0.36 * depth + 1.6)), squeeze=False)
-    panels = [(conf, 'configured', 'viridis', (vmin, vmax), True),
-              (lrn, 'learned', 'viridis', (vmin, vmax), True),
-              (lrn / conf, 'learned / configured', 'coolwarm', (-lim, lim), False)]
+    fig, axes = plt.subplots(
+        1,
+        3,
+        figsize=(3 * max(3.2, 0.42 * heads + 1.2), max(2.6, 0.36 * depth + 1.6)),
+        squeeze=False,
+    )
+    panels = [
+        (conf, 'configured', 'viridis', (vmin, vmax), True),
+        (lrn, 'learned', 'viridis', (vmin, vmax), True),
+        (lrn / conf, 'learned / configured', 'coolwarm', (-lim, lim), False),
+    ]
     for ax, (data, name, cmap, (lo, hi), logscale) in zip(axes[0], panels):
         shown = np.log10(data) if logscale else np.log2(data)
-        image = ax.imshow(shown, cmap=cmap, vmin=lo, vmax=hi, aspect='auto',
-                          interpolation='nearest')
+        image = ax.imshow(
+            shown, cmap=cmap, vmin=lo, vmax=hi, aspect='auto', interpolation='nearest'
+        )
         key = 'global' if name != 'learned / configured' else None
-        sub = '' if key is None else (
-            f'\nglobal {float((learned if name == "learned" else configured)[key]):.3g}')
+        sub = (
+            ''
+            if key is None
+            else (f'\nglobal {float((learned if name == "learned" else configured)[key]):.3g}')
+        )
         ax.set_title(f'{name}{sub}', fontsize=8)
         ax.set_xlabel('head', fontsize=8)
         ax.set_ylabel('layer', fontsize=8)
@@ -222,11 +288,14 @@ def plot_slopes(learned: Dict[str, Any], configured: Dict[str, Any], out: str,
                 for h in range(heads):
                     ax.text(h, l, f'{data[l, h]:.2f}', ha='center', va='center', fontsize=5)
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04).set_label(
-            'log10 slope' if logscale else 'log2 ratio', fontsize=7)
-    layers = ', '.join(f'{float(a):.3g}/{float(b):.3g}'
-                       for a, b in zip(learned['layer'], configured['layer']))
-    fig.suptitle((title + '\n' if title else '') + f'layer slopes learned/configured: {layers}',
-                 fontsize=8)
+            'log10 slope' if logscale else 'log2 ratio', fontsize=7
+        )
+    layers = ', '.join(
+        f'{float(a):.3g}/{float(b):.3g}' for a, b in zip(learned['layer'], configured['layer'])
+    )
+    fig.suptitle(
+        (title + '\n' if title else '') + f'layer slopes learned/configured: {layers}', fontsize=8
+    )
     fig.tight_layout()
     os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
     fig.savefig(out, dpi=110)
@@ -245,9 +314,13 @@ def draw_learned_slopes(path: str, out: str) -> Dict[str, Any]:
     info = checkpoint_slopes(path)
     learned = info['learned'] if info['learned'] is not None else info['configured']
     kind = 'learned' if info['learned'] is not None else 'fixed (not learnable)'
-    plot_slopes(learned, info['configured'], out,
-                f'{osp.basename(path)}: {kind} LookHere slopes, '
-                f'{info["config"].head_directions}, {info["depth"]} layers x '
-                f'{info["num_heads"]} heads')
+    plot_slopes(
+        learned,
+        info['configured'],
+        out,
+        f'{osp.basename(path)}: {kind} LookHere slopes, '
+        f'{info["config"].head_directions}, {info["depth"]} layers x '
+        f'{info["num_heads"]} heads',
+    )
     info['table'] = format_slope_table(learned, info['configured'])
     return info

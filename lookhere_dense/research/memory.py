@@ -6,6 +6,7 @@ high-water mark ``VmHWM`` after resetting it (``/proc/self/clear_refs``, Linux),
 where the mark cannot be reset -- by sampling the RSS every few milliseconds (a lower
 bound of the true peak that can miss a short spike).
 """
+
 from __future__ import annotations
 
 import gc
@@ -15,11 +16,10 @@ from typing import Optional
 
 import torch
 
-__all__ = ['PeakMemory', 'current_rss', 'peak_rss', 'reset_peak_rss', 'free_memory', 'MiB',
-           'GiB']
+__all__ = ['PeakMemory', 'current_rss', 'peak_rss', 'reset_peak_rss', 'free_memory', 'MiB', 'GiB']
 
-MiB = 2 ** 20
-GiB = 2 ** 30
+MiB = 2**20
+GiB = 2**30
 
 
 def _proc_status(field: str) -> Optional[int]:
@@ -50,6 +50,7 @@ def peak_rss() -> int:
     if hwm is not None:
         return hwm
     import resource
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -73,6 +74,7 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
     try:
         import ctypes
+
         ctypes.CDLL('libc.so.6').malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass

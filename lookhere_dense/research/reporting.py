@@ -4,6 +4,7 @@ the benchmark). Each writer creates the folder it writes into.
 
 Figures use matplotlib's ``Agg`` backend (no screen needed), imported on first use.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,8 +45,9 @@ def write_csv(path: str, header: Sequence[Any], rows: Iterable[Sequence[Any]]) -
     return path
 
 
-def write_json(path: str, data: Any, indent: int = 2,
-               default: Optional[Callable[[Any], Any]] = None) -> str:
+def write_json(
+    path: str, data: Any, indent: int = 2, default: Optional[Callable[[Any], Any]] = None
+) -> str:
     """Write ``data`` as JSON; returns ``path``."""
     _parent(path)
     with open(path, 'w') as f:
@@ -62,9 +64,17 @@ def write_text(path: str, text: str) -> str:
 
 
 @contextlib.contextmanager
-def figure(path: str, nrows: int = 1, ncols: int = 1, figsize: Tuple[float, float] = (7, 4.5),
-           dpi: int = 110, title: Optional[str] = None, title_size: float = 10,
-           squeeze: bool = True, **subplots: Any) -> Iterator[Tuple[Any, Any]]:
+def figure(
+    path: str,
+    nrows: int = 1,
+    ncols: int = 1,
+    figsize: Tuple[float, float] = (7, 4.5),
+    dpi: int = 110,
+    title: Optional[str] = None,
+    title_size: float = 10,
+    squeeze: bool = True,
+    **subplots: Any,
+) -> Iterator[Tuple[Any, Any]]:
     """A matplotlib figure saved to ``path`` (PNG) when the block ends.
 
     Yields ``(fig, axes)`` of ``plt.subplots(nrows, ncols, ...)``; on leaving, the title is
@@ -72,6 +82,7 @@ def figure(path: str, nrows: int = 1, ncols: int = 1, figsize: Tuple[float, floa
     (also when the block raises: then nothing is written).
     """
     import matplotlib
+
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 

@@ -5,7 +5,7 @@
 # EncoderDecoder / SegmenterMaskTransformerHead (same arguments, weights and outputs) that
 # keep whole-frame inference lean: fused attention in the head, no identity resize of the
 # full-resolution logits (see docs/performance.md). mmseg Segmenter checkpoints load as they are.
-custom_imports = dict(imports=['lookhere_dense'], allow_failed_imports=False)
+custom_imports = dict(imports=['lookhere_dense.openmmlab'], allow_failed_imports=False)
 
 # The official LookHere ImageNet weights (GreenCUBIC/lookhere: LH_180 / LH_90 / LH_45
 # ..._weights_and_config.pth) are trained with ImageNet mean/std.
@@ -17,7 +17,8 @@ data_preprocessor = dict(
     pad_val=0,
     seg_pad_val=255,
     # pad test images to a patch multiple; the padding is cropped off the prediction
-    test_cfg=dict(size_divisor=16))
+    test_cfg=dict(size_divisor=16),
+)
 model = dict(
     type='LeanEncoderDecoder',
     data_preprocessor=data_preprocessor,
@@ -39,7 +40,8 @@ model = dict(
         # --cfg-options model.backbone.preset=lh90 (or lh45) switches when training
         # from scratch; a checkpoint's own config must match an explicit preset.
         preset=None,
-        init_cfg=None),
+        init_cfg=None,
+    ),
     decode_head=dict(
         type='LeanSegmenterMaskTransformerHead',
         in_channels=768,
@@ -49,6 +51,8 @@ model = dict(
         num_heads=12,
         embed_dims=768,
         dropout_ratio=0.0,
-        loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0)),
+        loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0),
+    ),
     train_cfg=dict(),
-    test_cfg=dict(mode='slide', crop_size=(512, 512), stride=(480, 480)))
+    test_cfg=dict(mode='slide', crop_size=(512, 512), stride=(480, 480)),
+)

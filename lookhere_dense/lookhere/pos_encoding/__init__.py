@@ -65,28 +65,49 @@ parser), :mod:`.factory` (the one factory). Nothing here imports OpenMMLab;
 Definitions and conventions (channel layouts, the timm counterparts of ``rope2d`` /
 ``rope2d_mixed``): ``docs/position_encodings.md``.
 """
+
 from lookhere_dense.errors import PosEncodingError
-from .absolute import (AbsolutePositionEncoding,
-                       resample_abs_pos_embed)
-from .base import (NoPositionEncoding, PositionEncoding, Trunk,
-                   isolated_rng, window_sdpa)
+
+from .absolute import AbsolutePositionEncoding, resample_abs_pos_embed
+from .base import NoPositionEncoding, PositionEncoding, Trunk, isolated_rng, window_sdpa
 from .dinov3 import DinoV3RoPE2d
 from .factory import build_position_encoding
-from .lookhere import (LOOKHERE_BIAS_ENCODINGS,
-                       LookHerePositionEncoding,
-                       alibi2d_config)
+from .lookhere import LOOKHERE_BIAS_ENCODINGS, LookHerePositionEncoding, alibi2d_config
 from .pape import ParabolicPositionEncoding, parabola_features
-from .rope import (AxialRoPE2d, MixedRoPE2d, patch_coordinates,
-                   rotate_half_pairs)
-from .spec import (ENCODINGS, POS_ENCODING_OPTIONS,
-                   POS_ENCODINGS, PosEncodingSpec, bias_config,
-                   parse_pos_encoding)
+from .rope import AxialRoPE2d, MixedRoPE2d, patch_coordinates, rotate_half_pairs
+from .spec import (
+    ENCODINGS,
+    POS_ENCODING_OPTIONS,
+    POS_ENCODINGS,
+    PosEncodingSpec,
+    bias_config,
+    parse_pos_encoding,
+)
 
 __all__ = [
-    'ENCODINGS', 'POS_ENCODINGS', 'LOOKHERE_BIAS_ENCODINGS', 'POS_ENCODING_OPTIONS',
-    'PositionEncoding', 'Trunk', 'LookHerePositionEncoding', 'AbsolutePositionEncoding',
-    'AxialRoPE2d', 'MixedRoPE2d', 'DinoV3RoPE2d', 'ParabolicPositionEncoding',
-    'NoPositionEncoding', 'PosEncodingSpec', 'PosEncodingError', 'build_position_encoding',
-    'parse_pos_encoding', 'alibi2d_config', 'resample_abs_pos_embed', 'rotate_half_pairs',
-    'patch_coordinates', 'parabola_features', 'window_sdpa', 'isolated_rng', 'bias_config',
+    'ENCODINGS',
+    'POS_ENCODINGS',
+    'LOOKHERE_BIAS_ENCODINGS',
+    'POS_ENCODING_OPTIONS',
+    'PositionEncoding',
+    'Trunk',
+    'LookHerePositionEncoding',
+    'AbsolutePositionEncoding',
+    'AxialRoPE2d',
+    'MixedRoPE2d',
+    'DinoV3RoPE2d',
+    'ParabolicPositionEncoding',
+    'NoPositionEncoding',
+    'PosEncodingSpec',
+    'PosEncodingError',
+    'build_position_encoding',
+    'parse_pos_encoding',
+    'alibi2d_config',
+    'resample_abs_pos_embed',
+    'rotate_half_pairs',
+    'patch_coordinates',
+    'parabola_features',
+    'window_sdpa',
+    'isolated_rng',
+    'bias_config',
 ]

@@ -1,4 +1,5 @@
 """``'abs'``: a learned absolute position embedding, resampled to the input's grid."""
+
 from __future__ import annotations
 
 import math
@@ -10,13 +11,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lookhere_dense.validation import check_number
+
 from .base import PositionEncoding, Trunk
 
 __all__ = ['AbsolutePositionEncoding', 'resample_abs_pos_embed']
 
 
-def resample_abs_pos_embed(pos_embed: Tensor, src_grid: Tuple[int, int],
-                           dst_grid: Tuple[int, int], mode: str = 'bicubic') -> Tensor:
+def resample_abs_pos_embed(
+    pos_embed: Tensor, src_grid: Tuple[int, int], dst_grid: Tuple[int, int], mode: str = 'bicubic'
+) -> Tensor:
     """Resize a patch position embedding from one grid to another (mmseg / timm style).
 
     Args:
@@ -29,8 +32,10 @@ def resample_abs_pos_embed(pos_embed: Tensor, src_grid: Tuple[int, int],
     """
     src_grid, dst_grid = tuple(src_grid), tuple(dst_grid)
     if pos_embed.dim() != 3 or pos_embed.shape[1] != src_grid[0] * src_grid[1]:
-        raise ValueError(f'pos_embed of shape {tuple(pos_embed.shape)} is not (1, H*W, D) for '
-                         f'the grid {src_grid}')
+        raise ValueError(
+            f'pos_embed of shape {tuple(pos_embed.shape)} is not (1, H*W, D) for '
+            f'the grid {src_grid}'
+        )
     if src_grid == dst_grid:
         return pos_embed
     dim = pos_embed.shape[-1]
@@ -62,20 +67,28 @@ class AbsolutePositionEncoding(PositionEncoding):
     name = 'abs'
     options = ('init_std',)
 
-    def __init__(self, embed_dims: int, grid_size: Tuple[int, int],
-                 interpolate_mode: str = 'bicubic', init_std: float = 0.02):
+    def __init__(
+        self,
+        embed_dims: int,
+        grid_size: Tuple[int, int],
+        interpolate_mode: str = 'bicubic',
+        init_std: float = 0.02,
+    ):
         super().__init__()
         if len(grid_size) != 2 or min(grid_size) < 1:
             raise ValueError(f'grid_size must be (H, W) >= 1, got {grid_size!r}')
         self.grid_size = (int(grid_size[0]), int(grid_size[1]))
         self.interpolate_mode = interpolate_mode
         self.init_std = check_number('pos_encoding init_std', init_std, 0)
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.grid_size[0] * self.grid_size[1],
-                                                  embed_dims))
+        self.pos_embed = nn.Parameter(
+            torch.zeros(1, self.grid_size[0] * self.grid_size[1], embed_dims)
+        )
         self.reset_parameters()
 
     @classmethod
-    def from_spec(cls, options: Mapping[str, Any], trunk: Trunk, **spec: Any) -> 'AbsolutePositionEncoding':
+    def from_spec(
+        cls, options: Mapping[str, Any], trunk: Trunk, **spec: Any
+    ) -> 'AbsolutePositionEncoding':
         return cls(trunk.embed_dims, trunk.grid_size, trunk.interpolate_mode, **options)
 
     def reset_parameters(self) -> None:
@@ -83,14 +96,16 @@ class AbsolutePositionEncoding(PositionEncoding):
 
     def embedding(self, grid_size: Tuple[int, int]) -> Tensor:
         """The embedding for ``grid_size``: ``(1, H*W, D)``."""
-        return resample_abs_pos_embed(self.pos_embed, self.grid_size, tuple(grid_size),
-                                      self.interpolate_mode)
+        return resample_abs_pos_embed(
+            self.pos_embed, self.grid_size, tuple(grid_size), self.interpolate_mode
+        )
 
     def add_to_tokens(self, x: Tensor, grid_size: Tuple[int, int]) -> Tensor:
         return x + self.embedding(grid_size).to(x.dtype)
 
-    def adapt_checkpoint_embedding(self, pos_embed: Tensor
-                                   ) -> Tuple[Tensor, Optional[Tensor], str]:
+    def adapt_checkpoint_embedding(
+        self, pos_embed: Tensor
+    ) -> Tuple[Tensor, Optional[Tensor], str]:
         """A checkpoint's ``pos_embed`` resampled to this encoding's shape.
 
         Accepts ``(1, N, D)`` with ``N = h*w`` (DeiT-III / ours) or ``N = 1 + h*w`` (timm
@@ -108,12 +123,15 @@ class AbsolutePositionEncoding(PositionEncoding):
         if pos_embed.dim() == 2:
             pos_embed = pos_embed[None]
         if pos_embed.dim() != 3 or pos_embed.shape[0] != 1:
-            raise ValueError(f'checkpoint pos_embed has shape {tuple(pos_embed.shape)}, '
-                             'expected (1, N, D)')
+            raise ValueError(
+                f'checkpoint pos_embed has shape {tuple(pos_embed.shape)}, expected (1, N, D)'
+            )
         dim = self.pos_embed.shape[-1]
         if pos_embed.shape[-1] != dim:
-            raise ValueError(f'checkpoint pos_embed has {pos_embed.shape[-1]} channels, the '
-                             f'backbone {dim} (check embed_dims)')
+            raise ValueError(
+                f'checkpoint pos_embed has {pos_embed.shape[-1]} channels, the '
+                f'backbone {dim} (check embed_dims)'
+            )
         own = self.grid_size[0] * self.grid_size[1]
         notes = []
 
@@ -130,16 +148,21 @@ class AbsolutePositionEncoding(PositionEncoding):
             notes.append('split off its CLS entry')
             src = self.grid_size if n - 1 == own else square(n - 1)
         else:
-            raise ValueError(f'checkpoint pos_embed has {n} tokens: neither this backbone\'s '
-                             f'{self.grid_size[0]}x{self.grid_size[1]} grid nor a square grid '
-                             '(with or without a CLS entry)')
+            raise ValueError(
+                f"checkpoint pos_embed has {n} tokens: neither this backbone's "
+                f'{self.grid_size[0]}x{self.grid_size[1]} grid nor a square grid '
+                '(with or without a CLS entry)'
+            )
         if tuple(src) != self.grid_size:
-            notes.append(f'resampled {src[0]}x{src[1]} -> '
-                         f'{self.grid_size[0]}x{self.grid_size[1]} ({self.interpolate_mode})')
-        out = resample_abs_pos_embed(pos_embed, tuple(src), self.grid_size,
-                                     self.interpolate_mode)
+            notes.append(
+                f'resampled {src[0]}x{src[1]} -> '
+                f'{self.grid_size[0]}x{self.grid_size[1]} ({self.interpolate_mode})'
+            )
+        out = resample_abs_pos_embed(pos_embed, tuple(src), self.grid_size, self.interpolate_mode)
         return out, cls_entry, '; '.join(notes) or 'kept as is'
 
     def extra_repr(self) -> str:
-        return (f'name={self.name!r}, grid_size={self.grid_size}, '
-                f'interpolate_mode={self.interpolate_mode!r}')
+        return (
+            f'name={self.name!r}, grid_size={self.grid_size}, '
+            f'interpolate_mode={self.interpolate_mode!r}'
+        )

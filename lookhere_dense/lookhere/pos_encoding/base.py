@@ -2,6 +2,7 @@
 
 See the package docstring (:mod:`lookhere_dense.lookhere.pos_encoding`) for the interface.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -66,8 +67,15 @@ def isolated_rng(device: Union[torch.device, str, None] = None) -> Iterator[None
         yield
 
 
-def window_sdpa(q: Tensor, k: Tensor, v: Tensor, grid_size: Tuple[int, int], window_size: int,
-                cls_token: bool, dropout_p: float = 0.0) -> Tensor:
+def window_sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    grid_size: Tuple[int, int],
+    window_size: int,
+    cls_token: bool,
+    dropout_p: float = 0.0,
+) -> Tensor:
     """ViTDet window attention without a position bias.
 
     Patches attend within their ``window_size`` x ``window_size`` window (padded keys of
@@ -85,9 +93,18 @@ def window_sdpa(q: Tensor, k: Tensor, v: Tensor, grid_size: Tuple[int, int], win
     mask = None
     if padded_grid(grid_size, ws) != tuple(grid_size):
         mask = window_key_mask(grid_size, ws, cls_token, q.device, q.dtype)
-    return attend_in_windows(q, k, v, grid_size, ws, cls_token, lambda qw, kw, vw:
-                             F.scaled_dot_product_attention(qw, kw, vw, attn_mask=mask,
-                                                            dropout_p=dropout_p), dropout_p)
+    return attend_in_windows(
+        q,
+        k,
+        v,
+        grid_size,
+        ws,
+        cls_token,
+        lambda qw, kw, vw: F.scaled_dot_product_attention(
+            qw, kw, vw, attn_mask=mask, dropout_p=dropout_p
+        ),
+        dropout_p,
+    )
 
 
 class PositionEncoding(nn.Module):
@@ -109,8 +126,9 @@ class PositionEncoding(nn.Module):
     uses_tokens: bool = False
 
     @classmethod
-    def from_spec(cls, options: Mapping[str, Any], trunk: Trunk, **spec: Any
-                  ) -> 'PositionEncoding':
+    def from_spec(
+        cls, options: Mapping[str, Any], trunk: Trunk, **spec: Any
+    ) -> 'PositionEncoding':
         """Build for ``trunk`` with the spec's ``options`` (the factory's call). The default
         takes no trunk sizes: ``cls(**options)``; ``spec`` holds the rest of the parsed spec
         (``name``, ``lh_config``) for the encodings that need it."""
@@ -120,27 +138,47 @@ class PositionEncoding(nn.Module):
         """Patch tokens ``(B, H*W, D)`` (no CLS) -> the tokens the blocks get (same shape)."""
         return x
 
-    def rotate(self, q: Tensor, k: Tensor, layer: int, grid_size: Tuple[int, int],
-               cls_token: bool) -> Tuple[Tensor, Tensor]:
+    def rotate(
+        self, q: Tensor, k: Tensor, layer: int, grid_size: Tuple[int, int], cls_token: bool
+    ) -> Tuple[Tensor, Tensor]:
         """Queries and keys ``(B, heads, T, d)`` as the attention logits should see them."""
         return q, k
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, layer: int, grid_size: Tuple[int, int],
-                cls_token: bool, dropout_p: float = 0.0, tokens: Optional[Tensor] = None
-                ) -> Tensor:
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        layer: int,
+        grid_size: Tuple[int, int],
+        cls_token: bool,
+        dropout_p: float = 0.0,
+        tokens: Optional[Tensor] = None,
+    ) -> Tensor:
         """Global attention of ``layer``: ``(B, heads, T, d)`` -> ``(B, heads, T, d)``,
         ``T = H*W (+1 with cls_token)``. ``tokens``: the attention's input ``(B, T, C)``,
         used by encodings with :attr:`uses_tokens` (ignored here). Default: None."""
         n = grid_size[0] * grid_size[1] + int(cls_token)
         if q.shape[-2] != n or k.shape[-2] != n:
-            raise ValueError(f'attention got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
-                             f'{"with" if cls_token else "without"} CLS needs {n}')
+            raise ValueError(
+                f'attention got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
+                f'{"with" if cls_token else "without"} CLS needs {n}'
+            )
         q, k = self.rotate(q, k, layer, grid_size, cls_token)
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
 
-    def window_attention(self, q: Tensor, k: Tensor, v: Tensor, layer: int,
-                         grid_size: Tuple[int, int], window_size: int, cls_token: bool,
-                         dropout_p: float = 0.0, tokens: Optional[Tensor] = None) -> Tensor:
+    def window_attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        layer: int,
+        grid_size: Tuple[int, int],
+        window_size: int,
+        cls_token: bool,
+        dropout_p: float = 0.0,
+        tokens: Optional[Tensor] = None,
+    ) -> Tensor:
         """ViTDet window attention of ``layer`` (see :func:`window_sdpa`); shapes and
         ``tokens`` as :meth:`forward`."""
         q, k = self.rotate(q, k, layer, grid_size, cls_token)

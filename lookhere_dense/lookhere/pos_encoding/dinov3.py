@@ -1,5 +1,6 @@
 """``'rope_dinov3'``: DINOv3's axial RoPE through timm's ``RotaryEmbeddingDinoV3`` (timm is
 imported when the encoding is built, so the rest of the package needs no timm)."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Tuple, Union
@@ -8,6 +9,7 @@ import torch
 from torch import Tensor
 
 from lookhere_dense.validation import check_number
+
 from ..cache import BoundedCache
 from .base import PositionEncoding, Trunk
 
@@ -19,9 +21,11 @@ def _timm_dinov3_rope() -> Tuple[Any, Any]:
     try:
         from timm.layers.pos_embed_sincos import RotaryEmbeddingDinoV3, apply_rot_embed_cat
     except ImportError as err:
-        raise ImportError("pos_encoding='rope_dinov3' uses timm's RotaryEmbeddingDinoV3 "
-                          '(timm >= 1.0.20: `pip install -U timm`), which could not be '
-                          f'imported: {err}') from err
+        raise ImportError(
+            "pos_encoding='rope_dinov3' uses timm's RotaryEmbeddingDinoV3 "
+            '(timm >= 1.0.20: `pip install -U timm`), which could not be '
+            f'imported: {err}'
+        ) from err
     return RotaryEmbeddingDinoV3, apply_rot_embed_cat
 
 
@@ -63,24 +67,39 @@ class DinoV3RoPE2d(PositionEncoding):
     name = 'rope_dinov3'
     options = ('theta', 'normalize_coords', 'shift_coords', 'jitter_coords', 'rescale_coords')
 
-    def __init__(self, head_dim: int, theta: float = 100.0, normalize_coords: str = 'separate',
-                 shift_coords: Optional[float] = None, jitter_coords: Optional[float] = None,
-                 rescale_coords: Optional[float] = 2.0):
+    def __init__(
+        self,
+        head_dim: int,
+        theta: float = 100.0,
+        normalize_coords: str = 'separate',
+        shift_coords: Optional[float] = None,
+        jitter_coords: Optional[float] = None,
+        rescale_coords: Optional[float] = 2.0,
+    ):
         super().__init__()
         if head_dim % 4:
-            raise ValueError(f"pos_encoding='rope_dinov3' needs head channels divisible by 4 "
-                             f'(embed_dims / num_heads), got {head_dim}')
+            raise ValueError(
+                f"pos_encoding='rope_dinov3' needs head channels divisible by 4 "
+                f'(embed_dims / num_heads), got {head_dim}'
+            )
         if normalize_coords not in ('separate', 'min', 'max'):
-            raise ValueError(f"pos_encoding='rope_dinov3': normalize_coords must be "
-                             f"'separate', 'min' or 'max', got {normalize_coords!r}")
+            raise ValueError(
+                f"pos_encoding='rope_dinov3': normalize_coords must be "
+                f"'separate', 'min' or 'max', got {normalize_coords!r}"
+            )
         rope_cls, self._rotate_cat = _timm_dinov3_rope()
         try:
             #: timm's ``RotaryEmbeddingDinoV3`` (its ``periods`` buffer is not saved)
-            self.rope = rope_cls(dim=head_dim,
-                                 temperature=check_number('pos_encoding theta', theta, 0, strict=True),
-                                 normalize_coords=normalize_coords, grid_indexing='ij',
-                                 rotate_half=True, shift_coords=shift_coords,
-                                 jitter_coords=jitter_coords, rescale_coords=rescale_coords)
+            self.rope = rope_cls(
+                dim=head_dim,
+                temperature=check_number('pos_encoding theta', theta, 0, strict=True),
+                normalize_coords=normalize_coords,
+                grid_indexing='ij',
+                rotate_half=True,
+                shift_coords=shift_coords,
+                jitter_coords=jitter_coords,
+                rescale_coords=rescale_coords,
+            )
         except (TypeError, ValueError) as err:
             raise ValueError(f"pos_encoding='rope_dinov3': {err}") from None
         self.head_dim = head_dim
@@ -103,8 +122,9 @@ class DinoV3RoPE2d(PositionEncoding):
         self._drawn = (grid, self.rope.get_embed(list(grid)))
         return self._drawn[1]
 
-    def embedding(self, grid_size: Tuple[int, int],
-                  device: Union[torch.device, str, None] = None) -> Tensor:
+    def embedding(
+        self, grid_size: Tuple[int, int], device: Union[torch.device, str, None] = None
+    ) -> Tensor:
         """``(H*W, 2 * head_dim)``: ``[sin | cos]`` of the angles in timm's half layout
         (float32), row-major over the grid; while augmenting, this forward's drawn one."""
         grid = (int(grid_size[0]), int(grid_size[1]))
@@ -113,7 +133,8 @@ class DinoV3RoPE2d(PositionEncoding):
             emb = drawn[1] if drawn is not None and drawn[0] == grid else self.draw(grid)
             return emb.to(device) if device is not None else emb
         return self._cache.get_or_create(
-            (grid, str(device)), lambda: self.rope.get_embed(list(grid)).to(device))
+            (grid, str(device)), lambda: self.rope.get_embed(list(grid)).to(device)
+        )
 
     def add_to_tokens(self, x: Tensor, grid_size: Tuple[int, int]) -> Tensor:
         """Tokens unchanged; while augmenting, draws this forward's coordinate transform."""
@@ -123,14 +144,17 @@ class DinoV3RoPE2d(PositionEncoding):
             self._drawn = None
         return x
 
-    def rotate(self, q: Tensor, k: Tensor, layer: int, grid_size: Tuple[int, int],
-               cls_token: bool) -> Tuple[Tensor, Tensor]:
+    def rotate(
+        self, q: Tensor, k: Tensor, layer: int, grid_size: Tuple[int, int], cls_token: bool
+    ) -> Tuple[Tensor, Tensor]:
         off = int(cls_token)
         emb = self.embedding(grid_size, q.device)
         if emb.shape[0] != q.shape[-2] - off:
-            raise ValueError(f'RoPE got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
-                             f'{"with" if cls_token else "without"} CLS needs '
-                             f'{emb.shape[0] + off}')
+            raise ValueError(
+                f'RoPE got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
+                f'{"with" if cls_token else "without"} CLS needs '
+                f'{emb.shape[0] + off}'
+            )
         out = []
         for t in (q, k):
             rotated = self._rotate_cat(t[:, :, off:], emb, half=True)
@@ -144,6 +168,8 @@ class DinoV3RoPE2d(PositionEncoding):
 
     def extra_repr(self) -> str:
         r = self.rope
-        return (f'name={self.name!r}, head_dim={self.head_dim}, theta={r.temperature}, '
-                f'normalize_coords={r.normalize_coords!r}, shift_coords={r.shift_coords}, '
-                f'jitter_coords={r.jitter_coords}, rescale_coords={r.rescale_coords}')
+        return (
+            f'name={self.name!r}, head_dim={self.head_dim}, theta={r.temperature}, '
+            f'normalize_coords={r.normalize_coords!r}, shift_coords={r.shift_coords}, '
+            f'jitter_coords={r.jitter_coords}, rescale_coords={r.rescale_coords}'
+        )

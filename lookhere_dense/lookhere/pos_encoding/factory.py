@@ -1,23 +1,29 @@
 """One factory: a parsed ``pos_encoding`` spec -> the encoding module of a trunk."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Tuple, Union
 
 from ..engine import LookHereAttentionEngine
 from .base import PositionEncoding, Trunk
-from .spec import (ENCODINGS, PosEncodingSpec,
-                   parse_pos_encoding)
+from .spec import ENCODINGS, PosEncodingSpec, parse_pos_encoding
 
 __all__ = ['build_position_encoding']
 
 
-def build_position_encoding(spec: Union[str, Mapping[str, Any], PosEncodingSpec], *,
-                            embed_dims: int, num_heads: int, depth: int,
-                            grid_size: Tuple[int, int],
-                            engine: Optional[LookHereAttentionEngine] = None,
-                            interpolate_mode: str = 'bicubic', attn_backend: str = 'auto',
-                            attn_block_size: Optional[int] = None,
-                            max_dense_bias_mb: float = 1024) -> PositionEncoding:
+def build_position_encoding(
+    spec: Union[str, Mapping[str, Any], PosEncodingSpec],
+    *,
+    embed_dims: int,
+    num_heads: int,
+    depth: int,
+    grid_size: Tuple[int, int],
+    engine: Optional[LookHereAttentionEngine] = None,
+    interpolate_mode: str = 'bicubic',
+    attn_backend: str = 'auto',
+    attn_block_size: Optional[int] = None,
+    max_dense_bias_mb: float = 1024,
+) -> PositionEncoding:
     """Build the encoding ``spec`` names (a spec or a :class:`PosEncodingSpec` from
     :func:`parse_pos_encoding`; a spec string / dict takes the default LookHere config).
 
@@ -40,7 +46,17 @@ def build_position_encoding(spec: Union[str, Mapping[str, Any], PosEncodingSpec]
         ImportError: ``'rope_dinov3'`` without timm.
     """
     spec = parse_pos_encoding(spec)
-    trunk = Trunk(embed_dims, num_heads, depth, tuple(grid_size), interpolate_mode,
-                  attn_backend, attn_block_size, max_dense_bias_mb, engine)
-    return ENCODINGS[spec.name].from_spec(spec.options, trunk, name=spec.name,
-                                          lh_config=spec.lh_config)
+    trunk = Trunk(
+        embed_dims,
+        num_heads,
+        depth,
+        tuple(grid_size),
+        interpolate_mode,
+        attn_backend,
+        attn_block_size,
+        max_dense_bias_mb,
+        engine,
+    )
+    return ENCODINGS[spec.name].from_spec(
+        spec.options, trunk, name=spec.name, lh_config=spec.lh_config
+    )

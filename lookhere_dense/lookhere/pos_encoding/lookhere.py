@@ -1,4 +1,5 @@
 """``'lookhere'`` and ``'alibi2d'``: attention with the bias of a LookHere engine."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Tuple, Union
@@ -43,8 +44,9 @@ class LookHerePositionEncoding(PositionEncoding):
     def __init__(self, engine: LookHereAttentionEngine, name: str = 'lookhere'):
         super().__init__()
         if name not in LOOKHERE_BIAS_ENCODINGS:
-            raise ValueError(f'LookHerePositionEncoding implements {LOOKHERE_BIAS_ENCODINGS}, '
-                             f'got {name!r}')
+            raise ValueError(
+                f'LookHerePositionEncoding implements {LOOKHERE_BIAS_ENCODINGS}, got {name!r}'
+            )
         self.engine = engine
         self.name = name
         config = getattr(engine, 'config', None)
@@ -53,34 +55,62 @@ class LookHerePositionEncoding(PositionEncoding):
             self.slopes = LookHereSlopes(config, engine.depth, engine.num_heads)
 
     @classmethod
-    def from_spec(cls, options: Mapping[str, Any], trunk: Trunk, *, name: str = 'lookhere',
-                  lh_config: Optional[LookHereConfig] = None, **spec: Any
-                  ) -> 'LookHerePositionEncoding':
+    def from_spec(
+        cls,
+        options: Mapping[str, Any],
+        trunk: Trunk,
+        *,
+        name: str = 'lookhere',
+        lh_config: Optional[LookHereConfig] = None,
+        **spec: Any,
+    ) -> 'LookHerePositionEncoding':
         """The encoding of ``name`` with ``trunk.engine``, or a new engine of ``lh_config``
         with the trunk's settings (``attn_backend``, ``attn_block_size``,
         ``max_dense_bias_mb``)."""
         engine = trunk.engine
         if engine is None:
             lh_config.validate(trunk.num_heads, trunk.depth)
-            engine = LookHereAttentionEngine(lh_config, trunk.depth, trunk.num_heads,
-                                             trunk.attn_backend, trunk.attn_block_size,
-                                             trunk.max_dense_bias_mb)
+            engine = LookHereAttentionEngine(
+                lh_config,
+                trunk.depth,
+                trunk.num_heads,
+                trunk.attn_backend,
+                trunk.attn_block_size,
+                trunk.max_dense_bias_mb,
+            )
         return cls(engine, name, **options)
 
     def _slope_kwargs(self) -> dict:
         return {} if self.slopes is None else {'slopes': self.slopes}
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, layer: int, grid_size: Tuple[int, int],
-                cls_token: bool, dropout_p: float = 0.0, tokens: Optional[Tensor] = None
-                ) -> Tensor:
-        return self.engine(q, k, v, layer, grid_size, cls_token, dropout_p,
-                           **self._slope_kwargs())
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        layer: int,
+        grid_size: Tuple[int, int],
+        cls_token: bool,
+        dropout_p: float = 0.0,
+        tokens: Optional[Tensor] = None,
+    ) -> Tensor:
+        return self.engine(q, k, v, layer, grid_size, cls_token, dropout_p, **self._slope_kwargs())
 
-    def window_attention(self, q: Tensor, k: Tensor, v: Tensor, layer: int,
-                         grid_size: Tuple[int, int], window_size: int, cls_token: bool,
-                         dropout_p: float = 0.0, tokens: Optional[Tensor] = None) -> Tensor:
-        return self.engine.window_attention(q, k, v, layer, grid_size, window_size, cls_token,
-                                            dropout_p, **self._slope_kwargs())
+    def window_attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        layer: int,
+        grid_size: Tuple[int, int],
+        window_size: int,
+        cls_token: bool,
+        dropout_p: float = 0.0,
+        tokens: Optional[Tensor] = None,
+    ) -> Tensor:
+        return self.engine.window_attention(
+            q, k, v, layer, grid_size, window_size, cls_token, dropout_p, **self._slope_kwargs()
+        )
 
     @property
     def lh_config(self) -> Optional[LookHereConfig]:
@@ -98,10 +128,12 @@ class LookHerePositionEncoding(PositionEncoding):
         """
         if config.learnable_slopes != (self.slopes is not None):
             have = 'learnable' if self.slopes is not None else 'fixed'
-            raise ValueError(f'this LookHere encoding was built with {have} slopes; it cannot '
-                             f'switch to learnable_slopes={config.learnable_slopes} (set '
-                             f'lh_config.learnable_slopes={self.slopes is not None} or build '
-                             'the model with the other setting)')
+            raise ValueError(
+                f'this LookHere encoding was built with {have} slopes; it cannot '
+                f'switch to learnable_slopes={config.learnable_slopes} (set '
+                f'lh_config.learnable_slopes={self.slopes is not None} or build '
+                'the model with the other setting)'
+            )
         self.engine.reset(config)
         if self.slopes is not None:
             self.slopes.set_config(config)
@@ -122,8 +154,9 @@ class LookHerePositionEncoding(PositionEncoding):
         return f'name={self.name!r}, config={cfg.to_dict() if cfg is not None else None}'
 
 
-def alibi2d_config(lh_config: Union[None, Mapping[str, Any], LookHereConfig] = None
-                   ) -> LookHereConfig:
+def alibi2d_config(
+    lh_config: Union[None, Mapping[str, Any], LookHereConfig] = None,
+) -> LookHereConfig:
     """The LookHere config of ``'alibi2d'``: every head unrestricted (``'none'`` heads).
 
     Default: ``head_directions='none'`` (slopes 1/4, 1/16, 1/64, 1/256 per group of heads,
@@ -140,11 +173,15 @@ def alibi2d_config(lh_config: Union[None, Mapping[str, Any], LookHereConfig] = N
     elif isinstance(lh_config, Mapping):
         cfg = resolve_lh_config({**base.to_dict(), **dict(lh_config)})
     else:
-        raise TypeError("pos_encoding='alibi2d' takes lh_config as a dict or LookHereConfig "
-                        f'(no preset names), got {lh_config!r}')
+        raise TypeError(
+            "pos_encoding='alibi2d' takes lh_config as a dict or LookHereConfig "
+            f'(no preset names), got {lh_config!r}'
+        )
     directed = sorted({t for s in cfg.direction_strings for t in s.split('-') if t != 'none'})
     if directed:
-        raise ValueError(f"pos_encoding='alibi2d' has no direction masks, but lh_config uses "
-                         f"direction types {directed}; use only 'none' (e.g. "
-                         f"head_directions='none') or pos_encoding='lookhere'")
+        raise ValueError(
+            f"pos_encoding='alibi2d' has no direction masks, but lh_config uses "
+            f"direction types {directed}; use only 'none' (e.g. "
+            f"head_directions='none') or pos_encoding='lookhere'"
+        )
     return cfg

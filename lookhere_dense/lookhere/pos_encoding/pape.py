@@ -44,6 +44,7 @@ Conventions of this toolkit (the reference differs; no logit of a patch pair cha
   :func:`~lookhere_dense.lookhere.pos_encoding.isolated_rng` by the backbone; weight decay
   applies to both weights, as in the reference (which decays every parameter).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,14 +57,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lookhere_dense.validation import check_int
+
 from ..cache import BoundedCache
 from .base import PositionEncoding, Trunk, window_sdpa
 
 __all__ = ['ParabolicPositionEncoding', 'parabola_features']
 
 
-def parabola_features(positions: Tensor, curvature: Tensor, slope: Tensor
-                      ) -> Tuple[Tensor, Tensor]:
+def parabola_features(
+    positions: Tensor, curvature: Tensor, slope: Tensor
+) -> Tuple[Tensor, Tensor]:
     """The features PaPE appends to queries and keys.
 
     Args:
@@ -80,8 +83,7 @@ def parabola_features(positions: Tensor, curvature: Tensor, slope: Tensor
     """
     const = ((slope - curvature * positions) * positions).sum(-1, keepdim=True)
     query = torch.cat([const, curvature, 2 * curvature * positions - slope], dim=-1)
-    key = torch.cat([torch.ones_like(positions[..., :1]), -positions.square(), positions],
-                    dim=-1)
+    key = torch.cat([torch.ones_like(positions[..., :1]), -positions.square(), positions], dim=-1)
     return query, key
 
 
@@ -113,16 +115,16 @@ class ParabolicPositionEncoding(PositionEncoding):
     uses_tokens = True
 
     @classmethod
-    def from_spec(cls, options: Mapping[str, Any], trunk: Trunk, **spec: Any
-                  ) -> 'ParabolicPositionEncoding':
+    def from_spec(
+        cls, options: Mapping[str, Any], trunk: Trunk, **spec: Any
+    ) -> 'ParabolicPositionEncoding':
         return cls(trunk.embed_dims, trunk.depth, trunk.num_heads, **options)
 
     def __init__(self, embed_dims: int, depth: int, num_heads: int, parabolas: int = 50):
         super().__init__()
         check_int("pos_encoding='pape': parabolas", parabolas)
         if embed_dims % num_heads:
-            raise ValueError(f'embed_dims={embed_dims} is not divisible by '
-                             f'num_heads={num_heads}')
+            raise ValueError(f'embed_dims={embed_dims} is not divisible by num_heads={num_heads}')
         self.embed_dims, self.depth, self.num_heads = embed_dims, depth, num_heads
         self.head_dim = embed_dims // num_heads
         self.parabolas = parabolas
@@ -146,31 +148,40 @@ class ParabolicPositionEncoding(PositionEncoding):
         bound = 1 / math.sqrt(self.embed_dims)
         self.curve_proj.uniform_(-bound, bound)
 
-    def patch_coordinates(self, grid_size: Tuple[int, int],
-                          device: Union[torch.device, str, None] = None) -> Tensor:
+    def patch_coordinates(
+        self, grid_size: Tuple[int, int], device: Union[torch.device, str, None] = None
+    ) -> Tensor:
         """``(H*W, 2)`` float32 ``(x, y)`` (column, row) of every patch, row-major,
         centred on the grid."""
         grid = (int(grid_size[0]), int(grid_size[1]))
 
         def make() -> Tensor:
-            ys, xs = torch.meshgrid(torch.arange(grid[0], dtype=torch.float32, device=device),
-                                    torch.arange(grid[1], dtype=torch.float32, device=device),
-                                    indexing='ij')
-            return torch.stack([xs.flatten() - (grid[1] - 1) / 2,
-                                ys.flatten() - (grid[0] - 1) / 2], dim=-1)
+            ys, xs = torch.meshgrid(
+                torch.arange(grid[0], dtype=torch.float32, device=device),
+                torch.arange(grid[1], dtype=torch.float32, device=device),
+                indexing='ij',
+            )
+            return torch.stack(
+                [xs.flatten() - (grid[1] - 1) / 2, ys.flatten() - (grid[0] - 1) / 2], dim=-1
+            )
 
         return self._coords.get_or_create((grid, str(device)), make)
 
-    def parabola_coordinates(self, layer: int, grid_size: Tuple[int, int],
-                             device: Union[torch.device, str, None] = None,
-                             dtype: torch.dtype = torch.float32) -> Tensor:
+    def parabola_coordinates(
+        self,
+        layer: int,
+        grid_size: Tuple[int, int],
+        device: Union[torch.device, str, None] = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> Tensor:
         """``p`` of ``layer``: ``(heads, H*W, P)``."""
         xy = self.patch_coordinates(grid_size, device).to(dtype)
         p = xy @ self.position_proj[layer].to(dtype).t()  # (N, heads * P)
         return p.view(-1, self.num_heads, self.parabolas).transpose(0, 1)
 
-    def curvature_and_slope(self, tokens: Tensor, layer: int,
-                            dtype: torch.dtype = torch.float32) -> Tuple[Tensor, Tensor]:
+    def curvature_and_slope(
+        self, tokens: Tensor, layer: int, dtype: torch.dtype = torch.float32
+    ) -> Tuple[Tensor, Tensor]:
         """``a`` and ``s`` of ``layer`` from patch tokens ``(B, N, C)``: ``(B, heads, N, P)``
         each."""
         b, n, _ = tokens.shape
@@ -178,8 +189,15 @@ class ParabolicPositionEncoding(PositionEncoding):
         out = out.view(b, n, 2, self.num_heads, self.parabolas).permute(2, 0, 3, 1, 4)
         return F.softplus(out[0]), out[1]
 
-    def extend(self, q: Tensor, k: Tensor, tokens: Optional[Tensor], layer: int,
-               grid_size: Tuple[int, int], cls_token: bool) -> Tuple[Tensor, Tensor]:
+    def extend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        tokens: Optional[Tensor],
+        layer: int,
+        grid_size: Tuple[int, int],
+        cls_token: bool,
+    ) -> Tuple[Tensor, Tensor]:
         """Queries and keys with the PaPE features appended, the scale folded into the
         queries: ``(B, heads, T, d)`` -> ``(B, heads, T, d + num_features)``, so that
         ``SDPA(q', k', v)`` (default scale) is PaPE attention.
@@ -188,21 +206,29 @@ class ParabolicPositionEncoding(PositionEncoding):
             ValueError: no ``tokens``, or shapes that do not fit the grid / this encoding.
         """
         if tokens is None:
-            raise ValueError("pos_encoding='pape' needs the attention's input tokens "
-                             '(tokens=, shape (B, T, C)): its curvatures and slopes come '
-                             'from the token content')
+            raise ValueError(
+                "pos_encoding='pape' needs the attention's input tokens "
+                '(tokens=, shape (B, T, C)): its curvatures and slopes come '
+                'from the token content'
+            )
         off = int(cls_token)
         b, heads, t, d = q.shape
         n = grid_size[0] * grid_size[1]
         if t != n + off or k.shape[-2] != t:
-            raise ValueError(f'attention got {t} tokens but grid {tuple(grid_size)} '
-                             f'{"with" if cls_token else "without"} CLS needs {n + off}')
+            raise ValueError(
+                f'attention got {t} tokens but grid {tuple(grid_size)} '
+                f'{"with" if cls_token else "without"} CLS needs {n + off}'
+            )
         if heads != self.num_heads or d != self.head_dim:
-            raise ValueError(f"pos_encoding='pape' was built for {self.num_heads} heads of "
-                             f'{self.head_dim} channels, got {heads} x {d}')
+            raise ValueError(
+                f"pos_encoding='pape' was built for {self.num_heads} heads of "
+                f'{self.head_dim} channels, got {heads} x {d}'
+            )
         if tokens.shape != (b, t, self.embed_dims):
-            raise ValueError(f"pos_encoding='pape' needs tokens of shape "
-                             f'{(b, t, self.embed_dims)}, got {tuple(tokens.shape)}')
+            raise ValueError(
+                f"pos_encoding='pape' needs tokens of shape "
+                f'{(b, t, self.embed_dims)}, got {tuple(tokens.shape)}'
+            )
         if not 0 <= layer < self.depth:
             raise ValueError(f"pos_encoding='pape' has {self.depth} layers, got layer {layer}")
         dtype = torch.promote_types(q.dtype, torch.float32)
@@ -213,20 +239,39 @@ class ParabolicPositionEncoding(PositionEncoding):
         pad = (0, self.num_features - qf.shape[-1], off, 0)  # feature padding, CLS row: 0
         qf, kf = F.pad(qf, pad), F.pad(kf, pad).expand(b, -1, -1, -1)
         scale = math.sqrt((d + self.num_features) / d)
-        return (torch.cat([q, qf.to(q.dtype)], dim=-1) * scale,
-                torch.cat([k, kf.to(k.dtype)], dim=-1))
+        return (
+            torch.cat([q, qf.to(q.dtype)], dim=-1) * scale,
+            torch.cat([k, kf.to(k.dtype)], dim=-1),
+        )
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, layer: int, grid_size: Tuple[int, int],
-                cls_token: bool, dropout_p: float = 0.0, tokens: Optional[Tensor] = None
-                ) -> Tensor:
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        layer: int,
+        grid_size: Tuple[int, int],
+        cls_token: bool,
+        dropout_p: float = 0.0,
+        tokens: Optional[Tensor] = None,
+    ) -> Tensor:
         d = v.shape[-1]
         q, k = self.extend(q, k, tokens, layer, grid_size, cls_token)
         v = F.pad(v, (0, q.shape[-1] - d))  # one head size: flash kernels
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)[..., :d]
 
-    def window_attention(self, q: Tensor, k: Tensor, v: Tensor, layer: int,
-                         grid_size: Tuple[int, int], window_size: int, cls_token: bool,
-                         dropout_p: float = 0.0, tokens: Optional[Tensor] = None) -> Tensor:
+    def window_attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        layer: int,
+        grid_size: Tuple[int, int],
+        window_size: int,
+        cls_token: bool,
+        dropout_p: float = 0.0,
+        tokens: Optional[Tensor] = None,
+    ) -> Tensor:
         d = v.shape[-1]
         q, k = self.extend(q, k, tokens, layer, grid_size, cls_token)
         v = F.pad(v, (0, q.shape[-1] - d))
@@ -237,6 +282,8 @@ class ParabolicPositionEncoding(PositionEncoding):
         self._coords.clear()
 
     def extra_repr(self) -> str:
-        return (f'name={self.name!r}, embed_dims={self.embed_dims}, depth={self.depth}, '
-                f'num_heads={self.num_heads}, parabolas={self.parabolas}, '
-                f'num_features={self.num_features}')
+        return (
+            f'name={self.name!r}, embed_dims={self.embed_dims}, depth={self.depth}, '
+            f'num_heads={self.num_heads}, parabolas={self.parabolas}, '
+            f'num_features={self.num_features}'
+        )

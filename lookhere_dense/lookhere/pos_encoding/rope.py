@@ -1,5 +1,6 @@
 """``'rope2d'`` and ``'rope2d_mixed'``: 2D rotary position embeddings (RoPE-ViT's axial and
 mixed variants, written here and proven equal to timm's in the tests)."""
+
 from __future__ import annotations
 
 import math
@@ -10,6 +11,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from lookhere_dense.validation import check_number
+
 from ..cache import BoundedCache
 from .base import PositionEncoding, Trunk
 
@@ -32,12 +34,15 @@ def rotate_half_pairs(x: Tensor, angles: Tensor) -> Tensor:
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
-def patch_coordinates(grid_size: Tuple[int, int], device: Union[torch.device, str, None] = None
-                      ) -> Tuple[Tensor, Tensor]:
+def patch_coordinates(
+    grid_size: Tuple[int, int], device: Union[torch.device, str, None] = None
+) -> Tuple[Tensor, Tensor]:
     """Row and column index of every patch, row-major: two float32 ``(H*W,)`` tensors."""
-    ys, xs = torch.meshgrid(torch.arange(grid_size[0], device=device, dtype=torch.float32),
-                            torch.arange(grid_size[1], device=device, dtype=torch.float32),
-                            indexing='ij')
+    ys, xs = torch.meshgrid(
+        torch.arange(grid_size[0], device=device, dtype=torch.float32),
+        torch.arange(grid_size[1], device=device, dtype=torch.float32),
+        indexing='ij',
+    )
     return ys.flatten(), xs.flatten()
 
 
@@ -48,14 +53,17 @@ class _RoPE2dBase(PositionEncoding):
         """Rotation angles ``(heads or 1, H*W, head_dim/2)`` of ``layer`` (float32)."""
         raise NotImplementedError
 
-    def rotate(self, q: Tensor, k: Tensor, layer: int, grid_size: Tuple[int, int],
-               cls_token: bool) -> Tuple[Tensor, Tensor]:
+    def rotate(
+        self, q: Tensor, k: Tensor, layer: int, grid_size: Tuple[int, int], cls_token: bool
+    ) -> Tuple[Tensor, Tensor]:
         off = int(cls_token)
         ang = self.angles(layer, tuple(grid_size), q.device)
         if ang.shape[-2] != q.shape[-2] - off:
-            raise ValueError(f'RoPE got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
-                             f'{"with" if cls_token else "without"} CLS needs '
-                             f'{ang.shape[-2] + off}')
+            raise ValueError(
+                f'RoPE got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
+                f'{"with" if cls_token else "without"} CLS needs '
+                f'{ang.shape[-2] + off}'
+            )
         out = []
         for t in (q, k):
             rotated = rotate_half_pairs(t[:, :, off:], ang)
@@ -90,8 +98,10 @@ class AxialRoPE2d(_RoPE2dBase):
     def __init__(self, head_dim: int, theta: float = 100.0):
         super().__init__()
         if head_dim % 4:
-            raise ValueError(f"pos_encoding='rope2d' needs head channels divisible by 4 "
-                             f'(embed_dims / num_heads), got {head_dim}')
+            raise ValueError(
+                f"pos_encoding='rope2d' needs head channels divisible by 4 "
+                f'(embed_dims / num_heads), got {head_dim}'
+            )
         self.head_dim = head_dim
         self.theta = check_number('pos_encoding theta', theta, 0, strict=True)
         self._cache = BoundedCache(8)
@@ -102,8 +112,10 @@ class AxialRoPE2d(_RoPE2dBase):
 
     def frequencies(self) -> Tensor:
         """``(head_dim/4,)`` float32 frequencies."""
-        return self.theta ** (-torch.arange(0, self.head_dim, 4, dtype=torch.float64)
-                              / self.head_dim).float()
+        return (
+            self.theta
+            ** (-torch.arange(0, self.head_dim, 4, dtype=torch.float64) / self.head_dim).float()
+        )
 
     def angles(self, layer: int, grid_size: Tuple[int, int], device: torch.device) -> Tensor:
         def make() -> Tensor:
@@ -152,8 +164,10 @@ class MixedRoPE2d(_RoPE2dBase):
     def __init__(self, depth: int, num_heads: int, head_dim: int, theta: float = 10.0):
         super().__init__()
         if head_dim % 4:
-            raise ValueError(f"pos_encoding='rope2d_mixed' needs head channels divisible by 4 "
-                             f'(embed_dims / num_heads), got {head_dim}')
+            raise ValueError(
+                f"pos_encoding='rope2d_mixed' needs head channels divisible by 4 "
+                f'(embed_dims / num_heads), got {head_dim}'
+            )
         self.depth, self.num_heads, self.head_dim = depth, num_heads, head_dim
         self.theta = check_number('pos_encoding theta', theta, 0, strict=True)
         self.freqs = nn.Parameter(torch.zeros(2, depth, num_heads, head_dim // 2))
@@ -165,8 +179,9 @@ class MixedRoPE2d(_RoPE2dBase):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        mag = self.theta ** (-torch.arange(0, self.head_dim, 4, dtype=torch.float32)
-                             / self.head_dim)  # (d/4,)
+        mag = self.theta ** (
+            -torch.arange(0, self.head_dim, 4, dtype=torch.float32) / self.head_dim
+        )  # (d/4,)
         phi = torch.rand(self.depth, self.num_heads, 1, device=self.freqs.device) * 2 * math.pi
         mag = mag.to(self.freqs.device)
         fx = torch.cat([mag * torch.cos(phi), mag * torch.cos(phi + math.pi / 2)], dim=-1)
@@ -179,5 +194,7 @@ class MixedRoPE2d(_RoPE2dBase):
         return xs[None, :, None] * fx[:, None, :] + ys[None, :, None] * fy[:, None, :]
 
     def extra_repr(self) -> str:
-        return (f'name={self.name!r}, depth={self.depth}, num_heads={self.num_heads}, '
-                f'head_dim={self.head_dim}, theta={self.theta}')
+        return (
+            f'name={self.name!r}, depth={self.depth}, num_heads={self.num_heads}, '
+            f'head_dim={self.head_dim}, theta={self.theta}'
+        )

@@ -1,23 +1,28 @@
 """THE parser of a ``pos_encoding`` spec, and the catalogue of encodings it knows."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple, Type, Union
 
 from lookhere_dense.errors import PosEncodingError
-from ..config import (OFFICIAL_KEYS, PRESETS, LookHereConfig,
-                      resolve_lh_config)
+
+from ..config import OFFICIAL_KEYS, PRESETS, LookHereConfig, resolve_lh_config
 from .absolute import AbsolutePositionEncoding
 from .base import NoPositionEncoding, PositionEncoding
 from .dinov3 import DinoV3RoPE2d
-from .lookhere import (LOOKHERE_BIAS_ENCODINGS,
-                       LookHerePositionEncoding,
-                       alibi2d_config)
+from .lookhere import LOOKHERE_BIAS_ENCODINGS, LookHerePositionEncoding, alibi2d_config
 from .pape import ParabolicPositionEncoding
 from .rope import AxialRoPE2d, MixedRoPE2d
 
-__all__ = ['ENCODINGS', 'POS_ENCODINGS', 'POS_ENCODING_OPTIONS', 'PosEncodingSpec',
-           'parse_pos_encoding', 'bias_config']
+__all__ = [
+    'ENCODINGS',
+    'POS_ENCODINGS',
+    'POS_ENCODING_OPTIONS',
+    'PosEncodingSpec',
+    'parse_pos_encoding',
+    'bias_config',
+]
 
 #: Every ``pos_encoding`` name and the class that implements it (``lookhere`` and
 #: ``alibi2d`` share one: the LookHere engine computes both biases).
@@ -36,12 +41,15 @@ POS_ENCODINGS: Tuple[str, ...] = tuple(ENCODINGS)
 #: The options each encoding takes in the dict form ``dict(type=NAME, **options)``, as its
 #: class declares them (:attr:`PositionEncoding.options`).
 POS_ENCODING_OPTIONS: Dict[str, Tuple[str, ...]] = {
-    name: cls.options for name, cls in ENCODINGS.items()}
+    name: cls.options for name, cls in ENCODINGS.items()
+}
 
 
-def bias_config(encoding: str, lh_config: Union[None, str, Mapping[str, Any],
-                                                 LookHereConfig] = None,
-                preset: Optional[str] = None) -> Optional[LookHereConfig]:
+def bias_config(
+    encoding: str,
+    lh_config: Union[None, str, Mapping[str, Any], LookHereConfig] = None,
+    preset: Optional[str] = None,
+) -> Optional[LookHereConfig]:
     """The LookHere config the bias of ``encoding`` is computed from: ``lh_config`` /
     ``preset`` for ``'lookhere'``, :func:`alibi2d_config` for ``'alibi2d'``, None for the
     encodings without a LookHere bias. Part of :func:`parse_pos_encoding` (call that).
@@ -59,18 +67,22 @@ def bias_config(encoding: str, lh_config: Union[None, str, Mapping[str, Any],
             raise PosEncodingError(str(err), 'preset' if bad_preset else 'lh_config') from None
     if encoding == 'alibi2d':
         if preset is not None:
-            raise PosEncodingError("pos_encoding='alibi2d' takes no LookHere preset (it has "
-                                   'no direction masks); give slopes with lh_config=dict(...)',
-                                   'preset')
+            raise PosEncodingError(
+                "pos_encoding='alibi2d' takes no LookHere preset (it has "
+                'no direction masks); give slopes with lh_config=dict(...)',
+                'preset',
+            )
         try:
             return alibi2d_config(lh_config)
         except ValueError as err:
             raise PosEncodingError(str(err), 'lh_config') from None
     if lh_config is not None or preset is not None:
-        raise PosEncodingError(f'preset / lh_config configure LookHere; they do not apply to '
-                               f'pos_encoding={encoding!r} (allowed with '
-                               f'{list(LOOKHERE_BIAS_ENCODINGS)})',
-                               'preset' if preset is not None else 'lh_config')
+        raise PosEncodingError(
+            f'preset / lh_config configure LookHere; they do not apply to '
+            f'pos_encoding={encoding!r} (allowed with '
+            f'{list(LOOKHERE_BIAS_ENCODINGS)})',
+            'preset' if preset is not None else 'lh_config',
+        )
     return None
 
 
@@ -101,9 +113,11 @@ class PosEncodingSpec:
     explicit: bool = False
 
 
-def parse_pos_encoding(spec: Union[str, Mapping[str, Any], PosEncodingSpec] = 'lookhere',
-                       lh_config: Union[None, str, Mapping[str, Any], LookHereConfig] = None,
-                       preset: Optional[str] = None) -> PosEncodingSpec:
+def parse_pos_encoding(
+    spec: Union[str, Mapping[str, Any], PosEncodingSpec] = 'lookhere',
+    lh_config: Union[None, str, Mapping[str, Any], LookHereConfig] = None,
+    preset: Optional[str] = None,
+) -> PosEncodingSpec:
     """THE parser of a ``pos_encoding`` spec (with the backbone's ``preset`` /
     ``lh_config``), used by the backbone, the config checks, the benchmark and the study.
 
@@ -135,8 +149,10 @@ def parse_pos_encoding(spec: Union[str, Mapping[str, Any], PosEncodingSpec] = 'l
     """
     if isinstance(spec, PosEncodingSpec):
         if lh_config is not None or preset is not None:
-            raise TypeError('parse_pos_encoding: a PosEncodingSpec is already parsed; it '
-                            'takes no further lh_config / preset')
+            raise TypeError(
+                'parse_pos_encoding: a PosEncodingSpec is already parsed; it '
+                'takes no further lh_config / preset'
+            )
         return spec
     spec_preset = None
     if isinstance(spec, str):
@@ -150,30 +166,42 @@ def parse_pos_encoding(spec: Union[str, Mapping[str, Any], PosEncodingSpec] = 'l
     else:
         raise TypeError(f'pos_encoding must be a name or a dict with "type", got {spec!r}')
     if name not in POS_ENCODINGS:
-        raise PosEncodingError(f'unknown pos_encoding {shown!r}; allowed: '
-                               f"{list(POS_ENCODINGS)} (a LookHere preset as "
-                               "'lookhere:PRESET', e.g. 'lookhere:lh45')")
+        raise PosEncodingError(
+            f'unknown pos_encoding {shown!r}; allowed: '
+            f'{list(POS_ENCODINGS)} (a LookHere preset as '
+            "'lookhere:PRESET', e.g. 'lookhere:lh45')"
+        )
     if colon:
         if name != 'lookhere':
-            raise PosEncodingError(f"pos_encoding {spec!r}: only lookhere takes a preset "
-                                   f"('lookhere:PRESET'); use {name!r}")
+            raise PosEncodingError(
+                f'pos_encoding {spec!r}: only lookhere takes a preset '
+                f"('lookhere:PRESET'); use {name!r}"
+            )
         if not spec_preset:
-            raise PosEncodingError(f'pos_encoding {spec!r} names no preset; allowed: '
-                                   f'{sorted(PRESETS)}')
+            raise PosEncodingError(
+                f'pos_encoding {spec!r} names no preset; allowed: {sorted(PRESETS)}'
+            )
         if preset is not None and preset != spec_preset:
-            raise PosEncodingError(f'pos_encoding {spec!r} and preset={preset!r} name two '
-                                   'different presets; give the preset once', 'preset')
+            raise PosEncodingError(
+                f'pos_encoding {spec!r} and preset={preset!r} name two '
+                'different presets; give the preset once',
+                'preset',
+            )
         preset = spec_preset
     unknown = sorted(set(options) - set(POS_ENCODING_OPTIONS[name]))
     if unknown:
-        raise PosEncodingError(f'pos_encoding {name!r} has no options {unknown}; allowed: '
-                               f'{list(POS_ENCODING_OPTIONS[name])}')
+        raise PosEncodingError(
+            f'pos_encoding {name!r} has no options {unknown}; allowed: '
+            f'{list(POS_ENCODING_OPTIONS[name])}'
+        )
     try:
         config = bias_config(name, lh_config, preset)
     except PosEncodingError as err:
         if spec_preset and err.key == 'preset':  # the preset came with the spec
             err.key = 'pos_encoding'
         raise
-    explicit = preset is not None or (lh_config is not None and (
-        not isinstance(lh_config, Mapping) or bool(set(lh_config) & set(OFFICIAL_KEYS))))
+    explicit = preset is not None or (
+        lh_config is not None
+        and (not isinstance(lh_config, Mapping) or bool(set(lh_config) & set(OFFICIAL_KEYS)))
+    )
     return PosEncodingSpec(name, options, preset, config, explicit=explicit)

@@ -7,6 +7,7 @@ this class adds what an mmseg / mmdet config expects of a drop-in for mmseg's
 and the registration in mmseg's and mmdet's ``MODELS``. Same ``state_dict`` keys, same
 outputs (NCHW maps per ``out_indices``; ``[map, cls]`` pairs with ``output_cls_token``).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -19,6 +20,7 @@ from mmengine.runner.checkpoint import CheckpointLoader
 
 from lookhere_dense.lookhere.vit import LookHereVisionTransformer
 from lookhere_dense.lookhere.weights import HEADS_KEY
+
 from ..registry import register_model
 
 __all__ = ['LookHereViT']
@@ -26,8 +28,15 @@ __all__ = ['LookHereViT']
 #: the keys ``init_cfg=dict(type='Pretrained', ...)`` takes (mmengine's and ours)
 _PRETRAINED_KEYS = ('type', 'checkpoint', 'strict', 'prefix', 'map_location', HEADS_KEY)
 #: checkpoint schemes the torch-only reader does not fetch (mmengine's loader does)
-_MMENGINE_SCHEMES = ('open-mmlab://', 'openmmlab://', 'mmcls://', 'pavi://', 's3://',
-                     'torchvision://', 'modelzoo://')
+_MMENGINE_SCHEMES = (
+    'open-mmlab://',
+    'openmmlab://',
+    'mmcls://',
+    'pavi://',
+    's3://',
+    'torchvision://',
+    'modelzoo://',
+)
 
 
 @register_model()
@@ -58,21 +67,33 @@ class LookHereViT(LookHereVisionTransformer, BaseModule):
         **kwargs: the trunk's arguments.
     """
 
-    def __init__(self, norm_cfg: dict = dict(type='LN'), act_cfg: dict = dict(type='GELU'),
-                 num_fcs: int = 2, pretrained: Optional[str] = None,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None, **kwargs: Any):
+    def __init__(
+        self,
+        norm_cfg: dict = dict(type='LN'),
+        act_cfg: dict = dict(type='GELU'),
+        num_fcs: int = 2,
+        pretrained: Optional[str] = None,
+        init_cfg: Optional[Union[dict, List[dict]]] = None,
+        **kwargs: Any,
+    ):
         if init_cfg is not None and pretrained is not None:
             raise ValueError('init_cfg and pretrained cannot be set at the same time')
         if isinstance(pretrained, str):
-            warnings.warn('pretrained is deprecated, use init_cfg=dict(type="Pretrained", '
-                          'checkpoint=...)', DeprecationWarning)
+            warnings.warn(
+                'pretrained is deprecated, use init_cfg=dict(type="Pretrained", checkpoint=...)',
+                DeprecationWarning,
+                stacklevel=2,
+            )
             init_cfg = dict(type='Pretrained', checkpoint=pretrained)
         elif pretrained is not None:
             raise TypeError('pretrained must be a str or None')
         if num_fcs != 2:
             raise ValueError(f'LookHereViT supports num_fcs=2 only (got {num_fcs})')
-        super().__init__(norm_layer=lambda dim: build_norm_layer(norm_cfg, dim)[1],
-                         act_layer=lambda: build_activation_layer(act_cfg), **kwargs)
+        super().__init__(
+            norm_layer=lambda dim: build_norm_layer(norm_cfg, dim)[1],
+            act_layer=lambda: build_activation_layer(act_cfg),
+            **kwargs,
+        )
         self.init_cfg = init_cfg  # BaseModule's (its __init__ ran with None in the MRO)
 
     def _log(self, msg: str) -> None:
@@ -85,17 +106,26 @@ class LookHereViT(LookHereVisionTransformer, BaseModule):
         if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
             unknown = sorted(set(cfg) - set(_PRETRAINED_KEYS))
             if unknown or not cfg.get('checkpoint'):
-                raise ValueError(f'LookHereViT init_cfg {dict(cfg)}: '
-                                 + (f'unknown keys {unknown}; allowed: '
-                                    f'{list(_PRETRAINED_KEYS)}' if unknown else
-                                    'needs checkpoint=PATH'))
+                raise ValueError(
+                    f'LookHereViT init_cfg {dict(cfg)}: '
+                    + (
+                        f'unknown keys {unknown}; allowed: {list(_PRETRAINED_KEYS)}'
+                        if unknown
+                        else 'needs checkpoint=PATH'
+                    )
+                )
             path = cfg['checkpoint']
             checkpoint: Any = path
             if isinstance(path, str) and path.startswith(_MMENGINE_SCHEMES):
-                checkpoint = CheckpointLoader.load_checkpoint(path, map_location='cpu',
-                                                              logger='silent')
-            self.load_pretrained(checkpoint, strict=cfg.get('strict', True),
-                                 checkpoint_num_heads=cfg.get(HEADS_KEY), source=path)
+                checkpoint = CheckpointLoader.load_checkpoint(
+                    path, map_location='cpu', logger='silent'
+                )
+            self.load_pretrained(
+                checkpoint,
+                strict=cfg.get('strict', True),
+                checkpoint_num_heads=cfg.get(HEADS_KEY),
+                source=path,
+            )
             self._is_init = True
             return
         if cfg is not None:

@@ -22,6 +22,7 @@ Attention dropout (``attn_drop_rate > 0``, training only) is passed to SDPA as
 ``dropout_p``; the CPU kernels then fall back to the unfused one (as PyTorch documents),
 which is still never worse than mmseg's.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -52,14 +53,17 @@ def fused_self_attention(x: Tensor, attn: nn.MultiheadAttention, training: bool)
         ``(B, T, C)``: ``out_proj(softmax(q k^T / sqrt(d)) v)``.
     """
     if not attn._qkv_same_embed_dim or attn.bias_k is not None or attn.add_zero_attn:
-        raise ValueError('fused_self_attention supports nn.MultiheadAttention with a packed '
-                         'in_proj_weight and no bias_k / bias_v / add_zero_attn')
+        raise ValueError(
+            'fused_self_attention supports nn.MultiheadAttention with a packed '
+            'in_proj_weight and no bias_k / bias_v / add_zero_attn'
+        )
     b, t, c = x.shape
     h = attn.num_heads
-    qkv = F.linear(x, attn.in_proj_weight, attn.in_proj_bias)          # (B, T, 3C)
-    q, k, v = qkv.view(b, t, 3, h, c // h).permute(2, 0, 3, 1, 4)      # 3 x (B, h, T, d)
+    qkv = F.linear(x, attn.in_proj_weight, attn.in_proj_bias)  # (B, T, 3C)
+    q, k, v = qkv.view(b, t, 3, h, c // h).permute(2, 0, 3, 1, 4)  # 3 x (B, h, T, d)
     out = F.scaled_dot_product_attention(
-        q, k, v, dropout_p=attn.dropout if training else 0.0)          # (B, h, T, d)
+        q, k, v, dropout_p=attn.dropout if training else 0.0
+    )  # (B, h, T, d)
     out = out.transpose(1, 2).reshape(b, t, c)
     return attn.out_proj(out)
 
@@ -87,19 +91,37 @@ class FusedSelfAttention(nn.Module):
         self.proj_drop = mmcv_attn.proj_drop
         self.dropout_layer = mmcv_attn.dropout_layer
 
-    def forward(self, query: Tensor, key: Optional[Tensor] = None,
-                value: Optional[Tensor] = None, identity: Optional[Tensor] = None,
-                query_pos: Optional[Tensor] = None, key_pos: Optional[Tensor] = None,
-                attn_mask: Optional[Tensor] = None,
-                key_padding_mask: Optional[Tensor] = None, **kwargs) -> Tensor:
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor] = None,
+        value: Optional[Tensor] = None,
+        identity: Optional[Tensor] = None,
+        query_pos: Optional[Tensor] = None,
+        key_pos: Optional[Tensor] = None,
+        attn_mask: Optional[Tensor] = None,
+        key_padding_mask: Optional[Tensor] = None,
+        **kwargs,
+    ) -> Tensor:
         """``query``: ``(B, T, C)`` if ``batch_first`` else ``(T, B, C)``; same shape out."""
-        unsupported = dict(key=key, value=value, query_pos=query_pos, key_pos=key_pos,
-                           attn_mask=attn_mask, key_padding_mask=key_padding_mask)
-        given = [name for name, v in unsupported.items() if v is not None and
-                 not (name in ('key', 'value') and v is query)] + sorted(kwargs)
+        unsupported = dict(
+            key=key,
+            value=value,
+            query_pos=query_pos,
+            key_pos=key_pos,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+        )
+        given = [
+            name
+            for name, v in unsupported.items()
+            if v is not None and not (name in ('key', 'value') and v is query)
+        ] + sorted(kwargs)
         if given:
-            raise ValueError(f'FusedSelfAttention is self-attention without masks or '
-                             f'positional terms; got {given}')
+            raise ValueError(
+                f'FusedSelfAttention is self-attention without masks or '
+                f'positional terms; got {given}'
+            )
         if identity is None:
             identity = query
         x = query if self.batch_first else query.transpose(0, 1)

@@ -4,6 +4,7 @@ Registered in mmengine's root ``MODELS`` registry, so ``norm_cfg=dict(type='LN2d
 resolves through mmcv's ``build_norm_layer`` in the mmseg scope, the mmdet scope and
 outside any scope alike.
 """
+
 from __future__ import annotations
 
 import torch.nn as nn

@@ -16,6 +16,7 @@ mmengine's root ``MODELS`` (found from the mmseg and mmdet scopes alike), so imp
 mmdet's ViTDet project, which registers its own ``SimpleFPN`` in mmdet's registry, does
 not clash; in the mmdet scope the project's class then wins.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,6 +28,8 @@ from mmcv.cnn import ConvModule, build_activation_layer, build_norm_layer
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch import Tensor
+
+from ...validation import check_int, is_int
 
 __all__ = ['SimpleFPN', 'scale_steps', 'resample_stage', 'level_channels']
 
@@ -41,19 +44,21 @@ def scale_steps(scale: float) -> int:
         raise ValueError(f'SimpleFPN scale factors must be positive powers of two, got {scale!r}')
     steps = math.log2(scale)
     if steps != round(steps):
-        raise ValueError(f'SimpleFPN scale factors must be powers of two (4, 2, 1, 0.5, ...), '
-                         f'got {scale!r}')
+        raise ValueError(
+            f'SimpleFPN scale factors must be powers of two (4, 2, 1, 0.5, ...), got {scale!r}'
+        )
     return int(round(steps))
 
 
 def level_channels(channels: int, steps: int) -> int:
     """Channels of a pyramid level ``steps`` x2 steps from a ``channels`` map: halved per
     upsampling step (ViTDet), unchanged otherwise."""
-    return channels // (2 ** steps) if steps > 0 else channels
+    return channels // (2**steps) if steps > 0 else channels
 
 
-def resample_stage(channels: int, steps: int, norm_cfg: Optional[dict], act_cfg: dict
-                   ) -> Tuple[nn.Module, int]:
+def resample_stage(
+    channels: int, steps: int, norm_cfg: Optional[dict], act_cfg: dict
+) -> Tuple[nn.Module, int]:
     """The resampling that takes the backbone map to one pyramid level.
 
     * ``steps > 0``: ``steps`` stride-2 transposed convs, each halving the channels, with
@@ -75,9 +80,11 @@ def resample_stage(channels: int, steps: int, norm_cfg: Optional[dict], act_cfg:
         return nn.Identity(), channels
     if steps < 0:
         return nn.Sequential(*[nn.MaxPool2d(2, 2) for _ in range(-steps)]), channels
-    if channels % (2 ** steps):
-        raise ValueError(f'SimpleFPN: upsampling x{2 ** steps} halves the channels {steps} '
-                         f'times, so in_channels={channels} must be divisible by {2 ** steps}')
+    if channels % (2**steps):
+        raise ValueError(
+            f'SimpleFPN: upsampling x{2**steps} halves the channels {steps} '
+            f'times, so in_channels={channels} must be divisible by {2**steps}'
+        )
     layers: List[nn.Module] = []
     for i in range(steps):
         layers.append(nn.ConvTranspose2d(channels, channels // 2, kernel_size=2, stride=2))
@@ -123,34 +130,39 @@ class SimpleFPN(BaseModule):
         factors ``s`` (floored for ``s < 1``), then the extra levels.
     """
 
-    def __init__(self,
-                 in_channels: Union[int, Sequence[int]],
-                 out_channels: int = 256,
-                 scale_factors: Sequence[float] = (4.0, 2.0, 1.0, 0.5),
-                 num_outs: Optional[int] = None,
-                 in_index: int = -1,
-                 norm_cfg: Optional[dict] = dict(type='LN2d'),
-                 act_cfg: dict = dict(type='GELU'),
-                 init_cfg: Optional[Union[dict, List[dict]]] = None,
-                 backbone_channel: Optional[int] = None,
-                 conv_cfg: Optional[dict] = None):
+    def __init__(
+        self,
+        in_channels: Union[int, Sequence[int]],
+        out_channels: int = 256,
+        scale_factors: Sequence[float] = (4.0, 2.0, 1.0, 0.5),
+        num_outs: Optional[int] = None,
+        in_index: int = -1,
+        norm_cfg: Optional[dict] = dict(type='LN2d'),
+        act_cfg: dict = dict(type='GELU'),
+        init_cfg: Optional[Union[dict, List[dict]]] = None,
+        backbone_channel: Optional[int] = None,
+        conv_cfg: Optional[dict] = None,
+    ):
         super().__init__(init_cfg=init_cfg)
         scale_factors = tuple(scale_factors)
         if not scale_factors:
             raise ValueError('SimpleFPN needs at least one scale factor')
         steps = [scale_steps(s) for s in scale_factors]
         if any(a <= b for a, b in zip(steps, steps[1:])):
-            raise ValueError('SimpleFPN scale_factors must be strictly decreasing (finest '
-                             f'level first, like the strides of the heads), got {scale_factors}')
+            raise ValueError(
+                'SimpleFPN scale_factors must be strictly decreasing (finest '
+                f'level first, like the strides of the heads), got {scale_factors}'
+            )
         in_channels = self._backbone_channels(in_channels, backbone_channel, steps)
         for name, value in (('out_channels', out_channels), ('num_outs', num_outs)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or value < 1):
-                raise ValueError(f'SimpleFPN {name} must be a positive int, got {value!r}')
+            if value is not None:
+                check_int(f'SimpleFPN {name}', value)
         num_outs = len(scale_factors) if num_outs is None else num_outs
         if num_outs < len(scale_factors):
-            raise ValueError(f'num_outs={num_outs} is smaller than the number of scale factors '
-                             f'({len(scale_factors)})')
+            raise ValueError(
+                f'num_outs={num_outs} is smaller than the number of scale factors '
+                f'({len(scale_factors)})'
+            )
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.scale_factors = scale_factors
@@ -163,43 +175,66 @@ class SimpleFPN(BaseModule):
         for s in steps:
             resample, channels = resample_stage(in_channels, s, norm_cfg, act_cfg)
             self.resamplers.append(resample)
-            self.lateral_convs.append(ConvModule(channels, out_channels, 1, conv_cfg=conv_cfg,
-                                                 norm_cfg=norm_cfg, act_cfg=None))
-            self.output_convs.append(ConvModule(out_channels, out_channels, 3, padding=1,
-                                                conv_cfg=conv_cfg, norm_cfg=norm_cfg,
-                                                act_cfg=None))
+            self.lateral_convs.append(
+                ConvModule(
+                    channels, out_channels, 1, conv_cfg=conv_cfg, norm_cfg=norm_cfg, act_cfg=None
+                )
+            )
+            self.output_convs.append(
+                ConvModule(
+                    out_channels,
+                    out_channels,
+                    3,
+                    padding=1,
+                    conv_cfg=conv_cfg,
+                    norm_cfg=norm_cfg,
+                    act_cfg=None,
+                )
+            )
 
     @staticmethod
     def _backbone_channels(in_channels: Any, backbone_channel: Any, steps: List[int]) -> int:
         """The backbone map's channels from either form of the arguments (ours:
         ``in_channels=C``; mmdet ViTDet's: ``backbone_channel=C`` and the levels' channels
         as ``in_channels``, which must be what the resampling gives)."""
+
         def positive_int(x: Any) -> bool:
-            return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+            return is_int(x) and x >= 1
 
         if backbone_channel is None:
             if not positive_int(in_channels):
-                hint = (' (or, as in mmdet\'s ViTDet config, backbone_channel=C with the '
-                        'per-level channels in_channels=[C/4, C/2, C, C])'
-                        if isinstance(in_channels, (list, tuple)) else '')
-                raise ValueError('SimpleFPN reads one backbone map: in_channels must be a '
-                                 'positive int (the backbone embed_dims), got '
-                                 f'{in_channels!r}{hint}')
+                hint = (
+                    " (or, as in mmdet's ViTDet config, backbone_channel=C with the "
+                    'per-level channels in_channels=[C/4, C/2, C, C])'
+                    if isinstance(in_channels, (list, tuple))
+                    else ''
+                )
+                raise ValueError(
+                    'SimpleFPN reads one backbone map: in_channels must be a '
+                    'positive int (the backbone embed_dims), got '
+                    f'{in_channels!r}{hint}'
+                )
             return in_channels
         if not positive_int(backbone_channel):
-            raise ValueError('SimpleFPN backbone_channel must be a positive int (the backbone '
-                             f'embed_dims), got {backbone_channel!r}')
+            raise ValueError(
+                'SimpleFPN backbone_channel must be a positive int (the backbone '
+                f'embed_dims), got {backbone_channel!r}'
+            )
         if not isinstance(in_channels, (list, tuple)):
-            raise ValueError(f'SimpleFPN got backbone_channel={backbone_channel} and '
-                             f'in_channels={in_channels!r}: with backbone_channel, in_channels '
-                             'lists the channels of each level (mmdet ViTDet); or give only '
-                             'in_channels=<backbone channels>')
+            raise ValueError(
+                f'SimpleFPN got backbone_channel={backbone_channel} and '
+                f'in_channels={in_channels!r}: with backbone_channel, in_channels '
+                'lists the channels of each level (mmdet ViTDet); or give only '
+                'in_channels=<backbone channels>'
+            )
         expected = [level_channels(backbone_channel, s) for s in steps]
         if list(in_channels) != expected:
-            raise ValueError(f'SimpleFPN in_channels={list(in_channels)} (per level) does not '
-                             f'match its levels: backbone_channel={backbone_channel} resampled '
-                             f'by the scale factors {tuple(2.0 ** s for s in steps)} gives '
-                             f'{expected} channels (halved per upsampling step, as ViTDet)')
+            raise ValueError(
+                f'SimpleFPN in_channels={list(in_channels)} (per level) does not '
+                f'match its levels: backbone_channel={backbone_channel} resampled '
+                f'by the scale factors {tuple(2.0**s for s in steps)} gives '
+                f'{expected} channels (halved per upsampling step, as ViTDet)'
+            )
         return backbone_channel
 
     def _select(self, inputs: Union[Tensor, Sequence[Tensor]]) -> Tensor:
@@ -207,27 +242,39 @@ class SimpleFPN(BaseModule):
             x = inputs
         else:
             if not isinstance(inputs, (list, tuple)):
-                raise ValueError('SimpleFPN expects a tensor or a tuple of backbone outputs, '
-                                 f'got {type(inputs).__name__}')
+                raise ValueError(
+                    'SimpleFPN expects a tensor or a tuple of backbone outputs, '
+                    f'got {type(inputs).__name__}'
+                )
             try:
                 x = inputs[self.in_index]
             except IndexError:
-                raise ValueError(f'SimpleFPN in_index={self.in_index} but the backbone gave '
-                                 f'{len(inputs)} output(s)') from None
+                raise ValueError(
+                    f'SimpleFPN in_index={self.in_index} but the backbone gave '
+                    f'{len(inputs)} output(s)'
+                ) from None
         if not isinstance(x, Tensor) or x.dim() != 4:
-            raise ValueError('SimpleFPN expects a (B, C, H, W) map from the backbone (with '
-                             'LookHereViT keep output_cls_token=False), got '
-                             f'{type(x).__name__ if not isinstance(x, Tensor) else tuple(x.shape)}')
+            raise ValueError(
+                'SimpleFPN expects a (B, C, H, W) map from the backbone (with '
+                'LookHereViT keep output_cls_token=False), got '
+                f'{type(x).__name__ if not isinstance(x, Tensor) else tuple(x.shape)}'
+            )
         if x.shape[1] != self.in_channels:
-            raise ValueError(f'SimpleFPN was built for in_channels={self.in_channels}, the '
-                             f'backbone map has {x.shape[1]} channels')
+            raise ValueError(
+                f'SimpleFPN was built for in_channels={self.in_channels}, the '
+                f'backbone map has {x.shape[1]} channels'
+            )
         return x
 
     def forward(self, inputs: Union[Tensor, Sequence[Tensor]]) -> Tuple[Tensor, ...]:
         """Backbone outputs -> ``num_outs`` maps of ``out_channels`` (finest first)."""
         x = self._select(inputs)
-        outs = [out_conv(lateral(resample(x))) for resample, lateral, out_conv
-                in zip(self.resamplers, self.lateral_convs, self.output_convs)]
+        outs = [
+            out_conv(lateral(resample(x)))
+            for resample, lateral, out_conv in zip(
+                self.resamplers, self.lateral_convs, self.output_convs
+            )
+        ]
         while len(outs) < self.num_outs:
             outs.append(F.max_pool2d(outs[-1], kernel_size=1, stride=2))
         return tuple(outs)

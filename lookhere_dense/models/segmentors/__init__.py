@@ -1,4 +1,5 @@
 """Segmentors (registered in mmseg's ``MODELS``)."""
+
 from .encoder_decoder import LeanEncoderDecoder
 
 __all__ = ['LeanEncoderDecoder']

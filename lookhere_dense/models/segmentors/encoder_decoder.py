@@ -11,14 +11,15 @@ This segmentor skips that one call; everything else (whole and sliding-window in
 training, flips, the sigmoid branch, what the data samples hold) is mmseg's, and the
 results are the same values.
 """
+
 from __future__ import annotations
 
+from mmengine.structures import PixelData
 from mmseg.models.segmentors import EncoderDecoder
 from mmseg.models.utils import resize
 from mmseg.registry import MODELS
 from mmseg.structures import SegDataSample
 from mmseg.utils import OptSampleList, SampleList
-from mmengine.structures import PixelData
 from torch import Tensor
 
 __all__ = ['LeanEncoderDecoder']
@@ -36,8 +37,9 @@ class LeanEncoderDecoder(EncoderDecoder):
     Only registered in mmseg's ``MODELS``.
     """
 
-    def postprocess_result(self, seg_logits: Tensor,
-                           data_samples: OptSampleList = None) -> SampleList:
+    def postprocess_result(
+        self, seg_logits: Tensor, data_samples: OptSampleList = None
+    ) -> SampleList:
         """Logits ``(B, C, H, W)`` -> data samples with ``seg_logits`` and ``pred_sem_seg``
         (see mmseg's ``BaseSegmentor.postprocess_result``)."""
         batch_size, C, H, W = seg_logits.shape
@@ -49,30 +51,38 @@ class LeanEncoderDecoder(EncoderDecoder):
                 i_seg_logits = seg_logits[i]
             else:
                 img_meta = data_samples[i].metainfo
-                padding_size = img_meta.get('img_padding_size',
-                                            img_meta.get('padding_size', [0] * 4))
+                padding_size = img_meta.get(
+                    'img_padding_size', img_meta.get('padding_size', [0] * 4)
+                )
                 left, right, top, bottom = padding_size
-                i_seg_logits = seg_logits[i:i + 1, :, top:H - bottom, left:W - right]
+                i_seg_logits = seg_logits[i : i + 1, :, top : H - bottom, left : W - right]
                 flip = img_meta.get('flip', None)
                 if flip:
                     direction = img_meta.get('flip_direction', None)
                     assert direction in ['horizontal', 'vertical']
-                    i_seg_logits = i_seg_logits.flip(dims=(3, ) if direction == 'horizontal'
-                                                     else (2, ))
+                    i_seg_logits = i_seg_logits.flip(
+                        dims=(3,) if direction == 'horizontal' else (2,)
+                    )
                 ori_shape = tuple(int(s) for s in img_meta['ori_shape'][:2])
                 if tuple(i_seg_logits.shape[2:]) == ori_shape:
                     i_seg_logits = i_seg_logits.contiguous().squeeze(0)
                 else:
                     i_seg_logits = resize(
-                        i_seg_logits, size=img_meta['ori_shape'], mode='bilinear',
-                        align_corners=self.align_corners, warning=False).squeeze(0)
+                        i_seg_logits,
+                        size=img_meta['ori_shape'],
+                        mode='bilinear',
+                        align_corners=self.align_corners,
+                        warning=False,
+                    ).squeeze(0)
             if C > 1:
                 i_seg_pred = i_seg_logits.argmax(dim=0, keepdim=True)
             else:
                 i_seg_logits = i_seg_logits.sigmoid()
                 i_seg_pred = (i_seg_logits > self.decode_head.threshold).to(i_seg_logits)
-            data_samples[i].set_data({
-                'seg_logits': PixelData(**{'data': i_seg_logits}),
-                'pred_sem_seg': PixelData(**{'data': i_seg_pred})
-            })
+            data_samples[i].set_data(
+                {
+                    'seg_logits': PixelData(**{'data': i_seg_logits}),
+                    'pred_sem_seg': PixelData(**{'data': i_seg_pred}),
+                }
+            )
         return data_samples

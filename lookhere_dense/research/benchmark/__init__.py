@@ -29,6 +29,7 @@ the backbone (mmcv / mmengine) and mmseg; :mod:`.segmenter` imports OpenMMLab in
 functions (its cases build whole mmseg models). This package imports no
 submodule on its own.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Tuple
@@ -46,5 +47,8 @@ SECTION_GROUPS: Dict[str, Tuple[str, ...]] = {
     'models': ('vit', 'frame', 'segmenter'),
 }
 #: dtype names accepted on the command line.
-DTYPES: Dict[str, torch.dtype] = {'float32': torch.float32, 'bfloat16': torch.bfloat16,
-                                  'float16': torch.float16}
+DTYPES: Dict[str, torch.dtype] = {
+    'float32': torch.float32,
+    'bfloat16': torch.bfloat16,
+    'float16': torch.float16,
+}

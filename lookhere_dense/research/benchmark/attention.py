@@ -8,18 +8,24 @@ block mask lets the kernel skip, in row order and in tile order (no GPU needed).
 Torch only; the flex parts need a torch with ``flex_attention`` (>= 2.5) and are skipped,
 with a note, without it.
 """
+
 from __future__ import annotations
 
 import math
 import statistics
+from functools import partial
 from typing import Any, Dict, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from lookhere_dense.lookhere import LookHereAttentionEngine, resolve_lh_config
-from lookhere_dense.lookhere.flex import (flex_attention_lookhere, flex_available,
-                                          lookhere_block_mask)
+from lookhere_dense.lookhere.flex import (
+    flex_attention_lookhere,
+    flex_available,
+    lookhere_block_mask,
+)
+
 from . import DTYPES
 from .timing import interleaved, paired_ratio
 
@@ -36,22 +42,31 @@ def grid_for(tokens: int) -> Tuple[int, int]:
     return h, tokens // h
 
 
-def skipped_tile_fraction(engine: LookHereAttentionEngine, grid: Tuple[int, int],
-                          device: torch.device) -> Dict[str, float]:
+def skipped_tile_fraction(
+    engine: LookHereAttentionEngine, grid: Tuple[int, int], device: torch.device
+) -> Dict[str, float]:
     """Fraction of the 128x128 tiles (all heads of layer 0, no CLS) that flex skips,
     ``{'row order': f, 'tile order': f}``."""
     gb = engine.grid_bias(grid, device)
     out = {}
-    for name, order in (('row order', None),
-                        ('tile order', engine.flex_order(grid, False, device))):
+    for name, order in (
+        ('row order', None),
+        ('tile order', engine.flex_order(grid, False, device)),
+    ):
         bm = lookhere_block_mask(gb, 0, False, order=order)
         out[name] = 0.0 if bm is None else bm.sparsity() / 100
     return out
 
 
-def bench_attention(preset: str = 'lh90', tokens: Sequence[int] = (1024, 4096, 8192),
-                    num_heads: int = 12, embed_dims: int = 768, device: str = 'cpu',
-                    dtype: str = 'bfloat16', repeats: int = 10) -> Dict[str, Any]:
+def bench_attention(
+    preset: str = 'lh90',
+    tokens: Sequence[int] = (1024, 4096, 8192),
+    num_heads: int = 12,
+    embed_dims: int = 768,
+    device: str = 'cpu',
+    dtype: str = 'bfloat16',
+    repeats: int = 10,
+) -> Dict[str, Any]:
     """Section ``attn``.
 
     Args:
@@ -85,21 +100,24 @@ def bench_attention(preset: str = 'lh90', tokens: Sequence[int] = (1024, 4096, 8
         if dev.type != 'cuda':
             continue
         gb = eng.grid_bias(grid, dev)
-        q, k, v = (torch.randn(1, num_heads, n, embed_dims // num_heads, device=dev,
-                               dtype=torch_dtype) for _ in range(3))
+        q, k, v = (
+            torch.randn(1, num_heads, n, embed_dims // num_heads, device=dev, dtype=torch_dtype)
+            for _ in range(3)
+        )
         bias = eng.dense_bias(0, grid, False, q.device, torch_dtype)[None]
         mask = eng.block_mask(0, grid, False, q.device)
         mod = eng.score_mod(0, grid, False, q.device)
         order = eng.flex_order(grid, False, q.device)
         fns = {
-            'flex': lambda: flex_attention_lookhere(q, k, v, gb, 0, False, mask, True, mod,
-                                                    order),
-            'sdpa_nobias': lambda: F.scaled_dot_product_attention(q, k, v),
-            'sdpa_dense_bias': lambda: F.scaled_dot_product_attention(q, k, v,
-                                                                      attn_mask=bias),
+            'flex': partial(
+                flex_attention_lookhere, q, k, v, gb, 0, False, mask, True, mod, order
+            ),
+            'sdpa_nobias': partial(F.scaled_dot_product_attention, q, k, v),
+            'sdpa_dense_bias': partial(F.scaled_dot_product_attention, q, k, v, attn_mask=bias),
         }
-        ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
-                                             attn_mask=bias.float())
+        ref = F.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), attn_mask=bias.float()
+        )
         with torch.inference_mode():
             for fn in fns.values():  # compile / warm up
                 for _ in range(3):
@@ -110,7 +128,8 @@ def bench_attention(preset: str = 'lh90', tokens: Sequence[int] = (1024, 4096, 8
             seconds={name: statistics.median(t) for name, t in times.items()},
             flex_vs_nobias=paired_ratio(times['flex'], times['sdpa_nobias']),
             dense_vs_flex=paired_ratio(times['sdpa_dense_bias'], times['flex']),
-            flex_max_abs_err=err)
+            flex_max_abs_err=err,
+        )
         del q, k, v, bias
         torch.cuda.empty_cache()
     return res

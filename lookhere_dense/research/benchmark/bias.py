@@ -10,6 +10,7 @@ linearly in depth from its measured per-layer stage; the result says so.
 
 Torch only (numpy for the baseline).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -18,8 +19,9 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from ..memory import GiB, PeakMemory
 from lookhere_dense.lookhere import build_grid_bias, resolve_lh_config
+
+from ..memory import GiB, PeakMemory
 from .fresh import run_child
 
 __all__ = ['bias_case', 'bench_bias']
@@ -51,20 +53,28 @@ def bias_case(case: Dict[str, Any]) -> Dict[str, Any]:
     grid, depth, heads = tuple(case['grid']), case['depth'], case['heads']
     if case['impl'] == 'baseline':
         from .official import official_style_bias
+
         official_style_bias(cfg, (3, 3), depth, heads)  # warm-up of numpy code paths
         marks: Dict[str, float] = {}
         with PeakMemory('cpu') as mem:
             t0 = time.perf_counter()
             official_style_bias(cfg, grid, depth, heads, marks)
             seconds = time.perf_counter() - t0
-        return dict(case, seconds=seconds, peak_rise=mem.rise_bytes, peak=mem.peak_bytes,
-                    exact_peak=_exact(mem), shared_s=marks['shared_s'],
-                    layers_s=marks['layers_s'],
-                    shared_rise=marks['shared_rss'] - mem.start_bytes,
-                    layers_rise=marks['layers_rss'] - marks['shared_rss'])
+        return dict(
+            case,
+            seconds=seconds,
+            peak_rise=mem.rise_bytes,
+            peak=mem.peak_bytes,
+            exact_peak=_exact(mem),
+            shared_s=marks['shared_s'],
+            layers_s=marks['layers_s'],
+            shared_rise=marks['shared_rss'] - mem.start_bytes,
+            layers_rise=marks['layers_rss'] - marks['shared_rss'],
+        )
     if case['impl'] != 'ours':
-        raise ValueError(f"unknown bias implementation {case['impl']!r}; allowed: "
-                         "['ours', 'baseline']")
+        raise ValueError(
+            f"unknown bias implementation {case['impl']!r}; allowed: ['ours', 'baseline']"
+        )
     build_grid_bias(cfg, (3, 3), depth, heads)  # warm-up of torch code paths
     with PeakMemory('cpu') as mem:
         t0 = time.perf_counter()
@@ -80,10 +90,17 @@ def bias_case(case: Dict[str, Any]) -> Dict[str, Any]:
         t0 = time.perf_counter()
         gb.dense(0, cls_token=True)
         dense_s = time.perf_counter() - t0
-    return dict(case, seconds=statistics.median(times), first_seconds=seconds,
-                peak_rise=mem.rise_bytes, peak=mem.peak_bytes, exact_peak=_exact(mem),
-                table_bytes=table_bytes, dense_layer_seconds=dense_s,
-                dense_layer_rise=dense_mem.rise_bytes)
+    return dict(
+        case,
+        seconds=statistics.median(times),
+        first_seconds=seconds,
+        peak_rise=mem.rise_bytes,
+        peak=mem.peak_bytes,
+        exact_peak=_exact(mem),
+        table_bytes=table_bytes,
+        dense_layer_seconds=dense_s,
+        dense_layer_rise=dense_mem.rise_bytes,
+    )
 
 
 def _baseline_matches(preset: str) -> Optional[bool]:
@@ -95,9 +112,16 @@ def _baseline_matches(preset: str) -> Optional[bool]:
     return baseline_matches(preset)
 
 
-def bench_bias(preset: str = 'lh45', grid: int = 64, layers: int = 12, heads: int = 12,
-               baseline_depth: int = 1, repeats: int = 5, threads: Optional[int] = None,
-               timeout: float = 1800) -> Dict[str, Any]:
+def bench_bias(
+    preset: str = 'lh45',
+    grid: int = 64,
+    layers: int = 12,
+    heads: int = 12,
+    baseline_depth: int = 1,
+    repeats: int = 5,
+    threads: Optional[int] = None,
+    timeout: float = 1800,
+) -> Dict[str, Any]:
     """Section ``bias``: our tables vs the loop-based official-style construction.
 
     Args:
@@ -119,8 +143,15 @@ def bench_bias(preset: str = 'lh45', grid: int = 64, layers: int = 12, heads: in
     base = dict(kind='bias', preset=preset, grid=(grid, grid), heads=heads, threads=threads)
     ours = run_child(dict(base, impl='ours', depth=layers, repeats=repeats), timeout)
     theirs = run_child(dict(base, impl='baseline', depth=baseline_depth), timeout)
-    out = dict(preset=preset, grid=[grid, grid], layers=layers, heads=heads, ours=ours,
-               baseline=theirs, baseline_matches_ours=_baseline_matches(preset))
+    out = dict(
+        preset=preset,
+        grid=[grid, grid],
+        layers=layers,
+        heads=heads,
+        ours=ours,
+        baseline=theirs,
+        baseline_matches_ours=_baseline_matches(preset),
+    )
     if 'error' in ours or 'error' in theirs:
         return out
     d = baseline_depth
@@ -129,16 +160,22 @@ def bench_bias(preset: str = 'lh45', grid: int = 64, layers: int = 12, heads: in
     extra = layers - d
     est_s = theirs['seconds'] + extra * per_layer_s
     est_rise = theirs['peak_rise'] + extra * max(per_layer_rise, 0)
-    n = grid ** 2
+    n = grid**2
     out.update(
         baseline_extrapolated=dict(
-            layers=layers, seconds=est_s, peak_rise=est_rise,
-            how=(f'measured with {d} layer(s); the per-layer stage (scale, nan_to_num, '
-                 f'bf16) x {layers}, its peak-RSS growth likewise; the float64 '
-                 f'(layers, heads, N, N) array alone is '
-                 f'{layers * heads * n * n * 8 / GiB:.1f} GiB')),
+            layers=layers,
+            seconds=est_s,
+            peak_rise=est_rise,
+            how=(
+                f'measured with {d} layer(s); the per-layer stage (scale, nan_to_num, '
+                f'bf16) x {layers}, its peak-RSS growth likewise; the float64 '
+                f'(layers, heads, N, N) array alone is '
+                f'{layers * heads * n * n * 8 / GiB:.1f} GiB'
+            ),
+        ),
         speedup_vs_measured=theirs['seconds'] / ours['seconds'],
         speedup_vs_extrapolated=est_s / ours['seconds'],
         memory_ratio_vs_measured=ours['peak_rise'] / max(theirs['peak_rise'], 1),
-        memory_ratio_vs_extrapolated=ours['peak_rise'] / max(est_rise, 1))
+        memory_ratio_vs_extrapolated=ours['peak_rise'] / max(est_rise, 1),
+    )
     return out

@@ -14,6 +14,7 @@ kind           what                                                needs
                memory of a config's backbone or model)
 =============  ==================================================  ==================
 """
+
 from __future__ import annotations
 
 import json
@@ -31,12 +32,15 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
     kind = case.get('kind')
     if kind == 'bias':
         from .bias import bias_case
+
         return bias_case(case)
     if kind == 'frame':
         from .models import frame_case
+
         return frame_case(case)
     if kind == 'segmenter':
         from .segmenter import segmenter_case
+
         return segmenter_case(case)
     raise ValueError(f'unknown benchmark case kind {kind!r}; allowed: {list(CASE_KINDS)}')
 
@@ -45,7 +49,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     """``python -m lookhere_dense.research.benchmark.child '<case JSON>'``: print the result JSON."""
     args = sys.argv[1:] if argv is None else list(argv)
     if len(args) != 1:
-        raise SystemExit('usage: python -m lookhere_dense.research.benchmark.child \'<case JSON>\'')
+        raise SystemExit("usage: python -m lookhere_dense.research.benchmark.child '<case JSON>'")
     print(json.dumps(run_case(json.loads(args[0]))))
 
 

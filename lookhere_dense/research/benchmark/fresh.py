@@ -6,6 +6,7 @@ result, the child's last stdout line that is a JSON object. A fresh process give
 case the same clean start: peak-memory figures are not inflated by what an earlier case
 left behind, and no case inherits another's warm caches.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,6 +27,7 @@ def _child_env() -> Dict[str, str]:
     ``PYTHONPATH``: the child runs the same code as the parent (a checkout, not another
     installed copy)."""
     import lookhere_dense
+
     root = str(Path(lookhere_dense.__file__).resolve().parents[1])
     env = dict(os.environ)
     env['PYTHONPATH'] = os.pathsep.join(p for p in (root, env.get('PYTHONPATH')) if p)
@@ -45,8 +47,9 @@ def run_child(case: Dict[str, Any], timeout: float) -> Dict[str, Any]:
     """
     cmd = [sys.executable, '-m', CHILD_MODULE, json.dumps(case)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=_child_env())
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=_child_env()
+        )
     except subprocess.TimeoutExpired:
         return dict(case, error=f'timed out after {timeout:.0f} s')
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{')]

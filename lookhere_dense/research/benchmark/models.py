@@ -8,6 +8,7 @@ mmseg's ``VisionTransformer`` (absolute position embedding) is the outside refer
 
 Imports the backbone, so mmcv / mmengine (and mmseg for :func:`build_mmseg_vit`).
 """
+
 from __future__ import annotations
 
 import math
@@ -16,29 +17,48 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..memory import GiB, PeakMemory
 from lookhere_dense.models.backbones.lookhere_vit import LookHereViT
+
+from ..memory import GiB, PeakMemory
 from . import DTYPES
 from .fresh import run_child
 from .timing import interleaved, paired_ratio, timed
 
-__all__ = ['vit_arch', 'build_vit', 'engine_of', 'build_mmseg_vit', 'frame_case',
-           'bench_vit', 'bench_frame', 'NOBIAS']
+__all__ = [
+    'vit_arch',
+    'build_vit',
+    'engine_of',
+    'build_mmseg_vit',
+    'frame_case',
+    'bench_vit',
+    'bench_frame',
+    'NOBIAS',
+]
 
 #: Case name of the no-bias baseline (``pos_encoding='none'``).
 NOBIAS = 'nobias'
 
 
-def vit_arch(embed_dims: int = 768, num_layers: int = 12, num_heads: int = 12
-             ) -> Dict[str, Any]:
+def vit_arch(embed_dims: int = 768, num_layers: int = 12, num_heads: int = 12) -> Dict[str, Any]:
     """Architecture of the benchmarked ViT: ViT-B/16 (``mlp_ratio=4``) unless overridden."""
-    return dict(patch_size=16, embed_dims=embed_dims, num_layers=num_layers,
-                num_heads=num_heads, mlp_ratio=4)
+    return dict(
+        patch_size=16,
+        embed_dims=embed_dims,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        mlp_ratio=4,
+    )
 
 
-def build_vit(arch: Dict[str, Any], preset: str = 'lh90', backend: str = 'auto',
-              block_size: int = 0, device: str = 'cpu', dtype: torch.dtype = torch.float32,
-              pos_encoding: str = 'lookhere'):
+def build_vit(
+    arch: Dict[str, Any],
+    preset: str = 'lh90',
+    backend: str = 'auto',
+    block_size: int = 0,
+    device: str = 'cpu',
+    dtype: torch.dtype = torch.float32,
+    pos_encoding: str = 'lookhere',
+):
     """A ``LookHereViT`` in eval mode, initialised from seed 0.
 
     Args:
@@ -53,8 +73,13 @@ def build_vit(arch: Dict[str, Any], preset: str = 'lh90', backend: str = 'auto',
     if pos_encoding == 'none':
         model = LookHereViT(**arch, pos_encoding='none')
     else:
-        model = LookHereViT(**arch, preset=preset, attn_backend=backend,
-                            attn_block_size=block_size, pos_encoding=pos_encoding)
+        model = LookHereViT(
+            **arch,
+            preset=preset,
+            attn_backend=backend,
+            attn_block_size=block_size,
+            pos_encoding=pos_encoding,
+        )
     model.init_weights()
     return model.eval().to(device=device, dtype=dtype)
 
@@ -64,10 +89,15 @@ def engine_of(model):
     return model.pos_enc.engine
 
 
-def build_mmseg_vit(arch: Dict[str, Any], img_size: Tuple[int, int], device: str = 'cpu',
-                    dtype: torch.dtype = torch.float32):
+def build_mmseg_vit(
+    arch: Dict[str, Any],
+    img_size: Tuple[int, int],
+    device: str = 'cpu',
+    dtype: torch.dtype = torch.float32,
+):
     """mmseg's ``VisionTransformer`` (absolute position embedding) in eval mode, seed 0."""
     from mmseg.models.backbones import VisionTransformer
+
     torch.manual_seed(0)
     model = VisionTransformer(img_size=img_size, **arch, final_norm=True)
     model.init_weights()
@@ -92,9 +122,15 @@ def frame_case(case: Dict[str, Any]) -> Dict[str, Any]:
     if case.get('threads'):
         torch.set_num_threads(case['threads'])
     plain = case['backend'] == NOBIAS
-    model = build_vit(case['arch'], case['preset'], 'auto' if plain else case['backend'],
-                      case.get('block_size', 0), device, dtype,
-                      pos_encoding='none' if plain else 'lookhere')
+    model = build_vit(
+        case['arch'],
+        case['preset'],
+        'auto' if plain else case['backend'],
+        case.get('block_size', 0),
+        device,
+        dtype,
+        pos_encoding='none' if plain else 'lookhere',
+    )
     x = torch.randn(1, 3, *case['size'], device=device, dtype=dtype)
     times = []
     with torch.inference_mode():
@@ -102,16 +138,31 @@ def frame_case(case: Dict[str, Any]) -> Dict[str, Any]:
             for _ in range(case['repeats']):
                 times.append(timed(lambda: model(x), device))
     chosen = None if plain else engine_of(model).last_backend
-    return dict(case, seconds=statistics.median(times), times=times, peak=mem.peak_bytes,
-                peak_rise=mem.rise_bytes, start=mem.start_bytes, chosen=chosen,
-                exact_peak=mem.kind != 'process_rss_sampled',
-                tokens=(math.ceil(case['size'][0] / 16) * math.ceil(case['size'][1] / 16) + 1))
+    return dict(
+        case,
+        seconds=statistics.median(times),
+        times=times,
+        peak=mem.peak_bytes,
+        peak_rise=mem.rise_bytes,
+        start=mem.start_bytes,
+        chosen=chosen,
+        exact_peak=mem.kind != 'process_rss_sampled',
+        tokens=(math.ceil(case['size'][0] / 16) * math.ceil(case['size'][1] / 16) + 1),
+    )
 
 
-def bench_vit(arch: Dict[str, Any], size: int = 512, batch: int = 1, preset: str = 'lh90',
-              backends: Sequence[str] = ('chunked',), block_size: int = 0,
-              with_mmseg: bool = True, device: str = 'cpu', dtype: str = 'float32',
-              repeats: int = 5) -> Dict[str, Any]:
+def bench_vit(
+    arch: Dict[str, Any],
+    size: int = 512,
+    batch: int = 1,
+    preset: str = 'lh90',
+    backends: Sequence[str] = ('chunked',),
+    block_size: int = 0,
+    with_mmseg: bool = True,
+    device: str = 'cpu',
+    dtype: str = 'float32',
+    repeats: int = 5,
+) -> Dict[str, Any]:
     """Section ``vit``: LookHereViT (``auto`` and each of ``backends``) vs the same trunk
     without position encoding vs mmseg's ViT, timed in interleaved rounds.
 
@@ -140,26 +191,40 @@ def bench_vit(arch: Dict[str, Any], size: int = 512, batch: int = 1, preset: str
     if with_mmseg:
         nets['mmseg_vit'] = build_mmseg_vit(arch, img, device, torch_dtype)
     models: Dict[str, Callable[[], Any]] = {
-        name: (lambda net=net: net(x)) for name, net in nets.items()}
+        name: (lambda net=net: net(x)) for name, net in nets.items()
+    }
     cold = {}
     with torch.inference_mode():
         for name, fn in models.items():  # first call: builds tables / dense caches
             cold[name] = timed(fn, device)
         times = interleaved(models, repeats, device)
     engine = engine_of(lookhere)
-    return dict(size=list(img), batch=batch, tokens=(size // 16) ** 2 + 1,
-                auto_backend=engine.last_backend, cold_seconds=cold,
-                seconds={n: statistics.median(t) for n, t in times.items()}, times=times,
-                ratio_vs_nobias={n: paired_ratio(t, times[NOBIAS]) for n, t in times.items()},
-                cache=engine.cache_info())
+    return dict(
+        size=list(img),
+        batch=batch,
+        tokens=(size // 16) ** 2 + 1,
+        auto_backend=engine.last_backend,
+        cold_seconds=cold,
+        seconds={n: statistics.median(t) for n, t in times.items()},
+        times=times,
+        ratio_vs_nobias={n: paired_ratio(t, times[NOBIAS]) for n, t in times.items()},
+        cache=engine.cache_info(),
+    )
 
 
-def bench_frame(arch: Dict[str, Any], size: Tuple[int, int] = (1024, 2048),
-                preset: str = 'lh90', backends: Sequence[str] = (NOBIAS, 'auto', 'chunked:256',
-                                                                'sdpa'),
-                block_size: int = 0, device: str = 'cpu', dtype: str = 'float32',
-                repeats: int = 2, max_dense_gib: float = 8.0, threads: Optional[int] = None,
-                timeout: float = 1800) -> Dict[str, Any]:
+def bench_frame(
+    arch: Dict[str, Any],
+    size: Tuple[int, int] = (1024, 2048),
+    preset: str = 'lh90',
+    backends: Sequence[str] = (NOBIAS, 'auto', 'chunked:256', 'sdpa'),
+    block_size: int = 0,
+    device: str = 'cpu',
+    dtype: str = 'float32',
+    repeats: int = 2,
+    max_dense_gib: float = 8.0,
+    threads: Optional[int] = None,
+    timeout: float = 1800,
+) -> Dict[str, Any]:
     """Section ``frame``: whole-frame inference per backend, fresh process per case.
 
     Args:
@@ -181,30 +246,47 @@ def bench_frame(arch: Dict[str, Any], size: Tuple[int, int] = (1024, 2048),
     """
     size = tuple(size)
     tokens = math.ceil(size[0] / 16) * math.ceil(size[1] / 16) + 1
-    dense_gib = (arch['num_layers'] * arch['num_heads'] * tokens ** 2
-                 * DTYPES[dtype].itemsize / GiB)
+    dense_gib = arch['num_layers'] * arch['num_heads'] * tokens**2 * DTYPES[dtype].itemsize / GiB
     cases = []
     skipped = {}
     for spec in backends:
         backend, _, block = spec.partition(':')
         if backend in ('sdpa', 'reference') and dense_gib > max_dense_gib:
-            skipped[spec] = (f'needs the dense bias of every layer: {dense_gib:.1f} GiB '
-                             f'(> --max-dense-gib {max_dense_gib})')
+            skipped[spec] = (
+                f'needs the dense bias of every layer: {dense_gib:.1f} GiB '
+                f'(> --max-dense-gib {max_dense_gib})'
+            )
             continue
         if backend == 'flex' and device != 'cuda':
             skipped[spec] = 'flex is benchmarked on CUDA only (eager flex materialises scores)'
             continue
-        cases.append(dict(kind='frame', backend=backend, spec=spec,
-                          block_size=int(block) if block else block_size,
-                          size=list(size), arch=arch, preset=preset, device=device,
-                          dtype=dtype, repeats=1, threads=threads))
+        cases.append(
+            dict(
+                kind='frame',
+                backend=backend,
+                spec=spec,
+                block_size=int(block) if block else block_size,
+                size=list(size),
+                arch=arch,
+                preset=preset,
+                device=device,
+                dtype=dtype,
+                repeats=1,
+                threads=threads,
+            )
+        )
     runs: Dict[str, List[Dict[str, Any]]] = {c['spec']: [] for c in cases}
     for r in range(repeats):  # interleave: A B C, B C A, ...
-        order = cases[r % len(cases):] + cases[:r % len(cases)] if cases else []
+        order = cases[r % len(cases) :] + cases[: r % len(cases)] if cases else []
         for c in order:
             runs[c['spec']].append(run_child(c, timeout))
-    res: Dict[str, Any] = dict(size=list(size), tokens=tokens, skipped=skipped,
-                               dense_bias_gib_all_layers=dense_gib, cases={})
+    res: Dict[str, Any] = dict(
+        size=list(size),
+        tokens=tokens,
+        skipped=skipped,
+        dense_bias_gib_all_layers=dense_gib,
+        cases={},
+    )
     for spec, rs in runs.items():
         ok = [r for r in rs if 'error' not in r]
         if not ok:
@@ -212,12 +294,16 @@ def bench_frame(arch: Dict[str, Any], size: Tuple[int, int] = (1024, 2048),
             continue
         res['cases'][spec] = dict(
             seconds=statistics.median(r['seconds'] for r in ok),
-            times=[r['seconds'] for r in ok], peak=max(r['peak'] for r in ok),
-            peak_rise=max(r['peak_rise'] for r in ok), start=ok[0]['start'],
-            chosen=ok[0]['chosen'], exact_peak=all(r['exact_peak'] for r in ok))
+            times=[r['seconds'] for r in ok],
+            peak=max(r['peak'] for r in ok),
+            peak_rise=max(r['peak_rise'] for r in ok),
+            start=ok[0]['start'],
+            chosen=ok[0]['chosen'],
+            exact_peak=all(r['exact_peak'] for r in ok),
+        )
     base = res['cases'].get(NOBIAS)
     if base and 'error' not in base:
-        for spec, c in res['cases'].items():
+        for c in res['cases'].values():
             if 'error' in c:
                 continue
             c['time_ratio'] = c['seconds'] / base['seconds']

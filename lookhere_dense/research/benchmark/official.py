@@ -8,6 +8,7 @@ the head layout / slope rules are shared with the package (:func:`head_layout`),
 
 Needs numpy (torch and numpy only; no OpenMMLab).
 """
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,9 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import torch
 
-from ..memory import peak_rss
 from lookhere_dense.lookhere import head_layout, layer_slopes, lookhere_bias, resolve_lh_config
+
+from ..memory import peak_rss
 
 __all__ = ['official_style_bias', 'baseline_matches']
 
@@ -31,12 +33,16 @@ def _cone_rows(height: int, width: int, qy: int, qx: int) -> Dict[str, np.ndarra
     """
     d, s = qx - qy, qx + qy
     tri = lambda k: np.tri(height, width, k=k, dtype=bool)  # noqa: E731  j <= i + k
-    dx_ge_dy = ~tri(d - 1)                                   # j - i >= qx - qy
-    dx_le_dy = tri(d)                                        # j - i <= qx - qy
-    sum_le = ~np.fliplr(tri(width - 2 - s))                  # i + j <= qx + qy
-    sum_ge = np.fliplr(tri(width - 1 - s))                   # i + j >= qx + qy
-    return {'up': dx_ge_dy & sum_le, 'down': dx_le_dy & sum_ge,
-            'left': dx_le_dy & sum_le, 'right': dx_ge_dy & sum_ge}
+    dx_ge_dy = ~tri(d - 1)  # j - i >= qx - qy
+    dx_le_dy = tri(d)  # j - i <= qx - qy
+    sum_le = ~np.fliplr(tri(width - 2 - s))  # i + j <= qx + qy
+    sum_ge = np.fliplr(tri(width - 1 - s))  # i + j >= qx + qy
+    return {
+        'up': dx_ge_dy & sum_le,
+        'down': dx_le_dy & sum_ge,
+        'left': dx_le_dy & sum_le,
+        'right': dx_ge_dy & sum_ge,
+    }
 
 
 def _half_rows(height: int, width: int, qy: int, qx: int) -> Dict[str, np.ndarray]:
@@ -46,8 +52,13 @@ def _half_rows(height: int, width: int, qy: int, qx: int) -> Dict[str, np.ndarra
     return {'up': i <= qy, 'down': i >= qy, 'left': j <= qx, 'right': j >= qx}
 
 
-def official_style_bias(config, grid_size: Tuple[int, int], depth: int, num_heads: int,
-                        marks: Optional[Dict[str, float]] = None) -> torch.Tensor:
+def official_style_bias(
+    config,
+    grid_size: Tuple[int, int],
+    depth: int,
+    num_heads: int,
+    marks: Optional[Dict[str, float]] = None,
+) -> torch.Tensor:
     """Dense LookHere bias ``(depth, heads, N, N)`` the way the official code builds it.
 
     Loops over query patches for the direction masks (per-query ``np.tri`` triangles and
@@ -73,9 +84,9 @@ def official_style_bias(config, grid_size: Tuple[int, int], depth: int, num_head
     for q in range(n):  # one query row at a time
         dist[q] = np.sqrt((ys - ys[q]) ** 2 + (xs - xs[q]) ** 2)
     if config.distance == 'sqrt':
-        dist = dist ** 0.5
+        dist = dist**0.5
     elif config.distance == 'square':
-        dist = dist ** 2
+        dist = dist**2
     centre = np.sqrt((xs - (width - 1) / 2) ** 2 + (ys - (height - 1) / 2) ** 2)
 
     prims = {p for spec in specs for p in spec}
@@ -123,8 +134,12 @@ def official_style_bias(config, grid_size: Tuple[int, int], depth: int, num_head
         out[layer] = torch.from_numpy(scaled).to(torch.bfloat16) * -1.0
         del scaled
     if marks is not None:
-        marks.update(shared_s=t1 - t0, layers_s=time.perf_counter() - t1,
-                     shared_rss=shared_rss, layers_rss=peak_rss())
+        marks.update(
+            shared_s=t1 - t0,
+            layers_s=time.perf_counter() - t1,
+            shared_rss=shared_rss,
+            layers_rss=peak_rss(),
+        )
     return out
 
 

@@ -1,5 +1,6 @@
 """The benchmark's report: the environment it ran in and a table of the results
 (torch only)."""
+
 from __future__ import annotations
 
 import os
@@ -27,81 +28,104 @@ def _mb(x: Optional[float]) -> str:
 def format_table(results: Dict[str, Any]) -> str:
     """Human-readable summary of the results: ``env`` (:func:`environment`) and any of the
     sections ``bias``, ``vit``, ``frame``, ``segmenter``, ``attn``."""
-    lines = [f"device: {results['env']['device_name']} | torch {results['env']['torch']} | "
-             f"threads {results['env']['threads']}", '']
+    lines = [
+        f'device: {results["env"]["device_name"]} | torch {results["env"]["torch"]} | '
+        f'threads {results["env"]["threads"]}',
+        '',
+    ]
     b = results.get('bias')
     if b:
-        lines.append(f"[bias] {b['grid'][0]}x{b['grid'][1]} grid, {b['layers']} layers x "
-                     f"{b['heads']} heads, preset {b['preset']} "
-                     f"(baseline == ours on small grids: {b['baseline_matches_ours']})")
+        lines.append(
+            f'[bias] {b["grid"][0]}x{b["grid"][1]} grid, {b["layers"]} layers x '
+            f'{b["heads"]} heads, preset {b["preset"]} '
+            f'(baseline == ours on small grids: {b["baseline_matches_ours"]})'
+        )
         o, t = b['ours'], b['baseline']
         if 'error' in o or 'error' in t:
-            lines.append(f"  error: {o.get('error') or t.get('error')}")
+            lines.append(f'  error: {o.get("error") or t.get("error")}')
         else:
             e = b['baseline_extrapolated']
             lines += [
-                f"  ours (tables, {b['layers']} layers): {o['seconds'] * 1e3:9.2f} ms   "
-                f"peak RSS rise {_mb(o['peak_rise'])}",
-                f"  baseline ({t['depth']} layer measured): {t['seconds']:9.2f} s    "
-                f"peak RSS rise {_mb(t['peak_rise'])}",
-                f"  baseline ({e['layers']} layers, extrapolated): {e['seconds']:9.2f} s    "
-                f"peak RSS rise {_mb(e['peak_rise'])}",
-                f"  speed-up {b['speedup_vs_extrapolated']:,.0f}x "
-                f"({b['speedup_vs_measured']:,.0f}x vs the measured 1-layer run); memory "
-                f"1/{1 / max(b['memory_ratio_vs_extrapolated'], 1e-12):,.0f} "
-                f"(1/{1 / max(b['memory_ratio_vs_measured'], 1e-12):,.0f} vs 1 layer)",
+                f'  ours (tables, {b["layers"]} layers): {o["seconds"] * 1e3:9.2f} ms   '
+                f'peak RSS rise {_mb(o["peak_rise"])}',
+                f'  baseline ({t["depth"]} layer measured): {t["seconds"]:9.2f} s    '
+                f'peak RSS rise {_mb(t["peak_rise"])}',
+                f'  baseline ({e["layers"]} layers, extrapolated): {e["seconds"]:9.2f} s    '
+                f'peak RSS rise {_mb(e["peak_rise"])}',
+                f'  speed-up {b["speedup_vs_extrapolated"]:,.0f}x '
+                f'({b["speedup_vs_measured"]:,.0f}x vs the measured 1-layer run); memory '
+                f'1/{1 / max(b["memory_ratio_vs_extrapolated"], 1e-12):,.0f} '
+                f'(1/{1 / max(b["memory_ratio_vs_measured"], 1e-12):,.0f} vs 1 layer)',
                 f"  (one layer's dense (heads, N+1, N+1) bias from the tables: "
-                f"{o['dense_layer_seconds'] * 1e3:.0f} ms)", '']
+                f'{o["dense_layer_seconds"] * 1e3:.0f} ms)',
+                '',
+            ]
     v = results.get('vit')
     if v:
-        lines.append(f"[vit] {v['size'][0]}x{v['size'][1]}, batch {v['batch']}, {v['tokens']} "
-                     f"tokens; auto -> {v['auto_backend']}")
-        lines.append(f"  {'model':<22}{'median s':>10}{'x no-bias':>11}{'cold s':>9}")
+        lines.append(
+            f'[vit] {v["size"][0]}x{v["size"][1]}, batch {v["batch"]}, {v["tokens"]} '
+            f'tokens; auto -> {v["auto_backend"]}'
+        )
+        lines.append(f'  {"model":<22}{"median s":>10}{"x no-bias":>11}{"cold s":>9}')
         for n, s in v['seconds'].items():
-            lines.append(f"  {n:<22}{s:>10.3f}{v['ratio_vs_nobias'][n]:>11.3f}"
-                         f"{v['cold_seconds'][n]:>9.2f}")
+            lines.append(
+                f'  {n:<22}{s:>10.3f}{v["ratio_vs_nobias"][n]:>11.3f}{v["cold_seconds"][n]:>9.2f}'
+            )
         lines.append('')
     f = results.get('frame')
     if f:
-        lines.append(f"[frame] {f['size'][0]}x{f['size'][1]}, batch 1, {f['tokens']} tokens "
-                     f"(dense bias of all layers would be "
-                     f"{f['dense_bias_gib_all_layers']:.1f} GiB)")
-        lines.append(f"  {'backend':<14}{'chosen':<10}{'s/forward':>10}{'x time':>8}"
-                     f"{'peak':>12}{'x peak':>8}{'fwd rise':>12}{'x rise':>8}")
+        lines.append(
+            f'[frame] {f["size"][0]}x{f["size"][1]}, batch 1, {f["tokens"]} tokens '
+            f'(dense bias of all layers would be '
+            f'{f["dense_bias_gib_all_layers"]:.1f} GiB)'
+        )
+        lines.append(
+            f'  {"backend":<14}{"chosen":<10}{"s/forward":>10}{"x time":>8}'
+            f'{"peak":>12}{"x peak":>8}{"fwd rise":>12}{"x rise":>8}'
+        )
         for spec, c in f['cases'].items():
             if 'error' in c:
-                lines.append(f"  {spec:<14}error: {c['error']}")
+                lines.append(f'  {spec:<14}error: {c["error"]}')
                 continue
-            lines.append(f"  {spec:<14}{str(c['chosen'] or '-'):<10}{c['seconds']:>10.2f}"
-                         f"{c.get('time_ratio', float('nan')):>8.3f}{_mb(c['peak']):>12}"
-                         f"{c.get('peak_ratio', float('nan')):>8.3f}{_mb(c['peak_rise']):>12}"
-                         f"{c.get('peak_rise_ratio', float('nan')):>8.3f}")
+            lines.append(
+                f'  {spec:<14}{str(c["chosen"] or "-"):<10}{c["seconds"]:>10.2f}'
+                f'{c.get("time_ratio", float("nan")):>8.3f}{_mb(c["peak"]):>12}'
+                f'{c.get("peak_ratio", float("nan")):>8.3f}{_mb(c["peak_rise"]):>12}'
+                f'{c.get("peak_rise_ratio", float("nan")):>8.3f}'
+            )
         for spec, why in f['skipped'].items():
-            lines.append(f"  {spec:<14}not run: {why}")
+            lines.append(f'  {spec:<14}not run: {why}')
         lines.append('')
     sg = results.get('segmenter')
     if sg:
-        meter = ('CUDA max allocated' if str(sg['device']).startswith('cuda')
-                 else 'process peak RSS')
-        lines.append(f"[segmenter] whole frame {sg['size'][0]}x{sg['size'][1]}, batch 1, "
-                     f"{meter}, fresh process per case; target: model peak <= "
-                     f"{sg['target']} x backbone")
+        meter = (
+            'CUDA max allocated' if str(sg['device']).startswith('cuda') else 'process peak RSS'
+        )
+        lines.append(
+            f'[segmenter] whole frame {sg["size"][0]}x{sg["size"][1]}, batch 1, '
+            f'{meter}, fresh process per case; target: model peak <= '
+            f'{sg["target"]} x backbone'
+        )
         for res in sg['results']:
             lines += ['  ' + ln for ln in format_segmenter(res).splitlines()]
         lines.append('')
     a = results.get('attn')
     if a:
-        lines.append(f"[attn] preset {a['preset']}, {a['dtype']}; fraction of 128x128 tiles "
-                     f"flex skips (all heads)")
+        lines.append(
+            f'[attn] preset {a["preset"]}, {a["dtype"]}; fraction of 128x128 tiles '
+            f'flex skips (all heads)'
+        )
         for tokens, c in a['cases'].items():
-            line = f"  {tokens:>6} tokens {c['grid'][0]}x{c['grid'][1]}: "
+            line = f'  {tokens:>6} tokens {c["grid"][0]}x{c["grid"][1]}: '
             if 'skipped' in c:
-                lines.append(line + f"not run: {c['skipped']}")
+                lines.append(line + f'not run: {c["skipped"]}')
                 continue
             line += ', '.join(f'{d} {s:.0%}' for d, s in c['skipped_tile_fraction'].items())
             if 'seconds' in c:
-                line += (f" | flex {c['seconds']['flex'] * 1e3:.2f} ms, x no-bias "
-                         f"{c['flex_vs_nobias']:.2f}, dense-bias/flex {c['dense_vs_flex']:.2f}")
+                line += (
+                    f' | flex {c["seconds"]["flex"] * 1e3:.2f} ms, x no-bias '
+                    f'{c["flex_vs_nobias"]:.2f}, dense-bias/flex {c["dense_vs_flex"]:.2f}'
+                )
             lines.append(line)
     return '\n'.join(lines)
 
@@ -111,21 +135,26 @@ def format_segmenter(res: Dict[str, Any]) -> str:
     (:func:`lookhere_dense.research.benchmark.segmenter.whole_frame_memory`): per case its peak,
     rise, seconds, peak over the backbone's and the classes built; failed or skipped
     cases say why; the verdict on the target last."""
-    lines = [f"{res['config']}  {res['size'][0]}x{res['size'][1]}  {res['device']}  "
-             f"threads={res['threads']}",
-             f"  {'case':<9}{'peak':>12}{'rise':>12}{'seconds':>9}{'x peak':>8}  classes"]
+    lines = [
+        f'{res["config"]}  {res["size"][0]}x{res["size"][1]}  {res["device"]}  '
+        f'threads={res["threads"]}',
+        f'  {"case":<9}{"peak":>12}{"rise":>12}{"seconds":>9}{"x peak":>8}  classes',
+    ]
     for case, r in res['cases'].items():
         if 'peak_bytes' not in r:
-            why = f"error: {r['error']}" if 'error' in r else f"not run: {r.get('skipped')}"
-            lines.append(f"  {case:<9}{why}")
+            why = f'error: {r["error"]}' if 'error' in r else f'not run: {r.get("skipped")}'
+            lines.append(f'  {case:<9}{why}')
             continue
         ratio = res['ratios'].get(f'{case}_peak', 1.0 if case == 'backbone' else None)
-        lines.append(f"  {case:<9}{_mb(r['peak_bytes']):>12}{_mb(r['rise_bytes']):>12}"
-                     f"{r['seconds']:>9.2f}{'-' if ratio is None else f'{ratio:.3f}':>8}  "
-                     f"{', '.join(r['types'].values())}")
+        lines.append(
+            f'  {case:<9}{_mb(r["peak_bytes"]):>12}{_mb(r["rise_bytes"]):>12}'
+            f'{r["seconds"]:>9.2f}{"-" if ratio is None else f"{ratio:.3f}":>8}  '
+            f'{", ".join(r["types"].values())}'
+        )
     if res['meets_target'] is not None:
-        lines.append(f"  model peak <= {res['target']} x backbone: "
-                     f"{'yes' if res['meets_target'] else 'NO'}")
+        lines.append(
+            f'  model peak <= {res["target"]} x backbone: {"yes" if res["meets_target"] else "NO"}'
+        )
     return '\n'.join(lines)
 
 
@@ -143,12 +172,22 @@ def environment(device: str = 'cpu') -> Dict[str, Any]:
         except (OSError, StopIteration):
             pass
     try:
-        commit = subprocess.run(['git', '-C', str(_checkout()), 'rev-parse', '--short', 'HEAD'],
-                                capture_output=True, text=True, timeout=10).stdout.strip()
+        commit = subprocess.run(
+            ['git', '-C', str(_checkout()), 'rev-parse', '--short', 'HEAD'],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         commit = commit or None
     except (OSError, subprocess.SubprocessError):
         commit = None
-    return dict(device=device, device_name=name, torch=torch.__version__, commit=commit,
-                threads=torch.get_num_threads(), cpus=os.cpu_count(),
-                python=platform.python_version(),
-                load_avg=os.getloadavg() if hasattr(os, 'getloadavg') else None)
+    return dict(
+        device=device,
+        device_name=name,
+        torch=torch.__version__,
+        commit=commit,
+        threads=torch.get_num_threads(),
+        cpus=os.cpu_count(),
+        python=platform.python_version(),
+        load_avg=os.getloadavg() if hasattr(os, 'getloadavg') else None,
+    )

@@ -26,6 +26,7 @@ several configs (the section of ``tools/benchmark.py``)::
         --segmenter-configs configs/segmenter_lookhere_cityscapes_whole.py \\
         configs/segmenter_lookhere_linear_cityscapes_whole.py
 """
+
 from __future__ import annotations
 
 import copy
@@ -36,8 +37,16 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .fresh import run_child
 
-__all__ = ['whole_frame_memory', 'bench_segmenter', 'case_ratios', 'segmenter_case',
-           'mmseg_original_cfg', 'MMSEG_ORIGINALS', 'CASES', 'TARGET_RATIO']
+__all__ = [
+    'whole_frame_memory',
+    'bench_segmenter',
+    'case_ratios',
+    'segmenter_case',
+    'mmseg_original_cfg',
+    'MMSEG_ORIGINALS',
+    'CASES',
+    'TARGET_RATIO',
+]
 
 #: lookhere-dense's lean drop-ins -> the mmseg classes they replace (same arguments,
 #: weights and outputs).
@@ -84,6 +93,7 @@ def mmseg_original_cfg(model_cfg: Mapping) -> Tuple[dict, List[str]]:
 def _model_cfg(spec: Dict[str, Any]) -> dict:
     """The config's model for a case: no checkpoint, whole-frame test mode."""
     from mmengine.config import Config
+
     cfg = Config.fromfile(spec['config'])
     if spec.get('cfg_options'):
         cfg.merge_from_dict(spec['cfg_options'])
@@ -102,6 +112,7 @@ def _frame(preprocessor, size: Sequence[int], device: str):
     """A random uint8 frame through the data preprocessor (test mode): inputs, samples."""
     import torch
     from mmseg.structures import SegDataSample
+
     g = torch.Generator().manual_seed(0)
     img = torch.randint(0, 256, (3, *size), generator=g, dtype=torch.uint8)
     sample = SegDataSample(metainfo=dict(ori_shape=tuple(size), img_shape=tuple(size)))
@@ -127,8 +138,9 @@ def segmenter_case(spec: Dict[str, Any]) -> Dict[str, Any]:
     from mmengine.config import ConfigDict
     from mmseg.registry import MODELS
 
-    from ..memory import PeakMemory, free_memory
     from lookhere_dense.registry import register_all_modules
+
+    from ..memory import PeakMemory, free_memory
 
     if spec.get('threads'):
         torch.set_num_threads(int(spec['threads']))
@@ -144,8 +156,11 @@ def segmenter_case(spec: Dict[str, Any]) -> Dict[str, Any]:
         types = dict(backbone=type(net).__name__)
     else:
         net = MODELS.build(model_cfg)
-        types = dict(segmentor=type(net).__name__, backbone=type(net.backbone).__name__,
-                     head=type(net.decode_head).__name__)
+        types = dict(
+            segmentor=type(net).__name__,
+            backbone=type(net.backbone).__name__,
+            head=type(net.decode_head).__name__,
+        )
     net = net.to(device).eval()
 
     def call(inputs, samples):
@@ -167,17 +182,29 @@ def segmenter_case(spec: Dict[str, Any]) -> Dict[str, Any]:
         seconds = time.perf_counter() - t0
     if case != 'backbone':  # the prediction is what mmseg's path gives back
         assert tuple(out[0].pred_sem_seg.data.shape[-2:]) == size
-    return dict(spec, peak_bytes=mem.peak_bytes, start_bytes=mem.start_bytes,
-                rise_bytes=mem.rise_bytes, meter=mem.kind, seconds=seconds, types=types)
+    return dict(
+        spec,
+        peak_bytes=mem.peak_bytes,
+        start_bytes=mem.start_bytes,
+        rise_bytes=mem.rise_bytes,
+        meter=mem.kind,
+        seconds=seconds,
+        types=types,
+    )
 
 
 # ----------------------------------------------------------------------------------------
 # The side-by-side measurement
 # ----------------------------------------------------------------------------------------
-def whole_frame_memory(config: Union[str, os.PathLike, Any], size: Sequence[int] = (1024, 2048),
-                       device: str = 'cpu', threads: Optional[int] = 1,
-                       cases: Sequence[str] = CASES, cfg_options: Optional[dict] = None,
-                       timeout: float = 3600.0) -> Dict[str, Any]:
+def whole_frame_memory(
+    config: Union[str, os.PathLike, Any],
+    size: Sequence[int] = (1024, 2048),
+    device: str = 'cpu',
+    threads: Optional[int] = 1,
+    cases: Sequence[str] = CASES,
+    cfg_options: Optional[dict] = None,
+    timeout: float = 3600.0,
+) -> Dict[str, Any]:
     """Peak memory of whole-frame inference of a config's model vs its backbone alone.
 
     Every case runs in a fresh child process (:func:`.fresh.run_child` with
@@ -216,9 +243,11 @@ def whole_frame_memory(config: Union[str, os.PathLike, Any], size: Sequence[int]
         config_path = tmp.name
     else:
         from lookhere_dense.apis.cli import resolve_config_path
+
         config_path = resolve_config_path(str(config))
     try:
         from mmengine.config import Config
+
         cfg = Config.fromfile(config_path)
         if cfg_options:
             cfg.merge_from_dict(cfg_options)
@@ -226,20 +255,36 @@ def whole_frame_memory(config: Union[str, os.PathLike, Any], size: Sequence[int]
         results: Dict[str, Any] = {}
         for case in cases:
             if case == 'mmseg' and not swapped:
-                results[case] = dict(skipped='the config uses no lean drop-in: the model '
-                                             'case is already mmseg\'s')
+                results[case] = dict(
+                    skipped="the config uses no lean drop-in: the model case is already mmseg's"
+                )
                 continue
-            spec = dict(kind='segmenter', config=config_path, cfg_options=cfg_options,
-                        case=case, size=list(size), device=str(device), threads=threads)
+            spec = dict(
+                kind='segmenter',
+                config=config_path,
+                cfg_options=cfg_options,
+                case=case,
+                size=list(size),
+                device=str(device),
+                threads=threads,
+            )
             results[case] = run_child(spec, timeout)
     finally:
         if tmp is not None:
             os.unlink(tmp.name)
     ratios = case_ratios(results)
     meets = (ratios['model_peak'] <= TARGET_RATIO) if 'model_peak' in ratios else None
-    return dict(config=str(config) if tmp is None else '<Config>', size=list(size),
-                device=str(device), threads=threads, cases=results, swapped=swapped,
-                ratios=ratios, target=TARGET_RATIO, meets_target=meets)
+    return dict(
+        config=str(config) if tmp is None else '<Config>',
+        size=list(size),
+        device=str(device),
+        threads=threads,
+        cases=results,
+        swapped=swapped,
+        ratios=ratios,
+        target=TARGET_RATIO,
+        meets_target=meets,
+    )
 
 
 def case_ratios(results: Mapping[str, Mapping[str, Any]]) -> Dict[str, float]:
@@ -256,10 +301,15 @@ def case_ratios(results: Mapping[str, Mapping[str, Any]]) -> Dict[str, float]:
     return ratios
 
 
-def bench_segmenter(configs: Sequence[str], size: Sequence[int] = (1024, 2048),
-                    device: str = 'cpu', threads: Optional[int] = 1,
-                    cases: Sequence[str] = CASES, cfg_options: Optional[dict] = None,
-                    timeout: float = 3600.0) -> Dict[str, Any]:
+def bench_segmenter(
+    configs: Sequence[str],
+    size: Sequence[int] = (1024, 2048),
+    device: str = 'cpu',
+    threads: Optional[int] = 1,
+    cases: Sequence[str] = CASES,
+    cfg_options: Optional[dict] = None,
+    timeout: float = 3600.0,
+) -> Dict[str, Any]:
     """Section ``segmenter``: :func:`whole_frame_memory` of every config, one after the other.
 
     Args:
@@ -283,10 +333,19 @@ def bench_segmenter(configs: Sequence[str], size: Sequence[int] = (1024, 2048),
     if unknown:
         raise ValueError(f'unknown cases {unknown}; choose from {list(CASES)}')
     from lookhere_dense.apis.cli import resolve_config_path
+
     for config in configs:  # fail before the first child, not after an hour
         resolve_config_path(str(config))
-    results = [whole_frame_memory(c, size, device, threads, cases, cfg_options, timeout)
-               for c in configs]
-    return dict(size=list(size), device=str(device), threads=threads, cases=list(cases),
-                cfg_options=cfg_options, target=TARGET_RATIO, results=results,
-                all_meet_target=all(r['meets_target'] is True for r in results))
+    results = [
+        whole_frame_memory(c, size, device, threads, cases, cfg_options, timeout) for c in configs
+    ]
+    return dict(
+        size=list(size),
+        device=str(device),
+        threads=threads,
+        cases=list(cases),
+        cfg_options=cfg_options,
+        target=TARGET_RATIO,
+        results=results,
+        all_meet_target=all(r['meets_target'] is True for r in results),
+    )

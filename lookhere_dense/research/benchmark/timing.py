@@ -1,4 +1,5 @@
 """Wall-clock timing that is honest on CUDA and fair between cases (torch only)."""
+
 from __future__ import annotations
 
 import statistics
@@ -25,8 +26,9 @@ def timed(fn: Callable[[], Any], device: str) -> float:
     return time.perf_counter() - t0
 
 
-def interleaved(cases: Dict[str, Callable[[], Any]], repeats: int, device: str
-                ) -> Dict[str, List[float]]:
+def interleaved(
+    cases: Dict[str, Callable[[], Any]], repeats: int, device: str
+) -> Dict[str, List[float]]:
     """Time every case ``repeats`` times, rotating the order each round (drift cancels).
 
     Round ``r`` starts with case ``r mod len(cases)``: ``A B C``, ``B C A``, ``C A B``, ...
@@ -37,7 +39,7 @@ def interleaved(cases: Dict[str, Callable[[], Any]], repeats: int, device: str
     names = list(cases)
     times: Dict[str, List[float]] = {n: [] for n in names}
     for r in range(repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for n in order:
             times[n].append(timed(cases[n], device))
     return times
@@ -46,6 +48,8 @@ def interleaved(cases: Dict[str, Callable[[], Any]], repeats: int, device: str
 def paired_ratio(num: Sequence[float], den: Sequence[float]) -> float:
     """Median over rounds of ``num[i] / den[i]`` (robust to load changes between rounds)."""
     if len(num) != len(den) or not num:
-        raise ValueError(f'paired_ratio needs two equally long, non-empty series, got '
-                         f'{len(num)} and {len(den)} values')
+        raise ValueError(
+            f'paired_ratio needs two equally long, non-empty series, got '
+            f'{len(num)} and {len(den)} values'
+        )
     return statistics.median(a / b for a, b in zip(num, den))

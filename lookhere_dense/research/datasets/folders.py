@@ -12,6 +12,7 @@ which mmseg's ``BaseSegDataset`` (``img_suffix='.png'``, ``seg_map_suffix='.png'
 :func:`write_dataset` writes such a folder; :func:`ensure_dataset` writes it only when
 ``meta.json`` is absent or was made with other settings.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,14 +31,18 @@ Split = Tuple[str, Tuple[int, int], int]
 def write_png(path: str, array: np.ndarray) -> None:
     """Write a uint8 ``(H, W, 3)`` RGB or ``(H, W)`` label array as PNG (fast compression)."""
     from PIL import Image
+
     Image.fromarray(array).save(path, compress_level=1)
 
 
-def write_dataset(root: str, splits: Sequence[Split],
-                  images: Callable[[str, Tuple[int, int], int],
-                                   Iterator[Tuple[np.ndarray, np.ndarray]]],
-                  meta: Dict[str, Any], num_classes: int, progress: bool = False
-                  ) -> Dict[str, Any]:
+def write_dataset(
+    root: str,
+    splits: Sequence[Split],
+    images: Callable[[str, Tuple[int, int], int], Iterator[Tuple[np.ndarray, np.ndarray]]],
+    meta: Dict[str, Any],
+    num_classes: int,
+    progress: bool = False,
+) -> Dict[str, Any]:
     """(Re)write the dataset folder ``root`` (see the module docstring).
 
     Args:
@@ -59,8 +64,10 @@ def write_dataset(root: str, splits: Sequence[Split],
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=sum(n for _, _, n in splits), desc=f'writing {root}', unit='img',
-                   mininterval=5)
+
+        bar = tqdm(
+            total=sum(n for _, _, n in splits), desc=f'writing {root}', unit='img', mininterval=5
+        )
     written: Dict[str, Dict[str, Any]] = {}
     for name, size, number in splits:
         img_dir = os.path.join(root, 'img_dir', name)
@@ -83,8 +90,9 @@ def write_dataset(root: str, splits: Sequence[Split],
     return out
 
 
-def ensure_dataset(root: str, settings: Dict[str, Any],
-                   write: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+def ensure_dataset(
+    root: str, settings: Dict[str, Any], write: Callable[[], Dict[str, Any]]
+) -> Dict[str, Any]:
     """The dataset at ``root``: its ``meta.json`` content when that file exists and its
     ``settings`` equal ``settings``; otherwise ``write()`` (which writes the folder and
     returns the new content)."""

@@ -43,6 +43,7 @@ Splits (mmseg's layout, :mod:`.folders`)::
 
 No OpenMMLab imports here (numpy + Pillow).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -51,17 +52,34 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from lookhere_dense.validation import settings_from_dict as _from_dict
+
 from .folders import ensure_dataset, write_dataset, write_png
 
-__all__ = ['CLASSES', 'PALETTE', 'FovSceneSettings', 'FovScene', 'sample_scene',
-           'render_scene', 'split_name', 'write_fov_dataset', 'ensure_fov_dataset',
-           'settings_from_dict', 'save_examples']
+__all__ = [
+    'CLASSES',
+    'PALETTE',
+    'FovSceneSettings',
+    'FovScene',
+    'sample_scene',
+    'render_scene',
+    'split_name',
+    'write_fov_dataset',
+    'ensure_fov_dataset',
+    'settings_from_dict',
+    'save_examples',
+]
 
 CLASSES = ('sky', 'road', 'tower', 'left-of-tower', 'right-of-tower')
 PALETTE = [[110, 170, 235], [120, 95, 70], [255, 255, 255], [230, 25, 75], [60, 180, 75]]
 #: RGB colours of the objects (no white, orange or grey): the same on both sides.
-OBJECT_COLOURS = ((220, 40, 40), (40, 200, 60), (50, 90, 230), (240, 220, 40),
-                  (40, 210, 220), (210, 60, 210))
+OBJECT_COLOURS = (
+    (220, 40, 40),
+    (40, 200, 60),
+    (50, 90, 230),
+    (240, 220, 40),
+    (40, 210, 220),
+    (210, 60, 210),
+)
 TOWER_COLOUR = (250, 250, 250)
 HORIZON_COLOUR = (245, 150, 30)
 #: rows of the horizon line (the line's rows above the horizon row are sky, the others road)
@@ -111,30 +129,41 @@ class FovSceneSettings:
     noise_std: float = 8.0
 
     def __post_init__(self):
-        for name in ('crop', 'scales', 'horizon', 'tower', 'tower_width', 'objects_per_crop',
-                     'object_half', 'grey'):
+        for name in (
+            'crop',
+            'scales',
+            'horizon',
+            'tower',
+            'tower_width',
+            'objects_per_crop',
+            'object_half',
+            'grey',
+        ):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, 'scales', tuple(float(s) for s in self.scales))
         object.__setattr__(self, 'train_scale', float(self.train_scale))
         if self.num_train < 1 or self.num_val < 1:
-            raise ValueError(f'num_train and num_val must be >= 1, got {self.num_train}, '
-                             f'{self.num_val}')
+            raise ValueError(
+                f'num_train and num_val must be >= 1, got {self.num_train}, {self.num_val}'
+            )
         if len(self.crop) != 2 or min(self.crop) < 16:
             raise ValueError(f'crop must be (H, W) >= 16 px, got {self.crop}')
         if not self.scales or min(self.scales) < 1:
-            raise ValueError(f'scales must be >= 1 (frames at least one crop), got '
-                             f'{self.scales}')
+            raise ValueError(f'scales must be >= 1 (frames at least one crop), got {self.scales}')
         if self.train_scale < 1:
-            raise ValueError(f'train_scale must be >= 1 (scenes at least one crop), got '
-                             f'{self.train_scale}')
+            raise ValueError(
+                f'train_scale must be >= 1 (scenes at least one crop), got {self.train_scale}'
+            )
         for name in ('horizon', 'tower'):
             lo, hi = getattr(self, name)
             if not 0 < lo <= hi < 1:
-                raise ValueError(f'{name} must be (min, max) fractions with 0 < min <= max '
-                                 f'< 1, got {(lo, hi)}')
+                raise ValueError(
+                    f'{name} must be (min, max) fractions with 0 < min <= max < 1, got {(lo, hi)}'
+                )
         if not 1 <= self.object_half[0] <= self.object_half[1]:
-            raise ValueError(f'object_half must be (min, max) px with 1 <= min <= max, got '
-                             f'{self.object_half}')
+            raise ValueError(
+                f'object_half must be (min, max) px with 1 <= min <= max, got {self.object_half}'
+            )
 
     def size_at(self, scale: float) -> Tuple[int, int]:
         """Frame ``(H, W)`` at ``scale`` crops per side (rounded to whole pixels)."""
@@ -164,8 +193,9 @@ class FovScene:
     size: Tuple[int, int]
     horizon: int
     tower: Tuple[int, int]
-    objects: List[Tuple[str, float, float, float, float, Tuple[int, int, int], int]] = \
-        field(default_factory=list)
+    objects: List[Tuple[str, float, float, float, float, Tuple[int, int, int], int]] = field(
+        default_factory=list
+    )
     grey: int = 100
     noise_seed: int = 0
 
@@ -180,9 +210,12 @@ def side_label(cx: float, tower_centre: float) -> int:
     return 3 if cx < tower_centre else 4
 
 
-def sample_scene(rng: np.random.Generator, size: Tuple[int, int],
-                 settings: FovSceneSettings = FovSceneSettings(), max_tries: int = 50
-                 ) -> FovScene:
+def sample_scene(
+    rng: np.random.Generator,
+    size: Tuple[int, int],
+    settings: FovSceneSettings = FovSceneSettings(),
+    max_tries: int = 50,
+) -> FovScene:
     """Draw one ``(H, W)`` scene: horizon, tower, then objects that keep a 2 px gap to the
     tower (rejection sampling; an object that does not fit in ``max_tries`` is skipped).
     The number of objects is ``objects_per_crop`` times the frame's area in crops."""
@@ -190,9 +223,14 @@ def sample_scene(rng: np.random.Generator, size: Tuple[int, int],
     horizon = int(round(rng.uniform(*settings.horizon) * h))
     tw = int(rng.integers(settings.tower_width[0], settings.tower_width[1] + 1))
     x0 = int(round(rng.uniform(*settings.tower) * w - tw / 2))
-    scene = FovScene((h, w), horizon, (x0, tw), [],
-                     int(rng.integers(settings.grey[0], settings.grey[1] + 1)),
-                     int(rng.integers(0, 2 ** 31 - 1)))
+    scene = FovScene(
+        (h, w),
+        horizon,
+        (x0, tw),
+        [],
+        int(rng.integers(settings.grey[0], settings.grey[1] + 1)),
+        int(rng.integers(0, 2**31 - 1)),
+    )
     crops = h * w / (settings.crop[0] * settings.crop[1])
     n = int(round(rng.uniform(*settings.objects_per_crop) * crops))
     lo, hi = settings.object_half
@@ -207,8 +245,9 @@ def sample_scene(rng: np.random.Generator, size: Tuple[int, int],
             cy, cx = float(rng.uniform(hh, h - hh)), float(rng.uniform(hw, w - hw))
             if abs(cx - scene.tower_centre) < hw + tw / 2 + 2:
                 continue  # touches the tower
-            scene.objects.append((shape, cy, cx, hh, hw, colour,
-                                  side_label(cx, scene.tower_centre)))
+            scene.objects.append(
+                (shape, cy, cx, hh, hw, colour, side_label(cx, scene.tower_centre))
+            )
             break
     return scene
 
@@ -229,19 +268,20 @@ def render_scene(scene: FovScene, noise_std: float = 8.0) -> Tuple[np.ndarray, n
     image = np.empty((h, w, 3), dtype=np.float32)
     image[:] = scene.grey
     label = np.zeros((h, w), dtype=np.uint8)
-    label[scene.horizon:] = 1
-    line = slice(max(0, scene.horizon - HORIZON_THICKNESS // 2),
-                 max(0, scene.horizon - HORIZON_THICKNESS // 2) + HORIZON_THICKNESS)
+    label[scene.horizon :] = 1
+    line = slice(
+        max(0, scene.horizon - HORIZON_THICKNESS // 2),
+        max(0, scene.horizon - HORIZON_THICKNESS // 2) + HORIZON_THICKNESS,
+    )
     image[line] = HORIZON_COLOUR
     for shape, cy, cx, hh, hw, rgb, cls in scene.objects:
         dy, dx = (yy - cy) / hh, (xx - cx) / hw
-        mask = (np.abs(dy) <= 1) & (np.abs(dx) <= 1) if shape == 'rect' else \
-            dy * dy + dx * dx <= 1
+        mask = (np.abs(dy) <= 1) & (np.abs(dx) <= 1) if shape == 'rect' else dy * dy + dx * dx <= 1
         image[mask] = rgb
         label[mask] = cls
     x0, tw = scene.tower
-    image[:, max(0, x0):x0 + tw] = TOWER_COLOUR
-    label[:, max(0, x0):x0 + tw] = 2
+    image[:, max(0, x0) : x0 + tw] = TOWER_COLOUR
+    label[:, max(0, x0) : x0 + tw] = 2
     if noise_std > 0:
         noise_rng = np.random.default_rng([scene.noise_seed, h, w])
         image += noise_rng.normal(0.0, noise_std, image.shape).astype(np.float32)
@@ -258,12 +298,13 @@ def _stream(name: str, settings: FovSceneSettings) -> List[int]:
     ``[seed, 1, round(1000 s)]``."""
     if name == 'train':
         return [settings.seed, 0]
-    scale = float(name[len('val_x'):])
+    scale = float(name[len('val_x') :])
     return [settings.seed, 1, int(round(scale * 1000))]
 
 
-def write_fov_dataset(root: str, settings: FovSceneSettings = FovSceneSettings(),
-                      progress: bool = False) -> Dict[str, Any]:
+def write_fov_dataset(
+    root: str, settings: FovSceneSettings = FovSceneSettings(), progress: bool = False
+) -> Dict[str, Any]:
     """(Re)write the dataset folder ``root`` for ``settings`` (see the module docstring;
     :func:`lookhere_dense.research.datasets.folders.write_dataset`). Returns the ``meta.json`` content."""
     splits = [('train', settings.size_at(settings.train_scale), settings.num_train)]
@@ -278,12 +319,14 @@ def write_fov_dataset(root: str, settings: FovSceneSettings = FovSceneSettings()
     return write_dataset(root, splits, images, meta, len(CLASSES), progress)
 
 
-def ensure_fov_dataset(root: str, settings: FovSceneSettings = FovSceneSettings(),
-                       progress: bool = False) -> Dict[str, Any]:
+def ensure_fov_dataset(
+    root: str, settings: FovSceneSettings = FovSceneSettings(), progress: bool = False
+) -> Dict[str, Any]:
     """The dataset at ``root``, written only if ``meta.json`` is absent or was made with
     other settings. Returns the ``meta.json`` content."""
-    return ensure_dataset(root, settings.to_json(),
-                          lambda: write_fov_dataset(root, settings, progress))
+    return ensure_dataset(
+        root, settings.to_json(), lambda: write_fov_dataset(root, settings, progress)
+    )
 
 
 def settings_from_dict(cfg: Optional[Dict[str, Any]]) -> FovSceneSettings:
@@ -291,8 +334,12 @@ def settings_from_dict(cfg: Optional[Dict[str, Any]]) -> FovSceneSettings:
     return _from_dict(FovSceneSettings, cfg, 'fov_scenes settings')
 
 
-def save_examples(path: str, scales: Sequence[float] = (1.0, 2.0, 4.0),
-                  settings: FovSceneSettings = FovSceneSettings(), seed: int = 0) -> None:
+def save_examples(
+    path: str,
+    scales: Sequence[float] = (1.0, 2.0, 4.0),
+    settings: FovSceneSettings = FovSceneSettings(),
+    seed: int = 0,
+) -> None:
     """Write a PNG sheet: one scene per scale at its true size (one pixel scale, so larger
     frames are *wider views*, not enlargements), its labels in :data:`PALETTE` colours
     below it (on a dark background), and a grid of training crops drawn in black on the
@@ -300,8 +347,9 @@ def save_examples(path: str, scales: Sequence[float] = (1.0, 2.0, 4.0),
     rng = np.random.default_rng(seed)
     tiles = []
     for scale in scales:
-        image, label = render_scene(sample_scene(rng, settings.size_at(scale), settings),
-                                    settings.noise_std)
+        image, label = render_scene(
+            sample_scene(rng, settings.size_at(scale), settings), settings.noise_std
+        )
         tiles.append((image, np.asarray(PALETTE, dtype=np.uint8)[label]))
     ch, cw = settings.crop
     big = tiles[-1][1]
@@ -314,8 +362,8 @@ def save_examples(path: str, scales: Sequence[float] = (1.0, 2.0, 4.0),
     cols = []
     for image, colour in tiles:
         col = np.full((2 * height + 3 * pad, image.shape[1] + 2 * pad, 3), 40, np.uint8)
-        col[pad:pad + image.shape[0], pad:pad + image.shape[1]] = image
+        col[pad : pad + image.shape[0], pad : pad + image.shape[1]] = image
         y = 2 * pad + height
-        col[y:y + colour.shape[0], pad:pad + colour.shape[1]] = colour
+        col[y : y + colour.shape[0], pad : pad + colour.shape[1]] = colour
         cols.append(col)
     write_png(path, np.concatenate(cols, axis=1))

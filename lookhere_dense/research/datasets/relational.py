@@ -39,6 +39,7 @@ shorter side following the aspect (``val_aspect_x{scale}``, :func:`aspect_size`)
 study's native-aspect rows, as ImageNet-Val tested at its own aspect ratios.
 No OpenMMLab imports here (numpy + Pillow).
 """
+
 from __future__ import annotations
 
 import math
@@ -48,19 +49,37 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from lookhere_dense.validation import settings_from_dict as _from_dict
+
+from ...validation import check_int
 from .folders import ensure_dataset, write_dataset, write_png
 
-__all__ = ['CLASSES', 'PALETTE', 'RelationalSettings', 'Scene', 'sample_scene',
-           'render_scene', 'split_name', 'aspect_split_name', 'aspect_size',
-           'write_relational_dataset',
-           'ensure_relational_dataset', 'settings_from_dict', 'save_examples']
+__all__ = [
+    'CLASSES',
+    'PALETTE',
+    'RelationalSettings',
+    'Scene',
+    'sample_scene',
+    'render_scene',
+    'split_name',
+    'aspect_split_name',
+    'aspect_size',
+    'write_relational_dataset',
+    'ensure_relational_dataset',
+    'settings_from_dict',
+    'save_examples',
+]
 
 CLASSES = ('background', 'anchor', 'up-left', 'up-right', 'down-left', 'down-right')
-PALETTE = [[0, 0, 0], [255, 255, 255], [230, 25, 75], [60, 180, 75], [0, 130, 200],
-           [245, 130, 48]]
+PALETTE = [[0, 0, 0], [255, 255, 255], [230, 25, 75], [60, 180, 75], [0, 130, 200], [245, 130, 48]]
 #: RGB colours of the non-anchor objects (no white, no grey): the same for every quadrant.
-OBJECT_COLOURS = ((220, 40, 40), (40, 200, 60), (50, 90, 230), (240, 220, 40),
-                  (40, 210, 220), (210, 60, 210))
+OBJECT_COLOURS = (
+    (220, 40, 40),
+    (40, 200, 60),
+    (50, 90, 230),
+    (240, 220, 40),
+    (40, 210, 220),
+    (210, 60, 210),
+)
 ANCHOR_COLOUR = (255, 255, 255)
 FORMAT_VERSION = 1
 
@@ -104,44 +123,57 @@ class RelationalSettings:
     size_multiple: int = 1
 
     def __post_init__(self):
-        for name in ('train_size', 'scales', 'objects', 'anchor_side', 'object_half',
-                     'aspect_ratios'):
+        for name in (
+            'train_size',
+            'scales',
+            'objects',
+            'anchor_side',
+            'object_half',
+            'aspect_ratios',
+        ):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, 'scales', tuple(float(s) for s in self.scales))
         object.__setattr__(self, 'aspect_ratios', tuple(float(r) for r in self.aspect_ratios))
         if self.num_train < 1 or self.num_val < 1:
-            raise ValueError(f'num_train and num_val must be >= 1, got {self.num_train}, '
-                             f'{self.num_val}')
+            raise ValueError(
+                f'num_train and num_val must be >= 1, got {self.num_train}, {self.num_val}'
+            )
         if len(self.train_size) != 2 or min(self.train_size) < 8:
             raise ValueError(f'train_size must be (H, W) >= 8 px, got {self.train_size}')
         if not self.scales or min(self.scales) <= 0:
             raise ValueError(f'scales must be positive, got {self.scales}')
         small = [s for s in self.scales if min(self.size_at(s)) < 4]
         if small:
-            raise ValueError(f'scales {small} render {self.train_size} images below 4 px a '
-                             'side; use larger scales')
+            raise ValueError(
+                f'scales {small} render {self.train_size} images below 4 px a '
+                'side; use larger scales'
+            )
         if any(not 0.1 <= r <= 10 for r in self.aspect_ratios):
-            raise ValueError(f'aspect_ratios (width / height) must lie in [0.1, 10], got '
-                             f'{self.aspect_ratios}')
+            raise ValueError(
+                f'aspect_ratios (width / height) must lie in [0.1, 10], got {self.aspect_ratios}'
+            )
         m = self.size_multiple
-        if not isinstance(m, int) or isinstance(m, bool) or m < 1:
-            raise ValueError(f'size_multiple must be an int >= 1, got {m!r}')
+        check_int('size_multiple', m, description='an int >= 1')
         for scale in self.scales:
             size = self.size_at(scale)
             if min(size) < m or size[0] % m or size[1] % m:
-                raise ValueError(f'scale {scale:g} renders {size[0]}x{size[1]} px images, not '
-                                 f'whole multiples of size_multiple={m} (the patch size); '
-                                 'choose scales whose sizes are')
+                raise ValueError(
+                    f'scale {scale:g} renders {size[0]}x{size[1]} px images, not '
+                    f'whole multiples of size_multiple={m} (the patch size); '
+                    'choose scales whose sizes are'
+                )
             for aspect in self.aspect_ratios:
                 long_side = int(round(max(self.train_size) * scale))
                 if long_side * min(aspect, 1.0 / aspect) < m / 2:
                     raise ValueError(
                         f'scale {scale:g} at aspect {aspect:g} has a shorter side of '
                         f'{long_side * min(aspect, 1.0 / aspect):.1f} px, below one '
-                        f'size_multiple={m} (the patch size)')
+                        f'size_multiple={m} (the patch size)'
+                    )
         if not 1 <= self.objects[0] <= self.objects[1]:
-            raise ValueError(f'objects must be (min, max) with 1 <= min <= max, got '
-                             f'{self.objects}')
+            raise ValueError(
+                f'objects must be (min, max) with 1 <= min <= max, got {self.objects}'
+            )
 
     def size_at(self, scale: float) -> Tuple[int, int]:
         """Image ``(H, W)`` at ``scale`` (rounded to whole pixels)."""
@@ -174,8 +206,9 @@ class Scene:
     """
 
     anchor: Tuple[float, float, float, float]
-    objects: List[Tuple[str, float, float, float, float, Tuple[int, int, int], int]] = \
-        field(default_factory=list)
+    objects: List[Tuple[str, float, float, float, float, Tuple[int, int, int], int]] = field(
+        default_factory=list
+    )
     background: int = 50
     noise_seed: int = 0
 
@@ -184,8 +217,12 @@ def _quadrant_label(up: bool, left: bool) -> int:
     return 2 + 2 * int(not up) + int(not left)
 
 
-def sample_scene(rng: np.random.Generator, settings: RelationalSettings,
-                 max_tries: int = 50, aspect: Optional[float] = None) -> Scene:
+def sample_scene(
+    rng: np.random.Generator,
+    settings: RelationalSettings,
+    max_tries: int = 50,
+    aspect: Optional[float] = None,
+) -> Scene:
     """Draw one scene: an anchor, then objects each inside one quadrant around the anchor's
     centre, not touching the anchor (rejection sampling; an object that does not fit in
     ``max_tries`` is skipped, so a scene may have fewer than ``objects[0]`` objects).
@@ -207,8 +244,9 @@ def sample_scene(rng: np.random.Generator, settings: RelationalSettings,
     side = rng.uniform(*settings.anchor_side)
     a_hh, a_hw = side / 2 * ky, side / 2 * kx
     acy, acx = rng.uniform(0.25, 0.75), rng.uniform(0.25, 0.75)
-    scene = Scene((acy, acx, a_hh, a_hw), [], int(rng.integers(15, 90)),
-                  int(rng.integers(0, 2 ** 31 - 1)))
+    scene = Scene(
+        (acy, acx, a_hh, a_hw), [], int(rng.integers(15, 90)), int(rng.integers(0, 2**31 - 1))
+    )
     margin = 0.02
     n = int(rng.integers(settings.objects[0], settings.objects[1] + 1))
     for _ in range(n):
@@ -233,8 +271,9 @@ def sample_scene(rng: np.random.Generator, settings: RelationalSettings,
     return scene
 
 
-def render_scene(scene: Scene, size: Tuple[int, int], noise_std: float = 6.0
-                 ) -> Tuple[np.ndarray, np.ndarray]:
+def render_scene(
+    scene: Scene, size: Tuple[int, int], noise_std: float = 6.0
+) -> Tuple[np.ndarray, np.ndarray]:
     """Render ``scene`` at ``size = (H, W)`` pixels.
 
     A pixel belongs to a shape when its centre ``((i + .5) / H, (j + .5) / W)`` does.
@@ -290,8 +329,9 @@ def aspect_size(settings: RelationalSettings, scale: float, aspect: float) -> Tu
     return (short_side, long_side) if aspect >= 1 else (long_side, short_side)
 
 
-def write_relational_dataset(root: str, settings: RelationalSettings = RelationalSettings(),
-                             progress: bool = False) -> Dict[str, Any]:
+def write_relational_dataset(
+    root: str, settings: RelationalSettings = RelationalSettings(), progress: bool = False
+) -> Dict[str, Any]:
     """(Re)write the dataset folder ``root`` for ``settings`` (see the module docstring;
     written by :func:`lookhere_dense.research.datasets.folders.write_dataset`).
 
@@ -310,17 +350,22 @@ def write_relational_dataset(root: str, settings: RelationalSettings = Relationa
     splits += [(split_name(s), settings.size_at(s), settings.num_val) for s in settings.scales]
     ratios = settings.aspect_ratios
     if ratios:  # meta.json gives these splits' size as (long side, long side)
-        splits += [(aspect_split_name(s), (aspect_size(settings, s, 1.0)[0],) * 2,
-                    settings.num_val) for s in settings.scales]
+        splits += [
+            (aspect_split_name(s), (aspect_size(settings, s, 1.0)[0],) * 2, settings.num_val)
+            for s in settings.scales
+        ]
 
     def images(name: str, size: Tuple[int, int], number: int):
         if name.startswith('val_aspect_x'):
             rng = np.random.default_rng([settings.seed, 2])
-            scale = float(name[len('val_aspect_x'):])
+            scale = float(name[len('val_aspect_x') :])
             for i in range(number):
                 aspect = ratios[i % len(ratios)]
-                yield render_scene(sample_scene(rng, settings, aspect=aspect),
-                                   aspect_size(settings, scale, aspect), settings.noise_std)
+                yield render_scene(
+                    sample_scene(rng, settings, aspect=aspect),
+                    aspect_size(settings, scale, aspect),
+                    settings.noise_std,
+                )
             return
         rng = np.random.default_rng([settings.seed, 0 if name == 'train' else 1])
         for _ in range(number):
@@ -330,12 +375,14 @@ def write_relational_dataset(root: str, settings: RelationalSettings = Relationa
     return write_dataset(root, splits, images, meta, len(CLASSES), progress)
 
 
-def ensure_relational_dataset(root: str, settings: RelationalSettings = RelationalSettings(),
-                              progress: bool = False) -> Dict[str, Any]:
+def ensure_relational_dataset(
+    root: str, settings: RelationalSettings = RelationalSettings(), progress: bool = False
+) -> Dict[str, Any]:
     """The dataset at ``root``, written only if ``meta.json`` is absent or was made with
     other settings. Returns the ``meta.json`` content."""
-    return ensure_dataset(root, settings.to_json(),
-                          lambda: write_relational_dataset(root, settings, progress))
+    return ensure_dataset(
+        root, settings.to_json(), lambda: write_relational_dataset(root, settings, progress)
+    )
 
 
 def settings_from_dict(cfg: Optional[Dict[str, Any]]) -> RelationalSettings:
@@ -343,8 +390,13 @@ def settings_from_dict(cfg: Optional[Dict[str, Any]]) -> RelationalSettings:
     return _from_dict(RelationalSettings, cfg, 'relational dataset settings')
 
 
-def save_examples(path: str, num: int = 6, scales: Sequence[float] = (1.0, 2.0),
-                  settings: RelationalSettings = RelationalSettings(), seed: int = 0) -> None:
+def save_examples(
+    path: str,
+    num: int = 6,
+    scales: Sequence[float] = (1.0, 2.0),
+    settings: RelationalSettings = RelationalSettings(),
+    seed: int = 0,
+) -> None:
     """Write a PNG sheet of ``num`` scenes: for each scale, a row of images and a row of
     their labels in :data:`PALETTE` colours, every tile enlarged to the largest size."""
     rng = np.random.default_rng(seed)

@@ -19,6 +19,7 @@ Layouts written::
 (the Cityscapes file names follow the official ``{city}_{seq}_{frame}_leftImg8bit.png``
 pattern; the json is what mmdet's ``cityscapes2coco`` converter writes).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,20 +30,43 @@ from typing import Dict, List, Mapping, Sequence, Tuple, Union
 import cv2
 import numpy as np
 
-__all__ = ['SHAPE_CLASSES', 'CITYSCAPES_THING_CLASSES', 'CITYSCAPES_THING_IDS',
-           'shape_polygon', 'polygon_area', 'write_instance_split', 'make_coco_instances',
-           'make_cityscapes_instances']
+__all__ = [
+    'SHAPE_CLASSES',
+    'CITYSCAPES_THING_CLASSES',
+    'CITYSCAPES_THING_IDS',
+    'shape_polygon',
+    'polygon_area',
+    'write_instance_split',
+    'make_coco_instances',
+    'make_cityscapes_instances',
+]
 
 #: Class names of the COCO-like set; class ``i`` is drawn as ``_KINDS[i % len(_KINDS)]``.
 SHAPE_CLASSES = ('box', 'disc', 'triangle')
 #: Cityscapes "thing" classes in mmdet's ``CityscapesDataset`` order, with the official ids.
-CITYSCAPES_THING_CLASSES = ('person', 'rider', 'car', 'truck', 'bus', 'train', 'motorcycle',
-                            'bicycle')
+CITYSCAPES_THING_CLASSES = (
+    'person',
+    'rider',
+    'car',
+    'truck',
+    'bus',
+    'train',
+    'motorcycle',
+    'bicycle',
+)
 CITYSCAPES_THING_IDS = (24, 25, 26, 27, 28, 31, 32, 33)
 
 _KINDS = ('box', 'disc', 'triangle', 'diamond')
-_PALETTE = ((220, 40, 40), (40, 180, 60), (50, 70, 220), (230, 200, 30), (200, 60, 200),
-            (30, 200, 210), (240, 130, 20), (120, 120, 255))
+_PALETTE = (
+    (220, 40, 40),
+    (40, 180, 60),
+    (50, 70, 220),
+    (230, 200, 30),
+    (200, 60, 200),
+    (30, 200, 210),
+    (240, 130, 20),
+    (120, 120, 255),
+)
 
 
 def shape_polygon(kind: str, box: Tuple[float, float, float, float]) -> np.ndarray:
@@ -73,8 +97,9 @@ def polygon_area(poly: np.ndarray) -> float:
     return float(abs(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))) / 2)
 
 
-def _draw_image(rng: np.random.Generator, size: Tuple[int, int], num_classes: int,
-                max_objects: int) -> Tuple[np.ndarray, List[Tuple[int, np.ndarray]]]:
+def _draw_image(
+    rng: np.random.Generator, size: Tuple[int, int], num_classes: int, max_objects: int
+) -> Tuple[np.ndarray, List[Tuple[int, np.ndarray]]]:
     """One BGR image ``(H, W, 3)`` and its ``(class_index, polygon)`` instances.
 
     Objects sit in separate vertical strips, so they never overlap and every polygon is
@@ -99,10 +124,17 @@ def _draw_image(rng: np.random.Generator, size: Tuple[int, int], num_classes: in
     return img, instances
 
 
-def write_instance_split(image_dir: Union[str, Path], ann_file: Union[str, Path],
-                         classes: Sequence[str], cat_ids: Sequence[int],
-                         file_names: Sequence[str], image_size: Tuple[int, int],
-                         seed: int = 0, max_objects: int = 3, first_image_id: int = 1) -> Path:
+def write_instance_split(
+    image_dir: Union[str, Path],
+    ann_file: Union[str, Path],
+    classes: Sequence[str],
+    cat_ids: Sequence[int],
+    file_names: Sequence[str],
+    image_size: Tuple[int, int],
+    seed: int = 0,
+    max_objects: int = 3,
+    first_image_id: int = 1,
+) -> Path:
     """Draw ``len(file_names)`` images into ``image_dir`` and write their COCO json.
 
     Args:
@@ -140,28 +172,41 @@ def write_instance_split(image_dir: Union[str, Path], ann_file: Union[str, Path]
         for cls, poly in instances:
             x0, y0 = poly.min(0)
             x1, y1 = poly.max(0)
-            annotations.append(dict(
-                id=len(annotations) + 1, image_id=image_id, category_id=int(cat_ids[cls]),
-                segmentation=[[round(float(v), 2) for v in poly.reshape(-1)]],
-                area=round(polygon_area(poly), 2),
-                bbox=[round(float(x0), 2), round(float(y0), 2), round(float(x1 - x0), 2),
-                      round(float(y1 - y0), 2)],
-                iscrowd=0))
+            annotations.append(
+                dict(
+                    id=len(annotations) + 1,
+                    image_id=image_id,
+                    category_id=int(cat_ids[cls]),
+                    segmentation=[[round(float(v), 2) for v in poly.reshape(-1)]],
+                    area=round(polygon_area(poly), 2),
+                    bbox=[
+                        round(float(x0), 2),
+                        round(float(y0), 2),
+                        round(float(x1 - x0), 2),
+                        round(float(y1 - y0), 2),
+                    ],
+                    iscrowd=0,
+                )
+            )
     categories = [dict(id=int(i), name=n) for i, n in zip(cat_ids, classes)]
     ann_file.parent.mkdir(parents=True, exist_ok=True)
-    ann_file.write_text(json.dumps(dict(images=images, annotations=annotations,
-                                        categories=categories)))
+    ann_file.write_text(
+        json.dumps(dict(images=images, annotations=annotations, categories=categories))
+    )
     return ann_file
 
 
 Splits = Union[Mapping[str, int], Sequence[Tuple[str, int]]]
 
 
-def make_coco_instances(root: Union[str, Path],
-                        splits: Splits = (('train2017', 4), ('val2017', 2)),
-                        image_size: Tuple[int, int] = (160, 128),
-                        classes: Sequence[str] = SHAPE_CLASSES,
-                        seed: int = 0, max_objects: int = 3) -> Dict[str, Path]:
+def make_coco_instances(
+    root: Union[str, Path],
+    splits: Splits = (('train2017', 4), ('val2017', 2)),
+    image_size: Tuple[int, int] = (160, 128),
+    classes: Sequence[str] = SHAPE_CLASSES,
+    seed: int = 0,
+    max_objects: int = 3,
+) -> Dict[str, Path]:
     """A COCO-layout instance dataset under ``root``.
 
     Args:
@@ -183,18 +228,28 @@ def make_coco_instances(root: Union[str, Path],
     for i, (split, count) in enumerate(dict(splits).items()):
         names = [f'{image_id + k:012d}.png' for k in range(count)]
         out[split] = write_instance_split(
-            root / split, root / 'annotations' / f'instances_{split}.json', classes,
-            list(range(1, len(classes) + 1)), names, image_size, seed + i, max_objects,
-            first_image_id=image_id)
+            root / split,
+            root / 'annotations' / f'instances_{split}.json',
+            classes,
+            list(range(1, len(classes) + 1)),
+            names,
+            image_size,
+            seed + i,
+            max_objects,
+            first_image_id=image_id,
+        )
         image_id += count
     return out
 
 
-def make_cityscapes_instances(root: Union[str, Path],
-                              splits: Splits = (('train', 2), ('val', 1)),
-                              image_size: Tuple[int, int] = (2048, 1024),
-                              seed: int = 0, max_objects: int = 3,
-                              city: str = 'synthcity') -> Dict[str, Path]:
+def make_cityscapes_instances(
+    root: Union[str, Path],
+    splits: Splits = (('train', 2), ('val', 1)),
+    image_size: Tuple[int, int] = (2048, 1024),
+    seed: int = 0,
+    max_objects: int = 3,
+    city: str = 'synthcity',
+) -> Dict[str, Path]:
     """A Cityscapes instance dataset in mmdet's layout (converted COCO json) under ``root``.
 
     Args:
@@ -219,7 +274,13 @@ def make_cityscapes_instances(root: Union[str, Path],
         out[split] = write_instance_split(
             root / 'leftImg8bit' / split,
             root / 'annotations' / f'instancesonly_filtered_gtFine_{split}.json',
-            CITYSCAPES_THING_CLASSES, CITYSCAPES_THING_IDS, names, image_size, seed + i,
-            max_objects, first_image_id=image_id)
+            CITYSCAPES_THING_CLASSES,
+            CITYSCAPES_THING_IDS,
+            names,
+            image_size,
+            seed + i,
+            max_objects,
+            first_image_id=image_id,
+        )
         image_id += count
     return out

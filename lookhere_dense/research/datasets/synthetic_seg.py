@@ -19,6 +19,7 @@ The files are exactly what mmseg's ``ADE20KDataset`` / ``CityscapesDataset`` rea
 
 Command line: ``python -m lookhere_dense.research.datasets.synthetic_seg --out data`` (see ``--help``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,17 +30,41 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import cv2
 import numpy as np
 
-__all__ = ['ADE_CLASSES', 'CITYSCAPES_CLASSES', 'make_ade20k_like', 'make_cityscapes_like',
-           'ade_scene', 'cityscapes_scene', 'main']
+__all__ = [
+    'ADE_CLASSES',
+    'CITYSCAPES_CLASSES',
+    'make_ade20k_like',
+    'make_cityscapes_like',
+    'ade_scene',
+    'cityscapes_scene',
+    'main',
+]
 
 #: ADE20K class indices (0-based, as in ``ADE20KDataset.METAINFO``) the scenes use.
 ADE_CLASSES: Dict[str, int] = {
-    'wall': 0, 'building': 1, 'sky': 2, 'floor': 3, 'tree': 4, 'road': 6, 'grass': 9,
-    'person': 12, 'car': 20, 'painting': 22}
+    'wall': 0,
+    'building': 1,
+    'sky': 2,
+    'floor': 3,
+    'tree': 4,
+    'road': 6,
+    'grass': 9,
+    'person': 12,
+    'car': 20,
+    'painting': 22,
+}
 #: Cityscapes train ids the scenes use.
 CITYSCAPES_CLASSES: Dict[str, int] = {
-    'road': 0, 'sidewalk': 1, 'building': 2, 'pole': 5, 'traffic sign': 7,
-    'vegetation': 8, 'sky': 10, 'person': 11, 'car': 13}
+    'road': 0,
+    'sidewalk': 1,
+    'building': 2,
+    'pole': 5,
+    'traffic sign': 7,
+    'vegetation': 8,
+    'sky': 10,
+    'person': 11,
+    'car': 13,
+}
 
 Rng = np.random.Generator
 
@@ -159,8 +184,15 @@ _CITY_LOOKS: Dict[str, _Look] = {
 class _Canvas:
     """An image and its label map, painted region by region."""
 
-    def __init__(self, h: int, w: int, looks: Dict[str, _Look], ids: Dict[str, int],
-                 rng: Rng, background: int):
+    def __init__(
+        self,
+        h: int,
+        w: int,
+        looks: Dict[str, _Look],
+        ids: Dict[str, int],
+        rng: Rng,
+        background: int,
+    ):
         self.h, self.w, self.looks, self.ids, self.rng = h, w, looks, ids, rng
         self.img = np.zeros((h, w, 3), np.float32)
         self.label = np.full((h, w), background, np.uint8)
@@ -172,8 +204,9 @@ class _Canvas:
             self._tex[name] = look.texture(self.h, self.w, look.rgb, self.rng)
         return self._tex[name]
 
-    def paint(self, mask: np.ndarray, name: str, label: int = None,
-              texture: np.ndarray = None) -> None:
+    def paint(
+        self, mask: np.ndarray, name: str, label: int = None, texture: np.ndarray = None
+    ) -> None:
         mask = mask.astype(bool)
         self.img[mask] = (self.texture(name) if texture is None else texture)[mask]
         self.label[mask] = self.ids[name] if label is None else label
@@ -214,10 +247,18 @@ def _car(c: _Canvas, x: float, bottom: float, width: float) -> Tuple[np.ndarray,
     """Car body mask and its (darker) wheels' mask."""
     h = width * 0.38
     body = _rect(c, x - width / 2, bottom - h * 0.75, x + width / 2, bottom - h * 0.2)
-    cabin = _poly(c, [(x - width * 0.3, bottom - h * 0.75), (x - width * 0.18, bottom - h),
-                      (x + width * 0.2, bottom - h), (x + width * 0.32, bottom - h * 0.75)])
-    wheels = (_ellipse(c, x - width * 0.3, bottom - h * 0.2, h * 0.2, h * 0.2)
-              | _ellipse(c, x + width * 0.3, bottom - h * 0.2, h * 0.2, h * 0.2))
+    cabin = _poly(
+        c,
+        [
+            (x - width * 0.3, bottom - h * 0.75),
+            (x - width * 0.18, bottom - h),
+            (x + width * 0.2, bottom - h),
+            (x + width * 0.32, bottom - h * 0.75),
+        ],
+    )
+    wheels = _ellipse(c, x - width * 0.3, bottom - h * 0.2, h * 0.2, h * 0.2) | _ellipse(
+        c, x + width * 0.3, bottom - h * 0.2, h * 0.2, h * 0.2
+    )
     return body | cabin | wheels, wheels
 
 
@@ -241,8 +282,18 @@ def ade_scene(height: int, width: int, rng: Rng) -> Tuple[np.ndarray, np.ndarray
         c.paint(_rect(c, 0, horizon, w, h), ground)
         if ground == 'grass' and rng.random() < 0.6:  # a road across the grass
             y0 = rng.uniform(horizon, h * 0.85)
-            c.paint(_poly(c, [(0, y0), (w, y0 - rng.uniform(-0.1, 0.1) * h),
-                              (w, y0 + 0.15 * h), (0, y0 + 0.15 * h)]), 'road')
+            c.paint(
+                _poly(
+                    c,
+                    [
+                        (0, y0),
+                        (w, y0 - rng.uniform(-0.1, 0.1) * h),
+                        (w, y0 + 0.15 * h),
+                        (0, y0 + 0.15 * h),
+                    ],
+                ),
+                'road',
+            )
         x = 0.0
         while x < w:  # skyline of buildings and trees standing on the horizon
             bw = rng.uniform(0.15, 0.35) * w
@@ -267,8 +318,12 @@ def ade_scene(height: int, width: int, rng: Rng) -> Tuple[np.ndarray, np.ndarray
             c.paint(wheels, 'car', texture=np.full_like(vivid, 30.0))
     if rng.random() < 0.5:  # an unlabelled ("other") grey blob, ignored in training
         r = rng.uniform(0.04, 0.08) * min(h, w)
-        c.paint(_ellipse(c, rng.uniform(0, w), rng.uniform(horizon, h), r, r * 0.7),
-                'road', label=0, texture=np.full_like(vivid, 128.0) + _noise(h, w, rng, 20))
+        c.paint(
+            _ellipse(c, rng.uniform(0, w), rng.uniform(horizon, h), r, r * 0.7),
+            'road',
+            label=0,
+            texture=np.full_like(vivid, 128.0) + _noise(h, w, rng, 20),
+        )
     return c.result()
 
 
@@ -292,8 +347,13 @@ def cityscapes_scene(height: int, width: int, rng: Rng) -> Tuple[np.ndarray, np.
         x += bw
     c.paint(_rect(c, 0, horizon, w, h), 'sidewalk')
     spread = rng.uniform(0.35, 0.5) * w
-    c.paint(_poly(c, [(vx - 2, horizon), (vx + 2, horizon), (vx + spread * 1.6, h),
-                      (vx - spread * 1.6, h)]), 'road')
+    c.paint(
+        _poly(
+            c,
+            [(vx - 2, horizon), (vx + 2, horizon), (vx + spread * 1.6, h), (vx - spread * 1.6, h)],
+        ),
+        'road',
+    )
     for _ in range(int(rng.integers(1, 3))):  # poles with a sign
         px = rng.choice([rng.uniform(0.02, 0.25), rng.uniform(0.75, 0.98)]) * w
         foot = rng.uniform(horizon + 0.1 * h, h * 0.9)
@@ -334,8 +394,13 @@ def _write_label(path: Path, label: np.ndarray) -> None:
         raise OSError(f'could not write {path}')
 
 
-def make_ade20k_like(root: str | Path, num_train: int = 96, num_val: int = 16,
-                     short_side: Tuple[int, int] = (160, 208), seed: int = 0) -> Path:
+def make_ade20k_like(
+    root: str | Path,
+    num_train: int = 96,
+    num_val: int = 16,
+    short_side: Tuple[int, int] = (160, 208),
+    seed: int = 0,
+) -> Path:
     """Write a tiny dataset in mmseg's ADE20K layout under ``root``.
 
     Args:
@@ -350,8 +415,10 @@ def make_ade20k_like(root: str | Path, num_train: int = 96, num_val: int = 16,
         The dataset root (``root/ade/ADEChallengeData2016``), the config's ``data_root``.
     """
     data_root = Path(root) / 'ade' / 'ADEChallengeData2016'
-    for split, prefix, n, offset in (('training', 'ADE_train', num_train, 0),
-                                     ('validation', 'ADE_val', num_val, 1_000_000)):
+    for split, prefix, n, offset in (
+        ('training', 'ADE_train', num_train, 0),
+        ('validation', 'ADE_val', num_val, 1_000_000),
+    ):
         for i in range(n):
             rng = np.random.default_rng([seed, offset + i])
             s = int(rng.integers(short_side[0], short_side[1] + 1))
@@ -364,8 +431,13 @@ def make_ade20k_like(root: str | Path, num_train: int = 96, num_val: int = 16,
     return data_root
 
 
-def make_cityscapes_like(root: str | Path, num_train: int = 48, num_val: int = 8,
-                         size: Tuple[int, int] = (128, 256), seed: int = 0) -> Path:
+def make_cityscapes_like(
+    root: str | Path,
+    num_train: int = 48,
+    num_val: int = 8,
+    size: Tuple[int, int] = (128, 256),
+    seed: int = 0,
+) -> Path:
     """Write a tiny dataset in mmseg's Cityscapes layout under ``root``.
 
     Args:
@@ -380,33 +452,53 @@ def make_cityscapes_like(root: str | Path, num_train: int = 48, num_val: int = 8
         The dataset root (``root/cityscapes``).
     """
     data_root = Path(root) / 'cityscapes'
-    for split, city, n, offset in (('train', 'synthtown', num_train, 0),
-                                   ('val', 'synthville', num_val, 1_000_000)):
+    for split, city, n, offset in (
+        ('train', 'synthtown', num_train, 0),
+        ('val', 'synthville', num_val, 1_000_000),
+    ):
         for i in range(n):
             rng = np.random.default_rng([seed + 7, offset + i])
             img, ids = cityscapes_scene(size[0], size[1], rng)
             stem = f'{city}_{i // 30:06d}_{(i % 30) * 19 + 19:06d}'
             _write_rgb(data_root / 'leftImg8bit' / split / city / f'{stem}_leftImg8bit.png', img)
-            _write_label(data_root / 'gtFine' / split / city /
-                         f'{stem}_gtFine_labelTrainIds.png', ids)
+            _write_label(
+                data_root / 'gtFine' / split / city / f'{stem}_gtFine_labelTrainIds.png', ids
+            )
     return data_root
 
 
 def main(argv: List[str] = None) -> None:
     """Command line: write the tiny datasets."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--out', default='data',
-                        help='folder that receives ade/ and cityscapes/ (default: data)')
-    parser.add_argument('--datasets', nargs='+', choices=['ade20k', 'cityscapes'],
-                        default=['ade20k', 'cityscapes'], help='which layouts to write')
-    parser.add_argument('--num-train', type=int, default=None,
-                        help='training images per dataset (default: 96 ADE20K, 48 Cityscapes)')
-    parser.add_argument('--num-val', type=int, default=None,
-                        help='validation images per dataset (default: 16 ADE20K, 8 Cityscapes)')
+    parser.add_argument(
+        '--out', default='data', help='folder that receives ade/ and cityscapes/ (default: data)'
+    )
+    parser.add_argument(
+        '--datasets',
+        nargs='+',
+        choices=['ade20k', 'cityscapes'],
+        default=['ade20k', 'cityscapes'],
+        help='which layouts to write',
+    )
+    parser.add_argument(
+        '--num-train',
+        type=int,
+        default=None,
+        help='training images per dataset (default: 96 ADE20K, 48 Cityscapes)',
+    )
+    parser.add_argument(
+        '--num-val',
+        type=int,
+        default=None,
+        help='validation images per dataset (default: 16 ADE20K, 8 Cityscapes)',
+    )
     parser.add_argument('--seed', type=int, default=0, help='random seed (default: 0)')
     args = parser.parse_args(argv)
-    kw = {k: v for k, v in (('num_train', args.num_train), ('num_val', args.num_val))
-          if v is not None}
+    kw = {
+        k: v
+        for k, v in (('num_train', args.num_train), ('num_val', args.num_val))
+        if v is not None
+    }
     if 'ade20k' in args.datasets:
         print(f'ADE20K layout:     {make_ade20k_like(args.out, seed=args.seed, **kw)}')
     if 'cityscapes' in args.datasets:

@@ -11,12 +11,41 @@ ground-truth labels.
   evaluation, the sweep over attacks and strengths;
 * :mod:`.report` -- table, JSON and plot (``tools/robustness.py``).
 """
-from .attacks import ATTACKS, AttackSettings, fgsm, input_gradient, pgd, pixel_box, settings_from_dict
-from .report import format_robustness_table, plot_robustness, robustness_report
-from .segmentor import (check_attackable, decode_loss, evaluate_attack, perturb,
-                        robustness_sweep, strength_means)
 
-__all__ = ['ATTACKS', 'AttackSettings', 'settings_from_dict', 'pixel_box', 'input_gradient',
-           'fgsm', 'pgd', 'decode_loss', 'check_attackable', 'perturb', 'evaluate_attack',
-           'robustness_sweep', 'strength_means', 'format_robustness_table', 'plot_robustness',
-           'robustness_report']
+from .attacks import (
+    ATTACKS,
+    AttackSettings,
+    fgsm,
+    input_gradient,
+    pgd,
+    pixel_box,
+    settings_from_dict,
+)
+from .report import format_robustness_table, plot_robustness, robustness_report
+from .segmentor import (
+    check_attackable,
+    decode_loss,
+    evaluate_attack,
+    perturb,
+    robustness_sweep,
+    strength_means,
+)
+
+__all__ = [
+    'ATTACKS',
+    'AttackSettings',
+    'settings_from_dict',
+    'pixel_box',
+    'input_gradient',
+    'fgsm',
+    'pgd',
+    'decode_loss',
+    'check_attackable',
+    'perturb',
+    'evaluate_attack',
+    'robustness_sweep',
+    'strength_means',
+    'format_robustness_table',
+    'plot_robustness',
+    'robustness_report',
+]

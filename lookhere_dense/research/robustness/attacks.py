@@ -21,6 +21,7 @@ integers (as usual for these attacks).
   ``steps`` steps of ``step_size * sign(grad)`` (default ``2.5 * eps / steps``), each
   projected back onto the ball and onto valid pixels (:func:`pgd`).
 """
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,15 @@ from torch import Tensor
 from ...validation import check_bool, check_int, check_number, is_number
 from ...validation import settings_from_dict as settings_from_dict_
 
-__all__ = ['ATTACKS', 'AttackSettings', 'settings_from_dict', 'pixel_box', 'input_gradient',
-           'fgsm', 'pgd']
+__all__ = [
+    'ATTACKS',
+    'AttackSettings',
+    'settings_from_dict',
+    'pixel_box',
+    'input_gradient',
+    'fgsm',
+    'pgd',
+]
 
 #: the attacks, in table order
 ATTACKS = ('fgsm', 'pgd')
@@ -71,18 +79,28 @@ class AttackSettings:
         object.__setattr__(self, 'attacks', attacks)
         unknown = [a for a in attacks if a not in ATTACKS]
         if not attacks or unknown or len(set(attacks)) != len(attacks):
-            raise ValueError(f'attacks must be distinct names of {list(ATTACKS)}, got '
-                             f'{list(attacks)}')
+            raise ValueError(
+                f'attacks must be distinct names of {list(ATTACKS)}, got {list(attacks)}'
+            )
         eps = (self.eps,) if isinstance(self.eps, (int, float)) else tuple(self.eps)
-        if not eps or any(not is_number(e) or not math.isfinite(e) or not 0 < e <= 255
-                          for e in eps):
-            raise ValueError(f'eps must be strengths in (0, 255] (0-255 pixel units, 4 = '
-                             f'4/255; the clean model is always evaluated), got {list(eps)}')
+        if not eps or any(
+            not is_number(e) or not math.isfinite(e) or not 0 < e <= 255 for e in eps
+        ):
+            raise ValueError(
+                f'eps must be strengths in (0, 255] (0-255 pixel units, 4 = '
+                f'4/255; the clean model is always evaluated), got {list(eps)}'
+            )
         object.__setattr__(self, 'eps', tuple(sorted({float(e) for e in eps})))
         check_int('steps', self.steps, description='a whole number >= 1')
         if self.step_size is not None:
-            check_number('step_size', self.step_size, 0, strict=True, maximum=255,
-                         description='in (0, 255] pixel units or None')
+            check_number(
+                'step_size',
+                self.step_size,
+                0,
+                strict=True,
+                maximum=255,
+                description='in (0, 255] pixel units or None',
+            )
         check_bool('random_start', self.random_start)
         check_int('seed', self.seed, minimum=None, description='a whole number')
         if self.max_images is not None:
@@ -131,12 +149,13 @@ def input_gradient(loss_fn: Callable[[Tensor], Tensor], x: Tensor) -> Tuple[Tens
     x = x.detach().requires_grad_(True)
     with torch.enable_grad():
         loss = loss_fn(x)
-        grad, = torch.autograd.grad(loss, x)
+        (grad,) = torch.autograd.grad(loss, x)
     return loss.detach(), grad
 
 
-def fgsm(loss_fn: Callable[[Tensor], Tensor], x: Tensor, eps: Tensor, lower: Tensor,
-         upper: Tensor) -> Tensor:
+def fgsm(
+    loss_fn: Callable[[Tensor], Tensor], x: Tensor, eps: Tensor, lower: Tensor, upper: Tensor
+) -> Tensor:
     """FGSM: ``clip(x + eps * sign(d loss / d x), lower, upper)``.
 
     Args:
@@ -152,9 +171,17 @@ def fgsm(loss_fn: Callable[[Tensor], Tensor], x: Tensor, eps: Tensor, lower: Ten
     return torch.clamp(x.detach() + eps * grad.sign(), lower, upper)
 
 
-def pgd(loss_fn: Callable[[Tensor], Tensor], x: Tensor, eps: Tensor, step: Tensor, steps: int,
-        lower: Tensor, upper: Tensor, random_start: bool = True,
-        generator: Optional[torch.Generator] = None) -> Tensor:
+def pgd(
+    loss_fn: Callable[[Tensor], Tensor],
+    x: Tensor,
+    eps: Tensor,
+    step: Tensor,
+    steps: int,
+    lower: Tensor,
+    upper: Tensor,
+    random_start: bool = True,
+    generator: Optional[torch.Generator] = None,
+) -> Tensor:
     """PGD (L-inf): from ``x`` (or a uniform random point of the ball), ``steps`` times
     ``x' <- clip(proj_ball(x' + step * sign(grad)), lower, upper)``.
 

@@ -2,12 +2,13 @@
 strength (:func:`~.segmentor.robustness_sweep`) as a table, JSON and a plot, through the one
 reporting layer (:mod:`lookhere_dense.research.reporting`).
 """
+
 from __future__ import annotations
 
+import copy
 import functools
 import os.path as osp
 import statistics
-import copy
 from typing import Any, Callable, Dict, Optional, Sequence
 
 import torch
@@ -21,8 +22,9 @@ __all__ = ['format_robustness_table', 'plot_robustness', 'robustness_report']
 _print = functools.partial(print, flush=True)
 
 
-def format_robustness_table(rows: Dict[str, Any], settings: AttackSettings,
-                            metric: str = 'mIoU', first: str = 'model') -> str:
+def format_robustness_table(
+    rows: Dict[str, Any], settings: AttackSettings, metric: str = 'mIoU', first: str = 'model'
+) -> str:
     """A Markdown table, one row per model (``rows = {name: sweep results}``, header of the
     name column ``first``): the clean metric, then per attack one column per strength and
     its mean over the strengths. Cells are ``mean`` or ``mean ± std`` when a row holds
@@ -35,8 +37,9 @@ def format_robustness_table(rows: Dict[str, Any], settings: AttackSettings,
         many = results if isinstance(results, list) else [results]
         cells = [name, _mean_cell([r['clean'][metric] for r in many])]
         for attack in settings.attacks:
-            cells += [_mean_cell([r[attack][eps_key(e)][metric] for r in many])
-                      for e in settings.eps]
+            cells += [
+                _mean_cell([r[attack][eps_key(e)][metric] for r in many]) for e in settings.eps
+            ]
             cells.append(_mean_cell([strength_means(r, metric)[attack] for r in many]))
         table.append(cells)
     return markdown_table(head, table)
@@ -48,21 +51,40 @@ def _mean_cell(values: Sequence[float]) -> str:
     return f'{values[0]:.2f}'
 
 
-def plot_robustness(path: str, curves: Dict[str, Dict[str, Any]], settings: AttackSettings,
-                    title: str, metric: str = 'mIoU') -> None:
+def plot_robustness(
+    path: str,
+    curves: Dict[str, Dict[str, Any]],
+    settings: AttackSettings,
+    title: str,
+    metric: str = 'mIoU',
+) -> None:
     """PNG: ``metric`` vs strength, one panel per attack, one line per model (``curves =
     {name: sweep results or a list of them (mean, ±1 std bars)}``); strength 0 is the
     clean model."""
     attacks = list(settings.attacks)
     xs = [0.0, *settings.eps]
-    with figure(path, 1, len(attacks), figsize=(6 * len(attacks), 4.3), dpi=120, title=title,
-                title_size=9, squeeze=False) as (_, axes):
+    with figure(
+        path,
+        1,
+        len(attacks),
+        figsize=(6 * len(attacks), 4.3),
+        dpi=120,
+        title=title,
+        title_size=9,
+        squeeze=False,
+    ) as (_, axes):
         for ax, attack in zip(axes[0], attacks):
             _plot_attack(ax, attack, curves, settings, xs, metric)
 
 
-def _plot_attack(ax, attack: str, curves: Dict[str, Dict[str, Any]], settings: AttackSettings,
-                 xs: Sequence[float], metric: str) -> None:
+def _plot_attack(
+    ax,
+    attack: str,
+    curves: Dict[str, Dict[str, Any]],
+    settings: AttackSettings,
+    xs: Sequence[float],
+    metric: str,
+) -> None:
     """One panel of :func:`plot_robustness`."""
     for name, results in curves.items():
         many = results if isinstance(results, list) else [results]
@@ -70,8 +92,15 @@ def _plot_attack(ax, attack: str, curves: Dict[str, Dict[str, Any]], settings: A
         series += [[r[attack][eps_key(e)][metric] for r in many] for e in settings.eps]
         ys = [statistics.fmean(v) for v in series]
         err = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in series]
-        ax.errorbar(xs, ys, yerr=err if any(err) else None, marker='o', capsize=3,
-                    lw=2.2 if name.startswith('lookhere') else 1.4, label=name)
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=err if any(err) else None,
+            marker='o',
+            capsize=3,
+            lw=2.2 if name.startswith('lookhere') else 1.4,
+            label=name,
+        )
     ax.set_xscale('symlog', linthresh=1.0)
     ax.set_xticks(xs)
     ax.set_xticklabels([f'{x:g}' for x in xs])
@@ -83,11 +112,18 @@ def _plot_attack(ax, attack: str, curves: Dict[str, Dict[str, Any]], settings: A
     ax.legend(fontsize=7)
 
 
-def robustness_report(config: str, checkpoint: str, settings: AttackSettings = AttackSettings(),
-                      split: str = 'val', out_dir: Optional[str] = None,
-                      name: str = 'robustness', device: Optional[str] = None,
-                      cfg_options: Optional[dict] = None, command: str = '',
-                      log: Callable[[str], None] = _print) -> Dict[str, Any]:
+def robustness_report(
+    config: str,
+    checkpoint: str,
+    settings: AttackSettings = AttackSettings(),
+    split: str = 'val',
+    out_dir: Optional[str] = None,
+    name: str = 'robustness',
+    device: Optional[str] = None,
+    cfg_options: Optional[dict] = None,
+    command: str = '',
+    log: Callable[[str], None] = _print,
+) -> Dict[str, Any]:
     """Attack ``checkpoint`` on the ``split`` set at every strength of ``settings`` and
     write ``<out_dir>/<name>.json``, ``.md`` (the table) and ``.png``.
 
@@ -119,11 +155,15 @@ def robustness_report(config: str, checkpoint: str, settings: AttackSettings = A
         errors (:func:`lookhere_dense.apis.cli.preflight`).
     """
     import lookhere_dense
+
     lookhere_dense.register_all_modules()
     from mmengine.registry import init_default_scope
 
-    from lookhere_dense.apis.cli import (build_model_from_checkpoint, load_segmentation_job,
-                                         preflight)
+    from lookhere_dense.apis.cli import (
+        build_model_from_checkpoint,
+        load_segmentation_job,
+        preflight,
+    )
 
     cfg = load_segmentation_job(config, checkpoint, split, cfg_options, 'robustness.py')
     scope = cfg.get('default_scope') or 'mmseg'
@@ -135,33 +175,51 @@ def robustness_report(config: str, checkpoint: str, settings: AttackSettings = A
 
     dl_cfg = copy.deepcopy(cfg.get(f'{split}_dataloader'))
     dl_cfg = dl_cfg.to_dict() if hasattr(dl_cfg, 'to_dict') else dict(dl_cfg)
-    dl_cfg.update(batch_size=1, persistent_workers=False,
-                  num_workers=min(int(dl_cfg.get('num_workers', 0)), 2))
+    dl_cfg.update(
+        batch_size=1,
+        persistent_workers=False,
+        num_workers=min(int(dl_cfg.get('num_workers', 0)), 2),
+    )
     step = '2.5 eps / steps' if settings.step_size is None else f'{settings.step_size:g}'
     steps = f', PGD {settings.steps} steps of {step}' if 'pgd' in settings.attacks else ''
-    log(f'{", ".join(settings.attacks)} at eps {", ".join(f"{e:g}" for e in settings.eps)} '
+    log(
+        f'{", ".join(settings.attacks)} at eps {", ".join(f"{e:g}" for e in settings.eps)} '
         f'(/255){steps}, on the {split} split'
         f'{f" (first {settings.max_images} images)" if settings.max_images else ""}, '
-        f'device {device}')
-    results = robustness_sweep(model, dl_cfg, cfg.get(f'{split}_evaluator'), settings, device,
-                               log)
+        f'device {device}'
+    )
+    results = robustness_sweep(model, dl_cfg, cfg.get(f'{split}_evaluator'), settings, device, log)
     means = strength_means(results)
     stem = osp.splitext(osp.basename(config.split('::')[-1]))[0]
     out_dir = ensure_dir(out_dir or osp.join('work_dirs', stem, 'robustness'))
     table = format_robustness_table({osp.basename(checkpoint): results}, settings)
     log('\n' + table)
-    report = dict(config=config, checkpoint=checkpoint, split=split, device=device,
-                  torch=torch.__version__, command=command, settings=settings.to_json(),
-                  space='L-inf in 0-255 pixel units (attacked in the normalised input space, '
-                        'clipped to valid pixels, not re-quantised)',
-                  loss='decode head (decode.*loss*) against the ground-truth labels',
-                  results=results, means=means, table=table)
+    report = dict(
+        config=config,
+        checkpoint=checkpoint,
+        split=split,
+        device=device,
+        torch=torch.__version__,
+        command=command,
+        settings=settings.to_json(),
+        space='L-inf in 0-255 pixel units (attacked in the normalised input space, '
+        'clipped to valid pixels, not re-quantised)',
+        loss='decode head (decode.*loss*) against the ground-truth labels',
+        results=results,
+        means=means,
+        table=table,
+    )
     paths = {ext: osp.join(out_dir, f'{name}.{ext}') for ext in ('json', 'md', 'png')}
     write_json(paths['json'], report, indent=1)
-    write_text(paths['md'], f'mIoU under attack ({osp.basename(checkpoint)}, {split} split)'
-                            f'\n\n{table}\n')
-    plot_robustness(paths['png'], {osp.basename(checkpoint): results}, settings,
-                    f'{stem} — {osp.basename(checkpoint)} ({device})')
+    write_text(
+        paths['md'], f'mIoU under attack ({osp.basename(checkpoint)}, {split} split)\n\n{table}\n'
+    )
+    plot_robustness(
+        paths['png'],
+        {osp.basename(checkpoint): results},
+        settings,
+        f'{stem} — {osp.basename(checkpoint)} ({device})',
+    )
     log(f'\nwrote {paths["json"]}, {paths["md"]} and {paths["png"]}')
     report.update(paths)
     return report

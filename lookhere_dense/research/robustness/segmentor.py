@@ -15,6 +15,7 @@ Note: a data preprocessor that pads test images (its ``test_cfg``) makes the dec
 stretch its logits over the padding to the label size in the loss; the attack still
 maximises that loss, but the gradient is then not exactly the one of the predicted pixels.
 """
+
 from __future__ import annotations
 
 import copy
@@ -29,8 +30,16 @@ from ...evaluation.resize import transform_name
 from ..evaluate import evaluate
 from .attacks import ATTACKS, AttackSettings, fgsm, pgd, pixel_box
 
-__all__ = ['decode_loss', 'check_attackable', 'perturb', 'evaluate_attack',
-           'robustness_sweep', 'strength_means', 'eps_key', 'ROW_KEYS']
+__all__ = [
+    'decode_loss',
+    'check_attackable',
+    'perturb',
+    'evaluate_attack',
+    'robustness_sweep',
+    'strength_means',
+    'eps_key',
+    'ROW_KEYS',
+]
 
 
 def decode_loss(model, inputs: Tensor, data_samples) -> Tensor:
@@ -44,15 +53,19 @@ def decode_loss(model, inputs: Tensor, data_samples) -> Tensor:
             model: :func:`check_attackable`).
     """
     if any('gt_sem_seg' not in s for s in data_samples):
-        raise ConfigError('the attack needs the ground-truth labels, and these samples have '
-                          "none: add dict(type='LoadAnnotations') to the split's pipeline "
-                          '(after the image loading), or attack a split that has labels')
+        raise ConfigError(
+            'the attack needs the ground-truth labels, and these samples have '
+            "none: add dict(type='LoadAnnotations') to the split's pipeline "
+            '(after the image loading), or attack a split that has labels'
+        )
     losses = model.loss(inputs, data_samples)
     terms = [v for k, v in losses.items() if k.startswith('decode.') and 'loss' in k]
     if not terms:
-        raise ConfigError(f'the attack maximises the decode head\'s loss, and the model\'s '
-                          f'losses have no decode-head term (decode.*loss*): got '
-                          f'{sorted(losses)}')
+        raise ConfigError(
+            f"the attack maximises the decode head's loss, and the model's "
+            f'losses have no decode-head term (decode.*loss*): got '
+            f'{sorted(losses)}'
+        )
     total = 0.0
     for value in terms:
         total = total + (sum(value) if isinstance(value, (list, tuple)) else value)
@@ -69,8 +82,10 @@ def check_attackable(cfg, split: str) -> None:
         lookhere_dense.errors.ConfigError: naming the split (or the model key) and what to do.
     """
     if not cfg.model.get('decode_head'):
-        raise ConfigError(f"the attack maximises the decode head's loss, and model "
-                          f"(type={cfg.model.get('type')!r}) has no decode_head")
+        raise ConfigError(
+            f"the attack maximises the decode head's loss, and model "
+            f'(type={cfg.model.get("type")!r}) has no decode_head'
+        )
     dataset = (cfg.get(f'{split}_dataloader') or {}).get('dataset') or {}
     pipeline = dataset.get('pipeline')
     if pipeline is None:  # a dataset wrapper: the samples are checked when loaded
@@ -79,14 +94,22 @@ def check_attackable(cfg, split: str) -> None:
     if not any(n.startswith('Load') and 'Annotation' in n for n in names):
         other = 'val' if split == 'test' else 'test'
         raise ConfigError(
-            f"the {split} split cannot be attacked: {split}_dataloader.dataset.pipeline has no "
-            f"LoadAnnotations ({' -> '.join(names)}), and the attack maximises the loss "
-            f"against the ground-truth labels. Attack a split with labels (--split {other}) "
-            f"or add dict(type='LoadAnnotations') after the image loading")
+            f'the {split} split cannot be attacked: {split}_dataloader.dataset.pipeline has no '
+            f'LoadAnnotations ({" -> ".join(names)}), and the attack maximises the loss '
+            f'against the ground-truth labels. Attack a split with labels (--split {other}) '
+            f"or add dict(type='LoadAnnotations') after the image loading"
+        )
 
 
-def perturb(model, inputs: Tensor, data_samples, attack: str, eps: float,
-            settings: AttackSettings, generator: Optional[torch.Generator] = None) -> Tensor:
+def perturb(
+    model,
+    inputs: Tensor,
+    data_samples,
+    attack: str,
+    eps: float,
+    settings: AttackSettings,
+    generator: Optional[torch.Generator] = None,
+) -> Tensor:
     """``inputs`` (the data preprocessor's output) attacked with ``attack`` at strength
     ``eps`` (pixel units; ``eps == 0`` runs the attack and returns the inputs unchanged).
     The model is used as it is (call in eval mode, weights frozen: :func:`evaluate_attack`
@@ -99,8 +122,17 @@ def perturb(model, inputs: Tensor, data_samples, attack: str, eps: float,
     if attack == 'fgsm':
         return fgsm(loss_fn, inputs, eps * unit, lower, upper)
     if attack == 'pgd':
-        return pgd(loss_fn, inputs, eps * unit, settings.pgd_step(eps) * unit, settings.steps,
-                   lower, upper, settings.random_start, generator)
+        return pgd(
+            loss_fn,
+            inputs,
+            eps * unit,
+            settings.pgd_step(eps) * unit,
+            settings.steps,
+            lower,
+            upper,
+            settings.random_start,
+            generator,
+        )
     raise ValueError(f'unknown attack {attack!r}; allowed: {list(ATTACKS)}')
 
 
@@ -120,9 +152,16 @@ class _Frozen:
             p.requires_grad_(flag)
 
 
-def evaluate_attack(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any],
-                    attack: Optional[str], eps: float, settings: AttackSettings,
-                    device: str = 'cpu', desc: str = '') -> Dict[str, Any]:
+def evaluate_attack(
+    model,
+    dataloader: Dict[str, Any],
+    evaluator: Dict[str, Any],
+    attack: Optional[str],
+    eps: float,
+    settings: AttackSettings,
+    device: str = 'cpu',
+    desc: str = '',
+) -> Dict[str, Any]:
     """Attack every batch of a dataloader and score the predictions of the perturbed
     inputs (see the module docstring); ``attack=None`` (or ``eps=0``) is the clean model.
 
@@ -152,8 +191,9 @@ def evaluate_attack(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any]
     def step(data):
         batch = model.data_preprocessor(data, False)
         inputs, samples = batch['inputs'], batch['data_samples']
-        adv = perturb(model, inputs, samples, attack, eps, settings, generator) \
-            if attack else inputs
+        adv = (
+            perturb(model, inputs, samples, attack, eps, settings, generator) if attack else inputs
+        )
         unit, _, _ = pixel_box(model.data_preprocessor, inputs.device)
         totals['max_linf'] = max(totals['max_linf'], float(((adv - inputs) / unit).abs().max()))
         with torch.no_grad():
@@ -172,10 +212,13 @@ def evaluate_attack(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any]
         model.test_cfg = before
         model.train(was_training)
     images = result['images']
-    return dict(metrics={k: _plain(v) for k, v in result['metrics'].items()},
-                loss=round(totals['loss'] / max(1, images), 5),
-                max_linf=round(totals['max_linf'], 4), images=images,
-                seconds=round(result['total_seconds'], 2))
+    return dict(
+        metrics={k: _plain(v) for k, v in result['metrics'].items()},
+        loss=round(totals['loss'] / max(1, images), 5),
+        max_linf=round(totals['max_linf'], 4),
+        images=images,
+        seconds=round(result['total_seconds'], 2),
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -192,10 +235,16 @@ def eps_key(eps: float) -> str:
 ROW_KEYS = ('loss', 'max_linf', 'images', 'seconds')
 
 
-def robustness_sweep(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any],
-                     settings: AttackSettings, device: str = 'cpu',
-                     log: Optional[Callable[[str], None]] = None,
-                     label: str = '', metric: Optional[str] = 'mIoU') -> Dict[str, Any]:
+def robustness_sweep(
+    model,
+    dataloader: Dict[str, Any],
+    evaluator: Dict[str, Any],
+    settings: AttackSettings,
+    device: str = 'cpu',
+    log: Optional[Callable[[str], None]] = None,
+    label: str = '',
+    metric: Optional[str] = 'mIoU',
+) -> Dict[str, Any]:
     """The clean model and every attack of ``settings`` at every strength
     (:func:`evaluate_attack`).
 
@@ -219,22 +268,32 @@ def robustness_sweep(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any
 
     def row(attack, eps):
         desc = 'clean' if attack is None else f'{attack} eps={eps:g}'
-        res = evaluate_attack(model, dataloader, evaluator, attack, eps, settings, device,
-                              f'{label} {desc}'.strip())
-        out = dict(res['metrics'], loss=res['loss'], max_linf=res['max_linf'],
-                   images=res['images'], seconds=res['seconds'])
+        res = evaluate_attack(
+            model, dataloader, evaluator, attack, eps, settings, device, f'{label} {desc}'.strip()
+        )
+        out = dict(
+            res['metrics'],
+            loss=res['loss'],
+            max_linf=res['max_linf'],
+            images=res['images'],
+            seconds=res['seconds'],
+        )
         if log:
-            log(f'{label + ": " if label else ""}{desc:>14}: mIoU {out.get("mIoU")}  '
+            log(
+                f'{label + ": " if label else ""}{desc:>14}: mIoU {out.get("mIoU")}  '
                 f'loss {out["loss"]:.4f}  max |delta| {out["max_linf"]:g}/255  '
-                f'{out["seconds"]:.1f} s')
+                f'{out["seconds"]:.1f} s'
+            )
         return out
 
     results: Dict[str, Any] = {'clean': row(None, 0.0)}
     reported = sorted(k for k in results['clean'] if k not in ROW_KEYS)
     if metric is not None and metric not in reported:
-        raise ConfigError(f'the evaluator reports no {metric!r}, which the robustness summary '
-                          f'uses; it reports {reported} (use an evaluator that reports '
-                          f'{metric}, e.g. IoUMetric, before running the attacks)')
+        raise ConfigError(
+            f'the evaluator reports no {metric!r}, which the robustness summary '
+            f'uses; it reports {reported} (use an evaluator that reports '
+            f'{metric}, e.g. IoUMetric, before running the attacks)'
+        )
     for attack in settings.attacks:
         results[attack] = {eps_key(e): row(attack, e) for e in settings.eps}
     return results
@@ -242,5 +301,8 @@ def robustness_sweep(model, dataloader: Dict[str, Any], evaluator: Dict[str, Any
 
 def strength_means(results: Dict[str, Any], metric: str = 'mIoU') -> Dict[str, float]:
     """``{attack: mean of metric over its strengths > 0}`` (the rebuttal's summary)."""
-    return {a: round(statistics.fmean(r[metric] for r in per_eps.values()), 4)
-            for a, per_eps in results.items() if a != 'clean'}
+    return {
+        a: round(statistics.fmean(r[metric] for r in per_eps.values()), 4)
+        for a, per_eps in results.items()
+        if a != 'clean'
+    }

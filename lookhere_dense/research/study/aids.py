@@ -30,6 +30,7 @@ training aids turn every encoding into its aided run (:func:`run_specs`).
 ``learnable_slopes`` is a variant of the LookHere encodings rather than a trick for all:
 name it in a run spec (``--encodings lookhere lookhere+learnable_slopes``).
 """
+
 from __future__ import annotations
 
 import copy
@@ -37,16 +38,27 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from .encodings import parse_encoding
 
-__all__ = ['TEST_AIDS', 'TRAIN_AIDS', 'AIDS', 'DEFAULT_MIXED_CROP_SCALES', 'check_aids',
-           'split_run_spec', 'run_specs', 'apply_train_aids', 'mixed_crop_sizes',
-           'SLOPE_OPTIMIZER_KEY']
+__all__ = [
+    'TEST_AIDS',
+    'TRAIN_AIDS',
+    'AIDS',
+    'DEFAULT_MIXED_CROP_SCALES',
+    'check_aids',
+    'split_run_spec',
+    'run_specs',
+    'apply_train_aids',
+    'mixed_crop_sizes',
+    'SLOPE_OPTIMIZER_KEY',
+]
 
 #: test-time aids: name -> what it does
 TEST_AIDS = {'log_n': 'scale attention logits by log(N_test)/log(N_train) at test time'}
 #: training aids: name -> what it does
-TRAIN_AIDS = {'mixed_crops': 'train on crops of several sizes (one size per batch)',
-              'learnable_slopes': 'lookhere / alibi2d only: learn the slopes '
-                                  '(lh_config.learnable_slopes=True)'}
+TRAIN_AIDS = {
+    'mixed_crops': 'train on crops of several sizes (one size per batch)',
+    'learnable_slopes': 'lookhere / alibi2d only: learn the slopes '
+    '(lh_config.learnable_slopes=True)',
+}
 #: the optimizer's ``paramwise_cfg.custom_keys`` entry that keeps weight decay off the
 #: learnable slopes (their log-ratio parameters ``pos_enc.slopes.*``; decay would pull them
 #: back to the configured slopes)
@@ -85,17 +97,22 @@ def split_run_spec(spec: str) -> Tuple[str, Tuple[str, ...]]:
     name, _ = parse_encoding(encoding)
     for aid in aids:
         if aid in TEST_AIDS:
-            raise ValueError(f'run {spec!r}: {aid!r} is a test-time aid (the same trained '
-                             f'model, evaluated once more): give it with --aids {aid}')
+            raise ValueError(
+                f'run {spec!r}: {aid!r} is a test-time aid (the same trained '
+                f'model, evaluated once more): give it with --aids {aid}'
+            )
         if aid not in TRAIN_AIDS:
-            raise ValueError(f'run {spec!r}: unknown training aid {aid!r}; allowed: '
-                             f'{list(TRAIN_AIDS)}')
+            raise ValueError(
+                f'run {spec!r}: unknown training aid {aid!r}; allowed: {list(TRAIN_AIDS)}'
+            )
     if len(set(aids)) != len(aids):
         raise ValueError(f'run {spec!r} names an aid twice')
     if 'learnable_slopes' in aids and name not in LOOKHERE_BIAS_ENCODINGS:
-        raise ValueError(f'run {spec!r}: learnable_slopes learns the slopes of '
-                         f'{list(LOOKHERE_BIAS_ENCODINGS)}; {name!r} has none (name it per '
-                         f'run, e.g. --encodings lookhere lookhere+learnable_slopes)')
+        raise ValueError(
+            f'run {spec!r}: learnable_slopes learns the slopes of '
+            f'{list(LOOKHERE_BIAS_ENCODINGS)}; {name!r} has none (name it per '
+            f'run, e.g. --encodings lookhere lookhere+learnable_slopes)'
+        )
     return encoding, tuple(aids)
 
 
@@ -129,13 +146,17 @@ def _pipeline_crop(cfg) -> Tuple[List[Dict[str, Any]], int]:
 
     pipeline = (cfg.get('train_dataloader') or {}).get('dataset', {}).get('pipeline')
     if pipeline is None:
-        raise ValueError('the mixed_crops aid needs train_dataloader.dataset.pipeline (a '
-                         'dataset wrapper without its own pipeline is not supported)')
+        raise ValueError(
+            'the mixed_crops aid needs train_dataloader.dataset.pipeline (a '
+            'dataset wrapper without its own pipeline is not supported)'
+        )
     pipeline = [copy.deepcopy(dict(t)) for t in pipeline]
     index = next((i for i, t in enumerate(pipeline) if transform_name(t) == 'RandomCrop'), None)
     if index is None:
-        raise ValueError('the mixed_crops aid needs a RandomCrop in the training pipeline (it '
-                         'crops to the largest size; the data preprocessor crops each batch)')
+        raise ValueError(
+            'the mixed_crops aid needs a RandomCrop in the training pipeline (it '
+            'crops to the largest size; the data preprocessor crops each batch)'
+        )
     return pipeline, index
 
 
@@ -146,8 +167,9 @@ def mixed_crop_sizes(crop: Sequence[int], scales: Sequence[float]) -> List[Tuple
         ValueError: a scale < 1 or no scales.
     """
     if not scales or min(scales) < 1:
-        raise ValueError(f'mixed_crop_scales must be >= 1 (multiples of the training crop), '
-                         f'got {tuple(scales)}')
+        raise ValueError(
+            f'mixed_crop_scales must be >= 1 (multiples of the training crop), got {tuple(scales)}'
+        )
     return sorted({(int(round(crop[0] * s)), int(round(crop[1] * s))) for s in scales})
 
 
@@ -160,9 +182,11 @@ def _learn_slopes(cfg) -> None:
     if lh_config is None:
         lh_config = {}
     elif not isinstance(lh_config, dict):
-        raise ValueError(f'the learnable_slopes aid sets model.backbone.lh_config.'
-                         f'learnable_slopes; the config\'s lh_config is {lh_config!r}, not a '
-                         f'dict (name the preset with preset= instead)')
+        raise ValueError(
+            f'the learnable_slopes aid sets model.backbone.lh_config.'
+            f"learnable_slopes; the config's lh_config is {lh_config!r}, not a "
+            f'dict (name the preset with preset= instead)'
+        )
     backbone['lh_config'] = {**lh_config, 'learnable_slopes': True}
     hooks = list(cfg.get('custom_hooks') or [])
     if SLOPE_HOOK not in {str(h.get('type', '')).split('.')[-1] for h in hooks}:
@@ -206,16 +230,19 @@ def apply_train_aids(cfg, aids: Sequence[str]) -> None:
     pipeline, index = _pipeline_crop(cfg)
     crop = pipeline[index]['crop_size']
     crop = (crop, crop) if isinstance(crop, int) else tuple(crop)
-    scales = (cfg.get('extrapolation') or {}).get('mixed_crop_scales',
-                                                  DEFAULT_MIXED_CROP_SCALES)
+    scales = (cfg.get('extrapolation') or {}).get('mixed_crop_scales', DEFAULT_MIXED_CROP_SCALES)
     sizes = mixed_crop_sizes(crop, scales)
     pipeline[index]['crop_size'] = sizes[-1]
     cfg.train_dataloader.dataset.pipeline = pipeline
     dp = dict(cfg.model.get('data_preprocessor') or {})
-    if dp.get('type', 'SegDataPreProcessor') not in ('SegDataPreProcessor',
-                                                       'mmseg.SegDataPreProcessor'):
-        raise ValueError(f'the mixed_crops aid replaces SegDataPreProcessor; the config has '
-                         f'model.data_preprocessor.type={dp.get("type")!r}')
+    if dp.get('type', 'SegDataPreProcessor') not in (
+        'SegDataPreProcessor',
+        'mmseg.SegDataPreProcessor',
+    ):
+        raise ValueError(
+            f'the mixed_crops aid replaces SegDataPreProcessor; the config has '
+            f'model.data_preprocessor.type={dp.get("type")!r}'
+        )
     dp.update(type='MixedCropSegDataPreProcessor', crop_sizes=[list(s) for s in sizes])
     if dp.get('size'):
         dp['size'] = sizes[-1]

@@ -7,6 +7,7 @@ options (:data:`~lookhere_dense.lookhere.pos_encoding.POS_ENCODING_OPTIONS`, e.g
 {option: value}}``, and apply to every run of that encoding (:func:`backbone_for`); the
 report stores them in its settings, so reports with other options do not merge.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Tuple
@@ -14,8 +15,16 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 __all__ = ['DEFAULT_ENCODINGS', 'parse_encoding', 'check_encoding_options', 'backbone_for']
 
 #: the encodings a study compares when none are given
-DEFAULT_ENCODINGS = ('lookhere', 'rope2d', 'rope2d_mixed', 'rope_dinov3', 'pape', 'abs',
-                     'alibi2d', 'none')
+DEFAULT_ENCODINGS = (
+    'lookhere',
+    'rope2d',
+    'rope2d_mixed',
+    'rope_dinov3',
+    'pape',
+    'abs',
+    'alibi2d',
+    'none',
+)
 
 
 def parse_encoding(spec: str) -> Tuple[str, Optional[str]]:
@@ -31,8 +40,10 @@ def parse_encoding(spec: str) -> Tuple[str, Optional[str]]:
     from lookhere_dense.lookhere.pos_encoding import POS_ENCODINGS, parse_pos_encoding
 
     if spec.partition(':')[0] not in POS_ENCODINGS:
-        raise ValueError(f'unknown encoding {spec!r}; allowed: {list(POS_ENCODINGS)} '
-                         "(LookHere presets as 'lookhere:PRESET')")
+        raise ValueError(
+            f'unknown encoding {spec!r}; allowed: {list(POS_ENCODINGS)} '
+            "(LookHere presets as 'lookhere:PRESET')"
+        )
     parsed = parse_pos_encoding(spec)
     return parsed.name, parsed.preset
 
@@ -51,26 +62,34 @@ def check_encoding_options(options: Optional[Mapping[str, Any]]) -> Dict[str, Di
     if options is None:
         return {}
     if not isinstance(options, Mapping):
-        raise ValueError(f'extrapolation.encoding_options must be a dict {{encoding: '
-                         f'{{option: value}}}}, got {options!r}')
+        raise ValueError(
+            f'extrapolation.encoding_options must be a dict {{encoding: '
+            f'{{option: value}}}}, got {options!r}'
+        )
     out = {}
     for name, opts in options.items():
         if name not in POS_ENCODING_OPTIONS:
-            raise ValueError(f'extrapolation.encoding_options: unknown encoding {name!r}; '
-                             f'allowed: {list(POS_ENCODING_OPTIONS)}')
+            raise ValueError(
+                f'extrapolation.encoding_options: unknown encoding {name!r}; '
+                f'allowed: {list(POS_ENCODING_OPTIONS)}'
+            )
         if not isinstance(opts, Mapping):
-            raise ValueError(f'extrapolation.encoding_options.{name} must be a dict of '
-                             f'options, got {opts!r}')
+            raise ValueError(
+                f'extrapolation.encoding_options.{name} must be a dict of options, got {opts!r}'
+            )
         unknown = sorted(set(opts) - set(POS_ENCODING_OPTIONS[name]))
         if unknown:
-            raise ValueError(f'extrapolation.encoding_options.{name}: unknown options '
-                             f'{unknown}; allowed: {list(POS_ENCODING_OPTIONS[name])}')
+            raise ValueError(
+                f'extrapolation.encoding_options.{name}: unknown options '
+                f'{unknown}; allowed: {list(POS_ENCODING_OPTIONS[name])}'
+            )
         out[name] = dict(opts)
     return out
 
 
-def backbone_for(backbone: Dict[str, Any], spec: str,
-                 options: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+def backbone_for(
+    backbone: Dict[str, Any], spec: str, options: Optional[Mapping[str, Any]] = None
+) -> Dict[str, Any]:
     """The config's backbone dict with encoding ``spec``: LookHere keeps the config's
     ``preset`` / ``lh_config`` unless the spec names a preset; the others drop them.
     ``options`` (:func:`check_encoding_options`) with an entry for the spec's encoding make
@@ -83,8 +102,10 @@ def backbone_for(backbone: Dict[str, Any], spec: str,
     name, preset = parse_encoding(spec)
     own = check_encoding_options(options).get(name)
     if backbone.get('type') != 'LookHereViT':
-        raise ValueError(f"the study needs model.backbone.type='LookHereViT', the config has "
-                         f'{backbone.get("type")!r}')
+        raise ValueError(
+            f"the study needs model.backbone.type='LookHereViT', the config has "
+            f'{backbone.get("type")!r}'
+        )
     out = dict(backbone)
     if name != 'lookhere' or preset:
         out.pop('preset', None)

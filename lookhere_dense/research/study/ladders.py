@@ -41,6 +41,7 @@ A ladder is a :class:`Ladder` in :data:`LADDERS`: its rung builder ``(val_datalo
 study settings, scale) -> val_dataloader dict`` (the ladder is called like it), the modes
 it predicts with and its native-aspect rung builder (None: none).
 """
+
 from __future__ import annotations
 
 import copy
@@ -50,10 +51,26 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from lookhere_dense.evaluation.resize import long_side_resize, replace_resize, scale_resizes
 
-__all__ = ['DEFAULT_SCALES', 'NATIVE_ASPECT', 'STUDY_ROBUSTNESS', 'Ladder', 'LADDERS',
-           'GENERATED_DATASETS', 'study_settings', 'prepare_data', 'rendered_ladder', 'resize_ladder', 'fov_ladder',
-           'rendered_native_aspect', 'resize_native_aspect', 'slide_window', 'ladder_modes',
-           'ladder_dataloader', 'native_aspect_dataloader', 'ladder_evaluator']
+__all__ = [
+    'DEFAULT_SCALES',
+    'NATIVE_ASPECT',
+    'STUDY_ROBUSTNESS',
+    'Ladder',
+    'LADDERS',
+    'GENERATED_DATASETS',
+    'study_settings',
+    'prepare_data',
+    'rendered_ladder',
+    'resize_ladder',
+    'fov_ladder',
+    'rendered_native_aspect',
+    'resize_native_aspect',
+    'slide_window',
+    'ladder_modes',
+    'ladder_dataloader',
+    'native_aspect_dataloader',
+    'ladder_evaluator',
+]
 
 #: test scales (multiples of the training size) when neither the command line nor the
 #: config's ``extrapolation.scales`` give any
@@ -66,8 +83,9 @@ NATIVE_ASPECT = 'native_aspect'
 STUDY_ROBUSTNESS = dict(attacks=('fgsm', 'pgd'), eps=(1.0, 2.0, 4.0, 8.0), steps=5)
 
 
-def rendered_ladder(dataloader: Dict[str, Any], study: Dict[str, Any],
-                    scale: float) -> Dict[str, Any]:
+def rendered_ladder(
+    dataloader: Dict[str, Any], study: Dict[str, Any], scale: float
+) -> Dict[str, Any]:
     """Rung ``scale`` of the ``rendered`` ladder: the dataset reads the
     ``study['val_prefix']`` split (``val_x{scale:g}``), rendered at that scale. Changes
     ``dataloader`` in place and returns it."""
@@ -77,13 +95,15 @@ def rendered_ladder(dataloader: Dict[str, Any], study: Dict[str, Any],
 def _read_split(dataloader: Dict[str, Any], split: str) -> Dict[str, Any]:
     """Point ``dataloader``'s dataset at the generated folder layout's ``split``
     (``img_dir/{split}``, ``ann_dir/{split}``), in place; returns it."""
-    dataloader['dataset']['data_prefix'] = dict(img_path=f'img_dir/{split}',
-                                                seg_map_path=f'ann_dir/{split}')
+    dataloader['dataset']['data_prefix'] = dict(
+        img_path=f'img_dir/{split}', seg_map_path=f'ann_dir/{split}'
+    )
     return dataloader
 
 
-def resize_ladder(dataloader: Dict[str, Any], study: Dict[str, Any],
-                  scale: float) -> Dict[str, Any]:
+def resize_ladder(
+    dataloader: Dict[str, Any], study: Dict[str, Any], scale: float
+) -> Dict[str, Any]:
     """Rung ``scale`` of the ``resize`` ladder: every ``Resize`` of the pipeline times
     ``scale`` (1 leaves the pipeline as it is). Changes ``dataloader`` in place and
     returns it.
@@ -96,13 +116,14 @@ def resize_ladder(dataloader: Dict[str, Any], study: Dict[str, Any],
     ds = dataloader['dataset']
     ds['pipeline'], scaled = scale_resizes(ds.get('pipeline', []), scale)
     if not scaled:
-        raise ValueError("ladder='resize' needs a Resize transform in the val pipeline to "
-                         'scale; this config has none')
+        raise ValueError(
+            "ladder='resize' needs a Resize transform in the val pipeline to "
+            'scale; this config has none'
+        )
     return dataloader
 
 
-def fov_ladder(dataloader: Dict[str, Any], study: Dict[str, Any],
-               scale: float) -> Dict[str, Any]:
+def fov_ladder(dataloader: Dict[str, Any], study: Dict[str, Any], scale: float) -> Dict[str, Any]:
     """Rung ``scale`` of the ``fov`` ladder: the dataset reads the ``study['val_prefix']``
     split (``val_x{scale:g}``), whose frames are ``scale`` times the training crop's side at
     the training pixel scale (the same folders as :func:`rendered_ladder`; what differs is
@@ -111,8 +132,9 @@ def fov_ladder(dataloader: Dict[str, Any], study: Dict[str, Any],
     return rendered_ladder(dataloader, study, scale)
 
 
-def rendered_native_aspect(dataloader: Dict[str, Any], study: Dict[str, Any],
-                           scale: float) -> Dict[str, Any]:
+def rendered_native_aspect(
+    dataloader: Dict[str, Any], study: Dict[str, Any], scale: float
+) -> Dict[str, Any]:
     """Native-aspect rung ``scale`` of the ``rendered`` ladder: the dataset reads the
     ``study['aspect_prefix']`` split (``val_aspect_x{scale:g}``: scenes at their own aspect,
     longer side ``scale`` times the training side). Changes ``dataloader`` in place and
@@ -120,8 +142,9 @@ def rendered_native_aspect(dataloader: Dict[str, Any], study: Dict[str, Any],
     return _read_split(dataloader, study['aspect_prefix'].format(scale=scale))
 
 
-def resize_native_aspect(dataloader: Dict[str, Any], study: Dict[str, Any],
-                         scale: float) -> Dict[str, Any]:
+def resize_native_aspect(
+    dataloader: Dict[str, Any], study: Dict[str, Any], scale: float
+) -> Dict[str, Any]:
     """Native-aspect rung ``scale`` of the ``resize`` ladder: the pipeline's first
     ``Resize`` becomes a resize to the long side ``round(scale * max(train_size))``, aspect
     kept (inserted after the image loading when there is none). Changes ``dataloader`` in
@@ -150,25 +173,36 @@ class Ladder:
     rung: Callable[[Dict[str, Any], Dict[str, Any], float], Dict[str, Any]]
     modes: Tuple[str, ...]
     description: str
-    native_aspect: Optional[Callable[[Dict[str, Any], Dict[str, Any], float],
-                                     Dict[str, Any]]] = None
+    native_aspect: Optional[Callable[[Dict[str, Any], Dict[str, Any], float], Dict[str, Any]]] = (
+        None
+    )
 
-    def __call__(self, dataloader: Dict[str, Any], study: Dict[str, Any],
-                 scale: float) -> Dict[str, Any]:
+    def __call__(
+        self, dataloader: Dict[str, Any], study: Dict[str, Any], scale: float
+    ) -> Dict[str, Any]:
         return self.rung(dataloader, study, scale)
 
 
 #: ladder name -> :class:`Ladder` (see the module docstring)
 LADDERS: Dict[str, Ladder] = {
-    'rendered': Ladder(rendered_ladder, ('test',),
-                       'zoom: the same scenes rendered natively at every scale',
-                       rendered_native_aspect),
-    'resize': Ladder(resize_ladder, ('test',),
-                     "zoom: the config's test Resize multiplied by the scale",
-                     resize_native_aspect),
-    'fov': Ladder(fov_ladder, ('whole', 'slide'),
-                  'field of view: frames s x the training crop at one pixel scale, predicted '
-                  'whole and with sliding windows of the crop'),
+    'rendered': Ladder(
+        rendered_ladder,
+        ('test',),
+        'zoom: the same scenes rendered natively at every scale',
+        rendered_native_aspect,
+    ),
+    'resize': Ladder(
+        resize_ladder,
+        ('test',),
+        "zoom: the config's test Resize multiplied by the scale",
+        resize_native_aspect,
+    ),
+    'fov': Ladder(
+        fov_ladder,
+        ('whole', 'slide'),
+        'field of view: frames s x the training crop at one pixel scale, predicted '
+        'whole and with sliding windows of the crop',
+    ),
 }
 
 
@@ -190,11 +224,15 @@ def slide_window(study: Dict[str, Any]) -> Tuple[Tuple[int, int], Tuple[int, int
     return crop, tuple(int(s) for s in stride)
 
 
-def study_settings(cfg, scales: Optional[Sequence[float]] = None,
-                   metric: Optional[str] = None, ladder: Optional[str] = None,
-                   aids: Optional[Sequence[str]] = None,
-                   native_aspect: Optional[bool] = None,
-                   robustness: Optional[bool] = None) -> Dict[str, Any]:
+def study_settings(
+    cfg,
+    scales: Optional[Sequence[float]] = None,
+    metric: Optional[str] = None,
+    ladder: Optional[str] = None,
+    aids: Optional[Sequence[str]] = None,
+    native_aspect: Optional[bool] = None,
+    robustness: Optional[bool] = None,
+) -> Dict[str, Any]:
     """The ladder settings of ``cfg`` (its ``extrapolation`` dict), the command line's
     ``scales`` / ``metric`` / ``ladder`` / ``aids`` / ``native_aspect`` / ``robustness``
     winning.
@@ -228,9 +266,13 @@ def study_settings(cfg, scales: Optional[Sequence[float]] = None,
     train_size = ext.get('train_size') or cfg.model.backbone.get('img_size', 224)
     if isinstance(train_size, int):
         train_size = (train_size, train_size)
-    study = dict(ladder=ladder, scales=scales, metric=metric or ext.get('metric', 'mIoU'),
-                 train_size=tuple(train_size),
-                 val_prefix=ext.get('val_prefix', 'val_x{scale:g}'))
+    study = dict(
+        ladder=ladder,
+        scales=scales,
+        metric=metric or ext.get('metric', 'mIoU'),
+        train_size=tuple(train_size),
+        val_prefix=ext.get('val_prefix', 'val_x{scale:g}'),
+    )
     test_aids, _ = check_aids(ext.get('aids', ()) if aids is None else aids)
     if test_aids:
         study['aids'] = test_aids
@@ -238,24 +280,30 @@ def study_settings(cfg, scales: Optional[Sequence[float]] = None,
         study['slide_stride'] = ext.get('slide_stride')
     if ext.get('native_aspect', False) if native_aspect is None else native_aspect:
         if LADDERS[ladder].native_aspect is None:
-            raise ValueError(f'native aspect needs a zoom ladder (rendered or resize); '
-                             f'ladder={ladder!r} has none')
-        study.update(native_aspect=True,
-                     aspect_prefix=ext.get('aspect_prefix', 'val_aspect_x{scale:g}'))
+            raise ValueError(
+                f'native aspect needs a zoom ladder (rendered or resize); '
+                f'ladder={ladder!r} has none'
+            )
+        study.update(
+            native_aspect=True, aspect_prefix=ext.get('aspect_prefix', 'val_aspect_x{scale:g}')
+        )
     if robustness:
         from ..robustness import settings_from_dict
+
         attack = {**STUDY_ROBUSTNESS, **dict(ext.get('robustness') or {})}
         study['robustness'] = settings_from_dict(attack).to_json()
     return study
-
 
 
 #: config dict -> (generator module, its ``ensure_*`` writer, the settings field that is the
 #: training size) of the generated datasets :func:`prepare_data` writes (every module has
 #: ``settings_from_dict``)
 GENERATED_DATASETS = {
-    'relational': ('lookhere_dense.research.datasets.relational', 'ensure_relational_dataset',
-                   'train_size'),
+    'relational': (
+        'lookhere_dense.research.datasets.relational',
+        'ensure_relational_dataset',
+        'train_size',
+    ),
     'fov_scenes': ('lookhere_dense.research.datasets.fov_scenes', 'ensure_fov_dataset', 'crop'),
 }
 
@@ -284,27 +332,37 @@ def prepare_data(cfg, study: Dict[str, Any], progress: bool = True) -> Optional[
     module = importlib.import_module(module)
     rel = dict(cfg[key])
     extra = {1.0} if study.get('robustness') else set()  # attacked at the training size
-    rel['scales'] = tuple(sorted(set(map(float, rel.get('scales', ()))) | set(study['scales'])
-                                 | extra))
+    rel['scales'] = tuple(
+        sorted(set(map(float, rel.get('scales', ()))) | set(study['scales']) | extra)
+    )
     settings = module.settings_from_dict(rel)
     if study.get('native_aspect') and not getattr(settings, 'aspect_ratios', ()):
-        raise ValueError(f'native aspect needs scenes at other aspect ratios: set '
-                         f'{key}.aspect_ratios (width / height, e.g. (0.5, 0.75, 1.333, 2.0))')
+        raise ValueError(
+            f'native aspect needs scenes at other aspect ratios: set '
+            f'{key}.aspect_ratios (width / height, e.g. (0.5, 0.75, 1.333, 2.0))'
+        )
     if tuple(getattr(settings, size_key)) != tuple(study['train_size']):
-        raise ValueError(f'{key}.{size_key} {getattr(settings, size_key)} differs from '
-                         f'extrapolation.train_size {study["train_size"]}')
+        raise ValueError(
+            f'{key}.{size_key} {getattr(settings, size_key)} differs from '
+            f'extrapolation.train_size {study["train_size"]}'
+        )
     root = cfg.train_dataloader.dataset.get('data_root')
     if cfg.val_dataloader.dataset.get('data_root') != root:
-        raise ValueError(f'the {key} dataset needs train and val data_root to be equal, got '
-                         f'{root!r} and {cfg.val_dataloader.dataset.get("data_root")!r}')
+        raise ValueError(
+            f'the {key} dataset needs train and val data_root to be equal, got '
+            f'{root!r} and {cfg.val_dataloader.dataset.get("data_root")!r}'
+        )
     return getattr(module, ensure)(root, settings, progress=progress)
 
 
 def ladder_dataloader(cfg, study: Dict[str, Any], scale: float) -> Dict[str, Any]:
     """The ``val_dataloader`` config of rung ``scale`` of ``study['ladder']`` (a new dict;
     ``cfg`` is not changed)."""
-    dl = copy.deepcopy(cfg.val_dataloader.to_dict() if hasattr(cfg.val_dataloader, 'to_dict')
-                       else dict(cfg.val_dataloader))
+    dl = copy.deepcopy(
+        cfg.val_dataloader.to_dict()
+        if hasattr(cfg.val_dataloader, 'to_dict')
+        else dict(cfg.val_dataloader)
+    )
     return LADDERS[study['ladder']](dl, study, scale)
 
 
@@ -317,9 +375,12 @@ def native_aspect_dataloader(cfg, study: Dict[str, Any], scale: float) -> Dict[s
     """
     build = LADDERS[study['ladder']].native_aspect
     if build is None:
-        raise ValueError(f"ladder {study['ladder']!r} has no native-aspect rungs")
-    dl = copy.deepcopy(cfg.val_dataloader.to_dict() if hasattr(cfg.val_dataloader, 'to_dict')
-                       else dict(cfg.val_dataloader))
+        raise ValueError(f'ladder {study["ladder"]!r} has no native-aspect rungs')
+    dl = copy.deepcopy(
+        cfg.val_dataloader.to_dict()
+        if hasattr(cfg.val_dataloader, 'to_dict')
+        else dict(cfg.val_dataloader)
+    )
     dl = build(dl, study, scale)
     dl['batch_size'] = 1
     return dl

@@ -27,6 +27,7 @@ over strengths, mean ± std over seeds), ``{name}_robustness.csv`` and
 ``{name}_robustness.png``. Runs that learned their slopes (``+learnable_slopes``) list the
 learned values (:func:`format_slopes`).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -38,15 +39,34 @@ from typing import Any, Dict, List, Optional, Sequence
 from .. import reporting
 from ..reporting import markdown_table
 
-__all__ = ['summarise', 'mode_summaries', 'format_table', 'format_mode_table',
-           'format_cost_table', 'write_csv', 'plot', 'plot_modes', 'merge_reports',
-           'write_outputs', 'MERGEABLE', 'MODE_LABELS', 'mode_label', 'attack_settings',
-           'summarise_robustness', 'format_robustness', 'write_robustness_csv',
-           'format_slopes']
+__all__ = [
+    'summarise',
+    'mode_summaries',
+    'format_table',
+    'format_mode_table',
+    'format_cost_table',
+    'write_csv',
+    'plot',
+    'plot_modes',
+    'merge_reports',
+    'write_outputs',
+    'MERGEABLE',
+    'MODE_LABELS',
+    'mode_label',
+    'attack_settings',
+    'summarise_robustness',
+    'format_robustness',
+    'write_robustness_csv',
+    'format_slopes',
+]
 
 #: how the tables and plots name the prediction modes (``log_n``: the first mode + log-n)
-MODE_LABELS = {'test': 'test', 'whole': 'whole', 'slide': 'slide',
-               'native_aspect': 'native aspect'}
+MODE_LABELS = {
+    'test': 'test',
+    'whole': 'whole',
+    'slide': 'slide',
+    'native_aspect': 'native aspect',
+}
 
 
 def mode_label(mode: str, modes: Sequence[str]) -> str:
@@ -63,8 +83,9 @@ def _evals(run: Dict[str, Any], mode: Optional[str]) -> Dict[str, Dict[str, Any]
     return run['eval'] if mode is None else run.get('modes', {}).get(mode, {})
 
 
-def summarise(runs: Sequence[Dict[str, Any]], metric: str, mode: Optional[str] = None,
-              digits: int = 2) -> Dict[str, Dict[str, Dict]]:
+def summarise(
+    runs: Sequence[Dict[str, Any]], metric: str, mode: Optional[str] = None, digits: int = 2
+) -> Dict[str, Dict[str, Dict]]:
     """``{encoding: {scale: {'mean', 'std', 'n', 'values'}}}`` of ``metric`` over seeds
     (``std`` is the sample std, 0 with one seed; both rounded to ``digits``), of the runs'
     ``eval`` or, with ``mode``, of their ``modes[mode]``."""
@@ -72,7 +93,8 @@ def summarise(runs: Sequence[Dict[str, Any]], metric: str, mode: Optional[str] =
     for run in runs:
         for scale, metrics in _evals(run, mode).items():
             out.setdefault(run['encoding'], {}).setdefault(scale, {'values': []})['values'].append(
-                metrics[metric])
+                metrics[metric]
+            )
     for per_scale in out.values():
         for entry in per_scale.values():
             vals = [v for v in entry['values'] if v is not None]
@@ -84,9 +106,13 @@ def summarise(runs: Sequence[Dict[str, Any]], metric: str, mode: Optional[str] =
 
 def format_table(summary: Dict[str, Dict[str, Dict]], study: Dict[str, Any]) -> str:
     """A Markdown table: one row per encoding, one column per test scale."""
-    return markdown_table(['encoding'] + _scale_headers(study),
-                          [[enc] + [_cell(per_scale.get(f'{s:g}')) for s in study['scales']]
-                           for enc, per_scale in summary.items()])
+    return markdown_table(
+        ['encoding'] + _scale_headers(study),
+        [
+            [enc] + [_cell(per_scale.get(f'{s:g}')) for s in study['scales']]
+            for enc, per_scale in summary.items()
+        ],
+    )
 
 
 def _cell(entry: Optional[Dict[str, Any]], digits: int = 2) -> str:
@@ -94,8 +120,8 @@ def _cell(entry: Optional[Dict[str, Any]], digits: int = 2) -> str:
     if entry is None or entry['mean'] is None:
         return '-'
     if entry['n'] > 1:
-        return f"{entry['mean']:.{digits}f} ± {entry['std']:.{digits}f}"
-    return f"{entry['mean']:.{digits}f}"
+        return f'{entry["mean"]:.{digits}f} ± {entry["std"]:.{digits}f}'
+    return f'{entry["mean"]:.{digits}f}'
 
 
 def _scale_headers(study: Dict[str, Any]) -> List[str]:
@@ -120,14 +146,37 @@ def write_csv(path: str, runs: Sequence[Dict[str, Any]], study: Dict[str, Any]) 
                 th, tw = (round(v * float(scale)) for v in study['train_size'])
                 if mode == 'native_aspect':  # sizes differ per image
                     th = tw = ''
-                rows.append([run['encoding'], run['seed'], *([mode] if modes else []), scale,
-                             th, tw, *[metrics.get(k) for k in keys], run['train_seconds']])
-    reporting.write_csv(path, ['encoding', 'seed', *(['mode'] if modes else []), 'scale',
-                               'test_h', 'test_w', *keys, 'train_seconds'], rows)
+                rows.append(
+                    [
+                        run['encoding'],
+                        run['seed'],
+                        *([mode] if modes else []),
+                        scale,
+                        th,
+                        tw,
+                        *[metrics.get(k) for k in keys],
+                        run['train_seconds'],
+                    ]
+                )
+    reporting.write_csv(
+        path,
+        [
+            'encoding',
+            'seed',
+            *(['mode'] if modes else []),
+            'scale',
+            'test_h',
+            'test_w',
+            *keys,
+            'train_seconds',
+        ],
+        rows,
+    )
 
 
-def format_mode_table(summaries: Dict[str, Dict[str, Dict[str, Dict]]],
-                      study: Dict[str, Any]) -> str:
+def format_mode_table(
+    summaries: Dict[str, Dict[str, Dict[str, Dict]]], study: Dict[str, Any]
+) -> str:
     """A Markdown table: one row per encoding and mode (``summaries = {mode: summary}``,
     modes in ``study['modes']`` order), one column per test scale."""
     modes = list(study['modes'])
@@ -138,16 +187,18 @@ def format_mode_table(summaries: Dict[str, Dict[str, Dict[str, Dict]]],
             per_scale = summaries.get(mode, {}).get(enc)
             if per_scale is None:
                 continue
-            rows.append([enc if i == 0 else '', mode_label(mode, modes)]
-                        + [_cell(per_scale.get(f'{s:g}')) for s in study['scales']])
+            rows.append(
+                [enc if i == 0 else '', mode_label(mode, modes)]
+                + [_cell(per_scale.get(f'{s:g}')) for s in study['scales']]
+            )
     return markdown_table(['encoding', 'mode'] + _scale_headers(study), rows)
 
 
-def mode_summaries(runs: Sequence[Dict[str, Any]], metric: str, modes: Sequence[str],
-                   digits: int = 2) -> Dict[str, Dict[str, Dict[str, Dict]]]:
+def mode_summaries(
+    runs: Sequence[Dict[str, Any]], metric: str, modes: Sequence[str], digits: int = 2
+) -> Dict[str, Dict[str, Dict[str, Dict]]]:
     """``{mode: summarise(...)}`` for every mode (the first one is the runs' ``eval``)."""
-    return {m: summarise(runs, metric, None if i == 0 else m, digits)
-            for i, m in enumerate(modes)}
+    return {m: summarise(runs, metric, None if i == 0 else m, digits) for i, m in enumerate(modes)}
 
 
 def _measured(runs: Sequence[Dict[str, Any]]) -> bool:
@@ -172,21 +223,26 @@ def format_cost_table(runs: Sequence[Dict[str, Any]], study: Dict[str, Any]) -> 
             for s in study['scales']:
                 t = timed[mode].get(enc, {}).get(f'{s:g}')
                 m = memory[mode].get(enc, {}).get(f'{s:g}')
-                cells.append('-' if t is None or t['mean'] is None else
-                             f"{t['mean']:.3f} s, {m['mean']:.0f} MB")
+                cells.append(
+                    '-'
+                    if t is None or t['mean'] is None
+                    else f'{t["mean"]:.3f} s, {m["mean"]:.0f} MB'
+                )
             rows.append(cells)
     return markdown_table(['encoding', 'mode'] + _scale_headers(study), rows)
 
 
-def plot(path: str, summary: Dict[str, Dict[str, Dict]], study: Dict[str, Any],
-         title: str) -> None:
+def plot(
+    path: str, summary: Dict[str, Dict[str, Dict]], study: Dict[str, Any], title: str
+) -> None:
     """Metric vs test resolution, one line per encoding (error bars: ±1 std over seeds)."""
     with reporting.figure(path, figsize=(7, 4.5), dpi=120) as (_, ax):
         _plot_scales(ax, summary, study, title)
 
 
-def _plot_scales(ax, summary: Dict[str, Dict[str, Dict]], study: Dict[str, Any],
-                 title: str) -> None:
+def _plot_scales(
+    ax, summary: Dict[str, Dict[str, Dict]], study: Dict[str, Any], title: str
+) -> None:
     """The one panel of :func:`plot`."""
     scales = list(study['scales'])
     for enc, per_scale in summary.items():
@@ -210,22 +266,31 @@ def _plot_scales(ax, summary: Dict[str, Dict[str, Dict]], study: Dict[str, Any],
     ax.legend(fontsize=8)
 
 
-def plot_modes(path: str, summaries: Dict[str, Dict[str, Dict[str, Dict]]],
-               costs: Dict[str, Dict[str, Dict[str, Dict[str, Dict]]]], study: Dict[str, Any],
-               title: str) -> None:
+def plot_modes(
+    path: str,
+    summaries: Dict[str, Dict[str, Dict[str, Dict]]],
+    costs: Dict[str, Dict[str, Dict[str, Dict[str, Dict]]]],
+    study: Dict[str, Any],
+    title: str,
+) -> None:
     """Metric vs test size: one colour per encoding, one line style per mode (solid: the
     first mode, dashed: ``slide``, dotted: ``log_n``); with ``costs`` (``{'sec_per_img' |
     'peak_mem_mb': {mode: summary}}``, empty when not measured) a second panel: seconds and
     peak memory per frame vs size, mean over encodings, per mode."""
     has_cost = bool(costs)
-    with reporting.figure(path, 1, 2 if has_cost else 1, figsize=(13 if has_cost else 7.5, 5),
-                          dpi=120, squeeze=False) as (_, axes):
+    with reporting.figure(
+        path, 1, 2 if has_cost else 1, figsize=(13 if has_cost else 7.5, 5), dpi=120, squeeze=False
+    ) as (_, axes):
         _plot_mode_panels(axes[0], summaries, costs, study, title)
 
 
-def _plot_mode_panels(axes, summaries: Dict[str, Dict[str, Dict[str, Dict]]],
-                      costs: Dict[str, Dict[str, Dict[str, Dict[str, Dict]]]],
-                      study: Dict[str, Any], title: str) -> None:
+def _plot_mode_panels(
+    axes,
+    summaries: Dict[str, Dict[str, Dict[str, Dict]]],
+    costs: Dict[str, Dict[str, Dict[str, Dict[str, Dict]]]],
+    study: Dict[str, Any],
+    title: str,
+) -> None:
     """The panels of :func:`plot_modes`: metric vs size, and (with ``costs``) the costs."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
@@ -245,14 +310,23 @@ def _plot_mode_panels(axes, summaries: Dict[str, Dict[str, Dict[str, Dict]]],
                 continue
             ys = [per_scale[f'{s:g}']['mean'] for s in xs]
             err = [per_scale[f'{s:g}']['std'] for s in xs]
-            ax.errorbar(xs, ys, yerr=err if any(err) else None, capsize=3, color=colours(j),
-                        ls=styles.get(mode, '-.'), marker='o' if mode == modes[0] else '.',
-                        lw=2.2 if enc.startswith('lookhere') and mode == modes[0] else 1.3)
+            ax.errorbar(
+                xs,
+                ys,
+                yerr=err if any(err) else None,
+                capsize=3,
+                color=colours(j),
+                ls=styles.get(mode, '-.'),
+                marker='o' if mode == modes[0] else '.',
+                lw=2.2 if enc.startswith('lookhere') and mode == modes[0] else 1.3,
+            )
     th, tw = study['train_size']
     ticks = [f'{s:g}x\n{round(th * s)}x{round(tw * s)}' for s in scales]
-    axis_label = ('test frame (multiple of the training crop side)' if study.get('ladder') == 'fov'
-                  else 'test resolution (multiple of the training size; native aspect: '
-                       'longer side)')
+    axis_label = (
+        'test frame (multiple of the training crop side)'
+        if study.get('ladder') == 'fov'
+        else 'test resolution (multiple of the training size; native aspect: longer side)'
+    )
     if min(scales) < 1:  # below the training size: a log axis keeps 0.5x .. 4x readable
         ax.set_xscale('log', base=2)
         ax.axvline(1.0, color='grey', ls=':', lw=1)
@@ -262,8 +336,10 @@ def _plot_mode_panels(axes, summaries: Dict[str, Dict[str, Dict[str, Dict]]],
     ax.set_ylabel(study['metric'])
     ax.grid(alpha=0.3)
     handles = [Line2D([], [], color=colours(j), lw=2, label=e) for j, e in enumerate(encodings)]
-    handles += [Line2D([], [], color='black', ls=styles.get(m, '-.'),
-                       label=mode_label(m, modes)) for m in modes]
+    handles += [
+        Line2D([], [], color='black', ls=styles.get(m, '-.'), label=mode_label(m, modes))
+        for m in modes
+    ]
     ax.legend(handles=handles, fontsize=7, ncol=2)
     ax.set_title(title, fontsize=9)
     if has_cost:
@@ -274,13 +350,21 @@ def _plot_mode_panels(axes, summaries: Dict[str, Dict[str, Dict[str, Dict]]],
                 per_enc = costs[key].get(mode, {})
                 ys = []
                 for s in scales:
-                    vals = [p[f'{s:g}']['mean'] for p in per_enc.values()
-                            if p.get(f'{s:g}', {}).get('mean') is not None]
+                    vals = [
+                        p[f'{s:g}']['mean']
+                        for p in per_enc.values()
+                        if p.get(f'{s:g}', {}).get('mean') is not None
+                    ]
                     ys.append(statistics.fmean(vals) if vals else float('nan'))
-                axis.plot(scales, ys, ls=styles.get(mode, '-.'), marker=marker,
-                          color='tab:green' if key == 'sec_per_img' else 'tab:red',
-                          label=f'{mode_label(mode, modes)}: '
-                                f'{"s / frame" if key == "sec_per_img" else "peak MB"}')
+                axis.plot(
+                    scales,
+                    ys,
+                    ls=styles.get(mode, '-.'),
+                    marker=marker,
+                    color='tab:green' if key == 'sec_per_img' else 'tab:red',
+                    label=f'{mode_label(mode, modes)}: '
+                    f'{"s / frame" if key == "sec_per_img" else "peak MB"}',
+                )
         ax2.set_yscale('log')
         if min(scales) < 1:
             ax2.set_xscale('log', base=2)
@@ -314,38 +398,44 @@ def _robust_runs(runs: Sequence[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any
     return out
 
 
-def summarise_robustness(runs: Sequence[Dict[str, Any]], metric: str = 'mIoU',
-                         digits: int = 2) -> Dict[str, Dict[str, Any]]:
+def summarise_robustness(
+    runs: Sequence[Dict[str, Any]], metric: str = 'mIoU', digits: int = 2
+) -> Dict[str, Dict[str, Any]]:
     """``{encoding: {'clean': entry, attack: {eps: entry}, attack + '_mean': entry}}`` with
     ``entry = {'mean', 'std', 'n', 'values'}`` over seeds (``attack_mean``: the mean over the
     strengths of each seed, then over seeds)."""
     from ..robustness import strength_means
 
     def entry(values):
-        return dict(values=values, n=len(values),
-                    mean=round(statistics.fmean(values), digits),
-                    std=round(statistics.stdev(values), digits) if len(values) > 1 else 0.0)
+        return dict(
+            values=values,
+            n=len(values),
+            mean=round(statistics.fmean(values), digits),
+            std=round(statistics.stdev(values), digits) if len(values) > 1 else 0.0,
+        )
 
     out: Dict[str, Dict[str, Any]] = {}
     for enc, many in _robust_runs(runs).items():
         summary: Dict[str, Any] = {'clean': entry([r['clean'][metric] for r in many])}
         for attack in [a for a in many[0] if a != 'clean']:
-            summary[attack] = {eps: entry([r[attack][eps][metric] for r in many])
-                               for eps in many[0][attack]}
-            summary[f'{attack}_mean'] = entry([strength_means(r, metric)[attack]
-                                               for r in many])
+            summary[attack] = {
+                eps: entry([r[attack][eps][metric] for r in many]) for eps in many[0][attack]
+            }
+            summary[f'{attack}_mean'] = entry([strength_means(r, metric)[attack] for r in many])
         out[enc] = summary
     return out
 
 
-def format_robustness(runs: Sequence[Dict[str, Any]], settings: Dict[str, Any],
-                      metric: str = 'mIoU') -> str:
+def format_robustness(
+    runs: Sequence[Dict[str, Any]], settings: Dict[str, Any], metric: str = 'mIoU'
+) -> str:
     """The robustness table of a report (one row per encoding, mean ± std over seeds;
     :func:`~lookhere_dense.research.robustness.format_robustness_table`)."""
     from ..robustness import format_robustness_table
 
-    return format_robustness_table(_robust_runs(runs), attack_settings(settings), metric,
-                                   'encoding')
+    return format_robustness_table(
+        _robust_runs(runs), attack_settings(settings), metric, 'encoding'
+    )
 
 
 def write_robustness_csv(path: str, runs: Sequence[Dict[str, Any]]) -> None:
@@ -357,12 +447,14 @@ def write_robustness_csv(path: str, runs: Sequence[Dict[str, Any]]) -> None:
         res = run.get('robustness')
         if not res:
             continue
-        rows.append([run['encoding'], run['seed'], 'clean', 0,
-                     *[res['clean'].get(k) for k in keys]])
+        rows.append(
+            [run['encoding'], run['seed'], 'clean', 0, *[res['clean'].get(k) for k in keys]]
+        )
         for attack in [a for a in res if a != 'clean']:
             for eps, row in res[attack].items():
-                rows.append([run['encoding'], run['seed'], attack, eps,
-                             *[row.get(k) for k in keys]])
+                rows.append(
+                    [run['encoding'], run['seed'], attack, eps, *[row.get(k) for k in keys]]
+                )
     reporting.write_csv(path, ['encoding', 'seed', 'attack', 'eps', *keys], rows)
 
 
@@ -372,9 +464,18 @@ def format_slopes(runs: Sequence[Dict[str, Any]]) -> str:
     rows = [r for r in runs if r.get('slopes')]
     if not rows:
         return ''
-    return markdown_table(['run', 'seed', 'global slope', 'layer slopes'],
-                          [[r['encoding'], r['seed'], f"{r['slopes']['global_slope']:.3f}",
-                            ', '.join(f'{v:.3f}' for v in r['slopes']['layer'])] for r in rows])
+    return markdown_table(
+        ['run', 'seed', 'global slope', 'layer slopes'],
+        [
+            [
+                r['encoding'],
+                r['seed'],
+                f'{r["slopes"]["global_slope"]:.3f}',
+                ', '.join(f'{v:.3f}' for v in r['slopes']['layer']),
+            ]
+            for r in rows
+        ],
+    )
 
 
 #: settings that may differ between reports merged with ``--merge``
@@ -394,9 +495,13 @@ def merge_reports(paths: Sequence[str], command: str) -> Dict[str, Any]:
             reports.append(json.load(f))
     base = reports[0]['settings']
     for path, rep in zip(paths[1:], reports[1:]):
-        diff = sorted(k for k in set(base) | set(rep['settings']) if k not in MERGEABLE
-                      and json.dumps(base.get(k), sort_keys=True, default=str)
-                      != json.dumps(rep['settings'].get(k), sort_keys=True, default=str))
+        diff = sorted(
+            k
+            for k in set(base) | set(rep['settings'])
+            if k not in MERGEABLE
+            and json.dumps(base.get(k), sort_keys=True, default=str)
+            != json.dumps(rep['settings'].get(k), sort_keys=True, default=str)
+        )
         if diff:
             raise ValueError(f'cannot merge {path!r} into {paths[0]!r}: settings differ in {diff}')
     runs, seen = [], set()
@@ -410,13 +515,25 @@ def merge_reports(paths: Sequence[str], command: str) -> Dict[str, Any]:
     settings = dict(base)
     settings['encodings'] = list(dict.fromkeys(r['encoding'] for r in runs))
     settings['seeds'] = sorted({r['seed'] for r in runs})
-    sources = [dict(path=p, command=r['command'], date=r['date'],
-                    wall_seconds=r['wall_seconds'], versions=r['versions'])
-               for p, r in zip(paths, reports)]
-    return dict(command=command, date=datetime.datetime.now().isoformat(timespec='seconds'),
-                wall_seconds=round(sum(r['wall_seconds'] for r in reports), 1),
-                versions=reports[0]['versions'], merged_from=sources, settings=settings,
-                runs=runs)
+    sources = [
+        dict(
+            path=p,
+            command=r['command'],
+            date=r['date'],
+            wall_seconds=r['wall_seconds'],
+            versions=r['versions'],
+        )
+        for p, r in zip(paths, reports)
+    ]
+    return dict(
+        command=command,
+        date=datetime.datetime.now().isoformat(timespec='seconds'),
+        wall_seconds=round(sum(r['wall_seconds'] for r in reports), 1),
+        versions=reports[0]['versions'],
+        merged_from=sources,
+        settings=settings,
+        runs=runs,
+    )
 
 
 def write_outputs(report: Dict[str, Any], out_dir: str, name: str) -> Dict[str, Any]:
@@ -424,14 +541,20 @@ def write_outputs(report: Dict[str, Any], out_dir: str, name: str) -> Dict[str, 
     ``.csv``, ``_table.md`` and ``.png`` (with robustness also ``_robustness.csv`` and
     ``_robustness.png``); returns ``report``."""
     settings = report['settings']
-    study = dict(scales=tuple(settings['scales']), metric=settings['metric'],
-                 train_size=tuple(settings['train_size']), ladder=settings['ladder'])
+    study = dict(
+        scales=tuple(settings['scales']),
+        metric=settings['metric'],
+        train_size=tuple(settings['train_size']),
+        ladder=settings['ladder'],
+    )
     if settings.get('modes'):
         study['modes'] = tuple(settings['modes'])
     report['summary'] = summarise(report['runs'], study['metric'])
     size = f'{study["train_size"][0]}x{study["train_size"][1]}'
-    title = (f'{osp.basename(settings["config"])}: {settings["iters"]} iters, seeds '
-             f'{settings["seeds"]}, trained at {size}')
+    title = (
+        f'{osp.basename(settings["config"])}: {settings["iters"]} iters, seeds '
+        f'{settings["seeds"]}, trained at {size}'
+    )
     if 'modes' in study:
         summaries = mode_summaries(report['runs'], study['metric'], study['modes'])
         report['summary_modes'] = {m: summaries[m] for m in study['modes'][1:]}
@@ -440,26 +563,37 @@ def write_outputs(report: Dict[str, Any], out_dir: str, name: str) -> Dict[str, 
         report['table'] = table
         if cost:
             report['cost_table'] = cost
-        text = (f'{study["metric"]} by test frame and mode (trained at {size}, seeds '
-                f'{settings["seeds"]})\n\n{table}\n')
+        text = (
+            f'{study["metric"]} by test frame and mode (trained at {size}, seeds '
+            f'{settings["seeds"]})\n\n{table}\n'
+        )
         if cost:
-            text += (f'\nseconds per frame (model time) and peak memory '
-                     f'({_memory_kind(report["runs"])}), mean over seeds\n\n{cost}\n')
+            text += (
+                f'\nseconds per frame (model time) and peak memory '
+                f'({_memory_kind(report["runs"])}), mean over seeds\n\n{cost}\n'
+            )
     else:
         report['table'] = table = format_table(report['summary'], study)
-        text = (f'{study["metric"]} by test resolution (trained at {size}, seeds '
-                f'{settings["seeds"]})\n\n{table}\n')
+        text = (
+            f'{study["metric"]} by test resolution (trained at {size}, seeds '
+            f'{settings["seeds"]})\n\n{table}\n'
+        )
     if study.get('modes') and 'native_aspect' in study['modes']:
-        text += (f'\nnative aspect: images at their own aspect ratio, the longer side the '
-                 f'column\'s scale x {max(study["train_size"])} px\n')
+        text += (
+            f'\nnative aspect: images at their own aspect ratio, the longer side the '
+            f"column's scale x {max(study['train_size'])} px\n"
+        )
     if settings.get('robustness'):
         rob = settings['robustness']
         report['summary_robustness'] = summarise_robustness(report['runs'], study['metric'])
-        report['robustness_table'] = rob_table = format_robustness(report['runs'], settings,
-                                                                   study['metric'])
-        pgd = (f', PGD {rob["steps"]} steps' if 'pgd' in rob['attacks'] else '')
-        text += (f'\n{study["metric"]} under attack (L-inf eps in pixel units /255{pgd}; '
-                 f'validation images at 1x; mean over seeds)\n\n{rob_table}\n')
+        report['robustness_table'] = rob_table = format_robustness(
+            report['runs'], settings, study['metric']
+        )
+        pgd = f', PGD {rob["steps"]} steps' if 'pgd' in rob['attacks'] else ''
+        text += (
+            f'\n{study["metric"]} under attack (L-inf eps in pixel units /255{pgd}; '
+            f'validation images at 1x; mean over seeds)\n\n{rob_table}\n'
+        )
     slopes = format_slopes(report['runs'])
     if slopes:
         report['slopes_table'] = slopes
@@ -469,14 +603,25 @@ def write_outputs(report: Dict[str, Any], out_dir: str, name: str) -> Dict[str, 
     write_csv(stem + '.csv', report['runs'], study)
     if settings.get('robustness'):
         from ..robustness import plot_robustness
+
         write_robustness_csv(stem + '_robustness.csv', report['runs'])
-        plot_robustness(stem + '_robustness.png', _robust_runs(report['runs']),
-                        attack_settings(settings), f'{title}; attacked at 1x',
-                        study['metric'])
+        plot_robustness(
+            stem + '_robustness.png',
+            _robust_runs(report['runs']),
+            attack_settings(settings),
+            f'{title}; attacked at 1x',
+            study['metric'],
+        )
     reporting.write_text(stem + '_table.md', text)
     if 'modes' in study:
-        costs = {k: mode_summaries(report['runs'], k, study['modes'], 4)
-                 for k in ('sec_per_img', 'peak_mem_mb')} if _measured(report['runs']) else {}
+        costs = (
+            {
+                k: mode_summaries(report['runs'], k, study['modes'], 4)
+                for k in ('sec_per_img', 'peak_mem_mb')
+            }
+            if _measured(report['runs'])
+            else {}
+        )
         plot_modes(stem + '.png', summaries, costs, study, title)
     else:
         plot(stem + '.png', report['summary'], study, title)
@@ -486,7 +631,11 @@ def write_outputs(report: Dict[str, Any], out_dir: str, name: str) -> Dict[str, 
 def _memory_kind(runs: Sequence[Dict[str, Any]]) -> str:
     """What the peak memory of a report measured (``process_rss``: the process's peak
     resident set size; ``cuda_max_allocated``)."""
-    kinds = {m.get('memory_kind') for r in runs
-             for evals in [r['eval'], *r.get('modes', {}).values()]
-             for m in evals.values() if m.get('memory_kind')}
+    kinds = {
+        m.get('memory_kind')
+        for r in runs
+        for evals in [r['eval'], *r.get('modes', {}).values()]
+        for m in evals.values()
+        if m.get('memory_kind')
+    }
     return ', '.join(sorted(kinds)) or 'not measured'

@@ -15,6 +15,7 @@ timed, peak memory measured). With ``robustness`` every run is also attacked (FG
 :mod:`lookhere_dense.research.robustness.segmentor`) on the validation images of the 1x rung
 (:func:`evaluate_robustness`).
 """
+
 from __future__ import annotations
 
 import copy
@@ -26,23 +27,39 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from .aids import apply_train_aids, run_specs, split_run_spec
-from .encodings import (DEFAULT_ENCODINGS, backbone_for,
-                        check_encoding_options)
-from .ladders import (LADDERS, NATIVE_ASPECT, ladder_dataloader,
-                      ladder_evaluator, ladder_modes,
-                      native_aspect_dataloader, prepare_data,
-                      slide_window, study_settings)
-from .schedules import schedule_to
 from ..evaluate import evaluate_loader
+from .aids import apply_train_aids, run_specs, split_run_spec
+from .encodings import DEFAULT_ENCODINGS, backbone_for, check_encoding_options
+from .ladders import (
+    LADDERS,
+    NATIVE_ASPECT,
+    ladder_dataloader,
+    ladder_evaluator,
+    ladder_modes,
+    native_aspect_dataloader,
+    prepare_data,
+    slide_window,
+    study_settings,
+)
+from .schedules import schedule_to
 
-__all__ = ['DEFAULT_CONFIG', 'LADDER_CONFIGS', 'RunOptions', 'run_config', 'evaluate_rung',
-           'evaluate_robustness', 'learned_slopes', 'train_and_evaluate', 'versions',
-           'run_study']
+__all__ = [
+    'DEFAULT_CONFIG',
+    'LADDER_CONFIGS',
+    'RunOptions',
+    'run_config',
+    'evaluate_rung',
+    'evaluate_robustness',
+    'learned_slopes',
+    'train_and_evaluate',
+    'versions',
+    'run_study',
+]
 
 
 def _repo() -> str:
     from lookhere_dense.apis.cli import REPO
+
     return REPO
 
 
@@ -50,8 +67,10 @@ def _repo() -> str:
 #: relational task (``configs/study/relational_vit_tiny.py``)
 DEFAULT_CONFIG = osp.join(_repo(), 'configs', 'study', 'relational_vit_tiny.py')
 #: the CPU default config of each ladder (``--ladder`` without ``--config``)
-LADDER_CONFIGS = {'rendered': DEFAULT_CONFIG,
-                  'fov': osp.join(_repo(), 'configs', 'study', 'fov_vit_tiny.py')}
+LADDER_CONFIGS = {
+    'rendered': DEFAULT_CONFIG,
+    'fov': osp.join(_repo(), 'configs', 'study', 'fov_vit_tiny.py'),
+}
 
 
 @dataclass
@@ -82,8 +101,9 @@ def run_config(base_cfg, spec: str, seed: int, options: RunOptions, work_dir: st
     ``options``); the encoding's options from ``extrapolation.encoding_options``."""
     encoding, aids = split_run_spec(spec)
     cfg = copy.deepcopy(base_cfg)
-    cfg.model.backbone = backbone_for(cfg.model.backbone, encoding,
-                                      (cfg.get('extrapolation') or {}).get('encoding_options'))
+    cfg.model.backbone = backbone_for(
+        cfg.model.backbone, encoding, (cfg.get('extrapolation') or {}).get('encoding_options')
+    )
     apply_train_aids(cfg, aids)
     cfg.work_dir = work_dir
     cfg.randomness = dict(seed=seed, deterministic=False)
@@ -93,8 +113,9 @@ def run_config(base_cfg, spec: str, seed: int, options: RunOptions, work_dir: st
         cfg.train_dataloader.batch_size = options.batch_size
     if options.lr:
         cfg.optim_wrapper.optimizer.lr = options.lr
-    cfg.train_cfg.val_interval = (options.val_interval if options.val_interval
-                                  else cfg.train_cfg.max_iters + 1)
+    cfg.train_cfg.val_interval = (
+        options.val_interval if options.val_interval else cfg.train_cfg.max_iters + 1
+    )
     if cfg.get('visualizer'):
         cfg.visualizer.pop('name', None)  # one global visualizer name per Runner
     if not options.keep_test_mode:
@@ -114,8 +135,7 @@ def _plain(value: Any) -> Any:
     return round(value, 4) if isinstance(value, float) else value
 
 
-def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str
-                  ) -> Dict[str, Any]:
+def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str) -> Dict[str, Any]:
     """The metrics of rung ``scale`` predicted in ``mode`` (:func:`ladder_modes`):
 
     * ``'test'`` -- the run's ``test_cfg`` through mmengine's ``ValLoop`` (zoom ladders);
@@ -153,18 +173,28 @@ def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str
     model.eval()
     before = model.test_cfg
     try:
-        result = evaluate_loader(model, dataloader, ladder_evaluator(cfg), mode, device,
-                                 slide_window(study) if mode == 'slide' else None,
-                                 f'{mode}@x{scale:g}')
+        result = evaluate_loader(
+            model,
+            dataloader,
+            ladder_evaluator(cfg),
+            mode,
+            device,
+            slide_window(study) if mode == 'slide' else None,
+            f'{mode}@x{scale:g}',
+        )
     finally:
         model.test_cfg = before
     seconds, shapes = result['seconds'], sorted(result['shapes'])
     metrics = {k: _plain(v) for k, v in result['metrics'].items()}
-    metrics.update(input_h=shapes[len(shapes) // 2][0], input_w=shapes[len(shapes) // 2][1],
-                   sec_per_img=_plain(sum(seconds) / max(1, len(seconds))),
-                   peak_mem_mb=round(result['peak_mem_mb'], 1),
-                   mem_rise_mb=round(result['mem_rise_mb'], 1),
-                   memory_kind=result['memory_kind'], images=len(result['shapes']))
+    metrics.update(
+        input_h=shapes[len(shapes) // 2][0],
+        input_w=shapes[len(shapes) // 2][1],
+        sec_per_img=_plain(sum(seconds) / max(1, len(seconds))),
+        peak_mem_mb=round(result['peak_mem_mb'], 1),
+        mem_rise_mb=round(result['mem_rise_mb'], 1),
+        memory_kind=result['memory_kind'],
+        images=len(result['shapes']),
+    )
     return metrics
 
 
@@ -186,10 +216,16 @@ def evaluate_robustness(runner, cfg, study: Dict[str, Any]) -> Dict[str, Any]:
     device = 'cuda' if next(model.parameters()).is_cuda else 'cpu'
     dataloader = ladder_dataloader(cfg, study, 1.0)
     dataloader.update(num_workers=0, persistent_workers=False)
-    return robustness_sweep(model, dataloader, ladder_evaluator(cfg),
-                            settings_from_dict(study['robustness']), device,
-                            lambda line: print_log(f'[study] {line}', logger='current'),
-                            label=_encoding_name(cfg), metric=study.get('metric', 'mIoU'))
+    return robustness_sweep(
+        model,
+        dataloader,
+        ladder_evaluator(cfg),
+        settings_from_dict(study['robustness']),
+        device,
+        lambda line: print_log(f'[study] {line}', logger='current'),
+        label=_encoding_name(cfg),
+        metric=study.get('metric', 'mIoU'),
+    )
 
 
 def learned_slopes(model) -> Optional[Dict[str, Any]]:
@@ -201,8 +237,10 @@ def learned_slopes(model) -> Optional[Dict[str, Any]]:
     if not found:
         return None
     values = found[0].values()
-    return dict(global_slope=round(float(values['global']), 4),
-                layer=[round(float(v), 4) for v in values['layer']])
+    return dict(
+        global_slope=round(float(values['global']), 4),
+        layer=[round(float(v), 4) for v in values['layer']],
+    )
 
 
 def train_and_evaluate(cfg, study: Dict[str, Any]) -> Dict[str, Any]:
@@ -233,8 +271,11 @@ def train_and_evaluate(cfg, study: Dict[str, Any]) -> Dict[str, Any]:
         for mode in modes:
             metrics = evaluate_rung(runner, cfg, study, scale, mode)
             results[mode][f'{scale:g}'] = metrics
-            print_log(f'[study] {_encoding_name(cfg)} scale {scale:g} {mode}: '
-                      f'{study["metric"]} {metrics.get(study["metric"])}', logger='current')
+            print_log(
+                f'[study] {_encoding_name(cfg)} scale {scale:g} {mode}: '
+                f'{study["metric"]} {metrics.get(study["metric"])}',
+                logger='current',
+            )
     eval_seconds = time.time() - start
     robustness = None
     if study.get('robustness'):
@@ -244,8 +285,12 @@ def train_and_evaluate(cfg, study: Dict[str, Any]) -> Dict[str, Any]:
     slopes = learned_slopes(model)
     del runner, model
     gc.collect()
-    out = dict(train_seconds=round(train_seconds, 1), eval_seconds=round(eval_seconds, 1),
-               params=params, eval=results.pop(modes[0]))
+    out = dict(
+        train_seconds=round(train_seconds, 1),
+        eval_seconds=round(eval_seconds, 1),
+        params=params,
+        eval=results.pop(modes[0]),
+    )
     if results:
         out['modes'] = results
     if robustness is not None:
@@ -263,22 +308,34 @@ def versions() -> Dict[str, str]:
     import torch
 
     import lookhere_dense
-    return dict(python=platform.python_version(), torch=torch.__version__,
-                mmengine=mmengine.__version__, mmseg=mmseg.__version__,
-                lookhere_dense=lookhere_dense.__version__, machine=platform.machine(),
-                torch_threads=torch.get_num_threads(),
-                device='cuda:' + torch.cuda.get_device_name(0) if torch.cuda.is_available()
-                else 'cpu')
+
+    return dict(
+        python=platform.python_version(),
+        torch=torch.__version__,
+        mmengine=mmengine.__version__,
+        mmseg=mmseg.__version__,
+        lookhere_dense=lookhere_dense.__version__,
+        machine=platform.machine(),
+        torch_threads=torch.get_num_threads(),
+        device='cuda:' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu',
+    )
 
 
-def run_study(config: Optional[str] = None, encodings: Optional[Sequence[str]] = None,
-              seeds: Sequence[int] = (0,), options: Optional[RunOptions] = None,
-              work_dir: str = osp.join('work_dirs', 'extrapolation_study'),
-              scales: Optional[Sequence[float]] = None, metric: Optional[str] = None,
-              cfg_options: Optional[dict] = None, command: str = '',
-              ladder: Optional[str] = None, aids: Optional[Sequence[str]] = None,
-              native_aspect: Optional[bool] = None, robustness: bool = False
-              ) -> Dict[str, Any]:
+def run_study(
+    config: Optional[str] = None,
+    encodings: Optional[Sequence[str]] = None,
+    seeds: Sequence[int] = (0,),
+    options: Optional[RunOptions] = None,
+    work_dir: str = osp.join('work_dirs', 'extrapolation_study'),
+    scales: Optional[Sequence[float]] = None,
+    metric: Optional[str] = None,
+    cfg_options: Optional[dict] = None,
+    command: str = '',
+    ladder: Optional[str] = None,
+    aids: Optional[Sequence[str]] = None,
+    native_aspect: Optional[bool] = None,
+    robustness: bool = False,
+) -> Dict[str, Any]:
     """Train and evaluate every (seed, run); returns the report dict (``command``,
     ``date``, ``wall_seconds``, ``versions``, ``settings``, ``runs``; write it with
     :func:`lookhere_dense.research.study.reports.write_outputs`).
@@ -317,12 +374,15 @@ def run_study(config: Optional[str] = None, encodings: Optional[Sequence[str]] =
     from mmengine.logging import print_log
 
     import lookhere_dense
+
     lookhere_dense.register_all_modules()  # the models and PerClassIoUMetric
     options = options or RunOptions()
     if config is None:
         if ladder is not None and ladder not in LADDER_CONFIGS:
-            raise ValueError(f'ladder {ladder!r} has no CPU default config: give one (e.g. '
-                             'configs/study/segmenter_vit-b_ade20k_ladder.py for resize)')
+            raise ValueError(
+                f'ladder {ladder!r} has no CPU default config: give one (e.g. '
+                'configs/study/segmenter_vit-b_ade20k_ladder.py for resize)'
+            )
         config = LADDER_CONFIGS.get(ladder, DEFAULT_CONFIG)
     cfg = Config.fromfile(config)
     if cfg_options:
@@ -344,25 +404,40 @@ def run_study(config: Optional[str] = None, encodings: Optional[Sequence[str]] =
         run_dir = osp.join(work_dir, spec.replace(':', '-'), f'seed{seed}')
         cfg_run = run_config(cfg, spec, seed, options, run_dir)
         first_cfg = first_cfg or cfg_run
-        print_log(f'[study] run {i + 1}/{total}: {spec}, seed {seed}, '
-                  f'{cfg_run.train_cfg.max_iters} iters -> {run_dir}', logger='current')
+        print_log(
+            f'[study] run {i + 1}/{total}: {spec}, seed {seed}, '
+            f'{cfg_run.train_cfg.max_iters} iters -> {run_dir}',
+            logger='current',
+        )
         result = train_and_evaluate(cfg_run, study)
         runs.append(dict(encoding=spec, seed=seed, **result))
-        print_log(f'[study] run {i + 1}/{total} done: train {result["train_seconds"]} s, '
-                  f'eval {result["eval_seconds"]} s', logger='current')
+        print_log(
+            f'[study] run {i + 1}/{total} done: train {result["train_seconds"]} s, '
+            f'eval {result["eval_seconds"]} s',
+            logger='current',
+        )
 
     test_cfg = first_cfg.model.test_cfg
     settings = dict(
-        config=osp.relpath(osp.abspath(config), _repo()), encodings=specs,
-        seeds=list(seeds), scales=list(study['scales']), ladder=study['ladder'],
-        metric=study['metric'], train_size=list(study['train_size']),
+        config=osp.relpath(osp.abspath(config), _repo()),
+        encodings=specs,
+        seeds=list(seeds),
+        scales=list(study['scales']),
+        ladder=study['ladder'],
+        metric=study['metric'],
+        train_size=list(study['train_size']),
         iters=first_cfg.train_cfg.max_iters,
         batch_size=first_cfg.train_dataloader.batch_size,
         optimizer=first_cfg.optim_wrapper.optimizer.to_dict(),
-        backbone={k: v for k, v in first_cfg.model.backbone.items()
-                  if k not in ('pos_encoding', 'preset', 'lh_config')},
+        backbone={
+            k: v
+            for k, v in first_cfg.model.backbone.items()
+            if k not in ('pos_encoding', 'preset', 'lh_config')
+        },
         test_cfg=test_cfg.to_dict() if hasattr(test_cfg, 'to_dict') else test_cfg,
-        cfg_options=cfg_options, dataset=data_meta)
+        cfg_options=cfg_options,
+        dataset=data_meta,
+    )
     if encoding_options:
         settings['encoding_options'] = encoding_options
     modes = ladder_modes(study)
@@ -372,13 +447,22 @@ def run_study(config: Optional[str] = None, encodings: Optional[Sequence[str]] =
         settings['native_aspect'] = dict(
             long_side_at_1x=max(study['train_size']),
             aspect_ratios=((data_meta or {}).get('settings') or {}).get('aspect_ratios'),
-            split=study['aspect_prefix'] if study['ladder'] == 'rendered' else None)
+            split=study['aspect_prefix'] if study['ladder'] == 'rendered' else None,
+        )
     if study.get('robustness'):
-        settings['robustness'] = dict(study['robustness'], rung=1.0,
-                                      space='L-inf, 0-255 pixel units; clipped to valid pixels')
+        settings['robustness'] = dict(
+            study['robustness'],
+            rung=1.0,
+            space='L-inf, 0-255 pixel units; clipped to valid pixels',
+        )
     if study['ladder'] == 'fov':
         crop, stride = slide_window(study)
         settings['slide'] = dict(crop=list(crop), stride=list(stride))
-    return dict(command=command, date=datetime.datetime.now().isoformat(timespec='seconds'),
-                wall_seconds=round(time.time() - started, 1), versions=versions(),
-                settings=settings, runs=runs)
+    return dict(
+        command=command,
+        date=datetime.datetime.now().isoformat(timespec='seconds'),
+        wall_seconds=round(time.time() - started, 1),
+        versions=versions(),
+        settings=settings,
+        runs=runs,
+    )

@@ -1,5 +1,6 @@
 """Training-length rewriting of a config: a run's ``--iters`` with its LR schedule
 stretched or clipped to match."""
+
 from __future__ import annotations
 
 __all__ = ['schedule_to']
