@@ -73,10 +73,46 @@ with torch.no_grad():
                                eng(qs, ks, vs, 0, (5, 5), False, backend='reference'),
                                atol=2e-5, rtol=0)
 
+# the whole model: built, loaded with official weights, run (windows and CLS too)
+import os
+from lookhere_dense.errors import CheckpointError
+from lookhere_dense.lookhere import create_model, LookHereVisionTransformer
+ref = os.environ['LOOKHERE_REFERENCE']
+io = torch.load(os.path.join(ref, 'official_tiny_halves_none_io.pt'), weights_only=True)
+arch = io['model']
+model = create_model(os.path.join(ref, 'official_tiny_halves_none.pth'),
+                     embed_dims=arch['embed_dim'], num_layers=arch['depth'],
+                     num_heads=arch['num_heads'], patch_size=arch['patch_size'],
+                     init_values=arch['init_values']).eval()
+with torch.no_grad():
+    for name, case in io['cases'].items():
+        torch.testing.assert_close(model.forward_features(case['input']),
+                                   case['forward_features'], atol=1e-4, rtol=0, msg=name)
+try:
+    create_model(os.path.join(ref, 'official_tiny_halves_none.pth'), embed_dims=96,
+                 num_layers=3, num_heads=6, init_values=0.1)
+except CheckpointError as err:
+    assert 'num_heads=6' in str(err), err
+else:
+    raise AssertionError('a 12-head file loaded into a 6-head model')
+vit = create_model(embed_dims=48, num_layers=4, num_heads=12, out_indices=(1, 3),
+                   window_size=3, window_block_indexes=(0, 2), preset='lh45').eval()
+with torch.no_grad():
+    maps = vit(torch.randn(1, 3, 80, 112))
+assert [tuple(m.shape) for m in maps] == [(1, 48, 5, 7)] * 2
+encodings = ['abs', 'rope2d', 'rope2d_mixed', 'pape', 'alibi2d', 'none']
+if 'timm' not in sys.argv[1]:
+    encodings.append('rope_dinov3')
+for enc in encodings:
+    m = LookHereVisionTransformer(embed_dims=48, num_layers=2, num_heads=12, pos_encoding=enc)
+    m.init_weights()
+    m(torch.randn(1, 3, 48, 64))[0].sum().backward()
+
 import lookhere_dense.research.benchmark.attention
 import lookhere_dense.research.benchmark.bias
 import lookhere_dense.research.benchmark.child
 import lookhere_dense.research.benchmark.fresh
+import lookhere_dense.research.benchmark.models
 import lookhere_dense.research.benchmark.official
 import lookhere_dense.research.benchmark.report
 import lookhere_dense.research.benchmark.timing
@@ -87,6 +123,7 @@ loaded = sorted(m for m in sys.modules if m.split('.')[0] in blocked)
 assert not loaded, loaded
 assert 'lookhere_dense.models' not in sys.modules
 print('torch-only core ok:', ', '.join(['reference'] + backends + ['window']))
+print('torch-only model ok:', ', '.join(encodings))
 """
 
 
@@ -109,8 +146,11 @@ def _run(args, env, cwd, timeout=300):
 @pytest.mark.parametrize(
     'blocked', [OPENMMLAB, OPENMMLAB + ('timm',)], ids=['no-openmmlab', 'no-openmmlab-no-timm']
 )
-def test_core_runs_without_openmmlab(blocked, tmp_path: Path, repo_root: Path):
+def test_core_runs_without_openmmlab(
+    blocked, tmp_path: Path, repo_root: Path, reference_dir: Path
+):
     env = _env(tmp_path, repo_root, blocked)
+    env['LOOKHERE_REFERENCE'] = str(reference_dir)
     probe = (
         'import importlib, sys\n'
         'for name in sys.argv[1:]:\n'
@@ -126,26 +166,37 @@ def test_core_runs_without_openmmlab(blocked, tmp_path: Path, repo_root: Path):
     assert 'torch-only core ok: reference, sdpa, chunked' in proc.stdout
     if flex_available():
         assert 'chunked, flex, window' in proc.stdout
+    assert 'torch-only model ok: abs, rope2d, rope2d_mixed, pape, alibi2d, none' in proc.stdout
 
 
-def test_benchmark_attention_section_runs_without_openmmlab_and_timm(
-    tmp_path: Path, repo_root: Path
-):
+def test_benchmark_torch_sections_run_without_openmmlab_and_timm(tmp_path: Path, repo_root: Path):
     env = _env(tmp_path, repo_root, OPENMMLAB + ('timm',))
     tool = str(repo_root / 'tools' / 'benchmark.py')
     out = tmp_path / 'attention.json'
-    proc = _run([tool, '--section', 'attention', '--quick', '--json', str(out)], env, tmp_path)
+    proc = _run(
+        [tool, '--sections', 'bias', 'vit', 'frame', 'attn', '--quick', '--json', str(out)],
+        env,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
-    assert res['args']['sections'] == ['bias', 'attn']
-    assert 'vit' not in res and 'frame' not in res
+    assert res['args']['sections'] == ['bias', 'vit', 'frame', 'attn']
+    # the model cases: the torch-only trunk, mmseg's ViT skipped and said so
+    vit = res['vit']
+    assert {'lookhere', 'nobias'} <= set(vit['seconds']) and 'mmseg_vit' not in vit['seconds']
+    assert 'mmseg is not installed' in vit['skipped']['mmseg_vit']
+    frame = res['frame']['cases']
+    assert set(frame) == {'nobias', 'auto'}, frame
+    assert all('error' not in c and c['seconds'] > 0 for c in frame.values()), frame
     bias = res['bias']
     assert 'error' not in bias['ours'] and 'error' not in bias['baseline'], bias
     assert bias['baseline_matches_ours'] is True and bias['speedup_vs_measured'] > 0
     assert set(res['attn']['cases']) == {'64', '256'}
     assert '[bias]' in proc.stdout and '[attn]' in proc.stdout
-    # the model sections say what they need, before running anything, without a traceback
+    # the section that builds mmseg models says what it needs, before running anything,
+    # without a traceback
     proc = _run([tool, '--quick'], env, tmp_path)
     assert proc.returncode == 1 and '[bias]' not in proc.stdout
-    assert 'sections vit / frame build ViTs and need OpenMMLab' in proc.stderr
-    assert 'run --section attention' in proc.stderr and 'Traceback' not in proc.stderr
+    assert 'section segmenter builds whole mmseg models and needs OpenMMLab' in proc.stderr
+    assert 'run --sections bias vit frame attn' in proc.stderr
+    assert 'Traceback' not in proc.stderr

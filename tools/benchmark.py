@@ -35,9 +35,10 @@ command line, calls them and prints.
            the materialised bias. On CPU this section only reports the block-mask tile
            sparsity (the fraction of tiles flex skips), which needs no GPU.
 
-``--section attention`` (= ``bias attn``) needs torch alone (numpy for the bias
-baseline): no mmcv / mmengine / mmseg / mmdet, no timm. ``--section models`` (= ``vit
-frame segmenter``) needs OpenMMLab.
+``--section attention`` (= ``bias attn``) and the sections ``vit`` and ``frame`` need torch
+alone (numpy for the bias baseline; no mmcv / mmengine / mmseg / mmdet, no timm; mmseg's
+ViT joins the ``vit`` section where mmseg is installed). ``segmenter`` builds whole mmseg
+models and needs OpenMMLab.
 
 Output: a table on stdout and, with ``--json``, the results and the exact command.
 
@@ -68,7 +69,12 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from lookhere_dense.apis.cli import quiet_known_warnings, resolve_config_path  # noqa: E402
-from lookhere_dense.research.benchmark import DTYPES, SECTION_GROUPS, SECTIONS  # noqa: E402
+from lookhere_dense.research.benchmark import (  # noqa: E402
+    DTYPES,
+    SECTION_GROUPS,
+    SECTIONS,
+    models,  # noqa: E402
+)
 from lookhere_dense.research.benchmark.attention import bench_attention  # noqa: E402
 from lookhere_dense.research.benchmark.bias import bench_bias  # noqa: E402
 from lookhere_dense.research.benchmark.report import environment, format_table  # noqa: E402
@@ -117,7 +123,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         choices=tuple(SECTION_GROUPS),
         default=None,
         help="a group of sections: 'attention' = bias attn (torch alone, no "
-        "OpenMMLab needed), 'models' = vit frame segmenter, 'all' "
+        "OpenMMLab needed), 'models' = vit frame (torch alone) segmenter (OpenMMLab), 'all' "
         '(default: all)',
     )
     p.add_argument(
@@ -314,17 +320,17 @@ def repo_configs(paths: Sequence[str]) -> List[str]:
     return [p if here else str(REPO / p) for p in paths]
 
 
-def model_cases():
-    """:mod:`lookhere_dense.research.benchmark.models`, or exit naming what the model sections need."""
+def check_openmmlab() -> None:
+    """Exit naming what the ``segmenter`` section needs, where OpenMMLab is missing."""
     try:
-        from lookhere_dense.research.benchmark import models
+        import mmengine  # noqa: F401
+        import mmseg  # noqa: F401
     except ImportError as err:
         raise SystemExit(
-            f'sections vit / frame build ViTs and need OpenMMLab (mmcv, '
-            f'mmengine, mmseg), as does segmenter (whole mmseg models): {err}. '
-            'Where only torch is installed, run --section attention.'
+            f'section segmenter builds whole mmseg models and needs OpenMMLab (mmcv, '
+            f'mmengine, mmseg): {err}. Where only torch is installed, run --sections bias '
+            'vit frame attn (the ViTs are the torch-only trunk).'
         ) from err
-    return models
 
 
 def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
@@ -365,7 +371,6 @@ def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
             cfg_options,
             args.child_timeout,
         )
-    models = model_cases()
     arch = models.vit_arch(args.embed_dims, args.num_layers, args.num_heads)
     if section == 'vit':
         return models.bench_vit(
@@ -401,8 +406,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     quiet_known_warnings()
     if args.device == 'cuda' and not torch.cuda.is_available():
         raise SystemExit('--device cuda: no CUDA device available')
-    if set(SECTION_GROUPS['models']) & set(args.sections):
-        model_cases()  # fail before the first section, not after it
+    if 'segmenter' in args.sections:
+        check_openmmlab()  # fail before the first section, not after it
     if 'segmenter' in args.sections:  # a missing config: before the first section too
         for config in args.segmenter_configs:
             try:

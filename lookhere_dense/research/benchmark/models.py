@@ -1,12 +1,15 @@
-"""Sections ``vit`` and ``frame``: whole ViT-B forwards (need OpenMMLab).
+"""Sections ``vit`` and ``frame``: whole ViT-B forwards (torch alone).
 
 Every model is built by :func:`build_vit` from the same seed, so the LookHere models
 (one per backend) and the no-bias baseline -- the identical trunk with
 ``pos_encoding='none'`` -- start from the same weights by construction (the encoding's
 own initialisation runs under :func:`~lookhere_dense.lookhere.pos_encoding.isolated_rng`).
-mmseg's ``VisionTransformer`` (absolute position embedding) is the outside reference.
+mmseg's ``VisionTransformer`` (absolute position embedding) is an outside reference where
+mmseg is installed (:func:`build_mmseg_vit`, imported when called).
 
-Imports the backbone, so mmcv / mmengine (and mmseg for :func:`build_mmseg_vit`).
+The models are the torch-only trunk
+(:class:`~lookhere_dense.lookhere.vit.LookHereVisionTransformer`, what the registered
+``LookHereViT`` wraps), so these sections run where only torch is installed.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from lookhere_dense.models.backbones.lookhere_vit import LookHereViT
+from lookhere_dense.lookhere.vit import LookHereVisionTransformer
 
 from ..memory import GiB, PeakMemory
 from . import DTYPES
@@ -59,7 +62,7 @@ def build_vit(
     dtype: torch.dtype = torch.float32,
     pos_encoding: str = 'lookhere',
 ):
-    """A ``LookHereViT`` in eval mode, initialised from seed 0.
+    """A LookHere ViT (the torch-only trunk) in eval mode, initialised from seed 0.
 
     Args:
         arch: :func:`vit_arch`.
@@ -71,9 +74,9 @@ def build_vit(
     """
     torch.manual_seed(0)
     if pos_encoding == 'none':
-        model = LookHereViT(**arch, pos_encoding='none')
+        model = LookHereVisionTransformer(**arch, pos_encoding='none')
     else:
-        model = LookHereViT(
+        model = LookHereVisionTransformer(
             **arch,
             preset=preset,
             attn_backend=backend,
@@ -85,7 +88,7 @@ def build_vit(
 
 
 def engine_of(model):
-    """The LookHere attention engine of a ``LookHereViT`` (its position encoding's)."""
+    """The LookHere attention engine of a LookHere ViT (its position encoding's)."""
     return model.pos_enc.engine
 
 
@@ -171,7 +174,8 @@ def bench_vit(
         size: image side. Default: 512.
         batch: images per forward. Default: 1.
         backends: LookHere backends timed besides ``auto``. Default: chunked.
-        with_mmseg: also time mmseg's ``VisionTransformer``. Default: True.
+        with_mmseg: also time mmseg's ``VisionTransformer`` (skipped, and said so in
+            ``skipped``, where mmseg is not installed). Default: True.
         dtype: name in :data:`~lookhere_dense.research.benchmark.DTYPES`. Default: float32.
         repeats: interleaved rounds. Default: 5.
 
@@ -188,8 +192,12 @@ def bench_vit(
     for b in backends:
         nets[f'lookhere-{b}'] = build_vit(arch, preset, b, block_size, device, torch_dtype)
     nets[NOBIAS] = build_vit(arch, device=device, dtype=torch_dtype, pos_encoding='none')
+    skipped = {}
     if with_mmseg:
-        nets['mmseg_vit'] = build_mmseg_vit(arch, img, device, torch_dtype)
+        try:
+            nets['mmseg_vit'] = build_mmseg_vit(arch, img, device, torch_dtype)
+        except ImportError as err:  # a torch-only machine
+            skipped['mmseg_vit'] = f'mmseg is not installed ({err})'
     models: Dict[str, Callable[[], Any]] = {
         name: (lambda net=net: net(x)) for name, net in nets.items()
     }
@@ -209,6 +217,7 @@ def bench_vit(
         times=times,
         ratio_vs_nobias={n: paired_ratio(t, times[NOBIAS]) for n, t in times.items()},
         cache=engine.cache_info(),
+        skipped=skipped,
     )
 
 
