@@ -155,3 +155,19 @@ def test_initialisation_draws_what_mmengine_drew():
         torch.manual_seed(0)
         ours = trunc_normal_(torch.empty(4096), std=std)
         torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+def test_non_finite_images_are_refused_by_name():
+    from lookhere_dense.errors import NonFiniteInputError
+
+    model = create_model(embed_dims=48, num_layers=1, num_heads=12).eval()
+    x = torch.randn(3, 3, 32, 48)
+    x[1, 0, 5, 7] = float('nan')
+    x[2, 2, 0, 0] = float('inf')
+    with pytest.raises(
+        NonFiniteInputError, match=r'2 NaN / infinite values .*1 NaN; images \[1, 2\]'
+    ):
+        model(x)
+    with pytest.raises(NonFiniteInputError):
+        model.forward_features(x)
+    assert model(x[:1])[0].isfinite().all()  # the finite image alone is fine

@@ -33,6 +33,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from ..checkpoint import encode_extra_state
+from ..errors import NonFiniteInputError
 from ..validation import check_int, check_number, check_rate, is_int, is_number
 from . import weights as _weights
 from .config import LookHereConfig
@@ -52,6 +53,7 @@ __all__ = [
     'window_blocks',
     'image_size_pair',
     'trunc_normal_',
+    'check_finite_images',
 ]
 
 logger = logging.getLogger(__name__)
@@ -67,6 +69,42 @@ def _warn_once(key: str, msg: str) -> None:
     if key not in _warned:
         _warned.add(key)
         warnings.warn(msg, stacklevel=3)
+
+
+def _tracing() -> bool:
+    """Whether the forward is being traced, compiled or exported (no data-dependent checks
+    then: they would break the graph or bake one input's answer into it)."""
+    compiler = getattr(torch, 'compiler', None)
+    if compiler is not None:
+        for name in ('is_compiling', 'is_exporting', 'is_dynamo_compiling'):
+            fn = getattr(compiler, name, None)
+            if fn is not None and fn():
+                return True
+    onnx = getattr(torch, 'onnx', None)
+    if onnx is not None and getattr(onnx, 'is_in_onnx_export', lambda: False)():
+        return True
+    return torch.jit.is_tracing() or torch.jit.is_scripting()
+
+
+def check_finite_images(x: Tensor) -> None:
+    """Refuse images with NaN or infinite values (they would give an all-NaN prediction).
+
+    Raises:
+        NonFiniteInputError: naming how many values of which images are not finite.
+    """
+    finite = torch.isfinite(x)
+    if bool(finite.all()):
+        return
+    bad = (~finite).flatten(1).sum(1)
+    images = [int(i) for i in torch.nonzero(bad).flatten()]
+    nan = int(torch.isnan(x).sum())
+    raise NonFiniteInputError(
+        f'LookHereViT: the input images hold {int(bad.sum())} NaN / infinite values of '
+        f'{x[0].numel()} per image ({nan} NaN; images {images[:8]} of the batch of '
+        f'{x.shape[0]}): every prediction would be NaN. Check the image files and the '
+        'preprocessing (float images must be finite; normalisation by a zero std gives '
+        'inf / NaN)'
+    )
 
 
 def _autocast_on(device_type: str) -> bool:
@@ -158,6 +196,8 @@ class LookHerePatchEmbed(nn.Module):
             TypeError: not a tensor.
             ValueError: not 4-D, not a float dtype, the channel axis last
                 ``(B, H, W, C)``, another channel count, or smaller than one patch.
+            NonFiniteInputError: NaN or infinite pixel values (checked in eager mode; a
+                traced, compiled or exported graph has no data-dependent checks).
         """
         if not isinstance(x, Tensor):
             raise TypeError(
@@ -193,6 +233,8 @@ class LookHerePatchEmbed(nn.Module):
                 f'{x.dtype}: cast one to the other (e.g. x.to({weight.dtype}) '
                 'or model.to(x.dtype)), or run under torch.autocast'
             )
+        if not _tracing():
+            check_finite_images(x)
         pad_h, pad_w = (-h) % p, (-w) % p
         if pad_h or pad_w:
             if self.padding == 'corner':
