@@ -7,6 +7,10 @@ lives on a module as a plain attribute, never as a buffer: nothing in it is part
 
 The cache is bounded by a number of entries and, optionally, by the bytes of the tensors
 its values hold (:func:`tensor_bytes`); the least recently used entries go first.
+
+Under ``torch.compile`` a lookup is not traced (``torch.compiler.disable``): its result is
+an input of the compiled graph, so the cache's changing state (entries, counters, LRU
+order) never becomes a guard that recompiles the model at every call.
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ class BoundedCache:
         """Summed tensor bytes of the values held now."""
         return sum(self._bytes.values())
 
+    @torch.compiler.disable
     def get_or_create(self, key: Hashable, factory: Callable[[], Any]) -> Any:
         """The value for ``key``, built with ``factory()`` (and kept) on a miss."""
         if key in self._data:

@@ -17,6 +17,12 @@ current slopes and the cached *slope-free* distances and fields of view
 dense and window biases, flex score functions) is bypassed, so a changed slope changes the
 next call, and gradients reach the slopes through every backend. The slope-free caches
 (distances, flex block masks and token orders, window padding masks) are used as before.
+
+``torch.compile``. The engine's calls are not traced (``torch.compiler.disable``): inside a
+compiled model attention runs as here (fused SDPA, the chunked blocks, flex compiled on its
+own), and the block around it (norms, projections, MLP) is compiled. The caches, the
+backend choice and the Python loops over blocks therefore never become guards or unrolled
+graphs: one compilation per input shape, not per layer or call.
 """
 
 from __future__ import annotations
@@ -330,6 +336,7 @@ class LookHereAttentionEngine:
         return 'chunked'
 
     # -- attention -----------------------------------------------------------------------
+    @torch.compiler.disable
     def __call__(
         self,
         q: Tensor,
@@ -464,6 +471,7 @@ class LookHereAttentionEngine:
             )
             return chunked()
 
+    @torch.compiler.disable
     def window_attention(
         self,
         q: Tensor,
