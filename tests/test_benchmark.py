@@ -47,9 +47,12 @@ needs_flex = pytest.mark.skipif(not flex_available(), reason='no flex_attention 
 # Sections and timing
 # ----------------------------------------------------------------------------------------
 def test_section_groups_cover_the_sections():
-    assert SECTION_GROUPS['all'] == SECTIONS == ('bias', 'vit', 'frame', 'segmenter', 'attn')
+    assert SECTIONS == ('bias', 'vit', 'frame', 'segmenter', 'attn', 'compile')
+    assert SECTION_GROUPS['all'] == SECTIONS[:-1]  # compile: by name only
     assert SECTION_GROUPS['attention'] == ('bias', 'attn')
-    assert set(SECTION_GROUPS['attention']) | set(SECTION_GROUPS['models']) == set(SECTIONS)
+    assert set(SECTION_GROUPS['attention']) | set(SECTION_GROUPS['models']) == set(
+        SECTION_GROUPS['all']
+    )
     assert SECTION_GROUPS['models'] == ('vit', 'frame', 'segmenter')
     assert DTYPES['bfloat16'] is torch.bfloat16
 
@@ -135,7 +138,7 @@ def test_run_child_runs_a_case_in_a_fresh_process_and_reports_failures():
     assert (
         failed['error'].startswith('exit 1') and 'unknown benchmark case kind' in failed['error']
     )
-    with pytest.raises(ValueError, match="allowed: \\['bias', 'frame', 'segmenter'\\]"):
+    with pytest.raises(ValueError, match="allowed: \\['bias', 'frame', 'segmenter', 'compile'\\]"):
         run_case(dict(kind='nonsense'))
 
 
@@ -356,7 +359,7 @@ def test_benchmark_quick_mode_runs(tmp_path: Path, repo_root: Path):
     assert res['frame']['cases']['auto']['chosen'] == 'sdpa'
     assert 'error' not in res['frame']['cases']['nobias']
     assert '[frame]' in proc.stdout and '[bias]' in proc.stdout
-    assert res['args']['sections'] == list(SECTIONS)
+    assert res['args']['sections'] == list(SECTION_GROUPS['all'])  # compile: by name only
     # segmenter: the tiny Cityscapes config, backbone alone vs whole model, side by side
     seg = res['segmenter']
     assert seg['size'] == [64, 128] and seg['cases'] == ['backbone', 'model']
@@ -422,3 +425,31 @@ def test_benchmark_names_a_missing_segmenter_config_before_running(repo_root: Pa
     assert proc.returncode == 1
     assert "--segmenter-configs: config file 'configs/no_such_config.py' not found" in proc.stderr
     assert '[bias]' not in proc.stdout  # nothing ran
+
+
+def test_benchmark_compile_section_compares_compiled_and_eager(tmp_path: Path, repo_root: Path):
+    out = tmp_path / 'compile.json'
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(repo_root / 'tools' / 'benchmark.py'),
+            '--sections',
+            'compile',
+            '--quick',
+            '--json',
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())['compile']
+    assert res['backend'] == 'aot_eager' and set(res['cases']) == {'inference', 'train'}
+    for mode, r in res['cases'].items():
+        assert 'error' not in r, r
+        assert r['first_call_seconds'] > 0 and r['ratio'] > 0, (mode, r)
+        assert r['dynamo']['frames'] >= 1, r  # it compiled
+    assert res['cases']['inference']['max_abs_diff'] < 1e-5
+    assert '[compile]' in proc.stdout

@@ -30,6 +30,10 @@ command line, calls them and prints.
            drop-ins; each case in a fresh subprocess, random weights, float32; target:
            model peak <= 1.3x backbone. ``--quick`` uses the ViT-T tiny Cityscapes
            config, backbone and model only.
+``compile``  (by name only: not in ``all``) ``torch.compile`` of the ViT at
+           ``--vit-size`` against eager, one fresh process per ``--compile-modes``
+           (inference, train step): the first call (compilation), steady-state seconds
+           of both in interleaved rounds, their ratio, the largest output difference.
 ``attn``   (``--device cuda`` only) attention-only microbenchmark at 1024 / 4096 / 8192
            tokens: LookHere flex (compiled, block mask) vs SDPA without bias vs SDPA with
            the materialised bias. On CPU this section only reports the block-mask tile
@@ -77,6 +81,7 @@ from lookhere_dense.research.benchmark import (  # noqa: E402
 )
 from lookhere_dense.research.benchmark.attention import bench_attention  # noqa: E402
 from lookhere_dense.research.benchmark.bias import bench_bias  # noqa: E402
+from lookhere_dense.research.benchmark.compiled import bench_compile  # noqa: E402
 from lookhere_dense.research.benchmark.report import environment, format_table  # noqa: E402
 from lookhere_dense.research.benchmark.segmenter import CASES as SEGMENTER_CASES  # noqa: E402
 from lookhere_dense.research.benchmark.segmenter import bench_segmenter  # noqa: E402
@@ -98,6 +103,7 @@ QUICK = dict(
     repeats=2,
     frame_repeats=1,
     attn_tokens=[64, 256],
+    compile_backend='aot_eager',
     vit_backends=['chunked'],
     threads=1,
     frame_backends=['nobias', 'auto'],
@@ -178,6 +184,19 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument(
         '--vit-batch', type=int, default=1, help='batch of the vit section (default: 1)'
+    )
+    p.add_argument(
+        '--compile-modes',
+        nargs='+',
+        choices=('inference', 'train'),
+        default=['inference', 'train'],
+        help='what the compile section compiles, at --vit-size (default: inference train)',
+    )
+    p.add_argument(
+        '--compile-backend',
+        default=None,
+        help="torch.compile backend of the compile section (default: inductor; 'aot_eager' "
+        'traces without generating code, the --quick default)',
     )
     p.add_argument(
         '--vit-backends',
@@ -293,6 +312,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         frame_backends=['nobias', 'auto', 'chunked:256', 'sdpa'],
         segmenter_configs=SEGMENTER_CONFIGS,
         segmenter_cases=list(SEGMENTER_CASES),
+        compile_backend='inductor',
     )
     if args.device == 'cuda':  # flex is the CUDA path for large grids
         defaults.update(
@@ -384,6 +404,19 @@ def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
             args.device,
             args.dtype,
             args.repeats,
+        )
+    if section == 'compile':
+        return bench_compile(
+            arch,
+            (args.vit_size, args.vit_size),
+            args.preset,
+            args.compile_modes,
+            args.compile_backend,
+            args.device,
+            args.dtype,
+            args.repeats,
+            args.threads,
+            args.child_timeout,
         )
     return models.bench_frame(
         arch,

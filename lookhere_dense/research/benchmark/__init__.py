@@ -16,6 +16,9 @@ section        what                                                     needs
                (:mod:`.models`)
 ``frame``      whole-frame inference, peak memory and time per          OpenMMLab
                backend, fresh process per case (:mod:`.models`)
+``compile``    ``torch.compile`` of the trunk vs eager: first call      torch
+               (compilation) and steady state, inference and train
+               step, fresh process per mode (:mod:`.compiled`)
 ``segmenter``  whole-frame inference of segmentation configs, peak      OpenMMLab
                memory: the backbone alone vs the whole model
                (``predict``, whole mode) vs mmseg's original classes,
@@ -39,10 +42,12 @@ import torch
 __all__ = ['SECTIONS', 'SECTION_GROUPS', 'DTYPES']
 
 #: Every section, in the order they run.
-SECTIONS: Tuple[str, ...] = ('bias', 'vit', 'frame', 'segmenter', 'attn')
-#: Named groups of sections: ``attention`` needs torch alone, ``models`` needs OpenMMLab.
+SECTIONS: Tuple[str, ...] = ('bias', 'vit', 'frame', 'segmenter', 'attn', 'compile')
+#: Named groups of sections: ``attention`` and ``vit`` / ``frame`` need torch alone,
+#: ``segmenter`` needs OpenMMLab; ``all`` leaves out ``compile`` (minutes of compilation:
+#: ask for it by name).
 SECTION_GROUPS: Dict[str, Tuple[str, ...]] = {
-    'all': SECTIONS,
+    'all': ('bias', 'vit', 'frame', 'segmenter', 'attn'),
     'attention': ('bias', 'attn'),
     'models': ('vit', 'frame', 'segmenter'),
 }

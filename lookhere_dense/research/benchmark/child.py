@@ -24,7 +24,7 @@ from typing import Any, Dict, Optional, Sequence
 __all__ = ['CASE_KINDS', 'run_case', 'main']
 
 #: Case kinds a child can run.
-CASE_KINDS = ('bias', 'frame', 'segmenter')
+CASE_KINDS = ('bias', 'frame', 'segmenter', 'compile')
 
 
 def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
@@ -42,6 +42,10 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
         from .segmenter import segmenter_case
 
         return segmenter_case(case)
+    if kind == 'compile':
+        from .compiled import compile_case
+
+        return compile_case(case)
     raise ValueError(f'unknown benchmark case kind {kind!r}; allowed: {list(CASE_KINDS)}')
 
 

@@ -27,7 +27,7 @@ def _mb(x: Optional[float]) -> str:
 
 def format_table(results: Dict[str, Any]) -> str:
     """Human-readable summary of the results: ``env`` (:func:`environment`) and any of the
-    sections ``bias``, ``vit``, ``frame``, ``segmenter``, ``attn``."""
+    sections ``bias``, ``vit``, ``frame``, ``segmenter``, ``compile``, ``attn``."""
     lines = [
         f'device: {results["env"]["device_name"]} | torch {results["env"]["torch"]} | '
         f'threads {results["env"]["threads"]}',
@@ -108,6 +108,27 @@ def format_table(results: Dict[str, Any]) -> str:
         )
         for res in sg['results']:
             lines += ['  ' + ln for ln in format_segmenter(res).splitlines()]
+        lines.append('')
+    c = results.get('compile')
+    if c:
+        lines.append(
+            f'[compile] {c["size"][0]}x{c["size"][1]}, batch 1, torch.compile '
+            f'backend {c["backend"]}, fresh process per mode'
+        )
+        lines.append(
+            f'  {"mode":<11}{"first call s":>13}{"eager s":>10}{"compiled s":>12}'
+            f'{"x eager":>9}{"max |diff|":>12}'
+        )
+        for mode, r in c['cases'].items():
+            if 'error' in r:
+                lines.append(f'  {mode:<11}error: {r["error"]}')
+                continue
+            diff = '-' if r['max_abs_diff'] is None else f'{r["max_abs_diff"]:.1e}'
+            lines.append(
+                f'  {mode:<11}{r["first_call_seconds"]:>13.1f}'
+                f'{r["seconds"]["eager"]:>10.3f}{r["seconds"]["compiled"]:>12.3f}'
+                f'{r["ratio"]:>9.3f}{diff:>12}'
+            )
         lines.append('')
     a = results.get('attn')
     if a:
