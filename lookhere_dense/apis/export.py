@@ -1,0 +1,341 @@
+"""Export a segmentor (whole mode) or its backbone for deployment: ONNX (run by onnxruntime)
+or a ``torch.export`` program (``.pt2``), for one input size (``tools/export.py``).
+
+The exported function:
+
+* ``segmentor`` (Segmenter, UPerNet, any mmseg ``EncoderDecoder``): a normalised
+  ``(1, 3, H, W)`` tensor -> the segmentation logits ``(1, classes, H, W)``, what
+  ``encode_decode`` returns (the whole image in one pass, as mmdeploy's ``whole`` mode);
+* ``backbone``: the same input -> the backbone's NCHW maps of ``out_indices``.
+
+The data preprocessing (BGR->RGB, mean / std) stays outside, as in mmdeploy. Every LookHere
+ViT attends through :func:`~lookhere_dense.lookhere.export.static_grid_attention` while it
+is traced, so the file holds the weights plus the small per-layer tables and computes the
+bias in the graph. ONNX: opset 23 (SDPA becomes the fused ``Attention`` op), exported with
+``dynamo=True``; of onnxscript's optimiser only constant folding, dead-node removal and
+common-subexpression elimination run (its pattern rewriter takes minutes per layer on
+these graphs), and the per-node metadata (stack traces with local paths, 90 % of the graph
+file) is removed. Weights go to ``FILE.data`` beside ``FILE`` (loaded by that name).
+
+Run an exported file with :func:`onnxruntime_session` (arena on, memory pattern off:
+onnxruntime's default pattern planner holds about twice the peak memory on these graphs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import os.path as osp
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import ConfigError, ToolError
+from ..validation import check_int
+
+__all__ = [
+    'SegmentorLogits',
+    'BackboneMaps',
+    'export_model',
+    'onnxruntime_session',
+    'exported_file_bytes',
+    'EXPORT_FORMATS',
+    'EXPORT_PARTS',
+    'ONNX_OPSET',
+]
+
+#: file formats of :func:`export_model`
+EXPORT_FORMATS = ('onnx', 'pt2')
+#: what :func:`export_model` exports
+EXPORT_PARTS = ('segmentor', 'backbone')
+#: the ONNX opset: from 23 on, SDPA exports as the fused ``Attention`` op
+ONNX_OPSET = 23
+
+
+class SegmentorLogits(nn.Module):
+    """``(1, 3, H, W)`` normalised images -> ``(1, classes, H, W)`` logits of an mmseg
+    segmentor in whole mode (``encode_decode``), for one static size."""
+
+    def __init__(self, segmentor: nn.Module, size: Tuple[int, int]):
+        super().__init__()
+        self.segmentor = segmentor
+        self.size = (int(size[0]), int(size[1]))
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        metas = [dict(img_shape=self.size, pad_shape=self.size, ori_shape=self.size)]
+        return self.segmentor.encode_decode(inputs, metas)
+
+
+class BackboneMaps(nn.Module):
+    """``(1, 3, H, W)`` normalised images -> the backbone's output maps (a tuple)."""
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, inputs: Tensor):
+        return tuple(self.backbone(inputs))
+
+
+def exported_file_bytes(path: str) -> Dict[str, int]:
+    """``{file: bytes}`` of an exported model: the file and, for ONNX, its external data."""
+    out = {path: os.path.getsize(path)}
+    data = path + '.data'
+    if osp.isfile(data):
+        out[data] = os.path.getsize(data)
+    return out
+
+
+def onnxruntime_session(path: str, threads: Optional[int] = None):
+    """An onnxruntime CPU session for an exported file: the memory arena on, the memory
+    pattern off (see the module docstring), ``threads`` intra-op threads (None: onnxruntime's
+    default)."""
+    try:
+        import onnxruntime as ort
+    except ImportError as err:  # pragma: no cover - installed by setup.sh
+        raise ToolError(f'onnxruntime is not installed ({err}): pip install onnxruntime') from err
+    options = ort.SessionOptions()
+    options.enable_mem_pattern = False
+    options.enable_cpu_mem_arena = True
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    return ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
+
+
+@contextlib.contextmanager
+def _quiet_mmengine():
+    """mmengine's ``init_weights`` logs every parameter at INFO: warnings only here."""
+    import logging
+
+    from mmengine.logging import MMLogger
+
+    logger = MMLogger.get_current_instance()
+    old = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
+
+
+def save_onnx(program: Any, path: str) -> None:
+    """Save an ONNX program of ``torch.onnx.export(..., dynamo=True, optimize=False)``:
+    constant folding, dead nodes and common subexpressions removed, metadata cleared,
+    weights in ``path + '.data'`` (an old pair at ``path`` is replaced)."""
+    import onnx_ir.passes.common as passes
+    import onnxscript.optimizer as optimizer
+
+    model = program.model
+    optimizer.fold_constants(model)
+    passes.RemoveUnusedNodesPass()(model)
+    passes.RemoveUnusedOpsetsPass()(model)
+    passes.CommonSubexpressionEliminationPass()(model)
+    passes.ClearMetadataAndDocStringPass()(model)
+    for stale in (path, path + '.data'):
+        if osp.exists(stale):
+            os.remove(stale)
+    program.save(path, external_data=True)
+
+
+def _strip_program(program: Any) -> Any:
+    """A ``torch.export`` program without its example inputs and per-node stack traces
+    (they would add the input's bytes and megabytes of local paths to the ``.pt2``)."""
+    program._example_inputs = None
+    for node in program.graph.nodes:
+        for key in ('stack_trace', 'nn_module_stack', 'source_fn_stack', 'from_node'):
+            node.meta.pop(key, None)
+    return program
+
+
+def export_model(
+    config: str,
+    checkpoint: Optional[str],
+    shape: Sequence[int],
+    out: str,
+    format: str = 'onnx',
+    part: str = 'segmentor',
+    cfg_options: Optional[dict] = None,
+    check: bool = True,
+    threads: Optional[int] = None,
+    budget_mb: float = 48.0,
+    log=print,
+) -> Dict[str, Any]:
+    """Export ``config`` with the weights of ``checkpoint`` for inputs of ``shape``.
+
+    Args:
+        config: the mmseg config (``mmseg::`` paths allowed).
+        checkpoint: the checkpoint (loaded strictly); None: the model's random
+            initialisation (to measure the cost of deployment without trained weights).
+        shape: ``(H, W)`` of the input, in pixels.
+        out: the file to write (``.onnx`` / ``.pt2``; ONNX weights go to ``out + '.data'``).
+        format: ``'onnx'`` or ``'pt2'``. Default: ``'onnx'``.
+        part: ``'segmentor'`` (logits, whole mode) or ``'backbone'`` (its maps).
+            Default: ``'segmentor'``.
+        cfg_options: config overrides. Default: None.
+        check: run the file (onnxruntime / ``torch.export.load``) on a random input and
+            compare it with the torch model as it runs in torch (its own attention engine).
+            Default: True.
+        threads: torch (and onnxruntime) threads for the check. Default: None.
+        budget_mb: the largest bias block of a global layer (the export's query blocks).
+            Default: 48.
+        log: where progress lines go. Default: print.
+
+    Returns:
+        ``dict(out, files, total_bytes, weights_bytes, ratio_to_weights, largest_constant,
+        largest_weight_bytes, export_seconds, grid, ...)`` and, with ``check``, ``max_abs_diff`` and the output
+        shape.
+
+    Raises:
+        ConfigError: a bad shape, format or part, or a model without ``encode_decode``.
+        FileNotFoundError, CheckpointError: as :func:`~.cli.build_model_from_checkpoint`.
+    """
+    import lookhere_dense
+
+    lookhere_dense.register_all_modules()
+    from mmengine.registry import init_default_scope
+
+    from ..lookhere.export import static_grid_attention
+    from ..swap import model_registry
+    from .cli import build_model_from_checkpoint, load_config
+
+    if format not in EXPORT_FORMATS:
+        raise ConfigError(f'format must be one of {list(EXPORT_FORMATS)}, got {format!r}')
+    if part not in EXPORT_PARTS:
+        raise ConfigError(f'part must be one of {list(EXPORT_PARTS)}, got {part!r}')
+    if len(shape) != 2:
+        raise ConfigError(f'shape must be (H, W), got {list(shape)}')
+    size = tuple(check_int(f'shape {n}', s, error=ConfigError) for n, s in zip('HW', shape))
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = load_config(config, cfg_options)
+    scope = cfg.get('default_scope') or 'mmseg'
+    if checkpoint is not None:
+        model, _ = build_model_from_checkpoint(cfg, checkpoint)
+    else:
+        init_default_scope(scope)
+        model_cfg = cfg.model.copy()
+        model_cfg.pop('pretrained', None)
+        model_cfg.get('backbone', {}).pop('init_cfg', None)
+        model = model_registry(scope).build(model_cfg)
+        with _quiet_mmengine():
+            model.init_weights()
+        model.eval()
+    if part == 'segmentor':
+        if not hasattr(model, 'encode_decode'):
+            raise ConfigError(
+                f'{type(model).__name__} has no encode_decode: export '
+                "part='backbone', or a segmentor"
+            )
+        module = SegmentorLogits(model, size).eval()
+    else:
+        module = BackboneMaps(model.backbone).eval()
+    floats = [
+        t for t in module.state_dict().values() if torch.is_tensor(t) and t.is_floating_point()
+    ]
+    weights = sum(t.numel() * t.element_size() for t in floats)
+    largest_weight = max(t.numel() * t.element_size() for t in floats)
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, *size)
+    patch = getattr(getattr(model, 'backbone', None), 'patch_size', 16)
+    grid = [math.ceil(s / patch) for s in size]
+    os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
+    log(
+        f'exporting {part} of {osp.basename(config)} for {size[0]}x{size[1]} px '
+        f'(patch grid {grid[0]}x{grid[1]}) as {format} to {out}'
+    )
+    reference = None
+    if check:  # the model as it runs in torch (its own engine), not the export's attention
+        with torch.no_grad():
+            reference = module(x)
+    t0 = time.perf_counter()
+    with static_grid_attention(module, size, budget_mb) as stand_ins:
+        if format == 'onnx':
+            program = torch.onnx.export(
+                module, (x,), dynamo=True, opset_version=ONNX_OPSET, optimize=False
+            )
+            save_onnx(program, out)
+        else:
+            program = _strip_program(torch.export.export(module, (x,)))
+            torch.export.save(program, out)
+    seconds = time.perf_counter() - t0
+    files = exported_file_bytes(out)
+    total = sum(files.values())
+    report: Dict[str, Any] = dict(
+        config=config,
+        checkpoint=checkpoint,
+        part=part,
+        format=format,
+        size=list(size),
+        grid=grid,
+        out=out,
+        files=files,
+        total_bytes=total,
+        weights_bytes=weights,
+        ratio_to_weights=total / max(weights, 1),
+        largest_weight_bytes=largest_weight,
+        export_seconds=round(seconds, 1),
+        lookhere_layers_served=len(stand_ins),
+        tables_bytes=sum(t.numel() * t.element_size() for s in stand_ins for t in s.tables),
+    )
+    report['largest_constant'] = _largest_constant(out, format)
+    log(
+        f'wrote {", ".join(f"{osp.basename(f)} ({b / 2**20:.1f} MiB)" for f, b in files.items())}:'
+        f' {report["ratio_to_weights"]:.3f}x the fp32 weights; export {seconds:.1f} s'
+    )
+    if check:
+        outputs = _run_exported(out, format, x, threads)
+        expected = reference if isinstance(reference, (tuple, list)) else (reference,)
+        diffs = [
+            float((torch.as_tensor(o) - e).abs().max())
+            for o, e in zip(outputs, expected, strict=True)
+        ]
+        report['max_abs_diff'] = max(diffs)
+        report['output_shapes'] = [list(e.shape) for e in expected]
+        log(
+            f'{"onnxruntime" if format == "onnx" else "torch.export.load"} vs torch: max |diff| '
+            f'{report["max_abs_diff"]:.2e} on outputs {report["output_shapes"]}'
+        )
+    return report
+
+
+def _run_exported(path: str, format: str, x: Tensor, threads: Optional[int]) -> List[Any]:
+    if format == 'onnx':
+        session = onnxruntime_session(path, threads)
+        return session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    program = torch.export.load(path)
+    with torch.no_grad():
+        res = program.module()(x)
+    return list(res) if isinstance(res, (tuple, list)) else [res]
+
+
+def _largest_constant(path: str, format: str) -> Tuple[str, List[int], int]:
+    """``(name, shape, bytes)`` of the largest constant of an exported file (ONNX
+    initializers and constant nodes; ``.pt2`` constants and weights)."""
+    if format == 'pt2':
+        program = torch.export.load(path)
+        tensors = {
+            **program.state_dict,
+            **{k: v for k, v in program.constants.items() if torch.is_tensor(v)},
+        }
+        name, t = max(tensors.items(), key=lambda kv: kv[1].numel() * kv[1].element_size())
+        return name, list(t.shape), t.numel() * t.element_size()
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    best = ('', [], 0)
+    sizes = {1: 4, 2: 1, 3: 1, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 16: 2}
+    for t in model.graph.initializer:
+        n = math.prod(t.dims) * sizes.get(t.data_type, 4)
+        if n > best[2]:
+            best = (t.name, list(t.dims), n)
+    for node in model.graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                n = math.prod(a.t.dims) * sizes.get(a.t.data_type, 4)
+                if n > best[2]:
+                    best = (node.output[0], list(a.t.dims), n)
+    return best

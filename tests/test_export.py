@@ -1,0 +1,153 @@
+"""Export: the static-grid attention equals the engine's, a tiny model exported to ONNX at two
+grid sizes runs in onnxruntime with the torch results, and neither the file nor
+onnxruntime's optimised graph holds an ``N x N`` bias; ``tools/export.py`` exports the
+Segmenter (logits at ``H x W``) and the backbone, as ONNX and ``.pt2``."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine, LookHereConfig, create_model
+from lookhere_dense.lookhere.export import StaticGridAttention, static_grid_attention
+
+pytestmark = pytest.mark.usefixtures('one_torch_thread')
+onnx = pytest.importorskip('onnx')
+ort = pytest.importorskip('onnxruntime')
+
+CONFIGS = {
+    'lh180': PRESETS['lh180'],
+    'lh90': PRESETS['lh90'],
+    'lh45': PRESETS['lh45'],
+    'center': LookHereConfig('center-none'),
+    'fill_max': LookHereConfig('corners-none', fill_with='max'),
+}
+
+
+@pytest.mark.parametrize('name', list(CONFIGS))
+@pytest.mark.parametrize(
+    'grid,cls', [((5, 7), True), ((4, 3), False), ((1, 6), True), ((6, 1), True), ((3, 3), False)]
+)
+def test_static_grid_attention_equals_the_reference(name, grid, cls):
+    torch.manual_seed(0)
+    engine = LookHereAttentionEngine(CONFIGS[name], 2, 12)
+    n = grid[0] * grid[1] + int(cls)
+    q, k, v = (torch.randn(2, 12, n, 8) for _ in range(3))
+    for budget in (1e-4, 48.0):  # one grid column per block, and one block
+        static = StaticGridAttention(engine, grid, cls_token=cls, budget_mb=budget)
+        for layer in range(2):
+            ref = engine(q, k, v, layer, grid, cls, backend='reference')
+            torch.testing.assert_close(static(q, k, v, layer, grid, cls), ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize('grid', [(6, 6), (5, 7)])  # a multiple of the window, and padded
+def test_static_grid_window_attention_equals_the_engine(grid):
+    torch.manual_seed(0)
+    engine = LookHereAttentionEngine(PRESETS['lh90'], 2, 12)
+    static = StaticGridAttention(engine, grid, window_size=3, cls_token=True)
+    q, k, v = (torch.randn(2, 12, grid[0] * grid[1] + 1, 8) for _ in range(3))
+    ref = engine.window_attention(q, k, v, 1, grid, 3, True)
+    torch.testing.assert_close(
+        static.window_attention(q, k, v, 1, grid, 3, True), ref, atol=1e-5, rtol=0
+    )
+
+
+def test_static_grid_attention_refuses_another_grid():
+    engine = LookHereAttentionEngine(PRESETS['lh90'], 1, 12)
+    static = StaticGridAttention(engine, (4, 6))
+    q = torch.randn(1, 12, 4 * 5 + 1, 8)
+    with pytest.raises(ValueError, match=r'prepared for the patch grid \(4, 6\), got \(4, 5\)'):
+        static(q, q, q, 0, (4, 5), True)
+
+
+def _tiny(**kw):
+    torch.manual_seed(0)
+    return create_model(
+        embed_dims=48,
+        num_layers=2,
+        num_heads=12,
+        preset='lh90',
+        init_values=None,
+        out_indices=(0, 1),
+        **kw,
+    ).eval()
+
+
+def _initializer_bytes(model) -> int:
+    sizes = {1: 4, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 16: 2}
+    return sum(math.prod(t.dims) * sizes.get(t.data_type, 4) for t in model.graph.initializer)
+
+
+def _export(model, x, path: Path):
+    from lookhere_dense.apis.export import save_onnx
+
+    with static_grid_attention(model, x.shape[-2:]):
+        program = torch.onnx.export(model, (x,), dynamo=True, opset_version=23, optimize=False)
+    save_onnx(program, str(path))
+
+
+@pytest.mark.parametrize('size', [(64, 96), (80, 48)])  # two grids; 80x48 also pads nothing
+def test_onnx_export_runs_in_onnxruntime_without_a_dense_bias(size, tmp_path: Path):
+    from lookhere_dense.apis.export import onnxruntime_session
+
+    model = _tiny()
+    x = torch.randn(1, 3, *size)
+    with torch.no_grad():
+        expected = model(x)
+    path = tmp_path / 'tiny.onnx'
+    _export(model, x, path)
+    session = onnxruntime_session(str(path))
+    outputs = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    for out, exp in zip(outputs, expected, strict=True):
+        torch.testing.assert_close(torch.from_numpy(out), exp, atol=1e-4, rtol=0)
+    grid = (size[0] // 16, size[1] // 16)
+    weights = sum(t.numel() * 4 for t in model.state_dict().values() if t.is_floating_point())
+    tables = 2 * 12 * (2 * grid[0]) * (2 * grid[1] - 1) * 4  # 2 layers, extended tables
+    indices = 16 * 1024  # the shared int64 index tables and small per-block ones
+    # weights + tables + indices and nothing more: one layer's dense bias alone would be
+    # 12 x T x T x 4 bytes (30 KB at 4x6); folded bias blocks add ~60 KB here
+    assert _initializer_bytes(onnx.load(str(path))) <= weights + tables + indices
+    # onnxruntime's own session optimisation (constant folding has no size limit) must not
+    # turn the bias back into constants either: the runtime zero keeps it a computation
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / 'optimized.onnx')
+    ort.InferenceSession(str(path), options, providers=['CPUExecutionProvider'])
+    folded = _initializer_bytes(onnx.load(str(tmp_path / 'optimized.onnx')))
+    assert folded <= weights + tables + indices, (folded, weights, tables)
+
+
+def test_export_tool_writes_segmenter_logits_and_backbone_maps(tmp_path: Path):
+    from tiny_seg import ADE_CFG, SHRINK, options, write_checkpoint
+
+    from lookhere_dense.apis.export import export_model
+
+    ckpt = write_checkpoint(str(tmp_path / 'ckpt' / 'iter_0.pth'))
+    opts = options(*SHRINK)
+    lines = []
+    seg = export_model(
+        ADE_CFG, ckpt, (64, 96), str(tmp_path / 'seg.onnx'), cfg_options=opts, log=lines.append
+    )
+    assert seg['output_shapes'] == [[1, 150, 64, 96]] and seg['max_abs_diff'] < 1e-4
+    assert seg['lookhere_layers_served'] == 1
+    # the weights, the tables and the graph (0.2 MB): no bias block
+    assert seg['total_bytes'] <= seg['weights_bytes'] + seg['tables_bytes'] + 300_000, seg
+    assert set(seg['files']) == {str(tmp_path / 'seg.onnx'), str(tmp_path / 'seg.onnx.data')}
+    assert any('onnxruntime vs torch' in ln for ln in lines)
+    bb = export_model(
+        ADE_CFG,
+        ckpt,
+        (80, 48),
+        str(tmp_path / 'bb.pt2'),
+        format='pt2',
+        part='backbone',
+        cfg_options=opts,
+        log=lines.append,
+    )
+    assert bb['output_shapes'] == [[1, 96, 5, 3]] and bb['max_abs_diff'] < 1e-4
+    assert bb['total_bytes'] <= bb['weights_bytes'] + bb['tables_bytes'] + 1_500_000, bb
+    # the largest constant is a weight, not a bias
+    assert bb['largest_constant'][2] <= bb['largest_weight_bytes'], bb['largest_constant']
+    assert seg['largest_constant'][2] <= seg['largest_weight_bytes'], seg['largest_constant']
