@@ -47,8 +47,8 @@ needs_flex = pytest.mark.skipif(not flex_available(), reason='no flex_attention 
 # Sections and timing
 # ----------------------------------------------------------------------------------------
 def test_section_groups_cover_the_sections():
-    assert SECTIONS == ('bias', 'vit', 'frame', 'segmenter', 'attn', 'compile')
-    assert SECTION_GROUPS['all'] == SECTIONS[:-1]  # compile: by name only
+    assert SECTIONS == ('bias', 'vit', 'frame', 'segmenter', 'attn', 'compile', 'deploy')
+    assert SECTION_GROUPS['all'] == SECTIONS[:-2]  # compile and deploy: by name only
     assert SECTION_GROUPS['attention'] == ('bias', 'attn')
     assert set(SECTION_GROUPS['attention']) | set(SECTION_GROUPS['models']) == set(
         SECTION_GROUPS['all']
@@ -138,7 +138,9 @@ def test_run_child_runs_a_case_in_a_fresh_process_and_reports_failures():
     assert (
         failed['error'].startswith('exit 1') and 'unknown benchmark case kind' in failed['error']
     )
-    with pytest.raises(ValueError, match="allowed: \\['bias', 'frame', 'segmenter', 'compile'\\]"):
+    with pytest.raises(
+        ValueError, match="allowed: \\['bias', 'frame', 'segmenter', 'compile', 'deploy'\\]"
+    ):
         run_case(dict(kind='nonsense'))
 
 
@@ -359,7 +361,7 @@ def test_benchmark_quick_mode_runs(tmp_path: Path, repo_root: Path):
     assert res['frame']['cases']['auto']['chosen'] == 'sdpa'
     assert 'error' not in res['frame']['cases']['nobias']
     assert '[frame]' in proc.stdout and '[bias]' in proc.stdout
-    assert res['args']['sections'] == list(SECTION_GROUPS['all'])  # compile: by name only
+    assert res['args']['sections'] == list(SECTION_GROUPS['all'])  # not compile, deploy
     # segmenter: the tiny Cityscapes config, backbone alone vs whole model, side by side
     seg = res['segmenter']
     assert seg['size'] == [64, 128] and seg['cases'] == ['backbone', 'model']
@@ -453,3 +455,34 @@ def test_benchmark_compile_section_compares_compiled_and_eager(tmp_path: Path, r
         assert r['dynamo']['frames'] >= 1, r  # it compiled
     assert res['cases']['inference']['max_abs_diff'] < 1e-5
     assert '[compile]' in proc.stdout
+
+
+def test_benchmark_deploy_section_runs_the_export_in_onnxruntime(tmp_path: Path, repo_root: Path):
+    pytest.importorskip('onnxruntime')
+    out = tmp_path / 'deploy.json'
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(repo_root / 'tools' / 'benchmark.py'),
+            '--sections',
+            'deploy',
+            '--quick',
+            '--deploy-dir',
+            str(tmp_path / 'files'),
+            '--json',
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())['deploy']
+    assert res['size'] == [64, 128] and set(res['stages']) == {'export', 'torch', 'onnxruntime'}
+    for stage in res['stages'].values():
+        assert 'error' not in stage, stage
+    assert res['stages']['torch']['output_shape'] == [1, 19, 64, 128]
+    assert res['max_abs_diff'] < 1e-4 and res['peak_ratio'] > 0 and res['time_ratio'] > 0
+    assert res['stages']['export']['ratio_to_weights'] < 1.10
+    assert '[deploy]' in proc.stdout

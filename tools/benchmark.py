@@ -34,6 +34,11 @@ command line, calls them and prints.
            ``--vit-size`` against eager, one fresh process per ``--compile-modes``
            (inference, train step): the first call (compilation), steady-state seconds
            of both in interleaved rounds, their ratio, the largest output difference.
+``deploy``  (by name only) the segmentor of ``--deploy-config`` (random weights) exported
+           to ONNX at ``--frame-size`` and run by onnxruntime against the same model in
+           torch, each stage in a fresh process: export time, file sizes (vs the fp32
+           weights), seconds and peak memory (what the model adds to the process's RSS)
+           of both, and the largest output difference.
 ``attn``   (``--device cuda`` only) attention-only microbenchmark at 1024 / 4096 / 8192
            tokens: LookHere flex (compiled, block mask) vs SDPA without bias vs SDPA with
            the materialised bias. On CPU this section only reports the block-mask tile
@@ -82,6 +87,7 @@ from lookhere_dense.research.benchmark import (  # noqa: E402
 from lookhere_dense.research.benchmark.attention import bench_attention  # noqa: E402
 from lookhere_dense.research.benchmark.bias import bench_bias  # noqa: E402
 from lookhere_dense.research.benchmark.compiled import bench_compile  # noqa: E402
+from lookhere_dense.research.benchmark.deploy import bench_deploy  # noqa: E402
 from lookhere_dense.research.benchmark.report import environment, format_table  # noqa: E402
 from lookhere_dense.research.benchmark.segmenter import CASES as SEGMENTER_CASES  # noqa: E402
 from lookhere_dense.research.benchmark.segmenter import bench_segmenter  # noqa: E402
@@ -109,6 +115,7 @@ QUICK = dict(
     frame_backends=['nobias', 'auto'],
     segmenter_configs=['configs/segmenter_lookhere_vit-t_tiny-cityscapes.py'],
     segmenter_cases=['backbone', 'model'],
+    deploy_config='configs/segmenter_lookhere_vit-t_tiny-cityscapes.py',
 )
 
 
@@ -252,6 +259,19 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         + ')',
     )
     p.add_argument(
+        '--deploy-config',
+        default=None,
+        metavar='CONFIG',
+        help='segmentation config of the deploy section (default: '
+        'configs/segmenter_lookhere_cityscapes_whole.py; random weights), exported at '
+        '--frame-size',
+    )
+    p.add_argument(
+        '--deploy-dir',
+        default='work_dirs/deploy',
+        help='where the deploy section writes the exported file (default: work_dirs/deploy)',
+    )
+    p.add_argument(
         '--segmenter-cases',
         nargs='+',
         default=None,
@@ -313,6 +333,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         segmenter_configs=SEGMENTER_CONFIGS,
         segmenter_cases=list(SEGMENTER_CASES),
         compile_backend='inductor',
+        deploy_config='configs/segmenter_lookhere_cityscapes_whole.py',
     )
     if args.device == 'cuda':  # flex is the CUDA path for large grids
         defaults.update(
@@ -325,6 +346,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             setattr(args, key, QUICK[key] if args.quick and key in QUICK else value)
     if default_configs:  # the repository's, from any working directory
         args.segmenter_configs = repo_configs(args.segmenter_configs)
+    if args.deploy_config in (defaults['deploy_config'], QUICK['deploy_config']):
+        (args.deploy_config,) = repo_configs([args.deploy_config])
     if args.section is not None and args.sections is not None:
         p.error('give --section (a group) or --sections (names), not both')
     if args.sections is None:
@@ -375,6 +398,16 @@ def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
             args.device,
             args.attn_dtype,
             args.repeats,
+        )
+    if section == 'deploy':
+        return bench_deploy(
+            args.deploy_config,
+            tuple(args.frame_size),
+            args.deploy_dir,
+            args.frame_repeats,
+            args.threads,
+            None,
+            args.child_timeout,
         )
     if section == 'segmenter':
         from lookhere_dense.apis.cli import parse_cfg_options
@@ -439,7 +472,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     quiet_known_warnings()
     if args.device == 'cuda' and not torch.cuda.is_available():
         raise SystemExit('--device cuda: no CUDA device available')
-    if 'segmenter' in args.sections:
+    if {'segmenter', 'deploy'} & set(args.sections):
         check_openmmlab()  # fail before the first section, not after it
     if 'segmenter' in args.sections:  # a missing config: before the first section too
         for config in args.segmenter_configs:

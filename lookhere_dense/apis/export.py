@@ -220,6 +220,7 @@ def export_model(
         model_cfg = cfg.model.copy()
         model_cfg.pop('pretrained', None)
         model_cfg.get('backbone', {}).pop('init_cfg', None)
+        torch.manual_seed(0)  # random weights: the same ones on every call
         model = model_registry(scope).build(model_cfg)
         with _quiet_mmengine():
             model.init_weights()

@@ -19,6 +19,8 @@ section        what                                                     needs
 ``compile``    ``torch.compile`` of the trunk vs eager: first call      torch
                (compilation) and steady state, inference and train
                step, fresh process per mode (:mod:`.compiled`)
+``deploy``     an exported segmentor in onnxruntime vs torch: export,    OpenMMLab
+               sizes, time, peak memory, difference (:mod:`.deploy`)
 ``segmenter``  whole-frame inference of segmentation configs, peak      OpenMMLab
                memory: the backbone alone vs the whole model
                (``predict``, whole mode) vs mmseg's original classes,
@@ -42,10 +44,10 @@ import torch
 __all__ = ['SECTIONS', 'SECTION_GROUPS', 'DTYPES']
 
 #: Every section, in the order they run.
-SECTIONS: Tuple[str, ...] = ('bias', 'vit', 'frame', 'segmenter', 'attn', 'compile')
+SECTIONS: Tuple[str, ...] = ('bias', 'vit', 'frame', 'segmenter', 'attn', 'compile', 'deploy')
 #: Named groups of sections: ``attention`` and ``vit`` / ``frame`` need torch alone,
-#: ``segmenter`` needs OpenMMLab; ``all`` leaves out ``compile`` (minutes of compilation:
-#: ask for it by name).
+#: ``segmenter`` and ``deploy`` need OpenMMLab; ``all`` leaves out ``compile`` and ``deploy``
+#: (minutes of compilation / export: ask for them by name).
 SECTION_GROUPS: Dict[str, Tuple[str, ...]] = {
     'all': ('bias', 'vit', 'frame', 'segmenter', 'attn'),
     'attention': ('bias', 'attn'),

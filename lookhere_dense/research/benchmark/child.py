@@ -24,7 +24,7 @@ from typing import Any, Dict, Optional, Sequence
 __all__ = ['CASE_KINDS', 'run_case', 'main']
 
 #: Case kinds a child can run.
-CASE_KINDS = ('bias', 'frame', 'segmenter', 'compile')
+CASE_KINDS = ('bias', 'frame', 'segmenter', 'compile', 'deploy')
 
 
 def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
@@ -46,6 +46,10 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
         from .compiled import compile_case
 
         return compile_case(case)
+    if kind == 'deploy':
+        from .deploy import deploy_case
+
+        return deploy_case(case)
     raise ValueError(f'unknown benchmark case kind {kind!r}; allowed: {list(CASE_KINDS)}')
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import os.path as osp
 import platform
 import subprocess
 from pathlib import Path
@@ -128,6 +129,36 @@ def format_table(results: Dict[str, Any]) -> str:
                 f'  {mode:<11}{r["first_call_seconds"]:>13.1f}'
                 f'{r["seconds"]["eager"]:>10.3f}{r["seconds"]["compiled"]:>12.3f}'
                 f'{r["ratio"]:>9.3f}{diff:>12}'
+            )
+        lines.append('')
+    dp = results.get('deploy')
+    if dp:
+        lines.append(
+            f'[deploy] {osp.basename(dp["config"])} at {dp["size"][0]}x{dp["size"][1]}, '
+            'random weights, fresh process per stage'
+        )
+        ex = dp['stages']['export']
+        if 'error' in ex:
+            lines.append(f'  export: error: {ex["error"]}')
+        else:
+            lines.append(
+                f'  export {ex["export_seconds"]:.1f} s; files {_mb(ex["total_bytes"])} = '
+                f'{ex["ratio_to_weights"]:.3f}x the fp32 weights ({_mb(ex["weights_bytes"])}); '
+                f'largest constant {ex["largest_constant"][0]} {_mb(ex["largest_constant"][2])}'
+            )
+        for stage in ('torch', 'onnxruntime'):
+            r = dp['stages'][stage]
+            if 'error' in r:
+                lines.append(f'  {stage}: error: {r["error"]}')
+                continue
+            lines.append(
+                f'  {stage:<12}{r["seconds"]:>9.2f} s/run   peak {_mb(r["peak_over_before"])} '
+                'over the RSS before the model / session'
+            )
+        if 'peak_ratio' in dp:
+            lines.append(
+                f'  onnxruntime / torch: peak {dp["peak_ratio"]:.3f}x, time '
+                f'{dp["time_ratio"]:.3f}x; max |diff| {dp["max_abs_diff"]:.2e}'
             )
         lines.append('')
     a = results.get('attn')
