@@ -12,7 +12,11 @@ import pytest
 import torch
 
 from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine, LookHereConfig, create_model
-from lookhere_dense.lookhere.export import StaticGridAttention, static_grid_attention
+from lookhere_dense.lookhere.export import (
+    StaticGridAttention,
+    query_blocked_attention,
+    static_grid_attention,
+)
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
 onnx = pytest.importorskip('onnx')
@@ -61,6 +65,15 @@ def test_static_grid_attention_refuses_another_grid():
     q = torch.randn(1, 12, 4 * 5 + 1, 8)
     with pytest.raises(ValueError, match=r'prepared for the patch grid \(4, 6\), got \(4, 5\)'):
         static(q, q, q, 0, (4, 5), True)
+
+
+def test_query_blocked_attention_equals_one_call():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 300, 8) for _ in range(3))
+    exp = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    # 300 queries in blocks of 128 (the least), and in one block
+    for budget in (0.001, 64.0):
+        torch.testing.assert_close(query_blocked_attention(q, k, v, budget), exp)
 
 
 def _tiny(**kw):
@@ -119,6 +132,10 @@ def test_onnx_export_runs_in_onnxruntime_without_a_dense_bias(size, tmp_path: Pa
     assert folded <= weights + tables + indices, (folded, weights, tables)
 
 
+def _attention_nodes(path: Path) -> int:
+    return sum(n.op_type == 'Attention' for n in onnx.load(str(path)).graph.node)
+
+
 def test_export_tool_writes_segmenter_logits_and_backbone_maps(tmp_path: Path):
     from tiny_seg import ADE_CFG, SHRINK, options, write_checkpoint
 
@@ -132,8 +149,23 @@ def test_export_tool_writes_segmenter_logits_and_backbone_maps(tmp_path: Path):
     )
     assert seg['output_shapes'] == [[1, 150, 64, 96]] and seg['max_abs_diff'] < 1e-4
     assert seg['lookhere_layers_served'] == 1
-    # the weights, the tables and the graph (0.2 MB): no bias block
-    assert seg['total_bytes'] <= seg['weights_bytes'] + seg['tables_bytes'] + 300_000, seg
+    assert seg['query_blocked_modules'] == 2  # the mask head's two layers
+    # the mask head's attention over 24 patches + 150 classes (174 queries) fits one block
+    # of 48 MiB: one Attention per head layer; per backbone layer one block and the CLS row
+    assert _attention_nodes(tmp_path / 'seg.onnx') == 2 * 2 + 2 * 1
+    small = export_model(
+        ADE_CFG,
+        ckpt,
+        (64, 96),
+        str(tmp_path / 'small.onnx'),
+        cfg_options=opts,
+        budget_mb=0.01,
+        log=lines.append,
+    )
+    assert small['max_abs_diff'] < 1e-4
+    # blocks of one grid column (6) and the CLS row per backbone layer; two blocks of at
+    # most 128 queries per head layer
+    assert _attention_nodes(tmp_path / 'small.onnx') == 2 * (6 + 1) + 2 * 2
     assert set(seg['files']) == {str(tmp_path / 'seg.onnx'), str(tmp_path / 'seg.onnx.data')}
     assert any('onnxruntime vs torch' in ln for ln in lines)
     bb = export_model(

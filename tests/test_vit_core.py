@@ -171,3 +171,14 @@ def test_non_finite_images_are_refused_by_name():
     with pytest.raises(NonFiniteInputError):
         model.forward_features(x)
     assert model(x[:1])[0].isfinite().all()  # the finite image alone is fine
+
+
+def test_finite_images_whose_sum_overflows_are_not_refused():
+    from lookhere_dense.lookhere.vit import check_finite_images
+
+    x = torch.full((1, 3, 8, 8), 3e38)  # finite; the sum is inf
+    assert not torch.isfinite(x.sum())
+    check_finite_images(x)  # no error
+    x[0, 1, 2, 3] = float('-inf')
+    with pytest.raises(Exception, match='1 NaN / infinite values'):
+        check_finite_images(x)

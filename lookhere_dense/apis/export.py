@@ -198,7 +198,7 @@ def export_model(
     lookhere_dense.register_all_modules()
     from mmengine.registry import init_default_scope
 
-    from ..lookhere.export import static_grid_attention
+    from ..lookhere.export import QUERY_BLOCK_BUDGET, static_grid_attention
     from ..swap import model_registry
     from .cli import build_model_from_checkpoint, load_config
 
@@ -280,6 +280,7 @@ def export_model(
         largest_weight_bytes=largest_weight,
         export_seconds=round(seconds, 1),
         lookhere_layers_served=len(stand_ins),
+        query_blocked_modules=sum(hasattr(m, QUERY_BLOCK_BUDGET) for m in module.modules()),
         tables_bytes=sum(t.numel() * t.element_size() for s in stand_ins for t in s.tables),
     )
     report['largest_constant'] = _largest_constant(out, format)

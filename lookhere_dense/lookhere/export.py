@@ -64,7 +64,15 @@ __all__ = [
     'column_block_bias',
     'static_grid_global_attention',
     'auto_columns',
+    'query_blocked_attention',
+    'QUERY_BLOCK_BUDGET',
 ]
+
+QUERY_BLOCK_BUDGET = 'query_block_budget_mb'
+"""The attribute by which other modules take part in :func:`static_grid_attention`: a module
+of the model with this attribute (None outside an export) gets the block budget in MiB for
+the time of the export and attends through :func:`query_blocked_attention` (the Segmenter
+mask head's unmasked attention over patches and class tokens does)."""
 
 
 def runtime_zero(t: Tensor) -> Tensor:
@@ -195,6 +203,40 @@ def static_grid_global_attention(
     if not cls_token:
         return res
     return torch.cat([F.scaled_dot_product_attention(q[:, :, :1], k, v), res], dim=2)
+
+
+def query_blocked_attention(q: Tensor, k: Tensor, v: Tensor, budget_mb: float = 48.0) -> Tensor:
+    """Unmasked attention, traceable, in chained blocks of queries.
+
+    ``F.scaled_dot_product_attention(q, k, v)`` exports as one ONNX ``Attention`` whose
+    onnxruntime CPU kernel holds the whole ``(B, heads, Tq, Tk)`` probabilities (3.2 GB for
+    the Segmenter mask head on a 1024x2048 frame); here the queries run in blocks whose
+    logits stay within ``budget_mb`` (at least 128 queries), chained like the bias blocks
+    of :func:`static_grid_global_attention` (the module docstring) so a runtime runs them
+    one after the other. Same values as one call.
+
+    Args:
+        q: ``(B, heads, Tq, d)``; k, v: ``(B, heads, Tk, d)``.
+        budget_mb: the largest fp32 logits block. Default: 48.
+
+    Returns:
+        ``(B, heads, Tq, d)``.
+    """
+    b, h, tq, _ = q.shape
+    per_query = b * h * k.shape[2] * 4
+    block = max(128, int(budget_mb * 2**20 // per_query))
+    if block >= tq:
+        return F.scaled_dot_product_attention(q, k, v)
+    outs: List[Tensor] = []
+    zero = None
+    for s0 in range(0, tq, block):
+        qb = q[:, :, s0 : s0 + block]
+        if zero is not None:
+            qb = qb + zero.to(qb.dtype)
+        out = F.scaled_dot_product_attention(qb, k, v)
+        outs.append(out)
+        zero = runtime_zero(out)
+    return torch.cat(outs, dim=2)
 
 
 class StaticGridAttention:
@@ -347,16 +389,20 @@ def static_grid_attention(
     ``image_size``; the engines, and empty position-encoding caches, are back afterwards.
 
     Every position encoding's caches are emptied before and after (a cache filled while an
-    exporter traces would hold its tracing tensors).
+    exporter traces would hold its tracing tensors). Modules with a
+    :data:`QUERY_BLOCK_BUDGET` attribute get ``budget_mb`` for the time of the block.
 
     Yields:
         The stand-ins put in place.
     """
     swapped = []
+    blocked = [m for m in model.modules() if hasattr(m, QUERY_BLOCK_BUDGET)]
     for module in model.modules():
         if isinstance(module, PositionEncoding):
             module.clear_caches()
     try:
+        for module in blocked:
+            setattr(module, QUERY_BLOCK_BUDGET, float(budget_mb))
         for vit in (m for m in model.modules() if isinstance(m, LookHereVisionTransformer)):
             enc = vit.pos_enc
             engine = getattr(enc, 'engine', None)
@@ -377,6 +423,8 @@ def static_grid_attention(
             enc.engine = stand_in
         yield [enc.engine for enc, _ in swapped]
     finally:
+        for module in blocked:
+            setattr(module, QUERY_BLOCK_BUDGET, None)
         for enc, engine in swapped:
             enc.engine = engine
         for module in model.modules():

@@ -34,10 +34,17 @@ from mmseg.models.decode_heads import SegmenterMaskTransformerHead
 from mmseg.registry import MODELS
 from torch import Tensor
 
+from ...lookhere.export import query_blocked_attention
+
 __all__ = ['LeanSegmenterMaskTransformerHead', 'FusedSelfAttention', 'fused_self_attention']
 
 
-def fused_self_attention(x: Tensor, attn: nn.MultiheadAttention, training: bool) -> Tensor:
+def fused_self_attention(
+    x: Tensor,
+    attn: nn.MultiheadAttention,
+    training: bool,
+    query_block_budget_mb: Optional[float] = None,
+) -> Tensor:
     """Self-attention of ``x`` with the weights of ``attn``, through fused SDPA.
 
     Equal to ``attn(x, x, x)[0]`` (batch-first), without the ``(B * heads, T, T)`` weights.
@@ -48,6 +55,9 @@ def fused_self_attention(x: Tensor, attn: nn.MultiheadAttention, training: bool)
             (``in_proj_weight`` ``(3C, C)``, ``in_proj_bias`` ``(3C,)`` or None) and no
             ``bias_k`` / ``bias_v`` / ``add_zero_attn``.
         training: apply ``attn.dropout`` to the attention weights.
+        query_block_budget_mb: attend in chained query blocks of at most this many MiB of
+            logits (:func:`~lookhere_dense.lookhere.export.query_blocked_attention`, what an
+            export asks for); inference only. Default: None (one SDPA call).
 
     Returns:
         ``(B, T, C)``: ``out_proj(softmax(q k^T / sqrt(d)) v)``.
@@ -61,9 +71,12 @@ def fused_self_attention(x: Tensor, attn: nn.MultiheadAttention, training: bool)
     h = attn.num_heads
     qkv = F.linear(x, attn.in_proj_weight, attn.in_proj_bias)  # (B, T, 3C)
     q, k, v = qkv.view(b, t, 3, h, c // h).permute(2, 0, 3, 1, 4)  # 3 x (B, h, T, d)
-    out = F.scaled_dot_product_attention(
-        q, k, v, dropout_p=attn.dropout if training else 0.0
-    )  # (B, h, T, d)
+    if query_block_budget_mb is not None and not training:
+        out = query_blocked_attention(q, k, v, query_block_budget_mb)
+    else:
+        out = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=attn.dropout if training else 0.0
+        )  # (B, h, T, d)
     out = out.transpose(1, 2).reshape(b, t, c)
     return attn.out_proj(out)
 
@@ -78,6 +91,10 @@ class FusedSelfAttention(nn.Module):
     mmcv's, for self-attention without masks or positional terms (what mmseg's ViT
     encoder layer uses); anything else raises.
 
+    While a model is exported (:func:`~lookhere_dense.lookhere.export.static_grid_attention`)
+    ``query_block_budget_mb`` is set and the attention runs in chained query blocks, so
+    onnxruntime never holds the whole ``T x T`` probabilities.
+
     Args:
         mmcv_attn: the mmcv ``MultiheadAttention`` to take over.
     """
@@ -90,6 +107,7 @@ class FusedSelfAttention(nn.Module):
         self.attn = mmcv_attn.attn
         self.proj_drop = mmcv_attn.proj_drop
         self.dropout_layer = mmcv_attn.dropout_layer
+        self.query_block_budget_mb: Optional[float] = None  # set by an export
 
     def forward(
         self,
@@ -125,7 +143,7 @@ class FusedSelfAttention(nn.Module):
         if identity is None:
             identity = query
         x = query if self.batch_first else query.transpose(0, 1)
-        out = fused_self_attention(x, self.attn, self.training)
+        out = fused_self_attention(x, self.attn, self.training, self.query_block_budget_mb)
         if not self.batch_first:
             out = out.transpose(0, 1)
         return identity + self.dropout_layer(self.proj_drop(out))
