@@ -218,9 +218,9 @@ def test_highres_windowed_blocks_never_build_a_full_grid_bias(cityscapes_highres
     assert len(pad) == 1 and pad[0].shape == (50, 1, 197, 197)
     for k in keys:
         assert engine.dense.get_or_create(k, None).numel() < full_numel / 50, k
-    # global blocks took the chunked backend: the relative table of the grid, no dense bias
-    assert engine.choose_backend(grid[0] * grid[1] + 1, torch.device('cpu')) == 'chunked'
-    assert engine.last_backend == 'chunked'
+    # global blocks took the tiled backend: the relative table of the grid, no dense bias
+    assert engine.choose_backend(grid[0] * grid[1] + 1, torch.device('cpu')) == 'tiled'
+    assert engine.last_backend == 'tiled'
     f32 = torch.float32
     assert set(engine.tables.keys()) == {((14, 14), 'cpu', f32), (grid, 'cpu', f32)}
     table = engine.tables.get_or_create((grid, 'cpu', f32), None).table

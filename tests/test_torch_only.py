@@ -57,7 +57,7 @@ q, k, v = (torch.randn(2, 12, 31, 8) for _ in range(3))
 ref = eng(q, k, v, 1, grid, cls_token, backend='reference')
 bias = eng.grid_bias(grid, q.device).dense(1, cls_token)
 torch.testing.assert_close(reference_attention(q, k, v, bias), ref, atol=0, rtol=0)
-backends = ['sdpa', 'chunked'] + (['flex'] if flex_available() else [])
+backends = ['sdpa', 'chunked', 'tiled'] + (['flex'] if flex_available() else [])
 with torch.no_grad():
     for backend in backends:
         out = eng(q, k, v, 1, grid, cls_token, backend=backend)
@@ -114,6 +114,7 @@ import lookhere_dense.research.benchmark.child
 import lookhere_dense.research.benchmark.fresh
 import lookhere_dense.research.benchmark.models
 import lookhere_dense.research.benchmark.official
+import lookhere_dense.research.benchmark.peer
 import lookhere_dense.research.benchmark.report
 import lookhere_dense.research.benchmark.timing
 import lookhere_dense.research.memory
@@ -163,9 +164,9 @@ def test_core_runs_without_openmmlab(
     assert proc.stdout.splitlines() == [f'blocked for this test: {name}' for name in blocked]
     proc = _run(['-c', textwrap.dedent(CORE), ','.join(blocked)], env, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert 'torch-only core ok: reference, sdpa, chunked' in proc.stdout
+    assert 'torch-only core ok: reference, sdpa, chunked, tiled' in proc.stdout
     if flex_available():
-        assert 'chunked, flex, window' in proc.stdout
+        assert 'tiled, flex, window' in proc.stdout
     assert 'torch-only model ok: abs, rope2d, rope2d_mixed, pape, alibi2d, none' in proc.stdout
 
 

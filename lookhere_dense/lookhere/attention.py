@@ -15,6 +15,11 @@ backend         how the bias reaches the softmax                                
                 heads that only look up (down) attend only to the key rows
                 above (below) the block; backward recomputes per block
                 (:mod:`.chunked`)
+``tiled``       CPU: per head group with one field of view, blocks of query     O(T) + one
+                patches against the key strips / rows they can see; the bias   re-pitched
+                is a strided view of a re-pitched table, partial results are   table
+                merged by their log-sum-exp; flash-style backward
+                (:mod:`.tiled`)
 ``flex``        ``flex_attention`` with a ``score_mod`` that reads the table     O(T) + tiles
                 by ``(q_idx, kv_idx)`` and a ``BlockMask`` of the fields of
                 view, so fully blocked tiles are skipped (compiled on CUDA)
@@ -41,7 +46,7 @@ from torch import Tensor
 __all__ = ['BACKENDS', 'reference_attention', 'sdpa_attention']
 
 #: Values of the engine's ``backend`` (and the backbone's ``attn_backend``).
-BACKENDS = ('auto', 'reference', 'sdpa', 'chunked', 'flex')
+BACKENDS = ('auto', 'reference', 'sdpa', 'chunked', 'flex', 'tiled')
 
 
 def _as_4d(mask: Tensor) -> Tensor:

@@ -49,9 +49,14 @@ from .flex import (
     tile_order,
 )
 from .slopes import LookHereSlopes
+from .tiled import tiled_attention
 from .windows import attend_in_windows, padded_grid, window_key_mask
 
-__all__ = ['LookHereAttentionEngine']
+__all__ = ['LookHereAttentionEngine', 'TILED_MIN_TOKENS']
+
+#: ``auto`` uses the ``tiled`` backend on CPU from this many tokens on (512x512 ViT-B/16
+#: inputs have 1025)
+TILED_MIN_TOKENS = 1024
 
 
 class LookHereAttentionEngine:
@@ -61,9 +66,11 @@ class LookHereAttentionEngine:
         config: the LookHere configuration.
         depth: number of layers that ask for a bias (layer index ``0..depth-1``).
         num_heads: heads per layer.
-        backend: one of :data:`BACKENDS`. ``auto`` uses ``sdpa`` with cached dense biases
-            when the dense biases of all layers for the grid fit in ``max_dense_mb``, else
-            ``flex`` on CUDA (without attention dropout) and ``chunked`` elsewhere.
+        backend: one of :data:`BACKENDS`. ``auto`` uses ``tiled`` on CPU for sequences
+            of :data:`TILED_MIN_TOKENS` or more (without attention dropout or training
+            slopes), else ``sdpa`` with cached dense biases when the dense biases of all
+            layers for the grid fit in ``max_dense_mb``, else ``flex`` on CUDA (without
+            attention dropout) and ``chunked`` elsewhere.
             Default: ``'auto'``.
         block_size: query rows per block of the ``chunked`` backend; None or 0 sizes
             blocks automatically (:func:`~.chunked.auto_block_rows`). Default: None.
@@ -122,6 +129,8 @@ class LookHereAttentionEngine:
         self.orders = BoundedCache(cache_size)
         #: slope-free distance tables per (grid, device), used with ``slopes=``
         self.distances = BoundedCache(2 * cache_size)
+        #: tiled plans per (fields of view, grid): shared across layers
+        self.tiled_plans = BoundedCache(cache_size * max(1, len(config.direction_strings)))
         self.last_backend: Optional[str] = None
         self._flex_failed = False
 
@@ -133,6 +142,7 @@ class LookHereAttentionEngine:
             score_mods=self.score_mods,
             orders=self.orders,
             distances=self.distances,
+            tiled_plans=self.tiled_plans,
         )
 
     def reset(self, config: Optional[LookHereConfig] = None) -> None:
@@ -312,15 +322,25 @@ class LookHereAttentionEngine:
     ) -> str:
         """The backend ``auto`` picks for a sequence of ``tokens`` on ``device``.
 
-        ``sdpa`` (cached dense biases, the fastest where they fit) when all layers' dense
-        biases in ``dtype`` fit in ``max_dense_mb``; otherwise ``flex`` on CUDA (unless
-        attention dropout is on, flex failed before, or ``slope_grads`` -- learnable
-        slopes that need gradients -- meet a torch whose compiled flex cannot give
-        captured tensors gradients, :func:`~.flex.flex_slope_grads_available`) and
+        On CPU, ``tiled`` from :data:`TILED_MIN_TOKENS` tokens on (it skips the key tiles
+        the heads cannot see and keeps no dense bias; see ``docs/performance.md``),
+        unless attention dropout is on or ``slope_grads`` (learnable slopes that need
+        gradients: ``tiled`` gives the table none). Otherwise ``sdpa`` (cached dense
+        biases, the fastest where they fit) when all layers' dense biases in ``dtype``
+        fit in ``max_dense_mb``; otherwise ``flex`` on CUDA (unless attention dropout is
+        on, flex failed before, or ``slope_grads`` meet a torch whose compiled flex cannot
+        give captured tensors gradients, :func:`~.flex.flex_slope_grads_available`) and
         ``chunked`` elsewhere.
         """
         if self.backend != 'auto':
             return self.backend
+        if (
+            torch.device(device).type == 'cpu'
+            and tokens >= TILED_MIN_TOKENS
+            and dropout_p == 0
+            and not slope_grads
+        ):
+            return 'tiled'
         itemsize = torch.empty((), dtype=dtype).element_size()
         dense_bytes = self.depth * self.num_heads * tokens * tokens * itemsize
         if dense_bytes <= self.max_dense_bytes:
@@ -415,6 +435,15 @@ class LookHereAttentionEngine:
 
         if backend == 'chunked':
             return chunked()
+        if backend == 'tiled':
+            if slopes is None:
+                grid_bias, index = self.grid_bias(grid_size, q.device, q.dtype), layer
+            else:
+                grid_bias = self.slope_bias(layer, grid_size, q.device, q.dtype, slopes)
+                index = 0
+            return tiled_attention(
+                q, k, v, grid_bias, index, cls_token, dropout_p, plans=self.tiled_plans
+            )
         if dropout_p > 0:
             raise ValueError(
                 'the flex backend has no attention dropout; set attn_drop_rate=0 '

@@ -1,0 +1,497 @@
+"""The ``tiled`` backend is exact: forward and gradients equal the reference.
+
+The ground truth is :func:`reference_attention` with the dense bias of the grid
+(``GridBias.dense``). Every head type (each direction type of :data:`DIRECTION_TYPES`
+alone, the presets, ``center`` / ``zero`` mixtures, ``fill_with`` zero / max, per-layer
+head strings), CLS and no CLS, rectangular and tiny grids, batch > 1, float32 / float64 /
+bfloat16 / float16, the default plan and a fine one (tiny blocks, 1-wide strips, short key
+runs: many merges and many queries that see nothing of a call). The plan itself is checked
+pair by pair: every visible (query, key) pair of every head group is computed by exactly
+one call, and the queries marked empty are exactly those that see none of their call's
+keys. Then the engine: ``backend='tiled'``, ``auto``'s choice, learnable slopes, and a tiny
+``LookHereViT`` forward / backward equal to ``reference``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine, reference_attention
+from lookhere_dense.lookhere.bias import GridBias
+from lookhere_dense.lookhere.tiled import TileOptions, get_plan, plan_tiles, tiled_attention
+
+HEADS = 12
+DEPTH = 3
+#: every direction type of ``directions.DIRECTION_TYPES`` (listed here: that module's
+#: names are being moved; :func:`test_every_direction_type_is_listed` compares when it can)
+TYPES = (
+    'none',
+    'zero',
+    'none1zero3',
+    'none2zero2',
+    'none3zero1',
+    'center',
+    'halves',
+    'corners',
+    'triangles',
+    'diagonals',
+    'eighths1',
+    'eighths2',
+    'zerohalves',
+    'zerocorners',
+    'zerotriangles',
+)
+
+
+def config(head_directions, **kw):
+    """A LookHere config (built from a preset, whose class is the config class)."""
+    return replace(PRESETS['lh180'], head_directions=head_directions, **kw)
+
+
+CONFIGS = {
+    'lh180': PRESETS['lh180'],
+    'lh90': PRESETS['lh90'],
+    'lh45': PRESETS['lh45'],
+    'center_mix': config('corners-center'),
+    'zero_mix': config('zerohalves-none1zero3'),
+    'fill_zero': config('halves-none', fill_with='zero'),
+    'fill_max': config('triangles-none', fill_with='max', distance='sqrt'),
+    'per_layer': config(('halves-none', 'eighths1-eighths2-none', 'corners-none')),
+    'no_rounding': config('diagonals-zerocorners-none', bias_rounding='none'),
+    **{f'type_{t}': config(t) for t in TYPES},  # 12 heads of one type
+}
+GRIDS = [((5, 7), True), ((6, 4), False), ((1, 9), True), ((8, 1), False), ((9, 16), True)]
+TINY = [((1, 1), True), ((1, 1), False), ((2, 3), True), ((3, 2), False), ((1, 2), True)]
+#: a plan with tiny blocks: many calls, merges, 1-wide strips, empty queries
+FINE = TileOptions(rows=2, max_keys=6, min_cols=2, strips=(1, 2, 3), call_cost=0)
+ATOL = {torch.float64: 1e-11, torch.float32: 1e-5, torch.bfloat16: 6e-2, torch.float16: 1e-2}
+
+pytestmark = pytest.mark.usefixtures('one_torch_thread')
+
+
+def qkv(grid, cls_token, batch=2, dim=8, dtype=torch.float32, seed=0, grad=False):
+    """Random ``q, k, v`` (scaled so that softmaxes are peaky and the bias matters)."""
+    gen = torch.Generator().manual_seed(seed)
+    t = grid[0] * grid[1] + int(cls_token)
+    return [
+        (2 * torch.randn(batch, HEADS, t, dim, generator=gen, dtype=torch.float64))
+        .to(dtype)
+        .requires_grad_(grad)
+        for _ in range(3)
+    ]
+
+
+def grid_bias(name, grid, dtype=torch.float32):
+    return LookHereAttentionEngine(CONFIGS[name], DEPTH, HEADS).grid_bias(
+        grid, torch.device('cpu'), dtype
+    )
+
+
+def check(out, ref, dtype=torch.float32):
+    """The one comparison with the reference: max |error| <= ``ATOL[dtype]``."""
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    torch.testing.assert_close(out, ref, atol=ATOL[dtype], rtol=0)
+
+
+# ----------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize('name', sorted(CONFIGS))
+@pytest.mark.parametrize('grid,cls_token', GRIDS)
+def test_forward_matches_reference(name, grid, cls_token):
+    gb = grid_bias(name, grid)
+    q, k, v = qkv(grid, cls_token)
+    for layer in range(DEPTH):
+        ref = reference_attention(q, k, v, gb.dense(layer, cls_token))
+        check(tiled_attention(q, k, v, gb, layer, cls_token), ref)
+
+
+@pytest.mark.parametrize(
+    'name',
+    [
+        'lh180',
+        'lh90',
+        'lh45',
+        'center_mix',
+        'zero_mix',
+        'per_layer',
+        'type_diagonals',
+        'type_eighths2',
+    ],
+)
+@pytest.mark.parametrize('grid,cls_token', GRIDS + TINY)
+def test_fine_plan_matches_reference_float64(name, grid, cls_token):
+    """Tiny blocks and 1-wide strips: hundreds of merges and empty partials, checked in
+    float64 so that nothing hides in the float32 tolerance."""
+    gb = grid_bias(name, grid, torch.float64)
+    q, k, v = qkv(grid, cls_token, dtype=torch.float64)
+    for layer in range(DEPTH):
+        ref = reference_attention(q, k, v, gb.dense(layer, cls_token))
+        for options in (None, FINE):
+            check(
+                tiled_attention(q, k, v, gb, layer, cls_token, options=options), ref, torch.float64
+            )
+
+
+@pytest.mark.parametrize('grid,cls_token', TINY)
+def test_grids_smaller_than_a_tile(grid, cls_token):
+    for name in ('lh45', 'center_mix', 'type_triangles'):
+        gb = grid_bias(name, grid)
+        q, k, v = qkv(grid, cls_token, batch=3)
+        ref = reference_attention(q, k, v, gb.dense(1, cls_token))
+        check(tiled_attention(q, k, v, gb, 1, cls_token), ref)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('name', ['lh90', 'lh45', 'center_mix', 'fill_max'])
+def test_low_precision_inputs(name, dtype):
+    grid, cls_token = (6, 8), True
+    gb = grid_bias(name, grid, dtype)
+    q, k, v = qkv(grid, cls_token, dtype=dtype)
+    exact = reference_attention(
+        *(t.double() for t in (q, k, v)), grid_bias(name, grid, torch.float64).dense(2, cls_token)
+    )
+    out = tiled_attention(q, k, v, gb, 2, cls_token)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    check(out.double(), exact, dtype)
+
+
+def test_batch_elements_are_independent():
+    grid = (5, 6)
+    gb = grid_bias('lh45', grid)
+    q, k, v = qkv(grid, True, batch=3)
+    out = tiled_attention(q, k, v, gb, 0, True)
+    for b in range(3):
+        one = tiled_attention(q[b : b + 1], k[b : b + 1], v[b : b + 1], gb, 0, True)
+        torch.testing.assert_close(out[b : b + 1], one, atol=1e-6, rtol=0)
+
+
+def test_qkv_views_of_a_fused_projection():
+    """The model hands in ``q, k, v`` as strided views of one ``qkv`` tensor."""
+    grid, cls_token = (7, 9), True
+    gb = grid_bias('lh90', grid)
+    t = grid[0] * grid[1] + 1
+    x = torch.randn(2, t, 3 * HEADS * 8, generator=torch.Generator().manual_seed(3))
+    q, k, v = x.reshape(2, t, 3, HEADS, 8).permute(2, 0, 3, 1, 4).unbind(0)
+    ref = reference_attention(q, k, v, gb.dense(0, cls_token))
+    check(tiled_attention(q, k, v, gb, 0, cls_token), ref)
+
+
+# ----------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    'name',
+    ['lh180', 'lh90', 'lh45', 'center_mix', 'zero_mix', 'fill_max', 'per_layer', 'type_diagonals'],
+)
+@pytest.mark.parametrize('grid,cls_token', GRIDS[:4] + TINY[:3])
+@pytest.mark.parametrize('options', [None, FINE], ids=['default', 'fine'])
+def test_gradients_match_reference_float64(name, grid, cls_token, options):
+    gb = grid_bias(name, grid, torch.float64)
+    q, k, v = qkv(grid, cls_token, dtype=torch.float64, grad=True)
+    gen = torch.Generator().manual_seed(1)
+    for layer in (0, 2):
+        ref = reference_attention(q, k, v, gb.dense(layer, cls_token))
+        grad = torch.randn(ref.shape, generator=gen, dtype=ref.dtype)
+        want = torch.autograd.grad(ref, (q, k, v), grad)
+        out = tiled_attention(q, k, v, gb, layer, cls_token, options=options)
+        check(out, ref.detach(), torch.float64)
+        got = torch.autograd.grad(out, (q, k, v), grad)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize('name', ['lh180', 'lh90', 'lh45', 'center_mix'])
+def test_gradients_match_reference_float32(name):
+    grid, cls_token = (9, 16), True
+    gb = grid_bias(name, grid)
+    q, k, v = qkv(grid, cls_token, grad=True)
+    ref = reference_attention(q, k, v, gb.dense(1, cls_token))
+    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2))
+    want = torch.autograd.grad(ref, (q, k, v), grad)
+    got = torch.autograd.grad(tiled_attention(q, k, v, gb, 1, cls_token), (q, k, v), grad)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)  # gradients reach ~30
+
+
+def test_backward_keeps_what_plain_sdpa_keeps():
+    """Saved for backward: ``q, k, v``, the output and the log-sum-exp; no bias, no
+    attention matrix (nothing with ``T x T`` elements)."""
+    grid, cls_token = (12, 12), True
+    gb = grid_bias('lh90', grid)
+    q, k, v = qkv(grid, cls_token, batch=1, dim=4, grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = tiled_attention(q, k, v, gb, 0, cls_token)
+    t = q.shape[2]
+    assert len(saved) == 5
+    assert sum(s.numel() for s in saved) == 4 * q.numel() + q.numel() // q.shape[-1]
+    assert max(s.numel() for s in saved) < t * t
+    # laid out (B, T, heads, d) like SDPA's output: the model's transpose + reshape to
+    # (B, T, C) is a view, so the output projection keeps no second copy
+    assert out.transpose(1, 2).is_contiguous()
+    out.sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+
+
+@pytest.mark.parametrize('mode', ['grad', 'no_grad', 'inference_mode'])
+def test_two_workers_match_reference(mode):
+    """With two torch threads the units of the plan run on two Python threads (one
+    intra-op thread each): same result, and the caller's thread count is restored."""
+    grid, cls_token = (9, 16), True
+    gb = grid_bias('lh45', grid, torch.float64)
+    q, k, v = qkv(grid, cls_token, dtype=torch.float64, grad=mode == 'grad')
+    ref = reference_attention(q, k, v, gb.dense(1, cls_token))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        if mode == 'grad':
+            out = tiled_attention(q, k, v, gb, 1, cls_token, options=FINE)
+            grad = torch.randn(
+                ref.shape, generator=torch.Generator().manual_seed(4), dtype=ref.dtype
+            )
+            got = torch.autograd.grad(out, (q, k, v), grad)
+            want = torch.autograd.grad(ref, (q, k, v), grad)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+        else:
+            with getattr(torch, mode)():
+                out = tiled_attention(q, k, v, gb, 1, cls_token, options=FINE)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    check(out.detach(), ref.detach(), torch.float64)
+
+
+# ----------------------------------------------------------------------------------------
+# The plan
+# ----------------------------------------------------------------------------------------
+def coverage(plan, visible):
+    """Per head group: how often each (query patch, key patch) pair is computed, and
+    whether the empty flags are exact."""
+    height, width = plan.grid_size
+    n = height * width
+    y = torch.arange(n) // width
+    x = torch.arange(n) % width
+    dy = (y[None, :] - y[:, None]) + height - 1
+    dx = (x[None, :] - x[:, None]) + width - 1
+    out = []
+    for group in plan.groups:
+        seen = visible[group.heads[0]][dy, dx]  # (N, N) query x key
+        count = torch.zeros(n, n, dtype=torch.int64)
+        for c in group.calls:
+            qs = (
+                torch.arange(c.y0, c.y1)[:, None] * width + torch.arange(c.x0, c.x1)[None, :]
+            ).flatten()
+            kx = torch.arange(c.strip * group.strip, (c.strip + 1) * group.strip)
+            ks = (torch.arange(c.r0, c.r1)[:, None] * width + kx[None, :]).flatten()
+            count[qs[:, None], ks[None, :]] += 1
+            sees = seen[qs[:, None], ks[None, :]].any(1).view(c.y1 - c.y0, c.x1 - c.x0)
+            empty = torch.zeros_like(sees) if c.empty is None else c.empty[0]
+            assert torch.equal(empty, ~sees), 'empty flags'
+        out.append((group, seen, count))
+    return out
+
+
+@pytest.mark.parametrize(
+    'name',
+    [
+        'lh180',
+        'lh90',
+        'lh45',
+        'center_mix',
+        'type_diagonals',
+        'type_eighths1',
+        'type_triangles',
+        'fill_zero',
+    ],
+)
+@pytest.mark.parametrize(
+    'grid,options',
+    [
+        ((5, 7), None),
+        ((8, 12), None),
+        ((1, 6), None),
+        ((6, 1), None),
+        ((16, 24), None),
+        ((5, 7), FINE),
+        ((8, 12), FINE),
+        ((1, 6), FINE),
+        ((6, 1), FINE),
+    ],
+)
+def test_plan_computes_every_visible_pair_exactly_once(name, grid, options):
+    gb = grid_bias(name, grid)
+    plan = plan_tiles(gb.visible[0], grid, options)
+    heads = sorted(h for g in plan.groups for h in g.heads)
+    assert heads == list(range(HEADS))
+    for group, seen, count in coverage(plan, gb.visible[0]):
+        assert count.max() <= 1, 'a pair computed twice'
+        assert (count[seen] == 1).all(), 'a visible pair skipped'
+        assert group.visible == int(seen.sum())
+        assert group.computed == int(count.sum())
+        assert torch.equal(
+            gb.visible[0][list(group.heads)],
+            gb.visible[0][group.heads[0]].expand(len(group.heads), -1, -1),
+        )
+
+
+def test_plans_skip_what_the_heads_cannot_see():
+    """On a whole-frame grid the plan computes little more than the visible pairs
+    (lh180 ~2/3 of the dense pairs, lh90 ~1/2, lh45 ~5/12)."""
+    grid = (64, 128)
+    for name, most in (('lh180', 0.70), ('lh90', 0.56), ('lh45', 0.50)):
+        computed, visible = plan_tiles(grid_bias(name, grid).visible[0], grid).fractions()
+        assert visible < computed <= most, (name, computed, visible)
+
+
+def test_a_wedge_plan_has_empty_queries_and_merges():
+    """The paths of partial merges and of queries that see nothing of a call are taken
+    (so that the tests above exercise them)."""
+    plan = plan_tiles(grid_bias('lh45', (8, 12)).visible[0], (8, 12), FINE)
+    calls = [c for g in plan.groups for c in g.calls]
+    assert any(c.empty is not None for c in calls)
+    assert any(not c.first for c in calls) and any(c.first for c in calls)
+
+
+def test_plans_are_cached_and_shared_by_layers_with_one_field_of_view():
+    grid = (6, 8)
+    plans = {}
+    gb = grid_bias('lh90', grid)
+    q, k, v = qkv(grid, True)
+    for layer in range(DEPTH):
+        tiled_attention(q, k, v, gb, layer, True, plans=plans)
+    assert len(plans) == 1
+    assert get_plan(gb, 2, cache=plans) is get_plan(gb, 0, cache=plans)
+    per_layer = grid_bias('per_layer', grid)
+    assert len({id(get_plan(per_layer, layer, cache=plans)) for layer in range(DEPTH)}) == 3
+
+
+def test_options_are_validated():
+    with pytest.raises(ValueError, match='rows must be a positive int'):
+        TileOptions(rows=0)
+    with pytest.raises(ValueError, match='strips must be positive ints'):
+        TileOptions(strips=(0,))
+
+
+# ----------------------------------------------------------------------------------------
+# Refusals
+# ----------------------------------------------------------------------------------------
+def test_unsupported_uses_are_refused_by_name():
+    grid = (3, 4)
+    gb = grid_bias('lh90', grid)
+    q, k, v = qkv(grid, True)
+    with pytest.raises(ValueError, match='no attention dropout'):
+        tiled_attention(q, k, v, gb, 0, True, dropout_p=0.1)
+    with pytest.raises(ValueError, match='CPU only'):
+        tiled_attention(*(t.to('meta') for t in (q, k, v)), gb, 0, True)
+    with pytest.raises(ValueError, match='for grid'):
+        tiled_attention(q, k, v, gb, 0, False)
+    learnable = GridBias(gb.grid_size, gb.table.clone().requires_grad_(), None, gb.visible)
+    with pytest.raises(ValueError, match='no gradient to the bias table'):
+        tiled_attention(q, k, v, learnable, 0, True)
+    with torch.no_grad():  # inference with a table that requires grad is fine
+        ref = reference_attention(q, k, v, gb.dense(0, True))
+        check(tiled_attention(q, k, v, learnable, 0, True), ref)
+
+
+# ----------------------------------------------------------------------------------------
+# Through the engine and the backbone
+# ----------------------------------------------------------------------------------------
+def test_engine_backend_tiled_matches_reference():
+    eng = LookHereAttentionEngine(CONFIGS['per_layer'], DEPTH, HEADS)
+    grid = (7, 5)
+    q, k, v = qkv(grid, True)
+    for layer in range(DEPTH):
+        ref = eng(q, k, v, layer, grid, True, backend='reference')
+        check(eng(q, k, v, layer, grid, True, backend='tiled'), ref)
+        assert eng.last_backend == 'tiled'
+    assert eng.cache_info()['tiled_plans']['size'] == 3
+
+
+def test_auto_picks_tiled_on_cpu_for_large_grids():
+    from lookhere_dense.lookhere.engine import TILED_MIN_TOKENS
+
+    eng = LookHereAttentionEngine(CONFIGS['lh90'], DEPTH, HEADS)
+    cpu, cuda = torch.device('cpu'), torch.device('cuda')
+    assert eng.choose_backend(TILED_MIN_TOKENS, cpu) == 'tiled'
+    assert eng.choose_backend(8193, cpu, torch.bfloat16) == 'tiled'
+    assert eng.choose_backend(TILED_MIN_TOKENS - 1, cpu) == 'sdpa'  # fits the budget
+    assert eng.choose_backend(8193, cpu, dropout_p=0.1) == 'chunked'
+    assert eng.choose_backend(8193, cpu, slope_grads=True) == 'chunked'
+    assert eng.choose_backend(8193, cuda) != 'tiled'
+    # 32 x 32 patches + CLS (a 512 x 512 image at patch 16), training: tiled, no dense cache
+    grid = (32, 32)
+    q, k, v = qkv(grid, True, batch=1, dim=4, grad=True)
+    eng(q, k, v, 0, grid, True).sum().backward()
+    assert eng.last_backend == 'tiled' and len(eng.dense) == 0
+
+
+def test_learnable_slopes_train_elsewhere_and_infer_through_tiled():
+    """While the slopes train, ``auto`` routes them to a backend that gives the table
+    gradients; without autograd it uses ``tiled`` at the current slopes."""
+    from lookhere_dense.models.backbones.lookhere_vit import LookHereViT
+
+    model = LookHereViT(
+        embed_dims=48,
+        num_layers=DEPTH,
+        num_heads=HEADS,
+        lh_config=dict(head_directions='corners-none', learnable_slopes=True),
+    )
+    eng, slopes = model.pos_enc.engine, model.pos_enc.slopes
+    grid = (32, 32)
+    q, k, v = qkv(grid, True, batch=1, dim=4)
+    out = eng(q, k, v, 1, grid, True, slopes=slopes)
+    assert eng.last_backend != 'tiled'
+    out.sum().backward()
+    assert slopes.global_log_ratio.grad is not None
+    assert slopes.layer_log_ratio[1].grad is not None and slopes.head_log_ratio[1].grad.any()
+    with torch.no_grad():
+        for p in slopes.parameters():
+            p.add_(0.3)  # away from the initial slopes
+        ref = eng(q, k, v, 1, grid, True, backend='reference', slopes=slopes)
+        check(eng(q, k, v, 1, grid, True, slopes=slopes), ref)
+        assert eng.last_backend == 'tiled'
+
+
+def test_every_direction_type_is_listed():
+    try:
+        from lookhere_dense.lookhere import DIRECTION_TYPES
+    except ImportError:  # pragma: no cover - moved on main
+        pytest.skip('DIRECTION_TYPES is not importable from lookhere_dense.lookhere')
+    assert sorted(TYPES) == sorted(DIRECTION_TYPES)
+
+
+@pytest.mark.parametrize('preset', ['lh180', 'lh45'])
+def test_backbone_forward_and_backward_equal_reference(preset):
+    from lookhere_dense.models.backbones.lookhere_vit import LookHereViT
+
+    torch.manual_seed(0)
+    model = LookHereViT(
+        embed_dims=48,
+        num_layers=3,
+        num_heads=12,
+        preset=preset,
+        init_values=1.0,
+        attn_backend='reference',
+    ).train()
+    x = torch.randn(2, 3, 80, 112)  # grid 5 x 7 + CLS
+    results = {}
+    for backend in ('reference', 'tiled'):
+        model.pos_enc.engine.backend = backend
+        model.zero_grad()
+        outs = model(x)
+        loss = sum(o.square().mean() for o in outs)
+        loss.backward()
+        results[backend] = (
+            [o.detach() for o in outs],
+            [p.grad.clone() for p in model.parameters()],
+        )
+        assert model.pos_enc.engine.last_backend == backend
+    for a, b in zip(results['tiled'][0], results['reference'][0]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    for a, b in zip(results['tiled'][1], results['reference'][1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
