@@ -47,8 +47,17 @@ needs_flex = pytest.mark.skipif(not flex_available(), reason='no flex_attention 
 # Sections and timing
 # ----------------------------------------------------------------------------------------
 def test_section_groups_cover_the_sections():
-    assert SECTIONS == ('bias', 'vit', 'frame', 'segmenter', 'attn', 'compile', 'deploy')
-    assert SECTION_GROUPS['all'] == SECTIONS[:-2]  # compile and deploy: by name only
+    assert SECTIONS == (
+        'bias',
+        'vit',
+        'frame',
+        'segmenter',
+        'attn',
+        'compile',
+        'deploy',
+        'peer',
+    )
+    assert SECTION_GROUPS['all'] == SECTIONS[:-3]  # compile, deploy and peer: by name only
     assert SECTION_GROUPS['attention'] == ('bias', 'attn')
     assert set(SECTION_GROUPS['attention']) | set(SECTION_GROUPS['models']) == set(
         SECTION_GROUPS['all']
@@ -139,7 +148,8 @@ def test_run_child_runs_a_case_in_a_fresh_process_and_reports_failures():
         failed['error'].startswith('exit 1') and 'unknown benchmark case kind' in failed['error']
     )
     with pytest.raises(
-        ValueError, match="allowed: \\['bias', 'frame', 'segmenter', 'compile', 'deploy'\\]"
+        ValueError,
+        match="allowed: \\['bias', 'frame', 'segmenter', 'compile', 'deploy', 'peer'\\]",
     ):
         run_case(dict(kind='nonsense'))
 
@@ -486,3 +496,86 @@ def test_benchmark_deploy_section_runs_the_export_in_onnxruntime(tmp_path: Path,
     assert res['max_abs_diff'] < 1e-4 and res['peak_ratio'] > 0 and res['time_ratio'] > 0
     assert res['stages']['export']['ratio_to_weights'] < 1.10
     assert '[deploy]' in proc.stdout
+
+
+# ----------------------------------------------------------------------------------------
+# peer: against timm's ViT-B
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize('preset', ['lh180', 'lh90', 'lh45'])
+def test_flop_bound_counts_the_visible_pairs_of_the_dense_bias(preset):
+    from lookhere_dense.research.benchmark.peer import flop_bound
+
+    size, grid = (96, 160), (6, 10)
+    got = flop_bound(preset, size, embed_dims=64)
+    bias = build_grid_bias(PRESETS[preset], grid, depth=12, num_heads=12)
+    visible = torch.stack([~torch.isneginf(bias.dense(layer)) for layer in range(12)])
+    assert got['grid'] == list(grid) and got['tokens'] == 61
+    assert got['visible'] == pytest.approx(visible.double().mean().item(), abs=1e-9)
+    assert got['visible'] <= got['computed'] <= 1
+    share = 61 / (61 + 6 * 64)
+    assert got['attention_share'] == pytest.approx(share)
+    assert got['bound'] == pytest.approx(1 - share + share * got['visible'])
+    assert got['plan_bound'] == pytest.approx(1 - share + share * got['computed'])
+
+
+def test_flop_bound_matches_the_issue_figures_at_1024x2048():
+    from lookhere_dense.research.benchmark.peer import flop_bound
+
+    bounds = {p: flop_bound(p, (1024, 2048))['bound'] for p in ('lh180', 'lh90', 'lh45')}
+    assert bounds == pytest.approx(dict(lh180=0.79, lh90=0.68, lh45=0.63), abs=0.006)
+
+
+def test_peer_cases_run_timm_and_lookhere_in_process():
+    pytest.importorskip('timm')
+    from lookhere_dense.research.benchmark.peer import peer_case
+
+    base = dict(kind='peer', size=[32, 48], device='cpu', dtype='float32', steps=2)
+    timm_run = peer_case(dict(base, mode='frame', model='timm'))
+    assert timm_run['backend'] is None and len(timm_run['times']) == 2
+    assert timm_run['peak'] > 0 and timm_run['seconds'] > 0
+    lh = peer_case(dict(base, mode='train', model='lh90:chunked'))
+    assert lh['backend'] == 'chunked' and lh['seconds'] > 0
+    assert peer_case(dict(base, mode='frame', model='nobias'))['backend'] is None
+
+
+def test_peer_segmenter_case_puts_timm_in_the_backbone_place(repo_root: Path):
+    pytest.importorskip('timm')
+    from lookhere_dense.research.benchmark.peer import TimmTrunk, _segmenter, peer_case
+
+    config = str(repo_root / 'configs' / 'segmenter_lookhere_vit-t_tiny-ade.py')
+    case = dict(kind='peer', mode='segmenter', config=config, size=[32, 32], device='cpu')
+    model, x, samples = _segmenter(dict(case, model='timm'))
+    assert isinstance(model.backbone, TimmTrunk)
+    assert model.backbone.vit.embed_dim == 192  # the config's ViT-T width
+    (feat,) = model.backbone(x)
+    assert feat.shape == (1, 192, 2, 2)
+    run = peer_case(dict(case, model='lookhere', dtype='float32', steps=1))
+    assert run['backend'] == 'sdpa' and run['seconds'] > 0
+
+
+@needs_flex
+def test_attn_cases_agree_and_train_steps_drop_their_gradients():
+    from lookhere_dense.research.benchmark.attention import _cases, _train_step
+
+    eng = LookHereAttentionEngine(PRESETS['lh90'], 1, 12, 'flex')
+    grid = (8, 16)
+    q, k, v = (torch.randn(1, 12, 128, 16) for _ in range(3))
+    extra = (
+        eng.grid_bias(grid, q.device),
+        eng.block_mask(0, grid, False, q.device),
+        eng.score_mod(0, grid, False, q.device),
+        eng.flex_order(grid, False, q.device),
+        eng.dense_bias(0, grid, False, q.device, q.dtype)[None],
+    )
+    with torch.no_grad():
+        out = {name: fn() for name, fn in _cases(q, k, v, *extra).items()}
+    torch.testing.assert_close(out['flex'], out['sdpa_dense_bias'], atol=2e-5, rtol=0)
+    assert (out['sdpa_nobias'] - out['sdpa_dense_bias']).abs().max() > 1e-2
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    grads = []
+    for t in leaves:
+        t.register_hook(grads.append)
+    fn = _cases(*leaves, *extra)['sdpa_dense_bias']
+    _train_step(fn, leaves, torch.randn_like(q))
+    assert len(grads) == 3 and all(g.abs().sum() > 0 for g in grads)  # backward ran
+    assert all(t.grad is None for t in leaves)  # and the next step starts clean

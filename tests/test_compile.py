@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from lookhere_dense.lookhere import create_model
+from lookhere_dense.lookhere.flex import flex_available
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
 
@@ -93,3 +94,48 @@ def test_mmengine_compile_trains_and_tests_a_segmenter_config(tmp_path: Path):
         cfg_options=options(*opts),
     )
     assert 0.0 <= metrics['mIoU'] <= 100.0
+
+
+@pytest.mark.skipif(not flex_available(), reason='no flex_attention in this torch')
+def test_compiled_flex_compiles_once_for_all_layers_of_a_shape():
+    """Each layer has its own score_mod (its own table); the compiled kernel must still be
+    one graph per shape, not one per layer (torch's recompile limit would otherwise send
+    layers past the eighth back to eager). Padding: 65 tokens, not a multiple of 128."""
+    from torch._dynamo.utils import counters
+
+    from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine
+
+    torch._dynamo.reset()
+    counters.clear()
+    eng = LookHereAttentionEngine(PRESETS['lh90'], 3, 12, backend='flex', flex_compile=True)
+    grid = (8, 8)
+    q, k, v = (torch.randn(1, 12, 65, 16) for _ in range(3))
+    with torch.no_grad():
+        for layer in range(3):
+            ref = eng(q, k, v, layer, grid, True, backend='reference')
+            torch.testing.assert_close(eng(q, k, v, layer, grid, True), ref, atol=2e-5, rtol=0)
+    assert len(eng.score_mods) == 3  # three different functions ...
+    assert counters['stats']['unique_graphs'] == 1  # ... one compiled graph
+
+
+def test_flex_index_stays_in_range_at_32k_tokens():
+    """The flex callbacks' index arithmetic at a 128x256 grid + CLS (32769 tokens) in the
+    int32 that flex passes: every pair's table index equals the int64 pair index."""
+    from lookhere_dense.lookhere.bias import pair_index
+    from lookhere_dense.lookhere.flex import _flex_index, tile_order
+
+    grid = (128, 256)
+    n = grid[0] * grid[1]
+    order = tile_order(grid, True)
+    index = _flex_index(grid, True, order)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(0, n + 1, (4096,), generator=g, dtype=torch.int32)
+    kv = torch.randint(0, n + 1, (4096,), generator=g, dtype=torch.int32)
+    q[:2], kv[:2] = torch.tensor([n, 0]), torch.tensor([0, n])  # the last token, both ways
+    is_cls, t, _ = index(q, kv)
+    qp, kp = order[q.long()].long() - 1, order[kv.long()].long() - 1
+    patches = (qp >= 0) & (kp >= 0)
+    assert torch.equal(is_cls, ~patches)
+    expected = pair_index(grid, qp[patches], kp[patches])
+    assert torch.equal(t[patches].long(), expected)
+    assert int(t.max()) < (2 * grid[0] - 1) * (2 * grid[1] - 1) and int(t.min()) >= 0

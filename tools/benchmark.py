@@ -39,9 +39,17 @@ command line, calls them and prints.
            torch, each stage in a fresh process: export time, file sizes (vs the fp32
            weights), seconds and peak memory (what the model adds to the process's RSS)
            of both, and the largest output difference.
+``peer``   (by name only) against timm's ViT-B (``vit_base_patch16_224``,
+           ``dynamic_img_size=True``), fresh process per case, ``--frame-repeats``
+           interleaved rounds: whole-frame inference at ``--frame-size`` (timm, our
+           trunk without bias, each of ``--peer-presets``), one round at
+           ``--peer-big-frame`` (``lh90``), the train step at ``--vit-size`` (lh180,
+           lh90), and with ``--peer-segmenter-config`` a Segmenter train step with its
+           LookHere trunk vs timm's ViT-B in its place; beside them the FLOP bound of
+           each preset (every invisible pair skipped) and of the ``tiled`` plan.
 ``attn``   (``--device cuda`` only) attention-only microbenchmark at 1024 / 4096 / 8192
-           tokens: LookHere flex (compiled, block mask) vs SDPA without bias vs SDPA with
-           the materialised bias. On CPU this section only reports the block-mask tile
+           tokens (``--attn-tokens``): LookHere flex (compiled, block mask) vs SDPA without
+           bias vs SDPA with the materialised bias, forward and forward + backward. On CPU this section only reports the block-mask tile
            sparsity (the fraction of tiles flex skips), which needs no GPU.
 
 ``--section attention`` (= ``bias attn``) and the sections ``vit`` and ``frame`` need torch
@@ -88,6 +96,7 @@ from lookhere_dense.research.benchmark.attention import bench_attention  # noqa:
 from lookhere_dense.research.benchmark.bias import bench_bias  # noqa: E402
 from lookhere_dense.research.benchmark.compiled import bench_compile  # noqa: E402
 from lookhere_dense.research.benchmark.deploy import bench_deploy  # noqa: E402
+from lookhere_dense.research.benchmark.peer import bench_peer  # noqa: E402
 from lookhere_dense.research.benchmark.report import environment, format_table  # noqa: E402
 from lookhere_dense.research.benchmark.segmenter import CASES as SEGMENTER_CASES  # noqa: E402
 from lookhere_dense.research.benchmark.segmenter import bench_segmenter  # noqa: E402
@@ -116,6 +125,9 @@ QUICK = dict(
     segmenter_configs=['configs/segmenter_lookhere_vit-t_tiny-cityscapes.py'],
     segmenter_cases=['backbone', 'model'],
     deploy_config='configs/segmenter_lookhere_vit-t_tiny-cityscapes.py',
+    peer_presets=['lh90'],
+    peer_big_frame=[],
+    peer_train_steps=1,
 )
 
 
@@ -287,6 +299,34 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         '--cfg-options (e.g. model.backbone.attn_backend=flex)',
     )
     p.add_argument(
+        '--peer-presets',
+        nargs='+',
+        default=None,
+        help='presets of the peer whole-frame cases (default: lh180 lh90 lh45)',
+    )
+    p.add_argument(
+        '--peer-big-frame',
+        type=int,
+        nargs='*',
+        default=None,
+        metavar='H W',
+        help='the larger frame of the peer section, lh90 vs timm, one round '
+        '(default 2048 4096; no values: skip)',
+    )
+    p.add_argument(
+        '--peer-train-steps',
+        type=int,
+        default=None,
+        help='timed steps per train case of the peer section (default 3)',
+    )
+    p.add_argument(
+        '--peer-segmenter-config',
+        default=None,
+        metavar='CONFIG',
+        help='Segmenter config of the peer train step with a Segmenter head (OpenMMLab; '
+        'default: none; e.g. configs/segmenter_lookhere_ade20k.py)',
+    )
+    p.add_argument(
         '--attn-tokens',
         type=int,
         nargs='+',
@@ -334,6 +374,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         segmenter_cases=list(SEGMENTER_CASES),
         compile_backend='inductor',
         deploy_config='configs/segmenter_lookhere_cityscapes_whole.py',
+        peer_presets=['lh180', 'lh90', 'lh45'],
+        peer_big_frame=[2048, 4096],
+        peer_train_steps=3,
     )
     if args.device == 'cuda':  # flex is the CUDA path for large grids
         defaults.update(
@@ -348,6 +391,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.segmenter_configs = repo_configs(args.segmenter_configs)
     if args.deploy_config in (defaults['deploy_config'], QUICK['deploy_config']):
         (args.deploy_config,) = repo_configs([args.deploy_config])
+    if args.peer_big_frame and len(args.peer_big_frame) != 2:
+        p.error(f'--peer-big-frame takes H W (or nothing), got {args.peer_big_frame}')
     if args.section is not None and args.sections is not None:
         p.error('give --section (a group) or --sections (names), not both')
     if args.sections is None:
@@ -424,6 +469,22 @@ def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
             cfg_options,
             args.child_timeout,
         )
+    if section == 'peer':
+        return bench_peer(
+            args.peer_presets,
+            tuple(args.frame_size),
+            tuple(args.peer_big_frame) or None,
+            args.peer_presets[:1] if 'lh90' not in args.peer_presets else ['lh90'],
+            args.vit_size,
+            [p for p in args.peer_presets if p != 'lh45'] or args.peer_presets,
+            args.peer_train_steps,
+            args.peer_segmenter_config,
+            args.frame_repeats,
+            args.device,
+            args.dtype,
+            args.threads,
+            args.child_timeout,
+        )
     arch = models.vit_arch(args.embed_dims, args.num_layers, args.num_heads)
     if section == 'vit':
         return models.bench_vit(
@@ -472,7 +533,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     quiet_known_warnings()
     if args.device == 'cuda' and not torch.cuda.is_available():
         raise SystemExit('--device cuda: no CUDA device available')
-    if {'segmenter', 'deploy'} & set(args.sections):
+    if {'segmenter', 'deploy'} & set(args.sections) or (
+        'peer' in args.sections and args.peer_segmenter_config
+    ):
         check_openmmlab()  # fail before the first section, not after it
     if 'segmenter' in args.sections:  # a missing config: before the first section too
         for config in args.segmenter_configs:
@@ -492,7 +555,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     for section in SECTIONS:  # in this order, whatever the order on the command line
         if section in args.sections:
             s0 = time.perf_counter()
-            results[section] = run_section(section, args)
+            try:
+                results[section] = run_section(section, args)
+            except KeyboardInterrupt:  # Ctrl-C / timeout --signal=INT: keep what finished
+                results['interrupted'] = section
+                print(f'\ninterrupted in section {section}: writing the finished sections')
+                break
             results[section]['section_seconds'] = time.perf_counter() - s0
     results['total_seconds'] = time.perf_counter() - t0
     results['env']['load_avg_end'] = os.getloadavg() if hasattr(os, 'getloadavg') else None

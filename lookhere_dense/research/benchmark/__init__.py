@@ -21,6 +21,8 @@ section        what                                                     needs
                step, fresh process per mode (:mod:`.compiled`)
 ``deploy``     an exported segmentor in onnxruntime vs torch: export,    OpenMMLab
                sizes, time, peak memory, difference (:mod:`.deploy`)
+``peer``       against timm's ViT-B: whole frames, the train step,      torch + timm
+               a Segmenter train step, FLOP bounds (:mod:`.peer`)       (+ OpenMMLab)
 ``segmenter``  whole-frame inference of segmentation configs, peak      OpenMMLab
                memory: the backbone alone vs the whole model
                (``predict``, whole mode) vs mmseg's original classes,
@@ -44,10 +46,19 @@ import torch
 __all__ = ['SECTIONS', 'SECTION_GROUPS', 'DTYPES']
 
 #: Every section, in the order they run.
-SECTIONS: Tuple[str, ...] = ('bias', 'vit', 'frame', 'segmenter', 'attn', 'compile', 'deploy')
+SECTIONS: Tuple[str, ...] = (
+    'bias',
+    'vit',
+    'frame',
+    'segmenter',
+    'attn',
+    'compile',
+    'deploy',
+    'peer',
+)
 #: Named groups of sections: ``attention`` and ``vit`` / ``frame`` need torch alone,
-#: ``segmenter`` and ``deploy`` need OpenMMLab; ``all`` leaves out ``compile`` and ``deploy``
-#: (minutes of compilation / export: ask for them by name).
+#: ``segmenter`` and ``deploy`` need OpenMMLab; ``all`` leaves out ``compile``, ``deploy``
+#: and ``peer`` (minutes of compilation / export / whole frames: ask for them by name).
 SECTION_GROUPS: Dict[str, Tuple[str, ...]] = {
     'all': ('bias', 'vit', 'frame', 'segmenter', 'attn'),
     'attention': ('bias', 'attn'),

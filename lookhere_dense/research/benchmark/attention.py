@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 import statistics
 from functools import partial
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Callable, Dict, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from lookhere_dense.lookhere import LookHereAttentionEngine, resolve_lh_config
 from lookhere_dense.lookhere.flex import (
@@ -58,6 +59,24 @@ def skipped_tile_fraction(
     return out
 
 
+def _cases(q, k, v, grid_bias, mask, score_mod, order, bias) -> Dict[str, Callable]:
+    """The three attention calls of one ``attn`` case on ``q, k, v``."""
+    return {
+        'flex': partial(
+            flex_attention_lookhere, q, k, v, grid_bias, 0, False, mask, True, score_mod, order
+        ),
+        'sdpa_nobias': partial(F.scaled_dot_product_attention, q, k, v),
+        'sdpa_dense_bias': partial(F.scaled_dot_product_attention, q, k, v, attn_mask=bias),
+    }
+
+
+def _train_step(fn: Callable, leaves: Sequence[Tensor], grad_out: Tensor) -> None:
+    """Forward + backward of one attention call; the leaves' gradients are dropped."""
+    fn().backward(grad_out)
+    for t in leaves:
+        t.grad = None
+
+
 def bench_attention(
     preset: str = 'lh90',
     tokens: Sequence[int] = (1024, 4096, 8192),
@@ -66,6 +85,7 @@ def bench_attention(
     device: str = 'cpu',
     dtype: str = 'bfloat16',
     repeats: int = 10,
+    backward: bool = True,
 ) -> Dict[str, Any]:
     """Section ``attn``.
 
@@ -77,6 +97,8 @@ def bench_attention(
         device: ``'cpu'`` (tile sparsity only) or ``'cuda'`` (timings too). Default: cpu.
         dtype: name in :data:`~lookhere_dense.research.benchmark.DTYPES`. Default: ``'bfloat16'``.
         repeats: timed interleaved rounds on CUDA (at least 10). Default: 10.
+        backward: on CUDA also time forward + backward (``train_seconds``, ratios
+            ``train_flex_vs_nobias`` / ``train_dense_vs_flex``). Default: True.
 
     Returns:
         ``preset``, ``dtype``, ``cases`` per token count: ``grid``, and
@@ -108,13 +130,9 @@ def bench_attention(
         mask = eng.block_mask(0, grid, False, q.device)
         mod = eng.score_mod(0, grid, False, q.device)
         order = eng.flex_order(grid, False, q.device)
-        fns = {
-            'flex': partial(
-                flex_attention_lookhere, q, k, v, gb, 0, False, mask, True, mod, order
-            ),
-            'sdpa_nobias': partial(F.scaled_dot_product_attention, q, k, v),
-            'sdpa_dense_bias': partial(F.scaled_dot_product_attention, q, k, v, attn_mask=bias),
-        }
+
+        extra = (gb, mask, mod, order, bias)
+        fns = _cases(q, k, v, *extra)
         ref = F.scaled_dot_product_attention(
             q.float(), k.float(), v.float(), attn_mask=bias.float()
         )
@@ -130,6 +148,22 @@ def bench_attention(
             dense_vs_flex=paired_ratio(times['sdpa_dense_bias'], times['flex']),
             flex_max_abs_err=err,
         )
-        del q, k, v, bias
+        if backward:  # forward + backward of q, k, v (the bias takes no gradient)
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            steps = {
+                name: partial(_train_step, fn, leaves, torch.randn_like(q))
+                for name, fn in _cases(*leaves, *extra).items()
+            }
+            for fn in steps.values():  # compile / warm up
+                for _ in range(2):
+                    fn()
+            times = interleaved(steps, max(repeats, 10), device)
+            case.update(
+                train_seconds={name: statistics.median(t) for name, t in times.items()},
+                train_flex_vs_nobias=paired_ratio(times['flex'], times['sdpa_nobias']),
+                train_dense_vs_flex=paired_ratio(times['sdpa_dense_bias'], times['flex']),
+            )
+            del leaves, steps
+        del q, k, v, bias, fns, extra
         torch.cuda.empty_cache()
     return res

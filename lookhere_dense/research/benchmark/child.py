@@ -12,6 +12,10 @@ kind           what                                                needs
 ``frame``      :func:`.models.frame_case` (whole-frame forward)    OpenMMLab
 ``segmenter``  :func:`.segmenter.segmenter_case` (whole-frame      OpenMMLab
                memory of a config's backbone or model)
+``compile``    :func:`.compiled.compile_case` (compiled vs eager)  torch
+``deploy``     :func:`.deploy.deploy_case` (export / onnxruntime)  OpenMMLab, onnx
+``peer``       :func:`.peer.peer_case` (vs timm's ViT-B: frame,    torch + timm
+               train step; Segmenter step)                         (+ OpenMMLab)
 =============  ==================================================  ==================
 """
 
@@ -24,7 +28,7 @@ from typing import Any, Dict, Optional, Sequence
 __all__ = ['CASE_KINDS', 'run_case', 'main']
 
 #: Case kinds a child can run.
-CASE_KINDS = ('bias', 'frame', 'segmenter', 'compile', 'deploy')
+CASE_KINDS = ('bias', 'frame', 'segmenter', 'compile', 'deploy', 'peer')
 
 
 def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
@@ -50,6 +54,10 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
         from .deploy import deploy_case
 
         return deploy_case(case)
+    if kind == 'peer':
+        from .peer import peer_case
+
+        return peer_case(case)
     raise ValueError(f'unknown benchmark case kind {kind!r}; allowed: {list(CASE_KINDS)}')
 
 

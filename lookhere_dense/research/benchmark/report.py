@@ -8,7 +8,7 @@ import os.path as osp
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -28,7 +28,8 @@ def _mb(x: Optional[float]) -> str:
 
 def format_table(results: Dict[str, Any]) -> str:
     """Human-readable summary of the results: ``env`` (:func:`environment`) and any of the
-    sections ``bias``, ``vit``, ``frame``, ``segmenter``, ``compile``, ``attn``."""
+    sections ``bias``, ``vit``, ``frame``, ``segmenter``, ``compile``, ``deploy``, ``peer``,
+    ``attn``."""
     lines = [
         f'device: {results["env"]["device_name"]} | torch {results["env"]["torch"]} | '
         f'threads {results["env"]["threads"]}',
@@ -161,6 +162,9 @@ def format_table(results: Dict[str, Any]) -> str:
                 f'{dp["time_ratio"]:.3f}x; max |diff| {dp["max_abs_diff"]:.2e}'
             )
         lines.append('')
+    pr = results.get('peer')
+    if pr:
+        lines += format_peer(pr)
     a = results.get('attn')
     if a:
         lines.append(
@@ -178,8 +182,54 @@ def format_table(results: Dict[str, Any]) -> str:
                     f' | flex {c["seconds"]["flex"] * 1e3:.2f} ms, x no-bias '
                     f'{c["flex_vs_nobias"]:.2f}, dense-bias/flex {c["dense_vs_flex"]:.2f}'
                 )
+            if 'train_seconds' in c:
+                line += (
+                    f' | fwd+bwd flex {c["train_seconds"]["flex"] * 1e3:.2f} ms, x no-bias '
+                    f'{c["train_flex_vs_nobias"]:.2f}, dense-bias/flex '
+                    f'{c["train_dense_vs_flex"]:.2f}'
+                )
             lines.append(line)
     return '\n'.join(lines)
+
+
+def format_peer(pr: Dict[str, Any]) -> List[str]:
+    """Lines of the ``peer`` section: FLOP bounds, then one table per case group."""
+    lines = [
+        '[peer] against timm vit_base_patch16_224 (fresh process per case; ratios: '
+        'per round vs timm, median)'
+    ]
+    for b in pr.get('bounds', []):
+        lines.append(
+            f'  FLOP bound {b["preset"]} at {b["grid"][0]}x{b["grid"][1]} patches: visible '
+            f'{b["visible"]:.3f} of the pairs -> {b["bound"]:.3f}x the dense ViT '
+            f'(tiled plan computes {b["computed"]:.3f} -> {b["plan_bound"]:.3f}x)'
+        )
+    titles = dict(
+        frame='whole frame, inference',
+        big_frame='larger frame, inference',
+        train='train step (forward_features + backward)',
+        segmenter='Segmenter train step (loss + backward)',
+    )
+    for key, title in titles.items():
+        group = pr.get(key)
+        if not group:
+            continue
+        size = next(iter(group['runs'].values()))[0]['size']
+        lines.append(f'  {title} {size[0]}x{size[1]}:')
+        lines.append(
+            f'    {"model":<14}{"backend":<10}{"seconds":>9}{"x timm":>8}{"peak GiB":>10}'
+            f'{"x timm":>8}'
+        )
+        for r in group['rows']:
+            if 'error' in r:
+                lines.append(f'    {r["model"]:<14}error: {r["error"]}')
+                continue
+            lines.append(
+                f'    {r["model"]:<14}{str(r["backend"] or "-"):<10}{r["seconds"]:>9.2f}'
+                f'{r["time_ratio"]:>8.3f}{r["peak_gib"]:>10.2f}{r["peak_ratio"]:>8.3f}'
+            )
+    lines.append('')
+    return lines
 
 
 def format_segmenter(res: Dict[str, Any]) -> str:

@@ -1,0 +1,380 @@
+"""Section ``peer``: the LookHere ViT-B against timm's ViT-B, the ViT it replaces.
+
+The peer is ``timm.create_model('vit_base_patch16_224', dynamic_img_size=True)`` (fused
+SDPA, learned absolute position embedding, no bias). Beside it run our torch-only trunk
+(:func:`~.models.build_vit`, ``attn_backend='auto'``) per preset and the same trunk with
+no position encoding (``nobias``), from the same seed. Each case runs in a fresh process
+(:func:`~.fresh.run_child`, kind ``peer``), cases interleave over rounds (rotating order),
+and every ratio is a per-round ratio against the peer of the same round, median over
+rounds.
+
+Cases (``mode``):
+
+``frame``     whole-frame inference of ``forward_features`` at ``size`` (the first call at
+              that size: LookHere's tables and plans are included), peak memory of the
+              process (CPU: peak RSS; CUDA: peak allocated).
+``train``     a training step of ``forward_features`` (``mean().backward()``) at ``size``
+              after one warm-up step; median seconds over ``steps``, peak memory over them.
+``segmenter`` (OpenMMLab) a Segmenter training step (``loss`` + backward) of an mmseg
+              config at ``size``, with the config's LookHere trunk or with timm's ViT-B in
+              its place (:class:`TimmTrunk`: timm's ``VisionTransformer`` of the backbone's width,
+              depth and heads; the same head).
+
+:func:`flop_bound` gives the best ratio a preset can reach against the dense ViT when
+every invisible (query, key) pair is skipped: per layer the dense ViT does
+``12 N D^2`` multiply-adds in its linear layers and ``2 N^2 D`` in attention, LookHere
+``12 N D^2 + 2 N^2 D f`` with ``f`` the visible fraction of the pairs (averaged over
+heads and layers); ``plan_bound`` uses the pairs the ``tiled`` plan computes instead.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..memory import GiB, PeakMemory, free_memory
+from . import DTYPES
+from .fresh import run_child
+from .models import NOBIAS, build_vit, vit_arch
+
+__all__ = [
+    'PEER',
+    'PEER_MODEL',
+    'flop_bound',
+    'TimmTrunk',
+    'peer_case',
+    'bench_peer',
+]
+
+#: case name of the peer
+PEER = 'timm'
+#: the timm model name of the peer
+PEER_MODEL = 'vit_base_patch16_224'
+
+
+def flop_bound(preset: str, size: Sequence[int], embed_dims: int = 768, patch: int = 16) -> Dict:
+    """The FLOP bound of ``preset`` against the dense ViT at an input of ``size``.
+
+    Args:
+        preset: a LookHere preset name.
+        size: ``(H, W)`` in pixels.
+        embed_dims: ``D``. Default: 768.
+        patch: patch size. Default: 16.
+
+    Returns:
+        ``visible`` / ``computed``: fractions of the dense patch pairs a head sees / the
+        ``tiled`` plan computes (averaged over heads and layers); ``attention_share``: the
+        dense ViT's attention share of its work, ``N / (N + 6 D)``; ``bound`` /
+        ``plan_bound``: LookHere's work over the dense ViT's with ``visible`` /
+        ``computed``.
+    """
+    from lookhere_dense.lookhere import PRESETS
+    from lookhere_dense.lookhere.bias import build_grid_bias
+    from lookhere_dense.lookhere.tiled import get_plan
+
+    grid = (math.ceil(size[0] / patch), math.ceil(size[1] / patch))
+    config = PRESETS[preset]
+    depth = 12
+    grid_bias = build_grid_bias(config, grid, depth=depth, num_heads=12)
+    cache: Dict = {}
+    computed, visible = [], []
+    for layer in range(depth):
+        c, v = get_plan(grid_bias, layer, cache=cache).fractions()
+        computed.append(c)
+        visible.append(v)
+    n = grid[0] * grid[1] + 1
+    share = n / (n + 6 * embed_dims)
+    vis, comp = statistics.mean(visible), statistics.mean(computed)
+    return dict(
+        preset=preset,
+        grid=list(grid),
+        tokens=n,
+        visible=vis,
+        computed=comp,
+        attention_share=share,
+        bound=1 - share + share * vis,
+        plan_bound=1 - share + share * comp,
+    )
+
+
+class TimmTrunk(nn.Module):
+    """timm's ``VisionTransformer`` as a segmentation backbone: the last block's patch
+    tokens after the final norm, as one NCHW map (what our Segmenter configs take from
+    ``LookHereViT`` with ``out_indices=-1``).
+
+    Args:
+        embed_dims, num_layers, num_heads, patch_size, mlp_ratio: the architecture (the
+            backbone config's keys). Default: ViT-B/16.
+    """
+
+    def __init__(
+        self,
+        embed_dims: int = 768,
+        num_layers: int = 12,
+        num_heads: int = 12,
+        patch_size: int = 16,
+        mlp_ratio: float = 4.0,
+    ):
+        super().__init__()
+        from timm.models.vision_transformer import VisionTransformer
+
+        self.vit = VisionTransformer(
+            img_size=224,
+            patch_size=patch_size,
+            embed_dim=embed_dims,
+            depth=num_layers,
+            num_heads=num_heads,
+            mlp_ratio=mlp_ratio,
+            num_classes=0,
+            dynamic_img_size=True,
+        )
+        self.patch_size = patch_size
+
+    def forward(self, x: torch.Tensor):
+        tokens = self.vit.forward_features(x)[:, self.vit.num_prefix_tokens :]
+        h, w = (math.ceil(s / self.patch_size) for s in x.shape[-2:])
+        return (tokens.transpose(1, 2).reshape(x.shape[0], -1, h, w),)
+
+
+def _build(case: Dict[str, Any]) -> nn.Module:
+    """The model of a ``frame`` / ``train`` case (seed 0)."""
+    device, dtype = case['device'], DTYPES[case['dtype']]
+    if case['model'] == PEER:
+        import timm
+
+        torch.manual_seed(0)
+        model = timm.create_model(PEER_MODEL, pretrained=False, dynamic_img_size=True)
+        return model.to(device=device, dtype=dtype)
+    preset, _, backend = case['model'].partition(':')
+    if preset == NOBIAS:
+        return build_vit(vit_arch(), device=device, dtype=dtype, pos_encoding='none')
+    return build_vit(vit_arch(), preset, backend or 'auto', device=device, dtype=dtype)
+
+
+def _segmenter(case: Dict[str, Any]):
+    """The Segmenter of a ``segmenter`` case and one training batch (OpenMMLab)."""
+    from mmengine.structures import PixelData
+    from mmseg.registry import MODELS
+    from mmseg.structures import SegDataSample
+
+    from lookhere_dense.registry import register_all_modules
+
+    from .segmenter import _model_cfg
+
+    register_all_modules(init_default_scope=True)
+    model_cfg = _model_cfg(dict(config=case['config']))
+    model = MODELS.build(model_cfg)
+    if case['model'] == PEER:
+        torch.manual_seed(0)
+        bb = model_cfg['backbone']
+        arch = dict(embed_dims=768, num_layers=12, num_heads=12, patch_size=16, mlp_ratio=4.0)
+        model.backbone = TimmTrunk(**{k: bb.get(k, v) for k, v in arch.items()})
+    size = tuple(case['size'])
+    g = torch.Generator().manual_seed(0)
+    classes = model.decode_head.num_classes
+    samples = []
+    for _ in range(case.get('batch', 1)):
+        s = SegDataSample(metainfo=dict(img_shape=size, pad_shape=size, ori_shape=size))
+        label = torch.randint(0, classes, (1, *size), generator=g)
+        s.gt_sem_seg = PixelData(data=label.to(case['device']))
+        samples.append(s)
+    x = torch.randn(len(samples), 3, *size, generator=g)
+    return model.to(case['device']), x.to(case['device']), samples
+
+
+def peer_case(case: Dict[str, Any]) -> Dict[str, Any]:
+    """One case in this process (the fresh child of :func:`bench_peer`, kind ``peer``).
+
+    Args:
+        case: ``mode`` (``frame``, ``train``, ``segmenter``), ``model`` (``'timm'``,
+            ``'nobias'`` or ``'<preset>[:<backend>]'``), ``size`` ``[H, W]``, ``device``,
+            ``dtype``, ``steps``, ``threads``; ``config`` for ``segmenter``.
+
+    Returns:
+        ``case`` plus ``seconds`` (median), ``times``, ``peak`` (bytes: process peak RSS
+        or CUDA peak allocated), ``meter`` and ``backend`` (the backend LookHere's engine
+        used last; None for the others).
+    """
+    if case.get('threads'):
+        torch.set_num_threads(int(case['threads']))
+    device, mode = case['device'], case['mode']
+    if mode == 'segmenter':
+        model, x, samples = _segmenter(case)
+        model.train()
+
+        def step():
+            losses = model.loss(x, samples)
+            sum(v for k, v in losses.items() if 'loss' in k).backward()
+            model.zero_grad(set_to_none=True)
+
+        trunk = model.backbone
+    else:
+        model = _build(case)
+        trunk = model
+        x = torch.randn(1, 3, *case['size'], device=device, dtype=DTYPES[case['dtype']])
+        model.train(mode == 'train')
+
+        def step():
+            if mode == 'train':
+                model.forward_features(x).float().mean().backward()
+                model.zero_grad(set_to_none=True)
+            else:
+                with torch.inference_mode():
+                    model.forward_features(x)
+
+    def sync():
+        if str(device).startswith('cuda'):
+            torch.cuda.synchronize(device)
+
+    if mode != 'frame':
+        step()  # warm-up at the full size (autograd, allocator)
+        sync()
+    free_memory()
+    times: List[float] = []
+    with PeakMemory(device) as mem:
+        for _ in range(int(case.get('steps', 1))):
+            t0 = time.perf_counter()
+            step()
+            sync()
+            times.append(time.perf_counter() - t0)
+    engine = getattr(getattr(trunk, 'pos_enc', None), 'engine', None)
+    return dict(
+        case,
+        seconds=statistics.median(times),
+        times=times,
+        peak=mem.peak_bytes,
+        meter=mem.kind,
+        backend=getattr(engine, 'last_backend', None),
+    )
+
+
+def _rows(results: Dict[str, List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
+    """Per model: medians and per-round ratios against the peer."""
+    rows = []
+    base = results[PEER]
+    for name, runs in results.items():
+        ok = [(a, b) for a, b in zip(runs, base) if 'error' not in a and 'error' not in b]
+        if not ok:
+            errors = [r.get('error') for r in runs + base if r.get('error')]
+            rows.append(dict(model=name, error=errors[0] if errors else 'no run'))
+            continue
+        rows.append(
+            dict(
+                model=name,
+                backend=ok[0][0].get('backend'),
+                seconds=statistics.median(a['seconds'] for a, _ in ok),
+                peak_gib=statistics.median(a['peak'] / GiB for a, _ in ok),
+                time_ratio=statistics.median(a['seconds'] / b['seconds'] for a, b in ok),
+                peak_ratio=statistics.median(a['peak'] / b['peak'] for a, b in ok),
+                rounds=len(ok),
+            )
+        )
+    return rows
+
+
+def _run(cases: Dict[str, Dict[str, Any]], rounds: int, timeout: float, label: str) -> Dict:
+    names = list(cases)
+    results: Dict[str, List[Dict[str, Any]]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            res = run_child(cases[name], timeout)
+            results[name].append(res)
+            if 'error' in res:
+                print(
+                    f'  [{label} round {r + 1}/{rounds}] {name}: ERROR {res["error"]}', flush=True
+                )
+            else:
+                print(
+                    f'  [{label} round {r + 1}/{rounds}] {name}: {res["seconds"]:.2f} s, '
+                    f'peak {res["peak"] / GiB:.2f} GiB, backend {res.get("backend")}',
+                    flush=True,
+                )
+    return dict(rows=_rows(results), runs=results)
+
+
+def bench_peer(
+    presets: Sequence[str] = ('lh180', 'lh90', 'lh45'),
+    frame_size: Sequence[int] = (1024, 2048),
+    big_frame_size: Optional[Sequence[int]] = (2048, 4096),
+    big_frame_presets: Sequence[str] = ('lh90',),
+    train_size: int = 512,
+    train_presets: Sequence[str] = ('lh180', 'lh90'),
+    train_steps: int = 3,
+    segmenter_config: Optional[str] = None,
+    rounds: int = 2,
+    device: str = 'cpu',
+    dtype: str = 'float32',
+    threads: Optional[int] = None,
+    timeout: float = 3600,
+) -> Dict[str, Any]:
+    """Every ``peer`` case side by side with timm's ViT-B (see the module docstring).
+
+    Args:
+        presets: presets of the whole-frame cases. Default: lh180, lh90, lh45.
+        frame_size: the whole frame ``(H, W)``. Default: 1024x2048.
+        big_frame_size: a larger frame, one round, ``big_frame_presets`` only; None: skip.
+            Default: 2048x4096.
+        train_size: side of the square training input. Default: 512.
+        train_presets: presets of the training step. Default: lh180, lh90.
+        train_steps: timed steps per training case. Default: 3.
+        segmenter_config: an mmseg Segmenter config for the Segmenter training step
+            (OpenMMLab); None: skip. Default: None.
+        rounds: interleaved rounds (fresh process per case and round). Default: 2.
+        device, dtype: where and in what the models run. Default: CPU, float32.
+        threads: ``torch.set_num_threads`` in each child; None: torch's default.
+        timeout: seconds per child. Default: 3600.
+
+    Returns:
+        ``frame``, ``big_frame``, ``train``, ``segmenter``: each ``rows`` (per model:
+        ``seconds``, ``peak_gib``, ``time_ratio``, ``peak_ratio`` against the peer) and
+        ``runs``; ``bounds``: :func:`flop_bound` per preset and frame size.
+    """
+    common = dict(kind='peer', device=device, dtype=dtype, threads=threads)
+
+    def cases(mode, size, models, steps=1, **extra):
+        return {
+            m: dict(common, mode=mode, model=m, size=list(size), steps=steps, **extra)
+            for m in models
+        }
+
+    out: Dict[str, Any] = {'bounds': []}
+    for preset in presets:
+        out['bounds'].append(flop_bound(preset, frame_size))
+    if big_frame_size:
+        for preset in big_frame_presets:
+            out['bounds'].append(flop_bound(preset, big_frame_size))
+    frame_models = [PEER, NOBIAS, *presets]
+    out['frame'] = _run(
+        cases('frame', frame_size, frame_models), rounds, timeout, f'frame {frame_size}'
+    )
+    if big_frame_size:
+        out['big_frame'] = _run(
+            cases('frame', big_frame_size, [PEER, *big_frame_presets]),
+            1,
+            timeout,
+            f'frame {big_frame_size}',
+        )
+    if train_size:
+        size = (train_size, train_size)
+        out['train'] = _run(
+            cases('train', size, [PEER, NOBIAS, *train_presets], steps=train_steps),
+            rounds,
+            timeout,
+            f'train {size}',
+        )
+    if segmenter_config:
+        size = (train_size, train_size)
+        out['segmenter'] = _run(
+            cases(
+                'segmenter', size, [PEER, 'lookhere'], steps=train_steps, config=segmenter_config
+            ),
+            rounds,
+            timeout,
+            f'segmenter train {size}',
+        )
+    return out
