@@ -579,3 +579,20 @@ def test_attn_cases_agree_and_train_steps_drop_their_gradients():
     _train_step(fn, leaves, torch.randn_like(q))
     assert len(grads) == 3 and all(g.abs().sum() > 0 for g in grads)  # backward ran
     assert all(t.grad is None for t in leaves)  # and the next step starts clean
+
+
+def test_attention_layer_times_lookhere_backends_against_dense_sdpa():
+    from lookhere_dense.research.benchmark.peer import attention_layer
+
+    res = attention_layer(['lh90', 'lh45'], (64, 128), rounds=2, num_heads=12, head_dim=8)
+    assert res['tokens'] == 4 * 8 + 1 and res['grid'] == [4, 8]
+    names = [r['case'] for r in res['rows']]
+    assert names == [
+        'dense sdpa, no bias',
+        'lh90 tiled',
+        'lh90 chunked',
+        'lh45 tiled',
+        'lh45 chunked',
+    ]
+    assert res['rows'][0]['ratio'] == 1.0
+    assert all(r['seconds'] > 0 for r in res['rows'])

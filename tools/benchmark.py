@@ -46,7 +46,9 @@ command line, calls them and prints.
            ``--peer-big-frame`` (``lh90``), the train step at ``--vit-size`` (lh180,
            lh90), and with ``--peer-segmenter-config`` a Segmenter train step with its
            LookHere trunk vs timm's ViT-B in its place; beside them the FLOP bound of
-           each preset (every invisible pair skipped) and of the ``tiled`` plan.
+           each preset (every invisible pair skipped) and of the ``tiled`` plan, and
+           (CPU) one attention layer at the frame's token count in process: dense SDPA
+           without bias vs ``tiled`` / ``chunked`` (``--peer-layer-rounds``).
 ``attn``   (``--device cuda`` only) attention-only microbenchmark at 1024 / 4096 / 8192
            tokens (``--attn-tokens``): LookHere flex (compiled, block mask) vs SDPA without
            bias vs SDPA with the materialised bias, forward and forward + backward. On CPU this section only reports the block-mask tile
@@ -128,6 +130,7 @@ QUICK = dict(
     peer_presets=['lh90'],
     peer_big_frame=[],
     peer_train_steps=1,
+    peer_layer_rounds=1,
 )
 
 
@@ -320,6 +323,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help='timed steps per train case of the peer section (default 3)',
     )
     p.add_argument(
+        '--peer-layer-rounds',
+        type=int,
+        default=None,
+        help='rounds of the peer one-attention-layer case (CPU; 0: skip; default 3)',
+    )
+    p.add_argument(
         '--peer-segmenter-config',
         default=None,
         metavar='CONFIG',
@@ -377,6 +386,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         peer_presets=['lh180', 'lh90', 'lh45'],
         peer_big_frame=[2048, 4096],
         peer_train_steps=3,
+        peer_layer_rounds=3,
     )
     if args.device == 'cuda':  # flex is the CUDA path for large grids
         defaults.update(
@@ -470,20 +480,22 @@ def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
             args.child_timeout,
         )
     if section == 'peer':
+        presets = args.peer_presets
         return bench_peer(
-            args.peer_presets,
-            tuple(args.frame_size),
-            tuple(args.peer_big_frame) or None,
-            args.peer_presets[:1] if 'lh90' not in args.peer_presets else ['lh90'],
-            args.vit_size,
-            [p for p in args.peer_presets if p != 'lh45'] or args.peer_presets,
-            args.peer_train_steps,
-            args.peer_segmenter_config,
-            args.frame_repeats,
-            args.device,
-            args.dtype,
-            args.threads,
-            args.child_timeout,
+            presets=presets,
+            frame_size=tuple(args.frame_size),
+            big_frame_size=tuple(args.peer_big_frame) or None,
+            big_frame_presets=['lh90'] if 'lh90' in presets else presets[:1],
+            train_size=args.vit_size,
+            train_presets=[p for p in presets if p != 'lh45'] or presets,
+            train_steps=args.peer_train_steps,
+            segmenter_config=args.peer_segmenter_config,
+            rounds=args.frame_repeats,
+            layer_rounds=args.peer_layer_rounds,
+            device=args.device,
+            dtype=args.dtype,
+            threads=args.threads,
+            timeout=args.child_timeout,
         )
     arch = models.vit_arch(args.embed_dims, args.num_layers, args.num_heads)
     if section == 'vit':

@@ -15,6 +15,8 @@ Cases (``mode``):
               process (CPU: peak RSS; CUDA: peak allocated).
 ``train``     a training step of ``forward_features`` (``mean().backward()``) at ``size``
               after one warm-up step; median seconds over ``steps``, peak memory over them.
+``layer``     (CPU, in process) one attention layer at the frame's token count: dense SDPA
+              without bias vs LookHere's ``tiled`` and ``chunked`` (:func:`attention_layer`).
 ``segmenter`` (OpenMMLab) a Segmenter training step (``loss`` + backward) of an mmseg
               config at ``size``, with the config's LookHere trunk or with timm's ViT-B in
               its place (:class:`TimmTrunk`: timm's ``VisionTransformer`` of the backbone's width,
@@ -48,6 +50,7 @@ __all__ = [
     'flop_bound',
     'TimmTrunk',
     'peer_case',
+    'attention_layer',
     'bench_peer',
 ]
 
@@ -253,6 +256,51 @@ def peer_case(case: Dict[str, Any]) -> Dict[str, Any]:
     )
 
 
+def attention_layer(
+    presets: Sequence[str],
+    size: Sequence[int],
+    backends: Sequence[str] = ('tiled', 'chunked'),
+    rounds: int = 3,
+    num_heads: int = 12,
+    head_dim: int = 64,
+) -> Dict[str, Any]:
+    """One attention layer at the token count of ``size`` (ViT-B/16 + CLS), in this
+    process: dense SDPA without bias (what timm's ViT runs) against LookHere's ``backends``
+    per preset; ``q, k, v`` are views of one fused ``qkv`` tensor, as in the models.
+
+    Returns:
+        ``tokens``, ``rows`` (``case``, median ``seconds``, ``ratio``: median of per-round
+        ratios against dense SDPA).
+    """
+    import torch.nn.functional as F
+
+    from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine
+
+    from .timing import interleaved, paired_ratio
+
+    grid = (math.ceil(size[0] / 16), math.ceil(size[1] / 16))
+    t = grid[0] * grid[1] + 1
+    qkv = torch.randn(1, t, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.unbind(0)
+    cases = {'dense sdpa, no bias': lambda: F.scaled_dot_product_attention(q, k, v)}
+    for preset in presets:
+        eng = LookHereAttentionEngine(PRESETS[preset], 1, num_heads)
+        for backend in backends:
+            cases[f'{preset} {backend}'] = lambda e=eng, b=backend: e(
+                q, k, v, 0, grid, True, backend=b
+            )
+    with torch.inference_mode():
+        for fn in cases.values():  # tables, plans
+            fn()
+        times = interleaved(cases, rounds, 'cpu')
+    base = times['dense sdpa, no bias']
+    rows = [
+        dict(case=name, seconds=statistics.median(ts), ratio=paired_ratio(ts, base))
+        for name, ts in times.items()
+    ]
+    return dict(tokens=t, grid=list(grid), rows=rows)
+
+
 def _rows(results: Dict[str, List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
     """Per model: medians and per-round ratios against the peer."""
     rows = []
@@ -307,6 +355,7 @@ def bench_peer(
     train_steps: int = 3,
     segmenter_config: Optional[str] = None,
     rounds: int = 2,
+    layer_rounds: int = 3,
     device: str = 'cpu',
     dtype: str = 'float32',
     threads: Optional[int] = None,
@@ -325,6 +374,7 @@ def bench_peer(
         segmenter_config: an mmseg Segmenter config for the Segmenter training step
             (OpenMMLab); None: skip. Default: None.
         rounds: interleaved rounds (fresh process per case and round). Default: 2.
+        layer_rounds: rounds of :func:`attention_layer` (CPU only; 0: skip). Default: 3.
         device, dtype: where and in what the models run. Default: CPU, float32.
         threads: ``torch.set_num_threads`` in each child; None: torch's default.
         timeout: seconds per child. Default: 3600.
@@ -332,7 +382,8 @@ def bench_peer(
     Returns:
         ``frame``, ``big_frame``, ``train``, ``segmenter``: each ``rows`` (per model:
         ``seconds``, ``peak_gib``, ``time_ratio``, ``peak_ratio`` against the peer) and
-        ``runs``; ``bounds``: :func:`flop_bound` per preset and frame size.
+        ``runs``; ``bounds``: :func:`flop_bound` per preset and frame size; ``layer``:
+        :func:`attention_layer` at the frame's token count (CPU).
     """
     common = dict(kind='peer', device=device, dtype=dtype, threads=threads)
 
@@ -348,6 +399,16 @@ def bench_peer(
     if big_frame_size:
         for preset in big_frame_presets:
             out['bounds'].append(flop_bound(preset, big_frame_size))
+    if layer_rounds and device == 'cpu':
+        if threads:
+            torch.set_num_threads(int(threads))
+        out['layer'] = attention_layer(presets, frame_size, rounds=layer_rounds)
+        for row in out['layer']['rows']:
+            print(
+                f'  [attention layer, {out["layer"]["tokens"]} tokens] {row["case"]}: '
+                f'{row["seconds"]:.2f} s, x dense {row["ratio"]:.3f}',
+                flush=True,
+            )
     frame_models = [PEER, NOBIAS, *presets]
     out['frame'] = _run(
         cases('frame', frame_size, frame_models), rounds, timeout, f'frame {frame_size}'

@@ -204,6 +204,11 @@ def format_peer(pr: Dict[str, Any]) -> List[str]:
             f'{b["visible"]:.3f} of the pairs -> {b["bound"]:.3f}x the dense ViT '
             f'(tiled plan computes {b["computed"]:.3f} -> {b["plan_bound"]:.3f}x)'
         )
+    layer = pr.get('layer')
+    if layer:
+        lines.append(f'  one attention layer, {layer["tokens"]} tokens (in process):')
+        for r in layer['rows']:
+            lines.append(f'    {r["case"]:<22}{r["seconds"]:>8.2f} s{r["ratio"]:>8.3f}x')
     titles = dict(
         frame='whole frame, inference',
         big_frame='larger frame, inference',
