@@ -17,10 +17,9 @@ common-subexpression elimination run (its pattern rewriter takes minutes per lay
 these graphs), and the per-node metadata (stack traces with local paths, 90 % of the graph
 file) is removed. Weights go to ``FILE.data`` beside ``FILE`` (loaded by that name).
 
-Run an exported file with :func:`onnxruntime_session` (memory pattern and arena off:
-onnxruntime's default pattern planner holds about twice the peak memory on these graphs,
-and its CPU arena keeps freed blocks that later, differently sized blocks cannot reuse;
-measured in ``docs/deploy.md``).
+Run an exported file with :func:`onnxruntime_session` (memory pattern and CPU arena off:
+onnxruntime's default pattern planner holds about twice the peak memory on these graphs;
+without the arena a single run's peak was lower too; measured in ``docs/deploy.md``).
 """
 
 from __future__ import annotations
