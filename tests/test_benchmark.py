@@ -549,6 +549,10 @@ def test_peer_segmenter_case_puts_timm_in_the_backbone_place(repo_root: Path):
     assert model.backbone.vit.embed_dim == 192  # the config's ViT-T width
     (feat,) = model.backbone(x)
     assert feat.shape == (1, 192, 2, 2)
+    # the ViT-T ADE20K config trains with drop path 0.1: off here, the same work every step
+    vit_t = str(repo_root / 'configs' / 'segmenter_lookhere_vit-t_ade20k.py')
+    ours, _, _ = _segmenter(dict(case, config=vit_t, model='lookhere'))
+    assert not [m for m in ours.backbone.modules() if getattr(m, 'drop_prob', 0) > 0]
     run = peer_case(dict(case, model='lookhere', dtype='float32', steps=1))
     assert run['backend'] == 'sdpa' and run['seconds'] > 0
 
@@ -596,3 +600,10 @@ def test_attention_layer_times_lookhere_backends_against_dense_sdpa():
     ]
     assert res['rows'][0]['ratio'] == 1.0
     assert all(r['seconds'] > 0 for r in res['rows'])
+
+
+def test_bench_peer_refuses_unknown_parts():
+    from lookhere_dense.research.benchmark.peer import bench_peer
+
+    with pytest.raises(ValueError, match="unknown peer parts \\['frames'\\]"):
+        bench_peer(parts=['frames'])

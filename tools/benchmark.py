@@ -98,6 +98,7 @@ from lookhere_dense.research.benchmark.attention import bench_attention  # noqa:
 from lookhere_dense.research.benchmark.bias import bench_bias  # noqa: E402
 from lookhere_dense.research.benchmark.compiled import bench_compile  # noqa: E402
 from lookhere_dense.research.benchmark.deploy import bench_deploy  # noqa: E402
+from lookhere_dense.research.benchmark.peer import PARTS as PEER_PARTS  # noqa: E402
 from lookhere_dense.research.benchmark.peer import bench_peer  # noqa: E402
 from lookhere_dense.research.benchmark.report import environment, format_table  # noqa: E402
 from lookhere_dense.research.benchmark.segmenter import CASES as SEGMENTER_CASES  # noqa: E402
@@ -323,6 +324,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help='timed steps per train case of the peer section (default 3)',
     )
     p.add_argument(
+        '--peer-parts',
+        nargs='+',
+        default=None,
+        choices=PEER_PARTS,
+        help='parts of the peer section to run (default: all: ' + ' '.join(PEER_PARTS) + ')',
+    )
+    p.add_argument(
         '--peer-layer-rounds',
         type=int,
         default=None,
@@ -496,6 +504,7 @@ def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
             dtype=args.dtype,
             threads=args.threads,
             timeout=args.child_timeout,
+            parts=args.peer_parts,
         )
     arch = models.vit_arch(args.embed_dims, args.num_layers, args.num_heads)
     if section == 'vit':

@@ -20,7 +20,8 @@ Cases (``mode``):
 ``segmenter`` (OpenMMLab) a Segmenter training step (``loss`` + backward) of an mmseg
               config at ``size``, with the config's LookHere trunk or with timm's ViT-B in
               its place (:class:`TimmTrunk`: timm's ``VisionTransformer`` of the backbone's width,
-              depth and heads; the same head).
+              depth and heads; the same head); drop path off in both (stochastic depth
+              would make the work per step random).
 
 :func:`flop_bound` gives the best ratio a preset can reach against the dense ViT when
 every invisible (query, key) pair is skipped: per layer the dense ViT does
@@ -47,6 +48,7 @@ from .models import NOBIAS, build_vit, vit_arch
 __all__ = [
     'PEER',
     'PEER_MODEL',
+    'PARTS',
     'flop_bound',
     'TimmTrunk',
     'peer_case',
@@ -58,6 +60,8 @@ __all__ = [
 PEER = 'timm'
 #: the timm model name of the peer
 PEER_MODEL = 'vit_base_patch16_224'
+#: the parts of :func:`bench_peer`, in the order they run
+PARTS = ('layer', 'frame', 'big_frame', 'train', 'segmenter')
 
 
 def flop_bound(preset: str, size: Sequence[int], embed_dims: int = 768, patch: int = 16) -> Dict:
@@ -171,6 +175,8 @@ def _segmenter(case: Dict[str, Any]):
 
     register_all_modules(init_default_scope=True)
     model_cfg = _model_cfg(dict(config=case['config']))
+    # stochastic depth skips random residual branches: the work would be random
+    model_cfg['backbone']['drop_path_rate'] = 0.0
     model = MODELS.build(model_cfg)
     if case['model'] == PEER:
         torch.manual_seed(0)
@@ -360,6 +366,7 @@ def bench_peer(
     dtype: str = 'float32',
     threads: Optional[int] = None,
     timeout: float = 3600,
+    parts: Optional[Sequence[str]] = None,
 ) -> Dict[str, Any]:
     """Every ``peer`` case side by side with timm's ViT-B (see the module docstring).
 
@@ -378,6 +385,7 @@ def bench_peer(
         device, dtype: where and in what the models run. Default: CPU, float32.
         threads: ``torch.set_num_threads`` in each child; None: torch's default.
         timeout: seconds per child. Default: 3600.
+        parts: which of :data:`PARTS` to run; None: all. Default: None.
 
     Returns:
         ``frame``, ``big_frame``, ``train``, ``segmenter``: each ``rows`` (per model:
@@ -394,12 +402,17 @@ def bench_peer(
         }
 
     out: Dict[str, Any] = {'bounds': []}
-    for preset in presets:
-        out['bounds'].append(flop_bound(preset, frame_size))
-    if big_frame_size:
+    want = set(PARTS if parts is None else parts)
+    unknown = want - set(PARTS)
+    if unknown:
+        raise ValueError(f'unknown peer parts {sorted(unknown)}; allowed: {list(PARTS)}')
+    if want & {'frame', 'layer'}:
+        for preset in presets:
+            out['bounds'].append(flop_bound(preset, frame_size))
+    if big_frame_size and 'big_frame' in want:
         for preset in big_frame_presets:
             out['bounds'].append(flop_bound(preset, big_frame_size))
-    if layer_rounds and device == 'cpu':
+    if layer_rounds and device == 'cpu' and 'layer' in want:
         if threads:
             torch.set_num_threads(int(threads))
         out['layer'] = attention_layer(presets, frame_size, rounds=layer_rounds)
@@ -409,18 +422,21 @@ def bench_peer(
                 f'{row["seconds"]:.2f} s, x dense {row["ratio"]:.3f}',
                 flush=True,
             )
-    frame_models = [PEER, NOBIAS, *presets]
-    out['frame'] = _run(
-        cases('frame', frame_size, frame_models), rounds, timeout, f'frame {frame_size}'
-    )
-    if big_frame_size:
+    if 'frame' in want:
+        out['frame'] = _run(
+            cases('frame', frame_size, [PEER, NOBIAS, *presets]),
+            rounds,
+            timeout,
+            f'frame {frame_size}',
+        )
+    if big_frame_size and 'big_frame' in want:
         out['big_frame'] = _run(
             cases('frame', big_frame_size, [PEER, *big_frame_presets]),
             1,
             timeout,
             f'frame {big_frame_size}',
         )
-    if train_size:
+    if train_size and 'train' in want:
         size = (train_size, train_size)
         out['train'] = _run(
             cases('train', size, [PEER, NOBIAS, *train_presets], steps=train_steps),
@@ -428,7 +444,7 @@ def bench_peer(
             timeout,
             f'train {size}',
         )
-    if segmenter_config:
+    if segmenter_config and 'segmenter' in want:
         size = (train_size, train_size)
         out['segmenter'] = _run(
             cases(
