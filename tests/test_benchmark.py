@@ -37,7 +37,7 @@ from lookhere_dense.research.benchmark.child import run_case
 from lookhere_dense.research.benchmark.fresh import run_child
 from lookhere_dense.research.benchmark.official import baseline_matches, official_style_bias
 from lookhere_dense.research.benchmark.report import environment, format_table
-from lookhere_dense.research.benchmark.timing import interleaved, paired_ratio
+from lookhere_dense.research.benchmark.timing import interleaved, paired_ratio, rotations
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')  # tiny tensors: see conftest
 needs_flex = pytest.mark.skipif(not flex_available(), reason='no flex_attention in this torch')
@@ -73,6 +73,16 @@ def test_interleaved_rotates_the_order_every_round():
     assert calls == list('abcbcacababc')
     assert {n: len(t) for n, t in times.items()} == dict(a=4, b=4, c=4)
     assert all(s >= 0 for t in times.values() for s in t)
+
+
+def test_rotations_start_each_round_one_further():
+    assert list(rotations('abc', 4)) == [
+        (0, list('abc')),
+        (1, list('bca')),
+        (2, list('cab')),
+        (3, list('abc')),
+    ]
+    assert list(rotations([], 2)) == [(0, []), (1, [])]
 
 
 def test_paired_ratio_is_the_median_of_per_round_ratios():

@@ -25,7 +25,7 @@ from lookhere_dense.lookhere.vit import LookHereVisionTransformer
 from ..memory import GiB, PeakMemory
 from . import DTYPES
 from .fresh import run_child
-from .timing import interleaved, paired_ratio, timed
+from .timing import interleaved, paired_ratio, rotations, timed
 
 __all__ = [
     'vit_arch',
@@ -285,8 +285,7 @@ def bench_frame(
             )
         )
     runs: Dict[str, List[Dict[str, Any]]] = {c['spec']: [] for c in cases}
-    for r in range(repeats):  # interleave: A B C, B C A, ...
-        order = cases[r % len(cases) :] + cases[: r % len(cases)] if cases else []
+    for _, order in rotations(cases, repeats):
         for c in order:
             runs[c['spec']].append(run_child(c, timeout))
     res: Dict[str, Any] = dict(

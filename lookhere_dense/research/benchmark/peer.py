@@ -44,6 +44,7 @@ from ..memory import GiB, PeakMemory, free_memory
 from . import DTYPES
 from .fresh import run_child
 from .models import NOBIAS, build_vit, vit_arch
+from .timing import interleaved, paired_ratio, rotations
 
 __all__ = [
     'PEER',
@@ -282,8 +283,6 @@ def attention_layer(
 
     from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine
 
-    from .timing import interleaved, paired_ratio
-
     grid = (math.ceil(size[0] / 16), math.ceil(size[1] / 16))
     t = grid[0] * grid[1] + 1
     qkv = torch.randn(1, t, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
@@ -334,8 +333,8 @@ def _rows(results: Dict[str, List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
 def _run(cases: Dict[str, Dict[str, Any]], rounds: int, timeout: float, label: str) -> Dict:
     names = list(cases)
     results: Dict[str, List[Dict[str, Any]]] = {n: [] for n in names}
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+    for r, order in rotations(names, rounds):
+        for name in order:
             res = run_child(cases[name], timeout)
             results[name].append(res)
             if 'error' in res:

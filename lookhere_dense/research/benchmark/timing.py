@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple, TypeVar
 
 import torch
 
-__all__ = ['sync', 'timed', 'interleaved', 'paired_ratio']
+__all__ = ['sync', 'timed', 'rotations', 'interleaved', 'paired_ratio']
+
+T = TypeVar('T')
 
 
 def sync(device: str) -> None:
@@ -26,6 +28,15 @@ def timed(fn: Callable[[], Any], device: str) -> float:
     return time.perf_counter() - t0
 
 
+def rotations(names: Sequence[T], rounds: int) -> Iterator[Tuple[int, List[T]]]:
+    """``(round, order)`` for ``rounds`` rounds: round ``r`` starts with item
+    ``r mod len(names)`` (``A B C``, ``B C A``, ``C A B``, ...), so drift cancels."""
+    names = list(names)
+    for r in range(rounds):
+        k = r % len(names) if names else 0
+        yield r, names[k:] + names[:k]
+
+
 def interleaved(
     cases: Dict[str, Callable[[], Any]], repeats: int, device: str
 ) -> Dict[str, List[float]]:
@@ -36,10 +47,8 @@ def interleaved(
     Returns:
         ``{name: [seconds of round 0, round 1, ...]}``.
     """
-    names = list(cases)
-    times: Dict[str, List[float]] = {n: [] for n in names}
-    for r in range(repeats):
-        order = names[r % len(names) :] + names[: r % len(names)]
+    times: Dict[str, List[float]] = {n: [] for n in cases}
+    for _, order in rotations(list(cases), repeats):
         for n in order:
             times[n].append(timed(cases[n], device))
     return times
