@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import ConfigError, ToolError
+from ..lookhere.export import DEFAULT_BUDGET_MB
 from ..validation import check_int
 
 __all__ = [
@@ -162,7 +163,7 @@ def export_model(
     cfg_options: Optional[dict] = None,
     check: bool = True,
     threads: Optional[int] = None,
-    budget_mb: float = 48.0,
+    budget_mb: float = DEFAULT_BUDGET_MB,
     log=print,
 ) -> Dict[str, Any]:
     """Export ``config`` with the weights of ``checkpoint`` for inputs of ``shape``.
@@ -182,7 +183,7 @@ def export_model(
             Default: True.
         threads: torch (and onnxruntime) threads for the check. Default: None.
         budget_mb: the largest bias block of a global layer (the export's query blocks).
-            Default: 48.
+            Default: :data:`~lookhere_dense.lookhere.export.DEFAULT_BUDGET_MB` (16).
         log: where progress lines go. Default: print.
 
     Returns:

@@ -66,7 +66,13 @@ __all__ = [
     'auto_columns',
     'query_blocked_attention',
     'QUERY_BLOCK_BUDGET',
+    'DEFAULT_BUDGET_MB',
 ]
+
+#: the default block budget in MiB (the largest bias / probability block of one attention
+#: call in an exported graph): at 1024x2048 onnxruntime's peak was 1,733 MiB with 48 and
+#: 1,557 MiB with 16 for the Cityscapes ViT-B Segmenter (``docs/deploy.md``)
+DEFAULT_BUDGET_MB = 16.0
 
 QUERY_BLOCK_BUDGET = 'query_block_budget_mb'
 """The attribute by which other modules take part in :func:`static_grid_attention`: a module
@@ -141,7 +147,7 @@ def column_block_bias(
     return bias
 
 
-def auto_columns(heads: int, grid: Tuple[int, int], budget_mb: float = 48.0) -> int:
+def auto_columns(heads: int, grid: Tuple[int, int], budget_mb: float = DEFAULT_BUDGET_MB) -> int:
     """Grid columns per block so that one fp32 bias block ``(heads, c*H, (H+1)*W)`` stays
     within ``budget_mb`` (at least one; onnxruntime's cost per query is flat from about 128
     queries per block on)."""
@@ -205,7 +211,9 @@ def static_grid_global_attention(
     return torch.cat([F.scaled_dot_product_attention(q[:, :, :1], k, v), res], dim=2)
 
 
-def query_blocked_attention(q: Tensor, k: Tensor, v: Tensor, budget_mb: float = 48.0) -> Tensor:
+def query_blocked_attention(
+    q: Tensor, k: Tensor, v: Tensor, budget_mb: float = DEFAULT_BUDGET_MB
+) -> Tensor:
     """Unmasked attention, traceable, in chained blocks of queries.
 
     ``F.scaled_dot_product_attention(q, k, v)`` exports as one ONNX ``Attention`` whose
@@ -266,7 +274,7 @@ class StaticGridAttention:
         cls_token: bool = True,
         slopes: Optional[nn.Module] = None,
         dtype: torch.dtype = torch.float32,
-        budget_mb: float = 48.0,
+        budget_mb: float = DEFAULT_BUDGET_MB,
     ):
         self.config, self.depth, self.num_heads = engine.config, engine.depth, engine.num_heads
         self.grid = (int(grid[0]), int(grid[1]))
@@ -382,7 +390,7 @@ class StaticGridAttention:
 
 @contextlib.contextmanager
 def static_grid_attention(
-    model: nn.Module, image_size: Tuple[int, int], budget_mb: float = 48.0
+    model: nn.Module, image_size: Tuple[int, int], budget_mb: float = DEFAULT_BUDGET_MB
 ) -> Iterator[List[StaticGridAttention]]:
     """Inside the block every LookHere ViT of ``model`` (``lookhere`` / ``alibi2d``
     encodings) attends through a :class:`StaticGridAttention` for the patch grid of
