@@ -151,7 +151,7 @@ def test_export_tool_writes_segmenter_logits_and_backbone_maps(tmp_path: Path):
     assert seg['lookhere_layers_served'] == 1
     assert seg['query_blocked_modules'] == 2  # the mask head's two layers
     # the mask head's attention over 24 patches + 150 classes (174 queries) fits one block
-    # of the default 16 MiB: one Attention per head layer; per backbone layer one block and the CLS row
+    # of the default 48 MiB: one Attention per head layer; per backbone layer one block and the CLS row
     assert _attention_nodes(tmp_path / 'seg.onnx') == 2 * 2 + 2 * 1
     small = export_model(
         ADE_CFG,

@@ -183,7 +183,7 @@ def export_model(
             Default: True.
         threads: torch (and onnxruntime) threads for the check. Default: None.
         budget_mb: the largest bias block of a global layer (the export's query blocks).
-            Default: :data:`~lookhere_dense.lookhere.export.DEFAULT_BUDGET_MB` (16).
+            Default: :data:`~lookhere_dense.lookhere.export.DEFAULT_BUDGET_MB` (48).
         log: where progress lines go. Default: print.
 
     Returns:

@@ -70,9 +70,9 @@ __all__ = [
 ]
 
 #: the default block budget in MiB (the largest bias / probability block of one attention
-#: call in an exported graph): at 1024x2048 onnxruntime's peak was 1,733 MiB with 48 and
-#: 1,557 MiB with 16 for the Cityscapes ViT-B Segmenter (``docs/deploy.md``)
-DEFAULT_BUDGET_MB = 16.0
+#: call in an exported graph). 16 was tried: onnxruntime's peak for the 1024x2048
+#: Cityscapes ViT-B Segmenter was 1,763 MiB against 1,733 with 48 (``docs/deploy.md``)
+DEFAULT_BUDGET_MB = 48.0
 
 QUERY_BLOCK_BUDGET = 'query_block_budget_mb'
 """The attribute by which other modules take part in :func:`static_grid_attention`: a module
