@@ -9,6 +9,7 @@ which (the segmentation data checks run for ``mmseg`` configs only).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import difflib
 import logging
@@ -17,11 +18,12 @@ import os.path as osp
 import re
 import sys
 import warnings
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 from ..errors import USER_ERRORS, ConfigError
 
 __all__ = [
+    'quiet_mmengine_logger',
     'quiet_known_warnings',
     'resolve_config_path',
     'load_config',
@@ -80,6 +82,22 @@ def add_cfg_options_arg(parser: argparse.ArgumentParser, example: str) -> None:
         metavar='KEY=VALUE',
         help=f'override config entries, e.g. {example} (lists: key="[a,b]")',
     )
+
+
+@contextlib.contextmanager
+def quiet_mmengine_logger() -> Iterator[None]:
+    """Keep only warnings of the current mmengine logger inside the block (mmengine's
+    ``init_weights`` logs every parameter at INFO, mmseg's ``IoUMetric`` a per-class
+    table per evaluation)."""
+    from mmengine.logging import MMLogger
+
+    logger = MMLogger.get_current_instance()
+    old = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
 
 
 def quiet_known_warnings() -> None:

@@ -24,7 +24,6 @@ without the arena a single run's peak was lower too; measured in ``docs/deploy.m
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import os.path as osp
@@ -37,6 +36,7 @@ from torch import Tensor, nn
 from ..errors import ConfigError, ToolError
 from ..lookhere.export import DEFAULT_BUDGET_MB
 from ..validation import check_int
+from .cli import quiet_mmengine_logger
 
 __all__ = [
     'SegmentorLogits',
@@ -106,22 +106,6 @@ def onnxruntime_session(path: str, threads: Optional[int] = None):
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
     return ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
-
-
-@contextlib.contextmanager
-def _quiet_mmengine():
-    """mmengine's ``init_weights`` logs every parameter at INFO: warnings only here."""
-    import logging
-
-    from mmengine.logging import MMLogger
-
-    logger = MMLogger.get_current_instance()
-    old = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        logger.setLevel(old)
 
 
 def save_onnx(program: Any, path: str) -> None:
@@ -224,7 +208,7 @@ def export_model(
         model_cfg.get('backbone', {}).pop('init_cfg', None)
         torch.manual_seed(0)  # random weights: the same ones on every call
         model = model_registry(scope).build(model_cfg)
-        with _quiet_mmengine():
+        with quiet_mmengine_logger():
             model.init_weights()
         model.eval()
     if part == 'segmentor':

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import logging
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..apis.cli import quiet_mmengine_logger
 from .memory import PeakMemory, free_memory
 
 __all__ = [
@@ -23,7 +23,6 @@ __all__ = [
     'evaluate_loader',
     'clear_position_caches',
     'start_clean',
-    'quiet_metric_tables',
 ]
 
 
@@ -54,21 +53,6 @@ def start_clean(model) -> None:
     of one test does not carry the previous test's leftovers."""
     clear_position_caches(model)
     free_memory()
-
-
-@contextlib.contextmanager
-def quiet_metric_tables() -> Iterator[None]:
-    """mmseg's ``IoUMetric`` logs a per-class table (150 rows for ADE20K) per evaluation:
-    keep only warnings of the current mmengine logger inside the block."""
-    from mmengine.logging import MMLogger
-
-    logger = MMLogger.get_current_instance()
-    old = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        logger.setLevel(old)
 
 
 def evaluate(
@@ -128,7 +112,7 @@ def evaluate(
             seconds.append(spent / max(1, len(outputs)))
             shapes += [tuple(o.metainfo['img_shape'][:2]) for o in outputs]
             scorer.process(data_samples=outputs, data_batch=data)
-    with quiet_metric_tables():
+    with quiet_mmengine_logger():  # IoUMetric's per-class table
         metrics = scorer.evaluate(len(loader.dataset))
     return dict(
         metrics=metrics,

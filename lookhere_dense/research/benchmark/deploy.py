@@ -139,8 +139,8 @@ def _torch_model_builder(case: Dict[str, Any]):
     import torch
     from mmengine.registry import init_default_scope
 
-    from lookhere_dense.apis.cli import load_config
-    from lookhere_dense.apis.export import SegmentorLogits, _quiet_mmengine
+    from lookhere_dense.apis.cli import load_config, quiet_mmengine_logger
+    from lookhere_dense.apis.export import SegmentorLogits
     from lookhere_dense.swap import model_registry
 
     cfg = load_config(case['config'], case.get('cfg_options'))
@@ -153,7 +153,7 @@ def _torch_model_builder(case: Dict[str, Any]):
     def build():
         torch.manual_seed(0)  # as export_model's random weights
         model = model_registry(scope).build(model_cfg)
-        with _quiet_mmengine():
+        with quiet_mmengine_logger():
             model.init_weights()
         return SegmentorLogits(model.eval(), tuple(case['size'])).eval()
 
