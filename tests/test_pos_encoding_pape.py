@@ -264,7 +264,7 @@ def test_bad_options_and_missing_tokens_name_the_problem():
         pe(q, q, q, 0, (3, 4), True)
     with pytest.raises(ValueError, match=r'needs tokens of shape \(1, 13, 24\)'):
         pe(q, q, q, 0, (3, 4), True, tokens=torch.randn(1, 12, 24))
-    with pytest.raises(ValueError, match='grid \\(3, 3\\) with CLS needs 10'):
+    with pytest.raises(ValueError, match='grid \\(3, 3\\) with 1 prefix token needs 10'):
         pe(q, q, q, 0, (3, 3), True, tokens=torch.randn(1, 13, 24))
     with pytest.raises(ValueError, match='has 2 layers, got layer 2'):
         pe(q, q, q, 2, (3, 4), True, tokens=torch.randn(1, 13, 24))

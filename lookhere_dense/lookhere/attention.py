@@ -26,8 +26,9 @@ backend         how the bias reaches the softmax                                
                 (:mod:`.flex`)
 ==============  ==============================================================  ==============
 
-Token order is ``[CLS, patch_0, ..., patch_{N-1}]`` when there is a CLS token (its row and
-column carry no bias), otherwise just the patches, row-major over the grid.
+Token order is ``[p_0, ..., p_{J-1}, patch_0, ..., patch_{N-1}]``: ``J >= 0`` global prefix
+tokens (every backend's ``cls_token``: CLS is ``J = 1``, Jumbo tokens ``J``; their rows and
+columns carry no bias) before the patches, row-major over the grid.
 
 Masks go to ``F.scaled_dot_product_attention`` as 4-D ``(1, heads, Tq, Tk)`` tensors and
 windows as a 4-D batch: with a 3-D mask or 5-D inputs PyTorch silently drops to its

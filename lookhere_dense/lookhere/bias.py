@@ -6,8 +6,9 @@ attention logits::
     bias[l, h, q, k] = -(global_slope * layer_slope[l]) * (head_slope[h] * d(q, k))
 
 inside the head's field of view (see :mod:`.directions`) and blocks the key outside it.
-The CLS token's row and column are 0. ``d`` is the Euclidean patch distance, optionally
-passed through ``sqrt`` or ``square``.
+The rows and columns of the global prefix tokens at the front of the sequence (CLS, or
+``J`` Jumbo tokens; :func:`num_prefix_tokens`) are 0. ``d`` is the Euclidean patch
+distance, optionally passed through ``sqrt`` or ``square``.
 
 Because the field of view and ``d`` depend only on the offset ``(dy, dx) = k - q``, the
 whole ``(N, N)`` bias of an ``H x W`` grid is determined by a table of shape
@@ -38,6 +39,7 @@ Which bias (the config, presets, head layouts) is :mod:`.config`. Torch alone.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple, Union
 
@@ -62,7 +64,46 @@ __all__ = [
     'DistanceTable',
     'distance_table',
     'bias_from_distances',
+    'num_prefix_tokens',
+    'prefix_phrase',
 ]
+
+
+# ----------------------------------------------------------------------------------------
+# Prefix tokens
+# ----------------------------------------------------------------------------------------
+def num_prefix_tokens(cls_token: Union[bool, int]) -> int:
+    """The number ``J`` of global prefix tokens a ``cls_token`` argument stands for.
+
+    Every backend takes ``cls_token``: the number of global prefix tokens at the front of
+    the sequence ``[p_0, ..., p_{J-1}, patch_0, ..., patch_{N-1}]`` (CLS, or Jumbo tokens);
+    ``True`` = 1, ``False`` = 0. Prefix tokens carry no LookHere bias (0 to and from them,
+    no mask), every patch query sees all of them and their queries attend to every token.
+
+    Raises:
+        TypeError: not an int (or bool).
+        ValueError: negative.
+    """
+    try:
+        count = operator.index(cls_token)
+    except TypeError:
+        raise TypeError(
+            'cls_token must be a bool or an int >= 0 (the number of global prefix '
+            f'tokens: CLS or Jumbo tokens), got {cls_token!r}'
+        ) from None
+    if count < 0:
+        raise ValueError(
+            f'cls_token (the number of global prefix tokens) must be >= 0, got {count}'
+        )
+    return count
+
+
+def prefix_phrase(count: int) -> str:
+    """``'with 2 prefix tokens'`` / ``'with 1 prefix token'`` / ``'without prefix tokens'``
+    (for error messages)."""
+    if not count:
+        return 'without prefix tokens'
+    return f'with {count} prefix token' + ('s' if count > 1 else '')
 
 
 # ----------------------------------------------------------------------------------------
@@ -332,7 +373,7 @@ def gather_rows(
     grid_size: Tuple[int, int],
     start: int,
     stop: int,
-    cls_token: bool = False,
+    cls_token: Union[bool, int] = False,
     key_term: Optional[Tensor] = None,
     cls_value: Union[float, bool] = 0,
     out: Optional[Tensor] = None,
@@ -340,17 +381,18 @@ def gather_rows(
     """Rows ``start:stop`` of the token-pair matrix of one layer's relative table.
 
     One gather with a ``(Q,)`` index from :func:`query_windows` (no ``(Q, N)`` index
-    tensor, no intermediate copies), written straight into the result; the CLS row and
-    column are filled with ``cls_value``. Works for any table dtype (float biases,
-    bool fields of view).
+    tensor, no intermediate copies), written straight into the result; the rows and
+    columns of the prefix tokens are filled with ``cls_value``. Works for any table dtype
+    (float biases, bool fields of view).
 
     Args:
         table: ``(heads, 2H-1, 2W-1)``.
         grid_size: ``(H, W)``.
-        start, stop: token rows, ``0 <= start <= stop <= T`` with ``T = H*W (+1)``.
-        cls_token: the sequence is ``[CLS, patch_0, ..., patch_{N-1}]``.
+        start, stop: token rows, ``0 <= start <= stop <= T`` with ``T = J + H*W``.
+        cls_token: number ``J`` of global prefix tokens at the front (CLS, or Jumbo
+            tokens; True = 1): the sequence is ``[p_0..p_{J-1}, patch_0, ...]``.
         key_term: optional ``(heads, H*W)`` added to every row (``center`` heads).
-        cls_value: value of the CLS row and column. Default: 0.
+        cls_value: value of the prefix rows and columns. Default: 0.
         out: optional ``(heads, stop-start, T)`` tensor to write into.
 
     Returns:
@@ -358,7 +400,7 @@ def gather_rows(
     """
     height, width = grid_size
     n = height * width
-    off = int(cls_token)
+    off = num_prefix_tokens(cls_token)
     total = n + off
     if not 0 <= start <= stop <= total:
         raise ValueError(f'rows {start}:{stop} outside a sequence of {total} tokens')
@@ -369,19 +411,20 @@ def gather_rows(
     elif tuple(out.shape) != shape or out.dtype != table.dtype:
         raise ValueError(f'out must be {shape} {table.dtype}, got {tuple(out.shape)} {out.dtype}')
     first = max(start - off, 0)  # first patch query
-    skip = int(cls_token and start == 0 < stop)  # 1 when the block holds the CLS row
+    skip = max(0, min(stop, off) - start)  # prefix rows inside the block
     if skip:
-        out[:, 0] = cls_value
+        out[:, :skip] = cls_value
     gather_block(
         table,
         grid_size,
         first,
         max(stop - off, first),
         (0, height),
-        'first' if cls_token else None,
+        'first' if off else None,
         key_term,
         cls_value,
         out=out[:, skip:],
+        num_prefix=off,
     )
     return out
 
@@ -397,9 +440,10 @@ def gather_block(
     cls_value: Union[float, bool] = 0,
     out: Optional[Tensor] = None,
     reverse_queries: bool = False,
+    num_prefix: int = 1,
 ) -> Tensor:
     """Bias of patch queries ``q_start:q_stop`` against the patch keys of grid rows
-    ``key_rows[0]:key_rows[1]``, plus an optional CLS key column.
+    ``key_rows[0]:key_rows[1]``, plus optional prefix key columns (CLS / Jumbo).
 
     The building block of :func:`gather_rows` and of the key-range-restricted chunked
     attention: one gather with a ``(Q,)`` index from :func:`query_windows`, restricted to
@@ -411,19 +455,21 @@ def gather_block(
         grid_size: ``(H, W)``.
         q_start, q_stop: patch indices (no CLS), ``0 <= q_start <= q_stop <= H*W``.
         key_rows: ``(r0, r1)``, grid rows of the keys, ``0 <= r0 <= r1 <= H``.
-        cls_key: ``'first'`` / ``'last'``: a CLS key column (value ``cls_value``) before /
-            after the patch keys; None: no CLS column.
+        cls_key: ``'first'`` / ``'last'``: ``num_prefix`` prefix key columns (value
+            ``cls_value``) before / after the patch keys; None: no prefix columns.
         key_term: optional ``(heads, H*W)`` per-key term (``center`` heads).
-        cls_value: value of the CLS column. Default: 0.
+        cls_value: value of the prefix columns. Default: 0.
         out: optional ``(heads, Q, K)`` tensor to write into (its last dim contiguous).
         reverse_queries: return the rows in reversed query order (``q_stop - 1`` first).
             :func:`query_windows` holds the queries mirrored, so in this order the rows
             are plain strided slices of the table: at most three ``copy_`` calls with
             contiguous runs of ``W`` values instead of an element-wise gather (2-4x
             faster on CPU). Default: False.
+        num_prefix: prefix key columns ``J`` with ``cls_key`` (CLS: 1, Jumbo: ``J``).
+            Default: 1.
 
     Returns:
-        ``(heads, Q, K)`` with ``Q = q_stop - q_start``, ``K = (r1 - r0) * W (+1)``.
+        ``(heads, Q, K)`` with ``Q = q_stop - q_start``, ``K = (r1 - r0) * W (+ J)``.
     """
     height, width = grid_size
     r0, r1 = key_rows
@@ -433,9 +479,12 @@ def gather_block(
         raise ValueError(f'key rows {r0}:{r1} outside a grid of {height} rows')
     if cls_key not in (None, 'first', 'last'):
         raise ValueError(f"cls_key must be None, 'first' or 'last', got {cls_key!r}")
+    extra = 0 if cls_key is None else num_prefix_tokens(num_prefix)
+    if not extra:
+        cls_key = None
     heads = table.shape[0]
     num_q = q_stop - q_start
-    shape = (heads, num_q, (r1 - r0) * width + (cls_key is not None))
+    shape = (heads, num_q, (r1 - r0) * width + extra)
     if out is not None and (tuple(out.shape) != shape or out.dtype != table.dtype):
         raise ValueError(f'out must be {shape} {table.dtype}, got {tuple(out.shape)} {out.dtype}')
     if torch.is_grad_enabled() and (
@@ -451,17 +500,18 @@ def gather_block(
             key_term,
             cls_value,
             reverse_queries,
+            extra,
         )
         return block if out is None else out.copy_(block)
     if out is None:
         out = table.new_empty(shape)
     patch = out
     if cls_key == 'first':
-        out[:, :, 0] = cls_value
-        patch = out[:, :, 1:]
+        out[:, :, :extra] = cls_value
+        patch = out[:, :, extra:]
     elif cls_key == 'last':
-        out[:, :, -1] = cls_value
-        patch = out[:, :, :-1]
+        out[:, :, -extra:] = cls_value
+        patch = out[:, :, :-extra]
     if num_q and r1 > r0:
         windows = query_windows(table, grid_size)[..., r0:r1, :]  # (heads, H, W, r1-r0, W)
         target = patch.view(heads, num_q, r1 - r0, width)
@@ -487,6 +537,7 @@ def _gather_block_with_grad(
     key_term: Optional[Tensor],
     cls_value: Union[float, bool],
     reverse_queries: bool,
+    num_prefix: int = 1,
 ) -> Tensor:
     """:func:`gather_block` for autograd (learnable slopes): the same values, built out of
     place (``out=`` kernels have no autograd, and PyTorch refuses a later in-place add on a
@@ -503,12 +554,13 @@ def _gather_block_with_grad(
     index = pair_index(grid_size, q[:, None], keys[None, :])  # (Q, K)
     flat = table.flatten(1)
     term = None if key_term is None else key_term[:, r0 * width : r1 * width]
-    if cls_key is not None:  # one more table entry: the CLS column's value
-        column = index.new_full((q.numel(), 1), flat.shape[1])
+    if cls_key is not None:  # one more table entry: the prefix columns' value
+        j = num_prefix
+        column = index.new_full((q.numel(), j), flat.shape[1])
         index = torch.cat([column, index] if cls_key == 'first' else [index, column], dim=1)
         flat = torch.cat([flat, flat.new_full((heads, 1), cls_value)], dim=1)
         if term is not None:
-            term = F.pad(term, (1, 0) if cls_key == 'first' else (0, 1))
+            term = F.pad(term, (j, 0) if cls_key == 'first' else (0, j))
     out = flat.index_select(1, index.flatten()).view(heads, q.numel(), index.shape[1])
     return out if term is None else out + term[:, None, :]
 
@@ -575,14 +627,17 @@ class GridBias:
     def depth(self) -> int:
         return self.table.shape[0]
 
-    def rows(self, layer: int, start: int, stop: int, cls_token: bool = False) -> Tensor:
+    def rows(
+        self, layer: int, start: int, stop: int, cls_token: Union[bool, int] = False
+    ) -> Tensor:
         """Bias rows ``start:stop`` of the token sequence for ``layer``.
 
-        With ``cls_token`` the sequence is ``[CLS, patch_0, ..., patch_{N-1}]``; the CLS
-        row and column are 0.
+        ``cls_token``: number ``J`` of global prefix tokens at the front (CLS, or Jumbo
+        tokens; True = 1): the sequence is ``[p_0..p_{J-1}, patch_0, ..., patch_{N-1}]``;
+        the prefix rows and columns are 0.
 
         Returns:
-            ``(heads, stop-start, T)`` with ``T = N (+1)``, in the table's dtype.
+            ``(heads, stop-start, T)`` with ``T = J + N``, in the table's dtype.
         """
         return gather_rows(
             self.table[layer],
@@ -593,9 +648,10 @@ class GridBias:
             None if self.key_term is None else self.key_term[layer],
         )
 
-    def dense(self, layer: int, cls_token: bool = False) -> Tensor:
-        """The full ``(heads, T, T)`` bias of ``layer``."""
-        return self.rows(layer, 0, self.num_patches + int(cls_token), cls_token)
+    def dense(self, layer: int, cls_token: Union[bool, int] = False) -> Tensor:
+        """The full ``(heads, T, T)`` bias of ``layer`` (``T = J + N`` with ``J`` =
+        ``cls_token`` global prefix tokens, see :meth:`rows`)."""
+        return self.rows(layer, 0, self.num_patches + num_prefix_tokens(cls_token), cls_token)
 
 
 def build_grid_bias(
@@ -622,7 +678,7 @@ def lookhere_bias(
     num_heads: int,
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
-    """The full patch-to-patch bias, ``(depth, heads, H*W, H*W)``, without CLS.
+    """The full patch-to-patch bias, ``(depth, heads, H*W, H*W)``, without prefix tokens.
 
     The counterpart of the official ``create_lh_bias_tensor`` (which returns the same
     values, with ``-bfloat16.max`` where this has ``-inf``).

@@ -9,14 +9,14 @@ that only look up (down) attend only to the key rows above (below) the block
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from .bias import GridBias, gather_block
+from .bias import GridBias, gather_block, num_prefix_tokens
 
 __all__ = ['chunked_attention', 'key_row_groups', 'head_runs', 'auto_block_rows']
 
@@ -92,13 +92,14 @@ def _key_span(
 ) -> Tuple[Tuple[int, int], Tuple[int, int], Optional[str]]:
     """What a run of heads sees from query rows ``qy0..qy1``.
 
-    Keys live in the layout ``[CLS, patches, CLS]`` (the CLS key at both ends when
-    ``off``): heads that see every row above (``dy_min = -(H-1)``) take a prefix
-    ``[CLS, rows 0..r1)``, the others a suffix ``[rows r0..H-1, CLS]``.
+    Keys live in the layout ``[P, patches, P]`` with ``P`` the ``off`` global prefix
+    tokens (CLS / Jumbo; at both ends when ``off``): heads that see every row above
+    (``dy_min = -(H-1)``) take a prefix ``[P, rows 0..r1)``, the others a suffix
+    ``[rows r0..H-1, P]``.
 
     Returns:
         ``((r0, r1), (k0, k1), cls_key)``: key grid rows, key tokens in the layout, and
-        where the CLS column of the bias goes (``'first'`` / ``'last'`` / None).
+        where the prefix columns of the bias go (``'first'`` / ``'last'`` / None).
     """
     if lo == -(height - 1) or hi < height - 1:
         r1 = min(height, qy1 + hi + 1)
@@ -113,7 +114,7 @@ def chunked_attention(
     v: Tensor,
     grid_bias: GridBias,
     layer: int,
-    cls_token: bool,
+    cls_token: Union[bool, int],
     block_size: Optional[int] = None,
     dropout_p: float = 0.0,
     recompute: Optional[bool] = None,
@@ -127,7 +128,8 @@ def chunked_attention(
     run of heads attends only to the key rows it can see from the block (a prefix for
     upward-looking heads, a suffix for downward-looking ones), which skips the fully
     blocked part of the grid: for LH-90 / LH-45 a third of the attention work and of
-    the bias. The CLS query (bias 0, all keys) runs as one plain SDPA row.
+    the bias. Every block also sees the global prefix keys (CLS / Jumbo, bias 0); the
+    prefix queries (bias 0, all keys) run as one plain SDPA call.
 
     Without autograd one buffer holds every block's bias and the blocks are written
     straight into the result. With ``recompute`` (default: whenever autograd records,
@@ -136,10 +138,11 @@ def chunked_attention(
     matrix either; the table's gradient is accumulated block by block.
 
     Args:
-        q, k, v: ``(B, heads, T, d)`` with ``T = H*W (+1)``.
+        q, k, v: ``(B, heads, T, d)`` with ``T = J + H*W``.
         grid_bias: tables of the grid (best in ``q``'s dtype; cast otherwise).
         layer: which layer's table to use.
-        cls_token: token 0 is a CLS token.
+        cls_token: number ``J`` of global prefix tokens at the front (CLS, or Jumbo
+            tokens; True = 1).
         block_size: query rows per block; None or 0: :func:`auto_block_rows`.
             Default: None.
         dropout_p: attention dropout. Default: 0.
@@ -150,7 +153,7 @@ def chunked_attention(
     """
     height, width = grid_bias.grid_size
     n = height * width
-    off = int(cls_token)
+    off = num_prefix_tokens(cls_token)
     records = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, grid_bias.table, grid_bias.key_term)
     )  # + learnable slopes
@@ -168,7 +171,7 @@ def chunked_attention(
     if off and any(
         _key_span(lo, hi, height, width, off, 0, 0)[2] == 'last' for _, _, lo, hi in runs
     ):
-        k_ext, v_ext = (torch.cat([t, t[:, :, :off]], dim=2) for t in (k, v))  # [CLS, P, CLS]
+        k_ext, v_ext = (torch.cat([t, t[:, :, :off]], dim=2) for t in (k, v))  # [P, N, P]
     else:
         k_ext, v_ext = k, v
 
@@ -195,6 +198,7 @@ def chunked_attention(
             None if key_term is None else key_term[h0:h1],
             out=out,
             reverse_queries=True,
+            num_prefix=off,
         )
         return F.scaled_dot_product_attention(
             q_blk.flip(2), k_blk, v_blk, attn_mask=bias.unsqueeze(0), dropout_p=dropout_p
@@ -227,7 +231,7 @@ def chunked_attention(
                 result[:, h0:h1, off + s : off + e] = block(*args)
         if blocks:
             outs.append(blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2))
-    if off:  # the CLS query: bias 0 to every key
+    if off:  # the prefix queries: bias 0 to every key
         cls_out = F.scaled_dot_product_attention(q[:, :, :off], k, v, dropout_p=dropout_p)
         if result is not None:
             result[:, :, :off] = cls_out

@@ -28,7 +28,7 @@ graphs: one compilation per input shape, not per layer or call.
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,15 @@ from torch import Tensor
 
 from ..validation import check_int
 from .attention import BACKENDS, reference_attention, sdpa_attention
-from .bias import DistanceTable, GridBias, bias_from_distances, build_grid_bias, distance_table
+from .bias import (
+    DistanceTable,
+    GridBias,
+    bias_from_distances,
+    build_grid_bias,
+    distance_table,
+    num_prefix_tokens,
+    prefix_phrase,
+)
 from .cache import BoundedCache
 from .chunked import chunked_attention
 from .config import LookHereConfig
@@ -183,7 +191,7 @@ class LookHereAttentionEngine:
         self,
         layer: int,
         grid_size: Tuple[int, int],
-        cls_token: bool,
+        cls_token: Union[bool, int],
         device: torch.device,
         dtype: torch.dtype,
     ) -> Tensor:
@@ -198,7 +206,7 @@ class LookHereAttentionEngine:
         self,
         layer: int,
         window_size: int,
-        cls_token: bool,
+        cls_token: Union[bool, int],
         device: torch.device,
         dtype: torch.dtype,
     ) -> Tensor:
@@ -208,7 +216,11 @@ class LookHereAttentionEngine:
         return self.dense_bias(layer, (ws, ws), cls_token, device, dtype)
 
     def block_mask(
-        self, layer: int, grid_size: Tuple[int, int], cls_token: bool, device: torch.device
+        self,
+        layer: int,
+        grid_size: Tuple[int, int],
+        cls_token: Union[bool, int],
+        device: torch.device,
     ):
         """The flex ``BlockMask`` of ``layer``'s fields of view (shared by all layers with
         the same head string), or None when nothing is blocked."""
@@ -225,7 +237,11 @@ class LookHereAttentionEngine:
         )
 
     def score_mod(
-        self, layer: int, grid_size: Tuple[int, int], cls_token: bool, device: torch.device
+        self,
+        layer: int,
+        grid_size: Tuple[int, int],
+        cls_token: Union[bool, int],
+        device: torch.device,
     ) -> Callable:
         """The flex ``score_mod`` of ``layer`` (the same function object on every call)."""
         key = (layer, tuple(grid_size), cls_token, str(device))
@@ -240,7 +256,7 @@ class LookHereAttentionEngine:
         )
 
     def flex_order(
-        self, grid_size: Tuple[int, int], cls_token: bool, device: torch.device
+        self, grid_size: Tuple[int, int], cls_token: Union[bool, int], device: torch.device
     ) -> Optional[Tensor]:
         """The token order flex runs in (:func:`~.flex.tile_order`), or None
         (``flex_tiles=False``)."""
@@ -302,7 +318,7 @@ class LookHereAttentionEngine:
         self,
         layer: int,
         grid_size: Tuple[int, int],
-        cls_token: bool,
+        cls_token: Union[bool, int],
         device: torch.device,
         dtype: torch.dtype,
         slopes: Optional[LookHereSlopes],
@@ -364,25 +380,28 @@ class LookHereAttentionEngine:
         v: Tensor,
         layer: int,
         grid_size: Tuple[int, int],
-        cls_token: bool,
+        cls_token: Union[bool, int],
         dropout_p: float = 0.0,
         backend: Optional[str] = None,
         slopes: Optional[LookHereSlopes] = None,
     ) -> Tensor:
         """Attention of ``layer`` for ``q, k, v`` of shape ``(B, heads, T, d)``.
 
-        ``T`` must be ``H*W`` (+1 with ``cls_token``) for ``grid_size = (H, W)``.
+        ``T`` must be ``J + H*W`` for ``grid_size = (H, W)``, with ``J = cls_token`` the
+        number of global prefix tokens at the front (CLS, or Jumbo tokens; True = 1; no
+        bias to or from them, they see and are seen by every token).
         ``slopes``: learnable slopes to compute the bias at (see the module docstring);
         None: the config's slopes, cached. Default: None.
 
         Returns:
             ``(B, heads, T, d)``.
         """
-        n = grid_size[0] * grid_size[1] + int(cls_token)
+        cls_token = num_prefix_tokens(cls_token)
+        n = grid_size[0] * grid_size[1] + cls_token
         if q.shape[-2] != n or k.shape[-2] != n:
             raise ValueError(
                 f'attention got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
-                f'{"with" if cls_token else "without"} CLS needs {n}'
+                f'{prefix_phrase(cls_token)} needs {n}'
             )
         if q.shape[1] != self.num_heads:
             raise ValueError(
@@ -509,7 +528,7 @@ class LookHereAttentionEngine:
         layer: int,
         grid_size: Tuple[int, int],
         window_size: int,
-        cls_token: bool,
+        cls_token: Union[bool, int],
         dropout_p: float = 0.0,
         slopes: Optional[LookHereSlopes] = None,
     ) -> Tensor:
@@ -520,15 +539,15 @@ class LookHereAttentionEngine:
         like a smaller one). The window bias is the bias of a ``(ws, ws)`` grid, the same
         for every window, built once per (window size, layer) and cached.
 
-        With ``cls_token`` the CLS token keeps LookHere's global behaviour: every window
-        also sees the CLS key (bias 0), and the CLS query attends to all tokens (bias 0),
-        exactly as in a global block.
+        The ``cls_token`` global prefix tokens (CLS, or Jumbo tokens; True = 1) keep
+        LookHere's global behaviour: every window also sees the prefix keys (bias 0), and
+        the prefix queries attend to all tokens (bias 0), exactly as in a global block.
 
         Windows run as one 4-D batch ``(B * nWin, heads, T_w, d)`` (with padding: one
         call per image, as the padding mask differs per window).
 
         Args:
-            q, k, v: ``(B, heads, T, d)``, ``T = H*W (+1)``.
+            q, k, v: ``(B, heads, T, d)``, ``T = J + H*W`` (``J = cls_token``).
             slopes: learnable slopes (the window bias is then built every call); None:
                 the config's (cached). Default: None.
 
@@ -536,6 +555,7 @@ class LookHereAttentionEngine:
             ``(B, heads, T, d)``.
         """
         ws = int(window_size)
+        cls_token = num_prefix_tokens(cls_token)
         window_bias = self._dense_or_slope_bias(
             layer, (ws, ws), cls_token, q.device, q.dtype, slopes
         )

@@ -9,7 +9,8 @@ an export. The file then holds the weights, one ``(heads, 2H, 2W-1)`` table per 
 (the relative-offset table plus one row, below) and two small shared int64 index tables;
 windowed blocks hold their window-sized bias.
 
-How one global layer is computed (``N = H*W`` patches, ``T = N + 1`` with CLS):
+How one global layer is computed (``N = H*W`` patches, ``T = J + N`` with ``J`` global
+prefix tokens in front: CLS is ``J = 1``, Jumbo tokens ``J``):
 
 * the patch queries run in blocks of ``cols`` grid **columns** (queries ordered column by
   column inside a block). A block's bias ``(heads, cols*H, (H+1)*W)`` comes from the table
@@ -17,10 +18,12 @@ How one global layer is computed (``N = H*W`` patches, ``T = N + 1`` with CLS):
   for the block's ``qx`` (``cols*W*R`` values), then one gather of whole rows with the
   shared ``(H, H+1)`` row index, whose output is the block in its final layout (runs of
   ``W`` contiguous floats, the fast kind of gather in onnxruntime);
-* CLS without a pad copy: the table gets one more offset row (index ``2H-1``) that is 0 at
-  ``dx = 0`` and ``-inf`` elsewhere, and the keys are ``[patches, CLS x W]`` (the CLS key
-  and value repeated ``W`` times): query ``qx`` sees exactly one CLS copy, with bias 0
-  (:func:`extend_table`). The CLS query is one unmasked attention row;
+* prefix tokens without a pad copy: the table gets one more offset row (index ``2H-1``)
+  that is 0 at ``dx = 0`` and ``-inf`` elsewhere, and the keys are
+  ``[patches, p_0 x W, ..., p_{J-1} x W]`` (each prefix key and value repeated ``W``
+  times, the row index one column ``2H-1`` per prefix token): query ``qx`` sees exactly
+  one copy of each, with bias 0 (:func:`extend_table`). The prefix queries are one
+  unmasked attention call;
 * ``F.scaled_dot_product_attention(q_block, keys, values, attn_mask=bias)``: ONNX
   ``Attention`` from opset 23 (fused; onnxruntime's CPU kernel keeps one bias-sized
   scratch), MatMul / Softmax below.
@@ -44,13 +47,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .bias import build_grid_bias
+from .bias import build_grid_bias, num_prefix_tokens, prefix_phrase
 from .pos_encoding import PositionEncoding
 from .vit import LookHereVisionTransformer
 from .windows import attend_in_windows, padded_grid, window_key_mask
@@ -87,20 +90,21 @@ def runtime_zero(t: Tensor) -> Tensor:
     return (x > x).to(torch.int64).reshape(())
 
 
-def offset_indices(grid: Tuple[int, int], device=None) -> Tuple[Tensor, Tensor]:
-    """``iy (H, H+1)``: ``ky - qy + H-1``, plus a last column ``2H-1`` (the CLS row of
-    :func:`extend_table`); ``ix (W, W)``: ``kx - qx + W-1``. int64, built once per grid and
-    shared by every block and layer."""
+def offset_indices(grid: Tuple[int, int], device=None, prefix: int = 1) -> Tuple[Tensor, Tensor]:
+    """``iy (H, H+J)``: ``ky - qy + H-1``, plus ``J = prefix`` last columns ``2H-1`` (the
+    prefix row of :func:`extend_table`, one per prefix token); ``ix (W, W)``:
+    ``kx - qx + W-1``. int64, built once per grid and shared by every block and layer."""
     height, width = grid
     ay, ax = torch.arange(height, device=device), torch.arange(width, device=device)
     iy = ay[None, :] - ay[:, None] + (height - 1)
-    iy = torch.cat([iy, torch.full((height, 1), 2 * height - 1, device=device)], 1)
+    iy = torch.cat([iy, torch.full((height, prefix), 2 * height - 1, device=device)], 1)
     return iy, ax[None, :] - ax[:, None] + (width - 1)
 
 
 def extend_table(table: Tensor) -> Tensor:
     """``(heads, 2H-1, 2W-1)`` -> ``(heads, 2H, 2W-1)``: one more offset row, 0 at ``dx = 0``
-    and ``-inf`` elsewhere (the CLS key, repeated ``W`` times, see the module docstring)."""
+    and ``-inf`` elsewhere (each prefix key, repeated ``W`` times, see the module
+    docstring)."""
     heads, _, cols = table.shape
     row = torch.full((heads, 1, cols), -math.inf, dtype=table.dtype, device=table.device)
     row[:, :, cols // 2] = 0
@@ -117,11 +121,11 @@ def column_block_bias(
     key_term: Optional[Tensor] = None,
 ) -> Tensor:
     """The bias of the queries in grid columns ``c0:c1`` (all rows; ordered ``(qx, qy)``)
-    against the keys ``[patches, CLS x W]``.
+    against the keys ``[patches, p_0 x W, ..., p_{J-1} x W]``.
 
     Args:
-        table: :func:`extend_table`'s ``(heads, R, 2W-1)`` (or a table without the CLS row,
-            with ``iy[:, :H]``).
+        table: :func:`extend_table`'s ``(heads, R, 2W-1)`` (or a table without the prefix
+            row, with ``iy[:, :H]``).
         grid: ``(H, W)``.
         c0, c1: the block's grid columns.
         iy: the row index of :func:`offset_indices` ``(H, K)``.
@@ -147,12 +151,14 @@ def column_block_bias(
     return bias
 
 
-def auto_columns(heads: int, grid: Tuple[int, int], budget_mb: float = DEFAULT_BUDGET_MB) -> int:
-    """Grid columns per block so that one fp32 bias block ``(heads, c*H, (H+1)*W)`` stays
-    within ``budget_mb`` (at least one; onnxruntime's cost per query is flat from about 128
-    queries per block on)."""
+def auto_columns(
+    heads: int, grid: Tuple[int, int], budget_mb: float = DEFAULT_BUDGET_MB, prefix: int = 1
+) -> int:
+    """Grid columns per block so that one fp32 bias block ``(heads, c*H, (H+J)*W)`` (``J =
+    prefix`` tokens) stays within ``budget_mb`` (at least one; onnxruntime's cost per query
+    is flat from about 128 queries per block on)."""
     height, width = grid
-    per_column = heads * height * (height + 1) * width * 4
+    per_column = heads * height * (height + prefix) * width * 4
     return max(1, min(width, int(budget_mb * 2**20 // per_column)))
 
 
@@ -162,7 +168,7 @@ def static_grid_global_attention(
     v: Tensor,
     table: Tensor,
     grid: Tuple[int, int],
-    cls_token: bool,
+    cls_token: Union[bool, int],
     columns: int,
     indices: Tuple[Tensor, Tensor],
     key_term: Optional[Tensor] = None,
@@ -170,28 +176,42 @@ def static_grid_global_attention(
     """Exact LookHere attention of one global layer for a static grid, traceable.
 
     Args:
-        q, k, v: ``(B, heads, T, d)``, ``T = H*W (+1)``.
+        q, k, v: ``(B, heads, T, d)``, ``T = J + H*W``.
         table: the layer's :func:`extend_table` ``(heads, 2H, 2W-1)``, in ``q``'s dtype.
         grid: ``(H, W)``.
-        cls_token: token 0 is a CLS token.
+        cls_token: number ``J`` of global prefix tokens at the front (CLS, or Jumbo
+            tokens; True = 1).
         columns: grid columns per block.
-        indices: :func:`offset_indices`.
+        indices: :func:`offset_indices` with at least ``J`` prefix columns.
         key_term: ``(heads, H*W)`` of ``center`` heads. Default: None.
 
     Returns:
         ``(B, heads, T, d)``.
     """
     height, width = grid
-    off = int(cls_token)
+    off = num_prefix_tokens(cls_token)
     b, h, _, d = q.shape
+    if indices[0].shape[1] < height + off:
+        raise ValueError(
+            f'offset_indices were built for {indices[0].shape[1] - height} prefix tokens, '
+            f'the attention has {off}'
+        )
     zero = runtime_zero(q)
-    iy = indices[0] if cls_token else indices[0][:, :height]
-    if not cls_token:
+    iy = indices[0] if indices[0].shape[1] == height + off else indices[0][:, : height + off]
+    if not off:
         table = table[:, : 2 * height - 1]
     keys, values = k, v
-    if cls_token:  # keys [patches, CLS x W]
+    if off == 1:  # keys [patches, CLS x W]
         keys, values = (
             torch.cat([t[:, :, 1:], t[:, :, :1].expand(b, h, width, d)], dim=2) for t in (k, v)
+        )
+    elif off:  # keys [patches, p_0 x W, ..., p_{J-1} x W]
+        keys, values = (
+            torch.cat(
+                [t[:, :, off:], t[:, :, :off, None].expand(b, h, off, width, d).flatten(2, 3)],
+                dim=2,
+            )
+            for t in (k, v)
         )
     grid_q = q[:, :, off:].reshape(b, h, height, width, d)
     outs: List[Tensor] = []
@@ -206,9 +226,9 @@ def static_grid_global_attention(
         zero = runtime_zero(out)
     res = torch.cat(outs, dim=2).reshape(b, h, width, height, d).transpose(2, 3)
     res = res.reshape(b, h, height * width, d)
-    if not cls_token:
+    if not off:
         return res
-    return torch.cat([F.scaled_dot_product_attention(q[:, :, :1], k, v), res], dim=2)
+    return torch.cat([F.scaled_dot_product_attention(q[:, :, :off], k, v), res], dim=2)
 
 
 def query_blocked_attention(
@@ -260,7 +280,8 @@ class StaticGridAttention:
         engine: the model's engine (its config, depth and head count).
         grid: ``(H, W)`` of the exported input.
         window_size: the window of the model's windowed blocks (0: none). Default: 0.
-        cls_token: the model has a CLS token. Default: True.
+        cls_token: number ``J`` of global prefix tokens of the model (CLS: True = 1,
+            Jumbo: ``J``; 0: none); the calls must pass the same. Default: True.
         slopes: the encoding's learnable slopes, if any. Default: None.
         dtype: the tables' dtype (the model's). Default: float32.
         budget_mb: the largest bias block of a global layer. Default: 48.
@@ -271,7 +292,7 @@ class StaticGridAttention:
         engine: Any,
         grid: Tuple[int, int],
         window_size: int = 0,
-        cls_token: bool = True,
+        cls_token: Union[bool, int] = True,
         slopes: Optional[nn.Module] = None,
         dtype: torch.dtype = torch.float32,
         budget_mb: float = DEFAULT_BUDGET_MB,
@@ -279,6 +300,7 @@ class StaticGridAttention:
         self.config, self.depth, self.num_heads = engine.config, engine.depth, engine.num_heads
         self.grid = (int(grid[0]), int(grid[1]))
         self.window_size = int(window_size)
+        self.prefix = num_prefix_tokens(cls_token)
         self.last_backend = 'static_grid'
         with torch.no_grad():
             if slopes is None:
@@ -298,8 +320,10 @@ class StaticGridAttention:
                 )
             self.tables = [extend_table(t).clone() for t in tables]
             self.key_terms = keys
-            self.indices = offset_indices(self.grid)
-            self.columns = auto_columns(self.num_heads, self.grid, budget_mb)
+            self.indices = offset_indices(self.grid, prefix=max(1, self.prefix))
+            self.columns = auto_columns(
+                self.num_heads, self.grid, budget_mb, prefix=max(1, self.prefix)
+            )
             self.window_bias: List[Tensor] = []
             self.window_pad = None
             if self.window_size:
@@ -308,18 +332,20 @@ class StaticGridAttention:
                     wb = build_grid_bias(
                         self.config, (ws, ws), self.depth, self.num_heads, dtype=dtype
                     )
-                    self.window_bias = [wb.dense(layer, cls_token) for layer in range(self.depth)]
+                    self.window_bias = [
+                        wb.dense(layer, self.prefix) for layer in range(self.depth)
+                    ]
                 else:
                     self.window_bias = [
                         engine.slope_bias(layer, (ws, ws), 'cpu', dtype, slopes).dense(
-                            0, cls_token
+                            0, self.prefix
                         )
                         for layer in range(self.depth)
                     ]
                 if padded_grid(self.grid, ws) != self.grid:
-                    self.window_pad = window_key_mask(self.grid, ws, cls_token, dtype=dtype)
+                    self.window_pad = window_key_mask(self.grid, ws, self.prefix, dtype=dtype)
 
-    def _check(self, grid_size, dropout_p: float) -> None:
+    def _check(self, grid_size, dropout_p: float, cls_token: Union[bool, int]) -> None:
         if tuple(grid_size) != self.grid:
             raise ValueError(
                 f'this attention was prepared for the patch grid {self.grid}, '
@@ -327,6 +353,11 @@ class StaticGridAttention:
             )
         if dropout_p:
             raise ValueError('static-grid (export) attention is for inference: no dropout')
+        if num_prefix_tokens(cls_token) != self.prefix:
+            raise ValueError(
+                f'this attention was prepared {prefix_phrase(self.prefix)} (CLS / '
+                f'jumbo_tokens), got a call {prefix_phrase(num_prefix_tokens(cls_token))}'
+            )
 
     def __call__(
         self,
@@ -335,13 +366,13 @@ class StaticGridAttention:
         v: Tensor,
         layer: int,
         grid_size,
-        cls_token: bool,
+        cls_token: Union[bool, int],
         dropout_p: float = 0.0,
         backend: Optional[str] = None,
         slopes: Optional[nn.Module] = None,
     ) -> Tensor:
         """Global attention of ``layer`` (the engine's call)."""
-        self._check(grid_size, dropout_p)
+        self._check(grid_size, dropout_p, cls_token)
         key_term = None if self.key_terms is None else self.key_terms[layer].to(q.dtype)
         return static_grid_global_attention(
             q,
@@ -363,13 +394,13 @@ class StaticGridAttention:
         layer: int,
         grid_size,
         window_size: int,
-        cls_token: bool,
+        cls_token: Union[bool, int],
         dropout_p: float = 0.0,
         slopes: Optional[nn.Module] = None,
     ) -> Tensor:
         """Window attention of ``layer`` with the window-sized bias built here (the
         engine's call; the same frame and arithmetic as the engine's)."""
-        self._check(grid_size, dropout_p)
+        self._check(grid_size, dropout_p, cls_token)
         if int(window_size) != self.window_size:
             raise ValueError(f'prepared for windows of {self.window_size}, got {window_size}')
         bias = self.window_bias[layer].to(q.dtype)
@@ -386,6 +417,17 @@ class StaticGridAttention:
 
     def reset(self, config=None) -> None:
         """Nothing is cached here (the engine's ``reset``)."""
+
+
+def _prefix_tokens(vit: nn.Module) -> int:
+    """The global prefix tokens of a LookHere ViT: its ``num_prefix_tokens`` (its
+    ``jumbo_tokens`` when it has some: they replace the CLS token, else 1 with a CLS token,
+    else 0)."""
+    count = getattr(vit, 'num_prefix_tokens', None)
+    if count is not None:
+        return int(count)
+    jumbo = int(getattr(vit, 'jumbo_tokens', 0) or 0)
+    return jumbo if jumbo else int(bool(vit.with_cls_token))
 
 
 @contextlib.contextmanager
@@ -422,7 +464,7 @@ def static_grid_attention(
                 engine,
                 grid,
                 vit.window_size if vit.window_block_indexes else 0,
-                vit.with_cls_token,
+                _prefix_tokens(vit),
                 getattr(enc, 'slopes', None),
                 dtype,
                 budget_mb,

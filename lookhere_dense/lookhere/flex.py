@@ -15,12 +15,12 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from .bias import GridBias, pair_index
+from .bias import GridBias, num_prefix_tokens, pair_index
 
 __all__ = [
     'FLEX_BLOCK',
@@ -67,19 +67,24 @@ def flex_slope_grads_available(version: Optional[str] = None) -> bool:
 
 
 def tile_order(
-    grid_size: Tuple[int, int], cls_token: bool, tile: Tuple[int, int] = (8, 16), device=None
+    grid_size: Tuple[int, int],
+    cls_token: Union[bool, int],
+    tile: Tuple[int, int] = (8, 16),
+    device=None,
 ) -> Tensor:
-    """The token order flex runs in: patches tile by tile, the CLS token last.
+    """The token order flex runs in: patches tile by tile, the prefix tokens (CLS /
+    Jumbo) last.
 
     In the model's row-major order a block of 128 tokens is a stripe of whole grid rows,
     so a head that looks up-left skips only the tiles below (about half); in tile order
     a block is an ``8 x 16`` patch of the grid and the same head skips about 3/4 of the
-    tiles (a 45-degree head about 7/8). The CLS token goes last so that the patch tiles
-    stay aligned to flex's 128-token blocks.
+    tiles (a 45-degree head about 7/8). The prefix tokens go last (in their order) so
+    that the patch tiles stay aligned to flex's 128-token blocks.
 
     Args:
         grid_size: ``(H, W)``.
-        cls_token: the model's sequence starts with a CLS token.
+        cls_token: number ``J`` of global prefix tokens the model's sequence starts with
+            (CLS, or Jumbo tokens; True = 1).
         tile: ``(th, tw)`` of one block (``th * tw`` should be the flex block, 128).
         device: where the result lives.
 
@@ -92,24 +97,26 @@ def tile_order(
     x = torch.arange(width, device=device)[None, :].expand(height, width)
     tiles_per_row = -(-width // tw)
     rank = (((y // th) * tiles_per_row + x // tw) * (th * tw) + (y % th) * tw + x % tw).flatten()
-    order = rank.argsort() + int(cls_token)
-    if cls_token:
-        order = torch.cat([order, order.new_zeros(1)])
+    off = num_prefix_tokens(cls_token)
+    order = rank.argsort() + off
+    if off:
+        order = torch.cat([order, torch.arange(off, dtype=order.dtype, device=order.device)])
     return order
 
 
 def _flex_index(
-    grid_size: Tuple[int, int], cls_token: bool, order: Optional[Tensor] = None
+    grid_size: Tuple[int, int], cls_token: Union[bool, int], order: Optional[Tensor] = None
 ) -> Callable[[Tensor, Tensor], Tuple[Tensor, Tensor, Tensor]]:
-    """``(q_idx, kv_idx) -> (is_cls, table_index, key_patch)`` for flex callbacks.
+    """``(q_idx, kv_idx) -> (is_cls, table_index, key_patch)`` for flex callbacks
+    (``is_cls``: the query or the key is one of the ``cls_token`` prefix tokens).
 
     ``q_idx``/``kv_idx`` are positions in ``order`` (:func:`tile_order`; None: the
     model's order). ``table_index`` indexes a flattened ``(2H-1) * (2W-1)`` table;
-    indices are clamped so that CLS pairs and the padding of a ragged last tile stay in
+    indices are clamped so that prefix pairs and the padding of a ragged last tile stay in
     range.
     """
     height, width = grid_size
-    off = int(cls_token)
+    off = num_prefix_tokens(cls_token)
     table_len = (2 * height - 1) * (2 * width - 1)
     num_patches = height * width
     total = num_patches + off
@@ -130,12 +137,13 @@ def _flex_index(
 
 
 def flex_score_mod(
-    grid_bias: GridBias, layer: int, cls_token: bool, order: Optional[Tensor] = None
+    grid_bias: GridBias, layer: int, cls_token: Union[bool, int], order: Optional[Tensor] = None
 ) -> Callable:
     """A flex ``score_mod`` adding layer ``layer``'s LookHere bias from the table.
 
     The bias is read from the flattened ``(heads, (2H-1)(2W-1))`` table (float32) at the
-    pair's relative offset, plus the per-key term of ``center`` heads; CLS pairs get 0.
+    pair's relative offset, plus the per-key term of ``center`` heads; pairs with one of
+    the ``cls_token`` global prefix tokens (CLS / Jumbo) get 0.
     ``order``: the token order of the flex call (:func:`tile_order`), None: the model's.
     A table that requires grad (learnable slopes) gets its gradient from flex's backward
     (torch >= 2.6, :func:`flex_slope_grads_available`); the block mask never depends on
@@ -158,7 +166,7 @@ def flex_score_mod(
 
 
 def flex_mask_mod(
-    grid_bias: GridBias, layer: int, cls_token: bool, order: Optional[Tensor] = None
+    grid_bias: GridBias, layer: int, cls_token: Union[bool, int], order: Optional[Tensor] = None
 ) -> Callable:
     """A flex ``mask_mod``: True where layer ``layer``'s heads see the key (positions in
     ``order``, None: the model's order)."""
@@ -184,7 +192,7 @@ def _ordered(blocks: Tensor) -> Tuple[Tensor, Tensor]:
 def lookhere_block_mask(
     grid_bias: GridBias,
     layer: int,
-    cls_token: bool,
+    cls_token: Union[bool, int],
     block: int = FLEX_BLOCK,
     order: Optional[Tensor] = None,
 ):
@@ -208,7 +216,7 @@ def lookhere_block_mask(
         return None
     from torch.nn.attention.flex_attention import BlockMask
 
-    off = int(cls_token)
+    off = num_prefix_tokens(cls_token)
     heads = visible.shape[0]
     total = grid_bias.num_patches + off
     flat = visible.flatten(1)
@@ -267,7 +275,7 @@ def flex_attention_lookhere(
     v: Tensor,
     grid_bias: GridBias,
     layer: int,
-    cls_token: bool,
+    cls_token: Union[bool, int],
     block_mask=None,
     compiled: Optional[bool] = None,
     score_mod: Optional[Callable] = None,
@@ -276,10 +284,11 @@ def flex_attention_lookhere(
     """LookHere attention through ``flex_attention`` (fused and tile-skipping when compiled).
 
     Args:
-        q, k, v: ``(B, heads, T, d)``.
+        q, k, v: ``(B, heads, T, d)``, ``T = J + H*W``.
         grid_bias: tables of the grid.
         layer: which layer's table to use.
-        cls_token: token 0 is a CLS token.
+        cls_token: number ``J`` of global prefix tokens at the front (CLS, or Jumbo
+            tokens; True = 1).
         block_mask: a ``BlockMask`` from :func:`lookhere_block_mask` (optional: without it
             no tile is skipped, the result is the same).
         compiled: run the ``torch.compile``-d kernel. Default: on CUDA only (eager flex

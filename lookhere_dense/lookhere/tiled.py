@@ -40,8 +40,9 @@ Merges
     a float32 accumulator (``acc <- lerp(acc, o, sigmoid(l - m))``, ``m <- logaddexp(m,
     l)``). Queries that see none of a call's keys (the kernel then returns 0 and lse 0)
     get the lse ``-1e30`` (their weight underflows to exactly 0); the plan knows which
-    they are. The CLS key (bias 0 to every patch query) is one more partial, merged for
-    the whole grid at once; the CLS query is one plain kernel call over all keys.
+    they are. The ``J`` global prefix keys (CLS, or Jumbo tokens: bias 0 to every patch
+    query) are one more partial, merged for the whole grid at once; the prefix queries
+    are one plain kernel call over all keys.
 
 Backward
     :class:`_TiledAttention` saves ``q, k, v``, the output and the merged log-sum-exp
@@ -75,13 +76,13 @@ import hashlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import List, MutableMapping, Optional, Tuple
+from typing import List, MutableMapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from .bias import GridBias
+from .bias import GridBias, num_prefix_tokens, prefix_phrase
 
 __all__ = [
     'TileOptions',
@@ -748,13 +749,18 @@ def _forward(
                 _merge(acc[block], m[block], o, l, call.first)
 
         _run_units(units, run, _GroupStates(units, make, done))
-        if off:  # the CLS key, bias 0 to every patch query: one more partial
+        if off == 1:  # the CLS key, bias 0 to every patch query: one more partial
             kc, vc = k[b, :, 0].to(work), v[b, :, 0].to(work)
             sc = torch.matmul(q[b, :, off:].to(work), kc.unsqueeze(-1)).view(m_all.shape)
             _merge(acc_all, m_all, vc[:, None, None, :].expand_as(acc_all), sc * dim**-0.5, False)
+        elif off:  # J prefix keys (Jumbo), bias 0 to every patch query: one more partial
+            kc, vc = k[b, :, :off].to(work), v[b, :, :off].to(work)  # (heads, J, d)
+            sc = torch.matmul(q[b, :, off:].to(work), kc.transpose(-1, -2)) * dim**-0.5
+            oc = torch.matmul(sc.softmax(-1), vc).view(acc_all.shape)
+            _merge(acc_all, m_all, oc, sc.logsumexp(-1).view(m_all.shape), False)
         if not direct:
             out[b, :, off:] = acc_all.view(heads, -1, v.shape[-1])
-    if off:  # the CLS query, bias 0 to every key
+    if off:  # the prefix queries, bias 0 to every key
         o, l = _FLASH(q[:, :, :off], k, v)
         out[:, :, :off] = o
         lse[:, :, :off] = l
@@ -846,7 +852,7 @@ def _backward(
                 dv_str[:, js, sl] += gv.view(g, -1, grp.s, v.shape[-1])
 
         _run_units(units, run, _GroupStates(units, make, done))
-        if off:  # the CLS key's share, all heads at once
+        if off == 1:  # the CLS key's share, all heads at once
             qw, dow = q[b, :, off:].to(work), dout[b, :, off:].to(work)
             kc, vc = k[b, :, 0].to(work), v[b, :, 0].to(work)
             p = torch.exp(torch.matmul(qw, kc.unsqueeze(-1)).squeeze(-1) * scale - lse[b, :, off:])
@@ -855,7 +861,18 @@ def _backward(
             dq[b, :, off:] += ds.unsqueeze(-1) * (kc * scale)[:, None, :]
             dk[b, :, 0] += torch.einsum('hn,hnd->hd', ds, qw) * scale
             dv[b, :, 0] += torch.einsum('hn,hnd->hd', p, dow)
-    if off:  # the CLS query
+        elif off:  # the J prefix keys' share (Jumbo), all heads at once
+            qw, dow = q[b, :, off:].to(work), dout[b, :, off:].to(work)
+            kc, vc = k[b, :, :off].to(work), v[b, :, :off].to(work)  # (heads, J, d)
+            p = torch.exp(
+                torch.matmul(qw, kc.transpose(-1, -2)) * scale - lse[b, :, off:, None]
+            )  # (heads, N, J)
+            delta = (dow * out[b, :, off:].to(work)).sum(-1, keepdim=True)
+            ds = p * (torch.matmul(dow, vc.transpose(-1, -2)) - delta)
+            dq[b, :, off:] += torch.matmul(ds, kc * scale)
+            dk[b, :, :off] += torch.matmul(ds.transpose(-1, -2), qw) * scale
+            dv[b, :, :off] += torch.matmul(p.transpose(-1, -2), dow)
+    if off:  # the prefix queries
         gq, gk, gv = _FLASH_BWD(
             dout[:, :, :off], q[:, :, :off], k, v, out[:, :, :off], lse[:, :, :off], 0.0, False
         )
@@ -888,7 +905,7 @@ def tiled_attention(
     v: Tensor,
     grid_bias: GridBias,
     layer: int,
-    cls_token: bool,
+    cls_token: Union[bool, int],
     dropout_p: float = 0.0,
     options: Optional[TileOptions] = None,
     plans: Optional[MutableMapping] = None,
@@ -897,11 +914,12 @@ def tiled_attention(
     can see (see the module docstring).
 
     Args:
-        q, k, v: ``(B, heads, T, d)`` on CPU with ``T = H*W (+1)``; float32, float64,
+        q, k, v: ``(B, heads, T, d)`` on CPU with ``T = J + H*W``; float32, float64,
             bfloat16 or float16.
         grid_bias: tables of the grid (cast to ``q``'s dtype).
         layer: which layer's table to use.
-        cls_token: token 0 is a CLS token (bias 0 to and from everything).
+        cls_token: number ``J`` of global prefix tokens at the front (CLS, or Jumbo
+            tokens; True = 1), bias 0 to and from everything.
         dropout_p: must be 0 (attention dropout is not supported: use ``chunked``).
         options: :class:`TileOptions` of the plan; None: the defaults.
         plans: a cache for the plans (dict, or the engine's ``BoundedCache``); None:
@@ -922,11 +940,11 @@ def tiled_attention(
             "use 'flex' or 'chunked' on CUDA"
         )
     height, width = grid_bias.grid_size
-    off = int(cls_token)
+    off = num_prefix_tokens(cls_token)
     if q.shape[-2] != height * width + off or k.shape[-2] != q.shape[-2]:
         raise ValueError(
             f'tiled attention got {q.shape[-2]} queries / {k.shape[-2]} keys '
-            f'for grid {grid_bias.grid_size} {"with" if off else "without"} CLS'
+            f'for grid {grid_bias.grid_size} {prefix_phrase(off)}'
         )
     key_term = None if grid_bias.key_term is None else grid_bias.key_term[layer]
     table = grid_bias.table[layer]

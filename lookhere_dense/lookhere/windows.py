@@ -1,17 +1,20 @@
 """ViTDet-style non-overlapping windows over a patch grid (pure tensor reshapes).
 
 A grid that is not a multiple of the window size is padded at the bottom/right; the
-padding is tracked so attention can ignore it (:func:`window_key_mask`).
+padding is tracked so attention can ignore it (:func:`window_key_mask`). Global
+prefix tokens (CLS, or Jumbo tokens) join every window (:func:`attend_in_windows`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Tuple
+from typing import Callable, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .bias import num_prefix_tokens, prefix_phrase
 
 __all__ = [
     'padded_grid',
@@ -66,14 +69,17 @@ def window_unpartition(x: Tensor, grid_size: Tuple[int, int], window_size: int) 
 def window_key_mask(
     grid_size: Tuple[int, int],
     window_size: int,
-    cls_token: bool,
+    cls_token: Union[bool, int],
     device=None,
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """Additive mask hiding padded keys from the real queries of each window.
 
+    ``cls_token``: number ``J`` of global prefix tokens at the front of every window (CLS,
+    or Jumbo tokens; True = 1); they are never padding.
+
     Returns:
-        ``(nWin, 1, T, T)`` with ``T = ws*ws (+1)``: ``-inf`` where the key is padding and
+        ``(nWin, 1, T, T)`` with ``T = J + ws*ws``: ``-inf`` where the key is padding and
         the query is another token, else 0. A padded query still sees itself, so no row
         is ever fully masked (no NaN, in forward or backward); padded outputs are dropped.
     """
@@ -83,8 +89,9 @@ def window_key_mask(
     valid = torch.zeros(hp, wp, dtype=torch.bool, device=device)
     valid[:h, :w] = True
     valid = valid.reshape(hp // ws, ws, wp // ws, ws).permute(0, 2, 1, 3).reshape(-1, ws * ws)
-    if cls_token:
-        valid = torch.cat([valid.new_ones(valid.shape[0], 1), valid], dim=1)
+    off = num_prefix_tokens(cls_token)
+    if off:
+        valid = torch.cat([valid.new_ones(valid.shape[0], off), valid], dim=1)
     t = valid.shape[1]
     eye = torch.eye(t, dtype=torch.bool, device=device)
     hidden = ~valid[:, None, :] & ~eye[None]
@@ -99,43 +106,44 @@ def attend_in_windows(
     v: Tensor,
     grid_size: Tuple[int, int],
     window_size: int,
-    cls_token: bool,
+    cls_token: Union[bool, int],
     attend: Callable[[Tensor, Tensor, Tensor], Tensor],
     dropout_p: float = 0.0,
 ) -> Tensor:
     """The frame of ViTDet window attention shared by every position encoding.
 
-    Splits the patch tokens into windows, puts the CLS token (if any) at the front of every
-    window, lets ``attend`` compute the attention inside the windows, puts the windows back
-    and gives the CLS query global attention over all tokens (no bias), as in a global
-    block.
+    Splits the patch tokens into windows, puts the ``J`` global prefix tokens (CLS, or
+    Jumbo tokens; if any) at the front of every window, lets ``attend`` compute the
+    attention inside the windows, puts the windows back and gives the prefix queries
+    global attention over all tokens (no bias), as in a global block.
 
     Args:
-        q, k, v: ``(B, heads, T, d)`` with ``T = H*W (+1)`` for ``grid_size = (H, W)``.
+        q, k, v: ``(B, heads, T, d)`` with ``T = J + H*W`` for ``grid_size = (H, W)``.
+        cls_token: number ``J`` of global prefix tokens at the front (True = 1).
         attend: ``(qw, kw, vw)`` of shape ``(B, nWin, heads, T_w, d)`` -> the same shape,
-            ``T_w = ws*ws (+1)``; it owns the window bias and the padding mask.
-        dropout_p: attention dropout of the CLS row.
+            ``T_w = J + ws*ws``; it owns the window bias and the padding mask.
+        dropout_p: attention dropout of the prefix rows.
 
     Returns:
         ``(B, heads, T, d)``.
     """
-    off = int(cls_token)
+    off = num_prefix_tokens(cls_token)
     n = grid_size[0] * grid_size[1] + off
     if q.shape[-2] != n:
         raise ValueError(
             f'window attention got {q.shape[-2]} tokens but grid '
-            f'{tuple(grid_size)} {"with" if cls_token else "without"} CLS needs {n}'
+            f'{tuple(grid_size)} {prefix_phrase(off)} needs {n}'
         )
     ws = int(window_size)
     qw, kw, vw = (window_partition(t[:, :, off:], grid_size, ws) for t in (q, k, v))
-    if cls_token:
+    if off:
         n_win = qw.shape[1]
         qw, kw, vw = (
-            torch.cat([t[:, None, :, :1].expand(-1, n_win, -1, -1, -1), tw], dim=-2)
+            torch.cat([t[:, None, :, :off].expand(-1, n_win, -1, -1, -1), tw], dim=-2)
             for t, tw in ((q, qw), (k, kw), (v, vw))
         )
     out = window_unpartition(attend(qw, kw, vw)[..., off:, :], grid_size, ws)
-    if cls_token:
-        cls_out = F.scaled_dot_product_attention(q[:, :, :1], k, v, dropout_p=dropout_p)
+    if off:
+        cls_out = F.scaled_dot_product_attention(q[:, :, :off], k, v, dropout_p=dropout_p)
         out = torch.cat([cls_out, out], dim=-2)
     return out

@@ -49,10 +49,10 @@ class AbsolutePositionEncoding(PositionEncoding):
     """``'abs'``: a learned embedding per patch of the training grid, added to the tokens.
 
     Inputs whose grid differs are given the embedding resampled to their grid with
-    :func:`resample_abs_pos_embed`. The CLS token gets no embedding (as DeiT-III, the
-    trunk's architecture); a timm checkpoint whose ``pos_embed`` has a CLS entry has that
-    entry folded into ``cls_token`` on loading (an exact conversion, see
-    :meth:`adapt_checkpoint_embedding`).
+    :func:`resample_abs_pos_embed`. The global prefix tokens (CLS, or Jumbo tokens) get no
+    embedding (as DeiT-III, the trunk's architecture); a timm checkpoint whose
+    ``pos_embed`` has a CLS entry has that entry folded into ``cls_token`` on loading (an
+    exact conversion, see :meth:`adapt_checkpoint_embedding`).
 
     Args:
         embed_dims: token channels ``D``.

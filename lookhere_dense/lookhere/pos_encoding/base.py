@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..bias import num_prefix_tokens, prefix_phrase
 from ..config import LookHereConfig
 from ..windows import attend_in_windows, padded_grid, window_key_mask
 
@@ -73,18 +74,19 @@ def window_sdpa(
     v: Tensor,
     grid_size: Tuple[int, int],
     window_size: int,
-    cls_token: bool,
+    cls_token: Union[bool, int],
     dropout_p: float = 0.0,
 ) -> Tensor:
     """ViTDet window attention without a position bias.
 
     Patches attend within their ``window_size`` x ``window_size`` window (padded keys of
-    border windows are masked). With ``cls_token`` every window also sees the CLS key and
-    the CLS query attends to all tokens, as in
+    border windows are masked). ``cls_token``: number ``J`` of global prefix tokens at the
+    front (CLS, or Jumbo tokens; True = 1): every window also sees the prefix keys and
+    the prefix queries attend to all tokens, as in
     :meth:`~lookhere_dense.lookhere.LookHereAttentionEngine.window_attention`.
 
     Args:
-        q, k, v: ``(B, heads, T, d)`` with ``T = H*W (+1)`` for ``grid_size = (H, W)``.
+        q, k, v: ``(B, heads, T, d)`` with ``T = J + H*W`` for ``grid_size = (H, W)``.
 
     Returns:
         ``(B, heads, T, d)``.
@@ -135,13 +137,21 @@ class PositionEncoding(nn.Module):
         return cls(**options)
 
     def add_to_tokens(self, x: Tensor, grid_size: Tuple[int, int]) -> Tensor:
-        """Patch tokens ``(B, H*W, D)`` (no CLS) -> the tokens the blocks get (same shape)."""
+        """Patch tokens ``(B, H*W, D)`` (no prefix tokens) -> the tokens the blocks get
+        (same shape)."""
         return x
 
     def rotate(
-        self, q: Tensor, k: Tensor, layer: int, grid_size: Tuple[int, int], cls_token: bool
+        self,
+        q: Tensor,
+        k: Tensor,
+        layer: int,
+        grid_size: Tuple[int, int],
+        cls_token: Union[bool, int],
     ) -> Tuple[Tensor, Tensor]:
-        """Queries and keys ``(B, heads, T, d)`` as the attention logits should see them."""
+        """Queries and keys ``(B, heads, T, d)`` as the attention logits should see them
+        (``T = J + H*W``; ``cls_token``: the number ``J`` of global prefix tokens at the
+        front, CLS or Jumbo tokens, True = 1, which carry no position)."""
         return q, k
 
     def forward(
@@ -151,18 +161,20 @@ class PositionEncoding(nn.Module):
         v: Tensor,
         layer: int,
         grid_size: Tuple[int, int],
-        cls_token: bool,
+        cls_token: Union[bool, int],
         dropout_p: float = 0.0,
         tokens: Optional[Tensor] = None,
     ) -> Tensor:
         """Global attention of ``layer``: ``(B, heads, T, d)`` -> ``(B, heads, T, d)``,
-        ``T = H*W (+1 with cls_token)``. ``tokens``: the attention's input ``(B, T, C)``,
+        ``T = J + H*W`` with ``J = cls_token`` global prefix tokens at the front (CLS, or
+        Jumbo tokens; True = 1). ``tokens``: the attention's input ``(B, T, C)``,
         used by encodings with :attr:`uses_tokens` (ignored here). Default: None."""
-        n = grid_size[0] * grid_size[1] + int(cls_token)
+        off = num_prefix_tokens(cls_token)
+        n = grid_size[0] * grid_size[1] + off
         if q.shape[-2] != n or k.shape[-2] != n:
             raise ValueError(
                 f'attention got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
-                f'{"with" if cls_token else "without"} CLS needs {n}'
+                f'{prefix_phrase(off)} needs {n}'
             )
         q, k = self.rotate(q, k, layer, grid_size, cls_token)
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
@@ -175,7 +187,7 @@ class PositionEncoding(nn.Module):
         layer: int,
         grid_size: Tuple[int, int],
         window_size: int,
-        cls_token: bool,
+        cls_token: Union[bool, int],
         dropout_p: float = 0.0,
         tokens: Optional[Tensor] = None,
     ) -> Tensor:

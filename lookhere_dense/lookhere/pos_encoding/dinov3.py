@@ -10,6 +10,7 @@ from torch import Tensor
 
 from lookhere_dense.validation import check_number
 
+from ..bias import num_prefix_tokens, prefix_phrase
 from ..cache import BoundedCache
 from .base import PositionEncoding, Trunk
 
@@ -145,14 +146,19 @@ class DinoV3RoPE2d(PositionEncoding):
         return x
 
     def rotate(
-        self, q: Tensor, k: Tensor, layer: int, grid_size: Tuple[int, int], cls_token: bool
+        self,
+        q: Tensor,
+        k: Tensor,
+        layer: int,
+        grid_size: Tuple[int, int],
+        cls_token: Union[bool, int],
     ) -> Tuple[Tensor, Tensor]:
-        off = int(cls_token)
+        off = num_prefix_tokens(cls_token)
         emb = self.embedding(grid_size, q.device)
         if emb.shape[0] != q.shape[-2] - off:
             raise ValueError(
                 f'RoPE got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
-                f'{"with" if cls_token else "without"} CLS needs '
+                f'{prefix_phrase(off)} needs '
                 f'{emb.shape[0] + off}'
             )
         out = []

@@ -90,7 +90,7 @@ class LookHerePositionEncoding(PositionEncoding):
         v: Tensor,
         layer: int,
         grid_size: Tuple[int, int],
-        cls_token: bool,
+        cls_token: Union[bool, int],
         dropout_p: float = 0.0,
         tokens: Optional[Tensor] = None,
     ) -> Tensor:
@@ -104,7 +104,7 @@ class LookHerePositionEncoding(PositionEncoding):
         layer: int,
         grid_size: Tuple[int, int],
         window_size: int,
-        cls_token: bool,
+        cls_token: Union[bool, int],
         dropout_p: float = 0.0,
         tokens: Optional[Tensor] = None,
     ) -> Tensor:

@@ -34,8 +34,9 @@ tokens).
 
 Conventions of this toolkit (the reference differs; no logit of a patch pair changes):
 
-* the CLS token has no position: its appended features are zero on both sides, so
-  ``pape`` is 0 to and from it (the reference puts CLS at the origin of the grid);
+* the global prefix tokens (CLS, or Jumbo tokens) have no position: their appended
+  features are zero on both sides, so ``pape`` is 0 to and from them (the reference puts
+  CLS at the origin of the grid);
 * coordinates are centred on the grid (``pape`` only sees offsets; centring halves the
   features' magnitudes, which helps half precision, where the expanded square loses
   digits on large grids -- prefer float32 attention for large-grid evaluation);
@@ -58,6 +59,7 @@ from torch import Tensor
 
 from lookhere_dense.validation import check_int
 
+from ..bias import num_prefix_tokens, prefix_phrase
 from ..cache import BoundedCache
 from .base import PositionEncoding, Trunk, window_sdpa
 
@@ -196,7 +198,7 @@ class ParabolicPositionEncoding(PositionEncoding):
         tokens: Optional[Tensor],
         layer: int,
         grid_size: Tuple[int, int],
-        cls_token: bool,
+        cls_token: Union[bool, int],
     ) -> Tuple[Tensor, Tensor]:
         """Queries and keys with the PaPE features appended, the scale folded into the
         queries: ``(B, heads, T, d)`` -> ``(B, heads, T, d + num_features)``, so that
@@ -211,13 +213,13 @@ class ParabolicPositionEncoding(PositionEncoding):
                 '(tokens=, shape (B, T, C)): its curvatures and slopes come '
                 'from the token content'
             )
-        off = int(cls_token)
+        off = num_prefix_tokens(cls_token)
         b, heads, t, d = q.shape
         n = grid_size[0] * grid_size[1]
         if t != n + off or k.shape[-2] != t:
             raise ValueError(
                 f'attention got {t} tokens but grid {tuple(grid_size)} '
-                f'{"with" if cls_token else "without"} CLS needs {n + off}'
+                f'{prefix_phrase(off)} needs {n + off}'
             )
         if heads != self.num_heads or d != self.head_dim:
             raise ValueError(
@@ -236,7 +238,7 @@ class ParabolicPositionEncoding(PositionEncoding):
             p = self.parabola_coordinates(layer, grid_size, q.device, dtype)[None]
             a, s = self.curvature_and_slope(tokens[:, off:], layer, dtype)
             qf, kf = parabola_features(p, a, s)
-        pad = (0, self.num_features - qf.shape[-1], off, 0)  # feature padding, CLS row: 0
+        pad = (0, self.num_features - qf.shape[-1], off, 0)  # feature padding, prefix rows: 0
         qf, kf = F.pad(qf, pad), F.pad(kf, pad).expand(b, -1, -1, -1)
         scale = math.sqrt((d + self.num_features) / d)
         return (
@@ -251,7 +253,7 @@ class ParabolicPositionEncoding(PositionEncoding):
         v: Tensor,
         layer: int,
         grid_size: Tuple[int, int],
-        cls_token: bool,
+        cls_token: Union[bool, int],
         dropout_p: float = 0.0,
         tokens: Optional[Tensor] = None,
     ) -> Tensor:
@@ -268,7 +270,7 @@ class ParabolicPositionEncoding(PositionEncoding):
         layer: int,
         grid_size: Tuple[int, int],
         window_size: int,
-        cls_token: bool,
+        cls_token: Union[bool, int],
         dropout_p: float = 0.0,
         tokens: Optional[Tensor] = None,
     ) -> Tensor:

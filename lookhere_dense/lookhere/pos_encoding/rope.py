@@ -12,6 +12,7 @@ from torch import Tensor
 
 from lookhere_dense.validation import check_number
 
+from ..bias import num_prefix_tokens, prefix_phrase
 from ..cache import BoundedCache
 from .base import PositionEncoding, Trunk
 
@@ -47,21 +48,27 @@ def patch_coordinates(
 
 
 class _RoPE2dBase(PositionEncoding):
-    """RoPE on the patch tokens (the CLS token, first when present, is not rotated)."""
+    """RoPE on the patch tokens (the global prefix tokens in front, CLS or Jumbo tokens,
+    are not rotated)."""
 
     def angles(self, layer: int, grid_size: Tuple[int, int], device: torch.device) -> Tensor:
         """Rotation angles ``(heads or 1, H*W, head_dim/2)`` of ``layer`` (float32)."""
         raise NotImplementedError
 
     def rotate(
-        self, q: Tensor, k: Tensor, layer: int, grid_size: Tuple[int, int], cls_token: bool
+        self,
+        q: Tensor,
+        k: Tensor,
+        layer: int,
+        grid_size: Tuple[int, int],
+        cls_token: Union[bool, int],
     ) -> Tuple[Tensor, Tensor]:
-        off = int(cls_token)
+        off = num_prefix_tokens(cls_token)
         ang = self.angles(layer, tuple(grid_size), q.device)
         if ang.shape[-2] != q.shape[-2] - off:
             raise ValueError(
                 f'RoPE got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
-                f'{"with" if cls_token else "without"} CLS needs '
+                f'{prefix_phrase(off)} needs '
                 f'{ang.shape[-2] + off}'
             )
         out = []
