@@ -12,6 +12,12 @@ gets ``lr * decay_rate ** (L + 1 - i)`` where
   slope (shared by all layers, as BEiT's shared relative position bias), the neck and the
   heads (learning-rate scale 1).
 
+The Jumbo trunk's wide MLP (``jumbo_mlp.*``, one module shared by all blocks) gets groups
+of its own, ``jumbo_mlp_decay`` / ``jumbo_mlp_no_decay``, with learning-rate scale
+``paramwise_cfg.jumbo_mlp_lr_scale`` (default 1: like the other parameters every layer
+shares); the Jumbo tokens themselves (``jumbo_token``) are at depth 0 without weight decay,
+like the CLS token, and each block's ``jumbo_norm`` / ``jumbo_ls`` in its block.
+
 Weight decay is 0 for norm layers (weight and bias), LayerScale ``gamma``, the CLS token
 (and position parameters: ``pos_embed``, RoPE-Mixed ``freqs``, learnable LookHere
 slopes), and -- unless ``bias_decay=True`` -- for every bias; all other parameters get
@@ -65,7 +71,10 @@ _BLOCK = re.compile(r'^blocks\.(\d+)\.')
 _LAYER_SLOPES = re.compile(r'^pos_enc\.slopes\.(layer|head)_log_ratio\.(\d+)$')
 _GLOBAL_SLOPE = 'pos_enc.slopes.global_log_ratio'
 #: Backbone parameters (names relative to the backbone) that never get weight decay.
-_NO_DECAY_TOKENS = ('cls_token', 'pos_embed', 'mask_token', 'freqs')
+_NO_DECAY_TOKENS = ('cls_token', 'jumbo_token', 'pos_embed', 'mask_token', 'freqs')
+#: the Jumbo trunk's shared wide MLP (its own layer-decay groups)
+_JUMBO_MLP = 'jumbo_mlp.'
+
 _NORMS = (nn.LayerNorm, nn.GroupNorm, _BatchNorm, _InstanceNorm)
 
 
@@ -105,10 +114,10 @@ def backbone_layer_id(name: Optional[str], num_layers: int) -> int:
 
     Returns:
         ``0`` before the blocks, ``i + 1`` in block ``i`` (and for layer ``i``'s learnable
-        LookHere slopes), ``L + 1`` for the final norm, the learnable global slope and
-        everything outside the backbone.
+        LookHere slopes), ``L + 1`` for the final norm, the learnable global slope, the
+        Jumbo trunk's shared ``jumbo_mlp`` and everything outside the backbone.
     """
-    if name is None or name.startswith('norm.') or name == _GLOBAL_SLOPE:
+    if name is None or name.startswith(('norm.', _JUMBO_MLP)) or name == _GLOBAL_SLOPE:
         return num_layers + 1
     match = _BLOCK.match(name) or _LAYER_SLOPES.match(name)
     if match:
@@ -152,13 +161,15 @@ class LookHereLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
       Default: False.
     * ``decay_type`` (str): only ``'layer_wise'``; accepted so mmseg/mmdet-style configs
       read the same. Default: ``'layer_wise'``.
+    * ``jumbo_mlp_lr_scale`` (float): learning-rate scale of a Jumbo trunk's shared wide
+      MLP (groups ``jumbo_mlp_decay`` / ``jumbo_mlp_no_decay``). Default: 1.
 
     Parameters with ``requires_grad=False`` are left out. Groups are ordered from the
     heads (lr scale 1) down to the patch embedding, so the first group -- the ``lr`` that
     mmengine logs -- carries the base learning rate.
     """
 
-    _KEYS = ('decay_rate', 'num_layers', 'bias_decay', 'decay_type')
+    _KEYS = ('decay_rate', 'num_layers', 'bias_decay', 'decay_type', 'jumbo_mlp_lr_scale')
 
     def _validate_cfg(self) -> None:
         cfg = self.paramwise_cfg
@@ -186,6 +197,11 @@ class LookHereLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
         layers = cfg.get('num_layers')
         if layers is not None and (not isinstance(layers, int) or layers < 1):
             raise ValueError(f'paramwise_cfg.num_layers must be a positive int, got {layers!r}')
+        jumbo = cfg.get('jumbo_mlp_lr_scale', 1.0)
+        if isinstance(jumbo, bool) or not isinstance(jumbo, (int, float)) or not jumbo > 0:
+            raise ValueError(
+                f'paramwise_cfg.jumbo_mlp_lr_scale must be a number > 0, got {jumbo!r}'
+            )
         if self.base_lr is None:
             raise ValueError('LookHereLayerDecayOptimizerConstructor needs optimizer.lr')
 
@@ -203,7 +219,8 @@ class LookHereLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
         rate = float(self.paramwise_cfg['decay_rate'])
         bias_decay = bool(self.paramwise_cfg.get('bias_decay', False))
 
-        groups: Dict[Tuple[int, bool], dict] = {}
+        jumbo_scale = float(self.paramwise_cfg.get('jumbo_mlp_lr_scale', 1.0))
+        groups: Dict[Tuple[int, bool, bool], dict] = {}
         seen = set()
         for mod_name, mod in module.named_modules():
             for p_name, param in mod.named_parameters(recurse=False):
@@ -216,16 +233,18 @@ class LookHereLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
                 no_decay = is_no_decay(p_name, param, mod, bias_decay) or (
                     rel is not None and is_slope_parameter(rel)
                 )
-                key = (layer, no_decay)
+                jumbo = rel is not None and rel.startswith(_JUMBO_MLP)
+                key = (layer, no_decay, jumbo)
                 if key not in groups:
-                    scale = rate ** (num_layers + 1 - layer)
+                    scale = jumbo_scale if jumbo else rate ** (num_layers + 1 - layer)
+                    kind = 'no_decay' if no_decay else 'decay'
                     group = dict(
                         params=[],
                         param_names=[],
                         lr=self.base_lr * scale,
                         lr_scale=scale,
                         layer_id=layer,
-                        group_name=f'layer_{layer}_{"no_decay" if no_decay else "decay"}',
+                        group_name=f'jumbo_mlp_{kind}' if jumbo else f'layer_{layer}_{kind}',
                     )
                     if no_decay:
                         group['weight_decay'] = 0.0
@@ -235,7 +254,7 @@ class LookHereLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
                 groups[key]['params'].append(param)
                 groups[key]['param_names'].append(full)
 
-        ordered = [groups[k] for k in sorted(groups, key=lambda k: (-k[0], k[1]))]
+        ordered = [groups[k] for k in sorted(groups, key=lambda k: (k[2], -k[0], k[1]))]
         params.extend(ordered)
         lines = [
             f'{g["group_name"]}: {len(g["params"])} tensors, lr_scale='

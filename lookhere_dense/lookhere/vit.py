@@ -364,6 +364,12 @@ class LookHereBlock(nn.Module):
         act_layer: ``act_layer()``. Default: ``nn.GELU``.
         window_size: 0 for global attention, else ViTDet window size (in patches).
             Default: 0.
+        jumbo_tokens: ``J`` Jumbo tokens at the front of the sequence (0: none). With
+            ``J > 0`` they skip this block's MLP: after the attention they are joined
+            into one ``J * dim`` token that goes through the trunk's shared wide MLP
+            (handed in each forward, see :meth:`forward`) behind this block's own
+            ``jumbo_norm`` (and ``jumbo_ls`` LayerScale when ``init_values`` is set).
+            Default: 0.
     """
 
     def __init__(
@@ -379,9 +385,11 @@ class LookHereBlock(nn.Module):
         norm_layer: NormLayer = nn.LayerNorm,
         act_layer: ActLayer = nn.GELU,
         window_size: int = 0,
+        jumbo_tokens: int = 0,
     ):
         super().__init__()
         self.window_size = window_size
+        self.jumbo_tokens = int(jumbo_tokens)
         self.norm1 = norm_layer(dim)
         self.attn = LookHereSelfAttention(dim, num_heads, qkv_bias, attn_drop, drop)
         self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
@@ -389,6 +397,12 @@ class LookHereBlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer, drop)
         self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        if self.jumbo_tokens:
+            wide = self.jumbo_tokens * dim
+            self.jumbo_norm = norm_layer(wide)
+            self.jumbo_ls = (
+                LayerScale(wide, init_values) if init_values is not None else nn.Identity()
+            )
 
     def forward(
         self,
@@ -396,11 +410,14 @@ class LookHereBlock(nn.Module):
         pos_enc: Union[PositionEncoding, LookHereAttentionEngine],
         layer: int,
         grid: Tuple[int, int],
-        cls_token: bool,
+        cls_token: Union[bool, int],
         q_scale: float = 1.0,
+        jumbo_mlp: Optional[nn.Module] = None,
     ) -> Tensor:
         """``(B, T, C)`` -> ``(B, T, C)``; ``pos_enc`` and ``q_scale`` as in
-        :class:`LookHereSelfAttention`."""
+        :class:`LookHereSelfAttention`, ``cls_token`` the number of global prefix tokens
+        (CLS: 1, Jumbo: ``J``). A Jumbo block needs the trunk's shared ``jumbo_mlp``
+        (``J * C -> J * C``)."""
         x = x + self.drop_path(
             self.ls1(
                 self.attn(
@@ -408,7 +425,19 @@ class LookHereBlock(nn.Module):
                 )
             )
         )
-        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
+        if not self.jumbo_tokens:
+            return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
+        if jumbo_mlp is None:
+            raise ValueError(
+                f'a block with jumbo_tokens={self.jumbo_tokens} needs the shared jumbo_mlp'
+            )
+        j = self.jumbo_tokens
+        b, _, c = x.shape
+        wide = x[:, :j].reshape(b, 1, j * c)  # the J tokens side by side: one J*C token
+        wide = wide + self.drop_path(self.jumbo_ls(jumbo_mlp(self.jumbo_norm(wide))))
+        patches = x[:, j:]
+        patches = patches + self.drop_path(self.ls2(self.mlp(self.norm2(patches))))
+        return torch.cat([wide.reshape(b, j, c), patches], dim=1)
 
 
 def image_size_pair(img_size: Any) -> Tuple[int, int]:
@@ -443,6 +472,11 @@ def _check_arguments(args: Mapping[str, Any]) -> None:
     for name in ('drop_rate', 'attn_drop_rate', 'drop_path_rate'):
         check_rate(f'LookHereViT: {name}', args[name])
     check_number('LookHereViT: mlp_ratio', args['mlp_ratio'], 0, strict=True)
+    check_int(
+        'LookHereViT: jumbo_tokens', args['jumbo_tokens'], minimum=0, description='>= 0 (an int)'
+    )
+    if args['jumbo_mlp_ratio'] is not None:
+        check_number('LookHereViT: jumbo_mlp_ratio', args['jumbo_mlp_ratio'], 0, strict=True)
     if int(args['embed_dims'] * args['mlp_ratio']) < 1:
         raise ValueError(
             f'LookHereViT: mlp_ratio={args["mlp_ratio"]!r} gives an MLP of '
@@ -556,7 +590,17 @@ class LookHereVisionTransformer(nn.Module):
             Default: 0.
         with_cls_token (bool): prepend a CLS token (bias 0 to and from it). Default: True.
         output_cls_token (bool): outputs become ``[feature_map, cls]``; needs
-            ``with_cls_token``. Default: False.
+            ``with_cls_token`` or ``jumbo_tokens`` (then ``cls`` is the ``J`` Jumbo tokens
+            side by side, ``(B, J * embed_dims)``). Default: False.
+        jumbo_tokens (int): ``J`` Jumbo tokens (Fuller et al. 2025, "Thicker and
+            Quicker") in place of the CLS token (set ``with_cls_token=False``); 0: none.
+            They are attended like CLS in every block and every position encoding
+            (global, no LookHere mask or bias, not rotated), skip the blocks' MLPs and
+            instead, after each block's attention, go side by side through ONE wide MLP
+            (``jumbo_mlp``, ``J * embed_dims`` wide) shared by all blocks, behind each
+            block's own ``jumbo_norm``. Default: 0.
+        jumbo_mlp_ratio (float, optional): hidden / input channels of the wide MLP;
+            None: ``mlp_ratio`` (the paper's 4). Default: None.
         norm_layer (callable): ``norm_layer(dim)`` builds every norm. Default:
             ``nn.LayerNorm`` (eps 1e-5, as the official model).
         act_layer (callable): ``act_layer()`` builds the MLP activation. Default:
@@ -649,6 +693,8 @@ class LookHereVisionTransformer(nn.Module):
         drop_path_rate: float = 0.0,
         with_cls_token: bool = True,
         output_cls_token: bool = False,
+        jumbo_tokens: int = 0,
+        jumbo_mlp_ratio: Optional[float] = None,
         norm_layer: NormLayer = nn.LayerNorm,
         act_layer: ActLayer = nn.GELU,
         patch_norm: bool = False,
@@ -686,8 +732,14 @@ class LookHereVisionTransformer(nn.Module):
             )
         if embed_dims % num_heads:
             raise ValueError(f'embed_dims={embed_dims} is not divisible by num_heads={num_heads}')
-        if output_cls_token and not with_cls_token:
-            raise ValueError('output_cls_token=True needs with_cls_token=True')
+        jumbo_tokens = int(jumbo_tokens)
+        if jumbo_tokens and with_cls_token:
+            raise ValueError(
+                f'LookHereViT: jumbo_tokens={jumbo_tokens} replace the CLS token: set '
+                'with_cls_token=False (output_cls_token=True then returns the Jumbo tokens)'
+            )
+        if output_cls_token and not (with_cls_token or jumbo_tokens):
+            raise ValueError('output_cls_token=True needs with_cls_token=True or jumbo_tokens > 0')
         self.img_size = img_size
         self.patch_size = patch_size
         self.embed_dims = embed_dims
@@ -695,6 +747,9 @@ class LookHereVisionTransformer(nn.Module):
         self.num_heads = num_heads
         self.with_cls_token = with_cls_token
         self.output_cls_token = output_cls_token
+        self.jumbo_tokens = jumbo_tokens
+        #: global tokens at the front of the sequence: the CLS token, or the Jumbo tokens
+        self.num_prefix_tokens = jumbo_tokens or int(with_cls_token)
         self.out_origin = out_origin
         self.norm_eval = norm_eval
         self.with_cp = with_cp
@@ -713,7 +768,7 @@ class LookHereVisionTransformer(nn.Module):
         grid = tuple(math.ceil(s / patch_size) for s in self.img_size)
         self.train_grid: Tuple[int, int] = grid
         self.log_n_scaling = bool(log_n_scaling)
-        if self.log_n_scaling and grid[0] * grid[1] + int(with_cls_token) < 2:
+        if self.log_n_scaling and grid[0] * grid[1] + self.num_prefix_tokens < 2:
             raise ValueError(
                 f'log_n_scaling needs at least 2 tokens on the training grid '
                 f'(img_size {self.img_size} / patch_size {patch_size} gives '
@@ -764,11 +819,21 @@ class LookHereVisionTransformer(nn.Module):
                     norm_layer,
                     act_layer,
                     self.window_size if i in self.window_block_indexes else 0,
+                    jumbo_tokens,
                 )
                 for i in range(num_layers)
             ]
         )
         self.norm = norm_layer(embed_dims) if final_norm else None
+        # after every other module, so that a seed gives a Jumbo trunk the same blocks
+        self.jumbo_token: Optional[nn.Parameter] = None
+        self.jumbo_mlp: Optional[Mlp] = None
+        if jumbo_tokens:
+            wide = jumbo_tokens * embed_dims
+            ratio = mlp_ratio if jumbo_mlp_ratio is None else jumbo_mlp_ratio
+            self.jumbo_token = nn.Parameter(torch.zeros(1, jumbo_tokens, embed_dims))
+            with isolated_rng():  # its construction draws no numbers from the trunk's stream
+                self.jumbo_mlp = Mlp(wide, int(wide * ratio), act_layer, drop_rate)
         self._freeze()
 
     # -- messages (the OpenMMLab wrapper sends them to mmengine's logger) -------------------
@@ -809,6 +874,8 @@ class LookHereVisionTransformer(nn.Module):
                 nn.init.zeros_(m.bias)
         if self.with_cls_token:
             trunc_normal_(self.cls_token, std=0.02)
+        if self.jumbo_token is not None:
+            trunc_normal_(self.jumbo_token, std=0.02)
         with isolated_rng(next(self.parameters()).device):
             self.pos_enc.reset_parameters()
 
@@ -866,6 +933,7 @@ class LookHereVisionTransformer(nn.Module):
             'num_heads': self.num_heads,
             'num_layers': self.num_layers,
             'embed_dims': self.embed_dims,
+            'jumbo_tokens': self.jumbo_tokens,
         }
 
     def set_extra_state(self, state: Any) -> None:
@@ -901,17 +969,23 @@ class LookHereVisionTransformer(nn.Module):
 
     # -- forward -------------------------------------------------------------------------
     def _output(self, x: Tensor, grid: Tuple[int, int]):
-        patches = x[:, 1:] if self.with_cls_token else x
+        prefix = self.num_prefix_tokens
+        patches = x[:, prefix:]
         b, _, c = patches.shape
         out = patches.reshape(b, grid[0], grid[1], c).permute(0, 3, 1, 2).contiguous()
-        return [out, x[:, 0]] if self.output_cls_token else out
+        if not self.output_cls_token:
+            return out
+        return [out, x[:, :prefix].reshape(b, prefix * c) if self.jumbo_tokens else x[:, 0]]
 
     def _embed(self, inputs: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
-        """Patch tokens (+CLS), dropout and pre-norm: ``(B, T, D)`` and the grid."""
+        """Patch tokens (after CLS or the Jumbo tokens), dropout and pre-norm: ``(B, T, D)``
+        and the grid."""
         x, grid = self.patch_embed(inputs)
         x = self.pos_enc.add_to_tokens(x, grid)
         if self.with_cls_token:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        elif self.jumbo_token is not None:
+            x = torch.cat([self.jumbo_token.expand(x.shape[0], -1, -1), x], dim=1)
         x = self.drop_after_pos(x)
         if self.pre_ln is not None:
             x = self.pre_ln(x)
@@ -920,14 +994,14 @@ class LookHereVisionTransformer(nn.Module):
     def attention_scale(self, grid: Tuple[int, int], window_size: int = 0) -> float:
         """The query scale of ``log_n_scaling`` for an input grid: ``log(N) / log(N_train)``.
 
-        ``N`` counts the keys a query attends to: ``H * W`` patches (+1 with the CLS
-        token); for a windowed block (``window_size > 0``) the patches of one window,
-        ``min(ws, H) * min(ws, W)`` (+1). ``N_train`` is the same count on the training
+        ``N`` counts the keys a query attends to: ``H * W`` patches plus the prefix tokens
+        (CLS: 1, Jumbo: ``J``); for a windowed block (``window_size > 0``) the patches of
+        one window, ``min(ws, H) * min(ws, W)``, plus the prefix tokens. ``N_train`` is the same count on the training
         grid (:attr:`train_grid`). 1.0 when ``log_n_scaling`` is off or the module is in
         train mode."""
         if not self.log_n_scaling or self.training:
             return 1.0
-        cls = int(self.with_cls_token)
+        cls = self.num_prefix_tokens
 
         def keys(h: int, w: int) -> int:
             if window_size:
@@ -948,12 +1022,13 @@ class LookHereVisionTransformer(nn.Module):
                     self.pos_enc,
                     i,
                     grid,
-                    self.with_cls_token,
+                    self.num_prefix_tokens,
                     q_scale,
+                    self.jumbo_mlp,
                     use_reentrant=False,
                 )
             else:
-                x = blk(x, self.pos_enc, i, grid, self.with_cls_token, q_scale)
+                x = blk(x, self.pos_enc, i, grid, self.num_prefix_tokens, q_scale, self.jumbo_mlp)
             if i == len(self.blocks) - 1 and self.norm is not None:
                 x = self.norm(x)
             yield i, x
@@ -970,8 +1045,8 @@ class LookHereVisionTransformer(nn.Module):
         return tuple(outs)
 
     def forward_features(self, inputs: Tensor) -> Tensor:
-        """All tokens after the last block and final norm, ``(B, T, D)`` (CLS first), like
-        the official ``LookHere.forward_features``."""
+        """All tokens after the last block and final norm, ``(B, T, D)`` (CLS or the Jumbo
+        tokens first), like the official ``LookHere.forward_features``."""
         x, grid = self._embed(inputs)
         for _, out in self._run_blocks(x, grid):
             x = out

@@ -310,6 +310,12 @@ _FLAG_HINTS = (
     (r'(^|\.)pre_ln\.weight$', 'norm before the blocks', 'pre_norm=False', 'pre_norm=True'),
     (r'^(backbone\.)?norm\.weight$', 'final norm', 'final_norm=False', 'final_norm=True'),
     (r'(^|\.)cls_token$', 'CLS token', 'with_cls_token=False', 'with_cls_token=True'),
+    (
+        r'(^|\.)jumbo_token$',
+        'Jumbo token (jumbo_token, jumbo_mlp.*, blocks.*.jumbo_norm)',
+        'jumbo_tokens=0 (or strict=False to start them from scratch)',
+        "jumbo_tokens to the file's J (jumbo_token.shape[1]) and with_cls_token=False",
+    ),
     (r'\.ls[12]\.gamma$', 'LayerScale', 'init_values=None', 'init_values to a number'),
 )
 
@@ -564,6 +570,17 @@ def check_backbone_record(model: Any, state: Any) -> None:
                 f'{key}={stored}, this one has {key}='
                 f'{getattr(model, key)}: set model.backbone.{key}={stored}'
             )
+    # a record without the key predates Jumbo tokens: it comes from a trunk without them
+    stored = state.get('jumbo_tokens', 0 if 'pos_encoding' in state else None)
+    own = getattr(model, 'jumbo_tokens', 0)
+    if stored is not None and stored != own:
+        raise CheckpointError(
+            f'the loaded weights come from a LookHereViT with jumbo_tokens={stored} '
+            f'(key {EXTRA_STATE_KEY!r}; its Jumbo tensors: jumbo_token, jumbo_mlp.*, '
+            f'blocks.*.jumbo_norm.*), this one has jumbo_tokens={own}: set '
+            f'model.backbone.jumbo_tokens={stored}'
+            + (' and with_cls_token=False' if stored else ' (and with_cls_token=True)')
+        )
     if state.get('num_heads') is not None:
         check_num_heads(
             model.num_heads, state['num_heads'], 'recorded in the file', 'the loaded state_dict'
