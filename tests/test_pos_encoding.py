@@ -52,6 +52,7 @@ def test_forward_train_size_and_larger_rectangle_with_gradients(enc):
         'abs': ['pos_embed'],
         'rope2d_mixed': ['freqs'],
         'pape': ['position_proj', 'curve_proj'],
+        'ledit': ['locality.weight', 'locality.bias'],
     }.get(enc, [])
 
 

@@ -100,7 +100,7 @@ vit = create_model(embed_dims=48, num_layers=4, num_heads=12, out_indices=(1, 3)
 with torch.no_grad():
     maps = vit(torch.randn(1, 3, 80, 112))
 assert [tuple(m.shape) for m in maps] == [(1, 48, 5, 7)] * 2
-encodings = ['abs', 'rope2d', 'rope2d_mixed', 'pape', 'alibi2d', 'none']
+encodings = ['abs', 'rope2d', 'rope2d_mixed', 'pape', 'alibi2d', 'ledit', 'none']
 if 'timm' not in sys.argv[1]:
     encodings.append('rope_dinov3')
 for enc in encodings:
@@ -125,6 +125,15 @@ assert not loaded, loaded
 assert 'lookhere_dense.models' not in sys.modules
 print('torch-only core ok:', ', '.join(['reference'] + backends + ['window']))
 print('torch-only model ok:', ', '.join(encodings))
+m = LookHereVisionTransformer(
+    embed_dims=48, num_layers=2, num_heads=12, with_cls_token=False, jumbo_tokens=3,
+    output_cls_token=True, attn_backend='tiled',
+)
+m.init_weights()
+(fmap, jumbo), = m(torch.randn(1, 3, 512, 512))  # 1024 patches: the tiled backend
+assert tuple(jumbo.shape) == (1, 3 * 48), jumbo.shape
+(fmap.sum() + jumbo.sum()).backward()
+print('torch-only Jumbo ok')
 """
 
 
@@ -167,7 +176,10 @@ def test_core_runs_without_openmmlab(
     assert 'torch-only core ok: reference, sdpa, chunked, tiled' in proc.stdout
     if flex_available():
         assert 'tiled, flex, window' in proc.stdout
-    assert 'torch-only model ok: abs, rope2d, rope2d_mixed, pape, alibi2d, none' in proc.stdout
+    assert (
+        'torch-only model ok: abs, rope2d, rope2d_mixed, pape, alibi2d, ledit, none' in proc.stdout
+    )
+    assert 'torch-only Jumbo ok' in proc.stdout
 
 
 def test_benchmark_torch_sections_run_without_openmmlab_and_timm(tmp_path: Path, repo_root: Path):

@@ -26,13 +26,19 @@ per family).
 ``'alibi2d'``        2D-ALiBi: the Euclidean distance penalty without direction masks, i.e. a
                      LookHere config whose heads are all unrestricted (``'none'``), through the
                      same engine
+``'ledit'``          LEDiT (Zhang et al. 2025): no position embedding; causal attention in
+                     the grid's raster order (patch ``i`` sees patches ``j <= i``, prefix
+                     tokens global) plus a residual, zero-initialised depthwise convolution
+                     over the token grid after the patch embedding (``pos_enc.locality``);
+                     :mod:`.ledit`
 ``'none'``           nothing: attention sees content only
 ===================  ==========================================================================
 
 Interface (:class:`PositionEncoding`), the same one the LookHere engine already has:
 
 * ``add_to_tokens(x, grid)`` -- what happens to the patch tokens before the blocks
-  (only ``abs`` changes them). The backbone calls it once per forward, so an encoding
+  (``abs`` adds its embedding, ``ledit`` runs its locality convolution over the grid;
+  the others leave them). The backbone calls it once per forward, so an encoding
   that draws per-forward randomness (``rope_dinov3``'s coordinate augmentation) draws it
   here and every layer of that forward shares it;
 * ``forward(q, k, v, layer, grid, cls_token, dropout_p, tokens=None)`` -- global attention
@@ -43,7 +49,8 @@ Interface (:class:`PositionEncoding`), the same one the LookHere engine already 
   tokens=None)`` -- ViTDet window attention. Every encoding here supports windows: RoPE
   rotates queries and keys by their position in the whole grid before windowing (relative
   offsets inside a window are unchanged), PaPE appends its features the same way, ``abs``
-  and ``none`` attend plainly, LookHere / 2D-ALiBi use the engine's window-sized bias;
+  and ``none`` attend plainly, LookHere / 2D-ALiBi use the engine's window-sized bias,
+  ``ledit`` attends causally in each window's own raster order;
 * ``lh_config`` -- the LookHere config of the bias (None for encodings without one);
 * ``clear_caches()`` -- drop cached tensors (bias tables, rotation angles), e.g. to start
   a measurement from a clean slate.
@@ -59,7 +66,7 @@ of :mod:`lookhere_dense.swap`, the benchmark and the study all call it.
 The CLS token is never rotated and never biased (it has no position), in every encoding.
 Files: :mod:`.base` (the interface, ``none``, window frames), :mod:`.lookhere`
 (``lookhere`` / ``alibi2d``), :mod:`.absolute`, :mod:`.rope` (``rope2d``, ``rope2d_mixed``),
-:mod:`.dinov3`, :mod:`.pape`, :mod:`.spec` (the catalogue :data:`ENCODINGS` and the one
+:mod:`.dinov3`, :mod:`.pape`, :mod:`.ledit`, :mod:`.spec` (the catalogue :data:`ENCODINGS` and the one
 parser), :mod:`.factory` (the one factory). Nothing here imports OpenMMLab;
 ``rope_dinov3`` imports timm when built.
 Definitions and conventions (channel layouts, the timm counterparts of ``rope2d`` /
@@ -72,6 +79,7 @@ from .absolute import AbsolutePositionEncoding, resample_abs_pos_embed
 from .base import NoPositionEncoding, PositionEncoding, Trunk, isolated_rng, window_sdpa
 from .dinov3 import DinoV3RoPE2d
 from .factory import build_position_encoding
+from .ledit import LEDiTPositionEncoding, LocalityConv
 from .lookhere import LOOKHERE_BIAS_ENCODINGS, LookHerePositionEncoding, alibi2d_config
 from .pape import ParabolicPositionEncoding, parabola_features
 from .rope import AxialRoPE2d, MixedRoPE2d, patch_coordinates, rotate_half_pairs
@@ -97,6 +105,8 @@ __all__ = [
     'MixedRoPE2d',
     'DinoV3RoPE2d',
     'ParabolicPositionEncoding',
+    'LEDiTPositionEncoding',
+    'LocalityConv',
     'NoPositionEncoding',
     'PosEncodingSpec',
     'PosEncodingError',

@@ -11,6 +11,7 @@ from ..config import OFFICIAL_KEYS, PRESETS, LookHereConfig, resolve_lh_config
 from .absolute import AbsolutePositionEncoding
 from .base import NoPositionEncoding, PositionEncoding
 from .dinov3 import DinoV3RoPE2d
+from .ledit import LEDiTPositionEncoding
 from .lookhere import LOOKHERE_BIAS_ENCODINGS, LookHerePositionEncoding, alibi2d_config
 from .pape import ParabolicPositionEncoding
 from .rope import AxialRoPE2d, MixedRoPE2d
@@ -34,6 +35,7 @@ ENCODINGS: Dict[str, Type[PositionEncoding]] = {
     'rope_dinov3': DinoV3RoPE2d,
     'pape': ParabolicPositionEncoding,
     'alibi2d': LookHerePositionEncoding,
+    'ledit': LEDiTPositionEncoding,
     'none': NoPositionEncoding,
 }
 #: Every value ``pos_encoding`` accepts.
