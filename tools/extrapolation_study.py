@@ -38,7 +38,9 @@ every run is also evaluated with ``log_n_scaling``) and ``mixed_crops`` (trainin
 of 1x, 1.5x and 2x the crop side, one size per batch; the runs are named
 ``ENCODING+mixed_crops``, or give ``ENCODING+mixed_crops`` in ``--encodings``). The
 learnable-slopes ablation is one more run spec: ``--encodings lookhere
-lookhere+learnable_slopes`` (fixed vs learned LookHere slopes, in one report).
+lookhere+learnable_slopes`` (fixed vs learned LookHere slopes, in one report); so is the
+Jumbo trunk: ``--encodings lookhere:lh180+jumbo abs+jumbo`` (``extrapolation.jumbo_tokens``
+Jumbo tokens, default 6, in place of the CLS token).
 
 ``--robustness``: every run is also attacked (FGSM and PGD at 1, 2, 4, 8 /255, 5 PGD
 steps, unless the config's ``extrapolation.robustness`` says otherwise) on the 1x
@@ -120,7 +122,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         default=None,
         help=f'encodings to compare: {list(POS_ENCODINGS)}, or lookhere:PRESET '
         f'with PRESET in {sorted(PRESETS)}; ENCODING+mixed_crops trains '
-        'with that aid, lookhere+learnable_slopes learns the LookHere slopes '
+        'with that aid, lookhere+learnable_slopes learns the LookHere slopes, '
+        'ENCODING+jumbo trains with Jumbo tokens in place of CLS '
         "(default: the config's extrapolation.encodings, else "
         f"{list(DEFAULT_ENCODINGS)}); options of an encoding (e.g. pape's "
         'parabolas) come from extrapolation.encoding_options',

@@ -22,13 +22,19 @@ aid                   when   what it does
                              report hook ``LookHereSlopeLoggerHook`` is added): the ablation
                              fixed vs learned slopes, run ``lookhere+learnable_slopes`` next
                              to ``lookhere``. Only for ``lookhere`` / ``alibi2d`` runs
+``jumbo``             train  the trunk variant of "Thicker and Quicker" (Fuller et al. 2025):
+                             ``model.backbone.jumbo_tokens = extrapolation.jumbo_tokens``
+                             (default :data:`DEFAULT_JUMBO_TOKENS`) Jumbo tokens with their
+                             shared wide MLP in place of the CLS token
+                             (``with_cls_token=False``); for any encoding, e.g.
+                             ``lookhere:lh180+jumbo`` next to ``lookhere:lh180``
 ====================  =====  ===============================================================
 
 A run spec is an encoding with training aids: ``'lookhere:lh45+mixed_crops'``
 (:func:`split_run_spec`). ``--aids`` names aids for every run: test aids add a mode,
 training aids turn every encoding into its aided run (:func:`run_specs`).
-``learnable_slopes`` is a variant of the LookHere encodings rather than a trick for all:
-name it in a run spec (``--encodings lookhere lookhere+learnable_slopes``).
+``learnable_slopes`` and ``jumbo`` are variants of the model rather than tricks for all:
+name them in a run spec (``--encodings lookhere lookhere+learnable_slopes abs+jumbo``).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ __all__ = [
     'TRAIN_AIDS',
     'AIDS',
     'DEFAULT_MIXED_CROP_SCALES',
+    'DEFAULT_JUMBO_TOKENS',
     'check_aids',
     'split_run_spec',
     'run_specs',
@@ -58,6 +65,7 @@ TRAIN_AIDS = {
     'mixed_crops': 'train on crops of several sizes (one size per batch)',
     'learnable_slopes': 'lookhere / alibi2d only: learn the slopes '
     '(lh_config.learnable_slopes=True)',
+    'jumbo': 'Jumbo tokens with a shared wide MLP in place of CLS (model.backbone.jumbo_tokens)',
 }
 #: the optimizer's ``paramwise_cfg.custom_keys`` entry that keeps weight decay off the
 #: learnable slopes (their log-ratio parameters ``pos_enc.slopes.*``; decay would pull them
@@ -67,6 +75,8 @@ SLOPE_OPTIMIZER_KEY = ('slopes', dict(decay_mult=0.0))
 AIDS = {**TEST_AIDS, **TRAIN_AIDS}
 #: ``mixed_crops`` sizes as multiples of the training crop when the config names none
 DEFAULT_MIXED_CROP_SCALES = (1.0, 1.5, 2.0)
+#: Jumbo tokens of the ``jumbo`` variant when the config's ``extrapolation`` names none
+DEFAULT_JUMBO_TOKENS = 6
 
 
 def check_aids(aids: Sequence[str]) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
@@ -203,6 +213,16 @@ def _learn_slopes(cfg) -> None:
             cfg.optim_wrapper.paramwise_cfg = paramwise
 
 
+def _add_jumbo(cfg) -> None:
+    """The ``jumbo`` variant (see :func:`apply_train_aids`)."""
+    tokens = (cfg.get('extrapolation') or {}).get('jumbo_tokens', DEFAULT_JUMBO_TOKENS)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f'extrapolation.jumbo_tokens must be an int >= 1, got {tokens!r}')
+    backbone = cfg.model.backbone
+    backbone['jumbo_tokens'] = tokens
+    backbone['with_cls_token'] = False
+
+
 def apply_train_aids(cfg, aids: Sequence[str]) -> None:
     """Rewrite the run config ``cfg`` (in place) for its training aids.
 
@@ -217,6 +237,9 @@ def apply_train_aids(cfg, aids: Sequence[str]) -> None:
     constructor, :data:`SLOPE_OPTIMIZER_KEY` in ``paramwise_cfg.custom_keys`` unless the
     config has a ``'slopes'`` key (the layer-decay constructor handles the slopes itself).
 
+    ``jumbo``: ``model.backbone.jumbo_tokens`` from ``extrapolation.jumbo_tokens`` (default
+    :data:`DEFAULT_JUMBO_TOKENS`) and ``with_cls_token=False``.
+
     Raises:
         ValueError: an unknown aid; a config without the ``RandomCrop`` or with another
             data preprocessor (``mixed_crops``); an ``lh_config`` that is not a dict
@@ -225,6 +248,8 @@ def apply_train_aids(cfg, aids: Sequence[str]) -> None:
     _, train_aids = check_aids(aids)
     if 'learnable_slopes' in train_aids:
         _learn_slopes(cfg)
+    if 'jumbo' in train_aids:
+        _add_jumbo(cfg)
     if 'mixed_crops' not in train_aids:
         return
     pipeline, index = _pipeline_crop(cfg)

@@ -88,12 +88,13 @@ def summarise(
 ) -> Dict[str, Dict[str, Dict]]:
     """``{encoding: {scale: {'mean', 'std', 'n', 'values'}}}`` of ``metric`` over seeds
     (``std`` is the sample std, 0 with one seed; both rounded to ``digits``), of the runs'
-    ``eval`` or, with ``mode``, of their ``modes[mode]``."""
+    ``eval`` or, with ``mode``, of their ``modes[mode]``; a run without ``metric`` (e.g. a
+    zoom report from before the zoom ladders were timed) counts as missing."""
     out: Dict[str, Dict[str, Dict[str, Any]]] = {}
     for run in runs:
         for scale, metrics in _evals(run, mode).items():
             out.setdefault(run['encoding'], {}).setdefault(scale, {'values': []})['values'].append(
-                metrics[metric]
+                metrics.get(metric)
             )
     for per_scale in out.values():
         for entry in per_scale.values():
@@ -202,14 +203,15 @@ def mode_summaries(
 
 
 def _measured(runs: Sequence[Dict[str, Any]]) -> bool:
-    """Whether the runs' evaluations carry time and memory (the fov ladder's do)."""
+    """Whether the runs' evaluations carry time and memory (every ladder's do since the
+    zoom ladders were timed; merged older zoom runs do not)."""
     return any('sec_per_img' in m for r in runs for m in r['eval'].values())
 
 
 def format_cost_table(runs: Sequence[Dict[str, Any]], study: Dict[str, Any]) -> str:
     """A Markdown table of the cost per frame, mean over the seeds of each encoding:
-    seconds per frame (model time) and peak memory per mode and scale; ``''`` when the
-    report has no measurements (zoom ladders). ``log_n`` costs what its base mode costs
+    seconds per frame (model time) and peak memory per mode and scale (``-`` for runs
+    without); ``''`` when no run of the report has measurements. ``log_n`` costs what its base mode costs
     and is left out."""
     if not _measured(runs):
         return ''

@@ -9,9 +9,10 @@ runs share the trunk's initial weights (see
 data. After training, each test scale is evaluated in every mode of the ladder
 (:func:`~lookhere_dense.research.study.ladders.ladder_modes`) with
 :class:`~lookhere_dense.evaluation.metrics.PerClassIoUMetric`: zoom ladders (and their
-native-aspect rows) through mmengine's ``ValLoop``, the field-of-view ladder through
-:func:`~lookhere_dense.research.evaluate.evaluate_loader` (whole vs sliding windows,
-timed, peak memory measured). With ``robustness`` every run is also attacked (FGSM / PGD,
+native-aspect rows) with the segmentor's own ``test_step`` on the rung's batches through
+:func:`~lookhere_dense.research.evaluate.evaluate`, the field-of-view ladder through
+:func:`~lookhere_dense.research.evaluate.evaluate_loader` (whole vs sliding windows); every
+rung is timed (model seconds per image) and its peak memory measured. With ``robustness`` every run is also attacked (FGSM / PGD,
 :mod:`lookhere_dense.research.robustness.segmentor`) on the validation images of the 1x rung
 (:func:`evaluate_robustness`).
 """
@@ -27,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..evaluate import evaluate_loader
+from ..evaluate import evaluate, evaluate_loader
 from .aids import apply_train_aids, run_specs, split_run_spec
 from .encodings import DEFAULT_ENCODINGS, backbone_for, check_encoding_options
 from .ladders import (
@@ -138,7 +139,10 @@ def _plain(value: Any) -> Any:
 def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str) -> Dict[str, Any]:
     """The metrics of rung ``scale`` predicted in ``mode`` (:func:`ladder_modes`):
 
-    * ``'test'`` -- the run's ``test_cfg`` through mmengine's ``ValLoop`` (zoom ladders);
+    * ``'test'`` -- the run's ``test_cfg`` on the rung's batches (zoom ladders), the
+      segmentor's own ``test_step`` (what mmengine's ``ValLoop`` runs) through
+      :func:`~lookhere_dense.research.evaluate.evaluate`, which also times the model and
+      meters the peak memory (the keys of ``'whole'`` below);
     * ``'native_aspect'`` -- the same on the native-aspect rung (images at their own aspect,
       long side ``scale`` times the training side; one image per batch,
       :func:`~lookhere_dense.research.study.ladders.native_aspect_dataloader`);
@@ -150,7 +154,6 @@ def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str) -
       started) and ``memory_kind``;
     * ``'log_n'`` -- the ladder's first mode with the backbone's ``log_n_scaling`` on.
     """
-    from mmengine.runner import ValLoop
 
     model = runner.model.module if hasattr(runner.model, 'module') else runner.model
     if mode == 'log_n':
@@ -161,29 +164,37 @@ def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str) -
             return evaluate_rung(runner, cfg, study, scale, LADDERS[study['ladder']].modes[0])
         finally:
             backbone.log_n_scaling = before
-    if mode == NATIVE_ASPECT:
-        loop = ValLoop(runner, native_aspect_dataloader(cfg, study, scale), ladder_evaluator(cfg))
-        return {k: _plain(v) for k, v in loop.run().items()}
-    dataloader = ladder_dataloader(cfg, study, scale)
-    if mode == 'test':
-        loop = ValLoop(runner, dataloader, ladder_evaluator(cfg))
-        return {k: _plain(v) for k, v in loop.run().items()}
-    dataloader.update(batch_size=1, num_workers=0, persistent_workers=False)
     device = 'cuda' if next(model.parameters()).is_cuda else 'cpu'
     model.eval()
-    before = model.test_cfg
-    try:
-        result = evaluate_loader(
-            model,
-            dataloader,
-            ladder_evaluator(cfg),
-            mode,
-            device,
-            slide_window(study) if mode == 'slide' else None,
-            f'{mode}@x{scale:g}',
-        )
-    finally:
-        model.test_cfg = before
+    if mode in ('test', NATIVE_ASPECT):
+        import torch
+
+        def step(data):
+            with torch.no_grad():
+                return model.test_step(data)
+
+        if mode == NATIVE_ASPECT:
+            dataloader = native_aspect_dataloader(cfg, study, scale)
+        else:
+            dataloader = ladder_dataloader(cfg, study, scale)
+        dataloader.update(num_workers=0, persistent_workers=False)
+        result = evaluate(model, dataloader, ladder_evaluator(cfg), step, device, f'x{scale:g}')
+    else:
+        dataloader = ladder_dataloader(cfg, study, scale)
+        dataloader.update(batch_size=1, num_workers=0, persistent_workers=False)
+        before = model.test_cfg
+        try:
+            result = evaluate_loader(
+                model,
+                dataloader,
+                ladder_evaluator(cfg),
+                mode,
+                device,
+                slide_window(study) if mode == 'slide' else None,
+                f'{mode}@x{scale:g}',
+            )
+        finally:
+            model.test_cfg = before
     seconds, shapes = result['seconds'], sorted(result['shapes'])
     metrics = {k: _plain(v) for k, v in result['metrics'].items()}
     metrics.update(
