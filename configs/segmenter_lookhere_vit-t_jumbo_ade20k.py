@@ -3,7 +3,8 @@
 # token (the paper's 6x-wide global token: 6 x 192 = 1152 channels), i.e. after every
 # block's attention the six tokens go side by side through ONE 1152 -> 4608 -> 1152 MLP
 # shared by all 12 blocks. Trains from scratch (no Jumbo weights for this trunk).
-# The wide MLP has its own layer-decay groups (jumbo_mlp_*) under
-# LookHereLayerDecayOptimizerConstructor (lookhere_dense/engine/layer_decay.py).
+# The optimizer is the ViT-T config's (plain SGD); with
+# constructor='LookHereLayerDecayOptimizerConstructor' the wide MLP gets layer-decay groups
+# of its own (jumbo_mlp_*, lookhere_dense/engine/layer_decay.py).
 _base_ = ['./segmenter_lookhere_vit-t_ade20k.py']
 model = dict(backbone=dict(with_cls_token=False, jumbo_tokens=6))

@@ -290,6 +290,13 @@ def _lookhere_checks(model: Mapping) -> None:
     cls_out = bool(bb.get('output_cls_token', False))
     heads = _heads(model)
     dpt = [w for w, h in heads if str(h.get('type')).endswith('DPTHead')]
+    if dpt and bb.get('jumbo_tokens'):
+        raise ConfigError(
+            f'{dpt[0]} (DPTHead) reads one embed_dims-wide CLS token per backbone output; '
+            f'model.backbone.jumbo_tokens={bb["jumbo_tokens"]} gives the Jumbo tokens side by '
+            'side (J * embed_dims) instead. Use another head, or jumbo_tokens=0 with '
+            'with_cls_token=True.'
+        )
     if dpt and not cls_out:
         raise ConfigError(
             f'{dpt[0]} (DPTHead) reads the CLS token of every backbone output: set '

@@ -362,3 +362,36 @@ def test_the_study_names_jumbo_runs():
     cfg.extrapolation.jumbo_tokens = 0
     with pytest.raises(ValueError, match='extrapolation.jumbo_tokens'):
         apply_train_aids(cfg, ['jumbo'])
+
+
+def test_dpt_head_with_jumbo_tokens_is_refused_by_name():
+    from lookhere_dense.errors import ConfigError
+    from lookhere_dense.swap import check_model_cfg
+
+    cfg = Config(
+        dict(
+            model=dict(
+                type='EncoderDecoder',
+                backbone=dict(
+                    type='LookHereViT',
+                    embed_dims=48,
+                    num_heads=12,
+                    num_layers=2,
+                    out_indices=(0, 1),
+                    with_cls_token=False,
+                    jumbo_tokens=2,
+                    output_cls_token=True,
+                ),
+                decode_head=dict(type='DPTHead', in_channels=(48, 48), num_classes=3),
+            )
+        )
+    )
+    with pytest.raises(ConfigError, match='jumbo_tokens=2'):
+        check_model_cfg(cfg)
+
+
+def test_a_zero_width_or_unused_wide_mlp_is_refused():
+    with pytest.raises(ValueError, match='jumbo_mlp_ratio=0.001 gives the wide MLP 0 channels'):
+        create_model(**SMALL, with_cls_token=False, jumbo_tokens=2, jumbo_mlp_ratio=0.001)
+    with pytest.raises(ValueError, match='jumbo_mlp_ratio=2 needs jumbo_tokens > 0'):
+        create_model(**SMALL, jumbo_mlp_ratio=2)

@@ -419,17 +419,6 @@ class StaticGridAttention:
         """Nothing is cached here (the engine's ``reset``)."""
 
 
-def _prefix_tokens(vit: nn.Module) -> int:
-    """The global prefix tokens of a LookHere ViT: its ``num_prefix_tokens`` (its
-    ``jumbo_tokens`` when it has some: they replace the CLS token, else 1 with a CLS token,
-    else 0)."""
-    count = getattr(vit, 'num_prefix_tokens', None)
-    if count is not None:
-        return int(count)
-    jumbo = int(getattr(vit, 'jumbo_tokens', 0) or 0)
-    return jumbo if jumbo else int(bool(vit.with_cls_token))
-
-
 @contextlib.contextmanager
 def static_grid_attention(
     model: nn.Module, image_size: Tuple[int, int], budget_mb: float = DEFAULT_BUDGET_MB
@@ -464,7 +453,7 @@ def static_grid_attention(
                 engine,
                 grid,
                 vit.window_size if vit.window_block_indexes else 0,
-                _prefix_tokens(vit),
+                vit.num_prefix_tokens,
                 getattr(enc, 'slopes', None),
                 dtype,
                 budget_mb,

@@ -477,6 +477,16 @@ def _check_arguments(args: Mapping[str, Any]) -> None:
     )
     if args['jumbo_mlp_ratio'] is not None:
         check_number('LookHereViT: jumbo_mlp_ratio', args['jumbo_mlp_ratio'], 0, strict=True)
+        if not args['jumbo_tokens']:
+            raise ValueError(
+                f'LookHereViT: jumbo_mlp_ratio={args["jumbo_mlp_ratio"]!r} needs jumbo_tokens > 0'
+            )
+        wide = args['jumbo_tokens'] * args['embed_dims']
+        if int(wide * args['jumbo_mlp_ratio']) < 1:
+            raise ValueError(
+                f'LookHereViT: jumbo_mlp_ratio={args["jumbo_mlp_ratio"]!r} gives the wide MLP '
+                f'{int(wide * args["jumbo_mlp_ratio"])} channels'
+            )
     if int(args['embed_dims'] * args['mlp_ratio']) < 1:
         raise ValueError(
             f'LookHereViT: mlp_ratio={args["mlp_ratio"]!r} gives an MLP of '
@@ -996,9 +1006,10 @@ class LookHereVisionTransformer(nn.Module):
 
         ``N`` counts the keys a query attends to: ``H * W`` patches plus the prefix tokens
         (CLS: 1, Jumbo: ``J``); for a windowed block (``window_size > 0``) the patches of
-        one window, ``min(ws, H) * min(ws, W)``, plus the prefix tokens. ``N_train`` is the same count on the training
-        grid (:attr:`train_grid`). 1.0 when ``log_n_scaling`` is off or the module is in
-        train mode."""
+        one window, ``min(ws, H) * min(ws, W)``, plus the prefix tokens (for ``ledit``'s
+        causal queries, the most keys a query sees). ``N_train`` is the same count on the
+        training grid (:attr:`train_grid`). 1.0 when ``log_n_scaling`` is off or the module
+        is in train mode."""
         if not self.log_n_scaling or self.training:
             return 1.0
         cls = self.num_prefix_tokens

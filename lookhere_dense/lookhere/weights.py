@@ -574,12 +574,13 @@ def check_backbone_record(model: Any, state: Any) -> None:
     stored = state.get('jumbo_tokens', 0 if 'pos_encoding' in state else None)
     own = getattr(model, 'jumbo_tokens', 0)
     if stored is not None and stored != own:
+        tensors = ' (its Jumbo tensors: jumbo_token, jumbo_mlp.*, blocks.*.jumbo_norm.*)'
         raise CheckpointError(
             f'the loaded weights come from a LookHereViT with jumbo_tokens={stored} '
-            f'(key {EXTRA_STATE_KEY!r}; its Jumbo tensors: jumbo_token, jumbo_mlp.*, '
-            f'blocks.*.jumbo_norm.*), this one has jumbo_tokens={own}: set '
-            f'model.backbone.jumbo_tokens={stored}'
-            + (' and with_cls_token=False' if stored else ' (and with_cls_token=True)')
+            f'(key {EXTRA_STATE_KEY!r}){tensors if stored else ""}, this one has '
+            f'jumbo_tokens={own}: set model.backbone.jumbo_tokens={stored}'
+            + (' and with_cls_token=False' if stored else '')
+            + f' (or drop the {EXTRA_STATE_KEY!r} key to move the trunk weights on purpose)'
         )
     if state.get('num_heads') is not None:
         check_num_heads(

@@ -8,7 +8,7 @@ prefix tokens (CLS, or Jumbo tokens) join every window (:func:`attend_in_windows
 from __future__ import annotations
 
 import math
-from typing import Callable, Tuple, Union
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,7 @@ __all__ = [
     'padded_grid',
     'window_partition',
     'window_unpartition',
+    'window_valid',
     'window_key_mask',
     'attend_in_windows',
 ]
@@ -66,6 +67,24 @@ def window_unpartition(x: Tensor, grid_size: Tuple[int, int], window_size: int) 
     return x.reshape(b, nh, h * w, d)
 
 
+def window_valid(
+    grid_size: Tuple[int, int], window_size: int, cls_token: Union[bool, int], device=None
+) -> Tensor:
+    """Which tokens of each window are real: boolean ``(nWin, J + ws*ws)``, the ``J``
+    prefix tokens (CLS / Jumbo; True = 1) first and always real, then the window's patches
+    in its raster order, False for the padding of border windows."""
+    h, w = grid_size
+    hp, wp = padded_grid(grid_size, window_size)
+    ws = window_size
+    valid = torch.zeros(hp, wp, dtype=torch.bool, device=device)
+    valid[:h, :w] = True
+    valid = valid.reshape(hp // ws, ws, wp // ws, ws).permute(0, 2, 1, 3).reshape(-1, ws * ws)
+    off = num_prefix_tokens(cls_token)
+    if off:
+        valid = torch.cat([valid.new_ones(valid.shape[0], off), valid], dim=1)
+    return valid
+
+
 def window_key_mask(
     grid_size: Tuple[int, int],
     window_size: int,
@@ -83,15 +102,7 @@ def window_key_mask(
         the query is another token, else 0. A padded query still sees itself, so no row
         is ever fully masked (no NaN, in forward or backward); padded outputs are dropped.
     """
-    h, w = grid_size
-    hp, wp = padded_grid(grid_size, window_size)
-    ws = window_size
-    valid = torch.zeros(hp, wp, dtype=torch.bool, device=device)
-    valid[:h, :w] = True
-    valid = valid.reshape(hp // ws, ws, wp // ws, ws).permute(0, 2, 1, 3).reshape(-1, ws * ws)
-    off = num_prefix_tokens(cls_token)
-    if off:
-        valid = torch.cat([valid.new_ones(valid.shape[0], off), valid], dim=1)
+    valid = window_valid(grid_size, window_size, cls_token, device)
     t = valid.shape[1]
     eye = torch.eye(t, dtype=torch.bool, device=device)
     hidden = ~valid[:, None, :] & ~eye[None]
@@ -109,6 +120,7 @@ def attend_in_windows(
     cls_token: Union[bool, int],
     attend: Callable[[Tensor, Tensor, Tensor], Tensor],
     dropout_p: float = 0.0,
+    prefix_rows: Optional[Callable[[Tensor, Tensor, Tensor], Tensor]] = None,
 ) -> Tensor:
     """The frame of ViTDet window attention shared by every position encoding.
 
@@ -123,6 +135,9 @@ def attend_in_windows(
         attend: ``(qw, kw, vw)`` of shape ``(B, nWin, heads, T_w, d)`` -> the same shape,
             ``T_w = J + ws*ws``; it owns the window bias and the padding mask.
         dropout_p: attention dropout of the prefix rows.
+        prefix_rows: ``(q, k, v) -> (B, heads, J, d)``, the prefix queries' output from
+            the whole sequence; None: global attention over every token (a plain SDPA).
+            Default: None.
 
     Returns:
         ``(B, heads, T, d)``.
@@ -144,6 +159,9 @@ def attend_in_windows(
         )
     out = window_unpartition(attend(qw, kw, vw)[..., off:, :], grid_size, ws)
     if off:
-        cls_out = F.scaled_dot_product_attention(q[:, :, :off], k, v, dropout_p=dropout_p)
+        if prefix_rows is None:
+            cls_out = F.scaled_dot_product_attention(q[:, :, :off], k, v, dropout_p=dropout_p)
+        else:
+            cls_out = prefix_rows(q, k, v)
         out = torch.cat([cls_out, out], dim=-2)
     return out

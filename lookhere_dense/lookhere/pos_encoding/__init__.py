@@ -63,11 +63,13 @@ init_std=0.02)``, plus the backbone's ``preset`` / ``lh_config``) is parsed by o
 :func:`parse_pos_encoding`, into a :class:`PosEncodingSpec`; the backbone, the config checks
 of :mod:`lookhere_dense.swap`, the benchmark and the study all call it.
 
-The CLS token is never rotated and never biased (it has no position), in every encoding.
+The prefix tokens (the CLS token, or the ``J`` Jumbo tokens) are never rotated and never
+biased (they have no position), in every encoding (``ledit`` with ``global_prefix=False``
+puts them first in its causal order).
 Files: :mod:`.base` (the interface, ``none``, window frames), :mod:`.lookhere`
 (``lookhere`` / ``alibi2d``), :mod:`.absolute`, :mod:`.rope` (``rope2d``, ``rope2d_mixed``),
-:mod:`.dinov3`, :mod:`.pape`, :mod:`.ledit`, :mod:`.spec` (the catalogue :data:`ENCODINGS` and the one
-parser), :mod:`.factory` (the one factory). Nothing here imports OpenMMLab;
+:mod:`.dinov3`, :mod:`.pape`, :mod:`.ledit`, :mod:`.spec` (the catalogue :data:`ENCODINGS` and
+the one parser), :mod:`.factory` (the one factory). Nothing here imports OpenMMLab;
 ``rope_dinov3`` imports timm when built.
 Definitions and conventions (channel layouts, the timm counterparts of ``rope2d`` /
 ``rope2d_mixed``): ``docs/position_encodings.md``.

@@ -22,8 +22,9 @@ method section was not available) leaves open are written down in
 Prefix tokens (``cls_token`` = ``J``: CLS, or ``J`` Jumbo tokens at the front) are global by
 default: every patch query sees all prefix keys and the prefix queries attend to every
 token; with ``global_prefix=False`` they are the first ``J`` tokens of the causal order
-(a prefix query sees only the prefix keys up to itself), which makes the whole trunk
-strictly causal.
+(a prefix query sees only the prefix keys up to itself), which makes the attention strictly
+causal; the locality convolution still reaches ``d * (k // 2)`` patches ahead
+(``locality=False`` for a strictly causal trunk).
 
 Backends (``attn_backend``), all exact (the same result up to rounding):
 
@@ -61,10 +62,10 @@ from torch.utils.checkpoint import checkpoint
 
 from lookhere_dense.validation import check_bool, check_int
 
-from ..bias import num_prefix_tokens
+from ..bias import num_prefix_tokens, prefix_phrase
 from ..cache import BoundedCache
 from ..flex import FLEX_BLOCK, flex_available
-from ..windows import padded_grid, window_partition, window_unpartition
+from ..windows import attend_in_windows, window_valid
 from .base import PositionEncoding, Trunk
 
 __all__ = [
@@ -91,7 +92,7 @@ def _check_tokens(q: Tensor, k: Tensor, grid_size: Tuple[int, int], prefix: int)
     if q.shape[-2] != n or k.shape[-2] != n:
         raise ValueError(
             f'ledit attention got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
-            f'with {prefix} prefix tokens needs {n}'
+            f'{prefix_phrase(prefix)} needs {n}'
         )
 
 
@@ -393,20 +394,12 @@ def window_causal_mask(
     """Boolean visibility ``(nWin, T_w, T_w)`` (``T_w = J + ws*ws``) of causal window
     attention, in each window's own raster order with the ``J`` prefix tokens first.
 
-    A real patch query sees the prefix keys and the real patch keys of its window up to
-    itself; padded keys (border windows of a grid that is not a multiple of ``ws``) are
-    hidden from every other query. Every row sees at least itself (a padded query only
-    itself), so no row is empty: no NaN, forward or backward (padded and prefix rows of the
-    windows are dropped by the caller).
+    A query sees the prefix keys and the real patch keys of its window up to itself;
+    padded keys (border windows of a grid that is not a multiple of ``ws``) are hidden from
+    every other query, so every row sees at least itself: no row is empty, no NaN, forward
+    or backward (the caller drops the padded and prefix rows of the windows).
     """
-    h, w = grid_size
-    hp, wp = padded_grid(grid_size, window_size)
-    ws = window_size
-    valid = torch.zeros(hp, wp, dtype=torch.bool, device=device)
-    valid[:h, :w] = True
-    valid = valid.reshape(hp // ws, ws, wp // ws, ws).permute(0, 2, 1, 3).reshape(-1, ws * ws)
-    if prefix:
-        valid = torch.cat([valid.new_ones(valid.shape[0], prefix), valid], dim=1)
+    valid = window_valid(grid_size, window_size, prefix, device)
     idx = torch.arange(valid.shape[1], device=device)
     earlier = idx[None, :] <= idx[:, None]
     return earlier[None] & (
@@ -427,12 +420,14 @@ def causal_window_attention(
 ) -> Tensor:
     """ViTDet window attention, causal in each window's raster order.
 
-    The patches are split into ``window_size`` windows (zero-padded at the bottom / right),
-    the ``J`` prefix tokens put at the front of every window; inside a window a patch sees
-    the prefix keys and its window's real patches up to itself (:func:`window_causal_mask`).
-    The prefix queries attend as in a global block (every token with ``global_prefix``,
-    else causally among the prefix). A window covering the grid is global causal attention
-    (the window's raster order is the grid's).
+    The frame of every encoding's window attention
+    (:func:`~lookhere_dense.lookhere.windows.attend_in_windows`: patches split into
+    ``window_size`` windows, zero-padded at the bottom / right, the ``J`` prefix tokens at
+    the front of every window); inside a window a patch sees the prefix keys and its
+    window's real patches up to itself (:func:`window_causal_mask`). The prefix queries
+    attend as in a global block (every token with ``global_prefix``, else causally among
+    the prefix). A window covering the grid is global causal attention (the window's
+    raster order is the grid's).
 
     Args:
         q, k, v: ``(B, heads, T, d)`` with ``T = J + H*W``.
@@ -442,27 +437,30 @@ def causal_window_attention(
         ``(B, heads, T, d)``.
     """
     ws = int(window_size)
-    qw, kw, vw = (window_partition(t[:, :, prefix:], grid_size, ws) for t in (q, k, v))
-    batch, n_win, heads, length, dim = qw.shape
-    if prefix:
-        qw, kw, vw = (
-            torch.cat([t[:, None, :, :prefix].expand(-1, n_win, -1, -1, -1), tw], dim=-2)
-            for t, tw in ((q, qw), (k, kw), (v, vw))
-        )
     if mask is None:
         mask = window_causal_mask(grid_size, ws, prefix, q.device)
-    tw = prefix + length
-    attn_mask = mask[None, :, None].expand(batch, -1, -1, -1, -1).reshape(-1, 1, tw, tw)
-    out = F.scaled_dot_product_attention(
-        *(t.reshape(batch * n_win, heads, tw, -1) for t in (qw, kw, vw)),
-        attn_mask=attn_mask,
-        dropout_p=dropout_p,
+
+    def attend(qw: Tensor, kw: Tensor, vw: Tensor) -> Tensor:
+        batch, n_win, heads, tw, dim = qw.shape
+        attn_mask = mask[None, :, None].expand(batch, -1, -1, -1, -1).reshape(-1, 1, tw, tw)
+        out = F.scaled_dot_product_attention(
+            *(t.reshape(batch * n_win, heads, tw, -1) for t in (qw, kw, vw)),
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+        )
+        return out.view(batch, n_win, heads, tw, -1)
+
+    return attend_in_windows(
+        q,
+        k,
+        v,
+        grid_size,
+        ws,
+        prefix,
+        attend,
+        dropout_p,
+        prefix_rows=lambda q, k, v: _prefix_rows(q, k, v, prefix, global_prefix, dropout_p),
     )
-    out = out.view(batch, n_win, heads, tw, -1)[..., prefix:, :]
-    out = window_unpartition(out, grid_size, ws)
-    if prefix:
-        out = torch.cat([_prefix_rows(q, k, v, prefix, global_prefix, dropout_p), out], dim=2)
-    return out
 
 
 # -- the locality module -------------------------------------------------------------------
@@ -574,7 +572,8 @@ class LEDiTPositionEncoding(PositionEncoding):
     * prefix tokens (``cls_token`` = ``J``) global by default (``global_prefix``); their
       keys are seen by every patch, their queries see every token. Through them a patch
       can learn of later patches one layer later, so only ``global_prefix=False`` (or
-      ``J = 0``) makes the trunk strictly causal;
+      ``J = 0``) makes the attention strictly causal (the locality convolution still sees
+      ``d * (k // 2)`` patches ahead; ``locality=False`` for a strictly causal trunk);
     * windows: causal in each window's own raster order, padded keys masked, prefix global;
     * the locality module (:class:`LocalityConv`): residual, depthwise ``3 x 3``, every
       channel, zero-initialised, applied to the patch tokens only (prefix tokens have no

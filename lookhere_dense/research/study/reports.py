@@ -211,8 +211,8 @@ def _measured(runs: Sequence[Dict[str, Any]]) -> bool:
 def format_cost_table(runs: Sequence[Dict[str, Any]], study: Dict[str, Any]) -> str:
     """A Markdown table of the cost per frame, mean over the seeds of each encoding:
     seconds per frame (model time) and peak memory per mode and scale (``-`` for runs
-    without); ``''`` when no run of the report has measurements. ``log_n`` costs what its base mode costs
-    and is left out."""
+    without); ``''`` when no run of the report has measurements. ``log_n`` costs what its
+    base mode costs and is left out."""
     if not _measured(runs):
         return ''
     modes = [m for m in study['modes'] if m != 'log_n']
@@ -484,6 +484,11 @@ def format_slopes(runs: Sequence[Dict[str, Any]]) -> str:
 MERGEABLE = ('encodings', 'seeds')
 
 
+#: settings only the reports with such runs record (``jumbo_tokens``: of the ``+jumbo``
+#: runs); they must agree where both reports have them
+ONE_SIDED = ('jumbo_tokens',)
+
+
 def merge_reports(paths: Sequence[str], command: str) -> Dict[str, Any]:
     """Combine the runs of earlier ``{name}.json`` reports made with the same settings
     (e.g. seeds run on different machines) into one report.
@@ -501,6 +506,7 @@ def merge_reports(paths: Sequence[str], command: str) -> Dict[str, Any]:
             k
             for k in set(base) | set(rep['settings'])
             if k not in MERGEABLE
+            and not (k in ONE_SIDED and (k not in base or k not in rep['settings']))
             and json.dumps(base.get(k), sort_keys=True, default=str)
             != json.dumps(rep['settings'].get(k), sort_keys=True, default=str)
         )
@@ -515,6 +521,8 @@ def merge_reports(paths: Sequence[str], command: str) -> Dict[str, Any]:
             seen.add(key)
             runs.append(run)
     settings = dict(base)
+    for rep in reports[1:]:
+        settings.update({k: rep['settings'][k] for k in ONE_SIDED if k in rep['settings']})
     settings['encodings'] = list(dict.fromkeys(r['encoding'] for r in runs))
     settings['seeds'] = sorted({r['seed'] for r in runs})
     sources = [

@@ -12,7 +12,8 @@ data. After training, each test scale is evaluated in every mode of the ladder
 native-aspect rows) with the segmentor's own ``test_step`` on the rung's batches through
 :func:`~lookhere_dense.research.evaluate.evaluate`, the field-of-view ladder through
 :func:`~lookhere_dense.research.evaluate.evaluate_loader` (whole vs sliding windows); every
-rung is timed (model seconds per image) and its peak memory measured. With ``robustness`` every run is also attacked (FGSM / PGD,
+rung is timed (model seconds per image) and its peak memory measured. With ``robustness``
+every run is also attacked (FGSM / PGD,
 :mod:`lookhere_dense.research.robustness.segmentor`) on the validation images of the 1x rung
 (:func:`evaluate_robustness`).
 """
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..evaluate import evaluate, evaluate_loader
-from .aids import apply_train_aids, run_specs, split_run_spec
+from .aids import DEFAULT_JUMBO_TOKENS, apply_train_aids, run_specs, split_run_spec
 from .encodings import DEFAULT_ENCODINGS, backbone_for, check_encoding_options
 from .ladders import (
     LADDERS,
@@ -211,7 +212,8 @@ def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str) -
 
 def evaluate_robustness(runner, cfg, study: Dict[str, Any]) -> Dict[str, Any]:
     """Attack the run's model with ``study['robustness']`` (FGSM / PGD,
-    :func:`~lookhere_dense.research.robustness.segmentor.robustness_sweep`) on the validation images
+    :func:`~lookhere_dense.research.robustness.segmentor.robustness_sweep`) on the validation
+    images
     of the 1x rung (the training size), predicted whole, scored with the ladder's
     evaluator.
 
@@ -440,9 +442,9 @@ def run_study(
         iters=first_cfg.train_cfg.max_iters,
         batch_size=first_cfg.train_dataloader.batch_size,
         optimizer=first_cfg.optim_wrapper.optimizer.to_dict(),
-        backbone={
+        backbone={  # the base config's: the training aids of a run (jumbo) are its name
             k: v
-            for k, v in first_cfg.model.backbone.items()
+            for k, v in cfg.model.backbone.items()
             if k not in ('pos_encoding', 'preset', 'lh_config')
         },
         test_cfg=test_cfg.to_dict() if hasattr(test_cfg, 'to_dict') else test_cfg,
@@ -451,6 +453,8 @@ def run_study(
     )
     if encoding_options:
         settings['encoding_options'] = encoding_options
+    if any('jumbo' in split_run_spec(spec)[1] for spec in specs):
+        settings['jumbo_tokens'] = ext.get('jumbo_tokens', DEFAULT_JUMBO_TOKENS)
     modes = ladder_modes(study)
     if modes != ('test',):
         settings['modes'] = list(modes)
