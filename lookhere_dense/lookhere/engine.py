@@ -49,6 +49,7 @@ from .cache import BoundedCache
 from .chunked import chunked_attention
 from .config import LookHereConfig
 from .flex import (
+    check_flex_call,
     flex_attention_lookhere,
     flex_available,
     flex_score_mod,
@@ -463,21 +464,7 @@ class LookHereAttentionEngine:
             return tiled_attention(
                 q, k, v, grid_bias, index, cls_token, dropout_p, plans=self.tiled_plans
             )
-        if dropout_p > 0:
-            raise ValueError(
-                'the flex backend has no attention dropout; set attn_drop_rate=0 '
-                "or use backend 'chunked'/'sdpa'"
-            )
-        if (
-            q.device.type == 'cpu'
-            and torch.is_grad_enabled()
-            and any(t.requires_grad for t in (q, k, v))
-        ):
-            raise ValueError(
-                "attn_backend='flex' cannot train on CPU (PyTorch's "
-                'flex_attention has no CPU backward); use attn_backend='
-                "'auto' or 'chunked' there, or run under torch.no_grad()"
-            )
+        check_flex_call(q, k, v, dropout_p, "attn_backend='flex'", "'auto', 'chunked' or 'sdpa'")
         if slope_grads and q.device.type == 'cpu' and self.flex_compile:
             raise ValueError(
                 'compiled flex_attention cannot train learnable LookHere slopes '

@@ -26,6 +26,7 @@ __all__ = [
     'FLEX_BLOCK',
     'flex_available',
     'flex_slope_grads_available',
+    'check_flex_call',
     'tile_order',
     'flex_score_mod',
     'flex_mask_mod',
@@ -64,6 +65,34 @@ def flex_slope_grads_available(version: Optional[str] = None) -> bool:
     if version is None and not flex_available():
         return False
     return TorchVersion(version or torch.__version__) >= FLEX_SLOPE_GRADS_TORCH
+
+
+def check_flex_call(
+    q: Tensor, k: Tensor, v: Tensor, dropout_p: float, who: str, instead: str
+) -> None:
+    """Refuse what PyTorch's ``flex_attention`` cannot do here, naming the setting: attention
+    dropout, and training on CPU (no CPU backward for ``q, k, v``).
+
+    Args:
+        who: how the message names the caller, e.g. ``"attn_backend='flex'"``.
+        instead: the backends to name instead, e.g. ``"'auto' or 'chunked'"``.
+
+    Raises:
+        ValueError: naming the setting and the backends that can do it.
+    """
+    if dropout_p > 0:
+        raise ValueError(
+            f'{who} has no attention dropout; set attn_drop_rate=0 or use attn_backend={instead}'
+        )
+    if (
+        q.device.type == 'cpu'
+        and torch.is_grad_enabled()
+        and any(t.requires_grad for t in (q, k, v))
+    ):
+        raise ValueError(
+            f"{who} cannot train on CPU (PyTorch's flex_attention has no CPU backward); "
+            f'use attn_backend={instead} there, or run under torch.no_grad()'
+        )
 
 
 def tile_order(

@@ -64,7 +64,7 @@ from lookhere_dense.validation import check_bool, check_int
 
 from ..bias import num_prefix_tokens, prefix_phrase
 from ..cache import BoundedCache
-from ..flex import FLEX_BLOCK, flex_available
+from ..flex import FLEX_BLOCK, check_flex_call, flex_available
 from ..windows import attend_in_windows, window_valid
 from .base import PositionEncoding, Trunk
 
@@ -365,21 +365,14 @@ def causal_attention(
     if backend == 'reference':
         return causal_reference(q, k, v, prefix, global_prefix, dropout_p)
     if backend == 'flex':
-        if dropout_p > 0:
-            raise ValueError(
-                "pos_encoding='ledit' with attn_backend='flex' has no attention dropout; "
-                "set attn_drop_rate=0 or use attn_backend='sdpa' / 'chunked'"
-            )
-        if (
-            q.device.type == 'cpu'
-            and torch.is_grad_enabled()
-            and any(t.requires_grad for t in (q, k, v))
-        ):
-            raise ValueError(
-                "pos_encoding='ledit' with attn_backend='flex' cannot train on CPU "
-                "(PyTorch's flex_attention has no CPU backward); use attn_backend='auto' "
-                "/ 'sdpa' / 'chunked' there, or run under torch.no_grad()"
-            )
+        check_flex_call(
+            q,
+            k,
+            v,
+            dropout_p,
+            "pos_encoding='ledit' with attn_backend='flex'",
+            "'auto', 'sdpa' or 'chunked'",
+        )
         return causal_flex(q, k, v, prefix, global_prefix, block_mask)
     raise ValueError(
         f"pos_encoding='ledit': unknown attention backend {backend!r}; "
