@@ -55,3 +55,30 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def drop_closed_log_streams():
+    """After each test, drop the logging handlers whose stream is closed.
+
+    mmengine's ``MMLogger`` instances live for the whole process and keep a handler on the
+    ``sys.stdout`` / ``sys.stderr`` of the test that created them; pytest closes those
+    captured streams after that test, and the next test that logs through the same logger
+    would print a "Logging error" traceback (which tests of the tools' one-line errors
+    rightly refuse). A real process never swaps its streams, so this is the test harness's
+    leftover, cleaned here."""
+    yield
+    import logging
+    import sys
+
+    loggers = [logging.getLogger()]
+    loggers += [
+        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
+    ]
+    if 'mmengine.logging' in sys.modules:
+        loggers += list(sys.modules['mmengine.logging'].MMLogger._instance_dict.values())
+    for logger in loggers:
+        for handler in list(logger.handlers):
+            stream = getattr(handler, 'stream', None)
+            if stream is not None and getattr(stream, 'closed', False):
+                logger.removeHandler(handler)
