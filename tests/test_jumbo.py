@@ -395,3 +395,46 @@ def test_a_zero_width_or_unused_wide_mlp_is_refused():
         create_model(**SMALL, with_cls_token=False, jumbo_tokens=2, jumbo_mlp_ratio=0.001)
     with pytest.raises(ValueError, match='jumbo_mlp_ratio=2 needs jumbo_tokens > 0'):
         create_model(**SMALL, jumbo_mlp_ratio=2)
+
+
+def test_the_jumbo_config_trains_with_layer_decay_and_predicts_through_mmseg(
+    tmp_path, monkeypatch
+):
+    """``tools/train.py configs/segmenter_lookhere_vit-t_jumbo_ade20k.py`` (two blocks, two
+    iterations) with the layer-decay constructor, then mmseg's own ``init_model`` /
+    ``inference_model`` on the checkpoint it wrote: the Jumbo record travels with it."""
+    import numpy as np
+    from mmseg.apis import inference_model, init_model
+
+    from lookhere_dense.apis.train import train_model
+    from lookhere_dense.research.datasets.synthetic_seg import make_ade20k_like
+
+    make_ade20k_like(tmp_path / 'data', num_train=2, num_val=1)
+    monkeypatch.chdir(tmp_path)
+    config = osp.join(REPO, 'configs', 'segmenter_lookhere_vit-t_jumbo_ade20k.py')
+    options = {
+        'model.backbone.num_layers': 2,
+        'model.decode_head.num_layers': 1,
+        'train_cfg.max_iters': 2,
+        'train_dataloader.num_workers': 0,
+        'train_dataloader.persistent_workers': False,
+        'optim_wrapper.constructor': 'LookHereLayerDecayOptimizerConstructor',
+        'optim_wrapper.paramwise_cfg': dict(decay_rate=0.9, jumbo_mlp_lr_scale=0.5),
+    }
+    runner = train_model(config, cfg_options=options)
+    assert runner.iter == 2
+    names = {g['group_name']: g for g in runner.optim_wrapper.optimizer.param_groups}
+    assert names['jumbo_mlp_decay']['lr_scale'] == 0.5
+    ckpt = osp.join('work_dirs', 'segmenter_lookhere_vit-t_jumbo_ade20k', 'iter_2.pth')
+    cfg = Config.fromfile(config)
+    cfg.merge_from_dict({'model.backbone.num_layers': 2, 'model.decode_head.num_layers': 1})
+    model = init_model(cfg, ckpt, device='cpu')
+    assert model.backbone.jumbo_tokens == 6
+    image = np.random.default_rng(0).integers(0, 255, (96, 128, 3), dtype=np.uint8)
+    result = inference_model(model, image)
+    assert tuple(result.pred_sem_seg.data.shape[-2:]) == (96, 128)
+    # the same file into the config without Jumbo tokens: refused, naming the option
+    plain = Config.fromfile(osp.join(REPO, 'configs', 'segmenter_lookhere_vit-t_ade20k.py'))
+    plain.merge_from_dict({'model.backbone.num_layers': 2, 'model.decode_head.num_layers': 1})
+    with pytest.raises(CheckpointError, match='jumbo_tokens=6'):
+        init_model(plain, ckpt, device='cpu')
