@@ -102,6 +102,30 @@ def _export(model, x, path: Path):
     save_onnx(program, str(path))
 
 
+def test_a_jumbo_trunk_with_window_blocks_exports_and_runs_in_onnxruntime(tmp_path: Path):
+    """J = 3 Jumbo tokens (global in the static-grid attention and in the windows), the
+    Jumbo tokens side by side as the second output."""
+    from lookhere_dense.apis.export import onnxruntime_session
+
+    model = _tiny(
+        with_cls_token=False,
+        jumbo_tokens=3,
+        output_cls_token=True,
+        window_size=3,
+        window_block_indexes=[0],
+    )
+    x = torch.randn(1, 3, 80, 112)  # 5x7 patches: the windows of 3 need padding
+    with torch.no_grad():
+        expected = [t for pair in model(x) for t in pair]
+    path = tmp_path / 'jumbo.onnx'
+    _export(model, x, path)
+    session = onnxruntime_session(str(path))
+    outputs = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    assert [o.shape for o in outputs] == [tuple(e.shape) for e in expected]
+    for out, exp in zip(outputs, expected, strict=True):
+        torch.testing.assert_close(torch.from_numpy(out), exp, atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize('size', [(64, 96), (80, 48)])  # two grids; 80x48 also pads nothing
 def test_onnx_export_runs_in_onnxruntime_without_a_dense_bias(size, tmp_path: Path):
     from lookhere_dense.apis.export import onnxruntime_session
