@@ -46,8 +46,27 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def _latest(work: str) -> int:
+    """The iteration ``last_checkpoint`` names; -1 while mmengine is (re)writing it (the
+    file is empty or partial for a moment: polling it can land there)."""
     with open(osp.join(work, 'last_checkpoint')) as f:
-        return int(f.read().strip().rsplit('_', 1)[1][: -len('.pth')])
+        text = f.read().strip()
+    try:
+        return int(text.rsplit('_', 1)[1][: -len('.pth')])
+    except (IndexError, ValueError):
+        return -1
+
+
+def _newest_complete(work: str) -> int:
+    """The newest complete checkpoint after a kill: the one ``last_checkpoint`` names, or,
+    when the kill hit while that file was rewritten, the newest ``iter_*.pth`` (mmengine
+    writes a checkpoint before naming it there)."""
+    named = _latest(work)
+    if named >= 0:
+        return named
+    return max(
+        int(osp.basename(p)[len('iter_') : -len('.pth')])
+        for p in glob.glob(osp.join(work, 'iter_*.pth'))
+    )
 
 
 def _train(work: str, opts: list, err) -> subprocess.Popen:
@@ -90,7 +109,7 @@ def _kill_after_checkpoint(work: str, opts: list, k: int) -> int:
         if child.poll() is None:
             child.kill()
         err.close()
-    return _latest(work)
+    return _newest_complete(work)
 
 
 def test_a_killed_run_resumes_bit_exactly(tmp_path):
