@@ -9,8 +9,9 @@ Cases (kind ``deploy``, one per ``stage``):
   export seconds, file sizes, the ratio to the fp32 weights, the largest constant;
 * ``torch``: the same model in torch (its own attention engine), the segmentor's logits of
   one normalised input, ``repeats`` times;
-* ``onnxruntime``: the exported file in an onnxruntime CPU session (arena and memory
-  pattern off: :func:`~lookhere_dense.apis.export.onnxruntime_session`), the same input,
+* ``onnxruntime``: the exported file in an onnxruntime CPU session (memory pattern and
+  buffer reuse off, arena on: :func:`~lookhere_dense.apis.export.onnxruntime_session`), the
+  same input,
   ``repeats`` times.
 
 Memory is what the model adds: the peak RSS of the process during the runs minus its RSS
