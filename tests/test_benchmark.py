@@ -508,6 +508,34 @@ def test_benchmark_deploy_section_runs_the_export_in_onnxruntime(tmp_path: Path,
     assert '[deploy]' in proc.stdout
 
 
+def test_deploy_memory_tool_traces_torch_and_each_session_variant(tmp_path: Path, repo_root: Path):
+    """tools/deploy_memory.py: export, then torch and every onnxruntime session variant in
+    its own process, each with its RSS samples, exact peak and the moment the runs start;
+    the picture is written."""
+    pytest.importorskip('onnxruntime')
+    from lookhere_dense.research.benchmark.deploy import SESSION_VARIANTS
+
+    out, png = tmp_path / 'trace.json', tmp_path / 'trace.png'
+    config = repo_root / 'configs' / 'segmenter_lookhere_vit-t_tiny-cityscapes.py'
+    cmd = [sys.executable, str(repo_root / 'tools' / 'deploy_memory.py'), str(config)]
+    cmd += ['--shape', '64', '128', '--interval', '0.005', '--json', str(out), '--png', str(png)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert list(res['runs']) == ['torch', *SESSION_VARIANTS]
+    for label, run in res['runs'].items():
+        assert 'error' not in run, run
+        assert run['stage'] == ('torch' if label == 'torch' else 'onnxruntime')
+        assert run.get('session', {}) == SESSION_VARIANTS.get(label, {})
+        t, mib = zip(*run['trace'])
+        assert list(t) == sorted(t) and 0 < run['trace_loaded_at'] <= t[-1]
+        # the samples never exceed the kernel's exact peak (1 MiB for rounding)
+        assert max(mib) <= run['peak_over_before'] / 2**20 + 1, label
+        assert run['output_shape'] == [1, 19, 64, 128]
+    assert png.stat().st_size > 10_000
+    assert '[deploy trace]' in proc.stdout
+
+
 # ----------------------------------------------------------------------------------------
 # peer: against timm's ViT-B
 # ----------------------------------------------------------------------------------------

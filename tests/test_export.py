@@ -126,6 +126,27 @@ def test_a_jumbo_trunk_with_window_blocks_exports_and_runs_in_onnxruntime(tmp_pa
         torch.testing.assert_close(torch.from_numpy(out), exp, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize(
+    'kw', [dict(), dict(mem_pattern=True, mem_reuse=True, cpu_arena=False, threads=2)]
+)
+def test_onnxruntime_session_sets_its_memory_options(kw, tmp_path: Path):
+    """Defaults: memory pattern and buffer reuse off, the CPU arena on (the settings that
+    hold the least memory, docs/deploy.md); each keyword reaches onnxruntime."""
+    from lookhere_dense.apis.export import onnxruntime_session
+
+    model = _tiny()
+    x = torch.randn(1, 3, 32, 48)
+    path = tmp_path / 'one.onnx'
+    _export(model, x, path)
+    opts = onnxruntime_session(str(path), **kw).get_session_options()
+    want = dict(mem_pattern=False, mem_reuse=False, cpu_arena=True, threads=None) | kw
+    assert opts.enable_mem_pattern is want['mem_pattern']
+    assert opts.enable_mem_reuse is want['mem_reuse']
+    assert opts.enable_cpu_mem_arena is want['cpu_arena']
+    if want['threads']:
+        assert opts.intra_op_num_threads == want['threads']
+
+
 @pytest.mark.parametrize('size', [(64, 96), (80, 48)])  # two grids; 80x48 also pads nothing
 def test_onnx_export_runs_in_onnxruntime_without_a_dense_bias(size, tmp_path: Path):
     from lookhere_dense.apis.export import onnxruntime_session

@@ -25,6 +25,7 @@ TOOLS = (
     'plot_heads',
     'convert_checkpoint',
     'robustness',
+    'deploy_memory',
 )
 
 

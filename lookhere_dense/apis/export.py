@@ -95,18 +95,34 @@ def exported_file_bytes(path: str) -> Dict[str, int]:
     return out
 
 
-def onnxruntime_session(path: str, threads: Optional[int] = None):
-    """An onnxruntime CPU session for an exported file: the memory pattern and buffer
-    reuse off, the CPU arena on (see the module docstring), ``threads`` intra-op threads
-    (None: onnxruntime's default)."""
+def onnxruntime_session(
+    path: str,
+    threads: Optional[int] = None,
+    mem_pattern: bool = False,
+    mem_reuse: bool = False,
+    cpu_arena: bool = True,
+):
+    """An onnxruntime CPU session for an exported file.
+
+    Args:
+        path: the exported ``.onnx`` file (its ``.data`` beside it).
+        threads: intra-op threads. Default: None (onnxruntime's default).
+        mem_pattern: onnxruntime's memory-pattern planner. Default: False.
+        mem_reuse: onnxruntime's buffer reuse between tensors of the same size.
+            Default: False.
+        cpu_arena: onnxruntime's CPU arena. Default: True.
+
+    The defaults hold the least memory on these graphs (see the module docstring and
+    ``docs/deploy.md``); onnxruntime's own defaults are all three on.
+    """
     try:
         import onnxruntime as ort
     except ImportError as err:  # pragma: no cover - installed by setup.sh
         raise ToolError(f'onnxruntime is not installed ({err}): pip install onnxruntime') from err
     options = ort.SessionOptions()
-    options.enable_mem_pattern = False
-    options.enable_mem_reuse = False
-    options.enable_cpu_mem_arena = True
+    options.enable_mem_pattern = bool(mem_pattern)
+    options.enable_mem_reuse = bool(mem_reuse)
+    options.enable_cpu_mem_arena = bool(cpu_arena)
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

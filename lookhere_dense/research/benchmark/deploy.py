@@ -23,15 +23,36 @@ from __future__ import annotations
 
 import os.path as osp
 import statistics
+import threading
 import time
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..memory import MiB, current_rss
 from .fresh import run_child
 
-__all__ = ['deploy_case', 'bench_deploy', 'STAGES']
+__all__ = [
+    'deploy_case',
+    'bench_deploy',
+    'trace_deploy',
+    'plot_deploy_trace',
+    'STAGES',
+    'SESSION_VARIANTS',
+]
 
 #: the cases of one deploy measurement, in order
 STAGES = ('export', 'torch', 'onnxruntime')
+
+#: onnxruntime session settings :func:`trace_deploy` compares (keywords of
+#: :func:`~lookhere_dense.apis.export.onnxruntime_session`), by label
+SESSION_VARIANTS: Dict[str, Dict[str, bool]] = {
+    "onnxruntime's defaults (pattern, reuse, arena on)": dict(
+        mem_pattern=True, mem_reuse=True, cpu_arena=True
+    ),
+    'pattern off, reuse on, arena off (before)': dict(
+        mem_pattern=False, mem_reuse=True, cpu_arena=False
+    ),
+    'onnxruntime_session (pattern off, reuse off, arena on)': dict(),
+}
 
 
 def _input(size: Sequence[int]):
@@ -41,9 +62,48 @@ def _input(size: Sequence[int]):
     return rng.standard_normal((1, 3, *size)).astype('float32')
 
 
+class _RssTrace:
+    """The process's RSS over time, sampled every ``interval`` seconds in a thread:
+    ``samples`` = ``[(seconds since start, MiB over the RSS at start), ...]``."""
+
+    def __init__(self, interval: Optional[float]):
+        self.interval = interval
+        self.samples: List[Tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._t0 = 0.0
+
+    def elapsed(self) -> float:
+        """Seconds since :meth:`start`."""
+        return round(time.perf_counter() - self._t0, 3)
+
+    def start(self, base: int) -> None:
+        self._t0 = t0 = time.perf_counter()
+        if not self.interval:
+            return
+
+        def sample():
+            while True:
+                self.samples.append((time.perf_counter() - t0, (current_rss() - base) / MiB))
+                if self._stop.wait(self.interval):
+                    return
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> List[List[float]]:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+        return [[round(t, 3), round(m, 1)] for t, m in self.samples]
+
+
 def deploy_case(case: Dict[str, Any]) -> Dict[str, Any]:
     """One stage in this process: ``stage``, ``config``, ``size``, ``out`` (the file),
-    ``repeats``, ``threads``, ``cfg_options``."""
+    ``repeats``, ``threads``, ``cfg_options``; for ``onnxruntime`` also ``session``
+    (keywords of :func:`~lookhere_dense.apis.export.onnxruntime_session`, default: its
+    defaults); ``trace`` (seconds, optional): sample the RSS at that interval from before
+    the model / session is built to the end of the runs (``trace`` in the result)."""
     import numpy as np
     import torch
 
@@ -87,9 +147,11 @@ def deploy_case(case: Dict[str, Any]) -> Dict[str, Any]:
 
     from lookhere_dense.apis.export import onnxruntime_session
 
+    trace = _RssTrace(case.get('trace'))
     if case['stage'] == 'torch':
         build = _torch_model_builder(case)  # the libraries imported: not the model's memory
         before = current_rss()
+        trace.start(before)
         model = build()
 
         def run():
@@ -100,7 +162,8 @@ def deploy_case(case: Dict[str, Any]) -> Dict[str, Any]:
         import onnxruntime  # noqa: F401  (imported before the memory baseline)
 
         before = current_rss()
-        session = onnxruntime_session(case['out'], threads)
+        trace.start(before)
+        session = onnxruntime_session(case['out'], threads, **case.get('session', {}))
         name = session.get_inputs()[0].name
 
         def run():
@@ -108,6 +171,7 @@ def deploy_case(case: Dict[str, Any]) -> Dict[str, Any]:
 
         context = contextlib.nullcontext
     loaded = current_rss()
+    loaded_at = trace.elapsed()
     exact = reset_peak_rss()
     times = []
     with context():
@@ -116,9 +180,11 @@ def deploy_case(case: Dict[str, Any]) -> Dict[str, Any]:
             out = run()
             times.append(time.perf_counter() - t0)
     peak = peak_rss()
+    samples = trace.stop()
     np.save(case['out'] + f'.{case["stage"]}.npy', out)
     return dict(
         case,
+        **(dict(trace=samples, trace_loaded_at=loaded_at) if samples else {}),
         seconds=statistics.median(times),
         times=times,
         rss_before=before,
@@ -199,3 +265,80 @@ def bench_deploy(
         res['peak_ratio'] = o['peak_over_before'] / max(t['peak_over_before'], 1)
         res['time_ratio'] = o['seconds'] / t['seconds']
     return res
+
+
+def trace_deploy(
+    config: str,
+    onnx_file: str,
+    size: Sequence[int] = (1024, 2048),
+    repeats: int = 1,
+    threads: Optional[int] = 1,
+    interval: float = 0.05,
+    variants: Optional[Dict[str, Dict[str, bool]]] = None,
+    cfg_options: Optional[dict] = None,
+    timeout: float = 3600,
+    log=print,
+) -> Dict[str, Any]:
+    """The RSS over time of torch and of onnxruntime sessions (``variants``, default
+    :data:`SESSION_VARIANTS`) on the same input, each in a fresh process; ``onnx_file`` is
+    an export of ``config`` at ``size`` (e.g. the deploy section's, random weights, seed 0).
+
+    Returns:
+        ``{'config', 'size', 'onnx', 'runs': {label: stage result with 'trace'}}``.
+    """
+    variants = SESSION_VARIANTS if variants is None else variants
+    base = dict(
+        kind='deploy',
+        config=config,
+        size=list(size),
+        out=onnx_file,
+        repeats=repeats,
+        threads=threads,
+        cfg_options=cfg_options,
+        trace=interval,
+    )
+    cases = {'torch': dict(base, stage='torch')}
+    for label, session in variants.items():
+        cases[label] = dict(base, stage='onnxruntime', session=session)
+    runs = {}
+    for label, case in cases.items():
+        log(f'[deploy trace] {label} ...')
+        runs[label] = run_child(case, timeout)
+        r = runs[label]
+        if 'error' in r:
+            log(f'[deploy trace] {label}: {r["error"]}')
+        else:
+            log(
+                f'[deploy trace] {label}: peak {r["peak_over_before"] / MiB:,.0f} MiB over '
+                f'the RSS before, {r["seconds"]:.1f} s / run'
+            )
+    return dict(config=config, size=list(size), onnx=onnx_file, runs=runs)
+
+
+def plot_deploy_trace(result: Dict[str, Any], png: str) -> None:
+    """One line per run of :func:`trace_deploy`: MiB over the RSS before the model /
+    session against seconds, the peak marked (matplotlib)."""
+    import matplotlib
+
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.2), dpi=110)
+    for label, r in result['runs'].items():
+        if not r.get('trace'):
+            continue
+        t, m = zip(*r['trace'])
+        peak = r['peak_over_before'] / MiB
+        (line,) = ax.plot(t, m, lw=1.4, label=f'{label}: peak {peak:,.0f} MiB')
+        at = r.get('trace_loaded_at')
+        if at is not None:  # the model / session is built: the runs start
+            ax.axvline(at, color=line.get_color(), lw=0.8, ls=':')
+    h, w = result['size']
+    ax.set_xlabel('seconds (building the model / session, dotted: the runs start)')
+    ax.set_ylabel('MiB over the RSS before')
+    ax.set_title(f'{osp.basename(result["config"])} at {h}x{w}, CPU', fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc='lower right')
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
