@@ -85,6 +85,12 @@ def runs(tmp_path_factory):
             'extrapolate:bad test': ('extrapolate', [ADE_CFG, 'x.pth', '--tests', 'whole:2x']),
             'infer:missing input': ('infer', [ADE_CFG, 'x.pth', str(tmp / 'missing')]),
             'infer:bad size': ('infer', [ADE_CFG, 'x.pth', str(tmp), '--size', '10y20']),
+            'deploy_memory:bad interval': ('deploy_memory', ['--interval', '0', '--png', 'm.png']),
+            'deploy_memory:no output': ('deploy_memory', []),
+            'deploy_memory:missing onnx': (
+                'deploy_memory',
+                ['--onnx', str(tmp / 'none.onnx'), '--json', str(tmp / 'm.json')],
+            ),
             'plot_heads': (
                 'plot_heads',
                 [
@@ -193,6 +199,17 @@ def test_extrapolate_and_infer_say_what_is_wrong(runs):
     assert 'is neither an image file nor a folder' in err
     res = runs['infer:bad size']
     assert res['rc'] == 2 and "expected HxW such as 1024x2048, got '10y20'" in res['stderr']
+
+
+def test_deploy_memory_says_what_is_wrong(runs):
+    err = _error_line(runs['deploy_memory:bad interval'])
+    assert '--interval must be in (0, 60] seconds, got 0.0' in err
+    err = _error_line(runs['deploy_memory:no output'])
+    assert 'give --png and/or --json' in err
+    err = _error_line(runs['deploy_memory:missing onnx'])
+    assert (
+        f'--onnx: no such file: {runs["deploy_memory:missing onnx"]["tmp"] / "none.onnx"}' in err
+    )
 
 
 def test_robustness_says_what_is_wrong(runs):

@@ -3,7 +3,8 @@
 
 Each run is a fresh process on one normalised input (random weights, seed 0: the model the
 ``deploy`` benchmark section exports): torch (the model as ``tools/test.py`` runs it), then
-the exported file in onnxruntime sessions with different memory settings
+the exported file (which must be an export of CONFIG at ``--shape``: the outputs are not
+compared here) in onnxruntime sessions with different memory settings
 (``SESSION_VARIANTS`` of ``lookhere_dense.research.benchmark.deploy``: onnxruntime's
 defaults, the settings before buffer reuse was turned off, ``onnxruntime_session``). The
 RSS is sampled from before the model / session is built to the end of the runs; the PNG
@@ -61,10 +62,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--png', default=None, help='write the picture here')
     p.add_argument('--json', default=None, help='write the samples and peaks here')
     args = p.parse_args(argv)
-    if not args.interval > 0:
-        p.error(f'--interval must be > 0 seconds, got {args.interval}')
+    from lookhere_dense.research.benchmark.deploy import MAX_TRACE_INTERVAL
+
+    if not 0 < args.interval <= MAX_TRACE_INTERVAL:
+        p.error(f'--interval must be in (0, {MAX_TRACE_INTERVAL:g}] seconds, got {args.interval}')
+    if args.png is None and args.json is None:
+        p.error('give --png and/or --json: otherwise nothing would be written')
     if args.onnx is not None and not osp.isfile(args.onnx):
         p.error(f'--onnx: no such file: {args.onnx}')
+    if args.config == DEFAULT_CONFIG and not osp.isfile(args.config):  # run from elsewhere
+        args.config = str(Path(__file__).resolve().parents[1] / DEFAULT_CONFIG)
+    if '::' not in args.config and not osp.isfile(args.config):
+        p.error(f'config: no such file: {args.config}')
     return args
 
 
@@ -77,8 +86,6 @@ def main(argv=None) -> None:
     from lookhere_dense.research.benchmark.fresh import run_child
 
     config = args.config
-    if config == DEFAULT_CONFIG and not osp.isfile(config):  # run from elsewhere
-        config = str(Path(__file__).resolve().parents[1] / DEFAULT_CONFIG)
     onnx_file = args.onnx
     if onnx_file is None:
         stem = osp.splitext(osp.basename(config.split('::')[-1]))[0]
@@ -97,6 +104,9 @@ def main(argv=None) -> None:
         interval=args.interval,
         log=lambda msg: print(msg, flush=True),
     )
+    from lookhere_dense.research.benchmark.report import environment
+
+    result = dict(command='python ' + ' '.join(sys.argv), env=environment(), **result)
     failed = [k for k, r in result['runs'].items() if 'error' in r]
     if args.json:
         from lookhere_dense.research.reporting import write_json

@@ -18,12 +18,12 @@ these graphs), and the per-node metadata (stack traces with local paths, 90 % of
 file) is removed. Weights go to ``FILE.data`` beside ``FILE`` (loaded by that name).
 
 Run an exported file with :func:`onnxruntime_session`: onnxruntime's memory pattern and its
-buffer reuse off, its CPU arena on. On these graphs the pattern planner holds about twice
-the peak memory, and buffer reuse (a freed buffer handed to the next tensor of exactly the
-same size) keeps one buffer per size alive from its first to its last user -- across all
-layers, about three times the activations the graph needs at any one time. Without reuse,
-the arena (not the C allocator, which keeps the freed blocks) takes the many short-lived
-tensors; measured in ``docs/deploy.md``.
+buffer reuse off, its CPU arena on. Buffer reuse (a freed buffer handed to the next tensor
+of exactly the same size) keeps one buffer per size alive from its first to its last user
+-- across all layers, about three times the activations the graph needs at any one time;
+the memory pattern planned one arena for the whole run (twice the peak on the first
+exported graphs). Without reuse, the arena (not the C allocator, which kept the freed
+blocks) takes the many short-lived tensors; measured in ``docs/deploy.md``.
 """
 
 from __future__ import annotations

@@ -74,7 +74,8 @@ __all__ = [
 
 #: the default block budget in MiB (the largest bias / probability block of one attention
 #: call in an exported graph). 16 was tried: onnxruntime's peak for the 1024x2048
-#: Cityscapes ViT-B Segmenter was 1,763 MiB against 1,733 with 48 (``docs/deploy.md``)
+#: Cityscapes ViT-B Segmenter was 1,763 MiB against 1,733 with 48 (``docs/deploy.md``;
+#: measured with buffer reuse on and the arena off, the session settings of the time)
 DEFAULT_BUDGET_MB = 48.0
 
 QUERY_BLOCK_BUDGET = 'query_block_budget_mb'

@@ -11,8 +11,10 @@ Cases (kind ``deploy``, one per ``stage``):
   one normalised input, ``repeats`` times;
 * ``onnxruntime``: the exported file in an onnxruntime CPU session (memory pattern and
   buffer reuse off, arena on: :func:`~lookhere_dense.apis.export.onnxruntime_session`), the
-  same input,
-  ``repeats`` times.
+  same input, ``repeats`` times.
+
+:func:`trace_deploy` (``tools/deploy_memory.py``) runs the ``torch`` stage and the
+``onnxruntime`` stage with each of :data:`SESSION_VARIANTS`, sampling the RSS over time.
 
 Memory is what the model adds: the peak RSS of the process during the runs minus its RSS
 before the model (torch) or the session (onnxruntime) was created -- weights plus
@@ -25,7 +27,7 @@ import os.path as osp
 import statistics
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..memory import MiB, current_rss
 from .fresh import run_child
@@ -62,11 +64,24 @@ def _input(size: Sequence[int]):
     return rng.standard_normal((1, 3, *size)).astype('float32')
 
 
+#: the longest sampling interval :class:`_RssTrace` takes, in seconds
+MAX_TRACE_INTERVAL = 60.0
+
+
 class _RssTrace:
     """The process's RSS over time, sampled every ``interval`` seconds in a thread:
-    ``samples`` = ``[(seconds since start, MiB over the RSS at start), ...]``."""
+    ``samples`` = ``[(seconds since start, MiB over the RSS at start), ...]``.
+
+    Args:
+        interval: seconds between samples, in ``(0, MAX_TRACE_INTERVAL]``; None: no
+            samples (only :meth:`elapsed`).
+    """
 
     def __init__(self, interval: Optional[float]):
+        if interval is not None and not 0 < interval <= MAX_TRACE_INTERVAL:
+            raise ValueError(
+                f'trace_interval must be in (0, {MAX_TRACE_INTERVAL:g}] seconds, got {interval!r}'
+            )
         self.interval = interval
         self.samples: List[Tuple[float, float]] = []
         self._stop = threading.Event()
@@ -78,8 +93,10 @@ class _RssTrace:
         return round(time.perf_counter() - self._t0, 3)
 
     def start(self, base: int) -> None:
+        """Start the clock and, with an interval, the sampler thread; ``base``: the RSS
+        in bytes the samples are counted over (0: the RSS is unknown here, no samples)."""
         self._t0 = t0 = time.perf_counter()
-        if not self.interval:
+        if not self.interval or not base:
             return
 
         def sample():
@@ -92,6 +109,7 @@ class _RssTrace:
         self._thread.start()
 
     def stop(self) -> List[List[float]]:
+        """Stop the sampler; the samples as ``[[seconds, MiB], ...]`` (rounded)."""
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
@@ -101,13 +119,15 @@ class _RssTrace:
 def deploy_case(case: Dict[str, Any]) -> Dict[str, Any]:
     """One stage in this process: ``stage``, ``config``, ``size``, ``out`` (the file),
     ``repeats``, ``threads``, ``cfg_options``; for ``onnxruntime`` also ``session``
-    (keywords of :func:`~lookhere_dense.apis.export.onnxruntime_session`, default: its
-    defaults); ``trace`` (seconds, optional): sample the RSS at that interval from before
-    the model / session is built to the end of the runs (``trace`` in the result)."""
+    (keywords of :func:`~lookhere_dense.apis.export.onnxruntime_session`. Default: none,
+    its defaults), and the session's resulting settings are returned as
+    ``session_options``; ``trace_interval`` (seconds. Default: None, no trace): sample the
+    RSS at that interval from before the model / session is built to the end of the runs
+    (``trace`` and ``trace_loaded_at``, the moment the runs start, in the result)."""
     import numpy as np
     import torch
 
-    from ..memory import current_rss, peak_rss, reset_peak_rss
+    from ..memory import peak_rss, reset_peak_rss
 
     threads = case.get('threads')
     if threads:
@@ -147,7 +167,8 @@ def deploy_case(case: Dict[str, Any]) -> Dict[str, Any]:
 
     from lookhere_dense.apis.export import onnxruntime_session
 
-    trace = _RssTrace(case.get('trace'))
+    trace = _RssTrace(case.get('trace_interval'))
+    session_options = None
     if case['stage'] == 'torch':
         build = _torch_model_builder(case)  # the libraries imported: not the model's memory
         before = current_rss()
@@ -164,6 +185,12 @@ def deploy_case(case: Dict[str, Any]) -> Dict[str, Any]:
         before = current_rss()
         trace.start(before)
         session = onnxruntime_session(case['out'], threads, **case.get('session', {}))
+        opts = session.get_session_options()
+        session_options = dict(
+            mem_pattern=opts.enable_mem_pattern,
+            mem_reuse=opts.enable_mem_reuse,
+            cpu_arena=opts.enable_cpu_mem_arena,
+        )
         name = session.get_inputs()[0].name
 
         def run():
@@ -185,6 +212,7 @@ def deploy_case(case: Dict[str, Any]) -> Dict[str, Any]:
     return dict(
         case,
         **(dict(trace=samples, trace_loaded_at=loaded_at) if samples else {}),
+        **(dict(session_options=session_options) if session_options else {}),
         seconds=statistics.median(times),
         times=times,
         rss_before=before,
@@ -277,15 +305,28 @@ def trace_deploy(
     variants: Optional[Dict[str, Dict[str, bool]]] = None,
     cfg_options: Optional[dict] = None,
     timeout: float = 3600,
-    log=print,
+    log: Callable[[str], None] = print,
 ) -> Dict[str, Any]:
-    """The RSS over time of torch and of onnxruntime sessions (``variants``, default
-    :data:`SESSION_VARIANTS`) on the same input, each in a fresh process; ``onnx_file`` is
-    an export of ``config`` at ``size`` (e.g. the deploy section's, random weights, seed 0).
+    """The RSS over time of torch and of onnxruntime sessions on the same input, each in a
+    fresh process.
+
+    Args:
+        config: the segmentation config (the torch model: random weights, seed 0).
+        onnx_file: an export of ``config`` at ``size`` with the same weights (e.g. the
+            deploy section's).
+        size: input ``(H, W)``. Default: (1024, 2048).
+        repeats: runs per process. Default: 1.
+        threads: torch / onnxruntime threads. Default: 1.
+        interval: seconds between RSS samples. Default: 0.05.
+        variants: onnxruntime session settings by label. Default: :data:`SESSION_VARIANTS`.
+        cfg_options: config overrides. Default: None.
+        timeout: seconds per process. Default: 3600.
+        log: progress lines. Default: ``print``.
 
     Returns:
         ``{'config', 'size', 'onnx', 'runs': {label: stage result with 'trace'}}``.
     """
+    _RssTrace(interval)  # refuse a bad interval before any process starts
     variants = SESSION_VARIANTS if variants is None else variants
     base = dict(
         kind='deploy',
@@ -295,7 +336,7 @@ def trace_deploy(
         repeats=repeats,
         threads=threads,
         cfg_options=cfg_options,
-        trace=interval,
+        trace_interval=interval,
     )
     cases = {'torch': dict(base, stage='torch')}
     for label, session in variants.items():
