@@ -80,6 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     args = parse_args(argv)
     from lookhere_dense.research.benchmark.deploy import (
+        base_case,
+        export_path,
         plot_deploy_trace,
         trace_deploy,
     )
@@ -88,11 +90,10 @@ def main(argv=None) -> None:
     config = args.config
     onnx_file = args.onnx
     if onnx_file is None:
-        stem = osp.splitext(osp.basename(config.split('::')[-1]))[0]
-        onnx_file = osp.join('work_dirs', 'deploy', f'{stem}_{args.shape[0]}x{args.shape[1]}.onnx')
+        onnx_file = export_path(config, args.shape)
         print(f'[deploy trace] exporting {config} to {onnx_file} ...', flush=True)
-        case = dict(kind='deploy', stage='export', config=config, size=list(args.shape))
-        res = run_child(dict(case, out=onnx_file, repeats=1, threads=args.threads), 7200)
+        case = base_case(config, args.shape, onnx_file, 1, args.threads, None)
+        res = run_child(dict(case, stage='export'), 7200)
         if 'error' in res:
             raise SystemExit(f'the export failed: {res["error"]}')
     result = trace_deploy(

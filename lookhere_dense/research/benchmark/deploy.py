@@ -33,6 +33,8 @@ from ..memory import MiB, current_rss
 from .fresh import run_child
 
 __all__ = [
+    'export_path',
+    'base_case',
     'deploy_case',
     'bench_deploy',
     'trace_deploy',
@@ -255,6 +257,33 @@ def _torch_model_builder(case: Dict[str, Any]):
     return build
 
 
+def export_path(config: str, size: Sequence[int], out_dir: str = 'work_dirs/deploy') -> str:
+    """Where the deploy section exports ``config`` at ``size``:
+    ``OUT_DIR/<config stem>_<H>x<W>.onnx``."""
+    stem = osp.splitext(osp.basename(config.split('::')[-1]))[0]
+    return osp.join(out_dir, f'{stem}_{size[0]}x{size[1]}.onnx')
+
+
+def base_case(
+    config: str,
+    size: Sequence[int],
+    out: str,
+    repeats: int,
+    threads: Optional[int],
+    cfg_options: Optional[dict],
+) -> Dict[str, Any]:
+    """The settings every stage of one deploy measurement shares (add ``stage``)."""
+    return dict(
+        kind='deploy',
+        config=config,
+        size=list(size),
+        out=out,
+        repeats=repeats,
+        threads=threads,
+        cfg_options=cfg_options,
+    )
+
+
 def bench_deploy(
     config: str,
     size: Sequence[int] = (1024, 2048),
@@ -273,17 +302,8 @@ def bench_deploy(
     """
     import numpy as np
 
-    stem = osp.splitext(osp.basename(config.split('::')[-1]))[0]
-    out = osp.join(out_dir, f'{stem}_{size[0]}x{size[1]}.onnx')
-    base = dict(
-        kind='deploy',
-        config=config,
-        size=list(size),
-        out=out,
-        repeats=repeats,
-        threads=threads,
-        cfg_options=cfg_options,
-    )
+    out = export_path(config, size, out_dir)
+    base = base_case(config, size, out, repeats, threads, cfg_options)
     stages = {stage: run_child(dict(base, stage=stage), timeout) for stage in STAGES}
     res: Dict[str, Any] = dict(config=config, size=list(size), out=out, stages=stages)
     t, o = stages['torch'], stages['onnxruntime']
@@ -329,13 +349,7 @@ def trace_deploy(
     _RssTrace(interval)  # refuse a bad interval before any process starts
     variants = SESSION_VARIANTS if variants is None else variants
     base = dict(
-        kind='deploy',
-        config=config,
-        size=list(size),
-        out=onnx_file,
-        repeats=repeats,
-        threads=threads,
-        cfg_options=cfg_options,
+        base_case(config, size, onnx_file, repeats, threads, cfg_options),
         trace_interval=interval,
     )
     cases = {'torch': dict(base, stage='torch')}
