@@ -372,7 +372,8 @@ def trace_deploy(
 
 def plot_deploy_trace(result: Dict[str, Any], png: str) -> None:
     """One line per run of :func:`trace_deploy`: MiB over the RSS before the model /
-    session against seconds, the peak marked (matplotlib)."""
+    session against seconds, the exact peak in the legend, a dotted line where the runs
+    start (matplotlib)."""
     import matplotlib
 
     matplotlib.use('Agg')
