@@ -423,8 +423,9 @@ def test_auto_picks_tiled_on_cpu_for_large_grids():
     assert eng.choose_backend(8193, cpu, dropout_p=0.1) == 'chunked'
     assert eng.choose_backend(8193, cpu, slope_grads=True) == 'chunked'
     assert eng.choose_backend(8193, cuda) != 'tiled'
-    # 32 x 32 patches + CLS (a 512 x 512 image at patch 16), training: tiled, no dense cache
-    grid = (32, 32)
+    # 40 x 40 patches + CLS (a 640 x 640 image at patch 16), training: tiled, no dense
+    # cache (32 x 32 trains through ``buffered``, tests/test_buffered.py)
+    grid = (40, 40)
     q, k, v = qkv(grid, True, batch=1, dim=4, grad=True)
     eng(q, k, v, 0, grid, True).sum().backward()
     assert eng.last_backend == 'tiled' and len(eng.dense) == 0
@@ -465,8 +466,9 @@ def test_every_direction_type_is_listed():
     assert sorted(TYPES) == sorted(DIRECTION_TYPES)
 
 
+@pytest.mark.parametrize('backend', ['tiled', 'buffered'])
 @pytest.mark.parametrize('preset', ['lh180', 'lh45'])
-def test_backbone_forward_and_backward_equal_reference(preset):
+def test_backbone_forward_and_backward_equal_reference(preset, backend):
     from lookhere_dense.models.backbones.lookhere_vit import LookHereViT
 
     torch.manual_seed(0)
@@ -480,18 +482,18 @@ def test_backbone_forward_and_backward_equal_reference(preset):
     ).train()
     x = torch.randn(2, 3, 80, 112)  # grid 5 x 7 + CLS
     results = {}
-    for backend in ('reference', 'tiled'):
-        model.pos_enc.engine.backend = backend
+    for name in ('reference', backend):
+        model.pos_enc.engine.backend = name
         model.zero_grad()
         outs = model(x)
         loss = sum(o.square().mean() for o in outs)
         loss.backward()
-        results[backend] = (
+        results[name] = (
             [o.detach() for o in outs],
             [p.grad.clone() for p in model.parameters()],
         )
-        assert model.pos_enc.engine.last_backend == backend
-    for a, b in zip(results['tiled'][0], results['reference'][0]):
+        assert model.pos_enc.engine.last_backend == name
+    for a, b in zip(results[backend][0], results['reference'][0]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
-    for a, b in zip(results['tiled'][1], results['reference'][1]):
+    for a, b in zip(results[backend][1], results['reference'][1]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

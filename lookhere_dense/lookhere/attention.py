@@ -20,6 +20,9 @@ backend         how the bias reaches the softmax                                
                 is a strided view of a re-pitched table, partial results are   table
                 merged by their log-sum-exp; flash-style backward
                 (:mod:`.tiled`)
+``buffered``    CPU: the layer's dense bias copied from a re-pitched table      heads*T^2,
+                into one reused buffer right before one fused flash call, and   one buffer
+                again in backward; nothing kept per layer (:mod:`.buffered`)    for all layers
 ``flex``        ``flex_attention`` with a ``score_mod`` that reads the table     O(T) + tiles
                 by ``(q_idx, kv_idx)`` and a ``BlockMask`` of the fields of
                 view, so fully blocked tiles are skipped (compiled on CUDA)
@@ -47,7 +50,7 @@ from torch import Tensor
 __all__ = ['BACKENDS', 'reference_attention', 'sdpa_attention']
 
 #: Values of the engine's ``backend`` (and the backbone's ``attn_backend``).
-BACKENDS = ('auto', 'reference', 'sdpa', 'chunked', 'flex', 'tiled')
+BACKENDS = ('auto', 'reference', 'sdpa', 'chunked', 'flex', 'tiled', 'buffered')
 
 
 def _as_4d(mask: Tensor) -> Tensor:

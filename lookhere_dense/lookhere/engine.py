@@ -6,7 +6,8 @@ size, device and dtype), chooses a backend per call (``auto``, see
 :meth:`~LookHereAttentionEngine.choose_backend`), and is shared by all layers of a model:
 layers differ only in which table slice they read, and layers with the same head string
 share one block mask. Nothing here is part of a ``state_dict``. The backends themselves
-live in :mod:`.attention` (dense), :mod:`.chunked` and :mod:`.flex`.
+live in :mod:`.attention` (dense), :mod:`.chunked`, :mod:`.tiled`, :mod:`.buffered` and
+:mod:`.flex`.
 
 Slopes. Called plainly, the engine computes the bias at the slopes of its config, and
 caches everything. Called with ``slopes=`` (a :class:`~.slopes.LookHereSlopes`, what
@@ -45,6 +46,7 @@ from .bias import (
     num_prefix_tokens,
     prefix_phrase,
 )
+from .buffered import BiasBuffers, buffered_attention
 from .cache import BoundedCache
 from .chunked import chunked_attention
 from .config import LookHereConfig
@@ -61,11 +63,15 @@ from .slopes import LookHereSlopes
 from .tiled import tiled_attention
 from .windows import attend_in_windows, padded_grid, window_key_mask
 
-__all__ = ['LookHereAttentionEngine', 'TILED_MIN_TOKENS']
+__all__ = ['LookHereAttentionEngine', 'TILED_MIN_TOKENS', 'BUFFERED_MAX_TOKENS']
 
 #: ``auto`` uses the ``tiled`` backend on CPU from this many tokens on (512x512 ViT-B/16
 #: inputs have 1025)
 TILED_MIN_TOKENS = 1024
+#: ... except while training up to this many tokens, where it uses ``buffered`` (one
+#: kernel call with the dense bias rebuilt into a reused buffer beat the tiled plan's
+#: small calls at 1025 tokens and tied at 1601; see docs/performance.md)
+BUFFERED_MAX_TOKENS = 1300
 
 
 class LookHereAttentionEngine:
@@ -77,7 +83,8 @@ class LookHereAttentionEngine:
         num_heads: heads per layer.
         backend: one of :data:`BACKENDS`. ``auto`` uses ``tiled`` on CPU for sequences
             of :data:`TILED_MIN_TOKENS` or more (without attention dropout or training
-            slopes), else ``sdpa`` with cached dense biases when the dense biases of all
+            slopes; ``buffered`` instead while training up to
+            :data:`BUFFERED_MAX_TOKENS`), else ``sdpa`` with cached dense biases when the dense biases of all
             layers for the grid fit in ``max_dense_mb``, else ``flex`` on CUDA (without
             attention dropout) and ``chunked`` elsewhere.
             Default: ``'auto'``.
@@ -140,6 +147,8 @@ class LookHereAttentionEngine:
         self.distances = BoundedCache(2 * cache_size)
         #: tiled plans per (fields of view, grid): shared across layers
         self.tiled_plans = BoundedCache(cache_size * max(1, len(config.direction_strings)))
+        #: the ``buffered`` backend's reused bias buffers (one per shape and thread)
+        self.bias_buffers = BiasBuffers()
         self.last_backend: Optional[str] = None
         self._flex_failed = False
 
@@ -152,6 +161,7 @@ class LookHereAttentionEngine:
             orders=self.orders,
             distances=self.distances,
             tiled_plans=self.tiled_plans,
+            bias_buffers=self.bias_buffers,
         )
 
     def reset(self, config: Optional[LookHereConfig] = None) -> None:
@@ -336,13 +346,16 @@ class LookHereAttentionEngine:
         dtype: torch.dtype = torch.float32,
         dropout_p: float = 0.0,
         slope_grads: bool = False,
+        training: bool = False,
     ) -> str:
         """The backend ``auto`` picks for a sequence of ``tokens`` on ``device``.
 
         On CPU, ``tiled`` from :data:`TILED_MIN_TOKENS` tokens on (it skips the key tiles
-        the heads cannot see and keeps no dense bias; see ``docs/performance.md``),
-        unless attention dropout is on or ``slope_grads`` (learnable slopes that need
-        gradients: ``tiled`` gives the table none). Otherwise ``sdpa`` (cached dense
+        the heads cannot see and keeps no dense bias; see ``docs/performance.md``), and
+        ``buffered`` there instead when ``training`` (autograd records the call) with
+        at most :data:`BUFFERED_MAX_TOKENS` tokens; neither when attention dropout is on
+        or ``slope_grads`` (learnable slopes that need gradients: both give the table
+        none). Otherwise ``sdpa`` (cached dense
         biases, the fastest where they fit) when all layers' dense biases in ``dtype``
         fit in ``max_dense_mb``; otherwise ``flex`` on CUDA (unless attention dropout is
         on, flex failed before, or ``slope_grads`` meet a torch whose compiled flex cannot
@@ -357,7 +370,7 @@ class LookHereAttentionEngine:
             and dropout_p == 0
             and not slope_grads
         ):
-            return 'tiled'
+            return 'buffered' if training and tokens <= BUFFERED_MAX_TOKENS else 'tiled'
         itemsize = torch.empty((), dtype=dtype).element_size()
         dense_bytes = self.depth * self.num_heads * tokens * tokens * itemsize
         if dense_bytes <= self.max_dense_bytes:
@@ -417,7 +430,10 @@ class LookHereAttentionEngine:
             and any(p.requires_grad for p in slopes.parameters())
         )
         chosen_by_auto = backend is None and self.backend == 'auto'
-        backend = backend or self.choose_backend(n, q.device, q.dtype, dropout_p, slope_grads)
+        training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        backend = backend or self.choose_backend(
+            n, q.device, q.dtype, dropout_p, slope_grads, training
+        )
         if backend not in BACKENDS or backend == 'auto':
             raise ValueError(
                 f'unknown LookHere attention backend {backend!r}; allowed: {list(BACKENDS[1:])}'
@@ -455,12 +471,16 @@ class LookHereAttentionEngine:
 
         if backend == 'chunked':
             return chunked()
-        if backend == 'tiled':
+        if backend in ('tiled', 'buffered'):
             if slopes is None:
                 grid_bias, index = self.grid_bias(grid_size, q.device, q.dtype), layer
             else:
                 grid_bias = self.slope_bias(layer, grid_size, q.device, q.dtype, slopes)
                 index = 0
+            if backend == 'buffered':
+                return buffered_attention(
+                    q, k, v, grid_bias, index, cls_token, dropout_p, self.bias_buffers
+                )
             return tiled_attention(
                 q, k, v, grid_bias, index, cls_token, dropout_p, plans=self.tiled_plans
             )

@@ -1,0 +1,209 @@
+"""The ``buffered`` backend: one fused CPU flash call with the layer's dense bias rebuilt
+into a reused buffer at every call (forward, and again in backward).
+
+For grids of about a thousand tokens (a 512x512 crop at patch 16: 32x32 patches) the
+tiled plan skips little (its blocks cover most pairs) and pays for many small calls and
+their merges, while a cached dense bias per layer (``sdpa``) costs ``heads x T^2`` floats
+per layer for as long as the model lives (600 MB for ViT-B at 512x512). This backend keeps
+none: the bias of the called layer is copied into one buffer (shared by all layers and by
+forward and backward, 50 MB for ViT-B at 512x512) right before the kernel runs, and
+rebuilt in backward.
+
+The copy needs no gather
+    With the patch keys in *reversed* order (patch ``N-1-i`` at key position ``i``, i.e.
+    row ``H-1-y``, column ``W-1-x``), the bias of query ``(qy, qx)`` against key
+    position ``(y', x')`` is ``F[qy + y', qx + x']``, ``F`` the relative table flipped in
+    both axes. With ``U[h, qx, r, c] = F[h, r, qx + c]`` (``(heads, W, 2H-1, W)``, built
+    once per call from the small table) the bias row of query ``(qy, qx)`` is the
+    contiguous run ``U[h, qx, qy : qy + H]`` of ``H*W`` values, so the whole patch block
+    is a strided view of ``U`` copied in one pass. ``center`` heads' per-key term is
+    added to the block; prefix rows and columns are 0.
+
+Saved for backward
+    ``q, k, v``, the output and its log-sum-exp (what plain SDPA saves); the backward
+    reverses the keys again, rebuilds the bias into the buffer and runs the CPU flash
+    backward once.
+    No bias is kept between calls.
+
+Limits (refused with a ValueError; ``auto`` does not choose it then): CUDA tensors,
+attention dropout, and a table that requires grad while autograd records (the flash
+backward gives the bias no gradient: learnable slopes while they train).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from .bias import GridBias, num_prefix_tokens, prefix_phrase
+from .cache import BoundedCache
+
+__all__ = ['buffered_attention', 'dense_bias_reversed', 'reverse_patches', 'BiasBuffers']
+
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+class BiasBuffers(BoundedCache):
+    """The reused bias buffers of one engine: one per (shape, dtype, thread), the least
+    recently used dropped first (a model called from two threads gets two buffers)."""
+
+    def __init__(self, maxsize: int = 2):
+        super().__init__(maxsize)
+
+    def take(self, shape: Tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        """The buffer of ``shape`` and ``dtype`` for the calling thread (uninitialised; a
+        normal tensor even when first asked for under ``torch.inference_mode``, so that
+        later training calls can write it)."""
+
+        def make() -> Tensor:
+            with torch.inference_mode(False):
+                return torch.empty(shape, dtype=dtype)
+
+        key = (tuple(shape), dtype, threading.get_ident())
+        return self.get_or_create(key, make)
+
+
+def reverse_patches(t: Tensor, prefix: int) -> Tensor:
+    """``(B, heads, J + N, d)`` -> the same with the ``N`` patch tokens in reversed order
+    (the ``J`` prefix tokens stay in front); its own inverse."""
+    if not prefix:
+        return t.flip(2)
+    return torch.cat([t[:, :, :prefix], t[:, :, prefix:].flip(2)], 2)
+
+
+def dense_bias_reversed(
+    table: Tensor,
+    key_term: Optional[Tensor],
+    grid_size: Tuple[int, int],
+    prefix: int,
+    out: Optional[Tensor] = None,
+) -> Tensor:
+    """The ``(1, heads, T, T)`` bias of one layer for queries in the model's order and
+    keys with the patches reversed (:func:`reverse_patches`), written into ``out``.
+
+    Args:
+        table: ``(heads, 2H-1, 2W-1)`` relative table of the layer.
+        key_term: ``(heads, H*W)`` per-key term (``center`` heads) or None.
+        grid_size: ``(H, W)``.
+        prefix: number ``J`` of prefix tokens (rows and columns of 0).
+        out: ``(1, heads, T, T)`` buffer in ``table``'s dtype; None: allocated.
+    """
+    height, width = grid_size
+    heads, n = table.shape[0], height * width
+    total = n + prefix
+    if out is None:
+        out = table.new_empty(1, heads, total, total)
+    flipped = table.flip(-2, -1)
+    u = flipped.unfold(-1, width, 1).permute(0, 2, 1, 3).contiguous()  # (heads, W, 2H-1, W)
+    rows = u.as_strided((heads, height, width, n), (u.stride(0), width, u.stride(1), 1))
+    block = out[0, :, prefix:, prefix:]
+    block.view(heads, height, width, n).copy_(rows)
+    if key_term is not None:
+        block += key_term.flip(-1)[:, None, :]
+    if prefix:
+        out[0, :, :prefix].zero_()
+        out[0, :, prefix:, :prefix].zero_()
+    return out
+
+
+def _bias(table, key_term, grid_size, prefix, buffers, dtype) -> Tensor:
+    heads, total = table.shape[0], grid_size[0] * grid_size[1] + prefix
+    shape = (1, heads, total, total)
+    out = None if buffers is None else buffers.take(shape, dtype)
+    return dense_bias_reversed(table, key_term, grid_size, prefix, out)
+
+
+class _BufferedAttention(torch.autograd.Function):
+    """Flash attention with the dense bias rebuilt in backward: saves ``q, k, v``, the
+    output and the log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, table, key_term, grid_size, prefix, buffers):
+        kr, vr = reverse_patches(k, prefix), reverse_patches(v, prefix)
+        bias = _bias(table, key_term, grid_size, prefix, buffers, q.dtype)
+        out, lse = _FLASH(q, kr, vr, attn_mask=bias)
+        del bias, kr, vr
+        # the model's k, v (views of its qkv projection, alive anyway), not the reversed
+        # copies: reversing again in backward is cheaper than keeping them per layer
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (table, key_term, grid_size, prefix, buffers)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        prefix = ctx.args[3]
+        kr, vr = reverse_patches(k, prefix), reverse_patches(v, prefix)
+        bias = _bias(*ctx.args, q.dtype)
+        dq, dkr, dvr = _FLASH_BWD(
+            dout.to(q.dtype).contiguous(), q, kr, vr, out, lse, 0.0, False, attn_mask=bias
+        )
+        dk, dv = reverse_patches(dkr, prefix), reverse_patches(dvr, prefix)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def buffered_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    grid_bias: GridBias,
+    layer: int,
+    cls_token: Union[bool, int],
+    dropout_p: float = 0.0,
+    buffers: Optional[BiasBuffers] = None,
+) -> Tensor:
+    """Exact LookHere attention: one CPU flash call with the layer's dense bias copied
+    into a reused buffer (see the module docstring).
+
+    Args:
+        q, k, v: ``(B, heads, T, d)`` on CPU with ``T = J + H*W``; float32, float64,
+            bfloat16 or float16.
+        grid_bias: tables of the grid (in ``q``'s dtype).
+        layer: which layer's table to use.
+        cls_token: number ``J`` of global prefix tokens at the front (CLS, or Jumbo
+            tokens; True = 1), bias 0 to and from everything.
+        dropout_p: must be 0 (use ``chunked`` or ``sdpa`` for attention dropout).
+        buffers: the engine's :class:`BiasBuffers`; None: a fresh bias every call.
+
+    Returns:
+        ``(B, heads, T, d)`` in ``q``'s dtype. Differentiable in ``q, k, v`` (not in the
+        table: a table that requires grad while autograd records is refused).
+    """
+    if dropout_p:
+        raise ValueError(
+            'the buffered LookHere backend has no attention dropout; set '
+            "attn_drop_rate=0 or use backend 'chunked'/'sdpa'"
+        )
+    if q.device.type != 'cpu':
+        raise ValueError(
+            f'the buffered LookHere backend runs on CPU only (got {q.device}); '
+            "use 'flex', 'sdpa' or 'chunked' on CUDA"
+        )
+    height, width = grid_bias.grid_size
+    prefix = num_prefix_tokens(cls_token)
+    if q.shape[-2] != height * width + prefix or k.shape[-2] != q.shape[-2]:
+        raise ValueError(
+            f'buffered attention got {q.shape[-2]} queries / {k.shape[-2]} keys '
+            f'for grid {grid_bias.grid_size} {prefix_phrase(prefix)}'
+        )
+    table = grid_bias.table[layer]
+    key_term = None if grid_bias.key_term is None else grid_bias.key_term[layer]
+    if torch.is_grad_enabled() and (
+        table.requires_grad or (key_term is not None and key_term.requires_grad)
+    ):
+        raise ValueError(
+            'the buffered LookHere backend gives no gradient to the bias table '
+            '(learnable slopes while they train); use backend '
+            "'chunked' or 'sdpa' (attn_backend='auto' routes them there)"
+        )
+    table = table.detach().to(q.dtype)
+    key_term = None if key_term is None else key_term.detach().to(q.dtype)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return _BufferedAttention.apply(q, k, v, table, key_term, (height, width), prefix, buffers)
+    bias = _bias(table, key_term, (height, width), prefix, buffers, q.dtype)
+    kr, vr = reverse_patches(k, prefix), reverse_patches(v, prefix)
+    return _FLASH(q, kr, vr, attn_mask=bias)[0]

@@ -1,0 +1,209 @@
+"""The ``buffered`` backend: one CPU flash call per layer with the dense bias rebuilt into
+a reused buffer, exact against the reference (forward, gradients, every head type,
+prefix tokens, rectangular grids, low precision), its buffer reuse, what it saves for
+backward, its refusals, and where ``auto`` picks it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_tiled import CONFIGS, DEPTH, GRIDS, HEADS, TINY, check, grid_bias, qkv
+
+from lookhere_dense.lookhere import LookHereAttentionEngine, reference_attention
+from lookhere_dense.lookhere.bias import GridBias
+from lookhere_dense.lookhere.buffered import (
+    BiasBuffers,
+    buffered_attention,
+    dense_bias_reversed,
+    reverse_patches,
+)
+
+pytestmark = pytest.mark.usefixtures('one_torch_thread')
+
+
+@pytest.mark.parametrize('name', sorted(CONFIGS))
+@pytest.mark.parametrize('grid,cls_token', GRIDS + TINY)
+def test_forward_matches_reference(name, grid, cls_token):
+    gb = grid_bias(name, grid)
+    q, k, v = qkv(grid, cls_token)
+    buffers = BiasBuffers()
+    for layer in range(DEPTH):
+        ref = reference_attention(q, k, v, gb.dense(layer, cls_token))
+        check(buffered_attention(q, k, v, gb, layer, cls_token, buffers=buffers), ref)
+        check(buffered_attention(q, k, v, gb, layer, cls_token), ref)  # no buffer
+
+
+@pytest.mark.parametrize('name', ['lh90', 'center_mix', 'per_layer'])
+def test_dense_bias_is_the_reference_bias_with_reversed_keys(name):
+    """Bit for bit: the copied bias equals the gathered one with its patch columns
+    reversed (prefix rows and columns 0), for no, one and three prefix tokens."""
+    grid = (5, 7)
+    gb = grid_bias(name, grid, torch.float64)
+    for prefix in (0, 1, 3):
+        for layer in range(DEPTH):
+            key = None if gb.key_term is None else gb.key_term[layer]
+            got = dense_bias_reversed(gb.table[layer], key, grid, prefix)[0]
+            want = gb.dense(layer, prefix)
+            want = torch.cat([want[..., :prefix], want[..., prefix:].flip(-1)], -1)
+            assert torch.equal(got, want)
+
+
+def test_prefix_tokens_of_jumbo():
+    grid, prefix = (4, 6), 3
+    gb = grid_bias('lh45', grid, torch.float64)
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (
+        torch.randn(2, HEADS, prefix + 24, 8, generator=gen, dtype=torch.float64) for _ in range(3)
+    )
+    ref = reference_attention(q, k, v, gb.dense(1, prefix))
+    check(buffered_attention(q, k, v, gb, 1, prefix), ref, torch.float64)
+
+
+def test_reverse_patches_is_its_own_inverse():
+    t = torch.arange(2 * 3 * 7 * 2.0).view(2, 3, 7, 2)
+    for prefix in (0, 1, 3):
+        r = reverse_patches(t, prefix)
+        assert torch.equal(r[:, :, :prefix], t[:, :, :prefix])
+        assert torch.equal(r[:, :, prefix:], t[:, :, prefix:].flip(2))
+        assert torch.equal(reverse_patches(r, prefix), t)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('name', ['lh90', 'lh45', 'center_mix', 'fill_max'])
+def test_low_precision_inputs(name, dtype):
+    grid, cls_token = (6, 8), True
+    gb = grid_bias(name, grid, dtype)
+    q, k, v = qkv(grid, cls_token, dtype=dtype)
+    exact = reference_attention(
+        *(t.double() for t in (q, k, v)), grid_bias(name, grid, torch.float64).dense(2, cls_token)
+    )
+    out = buffered_attention(q, k, v, gb, 2, cls_token)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    check(out.double(), exact, dtype)
+
+
+def test_qkv_views_of_a_fused_projection():
+    grid, cls_token = (7, 9), True
+    gb = grid_bias('lh90', grid)
+    t = grid[0] * grid[1] + 1
+    x = torch.randn(2, t, 3 * HEADS * 8, generator=torch.Generator().manual_seed(3))
+    q, k, v = x.reshape(2, t, 3, HEADS, 8).permute(2, 0, 3, 1, 4).unbind(0)
+    check(
+        buffered_attention(q, k, v, gb, 0, cls_token),
+        reference_attention(q, k, v, gb.dense(0, cls_token)),
+    )
+
+
+@pytest.mark.parametrize(
+    'name', ['lh180', 'lh90', 'lh45', 'center_mix', 'zero_mix', 'fill_max', 'type_diagonals']
+)
+@pytest.mark.parametrize('grid,cls_token', GRIDS[:4] + TINY[:3])
+def test_gradients_match_reference_float64(name, grid, cls_token):
+    gb = grid_bias(name, grid, torch.float64)
+    q, k, v = qkv(grid, cls_token, dtype=torch.float64, grad=True)
+    gen = torch.Generator().manual_seed(1)
+    buffers = BiasBuffers()
+    for layer in (0, 2):
+        ref = reference_attention(q, k, v, gb.dense(layer, cls_token))
+        grad = torch.randn(ref.shape, generator=gen, dtype=ref.dtype)
+        want = torch.autograd.grad(ref, (q, k, v), grad)
+        out = buffered_attention(q, k, v, gb, layer, cls_token, buffers=buffers)
+        check(out, ref.detach(), torch.float64)
+        got = torch.autograd.grad(out, (q, k, v), grad)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+def test_one_buffer_serves_every_layer_forward_and_backward():
+    """Layers run forward 0, 1, 2 and backward 2, 1, 0 through one buffer, each
+    overwriting the last one's bias: the gradients are still the reference's. A buffer
+    first made under ``inference_mode`` serves training calls too, and nothing a
+    previous use left in it shows."""
+    eng = LookHereAttentionEngine(CONFIGS['per_layer'], DEPTH, HEADS)
+    grid = (6, 5)
+    q, k, v = qkv(grid, True, dtype=torch.float64, grad=True)
+    with torch.inference_mode():
+        eng(q, k, v, 0, grid, True, backend='buffered')
+    # what an earlier use left in the buffer must not matter: every value is written
+    eng.bias_buffers.take((1, HEADS, 31, 31), torch.float64).fill_(float('nan'))
+
+    def stack(backend):
+        x = q
+        for layer in range(DEPTH):
+            x = eng(x, k, v, layer, grid, True, backend=backend)
+        return x
+
+    out, ref = stack('buffered'), stack('reference')
+    check(out, ref, torch.float64)
+    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(5), dtype=ref.dtype)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(ref, (q, k, v), grad)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+    info = eng.cache_info()['bias_buffers']
+    assert info['size'] == 1 and info['misses'] == 1
+    assert info['bytes'] == HEADS * 31 * 31 * 8
+
+
+def test_backward_keeps_what_plain_sdpa_keeps():
+    """Saved for backward: ``q, k, v`` (the model's, not reversed copies), the output and
+    the log-sum-exp; no bias (nothing with ``T x T`` elements)."""
+    grid, cls_token = (12, 12), True
+    gb = grid_bias('lh90', grid)
+    q, k, v = qkv(grid, cls_token, batch=1, dim=4, grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = buffered_attention(q, k, v, gb, 0, cls_token, buffers=BiasBuffers())
+    t = q.shape[2]
+    assert len(saved) == 5
+    assert saved[1] is k and saved[2] is v
+    assert sum(s.numel() for s in saved) == 4 * q.numel() + q.numel() // q.shape[-1]
+    assert max(s.numel() for s in saved) < t * t
+    out.sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+
+
+def test_unsupported_uses_are_refused_by_name():
+    grid = (3, 4)
+    gb = grid_bias('lh90', grid)
+    q, k, v = qkv(grid, True)
+    with pytest.raises(ValueError, match='no attention dropout'):
+        buffered_attention(q, k, v, gb, 0, True, dropout_p=0.1)
+    with pytest.raises(ValueError, match='CPU only'):
+        buffered_attention(*(t.to('meta') for t in (q, k, v)), gb, 0, True)
+    with pytest.raises(ValueError, match='for grid'):
+        buffered_attention(q, k, v, gb, 0, False)
+    learnable = GridBias(gb.grid_size, gb.table.clone().requires_grad_(), None, gb.visible)
+    with pytest.raises(ValueError, match='no gradient to the bias table'):
+        buffered_attention(q, k, v, learnable, 0, True)
+    with torch.no_grad():  # inference with a table that requires grad is fine
+        check(
+            buffered_attention(q, k, v, learnable, 0, True),
+            reference_attention(q, k, v, gb.dense(0, True)),
+        )
+
+
+def test_auto_picks_buffered_while_training_small_grids():
+    from lookhere_dense.lookhere.engine import BUFFERED_MAX_TOKENS, TILED_MIN_TOKENS
+
+    eng = LookHereAttentionEngine(CONFIGS['lh90'], DEPTH, HEADS)
+    cpu = torch.device('cpu')
+    pick = eng.choose_backend
+    assert pick(1025, cpu, training=True) == 'buffered'
+    assert pick(BUFFERED_MAX_TOKENS, cpu, training=True) == 'buffered'
+    assert pick(BUFFERED_MAX_TOKENS + 1, cpu, training=True) == 'tiled'
+    assert pick(1025, cpu) == 'tiled'  # inference
+    assert pick(TILED_MIN_TOKENS - 1, cpu, training=True) == 'sdpa'  # fits the budget
+    assert pick(1025, cpu, dropout_p=0.1, training=True) == 'sdpa'  # 3 layers fit
+    assert pick(1025, cpu, slope_grads=True, training=True) == 'sdpa'
+    assert pick(1025, torch.device('cuda'), training=True) not in ('buffered', 'tiled')
+    # 32 x 32 patches + CLS (a 512 x 512 image at patch 16): training -> buffered, one
+    # buffer and no dense cache; the same call without autograd -> tiled
+    grid = (32, 32)
+    q, k, v = qkv(grid, True, batch=1, dim=4, grad=True)
+    eng(q, k, v, 0, grid, True).sum().backward()
+    assert eng.last_backend == 'buffered' and len(eng.dense) == 0
+    assert len(eng.bias_buffers) == 1
+    with torch.no_grad():
+        eng(q, k, v, 0, grid, True)
+    assert eng.last_backend == 'tiled'
