@@ -645,6 +645,28 @@ def test_attention_layer_times_lookhere_backends_against_dense_sdpa():
     assert all(r['seconds'] > 0 for r in res['rows'])
 
 
+def test_attention_layer_train_times_forward_and_backward(monkeypatch):
+    from lookhere_dense.lookhere.buffered import _BufferedAttention
+    from lookhere_dense.research.benchmark.peer import attention_layer
+
+    backwards = []
+    real = _BufferedAttention.backward
+    monkeypatch.setattr(
+        _BufferedAttention,
+        'backward',
+        staticmethod(lambda ctx, dout: backwards.append(1) or real(ctx, dout)),
+    )
+    res = attention_layer(['lh90'], (64, 64), ('tiled', 'buffered'), 2, head_dim=8, train=True)
+    assert res['train'] and res['tokens'] == 17
+    assert [r['case'] for r in res['rows']] == [
+        'dense sdpa, no bias',
+        'lh90 tiled',
+        'lh90 buffered',
+    ]
+    assert len(backwards) == 3  # the warm-up call and one per round
+    assert attention_layer(['lh90'], (64, 64), ('tiled',), 1, head_dim=8)['train'] is False
+
+
 def test_bench_peer_refuses_unknown_parts():
     from lookhere_dense.research.benchmark.peer import bench_peer
 

@@ -9,12 +9,13 @@ import pytest
 import torch
 from test_tiled import CONFIGS, DEPTH, GRIDS, HEADS, TINY, check, grid_bias, qkv
 
-from lookhere_dense.lookhere import LookHereAttentionEngine, reference_attention
+from lookhere_dense.lookhere import LookHereAttentionEngine, buffered, reference_attention
 from lookhere_dense.lookhere.bias import GridBias
 from lookhere_dense.lookhere.buffered import (
     BiasBuffers,
     buffered_attention,
     dense_bias_reversed,
+    head_chunks,
     reverse_patches,
 )
 
@@ -57,6 +58,54 @@ def test_prefix_tokens_of_jumbo():
     )
     ref = reference_attention(q, k, v, gb.dense(1, prefix))
     check(buffered_attention(q, k, v, gb, 1, prefix), ref, torch.float64)
+
+
+def test_head_chunks_are_even_and_bounded():
+    mb = 2**20
+    assert head_chunks(12, 1025, 4) == [slice(0, 6), slice(6, 12)]  # 6 x 4.2 MB per call
+    assert head_chunks(12, 100, 4) == [slice(0, 12)]
+    assert head_chunks(12, 4000, 4) == [slice(h, h + 1) for h in range(12)]  # 64 MB a head
+    for heads, tokens in [(12, 1297), (16, 1025), (6, 2049), (7, 1500)]:
+        chunks = head_chunks(heads, tokens, 4)
+        assert [c.start for c in chunks] == sorted({c.start for c in chunks})
+        assert chunks[0].start == 0 and chunks[-1].stop == heads
+        assert all(a.stop == b.start for a, b in zip(chunks, chunks[1:]))
+        sizes = {c.stop - c.start for c in chunks}
+        assert max(sizes) - min(sizes) <= max(sizes) // 2 + 1
+        assert max(sizes) * tokens * tokens * 4 <= max(buffered.MAX_CALL_BYTES, tokens**2 * 4)
+    assert buffered.MAX_CALL_BYTES == 32 * mb
+
+
+@pytest.mark.parametrize('per_call', [1, 5, 12])
+def test_calls_split_by_heads_match_reference(monkeypatch, per_call):
+    """The heads split into chunks (one buffer of one chunk's size, the last chunk a view
+    of part of it): forward and gradients equal the reference's."""
+    grid, cls_token = (6, 7), True
+    tokens = grid[0] * grid[1] + 1
+    monkeypatch.setattr(buffered, 'MAX_CALL_BYTES', per_call * tokens * tokens * 8)
+    assert len(head_chunks(HEADS, tokens, 8)) == -(-HEADS // per_call)
+    gb = grid_bias('center_mix', grid, torch.float64)
+    gen = torch.Generator().manual_seed(7)
+    fused = torch.randn(2, tokens, 3, HEADS, 8, generator=gen, dtype=torch.float64)
+    q, k, v = fused.requires_grad_().permute(2, 0, 3, 1, 4).unbind(0)  # as in the model
+    bufs = BiasBuffers()
+    bufs.take(
+        (1, -(-HEADS // len(head_chunks(HEADS, tokens, 8))), tokens, tokens), torch.float64
+    ).fill_(float('nan'))
+    ref = reference_attention(q, k, v, gb.dense(1, cls_token))
+    out = buffered_attention(q, k, v, gb, 1, cls_token, buffers=bufs)
+    check(out, ref.detach(), torch.float64)
+    assert out.transpose(1, 2).is_contiguous()  # (B, T, heads, d) in memory, like SDPA's
+    with torch.no_grad():
+        check(
+            buffered_attention(q, k, v, gb, 1, cls_token, buffers=bufs),
+            ref.detach(),
+            torch.float64,
+        )
+    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(6), dtype=ref.dtype)
+    for a, b in zip(torch.autograd.grad(out, fused, grad), torch.autograd.grad(ref, fused, grad)):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+    assert len(bufs) == 1
 
 
 def test_reverse_patches_is_its_own_inverse():

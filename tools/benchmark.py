@@ -88,6 +88,7 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from lookhere_dense.apis.cli import quiet_known_warnings, resolve_config_path  # noqa: E402
+from lookhere_dense.lookhere import BACKENDS  # noqa: E402
 from lookhere_dense.research.benchmark import (  # noqa: E402
     DTYPES,
     SECTION_GROUPS,
@@ -324,6 +325,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help='timed steps per train case of the peer section (default 3)',
     )
     p.add_argument(
+        '--peer-train-backends',
+        nargs='+',
+        default=(),
+        choices=BACKENDS[1:],
+        metavar='BACKEND',
+        help='extra peer train cases per preset with the LookHere backend forced (e.g. '
+        "'tiled' beside what auto picks; default: none)",
+    )
+    p.add_argument(
         '--peer-parts',
         nargs='+',
         default=None,
@@ -497,6 +507,7 @@ def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
             train_size=args.vit_size,
             train_presets=[p for p in presets if p != 'lh45'] or presets,
             train_steps=args.peer_train_steps,
+            train_backends=args.peer_train_backends,
             segmenter_config=args.peer_segmenter_config,
             rounds=args.frame_repeats,
             layer_rounds=args.peer_layer_rounds,

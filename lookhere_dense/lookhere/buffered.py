@@ -32,8 +32,9 @@ backward gives the bias no gradient: learnable slopes while they train).
 
 from __future__ import annotations
 
+import math
 import threading
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -41,7 +42,14 @@ from torch import Tensor
 from .bias import GridBias, num_prefix_tokens, prefix_phrase
 from .cache import BoundedCache
 
-__all__ = ['buffered_attention', 'dense_bias_reversed', 'reverse_patches', 'BiasBuffers']
+__all__ = [
+    'buffered_attention',
+    'dense_bias_reversed',
+    'reverse_patches',
+    'head_chunks',
+    'BiasBuffers',
+    'MAX_CALL_BYTES',
+]
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -69,10 +77,11 @@ class BiasBuffers(BoundedCache):
 
 def reverse_patches(t: Tensor, prefix: int) -> Tensor:
     """``(B, heads, J + N, d)`` -> the same with the ``N`` patch tokens in reversed order
-    (the ``J`` prefix tokens stay in front); its own inverse."""
-    if not prefix:
-        return t.flip(2)
-    return torch.cat([t[:, :, :prefix], t[:, :, prefix:].flip(2)], 2)
+    (the ``J`` prefix tokens stay in front); its own inverse. One gather into one new
+    tensor (no intermediate copy)."""
+    total = t.shape[2]
+    index = torch.cat([torch.arange(prefix), torch.arange(total - 1, prefix - 1, -1)])
+    return t.index_select(2, index.to(t.device))
 
 
 def dense_bias_reversed(
@@ -110,11 +119,75 @@ def dense_bias_reversed(
     return out
 
 
-def _bias(table, key_term, grid_size, prefix, buffers, dtype) -> Tensor:
-    heads, total = table.shape[0], grid_size[0] * grid_size[1] + prefix
-    shape = (1, heads, total, total)
-    out = None if buffers is None else buffers.take(shape, dtype)
-    return dense_bias_reversed(table, key_term, grid_size, prefix, out)
+#: the most bytes of one call's bias: heads are split into even chunks below it
+MAX_CALL_BYTES = 32 * 2**20
+
+
+def head_chunks(heads: int, tokens: int, itemsize: int) -> List[slice]:
+    """Even chunks of the heads whose ``(chunk, T, T)`` bias stays within
+    :data:`MAX_CALL_BYTES` (at least one head per chunk). ViT-B at 512x512 (1025 tokens,
+    fp32): two chunks of 6 heads, a 25 MB buffer."""
+    per_head = tokens * tokens * itemsize
+    calls = math.ceil(heads / max(1, min(heads, MAX_CALL_BYTES // per_head)))
+    size = math.ceil(heads / calls)
+    return [slice(h, min(heads, h + size)) for h in range(0, heads, size)]
+
+
+class _Calls:
+    """The kernel calls of one layer: per head chunk, its bias written into the buffer
+    (or a fresh tensor) right before the call."""
+
+    def __init__(self, table, key_term, grid_size, prefix, buffers, dtype):
+        self.table, self.key_term = table, key_term
+        self.grid, self.prefix, self.buffers, self.dtype = grid_size, prefix, buffers, dtype
+        heads = table.shape[0]
+        self.total = grid_size[0] * grid_size[1] + prefix
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        self.chunks = head_chunks(heads, self.total, itemsize)
+
+    def bias(self, chunk: slice) -> Tensor:
+        size = self.chunks[0].stop - self.chunks[0].start
+        n = chunk.stop - chunk.start
+        out = None
+        if self.buffers is not None:
+            out = self.buffers.take((1, size, self.total, self.total), self.dtype)[:, :n]
+        key = None if self.key_term is None else self.key_term[chunk]
+        return dense_bias_reversed(self.table[chunk], key, self.grid, self.prefix, out)
+
+    def forward(self, q: Tensor, kr: Tensor, vr: Tensor) -> Tuple[Tensor, Tensor]:
+        """Output ``(B, heads, T, d)`` (laid out ``(B, T, heads, d)`` like SDPA's, so the
+        model's reshape to ``(B, T, C)`` is a view) and log-sum-exp ``(B, heads, T)``."""
+        if len(self.chunks) == 1:
+            return _FLASH(q, kr, vr, attn_mask=self.bias(self.chunks[0]))
+        batch, heads, total, _ = q.shape
+        out = q.new_empty(batch, total, heads, vr.shape[-1]).permute(0, 2, 1, 3)
+        lse = q.new_empty(batch, heads, total, dtype=torch.promote_types(q.dtype, torch.float32))
+        for c in self.chunks:
+            o, l = _FLASH(q[:, c], kr[:, c], vr[:, c], attn_mask=self.bias(c))
+            out[:, c] = o
+            lse[:, c] = l
+        return out, lse
+
+    def backward(self, dout, q, kr, vr, out, lse) -> Tuple[Tensor, Tensor, Tensor]:
+        """``dq`` and the gradients of the reversed ``kr, vr``."""
+        grads = [torch.empty_like(t) for t in (q, kr, vr)] if len(self.chunks) > 1 else None
+        for c in self.chunks:
+            g = _FLASH_BWD(
+                dout[:, c],
+                q[:, c],
+                kr[:, c],
+                vr[:, c],
+                out[:, c],
+                lse[:, c],
+                0.0,
+                False,
+                attn_mask=self.bias(c),
+            )
+            if grads is None:
+                return g
+            for dst, src in zip(grads, g):
+                dst[:, c] = src
+        return tuple(grads)
 
 
 class _BufferedAttention(torch.autograd.Function):
@@ -122,28 +195,24 @@ class _BufferedAttention(torch.autograd.Function):
     output and the log-sum-exp."""
 
     @staticmethod
-    def forward(ctx, q, k, v, table, key_term, grid_size, prefix, buffers):
-        kr, vr = reverse_patches(k, prefix), reverse_patches(v, prefix)
-        bias = _bias(table, key_term, grid_size, prefix, buffers, q.dtype)
-        out, lse = _FLASH(q, kr, vr, attn_mask=bias)
-        del bias, kr, vr
+    def forward(ctx, q, k, v, calls):
+        kr, vr = reverse_patches(k, calls.prefix), reverse_patches(v, calls.prefix)
+        out, lse = calls.forward(q, kr, vr)
+        del kr, vr
         # the model's k, v (views of its qkv projection, alive anyway), not the reversed
         # copies: reversing again in backward is cheaper than keeping them per layer
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (table, key_term, grid_size, prefix, buffers)
+        ctx.calls = calls
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        prefix = ctx.args[3]
-        kr, vr = reverse_patches(k, prefix), reverse_patches(v, prefix)
-        bias = _bias(*ctx.args, q.dtype)
-        dq, dkr, dvr = _FLASH_BWD(
-            dout.to(q.dtype).contiguous(), q, kr, vr, out, lse, 0.0, False, attn_mask=bias
-        )
-        dk, dv = reverse_patches(dkr, prefix), reverse_patches(dvr, prefix)
-        return dq, dk, dv, None, None, None, None, None
+        calls = ctx.calls
+        kr, vr = reverse_patches(k, calls.prefix), reverse_patches(v, calls.prefix)
+        dq, dkr, dvr = calls.backward(dout.to(q.dtype).contiguous(), q, kr, vr, out, lse)
+        dk, dv = reverse_patches(dkr, calls.prefix), reverse_patches(dvr, calls.prefix)
+        return dq, dk, dv, None
 
 
 def buffered_attention(
@@ -202,8 +271,8 @@ def buffered_attention(
         )
     table = table.detach().to(q.dtype)
     key_term = None if key_term is None else key_term.detach().to(q.dtype)
+    calls = _Calls(table, key_term, (height, width), prefix, buffers, q.dtype)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        return _BufferedAttention.apply(q, k, v, table, key_term, (height, width), prefix, buffers)
-    bias = _bias(table, key_term, (height, width), prefix, buffers, q.dtype)
+        return _BufferedAttention.apply(q, k, v, calls)
     kr, vr = reverse_patches(k, prefix), reverse_patches(v, prefix)
-    return _FLASH(q, kr, vr, attn_mask=bias)[0]
+    return calls.forward(q, kr, vr)[0]

@@ -17,6 +17,9 @@ Cases (``mode``):
               after one warm-up step; median seconds over ``steps``, peak memory over them.
 ``layer``     (CPU, in process) one attention layer at the frame's token count: dense SDPA
               without bias vs LookHere's ``tiled`` and ``chunked`` (:func:`attention_layer`).
+``train_layer`` (CPU, in process) one attention layer, forward + backward, at the token
+              counts of training crops: dense SDPA without bias vs ``tiled`` and
+              ``buffered`` (where ``auto`` switches between them while training).
 ``segmenter`` (OpenMMLab) a Segmenter training step (``loss`` + backward) of an mmseg
               config at ``size``, with the config's LookHere trunk or with timm's ViT-B in
               its place (:class:`TimmTrunk`: timm's ``VisionTransformer`` of the backbone's width,
@@ -62,7 +65,7 @@ PEER = 'timm'
 #: the timm model name of the peer
 PEER_MODEL = 'vit_base_patch16_224'
 #: the parts of :func:`bench_peer`, in the order they run
-PARTS = ('layer', 'frame', 'big_frame', 'train', 'segmenter')
+PARTS = ('layer', 'train_layer', 'frame', 'big_frame', 'train', 'segmenter')
 
 
 def flop_bound(preset: str, size: Sequence[int], embed_dims: int = 768, patch: int = 16) -> Dict:
@@ -270,10 +273,13 @@ def attention_layer(
     rounds: int = 3,
     num_heads: int = 12,
     head_dim: int = 64,
+    train: bool = False,
 ) -> Dict[str, Any]:
     """One attention layer at the token count of ``size`` (ViT-B/16 + CLS), in this
     process: dense SDPA without bias (what timm's ViT runs) against LookHere's ``backends``
     per preset; ``q, k, v`` are views of one fused ``qkv`` tensor, as in the models.
+    ``train``: each case is a forward and a backward (``sum().backward()`` into the fused
+    tensor); else a forward under ``inference_mode``.
 
     Returns:
         ``tokens``, ``rows`` (``case``, median ``seconds``, ``ratio``: median of per-round
@@ -285,16 +291,25 @@ def attention_layer(
 
     grid = (math.ceil(size[0] / 16), math.ceil(size[1] / 16))
     t = grid[0] * grid[1] + 1
-    qkv = torch.randn(1, t, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
-    q, k, v = qkv.unbind(0)
-    cases = {'dense sdpa, no bias': lambda: F.scaled_dot_product_attention(q, k, v)}
+    fused = torch.randn(1, t, 3, num_heads, head_dim, requires_grad=train)
+
+    def case(attend):
+        def run():
+            out = attend(*fused.permute(2, 0, 3, 1, 4).unbind(0))
+            if train:
+                out.sum().backward()
+                fused.grad = None
+
+        return run
+
+    cases = {'dense sdpa, no bias': case(F.scaled_dot_product_attention)}
     for preset in presets:
         eng = LookHereAttentionEngine(PRESETS[preset], 1, num_heads)
         for backend in backends:
-            cases[f'{preset} {backend}'] = lambda e=eng, b=backend: e(
-                q, k, v, 0, grid, True, backend=b
+            cases[f'{preset} {backend}'] = case(
+                lambda q, k, v, e=eng, b=backend: e(q, k, v, 0, grid, True, backend=b)
             )
-    with torch.inference_mode():
+    with torch.inference_mode(not train):
         for fn in cases.values():  # tables, plans
             fn()
         times = interleaved(cases, rounds, 'cpu')
@@ -303,7 +318,7 @@ def attention_layer(
         dict(case=name, seconds=statistics.median(ts), ratio=paired_ratio(ts, base))
         for name, ts in times.items()
     ]
-    return dict(tokens=t, grid=list(grid), rows=rows)
+    return dict(tokens=t, grid=list(grid), train=train, rows=rows)
 
 
 def _rows(results: Dict[str, List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
@@ -358,6 +373,8 @@ def bench_peer(
     train_size: int = 512,
     train_presets: Sequence[str] = ('lh180', 'lh90'),
     train_steps: int = 3,
+    train_layer_sizes: Sequence[int] = (512, 640),
+    train_backends: Sequence[str] = (),
     segmenter_config: Optional[str] = None,
     rounds: int = 2,
     layer_rounds: int = 3,
@@ -377,6 +394,11 @@ def bench_peer(
         train_size: side of the square training input. Default: 512.
         train_presets: presets of the training step. Default: lh180, lh90.
         train_steps: timed steps per training case. Default: 3.
+        train_layer_sizes: square sides of the ``train_layer`` part (512: 1025 tokens,
+            640: 1601, on either side of ``BUFFERED_MAX_TOKENS``). Default: 512, 640.
+        train_backends: extra ``train`` cases per train preset with the backend forced
+            (``'<preset>:<backend>'``, e.g. ``tiled`` beside what ``auto`` picks).
+            Default: none.
         segmenter_config: an mmseg Segmenter config for the Segmenter training step
             (OpenMMLab); None: skip. Default: None.
         rounds: interleaved rounds (fresh process per case and round). Default: 2.
@@ -390,7 +412,8 @@ def bench_peer(
         ``frame``, ``big_frame``, ``train``, ``segmenter``: each ``rows`` (per model:
         ``seconds``, ``peak_gib``, ``time_ratio``, ``peak_ratio`` against the peer) and
         ``runs``; ``bounds``: :func:`flop_bound` per preset and frame size; ``layer``:
-        :func:`attention_layer` at the frame's token count (CPU).
+        :func:`attention_layer` at the frame's token count (CPU); ``train_layer``: a list
+        of :func:`attention_layer` with ``train=True`` (CPU).
     """
     common = dict(kind='peer', device=device, dtype=dtype, threads=threads)
 
@@ -421,6 +444,21 @@ def bench_peer(
                 f'{row["seconds"]:.2f} s, x dense {row["ratio"]:.3f}',
                 flush=True,
             )
+    if layer_rounds and device == 'cpu' and 'train_layer' in want:
+        if threads:
+            torch.set_num_threads(int(threads))
+        out['train_layer'] = []
+        for side in train_layer_sizes:
+            res = attention_layer(
+                train_presets, (side, side), ('tiled', 'buffered'), layer_rounds, train=True
+            )
+            out['train_layer'].append(res)
+            for row in res['rows']:
+                print(
+                    f'  [attention layer forward + backward, {res["tokens"]} tokens] '
+                    f'{row["case"]}: {row["seconds"]:.3f} s, x dense {row["ratio"]:.3f}',
+                    flush=True,
+                )
     if 'frame' in want:
         out['frame'] = _run(
             cases('frame', frame_size, [PEER, NOBIAS, *presets]),
@@ -438,7 +476,13 @@ def bench_peer(
     if train_size and 'train' in want:
         size = (train_size, train_size)
         out['train'] = _run(
-            cases('train', size, [PEER, NOBIAS, *train_presets], steps=train_steps),
+            cases(
+                'train',
+                size,
+                [PEER, NOBIAS, *train_presets]
+                + [f'{p}:{b}' for p in train_presets for b in train_backends],
+                steps=train_steps,
+            ),
             rounds,
             timeout,
             f'train {size}',

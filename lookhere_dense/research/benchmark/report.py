@@ -204,11 +204,15 @@ def format_peer(pr: Dict[str, Any]) -> List[str]:
             f'{b["visible"]:.3f} of the pairs -> {b["bound"]:.3f}x the dense ViT '
             f'(tiled plan computes {b["computed"]:.3f} -> {b["plan_bound"]:.3f}x)'
         )
-    layer = pr.get('layer')
-    if layer:
-        lines.append(f'  one attention layer, {layer["tokens"]} tokens (in process):')
+    layers = [pr['layer']] if pr.get('layer') else []
+    for layer in layers + list(pr.get('train_layer') or []):
+        what = 'forward + backward' if layer.get('train') else 'inference'
+        lines.append(
+            f'  one attention layer, {layer["tokens"]} tokens, {what} (in process; x dense '
+            f'SDPA without bias):'
+        )
         for r in layer['rows']:
-            lines.append(f'    {r["case"]:<22}{r["seconds"]:>8.2f} s{r["ratio"]:>8.3f}x')
+            lines.append(f'    {r["case"]:<22}{r["seconds"]:>8.3f} s{r["ratio"]:>8.3f}x')
     titles = dict(
         frame='whole frame, inference',
         big_frame='larger frame, inference',
