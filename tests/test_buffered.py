@@ -1,5 +1,5 @@
-"""The ``buffered`` backend: one CPU flash call per layer with the dense bias rebuilt into
-a reused buffer, exact against the reference (forward, gradients, every head type,
+"""The ``buffered`` backend: CPU flash calls per chunk of heads with the dense bias rebuilt
+into a reused buffer, exact against the reference (forward, gradients, every head type,
 prefix tokens, rectangular grids, low precision), its buffer reuse, what it saves for
 backward, its refusals, and where ``auto`` picks it."""
 
@@ -76,36 +76,64 @@ def test_head_chunks_are_even_and_bounded():
     assert buffered.MAX_CALL_BYTES == 32 * mb
 
 
-@pytest.mark.parametrize('per_call', [1, 5, 12])
-def test_calls_split_by_heads_match_reference(monkeypatch, per_call):
-    """The heads split into chunks (one buffer of one chunk's size, the last chunk a view
-    of part of it): forward and gradients equal the reference's."""
-    grid, cls_token = (6, 7), True
+@pytest.mark.parametrize(
+    'per_call,sizes', [(1, [1] * 10), (4, [4, 4, 2]), (5, [5, 5]), (12, [10])]
+)
+def test_calls_split_by_heads_match_reference(monkeypatch, per_call, sizes):
+    """10 heads split into chunks (one buffer of the first chunk's size, a smaller last
+    chunk a view of part of it): forward and gradients equal the reference's, and the
+    output is laid out like SDPA's."""
+    grid, cls_token, heads = (6, 7), True, 10
     tokens = grid[0] * grid[1] + 1
     monkeypatch.setattr(buffered, 'MAX_CALL_BYTES', per_call * tokens * tokens * 8)
-    assert len(head_chunks(HEADS, tokens, 8)) == -(-HEADS // per_call)
-    gb = grid_bias('center_mix', grid, torch.float64)
+    assert [c.stop - c.start for c in head_chunks(heads, tokens, 8)] == sizes
+    full = grid_bias('center_mix', grid, torch.float64)
+    gb = GridBias(grid, full.table[:, :heads], full.key_term[:, :heads], full.visible[:, :heads])
     gen = torch.Generator().manual_seed(7)
-    fused = torch.randn(2, tokens, 3, HEADS, 8, generator=gen, dtype=torch.float64)
+    fused = torch.randn(2, tokens, 3, heads, 8, generator=gen, dtype=torch.float64)
     q, k, v = fused.requires_grad_().permute(2, 0, 3, 1, 4).unbind(0)  # as in the model
     bufs = BiasBuffers()
-    bufs.take(
-        (1, -(-HEADS // len(head_chunks(HEADS, tokens, 8))), tokens, tokens), torch.float64
-    ).fill_(float('nan'))
+    bufs.take((1, sizes[0], tokens, tokens), torch.float64).fill_(float('nan'))
     ref = reference_attention(q, k, v, gb.dense(1, cls_token))
     out = buffered_attention(q, k, v, gb, 1, cls_token, buffers=bufs)
     check(out, ref.detach(), torch.float64)
     assert out.transpose(1, 2).is_contiguous()  # (B, T, heads, d) in memory, like SDPA's
     with torch.no_grad():
-        check(
-            buffered_attention(q, k, v, gb, 1, cls_token, buffers=bufs),
-            ref.detach(),
-            torch.float64,
-        )
+        again = buffered_attention(q, k, v, gb, 1, cls_token, buffers=bufs)
+        check(again, ref.detach(), torch.float64)
     grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(6), dtype=ref.dtype)
-    for a, b in zip(torch.autograd.grad(out, fused, grad), torch.autograd.grad(ref, fused, grad)):
-        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+    (got,), (want,) = torch.autograd.grad(out, fused, grad), torch.autograd.grad(ref, fused, grad)
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
     assert len(bufs) == 1
+
+
+def test_calls_split_by_heads_in_bfloat16(monkeypatch):
+    grid, cls_token = (5, 6), True
+    tokens = grid[0] * grid[1] + 1
+    monkeypatch.setattr(buffered, 'MAX_CALL_BYTES', 5 * tokens * tokens * 2)
+    assert len(head_chunks(HEADS, tokens, 2)) == 3
+    gb = grid_bias('lh45', grid, torch.bfloat16)
+    q, k, v = qkv(grid, cls_token, dtype=torch.bfloat16, grad=True)
+    exact = grid_bias('lh45', grid, torch.float64).dense(0, cls_token)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = reference_attention(qd, kd, vd, exact)
+    out = buffered_attention(q, k, v, gb, 0, cls_token, buffers=BiasBuffers())
+    check(out.double(), ref.detach(), torch.bfloat16)
+    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(8), dtype=ref.dtype)
+    got = torch.autograd.grad(out, (q, k, v), grad.bfloat16())
+    want = torch.autograd.grad(ref, (qd, kd, vd), grad)
+    for a, b in zip(got, want):
+        assert a.dtype == torch.bfloat16 and torch.isfinite(a).all()
+        torch.testing.assert_close(a.double(), b, atol=0.25, rtol=0.05)
+
+
+def test_buffers_larger_than_the_bound_are_not_kept():
+    bufs = BiasBuffers(max_bytes=1000)
+    a = bufs.take((1, 2, 10, 10), torch.float32)  # 800 bytes: kept
+    assert bufs.take((1, 2, 10, 10), torch.float32) is a
+    big = bufs.take((1, 2, 20, 20), torch.float32)  # 3200 bytes: handed out, not kept
+    assert big.shape == (1, 2, 20, 20) and len(bufs) == 1
+    assert BiasBuffers().max_bytes == 2 * buffered.MAX_CALL_BYTES
 
 
 def test_reverse_patches_is_its_own_inverse():

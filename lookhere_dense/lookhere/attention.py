@@ -20,9 +20,10 @@ backend         how the bias reaches the softmax                                
                 is a strided view of a re-pitched table, partial results are   table
                 merged by their log-sum-exp; flash-style backward
                 (:mod:`.tiled`)
-``buffered``    CPU: the layer's dense bias copied from a re-pitched table      heads*T^2,
-                into one reused buffer right before one fused flash call, and   one buffer
-                again in backward; nothing kept per layer (:mod:`.buffered`)    for all layers
+``buffered``    CPU: per chunk of heads, the dense bias copied from a           one chunk's
+                re-pitched table into one reused buffer right before a fused    bias (<= 32
+                flash call, and again in backward; nothing kept per layer       MB) for all
+                (:mod:`.buffered`)                                              layers
 ``flex``        ``flex_attention`` with a ``score_mod`` that reads the table     O(T) + tiles
                 by ``(q_idx, kv_idx)`` and a ``BlockMask`` of the fields of
                 view, so fully blocked tiles are skipped (compiled on CUDA)

@@ -1,13 +1,14 @@
-"""The ``buffered`` backend: one fused CPU flash call with the layer's dense bias rebuilt
-into a reused buffer at every call (forward, and again in backward).
+"""The ``buffered`` backend: CPU flash attention with the layer's dense bias rebuilt into a
+reused buffer at every call (forward, and again in backward).
 
 For grids of about a thousand tokens (a 512x512 crop at patch 16: 32x32 patches) the
 tiled plan skips little (its blocks cover most pairs) and pays for many small calls and
 their merges, while a cached dense bias per layer (``sdpa``) costs ``heads x T^2`` floats
 per layer for as long as the model lives (600 MB for ViT-B at 512x512). This backend keeps
-none: the bias of the called layer is copied into one buffer (shared by all layers and by
-forward and backward, 50 MB for ViT-B at 512x512) right before the kernel runs, and
-rebuilt in backward.
+none: the heads are cut into even chunks whose bias stays under :data:`MAX_CALL_BYTES`
+(:func:`head_chunks`; ViT-B at 512x512: 2 x 6 heads), and right before each chunk's
+kernel call its bias is copied into one buffer, shared by all chunks, layers and both
+passes (25 MB for ViT-B at 512x512).
 
 The copy needs no gather
     With the patch keys in *reversed* order (patch ``N-1-i`` at key position ``i``, i.e.
@@ -21,9 +22,8 @@ The copy needs no gather
 
 Saved for backward
     ``q, k, v``, the output and its log-sum-exp (what plain SDPA saves); the backward
-    reverses the keys again, rebuilds the bias into the buffer and runs the CPU flash
-    backward once.
-    No bias is kept between calls.
+    reverses the keys again and, chunk by chunk, rebuilds the bias into the buffer and
+    runs the CPU flash backward. No bias is kept between calls.
 
 Limits (refused with a ValueError; ``auto`` does not choose it then): CUDA tensors,
 attention dropout, and a table that requires grad while autograd records (the flash
@@ -38,6 +38,7 @@ from typing import List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .bias import GridBias, num_prefix_tokens, prefix_phrase
 from .cache import BoundedCache
@@ -55,12 +56,19 @@ _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 
+#: the most bytes of one call's bias: heads are split into even chunks below it
+MAX_CALL_BYTES = 32 * 2**20
+
+
 class BiasBuffers(BoundedCache):
     """The reused bias buffers of one engine: one per (shape, dtype, thread), the least
-    recently used dropped first (a model called from two threads gets two buffers)."""
+    recently used dropped first (a model called from two threads gets two buffers). A
+    buffer larger than ``max_bytes`` (one head's bias of a large grid) is handed out
+    fresh and not kept."""
 
-    def __init__(self, maxsize: int = 2):
-        super().__init__(maxsize)
+    def __init__(self, maxsize: int = 2, max_bytes: Optional[int] = None):
+        super().__init__(maxsize, max_bytes=2 * MAX_CALL_BYTES if max_bytes is None else max_bytes)
+        self._lock = threading.Lock()
 
     def take(self, shape: Tuple[int, ...], dtype: torch.dtype) -> Tensor:
         """The buffer of ``shape`` and ``dtype`` for the calling thread (uninitialised; a
@@ -72,7 +80,8 @@ class BiasBuffers(BoundedCache):
                 return torch.empty(shape, dtype=dtype)
 
         key = (tuple(shape), dtype, threading.get_ident())
-        return self.get_or_create(key, make)
+        with self._lock:
+            return self.get_or_create(key, make)
 
 
 def reverse_patches(t: Tensor, prefix: int) -> Tensor:
@@ -117,10 +126,6 @@ def dense_bias_reversed(
         out[0, :, :prefix].zero_()
         out[0, :, prefix:, :prefix].zero_()
     return out
-
-
-#: the most bytes of one call's bias: heads are split into even chunks below it
-MAX_CALL_BYTES = 32 * 2**20
 
 
 def head_chunks(heads: int, tokens: int, itemsize: int) -> List[slice]:
@@ -206,6 +211,7 @@ class _BufferedAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         calls = ctx.calls
@@ -225,8 +231,8 @@ def buffered_attention(
     dropout_p: float = 0.0,
     buffers: Optional[BiasBuffers] = None,
 ) -> Tensor:
-    """Exact LookHere attention: one CPU flash call with the layer's dense bias copied
-    into a reused buffer (see the module docstring).
+    """Exact LookHere attention: CPU flash calls (one per chunk of heads) with the layer's
+    dense bias copied into a reused buffer (see the module docstring).
 
     Args:
         q, k, v: ``(B, heads, T, d)`` on CPU with ``T = J + H*W``; float32, float64,
@@ -245,12 +251,12 @@ def buffered_attention(
     if dropout_p:
         raise ValueError(
             'the buffered LookHere backend has no attention dropout; set '
-            "attn_drop_rate=0 or use backend 'chunked'/'sdpa'"
+            "attn_drop_rate=0 or model.backbone.attn_backend='auto' (or 'chunked'/'sdpa')"
         )
     if q.device.type != 'cpu':
         raise ValueError(
-            f'the buffered LookHere backend runs on CPU only (got {q.device}); '
-            "use 'flex', 'sdpa' or 'chunked' on CUDA"
+            f'the buffered LookHere backend runs on CPU only (got {q.device}); set '
+            "model.backbone.attn_backend='auto' (or 'flex'/'sdpa'/'chunked' on CUDA)"
         )
     height, width = grid_bias.grid_size
     prefix = num_prefix_tokens(cls_token)

@@ -68,9 +68,10 @@ __all__ = ['LookHereAttentionEngine', 'TILED_MIN_TOKENS', 'BUFFERED_MAX_TOKENS']
 #: ``auto`` uses the ``tiled`` backend on CPU from this many tokens on (512x512 ViT-B/16
 #: inputs have 1025)
 TILED_MIN_TOKENS = 1024
-#: ... except while training up to this many tokens, where it uses ``buffered`` (one
-#: kernel call with the dense bias rebuilt into a reused buffer beat the tiled plan's
-#: small calls at 1025 tokens and tied at 1601; see docs/performance.md)
+#: ... except while training up to this many tokens, where it uses ``buffered`` (a few
+#: kernel calls with the dense bias rebuilt into a reused buffer beat the tiled plan's
+#: small calls for lh180 at 1025 tokens and tied for lh90; at 1601 ``tiled`` won for
+#: lh90; docs/performance.md, "Training crops")
 BUFFERED_MAX_TOKENS = 1300
 
 
