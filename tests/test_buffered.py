@@ -145,32 +145,6 @@ def test_reverse_patches_is_its_own_inverse():
         assert torch.equal(reverse_patches(r, prefix), t)
 
 
-@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize('name', ['lh90', 'lh45', 'center_mix', 'fill_max'])
-def test_low_precision_inputs(name, dtype):
-    grid, cls_token = (6, 8), True
-    gb = grid_bias(name, grid, dtype)
-    q, k, v = qkv(grid, cls_token, dtype=dtype)
-    exact = reference_attention(
-        *(t.double() for t in (q, k, v)), grid_bias(name, grid, torch.float64).dense(2, cls_token)
-    )
-    out = buffered_attention(q, k, v, gb, 2, cls_token)
-    assert out.dtype == dtype and torch.isfinite(out).all()
-    check(out.double(), exact, dtype)
-
-
-def test_qkv_views_of_a_fused_projection():
-    grid, cls_token = (7, 9), True
-    gb = grid_bias('lh90', grid)
-    t = grid[0] * grid[1] + 1
-    x = torch.randn(2, t, 3 * HEADS * 8, generator=torch.Generator().manual_seed(3))
-    q, k, v = x.reshape(2, t, 3, HEADS, 8).permute(2, 0, 3, 1, 4).unbind(0)
-    check(
-        buffered_attention(q, k, v, gb, 0, cls_token),
-        reference_attention(q, k, v, gb.dense(0, cls_token)),
-    )
-
-
 @pytest.mark.parametrize(
     'name', ['lh180', 'lh90', 'lh45', 'center_mix', 'zero_mix', 'fill_max', 'type_diagonals']
 )

@@ -21,6 +21,7 @@ import torch
 
 from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine, reference_attention
 from lookhere_dense.lookhere.bias import GridBias
+from lookhere_dense.lookhere.buffered import buffered_attention
 from lookhere_dense.lookhere.tiled import TileOptions, get_plan, plan_tiles, tiled_attention
 
 HEADS = 12
@@ -145,16 +146,21 @@ def test_grids_smaller_than_a_tile(grid, cls_token):
         check(tiled_attention(q, k, v, gb, 1, cls_token), ref)
 
 
+#: the CPU flash backends (``buffered``'s own tests: tests/test_buffered.py)
+FLASH_BACKENDS = {'tiled': tiled_attention, 'buffered': buffered_attention}
+
+
+@pytest.mark.parametrize('backend', sorted(FLASH_BACKENDS))
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize('name', ['lh90', 'lh45', 'center_mix', 'fill_max'])
-def test_low_precision_inputs(name, dtype):
+def test_low_precision_inputs(name, dtype, backend):
     grid, cls_token = (6, 8), True
     gb = grid_bias(name, grid, dtype)
     q, k, v = qkv(grid, cls_token, dtype=dtype)
     exact = reference_attention(
         *(t.double() for t in (q, k, v)), grid_bias(name, grid, torch.float64).dense(2, cls_token)
     )
-    out = tiled_attention(q, k, v, gb, 2, cls_token)
+    out = FLASH_BACKENDS[backend](q, k, v, gb, 2, cls_token)
     assert out.dtype == dtype and torch.isfinite(out).all()
     check(out.double(), exact, dtype)
 
@@ -169,7 +175,8 @@ def test_batch_elements_are_independent():
         torch.testing.assert_close(out[b : b + 1], one, atol=1e-6, rtol=0)
 
 
-def test_qkv_views_of_a_fused_projection():
+@pytest.mark.parametrize('backend', sorted(FLASH_BACKENDS))
+def test_qkv_views_of_a_fused_projection(backend):
     """The model hands in ``q, k, v`` as strided views of one ``qkv`` tensor."""
     grid, cls_token = (7, 9), True
     gb = grid_bias('lh90', grid)
@@ -177,7 +184,7 @@ def test_qkv_views_of_a_fused_projection():
     x = torch.randn(2, t, 3 * HEADS * 8, generator=torch.Generator().manual_seed(3))
     q, k, v = x.reshape(2, t, 3, HEADS, 8).permute(2, 0, 3, 1, 4).unbind(0)
     ref = reference_attention(q, k, v, gb.dense(0, cls_token))
-    check(tiled_attention(q, k, v, gb, 0, cls_token), ref)
+    check(FLASH_BACKENDS[backend](q, k, v, gb, 0, cls_token), ref)
 
 
 # ----------------------------------------------------------------------------------------

@@ -40,8 +40,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .bias import GridBias, num_prefix_tokens, prefix_phrase
+from .bias import GridBias
 from .cache import BoundedCache
+from .tiled import flash_layer_inputs
 
 __all__ = [
     'buffered_attention',
@@ -248,36 +249,12 @@ def buffered_attention(
         ``(B, heads, T, d)`` in ``q``'s dtype. Differentiable in ``q, k, v`` (not in the
         table: a table that requires grad while autograd records is refused).
     """
-    if dropout_p:
-        raise ValueError(
-            'the buffered LookHere backend has no attention dropout; set '
-            "attn_drop_rate=0 or model.backbone.attn_backend='auto' (or 'chunked'/'sdpa')"
-        )
-    if q.device.type != 'cpu':
-        raise ValueError(
-            f'the buffered LookHere backend runs on CPU only (got {q.device}); set '
-            "model.backbone.attn_backend='auto' (or 'flex'/'sdpa'/'chunked' on CUDA)"
-        )
-    height, width = grid_bias.grid_size
-    prefix = num_prefix_tokens(cls_token)
-    if q.shape[-2] != height * width + prefix or k.shape[-2] != q.shape[-2]:
-        raise ValueError(
-            f'buffered attention got {q.shape[-2]} queries / {k.shape[-2]} keys '
-            f'for grid {grid_bias.grid_size} {prefix_phrase(prefix)}'
-        )
-    table = grid_bias.table[layer]
-    key_term = None if grid_bias.key_term is None else grid_bias.key_term[layer]
-    if torch.is_grad_enabled() and (
-        table.requires_grad or (key_term is not None and key_term.requires_grad)
-    ):
-        raise ValueError(
-            'the buffered LookHere backend gives no gradient to the bias table '
-            '(learnable slopes while they train); use backend '
-            "'chunked' or 'sdpa' (attn_backend='auto' routes them there)"
-        )
-    table = table.detach().to(q.dtype)
-    key_term = None if key_term is None else key_term.detach().to(q.dtype)
-    calls = _Calls(table, key_term, (height, width), prefix, buffers, q.dtype)
+    prefix, table, key_term = flash_layer_inputs(
+        'buffered', q, k, grid_bias, layer, cls_token, dropout_p
+    )
+    table = table.to(q.dtype)
+    key_term = None if key_term is None else key_term.to(q.dtype)
+    calls = _Calls(table, key_term, grid_bias.grid_size, prefix, buffers, q.dtype)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         return _BufferedAttention.apply(q, k, v, calls)
     kr, vr = reverse_patches(k, prefix), reverse_patches(v, prefix)

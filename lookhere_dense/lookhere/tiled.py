@@ -92,6 +92,7 @@ __all__ = [
     'plan_tiles',
     'tiled_attention',
     'head_groups',
+    'flash_layer_inputs',
 ]
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -899,6 +900,52 @@ class _TiledAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
+def flash_layer_inputs(
+    backend: str,
+    q: Tensor,
+    k: Tensor,
+    grid_bias: GridBias,
+    layer: int,
+    cls_token: Union[bool, int],
+    dropout_p: float,
+) -> Tuple[int, Tensor, Optional[Tensor]]:
+    """The checks of the CPU flash backends (``tiled``, ``buffered``) and what they read:
+    ``(J, table, key_term)`` of ``layer``, detached.
+
+    Refused with a ValueError naming ``backend``: attention dropout, non-CPU tensors, a
+    token count that does not fit the grid, and a table that requires grad while autograd
+    records (the flash backward gives the bias none: learnable slopes while they train).
+    """
+    if dropout_p:
+        raise ValueError(
+            f'the {backend} LookHere backend has no attention dropout; set '
+            "attn_drop_rate=0 or model.backbone.attn_backend='auto' (or 'chunked'/'sdpa')"
+        )
+    if q.device.type != 'cpu':
+        raise ValueError(
+            f'the {backend} LookHere backend runs on CPU only (got {q.device}); set '
+            "model.backbone.attn_backend='auto' (or 'flex'/'sdpa'/'chunked' on CUDA)"
+        )
+    height, width = grid_bias.grid_size
+    off = num_prefix_tokens(cls_token)
+    if q.shape[-2] != height * width + off or k.shape[-2] != q.shape[-2]:
+        raise ValueError(
+            f'{backend} attention got {q.shape[-2]} queries / {k.shape[-2]} keys '
+            f'for grid {grid_bias.grid_size} {prefix_phrase(off)}'
+        )
+    key_term = None if grid_bias.key_term is None else grid_bias.key_term[layer]
+    table = grid_bias.table[layer]
+    if torch.is_grad_enabled() and (
+        table.requires_grad or (key_term is not None and key_term.requires_grad)
+    ):
+        raise ValueError(
+            f'the {backend} LookHere backend gives no gradient to the bias table '
+            '(learnable slopes while they train); use backend '
+            "'chunked' or 'sdpa' (attn_backend='auto' routes them there)"
+        )
+    return off, table.detach(), None if key_term is None else key_term.detach()
+
+
 def tiled_attention(
     q: Tensor,
     k: Tensor,
@@ -929,35 +976,9 @@ def tiled_attention(
         ``(B, heads, T, d)`` in ``q``'s dtype. Differentiable in ``q, k, v`` (not in the
         table: a table that requires grad while autograd records is refused).
     """
-    if dropout_p:
-        raise ValueError(
-            'the tiled LookHere backend has no attention dropout; set '
-            "attn_drop_rate=0 or use backend 'chunked'/'sdpa'"
-        )
-    if q.device.type != 'cpu':
-        raise ValueError(
-            f'the tiled LookHere backend runs on CPU only (got {q.device}); '
-            "use 'flex' or 'chunked' on CUDA"
-        )
-    height, width = grid_bias.grid_size
-    off = num_prefix_tokens(cls_token)
-    if q.shape[-2] != height * width + off or k.shape[-2] != q.shape[-2]:
-        raise ValueError(
-            f'tiled attention got {q.shape[-2]} queries / {k.shape[-2]} keys '
-            f'for grid {grid_bias.grid_size} {prefix_phrase(off)}'
-        )
-    key_term = None if grid_bias.key_term is None else grid_bias.key_term[layer]
-    table = grid_bias.table[layer]
-    if torch.is_grad_enabled() and (
-        table.requires_grad or (key_term is not None and key_term.requires_grad)
-    ):
-        raise ValueError(
-            'the tiled LookHere backend gives no gradient to the bias table '
-            '(learnable slopes while they train); use backend '
-            "'chunked' or 'sdpa' (attn_backend='auto' routes them there)"
-        )
-    table = table.detach()
-    key_term = None if key_term is None else key_term.detach()
+    off, table, key_term = flash_layer_inputs(
+        'tiled', q, k, grid_bias, layer, cls_token, dropout_p
+    )
     plan = get_plan(grid_bias, layer, options, plans)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         return _TiledAttention.apply(q, k, v, table, key_term, plan, off)
