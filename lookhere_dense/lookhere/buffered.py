@@ -61,6 +61,10 @@ _FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 MAX_CALL_BYTES = 32 * 2**20
 
 
+#: one lock for every engine's buffers (module level, so that models stay deep-copyable)
+_TAKE_LOCK = threading.Lock()
+
+
 class BiasBuffers(BoundedCache):
     """The reused bias buffers of one engine: one per (shape, dtype, thread), the least
     recently used dropped first (a model called from two threads gets two buffers). A
@@ -69,7 +73,6 @@ class BiasBuffers(BoundedCache):
 
     def __init__(self, maxsize: int = 2, max_bytes: Optional[int] = None):
         super().__init__(maxsize, max_bytes=2 * MAX_CALL_BYTES if max_bytes is None else max_bytes)
-        self._lock = threading.Lock()
 
     def take(self, shape: Tuple[int, ...], dtype: torch.dtype) -> Tensor:
         """The buffer of ``shape`` and ``dtype`` for the calling thread (uninitialised; a
@@ -81,7 +84,7 @@ class BiasBuffers(BoundedCache):
                 return torch.empty(shape, dtype=dtype)
 
         key = (tuple(shape), dtype, threading.get_ident())
-        with self._lock:
+        with _TAKE_LOCK:
             return self.get_or_create(key, make)
 
 
