@@ -22,7 +22,14 @@ import torch
 from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine, reference_attention
 from lookhere_dense.lookhere.bias import GridBias
 from lookhere_dense.lookhere.buffered import buffered_attention
-from lookhere_dense.lookhere.tiled import TileOptions, get_plan, plan_tiles, tiled_attention
+from lookhere_dense.lookhere.tiled import (
+    TileOptions,
+    get_plan,
+    plan_tiles,
+    split_heads,
+    table_bytes,
+    tiled_attention,
+)
 
 HEADS = 12
 DEPTH = 3
@@ -273,6 +280,23 @@ def test_two_workers_match_reference(mode):
     check(out.detach(), ref.detach(), torch.float64)
 
 
+def test_two_workers_give_the_same_forward_every_time():
+    """The forward hands units to whichever worker is free; every unit writes its own
+    output rows, so which worker ran what does not change one bit of the result."""
+    grid, cls_token = (9, 16), True
+    gb = grid_bias('lh45', grid, torch.float64)
+    q, k, v = qkv(grid, cls_token, dtype=torch.float64)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        first = tiled_attention(q, k, v, gb, 1, cls_token, options=FINE)
+        check(first, reference_attention(q, k, v, gb.dense(1, cls_token)), torch.float64)
+        for _ in range(5):
+            assert torch.equal(tiled_attention(q, k, v, gb, 1, cls_token, options=FINE), first)
+    finally:
+        torch.set_num_threads(before)
+
+
 # ----------------------------------------------------------------------------------------
 # The plan
 # ----------------------------------------------------------------------------------------
@@ -346,6 +370,52 @@ def test_plan_computes_every_visible_pair_exactly_once(name, grid, options):
         )
 
 
+def test_split_heads_makes_even_parts_within_the_budget():
+    assert split_heads((8, 9, 10, 11), 10, 40) == [(8, 9, 10, 11)]
+    assert split_heads((8, 9, 10, 11), 10, 20) == [(8, 9), (10, 11)]
+    assert split_heads((8, 9, 10, 11), 10, 30) == [(8, 9), (10, 11)]  # even, not 3 + 1
+    assert split_heads((0, 4, 8), 10, 5) == [(0,), (4,), (8,)]  # at least one head
+    assert table_bytes((128, 256), 256) == 256 * 255 * 256 * 4
+
+
+def test_groups_with_large_tables_run_as_fewer_heads():
+    """Whole-row heads on a 128x256 grid need a 64 MiB table each: the default budget
+    (32 MiB) runs them one head at a time; on 64x128 (8 MiB a head) the four
+    unrestricted heads of lh180 stay one group."""
+    small = plan_tiles(grid_bias('lh180', (64, 128)).visible[0], (64, 128))
+    assert (8, 9, 10, 11) in [g.heads for g in small.groups]
+    big = plan_tiles(grid_bias('lh180', (128, 256)).visible[0], (128, 256))
+    for g in big.groups:
+        per_head = table_bytes(big.grid_size, g.strip)
+        assert len(g.heads) == 1 or len(g.heads) * per_head <= TileOptions().max_table_bytes
+    assert [g.heads for g in big.groups if g.strip == 256][-4:] == [(8,), (9,), (10,), (11,)]
+
+
+@pytest.mark.parametrize('name', ['lh180', 'lh90', 'center_mix'])
+def test_split_groups_match_reference_float64(name):
+    """A budget below one head's table: every head is its own group (same calls), and
+    forward and gradients still equal the reference, on one and on two workers."""
+    grid, cls_token = (5, 7), True
+    gb = grid_bias(name, grid, torch.float64)
+    options = replace(FINE, max_table_bytes=1)
+    plan = plan_tiles(gb.visible[0], grid, options)
+    assert [len(g.heads) for g in plan.groups] == [1] * HEADS
+    q, k, v = qkv(grid, cls_token, dtype=torch.float64, grad=True)
+    ref = reference_attention(q, k, v, gb.dense(0, cls_token))
+    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(5), dtype=ref.dtype)
+    want = torch.autograd.grad(ref, (q, k, v), grad)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out = tiled_attention(q, k, v, gb, 0, cls_token, options=options)
+            check(out.detach(), ref.detach(), torch.float64)
+            for a, b in zip(torch.autograd.grad(out, (q, k, v), grad), want):
+                torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_plans_skip_what_the_heads_cannot_see():
     """On a whole-frame grid the plan computes little more than the visible pairs
     (lh180 ~2/3 of the dense pairs, lh90 ~1/2, lh45 ~5/12)."""
@@ -382,6 +452,8 @@ def test_options_are_validated():
         TileOptions(rows=0)
     with pytest.raises(ValueError, match='strips must be positive ints'):
         TileOptions(strips=(0,))
+    with pytest.raises(ValueError, match='max_table_bytes must be a positive int'):
+        TileOptions(max_table_bytes=0)
 
 
 # ----------------------------------------------------------------------------------------

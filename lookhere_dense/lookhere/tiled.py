@@ -24,10 +24,11 @@ Calls
 The bias is never gathered
     The keys run in reversed order (row ``H-1-y``, column ``W-1-x``), which makes the bias
     ``F[y' + qy, x' + qx]`` with ``F`` the table flipped in both axes. With a re-pitched
-    copy of it, ``U[h, js, r, c] = F[h, r, js + c]`` (``c < s``; about ``4 N s / W``
-    values per head, built once per layer and call), the bias of query ``(qy, qx)``
-    against the keys of reversed strip ``J'`` between reversed rows ``r0..r1`` is the
-    contiguous run ``U[h, J' s + qx, r0 + qy : r1 + qy]``, so the mask of a call is a
+    copy of it, ``U[h, js, r, c] = F[h, r, js + c]`` (``c < s``; ``(2W-s)(2H-1)s`` values
+    per head, about ``4 N s`` for narrow strips and ``2 N W`` for whole rows; built once
+    per layer and call, for at most ``TileOptions.max_table_bytes`` at a time), the bias
+    of query ``(qy, qx)`` against the keys of reversed strip ``J'`` between reversed rows
+    ``r0..r1`` is the contiguous run ``U[h, J' s + qx, r0 + qy : r1 + qy]``, so the mask of a call is a
     strided *view* of ``U`` (strides ``(head, s, (2H-1) s, 1)`` over heads, query rows,
     query columns, keys). No ``(Q, K)`` bias block is ever written; consecutive query rows
     read the same rows of ``U``, which stay in cache. (``center`` heads' per-key term is
@@ -73,9 +74,10 @@ train: the flash backward gives no bias gradient; ``auto`` routes those to ``sdp
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import List, MutableMapping, Optional, Tuple, Union
 
 import numpy as np
@@ -113,7 +115,12 @@ class TileOptions:
         strips: candidate strip widths besides ``W`` (used where they divide ``W``).
             Default: ``(8, 16, 32)``.
         call_cost: cost of one kernel call (with its merge) in query-key pairs, for the
-            refinement and the strip choice. Default: 16384.
+            refinement and the strip choice. Default: 49152.
+        max_table_bytes: the largest re-pitched table (``U``, fp32 bytes) one group's
+            working state may hold; a group of heads whose table would be larger is run
+            as several groups of fewer heads (at least one each), with the same calls:
+            whole-row heads on a big grid need ``2 N W`` values per head (a 128x256
+            grid: 64 MiB). Default: 32 MiB.
     """
 
     rows: int = 8
@@ -121,9 +128,10 @@ class TileOptions:
     min_cols: int = 16
     strips: Tuple[int, ...] = (8, 16, 32)
     call_cost: float = 49152.0
+    max_table_bytes: int = 32 * 2**20
 
     def __post_init__(self):
-        for name in ('rows', 'max_keys', 'min_cols'):
+        for name in ('rows', 'max_keys', 'min_cols', 'max_table_bytes'):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f'TileOptions.{name} must be a positive int, got {value!r}')
@@ -191,7 +199,8 @@ class TilePlan:
 
     def units(self) -> List[Tuple[float, int, List[TileCall]]]:
         """Independent pieces of work: the calls of one group inside one top-level row
-        block, which write output rows no other piece writes. ``(cost, group, calls)``."""
+        block, which write output rows no other piece writes. ``(cost, group, calls)``,
+        the cost in query-key pairs of all the group's heads."""
         out = []
         for gi, group in enumerate(self.groups):
             tiles: dict = {}
@@ -199,7 +208,7 @@ class TilePlan:
                 tiles.setdefault(c.y0 // self.tile_rows, []).append(c)
             for calls in tiles.values():
                 cost = sum((c.y1 - c.y0) * (c.x1 - c.x0) * (c.r1 - c.r0) for c in calls)
-                out.append((float(cost * group.strip), gi, calls))
+                out.append((float(cost * group.strip * len(group.heads)), gi, calls))
         return out
 
     @property
@@ -420,7 +429,9 @@ def plan_tiles(
     halved (rows or columns) while that lowers the modelled cost (pairs computed, scaled
     by the kernel's speed on the block's shape, + ``call_cost`` per call); key ranges
     longer than ``max_keys`` are cut into runs of whole rows. Groups whose fields of view
-    are whole rows (up, down, unrestricted) keep ``s = W``.
+    are whole rows (up, down, unrestricted) keep ``s = W``. A group whose re-pitched
+    table would exceed ``max_table_bytes`` becomes several groups of fewer heads with the
+    same calls (:func:`split_heads`), so that the working state stays bounded.
 
     Args:
         visible: ``(heads, 2H-1, 2W-1)`` bool fields of view of the layer.
@@ -443,10 +454,24 @@ def plan_tiles(
             blocks, c = _plan_group(v, (height, width), s, options)
             if best is None or c < best[2]:
                 best = (s, blocks, c)
-        plan.groups.append(
-            _finish_group(_Counts(v, (height, width)), (height, width), heads, best[0], best[1])
-        )
+        group = _finish_group(_Counts(v, (height, width)), (height, width), heads, *best[:2])
+        for part in split_heads(heads, table_bytes(grid_size, best[0]), options.max_table_bytes):
+            plan.groups.append(replace(group, heads=part))
     return plan
+
+
+def table_bytes(grid_size: Tuple[int, int], strip: int) -> int:
+    """fp32 bytes per head of a group's re-pitched table ``U`` ``(2W-s, 2H-1, s)``."""
+    height, width = grid_size
+    return (2 * width - strip) * (2 * height - 1) * strip * 4
+
+
+def split_heads(heads: Tuple[int, ...], per_head: int, budget: int) -> List[Tuple[int, ...]]:
+    """``heads`` in even consecutive parts of at most ``budget // per_head`` heads (at
+    least one head per part)."""
+    parts = math.ceil(len(heads) / max(1, min(len(heads), budget // per_head)))
+    size = math.ceil(len(heads) / parts)
+    return [heads[i : i + size] for i in range(0, len(heads), size)]
 
 
 def _plan_key(visible: Tensor, grid_size: Tuple[int, int], options: TileOptions) -> tuple:
@@ -626,36 +651,54 @@ class _GroupStates:
             self.done(gi, item)
 
 
-def _run_units(units, fn, states: _GroupStates) -> None:
+def _run_units(units, fn, states: _GroupStates, dynamic: bool = False) -> None:
     """Run ``fn(worker, calls, state)`` for every unit of :meth:`TilePlan.units`, with
     the state of the unit's group from ``states``.
 
-    With ``torch.get_num_threads() = n > 1`` the units are spread over ``n`` Python
-    threads (each group's units to the least loaded worker, largest first, so that every
-    worker goes through the groups in order), each running its kernels on one intra-op
-    thread; the kernels release the GIL. Many small kernel calls each synchronising two
-    OpenMP threads were slower than one thread on a shared machine; independent workers
-    only meet at the end."""
+    With ``torch.get_num_threads() = n > 1`` the units run on ``n`` Python threads, each
+    running its kernels on one intra-op thread (the kernels release the GIL; many small
+    kernel calls each synchronising two OpenMP threads were slower than one thread on a
+    shared machine). The units go group by group, largest first within a group, so the
+    workers share at most a few groups' states at a time. ``dynamic``: every worker
+    takes the next unit when it is free (the forward: each unit writes its own output
+    rows, so the result does not depend on who ran what); otherwise each unit is given
+    in advance to the least loaded worker by its modelled cost (the backward: key
+    gradients are summed per worker, and a fixed assignment keeps that sum the same
+    from run to run)."""
     workers = min(torch.get_num_threads(), len(units))
 
     def unit(w, gi, calls):
         fn(w, calls, states.get(gi))
         states.release(gi)
 
+    order = sorted(units, key=lambda u: (u[1], -u[0]))  # stable: plan order among ties
     if workers <= 1:
-        for _, gi, calls in units:
+        for _, gi, calls in order:
             unit(0, gi, calls)
         return
-    loads = [0.0] * workers
-    assigned: List[list] = [[] for _ in range(workers)]
-    by_group: dict = {}
-    for u in units:
-        by_group.setdefault(u[1], []).append(u)
-    for gi in sorted(by_group):
-        for cost, _, calls in sorted(by_group[gi], key=lambda u: -u[0]):
+    if dynamic:
+        queue = iter(order)
+        queue_lock = threading.Lock()
+
+        def jobs(w):
+            while True:
+                with queue_lock:
+                    item = next(queue, None)
+                if item is None:
+                    return
+                yield item[1:]
+
+    else:
+        loads = [0.0] * workers
+        assigned: List[list] = [[] for _ in range(workers)]
+        for cost, gi, calls in order:
             w = loads.index(min(loads))
             loads[w] += cost
             assigned[w].append((gi, calls))
+
+        def jobs(w):
+            return assigned[w]
+
     with _POOL_LOCK:
         pool = _POOLS.get(workers)
         if pool is None:
@@ -664,7 +707,7 @@ def _run_units(units, fn, states: _GroupStates) -> None:
 
     def job(w):
         with torch.inference_mode(inference), torch.no_grad():
-            for gi, calls in assigned[w]:
+            for gi, calls in jobs(w):
                 unit(w, gi, calls)
 
     threads = torch.get_num_threads()
@@ -749,7 +792,7 @@ def _forward(
                     l = l.masked_fill(call.empty, EMPTY_LSE)
                 _merge(acc[block], m[block], o, l, call.first)
 
-        _run_units(units, run, _GroupStates(units, make, done))
+        _run_units(units, run, _GroupStates(units, make, done), dynamic=True)
         if off == 1:  # the CLS key, bias 0 to every patch query: one more partial
             kc, vc = k[b, :, 0].to(work), v[b, :, 0].to(work)
             sc = torch.matmul(q[b, :, off:].to(work), kc.unsqueeze(-1)).view(m_all.shape)
