@@ -14,12 +14,14 @@ keys. Then the engine: ``backend='tiled'``, ``auto``'s choice, learnable slopes,
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import replace
 
 import pytest
 import torch
 
-from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine, reference_attention
+from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine, reference_attention, tiled
 from lookhere_dense.lookhere.bias import GridBias
 from lookhere_dense.lookhere.buffered import buffered_attention
 from lookhere_dense.lookhere.tiled import (
@@ -295,6 +297,67 @@ def test_two_workers_give_the_same_forward_every_time():
             assert torch.equal(tiled_attention(q, k, v, gb, 1, cls_token, options=FINE), first)
     finally:
         torch.set_num_threads(before)
+
+
+def _schedule(groups, units_per_group, fail=None, dynamic=True):
+    """Run the tiled scheduler on dummy units on two workers; what it did."""
+    units = [(float(u + 1), g, [(g, u)]) for g in range(groups) for u in range(units_per_group)]
+    lock = threading.Lock()
+    log = {'made': [], 'done': [], 'ran': [], 'live': 0, 'most': 0}
+
+    def make(gi):
+        if gi == fail:
+            raise RuntimeError(f'make {gi} failed')
+        with lock:
+            log['made'].append(gi)
+            log['live'] += 1
+            log['most'] = max(log['most'], log['live'])
+        time.sleep(0.002)
+        return ('state', gi)
+
+    def done(gi, state):
+        assert state == ('state', gi)
+        with lock:
+            log['done'].append(gi)
+            log['live'] -= 1
+
+    def fn(worker, calls, state):
+        assert state == ('state', calls[0][0])
+        time.sleep(0.001)
+        with lock:
+            log['ran'].extend(calls)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        tiled._run_units(units, fn, tiled._GroupStates(units, make, done), dynamic=dynamic)
+    finally:
+        torch.set_num_threads(before)
+    return units, log
+
+
+@pytest.mark.parametrize('dynamic', [True, False])
+def test_scheduler_runs_every_unit_once_with_one_state_per_group(dynamic):
+    units, log = _schedule(6, 5, dynamic=dynamic)
+    assert sorted(log['ran']) == sorted(c for _, _, calls in units for c in calls)
+    assert sorted(log['made']) == list(range(6)) and sorted(log['done']) == list(range(6))
+    assert log['most'] <= 3  # the workers' groups (and the next one, prefetched)
+
+
+def test_scheduler_raises_a_failed_state_build_and_does_not_hang():
+    errors = []
+
+    def run():
+        try:
+            _schedule(6, 5, fail=3)
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), 'the scheduler hung after a failed state build'
+    assert errors == ['make 3 failed']
 
 
 # ----------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from torch.autograd.function import once_differentiable
 
 from .bias import GridBias
 from .cache import BoundedCache
-from .tiled import flash_layer_inputs
+from .tiled import _FLASH, _FLASH_BWD, flash_layer_inputs
 
 __all__ = [
     'buffered_attention',
@@ -52,9 +52,6 @@ __all__ = [
     'BiasBuffers',
     'MAX_CALL_BYTES',
 ]
-
-_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 
 #: the most bytes of one call's bias: heads are split into even chunks below it

@@ -62,8 +62,12 @@ Threads
     Python threads with one intra-op thread each (the kernels release the GIL; key
     gradients are accumulated per worker and summed): hundreds of small kernel calls
     that each synchronise two OpenMP threads were slower than one thread on a shared
-    machine. Each group's re-pitched table and key/value strips exist only while the
-    group is being worked on.
+    machine. In the forward each worker takes the next unit when it is free; the
+    backward gives the units out in advance by modelled cost (so the per-worker key
+    gradient sums are the same from run to run). Each group's re-pitched table and
+    key/value strips exist only while the group is being worked on (the calling thread
+    builds the next group's meanwhile), and a group whose table would pass
+    ``TileOptions.max_table_bytes`` runs as several groups of fewer heads.
 
 Limits (refused with a ValueError, the engine does not choose ``tiled`` then): CUDA
 tensors, attention dropout, and a table that requires grad (learnable slopes while they
@@ -623,10 +627,14 @@ _POOLS: dict = {}
 _POOL_LOCK = threading.Lock()
 
 
+_BUILDING = object()  # a state that some thread is building
+
+
 class _GroupStates:
-    """Per-group working state, built by ``make(group)`` when the group's first unit
-    starts and handed to ``done(group, state)`` (then dropped) when its last unit ends:
-    with the units in group order, only the groups being worked on hold their
+    """Per-group working state, built by ``make(group)`` (once, by whoever needs it
+    first: a worker at the group's first unit, or :meth:`prefetch`) and handed to
+    ``done(group, state)`` (then dropped) when the group's last unit ends: with the
+    units in group order, only the groups being worked on, and the next one, hold their
     re-pitched table and key / value copies."""
 
     def __init__(self, units, make, done):
@@ -635,20 +643,66 @@ class _GroupStates:
         for _, gi, _ in units:
             self.left[gi] = self.left.get(gi, 0) + 1
         self.items: dict = {}
-        self.lock = threading.Lock()
+        self.begun: set = set()
+        self.closed = False
+        self.cond = threading.Condition()
+
+    def _build(self, gi):
+        """Build ``gi``'s state, claimed (``begun``) by the caller, outside the lock."""
+        try:
+            state = self.make(gi)
+        except BaseException:
+            with self.cond:
+                self.items.pop(gi, None)
+                self.closed = True
+                self.cond.notify_all()
+            raise
+        with self.cond:
+            self.items[gi] = state
+            self.cond.notify_all()
+        return state
 
     def get(self, gi):
-        with self.lock:
-            if gi not in self.items:
-                self.items[gi] = self.make(gi)
-            return self.items[gi]
+        with self.cond:
+            while self.items.get(gi) is _BUILDING:
+                self.cond.wait()
+            if gi in self.items:
+                return self.items[gi]
+            self.begun.add(gi)
+            self.items[gi] = _BUILDING
+        return self._build(gi)
 
     def release(self, gi) -> None:
-        with self.lock:
+        with self.cond:
             self.left[gi] -= 1
             item = self.items.pop(gi) if self.left[gi] == 0 else None
+            self.cond.notify_all()
         if item is not None:
             self.done(gi, item)
+
+    def close(self) -> None:
+        """Stop :meth:`prefetch` (a worker failed, or all are done)."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+    def prefetch(self, limit: int) -> None:
+        """Build the states in group order ahead of the workers while fewer than
+        ``limit`` states are held (so the workers do not stop at a new group to build
+        its state; with ``limit`` = the number of workers, no more states are held than
+        when each worker builds its own). Returns when every group has begun or after
+        :meth:`close`."""
+        for gi in sorted(self.left):
+            with self.cond:
+                while not self.closed and gi not in self.begun and len(self.items) >= limit:
+                    self.cond.wait()
+                if self.closed:
+                    return
+                if gi in self.begun:
+                    continue
+                self.begun.add(gi)
+                self.items[gi] = _BUILDING
+            self._build(gi)
 
 
 def _run_units(units, fn, states: _GroupStates, dynamic: bool = False) -> None:
@@ -706,14 +760,26 @@ def _run_units(units, fn, states: _GroupStates, dynamic: bool = False) -> None:
     inference = torch.is_inference_mode_enabled()  # grad modes are per thread
 
     def job(w):
-        with torch.inference_mode(inference), torch.no_grad():
-            for gi, calls in jobs(w):
-                unit(w, gi, calls)
+        try:
+            with torch.inference_mode(inference), torch.no_grad():
+                for gi, calls in jobs(w):
+                    unit(w, gi, calls)
+        except BaseException:
+            states.close()
+            raise
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         futures = [pool.submit(job, w) for w in range(workers)]
+        try:
+            # the calling thread builds the next group's state meanwhile
+            with torch.inference_mode(inference), torch.no_grad():
+                states.prefetch(workers)
+        finally:
+            for f in futures:
+                f.exception()  # wait for every worker before raising anything
+            states.close()
         for f in futures:
             f.result()
     finally:
