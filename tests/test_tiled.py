@@ -299,17 +299,18 @@ def test_two_workers_give_the_same_forward_every_time():
         torch.set_num_threads(before)
 
 
-def _schedule(groups, units_per_group, fail=None, dynamic=True):
+def _schedule(groups, units_per_group, fail_make=None, fail_unit=None, dynamic=True):
     """Run the tiled scheduler on dummy units on two workers; what it did."""
     units = [(float(u + 1), g, [(g, u)]) for g in range(groups) for u in range(units_per_group)]
     lock = threading.Lock()
-    log = {'made': [], 'done': [], 'ran': [], 'live': 0, 'most': 0}
+    log = {'made': [], 'builders': set(), 'done': [], 'ran': [], 'live': 0, 'most': 0}
 
     def make(gi):
-        if gi == fail:
+        if gi == fail_make:
             raise RuntimeError(f'make {gi} failed')
         with lock:
             log['made'].append(gi)
+            log['builders'].add(threading.get_ident())
             log['live'] += 1
             log['most'] = max(log['most'], log['live'])
         time.sleep(0.002)
@@ -323,6 +324,8 @@ def _schedule(groups, units_per_group, fail=None, dynamic=True):
 
     def fn(worker, calls, state):
         assert state == ('state', calls[0][0])
+        if calls[0] == fail_unit:
+            raise RuntimeError(f'unit {fail_unit} failed')
         time.sleep(0.001)
         with lock:
             log['ran'].extend(calls)
@@ -342,22 +345,30 @@ def test_scheduler_runs_every_unit_once_with_one_state_per_group(dynamic):
     assert sorted(log['ran']) == sorted(c for _, _, calls in units for c in calls)
     assert sorted(log['made']) == list(range(6)) and sorted(log['done']) == list(range(6))
     assert log['most'] <= 3  # the workers' groups (and the next one, prefetched)
+    assert threading.get_ident() in log['builders'], 'the calling thread prefetched nothing'
 
 
-def test_scheduler_raises_a_failed_state_build_and_does_not_hang():
+def _raises_without_hanging(**kwargs):
+    """The scheduler's error (run in a thread so that a hang fails the test)."""
     errors = []
 
     def run():
         try:
-            _schedule(6, 5, fail=3)
+            _schedule(6, 5, **kwargs)
         except RuntimeError as e:
             errors.append(str(e))
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
     t.join(60)
-    assert not t.is_alive(), 'the scheduler hung after a failed state build'
-    assert errors == ['make 3 failed']
+    assert not t.is_alive(), f'the scheduler hung after a failure ({kwargs})'
+    return errors
+
+
+@pytest.mark.parametrize('dynamic', [True, False])
+def test_scheduler_raises_the_first_failure_and_does_not_hang(dynamic):
+    assert _raises_without_hanging(fail_make=3, dynamic=dynamic) == ['make 3 failed']
+    assert _raises_without_hanging(fail_unit=(2, 1), dynamic=dynamic) == ['unit (2, 1) failed']
 
 
 # ----------------------------------------------------------------------------------------
@@ -438,6 +449,7 @@ def test_split_heads_makes_even_parts_within_the_budget():
     assert split_heads((8, 9, 10, 11), 10, 20) == [(8, 9), (10, 11)]
     assert split_heads((8, 9, 10, 11), 10, 30) == [(8, 9), (10, 11)]  # even, not 3 + 1
     assert split_heads((0, 4, 8), 10, 5) == [(0,), (4,), (8,)]  # at least one head
+    assert split_heads(tuple(range(7)), 10, 30) == [(0, 1, 2), (3, 4), (5, 6)]
     assert table_bytes((128, 256), 256) == 256 * 255 * 256 * 4
 
 
@@ -455,14 +467,23 @@ def test_groups_with_large_tables_run_as_fewer_heads():
 
 
 @pytest.mark.parametrize('name', ['lh180', 'lh90', 'center_mix'])
-def test_split_groups_match_reference_float64(name):
-    """A budget below one head's table: every head is its own group (same calls), and
-    forward and gradients still equal the reference, on one and on two workers."""
+@pytest.mark.parametrize('budget', ['one head', 'two heads'])
+def test_split_groups_match_reference_float64(name, budget):
+    """A budget below one head's table (every head its own group, same calls) or of two
+    whole-row heads' tables: forward and gradients still equal the reference, on one
+    and on two workers."""
     grid, cls_token = (5, 7), True
     gb = grid_bias(name, grid, torch.float64)
-    options = replace(FINE, max_table_bytes=1)
+    whole = plan_tiles(gb.visible[0], grid, FINE)
+    options = replace(
+        FINE, max_table_bytes=1 if budget == 'one head' else 2 * table_bytes(grid, 7)
+    )
     plan = plan_tiles(gb.visible[0], grid, options)
-    assert [len(g.heads) for g in plan.groups] == [1] * HEADS
+    if budget == 'one head':
+        assert [len(g.heads) for g in plan.groups] == [1] * HEADS
+    else:
+        assert len(plan.groups) > len(whole.groups)
+        assert all(len(g.heads) <= 2 for g in plan.groups if g.strip == 7)
     q, k, v = qkv(grid, cls_token, dtype=torch.float64, grad=True)
     ref = reference_attention(q, k, v, gb.dense(0, cls_token))
     grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(5), dtype=ref.dtype)

@@ -26,15 +26,16 @@ The bias is never gathered
     ``F[y' + qy, x' + qx]`` with ``F`` the table flipped in both axes. With a re-pitched
     copy of it, ``U[h, js, r, c] = F[h, r, js + c]`` (``c < s``; ``(2W-s)(2H-1)s`` values
     per head, about ``4 N s`` for narrow strips and ``2 N W`` for whole rows; built once
-    per layer and call, for at most ``TileOptions.max_table_bytes`` at a time), the bias
+    per layer and call, at most ``TileOptions.max_table_bytes`` per group), the bias
     of query ``(qy, qx)`` against the keys of reversed strip ``J'`` between reversed rows
-    ``r0..r1`` is the contiguous run ``U[h, J' s + qx, r0 + qy : r1 + qy]``, so the mask of a call is a
-    strided *view* of ``U`` (strides ``(head, s, (2H-1) s, 1)`` over heads, query rows,
-    query columns, keys). No ``(Q, K)`` bias block is ever written; consecutive query rows
-    read the same rows of ``U``, which stay in cache. (``center`` heads' per-key term is
-    added to that view, which materialises the call's block.) The queries and the output
-    stay in the model's order (no copies); K and V are gathered once per layer into the
-    group's reversed strips (contiguous, which the kernel also prefers).
+    ``r0..r1`` is the contiguous run ``U[h, J' s + qx, r0 + qy : r1 + qy]``, so the mask
+    of a call is a strided *view* of ``U`` (strides ``(head, s, (2H-1) s, 1)`` over heads,
+    query rows, query columns, keys). No ``(Q, K)`` bias block is ever written;
+    consecutive query rows read the same rows of ``U``, which stay in cache. (``center``
+    heads' per-key term is added to that view, which materialises the call's block.)
+    The queries and the output stay in the model's order (no copies); K and V are
+    gathered once per layer into the group's reversed strips (contiguous, which the
+    kernel also prefers).
 
 Merges
     Every call returns its partial output and log-sum-exp; they are merged exactly into
@@ -120,11 +121,13 @@ class TileOptions:
             Default: ``(8, 16, 32)``.
         call_cost: cost of one kernel call (with its merge) in query-key pairs, for the
             refinement and the strip choice. Default: 49152.
-        max_table_bytes: the largest re-pitched table (``U``, fp32 bytes) one group's
-            working state may hold; a group of heads whose table would be larger is run
-            as several groups of fewer heads (at least one each), with the same calls:
-            whole-row heads on a big grid need ``2 N W`` values per head (a 128x256
-            grid: 64 MiB). Default: 32 MiB.
+        max_table_bytes: the largest re-pitched table (``U``, counted in fp32 bytes;
+            float64 inputs take twice that) one group's working state may hold; a group
+            of heads whose table would be larger is run as several groups of fewer
+            heads (at least one each), with the same calls: whole-row heads on a big
+            grid need ``2 N W`` values per head (a 128x256 grid: 64 MiB). A few groups'
+            states are held at once (as many as worker threads, and the next).
+            Default: 32 MiB.
     """
 
     rows: int = 8
@@ -471,11 +474,16 @@ def table_bytes(grid_size: Tuple[int, int], strip: int) -> int:
 
 
 def split_heads(heads: Tuple[int, ...], per_head: int, budget: int) -> List[Tuple[int, ...]]:
-    """``heads`` in even consecutive parts of at most ``budget // per_head`` heads (at
-    least one head per part)."""
+    """``heads`` in the fewest consecutive parts of at most ``budget // per_head`` heads
+    (at least one head per part), whose sizes differ by at most one."""
     parts = math.ceil(len(heads) / max(1, min(len(heads), budget // per_head)))
-    size = math.ceil(len(heads) / parts)
-    return [heads[i : i + size] for i in range(0, len(heads), size)]
+    size, extra = divmod(len(heads), parts)
+    out, start = [], 0
+    for i in range(parts):
+        stop = start + size + (i < extra)
+        out.append(heads[start:stop])
+        start = stop
+    return out
 
 
 def _plan_key(visible: Tensor, grid_size: Tuple[int, int], options: TileOptions) -> tuple:
@@ -630,12 +638,18 @@ _POOL_LOCK = threading.Lock()
 _BUILDING = object()  # a state that some thread is building
 
 
+class _Stopped(Exception):
+    """Raised to a worker that asks for a state after the run was stopped (another
+    thread failed: that thread's error is the one the caller sees)."""
+
+
 class _GroupStates:
     """Per-group working state, built by ``make(group)`` (once, by whoever needs it
     first: a worker at the group's first unit, or :meth:`prefetch`) and handed to
     ``done(group, state)`` (then dropped) when the group's last unit ends: with the
-    units in group order, only the groups being worked on, and the next one, hold their
-    re-pitched table and key / value copies."""
+    units in group order, only the groups being worked on and the next one hold their
+    re-pitched table and key / value copies. After :meth:`close` (a failure anywhere),
+    :meth:`get` raises :class:`_Stopped` and nothing more is built."""
 
     def __init__(self, units, make, done):
         self.make, self.done = make, done
@@ -664,8 +678,10 @@ class _GroupStates:
 
     def get(self, gi):
         with self.cond:
-            while self.items.get(gi) is _BUILDING:
+            while self.items.get(gi) is _BUILDING and not self.closed:
                 self.cond.wait()
+            if self.closed:
+                raise _Stopped(gi)
             if gi in self.items:
                 return self.items[gi]
             self.begun.add(gi)
@@ -676,22 +692,23 @@ class _GroupStates:
         with self.cond:
             self.left[gi] -= 1
             item = self.items.pop(gi) if self.left[gi] == 0 else None
-            self.cond.notify_all()
         if item is not None:
             self.done(gi, item)
+            with self.cond:  # only now is the state's memory free for the next one
+                self.cond.notify_all()
 
     def close(self) -> None:
-        """Stop :meth:`prefetch` (a worker failed, or all are done)."""
+        """Stop the run: :meth:`prefetch` returns, :meth:`get` raises."""
         with self.cond:
             self.closed = True
             self.cond.notify_all()
 
     def prefetch(self, limit: int) -> None:
         """Build the states in group order ahead of the workers while fewer than
-        ``limit`` states are held (so the workers do not stop at a new group to build
-        its state; with ``limit`` = the number of workers, no more states are held than
-        when each worker builds its own). Returns when every group has begun or after
-        :meth:`close`."""
+        ``limit`` states are held, so that a worker reaching a new group rarely stops to
+        build its state (with ``limit`` = the number of workers and the units handed out
+        in order, as many states as the workers hold anyway). Returns when every group
+        has begun or after :meth:`close`."""
         for gi in sorted(self.left):
             with self.cond:
                 while not self.closed and gi not in self.begun and len(self.items) >= limit:
@@ -712,13 +729,15 @@ def _run_units(units, fn, states: _GroupStates, dynamic: bool = False) -> None:
     With ``torch.get_num_threads() = n > 1`` the units run on ``n`` Python threads, each
     running its kernels on one intra-op thread (the kernels release the GIL; many small
     kernel calls each synchronising two OpenMP threads were slower than one thread on a
-    shared machine). The units go group by group, largest first within a group, so the
-    workers share at most a few groups' states at a time. ``dynamic``: every worker
-    takes the next unit when it is free (the forward: each unit writes its own output
-    rows, so the result does not depend on who ran what); otherwise each unit is given
-    in advance to the least loaded worker by its modelled cost (the backward: key
-    gradients are summed per worker, and a fixed assignment keeps that sum the same
-    from run to run)."""
+    shared machine), while the calling thread builds the next groups' states
+    (:meth:`_GroupStates.prefetch`). The units go group by group, largest first within
+    a group, so the workers share at most a few groups' states at a time. ``dynamic``:
+    every worker takes the next unit when it is free (the forward: each unit writes its
+    own output rows, so the result does not depend on who ran what); otherwise each
+    unit is given in advance to the least loaded worker by its modelled cost (the
+    backward: key gradients are summed per worker, and a fixed assignment keeps that
+    sum the same from run to run). The first failure stops the run and is raised after
+    every worker has stopped."""
     workers = min(torch.get_num_threads(), len(units))
 
     def unit(w, gi, calls):
@@ -735,7 +754,7 @@ def _run_units(units, fn, states: _GroupStates, dynamic: bool = False) -> None:
         queue_lock = threading.Lock()
 
         def jobs(w):
-            while True:
+            while not states.closed:
                 with queue_lock:
                     item = next(queue, None)
                 if item is None:
@@ -773,15 +792,14 @@ def _run_units(units, fn, states: _GroupStates, dynamic: bool = False) -> None:
     try:
         futures = [pool.submit(job, w) for w in range(workers)]
         try:
-            # the calling thread builds the next group's state meanwhile
             with torch.inference_mode(inference), torch.no_grad():
                 states.prefetch(workers)
         finally:
-            for f in futures:
-                f.exception()  # wait for every worker before raising anything
+            errors = [f.exception() for f in futures]  # waits for every worker
             states.close()
-        for f in futures:
-            f.result()
+        failed = [e for e in errors if e is not None and not isinstance(e, _Stopped)]
+        if failed:
+            raise failed[0]
     finally:
         torch.set_num_threads(threads)
 
@@ -916,7 +934,8 @@ def _backward(
             grp, dqg, key_grads = state[0], state[5], state[8]
             if not isinstance(grp.index, slice):
                 _put(views[4], grp.index, dqg)
-            for dk_str, dv_str in key_grads.values():  # one pair per worker (keys shared)
+            for w in sorted(key_grads):  # one pair per worker (keys shared), in order
+                dk_str, dv_str = key_grads[w]
                 grp.add_from_strips(dk[b, :, off:], dk_str)
                 grp.add_from_strips(dv[b, :, off:], dv_str)
 
