@@ -14,6 +14,9 @@
 # '-std=c++17' flags raised to '-std=c++20' (torch 2.14 headers need C++20). The build
 # takes 30-50 minutes on 2 cores. With nvcc and a CUDA GPU present, CUDA ops are built
 # too (FORCE_CUDA=1). Built wheels are kept in .cache/wheels for the next run.
+# Last, it compiles the fused CPU attention kernel (lookhere_dense/lookhere/csrc, ~20 s,
+# kept in PyTorch's extension directory); without a compiler the project still works
+# (attn_backend='auto' then uses the tiled backend).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -113,6 +116,12 @@ if ! have "import mmengine, mmseg, mmdet, timm, lookhere_dense, pytest; assert m
   pip_install -q --no-deps --no-build-isolation -e .
 fi
 
+# 5. the fused CPU attention kernel (lookhere_dense/lookhere/csrc), compiled once per machine
+#    into PyTorch's extension directory (~20 s); without it `auto` uses the tiled backend
+if ! "$VPY" -c "from lookhere_dense.lookhere.fused import load_fused_ops; load_fused_ops()"; then
+  log "WARNING: the fused CPU attention kernel could not be built (see above); attn_backend='auto' uses 'tiled' instead"
+fi
+
 "$VPY" - <<'PY'
 import torch, mmcv, mmengine, mmseg, mmdet, timm
 from mmcv.ops import nms  # compiled ops present
@@ -120,4 +129,6 @@ import lookhere_dense
 print(f'[setup] ok: torch {torch.__version__}, mmcv {mmcv.__version__} (ops), mmengine {mmengine.__version__}, '
       f'mmseg {mmseg.__version__}, mmdet {mmdet.__version__}, timm {timm.__version__}, '
       f'cuda={torch.cuda.is_available()}')
+from lookhere_dense.lookhere.fused import fused_available
+print(f'[setup] fused CPU attention kernel: {"built" if fused_available() else "not built"}')
 PY

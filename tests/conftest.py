@@ -57,6 +57,17 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def without_fused(monkeypatch):
+    """``auto`` as on a machine where the fused CPU kernel is not built (no compiler, or
+    ``LOOKHERE_FUSED=0``): the engine's availability check answers False for the test, so
+    the ``tiled`` / ``buffered`` choices are exercised (``tests/test_fused.py`` runs the real
+    ``LOOKHERE_FUSED=0`` process too)."""
+    import lookhere_dense.lookhere.engine as engine
+
+    monkeypatch.setattr(engine, 'fused_available', lambda: False)
+
+
 @pytest.fixture(autouse=True)
 def drop_closed_log_streams():
     """After each test, drop the logging handlers whose stream is closed.

@@ -636,8 +636,10 @@ def test_attention_layer_times_lookhere_backends_against_dense_sdpa():
     names = [r['case'] for r in res['rows']]
     assert names == [
         'dense sdpa, no bias',
+        'lh90 fused',
         'lh90 tiled',
         'lh90 chunked',
+        'lh45 fused',
         'lh45 tiled',
         'lh45 chunked',
     ]

@@ -234,6 +234,7 @@ def test_unsupported_uses_are_refused_by_name():
         )
 
 
+@pytest.mark.usefixtures('without_fused')
 def test_auto_picks_buffered_while_training_small_grids():
     from lookhere_dense.lookhere.engine import BUFFERED_MAX_TOKENS, TILED_MIN_TOKENS
 

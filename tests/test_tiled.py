@@ -575,6 +575,7 @@ def test_engine_backend_tiled_matches_reference():
     assert eng.cache_info()['tiled_plans']['size'] == 3
 
 
+@pytest.mark.usefixtures('without_fused')
 def test_auto_picks_tiled_on_cpu_for_large_grids():
     from lookhere_dense.lookhere.engine import TILED_MIN_TOKENS
 
@@ -594,6 +595,7 @@ def test_auto_picks_tiled_on_cpu_for_large_grids():
     assert eng.last_backend == 'tiled' and len(eng.dense) == 0
 
 
+@pytest.mark.usefixtures('without_fused')
 def test_learnable_slopes_train_elsewhere_and_infer_through_tiled():
     """While the slopes train, ``auto`` routes them to a backend that gives the table
     gradients; without autograd it uses ``tiled`` at the current slopes."""

@@ -334,6 +334,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "'tiled' beside what auto picks; default: none)",
     )
     p.add_argument(
+        '--peer-frame-backends',
+        nargs='+',
+        default=(),
+        choices=BACKENDS[1:],
+        metavar='BACKEND',
+        help='extra peer whole-frame cases per preset with the LookHere backend forced (e.g. '
+        "'tiled' beside what auto picks; default: none)",
+    )
+    p.add_argument(
         '--peer-parts',
         nargs='+',
         default=None,
@@ -508,6 +517,7 @@ def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
             train_presets=[p for p in presets if p != 'lh45'] or presets,
             train_steps=args.peer_train_steps,
             train_backends=args.peer_train_backends,
+            frame_backends=args.peer_frame_backends,
             segmenter_config=args.peer_segmenter_config,
             rounds=args.frame_repeats,
             layer_rounds=args.peer_layer_rounds,

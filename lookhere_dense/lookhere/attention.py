@@ -51,7 +51,7 @@ from torch import Tensor
 __all__ = ['BACKENDS', 'reference_attention', 'sdpa_attention']
 
 #: Values of the engine's ``backend`` (and the backbone's ``attn_backend``).
-BACKENDS = ('auto', 'reference', 'sdpa', 'chunked', 'flex', 'tiled', 'buffered')
+BACKENDS = ('auto', 'reference', 'sdpa', 'chunked', 'flex', 'tiled', 'buffered', 'fused')
 
 
 def _as_4d(mask: Tensor) -> Tensor:

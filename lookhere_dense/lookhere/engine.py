@@ -6,8 +6,8 @@ size, device and dtype), chooses a backend per call (``auto``, see
 :meth:`~LookHereAttentionEngine.choose_backend`), and is shared by all layers of a model:
 layers differ only in which table slice they read, and layers with the same head string
 share one block mask. Nothing here is part of a ``state_dict``. The backends themselves
-live in :mod:`.attention` (dense), :mod:`.chunked`, :mod:`.tiled`, :mod:`.buffered` and
-:mod:`.flex`.
+live in :mod:`.attention` (dense), :mod:`.chunked`, :mod:`.tiled`, :mod:`.buffered`,
+:mod:`.fused` (the compiled CPU kernel) and :mod:`.flex`.
 
 Slopes. Called plainly, the engine computes the bias at the slopes of its config, and
 caches everything. Called with ``slopes=`` (a :class:`~.slopes.LookHereSlopes`, what
@@ -59,14 +59,25 @@ from .flex import (
     lookhere_block_mask,
     tile_order,
 )
+from .fused import fused_attention, fused_available
 from .slopes import LookHereSlopes
 from .tiled import tiled_attention
 from .windows import attend_in_windows, padded_grid, window_key_mask
 
-__all__ = ['LookHereAttentionEngine', 'TILED_MIN_TOKENS', 'BUFFERED_MAX_TOKENS']
+__all__ = [
+    'LookHereAttentionEngine',
+    'FUSED_MIN_TOKENS',
+    'TILED_MIN_TOKENS',
+    'BUFFERED_MAX_TOKENS',
+]
 
-#: ``auto`` uses the ``tiled`` backend on CPU from this many tokens on (512x512 ViT-B/16
-#: inputs have 1025)
+#: ``auto`` uses the compiled ``fused`` kernel on CPU from this many tokens on, wherever it
+#: is built; below it (224x224 at patch 16: 197 tokens) the cached dense bias and SDPA
+#: tie with it (docs/performance.md, "The fused kernel")
+FUSED_MIN_TOKENS = 400
+
+#: where the ``fused`` kernel is not built, ``auto`` uses the ``tiled`` backend on CPU from
+#: this many tokens on (512x512 ViT-B/16 inputs have 1025)
 TILED_MIN_TOKENS = 1024
 #: ... except while training up to this many tokens, where it uses ``buffered`` (a few
 #: kernel calls with the dense bias rebuilt into a reused buffer beat the tiled plan's
@@ -82,10 +93,12 @@ class LookHereAttentionEngine:
         config: the LookHere configuration.
         depth: number of layers that ask for a bias (layer index ``0..depth-1``).
         num_heads: heads per layer.
-        backend: one of :data:`BACKENDS`. ``auto`` uses ``tiled`` on CPU for sequences
-            of :data:`TILED_MIN_TOKENS` or more (without attention dropout or training
-            slopes; ``buffered`` instead while training up to
-            :data:`BUFFERED_MAX_TOKENS`), else ``sdpa`` with cached dense biases when the dense biases of all
+        backend: one of :data:`BACKENDS`. ``auto`` uses the compiled ``fused`` kernel on
+            CPU (without attention dropout or training slopes) from
+            :data:`FUSED_MIN_TOKENS` tokens on where it is built; where it is not, ``tiled``
+            on CPU for sequences of :data:`TILED_MIN_TOKENS` or more (``buffered`` instead
+            while training up to :data:`BUFFERED_MAX_TOKENS`); else ``sdpa`` with cached
+            dense biases when the dense biases of all
             layers for the grid fit in ``max_dense_mb``, else ``flex`` on CUDA (without
             attention dropout) and ``chunked`` elsewhere.
             Default: ``'auto'``.
@@ -148,6 +161,8 @@ class LookHereAttentionEngine:
         self.distances = BoundedCache(2 * cache_size)
         #: tiled plans per (fields of view, grid): shared across layers
         self.tiled_plans = BoundedCache(cache_size * max(1, len(config.direction_strings)))
+        #: fused kernel plans per (fields of view, grid, tile): shared across layers
+        self.fused_plans = BoundedCache(cache_size * max(1, len(config.direction_strings)))
         #: the ``buffered`` backend's reused bias buffers (one per shape and thread)
         self.bias_buffers = BiasBuffers()
         self.last_backend: Optional[str] = None
@@ -162,6 +177,7 @@ class LookHereAttentionEngine:
             orders=self.orders,
             distances=self.distances,
             tiled_plans=self.tiled_plans,
+            fused_plans=self.fused_plans,
             bias_buffers=self.bias_buffers,
         )
 
@@ -351,12 +367,15 @@ class LookHereAttentionEngine:
     ) -> str:
         """The backend ``auto`` picks for a sequence of ``tokens`` on ``device``.
 
-        On CPU, ``tiled`` from :data:`TILED_MIN_TOKENS` tokens on (it skips the key tiles
-        the heads cannot see and keeps no dense bias; see ``docs/performance.md``), and
-        ``buffered`` there instead when ``training`` (autograd records the call) with
-        at most :data:`BUFFERED_MAX_TOKENS` tokens; neither when attention dropout is on
-        or ``slope_grads`` (learnable slopes that need gradients: both give the table
-        none). Otherwise ``sdpa`` (cached dense
+        On CPU, without attention dropout and without ``slope_grads`` (learnable slopes
+        that need gradients: the CPU kernels give the table none): the compiled ``fused``
+        kernel from :data:`FUSED_MIN_TOKENS` tokens on, where it is built
+        (:func:`~.fused.fused_available`; it skips the key tiles the heads cannot see,
+        reads the bias from the small table in its softmax pass and keeps no dense bias;
+        see ``docs/performance.md``). Where it is not built: ``tiled`` from
+        :data:`TILED_MIN_TOKENS` tokens on, and ``buffered`` there instead when
+        ``training`` (autograd records the call) with at most
+        :data:`BUFFERED_MAX_TOKENS` tokens. Otherwise ``sdpa`` (cached dense
         biases, the fastest where they fit) when all layers' dense biases in ``dtype``
         fit in ``max_dense_mb``; otherwise ``flex`` on CUDA (unless attention dropout is
         on, flex failed before, or ``slope_grads`` meet a torch whose compiled flex cannot
@@ -365,12 +384,10 @@ class LookHereAttentionEngine:
         """
         if self.backend != 'auto':
             return self.backend
-        if (
-            torch.device(device).type == 'cpu'
-            and tokens >= TILED_MIN_TOKENS
-            and dropout_p == 0
-            and not slope_grads
-        ):
+        cpu_flash = torch.device(device).type == 'cpu' and dropout_p == 0 and not slope_grads
+        if cpu_flash and tokens >= FUSED_MIN_TOKENS and fused_available():
+            return 'fused'
+        if cpu_flash and tokens >= TILED_MIN_TOKENS:
             return 'buffered' if training and tokens <= BUFFERED_MAX_TOKENS else 'tiled'
         itemsize = torch.empty((), dtype=dtype).element_size()
         dense_bytes = self.depth * self.num_heads * tokens * tokens * itemsize
@@ -472,12 +489,16 @@ class LookHereAttentionEngine:
 
         if backend == 'chunked':
             return chunked()
-        if backend in ('tiled', 'buffered'):
+        if backend in ('tiled', 'buffered', 'fused'):
             if slopes is None:
                 grid_bias, index = self.grid_bias(grid_size, q.device, q.dtype), layer
             else:
                 grid_bias = self.slope_bias(layer, grid_size, q.device, q.dtype, slopes)
                 index = 0
+            if backend == 'fused':
+                return fused_attention(
+                    q, k, v, grid_bias, index, cls_token, dropout_p, plans=self.fused_plans
+                )
             if backend == 'buffered':
                 return buffered_attention(
                     q, k, v, grid_bias, index, cls_token, dropout_p, self.bias_buffers

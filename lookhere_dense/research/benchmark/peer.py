@@ -16,10 +16,11 @@ Cases (``mode``):
 ``train``     a training step of ``forward_features`` (``mean().backward()``) at ``size``
               after one warm-up step; median seconds over ``steps``, peak memory over them.
 ``layer``     (CPU, in process) one attention layer at the frame's token count: dense SDPA
-              without bias vs LookHere's ``tiled`` and ``chunked`` (:func:`attention_layer`).
+              without bias vs LookHere's ``fused``, ``tiled`` and ``chunked``
+              (:func:`attention_layer`).
 ``train_layer`` (CPU, in process) one attention layer, forward + backward, at the token
-              counts of training crops: dense SDPA without bias vs ``tiled`` and
-              ``buffered`` (where ``auto`` switches between them while training).
+              counts of training crops: dense SDPA without bias vs ``fused``, ``tiled`` and
+              ``buffered``.
 ``segmenter`` (OpenMMLab) a Segmenter training step (``loss`` + backward) of an mmseg
               config at ``size``, with the config's LookHere trunk or with timm's ViT-B in
               its place (:class:`TimmTrunk`: timm's ``VisionTransformer`` of the backbone's width,
@@ -269,7 +270,7 @@ def peer_case(case: Dict[str, Any]) -> Dict[str, Any]:
 def attention_layer(
     presets: Sequence[str],
     size: Sequence[int],
-    backends: Sequence[str] = ('tiled', 'chunked'),
+    backends: Sequence[str] = ('fused', 'tiled', 'chunked'),
     rounds: int = 3,
     num_heads: int = 12,
     head_dim: int = 64,
@@ -375,6 +376,7 @@ def bench_peer(
     train_steps: int = 3,
     train_layer_sizes: Sequence[int] = (512, 640),
     train_backends: Sequence[str] = (),
+    frame_backends: Sequence[str] = (),
     segmenter_config: Optional[str] = None,
     rounds: int = 2,
     layer_rounds: int = 3,
@@ -399,6 +401,8 @@ def bench_peer(
         train_backends: extra ``train`` cases per train preset with the backend forced
             (``'<preset>:<backend>'``, e.g. ``tiled`` beside what ``auto`` picks).
             Default: none.
+        frame_backends: extra ``frame`` cases per preset with the backend forced (e.g.
+            ``tiled`` beside what ``auto`` picks). Default: none.
         segmenter_config: an mmseg Segmenter config for the Segmenter training step
             (OpenMMLab); None: skip. Default: None.
         rounds: interleaved rounds (fresh process per case and round). Default: 2.
@@ -450,7 +454,11 @@ def bench_peer(
         out['train_layer'] = []
         for side in train_layer_sizes:
             res = attention_layer(
-                train_presets, (side, side), ('tiled', 'buffered'), layer_rounds, train=True
+                train_presets,
+                (side, side),
+                ('fused', 'tiled', 'buffered'),
+                layer_rounds,
+                train=True,
             )
             out['train_layer'].append(res)
             for row in res['rows']:
@@ -461,7 +469,11 @@ def bench_peer(
                 )
     if 'frame' in want:
         out['frame'] = _run(
-            cases('frame', frame_size, [PEER, NOBIAS, *presets]),
+            cases(
+                'frame',
+                frame_size,
+                [PEER, NOBIAS, *presets] + [f'{p}:{b}' for p in presets for b in frame_backends],
+            ),
             rounds,
             timeout,
             f'frame {frame_size}',

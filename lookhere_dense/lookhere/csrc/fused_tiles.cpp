@@ -1,0 +1,738 @@
+// The ``fused`` LookHere backend's CPU kernels: exact, tile-sparse attention whose bias is
+// read from the layer's relative table inside the softmax pass.
+//
+// Tokens. The H x W patch grid is cut into tiles of th x tw patches (the last row / column
+// of tiles may be smaller), numbered row-major (t = ty * nTx + tx); inside a tile the
+// patches are row-major ("tile order"). J global prefix tokens (CLS, Jumbo) come first in
+// the model's sequence, with bias 0 to and from everything; this kernel computes the patch
+// queries (the prefix queries are one plain SDPA call in Python).
+//
+// Plan (made in Python, fused.py): for every head group and query tile, the runs of
+// consecutive key tiles holding a key that some query of the tile can see
+// (``runs[run_ptr[g, qt] .. run_ptr[g, qt + 1])``, each ``first, last + 1``).
+//
+// Packed keys. A head's keys and values are copied once per call into "slots": the J
+// prefix keys, then every tile, each part padded with zero keys to a multiple of the
+// vector width V (16 floats with AVX-512). Keys are stored both as rows (``[slot][dp]``)
+// and as panels of V slots (``[panel][dp][V]``, what the score product reads); the head
+// dimension d is padded with zeros to ``dp``, a multiple of V. Padded slots get the bias
+// -inf, so they take no part.
+//
+// Forward, per (batch, head, query tile), an online softmax over blocks of whole tiles
+// (<= max_keys slots; the prefix keys are the first block):
+//   S = Q K^T (micro-kernel on the panels), then per query row: the row's bias copied from
+//   the table (a key tile's row is one contiguous run of it) and added with the scale in
+//   the pass that takes the row maximum; P = exp(S - m); acc = acc * exp(m_old - m) + P V.
+// Backward, per (batch, head): the flash-attention backward over the same blocks with the
+//   global log-sum-exp; dK / dV accumulated in slots and written back at the end.
+//
+// The three products are register-blocked micro-kernels over at::vec::Vectorized (no
+// packing per call, which a BLAS call would do for every block).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+template <typename T>
+using Vec = at::vec::Vectorized<T>;
+
+inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+// ---------------------------------------------------------------------------------------
+// Micro-kernels (row-major matrices; dp and slot counts are multiples of V)
+// ---------------------------------------------------------------------------------------
+
+// C[r][p*V + l] = sum_c A[r][c] * Bp[p][c][l] for R rows x P panels.
+template <typename T, int R, int P>
+inline void qk_tile(const T* A, int lda, const T* Bp, int dp, T* C, int ldc) {
+  constexpr int V = Vec<T>::size();
+  Vec<T> acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) acc[r][p] = Vec<T>(T(0));
+  for (int c = 0; c < dp; ++c) {
+    Vec<T> b[P];
+    for (int p = 0; p < P; ++p) b[p] = Vec<T>::loadu(Bp + (int64_t)p * dp * V + c * V);
+    for (int r = 0; r < R; ++r) {
+      const Vec<T> a(A[(int64_t)r * lda + c]);
+      for (int p = 0; p < P; ++p) acc[r][p] = at::vec::fmadd(a, b[p], acc[r][p]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) acc[r][p].store(C + (int64_t)r * ldc + p * V);
+}
+
+template <typename T, int P>
+inline void qk_rows(int rows, const T* A, int lda, const T* Bp, int dp, T* C, int ldc) {
+  switch (rows) {
+    case 8: return qk_tile<T, 8, P>(A, lda, Bp, dp, C, ldc);
+    case 7: return qk_tile<T, 7, P>(A, lda, Bp, dp, C, ldc);
+    case 6: return qk_tile<T, 6, P>(A, lda, Bp, dp, C, ldc);
+    case 5: return qk_tile<T, 5, P>(A, lda, Bp, dp, C, ldc);
+    case 4: return qk_tile<T, 4, P>(A, lda, Bp, dp, C, ldc);
+    case 3: return qk_tile<T, 3, P>(A, lda, Bp, dp, C, ldc);
+    case 2: return qk_tile<T, 2, P>(A, lda, Bp, dp, C, ldc);
+    default: return qk_tile<T, 1, P>(A, lda, Bp, dp, C, ldc);
+  }
+}
+
+// C (n x ns) = A (n x dp) * B^T, B given as panels of V slots: ns / V panels.
+template <typename T>
+void gemm_panels(const T* A, int n, int dp, const T* Bp, int ns, T* C, int ldc) {
+  constexpr int V = Vec<T>::size();
+  const int panels = ns / V;
+  for (int p = 0; p < panels; p += 2) {
+    const T* b = Bp + (int64_t)p * dp * V;
+    for (int r = 0; r < n; r += 8) {
+      const int rows = std::min(8, n - r);
+      if (p + 1 < panels)
+        qk_rows<T, 2>(rows, A + (int64_t)r * dp, dp, b, dp, C + (int64_t)r * ldc + p * V, ldc);
+      else
+        qk_rows<T, 1>(rows, A + (int64_t)r * dp, dp, b, dp, C + (int64_t)r * ldc + p * V, ldc);
+    }
+  }
+}
+
+// C[r][cb + n*V ..] += alpha * sum_j A[r][j] * B[j][cb + n*V ..], R rows x NV vectors.
+template <typename T, int R, int NV>
+inline void av_tile(const T* A, int lda, const T* B, int ldb, int k, T* C, int ldc, T alpha) {
+  constexpr int V = Vec<T>::size();
+  Vec<T> acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < NV; ++n) acc[r][n] = Vec<T>(T(0));
+  for (int j = 0; j < k; ++j) {
+    Vec<T> b[NV];
+    for (int n = 0; n < NV; ++n) b[n] = Vec<T>::loadu(B + (int64_t)j * ldb + n * V);
+    for (int r = 0; r < R; ++r) {
+      const Vec<T> a(A[(int64_t)r * lda + j]);
+      for (int n = 0; n < NV; ++n) acc[r][n] = at::vec::fmadd(a, b[n], acc[r][n]);
+    }
+  }
+  const Vec<T> va(alpha);
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < NV; ++n) {
+      T* c = C + (int64_t)r * ldc + n * V;
+      at::vec::fmadd(acc[r][n], va, Vec<T>::loadu(c)).store(c);
+    }
+}
+
+template <typename T, int NV>
+inline void av_rows(int rows, const T* A, int lda, const T* B, int ldb, int k, T* C, int ldc,
+                    T alpha) {
+  switch (rows) {
+    case 4: return av_tile<T, 4, NV>(A, lda, B, ldb, k, C, ldc, alpha);
+    case 3: return av_tile<T, 3, NV>(A, lda, B, ldb, k, C, ldc, alpha);
+    case 2: return av_tile<T, 2, NV>(A, lda, B, ldb, k, C, ldc, alpha);
+    default: return av_tile<T, 1, NV>(A, lda, B, ldb, k, C, ldc, alpha);
+  }
+}
+
+// C (n x dp) += alpha * A (n x k, lda) * B (k x dp, row-major).
+template <typename T>
+void gemm_rows(const T* A, int lda, int n, int k, const T* B, int dp, T* C, T alpha) {
+  constexpr int V = Vec<T>::size();
+  for (int cb = 0; cb < dp; cb += 4 * V) {
+    const int nv = std::min(4, (dp - cb) / V);
+    for (int r = 0; r < n; r += 4) {
+      const int rows = std::min(4, n - r);
+      const T* a = A + (int64_t)r * lda;
+      T* c = C + (int64_t)r * dp + cb;
+      switch (nv) {
+        case 4: av_rows<T, 4>(rows, a, lda, B + cb, dp, k, c, dp, alpha); break;
+        case 3: av_rows<T, 3>(rows, a, lda, B + cb, dp, k, c, dp, alpha); break;
+        case 2: av_rows<T, 2>(rows, a, lda, B + cb, dp, k, c, dp, alpha); break;
+        default: av_rows<T, 1>(rows, a, lda, B + cb, dp, k, c, dp, alpha); break;
+      }
+    }
+  }
+}
+
+// C[j][cb + n*V ..] += alpha * sum_r A[r][j] * B[r][cb + n*V ..], JR slots x NV vectors.
+template <typename T, int JR, int NV>
+inline void tb_tile(const T* A, int lda, const T* B, int ldb, int n_rows, T* C, int ldc,
+                    T alpha) {
+  constexpr int V = Vec<T>::size();
+  Vec<T> acc[JR][NV];
+  for (int j = 0; j < JR; ++j)
+    for (int n = 0; n < NV; ++n) acc[j][n] = Vec<T>(T(0));
+  for (int r = 0; r < n_rows; ++r) {
+    Vec<T> b[NV];
+    for (int n = 0; n < NV; ++n) b[n] = Vec<T>::loadu(B + (int64_t)r * ldb + n * V);
+    for (int j = 0; j < JR; ++j) {
+      const Vec<T> a(A[(int64_t)r * lda + j]);
+      for (int n = 0; n < NV; ++n) acc[j][n] = at::vec::fmadd(a, b[n], acc[j][n]);
+    }
+  }
+  const Vec<T> va(alpha);
+  for (int j = 0; j < JR; ++j)
+    for (int n = 0; n < NV; ++n) {
+      T* c = C + (int64_t)j * ldc + n * V;
+      at::vec::fmadd(acc[j][n], va, Vec<T>::loadu(c)).store(c);
+    }
+}
+
+// C (ns x dp) += alpha * A^T * B with A (n x ns, lda), B (n x dp).
+template <typename T>
+void gemm_t(const T* A, int lda, int n, int ns, const T* B, int dp, T* C, T alpha) {
+  constexpr int V = Vec<T>::size();
+  for (int cb = 0; cb < dp; cb += 4 * V) {
+    const int nv = std::min(4, (dp - cb) / V);
+    for (int j = 0; j < ns; j += 4) {  // ns is a multiple of V >= 4... or of 4 for double
+      const T* a = A + j;
+      T* c = C + (int64_t)j * dp + cb;
+      switch (nv) {
+        case 4: tb_tile<T, 4, 4>(a, lda, B + cb, dp, n, c, dp, alpha); break;
+        case 3: tb_tile<T, 4, 3>(a, lda, B + cb, dp, n, c, dp, alpha); break;
+        case 2: tb_tile<T, 4, 2>(a, lda, B + cb, dp, n, c, dp, alpha); break;
+        default: tb_tile<T, 4, 1>(a, lda, B + cb, dp, n, c, dp, alpha); break;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Row passes
+// ---------------------------------------------------------------------------------------
+
+// s[0..n) = s * scale + bias; returns max(mx, the row's maximum). n is a multiple of V.
+template <typename T>
+inline T scale_add_max(T* s, const T* bias, int n, T scale, T mx) {
+  constexpr int V = Vec<T>::size();
+  Vec<T> vmax(mx);
+  const Vec<T> vs(scale);
+  for (int j = 0; j < n; j += V) {
+    Vec<T> x = at::vec::fmadd(Vec<T>::loadu(s + j), vs, Vec<T>::loadu(bias + j));
+    x.store(s + j);
+    vmax = at::vec::maximum(vmax, x);
+  }
+  T tmp[V];
+  vmax.store(tmp);
+  for (int i = 0; i < V; ++i) mx = std::max(mx, tmp[i]);
+  return mx;
+}
+
+template <typename T>
+inline Vec<T> vexp(const Vec<T>& x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x.exp_u20();
+  } else {
+    T tmp[Vec<T>::size()];
+    x.store(tmp);
+    for (int i = 0; i < Vec<T>::size(); ++i) tmp[i] = std::exp(tmp[i]);
+    return Vec<T>::loadu(tmp);
+  }
+}
+
+// s[0..n) = exp(s - m); returns the sum (m finite). n is a multiple of V.
+template <typename T>
+inline T exp_sum(T* s, int n, T m) {
+  constexpr int V = Vec<T>::size();
+  const Vec<T> vm(m);
+  Vec<T> vsum(T(0));
+  for (int j = 0; j < n; j += V) {
+    Vec<T> x = vexp<T>(Vec<T>::loadu(s + j) - vm);
+    x.store(s + j);
+    vsum = vsum + x;
+  }
+  T tmp[V];
+  vsum.store(tmp);
+  T sum = 0;
+  for (int i = 0; i < V; ++i) sum += tmp[i];
+  return sum;
+}
+
+// dst[0..n) = src[0..n) for short runs (a key tile's row): fixed-size pieces the compiler
+// turns into vector moves instead of a library call per run.
+template <typename T>
+inline void copy_short(T* dst, const T* src, int n) {
+  int c = 0;
+  for (; c + 8 <= n; c += 8) {
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) dst[c + i] = src[c + i];
+  }
+  for (; c < n; ++c) dst[c] = src[c];
+}
+
+// ---------------------------------------------------------------------------------------
+// Layout
+// ---------------------------------------------------------------------------------------
+
+// The tiles of an H x W grid and the padded key slots.
+struct Tiles {
+  int H, W, th, tw, n, J, Jp, V, slots;
+  std::vector<int> y0, x0, rows, cols, start, slot;  // start: tile order; slot: padded
+  std::vector<int> order;                            // tile-order position -> patch
+
+  Tiles(int H_, int W_, int th_, int tw_, int J_, int V_)
+      : H(H_), W(W_), th(th_), tw(tw_), J(J_), V(V_) {
+    const int nty = (H + th - 1) / th, ntx = (W + tw - 1) / tw;
+    n = nty * ntx;
+    Jp = round_up(J, V);
+    start.push_back(0);
+    slot.push_back(Jp);
+    for (int ty = 0; ty < nty; ++ty)
+      for (int tx = 0; tx < ntx; ++tx) {
+        int a = ty * th, b = tx * tw, r = std::min(th, H - a), c = std::min(tw, W - b);
+        y0.push_back(a);
+        x0.push_back(b);
+        rows.push_back(r);
+        cols.push_back(c);
+        start.push_back(start.back() + r * c);
+        slot.push_back(slot.back() + round_up(r * c, V));
+        for (int i = 0; i < r; ++i)
+          for (int j = 0; j < c; ++j) order.push_back((a + i) * W + b + j);
+      }
+    slots = slot.back();
+  }
+  int size(int t) const { return start[t + 1] - start[t]; }
+  int max_tile() const {
+    int m = 0;
+    for (int t = 0; t < n; ++t) m = std::max(m, size(t));
+    return m;
+  }
+};
+
+// A block of key slots: the prefix slots, or whole tiles t0 .. t1 - 1.
+struct Block {
+  bool prefix;
+  int t0, t1, s0, ns;  // first slot, slot count
+};
+
+struct Plan {
+  const int* run_ptr;     // (G, nQT + 1)
+  const int* runs;        // (R, 2)
+  const int* head_group;  // (heads,)
+  int nqt;
+};
+
+// The blocks of (group, query tile): the prefix keys, then the runs cut at max_keys.
+void blocks_of(const Tiles& tl, const Plan& plan, int g, int qt, int max_keys,
+               std::vector<Block>& out) {
+  out.clear();
+  if (tl.J > 0) out.push_back({true, 0, 0, 0, tl.Jp});
+  const int* rp = plan.run_ptr + (int64_t)g * (plan.nqt + 1);
+  for (int r = rp[qt]; r < rp[qt + 1]; ++r) {
+    int a = plan.runs[2 * r], b = plan.runs[2 * r + 1];
+    while (a < b) {
+      int e = a + 1;
+      while (e < b && tl.slot[e + 1] - tl.slot[a] <= max_keys) ++e;
+      out.push_back({false, a, e, tl.slot[a], tl.slot[e] - tl.slot[a]});
+      a = e;
+    }
+  }
+}
+
+// The bias of query (qy, qx) against a block's slots into brow (-inf on padding).
+template <typename T>
+inline void bias_row(T* brow, const Tiles& tl, const Block& blk, const T* table_h,
+                     const T* key_h, int qy, int qx) {
+  const T blocked = -std::numeric_limits<T>::infinity();
+  if (blk.prefix) {
+    std::fill(brow, brow + tl.J, T(0));
+    std::fill(brow + tl.J, brow + blk.ns, blocked);
+    return;
+  }
+  const int W2 = 2 * tl.W - 1;
+  int j = 0;
+  for (int t = blk.t0; t < blk.t1; ++t) {
+    const int rows = tl.rows[t], cols = tl.cols[t], n = rows * cols;
+    const T* b = table_h + (int64_t)(tl.y0[t] - qy + tl.H - 1) * W2 + (tl.x0[t] - qx + tl.W - 1);
+    T* dst = brow + j;
+    for (int r = 0; r < rows; ++r, b += W2) copy_short<T>(dst + r * cols, b, cols);
+    if (key_h) {
+      const T* e = key_h + tl.start[t];
+      for (int i = 0; i < n; ++i) dst[i] += e[i];
+    }
+    const int padded = tl.slot[t + 1] - tl.slot[t];
+    std::fill(dst + n, dst + padded, blocked);
+    j += padded;
+  }
+}
+
+// One head's keys / values in slots: rows [slots][dp] and/or panels [slots / V][dp][V].
+template <typename T>
+void pack_head(const T* src, int64_t ld, const Tiles& tl, int d, int dp, T* rows, T* panels) {
+  const int V = tl.V;
+  auto put = [&](int s, const T* x) {
+    if (rows) std::memcpy(rows + (int64_t)s * dp, x, sizeof(T) * d);
+    if (panels) {
+      T* p = panels + (int64_t)(s / V) * dp * V + (s % V);
+      for (int c = 0; c < d; ++c) p[c * V] = x[c];
+    }
+  };
+  for (int j = 0; j < tl.J; ++j) put(j, src + j * ld);
+  for (int t = 0; t < tl.n; ++t)
+    for (int i = 0; i < tl.size(t); ++i)
+      put(tl.slot[t] + i, src + (int64_t)(tl.J + tl.order[tl.start[t] + i]) * ld);
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward
+// ---------------------------------------------------------------------------------------
+template <typename T>
+void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& table, const c10::optional<at::Tensor>& key_term,
+                  const Plan& plan, const Tiles& tl, double scale_d, int max_keys,
+                  int64_t gather_bytes, at::Tensor& out, at::Tensor& lse) {
+  constexpr int V = Vec<T>::size();
+  const int64_t B = q.size(0), heads = q.size(1), N = (int64_t)tl.H * tl.W;
+  const int d = (int)q.size(3), dp = round_up(d, V), J = tl.J;
+  const T scale = (T)scale_d;
+  const T* qp = q.data_ptr<T>();
+  const T* tp = table.data_ptr<T>();
+  const T* kt = key_term ? key_term->data_ptr<T>() : nullptr;
+  T* op = out.data_ptr<T>();
+  T* lp = lse.data_ptr<T>();
+  const int64_t tab = (int64_t)(2 * tl.H - 1) * (2 * tl.W - 1);
+  const int64_t BH = B * heads;
+  const int64_t head_bytes = 2 * (int64_t)tl.slots * dp * sizeof(T);
+  const int64_t phase = std::min<int64_t>(BH, std::max<int64_t>(1, gather_bytes / head_bytes));
+  const int64_t per = (int64_t)tl.slots * dp;
+  std::vector<T> kpan(phase * per), vrow(phase * per);  // zeros: the padding stays 0
+  const int max_tile = tl.max_tile();
+  const int width = std::max(round_up(max_keys, V), std::max(round_up(max_tile, V), tl.Jp));
+  const T lowest = -std::numeric_limits<T>::infinity();
+
+  for (int64_t p0 = 0; p0 < BH; p0 += phase) {
+    const int64_t p1 = std::min(BH, p0 + phase);
+    at::parallel_for(0, p1 - p0, 1, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) {
+        const int64_t bh = p0 + i, bb = bh / heads, h = bh % heads;
+        pack_head<T>(k.data_ptr<T>() + bb * k.stride(0) + h * k.stride(1), k.stride(2), tl, d,
+                     dp, nullptr, kpan.data() + i * per);
+        pack_head<T>(v.data_ptr<T>() + bb * v.stride(0) + h * v.stride(1), v.stride(2), tl, d,
+                     dp, vrow.data() + i * per, nullptr);
+      }
+    });
+    const int64_t items = (p1 - p0) * plan.nqt;
+    std::atomic<int64_t> next(0);
+    at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+      std::vector<T> qb((size_t)max_tile * dp, T(0)), acc((size_t)max_tile * dp),
+          sb((size_t)max_tile * width), brow(width), mrow(max_tile), lrow(max_tile),
+          alpha(max_tile);
+      std::vector<int> qy(max_tile), qx(max_tile);
+      std::vector<Block> blocks;
+      for (int64_t it; (it = next.fetch_add(1)) < items;) {
+        const int64_t i = it / plan.nqt, bh = p0 + i, bb = bh / heads, h = bh % heads;
+        const int qt = (int)(it % plan.nqt);
+        const int nq = tl.size(qt);
+        const T* qh = qp + bb * q.stride(0) + h * q.stride(1);
+        for (int r = 0; r < nq; ++r) {
+          const int patch = tl.order[tl.start[qt] + r];
+          std::memcpy(qb.data() + (int64_t)r * dp, qh + (J + patch) * q.stride(2),
+                      sizeof(T) * d);
+          qy[r] = patch / tl.W;
+          qx[r] = patch % tl.W;
+          mrow[r] = lowest;
+          lrow[r] = 0;
+        }
+        std::fill(acc.begin(), acc.begin() + (int64_t)nq * dp, T(0));
+        blocks_of(tl, plan, plan.head_group[h], qt, max_keys, blocks);
+        const T* table_h = tp + h * tab;
+        const T* key_h = kt ? kt + h * N : nullptr;
+        const T* kh = kpan.data() + i * per;
+        const T* vh = vrow.data() + i * per;
+        for (const Block& blk : blocks) {
+          const int ns = blk.ns;
+          T* s = sb.data();
+          gemm_panels<T>(qb.data(), nq, dp, kh + (int64_t)blk.s0 * dp, ns, s, ns);
+          for (int r = 0; r < nq; ++r) {
+            T* row = s + (int64_t)r * ns;
+            bias_row<T>(brow.data(), tl, blk, table_h, key_h, qy[r], qx[r]);
+            const T mnew = scale_add_max<T>(row, brow.data(), ns, scale, mrow[r]);
+            if (mnew == lowest) {  // nothing seen yet
+              std::fill(row, row + ns, T(0));
+              alpha[r] = 1;
+              continue;
+            }
+            alpha[r] = std::exp(mrow[r] - mnew);
+            lrow[r] = lrow[r] * alpha[r] + exp_sum<T>(row, ns, mnew);
+            mrow[r] = mnew;
+          }
+          for (int r = 0; r < nq; ++r)
+            if (alpha[r] != T(1)) {
+              T* a = acc.data() + (int64_t)r * dp;
+              const Vec<T> va(alpha[r]);
+              for (int c = 0; c < dp; c += V) (Vec<T>::loadu(a + c) * va).store(a + c);
+            }
+          gemm_rows<T>(s, ns, nq, ns, vh + (int64_t)blk.s0 * dp, dp, acc.data(), T(1));
+        }
+        T* oh = op + bb * out.stride(0) + h * out.stride(1);
+        T* lh = lp + bb * lse.stride(0) + h * lse.stride(1);
+        for (int r = 0; r < nq; ++r) {
+          const int patch = tl.order[tl.start[qt] + r];
+          T* o = oh + (J + patch) * out.stride(2);
+          const T* a = acc.data() + (int64_t)r * dp;
+          if (lrow[r] > 0) {
+            const T inv = T(1) / lrow[r];
+            for (int c = 0; c < d; ++c) o[c] = a[c] * inv;
+            lh[(J + patch) * lse.stride(2)] = mrow[r] + std::log(lrow[r]);
+          } else {
+            for (int c = 0; c < d; ++c) o[c] = 0;
+            lh[(J + patch) * lse.stride(2)] = lowest;
+          }
+        }
+      }
+    });
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------------------
+template <typename T>
+void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                   const at::Tensor& table, const c10::optional<at::Tensor>& key_term,
+                   const Plan& plan, const Tiles& tl, double scale_d, int max_keys,
+                   at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
+  constexpr int V = Vec<T>::size();
+  const int64_t B = q.size(0), heads = q.size(1), N = (int64_t)tl.H * tl.W;
+  const int d = (int)q.size(3), dp = round_up(d, V), J = tl.J;
+  const T scale = (T)scale_d;
+  const int64_t tab = (int64_t)(2 * tl.H - 1) * (2 * tl.W - 1);
+  const T* tp = table.data_ptr<T>();
+  const T* kt = key_term ? key_term->data_ptr<T>() : nullptr;
+  const int max_tile = tl.max_tile();
+  const int width = std::max(round_up(max_keys, V), std::max(round_up(max_tile, V), tl.Jp));
+  const T lowest = -std::numeric_limits<T>::infinity();
+  // heads by decreasing work, handed to whichever thread is free
+  std::vector<int64_t> cost(heads, 0);
+  for (int64_t h = 0; h < heads; ++h) {
+    const int* rp = plan.run_ptr + (int64_t)plan.head_group[h] * (plan.nqt + 1);
+    for (int qt = 0; qt < plan.nqt; ++qt)
+      for (int r = rp[qt]; r < rp[qt + 1]; ++r)
+        cost[h] += (int64_t)(tl.slot[plan.runs[2 * r + 1]] - tl.slot[plan.runs[2 * r]]) *
+                   tl.size(qt);
+  }
+  std::vector<int64_t> items;
+  for (int64_t bb = 0; bb < B; ++bb)
+    for (int64_t h = 0; h < heads; ++h) items.push_back(bb * heads + h);
+  std::stable_sort(items.begin(), items.end(),
+                   [&](int64_t a, int64_t b) { return cost[a % heads] > cost[b % heads]; });
+  std::atomic<int64_t> next(0);
+  const int64_t n_items = (int64_t)items.size();
+  const int64_t per = (int64_t)tl.slots * dp;
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    std::vector<T> krow(per, T(0)), kpan(per, T(0)), vpan(per, T(0)), dkh(per), dvh(per);
+    std::vector<T> qb((size_t)max_tile * dp, T(0)), dob((size_t)max_tile * dp, T(0)),
+        dqb((size_t)max_tile * dp), s((size_t)max_tile * width), dp_((size_t)max_tile * width),
+        brow(width), lrow(max_tile), delta(max_tile);
+    std::vector<int> qy(max_tile), qx(max_tile);
+    std::vector<Block> blocks;
+    for (int64_t it; (it = next.fetch_add(1)) < n_items;) {
+      const int64_t bh = items[it], bb = bh / heads, h = bh % heads;
+      const int g = plan.head_group[h];
+      const T* qh = q.data_ptr<T>() + bb * q.stride(0) + h * q.stride(1);
+      const T* doh = dout.data_ptr<T>() + bb * dout.stride(0) + h * dout.stride(1);
+      const T* oh = out.data_ptr<T>() + bb * out.stride(0) + h * out.stride(1);
+      const T* lh = lse.data_ptr<T>() + bb * lse.stride(0) + h * lse.stride(1);
+      T* dqh = dq.data_ptr<T>() + bb * dq.stride(0) + h * dq.stride(1);
+      T* dkh_out = dk.data_ptr<T>() + bb * dk.stride(0) + h * dk.stride(1);
+      T* dvh_out = dv.data_ptr<T>() + bb * dv.stride(0) + h * dv.stride(1);
+      pack_head<T>(k.data_ptr<T>() + bb * k.stride(0) + h * k.stride(1), k.stride(2), tl, d, dp,
+                   krow.data(), kpan.data());
+      pack_head<T>(v.data_ptr<T>() + bb * v.stride(0) + h * v.stride(1), v.stride(2), tl, d, dp,
+                   nullptr, vpan.data());
+      std::fill(dkh.begin(), dkh.end(), T(0));
+      std::fill(dvh.begin(), dvh.end(), T(0));
+      const T* table_h = tp + h * tab;
+      const T* key_h = kt ? kt + h * N : nullptr;
+      for (int qt = 0; qt < plan.nqt; ++qt) {
+        const int nq = tl.size(qt);
+        for (int r = 0; r < nq; ++r) {
+          const int patch = tl.order[tl.start[qt] + r];
+          const int64_t row = J + patch;
+          std::memcpy(qb.data() + (int64_t)r * dp, qh + row * q.stride(2), sizeof(T) * d);
+          std::memcpy(dob.data() + (int64_t)r * dp, doh + row * dout.stride(2), sizeof(T) * d);
+          const T* o = oh + row * out.stride(2);
+          T acc = 0;
+          for (int c = 0; c < d; ++c) acc += dob[(int64_t)r * dp + c] * o[c];
+          delta[r] = acc;
+          lrow[r] = lh[row * lse.stride(2)];
+          qy[r] = patch / tl.W;
+          qx[r] = patch % tl.W;
+        }
+        std::fill(dqb.begin(), dqb.begin() + (int64_t)nq * dp, T(0));
+        blocks_of(tl, plan, g, qt, max_keys, blocks);
+        for (const Block& blk : blocks) {
+          const int ns = blk.ns;
+          const int64_t off = (int64_t)blk.s0 * dp;
+          // P = exp(S - lse)
+          gemm_panels<T>(qb.data(), nq, dp, kpan.data() + off, ns, s.data(), ns);
+          for (int r = 0; r < nq; ++r) {
+            T* row = s.data() + (int64_t)r * ns;
+            if (lrow[r] == lowest) {
+              std::fill(row, row + ns, T(0));
+              continue;
+            }
+            bias_row<T>(brow.data(), tl, blk, table_h, key_h, qy[r], qx[r]);
+            scale_add_max<T>(row, brow.data(), ns, scale, lowest);
+            exp_sum<T>(row, ns, lrow[r]);
+          }
+          // dV += P^T dO ; dP = dO V^T ; dS = P (dP - delta)
+          gemm_t<T>(s.data(), ns, nq, ns, dob.data(), dp, dvh.data() + off, T(1));
+          gemm_panels<T>(dob.data(), nq, dp, vpan.data() + off, ns, dp_.data(), ns);
+          for (int r = 0; r < nq; ++r) {
+            T* p = s.data() + (int64_t)r * ns;
+            const T* g2 = dp_.data() + (int64_t)r * ns;
+            const Vec<T> dl(delta[r]);
+            for (int c = 0; c < ns; c += V)
+              (Vec<T>::loadu(p + c) * (Vec<T>::loadu(g2 + c) - dl)).store(p + c);
+          }
+          // dQ += scale dS K ; dK += scale dS^T Q
+          gemm_rows<T>(s.data(), ns, nq, ns, krow.data() + off, dp, dqb.data(), scale);
+          gemm_t<T>(s.data(), ns, nq, ns, qb.data(), dp, dkh.data() + off, scale);
+        }
+        for (int r = 0; r < nq; ++r) {
+          const int patch = tl.order[tl.start[qt] + r];
+          std::memcpy(dqh + (J + patch) * dq.stride(2), dqb.data() + (int64_t)r * dp,
+                      sizeof(T) * d);
+        }
+      }
+      for (int t = 0; t < tl.n; ++t)
+        for (int i = 0; i < tl.size(t); ++i) {
+          const int64_t row = J + tl.order[tl.start[t] + i];
+          const int64_t sl = (int64_t)(tl.slot[t] + i) * dp;
+          std::memcpy(dkh_out + row * dk.stride(2), dkh.data() + sl, sizeof(T) * d);
+          std::memcpy(dvh_out + row * dv.stride(2), dvh.data() + sl, sizeof(T) * d);
+        }
+      for (int j = 0; j < J; ++j) {
+        std::memcpy(dkh_out + j * dk.stride(2), dkh.data() + (int64_t)j * dp, sizeof(T) * d);
+        std::memcpy(dvh_out + j * dv.stride(2), dvh.data() + (int64_t)j * dp, sizeof(T) * d);
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Operators
+// ---------------------------------------------------------------------------------------
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& table, const c10::optional<at::Tensor>& key_term,
+                  const at::Tensor& run_ptr, const at::Tensor& runs,
+                  const at::Tensor& head_group, int64_t H, int64_t W, int64_t th, int64_t tw,
+                  int64_t J) {
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
+              "fused LookHere attention: CPU tensors only");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be (B, heads, T, d)");
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
+              "fused LookHere attention: float32 or float64");
+  for (const at::Tensor* t : {&k, &v, &table})
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "q, k, v and table must share a dtype");
+  TORCH_CHECK(q.sizes() == k.sizes() && q.sizes() == v.sizes(), "q, k, v shapes differ");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
+              "q, k, v need a contiguous last dimension");
+  TORCH_CHECK(H >= 1 && W >= 1 && th >= 1 && tw >= 1 && J >= 0, "bad grid, tile or J");
+  TORCH_CHECK(q.size(2) == J + H * W, "q has ", q.size(2), " tokens, the grid needs ", J + H * W);
+  TORCH_CHECK(table.is_contiguous() && table.dim() == 3 && table.size(0) == q.size(1) &&
+                  table.size(1) == 2 * H - 1 && table.size(2) == 2 * W - 1,
+              "table must be a contiguous (heads, 2H-1, 2W-1)");
+  if (key_term)
+    TORCH_CHECK(key_term->is_contiguous() && key_term->scalar_type() == q.scalar_type() &&
+                    key_term->dim() == 2 && key_term->size(0) == q.size(1) &&
+                    key_term->size(1) == H * W,
+                "key_term must be a contiguous (heads, H*W) in tile order");
+  for (const at::Tensor* t : {&run_ptr, &runs, &head_group})
+    TORCH_CHECK(t->scalar_type() == at::kInt && t->is_contiguous(), "plan tensors: int32");
+  TORCH_CHECK(head_group.numel() == q.size(1), "head_group must have one entry per head");
+}
+
+Plan make_plan(const at::Tensor& run_ptr, const at::Tensor& runs, const at::Tensor& head_group,
+               const Tiles& tl) {
+  TORCH_CHECK(run_ptr.dim() == 2 && run_ptr.size(1) == tl.n + 1,
+              "run_ptr must be (groups, tiles + 1) for ", tl.n, " tiles");
+  TORCH_CHECK(runs.dim() == 2 && runs.size(1) == 2, "runs must be (R, 2)");
+  const int* hg = head_group.data_ptr<int>();
+  for (int64_t h = 0; h < head_group.numel(); ++h)
+    TORCH_CHECK(hg[h] >= 0 && hg[h] < run_ptr.size(0), "head_group out of range");
+  const int* rs = runs.data_ptr<int>();
+  for (int64_t r = 0; r < runs.size(0); ++r)
+    TORCH_CHECK(0 <= rs[2 * r] && rs[2 * r] < rs[2 * r + 1] && rs[2 * r + 1] <= tl.n,
+                "runs out of range");
+  const int* rp = run_ptr.data_ptr<int>();
+  for (int64_t g = 0; g < run_ptr.size(0); ++g)
+    for (int t = 0; t < tl.n; ++t)
+      TORCH_CHECK(0 <= rp[g * (tl.n + 1) + t] &&
+                      rp[g * (tl.n + 1) + t] <= rp[g * (tl.n + 1) + t + 1] &&
+                      rp[g * (tl.n + 1) + t + 1] <= runs.size(0),
+                  "run_ptr out of range");
+  return Plan{rp, rs, hg, tl.n};
+}
+
+int vector_width(at::ScalarType dtype) {
+  return dtype == at::kDouble ? (int)Vec<double>::size() : (int)Vec<float>::size();
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+    const c10::optional<at::Tensor>& key_term, const at::Tensor& run_ptr,
+    const at::Tensor& runs, const at::Tensor& head_group, int64_t H, int64_t W, int64_t th,
+    int64_t tw, int64_t J, double scale, int64_t max_keys, int64_t gather_bytes) {
+  check_inputs(q, k, v, table, key_term, run_ptr, runs, head_group, H, W, th, tw, J);
+  Tiles tl((int)H, (int)W, (int)th, (int)tw, (int)J, vector_width(q.scalar_type()));
+  Plan plan = make_plan(run_ptr, runs, head_group, tl);
+  const int64_t B = q.size(0), heads = q.size(1), T = q.size(2), d = q.size(3);
+  // (B, T, heads, d) in memory, like SDPA's output: the model's reshape is a view
+  at::Tensor out = at::empty({B, T, heads, d}, q.options()).permute({0, 2, 1, 3});
+  at::Tensor lse = at::empty({B, heads, T}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "lookhere_fused_forward", [&] {
+    forward_impl<scalar_t>(q, k, v, table, key_term, plan, tl, scale, (int)max_keys,
+                           gather_bytes, out, lse);
+  });
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table,
+    const c10::optional<at::Tensor>& key_term, const at::Tensor& run_ptr,
+    const at::Tensor& runs, const at::Tensor& head_group, int64_t H, int64_t W, int64_t th,
+    int64_t tw, int64_t J, double scale, int64_t max_keys) {
+  check_inputs(q, k, v, table, key_term, run_ptr, runs, head_group, H, W, th, tw, J);
+  TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes() &&
+                  dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type() &&
+                  dout.stride(3) == 1 && out.stride(3) == 1,
+              "dout and out must be like q with a contiguous last dimension");
+  TORCH_CHECK(lse.dim() == 3 && lse.scalar_type() == q.scalar_type() &&
+                  lse.size(0) == q.size(0) && lse.size(1) == q.size(1) && lse.size(2) == q.size(2),
+              "lse must be (B, heads, T) like q");
+  Tiles tl((int)H, (int)W, (int)th, (int)tw, (int)J, vector_width(q.scalar_type()));
+  Plan plan = make_plan(run_ptr, runs, head_group, tl);
+  at::Tensor dq = at::zeros(q.sizes(), q.options());
+  at::Tensor dk = at::zeros(k.sizes(), k.options());
+  at::Tensor dv = at::zeros(v.sizes(), v.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "lookhere_fused_backward", [&] {
+    backward_impl<scalar_t>(dout, q, k, v, out, lse, table, key_term, plan, tl, scale,
+                            (int)max_keys, dq, dk, dv);
+  });
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(lookhere_fused, m) {
+  m.def(
+      "forward(Tensor q, Tensor k, Tensor v, Tensor table, Tensor? key_term, Tensor run_ptr, "
+      "Tensor runs, Tensor head_group, int H, int W, int th, int tw, int J, float scale, "
+      "int max_keys, int gather_bytes) -> (Tensor, Tensor)");
+  m.def(
+      "backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+      "Tensor table, Tensor? key_term, Tensor run_ptr, Tensor runs, Tensor head_group, int H, "
+      "int W, int th, int tw, int J, float scale, int max_keys) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(lookhere_fused, CPU, m) {
+  m.impl("forward", &fused_forward);
+  m.impl("backward", &fused_backward);
+}
