@@ -559,6 +559,8 @@ def test_flop_bound_counts_the_visible_pairs_of_the_dense_bias(preset):
     assert got['attention_share'] == pytest.approx(share)
     assert got['bound'] == pytest.approx(1 - share + share * got['visible'])
     assert got['plan_bound'] == pytest.approx(1 - share + share * got['computed'])
+    assert got['visible'] <= got['fused_computed'] <= 1
+    assert got['fused_plan_bound'] == pytest.approx(1 - share + share * got['fused_computed'])
 
 
 def test_flop_bound_matches_the_issue_figures_at_1024x2048():
@@ -674,3 +676,57 @@ def test_bench_peer_refuses_unknown_parts():
 
     with pytest.raises(ValueError, match="unknown peer parts \\['frames'\\]"):
         bench_peer(parts=['frames'])
+
+
+def test_plot_benchmark_tool_draws_the_peer_results(tmp_path: Path, repo_root: Path):
+    """tools/plot_benchmark.py: a picture of the peer results (layer, frames, train),
+    goals and bounds; files without peer results are refused by name."""
+    from PIL import Image
+
+    from lookhere_dense.research.benchmark.peer import flop_bound
+
+    def rows(models, ratios, backend=None):
+        return [
+            dict(model=m, backend=backend if m != 'timm' else None, seconds=r, time_ratio=r)
+            for m, r in zip(models, ratios)
+        ]
+
+    size = [96, 160]
+    peer = dict(
+        bounds=[flop_bound(p, size, embed_dims=64) for p in ('lh90', 'lh45')],
+        layer=dict(
+            tokens=61,
+            rows=[
+                dict(case='dense sdpa, no bias', ratio=1.0),
+                dict(case='lh90 fused', ratio=0.5),
+                dict(case='lh90 tiled', ratio=0.7),
+            ],
+        ),
+        frame=dict(
+            rows=rows(['timm', 'lh90', 'lh45'], [1.0, 0.7, 0.69], 'fused'),
+            runs={'timm': [dict(size=size)]},
+        ),
+    )
+    first = tmp_path / 'peer.json'
+    first.write_text(json.dumps(dict(peer=peer)))
+    png = tmp_path / 'peer.png'
+    tool = str(repo_root / 'tools' / 'plot_benchmark.py')
+    proc = subprocess.run(
+        [sys.executable, tool, str(first), '--png', str(png)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert Image.open(png).size[0] > 2 * Image.open(png).size[1]  # two panels side by side
+    empty = tmp_path / 'empty.json'
+    empty.write_text(json.dumps(dict(env={})))
+    proc = subprocess.run(
+        [sys.executable, tool, str(empty), '--png', str(png)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (
+        proc.returncode != 0 and 'no peer results' in proc.stderr and 'empty.json' in proc.stderr
+    )

@@ -144,7 +144,12 @@ def load_fused_ops(verbose: bool = False):
             library = directory / f'{name}.so'
             if not library.exists():
                 _compile(name, flags, directory, verbose)
-            torch.ops.load_library(str(library))
+            try:
+                torch.ops.load_library(str(library))
+            except OSError as exc:  # e.g. a build that was interrupted while linking
+                raise RuntimeError(
+                    f'{library} does not load ({exc}); delete {directory} to build it again'
+                ) from exc
             _STATE['ops'] = torch.ops.lookhere_fused
             return _STATE['ops']
         except Exception as exc:  # no compiler, a failed build, ...
@@ -158,7 +163,7 @@ def _compile(name: str, flags: list, directory: Path, verbose: bool) -> None:
     import logging
 
     print(
-        f'lookhere-dense: compiling the fused CPU attention kernel (once, ~20 s) into {directory}',
+        f'lookhere-dense: compiling the fused CPU attention kernel (once, ~20-40 s) into {directory}',
         file=sys.stderr,
         flush=True,
     )

@@ -31,7 +31,8 @@ Cases (``mode``):
 every invisible (query, key) pair is skipped: per layer the dense ViT does
 ``12 N D^2`` multiply-adds in its linear layers and ``2 N^2 D`` in attention, LookHere
 ``12 N D^2 + 2 N^2 D f`` with ``f`` the visible fraction of the pairs (averaged over
-heads and layers); ``plan_bound`` uses the pairs the ``tiled`` plan computes instead.
+heads and layers); ``plan_bound`` / ``fused_plan_bound`` use the pairs the ``tiled`` /
+``fused`` plan computes instead.
 """
 
 from __future__ import annotations
@@ -79,14 +80,16 @@ def flop_bound(preset: str, size: Sequence[int], embed_dims: int = 768, patch: i
         patch: patch size. Default: 16.
 
     Returns:
-        ``visible`` / ``computed``: fractions of the dense patch pairs a head sees / the
-        ``tiled`` plan computes (averaged over heads and layers); ``attention_share``: the
-        dense ViT's attention share of its work, ``N / (N + 6 D)``; ``bound`` /
-        ``plan_bound``: LookHere's work over the dense ViT's with ``visible`` /
-        ``computed``.
+        ``visible`` / ``computed`` / ``fused_computed``: fractions of the dense patch pairs
+        a head sees / the ``tiled`` plan computes / the ``fused`` kernel's plan computes
+        (averaged over heads and layers); ``attention_share``: the dense ViT's attention
+        share of its work, ``N / (N + 6 D)``; ``bound`` / ``plan_bound`` /
+        ``fused_plan_bound``: LookHere's work over the dense ViT's with ``visible`` /
+        ``computed`` / ``fused_computed``.
     """
     from lookhere_dense.lookhere import PRESETS
     from lookhere_dense.lookhere.bias import build_grid_bias
+    from lookhere_dense.lookhere.fused import get_fused_plan
     from lookhere_dense.lookhere.tiled import get_plan
 
     grid = (math.ceil(size[0] / patch), math.ceil(size[1] / patch))
@@ -94,14 +97,15 @@ def flop_bound(preset: str, size: Sequence[int], embed_dims: int = 768, patch: i
     depth = 12
     grid_bias = build_grid_bias(config, grid, depth=depth, num_heads=12)
     cache: Dict = {}
-    computed, visible = [], []
+    computed, visible, fused = [], [], []
     for layer in range(depth):
         c, v = get_plan(grid_bias, layer, cache=cache).fractions()
         computed.append(c)
         visible.append(v)
+        fused.append(get_fused_plan(grid_bias, layer, cache=cache).computed)
     n = grid[0] * grid[1] + 1
     share = n / (n + 6 * embed_dims)
-    vis, comp = statistics.mean(visible), statistics.mean(computed)
+    vis, comp, fcomp = (statistics.mean(x) for x in (visible, computed, fused))
     return dict(
         preset=preset,
         grid=list(grid),
@@ -111,6 +115,8 @@ def flop_bound(preset: str, size: Sequence[int], embed_dims: int = 768, patch: i
         attention_share=share,
         bound=1 - share + share * vis,
         plan_bound=1 - share + share * comp,
+        fused_computed=fcomp,
+        fused_plan_bound=1 - share + share * fcomp,
     )
 
 

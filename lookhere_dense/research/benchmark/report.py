@@ -202,7 +202,12 @@ def format_peer(pr: Dict[str, Any]) -> List[str]:
         lines.append(
             f'  FLOP bound {b["preset"]} at {b["grid"][0]}x{b["grid"][1]} patches: visible '
             f'{b["visible"]:.3f} of the pairs -> {b["bound"]:.3f}x the dense ViT '
-            f'(tiled plan computes {b["computed"]:.3f} -> {b["plan_bound"]:.3f}x)'
+            f'(tiled plan computes {b["computed"]:.3f} -> {b["plan_bound"]:.3f}x'
+            + (
+                f', fused plan {b["fused_computed"]:.3f} -> {b["fused_plan_bound"]:.3f}x)'
+                if 'fused_computed' in b
+                else ')'
+            )
         )
     layers = [pr['layer']] if pr.get('layer') else []
     for layer in layers + list(pr.get('train_layer') or []):
