@@ -24,6 +24,10 @@ backend         how the bias reaches the softmax                                
                 re-pitched table into one reused buffer right before a fused    bias (<= 32
                 flash call, and again in backward; nothing kept per layer       MB) for all
                 (:mod:`.buffered`)                                              layers
+``fused``       CPU, a compiled kernel of ours: per 8x8 query tile an online     keys / values
+                softmax over only the 8x8 key tiles the head can see, the      of a few heads
+                bias read from the table in the pass that takes the row        in tile order
+                maximum; flash backward (:mod:`.fused`)                        (<= 32 MB)
 ``flex``        ``flex_attention`` with a ``score_mod`` that reads the table     O(T) + tiles
                 by ``(q_idx, kv_idx)`` and a ``BlockMask`` of the fields of
                 view, so fully blocked tiles are skipped (compiled on CUDA)

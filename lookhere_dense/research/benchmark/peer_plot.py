@@ -23,15 +23,18 @@ def _panels(peers: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One panel per case group present: bars (label, ratio, goal, bound)."""
     panels = []
     layers = [p['layer'] for p in peers if p.get('layer')]
+    layers += [layer for p in peers for layer in p.get('train_layer') or []]
     for layer in layers:
         bars = [
             (r['case'], r['ratio'], None, None)
             for r in layer['rows']
             if r['case'] != 'dense sdpa, no bias'
         ]
+        what = 'forward + backward' if layer.get('train') else 'inference'
         panels.append(
             dict(
-                title=f'one attention layer, {layer["tokens"]} tokens\n(x dense SDPA, no bias)',
+                title=f'one attention layer, {layer["tokens"]} tokens, {what}\n'
+                '(x dense SDPA, no bias)',
                 bars=bars,
                 line=1.0,
             )
@@ -62,6 +65,8 @@ def _panels(peers: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 label = r['model'] + (f' ({r["backend"]})' if r.get('backend') else '')
                 bars.append((label, r['time_ratio'], PEER_GOALS.get((key, r['model'])), bound))
             where = f' {size[0]}x{size[1]}' if size else ''
+            rounds = max((r.get('rounds') or 0 for r in part['rows']), default=0)
+            where += f', {rounds} round{"s" * (rounds != 1)}' if rounds else ''
             panels.append(dict(title=f'{title}{where}\n(time x timm ViT-B)', bars=bars, line=1.0))
     return panels
 
@@ -80,8 +85,12 @@ def plot_peer(results: Sequence[Dict[str, Any]], png: str, title: Optional[str] 
     panels = _panels(peers)
     if not panels:
         raise ValueError('no peer results to draw (run tools/benchmark.py --sections peer)')
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 4.2), squeeze=False)
-    for ax, panel in zip(axes[0], panels):
+    cols = min(4, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 4.3 * rows), squeeze=False)
+    for ax in axes.flat[len(panels) :]:
+        ax.axis('off')
+    for ax, panel in zip(axes.flat, panels):
         labels = [b[0] for b in panel['bars']]
         ratios = [b[1] for b in panel['bars']]
         xs = range(len(labels))
