@@ -18,7 +18,16 @@ import sys
 
 import pytest
 import torch
-from test_tiled import CONFIGS, GRIDS, HEADS, TINY, check, grid_bias, qkv
+from test_tiled import (
+    CONFIGS,
+    GRIDS,
+    HEADS,
+    TINY,
+    check,
+    check_backbone_against_reference,
+    grid_bias,
+    qkv,
+)
 
 from lookhere_dense.lookhere import LookHereAttentionEngine, reference_attention
 from lookhere_dense.lookhere.engine import FUSED_MIN_TOKENS
@@ -362,17 +371,4 @@ def test_backbone_forward_and_backward_equal_reference(preset):
         init_values=1.0,
         attn_backend='reference',
     ).train()
-    x = torch.randn(2, 3, 80, 112)  # grid 5 x 7 + CLS
-    results = {}
-    for name in ('reference', 'fused'):
-        model.pos_enc.engine.backend = name
-        model.zero_grad()
-        outs = model(x)
-        loss = sum(o.square().mean() for o in outs)
-        loss.backward()
-        results[name] = ([o.detach() for o in outs], [p.grad.clone() for p in model.parameters()])
-        assert model.pos_enc.engine.last_backend == name
-    for a, b in zip(results['fused'][0], results['reference'][0]):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
-    for a, b in zip(results['fused'][1], results['reference'][1]):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    check_backbone_against_reference(model, 'fused')

@@ -645,6 +645,12 @@ def test_backbone_forward_and_backward_equal_reference(preset, backend):
         init_values=1.0,
         attn_backend='reference',
     ).train()
+    check_backbone_against_reference(model, backend)
+
+
+def check_backbone_against_reference(model, backend):
+    """``model`` (a LookHere trunk in train mode) through ``backend`` equals the same model
+    through ``reference``: every output map and every parameter's gradient."""
     x = torch.randn(2, 3, 80, 112)  # grid 5 x 7 + CLS
     results = {}
     for name in ('reference', backend):

@@ -68,7 +68,16 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .bias import GridBias
-from .tiled import _FLASH, _FLASH_BWD, _Counts, flash_layer_inputs, head_groups
+from .tiled import (
+    _FLASH,
+    _FLASH_BWD,
+    _Counts,
+    cached_plan,
+    flash_layer_inputs,
+    head_groups,
+    plan_key,
+    work_dtype,
+)
 
 __all__ = [
     'FusedPlan',
@@ -340,28 +349,18 @@ def get_fused_plan(
     """:func:`plan_fused` of ``layer``, from ``cache`` when given (a dict or an object with
     ``get_or_create``; layers with the same fields of view share one entry)."""
     visible = grid_bias.visible[layer]
-    if cache is None:
-        return plan_fused(visible, grid_bias.grid_size, tile)
-    digest = hashlib.blake2b(visible.cpu().numpy().tobytes(), digest_size=16).hexdigest()
-    key = ('fused', tuple(grid_bias.grid_size), tuple(visible.shape), digest, tuple(tile))
-
-    def make() -> FusedPlan:
-        return plan_fused(visible, grid_bias.grid_size, tile)
-
-    if hasattr(cache, 'get_or_create'):
-        return cache.get_or_create(key, make)
-    if key not in cache:
-        cache[key] = make()
-    return cache[key]
+    return cached_plan(
+        cache,
+        plan_key('fused', visible, grid_bias.grid_size, tuple(tile))
+        if cache is not None
+        else None,
+        lambda: plan_fused(visible, grid_bias.grid_size, tile),
+    )
 
 
 # ----------------------------------------------------------------------------------------
 # Execution
 # ----------------------------------------------------------------------------------------
-def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _kernel_args(plan: FusedPlan, off: int, scale: float):
     height, width = plan.grid_size
     return (
@@ -494,7 +493,7 @@ def fused_attention(
         )
     plan = get_fused_plan(grid_bias, layer, tile, plans)
     dtype = q.dtype
-    work = _work_dtype(dtype)
+    work = work_dtype(dtype)
     q, k, v = (t.to(work) if t.dtype != work else t for t in (q, k, v))
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     table = table.to(work).contiguous()

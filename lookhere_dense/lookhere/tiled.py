@@ -486,9 +486,23 @@ def split_heads(heads: Tuple[int, ...], per_head: int, budget: int) -> List[Tupl
     return out
 
 
-def _plan_key(visible: Tensor, grid_size: Tuple[int, int], options: TileOptions) -> tuple:
+def plan_key(kind: str, visible: Tensor, grid_size: Tuple[int, int], options) -> tuple:
+    """The cache key of a plan of ``kind`` for fields of view ``visible`` on ``grid_size``
+    with ``options`` (layers with the same fields of view share it)."""
     digest = hashlib.blake2b(visible.cpu().numpy().tobytes(), digest_size=16).hexdigest()
-    return ('tiled', tuple(grid_size), tuple(visible.shape), digest, options)
+    return (kind, tuple(grid_size), tuple(visible.shape), digest, options)
+
+
+def cached_plan(cache: Optional[MutableMapping], key: tuple, make):
+    """``make()``, kept in ``cache`` under ``key`` when a cache is given (a dict or an
+    object with ``get_or_create``, like the engine's ``BoundedCache``)."""
+    if cache is None:
+        return make()
+    if hasattr(cache, 'get_or_create'):
+        return cache.get_or_create(key, make)
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
 
 
 def get_plan(
@@ -501,24 +515,18 @@ def get_plan(
     with ``get_or_create``; layers with the same fields of view share one entry)."""
     options = options or TileOptions()
     visible = grid_bias.visible[layer]
-    if cache is None:
-        return plan_tiles(visible, grid_bias.grid_size, options)
-    key = _plan_key(visible, grid_bias.grid_size, options)
-
-    def make() -> TilePlan:
-        return plan_tiles(visible, grid_bias.grid_size, options)
-
-    if hasattr(cache, 'get_or_create'):
-        return cache.get_or_create(key, make)
-    if key not in cache:
-        cache[key] = make()
-    return cache[key]
+    return cached_plan(
+        cache,
+        plan_key('tiled', visible, grid_bias.grid_size, options) if cache is not None else None,
+        lambda: plan_tiles(visible, grid_bias.grid_size, options),
+    )
 
 
 # ----------------------------------------------------------------------------------------
 # Execution
 # ----------------------------------------------------------------------------------------
-def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the CPU flash backends compute in: float64 stays, the rest float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
@@ -828,7 +836,7 @@ def _forward(
 ) -> Tuple[Tensor, Optional[Tensor]]:
     batch, heads, total, dim = q.shape
     grid = plan.grid_size
-    work = _work_dtype(q.dtype)
+    work = work_dtype(q.dtype)
     direct = q.dtype == work  # accumulate straight into the output
     # (B, T, heads, d) in memory, like the flash kernel's output: the model's
     # ``out.transpose(1, 2).reshape(B, T, C)`` is then a view, not a copy (which the
@@ -911,7 +919,7 @@ def _backward(
     output and log-sum-exp (each call's share of the gradient is then exact)."""
     batch, dim = q.shape[0], q.shape[-1]
     grid = plan.grid_size
-    work = _work_dtype(q.dtype)
+    work = work_dtype(q.dtype)
     dout = dout.to(q.dtype)
     dq = torch.zeros(q.shape, dtype=work)
     dk = torch.zeros(k.shape, dtype=work)
