@@ -16,7 +16,11 @@ class                       raised when
                             unreadable file)
 :class:`TrainingDivergedError`  a loss became NaN or infinite
 :class:`ToolError`          anything else a tool user can fix (a file that cannot be
-                            written, a launcher without its environment)
+                            written, a launcher without its environment; and its
+                            subclasses: a checkpoint save that failed, a run stopped
+                            by SIGTERM / SIGINT, a work dir another run holds)
+:class:`MemoryBudgetError`  a whole-frame pass whose estimated peak memory exceeds what
+                            the machine (or ``--max-memory``) allows
 ==========================  ============================================================
 """
 
@@ -37,6 +41,10 @@ __all__ = [
     'DataCheckWarning',
     'TrainingDivergedError',
     'ToolError',
+    'CheckpointSaveError',
+    'TrainingInterruptedError',
+    'WorkDirLockedError',
+    'MemoryBudgetError',
     'USER_ERRORS',
 ]
 
@@ -118,6 +126,35 @@ class TrainingDivergedError(RuntimeError):
 class ToolError(RuntimeError):
     """A failure the user can act on that is not a config or data mistake (a file that
     cannot be read or written, a launcher without its environment)."""
+
+
+class CheckpointSaveError(ToolError):
+    """A checkpoint could not be written (disk full, file-size limit, read-only or removed
+    work dir). The message names the file and the cause; the previous checkpoint and the
+    ``last_checkpoint`` pointer are left as they were."""
+
+
+class TrainingInterruptedError(ToolError):
+    """Training stopped on SIGTERM / SIGINT after saving (or keeping) a checkpoint.
+
+    Attributes:
+        signum: the signal received.
+        exit_status: ``128 + signum``, the status a process killed by it would have.
+    """
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_status = 128 + signum
+
+
+class WorkDirLockedError(ToolError):
+    """Another live training run holds the work dir's lock file."""
+
+
+class MemoryBudgetError(ConfigError):
+    """The estimated peak memory of a pass exceeds the memory available (or the budget
+    given); the message has the estimate, the limit and cheaper options."""
 
 
 #: The errors the tools report as one ``error:`` line (exit status 2), never a traceback.

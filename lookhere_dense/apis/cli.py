@@ -389,7 +389,8 @@ def run_main(
 ) -> None:
     """Run a tool's ``main``; a configuration or data mistake prints ``error: <message>``
     to stderr and exits with status 2 instead of a traceback (Ctrl-C: a one-line note and
-    status 130)."""
+    status 130; a training run stopped by SIGTERM / SIGINT after saving its iteration:
+    its one line and status 128 + the signal)."""
     try:
         main(argv)
     except KeyboardInterrupt:
@@ -406,7 +407,7 @@ def run_main(
         if 'Original Traceback' in msg:  # raised in a dataloader worker: keep the message
             msg = re.sub(r'^[\w.]+Error: ', '', msg.strip().splitlines()[-1])
         print(f'error: {msg}', file=sys.stderr)
-        sys.exit(2)
+        sys.exit(getattr(err, 'exit_status', 2))  # a run stopped by a signal: 128 + signal
 
 
 def build_model_from_checkpoint(

@@ -46,12 +46,13 @@ __all__ = [
     'check_launcher',
     'announce_log_file',
     'learns_slopes',
+    'lock_work_dir',
     'TRAIN_HOOKS',
     'SLOPE_HOOK',
 ]
 
 #: The hooks every training run gets (unless the config already has them).
-TRAIN_HOOKS = ('FiniteLossHook', 'ExactResumeHook', 'CheckpointFitHook')
+TRAIN_HOOKS = ('FiniteLossHook', 'ExactResumeHook', 'CheckpointFitHook', 'SignalCheckpointHook')
 #: The hook a run whose backbone learns its LookHere slopes gets too
 #: (:mod:`lookhere_dense.engine.slope_logging`).
 SLOPE_HOOK = 'LookHereSlopeLoggerHook'
@@ -161,6 +162,16 @@ def _add_hooks(cfg) -> None:
     cfg.custom_hooks = hooks
 
 
+def _atomic_checkpoints(cfg) -> None:
+    """mmengine's ``CheckpointHook`` in ``default_hooks.checkpoint`` becomes
+    :class:`~lookhere_dense.engine.checkpointing.AtomicCheckpointHook` (same options;
+    writes to a temporary name, fsync, rename; old checkpoints removed only after the new
+    one is complete)."""
+    hook = (cfg.get('default_hooks') or {}).get('checkpoint')
+    if isinstance(hook, dict) and str(hook.get('type', '')).split('.')[-1] == 'CheckpointHook':
+        hook['type'] = 'AtomicCheckpointHook'
+
+
 def _tune_logging(cfg) -> None:
     """Loss lines at least every tenth of the schedule (``interval = min(interval,
     max(1, max_iters // 10))`` for iteration-based loops) and about ten progress lines
@@ -211,8 +222,8 @@ def build_train_config(
         allow_random_init: a pretrained file the config names but that is missing is
             dropped with a warning (training from random weights) instead of an error.
             Default: False.
-        hooks: add :data:`TRAIN_HOOKS` (and :data:`SLOPE_HOOK` for learnable slopes) and
-            the progress logging. Default: True.
+        hooks: add :data:`TRAIN_HOOKS` (and :data:`SLOPE_HOOK` for learnable slopes),
+            atomic checkpoint writes and the progress logging. Default: True.
 
     Returns:
         ``(cfg, warnings)``: the config, and the warnings printed while checking it (to
@@ -270,6 +281,7 @@ def build_train_config(
         cfg.load_from = resume
     if hooks:
         _add_hooks(cfg)
+        _atomic_checkpoints(cfg)
         _tune_logging(cfg)
     dropped = preflight(
         cfg,
@@ -348,25 +360,61 @@ def announce_log_file(runner) -> None:
     )
 
 
-def train_model(config: str, verbose: bool = False, **options):
-    """Train: :func:`build_train_config` (``options`` are its arguments), set up
-    distributed training (:func:`init_distributed`), build the Runner, repeat the
-    checks' warnings into the run's log, ``runner.train()``.
+def lock_work_dir(work_dir: str, share: bool = False):
+    """Take the work dir's lock (:class:`~lookhere_dense.engine.workdir_lock.WorkDirLock`)
+    on rank 0 (``RANK`` unset or 0); None when ``share`` or on other ranks.
+
+    Raises:
+        lookhere_dense.errors.WorkDirLockedError: another live run holds it.
+    """
+    if share or os.environ.get('RANK', '0') != '0':
+        return None
+    from ..engine.workdir_lock import WorkDirLock
+
+    lock = WorkDirLock(work_dir).acquire()
+    for msg in lock.notes:
+        _warn(msg)
+    return lock
+
+
+def train_model(config: str, verbose: bool = False, share_work_dir: bool = False, **options):
+    """Train: :func:`build_train_config` (``options`` are its arguments), lock the work
+    dir (:func:`lock_work_dir`), set up distributed training (:func:`init_distributed`),
+    build the Runner, repeat the checks' warnings into the run's log, ``runner.train()``.
 
     Args:
         config: config file.
         verbose: show everything mmengine logs on the terminal too. Default: False.
+        share_work_dir: train even when another live run holds the work dir (no lock is
+            taken). Default: False.
         **options: :func:`build_train_config`'s arguments.
 
     Returns:
         The Runner (its ``work_dir`` holds logs and checkpoints).
+
+    Raises:
+        lookhere_dense.errors.WorkDirLockedError: another run trains in the work dir.
+        lookhere_dense.errors.TrainingInterruptedError: SIGTERM / SIGINT stopped the run
+            (after saving the iteration it ended).
+        lookhere_dense.errors.CheckpointSaveError: a checkpoint could not be written.
     """
     import lookhere_dense
 
     lookhere_dense.register_all_modules()
+    cfg, notes = build_train_config(config, **options)
+    lock = lock_work_dir(cfg.work_dir, share_work_dir)
+    notes += lock.notes if lock is not None else []
+    try:
+        return _train(cfg, notes, verbose)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(cfg, notes: List[str], verbose: bool):
+    """Set up distributed training, build the Runner, log ``notes``, train."""
     from ..engine.terminal import warnings_to_run_log
 
-    cfg, notes = build_train_config(config, **options)
     created = init_distributed(cfg)
     try:
         with warnings_to_run_log():

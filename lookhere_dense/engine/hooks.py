@@ -23,6 +23,12 @@ own mmseg / mmdet config (with ``custom_imports=dict(imports=['lookhere_dense.op
   the validation / test progress lines (about ten lines per pass by default), so a short
   training interval does not print one line per validation image.
 
+Importing this module also registers the fault-handling hooks the training API adds:
+:class:`~lookhere_dense.engine.checkpointing.AtomicCheckpointHook` (replaces
+``default_hooks.checkpoint``: a failed save never damages the previous checkpoint or
+``last_checkpoint``) and :class:`~lookhere_dense.engine.preemption.SignalCheckpointHook`
+(SIGTERM / SIGINT: save the current iteration, then stop).
+
 Registered in mmengine's root ``HOOKS`` registry, so mmseg and mmdet configs find them.
 """
 
@@ -38,12 +44,16 @@ from mmengine.hooks import Hook, LoggerHook
 from mmengine.registry import HOOKS
 
 from ..errors import TrainingDivergedError
+from .checkpointing import AtomicCheckpointHook
+from .preemption import SignalCheckpointHook
 
 __all__ = [
     'FiniteLossHook',
     'ExactResumeHook',
     'CheckpointFitHook',
     'ProgressLoggerHook',
+    'AtomicCheckpointHook',
+    'SignalCheckpointHook',
     'capture_rng_state',
     'restore_rng_state',
     'RESUME_STATE_KEY',

@@ -1,0 +1,114 @@
+"""Atomic file writes (standard library only): write to a temporary name in the same
+folder, ``fsync`` it, ``os.replace`` it onto the final name and ``fsync`` the folder.
+
+A reader (``--resume``, ``tools/test.py``) therefore sees either the old file or the
+complete new one, never a half-written file under the final name, whatever stops the
+writer: a full disk, a file-size limit (``ulimit -f``), a read-only or removed folder,
+SIGKILL. Temporary names start with a dot and end in ``.partial-<pid>`` (mmengine's and
+our ``iter_*.pth`` globs never match them); a failed write removes its own.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import os.path as osp
+from typing import Optional
+
+__all__ = [
+    'partial_name',
+    'fsync_dir',
+    'publish_file',
+    'atomic_write_text',
+    'describe_os_error',
+    'remove_quietly',
+]
+
+
+def partial_name(filename: str) -> str:
+    """The temporary name :func:`publish_file` renames from: ``.<filename>.partial-<pid>``
+    (same folder, hidden, unique per process)."""
+    head, tail = osp.split(filename)
+    return osp.join(head, f'.{tail}.partial-{os.getpid()}')
+
+
+def fsync_dir(path: str) -> None:
+    """Flush a folder's entries (a rename is durable only once its folder is synced);
+    a file system that cannot sync folders is left alone."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def publish_file(tmp: str, final: str) -> None:
+    """``fsync`` the complete file ``tmp`` and rename it onto ``final`` (same folder).
+
+    Raises:
+        OSError: from the sync or the rename (``tmp`` is then still there).
+    """
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, final)
+    fsync_dir(osp.dirname(osp.abspath(final)))
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temporary file, ``fsync``, rename).
+
+    Raises:
+        OSError: the write failed; ``path`` is untouched and the temporary file removed.
+    """
+    tmp = partial_name(path)
+    try:
+        with open(tmp, 'w') as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+    fsync_dir(osp.dirname(osp.abspath(path)))
+
+
+def remove_quietly(path: Optional[str]) -> None:
+    """Remove ``path`` if it is there; errors are ignored (used while handling one)."""
+    if path:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
+_CAUSES = {
+    errno.ENOSPC: 'the disk is full (ENOSPC)',
+    errno.EDQUOT: 'the disk quota is exceeded (EDQUOT)',
+    errno.EFBIG: 'the file-size limit was hit (EFBIG: `ulimit -f` or the file system)',
+    errno.EROFS: 'the file system is read-only (EROFS)',
+    errno.EACCES: 'permission denied (EACCES)',
+    errno.EPERM: 'operation not permitted (EPERM)',
+    errno.ENOENT: 'the folder does not exist (ENOENT: removed while the run went on?)',
+    errno.EIO: 'an input/output error (EIO: failing disk or lost network mount)',
+}
+
+
+def describe_os_error(err: BaseException) -> str:
+    """A few words for why a write failed, from the error's ``errno`` (found on the error
+    or the errors it was raised from), else the error's own text."""
+    seen = err
+    while seen is not None:
+        code = getattr(seen, 'errno', None)
+        if code in _CAUSES:
+            return _CAUSES[code]
+        seen = seen.__cause__ or seen.__context__
+    return f'{type(err).__name__}: {err}'

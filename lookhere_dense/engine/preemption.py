@@ -1,0 +1,154 @@
+"""SIGTERM / SIGINT during training: finish the iteration, save it, stop with one line
+(:class:`SignalCheckpointHook`).
+
+A scheduler that preempts a job sends SIGTERM and kills it a grace period later (Slurm:
+``KillWait``, 30 s by default; torchrun: 30 s after forwarding the signal to its workers).
+mmengine's Runner dies at the signal and loses every iteration since its last checkpoint.
+With this hook the first SIGTERM or SIGINT (Ctrl-C) only sets a flag; when the current
+training iteration ends, the checkpoint of that iteration is written (atomically, by the
+run's :class:`~lookhere_dense.engine.checkpointing.AtomicCheckpointHook`; it is kept as is
+if that iteration was just saved) and the run raises
+:class:`~lookhere_dense.errors.TrainingInterruptedError` naming the signal, the iteration
+and the checkpoint; ``tools/train.py`` prints it as one ``error:`` line. ``--resume``
+then loses nothing.
+
+In a multi-process run every rank takes part in a tiny ``all_reduce`` of the flag after
+each iteration, so all ranks stop after the same iteration even when the signal reached
+them at different moments (or reached one of them only); rank 0 saves, the others wait for
+it at a barrier, then all stop.
+
+A second SIGINT stops at once (``KeyboardInterrupt``: a person pressing Ctrl-C twice means
+it); repeated SIGTERMs are ignored, since schedulers and torchrun may each deliver one.
+A signal during validation is acted on after the next training iteration (or when
+training ends). Epoch-based loops keep the last epoch checkpoint (mmengine resumes them
+at epoch boundaries only) and stop at once after the current iteration.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Dict, Optional
+
+from mmengine.hooks import Hook
+from mmengine.registry import HOOKS
+
+from ..errors import TrainingInterruptedError
+
+__all__ = ['SignalCheckpointHook', 'HANDLED_SIGNALS']
+
+#: The signals the hook turns into "save and stop".
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _world_flag(value: int) -> int:
+    """The largest ``value`` over all ranks (``value`` itself outside distributed runs)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    device = 'cuda' if dist.get_backend() == 'nccl' else 'cpu'
+    flag = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item())
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def _pointer(runner) -> Optional[str]:
+    """The checkpoint the work dir's ``last_checkpoint`` names, or None."""
+    import os.path as osp
+
+    from .checkpointing import POINTER_FILE
+
+    path = osp.join(runner.work_dir, POINTER_FILE)
+    if osp.isfile(path):
+        with open(path) as f:
+            return f.read().strip() or None
+    return None
+
+
+@HOOKS.register_module()
+class SignalCheckpointHook(Hook):
+    """Turn SIGTERM / SIGINT into "finish this iteration, save it, stop" (see the module
+    docstring). Handlers are installed in ``before_train`` (main thread only) and the
+    previous ones restored in ``after_train`` or when the run stops."""
+
+    priority = 'LOWEST'  # after the checkpoint and logger hooks of the same iteration
+
+    def __init__(self):
+        self._received: int = 0
+        self._previous: Dict[int, object] = {}
+
+    # handlers ----------------------------------------------------------------------------
+    def _handle(self, signum: int, frame) -> None:
+        if self._received and signum == signal.SIGINT:
+            self._restore()
+            raise KeyboardInterrupt
+        if not self._received:
+            self._received = signum
+
+    def _install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in HANDLED_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    # hook points -------------------------------------------------------------------------
+    def before_train(self, runner) -> None:
+        self._received = 0
+        self._install()
+
+    def after_train(self, runner) -> None:
+        self._restore()
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        signum = _world_flag(self._received)
+        if not signum:
+            return
+        saved = self._save(runner)
+        _barrier()
+        self._restore()
+        raise TrainingInterruptedError(self._message(runner, signum, saved), signum)
+
+    # saving ------------------------------------------------------------------------------
+    def _checkpoint_hook(self, runner):
+        from .checkpointing import AtomicCheckpointHook
+
+        for hook in runner.hooks:
+            if isinstance(hook, AtomicCheckpointHook):
+                return hook
+        return None
+
+    def _save(self, runner) -> Optional[str]:
+        hook = self._checkpoint_hook(runner)
+        if hook is None or hook.by_epoch:
+            return None
+        return hook.save_now(runner)
+
+    @staticmethod
+    def _message(runner, signum: int, saved: Optional[str]) -> str:
+        name = signal.Signals(signum).name
+        it = runner.iter + 1
+        total = getattr(runner, 'max_iters', None)
+        where = f'iteration {it}' + (f'/{total}' if total else '')
+        if saved:
+            kept = f'saved {saved}'
+        else:
+            last = _pointer(runner)
+            kept = f'kept the last checkpoint {last}' if last else 'no checkpoint was saved'
+        return (
+            f'training stopped by {name} after {where}: {kept}. Continue with --resume '
+            f'(same --work-dir {runner.work_dir}).'
+        )

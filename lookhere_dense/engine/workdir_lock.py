@@ -1,0 +1,152 @@
+"""One training run per work dir: :class:`WorkDirLock`.
+
+Two runs writing into one work dir overwrite each other's ``iter_N.pth`` and
+``last_checkpoint`` (mmengine accepts the second run without a word). The training API
+(:func:`lookhere_dense.apis.train.train_model`) takes this lock on the work dir before the
+Runner is built (rank 0 of a multi-process run); a second run is refused with
+:class:`~lookhere_dense.errors.WorkDirLockedError` naming the run that holds it (pid, host,
+start, command), unless it is told to share (``share_work_dir=True``,
+``tools/train.py --share-work-dir``).
+
+The lock is an ``flock`` on ``WORK_DIR/.lookhere_train.lock``: the kernel drops it when
+the holding process ends in any way (SIGKILL, OOM killer, power-off of a node holding an
+NFSv4 lock after its lease), so a crashed run never blocks the next one; the file's
+content (who held it) is kept and reported when the next run takes over. A file system
+without ``flock`` support gets a warning and no lock.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import os.path as osp
+import socket
+import sys
+import time
+from typing import List, Optional
+
+from ..errors import WorkDirLockedError
+
+__all__ = ['WorkDirLock', 'LOCK_FILE']
+
+#: The lock file's name inside the work dir.
+LOCK_FILE = '.lookhere_train.lock'
+
+
+def _describe(holder: dict) -> str:
+    started = holder.get('started')
+    when = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started)) if started else '?'
+    return (
+        f'pid {holder.get("pid", "?")} on {holder.get("host", "?")}, started {when}, '
+        f'command: {holder.get("command", "?")}'
+    )
+
+
+class WorkDirLock:
+    """An exclusive lock on a training work dir (see the module docstring).
+
+    Example::
+
+        with WorkDirLock('work_dirs/run1') as lock:
+            for note in lock.notes:
+                print(note)
+            ...  # train
+
+    Args:
+        work_dir: the folder (created if missing).
+
+    Attributes:
+        path: the lock file.
+        notes: what acquiring it found (a stale lock taken over, no lock support).
+    """
+
+    def __init__(self, work_dir: str):
+        self.work_dir = work_dir
+        self.path = osp.join(work_dir, LOCK_FILE)
+        self.notes: List[str] = []
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> 'WorkDirLock':
+        """Take the lock.
+
+        Raises:
+            lookhere_dense.errors.WorkDirLockedError: a live run holds it.
+        """
+        import fcntl
+
+        os.makedirs(self.work_dir, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = self._read(fd)
+            os.close(fd)
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise WorkDirLockedError(self._refusal(holder)) from None
+            self.notes.append(
+                f'work dir lock {self.path} not taken ({os.strerror(err.errno or 0)}): '
+                'this file system does not support flock, so a second run in the same '
+                'work dir would not be refused'
+            )
+            return self
+        holder = self._read(fd)
+        if holder:
+            self.notes.append(
+                f'work dir {self.work_dir}: the previous run ({_describe(holder)}) ended '
+                'without releasing its lock (killed or crashed); this run takes it over'
+            )
+        self._write(fd)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Empty the lock file (a clean end) and drop the lock."""
+        import fcntl
+
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, 0)
+        except OSError:
+            pass
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+    def __enter__(self) -> 'WorkDirLock':
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    # helpers ---------------------------------------------------------------------------
+    @staticmethod
+    def _read(fd: int) -> dict:
+        try:
+            os.lseek(fd, 0, os.SEEK_SET)
+            text = os.read(fd, 65536).decode('utf-8', 'replace').strip()
+            return json.loads(text) if text else {}
+        except (OSError, ValueError):
+            return {'pid': '?', 'command': '(unreadable lock file)'}
+
+    @staticmethod
+    def _write(fd: int) -> None:
+        holder = dict(
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            started=time.time(),
+            command=' '.join(sys.argv),
+        )
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, json.dumps(holder).encode())
+        os.fsync(fd)
+
+    def _refusal(self, holder: dict) -> str:
+        return (
+            f'work dir {self.work_dir!r} is in use by another training run '
+            f'({_describe(holder)}; lock file {self.path}). Two runs in one folder would '
+            "overwrite each other's checkpoints: use another --work-dir, wait for that run "
+            'to end, or pass --share-work-dir if you really mean to share it.'
+        )

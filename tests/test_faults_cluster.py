@@ -1,0 +1,339 @@
+"""Faults of real machines during training, with nothing lost (issue 34; the slow ones,
+with torchrun, are ``tools/fault_check.py``; the table is docs/faults.md).
+
+Real processes, real signals, real files on the tiny ADE20K-layout config:
+
+* a checkpoint save that hits the file-size limit (``RLIMIT_FSIZE`` set on the running
+  process, as a full disk does) stops with the file and the cause named, leaves no
+  half-written ``iter_4.pth``, keeps the previous checkpoint (even with
+  ``max_keep_ckpts=1``) and ``last_checkpoint``; ``--resume`` ends bit-identical to an
+  uninterrupted run;
+* SIGTERM (and SIGINT) to ``tools/train.py``: the current iteration is saved, one line says
+  so, status 128 + signal; ``--resume`` ends bit-identical to the uninterrupted run;
+* a work dir removed, or its file system made read-only, while the run trains;
+* a second run in a work dir another live run holds is refused; a crashed run's lock is
+  taken over;
+* ``last_checkpoint`` naming a corrupt file: resume falls back to the previous good one.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import os.path as osp
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from mmengine.hooks import Hook
+from mmengine.registry import HOOKS
+from tiny_seg import ADE_CFG, PYTHON, REPO, SHRINK, env, make_ade, options, roots
+
+from lookhere_dense.apis.train import find_resume_checkpoint, train_model
+from lookhere_dense.errors import CheckpointSaveError, WorkDirLockedError
+
+pytestmark = pytest.mark.usefixtures('one_torch_thread')
+
+N = 6  # iterations
+#: Randomness everywhere (augmentation, dropout, drop-path); a checkpoint every 2nd
+#: iteration and only ONE kept (mmengine removes the old one before writing the new one).
+RUN = [
+    f'train_cfg.max_iters={N}',
+    'train_cfg.val_interval=2',
+    'default_hooks.checkpoint.interval=2',
+    'default_hooks.checkpoint.max_keep_ckpts=1',
+    'model.decode_head.dropout_ratio=0.1',
+    'model.backbone.drop_path_rate=0.1',
+]
+
+
+def _weights(path: str) -> dict:
+    sd = torch.load(path, map_location='cpu', weights_only=False)['state_dict']
+    return {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)}
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _pointer(work: str) -> str:
+    with open(osp.join(work, 'last_checkpoint')) as f:
+        return f.read().strip()
+
+
+def _leftovers(work: str) -> list:
+    return glob.glob(osp.join(work, '.*.partial-*'))
+
+
+@pytest.fixture(scope='module')
+def data(tmp_path_factory) -> str:
+    return make_ade(tmp_path_factory.mktemp('data'))
+
+
+@pytest.fixture(scope='module')
+def full(data, tmp_path_factory) -> str:
+    """The uninterrupted run's work dir (checkpoints 2, 4, 6 all kept)."""
+    work = str(tmp_path_factory.mktemp('full'))
+    opts = [*roots(data), *SHRINK, *RUN, 'default_hooks.checkpoint.max_keep_ckpts=10']
+    train_model(ADE_CFG, work_dir=work, cfg_options=options(*opts))
+    return work
+
+
+def _tool(work: str, data: str) -> subprocess.Popen:
+    """``python tools/train.py`` on the tiny run, in a subprocess (one thread)."""
+    return subprocess.Popen(
+        [PYTHON, 'tools/train.py', ADE_CFG, '--work-dir', work, '--threads', '1']
+        + ['--cfg-options', *roots(data), *SHRINK, *RUN],
+        cwd=REPO,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_checkpoint(child: subprocess.Popen, work: str, timeout: float = 240) -> None:
+    """Until ``last_checkpoint`` names a checkpoint (the child keeps training)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and child.poll() is None:
+        if osp.isfile(osp.join(work, 'last_checkpoint')) and _pointer(work):
+            return
+        time.sleep(0.02)
+    out, err = child.communicate(timeout=60) if child.poll() is not None else ('', '')
+    raise AssertionError(f'no checkpoint appeared (rc={child.poll()}): {err[-3000:]}')
+
+
+def _resume_matches(work: str, data: str, full: str) -> None:
+    runner = train_model(
+        ADE_CFG, work_dir=work, resume='auto', cfg_options=options(*roots(data), *SHRINK, *RUN)
+    )
+    assert runner.iter == N
+    assert _same(
+        _weights(osp.join(work, f'iter_{N}.pth')), _weights(osp.join(full, f'iter_{N}.pth'))
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# a full disk (file-size limit) during a save
+# ----------------------------------------------------------------------------------------
+def test_a_save_that_hits_the_file_size_limit_loses_nothing(data, full, tmp_path):
+    work = str(tmp_path / 'work')
+    size = osp.getsize(osp.join(full, 'iter_2.pth'))
+    child = _tool(work, data)
+    try:
+        _wait_for_checkpoint(child, work)  # iter_2.pth is complete and named
+        # as if the disk filled up now: no file of this process may grow beyond half a
+        # checkpoint (Python ignores SIGXFSZ, so the write fails with EFBIG)
+        resource.prlimit(child.pid, resource.RLIMIT_FSIZE, (size // 2, size // 2))
+        out, err = child.communicate(timeout=240)
+    finally:
+        child.kill()
+    assert child.returncode == 2, err[-3000:]
+    final = osp.join(work, 'iter_4.pth')
+    assert f"error: checkpoint '{final}' could not be saved: the file-size limit was hit" in err
+    assert (
+        f'the previous checkpoint {osp.join(work, "iter_2.pth")} and last_checkpoint are ' in err
+    )
+    assert 'Traceback' not in err
+    assert not osp.exists(final) and not _leftovers(work)
+    assert _pointer(work) == osp.join(work, 'iter_2.pth')
+    assert _same(_weights(osp.join(work, 'iter_2.pth')), _weights(osp.join(full, 'iter_2.pth')))
+    _resume_matches(work, data, full)
+
+
+# ----------------------------------------------------------------------------------------
+# SIGTERM / SIGINT
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_saves_the_current_iteration_and_resume_loses_nothing(sig, data, full, tmp_path):
+    work = str(tmp_path / 'work')
+    child = _tool(work, data)
+    try:
+        _wait_for_checkpoint(child, work)
+        sent = time.time()
+        child.send_signal(sig)
+        out, err = child.communicate(timeout=120)
+        stopped_in = time.time() - sent
+    finally:
+        child.kill()
+    assert child.returncode == 128 + sig, err[-3000:]
+    assert stopped_in < 30
+    lines = [line for line in err.splitlines() if line.startswith('error:')]
+    assert len(lines) == 1 and 'Traceback' not in err, err[-3000:]
+    saved = _pointer(work)
+    it = int(osp.basename(saved)[len('iter_') : -len('.pth')])
+    assert 2 <= it < N
+    assert lines[0] == (
+        f'error: training stopped by {sig.name} after iteration {it}/{N}: saved {saved}. '
+        f'Continue with --resume (same --work-dir {work}).'
+    )
+    if sig == signal.SIGTERM:  # what a scheduler sends: resume loses nothing
+        _resume_matches(work, data, full)
+
+
+# ----------------------------------------------------------------------------------------
+# the work dir removed / read-only while the run trains
+# ----------------------------------------------------------------------------------------
+@HOOKS.register_module(force=True)
+class _BreakWorkDirHook(Hook):
+    """Test-only: after iteration ``at`` (checkpoint 2 saved), run ``action`` on the folder
+    ``path``: ``'remove'`` (rm -rf) or ``'read-only'`` (remount its file system read-only)."""
+
+    priority = 'LOWEST'
+
+    def __init__(self, at: int, action: str, path: str):
+        self.at, self.action, self.path = at, action, path
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        if runner.iter + 1 != self.at:
+            return
+        if self.action == 'remove':
+            shutil.rmtree(self.path)
+        else:
+            subprocess.run(['mount', '-o', 'remount,ro', self.path], check=True)
+
+
+def _config_with(tmp_path, action: str, path: str, extra: str = '') -> str:
+    cfg = tmp_path / f'break_{action}.py'
+    cfg.write_text(
+        f'_base_ = [{ADE_CFG!r}]\n'
+        f'custom_hooks = [dict(type={_BreakWorkDirHook.__name__!r}, at=3, action={action!r}, '
+        f'path={path!r})]\n' + extra
+    )
+    return str(cfg)
+
+
+def test_a_work_dir_removed_while_training_is_an_error_naming_it(data, tmp_path):
+    work = str(tmp_path / 'work')
+    cfg = _config_with(tmp_path, 'remove', work)
+    with pytest.raises(CheckpointSaveError) as exc:
+        train_model(cfg, work_dir=work, cfg_options=options(*roots(data), *SHRINK, *RUN))
+    assert str(exc.value).startswith(
+        f"the folder '{work}' no longer exists (removed while training ran?): training "
+        'stopped before iteration 4 and nothing more is written.'
+    )
+    assert not osp.exists(work)  # not silently created again
+
+
+def _tmpfs(path: str) -> bool:
+    os.makedirs(path)
+    try:
+        res = subprocess.run(
+            ['mount', '-t', 'tmpfs', '-o', 'size=64m', 'tmpfs', path], capture_output=True
+        )
+    except OSError:
+        return False
+    return res.returncode == 0
+
+
+def test_a_checkpoint_folder_turned_read_only_keeps_the_previous_checkpoint(data, full, tmp_path):
+    """Checkpoints on their own file system (``default_hooks.checkpoint.out_dir``; a busy
+    log file would keep the work dir's file system from being remounted), remounted
+    read-only after checkpoint 2, as a failing network mount is."""
+    mnt = str(tmp_path / 'mnt')
+    if not _tmpfs(mnt):
+        pytest.skip('needs mount (root with CAP_SYS_ADMIN) for a real read-only file system')
+    work = str(tmp_path / 'work')
+    ckpts = osp.join(mnt, 'work')  # mmengine: out_dir + the work dir's name
+    try:
+        cfg = _config_with(
+            tmp_path, 'read-only', mnt, f'default_hooks = dict(checkpoint=dict(out_dir={mnt!r}))\n'
+        )
+        with pytest.raises(CheckpointSaveError) as exc:
+            train_model(cfg, work_dir=work, cfg_options=options(*roots(data), *SHRINK, *RUN))
+        assert str(exc.value).startswith(
+            f"checkpoint '{osp.join(ckpts, 'iter_4.pth')}' could not be saved: the file system "
+            'is read-only (EROFS)'
+        )
+        assert _pointer(work) == osp.join(ckpts, 'iter_2.pth')
+        assert not osp.exists(osp.join(ckpts, 'iter_4.pth')) and not _leftovers(ckpts)
+        assert _same(
+            _weights(osp.join(ckpts, 'iter_2.pth')), _weights(osp.join(full, 'iter_2.pth'))
+        )
+    finally:
+        subprocess.run(['umount', '-l', mnt])
+
+
+# ----------------------------------------------------------------------------------------
+# two runs in one work dir
+# ----------------------------------------------------------------------------------------
+_HOLDER = r"""
+import sys, time
+from lookhere_dense.engine.workdir_lock import WorkDirLock
+WorkDirLock(sys.argv[1]).acquire()
+print('locked', flush=True)
+time.sleep(600)
+"""
+
+
+def _holder(work: str) -> subprocess.Popen:
+    child = subprocess.Popen(
+        [sys.executable, '-c', _HOLDER, work],
+        cwd=REPO,
+        env=env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout.readline().strip() == 'locked'
+    return child
+
+
+def test_a_second_run_in_a_held_work_dir_is_refused_and_a_dead_holder_is_not(data, tmp_path):
+    work = str(tmp_path / 'work')
+    opts = options(*roots(data), *SHRINK, *RUN, 'train_cfg.max_iters=2')
+    holder = _holder(work)
+    try:
+        with pytest.raises(WorkDirLockedError) as exc:
+            train_model(ADE_CFG, work_dir=work, cfg_options=opts)
+        msg = str(exc.value)
+        assert f"work dir '{work}' is in use by another training run (pid {holder.pid} on " in msg
+        assert '--share-work-dir' in msg
+        assert sorted(os.listdir(work)) == ['.lookhere_train.lock']  # nothing written
+    finally:
+        holder.kill()  # SIGKILL: the lock file stays, the kernel drops the lock
+        holder.wait()
+    runner = train_model(ADE_CFG, work_dir=work, cfg_options=opts)
+    assert runner.iter == 2
+    log = open(glob.glob(osp.join(work, '*', '*.log'))[0]).read()
+    assert f'the previous run (pid {holder.pid} on ' in log and 'takes it over' in log
+    with open(osp.join(work, '.lookhere_train.lock')) as f:
+        assert f.read() == ''  # released at the end
+
+
+def test_sharing_a_held_work_dir_is_allowed_when_asked(data, tmp_path):
+    work = str(tmp_path / 'work')
+    holder = _holder(work)
+    try:
+        runner = train_model(
+            ADE_CFG,
+            work_dir=work,
+            share_work_dir=True,
+            cfg_options=options(*roots(data), *SHRINK, *RUN, 'train_cfg.max_iters=1'),
+        )
+        assert runner.iter == 1
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+# ----------------------------------------------------------------------------------------
+# a corrupt checkpoint named by last_checkpoint
+# ----------------------------------------------------------------------------------------
+def test_a_corrupt_named_checkpoint_falls_back_to_the_previous_good_one(full, tmp_path):
+    work = tmp_path / 'w'
+    work.mkdir()
+    shutil.copy(osp.join(full, 'iter_2.pth'), work / 'iter_2.pth')
+    data = open(osp.join(full, 'iter_4.pth'), 'rb').read()
+    (work / 'iter_4.pth').write_bytes(data[: len(data) // 3])  # truncated
+    (work / 'last_checkpoint').write_text(str(work / 'iter_4.pth'))
+    path, notes = find_resume_checkpoint(str(work))
+    assert path == str(work / 'iter_2.pth')
+    assert notes[0].startswith(
+        f'--resume: skipped unreadable checkpoint(s) {work / "iter_4.pth"} ('
+    )
+    assert notes[0].endswith(f'; resuming from {work / "iter_2.pth"}')
