@@ -32,6 +32,8 @@ __all__ = [
     'flex_mask_mod',
     'lookhere_block_mask',
     'flex_attention_lookhere',
+    'raise_recompile_limit',
+    'FLEX_RECOMPILE_LIMIT',
 ]
 
 #: Query/key tile side of the flex kernels and block masks.
@@ -283,19 +285,43 @@ def lookhere_block_mask(
     )
 
 
-_compiled_flex = None
+#: ``torch.compile``-d ``flex_attention`` per compile backend (one wrapper per process)
+_compiled_flex: dict = {}
+
+#: dynamo recompiles allowed per code object when flex is compiled (torch's default is 8):
+#: flex compiles once per (shape, dtype, grad mode), so a process that meets 5 sizes in
+#: inference and training needs 10 entries; past the limit dynamo silently runs flex
+#: eagerly, which materialises the ``(heads, T, T)`` scores (hundreds of GiB at 32k tokens)
+FLEX_RECOMPILE_LIMIT = 64
 
 
-def _flex_fn(compiled: bool) -> Callable:
-    """``flex_attention``, eager or ``torch.compile``-d (compiled once per process)."""
-    global _compiled_flex
+def raise_recompile_limit(limit: int = FLEX_RECOMPILE_LIMIT) -> int:
+    """Raise dynamo's per-code-object recompile limit to at least ``limit`` (never lower it);
+    ``recompile_limit`` from torch 2.7, ``cache_size_limit`` before. Returns the limit now set.
+
+    Args:
+        limit: the smallest limit wanted. Default: :data:`FLEX_RECOMPILE_LIMIT`.
+    """
+    import torch._dynamo.config as dynamo_config
+
+    name = 'recompile_limit' if hasattr(dynamo_config, 'recompile_limit') else 'cache_size_limit'
+    value = max(int(getattr(dynamo_config, name)), int(limit))
+    setattr(dynamo_config, name, value)
+    return value
+
+
+def _flex_fn(compiled: bool, backend: str = 'inductor') -> Callable:
+    """``flex_attention``, eager or ``torch.compile``-d with ``backend`` (one compiled
+    wrapper per backend and process; the recompile limit raised, see
+    :data:`FLEX_RECOMPILE_LIMIT`)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     if not compiled:
         return flex_attention
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex
+    if backend not in _compiled_flex:
+        raise_recompile_limit()
+        _compiled_flex[backend] = torch.compile(flex_attention, dynamic=False, backend=backend)
+    return _compiled_flex[backend]
 
 
 def flex_attention_lookhere(
@@ -309,6 +335,7 @@ def flex_attention_lookhere(
     compiled: Optional[bool] = None,
     score_mod: Optional[Callable] = None,
     order: Optional[Tensor] = None,
+    compile_backend: str = 'inductor',
 ) -> Tensor:
     """LookHere attention through ``flex_attention`` (fused and tile-skipping when compiled).
 
@@ -327,19 +354,25 @@ def flex_attention_lookhere(
         order: run flex in this token order (:func:`tile_order`): ``q, k, v`` are
             permuted before and the output back after; ``block_mask`` and ``score_mod``
             must be built for the same order. None: the model's order.
+        compile_backend: the ``torch.compile`` backend when ``compiled`` (``'aot_eager'``
+            traces and guards exactly like ``'inductor'`` without generating code: the
+            CPU simulation of ``tools/gpu_check.sh``). Default: ``'inductor'``.
 
     Returns:
         ``(B, heads, T, d)``.
     """
     if compiled is None:
         compiled = q.is_cuda
-    fn = _flex_fn(compiled)
+    fn = _flex_fn(compiled, compile_backend)
     if score_mod is None:
         score_mod = flex_score_mod(grid_bias, layer, cls_token, order)
     if order is not None:
         q, k, v = (t.index_select(2, order) for t in (q, k, v))
     with warnings.catch_warnings():
-        warnings.filterwarnings('ignore', message='flex_attention called without torch.compile')
+        if not compiled:  # eager on purpose; a compiled call that fell back still warns
+            warnings.filterwarnings(
+                'ignore', message='flex_attention called without torch.compile'
+            )
         out = fn(q, k, v, score_mod=score_mod, block_mask=block_mask)
     if order is not None:
         inverse = torch.empty_like(order)
