@@ -1,57 +1,76 @@
 #!/usr/bin/env bash
-# One prepared GPU run on a machine that has only torch (2.5+) and CUDA (timm for the peer
-# rows): no OpenMMLab, no install step. From the repository root:
+# The one prepared GPU run, for a machine with only torch (2.5+) and CUDA (timm for the
+# peer rows; no OpenMMLab, no install step). From the repository root:
 #
-#     bash tools/gpu_check.sh                      # writes docs/benchmark_cuda.json
-#     bash tools/gpu_check.sh OUT.json             # elsewhere
-#     bash tools/gpu_check.sh --dry-run OUT.json   # the same steps on CPU at tiny sizes
+#     bash tools/gpu_check.sh                  # writes $OUT/gpu_check.json where $OUT is
+#                                              # set, else docs/benchmark_cuda.json
+#     bash tools/gpu_check.sh --simulate-cpu   # the same sections, cases, compile calls,
+#                                              # checks and JSON layout on CPU, tiny sizes
+#     bash tools/gpu_check.sh --out FILE.json  # elsewhere (other flags: --help)
 #
-# What it runs (tools/benchmark.py, bfloat16, one JSON file, a table on stdout):
-#   attn  attention alone at 1k / 4k / 8k / 16k / 32k patches (12 heads x 64): LookHere
-#         flex (compiled, block mask, tile order) vs SDPA without bias (flash) vs SDPA
-#         with the dense bias as a mask; forward, and forward + backward.
-#   peer  ViT-B/16 against timm's vit_base_patch16_224, a fresh process per case: the
-#         whole 1024x2048 frame (8193 tokens: not a multiple of 128) for timm, our trunk
-#         without bias, lh180, lh90, lh45; the 512x512 train step for timm, no bias,
-#         lh180, lh90.
-# Budget: at most 8 minutes on one H200, compilation included (flex compiles once per
-# shape: every layer's score_mod shares one graph). The run stops itself at 470 s and
-# still writes what it measured up to the section that did not finish.
-set -euo pipefail
+# What it runs (lookhere_dense/research/benchmark/gpu_check.py; docs/gpu.md says how to
+# read it): env (versions, Triton, C compiler, one compiled flex probe), correctness
+# (flex forward and q/k/v/slope gradients vs the reference in float32, bfloat16, float16,
+# at stated tolerances), attn (1k-32k tokens: check, warm-up, 5 timed rounds, medians,
+# peak memory; flex, flex computing every tile, SDPA without bias, SDPA with the dense
+# bias; forward and forward + backward), peer (timm's ViT-B vs our trunk without bias and
+# lh180 / lh90 / lh45 through flex: frames 1024x2048 and 2048x4096, train steps 512 and
+# 1024, one process per case). The JSON is rewritten after every case: a kill at any
+# moment leaves valid JSON with everything finished.
+#
+# Budget: 360 s of sections (env 20, correctness 70, attn 110, peer 160), each enforced
+# (a case that would start too late is recorded as skipped), plus ~15 s of imports. The
+# estimate behind it, one H200 (~990 dense bf16 TFLOP/s, say 400 reached): the work is
+# small (attn at 32k tokens: 4*T^2*d*heads = 3.3 TFLOP forward, ~10 ms; a ViT-B frame of
+# 2048x4096 = 32k tokens: ~12 * (24*T*D^2 + 4*T^2*D) = 50 TFLOP, ~0.15 s); compilation
+# dominates. Flex compiles once per (shape, dtype, grad mode): measured here on CPU,
+# aot_eager 1-2 s per shape and inductor's CPU kernel 24 s; on the GPU Triton's forward
+# and backward kernels are assumed at ~10 s and ~25 s (not measured: no GPU was lent):
+# correctness 6 cases x ~(10 + 25) s would need 210 s, so the 70 s budget may skip the
+# float16 and learnable cases (bfloat16 fixed first); attn 5 sizes x ~40 s needs 200 s,
+# so 110 s covers about three sizes; peer 17 processes x (~8 s start + compile) fits the
+# first ~10 rows in 160 s. Raise it with --budget-scale 2 (12 min) where time allows.
+# A hard cap of budget + 120 s (timeout, SIGINT) stops a hung run; the run still writes
+# its JSON and says so.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 
-dry=0
-if [[ "${1:-}" == "--dry-run" ]]; then
-    dry=1
-    shift
+py="${PYTHON:-}"
+if [[ -z $py ]]; then
+    py="$(command -v python3 || command -v python || true)"
 fi
-out="${1:-docs/benchmark_cuda.json}"
-py="${PYTHON:-python}"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-
-"$py" - "$dry" <<'EOF'
-import sys
-import torch
-dry = sys.argv[1] == '1'
-print(f'torch {torch.__version__}, CUDA {torch.version.cuda}, '
-      f'device: {torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"}')
-if not dry and not torch.cuda.is_available():
-    sys.exit('tools/gpu_check.sh: no CUDA device (use --dry-run to try the steps on CPU)')
-try:
-    import timm
-    print(f'timm {timm.__version__}')
-except ImportError:
-    sys.exit('tools/gpu_check.sh: the peer rows need timm (pip install timm)')
-EOF
-
-if [[ $dry == 1 ]]; then
-    args=(--device cpu --quick --attn-tokens 64 256 --peer-presets lh90)
-    limit=900
-else
-    args=(--device cuda --dtype bfloat16 --attn-tokens 1024 4096 8192 16384 32768
-          --peer-presets lh180 lh90 lh45 --peer-big-frame --frame-repeats 1
-          --repeats 10 --child-timeout 200)
-    limit=470
+if [[ -z $py ]]; then
+    echo 'tools/gpu_check.sh: no python3 or python on PATH (set PYTHON=...)' >&2
+    exit 2
 fi
-timeout --signal=INT "$limit" "$py" tools/benchmark.py --sections attn peer "${args[@]}" \
-    --json "$out"
+if ! "$py" -c 'import torch' 2>/dev/null; then
+    echo "tools/gpu_check.sh: $py cannot import torch (set PYTHON=/path/to/python)" >&2
+    exit 2
+fi
+scale=1
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+    if [[ ${args[i]} == --budget-scale ]]; then
+        scale="${args[i + 1]:-1}"
+    fi
+done
+# one compile thread: no pool of compile workers that Ctrl-C or the cap would not reach
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+cap="$("$py" -c "print(int(360 * float('$scale') + 120))" 2>/dev/null || echo 480)"
+if [[ " $* " == *" --simulate-cpu "* ]]; then
+    cap=$((cap * 10))
+fi
+echo "tools/gpu_check.sh: $py, hard cap ${cap} s"
+timeout --signal=INT --kill-after=30 "$cap" \
+    "$py" -m lookhere_dense.research.benchmark.gpu_check "$@"
+rc=$?
+case $rc in
+    0) echo 'tools/gpu_check.sh: finished, every case ok' ;;
+    3) echo 'tools/gpu_check.sh: finished; some cases failed or were skipped (see the table)' ;;
+    2) echo 'tools/gpu_check.sh: did not start (see above)' ;;
+    124 | 130) echo "tools/gpu_check.sh: stopped (exit $rc: the ${cap} s cap or Ctrl-C);" \
+        'the JSON holds every case finished before' ;;
+    *) echo "tools/gpu_check.sh: crashed (exit $rc); the JSON holds every case finished before" ;;
+esac
+exit $rc

@@ -160,18 +160,26 @@ class TimmTrunk(nn.Module):
 
 
 def _build(case: Dict[str, Any]) -> nn.Module:
-    """The model of a ``frame`` / ``train`` case (seed 0)."""
+    """The model of a ``frame`` / ``train`` case (seed 0); ``case['arch']`` (optional:
+    ``embed_dims``, ``num_layers``, ``num_heads``) narrows both sides alike (the CPU
+    simulation of ``tools/gpu_check.sh``)."""
     device, dtype = case['device'], DTYPES[case['dtype']]
+    arch = vit_arch(**case.get('arch', {}))
     if case['model'] == PEER:
         import timm
 
         torch.manual_seed(0)
-        model = timm.create_model(PEER_MODEL, pretrained=False, dynamic_img_size=True)
+        narrow = {}
+        if case.get('arch'):
+            narrow = dict(
+                embed_dim=arch['embed_dims'], depth=arch['num_layers'], num_heads=arch['num_heads']
+            )
+        model = timm.create_model(PEER_MODEL, pretrained=False, dynamic_img_size=True, **narrow)
         return model.to(device=device, dtype=dtype)
     preset, _, backend = case['model'].partition(':')
     if preset == NOBIAS:
-        return build_vit(vit_arch(), device=device, dtype=dtype, pos_encoding='none')
-    return build_vit(vit_arch(), preset, backend or 'auto', device=device, dtype=dtype)
+        return build_vit(arch, device=device, dtype=dtype, pos_encoding='none')
+    return build_vit(arch, preset, backend or 'auto', device=device, dtype=dtype)
 
 
 def _segmenter(case: Dict[str, Any]):
@@ -213,15 +221,27 @@ def peer_case(case: Dict[str, Any]) -> Dict[str, Any]:
     Args:
         case: ``mode`` (``frame``, ``train``, ``segmenter``), ``model`` (``'timm'``,
             ``'nobias'`` or ``'<preset>[:<backend>]'``), ``size`` ``[H, W]``, ``device``,
-            ``dtype``, ``steps``, ``threads``; ``config`` for ``segmenter``.
+            ``dtype``, ``steps``, ``threads``; ``config`` for ``segmenter``; optional
+            ``arch`` (a narrower ViT on both sides, see :func:`_build`), ``warmup`` (untimed steps before the timed ones; default 0 for ``frame``,
+            whose first call at a size is the measurement, 1 otherwise) and
+            ``strict_compile`` (a dynamo recompile-limit hit raises where torch can, and
+            is reported either way: ``tools/gpu_check.sh``).
 
     Returns:
         ``case`` plus ``seconds`` (median), ``times``, ``peak`` (bytes: process peak RSS
-        or CUDA peak allocated), ``meter`` and ``backend`` (the backend LookHere's engine
-        used last; None for the others).
+        or CUDA peak allocated), ``meter``, ``backend`` (the backend LookHere's engine
+        used last; None for the others), ``first_seconds`` (the first warm-up step, with
+        compilation; None without warm-up) and, with ``strict_compile``,
+        ``recompile_limit_hits``.
     """
     if case.get('threads'):
         torch.set_num_threads(int(case['threads']))
+    watch = None
+    if case.get('strict_compile'):
+        from .gpu_check import RecompileWatch, strict_compile
+
+        strict_compile()
+        watch = RecompileWatch().__enter__()
     device, mode = case['device'], case['mode']
     if mode == 'segmenter':
         model, x, samples = _segmenter(case)
@@ -251,9 +271,12 @@ def peer_case(case: Dict[str, Any]) -> Dict[str, Any]:
         if str(device).startswith('cuda'):
             torch.cuda.synchronize(device)
 
-    if mode != 'frame':
-        step()  # warm-up at the full size (autograd, allocator)
+    first = None
+    for i in range(int(case.get('warmup', 0 if mode == 'frame' else 1))):
+        t0 = time.perf_counter()
+        step()  # warm-up at the full size (compilation, autograd, allocator)
         sync()
+        first = time.perf_counter() - t0 if i == 0 else first
     free_memory()
     times: List[float] = []
     with PeakMemory(device) as mem:
@@ -270,6 +293,8 @@ def peer_case(case: Dict[str, Any]) -> Dict[str, Any]:
         peak=mem.peak_bytes,
         meter=mem.kind,
         backend=getattr(engine, 'last_backend', None),
+        first_seconds=first,
+        **({} if watch is None else dict(recompile_limit_hits=watch.hits)),
     )
 
 

@@ -1,0 +1,959 @@
+"""The one prepared GPU run behind ``tools/gpu_check.sh``, and its CPU simulation.
+
+``python3 -m lookhere_dense.research.benchmark.gpu_check [--simulate-cpu] [--out PATH]``
+runs four sections in order, each under its own time budget (:data:`BUDGET_S`):
+
+``env``          torch / CUDA / timm / Triton / C compiler, dynamo's recompile settings, and
+                 one tiny compiled flex call (the probe: no Triton or no compiler shows
+                 here, once, and the flex cases are then recorded as skipped).
+``correctness``  compiled flex against the reference backend (float32 math on the same
+                 inputs) in float32, bfloat16 and float16, fixed and learnable slopes:
+                 forward, and the gradients of ``q, k, v`` (and of the slopes where
+                 learnable) at the tolerances of :data:`TOLERANCES`.
+``attn``         attention alone at each token count: a correctness check first (sampled
+                 query rows against float32 rows of the dense bias), then warm-up and
+                 interleaved timed rounds (medians) of flex (block mask), flex computing
+                 every tile, SDPA without bias (flash) and SDPA with the dense bias,
+                 forward and forward + backward, peak memory per case.
+``peer``         timm's ViT-B against our trunk without bias and with lh180 / lh90 / lh45
+                 through flex: whole frames and train steps, each case in its own process
+                 (:func:`~.fresh.run_child`) with warm-up steps and timed steps.
+
+Every case is appended to the JSON file and the file rewritten (atomically) at once, so a
+kill at any moment leaves valid JSON with everything finished so far; every case prints
+one progress line with the elapsed time. A dynamo recompile-limit hit (flex silently run
+eagerly) makes the case fail and is never timed as flex. ``--simulate-cpu`` runs the same
+sections, cases, compile calls (``torch.compile(backend='aot_eager')``: dynamo's tracing,
+guards and recompile accounting without code generation), checks and JSON layout at tiny
+sizes on CPU. Torch (+ timm for the peer rows) only: nothing here imports OpenMMLab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import platform
+import shutil
+import signal
+import statistics
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lookhere_dense.lookhere import LookHereAttentionEngine, resolve_lh_config
+from lookhere_dense.lookhere.flex import (
+    flex_attention_lookhere,
+    flex_available,
+    flex_score_mod,
+    raise_recompile_limit,
+)
+from lookhere_dense.lookhere.slopes import LookHereSlopes
+
+from . import DTYPES
+from .attention import grid_for
+from .fresh import run_child
+from .timing import interleaved, paired_ratio
+
+__all__ = [
+    'SECTIONS',
+    'BUDGET_S',
+    'TOLERANCES',
+    'Plan',
+    'cuda_plan',
+    'simulate_plan',
+    'relative_error',
+    'within',
+    'Recorder',
+    'RecompileWatch',
+    'correctness_case',
+    'attn_case',
+    'peer_cases',
+    'goals',
+    'run',
+    'main',
+]
+
+#: the sections, in the order they run
+SECTIONS = ('env', 'correctness', 'attn', 'peer')
+#: seconds per section on the GPU (whole run 360 s = 6 min; the estimate is in
+#: tools/gpu_check.sh's header); a case that would start with too little left is skipped
+BUDGET_S: Dict[str, float] = {'env': 20, 'correctness': 70, 'attn': 110, 'peer': 160}
+#: per dtype: the largest ``max|got - ref| / max|ref|`` allowed for the forward output and
+#: for each gradient (flex in ``dtype`` vs the float32 reference on the same rounded inputs)
+TOLERANCES: Dict[str, Dict[str, float]] = {
+    'float32': {'forward': 2e-3, 'grad': 5e-3},
+    'bfloat16': {'forward': 3e-2, 'grad': 6e-2},
+    'float16': {'forward': 5e-3, 'grad': 1e-2},
+}
+#: what a case's ``status`` can be
+OK, FAILED, SKIPPED = 'ok', 'failed', 'skipped'
+HEADS, HEAD_DIM = 12, 64
+
+
+@dataclasses.dataclass
+class Plan:
+    """What one run does (:func:`cuda_plan`, :func:`simulate_plan`)."""
+
+    device: str
+    compile_backend: str
+    correctness_grid: Tuple[int, int]
+    attn_tokens: Tuple[int, ...]
+    attn_dtype: str
+    model_dtype: str
+    frame: Tuple[int, int]
+    big_frame: Tuple[int, int]
+    train_sizes: Tuple[int, ...]
+    presets: Tuple[str, ...]
+    train_backend: str
+    warmup: int
+    rounds: int
+    budgets: Dict[str, float]
+    child_timeout: float
+    check_rows: int
+    max_dense_gib: float
+    #: seconds a case is expected to need at least, per section (below that: skipped)
+    min_case_s: Dict[str, float]
+    #: reset dynamo before every flex case (each compiles once per shape). Default: True
+    reset: bool = True
+    #: set dynamo's recompile limit to exactly this after the probe (None: flex's raised
+    #: limit). Default: None
+    recompile_limit: Optional[int] = None
+    #: the sections to run (``env`` always runs). Default: all
+    sections: Tuple[str, ...] = SECTIONS
+    #: the peer ViT's ``embed_dims`` / ``num_layers`` / ``num_heads`` where not ViT-B (timm's
+    #: and ours alike). Default: ViT-B
+    peer_arch: Optional[Dict[str, int]] = None
+
+
+def cuda_plan() -> Plan:
+    """The GPU run: bfloat16, 1k-32k attention tokens, ViT-B frames of 1024x2048 and
+    2048x4096, train steps at 512 and 1024."""
+    return Plan(
+        device='cuda',
+        compile_backend='inductor',
+        correctness_grid=(24, 40),
+        attn_tokens=(1024, 4096, 8192, 16384, 32768),
+        attn_dtype='bfloat16',
+        model_dtype='bfloat16',
+        frame=(1024, 2048),
+        big_frame=(2048, 4096),
+        train_sizes=(512, 1024),
+        presets=('lh180', 'lh90', 'lh45'),
+        train_backend='flex',
+        warmup=2,
+        rounds=5,
+        budgets=dict(BUDGET_S),
+        child_timeout=120,
+        check_rows=256,
+        max_dense_gib=32.0,
+        min_case_s={'env': 1, 'correctness': 8, 'attn': 20, 'peer': 15},
+    )
+
+
+def simulate_plan() -> Plan:
+    """The CPU simulation: the same control flow at tiny sizes, float32 models two layers
+    deep and 192 wide (12 heads), flex compiled with ``aot_eager``; train rows through
+    ``auto`` (flex has no CPU backward)."""
+    return Plan(
+        device='cpu',
+        compile_backend='aot_eager',
+        correctness_grid=(6, 10),
+        attn_tokens=(64, 256),
+        attn_dtype='bfloat16',
+        model_dtype='float32',
+        frame=(64, 128),
+        big_frame=(128, 128),
+        train_sizes=(64, 96),
+        presets=('lh180', 'lh90', 'lh45'),
+        train_backend='auto',
+        warmup=1,
+        rounds=3,
+        budgets={k: 10 * v for k, v in BUDGET_S.items()},
+        child_timeout=120,
+        check_rows=32,
+        max_dense_gib=1.0,
+        min_case_s={'env': 0, 'correctness': 0, 'attn': 0, 'peer': 0},
+        peer_arch=dict(embed_dims=192, num_layers=2, num_heads=12),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# comparison
+# ---------------------------------------------------------------------------------------
+def relative_error(got: Tensor, ref: Tensor) -> float:
+    """``max|got - ref| / max|ref|`` in float32 (inf where ``got`` is not finite)."""
+    got, ref = got.detach().float(), ref.detach().float()
+    if not bool(torch.isfinite(got).all()):
+        return math.inf
+    scale = ref.abs().max().item() or 1.0
+    return (got - ref).abs().max().item() / scale
+
+
+def within(got: Tensor, ref: Tensor, tol: float) -> Dict[str, Any]:
+    """``{'rel_err', 'tol', 'ok'}`` of :func:`relative_error` against ``tol``."""
+    err = relative_error(got, ref)
+    return dict(rel_err=err, tol=tol, ok=err <= tol)
+
+
+# ---------------------------------------------------------------------------------------
+# output
+# ---------------------------------------------------------------------------------------
+class Recorder:
+    """The results dict, rewritten to ``path`` after every case (write to a temporary file,
+    then rename: a kill never leaves half a file), and the progress lines.
+
+    Args:
+        path: the JSON file.
+        data: the results so far (``sections`` is filled in here).
+    """
+
+    def __init__(self, path: Path, data: Dict[str, Any]):
+        self.path = Path(path)
+        self.data = data
+        self.t0 = time.monotonic()
+        data.setdefault('sections', {})
+        self.write()
+
+    def elapsed(self) -> float:
+        """Seconds since the run started."""
+        return time.monotonic() - self.t0
+
+    def say(self, text: str) -> None:
+        """One progress line, prefixed by the elapsed time."""
+        print(f'[{self.elapsed():6.1f} s] {text}', flush=True)
+
+    def section(self, name: str, budget: float) -> Dict[str, Any]:
+        """Start section ``name`` (its entry, with ``budget_s`` and an empty ``cases``)."""
+        entry = dict(budget_s=budget, cases=[], started_s=self.elapsed())
+        self.data['sections'][name] = entry
+        self.write()
+        return entry
+
+    def add(self, section: str, case: Dict[str, Any]) -> Dict[str, Any]:
+        """Append ``case`` to ``section``, rewrite the file, print its progress line."""
+        case.setdefault('elapsed_s', self.elapsed())
+        self.data['sections'][section]['cases'].append(case)
+        self.write()
+        note = case.get('summary') or case.get('reason') or case.get('error') or ''
+        self.say(f'{section:<11} {case["name"]}: {case["status"].upper()} {note}'.rstrip())
+        return case
+
+    def write(self) -> None:
+        """Rewrite the JSON file (atomically)."""
+        self.data['elapsed_s'] = self.elapsed()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + '.tmp')
+        tmp.write_text(json.dumps(self.data, indent=1, default=str) + '\n')
+        os.replace(tmp, self.path)
+
+
+class RecompileWatch(logging.Handler):
+    """Collects dynamo's "hit config.recompile_limit" warnings (every torch since 2.0 logs
+    one when it gives up compiling a function and runs it eagerly from then on)."""
+
+    LOGGER = 'torch._dynamo'
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.hits: List[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Keep the first line of a recompile-limit warning."""
+        msg = record.getMessage()
+        if 'hit config.' in msg:
+            self.hits.append(msg.splitlines()[0])
+
+    def __enter__(self) -> 'RecompileWatch':
+        logger = logging.getLogger(self.LOGGER)
+        logger.addHandler(self)
+        if logger.level == logging.NOTSET or logger.level > logging.WARNING:
+            logger.setLevel(logging.WARNING)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        logging.getLogger(self.LOGGER).removeHandler(self)
+
+
+def strict_compile() -> Dict[str, Any]:
+    """Make a recompile-limit hit raise where torch can (``fail_on_recompile_limit_hit``,
+    torch >= 2.6) and raise the limit for flex; returns what was set."""
+    import torch._dynamo.config as dynamo_config
+
+    out = dict(recompile_limit=raise_recompile_limit())
+    if hasattr(dynamo_config, 'fail_on_recompile_limit_hit'):
+        dynamo_config.fail_on_recompile_limit_hit = True
+        out['fail_on_recompile_limit_hit'] = True
+    else:
+        out['fail_on_recompile_limit_hit'] = 'not in this torch (the log watch still sees hits)'
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# section env
+# ---------------------------------------------------------------------------------------
+def _version(module: str) -> Optional[str]:
+    """``module.__version__``, or None where it does not import."""
+    try:
+        mod = __import__(module)
+    except Exception:
+        return None
+    return str(getattr(mod, '__version__', 'unknown'))
+
+
+def _compiler() -> Optional[str]:
+    """The C compiler Triton would use (``$CC``, then cc / gcc / clang), or None."""
+    for name in (os.environ.get('CC'), 'cc', 'gcc', 'clang'):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _tiny_flex(plan: Plan) -> None:
+    """One compiled flex call on a 4x4 grid (the probe of section ``env``)."""
+    eng = LookHereAttentionEngine(resolve_lh_config('lh90'), 1, HEADS, 'flex')
+    grid, dev = (4, 4), torch.device(plan.device)
+    q = torch.randn(1, HEADS, 17, 16, device=dev, dtype=DTYPES[plan.attn_dtype])
+    with torch.no_grad():
+        _flex_call(eng, plan, q, q, q, grid, 1)
+
+
+def env_section(plan: Plan, rec: Recorder, budget: 'Budget') -> Optional[str]:
+    """Facts and the flex probe; returns why flex cannot run here (None: it can)."""
+    cuda = torch.cuda.is_available()
+    facts = dict(
+        name='versions',
+        status=OK,
+        python=platform.python_version(),
+        executable=sys.executable,
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        device_name=torch.cuda.get_device_name(0) if cuda else platform.processor() or 'cpu',
+        capability=list(torch.cuda.get_device_capability(0)) if cuda else None,
+        timm=_version('timm'),
+        triton=_version('triton'),
+        c_compiler=_compiler(),
+        flex_available=flex_available(),
+        dynamo=strict_compile(),
+    )
+    facts['summary'] = (
+        f'torch {facts["torch"]}, CUDA {facts["cuda"]}, {facts["device_name"]}, timm '
+        f'{facts["timm"]}, triton {facts["triton"]}, cc {facts["c_compiler"]}'
+    )
+    rec.add('env', facts)
+    problem = None
+    if not flex_available():
+        problem = f'no torch.nn.attention.flex_attention in torch {torch.__version__}'
+    elif plan.device == 'cuda' and facts['triton'] is None:
+        problem = 'no Triton: compiled flex cannot run (pip install triton)'
+    elif plan.device == 'cuda' and facts['c_compiler'] is None:
+        problem = 'no C compiler (cc / gcc / clang, or $CC): Triton cannot build its launcher'
+    probe = dict(name='flex compile probe', backend=plan.compile_backend)
+    if problem:
+        rec.add('env', dict(probe, status=FAILED, error=problem))
+        return problem
+    t0 = time.perf_counter()
+    try:
+        _tiny_flex(plan)
+    except Exception as err:  # the probe's whole point: record why compiled flex fails
+        problem = f'compiled flex failed: {type(err).__name__}: {str(err)[:400]}'
+        rec.add('env', dict(probe, status=FAILED, error=problem))
+        return problem
+    seconds = time.perf_counter() - t0
+    rec.add('env', dict(probe, status=OK, seconds=seconds, summary=f'compiled in {seconds:.1f} s'))
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# flex and the reference
+# ---------------------------------------------------------------------------------------
+def _flex_call(
+    eng: LookHereAttentionEngine,
+    plan: Plan,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    grid: Tuple[int, int],
+    cls: int,
+    slopes: Optional[LookHereSlopes] = None,
+    masked: bool = True,
+) -> Tensor:
+    """Compiled flex of layer 0 (block mask, tile order), as the engine runs it, with
+    ``plan.compile_backend``; ``slopes``: learnable slopes (a fresh table, as in training);
+    ``masked=False``: no block mask (every tile computed)."""
+    dev = q.device
+    order = eng.flex_order(grid, cls, dev)
+    mask = eng.block_mask(0, grid, cls, dev) if masked else None
+    if slopes is None:
+        gb = eng.grid_bias(grid, dev)
+        mod = eng.score_mod(0, grid, cls, dev)
+    else:
+        gb = eng.slope_bias(0, grid, dev, torch.float32, slopes)
+        mod = flex_score_mod(gb, 0, cls, order)
+    return flex_attention_lookhere(
+        q, k, v, gb, 0, cls, mask, True, mod, order, compile_backend=plan.compile_backend
+    )
+
+
+def _inputs(n: int, dev: torch.device, dtype: torch.dtype, seed: int = 0) -> List[Tensor]:
+    """``q, k, v`` and an output gradient, ``(1, 12, n, 64)``, from ``seed`` (CPU generator:
+    the same values on every device)."""
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(1, HEADS, n, HEAD_DIM, generator=g).to(device=dev, dtype=dtype)
+        for _ in range(4)
+    ]
+
+
+def correctness_case(
+    plan: Plan, dtype: str, learnable: bool, watch: RecompileWatch
+) -> Dict[str, Any]:
+    """Compiled flex vs the ``reference`` backend (float32 on the same rounded inputs) on
+    ``plan.correctness_grid`` + CLS, lh90, layer 0: forward, and the gradients of ``q, k,
+    v`` (on CPU torch has no flex backward for them: recorded as skipped) and, where
+    ``learnable``, of the slopes, each within :data:`TOLERANCES` of ``dtype``."""
+    dev, tdt, tol = torch.device(plan.device), DTYPES[dtype], TOLERANCES[dtype]
+    eng = LookHereAttentionEngine(resolve_lh_config('lh90'), 1, HEADS, 'flex')
+    grid, cls = plan.correctness_grid, 1
+    n = cls + grid[0] * grid[1]
+    q, k, v, gout = _inputs(n, dev, tdt)
+    slopes = LookHereSlopes(eng.config, 1, HEADS).to(dev) if learnable else None
+    ref_slopes = LookHereSlopes(eng.config, 1, HEADS).to(dev) if learnable else None
+    qkv_grads = dev.type != 'cpu'
+    leaves = [t.detach().requires_grad_(qkv_grads) for t in (q, k, v)]
+    ref_leaves = [t.detach().float().requires_grad_(qkv_grads) for t in (q, k, v)]
+    hits = len(watch.hits)
+    t0 = time.perf_counter()
+    out = _flex_call(eng, plan, *leaves, grid, cls, slopes)
+    ref = eng(*ref_leaves, 0, grid, cls, backend='reference', slopes=ref_slopes)
+    res: Dict[str, Any] = dict(tokens=n, forward=within(out, ref, tol['forward']))
+    wrt = (leaves if qkv_grads else []) + (list(slopes.parameters()) if learnable else [])
+    ref_wrt = (ref_leaves if qkv_grads else []) + (
+        list(ref_slopes.parameters()) if learnable else []
+    )
+    names = (['q', 'k', 'v'] if qkv_grads else []) + (
+        [f'slopes.{p}' for p, _ in slopes.named_parameters()] if learnable else []
+    )
+    grads: Dict[str, Any] = {}
+    if not qkv_grads:
+        grads['qkv'] = 'skipped: torch has no flex backward for q, k, v on CPU'
+    if wrt:
+        got = torch.autograd.grad(out, wrt, gout)
+        want = torch.autograd.grad(ref, ref_wrt, gout.float())
+        for name, a, b in zip(names, got, want):
+            grads[name] = within(a, b, tol['grad'])
+    res.update(grads=grads, seconds=time.perf_counter() - t0)
+    checks = {'forward': res['forward'], **{n: g for n, g in grads.items() if isinstance(g, dict)}}
+    bad = [n for n, c in checks.items() if not c['ok']]
+    worst = max(c['rel_err'] for c in checks.values())
+    res['summary'] = f'max rel err {worst:.2e} ({len(checks)} checks)'
+    if len(watch.hits) > hits:
+        return dict(res, status=FAILED, error=f'eager fallback: {watch.hits[-1]}')
+    if bad:
+        return dict(res, status=FAILED, error=f'outside tolerance: {", ".join(bad)}')
+    return dict(res, status=OK)
+
+
+def _reference_rows(
+    q: Tensor, k: Tensor, v: Tensor, bias_rows: Tensor, start: int, stop: int
+) -> Tensor:
+    """float32 ``softmax(q k^T / sqrt(d) + bias) v`` for query rows ``start:stop``."""
+    scores = q[:, :, start:stop].float() @ k.float().transpose(-1, -2)
+    scores = scores / math.sqrt(q.shape[-1]) + bias_rows.float()
+    return scores.softmax(-1) @ v.float()
+
+
+def _peak(device: torch.device, fn: Callable[[], Any]) -> Optional[float]:
+    """GiB of ``torch.cuda.max_memory_allocated`` over one call of ``fn`` (None on CPU)."""
+    if device.type != 'cuda':
+        fn()
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / 2**30
+
+
+def _timed_cases(
+    fns: Dict[str, Callable[[], Any]], plan: Plan, device: torch.device
+) -> Dict[str, Any]:
+    """Warm-up (the first call's seconds kept: compilation), peak memory, then
+    ``plan.rounds`` interleaved timed rounds; median seconds per case."""
+    first, peak = {}, {}
+    for name, fn in fns.items():
+        t0 = time.perf_counter()
+        for _ in range(max(1, plan.warmup)):
+            fn()
+            if device.type == 'cuda':
+                torch.cuda.synchronize()
+            first.setdefault(name, time.perf_counter() - t0)
+        peak[name] = _peak(device, fn)
+    times = interleaved(fns, max(3, plan.rounds), str(device))
+    return dict(
+        first_call_s=first,
+        peak_gib=peak,
+        seconds={n: statistics.median(t) for n, t in times.items()},
+        times=times,
+    )
+
+
+def _train(fn: Callable[[], Tensor], leaves: Sequence[Tensor], gout: Tensor) -> None:
+    """Forward + backward of one attention call; the leaves' gradients dropped."""
+    fn().backward(gout)
+    for t in leaves:
+        t.grad = None
+
+
+def _scores_gib(n: int) -> float:
+    """GiB of a float32 ``(12, n, n)`` score matrix (what eager flex materialises)."""
+    return HEADS * n * n * 4 / 2**30
+
+
+def attn_case(plan: Plan, tokens: int, watch: RecompileWatch) -> Dict[str, Any]:
+    """Section ``attn`` at ``tokens`` patches (lh90, layer 0, no CLS): the correctness check
+    on ``plan.check_rows`` sampled query rows, then the timings (see the module
+    docstring); flex's ratios against SDPA without bias are medians of per-round ratios."""
+    dev, tdt = torch.device(plan.device), DTYPES[plan.attn_dtype]
+    eng = LookHereAttentionEngine(resolve_lh_config('lh90'), 1, HEADS, 'flex')
+    grid = grid_for(tokens)
+    q, k, v, gout = _inputs(tokens, dev, tdt)
+    hits = len(watch.hits)
+    res: Dict[str, Any] = dict(tokens=tokens, grid=list(grid), dtype=plan.attn_dtype)
+    gb32 = eng.grid_bias(grid, dev)
+    out = None
+    with torch.no_grad():
+        out = _flex_call(eng, plan, q, k, v, grid, 0)
+        checks = {}
+        for start in (0, tokens // 2):
+            stop = min(tokens, start + plan.check_rows // 2)
+            ref = _reference_rows(q, k, v, gb32.rows(0, start, stop, 0), start, stop)
+            checks[f'rows {start}:{stop}'] = within(
+                out[:, :, start:stop], ref, TOLERANCES[plan.attn_dtype]['forward']
+            )
+    del out
+    res['check'] = checks
+    if len(watch.hits) > hits:
+        return dict(res, status=FAILED, error=f'eager fallback: {watch.hits[-1]}')
+    if not all(c['ok'] for c in checks.values()):
+        return dict(res, status=FAILED, error='flex outside tolerance (not timed)')
+    dense_gib = HEADS * tokens * tokens * tdt.itemsize / 2**30
+    bias = None
+    if dense_gib <= plan.max_dense_gib:
+        bias = eng.dense_bias(0, grid, False, dev, tdt)[None]
+
+    def calls(q, k, v) -> Dict[str, Callable[[], Tensor]]:
+        fns = {
+            'flex': partial(_flex_call, eng, plan, q, k, v, grid, 0),
+            'flex_all_tiles': partial(_flex_call, eng, plan, q, k, v, grid, 0, None, False),
+            'sdpa_nobias': partial(F.scaled_dot_product_attention, q, k, v),
+        }
+        if bias is not None:
+            fns['sdpa_dense_bias'] = partial(F.scaled_dot_product_attention, q, k, v, bias)
+        return fns
+
+    with torch.inference_mode():
+        res['forward'] = _timed_cases(calls(q, k, v), plan, dev)
+    if len(watch.hits) > hits:
+        return dict(res, status=FAILED, error=f'eager fallback: {watch.hits[-1]}')
+    fwd = res['forward']
+    res['flex_vs_nobias'] = paired_ratio(fwd['times']['flex'], fwd['times']['sdpa_nobias'])
+    res['all_tiles_vs_nobias'] = paired_ratio(
+        fwd['times']['flex_all_tiles'], fwd['times']['sdpa_nobias']
+    )
+    if bias is None:
+        res['sdpa_dense_bias'] = f'skipped: the dense bias needs {dense_gib:.1f} GiB'
+    res['summary'] = f'forward flex {res["flex_vs_nobias"]:.2f}x sdpa without bias'
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    if dev.type == 'cpu':
+        res['train'] = 'skipped: torch has no flex backward for q, k, v on CPU'
+    else:
+        steps = {n: partial(_train, fn, leaves, gout) for n, fn in calls(*leaves).items()}
+        res['train'] = _timed_cases(steps, plan, dev)
+        tr = res['train']['times']
+        res['train_flex_vs_nobias'] = paired_ratio(tr['flex'], tr['sdpa_nobias'])
+        res['summary'] += f', train {res["train_flex_vs_nobias"]:.2f}x'
+    peak = (res['forward']['peak_gib'] or {}).get('flex')
+    if len(watch.hits) > hits:
+        return dict(res, status=FAILED, error=f'eager fallback: {watch.hits[-1]}')
+    if peak is not None and peak > _scores_gib(tokens) / 2:
+        return dict(res, status=FAILED, error=f'flex peak {peak:.1f} GiB: scores materialised')
+    return dict(res, status=OK)
+
+
+# ---------------------------------------------------------------------------------------
+# section peer
+# ---------------------------------------------------------------------------------------
+def peer_cases(plan: Plan) -> List[Dict[str, Any]]:
+    """The peer cases in the order they run (most important first: a budget stop costs the
+    last ones): the whole frame for timm, nobias and every preset through flex, the train
+    step at the smaller size, the big frame, the train step at the larger size."""
+    common = dict(
+        kind='peer',
+        device=plan.device,
+        dtype=plan.model_dtype,
+        steps=plan.rounds,
+        warmup=plan.warmup,
+        strict_compile=True,
+        **({'arch': plan.peer_arch} if plan.peer_arch else {}),
+    )
+    flex = [f'{p}:flex' for p in plan.presets]
+    train = [
+        f'{p}:{plan.train_backend}' if plan.train_backend != 'auto' else p
+        for p in plan.presets
+        if p != 'lh45'
+    ]
+    small, large = plan.train_sizes
+    groups = [
+        ('frame', plan.frame, ['timm', 'nobias', *flex]),
+        ('train', (small, small), ['timm', 'nobias', *train]),
+        ('frame', plan.big_frame, ['timm', 'nobias', 'lh90:flex']),
+        ('train', (large, large), ['timm', train[-1]]),
+    ]
+    return [
+        dict(common, mode=mode, size=list(size), model=m, group=f'{mode} {size[0]}x{size[1]}')
+        for mode, size, models in groups
+        for m in models
+    ]
+
+
+def _peer_summary(res: Dict[str, Any]) -> str:
+    """One line: median seconds, peak, backend."""
+    peak = res.get('peak') or 0
+    return (
+        f'{res["seconds"]:.3f} s (first {res.get("first_seconds") or 0:.1f} s), peak '
+        f'{peak / 2**30:.2f} GiB, backend {res.get("backend")}'
+    )
+
+
+def peer_ratios(cases: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per group and model: median seconds and peak over timm's (and over ``nobias``'s)."""
+    rows = []
+    by_group: Dict[str, Dict[str, Dict[str, Any]]] = {}
+    for c in cases:
+        if c['status'] == OK:
+            by_group.setdefault(c['group'], {})[c['model']] = c
+    for group, runs in by_group.items():
+        for model, c in runs.items():
+            row = dict(group=group, model=model, seconds=c['seconds'], peak=c['peak'])
+            for base in ('timm', 'nobias'):
+                if base in runs and model != base:
+                    row[f'time_vs_{base}'] = c['seconds'] / runs[base]['seconds']
+                    row[f'peak_vs_{base}'] = c['peak'] / max(runs[base]['peak'], 1)
+            rows.append(row)
+    return rows
+
+
+def peer_section(plan: Plan, rec: Recorder, budget: 'Budget', flex_problem: Optional[str]):
+    """Each peer case in its own process, within the section budget."""
+    entry = rec.data['sections']['peer']
+    if _version('timm') is None:
+        for case in peer_cases(plan):
+            rec.add('peer', dict(case, name=_peer_name(case), status=SKIPPED, reason='no timm'))
+        return
+    for case in peer_cases(plan):
+        name = _peer_name(case)
+        if flex_problem and case['model'].endswith(':flex'):
+            rec.add('peer', dict(case, name=name, status=SKIPPED, reason=flex_problem))
+            continue
+        if not budget.allows(plan.min_case_s['peer']):
+            rec.add('peer', dict(case, name=name, status=SKIPPED, reason=budget.reason()))
+            continue
+        res = run_child(case, min(plan.child_timeout, budget.left()))
+        if 'error' in res:
+            rec.add('peer', dict(res, name=name, status=FAILED))
+        elif res.get('recompile_limit_hits'):
+            err = f'eager fallback: {res["recompile_limit_hits"][0]}'
+            rec.add('peer', dict(res, name=name, status=FAILED, error=err))
+        else:
+            rec.add('peer', dict(res, name=name, status=OK, summary=_peer_summary(res)))
+        entry['ratios'] = peer_ratios(entry['cases'])
+        rec.write()
+
+
+def _peer_name(case: Dict[str, Any]) -> str:
+    return f'{case["group"]} {case["model"]}'
+
+
+# ---------------------------------------------------------------------------------------
+# the run
+# ---------------------------------------------------------------------------------------
+class Budget:
+    """The time left to a section.
+
+    Args:
+        seconds: the section's budget.
+    """
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        """Seconds left (>= 0)."""
+        return max(0.0, self.end - time.monotonic())
+
+    def allows(self, need: float) -> bool:
+        """Whether a case that needs about ``need`` seconds may start."""
+        return self.left() > need
+
+    def reason(self) -> str:
+        """Why a case was skipped."""
+        return f'section budget of {self.seconds:.0f} s spent ({self.left():.0f} s left)'
+
+
+def goals(data: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The goals of docs/gpu.md against what was measured (``met``: True / False / None
+    where the case did not run)."""
+    secs = data.get('sections', {})
+    attn = [c for c in secs.get('attn', {}).get('cases', []) if c['status'] == OK]
+    ratios = secs.get('peer', {}).get('ratios', [])
+    out = []
+    for c in attn:
+        value = c.get('all_tiles_vs_nobias')
+        out.append(
+            dict(
+                goal=f'attn {c["tokens"]}: flex computing every tile <= 1.3x SDPA without bias',
+                value=value,
+                met=None if value is None else value <= 1.3,
+            )
+        )
+    for r in ratios:
+        model = r['model']
+        if r['group'].startswith('frame') and model.split(':')[0] in ('lh180', 'lh90'):
+            value = r.get('time_vs_nobias')
+            out.append(
+                dict(
+                    goal=f'{r["group"]} {model}: < 1.0x our trunk with flash SDPA, no bias',
+                    value=value,
+                    met=None if value is None else value < 1.0,
+                )
+            )
+        if r['group'].startswith('train') and model not in ('timm', 'nobias'):
+            value = r.get('time_vs_timm')
+            out.append(
+                dict(
+                    goal=f'{r["group"]} {model}: <= 1.1x timm',
+                    value=value,
+                    met=None if value is None else value <= 1.1,
+                )
+            )
+    return out
+
+
+def _table(data: Dict[str, Any]) -> str:
+    """The closing table: every case's status, then the goals."""
+    lines = ['', 'case                                              status   note']
+    for section, entry in data['sections'].items():
+        for c in entry['cases']:
+            note = c.get('summary') or c.get('reason') or c.get('error') or ''
+            lines.append(f'{section + " " + c["name"]:<50}{c["status"]:<9}{note}'[:200])
+    for g in data.get('goals', []):
+        value = '-' if g['value'] is None else f'{g["value"]:.3f}'
+        verdict = {True: 'met', False: 'NOT met', None: 'not measured'}[g['met']]
+        lines.append(f'goal {g["goal"]}: {value} ({verdict})')
+    return '\n'.join(lines)
+
+
+def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise KeyboardInterrupt(f'signal {signum}')
+
+
+def run(plan: Plan, out: Path, command: str) -> int:
+    """Run every section into ``out``; returns the exit status (0: every case ok, 3: some
+    failed or were skipped, 130: interrupted; the JSON says which)."""
+    data: Dict[str, Any] = dict(
+        command=command,
+        mode='cuda' if plan.device == 'cuda' else 'simulate-cpu',
+        plan=dataclasses.asdict(plan),
+        tolerances=TOLERANCES,
+        finished=False,
+    )
+    rec = Recorder(out, data)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # also where SIGINT came in ignored
+        signal.signal(sig, _interrupt)
+    status = 0
+    try:
+        with RecompileWatch() as watch:
+            flex_problem = None
+            for name in SECTIONS:
+                if name != 'env' and name not in plan.sections:
+                    continue
+                budget = Budget(plan.budgets[name])
+                rec.section(name, plan.budgets[name])
+                rec.say(f'section {name} (budget {plan.budgets[name]:.0f} s)')
+                if name == 'env':
+                    flex_problem = env_section(plan, rec, budget)
+                    if plan.recompile_limit is not None:
+                        _set_recompile_limit(plan.recompile_limit)
+                elif name == 'peer':
+                    peer_section(plan, rec, budget, flex_problem)
+                else:
+                    _flex_section(name, plan, rec, budget, watch, flex_problem)
+                data['sections'][name]['seconds'] = (
+                    rec.elapsed() - data['sections'][name]['started_s']
+                )
+        data['finished'] = True
+    except KeyboardInterrupt as err:
+        data['interrupted'] = f'{err or "SIGINT"} after {rec.elapsed():.0f} s'
+        rec.say(f'interrupted ({data["interrupted"]}): the JSON holds every finished case')
+        status = 130
+    data['goals'] = goals(data)
+    cases = [c for e in data['sections'].values() for c in e['cases']]
+    data['counts'] = {s: sum(c['status'] == s for c in cases) for s in (OK, FAILED, SKIPPED)}
+    rec.write()
+    print(_table(data), flush=True)
+    rec.say(f'done: {data["counts"]}; wrote {out}')
+    if status == 0 and (data['counts'][FAILED] or data['counts'][SKIPPED]):
+        status = 3
+    return status
+
+
+def _flex_section(
+    name: str,
+    plan: Plan,
+    rec: Recorder,
+    budget: Budget,
+    watch: RecompileWatch,
+    flex_problem: Optional[str],
+) -> None:
+    """Sections ``correctness`` and ``attn``: one case at a time, each after a dynamo reset
+    (compile once per shape: never near the recompile limit), errors recorded per case."""
+    if name == 'correctness':
+        todo = [
+            (
+                f'{dtype} {"learnable" if learn else "fixed"} slopes',
+                partial(correctness_case, plan, dtype, learn, watch),
+            )
+            for dtype in TOLERANCES
+            for learn in (False, True)
+        ]
+    else:
+        todo = [(f'{n} tokens', partial(attn_case, plan, n, watch)) for n in plan.attn_tokens]
+    for case_name, fn in todo:
+        if flex_problem:
+            rec.add(name, dict(name=case_name, status=SKIPPED, reason=flex_problem))
+            continue
+        if not budget.allows(plan.min_case_s[name]):
+            rec.add(name, dict(name=case_name, status=SKIPPED, reason=budget.reason()))
+            continue
+        if plan.device == 'cuda':
+            torch.cuda.empty_cache()
+        if plan.reset:
+            torch._dynamo.reset()
+        hits = len(watch.hits)
+        try:
+            res = fn()
+        except KeyboardInterrupt:
+            raise
+        except Exception as err:  # one failure costs one case
+            msg = ' '.join(str(err).strip().splitlines()[:3])[:500]
+            res = dict(status=FAILED, error=f'{type(err).__name__}: {msg}')
+            if len(watch.hits) > hits:
+                res['error'] = f'eager fallback: {watch.hits[-1]} ({res["error"]})'
+        rec.add(name, dict(res, name=case_name))
+
+
+def _set_recompile_limit(limit: int) -> None:
+    """Set dynamo's per-function recompile limit to exactly ``limit``."""
+    import torch._dynamo.config as dynamo_config
+
+    name = 'recompile_limit' if hasattr(dynamo_config, 'recompile_limit') else 'cache_size_limit'
+    setattr(dynamo_config, name, int(limit))
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    p.add_argument(
+        '--simulate-cpu',
+        action='store_true',
+        help='the same sections and checks on CPU at tiny sizes (default: the CUDA run)',
+    )
+    p.add_argument(
+        '--out',
+        type=Path,
+        default=None,
+        help='the JSON file (default: $OUT/gpu_check.json where $OUT is set, else '
+        'docs/benchmark_cuda.json)',
+    )
+    p.add_argument(
+        '--budget-scale',
+        type=float,
+        default=1.0,
+        help='multiply every section budget (default: 1)',
+    )
+    p.add_argument(
+        '--attn-tokens',
+        type=int,
+        nargs='+',
+        default=None,
+        help='token counts of section attn (default: 1024 to 32768; simulated: 64 256)',
+    )
+    p.add_argument(
+        '--sections',
+        nargs='+',
+        choices=SECTIONS,
+        default=list(SECTIONS),
+        help='sections to run (default: all; env always runs)',
+    )
+    p.add_argument(
+        '--recompile-limit',
+        type=int,
+        default=None,
+        metavar='N',
+        help="dynamo's recompile limit (default: raised to flex's 64; a small value with "
+        '--no-reset shows the eager-fallback detection)',
+    )
+    p.add_argument(
+        '--no-reset',
+        action='store_true',
+        help='no dynamo reset between cases (default: reset)',
+    )
+    args = p.parse_args(argv)
+    if args.budget_scale <= 0:
+        p.error(f'--budget-scale must be > 0, got {args.budget_scale}')
+    if args.attn_tokens and min(args.attn_tokens) < 1:
+        p.error(f'--attn-tokens must be >= 1, got {args.attn_tokens}')
+    return args
+
+
+def default_out() -> Path:
+    """``$OUT/gpu_check.json`` where ``$OUT`` is set (the device tool returns only files
+    under it), else ``docs/benchmark_cuda.json`` of the checkout."""
+    if os.environ.get('OUT'):
+        return Path(os.environ['OUT']) / 'gpu_check.json'
+    return Path(__file__).resolve().parents[3] / 'docs' / 'benchmark_cuda.json'
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Parse, check the device, run; returns the exit status."""
+    args = parse_args(argv)
+    plan = simulate_plan() if args.simulate_cpu else cuda_plan()
+    if plan.device == 'cuda' and not torch.cuda.is_available():
+        print('gpu_check: no CUDA device here (--simulate-cpu runs the same steps on CPU)')
+        return 2
+    plan.budgets = {k: v * args.budget_scale for k, v in plan.budgets.items()}
+    plan.sections = tuple(args.sections)
+    if args.attn_tokens:
+        plan.attn_tokens = tuple(args.attn_tokens)
+    plan.reset = not args.no_reset
+    plan.recompile_limit = args.recompile_limit
+    out = args.out or default_out()
+    command = 'python3 -m lookhere_dense.research.benchmark.gpu_check ' + ' '.join(
+        sys.argv[1:] if argv is None else list(argv)
+    )
+    return run(plan, out, command.strip())
+
+
+if __name__ == '__main__':
+    sys.exit(main())
