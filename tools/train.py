@@ -1,135 +1,22 @@
 #!/usr/bin/env python
 """Train a segmentor (mmseg config) or detector (mmdet config) with mmengine's Runner.
 
-lookhere-dense registers itself (no install needed beyond the README set-up). Before the
-Runner is built the config is checked: unknown model types, heads that cannot read the
-backbone, missing dataset folders, label values outside the classes, crops larger than
-the images and pretrained files the config names but that are not there stop with a
-message that says what to fix (``--allow-random-init`` trains without the missing
-weights). A loss that turns NaN / Inf stops the run; ``--resume`` continues bit-exactly
-(CPU, num_workers=0). The terminal shows checks, progress, losses and metrics; the log
-file in the work dir has everything (config, environment, per-class tables).
-
-Examples::
-
-    python tools/train.py configs/segmenter_lookhere_ade20k.py
-    python tools/train.py configs/segmenter_lookhere_vit-t_tiny-ade.py --work-dir work_dirs/t \\
-        --cfg-options model.backbone.preset=lh90 train_cfg.max_iters=100
-    torchrun --nproc_per_node=8 tools/train.py configs/segmenter_lookhere_ade20k.py \\
-        --launcher pytorch          # NCCL on GPUs, Gloo on a CPU-only machine
+The code is :mod:`lookhere_dense.train` (also ``python -m lookhere_dense.train`` and the
+``lookhere-train`` console script); ``--help`` lists the options.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from lookhere_dense.train import cli, main, parse_args  # noqa: E402
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    """Command-line arguments (mmseg / mmdet ``tools/train.py`` conventions)."""
-    from lookhere_dense.apis.cli import ToolArgumentParser, add_cfg_options_arg, add_threads_arg
-
-    parser = ToolArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('config', help='config file (or mmseg::/mmdet:: package path)')
-    parser.add_argument(
-        '--work-dir',
-        help='folder for logs and checkpoints (default: the '
-        "config's work_dir, else work_dirs/<config name>)",
-    )
-    parser.add_argument(
-        '--resume',
-        nargs='?',
-        const='auto',
-        default=None,
-        metavar='CKPT',
-        help='resume training: without a value from the newest readable '
-        'checkpoint in the work dir (none there: start from iteration 0, '
-        'with a warning), or from the checkpoint CKPT',
-    )
-    parser.add_argument(
-        '--amp',
-        action='store_true',
-        help='automatic mixed precision (AmpOptimWrapper, dynamic loss scale; needs a GPU)',
-    )
-    add_cfg_options_arg(parser, 'model.backbone.preset=lh90 train_cfg.max_iters=1000')
-    parser.add_argument(
-        '--launcher',
-        choices=['none', 'pytorch', 'slurm', 'mpi'],
-        default='none',
-        help='job launcher; "pytorch" under torchrun',
-    )
-    parser.add_argument(
-        '--allow-random-init',
-        action='store_true',
-        help='train even when a pretrained file named by the config is '
-        'missing (from random weights, with a warning; default: stop)',
-    )
-    parser.add_argument(
-        '--require-pretrained',
-        action='store_true',
-        help='stop when a pretrained file named by the config is missing '
-        '(the default; kept for old command lines)',
-    )
-    parser.add_argument(
-        '--skip-data-check',
-        action='store_true',
-        help='do not run the data checks before training (folders are '
-        'still checked when the dataloaders are built)',
-    )
-    parser.add_argument(
-        '--verbose',
-        action='store_true',
-        help='also show on the terminal what only the log file gets '
-        "(mmengine's environment, config and hook listing, library "
-        'warnings, per-class tables)',
-    )
-    parser.add_argument(
-        '--local_rank',
-        '--local-rank',
-        type=int,
-        default=0,
-        help='set by torch.distributed.launch; do not pass by hand',
-    )
-    add_threads_arg(parser)
-    args = parser.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
-    return args
-
-
-def main(argv: Optional[List[str]] = None):
-    """Train (:func:`lookhere_dense.apis.train.train_model`); returns the Runner (its
-    ``work_dir`` holds logs and checkpoints)."""
-    args = parse_args(argv)
-    from lookhere_dense.apis.cli import apply_threads, quiet_known_warnings, resolve_config_path
-
-    resolve_config_path(args.config)  # a missing file fails before the heavy imports
-    quiet_known_warnings()
-    apply_threads(args.threads)
-    from lookhere_dense.apis.train import train_model
-
-    return train_model(
-        args.config,
-        work_dir=args.work_dir,
-        cfg_options=args.cfg_options,
-        launcher=args.launcher,
-        amp=args.amp,
-        resume=args.resume,
-        require_pretrained=args.require_pretrained,
-        allow_random_init=args.allow_random_init,
-        check_data=not args.skip_data_check,
-        verbose=args.verbose,
-    )
-
+__all__ = ['main', 'parse_args']
 
 if __name__ == '__main__':
-    from lookhere_dense.apis.cli import run_main
-
-    run_main(main)
+    cli()

@@ -1,0 +1,134 @@
+"""Test (and evaluate) a checkpoint with mmengine's Runner: mmseg or mmdet configs.
+
+lookhere-dense registers itself. The model and test data are checked before the Runner
+is built (unknown types, missing folders, label values outside the classes), and the
+checkpoint must fit the model exactly (missing, unexpected or wrongly shaped keys are
+named). The terminal shows progress, the per-class table and the metrics; the log file in
+the work dir has everything.
+
+The same code runs as ``python tools/test.py`` (in the repository), ``python -m
+lookhere_dense.test`` and the ``lookhere-test`` console script (after ``pip install``).
+
+Examples::
+
+    python tools/test.py configs/segmenter_lookhere_ade20k.py work_dirs/x/iter_160000.pth
+    python tools/test.py configs/segmenter_lookhere_cityscapes_whole.py CKPT --show-dir vis
+    python tools/test.py configs/segmenter_lookhere_vit-t_tiny-ade.py CKPT --out preds \\
+        --cfg-options model.test_cfg.mode=whole
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import List, Optional
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """Command-line arguments (mmseg / mmdet ``tools/test.py`` conventions)."""
+    from lookhere_dense.apis.cli import ToolArgumentParser, add_cfg_options_arg, add_threads_arg
+
+    parser = ToolArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('config', help='config file (or mmseg::/mmdet:: package path)')
+    parser.add_argument('checkpoint', help='checkpoint file to test')
+    parser.add_argument(
+        '--work-dir',
+        help='folder for the log and the metrics JSON (default: '
+        "the config's work_dir, else work_dirs/<config name>)",
+    )
+    parser.add_argument(
+        '--out',
+        help='mmseg: folder for the predicted label maps (PNG, '
+        'one per image); mmdet: a .pkl file for the raw results',
+    )
+    parser.add_argument('--show-dir', help='folder for images painted with the predictions')
+    parser.add_argument(
+        '--show', action='store_true', help='show the painted predictions in a window'
+    )
+    parser.add_argument(
+        '--show-interval',
+        type=int,
+        default=1,
+        help='with --show / --show-dir: paint every N-th image (default: 1)',
+    )
+    parser.add_argument(
+        '--wait-time',
+        type=float,
+        default=2,
+        help='seconds each shown image stays up (with --show)',
+    )
+    parser.add_argument(
+        '--tta',
+        action='store_true',
+        help="test-time augmentation with the config's tta_pipeline / tta_model",
+    )
+    add_cfg_options_arg(parser, 'model.test_cfg.mode=whole')
+    parser.add_argument(
+        '--launcher',
+        choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none',
+        help='job launcher; "pytorch" under torchrun',
+    )
+    parser.add_argument(
+        '--skip-data-check', action='store_true', help='do not run the data checks before testing'
+    )
+    parser.add_argument(
+        '--verbose',
+        action='store_true',
+        help='also show on the terminal what only the log file gets '
+        "(mmengine's environment, config and hook listing, library warnings)",
+    )
+    parser.add_argument(
+        '--local_rank',
+        '--local-rank',
+        type=int,
+        default=0,
+        help='set by torch.distributed.launch; do not pass by hand',
+    )
+    add_threads_arg(parser)
+    args = parser.parse_args(argv)
+    if args.show_interval < 1:
+        parser.error(f'--show-interval must be >= 1, got {args.show_interval}')
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def main(argv: Optional[List[str]] = None):
+    """Test (:func:`lookhere_dense.apis.test.evaluate_checkpoint`); returns the metrics
+    dict."""
+    args = parse_args(argv)
+    from lookhere_dense.apis.cli import apply_threads, quiet_known_warnings, resolve_config_path
+
+    resolve_config_path(args.config)  # a missing file fails before the heavy imports
+    quiet_known_warnings()
+    apply_threads(args.threads)
+    from lookhere_dense.apis.test import evaluate_checkpoint
+
+    return evaluate_checkpoint(
+        args.config,
+        args.checkpoint,
+        work_dir=args.work_dir,
+        out=args.out,
+        show_dir=args.show_dir,
+        show=args.show,
+        show_interval=args.show_interval,
+        wait_time=args.wait_time,
+        tta=args.tta,
+        cfg_options=args.cfg_options,
+        launcher=args.launcher,
+        check_data=not args.skip_data_check,
+        verbose=args.verbose,
+    )
+
+
+def cli() -> None:
+    """The ``lookhere-test`` console script: :func:`main` with one-line errors
+    (:func:`lookhere_dense.apis.cli.run_main`)."""
+    from lookhere_dense.apis.cli import run_main
+
+    run_main(main)
+
+
+if __name__ == '__main__':
+    cli()
