@@ -915,6 +915,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         '--no-reset shows the eager-fallback detection)',
     )
     p.add_argument(
+        '--compile-backend',
+        default=None,
+        help='torch.compile backend of the flex calls (default: inductor; simulated: aot_eager)',
+    )
+    p.add_argument(
         '--no-reset',
         action='store_true',
         help='no dynamo reset between cases (default: reset)',
@@ -947,6 +952,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.attn_tokens:
         plan.attn_tokens = tuple(args.attn_tokens)
     plan.reset = not args.no_reset
+    plan.compile_backend = args.compile_backend or plan.compile_backend
     plan.recompile_limit = args.recompile_limit
     out = args.out or default_out()
     command = 'python3 -m lookhere_dense.research.benchmark.gpu_check ' + ' '.join(

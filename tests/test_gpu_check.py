@@ -1,0 +1,218 @@
+"""tools/gpu_check.sh, proven on CPU before any GPU sees it: the simulated run end to end
+(same sections, cases, compile calls, checks and JSON layout as the CUDA run) in a fresh
+process where OpenMMLab cannot be imported and only ``python3`` is on PATH; the recompile
+cliff recorded as a failure; an interrupt leaving valid JSON; a broken compiler skipping
+the flex cases with a clear reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lookhere_dense.lookhere.flex import flex_available
+
+pytestmark = pytest.mark.skipif(not flex_available(), reason='no flex_attention in this torch')
+
+REPO = Path(__file__).resolve().parents[1]
+MODULE = 'lookhere_dense.research.benchmark.gpu_check'
+BLOCKER = '''
+import sys
+
+class Block:
+    """Any import of OpenMMLab fails loudly (not an ImportError a caller could swallow)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('mmcv', 'mmengine', 'mmseg', 'mmdet'):
+            raise RuntimeError(f'gpu_check test: {name} imported')
+        return None
+
+sys.meta_path.insert(0, Block())
+'''
+
+
+def _env(tmp_path: Path) -> dict:
+    """A PATH with ``python3`` (this interpreter) and no ``python``; the OpenMMLab blocker
+    as ``sitecustomize`` on PYTHONPATH (children inherit it); ``$OUT``."""
+    block = tmp_path / 'block'
+    block.mkdir()
+    (block / 'sitecustomize.py').write_text(BLOCKER)
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    wrapper = bin_dir / 'python3'
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    out = tmp_path / 'out'
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ('PYTHON', 'PYTHONPATH')}
+    env.update(
+        PATH=f'{bin_dir}:/usr/bin:/bin', PYTHONPATH=str(block), OUT=str(out), OMP_NUM_THREADS='1'
+    )
+    return env
+
+
+def _module(tmp_path: Path, *args: str, name: str = 'run.json'):
+    """Run the module in a fresh process; returns (process, JSON)."""
+    out = tmp_path / name
+    proc = subprocess.run(
+        [sys.executable, '-m', MODULE, '--simulate-cpu', '--out', str(out), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    return proc, json.loads(out.read_text())
+
+
+def _cases(data: dict, section: str) -> dict:
+    return {c['name']: c for c in data['sections'][section]['cases']}
+
+
+def test_blocker_stops_openmmlab_imports(tmp_path: Path):
+    """The blocker of the simulated run works (else that test proves nothing)."""
+    env = _env(tmp_path)
+    proc = subprocess.run(
+        ['python3', '-c', 'import mmengine'], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode != 0 and 'gpu_check test: mmengine imported' in proc.stderr
+    assert subprocess.run(['sh', '-c', 'command -v python'], env=env).returncode != 0
+
+
+def test_simulated_run_end_to_end(tmp_path: Path):
+    """``bash tools/gpu_check.sh --simulate-cpu`` with only python3 on PATH and OpenMMLab
+    blocked: every section and case ok, the JSON under $OUT, one progress line per case."""
+    env = _env(tmp_path)
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        ['bash', 'tools/gpu_check.sh', '--simulate-cpu'],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=900,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert 'imported' not in log and 'finished, every case ok' in proc.stdout
+    data = json.loads((Path(env['OUT']) / 'gpu_check.json').read_text())
+    assert data['mode'] == 'simulate-cpu' and data['finished'] and 'interrupted' not in data
+    assert list(data['sections']) == ['env', 'correctness', 'attn', 'peer']
+    assert data['counts'] == dict(ok=24, failed=0, skipped=0)
+    cases = [c for s in data['sections'].values() for c in s['cases']]
+    progress = [ln for ln in proc.stdout.splitlines() if ln.startswith('[') and ': OK' in ln]
+    assert len(progress) == len(cases) == 24
+    assert max(c['elapsed_s'] for c in cases) < time.monotonic() - t0
+
+    env_cases = _cases(data, 'env')
+    assert env_cases['flex compile probe']['backend'] == 'aot_eager'
+    assert env_cases['versions']['dynamo']['recompile_limit'] >= 64
+
+    correct = _cases(data, 'correctness')
+    assert len(correct) == 6
+    for name, c in correct.items():
+        dtype = name.split()[0]
+        assert c['forward']['ok'] and c['forward']['tol'] == data['tolerances'][dtype]['forward']
+        assert c['grads']['qkv'].startswith('skipped: torch has no flex backward')
+        slopes = [k for k in c['grads'] if k.startswith('slopes.')]
+        assert bool(slopes) == ('learnable' in name)
+        assert all(c['grads'][k]['ok'] for k in slopes)
+
+    attn = _cases(data, 'attn')
+    assert list(attn) == ['64 tokens', '256 tokens']
+    for c in attn.values():
+        assert all(chk['ok'] for chk in c['check'].values())
+        fwd = c['forward']
+        assert set(fwd['seconds']) == {'flex', 'flex_all_tiles', 'sdpa_nobias', 'sdpa_dense_bias'}
+        assert all(len(t) >= 3 for t in fwd['times'].values())
+        assert fwd['first_call_s']['flex'] > 0 and c['flex_vs_nobias'] > 0
+
+    peer = _cases(data, 'peer')
+    assert len(peer) == 14
+    for name, c in peer.items():
+        assert len(c['times']) >= 3 and c['first_seconds'] is not None
+        assert c['recompile_limit_hits'] == []
+        if name.endswith(':flex'):
+            assert c['backend'] == 'flex'
+    ratios = data['sections']['peer']['ratios']
+    assert {r['group'] for r in ratios} == {
+        'frame 64x128',
+        'train 64x64',
+        'frame 128x128',
+        'train 96x96',
+    }
+    assert any(g['goal'].startswith('frame 64x128 lh90:flex') for g in data['goals'])
+
+
+def test_recompile_limit_hit_fails_the_case_and_is_not_timed(tmp_path: Path):
+    """Without the dynamo reset between sizes the second size passes a limit of 4 (the
+    probe and the first size's calls use it up): that case fails as an eager fallback and
+    carries no timings; with the reset (the default) both sizes pass at the same limit."""
+    args = ('--sections', 'attn', '--attn-tokens', '64', '128', '--recompile-limit', '4')
+    proc, data = _module(tmp_path, *args, '--no-reset', name='noreset.json')
+    assert proc.returncode == 3, proc.stdout[-2000:]
+    first, second = data['sections']['attn']['cases']
+    assert first['status'] == 'ok' and 'forward' in first
+    assert second['status'] == 'failed' and 'forward' not in second
+    assert second['error'].startswith('eager fallback: torch._dynamo hit config.')
+    proc, data = _module(tmp_path, *args, name='reset.json')
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert [c['status'] for c in data['sections']['attn']['cases']] == ['ok', 'ok']
+
+
+def test_broken_compiler_skips_flex_cases_with_the_reason(tmp_path: Path):
+    """A compile backend that cannot work (as no Triton / no C compiler on the GPU): the
+    probe fails once with the reason, every flex case is skipped naming it."""
+    proc, data = _module(tmp_path, '--sections', 'correctness', '--compile-backend', 'nope')
+    assert proc.returncode == 3
+    probe = _cases(data, 'env')['flex compile probe']
+    assert probe['status'] == 'failed' and "'nope'" in probe['error']
+    assert 'flex compile probe: FAILED compiled flex failed' in proc.stdout
+    for c in data['sections']['correctness']['cases']:
+        assert c['status'] == 'skipped' and c['reason'] == probe['error']
+
+
+def test_interrupt_leaves_valid_json_with_the_finished_cases(tmp_path: Path):
+    """SIGINT (Ctrl-C, or the shell's cap) in the middle of a section: exit 130, the file
+    is valid JSON holding every case finished before, marked interrupted."""
+    out = tmp_path / 'int.json'
+    proc = subprocess.Popen(
+        [sys.executable, '-m', MODULE, '--simulate-cpu', '--out', str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if out.exists() and json.loads(out.read_text())['sections'].get('correctness', {}).get(
+            'cases'
+        ):
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stdout[-2000:]
+    data = json.loads(out.read_text())
+    assert not data['finished'] and data['interrupted'].startswith('signal 2')
+    assert data['sections']['correctness']['cases'][0]['status'] == 'ok'
+    assert 'peer' not in data['sections']
+    assert 'the JSON holds every finished case' in stdout
+
+
+def test_default_output_is_under_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """$OUT set: $OUT/gpu_check.json (the device tool returns only files under it); unset:
+    docs/benchmark_cuda.json of the checkout."""
+    from lookhere_dense.research.benchmark.gpu_check import default_out
+
+    monkeypatch.setenv('OUT', str(tmp_path))
+    assert default_out() == tmp_path / 'gpu_check.json'
+    monkeypatch.delenv('OUT')
+    assert default_out() == REPO / 'docs' / 'benchmark_cuda.json'
