@@ -411,6 +411,35 @@ def test_benchmark_quick_mode_runs(tmp_path: Path, repo_root: Path):
     assert '--segmenter-configs' in helped.stdout
 
 
+def test_benchmark_keeps_the_other_sections_when_one_fails(tmp_path: Path, repo_root: Path):
+    """A section that raises (here: attn with an unknown preset) is recorded under
+    ``failed_sections`` and named on stdout; the sections before it stay in the JSON."""
+    out = tmp_path / 'bench.json'
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(repo_root / 'tools' / 'benchmark.py'),
+            '--quick',
+            '--sections',
+            'bias',
+            'attn',
+            '--preset',
+            'nope',
+            '--json',
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res['bias']['baseline_matches_ours'] is True and 'attn' not in res
+    assert "'nope'" in res['failed_sections']['attn']
+    assert 'section attn FAILED: ' in proc.stdout
+
+
 def test_benchmark_refuses_a_group_and_names_together(repo_root: Path):
     proc = subprocess.run(
         [

@@ -603,10 +603,17 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                 results['interrupted'] = section
                 print(f'\ninterrupted in section {section}: writing the finished sections')
                 break
+            except Exception as err:  # one section's failure (e.g. CUDA OOM) costs that section
+                msg = f'{type(err).__name__}: {" ".join(str(err).split())[:500]}'
+                results.setdefault('failed_sections', {})[section] = msg
+                print(f'\nsection {section} failed: {msg}', flush=True)
+                continue
             results[section]['section_seconds'] = time.perf_counter() - s0
     results['total_seconds'] = time.perf_counter() - t0
     results['env']['load_avg_end'] = os.getloadavg() if hasattr(os, 'getloadavg') else None
     print(format_table(results))
+    for section, msg in results.get('failed_sections', {}).items():
+        print(f'section {section} FAILED: {msg}')
     if args.json:
         write_json(str(args.json), results, indent=1, default=str)
         print(f'\nwrote {args.json}')

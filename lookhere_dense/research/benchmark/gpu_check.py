@@ -55,6 +55,7 @@ from lookhere_dense.lookhere.flex import (
     flex_attention_lookhere,
     flex_available,
     flex_score_mod,
+    flex_slope_grads_available,
     raise_recompile_limit,
 )
 from lookhere_dense.lookhere.slopes import LookHereSlopes
@@ -343,6 +344,7 @@ def env_section(plan: Plan, rec: Recorder, budget: 'Budget') -> Optional[str]:
         triton=_version('triton'),
         c_compiler=_compiler(),
         flex_available=flex_available(),
+        tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
         dynamo=strict_compile(),
     )
     facts['summary'] = (
@@ -422,6 +424,11 @@ def correctness_case(
     v`` (on CPU torch has no flex backward for them: recorded as skipped) and, where
     ``learnable``, of the slopes, each within :data:`TOLERANCES` of ``dtype``."""
     dev, tdt, tol = torch.device(plan.device), DTYPES[dtype], TOLERANCES[dtype]
+    if learnable and not flex_slope_grads_available():
+        return dict(
+            status=SKIPPED,
+            reason=f'torch {torch.__version__}: flex gives captured tensors gradients from 2.6',
+        )
     eng = LookHereAttentionEngine(resolve_lh_config('lh90'), 1, HEADS, 'flex')
     grid, cls = plan.correctness_grid, 1
     n = cls + grid[0] * grid[1]
@@ -668,8 +675,12 @@ def peer_section(plan: Plan, rec: Recorder, budget: 'Budget', flex_problem: Opti
         if not budget.allows(plan.min_case_s['peer']):
             rec.add('peer', dict(case, name=name, status=SKIPPED, reason=budget.reason()))
             continue
-        res = run_child(case, min(plan.child_timeout, budget.left()))
-        if 'error' in res:
+        timeout = min(plan.child_timeout, budget.left())
+        res = run_child(case, timeout)
+        if 'error' in res and timeout < plan.child_timeout and res['error'].startswith('timed'):
+            reason = f'{budget.reason()}: stopped after {timeout:.0f} s'
+            rec.add('peer', dict(res, name=name, status=SKIPPED, reason=reason))
+        elif 'error' in res:
             rec.add('peer', dict(res, name=name, status=FAILED))
         elif res.get('recompile_limit_hits'):
             err = f'eager fallback: {res["recompile_limit_hits"][0]}'
