@@ -79,6 +79,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         "(mmengine's environment, config and hook listing, library warnings)",
     )
     parser.add_argument(
+        '--max-memory',
+        metavar='SIZE',
+        help='memory budget of one test pass (e.g. 8G): a whole frame whose estimated '
+        'peak exceeds it is refused before it allocates, with cheaper options (default: '
+        'the memory the machine or its cgroup has left)',
+    )
+    parser.add_argument(
         '--local_rank',
         '--local-rank',
         type=int,
@@ -119,6 +126,7 @@ def main(argv: Optional[List[str]] = None):
         launcher=args.launcher,
         check_data=not args.skip_data_check,
         verbose=args.verbose,
+        max_memory=args.max_memory,
     )
 
 

@@ -87,6 +87,19 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         'warnings, per-class tables)',
     )
     parser.add_argument(
+        '--max-memory',
+        metavar='SIZE',
+        help='memory budget of one training step or validation pass (e.g. 8G, 512M): a '
+        'pass whose estimated peak exceeds it is refused before it allocates (default: '
+        'the memory the machine or its cgroup has left)',
+    )
+    parser.add_argument(
+        '--share-work-dir',
+        action='store_true',
+        help='train even when another live run holds the work dir (default: refuse; '
+        "two runs in one folder overwrite each other's checkpoints)",
+    )
+    parser.add_argument(
         '--local_rank',
         '--local-rank',
         type=int,
@@ -122,6 +135,8 @@ def main(argv: Optional[List[str]] = None):
         allow_random_init=args.allow_random_init,
         check_data=not args.skip_data_check,
         verbose=args.verbose,
+        max_memory=args.max_memory,
+        share_work_dir=args.share_work_dir,
     )
 
 

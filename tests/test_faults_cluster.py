@@ -337,3 +337,152 @@ def test_a_corrupt_named_checkpoint_falls_back_to_the_previous_good_one(full, tm
         f'--resume: skipped unreadable checkpoint(s) {work / "iter_4.pth"} ('
     )
     assert notes[0].endswith(f'; resuming from {work / "iter_2.pth"}')
+
+
+# ----------------------------------------------------------------------------------------
+# the memory guard
+# ----------------------------------------------------------------------------------------
+_MEASURE = r"""
+import json, sys, torch
+torch.set_num_threads(1)
+from lookhere_dense.engine.memory_guard import _pass_info, estimate_peak, install_memory_guard
+from lookhere_dense.errors import MemoryBudgetError
+from lookhere_dense.lookhere.vit import LookHereVisionTransformer
+from lookhere_dense.research.memory import PeakMemory, free_memory
+
+out = {}
+m = LookHereVisionTransformer(img_size=64, embed_dims=384, num_layers=2, num_heads=6)
+opt = torch.optim.AdamW(m.parameters())
+m(torch.randn(1, 3, 64, 64))[0].sum().backward()  # kernels and buffers warm
+opt.zero_grad(set_to_none=True)
+for mode, size in (('inference', (1, 3, 1024, 1024)), ('training', (2, 3, 512, 768))):
+    x = torch.randn(size)
+    m.train(mode == 'training')
+    with torch.set_grad_enabled(mode == 'training'):
+        est = estimate_peak(**_pass_info(m, x, 0, None)['args'])['total']
+    free_memory()
+    with PeakMemory('cpu') as mem:
+        if mode == 'training':  # one full step, the first (Adam's moments appear)
+            m(x)[0].sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        else:
+            with torch.no_grad():
+                m(x)
+    out[mode] = dict(estimate=est, rise=mem.rise_bytes)
+# refused before it allocates: a budget just below the estimate
+m.eval()
+x = torch.randn(1, 3, 1024, 1024)
+install_memory_guard(m, max_memory=int(out['inference']['estimate'] * 0.95))
+free_memory()
+with PeakMemory('cpu') as mem, torch.no_grad():
+    try:
+        m(x)
+    except MemoryBudgetError as err:
+        out['refused'] = dict(message=str(err), rise=mem.rise_bytes)
+print('@@' + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope='module')
+def measured() -> dict:
+    """Estimates and measured peaks (rise of the peak RSS) of a width-384 trunk, in a fresh
+    process: whole 1024x1024 inference (4,097 tokens) and a training step (batch 2, 512x768,
+    with AdamW), and a pass refused by a budget 5 % below its estimate."""
+    res = subprocess.run(
+        [PYTHON, '-c', _MEASURE], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300
+    )
+    assert '@@' in res.stdout, res.stderr[-3000:]
+    import json
+
+    return json.loads(res.stdout.split('@@')[-1])
+
+
+@pytest.mark.parametrize('mode', ['inference', 'training'])
+def test_the_memory_estimate_is_within_25_percent_of_the_measured_peak(measured, mode):
+    ratio = measured[mode]['rise'] / measured[mode]['estimate']
+    assert 0.75 <= ratio <= 1.25, measured[mode]
+
+
+def test_a_pass_over_the_budget_is_refused_before_it_allocates(measured):
+    from lookhere_dense.engine.memory_guard import format_size
+
+    refused = measured['refused']
+    est = measured['inference']['estimate']
+    assert refused['rise'] < 0.05 * est  # nothing of the pass was allocated
+    msg = refused['message']
+    assert msg.startswith('inference of a (1, 3, 1024, 1024) input refused before it allocates:')
+    assert f'its estimated peak is {format_size(est)} (activations ' in msg
+    assert f'the --max-memory budget is {format_size(int(0.95 * est))}. Cheaper: ' in msg
+    assert '4097 tokens x 1, width 384, depth 2, backend ' in msg
+    assert 'a frame 0.9' in msg and 'bfloat16' in msg and '--max-memory SIZE' in msg
+
+
+def test_the_guard_refuses_above_the_line_and_never_at_or_below_it():
+    from lookhere_dense.engine.memory_guard import (
+        _pass_info,
+        estimate_peak,
+        install_memory_guard,
+    )
+    from lookhere_dense.errors import MemoryBudgetError
+    from lookhere_dense.lookhere.vit import LookHereVisionTransformer
+
+    m = LookHereVisionTransformer(img_size=64, embed_dims=96, num_layers=1, num_heads=6).eval()
+    x = torch.randn(1, 3, 256, 256)
+    with torch.no_grad():
+        est = estimate_peak(**_pass_info(m, x, 0, None)['args'])['total']
+        install_memory_guard(m, max_memory=est)  # exactly the estimate: runs
+        assert m(x)[0].shape == (1, 96, 16, 16)
+        install_memory_guard(m, max_memory=est - 1)  # one byte less: refused
+        with pytest.raises(MemoryBudgetError, match='refused before it allocates'):
+            m(x)
+        install_memory_guard(m)  # the machine's limit: a small frame fits
+        assert m(x)[0].shape == (1, 96, 16, 16)
+
+
+def test_a_dense_bias_backend_is_refused_with_a_streaming_one_offered():
+    from lookhere_dense.engine.memory_guard import estimate_peak, install_memory_guard
+    from lookhere_dense.errors import MemoryBudgetError
+    from lookhere_dense.lookhere.vit import LookHereVisionTransformer
+
+    m = LookHereVisionTransformer(
+        img_size=64, embed_dims=96, num_layers=2, num_heads=6, attn_backend='sdpa'
+    ).eval()
+    x = torch.randn(1, 3, 1024, 1024)  # 4097 tokens: 2 x 6 x 4097^2 float32 = 805 MB of bias
+    budget = 2 * estimate_peak(4097, 96, 2, 6, 'tiled')['total']
+    install_memory_guard(m, max_memory=budget)
+    with pytest.raises(MemoryBudgetError) as exc, torch.no_grad():
+        m(x)
+    assert 'backend sdpa' in str(exc.value) and "attn_backend='fused'" in str(exc.value)
+
+
+def test_training_over_the_budget_is_refused_at_its_first_step(data, tmp_path):
+    from lookhere_dense.errors import ConfigError, MemoryBudgetError
+
+    opts = options(*roots(data), *SHRINK, *RUN)
+    with pytest.raises(MemoryBudgetError) as exc:
+        train_model(ADE_CFG, work_dir=str(tmp_path / 'w'), max_memory='2M', cfg_options=opts)
+    assert str(exc.value).startswith('training of a (2, 3, 128, 128) input refused before it')
+    assert 'the --max-memory budget is 2.0 MiB' in str(exc.value)
+    assert 'batch size 1' in str(exc.value)
+    with pytest.raises(ConfigError, match="--max-memory '2 apples' is not a size"):
+        train_model(ADE_CFG, work_dir=str(tmp_path / 'w'), max_memory='2 apples', cfg_options=opts)
+
+
+def test_the_test_tool_refuses_a_frame_over_its_budget(data, tmp_path):
+    from tiny_seg import run_tools, write_checkpoint
+
+    ckpt = write_checkpoint(str(tmp_path / 'model.pth'), SHRINK)
+    (res,) = run_tools(
+        [
+            (
+                'test',
+                [ADE_CFG, ckpt, '--work-dir', str(tmp_path / 't'), '--max-memory', '3M']
+                + ['--cfg-options', *roots(data), *SHRINK],
+            )
+        ]
+    )
+    assert res['rc'] == 2, res['stderr'][-3000:]
+    err = res['stderr'].strip().splitlines()[-1]
+    assert err.startswith('error: inference of a (1, 3, ') and 'refused before it' in err
+    assert 'the --max-memory budget is 3.0 MiB' in err

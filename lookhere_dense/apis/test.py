@@ -50,6 +50,7 @@ def build_test_config(
     cfg_options: Optional[dict] = None,
     launcher: str = 'none',
     check_data: bool = True,
+    max_memory: Optional[str] = None,
 ):
     """The config to test ``checkpoint`` with: the file + ``cfg_options`` + the options,
     checked.
@@ -68,6 +69,10 @@ def build_test_config(
         cfg_options: config overrides. Default: None.
         launcher: job launcher. Default: ``'none'``.
         check_data: run the data checks. Default: True.
+        max_memory: the memory budget of one test pass (``'8G'``, bytes); a whole frame
+            whose estimated peak exceeds it (or, without a budget, the memory left) is
+            refused before it allocates
+            (:class:`~lookhere_dense.engine.memory_guard.MemoryGuardHook`). Default: None.
 
     Raises:
         lookhere_dense.errors.ConfigError, lookhere_dense.errors.DataCheckError,
@@ -107,6 +112,11 @@ def build_test_config(
             cfg.test_evaluator['keep_results'] = True
     hooks = list(cfg.get('custom_hooks') or [])
     hooks.append(dict(type='CheckpointFitHook', strict_load_from=True))
+    if not any(str(h.get('type', '')).endswith('MemoryGuardHook') for h in hooks):
+        from ..engine.memory_guard import parse_memory
+
+        budget = None if max_memory is None else parse_memory(max_memory)
+        hooks.append(dict(type='MemoryGuardHook', max_memory=budget))
     cfg.custom_hooks = hooks
     logger = (cfg.get('default_hooks') or {}).get('logger')
     if isinstance(logger, dict) and str(logger.get('type', '')).split('.')[-1] == 'LoggerHook':

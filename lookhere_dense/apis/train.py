@@ -172,6 +172,16 @@ def _atomic_checkpoints(cfg) -> None:
         hook['type'] = 'AtomicCheckpointHook'
 
 
+def _add_memory_guard(cfg, max_memory) -> None:
+    """:class:`~lookhere_dense.engine.memory_guard.MemoryGuardHook` with the budget (unless
+    the config has one): every training step and validation pass is checked against the
+    memory left (or ``max_memory``) before it allocates."""
+    hooks = list(cfg.get('custom_hooks') or [])
+    if not any(str(h.get('type', '')).endswith('MemoryGuardHook') for h in hooks):
+        hooks.append(dict(type='MemoryGuardHook', max_memory=max_memory))
+    cfg.custom_hooks = hooks
+
+
 def _tune_logging(cfg) -> None:
     """Loss lines at least every tenth of the schedule (``interval = min(interval,
     max(1, max_iters // 10))`` for iteration-based loops) and about ten progress lines
@@ -200,6 +210,7 @@ def build_train_config(
     check_data: bool = True,
     allow_random_init: bool = False,
     hooks: bool = True,
+    max_memory: Optional[str] = None,
 ) -> Tuple[object, List[str]]:
     """The config to train with: the file (``mmseg::`` / ``mmdet::`` paths allowed) +
     ``cfg_options`` + the options below, checked.
@@ -223,7 +234,11 @@ def build_train_config(
             dropped with a warning (training from random weights) instead of an error.
             Default: False.
         hooks: add :data:`TRAIN_HOOKS` (and :data:`SLOPE_HOOK` for learnable slopes),
-            atomic checkpoint writes and the progress logging. Default: True.
+            atomic checkpoint writes, the memory guard and the progress logging.
+            Default: True.
+        max_memory: the memory budget of a pass (``'8G'``, bytes; checked by
+            :class:`~lookhere_dense.engine.memory_guard.MemoryGuardHook`). Default: None
+            (the memory the machine or its cgroup has left).
 
     Returns:
         ``(cfg, warnings)``: the config, and the warnings printed while checking it (to
@@ -282,6 +297,11 @@ def build_train_config(
     if hooks:
         _add_hooks(cfg)
         _atomic_checkpoints(cfg)
+        if max_memory is not None:
+            from ..engine.memory_guard import parse_memory
+
+            max_memory = parse_memory(max_memory)  # a bad size stops here
+        _add_memory_guard(cfg, max_memory)
         _tune_logging(cfg)
     dropped = preflight(
         cfg,

@@ -27,7 +27,9 @@ Importing this module also registers the fault-handling hooks the training API a
 :class:`~lookhere_dense.engine.checkpointing.AtomicCheckpointHook` (replaces
 ``default_hooks.checkpoint``: a failed save never damages the previous checkpoint or
 ``last_checkpoint``) and :class:`~lookhere_dense.engine.preemption.SignalCheckpointHook`
-(SIGTERM / SIGINT: save the current iteration, then stop).
+(SIGTERM / SIGINT: save the current iteration, then stop) and
+:class:`~lookhere_dense.engine.memory_guard.MemoryGuardHook` (a pass whose estimated peak
+memory exceeds what is left is refused before it allocates).
 
 Registered in mmengine's root ``HOOKS`` registry, so mmseg and mmdet configs find them.
 """
@@ -45,6 +47,7 @@ from mmengine.registry import HOOKS
 
 from ..errors import TrainingDivergedError
 from .checkpointing import AtomicCheckpointHook
+from .memory_guard import MemoryGuardHook
 from .preemption import SignalCheckpointHook
 
 __all__ = [
@@ -54,6 +57,7 @@ __all__ = [
     'ProgressLoggerHook',
     'AtomicCheckpointHook',
     'SignalCheckpointHook',
+    'MemoryGuardHook',
     'capture_rng_state',
     'restore_rng_state',
     'RESUME_STATE_KEY',
