@@ -100,7 +100,7 @@ def test_simulated_run_end_to_end(tmp_path: Path):
     )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
-    assert 'imported' not in log and 'finished, every case ok' in proc.stdout
+    assert 'gpu_check test:' not in log and 'finished, every case ok' in proc.stdout
     data = json.loads((Path(env['OUT']) / 'gpu_check.json').read_text())
     assert data['mode'] == 'simulate-cpu' and data['finished'] and 'interrupted' not in data
     assert list(data['sections']) == ['env', 'correctness', 'attn', 'peer']

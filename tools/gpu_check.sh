@@ -47,6 +47,9 @@ if ! "$py" -c 'import torch' 2>/dev/null; then
     echo "tools/gpu_check.sh: $py cannot import torch (set PYTHON=/path/to/python)" >&2
     exit 2
 fi
+if [[ " $* " == *" -h "* || " $* " == *" --help "* ]]; then
+    exec "$py" -m lookhere_dense.research.benchmark.gpu_check --help
+fi
 scale=1
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
