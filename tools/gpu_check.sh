@@ -57,8 +57,10 @@ for ((i = 0; i < ${#args[@]}; i++)); do
         scale="${args[i + 1]:-1}"
     fi
 done
-# one compile thread: no pool of compile workers that Ctrl-C or the cap would not reach
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=1
+# one compile thread: no pool of compile workers that Ctrl-C or the cap would not reach;
+# LOOKHERE_TIMM=0: importing lookhere_dense does not register our models with timm (the
+# peer is timm's own ViT-B; a timm whose internals differ must not stop the run)
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=1 LOOKHERE_TIMM=0
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 cap="$("$py" -c "print(int(360 * float('$scale') + 120))" 2>/dev/null || echo 480)"
 if [[ " $* " == *" --simulate-cpu "* ]]; then
