@@ -39,11 +39,7 @@ __all__ = [
     'apply_threads',
     'positive_int',
     'parse_cfg_options',
-    'REPO',
 ]
-
-#: The repository root (``tools/`` and ``configs/`` live here).
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 
 class ToolArgumentParser(argparse.ArgumentParser):
@@ -110,12 +106,17 @@ def quiet_known_warnings() -> None:
 
 
 def resolve_config_path(path: str) -> str:
-    """``mmseg::segmenter/x.py`` -> the file inside the installed package; other paths
-    unchanged.
+    """``mmseg::segmenter/x.py`` -> the file inside the installed package,
+    ``lookhere_dense::x.py`` -> the config shipped with lookhere-dense
+    (:func:`lookhere_dense.config_path`); other paths unchanged.
 
     Raises:
         FileNotFoundError: naming the path (and the resolved one for package paths).
     """
+    if path.startswith('lookhere_dense::'):
+        from .. import config_path
+
+        return config_path(path)
     if '::' in path:
         from mmengine.utils import get_installed_path
 

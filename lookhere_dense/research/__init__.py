@@ -14,5 +14,11 @@
 * :mod:`.head_plots` -- each LookHere head's field of view and penalty
   (``tools/plot_heads.py``).
 
-Import the submodules directly.
+Import the submodules directly. Research tooling runs from a checkout of the repository
+(it is not in the wheel): :data:`REPO` is that checkout's root.
 """
+
+import os.path as osp
+
+#: the repository root (``configs/``, ``tools/``, ``docs/``); research tooling only
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))

@@ -222,7 +222,7 @@ def environment() -> Dict[str, Any]:
     import numpy
     import torch
 
-    from ..apis.cli import REPO
+    from . import REPO
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -318,8 +318,9 @@ def run_demo(
 
     lookhere_dense.register_all_modules()
 
-    from ..apis.cli import REPO, parse_cfg_options
+    from ..apis.cli import parse_cfg_options
     from ..apis.train import train_model
+    from . import REPO
     from .chance import chance_levels
     from .extrapolation import extrapolation_report
 

@@ -60,7 +60,7 @@ __all__ = [
 
 
 def _repo() -> str:
-    from lookhere_dense.apis.cli import REPO
+    from lookhere_dense.research import REPO
 
     return REPO
 

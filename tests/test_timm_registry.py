@@ -1,0 +1,196 @@
+"""The LookHere ViTs in timm's registry (:mod:`lookhere_dense.timm_models`).
+
+``import lookhere_dense`` registers ``lookhere_vit_{tiny,small,base,large}_patch16_224``
+(with the preset tags) when timm is imported, before or after it, without importing timm
+itself. A timm model equals :func:`lookhere_dense.lookhere.create_model` bit for bit on
+the same weights (whole tokens and ``features_only`` maps), loads official LookHere files
+and our own through ``checkpoint_path=``, takes any image size, and mmseg's
+``TIMMBackbone`` builds and runs a Segmenter on it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+timm = pytest.importorskip('timm')
+
+import lookhere_dense  # noqa: E402,F401 - registers (timm is imported)
+from lookhere_dense.lookhere import create_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+NAMES = [f'lookhere_vit_{s}_patch16_224' for s in ('tiny', 'small', 'base', 'large')]
+TINY = 'lookhere_vit_tiny_patch16_224'
+#: the tiny timm model shrunk to two blocks (what create_model gets below)
+SMALL = dict(depth=2)
+
+
+def _ref(**kw):
+    return create_model(embed_dims=192, num_layers=2, num_heads=12, **kw).eval()
+
+
+def test_every_model_and_tag_is_registered():
+    assert sorted(timm.list_models('lookhere_vit_*')) == sorted(NAMES)
+    for name in NAMES:
+        assert timm.is_model(name)
+    cfg = timm.models.get_pretrained_cfg('lookhere_vit_base_patch16_224')
+    assert cfg.tag == 'lh180' and cfg.num_classes == 1000
+    for tag in ('lh180', 'lh90', 'lh45', 'alibi2d'):
+        assert timm.models.get_pretrained_cfg(f'lookhere_vit_base_patch16_224.{tag}') is not None
+
+
+@pytest.mark.parametrize('first', ['lookhere_dense', 'timm'])
+def test_registration_in_either_import_order_and_no_timm_import_of_its_own(first, tmp_path):
+    """A fresh process: ``import lookhere_dense`` alone loads no timm; importing timm
+    later (or earlier) registers the models."""
+    code = (
+        'import sys\n'
+        f'import {first}\n'
+        "print('timm loaded:', 'timm' in sys.modules)\n"
+        'import lookhere_dense, timm\n'
+        "print(sorted(timm.list_models('lookhere_vit_*')))\n"
+    )
+    res = subprocess.run(
+        [sys.executable, '-c', code], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f'timm loaded: {first == "timm"}' in res.stdout
+    assert str(sorted(NAMES)) in res.stdout
+
+
+def test_tags_choose_the_position_encoding_and_conflicts_are_named():
+    m = timm.create_model(f'{TINY}.lh90', **SMALL)
+    assert m.pos_encoding == 'lookhere' and m.lh_config.head_directions == 'corners-none'
+    assert timm.create_model(f'{TINY}.alibi2d', **SMALL).pos_encoding == 'alibi2d'
+    assert timm.create_model(TINY, **SMALL).lh_config == _ref().lh_config  # lh180
+    with pytest.raises(ValueError, match="sets preset='lh90'; the argument preset='lh45'"):
+        timm.create_model(f'{TINY}.lh90', preset='lh45', **SMALL)
+    with pytest.raises(ValueError, match='unknown tag for this model; its tags are lh180, lh90'):
+        timm.create_model('lookhere_vit_small_patch16_224.lh45', depth=2)
+    with pytest.raises(RuntimeError, match='no weights to download; pass the file'):
+        timm.create_model(TINY, pretrained=True, **SMALL)
+
+
+def _ours(tmp_path: Path, preset: str = 'lh90', **kw):
+    """A create_model trunk with random weights, saved as a state_dict file."""
+    torch.manual_seed(0)
+    ref = _ref(preset=preset, **kw)
+    path = tmp_path / 'ours.pth'
+    torch.save({'state_dict': ref.state_dict()}, path)
+    return ref, str(path)
+
+
+def test_timm_model_equals_create_model_bit_for_bit(tmp_path: Path):
+    ref, path = _ours(tmp_path, out_indices=(0, 1))
+    m = timm.create_model(f'{TINY}.lh90', checkpoint_path=path, **SMALL).eval()
+    feats = timm.create_model(
+        f'{TINY}.lh90', features_only=True, out_indices=(0, 1), checkpoint_path=path, **SMALL
+    ).eval()
+    x = torch.randn(2, 3, 80, 112)  # not the nominal 224: any size, no interpolation
+    with torch.no_grad():
+        assert torch.equal(m.forward_features(x), ref.forward_features(x))
+        maps = ref(x)
+        got = feats(x)
+        assert len(got) == 2 and all(torch.equal(a, b) for a, b in zip(got, maps))
+        final, inter = m.forward_intermediates(x, indices=[1], output_fmt='NLC')
+        assert torch.equal(inter[0], final[:, 1:]) and torch.equal(final, ref.forward_features(x))
+        logits = m(x)
+    assert logits.shape == (2, 1000)
+    assert feats.feature_info.channels() == [192, 192]
+    assert feats.feature_info.reduction() == [16, 16]
+    assert [i['module'] for i in feats.feature_info.get_dicts()] == ['blocks.0', 'blocks.1']
+
+
+def test_forward_intermediates_indices_norm_and_prefix_tokens(tmp_path: Path):
+    m = timm.create_model(TINY, depth=3, num_classes=0).eval()
+    x = torch.randn(1, 3, 64, 48)
+    with torch.no_grad():
+        last_two = m.forward_intermediates(x, indices=2, intermediates_only=True)
+        normed = m.forward_intermediates(x, indices=[0], norm=True, intermediates_only=True)
+        (pair,) = m.forward_intermediates(
+            x, indices=[0], return_prefix_tokens=True, intermediates_only=True
+        )
+        pooled = m(x)
+    assert [tuple(t.shape) for t in last_two] == [(1, 192, 4, 3)] * 2
+    assert not torch.equal(normed[0], pair[0])  # the final norm applied to block 0
+    assert tuple(pair[1].shape) == (1, 1, 192)  # the CLS token
+    assert pooled.shape == (1, 192)
+    with pytest.raises(ValueError, match="output_fmt must be 'NCHW' or 'NLC'"):
+        m.forward_intermediates(x, output_fmt='NHWC')
+
+
+def test_checkpoint_path_loads_official_files_and_checks_their_config(reference_dir: Path):
+    """The official format (``{'weights', 'config'}``: the tiny file of the reference
+    set) loads through ``checkpoint_path=`` with its LookHere config adopted and its
+    classifier loaded; a tag that contradicts the file's config is refused."""
+    path = str(reference_dir / 'official_tiny_halves_none.pth')
+    io = torch.load(reference_dir / 'official_tiny_halves_none_io.pt', weights_only=True)
+    arch = io['model']
+    kw = dict(
+        embed_dim=arch['embed_dim'],
+        depth=arch['depth'],
+        num_heads=arch['num_heads'],
+        init_values=arch['init_values'],
+    )
+    ckpt = torch.load(path, weights_only=True)
+    classes = ckpt['weights']['head.weight'].shape[0] if 'head.weight' in ckpt['weights'] else 0
+    m = timm.create_model(TINY, checkpoint_path=path, num_classes=classes, **kw).eval()
+    assert m.lh_config.head_directions == ckpt['config']['head_directions']
+    with torch.no_grad():
+        for name, case in io['cases'].items():
+            torch.testing.assert_close(
+                m.forward_features(case['input']),
+                case['forward_features'],
+                atol=1e-4,
+                rtol=0,
+                msg=name,
+            )
+    if classes:
+        assert torch.equal(m.head.weight, ckpt['weights']['head.weight'])
+    other = 'lh45' if ckpt['config']['head_directions'] != 'lh45' else 'lh90'
+    with pytest.raises(Exception, match='lh_config|preset|config'):
+        timm.create_model(f'{TINY}.{other}', checkpoint_path=path, num_classes=classes, **kw)
+
+
+def test_mmseg_timm_backbone_builds_and_runs_a_segmenter():
+    """mmseg's own ``TIMMBackbone`` on a LookHere name in a Segmenter-style model."""
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+
+    init_default_scope('mmseg')
+    cfg = dict(
+        type='EncoderDecoder',
+        data_preprocessor=dict(
+            type='SegDataPreProcessor',
+            mean=[123.675, 116.28, 103.53],
+            std=[58.395, 57.12, 57.375],
+            size=(64, 64),
+        ),
+        backbone=dict(
+            type='TIMMBackbone',
+            model_name=f'{TINY}.lh180',
+            features_only=True,
+            pretrained=False,
+            out_indices=(1,),
+            depth=2,
+        ),
+        decode_head=dict(
+            type='FCNHead',
+            in_channels=192,
+            channels=32,
+            num_convs=1,
+            num_classes=5,
+            in_index=0,
+            loss_decode=dict(type='CrossEntropyLoss', loss_weight=1.0),
+        ),
+        test_cfg=dict(mode='whole'),
+    )
+    model = MODELS.build(cfg).eval()
+    assert type(model.backbone.timm_model.model).__name__ == 'LookHereTimmViT'
+    with torch.no_grad():
+        logits = model(torch.randn(1, 3, 96, 128), mode='tensor')
+    assert tuple(logits.shape) == (1, 5, 6, 8)
