@@ -305,20 +305,21 @@ def test_a_second_run_in_a_held_work_dir_is_refused_and_a_dead_holder_is_not(dat
         assert f.read() == ''  # released at the end
 
 
-def test_sharing_a_held_work_dir_is_allowed_when_asked(data, tmp_path):
+def test_sharing_a_held_work_dir_takes_no_lock(tmp_path):
+    from lookhere_dense.apis.train import lock_work_dir
+
     work = str(tmp_path / 'work')
     holder = _holder(work)
     try:
-        runner = train_model(
-            ADE_CFG,
-            work_dir=work,
-            share_work_dir=True,
-            cfg_options=options(*roots(data), *SHRINK, *RUN, 'train_cfg.max_iters=1'),
-        )
-        assert runner.iter == 1
+        assert lock_work_dir(work, share=True) is None  # --share-work-dir: no refusal
+        with pytest.raises(WorkDirLockedError, match=f'pid {holder.pid} on '):
+            lock_work_dir(work)
     finally:
         holder.kill()
         holder.wait()
+    lock = lock_work_dir(work)
+    assert lock is not None and 'takes it over' in lock.notes[0]
+    lock.release()
 
 
 # ----------------------------------------------------------------------------------------
@@ -469,20 +470,43 @@ def test_training_over_the_budget_is_refused_at_its_first_step(data, tmp_path):
         train_model(ADE_CFG, work_dir=str(tmp_path / 'w'), max_memory='2 apples', cfg_options=opts)
 
 
-def test_the_test_tool_refuses_a_frame_over_its_budget(data, tmp_path):
+def test_the_test_and_infer_tools_refuse_a_frame_over_their_budget(data, tmp_path):
     from tiny_seg import run_tools, write_checkpoint
 
     ckpt = write_checkpoint(str(tmp_path / 'model.pth'), SHRINK)
-    (res,) = run_tools(
+    image = sorted(glob.glob(osp.join(data, 'images', 'validation', '*.jpg')))[0]
+    results = run_tools(
         [
             (
                 'test',
                 [ADE_CFG, ckpt, '--work-dir', str(tmp_path / 't'), '--max-memory', '3M']
                 + ['--cfg-options', *roots(data), *SHRINK],
-            )
+            ),
+            (
+                'infer',
+                [ADE_CFG, ckpt, image, '--whole', '--out-dir', str(tmp_path / 'o')]
+                + ['--max-memory', '3M', '--cfg-options', *SHRINK],
+            ),
         ]
     )
-    assert res['rc'] == 2, res['stderr'][-3000:]
-    err = res['stderr'].strip().splitlines()[-1]
-    assert err.startswith('error: inference of a (1, 3, ') and 'refused before it' in err
-    assert 'the --max-memory budget is 3.0 MiB' in err
+    for res in results:
+        assert res['rc'] == 2, res['stderr'][-3000:]
+        err = res['stderr'].strip().splitlines()[-1]
+        assert err.startswith('error: inference of a (1, 3, ') and 'refused before it' in err
+        assert 'the --max-memory budget is 3.0 MiB' in err
+    assert not glob.glob(str(tmp_path / 'o' / '*.png'))
+
+
+# ----------------------------------------------------------------------------------------
+# data faults mid-run (the dataloader-worker kill and resized labels: tools/fault_check.py)
+# ----------------------------------------------------------------------------------------
+def test_images_deleted_after_the_dataset_was_listed_stop_naming_the_file(tmp_path):
+    root = make_ade(tmp_path / 'data')
+    images = osp.join(root, 'images', 'training')
+    cfg = _config_with(tmp_path, 'remove', images)
+    with pytest.raises(FileNotFoundError) as exc:
+        train_model(
+            cfg, work_dir=str(tmp_path / 'w'), cfg_options=options(*roots(root), *SHRINK, *RUN)
+        )
+    assert osp.join(images, 'ADE_train_0000') in str(exc.value)
+    assert _pointer(str(tmp_path / 'w')) == str(tmp_path / 'w' / 'iter_2.pth')

@@ -99,6 +99,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         '--device', default=None, help='cpu or cuda[:N] (default: cuda when available, else cpu)'
     )
+    parser.add_argument(
+        '--max-memory',
+        metavar='SIZE',
+        help='memory budget of one pass (e.g. 8G): a frame whose estimated peak exceeds it '
+        'is refused before it allocates, with cheaper options (default: the memory the '
+        'machine or its cgroup has left)',
+    )
     add_cfg_options_arg(parser, 'model.test_cfg.mode=whole')
     add_threads_arg(parser)
     args = parser.parse_args(argv)
@@ -137,6 +144,7 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
         device=args.device,
         cfg_options=args.cfg_options,
         legend=not args.no_legend,
+        max_memory=args.max_memory,
     )
     print(
         f'wrote {len(result.paths)} overlay(s) to {args.out_dir} '

@@ -243,6 +243,10 @@ class Overlays:
     device: str
 
 
+def _max_side(crop) -> Optional[int]:
+    return int(max(crop)) if isinstance(crop, (list, tuple)) and crop else None
+
+
 def segment_images(
     config: str,
     checkpoint: str,
@@ -260,13 +264,16 @@ def segment_images(
     device: Optional[str] = None,
     cfg_options: Optional[dict] = None,
     legend: bool = True,
+    max_memory: Optional[str] = None,
 ) -> Overlays:
     """Segment an image or a folder of images; write ``<out_dir>/<image name>.png``
     overlays (and the class ids as ``<image name>_labels.png`` with ``save_labels``).
 
     Args: as ``tools/infer.py`` (``size``, ``crop``, ``stride``: ``(H, W)``); ``device``
     default: cuda when available, else cpu; ``legend``: draw the legend of the classes
-    present (default: True).
+    present (default: True); ``max_memory``: the budget of one pass (``'8G'``; default:
+    None, the memory left): a frame whose estimated peak exceeds it is refused before it
+    allocates (:func:`lookhere_dense.engine.memory_guard.install_memory_guard`).
 
     Raises:
         ValueError: ``opacity`` outside 0..1; FileNotFoundError: input / config /
@@ -296,6 +303,10 @@ def segment_images(
     device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
     model, meta = build_model_from_checkpoint(cfg, checkpoint, device)
     model.test_cfg = ConfigDict(inference_test_cfg(cfg, whole, slide, crop, stride))
+    from ..engine.memory_guard import install_memory_guard, parse_memory
+
+    budget = None if max_memory is None else parse_memory(max_memory)
+    install_memory_guard(model, budget, _max_side(model.test_cfg.get('crop_size')))
     pipeline = Compose(inference_pipeline(cfg, native, short_side, size))
     num_classes = int(getattr(model.decode_head, 'num_classes', 0) or 0)
     palette = class_palette(meta, cfg, num_classes)

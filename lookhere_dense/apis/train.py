@@ -431,6 +431,36 @@ def train_model(config: str, verbose: bool = False, share_work_dir: bool = False
             lock.release()
 
 
+#: What Gloo / NCCL say when another process of the job is gone.
+_PEER_LOST = (
+    'Connection closed by peer',
+    'Connection reset by peer',
+    'NCCL communicator was aborted',
+)
+
+
+def _lost_process(err: BaseException, cfg) -> Optional[str]:
+    """One line for training stopped because another process died: a rank of the job (a
+    collective failed) or a dataloader worker (else None)."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ''
+    if first.startswith('DataLoader worker (pid'):
+        what = f'a dataloader worker died ({first.strip()})'
+    elif cfg.get('launcher') != 'none' and any(s in str(err) for s in _PEER_LOST):
+        what = (
+            f'rank {os.environ.get("RANK", "?")} stopped: another process of this job died '
+            f'({first[:160]}); the torchrun summary names it'
+        )
+    else:
+        return None
+    from ..engine.checkpointing import POINTER_FILE
+
+    pointer = osp.join(cfg.work_dir, POINTER_FILE)
+    last = open(pointer).read().strip() if osp.isfile(pointer) else None
+    return f'{what}. The last complete checkpoint is ' + (
+        f'{last}: continue with --resume.' if last else 'none: start again.'
+    )
+
+
 def _train(cfg, notes: List[str], verbose: bool):
     """Set up distributed training, build the Runner, log ``notes``, train."""
     from ..engine.terminal import warnings_to_run_log
@@ -442,7 +472,13 @@ def _train(cfg, notes: List[str], verbose: bool):
             announce_log_file(runner)
             for msg in notes:  # repeat the warnings where the run's log file gets them
                 runner.logger.warning(msg, extra=dict(file_only=True))
-            runner.train()
+            try:
+                runner.train()
+            except RuntimeError as err:
+                lost = _lost_process(err, cfg)
+                if lost is None:
+                    raise
+                raise ToolError(lost) from err
     finally:
         if created:
             import torch.distributed as dist

@@ -136,7 +136,7 @@ class WorkDirLock:
             pid=os.getpid(),
             host=socket.gethostname(),
             started=time.time(),
-            command=' '.join(sys.argv),
+            command=' '.join(sys.argv)[:300],
         )
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)

@@ -1,0 +1,411 @@
+#!/usr/bin/env python
+"""The slow fault checks of issue 34 (docs/faults.md), with real torchrun, real signals and
+real files on the tiny ADE20K-layout config (CPU, Gloo, 2 processes):
+
+* ``kill_rank``: SIGKILL to rank 1 of ``torchrun --nproc_per_node 2`` mid-run: how long
+  until torchrun exits, whether its message names the lost rank, and ``--resume``
+  (torchrun again) continuing from the last complete checkpoint to the end;
+* ``kill_during_save``: SIGKILL to rank 0 while it writes a checkpoint (caught by polling
+  for the temporary file): no partial file under a final name, ``last_checkpoint`` names a
+  loadable checkpoint, ``--resume`` finishes;
+* ``sigterm_torchrun``: SIGTERM to torchrun (what a scheduler sends): the workers save the
+  iteration they end, say so, exit; ``--resume`` finishes;
+* ``two_runs``: a second ``tools/train.py`` in the work dir of a live one is refused;
+* ``worker_killed``: SIGKILL to a dataloader worker: the run stops (no hang) naming it;
+* ``image_deleted``: the training images removed after the dataset was listed: the run
+  stops naming the file.
+
+Each resumed run's final weights are compared with an uninterrupted 2-process run (not
+bitwise: rank 1's generators are re-seeded on resume; see ExactResumeHook).
+
+Usage::
+
+    python tools/fault_check.py --out work_dirs/fault_check [--cases kill_rank two_runs]
+
+Writes ``OUT/fault_check.json`` and prints one line per case; exit status 1 if a case
+failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import os.path as osp
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / 'tests'))
+from tiny_seg import ADE_CFG, SHRINK, env, make_ade, roots  # noqa: E402
+
+N = 8  # iterations of every run
+RUN = [
+    f'train_cfg.max_iters={N}',
+    'train_cfg.val_interval=100',
+    'default_hooks.checkpoint.interval=2',
+    'default_hooks.checkpoint.max_keep_ckpts=2',
+]
+#: A wider model for the save-time kill (a checkpoint of ~50 MB takes long enough to hit).
+WIDE = [
+    'model.backbone.embed_dims=384',
+    'model.decode_head.in_channels=384',
+    'model.decode_head.channels=384',
+    'model.decode_head.embed_dims=384',
+]
+
+
+def _torchrun(work: str, opts: List[str], log: str, resume: bool = False) -> subprocess.Popen:
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2']
+    cmd += ['--master_port', str(29500 + os.getpid() % 1000), 'tools/train.py', ADE_CFG]
+    cmd += ['--launcher', 'pytorch', '--work-dir', work, '--threads', '1']
+    cmd += ['--resume'] if resume else []
+    cmd += ['--cfg-options', *opts]
+    return subprocess.Popen(
+        cmd, cwd=REPO, env=env(), stdout=open(log, 'w'), stderr=subprocess.STDOUT
+    )
+
+
+def _train(work: str, opts: List[str], log: str) -> subprocess.Popen:
+    cmd = [sys.executable, 'tools/train.py', ADE_CFG, '--work-dir', work, '--threads', '1']
+    return subprocess.Popen(
+        cmd + ['--cfg-options', *opts],
+        cwd=REPO,
+        env=env(),
+        stdout=open(log, 'w'),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _children(pid: int) -> List[int]:
+    out = []
+    for stat in glob.glob('/proc/[0-9]*/stat'):
+        try:
+            fields = open(stat).read().rsplit(')', 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.split('/')[2]))
+    return out
+
+
+def _worker(torchrun: int, local_rank: int) -> Optional[int]:
+    for pid in _children(torchrun):
+        try:
+            environ = open(f'/proc/{pid}/environ', 'rb').read().split(b'\0')
+        except OSError:
+            continue
+        if f'LOCAL_RANK={local_rank}'.encode() in environ:
+            return pid
+    return None
+
+
+def _pointer(work: str) -> str:
+    path = osp.join(work, 'last_checkpoint')
+    return open(path).read().strip() if osp.isfile(path) else ''
+
+
+def _iteration(path: str) -> int:
+    return int(osp.basename(path)[len('iter_') : -len('.pth')]) if path else -1
+
+
+def _wait(cond: Callable[[], bool], child: subprocess.Popen, timeout: float, poll=0.02) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline and child.poll() is None:
+        if cond():
+            return True
+        time.sleep(poll)
+    return False
+
+
+def _loadable(path: str) -> bool:
+    import torch
+
+    try:
+        torch.load(path, map_location='cpu', weights_only=False)['state_dict']
+        return True
+    except Exception:  # noqa: BLE001 - any failure means not loadable
+        return False
+
+
+def _weights(path: str) -> Dict:
+    import torch
+
+    sd = torch.load(path, map_location='cpu', weights_only=False)['state_dict']
+    return {
+        k: v.float()
+        for k, v in sd.items()
+        if isinstance(v, torch.Tensor) and v.is_floating_point()
+    }
+
+
+def _difference(a: str, b: str) -> Dict[str, float]:
+    """Largest absolute and relative L2 difference of two checkpoints' weights."""
+    import torch
+
+    wa, wb = _weights(a), _weights(b)
+    diff = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+    num = sum(float((wa[k] - wb[k]).pow(2).sum()) for k in wa)
+    den = sum(float(wb[k].pow(2).sum()) for k in wb)
+    return dict(max_abs=diff, rel_l2=(num / den) ** 0.5 if den else 0.0, torch=torch.__version__)
+
+
+def _tail(log: str, n: int = 25) -> str:
+    return ''.join(open(log).readlines()[-n:])
+
+
+def _resume(ctx: dict, work: str, opts: List[str], name: str) -> dict:
+    log = osp.join(ctx['out'], f'{name}_resume.log')
+    child = _torchrun(work, opts, log, resume=True)
+    rc = child.wait(600)
+    final = osp.join(work, f'iter_{N}.pth')
+    res = dict(resume_rc=rc, resume_finished=rc == 0 and osp.isfile(final))
+    if res['resume_finished'] and ctx.get('reference'):
+        res['vs_uninterrupted'] = _difference(final, ctx['reference'])
+    if rc != 0:
+        res['resume_tail'] = _tail(log)
+    return res
+
+
+# ----------------------------------------------------------------------------------------
+# cases
+# ----------------------------------------------------------------------------------------
+def case_reference(ctx: dict) -> dict:
+    """An uninterrupted 2-process run (the weights the resumed runs are compared with)."""
+    work = osp.join(ctx['out'], 'reference')
+    child = _torchrun(work, ctx['opts'], osp.join(ctx['out'], 'reference.log'))
+    rc = child.wait(600)
+    ctx['reference'] = osp.join(work, f'iter_{N}.pth') if rc == 0 else None
+    return dict(ok=rc == 0, rc=rc)
+
+
+def case_kill_rank(ctx: dict) -> dict:
+    work, log = osp.join(ctx['out'], 'kill_rank'), osp.join(ctx['out'], 'kill_rank.log')
+    opts = ctx['opts']
+    child = _torchrun(work, opts, log)
+    if not _wait(lambda: _iteration(_pointer(work)) >= 2, child, 300):
+        child.kill()
+        return dict(ok=False, why='no checkpoint before the kill', tail=_tail(log))
+    victim = _worker(child.pid, 1)
+    t0 = time.time()
+    os.kill(victim, signal.SIGKILL)
+    try:
+        rc = child.wait(1800)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        rc = None
+    stopped = time.time() - t0
+    text = open(log).read()
+    named = 'rank      : 1' in text and 'Signal 9 (SIGKILL)' in text
+    last = _pointer(work)
+    res = dict(
+        killed_pid=victim,
+        stopped_after_s=round(stopped, 1),
+        torchrun_rc=rc,
+        names_lost_rank=named,
+        last_checkpoint=last,
+        last_loadable=_loadable(last),
+    )
+    res.update(_resume(ctx, work, opts, 'kill_rank'))
+    res['ok'] = bool(rc and named and res['last_loadable'] and res['resume_finished'])
+    res['ok'] = res['ok'] and stopped < 60
+    return res
+
+
+def case_kill_during_save(ctx: dict) -> dict:
+    work = osp.join(ctx['out'], 'kill_during_save')
+    log = osp.join(ctx['out'], 'kill_during_save.log')
+    opts = ctx['opts'] + WIDE + ['default_hooks.checkpoint.interval=1']
+    child = _torchrun(work, opts, log)
+    partial = lambda: glob.glob(osp.join(work, '.iter_*.pth.partial-*'))  # noqa: E731
+    # the first save is let through, the next one is hit
+    if not _wait(lambda: _iteration(_pointer(work)) >= 1 and bool(partial()), child, 300, 0.001):
+        child.kill()
+        return dict(ok=False, why='no save in progress was caught', tail=_tail(log))
+    writer = _worker(child.pid, 0)
+    os.kill(writer, signal.SIGKILL)
+    hit = partial()
+    rc = child.wait(600)
+    last = _pointer(work)
+    finals = sorted(glob.glob(osp.join(work, 'iter_*.pth')))
+    res = dict(
+        hit_while_writing=[osp.basename(p) for p in hit],
+        torchrun_rc=rc,
+        last_checkpoint=last,
+        last_loadable=_loadable(last),
+        all_final_names_loadable=all(_loadable(p) for p in finals),
+        final_names=[osp.basename(p) for p in finals],
+    )
+    res.update(_resume(ctx, work, opts, 'kill_during_save'))
+    res.pop('vs_uninterrupted', None)  # another (wider) model than the reference
+    res['ok'] = bool(
+        hit and res['last_loadable'] and res['all_final_names_loadable'] and res['resume_finished']
+    )
+    return res
+
+
+def case_sigterm_torchrun(ctx: dict) -> dict:
+    work = osp.join(ctx['out'], 'sigterm')
+    log = osp.join(ctx['out'], 'sigterm.log')
+    child = _torchrun(work, ctx['opts'], log)
+    if not _wait(lambda: _iteration(_pointer(work)) >= 2, child, 300):
+        child.kill()
+        return dict(ok=False, why='no checkpoint before the signal', tail=_tail(log))
+    t0 = time.time()
+    child.send_signal(signal.SIGTERM)
+    rc = child.wait(600)
+    stopped = time.time() - t0
+    text = open(log).read()
+    lines = [ln for ln in text.splitlines() if 'training stopped by SIGTERM after iteration' in ln]
+    last = _pointer(work)
+    res = dict(
+        stopped_after_s=round(stopped, 1),
+        torchrun_rc=rc,
+        stop_lines=lines,
+        last_checkpoint=last,
+        last_loadable=_loadable(last),
+    )
+    res.update(_resume(ctx, work, ctx['opts'], 'sigterm'))
+    said = bool(lines) and all(f'saved {last}' in ln for ln in lines)
+    res['ok'] = bool(said and res['last_loadable'] and res['resume_finished'] and stopped < 30)
+    return res
+
+
+def case_two_runs(ctx: dict) -> dict:
+    work = osp.join(ctx['out'], 'two_runs')
+    opts = [o for o in ctx['opts'] if not o.startswith('train_cfg.max_iters=')]
+    first = _train(work, opts + ['train_cfg.max_iters=400'], osp.join(ctx['out'], 'two_a.log'))
+    try:
+        if not _wait(lambda: bool(_pointer(work)), first, 300):
+            return dict(ok=False, why='the first run did not start', tail=_tail(first.args[-1]))
+        before = {p: os.path.getmtime(p) for p in glob.glob(osp.join(work, '*.pth'))}
+        second_log = osp.join(ctx['out'], 'two_b.log')
+        rc = _train(work, ctx['opts'], second_log).wait(300)
+        line = [ln for ln in open(second_log).read().splitlines() if ln.startswith('error:')]
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(120)
+    refused = rc == 2 and bool(line) and 'is in use by another training run' in line[-1]
+    untouched = all(os.path.getmtime(p) == t for p, t in before.items() if osp.exists(p))
+    return dict(ok=refused and untouched, second_rc=rc, second_error=line, untouched=untouched)
+
+
+def case_worker_killed(ctx: dict) -> dict:
+    work = osp.join(ctx['out'], 'worker_killed')
+    log = osp.join(ctx['out'], 'worker_killed.log')
+    opts = ctx['opts'] + [
+        'train_dataloader.num_workers=2',
+        'train_dataloader.persistent_workers=True',
+        'train_cfg.max_iters=400',
+    ]
+    child = _train(work, opts, log)
+    if not _wait(lambda: bool(_pointer(work)) and len(_children(child.pid)) >= 2, child, 300):
+        child.kill()
+        return dict(ok=False, why='no dataloader workers seen', tail=_tail(log))
+    victim = _children(child.pid)[0]
+    t0 = time.time()
+    os.kill(victim, signal.SIGKILL)
+    try:
+        rc = child.wait(300)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        rc = None
+    line = [ln for ln in open(log).read().splitlines() if ln.startswith('error:')]
+    named = (
+        bool(line) and f'a dataloader worker died (DataLoader worker (pid {victim})' in line[-1]
+    )
+    return dict(
+        ok=rc == 2 and named and _loadable(_pointer(work)),
+        rc=rc,
+        stopped_after_s=round(time.time() - t0, 1),
+        names_worker=named,
+        error=line,
+    )
+
+
+def case_image_deleted(ctx: dict) -> dict:
+    data = osp.join(ctx['out'], 'data_deleted')
+    root = make_ade(data)
+    work = osp.join(ctx['out'], 'image_deleted')
+    log = osp.join(ctx['out'], 'image_deleted.log')
+    opts = [*roots(root), *SHRINK, *RUN[1:], 'train_cfg.max_iters=400']
+    child = _train(work, opts, log)
+    if not _wait(lambda: bool(_pointer(work)), child, 300):
+        child.kill()
+        return dict(ok=False, why='no checkpoint before the deletion', tail=_tail(log))
+    images = osp.join(root, 'images', 'training')
+    shutil.rmtree(images)
+    rc = child.wait(300)
+    line = [ln for ln in open(log).read().splitlines() if ln.startswith('error:')]
+    named = bool(line) and images in line[-1]
+    return dict(ok=rc == 2 and named and _loadable(_pointer(work)), rc=rc, error=line)
+
+
+def case_label_resized(ctx: dict) -> dict:
+    """Every training annotation replaced by one of another size after the data check."""
+    from PIL import Image
+
+    data = osp.join(ctx['out'], 'data_label')
+    root = make_ade(data)
+    work = osp.join(ctx['out'], 'label_resized')
+    log = osp.join(ctx['out'], 'label_resized.log')
+    opts = [*roots(root), *SHRINK, *RUN[1:], 'train_cfg.max_iters=400']
+    child = _train(work, opts, log)
+    if not _wait(lambda: bool(_pointer(work)), child, 300):
+        child.kill()
+        return dict(ok=False, why='no checkpoint before the change', tail=_tail(log))
+    for path in glob.glob(osp.join(root, 'annotations', 'training', '*.png')):
+        label = Image.open(path)
+        label.resize((label.width // 2, label.height // 2), Image.NEAREST).save(path)
+    try:
+        rc = child.wait(300)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        rc = None
+    line = [ln for ln in open(log).read().splitlines() if ln.startswith('error:')]
+    named = bool(line) and osp.join(root, 'annotations', 'training') in line[-1]
+    return dict(ok=rc == 2 and named, rc=rc, error=line, tail=_tail(log, 4))
+
+
+CASES = {
+    'reference': case_reference,
+    'kill_rank': case_kill_rank,
+    'kill_during_save': case_kill_during_save,
+    'sigterm_torchrun': case_sigterm_torchrun,
+    'two_runs': case_two_runs,
+    'worker_killed': case_worker_killed,
+    'image_deleted': case_image_deleted,
+    'label_resized': case_label_resized,
+}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the cases; returns the exit status (1 if one failed)."""
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--out', default='work_dirs/fault_check', help='output folder')
+    parser.add_argument('--cases', nargs='+', choices=list(CASES), default=list(CASES))
+    args = parser.parse_args(argv)
+    shutil.rmtree(args.out, ignore_errors=True)
+    os.makedirs(args.out)
+    out = osp.abspath(args.out)
+    root = make_ade(osp.join(out, 'data'))
+    ctx = dict(out=out, opts=[*roots(root), *SHRINK, *RUN])
+    results = {}
+    for name in args.cases:
+        t0 = time.time()
+        results[name] = CASES[name](ctx)
+        results[name]['seconds'] = round(time.time() - t0, 1)
+        print(f'{name}: {"ok" if results[name]["ok"] else "FAILED"} {json.dumps(results[name])}')
+        with open(osp.join(out, 'fault_check.json'), 'w') as f:
+            json.dump(dict(command=' '.join(sys.argv), results=results), f, indent=1)
+    return 0 if all(r['ok'] for r in results.values()) else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
