@@ -216,3 +216,36 @@ def test_default_output_is_under_out(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert default_out() == tmp_path / 'gpu_check.json'
     monkeypatch.delenv('OUT')
     assert default_out() == REPO / 'docs' / 'benchmark_cuda.json'
+
+
+def test_peer_ratios_and_goals_from_the_cases():
+    """Ratios per group against timm and nobias of the same group (failed rows left out);
+    the goals judged from them: lh90 frame < 1.0x nobias, train <= 1.1x timm, every-tile
+    flex <= 1.3x SDPA; unmeasured goals are absent rather than guessed."""
+    from lookhere_dense.research.benchmark.gpu_check import goals, peer_ratios
+
+    def case(group, model, seconds, status='ok'):
+        return dict(group=group, model=model, seconds=seconds, peak=2**30, status=status)
+
+    cases = [
+        case('frame 1024x2048', 'timm', 1.0),
+        case('frame 1024x2048', 'nobias', 2.0),
+        case('frame 1024x2048', 'lh90:flex', 1.5),
+        case('frame 1024x2048', 'lh180:flex', 2.5),
+        case('train 512x512', 'timm', 1.0),
+        case('train 512x512', 'lh90:flex', 1.05),
+        case('train 512x512', 'lh180:flex', 9.0, status='failed'),
+    ]
+    rows = {(r['group'], r['model']): r for r in peer_ratios(cases)}
+    assert rows[('frame 1024x2048', 'lh90:flex')]['time_vs_nobias'] == 0.75
+    assert rows[('frame 1024x2048', 'lh90:flex')]['time_vs_timm'] == 1.5
+    assert ('train 512x512', 'lh180:flex') not in rows
+    attn = dict(status='ok', tokens=8192, all_tiles_vs_nobias=1.4)
+    data = dict(sections=dict(attn=dict(cases=[attn]), peer=dict(ratios=list(rows.values()))))
+    met = {g['goal'].split(':')[0]: g['met'] for g in goals(data)}
+    assert met == {
+        'attn 8192': False,
+        'frame 1024x2048 lh90': True,
+        'frame 1024x2048 lh180': False,
+        'train 512x512 lh90': True,
+    }
