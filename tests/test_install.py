@@ -18,6 +18,7 @@ from __future__ import annotations
 import email
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -246,6 +247,34 @@ def test_installed_entry_points_train_and_test_a_packaged_config(site: Path, tmp
     assert res.returncode == 2 and 'Traceback' not in res.stderr, res.stderr[-3000:]
     assert 'is not shipped with lookhere_dense' in res.stderr
     assert f"did you mean '{TINY}'" in res.stderr
+
+
+def _readme_commands() -> List[str]:
+    """The command lines of README's "Install into your own environment" block."""
+    text = (REPO / 'README.md').read_text()
+    section = text.split('## Install into your own environment', 1)[1]
+    block = section.split('```bash\n', 1)[1].split('```', 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_readme_install_commands_work_outside_the_repository(tmp_path: Path):
+    """README's three commands: its ``pip install`` (from a copy of the checkout, with
+    ``--no-deps --target``: the dependencies are this environment's), then its two
+    ``python -c`` lines in another folder with the installed copy on the path."""
+    pip_line, *python_lines = _readme_commands()
+    args = shlex.split(pip_line, comments=True)
+    assert args[:2] == ['pip', 'install'] and len(python_lines) == 2, _readme_commands()
+    src = _copy_sources(tmp_path)
+    target = tmp_path / 'site'
+    _pip(*args[1:], '--target', str(target), cwd=src)
+    outputs = []
+    for line in python_lines:
+        args = shlex.split(line)
+        assert args[0] == 'python', line
+        res = _run([PYTHON, *args[1:]], target, tmp_path)
+        assert res.returncode == 0, line + res.stderr[-5000:]
+        outputs.append(res.stdout.strip().splitlines()[-1])
+    assert outputs == ['LookHereViT', '[768, 768, 768, 768]']
 
 
 # -- in this checkout -------------------------------------------------------------------
