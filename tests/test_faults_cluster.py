@@ -220,11 +220,11 @@ def test_a_work_dir_removed_while_training_is_an_error_naming_it(data, tmp_path)
     assert not osp.exists(work)  # not silently created again
 
 
-def _tmpfs(path: str) -> bool:
+def _tmpfs(path: str, size: str = '64m') -> bool:
     os.makedirs(path)
     try:
         res = subprocess.run(
-            ['mount', '-t', 'tmpfs', '-o', 'size=64m', 'tmpfs', path], capture_output=True
+            ['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', path], capture_output=True
         )
     except OSError:
         return False
@@ -510,3 +510,33 @@ def test_images_deleted_after_the_dataset_was_listed_stop_naming_the_file(tmp_pa
         )
     assert osp.join(images, 'ADE_train_0000') in str(exc.value)
     assert _pointer(str(tmp_path / 'w')) == str(tmp_path / 'w' / 'iter_2.pth')
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint(data, full, tmp_path):
+    """Checkpoints on a real file system with room for 1.5 checkpoints: the second save
+    (the first is still there: it is removed only after the new one is complete) fills the
+    disk (ENOSPC)."""
+    mnt = str(tmp_path / 'mnt')
+    room = int(1.5 * osp.getsize(osp.join(full, 'iter_2.pth')))
+    if not _tmpfs(mnt, f'{room // 4096 * 4}k'):
+        pytest.skip('needs mount (root with CAP_SYS_ADMIN) for a real small file system')
+    work = str(tmp_path / 'work')
+    ckpts = osp.join(mnt, 'work')
+    try:
+        cfg = tmp_path / 'full_disk.py'
+        cfg.write_text(
+            f'_base_ = [{ADE_CFG!r}]\ndefault_hooks = dict(checkpoint=dict(out_dir={mnt!r}))\n'
+        )
+        with pytest.raises(CheckpointSaveError) as exc:
+            train_model(str(cfg), work_dir=work, cfg_options=options(*roots(data), *SHRINK, *RUN))
+        assert str(exc.value).startswith(
+            f"checkpoint '{osp.join(ckpts, 'iter_4.pth')}' could not be saved: the disk is "
+            'full (ENOSPC)'
+        )
+        assert _pointer(work) == osp.join(ckpts, 'iter_2.pth')
+        assert os.listdir(ckpts) == ['iter_2.pth']  # no partial file left
+        assert _same(
+            _weights(osp.join(ckpts, 'iter_2.pth')), _weights(osp.join(full, 'iter_2.pth'))
+        )
+    finally:
+        subprocess.run(['umount', '-l', mnt])
