@@ -21,6 +21,15 @@ work dir without any checkpoint starts from iteration 0 with a warning (as mmeng
 so a job script can always pass ``--resume``); a work dir whose checkpoints are all
 unreadable is an error.
 
+Faults of real machines lose nothing (``docs/faults.md``): checkpoints and
+``last_checkpoint`` are written atomically (a full disk, a file-size limit, a read-only or
+removed folder leave the previous ones intact, with an error naming the file and the
+cause); SIGTERM / SIGINT save the iteration that ends and stop with one line (status
+128 + signal); a second run in the work dir of a live one is refused (``share_work_dir``);
+a training step or validation pass whose estimated peak memory exceeds what is left (or
+``max_memory``) is refused before it allocates; a rank or dataloader worker that dies ends
+the run in one line naming the last checkpoint.
+
 ``launcher='pytorch'`` (``torchrun``) trains with NCCL on GPUs and with Gloo on CPU-only
 machines (the process group is set up before the Runner, so mmengine's CUDA-only set-up is
 not used there).
