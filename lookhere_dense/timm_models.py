@@ -43,6 +43,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models._features import FeatureGetterNet, feature_take_indices
 from timm.models._pretrained import PretrainedCfg
 from torch import Tensor, nn
+from torch.nn.modules.module import _IncompatibleKeys
 
 from .lookhere.vit import LookHereVisionTransformer
 
@@ -245,10 +246,12 @@ class LookHereTimmViT(LookHereVisionTransformer):
         """This model's own ``state_dict`` loads as in PyTorch; any other checkpoint
         (official LookHere ``{'weights', 'config'}``, timm / DeiT-III weights, a
         lookhere-dense backbone ``state_dict``), e.g. from timm's ``checkpoint_path=``,
-        goes through :meth:`load_pretrained`."""
+        goes through :meth:`load_pretrained` (its missing and unexpected keys are returned as
+        PyTorch returns them)."""
         if getattr(self, '_loading', False) or set(state_dict) == set(self.state_dict()):
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
-        return self.load_pretrained(dict(state_dict), strict=strict, source='the checkpoint')
+        report = self.load_pretrained(dict(state_dict), strict=strict, source='the checkpoint')
+        return _IncompatibleKeys(report['missing'], report['unexpected'])
 
 
 class LookHereFeatures(FeatureGetterNet):

@@ -90,9 +90,13 @@ def test_timm_model_equals_create_model_bit_for_bit(tmp_path: Path):
     feats = timm.create_model(
         f'{TINY}.lh90', features_only=True, out_indices=(0, 1), checkpoint_path=path, **SMALL
     ).eval()
+    overlay = timm.create_model(
+        f'{TINY}.lh90', pretrained=True, pretrained_cfg_overlay=dict(file=path), **SMALL
+    ).eval()
     x = torch.randn(2, 3, 80, 112)  # not the nominal 224: any size, no interpolation
     with torch.no_grad():
         assert torch.equal(m.forward_features(x), ref.forward_features(x))
+        assert torch.equal(overlay.forward_features(x), ref.forward_features(x))
         maps = ref(x)
         got = feats(x)
         assert len(got) == 2 and all(torch.equal(a, b) for a, b in zip(got, maps))
