@@ -7,7 +7,9 @@ named). The terminal shows progress, the per-class table and the metrics; the lo
 the work dir has everything.
 
 The same code runs as ``python tools/test.py`` (in the repository), ``python -m
-lookhere_dense.test`` and the ``lookhere-test`` console script (after ``pip install``).
+lookhere_dense.test`` and the ``lookhere-test`` console script (after ``pip install``);
+``lookhere_dense::NAME.py`` names a config shipped in the package
+(:func:`lookhere_dense.config_path`).
 
 Examples::
 

@@ -10,7 +10,9 @@ weights). A loss that turns NaN / Inf stops the run; ``--resume`` continues bit-
 file in the work dir has everything (config, environment, per-class tables).
 
 The same code runs as ``python tools/train.py`` (in the repository), ``python -m
-lookhere_dense.train`` and the ``lookhere-train`` console script (after ``pip install``).
+lookhere_dense.train`` and the ``lookhere-train`` console script (after ``pip install``);
+``lookhere_dense::NAME.py`` names a config shipped in the package
+(:func:`lookhere_dense.config_path`).
 
 Examples::
 
