@@ -470,7 +470,7 @@ def test_training_over_the_budget_is_refused_at_its_first_step(data, tmp_path):
         train_model(ADE_CFG, work_dir=str(tmp_path / 'w'), max_memory='2 apples', cfg_options=opts)
 
 
-def test_the_test_and_infer_tools_refuse_a_frame_over_their_budget(data, tmp_path):
+def test_the_test_infer_and_extrapolate_tools_refuse_a_frame_over_their_budget(data, tmp_path):
     from tiny_seg import run_tools, write_checkpoint
 
     ckpt = write_checkpoint(str(tmp_path / 'model.pth'), SHRINK)
@@ -486,6 +486,12 @@ def test_the_test_and_infer_tools_refuse_a_frame_over_their_budget(data, tmp_pat
                 'infer',
                 [ADE_CFG, ckpt, image, '--whole', '--out-dir', str(tmp_path / 'o')]
                 + ['--max-memory', '3M', '--cfg-options', *SHRINK],
+            ),
+            (
+                'extrapolate',
+                [ADE_CFG, ckpt, '--tests', 'whole@x2', '--max-images', '1']
+                + ['--out-dir', str(tmp_path / 'x'), '--max-memory', '3M']
+                + ['--cfg-options', *roots(data), *SHRINK],
             ),
         ]
     )

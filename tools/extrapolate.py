@@ -85,6 +85,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         '--device', default=None, help='cpu or cuda[:N] (default: cuda when available, else cpu)'
     )
+    parser.add_argument(
+        '--max-memory',
+        metavar='SIZE',
+        help='memory budget of one pass (e.g. 8G): a test whose estimated peak exceeds it '
+        'stops the report before it allocates, with cheaper options (default: the memory '
+        'the machine or its cgroup has left)',
+    )
     add_cfg_options_arg(parser, 'test_dataloader.dataset.data_root=...')
     add_threads_arg(parser)
     return parser.parse_args(argv)
@@ -110,6 +117,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         name=args.name,
         device=args.device,
         cfg_options=args.cfg_options,
+        max_memory=args.max_memory,
         command='python tools/extrapolate.py '
         + ' '.join(argv if argv is not None else sys.argv[1:]),
     )

@@ -386,6 +386,7 @@ def extrapolation_report(
     cfg_options: Optional[dict] = None,
     command: str = '',
     log: Callable[[str], None] = _print,
+    max_memory: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Evaluate ``checkpoint`` at every test and write ``<out_dir>/<name>.json`` and
     ``.png``.
@@ -404,6 +405,10 @@ def extrapolation_report(
         command: the command line, stored in the report. Default: ``''``.
         log: where the progress lines, the table and the written paths go. Default:
             print (flushed).
+        max_memory: the budget of one pass (``'8G'``); a test whose estimated peak
+            exceeds it (or, without a budget, the memory left) stops the report before it
+            allocates (:func:`lookhere_dense.engine.memory_guard.install_memory_guard`).
+            Default: None.
 
     Returns:
         The JSON content, plus ``json`` and ``png`` (the written paths).
@@ -445,6 +450,14 @@ def extrapolation_report(
     device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
 
     model, _ = build_model_from_checkpoint(cfg, checkpoint, device)
+    from ..engine.memory_guard import install_memory_guard, parse_memory
+
+    budget = None if max_memory is None else parse_memory(max_memory)
+    try:  # the sliding window the refusal message offers
+        window: Optional[int] = max(slide_settings(cfg)[0])
+    except ConfigError:
+        window = None
+    install_memory_guard(model, budget, window)
     patch = config_patch_size(cfg) or 16
     size = (cfg.model.get('data_preprocessor') or {}).get('size')
     train_grid = tuple(math.ceil(s / patch) for s in size) if size else None
