@@ -103,6 +103,8 @@ def test_simulated_run_end_to_end(tmp_path: Path):
     assert 'gpu_check test:' not in log and 'finished, every case ok' in proc.stdout
     data = json.loads((Path(env['OUT']) / 'gpu_check.json').read_text())
     assert data['mode'] == 'simulate-cpu' and data['finished'] and 'interrupted' not in data
+    # all output also in $OUT (the device returns files under it, only a tail of stdout)
+    assert 'finished, every case ok' in (Path(env['OUT']) / 'gpu_check.log').read_text()
     assert list(data['sections']) == ['env', 'correctness', 'attn', 'peer']
     assert data['counts'] == dict(ok=24, failed=0, skipped=0)
     cases = [c for s in data['sections'].values() for c in s['cases']]
@@ -116,6 +118,7 @@ def test_simulated_run_end_to_end(tmp_path: Path):
 
     correct = _cases(data, 'correctness')
     assert len(correct) == 6
+    assert list(correct)[:2] == ['bfloat16 fixed slopes', 'bfloat16 learnable slopes']
     for name, c in correct.items():
         dtype = name.split()[0]
         assert c['forward']['ok'] and c['forward']['tol'] == data['tolerances'][dtype]['forward']
@@ -249,3 +252,48 @@ def test_peer_ratios_and_goals_from_the_cases():
         'frame 1024x2048 lh180': False,
         'train 512x512 lh90': True,
     }
+
+
+def test_a_peer_row_that_raises_costs_that_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Anything raised around one peer process (here: a result line that is not JSON) is a
+    failed row with the error and traceback; the other rows still run."""
+    pytest.importorskip('timm')
+    import lookhere_dense.research.benchmark.gpu_check as gc
+
+    def child(case, timeout):
+        if case['model'] == 'nobias':
+            raise ValueError('not JSON')
+        return dict(case, seconds=1.0, times=[1.0], peak=1, first_seconds=0.5, backend=None)
+
+    monkeypatch.setattr(gc, 'run_child', child)
+    plan = gc.simulate_plan()
+    rec = gc.Recorder(tmp_path / 'peer.json', {})
+    rec.section('peer', 100)
+    gc.peer_section(plan, rec, gc.Budget(100), None)
+    cases = json.loads((tmp_path / 'peer.json').read_text())['sections']['peer']['cases']
+    assert len(cases) == len(gc.peer_cases(plan))
+    failed = [c for c in cases if c['status'] == 'failed']
+    assert {c['model'] for c in failed} == {'nobias'}
+    assert all(
+        c['error'] == 'ValueError: not JSON' and 'Traceback' in c['traceback'] for c in failed
+    )
+    assert all(c['status'] == 'ok' for c in cases if c['model'] != 'nobias')
+
+
+def test_a_section_that_raises_costs_that_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """env raising (not only its probe) is a failed case naming the error; the flex cases
+    after it are skipped with that reason and the file is complete (exit 3, not a crash)."""
+    import lookhere_dense.research.benchmark.gpu_check as gc
+
+    def broken(*args):
+        raise RuntimeError('mixed TF32 APIs')
+
+    monkeypatch.setattr(gc, 'env_section', broken)
+    plan = gc.simulate_plan()
+    plan.sections = ('correctness',)
+    assert gc.run(plan, tmp_path / 'r.json', 'test') == 3
+    data = json.loads((tmp_path / 'r.json').read_text())
+    assert data['finished'] and data['counts'] == dict(ok=0, failed=1, skipped=6)
+    (env,) = data['sections']['env']['cases']
+    assert env['error'] == 'section env stopped: RuntimeError: mixed TF32 APIs'
+    assert all(c['reason'] == env['error'] for c in data['sections']['correctness']['cases'])

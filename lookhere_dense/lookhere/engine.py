@@ -144,6 +144,9 @@ class LookHereAttentionEngine:
         self.block_size = block_size or None
         self.max_dense_bytes = max_dense_mb * 2**20
         self.flex_compile = flex_compile
+        #: the ``torch.compile`` backend of compiled flex (``'aot_eager'``: the CPU
+        #: simulation of ``tools/gpu_check.sh``, dynamo's guards without code generation)
+        self.flex_compile_backend = 'inductor'
         self.flex_tiles = flex_tiles
         #: relative tables per (grid, device, dtype)
         self.tables = BoundedCache(2 * cache_size)
@@ -534,7 +537,17 @@ class LookHereAttentionEngine:
                 )
                 mod = flex_score_mod(grid_bias, 0, cls_token, order)
             return flex_attention_lookhere(
-                q, k, v, grid_bias, index, cls_token, mask, self.flex_compile, mod, order
+                q,
+                k,
+                v,
+                grid_bias,
+                index,
+                cls_token,
+                mask,
+                self.flex_compile,
+                mod,
+                order,
+                compile_backend=getattr(self, 'flex_compile_backend', 'inductor'),
             )
         except Exception as err:  # pragma: no cover - compile problems are platform specific
             if not chosen_by_auto:

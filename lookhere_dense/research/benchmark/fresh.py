@@ -43,7 +43,8 @@ def run_child(case: Dict[str, Any], timeout: float) -> Dict[str, Any]:
 
     Returns:
         The child's result, or ``case`` plus ``error`` (a one-line reason: timeout, exit
-        status and the last lines of its stderr) when it failed.
+        status and the last lines of its stderr) and, where it exited, ``stderr_tail``
+        (the last 4000 characters of its stderr: the whole traceback) when it failed.
     """
     cmd = [sys.executable, '-m', CHILD_MODULE, json.dumps(case)]
     try:
@@ -55,5 +56,9 @@ def run_child(case: Dict[str, Any], timeout: float) -> Dict[str, Any]:
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{')]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return dict(case, error=f'exit {proc.returncode}: ' + ' | '.join(tail))
+        return dict(
+            case,
+            error=f'exit {proc.returncode}: ' + ' | '.join(tail),
+            stderr_tail=(proc.stderr or '')[-4000:],
+        )
     return json.loads(lines[-1])

@@ -42,6 +42,7 @@ import signal
 import statistics
 import sys
 import time
+import traceback
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -143,7 +144,8 @@ def cuda_plan() -> Plan:
         device='cuda',
         compile_backend='inductor',
         correctness_grid=(24, 40),
-        attn_tokens=(1024, 4096, 8192, 16384, 32768),
+        # the sizes the goals are about first (a budget stop costs the last ones)
+        attn_tokens=(8192, 16384, 32768, 4096, 1024),
         attn_dtype='bfloat16',
         model_dtype='bfloat16',
         frame=(1024, 2048),
@@ -311,6 +313,26 @@ def _version(module: str) -> Optional[str]:
     return str(getattr(mod, '__version__', 'unknown'))
 
 
+def _safe(fn: Callable[[], Any]) -> Any:
+    """``fn()``, or ``'error: <type>: <message>'`` where it raises (a fact must never stop
+    the run: e.g. reading a TF32 flag that a newer torch deprecates)."""
+    try:
+        return fn()
+    except Exception as err:
+        return f'error: {_error(err)}'
+
+
+def _error(err: BaseException, limit: int = 500) -> str:
+    """``'<type>: <first lines of the message>'`` of ``err`` on one line."""
+    msg = ' '.join(str(err).strip().splitlines()[:3])[:limit]
+    return f'{type(err).__name__}: {msg}'
+
+
+def _traceback() -> str:
+    """The end of the traceback being handled (the JSON keeps what stdout may lose)."""
+    return traceback.format_exc()[-3000:]
+
+
 def _compiler() -> Optional[str]:
     """The C compiler Triton would use (``$CC``, then cc / gcc / clang), or None."""
     for name in (os.environ.get('CC'), 'cc', 'gcc', 'clang'):
@@ -338,14 +360,16 @@ def env_section(plan: Plan, rec: Recorder, budget: 'Budget') -> Optional[str]:
         executable=sys.executable,
         torch=torch.__version__,
         cuda=torch.version.cuda,
-        device_name=torch.cuda.get_device_name(0) if cuda else platform.processor() or 'cpu',
-        capability=list(torch.cuda.get_device_capability(0)) if cuda else None,
+        device_name=_safe(
+            lambda: torch.cuda.get_device_name(0) if cuda else platform.processor() or 'cpu'
+        ),
+        capability=_safe(lambda: list(torch.cuda.get_device_capability(0)) if cuda else None),
         timm=_version('timm'),
         triton=_version('triton'),
         c_compiler=_compiler(),
         flex_available=flex_available(),
-        tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
-        dynamo=strict_compile(),
+        tf32_matmul=_safe(lambda: torch.backends.cuda.matmul.allow_tf32),
+        dynamo=_safe(strict_compile),
     )
     facts['summary'] = (
         f'torch {facts["torch"]}, CUDA {facts["cuda"]}, {facts["device_name"]}, timm '
@@ -367,8 +391,8 @@ def env_section(plan: Plan, rec: Recorder, budget: 'Budget') -> Optional[str]:
     try:
         _tiny_flex(plan)
     except Exception as err:  # the probe's whole point: record why compiled flex fails
-        problem = f'compiled flex failed: {type(err).__name__}: {str(err)[:400]}'
-        rec.add('env', dict(probe, status=FAILED, error=problem))
+        problem = f'compiled flex failed: {_error(err, 400)}'
+        rec.add('env', dict(probe, status=FAILED, error=problem, traceback=_traceback()))
         return problem
     seconds = time.perf_counter() - t0
     rec.add('env', dict(probe, status=OK, seconds=seconds, summary=f'compiled in {seconds:.1f} s'))
@@ -618,6 +642,7 @@ def peer_cases(plan: Plan) -> List[Dict[str, Any]]:
         steps=plan.rounds,
         warmup=plan.warmup,
         strict_compile=True,
+        compile_backend=plan.compile_backend,
         **({'arch': plan.peer_arch} if plan.peer_arch else {}),
     )
     flex = [f'{p}:flex' for p in plan.presets]
@@ -683,7 +708,10 @@ def peer_section(plan: Plan, rec: Recorder, budget: 'Budget', flex_problem: Opti
             rec.add('peer', dict(case, name=name, status=SKIPPED, reason=budget.reason()))
             continue
         timeout = min(plan.child_timeout, budget.left())
-        res = run_child(case, timeout)
+        try:
+            res = run_child(case, timeout)
+        except Exception as err:  # e.g. a stdout line that is not JSON: one row, not the run
+            res = dict(case, error=_error(err), traceback=_traceback())
         if 'error' in res and timeout < plan.child_timeout and res['error'].startswith('timed'):
             reason = f'{budget.reason()}: stopped after {timeout:.0f} s'
             rec.add('peer', dict(res, name=name, status=SKIPPED, reason=reason))
@@ -797,7 +825,9 @@ def run(plan: Plan, out: Path, command: str) -> int:
         finished=False,
     )
     rec = Recorder(out, data)
-    for sig in (signal.SIGTERM, signal.SIGINT):  # also where SIGINT came in ignored
+    signals = (signal.SIGTERM, signal.SIGINT)
+    handlers = {sig: signal.getsignal(sig) for sig in signals}
+    for sig in signals:  # also where SIGINT came in ignored
         signal.signal(sig, _interrupt)
     status = 0
     try:
@@ -809,14 +839,23 @@ def run(plan: Plan, out: Path, command: str) -> int:
                 budget = Budget(plan.budgets[name])
                 rec.section(name, plan.budgets[name])
                 rec.say(f'section {name} (budget {plan.budgets[name]:.0f} s)')
-                if name == 'env':
-                    flex_problem = env_section(plan, rec, budget)
-                    if plan.recompile_limit is not None:
-                        _set_recompile_limit(plan.recompile_limit)
-                elif name == 'peer':
-                    peer_section(plan, rec, budget, flex_problem)
-                else:
-                    _flex_section(name, plan, rec, budget, watch, flex_problem)
+                try:
+                    if name == 'env':
+                        flex_problem = env_section(plan, rec, budget)
+                        if plan.recompile_limit is not None:
+                            _set_recompile_limit(plan.recompile_limit)
+                    elif name == 'peer':
+                        peer_section(plan, rec, budget, flex_problem)
+                    else:
+                        _flex_section(name, plan, rec, budget, watch, flex_problem)
+                except Exception as err:  # a section that raises costs that section only
+                    msg = f'section {name} stopped: {_error(err)}'
+                    if name == 'env':
+                        flex_problem = flex_problem or msg
+                    rec.add(
+                        name,
+                        dict(name='section', status=FAILED, error=msg, traceback=_traceback()),
+                    )
                 data['sections'][name]['seconds'] = (
                     rec.elapsed() - data['sections'][name]['started_s']
                 )
@@ -825,10 +864,18 @@ def run(plan: Plan, out: Path, command: str) -> int:
         data['interrupted'] = f'{err or "SIGINT"} after {rec.elapsed():.0f} s'
         rec.say(f'interrupted ({data["interrupted"]}): the JSON holds every finished case')
         status = 130
-    data['goals'] = goals(data)
+    for sig in signals:  # the last write must not be interrupted (the cap's SIGINT)
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        data['goals'] = goals(data)
+    except Exception as err:  # never at the cost of the file
+        data['goals'], data['goals_error'] = [], _error(err)
     cases = [c for e in data['sections'].values() for c in e['cases']]
     data['counts'] = {s: sum(c['status'] == s for c in cases) for s in (OK, FAILED, SKIPPED)}
     rec.write()
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)
     print(_table(data), flush=True)
     rec.say(f'done: {data["counts"]}; wrote {out}')
     if status == 0 and (data['counts'][FAILED] or data['counts'][SKIPPED]):
@@ -852,8 +899,7 @@ def _flex_section(
                 f'{dtype} {"learnable" if learn else "fixed"} slopes',
                 partial(correctness_case, plan, dtype, learn, watch),
             )
-            for dtype in TOLERANCES
-            for learn in (False, True)
+            for dtype, learn in _correctness_order(plan)
         ]
     else:
         todo = [(f'{n} tokens', partial(attn_case, plan, n, watch)) for n in plan.attn_tokens]
@@ -874,11 +920,20 @@ def _flex_section(
         except KeyboardInterrupt:
             raise
         except Exception as err:  # one failure costs one case
-            msg = ' '.join(str(err).strip().splitlines()[:3])[:500]
-            res = dict(status=FAILED, error=f'{type(err).__name__}: {msg}')
+            res = dict(status=FAILED, error=_error(err), traceback=_traceback())
             if len(watch.hits) > hits:
                 res['error'] = f'eager fallback: {watch.hits[-1]} ({res["error"]})'
         rec.add(name, dict(res, name=case_name))
+
+
+def _correctness_order(plan: Plan) -> List[Tuple[str, bool]]:
+    """``(dtype, learnable)`` most important first (a budget stop costs the last ones): the
+    dtype the other sections time (``plan.attn_dtype``) fixed and learnable, then the
+    other dtypes fixed, then learnable."""
+    others = [d for d in TOLERANCES if d != plan.attn_dtype]
+    return [(plan.attn_dtype, False), (plan.attn_dtype, True)] + [
+        (d, learn) for learn in (False, True) for d in others
+    ]
 
 
 def _set_recompile_limit(limit: int) -> None:

@@ -225,7 +225,9 @@ def peer_case(case: Dict[str, Any]) -> Dict[str, Any]:
             ``arch`` (a narrower ViT on both sides, see :func:`_build`), ``warmup`` (untimed steps before the timed ones; default 0 for ``frame``,
             whose first call at a size is the measurement, 1 otherwise) and
             ``strict_compile`` (a dynamo recompile-limit hit raises where torch can, and
-            is reported either way: ``tools/gpu_check.sh``).
+            is reported either way: ``tools/gpu_check.sh``) and ``compile_backend`` (flex
+            compiled with this ``torch.compile`` backend on any device, ``'aot_eager'`` on
+            CPU: the simulation).
 
     Returns:
         ``case`` plus ``seconds`` (median), ``times``, ``peak`` (bytes: process peak RSS
@@ -256,6 +258,10 @@ def peer_case(case: Dict[str, Any]) -> Dict[str, Any]:
     else:
         model = _build(case)
         trunk = model
+        engine = getattr(getattr(trunk, 'pos_enc', None), 'engine', None)
+        if case.get('compile_backend') and engine is not None and engine.backend == 'flex':
+            engine.flex_compile = True  # compiled even on CPU (the simulation: aot_eager)
+            engine.flex_compile_backend = case['compile_backend']
         x = torch.randn(1, 3, *case['size'], device=device, dtype=DTYPES[case['dtype']])
         model.train(mode == 'train')
 
