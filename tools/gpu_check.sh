@@ -16,7 +16,8 @@
 # bias; forward and forward + backward), peer (timm's ViT-B vs our trunk without bias and
 # lh180 / lh90 / lh45 through flex: frames 1024x2048 and 2048x4096, train steps 512 and
 # 1024, one process per case). The JSON is rewritten after every case: a kill at any
-# moment leaves valid JSON with everything finished.
+# moment leaves valid JSON with everything finished; with $OUT set, all output also goes
+# to $OUT/gpu_check.log (the device returns files under $OUT, only the tail of stdout).
 #
 # Budget: 360 s of sections (env 20, correctness 70, attn 110, peer 160), each enforced
 # (a case that would start too late is recorded as skipped), plus ~15 s of imports. The
@@ -28,10 +29,11 @@
 # and backward kernels are assumed at ~10 s and ~25 s (not measured: no GPU was lent):
 # correctness 6 cases x ~(10 + 25) s would need 210 s, so the 70 s budget may skip the
 # float16 and learnable cases (bfloat16 fixed first); attn 5 sizes x ~40 s needs 200 s,
-# so 110 s covers about three sizes; peer 17 processes x (~8 s start + compile) fits the
-# first ~10 rows in 160 s. Raise it with --budget-scale 2 (12 min) where time allows.
-# A hard cap of budget + 120 s (timeout, SIGINT) stops a hung run; the run still writes
-# its JSON and says so.
+# so 110 s covers about three sizes (8k, 16k, 32k run first: the goals' sizes); peer 14
+# processes x (~8 s start + compile) fit the first ~10 rows in 160 s. Raise it with
+# --budget-scale where time allows (1.25: 450 s of sections, cap 570 s + 30 s to stop,
+# inside a 10-minute limit per command; 2: 12 min). A hard cap of budget + 120 s
+# (timeout, SIGINT) stops a hung run; the run still writes its JSON and says so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,6 +57,8 @@ args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
     if [[ ${args[i]} == --budget-scale ]]; then
         scale="${args[i + 1]:-1}"
+    elif [[ ${args[i]} == --budget-scale=* ]]; then
+        scale="${args[i]#--budget-scale=}"
     fi
 done
 # one compile thread: no pool of compile workers that Ctrl-C or the cap would not reach;
@@ -66,9 +70,21 @@ cap="$("$py" -c "print(int(360 * float('$scale') + 120))" 2>/dev/null || echo 48
 if [[ " $* " == *" --simulate-cpu "* ]]; then
     cap=$((cap * 10))
 fi
-echo "tools/gpu_check.sh: $py, hard cap ${cap} s"
-timeout --signal=INT --kill-after=30 "$cap" \
-    "$py" -m lookhere_dense.research.benchmark.gpu_check "$@"
+log_pid=
+if [[ -n ${OUT:-} ]] && mkdir -p "$OUT" 2>/dev/null && : >>"$OUT/gpu_check.log" 2>/dev/null; then
+    # everything printed (progress, warnings, tracebacks) also goes to $OUT/gpu_check.log:
+    # the device tool returns files under $OUT but only the tail of the output
+    exec > >(tee -a "$OUT/gpu_check.log") 2>&1
+    log_pid=$!
+fi
+cmd=("$py" -m lookhere_dense.research.benchmark.gpu_check "$@")
+if command -v timeout >/dev/null; then
+    echo "tools/gpu_check.sh: $py, hard cap ${cap} s"
+    timeout --signal=INT --kill-after=30 "$cap" "${cmd[@]}"
+else
+    echo "tools/gpu_check.sh: $py, no timeout(1) here: no hard cap (the section budgets hold)"
+    "${cmd[@]}"
+fi
 rc=$?
 case $rc in
     0) echo 'tools/gpu_check.sh: finished, every case ok' ;;
@@ -78,4 +94,8 @@ case $rc in
         'the JSON holds every case finished before' ;;
     *) echo "tools/gpu_check.sh: crashed (exit $rc); the JSON holds every case finished before" ;;
 esac
+if [[ -n $log_pid ]]; then  # let tee finish writing the log before the machine is read
+    exec >&- 2>&-
+    wait "$log_pid" 2>/dev/null
+fi
 exit $rc
