@@ -33,6 +33,8 @@ import torch
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 from tiny_seg import ADE_CFG, PYTHON, REPO, SHRINK, env, make_ade, options, roots
+from tiny_seg import checkpoint_weights as _weights
+from tiny_seg import same_weights as _same
 
 from lookhere_dense.apis.train import find_resume_checkpoint, train_model
 from lookhere_dense.errors import CheckpointSaveError, WorkDirLockedError
@@ -50,15 +52,6 @@ RUN = [
     'model.decode_head.dropout_ratio=0.1',
     'model.backbone.drop_path_rate=0.1',
 ]
-
-
-def _weights(path: str) -> dict:
-    sd = torch.load(path, map_location='cpu', weights_only=False)['state_dict']
-    return {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)}
-
-
-def _same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _pointer(work: str) -> str:

@@ -68,6 +68,21 @@ def write_checkpoint(path: str, extra: Sequence[str] = ()) -> str:
     return path
 
 
+def checkpoint_weights(path: str) -> dict:
+    """The tensors of a Runner checkpoint's ``state_dict``."""
+    import torch
+
+    sd = torch.load(path, map_location='cpu', weights_only=False)['state_dict']
+    return {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)}
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    """Bit-identical weights (same keys, equal tensors)."""
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def env() -> Dict[str, str]:
     """Environment for a tool subprocess: this checkout first on ``PYTHONPATH``, one
     thread."""

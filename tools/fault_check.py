@@ -333,48 +333,50 @@ def case_worker_killed(ctx: dict) -> dict:
     )
 
 
-def case_image_deleted(ctx: dict) -> dict:
-    data = osp.join(ctx['out'], 'data_deleted')
-    root = make_ade(data)
-    work = osp.join(ctx['out'], 'image_deleted')
-    log = osp.join(ctx['out'], 'image_deleted.log')
-    opts = [*roots(root), *SHRINK, *RUN[1:], 'train_cfg.max_iters=400']
-    child = _train(work, opts, log)
+def _data_fault(ctx: dict, name: str, damage: Callable[[str], str]) -> dict:
+    """Train on a fresh copy of the tiny data; after the first checkpoint ``damage(root)``
+    the data (it returns the folder the error must name); the run must stop with one
+    ``error:`` line naming it and leave a loadable checkpoint."""
+    root = make_ade(osp.join(ctx['out'], f'data_{name}'))
+    work, log = osp.join(ctx['out'], name), osp.join(ctx['out'], f'{name}.log')
+    child = _train(work, [*roots(root), *SHRINK, *RUN[1:], 'train_cfg.max_iters=400'], log)
     if not _wait(lambda: bool(_pointer(work)), child, 300):
         child.kill()
-        return dict(ok=False, why='no checkpoint before the deletion', tail=_tail(log))
-    images = osp.join(root, 'images', 'training')
-    shutil.rmtree(images)
-    rc = child.wait(300)
-    line = [ln for ln in open(log).read().splitlines() if ln.startswith('error:')]
-    named = bool(line) and images in line[-1]
-    return dict(ok=rc == 2 and named and _loadable(_pointer(work)), rc=rc, error=line)
-
-
-def case_label_resized(ctx: dict) -> dict:
-    """Every training annotation replaced by one of another size after the data check."""
-    from PIL import Image
-
-    data = osp.join(ctx['out'], 'data_label')
-    root = make_ade(data)
-    work = osp.join(ctx['out'], 'label_resized')
-    log = osp.join(ctx['out'], 'label_resized.log')
-    opts = [*roots(root), *SHRINK, *RUN[1:], 'train_cfg.max_iters=400']
-    child = _train(work, opts, log)
-    if not _wait(lambda: bool(_pointer(work)), child, 300):
-        child.kill()
-        return dict(ok=False, why='no checkpoint before the change', tail=_tail(log))
-    for path in glob.glob(osp.join(root, 'annotations', 'training', '*.png')):
-        label = Image.open(path)
-        label.resize((label.width // 2, label.height // 2), Image.NEAREST).save(path)
+        return dict(ok=False, why='no checkpoint before the damage', tail=_tail(log))
+    folder = damage(root)
     try:
         rc = child.wait(300)
     except subprocess.TimeoutExpired:
         child.kill()
         rc = None
     line = [ln for ln in open(log).read().splitlines() if ln.startswith('error:')]
-    named = bool(line) and osp.join(root, 'annotations', 'training') in line[-1]
-    return dict(ok=rc == 2 and named, rc=rc, error=line, tail=_tail(log, 4))
+    named = bool(line) and folder in line[-1]
+    return dict(ok=rc == 2 and named and _loadable(_pointer(work)), rc=rc, error=line)
+
+
+def case_image_deleted(ctx: dict) -> dict:
+    """The training images removed after the dataset was listed."""
+
+    def damage(root: str) -> str:
+        images = osp.join(root, 'images', 'training')
+        shutil.rmtree(images)
+        return images
+
+    return _data_fault(ctx, 'image_deleted', damage)
+
+
+def case_label_resized(ctx: dict) -> dict:
+    """Every training annotation replaced by one of another size after the data check."""
+    from PIL import Image
+
+    def damage(root: str) -> str:
+        folder = osp.join(root, 'annotations', 'training')
+        for path in glob.glob(osp.join(folder, '*.png')):
+            label = Image.open(path)
+            label.resize((label.width // 2, label.height // 2), Image.NEAREST).save(path)
+        return folder
+
+    return _data_fault(ctx, 'label_resized', damage)
 
 
 CASES = {
