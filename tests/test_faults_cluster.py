@@ -37,7 +37,11 @@ from tiny_seg import checkpoint_weights as _weights
 from tiny_seg import same_weights as _same
 
 from lookhere_dense.apis.train import find_resume_checkpoint, train_model
-from lookhere_dense.errors import CheckpointSaveError, WorkDirLockedError
+from lookhere_dense.errors import (
+    CheckpointSaveError,
+    TrainingInterruptedError,
+    WorkDirLockedError,
+)
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
 
@@ -142,8 +146,8 @@ def test_a_save_that_hits_the_file_size_limit_loses_nothing(data, full, tmp_path
 # ----------------------------------------------------------------------------------------
 # SIGTERM / SIGINT
 # ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_saves_the_current_iteration_and_resume_loses_nothing(sig, data, full, tmp_path):
+def test_sigterm_saves_the_current_iteration_and_resume_loses_nothing(data, full, tmp_path):
+    sig = signal.SIGTERM
     work = str(tmp_path / 'work')
     child = _tool(work, data)
     try:
@@ -165,8 +169,25 @@ def test_a_signal_saves_the_current_iteration_and_resume_loses_nothing(sig, data
         f'error: training stopped by {sig.name} after iteration {it}/{N}: saved {saved}. '
         f'Continue with --resume (same --work-dir {work}).'
     )
-    if sig == signal.SIGTERM:  # what a scheduler sends: resume loses nothing
-        _resume_matches(work, data, full)
+    _resume_matches(work, data, full)
+
+
+def test_ctrl_c_saves_the_current_iteration_and_restores_the_handler(data, tmp_path):
+    """SIGINT to this very process (sent by a hook after iteration 3)."""
+    before = signal.getsignal(signal.SIGINT)
+    work = str(tmp_path / 'work')
+    cfg = _config_with(tmp_path, 'SIGINT', '')
+    with pytest.raises(TrainingInterruptedError) as exc:
+        train_model(cfg, work_dir=work, cfg_options=options(*roots(data), *SHRINK, *RUN))
+    saved = osp.join(work, 'iter_3.pth')
+    assert str(exc.value) == (
+        f'training stopped by SIGINT after iteration 3/{N}: saved {saved}. Continue with '
+        f'--resume (same --work-dir {work}).'
+    )
+    assert exc.value.exit_status == 130
+    assert _pointer(work) == saved
+    assert glob.glob(osp.join(work, '*.pth')) == [saved]  # max_keep_ckpts=1, after the save
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 # ----------------------------------------------------------------------------------------
@@ -175,7 +196,8 @@ def test_a_signal_saves_the_current_iteration_and_resume_loses_nothing(sig, data
 @HOOKS.register_module(force=True)
 class _BreakWorkDirHook(Hook):
     """Test-only: after iteration ``at`` (checkpoint 2 saved), run ``action`` on the folder
-    ``path``: ``'remove'`` (rm -rf) or ``'read-only'`` (remount its file system read-only)."""
+    ``path``: ``'remove'`` (rm -rf) or ``'read-only'`` (remount its file system read-only);
+    or ``'SIGINT'``: send it to this process."""
 
     priority = 'LOWEST'
 
@@ -187,6 +209,8 @@ class _BreakWorkDirHook(Hook):
             return
         if self.action == 'remove':
             shutil.rmtree(self.path)
+        elif self.action == 'SIGINT':
+            os.kill(os.getpid(), signal.SIGINT)
         else:
             subprocess.run(['mount', '-o', 'remount,ro', self.path], check=True)
 
