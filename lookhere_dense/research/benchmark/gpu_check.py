@@ -558,7 +558,8 @@ def _scores_gib(n: int) -> float:
 
 def attn_case(plan: Plan, tokens: int, watch: RecompileWatch) -> Dict[str, Any]:
     """Section ``attn`` at ``tokens`` patches (lh90, layer 0, no CLS): the correctness check
-    on ``plan.check_rows`` sampled query rows, then the timings (see the module
+    of flex with and without the block mask on ``plan.check_rows`` sampled query rows,
+    then the timings (see the module
     docstring); flex's ratios against SDPA without bias are medians of per-round ratios."""
     dev, tdt = torch.device(plan.device), DTYPES[plan.attn_dtype]
     eng = LookHereAttentionEngine(resolve_lh_config('lh90'), 1, HEADS, 'flex')
@@ -567,17 +568,24 @@ def attn_case(plan: Plan, tokens: int, watch: RecompileWatch) -> Dict[str, Any]:
     hits = len(watch.hits)
     res: Dict[str, Any] = dict(tokens=tokens, grid=list(grid), dtype=plan.attn_dtype)
     gb32 = eng.grid_bias(grid, dev)
-    out = None
-    with torch.no_grad():
-        out = _flex_call(eng, plan, q, k, v, grid, 0)
-        checks = {}
-        for start in (0, tokens // 2):
-            stop = min(tokens, start + plan.check_rows // 2)
-            ref = _reference_rows(q, k, v, gb32.rows(0, start, stop, 0), start, stop)
-            checks[f'rows {start}:{stop}'] = within(
-                out[:, :, start:stop], ref, TOLERANCES[plan.attn_dtype]['forward']
-            )
-    del out
+    # the engine's caches (token order, block mask, score_mod) built here, outside inference
+    # mode: tensors made under it could not be saved by the train step's backward
+    eng.flex_order(grid, 0, dev)
+    eng.block_mask(0, grid, 0, dev)
+    eng.score_mod(0, grid, 0, dev)
+    checks = {}
+    # both flex variants that are timed, with the block mask and without, in inference mode
+    # like the timed forward (one compiled entry for both: dynamo guards on the mode)
+    with torch.inference_mode():
+        for label, masked in (('', True), ('all tiles ', False)):
+            out = _flex_call(eng, plan, q, k, v, grid, 0, None, masked)
+            for start in (0, tokens // 2):
+                stop = min(tokens, start + plan.check_rows // 2)
+                ref = _reference_rows(q, k, v, gb32.rows(0, start, stop, 0), start, stop)
+                checks[f'{label}rows {start}:{stop}'] = within(
+                    out[:, :, start:stop], ref, TOLERANCES[plan.attn_dtype]['forward']
+                )
+            del out
     res['check'] = checks
     if len(watch.hits) > hits:
         return dict(res, status=FAILED, error=f'eager fallback: {watch.hits[-1]}')
