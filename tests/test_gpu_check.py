@@ -297,3 +297,21 @@ def test_a_section_that_raises_costs_that_section(tmp_path: Path, monkeypatch: p
     (env,) = data['sections']['env']['cases']
     assert env['error'] == 'section env stopped: RuntimeError: mixed TF32 APIs'
     assert all(c['reason'] == env['error'] for c in data['sections']['correctness']['cases'])
+
+
+def test_a_section_that_runs_over_shortens_the_later_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The sections end within the sum of their budgets: one that ran over (here env, 1 s
+    against 0.2 s) leaves the later ones only what is left of the sum (the shell's cap is
+    that sum + 120 s, and must not be what stops the run)."""
+    import lookhere_dense.research.benchmark.gpu_check as gc
+
+    monkeypatch.setattr(gc, 'env_section', lambda *args: time.sleep(1.0))
+    plan = gc.simulate_plan()
+    plan.sections = ('correctness',)
+    plan.budgets = dict(plan.budgets, env=0.2, correctness=0.5)
+    assert gc.run(plan, tmp_path / 'r.json', 'test') == 3
+    corr = json.loads((tmp_path / 'r.json').read_text())['sections']['correctness']
+    assert corr['budget_s'] == 0 and len(corr['cases']) == 6
+    assert all(c['status'] == 'skipped' and 'budget' in c['reason'] for c in corr['cases'])

@@ -20,7 +20,8 @@
 # to $OUT/gpu_check.log (the device returns files under $OUT, only the tail of stdout).
 #
 # Budget: 360 s of sections (env 20, correctness 70, attn 110, peer 160), each enforced
-# (a case that would start too late is recorded as skipped), plus ~15 s of imports. The
+# (a case that would start too late is recorded as skipped; a section that ran over
+# leaves the later ones only what is left of the 360 s), plus ~15 s of imports. The
 # estimate behind it, one H200 (~990 dense bf16 TFLOP/s, say 400 reached): the work is
 # small (attn at 32k tokens: 4*T^2*d*heads = 3.3 TFLOP forward, ~10 ms; a ViT-B frame of
 # 2048x4096 = 32k tokens: ~12 * (24*T*D^2 + 4*T^2*D) = 50 TFLOP, ~0.15 s); compilation
