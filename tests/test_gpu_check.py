@@ -315,3 +315,17 @@ def test_a_section_that_runs_over_shortens_the_later_ones(
     corr = json.loads((tmp_path / 'r.json').read_text())['sections']['correctness']
     assert corr['budget_s'] == 0 and len(corr['cases']) == 6
     assert all(c['status'] == 'skipped' and 'budget' in c['reason'] for c in corr['cases'])
+
+
+def test_sdpa_dense_bias_stops_below_32_bit_offsets(monkeypatch: pytest.MonkeyPatch):
+    """The dense-bias SDPA row is left out (with the reason) from DENSE_BIAS_MAX_ELEMENTS
+    on: its CUDA kernel's 32-bit bias offsets would give wrong rows or crash the process's
+    CUDA context (every later case); flex and SDPA without bias are still timed."""
+    import lookhere_dense.research.benchmark.gpu_check as gc
+
+    assert gc.DENSE_BIAS_MAX_ELEMENTS == 2**31 and 12 * 8192**2 < 2**31 <= 12 * 16384**2
+    monkeypatch.setattr(gc, 'DENSE_BIAS_MAX_ELEMENTS', 12 * 128 * 128)
+    res = gc.attn_case(gc.simulate_plan(), 128, gc.RecompileWatch())
+    assert res['status'] == 'ok', res
+    assert set(res['forward']['seconds']) == {'flex', 'flex_all_tiles', 'sdpa_nobias'}
+    assert '32 bits' in res['sdpa_dense_bias']

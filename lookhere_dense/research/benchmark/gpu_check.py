@@ -99,6 +99,11 @@ TOLERANCES: Dict[str, Dict[str, float]] = {
 }
 #: what a case's ``status`` can be
 OK, FAILED, SKIPPED = 'ok', 'failed', 'skipped'
+#: the largest dense bias SDPA is timed with: its memory-efficient CUDA kernel computes bias
+#: offsets in 32 bits (pytorch/pytorch#187227, #150054, #147585: wrong rows or an illegal
+#: memory access, which would end every later case of this process), so 12 heads stop
+#: below 13.4k tokens (8k timed, 16k and 32k not)
+DENSE_BIAS_MAX_ELEMENTS = 2**31
 HEADS, HEAD_DIM = 12, 64
 
 
@@ -592,8 +597,16 @@ def attn_case(plan: Plan, tokens: int, watch: RecompileWatch) -> Dict[str, Any]:
     if not all(c['ok'] for c in checks.values()):
         return dict(res, status=FAILED, error='flex outside tolerance (not timed)')
     dense_gib = HEADS * tokens * tokens * tdt.itemsize / 2**30
-    bias = None
-    if dense_gib <= plan.max_dense_gib:
+    bias, no_bias = None, None
+    if dense_gib > plan.max_dense_gib:
+        no_bias = f'skipped: the dense bias needs {dense_gib:.1f} GiB'
+    elif HEADS * tokens * tokens >= DENSE_BIAS_MAX_ELEMENTS:
+        no_bias = (
+            f"skipped: a dense bias of {HEADS * tokens * tokens:.2e} elements (SDPA's "
+            'memory-efficient kernel offsets the bias in 32 bits: wrong rows or a crashed CUDA '
+            'context past 2**31)'
+        )
+    else:
         bias = eng.dense_bias(0, grid, False, dev, tdt)[None]
 
     def calls(q, k, v) -> Dict[str, Callable[[], Tensor]]:
@@ -616,7 +629,7 @@ def attn_case(plan: Plan, tokens: int, watch: RecompileWatch) -> Dict[str, Any]:
         fwd['times']['flex_all_tiles'], fwd['times']['sdpa_nobias']
     )
     if bias is None:
-        res['sdpa_dense_bias'] = f'skipped: the dense bias needs {dense_gib:.1f} GiB'
+        res['sdpa_dense_bias'] = no_bias
     res['summary'] = f'forward flex {res["flex_vs_nobias"]:.2f}x sdpa without bias'
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     if dev.type == 'cpu':
