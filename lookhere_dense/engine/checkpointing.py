@@ -59,6 +59,7 @@ class AtomicCheckpointHook(CheckpointHook):
         return isinstance(getattr(self, 'file_backend', None), LocalBackend)
 
     def _save_checkpoint_with_step(self, runner, step: int, meta: dict) -> None:
+        _gather_rank_states(runner)
         if not self._atomic():
             return super()._save_checkpoint_with_step(runner, step, meta)
         filename = self.filename_tmpl.format(step)
@@ -168,3 +169,14 @@ class AtomicCheckpointHook(CheckpointHook):
             f'was written under that name and {self._previous(runner)}; free space or fix '
             'the folder, then continue with --resume.'
         )
+
+
+def _gather_rank_states(runner) -> None:
+    """Every rank's generators to rank 0 for the checkpoint about to be saved (a
+    collective; this hook's save runs on every rank, mmengine's ``save_checkpoint`` on
+    rank 0 only)."""
+    from .hooks import ExactResumeHook
+
+    for hook in runner.hooks:
+        if isinstance(hook, ExactResumeHook):
+            hook.gather_rank_states()

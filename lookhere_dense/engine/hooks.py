@@ -243,9 +243,14 @@ class ExactResumeHook(Hook):
     """Save the RNG and sampler state in checkpoints; restore it on resume so the resumed
     run draws exactly the batches, augmentations and dropout masks the uninterrupted run
     would have (bit-exact on CPU with ``num_workers=0``; with worker processes the
-    workers' own generators are re-seeded by PyTorch, and in a multi-process run the
-    checkpoint holds rank 0's generators (the other ranks are re-seeded as mmengine does),
-    so those runs resume with the same data order but not bitwise).
+    workers' own generators are re-seeded by PyTorch).
+
+    In a multi-process run every rank's generators are saved: when a checkpoint is saved,
+    the ranks gather their states to rank 0 (:meth:`gather_rank_states`, called on every
+    rank by :class:`~lookhere_dense.engine.checkpointing.AtomicCheckpointHook`), which
+    writes them under ``ranks`` beside its own; on resume rank ``r`` restores entry ``r``.
+    A resume with another world size restores rank 0's generators on rank 0 only (the
+    other ranks keep mmengine's seeding, and the data shards differ anyway) and says so.
 
     Also makes validation RNG-neutral: the states are saved before a validation pass and
     restored after it, so training does not depend on whether (or how often) it validates.
@@ -256,14 +261,31 @@ class ExactResumeHook(Hook):
     def __init__(self):
         self._pending: Optional[Dict[str, Any]] = None
         self._before_val: Optional[Dict[str, Any]] = None
+        self._ranks: Optional[List[Dict[str, Any]]] = None
 
     # saving ------------------------------------------------------------------------------
+    def _rng(self) -> Dict[str, Any]:
+        """The generators a checkpoint saved now records (those before a running
+        validation, which is RNG-neutral)."""
+        return self._before_val if self._before_val is not None else capture_rng_state()
+
+    def gather_rank_states(self) -> None:
+        """Collect every rank's generators on rank 0 for the checkpoint about to be saved
+        (a collective: call it on every rank; nothing to do in a single process)."""
+        from mmengine.dist import all_gather_object, get_world_size
+
+        if get_world_size() > 1:
+            self._ranks = all_gather_object(self._rng())
+
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        rng = self._before_val if self._before_val is not None else capture_rng_state()
         sampler = _train_sampler(getattr(runner.train_loop, 'dataloader', None))
         checkpoint[RESUME_STATE_KEY] = dict(
-            rng=rng, sampler=dict(type=type(sampler).__name__, seed=getattr(sampler, 'seed', None))
+            rng=self._rng(),
+            sampler=dict(type=type(sampler).__name__, seed=getattr(sampler, 'seed', None)),
         )
+        ranks, self._ranks = self._ranks, None
+        if ranks is not None:
+            checkpoint[RESUME_STATE_KEY]['ranks'] = ranks
 
     def before_val(self, runner) -> None:
         self._before_val = capture_rng_state()
@@ -291,9 +313,7 @@ class ExactResumeHook(Hook):
 
         loop = runner.train_loop
         iterator_rebuilt = self._restore_sampler_seed(runner, state)
-        if get_rank() != 0:
-            # checkpoints hold rank 0's generators: the other ranks keep their own seeding
-            state = dict(state, rng=capture_rng_state())
+        state = dict(state, rng=self._rank_rng(runner, state, get_rank()))
         if isinstance(loop, IterBasedTrainLoop) and state['iter'] == loop.iter:
             if iterator_rebuilt:
                 from mmengine.runner.loops import _InfiniteDataloaderIterator
@@ -319,6 +339,26 @@ class ExactResumeHook(Hook):
         if rng is not None:
             self._epoch_rng = None
             restore_rng_state(rng)
+
+    @staticmethod
+    def _rank_rng(runner, state: Mapping[str, Any], rank: int) -> Dict[str, Any]:
+        """The generators rank ``rank`` resumes with: its own entry of the checkpoint's
+        ``ranks`` when the world size is the one saved; otherwise rank 0's on rank 0 and
+        the rank's current (mmengine-seeded) ones elsewhere."""
+        from mmengine.dist import get_world_size
+
+        ranks = state.get('ranks')
+        world = get_world_size()
+        if ranks is not None and len(ranks) == world:
+            return ranks[rank]
+        if world > 1 or ranks is not None:
+            saved = len(ranks) if ranks is not None else 'rank 0 only'
+            runner.logger.warning(
+                f'ExactResumeHook: the checkpoint holds the generators of {saved} rank(s) and '
+                f"this run has {world}: rank 0 restores rank 0's, the other ranks keep their "
+                'own seeding (the run resumes, but not bitwise)'
+            )
+        return state['rng'] if rank == 0 else capture_rng_state()
 
     @staticmethod
     def _restore_sampler_seed(runner, state: Mapping[str, Any]) -> bool:
