@@ -251,6 +251,8 @@ class ExactResumeHook(Hook):
     writes them under ``ranks`` beside its own; on resume rank ``r`` restores entry ``r``.
     A resume with another world size restores rank 0's generators on rank 0 only (the
     other ranks keep mmengine's seeding, and the data shards differ anyway) and says so.
+    With mmengine's own ``CheckpointHook`` (nothing gathers), checkpoints hold rank 0's
+    generators only and a multi-process resume takes the same path.
 
     Also makes validation RNG-neutral: the states are saved before a validation pass and
     restored after it, so training does not depend on whether (or how often) it validates.
