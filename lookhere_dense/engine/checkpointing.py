@@ -174,9 +174,10 @@ class AtomicCheckpointHook(CheckpointHook):
 def _gather_rank_states(runner) -> None:
     """Every rank's generators to rank 0 for the checkpoint about to be saved (a
     collective; this hook's save runs on every rank, mmengine's ``save_checkpoint`` on
-    rank 0 only)."""
-    from .hooks import ExactResumeHook
-
+    rank 0 only). The hooks that keep per-rank state (``ExactResumeHook``) offer a
+    ``gather_rank_states()`` method; asking for the method, not the class, keeps this module
+    free of an import of ``hooks`` (which imports this one)."""
     for hook in runner.hooks:
-        if isinstance(hook, ExactResumeHook):
-            hook.gather_rank_states()
+        gather = getattr(hook, 'gather_rank_states', None)
+        if callable(gather):
+            gather()
