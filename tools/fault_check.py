@@ -162,6 +162,16 @@ def _tail(log: str, n: int = 25) -> str:
     return ''.join(open(log).readlines()[-n:])
 
 
+def _finish(child: subprocess.Popen, timeout: float) -> Optional[int]:
+    """``child``'s exit status, or ``None`` (and the child killed) when it has not ended
+    within ``timeout`` seconds."""
+    try:
+        return child.wait(timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return None
+
+
 def _resume(ctx: dict, work: str, opts: List[str], name: str, compare: bool = True) -> dict:
     log = osp.join(ctx['out'], f'{name}_resume.log')
     child = _torchrun(work, opts, log, resume=True)
@@ -198,11 +208,7 @@ def case_kill_rank(ctx: dict) -> dict:
     victim = _worker(child.pid, 1)
     t0 = time.time()
     os.kill(victim, signal.SIGKILL)
-    try:
-        rc = child.wait(1800)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        rc = None
+    rc = _finish(child, 1800)
     stopped = time.time() - t0
     text = open(log).read()
     named = 'rank      : 1' in text and 'Signal 9 (SIGKILL)' in text
@@ -320,11 +326,7 @@ def case_worker_killed(ctx: dict) -> dict:
     victim = _children(child.pid)[0]
     t0 = time.time()
     os.kill(victim, signal.SIGKILL)
-    try:
-        rc = child.wait(300)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        rc = None
+    rc = _finish(child, 300)
     line = [ln for ln in open(log).read().splitlines() if ln.startswith('error:')]
     named = (
         bool(line) and f'a dataloader worker died (DataLoader worker (pid {victim})' in line[-1]
@@ -349,11 +351,7 @@ def _data_fault(ctx: dict, name: str, damage: Callable[[str], str]) -> dict:
         child.kill()
         return dict(ok=False, why='no checkpoint before the damage', tail=_tail(log))
     folder = damage(root)
-    try:
-        rc = child.wait(300)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        rc = None
+    rc = _finish(child, 300)
     line = [ln for ln in open(log).read().splitlines() if ln.startswith('error:')]
     named = bool(line) and folder in line[-1]
     return dict(ok=rc == 2 and named and _loadable(_pointer(work)), rc=rc, error=line)
