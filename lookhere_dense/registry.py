@@ -23,6 +23,7 @@ CONFIG_IMPORT = 'lookhere_dense.openmmlab'
 #: The modules whose import registers lookhere-dense components, in import order.
 REGISTERING_MODULES = (
     'lookhere_dense.models.backbones',
+    'lookhere_dense.models.backbones.lookwhere',
     'lookhere_dense.models.necks',
     'lookhere_dense.models.heads',
     'lookhere_dense.models.segmentors',

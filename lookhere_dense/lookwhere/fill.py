@@ -1,0 +1,135 @@
+"""From the kept patches' features to a dense NCHW map of every patch.
+
+* :func:`nearest_fill` -- every patch takes the features of the nearest kept patch
+  (Euclidean distance on the patch grid, ties to the lower kept index), as the official
+  LookWhere fills its segmentation output;
+* :class:`PropagateFill` -- region growing: unkept patches take the mean of their already
+  filled 3x3 neighbours, ring by ring outwards from the kept ones, then a learned depthwise
+  3x3 + pointwise correction (initialised to zero, so it starts as the plain propagation)
+  on the unkept patches only.
+
+Both return the kept patches' own features unchanged. Torch alone.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from .select import scatter_patches
+
+__all__ = ['nearest_fill', 'nearest_kept', 'PropagateFill', 'FILL_MODES', 'build_fill']
+
+#: the dense-output modes
+FILL_MODES = ('nearest', 'propagate')
+
+
+def _coords(index: Tensor, width: int) -> Tensor:
+    return torch.stack([index.div(width, rounding_mode='floor'), index.remainder(width)], -1)
+
+
+def nearest_kept(keep: Tensor, grid_size: Tuple[int, int], chunk: int = 4096) -> Tensor:
+    """For every patch of the grid, the position (in ``keep``'s order) of the nearest
+    kept patch.
+
+    Args:
+        keep: ``(B, K)`` kept patch indices.
+        grid_size: ``(H, W)``.
+        chunk: grid patches per distance block (bounds memory to ``B * chunk * K``).
+
+    Returns:
+        ``(B, H*W)`` int64 in ``[0, K)``.
+    """
+    height, width = grid_size
+    n = height * width
+    kept = _coords(keep, width).float()  # (B, K, 2)
+    out = []
+    for start in range(0, n, chunk):
+        pos = _coords(torch.arange(start, min(n, start + chunk), device=keep.device), width)
+        dist = torch.cdist(pos.float()[None].expand(keep.shape[0], -1, -1), kept)
+        out.append(dist.argmin(-1))
+    return torch.cat(out, 1)
+
+
+def nearest_fill(values: Tensor, keep: Tensor, grid_size: Tuple[int, int]) -> Tensor:
+    """Every patch gets the features of its nearest kept patch.
+
+    Args:
+        values: ``(B, K, D)`` features of the kept patches.
+        keep: ``(B, K)`` their indices on the grid.
+        grid_size: ``(H, W)``.
+
+    Returns:
+        ``(B, D, H, W)``.
+    """
+    height, width = grid_size
+    src = nearest_kept(keep, grid_size)  # (B, N)
+    dense = values.gather(1, src[..., None].expand(-1, -1, values.shape[-1]))
+    return dense.transpose(1, 2).reshape(values.shape[0], values.shape[-1], height, width)
+
+
+class PropagateFill(nn.Module):
+    """Region-growing fill with a learned correction of the unkept patches.
+
+    Args:
+        embed_dims: feature channels ``D``.
+        max_rings: the most growing steps; patches still empty after them take the
+            nearest kept patch. Default: 64.
+
+    Forward: ``values (B, K, D)``, ``keep (B, K)``, ``grid_size`` -> ``(B, D, H, W)``.
+    """
+
+    def __init__(self, embed_dims: int, max_rings: int = 64):
+        super().__init__()
+        self.max_rings = int(max_rings)
+        self.dw = nn.Conv2d(embed_dims, embed_dims, 3, padding=1, groups=embed_dims)
+        self.pw = nn.Conv2d(embed_dims, embed_dims, 1)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """The correction starts at zero (``pw`` zero): the output is the propagation."""
+        nn.init.zeros_(self.pw.weight)
+        nn.init.zeros_(self.pw.bias)
+
+    def forward(self, values: Tensor, keep: Tensor, grid_size: Tuple[int, int]) -> Tensor:
+        height, width = grid_size
+        b, k, d = values.shape
+        n = height * width
+        dense = scatter_patches(values, keep, n).transpose(1, 2).reshape(b, d, height, width)
+        mask = torch.zeros(b, 1, n, dtype=values.dtype, device=values.device)
+        mask = mask.scatter(2, keep[:, None, :], 1.0).reshape(b, 1, height, width)
+        kept = mask
+        filled = mask
+        ones = torch.ones(1, 1, 3, 3, dtype=values.dtype, device=values.device)
+        for _ in range(self.max_rings):
+            if bool(filled.min() > 0):
+                break
+            total = F.conv2d(dense, ones.expand(d, 1, 3, 3), padding=1, groups=d)
+            count = F.conv2d(filled, ones, padding=1)
+            new = (count > 0).to(values.dtype) * (1 - filled)
+            dense = dense + new * total / count.clamp_min(1)
+            filled = filled + new
+        if not bool(filled.min() > 0):  # far from every kept patch: the nearest one
+            near = nearest_fill(values, keep, grid_size)
+            dense = dense + (1 - filled) * near
+        return dense + (1 - kept) * self.pw(self.dw(dense))
+
+
+def build_fill(mode: str, embed_dims: int) -> nn.Module:
+    """The fill module of ``mode`` (:data:`FILL_MODES`); ``'nearest'`` has no parameters."""
+    if mode == 'nearest':
+        return _NearestFill()
+    if mode == 'propagate':
+        return PropagateFill(embed_dims)
+    raise ValueError(f'LookWhere: fill={mode!r} is not one of {list(FILL_MODES)}')
+
+
+class _NearestFill(nn.Module):
+    """:func:`nearest_fill` as a module."""
+
+    def forward(self, values: Tensor, keep: Tensor, grid_size: Tuple[int, int]) -> Tensor:
+        return nearest_fill(values, keep, grid_size)

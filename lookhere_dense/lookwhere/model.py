@@ -1,0 +1,201 @@
+"""LookWhere (Fuller et al., NeurIPS 2025, arXiv 2505.18051) with a LookHere extractor, as
+a dense-prediction backbone: selector -> top-k patches -> extractor -> dense NCHW maps.
+Torch alone."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from .extractor import LookWhereExtractor
+from .fill import FILL_MODES, build_fill
+from .select import resolve_k, top_k_patches
+from .selector import LookWhereSelector
+
+__all__ = ['LookWhere']
+
+logger = logging.getLogger(__name__)
+
+
+class LookWhere(nn.Module):
+    """Selector + extractor + dense fill.
+
+    ``forward(images, k=None, k_ratio=None)`` returns, like the LookHere trunk, a tuple of
+    ``(B, D, ceil(H/p), ceil(W/p))`` maps (one per extractor ``out_indices``): every patch
+    of the high-resolution grid has features, the kept ones their own, the others filled
+    (``fill``), so Segmenter heads and SimpleFPN sit on it unchanged.
+
+    Args:
+        selector (dict | LookWhereSelector): :class:`~.selector.LookWhereSelector`
+            arguments or module. Default: ``{}`` (ViT-T-wide, 3 blocks, 64x64 input).
+        extractor (dict | LookWhereExtractor): :class:`~.extractor.LookWhereExtractor`
+            (LookHere ViT) arguments or module. Default: ``{}`` (the trunk's defaults).
+        k (int, optional): default kept patches per image. Default: None.
+        k_ratio (float, optional): default kept fraction (used when ``k`` is None).
+            Default: 0.25.
+        fill (str): ``'nearest'`` (the official) or ``'propagate'``
+            (:class:`~.fill.PropagateFill`, learned). Default: ``'nearest'``.
+        use_selector_prefix (bool): the extractor starts from the selector's CLS (and
+            register) tokens, as the official; False: from its own CLS token.
+            Default: True.
+        freeze_selector (bool): no gradients to the selector and the selector always in
+            eval mode (fine-tuning as in the paper). Default: False.
+        attn_path (str): ``'auto'`` or ``'coords'`` (see
+            :class:`~.subset.SubsetAttention`). Default: ``'auto'``.
+
+    Attributes:
+        last_k (int | None), last_backend (str | None): of the last forward.
+    """
+
+    def __init__(
+        self,
+        selector: Union[Mapping[str, Any], LookWhereSelector, None] = None,
+        extractor: Union[Mapping[str, Any], LookWhereExtractor, None] = None,
+        k: Optional[int] = None,
+        k_ratio: Optional[float] = 0.25,
+        fill: str = 'nearest',
+        use_selector_prefix: bool = True,
+        freeze_selector: bool = False,
+        attn_path: str = 'auto',
+    ):
+        super().__init__()
+        if fill not in FILL_MODES:
+            raise ValueError(f'LookWhere: fill={fill!r} is not one of {list(FILL_MODES)}')
+        if attn_path not in ('auto', 'coords'):
+            raise ValueError(f"LookWhere: attn_path must be 'auto' or 'coords', got {attn_path!r}")
+        self.selector = (
+            selector
+            if isinstance(selector, nn.Module)
+            else LookWhereSelector(**dict(selector or {}))
+        )
+        self.extractor = (
+            extractor
+            if isinstance(extractor, nn.Module)
+            else LookWhereExtractor(**dict(extractor or {}))
+        )
+        if k is not None:  # the rules of a per-call value (k <= N is checked per call)
+            resolve_k(2**62, k=k)
+        elif k_ratio is not None:
+            resolve_k(1, k_ratio=k_ratio)
+        self.k = k
+        self.k_ratio = None if k is not None else k_ratio
+        d_sel, d_ext = self.selector.embed_dims, self.extractor.embed_dims
+        self.use_selector_prefix = bool(use_selector_prefix)
+        self.prefix_proj: nn.Module = (
+            nn.Linear(d_sel, d_ext) if use_selector_prefix and d_sel != d_ext else nn.Identity()
+        )
+        self.fill_mode = fill
+        self.fill = build_fill(fill, d_ext)
+        self.freeze_selector = bool(freeze_selector)
+        self.attn_path = attn_path
+        self.last_k: Optional[int] = None
+        self.last_backend: Optional[str] = None
+        if self.freeze_selector:
+            for p in self.selector.parameters():
+                p.requires_grad = False
+
+    @property
+    def out_indices(self):
+        return self.extractor.trunk.out_indices
+
+    def train(self, mode: bool = True) -> 'LookWhere':
+        super().train(mode)
+        if self.freeze_selector:
+            self.selector.eval()
+        return self
+
+    def resolve_k(
+        self, num_patches: int, k: Optional[int] = None, k_ratio: Optional[float] = None
+    ) -> int:
+        """:func:`~.select.resolve_k` with this model's defaults."""
+        return resolve_k(num_patches, k, k_ratio, self.k, self.k_ratio)
+
+    def run_selector(self, images: Tensor, grid: Tuple[int, int]) -> Dict[str, Any]:
+        """The selector's output for ``grid`` (without gradients when it is frozen)."""
+        if self.freeze_selector:
+            with torch.no_grad():
+                return self.selector(images, grid)
+        return self.selector(images, grid)
+
+    def select(
+        self, images: Tensor, k: Optional[int] = None, k_ratio: Optional[float] = None
+    ) -> Dict[str, Any]:
+        """Run the selector and pick the top-k patches.
+
+        Returns:
+            dict: ``keep`` ``(B, K)`` (ascending), ``scores`` ``(B, N)``,
+            ``prefix_tokens`` ``(B, J, D_sel)``, ``grid`` (high resolution), ``k``.
+        """
+        grid = self.extractor.grid_of(images.shape[-2:])
+        n = grid[0] * grid[1]
+        kk = self.resolve_k(n, k, k_ratio)
+        out = self.run_selector(images, grid)
+        out['keep'] = top_k_patches(out['scores'], kk)
+        out['grid'] = grid
+        out['k'] = kk
+        return out
+
+    def forward_tokens(
+        self,
+        images: Tensor,
+        k: Optional[int] = None,
+        k_ratio: Optional[float] = None,
+        keep: Optional[Tensor] = None,
+        selection: Optional[Dict[str, Any]] = None,
+    ) -> Dict[str, Any]:
+        """Selector, top-k (or the given ``keep`` ``(B, K)``) and extractor, without fill.
+
+        ``selection``: the selector's output for these images (:meth:`select` or
+        ``self.selector(images, grid)``), reused instead of running the selector again.
+
+        Returns:
+            dict: ``tokens`` (list per out index of ``(B, J + K, D)``), ``num_prefix``,
+            ``keep``, ``grid``, ``scores``, ``selector_prefix``.
+        """
+        sel = selection
+        if sel is None and keep is None:
+            sel = self.select(images, k, k_ratio)
+        if keep is None:
+            keep = sel['keep']
+        prefix = None
+        if self.use_selector_prefix:
+            if sel is None:
+                grid = self.extractor.grid_of(images.shape[-2:])
+                sel = self.run_selector(images, grid)
+            prefix = self.prefix_proj(sel['prefix_tokens'])
+        outs, j, grid = self.extractor(images, keep, prefix, self.attn_path)
+        self.last_k = keep.shape[1]
+        self.last_backend = self.extractor.last_backend
+        return {
+            'tokens': outs,
+            'num_prefix': j,
+            'keep': keep,
+            'grid': grid,
+            'scores': None if sel is None else sel['scores'],
+            'selector_prefix': None if sel is None else sel['prefix_tokens'],
+        }
+
+    def densify(
+        self, tokens: Tensor, num_prefix: int, keep: Tensor, grid: Tuple[int, int]
+    ) -> Tensor:
+        """``(B, J + K, D)`` extractor tokens -> ``(B, D, H, W)`` for every patch."""
+        return self.fill(tokens[:, num_prefix:], keep, grid)
+
+    def forward(
+        self,
+        images: Tensor,
+        k: Optional[int] = None,
+        k_ratio: Optional[float] = None,
+        keep: Optional[Tensor] = None,
+    ) -> Tuple[Tensor, ...]:
+        """``(B, C, H, W)`` -> tuple of ``(B, D, ceil(H/p), ceil(W/p))`` maps, one per
+        extractor ``out_indices``. ``k`` / ``k_ratio`` override the defaults for this call;
+        ``keep`` ``(B, K)`` skips the selection."""
+        out = self.forward_tokens(images, k, k_ratio, keep)
+        return tuple(
+            self.densify(t, out['num_prefix'], out['keep'], out['grid']) for t in out['tokens']
+        )

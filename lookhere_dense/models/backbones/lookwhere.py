@@ -1,0 +1,164 @@
+"""``LookWhereViT``: the LookWhere backbone for mmseg / mmdet, and ``LookWhereDistiller``,
+the what-where distillation model for mmengine's Runner.
+
+Both are thin wrappers of the torch-only :mod:`lookhere_dense.lookwhere`:
+
+* ``LookWhereViT`` is :class:`~lookhere_dense.lookwhere.LookWhere` + ``BaseModule``
+  (``init_cfg`` loading, e.g. a distilled student with ``prefix='student.'``); it returns a
+  tuple of NCHW maps of every patch, so Segmenter heads and SimpleFPN take it unchanged.
+  ``k`` / ``k_ratio`` can be changed per call (``backbone(images, k_ratio=0.1)``) or on the
+  module (``model.backbone.k_ratio = 0.1``).
+* ``LookWhereDistiller`` holds a frozen LookHere teacher and a LookWhere student; its
+  ``loss`` is the selector's KL to the teacher's CLS attention map plus the extractor's
+  error against the teacher's patch features (:mod:`lookhere_dense.lookwhere.distill`).
+  Images only: no labels are read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Union
+
+import torch
+from mmengine.model import BaseModel, BaseModule
+from mmengine.runner.checkpoint import _load_checkpoint_with_prefix, load_checkpoint
+
+from lookhere_dense.lookhere import create_model
+from lookhere_dense.lookwhere import LookWhere
+from lookhere_dense.lookwhere.distill import distillation_losses, teacher_targets
+
+from ..registry import MMSEG_MODELS, register_model
+
+__all__ = ['LookWhereViT', 'LookWhereDistiller']
+
+
+@register_model()
+class LookWhereViT(LookWhere, BaseModule):
+    """LookWhere (selector + LookHere extractor on the top-k patches) as a backbone.
+
+    Args:
+        selector (dict): :class:`~lookhere_dense.lookwhere.LookWhereSelector` arguments.
+        extractor (dict): :class:`~lookhere_dense.lookwhere.LookWhereExtractor` (LookHere
+            ViT) arguments, e.g. ``embed_dims``, ``num_layers``, ``num_heads``,
+            ``out_indices``, ``preset``.
+        k, k_ratio, fill, use_selector_prefix, freeze_selector, attn_path: see
+            :class:`~lookhere_dense.lookwhere.LookWhere`. Defaults: None, 0.25,
+            ``'nearest'``, True, False, ``'auto'``.
+        init_cfg (dict, optional): mmengine init config, e.g.
+            ``dict(type='Pretrained', checkpoint=PATH, prefix='student.')`` for the
+            student of a distillation run. Default: None.
+    """
+
+    def __init__(
+        self,
+        selector: Optional[dict] = None,
+        extractor: Optional[dict] = None,
+        k: Optional[int] = None,
+        k_ratio: Optional[float] = 0.25,
+        fill: str = 'nearest',
+        use_selector_prefix: bool = True,
+        freeze_selector: bool = False,
+        attn_path: str = 'auto',
+        init_cfg: Optional[Union[dict, List[dict]]] = None,
+    ):
+        super().__init__(
+            selector=selector,
+            extractor=extractor,
+            k=k,
+            k_ratio=k_ratio,
+            fill=fill,
+            use_selector_prefix=use_selector_prefix,
+            freeze_selector=freeze_selector,
+            attn_path=attn_path,
+        )
+        self.init_cfg = init_cfg  # BaseModule's (its __init__ ran with None in the MRO)
+        self._is_init = False
+
+
+def _build_teacher(teacher: Dict[str, Any]) -> torch.nn.Module:
+    cfg = dict(teacher)
+    checkpoint = cfg.pop('checkpoint', None)
+    prefix = cfg.pop('prefix', None)
+    model = create_model(**cfg)
+    if checkpoint is not None:
+        if prefix:
+            state = _load_checkpoint_with_prefix(prefix, checkpoint, map_location='cpu')
+            model.load_state_dict(state, strict=True)
+        else:
+            load_checkpoint(model, checkpoint, map_location='cpu', strict=True)
+    for p in model.parameters():
+        p.requires_grad = False
+    return model.eval()
+
+
+@MMSEG_MODELS.register_module(force=True)
+class LookWhereDistiller(BaseModel):
+    """What-where distillation of a LookWhere student from a frozen LookHere teacher.
+
+    Args:
+        teacher (dict): :func:`~lookhere_dense.lookhere.create_model` arguments of the
+            teacher, plus ``checkpoint`` (a file; with ``prefix``, e.g. ``'backbone.'`` for
+            a trained mmseg segmentor's checkpoint) -- it must have a CLS token.
+        student (dict): :class:`~lookhere_dense.lookwhere.LookWhere` arguments
+            (``selector``, ``extractor``, ``k_ratio``, ...).
+        init_extractor_from_teacher (bool): start the extractor from the teacher's
+            weights (same architecture needed). Default: True.
+        select_by (str): which map picks the kept patches during distillation:
+            ``'teacher'`` (its attention map) or ``'selector'``. Default: ``'teacher'``.
+        selector_weight, extractor_weight (float): loss weights. Default: 1, 1.
+        data_preprocessor (dict): e.g. mmseg's ``SegDataPreProcessor``.
+    """
+
+    def __init__(
+        self,
+        teacher: Dict[str, Any],
+        student: Dict[str, Any],
+        init_extractor_from_teacher: bool = True,
+        select_by: str = 'teacher',
+        selector_weight: float = 1.0,
+        extractor_weight: float = 1.0,
+        data_preprocessor: Optional[dict] = None,
+        init_cfg: Optional[dict] = None,
+    ):
+        super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
+        if select_by not in ('teacher', 'selector'):
+            raise ValueError(
+                f"LookWhereDistiller: select_by must be 'teacher' or 'selector', got {select_by!r}"
+            )
+        self.teacher = _build_teacher(teacher)
+        self.student = LookWhere(**dict(student))
+        if init_extractor_from_teacher:
+            missing = self.student.extractor.trunk.load_state_dict(
+                self.teacher.state_dict(), strict=False
+            )
+            if missing.missing_keys or missing.unexpected_keys:
+                raise ValueError(
+                    'LookWhereDistiller: init_extractor_from_teacher needs the same '
+                    f'architecture; missing {missing.missing_keys[:5]}, unexpected '
+                    f'{missing.unexpected_keys[:5]}'
+                )
+        self.select_by = select_by
+        self.selector_weight = float(selector_weight)
+        self.extractor_weight = float(extractor_weight)
+
+    def train(self, mode: bool = True) -> 'LookWhereDistiller':
+        super().train(mode)
+        self.teacher.eval()
+        return self
+
+    def forward(self, inputs, data_samples=None, mode: str = 'tensor'):
+        """``mode='loss'``: the distillation losses; ``'tensor'`` / ``'predict'``: the
+        student's dense maps."""
+        if mode == 'loss':
+            return self.loss(inputs)
+        return self.student(inputs)
+
+    def loss(self, inputs: torch.Tensor) -> Dict[str, torch.Tensor]:
+        targets = teacher_targets(self.teacher, inputs)
+        return distillation_losses(
+            self.student,
+            inputs,
+            targets,
+            select_by=self.select_by,
+            selector_weight=self.selector_weight,
+            extractor_weight=self.extractor_weight,
+        )

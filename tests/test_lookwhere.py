@@ -1,0 +1,225 @@
+"""LookWhere with a LookHere extractor (lookhere_dense/lookwhere): the coordinate-built
+bias, top-k gather / scatter, the extractor on the full set against the dense model, the
+fills, bad k, the mmseg backbone and config through mmengine's Runner, distillation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lookhere_dense.lookhere import LookHereAttentionEngine, LookHereConfig, create_model
+from lookhere_dense.lookwhere import (
+    LookWhere,
+    LookWhereExtractor,
+    gather_patches,
+    nearest_fill,
+    resolve_k,
+    scatter_patches,
+    subset_bias,
+    top_k_patches,
+)
+from lookhere_dense.lookwhere.fill import PropagateFill
+
+TINY_SEL = dict(input_size=32, embed_dims=48, num_layers=2, num_heads=12)
+TINY_EXT = dict(embed_dims=48, num_layers=2, num_heads=12)
+
+
+@pytest.mark.parametrize(
+    'config',
+    [
+        LookHereConfig('halves-none'),
+        LookHereConfig('eighths1-eighths2-none', 1.0, (2.0, 0.5)),
+        LookHereConfig('center-corners-none', fill_with='max'),
+    ],
+    ids=['lh180', 'lh45', 'center+max'],
+)
+def test_subset_bias_full_grid_equals_grid_bias(config):
+    """The bias built from coordinates is the grid's dense bias on the full grid, and its
+    rows / columns at any subset (any order)."""
+    grid, depth, heads = (5, 7), 2, 12
+    engine = LookHereAttentionEngine(config, depth, heads)
+    gb = engine.grid_bias(grid, torch.device('cpu'), torch.float32)
+    n = grid[0] * grid[1]
+    full = torch.arange(n)[None]
+    torch.manual_seed(0)
+    subset = torch.stack([torch.randperm(n)[:9], torch.randperm(n)[:9]])
+    for layer in range(depth):
+        key = None if gb.key_term is None else gb.key_term[layer]
+        dense = gb.dense(layer, 1)
+        got = subset_bias(gb.table[layer], grid, full, 1, key)[0]
+        assert torch.equal(got, dense)
+        part = subset_bias(gb.table[layer], grid, subset, 1, key)
+        for b in range(2):
+            idx = torch.cat([torch.zeros(1, dtype=torch.long), subset[b] + 1])
+            assert torch.equal(part[b], dense[:, idx][:, :, idx])
+
+
+def test_top_k_gather_scatter_exact():
+    torch.manual_seed(0)
+    scores = torch.randn(3, 20)
+    keep = top_k_patches(scores, 6)
+    assert keep.shape == (3, 6) and bool((keep[:, 1:] > keep[:, :-1]).all())
+    for b in range(3):
+        assert set(keep[b].tolist()) == set(scores[b].topk(6).indices.tolist())
+    tokens = torch.randn(3, 20, 5)
+    kept = gather_patches(tokens, keep)
+    for b in range(3):
+        assert torch.equal(kept[b], tokens[b, keep[b]])
+    back = scatter_patches(kept, keep, 20)
+    mask = torch.zeros(3, 20, dtype=torch.bool).scatter(1, keep, True)
+    assert torch.equal(back[mask], tokens[mask]) and bool((back[~mask] == 0).all())
+
+
+def test_nearest_fill_is_brute_force_nearest_and_kept_exact():
+    torch.manual_seed(1)
+    grid = (6, 9)
+    keep = top_k_patches(torch.randn(2, 54), 7)
+    values = torch.randn(2, 7, 4)
+    out = nearest_fill(values, keep, grid)
+    assert out.shape == (2, 4, 6, 9)
+    for b in range(2):
+        ky, kx = keep[b] // 9, keep[b] % 9
+        for y in range(6):
+            for x in range(9):
+                d = (ky - y) ** 2 + (kx - x) ** 2
+                j = int(torch.argmin(d))  # the first nearest: the lower kept index
+                assert torch.equal(out[b, :, y, x], values[b, j])
+    prop = PropagateFill(4)
+    filled = prop(values, keep, grid).flatten(2).transpose(1, 2)
+    for b in range(2):
+        assert torch.allclose(filled[b, keep[b]], values[b], atol=0, rtol=0)
+    assert torch.isfinite(filled).all()
+
+
+@pytest.mark.parametrize('preset', ['lh180', 'lh90'])
+def test_extractor_on_full_set_is_the_dense_model(preset):
+    torch.manual_seed(0)
+    # LayerScale 1: the attention output is not scaled down below the tolerance
+    trunk = create_model(preset=preset, out_indices=(0, 1), init_values=1.0, **TINY_EXT).eval()
+    ext = LookWhereExtractor(trunk)
+    x = torch.randn(2, 3, 80, 112)
+    ref = trunk(x)
+    keep = torch.arange(5 * 7)[None].expand(2, -1)
+    for backend, name in (('coords', 'sdpa-coords'), ('auto', 'engine:')):
+        with torch.no_grad():
+            outs, j, grid = ext(x, keep, None, backend)
+        assert ext.last_backend.startswith(name)
+        for o, r in zip(outs, ref):
+            assert torch.allclose(trunk._output(o, grid), r, atol=1e-5, rtol=1e-5)
+
+
+def test_lookwhere_forward_dense_maps_and_per_call_k():
+    torch.manual_seed(0)
+    model = LookWhere(TINY_SEL, dict(out_indices=(0, 1), **TINY_EXT), k_ratio=0.25).eval()
+    x = torch.randn(2, 3, 64, 96)
+    with torch.no_grad():
+        outs = model(x)
+        assert [tuple(o.shape) for o in outs] == [(2, 48, 4, 6)] * 2
+        assert model.last_k == 6 and model.last_backend == 'sdpa-coords'
+        model(x, k=3)
+        assert model.last_k == 3
+        model(x, k_ratio=0.5)
+        assert model.last_k == 12
+        tok = model.forward_tokens(x, k=5)
+        dense = outs[-1]  # another k: only the shape is shared
+        assert tok['tokens'][-1].shape == (2, 1 + 5, 48) and dense.shape[1] == 48
+
+
+@pytest.mark.parametrize(
+    'kwargs, error, words',
+    [
+        (dict(k=0), ValueError, 'outside [1, 24]'),
+        (dict(k=25), ValueError, 'outside [1, 24]'),
+        (dict(k=2.0), TypeError, 'k must be an int'),
+        (dict(k=True), TypeError, 'k must be an int'),
+        (dict(k_ratio=0.0), ValueError, 'outside (0, 1]'),
+        (dict(k_ratio=1.5), ValueError, 'outside (0, 1]'),
+        (dict(k_ratio=math.nan), ValueError, 'outside (0, 1]'),
+        (dict(k_ratio='0.2'), TypeError, 'k_ratio must be a number'),
+        (dict(k=3, k_ratio=0.5), ValueError, 'not both'),
+    ],
+)
+def test_bad_k_is_a_clear_error(kwargs, error, words):
+    model = LookWhere(TINY_SEL, TINY_EXT).eval()
+    with pytest.raises(error, match=__import__('re').escape(words)):
+        model(torch.randn(1, 3, 64, 96), **kwargs)
+
+
+def test_resolve_k_rules():
+    assert resolve_k(100, k_ratio=0.25) == 25
+    assert resolve_k(10, k_ratio=0.01) == 1
+    assert resolve_k(10, default_k=4) == 4
+    with pytest.raises(ValueError, match='no default'):
+        resolve_k(10)
+    with pytest.raises(ValueError, match='outside'):
+        LookWhere(TINY_SEL, TINY_EXT, k=0)
+
+
+def test_distillation_loss_decreases():
+    from lookhere_dense.lookwhere.distill import distillation_losses, teacher_targets
+
+    torch.manual_seed(0)
+    teacher = create_model(**TINY_EXT).eval()
+    student = LookWhere(TINY_SEL, dict(TINY_EXT), k_ratio=0.25)
+    student.extractor.trunk.load_state_dict(teacher.state_dict())
+    images = torch.randn(4, 3, 64, 64)
+    targets = teacher_targets(teacher, images)
+    assert torch.allclose(targets['attn'].sum(-1), torch.ones(4))
+    opt = torch.optim.AdamW(student.parameters(), lr=1e-3)
+    history = []
+    for _ in range(12):
+        losses = distillation_losses(student, images, targets)
+        loss = losses['loss_selector'] + losses['loss_extractor']
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        history.append((losses['loss_selector'].item(), losses['loss_extractor'].item()))
+    assert history[-1][0] < 0.7 * history[0][0]
+    assert history[-1][1] < 0.7 * history[0][1]
+
+
+def test_backbone_config_trains_through_runner(tmp_path):
+    """configs/segmenter_lookwhere_vit-t_tiny-ade.py builds and trains 2 iterations with
+    mmengine's Runner on the tiny generated ADE20K-layout data (shrunk model)."""
+    from mmengine.runner import Runner
+    from tiny_seg import make_ade, options, roots
+
+    from lookhere_dense.apis.cli import load_config
+    from lookhere_dense.registry import register_all_modules
+
+    register_all_modules(init_default_scope=True)
+    root = make_ade(tmp_path / 'data', num_train=2, num_val=1)
+    cfg = load_config(
+        'configs/segmenter_lookwhere_vit-t_tiny-ade.py',
+        options(
+            *roots(root),
+            'model.backbone.extractor.num_layers=2',
+            'model.backbone.extractor.embed_dims=96',
+            'model.backbone.selector.embed_dims=96',
+            'model.backbone.selector.num_layers=1',
+            'model.decode_head.in_channels=96',
+            'model.decode_head.channels=96',
+            'model.decode_head.embed_dims=96',
+            'model.decode_head.num_heads=2',
+            'train_dataloader.batch_size=2',
+            'train_dataloader.num_workers=0',
+            'train_dataloader.persistent_workers=False',
+            'val_dataloader.num_workers=0',
+            'val_dataloader.persistent_workers=False',
+            'test_dataloader.num_workers=0',
+            'test_dataloader.persistent_workers=False',
+            'train_cfg.max_iters=2',
+            'train_cfg.val_interval=2',
+            'param_scheduler=[]',
+        ),
+    )
+    cfg.work_dir = str(tmp_path / 'work')
+    cfg.default_hooks.checkpoint.interval = 2
+    runner = Runner.from_cfg(cfg)
+    assert type(runner.model.backbone).__name__ == 'LookWhereViT'
+    metrics = runner.train()
+    assert runner.iter == 2
+    assert runner.model.backbone.last_backend == 'sdpa-coords'
+    del metrics
