@@ -223,3 +223,53 @@ def test_backbone_config_trains_through_runner(tmp_path):
     assert runner.iter == 2
     assert runner.model.backbone.last_backend == 'sdpa-coords'
     del metrics
+
+
+def test_distillation_entry_runs_and_student_loads_into_backbone(tmp_path):
+    """tools/lookwhere_study.py distill's entry (mmengine Runner on the distillation
+    config, images only) writes a checkpoint whose student.* weights load into
+    LookWhereViT (init_cfg prefix 'student.') with the selector frozen."""
+    from tiny_seg import make_ade, options
+
+    from lookhere_dense.registry import register_all_modules
+    from lookhere_dense.swap import model_registry
+    from research.lookwhere.distill import run_distillation
+
+    root = make_ade(tmp_path / 'data', num_train=2, num_val=1)
+    shrink = [
+        f'train_dataloader.dataset.data_root={root}',
+        'train_cfg.max_iters=3',
+        'train_dataloader.batch_size=2',
+        'default_hooks.checkpoint.interval=3',
+        'model.teacher.num_layers=2',
+        'model.teacher.embed_dims=48',
+        'model.student.extractor.num_layers=2',
+        'model.student.extractor.embed_dims=48',
+        'model.student.selector.embed_dims=48',
+        'model.student.selector.num_layers=1',
+    ]
+    runner = run_distillation(
+        'configs/lookwhere_distill_vit-t_tiny-ade.py', str(tmp_path / 'work'), options(*shrink)
+    )
+    assert runner.iter == 3
+    ckpt = str(tmp_path / 'work' / 'iter_3.pth')
+    state = torch.load(ckpt, map_location='cpu', weights_only=False)['state_dict']
+    student = {k[len('student.') :]: v for k, v in state.items() if k.startswith('student.')}
+    assert student and not any(k.startswith('teacher.') for k in student)
+    register_all_modules(init_default_scope=True)
+    backbone = model_registry('mmseg').build(
+        dict(
+            type='LookWhereViT',
+            selector=dict(input_size=(64, 64), embed_dims=48, num_layers=1, num_heads=12),
+            extractor=dict(img_size=128, embed_dims=48, num_layers=2, num_heads=12),
+            freeze_selector=True,
+            init_cfg=dict(type='Pretrained', checkpoint=ckpt, prefix='student.'),
+        )
+    )
+    backbone.init_weights()
+    mine = backbone.state_dict()
+    for key, value in student.items():
+        assert torch.equal(mine[key], value), key
+    assert not any(p.requires_grad for p in backbone.selector.parameters())
+    backbone.train()
+    assert not backbone.selector.training
