@@ -1,0 +1,322 @@
+"""The LookWhere study on generated Cityscapes-layout frames: mIoU, time and peak memory of
+LookWhere at several ``k_ratio`` against the full-resolution LookHere whole frame and
+sliding windows, at several frame sizes up to 1024x2048.
+
+Everything is small so that it runs on a shared 2-core CPU in minutes (the numbers are a
+smoke-scale measurement, not a benchmark of a real model):
+
+1. frames: :func:`research.datasets.synthetic_seg.cityscapes_scene` rendered at every
+   test size (the same kind of street, drawn larger in pixels on larger frames);
+2. teacher: a LookHere ViT (lh180, patch 16) + a linear head, trained with plain PyTorch
+   on random 128x128 crops of training frames of every size (labels used here only);
+3. student: a LookWhere (3-block selector on a 64x128 copy; extractor = a copy of the
+   teacher's trunk) distilled from the frozen teacher on whole training frames without
+   labels (:func:`lookhere_dense.lookwhere.distill.distillation_losses`, ``k_ratio`` drawn
+   from the study's ratios each step; frames up to 256x512 only, for time); the teacher's linear head is applied unchanged
+   to the student's dense map (no segmentation fine-tuning of the student here);
+4. evaluation per size: the teacher on the whole frame (one pass, the engine's fused
+   kernel), the teacher with sliding 128x128 windows (stride 96, logits averaged), and
+   LookWhere at each ``k_ratio`` (nearest-kept fill); mIoU over the test frames
+   (19 classes, 255 ignored), the median time of ``repeats`` passes per frame and the
+   peak memory (:class:`research.memory.PeakMemory`, process RSS rise).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from lookhere_dense.lookhere import create_model
+from lookhere_dense.lookwhere import LookWhere, LookWhereExtractor
+from lookhere_dense.lookwhere.distill import distillation_losses, teacher_targets
+
+__all__ = ['run_study', 'SegModel', 'miou']
+
+NUM_CLASSES = 19
+CROP = 128
+MEAN = torch.tensor([123.675, 116.28, 103.53]).view(1, 3, 1, 1)
+STD = torch.tensor([58.395, 57.12, 57.375]).view(1, 3, 1, 1)
+TRUNK = dict(embed_dims=192, num_layers=6, num_heads=12, patch_size=16, preset='lh180')
+
+
+class SegModel(nn.Module):
+    """A backbone returning NCHW maps + LayerNorm + linear classifier, logits upsampled to
+    the image (bilinear)."""
+
+    def __init__(self, backbone: nn.Module, dims: int):
+        super().__init__()
+        self.backbone = backbone
+        self.norm = nn.LayerNorm(dims)
+        self.cls = nn.Linear(dims, NUM_CLASSES)
+
+    def head(self, fmap: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
+        x = self.cls(self.norm(fmap.permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
+        return F.interpolate(x, size=size, mode='bilinear', align_corners=False)
+
+    def forward(self, images: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return self.head(self.backbone(images, **kwargs)[-1], tuple(images.shape[-2:]))
+
+
+def _frames(size: Tuple[int, int], count: int, seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    from research.datasets.synthetic_seg import cityscapes_scene
+
+    rng = np.random.default_rng(seed)
+    imgs, labels = [], []
+    for _ in range(count):
+        rgb, lab = cityscapes_scene(size[0], size[1], rng)
+        imgs.append(torch.from_numpy(rgb).permute(2, 0, 1).float())
+        labels.append(torch.from_numpy(lab.astype(np.int64)))
+    x = (torch.stack(imgs) - MEAN) / STD
+    return x, torch.stack(labels)
+
+
+def miou(conf: torch.Tensor) -> float:
+    """Mean IoU (percent) over the classes present in prediction or label."""
+    inter = conf.diag().double()
+    union = conf.sum(0).double() + conf.sum(1).double() - inter
+    valid = union > 0
+    return float((inter[valid] / union[valid]).mean() * 100) if bool(valid.any()) else 0.0
+
+
+def _confusion(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    pred = logits.argmax(1).flatten()
+    lab = labels.flatten()
+    keep = lab != 255
+    idx = lab[keep] * NUM_CLASSES + pred[keep]
+    return torch.bincount(idx, minlength=NUM_CLASSES**2).view(NUM_CLASSES, NUM_CLASSES)
+
+
+def _random_crops(pool: List[Tuple[torch.Tensor, torch.Tensor]], batch: int, gen: torch.Generator):
+    xs, ys = [], []
+    for _ in range(batch):
+        imgs, labs = pool[int(torch.randint(len(pool), (1,), generator=gen))]
+        i = int(torch.randint(imgs.shape[0], (1,), generator=gen))
+        h, w = imgs.shape[-2:]
+        y0 = int(torch.randint(h - CROP + 1, (1,), generator=gen))
+        x0 = int(torch.randint(w - CROP + 1, (1,), generator=gen))
+        xs.append(imgs[i, :, y0 : y0 + CROP, x0 : x0 + CROP])
+        ys.append(labs[i, y0 : y0 + CROP, x0 : x0 + CROP])
+    return torch.stack(xs), torch.stack(ys)
+
+
+def train_teacher(pool, iters: int, log) -> SegModel:
+    """The LookHere teacher + linear head on random crops (AdamW, warm-up + cosine)."""
+    torch.manual_seed(0)
+    model = SegModel(create_model(**TRUNK, img_size=CROP), TRUNK['embed_dims'])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(0)
+    model.train()
+    for it in range(iters):
+        lr = 1e-3 * min(1.0, (it + 1) / 30) * 0.5 * (1 + math.cos(math.pi * it / iters))
+        for g in opt.param_groups:
+            g['lr'] = lr
+        x, y = _random_crops(pool, 8, gen)
+        loss = F.cross_entropy(model(x), y, ignore_index=255)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if it % 50 == 0 or it == iters - 1:
+            log(f'teacher iter {it + 1}/{iters} loss {loss.item():.3f}')
+    return model.eval()
+
+
+def distill_student(
+    teacher: SegModel, frames: List[torch.Tensor], k_ratios: Sequence[float], iters: int, log
+) -> LookWhere:
+    """A LookWhere student from the frozen teacher trunk on whole frames (no labels)."""
+    torch.manual_seed(1)
+    trunk = copy.deepcopy(teacher.backbone)
+    trunk.out_indices = [len(trunk.blocks) - 1]
+    student = LookWhere(
+        selector=dict(input_size=(64, 128), embed_dims=192, num_layers=3, num_heads=12),
+        extractor=LookWhereExtractor(trunk),
+        k_ratio=k_ratios[0],
+    )
+    params = [p for p in student.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(1)
+    t_trunk = teacher.backbone
+    student.train()
+    for it in range(iters):
+        imgs = frames[int(torch.randint(len(frames), (1,), generator=gen))]
+        i = torch.randint(imgs.shape[0], (2,), generator=gen)
+        x = imgs[i]
+        student.k_ratio = float(k_ratios[int(torch.randint(len(k_ratios), (1,), generator=gen))])
+        targets = teacher_targets(t_trunk, x)
+        losses = distillation_losses(student, x, targets)
+        loss = losses['loss_selector'] + losses['loss_extractor']
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if it % 25 == 0 or it == iters - 1:
+            log(
+                f'distill iter {it + 1}/{iters} selector {losses["loss_selector"].item():.4f} '
+                f'extractor {losses["loss_extractor"].item():.4f}'
+            )
+    return student.eval()
+
+
+def slide_logits(model: SegModel, x: torch.Tensor, stride: int = 96) -> torch.Tensor:
+    """mmseg-style sliding windows of the training crop: logits averaged where they
+    overlap."""
+    b, _, h, w = x.shape
+    out = x.new_zeros(b, NUM_CLASSES, h, w)
+    count = x.new_zeros(1, 1, h, w)
+    ys = list(range(0, max(h - CROP, 0) + 1, stride))
+    xs = list(range(0, max(w - CROP, 0) + 1, stride))
+    if ys[-1] + CROP < h:
+        ys.append(h - CROP)
+    if xs[-1] + CROP < w:
+        xs.append(w - CROP)
+    for y0 in ys:
+        for x0 in xs:
+            out[:, :, y0 : y0 + CROP, x0 : x0 + CROP] += model(
+                x[:, :, y0 : y0 + CROP, x0 : x0 + CROP]
+            )
+            count[:, :, y0 : y0 + CROP, x0 : x0 + CROP] += 1
+    return out / count
+
+
+def _measure(fn, frames: torch.Tensor, labels: torch.Tensor, repeats: int) -> Dict[str, Any]:
+    from research.memory import PeakMemory, free_memory
+
+    conf = torch.zeros(NUM_CLASSES, NUM_CLASSES, dtype=torch.long)
+    times, peaks = [], []
+    for i in range(frames.shape[0]):
+        x = frames[i : i + 1]
+        per = []
+        for _ in range(repeats):
+            logits = None
+            free_memory()  # the previous pass's heap back to the OS: the rise is this pass's
+            with PeakMemory('cpu') as mem:
+                t0 = time.perf_counter()
+                logits = fn(x)
+                per.append(time.perf_counter() - t0)
+            peaks.append(mem.rise_mb)
+        times.append(statistics.median(per))
+        conf += _confusion(logits, labels[i : i + 1])
+    return {
+        'miou': round(miou(conf), 2),
+        's_per_frame': round(statistics.median(times), 4),
+        'peak_rise_mb': round(max(peaks), 1),
+    }
+
+
+def run_study(
+    sizes: Sequence[Tuple[int, int]],
+    k_ratios: Sequence[float],
+    train_iters: int = 300,
+    distill_iters: int = 150,
+    test_frames: int = 2,
+    repeats: int = 2,
+    threads: int = 2,
+    out_dir: str = 'docs',
+    name: str = 'lookwhere_study',
+    command: str = '',
+) -> Dict[str, Any]:
+    """Run the study (see the module docstring); writes ``OUT_DIR/NAME.json`` and
+    ``OUT_DIR/NAME.png`` and returns the results."""
+    import os
+
+    from research.reporting import figure, write_json
+
+    torch.set_num_threads(threads)
+    start = time.time()
+
+    def log(msg: str) -> None:
+        print(f'[{time.time() - start:7.1f}s] {msg}', flush=True)
+
+    sizes = [tuple(s) for s in sizes]
+    counts = {s: max(2, min(16, 16 * 256 * 512 // (s[0] * s[1]))) for s in sizes}
+    pool = [_frames(s, counts[s], seed=100 + i) for i, s in enumerate(sizes)]
+    log(f'training frames: {[(s, counts[s]) for s in sizes]}')
+    teacher = train_teacher(pool, train_iters, log)
+    small = [p[0] for p, s in zip(pool, sizes) if s[0] * s[1] <= 256 * 512]
+    student = distill_student(teacher, small or [pool[0][0]], k_ratios, distill_iters, log)
+    seg_student = SegModel(student, TRUNK['embed_dims'])
+    seg_student.norm, seg_student.cls = teacher.norm, teacher.cls
+    rows: List[Dict[str, Any]] = []
+    with torch.inference_mode():
+        for j, size in enumerate(sizes):
+            frames, labels = _frames(size, test_frames, seed=900 + j)
+            cases = [('whole', None), ('slide', None)] + [('lookwhere', r) for r in k_ratios]
+            for method, ratio in cases:
+                if method == 'slide':
+
+                    def fn(x):
+                        return slide_logits(teacher, x)
+                elif method == 'whole':
+
+                    def fn(x):
+                        return teacher(x)
+                else:
+
+                    def fn(x, r=ratio):
+                        return seg_student(x, k_ratio=r)
+
+                res = _measure(fn, frames, labels, repeats)
+                row = dict(size=f'{size[0]}x{size[1]}', method=method, k_ratio=ratio, **res)
+                if method == 'lookwhere':
+                    row['attention_path'] = student.last_backend
+                rows.append(row)
+                log(str(row))
+    for row in rows:
+        whole = next(r for r in rows if r['size'] == row['size'] and r['method'] == 'whole')
+        row['speedup_vs_whole'] = round(whole['s_per_frame'] / row['s_per_frame'], 2)
+        row['miou_minus_whole'] = round(row['miou'] - whole['miou'], 2)
+    results = {
+        'command': command,
+        'threads': threads,
+        'teacher': dict(TRUNK, head='LayerNorm + Linear', train_iters=train_iters, crop=CROP),
+        'student': dict(
+            selector='3 blocks, 192 dims, 64x128 input',
+            extractor='copy of the teacher trunk',
+            distill_iters=distill_iters,
+            fill='nearest',
+        ),
+        'test_frames_per_size': test_frames,
+        'repeats': repeats,
+        'rows': rows,
+        'wall_s': round(time.time() - start, 1),
+    }
+    os.makedirs(out_dir, exist_ok=True)
+    write_json(os.path.join(out_dir, f'{name}.json'), results)
+    with figure(
+        os.path.join(out_dir, f'{name}.png'),
+        figsize=(7, 4.5),
+        title='LookWhere vs whole frame / sliding windows (generated Cityscapes-layout frames)',
+    ) as (_, ax):
+        markers = {'whole': 'o', 'slide': 's', 'lookwhere': '^'}
+        for size in sizes:
+            key = f'{size[0]}x{size[1]}'
+            sub = [r for r in rows if r['size'] == key]
+            line = ax.plot(
+                [r['s_per_frame'] for r in sub if r['method'] == 'lookwhere'],
+                [r['miou'] for r in sub if r['method'] == 'lookwhere'],
+                '-',
+                alpha=0.5,
+            )[0]
+            for r in sub:
+                ax.scatter(
+                    r['s_per_frame'],
+                    r['miou'],
+                    marker=markers[r['method']],
+                    color=line.get_color(),
+                )
+                label = r['method'] if r['k_ratio'] is None else f'k={r["k_ratio"]}'
+                ax.annotate(f'{key} {label}', (r['s_per_frame'], r['miou']), fontsize=6)
+        ax.set_xscale('log')
+        ax.set_xlabel('seconds per frame (CPU, log scale)')
+        ax.set_ylabel('mIoU')
+    log(f'wrote {out_dir}/{name}.json and .png')
+    return results
