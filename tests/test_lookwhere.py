@@ -273,3 +273,85 @@ def test_distillation_entry_runs_and_student_loads_into_backbone(tmp_path):
     assert not any(p.requires_grad for p in backbone.selector.parameters())
     backbone.train()
     assert not backbone.selector.training
+
+
+def _official_like_checkpoint():
+    """A state dict in the official lookwhere_dinov2.pt layout, made of timm's own
+    vit_base_patch14_reg4_dinov2 modules (shrunk: 48 dims, 2 blocks), and those modules."""
+    timm = pytest.importorskip('timm')
+    torch.manual_seed(0)
+    arch = dict(pretrained=False, num_classes=0, embed_dim=48, num_heads=12, depth=2)
+    sel = timm.create_model('vit_base_patch14_reg4_dinov2', img_size=42, **arch).eval()
+    ext = timm.create_model('vit_base_patch14_reg4_dinov2', img_size=70, **arch).eval()
+    for m in (sel, ext):  # LayerScale 1e-5 would hide the blocks
+        for name, p in m.named_parameters():
+            if name.endswith('gamma'):
+                p.data.uniform_(0.5, 1.0)
+    r = math.ceil(37 / 3)
+    head = torch.nn.Sequential()
+    head.w1 = torch.nn.Linear(48, 192)
+    head.w2 = torch.nn.Linear(192, r * r)
+    ckpt = {
+        'selector': {'backbone': sel.state_dict(), 'head': head.state_dict()},
+        'extractor': ext.state_dict(),
+    }
+    return ckpt, sel, ext, head, r
+
+
+def test_official_layout_loads_and_matches_the_official_procedure():
+    from lookhere_dense.lookwhere.official import load_official_lookwhere
+
+    ckpt, sel, ext, head, r = _official_like_checkpoint()
+    small = dict(
+        high_res=70, embed_dims=48, selector_layers=2, extractor_layers=2, selector_size=42
+    )
+    model, report = load_official_lookwhere(ckpt, **small)
+    assert report['dropped'] == ['extractor.reg_token']
+    model.eval()
+    x = torch.randn(2, 3, 70, 70)
+    with torch.no_grad():
+        # the official Selector.forward, on timm's modules
+        low = torch.nn.functional.interpolate(
+            x, size=(42, 42), mode='bilinear', align_corners=False
+        )
+        t = sel.patch_embed(low) + sel.pos_embed
+        t = torch.cat([sel.cls_token.expand(2, -1, -1), sel.reg_token.expand(2, -1, -1), t], 1)
+        t = sel.norm(sel.blocks(t))
+        s = head.w2(torch.nn.functional.gelu(head.w1(t[:, 5:])))
+        s = s.reshape(2, 3, 3, r, r).permute(0, 1, 3, 2, 4).reshape(2, 1, 3 * r, 3 * r)
+        s = torch.nn.functional.interpolate(s, size=(5, 5), mode='bilinear', align_corners=False)
+        ours = model.select(x, k=7)
+        assert torch.allclose(ours['scores'], s.flatten(1), atol=1e-5)
+        keep = ours['keep']
+        # the official Extractor.forward
+        e = ext.patch_embed(x) + ext.pos_embed
+        e = torch.cat([t[:, :5], gather_patches(e, keep)], 1)
+        e = ext.norm(ext.blocks(e))
+        got = model.forward_tokens(x, keep=keep)['tokens'][-1]
+        assert torch.allclose(got, e, atol=1e-5)
+        assert model(x, k=7)[0].shape == (2, 48, 5, 5)
+
+
+def test_official_layout_errors_name_what_does_not_fit():
+    from lookhere_dense.lookwhere.official import load_official_lookwhere, official_lookwhere
+
+    ckpt, *_ = _official_like_checkpoint()
+    small = dict(
+        high_res=70, embed_dims=48, selector_layers=2, extractor_layers=2, selector_size=42
+    )
+    with pytest.raises(ValueError, match="top-level keys 'selector' and 'extractor'"):
+        load_official_lookwhere({'model': {}}, **small)
+    with pytest.raises(
+        ValueError, match=r'selector.head.w2.weight: file \(169, 192\) vs model \(4, 192\)'
+    ):
+        model = official_lookwhere(**small)
+        model.selector.head = type(model.selector.head)(48, 4)
+        load_official_lookwhere(ckpt, model)
+    with pytest.raises(ValueError, match=r"missing in the file: \['extractor.trunk.blocks.2"):
+        load_official_lookwhere(ckpt, **dict(small, extractor_layers=3))
+    lookhere = LookWhere(
+        dict(input_size=42, patch_size=14, embed_dims=48, num_layers=2, num_heads=12),
+        dict(img_size=70, patch_size=14, embed_dims=48, num_layers=2, num_heads=12),
+    )
+    with pytest.raises(ValueError, match='absolute positions'):
+        load_official_lookwhere(ckpt, lookhere)
