@@ -355,3 +355,36 @@ def test_official_layout_errors_name_what_does_not_fit():
     )
     with pytest.raises(ValueError, match='absolute positions'):
         load_official_lookwhere(ckpt, lookhere)
+
+
+@pytest.mark.parametrize('scope', ['mmseg', 'mmdet'])
+def test_heads_and_simple_fpn_sit_on_the_backbone_unchanged(scope):
+    """LookWhereViT's NCHW maps feed SimpleFPN (mmdet / ViTDet) and the Segmenter mask and
+    linear heads (mmseg) exactly as LookHereViT's do."""
+    from lookhere_dense.registry import register_all_modules
+    from lookhere_dense.swap import model_registry
+
+    register_all_modules()
+    registry = model_registry(scope)
+    torch.manual_seed(0)
+    backbone = registry.build(
+        dict(type='LookWhereViT', selector=TINY_SEL, extractor=TINY_EXT, k_ratio=0.5)
+    ).eval()
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        feats = backbone(x)
+        assert feats[-1].shape == (1, 48, 4, 6)
+        if scope == 'mmdet':
+            fpn = registry.build(dict(type='SimpleFPN', in_channels=48, out_channels=32))
+            assert [tuple(o.shape[-2:]) for o in fpn(feats)] == [(16, 24), (8, 12), (4, 6), (2, 3)]
+            return
+        for head in (
+            dict(
+                type='LeanSegmenterMaskTransformerHead', num_layers=1, num_heads=2, embed_dims=48
+            ),
+            dict(type='FCNHead', num_convs=0, concat_input=False),
+        ):
+            head = registry.build(
+                dict(head, in_channels=48, channels=48, num_classes=5, dropout_ratio=0.0)
+            ).eval()
+            assert head(feats).shape == (1, 5, 4, 6)
