@@ -14,7 +14,7 @@
 # '-std=c++17' flags raised to '-std=c++20' (torch 2.14 headers need C++20). The build
 # takes 30-50 minutes on 2 cores. With nvcc and a CUDA GPU present, CUDA ops are built
 # too (FORCE_CUDA=1). Built wheels are kept in .cache/wheels for the next run.
-# Last, it compiles the fused CPU attention kernel (lookhere_dense/lookhere/csrc, ~20 s,
+# Last, it compiles the fused CPU attention kernel (lookhere_dense/lookhere/attention/csrc, ~20 s,
 # kept in PyTorch's extension directory); without a compiler the project still works
 # (attn_backend='auto' then uses the tiled backend).
 set -euo pipefail
@@ -116,7 +116,7 @@ if ! have "import mmengine, mmseg, mmdet, timm, lookhere_dense, pytest; assert m
   pip_install -q --no-deps --no-build-isolation -e .
 fi
 
-# 5. the fused CPU attention kernel (lookhere_dense/lookhere/csrc), compiled once per machine
+# 5. the fused CPU attention kernel (lookhere_dense/lookhere/attention/csrc), compiled once per machine
 #    into PyTorch's extension directory (~20 s); without it `auto` uses the tiled backend
 if ! "$VPY" -c "from lookhere_dense.lookhere.fused import load_fused_ops; load_fused_ops()"; then
   log "WARNING: the fused CPU attention kernel could not be built (see above); attn_backend='auto' uses 'tiled' instead"

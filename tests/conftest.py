@@ -63,9 +63,9 @@ def without_fused(monkeypatch):
     ``LOOKHERE_FUSED=0``): the engine's availability check answers False for the test, so
     the ``tiled`` / ``buffered`` choices are exercised (``tests/test_fused.py`` runs the real
     ``LOOKHERE_FUSED=0`` process too)."""
-    import lookhere_dense.lookhere.engine as engine
+    import lookhere_dense.lookhere.attention.fused as fused
 
-    monkeypatch.setattr(engine, 'fused_available', lambda: False)
+    monkeypatch.setattr(fused, 'fused_available', lambda: False)
 
 
 @pytest.fixture(autouse=True)

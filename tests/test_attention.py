@@ -28,7 +28,10 @@ from lookhere_dense.lookhere import (
     chunked_attention,
 )
 from lookhere_dense.lookhere import engine as engine_module
+from lookhere_dense.lookhere.attention import chunked as chunked_module
+from lookhere_dense.lookhere.attention import flex as flex_module
 from lookhere_dense.lookhere.attention import reference_attention
+from lookhere_dense.lookhere.attention import sdpa as sdpa_module
 from lookhere_dense.lookhere.bias import gather_block, gather_rows, offset_index
 from lookhere_dense.lookhere.chunked import auto_block_rows, head_runs, key_row_groups
 from lookhere_dense.lookhere.flex import (
@@ -518,22 +521,22 @@ def _off_by(fn, delta=1e-3):
     return lambda *args, **kwargs: fn(*args, **kwargs) + delta
 
 
-#: fast path -> (where it is patched, the check(s) that must then fail)
+#: fast path -> ((module, name) patched, or 'F' in the engine; the check that must then fail)
 PERTURBATIONS = {
     'chunked': (
-        'chunked_attention',
+        (chunked_module, 'chunked_attention'),
         lambda: check_backends_match_reference('lh90', (5, 7), True, backends=('chunked',)),
     ),
     'chunked-gradients': (
-        'chunked_attention',
+        (chunked_module, 'chunked_attention'),
         lambda: check_gradients_match_reference('lh45', (4, 6), False, None),
     ),
     'sdpa': (
-        'sdpa_attention',
+        (sdpa_module, 'sdpa_attention'),
         lambda: check_backends_match_reference('center', (6, 3), False, backends=('sdpa',)),
     ),
     'flex': (
-        'flex_attention_lookhere',
+        (flex_module, 'flex_attention_lookhere'),
         lambda: check_flex_matches_reference('lh45', (6, 4), False),
     ),
     'window-sdpa': ('F', lambda: check_window_attention_matches_dense_windows((5, 7), 3, True, 2)),
@@ -561,7 +564,8 @@ def test_a_perturbed_fast_path_fails_its_check(path, monkeypatch):
             ),
         )
         monkeypatch.setattr(engine_module, 'F', perturbed)
-    else:
-        monkeypatch.setattr(engine_module, name, _off_by(getattr(engine_module, name)))
+    else:  # the backend module's own forward, called by its attend()
+        module, name = name
+        monkeypatch.setattr(module, name, _off_by(getattr(module, name)))
     with pytest.raises(AssertionError, match='Tensor-likes are not close'):
         check()

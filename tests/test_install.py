@@ -120,7 +120,7 @@ def test_wheel_holds_the_library_configs_and_kernel_source_and_nothing_else(whee
     assert not [n for n in names if n.startswith('lookhere_dense/research')]
     # no generated data: Python sources, the packaged configs and the kernel source only
     assert {os.path.splitext(n)[1] for n in files} == {'.py', '.cpp'}, files
-    assert 'lookhere_dense/lookhere/csrc/fused_tiles.cpp' in files
+    assert 'lookhere_dense/lookhere/attention/csrc/fused_tiles.cpp' in files
     shipped = sorted(n[len('lookhere_dense/.mim/configs/') :] for n in files if '/.mim/' in n)
     assert shipped == _repo_configs()
     for module in ('train', 'test', 'timm_models', 'lookhere/vit', 'openmmlab'):

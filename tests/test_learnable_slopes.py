@@ -25,7 +25,7 @@ from lookhere_dense.lookhere import (
     LookHereSlopes,
     resolve_lh_config,
 )
-from lookhere_dense.lookhere import engine as engine_module
+from lookhere_dense.lookhere.attention import flex as flex_module
 from lookhere_dense.lookhere.config import layer_slopes
 from lookhere_dense.lookhere.flex import flex_slope_grads_available
 from lookhere_dense.lookhere.loading import load_model_weights
@@ -300,7 +300,7 @@ def test_flex_is_guarded_where_torch_cannot_train_its_table(monkeypatch):
     cfg = learnable(CONFIGS['lh45'])
     eng = LookHereAttentionEngine(cfg, DEPTH, HEADS, max_dense_mb=0)
     assert eng.choose_backend(400, torch.device('cuda'), slope_grads=True) == 'flex'
-    monkeypatch.setattr(engine_module, 'flex_slope_grads_available', lambda: False)
+    monkeypatch.setattr(flex_module, 'flex_slope_grads_available', lambda: False)
     assert eng.choose_backend(400, torch.device('cuda'), slope_grads=True) == 'chunked'
     assert eng.choose_backend(400, torch.device('cuda'), slope_grads=False) == 'flex'
     q, k, v, _, slopes = attention_case(cfg, (2, 2), False)

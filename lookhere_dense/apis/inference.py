@@ -247,6 +247,17 @@ def _max_side(crop) -> Optional[int]:
     return int(max(crop)) if isinstance(crop, (list, tuple)) and crop else None
 
 
+def _log_backends(model, size: Tuple[int, int]) -> None:
+    """Log :func:`~lookhere_dense.lookhere.attention.backend_summary` at ``size``."""
+    from mmengine.logging import print_log
+
+    from ..lookhere.attention import backend_summary
+
+    line = backend_summary(model.backbone, size, training=False)
+    if line:
+        print_log(line, logger='current')
+
+
 def segment_images(
     config: str,
     checkpoint: str,
@@ -327,6 +338,8 @@ def segment_images(
             )
         data = pipeline(dict(img_path=path))
         batch = dict(inputs=[data['inputs']], data_samples=[data['data_samples']])
+        if not written:  # which attention backend each layer runs, one line
+            _log_backends(model, tuple(data['inputs'].shape[-2:]))
         with torch.no_grad():
             result = model.test_step(batch)[0]
         labels = result.pred_sem_seg.data[0].cpu().numpy().astype(np.uint8)

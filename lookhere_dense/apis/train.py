@@ -473,12 +473,17 @@ def _lost_process(err: BaseException, cfg) -> Optional[str]:
 def _train(cfg, notes: List[str], verbose: bool):
     """Set up distributed training, build the Runner, log ``notes``, train."""
     from ..engine.terminal import warnings_to_run_log
+    from ..lookhere.attention import backend_summary
 
     created = init_distributed(cfg)
     try:
         with warnings_to_run_log():
             runner = build_runner(cfg, quiet=not verbose)
             announce_log_file(runner)
+            if cfg.get('crop_size'):  # which attention backend each layer runs, one line
+                line = backend_summary(runner.model, tuple(cfg.crop_size), training=True)
+                if line:
+                    runner.logger.info(line)
             for msg in notes:  # repeat the warnings where the run's log file gets them
                 runner.logger.warning(msg, extra=dict(file_only=True))
             try:

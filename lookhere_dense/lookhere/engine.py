@@ -6,8 +6,9 @@ size, device and dtype), chooses a backend per call (``auto``, see
 :meth:`~LookHereAttentionEngine.choose_backend`), and is shared by all layers of a model:
 layers differ only in which table slice they read, and layers with the same head string
 share one block mask. Nothing here is part of a ``state_dict``. The backends themselves
-live in :mod:`.attention` (dense), :mod:`.chunked`, :mod:`.tiled`, :mod:`.buffered`,
-:mod:`.fused` (the compiled CPU kernel) and :mod:`.flex`.
+live in :mod:`.attention`, one module each; the engine builds an
+:class:`~.attention.common.AttentionCall` and hands it to the chosen one's ``attend``
+(``auto``: :mod:`.attention.chooser`).
 
 Slopes. Called plainly, the engine computes the bias at the slopes of its config, and
 caches everything. Called with ``slopes=`` (a :class:`~.slopes.LookHereSlopes`, what
@@ -29,14 +30,22 @@ graphs: one compilation per input shape, not per layer or call.
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Dict, Optional, Tuple, Union
+from dataclasses import replace
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..validation import check_int
-from .attention import BACKENDS, reference_attention, sdpa_attention
+from .attention import chooser
+from .attention.buffered import BUFFERED_MAX_TOKENS, BiasBuffers
+from .attention.chooser import BACKENDS, REGISTRY
+from .attention.common import AttentionCall, AttentionRequest
+from .attention.flex import flex_score_mod, lookhere_block_mask, tile_order
+from .attention.fused import FUSED_MIN_TOKENS
+from .attention.tiled import TILED_MIN_TOKENS
+from .attention.windows import attend_in_windows, padded_grid, window_key_mask
 from .bias import (
     DistanceTable,
     GridBias,
@@ -46,23 +55,9 @@ from .bias import (
     num_prefix_tokens,
     prefix_phrase,
 )
-from .buffered import BiasBuffers, buffered_attention
 from .cache import BoundedCache
-from .chunked import chunked_attention
 from .config import LookHereConfig
-from .flex import (
-    check_flex_call,
-    flex_attention_lookhere,
-    flex_available,
-    flex_score_mod,
-    flex_slope_grads_available,
-    lookhere_block_mask,
-    tile_order,
-)
-from .fused import fused_attention, fused_available
 from .slopes import LookHereSlopes
-from .tiled import tiled_attention
-from .windows import attend_in_windows, padded_grid, window_key_mask
 
 __all__ = [
     'LookHereAttentionEngine',
@@ -71,19 +66,8 @@ __all__ = [
     'BUFFERED_MAX_TOKENS',
 ]
 
-#: ``auto`` uses the compiled ``fused`` kernel on CPU from this many tokens on, wherever it
-#: is built; below it (224x224 at patch 16: 197 tokens) the cached dense bias and SDPA
-#: tie with it (docs/performance.md, "The fused kernel")
-FUSED_MIN_TOKENS = 400
-
-#: where the ``fused`` kernel is not built, ``auto`` uses the ``tiled`` backend on CPU from
-#: this many tokens on (512x512 ViT-B/16 inputs have 1025)
-TILED_MIN_TOKENS = 1024
-#: ... except while training up to this many tokens, where it uses ``buffered`` (a few
-#: kernel calls with the dense bias rebuilt into a reused buffer beat the tiled plan's
-#: small calls for lh180 at 1025 tokens and tied for lh90; at 1601 ``tiled`` won for
-#: lh90; docs/performance.md, "Training crops")
-BUFFERED_MAX_TOKENS = 1300
+#: the thresholds of ``auto`` live in their backends (:mod:`.attention.fused`,
+#: :mod:`.attention.tiled`, :mod:`.attention.buffered`); imported here for old importers
 
 
 class LookHereAttentionEngine:
@@ -93,15 +77,10 @@ class LookHereAttentionEngine:
         config: the LookHere configuration.
         depth: number of layers that ask for a bias (layer index ``0..depth-1``).
         num_heads: heads per layer.
-        backend: one of :data:`BACKENDS`. ``auto`` uses the compiled ``fused`` kernel on
-            CPU (without attention dropout or training slopes) from
-            :data:`FUSED_MIN_TOKENS` tokens on where it is built; where it is not, ``tiled``
-            on CPU for sequences of :data:`TILED_MIN_TOKENS` or more (``buffered`` instead
-            while training up to :data:`BUFFERED_MAX_TOKENS`); else ``sdpa`` with cached
-            dense biases when the dense biases of all
-            layers for the grid fit in ``max_dense_mb``, else ``flex`` on CUDA (without
-            attention dropout) and ``chunked`` elsewhere.
-            Default: ``'auto'``.
+        backend: one of :data:`~.attention.chooser.BACKENDS`. ``auto`` asks the backends
+            in :data:`~.attention.chooser.AUTO_ORDER` (fused, buffered, tiled, sdpa, flex,
+            chunked) and takes the first whose ``can_run`` agrees (:meth:`explain` says
+            why the others did not). Default: ``'auto'``.
         block_size: query rows per block of the ``chunked`` backend; None or 0 sizes
             blocks automatically (:func:`~.chunked.auto_block_rows`). Default: None.
         max_dense_mb: budget for the cached dense biases (all layers, all grids; also the
@@ -169,7 +148,8 @@ class LookHereAttentionEngine:
         #: the ``buffered`` backend's reused bias buffers (one per shape and thread)
         self.bias_buffers = BiasBuffers()
         self.last_backend: Optional[str] = None
-        self._flex_failed = False
+        #: backends that raised when ``auto`` chose them (skipped from then on)
+        self.failed: set = set()
 
     def _caches(self) -> Dict[str, BoundedCache]:
         return dict(
@@ -345,7 +325,7 @@ class LookHereAttentionEngine:
             key = key.to(dtype)[None]
         return GridBias(tuple(grid_size), rel.to(dtype)[None], key, table.visible[None])
 
-    def _dense_or_slope_bias(
+    def dense_or_slope_bias(
         self,
         layer: int,
         grid_size: Tuple[int, int],
@@ -359,6 +339,67 @@ class LookHereAttentionEngine:
             return self.dense_bias(layer, grid_size, cls_token, device, dtype)
         return self.slope_bias(layer, grid_size, device, dtype, slopes).dense(0, cls_token)
 
+    _dense_or_slope_bias = dense_or_slope_bias
+
+    def layer_bias(
+        self,
+        layer: int,
+        grid_size: Tuple[int, int],
+        device: torch.device,
+        dtype: torch.dtype,
+        slopes: Optional[LookHereSlopes],
+    ) -> Tuple[GridBias, int]:
+        """``(tables, index)`` of ``layer``: the cached :meth:`grid_bias` and ``layer``, or
+        the one-layer :meth:`slope_bias` at ``slopes`` and 0."""
+        if slopes is None:
+            return self.grid_bias(grid_size, device, dtype), layer
+        return self.slope_bias(layer, grid_size, device, dtype, slopes), 0
+
+    def request(
+        self,
+        tokens: int,
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+        dropout_p: float = 0.0,
+        slope_grads: bool = False,
+        training: bool = False,
+        auto: bool = True,
+    ) -> AttentionRequest:
+        """The :class:`~.attention.common.AttentionRequest` the backends' ``can_run`` are
+        asked (with this engine's dense-bias budget and failed backends)."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return AttentionRequest(
+            tokens=tokens,
+            device=torch.device(device),
+            dtype=dtype,
+            dropout_p=dropout_p,
+            slope_grads=slope_grads,
+            training=training,
+            auto=auto,
+            dense_bytes=self.depth * self.num_heads * tokens * tokens * itemsize,
+            max_dense_bytes=self.max_dense_bytes,
+            compiled_flex=self.flex_compile,
+            failed=tuple(sorted(self.failed)),
+        )
+
+    def explain(
+        self,
+        tokens: int,
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+        dropout_p: float = 0.0,
+        slope_grads: bool = False,
+        training: bool = False,
+    ) -> List[Tuple[str, Optional[str]]]:
+        """``[(backend, why it cannot run or None)]``: the backends ``auto`` asked for this
+        call, in order, the last one chosen (:func:`~.attention.chooser.explain`); a fixed
+        ``backend`` is the one entry ``(backend, None)``, or its ``can_run`` reason."""
+        request = self.request(tokens, device, dtype, dropout_p, slope_grads, training)
+        if self.backend != 'auto':
+            fixed = replace(request, auto=False)
+            return [(self.backend, REGISTRY[self.backend].can_run(fixed))]
+        return chooser.explain(request)
+
     def choose_backend(
         self,
         tokens: int,
@@ -368,43 +409,14 @@ class LookHereAttentionEngine:
         slope_grads: bool = False,
         training: bool = False,
     ) -> str:
-        """The backend ``auto`` picks for a sequence of ``tokens`` on ``device``.
-
-        On CPU, without attention dropout and without ``slope_grads`` (learnable slopes
-        that need gradients: the CPU kernels give the table none): the compiled ``fused``
-        kernel from :data:`FUSED_MIN_TOKENS` tokens on, where it is built
-        (:func:`~.fused.fused_available`; it skips the key tiles the heads cannot see,
-        reads the bias from the small table in its softmax pass and keeps no dense bias;
-        see ``docs/performance.md``). Where it is not built: ``tiled`` from
-        :data:`TILED_MIN_TOKENS` tokens on, and ``buffered`` there instead when
-        ``training`` (autograd records the call) with at most
-        :data:`BUFFERED_MAX_TOKENS` tokens. Otherwise ``sdpa`` (cached dense
-        biases, the fastest where they fit) when all layers' dense biases in ``dtype``
-        fit in ``max_dense_mb``; otherwise ``flex`` on CUDA (unless attention dropout is
-        on, flex failed before, or ``slope_grads`` meet a torch whose compiled flex cannot
-        give captured tensors gradients, :func:`~.flex.flex_slope_grads_available`) and
-        ``chunked`` elsewhere.
-        """
+        """The backend ``auto`` picks for a sequence of ``tokens`` on ``device``: the first
+        of :data:`~.attention.chooser.AUTO_ORDER` whose ``can_run`` answers None (a fixed
+        ``backend`` is returned as is). :meth:`explain` gives the reasons."""
         if self.backend != 'auto':
             return self.backend
-        cpu_flash = torch.device(device).type == 'cpu' and dropout_p == 0 and not slope_grads
-        if cpu_flash and tokens >= FUSED_MIN_TOKENS and fused_available():
-            return 'fused'
-        if cpu_flash and tokens >= TILED_MIN_TOKENS:
-            return 'buffered' if training and tokens <= BUFFERED_MAX_TOKENS else 'tiled'
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        dense_bytes = self.depth * self.num_heads * tokens * tokens * itemsize
-        if dense_bytes <= self.max_dense_bytes:
-            return 'sdpa'
-        if (
-            torch.device(device).type == 'cuda'
-            and dropout_p == 0
-            and flex_available()
-            and not self._flex_failed
-            and (not slope_grads or flex_slope_grads_available())
-        ):
-            return 'flex'
-        return 'chunked'
+        return chooser.choose(
+            self.request(tokens, device, dtype, dropout_p, slope_grads, training)
+        )
 
     # -- attention -----------------------------------------------------------------------
     @torch.compiler.disable
@@ -460,106 +472,24 @@ class LookHereAttentionEngine:
                 f'unknown LookHere attention backend {backend!r}; allowed: {list(BACKENDS[1:])}'
             )
         self.last_backend = backend
-        if backend in ('reference', 'sdpa'):
-            bias = self._dense_or_slope_bias(
-                layer, grid_size, cls_token, q.device, q.dtype, slopes
-            )
-            fn = reference_attention if backend == 'reference' else sdpa_attention
-            return fn(q, k, v, bias, dropout_p)
-
-        def chunked() -> Tensor:
-            if slopes is None:
-                return chunked_attention(
-                    q,
-                    k,
-                    v,
-                    self.grid_bias(grid_size, q.device, q.dtype),
-                    layer,
-                    cls_token,
-                    self.block_size,
-                    dropout_p,
-                )
-            return chunked_attention(
-                q,
-                k,
-                v,
-                self.slope_bias(layer, grid_size, q.device, q.dtype, slopes),
-                0,
-                cls_token,
-                self.block_size,
-                dropout_p,
-            )
-
-        if backend == 'chunked':
-            return chunked()
-        if backend in ('tiled', 'buffered', 'fused'):
-            if slopes is None:
-                grid_bias, index = self.grid_bias(grid_size, q.device, q.dtype), layer
-            else:
-                grid_bias = self.slope_bias(layer, grid_size, q.device, q.dtype, slopes)
-                index = 0
-            if backend == 'fused':
-                return fused_attention(
-                    q, k, v, grid_bias, index, cls_token, dropout_p, plans=self.fused_plans
-                )
-            if backend == 'buffered':
-                return buffered_attention(
-                    q, k, v, grid_bias, index, cls_token, dropout_p, self.bias_buffers
-                )
-            return tiled_attention(
-                q, k, v, grid_bias, index, cls_token, dropout_p, plans=self.tiled_plans
-            )
-        check_flex_call(q, k, v, dropout_p, "attn_backend='flex'", "'auto', 'chunked' or 'sdpa'")
-        if slope_grads and q.device.type == 'cpu' and self.flex_compile:
-            raise ValueError(
-                'compiled flex_attention cannot train learnable LookHere slopes '
-                "on CPU (PyTorch's CPU flex kernel has no backward); use "
-                "flex_compile=None/False there, or attn_backend='auto' / "
-                "'chunked'"
-            )
-        if slope_grads and not flex_slope_grads_available():
-            raise ValueError(
-                f"attn_backend='flex' cannot train learnable LookHere slopes with "
-                f'torch {torch.__version__} (flex_attention gives captured '
-                'tensors gradients from torch 2.6 on); use attn_backend='
-                "'auto' or 'chunked', or upgrade torch"
-            )
+        call = AttentionCall(
+            q, k, v, layer, tuple(grid_size), cls_token, dropout_p, slopes, slope_grads, self
+        )
+        module = REGISTRY[backend]
+        if not (chosen_by_auto and getattr(module, 'FALLIBLE', False)):
+            return module.attend(call)
         try:
-            mask = self.block_mask(layer, grid_size, cls_token, q.device)
-            order = self.flex_order(grid_size, cls_token, q.device)
-            if slopes is None:
-                grid_bias, index = self.grid_bias(grid_size, q.device), layer
-                mod = self.score_mod(layer, grid_size, cls_token, q.device)
-            else:  # the table changes every step: a fresh score_mod (same code, no recompile)
-                grid_bias, index = (
-                    self.slope_bias(layer, grid_size, q.device, torch.float32, slopes),
-                    0,
-                )
-                mod = flex_score_mod(grid_bias, 0, cls_token, order)
-            return flex_attention_lookhere(
-                q,
-                k,
-                v,
-                grid_bias,
-                index,
-                cls_token,
-                mask,
-                self.flex_compile,
-                mod,
-                order,
-                compile_backend=getattr(self, 'flex_compile_backend', 'inductor'),
-            )
+            return module.attend(call)
         except Exception as err:  # pragma: no cover - compile problems are platform specific
-            if not chosen_by_auto:
-                raise
-            self._flex_failed = True
-            self.last_backend = 'chunked'
+            self.failed.add(backend)
+            fallback = self.choose_backend(n, q.device, q.dtype, dropout_p, slope_grads, training)
+            self.last_backend = fallback
             warnings.warn(
-                f'LookHere flex attention failed ({type(err).__name__}: {err}); '
-                'falling back to the chunked backend for this model',
+                f'LookHere {backend} attention failed ({type(err).__name__}: {err}); '
+                f'falling back to the {fallback} backend for this model',
                 stacklevel=2,
             )
-            return chunked()
+            return REGISTRY[fallback].attend(call)
 
     @torch.compiler.disable
     def window_attention(
@@ -598,7 +528,7 @@ class LookHereAttentionEngine:
         """
         ws = int(window_size)
         cls_token = num_prefix_tokens(cls_token)
-        window_bias = self._dense_or_slope_bias(
+        window_bias = self.dense_or_slope_bias(
             layer, (ws, ws), cls_token, q.device, q.dtype, slopes
         )
         pad = None

@@ -1,0 +1,187 @@
+"""The registry of LookHere attention backends and the one chooser of ``attn_backend='auto'``.
+
+``auto`` asks the backends in :data:`AUTO_ORDER` (fastest first, where each is fastest)
+and takes the first whose ``can_run`` answers None:
+
+==============  ===========================================================================
+``fused``       CPU, a compiled kernel, from ``FUSED_MIN_TOKENS`` (400) tokens on
+``buffered``    CPU while training, 1024..1300 tokens (only where ``fused`` is not built)
+``tiled``       CPU from ``TILED_MIN_TOKENS`` (1024) tokens on (where ``fused`` is not)
+``sdpa``        while every layer's dense bias fits ``max_dense_mb``
+``flex``        CUDA, where the dense biases do not fit
+``chunked``     everywhere, with everything (attention dropout, slope gradients)
+==============  ===========================================================================
+
+``reference`` (the tests' ground truth) is registered but never chosen by ``auto``. The
+CPU kernels refuse attention dropout and learnable slopes while they train; the reasons
+are each backend's own ``can_run`` (:mod:`.common`). :func:`explain` lists, for one
+request, every backend asked and why it was skipped; :func:`explain_backend` prints that
+for each layer of a model at an image size.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import buffered, chunked, flex, fused, reference, sdpa, tiled
+from .common import AttentionRequest
+
+__all__ = [
+    'BACKENDS',
+    'REGISTRY',
+    'AUTO_ORDER',
+    'choose',
+    'explain',
+    'explain_backend',
+    'backend_summary',
+]
+
+#: every registered backend module by name
+REGISTRY: Dict[str, ModuleType] = {
+    m.NAME: m for m in (reference, sdpa, chunked, tiled, buffered, fused, flex)
+}
+
+#: the order ``auto`` asks the backends in (the first that can run is used)
+AUTO_ORDER: Tuple[str, ...] = ('fused', 'buffered', 'tiled', 'sdpa', 'flex', 'chunked')
+
+#: Values of the engine's ``backend`` (and the backbone's ``attn_backend``).
+BACKENDS: Tuple[str, ...] = (
+    'auto',
+    'reference',
+    'sdpa',
+    'chunked',
+    'flex',
+    'tiled',
+    'buffered',
+    'fused',
+)
+
+
+def explain(request: AttentionRequest) -> List[Tuple[str, Optional[str]]]:
+    """``[(backend, reason it cannot run or None)]`` in :data:`AUTO_ORDER`, up to and
+    including the first that can run (the one ``auto`` picks)."""
+    out = []
+    for name in AUTO_ORDER:
+        reason = REGISTRY[name].can_run(request)
+        out.append((name, reason))
+        if reason is None:
+            break
+    return out
+
+
+def choose(request: AttentionRequest) -> str:
+    """The backend ``auto`` picks for ``request``: the first of :data:`AUTO_ORDER` whose
+    ``can_run`` answers None (``chunked`` always can)."""
+    return explain(request)[-1][0]
+
+
+def _layers(model: Any) -> List[Tuple[int, int, float]]:
+    """``[(layer index, window size, attention dropout)]`` of the model's blocks (window
+    size 0: global)."""
+    out = []
+    for i, blk in enumerate(getattr(model, 'blocks', None) or ()):
+        drop = float(getattr(getattr(blk, 'attn', None), 'attn_drop', 0.0) or 0.0)
+        out.append((i, int(getattr(blk, 'window_size', 0) or 0), drop))
+    return out
+
+
+def explain_backend(
+    model: Any,
+    image_size: Union[int, Sequence[int]],
+    batch: int = 1,
+    dtype: Optional[torch.dtype] = None,
+    device: Optional[Union[str, torch.device]] = None,
+    training: Optional[bool] = None,
+    print_fn: Any = print,
+) -> List[str]:
+    """Which attention backend each layer of ``model`` runs at ``image_size``, and why the
+    faster ones were skipped; printed with ``print_fn`` (None: not printed) and returned.
+
+    Args:
+        model: a ``LookHereVisionTransformer`` (or the mmseg / mmdet backbone around one,
+            or a model with one as ``.backbone``).
+        image_size: ``H`` or ``(H, W)`` of the input in pixels.
+        batch: images per call (reported only: the choice does not depend on it).
+            Default: 1.
+        dtype: the compute dtype; None: the model's parameters'. Default: None.
+        device: None: the model's. Default: None.
+        training: autograd records; None: ``model.training``. Default: None.
+        print_fn: where each line goes. Default: ``print``.
+
+    Returns:
+        One line per layer (``layer 3: fused``, ``layer 4 (window 14): windows (sdpa per
+        window)``), after a header line.
+    """
+    vit = model
+    for attr in ('backbone', 'vit', 'trunk'):
+        inner = getattr(vit, attr, None)
+        if inner is not None and hasattr(inner, 'pos_enc'):
+            vit = inner
+            break
+    if not hasattr(vit, 'pos_enc'):
+        raise ValueError(f'explain_backend: {type(model).__name__} has no LookHere ViT (pos_enc)')
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    patch = int(getattr(vit, 'patch_size', 16))
+    grid = tuple(-(-int(s) // patch) for s in size)
+    prefix = int(getattr(vit, 'num_prefix_tokens', 0))
+    tokens = grid[0] * grid[1] + prefix
+    param = next(iter(vit.parameters()), None)
+    dtype = dtype or (param.dtype if param is not None else torch.float32)
+    device = (
+        torch.device(device)
+        if device is not None
+        else (param.device if param is not None else torch.device('cpu'))
+    )
+    training = vit.training if training is None else bool(training)
+    engine = getattr(vit.pos_enc, 'engine', None)
+    slopes = getattr(vit.pos_enc, 'slopes', None)
+    slope_grads = bool(
+        training and slopes is not None and any(p.requires_grad for p in slopes.parameters())
+    )
+    lines = [
+        f'attention backends at {size[0]}x{size[1]} (grid {grid[0]}x{grid[1]}, {tokens} tokens, '
+        f'batch {batch}, {str(dtype).replace("torch.", "")}, {device}, '
+        f'{"training" if training else "inference"}):'
+    ]
+    for layer, window, dropout in _layers(vit):
+        dropout = dropout if training else 0.0
+        head = f'layer {layer}' + (f' (window {window})' if window else '')
+        if window:
+            lines.append(f'{head}: windows (sdpa per window, the dense bias of one window)')
+        elif hasattr(vit.pos_enc, 'choose_backend'):  # LEDiT: causal attention
+            lines.append(f'{head}: causal ({vit.pos_enc.choose_backend()}; pos_encoding ledit)')
+        elif engine is None or not hasattr(engine, 'explain'):
+            name = getattr(vit.pos_enc, 'name', type(vit.pos_enc).__name__)
+            lines.append(f'{head}: sdpa (pos_encoding {name}: no LookHere bias)')
+        else:
+            steps = engine.explain(tokens, device, dtype, dropout, slope_grads, training)
+            chosen = steps[-1][0]
+            skipped = '; '.join(f'{n}: {r}' for n, r in steps[:-1] if r is not None)
+            lines.append(f'{head}: {chosen}' + (f' (skipped {skipped})' if skipped else ''))
+    if print_fn is not None:
+        for line in lines:
+            print_fn(line)
+    return lines
+
+
+def backend_summary(
+    model: Any, image_size: Union[int, Sequence[int]], training: Optional[bool] = None
+) -> Optional[str]:
+    """:func:`explain_backend` in one log line (``attention at 512x512 (1025 tokens,
+    float32, cpu, training): fused x 12``), or None for a model without a LookHere ViT
+    (``model.module`` of a ``DistributedDataParallel`` is looked into)."""
+    model = getattr(model, 'module', model)
+    try:
+        lines = explain_backend(model, image_size, training=training, print_fn=None)
+    except ValueError:
+        return None
+    counts: Dict[str, int] = {}
+    for line in lines[1:]:
+        chosen = line.split(': ', 1)[1].split(' (', 1)[0]
+        counts[chosen] = counts.get(chosen, 0) + 1
+    head = lines[0].rstrip(':').replace('attention backends at', 'LookHere attention at')
+    uses = ', '.join(f'{name} x {n}' for name, n in counts.items())
+    return f'{head}: {uses} (explain_backend(model, size) says why)'

@@ -1,0 +1,361 @@
+"""Shared plumbing of the attention backends (public: the backends import it, never each
+other; ``tests/test_layers.py`` checks that with an import-linter contract).
+
+What a backend is
+    A module of :mod:`lookhere_dense.lookhere.attention` with ``NAME``, ``can_run(request:
+    AttentionRequest) -> Optional[str]`` (None: it can run this call; else the reason it
+    cannot: device, dtype, compiler, tokens, dropout, slope gradients, compile support) and
+    ``attend(call: AttentionCall) -> Tensor`` (the forward, through the caches of the
+    engine that asked; the backward is the backend's own autograd function where it has
+    one). :mod:`.chooser` asks them in a documented order.
+
+Here
+    :class:`AttentionRequest`, :class:`AttentionCall`; the CPU flash kernel
+    (:data:`FLASH`, :data:`FLASH_BWD`) with the checks and inputs of the backends that
+    drive it (:func:`flash_layer_inputs`, :func:`work_dtype`); tile plans (:func:`head_groups`,
+    :class:`VisibleCounts`, :func:`plan_key`, :func:`cached_plan`); the online-softmax
+    merge of partial results (:func:`merge_partial`, :data:`EMPTY_LSE`); the bias-table
+    gather (:func:`gather_block`, from :mod:`lookhere_dense.lookhere.bias`); and the flex
+    plumbing that the LookHere and causal flex paths share (:func:`flex_available`,
+    :func:`check_flex_call`, :func:`flex_function`, :func:`block_mask_from_tiles`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, List, MutableMapping, Optional, Tuple, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..bias import GridBias, gather_block, num_prefix_tokens, prefix_phrase
+
+__all__ = [
+    'AttentionRequest',
+    'AttentionCall',
+    'FLASH',
+    'FLASH_BWD',
+    'EMPTY_LSE',
+    'work_dtype',
+    'flash_layer_inputs',
+    'head_groups',
+    'VisibleCounts',
+    'plan_key',
+    'cached_plan',
+    'merge_partial',
+    'gather_block',
+    'FLEX_BLOCK',
+    'flex_available',
+    'check_flex_call',
+    'flex_function',
+    'raise_recompile_limit',
+    'FLEX_RECOMPILE_LIMIT',
+    'ordered_blocks',
+    'block_mask_from_tiles',
+]
+
+
+@dataclass(frozen=True)
+class AttentionRequest:
+    """What a backend's ``can_run`` is asked about one attention call.
+
+    Attributes:
+        tokens: sequence length ``T`` (prefix tokens and patches).
+        device: where ``q, k, v`` live.
+        dtype: their dtype. Default: float32.
+        dropout_p: attention dropout. Default: 0.
+        slope_grads: learnable slopes that need gradients this call. Default: False.
+        training: autograd records the call. Default: False.
+        auto: asked by the chooser (``attn_backend='auto'``): the backends' token
+            thresholds and the dense-bias budget apply; False: a backend named by the
+            user, only hard limits count. Default: True.
+        dense_bytes: bytes of every layer's dense ``(heads, T, T)`` bias in ``dtype``.
+            Default: 0.
+        max_dense_bytes: the engine's budget for them. Default: inf.
+        compiled_flex: the engine compiles flex (None: on CUDA only). Default: None.
+        failed: backends that raised before in this model (skipped by ``auto``).
+            Default: ().
+    """
+
+    tokens: int
+    device: torch.device
+    dtype: torch.dtype = torch.float32
+    dropout_p: float = 0.0
+    slope_grads: bool = False
+    training: bool = False
+    auto: bool = True
+    dense_bytes: int = 0
+    max_dense_bytes: float = float('inf')
+    compiled_flex: Optional[bool] = None
+    failed: Tuple[str, ...] = ()
+
+    @property
+    def on_cpu(self) -> bool:
+        """The call runs on CPU."""
+        return torch.device(self.device).type == 'cpu'
+
+
+@dataclass(eq=False)
+class AttentionCall:
+    """One call of a backend's ``attend``: the inputs and the engine whose caches it reads
+    (``dense_or_slope_bias``, ``layer_bias``, the plan caches, the flex caches; see
+    :class:`~lookhere_dense.lookhere.engine.LookHereAttentionEngine`).
+
+    Attributes:
+        q, k, v: ``(B, heads, T, d)``, ``T = J + H*W``.
+        layer: the layer index.
+        grid_size: ``(H, W)``.
+        cls_token: ``J``, the global prefix tokens at the front.
+        dropout_p: attention dropout.
+        slopes: learnable slopes (None: the config's, cached).
+        slope_grads: the slopes need gradients this call.
+        engine: the engine (its caches).
+    """
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    layer: int
+    grid_size: Tuple[int, int]
+    cls_token: int
+    dropout_p: float
+    slopes: Any
+    slope_grads: bool
+    engine: Any
+
+
+# -- the CPU flash kernel ----------------------------------------------------------------
+#: PyTorch's CPU flash kernel (returns the output and its log-sum-exp)
+FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+#: its backward
+FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+#: log-sum-exp of an empty partial: its merge weight underflows to exactly 0
+EMPTY_LSE = -1e30
+
+
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the CPU flash backends compute in: float64 stays, the rest float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def flash_layer_inputs(
+    backend: str,
+    q: Tensor,
+    k: Tensor,
+    grid_bias: GridBias,
+    layer: int,
+    cls_token: Union[bool, int],
+    dropout_p: float,
+) -> Tuple[int, Tensor, Optional[Tensor]]:
+    """The checks of the CPU flash backends (``tiled``, ``buffered``) and what they read:
+    ``(J, table, key_term)`` of ``layer``, detached.
+
+    Refused with a ValueError naming ``backend``: attention dropout, non-CPU tensors, a
+    token count that does not fit the grid, and a table that requires grad while autograd
+    records (the flash backward gives the bias none: learnable slopes while they train).
+    """
+    if dropout_p:
+        raise ValueError(
+            f'the {backend} LookHere backend has no attention dropout; set '
+            "attn_drop_rate=0 or model.backbone.attn_backend='auto' (or 'chunked'/'sdpa')"
+        )
+    if q.device.type != 'cpu':
+        raise ValueError(
+            f'the {backend} LookHere backend runs on CPU only (got {q.device}); set '
+            "model.backbone.attn_backend='auto' (or 'flex'/'sdpa'/'chunked' on CUDA)"
+        )
+    height, width = grid_bias.grid_size
+    off = num_prefix_tokens(cls_token)
+    if q.shape[-2] != height * width + off or k.shape[-2] != q.shape[-2]:
+        raise ValueError(
+            f'{backend} attention got {q.shape[-2]} queries / {k.shape[-2]} keys '
+            f'for grid {grid_bias.grid_size} {prefix_phrase(off)}'
+        )
+    key_term = None if grid_bias.key_term is None else grid_bias.key_term[layer]
+    table = grid_bias.table[layer]
+    if torch.is_grad_enabled() and (
+        table.requires_grad or (key_term is not None and key_term.requires_grad)
+    ):
+        raise ValueError(
+            f'the {backend} LookHere backend gives no gradient to the bias table '
+            '(learnable slopes while they train); use backend '
+            "'chunked' or 'sdpa' (attn_backend='auto' routes them there)"
+        )
+    return off, table.detach(), None if key_term is None else key_term.detach()
+
+
+# -- tile plans ---------------------------------------------------------------------------
+def head_groups(visible: Tensor) -> List[Tuple[int, ...]]:
+    """Heads with identical fields of view, each group ascending, ordered by first head.
+
+    Args:
+        visible: ``(heads, 2H-1, 2W-1)`` bool of one layer.
+    """
+    flat = visible.reshape(visible.shape[0], -1).cpu()
+    groups: dict = {}
+    for h in range(flat.shape[0]):
+        groups.setdefault(flat[h].numpy().tobytes(), []).append(h)
+    return [tuple(hs) for hs in groups.values()]
+
+
+class VisibleCounts:
+    """Visible offsets in rectangles of the ``(2H-1, 2W-1)`` field of view (an integral
+    image), vectorised over numpy arrays of inclusive offset ranges."""
+
+    def __init__(self, visible: np.ndarray, grid_size: Tuple[int, int]):
+        self.height, self.width = grid_size
+        integral = np.zeros((visible.shape[0] + 1, visible.shape[1] + 1), np.int64)
+        integral[1:, 1:] = visible.astype(np.int64).cumsum(0).cumsum(1)
+        self.integral = integral
+
+    def __call__(self, dy0, dy1, dx0, dx1) -> np.ndarray:
+        h, w = self.height, self.width
+        a = np.clip(dy0 + h - 1, 0, 2 * h - 1)
+        b = np.maximum(np.clip(dy1 + h, 0, 2 * h - 1), a)
+        c = np.clip(dx0 + w - 1, 0, 2 * w - 1)
+        e = np.maximum(np.clip(dx1 + w, 0, 2 * w - 1), c)
+        s = self.integral
+        return s[b, e] - s[a, e] - s[b, c] + s[a, c]
+
+
+def plan_key(kind: str, visible: Tensor, grid_size: Tuple[int, int], options) -> tuple:
+    """The cache key of a plan of ``kind`` for fields of view ``visible`` on ``grid_size``
+    with ``options`` (layers with the same fields of view share it)."""
+    digest = hashlib.blake2b(visible.cpu().numpy().tobytes(), digest_size=16).hexdigest()
+    return (kind, tuple(grid_size), tuple(visible.shape), digest, options)
+
+
+def cached_plan(cache: Optional[MutableMapping], key: tuple, make):
+    """``make()``, kept in ``cache`` under ``key`` when a cache is given (a dict or an
+    object with ``get_or_create``, like the engine's ``BoundedCache``)."""
+    if cache is None:
+        return make()
+    if hasattr(cache, 'get_or_create'):
+        return cache.get_or_create(key, make)
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
+
+
+# -- the online-softmax merge ----------------------------------------------------------------
+def merge_partial(acc: Tensor, lse: Tensor, out: Tensor, part_lse: Tensor, first: bool) -> None:
+    """Merge a partial ``(out, part_lse)`` into ``(acc, lse)`` in place (exact):
+    ``acc <- lerp(acc, out, sigmoid(part_lse - lse))``, ``lse <- logaddexp(...)``."""
+    if first:
+        acc.copy_(out)
+        lse.copy_(part_lse)
+        return
+    weight = torch.sigmoid(part_lse - lse)
+    acc.lerp_(out.to(acc.dtype), weight.unsqueeze(-1))
+    torch.logaddexp(lse, part_lse, out=lse)
+
+
+# -- flex ---------------------------------------------------------------------------------
+#: Query/key tile side of the flex kernels and block masks.
+FLEX_BLOCK = 128
+
+
+def flex_available() -> bool:
+    """Whether ``torch.nn.attention.flex_attention`` can be imported."""
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except Exception:  # pragma: no cover - depends on the torch build
+        return False
+    return True
+
+
+def check_flex_call(
+    q: Tensor, k: Tensor, v: Tensor, dropout_p: float, who: str, instead: str
+) -> None:
+    """Refuse what PyTorch's ``flex_attention`` cannot do here, naming the setting: attention
+    dropout, and training on CPU (no CPU backward for ``q, k, v``).
+
+    Args:
+        who: how the message names the caller, e.g. ``"attn_backend='flex'"``.
+        instead: the backends to name instead, e.g. ``"'auto' or 'chunked'"``.
+
+    Raises:
+        ValueError: naming the setting and the backends that can do it.
+    """
+    if dropout_p > 0:
+        raise ValueError(
+            f'{who} has no attention dropout; set attn_drop_rate=0 or use attn_backend={instead}'
+        )
+    if (
+        q.device.type == 'cpu'
+        and torch.is_grad_enabled()
+        and any(t.requires_grad for t in (q, k, v))
+    ):
+        raise ValueError(
+            f"{who} cannot train on CPU (PyTorch's flex_attention has no CPU backward); "
+            f'use attn_backend={instead} there, or run under torch.no_grad()'
+        )
+
+
+#: ``torch.compile``-d ``flex_attention`` per compile backend (one wrapper per process)
+_compiled_flex: dict = {}
+
+#: dynamo recompiles allowed per code object when flex is compiled (torch's default is 8):
+#: flex compiles once per (shape, dtype, grad mode), so a process that meets 5 sizes in
+#: inference and training needs 10 entries; past the limit dynamo silently runs flex
+#: eagerly, which materialises the ``(heads, T, T)`` scores (hundreds of GiB at 32k tokens)
+FLEX_RECOMPILE_LIMIT = 64
+
+
+def raise_recompile_limit(limit: int = FLEX_RECOMPILE_LIMIT) -> int:
+    """Raise dynamo's per-code-object recompile limit to at least ``limit`` (never lower it);
+    ``recompile_limit`` from torch 2.7, ``cache_size_limit`` before. Returns the limit now set.
+
+    Args:
+        limit: the smallest limit wanted. Default: :data:`FLEX_RECOMPILE_LIMIT`.
+    """
+    import torch._dynamo.config as dynamo_config
+
+    name = 'recompile_limit' if hasattr(dynamo_config, 'recompile_limit') else 'cache_size_limit'
+    value = max(int(getattr(dynamo_config, name)), int(limit))
+    setattr(dynamo_config, name, value)
+    return value
+
+
+def flex_function(compiled: bool, backend: str = 'inductor') -> Callable:
+    """``flex_attention``, eager or ``torch.compile``-d with ``backend`` (one compiled
+    wrapper per backend and process; the recompile limit raised, see
+    :data:`FLEX_RECOMPILE_LIMIT`)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not compiled:
+        return flex_attention
+    if backend not in _compiled_flex:
+        raise_recompile_limit()
+        _compiled_flex[backend] = torch.compile(flex_attention, dynamic=False, backend=backend)
+    return _compiled_flex[backend]
+
+
+def ordered_blocks(blocks: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(..., nQ, nK)`` bool tiles -> (count per row, column indices, tiles first), int32."""
+    as_int = blocks.to(torch.int32)
+    return (
+        as_int.sum(-1).to(torch.int32),
+        torch.argsort(as_int, dim=-1, descending=True, stable=True).to(torch.int32),
+    )
+
+
+def block_mask_from_tiles(
+    partial: Tensor, full: Tensor, block: int, tokens: int, mask_mod: Callable
+):
+    """A flex ``BlockMask`` from ``(..., nQ, nK)`` bool tiles (``partial``: some key
+    visible, ``mask_mod`` called; ``full``: every key visible), ``block`` tokens per tile,
+    ``tokens`` in all (the sequence lengths where this torch takes them, >= 2.6)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    kv_num, kv_idx = ordered_blocks(partial)
+    full_num, full_idx = ordered_blocks(full)
+    lengths = {}
+    if 'seq_lengths' in inspect.signature(BlockMask.from_kv_blocks).parameters:
+        lengths['seq_lengths'] = (tokens, tokens)  # torch >= 2.6; older: whole tiles
+    return BlockMask.from_kv_blocks(
+        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=mask_mod, **lengths
+    )

@@ -1,0 +1,367 @@
+"""The ``flex`` backend: LookHere attention through PyTorch's ``flex_attention``.
+
+A ``score_mod`` reads the bias from the relative-offset table at the pair's offset
+(:func:`flex_score_mod`), a ``BlockMask`` built tile row by tile row from the boolean
+fields of view lets the kernel skip fully blocked tiles (:func:`lookhere_block_mask`),
+and the tokens run in tile order (:func:`tile_order`), where directed heads skip more
+tiles. Compiled on CUDA; eager (forward only) on CPU, for tests.
+
+Needs a torch with ``torch.nn.attention.flex_attention`` (>= 2.5, see
+:func:`flex_available`); everything else in :mod:`lookhere_dense.lookhere` works without it.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Callable, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from ..bias import GridBias, num_prefix_tokens, pair_index
+from .common import (
+    FLEX_BLOCK,
+    FLEX_RECOMPILE_LIMIT,
+    AttentionCall,
+    AttentionRequest,
+    block_mask_from_tiles,
+    check_flex_call,
+    flex_available,
+    flex_function,
+    raise_recompile_limit,
+)
+
+__all__ = [
+    'NAME',
+    'FALLIBLE',
+    'can_run',
+    'attend',
+    'FLEX_BLOCK',
+    'flex_available',
+    'flex_slope_grads_available',
+    'check_flex_call',
+    'tile_order',
+    'flex_score_mod',
+    'flex_mask_mod',
+    'lookhere_block_mask',
+    'flex_attention_lookhere',
+    'raise_recompile_limit',
+    'FLEX_RECOMPILE_LIMIT',
+]
+
+NAME = 'flex'
+#: compile problems are platform specific: when ``auto`` chose flex and it raised, the
+#: engine warns, skips flex for the rest of the model's life and asks the chooser again
+FALLIBLE = True
+
+
+#: the first torch whose flex_attention gives tensors captured by a ``score_mod`` gradients
+#: (eager, and the compiled CUDA kernel: pytorch/pytorch#136910, #137452)
+FLEX_SLOPE_GRADS_TORCH = (2, 6)
+
+
+def flex_slope_grads_available(version: Optional[str] = None) -> bool:
+    """Whether ``flex_attention`` can give the table of a learnable-slopes ``score_mod``
+    gradients (captured tensors that require grad): torch >= 2.6 with flex.
+
+    Args:
+        version: a torch version string to judge instead of the installed one (tests).
+            Default: None.
+    """
+    from torch.torch_version import TorchVersion
+
+    if version is None and not flex_available():
+        return False
+    return TorchVersion(version or torch.__version__) >= FLEX_SLOPE_GRADS_TORCH
+
+
+def tile_order(
+    grid_size: Tuple[int, int],
+    cls_token: Union[bool, int],
+    tile: Tuple[int, int] = (8, 16),
+    device=None,
+) -> Tensor:
+    """The token order flex runs in: patches tile by tile, the prefix tokens (CLS /
+    Jumbo) last.
+
+    In the model's row-major order a block of 128 tokens is a stripe of whole grid rows,
+    so a head that looks up-left skips only the tiles below (about half); in tile order
+    a block is an ``8 x 16`` patch of the grid and the same head skips about 3/4 of the
+    tiles (a 45-degree head about 7/8). The prefix tokens go last (in their order) so
+    that the patch tiles stay aligned to flex's 128-token blocks.
+
+    Args:
+        grid_size: ``(H, W)``.
+        cls_token: number ``J`` of global prefix tokens the model's sequence starts with
+            (CLS, or Jumbo tokens; True = 1).
+        tile: ``(th, tw)`` of one block (``th * tw`` should be the flex block, 128).
+        device: where the result lives.
+
+    Returns:
+        int64 ``(T,)``: position in flex order -> index in the model's order.
+    """
+    height, width = grid_size
+    th, tw = tile
+    y = torch.arange(height, device=device)[:, None].expand(height, width)
+    x = torch.arange(width, device=device)[None, :].expand(height, width)
+    tiles_per_row = -(-width // tw)
+    rank = (((y // th) * tiles_per_row + x // tw) * (th * tw) + (y % th) * tw + x % tw).flatten()
+    off = num_prefix_tokens(cls_token)
+    order = rank.argsort() + off
+    if off:
+        order = torch.cat([order, torch.arange(off, dtype=order.dtype, device=order.device)])
+    return order
+
+
+def _flex_index(
+    grid_size: Tuple[int, int], cls_token: Union[bool, int], order: Optional[Tensor] = None
+) -> Callable[[Tensor, Tensor], Tuple[Tensor, Tensor, Tensor]]:
+    """``(q_idx, kv_idx) -> (is_cls, table_index, key_patch)`` for flex callbacks
+    (``is_cls``: the query or the key is one of the ``cls_token`` prefix tokens).
+
+    ``q_idx``/``kv_idx`` are positions in ``order`` (:func:`tile_order`; None: the
+    model's order). ``table_index`` indexes a flattened ``(2H-1) * (2W-1)`` table;
+    indices are clamped so that prefix pairs and the padding of a ragged last tile stay in
+    range.
+    """
+    height, width = grid_size
+    off = num_prefix_tokens(cls_token)
+    table_len = (2 * height - 1) * (2 * width - 1)
+    num_patches = height * width
+    total = num_patches + off
+
+    def index(q_idx: Tensor, kv_idx: Tensor):
+        if order is not None:
+            q_idx = order[q_idx.clamp(0, total - 1)]
+            kv_idx = order[kv_idx.clamp(0, total - 1)]
+        qp = q_idx - off
+        kp = kv_idx - off
+        is_cls = (qp < 0) | (kp < 0)
+        qp = qp.clamp(0, num_patches - 1)
+        kp = kp.clamp(0, num_patches - 1)
+        t = pair_index(grid_size, qp, kp)
+        return is_cls, t.clamp(0, table_len - 1), kp
+
+    return index
+
+
+def flex_score_mod(
+    grid_bias: GridBias, layer: int, cls_token: Union[bool, int], order: Optional[Tensor] = None
+) -> Callable:
+    """A flex ``score_mod`` adding layer ``layer``'s LookHere bias from the table.
+
+    The bias is read from the flattened ``(heads, (2H-1)(2W-1))`` table (float32) at the
+    pair's relative offset, plus the per-key term of ``center`` heads; pairs with one of
+    the ``cls_token`` global prefix tokens (CLS / Jumbo) get 0.
+    ``order``: the token order of the flex call (:func:`tile_order`), None: the model's.
+    A table that requires grad (learnable slopes) gets its gradient from flex's backward
+    (torch >= 2.6, :func:`flex_slope_grads_available`); the block mask never depends on
+    the slopes.
+    """
+    index = _flex_index(grid_bias.grid_size, cls_token, order)
+    table = grid_bias.table[layer].float().flatten(1).contiguous()
+    key_term = (
+        None if grid_bias.key_term is None else grid_bias.key_term[layer].float().contiguous()
+    )
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        is_cls, t, kp = index(q_idx, kv_idx)
+        bias = table[h, t]
+        if key_term is not None:
+            bias = bias + key_term[h, kp]
+        return torch.where(is_cls, score, score + bias)
+
+    return score_mod
+
+
+def flex_mask_mod(
+    grid_bias: GridBias, layer: int, cls_token: Union[bool, int], order: Optional[Tensor] = None
+) -> Callable:
+    """A flex ``mask_mod``: True where layer ``layer``'s heads see the key (positions in
+    ``order``, None: the model's order)."""
+    index = _flex_index(grid_bias.grid_size, cls_token, order)
+    visible = grid_bias.visible[layer].flatten(1).contiguous()
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        is_cls, t, _ = index(q_idx, kv_idx)
+        return is_cls | visible[h, t]
+
+    return mask_mod
+
+
+def lookhere_block_mask(
+    grid_bias: GridBias,
+    layer: int,
+    cls_token: Union[bool, int],
+    block: int = FLEX_BLOCK,
+    order: Optional[Tensor] = None,
+):
+    """The flex ``BlockMask`` of layer ``layer``'s fields of view, built tile row by tile row.
+
+    For every tile row of ``block`` queries the ``(heads, block, T)`` visibility is read
+    from the boolean relative table (no ``(heads, T, T)`` mask, no compilation) and
+    reduced to "some key visible" (partial tile) and "all keys visible" (full tile, no
+    ``mask_mod`` call needed); tiles with no visible key are skipped by the kernel.
+    Equal to ``create_block_mask(flex_mask_mod(..., order), None, heads, T, T)``.
+
+    Args:
+        order: token order of the flex call (:func:`tile_order`); None: the model's.
+
+    Returns:
+        A ``BlockMask`` for ``(B=1 broadcast, heads, T, T)``, or None when every head
+        sees every key (nothing to skip).
+    """
+    visible = grid_bias.visible[layer]
+    if bool(visible.all()):
+        return None
+    off = num_prefix_tokens(cls_token)
+    heads = visible.shape[0]
+    total = grid_bias.num_patches + off
+    flat = visible.flatten(1)
+    tokens = (
+        torch.arange(total, device=visible.device) if order is None else order.to(visible.device)
+    )
+    k_cls = tokens < off
+    kp = (tokens - off).clamp(min=0)
+    n_tiles = math.ceil(total / block)
+    buf = torch.zeros(heads, block, n_tiles * block, dtype=torch.bool, device=visible.device)
+    partial = torch.zeros(heads, n_tiles, n_tiles, dtype=torch.bool, device=visible.device)
+    full = torch.zeros_like(partial)
+    for i in range(n_tiles):
+        s, e = i * block, min(total, (i + 1) * block)
+        t = pair_index(grid_bias.grid_size, kp[s:e, None], kp)  # (Q, T)
+        buf[:, : e - s, :total] = flat[:, t] | (k_cls[s:e, None] | k_cls)
+        if e - s < block:
+            buf[:, e - s :] = False  # padding rows of the ragged last tile
+        tiles = buf.view(heads, block, n_tiles, block)
+        full[:, i] = tiles.all(dim=3).all(dim=1)
+        partial[:, i] = tiles.any(dim=3).any(dim=1) & ~full[:, i]
+    return block_mask_from_tiles(
+        partial[None], full[None], block, total, flex_mask_mod(grid_bias, layer, cls_token, order)
+    )
+
+
+def flex_attention_lookhere(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    grid_bias: GridBias,
+    layer: int,
+    cls_token: Union[bool, int],
+    block_mask=None,
+    compiled: Optional[bool] = None,
+    score_mod: Optional[Callable] = None,
+    order: Optional[Tensor] = None,
+    compile_backend: str = 'inductor',
+) -> Tensor:
+    """LookHere attention through ``flex_attention`` (fused and tile-skipping when compiled).
+
+    Args:
+        q, k, v: ``(B, heads, T, d)``, ``T = J + H*W``.
+        grid_bias: tables of the grid.
+        layer: which layer's table to use.
+        cls_token: number ``J`` of global prefix tokens at the front (CLS, or Jumbo
+            tokens; True = 1).
+        block_mask: a ``BlockMask`` from :func:`lookhere_block_mask` (optional: without it
+            no tile is skipped, the result is the same).
+        compiled: run the ``torch.compile``-d kernel. Default: on CUDA only (eager flex
+            materialises the scores; it is kept for CPU tests of the callbacks). Compiled
+            flex also runs on CPU (slow to compile, ~15-30 s per shape).
+        score_mod: a cached :func:`flex_score_mod` for this layer (built if None).
+        order: run flex in this token order (:func:`tile_order`): ``q, k, v`` are
+            permuted before and the output back after; ``block_mask`` and ``score_mod``
+            must be built for the same order. None: the model's order.
+        compile_backend: the ``torch.compile`` backend when ``compiled`` (``'aot_eager'``
+            traces and guards exactly like ``'inductor'`` without generating code: the
+            CPU simulation of ``tools/gpu_check.sh``). Default: ``'inductor'``.
+
+    Returns:
+        ``(B, heads, T, d)``.
+    """
+    if compiled is None:
+        compiled = q.is_cuda
+    fn = flex_function(compiled, compile_backend)
+    if score_mod is None:
+        score_mod = flex_score_mod(grid_bias, layer, cls_token, order)
+    if order is not None:
+        q, k, v = (t.index_select(2, order) for t in (q, k, v))
+    with warnings.catch_warnings():
+        if not compiled:  # eager on purpose; a compiled call that fell back still warns
+            warnings.filterwarnings(
+                'ignore', message='flex_attention called without torch.compile'
+            )
+        out = fn(q, k, v, score_mod=score_mod, block_mask=block_mask)
+    if order is not None:
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        out = out.index_select(2, inverse)
+    return out
+
+
+def can_run(request: AttentionRequest) -> Optional[str]:
+    """Needs ``flex_attention``, no attention dropout; ``auto`` on CUDA only (eager flex on
+    CPU materialises the scores) and never after it failed in this model; slope gradients
+    need torch >= 2.6 (:func:`flex_slope_grads_available`), and not compiled on CPU; no
+    training on CPU (no CPU backward)."""
+    if not flex_available():
+        return f'torch {torch.__version__} has no torch.nn.attention.flex_attention'
+    if request.dropout_p:
+        return 'has no attention dropout'
+    if request.auto and torch.device(request.device).type != 'cuda':
+        return 'auto uses it on CUDA only (eager flex materialises the scores)'
+    if NAME in request.failed:
+        return 'failed earlier in this model (see the warning)'
+    if request.slope_grads and not flex_slope_grads_available():
+        return f'torch {torch.__version__} cannot give a score_mod table gradients'
+    if request.training and request.on_cpu:
+        return "PyTorch's flex_attention has no CPU backward"
+    if request.slope_grads and request.on_cpu and request.compiled_flex:
+        return 'compiled flex_attention has no CPU backward (learnable slopes)'
+    return None
+
+
+def attend(call: AttentionCall) -> Tensor:
+    """:func:`flex_attention_lookhere` with the engine's block masks, token orders and
+    score functions (a fresh ``score_mod`` at learnable slopes: same code, no
+    recompilation)."""
+    q, k, v, engine = call.q, call.k, call.v, call.engine
+    layer, grid_size, cls_token = call.layer, call.grid_size, call.cls_token
+    check_flex_call(q, k, v, call.dropout_p, "attn_backend='flex'", "'auto', 'chunked' or 'sdpa'")
+    if call.slope_grads and q.device.type == 'cpu' and engine.flex_compile:
+        raise ValueError(
+            'compiled flex_attention cannot train learnable LookHere slopes '
+            "on CPU (PyTorch's CPU flex kernel has no backward); use "
+            "flex_compile=None/False there, or attn_backend='auto' / "
+            "'chunked'"
+        )
+    if call.slope_grads and not flex_slope_grads_available():
+        raise ValueError(
+            f"attn_backend='flex' cannot train learnable LookHere slopes with "
+            f'torch {torch.__version__} (flex_attention gives captured '
+            'tensors gradients from torch 2.6 on); use attn_backend='
+            "'auto' or 'chunked', or upgrade torch"
+        )
+    mask = engine.block_mask(layer, grid_size, cls_token, q.device)
+    order = engine.flex_order(grid_size, cls_token, q.device)
+    if call.slopes is None:
+        grid_bias, index = engine.grid_bias(grid_size, q.device), layer
+        mod = engine.score_mod(layer, grid_size, cls_token, q.device)
+    else:  # the table changes every step: a fresh score_mod (same code, no recompile)
+        grid_bias, index = engine.layer_bias(
+            layer, grid_size, q.device, torch.float32, call.slopes
+        )
+        mod = flex_score_mod(grid_bias, 0, cls_token, order)
+    return flex_attention_lookhere(
+        q,
+        k,
+        v,
+        grid_bias,
+        index,
+        cls_token,
+        mask,
+        engine.flex_compile,
+        mod,
+        order,
+        compile_backend=getattr(engine, 'flex_compile_backend', 'inductor'),
+    )

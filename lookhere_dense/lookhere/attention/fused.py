@@ -1,0 +1,553 @@
+"""The ``fused`` backend: a compiled CPU kernel for exact, tile-sparse LookHere attention
+that reads the bias from the layer's small relative table inside its softmax pass.
+
+Why a kernel of our own
+    The ``tiled`` and ``buffered`` backends drive PyTorch's CPU flash kernel, which takes
+    the bias as a mask tensor: it spends one more pass over every score block to add it,
+    and the tiled plan pays for many small calls and for merging their partial results.
+    Here one kernel does the whole layer: per (batch, head, query tile) an online softmax
+    over only the key tiles the head can see, the bias added while the row maximum is
+    taken (one pass, as SDPA without a mask), read straight from the ``(2H-1, 2W-1)``
+    table (a key tile's row is one contiguous run of it) — no bias block is ever written,
+    no partial result merged.
+
+Tiles
+    The patch grid is cut into tiles of ``tile = (th, tw)`` patches (default 8 x 8; the
+    last tile row / column may be smaller), numbered row-major. The plan
+    (:func:`plan_fused`, cached per fields of view and grid) lists, for each head group and
+    query tile, the runs of consecutive key tiles holding a key some query of the tile can
+    see (exact at tile granularity: two tiles share a visible pair iff the rectangle of
+    their offsets holds a visible offset, an integral-image lookup). Blocked pairs inside
+    a partly visible tile get ``-inf`` from the table.
+
+Prefix tokens
+    The ``J`` global prefix tokens (CLS, Jumbo; bias 0 to and from everything) are the
+    first key block of every query tile; the prefix queries are one plain SDPA call.
+
+Backward
+    :class:`_FusedAttention` saves ``q, k, v``, the output and the log-sum-exp (what SDPA
+    saves) and runs the kernel's flash backward (per batch and head: ``P`` recomputed with
+    the global log-sum-exp, ``dK, dV`` accumulated in tile order).
+
+Threads
+    The kernel runs on PyTorch's intra-op threads (``torch.set_num_threads``); forward
+    work items (batch, head, query tile) and backward items (batch, head) are handed to
+    whichever thread is free. Keys and values are copied into tile order a few heads at a
+    time (at most ``gather_bytes``, 32 MB).
+
+Build
+    The C++ source (``csrc/fused_tiles.cpp``) is compiled once per machine with the
+    compiler PyTorch's extensions use (``torch.utils.cpp_extension``; ~20 s; ``setup.sh``
+    does it) for the vector instructions PyTorch itself uses here
+    (``torch.backends.cpu.get_cpu_capability()``), into :func:`build_directory`
+    (``$LOOKHERE_BUILD_DIR`` or ``~/.cache/lookhere_dense``; the folder name carries a hash
+    of the source, the flags and torch's version, so a stale build is never loaded); later
+    processes load the library directly. :func:`fused_available` says whether it is there
+    (and builds it on first use); where it cannot be built (no compiler), ``auto`` uses
+    ``tiled`` / ``buffered`` and forcing ``fused`` raises an error with the compiler's
+    message. Environment ``LOOKHERE_FUSED=0`` turns it off.
+
+Limits (refused with a ValueError; ``auto`` does not choose it then): CUDA tensors,
+attention dropout, and a table that requires grad while autograd records (learnable
+slopes while they train: the kernel gives the table no gradient).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import MutableMapping, Optional, Tuple, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from ..bias import GridBias
+from .common import (
+    FLASH,
+    FLASH_BWD,
+    AttentionCall,
+    AttentionRequest,
+    VisibleCounts,
+    cached_plan,
+    flash_layer_inputs,
+    head_groups,
+    plan_key,
+    work_dtype,
+)
+
+__all__ = [
+    'NAME',
+    'FUSED_MIN_TOKENS',
+    'can_run',
+    'attend',
+    'FusedPlan',
+    'plan_fused',
+    'tile_layout',
+    'fused_attention',
+    'fused_available',
+    'fused_unavailable_reason',
+    'load_fused_ops',
+    'build_directory',
+    'FUSED_TILE',
+    'FUSED_MAX_KEYS',
+    'FUSED_GATHER_BYTES',
+]
+
+NAME = 'fused'
+
+#: ``auto`` uses the compiled ``fused`` kernel on CPU from this many tokens on, wherever it
+#: is built; below it (224x224 at patch 16: 197 tokens) the cached dense bias and SDPA
+#: tie with it (docs/performance.md, "The fused kernel")
+FUSED_MIN_TOKENS = 400
+
+#: patches per tile (rows, columns)
+FUSED_TILE = (8, 8)
+#: the most key slots of one block (whole tiles): one block's scores stay in cache
+FUSED_MAX_KEYS = 512
+#: the most bytes of keys / values copied into tile order at once (a few heads)
+FUSED_GATHER_BYTES = 32 * 2**20
+
+_SOURCE = Path(__file__).with_name('csrc') / 'fused_tiles.cpp'
+_ARCH_FLAGS = {
+    'AVX512': ['-mavx512f', '-mavx512bw', '-mavx512vl', '-mavx512dq', '-mfma', '-mf16c'],
+    'AVX2': ['-mavx2', '-mfma', '-mf16c'],
+}
+_LOCK = threading.Lock()
+_STATE: dict = {}
+
+
+def _capability() -> str:
+    try:
+        cap = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # pragma: no cover - very old torch
+        cap = 'DEFAULT'
+    return cap if cap in _ARCH_FLAGS else 'DEFAULT'
+
+
+def build_directory() -> Path:
+    """Where the kernel is compiled and kept: ``$LOOKHERE_BUILD_DIR``, else
+    ``~/.cache/lookhere_dense`` (one sub-folder per source, flags and torch version)."""
+    root = os.environ.get('LOOKHERE_BUILD_DIR')
+    return Path(root) if root else Path.home() / '.cache' / 'lookhere_dense'
+
+
+def _build_flags() -> Tuple[str, list]:
+    """The extension's name (capability and a hash of the source, the flags and torch's
+    version: a stale build is never loaded) and its compiler flags."""
+    cap = _capability()
+    flags = ['-O3', '-fopenmp', f'-DCPU_CAPABILITY={cap}']
+    if cap != 'DEFAULT':
+        flags += [f'-DCPU_CAPABILITY_{cap}'] + _ARCH_FLAGS[cap]
+    key = _SOURCE.read_bytes() + ' '.join(flags).encode() + torch.__version__.encode()
+    return f'lookhere_fused_{cap.lower()}_{hashlib.sha1(key).hexdigest()[:12]}', flags
+
+
+def load_fused_ops(verbose: bool = False):
+    """Load the kernel, compiling it first where this machine has no build of this source
+    yet; returns ``torch.ops.lookhere_fused``. Raises RuntimeError with the reason when
+    it cannot."""
+    with _LOCK:
+        if 'ops' in _STATE:
+            return _STATE['ops']
+        if 'error' in _STATE:
+            raise RuntimeError(_STATE['error'])
+        if os.environ.get('LOOKHERE_FUSED', '1') == '0':
+            _STATE['error'] = 'the fused LookHere kernel is turned off (LOOKHERE_FUSED=0)'
+            raise RuntimeError(_STATE['error'])
+        try:
+            name, flags = _build_flags()
+            directory = build_directory() / name
+            library = directory / f'{name}.so'
+            if not library.exists():
+                _compile(name, flags, directory, verbose)
+            try:
+                torch.ops.load_library(str(library))
+            except OSError as exc:  # e.g. a build that was interrupted while linking
+                raise RuntimeError(
+                    f'{library} does not load ({exc}); delete {directory} to build it again'
+                ) from exc
+            _STATE['ops'] = torch.ops.lookhere_fused
+            return _STATE['ops']
+        except Exception as exc:  # no compiler, a failed build, ...
+            _STATE['error'] = f'the fused LookHere kernel could not be built: {exc}'
+            raise RuntimeError(_STATE['error']) from exc
+
+
+def _compile(name: str, flags: list, directory: Path, verbose: bool) -> None:
+    """Compile the kernel into ``directory`` with PyTorch's extension builder (ninja and
+    the C++ compiler PyTorch's extensions use)."""
+    import logging
+
+    print(
+        f'lookhere-dense: compiling the fused CPU attention kernel (once, ~20-40 s) into {directory}',
+        file=sys.stderr,
+        flush=True,
+    )
+    # the extension builder warns about CUDA_HOME on import on CPU-only machines
+    logger = logging.getLogger('torch.utils.cpp_extension')
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+
+        directory.mkdir(parents=True, exist_ok=True)
+        cpp_extension.load(
+            name=name,
+            sources=[str(_SOURCE)],
+            extra_cflags=flags,
+            extra_ldflags=['-fopenmp'],
+            build_directory=str(directory),
+            is_python_module=False,
+            verbose=verbose,
+        )
+    finally:
+        logger.setLevel(level)
+
+
+def fused_available() -> bool:
+    """True when the kernel is built and loaded (building it on the first call)."""
+    try:
+        load_fused_ops()
+        return True
+    except RuntimeError:
+        return False
+
+
+def fused_unavailable_reason() -> Optional[str]:
+    """Why :func:`fused_available` is False (None while it is True or untried)."""
+    return _STATE.get('error')
+
+
+# ----------------------------------------------------------------------------------------
+# Plan
+# ----------------------------------------------------------------------------------------
+def tile_layout(grid_size: Tuple[int, int], tile: Tuple[int, int] = FUSED_TILE):
+    """The tiles of a grid, as the kernel numbers them.
+
+    Returns:
+        ``(y0, x0, rows, cols, start, order)``: int64 numpy arrays; per tile its first row
+        and column, its size, and ``start`` (tiles + 1) the first tile-order position of
+        each tile; ``order[p]`` the patch (row-major) at tile-order position ``p``.
+    """
+    height, width = grid_size
+    th, tw = tile
+    ty, tx = np.meshgrid(np.arange(-(-height // th)), np.arange(-(-width // tw)), indexing='ij')
+    y0, x0 = (ty * th).ravel(), (tx * tw).ravel()
+    rows, cols = np.minimum(th, height - y0), np.minimum(tw, width - x0)
+    start = np.concatenate([[0], np.cumsum(rows * cols)])
+    order = np.concatenate(
+        [
+            ((a + np.arange(r))[:, None] * width + b + np.arange(c)[None, :]).ravel()
+            for a, b, r, c in zip(y0, x0, rows, cols)
+        ]
+    )
+    return y0, x0, rows, cols, start, order
+
+
+@dataclass(eq=False)
+class FusedPlan:
+    """What the kernel computes for one layer's fields of view on one grid.
+
+    Attributes:
+        grid_size: ``(H, W)``.
+        tile: ``(th, tw)``.
+        run_ptr: int32 ``(groups, tiles + 1)``: the runs of query tile ``t`` of group
+            ``g`` are ``runs[run_ptr[g, t] : run_ptr[g, t + 1]]``.
+        runs: int32 ``(R, 2)``: first key tile, last key tile + 1.
+        head_group: int32 ``(heads,)``: each head's group.
+        order: int64 ``(N,)``: the patch at each tile-order position.
+        computed: patch pairs the kernel computes, as a fraction of all heads' dense pairs.
+        visible: patch pairs the heads can see, same fraction.
+    """
+
+    grid_size: Tuple[int, int]
+    tile: Tuple[int, int]
+    run_ptr: Tensor
+    runs: Tensor
+    head_group: Tensor
+    order: Tensor
+    computed: float
+    visible: float
+
+
+def plan_fused(
+    visible: Tensor, grid_size: Tuple[int, int], tile: Tuple[int, int] = FUSED_TILE
+) -> FusedPlan:
+    """The runs of key tiles each head group sees from each query tile.
+
+    A (query tile, key tile) pair is in the plan iff some query of the one can see some key
+    of the other (tested against the fields of view pair by pair).
+
+    Args:
+        visible: ``(heads, 2H-1, 2W-1)`` bool fields of view of the layer.
+        grid_size: ``(H, W)``.
+        tile: ``(th, tw)`` patches per tile.
+    """
+    height, width = grid_size
+    if tuple(visible.shape[-2:]) != (2 * height - 1, 2 * width - 1):
+        raise ValueError(f'visible {tuple(visible.shape)} does not fit grid {grid_size}')
+    if not all(isinstance(t, int) and t >= 1 for t in tile) or len(tile) != 2:
+        raise ValueError(f'tile must be two positive ints, got {tile!r}')
+    y0, x0, rows, cols, start, order = tile_layout(grid_size, tile)
+    n_tiles = len(y0)
+    vis = visible.cpu().numpy()
+    groups = head_groups(visible)
+    head_group = np.zeros(visible.shape[0], np.int32)
+    run_ptr = np.zeros((len(groups), n_tiles + 1), np.int64)
+    runs: list = []
+    computed = seen = 0
+    size = rows * cols
+    for g, heads in enumerate(groups):
+        head_group[list(heads)] = g
+        counts = VisibleCounts(vis[heads[0]], grid_size)
+        # offsets between query tile a and key tile b: dy in [y0b - (y0a + ra - 1), y0b + rb - 1 - y0a]
+        qa, kb = np.arange(n_tiles)[:, None], np.arange(n_tiles)[None, :]
+        any_seen = (
+            counts(
+                y0[kb] - (y0[qa] + rows[qa] - 1),
+                y0[kb] + rows[kb] - 1 - y0[qa],
+                x0[kb] - (x0[qa] + cols[qa] - 1),
+                x0[kb] + cols[kb] - 1 - x0[qa],
+            )
+            > 0
+        )  # (tiles, tiles)
+        computed += len(heads) * int((any_seen * size[qa] * size[kb]).sum())
+        seen += len(heads) * _visible_pairs(vis[heads[0]], grid_size)
+        # runs: rising / falling edges of each query tile's row of any_seen
+        padded = np.zeros((n_tiles, n_tiles + 2), np.int8)
+        padded[:, 1:-1] = any_seen
+        edges = np.diff(padded, axis=1)
+        qs, firsts = np.nonzero(edges == 1)
+        _, lasts = np.nonzero(edges == -1)
+        runs.append(np.stack([firsts, lasts], 1))
+        run_ptr[g, 1:] = np.bincount(qs, minlength=n_tiles).cumsum()
+    offsets = np.cumsum([0] + [len(r) for r in runs[:-1]])
+    run_ptr += offsets[:, None]
+    dense = visible.shape[0] * (height * width) ** 2
+    return FusedPlan(
+        (height, width),
+        tuple(tile),
+        torch.from_numpy(run_ptr.astype(np.int32)),
+        torch.from_numpy(np.concatenate(runs).astype(np.int32).reshape(-1, 2)),
+        torch.from_numpy(head_group),
+        torch.from_numpy(order.astype(np.int64)),
+        computed / dense,
+        seen / dense,
+    )
+
+
+def _visible_pairs(visible: np.ndarray, grid_size: Tuple[int, int]) -> int:
+    """Visible (query, key) patch pairs of one head: each offset counted as often as it
+    occurs in the grid."""
+    height, width = grid_size
+    occur = np.outer(
+        height - np.abs(np.arange(-height + 1, height)),
+        width - np.abs(np.arange(-width + 1, width)),
+    )
+    return int((visible * occur).sum())
+
+
+def get_fused_plan(
+    grid_bias: GridBias,
+    layer: int,
+    tile: Tuple[int, int] = FUSED_TILE,
+    cache: Optional[MutableMapping] = None,
+) -> FusedPlan:
+    """:func:`plan_fused` of ``layer``, from ``cache`` when given (a dict or an object with
+    ``get_or_create``; layers with the same fields of view share one entry)."""
+    visible = grid_bias.visible[layer]
+    return cached_plan(
+        cache,
+        plan_key('fused', visible, grid_bias.grid_size, tuple(tile))
+        if cache is not None
+        else None,
+        lambda: plan_fused(visible, grid_bias.grid_size, tile),
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# Execution
+# ----------------------------------------------------------------------------------------
+def _kernel_args(plan: FusedPlan, off: int, scale: float):
+    height, width = plan.grid_size
+    return (
+        plan.run_ptr,
+        plan.runs,
+        plan.head_group,
+        height,
+        width,
+        plan.tile[0],
+        plan.tile[1],
+        off,
+        scale,
+    )
+
+
+def _forward(
+    q, k, v, table, key_term, plan: FusedPlan, off: int, max_keys: int, gather_bytes: int
+):
+    scale = q.shape[-1] ** -0.5
+    out, lse = load_fused_ops().forward(
+        q, k, v, table, key_term, *_kernel_args(plan, off, scale), max_keys, gather_bytes
+    )
+    if off:  # the prefix queries: bias 0 to every key
+        o, l = FLASH(q[:, :, :off], k, v)
+        out[:, :, :off] = o
+        lse[:, :, :off] = l
+    return out, lse
+
+
+class _FusedAttention(torch.autograd.Function):
+    """The fused kernel with its flash-style backward: saves ``q, k, v, out, lse``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, table, key_term, plan, off, max_keys, gather_bytes):
+        out, lse = _forward(q, k, v, table, key_term, plan, off, max_keys, gather_bytes)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.table, ctx.key_term, ctx.plan, ctx.off, ctx.max_keys = (
+            table,
+            key_term,
+            plan,
+            off,
+            max_keys,
+        )
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        off, plan = ctx.off, ctx.plan
+        dout = dout.to(q.dtype)
+        if dout.stride(-1) != 1:
+            dout = dout.contiguous()
+        scale = q.shape[-1] ** -0.5
+        dq, dk, dv = load_fused_ops().backward(
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            ctx.table,
+            ctx.key_term,
+            *_kernel_args(plan, off, scale),
+            ctx.max_keys,
+        )
+        if off:  # the prefix queries' share
+            gq, gk, gv = FLASH_BWD(
+                dout[:, :, :off],
+                q[:, :, :off],
+                k,
+                v,
+                out[:, :, :off],
+                lse[:, :, :off],
+                0.0,
+                False,
+            )
+            dq[:, :, :off] += gq
+            dk += gk
+            dv += gv
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def fused_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    grid_bias: GridBias,
+    layer: int,
+    cls_token: Union[bool, int],
+    dropout_p: float = 0.0,
+    tile: Tuple[int, int] = FUSED_TILE,
+    plans: Optional[MutableMapping] = None,
+    max_keys: int = FUSED_MAX_KEYS,
+    gather_bytes: int = FUSED_GATHER_BYTES,
+) -> Tensor:
+    """Exact LookHere attention through the compiled tile-sparse kernel (see the module
+    docstring).
+
+    Args:
+        q, k, v: ``(B, heads, T, d)`` on CPU with ``T = J + H*W``; float32 or float64
+            (bfloat16 / float16 are computed in float32).
+        grid_bias: tables of the grid.
+        layer: which layer's table to use.
+        cls_token: number ``J`` of global prefix tokens at the front (CLS, or Jumbo
+            tokens; True = 1), bias 0 to and from everything.
+        dropout_p: must be 0 (no attention dropout: use ``chunked``).
+        tile: ``(th, tw)`` patches per tile. Default: :data:`FUSED_TILE`.
+        plans: a cache for the plans (dict, or the engine's ``BoundedCache``); None:
+            planned on every call.
+        max_keys: the most key slots of one block (whole tiles; a block of one tile may
+            exceed it). Default: :data:`FUSED_MAX_KEYS`.
+        gather_bytes: the most bytes of keys / values copied into tile order at once (at
+            least one head). Default: :data:`FUSED_GATHER_BYTES`.
+
+    Returns:
+        ``(B, heads, T, d)`` in ``q``'s dtype, laid out ``(B, T, heads, d)`` in memory.
+        Differentiable in ``q, k, v``.
+    """
+    off, table, key_term = flash_layer_inputs(
+        'fused', q, k, grid_bias, layer, cls_token, dropout_p
+    )
+    for name, value in (('max_keys', max_keys), ('gather_bytes', gather_bytes)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f'fused attention: {name} must be a positive int, got {value!r}')
+    if not fused_available():
+        raise RuntimeError(
+            f'{fused_unavailable_reason()}; use '
+            "model.backbone.attn_backend='auto' (which then picks 'tiled')"
+        )
+    plan = get_fused_plan(grid_bias, layer, tile, plans)
+    dtype = q.dtype
+    work = work_dtype(dtype)
+    q, k, v = (t.to(work) if t.dtype != work else t for t in (q, k, v))
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    table = table.to(work).contiguous()
+    if key_term is not None:
+        key_term = key_term.to(work)[:, plan.order].contiguous()
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        out = _FusedAttention.apply(q, k, v, table, key_term, plan, off, max_keys, gather_bytes)
+    else:
+        out = _forward(q, k, v, table, key_term, plan, off, max_keys, gather_bytes)[0]
+    return out if out.dtype == dtype else out.to(dtype)
+
+
+def can_run(request: AttentionRequest) -> Optional[str]:
+    """CPU, no attention dropout, no slope gradients, the kernel built (a compiler);
+    ``auto`` from :data:`FUSED_MIN_TOKENS` tokens on."""
+    if not request.on_cpu:
+        return f'runs on CPU only (the call is on {request.device})'
+    if request.dropout_p:
+        return 'has no attention dropout'
+    if request.slope_grads:
+        return 'gives the bias table no gradient (learnable slopes while they train)'
+    if request.auto and request.tokens < FUSED_MIN_TOKENS:
+        return f'{request.tokens} tokens < FUSED_MIN_TOKENS ({FUSED_MIN_TOKENS})'
+    if not fused_available():
+        return fused_unavailable_reason() or 'the kernel is not built'
+    return None
+
+
+def attend(call: AttentionCall) -> Tensor:
+    """:func:`fused_attention` with the engine's tables and plan cache."""
+    q = call.q
+    grid_bias, index = call.engine.layer_bias(
+        call.layer, call.grid_size, q.device, q.dtype, call.slopes
+    )
+    return fused_attention(
+        q,
+        call.k,
+        call.v,
+        grid_bias,
+        index,
+        call.cls_token,
+        call.dropout_p,
+        plans=call.engine.fused_plans,
+    )

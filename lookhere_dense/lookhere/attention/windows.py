@@ -1,0 +1,167 @@
+"""ViTDet-style non-overlapping windows over a patch grid (pure tensor reshapes).
+
+A grid that is not a multiple of the window size is padded at the bottom/right; the
+padding is tracked so attention can ignore it (:func:`window_key_mask`). Global
+prefix tokens (CLS, or Jumbo tokens) join every window (:func:`attend_in_windows`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..bias import num_prefix_tokens, prefix_phrase
+
+__all__ = [
+    'padded_grid',
+    'window_partition',
+    'window_unpartition',
+    'window_valid',
+    'window_key_mask',
+    'attend_in_windows',
+]
+
+
+def padded_grid(grid_size: Tuple[int, int], window_size: int) -> Tuple[int, int]:
+    """``(Hp, Wp)``: the grid rounded up to a multiple of ``window_size``."""
+    h, w = grid_size
+    return math.ceil(h / window_size) * window_size, math.ceil(w / window_size) * window_size
+
+
+def window_partition(x: Tensor, grid_size: Tuple[int, int], window_size: int) -> Tensor:
+    """Split patch tokens into windows.
+
+    Args:
+        x: ``(B, heads, H*W, d)`` tokens, row-major over the grid.
+        grid_size: ``(H, W)``.
+        window_size: window side ``ws``.
+
+    Returns:
+        ``(B, nWin, heads, ws*ws, d)`` with ``nWin = (Hp/ws) * (Wp/ws)``, windows in
+        row-major order, zero-padded at the bottom/right.
+    """
+    b, nh, _, d = x.shape
+    h, w = grid_size
+    hp, wp = padded_grid(grid_size, window_size)
+    x = x.reshape(b, nh, h, w, d)
+    if (hp, wp) != (h, w):
+        x = F.pad(x, (0, 0, 0, wp - w, 0, hp - h))
+    ws = window_size
+    x = x.reshape(b, nh, hp // ws, ws, wp // ws, ws, d)
+    return x.permute(0, 2, 4, 1, 3, 5, 6).reshape(b, (hp // ws) * (wp // ws), nh, ws * ws, d)
+
+
+def window_unpartition(x: Tensor, grid_size: Tuple[int, int], window_size: int) -> Tensor:
+    """Inverse of :func:`window_partition`:
+    ``(B, nWin, heads, ws*ws, d)`` -> ``(B, heads, H*W, d)``."""
+    b, _, nh, _, d = x.shape
+    h, w = grid_size
+    hp, wp = padded_grid(grid_size, window_size)
+    ws = window_size
+    x = x.reshape(b, hp // ws, wp // ws, nh, ws, ws, d).permute(0, 3, 1, 4, 2, 5, 6)
+    x = x.reshape(b, nh, hp, wp, d)[:, :, :h, :w]
+    return x.reshape(b, nh, h * w, d)
+
+
+def window_valid(
+    grid_size: Tuple[int, int], window_size: int, cls_token: Union[bool, int], device=None
+) -> Tensor:
+    """Which tokens of each window are real: boolean ``(nWin, J + ws*ws)``, the ``J``
+    prefix tokens (CLS / Jumbo; True = 1) first and always real, then the window's patches
+    in its raster order, False for the padding of border windows."""
+    h, w = grid_size
+    hp, wp = padded_grid(grid_size, window_size)
+    ws = window_size
+    valid = torch.zeros(hp, wp, dtype=torch.bool, device=device)
+    valid[:h, :w] = True
+    valid = valid.reshape(hp // ws, ws, wp // ws, ws).permute(0, 2, 1, 3).reshape(-1, ws * ws)
+    off = num_prefix_tokens(cls_token)
+    if off:
+        valid = torch.cat([valid.new_ones(valid.shape[0], off), valid], dim=1)
+    return valid
+
+
+def window_key_mask(
+    grid_size: Tuple[int, int],
+    window_size: int,
+    cls_token: Union[bool, int],
+    device=None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """Additive mask hiding padded keys from the real queries of each window.
+
+    ``cls_token``: number ``J`` of global prefix tokens at the front of every window (CLS,
+    or Jumbo tokens; True = 1); they are never padding.
+
+    Returns:
+        ``(nWin, 1, T, T)`` with ``T = J + ws*ws``: ``-inf`` where the key is padding and
+        the query is another token, else 0. A padded query still sees itself, so no row
+        is ever fully masked (no NaN, in forward or backward); padded outputs are dropped.
+    """
+    valid = window_valid(grid_size, window_size, cls_token, device)
+    t = valid.shape[1]
+    eye = torch.eye(t, dtype=torch.bool, device=device)
+    hidden = ~valid[:, None, :] & ~eye[None]
+    mask = torch.zeros(hidden.shape, dtype=dtype, device=device)
+    mask.masked_fill_(hidden, float('-inf'))
+    return mask[:, None]
+
+
+def attend_in_windows(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    grid_size: Tuple[int, int],
+    window_size: int,
+    cls_token: Union[bool, int],
+    attend: Callable[[Tensor, Tensor, Tensor], Tensor],
+    dropout_p: float = 0.0,
+    prefix_rows: Optional[Callable[[Tensor, Tensor, Tensor], Tensor]] = None,
+) -> Tensor:
+    """The frame of ViTDet window attention shared by every position encoding.
+
+    Splits the patch tokens into windows, puts the ``J`` global prefix tokens (CLS, or
+    Jumbo tokens; if any) at the front of every window, lets ``attend`` compute the
+    attention inside the windows, puts the windows back and gives the prefix queries
+    global attention over all tokens (no bias), as in a global block.
+
+    Args:
+        q, k, v: ``(B, heads, T, d)`` with ``T = J + H*W`` for ``grid_size = (H, W)``.
+        cls_token: number ``J`` of global prefix tokens at the front (True = 1).
+        attend: ``(qw, kw, vw)`` of shape ``(B, nWin, heads, T_w, d)`` -> the same shape,
+            ``T_w = J + ws*ws``; it owns the window bias and the padding mask.
+        dropout_p: attention dropout of the prefix rows.
+        prefix_rows: ``(q, k, v) -> (B, heads, J, d)``, the prefix queries' output from
+            the whole sequence; None: global attention over every token (a plain SDPA).
+            Default: None.
+
+    Returns:
+        ``(B, heads, T, d)``.
+    """
+    off = num_prefix_tokens(cls_token)
+    n = grid_size[0] * grid_size[1] + off
+    if q.shape[-2] != n:
+        raise ValueError(
+            f'window attention got {q.shape[-2]} tokens but grid '
+            f'{tuple(grid_size)} {prefix_phrase(off)} needs {n}'
+        )
+    ws = int(window_size)
+    qw, kw, vw = (window_partition(t[:, :, off:], grid_size, ws) for t in (q, k, v))
+    if off:
+        n_win = qw.shape[1]
+        qw, kw, vw = (
+            torch.cat([t[:, None, :, :off].expand(-1, n_win, -1, -1, -1), tw], dim=-2)
+            for t, tw in ((q, qw), (k, kw), (v, vw))
+        )
+    out = window_unpartition(attend(qw, kw, vw)[..., off:, :], grid_size, ws)
+    if off:
+        if prefix_rows is None:
+            cls_out = F.scaled_dot_product_attention(q[:, :, :off], k, v, dropout_p=dropout_p)
+        else:
+            cls_out = prefix_rows(q, k, v)
+        out = torch.cat([cls_out, out], dim=-2)
+    return out
