@@ -50,6 +50,7 @@ def main(argv=None) -> int:
     s.add_argument('--k-ratios', nargs='+', type=float, default=[0.1, 0.25, 0.5])
     s.add_argument('--train-iters', type=int, default=300)
     s.add_argument('--distill-iters', type=int, default=150)
+    s.add_argument('--finetune-iters', type=int, default=60, help='0: distillation only')
     s.add_argument('--test-frames', type=int, default=2)
     s.add_argument('--repeats', type=int, default=2, help='timed passes per case (median)')
     s.add_argument('--threads', type=int, default=2)
@@ -73,6 +74,7 @@ def main(argv=None) -> int:
         k_ratios=args.k_ratios,
         train_iters=args.train_iters,
         distill_iters=args.distill_iters,
+        finetune_iters=args.finetune_iters,
         test_frames=args.test_frames,
         repeats=args.repeats,
         threads=args.threads,

@@ -13,7 +13,9 @@ smoke-scale measurement, not a benchmark of a real model):
    teacher's trunk) distilled from the frozen teacher on whole training frames without
    labels (:func:`lookhere_dense.lookwhere.distill.distillation_losses`, ``k_ratio`` drawn
    from the study's ratios each step; frames up to 256x512 only, for time); the teacher's linear head is applied unchanged
-   to the student's dense map (no segmentation fine-tuning of the student here);
+   to the student's dense map, then (``finetune_iters > 0``) extractor + head are
+   fine-tuned for segmentation with the selector frozen, as in the paper (cross-entropy on
+   whole training frames up to 256x512);
 4. evaluation per size: the teacher on the whole frame (one pass, the engine's fused
    kernel), the teacher with sliding 128x128 windows (stride 96, logits averaged), and
    LookWhere at each ``k_ratio`` (nearest-kept fill); mIoU over the test frames
@@ -166,6 +168,32 @@ def distill_student(
     return student.eval()
 
 
+def finetune_student(seg: SegModel, pool, k_ratios: Sequence[float], iters: int, log) -> SegModel:
+    """Segmentation fine-tuning of the distilled student with the selector frozen (the
+    paper's recipe): extractor + head, cross-entropy on whole training frames, ``k_ratio``
+    drawn from the study's ratios each step."""
+    student = seg.backbone
+    student.freeze_selector = True
+    for p in student.selector.parameters():
+        p.requires_grad = False
+    params = [p for p in seg.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=2e-4, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(2)
+    seg.train()
+    for it in range(iters):
+        imgs, labs = pool[int(torch.randint(len(pool), (1,), generator=gen))]
+        i = torch.randint(imgs.shape[0], (2,), generator=gen)
+        r = float(k_ratios[int(torch.randint(len(k_ratios), (1,), generator=gen))])
+        loss = F.cross_entropy(seg(imgs[i], k_ratio=r), labs[i], ignore_index=255)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if it % 25 == 0 or it == iters - 1:
+            log(f'finetune iter {it + 1}/{iters} loss {loss.item():.3f}')
+    return seg.eval()
+
+
 def slide_logits(model: SegModel, x: torch.Tensor, stride: int = 96) -> torch.Tensor:
     """mmseg-style sliding windows of the training crop: logits averaged where they
     overlap."""
@@ -217,6 +245,7 @@ def run_study(
     k_ratios: Sequence[float],
     train_iters: int = 300,
     distill_iters: int = 150,
+    finetune_iters: int = 60,
     test_frames: int = 2,
     repeats: int = 2,
     threads: int = 2,
@@ -244,7 +273,11 @@ def run_study(
     small = [p[0] for p, s in zip(pool, sizes) if s[0] * s[1] <= 256 * 512]
     student = distill_student(teacher, small or [pool[0][0]], k_ratios, distill_iters, log)
     seg_student = SegModel(student, TRUNK['embed_dims'])
-    seg_student.norm, seg_student.cls = teacher.norm, teacher.cls
+    seg_student.norm = copy.deepcopy(teacher.norm)
+    seg_student.cls = copy.deepcopy(teacher.cls)
+    if finetune_iters:
+        small_pool = [p for p, s in zip(pool, sizes) if s[0] * s[1] <= 256 * 512] or pool[:1]
+        finetune_student(seg_student, small_pool, k_ratios, finetune_iters, log)
     rows: List[Dict[str, Any]] = []
     with torch.inference_mode():
         for j, size in enumerate(sizes):
@@ -282,6 +315,7 @@ def run_study(
             selector='3 blocks, 192 dims, 64x128 input',
             extractor='copy of the teacher trunk',
             distill_iters=distill_iters,
+            finetune_iters=finetune_iters,
             fill='nearest',
         ),
         'test_frames_per_size': test_frames,
