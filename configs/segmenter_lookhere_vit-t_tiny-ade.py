@@ -1,7 +1,7 @@
 # The demo / CI model: segmenter_lookhere_vit-t_ade20k.py (mask decoder, LookHere
 # ViT-T/16) shrunk 4x in pixels for a CPU: crops of 128x128 (8x8 patch grid), images
 # resized around a 128 px short side, 300 iterations from scratch on the tiny
-# ADE20K-layout dataset of lookhere_dense.research.datasets.synthetic_seg (tools/demo.py makes it
+# ADE20K-layout dataset of research.datasets.synthetic_seg (tools/demo.py makes it
 # in data/ade/ADEChallengeData2016 and runs everything).
 # From scratch on a tiny task AdamW with warm-up converges in a few hundred steps where
 # the fine-tuning recipe (SGD 1e-3) would not; everything else is the real config.

@@ -1,5 +1,5 @@
 # The demo / CI model for the Cityscapes layout: a mask-decoder LookHere ViT-T/16 on
-# the tiny Cityscapes-layout dataset of lookhere_dense.research.datasets.synthetic_seg (128x256
+# the tiny Cityscapes-layout dataset of research.datasets.synthetic_seg (128x256
 # frames, 1/8 of 1024x2048), trained on 96x96 crops (a 6x6 patch grid; the real
 # config's 768 crop is 48x48). Tests: slide at the training crop, or the whole 128x256
 # frame (grid 8x16), like the real config's slide-768 vs whole 1024x2048 (64x128).

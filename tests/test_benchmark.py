@@ -1,4 +1,4 @@
-"""The benchmark package (:mod:`lookhere_dense.research.benchmark`) and its command line.
+"""The benchmark package (:mod:`research.benchmark`) and its command line.
 
 The torch-only cases (bias build, the official-style baseline, the attention section, the
 report, the fresh-process runner) are tested directly; the model cases (need OpenMMLab)
@@ -26,18 +26,18 @@ from lookhere_dense.lookhere import (
 )
 from lookhere_dense.lookhere.bias import offset_index
 from lookhere_dense.lookhere.flex import FLEX_BLOCK, flex_available, tile_order
-from lookhere_dense.research.benchmark import DTYPES, SECTION_GROUPS, SECTIONS
-from lookhere_dense.research.benchmark.attention import (
+from research.benchmark import DTYPES, SECTION_GROUPS, SECTIONS
+from research.benchmark.attention import (
     bench_attention,
     grid_for,
     skipped_tile_fraction,
 )
-from lookhere_dense.research.benchmark.bias import bias_case
-from lookhere_dense.research.benchmark.child import run_case
-from lookhere_dense.research.benchmark.fresh import run_child
-from lookhere_dense.research.benchmark.official import baseline_matches, official_style_bias
-from lookhere_dense.research.benchmark.report import environment, format_table
-from lookhere_dense.research.benchmark.timing import interleaved, paired_ratio, rotations
+from research.benchmark.bias import bias_case
+from research.benchmark.child import run_case
+from research.benchmark.fresh import run_child
+from research.benchmark.official import baseline_matches, official_style_bias
+from research.benchmark.report import environment, format_table
+from research.benchmark.timing import interleaved, paired_ratio, rotations
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')  # tiny tensors: see conftest
 needs_flex = pytest.mark.skipif(not flex_available(), reason='no flex_attention in this torch')
@@ -291,7 +291,7 @@ def test_nobias_baseline_is_the_trunk_without_position():
     """The benchmark's baseline must really drop the bias: same weights as
     ``pos_encoding='none'`` give the same output, and it differs from LookHere's."""
     from lookhere_dense.models.backbones.lookhere_vit import LookHereViT
-    from lookhere_dense.research.benchmark.models import build_vit
+    from research.benchmark.models import build_vit
 
     plain = build_vit(TINY, 'lh180', pos_encoding='none')
     biased = build_vit(TINY, 'lh180')
@@ -320,7 +320,7 @@ def test_nobias_baseline_is_the_trunk_without_position():
 
 
 def test_frame_case_measures_a_forward_and_names_the_chosen_backend():
-    from lookhere_dense.research.benchmark.models import frame_case
+    from research.benchmark.models import frame_case
 
     base = dict(
         kind='frame',
@@ -341,7 +341,7 @@ def test_frame_case_measures_a_forward_and_names_the_chosen_backend():
 
 
 def test_bench_segmenter_refuses_bad_input_before_running_anything():
-    from lookhere_dense.research.benchmark.segmenter import bench_segmenter
+    from research.benchmark.segmenter import bench_segmenter
 
     with pytest.raises(ValueError, match='at least one config'):
         bench_segmenter([])
@@ -352,7 +352,7 @@ def test_bench_segmenter_refuses_bad_input_before_running_anything():
 
 
 def test_bench_vit_times_every_model_against_the_nobias_trunk():
-    from lookhere_dense.research.benchmark.models import bench_vit
+    from research.benchmark.models import bench_vit
 
     res = bench_vit(TINY, size=32, backends=['chunked'], with_mmseg=False, repeats=2)
     assert set(res['seconds']) == {'lookhere', 'lookhere-chunked', 'nobias'}
@@ -542,7 +542,7 @@ def test_deploy_memory_tool_traces_torch_and_each_session_variant(tmp_path: Path
     its own process, each with the settings the session really has, its RSS samples, exact
     peak and the moment the runs start; the picture and the command are written."""
     pytest.importorskip('onnxruntime')
-    from lookhere_dense.research.benchmark.deploy import SESSION_VARIANTS
+    from research.benchmark.deploy import SESSION_VARIANTS
 
     out, png = tmp_path / 'trace.json', tmp_path / 'trace.png'
     config = repo_root / 'configs' / 'segmenter_lookhere_vit-t_tiny-cityscapes.py'
@@ -575,7 +575,7 @@ def test_deploy_memory_tool_traces_torch_and_each_session_variant(tmp_path: Path
 # ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize('preset', ['lh180', 'lh90', 'lh45'])
 def test_flop_bound_counts_the_visible_pairs_of_the_dense_bias(preset):
-    from lookhere_dense.research.benchmark.peer import flop_bound
+    from research.benchmark.peer import flop_bound
 
     size, grid = (96, 160), (6, 10)
     got = flop_bound(preset, size, embed_dims=64)
@@ -593,7 +593,7 @@ def test_flop_bound_counts_the_visible_pairs_of_the_dense_bias(preset):
 
 
 def test_flop_bound_matches_the_issue_figures_at_1024x2048():
-    from lookhere_dense.research.benchmark.peer import flop_bound
+    from research.benchmark.peer import flop_bound
 
     bounds = {p: flop_bound(p, (1024, 2048))['bound'] for p in ('lh180', 'lh90', 'lh45')}
     assert bounds == pytest.approx(dict(lh180=0.79, lh90=0.68, lh45=0.63), abs=0.006)
@@ -601,7 +601,7 @@ def test_flop_bound_matches_the_issue_figures_at_1024x2048():
 
 def test_peer_cases_run_timm_and_lookhere_in_process():
     pytest.importorskip('timm')
-    from lookhere_dense.research.benchmark.peer import peer_case
+    from research.benchmark.peer import peer_case
 
     base = dict(kind='peer', size=[32, 48], device='cpu', dtype='float32', steps=2)
     timm_run = peer_case(dict(base, mode='frame', model='timm'))
@@ -614,7 +614,7 @@ def test_peer_cases_run_timm_and_lookhere_in_process():
 
 def test_peer_segmenter_case_puts_timm_in_the_backbone_place(repo_root: Path):
     pytest.importorskip('timm')
-    from lookhere_dense.research.benchmark.peer import TimmTrunk, _segmenter, peer_case
+    from research.benchmark.peer import TimmTrunk, _segmenter, peer_case
 
     config = str(repo_root / 'configs' / 'segmenter_lookhere_vit-t_tiny-ade.py')
     case = dict(kind='peer', mode='segmenter', config=config, size=[32, 32], device='cpu')
@@ -633,7 +633,7 @@ def test_peer_segmenter_case_puts_timm_in_the_backbone_place(repo_root: Path):
 
 @needs_flex
 def test_attn_cases_agree_and_train_steps_drop_their_gradients():
-    from lookhere_dense.research.benchmark.attention import _cases, _train_step
+    from research.benchmark.attention import _cases, _train_step
 
     eng = LookHereAttentionEngine(PRESETS['lh90'], 1, 12, 'flex')
     grid = (8, 16)
@@ -660,7 +660,7 @@ def test_attn_cases_agree_and_train_steps_drop_their_gradients():
 
 
 def test_attention_layer_times_lookhere_backends_against_dense_sdpa():
-    from lookhere_dense.research.benchmark.peer import attention_layer
+    from research.benchmark.peer import attention_layer
 
     res = attention_layer(['lh90', 'lh45'], (64, 128), rounds=2, num_heads=12, head_dim=8)
     assert res['tokens'] == 4 * 8 + 1 and res['grid'] == [4, 8]
@@ -680,7 +680,7 @@ def test_attention_layer_times_lookhere_backends_against_dense_sdpa():
 
 def test_attention_layer_train_times_forward_and_backward(monkeypatch):
     from lookhere_dense.lookhere.buffered import _BufferedAttention
-    from lookhere_dense.research.benchmark.peer import attention_layer
+    from research.benchmark.peer import attention_layer
 
     backwards = []
     real = _BufferedAttention.backward
@@ -701,7 +701,7 @@ def test_attention_layer_train_times_forward_and_backward(monkeypatch):
 
 
 def test_bench_peer_refuses_unknown_parts():
-    from lookhere_dense.research.benchmark.peer import bench_peer
+    from research.benchmark.peer import bench_peer
 
     with pytest.raises(ValueError, match="unknown peer parts \\['frames'\\]"):
         bench_peer(parts=['frames'])
@@ -712,7 +712,7 @@ def test_plot_benchmark_tool_draws_the_peer_results(tmp_path: Path, repo_root: P
     goals and bounds; files without peer results are refused by name."""
     from PIL import Image
 
-    from lookhere_dense.research.benchmark.peer import flop_bound
+    from research.benchmark.peer import flop_bound
 
     def rows(models, ratios, backend=None):
         return [

@@ -19,7 +19,7 @@ from mmengine.config import Config
 from mmengine.runner import Runner
 
 from lookhere_dense.lookhere.fused import fused_available
-from lookhere_dense.research.datasets.synthetic_coco import (
+from research.datasets.synthetic_coco import (
     CITYSCAPES_THING_CLASSES,
     SHAPE_CLASSES,
     make_cityscapes_instances,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pycocotools.coco import COCO
 
-from lookhere_dense.research.datasets.synthetic_coco import (
+from research.datasets.synthetic_coco import (
     CITYSCAPES_THING_IDS,
     SHAPE_CLASSES,
     make_cityscapes_instances,

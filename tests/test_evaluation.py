@@ -22,8 +22,8 @@ from lookhere_dense.evaluation.resize import (
     scale_resizes,
     short_side_resize,
 )
-from lookhere_dense.research.evaluate import clear_position_caches
-from lookhere_dense.research.extrapolation import (
+from research.evaluate import clear_position_caches
+from research.extrapolation import (
     format_table,
     parse_spec,
     slide_settings,
@@ -126,7 +126,7 @@ def test_resizes_to_zero_px_or_below_one_patch_are_refused():
     (the backbone's error) is a config error naming the spec, the size and the patch."""
     from mmengine.config import Config
 
-    from lookhere_dense.research.extrapolation import config_patch_size
+    from research.extrapolation import config_patch_size
 
     for text, size in (('whole@x0.0001', '(0, 0)'), ('whole@x0.05', '(102, 26)')):
         with pytest.raises(
@@ -160,7 +160,7 @@ def test_resizes_to_zero_px_or_below_one_patch_are_refused():
 def test_the_report_refuses_a_test_below_one_patch_before_any_evaluation(tmp_path, repo_root):
     """Checked right after the config is read: no data (the pre-flight data check would
     fail) and no model (the file is not a checkpoint) are needed to get the error."""
-    from lookhere_dense.research.extrapolation import extrapolation_report
+    from research.extrapolation import extrapolation_report
 
     not_a_checkpoint = tmp_path / 'x.pth'
     not_a_checkpoint.write_text('not a checkpoint')
@@ -363,12 +363,12 @@ def test_tests_below_the_training_size_run_whole_and_slide(tmp_path, repo_root):
     from mmseg.registry import MODELS
 
     from lookhere_dense.apis.cli import parse_cfg_options
-    from lookhere_dense.research.datasets.relational import (
+    from research.datasets.relational import (
         RelationalSettings,
         aspect_split_name,
         ensure_relational_dataset,
     )
-    from lookhere_dense.research.extrapolation import evaluate_spec
+    from research.extrapolation import evaluate_spec
 
     init_default_scope('mmseg')
     root = str(tmp_path / 'rel')

@@ -366,7 +366,7 @@ torch.set_num_threads(1)
 from lookhere_dense.engine.memory_guard import _pass_info, estimate_peak, install_memory_guard
 from lookhere_dense.errors import MemoryBudgetError
 from lookhere_dense.lookhere.vit import LookHereVisionTransformer
-from lookhere_dense.research.memory import PeakMemory, free_memory
+from research.memory import PeakMemory, free_memory
 
 out = {}
 m = LookHereVisionTransformer(img_size=64, embed_dims=384, num_layers=2, num_heads=6)

@@ -27,7 +27,7 @@ from lookhere_dense.errors import (
     LabelSizeError,
     UnreadableFileError,
 )
-from lookhere_dense.research.datasets.synthetic_seg import make_ade20k_like
+from research.datasets.synthetic_seg import make_ade20k_like
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / 'configs' / 'segmenter_lookhere_vit-t_tiny-ade.py'

@@ -21,7 +21,7 @@ from lookhere_dense.lookhere.flex import flex_available
 pytestmark = pytest.mark.skipif(not flex_available(), reason='no flex_attention in this torch')
 
 REPO = Path(__file__).resolve().parents[1]
-MODULE = 'lookhere_dense.research.benchmark.gpu_check'
+MODULE = 'research.benchmark.gpu_check'
 BLOCKER = '''
 import sys
 
@@ -213,7 +213,7 @@ def test_interrupt_leaves_valid_json_with_the_finished_cases(tmp_path: Path):
 def test_default_output_is_under_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """$OUT set: $OUT/gpu_check.json (the device tool returns only files under it); unset:
     docs/benchmark_cuda.json of the checkout."""
-    from lookhere_dense.research.benchmark.gpu_check import default_out
+    from research.benchmark.gpu_check import default_out
 
     monkeypatch.setenv('OUT', str(tmp_path))
     assert default_out() == tmp_path / 'gpu_check.json'
@@ -225,7 +225,7 @@ def test_peer_ratios_and_goals_from_the_cases():
     """Ratios per group against timm and nobias of the same group (failed rows left out);
     the goals judged from them: lh90 frame < 1.0x nobias, train <= 1.1x timm, every-tile
     flex <= 1.3x SDPA; unmeasured goals are absent rather than guessed."""
-    from lookhere_dense.research.benchmark.gpu_check import goals, peer_ratios
+    from research.benchmark.gpu_check import goals, peer_ratios
 
     def case(group, model, seconds, status='ok'):
         return dict(group=group, model=model, seconds=seconds, peak=2**30, status=status)
@@ -258,7 +258,7 @@ def test_a_peer_row_that_raises_costs_that_row(tmp_path: Path, monkeypatch: pyte
     """Anything raised around one peer process (here: a result line that is not JSON) is a
     failed row with the error and traceback; the other rows still run."""
     pytest.importorskip('timm')
-    import lookhere_dense.research.benchmark.gpu_check as gc
+    import research.benchmark.gpu_check as gc
 
     def child(case, timeout):
         if case['model'] == 'nobias':
@@ -283,7 +283,7 @@ def test_a_peer_row_that_raises_costs_that_row(tmp_path: Path, monkeypatch: pyte
 def test_a_section_that_raises_costs_that_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """env raising (not only its probe) is a failed case naming the error; the flex cases
     after it are skipped with that reason and the file is complete (exit 3, not a crash)."""
-    import lookhere_dense.research.benchmark.gpu_check as gc
+    import research.benchmark.gpu_check as gc
 
     def broken(*args):
         raise RuntimeError('mixed TF32 APIs')
@@ -305,7 +305,7 @@ def test_a_section_that_runs_over_shortens_the_later_ones(
     """The sections end within the sum of their budgets: one that ran over (here env, 1 s
     against 0.2 s) leaves the later ones only what is left of the sum (the shell's cap is
     that sum + 120 s, and must not be what stops the run)."""
-    import lookhere_dense.research.benchmark.gpu_check as gc
+    import research.benchmark.gpu_check as gc
 
     monkeypatch.setattr(gc, 'env_section', lambda *args: time.sleep(1.0))
     plan = gc.simulate_plan()
@@ -321,7 +321,7 @@ def test_sdpa_dense_bias_stops_below_32_bit_offsets(monkeypatch: pytest.MonkeyPa
     """The dense-bias SDPA row is left out (with the reason) from DENSE_BIAS_MAX_ELEMENTS
     on: its CUDA kernel's 32-bit bias offsets would give wrong rows or crash the process's
     CUDA context (every later case); flex and SDPA without bias are still timed."""
-    import lookhere_dense.research.benchmark.gpu_check as gc
+    import research.benchmark.gpu_check as gc
 
     assert gc.DENSE_BIAS_MAX_ELEMENTS == 2**31 and 12 * 8192**2 < 2**31 <= 12 * 16384**2
     monkeypatch.setattr(gc, 'DENSE_BIAS_MAX_ELEMENTS', 12 * 128 * 128)

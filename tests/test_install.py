@@ -117,7 +117,8 @@ def _repo_configs() -> List[str]:
 def test_wheel_holds_the_library_configs_and_kernel_source_and_nothing_else(wheel: Path):
     names = zipfile.ZipFile(wheel).namelist()
     files = [n for n in names if '.dist-info/' not in n]
-    assert not [n for n in names if n.startswith('lookhere_dense/research')]
+    # the library alone: no research/ (a top-level folder of the checkout), no other package
+    assert {n.split('/')[0] for n in files} == {'lookhere_dense'}, files
     # no generated data: Python sources, the packaged configs and the kernel source only
     assert {os.path.splitext(n)[1] for n in files} == {'.py', '.cpp'}, files
     assert 'lookhere_dense/lookhere/attention/csrc/fused_tiles.cpp' in files
@@ -141,9 +142,10 @@ def test_wheel_declares_dependencies_extras_and_entry_points(wheel: Path):
     assert 'lookhere-test = lookhere_dense.test:cli' in scripts
 
 
-def test_the_editable_install_maps_the_whole_package_folder(tmp_path: Path):
-    """The checkout's editable install keeps ``lookhere_dense.research`` importable (tools
-    and tests use it): setuptools maps the package folder, not the package list."""
+def test_the_editable_install_maps_the_package_folder_and_not_research(tmp_path: Path):
+    """The checkout's editable install maps the ``lookhere_dense`` folder (setuptools maps
+    the package folder, not the package list) and nothing else: ``research/`` is not
+    installed, the tools and tests import it from the checkout's root."""
     src = _copy_sources(tmp_path)
     code = "from setuptools import build_meta; print(build_meta.build_editable('ed'))"
     res = subprocess.run(
@@ -155,7 +157,7 @@ def test_the_editable_install_maps_the_whole_package_folder(tmp_path: Path):
         (finder,) = [n for n in z.namelist() if n.endswith('_finder.py')]
         text = z.read(finder).decode()
     assert f"{{'lookhere_dense': '{src / 'lookhere_dense'}'}}" in text
-    assert (src / 'lookhere_dense' / 'research' / '__init__.py').is_file()
+    assert "'research'" not in text  # no second package mapped
 
 
 # -- the installed package, outside the repository ---------------------------------------
@@ -165,11 +167,11 @@ site = sys.argv[1]
 import lookhere_dense
 assert lookhere_dense.__file__.startswith(site), lookhere_dense.__file__
 try:
-    importlib.import_module('lookhere_dense.research')
+    importlib.import_module('research')
 except ModuleNotFoundError:
     pass
 else:
-    raise AssertionError('lookhere_dense.research is installed')
+    raise AssertionError('research is installed')
 
 import torch
 from lookhere_dense.lookhere import create_model

@@ -348,7 +348,7 @@ def test_upernet_and_vitdet_configs_take_jumbo_tokens(name, scope):
 
 
 def test_the_study_names_jumbo_runs():
-    from lookhere_dense.research.study.aids import (
+    from research.study.aids import (
         DEFAULT_JUMBO_TOKENS,
         apply_train_aids,
         split_run_spec,
@@ -407,7 +407,7 @@ def test_the_jumbo_config_trains_with_layer_decay_and_predicts_through_mmseg(
     from mmseg.apis import inference_model, init_model
 
     from lookhere_dense.apis.train import train_model
-    from lookhere_dense.research.datasets.synthetic_seg import make_ade20k_like
+    from research.datasets.synthetic_seg import make_ade20k_like
 
     make_ade20k_like(tmp_path / 'data', num_train=2, num_val=1)
     monkeypatch.chdir(tmp_path)

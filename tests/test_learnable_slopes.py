@@ -548,7 +548,7 @@ def test_layer_decay_keeps_slopes_out_of_weight_decay_with_their_layer_ids():
 
 
 def test_the_study_reaches_the_option_through_cfg_options():
-    from lookhere_dense.research.study.encodings import backbone_for
+    from research.study.encodings import backbone_for
 
     cfg = Config.fromfile(str(REPO / 'configs' / 'study' / 'relational_vit_tiny.py'))
     cfg.merge_from_dict({'model.backbone.lh_config.learnable_slopes': True})
@@ -566,7 +566,7 @@ def trained(tmp_path_factory):
     (layer decay, the slope logger, one validation, a checkpoint)."""
     from mmengine.runner import Runner
 
-    from lookhere_dense.research.datasets.synthetic_seg import make_ade20k_like
+    from research.datasets.synthetic_seg import make_ade20k_like
 
     root = tmp_path_factory.mktemp('slopes')
     data = make_ade20k_like(root / 'data', num_train=4, num_val=1, short_side=(64, 80))
@@ -661,7 +661,7 @@ def test_training_adds_the_slope_logger_when_slopes_learn(tmp_path):
 
 
 def test_plot_draws_the_learned_slopes_of_a_checkpoint(trained, tmp_path):
-    from lookhere_dense.research.head_plots import draw_learned_slopes
+    from research.head_plots import draw_learned_slopes
 
     out = tmp_path / 'slopes.png'
     info = draw_learned_slopes(str(trained['ckpt']), str(out))

@@ -137,11 +137,11 @@ def setup(tmp_path_factory) -> Dict[str, Any]:
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
 
-    from lookhere_dense.research.datasets.synthetic_seg import (
+    from lookhere_dense.swap import model_registry
+    from research.datasets.synthetic_seg import (
         make_ade20k_like,
         make_cityscapes_like,
     )
-    from lookhere_dense.swap import model_registry
 
     root = tmp_path_factory.mktemp('entry_points')
     make_ade20k_like(str(root / 'data'), num_train=2, num_val=1)

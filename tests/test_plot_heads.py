@@ -1,4 +1,4 @@
-"""The head pictures of ``tools/plot_heads.py`` (:mod:`lookhere_dense.research.head_plots`):
+"""The head pictures of ``tools/plot_heads.py`` (:mod:`research.head_plots`):
 the plotted fields of view are LookHere's masks and penalties."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lookhere_dense.research.head_plots import draw_head_fields, head_fields, load_lh_config
+from research.head_plots import draw_head_fields, head_fields, load_lh_config
 
 
 def test_lh180_fields_are_half_planes_with_a_linear_penalty():

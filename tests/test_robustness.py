@@ -1,4 +1,4 @@
-"""Adversarial robustness (:mod:`lookhere_dense.research.robustness.segmentor`): FGSM / PGD on plain
+"""Adversarial robustness (:mod:`research.robustness.segmentor`): FGSM / PGD on plain
 tensors, the pixel-unit box of mmseg's data preprocessor, and the attack of a tiny
 segmentor through the real test path (data preprocessor, whole inference, IoUMetric)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lookhere_dense.research.robustness import (
+from research.robustness import (
     AttackSettings,
     fgsm,
     format_robustness_table,
@@ -170,7 +170,7 @@ def test_pgd_steps_by_step_size_pixel_levels_of_each_channel():
     """One PGD step from the image (no random start), step < eps: every value moves by
     exactly ``step`` pixel levels -- ``step / std_c`` in the normalised input -- along the
     decode loss's gradient sign; FGSM moves by ``eps`` pixel levels."""
-    from lookhere_dense.research.robustness import perturb
+    from research.robustness import perturb
 
     w = torch.randn(1, 3, 4, 5, generator=torch.Generator().manual_seed(0))
     model = _LinearLossSegmentor(w)
@@ -185,7 +185,7 @@ def test_pgd_steps_by_step_size_pixel_levels_of_each_channel():
 
 def test_decode_loss_refuses_samples_without_labels_or_a_model_without_a_decode_loss():
     from lookhere_dense.errors import ConfigError
-    from lookhere_dense.research.robustness import decode_loss
+    from research.robustness import decode_loss
 
     x = torch.zeros(1, 3, 2, 2)
     with pytest.raises(ConfigError, match='needs the ground-truth labels.*LoadAnnotations'):
@@ -205,7 +205,7 @@ def test_a_split_without_labels_is_refused_before_the_model_is_built(tmp_path, r
     from mmengine.config import Config
 
     from lookhere_dense.errors import ConfigError
-    from lookhere_dense.research.robustness import check_attackable, robustness_report
+    from research.robustness import check_attackable, robustness_report
 
     base = repo_root / 'configs' / 'study' / 'relational_vit_tiny.py'
     config = tmp_path / 'no_test_labels.py'
@@ -246,7 +246,7 @@ def trained(tmp_path_factory, repo_root):
     from mmseg.registry import MODELS
 
     from lookhere_dense.apis.cli import parse_cfg_options
-    from lookhere_dense.research.datasets.relational import (
+    from research.datasets.relational import (
         RelationalSettings,
         ensure_relational_dataset,
     )
@@ -279,8 +279,8 @@ def trained(tmp_path_factory, repo_root):
 
 
 def test_an_attack_of_strength_zero_is_the_clean_test_path(trained):
-    from lookhere_dense.research.evaluate import evaluate_loader
-    from lookhere_dense.research.robustness import evaluate_attack
+    from research.evaluate import evaluate_loader
+    from research.robustness import evaluate_attack
 
     model, cfg = trained
     dl, ev = cfg.val_dataloader.to_dict(), cfg.val_evaluator.to_dict()
@@ -294,7 +294,7 @@ def test_an_attack_of_strength_zero_is_the_clean_test_path(trained):
 
 
 def test_a_stronger_attack_lowers_miou_of_a_trained_model(trained):
-    from lookhere_dense.research.robustness import robustness_sweep
+    from research.robustness import robustness_sweep
 
     model, cfg = trained
     settings = AttackSettings(eps=(2, 16), steps=3)
@@ -318,7 +318,7 @@ def test_an_attack_restores_train_mode_test_cfg_and_requires_grad(trained):
     and each parameter's own ``requires_grad``."""
     from mmengine.config import ConfigDict
 
-    from lookhere_dense.research.robustness import evaluate_attack
+    from research.robustness import evaluate_attack
 
     model, cfg = trained
     dl = cfg.val_dataloader.to_dict()
@@ -345,7 +345,7 @@ def test_an_attack_restores_train_mode_test_cfg_and_requires_grad(trained):
 
 def test_an_evaluator_without_the_metric_fails_before_any_attack(trained):
     from lookhere_dense.errors import ConfigError
-    from lookhere_dense.research.robustness import robustness_sweep
+    from research.robustness import robustness_sweep
 
     model, cfg = trained
     lines = []

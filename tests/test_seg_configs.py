@@ -195,7 +195,7 @@ def test_ade20k_config_starts_training_on_an_ade20k_folder_as_is(tmp_path, monke
     """``python tools/train.py configs/segmenter_lookhere_ade20k.py`` in a folder that has
     ``data/ade/ADEChallengeData2016`` (here: the tiny one) trains the ViT-B/16 model: one
     iteration of the real recipe, everything else as in the file."""
-    from lookhere_dense.research.datasets.synthetic_seg import make_ade20k_like
+    from research.datasets.synthetic_seg import make_ade20k_like
 
     make_ade20k_like(tmp_path / 'data', num_train=2, num_val=1)
     monkeypatch.chdir(tmp_path)

@@ -14,7 +14,7 @@ import pytest
 from lookhere_dense.data.checks import check_crop_fits, check_dataset_layout, check_label_values
 from lookhere_dense.data.transforms import CheckSegLabels
 from lookhere_dense.errors import CropSizeError, DatasetLayoutError, LabelRangeError
-from lookhere_dense.research.datasets.synthetic_seg import (
+from research.datasets.synthetic_seg import (
     ADE_CLASSES,
     CITYSCAPES_CLASSES,
     make_ade20k_like,

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from lookhere_dense.apis.cli import resolve_config_path
 from lookhere_dense.models.heads import FusedSelfAttention, LeanSegmenterMaskTransformerHead
-from lookhere_dense.research.benchmark.segmenter import (
+from research.benchmark.segmenter import (
     MMSEG_ORIGINALS,
     mmseg_original_cfg,
     segmenter_case,
@@ -410,7 +410,7 @@ def test_our_segmenter_configs_use_the_lean_drop_ins():
 
 
 def test_case_ratios():
-    from lookhere_dense.research.benchmark.segmenter import case_ratios
+    from research.benchmark.segmenter import case_ratios
 
     res = dict(
         backbone=dict(peak_bytes=100, rise_bytes=40),
@@ -424,8 +424,8 @@ def test_case_ratios():
 def test_whole_frame_memory_in_child_processes():
     """The real entry: fresh child processes (benchmark.child, kind 'segmenter'), JSON
     back, ratios and the target verdict."""
-    from lookhere_dense.research.benchmark.report import format_segmenter
-    from lookhere_dense.research.benchmark.segmenter import whole_frame_memory
+    from research.benchmark.report import format_segmenter
+    from research.benchmark.segmenter import whole_frame_memory
 
     res = whole_frame_memory(
         TINY,

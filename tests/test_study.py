@@ -1,4 +1,4 @@
-"""The relational dataset and the extrapolation study (:mod:`lookhere_dense.research.study`; a shrunk
+"""The relational dataset and the extrapolation study (:mod:`research.study`; a shrunk
 run through the real mmengine Runner and mmseg's dataset, pipeline, model and IoUMetric)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from lookhere_dense.apis.cli import parse_cfg_options
-from lookhere_dense.research.datasets import fov_scenes
-from lookhere_dense.research.datasets.relational import (
+from research.datasets import fov_scenes
+from research.datasets.relational import (
     CLASSES,
     RelationalSettings,
     ensure_relational_dataset,
@@ -22,23 +22,23 @@ from lookhere_dense.research.datasets.relational import (
     settings_from_dict,
     split_name,
 )
-from lookhere_dense.research.study.aids import run_specs, split_run_spec
-from lookhere_dense.research.study.encodings import backbone_for, parse_encoding
-from lookhere_dense.research.study.ladders import (
+from research.study.aids import run_specs, split_run_spec
+from research.study.encodings import backbone_for, parse_encoding
+from research.study.ladders import (
     LADDERS,
     ladder_dataloader,
     ladder_evaluator,
     prepare_data,
     study_settings,
 )
-from lookhere_dense.research.study.reports import (
+from research.study.reports import (
     format_table,
     merge_reports,
     summarise,
     write_outputs,
 )
-from lookhere_dense.research.study.runs import RunOptions, run_config, run_study
-from lookhere_dense.research.study.schedules import schedule_to
+from research.study.runs import RunOptions, run_config, run_study
+from research.study.schedules import schedule_to
 
 SMALL = RelationalSettings(num_train=12, num_val=3, train_size=(32, 32), scales=(1.0, 2.0), seed=5)
 
@@ -267,7 +267,7 @@ def test_iters_override_stretches_and_clips_iteration_schedules():
 def test_example_sheet(tmp_path):
     from PIL import Image
 
-    from lookhere_dense.research.datasets.relational import save_examples
+    from research.datasets.relational import save_examples
 
     save_examples(str(tmp_path / 'ex.png'), num=3, scales=(1, 2), settings=SMALL)
     assert Image.open(tmp_path / 'ex.png').size == (3 * (64 + 4), 4 * (64 + 4))
@@ -580,7 +580,7 @@ def test_log_n_mode_evaluates_with_the_option_on_and_restores_it(repo_root, tmp_
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
 
-    from lookhere_dense.research.study.runs import evaluate_rung
+    from research.study.runs import evaluate_rung
 
     init_default_scope('mmseg')
     data = str(tmp_path / 'data')
@@ -616,7 +616,7 @@ def test_log_n_mode_evaluates_with_the_option_on_and_restores_it(repo_root, tmp_
 
 # -- below 1x, native aspect, encoding options, learnable slopes, robustness -------------------
 def test_native_aspect_scenes_keep_the_task_at_their_own_aspect(tmp_path):
-    from lookhere_dense.research.datasets.relational import aspect_size, aspect_split_name
+    from research.datasets.relational import aspect_size, aspect_split_name
 
     settings = dataclasses.replace(SMALL, scales=(0.5, 1.0), aspect_ratios=(0.5, 2.0))
     assert [aspect_size(settings, 1.0, r) for r in (0.5, 2.0, 1.0)] == [
@@ -653,7 +653,7 @@ def test_native_aspect_scenes_keep_the_task_at_their_own_aspect(tmp_path):
 def test_size_multiple_keeps_every_test_image_in_whole_patches(repo_root):
     from mmengine.config import Config
 
-    from lookhere_dense.research.datasets.relational import aspect_size
+    from research.datasets.relational import aspect_size
 
     eight = dataclasses.replace(
         SMALL,
@@ -711,7 +711,7 @@ def test_below_1x_and_native_aspect_rungs():
     study = study_settings(cfg, scales=[0.25, 0.5, 1])
     assert study['scales'] == (0.25, 0.5, 1.0) and study['native_aspect']
     assert ladder_dataloader(cfg, study, 0.25)['dataset']['pipeline'][1]['scale'] == (512, 128)
-    from lookhere_dense.research.study.ladders import ladder_modes, native_aspect_dataloader
+    from research.study.ladders import ladder_modes, native_aspect_dataloader
 
     assert ladder_modes(study) == ('test', 'native_aspect')
     dl = native_aspect_dataloader(cfg, study, 0.75)
@@ -808,7 +808,7 @@ def test_default_studies_compare_the_new_encodings_at_a_comparable_size(repo_roo
     from mmengine.config import Config
     from mmseg.registry import MODELS
 
-    from lookhere_dense.research.study.encodings import DEFAULT_ENCODINGS
+    from research.study.encodings import DEFAULT_ENCODINGS
 
     assert {'pape', 'rope_dinov3'} <= set(DEFAULT_ENCODINGS)
     cfg = Config.fromfile(str(repo_root / 'configs' / 'study' / 'relational_vit_tiny.py'))

@@ -23,8 +23,8 @@ from lookhere_dense.apis.cli import run_main
 from lookhere_dense.apis.inference import list_images, segment_images
 from lookhere_dense.apis.test import evaluate_checkpoint
 from lookhere_dense.apis.train import train_model
-from lookhere_dense.research.chance import chance_levels
-from lookhere_dense.research.demo import STAMP, generate_dataset, run_demo
+from research.chance import chance_levels
+from research.demo import STAMP, generate_dataset, run_demo
 
 ITERS = 3
 
@@ -118,7 +118,7 @@ def test_demo_gives_the_same_numbers_on_every_run(demo, tmp_path):
 
 
 def test_demo_data_are_reused_only_with_the_same_stamp(tmp_path, capsys):
-    from lookhere_dense.research.demo import DemoDataError
+    from research.demo import DemoDataError
 
     logs = []
     root = generate_dataset('cityscapes', str(tmp_path), num_train=2, num_val=3, log=logs.append)

@@ -108,16 +108,16 @@ for enc in encodings:
     m.init_weights()
     m(torch.randn(1, 3, 48, 64))[0].sum().backward()
 
-import lookhere_dense.research.benchmark.attention
-import lookhere_dense.research.benchmark.bias
-import lookhere_dense.research.benchmark.child
-import lookhere_dense.research.benchmark.fresh
-import lookhere_dense.research.benchmark.models
-import lookhere_dense.research.benchmark.official
-import lookhere_dense.research.benchmark.peer
-import lookhere_dense.research.benchmark.report
-import lookhere_dense.research.benchmark.timing
-import lookhere_dense.research.memory
+import research.benchmark.attention
+import research.benchmark.bias
+import research.benchmark.child
+import research.benchmark.fresh
+import research.benchmark.models
+import research.benchmark.official
+import research.benchmark.peer
+import research.benchmark.report
+import research.benchmark.timing
+import research.memory
 
 blocked = set(sys.argv[1].split(','))
 loaded = sorted(m for m in sys.modules if m.split('.')[0] in blocked)

@@ -33,7 +33,7 @@ SHRINK: List[str] = [
 
 def make_ade(folder, num_train: int = 4, num_val: int = 2) -> str:
     """A tiny ADE20K-layout dataset under ``folder``; returns its root."""
-    from lookhere_dense.research.datasets.synthetic_seg import make_ade20k_like
+    from research.datasets.synthetic_seg import make_ade20k_like
 
     make_ade20k_like(str(folder), num_train=num_train, num_val=num_val)
     return osp.join(str(folder), 'ade', 'ADEChallengeData2016')

@@ -2,7 +2,7 @@
 """Benchmarks of the LookHere attention engine, ratios measured side by side in one run.
 
 Sections (``--sections`` by name, or ``--section attention`` / ``models`` / ``all``;
-default all). The cases live in :mod:`lookhere_dense.research.benchmark`; this script parses the
+default all). The cases live in :mod:`research.benchmark`; this script parses the
 command line, calls them and prints.
 
 ``bias``   Building the LookHere bias of a 64x64 grid for 12 layers x 12 heads: our
@@ -11,7 +11,7 @@ command line, calls them and prints.
            patches, per-query triangle masks with ``np.tri``, float64 numpy, dense
            ``(depth, heads, N, N)`` result, bf16 rounding). Each case runs in a fresh
            subprocess; peak memory is the rise of the process's peak RSS (``VmHWM``,
-           reset after imports and a tiny warm-up: ``lookhere_dense.research.memory``).
+           reset after imports and a tiny warm-up: ``research.memory``).
            The baseline runs ``--baseline-depth`` layers (default 1: 12 would need
            ~40 GB) and is extrapolated linearly in depth from its measured per-layer
            stage; the output says so.
@@ -89,22 +89,22 @@ import torch  # noqa: E402
 
 from lookhere_dense.apis.cli import quiet_known_warnings, resolve_config_path  # noqa: E402
 from lookhere_dense.lookhere import BACKENDS  # noqa: E402
-from lookhere_dense.research.benchmark import (  # noqa: E402
+from research.benchmark import (  # noqa: E402
     DTYPES,
     SECTION_GROUPS,
     SECTIONS,
     models,  # noqa: E402
 )
-from lookhere_dense.research.benchmark.attention import bench_attention  # noqa: E402
-from lookhere_dense.research.benchmark.bias import bench_bias  # noqa: E402
-from lookhere_dense.research.benchmark.compiled import bench_compile  # noqa: E402
-from lookhere_dense.research.benchmark.deploy import bench_deploy  # noqa: E402
-from lookhere_dense.research.benchmark.peer import PARTS as PEER_PARTS  # noqa: E402
-from lookhere_dense.research.benchmark.peer import bench_peer  # noqa: E402
-from lookhere_dense.research.benchmark.report import environment, format_table  # noqa: E402
-from lookhere_dense.research.benchmark.segmenter import CASES as SEGMENTER_CASES  # noqa: E402
-from lookhere_dense.research.benchmark.segmenter import bench_segmenter  # noqa: E402
-from lookhere_dense.research.reporting import write_json  # noqa: E402
+from research.benchmark.attention import bench_attention  # noqa: E402
+from research.benchmark.bias import bench_bias  # noqa: E402
+from research.benchmark.compiled import bench_compile  # noqa: E402
+from research.benchmark.deploy import bench_deploy  # noqa: E402
+from research.benchmark.peer import PARTS as PEER_PARTS  # noqa: E402
+from research.benchmark.peer import bench_peer  # noqa: E402
+from research.benchmark.report import environment, format_table  # noqa: E402
+from research.benchmark.segmenter import CASES as SEGMENTER_CASES  # noqa: E402
+from research.benchmark.segmenter import bench_segmenter  # noqa: E402
+from research.reporting import write_json  # noqa: E402
 
 #: Default configs of the segmenter section (relative to the repository).
 SEGMENTER_CONFIGS = [

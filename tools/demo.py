@@ -2,7 +2,7 @@
 """The end-to-end demo on CPU, in minutes: tiny datasets, train, validate, extrapolation report.
 
 1. writes a tiny ADE20K-layout dataset (and a Cityscapes-layout one) of procedurally drawn
-   scenes (``lookhere_dense.research.datasets.synthetic_seg``) into ``--data-root``;
+   scenes (``research.datasets.synthetic_seg``) into ``--data-root``;
 2. trains a LookHere ViT-T Segmenter on each as ``tools/train.py`` does (mmengine Runner,
    mmseg's IoUMetric validation at the end);
 3. runs the extrapolation report of ``tools/extrapolate.py`` on each checkpoint: mIoU, time
@@ -24,7 +24,7 @@ Example::
     python tools/demo.py --datasets ade20k --iters 100
     python tools/demo.py --data-only           # only write the datasets into ./data
 
-The steps are :mod:`lookhere_dense.research.demo`.
+The steps are :mod:`research.demo`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from lookhere_dense.research.demo import DEMOS  # noqa: E402
+from research.demo import DEMOS  # noqa: E402
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -115,7 +115,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     from lookhere_dense.apis.cli import quiet_known_warnings
 
     quiet_known_warnings()
-    from lookhere_dense.research.demo import generate_dataset, run_demo
+    from research.demo import generate_dataset, run_demo
 
     args = parse_args(argv)
     roots = {

@@ -5,7 +5,7 @@ Each run is a fresh process on one normalised input (random weights, seed 0: the
 ``deploy`` benchmark section exports): torch (the model as ``tools/test.py`` runs it), then
 the exported file (which must be an export of CONFIG at ``--shape``: the outputs are not
 compared here) in onnxruntime sessions with different memory settings
-(``SESSION_VARIANTS`` of ``lookhere_dense.research.benchmark.deploy``: onnxruntime's
+(``SESSION_VARIANTS`` of ``research.benchmark.deploy``: onnxruntime's
 defaults, the settings before buffer reuse was turned off, ``onnxruntime_session``). The
 RSS is sampled from before the model / session is built to the end of the runs; the PNG
 draws one line per run, the JSON holds the samples and each run's peak and seconds.
@@ -62,7 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--png', default=None, help='write the picture here')
     p.add_argument('--json', default=None, help='write the samples and peaks here')
     args = p.parse_args(argv)
-    from lookhere_dense.research.benchmark.deploy import MAX_TRACE_INTERVAL
+    from research.benchmark.deploy import MAX_TRACE_INTERVAL
 
     if not 0 < args.interval <= MAX_TRACE_INTERVAL:
         p.error(f'--interval must be in (0, {MAX_TRACE_INTERVAL:g}] seconds, got {args.interval}')
@@ -79,13 +79,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from lookhere_dense.research.benchmark.deploy import (
+    from research.benchmark.deploy import (
         base_case,
         export_path,
         plot_deploy_trace,
         trace_deploy,
     )
-    from lookhere_dense.research.benchmark.fresh import run_child
+    from research.benchmark.fresh import run_child
 
     config = args.config
     onnx_file = args.onnx
@@ -105,12 +105,12 @@ def main(argv=None) -> None:
         interval=args.interval,
         log=lambda msg: print(msg, flush=True),
     )
-    from lookhere_dense.research.benchmark.report import environment
+    from research.benchmark.report import environment
 
     result = dict(command='python ' + ' '.join(sys.argv), env=environment(), **result)
     failed = [k for k, r in result['runs'].items() if 'error' in r]
     if args.json:
-        from lookhere_dense.research.reporting import write_json
+        from research.reporting import write_json
 
         write_json(args.json, result)
         print(f'wrote {args.json}')

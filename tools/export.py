@@ -99,7 +99,7 @@ def main(argv=None) -> None:
         args.threads,
     )
     if args.json:
-        from lookhere_dense.research.reporting import write_json
+        from research.reporting import write_json
 
         write_json(args.json, report)
         print(f'wrote {args.json}')

@@ -98,14 +98,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
-    """Run the report (:func:`lookhere_dense.research.extrapolation.extrapolation_report`);
+    """Run the report (:func:`research.extrapolation.extrapolation_report`);
     returns the JSON content."""
     args = parse_args(argv)
     from lookhere_dense.apis.cli import apply_threads, quiet_known_warnings
 
     quiet_known_warnings()
     apply_threads(args.threads)
-    from lookhere_dense.research.extrapolation import DEFAULT_TESTS, extrapolation_report
+    from research.extrapolation import DEFAULT_TESTS, extrapolation_report
 
     return extrapolation_report(
         args.config,

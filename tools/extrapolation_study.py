@@ -11,14 +11,14 @@ and the order of the training data. After training, each test scale gets its own
 Test ladder (``--ladder``, else the config's ``extrapolation`` dict):
 
 * ``--ladder fov`` (CPU default ``configs/study/fov_vit_tiny.py``): the field of view. The
-  models train on 64 px crops of generated scenes (:mod:`lookhere_dense.research.datasets.fov_scenes`);
+  models train on 64 px crops of generated scenes (:mod:`research.datasets.fov_scenes`);
   other scenes whose frames are 1x..4x the crop side at the *same* pixel scale are
   predicted whole (one pass) and with mmseg's sliding windows of the training crop, each
   timed and its peak memory measured; with ``--aids log_n`` also whole with the backbone's
   ``log_n_scaling``.
 * ``ladder='rendered'`` (the default without ``--ladder``,
   ``configs/study/relational_vit_tiny.py``): zoom; the validation scenes of
-  :mod:`lookhere_dense.research.datasets.relational`, rendered natively at every scale into
+  :mod:`research.datasets.relational`, rendered natively at every scale into
   ``val_x{scale}`` folders (written on first use), from 0.5x (below the training size) to
   4x, plus the native-aspect rows: other scenes at aspect ratios 1:2 to 2:1 whose *longer*
   side is the scale times the training side (``val_aspect_x{scale}``).
@@ -33,7 +33,7 @@ ladders. ``--native-aspect`` (zoom ladders; on in the CPU default config) adds a
 ``native aspect`` row per encoding: images at their own aspect ratio, longer side the scale
 times the training side (``resize``: a long-side ``Resize``, as ImageNet-Val at 384 px).
 
-Extrapolation aids (``--aids``, :mod:`lookhere_dense.research.study.aids`): ``log_n`` (test time:
+Extrapolation aids (``--aids``, :mod:`research.study.aids`): ``log_n`` (test time:
 every run is also evaluated with ``log_n_scaling``) and ``mixed_crops`` (training on crops
 of 1x, 1.5x and 2x the crop side, one size per batch; the runs are named
 ``ENCODING+mixed_crops``, or give ``ENCODING+mixed_crops`` in ``--encodings``). The
@@ -44,10 +44,10 @@ Jumbo tokens, default 6, in place of the CLS token).
 
 ``--robustness``: every run is also attacked (FGSM and PGD at 1, 2, 4, 8 /255, 5 PGD
 steps, unless the config's ``extrapolation.robustness`` says otherwise) on the 1x
-validation images (:mod:`lookhere_dense.research.robustness.segmentor`; one checkpoint:
+validation images (:mod:`research.robustness.segmentor`; one checkpoint:
 ``tools/robustness.py``).
 
-The machinery is :mod:`lookhere_dense.research.study` (encodings, aids, schedules, ladders, runs,
+The machinery is :mod:`research.study` (encodings, aids, schedules, ladders, runs,
 reports).
 
 Outputs in ``--out-dir``: ``{name}.json`` (settings, seeds, versions, every run's metrics
@@ -87,11 +87,11 @@ import lookhere_dense  # noqa: E402
 lookhere_dense.register_all_modules()
 from lookhere_dense.lookhere.config import PRESETS  # noqa: E402
 from lookhere_dense.lookhere.pos_encoding import POS_ENCODINGS  # noqa: E402
-from lookhere_dense.research.study.aids import AIDS  # noqa: E402
-from lookhere_dense.research.study.encodings import DEFAULT_ENCODINGS  # noqa: E402
-from lookhere_dense.research.study.ladders import LADDERS  # noqa: E402
-from lookhere_dense.research.study.reports import merge_reports, write_outputs  # noqa: E402
-from lookhere_dense.research.study.runs import LADDER_CONFIGS, RunOptions, run_study  # noqa: E402
+from research.study.aids import AIDS  # noqa: E402
+from research.study.encodings import DEFAULT_ENCODINGS  # noqa: E402
+from research.study.ladders import LADDERS  # noqa: E402
+from research.study.reports import merge_reports, write_outputs  # noqa: E402
+from research.study.runs import LADDER_CONFIGS, RunOptions, run_study  # noqa: E402
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

@@ -8,7 +8,7 @@
 #                                              # checks and JSON layout on CPU, tiny sizes
 #     bash tools/gpu_check.sh --out FILE.json  # elsewhere (other flags: --help)
 #
-# What it runs (lookhere_dense/research/benchmark/gpu_check.py; docs/gpu.md says how to
+# What it runs (research/benchmark/gpu_check.py; docs/gpu.md says how to
 # read it): env (versions, Triton, C compiler, one compiled flex probe), correctness
 # (flex forward and q/k/v/slope gradients vs the reference in float32, bfloat16, float16,
 # at stated tolerances), attn (1k-32k tokens: check, warm-up, 5 timed rounds, medians,
@@ -51,7 +51,7 @@ if ! "$py" -c 'import torch' 2>/dev/null; then
     exit 2
 fi
 if [[ " $* " == *" -h "* || " $* " == *" --help "* ]]; then
-    exec "$py" -m lookhere_dense.research.benchmark.gpu_check --help
+    exec "$py" -m research.benchmark.gpu_check --help
 fi
 scale=1
 args=("$@")
@@ -78,7 +78,7 @@ if [[ -n ${OUT:-} ]] && mkdir -p "$OUT" 2>/dev/null && : >>"$OUT/gpu_check.log" 
     exec > >(tee -a "$OUT/gpu_check.log") 2>&1
     log_pid=$!
 fi
-cmd=("$py" -m lookhere_dense.research.benchmark.gpu_check "$@")
+cmd=("$py" -m research.benchmark.gpu_check "$@")
 if command -v timeout >/dev/null; then
     echo "tools/gpu_check.sh: $py, hard cap ${cap} s"
     timeout --signal=INT --kill-after=30 "$cap" "${cmd[@]}"

@@ -37,7 +37,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from lookhere_dense.research.benchmark.peer_plot import plot_peer
+    from research.benchmark.peer_plot import plot_peer
 
     results = []
     for path in args.json:

@@ -85,12 +85,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None):
-    """Draw the picture (:func:`lookhere_dense.research.head_plots.draw_head_fields`);
+    """Draw the picture (:func:`research.head_plots.draw_head_fields`);
     returns the plotted fields (a tensor; with ``--checkpoint``: the slopes drawn,
-    :func:`~lookhere_dense.research.head_plots.draw_learned_slopes`)."""
+    :func:`~research.head_plots.draw_learned_slopes`)."""
     args = parse_args(argv)
     from lookhere_dense.errors import ToolError
-    from lookhere_dense.research.head_plots import (
+    from research.head_plots import (
         draw_head_fields,
         draw_learned_slopes,
         load_lh_config,

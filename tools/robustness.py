@@ -7,7 +7,7 @@ perturbed images are predicted whole with the config's data preprocessor and sco
 its evaluator (mmseg's ``IoUMetric``). The clean model is evaluated too, and every attack is
 summarised by its mean over the strengths (as the LookHere rebuttal averages). Outputs: a
 table on stdout, ``{name}.json``, ``{name}.md`` and ``{name}.png`` (mIoU vs strength).
-Details: :mod:`lookhere_dense.research.robustness.segmentor`.
+Details: :mod:`research.robustness.segmentor`.
 
 Examples::
 
@@ -117,14 +117,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
-    """Run the report (:func:`lookhere_dense.research.robustness.robustness_report`);
+    """Run the report (:func:`research.robustness.robustness_report`);
     returns the JSON content."""
     args = parse_args(argv)
     from lookhere_dense.apis.cli import apply_threads, quiet_known_warnings
 
     quiet_known_warnings()
     apply_threads(args.threads)
-    from lookhere_dense.research.robustness import AttackSettings, robustness_report
+    from research.robustness import AttackSettings, robustness_report
 
     settings = AttackSettings(
         attacks=tuple(dict.fromkeys(args.attack)),

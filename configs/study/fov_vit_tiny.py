@@ -1,7 +1,7 @@
 # The CPU default of `tools/extrapolation_study.py --ladder fov`: the field-of-view regime.
 # A tiny LookHereViT (6 blocks, 96 channels, 12 heads, 8 px patches) + a linear (1x1 conv)
 # decoder, trained for 600 iterations of 12 random 64x64 crops of 2000 128x128 scenes of
-# the landmark task (lookhere_dense/research/datasets/fov_scenes.py: sky / road split by a horizon
+# the landmark task (research/datasets/fov_scenes.py: sky / road split by a horizon
 # line, objects classed by the side of a tower they stand on), then tested on other scenes
 # (24 per size) whose frames are 1x, 2x, 3x and 4x the crop side at the SAME pixel scale
 # (64..256 px: more of the world, landmarks farther away), each predicted whole (one

@@ -1,6 +1,6 @@
 # The CPU default of tools/extrapolation_study.py: a tiny LookHereViT (6 blocks, 96 channels,
 # 12 heads, 8 px patches) + a linear (1x1 conv) decoder, trained for 600 iterations of 16
-# images on the relational task (lookhere_dense/research/datasets/relational.py) at 64x64 px and
+# images on the relational task (research/datasets/relational.py) at 64x64 px and
 # evaluated on 100 validation scenes rendered natively at 0.5x..4x (32..256 px: below and
 # above the training size), plus the native-aspect rows: 100 other scenes at aspect ratios
 # 1:2, 3:4, 4:3 and 2:1 whose longer side is 0.5x..4x the training side.

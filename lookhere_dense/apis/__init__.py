@@ -5,11 +5,11 @@
 * ``tools/test.py``: :func:`~.test.evaluate_checkpoint`;
 * ``tools/infer.py``: :func:`~.inference.segment_images`;
 * ``tools/swap_backbone.py``: :func:`~.swap.swap_config_file`;
-* research tooling (:mod:`lookhere_dense.research`, on top of this layer):
-  ``tools/demo.py``: :func:`lookhere_dense.research.demo.run_demo`; ``tools/extrapolate.py``:
-  :func:`lookhere_dense.research.extrapolation.extrapolation_report`;
-* ``tools/extrapolation_study.py``: :mod:`lookhere_dense.research.study`;
-* ``tools/plot_heads.py``: :func:`lookhere_dense.research.head_plots.draw_head_fields`.
+* research tooling (:mod:`research`, on top of this layer):
+  ``tools/demo.py``: :func:`research.demo.run_demo`; ``tools/extrapolate.py``:
+  :func:`research.extrapolation.extrapolation_report`;
+* ``tools/extrapolation_study.py``: :mod:`research.study`;
+* ``tools/plot_heads.py``: :func:`research.head_plots.draw_head_fields`.
 
 The tools share :mod:`.cli` (config loading, pre-flight checks, one-line errors).
 Importing this package loads no OpenMMLab module; the functions do, when called.

@@ -5,5 +5,5 @@
   ``METRICS`` by :func:`lookhere_dense.register_all_modules`).
 
 The reports (extrapolation, robustness, the study) are research tooling:
-:mod:`lookhere_dense.research`. Import the submodules directly.
+:mod:`research`. Import the submodules directly.
 """

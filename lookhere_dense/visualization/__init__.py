@@ -1,3 +1,3 @@
 """Pictures of the library: :mod:`.legend`, the class legend of a segmentation overlay
 (``tools/infer.py``). Report pictures (head fields of view, study plots) are research
-tooling: :mod:`lookhere_dense.research`. Import the submodules directly."""
+tooling: :mod:`research`. Import the submodules directly."""

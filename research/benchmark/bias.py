@@ -4,7 +4,7 @@ Ours are the relative-offset tables every backend uses
 (:func:`~lookhere_dense.lookhere.build_grid_bias`); the baseline is
 :func:`.official.official_style_bias`. Each construction runs in a fresh process
 (:func:`.fresh.run_child`) so that its peak memory (the rise of the process's peak RSS,
-:class:`~lookhere_dense.research.memory.PeakMemory`) is its own. The baseline runs
+:class:`~research.memory.PeakMemory`) is its own. The baseline runs
 ``baseline_depth`` layers (12 would need ~40 GB for a 64x64 grid) and is extrapolated
 linearly in depth from its measured per-layer stage; the result says so.
 

@@ -6,7 +6,7 @@ images to SIZE (:func:`spec_pipeline`) and the model predicts the whole image at
 (``whole``) or in windows of the config's slide crop (``slide``, :func:`slide_settings`);
 mmseg's ``IoUMetric`` scores it (:func:`evaluate_spec`). The report gives mIoU, the patch
 grid the backbone saw (vs the training grid), time per image and peak memory
-(:class:`lookhere_dense.research.memory.PeakMemory`) as a Markdown table
+(:class:`research.memory.PeakMemory`) as a Markdown table
 (:func:`format_table`), a JSON file and a PNG plot (:func:`plot_report`);
 :func:`extrapolation_report` does all of it.
 
@@ -25,8 +25,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import ConfigError
-from ..evaluation.resize import (
+from lookhere_dense.errors import ConfigError
+from lookhere_dense.evaluation.resize import (
     exact_resize,
     is_resize,
     long_side_resize,
@@ -34,7 +34,8 @@ from ..evaluation.resize import (
     scale_resizes,
     short_side_resize,
 )
-from ..validation import check_int
+from lookhere_dense.validation import check_int
+
 from .evaluate import evaluate_loader
 from .reporting import ensure_dir, figure, markdown_table, write_json
 
@@ -426,7 +427,11 @@ def extrapolation_report(
     import torch
     from mmengine.registry import init_default_scope
 
-    from ..apis.cli import build_model_from_checkpoint, load_segmentation_job, preflight
+    from lookhere_dense.apis.cli import (
+        build_model_from_checkpoint,
+        load_segmentation_job,
+        preflight,
+    )
 
     specs = [parse_spec(t) for t in tests]
     if not specs:
@@ -450,7 +455,7 @@ def extrapolation_report(
     device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
 
     model, _ = build_model_from_checkpoint(cfg, checkpoint, device)
-    from ..engine.memory_guard import install_memory_guard, parse_memory
+    from lookhere_dense.engine.memory_guard import install_memory_guard, parse_memory
 
     budget = None if max_memory is None else parse_memory(max_memory)
     try:  # the sliding window the refusal message offers

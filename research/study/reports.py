@@ -2,7 +2,7 @@
 CSV, the plot, merging reports of other seeds (:func:`merge_reports`) and writing them all
 (:func:`write_outputs`).
 
-A report is the dict :func:`lookhere_dense.research.study.runs.run_study` returns: ``command``,
+A report is the dict :func:`research.study.runs.run_study` returns: ``command``,
 ``date``, ``wall_seconds``, ``versions``, ``settings`` (config, encodings, seeds, scales,
 ladder, metric, train_size, iters, ...) and ``runs`` (one per encoding and seed, with
 ``eval = {scale: {metric: value}}``). Outputs in the output folder: ``{name}.json`` (the
@@ -383,7 +383,7 @@ def _plot_mode_panels(
 
 
 def attack_settings(settings: Dict[str, Any]):
-    """The :class:`~lookhere_dense.research.robustness.AttackSettings` of a report's
+    """The :class:`~research.robustness.AttackSettings` of a report's
     ``settings['robustness']``."""
     from ..robustness import AttackSettings, settings_from_dict
 
@@ -432,7 +432,7 @@ def format_robustness(
     runs: Sequence[Dict[str, Any]], settings: Dict[str, Any], metric: str = 'mIoU'
 ) -> str:
     """The robustness table of a report (one row per encoding, mean ± std over seeds;
-    :func:`~lookhere_dense.research.robustness.format_robustness_table`)."""
+    :func:`~research.robustness.format_robustness_table`)."""
     from ..robustness import format_robustness_table
 
     return format_robustness_table(

@@ -176,7 +176,7 @@ def bench_vit(
         backends: LookHere backends timed besides ``auto``. Default: chunked.
         with_mmseg: also time mmseg's ``VisionTransformer`` (skipped, and said so in
             ``skipped``, where mmseg is not installed). Default: True.
-        dtype: name in :data:`~lookhere_dense.research.benchmark.DTYPES`. Default: float32.
+        dtype: name in :data:`~research.benchmark.DTYPES`. Default: float32.
         repeats: interleaved rounds. Default: 5.
 
     Returns:

@@ -2,16 +2,16 @@
 extrapolation report.
 
 1. :func:`generate_dataset` writes a tiny ADE20K-layout dataset (and a Cityscapes-layout
-   one) of procedurally drawn scenes (:mod:`lookhere_dense.research.datasets.synthetic_seg`), stamped
+   one) of procedurally drawn scenes (:mod:`research.datasets.synthetic_seg`), stamped
    with the settings that made it (:data:`STAMP`);
 2. :func:`run_demo` trains a LookHere ViT-T Segmenter on each
    (:func:`lookhere_dense.apis.train.train_model`: mmengine Runner, mmseg's IoUMetric
    validation at the end), runs the extrapolation report on each checkpoint
-   (:func:`lookhere_dense.research.extrapolation.extrapolation_report`), writes the
+   (:func:`research.extrapolation.extrapolation_report`), writes the
    field-of-view view of the Cityscapes layout (the whole frame vs sliding windows of the
    training crop at the frame's own pixel scale, :func:`write_fov_view`) and writes
    ``<work_dir>/demo_summary.json`` with the validation mIoU next to chance levels
-   (:func:`lookhere_dense.research.chance.chance_levels`) of the same validation labels
+   (:func:`research.chance.chance_levels`) of the same validation labels
    and the environment (:func:`environment`).
 
 Reproducible: on one machine and software environment the demo gives the same numbers on
@@ -34,7 +34,7 @@ import os.path as osp
 import time
 from typing import Any, Callable, Dict, Optional, Sequence
 
-from ..errors import ConfigError
+from lookhere_dense.errors import ConfigError
 
 __all__ = [
     'DEMOS',
@@ -101,7 +101,7 @@ def _stamp(name: str, num_train: Optional[int], num_val: Optional[int]) -> Dict[
     )
     settings = {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
     return dict(
-        generator=f'lookhere_dense.research.datasets.synthetic_seg.{make.__name__}',
+        generator=f'research.datasets.synthetic_seg.{make.__name__}',
         version=DATA_VERSION,
         settings=settings,
     )
@@ -263,7 +263,7 @@ def write_fov_view(
     """The field-of-view view of an extrapolation report: its rows ``tests`` (the whole
     frame and sliding windows of the training crop, both at the frame's own pixel scale)
     as ``fov_view.md`` (Markdown table), ``fov_view.json`` and ``fov_view.png`` (mIoU, time
-    and peak memory, :func:`~lookhere_dense.research.extrapolation.plot_report`).
+    and peak memory, :func:`~research.extrapolation.plot_report`).
 
     Returns:
         ``dict(rows, table, json, png, md)``; None when the report lacks one of ``tests``.
@@ -318,8 +318,9 @@ def run_demo(
 
     lookhere_dense.register_all_modules()
 
-    from ..apis.cli import parse_cfg_options
-    from ..apis.train import train_model
+    from lookhere_dense.apis.cli import parse_cfg_options
+    from lookhere_dense.apis.train import train_model
+
     from . import REPO
     from .chance import chance_levels
     from .extrapolation import extrapolation_report

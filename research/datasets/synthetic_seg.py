@@ -17,7 +17,7 @@ The files are exactly what mmseg's ``ADE20KDataset`` / ``CityscapesDataset`` rea
     <root>/cityscapes/gtFine/{train,val}/<city>/<city>_%06d_%06d_gtFine_labelTrainIds.png
         uint8 train ids 0..18, 255 = ignore (the ego-vehicle hood)
 
-Command line: ``python -m lookhere_dense.research.datasets.synthetic_seg --out data`` (see ``--help``).
+Command line: ``python -m research.datasets.synthetic_seg --out data`` (see ``--help``).
 """
 
 from __future__ import annotations

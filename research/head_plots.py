@@ -24,12 +24,21 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .. import compat
-from ..checkpoint import load_checkpoint_file
-from ..lookhere.bias import build_grid_bias
-from ..lookhere.config import LookHereConfig, head_layout, layer_slopes, resolve_lh_config
-from ..lookhere.slopes import configured_slopes, format_slope_table, slopes_from_state_dict
-from ..lookhere.weights import backbone_weights, file_num_heads
+from lookhere_dense import compat
+from lookhere_dense.checkpoint import load_checkpoint_file
+from lookhere_dense.lookhere.bias import build_grid_bias
+from lookhere_dense.lookhere.config import (
+    LookHereConfig,
+    head_layout,
+    layer_slopes,
+    resolve_lh_config,
+)
+from lookhere_dense.lookhere.slopes import (
+    configured_slopes,
+    format_slope_table,
+    slopes_from_state_dict,
+)
+from lookhere_dense.lookhere.weights import backbone_weights, file_num_heads
 
 __all__ = [
     'head_fields',

@@ -95,7 +95,7 @@ def bench_attention(
         num_heads: heads. Default: 12.
         embed_dims: channels (head dim = ``embed_dims // num_heads``). Default: 768.
         device: ``'cpu'`` (tile sparsity only) or ``'cuda'`` (timings too). Default: cpu.
-        dtype: name in :data:`~lookhere_dense.research.benchmark.DTYPES`. Default: ``'bfloat16'``.
+        dtype: name in :data:`~research.benchmark.DTYPES`. Default: ``'bfloat16'``.
         repeats: timed interleaved rounds on CUDA (at least 10). Default: 10.
         backward: on CUDA also time forward + backward (``train_seconds``, ratios
             ``train_flex_vs_nobias`` / ``train_dense_vs_flex``). Default: True.

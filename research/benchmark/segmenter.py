@@ -3,7 +3,7 @@ backbone alone, side by side (needs OpenMMLab).
 
 :func:`whole_frame_memory` builds the model of an mmseg config (random init: no
 checkpoint, no data) and measures, each case in a fresh child process
-(:func:`lookhere_dense.research.benchmark.fresh.run_child`, case kind ``segmenter``) so that peaks
+(:func:`research.benchmark.fresh.run_child`, case kind ``segmenter``) so that peaks
 do not carry over:
 
 ``backbone``  the config's backbone alone (built alone) on the preprocessed frame;
@@ -15,7 +15,7 @@ do not carry over:
               drop-ins (:data:`MMSEG_ORIGINALS`), for contrast; skipped when the config
               uses none of them.
 
-Memory is :class:`lookhere_dense.research.memory.PeakMemory`: the process's peak RSS on
+Memory is :class:`research.memory.PeakMemory`: the process's peak RSS on
 the CPU (exact kernel high-water mark, reset after building the model, making the
 inputs and a warm-up), ``torch.cuda.max_memory_allocated`` on CUDA. Peaks are of the
 whole process / all allocated memory (weights included); ``rise`` is what the measured
@@ -131,7 +131,7 @@ def segmenter_case(spec: Dict[str, Any]) -> Dict[str, Any]:
 
     Returns:
         ``spec`` plus ``peak_bytes``, ``start_bytes``, ``rise_bytes``, ``meter`` (the
-        :class:`~lookhere_dense.research.memory.PeakMemory` kind), ``seconds`` (the
+        :class:`~research.memory.PeakMemory` kind), ``seconds`` (the
         measured call), ``types`` (segmentor, backbone, head).
     """
     import torch

@@ -306,7 +306,7 @@ def write_fov_dataset(
     root: str, settings: FovSceneSettings = FovSceneSettings(), progress: bool = False
 ) -> Dict[str, Any]:
     """(Re)write the dataset folder ``root`` for ``settings`` (see the module docstring;
-    :func:`lookhere_dense.research.datasets.folders.write_dataset`). Returns the ``meta.json`` content."""
+    :func:`research.datasets.folders.write_dataset`). Returns the ``meta.json`` content."""
     splits = [('train', settings.size_at(settings.train_scale), settings.num_train)]
     splits += [(split_name(s), settings.size_at(s), settings.num_val) for s in settings.scales]
 

@@ -7,14 +7,14 @@ Every run is a real mmengine ``Runner`` on an mmseg config in which only
 runs share the trunk's initial weights (see
 :func:`lookhere_dense.lookhere.pos_encoding.isolated_rng`) and the order of the training
 data. After training, each test scale is evaluated in every mode of the ladder
-(:func:`~lookhere_dense.research.study.ladders.ladder_modes`) with
+(:func:`~research.study.ladders.ladder_modes`) with
 :class:`~lookhere_dense.evaluation.metrics.PerClassIoUMetric`: zoom ladders (and their
 native-aspect rows) with the segmentor's own ``test_step`` on the rung's batches through
-:func:`~lookhere_dense.research.evaluate.evaluate`, the field-of-view ladder through
-:func:`~lookhere_dense.research.evaluate.evaluate_loader` (whole vs sliding windows); every
+:func:`~research.evaluate.evaluate`, the field-of-view ladder through
+:func:`~research.evaluate.evaluate_loader` (whole vs sliding windows); every
 rung is timed (model seconds per image) and its peak memory measured. With ``robustness``
 every run is also attacked (FGSM / PGD,
-:mod:`lookhere_dense.research.robustness.segmentor`) on the validation images of the 1x rung
+:mod:`research.robustness.segmentor`) on the validation images of the 1x rung
 (:func:`evaluate_robustness`).
 """
 
@@ -60,7 +60,7 @@ __all__ = [
 
 
 def _repo() -> str:
-    from lookhere_dense.research import REPO
+    from research import REPO
 
     return REPO
 
@@ -81,7 +81,7 @@ class RunOptions:
 
     Attributes:
         iters: training iterations; iteration-based LR schedules are stretched to match
-            (:func:`~lookhere_dense.research.study.schedules.schedule_to`). Default: None.
+            (:func:`~research.study.schedules.schedule_to`). Default: None.
         batch_size: training batch size. Default: None.
         lr: learning rate. Default: None.
         val_interval: also validate at 1x every N iterations while training. Default: None
@@ -99,7 +99,7 @@ class RunOptions:
 
 def run_config(base_cfg, spec: str, seed: int, options: RunOptions, work_dir: str):
     """A deep copy of ``base_cfg`` for one run (run ``spec``: an encoding with optional
-    training aids, :func:`~lookhere_dense.research.study.aids.split_run_spec`; ``seed``,
+    training aids, :func:`~research.study.aids.split_run_spec`; ``seed``,
     ``options``); the encoding's options from ``extrapolation.encoding_options``."""
     encoding, aids = split_run_spec(spec)
     cfg = copy.deepcopy(base_cfg)
@@ -142,14 +142,14 @@ def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str) -
 
     * ``'test'`` -- the run's ``test_cfg`` on the rung's batches (zoom ladders), the
       segmentor's own ``test_step`` (what mmengine's ``ValLoop`` runs) through
-      :func:`~lookhere_dense.research.evaluate.evaluate`, which also times the model and
+      :func:`~research.evaluate.evaluate`, which also times the model and
       meters the peak memory (the keys of ``'whole'`` below);
     * ``'native_aspect'`` -- the same on the native-aspect rung (images at their own aspect,
       long side ``scale`` times the training side; one image per batch,
-      :func:`~lookhere_dense.research.study.ladders.native_aspect_dataloader`);
+      :func:`~research.study.ladders.native_aspect_dataloader`);
     * ``'whole'`` / ``'slide'`` -- the whole frame in one pass / mmseg's sliding windows of
       the training crop (:func:`slide_window`), one frame per batch, through
-      :func:`~lookhere_dense.research.evaluate.evaluate_loader`: the metrics plus
+      :func:`~research.evaluate.evaluate_loader`: the metrics plus
       ``input_h`` / ``input_w`` (the median frame), ``sec_per_img`` (model time),
       ``peak_mem_mb``, ``mem_rise_mb`` (the peak above the memory in use when the loop
       started) and ``memory_kind``;
@@ -212,7 +212,7 @@ def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str) -
 
 def evaluate_robustness(runner, cfg, study: Dict[str, Any]) -> Dict[str, Any]:
     """Attack the run's model with ``study['robustness']`` (FGSM / PGD,
-    :func:`~lookhere_dense.research.robustness.segmentor.robustness_sweep`) on the validation
+    :func:`~research.robustness.segmentor.robustness_sweep`) on the validation
     images
     of the 1x rung (the training size), predicted whole, scored with the ladder's
     evaluator.
@@ -351,7 +351,7 @@ def run_study(
 ) -> Dict[str, Any]:
     """Train and evaluate every (seed, run); returns the report dict (``command``,
     ``date``, ``wall_seconds``, ``versions``, ``settings``, ``runs``; write it with
-    :func:`lookhere_dense.research.study.reports.write_outputs`).
+    :func:`research.study.reports.write_outputs`).
 
     Args:
         config: mmseg config with a LookHereViT backbone (and optionally the generated
@@ -359,7 +359,7 @@ def run_study(
             ladder's CPU default, :data:`LADDER_CONFIGS`; :data:`DEFAULT_CONFIG` without
             a ladder).
         encodings: encodings (or run specs with training aids,
-            :func:`~lookhere_dense.research.study.aids.split_run_spec`) to compare. Default: None
+            :func:`~research.study.aids.split_run_spec`) to compare. Default: None
             (the config's ``extrapolation.encodings``, else :data:`DEFAULT_ENCODINGS`).
         seeds: one run per encoding and seed. Default: ``(0,)``.
         options: per-run overrides. Default: None (:class:`RunOptions()`).
@@ -369,14 +369,14 @@ def run_study(
         cfg_options: config overrides. Default: None.
         command: the command line, stored in the report. Default: ``''``.
         ladder: override the config's ``extrapolation.ladder``. Default: None.
-        aids: extrapolation aids for every run (:mod:`lookhere_dense.research.study.aids`),
+        aids: extrapolation aids for every run (:mod:`research.study.aids`),
             replacing the config's ``extrapolation.aids``. Default: None (the config's).
         native_aspect: add the native-aspect rows (zoom ladders; see
-            :mod:`lookhere_dense.research.study.ladders`). Default: None (the config's
+            :mod:`research.study.ladders`). Default: None (the config's
             ``extrapolation.native_aspect``, else off).
         robustness: attack every run (FGSM / PGD at the settings of
             ``extrapolation.robustness``, default
-            :data:`~lookhere_dense.research.study.ladders.STUDY_ROBUSTNESS`). Default: False.
+            :data:`~research.study.ladders.STUDY_ROBUSTNESS`). Default: False.
 
     Raises:
         ValueError: a bad encoding, aid, encoding option (before any training), ladder,

@@ -48,9 +48,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from lookhere_dense.validation import check_int
 from lookhere_dense.validation import settings_from_dict as _from_dict
 
-from ...validation import check_int
 from .folders import ensure_dataset, write_dataset, write_png
 
 __all__ = [
@@ -333,7 +333,7 @@ def write_relational_dataset(
     root: str, settings: RelationalSettings = RelationalSettings(), progress: bool = False
 ) -> Dict[str, Any]:
     """(Re)write the dataset folder ``root`` for ``settings`` (see the module docstring;
-    written by :func:`lookhere_dense.research.datasets.folders.write_dataset`).
+    written by :func:`research.datasets.folders.write_dataset`).
 
     Train scenes come from ``default_rng([seed, 0])``, validation scenes from
     ``default_rng([seed, 1])``: the validation scenes are the same at every scale. The

@@ -4,7 +4,7 @@ predictions with the config's evaluator, time the model and meter the peak memor
 * :func:`evaluate` -- the loop, with the per-batch work as a function (``step``);
 * :func:`evaluate_loader` -- the segmentor predicting ``whole`` or with mmseg's ``slide``
   inference (the extrapolation report, the study's ladders);
-* the attacks of :mod:`lookhere_dense.research.robustness` pass their own ``step``
+* the attacks of :mod:`research.robustness` pass their own ``step``
   (perturb, then predict).
 """
 
@@ -15,7 +15,8 @@ import copy
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..apis.cli import quiet_mmengine_logger
+from lookhere_dense.apis.cli import quiet_mmengine_logger
+
 from .memory import PeakMemory, free_memory
 
 __all__ = [
@@ -143,7 +144,7 @@ def evaluate_loader(
         model: an mmseg segmentor in eval mode; its ``test_cfg`` is set to ``mode``.
         mode: ``'whole'`` or ``'slide'``.
         slide: ``(crop, stride)`` of ``slide`` mode (e.g.
-            :func:`lookhere_dense.research.extrapolation.slide_settings`). Default: None.
+            :func:`research.extrapolation.slide_settings`). Default: None.
         dataloader, evaluator, device, desc: as :func:`evaluate`.
 
     Returns:

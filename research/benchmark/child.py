@@ -1,8 +1,8 @@
 """Benchmark cases that run in a fresh interpreter (torch only; the case decides the rest).
 
-What runs in the child: ``python -m lookhere_dense.research.benchmark.child '<case JSON>'``
+What runs in the child: ``python -m research.benchmark.child '<case JSON>'``
 runs one case (:func:`run_case`) and prints its result as the last stdout line. The
-parent side, :func:`lookhere_dense.research.benchmark.fresh.run_child`, starts it; the
+parent side, :func:`research.benchmark.fresh.run_child`, starts it; the
 case modules import that, never this one, so the dispatch below does not import back.
 
 =============  ==================================================  ==================
@@ -62,10 +62,10 @@ def run_case(case: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """``python -m lookhere_dense.research.benchmark.child '<case JSON>'``: print the result JSON."""
+    """``python -m research.benchmark.child '<case JSON>'``: print the result JSON."""
     args = sys.argv[1:] if argv is None else list(argv)
     if len(args) != 1:
-        raise SystemExit("usage: python -m lookhere_dense.research.benchmark.child '<case JSON>'")
+        raise SystemExit("usage: python -m research.benchmark.child '<case JSON>'")
     print(json.dumps(run_case(json.loads(args[0]))))
 
 

@@ -1,7 +1,7 @@
 """Benchmark cases in a fresh interpreter (torch only; the case decides the rest).
 
 A case is a JSON-able dict with a ``kind`` (:data:`~.child.CASE_KINDS`); :func:`run_child`
-starts ``python -m lookhere_dense.research.benchmark.child '<case JSON>'`` and reads the
+starts ``python -m research.benchmark.child '<case JSON>'`` and reads the
 result, the child's last stdout line that is a JSON object. A fresh process gives every
 case the same clean start: peak-memory figures are not inflated by what an earlier case
 left behind, and no case inherits another's warm caches.
@@ -19,18 +19,21 @@ from typing import Any, Dict
 __all__ = ['run_child', 'CHILD_MODULE']
 
 #: the module the child runs (:mod:`.child`), by name: this module does not import it
-CHILD_MODULE = 'lookhere_dense.research.benchmark.child'
+CHILD_MODULE = 'research.benchmark.child'
 
 
 def _child_env() -> Dict[str, str]:
-    """This environment, with the directory of the imported ``lookhere_dense`` first on
-    ``PYTHONPATH``: the child runs the same code as the parent (a checkout, not another
-    installed copy)."""
+    """This environment, with the folders of the imported ``research`` and ``lookhere_dense``
+    first on ``PYTHONPATH``: the child runs the same code as the parent (a checkout, not
+    another installed copy), and finds ``research`` (never installed) wherever it starts."""
     import lookhere_dense
 
-    root = str(Path(lookhere_dense.__file__).resolve().parents[1])
+    roots = [str(Path(__file__).resolve().parents[2])]  # the folder holding research/
+    library = str(Path(lookhere_dense.__file__).resolve().parents[1])
+    if library not in roots:
+        roots.append(library)
     env = dict(os.environ)
-    env['PYTHONPATH'] = os.pathsep.join(p for p in (root, env.get('PYTHONPATH')) if p)
+    env['PYTHONPATH'] = os.pathsep.join(p for p in (*roots, env.get('PYTHONPATH')) if p)
     return env
 
 

@@ -14,11 +14,13 @@
 * :mod:`.head_plots` -- each LookHere head's field of view and penalty
   (``tools/plot_heads.py``).
 
-Import the submodules directly. Research tooling runs from a checkout of the repository
-(it is not in the wheel): :data:`REPO` is that checkout's root.
+Import the submodules directly. Research tooling is a top-level package of the repository,
+beside ``lookhere_dense/``: it is not in the wheel and runs from a checkout (``tools/`` put the
+repository root on ``sys.path``; so does pytest, ``pythonpath`` in ``pyproject.toml``), and
+no library module imports it (an import-linter contract). :data:`REPO` is that checkout's root.
 """
 
 import os.path as osp
 
 #: the repository root (``configs/``, ``tools/``, ``docs/``); research tooling only
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))

@@ -31,8 +31,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ...validation import check_bool, check_int, check_number, is_number
-from ...validation import settings_from_dict as settings_from_dict_
+from lookhere_dense.validation import check_bool, check_int, check_number, is_number
+from lookhere_dense.validation import settings_from_dict as settings_from_dict_
 
 __all__ = [
     'ATTACKS',

@@ -25,8 +25,9 @@ from typing import Any, Callable, Dict, Optional
 import torch
 from torch import Tensor
 
-from ...errors import ConfigError
-from ...evaluation.resize import transform_name
+from lookhere_dense.errors import ConfigError
+from lookhere_dense.evaluation.resize import transform_name
+
 from ..evaluate import evaluate
 from .attacks import ATTACKS, AttackSettings, fgsm, pgd, pixel_box
 

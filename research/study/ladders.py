@@ -9,7 +9,7 @@ Two kinds of ladder, chosen by the config's ``extrapolation`` dict:
 model predicts each image whole (the config's ``test_cfg`` with ``--keep-test-mode``):
 
 * ``ladder='rendered'`` (``configs/study/relational_vit_tiny.py``): the validation scenes
-  of :mod:`lookhere_dense.research.datasets.relational`, rendered natively at every scale into
+  of :mod:`research.datasets.relational`, rendered natively at every scale into
   ``val_x{scale}`` folders (written by :func:`prepare_data` on first use);
 * ``ladder='resize'`` (any other mmseg config with a ``LookHereViT`` backbone, e.g. the
   Segmenter ADE20K / Cityscapes configs on a GPU): every ``Resize`` of the validation
@@ -18,12 +18,12 @@ model predicts each image whole (the config's ``test_cfg`` with ``--keep-test-mo
 
 The *field-of-view* ladder, ``ladder='fov'`` (``configs/study/fov_vit_tiny.py``): rung ``s``
 holds frames ``s`` times the training crop's side at the *same* pixel scale (``s``² times
-as much of the scene; :mod:`lookhere_dense.research.datasets.fov_scenes`, folders ``val_x{scale}``),
+as much of the scene; :mod:`research.datasets.fov_scenes`, folders ``val_x{scale}``),
 and every frame is predicted twice: ``whole`` (one pass over the whole frame) and
 ``slide`` (mmseg's sliding-window inference with windows of the training crop,
 :func:`slide_window`) -- the reference line whole-frame inference must beat. Each
 prediction is timed and its peak memory measured
-(:func:`lookhere_dense.research.evaluate.evaluate_loader`).
+(:func:`research.evaluate.evaluate_loader`).
 
 Test-time aids (``--aids log_n``, :mod:`.aids`) add a mode: ``log_n`` is the ladder's
 whole-image prediction with the backbone's ``log_n_scaling`` on.
@@ -78,7 +78,7 @@ DEFAULT_SCALES = (1.0, 1.5, 2.0, 3.0, 4.0)
 #: the mode of the native-aspect rows (see the module docstring)
 NATIVE_ASPECT = 'native_aspect'
 #: the attacks of ``--robustness`` where the config's ``extrapolation.robustness`` does not
-#: say otherwise (:class:`~lookhere_dense.research.robustness.AttackSettings`): FGSM and
+#: say otherwise (:class:`~research.robustness.AttackSettings`): FGSM and
 #: 5-step PGD at 1, 2, 4, 8 /255 on the validation images of the 1x rung
 STUDY_ROBUSTNESS = dict(attacks=('fgsm', 'pgd'), eps=(1.0, 2.0, 4.0, 8.0), steps=5)
 
@@ -163,7 +163,7 @@ class Ladder:
         rung: ``(val_dataloader dict, study settings, scale) -> val_dataloader dict``.
         modes: the predictions of every rung: ``('test',)`` (the run's ``test_cfg``, through
             mmengine's ``ValLoop``) or ``('whole', 'slide')`` (timed and measured, through
-            :func:`lookhere_dense.research.evaluate.evaluate_loader`). The first is
+            :func:`research.evaluate.evaluate_loader`). The first is
             the report's main line.
         description: one line for help texts.
         native_aspect: the rung builder of the ``native_aspect`` mode (same signature as
@@ -247,7 +247,7 @@ def study_settings(
         (``extrapolation.native_aspect``, default False) ``native_aspect=True`` and
         ``aspect_prefix`` (``extrapolation.aspect_prefix``, default
         ``'val_aspect_x{scale:g}'``); with ``robustness`` (default False) ``robustness``,
-        the :class:`~lookhere_dense.research.robustness.AttackSettings` of
+        the :class:`~research.robustness.AttackSettings` of
         ``extrapolation.robustness`` as a dict (defaults: :data:`STUDY_ROBUSTNESS`).
 
     Raises:
@@ -300,11 +300,11 @@ def study_settings(
 #: ``settings_from_dict``)
 GENERATED_DATASETS = {
     'relational': (
-        'lookhere_dense.research.datasets.relational',
+        'research.datasets.relational',
         'ensure_relational_dataset',
         'train_size',
     ),
-    'fov_scenes': ('lookhere_dense.research.datasets.fov_scenes', 'ensure_fov_dataset', 'crop'),
+    'fov_scenes': ('research.datasets.fov_scenes', 'ensure_fov_dataset', 'crop'),
 }
 
 

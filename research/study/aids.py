@@ -94,7 +94,7 @@ def check_aids(aids: Sequence[str]) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
 
 def split_run_spec(spec: str) -> Tuple[str, Tuple[str, ...]]:
     """``'lookhere:lh45+mixed_crops'`` -> ``('lookhere:lh45', ('mixed_crops',))``; the
-    encoding part is checked by :func:`~lookhere_dense.research.study.encodings.parse_encoding`.
+    encoding part is checked by :func:`~research.study.encodings.parse_encoding`.
 
     Raises:
         ValueError: an unknown encoding or aid, a test-time aid in a run spec (it is an

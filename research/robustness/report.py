@@ -1,6 +1,6 @@
 """The robustness report (``tools/robustness.py``): the clean model and every attack at every
 strength (:func:`~.segmentor.robustness_sweep`) as a table, JSON and a plot, through the one
-reporting layer (:mod:`lookhere_dense.research.reporting`).
+reporting layer (:mod:`research.reporting`).
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ __all__ = ['environment', 'format_table', 'format_segmenter']
 
 
 def _checkout() -> Path:
-    """The directory above the imported ``lookhere_dense`` (the repository in a checkout)."""
-    return Path(__file__).resolve().parents[3]
+    """The repository root: the folder above ``research/`` (and ``lookhere_dense/``)."""
+    return Path(__file__).resolve().parents[2]
 
 
 def _mb(x: Optional[float]) -> str:
@@ -248,7 +248,7 @@ def format_peer(pr: Dict[str, Any]) -> List[str]:
 
 def format_segmenter(res: Dict[str, Any]) -> str:
     """A small text table of one ``whole_frame_memory`` result
-    (:func:`lookhere_dense.research.benchmark.segmenter.whole_frame_memory`): per case its peak,
+    (:func:`research.benchmark.segmenter.whole_frame_memory`): per case its peak,
     rise, seconds, peak over the backbone's and the classes built; failed or skipped
     cases say why; the verdict on the target last."""
     lines = [

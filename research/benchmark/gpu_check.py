@@ -1,6 +1,6 @@
 """The one prepared GPU run behind ``tools/gpu_check.sh``, and its CPU simulation.
 
-``python3 -m lookhere_dense.research.benchmark.gpu_check [--simulate-cpu] [--out PATH]``
+``python3 -m research.benchmark.gpu_check [--simulate-cpu] [--out PATH]``
 runs four sections in order, each under its own time budget (:data:`BUDGET_S`):
 
 ``env``          torch / CUDA / timm / Triton / C compiler, dynamo's recompile settings, and
@@ -1034,7 +1034,7 @@ def default_out() -> Path:
     under it), else ``docs/benchmark_cuda.json`` of the checkout."""
     if os.environ.get('OUT'):
         return Path(os.environ['OUT']) / 'gpu_check.json'
-    return Path(__file__).resolve().parents[3] / 'docs' / 'benchmark_cuda.json'
+    return Path(__file__).resolve().parents[2] / 'docs' / 'benchmark_cuda.json'
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -1052,7 +1052,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     plan.compile_backend = args.compile_backend or plan.compile_backend
     plan.recompile_limit = args.recompile_limit
     out = args.out or default_out()
-    command = 'python3 -m lookhere_dense.research.benchmark.gpu_check ' + ' '.join(
+    command = 'python3 -m research.benchmark.gpu_check ' + ' '.join(
         sys.argv[1:] if argv is None else list(argv)
     )
     return run(plan, out, command.strip())
