@@ -41,6 +41,7 @@ def subset_bias(
     keep: Tensor,
     num_prefix: int = 0,
     key_term: Optional[Tensor] = None,
+    index: Optional[Tensor] = None,
 ) -> Tensor:
     """The LookHere bias among the kept patches, from their coordinates on the grid.
 
@@ -52,6 +53,8 @@ def subset_bias(
         num_prefix: ``J`` global prefix tokens in front of the kept patches (0 to and from
             them). Default: 0.
         key_term: optional ``(heads, H*W)`` per-key term of ``center`` heads. Default: None.
+        index: the ``(B, K, K)`` table index of ``keep`` (:func:`pair_index`), when already
+            computed (it is the same for every layer). Default: None.
 
     Returns:
         ``(B, heads, J + K, J + K)`` in ``table``'s dtype (``-inf`` where a head cannot see).
@@ -66,7 +69,8 @@ def subset_bias(
         )
     b, k = keep.shape
     heads = table.shape[0]
-    index = pair_index((height, width), keep[:, :, None], keep[:, None, :])  # (B, K, K)
+    if index is None:
+        index = pair_index((height, width), keep[:, :, None], keep[:, None, :])  # (B, K, K)
     patch = table.flatten(1).index_select(1, index.flatten()).view(heads, b, k, k)
     patch = patch.transpose(0, 1)  # (B, heads, K, K), a view
     if key_term is not None:
@@ -137,6 +141,7 @@ class SubsetAttention:
         self.grid_size = (int(grid_size[0]), int(grid_size[1]))
         self.full = backend == 'auto' and is_full_grid(keep, self.grid_size[0] * self.grid_size[1])
         self.last_backend: Optional[str] = None
+        self._index: Optional[Tensor] = None  # the (B, K, K) table index, shared by all layers
 
     def _bias(self, layer: int, prefix: int, device: torch.device, dtype: torch.dtype) -> Tensor:
         engine = self.pos_enc.engine
@@ -149,7 +154,9 @@ class SubsetAttention:
             gb = engine.slope_bias(layer, self.grid_size, device, dtype, slopes)
             table = gb.table[0]
             key = None if gb.key_term is None else gb.key_term[0]
-        return subset_bias(table, self.grid_size, self.keep, prefix, key)
+        if self._index is None:
+            self._index = pair_index(self.grid_size, self.keep[:, :, None], self.keep[:, None, :])
+        return subset_bias(table, self.grid_size, self.keep, prefix, key, self._index)
 
     def __call__(
         self,
