@@ -210,6 +210,38 @@ def test_interrupt_leaves_valid_json_with_the_finished_cases(tmp_path: Path):
     assert 'the JSON holds every finished case' in stdout
 
 
+def test_interrupt_wrapped_by_the_compiler_still_ends_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """SIGINT landing inside dynamo is re-raised as an ordinary exception (what CI saw: the
+    case failed and the run went on to exit 3): the run still stops after that case, exit
+    130, the case's error names the signal and no later case runs."""
+    import research.benchmark.gpu_check as gc
+
+    calls = []
+
+    def swallowed(plan, dtype, learn, watch):
+        calls.append((dtype, learn))
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt as err:  # what torch._dynamo does with it
+            raise RuntimeError('InternalTorchDynamoError: KeyboardInterrupt') from err
+        raise AssertionError('the signal did not arrive')
+
+    monkeypatch.setattr(gc, 'env_section', lambda *args: None)
+    monkeypatch.setattr(gc, 'correctness_case', swallowed)
+    plan = gc.simulate_plan()
+    plan.sections = ('correctness', 'attn')
+    assert gc.run(plan, tmp_path / 'r.json', 'test') == 130
+    data = json.loads((tmp_path / 'r.json').read_text())
+    assert not data['finished'] and data['interrupted'].startswith('signal 2')
+    (case,) = data['sections']['correctness']['cases']
+    assert case['status'] == 'failed' and case['error'].startswith('interrupted by signal 2')
+    assert len(calls) == 1 and 'attn' not in data['sections']
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_default_output_is_under_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """$OUT set: $OUT/gpu_check.json (the device tool returns only files under it); unset:
     docs/benchmark_cuda.json of the checkout."""

@@ -250,10 +250,15 @@ class Recorder:
     def add(self, section: str, case: Dict[str, Any]) -> Dict[str, Any]:
         """Append ``case`` to ``section``, rewrite the file, print its progress line."""
         case.setdefault('elapsed_s', self.elapsed())
+        if _SIGNALLED and case['status'] == FAILED:
+            # the failure may be the interrupt itself, wrapped by the code it landed in
+            case['error'] = f'interrupted by signal {_SIGNALLED[0]}: {case.get("error")}'
         self.data['sections'][section]['cases'].append(case)
         self.write()
         note = case.get('summary') or case.get('reason') or case.get('error') or ''
         self.say(f'{section:<11} {case["name"]}: {case["status"].upper()} {note}'.rstrip())
+        if _SIGNALLED:
+            raise KeyboardInterrupt(f'signal {_SIGNALLED[0]}')
         return case
 
     def write(self) -> None:
@@ -831,7 +836,16 @@ def _table(data: Dict[str, Any]) -> str:
     return '\n'.join(lines)
 
 
+_SIGNALLED: List[int] = []
+"""Signals received during :func:`run`. The handler raises KeyboardInterrupt, but code it
+lands in may turn that into an ordinary exception (dynamo wraps what is raised while it
+traces or compiles), which one case's ``except Exception`` would then record as a failure
+and go on: :meth:`Recorder.add` raises again after any case that finished with a signal
+pending, so an interrupt always ends the run (exit 130)."""
+
+
 def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
+    _SIGNALLED.append(signum)
     raise KeyboardInterrupt(f'signal {signum}')
 
 
@@ -848,6 +862,7 @@ def run(plan: Plan, out: Path, command: str) -> int:
     rec = Recorder(out, data)
     signals = (signal.SIGTERM, signal.SIGINT)
     handlers = {sig: signal.getsignal(sig) for sig in signals}
+    _SIGNALLED.clear()
     for sig in signals:  # also where SIGINT came in ignored
         signal.signal(sig, _interrupt)
     status = 0
@@ -890,6 +905,7 @@ def run(plan: Plan, out: Path, command: str) -> int:
         status = 130
     for sig in signals:  # the last write must not be interrupted (the cap's SIGINT)
         signal.signal(sig, signal.SIG_IGN)
+    _SIGNALLED.clear()
     try:
         data['goals'] = goals(data)
     except Exception as err:  # never at the cost of the file
