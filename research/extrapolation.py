@@ -427,11 +427,8 @@ def extrapolation_report(
     import torch
     from mmengine.registry import init_default_scope
 
-    from lookhere_dense.apis.cli import (
-        build_model_from_checkpoint,
-        load_segmentation_job,
-        preflight,
-    )
+    from lookhere_dense.apis.cli import load_segmentation_job, preflight
+    from lookhere_dense.apis.inference import build_model_from_checkpoint
 
     specs = [parse_spec(t) for t in tests]
     if not specs:

@@ -80,7 +80,8 @@ def test_two_cpu_processes_train_in_step(tmp_path):
     w0, w1 = (torch.load(work / f'rank{r}.pth', weights_only=True) for r in (0, 1))
     assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)
 
-    from lookhere_dense.apis.cli import build_model_from_checkpoint, load_config
+    from lookhere_dense.apis.cli import load_config
+    from lookhere_dense.apis.inference import build_model_from_checkpoint
 
     cfg = load_config(ADE_CFG, options(*SHRINK))
     model, _ = build_model_from_checkpoint(cfg, str(work / 'iter_2.pth'))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import difflib
 import logging
 import os
@@ -30,7 +29,6 @@ __all__ = [
     'set_work_dir',
     'preflight',
     'run_main',
-    'build_model_from_checkpoint',
     'ToolArgumentParser',
     'CfgOptionsAction',
     'add_cfg_options_arg',
@@ -360,8 +358,12 @@ def preflight(
     Raises:
         lookhere_dense.errors.ConfigError, lookhere_dense.errors.DataCheckError.
     """
+    from ..config_checks import (
+        check_model_cfg,
+        check_pretrained_files,
+        clear_inherited_pretrained,
+    )
     from ..data.checks import check_dataset_layout, check_seg_data
-    from ..swap import check_model_cfg, check_pretrained_files, clear_inherited_pretrained
 
     def warn(msg: str) -> None:
         _log(msg, logging.WARNING)
@@ -409,47 +411,3 @@ def run_main(
             msg = re.sub(r'^[\w.]+Error: ', '', msg.strip().splitlines()[-1])
         print(f'error: {msg}', file=sys.stderr)
         sys.exit(getattr(err, 'exit_status', 2))  # a run stopped by a signal: 128 + signal
-
-
-def build_model_from_checkpoint(
-    cfg, checkpoint: str, device: str = 'cpu', checkpoint_num_heads: Optional[int] = None
-):
-    """Build ``cfg.model`` in its scope, load ``checkpoint`` into it strictly
-    (:func:`lookhere_dense.lookhere.loading.load_model_weights`: every key and shape must fit,
-    and the LookHere backbone's head count; pretrained-weight settings of the config are
-    ignored: the checkpoint has the weights), move it to ``device`` in eval mode.
-
-    Args:
-        checkpoint_num_heads: the head count of the checkpoint's LookHere backbone, for
-            files that do not record it. Default: None.
-
-    Returns:
-        ``(model, dataset_meta)``; ``dataset_meta`` comes from the checkpoint's ``meta``
-        (written by the Runner) or None.
-
-    Raises:
-        FileNotFoundError: the checkpoint is missing;
-        lookhere_dense.errors.CheckpointError: it cannot be read
-            (``UnreadableCheckpointError``) or does not fit the model (naming the missing,
-            unexpected and wrongly shaped keys, or the head counts).
-    """
-    from mmengine.registry import init_default_scope
-
-    from ..checkpoint import load_checkpoint_file
-    from ..lookhere.loading import load_model_weights
-    from ..swap import model_registry
-
-    ckpt = load_checkpoint_file(checkpoint)  # before the (slow) build: a bad file fails fast
-    scope = cfg.get('default_scope') or 'mmseg'
-    init_default_scope(scope)
-    model_cfg = copy.deepcopy(cfg.model)
-    model_cfg.pop('pretrained', None)
-    backbone = model_cfg.get('backbone')
-    if isinstance(backbone, dict):
-        backbone.pop('init_cfg', None)
-        backbone.pop('pretrained', None)
-    model = model_registry(scope).build(model_cfg)
-    load_model_weights(model, ckpt, source=checkpoint, checkpoint_num_heads=checkpoint_num_heads)
-    model.to(device).eval()
-    meta = (ckpt.get('meta') or {}).get('dataset_meta')
-    return model, meta

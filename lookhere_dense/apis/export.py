@@ -198,16 +198,17 @@ def export_model(
 
     Raises:
         ConfigError: a bad shape, format or part, or a model without ``encode_decode``.
-        FileNotFoundError, CheckpointError: as :func:`~.cli.build_model_from_checkpoint`.
+        FileNotFoundError, CheckpointError: as :func:`~.inference.build_model_from_checkpoint`.
     """
     import lookhere_dense
 
     lookhere_dense.register_all_modules()
     from mmengine.registry import init_default_scope
 
+    from ..config_checks import model_registry
     from ..lookhere.export import QUERY_BLOCK_BUDGET, static_grid_attention
-    from ..swap import model_registry
-    from .cli import build_model_from_checkpoint, load_config
+    from .cli import load_config
+    from .inference import build_model_from_checkpoint
 
     if format not in EXPORT_FORMATS:
         raise ConfigError(f'format must be one of {list(EXPORT_FORMATS)}, got {format!r}')

@@ -8,13 +8,15 @@ carry a legend of the classes present (:mod:`lookhere_dense.visualization.legend
 
 Every input is checked before the model is built (a file that is not an image is named),
 every image is decoded before it is segmented (a corrupt one is named), the checkpoint is
-loaded strictly (:func:`lookhere_dense.apis.cli.build_model_from_checkpoint`), and every write
+loaded strictly (:func:`build_model_from_checkpoint`, also what the test, export and
+extrapolation tools build their model with), and every write
 is checked (a file that cannot be written is named; nothing is reported as written that
 was not).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import os.path as osp
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from ..errors import ConfigError, ToolError
 from ..evaluation.resize import exact_resize, find_resize, short_side_resize
 
 __all__ = [
+    'build_model_from_checkpoint',
     'IMAGE_SUFFIXES',
     'list_images',
     'inference_pipeline',
@@ -39,6 +42,50 @@ __all__ = [
 ]
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
+
+
+def build_model_from_checkpoint(
+    cfg, checkpoint: str, device: str = 'cpu', checkpoint_num_heads: Optional[int] = None
+):
+    """Build ``cfg.model`` in its scope, load ``checkpoint`` into it strictly
+    (:func:`lookhere_dense.lookhere.loading.load_model_weights`: every key and shape must fit,
+    and the LookHere backbone's head count; pretrained-weight settings of the config are
+    ignored: the checkpoint has the weights), move it to ``device`` in eval mode.
+
+    Args:
+        checkpoint_num_heads: the head count of the checkpoint's LookHere backbone, for
+            files that do not record it. Default: None.
+
+    Returns:
+        ``(model, dataset_meta)``; ``dataset_meta`` comes from the checkpoint's ``meta``
+        (written by the Runner) or None.
+
+    Raises:
+        FileNotFoundError: the checkpoint is missing;
+        lookhere_dense.errors.CheckpointError: it cannot be read
+            (``UnreadableCheckpointError``) or does not fit the model (naming the missing,
+            unexpected and wrongly shaped keys, or the head counts).
+    """
+    from mmengine.registry import init_default_scope
+
+    from ..checkpoint import load_checkpoint_file
+    from ..config_checks import model_registry
+    from ..lookhere.loading import load_model_weights
+
+    ckpt = load_checkpoint_file(checkpoint)  # before the (slow) build: a bad file fails fast
+    scope = cfg.get('default_scope') or 'mmseg'
+    init_default_scope(scope)
+    model_cfg = copy.deepcopy(cfg.model)
+    model_cfg.pop('pretrained', None)
+    backbone = model_cfg.get('backbone')
+    if isinstance(backbone, dict):
+        backbone.pop('init_cfg', None)
+        backbone.pop('pretrained', None)
+    model = model_registry(scope).build(model_cfg)
+    load_model_weights(model, ckpt, source=checkpoint, checkpoint_num_heads=checkpoint_num_heads)
+    model.to(device).eval()
+    meta = (ckpt.get('meta') or {}).get('dataset_meta')
+    return model, meta
 
 
 def list_images(path: str) -> List[str]:
@@ -304,7 +351,7 @@ def segment_images(
     from tqdm import tqdm
 
     from ..visualization.legend import draw_legend
-    from .cli import build_model_from_checkpoint, load_config
+    from .cli import load_config
 
     if not 0.0 <= opacity <= 1.0:
         raise ValueError(f'--opacity must be in 0..1, got {opacity}')

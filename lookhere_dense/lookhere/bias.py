@@ -7,7 +7,7 @@ attention logits::
 
 inside the head's field of view (see :mod:`.directions`) and blocks the key outside it.
 The rows and columns of the global prefix tokens at the front of the sequence (CLS, or
-``J`` Jumbo tokens; :func:`num_prefix_tokens`) are 0. ``d`` is the Euclidean patch
+``J`` Jumbo tokens; :mod:`.prefix_tokens`) are 0. ``d`` is the Euclidean patch
 distance, optionally passed through ``sqrt`` or ``square``.
 
 Because the field of view and ``d`` depend only on the offset ``(dy, dx) = k - q``, the
@@ -39,7 +39,6 @@ Which bias (the config, presets, head layouts) is :mod:`.config`. Torch alone.
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple, Union
 
@@ -49,6 +48,7 @@ from torch import Tensor
 
 from .config import LookHereConfig, head_layout, layer_slopes
 from .directions import head_blocked, relative_offsets
+from .prefix_tokens import num_prefix_tokens, prefix_phrase  # also importable from here
 
 __all__ = [
     'relative_bias_table',
@@ -67,43 +67,6 @@ __all__ = [
     'num_prefix_tokens',
     'prefix_phrase',
 ]
-
-
-# ----------------------------------------------------------------------------------------
-# Prefix tokens
-# ----------------------------------------------------------------------------------------
-def num_prefix_tokens(cls_token: Union[bool, int]) -> int:
-    """The number ``J`` of global prefix tokens a ``cls_token`` argument stands for.
-
-    Every backend takes ``cls_token``: the number of global prefix tokens at the front of
-    the sequence ``[p_0, ..., p_{J-1}, patch_0, ..., patch_{N-1}]`` (CLS, or Jumbo tokens);
-    ``True`` = 1, ``False`` = 0. Prefix tokens carry no LookHere bias (0 to and from them,
-    no mask), every patch query sees all of them and their queries attend to every token.
-
-    Raises:
-        TypeError: not an int (or bool).
-        ValueError: negative.
-    """
-    try:
-        count = operator.index(cls_token)
-    except TypeError:
-        raise TypeError(
-            'cls_token must be a bool or an int >= 0 (the number of global prefix '
-            f'tokens: CLS or Jumbo tokens), got {cls_token!r}'
-        ) from None
-    if count < 0:
-        raise ValueError(
-            f'cls_token (the number of global prefix tokens) must be >= 0, got {count}'
-        )
-    return count
-
-
-def prefix_phrase(count: int) -> str:
-    """``'with 2 prefix tokens'`` / ``'with 1 prefix token'`` / ``'without prefix tokens'``
-    (for error messages)."""
-    if not count:
-        return 'without prefix tokens'
-    return f'with {count} prefix token' + ('s' if count > 1 else '')
 
 
 # ----------------------------------------------------------------------------------------

@@ -53,8 +53,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .bias import build_grid_bias, num_prefix_tokens, prefix_phrase
+from .bias import build_grid_bias
 from .pos_encoding import PositionEncoding
+from .prefix_tokens import num_prefix_tokens, prefix_phrase
 from .vit import LookHereVisionTransformer
 from .windows import attend_in_windows, padded_grid, window_key_mask
 

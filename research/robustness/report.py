@@ -159,11 +159,8 @@ def robustness_report(
     lookhere_dense.register_all_modules()
     from mmengine.registry import init_default_scope
 
-    from lookhere_dense.apis.cli import (
-        build_model_from_checkpoint,
-        load_segmentation_job,
-        preflight,
-    )
+    from lookhere_dense.apis.cli import load_segmentation_job, preflight
+    from lookhere_dense.apis.inference import build_model_from_checkpoint
 
     cfg = load_segmentation_job(config, checkpoint, split, cfg_options, 'robustness.py')
     scope = cfg.get('default_scope') or 'mmseg'

@@ -14,8 +14,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..bias import num_prefix_tokens, prefix_phrase
 from ..config import LookHereConfig
+from ..prefix_tokens import num_prefix_tokens, prefix_phrase
 from ..windows import attend_in_windows, padded_grid, window_key_mask
 
 __all__ = ['PositionEncoding', 'NoPositionEncoding', 'Trunk', 'window_sdpa', 'isolated_rng']

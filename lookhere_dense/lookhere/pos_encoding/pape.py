@@ -59,8 +59,8 @@ from torch import Tensor
 
 from lookhere_dense.validation import check_int
 
-from ..bias import num_prefix_tokens, prefix_phrase
 from ..cache import BoundedCache
+from ..prefix_tokens import num_prefix_tokens, prefix_phrase
 from .base import PositionEncoding, Trunk, window_sdpa
 
 __all__ = ['ParabolicPositionEncoding', 'parabola_features']

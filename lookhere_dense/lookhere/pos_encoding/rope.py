@@ -12,8 +12,8 @@ from torch import Tensor
 
 from lookhere_dense.validation import check_number
 
-from ..bias import num_prefix_tokens, prefix_phrase
 from ..cache import BoundedCache
+from ..prefix_tokens import num_prefix_tokens, prefix_phrase
 from .base import PositionEncoding, Trunk
 
 __all__ = ['AxialRoPE2d', 'MixedRoPE2d', 'rotate_half_pairs', 'patch_coordinates']

@@ -1,0 +1,319 @@
+"""Checks of the model part of an OpenMMLab config, run before anything is built.
+
+:func:`check_model_cfg` (run by ``tools/train.py`` / ``tools/test.py`` and by
+:func:`~lookhere_dense.swap.swap_backbone`) turns an unknown backbone / neck / head type or
+a head that cannot read the ``LookHereViT`` outputs into a :class:`ConfigError` that says
+what to set. :func:`clear_inherited_pretrained` drops the ``model.pretrained`` a stock mmseg
+config passes down when the LookHere backbone has weights of its own;
+:func:`check_pretrained_files` stops a run whose pretrained file is missing (random init
+only on request: :func:`drop_missing_pretrained`). :func:`model_registry` is the ``MODELS``
+registry of a scope. All are also importable from :mod:`lookhere_dense.swap`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os.path as osp
+from typing import Any, Callable, List, Mapping, Optional, Tuple
+
+from .errors import ConfigError, PosEncodingError
+from .registry import CONFIG_IMPORT
+
+__all__ = [
+    'check_model_cfg',
+    'check_pretrained_files',
+    'clear_inherited_pretrained',
+    'drop_missing_pretrained',
+    'model_registry',
+]
+
+
+def model_registry(scope: Optional[str]):
+    """The ``MODELS`` registry of an OpenMMLab scope (``'mmseg'`` or ``'mmdet'``)."""
+    if scope == 'mmdet':
+        from mmdet.registry import MODELS
+    elif scope in (None, 'mmseg'):
+        from mmseg.registry import MODELS
+    else:
+        from mmengine.registry import MODELS
+    return MODELS
+
+
+def _heads(model: Mapping) -> List[Tuple[str, Mapping]]:
+    out = []
+    if isinstance(model.get('decode_head'), Mapping):
+        out.append(('model.decode_head', model['decode_head']))
+    aux = model.get('auxiliary_head')
+    if isinstance(aux, Mapping):
+        out.append(('model.auxiliary_head', aux))
+    elif isinstance(aux, (list, tuple)):
+        out += [(f'model.auxiliary_head[{i}]', h) for i, h in enumerate(aux)]
+    return out
+
+
+def _check_registered(where: str, node: Mapping, registry, scope: str) -> None:
+    typ = node.get('type')
+    if not isinstance(typ, str) or registry.get(typ) is not None:
+        return
+    names = set(registry.module_dict)
+    if registry.parent is not None:
+        names |= set(registry.parent.module_dict)
+    close = difflib.get_close_matches(typ, sorted(names), n=3, cutoff=0.6)
+    hint = f' Did you mean {close}?' if close else ''
+    raise ConfigError(
+        f'{where}.type={typ!r} is not a registered model in the {scope} registry.{hint} '
+        'LookHereViT and the other lookhere-dense modules register when '
+        f"{CONFIG_IMPORT} is imported: keep custom_imports=dict(imports=['{CONFIG_IMPORT}']) "
+        'in the config (tools/train.py and tools/test.py register for you); modules of '
+        'other packages need their own custom_imports.'
+    )
+
+
+def _lookhere_checks(model: Mapping) -> None:
+    from .lookhere import BACKENDS
+    from .lookhere.pos_encoding import parse_pos_encoding
+
+    bb = model['backbone']
+    num_layers = bb.get('num_layers', 12)
+    num_heads = bb.get('num_heads', 12)
+    embed_dims = bb.get('embed_dims', 768)
+    try:
+        spec = parse_pos_encoding(
+            bb.get('pos_encoding', 'lookhere'), bb.get('lh_config'), bb.get('preset')
+        )
+    except PosEncodingError as err:  # unknown name / preset / direction / option: named
+        raise ConfigError(f'model.backbone.{err.key}: {err}') from None
+    backend = bb.get('attn_backend', 'auto')
+    if backend not in BACKENDS:
+        raise ConfigError(f'model.backbone.attn_backend={backend!r} is not one of {BACKENDS}')
+    if embed_dims % num_heads:
+        raise ConfigError(
+            f'model.backbone: embed_dims={embed_dims} is not divisible by num_heads={num_heads}'
+        )
+    cfg = spec.lh_config
+    if cfg is not None:
+        try:
+            cfg.validate(num_heads, num_layers)
+        except ValueError as err:
+            raise ConfigError(
+                f'model.backbone (LookHereViT): {err}. Set model.backbone.num_heads to one '
+                f'that fits (embed_dims={embed_dims} must be divisible by it), or choose '
+                'another preset with model.backbone.preset.'
+            ) from None
+    outs = bb.get('out_indices', -1)
+    n_out = (1 if isinstance(outs, int) else len(outs)) + int(bool(bb.get('out_origin')))
+    cls_out = bool(bb.get('output_cls_token', False))
+    heads = _heads(model)
+    dpt = [w for w, h in heads if str(h.get('type')).endswith('DPTHead')]
+    if dpt and bb.get('jumbo_tokens'):
+        raise ConfigError(
+            f'{dpt[0]} (DPTHead) reads one embed_dims-wide CLS token per backbone output; '
+            f'model.backbone.jumbo_tokens={bb["jumbo_tokens"]} gives the Jumbo tokens side by '
+            'side (J * embed_dims) instead. Use another head, or jumbo_tokens=0 with '
+            'with_cls_token=True.'
+        )
+    if dpt and not cls_out:
+        raise ConfigError(
+            f'{dpt[0]} (DPTHead) reads the CLS token of every backbone output: set '
+            'model.backbone.with_cls_token=True and model.backbone.output_cls_token=True.'
+        )
+    if cls_out:
+        readers = [w for w, h in heads if not str(h.get('type')).endswith('DPTHead')]
+        if model.get('neck') or readers:
+            raise ConfigError(
+                'model.backbone.output_cls_token=True makes every backbone output a '
+                f'[feature_map, cls_token] pair, which only DPTHead reads; '
+                f'{(["model.neck"] if model.get("neck") else []) + readers} expect feature '
+                'maps. Set model.backbone.output_cls_token=False.'
+            )
+    if model.get('neck'):
+        return  # the neck decides what the heads see
+    for where, head in heads:
+        idx = head.get('in_index', -1)
+        idxs = [idx] if isinstance(idx, int) else list(idx)
+        bad = [i for i in idxs if not -n_out <= i < n_out]
+        if bad:
+            raise ConfigError(
+                f'{where}.in_index={idx} but the backbone gives {n_out} output(s) '
+                f'(out_indices={outs}): set model.backbone.out_indices to give enough maps, '
+                f'or {where}.in_index to one of 0..{n_out - 1}.'
+            )
+        chans = head.get('in_channels')
+        chans = [chans] if isinstance(chans, int) else list(chans or [])
+        if chans and any(c != embed_dims for c in chans):
+            raise ConfigError(
+                f'{where}.in_channels={head.get("in_channels")} but LookHereViT gives '
+                f'{embed_dims}-channel maps (model.backbone.embed_dims): make them equal.'
+            )
+
+
+def check_model_cfg(cfg: Mapping) -> None:
+    """Check the model part of a config before building it.
+
+    * every ``type`` of the model, backbone, neck and heads is registered in the scope's
+      ``MODELS`` (an unknown one gets close matches and the ``custom_imports`` hint);
+    * for ``LookHereViT``: the LookHere head layout fits ``num_heads``, DPT heads get CLS
+      tokens, other heads do not, head ``in_index`` / ``in_channels`` match the outputs.
+
+    Raises:
+        ConfigError: naming the key to set.
+    """
+    model = cfg.get('model')
+    if not isinstance(model, Mapping):
+        return
+    scope = cfg.get('default_scope') or 'mmseg'
+    registry = model_registry(scope)
+    _check_registered('model', model, registry, scope)
+    parts = [('model.backbone', model.get('backbone')), ('model.neck', model.get('neck'))]
+    parts += _heads(model)
+    for where, node in parts:
+        if isinstance(node, Mapping):
+            _check_registered(where, node, registry, scope)
+    bb = model.get('backbone')
+    if isinstance(bb, Mapping) and str(bb.get('type', '')).split('.')[-1] == 'LookHereViT':
+        _lookhere_checks(model)
+
+
+def _local_missing(path: Any) -> bool:
+    return isinstance(path, str) and '://' not in path and not osp.isfile(path)
+
+
+def _is_lookhere(backbone: Any) -> bool:
+    return (
+        isinstance(backbone, Mapping)
+        and str(backbone.get('type', '')).split('.')[-1] == 'LookHereViT'
+    )
+
+
+def clear_inherited_pretrained(cfg: Mapping, note: Callable[[str], None]) -> Optional[str]:
+    """Clear a ``model.pretrained`` that conflicts with a LookHereViT backbone's own weights.
+
+    mmseg's stock ViT configs (``mmseg::vit/...``, ``mmseg::segmenter/...``) set
+    ``model.pretrained`` to weights of *their* backbone; a config that inherits one and
+    replaces the backbone (``backbone=dict(_delete_=True, type='LookHereViT', ...,
+    init_cfg=dict(type='Pretrained', checkpoint=...))``) still carries it, and mmseg's
+    ``EncoderDecoder`` hands it to the backbone, which cannot take both. When the
+    LookHereViT backbone names its own weights (``init_cfg`` or ``pretrained``), the
+    model-level one is cleared and ``note`` says so. Without weights of its own the
+    backbone keeps ``model.pretrained`` (mmseg's way to give it weights).
+
+    Returns:
+        The cleared path, or None.
+    """
+    model = cfg.get('model')
+    if not isinstance(model, Mapping):
+        return None
+    bb = model.get('backbone')
+    inherited = model.get('pretrained')
+    if inherited is None or not _is_lookhere(bb):
+        return None
+    if bb.get('init_cfg') is not None:
+        own = 'model.backbone.init_cfg'
+    elif bb.get('pretrained') is not None:
+        own = 'model.backbone.pretrained'
+    else:
+        return None
+    model['pretrained'] = None
+    note(
+        f"model.pretrained={inherited!r} (weights for the base config's backbone) was "
+        f'cleared: the LookHereViT backbone takes its weights from {own}, and mmseg cannot '
+        'pass both. To use model.pretrained instead, set '
+        f'{own}=None.'
+    )
+    return inherited
+
+
+def _pretrained_entries(model: Mapping) -> List[Tuple[str, str, str]]:
+    """``(key, path, key that opts out)`` of every local pretrained file named by the
+    model part of a config that does not exist."""
+    out = []
+    if _local_missing(model.get('pretrained')):
+        out.append(('model.pretrained', model['pretrained'], 'model.pretrained'))
+    bb = model.get('backbone')
+    if isinstance(bb, Mapping):
+        if _local_missing(bb.get('pretrained')):
+            out.append(
+                ('model.backbone.pretrained', bb['pretrained'], 'model.backbone.pretrained')
+            )
+        init = bb.get('init_cfg')
+        if (
+            isinstance(init, Mapping)
+            and init.get('type') == 'Pretrained'
+            and _local_missing(init.get('checkpoint'))
+        ):
+            out.append(
+                (
+                    'model.backbone.init_cfg.checkpoint',
+                    init['checkpoint'],
+                    'model.backbone.init_cfg',
+                )
+            )
+    return out
+
+
+_WHERE = (
+    'the official LookHere ImageNet checkpoints LH_180/LH_90/LH_45_weights_and_'
+    'config.pth are linked from github.com/GreenCUBIC/lookhere'
+)
+
+
+def check_pretrained_files(
+    cfg: Mapping, allow_random_init: bool = False, warn: Callable[[str], None] = print
+) -> List[str]:
+    """Stop when the config names pretrained weights whose local file does not exist.
+
+    Fine-tuning from random weights runs to the end and gives a plausible but wrong
+    number, so a missing file is an error unless ``allow_random_init`` (then the settings
+    are cleared and ``warn`` says so: :func:`drop_missing_pretrained`). Remote paths
+    (``https://``...) are left to the loader.
+
+    Returns:
+        The missing paths that were dropped (only with ``allow_random_init``).
+
+    Raises:
+        ConfigError: naming the key, the path, and how to fix it.
+    """
+    model = cfg.get('model')
+    if not isinstance(model, Mapping):
+        return []
+    missing = _pretrained_entries(model)
+    if missing and not allow_random_init:
+        key, path, off = missing[0]
+        raise ConfigError(
+            f'{key}={path!r}: pretrained weights not found. Put the file there ({_WHERE}), '
+            f'or point to it with --cfg-options {key}=PATH. To train from random weights '
+            f'on purpose pass --allow-random-init (or set {off}=None).'
+        )
+    return drop_missing_pretrained(cfg, warn)
+
+
+def drop_missing_pretrained(cfg: Mapping, warn: Callable[[str], None]) -> List[str]:
+    """Clear pretrained-weight settings whose local file does not exist, so training
+    starts (from random init), and ``warn`` about each one.
+
+    Looks at ``model.pretrained``, ``model.backbone.pretrained`` and a
+    ``model.backbone.init_cfg`` of type ``Pretrained``. Remote paths (``http://``...) are
+    left to the loader.
+
+    Returns:
+        The missing paths (empty when nothing was dropped).
+    """
+    model = cfg.get('model')
+    if not isinstance(model, Mapping):
+        return []
+    dropped = []
+    for key, path, off in _pretrained_entries(model):
+        dropped.append(path)
+        warn(
+            f'{key}={path!r}: file not found, so the backbone starts from RANDOM weights '
+            f'(random init allowed). Fine-tuning needs the weights: put the file there '
+            f'({_WHERE}) or set --cfg-options {key}=PATH. --cfg-options {off}=None '
+            'trains from scratch without this warning.'
+        )
+        if key == 'model.pretrained':
+            model['pretrained'] = None
+        elif key == 'model.backbone.pretrained':
+            model['backbone']['pretrained'] = None
+        else:
+            model['backbone']['init_cfg'] = None
+    return dropped
