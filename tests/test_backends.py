@@ -28,9 +28,12 @@ from lookhere_dense.lookhere.attention import (
     AUTO_ORDER,
     REGISTRY,
     AttentionRequest,
+    backend_summary,
     causal,
+    explain_backend,
     reference_attention,
 )
+from lookhere_dense.lookhere.attention import fused as fused_module
 
 HEADS = 12
 DEPTH = 2
@@ -115,6 +118,53 @@ def test_every_backend_has_the_interface_and_auto_asks_them_in_order():
     assert set(AUTO_ORDER) <= set(REGISTRY) and AUTO_ORDER[-1] == 'chunked'
     anything = AttentionRequest(10**6, torch.device('cuda'), dropout_p=0.1, slope_grads=True)
     assert REGISTRY['chunked'].can_run(anything) is None  # the last resort runs anything
+
+
+def explain_model():
+    from lookhere_dense.lookhere import create_model
+
+    return create_model(
+        embed_dims=48,
+        num_layers=4,
+        num_heads=12,
+        preset='lh90',
+        window_size=7,
+        window_block_indexes=[0, 2],
+    ).eval()
+
+
+def test_explain_backend_names_each_layer_and_why_the_faster_ones_were_skipped():
+    model = explain_model()
+    lines = explain_backend(model, 224, print_fn=None)
+    assert lines[0].startswith('attention backends at 224x224 (grid 14x14, 197 tokens,')
+    assert (
+        lines[1] == 'layer 0 (window 7): windows (sdpa per window, the dense bias of one window)'
+    )
+    assert lines[2] == (
+        'layer 1: sdpa (skipped fused: 197 tokens < FUSED_MIN_TOKENS (400); '
+        'buffered: auto uses it while training only; '
+        'tiled: 197 tokens < TILED_MIN_TOKENS (1024))'
+    )
+    model.blocks[3].attn.attn_drop = 0.1  # training with attention dropout: chunked
+    engine = model.pos_enc.engine
+    engine.max_dense_bytes = 0
+    lines = explain_backend(model, 512, training=True, print_fn=None)
+    assert lines[4].startswith('layer 3: chunked (skipped fused: has no attention dropout;')
+    assert engine.choose_backend(1025, CPU, dropout_p=0.1, training=True) == 'chunked'
+    assert backend_summary(model, 512, training=True).startswith(
+        'LookHere attention at 512x512 (grid 32x32, 1025 tokens, batch 1, float32, cpu, '
+        'training): windows x 2, '
+    )
+
+
+@pytest.mark.usefixtures('without_fused')
+def test_explain_backend_gives_the_kernels_reason_where_it_is_not_built(monkeypatch):
+    monkeypatch.setattr(fused_module, 'fused_unavailable_reason', lambda: 'no compiler (test)')
+    lines = explain_backend(explain_model(), 512, print_fn=None)
+    assert (
+        lines[2]
+        == 'layer 1: tiled (skipped fused: no compiler (test); buffered: auto uses it while training only)'
+    )
 
 
 # ----------------------------------------------------------------------------------------
