@@ -22,13 +22,17 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import os
 from typing import List, Optional
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments (mmseg / mmdet ``tools/test.py`` conventions)."""
-    from lookhere_dense.apis.cli import ToolArgumentParser, add_cfg_options_arg, add_threads_arg
+    from lookhere_dense.apis.cli import (
+        ToolArgumentParser,
+        add_cfg_options_arg,
+        add_launch_args,
+        parse_launch_args,
+    )
 
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='config file (or mmseg::/mmdet:: package path)')
@@ -66,12 +70,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     )
     add_cfg_options_arg(parser, 'model.test_cfg.mode=whole')
     parser.add_argument(
-        '--launcher',
-        choices=['none', 'pytorch', 'slurm', 'mpi'],
-        default='none',
-        help='job launcher; "pytorch" under torchrun',
-    )
-    parser.add_argument(
         '--skip-data-check', action='store_true', help='do not run the data checks before testing'
     )
     parser.add_argument(
@@ -87,19 +85,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         'peak exceeds it is refused before it allocates, with cheaper options (default: '
         'the memory the machine or its cgroup has left)',
     )
-    parser.add_argument(
-        '--local_rank',
-        '--local-rank',
-        type=int,
-        default=0,
-        help='set by torch.distributed.launch; do not pass by hand',
-    )
-    add_threads_arg(parser)
-    args = parser.parse_args(argv)
+    add_launch_args(parser)
+    args = parse_launch_args(parser, argv)
     if args.show_interval < 1:
         parser.error(f'--show-interval must be >= 1, got {args.show_interval}')
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
     return args
 
 
@@ -107,28 +96,21 @@ def main(argv: Optional[List[str]] = None):
     """Test (:func:`lookhere_dense.apis.test.evaluate_checkpoint`); returns the metrics
     dict."""
     args = parse_args(argv)
-    from lookhere_dense.apis.cli import apply_threads, quiet_known_warnings, resolve_config_path
+    from lookhere_dense.apis.cli import runner_job_kwargs, start_tool
 
-    resolve_config_path(args.config)  # a missing file fails before the heavy imports
-    quiet_known_warnings()
-    apply_threads(args.threads)
+    start_tool(args.config, args.threads)  # a missing config fails before the heavy imports
     from lookhere_dense.apis.test import evaluate_checkpoint
 
     return evaluate_checkpoint(
         args.config,
         args.checkpoint,
-        work_dir=args.work_dir,
         out=args.out,
         show_dir=args.show_dir,
         show=args.show,
         show_interval=args.show_interval,
         wait_time=args.wait_time,
         tta=args.tta,
-        cfg_options=args.cfg_options,
-        launcher=args.launcher,
-        check_data=not args.skip_data_check,
-        verbose=args.verbose,
-        max_memory=args.max_memory,
+        **runner_job_kwargs(args),
     )
 
 

@@ -26,13 +26,17 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import os
 from typing import List, Optional
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments (mmseg / mmdet ``tools/train.py`` conventions)."""
-    from lookhere_dense.apis.cli import ToolArgumentParser, add_cfg_options_arg, add_threads_arg
+    from lookhere_dense.apis.cli import (
+        ToolArgumentParser,
+        add_cfg_options_arg,
+        add_launch_args,
+        parse_launch_args,
+    )
 
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='config file (or mmseg::/mmdet:: package path)')
@@ -57,12 +61,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help='automatic mixed precision (AmpOptimWrapper, dynamic loss scale; needs a GPU)',
     )
     add_cfg_options_arg(parser, 'model.backbone.preset=lh90 train_cfg.max_iters=1000')
-    parser.add_argument(
-        '--launcher',
-        choices=['none', 'pytorch', 'slurm', 'mpi'],
-        default='none',
-        help='job launcher; "pytorch" under torchrun',
-    )
     parser.add_argument(
         '--allow-random-init',
         action='store_true',
@@ -101,17 +99,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help='train even when another live run holds the work dir (default: refuse; '
         "two runs in one folder overwrite each other's checkpoints)",
     )
-    parser.add_argument(
-        '--local_rank',
-        '--local-rank',
-        type=int,
-        default=0,
-        help='set by torch.distributed.launch; do not pass by hand',
-    )
-    add_threads_arg(parser)
-    args = parser.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    add_launch_args(parser)
+    args = parse_launch_args(parser, argv)
     return args
 
 
@@ -119,26 +108,19 @@ def main(argv: Optional[List[str]] = None):
     """Train (:func:`lookhere_dense.apis.train.train_model`); returns the Runner (its
     ``work_dir`` holds logs and checkpoints)."""
     args = parse_args(argv)
-    from lookhere_dense.apis.cli import apply_threads, quiet_known_warnings, resolve_config_path
+    from lookhere_dense.apis.cli import runner_job_kwargs, start_tool
 
-    resolve_config_path(args.config)  # a missing file fails before the heavy imports
-    quiet_known_warnings()
-    apply_threads(args.threads)
+    start_tool(args.config, args.threads)  # a missing config fails before the heavy imports
     from lookhere_dense.apis.train import train_model
 
     return train_model(
         args.config,
-        work_dir=args.work_dir,
-        cfg_options=args.cfg_options,
-        launcher=args.launcher,
         amp=args.amp,
         resume=args.resume,
         require_pretrained=args.require_pretrained,
         allow_random_init=args.allow_random_init,
-        check_data=not args.skip_data_check,
-        verbose=args.verbose,
-        max_memory=args.max_memory,
         share_work_dir=args.share_work_dir,
+        **runner_job_kwargs(args),
     )
 
 

@@ -5,7 +5,9 @@ predictions with the config's evaluator, time the model and meter the peak memor
 * :func:`evaluate_loader` -- the segmentor predicting ``whole`` or with mmseg's ``slide``
   inference (the extrapolation report, the study's ladders);
 * the attacks of :mod:`research.robustness` pass their own ``step``
-  (perturb, then predict).
+  (perturb, then predict);
+* :func:`model_for_report` -- the set-up the reports on one checkpoint share (config,
+  checks, the model loaded strictly).
 """
 
 from __future__ import annotations
@@ -20,11 +22,62 @@ from lookhere_dense.apis.cli import quiet_mmengine_logger
 from .memory import PeakMemory, free_memory
 
 __all__ = [
+    'model_for_report',
     'evaluate',
     'evaluate_loader',
     'clear_position_caches',
     'start_clean',
 ]
+
+
+def model_for_report(
+    config: str,
+    checkpoint: str,
+    split: str,
+    cfg_options: Optional[dict],
+    tool: str,
+    device: Optional[str] = None,
+    check: Optional[Callable[[Any], None]] = None,
+) -> Tuple[Any, Any, str]:
+    """The set-up of a report on one segmentation checkpoint (``tools/extrapolate.py``,
+    ``tools/robustness.py``): register lookhere-dense, load the config
+    (:func:`lookhere_dense.apis.cli.load_segmentation_job`), run ``check(cfg)`` (the
+    report's own checks, before anything is built), the pre-flight checks of the ``split``
+    data, then build the model from the checkpoint, loaded strictly, in eval mode
+    (:func:`lookhere_dense.apis.inference.build_model_from_checkpoint`).
+
+    Args:
+        config, checkpoint: the files (``mmseg::`` config paths allowed).
+        split: ``'val'`` or ``'test'``: the dataloader the report reads.
+        cfg_options: config overrides (``--cfg-options``), or None.
+        tool: the tool's file name, for the error messages (``'extrapolate.py'``).
+        device: ``'cpu'`` / ``'cuda[:N]'``. Default: None (cuda when available).
+        check: the report's checks of the loaded config. Default: None.
+
+    Returns:
+        ``(cfg, model, device)``.
+
+    Raises:
+        FileNotFoundError, lookhere_dense.errors.ConfigError, CheckpointError: from the
+        steps above, naming the file or key.
+    """
+    import lookhere_dense
+
+    lookhere_dense.register_all_modules()
+    import torch
+    from mmengine.registry import init_default_scope
+
+    from lookhere_dense.apis.cli import load_segmentation_job, preflight
+    from lookhere_dense.apis.inference import build_model_from_checkpoint
+
+    cfg = load_segmentation_job(config, checkpoint, split, cfg_options, tool)
+    if check is not None:
+        check(cfg)
+    init_default_scope(cfg.get('default_scope') or 'mmseg')
+    preflight(cfg, (split,), check_pretrained=False)
+    device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
+    model, _ = build_model_from_checkpoint(cfg, checkpoint, device)
+    return cfg, model, device
 
 
 def clear_position_caches(model) -> int:

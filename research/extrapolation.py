@@ -37,7 +37,7 @@ from lookhere_dense.evaluation.resize import (
 from lookhere_dense.validation import check_int
 
 from .evaluate import evaluate_loader
-from .reporting import ensure_dir, figure, markdown_table, write_json
+from .reporting import checkpoint_report, config_stem, figure, markdown_table, write_json
 
 __all__ = [
     'DEFAULT_TESTS',
@@ -421,14 +421,7 @@ def extrapolation_report(
         FileNotFoundError: config or checkpoint missing; the pre-flight data checks'
         errors (:func:`lookhere_dense.apis.cli.preflight`).
     """
-    import lookhere_dense
-
-    lookhere_dense.register_all_modules()
-    import torch
-    from mmengine.registry import init_default_scope
-
-    from lookhere_dense.apis.cli import load_segmentation_job, preflight
-    from lookhere_dense.apis.inference import build_model_from_checkpoint
+    from .evaluate import model_for_report
 
     specs = [parse_spec(t) for t in tests]
     if not specs:
@@ -440,18 +433,17 @@ def extrapolation_report(
             error=ConfigError,
             description='a whole number >= 1 (or None for all)',
         )
-    cfg = load_segmentation_job(config, checkpoint, split, cfg_options, 'extrapolate.py')
-    scope = cfg.get('default_scope') or 'mmseg'
-    dl_cfg = cfg.get(f'{split}_dataloader') or {}
-    pipeline = (dl_cfg.get('dataset') or {}).get('pipeline')
-    if pipeline is not None:  # every resize against the patch: before any evaluation work
-        for spec in specs:
-            spec_pipeline(pipeline, spec, config_patch_size(cfg))
-    init_default_scope(scope)
-    preflight(cfg, (split,), check_pretrained=False)
-    device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
 
-    model, _ = build_model_from_checkpoint(cfg, checkpoint, device)
+    def check(cfg) -> None:  # every resize against the patch: before any evaluation work
+        dl_cfg = cfg.get(f'{split}_dataloader') or {}
+        pipeline = (dl_cfg.get('dataset') or {}).get('pipeline')
+        if pipeline is not None:
+            for spec in specs:
+                spec_pipeline(pipeline, spec, config_patch_size(cfg))
+
+    cfg, model, device = model_for_report(
+        config, checkpoint, split, cfg_options, 'extrapolate.py', device, check
+    )
     from lookhere_dense.engine.memory_guard import install_memory_guard, parse_memory
 
     budget = None if max_memory is None else parse_memory(max_memory)
@@ -471,22 +463,22 @@ def extrapolation_report(
         rows.append(row)
         log(format_row(row))
 
-    stem = osp.splitext(osp.basename(config.split('::')[-1]))[0]
-    out_dir = ensure_dir(out_dir or osp.join('work_dirs', stem, 'extrapolation'))
     table = format_table(rows, train_grid)
     log('\n' + table)
-    report = dict(
-        config=config,
-        checkpoint=checkpoint,
-        split=split,
-        device=device,
-        torch=torch.__version__,
+    out_dir, report = checkpoint_report(
+        config,
+        checkpoint,
+        split,
+        device,
+        command,
+        out_dir,
+        'extrapolation',
         train_crop=list(size) if size else None,
         train_grid=list(train_grid) if train_grid else None,
         patch_size=patch,
-        command=command,
         rows=rows,
     )
+    stem = config_stem(config)
     json_path = osp.join(out_dir, f'{name}.json')
     png_path = osp.join(out_dir, f'{name}.png')
     write_json(json_path, report)

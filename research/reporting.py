@@ -14,7 +14,16 @@ import os
 import os.path as osp
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple
 
-__all__ = ['markdown_table', 'write_csv', 'write_json', 'write_text', 'figure', 'ensure_dir']
+__all__ = [
+    'markdown_table',
+    'write_csv',
+    'write_json',
+    'write_text',
+    'figure',
+    'ensure_dir',
+    'config_stem',
+    'checkpoint_report',
+]
 
 
 def ensure_dir(path: str) -> str:
@@ -22,6 +31,44 @@ def ensure_dir(path: str) -> str:
     if path:
         os.makedirs(path, exist_ok=True)
     return path
+
+
+def config_stem(config: str) -> str:
+    """The config's file name without folder and ``.py`` (``mmseg::a/b.py`` -> ``b``)."""
+    return osp.splitext(osp.basename(config.split('::')[-1]))[0]
+
+
+def checkpoint_report(
+    config: str,
+    checkpoint: str,
+    split: str,
+    device: str,
+    command: str,
+    out_dir: Optional[str],
+    kind: str,
+    **fields: Any,
+) -> Tuple[str, dict]:
+    """The output folder and the JSON head of a report on one checkpoint (the
+    extrapolation and robustness reports).
+
+    Returns:
+        ``out_dir`` (default ``work_dirs/<config stem>/<kind>``), created, and the dict
+        ``config``, ``checkpoint``, ``split``, ``device``, ``torch`` (its version),
+        ``command``, then ``fields``.
+    """
+    import torch
+
+    out_dir = ensure_dir(out_dir or osp.join('work_dirs', config_stem(config), kind))
+    report = dict(
+        config=config,
+        checkpoint=checkpoint,
+        split=split,
+        device=device,
+        torch=torch.__version__,
+        command=command,
+    )
+    report.update(fields)
+    return out_dir, report
 
 
 def _parent(path: str) -> None:

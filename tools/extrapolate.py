@@ -38,16 +38,17 @@ if str(REPO) not in sys.path:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
-    from lookhere_dense.apis.cli import (
-        ToolArgumentParser,
-        add_cfg_options_arg,
-        add_threads_arg,
-        positive_int,
-    )
+    from lookhere_dense.apis.cli import ToolArgumentParser, add_checkpoint_report_args
 
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('config', help='the segmentation config the checkpoint was trained with')
-    parser.add_argument('checkpoint', help='checkpoint file')
+    add_checkpoint_report_args(
+        parser,
+        split='test',
+        images='evaluate',
+        outputs='extrapolation.json / extrapolation.png',
+        name='extrapolation',
+        cfg_example='test_dataloader.dataset.data_root=...',
+    )
     parser.add_argument(
         '--tests',
         nargs='+',
@@ -59,41 +60,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         'px>, long<long side px> (native aspect) or <H>x<W>',
     )
     parser.add_argument(
-        '--split',
-        choices=['test', 'val'],
-        default='test',
-        help='which dataloader of the config to use (default: test)',
-    )
-    parser.add_argument(
-        '--max-images',
-        type=positive_int,
-        default=None,
-        metavar='N',
-        help='evaluate only the first N images of the split (N >= 1)',
-    )
-    parser.add_argument(
-        '--out-dir',
-        default=None,
-        help='folder for extrapolation.json / extrapolation.png (default: '
-        'work_dirs/<config name>/extrapolation)',
-    )
-    parser.add_argument(
-        '--name',
-        default='extrapolation',
-        help='file name stem of the JSON / PNG (default: extrapolation)',
-    )
-    parser.add_argument(
-        '--device', default=None, help='cpu or cuda[:N] (default: cuda when available, else cpu)'
-    )
-    parser.add_argument(
         '--max-memory',
         metavar='SIZE',
         help='memory budget of one pass (e.g. 8G): a test whose estimated peak exceeds it '
         'stops the report before it allocates, with cheaper options (default: the memory '
         'the machine or its cgroup has left)',
     )
-    add_cfg_options_arg(parser, 'test_dataloader.dataset.data_root=...')
-    add_threads_arg(parser)
     return parser.parse_args(argv)
 
 
@@ -101,25 +73,18 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     """Run the report (:func:`research.extrapolation.extrapolation_report`);
     returns the JSON content."""
     args = parse_args(argv)
-    from lookhere_dense.apis.cli import apply_threads, quiet_known_warnings
+    from lookhere_dense.apis.cli import checkpoint_report_kwargs, start_tool
 
-    quiet_known_warnings()
-    apply_threads(args.threads)
+    start_tool(args.config, args.threads)
     from research.extrapolation import DEFAULT_TESTS, extrapolation_report
 
     return extrapolation_report(
         args.config,
         args.checkpoint,
         args.tests or DEFAULT_TESTS,
-        split=args.split,
         max_images=args.max_images,
-        out_dir=args.out_dir,
-        name=args.name,
-        device=args.device,
-        cfg_options=args.cfg_options,
         max_memory=args.max_memory,
-        command='python tools/extrapolate.py '
-        + ' '.join(argv if argv is not None else sys.argv[1:]),
+        **checkpoint_report_kwargs(args, 'extrapolate.py', argv),
     )
 
 

@@ -46,14 +46,19 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
     from lookhere_dense.apis.cli import (
         ToolArgumentParser,
-        add_cfg_options_arg,
-        add_threads_arg,
+        add_checkpoint_report_args,
         positive_int,
     )
 
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('config', help='the segmentation config the checkpoint was trained with')
-    parser.add_argument('checkpoint', help='checkpoint file')
+    add_checkpoint_report_args(
+        parser,
+        split='val',
+        images='attack',
+        outputs='the JSON / MD / PNG',
+        name='robustness',
+        cfg_example='val_dataloader.dataset.data_root=...',
+    )
     parser.add_argument(
         '--attack',
         nargs='+',
@@ -70,7 +75,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help='strengths: L-inf radius in 0-255 pixel units, 4 = '
         '4/255 (default: 1 2 4 8; the clean model is always evaluated)',
     )
-    parser.add_argument('--steps', type=positive_int, default=10, help='PGD steps (default: 10)')
+    parser.add_argument(
+        '--steps',
+        type=positive_int,
+        default=10,
+        help='PGD steps (default: 10); each PGD strength costs STEPS forward + backward '
+        'passes per image',
+    )
     parser.add_argument(
         '--step-size',
         type=_positive_float,
@@ -83,36 +94,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help='start PGD at the image instead of a random point of the ball',
     )
     parser.add_argument('--seed', type=int, default=0, help="seed of PGD's random start")
-    parser.add_argument(
-        '--split',
-        choices=['val', 'test'],
-        default='val',
-        help='which dataloader of the config to use (default: val)',
-    )
-    parser.add_argument(
-        '--max-images',
-        type=positive_int,
-        default=None,
-        metavar='N',
-        help='attack only the first N images of the split (N >= 1; default: '
-        'all). Each PGD strength costs STEPS forward + backward passes per '
-        'image',
-    )
-    parser.add_argument(
-        '--out-dir',
-        default=None,
-        help='folder for the outputs (default: work_dirs/<config name>/robustness)',
-    )
-    parser.add_argument(
-        '--name',
-        default='robustness',
-        help='file name stem of the JSON / MD / PNG (default: robustness)',
-    )
-    parser.add_argument(
-        '--device', default=None, help='cpu or cuda[:N] (default: cuda when available, else cpu)'
-    )
-    add_cfg_options_arg(parser, 'val_dataloader.dataset.data_root=...')
-    add_threads_arg(parser)
     return parser.parse_args(argv)
 
 
@@ -120,10 +101,9 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     """Run the report (:func:`research.robustness.robustness_report`);
     returns the JSON content."""
     args = parse_args(argv)
-    from lookhere_dense.apis.cli import apply_threads, quiet_known_warnings
+    from lookhere_dense.apis.cli import checkpoint_report_kwargs, start_tool
 
-    quiet_known_warnings()
-    apply_threads(args.threads)
+    start_tool(args.config, args.threads)
     from research.robustness import AttackSettings, robustness_report
 
     settings = AttackSettings(
@@ -139,13 +119,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         args.config,
         args.checkpoint,
         settings,
-        split=args.split,
-        out_dir=args.out_dir,
-        name=args.name,
-        device=args.device,
-        cfg_options=args.cfg_options,
-        command='python tools/robustness.py '
-        + ' '.join(argv if argv is not None else sys.argv[1:]),
+        **checkpoint_report_kwargs(args, 'robustness.py', argv),
     )
 
 

@@ -37,6 +37,13 @@ __all__ = [
     'apply_threads',
     'positive_int',
     'parse_cfg_options',
+    'add_launch_args',
+    'parse_launch_args',
+    'add_checkpoint_report_args',
+    'checkpoint_report_kwargs',
+    'runner_job_kwargs',
+    'start_tool',
+    'tool_command',
 ]
 
 
@@ -313,6 +320,111 @@ def apply_threads(threads: Optional[int]) -> None:
         import torch
 
         torch.set_num_threads(threads)
+
+
+def add_launch_args(parser: argparse.ArgumentParser) -> None:
+    """Add what every command that runs a Runner takes: ``--launcher``, ``--local_rank``
+    (passed by ``torch.distributed.launch``; :func:`parse_launch_args` hands it on) and
+    ``--threads``."""
+    parser.add_argument(
+        '--launcher',
+        choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none',
+        help='job launcher; "pytorch" under torchrun',
+    )
+    parser.add_argument(
+        '--local_rank',
+        '--local-rank',
+        type=int,
+        default=0,
+        help='set by torch.distributed.launch; do not pass by hand',
+    )
+    add_threads_arg(parser)
+
+
+def parse_launch_args(
+    parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]
+) -> argparse.Namespace:
+    """Parse ``argv`` and set ``LOCAL_RANK`` from ``--local_rank`` where the launcher did
+    not (a parser with :func:`add_launch_args`)."""
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def add_checkpoint_report_args(
+    parser: argparse.ArgumentParser,
+    *,
+    split: str,
+    images: str,
+    outputs: str,
+    name: str,
+    cfg_example: str,
+) -> None:
+    """Add the arguments of a report on one checkpoint (``tools/extrapolate.py``,
+    ``tools/robustness.py``): ``config``, ``checkpoint``, ``--split`` (default ``split``),
+    ``--max-images`` (``images``: what N images get), ``--out-dir`` (default
+    ``work_dirs/<config name>/<name>``, holding ``outputs``), ``--name`` (default
+    ``name``), ``--device``, ``--cfg-options`` (``cfg_example``) and ``--threads``."""
+    parser.add_argument('config', help='the segmentation config the checkpoint was trained with')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument(
+        '--split',
+        choices=[split] + [s for s in ('val', 'test') if s != split],
+        default=split,
+        help=f'which dataloader of the config to use (default: {split})',
+    )
+    parser.add_argument(
+        '--max-images',
+        type=positive_int,
+        default=None,
+        metavar='N',
+        help=f'{images} only the first N images of the split (N >= 1; default: all)',
+    )
+    parser.add_argument(
+        '--out-dir',
+        default=None,
+        help=f'folder for {outputs} (default: work_dirs/<config name>/{name})',
+    )
+    parser.add_argument(
+        '--name', default=name, help=f'file name stem of the outputs (default: {name})'
+    )
+    parser.add_argument(
+        '--device', default=None, help='cpu or cuda[:N] (default: cuda when available, else cpu)'
+    )
+    add_cfg_options_arg(parser, cfg_example)
+    add_threads_arg(parser)
+
+
+def checkpoint_report_kwargs(args: argparse.Namespace, script: str, argv) -> dict:
+    """The keyword arguments of a report function that come from
+    :func:`add_checkpoint_report_args`: ``split``, ``out_dir``, ``name``, ``device``,
+    ``cfg_options`` and ``command`` (:func:`tool_command` of ``script``)."""
+    names = ('split', 'out_dir', 'name', 'device', 'cfg_options')
+    return dict({k: getattr(args, k) for k in names}, command=tool_command(script, argv))
+
+
+def runner_job_kwargs(args: argparse.Namespace) -> dict:
+    """The keyword arguments :func:`lookhere_dense.apis.train.train_model` and
+    :func:`lookhere_dense.apis.test.evaluate_checkpoint` share, from their commands'
+    arguments: ``work_dir``, ``cfg_options``, ``launcher``, ``verbose``, ``max_memory`` and
+    ``check_data`` (not ``--skip-data-check``)."""
+    names = ('work_dir', 'cfg_options', 'launcher', 'verbose', 'max_memory')
+    return dict({k: getattr(args, k) for k in names}, check_data=not args.skip_data_check)
+
+
+def start_tool(config: str, threads: Optional[int]) -> None:
+    """What a tool does before its work: check that ``config`` exists (before the heavy
+    imports), hide the known warnings, set the CPU threads."""
+    resolve_config_path(config)
+    quiet_known_warnings()
+    apply_threads(threads)
+
+
+def tool_command(script: str, argv: Optional[Sequence[str]]) -> str:
+    """``python tools/<script> <arguments>``, the command line a report records."""
+    return f'python tools/{script} ' + ' '.join(argv if argv is not None else sys.argv[1:])
 
 
 def _log(msg: str, level: int = logging.INFO) -> None:

@@ -11,9 +11,14 @@ import os.path as osp
 import statistics
 from typing import Any, Callable, Dict, Optional, Sequence
 
-import torch
-
-from ..reporting import ensure_dir, figure, markdown_table, write_json, write_text
+from ..reporting import (
+    checkpoint_report,
+    config_stem,
+    figure,
+    markdown_table,
+    write_json,
+    write_text,
+)
 from .attacks import AttackSettings
 from .segmentor import check_attackable, eps_key, robustness_sweep, strength_means
 
@@ -154,21 +159,17 @@ def robustness_report(
         FileNotFoundError: config or checkpoint missing; the pre-flight data checks'
         errors (:func:`lookhere_dense.apis.cli.preflight`).
     """
-    import lookhere_dense
+    from ..evaluate import model_for_report
 
-    lookhere_dense.register_all_modules()
-    from mmengine.registry import init_default_scope
-
-    from lookhere_dense.apis.cli import load_segmentation_job, preflight
-    from lookhere_dense.apis.inference import build_model_from_checkpoint
-
-    cfg = load_segmentation_job(config, checkpoint, split, cfg_options, 'robustness.py')
-    scope = cfg.get('default_scope') or 'mmseg'
-    check_attackable(cfg, split)
-    init_default_scope(scope)
-    preflight(cfg, (split,), check_pretrained=False)
-    device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
-    model, _ = build_model_from_checkpoint(cfg, checkpoint, device)
+    cfg, model, device = model_for_report(
+        config,
+        checkpoint,
+        split,
+        cfg_options,
+        'robustness.py',
+        device,
+        lambda cfg: check_attackable(cfg, split),
+    )
 
     dl_cfg = copy.deepcopy(cfg.get(f'{split}_dataloader'))
     dl_cfg = dl_cfg.to_dict() if hasattr(dl_cfg, 'to_dict') else dict(dl_cfg)
@@ -187,17 +188,16 @@ def robustness_report(
     )
     results = robustness_sweep(model, dl_cfg, cfg.get(f'{split}_evaluator'), settings, device, log)
     means = strength_means(results)
-    stem = osp.splitext(osp.basename(config.split('::')[-1]))[0]
-    out_dir = ensure_dir(out_dir or osp.join('work_dirs', stem, 'robustness'))
     table = format_robustness_table({osp.basename(checkpoint): results}, settings)
     log('\n' + table)
-    report = dict(
-        config=config,
-        checkpoint=checkpoint,
-        split=split,
-        device=device,
-        torch=torch.__version__,
-        command=command,
+    out_dir, report = checkpoint_report(
+        config,
+        checkpoint,
+        split,
+        device,
+        command,
+        out_dir,
+        'robustness',
         settings=settings.to_json(),
         space='L-inf in 0-255 pixel units (attacked in the normalised input space, '
         'clipped to valid pixels, not re-quantised)',
@@ -215,7 +215,7 @@ def robustness_report(
         paths['png'],
         {osp.basename(checkpoint): results},
         settings,
-        f'{stem} — {osp.basename(checkpoint)} ({device})',
+        f'{config_stem(config)} — {osp.basename(checkpoint)} ({device})',
     )
     log(f'\nwrote {paths["json"]}, {paths["md"]} and {paths["png"]}')
     report.update(paths)
