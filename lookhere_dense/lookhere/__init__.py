@@ -2,8 +2,9 @@
 
 The model:
 
-* :mod:`.vit` -- :class:`LookHereVisionTransformer` (patch embedding, global and window
-  blocks, CLS, LayerScale) and :func:`create_model`;
+* :mod:`.vit` -- :class:`LookHereVisionTransformer` (global and window blocks, CLS /
+  Jumbo tokens) and :func:`create_model`; :mod:`.layers` -- the generic layers it stacks
+  (patch embedding, MLP, LayerScale, DropPath, attention, the block);
 * :mod:`.weights` -- official LookHere / timm / DeiT-III / lookhere-dense files -> the
   trunk's keys, head-count rules, LookHere-config adoption; :mod:`.loading` -- whole-model
   checkpoints;
@@ -15,7 +16,8 @@ The LookHere math:
 * :mod:`.config` -- :class:`LookHereConfig`, the presets, head layouts and slope rules;
 * :mod:`.directions` -- fields of view of the head types, from relative offsets;
 * :mod:`.bias` -- the relative-offset table, the token-pair -> table index, and the
-  table's materialisations (the one source of the bias);
+  table's materialisations (the one source of the bias); :mod:`.prefix_tokens` -- the
+  count of global prefix tokens (CLS / Jumbo), which carry no position;
 * :mod:`.slopes` -- :class:`LookHereSlopes`: learnable global / layer / head slopes;
 * :mod:`.attention` -- the backends (overview) and the dense ones (``reference``, ``sdpa``);
   :mod:`.chunked` (blocks of query rows), :mod:`.flex` (``flex_attention``, block masks,
