@@ -22,6 +22,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from test_tiled import TYPES  # every direction type
 
 from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine
 from lookhere_dense.lookhere.attention import (
@@ -48,24 +49,6 @@ CONFIGS = {
     'per_layer': replace(PRESETS['lh180'], head_directions=('halves-none', 'eighths1-none')),
     'zero_mix': replace(PRESETS['lh180'], head_directions='zerohalves-none1zero3'),
 }
-#: every direction type alone (12 heads of one type)
-TYPES = (
-    'none',
-    'zero',
-    'none1zero3',
-    'none2zero2',
-    'none3zero1',
-    'center',
-    'halves',
-    'corners',
-    'triangles',
-    'diagonals',
-    'eighths1',
-    'eighths2',
-    'zerohalves',
-    'zerocorners',
-    'zerotriangles',
-)
 CONFIGS.update({f'type_{t}': replace(PRESETS['lh180'], head_directions=t) for t in TYPES})
 #: (config, grid, prefix tokens): every config on one grid, then the grids and prefixes
 CASES = [(name, (3, 5), 1) for name in CONFIGS] + [

@@ -299,17 +299,6 @@ def buffered_attention(
 
 def attend(call: AttentionCall) -> Tensor:
     """:func:`buffered_attention` with the engine's tables and reused bias buffers."""
-    q = call.q
-    grid_bias, index = call.engine.layer_bias(
-        call.layer, call.grid_size, q.device, q.dtype, call.slopes
-    )
-    return buffered_attention(
-        q,
-        call.k,
-        call.v,
-        grid_bias,
-        index,
-        call.cls_token,
-        call.dropout_p,
-        call.engine.bias_buffers,
-    )
+    grid_bias, index = call.tables()
+    args = (grid_bias, index, call.cls_token, call.dropout_p)
+    return buffered_attention(call.q, call.k, call.v, *args, call.engine.bias_buffers)

@@ -262,17 +262,6 @@ def chunked_attention(
 def attend(call: AttentionCall) -> Tensor:
     """:func:`chunked_attention` with the engine's tables (or the slopes' table) and its
     ``block_size``."""
-    q = call.q
-    grid_bias, index = call.engine.layer_bias(
-        call.layer, call.grid_size, q.device, q.dtype, call.slopes
-    )
-    return chunked_attention(
-        q,
-        call.k,
-        call.v,
-        grid_bias,
-        index,
-        call.cls_token,
-        call.engine.block_size,
-        call.dropout_p,
-    )
+    grid_bias, index = call.tables()
+    args = (grid_bias, index, call.cls_token, call.engine.block_size, call.dropout_p)
+    return chunked_attention(call.q, call.k, call.v, *args)

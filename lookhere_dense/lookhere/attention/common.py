@@ -126,6 +126,13 @@ class AttentionCall:
     slope_grads: bool
     engine: Any
 
+    def tables(self) -> Tuple[GridBias, int]:
+        """``(tables, index)`` of the call's layer in ``q``'s dtype: the engine's cached
+        tables and the layer, or the one-layer table at ``slopes`` and 0."""
+        return self.engine.layer_bias(
+            self.layer, self.grid_size, self.q.device, self.q.dtype, self.slopes
+        )
+
 
 # -- the CPU flash kernel ----------------------------------------------------------------
 #: PyTorch's CPU flash kernel (returns the output and its log-sum-exp)

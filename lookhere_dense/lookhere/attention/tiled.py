@@ -1045,17 +1045,6 @@ def tiled_attention(
 
 def attend(call: AttentionCall) -> Tensor:
     """:func:`tiled_attention` with the engine's tables and plan cache."""
-    q = call.q
-    grid_bias, index = call.engine.layer_bias(
-        call.layer, call.grid_size, q.device, q.dtype, call.slopes
-    )
-    return tiled_attention(
-        q,
-        call.k,
-        call.v,
-        grid_bias,
-        index,
-        call.cls_token,
-        call.dropout_p,
-        plans=call.engine.tiled_plans,
-    )
+    grid_bias, index = call.tables()
+    args = (grid_bias, index, call.cls_token, call.dropout_p)
+    return tiled_attention(call.q, call.k, call.v, *args, plans=call.engine.tiled_plans)

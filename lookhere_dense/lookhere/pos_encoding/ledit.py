@@ -26,23 +26,8 @@ token; with ``global_prefix=False`` they are the first ``J`` tokens of the causa
 causal; the locality convolution still reaches ``d * (k // 2)`` patches ahead
 (``locality=False`` for a strictly causal trunk).
 
-Backends (``attn_backend``), all exact (the same result up to rounding):
-
-==============  ===========================================================================
-``sdpa``        ``F.scaled_dot_product_attention(is_causal=True)`` over the whole sequence
-                (prefix first, so every patch sees every prefix key), the ``J`` prefix
-                query rows recomputed without mask (fused flash / memory-efficient kernels)
-``chunked``     blocks of query rows; a block attends only to the keys up to its last row,
-                with a causal mask on its own part; activation checkpointing per block
-                while autograd records (memory-lean at high resolution)
-``flex``        ``flex_attention`` with a causal ``mask_mod`` and a ``BlockMask`` built
-                tile by tile from the causal structure (tiles above the diagonal skipped);
-                compiled on CUDA, eager (forward only) on CPU
-``reference``   an explicit boolean mask and a plain softmax in float32 / float64: the
-                ground truth
-``auto``        ``sdpa`` (the fused causal kernels are the fastest and hold no ``T x T``
-                matrix)
-==============  ===========================================================================
+Backends (``attn_backend``: ``sdpa``, ``chunked``, ``flex``, ``reference``; ``auto`` is
+``sdpa``), all exact, are in :mod:`lookhere_dense.lookhere.attention.causal`.
 
 Window blocks (ViTDet) are causal in each window's own raster order, with the padded keys
 of border windows masked and the prefix tokens global as in a global block
