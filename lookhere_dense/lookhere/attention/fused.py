@@ -474,8 +474,9 @@ def fused_attention(
     docstring).
 
     Args:
-        q, k, v: ``(B, heads, T, d)`` on CPU with ``T = J + H*W``; float32 or float64
-            (bfloat16 / float16 are computed in float32).
+        q, k, v: ``(B, heads, T, d)`` on CPU with ``T = J + H*W``; float32, float64,
+            bfloat16 or float16 (the last two read as they are, computed in float32:
+            float32 scores, softmax and accumulators; output in their dtype).
         grid_bias: tables of the grid.
         layer: which layer's table to use.
         cls_token: number ``J`` of global prefix tokens at the front (CLS, or Jumbo
@@ -506,8 +507,11 @@ def fused_attention(
         )
     plan = get_fused_plan(grid_bias, layer, tile, plans)
     dtype = q.dtype
+    # bfloat16 / float16 q, k, v go in as they are (converted as the kernel packs them);
+    # the table, the softmax and the accumulators are float32
     work = work_dtype(dtype)
-    q, k, v = (t.to(work) if t.dtype != work else t for t in (q, k, v))
+    store = dtype if dtype in (torch.bfloat16, torch.float16) else work
+    q, k, v = (t.to(store) if t.dtype != store else t for t in (q, k, v))
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     table = table.to(work).contiguous()
     if key_term is not None:

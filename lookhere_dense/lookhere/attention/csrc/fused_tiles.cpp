@@ -28,6 +28,14 @@
 //
 // The three products are register-blocked micro-kernels over at::vec::Vectorized (no
 // packing per call, which a BLAS call would do for every block).
+//
+// Reduced precision. bfloat16 / float16 q, k, v (and dout, out in the backward) are read
+// in their own dtype and converted to float32 as they are packed (keys, values: once per
+// head) or copied into the query block; scores, the bias table (float32), the online
+// softmax and every accumulator stay float32; the output and dq, dk, dv are written back
+// in the input dtype, the log-sum-exp in float32. No float32 copy of a whole tensor is
+// made. The products themselves are the float32 FMA micro-kernels: no AMX / AVX512-BF16
+// instruction is used yet.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -263,6 +271,26 @@ inline void copy_short(T* dst, const T* src, int n) {
   for (; c < n; ++c) dst[c] = src[c];
 }
 
+// dst[0..n) = src[0..n) converted to the compute type (a plain copy when they agree).
+template <typename IT, typename T>
+inline void load_row(T* dst, const IT* src, int n) {
+  if constexpr (std::is_same_v<IT, T>) {
+    std::memcpy(dst, src, sizeof(T) * n);
+  } else {
+    at::vec::convert<IT, T>(src, dst, n);
+  }
+}
+
+// dst[0..n) = src[0..n) rounded to the storage type.
+template <typename T, typename IT>
+inline void store_row(IT* dst, const T* src, int n) {
+  if constexpr (std::is_same_v<IT, T>) {
+    std::memcpy(dst, src, sizeof(T) * n);
+  } else {
+    at::vec::convert<T, IT>(src, dst, n);
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Layout
 // ---------------------------------------------------------------------------------------
@@ -360,14 +388,14 @@ inline void bias_row(T* brow, const Tiles& tl, const Block& blk, const T* table_
 }
 
 // One head's keys / values in slots: rows [slots][dp] and/or panels [slots / V][dp][V].
-template <typename T>
-void pack_head(const T* src, int64_t ld, const Tiles& tl, int d, int dp, T* rows, T* panels) {
+template <typename IT, typename T>
+void pack_head(const IT* src, int64_t ld, const Tiles& tl, int d, int dp, T* rows, T* panels) {
   const int V = tl.V;
-  auto put = [&](int s, const T* x) {
-    if (rows) std::memcpy(rows + (int64_t)s * dp, x, sizeof(T) * d);
+  auto put = [&](int s, const IT* x) {
+    if (rows) load_row<IT, T>(rows + (int64_t)s * dp, x, d);
     if (panels) {
       T* p = panels + (int64_t)(s / V) * dp * V + (s % V);
-      for (int c = 0; c < d; ++c) p[c * V] = x[c];
+      for (int c = 0; c < d; ++c) p[c * V] = static_cast<T>(x[c]);
     }
   };
   for (int j = 0; j < tl.J; ++j) put(j, src + j * ld);
@@ -379,7 +407,7 @@ void pack_head(const T* src, int64_t ld, const Tiles& tl, int d, int dp, T* rows
 // ---------------------------------------------------------------------------------------
 // Forward
 // ---------------------------------------------------------------------------------------
-template <typename T>
+template <typename T, typename IT>
 void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& table, const c10::optional<at::Tensor>& key_term,
                   const Plan& plan, const Tiles& tl, double scale_d, int max_keys,
@@ -388,10 +416,10 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const int64_t B = q.size(0), heads = q.size(1), N = (int64_t)tl.H * tl.W;
   const int d = (int)q.size(3), dp = round_up(d, V), J = tl.J;
   const T scale = (T)scale_d;
-  const T* qp = q.data_ptr<T>();
+  const IT* qp = q.data_ptr<IT>();
   const T* tp = table.data_ptr<T>();
   const T* kt = key_term ? key_term->data_ptr<T>() : nullptr;
-  T* op = out.data_ptr<T>();
+  IT* op = out.data_ptr<IT>();
   T* lp = lse.data_ptr<T>();
   const int64_t tab = (int64_t)(2 * tl.H - 1) * (2 * tl.W - 1);
   const int64_t BH = B * heads;
@@ -408,10 +436,10 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     at::parallel_for(0, p1 - p0, 1, [&](int64_t s, int64_t e) {
       for (int64_t i = s; i < e; ++i) {
         const int64_t bh = p0 + i, bb = bh / heads, h = bh % heads;
-        pack_head<T>(k.data_ptr<T>() + bb * k.stride(0) + h * k.stride(1), k.stride(2), tl, d,
-                     dp, nullptr, kpan.data() + i * per);
-        pack_head<T>(v.data_ptr<T>() + bb * v.stride(0) + h * v.stride(1), v.stride(2), tl, d,
-                     dp, vrow.data() + i * per, nullptr);
+        pack_head<IT, T>(k.data_ptr<IT>() + bb * k.stride(0) + h * k.stride(1), k.stride(2),
+                         tl, d, dp, nullptr, kpan.data() + i * per);
+        pack_head<IT, T>(v.data_ptr<IT>() + bb * v.stride(0) + h * v.stride(1), v.stride(2),
+                         tl, d, dp, vrow.data() + i * per, nullptr);
       }
     });
     const int64_t items = (p1 - p0) * plan.nqt;
@@ -426,11 +454,10 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         const int64_t i = it / plan.nqt, bh = p0 + i, bb = bh / heads, h = bh % heads;
         const int qt = (int)(it % plan.nqt);
         const int nq = tl.size(qt);
-        const T* qh = qp + bb * q.stride(0) + h * q.stride(1);
+        const IT* qh = qp + bb * q.stride(0) + h * q.stride(1);
         for (int r = 0; r < nq; ++r) {
           const int patch = tl.order[tl.start[qt] + r];
-          std::memcpy(qb.data() + (int64_t)r * dp, qh + (J + patch) * q.stride(2),
-                      sizeof(T) * d);
+          load_row<IT, T>(qb.data() + (int64_t)r * dp, qh + (J + patch) * q.stride(2), d);
           qy[r] = patch / tl.W;
           qx[r] = patch % tl.W;
           mrow[r] = lowest;
@@ -467,18 +494,19 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
             }
           gemm_rows<T>(s, ns, nq, ns, vh + (int64_t)blk.s0 * dp, dp, acc.data(), T(1));
         }
-        T* oh = op + bb * out.stride(0) + h * out.stride(1);
+        IT* oh = op + bb * out.stride(0) + h * out.stride(1);
         T* lh = lp + bb * lse.stride(0) + h * lse.stride(1);
         for (int r = 0; r < nq; ++r) {
           const int patch = tl.order[tl.start[qt] + r];
-          T* o = oh + (J + patch) * out.stride(2);
-          const T* a = acc.data() + (int64_t)r * dp;
+          IT* o = oh + (J + patch) * out.stride(2);
+          T* a = acc.data() + (int64_t)r * dp;
           if (lrow[r] > 0) {
             const T inv = T(1) / lrow[r];
-            for (int c = 0; c < d; ++c) o[c] = a[c] * inv;
+            for (int c = 0; c < d; ++c) a[c] *= inv;
+            store_row<T, IT>(o, a, d);
             lh[(J + patch) * lse.stride(2)] = mrow[r] + std::log(lrow[r]);
           } else {
-            for (int c = 0; c < d; ++c) o[c] = 0;
+            for (int c = 0; c < d; ++c) o[c] = IT(0);
             lh[(J + patch) * lse.stride(2)] = lowest;
           }
         }
@@ -490,7 +518,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 // ---------------------------------------------------------------------------------------
 // Backward
 // ---------------------------------------------------------------------------------------
-template <typename T>
+template <typename T, typename IT>
 void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                    const at::Tensor& table, const c10::optional<at::Tensor>& key_term,
@@ -533,17 +561,17 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
     for (int64_t it; (it = next.fetch_add(1)) < n_items;) {
       const int64_t bh = items[it], bb = bh / heads, h = bh % heads;
       const int g = plan.head_group[h];
-      const T* qh = q.data_ptr<T>() + bb * q.stride(0) + h * q.stride(1);
-      const T* doh = dout.data_ptr<T>() + bb * dout.stride(0) + h * dout.stride(1);
-      const T* oh = out.data_ptr<T>() + bb * out.stride(0) + h * out.stride(1);
+      const IT* qh = q.data_ptr<IT>() + bb * q.stride(0) + h * q.stride(1);
+      const IT* doh = dout.data_ptr<IT>() + bb * dout.stride(0) + h * dout.stride(1);
+      const IT* oh = out.data_ptr<IT>() + bb * out.stride(0) + h * out.stride(1);
       const T* lh = lse.data_ptr<T>() + bb * lse.stride(0) + h * lse.stride(1);
-      T* dqh = dq.data_ptr<T>() + bb * dq.stride(0) + h * dq.stride(1);
-      T* dkh_out = dk.data_ptr<T>() + bb * dk.stride(0) + h * dk.stride(1);
-      T* dvh_out = dv.data_ptr<T>() + bb * dv.stride(0) + h * dv.stride(1);
-      pack_head<T>(k.data_ptr<T>() + bb * k.stride(0) + h * k.stride(1), k.stride(2), tl, d, dp,
-                   krow.data(), kpan.data());
-      pack_head<T>(v.data_ptr<T>() + bb * v.stride(0) + h * v.stride(1), v.stride(2), tl, d, dp,
-                   nullptr, vpan.data());
+      IT* dqh = dq.data_ptr<IT>() + bb * dq.stride(0) + h * dq.stride(1);
+      IT* dkh_out = dk.data_ptr<IT>() + bb * dk.stride(0) + h * dk.stride(1);
+      IT* dvh_out = dv.data_ptr<IT>() + bb * dv.stride(0) + h * dv.stride(1);
+      pack_head<IT, T>(k.data_ptr<IT>() + bb * k.stride(0) + h * k.stride(1), k.stride(2), tl,
+                       d, dp, krow.data(), kpan.data());
+      pack_head<IT, T>(v.data_ptr<IT>() + bb * v.stride(0) + h * v.stride(1), v.stride(2), tl,
+                       d, dp, nullptr, vpan.data());
       std::fill(dkh.begin(), dkh.end(), T(0));
       std::fill(dvh.begin(), dvh.end(), T(0));
       const T* table_h = tp + h * tab;
@@ -553,11 +581,11 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
         for (int r = 0; r < nq; ++r) {
           const int patch = tl.order[tl.start[qt] + r];
           const int64_t row = J + patch;
-          std::memcpy(qb.data() + (int64_t)r * dp, qh + row * q.stride(2), sizeof(T) * d);
-          std::memcpy(dob.data() + (int64_t)r * dp, doh + row * dout.stride(2), sizeof(T) * d);
-          const T* o = oh + row * out.stride(2);
+          load_row<IT, T>(qb.data() + (int64_t)r * dp, qh + row * q.stride(2), d);
+          load_row<IT, T>(dob.data() + (int64_t)r * dp, doh + row * dout.stride(2), d);
+          const IT* o = oh + row * out.stride(2);
           T acc = 0;
-          for (int c = 0; c < d; ++c) acc += dob[(int64_t)r * dp + c] * o[c];
+          for (int c = 0; c < d; ++c) acc += dob[(int64_t)r * dp + c] * static_cast<T>(o[c]);
           delta[r] = acc;
           lrow[r] = lh[row * lse.stride(2)];
           qy[r] = patch / tl.W;
@@ -596,20 +624,19 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
         }
         for (int r = 0; r < nq; ++r) {
           const int patch = tl.order[tl.start[qt] + r];
-          std::memcpy(dqh + (J + patch) * dq.stride(2), dqb.data() + (int64_t)r * dp,
-                      sizeof(T) * d);
+          store_row<T, IT>(dqh + (J + patch) * dq.stride(2), dqb.data() + (int64_t)r * dp, d);
         }
       }
       for (int t = 0; t < tl.n; ++t)
         for (int i = 0; i < tl.size(t); ++i) {
           const int64_t row = J + tl.order[tl.start[t] + i];
           const int64_t sl = (int64_t)(tl.slot[t] + i) * dp;
-          std::memcpy(dkh_out + row * dk.stride(2), dkh.data() + sl, sizeof(T) * d);
-          std::memcpy(dvh_out + row * dv.stride(2), dvh.data() + sl, sizeof(T) * d);
+          store_row<T, IT>(dkh_out + row * dk.stride(2), dkh.data() + sl, d);
+          store_row<T, IT>(dvh_out + row * dv.stride(2), dvh.data() + sl, d);
         }
       for (int j = 0; j < J; ++j) {
-        std::memcpy(dkh_out + j * dk.stride(2), dkh.data() + (int64_t)j * dp, sizeof(T) * d);
-        std::memcpy(dvh_out + j * dv.stride(2), dvh.data() + (int64_t)j * dp, sizeof(T) * d);
+        store_row<T, IT>(dkh_out + j * dk.stride(2), dkh.data() + (int64_t)j * dp, d);
+        store_row<T, IT>(dvh_out + j * dv.stride(2), dvh.data() + (int64_t)j * dp, d);
       }
     }
   });
@@ -618,6 +645,11 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
 // ---------------------------------------------------------------------------------------
 // Operators
 // ---------------------------------------------------------------------------------------
+// The dtype of the products, the softmax, the bias table and the log-sum-exp.
+at::ScalarType compute_type(at::ScalarType dt) {
+  return dt == at::kDouble ? at::kDouble : at::kFloat;
+}
+
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& table, const c10::optional<at::Tensor>& key_term,
                   const at::Tensor& run_ptr, const at::Tensor& runs,
@@ -626,10 +658,13 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
               "fused LookHere attention: CPU tensors only");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be (B, heads, T, d)");
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
-              "fused LookHere attention: float32 or float64");
-  for (const at::Tensor* t : {&k, &v, &table})
-    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "q, k, v and table must share a dtype");
+  const at::ScalarType dt = q.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kDouble || dt == at::kBFloat16 || dt == at::kHalf,
+              "fused LookHere attention: float32, float64, bfloat16 or float16, got ", dt);
+  for (const at::Tensor* t : {&k, &v})
+    TORCH_CHECK(t->scalar_type() == dt, "q, k and v must share a dtype");
+  TORCH_CHECK(table.scalar_type() == compute_type(dt), "table must be ", compute_type(dt),
+              " for ", dt, " q, got ", table.scalar_type());
   TORCH_CHECK(q.sizes() == k.sizes() && q.sizes() == v.sizes(), "q, k, v shapes differ");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
               "q, k, v need a contiguous last dimension");
@@ -639,7 +674,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   table.size(1) == 2 * H - 1 && table.size(2) == 2 * W - 1,
               "table must be a contiguous (heads, 2H-1, 2W-1)");
   if (key_term)
-    TORCH_CHECK(key_term->is_contiguous() && key_term->scalar_type() == q.scalar_type() &&
+    TORCH_CHECK(key_term->is_contiguous() && key_term->scalar_type() == table.scalar_type() &&
                     key_term->dim() == 2 && key_term->size(0) == q.size(1) &&
                     key_term->size(1) == H * W,
                 "key_term must be a contiguous (heads, H*W) in tile order");
@@ -671,7 +706,7 @@ Plan make_plan(const at::Tensor& run_ptr, const at::Tensor& runs, const at::Tens
 }
 
 int vector_width(at::ScalarType dtype) {
-  return dtype == at::kDouble ? (int)Vec<double>::size() : (int)Vec<float>::size();
+  return compute_type(dtype) == at::kDouble ? (int)Vec<double>::size() : (int)Vec<float>::size();
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_forward(
@@ -685,10 +720,12 @@ std::tuple<at::Tensor, at::Tensor> fused_forward(
   const int64_t B = q.size(0), heads = q.size(1), T = q.size(2), d = q.size(3);
   // (B, T, heads, d) in memory, like SDPA's output: the model's reshape is a view
   at::Tensor out = at::empty({B, T, heads, d}, q.options()).permute({0, 2, 1, 3});
-  at::Tensor lse = at::empty({B, heads, T}, q.options());
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "lookhere_fused_forward", [&] {
-    forward_impl<scalar_t>(q, k, v, table, key_term, plan, tl, scale, (int)max_keys,
-                           gather_bytes, out, lse);
+  at::Tensor lse = at::empty({B, heads, T}, q.options().dtype(compute_type(q.scalar_type())));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(),
+                                  "lookhere_fused_forward", [&] {
+    using T = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+    forward_impl<T, scalar_t>(q, k, v, table, key_term, plan, tl, scale, (int)max_keys,
+                              gather_bytes, out, lse);
   });
   return {out, lse};
 }
@@ -704,17 +741,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward(
                   dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type() &&
                   dout.stride(3) == 1 && out.stride(3) == 1,
               "dout and out must be like q with a contiguous last dimension");
-  TORCH_CHECK(lse.dim() == 3 && lse.scalar_type() == q.scalar_type() &&
+  TORCH_CHECK(lse.dim() == 3 && lse.scalar_type() == compute_type(q.scalar_type()) &&
                   lse.size(0) == q.size(0) && lse.size(1) == q.size(1) && lse.size(2) == q.size(2),
-              "lse must be (B, heads, T) like q");
+              "lse must be (B, heads, T) in q's compute dtype");
   Tiles tl((int)H, (int)W, (int)th, (int)tw, (int)J, vector_width(q.scalar_type()));
   Plan plan = make_plan(run_ptr, runs, head_group, tl);
   at::Tensor dq = at::zeros(q.sizes(), q.options());
   at::Tensor dk = at::zeros(k.sizes(), k.options());
   at::Tensor dv = at::zeros(v.sizes(), v.options());
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "lookhere_fused_backward", [&] {
-    backward_impl<scalar_t>(dout, q, k, v, out, lse, table, key_term, plan, tl, scale,
-                            (int)max_keys, dq, dk, dv);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(),
+                                  "lookhere_fused_backward", [&] {
+    using T = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+    backward_impl<T, scalar_t>(dout, q, k, v, out, lse, table, key_term, plan, tl, scale,
+                               (int)max_keys, dq, dk, dv);
   });
   return {dq, dk, dv};
 }

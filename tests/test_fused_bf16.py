@@ -1,0 +1,178 @@
+"""The ``fused`` kernel's reduced-precision path: bfloat16 / float16 ``q, k, v`` are read
+as they are (converted to float32 while the kernel packs them), scores, bias, softmax and
+accumulators are float32, the output and the gradients come back in the input dtype.
+
+Tolerances (stated here, used below). The reference is :func:`reference_attention` in
+float64 on the *same* rounded inputs (upcast exactly), so only the kernel's own error is
+measured: the float32 arithmetic (~1e-6 relative) and one rounding of each result to the
+input dtype (half an ulp: 2**-9 relative for bfloat16, 2**-12 for float16). Hence
+
+- forward, patch queries (the kernel): ``|out - ref| <= ULP * |ref| + 1e-3`` per element
+  with ``ULP`` 2**-8 for bfloat16 and 2**-11 for float16 (one ulp; the absolute term covers
+  values near 0); the prefix queries (CLS) are PyTorch's flash kernel in the input dtype,
+  which rounds its probabilities: ``|out - ref| <= 2e-2``;
+- gradients: ``max |g - ref| <= 2**-7 * max |ref|`` per tensor (the prefix tokens' share
+  of ``dk, dv`` is added in the input dtype: two roundings);
+- against the float32-compute path (the same kernel fed float32, result rounded): patch
+  queries bit for bit (the same float32 arithmetic, rounded once, to nearest even);
+  gradients within 2**-7 of the largest.
+
+The build for the other CPU capability (``ATEN_CPU_CAPABILITY=default``: no vector
+instructions) runs one bfloat16 forward and backward in a child process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from test_tiled import grid_bias, qkv
+
+from lookhere_dense.lookhere import reference_attention
+from lookhere_dense.lookhere.fused import (
+    fused_attention,
+    fused_available,
+    fused_unavailable_reason,
+)
+
+pytestmark = [
+    pytest.mark.usefixtures('one_torch_thread'),
+    pytest.mark.skipif(
+        not fused_available() and not os.environ.get('LOOKHERE_REQUIRE_FUSED'),
+        reason=f'fused kernel not built: {fused_unavailable_reason()}',
+    ),
+]
+
+#: one ulp of each reduced dtype (relative)
+ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+#: the prefix queries' bound (PyTorch's own flash kernel in bfloat16 / float16), as the
+#: conformance suite's bfloat16 bound for SDPA
+PREFIX_ATOL = 2e-2
+#: small ragged tiles, blocks of one tile, one head per gathered phase
+MANY = dict(tile=(2, 3), max_keys=1, gather_bytes=1)
+
+
+def rounded_qkv(grid, cls_token, dim, dtype, grad=False, batch=2):
+    """``q, k, v`` in ``dtype`` and the same values in float64 (exact upcast)."""
+    low = [t.to(dtype) for t in qkv(grid, cls_token, batch=batch, dim=dim)]
+    high = [t.double() for t in low]
+    return [t.requires_grad_(grad) for t in low], [t.requires_grad_(grad) for t in high]
+
+
+def check_forward(out, ref, dtype, off):
+    """Patch queries (the kernel) within one ulp; the ``off`` prefix queries (PyTorch's
+    flash kernel in ``dtype``, which rounds its probabilities) within PREFIX_ATOL."""
+    assert out.dtype == dtype and out.shape == ref.shape
+    out = out.double()
+    torch.testing.assert_close(out[:, :, off:], ref[:, :, off:], rtol=ULP[dtype], atol=1e-3)
+    torch.testing.assert_close(out[:, :, :off], ref[:, :, :off], rtol=0, atol=PREFIX_ATOL)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('name', ['lh180', 'lh90', 'center_mix', 'per_layer'])
+@pytest.mark.parametrize('grid,cls_token', [((9, 16), True), ((5, 7), False), ((1, 9), True)])
+@pytest.mark.parametrize('dim', [64, 24])
+def test_forward_matches_float64_reference(dtype, name, grid, cls_token, dim):
+    gb = grid_bias(name, grid, torch.float64)
+    (q, k, v), (q64, k64, v64) = rounded_qkv(grid, cls_token, dim, dtype)
+    for layer in (0, 2):
+        ref = reference_attention(q64, k64, v64, gb.dense(layer, cls_token))
+        for options in ({}, MANY):
+            out = fused_attention(q, k, v, gb, layer, cls_token, **options)
+            check_forward(out, ref, dtype, int(cls_token))
+
+
+@pytest.mark.parametrize('name', ['lh180', 'lh90'])
+@pytest.mark.parametrize('cls_token', [True, False])
+def test_bf16_equals_the_float32_compute_path(name, cls_token):
+    """Patch queries bit for bit; the prefix queries (PyTorch's flash kernel, in bfloat16
+    here) within the forward tolerance."""
+    grid = (9, 16)
+    gb = grid_bias(name, grid)
+    (q, k, v), _ = rounded_qkv(grid, cls_token, 64, torch.bfloat16)
+    got = fused_attention(q, k, v, gb, 1, cls_token)
+    want = fused_attention(q.float(), k.float(), v.float(), gb, 1, cls_token)
+    off = int(cls_token)
+    assert torch.equal(got[:, :, off:], want[:, :, off:].bfloat16())
+    check_forward(got, want.double(), torch.bfloat16, off)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('name', ['lh180', 'lh90', 'center_mix'])
+@pytest.mark.parametrize('grid,cls_token', [((9, 16), True), ((6, 4), False)])
+def test_gradients_match_float64_reference(dtype, name, grid, cls_token):
+    gb = grid_bias(name, grid, torch.float64)
+    low, high = rounded_qkv(grid, cls_token, 24, dtype, grad=True)
+    ref = reference_attention(*high, gb.dense(1, cls_token))
+    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    want = torch.autograd.grad(ref, high, grad)
+    for options in ({}, MANY):
+        out = fused_attention(*low, gb, 1, cls_token, **options)
+        check_forward(out, ref.detach(), dtype, int(cls_token))
+        got = torch.autograd.grad(out, low, grad.to(dtype))
+        for g, w in zip(got, want):
+            assert g.dtype == dtype
+            err = (g.double() - w).abs().max().item()
+            assert err <= 2**-7 * w.abs().max().item(), (err, w.abs().max().item())
+
+
+def test_bf16_gradients_near_the_float32_compute_path():
+    """No prefix token: dq, dk, dv within 2**-7 of the largest gradient of the
+    float32 path's (not bit for bit: the backward reads the output as saved, in bfloat16,
+    for ``delta = rowsum(dO * O)``, as PyTorch's flash backward does)."""
+    grid = (9, 16)
+    gb = grid_bias('lh90', grid)
+    low, _ = rounded_qkv(grid, False, 64, torch.bfloat16, grad=True)
+    high = [t.detach().float().requires_grad_() for t in low]
+    grad = torch.randn(low[0].shape, generator=torch.Generator().manual_seed(4)).bfloat16()
+    got = torch.autograd.grad(fused_attention(*low, gb, 1, False), low, grad)
+    want = torch.autograd.grad(fused_attention(*high, gb, 1, False), high, grad.float())
+    for g, w in zip(got, want):
+        assert (g.float() - w).abs().max() <= 2**-7 * w.abs().max()
+
+
+def test_no_float32_copy_of_the_inputs_is_saved():
+    """The autograd node keeps ``q, k, v`` and the output in bfloat16 (the log-sum-exp in
+    float32), not float32 copies."""
+    grid = (5, 7)
+    gb = grid_bias('lh180', grid)
+    low, _ = rounded_qkv(grid, True, 16, torch.bfloat16, grad=True)
+    out = fused_attention(*low, gb, 1, True)
+    saved = out.grad_fn.saved_tensors
+    assert [t.dtype for t in saved] == [torch.bfloat16] * 4 + [torch.float32]
+    assert saved[0].data_ptr() == low[0].data_ptr()
+
+
+_CHILD = """
+import torch
+from test_tiled import grid_bias, qkv
+from test_fused_bf16 import rounded_qkv, check_forward
+from lookhere_dense.lookhere import reference_attention
+from lookhere_dense.lookhere.fused import _capability, fused_attention, load_fused_ops
+load_fused_ops()
+gb = grid_bias('lh90', (9, 16), torch.float64)
+low, high = rounded_qkv((9, 16), True, 24, torch.bfloat16, grad=True, batch=1)
+ref = reference_attention(*high, gb.dense(1, True))
+out = fused_attention(*low, gb, 1, True)
+check_forward(out, ref.detach(), torch.bfloat16, 1)
+want = torch.autograd.grad(ref, high, torch.ones_like(ref))
+got = torch.autograd.grad(out, low, torch.ones_like(out))
+for g, w in zip(got, want):
+    assert (g.double() - w).abs().max() <= 2**-7 * w.abs().max()
+print('ok', _capability())
+"""
+
+
+def test_default_capability_build():
+    """The build without vector instructions (``ATEN_CPU_CAPABILITY=default``): bfloat16
+    forward and backward against the reference (compiled once per machine, ~1 min)."""
+    env = dict(os.environ, ATEN_CPU_CAPABILITY='default', OMP_NUM_THREADS='1')
+    env['PYTHONPATH'] = os.pathsep.join([os.path.dirname(__file__), env.get('PYTHONPATH', '')])
+    res = subprocess.run(
+        [sys.executable, '-c', _CHILD], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split() == ['ok', 'DEFAULT']
