@@ -13,6 +13,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -364,15 +365,17 @@ def test_bench_vit_times_every_model_against_the_nobias_trunk():
 # ----------------------------------------------------------------------------------------
 # The command line (a subprocess: tests never import tools/)
 # ----------------------------------------------------------------------------------------
+def _benchmark(
+    repo_root: Path, *args: str, timeout: int, cwd: Optional[Path] = None
+) -> subprocess.CompletedProcess:
+    """``python tools/benchmark.py ARGS`` in a fresh process, output captured as text."""
+    cmd = [sys.executable, str(repo_root / 'tools' / 'benchmark.py'), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
 def test_benchmark_quick_mode_runs(tmp_path: Path, repo_root: Path):
     out = tmp_path / 'bench.json'
-    proc = subprocess.run(
-        [sys.executable, str(repo_root / 'tools' / 'benchmark.py'), '--quick', '--json', str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    proc = _benchmark(repo_root, '--quick', '--json', str(out), timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res['bias']['baseline_matches_ours'] is True
@@ -400,12 +403,7 @@ def test_benchmark_quick_mode_runs(tmp_path: Path, repo_root: Path):
     )
     assert one['meets_target'] is (one['ratios']['model_peak'] <= 1.3)
     assert '[segmenter] whole frame 64x128' in proc.stdout
-    helped = subprocess.run(
-        [sys.executable, str(repo_root / 'tools' / 'benchmark.py'), '-h'],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    helped = _benchmark(repo_root, '-h', timeout=120)
     assert helped.returncode == 0 and '--device' in helped.stdout and '--quick' in helped.stdout
     assert '--section {all,attention,models}' in helped.stdout
     assert '--segmenter-configs' in helped.stdout
@@ -415,21 +413,16 @@ def test_benchmark_keeps_the_other_sections_when_one_fails(tmp_path: Path, repo_
     """A section that raises (here: attn with an unknown preset) is recorded under
     ``failed_sections`` and named on stdout; the sections before it stay in the JSON."""
     out = tmp_path / 'bench.json'
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(repo_root / 'tools' / 'benchmark.py'),
-            '--quick',
-            '--sections',
-            'bias',
-            'attn',
-            '--preset',
-            'nope',
-            '--json',
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    proc = _benchmark(
+        repo_root,
+        '--quick',
+        '--sections',
+        'bias',
+        'attn',
+        '--preset',
+        'nope',
+        '--json',
+        str(out),
         timeout=300,
         cwd=tmp_path,
     )
@@ -441,36 +434,19 @@ def test_benchmark_keeps_the_other_sections_when_one_fails(tmp_path: Path, repo_
 
 
 def test_benchmark_refuses_a_group_and_names_together(repo_root: Path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(repo_root / 'tools' / 'benchmark.py'),
-            '--section',
-            'attention',
-            '--sections',
-            'bias',
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _benchmark(repo_root, '--section', 'attention', '--sections', 'bias', timeout=120)
     assert proc.returncode == 2
     assert 'give --section (a group) or --sections (names), not both' in proc.stderr
 
 
 def test_benchmark_names_a_missing_segmenter_config_before_running(repo_root: Path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(repo_root / 'tools' / 'benchmark.py'),
-            '--sections',
-            'bias',
-            'segmenter',
-            '--segmenter-configs',
-            'configs/no_such_config.py',
-        ],
-        capture_output=True,
-        text=True,
+    proc = _benchmark(
+        repo_root,
+        '--sections',
+        'bias',
+        'segmenter',
+        '--segmenter-configs',
+        'configs/no_such_config.py',
         timeout=120,
     )
     assert proc.returncode == 1
@@ -480,18 +456,13 @@ def test_benchmark_names_a_missing_segmenter_config_before_running(repo_root: Pa
 
 def test_benchmark_compile_section_compares_compiled_and_eager(tmp_path: Path, repo_root: Path):
     out = tmp_path / 'compile.json'
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(repo_root / 'tools' / 'benchmark.py'),
-            '--sections',
-            'compile',
-            '--quick',
-            '--json',
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    proc = _benchmark(
+        repo_root,
+        '--sections',
+        'compile',
+        '--quick',
+        '--json',
+        str(out),
         timeout=600,
         cwd=tmp_path,
     )
@@ -509,20 +480,15 @@ def test_benchmark_compile_section_compares_compiled_and_eager(tmp_path: Path, r
 def test_benchmark_deploy_section_runs_the_export_in_onnxruntime(tmp_path: Path, repo_root: Path):
     pytest.importorskip('onnxruntime')
     out = tmp_path / 'deploy.json'
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(repo_root / 'tools' / 'benchmark.py'),
-            '--sections',
-            'deploy',
-            '--quick',
-            '--deploy-dir',
-            str(tmp_path / 'files'),
-            '--json',
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    proc = _benchmark(
+        repo_root,
+        '--sections',
+        'deploy',
+        '--quick',
+        '--deploy-dir',
+        str(tmp_path / 'files'),
+        '--json',
+        str(out),
         timeout=900,
         cwd=tmp_path,
     )
