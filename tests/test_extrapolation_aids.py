@@ -22,6 +22,22 @@ def _trained_like(model: LookHereViT) -> LookHereViT:
     return model.eval()
 
 
+def _log_n_vit(img_size=32, **kwargs) -> LookHereViT:
+    """A :func:`_trained_like` 2-layer, 48-dim, 12-head ViT of 8-pixel patches with
+    ``log_n_scaling`` on; ``kwargs``: other backbone arguments."""
+    model = LookHereViT(
+        img_size=img_size,
+        patch_size=8,
+        embed_dims=48,
+        num_layers=2,
+        num_heads=12,
+        init_values=None,
+        log_n_scaling=True,
+        **kwargs,
+    )
+    return _trained_like(model)
+
+
 def _scaled_q_weights(model: LookHereViT, scales) -> LookHereViT:
     """A copy whose blocks' query rows of ``qkv`` (weight and bias) are multiplied by
     ``scales[i]``: scaling the queries without the option."""
@@ -38,18 +54,7 @@ def _scaled_q_weights(model: LookHereViT, scales) -> LookHereViT:
 @pytest.mark.parametrize('encoding', ['lookhere', 'rope2d', 'abs', 'none', 'alibi2d'])
 def test_log_n_scaling_scales_every_encodings_queries(encoding):
     torch.manual_seed(0)
-    model = _trained_like(
-        LookHereViT(
-            img_size=32,
-            patch_size=8,
-            embed_dims=48,
-            num_layers=2,
-            num_heads=12,
-            pos_encoding=encoding,
-            init_values=None,
-            log_n_scaling=True,
-        )
-    )
+    model = _log_n_vit(pos_encoding=encoding)
     x = torch.randn(2, 3, 64, 48)  # an 8x6 grid, trained on 4x4
     scale = math.log(8 * 6 + 1) / math.log(4 * 4 + 1)  # keys: patches + CLS
     assert model.attention_scale((8, 6)) == pytest.approx(scale, rel=1e-12)
@@ -63,17 +68,7 @@ def test_log_n_scaling_scales_every_encodings_queries(encoding):
 
 def test_log_n_scaling_is_exactly_one_on_the_training_grid_and_off_in_training():
     torch.manual_seed(0)
-    model = _trained_like(
-        LookHereViT(
-            img_size=(32, 24),
-            patch_size=8,
-            embed_dims=48,
-            num_layers=2,
-            num_heads=12,
-            init_values=None,
-            log_n_scaling=True,
-        )
-    )
+    model = _log_n_vit(img_size=(32, 24))
     ref = _scaled_q_weights(model, [1.0, 1.0]).eval()
     x = torch.randn(1, 3, 32, 24)
     with torch.no_grad():
@@ -90,19 +85,7 @@ def test_log_n_scaling_is_exactly_one_on_the_training_grid_and_off_in_training()
 
 def test_windowed_blocks_count_the_keys_of_one_window():
     torch.manual_seed(0)
-    model = _trained_like(
-        LookHereViT(
-            img_size=32,
-            patch_size=8,
-            embed_dims=48,
-            num_layers=2,
-            num_heads=12,
-            init_values=None,
-            window_size=2,
-            window_block_indexes=[0],
-            log_n_scaling=True,
-        )
-    )
+    model = _log_n_vit(window_size=2, window_block_indexes=[0])
     # block 0: 2x2 windows on the 4x4 training grid and on the 8x8 test grid -> 1
     assert model.attention_scale((8, 8), window_size=2) == 1.0
     # a window larger than the training grid: its keys grow with the test grid
