@@ -176,3 +176,20 @@ def test_default_capability_build():
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.split() == ['ok', 'DEFAULT']
+
+
+def test_the_engine_hands_the_kernel_a_float32_table():
+    """Through the engine (as the model calls it), bf16 ``q`` gets the float32 bias table:
+    a table rounded to bf16 (ulp 0.125 at |bias| >= 16) would miss the one-ulp bound."""
+    from test_tiled import CONFIGS, DEPTH, HEADS
+
+    from lookhere_dense.lookhere import LookHereAttentionEngine
+
+    grid = (24, 24)  # bias_rounding='none': the presets round the bias to bf16 themselves
+    eng = LookHereAttentionEngine(CONFIGS['no_rounding'], DEPTH, HEADS)
+    (q, k, v), high = rounded_qkv(grid, True, 16, torch.bfloat16, batch=1)
+    dense = eng.grid_bias(grid, q.device, torch.float64).dense(1, True)
+    assert dense[torch.isfinite(dense)].abs().max() > 16  # the bf16 table would be coarse
+    out = eng(q, k, v, 1, grid, True, backend='fused')
+    assert eng.last_backend == 'fused'
+    check_forward(out, reference_attention(*high, dense), torch.bfloat16, 1)

@@ -540,7 +540,12 @@ def can_run(request: AttentionRequest) -> Optional[str]:
 
 
 def attend(call: AttentionCall) -> Tensor:
-    """:func:`fused_attention` with the engine's tables and plan cache."""
-    grid_bias, index = call.tables()
+    """:func:`fused_attention` with the engine's tables and plan cache; the tables in the
+    compute dtype (float32 for bfloat16 / float16 ``q``: the bias is not rounded first)."""
+    q = call.q
+    dtype = work_dtype(q.dtype)
+    grid_bias, index = call.engine.layer_bias(
+        call.layer, call.grid_size, q.device, dtype, call.slopes
+    )
     args = (grid_bias, index, call.cls_token, call.dropout_p)
     return fused_attention(call.q, call.k, call.v, *args, plans=call.engine.fused_plans)
