@@ -56,6 +56,12 @@ def main(argv=None) -> int:
     s.add_argument('--threads', type=int, default=2)
     s.add_argument('--out-dir', default='docs')
     s.add_argument('--name', default='lookwhere_study')
+    t = sub.add_parser('timing', help='whole frame vs LookWhere time only, interleaved rounds')
+    t.add_argument('--size', type=_size, default=(1024, 2048))
+    t.add_argument('--k-ratios', nargs='+', type=float, default=[0.25])
+    t.add_argument('--rounds', type=int, default=3)
+    t.add_argument('--threads', type=int, default=2)
+    t.add_argument('--json', default=None, help='write the rows here')
     args = parser.parse_args(argv)
     if args.command == 'distill':
         from lookhere_dense.apis.cli import parse_cfg_options
@@ -63,6 +69,26 @@ def main(argv=None) -> int:
 
         runner = run_distillation(args.config, args.work_dir, parse_cfg_options(args.cfg_options))
         print(f'distillation done: {runner.work_dir}')
+        return 0
+    if args.command == 'timing':
+        import json
+
+        from research.lookwhere.study import run_timing
+
+        rows = run_timing(args.size, args.k_ratios, args.rounds, args.threads)
+        for row in rows:
+            print(row)
+        if args.json:
+            with open(args.json, 'w') as f:
+                json.dump(
+                    {
+                        'command': 'python tools/lookwhere_study.py '
+                        + ' '.join(sys.argv[1:] if argv is None else argv),
+                        'rows': rows,
+                    },
+                    f,
+                    indent=2,
+                )
         return 0
     for r in args.k_ratios:
         if not 0 < r <= 1:

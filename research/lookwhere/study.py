@@ -354,3 +354,48 @@ def run_study(
         ax.set_ylabel('mIoU')
     log(f'wrote {out_dir}/{name}.json and .png')
     return results
+
+
+def run_timing(
+    size: Tuple[int, int] = (1024, 2048),
+    k_ratios: Sequence[float] = (0.25,),
+    rounds: int = 3,
+    threads: int = 2,
+) -> List[Dict[str, Any]]:
+    """Time the study's architectures (untrained: time does not depend on the weights) on
+    one frame of ``size``: whole frame vs LookWhere per ``k_ratio``, interleaved in each of
+    ``rounds`` rounds (so load from other jobs hits every case alike); per case the median
+    and the per-round ratio to the whole frame's time of that round (median)."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    teacher = create_model(**TRUNK, img_size=CROP).eval()
+    trunk = copy.deepcopy(teacher)
+    student = LookWhere(
+        selector=dict(input_size=(64, 128), embed_dims=192, num_layers=3, num_heads=12),
+        extractor=LookWhereExtractor(trunk),
+    ).eval()
+    x = torch.randn(1, 3, *size)
+    times: Dict[str, List[float]] = {'whole': [], **{f'k={r}': [] for r in k_ratios}}
+    with torch.inference_mode():
+        teacher(x), student(x, k_ratio=k_ratios[0])  # warm-up (caches, kernel build)
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            teacher(x)
+            times['whole'].append(time.perf_counter() - t0)
+            for r in k_ratios:
+                t0 = time.perf_counter()
+                student(x, k_ratio=r)
+                times[f'k={r}'].append(time.perf_counter() - t0)
+    rows = []
+    for name, ts in times.items():
+        ratios = [w / t for w, t in zip(times['whole'], ts)]
+        rows.append(
+            dict(
+                case=name,
+                size=f'{size[0]}x{size[1]}',
+                median_s=round(statistics.median(ts), 3),
+                speedup_vs_whole=round(statistics.median(ratios), 2),
+                backend=student.last_backend if name != 'whole' else teacher.lookhere.last_backend,
+            )
+        )
+    return rows
