@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+from tiny_seg import study_report, write_study_reports
 
 from lookhere_dense.apis.cli import parse_cfg_options
 from research.datasets import fov_scenes
@@ -274,39 +275,8 @@ def test_example_sheet(tmp_path):
 
 
 def test_merge_combines_seeds_and_refuses_other_settings(tmp_path):
-    def report(seed, value, iters=10):
-        return dict(
-            command='x',
-            date='d',
-            wall_seconds=1.0,
-            versions={},
-            settings=dict(
-                config='c.py',
-                encodings=['abs'],
-                seeds=[seed],
-                scales=[1.0],
-                ladder='rendered',
-                metric='mIoU',
-                train_size=[32, 32],
-                iters=iters,
-            ),
-            runs=[
-                dict(
-                    encoding='abs',
-                    seed=seed,
-                    train_seconds=1.0,
-                    eval={'1': {'mIoU': value, 'aAcc': 90.0}},
-                )
-            ],
-        )
-
-    paths = []
-    for i, (seed, value, iters) in enumerate(
-        [(0, 40.0, 10), (1, 60.0, 10), (1, 50.0, 10), (2, 50.0, 99)]
-    ):
-        paths.append(str(tmp_path / f'r{i}.json'))
-        with open(paths[-1], 'w') as f:
-            json.dump(report(seed, value, iters), f)
+    runs = [(0, 40.0, 10), (1, 60.0, 10), (1, 50.0, 10), (2, 50.0, 99)]
+    paths = write_study_reports(tmp_path, runs)
     merged = write_outputs(merge_reports([paths[0], paths[1]], 'x'), str(tmp_path / 'm'), 'merged')
     assert merged['settings']['seeds'] == [0, 1] and len(merged['merged_from']) == 2
     assert merged['summary']['abs']['1'] == dict(
@@ -531,31 +501,11 @@ def test_shrunk_fov_study_end_to_end(tmp_path):
 
 
 def test_a_zoom_report_with_a_test_time_aid(tmp_path):
-    report = dict(
-        command='x',
-        date='d',
-        wall_seconds=1.0,
-        versions={},
-        settings=dict(
-            config='c.py',
-            encodings=['abs'],
-            seeds=[0],
-            scales=[1.0, 2.0],
-            ladder='rendered',
-            metric='mIoU',
-            train_size=[32, 32],
-            iters=10,
-            modes=['test', 'log_n'],
-        ),
-        runs=[
-            dict(
-                encoding='abs',
-                seed=0,
-                train_seconds=1.0,
-                eval={'1': {'mIoU': 50.0}, '2': {'mIoU': 40.0}},
-                modes={'log_n': {'1': {'mIoU': 50.0}, '2': {'mIoU': 42.0}}},
-            )
-        ],
+    report = study_report(0, 50.0)
+    report['settings'].update(scales=[1.0, 2.0], modes=['test', 'log_n'])
+    report['runs'][0].update(
+        eval={'1': {'mIoU': 50.0}, '2': {'mIoU': 40.0}},
+        modes={'log_n': {'1': {'mIoU': 50.0}, '2': {'mIoU': 42.0}}},
     )
     out = write_outputs(report, str(tmp_path), 'z')
     assert '| abs | test | 50.00 | 40.00 |' in out['table']

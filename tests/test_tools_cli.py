@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from tiny_seg import run_tools
+from tiny_seg import run_tools, write_study_reports
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = (
@@ -31,39 +31,6 @@ TOOLS = (
 
 ADE_CFG = os.path.join(REPO, 'configs', 'segmenter_lookhere_vit-t_tiny-ade.py')
 DEIT_UPERNET = 'mmseg::vit/vit_deit-s16_upernet_8xb2-80k_ade20k-512x512.py'
-
-
-def _merge_inputs(folder) -> list:
-    paths = []
-    for seed, value in ((0, 40.0), (1, 60.0)):
-        report = dict(
-            command='x',
-            date='d',
-            wall_seconds=1.0,
-            versions={},
-            settings=dict(
-                config='c.py',
-                encodings=['abs'],
-                seeds=[seed],
-                scales=[1.0],
-                ladder='rendered',
-                metric='mIoU',
-                train_size=[32, 32],
-                iters=10,
-            ),
-            runs=[
-                dict(
-                    encoding='abs',
-                    seed=seed,
-                    train_seconds=1.0,
-                    eval={'1': {'mIoU': value, 'aAcc': 90.0}},
-                )
-            ],
-        )
-        paths.append(str(folder / f'r{seed}.json'))
-        with open(paths[-1], 'w') as f:
-            json.dump(report, f)
-    return paths
 
 
 @pytest.fixture(scope='module')
@@ -121,7 +88,14 @@ def runs(tmp_path_factory):
             ),
             'study:merge': (
                 'extrapolation_study',
-                ['--merge', *_merge_inputs(tmp), '--out-dir', str(tmp / 'm'), '--name', 'merged'],
+                [
+                    '--merge',
+                    *write_study_reports(tmp, [(0, 40.0), (1, 60.0)]),
+                    '--out-dir',
+                    str(tmp / 'm'),
+                    '--name',
+                    'merged',
+                ],
             ),
             'swap:not python': ('swap_backbone', [DEIT_UPERNET, str(tmp / 'x.txt')]),
             'robustness:bad eps': ('robustness', [ADE_CFG, 'x.pth', '--eps', '4', '0']),

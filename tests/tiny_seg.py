@@ -135,3 +135,43 @@ def run_tools(calls) -> list:
     )
     assert '@@RESULTS@@' in res.stdout, res.stderr
     return json.loads(res.stdout.split('@@RESULTS@@')[-1])
+
+
+def study_report(seed: int, value: float, iters: int = 10) -> Dict:
+    """A one-run relational-study report (encoding ``abs``, one scale, ``seed``), the
+    shape :func:`research.study.reports.merge_reports` reads; ``value``: its mIoU."""
+    return dict(
+        command='x',
+        date='d',
+        wall_seconds=1.0,
+        versions={},
+        settings=dict(
+            config='c.py',
+            encodings=['abs'],
+            seeds=[seed],
+            scales=[1.0],
+            ladder='rendered',
+            metric='mIoU',
+            train_size=[32, 32],
+            iters=iters,
+        ),
+        runs=[
+            dict(
+                encoding='abs',
+                seed=seed,
+                train_seconds=1.0,
+                eval={'1': {'mIoU': value, 'aAcc': 90.0}},
+            )
+        ],
+    )
+
+
+def write_study_reports(folder, runs: Sequence[Sequence]) -> List[str]:
+    """Write :func:`study_report` ``(seed, value[, iters])`` of each of ``runs`` to
+    ``folder/r{i}.json``; returns the paths in order."""
+    paths = []
+    for i, run in enumerate(runs):
+        paths.append(osp.join(str(folder), f'r{i}.json'))
+        with open(paths[-1], 'w') as f:
+            json.dump(study_report(*run), f)
+    return paths
