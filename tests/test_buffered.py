@@ -7,7 +7,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_tiled import CONFIGS, DEPTH, HEADS, check, grid_bias, qkv
+from test_tiled import (
+    CONFIGS,
+    DEPTH,
+    HEADS,
+    check,
+    check_cpu_refusals,
+    check_keeps_what_sdpa_keeps,
+    grid_bias,
+    qkv,
+)
 
 from lookhere_dense.lookhere import LookHereAttentionEngine, buffered, reference_attention
 from lookhere_dense.lookhere.bias import GridBias
@@ -167,39 +176,14 @@ def test_one_buffer_serves_every_layer_forward_and_backward():
 def test_backward_keeps_what_plain_sdpa_keeps():
     """Saved for backward: ``q, k, v`` (the model's, not reversed copies), the output and
     the log-sum-exp; no bias (nothing with ``T x T`` elements)."""
-    grid, cls_token = (12, 12), True
-    gb = grid_bias('lh90', grid)
-    q, k, v = qkv(grid, cls_token, batch=1, dim=4, grad=True)
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        out = buffered_attention(q, k, v, gb, 0, cls_token, buffers=BiasBuffers())
-    t = q.shape[2]
-    assert len(saved) == 5
+    _, saved, (_, k, v) = check_keeps_what_sdpa_keeps(
+        lambda *args: buffered_attention(*args, buffers=BiasBuffers())
+    )
     assert saved[1] is k and saved[2] is v
-    assert sum(s.numel() for s in saved) == 4 * q.numel() + q.numel() // q.shape[-1]
-    assert max(s.numel() for s in saved) < t * t
-    out.sum().backward()
-    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
 
 
 def test_unsupported_uses_are_refused_by_name():
-    grid = (3, 4)
-    gb = grid_bias('lh90', grid)
-    q, k, v = qkv(grid, True)
-    with pytest.raises(ValueError, match='no attention dropout'):
-        buffered_attention(q, k, v, gb, 0, True, dropout_p=0.1)
-    with pytest.raises(ValueError, match='CPU only'):
-        buffered_attention(*(t.to('meta') for t in (q, k, v)), gb, 0, True)
-    with pytest.raises(ValueError, match='for grid'):
-        buffered_attention(q, k, v, gb, 0, False)
-    learnable = GridBias(gb.grid_size, gb.table.clone().requires_grad_(), None, gb.visible)
-    with pytest.raises(ValueError, match='no gradient to the bias table'):
-        buffered_attention(q, k, v, learnable, 0, True)
-    with torch.no_grad():  # inference with a table that requires grad is fine
-        check(
-            buffered_attention(q, k, v, learnable, 0, True),
-            reference_attention(q, k, v, gb.dense(0, True)),
-        )
+    check_cpu_refusals(buffered_attention)
 
 
 @pytest.mark.usefixtures('without_fused')

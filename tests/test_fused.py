@@ -24,6 +24,7 @@ from test_tiled import (
     HEADS,
     TINY,
     check,
+    check_keeps_what_sdpa_keeps,
     grid_bias,
     qkv,
 )
@@ -169,18 +170,7 @@ def test_gradients_match_reference_float32(name, dim):
 def test_backward_keeps_what_plain_sdpa_keeps():
     """Saved for backward: ``q, k, v``, the output and the log-sum-exp; no bias, no
     attention matrix."""
-    grid, cls_token = (12, 12), True
-    gb = grid_bias('lh90', grid)
-    q, k, v = qkv(grid, cls_token, batch=1, dim=8, grad=True)
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        out = fused_attention(q, k, v, gb, 0, cls_token)
-    t = q.shape[2]
-    assert len(saved) == 5
-    assert sum(s.numel() for s in saved) == 4 * q.numel() + q.numel() // q.shape[-1]
-    assert max(s.numel() for s in saved) < t * t
-    out.sum().backward()
-    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+    check_keeps_what_sdpa_keeps(fused_attention, dim=8)
 
 
 @pytest.mark.parametrize('mode', ['grad', 'inference_mode'])

@@ -105,6 +105,48 @@ def check(out, ref, dtype=torch.float32):
     torch.testing.assert_close(out, ref, atol=ATOL[dtype], rtol=0)
 
 
+def check_keeps_what_sdpa_keeps(attention, dim: int = 4):
+    """Run ``attention(q, k, v, grid_bias, 0, True)`` on a 12x12 ``lh90`` grid with CLS
+    (batch 1, head size ``dim``) and assert what backward keeps: five tensors, ``q, k, v``,
+    the output and the log-sum-exp (nothing with ``T x T`` elements); then backward gives
+    finite gradients. Returns ``(out, saved, (q, k, v))`` for backend-specific checks."""
+    grid, cls_token = (12, 12), True
+    gb = grid_bias('lh90', grid)
+    q, k, v = qkv(grid, cls_token, batch=1, dim=dim, grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = attention(q, k, v, gb, 0, cls_token)
+    t = q.shape[2]
+    assert len(saved) == 5
+    assert sum(s.numel() for s in saved) == 4 * q.numel() + q.numel() // q.shape[-1]
+    assert max(s.numel() for s in saved) < t * t
+    out.sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+    return out, saved, (q, k, v)
+
+
+def check_cpu_refusals(attention):
+    """``attention(q, k, v, grid_bias, layer, cls_token, ...)`` of a CPU-only backend
+    refuses dropout, other devices, a grid that does not match the tokens and a bias table
+    that wants a gradient, each by name; with no grad it runs with such a table."""
+    grid = (3, 4)
+    gb = grid_bias('lh90', grid)
+    q, k, v = qkv(grid, True)
+    with pytest.raises(ValueError, match='no attention dropout'):
+        attention(q, k, v, gb, 0, True, dropout_p=0.1)
+    with pytest.raises(ValueError, match='CPU only'):
+        attention(*(t.to('meta') for t in (q, k, v)), gb, 0, True)
+    with pytest.raises(ValueError, match='for grid'):
+        attention(q, k, v, gb, 0, False)
+    learnable = GridBias(gb.grid_size, gb.table.clone().requires_grad_(), None, gb.visible)
+    with pytest.raises(ValueError, match='no gradient to the bias table'):
+        attention(q, k, v, learnable, 0, True)
+    with torch.no_grad():  # inference with a table that requires grad is fine
+        check(
+            attention(q, k, v, learnable, 0, True), reference_attention(q, k, v, gb.dense(0, True))
+        )
+
+
 # ----------------------------------------------------------------------------------------
 # Forward
 # ----------------------------------------------------------------------------------------
@@ -173,21 +215,10 @@ def test_gradients_match_reference_float64(name, grid, cls_token, options):
 def test_backward_keeps_what_plain_sdpa_keeps():
     """Saved for backward: ``q, k, v``, the output and the log-sum-exp; no bias, no
     attention matrix (nothing with ``T x T`` elements)."""
-    grid, cls_token = (12, 12), True
-    gb = grid_bias('lh90', grid)
-    q, k, v = qkv(grid, cls_token, batch=1, dim=4, grad=True)
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        out = tiled_attention(q, k, v, gb, 0, cls_token)
-    t = q.shape[2]
-    assert len(saved) == 5
-    assert sum(s.numel() for s in saved) == 4 * q.numel() + q.numel() // q.shape[-1]
-    assert max(s.numel() for s in saved) < t * t
+    out, _, _ = check_keeps_what_sdpa_keeps(tiled_attention)
     # laid out (B, T, heads, d) like SDPA's output: the model's transpose + reshape to
     # (B, T, C) is a view, so the output projection keeps no second copy
     assert out.transpose(1, 2).is_contiguous()
-    out.sum().backward()
-    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
 
 
 @pytest.mark.parametrize('mode', ['grad', 'no_grad', 'inference_mode'])
@@ -481,21 +512,7 @@ def test_options_are_validated():
 # Refusals
 # ----------------------------------------------------------------------------------------
 def test_unsupported_uses_are_refused_by_name():
-    grid = (3, 4)
-    gb = grid_bias('lh90', grid)
-    q, k, v = qkv(grid, True)
-    with pytest.raises(ValueError, match='no attention dropout'):
-        tiled_attention(q, k, v, gb, 0, True, dropout_p=0.1)
-    with pytest.raises(ValueError, match='CPU only'):
-        tiled_attention(*(t.to('meta') for t in (q, k, v)), gb, 0, True)
-    with pytest.raises(ValueError, match='for grid'):
-        tiled_attention(q, k, v, gb, 0, False)
-    learnable = GridBias(gb.grid_size, gb.table.clone().requires_grad_(), None, gb.visible)
-    with pytest.raises(ValueError, match='no gradient to the bias table'):
-        tiled_attention(q, k, v, learnable, 0, True)
-    with torch.no_grad():  # inference with a table that requires grad is fine
-        ref = reference_attention(q, k, v, gb.dense(0, True))
-        check(tiled_attention(q, k, v, learnable, 0, True), ref)
+    check_cpu_refusals(tiled_attention)
 
 
 # ----------------------------------------------------------------------------------------
