@@ -146,6 +146,9 @@ def test_cls_token_is_a_prefix_count():
         eng.window_attention(q, k, v, 0, (3, 4), 2, True)
     with pytest.raises(ValueError, match='without prefix tokens needs 12'):
         NoPositionEncoding()(q, k, v, 0, (3, 4), 0)
+    # keys of another length than the queries: the error names the keys' length
+    with pytest.raises(ValueError, match=r'attention got 13 tokens but grid \(3, 4\) with 2'):
+        eng(q, k[:, :, :13], v[:, :, :13], 0, (3, 4), 2)
 
 
 # ----------------------------------------------------------------------------------------

@@ -53,10 +53,10 @@ from .bias import (
     build_grid_bias,
     distance_table,
     num_prefix_tokens,
-    prefix_phrase,
 )
 from .cache import BoundedCache
 from .config import LookHereConfig
+from .prefix_tokens import check_tokens
 from .slopes import LookHereSlopes
 
 __all__ = [
@@ -444,12 +444,7 @@ class LookHereAttentionEngine:
             ``(B, heads, T, d)``.
         """
         cls_token = num_prefix_tokens(cls_token)
-        n = grid_size[0] * grid_size[1] + cls_token
-        if q.shape[-2] != n or k.shape[-2] != n:
-            raise ValueError(
-                f'attention got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
-                f'{prefix_phrase(cls_token)} needs {n}'
-            )
+        n = check_tokens('attention', q.shape[-2], grid_size, cls_token, k.shape[-2])
         if q.shape[1] != self.num_heads:
             raise ValueError(
                 f'attention got {q.shape[1]} heads, the LookHere config was '

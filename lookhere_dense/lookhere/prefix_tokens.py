@@ -4,15 +4,16 @@ Every attention backend and position encoding takes ``cls_token``: the number of
 prefix tokens in ``[p_0, ..., p_{J-1}, patch_0, ..., patch_{N-1}]`` (``True`` = 1,
 ``False`` = 0). They carry no position information (no LookHere bias or mask to and from
 them, not rotated): :func:`num_prefix_tokens` reads the argument, :func:`prefix_phrase`
-words it for error messages. Also importable from :mod:`.bias`. Torch-free.
+words it for error messages, :func:`check_tokens` refuses a sequence of the wrong length.
+The first two are also importable from :mod:`.bias`. Torch-free.
 """
 
 from __future__ import annotations
 
 import operator
-from typing import Union
+from typing import Sequence, Union
 
-__all__ = ['num_prefix_tokens', 'prefix_phrase']
+__all__ = ['num_prefix_tokens', 'prefix_phrase', 'check_tokens']
 
 
 def num_prefix_tokens(cls_token: Union[bool, int]) -> int:
@@ -47,3 +48,23 @@ def prefix_phrase(count: int) -> str:
     if not count:
         return 'without prefix tokens'
     return f'with {count} prefix token' + ('s' if count > 1 else '')
+
+
+def check_tokens(
+    what: str, tokens: int, grid_size: Sequence[int], prefix: int, *others: int
+) -> int:
+    """Refuse a sequence of ``tokens`` (and ``others``: e.g. the keys' length) that is not
+    ``prefix + H*W`` for ``grid_size = (H, W)``; the error names ``what``, the count, the
+    grid and the prefix tokens (the first wrong length). Returns ``prefix + H*W``.
+
+    Raises:
+        ValueError: a length other than ``prefix + H*W``.
+    """
+    n = grid_size[0] * grid_size[1] + prefix
+    wrong = [count for count in (tokens, *others) if count != n]
+    if wrong:
+        raise ValueError(
+            f'{what} got {wrong[0]} tokens but grid {tuple(grid_size)} '
+            f'{prefix_phrase(prefix)} needs {n}'
+        )
+    return n

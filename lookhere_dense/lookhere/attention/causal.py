@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from ..bias import prefix_phrase
 from .common import (
     FLEX_BLOCK,
     AttentionRequest,
@@ -47,7 +46,6 @@ __all__ = [
     'NAME',
     'CAUSAL_BACKENDS',
     'can_run',
-    'check_tokens',
     'causal_attention',
     'causal_mask',
     'causal_reference',
@@ -81,16 +79,6 @@ def can_run(request: AttentionRequest, backend: str = 'auto') -> Optional[str]:
 
 #: the values of ``attn_backend`` ``'ledit'`` (causal attention) runs with
 CAUSAL_BACKENDS = ('auto', 'reference', 'sdpa', 'chunked', 'flex')
-
-
-def check_tokens(q: Tensor, k: Tensor, grid_size: Tuple[int, int], prefix: int) -> None:
-    """Refuse ``q``/``k`` whose length is not ``prefix + H*W`` (naming the grid)."""
-    n = grid_size[0] * grid_size[1] + prefix
-    if q.shape[-2] != n or k.shape[-2] != n:
-        raise ValueError(
-            f'ledit attention got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
-            f'{prefix_phrase(prefix)} needs {n}'
-        )
 
 
 # -- global causal attention ---------------------------------------------------------------

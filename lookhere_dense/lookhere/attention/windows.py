@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..bias import num_prefix_tokens, prefix_phrase
+from ..bias import num_prefix_tokens
+from ..prefix_tokens import check_tokens
 
 __all__ = [
     'padded_grid',
@@ -143,12 +144,7 @@ def attend_in_windows(
         ``(B, heads, T, d)``.
     """
     off = num_prefix_tokens(cls_token)
-    n = grid_size[0] * grid_size[1] + off
-    if q.shape[-2] != n:
-        raise ValueError(
-            f'window attention got {q.shape[-2]} tokens but grid '
-            f'{tuple(grid_size)} {prefix_phrase(off)} needs {n}'
-        )
+    check_tokens('window attention', q.shape[-2], grid_size, off)
     ws = int(window_size)
     qw, kw, vw = (window_partition(t[:, :, off:], grid_size, ws) for t in (q, k, v))
     if off:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..config import LookHereConfig
-from ..prefix_tokens import num_prefix_tokens, prefix_phrase
+from ..prefix_tokens import check_tokens, num_prefix_tokens
 from ..windows import attend_in_windows, padded_grid, window_key_mask
 
 __all__ = ['PositionEncoding', 'NoPositionEncoding', 'Trunk', 'window_sdpa', 'isolated_rng']
@@ -170,12 +170,7 @@ class PositionEncoding(nn.Module):
         Jumbo tokens; True = 1). ``tokens``: the attention's input ``(B, T, C)``,
         used by encodings with :attr:`uses_tokens` (ignored here). Default: None."""
         off = num_prefix_tokens(cls_token)
-        n = grid_size[0] * grid_size[1] + off
-        if q.shape[-2] != n or k.shape[-2] != n:
-            raise ValueError(
-                f'attention got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
-                f'{prefix_phrase(off)} needs {n}'
-            )
+        check_tokens('attention', q.shape[-2], grid_size, off, k.shape[-2])
         q, k = self.rotate(q, k, layer, grid_size, cls_token)
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
 

@@ -55,12 +55,12 @@ from ..attention.causal import (
     causal_reference,
     causal_sdpa,
     causal_window_attention,
-    check_tokens,
     window_causal_mask,
 )
 from ..attention.common import flex_available
 from ..bias import num_prefix_tokens
 from ..cache import BoundedCache
+from ..prefix_tokens import check_tokens
 from .base import PositionEncoding, Trunk
 
 #: the values of ``attn_backend`` ``'ledit'`` runs with
@@ -280,7 +280,7 @@ class LEDiTPositionEncoding(PositionEncoding):
         tokens: Optional[Tensor] = None,
     ) -> Tensor:
         prefix = num_prefix_tokens(cls_token)
-        check_tokens(q, k, grid_size, prefix)
+        check_tokens('ledit attention', q.shape[-2], grid_size, prefix, k.shape[-2])
         backend = self.choose_backend()
         self.last_backend = backend
         mask = None
@@ -306,7 +306,7 @@ class LEDiTPositionEncoding(PositionEncoding):
         tokens: Optional[Tensor] = None,
     ) -> Tensor:
         prefix = num_prefix_tokens(cls_token)
-        check_tokens(q, k, grid_size, prefix)
+        check_tokens('ledit attention', q.shape[-2], grid_size, prefix, k.shape[-2])
         ws = check_int('ledit window_size', window_size)
         grid = (int(grid_size[0]), int(grid_size[1]))
         mask = self._cache.get_or_create(

@@ -60,7 +60,7 @@ from torch import Tensor
 from lookhere_dense.validation import check_int
 
 from ..cache import BoundedCache
-from ..prefix_tokens import num_prefix_tokens, prefix_phrase
+from ..prefix_tokens import check_tokens, num_prefix_tokens
 from .base import PositionEncoding, Trunk, window_sdpa
 
 __all__ = ['ParabolicPositionEncoding', 'parabola_features']
@@ -215,12 +215,7 @@ class ParabolicPositionEncoding(PositionEncoding):
             )
         off = num_prefix_tokens(cls_token)
         b, heads, t, d = q.shape
-        n = grid_size[0] * grid_size[1]
-        if t != n + off or k.shape[-2] != t:
-            raise ValueError(
-                f'attention got {t} tokens but grid {tuple(grid_size)} '
-                f'{prefix_phrase(off)} needs {n + off}'
-            )
+        check_tokens('attention', t, grid_size, off, k.shape[-2])
         if heads != self.num_heads or d != self.head_dim:
             raise ValueError(
                 f"pos_encoding='pape' was built for {self.num_heads} heads of "
