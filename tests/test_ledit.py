@@ -313,33 +313,28 @@ def test_trunk_without_cls_is_causal_end_to_end():
 @pytest.mark.parametrize('window', [0, 2])
 def test_trunk_forward_backward_any_size_and_state_dict_round_trip(with_cls, window):
     kw = dict(window_size=window, window_block_indexes=[0]) if window else {}
+
+    def build():
+        return create_model(
+            embed_dims=64,
+            num_layers=2,
+            num_heads=2,
+            patch_size=16,
+            img_size=64,
+            pos_encoding='ledit',
+            with_cls_token=with_cls,
+            **kw,
+        )
+
     torch.manual_seed(0)
-    model = create_model(
-        embed_dims=64,
-        num_layers=2,
-        num_heads=2,
-        patch_size=16,
-        img_size=64,
-        pos_encoding='ledit',
-        with_cls_token=with_cls,
-        **kw,
-    )
+    model = build()
     assert [n for n, _ in model.pos_enc.named_parameters()] == ['locality.weight', 'locality.bias']
     for size, grid in (((64, 64), (4, 4)), ((96, 160), (6, 10)), ((48, 80), (3, 5))):
         out = model(torch.randn(2, 3, *size))[0]
         assert out.shape == (2, 64, *grid) and torch.isfinite(out).all()
         out.mean().backward()
     assert model.pos_enc.locality.weight.grad.abs().sum() > 0
-    clone = create_model(
-        embed_dims=64,
-        num_layers=2,
-        num_heads=2,
-        patch_size=16,
-        img_size=64,
-        pos_encoding='ledit',
-        with_cls_token=with_cls,
-        **kw,
-    )
+    clone = build()
     clone.load_state_dict(model.state_dict())
     x = torch.randn(1, 3, 96, 160)
     with torch.no_grad():
