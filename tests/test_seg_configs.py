@@ -15,7 +15,11 @@ from lookhere_dense.lookhere import PRESETS
 from lookhere_dense.swap import check_model_cfg, drop_missing_pretrained
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-CONFIGS = sorted(osp.basename(p) for p in glob.glob(osp.join(REPO, 'configs', 'segmenter_*.py')))
+# the LookHere Segmenter configs (segmenter_lookwhere_*.py has another backbone, LookWhereViT:
+# tests/test_lookwhere.py builds and trains it)
+CONFIGS = sorted(
+    osp.basename(p) for p in glob.glob(osp.join(REPO, 'configs', 'segmenter_lookhere*.py'))
+)
 
 
 # one PyTorch thread for the whole module (see conftest.one_torch_thread)

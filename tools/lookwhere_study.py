@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """LookWhere (lookhere_dense/lookwhere): the distillation entry and the measurement study.
 
-    python tools/lookwhere_study.py distill configs/lookwhere_distill_vit-t_tiny-ade.py \
+    python tools/lookwhere_study.py distill configs/lookwhere_distill_vit-t_tiny-ade.py \\
         [--work-dir DIR] [--cfg-options KEY=VALUE ...]
-    python tools/lookwhere_study.py study [--sizes 256x512 512x1024 1024x2048] \
+    python tools/lookwhere_study.py study [--sizes 256x512 512x1024 1024x2048] \\
         [--k-ratios 0.1 0.25 0.5] [--out-dir docs] [--name lookwhere_study]
 
 ``distill`` runs mmengine's Runner on a ``LookWhereDistiller`` config (what-where
