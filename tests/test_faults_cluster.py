@@ -226,6 +226,9 @@ def _config_with(tmp_path, action: str, path: str, extra: str = '') -> str:
 
 
 def test_a_work_dir_removed_while_training_is_an_error_naming_it(data, tmp_path):
+    """... and the run that raised leaves the process's SIGINT / SIGTERM handlers as they
+    were (the signal hook's after_train is never reached)."""
+    before = [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)]
     work = str(tmp_path / 'work')
     cfg = _config_with(tmp_path, 'remove', work)
     with pytest.raises(CheckpointSaveError) as exc:
@@ -235,6 +238,7 @@ def test_a_work_dir_removed_while_training_is_an_error_naming_it(data, tmp_path)
         'stopped before iteration 4 and nothing more is written.'
     )
     assert not osp.exists(work)  # not silently created again
+    assert [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)] == before
 
 
 def _tmpfs(path: str, size: str = '64m') -> bool:

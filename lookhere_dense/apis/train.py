@@ -472,6 +472,7 @@ def _lost_process(err: BaseException, cfg) -> Optional[str]:
 
 def _train(cfg, notes: List[str], verbose: bool):
     """Set up distributed training, build the Runner, log ``notes``, train."""
+    from ..engine.preemption import release_signal_handlers
     from ..engine.terminal import warnings_to_run_log
     from ..lookhere.attention import backend_summary
 
@@ -493,6 +494,8 @@ def _train(cfg, notes: List[str], verbose: bool):
                 if lost is None:
                     raise
                 raise ToolError(lost) from err
+            finally:  # a run that raised never reached the hook's after_train
+                release_signal_handlers(runner)
     finally:
         if created:
             import torch.distributed as dist

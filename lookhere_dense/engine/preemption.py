@@ -89,7 +89,7 @@ class SignalCheckpointHook(Hook):
     # handlers ----------------------------------------------------------------------------
     def _handle(self, signum: int, frame) -> None:
         if self._received and signum == signal.SIGINT:
-            self._restore()
+            self.restore_handlers()
             raise KeyboardInterrupt
         if not self._received:
             self._received = signum
@@ -100,7 +100,9 @@ class SignalCheckpointHook(Hook):
         for sig in HANDLED_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
 
-    def _restore(self) -> None:
+    def restore_handlers(self) -> None:
+        """Put back the handlers :meth:`before_train` replaced (nothing when none are
+        installed: safe to call twice)."""
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
@@ -111,7 +113,7 @@ class SignalCheckpointHook(Hook):
         self._install()
 
     def after_train(self, runner) -> None:
-        self._restore()
+        self.restore_handlers()
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         signum = _world_flag(self._received)
@@ -119,7 +121,7 @@ class SignalCheckpointHook(Hook):
             return
         saved = self._save(runner)
         _barrier()
-        self._restore()
+        self.restore_handlers()
         raise TrainingInterruptedError(self._message(runner, signum, saved), signum)
 
     # saving ------------------------------------------------------------------------------
@@ -152,3 +154,13 @@ class SignalCheckpointHook(Hook):
             f'training stopped by {name} after {where}: {kept}. Continue with --resume '
             f'(same --work-dir {runner.work_dir}).'
         )
+
+
+def release_signal_handlers(runner) -> None:
+    """Put back the SIGTERM / SIGINT handlers that ``runner``'s :class:`SignalCheckpointHook`
+    installed. The hook does so in ``after_train``, which a run that raised (a failed save,
+    a NaN loss, a lost rank) never reaches: without this, the process would keep the hook's
+    handler, and the next Ctrl-C (in a notebook, a test session) would be swallowed."""
+    for hook in getattr(runner, 'hooks', []):
+        if isinstance(hook, SignalCheckpointHook):
+            hook.restore_handlers()
