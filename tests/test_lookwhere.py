@@ -388,3 +388,17 @@ def test_heads_and_simple_fpn_sit_on_the_backbone_unchanged(scope):
                 dict(head, in_channels=48, channels=48, num_classes=5, dropout_ratio=0.0)
             ).eval()
             assert head(feats).shape == (1, 5, 4, 6)
+
+
+def test_subset_attention_wrong_token_count_is_a_clear_error():
+    """The token count goes through prefix_tokens.check_tokens (one check for the code
+    base): the error names the kept patches, the count and the prefix tokens."""
+    from lookhere_dense.lookwhere.subset import SubsetAttention
+
+    trunk = create_model(**TINY_EXT, img_size=64)
+    attend = SubsetAttention(trunk.pos_enc, torch.tensor([[0, 3, 5]]), (4, 4))
+    q = torch.randn(1, 12, 5, 4)
+    with pytest.raises(ValueError, match='3 kept patches got 5 tokens .* 1 prefix token needs 4'):
+        attend(q, q, q, 0, (4, 4), 1)
+    q = torch.randn(1, 12, 4, 4)
+    assert attend(q, q, q, 0, (4, 4), 1).shape == q.shape

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..lookhere.bias import num_prefix_tokens, pair_index
+from ..lookhere.prefix_tokens import check_tokens
 
 __all__ = ['subset_bias', 'SubsetAttention', 'SUBSET_ENCODINGS', 'is_full_grid']
 
@@ -170,12 +171,14 @@ class SubsetAttention:
         tokens: Optional[Tensor] = None,
     ) -> Tensor:
         prefix = num_prefix_tokens(cls_token)
-        expected = prefix + self.keep.shape[1]
-        if q.shape[-2] != expected:
-            raise ValueError(
-                f'subset attention got {q.shape[-2]} tokens, expected {prefix} prefix + '
-                f'{self.keep.shape[1]} kept patches'
-            )
+        kept = self.keep.shape[1]
+        check_tokens(
+            f'subset attention over {kept} kept patches',
+            q.shape[-2],
+            (1, kept),
+            prefix,
+            k.shape[-2],
+        )
         if self.full:
             out = self.pos_enc(q, k, v, layer, self.grid_size, prefix, dropout_p)
             engine = getattr(self.pos_enc, 'engine', None)
