@@ -299,10 +299,10 @@ CAUSAL = [b for b in causal.CAUSAL_BACKENDS if b not in ('auto', 'reference')]
 @pytest.mark.parametrize('backend', CAUSAL)
 def test_causal_matches_reference(backend, grid, prefix, global_prefix):
     tokens = grid[0] * grid[1] + prefix
-    request = AttentionRequest(tokens, CPU, torch.float64, training=True, auto=False)
-    trains = causal.can_run(request, backend) is None
-    if causal.can_run(replace(request, training=False), backend) is not None:
-        pytest.skip(causal.can_run(replace(request, training=False), backend))
+    request = causal.CausalRequest(tokens, CPU, torch.float64, True, auto=False, variant=backend)
+    trains = causal.can_run(request) is None
+    if causal.can_run(replace(request, training=False)) is not None:
+        pytest.skip(causal.can_run(replace(request, training=False)))
     q, k, v = qkv(grid, prefix, dtype=torch.float64, grad=trains)
     args = (prefix, global_prefix)
     kw = dict(block_size=5) if backend == 'chunked' else {}

@@ -11,17 +11,17 @@ import torch.nn as nn
 
 from lookhere_dense.errors import PosEncodingError
 from lookhere_dense.lookhere import create_model
+from lookhere_dense.lookhere.attention.causal import (
+    causal_block_mask,
+    causal_chunked,
+    causal_flex,
+)
 from lookhere_dense.lookhere.flex import flex_available
 from lookhere_dense.lookhere.pos_encoding import (
     LEDiTPositionEncoding,
     LocalityConv,
     build_position_encoding,
     parse_pos_encoding,
-)
-from lookhere_dense.lookhere.pos_encoding.ledit import (
-    causal_block_mask,
-    causal_chunked,
-    causal_flex,
 )
 
 needs_flex = pytest.mark.skipif(not flex_available(), reason='no flex_attention in this torch')

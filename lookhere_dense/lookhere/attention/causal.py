@@ -18,14 +18,21 @@ owns the encoding and its caches), ``prefix`` global tokens first.
                 matrix)
 ==============  ===========================================================================
 
+The backend interface of the package: ``NAME``, ``can_run(request: CausalRequest)``
+(None, or why the request's variant cannot run) and ``attend(call: CausalCall)``; the
+variants' forwards are :data:`VARIANTS`, and ``causal_reference`` / ``causal_sdpa`` /
+``causal_chunked`` / ``causal_flex`` are :func:`causal_attention` with one variant.
+
 Window blocks (ViTDet) are causal in each window's own raster order
 (:func:`causal_window_attention`), whatever the backend.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
-from typing import Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +52,11 @@ from .windows import attend_in_windows, window_valid
 __all__ = [
     'NAME',
     'CAUSAL_BACKENDS',
+    'CausalRequest',
+    'CausalCall',
+    'VARIANTS',
     'can_run',
+    'attend',
     'causal_attention',
     'causal_mask',
     'causal_reference',
@@ -59,14 +70,63 @@ __all__ = [
 
 NAME = 'causal'
 
+#: the values of ``attn_backend`` ``'ledit'`` (causal attention) runs with
+CAUSAL_BACKENDS = ('auto', 'reference', 'sdpa', 'chunked', 'flex')
 
-def can_run(request: AttentionRequest, backend: str = 'auto') -> Optional[str]:
-    """Whether causal attention can run ``backend`` (one of :data:`CAUSAL_BACKENDS`) for
-    ``request``: every one runs everywhere except ``flex`` (needs ``flex_attention``, no
-    dropout, no training on CPU)."""
-    if backend not in CAUSAL_BACKENDS:
-        return f'unknown causal backend {backend!r}; allowed: {list(CAUSAL_BACKENDS)}'
-    if backend != 'flex':
+
+@dataclass(frozen=True)
+class CausalRequest(AttentionRequest):
+    """An :class:`~.common.AttentionRequest` for causal attention, with the variant asked
+    about.
+
+    Attributes:
+        variant: one of :data:`CAUSAL_BACKENDS` (``'auto'``: ``'sdpa'``). Default: ``'auto'``.
+    """
+
+    variant: str = 'auto'
+
+
+@dataclass(eq=False)
+class CausalCall:
+    """One causal attention call (what :func:`attend` runs).
+
+    Attributes:
+        q, k, v: ``(B, heads, T, d)`` with ``T = J + N``, the ``J = prefix`` tokens first.
+        prefix: ``J``. Default: 0.
+        global_prefix: the prefix queries see every key (False: causal among the prefix).
+            Default: True.
+        dropout_p: attention dropout. Default: 0.
+        variant: one of :data:`CAUSAL_BACKENDS`. Default: ``'sdpa'``.
+        block_size: query rows per block of ``'chunked'`` (None or 0: ``max(64, 4 *
+            head_dim)``). Default: None.
+        block_mask: a cached :func:`causal_block_mask` for ``'flex'`` (None: built).
+            Default: None.
+        recompute: ``'chunked'`` checkpoints each block (None: whenever autograd records).
+            Default: None.
+        compiled: ``'flex'`` runs the ``torch.compile``-d kernel (None: on CUDA only; eager
+            flex is forward only on CPU and materialises the scores). Default: None.
+    """
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    prefix: int = 0
+    global_prefix: bool = True
+    dropout_p: float = 0.0
+    variant: str = 'sdpa'
+    block_size: Optional[int] = None
+    block_mask: Any = None
+    recompute: Optional[bool] = None
+    compiled: Optional[bool] = None
+
+
+def can_run(request: CausalRequest) -> Optional[str]:
+    """None when ``request.variant`` can run the call, else why not: every variant runs
+    everywhere except ``flex`` (needs ``flex_attention``, no dropout, no training on CPU)."""
+    variant = getattr(request, 'variant', 'auto')
+    if variant not in CAUSAL_BACKENDS:
+        return f'unknown causal backend {variant!r}; allowed: {list(CAUSAL_BACKENDS)}'
+    if variant != 'flex':
         return None
     if not flex_available():
         return f'torch {torch.__version__} has no torch.nn.attention.flex_attention'
@@ -75,10 +135,6 @@ def can_run(request: AttentionRequest, backend: str = 'auto') -> Optional[str]:
     if request.training and request.on_cpu:
         return "PyTorch's flex_attention has no CPU backward"
     return None
-
-
-#: the values of ``attn_backend`` ``'ledit'`` (causal attention) runs with
-CAUSAL_BACKENDS = ('auto', 'reference', 'sdpa', 'chunked', 'flex')
 
 
 # -- global causal attention ---------------------------------------------------------------
@@ -111,50 +167,31 @@ def _prefix_rows(
     )
 
 
-def causal_reference(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    prefix: int = 0,
-    global_prefix: bool = True,
-    dropout_p: float = 0.0,
-) -> Tensor:
-    """Causal attention with an explicit boolean mask (:func:`causal_mask`) and a plain
-    softmax in float32 (float64 for float64 inputs): the ground truth.
-
-    Args:
-        q, k, v: ``(B, heads, T, d)``, the ``prefix`` tokens first.
-
-    Returns:
-        ``(B, heads, T, d)`` in ``q``'s dtype.
-    """
+def _reference(call: CausalCall) -> Tensor:
+    """An explicit boolean mask (:func:`causal_mask`) and a plain softmax in float32
+    (float64 for float64 inputs): the ground truth."""
+    q, k, v = call.q, call.k, call.v
     work = torch.promote_types(q.dtype, torch.float32)
     logits = (q.to(work) * q.shape[-1] ** -0.5) @ k.to(work).transpose(-2, -1)
-    visible = causal_mask(q.shape[-2], prefix, global_prefix, q.device)
+    visible = causal_mask(q.shape[-2], call.prefix, call.global_prefix, q.device)
     attn = logits.masked_fill(~visible, float('-inf')).softmax(dim=-1)
-    if dropout_p > 0:
-        attn = F.dropout(attn, p=dropout_p)
+    if call.dropout_p > 0:
+        attn = F.dropout(attn, p=call.dropout_p)
     return (attn @ v.to(work)).to(q.dtype)
 
 
-def causal_sdpa(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    prefix: int = 0,
-    global_prefix: bool = True,
-    dropout_p: float = 0.0,
-) -> Tensor:
-    """Causal attention through ``F.scaled_dot_product_attention(is_causal=True)``.
+def _sdpa(call: CausalCall) -> Tensor:
+    """``F.scaled_dot_product_attention(is_causal=True)``.
 
     ``is_causal`` over the whole sequence is exact for the patch rows: the prefix comes
     first, so patch query ``i`` (sequence index ``J + i``) sees the ``J`` prefix keys and
     the patch keys ``0..i``. With ``global_prefix`` the ``J`` prefix rows (which
     ``is_causal`` limits to the prefix keys up to themselves) are recomputed without a mask.
     """
-    out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-    if prefix and global_prefix:
-        head = _prefix_rows(q, k, v, prefix, True, dropout_p)
+    q, k, v, prefix, p = call.q, call.k, call.v, call.prefix, call.dropout_p
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+    if prefix and call.global_prefix:
+        head = _prefix_rows(q, k, v, prefix, True, p)
         out = torch.cat([head, out[:, :, prefix:]], dim=2)
     return out
 
@@ -165,17 +202,8 @@ def _auto_rows(q: Tensor) -> int:
     return max(64, 4 * q.shape[-1])
 
 
-def causal_chunked(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    prefix: int = 0,
-    global_prefix: bool = True,
-    dropout_p: float = 0.0,
-    block_size: Optional[int] = None,
-    recompute: Optional[bool] = None,
-) -> Tensor:
-    """Causal attention over blocks of query rows (memory-lean).
+def _chunked(call: CausalCall) -> Tensor:
+    """Blocks of query rows (memory-lean).
 
     The patch queries ``s..e-1`` attend only to the keys ``0..J+e-1`` (every prefix key
     and the patches up to the block's last row), with the causal mask on the block's own
@@ -183,22 +211,13 @@ def causal_chunked(
     (default: whenever autograd records) every block runs under activation checkpointing,
     so backward keeps no block's scores. The prefix query rows run as one call
     (:func:`_prefix_rows`).
-
-    Args:
-        q, k, v: ``(B, heads, T, d)`` with ``T = J + N``.
-        block_size: query rows per block; None or 0: ``max(64, 4 * head_dim)``.
-            Default: None.
-        recompute: checkpoint each block. Default: when autograd records.
-
-    Returns:
-        ``(B, heads, T, d)``.
     """
+    q, k, v, prefix, dropout_p = call.q, call.k, call.v, call.prefix, call.dropout_p
     total = q.shape[-2]
     n = total - prefix
     records = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if recompute is None:
-        recompute = records
-    rows = max(1, min(block_size or _auto_rows(q), max(n, 1)))
+    recompute = records if call.recompute is None else call.recompute
+    rows = max(1, min(call.block_size or _auto_rows(q), max(n, 1)))
 
     def block(q_blk: Tensor, k_blk: Tensor, v_blk: Tensor) -> Tensor:
         length, keys = q_blk.shape[-2], k_blk.shape[-2]
@@ -212,7 +231,7 @@ def causal_chunked(
     result = None if records or recompute else q.new_empty(*q.shape[:-1], v.shape[-1])
     blocks = []
     if prefix:
-        head = _prefix_rows(q, k, v, prefix, global_prefix, dropout_p)
+        head = _prefix_rows(q, k, v, prefix, call.global_prefix, dropout_p)
         if result is None:
             blocks.append(head)
         else:
@@ -277,30 +296,46 @@ def _flex_mask_mod(prefix: int, global_prefix: bool):
     return mask_mod
 
 
-def causal_flex(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    prefix: int = 0,
-    global_prefix: bool = True,
-    block_mask=None,
-    compiled: Optional[bool] = None,
-) -> Tensor:
-    """Causal attention through ``flex_attention`` with a causal ``mask_mod`` and the
-    tile-skipping ``block_mask`` (:func:`causal_block_mask`, built when None).
-
-    Args:
-        compiled: run the ``torch.compile``-d kernel (the project's one,
-            :func:`~.common.flex_function`). Default: on CUDA only (eager flex is
-            forward only on CPU and materialises the scores; kept for tests).
-    """
-    if compiled is None:
-        compiled = q.is_cuda
+def _flex(call: CausalCall) -> Tensor:
+    """``flex_attention`` with a causal ``mask_mod`` and the tile-skipping ``block_mask``
+    (:func:`causal_block_mask`, built when the call has none); refuses dropout and CPU
+    training (:func:`~.common.check_flex_call`)."""
+    q, k, v = call.q, call.k, call.v
+    who = "pos_encoding='ledit' with attn_backend='flex'"
+    check_flex_call(q, k, v, call.dropout_p, who, "'auto', 'sdpa' or 'chunked'")
+    compiled = q.is_cuda if call.compiled is None else call.compiled
+    block_mask = call.block_mask
     if block_mask is None:
-        block_mask = causal_block_mask(q.shape[-2], prefix, global_prefix, q.device)
+        block_mask = causal_block_mask(q.shape[-2], call.prefix, call.global_prefix, q.device)
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='flex_attention called without torch.compile')
         return flex_function(compiled)(q, k, v, block_mask=block_mask)
+
+
+#: the forward of each variant (``'auto'`` is ``'sdpa'``: the fused causal kernels are the
+#: fastest and hold no ``T x T`` matrix)
+VARIANTS: Dict[str, Callable[[CausalCall], Tensor]] = {
+    'auto': _sdpa,
+    'reference': _reference,
+    'sdpa': _sdpa,
+    'chunked': _chunked,
+    'flex': _flex,
+}
+
+
+def attend(call: CausalCall) -> Tensor:
+    """Causal attention (raster order, the prefix tokens first) of ``call`` through its
+    variant: ``(B, heads, T, d)`` -> ``(B, heads, T, d)`` in ``q``'s dtype.
+
+    Raises:
+        ValueError: an unknown variant; ``'flex'`` with dropout, or training on CPU.
+    """
+    if call.variant not in VARIANTS:
+        raise ValueError(
+            f"pos_encoding='ledit': unknown attention backend {call.variant!r}; "
+            f'allowed: {list(CAUSAL_BACKENDS)}'
+        )
+    return VARIANTS[call.variant](call)
 
 
 def causal_attention(
@@ -311,38 +346,18 @@ def causal_attention(
     global_prefix: bool = True,
     dropout_p: float = 0.0,
     backend: str = 'sdpa',
-    block_size: Optional[int] = None,
-    block_mask=None,
+    **options: Any,
 ) -> Tensor:
-    """Causal attention (raster order, ``prefix`` tokens first) with one of
-    :data:`CAUSAL_BACKENDS` (``'auto'``: ``'sdpa'``). ``block_size``: rows per block of
-    ``'chunked'``; ``block_mask``: a cached :func:`causal_block_mask` for ``'flex'``.
+    """:func:`attend` of one :class:`CausalCall` (``backend`` is its ``variant``;
+    ``options`` its ``block_size``, ``block_mask``, ``recompute``, ``compiled``)."""
+    return attend(CausalCall(q, k, v, prefix, global_prefix, dropout_p, backend, **options))
 
-    Raises:
-        ValueError: an unknown backend; ``'flex'`` with dropout, or training on CPU.
-    """
-    if backend == 'auto':
-        backend = 'sdpa'
-    if backend == 'sdpa':
-        return causal_sdpa(q, k, v, prefix, global_prefix, dropout_p)
-    if backend == 'chunked':
-        return causal_chunked(q, k, v, prefix, global_prefix, dropout_p, block_size)
-    if backend == 'reference':
-        return causal_reference(q, k, v, prefix, global_prefix, dropout_p)
-    if backend == 'flex':
-        check_flex_call(
-            q,
-            k,
-            v,
-            dropout_p,
-            "pos_encoding='ledit' with attn_backend='flex'",
-            "'auto', 'sdpa' or 'chunked'",
-        )
-        return causal_flex(q, k, v, prefix, global_prefix, block_mask)
-    raise ValueError(
-        f"pos_encoding='ledit': unknown attention backend {backend!r}; "
-        f'allowed: {list(CAUSAL_BACKENDS)}'
-    )
+
+#: :func:`causal_attention` through one variant (the old names; same arguments)
+causal_reference = functools.partial(causal_attention, backend='reference')
+causal_sdpa = functools.partial(causal_attention, backend='sdpa')
+causal_chunked = functools.partial(causal_attention, backend='chunked')
+causal_flex = functools.partial(causal_attention, backend='flex')
 
 
 # -- windows -------------------------------------------------------------------------------

@@ -45,15 +45,12 @@ from torch import Tensor
 
 from lookhere_dense.validation import check_bool, check_int
 
+from ..attention import causal as _causal
 from ..attention.causal import (
     CAUSAL_BACKENDS,
-    causal_attention,
+    CausalCall,
+    attend,
     causal_block_mask,
-    causal_chunked,
-    causal_flex,
-    causal_mask,
-    causal_reference,
-    causal_sdpa,
     causal_window_attention,
     window_causal_mask,
 )
@@ -66,20 +63,15 @@ from .base import PositionEncoding, Trunk
 #: the values of ``attn_backend`` ``'ledit'`` runs with
 LEDIT_BACKENDS = CAUSAL_BACKENDS
 
-__all__ = [
-    'LEDiTPositionEncoding',
-    'LocalityConv',
-    'LEDIT_BACKENDS',
-    'causal_attention',
-    'causal_mask',
-    'causal_reference',
-    'causal_sdpa',
-    'causal_chunked',
-    'causal_flex',
-    'causal_block_mask',
-    'causal_window_attention',
-    'window_causal_mask',
-]
+__all__ = ['LEDiTPositionEncoding', 'LocalityConv', 'LEDIT_BACKENDS']
+
+
+def __getattr__(name: str) -> Any:
+    """The causal functions under this module's old path (they live in
+    :mod:`lookhere_dense.lookhere.attention.causal`)."""
+    if name in _causal.__all__:
+        return getattr(_causal, name)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
 # -- the locality module -------------------------------------------------------------------
@@ -289,9 +281,10 @@ class LEDiTPositionEncoding(PositionEncoding):
                 ('flex', q.shape[-2], prefix, self.global_prefix, str(q.device)),
                 lambda: causal_block_mask(q.shape[-2], prefix, self.global_prefix, q.device),
             )
-        return causal_attention(
+        call = CausalCall(
             q, k, v, prefix, self.global_prefix, dropout_p, backend, self.block_size, mask
         )
+        return attend(call)
 
     def window_attention(
         self,
