@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import replace
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -382,41 +382,25 @@ class LookHereAttentionEngine:
             failed=tuple(sorted(self.failed)),
         )
 
-    def explain(
-        self,
-        tokens: int,
-        device: torch.device,
-        dtype: torch.dtype = torch.float32,
-        dropout_p: float = 0.0,
-        slope_grads: bool = False,
-        training: bool = False,
-    ) -> List[Tuple[str, Optional[str]]]:
-        """``[(backend, why it cannot run or None)]``: the backends ``auto`` asked for this
-        call, in order, the last one chosen (:func:`~.attention.chooser.explain`); a fixed
-        ``backend`` is the one entry ``(backend, None)``, or its ``can_run`` reason."""
-        request = self.request(tokens, device, dtype, dropout_p, slope_grads, training)
+    def explain(self, *args: Any, **kwargs: Any) -> List[Tuple[str, Optional[str]]]:
+        """``[(backend, why it cannot run or None)]``: the backends ``auto`` asked for a
+        call (the arguments of :meth:`request`, without ``auto``), in order, the last one
+        chosen (:func:`~.attention.chooser.explain`); a fixed ``backend`` is the one entry
+        ``(backend, None)``, or its ``can_run`` reason."""
+        request = self.request(*args, **kwargs)
         if self.backend != 'auto':
             fixed = replace(request, auto=False)
             return [(self.backend, REGISTRY[self.backend].can_run(fixed))]
         return chooser.explain(request)
 
-    def choose_backend(
-        self,
-        tokens: int,
-        device: torch.device,
-        dtype: torch.dtype = torch.float32,
-        dropout_p: float = 0.0,
-        slope_grads: bool = False,
-        training: bool = False,
-    ) -> str:
-        """The backend ``auto`` picks for a sequence of ``tokens`` on ``device``: the first
-        of :data:`~.attention.chooser.AUTO_ORDER` whose ``can_run`` answers None (a fixed
-        ``backend`` is returned as is). :meth:`explain` gives the reasons."""
+    def choose_backend(self, *args: Any, **kwargs: Any) -> str:
+        """The backend that runs a call (the arguments of :meth:`request`: ``tokens,
+        device, dtype, dropout_p, slope_grads, training``): the last of :meth:`explain`,
+        i.e. for ``auto`` the first of :data:`~.attention.chooser.AUTO_ORDER` whose
+        ``can_run`` answers None (a fixed ``backend`` is returned as is)."""
         if self.backend != 'auto':
             return self.backend
-        return chooser.choose(
-            self.request(tokens, device, dtype, dropout_p, slope_grads, training)
-        )
+        return self.explain(*args, **kwargs)[-1][0]
 
     # -- attention -----------------------------------------------------------------------
     @torch.compiler.disable
