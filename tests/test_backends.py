@@ -24,7 +24,7 @@ import pytest
 import torch
 from test_tiled import TYPES  # every direction type
 
-from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine
+from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine, create_model
 from lookhere_dense.lookhere.attention import (
     AUTO_ORDER,
     REGISTRY,
@@ -138,6 +138,27 @@ def test_explain_backend_names_each_layer_and_why_the_faster_ones_were_skipped()
         'LookHere attention at 512x512 (grid 32x32, 1025 tokens, batch 1, float32, cpu, '
         'training): windows x 2, '
     )
+
+
+@pytest.mark.parametrize(
+    'pos_encoding,inside',
+    [
+        ('ledit', "sdpa per window, causal in the window's raster order; pos_encoding ledit"),
+        ('rope2d', 'sdpa per window; pos_encoding rope2d: no LookHere bias'),
+    ],
+)
+def test_explain_backend_says_what_runs_inside_the_windows(pos_encoding, inside):
+    model = create_model(
+        embed_dims=24,
+        num_layers=2,
+        num_heads=2,
+        pos_encoding=pos_encoding,
+        window_size=4,
+        window_block_indexes=[0],
+    ).eval()
+    lines = explain_backend(model, 128, print_fn=None)
+    assert lines[1] == f'layer 0 (window 4): windows ({inside})'
+    assert not lines[2].startswith('layer 1 (window')
 
 
 @pytest.mark.usefixtures('without_fused')

@@ -37,6 +37,7 @@ __all__ = [
     'explain',
     'explain_backend',
     'backend_summary',
+    'inside_window',
 ]
 
 #: every registered backend module by name
@@ -86,6 +87,18 @@ def _layers(model: Any) -> List[Tuple[int, int, float]]:
         drop = float(getattr(getattr(blk, 'attn', None), 'attn_drop', 0.0) or 0.0)
         out.append((i, int(getattr(blk, 'window_size', 0) or 0), drop))
     return out
+
+
+def inside_window(pos_enc: Any) -> str:
+    """What runs inside each window of a ViTDet window block with ``pos_enc``: windows are
+    a layer transform (:func:`~.windows.attend_in_windows` partitions the tokens, one
+    batched SDPA call attends in every window), not a backend of the registry."""
+    if hasattr(pos_enc, 'choose_backend'):  # LEDiT
+        return "sdpa per window, causal in the window's raster order; pos_encoding ledit"
+    if hasattr(getattr(pos_enc, 'engine', None), 'window_attention'):
+        return 'sdpa per window, the dense bias of one window'
+    name = getattr(pos_enc, 'name', type(pos_enc).__name__)
+    return f'sdpa per window; pos_encoding {name}: no LookHere bias'
 
 
 def explain_backend(
@@ -150,7 +163,7 @@ def explain_backend(
         dropout = dropout if training else 0.0
         head = f'layer {layer}' + (f' (window {window})' if window else '')
         if window:
-            lines.append(f'{head}: windows (sdpa per window, the dense bias of one window)')
+            lines.append(f'{head}: windows ({inside_window(vit.pos_enc)})')
         elif hasattr(vit.pos_enc, 'choose_backend'):  # LEDiT: causal attention
             lines.append(f'{head}: causal ({vit.pos_enc.choose_backend()}; pos_encoding ledit)')
         elif engine is None or not hasattr(engine, 'explain'):
