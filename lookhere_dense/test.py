@@ -24,24 +24,20 @@ from __future__ import annotations
 import argparse
 from typing import List, Optional
 
+from lookhere_dense.apis.cli import (
+    ToolArgumentParser,
+    add_runner_job_args,
+    console_script,
+    parse_launch_args,
+    run_runner_job,
+)
+
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments (mmseg / mmdet ``tools/test.py`` conventions)."""
-    from lookhere_dense.apis.cli import (
-        ToolArgumentParser,
-        add_cfg_options_arg,
-        add_launch_args,
-        parse_launch_args,
-    )
-
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='config file (or mmseg::/mmdet:: package path)')
     parser.add_argument('checkpoint', help='checkpoint file to test')
-    parser.add_argument(
-        '--work-dir',
-        help='folder for the log and the metrics JSON (default: '
-        "the config's work_dir, else work_dirs/<config name>)",
-    )
     parser.add_argument(
         '--out',
         help='mmseg: folder for the predicted label maps (PNG, '
@@ -68,24 +64,16 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         action='store_true',
         help="test-time augmentation with the config's tta_pipeline / tta_model",
     )
-    add_cfg_options_arg(parser, 'model.test_cfg.mode=whole')
-    parser.add_argument(
-        '--skip-data-check', action='store_true', help='do not run the data checks before testing'
-    )
-    parser.add_argument(
-        '--verbose',
-        action='store_true',
-        help='also show on the terminal what only the log file gets '
-        "(mmengine's environment, config and hook listing, library warnings)",
-    )
-    parser.add_argument(
-        '--max-memory',
-        metavar='SIZE',
-        help='memory budget of one test pass (e.g. 8G): a whole frame whose estimated '
+    add_runner_job_args(
+        parser,
+        what='the log and the metrics JSON',
+        cfg_example='model.test_cfg.mode=whole',
+        verbose_extra='library warnings',
+        memory_help='memory budget of one test pass (e.g. 8G): a whole frame whose estimated '
         'peak exceeds it is refused before it allocates, with cheaper options (default: '
         'the memory the machine or its cgroup has left)',
+        amp_help='the model predicts (AmpTestLoop; predictions scored and written in float32)',
     )
-    add_launch_args(parser)
     args = parse_launch_args(parser, argv)
     if args.show_interval < 1:
         parser.error(f'--show-interval must be >= 1, got {args.show_interval}')
@@ -96,13 +84,9 @@ def main(argv: Optional[List[str]] = None):
     """Test (:func:`lookhere_dense.apis.test.evaluate_checkpoint`); returns the metrics
     dict."""
     args = parse_args(argv)
-    from lookhere_dense.apis.cli import runner_job_kwargs, start_tool
-
-    start_tool(args.config, args.threads)  # a missing config fails before the heavy imports
-    from lookhere_dense.apis.test import evaluate_checkpoint
-
-    return evaluate_checkpoint(
-        args.config,
+    return run_runner_job(
+        args,
+        'lookhere_dense.apis.test:evaluate_checkpoint',
         args.checkpoint,
         out=args.out,
         show_dir=args.show_dir,
@@ -110,17 +94,11 @@ def main(argv: Optional[List[str]] = None):
         show_interval=args.show_interval,
         wait_time=args.wait_time,
         tta=args.tta,
-        **runner_job_kwargs(args),
     )
 
 
-def cli() -> None:
-    """The ``lookhere-test`` console script: :func:`main` with one-line errors
-    (:func:`lookhere_dense.apis.cli.run_main`)."""
-    from lookhere_dense.apis.cli import run_main
-
-    run_main(main)
-
+#: The ``lookhere-test`` console script: :func:`main` with one-line errors.
+cli = console_script(main)
 
 if __name__ == '__main__':
     cli()

@@ -28,23 +28,19 @@ from __future__ import annotations
 import argparse
 from typing import List, Optional
 
+from lookhere_dense.apis.cli import (
+    ToolArgumentParser,
+    add_runner_job_args,
+    console_script,
+    parse_launch_args,
+    run_runner_job,
+)
+
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments (mmseg / mmdet ``tools/train.py`` conventions)."""
-    from lookhere_dense.apis.cli import (
-        ToolArgumentParser,
-        add_cfg_options_arg,
-        add_launch_args,
-        parse_launch_args,
-    )
-
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='config file (or mmseg::/mmdet:: package path)')
-    parser.add_argument(
-        '--work-dir',
-        help='folder for logs and checkpoints (default: the '
-        "config's work_dir, else work_dirs/<config name>)",
-    )
     parser.add_argument(
         '--resume',
         nargs='?',
@@ -55,12 +51,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         'checkpoint in the work dir (none there: start from iteration 0, '
         'with a warning), or from the checkpoint CKPT',
     )
-    parser.add_argument(
-        '--amp',
-        action='store_true',
-        help='automatic mixed precision (AmpOptimWrapper, dynamic loss scale; needs a GPU)',
-    )
-    add_cfg_options_arg(parser, 'model.backbone.preset=lh90 train_cfg.max_iters=1000')
     parser.add_argument(
         '--allow-random-init',
         action='store_true',
@@ -74,32 +64,22 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         '(the default; kept for old command lines)',
     )
     parser.add_argument(
-        '--skip-data-check',
-        action='store_true',
-        help='do not run the data checks before training (folders are '
-        'still checked when the dataloaders are built)',
-    )
-    parser.add_argument(
-        '--verbose',
-        action='store_true',
-        help='also show on the terminal what only the log file gets '
-        "(mmengine's environment, config and hook listing, library "
-        'warnings, per-class tables)',
-    )
-    parser.add_argument(
-        '--max-memory',
-        metavar='SIZE',
-        help='memory budget of one training step or validation pass (e.g. 8G, 512M): a '
-        'pass whose estimated peak exceeds it is refused before it allocates (default: '
-        'the memory the machine or its cgroup has left)',
-    )
-    parser.add_argument(
         '--share-work-dir',
         action='store_true',
         help='train even when another live run holds the work dir (default: refuse; '
         "two runs in one folder overwrite each other's checkpoints)",
     )
-    add_launch_args(parser)
+    add_runner_job_args(
+        parser,
+        what='logs and checkpoints',
+        cfg_example='model.backbone.preset=lh90 train_cfg.max_iters=1000',
+        verbose_extra='library warnings, per-class tables',
+        memory_help='memory budget of one training step or validation pass (e.g. 8G, 512M): '
+        'a pass whose estimated peak exceeds it is refused before it allocates (default: '
+        'the memory the machine or its cgroup has left)',
+        amp_help='the training forward (MixedPrecisionOptimWrapper; float16 adds a dynamic '
+        'loss scale)',
+    )
     args = parse_launch_args(parser, argv)
     return args
 
@@ -108,29 +88,18 @@ def main(argv: Optional[List[str]] = None):
     """Train (:func:`lookhere_dense.apis.train.train_model`); returns the Runner (its
     ``work_dir`` holds logs and checkpoints)."""
     args = parse_args(argv)
-    from lookhere_dense.apis.cli import runner_job_kwargs, start_tool
-
-    start_tool(args.config, args.threads)  # a missing config fails before the heavy imports
-    from lookhere_dense.apis.train import train_model
-
-    return train_model(
-        args.config,
-        amp=args.amp,
+    return run_runner_job(
+        args,
+        'lookhere_dense.apis.train:train_model',
         resume=args.resume,
         require_pretrained=args.require_pretrained,
         allow_random_init=args.allow_random_init,
         share_work_dir=args.share_work_dir,
-        **runner_job_kwargs(args),
     )
 
 
-def cli() -> None:
-    """The ``lookhere-train`` console script: :func:`main` with one-line errors
-    (:func:`lookhere_dense.apis.cli.run_main`)."""
-    from lookhere_dense.apis.cli import run_main
-
-    run_main(main)
-
+#: The ``lookhere-train`` console script: :func:`main` with one-line errors.
+cli = console_script(main)
 
 if __name__ == '__main__':
     cli()

@@ -281,11 +281,12 @@ def test_train_errors_say_what_to_fix(demo, tmp_path, capsys):
             ADE_CFG,
             work_dir=str(tmp_path / 'c'),
             amp=True,
+            amp_dtype='float16',
             cfg_options=_opts(*_roots(demo['ade_root']), *SHRINK),
         ),
         capsys,
     )
-    assert '--amp needs a CUDA GPU' in err
+    assert '--amp-dtype=float16 on CPU' in err and 'use bfloat16' in err
 
 
 def test_label_error_inside_training_is_reported_cleanly(demo, tmp_path, capsys):

@@ -38,11 +38,10 @@ if str(REPO) not in sys.path:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
-    from lookhere_dense.apis.cli import ToolArgumentParser, add_checkpoint_report_args
+    from lookhere_dense.apis.cli import checkpoint_report_parser
 
-    parser = ToolArgumentParser(description=__doc__.split('\n')[0])
-    add_checkpoint_report_args(
-        parser,
+    parser = checkpoint_report_parser(
+        __doc__,
         split='test',
         images='evaluate',
         outputs='extrapolation.json / extrapolation.png',
@@ -73,19 +72,19 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     """Run the report (:func:`research.extrapolation.extrapolation_report`);
     returns the JSON content."""
     args = parse_args(argv)
-    from lookhere_dense.apis.cli import checkpoint_report_kwargs, start_tool
+    from lookhere_dense.apis.cli import checkpoint_report_kwargs, start_checkpoint_report
 
-    start_tool(args.config, args.threads)
-    from research.extrapolation import DEFAULT_TESTS, extrapolation_report
+    with start_checkpoint_report(args):
+        from research.extrapolation import DEFAULT_TESTS, extrapolation_report
 
-    return extrapolation_report(
-        args.config,
-        args.checkpoint,
-        args.tests or DEFAULT_TESTS,
-        max_images=args.max_images,
-        max_memory=args.max_memory,
-        **checkpoint_report_kwargs(args, 'extrapolate.py', argv),
-    )
+        return extrapolation_report(
+            args.config,
+            args.checkpoint,
+            args.tests or DEFAULT_TESTS,
+            max_images=args.max_images,
+            max_memory=args.max_memory,
+            **checkpoint_report_kwargs(args, 'extrapolate.py', argv),
+        )
 
 
 if __name__ == '__main__':

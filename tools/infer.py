@@ -15,6 +15,8 @@ Examples::
     python tools/infer.py configs/segmenter_lookhere_ade20k.py CKPT photo.jpg --whole --native
     python tools/infer.py configs/segmenter_lookhere_cityscapes.py CKPT frames/ \\
         --size 2048x4096 --whole --out-dir vis
+    # in bfloat16 autocast (CPU or CUDA; the overlays are the same files)
+    python tools/infer.py configs/segmenter_lookhere_ade20k.py CKPT photo.jpg --whole --amp
 """
 
 from __future__ import annotations
@@ -41,7 +43,12 @@ def _hw(text: str) -> Tuple[int, int]:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
-    from lookhere_dense.apis.cli import ToolArgumentParser, add_cfg_options_arg, add_threads_arg
+    from lookhere_dense.apis.cli import (
+        ToolArgumentParser,
+        add_amp_args,
+        add_cfg_options_arg,
+        add_threads_arg,
+    )
 
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', help='the config the checkpoint was trained with')
@@ -107,6 +114,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         'machine or its cgroup has left)',
     )
     add_cfg_options_arg(parser, 'model.test_cfg.mode=whole')
+    add_amp_args(parser, 'the model predicts')
     add_threads_arg(parser)
     args = parser.parse_args(argv)
     if not 0.0 <= args.opacity <= 1.0:
@@ -120,35 +128,35 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
     """Write the overlays (:func:`lookhere_dense.apis.inference.segment_images`); returns
     their paths."""
     args = parse_args(argv)
-    from lookhere_dense.apis.cli import apply_threads, quiet_known_warnings, resolve_config_path
+    from lookhere_dense.apis.cli import amp_context, start_tool
 
-    resolve_config_path(args.config)  # a missing file fails before the heavy imports
-    quiet_known_warnings()
-    apply_threads(args.threads)
+    start_tool(args.config, args.threads)  # a missing config fails before the heavy imports
     from lookhere_dense.apis.inference import segment_images
 
-    result = segment_images(
-        args.config,
-        args.checkpoint,
-        args.input,
-        out_dir=args.out_dir,
-        whole=args.whole,
-        slide=args.slide,
-        native=args.native,
-        short_side=args.short_side,
-        size=args.size,
-        crop=args.crop,
-        stride=args.stride,
-        opacity=args.opacity,
-        save_labels=args.save_labels,
-        device=args.device,
-        cfg_options=args.cfg_options,
-        legend=not args.no_legend,
-        max_memory=args.max_memory,
-    )
+    with amp_context(args, args.device):
+        result = segment_images(
+            args.config,
+            args.checkpoint,
+            args.input,
+            out_dir=args.out_dir,
+            whole=args.whole,
+            slide=args.slide,
+            native=args.native,
+            short_side=args.short_side,
+            size=args.size,
+            crop=args.crop,
+            stride=args.stride,
+            opacity=args.opacity,
+            save_labels=args.save_labels,
+            device=args.device,
+            cfg_options=args.cfg_options,
+            legend=not args.no_legend,
+            max_memory=args.max_memory,
+        )
     print(
         f'wrote {len(result.paths)} overlay(s) to {args.out_dir} '
-        f'({result.mode} inference on {result.device})'
+        f'({result.mode} inference on {result.device}'
+        + (f', {args.amp_dtype or "bfloat16"} autocast)' if args.amp else ')')
     )
     return result.paths
 

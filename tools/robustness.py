@@ -44,15 +44,10 @@ def _positive_float(text: str) -> float:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
-    from lookhere_dense.apis.cli import (
-        ToolArgumentParser,
-        add_checkpoint_report_args,
-        positive_int,
-    )
+    from lookhere_dense.apis.cli import checkpoint_report_parser, positive_int
 
-    parser = ToolArgumentParser(description=__doc__.split('\n')[0])
-    add_checkpoint_report_args(
-        parser,
+    parser = checkpoint_report_parser(
+        __doc__,
         split='val',
         images='attack',
         outputs='the JSON / MD / PNG',
@@ -101,9 +96,9 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     """Run the report (:func:`research.robustness.robustness_report`);
     returns the JSON content."""
     args = parse_args(argv)
-    from lookhere_dense.apis.cli import checkpoint_report_kwargs, start_tool
+    from lookhere_dense.apis.cli import checkpoint_report_kwargs, start_checkpoint_report
 
-    start_tool(args.config, args.threads)
+    precision = start_checkpoint_report(args)
     from research.robustness import AttackSettings, robustness_report
 
     settings = AttackSettings(
@@ -115,12 +110,13 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         seed=args.seed,
         max_images=args.max_images,
     )
-    return robustness_report(
-        args.config,
-        args.checkpoint,
-        settings,
-        **checkpoint_report_kwargs(args, 'robustness.py', argv),
-    )
+    with precision:
+        return robustness_report(
+            args.config,
+            args.checkpoint,
+            settings,
+            **checkpoint_report_kwargs(args, 'robustness.py', argv),
+        )
 
 
 if __name__ == '__main__':

@@ -40,8 +40,16 @@ __all__ = [
     'add_launch_args',
     'parse_launch_args',
     'add_checkpoint_report_args',
+    'checkpoint_report_parser',
+    'start_checkpoint_report',
     'checkpoint_report_kwargs',
     'runner_job_kwargs',
+    'add_amp_args',
+    'add_runner_job_args',
+    'run_runner_job',
+    'console_script',
+    'amp_context',
+    'report_device',
     'start_tool',
     'tool_command',
 ]
@@ -179,6 +187,10 @@ def load_segmentation_job(
 
 _MISSING = object()
 
+#: Keys that OpenMMLab sections take and configs often leave out, never taken for a
+#: misspelling of a key the config has (``optim_wrapper.dtype`` is not ``type``).
+OPTIONAL_KEYS = frozenset({'dtype', 'loss_scale', 'fp16', 'clip_grad', 'accumulative_counts'})
+
 
 def _lookup(node: Any, parts: Sequence[str]):
     """``(value at parts, deepest existing node, index of the first missing part)``."""
@@ -214,7 +226,8 @@ def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
       and what the config has there (``None`` is always allowed: it switches things off);
     * a key the config does not have but that is close to one it has (``max_iter`` for
       ``max_iters``) is an error naming the close keys; other new keys are added (new
-      keys are legitimate), with a warning when their section is new too.
+      keys are legitimate), with a warning when their section is new too; the keys of
+      :data:`OPTIONAL_KEYS` are never taken for misspellings.
 
     Raises:
         lookhere_dense.errors.ConfigError: naming the option and the expected value.
@@ -227,7 +240,7 @@ def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
             where = '.'.join(parts[:depth]) or 'the top level'
             names = list(parent) if isinstance(parent, dict) else []
             close = difflib.get_close_matches(parts[depth], names, n=3, cutoff=0.75)
-            if close:
+            if close and parts[depth] not in OPTIONAL_KEYS:
                 raise ConfigError(
                     f'--cfg-options {key}: the config has no {parts[depth]!r} '
                     f'in {where}; did you mean {" or ".join(close)}?'
@@ -366,7 +379,8 @@ def add_checkpoint_report_args(
     ``tools/robustness.py``): ``config``, ``checkpoint``, ``--split`` (default ``split``),
     ``--max-images`` (``images``: what N images get), ``--out-dir`` (default
     ``work_dirs/<config name>/<name>``, holding ``outputs``), ``--name`` (default
-    ``name``), ``--device``, ``--cfg-options`` (``cfg_example``) and ``--threads``."""
+    ``name``), ``--device``, ``--cfg-options`` (``cfg_example``), ``--amp`` /
+    ``--amp-dtype`` (:func:`add_amp_args`) and ``--threads``."""
     parser.add_argument('config', help='the segmentation config the checkpoint was trained with')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument(
@@ -394,7 +408,23 @@ def add_checkpoint_report_args(
         '--device', default=None, help='cpu or cuda[:N] (default: cuda when available, else cpu)'
     )
     add_cfg_options_arg(parser, cfg_example)
+    add_amp_args(parser, 'the model predicts')
     add_threads_arg(parser)
+
+
+def checkpoint_report_parser(doc: str, **report_args: str) -> ToolArgumentParser:
+    """The parser of a report on one checkpoint: described by the first line of ``doc``,
+    with :func:`add_checkpoint_report_args` (``report_args`` are its keyword arguments)."""
+    parser = ToolArgumentParser(description=doc.split('\n')[0])
+    add_checkpoint_report_args(parser, **report_args)
+    return parser
+
+
+def start_checkpoint_report(args: argparse.Namespace):
+    """What a report on one checkpoint does first (:func:`start_tool`); returns the
+    context its model runs in (:func:`amp_context`: ``--amp``)."""
+    start_tool(args.config, args.threads)
+    return amp_context(args, args.device)
 
 
 def checkpoint_report_kwargs(args: argparse.Namespace, script: str, argv) -> dict:
@@ -405,13 +435,113 @@ def checkpoint_report_kwargs(args: argparse.Namespace, script: str, argv) -> dic
     return dict({k: getattr(args, k) for k in names}, command=tool_command(script, argv))
 
 
+def add_amp_args(parser: argparse.ArgumentParser, what: str) -> None:
+    """Add ``--amp`` (``what`` runs in mixed precision) and ``--amp-dtype``
+    (``bfloat16``, the default, or ``float16``, CUDA only; checked where the device is
+    known: :func:`lookhere_dense.engine.amp.amp_dtype`)."""
+    parser.add_argument(
+        '--amp',
+        action='store_true',
+        help=f'mixed precision: {what} under torch.autocast with --amp-dtype (CPU: bfloat16 '
+        'only; CUDA: bfloat16 or float16)',
+    )
+    parser.add_argument(
+        '--amp-dtype',
+        choices=['bfloat16', 'float16'],
+        default=None,
+        help='the autocast dtype with --amp (default: bfloat16; float16 needs CUDA)',
+    )
+
+
+def add_runner_job_args(
+    parser: argparse.ArgumentParser,
+    *,
+    what: str,
+    cfg_example: str,
+    verbose_extra: str,
+    memory_help: str,
+    amp_help: str,
+) -> None:
+    """Add the options of a command that runs a Runner job on a config
+    (``tools/train.py``, ``tools/test.py``): ``--work-dir`` (``what`` it holds),
+    ``--cfg-options``, ``--skip-data-check``, ``--verbose``, ``--max-memory``, ``--amp`` /
+    ``--amp-dtype`` (:func:`add_amp_args`) and the launch options
+    (:func:`add_launch_args`); :func:`runner_job_kwargs` reads them back."""
+    parser.add_argument(
+        '--work-dir',
+        help=f"folder for {what} (default: the config's work_dir, else work_dirs/<config name>)",
+    )
+    add_cfg_options_arg(parser, cfg_example)
+    parser.add_argument(
+        '--skip-data-check',
+        action='store_true',
+        help='do not run the data checks first (folders are still checked when the '
+        'dataloaders are built)',
+    )
+    parser.add_argument(
+        '--verbose',
+        action='store_true',
+        help='also show on the terminal what only the log file gets '
+        f"(mmengine's environment, config and hook listing, {verbose_extra})",
+    )
+    parser.add_argument('--max-memory', metavar='SIZE', help=memory_help)
+    add_amp_args(parser, amp_help)
+    add_launch_args(parser)
+
+
 def runner_job_kwargs(args: argparse.Namespace) -> dict:
     """The keyword arguments :func:`lookhere_dense.apis.train.train_model` and
     :func:`lookhere_dense.apis.test.evaluate_checkpoint` share, from their commands'
-    arguments: ``work_dir``, ``cfg_options``, ``launcher``, ``verbose``, ``max_memory`` and
-    ``check_data`` (not ``--skip-data-check``)."""
-    names = ('work_dir', 'cfg_options', 'launcher', 'verbose', 'max_memory')
+    arguments (:func:`add_runner_job_args`): ``work_dir``, ``cfg_options``, ``launcher``,
+    ``verbose``, ``max_memory``, ``amp``, ``amp_dtype`` and ``check_data`` (not
+    ``--skip-data-check``)."""
+    names = ('work_dir', 'cfg_options', 'launcher', 'verbose', 'max_memory', 'amp', 'amp_dtype')
     return dict({k: getattr(args, k) for k in names}, check_data=not args.skip_data_check)
+
+
+def run_runner_job(args: argparse.Namespace, function: str, *positional: Any, **kwargs: Any):
+    """What ``tools/train.py`` and ``tools/test.py`` do with their arguments:
+    :func:`start_tool`, then import ``function`` (``'module:name'``, after the config was
+    found: the heavy imports come last) and call it with ``args.config``, ``positional``,
+    ``kwargs`` and :func:`runner_job_kwargs`; returns what it returns."""
+    import importlib
+
+    start_tool(args.config, args.threads)  # a missing config fails before the heavy imports
+    module, name = function.split(':')
+    run = getattr(importlib.import_module(module), name)
+    return run(args.config, *positional, **kwargs, **runner_job_kwargs(args))
+
+
+def console_script(main: Callable[[Optional[List[str]]], object]) -> Callable[[], None]:
+    """The console-script entry point of a tool's ``main``: :func:`run_main` (one-line
+    errors)."""
+
+    def cli() -> None:
+        run_main(main)
+
+    cli.__doc__ = f'``{main.__module__}``: its ``main`` with one-line errors (run_main).'
+    return cli
+
+
+def report_device(device: Optional[str]) -> str:
+    """``device``, or ``'cuda'`` when CUDA is available, else ``'cpu'`` (the inference
+    tools' ``--device`` default)."""
+    if device:
+        return device
+    import torch
+
+    return 'cuda' if torch.cuda.is_available() else 'cpu'
+
+
+def amp_context(args: argparse.Namespace, device: Optional[str]):
+    """The context an inference tool runs its model in: with ``--amp``,
+    ``torch.autocast`` of ``--amp-dtype`` (default bfloat16) on ``device``
+    (:func:`report_device`); else nothing
+    (:func:`lookhere_dense.engine.amp.inference_autocast`)."""
+    from ..engine.amp import inference_autocast
+
+    dtype = (args.amp_dtype or 'bfloat16') if args.amp else None
+    return inference_autocast(dtype, report_device(device))
 
 
 def start_tool(config: str, threads: Optional[int]) -> None:

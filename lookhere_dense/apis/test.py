@@ -12,7 +12,32 @@ from typing import Optional
 
 from ..errors import ConfigError, ToolError
 
-__all__ = ['build_test_config', 'evaluate_checkpoint']
+__all__ = ['build_test_config', 'evaluate_checkpoint', 'use_amp_test_loop']
+
+
+def use_amp_test_loop(cfg, dtype: Optional[str] = None) -> None:
+    """Make ``cfg.test_cfg`` an :class:`~lookhere_dense.engine.amp.AmpTestLoop`: the model
+    predicts under ``torch.autocast`` of ``dtype`` (on the device mmengine puts it on),
+    and the predictions are scored and written in float32.
+
+    Args:
+        cfg: the config (changed in place).
+        dtype: ``'bfloat16'`` or ``'float16'`` (CUDA only). Default: None (bfloat16).
+
+    Raises:
+        lookhere_dense.errors.ConfigError: float16 without CUDA, an unknown dtype, or a
+            config whose ``test_cfg`` is another loop than mmengine's ``TestLoop``.
+    """
+    from ..engine.amp import accelerator_available, amp_dtype
+
+    dtype = dtype or 'bfloat16'
+    amp_dtype(dtype, 'cuda' if accelerator_available() else 'cpu', '--amp-dtype')
+    test_cfg = dict(cfg.get('test_cfg') or {})
+    kind = str(test_cfg.pop('type', 'TestLoop')).split('.')[-1]
+    if kind not in ('TestLoop', 'AmpTestLoop'):
+        raise ConfigError(f'--amp works with test_cfg type TestLoop, the config has {kind!r}')
+    test_cfg.pop('fp16', None)
+    cfg.test_cfg = dict(test_cfg, type='AmpTestLoop', dtype=dtype)
 
 
 def _enable_visualization(
@@ -51,6 +76,8 @@ def build_test_config(
     launcher: str = 'none',
     check_data: bool = True,
     max_memory: Optional[str] = None,
+    amp: bool = False,
+    amp_dtype: Optional[str] = None,
 ):
     """The config to test ``checkpoint`` with: the file + ``cfg_options`` + the options,
     checked.
@@ -73,6 +100,9 @@ def build_test_config(
             whose estimated peak exceeds it (or, without a budget, the memory left) is
             refused before it allocates
             (:class:`~lookhere_dense.engine.memory_guard.MemoryGuardHook`). Default: None.
+        amp: predict in mixed precision (:func:`use_amp_test_loop`). Default: False.
+        amp_dtype: with ``amp``: ``'bfloat16'`` or ``'float16'`` (CUDA only). Default:
+            None (bfloat16).
 
     Raises:
         lookhere_dense.errors.ConfigError, lookhere_dense.errors.DataCheckError,
@@ -103,6 +133,8 @@ def build_test_config(
         cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
         cfg.tta_model.module = cfg.model
         cfg.model = cfg.tta_model
+    if amp:
+        use_amp_test_loop(cfg, amp_dtype)
     if out is not None:
         if cfg.get('default_scope') == 'mmdet':
             if not out.endswith(('.pkl', '.pickle')):

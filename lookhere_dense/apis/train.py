@@ -49,6 +49,7 @@ from ..errors import ConfigError, ToolError
 __all__ = [
     'build_train_config',
     'build_runner',
+    'apply_amp',
     'train_model',
     'find_resume_checkpoint',
     'init_distributed',
@@ -208,12 +209,73 @@ def _tune_logging(cfg) -> None:
         logger['interval'] = min(int(logger.get('interval', 10)), max(1, max_iters // 10))
 
 
+#: The optimizer wrappers that train in mixed precision: mmengine's and ours (also on CPU).
+AMP_WRAPPERS = ('AmpOptimWrapper', 'MixedPrecisionOptimWrapper')
+
+
+def apply_amp(cfg, amp: bool = False, dtype: Optional[str] = None) -> List[str]:
+    """Mixed precision in ``cfg.optim_wrapper``, the same way on every machine.
+
+    * ``amp`` (``--amp``): an ``OptimWrapper`` becomes
+      :class:`~lookhere_dense.engine.amp.MixedPrecisionOptimWrapper` with ``dtype``
+      (float16 also gets a dynamic loss scale); a config that is already mixed precision
+      gets ``dtype``;
+    * a config's ``AmpOptimWrapper`` on a machine mmengine's wrapper refuses (no CUDA,
+      NPU, MLU, MUSA) becomes ``MixedPrecisionOptimWrapper`` (same arguments: bfloat16
+      autocast on CPU), with a note;
+    * the dtype is checked for the machine: float16 on CPU is refused.
+
+    Args:
+        cfg: the config (changed in place).
+        amp: switch mixed precision on. Default: False.
+        dtype: with ``amp``: ``'bfloat16'`` or ``'float16'``. Default: None (bfloat16).
+
+    Returns:
+        Notes on what was changed (to log).
+
+    Raises:
+        lookhere_dense.errors.ConfigError: float16 on CPU, an unknown dtype, ``amp`` with
+            an optimizer wrapper that is neither ``OptimWrapper`` nor mixed precision.
+    """
+    from ..engine.amp import accelerator_available, amp_dtype
+
+    device_type = 'cuda' if accelerator_available() else 'cpu'
+    wrapper = cfg.get('optim_wrapper')
+    kind = str((wrapper or {}).get('type', 'OptimWrapper')).split('.')[-1]
+    notes: List[str] = []
+    if amp:
+        dtype = dtype or 'bfloat16'
+        amp_dtype(dtype, device_type, '--amp-dtype')
+        if kind not in AMP_WRAPPERS + ('OptimWrapper',):
+            raise ConfigError(
+                f'--amp works with optim_wrapper type OptimWrapper, the config has {kind!r}'
+            )
+        if kind in AMP_WRAPPERS and wrapper.get('dtype') not in (None, dtype):
+            notes.append(f'--amp-dtype {dtype} replaces optim_wrapper.dtype={wrapper.dtype!r}')
+        if kind == 'OptimWrapper':
+            wrapper.type = 'MixedPrecisionOptimWrapper'
+            kind = wrapper.type
+        wrapper.dtype = dtype
+        if dtype == 'float16':
+            wrapper.setdefault('loss_scale', 'dynamic')
+    if kind in AMP_WRAPPERS:
+        amp_dtype(wrapper.get('dtype'), device_type, 'optim_wrapper.dtype')
+        if kind == 'AmpOptimWrapper' and device_type == 'cpu':
+            wrapper.type = 'MixedPrecisionOptimWrapper'
+            notes.append(
+                "optim_wrapper: mmengine's AmpOptimWrapper needs a GPU; on this CPU "
+                'MixedPrecisionOptimWrapper trains in bfloat16 autocast instead'
+            )
+    return notes
+
+
 def build_train_config(
     config: str,
     work_dir: Optional[str] = None,
     cfg_options: Optional[dict] = None,
     launcher: str = 'none',
     amp: bool = False,
+    amp_dtype: Optional[str] = None,
     resume: Optional[str] = None,
     require_pretrained: bool = False,
     check_data: bool = True,
@@ -231,8 +293,10 @@ def build_train_config(
         cfg_options: config overrides. Default: None.
         launcher: ``'none'``, ``'pytorch'`` (under torchrun), ``'slurm'`` or ``'mpi'``.
             Default: ``'none'``.
-        amp: mixed precision (``AmpOptimWrapper``, dynamic loss scale; needs CUDA).
-            Default: False.
+        amp: mixed precision (:func:`apply_amp`: bfloat16 autocast on CPU or CUDA,
+            float16 with a dynamic loss scale on CUDA). Default: False.
+        amp_dtype: with ``amp``: ``'bfloat16'`` or ``'float16'`` (CUDA only). Default:
+            None (bfloat16).
         resume: ``'auto'`` (the newest readable checkpoint in the work dir:
             :func:`find_resume_checkpoint`), a checkpoint path, or None (no resume).
             Default: None.
@@ -269,24 +333,9 @@ def build_train_config(
         # reused by every later Runner in the process (logging into the first run's
         # folder). Without the name each run gets its own, named after the experiment.
         cfg.visualizer.pop('name', None)
-    if amp:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                '--amp needs a CUDA GPU (mmengine AmpOptimWrapper); drop --amp on CPU'
-            )
-        wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
-        if wrapper == 'AmpOptimWrapper':
-            _warn('AMP is already enabled in the config')
-        elif wrapper != 'OptimWrapper':
-            raise ConfigError(
-                f'--amp works with optim_wrapper type OptimWrapper, the config has {wrapper!r}'
-            )
-        else:
-            cfg.optim_wrapper.type = 'AmpOptimWrapper'
-            cfg.optim_wrapper.loss_scale = 'dynamic'
-    notes: List[str] = []
+    notes: List[str] = apply_amp(cfg, amp, amp_dtype)
+    for msg in notes:
+        _warn(msg)
     if resume == 'auto':
         path, found = find_resume_checkpoint(cfg.work_dir)
         for msg in found:

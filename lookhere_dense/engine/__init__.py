@@ -1,5 +1,7 @@
-"""Training components registered in mmengine's registries (layer-wise lr decay)."""
+"""Training components registered in mmengine's registries (layer-wise lr decay, mixed
+precision on CPU and CUDA)."""
 
+from .amp import AmpTestLoop, MixedPrecisionOptimWrapper
 from .layer_decay import (
     LookHereLayerDecayOptimizerConstructor,
     ViTDetLayerDecayOptimizerConstructor,
@@ -9,6 +11,8 @@ from .layer_decay import (
 )
 
 __all__ = [
+    'AmpTestLoop',
+    'MixedPrecisionOptimWrapper',
     'LookHereLayerDecayOptimizerConstructor',
     'ViTDetLayerDecayOptimizerConstructor',
     'backbone_layer_id',

@@ -1,0 +1,279 @@
+"""Mixed precision through mmengine, on CUDA and on CPU (``docs/mixed_precision.md``).
+
+mmengine 0.10.7's ``AmpOptimWrapper`` asserts a GPU / NPU / MLU / MUSA device in its
+constructor, although its autocast (``mmengine.runner.amp.autocast``) runs
+``torch.autocast('cpu', dtype=torch.bfloat16)`` on CPU. :class:`MixedPrecisionOptimWrapper`
+is that wrapper without the assertion: with an accelerator it *is* ``AmpOptimWrapper``
+(float16 with a dynamic loss scale by default, or bfloat16); on CPU it trains in bfloat16
+autocast without loss scaling (bfloat16 has float32's exponent range, and
+``torch.cuda.amp.GradScaler`` switches itself off there anyway), and refuses float16;
+mmcv's CPU NMS and RoIAlign, which have no bfloat16 kernel, get float32 inputs there
+(:func:`float32_mmcv_cpu_ops`).
+:func:`lookhere_dense.apis.train.build_train_config` puts it in place of a config's
+``AmpOptimWrapper`` on a machine without CUDA.
+
+:class:`AmpTestLoop` is mmengine's ``TestLoop`` under ``torch.autocast`` of a chosen dtype
+(mmengine's own ``fp16=True`` means float16 on CUDA), its predictions handed to the
+evaluator in float32 (:func:`outputs_to_float32`). :func:`inference_autocast` is the
+context the inference tools run their model in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Optional, Sequence, Union
+
+import torch
+from mmengine.optim import AmpOptimWrapper, OptimWrapper
+from mmengine.registry import LOOPS, OPTIM_WRAPPERS
+from mmengine.runner import TestLoop
+
+from ..errors import ConfigError
+
+__all__ = [
+    'AMP_DTYPES',
+    'AmpTestLoop',
+    'MMCV_FLOAT32_OPS',
+    'MixedPrecisionOptimWrapper',
+    'float32_mmcv_cpu_ops',
+    'accelerator_available',
+    'amp_dtype',
+    'inference_autocast',
+    'outputs_to_float32',
+]
+
+#: The autocast dtypes the tools take (``--amp-dtype``).
+AMP_DTYPES = ('bfloat16', 'float16')
+
+
+def accelerator_available() -> bool:
+    """Whether mmengine's ``AmpOptimWrapper`` accepts this machine (CUDA, NPU, MLU or
+    MUSA)."""
+    from mmengine.device import (
+        is_cuda_available,
+        is_mlu_available,
+        is_musa_available,
+        is_npu_available,
+    )
+
+    return is_cuda_available() or is_npu_available() or is_mlu_available() or is_musa_available()
+
+
+def amp_dtype(
+    dtype: Union[str, torch.dtype, None], device_type: str, what: str = 'dtype'
+) -> torch.dtype:
+    """The autocast dtype for ``device_type``, checked.
+
+    Args:
+        dtype: ``'bfloat16'`` / ``'float16'`` (or the torch dtypes); None: bfloat16.
+        device_type: ``'cpu'``, ``'cuda'``, ...
+        what: how the error names the setting, e.g. ``'--amp-dtype'``. Default: ``'dtype'``.
+
+    Returns:
+        ``torch.bfloat16`` or ``torch.float16``.
+
+    Raises:
+        lookhere_dense.errors.ConfigError: an unknown dtype, or float16 on CPU (float16
+            autocast with loss scaling needs CUDA; PyTorch's CPU autocast and mmengine's
+            take bfloat16).
+    """
+    if dtype is None:
+        return torch.bfloat16
+    name = str(dtype).replace('torch.', '')
+    if name not in AMP_DTYPES:
+        raise ConfigError(f'{what}={dtype!r}: mixed precision takes one of {list(AMP_DTYPES)}')
+    if name == 'float16' and device_type == 'cpu':
+        raise ConfigError(
+            f'{what}=float16 on CPU: float16 mixed precision (with loss scaling) runs on '
+            'CUDA only; on CPU use bfloat16'
+        )
+    return getattr(torch, name)
+
+
+@OPTIM_WRAPPERS.register_module()
+class MixedPrecisionOptimWrapper(AmpOptimWrapper):
+    """mmengine's ``AmpOptimWrapper`` that also trains on CPU (bfloat16 autocast).
+
+    With CUDA (or NPU / MLU / MUSA) it is ``AmpOptimWrapper`` unchanged. On CPU the
+    forward of ``train_step`` runs under ``torch.autocast('cpu', dtype=torch.bfloat16)``
+    (the parent's ``optim_context``); parameters, gradients and optimizer state stay
+    float32; the loss is not scaled (``loss_scale`` is ignored: bfloat16 underflows no
+    sooner than float32). Checkpoints have the parent's keys (an empty ``loss_scaler``
+    state on CPU), so a run can resume on the other kind of machine.
+
+    Args:
+        loss_scale: ``'dynamic'``, a number or a ``GradScaler`` dict (CUDA only).
+            Default: ``'dynamic'``.
+        dtype: ``'bfloat16'`` or ``'float16'`` (CUDA only). Default: None (CUDA: float16,
+            as mmengine; CPU: bfloat16).
+        use_fsdp: ``ShardedGradScaler`` (CUDA only). Default: False.
+        **kwargs: ``OptimWrapper``'s arguments (``optimizer``, ``clip_grad``, ...).
+
+    Raises:
+        lookhere_dense.errors.ConfigError: float16 or an unknown dtype on CPU.
+    """
+
+    def __init__(
+        self,
+        loss_scale: Union[str, float, dict] = 'dynamic',
+        dtype: Union[str, torch.dtype, None] = None,
+        use_fsdp: bool = False,
+        **kwargs,
+    ):
+        if accelerator_available():
+            super().__init__(loss_scale=loss_scale, dtype=dtype, use_fsdp=use_fsdp, **kwargs)
+            return
+        cast = amp_dtype(dtype, 'cpu', 'optim_wrapper.dtype')
+        float32_mmcv_cpu_ops()
+        OptimWrapper.__init__(self, **kwargs)
+        self._scale_update_param = None
+        self.loss_scaler = torch.amp.GradScaler('cpu', enabled=False)
+        self.cast_dtype = cast
+
+
+#: mmcv's CPU ops that have no bfloat16 kernel: ``(module, autograd Function)``. Under CPU
+#: autocast their inputs are made float32 (:func:`float32_mmcv_cpu_ops`), as autocast does
+#: for PyTorch's own float32-only ops; on CUDA they are left alone (mmcv has float16 and
+#: bfloat16 CUDA kernels).
+MMCV_FLOAT32_OPS = (('mmcv.ops.nms', 'NMSop'), ('mmcv.ops.roi_align', 'RoIAlignFunction'))
+
+
+_REDUCED = (torch.bfloat16, torch.float16)
+
+
+def _cpu_reduced(value: Any) -> bool:
+    return (
+        isinstance(value, torch.Tensor) and value.dtype in _REDUCED and value.device.type == 'cpu'
+    )
+
+
+def _float32_forward(forward):
+    """``forward`` with reduced-precision CPU tensor arguments made float32 under CPU
+    autocast, and a floating result cast back to the first such argument's dtype."""
+
+    def forward_float32(ctx, *args, **kwargs):
+        reduced = [a.dtype for a in args if _cpu_reduced(a)]
+        if not reduced or not torch.is_autocast_enabled('cpu'):
+            return forward(ctx, *args, **kwargs)
+        out = forward(ctx, *(a.float() if _cpu_reduced(a) else a for a in args), **kwargs)
+        return out.to(reduced[0]) if out.is_floating_point() else out
+
+    forward_float32.float32_under_cpu_autocast = True
+    return forward_float32
+
+
+def _float32_backward(backward):
+    """``backward`` with reduced-precision CPU gradients made float32 (autograd casts the
+    float32 input gradients back to the inputs' dtypes)."""
+
+    def backward_float32(ctx, *grads):
+        return backward(ctx, *(g.float() if _cpu_reduced(g) else g for g in grads))
+
+    backward_float32.float32_under_cpu_autocast = True
+    return backward_float32
+
+
+def float32_mmcv_cpu_ops() -> None:
+    """Make the ops of :data:`MMCV_FLOAT32_OPS` take float32 copies of reduced-precision
+    inputs while CPU autocast is on (mmdet's NMS and RoIAlign in a bfloat16 Mask R-CNN
+    step; without it: ``expected scalar type Float but found BFloat16``). Idempotent; the
+    ops are unchanged outside CPU autocast; gradients come back in the input's dtype
+    (autograd casts them)."""
+    import importlib
+
+    for module, name in MMCV_FLOAT32_OPS:
+        try:
+            function = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):  # mmcv without its compiled ops
+            continue
+        for name, wrap in (('forward', _float32_forward), ('backward', _float32_backward)):
+            method = function.__dict__.get(name)
+            if method is None or getattr(method.__func__, 'float32_under_cpu_autocast', False):
+                continue
+            setattr(function, name, staticmethod(wrap(method.__func__)))
+
+
+def outputs_to_float32(obj: Any) -> Any:
+    """``obj`` with every bfloat16 / float16 tensor in it made float32, in place where it
+    can be (data samples, dicts, lists; tuples are rebuilt): what a model predicted under
+    autocast, before it is scored or written. Integer tensors (label maps) are kept."""
+    from mmengine.structures import BaseDataElement
+
+    if isinstance(obj, torch.Tensor):
+        return obj.float() if obj.dtype in (torch.bfloat16, torch.float16) else obj
+    if isinstance(obj, BaseDataElement):
+        for key, value in list(obj.items()):
+            setattr(obj, key, outputs_to_float32(value))
+        return obj
+    if isinstance(obj, dict):
+        for key in list(obj):
+            obj[key] = outputs_to_float32(obj[key])
+        return obj
+    if isinstance(obj, list):
+        obj[:] = [outputs_to_float32(v) for v in obj]
+        return obj
+    if isinstance(obj, tuple):
+        return tuple(outputs_to_float32(v) for v in obj)
+    return obj
+
+
+@contextlib.contextmanager
+def inference_autocast(dtype: Optional[str], device: Union[str, torch.device]) -> Iterator[None]:
+    """``torch.autocast(device type, dtype)`` for inference, or nothing when ``dtype`` is
+    None.
+
+    Args:
+        dtype: ``'bfloat16'`` / ``'float16'`` (CUDA only) or None (float32).
+        device: where the model runs (``'cpu'``, ``'cuda:0'``, a ``torch.device``).
+
+    Raises:
+        lookhere_dense.errors.ConfigError: float16 on CPU, an unknown dtype.
+    """
+    if dtype is None:
+        yield
+        return
+    device_type = torch.device(device).type
+    cast = amp_dtype(dtype, device_type, '--amp-dtype')
+    if device_type == 'cpu':
+        float32_mmcv_cpu_ops()
+    with torch.autocast(device_type, dtype=cast):
+        yield
+
+
+def _model_device_type(model: torch.nn.Module) -> str:
+    param = next(model.parameters(), None)
+    return param.device.type if param is not None else 'cpu'
+
+
+@LOOPS.register_module()
+class AmpTestLoop(TestLoop):
+    """mmengine's ``TestLoop`` with the model's ``test_step`` under
+    ``torch.autocast(<the model's device type>, dtype)``; the predictions reach the
+    evaluator (and ``--out`` files) in float32 (:func:`outputs_to_float32`).
+
+    Args:
+        runner, dataloader, evaluator: as ``TestLoop``.
+        dtype: ``'bfloat16'`` or ``'float16'`` (CUDA only). Default: ``'bfloat16'``.
+    """
+
+    def __init__(self, runner, dataloader, evaluator, dtype: str = 'bfloat16'):
+        super().__init__(runner, dataloader, evaluator, fp16=False)
+        self.device_type = _model_device_type(runner.model)
+        self.dtype = amp_dtype(dtype, self.device_type, 'test_cfg.dtype')
+        if self.device_type == 'cpu':
+            float32_mmcv_cpu_ops()
+
+    @torch.no_grad()
+    def run_iter(self, idx: int, data_batch: Sequence[dict]) -> None:
+        """Predict one batch in mixed precision, score it in float32."""
+        from mmengine.runner.loops import _update_losses
+
+        self.runner.call_hook('before_test_iter', batch_idx=idx, data_batch=data_batch)
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            outputs = self.runner.model.test_step(data_batch)
+        outputs = outputs_to_float32(outputs)
+        outputs, self.test_loss = _update_losses(outputs, self.test_loss)
+        self.evaluator.process(data_samples=outputs, data_batch=data_batch)
+        self.runner.call_hook(
+            'after_test_iter', batch_idx=idx, data_batch=data_batch, outputs=outputs
+        )
