@@ -402,3 +402,26 @@ def test_subset_attention_wrong_token_count_is_a_clear_error():
         attend(q, q, q, 0, (4, 4), 1)
     q = torch.randn(1, 12, 4, 4)
     assert attend(q, q, q, 0, (4, 4), 1).shape == q.shape
+
+
+def test_subset_index_is_pair_index_and_buffer_reuse_is_exact():
+    """subset_index's block is pair_index of every kept pair (prefix pairs: the zero slot);
+    the extractor without autograd (one bias buffer for every layer) equals it with
+    autograd (a fresh bias per layer)."""
+    from lookhere_dense.lookhere.bias import pair_index
+    from lookhere_dense.lookwhere.subset import subset_index
+
+    grid = (5, 7)
+    torch.manual_seed(0)
+    keep = torch.stack([torch.randperm(35)[:9], torch.randperm(35)[:9]])
+    index = subset_index(grid, keep, 2).view(2, 11, 11)
+    assert torch.equal(index[:, 2:, 2:], pair_index(grid, keep[:, :, None], keep[:, None, :]))
+    assert bool((index[:, :2] == 9 * 13).all()) and bool((index[:, :, :2] == 9 * 13).all())
+    extractor = LookWhereExtractor(**TINY_EXT, img_size=64).eval()
+    x = torch.randn(2, 3, 80, 112)
+    keep = top_k_patches(torch.randn(2, 35), 12)
+    with_grad = extractor(x, keep)[0][-1]
+    with torch.no_grad():
+        buffered = extractor(x, keep)[0][-1]
+    assert extractor.last_backend == 'sdpa-coords'
+    torch.testing.assert_close(buffered, with_grad, rtol=0, atol=0)

@@ -28,12 +28,45 @@ from torch import Tensor
 from ..lookhere.bias import num_prefix_tokens, pair_index
 from ..lookhere.prefix_tokens import check_tokens
 
-__all__ = ['subset_bias', 'SubsetAttention', 'SUBSET_ENCODINGS', 'is_full_grid']
+__all__ = ['subset_bias', 'subset_index', 'SubsetAttention', 'SUBSET_ENCODINGS', 'is_full_grid']
 
 #: trunk encodings the subset path supports: the LookHere bias from coordinates
 #: (``lookhere``, ``alibi2d``) and encodings that put positions into the tokens before the
 #: gather (``abs``) or have none (``none``)
 SUBSET_ENCODINGS = ('lookhere', 'alibi2d', 'abs', 'none')
+
+
+def subset_index(grid_size: Tuple[int, int], keep: Tensor, num_prefix: int = 0) -> Tensor:
+    """The flat index of every token pair of ``[J prefix, K kept patches]`` into a
+    relative-offset table with one extra zero slot at its end (for the pairs with a prefix
+    token, which carry no bias).
+
+    :func:`~lookhere_dense.lookhere.bias.pair_index` is ``g(key) - g(query) + c``, linear
+    in the two patches, so the ``(K, K)`` block is one broadcast subtraction of the kept
+    patches' ``pair_index`` from patch 0 (cheaper than the index of every pair).
+
+    Args:
+        grid_size: ``(H, W)``.
+        keep: ``(B, K)`` kept patch indices (row-major).
+        num_prefix: ``J``. Default: 0.
+
+    Returns:
+        ``(B, (J + K) * (J + K))`` int64 in ``[0, (2H-1) * (2W-1)]``; the last value is
+        the zero slot.
+    """
+    height, width = grid_size
+    zero_slot = (2 * height - 1) * (2 * width - 1)
+    origin = torch.zeros((), dtype=keep.dtype, device=keep.device)
+    from_origin = pair_index(grid_size, origin, keep)  # (B, K): g(k) + c
+    to_origin = from_origin - pair_index(grid_size, origin, origin)  # g(q)
+    block = from_origin[:, None, :] - to_origin[:, :, None]  # (B, K, K) = pair_index
+    j = num_prefix_tokens(num_prefix)
+    if not j:
+        return block.flatten(1)
+    b, k = keep.shape
+    out = block.new_full((b, j + k, j + k), zero_slot)
+    out[:, j:, j:] = block
+    return out.flatten(1)
 
 
 def subset_bias(
@@ -43,8 +76,14 @@ def subset_bias(
     num_prefix: int = 0,
     key_term: Optional[Tensor] = None,
     index: Optional[Tensor] = None,
+    out: Optional[Tensor] = None,
 ) -> Tensor:
     """The LookHere bias among the kept patches, from their coordinates on the grid.
+
+    One contiguous 1-D gather per (image, head) straight into the output (the table with
+    a zero slot appended for the prefix pairs), the cheapest way found on CPU: a gather
+    over the 2-D ``(heads, entries)`` table into a block of a zero-filled output was 4-5x
+    slower (``docs/lookwhere.md``).
 
     Args:
         table: ``(heads, 2H-1, 2W-1)``, one layer's relative-offset table
@@ -54,8 +93,11 @@ def subset_bias(
         num_prefix: ``J`` global prefix tokens in front of the kept patches (0 to and from
             them). Default: 0.
         key_term: optional ``(heads, H*W)`` per-key term of ``center`` heads. Default: None.
-        index: the ``(B, K, K)`` table index of ``keep`` (:func:`pair_index`), when already
-            computed (it is the same for every layer). Default: None.
+        index: :func:`subset_index` of ``keep`` and ``num_prefix``, when already computed
+            (it is the same for every layer). Default: None.
+        out: a contiguous ``(B, heads, J + K, J + K)`` tensor of ``table``'s dtype to
+            write into (reusing one buffer for every layer saves the page faults of a
+            fresh one, about as costly as the gather on CPU). Default: None (a new one).
 
     Returns:
         ``(B, heads, J + K, J + K)`` in ``table``'s dtype (``-inf`` where a head cannot see).
@@ -70,15 +112,28 @@ def subset_bias(
         )
     b, k = keep.shape
     heads = table.shape[0]
-    if index is None:
-        index = pair_index((height, width), keep[:, :, None], keep[:, None, :])  # (B, K, K)
-    patch = table.flatten(1).index_select(1, index.flatten()).view(heads, b, k, k)
-    patch = patch.transpose(0, 1)  # (B, heads, K, K), a view
-    if key_term is not None:
-        patch = patch + key_term[:, keep].transpose(0, 1)[:, :, None, :]
     j = num_prefix_tokens(num_prefix)
-    out = patch.new_zeros(b, heads, j + k, j + k)
-    out[:, :, j:, j:] = patch
+    if index is None:
+        index = subset_index(grid_size, keep, j)
+    if tuple(index.shape) != (b, (j + k) ** 2):
+        raise ValueError(
+            f'index of shape {tuple(index.shape)} is not the subset_index (B={b}, '
+            f'{(j + k) ** 2}) of {k} kept patches and {j} prefix tokens'
+        )
+    flat = torch.cat([table.flatten(1), table.new_zeros(heads, 1)], 1)  # + the zero slot
+    shape = (b, heads, j + k, j + k)
+    if out is None:
+        out = table.new_empty(shape)
+    elif tuple(out.shape) != shape or out.dtype != table.dtype or not out.is_contiguous():
+        raise ValueError(
+            f'out must be a contiguous {shape} {table.dtype} tensor, got '
+            f'{tuple(out.shape)} {out.dtype}'
+        )
+    for i in range(b):
+        for h in range(heads):
+            torch.index_select(flat[h], 0, index[i], out=out[i, h].view(-1))
+    if key_term is not None:
+        out[:, :, j:, j:] += key_term[:, keep].transpose(0, 1)[:, :, None, :]
     return out
 
 
@@ -142,7 +197,8 @@ class SubsetAttention:
         self.grid_size = (int(grid_size[0]), int(grid_size[1]))
         self.full = backend == 'auto' and is_full_grid(keep, self.grid_size[0] * self.grid_size[1])
         self.last_backend: Optional[str] = None
-        self._index: Optional[Tensor] = None  # the (B, K, K) table index, shared by all layers
+        self._index: Optional[Tensor] = None  # subset_index, shared by all layers
+        self._buffer: Optional[Tensor] = None  # the bias of every layer without autograd
 
     def _bias(self, layer: int, prefix: int, device: torch.device, dtype: torch.dtype) -> Tensor:
         engine = self.pos_enc.engine
@@ -156,8 +212,15 @@ class SubsetAttention:
             table = gb.table[0]
             key = None if gb.key_term is None else gb.key_term[0]
         if self._index is None:
-            self._index = pair_index(self.grid_size, self.keep[:, :, None], self.keep[:, None, :])
-        return subset_bias(table, self.grid_size, self.keep, prefix, key, self._index)
+            self._index = subset_index(self.grid_size, self.keep, prefix)
+        buffer = None
+        if not torch.is_grad_enabled():  # SDPA's backward would keep the mask: no reuse then
+            b, k = self.keep.shape
+            shape = (b, table.shape[0], prefix + k, prefix + k)
+            if self._buffer is None or tuple(self._buffer.shape) != shape:
+                self._buffer = table.new_empty(shape)
+            buffer = self._buffer if self._buffer.dtype == table.dtype else None
+        return subset_bias(table, self.grid_size, self.keep, prefix, key, self._index, buffer)
 
     def __call__(
         self,
