@@ -52,6 +52,10 @@ def runs(tmp_path_factory):
             'extrapolate:bad test': ('extrapolate', [ADE_CFG, 'x.pth', '--tests', 'whole:2x']),
             'infer:missing input': ('infer', [ADE_CFG, 'x.pth', str(tmp / 'missing')]),
             'infer:bad size': ('infer', [ADE_CFG, 'x.pth', str(tmp), '--size', '10y20']),
+            'infer:float16 on cpu': (
+                'infer',
+                [ADE_CFG, 'x.pth', str(tmp), '--amp', '--amp-dtype', 'float16', '--device', 'cpu'],
+            ),
             'deploy_memory:bad interval': ('deploy_memory', ['--interval', '0', '--png', 'm.png']),
             'deploy_memory:no output': ('deploy_memory', []),
             'deploy_memory:missing onnx': (
@@ -117,6 +121,12 @@ def test_every_tool_answers_help(runs, tool):
     assert res['stdout'].startswith('usage: ') and f'{tool}.py' in res['stdout']
 
 
+@pytest.mark.parametrize('tool', ['train', 'test', 'infer', 'extrapolate', 'robustness'])
+def test_model_running_tools_take_amp(runs, tool):
+    help_text = runs[f'help:{tool}']['stdout']
+    assert '--amp ' in help_text and '--amp-dtype {bfloat16,float16}' in help_text
+
+
 @pytest.mark.parametrize(
     'tool', sorted(f[:-3] for f in os.listdir(os.path.join(REPO, 'tools')) if f.endswith('.py'))
 )
@@ -173,6 +183,8 @@ def test_extrapolate_and_infer_say_what_is_wrong(runs):
     assert 'is neither an image file nor a folder' in err
     res = runs['infer:bad size']
     assert res['rc'] == 2 and "expected HxW such as 1024x2048, got '10y20'" in res['stderr']
+    res = runs['infer:float16 on cpu']  # --amp: bfloat16 on CPU, float16 on CUDA only
+    assert res['rc'] == 2 and '--amp-dtype=float16 on CPU' in res['stderr']
 
 
 def test_deploy_memory_says_what_is_wrong(runs):
