@@ -71,6 +71,7 @@ def _check_registered(where: str, node: Mapping, registry, scope: str) -> None:
 
 def _lookhere_checks(model: Mapping) -> None:
     from .lookhere import BACKENDS
+    from .lookhere.attention import RETIRED
     from .lookhere.pos_encoding import parse_pos_encoding
 
     bb = model['backbone']
@@ -84,7 +85,7 @@ def _lookhere_checks(model: Mapping) -> None:
     except PosEncodingError as err:  # unknown name / preset / direction / option: named
         raise ConfigError(f'model.backbone.{err.key}: {err}') from None
     backend = bb.get('attn_backend', 'auto')
-    if backend not in BACKENDS:
+    if backend not in BACKENDS and backend not in RETIRED:  # retired: the engine warns
         raise ConfigError(f'model.backbone.attn_backend={backend!r} is not one of {BACKENDS}')
     if embed_dims % num_heads:
         raise ConfigError(

@@ -61,7 +61,7 @@ def one_torch_thread():
 def without_fused(monkeypatch):
     """``auto`` as on a machine where the fused CPU kernel is not built (no compiler, or
     ``LOOKHERE_FUSED=0``): the engine's availability check answers False for the test, so
-    the ``tiled`` / ``buffered`` choices are exercised (``tests/test_fused.py`` runs the real
+    the ``tiled`` choices are exercised (``tests/test_fused.py`` runs the real
     ``LOOKHERE_FUSED=0`` process too)."""
     import lookhere_dense.lookhere.attention.fused as fused
 

@@ -125,7 +125,6 @@ def test_explain_backend_names_each_layer_and_why_the_faster_ones_were_skipped()
     )
     assert lines[2] == (
         'layer 1: sdpa (skipped fused: 197 tokens < FUSED_MIN_TOKENS (400); '
-        'buffered: auto uses it while training only; '
         'tiled: 197 tokens < TILED_MIN_TOKENS (1024))'
     )
     model.blocks[3].attn.attn_drop = 0.1  # training with attention dropout: chunked
@@ -138,6 +137,16 @@ def test_explain_backend_names_each_layer_and_why_the_faster_ones_were_skipped()
         'LookHere attention at 512x512 (grid 32x32, 1025 tokens, batch 1, float32, cpu, '
         'training): windows x 2, '
     )
+
+
+def test_a_retired_backend_name_runs_its_successor_with_a_warning():
+    """``attn_backend='buffered'`` (removed: it won nowhere against tiled / fused) in an
+    old config or checkpoint still builds; the engine says what runs instead."""
+    with pytest.warns(UserWarning, match="'buffered' was removed; 'tiled' runs in its place"):
+        engine = LookHereAttentionEngine(PRESETS['lh90'], DEPTH, HEADS, backend='buffered')
+    assert engine.backend == 'tiled' and 'buffered' not in REGISTRY
+    with pytest.raises(ValueError, match="unknown LookHere attention backend 'bufferd'"):
+        LookHereAttentionEngine(PRESETS['lh90'], DEPTH, HEADS, backend='bufferd')
 
 
 @pytest.mark.parametrize(
@@ -165,10 +174,7 @@ def test_explain_backend_says_what_runs_inside_the_windows(pos_encoding, inside)
 def test_explain_backend_gives_the_kernels_reason_where_it_is_not_built(monkeypatch):
     monkeypatch.setattr(fused_module, 'fused_unavailable_reason', lambda: 'no compiler (test)')
     lines = explain_backend(explain_model(), 512, print_fn=None)
-    assert (
-        lines[2]
-        == 'layer 1: tiled (skipped fused: no compiler (test); buffered: auto uses it while training only)'
-    )
+    assert lines[2] == 'layer 1: tiled (skipped fused: no compiler (test))'
 
 
 # ----------------------------------------------------------------------------------------

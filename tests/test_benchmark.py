@@ -645,22 +645,22 @@ def test_attention_layer_times_lookhere_backends_against_dense_sdpa():
 
 
 def test_attention_layer_train_times_forward_and_backward(monkeypatch):
-    from lookhere_dense.lookhere.buffered import _BufferedAttention
+    from lookhere_dense.lookhere.attention.tiled import _TiledAttention
     from research.benchmark.peer import attention_layer
 
     backwards = []
-    real = _BufferedAttention.backward
+    real = _TiledAttention.backward
     monkeypatch.setattr(
-        _BufferedAttention,
+        _TiledAttention,
         'backward',
         staticmethod(lambda ctx, dout: backwards.append(1) or real(ctx, dout)),
     )
-    res = attention_layer(['lh90'], (64, 64), ('tiled', 'buffered'), 2, head_dim=8, train=True)
+    res = attention_layer(['lh90'], (64, 64), ('chunked', 'tiled'), 2, head_dim=8, train=True)
     assert res['train'] and res['tokens'] == 17
     assert [r['case'] for r in res['rows']] == [
         'dense sdpa, no bias',
+        'lh90 chunked',
         'lh90 tiled',
-        'lh90 buffered',
     ]
     assert len(backwards) == 3  # the warm-up call and one per round
     assert attention_layer(['lh90'], (64, 64), ('tiled',), 1, head_dim=8)['train'] is False

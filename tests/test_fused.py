@@ -268,7 +268,7 @@ def test_engine_backend_and_auto_choice():
 
 def test_auto_falls_back_to_tiled_where_the_kernel_is_not_built():
     """``LOOKHERE_FUSED=0`` (as on a machine without a compiler): ``auto`` keeps the
-    ``tiled`` / ``buffered`` backends, and forcing ``fused`` says why it cannot."""
+    ``tiled`` backend, and forcing ``fused`` says why it cannot."""
     code = (
         'import torch\n'
         'from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine\n'
@@ -289,5 +289,5 @@ def test_auto_falls_back_to_tiled_where_the_kernel_is_not_built():
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == 'False tiled buffered'
+    assert lines[0] == 'False tiled tiled'
     assert 'LOOKHERE_FUSED=0' in lines[1] and "attn_backend='auto'" in lines[1]

@@ -542,7 +542,7 @@ def test_auto_picks_tiled_on_cpu_for_large_grids():
     assert eng.choose_backend(8193, cpu, slope_grads=True) == 'chunked'
     assert eng.choose_backend(8193, cuda) != 'tiled'
     # 40 x 40 patches + CLS (a 640 x 640 image at patch 16), training: tiled, no dense
-    # cache (32 x 32 trains through ``buffered``, tests/test_buffered.py)
+    # cache
     grid = (40, 40)
     q, k, v = qkv(grid, True, batch=1, dim=4, grad=True)
     eng(q, k, v, 0, grid, True).sum().backward()

@@ -23,7 +23,7 @@ in the activation dtype's bytes ``s``:
 * training: ``ACT_TRAIN_PER_LAYER * d * s`` per layer (what autograd keeps for the
   backward, measured 17.5) plus the inference term, plus gradients and two Adam moments
   for the parameters that train (``3 * params * 4`` bytes);
-* the attention backend's workspace: ``fused`` / ``tiled`` / ``buffered`` / ``flex`` none
+* the attention backend's workspace: ``fused`` / ``tiled`` / ``flex`` none
   beyond the above; ``chunked`` a bias block the size of the MLP hidden activation
   (``CHUNKED_WORKSPACE * d * s``, 5 per token: the benchmark's ViT-B whole frame,
   8,193 tokens, measured 514 MB against 485 MB estimated); ``sdpa`` / ``reference`` the
@@ -127,7 +127,7 @@ def estimate_peak(
         tokens: tokens per image (patches + prefix tokens).
         embed_dims, num_layers, num_heads: the trunk's width, depth and heads.
         backend: the attention backend that runs (``'fused'``, ``'tiled'``,
-            ``'buffered'``, ``'chunked'``, ``'flex'``, ``'sdpa'``, ``'reference'``,
+            ``'chunked'``, ``'flex'``, ``'sdpa'``, ``'reference'``,
             ``'nobias'``).
         dtype: the activations' dtype. Default: float32.
         training: forward + backward with autograd (else inference). Default: False.

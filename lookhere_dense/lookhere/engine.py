@@ -39,8 +39,7 @@ from torch import Tensor
 
 from ..validation import check_int
 from .attention import chooser
-from .attention.buffered import BUFFERED_MAX_TOKENS, BiasBuffers
-from .attention.chooser import BACKENDS, REGISTRY
+from .attention.chooser import BACKENDS, REGISTRY, RETIRED
 from .attention.common import AttentionCall, AttentionRequest
 from .attention.flex import flex_score_mod, lookhere_block_mask, tile_order
 from .attention.fused import FUSED_MIN_TOKENS
@@ -63,11 +62,10 @@ __all__ = [
     'LookHereAttentionEngine',
     'FUSED_MIN_TOKENS',
     'TILED_MIN_TOKENS',
-    'BUFFERED_MAX_TOKENS',
 ]
 
 #: the thresholds of ``auto`` live in their backends (:mod:`.attention.fused`,
-#: :mod:`.attention.tiled`, :mod:`.attention.buffered`); imported here for old importers
+#: :mod:`.attention.tiled`); imported here for old importers
 
 
 class LookHereAttentionEngine:
@@ -78,8 +76,7 @@ class LookHereAttentionEngine:
         depth: number of layers that ask for a bias (layer index ``0..depth-1``).
         num_heads: heads per layer.
         backend: one of :data:`~.attention.chooser.BACKENDS`. ``auto`` asks the backends
-            in :data:`~.attention.chooser.AUTO_ORDER` (fused, buffered, tiled, sdpa, flex,
-            chunked) and takes the first whose ``can_run`` agrees (:meth:`explain` says
+            in :data:`~.attention.chooser.AUTO_ORDER` (fused, tiled, sdpa, flex, chunked) and takes the first whose ``can_run`` agrees (:meth:`explain` says
             why the others did not). Default: ``'auto'``.
         block_size: query rows per block of the ``chunked`` backend; None or 0 sizes
             blocks automatically (:func:`~.chunked.auto_block_rows`). Default: None.
@@ -104,6 +101,13 @@ class LookHereAttentionEngine:
         flex_compile: Optional[bool] = None,
         flex_tiles: bool = True,
     ):
+        if backend in RETIRED:
+            warnings.warn(
+                f'LookHere attention backend {backend!r} was removed; '
+                f'{RETIRED[backend]!r} runs in its place',
+                stacklevel=2,
+            )
+            backend = RETIRED[backend]
         if backend not in BACKENDS:
             raise ValueError(
                 f'unknown LookHere attention backend {backend!r}; allowed: {list(BACKENDS)}'
@@ -145,8 +149,6 @@ class LookHereAttentionEngine:
         self.tiled_plans = BoundedCache(cache_size * max(1, len(config.direction_strings)))
         #: fused kernel plans per (fields of view, grid, tile): shared across layers
         self.fused_plans = BoundedCache(cache_size * max(1, len(config.direction_strings)))
-        #: the ``buffered`` backend's reused bias buffers (one per shape and thread)
-        self.bias_buffers = BiasBuffers()
         self.last_backend: Optional[str] = None
         #: backends that raised when ``auto`` chose them (skipped from then on)
         self.failed: set = set()
@@ -161,7 +163,6 @@ class LookHereAttentionEngine:
             distances=self.distances,
             tiled_plans=self.tiled_plans,
             fused_plans=self.fused_plans,
-            bias_buffers=self.bias_buffers,
         )
 
     def reset(self, config: Optional[LookHereConfig] = None) -> None:

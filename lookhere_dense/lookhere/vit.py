@@ -280,7 +280,7 @@ class LookHereVisionTransformer(nn.Module):
         init_values (float, optional): LayerScale init; None: no LayerScale (e.g. for
             timm ViT weights without it). Default: 1e-4.
         attn_backend (str): ``'auto'``, ``'reference'``, ``'sdpa'``, ``'chunked'``,
-            ``'tiled'``, ``'buffered'`` or ``'flex'`` (see
+            ``'tiled'``, ``'fused'`` or ``'flex'`` (see
             :mod:`lookhere_dense.lookhere.attention`). Default: ``'auto'``.
         attn_block_size (int, optional): query rows per block of the chunked backend;
             None: sized automatically (the bias block never exceeds the MLP activation).

@@ -19,8 +19,8 @@ Cases (``mode``):
               without bias vs LookHere's ``fused``, ``tiled`` and ``chunked``
               (:func:`attention_layer`).
 ``train_layer`` (CPU, in process) one attention layer, forward + backward, at the token
-              counts of training crops: dense SDPA without bias vs ``fused``, ``tiled`` and
-              ``buffered``.
+              counts of training crops: dense SDPA without bias vs ``fused`` and
+              ``tiled``.
 ``segmenter`` (OpenMMLab) a Segmenter training step (``loss`` + backward) of an mmseg
               config at ``size``, with the config's LookHere trunk or with timm's ViT-B in
               its place (:class:`TimmTrunk`: timm's ``VisionTransformer`` of the backbone's width,
@@ -434,7 +434,7 @@ def bench_peer(
         train_presets: presets of the training step. Default: lh180, lh90.
         train_steps: timed steps per training case. Default: 3.
         train_layer_sizes: square sides of the ``train_layer`` part (512: 1025 tokens,
-            640: 1601, on either side of ``BUFFERED_MAX_TOKENS``). Default: 512, 640.
+            640: 1601). Default: 512, 640.
         train_backends: extra ``train`` cases per train preset with the backend forced
             (``'<preset>:<backend>'``, e.g. ``tiled`` beside what ``auto`` picks).
             Default: none.
@@ -493,7 +493,7 @@ def bench_peer(
             res = attention_layer(
                 train_presets,
                 (side, side),
-                ('fused', 'tiled', 'buffered'),
+                ('fused', 'tiled'),
                 layer_rounds,
                 train=True,
             )

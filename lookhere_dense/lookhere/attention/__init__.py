@@ -19,8 +19,6 @@ module              how the bias reaches the softmax                            
 :mod:`.tiled`       CPU: per head group, query blocks against the key strips    O(T) + one
                     they can see; the bias a strided view of a re-pitched       re-pitched
                     table; partials merged by log-sum-exp; flash backward       table
-:mod:`.buffered`    CPU: per chunk of heads the dense bias copied into one      one chunk's
-                    reused buffer right before a flash call (and in backward)   bias
 :mod:`.fused`       CPU, our compiled kernel (``csrc/``): per 8x8 query tile    K/V of a few
                     an online softmax over the visible key tiles, the bias      heads in
                     read from the table; flash backward                         tile order
@@ -48,6 +46,7 @@ from .chooser import (
     AUTO_ORDER,
     BACKENDS,
     REGISTRY,
+    RETIRED,
     backend_summary,
     choose,
     explain,
@@ -61,6 +60,7 @@ __all__ = [
     'BACKENDS',
     'AUTO_ORDER',
     'REGISTRY',
+    'RETIRED',
     'AttentionRequest',
     'AttentionCall',
     'choose',

@@ -5,7 +5,6 @@ and takes the first whose ``can_run`` answers None:
 
 ==============  ===========================================================================
 ``fused``       CPU, a compiled kernel, from ``FUSED_MIN_TOKENS`` (400) tokens on
-``buffered``    CPU while training, 1024..1300 tokens (only where ``fused`` is not built)
 ``tiled``       CPU from ``TILED_MIN_TOKENS`` (1024) tokens on (where ``fused`` is not)
 ``sdpa``        while every layer's dense bias fits ``max_dense_mb``
 ``flex``        CUDA, where the dense biases do not fit
@@ -26,13 +25,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from . import buffered, chunked, flex, fused, reference, sdpa, tiled
+from . import chunked, flex, fused, reference, sdpa, tiled
 from .common import AttentionRequest
 
 __all__ = [
     'BACKENDS',
     'REGISTRY',
     'AUTO_ORDER',
+    'RETIRED',
     'choose',
     'explain',
     'explain_backend',
@@ -42,11 +42,11 @@ __all__ = [
 
 #: every registered backend module by name
 REGISTRY: Dict[str, ModuleType] = {
-    m.NAME: m for m in (reference, sdpa, chunked, tiled, buffered, fused, flex)
+    m.NAME: m for m in (reference, sdpa, chunked, tiled, fused, flex)
 }
 
 #: the order ``auto`` asks the backends in (the first that can run is used)
-AUTO_ORDER: Tuple[str, ...] = ('fused', 'buffered', 'tiled', 'sdpa', 'flex', 'chunked')
+AUTO_ORDER: Tuple[str, ...] = ('fused', 'tiled', 'sdpa', 'flex', 'chunked')
 
 #: Values of the engine's ``backend`` (and the backbone's ``attn_backend``).
 BACKENDS: Tuple[str, ...] = (
@@ -56,9 +56,14 @@ BACKENDS: Tuple[str, ...] = (
     'chunked',
     'flex',
     'tiled',
-    'buffered',
     'fused',
 )
+
+#: backends that were removed, and the one that runs in their place (a config or a
+#: checkpoint that names them keeps working, with a warning): ``buffered`` (CPU flash
+#: calls with the dense bias rebuilt per call) won nowhere that mattered against
+#: ``tiled`` / ``fused`` (docs/attention.md, "Retired: buffered")
+RETIRED: Dict[str, str] = {'buffered': 'tiled'}
 
 
 def explain(request: AttentionRequest) -> List[Tuple[str, Optional[str]]]:

@@ -157,7 +157,7 @@ def flash_layer_inputs(
     cls_token: Union[bool, int],
     dropout_p: float,
 ) -> Tuple[int, Tensor, Optional[Tensor]]:
-    """The checks of the CPU flash backends (``tiled``, ``buffered``) and what they read:
+    """The checks of the CPU backends (``tiled``, ``fused``) and what they read:
     ``(J, table, key_term)`` of ``layer``, detached.
 
     Refused with a ValueError naming ``backend``: attention dropout, non-CPU tensors, a

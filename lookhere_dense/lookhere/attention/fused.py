@@ -2,7 +2,7 @@
 that reads the bias from the layer's small relative table inside its softmax pass.
 
 Why a kernel of our own
-    The ``tiled`` and ``buffered`` backends drive PyTorch's CPU flash kernel, which takes
+    The ``tiled`` backend drives PyTorch's CPU flash kernel, which takes
     the bias as a mask tensor: it spends one more pass over every score block to add it,
     and the tiled plan pays for many small calls and for merging their partial results.
     Here one kernel does the whole layer: per (batch, head, query tile) an online softmax
@@ -44,7 +44,7 @@ Build
     of the source, the flags and torch's version, so a stale build is never loaded); later
     processes load the library directly. :func:`fused_available` says whether it is there
     (and builds it on first use); where it cannot be built (no compiler), ``auto`` uses
-    ``tiled`` / ``buffered`` and forcing ``fused`` raises an error with the compiler's
+    ``tiled`` and forcing ``fused`` raises an error with the compiler's
     message. Environment ``LOOKHERE_FUSED=0`` turns it off.
 
 Limits (refused with a ValueError; ``auto`` does not choose it then): CUDA tensors,

@@ -1,8 +1,0 @@
-"""Old import path of :mod:`lookhere_dense.lookhere.attention.buffered` (the same module object:
-names, private ones and monkeypatching included)."""
-
-import sys
-
-from .attention import buffered as _module
-
-sys.modules[__name__] = _module
