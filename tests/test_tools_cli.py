@@ -52,6 +52,10 @@ def runs(tmp_path_factory):
             'extrapolate:bad test': ('extrapolate', [ADE_CFG, 'x.pth', '--tests', 'whole:2x']),
             'infer:missing input': ('infer', [ADE_CFG, 'x.pth', str(tmp / 'missing')]),
             'infer:bad size': ('infer', [ADE_CFG, 'x.pth', str(tmp), '--size', '10y20']),
+            'test:amp-dtype without amp': (
+                'test',
+                [ADE_CFG, 'x.pth', '--amp-dtype', 'float16'],
+            ),
             'infer:float16 on cpu': (
                 'infer',
                 [ADE_CFG, 'x.pth', str(tmp), '--amp', '--amp-dtype', 'float16', '--device', 'cpu'],
@@ -185,6 +189,8 @@ def test_extrapolate_and_infer_say_what_is_wrong(runs):
     assert res['rc'] == 2 and "expected HxW such as 1024x2048, got '10y20'" in res['stderr']
     res = runs['infer:float16 on cpu']  # --amp: bfloat16 on CPU, float16 on CUDA only
     assert res['rc'] == 2 and '--amp-dtype=float16 on CPU' in res['stderr']
+    res = runs['test:amp-dtype without amp']
+    assert res['rc'] == 2 and '--amp-dtype float16 needs --amp' in res['stderr']
 
 
 def test_deploy_memory_says_what_is_wrong(runs):

@@ -45,6 +45,7 @@ __all__ = [
     'checkpoint_report_kwargs',
     'runner_job_kwargs',
     'add_amp_args',
+    'amp_setting',
     'add_runner_job_args',
     'run_runner_job',
     'console_script',
@@ -453,6 +454,18 @@ def add_amp_args(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
+def amp_setting(args: argparse.Namespace) -> Optional[str]:
+    """The autocast dtype ``--amp`` / ``--amp-dtype`` ask for (:func:`add_amp_args`), or
+    None without ``--amp``.
+
+    Raises:
+        lookhere_dense.errors.ConfigError: ``--amp-dtype`` without ``--amp``.
+    """
+    if args.amp_dtype is not None and not args.amp:
+        raise ConfigError(f'--amp-dtype {args.amp_dtype} needs --amp')
+    return (args.amp_dtype or 'bfloat16') if args.amp else None
+
+
 def add_runner_job_args(
     parser: argparse.ArgumentParser,
     *,
@@ -495,8 +508,14 @@ def runner_job_kwargs(args: argparse.Namespace) -> dict:
     arguments (:func:`add_runner_job_args`): ``work_dir``, ``cfg_options``, ``launcher``,
     ``verbose``, ``max_memory``, ``amp``, ``amp_dtype`` and ``check_data`` (not
     ``--skip-data-check``)."""
-    names = ('work_dir', 'cfg_options', 'launcher', 'verbose', 'max_memory', 'amp', 'amp_dtype')
-    return dict({k: getattr(args, k) for k in names}, check_data=not args.skip_data_check)
+    names = ('work_dir', 'cfg_options', 'launcher', 'verbose', 'max_memory')
+    dtype = amp_setting(args)
+    return dict(
+        {k: getattr(args, k) for k in names},
+        amp=dtype is not None,
+        amp_dtype=dtype,
+        check_data=not args.skip_data_check,
+    )
 
 
 def run_runner_job(args: argparse.Namespace, function: str, *positional: Any, **kwargs: Any):
@@ -540,8 +559,7 @@ def amp_context(args: argparse.Namespace, device: Optional[str]):
     (:func:`lookhere_dense.engine.amp.inference_autocast`)."""
     from ..engine.amp import inference_autocast
 
-    dtype = (args.amp_dtype or 'bfloat16') if args.amp else None
-    return inference_autocast(dtype, report_device(device))
+    return inference_autocast(amp_setting(args), report_device(device))
 
 
 def start_tool(config: str, threads: Optional[int]) -> None:
