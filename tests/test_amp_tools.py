@@ -186,6 +186,8 @@ def test_amp_refuses_another_wrapper_and_leaves_fp32_configs_alone():
     cfg.optim_wrapper.type = 'DeepSpeedOptimWrapper'
     with pytest.raises(ConfigError, match=r"--amp works with .* 'DeepSpeedOptimWrapper'"):
         apply_amp(cfg, amp=True)
+    with pytest.raises(ConfigError, match='--amp needs an optim_wrapper section'):
+        apply_amp(Config(dict(model=dict())), amp=True)
 
 
 def test_inference_context_and_float32_outputs():

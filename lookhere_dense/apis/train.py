@@ -246,6 +246,8 @@ def apply_amp(cfg, amp: bool = False, dtype: Optional[str] = None) -> List[str]:
     if amp:
         dtype = dtype or 'bfloat16'
         amp_dtype(dtype, device_type, '--amp-dtype')
+        if not isinstance(wrapper, dict):
+            raise ConfigError('--amp needs an optim_wrapper section in the config')
         if kind not in AMP_WRAPPERS + ('OptimWrapper',):
             raise ConfigError(
                 f'--amp works with optim_wrapper type OptimWrapper, the config has {kind!r}'
