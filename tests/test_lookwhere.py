@@ -157,12 +157,14 @@ def test_resolve_k_rules():
         LookWhere(TINY_SEL, TINY_EXT, k=0)
 
 
-def test_distillation_loss_decreases():
+@pytest.mark.parametrize('target', ['attn', 'boundary'])
+def test_distillation_loss_decreases(target):
     from lookhere_dense.lookwhere.distill import distillation_losses, teacher_targets
 
     torch.manual_seed(0)
     teacher = create_model(**TINY_EXT).eval()
-    student = LookWhere(TINY_SEL, dict(TINY_EXT), k_ratio=0.25)
+    coverage = 0.5 if target == 'boundary' else 0.0
+    student = LookWhere(TINY_SEL, dict(TINY_EXT), k_ratio=0.25, coverage=coverage)
     student.extractor.trunk.load_state_dict(teacher.state_dict())
     images = torch.randn(4, 3, 64, 64)
     targets = teacher_targets(teacher, images)
@@ -170,7 +172,7 @@ def test_distillation_loss_decreases():
     opt = torch.optim.AdamW(student.parameters(), lr=1e-3)
     history = []
     for _ in range(12):
-        losses = distillation_losses(student, images, targets)
+        losses = distillation_losses(student, images, targets, selector_target=target)
         loss = losses['loss_selector'] + losses['loss_extractor']
         opt.zero_grad()
         loss.backward()
@@ -425,3 +427,47 @@ def test_subset_index_is_pair_index_and_buffer_reuse_is_exact():
         buffered = extractor(x, keep)[0][-1]
     assert extractor.last_backend == 'sdpa-coords'
     torch.testing.assert_close(buffered, with_grad, rtol=0, atol=0)
+
+
+def test_top_k_with_coverage_is_lattice_plus_top_scores():
+    """coverage 0 is plain top-k; otherwise round(coverage * k) lattice patches (spread
+    over the grid) and the best-scoring others, k distinct patches in ascending order."""
+    from lookhere_dense.lookwhere import lattice_patches, top_k_with_coverage
+
+    torch.manual_seed(0)
+    grid, k = (12, 20), 60
+    scores = torch.randn(3, 240)
+    assert torch.equal(top_k_with_coverage(scores, k, grid, 0.0), top_k_patches(scores, k))
+    lattice = lattice_patches(grid, 30)
+    assert lattice.numel() == 30 and lattice.unique().numel() == 30
+    ys, xs = lattice // 20, lattice % 20
+    assert ys.unique().numel() >= 4 and xs.unique().numel() >= 7  # spread, not one band
+    keep = top_k_with_coverage(scores, k, grid, 0.5)
+    for b in range(3):
+        assert keep[b].unique().numel() == k and torch.equal(keep[b], keep[b].sort().values)
+        assert set(lattice.tolist()) <= set(keep[b].tolist())
+        rest = scores[b].clone()
+        rest[lattice] = float('-inf')
+        best = set(rest.topk(k - 30).indices.tolist())
+        assert set(keep[b].tolist()) == best | set(lattice.tolist())
+    with pytest.raises(ValueError, match='coverage=1.5 is outside'):
+        top_k_with_coverage(scores, k, grid, 1.5)
+    with pytest.raises(ValueError, match='coverage=-0.1 is outside'):
+        LookWhere(TINY_SEL, TINY_EXT, coverage=-0.1)
+
+
+def test_boundary_map_marks_where_features_change():
+    from lookhere_dense.lookwhere.distill import boundary_map, distillation_losses
+
+    flat = boundary_map(torch.ones(2, 4, 5, 6))
+    assert torch.allclose(flat, torch.full((2, 30), 1 / 30))
+    step = torch.zeros(1, 4, 5, 6)
+    step[..., 3:] = 1.0  # an edge between columns 2 and 3
+    got = boundary_map(step).view(5, 6)
+    assert torch.allclose(got.sum(), torch.tensor(1.0))
+    assert bool((got[:, 2:4] > 0.09).all()) and bool((got[:, [0, 1, 4, 5]] < 1e-6).all())
+    model = LookWhere(TINY_SEL, TINY_EXT)
+    with pytest.raises(ValueError, match="selector_target='cls' is not one of"):
+        distillation_losses(
+            model, torch.randn(1, 3, 32, 32), {'grid': (2, 2)}, selector_target='cls'
+        )

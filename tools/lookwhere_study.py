@@ -4,13 +4,19 @@
     python tools/lookwhere_study.py distill configs/lookwhere_distill_vit-t_tiny-ade.py \\
         [--work-dir DIR] [--cfg-options KEY=VALUE ...]
     python tools/lookwhere_study.py study [--sizes 256x512 512x1024 1024x2048] \\
-        [--k-ratios 0.1 0.25 0.5] [--out-dir docs] [--name lookwhere_study]
+        [--k-ratios 0.1 0.25 0.5] [--out-dir docs] [--name lookwhere_study] \\
+        [--task cityscapes|fov] [--selector-target attn|boundary] [--coverage 0.5]
+    python tools/lookwhere_study.py diagnose [--sizes 256x512 512x1024] [--json FILE]
+    python tools/lookwhere_study.py timing [--size 1024x2048] [--k-ratios 0.25]
 
 ``distill`` runs mmengine's Runner on a ``LookWhereDistiller`` config (what-where
 distillation from a frozen LookHere teacher, no labels). ``study`` trains a small LookHere
 teacher on generated Cityscapes-layout frames, distils a LookWhere student from it, and
 measures mIoU, time and peak memory of the whole frame, sliding windows and LookWhere at
 each k_ratio and frame size (research/lookwhere/study.py), writing a JSON and a plot.
+``diagnose`` measures which part loses mIoU: the nearest fill of the teacher's own
+features at kept sets chosen several ways vs the extractor on them
+(research/lookwhere/diagnose.py). ``timing`` times whole frame vs LookWhere, interleaved.
 """
 
 from __future__ import annotations
@@ -56,12 +62,39 @@ def main(argv=None) -> int:
     s.add_argument('--threads', type=int, default=2)
     s.add_argument('--out-dir', default='docs')
     s.add_argument('--name', default='lookwhere_study')
+    s.add_argument(
+        '--task',
+        default='cityscapes',
+        choices=['cityscapes', 'fov'],
+        help='generated Cityscapes-layout frames, or the field-of-view scenes '
+        '(research/datasets/fov_scenes.py; sizes e.g. 128x128 192x192 256x256)',
+    )
+    s.add_argument(
+        '--selector-target',
+        default='attn',
+        choices=['attn', 'boundary'],
+        help="what the selector is distilled to predict: the teacher's CLS attention "
+        '(official) or where its features change',
+    )
+    s.add_argument(
+        '--coverage', type=float, default=0.0, help='share of k kept on a regular lattice'
+    )
+    s.add_argument('--cache-dir', default='', help='reuse the trained teacher from here')
     t = sub.add_parser('timing', help='whole frame vs LookWhere time only, interleaved rounds')
     t.add_argument('--size', type=_size, default=(1024, 2048))
     t.add_argument('--k-ratios', nargs='+', type=float, default=[0.25])
     t.add_argument('--rounds', type=int, default=3)
     t.add_argument('--threads', type=int, default=2)
     t.add_argument('--json', default=None, help='write the rows here')
+    g = sub.add_parser('diagnose', help='oracle fills: which kept set / extractor loses mIoU')
+    g.add_argument('--sizes', nargs='+', type=_size, default=[(256, 512), (512, 1024)])
+    g.add_argument('--k-ratios', nargs='+', type=float, default=[0.1, 0.25, 0.5])
+    g.add_argument('--train-iters', type=int, default=200)
+    g.add_argument('--distill-iters', type=int, default=0, help='0: no student (teacher trunk)')
+    g.add_argument('--test-frames', type=int, default=2)
+    g.add_argument('--threads', type=int, default=2)
+    g.add_argument('--cache-dir', default='work_dirs/lookwhere_cache')
+    g.add_argument('--json', default=None, help='write the rows here')
     args = parser.parse_args(argv)
     if args.command == 'distill':
         from lookhere_dense.apis.cli import parse_cfg_options
@@ -69,6 +102,25 @@ def main(argv=None) -> int:
 
         runner = run_distillation(args.config, args.work_dir, parse_cfg_options(args.cfg_options))
         print(f'distillation done: {runner.work_dir}')
+        return 0
+    command = 'python tools/lookwhere_study.py ' + ' '.join(sys.argv[1:] if argv is None else argv)
+    if args.command == 'diagnose':
+        import json
+
+        from research.lookwhere.diagnose import run_diagnosis
+
+        res = run_diagnosis(
+            args.sizes,
+            args.k_ratios,
+            args.train_iters,
+            args.distill_iters,
+            args.test_frames,
+            args.threads,
+            args.cache_dir,
+        )
+        if args.json:
+            with open(args.json, 'w') as f:
+                json.dump(dict(command=command, **res), f, indent=2)
         return 0
     if args.command == 'timing':
         import json
@@ -106,8 +158,11 @@ def main(argv=None) -> int:
         threads=args.threads,
         out_dir=args.out_dir,
         name=args.name,
-        command='python tools/lookwhere_study.py '
-        + ' '.join(sys.argv[1:] if argv is None else argv),
+        command=command,
+        task=args.task,
+        selector_target=args.selector_target,
+        coverage=args.coverage,
+        cache_dir=args.cache_dir,
     )
     return 0
 

@@ -15,7 +15,14 @@ LookHere extractor, in plain PyTorch (torch alone; no OpenMMLab imports).
 from .extractor import LookWhereExtractor
 from .fill import FILL_MODES, PropagateFill, nearest_fill
 from .model import LookWhere
-from .select import gather_patches, resolve_k, scatter_patches, top_k_patches
+from .select import (
+    gather_patches,
+    lattice_patches,
+    resolve_k,
+    scatter_patches,
+    top_k_patches,
+    top_k_with_coverage,
+)
 from .selector import LookWhereSelector, SelectorHead
 from .subset import SubsetAttention, subset_bias
 
@@ -28,6 +35,8 @@ __all__ = [
     'subset_bias',
     'resolve_k',
     'top_k_patches',
+    'top_k_with_coverage',
+    'lattice_patches',
     'gather_patches',
     'scatter_patches',
     'nearest_fill',

@@ -5,9 +5,12 @@ selector where to look (its CLS attention over the patches) and the extractor wh
 Losses (:func:`distillation_losses`):
 
 * ``loss_selector`` -- ``KL(teacher map || softmax(selector scores))`` over the patches
-  of the high-resolution grid; the teacher map is the last block's attention of the CLS
-  query to the patch keys, averaged over heads and renormalised over the patches (the
-  CLS row of LookHere carries no bias, so this is the plain content attention);
+  of the high-resolution grid; the teacher map (``selector_target``) is either
+  ``'attn'`` (the official): the last block's attention of the CLS query to the patch
+  keys, averaged over heads and renormalised over the patches (the CLS row of LookHere
+  carries no bias, so this is the plain content attention), or ``'boundary'``: where the
+  teacher's final patch features change, :func:`boundary_map` (for dense prediction: the
+  patches a nearest-kept fill gets wrong; ``docs/lookwhere.md``, the diagnosis);
 * ``loss_extractor`` -- mean squared error of the student's dense map (every patch,
   after the fill) against the teacher's final patch features, plus that of the
   extractor's first prefix token against the teacher's CLS.
@@ -21,9 +24,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .select import top_k_patches
+from .select import top_k_with_coverage
 
-__all__ = ['teacher_targets', 'distillation_losses']
+__all__ = ['teacher_targets', 'distillation_losses', 'boundary_map', 'SELECTOR_TARGETS']
+
+#: what the selector learns to predict
+SELECTOR_TARGETS = ('attn', 'boundary')
+
+
+def boundary_map(features: Tensor) -> Tensor:
+    """Where the content changes: ``(B, D, H, W)`` -> ``(B, H*W)``, each patch's summed L2
+    feature change to its 4 neighbours (none across the border), normalised to sum 1 per
+    image (uniform for a constant map)."""
+    f = features.float()
+    score = f.new_zeros(f.shape[0], *f.shape[-2:])
+    dy = (f[:, :, 1:] - f[:, :, :-1]).norm(dim=1)
+    dx = (f[:, :, :, 1:] - f[:, :, :, :-1]).norm(dim=1)
+    score[:, 1:] += dy
+    score[:, :-1] += dy
+    score[:, :, 1:] += dx
+    score[:, :, :-1] += dx
+    score = score.flatten(1) + 1e-12
+    return score / score.sum(-1, keepdim=True)
 
 
 @torch.no_grad()
@@ -36,8 +58,8 @@ def teacher_targets(teacher, images: Tensor) -> Dict[str, Tensor]:
         images: ``(B, C, H, W)``.
 
     Returns:
-        dict: ``attn`` ``(B, N)`` (sums to 1 per image), ``features`` ``(B, N, D)``,
-        ``cls`` ``(B, D)``, ``grid`` ``(H, W)``.
+        dict: ``attn`` and ``boundary`` (:func:`boundary_map`) ``(B, N)`` (each sums to
+        1 per image), ``features`` ``(B, N, D)``, ``cls`` ``(B, D)``, ``grid`` ``(H, W)``.
     """
     if not teacher.with_cls_token:
         raise ValueError(
@@ -64,7 +86,15 @@ def teacher_targets(teacher, images: Tensor) -> Dict[str, Tensor]:
     probs = probs / probs.sum(-1, keepdim=True)
     p = teacher.patch_size
     grid = (-(-images.shape[-2] // p), -(-images.shape[-1] // p))
-    return {'attn': probs, 'features': tokens[:, j:], 'cls': tokens[:, 0], 'grid': grid}
+    feats = tokens[:, j:]
+    fmap = feats.transpose(1, 2).reshape(b, d, *grid)
+    return {
+        'attn': probs,
+        'boundary': boundary_map(fmap),
+        'features': feats,
+        'cls': tokens[:, 0],
+        'grid': grid,
+    }
 
 
 def distillation_losses(
@@ -74,6 +104,7 @@ def distillation_losses(
     select_by: str = 'teacher',
     selector_weight: float = 1.0,
     extractor_weight: float = 1.0,
+    selector_target: str = 'attn',
 ) -> Dict[str, Tensor]:
     """The two losses of one batch (see the module docstring).
 
@@ -84,6 +115,9 @@ def distillation_losses(
         targets: :func:`teacher_targets` of ``images``.
         select_by: ``'teacher'`` (top-k of the teacher's map) or ``'selector'``.
         selector_weight, extractor_weight: loss weights.
+        selector_target: ``'attn'`` or ``'boundary'`` (the module docstring); the
+            teacher's kept set (``select_by='teacher'``) is the top-k of the same map,
+            with the student's ``coverage`` share on a lattice. Default: ``'attn'``.
 
     Returns:
         ``{'loss_selector': ..., 'loss_extractor': ...}`` (weighted).
@@ -100,14 +134,19 @@ def distillation_losses(
             f'LookWhere distillation: the extractor out_indices {trunk.out_indices} must '
             f'include the last block ({len(trunk.blocks) - 1}), whose output is distilled'
         )
+    if selector_target not in SELECTOR_TARGETS:
+        raise ValueError(
+            f'LookWhere distillation: selector_target={selector_target!r} is not one of '
+            f'{list(SELECTOR_TARGETS)}'
+        )
     n = grid[0] * grid[1]
     k = student.resolve_k(n)
     sel = student.run_selector(images, grid)
     log_p = F.log_softmax(sel['scores'].float(), -1)
-    target = targets['attn'].float()
+    target = targets[selector_target].float()
     loss_sel = F.kl_div(log_p, target, reduction='batchmean')
     source = target if select_by == 'teacher' else sel['scores']
-    keep = top_k_patches(source, k)
+    keep = top_k_with_coverage(source, k, grid, getattr(student, 'coverage', 0.0))
     out = student.forward_tokens(images, keep=keep, selection=sel)
     last = out['tokens'][-1]
     dense = student.densify(last, out['num_prefix'], keep, grid)  # (B, D, H, W)

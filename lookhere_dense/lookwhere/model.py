@@ -13,7 +13,7 @@ from torch import Tensor
 
 from .extractor import LookWhereExtractor
 from .fill import FILL_MODES, build_fill
-from .select import resolve_k, top_k_patches
+from .select import resolve_k, top_k_with_coverage
 from .selector import LookWhereSelector
 
 __all__ = ['LookWhere']
@@ -46,6 +46,9 @@ class LookWhere(nn.Module):
             eval mode (fine-tuning as in the paper). Default: False.
         attn_path (str): ``'auto'`` or ``'coords'`` (see
             :class:`~.subset.SubsetAttention`). Default: ``'auto'``.
+        coverage (float): share of ``k`` kept on a regular lattice, the rest by the
+            selector's scores (:func:`~.select.top_k_with_coverage`); 0 is the official
+            plain top-k. Default: 0.0.
 
     Attributes:
         last_k (int | None), last_backend (str | None): of the last forward.
@@ -61,8 +64,12 @@ class LookWhere(nn.Module):
         use_selector_prefix: bool = True,
         freeze_selector: bool = False,
         attn_path: str = 'auto',
+        coverage: float = 0.0,
     ):
         super().__init__()
+        if not 0 <= coverage <= 1:
+            raise ValueError(f'LookWhere: coverage={coverage!r} is outside [0, 1]')
+        self.coverage = float(coverage)
         if fill not in FILL_MODES:
             raise ValueError(f'LookWhere: fill={fill!r} is not one of {list(FILL_MODES)}')
         if attn_path not in ('auto', 'coords'):
@@ -134,7 +141,7 @@ class LookWhere(nn.Module):
         n = grid[0] * grid[1]
         kk = self.resolve_k(n, k, k_ratio)
         out = self.run_selector(images, grid)
-        out['keep'] = top_k_patches(out['scores'], kk)
+        out['keep'] = top_k_with_coverage(out['scores'], kk, grid, self.coverage)
         out['grid'] = grid
         out['k'] = kk
         return out

@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import math
 from numbers import Integral, Real
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-__all__ = ['resolve_k', 'top_k_patches', 'gather_patches', 'scatter_patches']
+__all__ = [
+    'resolve_k',
+    'top_k_patches',
+    'lattice_patches',
+    'top_k_with_coverage',
+    'gather_patches',
+    'scatter_patches',
+]
 
 
 def resolve_k(
@@ -80,6 +87,61 @@ def top_k_patches(scores: Tensor, k: int) -> Tensor:
         raise ValueError(f'scores must be (B, N), got {tuple(scores.shape)}')
     idx = torch.topk(scores.detach(), k, dim=1, sorted=False).indices
     return idx.sort(dim=1).values
+
+
+def lattice_patches(grid_size: Tuple[int, int], k: int, device=None) -> Tensor:
+    """About ``k`` patches on a regular lattice over the grid (coverage, no content).
+
+    ``ny = round(sqrt(k * H / W))`` rows and ``nx = ceil(k / ny)`` columns, each at the
+    centre of its band (``floor((i + 0.5) * H / ny)``), capped at the grid's rows and
+    columns; the first ``k`` of them in row-major order when there are more.
+
+    Returns:
+        ``(min(k, ny * nx),)`` int64 patch indices, ascending.
+    """
+    height, width = int(grid_size[0]), int(grid_size[1])
+    ny = max(1, min(height, round(math.sqrt(k * height / width))))
+    nx = max(1, min(width, math.ceil(k / ny)))
+    ys = ((torch.arange(ny, device=device) + 0.5) * height / ny).floor().long()
+    xs = ((torch.arange(nx, device=device) + 0.5) * width / nx).floor().long()
+    return (ys[:, None] * width + xs[None, :]).flatten()[:k]
+
+
+def top_k_with_coverage(
+    scores: Tensor, k: int, grid_size: Tuple[int, int], coverage: float
+) -> Tensor:
+    """Top-k with a share of the budget on a regular lattice: ``round(coverage * k)``
+    patches of :func:`lattice_patches`, the rest the highest-scoring other patches.
+
+    A nearest-kept fill paints every patch from the closest kept one, so a kept set that
+    leaves large regions empty paints them from far away; the lattice bounds that
+    distance (``docs/lookwhere.md``, the diagnosis).
+
+    Args:
+        scores: ``(B, N)``.
+        k: kept patches, ``1 <= k <= N``.
+        grid_size: ``(H, W)`` with ``H * W = N``.
+        coverage: the lattice's share of ``k``, in ``[0, 1]``; 0 is :func:`top_k_patches`.
+
+    Returns:
+        ``(B, k)`` int64, ascending.
+    """
+    if not 0 <= coverage <= 1:
+        raise ValueError(f'LookWhere: coverage={coverage!r} is outside [0, 1]')
+    if scores.dim() != 2 or scores.shape[1] != int(grid_size[0]) * int(grid_size[1]):
+        raise ValueError(
+            f'scores must be (B, {int(grid_size[0]) * int(grid_size[1])}) for grid '
+            f'{tuple(grid_size)}, got {tuple(scores.shape)}'
+        )
+    k_lattice = round(coverage * k)
+    if not k_lattice:
+        return top_k_patches(scores, k)
+    lattice = lattice_patches(grid_size, k_lattice, scores.device)
+    rest = scores.detach().float().clone()
+    rest[:, lattice] = float('-inf')
+    other = torch.topk(rest, k - lattice.numel(), dim=1, sorted=False).indices
+    keep = torch.cat([lattice[None].expand(scores.shape[0], -1), other], 1)
+    return keep.sort(dim=1).values
 
 
 def gather_patches(tokens: Tensor, keep: Tensor) -> Tensor:

@@ -29,7 +29,8 @@ import copy
 import math
 import statistics
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -42,22 +43,75 @@ from lookhere_dense.lookwhere.distill import distillation_losses, teacher_target
 
 __all__ = ['run_study', 'SegModel', 'miou']
 
-NUM_CLASSES = 19
-CROP = 128
 MEAN = torch.tensor([123.675, 116.28, 103.53]).view(1, 3, 1, 1)
 STD = torch.tensor([58.395, 57.12, 57.375]).view(1, 3, 1, 1)
-TRUNK = dict(embed_dims=192, num_layers=6, num_heads=12, patch_size=16, preset='lh180')
+
+
+def _cityscapes_frame(size: Tuple[int, int], rng: np.random.Generator):
+    from research.datasets.synthetic_seg import cityscapes_scene
+
+    return cityscapes_scene(size[0], size[1], rng)
+
+
+def _fov_frame(size: Tuple[int, int], rng: np.random.Generator):
+    from research.datasets.fov_scenes import render_scene, sample_scene
+
+    return render_scene(sample_scene(rng, size))
+
+
+@dataclass(frozen=True)
+class Task:
+    """One generated segmentation task of the study: its classes, training crop, teacher
+    trunk, the selector's input size, the sliding-window stride and a frame generator
+    ``frame(size, rng) -> (HxWx3 uint8, HxW labels)``."""
+
+    name: str
+    num_classes: int
+    crop: int
+    trunk: Dict[str, Any]
+    selector_input: Tuple[int, int]
+    stride: int
+    frame: Callable[[Tuple[int, int], np.random.Generator], Tuple[np.ndarray, np.ndarray]]
+    train_sizes: Tuple[Tuple[int, int], ...]
+
+
+#: the generated Cityscapes-layout frames (19 classes, 16 px patches, 128 px crops)
+CITYSCAPES = Task(
+    'cityscapes',
+    19,
+    128,
+    dict(embed_dims=192, num_layers=6, num_heads=12, patch_size=16, preset='lh180'),
+    (64, 128),
+    96,
+    _cityscapes_frame,
+    ((256, 512), (512, 1024), (1024, 2048)),
+)
+#: the field-of-view scenes (:mod:`research.datasets.fov_scenes`: 5 classes decided by a
+#: horizon and a tower that a 64 px crop often does not show; 8 px patches)
+FOV = Task(
+    'fov',
+    5,
+    64,
+    dict(embed_dims=192, num_layers=6, num_heads=12, patch_size=8, preset='lh180'),
+    (64, 64),
+    48,
+    _fov_frame,
+    ((128, 128), (192, 192), (256, 256)),
+)
+TASKS = {t.name: t for t in (CITYSCAPES, FOV)}
+#: the Cityscapes task's constants (kept for callers of the first version)
+NUM_CLASSES, CROP, TRUNK = CITYSCAPES.num_classes, CITYSCAPES.crop, CITYSCAPES.trunk
 
 
 class SegModel(nn.Module):
     """A backbone returning NCHW maps + LayerNorm + linear classifier, logits upsampled to
     the image (bilinear)."""
 
-    def __init__(self, backbone: nn.Module, dims: int):
+    def __init__(self, backbone: nn.Module, dims: int, num_classes: int = NUM_CLASSES):
         super().__init__()
         self.backbone = backbone
         self.norm = nn.LayerNorm(dims)
-        self.cls = nn.Linear(dims, NUM_CLASSES)
+        self.cls = nn.Linear(dims, num_classes)
 
     def head(self, fmap: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
         x = self.cls(self.norm(fmap.permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
@@ -67,13 +121,13 @@ class SegModel(nn.Module):
         return self.head(self.backbone(images, **kwargs)[-1], tuple(images.shape[-2:]))
 
 
-def _frames(size: Tuple[int, int], count: int, seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    from research.datasets.synthetic_seg import cityscapes_scene
-
+def _frames(
+    size: Tuple[int, int], count: int, seed: int, task: Task = CITYSCAPES
+) -> Tuple[torch.Tensor, torch.Tensor]:
     rng = np.random.default_rng(seed)
     imgs, labels = [], []
     for _ in range(count):
-        rgb, lab = cityscapes_scene(size[0], size[1], rng)
+        rgb, lab = task.frame(size, rng)
         imgs.append(torch.from_numpy(rgb).permute(2, 0, 1).float())
         labels.append(torch.from_numpy(lab.astype(np.int64)))
     x = (torch.stack(imgs) - MEAN) / STD
@@ -89,30 +143,39 @@ def miou(conf: torch.Tensor) -> float:
 
 
 def _confusion(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    c = logits.shape[1]
     pred = logits.argmax(1).flatten()
     lab = labels.flatten()
     keep = lab != 255
-    idx = lab[keep] * NUM_CLASSES + pred[keep]
-    return torch.bincount(idx, minlength=NUM_CLASSES**2).view(NUM_CLASSES, NUM_CLASSES)
+    idx = lab[keep] * c + pred[keep]
+    return torch.bincount(idx, minlength=c**2).view(c, c)
 
 
-def _random_crops(pool: List[Tuple[torch.Tensor, torch.Tensor]], batch: int, gen: torch.Generator):
+def _random_crops(
+    pool: List[Tuple[torch.Tensor, torch.Tensor]],
+    batch: int,
+    gen: torch.Generator,
+    crop: int = CROP,
+):
     xs, ys = [], []
     for _ in range(batch):
         imgs, labs = pool[int(torch.randint(len(pool), (1,), generator=gen))]
         i = int(torch.randint(imgs.shape[0], (1,), generator=gen))
         h, w = imgs.shape[-2:]
-        y0 = int(torch.randint(h - CROP + 1, (1,), generator=gen))
-        x0 = int(torch.randint(w - CROP + 1, (1,), generator=gen))
-        xs.append(imgs[i, :, y0 : y0 + CROP, x0 : x0 + CROP])
-        ys.append(labs[i, y0 : y0 + CROP, x0 : x0 + CROP])
+        y0 = int(torch.randint(h - crop + 1, (1,), generator=gen))
+        x0 = int(torch.randint(w - crop + 1, (1,), generator=gen))
+        xs.append(imgs[i, :, y0 : y0 + crop, x0 : x0 + crop])
+        ys.append(labs[i, y0 : y0 + crop, x0 : x0 + crop])
     return torch.stack(xs), torch.stack(ys)
 
 
-def train_teacher(pool, iters: int, log) -> SegModel:
+def train_teacher(pool, iters: int, log, task: Task = CITYSCAPES) -> SegModel:
     """The LookHere teacher + linear head on random crops (AdamW, warm-up + cosine)."""
     torch.manual_seed(0)
-    model = SegModel(create_model(**TRUNK, img_size=CROP), TRUNK['embed_dims'])
+    trunk = task.trunk
+    model = SegModel(
+        create_model(**trunk, img_size=task.crop), trunk['embed_dims'], task.num_classes
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     gen = torch.Generator().manual_seed(0)
     model.train()
@@ -120,7 +183,7 @@ def train_teacher(pool, iters: int, log) -> SegModel:
         lr = 1e-3 * min(1.0, (it + 1) / 30) * 0.5 * (1 + math.cos(math.pi * it / iters))
         for g in opt.param_groups:
             g['lr'] = lr
-        x, y = _random_crops(pool, 8, gen)
+        x, y = _random_crops(pool, 8, gen, task.crop)
         loss = F.cross_entropy(model(x), y, ignore_index=255)
         opt.zero_grad()
         loss.backward()
@@ -132,16 +195,24 @@ def train_teacher(pool, iters: int, log) -> SegModel:
 
 
 def distill_student(
-    teacher: SegModel, frames: List[torch.Tensor], k_ratios: Sequence[float], iters: int, log
+    teacher: SegModel,
+    frames: List[torch.Tensor],
+    k_ratios: Sequence[float],
+    iters: int,
+    log,
+    task: Task = CITYSCAPES,
+    selector_target: str = 'attn',
+    coverage: float = 0.0,
 ) -> LookWhere:
     """A LookWhere student from the frozen teacher trunk on whole frames (no labels)."""
     torch.manual_seed(1)
     trunk = copy.deepcopy(teacher.backbone)
     trunk.out_indices = [len(trunk.blocks) - 1]
     student = LookWhere(
-        selector=dict(input_size=(64, 128), embed_dims=192, num_layers=3, num_heads=12),
+        selector=dict(input_size=task.selector_input, embed_dims=192, num_layers=3, num_heads=12),
         extractor=LookWhereExtractor(trunk),
         k_ratio=k_ratios[0],
+        coverage=coverage,
     )
     params = [p for p in student.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.01)
@@ -154,7 +225,7 @@ def distill_student(
         x = imgs[i]
         student.k_ratio = float(k_ratios[int(torch.randint(len(k_ratios), (1,), generator=gen))])
         targets = teacher_targets(t_trunk, x)
-        losses = distillation_losses(student, x, targets)
+        losses = distillation_losses(student, x, targets, selector_target=selector_target)
         loss = losses['loss_selector'] + losses['loss_extractor']
         opt.zero_grad()
         loss.backward()
@@ -194,31 +265,33 @@ def finetune_student(seg: SegModel, pool, k_ratios: Sequence[float], iters: int,
     return seg.eval()
 
 
-def slide_logits(model: SegModel, x: torch.Tensor, stride: int = 96) -> torch.Tensor:
+def slide_logits(
+    model: SegModel, x: torch.Tensor, stride: int = 96, crop: int = CROP
+) -> torch.Tensor:
     """mmseg-style sliding windows of the training crop: logits averaged where they
     overlap."""
     b, _, h, w = x.shape
-    out = x.new_zeros(b, NUM_CLASSES, h, w)
+    out = x.new_zeros(b, model.cls.out_features, h, w)
     count = x.new_zeros(1, 1, h, w)
-    ys = list(range(0, max(h - CROP, 0) + 1, stride))
-    xs = list(range(0, max(w - CROP, 0) + 1, stride))
-    if ys[-1] + CROP < h:
-        ys.append(h - CROP)
-    if xs[-1] + CROP < w:
-        xs.append(w - CROP)
+    ys = list(range(0, max(h - crop, 0) + 1, stride))
+    xs = list(range(0, max(w - crop, 0) + 1, stride))
+    if ys[-1] + crop < h:
+        ys.append(h - crop)
+    if xs[-1] + crop < w:
+        xs.append(w - crop)
     for y0 in ys:
         for x0 in xs:
-            out[:, :, y0 : y0 + CROP, x0 : x0 + CROP] += model(
-                x[:, :, y0 : y0 + CROP, x0 : x0 + CROP]
+            out[:, :, y0 : y0 + crop, x0 : x0 + crop] += model(
+                x[:, :, y0 : y0 + crop, x0 : x0 + crop]
             )
-            count[:, :, y0 : y0 + CROP, x0 : x0 + CROP] += 1
+            count[:, :, y0 : y0 + crop, x0 : x0 + crop] += 1
     return out / count
 
 
 def _measure(fn, frames: torch.Tensor, labels: torch.Tensor, repeats: int) -> Dict[str, Any]:
     from research.memory import PeakMemory, free_memory
 
-    conf = torch.zeros(NUM_CLASSES, NUM_CLASSES, dtype=torch.long)
+    conf = 0
     times, peaks = [], []
     for i in range(frames.shape[0]):
         x = frames[i : i + 1]
@@ -252,9 +325,17 @@ def run_study(
     out_dir: str = 'docs',
     name: str = 'lookwhere_study',
     command: str = '',
+    task: str = 'cityscapes',
+    selector_target: str = 'attn',
+    coverage: float = 0.0,
+    cache_dir: str = '',
 ) -> Dict[str, Any]:
-    """Run the study (see the module docstring); writes ``OUT_DIR/NAME.json`` and
-    ``OUT_DIR/NAME.png`` and returns the results."""
+    """Run the study (see the module docstring) on ``task`` (a key of :data:`TASKS`);
+    writes ``OUT_DIR/NAME.json`` and ``OUT_DIR/NAME.png`` and returns the results.
+    ``selector_target`` / ``coverage``: the selector's distillation target and the
+    lattice share of the kept set (:func:`lookhere_dense.lookwhere.distill.distillation_losses`);
+    ``cache_dir``: keep the trained teacher's state dict there and reuse it (same task,
+    sizes and ``train_iters``: the same seeded teacher)."""
     import os
 
     from research.reporting import figure, write_json
@@ -265,14 +346,42 @@ def run_study(
     def log(msg: str) -> None:
         print(f'[{time.time() - start:7.1f}s] {msg}', flush=True)
 
+    if task not in TASKS:
+        raise ValueError(f'LookWhere study: task={task!r} is not one of {sorted(TASKS)}')
+    spec = TASKS[task]
     sizes = [tuple(s) for s in sizes]
     counts = {s: max(2, min(16, 16 * 256 * 512 // (s[0] * s[1]))) for s in sizes}
-    pool = [_frames(s, counts[s], seed=100 + i) for i, s in enumerate(sizes)]
+    pool = [_frames(s, counts[s], seed=100 + i, task=spec) for i, s in enumerate(sizes)]
     log(f'training frames: {[(s, counts[s]) for s in sizes]}')
-    teacher = train_teacher(pool, train_iters, log)
+    tag = '_'.join(f'{h}x{w}' for h, w in sizes)
+    cached = (
+        os.path.join(cache_dir, f'teacher_{task}_{tag}_{train_iters}.sd.pt') if cache_dir else ''
+    )
+    if cached and os.path.exists(cached):
+        trunk = spec.trunk
+        teacher = SegModel(
+            create_model(**trunk, img_size=spec.crop), trunk['embed_dims'], spec.num_classes
+        )
+        teacher.load_state_dict(torch.load(cached))
+        teacher.eval()
+        log(f'teacher from {cached}')
+    else:
+        teacher = train_teacher(pool, train_iters, log, spec)
+        if cached:
+            os.makedirs(cache_dir, exist_ok=True)
+            torch.save(teacher.state_dict(), cached)
     small = [p[0] for p, s in zip(pool, sizes) if s[0] * s[1] <= 256 * 512]
-    student = distill_student(teacher, small or [pool[0][0]], k_ratios, distill_iters, log)
-    seg_student = SegModel(student, TRUNK['embed_dims'])
+    student = distill_student(
+        teacher,
+        small or [pool[0][0]],
+        k_ratios,
+        distill_iters,
+        log,
+        spec,
+        selector_target,
+        coverage,
+    )
+    seg_student = SegModel(student, spec.trunk['embed_dims'], spec.num_classes)
     seg_student.norm = copy.deepcopy(teacher.norm)
     seg_student.cls = copy.deepcopy(teacher.cls)
     if finetune_iters:
@@ -281,13 +390,13 @@ def run_study(
     rows: List[Dict[str, Any]] = []
     with torch.inference_mode():
         for j, size in enumerate(sizes):
-            frames, labels = _frames(size, test_frames, seed=900 + j)
+            frames, labels = _frames(size, test_frames, seed=900 + j, task=spec)
             cases = [('whole', None), ('slide', None)] + [('lookwhere', r) for r in k_ratios]
             for method, ratio in cases:
                 if method == 'slide':
 
                     def fn(x):
-                        return slide_logits(teacher, x)
+                        return slide_logits(teacher, x, spec.stride, spec.crop)
                 elif method == 'whole':
 
                     def fn(x):
@@ -310,13 +419,18 @@ def run_study(
     results = {
         'command': command,
         'threads': threads,
-        'teacher': dict(TRUNK, head='LayerNorm + Linear', train_iters=train_iters, crop=CROP),
+        'task': task,
+        'teacher': dict(
+            spec.trunk, head='LayerNorm + Linear', train_iters=train_iters, crop=spec.crop
+        ),
         'student': dict(
-            selector='3 blocks, 192 dims, 64x128 input',
+            selector=f'3 blocks, 192 dims, {spec.selector_input[0]}x{spec.selector_input[1]} input',
             extractor='copy of the teacher trunk',
             distill_iters=distill_iters,
             finetune_iters=finetune_iters,
             fill='nearest',
+            selector_target=selector_target,
+            coverage=coverage,
         ),
         'test_frames_per_size': test_frames,
         'repeats': repeats,
@@ -328,7 +442,7 @@ def run_study(
     with figure(
         os.path.join(out_dir, f'{name}.png'),
         figsize=(7, 4.5),
-        title='LookWhere vs whole frame / sliding windows (generated Cityscapes-layout frames)',
+        title=f'LookWhere vs whole frame / sliding windows ({task} frames)',
     ) as (_, ax):
         markers = {'whole': 'o', 'slide': 's', 'lookwhere': '^'}
         for size in sizes:

@@ -24,7 +24,7 @@ from mmengine.runner.checkpoint import _load_checkpoint_with_prefix, load_checkp
 
 from lookhere_dense.lookhere import create_model
 from lookhere_dense.lookwhere import LookWhere
-from lookhere_dense.lookwhere.distill import distillation_losses, teacher_targets
+from lookhere_dense.lookwhere.distill import SELECTOR_TARGETS, distillation_losses, teacher_targets
 
 from ..registry import MMSEG_MODELS, register_model
 
@@ -40,9 +40,9 @@ class LookWhereViT(LookWhere, BaseModule):
         extractor (dict): :class:`~lookhere_dense.lookwhere.LookWhereExtractor` (LookHere
             ViT) arguments, e.g. ``embed_dims``, ``num_layers``, ``num_heads``,
             ``out_indices``, ``preset``.
-        k, k_ratio, fill, use_selector_prefix, freeze_selector, attn_path: see
+        k, k_ratio, fill, use_selector_prefix, freeze_selector, attn_path, coverage: see
             :class:`~lookhere_dense.lookwhere.LookWhere`. Defaults: None, 0.25,
-            ``'nearest'``, True, False, ``'auto'``.
+            ``'nearest'``, True, False, ``'auto'``, 0.0.
         init_cfg (dict, optional): mmengine init config, e.g.
             ``dict(type='Pretrained', checkpoint=PATH, prefix='student.')`` for the
             student of a distillation run. Default: None.
@@ -58,6 +58,7 @@ class LookWhereViT(LookWhere, BaseModule):
         use_selector_prefix: bool = True,
         freeze_selector: bool = False,
         attn_path: str = 'auto',
+        coverage: float = 0.0,
         init_cfg: Optional[Union[dict, List[dict]]] = None,
     ):
         super().__init__(
@@ -69,6 +70,7 @@ class LookWhereViT(LookWhere, BaseModule):
             use_selector_prefix=use_selector_prefix,
             freeze_selector=freeze_selector,
             attn_path=attn_path,
+            coverage=coverage,
         )
         self.init_cfg = init_cfg  # BaseModule's (its __init__ ran with None in the MRO)
         self._is_init = False
@@ -105,6 +107,10 @@ class LookWhereDistiller(BaseModel):
         select_by (str): which map picks the kept patches during distillation:
             ``'teacher'`` (its attention map) or ``'selector'``. Default: ``'teacher'``.
         selector_weight, extractor_weight (float): loss weights. Default: 1, 1.
+        selector_target (str): what the selector learns: ``'attn'`` (the teacher's CLS
+            attention, the official) or ``'boundary'`` (where its features change;
+            :func:`~lookhere_dense.lookwhere.distill.distillation_losses`).
+            Default: ``'attn'``.
         data_preprocessor (dict): e.g. mmseg's ``SegDataPreProcessor``.
     """
 
@@ -116,6 +122,7 @@ class LookWhereDistiller(BaseModel):
         select_by: str = 'teacher',
         selector_weight: float = 1.0,
         extractor_weight: float = 1.0,
+        selector_target: str = 'attn',
         data_preprocessor: Optional[dict] = None,
         init_cfg: Optional[dict] = None,
     ):
@@ -124,6 +131,12 @@ class LookWhereDistiller(BaseModel):
             raise ValueError(
                 f"LookWhereDistiller: select_by must be 'teacher' or 'selector', got {select_by!r}"
             )
+        if selector_target not in SELECTOR_TARGETS:
+            raise ValueError(
+                f'LookWhereDistiller: selector_target={selector_target!r} is not one of '
+                f'{list(SELECTOR_TARGETS)}'
+            )
+        self.selector_target = selector_target
         self.teacher = _build_teacher(teacher)
         self.student = LookWhere(**dict(student))
         if init_extractor_from_teacher:
@@ -159,6 +172,7 @@ class LookWhereDistiller(BaseModel):
             inputs,
             targets,
             select_by=self.select_by,
+            selector_target=self.selector_target,
             selector_weight=self.selector_weight,
             extractor_weight=self.extractor_weight,
         )

@@ -1,0 +1,171 @@
+"""Why LookWhere's dense accuracy is low: cheap oracle measurements on the study's teacher
+and distilled student (:mod:`.study`).
+
+For each frame size and ``k_ratio``, mIoU of the teacher's head on a dense map made by
+the **nearest-kept fill** (:func:`lookhere_dense.lookwhere.nearest_fill`) of:
+
+* ``oracle`` rows -- the teacher's own *whole-frame* features at the kept patches (no
+  extractor: the best the fill alone can do with that kept set);
+* ``extractor`` rows -- the distilled student's extractor run on the kept set only
+  (selector prefix, no fine-tuning), i.e. what the study measures, by kept set; with
+  ``distill_iters=0`` the teacher's own trunk run on the kept set (its own CLS), i.e. the
+  extractor before any distillation;
+
+with the kept set chosen by (``select``):
+
+* ``teacher-attn`` -- top-k of the teacher's CLS attention (the distillation target);
+* ``selector`` -- top-k of the distilled selector's scores (only with a student);
+* ``random`` -- uniformly at random (seeded);
+* ``grid`` -- a regular lattice (coverage only;
+  :func:`lookhere_dense.lookwhere.lattice_patches`);
+* ``boundary`` -- top-k of the teacher's feature change to its 4 neighbours
+  (:func:`lookhere_dense.lookwhere.distill.boundary_map`);
+* ``grid+boundary`` -- half the budget on the lattice, the rest on the boundary score.
+
+Everything at smoke scale, reusing :func:`.study.train_teacher` / :func:`.study.distill_student`
+(seeded; the teacher and student are cached under ``cache_dir`` so later runs skip
+training).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from lookhere_dense.lookwhere import (
+    LookWhere,
+    LookWhereExtractor,
+    lattice_patches,
+    nearest_fill,
+    top_k_patches,
+    top_k_with_coverage,
+)
+from lookhere_dense.lookwhere.distill import boundary_map, teacher_targets
+
+__all__ = ['SELECTIONS', 'run_diagnosis']
+
+SELECTIONS = ('teacher-attn', 'selector', 'random', 'grid', 'boundary', 'grid+boundary')
+
+
+def _keep(select: str, k: int, grid, t_attn, sel_scores, t_feats, gen: torch.Generator) -> Tensor:
+    b, n = t_attn.shape
+    if select == 'teacher-attn':
+        return top_k_patches(t_attn, k)
+    if select == 'selector':
+        return top_k_patches(sel_scores, k)
+    if select == 'random':
+        return top_k_patches(torch.rand(b, n, generator=gen), k)
+    if select == 'grid':
+        return lattice_patches(grid, k)[None].expand(b, -1).sort(-1).values
+    bnd = boundary_map(t_feats)
+    if select == 'boundary':
+        return top_k_patches(bnd, k)
+    if select == 'grid+boundary':
+        return top_k_with_coverage(bnd, k, grid, 0.5)
+    raise ValueError(f'unknown selection {select!r}; one of {list(SELECTIONS)}')
+
+
+def run_diagnosis(
+    sizes: Sequence[Tuple[int, int]],
+    k_ratios: Sequence[float],
+    train_iters: int = 200,
+    distill_iters: int = 100,
+    test_frames: int = 2,
+    threads: int = 2,
+    cache_dir: str = 'work_dirs/lookwhere_cache',
+    log: Callable[[str], None] = print,
+) -> Dict[str, Any]:
+    """Train (or load) the study's teacher and student, then measure every
+    (size, k_ratio, select, source) cell; returns ``{'rows': [...], ...}``."""
+    from lookhere_dense.lookhere import create_model
+
+    from .study import (
+        CROP,
+        TRUNK,
+        SegModel,
+        _confusion,
+        _frames,
+        distill_student,
+        miou,
+        train_teacher,
+    )
+
+    torch.set_num_threads(threads)
+    start = time.time()
+    train_sizes = [(256, 512), (512, 1024), (1024, 2048)]
+    os.makedirs(cache_dir, exist_ok=True)
+    t_path = os.path.join(cache_dir, f'teacher_{train_iters}.sd.pt')  # state dicts
+    s_path = os.path.join(cache_dir, f'student_{train_iters}_{distill_iters}.sd.pt')
+    counts = {s: max(2, min(16, 16 * 256 * 512 // (s[0] * s[1]))) for s in train_sizes}
+    pool = None
+    if os.path.exists(t_path):
+        teacher = SegModel(create_model(**TRUNK, img_size=CROP), TRUNK['embed_dims'])
+        teacher.load_state_dict(torch.load(t_path))
+        teacher.eval()
+        log(f'teacher from {t_path}')
+    else:
+        pool = [_frames(s, counts[s], seed=100 + i) for i, s in enumerate(train_sizes)]
+        teacher = train_teacher(pool, train_iters, log)
+        torch.save(teacher.state_dict(), t_path)
+    if not distill_iters:  # no student: the teacher's trunk is the extractor, no selector
+        student = LookWhere(
+            selector=dict(input_size=(32, 64), embed_dims=48, num_layers=1, num_heads=12),
+            extractor=LookWhereExtractor(teacher.backbone),
+            use_selector_prefix=False,
+        ).eval()
+    elif os.path.exists(s_path):
+        student = distill_student(teacher, [], k_ratios, 0, log)
+        student.load_state_dict(torch.load(s_path))
+        student.eval()
+        log(f'student from {s_path}')
+    else:
+        if pool is None:
+            pool = [_frames(s, counts[s], seed=100 + i) for i, s in enumerate(train_sizes)]
+        student = distill_student(teacher, [pool[0][0]], k_ratios, distill_iters, log)
+        torch.save(student.state_dict(), s_path)
+    seg_student = SegModel(student, TRUNK['embed_dims'])
+    seg_student.norm, seg_student.cls = teacher.norm, teacher.cls
+    selections = [s for s in SELECTIONS if distill_iters or s != 'selector']
+    rows: List[Dict[str, Any]] = []
+    with torch.inference_mode():
+        for j, size in enumerate(sizes):
+            frames, labels = _frames(size, test_frames, seed=900 + j)
+            tgt = teacher_targets(teacher.backbone, frames)
+            grid = tgt['grid']
+            n = grid[0] * grid[1]
+            t_feats = teacher.backbone(frames)[-1]  # (B, D, H, W), the whole frame
+            whole = teacher.head(t_feats, size)
+            conf = _confusion(whole, labels)
+            rows.append(
+                dict(size=f'{size[0]}x{size[1]}', source='whole', select='all', k_ratio=1.0)
+            )
+            rows[-1]['miou'] = round(miou(conf), 2)
+            log(str(rows[-1]))
+            sel_scores = student.selector(frames, grid)['scores'] if distill_iters else None
+            tokens = t_feats.flatten(2).transpose(1, 2)  # (B, N, D)
+            for ratio in k_ratios:
+                k = max(1, math.ceil(ratio * n))
+                gen = torch.Generator().manual_seed(0)
+                for select in selections:
+                    keep = _keep(select, k, grid, tgt['attn'], sel_scores, t_feats, gen)
+                    vals = tokens.gather(1, keep[..., None].expand(-1, -1, tokens.shape[-1]))
+                    oracle = teacher.head(nearest_fill(vals, keep, grid), size)
+                    ext = seg_student(frames, keep=keep)
+                    for source, logits in (('oracle', oracle), ('extractor', ext)):
+                        conf = _confusion(logits, labels)
+                        rows.append(
+                            dict(
+                                size=f'{size[0]}x{size[1]}',
+                                source=source,
+                                select=select,
+                                k_ratio=ratio,
+                                miou=round(miou(conf), 2),
+                            )
+                        )
+                        log(str(rows[-1]))
+    return {'rows': rows, 'wall_s': round(time.time() - start, 1)}
