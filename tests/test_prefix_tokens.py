@@ -344,6 +344,15 @@ def rope_encodings():
     return encs
 
 
+def test_rope_encodings_refuse_a_wrong_token_count():
+    q, k, _ = qkv((3, 4), 2)
+    for name, enc in rope_encodings().items():
+        if name == 'none':  # no rotation, nothing to count
+            continue
+        with pytest.raises(ValueError, match=r'RoPE got 13 tokens but grid \(3, 4\) with 2 '):
+            enc.rotate(q[:, :, :13], k[:, :, :13], 1, (3, 4), 2)
+
+
 @pytest.mark.parametrize('prefix', PREFIX)
 def test_rope_and_content_only_encodings_keep_the_prefix_tokens_global(prefix):
     for name, enc in rope_encodings().items():

@@ -453,18 +453,10 @@ def gather_block(
     if torch.is_grad_enabled() and (
         table.requires_grad or (key_term is not None and key_term.requires_grad)
     ):  # learnable slopes
-        block = _gather_block_with_grad(
-            table,
-            grid_size,
-            q_start,
-            q_stop,
-            key_rows,
-            cls_key,
-            key_term,
-            cls_value,
-            reverse_queries,
-            extra,
-        )
+        queries = torch.arange(q_start, q_stop, device=table.device)
+        queries = queries.flip(0) if reverse_queries else queries
+        prefix = (cls_key, extra, cls_value)
+        block = _gather_block_with_grad(table, grid_size, queries, key_rows, prefix, key_term)
         return block if out is None else out.copy_(block)
     if out is None:
         out = table.new_empty(shape)
@@ -493,32 +485,27 @@ def gather_block(
 def _gather_block_with_grad(
     table: Tensor,
     grid_size: Tuple[int, int],
-    q_start: int,
-    q_stop: int,
+    queries: Tensor,
     key_rows: Tuple[int, int],
-    cls_key: Optional[str],
+    prefix: Tuple[Optional[str], int, Union[float, bool]],
     key_term: Optional[Tensor],
-    cls_value: Union[float, bool],
-    reverse_queries: bool,
-    num_prefix: int = 1,
 ) -> Tensor:
     """:func:`gather_block` for autograd (learnable slopes): the same values, built out of
     place (``out=`` kernels have no autograd, and PyTorch refuses a later in-place add on a
     view written through another view) by one ``index_select`` of the flattened table at
     :func:`pair_index`, whose backward (``index_add_``) is 4-20x faster on CPU than that of
-    the :func:`query_windows` gather."""
-    height, width = grid_size
+    the :func:`query_windows` gather. ``queries``: ``(Q,)`` patch indices in the order of
+    the rows; ``prefix``: ``(cls_key, J, cls_value)`` of :func:`gather_block`."""
+    cls_key, j, cls_value = prefix
+    width = grid_size[1]
     r0, r1 = key_rows
     heads = table.shape[0]
-    q = torch.arange(q_start, q_stop, device=table.device)
-    if reverse_queries:
-        q = q.flip(0)
+    q = queries
     keys = torch.arange(r0 * width, r1 * width, device=table.device)
     index = pair_index(grid_size, q[:, None], keys[None, :])  # (Q, K)
     flat = table.flatten(1)
     term = None if key_term is None else key_term[:, r0 * width : r1 * width]
     if cls_key is not None:  # one more table entry: the prefix columns' value
-        j = num_prefix
         column = index.new_full((q.numel(), j), flat.shape[1])
         index = torch.cat([column, index] if cls_key == 'first' else [index, column], dim=1)
         flat = torch.cat([flat, flat.new_full((heads, 1), cls_value)], dim=1)

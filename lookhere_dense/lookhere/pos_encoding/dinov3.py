@@ -11,8 +11,8 @@ from torch import Tensor
 from lookhere_dense.validation import check_number
 
 from ..cache import BoundedCache
-from ..prefix_tokens import num_prefix_tokens, prefix_phrase
 from .base import PositionEncoding, Trunk
+from .rope import rotate_patch_tokens
 
 __all__ = ['DinoV3RoPE2d']
 
@@ -153,19 +153,10 @@ class DinoV3RoPE2d(PositionEncoding):
         grid_size: Tuple[int, int],
         cls_token: Union[bool, int],
     ) -> Tuple[Tensor, Tensor]:
-        off = num_prefix_tokens(cls_token)
         emb = self.embedding(grid_size, q.device)
-        if emb.shape[0] != q.shape[-2] - off:
-            raise ValueError(
-                f'RoPE got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
-                f'{prefix_phrase(off)} needs '
-                f'{emb.shape[0] + off}'
-            )
-        out = []
-        for t in (q, k):
-            rotated = self._rotate_cat(t[:, :, off:], emb, half=True)
-            out.append(torch.cat([t[:, :, :off], rotated], dim=2) if off else rotated)
-        return out[0], out[1]
+        return rotate_patch_tokens(
+            q, k, grid_size, cls_token, lambda t: self._rotate_cat(t, emb, half=True)
+        )
 
     def clear_caches(self) -> None:
         """Drop the cached embeddings and the drawn transform."""

@@ -260,6 +260,15 @@ class LEDiTPositionEncoding(PositionEncoding):
         """The backend of the next call: the configured one; ``'auto'`` -> ``'sdpa'``."""
         return 'sdpa' if self.attn_backend == 'auto' else self.attn_backend
 
+    @staticmethod
+    def _checked_prefix(
+        q: Tensor, k: Tensor, grid_size: Tuple[int, int], cls_token: Union[bool, int]
+    ) -> int:
+        """The number ``J`` of prefix tokens, once ``q`` and ``k`` hold ``J + H*W`` tokens."""
+        prefix = num_prefix_tokens(cls_token)
+        check_tokens('ledit attention', q.shape[-2], grid_size, prefix, k.shape[-2])
+        return prefix
+
     def forward(
         self,
         q: Tensor,
@@ -271,8 +280,7 @@ class LEDiTPositionEncoding(PositionEncoding):
         dropout_p: float = 0.0,
         tokens: Optional[Tensor] = None,
     ) -> Tensor:
-        prefix = num_prefix_tokens(cls_token)
-        check_tokens('ledit attention', q.shape[-2], grid_size, prefix, k.shape[-2])
+        prefix = self._checked_prefix(q, k, grid_size, cls_token)
         backend = self.choose_backend()
         self.last_backend = backend
         mask = None
@@ -298,8 +306,7 @@ class LEDiTPositionEncoding(PositionEncoding):
         dropout_p: float = 0.0,
         tokens: Optional[Tensor] = None,
     ) -> Tensor:
-        prefix = num_prefix_tokens(cls_token)
-        check_tokens('ledit attention', q.shape[-2], grid_size, prefix, k.shape[-2])
+        prefix = self._checked_prefix(q, k, grid_size, cls_token)
         ws = check_int('ledit window_size', window_size)
         grid = (int(grid_size[0]), int(grid_size[1]))
         mask = self._cache.get_or_create(

@@ -241,6 +241,22 @@ class ParabolicPositionEncoding(PositionEncoding):
             torch.cat([k, kf.to(k.dtype)], dim=-1),
         )
 
+    def extend_qkv(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        tokens: Optional[Tensor],
+        layer: int,
+        grid_size: Tuple[int, int],
+        cls_token: Union[bool, int],
+    ) -> Tuple[Tensor, Tensor, Tensor]:
+        """:meth:`extend`, with ``v`` zero-padded to the same head size (one head size for
+        the flash kernels): each ``(B, heads, T, d + num_features)``; the first ``d``
+        channels of ``SDPA(q', k', v')`` are PaPE attention."""
+        q, k = self.extend(q, k, tokens, layer, grid_size, cls_token)
+        return q, k, F.pad(v, (0, q.shape[-1] - v.shape[-1]))
+
     def forward(
         self,
         q: Tensor,
@@ -253,8 +269,7 @@ class ParabolicPositionEncoding(PositionEncoding):
         tokens: Optional[Tensor] = None,
     ) -> Tensor:
         d = v.shape[-1]
-        q, k = self.extend(q, k, tokens, layer, grid_size, cls_token)
-        v = F.pad(v, (0, q.shape[-1] - d))  # one head size: flash kernels
+        q, k, v = self.extend_qkv(q, k, v, tokens, layer, grid_size, cls_token)
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)[..., :d]
 
     def window_attention(
@@ -270,8 +285,7 @@ class ParabolicPositionEncoding(PositionEncoding):
         tokens: Optional[Tensor] = None,
     ) -> Tensor:
         d = v.shape[-1]
-        q, k = self.extend(q, k, tokens, layer, grid_size, cls_token)
-        v = F.pad(v, (0, q.shape[-1] - d))
+        q, k, v = self.extend_qkv(q, k, v, tokens, layer, grid_size, cls_token)
         return window_sdpa(q, k, v, grid_size, window_size, cls_token, dropout_p)[..., :d]
 
     def clear_caches(self) -> None:

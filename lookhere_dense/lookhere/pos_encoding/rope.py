@@ -4,7 +4,7 @@ mixed variants, written here and proven equal to timm's in the tests)."""
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Tuple, Union
+from typing import Any, Callable, Mapping, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -13,10 +13,16 @@ from torch import Tensor
 from lookhere_dense.validation import check_number
 
 from ..cache import BoundedCache
-from ..prefix_tokens import num_prefix_tokens, prefix_phrase
+from ..prefix_tokens import check_tokens, num_prefix_tokens
 from .base import PositionEncoding, Trunk
 
-__all__ = ['AxialRoPE2d', 'MixedRoPE2d', 'rotate_half_pairs', 'patch_coordinates']
+__all__ = [
+    'AxialRoPE2d',
+    'MixedRoPE2d',
+    'rotate_half_pairs',
+    'rotate_patch_tokens',
+    'patch_coordinates',
+]
 
 
 def rotate_half_pairs(x: Tensor, angles: Tensor) -> Tensor:
@@ -33,6 +39,29 @@ def rotate_half_pairs(x: Tensor, angles: Tensor) -> Tensor:
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def rotate_patch_tokens(
+    q: Tensor,
+    k: Tensor,
+    grid_size: Tuple[int, int],
+    cls_token: Union[bool, int],
+    rotate: Callable[[Tensor], Tensor],
+) -> Tuple[Tensor, Tensor]:
+    """``rotate`` applied to the patch tokens of ``q`` and ``k`` ``(B, heads, J + H*W, d)``;
+    the ``J = cls_token`` global prefix tokens in front (CLS or Jumbo tokens, True = 1) pass
+    unrotated. ``rotate``: ``(B, heads, H*W, d)`` -> the same shape.
+
+    Raises:
+        ValueError: ``q`` has other than ``J + H*W`` tokens for ``grid_size = (H, W)``.
+    """
+    off = num_prefix_tokens(cls_token)
+    check_tokens('RoPE', q.shape[-2], grid_size, off)
+    out = []
+    for t in (q, k):
+        rotated = rotate(t[:, :, off:])
+        out.append(torch.cat([t[:, :, :off], rotated], dim=2) if off else rotated)
+    return out[0], out[1]
 
 
 def patch_coordinates(
@@ -63,19 +92,8 @@ class _RoPE2dBase(PositionEncoding):
         grid_size: Tuple[int, int],
         cls_token: Union[bool, int],
     ) -> Tuple[Tensor, Tensor]:
-        off = num_prefix_tokens(cls_token)
         ang = self.angles(layer, tuple(grid_size), q.device)
-        if ang.shape[-2] != q.shape[-2] - off:
-            raise ValueError(
-                f'RoPE got {q.shape[-2]} tokens but grid {tuple(grid_size)} '
-                f'{prefix_phrase(off)} needs '
-                f'{ang.shape[-2] + off}'
-            )
-        out = []
-        for t in (q, k):
-            rotated = rotate_half_pairs(t[:, :, off:], ang)
-            out.append(torch.cat([t[:, :, :off], rotated], dim=2) if off else rotated)
-        return out[0], out[1]
+        return rotate_patch_tokens(q, k, grid_size, cls_token, lambda t: rotate_half_pairs(t, ang))
 
 
 class AxialRoPE2d(_RoPE2dBase):
