@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -37,6 +38,26 @@ def reference_dir() -> Path:
             pytest.fail(f'reference outputs not found at {path}')
         pytest.skip(f'reference outputs not found at {path}')
     return path
+
+
+@pytest.fixture(scope='session')
+def official_tiny(reference_dir: Path) -> SimpleNamespace:
+    """The official tiny LookHere model of the reference set: ``path`` (its weights file),
+    ``io`` (the official code's recorded inputs and outputs: ``io['cases']``) and
+    ``vit_kwargs`` (its architecture as ``LookHereViT`` / ``create_model`` arguments)."""
+    import torch
+
+    io = torch.load(reference_dir / 'official_tiny_halves_none_io.pt', weights_only=True)
+    arch = io['model']
+    vit_kwargs = dict(
+        embed_dims=arch['embed_dim'],
+        num_layers=arch['depth'],
+        num_heads=arch['num_heads'],
+        patch_size=arch['patch_size'],
+        init_values=arch['init_values'],
+    )
+    path = reference_dir / 'official_tiny_halves_none.pth'
+    return SimpleNamespace(path=path, io=io, vit_kwargs=vit_kwargs)
 
 
 @pytest.fixture(scope='session')

@@ -25,24 +25,18 @@ def tiny(**kwargs) -> LookHereViT:
 
 
 @pytest.fixture(scope='module')
-def official(reference_dir: Path):
-    io = torch.load(reference_dir / 'official_tiny_halves_none_io.pt', weights_only=True)
-    return reference_dir / 'official_tiny_halves_none.pth', io
+def official(official_tiny):
+    return official_tiny.path, official_tiny.io
 
 
 # ----------------------------------------------------------------------------------------
 # Official outputs
 # ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize('backend', ['auto', 'reference', 'chunked', 'flex'])
-def test_reproduces_official_forward_features(official, backend):
-    path, io = official
-    arch = io['model']
+def test_reproduces_official_forward_features(official_tiny, backend):
+    path, io = official_tiny.path, official_tiny.io
     model = LookHereViT(
-        embed_dims=arch['embed_dim'],
-        num_layers=arch['depth'],
-        num_heads=arch['num_heads'],
-        patch_size=arch['patch_size'],
-        init_values=arch['init_values'],
+        **official_tiny.vit_kwargs,
         attn_backend=backend,
         attn_block_size=5,
         init_cfg=dict(type='Pretrained', checkpoint=str(path)),

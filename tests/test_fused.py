@@ -39,13 +39,13 @@ from lookhere_dense.lookhere.fused import (
     tile_layout,
 )
 
-pytestmark = [
-    pytest.mark.usefixtures('one_torch_thread'),
-    pytest.mark.skipif(
-        not fused_available() and not os.environ.get('LOOKHERE_REQUIRE_FUSED'),
-        reason=f'fused kernel not built: {fused_unavailable_reason()}',
-    ),
-]
+#: skip where the kernel is not built (with ``LOOKHERE_REQUIRE_FUSED`` set: run, and fail)
+requires_fused = pytest.mark.skipif(
+    not fused_available() and not os.environ.get('LOOKHERE_REQUIRE_FUSED'),
+    reason=f'fused kernel not built: {fused_unavailable_reason()}',
+)
+
+pytestmark = [pytest.mark.usefixtures('one_torch_thread'), requires_fused]
 
 #: small ragged tiles: many tiles, partly visible ones, padded slots
 SMALL = dict(tile=(2, 3))

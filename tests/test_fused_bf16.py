@@ -29,22 +29,13 @@ import sys
 
 import pytest
 import torch
+from test_fused import requires_fused
 from test_tiled import grid_bias, qkv
 
 from lookhere_dense.lookhere import reference_attention
-from lookhere_dense.lookhere.fused import (
-    fused_attention,
-    fused_available,
-    fused_unavailable_reason,
-)
+from lookhere_dense.lookhere.fused import fused_attention
 
-pytestmark = [
-    pytest.mark.usefixtures('one_torch_thread'),
-    pytest.mark.skipif(
-        not fused_available() and not os.environ.get('LOOKHERE_REQUIRE_FUSED'),
-        reason=f'fused kernel not built: {fused_unavailable_reason()}',
-    ),
-]
+pytestmark = [pytest.mark.usefixtures('one_torch_thread'), requires_fused]
 
 #: one ulp of each reduced dtype (relative)
 ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}

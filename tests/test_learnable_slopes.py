@@ -411,16 +411,10 @@ def test_state_dict_round_trip_restores_the_learned_slopes(tmp_path):
     )
 
 
-def test_official_file_loads_into_a_learnable_model(reference_dir):
-    path = reference_dir / 'official_tiny_halves_none.pth'
-    io = torch.load(reference_dir / 'official_tiny_halves_none_io.pt', weights_only=True)
-    arch = io['model']
+def test_official_file_loads_into_a_learnable_model(official_tiny):
+    path, io = official_tiny.path, official_tiny.io
     model = LookHereViT(
-        embed_dims=arch['embed_dim'],
-        num_layers=arch['depth'],
-        num_heads=arch['num_heads'],
-        patch_size=arch['patch_size'],
-        init_values=arch['init_values'],
+        **official_tiny.vit_kwargs,
         lh_config=dict(learnable_slopes=True),
         init_cfg=dict(type='Pretrained', checkpoint=str(path)),
     )
@@ -433,7 +427,7 @@ def test_official_file_loads_into_a_learnable_model(reference_dir):
     file_cfg = resolve_lh_config(torch.load(path, weights_only=True)['config'])
     assert torch.equal(
         model.pos_enc.slopes.values()['layer'],
-        torch.tensor(layer_slopes(file_cfg, arch['depth']), dtype=torch.float64),
+        torch.tensor(layer_slopes(file_cfg, io['model']['depth']), dtype=torch.float64),
     )
     case = io['cases']['128x96']
     with torch.no_grad():

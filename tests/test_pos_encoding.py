@@ -527,19 +527,12 @@ def test_official_lookhere_weights_load_only_into_lookhere(tmp_path):
                 model.load_pretrained(str(path))
 
 
-def test_default_lookhere_still_reproduces_the_official_model(reference_dir):
-    io = torch.load(reference_dir / 'official_tiny_halves_none_io.pt', weights_only=False)
-    m = io['model']
+def test_default_lookhere_still_reproduces_the_official_model(official_tiny):
+    io = official_tiny.io
     model = LookHereViT(
-        img_size=m['img_size'],
-        patch_size=m['patch_size'],
-        embed_dims=m['embed_dim'],
-        num_layers=m['depth'],
-        num_heads=m['num_heads'],
-        init_values=m['init_values'],
-        init_cfg=dict(
-            type='Pretrained', checkpoint=str(reference_dir / 'official_tiny_halves_none.pth')
-        ),
+        img_size=io['model']['img_size'],
+        **official_tiny.vit_kwargs,
+        init_cfg=dict(type='Pretrained', checkpoint=str(official_tiny.path)),
     )
     model.init_weights()
     model.eval()

@@ -96,17 +96,9 @@ def test_wrapper_builds_norms_and_activations_from_mmcv_configs():
     assert core.blocks[0].norm1.eps == 1e-5 and isinstance(core.blocks[0].mlp.act, torch.nn.GELU)
 
 
-def test_create_model_reproduces_the_official_model(reference_dir: Path):
-    io = torch.load(reference_dir / 'official_tiny_halves_none_io.pt', weights_only=True)
-    arch = io['model']
-    model = create_model(
-        str(reference_dir / 'official_tiny_halves_none.pth'),
-        embed_dims=arch['embed_dim'],
-        num_layers=arch['depth'],
-        num_heads=arch['num_heads'],
-        patch_size=arch['patch_size'],
-        init_values=arch['init_values'],
-    ).eval()
+def test_create_model_reproduces_the_official_model(official_tiny):
+    io = official_tiny.io
+    model = create_model(str(official_tiny.path), **official_tiny.vit_kwargs).eval()
     assert model.lh_config.head_directions == 'halves-none'  # taken from the file
     for name, case in io['cases'].items():  # 128x96 extrapolates the 4x4 training grid
         with torch.no_grad():
