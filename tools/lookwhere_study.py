@@ -94,7 +94,14 @@ def main(argv=None) -> int:
     g.add_argument('--test-frames', type=int, default=2)
     g.add_argument('--threads', type=int, default=2)
     g.add_argument('--cache-dir', default='work_dirs/lookwhere_cache')
+    g.add_argument(
+        '--extractor-max-patches',
+        type=int,
+        default=2048,
+        help='larger grids get the oracle rows only (time)',
+    )
     g.add_argument('--json', default=None, help='write the rows here')
+    g.add_argument('--picture', default='', help='PNG of the kept sets (first frame)')
     args = parser.parse_args(argv)
     if args.command == 'distill':
         from lookhere_dense.apis.cli import parse_cfg_options
@@ -117,6 +124,8 @@ def main(argv=None) -> int:
             args.test_frames,
             args.threads,
             args.cache_dir,
+            extractor_max_patches=args.extractor_max_patches,
+            picture=args.picture,
         )
         if args.json:
             with open(args.json, 'w') as f:

@@ -47,7 +47,7 @@ from lookhere_dense.lookwhere import (
 )
 from lookhere_dense.lookwhere.distill import boundary_map, teacher_targets
 
-__all__ = ['SELECTIONS', 'run_diagnosis']
+__all__ = ['SELECTIONS', 'run_diagnosis', 'kept_picture']
 
 SELECTIONS = ('teacher-attn', 'selector', 'random', 'grid', 'boundary', 'grid+boundary')
 
@@ -79,9 +79,14 @@ def run_diagnosis(
     threads: int = 2,
     cache_dir: str = 'work_dirs/lookwhere_cache',
     log: Callable[[str], None] = print,
+    extractor_max_patches: int = 2048,
+    picture: str = '',
 ) -> Dict[str, Any]:
     """Train (or load) the study's teacher and student, then measure every
-    (size, k_ratio, select, source) cell; returns ``{'rows': [...], ...}``."""
+    (size, k_ratio, select, source) cell; returns ``{'rows': [...], ...}``. Grids of more
+    than ``extractor_max_patches`` patches get the oracle rows only (for time).
+    ``picture``: a PNG of the kept sets on the first frame of the first size
+    (:func:`kept_picture`, ``k_ratio`` 0.25)."""
     from lookhere_dense.lookhere import create_model
 
     from .study import (
@@ -148,6 +153,15 @@ def run_diagnosis(
             log(str(rows[-1]))
             sel_scores = student.selector(frames, grid)['scores'] if distill_iters else None
             tokens = t_feats.flatten(2).transpose(1, 2)  # (B, N, D)
+            if picture and j == 0:
+                keeps = {}
+                k = max(1, math.ceil(0.25 * n))
+                for select in selections:
+                    gen = torch.Generator().manual_seed(0)
+                    keep = _keep(select, k, grid, tgt['attn'], sel_scores, t_feats, gen)
+                    keeps[select] = keep[0]
+                kept_picture(picture, frames[0], labels[0], grid, keeps)
+                log(f'wrote {picture}')
             for ratio in k_ratios:
                 k = max(1, math.ceil(ratio * n))
                 gen = torch.Generator().manual_seed(0)
@@ -155,8 +169,10 @@ def run_diagnosis(
                     keep = _keep(select, k, grid, tgt['attn'], sel_scores, t_feats, gen)
                     vals = tokens.gather(1, keep[..., None].expand(-1, -1, tokens.shape[-1]))
                     oracle = teacher.head(nearest_fill(vals, keep, grid), size)
-                    ext = seg_student(frames, keep=keep)
-                    for source, logits in (('oracle', oracle), ('extractor', ext)):
+                    cases = [('oracle', oracle)]
+                    if n <= extractor_max_patches:
+                        cases.append(('extractor', seg_student(frames, keep=keep)))
+                    for source, logits in cases:
                         conf = _confusion(logits, labels)
                         rows.append(
                             dict(
@@ -169,3 +185,37 @@ def run_diagnosis(
                         )
                         log(str(rows[-1]))
     return {'rows': rows, 'wall_s': round(time.time() - start, 1)}
+
+
+def kept_picture(
+    path: str, image: Tensor, label: Tensor, grid: Tuple[int, int], keeps: Dict[str, Tensor]
+) -> None:
+    """The frame, its labels and, per selection, the kept patches (white) on the grid."""
+    import numpy as np
+
+    from research.reporting import figure
+
+    from .study import MEAN, STD
+
+    panels = 2 + len(keeps)
+    cols = 2
+    rows = -(-panels // cols)
+    with figure(path, rows, cols, figsize=(8, 1.6 * rows + 0.4), squeeze=False) as (_, axes):
+        rgb = (image[None] * STD + MEAN)[0].permute(1, 2, 0).clamp(0, 255).byte().numpy()
+        axes[0][0].imshow(rgb)
+        axes[0][0].set_title('frame', fontsize=8)
+        lab = np.ma.masked_equal(label.numpy(), 255)  # ignored pixels blank
+        axes[0][1].imshow(lab, cmap='tab20', vmin=0, vmax=19, interpolation='nearest')
+        axes[0][1].set_title('labels', fontsize=8)
+        for i, (name, keep) in enumerate(keeps.items()):
+            mask = torch.zeros(grid[0] * grid[1])
+            mask[keep] = 1
+            ax = axes[(i + 2) // cols][(i + 2) % cols]
+            ax.imshow(mask.view(*grid).numpy(), cmap='gray', interpolation='nearest')
+            ax.set_title(f'kept by {name} (k_ratio 0.25)', fontsize=8)
+        for i, row in enumerate(axes):
+            for jj, ax in enumerate(row):
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if i * cols + jj >= panels:
+                    ax.axis('off')
