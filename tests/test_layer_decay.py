@@ -59,12 +59,14 @@ def model():
     return segmentor()
 
 
-def optim_cfg(**paramwise):
+def optim_cfg(num_layers: int = L, decay_rate: float = RATE, **paramwise) -> dict:
+    """The layer-decay ``optim_wrapper`` config (AdamW at ``BASE_LR`` / ``BASE_WD``);
+    ``paramwise``: more ``paramwise_cfg`` keys."""
     return dict(
         type='OptimWrapper',
         constructor='LookHereLayerDecayOptimizerConstructor',
         optimizer=dict(type='AdamW', lr=BASE_LR, weight_decay=BASE_WD),
-        paramwise_cfg=dict(num_layers=L, decay_rate=RATE, **paramwise),
+        paramwise_cfg=dict(num_layers=num_layers, decay_rate=decay_rate, **paramwise),
     )
 
 

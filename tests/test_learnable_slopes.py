@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from mmengine.config import Config
+from test_layer_decay import optim_cfg
 
 from lookhere_dense.checkpoint import decode_extra_state, load_state_dict_strict
 from lookhere_dense.errors import CheckpointError
@@ -520,15 +521,7 @@ def test_layer_decay_keeps_slopes_out_of_weight_decay_with_their_layer_ids():
     from mmengine.optim import build_optim_wrapper
 
     model = backbone(dict(learnable_slopes=True))
-    wrapper = build_optim_wrapper(
-        model,
-        dict(
-            type='OptimWrapper',
-            constructor='LookHereLayerDecayOptimizerConstructor',
-            optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05),
-            paramwise_cfg=dict(num_layers=DEPTH, decay_rate=0.5),
-        ),
-    )
+    wrapper = build_optim_wrapper(model, optim_cfg(num_layers=DEPTH, decay_rate=0.5))
     where = {name: g for g in wrapper.optimizer.param_groups for name in g['param_names']}
     expect = {'pos_enc.slopes.global_log_ratio': DEPTH + 1}
     for l in range(DEPTH):

@@ -9,6 +9,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from test_layer_decay import optim_cfg
+from test_pos_encoding import TINY
+from test_pos_encoding import tiny as tiny_backbone
 
 from lookhere_dense.errors import PosEncodingError
 from lookhere_dense.lookhere.pos_encoding import pape as pape_module
@@ -18,14 +21,10 @@ from lookhere_dense.models.backbones import LookHereViT
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
 
-TINY = dict(img_size=32, patch_size=8, embed_dims=48, num_layers=3, num_heads=12, init_values=None)
-
 
 def tiny(pos_encoding='pape', seed=0, **kw) -> LookHereViT:
-    torch.manual_seed(seed)
-    model = LookHereViT(**{**TINY, **kw}, pos_encoding=pos_encoding)
-    model.init_weights()
-    return model
+    """test_pos_encoding's tiny backbone, with PaPE by default."""
+    return tiny_backbone(pos_encoding, seed, **kw)
 
 
 # -- the definition, spelled out -------------------------------------------------------------
@@ -234,15 +233,7 @@ def test_weight_decay_applies_to_pape_weights_as_in_the_reference():
     from mmengine.optim import build_optim_wrapper
 
     model = tiny(dict(type='pape', parabolas=2))
-    wrapper = build_optim_wrapper(
-        model,
-        dict(
-            type='OptimWrapper',
-            constructor='LookHereLayerDecayOptimizerConstructor',
-            optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05),
-            paramwise_cfg=dict(num_layers=3, decay_rate=0.7),
-        ),
-    )
+    wrapper = build_optim_wrapper(model, optim_cfg(num_layers=3, decay_rate=0.7))
     for name in ('pos_enc.position_proj', 'pos_enc.curve_proj'):
         group = next(g for g in wrapper.optimizer.param_groups if name in g['param_names'])
         assert group['weight_decay'] == 0.05 and group['layer_id'] == 0

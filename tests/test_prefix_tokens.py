@@ -18,6 +18,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from test_backends import HEADS
+from test_backends import qkv as backends_qkv
 
 from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine, LookHereConfig
 from lookhere_dense.lookhere.bias import (
@@ -36,7 +38,6 @@ from lookhere_dense.lookhere.pos_encoding.pape import ParabolicPositionEncoding
 from lookhere_dense.lookhere.pos_encoding.rope import AxialRoPE2d, MixedRoPE2d
 from lookhere_dense.lookhere.tiled import TileOptions
 
-HEADS = 12
 DEPTH = 2
 DIM = 8
 CONFIGS = {
@@ -55,16 +56,9 @@ pytestmark = pytest.mark.usefixtures('one_torch_thread')
 
 
 def qkv(grid, prefix, batch=2, dtype=torch.float32, seed=0, grad=False):
-    """Random ``q, k, v`` ``(batch, heads, J + H*W, DIM)``, scaled so that softmaxes are
-    peaky (the bias matters), with prefix tokens that differ from each other."""
-    gen = torch.Generator().manual_seed(seed + 7 * prefix)
-    t = grid[0] * grid[1] + prefix
-    return [
-        (2 * torch.randn(batch, HEADS, t, DIM, generator=gen, dtype=torch.float64))
-        .to(dtype)
-        .requires_grad_(grad)
-        for _ in range(3)
-    ]
+    """The conformance suite's random ``q, k, v`` ``(batch, heads, J + H*W, DIM)`` (peaky
+    softmaxes: the bias matters), another draw per prefix count."""
+    return backends_qkv(grid, prefix, batch, DIM, dtype, grad, seed + 7 * prefix)
 
 
 def patch_bias(gb: GridBias, layer: int) -> torch.Tensor:
