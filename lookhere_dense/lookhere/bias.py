@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -211,15 +211,10 @@ def relative_bias_table(
         float64 tensor ``(depth, heads, 2H-1, 2W-1)``; entry ``[l, h, dy+H-1, dx+W-1]`` is
         the bias from a query to the key ``(dy, dx)`` away, ``-inf`` where blocked.
     """
-    height, width = _check_grid(grid_size)
+    grid = _check_grid(grid_size)
     config.validate(num_heads, depth)
-    slopes = layer_slopes(config, depth)
-    base = {
-        s: distance_table(config, s, num_heads, (height, width)) for s in config.direction_strings
-    }
     out = []
-    for l in range(depth):
-        table, scale = base[config.layer_direction(l)], config.global_slope * slopes[l]
+    for table, scale in _layer_tables(config, grid, depth, num_heads):
         out.append(
             _check_range(
                 bias_from_distances(
@@ -239,13 +234,8 @@ def key_bias_table(
     if not any('center' in s.split('-') for s in config.direction_strings):
         return None
     height, width = _check_grid(grid_size)
-    slopes = layer_slopes(config, depth)
-    base = {
-        s: distance_table(config, s, num_heads, (height, width)) for s in config.direction_strings
-    }
     out = []
-    for l in range(depth):
-        table, scale = base[config.layer_direction(l)], config.global_slope * slopes[l]
+    for table, scale in _layer_tables(config, (height, width), depth, num_heads):
         key = (
             table.key
             if table.key is not None
@@ -260,6 +250,18 @@ def key_bias_table(
             )
         )
     return torch.stack(out) + 0.0  # turn -0.0 into 0.0
+
+
+def _layer_tables(
+    config: LookHereConfig, grid: Tuple[int, int], depth: int, num_heads: int
+) -> List[Tuple[DistanceTable, float]]:
+    """Per layer: the distance table of its direction string (built once per string) and
+    its slope scale (``global_slope`` times the layer's slope)."""
+    slopes = layer_slopes(config, depth)
+    base = {s: distance_table(config, s, num_heads, grid) for s in config.direction_strings}
+    return [
+        (base[config.layer_direction(l)], config.global_slope * slopes[l]) for l in range(depth)
+    ]
 
 
 def _check_grid(grid_size: Sequence[int]) -> Tuple[int, int]:

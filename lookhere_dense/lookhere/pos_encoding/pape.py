@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -241,7 +241,7 @@ class ParabolicPositionEncoding(PositionEncoding):
             torch.cat([k, kf.to(k.dtype)], dim=-1),
         )
 
-    def extend_qkv(
+    def _attend_extended(
         self,
         q: Tensor,
         k: Tensor,
@@ -250,12 +250,14 @@ class ParabolicPositionEncoding(PositionEncoding):
         layer: int,
         grid_size: Tuple[int, int],
         cls_token: Union[bool, int],
-    ) -> Tuple[Tensor, Tensor, Tensor]:
-        """:meth:`extend`, with ``v`` zero-padded to the same head size (one head size for
-        the flash kernels): each ``(B, heads, T, d + num_features)``; the first ``d``
-        channels of ``SDPA(q', k', v')`` are PaPE attention."""
+        attend: Callable[[Tensor, Tensor, Tensor], Tensor],
+    ) -> Tensor:
+        """PaPE attention through ``attend`` (SDPA, or window SDPA): ``q, k``
+        :meth:`extend`-ed, ``v`` zero-padded to their head size (one head size for the
+        flash kernels), the output cut back to ``v``'s ``d`` channels: ``(B, heads, T, d)``."""
+        d = v.shape[-1]
         q, k = self.extend(q, k, tokens, layer, grid_size, cls_token)
-        return q, k, F.pad(v, (0, q.shape[-1] - v.shape[-1]))
+        return attend(q, k, F.pad(v, (0, q.shape[-1] - d)))[..., :d]
 
     def forward(
         self,
@@ -268,9 +270,10 @@ class ParabolicPositionEncoding(PositionEncoding):
         dropout_p: float = 0.0,
         tokens: Optional[Tensor] = None,
     ) -> Tensor:
-        d = v.shape[-1]
-        q, k, v = self.extend_qkv(q, k, v, tokens, layer, grid_size, cls_token)
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)[..., :d]
+        def attend(*qkv: Tensor) -> Tensor:
+            return F.scaled_dot_product_attention(*qkv, dropout_p=dropout_p)
+
+        return self._attend_extended(q, k, v, tokens, layer, grid_size, cls_token, attend)
 
     def window_attention(
         self,
@@ -284,9 +287,10 @@ class ParabolicPositionEncoding(PositionEncoding):
         dropout_p: float = 0.0,
         tokens: Optional[Tensor] = None,
     ) -> Tensor:
-        d = v.shape[-1]
-        q, k, v = self.extend_qkv(q, k, v, tokens, layer, grid_size, cls_token)
-        return window_sdpa(q, k, v, grid_size, window_size, cls_token, dropout_p)[..., :d]
+        def attend(*qkv: Tensor) -> Tensor:
+            return window_sdpa(*qkv, grid_size, window_size, cls_token, dropout_p)
+
+        return self._attend_extended(q, k, v, tokens, layer, grid_size, cls_token, attend)
 
     def clear_caches(self) -> None:
         """Drop the cached patch coordinates."""
