@@ -186,7 +186,7 @@ def test_backbone_config_trains_through_runner(tmp_path):
     """configs/segmenter_lookwhere_vit-t_tiny-ade.py builds and trains 2 iterations with
     mmengine's Runner on the tiny generated ADE20K-layout data (shrunk model)."""
     from mmengine.runner import Runner
-    from tiny_seg import make_ade, options, roots
+    from tiny_seg import SHRINK, make_ade, options, roots
 
     from lookhere_dense.apis.cli import load_config
     from lookhere_dense.registry import register_all_modules
@@ -201,17 +201,7 @@ def test_backbone_config_trains_through_runner(tmp_path):
             'model.backbone.extractor.embed_dims=96',
             'model.backbone.selector.embed_dims=96',
             'model.backbone.selector.num_layers=1',
-            'model.decode_head.in_channels=96',
-            'model.decode_head.channels=96',
-            'model.decode_head.embed_dims=96',
-            'model.decode_head.num_heads=2',
-            'train_dataloader.batch_size=2',
-            'train_dataloader.num_workers=0',
-            'train_dataloader.persistent_workers=False',
-            'val_dataloader.num_workers=0',
-            'val_dataloader.persistent_workers=False',
-            'test_dataloader.num_workers=0',
-            'test_dataloader.persistent_workers=False',
+            *SHRINK[2:],  # the decode head and the loaders, as the tool tests shrink them
             'train_cfg.max_iters=2',
             'train_cfg.val_interval=2',
             'param_scheduler=[]',
