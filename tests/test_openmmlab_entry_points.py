@@ -25,7 +25,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import numpy as np
 import pytest
@@ -248,22 +248,29 @@ def _env() -> Dict[str, str]:
     )
 
 
+def _run_script(script: str, args: List[str], cwd: Path) -> Any:
+    """Run ``script`` (``python -c``) with ``args`` in ``cwd`` (one thread, the checkout on
+    ``PYTHONPATH``) and return its last ``RESULT <json>`` line, parsed; a non-zero exit
+    fails the test with the end of the script's stderr."""
+    proc = subprocess.run(
+        [sys.executable, '-c', script, *args],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=cwd,
+        timeout=1500,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith('RESULT ')][-1]
+    return json.loads(line[len('RESULT ') :])
+
+
 @pytest.mark.parametrize('order', ['lookhere_dense_first', 'never_imported'])
 def test_mmseg_and_mmdet_apis_on_every_config_family(setup, order, tmp_path: Path):
     spec = dict(setup, out=str(tmp_path))
     spec_path = tmp_path / 'spec.json'
     spec_path.write_text(json.dumps(spec))
-    proc = subprocess.run(
-        [sys.executable, '-c', SCRIPT, str(spec_path), order],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        cwd=tmp_path,
-        timeout=1500,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith('RESULT ')][-1]
-    results = json.loads(line[len('RESULT ') :])
+    results = _run_script(SCRIPT, [str(spec_path), order], tmp_path)
     for name in SEG:
         r = results[name]
         assert r['backbone'] == 'LookHereViT', (name, r)
@@ -334,17 +341,7 @@ def test_mmseg_shipped_train_and_test_tools(setup, tmp_path: Path):
         )
     spec = tmp_path / 'jobs.json'
     spec.write_text(json.dumps(jobs))
-    proc = subprocess.run(
-        [sys.executable, '-c', TOOLS_SCRIPT, str(spec)],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        cwd=tmp_path,
-        timeout=1500,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith('RESULT ')][-1]
-    done = json.loads(line[len('RESULT ') :])
+    done = _run_script(TOOLS_SCRIPT, [str(spec)], tmp_path)
     failed = {k: v for k, v in done.items() if v != 'ok'}
     assert not failed, '\n\n'.join(f'{k}: {v}' for k, v in failed.items())
     assert len(done) == len(jobs)
