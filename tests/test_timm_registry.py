@@ -127,19 +127,13 @@ def test_forward_intermediates_indices_norm_and_prefix_tokens(tmp_path: Path):
         m.forward_intermediates(x, output_fmt='NHWC')
 
 
-def test_checkpoint_path_loads_official_files_and_checks_their_config(reference_dir: Path):
+def test_checkpoint_path_loads_official_files_and_checks_their_config(official_tiny):
     """The official format (``{'weights', 'config'}``: the tiny file of the reference
     set) loads through ``checkpoint_path=`` with its LookHere config adopted and its
     classifier loaded; a tag that contradicts the file's config is refused."""
-    path = str(reference_dir / 'official_tiny_halves_none.pth')
-    io = torch.load(reference_dir / 'official_tiny_halves_none_io.pt', weights_only=True)
-    arch = io['model']
-    kw = dict(
-        embed_dim=arch['embed_dim'],
-        depth=arch['depth'],
-        num_heads=arch['num_heads'],
-        init_values=arch['init_values'],
-    )
+    path, io = str(official_tiny.path), official_tiny.io
+    # the official model's architecture names are timm's
+    kw = {key: io['model'][key] for key in ('embed_dim', 'depth', 'num_heads', 'init_values')}
     ckpt = torch.load(path, weights_only=True)
     classes = ckpt['weights']['head.weight'].shape[0] if 'head.weight' in ckpt['weights'] else 0
     m = timm.create_model(TINY, checkpoint_path=path, num_classes=classes, **kw).eval()
