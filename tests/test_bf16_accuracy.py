@@ -26,8 +26,6 @@ official cases by 0.0058 / 0.0069 (max abs 0.031): every fused case fails.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -123,32 +121,18 @@ def test_bf16_autocast_matches_fp32_reference(backend, preset, fp32_reference):
         check(g, ref_g, f'{backend} {preset} gradients', MAX_REL_GRAD)
 
 
-@pytest.fixture(scope='module')
-def official(reference_dir: Path):
-    io = torch.load(reference_dir / 'official_tiny_halves_none_io.pt', weights_only=True)
-    return reference_dir / 'official_tiny_halves_none.pth', io
-
-
 @pytest.mark.parametrize('backend', ['auto', 'reference', 'sdpa', 'chunked', 'tiled', 'fused'])
-def test_official_reference_cases_in_bf16(official, backend):
+def test_official_reference_cases_in_bf16(official_tiny, backend):
     """The official LookHere code's float32 outputs (``../shared/reference``), reproduced
     under bfloat16 autocast by the official weights, at the training grid and at an
     extrapolated one (128x96: grid 8x6 vs 4x4)."""
     if backend != 'auto':
         _can_run(backend, training=False)
-    path, io = official
-    arch = io['model']
     model = create_model(
-        str(path),
-        embed_dims=arch['embed_dim'],
-        num_layers=arch['depth'],
-        num_heads=arch['num_heads'],
-        patch_size=arch['patch_size'],
-        init_values=arch['init_values'],
-        attn_backend=backend,
+        str(official_tiny.path), attn_backend=backend, **official_tiny.vit_kwargs
     ).eval()
     for name in ('64x64', '128x96'):
-        case = io['cases'][name]
+        case = official_tiny.io['cases'][name]
         with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
             feats = model.forward_features(case['input'])
         assert feats.shape == case['forward_features'].shape
