@@ -9,7 +9,7 @@ table-entry map) at the kept patches' coordinates: no interpolated position tabl
 re-indexing of the sparse set into a smaller grid.
 
 The fast backends of :class:`~lookhere_dense.lookhere.LookHereAttentionEngine`
-(``fused``, ``tiled``, ``buffered``, ``chunked``, ``flex``) walk tiles and rows of a
+(``fused``, ``tiled``, ``chunked``, ``flex``) walk tiles and rows of a
 *full* grid; a gathered, non-grid token set has neither, so :class:`SubsetAttention`
 falls back explicitly to a dense ``(B, heads, T, T)`` bias built from the coordinates and
 ``F.scaled_dot_product_attention`` (``last_backend = 'sdpa-coords'``). When the kept set
