@@ -87,17 +87,15 @@ def run_diagnosis(
     than ``extractor_max_patches`` patches get the oracle rows only (for time).
     ``picture``: a PNG of the kept sets on the first frame of the first size
     (:func:`kept_picture`, ``k_ratio`` 0.25)."""
-    from lookhere_dense.lookhere import create_model
 
     from .study import (
-        CROP,
         TRUNK,
         SegModel,
         _confusion,
         _frames,
         distill_student,
+        load_or_train_teacher,
         miou,
-        train_teacher,
     )
 
     torch.set_num_threads(threads)
@@ -107,16 +105,14 @@ def run_diagnosis(
     t_path = os.path.join(cache_dir, f'teacher_{train_iters}.sd.pt')  # state dicts
     s_path = os.path.join(cache_dir, f'student_{train_iters}_{distill_iters}.sd.pt')
     counts = {s: max(2, min(16, 16 * 256 * 512 // (s[0] * s[1]))) for s in train_sizes}
-    pool = None
-    if os.path.exists(t_path):
-        teacher = SegModel(create_model(**TRUNK, img_size=CROP), TRUNK['embed_dims'])
-        teacher.load_state_dict(torch.load(t_path))
-        teacher.eval()
-        log(f'teacher from {t_path}')
-    else:
-        pool = [_frames(s, counts[s], seed=100 + i) for i, s in enumerate(train_sizes)]
-        teacher = train_teacher(pool, train_iters, log)
-        torch.save(teacher.state_dict(), t_path)
+    pool: list = []
+
+    def make_pool() -> list:  # the training frames, drawn only when something trains
+        if not pool:
+            pool.extend(_frames(s, counts[s], seed=100 + i) for i, s in enumerate(train_sizes))
+        return pool
+
+    teacher = load_or_train_teacher(t_path, make_pool, train_iters, log)
     if not distill_iters:  # no student: the teacher's trunk is the extractor, no selector
         student = LookWhere(
             selector=dict(input_size=(32, 64), embed_dims=48, num_layers=1, num_heads=12),
@@ -129,9 +125,7 @@ def run_diagnosis(
         student.eval()
         log(f'student from {s_path}')
     else:
-        if pool is None:
-            pool = [_frames(s, counts[s], seed=100 + i) for i, s in enumerate(train_sizes)]
-        student = distill_student(teacher, [pool[0][0]], k_ratios, distill_iters, log)
+        student = distill_student(teacher, [make_pool()[0][0]], k_ratios, distill_iters, log)
         torch.save(student.state_dict(), s_path)
     seg_student = SegModel(student, TRUNK['embed_dims'])
     seg_student.norm, seg_student.cls = teacher.norm, teacher.cls

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -169,13 +170,19 @@ def _random_crops(
     return torch.stack(xs), torch.stack(ys)
 
 
+def new_teacher(task: Task = CITYSCAPES) -> SegModel:
+    """The study's teacher for ``task``, untrained: its LookHere trunk + LayerNorm + linear
+    classifier."""
+    trunk = task.trunk
+    return SegModel(
+        create_model(**trunk, img_size=task.crop), trunk['embed_dims'], task.num_classes
+    )
+
+
 def train_teacher(pool, iters: int, log, task: Task = CITYSCAPES) -> SegModel:
     """The LookHere teacher + linear head on random crops (AdamW, warm-up + cosine)."""
     torch.manual_seed(0)
-    trunk = task.trunk
-    model = SegModel(
-        create_model(**trunk, img_size=task.crop), trunk['embed_dims'], task.num_classes
-    )
+    model = new_teacher(task)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     gen = torch.Generator().manual_seed(0)
     model.train()
@@ -192,6 +199,24 @@ def train_teacher(pool, iters: int, log, task: Task = CITYSCAPES) -> SegModel:
         if it % 50 == 0 or it == iters - 1:
             log(f'teacher iter {it + 1}/{iters} loss {loss.item():.3f}')
     return model.eval()
+
+
+def load_or_train_teacher(
+    path: str, make_pool: Callable[[], list], iters: int, log, task: Task = CITYSCAPES
+) -> SegModel:
+    """The teacher from the state dict at ``path`` if it is there, else trained
+    (:func:`train_teacher` on ``make_pool()``, seeded) and saved at ``path``; ``path=''``:
+    no cache."""
+    if path and os.path.exists(path):
+        teacher = new_teacher(task)
+        teacher.load_state_dict(torch.load(path))
+        log(f'teacher from {path}')
+        return teacher.eval()
+    teacher = train_teacher(make_pool(), iters, log, task)
+    if path:
+        os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+        torch.save(teacher.state_dict(), path)
+    return teacher
 
 
 def distill_student(
@@ -336,8 +361,6 @@ def run_study(
     lattice share of the kept set (:func:`lookhere_dense.lookwhere.distill.distillation_losses`);
     ``cache_dir``: keep the trained teacher's state dict there and reuse it (same task,
     sizes and ``train_iters``: the same seeded teacher)."""
-    import os
-
     from research.reporting import figure, write_json
 
     torch.set_num_threads(threads)
@@ -357,19 +380,7 @@ def run_study(
     cached = (
         os.path.join(cache_dir, f'teacher_{task}_{tag}_{train_iters}.sd.pt') if cache_dir else ''
     )
-    if cached and os.path.exists(cached):
-        trunk = spec.trunk
-        teacher = SegModel(
-            create_model(**trunk, img_size=spec.crop), trunk['embed_dims'], spec.num_classes
-        )
-        teacher.load_state_dict(torch.load(cached))
-        teacher.eval()
-        log(f'teacher from {cached}')
-    else:
-        teacher = train_teacher(pool, train_iters, log, spec)
-        if cached:
-            os.makedirs(cache_dir, exist_ok=True)
-            torch.save(teacher.state_dict(), cached)
+    teacher = load_or_train_teacher(cached, lambda: pool, train_iters, log, spec)
     small = [p[0] for p, s in zip(pool, sizes) if s[0] * s[1] <= 256 * 512]
     student = distill_student(
         teacher,
