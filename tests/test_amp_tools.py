@@ -100,6 +100,9 @@ def test_amp_flag_trains_in_bf16_on_cpu(amp_run):
     assert seen['train'] == {torch.bfloat16}  # the forward ran in autocast
     assert seen['val'] == {torch.float32}  # validation as mmengine's ValLoop: float32
     assert runner.iter == ITERS and osp.isfile(ckpt)
+    with open(osp.join(runner.log_dir, f'{runner.timestamp}.log')) as f:
+        backends = [line for line in f if 'LookHere attention at' in line]
+    assert len(backends) == 1 and 'bfloat16, cpu, training' in backends[0], backends
     params = [p for p in runner.model.parameters()]
     assert all(p.dtype == torch.float32 for p in params)  # master weights stay float32
     assert all(torch.isfinite(p).all() for p in params)

@@ -523,6 +523,7 @@ def _lost_process(err: BaseException, cfg) -> Optional[str]:
 
 def _train(cfg, notes: List[str], verbose: bool):
     """Set up distributed training, build the Runner, log ``notes``, train."""
+    from ..engine.amp import train_autocast_dtype
     from ..engine.preemption import release_signal_handlers
     from ..engine.terminal import warnings_to_run_log
     from ..lookhere.attention import backend_summary
@@ -533,7 +534,12 @@ def _train(cfg, notes: List[str], verbose: bool):
             runner = build_runner(cfg, quiet=not verbose)
             announce_log_file(runner)
             if cfg.get('crop_size'):  # which attention backend each layer runs, one line
-                line = backend_summary(runner.model, tuple(cfg.crop_size), training=True)
+                line = backend_summary(
+                    runner.model,
+                    tuple(cfg.crop_size),
+                    training=True,
+                    dtype=train_autocast_dtype(cfg.get('optim_wrapper')),
+                )
                 if line:
                     runner.logger.info(line)
             for msg in notes:  # repeat the warnings where the run's log file gets them

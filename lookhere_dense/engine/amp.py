@@ -40,6 +40,7 @@ __all__ = [
     'amp_dtype',
     'inference_autocast',
     'outputs_to_float32',
+    'train_autocast_dtype',
 ]
 
 #: The autocast dtypes the tools take (``--amp-dtype``).
@@ -88,6 +89,20 @@ def amp_dtype(
             'CUDA only; on CPU use bfloat16'
         )
     return getattr(torch, name)
+
+
+def train_autocast_dtype(optim_wrapper: Any) -> Optional[torch.dtype]:
+    """The dtype a config's ``optim_wrapper`` section trains under: None (float32) unless
+    its type is ``AmpOptimWrapper`` / ``MixedPrecisionOptimWrapper``; then its ``dtype``,
+    or where that is None what the wrapper takes (float16 with an accelerator, as
+    mmengine's; bfloat16 on CPU)."""
+    kind = str((optim_wrapper or {}).get('type', '')).split('.')[-1]
+    if kind not in ('AmpOptimWrapper', 'MixedPrecisionOptimWrapper'):
+        return None
+    dtype = optim_wrapper.get('dtype')
+    if dtype is None:
+        return torch.float16 if accelerator_available() else torch.bfloat16
+    return getattr(torch, str(dtype).replace('torch.', ''))
 
 
 @OPTIM_WRAPPERS.register_module()

@@ -186,14 +186,18 @@ def explain_backend(
 
 
 def backend_summary(
-    model: Any, image_size: Union[int, Sequence[int]], training: Optional[bool] = None
+    model: Any,
+    image_size: Union[int, Sequence[int]],
+    training: Optional[bool] = None,
+    dtype: Optional[torch.dtype] = None,
 ) -> Optional[str]:
     """:func:`explain_backend` in one log line (``attention at 512x512 (1025 tokens,
     float32, cpu, training): fused x 12``), or None for a model without a LookHere ViT
-    (``model.module`` of a ``DistributedDataParallel`` is looked into)."""
+    (``model.module`` of a ``DistributedDataParallel`` is looked into). ``dtype``: the
+    compute dtype (an autocast's); None: the parameters'. Default: None."""
     model = getattr(model, 'module', model)
     try:
-        lines = explain_backend(model, image_size, training=training, print_fn=None)
+        lines = explain_backend(model, image_size, training=training, dtype=dtype, print_fn=None)
     except ValueError:
         return None
     counts: Dict[str, int] = {}
