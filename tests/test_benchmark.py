@@ -725,3 +725,41 @@ def test_plot_benchmark_tool_draws_the_peer_results(tmp_path: Path, repo_root: P
     assert (
         proc.returncode != 0 and 'no peer results' in proc.stderr and 'empty.json' in proc.stderr
     )
+
+
+def test_peer_registered_case_builds_the_config_backbone_as_users_do():
+    from research.benchmark.peer import _build, peer_case, registered_backbone_cfg
+
+    narrow = dict(embed_dims=72, num_layers=2, num_heads=6)
+    cfg = registered_backbone_cfg('lh90', **narrow)
+    # the ADE20K Segmenter's backbone dict, as MODELS.build gets it from a user's config
+    assert cfg['type'] == 'LookHereViT' and cfg['drop_path_rate'] == 0.1
+    assert cfg['img_size'] == (512, 512) and cfg['preset'] == 'lh90'
+    case = dict(kind='peer', size=[32, 48], device='cpu', dtype='float32', steps=1)
+    case.update(model='registered:lh90:chunked', arch=narrow)
+    model = _build(case)
+    assert type(model).__name__ == 'LookHereViT' and model.init_cfg is None
+    assert model.pos_enc.engine.backend == 'chunked' and len(model.blocks) == 2
+    assert max(getattr(m, 'drop_prob', 0) for m in model.modules()) > 0  # as configured
+    run = peer_case(dict(case, mode='train'))
+    assert run['backend'] == 'chunked' and run['seconds'] > 0
+    assert run['start'] > 0 and run['rise'] >= 0
+
+
+def test_peer_autocast_cases_run_the_linear_layers_in_bfloat16(monkeypatch):
+    import research.benchmark.peer as peer
+
+    seen = []
+    build = peer._build
+
+    def spy(case):
+        model = build(case)
+        model.blocks[0].mlp.fc1.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+        return model
+
+    monkeypatch.setattr(peer, '_build', spy)
+    case = dict(kind='peer', mode='frame', size=[32, 48], device='cpu', dtype='float32')
+    case.update(model='lh90', arch=dict(embed_dims=48, num_layers=1, num_heads=6), steps=1)
+    peer.peer_case(case)
+    peer.peer_case(dict(case, autocast='bfloat16'))
+    assert seen == [torch.float32, torch.bfloat16]

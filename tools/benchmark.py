@@ -356,6 +356,22 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help='rounds of the peer one-attention-layer case (CPU; 0: skip; default 3)',
     )
     p.add_argument(
+        '--peer-registered',
+        nargs='*',
+        default=['lh180'],
+        metavar='PRESET',
+        help='presets of the registered backbone as users build it (MODELS.build of the '
+        "ADE20K Segmenter config's LookHereViT dict) beside the torch-only trunk in the peer "
+        'frame and train cases (OpenMMLab; default: lh180; no values: none)',
+    )
+    p.add_argument(
+        '--peer-autocast',
+        default=None,
+        choices=('bfloat16', 'float16'),
+        help='run the peer frame / train / segmenter cases under torch.autocast in this dtype '
+        '(mixed precision, float32 weights; default: off)',
+    )
+    p.add_argument(
         '--peer-segmenter-config',
         default=None,
         metavar='CONFIG',
@@ -519,10 +535,12 @@ def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
             train_backends=args.peer_train_backends,
             frame_backends=args.peer_frame_backends,
             segmenter_config=args.peer_segmenter_config,
+            registered_presets=args.peer_registered,
             rounds=args.frame_repeats,
             layer_rounds=args.peer_layer_rounds,
             device=args.device,
             dtype=args.dtype,
+            autocast=args.peer_autocast,
             threads=args.threads,
             timeout=args.child_timeout,
             parts=args.peer_parts,

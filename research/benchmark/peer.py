@@ -54,6 +54,7 @@ from .timing import interleaved, paired_ratio, rotations
 __all__ = [
     'PEER',
     'PEER_MODEL',
+    'REGISTERED',
     'PARTS',
     'flop_bound',
     'TimmTrunk',
@@ -64,6 +65,10 @@ __all__ = [
 
 #: case name of the peer
 PEER = 'timm'
+#: model-name prefix of the registered backbone (``'registered:<preset>[:<backend>]'``)
+REGISTERED = 'registered'
+#: the model config whose backbone dict the ``registered`` cases build (ViT-B/16, as users do)
+REGISTERED_CONFIG = 'configs/_base_/models/segmenter_lookhere_vit-b16_mask.py'
 #: the timm model name of the peer
 PEER_MODEL = 'vit_base_patch16_224'
 #: the parts of :func:`bench_peer`, in the order they run
@@ -176,10 +181,54 @@ def _build(case: Dict[str, Any]) -> nn.Module:
             )
         model = timm.create_model(PEER_MODEL, pretrained=False, dynamic_img_size=True, **narrow)
         return model.to(device=device, dtype=dtype)
+    if case['model'].startswith(REGISTERED + ':'):
+        return _registered(case)
     preset, _, backend = case['model'].partition(':')
     if preset == NOBIAS:
         return build_vit(arch, device=device, dtype=dtype, pos_encoding='none')
     return build_vit(arch, preset, backend or 'auto', device=device, dtype=dtype)
+
+
+def registered_backbone_cfg(preset: str, backend: str = 'auto', **arch: Any) -> Dict[str, Any]:
+    """The ``LookHereViT`` dict of :data:`REGISTERED_CONFIG` (the ADE20K Segmenter's ViT-B/16
+    backbone: ``img_size`` 512, ``drop_path_rate`` 0.1, ``out_indices=-1``, ...) with
+    ``preset`` and ``attn_backend`` set and ``arch`` (``embed_dims``, ``num_layers``,
+    ``num_heads``) narrowing it: what ``MODELS.build`` gets from a user's config."""
+    import os.path as osp
+
+    from mmengine.config import Config
+
+    from research import REPO
+
+    cfg = Config.fromfile(osp.join(REPO, REGISTERED_CONFIG))
+    backbone = dict(cfg.model.backbone)
+    backbone.update(preset=preset, attn_backend=backend, **arch)
+    return backbone
+
+
+def _registered(case: Dict[str, Any]) -> nn.Module:
+    """``MODELS.build`` of :func:`registered_backbone_cfg` for a ``registered:<preset>
+    [:<backend>]`` case, ``init_weights()`` run, seed 0 (OpenMMLab)."""
+    from mmseg.registry import MODELS
+
+    from lookhere_dense.registry import register_all_modules
+
+    _, preset, backend = (case['model'].split(':') + [''])[:3]
+    arch = {}
+    if case.get('arch'):
+        arch = {k: vit_arch(**case['arch'])[k] for k in ('embed_dims', 'num_layers', 'num_heads')}
+    register_all_modules(init_default_scope=True)
+    torch.manual_seed(0)
+    model = MODELS.build(registered_backbone_cfg(preset, backend or 'auto', **arch))
+    model.init_weights()
+    return model.to(device=case['device'], dtype=DTYPES[case['dtype']])
+
+
+def _features(model: nn.Module, x: torch.Tensor, registered: bool) -> torch.Tensor:
+    """What a step differentiates: ``forward_features`` (timm, the torch-only trunk), or
+    for the ``registered`` backbone its ``forward`` (the last NCHW map), as a decode head
+    calls it."""
+    return model(x)[-1] if registered else model.forward_features(x)
 
 
 def _segmenter(case: Dict[str, Any]):
@@ -227,7 +276,8 @@ def peer_case(case: Dict[str, Any]) -> Dict[str, Any]:
             ``strict_compile`` (a dynamo recompile-limit hit raises where torch can, and
             is reported either way: ``tools/gpu_check.sh``) and ``compile_backend`` (flex
             compiled with this ``torch.compile`` backend on any device, ``'aot_eager'`` on
-            CPU: the simulation).
+            CPU: the simulation) and ``autocast`` (a dtype name: each step runs under
+            ``torch.autocast`` in it, the weights in ``dtype``, i.e. mixed precision).
 
     Returns:
         ``case`` plus ``seconds`` (median), ``times``, ``peak`` (bytes: process peak RSS
@@ -257,6 +307,7 @@ def peer_case(case: Dict[str, Any]) -> Dict[str, Any]:
         trunk = model.backbone
     else:
         model = _build(case)
+        registered = case['model'].startswith(REGISTERED + ':')
         trunk = model
         engine = getattr(getattr(trunk, 'pos_enc', None), 'engine', None)
         if case.get('compile_backend') and engine is not None and engine.backend == 'flex':
@@ -267,15 +318,23 @@ def peer_case(case: Dict[str, Any]) -> Dict[str, Any]:
 
         def step():
             if mode == 'train':
-                model.forward_features(x).float().mean().backward()
+                _features(model, x, registered).float().mean().backward()
                 model.zero_grad(set_to_none=True)
             else:
                 with torch.inference_mode():
-                    model.forward_features(x)
+                    _features(model, x, registered)
 
     def sync():
         if str(device).startswith('cuda'):
             torch.cuda.synchronize(device)
+
+    if case.get('autocast'):  # float32 weights, the forward under torch.autocast (AMP)
+        plain_step = step
+
+        def step():
+            kind = 'cuda' if str(device).startswith('cuda') else 'cpu'
+            with torch.autocast(kind, dtype=DTYPES[case['autocast']]):
+                plain_step()
 
     first = None
     for i in range(int(case.get('warmup', 0 if mode == 'frame' else 1))):
@@ -297,6 +356,8 @@ def peer_case(case: Dict[str, Any]) -> Dict[str, Any]:
         seconds=statistics.median(times),
         times=times,
         peak=mem.peak_bytes,
+        start=mem.start_bytes,
+        rise=mem.rise_bytes,
         meter=mem.kind,
         backend=getattr(engine, 'last_backend', None),
         first_seconds=first,
@@ -359,6 +420,13 @@ def attention_layer(
     return dict(tokens=t, grid=list(grid), train=train, rows=rows)
 
 
+def _rise_ratio(pairs) -> Optional[float]:
+    """Median per-round ratio of the memory a case's steps add over what the process held
+    before them (imports, weights), against the peer's; None without both numbers."""
+    got = [a['rise'] / b['rise'] for a, b in pairs if a.get('rise') and b.get('rise')]
+    return statistics.median(got) if got else None
+
+
 def _rows(results: Dict[str, List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
     """Per model: medians and per-round ratios against the peer."""
     rows = []
@@ -377,6 +445,8 @@ def _rows(results: Dict[str, List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
                 peak_gib=statistics.median(a['peak'] / GiB for a, _ in ok),
                 time_ratio=statistics.median(a['seconds'] / b['seconds'] for a, b in ok),
                 peak_ratio=statistics.median(a['peak'] / b['peak'] for a, b in ok),
+                start_gib=statistics.median(a.get('start', 0) / GiB for a, _ in ok),
+                rise_ratio=_rise_ratio(ok),
                 rounds=len(ok),
             )
         )
@@ -415,10 +485,12 @@ def bench_peer(
     train_backends: Sequence[str] = (),
     frame_backends: Sequence[str] = (),
     segmenter_config: Optional[str] = None,
+    registered_presets: Sequence[str] = ('lh180',),
     rounds: int = 2,
     layer_rounds: int = 3,
     device: str = 'cpu',
     dtype: str = 'float32',
+    autocast: Optional[str] = None,
     threads: Optional[int] = None,
     timeout: float = 3600,
     parts: Optional[Sequence[str]] = None,
@@ -442,9 +514,16 @@ def bench_peer(
             ``tiled`` beside what ``auto`` picks). Default: none.
         segmenter_config: an mmseg Segmenter config for the Segmenter training step
             (OpenMMLab); None: skip. Default: None.
+        registered_presets: ``frame`` and ``train`` cases of the registered backbone as
+            users build it (``'registered:<preset>'``: ``MODELS.build`` of the ADE20K
+            Segmenter config's backbone dict, :func:`registered_backbone_cfg`; OpenMMLab)
+            beside the torch-only trunk; empty: none. Default: lh180.
         rounds: interleaved rounds (fresh process per case and round). Default: 2.
         layer_rounds: rounds of :func:`attention_layer` (CPU only; 0: skip). Default: 3.
         device, dtype: where and in what the models run. Default: CPU, float32.
+        autocast: run the ``frame`` / ``train`` / ``segmenter`` cases under
+            ``torch.autocast`` in this dtype (``'bfloat16'``, ``'float16'``; mixed
+            precision, weights in ``dtype``); None: off. Default: None.
         threads: ``torch.set_num_threads`` in each child; None: torch's default.
         timeout: seconds per child. Default: 3600.
         parts: which of :data:`PARTS` to run; None: all. Default: None.
@@ -457,6 +536,8 @@ def bench_peer(
         of :func:`attention_layer` with ``train=True`` (CPU).
     """
     common = dict(kind='peer', device=device, dtype=dtype, threads=threads)
+    if autocast:
+        common['autocast'] = autocast
 
     def cases(mode, size, models, steps=1, **extra):
         return {
@@ -509,7 +590,9 @@ def bench_peer(
             cases(
                 'frame',
                 frame_size,
-                [PEER, NOBIAS, *presets] + [f'{p}:{b}' for p in presets for b in frame_backends],
+                [PEER, NOBIAS, *presets]
+                + [f'{p}:{b}' for p in presets for b in frame_backends]
+                + [f'{REGISTERED}:{p}' for p in registered_presets],
             ),
             rounds,
             timeout,
@@ -529,7 +612,8 @@ def bench_peer(
                 'train',
                 size,
                 [PEER, NOBIAS, *train_presets]
-                + [f'{p}:{b}' for p in train_presets for b in train_backends],
+                + [f'{p}:{b}' for p in train_presets for b in train_backends]
+                + [f'{REGISTERED}:{p}' for p in registered_presets],
                 steps=train_steps,
             ),
             rounds,
