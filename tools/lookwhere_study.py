@@ -5,7 +5,8 @@
         [--work-dir DIR] [--cfg-options KEY=VALUE ...]
     python tools/lookwhere_study.py study [--sizes 256x512 512x1024 1024x2048] \\
         [--k-ratios 0.1 0.25 0.5] [--out-dir docs] [--name lookwhere_study] \\
-        [--task cityscapes|fov] [--selector-target attn|boundary] [--coverage 0.5]
+        [--task cityscapes|fov] [--selector-target attn|boundary] [--coverage 0.5] \\
+        [--fill nearest|propagate]
     python tools/lookwhere_study.py diagnose [--sizes 256x512 512x1024] [--json FILE]
     python tools/lookwhere_study.py timing [--size 1024x2048] [--k-ratios 0.25]
 
@@ -80,6 +81,13 @@ def main(argv=None) -> int:
         '--coverage', type=float, default=0.0, help='share of k kept on a regular lattice'
     )
     s.add_argument('--cache-dir', default='', help='reuse the trained teacher from here')
+    s.add_argument(
+        '--fill',
+        default='nearest',
+        choices=['nearest', 'propagate'],
+        help="the student's dense fill: the nearest kept patch (official) or the learned "
+        'propagation (trained in distillation and fine-tuning)',
+    )
     t = sub.add_parser('timing', help='whole frame vs LookWhere time only, interleaved rounds')
     t.add_argument('--size', type=_size, default=(1024, 2048))
     t.add_argument('--k-ratios', nargs='+', type=float, default=[0.25])
@@ -172,6 +180,7 @@ def main(argv=None) -> int:
         selector_target=args.selector_target,
         coverage=args.coverage,
         cache_dir=args.cache_dir,
+        fill=args.fill,
     )
     return 0
 

@@ -18,7 +18,7 @@ smoke-scale measurement, not a benchmark of a real model):
    whole training frames up to 256x512);
 4. evaluation per size: the teacher on the whole frame (one pass, the engine's fused
    kernel), the teacher with sliding 128x128 windows (stride 96, logits averaged), and
-   LookWhere at each ``k_ratio`` (nearest-kept fill); mIoU over the test frames
+   LookWhere at each ``k_ratio`` (nearest-kept fill, or ``fill='propagate'``); mIoU over the test frames
    (19 classes, 255 ignored), the median time of ``repeats`` passes per frame and the
    peak memory (:class:`research.memory.PeakMemory`, process RSS rise).
 """
@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from lookhere_dense.lookhere import create_model
 from lookhere_dense.lookwhere import LookWhere, LookWhereExtractor
 from lookhere_dense.lookwhere.distill import distillation_losses, teacher_targets
+from lookhere_dense.lookwhere.fill import FILL_MODES
 
 __all__ = ['run_study', 'SegModel', 'miou']
 
@@ -228,8 +229,11 @@ def distill_student(
     task: Task = CITYSCAPES,
     selector_target: str = 'attn',
     coverage: float = 0.0,
+    fill: str = 'nearest',
 ) -> LookWhere:
-    """A LookWhere student from the frozen teacher trunk on whole frames (no labels)."""
+    """A LookWhere student from the frozen teacher trunk on whole frames (no labels);
+    ``fill``: its dense fill (``'propagate'``'s learned correction is trained here too,
+    through the extractor loss on every patch)."""
     torch.manual_seed(1)
     trunk = copy.deepcopy(teacher.backbone)
     trunk.out_indices = [len(trunk.blocks) - 1]
@@ -238,12 +242,14 @@ def distill_student(
         extractor=LookWhereExtractor(trunk),
         k_ratio=k_ratios[0],
         coverage=coverage,
+        fill=fill,
     )
     params = [p for p in student.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.01)
     gen = torch.Generator().manual_seed(1)
     t_trunk = teacher.backbone
     student.train()
+    t0 = time.perf_counter()
     for it in range(iters):
         imgs = frames[int(torch.randint(len(frames), (1,), generator=gen))]
         i = torch.randint(imgs.shape[0], (2,), generator=gen)
@@ -259,7 +265,8 @@ def distill_student(
         if it % 25 == 0 or it == iters - 1:
             log(
                 f'distill iter {it + 1}/{iters} selector {losses["loss_selector"].item():.4f} '
-                f'extractor {losses["loss_extractor"].item():.4f}'
+                f'extractor {losses["loss_extractor"].item():.4f} '
+                f'({(time.perf_counter() - t0) / (it + 1):.2f} s/step)'
             )
     return student.eval()
 
@@ -276,6 +283,7 @@ def finetune_student(seg: SegModel, pool, k_ratios: Sequence[float], iters: int,
     opt = torch.optim.AdamW(params, lr=2e-4, weight_decay=0.01)
     gen = torch.Generator().manual_seed(2)
     seg.train()
+    t0 = time.perf_counter()
     for it in range(iters):
         imgs, labs = pool[int(torch.randint(len(pool), (1,), generator=gen))]
         i = torch.randint(imgs.shape[0], (2,), generator=gen)
@@ -286,7 +294,10 @@ def finetune_student(seg: SegModel, pool, k_ratios: Sequence[float], iters: int,
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         if it % 25 == 0 or it == iters - 1:
-            log(f'finetune iter {it + 1}/{iters} loss {loss.item():.3f}')
+            log(
+                f'finetune iter {it + 1}/{iters} loss {loss.item():.3f} '
+                f'({(time.perf_counter() - t0) / (it + 1):.2f} s/step)'
+            )
     return seg.eval()
 
 
@@ -354,23 +365,28 @@ def run_study(
     selector_target: str = 'attn',
     coverage: float = 0.0,
     cache_dir: str = '',
+    fill: str = 'nearest',
 ) -> Dict[str, Any]:
     """Run the study (see the module docstring) on ``task`` (a key of :data:`TASKS`);
     writes ``OUT_DIR/NAME.json`` and ``OUT_DIR/NAME.png`` and returns the results.
     ``selector_target`` / ``coverage``: the selector's distillation target and the
     lattice share of the kept set (:func:`lookhere_dense.lookwhere.distill.distillation_losses`);
     ``cache_dir``: keep the trained teacher's state dict there and reuse it (same task,
-    sizes and ``train_iters``: the same seeded teacher)."""
+    sizes and ``train_iters``: the same seeded teacher); ``fill``: the student's dense fill
+    (:data:`lookhere_dense.lookwhere.fill.FILL_MODES`), used in distillation, fine-tuning
+    and evaluation."""
     from research.reporting import figure, write_json
 
+    if task not in TASKS:
+        raise ValueError(f'LookWhere study: task={task!r} is not one of {sorted(TASKS)}')
+    if fill not in FILL_MODES:
+        raise ValueError(f'LookWhere study: fill={fill!r} is not one of {list(FILL_MODES)}')
     torch.set_num_threads(threads)
     start = time.time()
 
     def log(msg: str) -> None:
         print(f'[{time.time() - start:7.1f}s] {msg}', flush=True)
 
-    if task not in TASKS:
-        raise ValueError(f'LookWhere study: task={task!r} is not one of {sorted(TASKS)}')
     spec = TASKS[task]
     sizes = [tuple(s) for s in sizes]
     counts = {s: max(2, min(16, 16 * 256 * 512 // (s[0] * s[1]))) for s in sizes}
@@ -391,6 +407,7 @@ def run_study(
         spec,
         selector_target,
         coverage,
+        fill,
     )
     seg_student = SegModel(student, spec.trunk['embed_dims'], spec.num_classes)
     seg_student.norm = copy.deepcopy(teacher.norm)
@@ -439,7 +456,7 @@ def run_study(
             extractor='copy of the teacher trunk',
             distill_iters=distill_iters,
             finetune_iters=finetune_iters,
-            fill='nearest',
+            fill=fill,
             selector_target=selector_target,
             coverage=coverage,
         ),
