@@ -461,3 +461,106 @@ def test_boundary_map_marks_where_features_change():
         distillation_losses(
             model, torch.randn(1, 3, 32, 32), {'grid': (2, 2)}, selector_target='cls'
         )
+
+
+@pytest.mark.parametrize('num_prefix', [0, 1, 3])
+def test_chunked_subset_attention_equals_dense_bias_sdpa(num_prefix):
+    """chunked-coords is SDPA with the dense coordinate bias, forward and gradients (q, k,
+    v and the table, as with learnable slopes; center heads with their key term), for
+    block sizes that divide the tokens or not, with and without prefix tokens; without
+    autograd (one bias buffer, blocks written into the result) too."""
+    import torch.nn.functional as F
+
+    from lookhere_dense.lookwhere import chunked_subset_attention
+
+    grid, heads = (6, 9), 12
+    engine = LookHereAttentionEngine(LookHereConfig('center-corners-none', fill_with='max'), 1, 12)
+    gb = engine.grid_bias(grid, torch.device('cpu'), torch.float64)
+    torch.manual_seed(num_prefix)
+    keep = torch.stack([torch.randperm(54)[:20], torch.randperm(54)[:20]])  # any order
+    total = num_prefix + 20
+
+    def leaves():
+        torch.manual_seed(7)
+        q, k, v = (torch.randn(2, heads, total, 8, dtype=torch.float64) for _ in range(3))
+        return [t.requires_grad_() for t in (q, k, v, gb.table[0].clone(), gb.key_term[0].clone())]
+
+    q, k, v, table, key = leaves()
+    bias = subset_bias(table, grid, keep, num_prefix, key)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    weight = torch.randn_like(ref)
+    ref_grads = torch.autograd.grad((ref * weight).sum(), (q, k, v, table, key))
+    assert all(float(g.abs().max()) > 0 for g in ref_grads)
+    for rows in (1, 3, 7, total - 1, total, total + 5):
+        for recompute in (True, False):
+            q, k, v, table, key = leaves()
+            out = chunked_subset_attention(
+                q, k, v, table, grid, keep, num_prefix, key, rows, recompute=recompute
+            )
+            torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+            grads = torch.autograd.grad((out * weight).sum(), (q, k, v, table, key))
+            for got, want in zip(grads, ref_grads):
+                torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+        with torch.no_grad():
+            out = chunked_subset_attention(q, k, v, table, grid, keep, num_prefix, key, rows)
+        torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_extractor_chooses_chunked_coords_above_the_budget_and_matches_dense():
+    """The extractor on a gathered set: 'sdpa-coords' within max_subset_bias_mb,
+    'chunked-coords' above it (and when asked), both named in last_backend and equal in
+    output and in every parameter's gradient (learnable slopes included), with the trunk's
+    CLS, with 5 given prefix tokens and with none; bad budgets / paths are clear errors."""
+    torch.manual_seed(0)
+    lh = dict(head_directions='center-corners-none', fill_with='max', learnable_slopes=True)
+    trunk = create_model(lh_config=lh, init_values=1.0, **TINY_EXT, img_size=64)
+    x = torch.randn(2, 3, 80, 112)
+    keep = torch.stack([torch.randperm(35)[:13], torch.randperm(35)[:13]])
+    for prefix in (None, torch.randn(2, 5, 48), torch.randn(2, 0, 48)):
+        results = {}
+        for backend, budget, rows, path in (
+            ('auto', 256.0, None, 'sdpa-coords'),
+            ('auto', 0.0, 4, 'chunked-coords'),
+            ('coords', 0.0, 5, 'chunked-coords'),
+            ('chunked-coords', 256.0, None, 'chunked-coords'),
+            ('sdpa-coords', 0.0, None, 'sdpa-coords'),
+        ):
+            ext = LookWhereExtractor(trunk, max_subset_bias_mb=budget, subset_block_rows=rows)
+            trunk.zero_grad()
+            out = ext(x, keep, prefix, backend)[0][-1]
+            assert ext.last_backend == path, (backend, budget)
+            (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+            grads = {n: p.grad.clone() for n, p in trunk.named_parameters() if p.grad is not None}
+            assert any('slopes' in n for n in grads)
+            results[(backend, budget)] = (out.detach(), grads)
+        ref_out, ref_grads = results[('sdpa-coords', 0.0)]
+        for out, grads in results.values():
+            torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
+            assert grads.keys() == ref_grads.keys()
+            for n, g in grads.items():
+                torch.testing.assert_close(g, ref_grads[n], rtol=1e-4, atol=1e-6, msg=n)
+    with pytest.raises(ValueError, match='max_subset_bias_mb|max_dense_bias_mb'):
+        LookWhereExtractor(trunk, max_subset_bias_mb=-1)
+    with pytest.raises(ValueError, match='block_rows must be None or an int >= 0.*1.5'):
+        LookWhereExtractor(trunk, subset_block_rows=1.5)
+    with pytest.raises(ValueError, match="attn_path must be one of .*'chunked-coords'.*'chunky'"):
+        LookWhere(TINY_SEL, TINY_EXT, attn_path='chunky')
+    with pytest.raises(ValueError, match=r'rows=\(3, 2\) is not a block'):
+        subset_bias(torch.zeros(12, 9, 13), (5, 7), keep, 1, rows=(3, 2))
+
+
+def test_study_distils_the_propagate_fill():
+    """The study's --fill: with 'propagate' the student's learned fill correction (zero at
+    the start) is trained by the distillation; a bad fill is a clear error."""
+    from research.lookwhere.study import FOV, _frames, distill_student, new_teacher, run_study
+
+    torch.manual_seed(0)
+    teacher = new_teacher(FOV).eval()
+    frames = [_frames((64, 64), 2, seed=0, task=FOV)[0]]
+    student = distill_student(
+        teacher, frames, [0.5], 1, lambda m: None, FOV, 'boundary', 0.5, 'propagate'
+    )
+    assert isinstance(student.fill, PropagateFill)
+    assert float(student.fill.pw.weight.detach().abs().max()) > 0  # moved from its zero init
+    with pytest.raises(ValueError, match="fill='smear' is not one of"):
+        run_study([(64, 64)], [0.5], task='fov', fill='smear')

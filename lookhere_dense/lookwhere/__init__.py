@@ -24,7 +24,7 @@ from .select import (
     top_k_with_coverage,
 )
 from .selector import LookWhereSelector, SelectorHead
-from .subset import SubsetAttention, subset_bias
+from .subset import SubsetAttention, chunked_subset_attention, subset_bias
 
 __all__ = [
     'LookWhere',
@@ -33,6 +33,7 @@ __all__ = [
     'SelectorHead',
     'SubsetAttention',
     'subset_bias',
+    'chunked_subset_attention',
     'resolve_k',
     'top_k_patches',
     'top_k_with_coverage',

@@ -11,7 +11,12 @@ from torch import Tensor
 
 from ..lookhere.vit import LookHereVisionTransformer, create_model
 from .select import gather_patches
-from .subset import SUBSET_ENCODINGS, SubsetAttention
+from .subset import (
+    DEFAULT_MAX_DENSE_BIAS_MB,
+    SUBSET_ENCODINGS,
+    SubsetAttention,
+    check_subset_budget,
+)
 
 __all__ = ['LookWhereExtractor']
 
@@ -30,6 +35,12 @@ class LookWhereExtractor(nn.Module):
             (``embed_dims``, ``num_layers``, ``num_heads``, ``patch_size``, ``preset``,
             ``pos_encoding``, ``out_indices``, ...). Window attention, Jumbo tokens and
             ``log_n_scaling`` are refused (not defined on a gathered subset).
+        max_subset_bias_mb (float): the largest dense coordinate bias of one layer
+            (``B x heads x (J + K)^2`` elements, MiB) built whole; above it the attention
+            runs per block of query rows (``'chunked-coords'``, bounded memory; see
+            :class:`~.subset.SubsetAttention`). Default: 256.
+        subset_block_rows (int, optional): query rows per block of that path; None:
+            :func:`~.subset.auto_subset_block_rows`. Default: None.
 
     Attributes:
         trunk (LookHereVisionTransformer): the ViT; with the full grid kept and its own
@@ -38,8 +49,18 @@ class LookWhereExtractor(nn.Module):
             (:class:`~.subset.SubsetAttention`).
     """
 
-    def __init__(self, trunk: Optional[LookHereVisionTransformer] = None, **kwargs: Any):
+    def __init__(
+        self,
+        trunk: Optional[LookHereVisionTransformer] = None,
+        *,
+        max_subset_bias_mb: float = DEFAULT_MAX_DENSE_BIAS_MB,
+        subset_block_rows: Optional[int] = None,
+        **kwargs: Any,
+    ):
         super().__init__()
+        check_subset_budget(max_subset_bias_mb, subset_block_rows)
+        self.max_subset_bias_mb = float(max_subset_bias_mb)
+        self.subset_block_rows = subset_block_rows
         if trunk is None:
             trunk = create_model(**kwargs)
         elif kwargs:
@@ -96,7 +117,8 @@ class LookWhereExtractor(nn.Module):
             keep: ``(B, K)`` kept patch indices of the grid of ``images``.
             prefix_tokens: ``(B, J, D)`` tokens in front of the kept patches (the
                 selector's CLS and registers); None: the trunk's own CLS token.
-            backend: ``'auto'`` or ``'coords'`` (:class:`~.subset.SubsetAttention`).
+            backend: one of :data:`~.subset.SUBSET_BACKENDS` (``'auto'``, ``'coords'``,
+                ``'sdpa-coords'``, ``'chunked-coords'``; :class:`~.subset.SubsetAttention`).
 
         Returns:
             ``(outs, J, grid)``: per ``trunk.out_indices`` the ``(B, J + K, D)`` tokens
@@ -121,7 +143,9 @@ class LookWhereExtractor(nn.Module):
         x = trunk.drop_after_pos(x)
         if trunk.pre_ln is not None:
             x = trunk.pre_ln(x)
-        attend = SubsetAttention(trunk.pos_enc, keep, grid, backend)
+        attend = SubsetAttention(
+            trunk.pos_enc, keep, grid, backend, self.max_subset_bias_mb, self.subset_block_rows
+        )
         outs = []
         last = len(trunk.blocks) - 1
         for i, blk in enumerate(trunk.blocks):

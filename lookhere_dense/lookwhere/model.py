@@ -15,6 +15,7 @@ from .extractor import LookWhereExtractor
 from .fill import FILL_MODES, build_fill
 from .select import resolve_k, top_k_with_coverage
 from .selector import LookWhereSelector
+from .subset import SUBSET_BACKENDS
 
 __all__ = ['LookWhere']
 
@@ -44,8 +45,10 @@ class LookWhere(nn.Module):
             Default: True.
         freeze_selector (bool): no gradients to the selector and the selector always in
             eval mode (fine-tuning as in the paper). Default: False.
-        attn_path (str): ``'auto'`` or ``'coords'`` (see
-            :class:`~.subset.SubsetAttention`). Default: ``'auto'``.
+        attn_path (str): ``'auto'``, ``'coords'``, ``'sdpa-coords'`` or
+            ``'chunked-coords'`` (see :class:`~.subset.SubsetAttention`; the extractor's
+            ``max_subset_bias_mb`` chooses between the last two for the first two).
+            Default: ``'auto'``.
         coverage (float): share of ``k`` kept on a regular lattice, the rest by the
             selector's scores (:func:`~.select.top_k_with_coverage`); 0 is the official
             plain top-k. Default: 0.0.
@@ -72,8 +75,10 @@ class LookWhere(nn.Module):
         self.coverage = float(coverage)
         if fill not in FILL_MODES:
             raise ValueError(f'LookWhere: fill={fill!r} is not one of {list(FILL_MODES)}')
-        if attn_path not in ('auto', 'coords'):
-            raise ValueError(f"LookWhere: attn_path must be 'auto' or 'coords', got {attn_path!r}")
+        if attn_path not in SUBSET_BACKENDS:
+            raise ValueError(
+                f'LookWhere: attn_path must be one of {list(SUBSET_BACKENDS)}, got {attn_path!r}'
+            )
         self.selector = (
             selector
             if isinstance(selector, nn.Module)
