@@ -564,3 +564,20 @@ def test_study_distils_the_propagate_fill():
     assert float(student.fill.pw.weight.detach().abs().max()) > 0  # moved from its zero init
     with pytest.raises(ValueError, match="fill='smear' is not one of"):
         run_study([(64, 64)], [0.5], task='fov', fill='smear')
+
+
+def test_extractor_memory_measures_both_paths_on_the_same_output(capsys):
+    """tools/lookwhere_study.py extractor-memory: one row per path, each ran the path it
+    names, the same output; a bad path is refused by the CLI."""
+    import runpy
+
+    from research.lookwhere.study import run_extractor_memory
+
+    rows = run_extractor_memory((64, 128), 0.25, rounds=1, block_rows=3)
+    assert [r['ran'] for r in rows] == ['sdpa-coords', 'chunked-coords']
+    assert rows[0]['kept'] == 8 and rows[1]['max_abs_diff_to_first'] < 1e-5
+    main = runpy.run_path('tools/lookwhere_study.py')['main']
+    with pytest.raises(SystemExit) as exc:
+        main(['extractor-memory', '--paths', 'dense'])
+    assert exc.value.code == 2
+    assert "'dense' is not one of" in capsys.readouterr().err

@@ -9,6 +9,8 @@
         [--fill nearest|propagate]
     python tools/lookwhere_study.py diagnose [--sizes 256x512 512x1024] [--json FILE]
     python tools/lookwhere_study.py timing [--size 1024x2048] [--k-ratios 0.25]
+    python tools/lookwhere_study.py extractor-memory [--size 1024x2048] [--k-ratio 0.25] \\
+        [--paths sdpa-coords chunked-coords] [--json FILE]
 
 ``distill`` runs mmengine's Runner on a ``LookWhereDistiller`` config (what-where
 distillation from a frozen LookHere teacher, no labels). ``study`` trains a small LookHere
@@ -17,7 +19,9 @@ measures mIoU, time and peak memory of the whole frame, sliding windows and Look
 each k_ratio and frame size (research/lookwhere/study.py), writing a JSON and a plot.
 ``diagnose`` measures which part loses mIoU: the nearest fill of the teacher's own
 features at kept sets chosen several ways vs the extractor on them
-(research/lookwhere/diagnose.py). ``timing`` times whole frame vs LookWhere, interleaved.
+(research/lookwhere/diagnose.py). ``timing`` times whole frame vs LookWhere, interleaved;
+``extractor-memory`` measures one extractor forward's peak memory and time per attention
+path (dense coordinate bias vs the chunked one).
 """
 
 from __future__ import annotations
@@ -94,6 +98,16 @@ def main(argv=None) -> int:
     t.add_argument('--rounds', type=int, default=3)
     t.add_argument('--threads', type=int, default=2)
     t.add_argument('--json', default=None, help='write the rows here')
+    m = sub.add_parser(
+        'extractor-memory', help='peak memory / time of one extractor forward per attention path'
+    )
+    m.add_argument('--size', type=_size, default=(1024, 2048))
+    m.add_argument('--k-ratio', type=float, default=0.25)
+    m.add_argument('--paths', nargs='+', default=['sdpa-coords', 'chunked-coords'])
+    m.add_argument('--rounds', type=int, default=3)
+    m.add_argument('--threads', type=int, default=2)
+    m.add_argument('--block-rows', type=int, default=0, help='0: automatic')
+    m.add_argument('--json', default=None, help='write the rows here')
     g = sub.add_parser('diagnose', help='oracle fills: which kept set / extractor loses mIoU')
     g.add_argument('--sizes', nargs='+', type=_size, default=[(256, 512), (512, 1024)])
     g.add_argument('--k-ratios', nargs='+', type=float, default=[0.1, 0.25, 0.5])
@@ -138,6 +152,24 @@ def main(argv=None) -> int:
         if args.json:
             with open(args.json, 'w') as f:
                 json.dump(dict(command=command, **res), f, indent=2)
+        return 0
+    if args.command == 'extractor-memory':
+        import json
+
+        from lookhere_dense.lookwhere.subset import SUBSET_BACKENDS
+        from research.lookwhere.study import run_extractor_memory
+
+        for p in args.paths:
+            if p not in SUBSET_BACKENDS:
+                parser.error(f'--paths: {p!r} is not one of {list(SUBSET_BACKENDS)}')
+        rows = run_extractor_memory(
+            args.size, args.k_ratio, args.paths, args.rounds, args.threads, args.block_rows
+        )
+        for row in rows:
+            print(row)
+        if args.json:
+            with open(args.json, 'w') as f:
+                json.dump({'command': command, 'rows': rows}, f, indent=2)
         return 0
     if args.command == 'timing':
         import json

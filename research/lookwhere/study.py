@@ -541,3 +541,69 @@ def run_timing(
             )
         )
     return rows
+
+
+def run_extractor_memory(
+    size: Tuple[int, int] = (1024, 2048),
+    k_ratio: float = 0.25,
+    paths: Sequence[str] = ('sdpa-coords', 'chunked-coords'),
+    rounds: int = 3,
+    threads: int = 2,
+    block_rows: int = 0,
+) -> List[Dict[str, Any]]:
+    """Peak memory and time of one LookWhere extractor forward (the study's trunk: 192
+    dims, 6 blocks, 12 heads, lh180, patch 16, untrained; no selector, no fill) on a
+    random kept set of ``ceil(k_ratio * N)`` patches of one ``size`` frame, per attention
+    ``path`` (:data:`lookhere_dense.lookwhere.subset.SUBSET_BACKENDS`), interleaved in each
+    of ``rounds`` rounds. Memory: the rise of the process's peak RSS during the pass (heap
+    returned to the OS before each, :class:`research.memory.PeakMemory`); per path the
+    median time, the largest and the median rise, and the largest output difference to
+    the first path."""
+    from lookhere_dense.lookwhere.select import resolve_k
+    from research.memory import PeakMemory, free_memory
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    trunk = create_model(**TRUNK, img_size=CROP).eval()
+    extractor = LookWhereExtractor(trunk, subset_block_rows=block_rows or None)
+    grid = extractor.grid_of(size)
+    n = grid[0] * grid[1]
+    k = resolve_k(n, k_ratio=k_ratio)
+    keep = torch.randperm(n, generator=torch.Generator().manual_seed(0))[:k].sort().values[None]
+    x = torch.randn(1, 3, *size)
+    times: Dict[str, List[float]] = {p: [] for p in paths}
+    rises: Dict[str, List[float]] = {p: [] for p in paths}
+    ran: Dict[str, str] = {}
+    first: Dict[str, torch.Tensor] = {}
+    diff: Dict[str, float] = {}
+    with torch.inference_mode():
+        extractor(x, keep, None, paths[0])  # warm-up
+        for _ in range(rounds):
+            for path in paths:
+                out = None
+                free_memory()
+                with PeakMemory('cpu') as mem:
+                    t0 = time.perf_counter()
+                    out = extractor(x, keep, None, path)[0][-1]
+                    times[path].append(time.perf_counter() - t0)
+                rises[path].append(mem.rise_mb)
+                ran[path] = str(extractor.last_backend)
+                first.setdefault(path, out)
+                diff[path] = float((out - first[paths[0]]).abs().max())
+                del out
+    dense_mb = TRUNK['num_heads'] * (k + 1) ** 2 * 4 / 2**20  # float32, + the CLS
+    return [
+        dict(
+            path=p,
+            ran=ran[p],
+            size=f'{size[0]}x{size[1]}',
+            k_ratio=k_ratio,
+            kept=k,
+            dense_bias_mb_per_layer=round(dense_mb, 1),
+            median_s=round(statistics.median(times[p]), 3),
+            peak_rise_mb_max=round(max(rises[p]), 1),
+            peak_rise_mb_median=round(statistics.median(rises[p]), 1),
+            max_abs_diff_to_first=diff[p],
+        )
+        for p in paths
+    ]
