@@ -245,10 +245,7 @@ def chunked_subset_attention(
     Returns:
         ``(B, heads, T, d)``.
     """
-    if block_rows is not None and (not isinstance(block_rows, int) or block_rows < 0):
-        raise ValueError(
-            f'block_rows must be None or an int >= 0 (0: automatic), got {block_rows!r}'
-        )
+    check_subset_budget(0.0, block_rows)
     total = q.shape[-2]
     j = num_prefix_tokens(num_prefix)
     if total != j + keep.shape[1]:
