@@ -4,7 +4,8 @@ A ``score_mod`` reads the bias from the relative-offset table at the pair's offs
 (:func:`flex_score_mod`), a ``BlockMask`` built tile row by tile row from the boolean
 fields of view lets the kernel skip fully blocked tiles (:func:`lookhere_block_mask`),
 and the tokens run in tile order (:func:`tile_order`), where directed heads skip more
-tiles. Compiled on CUDA; eager (forward only) on CPU, for tests.
+tiles. Compiled on CUDA; eager on CPU, for tests (the forward, and the gradients of
+learnable slopes: torch has no CPU backward for ``q, k, v``; docs/gpu.md).
 
 Needs a torch with ``torch.nn.attention.flex_attention`` (>= 2.5, see
 :func:`flex_available`); everything else in :mod:`lookhere_dense.lookhere` works without it.
@@ -158,6 +159,16 @@ def flex_score_mod(
     A table that requires grad (learnable slopes) gets its gradient from flex's backward
     (torch >= 2.6, :func:`flex_slope_grads_available`); the block mask never depends on
     the slopes.
+
+    Precision: the score is taken as float32 (``score.float()``) and the float32 bias
+    added to it, so with bfloat16 / float16 ``q, k, v`` the modified score is float32 on
+    every path, and so is what the function returns. What flex hands in is already
+    float32 where we could check (torch 2.14: the eager math path computes ``q k^T`` in
+    float32, the CPU C++ kernel declares the score float32); Triton's CUDA kernel feeds
+    its float32 ``q k^T`` accumulator but traces the function with a score in the input
+    dtype, where the explicit cast keeps the sum (and the prefix branch) float32. Flex
+    then runs the softmax in float32 and rounds only the probabilities before ``P V`` and
+    the output to the input dtype (``tests/test_flex_precision.py``).
     """
     index = _flex_index(grid_bias.grid_size, cls_token, order)
     table = grid_bias.table[layer].float().flatten(1).contiguous()
@@ -170,6 +181,7 @@ def flex_score_mod(
         bias = table[h, t]
         if key_term is not None:
             bias = bias + key_term[h, kp]
+        score = score.float()  # never the sum in bfloat16 / float16 (see the docstring)
         return torch.where(is_cls, score, score + bias)
 
     return score_mod
