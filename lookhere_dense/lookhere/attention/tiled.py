@@ -40,11 +40,14 @@ The bias is never gathered
 Merges
     Every call returns its partial output and log-sum-exp; they are merged exactly into
     a float32 accumulator (``acc <- lerp(acc, o, sigmoid(l - m))``, ``m <- logaddexp(m,
-    l)``). Queries that see none of a call's keys (the kernel then returns 0 and lse 0)
+    l)``) that holds one *unit* (a head group x one block of ``tile_rows`` query rows)
+    and is written to the output in the inputs' dtype when the unit is done, so bfloat16
+    / float16 inputs never have a float32 copy of the frame (docs/mixed_precision.md).
+    Queries that see none of a call's keys (the kernel then returns 0 and lse 0)
     get the lse ``-1e30`` (their weight underflows to exactly 0); the plan knows which
     they are. The ``J`` global prefix keys (CLS, or Jumbo tokens: bias 0 to every patch
-    query) are one more partial, merged for the whole grid at once; the prefix queries
-    are one plain kernel call over all keys.
+    query) are one more partial per unit, in float32; the prefix queries are one plain
+    kernel call over all keys.
 
 Backward
     :class:`_TiledAttention` saves ``q, k, v``, the output and the merged log-sum-exp
@@ -55,7 +58,9 @@ Backward
     the block's queries form one query dimension (the backward kernel would give a key
     run shared by several query rows one key gradient per row), so each call's bias is
     copied out of the ``U`` view into a reused buffer first. No dense bias and no
-    attention matrix is kept between forward and backward.
+    attention matrix is kept between forward and backward. Gradients accumulate in
+    float32 per unit (queries) and per group and worker (keys, values) and are written
+    once in the inputs' dtype.
 
 Threads
     The plan splits into independent units (one group x one block of query rows, which
@@ -528,9 +533,9 @@ def _put(dst: Tensor, index, value: Tensor, add: bool = False) -> None:
         else:
             dst[index] = value
     elif add:
-        dst.index_add_(0, index, value)
+        dst.index_add_(0, index, value.to(dst.dtype))
     else:
-        dst.index_copy_(0, index, value)
+        dst.index_copy_(0, index, value.to(dst.dtype))
 
 
 class _Group:
@@ -790,6 +795,47 @@ def _run_units(units, fn, states: _GroupStates, dynamic: bool = False) -> None:
         torch.set_num_threads(threads)
 
 
+def _unit_rows(calls: List[TileCall]) -> Tuple[int, int]:
+    """The query grid rows ``y0:y1`` a unit's calls cover (its top-level row block)."""
+    return min(c.y0 for c in calls), max(c.y1 for c in calls)
+
+
+def _prefix_partial(q: Tensor, k: Tensor, v: Tensor, work: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """The partial ``(out, lse)`` of one unit's queries ``q`` ``(g, R, W, d)`` against the
+    ``J`` global prefix keys ``k, v`` ``(g, J, d)`` (bias 0), computed in ``work`` (the
+    unit's queries are copied to it: a tensor of the unit accumulator's size, never the
+    frame's). Returns ``(g, R, W, d)`` and ``(g, R, W)``."""
+    g, rows, cols, dim = q.shape
+    kc, vc = k.to(work), v.to(work)
+    sc = torch.matmul(q.reshape(g, rows * cols, dim).to(work), kc.transpose(-1, -2))
+    sc = sc * dim**-0.5  # (g, R*W, J)
+    if k.shape[1] == 1:  # one key: its value, weight 1
+        o = vc[:, None, None, 0, :].expand(g, rows, cols, vc.shape[-1])
+        return o, sc.view(g, rows, cols)
+    o = torch.matmul(sc.softmax(-1), vc).view(g, rows, cols, vc.shape[-1])
+    return o, sc.logsumexp(-1).view(g, rows, cols)
+
+
+def _prefix_grads(
+    dout: Tensor, q: Tensor, out: Tensor, lse: Tensor, k: Tensor, v: Tensor, work: torch.dtype
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """The ``J`` prefix keys' share of one unit's gradients, in ``work``: ``(dq, dk, dv)``
+    of shapes ``q``'s ``(g, R, W, d)`` and ``(g, J, d)``, from the *global* ``out`` and
+    ``lse`` (the same formulas as the flash backward; the unit's rows are copied to
+    ``work``)."""
+    g, rows, cols, dim = q.shape
+    scale = dim**-0.5
+    qw, dow, ow = (t.reshape(g, rows * cols, -1).to(work) for t in (q, dout, out))
+    kc, vc = k.to(work), v.to(work)
+    p = torch.exp(torch.matmul(qw, kc.transpose(-1, -2)) * scale - lse.reshape(g, -1, 1))
+    delta = (dow * ow).sum(-1, keepdim=True)
+    ds = p * (torch.matmul(dow, vc.transpose(-1, -2)) - delta)  # (g, R*W, J)
+    dq = torch.matmul(ds, kc * scale).view(g, rows, cols, dim)
+    dk = torch.matmul(ds.transpose(-1, -2), qw) * scale
+    dv = torch.matmul(p.transpose(-1, -2), dow)
+    return dq, dk, dv
+
+
 def _forward(
     q: Tensor,
     k: Tensor,
@@ -800,6 +846,11 @@ def _forward(
     off: int,
     want_lse: bool,
 ) -> Tuple[Tensor, Optional[Tensor]]:
+    """The forward: ``(out, lse)``. The partials of a unit (one head group x one block of
+    ``plan.tile_rows`` query rows) are merged in a float32 accumulator of that unit only
+    (``g x tile_rows x W x d``), which is then written to the output in ``q``'s dtype
+    (float32 / float64 inputs accumulate straight into the output): no float32 copy of
+    the frame's queries or output exists under bfloat16 / float16."""
     batch, heads, total, dim = q.shape
     grid = plan.grid_size
     work = work_dtype(q.dtype)
@@ -813,33 +864,36 @@ def _forward(
     units = plan.units()
     for b in range(batch):
         q_all = _grid_view(q[b, :, off:], grid)  # (heads, H, W, d)
-        acc_all = (
-            _grid_view(out[b, :, off:], grid)
-            if direct
-            else q.new_zeros(heads, grid[0], grid[1], v.shape[-1], dtype=work)
-        )
+        out_all = _grid_view(out[b, :, off:], grid)
         m_all = _grid_view(lse[b, :, off:], grid)
         m_all.fill_(EMPTY_LSE)
 
         def make(gi):
             grp = _Group(plan.groups[gi], table, key_term, grid, q.dtype)
+            prefix = tuple(_take(t[b, :, :off], grp.index) for t in (k, v)) if off else None
             return (
                 grp,
                 _take(q_all, grp.index),
-                _take(acc_all, grp.index),
+                _take(out_all, grp.index),
                 _take(m_all, grp.index),
                 grp.strip_layout(k[b, :, off:]),
                 grp.strip_layout(v[b, :, off:]),
+                prefix,
             )
 
         def done(gi, state):
-            grp, _, acc, m = state[:4]
+            grp, _, out_g, m = state[:4]
             if not isinstance(grp.index, slice):
-                _put(acc_all, grp.index, acc)
+                _put(out_all, grp.index, out_g)
                 _put(m_all, grp.index, m)
 
         def run(worker, calls, state):
-            grp, qg, acc, m, k_str, v_str = state
+            grp, qg, out_g, m, k_str, v_str, prefix = state
+            y0, y1 = _unit_rows(calls)
+            if direct:
+                acc = out_g[:, y0:y1]
+            else:
+                acc = torch.zeros(out_g[:, y0:y1].shape, dtype=work, device=q.device)
             for call in calls:
                 block, qv, kv, vv, mask = grp.operands(call, qg, k_str, v_str)
                 rows = qv.shape[1]
@@ -848,22 +902,15 @@ def _forward(
                 )
                 if call.empty is not None:
                     l = l.masked_fill(call.empty, EMPTY_LSE)
-                merge_partial(acc[block], m[block], o, l, call.first)
+                at = (block[0], slice(call.y0 - y0, call.y1 - y0), block[2])
+                merge_partial(acc[at], m[block], o, l, call.first)
+            if prefix is not None:  # the J prefix keys, bias 0 to every patch query
+                o, l = _prefix_partial(qg[:, y0:y1], *prefix, work)
+                merge_partial(acc, m[:, y0:y1], o, l, False)
+            if not direct:
+                out_g[:, y0:y1] = acc
 
         _run_units(units, run, _GroupStates(units, make, done), dynamic=True)
-        if off == 1:  # the CLS key, bias 0 to every patch query: one more partial
-            kc, vc = k[b, :, 0].to(work), v[b, :, 0].to(work)
-            sc = torch.matmul(q[b, :, off:].to(work), kc.unsqueeze(-1)).view(m_all.shape)
-            merge_partial(
-                acc_all, m_all, vc[:, None, None, :].expand_as(acc_all), sc * dim**-0.5, False
-            )
-        elif off:  # J prefix keys (Jumbo), bias 0 to every patch query: one more partial
-            kc, vc = k[b, :, :off].to(work), v[b, :, :off].to(work)  # (heads, J, d)
-            sc = torch.matmul(q[b, :, off:].to(work), kc.transpose(-1, -2)) * dim**-0.5
-            oc = torch.matmul(sc.softmax(-1), vc).view(acc_all.shape)
-            merge_partial(acc_all, m_all, oc, sc.logsumexp(-1).view(m_all.shape), False)
-        if not direct:
-            out[b, :, off:] = acc_all.view(heads, -1, v.shape[-1])
     if off:  # the prefix queries, bias 0 to every key
         o, l = FLASH(q[:, :, :off], k, v)
         out[:, :, :off] = o
@@ -884,15 +931,28 @@ def _backward(
     off: int,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients of ``q, k, v``: the CPU flash backward call by call, with the global
-    output and log-sum-exp (each call's share of the gradient is then exact)."""
+    output and log-sum-exp (each call's share of the gradient is then exact).
+
+    Accumulated in float32 (float64 for float64 inputs) and written in the inputs' dtype:
+    a unit's query gradient in a ``g x tile_rows x W x d`` accumulator, a group's key /
+    value gradients in its strips (``g x N x d`` per worker thread, summed when the group
+    is done); under bfloat16 / float16 no float32 copy of the frame's ``q, k, v`` or of
+    their gradients exists."""
     batch, dim = q.shape[0], q.shape[-1]
     grid = plan.grid_size
     work = work_dtype(q.dtype)
+    direct = q.dtype == work
     dout = dout.to(q.dtype)
-    dq = torch.zeros(q.shape, dtype=work)
-    dk = torch.zeros(k.shape, dtype=work)
-    dv = torch.zeros(v.shape, dtype=work)
-    scale = dim**-0.5
+    dq = torch.zeros(q.shape, dtype=q.dtype)
+    dk = torch.zeros(k.shape, dtype=k.dtype)
+    dv = torch.zeros(v.shape, dtype=v.dtype)
+    if off:  # the prefix queries (first: the groups add their key gradients to these)
+        gq, gk, gv = FLASH_BWD(
+            dout[:, :, :off], q[:, :, :off], k, v, out[:, :, :off], lse[:, :, :off], 0.0, False
+        )
+        dq[:, :, :off] = gq
+        dk.copy_(gk)
+        dv.copy_(gv)
     units = plan.units()
     buffers: dict = {}
     for b in range(batch):
@@ -900,29 +960,38 @@ def _backward(
 
         def make(gi):
             grp = _Group(plan.groups[gi], table, key_term, grid, q.dtype)
+            prefix = tuple(_take(t[b, :, :off], grp.index) for t in (k, v)) if off else None
             return (
                 (grp,)
                 + tuple(_take(t, grp.index) for t in views)
-                + (grp.strip_layout(k[b, :, off:]), grp.strip_layout(v[b, :, off:]), {})
+                + (grp.strip_layout(k[b, :, off:]), grp.strip_layout(v[b, :, off:]), {}, prefix)
             )
 
         def done(gi, state):
             grp, dqg, key_grads = state[0], state[5], state[8]
             if not isinstance(grp.index, slice):
                 _put(views[4], grp.index, dqg)
-            for w in sorted(key_grads):  # one pair per worker (keys shared), in order
-                dk_str, dv_str = key_grads[w]
-                grp.add_from_strips(dk[b, :, off:], dk_str)
-                grp.add_from_strips(dv[b, :, off:], dv_str)
+            # one sum per group in the work dtype (workers in order), one rounding
+            sums = [sum(g[i] for _, g in sorted(key_grads.items())) for i in range(4)]
+            grp.add_from_strips(dk[b, :, off:], sums[0])
+            grp.add_from_strips(dv[b, :, off:], sums[1])
+            if off:
+                _put(dk[b, :, :off], grp.index, sums[2], add=True)
+                _put(dv[b, :, :off], grp.index, sums[3], add=True)
 
         def run(worker, calls, state):
-            grp, qg, dog, og, lg, dqg, k_str, v_str, key_grads = state
+            grp, qg, dog, og, lg, dqg, k_str, v_str, key_grads, prefix = state
             if worker not in key_grads:
-                key_grads[worker] = (
-                    torch.zeros(k_str.shape, dtype=work),
-                    torch.zeros(v_str.shape, dtype=work),
+                shapes = (k_str.shape, v_str.shape) + (
+                    (prefix[0].shape, prefix[1].shape) if off else ((), ())
                 )
-            dk_str, dv_str = key_grads[worker]
+                key_grads[worker] = [torch.zeros(s, dtype=work) for s in shapes]
+            dk_str, dv_str, dk_pre, dv_pre = key_grads[worker]
+            y0, y1 = _unit_rows(calls)
+            if direct:
+                acc = dqg[:, y0:y1]
+            else:
+                acc = torch.zeros(dqg[:, y0:y1].shape, dtype=work, device=q.device)
             for call in calls:
                 # the block's queries as one query dimension (the flash backward gives
                 # a key run shared by several query rows one gradient each: R times the
@@ -950,41 +1019,25 @@ def _backward(
                     False,
                     attn_mask=m,
                 )
-                dqg[block] += gq.view(g, rows, cols, dim)
+                acc[:, call.y0 - y0 : call.y1 - y0, call.x0 : call.x1] += gq.view(
+                    g, rows, cols, dim
+                )
                 js, r0 = grp.strips - 1 - call.strip, grid[0] - call.r1
                 sl = slice(r0, r0 + call.r1 - call.r0)
                 dk_str[:, js, sl] += gk.view(g, -1, grp.s, dim)
                 dv_str[:, js, sl] += gv.view(g, -1, grp.s, v.shape[-1])
+            if prefix is not None:  # the J prefix keys' share of the unit's queries
+                gq, gk, gv = _prefix_grads(
+                    *(t[:, y0:y1] for t in (dog, qg, og, lg)), *prefix, work
+                )
+                acc += gq
+                dk_pre += gk
+                dv_pre += gv
+            if not direct:
+                dqg[:, y0:y1] = acc
 
         _run_units(units, run, _GroupStates(units, make, done))
-        if off == 1:  # the CLS key's share, all heads at once
-            qw, dow = q[b, :, off:].to(work), dout[b, :, off:].to(work)
-            kc, vc = k[b, :, 0].to(work), v[b, :, 0].to(work)
-            p = torch.exp(torch.matmul(qw, kc.unsqueeze(-1)).squeeze(-1) * scale - lse[b, :, off:])
-            delta = (dow * out[b, :, off:].to(work)).sum(-1)
-            ds = p * (torch.matmul(dow, vc.unsqueeze(-1)).squeeze(-1) - delta)
-            dq[b, :, off:] += ds.unsqueeze(-1) * (kc * scale)[:, None, :]
-            dk[b, :, 0] += torch.einsum('hn,hnd->hd', ds, qw) * scale
-            dv[b, :, 0] += torch.einsum('hn,hnd->hd', p, dow)
-        elif off:  # the J prefix keys' share (Jumbo), all heads at once
-            qw, dow = q[b, :, off:].to(work), dout[b, :, off:].to(work)
-            kc, vc = k[b, :, :off].to(work), v[b, :, :off].to(work)  # (heads, J, d)
-            p = torch.exp(
-                torch.matmul(qw, kc.transpose(-1, -2)) * scale - lse[b, :, off:, None]
-            )  # (heads, N, J)
-            delta = (dow * out[b, :, off:].to(work)).sum(-1, keepdim=True)
-            ds = p * (torch.matmul(dow, vc.transpose(-1, -2)) - delta)
-            dq[b, :, off:] += torch.matmul(ds, kc * scale)
-            dk[b, :, :off] += torch.matmul(ds.transpose(-1, -2), qw) * scale
-            dv[b, :, :off] += torch.matmul(p.transpose(-1, -2), dow)
-    if off:  # the prefix queries
-        gq, gk, gv = FLASH_BWD(
-            dout[:, :, :off], q[:, :, :off], k, v, out[:, :, :off], lse[:, :, :off], 0.0, False
-        )
-        dq[:, :, :off] += gq
-        dk += gk
-        dv += gv
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return dq, dk, dv
 
 
 class _TiledAttention(torch.autograd.Function):
