@@ -8,33 +8,34 @@
 #                                              # checks and JSON layout on CPU, tiny sizes
 #     bash tools/gpu_check.sh --out FILE.json  # elsewhere (other flags: --help)
 #
-# What it runs (research/benchmark/gpu_check.py; docs/gpu.md says how to
-# read it): env (versions, Triton, C compiler, one compiled flex probe), correctness
-# (flex forward and q/k/v/slope gradients vs the reference in float32, bfloat16, float16,
-# at stated tolerances), attn (1k-32k tokens: check, warm-up, 5 timed rounds, medians,
-# peak memory; flex, flex computing every tile, SDPA without bias, SDPA with the dense
-# bias; forward and forward + backward), peer (timm's ViT-B vs our trunk without bias and
-# lh180 / lh90 / lh45 through flex: frames 1024x2048 and 2048x4096, train steps 512 and
-# 1024, one process per case). The JSON is rewritten after every case: a kill at any
-# moment leaves valid JSON with everything finished; with $OUT set, all output also goes
-# to $OUT/gpu_check.log (the device returns files under $OUT, only the tail of stdout).
+# What it runs (research/benchmark/gpu_check.py; docs/gpu.md says how to read it): env
+# (versions, Triton, C compiler, one compiled flex probe), correctness (flex forward and
+# q/k/v/slope gradients vs the reference in bfloat16, float16, then float32, at stated
+# tolerances; in bfloat16 / float16 also the forward's rounding bound: the score_mod and
+# softmax in float32), attn (1k-32k tokens: check, warm-up, 5 timed rounds, medians, peak
+# memory; flex, flex computing every tile, SDPA without bias, SDPA with the dense bias;
+# forward and forward + backward), peer (timm's ViT-B vs our trunk without bias and lh180
+# / lh90 / lh45 through flex: frames 1024x2048 and 2048x4096, train steps 512 and 1024,
+# one process per case). The JSON is rewritten after every case: a kill at any moment
+# leaves valid JSON with everything finished; with $OUT set, all output also goes to
+# $OUT/gpu_check.log (the device returns files under $OUT, only the tail of stdout).
 #
-# Budget: 360 s of sections (env 20, correctness 70, attn 110, peer 160), each enforced
-# (a case that would start too late is recorded as skipped; a section that ran over
-# leaves the later ones only what is left of the 360 s), plus ~15 s of imports. The
-# estimate behind it, one H200 (~990 dense bf16 TFLOP/s, say 400 reached): the work is
-# small (attn at 32k tokens: 4*T^2*d*heads = 3.3 TFLOP forward, ~10 ms; a ViT-B frame of
-# 2048x4096 = 32k tokens: ~12 * (24*T*D^2 + 4*T^2*D) = 50 TFLOP, ~0.15 s); compilation
-# dominates. Flex compiles once per (shape, dtype, grad mode): measured here on CPU,
-# aot_eager 1-2 s per shape and inductor's CPU kernel 24 s; on the GPU Triton's forward
-# and backward kernels are assumed at ~10 s and ~25 s (not measured: no GPU was lent):
-# correctness 6 cases x ~(10 + 25) s would need 210 s, so the 70 s budget may skip the
-# float16 and learnable cases (bfloat16 fixed first); attn 5 sizes x ~40 s needs 200 s,
-# so 110 s covers about three sizes (8k, 16k, 32k run first: the goals' sizes); peer 14
-# processes x (~8 s start + compile) fit the first ~10 rows in 160 s. Raise it with
-# --budget-scale where time allows (1.25: 450 s of sections, cap 570 s + 30 s to stop,
-# inside a 10-minute limit per command; 2: 12 min). A hard cap of budget + 120 s
-# (timeout, SIGINT) stops a hung run; the run still writes its JSON and says so.
+# Budget: 360 s of sections (env 20, correctness 70, attn 110, peer 160), each enforced (a
+# case that would start too late is recorded as skipped; a section that ran over leaves
+# the later ones only what is left of the 360 s), plus ~15 s of imports. The estimate
+# behind it, one H200 (~990 dense bf16 TFLOP/s, say 400 reached): the work is small (attn
+# at 32k tokens: 4*T^2*d*heads = 3.3 TFLOP forward, ~10 ms; a ViT-B frame of 2048x4096 =
+# 32k tokens: ~12 * (24*T*D^2 + 4*T^2*D) = 50 TFLOP, ~0.15 s); compilation dominates. Flex
+# compiles once per (shape, dtype, grad mode): measured here on CPU, aot_eager 1-2 s per
+# shape and inductor's CPU kernel 24 s; on the GPU Triton's forward and backward kernels
+# are assumed at ~10 s and ~25 s (not measured: no GPU was lent): correctness 6 cases x
+# ~(10 + 25) s would need 210 s, so the 70 s budget may skip the learnable and float32
+# cases (bfloat16 and float16 fixed first); attn 5 sizes x ~40 s needs 200 s, so 110 s
+# covers about three sizes (8k, 16k, 32k run first: the goals' sizes); peer 14 processes x
+# (~8 s start + compile) fit the first ~10 rows in 160 s. Raise it with --budget-scale
+# where time allows (1.25: 450 s of sections, cap 570 s + 30 s to stop, inside a 10-minute
+# limit per command; 2: 12 min). A hard cap of budget + 120 s (timeout, SIGINT) stops a
+# hung run; the run still writes its JSON and says so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

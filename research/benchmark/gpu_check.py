@@ -7,9 +7,11 @@ runs four sections in order, each under its own time budget (:data:`BUDGET_S`):
                  one tiny compiled flex call (the probe: no Triton or no compiler shows
                  here, once, and the flex cases are then recorded as skipped).
 ``correctness``  compiled flex against the reference backend (float32 math on the same
-                 inputs) in float32, bfloat16 and float16, fixed and learnable slopes:
+                 inputs) in bfloat16, float16 and float32, fixed and learnable slopes:
                  forward, and the gradients of ``q, k, v`` (and of the slopes where
-                 learnable) at the tolerances of :data:`TOLERANCES`.
+                 learnable) at the tolerances of :data:`TOLERANCES`; in bfloat16 and
+                 float16 also the forward's rounding bound (:func:`roundings`: the score
+                 and the softmax kept in float32).
 ``attn``         attention alone at each token count: a correctness check first (sampled
                  query rows against float32 rows of the dense bias), then warm-up and
                  interleaved timed rounds (medians) of flex (block mask), flex computing
@@ -75,6 +77,7 @@ __all__ = [
     'simulate_plan',
     'relative_error',
     'within',
+    'roundings',
     'Recorder',
     'RecompileWatch',
     'correctness_case',
@@ -91,11 +94,17 @@ SECTIONS = ('env', 'correctness', 'attn', 'peer')
 #: tools/gpu_check.sh's header); a case that would start with too little left is skipped
 BUDGET_S: Dict[str, float] = {'env': 20, 'correctness': 70, 'attn': 110, 'peer': 160}
 #: per dtype: the largest ``max|got - ref| / max|ref|`` allowed for the forward output and
-#: for each gradient (flex in ``dtype`` vs the float32 reference on the same rounded inputs)
+#: for each gradient (flex in ``dtype`` vs the float32 reference on the same rounded inputs);
+#: in the reduced dtypes also ``roundings``, the largest :func:`roundings` of the forward:
+#: flex keeps the modified score and the softmax in float32 and rounds the probabilities
+#: before ``P V`` and the output, 2 roundings (measured on CPU 1.2-1.7,
+#: tests/test_flex_precision.py, which bounds it at 2.5; a score_mod adding the bias in the
+#: low dtype gave 6.8-14 there); 4 leaves room for the GPU kernel's float32 arithmetic (not
+#: measured on a GPU)
 TOLERANCES: Dict[str, Dict[str, float]] = {
     'float32': {'forward': 2e-3, 'grad': 5e-3},
-    'bfloat16': {'forward': 3e-2, 'grad': 6e-2},
-    'float16': {'forward': 5e-3, 'grad': 1e-2},
+    'bfloat16': {'forward': 3e-2, 'grad': 6e-2, 'roundings': 4.0},
+    'float16': {'forward': 5e-3, 'grad': 1e-2, 'roundings': 4.0},
 }
 #: what a case's ``status`` can be
 OK, FAILED, SKIPPED = 'ok', 'failed', 'skipped'
@@ -211,6 +220,19 @@ def within(got: Tensor, ref: Tensor, tol: float) -> Dict[str, Any]:
     """``{'rel_err', 'tol', 'ok'}`` of :func:`relative_error` against ``tol``."""
     err = relative_error(got, ref)
     return dict(rel_err=err, tol=tol, ok=err <= tol)
+
+
+def roundings(got: Tensor, ref: Tensor, size: Tensor) -> float:
+    """``max |got - ref| / (u * size)`` elementwise (inf where ``got`` is not finite):
+    the error of an attention output ``got`` in a reduced dtype in units of that dtype's
+    unit roundoff ``u`` (2^-8 bfloat16, 2^-11 float16) times ``size``, the reference's
+    attention of ``|v|`` (``P |V|``, the size of the terms summed). Rounding the
+    probabilities before ``P V`` costs at most 1, rounding the output at most 1 more."""
+    unit = torch.finfo(got.dtype).eps / 2
+    got, ref, size = got.detach().float(), ref.detach().float(), size.detach().float()
+    if not bool(torch.isfinite(got).all()):
+        return math.inf
+    return ((got - ref).abs() / (unit * size).clamp_min(1e-30)).max().item()
 
 
 # ---------------------------------------------------------------------------------------
@@ -440,14 +462,15 @@ def _flex_call(
     )
 
 
-def _inputs(n: int, dev: torch.device, dtype: torch.dtype, seed: int = 0) -> List[Tensor]:
+def _inputs(
+    n: int, dev: torch.device, dtype: torch.dtype, seed: int = 0, scale: float = 1.0
+) -> List[Tensor]:
     """``q, k, v`` and an output gradient, ``(1, 12, n, 64)``, from ``seed`` (CPU generator:
-    the same values on every device)."""
+    the same values on every device); ``q`` and ``k`` times ``scale``."""
     g = torch.Generator().manual_seed(seed)
-    return [
-        torch.randn(1, HEADS, n, HEAD_DIM, generator=g).to(device=dev, dtype=dtype)
-        for _ in range(4)
-    ]
+    out = [torch.randn(1, HEADS, n, HEAD_DIM, generator=g) for _ in range(4)]
+    out[0], out[1] = out[0] * scale, out[1] * scale
+    return [t.to(device=dev, dtype=dtype) for t in out]
 
 
 def correctness_case(
@@ -456,7 +479,8 @@ def correctness_case(
     """Compiled flex vs the ``reference`` backend (float32 on the same rounded inputs) on
     ``plan.correctness_grid`` + CLS, lh90, layer 0: forward, and the gradients of ``q, k,
     v`` (on CPU torch has no flex backward for them: recorded as skipped) and, where
-    ``learnable``, of the slopes, each within :data:`TOLERANCES` of ``dtype``."""
+    ``learnable``, of the slopes, each within :data:`TOLERANCES` of ``dtype``; in
+    bfloat16 / float16 also the forward's :func:`roundings` (``forward_roundings``)."""
     dev, tdt, tol = torch.device(plan.device), DTYPES[dtype], TOLERANCES[dtype]
     if learnable and not flex_slope_grads_available():
         return dict(
@@ -466,7 +490,12 @@ def correctness_case(
     eng = LookHereAttentionEngine(resolve_lh_config('lh90'), 1, HEADS, 'flex')
     grid, cls = plan.correctness_grid, 1
     n = cls + grid[0] * grid[1]
-    q, k, v, gout = _inputs(n, dev, tdt)
+    # fixed slopes: q and k twice the timed sections' size, scores of about 4 standard
+    # deviations, peaky softmaxes where the bias and the score's precision matter (a sum
+    # rounded to bfloat16 in the score_mod: 8.8 roundings here, 1.8 at unit size); not with
+    # learnable slopes, whose global-slope gradient (a sum over every pair) then cancels
+    # down to where float16 missed it by 0.13 in the CPU simulation
+    q, k, v, gout = _inputs(n, dev, tdt, scale=1.0 if learnable else 2.0)
     slopes = LookHereSlopes(eng.config, 1, HEADS).to(dev) if learnable else None
     ref_slopes = LookHereSlopes(eng.config, 1, HEADS).to(dev) if learnable else None
     qkv_grads = dev.type != 'cpu'
@@ -477,6 +506,21 @@ def correctness_case(
     out = _flex_call(eng, plan, *leaves, grid, cls, slopes)
     ref = eng(*ref_leaves, 0, grid, cls, backend='reference', slopes=ref_slopes)
     res: Dict[str, Any] = dict(tokens=n, forward=within(out, ref, tol['forward']))
+    if 'roundings' in tol:  # the reduced dtypes: the forward within its rounding bound
+        with torch.no_grad():
+            size = eng(
+                *ref_leaves[:2],
+                v.float().abs(),
+                0,
+                grid,
+                cls,
+                backend='reference',
+                slopes=ref_slopes,
+            )
+        err = roundings(out, ref, size)
+        res['forward_roundings'] = dict(
+            roundings=err, tol=tol['roundings'], ok=err <= tol['roundings']
+        )
     wrt = (leaves if qkv_grads else []) + (list(slopes.parameters()) if learnable else [])
     ref_wrt = (ref_leaves if qkv_grads else []) + (
         list(ref_slopes.parameters()) if learnable else []
@@ -497,6 +541,9 @@ def correctness_case(
     bad = [n for n, c in checks.items() if not c['ok']]
     worst = max(c['rel_err'] for c in checks.values())
     res['summary'] = f'max rel err {worst:.2e} ({len(checks)} checks)'
+    if 'forward_roundings' in res:
+        bad += [] if res['forward_roundings']['ok'] else ['forward_roundings']
+        res['summary'] += f', forward {res["forward_roundings"]["roundings"]:.2f} roundings'
     if len(watch.hits) > hits:
         return dict(res, status=FAILED, error=f'eager fallback: {watch.hits[-1]}')
     if bad:
@@ -968,11 +1015,13 @@ def _flex_section(
 
 def _correctness_order(plan: Plan) -> List[Tuple[str, bool]]:
     """``(dtype, learnable)`` most important first (a budget stop costs the last ones): the
-    dtype the other sections time (``plan.attn_dtype``) fixed and learnable, then the
-    other dtypes fixed, then learnable."""
-    others = [d for d in TOLERANCES if d != plan.attn_dtype]
-    return [(plan.attn_dtype, False), (plan.attn_dtype, True)] + [
-        (d, learn) for learn in (False, True) for d in others
+    reduced dtypes, the one the other sections time (``plan.attn_dtype``) first, with
+    fixed slopes (the forward and the ``q, k, v`` gradients), then with learnable slopes,
+    then float32 fixed and learnable."""
+    reduced = sorted((d for d in TOLERANCES if d != 'float32'), key=lambda d: d != plan.attn_dtype)
+    return [(d, learn) for learn in (False, True) for d in reduced] + [
+        ('float32', False),
+        ('float32', True),
     ]
 
 
