@@ -248,3 +248,18 @@ def test_inductor_compiled_flex_forward_in_low_precision(dtype):
     with torch.no_grad():
         out = run_flex(eng, q, k, v, 'inductor')
     assert forward_error(eng, out, q, k, v) <= FORWARD_TOL
+
+
+@slow
+@pytest.mark.skipif(not flex_slope_grads_available(), reason='torch < 2.6: no table gradients')
+def test_inductor_cannot_compile_flex_with_a_table_that_requires_grad_on_cpu():
+    """Why learnable slopes train through eager flex on CPU (``can_run`` refuses compiled
+    flex there): inductor's CPU lowering returns only the output, the training graph also
+    reads the logsumexp (torch 2.14.1). When a torch compiles it, this fails: move the
+    inductor case into the gradient tests above."""
+    eng = make_engine()
+    q, k, v, _ = inputs(torch.bfloat16)
+    slopes = LookHereSlopes(eng.config, 1, HEADS)
+    tables = eng.slope_bias(0, GRID, CPU, torch.float32, slopes)
+    with pytest.raises(Exception, match='tuple index out of range'):
+        run_flex(eng, q, k, v, 'inductor', tables)
