@@ -34,7 +34,6 @@ from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..validation import check_int
@@ -44,7 +43,12 @@ from .attention.common import AttentionCall, AttentionRequest
 from .attention.flex import flex_score_mod, lookhere_block_mask, tile_order
 from .attention.fused import FUSED_MIN_TOKENS
 from .attention.tiled import TILED_MIN_TOKENS
-from .attention.windows import attend_in_windows, padded_grid, window_key_mask
+from .attention.windows import (
+    attend_in_windows,
+    padded_grid,
+    sdpa_in_windows,
+    window_key_mask,
+)
 from .bias import (
     DistanceTable,
     GridBias,
@@ -519,26 +523,6 @@ class LookHereAttentionEngine:
             )
 
         def attend(qw: Tensor, kw: Tensor, vw: Tensor) -> Tensor:
-            batch, n_win = qw.shape[:2]
-            if batch == 0:  # an empty batch: an empty result
-                return vw.new_empty(vw.shape)
-            if pad is not None:
-                mask = window_bias + pad  # (nWin, heads, T_w, T_w)
-                return torch.stack(
-                    [
-                        F.scaled_dot_product_attention(
-                            qw[i], kw[i], vw[i], attn_mask=mask, dropout_p=dropout_p
-                        )
-                        for i in range(batch)
-                    ]
-                )
-            out = F.scaled_dot_product_attention(
-                qw.flatten(0, 1),
-                kw.flatten(0, 1),
-                vw.flatten(0, 1),
-                attn_mask=window_bias.unsqueeze(0),
-                dropout_p=dropout_p,
-            )
-            return out.view(batch, n_win, *out.shape[1:])
+            return sdpa_in_windows(qw, kw, vw, window_bias, pad, dropout_p)
 
         return attend_in_windows(q, k, v, grid_size, ws, cls_token, attend, dropout_p)

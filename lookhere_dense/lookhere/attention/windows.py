@@ -24,6 +24,7 @@ __all__ = [
     'window_valid',
     'window_key_mask',
     'attend_in_windows',
+    'sdpa_in_windows',
 ]
 
 
@@ -161,3 +162,49 @@ def attend_in_windows(
             cls_out = prefix_rows(q, k, v)
         out = torch.cat([cls_out, out], dim=-2)
     return out
+
+
+def sdpa_in_windows(
+    qw: Tensor,
+    kw: Tensor,
+    vw: Tensor,
+    bias: Optional[Tensor] = None,
+    pad: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """``F.scaled_dot_product_attention`` inside windows, in 4-D calls only: with 5-D
+    inputs PyTorch takes its unfused "math" kernel, which materialises the scores and, in
+    bfloat16 / float16 on CPU, float32 copies of ``q, k, v`` (docs/mixed_precision.md).
+
+    Args:
+        qw, kw, vw: ``(B, nWin, heads, T_w, d)``.
+        bias: ``(heads, T_w, T_w)``, the same for every window; None: none. Default: None.
+        pad: the padding mask of border windows ``(nWin, 1, T_w, T_w)``
+            (:func:`window_key_mask`); None: no padding. Default: None.
+        dropout_p: attention dropout. Default: 0.
+
+    Returns:
+        ``(B, nWin, heads, T_w, d)``; windows as one batch, or one call per image when
+        ``pad`` (which differs per window) is given.
+    """
+    batch, n_win = qw.shape[:2]
+    if batch == 0:  # an empty batch: an empty result
+        return vw.new_empty(vw.shape)
+    if pad is not None:
+        mask = pad if bias is None else bias + pad  # (nWin, heads | 1, T_w, T_w)
+        return torch.stack(
+            [
+                F.scaled_dot_product_attention(
+                    qw[i], kw[i], vw[i], attn_mask=mask, dropout_p=dropout_p
+                )
+                for i in range(batch)
+            ]
+        )
+    out = F.scaled_dot_product_attention(
+        qw.flatten(0, 1),
+        kw.flatten(0, 1),
+        vw.flatten(0, 1),
+        attn_mask=None if bias is None else bias.unsqueeze(0),
+        dropout_p=dropout_p,
+    )
+    return out.view(batch, n_win, *out.shape[1:])

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..config import LookHereConfig
 from ..prefix_tokens import check_tokens, num_prefix_tokens
-from ..windows import attend_in_windows, padded_grid, window_key_mask
+from ..windows import attend_in_windows, padded_grid, sdpa_in_windows, window_key_mask
 
 __all__ = ['PositionEncoding', 'NoPositionEncoding', 'Trunk', 'window_sdpa', 'isolated_rng']
 
@@ -95,18 +95,11 @@ def window_sdpa(
     mask = None
     if padded_grid(grid_size, ws) != tuple(grid_size):
         mask = window_key_mask(grid_size, ws, cls_token, q.device, q.dtype)
-    return attend_in_windows(
-        q,
-        k,
-        v,
-        grid_size,
-        ws,
-        cls_token,
-        lambda qw, kw, vw: F.scaled_dot_product_attention(
-            qw, kw, vw, attn_mask=mask, dropout_p=dropout_p
-        ),
-        dropout_p,
-    )
+
+    def attend(qw: Tensor, kw: Tensor, vw: Tensor) -> Tensor:
+        return sdpa_in_windows(qw, kw, vw, None, mask, dropout_p)
+
+    return attend_in_windows(q, k, v, grid_size, ws, cls_token, attend, dropout_p)
 
 
 class PositionEncoding(nn.Module):

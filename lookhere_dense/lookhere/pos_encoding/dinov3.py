@@ -153,7 +153,10 @@ class DinoV3RoPE2d(PositionEncoding):
         grid_size: Tuple[int, int],
         cls_token: Union[bool, int],
     ) -> Tuple[Tensor, Tensor]:
-        emb = self.embedding(grid_size, q.device)
+        # the [sin | cos] table in q's dtype (rounded to bfloat16 under autocast, |error|
+        # <= 2^-9): rotating bf16 queries with the float32 table would promote q and k to
+        # float32 copies of the frame (as rope2d's rotate_half_pairs does, for the same reason)
+        emb = self.embedding(grid_size, q.device).to(q.dtype)
         return rotate_patch_tokens(
             q, k, grid_size, cls_token, lambda t: self._rotate_cat(t, emb, half=True)
         )

@@ -234,12 +234,10 @@ class ParabolicPositionEncoding(PositionEncoding):
             a, s = self.curvature_and_slope(tokens[:, off:], layer, dtype)
             qf, kf = parabola_features(p, a, s)
         pad = (0, self.num_features - qf.shape[-1], off, 0)  # feature padding, prefix rows: 0
-        qf, kf = F.pad(qf, pad), F.pad(kf, pad).expand(b, -1, -1, -1)
+        # cast to q's dtype before padding: under autocast the padded copies are bfloat16
+        qf, kf = F.pad(qf.to(q.dtype), pad), F.pad(kf.to(k.dtype), pad).expand(b, -1, -1, -1)
         scale = math.sqrt((d + self.num_features) / d)
-        return (
-            torch.cat([q, qf.to(q.dtype)], dim=-1) * scale,
-            torch.cat([k, kf.to(k.dtype)], dim=-1),
-        )
+        return torch.cat([q, qf], dim=-1) * scale, torch.cat([k, kf], dim=-1)
 
     def _attend_extended(
         self,
