@@ -491,6 +491,7 @@ def test_chunked_subset_attention_equals_dense_bias_sdpa(num_prefix):
     weight = torch.randn_like(ref)
     ref_grads = torch.autograd.grad((ref * weight).sum(), (q, k, v, table, key))
     assert all(float(g.abs().max()) > 0 for g in ref_grads)
+    workspace = {}
     for rows in (1, 3, 7, total - 1, total, total + 5):
         for recompute in (True, False):
             q, k, v, table, key = leaves()
@@ -503,7 +504,12 @@ def test_chunked_subset_attention_equals_dense_bias_sdpa(num_prefix):
                 torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
         with torch.no_grad():
             out = chunked_subset_attention(q, k, v, table, grid, keep, num_prefix, key, rows)
-        torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+            for _ in range(2):  # buffers kept in the workspace between calls (layers)
+                out = chunked_subset_attention(
+                    q, k, v, table, grid, keep, num_prefix, key, rows, workspace=workspace
+                )
+                torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
 
 
 def test_extractor_chooses_chunked_coords_above_the_budget_and_matches_dense():

@@ -61,6 +61,7 @@ def subset_index(
     keep: Tensor,
     num_prefix: int = 0,
     rows: Optional[Tuple[int, int]] = None,
+    out: Optional[Tensor] = None,
 ) -> Tensor:
     """The flat index of every token pair of ``[J prefix, K kept patches]`` into a
     relative-offset table with one extra zero slot at its end (for the pairs with a prefix
@@ -77,6 +78,9 @@ def subset_index(
         rows: ``(start, stop)``: only the query rows ``start <= t < stop`` of the
             ``J + K`` tokens (one block of :func:`chunked_subset_attention`). Default:
             None (every row).
+        out: a contiguous 1-D int64 tensor of at least ``B * R * (J + K)`` elements to
+            write into (its start; one buffer for every block and layer saves the page
+            faults of a fresh one). Default: None (a new one).
 
     Returns:
         ``(B, R * (J + K))`` int64 in ``[0, (2H-1) * (2W-1)]`` with ``R`` the rows
@@ -91,12 +95,22 @@ def subset_index(
     from_origin = pair_index(grid_size, origin, keep)  # (B, K): g(k) + c
     to_origin = from_origin - pair_index(grid_size, origin, origin)  # g(q)
     p0, p1 = max(start - j, 0), max(stop - j, 0)  # the block's patch query rows
-    block = from_origin[:, None, :] - to_origin[:, p0:p1, None]  # (B, P, K) = pair_index
-    if not j:
-        return block.flatten(1)
-    out = block.new_full((b, stop - start, j + k), zero_slot)
-    out[:, stop - start - (p1 - p0) :, j:] = block  # prefix query rows come first
-    return out.flatten(1)
+    shape = (b, stop - start, j + k)
+    if out is None:
+        index = keep.new_empty(shape)
+    elif out.dim() != 1 or out.dtype != torch.int64 or out.numel() < math.prod(shape):
+        raise ValueError(
+            f'out must be a 1-D int64 tensor of at least {math.prod(shape)} elements, got '
+            f'{tuple(out.shape)} {out.dtype}'
+        )
+    else:
+        index = out[: math.prod(shape)].view(shape)
+    first = stop - start - (p1 - p0)  # prefix query rows come first
+    index[:, :first] = zero_slot
+    index[:, first:, :j] = zero_slot
+    # (B, P, K) = pair_index of the block's patch queries and every kept key
+    torch.sub(from_origin[:, None, :], to_origin[:, p0:p1, None], out=index[:, first:, j:])
+    return index.flatten(1)
 
 
 def _check_rows(rows: Optional[Tuple[int, int]], tokens: int) -> Tuple[int, int]:
@@ -206,6 +220,16 @@ def auto_subset_block_rows(q: Tensor, block_mb: float = 64.0) -> int:
     return max(64, int(block_mb * 2**20 // max(per_row, 1)))
 
 
+def _workspace(
+    workspace: dict, name: str, numel: int, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """A 1-D buffer of at least ``numel`` elements kept in ``workspace[name]``."""
+    buf = workspace.get(name)
+    if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
+        buf = workspace[name] = torch.empty(numel, dtype=dtype, device=device)
+    return buf
+
+
 def chunked_subset_attention(
     q: Tensor,
     k: Tensor,
@@ -218,6 +242,7 @@ def chunked_subset_attention(
     block_rows: Optional[int] = None,
     dropout_p: float = 0.0,
     recompute: Optional[bool] = None,
+    workspace: Optional[dict] = None,
 ) -> Tensor:
     """Attention over the gathered tokens in blocks of query rows, each block's bias
     gathered from the coordinates when the block runs (:func:`subset_index` and
@@ -241,6 +266,9 @@ def chunked_subset_attention(
             Default: None.
         dropout_p: attention dropout. Default: 0.
         recompute: checkpoint each block. Default: when autograd records.
+        workspace: a dict that keeps the block bias and index buffers between calls
+            without autograd (one per layer of a forward: the page faults of fresh
+            buffers cost about a third of the gather on CPU). Default: None.
 
     Returns:
         ``(B, heads, T, d)``.
@@ -261,13 +289,18 @@ def chunked_subset_attention(
     key_term = None if key_term is None else key_term.to(q.dtype)
     rows = max(1, min(block_rows or auto_subset_block_rows(q), total))
     b, heads = q.shape[:2]
-    buffer = None if recompute else table.new_empty(b * heads * rows * total)
+    buffer = index_buffer = None
+    if not records:  # (with autograd SDPA keeps each block's mask: no reuse)
+        ws = {} if workspace is None else workspace
+        buffer = _workspace(ws, 'bias', b * heads * rows * total, table.dtype, q.device)
+        index_buffer = _workspace(ws, 'index', b * rows * total, torch.int64, q.device)
     result = None if records else q.new_empty(*q.shape[:-1], v.shape[-1])
 
     def block(start: int, stop: int, q_blk: Tensor, k_all: Tensor, v_all: Tensor) -> Tensor:
         shape = (b, heads, stop - start, total)
         out = None if buffer is None else buffer[: math.prod(shape)].view(shape)
-        bias = subset_bias(table, grid_size, keep, j, key_term, None, out, (start, stop))
+        index = subset_index(grid_size, keep, j, (start, stop), index_buffer)
+        bias = subset_bias(table, grid_size, keep, j, key_term, index, out, (start, stop))
         return F.scaled_dot_product_attention(
             q_blk, k_all, v_all, attn_mask=bias, dropout_p=dropout_p
         )
@@ -380,6 +413,7 @@ class SubsetAttention:
         self.last_backend: Optional[str] = None
         self._index: Optional[Tensor] = None  # subset_index, shared by all layers
         self._buffer: Optional[Tensor] = None  # the bias of every layer without autograd
+        self._workspace: dict = {}  # the chunked path's block buffers, for every layer
 
     def coords_path(self, q: Tensor) -> str:
         """``'sdpa-coords'`` or ``'chunked-coords'`` for queries ``q`` ``(B, heads, T, d)``:
@@ -449,7 +483,17 @@ class SubsetAttention:
         self.last_backend = path
         if path == 'chunked-coords':
             return chunked_subset_attention(
-                q, k, v, table, self.grid_size, self.keep, prefix, key, self.block_rows, dropout_p
+                q,
+                k,
+                v,
+                table,
+                self.grid_size,
+                self.keep,
+                prefix,
+                key,
+                self.block_rows,
+                dropout_p,
+                workspace=self._workspace,
             )
         bias = self._bias(table, key, prefix)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
