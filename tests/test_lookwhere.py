@@ -522,15 +522,15 @@ def test_extractor_chooses_chunked_coords_above_the_budget_and_matches_dense():
     trunk = create_model(lh_config=lh, init_values=1.0, **TINY_EXT, img_size=64)
     x = torch.randn(2, 3, 80, 112)
     keep = torch.stack([torch.randperm(35)[:13], torch.randperm(35)[:13]])
+    cases = (('auto', 256.0, None, 'sdpa-coords'), ('auto', 0.0, 4, 'chunked-coords'))
+    forced = (
+        ('coords', 0.0, 5, 'chunked-coords'),
+        ('chunked-coords', 256.0, None, 'chunked-coords'),
+        ('sdpa-coords', 0.0, None, 'sdpa-coords'),
+    )
     for prefix in (None, torch.randn(2, 5, 48), torch.randn(2, 0, 48)):
         results = {}
-        for backend, budget, rows, path in (
-            ('auto', 256.0, None, 'sdpa-coords'),
-            ('auto', 0.0, 4, 'chunked-coords'),
-            ('coords', 0.0, 5, 'chunked-coords'),
-            ('chunked-coords', 256.0, None, 'chunked-coords'),
-            ('sdpa-coords', 0.0, None, 'sdpa-coords'),
-        ):
+        for backend, budget, rows, path in cases + (forced if prefix is None else ()):
             ext = LookWhereExtractor(trunk, max_subset_bias_mb=budget, subset_block_rows=rows)
             trunk.zero_grad()
             out = ext(x, keep, prefix, backend)[0][-1]
@@ -539,7 +539,7 @@ def test_extractor_chooses_chunked_coords_above_the_budget_and_matches_dense():
             grads = {n: p.grad.clone() for n, p in trunk.named_parameters() if p.grad is not None}
             assert any('slopes' in n for n in grads)
             results[(backend, budget)] = (out.detach(), grads)
-        ref_out, ref_grads = results[('sdpa-coords', 0.0)]
+        ref_out, ref_grads = results[('auto', 256.0)]
         for out, grads in results.values():
             torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
             assert grads.keys() == ref_grads.keys()
