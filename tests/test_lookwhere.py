@@ -587,3 +587,21 @@ def test_extractor_memory_measures_both_paths_on_the_same_output(capsys):
         main(['extractor-memory', '--paths', 'dense'])
     assert exc.value.code == 2
     assert "'dense' is not one of" in capsys.readouterr().err
+
+
+def test_study_whole_frame_finetune_control_trains_a_copy():
+    """--finetune-teacher: finetune_whole trains the whole-frame model it is given (here a
+    copy of the teacher) with the student's fine-tuning steps; the teacher is untouched."""
+    import copy
+
+    from research.lookwhere.study import FOV, _frames, finetune_whole, new_teacher
+
+    torch.manual_seed(0)
+    teacher = new_teacher(FOV).eval()
+    before = copy.deepcopy(teacher.state_dict())
+    pool = [_frames((64, 64), 2, seed=0, task=FOV)]
+    tuned = finetune_whole(copy.deepcopy(teacher), pool, [0.5], 1, lambda m: None)
+    assert not tuned.training
+    moved = [k for k, v in tuned.state_dict().items() if not torch.equal(v, before[k])]
+    assert 'cls.weight' in moved and any(k.startswith('backbone.') for k in moved)
+    assert all(torch.equal(v, before[k]) for k, v in teacher.state_dict().items())

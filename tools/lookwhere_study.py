@@ -92,6 +92,12 @@ def main(argv=None) -> int:
         help="the student's dense fill: the nearest kept patch (official) or the learned "
         'propagation (trained in distillation and fine-tuning)',
     )
+    s.add_argument(
+        '--finetune-teacher',
+        action='store_true',
+        help='control: fine-tune a copy of the teacher on the whole frames with the same '
+        "steps and evaluate it ('whole-ft')",
+    )
     t = sub.add_parser('timing', help='whole frame vs LookWhere time only, interleaved rounds')
     t.add_argument('--size', type=_size, default=(1024, 2048))
     t.add_argument('--k-ratios', nargs='+', type=float, default=[0.25])
@@ -213,6 +219,7 @@ def main(argv=None) -> int:
         coverage=args.coverage,
         cache_dir=args.cache_dir,
         fill=args.fill,
+        finetune_teacher=args.finetune_teacher,
     )
     return 0
 

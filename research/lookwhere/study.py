@@ -279,6 +279,17 @@ def finetune_student(seg: SegModel, pool, k_ratios: Sequence[float], iters: int,
     student.freeze_selector = True
     for p in student.selector.parameters():
         p.requires_grad = False
+    return _finetune(seg, pool, k_ratios, iters, log, lambda x, r: seg(x, k_ratio=r))
+
+
+def finetune_whole(seg: SegModel, pool, k_ratios: Sequence[float], iters: int, log) -> SegModel:
+    """The control for :func:`finetune_student`: the same steps (frames, optimiser, seed)
+    on a model that sees the whole frame (e.g. a copy of the teacher), so that labelled
+    whole-frame training is not credited to LookWhere alone."""
+    return _finetune(seg, pool, k_ratios, iters, log, lambda x, r: seg(x), 'whole finetune')
+
+
+def _finetune(seg: SegModel, pool, k_ratios, iters: int, log, forward, tag: str = 'finetune'):
     params = [p for p in seg.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=2e-4, weight_decay=0.01)
     gen = torch.Generator().manual_seed(2)
@@ -288,14 +299,14 @@ def finetune_student(seg: SegModel, pool, k_ratios: Sequence[float], iters: int,
         imgs, labs = pool[int(torch.randint(len(pool), (1,), generator=gen))]
         i = torch.randint(imgs.shape[0], (2,), generator=gen)
         r = float(k_ratios[int(torch.randint(len(k_ratios), (1,), generator=gen))])
-        loss = F.cross_entropy(seg(imgs[i], k_ratio=r), labs[i], ignore_index=255)
+        loss = F.cross_entropy(forward(imgs[i], r), labs[i], ignore_index=255)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         if it % 25 == 0 or it == iters - 1:
             log(
-                f'finetune iter {it + 1}/{iters} loss {loss.item():.3f} '
+                f'{tag} iter {it + 1}/{iters} loss {loss.item():.3f} '
                 f'({(time.perf_counter() - t0) / (it + 1):.2f} s/step)'
             )
     return seg.eval()
@@ -366,6 +377,7 @@ def run_study(
     coverage: float = 0.0,
     cache_dir: str = '',
     fill: str = 'nearest',
+    finetune_teacher: bool = False,
 ) -> Dict[str, Any]:
     """Run the study (see the module docstring) on ``task`` (a key of :data:`TASKS`);
     writes ``OUT_DIR/NAME.json`` and ``OUT_DIR/NAME.png`` and returns the results.
@@ -374,7 +386,10 @@ def run_study(
     ``cache_dir``: keep the trained teacher's state dict there and reuse it (same task,
     sizes and ``train_iters``: the same seeded teacher); ``fill``: the student's dense fill
     (:data:`lookhere_dense.lookwhere.fill.FILL_MODES`), used in distillation, fine-tuning
-    and evaluation."""
+    and evaluation; ``finetune_teacher``: also fine-tune a copy of the teacher on the
+    whole frames with the student's fine-tuning steps (:func:`finetune_whole`) and evaluate
+    it on the whole frame (``method='whole-ft'``), the control for the student's labelled
+    whole-frame steps."""
     from research.reporting import figure, write_json
 
     if task not in TASKS:
@@ -412,16 +427,27 @@ def run_study(
     seg_student = SegModel(student, spec.trunk['embed_dims'], spec.num_classes)
     seg_student.norm = copy.deepcopy(teacher.norm)
     seg_student.cls = copy.deepcopy(teacher.cls)
+    small_pool = [p for p, s in zip(pool, sizes) if s[0] * s[1] <= 256 * 512] or pool[:1]
     if finetune_iters:
-        small_pool = [p for p, s in zip(pool, sizes) if s[0] * s[1] <= 256 * 512] or pool[:1]
         finetune_student(seg_student, small_pool, k_ratios, finetune_iters, log)
+    teacher_ft = None
+    if finetune_teacher and finetune_iters:
+        teacher_ft = finetune_whole(
+            copy.deepcopy(teacher), small_pool, k_ratios, finetune_iters, log
+        )
     rows: List[Dict[str, Any]] = []
     with torch.inference_mode():
         for j, size in enumerate(sizes):
             frames, labels = _frames(size, test_frames, seed=900 + j, task=spec)
             cases = [('whole', None), ('slide', None)] + [('lookwhere', r) for r in k_ratios]
+            if teacher_ft is not None:
+                cases.insert(1, ('whole-ft', None))
             for method, ratio in cases:
-                if method == 'slide':
+                if method == 'whole-ft':
+
+                    def fn(x):
+                        return teacher_ft(x)
+                elif method == 'slide':
 
                     def fn(x):
                         return slide_logits(teacher, x, spec.stride, spec.crop)
@@ -457,6 +483,7 @@ def run_study(
             distill_iters=distill_iters,
             finetune_iters=finetune_iters,
             fill=fill,
+            finetune_teacher=bool(finetune_teacher and finetune_iters),
             selector_target=selector_target,
             coverage=coverage,
         ),
@@ -472,7 +499,7 @@ def run_study(
         figsize=(7, 4.5),
         title=f'LookWhere vs whole frame / sliding windows ({task} frames)',
     ) as (_, ax):
-        markers = {'whole': 'o', 'slide': 's', 'lookwhere': '^'}
+        markers = {'whole': 'o', 'whole-ft': 'D', 'slide': 's', 'lookwhere': '^'}
         for size in sizes:
             key = f'{size[0]}x{size[1]}'
             sub = [r for r in rows if r['size'] == key]
