@@ -34,6 +34,10 @@ tile-plan helpers, the online-softmax merge, the bias-table gather, flex helpers
 those, never each other (an import-linter contract). :mod:`.chooser` asks the backends in
 a documented order (``auto``) and explains the choice (:func:`explain_backend`).
 
+:mod:`.dtype_audit` (``DtypeAudit``) records the dtype and size of every op a call runs
+under ``torch.autocast``: how ``tests/test_autocast_dtypes.py`` holds each path to its
+float32 budget (docs/mixed_precision.md).
+
 Token order is ``[p_0, ..., p_{J-1}, patch_0, ..., patch_{N-1}]``: ``J >= 0`` global prefix
 tokens (CLS is ``J = 1``, Jumbo tokens ``J``; their rows and columns carry no bias) before
 the patches, row-major over the grid.
