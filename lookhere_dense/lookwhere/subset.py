@@ -323,9 +323,11 @@ def chunked_subset_attention(
 def check_subset_budget(max_dense_bias_mb: float, block_rows: Optional[int]) -> None:
     """A clear error for a bad ``max_dense_bias_mb`` (a number >= 0) or ``block_rows``
     (None or an int >= 0)."""
-    if isinstance(max_dense_bias_mb, bool) or not isinstance(max_dense_bias_mb, (int, float)):
-        raise ValueError(f'max_dense_bias_mb must be a number >= 0, got {max_dense_bias_mb!r}')
-    if not max_dense_bias_mb >= 0:  # also NaN
+    if (
+        isinstance(max_dense_bias_mb, bool)
+        or not isinstance(max_dense_bias_mb, (int, float))
+        or not max_dense_bias_mb >= 0  # also NaN
+    ):
         raise ValueError(f'max_dense_bias_mb must be a number >= 0, got {max_dense_bias_mb!r}')
     if block_rows is not None and (
         isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 0
@@ -412,8 +414,9 @@ class SubsetAttention:
         self.full = backend == 'auto' and is_full_grid(keep, self.grid_size[0] * self.grid_size[1])
         self.last_backend: Optional[str] = None
         self._index: Optional[Tensor] = None  # subset_index, shared by all layers
-        self._buffer: Optional[Tensor] = None  # the bias of every layer without autograd
-        self._workspace: dict = {}  # the chunked path's block buffers, for every layer
+        # reused buffers without autograd, for every layer: the dense bias ('dense') and
+        # the chunked path's block bias and index ('bias', 'index')
+        self._workspace: dict = {}
 
     def coords_path(self, q: Tensor) -> str:
         """``'sdpa-coords'`` or ``'chunked-coords'`` for queries ``q`` ``(B, heads, T, d)``:
@@ -444,9 +447,9 @@ class SubsetAttention:
         if not torch.is_grad_enabled():  # SDPA's backward would keep the mask: no reuse then
             b, k = self.keep.shape
             shape = (b, table.shape[0], prefix + k, prefix + k)
-            if self._buffer is None or tuple(self._buffer.shape) != shape:
-                self._buffer = table.new_empty(shape)
-            buffer = self._buffer if self._buffer.dtype == table.dtype else None
+            numel = math.prod(shape)
+            flat = _workspace(self._workspace, 'dense', numel, table.dtype, table.device)
+            buffer = flat[:numel].view(shape)
         return subset_bias(table, self.grid_size, self.keep, prefix, key, self._index, buffer)
 
     def __call__(
