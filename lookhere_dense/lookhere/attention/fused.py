@@ -29,6 +29,17 @@ Backward
     saves) and runs the kernel's flash backward (per batch and head: ``P`` recomputed with
     the global log-sum-exp, ``dK, dV`` accumulated in tile order).
 
+Reduced precision
+    bfloat16 / float16 ``q, k, v`` are read in their dtype; scores, bias, softmax and
+    accumulators are float32. The products are float32 FMA kernels (operands converted as
+    they are packed), except for bfloat16 where the kernel is built for AVX-512 and the CPU
+    has AVX512-BF16 (:func:`native_bf16_available`): there the five products of the
+    forward and backward take bfloat16 operands and sum in float32 (VDPBF16PS), ``P`` and
+    ``dS`` rounded to bfloat16 as their operands, as flash attention does on GPUs (0.68-0.75x
+    the time of the float32 products on one ViT-B layer; tolerances in
+    ``tests/test_fused_bf16.py``). ``native_bf16=False`` or ``LOOKHERE_FUSED_BF16=0``
+    keeps the float32 products. AMX tiles are not used.
+
 Threads
     The kernel runs on PyTorch's intra-op threads (``torch.set_num_threads``); forward
     work items (batch, head, query tile) and backward items (batch, head) are handed to
@@ -92,6 +103,8 @@ __all__ = [
     'fused_attention',
     'fused_available',
     'fused_unavailable_reason',
+    'native_bf16_available',
+    'native_bf16_unavailable_reason',
     'load_fused_ops',
     'build_directory',
     'FUSED_TILE',
@@ -217,6 +230,29 @@ def fused_available() -> bool:
         return True
     except RuntimeError:
         return False
+
+
+def native_bf16_available() -> bool:
+    """True where bfloat16 attention runs on the kernel's native bfloat16 products: the
+    kernel built for AVX-512, a CPU with AVX512-BF16, and ``LOOKHERE_FUSED_BF16`` not
+    ``0``. Elsewhere bfloat16 ``q, k, v`` are computed with the float32 products."""
+    if os.environ.get('LOOKHERE_FUSED_BF16', '1') == '0':
+        return False
+    return fused_available() and bool(load_fused_ops().native_bf16())
+
+
+def native_bf16_unavailable_reason() -> Optional[str]:
+    """Why :func:`native_bf16_available` is False (None while it is True)."""
+    if os.environ.get('LOOKHERE_FUSED_BF16', '1') == '0':
+        return 'the native bfloat16 products are turned off (LOOKHERE_FUSED_BF16=0)'
+    if not fused_available():
+        return fused_unavailable_reason()
+    if not load_fused_ops().native_bf16():
+        return (
+            f'this CPU / build has no AVX512-BF16 (build capability {_capability()}); '
+            'bfloat16 runs on the float32 products'
+        )
+    return None
 
 
 def fused_unavailable_reason() -> Optional[str]:
@@ -390,11 +426,20 @@ def _kernel_args(plan: FusedPlan, off: int, scale: float):
 
 
 def _forward(
-    q, k, v, table, key_term, plan: FusedPlan, off: int, max_keys: int, gather_bytes: int
+    q,
+    k,
+    v,
+    table,
+    key_term,
+    plan: FusedPlan,
+    off: int,
+    max_keys: int,
+    gather_bytes: int,
+    native: bool,
 ):
     scale = q.shape[-1] ** -0.5
     out, lse = load_fused_ops().forward(
-        q, k, v, table, key_term, *_kernel_args(plan, off, scale), max_keys, gather_bytes
+        q, k, v, table, key_term, *_kernel_args(plan, off, scale), max_keys, gather_bytes, native
     )
     if off:  # the prefix queries: bias 0 to every key
         o, l = FLASH(q[:, :, :off], k, v)
@@ -407,15 +452,16 @@ class _FusedAttention(torch.autograd.Function):
     """The fused kernel with its flash-style backward: saves ``q, k, v, out, lse``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, table, key_term, plan, off, max_keys, gather_bytes):
-        out, lse = _forward(q, k, v, table, key_term, plan, off, max_keys, gather_bytes)
+    def forward(ctx, q, k, v, table, key_term, plan, off, max_keys, gather_bytes, native):
+        out, lse = _forward(q, k, v, table, key_term, plan, off, max_keys, gather_bytes, native)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.table, ctx.key_term, ctx.plan, ctx.off, ctx.max_keys = (
+        ctx.table, ctx.key_term, ctx.plan, ctx.off, ctx.max_keys, ctx.native = (
             table,
             key_term,
             plan,
             off,
             max_keys,
+            native,
         )
         return out
 
@@ -439,6 +485,7 @@ class _FusedAttention(torch.autograd.Function):
             ctx.key_term,
             *_kernel_args(plan, off, scale),
             ctx.max_keys,
+            ctx.native,
         )
         if off:  # the prefix queries' share
             gq, gk, gv = FLASH_BWD(
@@ -454,7 +501,7 @@ class _FusedAttention(torch.autograd.Function):
             dq[:, :, :off] += gq
             dk += gk
             dv += gv
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def fused_attention(
@@ -469,6 +516,7 @@ def fused_attention(
     plans: Optional[MutableMapping] = None,
     max_keys: int = FUSED_MAX_KEYS,
     gather_bytes: int = FUSED_GATHER_BYTES,
+    native_bf16: Optional[bool] = None,
 ) -> Tensor:
     """Exact LookHere attention through the compiled tile-sparse kernel (see the module
     docstring).
@@ -489,6 +537,9 @@ def fused_attention(
             exceed it). Default: :data:`FUSED_MAX_KEYS`.
         gather_bytes: the most bytes of keys / values copied into tile order at once (at
             least one head). Default: :data:`FUSED_GATHER_BYTES`.
+        native_bf16: for bfloat16 ``q, k, v``: True = the native bfloat16 products
+            (AVX512-BF16; a RuntimeError where this machine has none), False = the float32
+            products; None = native where :func:`native_bf16_available` (Default: None).
 
     Returns:
         ``(B, heads, T, d)`` in ``q``'s dtype, laid out ``(B, T, heads, d)`` in memory.
@@ -505,6 +556,20 @@ def fused_attention(
             f'{fused_unavailable_reason()}; use '
             "model.backbone.attn_backend='auto' (which then picks 'tiled')"
         )
+    if native_bf16 is None:
+        native = native_bf16_available()
+    elif native_bf16 is True:
+        if not native_bf16_available():
+            raise RuntimeError(
+                f'fused attention: native_bf16=True, but {native_bf16_unavailable_reason()}'
+            )
+        native = True
+    elif native_bf16 is False:
+        native = False
+    else:
+        raise ValueError(
+            f'fused attention: native_bf16 must be None, True or False, got {native_bf16!r}'
+        )
     plan = get_fused_plan(grid_bias, layer, tile, plans)
     dtype = q.dtype
     # bfloat16 / float16 q, k, v go in as they are (converted as the kernel packs them);
@@ -517,9 +582,11 @@ def fused_attention(
     if key_term is not None:
         key_term = key_term.to(work)[:, plan.order].contiguous()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        out = _FusedAttention.apply(q, k, v, table, key_term, plan, off, max_keys, gather_bytes)
+        out = _FusedAttention.apply(
+            q, k, v, table, key_term, plan, off, max_keys, gather_bytes, native
+        )
     else:
-        out = _forward(q, k, v, table, key_term, plan, off, max_keys, gather_bytes)[0]
+        out = _forward(q, k, v, table, key_term, plan, off, max_keys, gather_bytes, native)[0]
     return out if out.dtype == dtype else out.to(dtype)
 
 

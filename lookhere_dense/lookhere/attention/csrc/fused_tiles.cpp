@@ -34,8 +34,10 @@
 // head) or copied into the query block; scores, the bias table (float32), the online
 // softmax and every accumulator stay float32; the output and dq, dk, dv are written back
 // in the input dtype, the log-sum-exp in float32. No float32 copy of a whole tensor is
-// made. The products themselves are the float32 FMA micro-kernels: no AMX / AVX512-BF16
-// instruction is used yet.
+// made. The products are the float32 FMA micro-kernels, except for bfloat16 where the
+// build targets AVX-512 and the CPU has AVX512-BF16: there the native bfloat16 products
+// (section "Native bfloat16 products") take bfloat16 operands with float32 sums. AMX tiles
+// are not used (no machine with AMX was at hand to build and time them).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -405,8 +407,348 @@ void pack_head(const IT* src, int64_t ld, const Tiles& tl, int d, int dp, T* row
 }
 
 // ---------------------------------------------------------------------------------------
+// Native bfloat16 products (AVX512-BF16: VDPBF16PS)
+// ---------------------------------------------------------------------------------------
+// Where the build targets AVX-512 and the CPU has AVX512-BF16 (checked at run time), the
+// five products of bfloat16 attention take bfloat16 operands and accumulate in float32
+// with VDPBF16PS (a float32 lane += a0 * b0 + a1 * b1 of two bfloat16 pairs: half the
+// instructions of the float32 FMA kernels, half the bytes per operand). Operands are
+// stored in pairs along the summed index:
+//   - key / value *panels* ``[slots / 16][dp / 2][16][2]``: 16 slots, channel pairs (QK^T,
+//     dO V^T: sum over channels);
+//   - slot *pairs* ``[slots / 2][dp][2]`` (P V, dS K: sum over slots);
+//   - row *pairs* ``[rows / 2][n][2]`` of P, dS, Q, dO (P^T dO, dS^T Q: sum over query rows).
+// Scores, bias, softmax, the log-sum-exp and every accumulator stay float32; P and dS are
+// rounded to bfloat16 once, as operands of the products (as flash attention does on GPUs).
+#if defined(CPU_CAPABILITY_AVX512) && (defined(__GNUC__) || defined(__clang__))
+#define LH_NATIVE_BF16 1
+#include <immintrin.h>
+#define LH_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#endif
+
+using bf16 = c10::BFloat16;
+
+// True where this build has the native bfloat16 products and the CPU runs them.
+bool native_bf16_available() {
+#ifdef LH_NATIVE_BF16
+  static const bool ok = __builtin_cpu_supports("avx512bf16");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+// One row of a query tile, packed as key slot s of a head: into the slot-pair layout and / or
+// the panel layout (either may be null). Padding is never written: the buffers start at 0.
+inline void put_slot_bf16(const bf16* x, int s, int d, int dp, bf16* pairs, bf16* panels) {
+  if (pairs) {
+    bf16* p = pairs + (int64_t)(s / 2) * dp * 2 + (s & 1);
+    for (int c = 0; c < d; ++c) p[2 * c] = x[c];
+  }
+  if (panels) {
+    bf16* p = panels + (int64_t)(s / 16) * dp * 16 + (s % 16) * 2;
+    for (int c = 0; c < d; ++c) p[(c / 2) * 32 + (c & 1)] = x[c];
+  }
+}
+
+// One head's keys or values in slots, bfloat16: slot pairs and / or panels (see above).
+void pack_head_bf16(const bf16* src, int64_t ld, const Tiles& tl, int d, int dp, bf16* pairs,
+                    bf16* panels) {
+  for (int j = 0; j < tl.J; ++j) put_slot_bf16(src + j * ld, j, d, dp, pairs, panels);
+  for (int t = 0; t < tl.n; ++t)
+    for (int i = 0; i < tl.size(t); ++i)
+      put_slot_bf16(src + (int64_t)(tl.J + tl.order[tl.start[t] + i]) * ld, tl.slot[t] + i, d,
+                    dp, pairs, panels);
+}
+
+// dst = rows x n float32 (ld ld) as row pairs [ceil(rows / 2)][n][2] bfloat16 (n % 16 == 0;
+// the odd last row pairs with zeros).
+void to_row_pairs_bf16(const float* src, int ld, int rows, int n, bf16* dst);
+// C (n x ns, ldc) = A (n x dp bfloat16 rows, lda) * B^T, B as panels: ns / 16 panels.
+void qk_bf16(const bf16* A, int lda, int n, int dp, const bf16* Bp, int ns, float* C, int ldc);
+// C (n x dp) += alpha * A (n x k bfloat16, lda) * B, B as k / 2 slot pairs (k even).
+void av_bf16(const bf16* A, int lda, int n, int k, const bf16* B, int dp, float* C,
+             float alpha);
+// C (ns x dp) += alpha * A^T * B, A as row pairs [n / 2][lda][2], B as row pairs
+// [n / 2][dp][2] (n even).
+void tb_bf16(const bf16* Ap, int lda, int n, int ns, const bf16* Bp, int dp, float* C,
+             float alpha);
+
+#ifdef LH_NATIVE_BF16
+LH_BF16 inline __m512bh bcast_pair(const bf16* p) {
+  int32_t x;
+  std::memcpy(&x, p, sizeof(x));
+  return (__m512bh)_mm512_set1_epi32(x);
+}
+LH_BF16 inline __m512bh load_pairs(const bf16* p) {
+  return (__m512bh)_mm512_loadu_si512((const void*)p);
+}
+
+template <int R, int P>
+LH_BF16 inline void qk_tile_bf16(const bf16* A, int lda, const bf16* Bp, int dp, float* C,
+                                 int ldc) {
+  __m512 acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+  for (int c = 0; c < dp; c += 2) {
+    __m512bh b[P];
+    for (int p = 0; p < P; ++p) b[p] = load_pairs(Bp + (int64_t)p * dp * 16 + c * 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh a = bcast_pair(A + (int64_t)r * lda + c);
+      for (int p = 0; p < P; ++p) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], a, b[p]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) _mm512_storeu_ps(C + (int64_t)r * ldc + p * 16, acc[r][p]);
+}
+
+template <int P>
+LH_BF16 inline void qk_rows_bf16(int rows, const bf16* A, int lda, const bf16* Bp, int dp,
+                                 float* C, int ldc) {
+  switch (rows) {
+    case 8: return qk_tile_bf16<8, P>(A, lda, Bp, dp, C, ldc);
+    case 7: return qk_tile_bf16<7, P>(A, lda, Bp, dp, C, ldc);
+    case 6: return qk_tile_bf16<6, P>(A, lda, Bp, dp, C, ldc);
+    case 5: return qk_tile_bf16<5, P>(A, lda, Bp, dp, C, ldc);
+    case 4: return qk_tile_bf16<4, P>(A, lda, Bp, dp, C, ldc);
+    case 3: return qk_tile_bf16<3, P>(A, lda, Bp, dp, C, ldc);
+    case 2: return qk_tile_bf16<2, P>(A, lda, Bp, dp, C, ldc);
+    default: return qk_tile_bf16<1, P>(A, lda, Bp, dp, C, ldc);
+  }
+}
+
+LH_BF16 void qk_bf16(const bf16* A, int lda, int n, int dp, const bf16* Bp, int ns, float* C,
+                     int ldc) {
+  const int panels = ns / 16;
+  for (int p = 0; p < panels; p += 2) {
+    const bf16* b = Bp + (int64_t)p * dp * 16;
+    for (int r = 0; r < n; r += 8) {
+      const int rows = std::min(8, n - r);
+      if (p + 1 < panels)
+        qk_rows_bf16<2>(rows, A + (int64_t)r * lda, lda, b, dp, C + (int64_t)r * ldc + p * 16,
+                        ldc);
+      else
+        qk_rows_bf16<1>(rows, A + (int64_t)r * lda, lda, b, dp, C + (int64_t)r * ldc + p * 16,
+                        ldc);
+    }
+  }
+}
+
+// C[r][n*16 ..] += alpha * sum_j A[r][j] * B[j][n*16 ..], R rows x NV vectors; B is the slot
+// pairs from the first channel of the column block (pair j / 2 at j * dp).
+template <int R, int NV>
+LH_BF16 inline void av_tile_bf16(const bf16* A, int lda, const bf16* B, int dp, int k,
+                                 float* C, int ldc, float alpha) {
+  __m512 acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < NV; ++n) acc[r][n] = _mm512_setzero_ps();
+  for (int j = 0; j < k; j += 2) {
+    __m512bh b[NV];
+    for (int n = 0; n < NV; ++n) b[n] = load_pairs(B + (int64_t)j * dp + n * 32);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh a = bcast_pair(A + (int64_t)r * lda + j);
+      for (int n = 0; n < NV; ++n) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], a, b[n]);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha);
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < NV; ++n) {
+      float* c = C + (int64_t)r * ldc + n * 16;
+      _mm512_storeu_ps(c, _mm512_fmadd_ps(acc[r][n], va, _mm512_loadu_ps(c)));
+    }
+}
+
+template <int NV>
+LH_BF16 inline void av_rows_bf16(int rows, const bf16* A, int lda, const bf16* B, int dp, int k,
+                                 float* C, int ldc, float alpha) {
+  switch (rows) {
+    case 4: return av_tile_bf16<4, NV>(A, lda, B, dp, k, C, ldc, alpha);
+    case 3: return av_tile_bf16<3, NV>(A, lda, B, dp, k, C, ldc, alpha);
+    case 2: return av_tile_bf16<2, NV>(A, lda, B, dp, k, C, ldc, alpha);
+    default: return av_tile_bf16<1, NV>(A, lda, B, dp, k, C, ldc, alpha);
+  }
+}
+
+LH_BF16 void av_bf16(const bf16* A, int lda, int n, int k, const bf16* B, int dp, float* C,
+                     float alpha) {
+  for (int cb = 0; cb < dp; cb += 64) {
+    const int nv = std::min(4, (dp - cb) / 16);
+    for (int r = 0; r < n; r += 4) {
+      const int rows = std::min(4, n - r);
+      const bf16* a = A + (int64_t)r * lda;
+      const bf16* b = B + cb * 2;
+      float* c = C + (int64_t)r * dp + cb;
+      switch (nv) {
+        case 4: av_rows_bf16<4>(rows, a, lda, b, dp, k, c, dp, alpha); break;
+        case 3: av_rows_bf16<3>(rows, a, lda, b, dp, k, c, dp, alpha); break;
+        case 2: av_rows_bf16<2>(rows, a, lda, b, dp, k, c, dp, alpha); break;
+        default: av_rows_bf16<1>(rows, a, lda, b, dp, k, c, dp, alpha); break;
+      }
+    }
+  }
+}
+
+// C[j][n*16 ..] += alpha * sum_r A[r][j] * B[r][n*16 ..], JR slots x NV vectors; A and B as
+// row pairs (pair r / 2 at r * lda and r * dp).
+template <int JR, int NV>
+LH_BF16 inline void tb_tile_bf16(const bf16* Ap, int lda, const bf16* Bp, int dp, int n,
+                                 float* C, int ldc, float alpha) {
+  __m512 acc[JR][NV];
+  for (int j = 0; j < JR; ++j)
+    for (int v = 0; v < NV; ++v) acc[j][v] = _mm512_setzero_ps();
+  for (int r = 0; r < n; r += 2) {
+    __m512bh b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = load_pairs(Bp + (int64_t)r * dp + v * 32);
+    for (int j = 0; j < JR; ++j) {
+      const __m512bh a = bcast_pair(Ap + (int64_t)r * lda + 2 * j);
+      for (int v = 0; v < NV; ++v) acc[j][v] = _mm512_dpbf16_ps(acc[j][v], a, b[v]);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha);
+  for (int j = 0; j < JR; ++j)
+    for (int v = 0; v < NV; ++v) {
+      float* c = C + (int64_t)j * ldc + v * 16;
+      _mm512_storeu_ps(c, _mm512_fmadd_ps(acc[j][v], va, _mm512_loadu_ps(c)));
+    }
+}
+
+LH_BF16 void tb_bf16(const bf16* Ap, int lda, int n, int ns, const bf16* Bp, int dp, float* C,
+                     float alpha) {
+  for (int cb = 0; cb < dp; cb += 64) {
+    const int nv = std::min(4, (dp - cb) / 16);
+    for (int j = 0; j < ns; j += 4) {  // ns is a multiple of 16
+      const bf16* a = Ap + 2 * j;
+      const bf16* b = Bp + cb * 2;
+      float* c = C + (int64_t)j * dp + cb;
+      switch (nv) {
+        case 4: tb_tile_bf16<4, 4>(a, lda, b, dp, n, c, dp, alpha); break;
+        case 3: tb_tile_bf16<4, 3>(a, lda, b, dp, n, c, dp, alpha); break;
+        case 2: tb_tile_bf16<4, 2>(a, lda, b, dp, n, c, dp, alpha); break;
+        default: tb_tile_bf16<4, 1>(a, lda, b, dp, n, c, dp, alpha); break;
+      }
+    }
+  }
+}
+
+LH_BF16 void to_row_pairs_bf16(const float* src, int ld, int rows, int n, bf16* dst) {
+  for (int r = 0; r < rows; r += 2) {
+    const float* a = src + (int64_t)r * ld;
+    const float* b = r + 1 < rows ? a + ld : nullptr;
+    bf16* o = dst + (int64_t)r * n;  // pair r / 2 at (r / 2) * n * 2
+    for (int j = 0; j < n; j += 16) {
+      const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(a + j)));
+      __m512i hi = _mm512_setzero_si512();
+      if (b) hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(b + j)));
+      _mm512_storeu_si512((void*)(o + 2 * j), _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+  }
+}
+#else
+// This build has no native bfloat16 products: native_bf16_available() is false, and the
+// callers check it before they reach these.
+[[noreturn]] void no_native_bf16() {
+  TORCH_CHECK(false, "fused LookHere attention: this build has no native bfloat16 products");
+}
+void to_row_pairs_bf16(const float*, int, int, int, bf16*) { no_native_bf16(); }
+void qk_bf16(const bf16*, int, int, int, const bf16*, int, float*, int) { no_native_bf16(); }
+void av_bf16(const bf16*, int, int, int, const bf16*, int, float*, float) { no_native_bf16(); }
+void tb_bf16(const bf16*, int, int, int, const bf16*, int, float*, float) { no_native_bf16(); }
+#endif
+
+// ---------------------------------------------------------------------------------------
+// Softmax blocks (shared by both product kinds)
+// ---------------------------------------------------------------------------------------
+
+// Forward, one block of scores s (nq x ns): per query row the bias added with the scale,
+// the running maximum mrow and sum lrow updated; s holds exp(S - m) afterwards and alpha
+// the factor the row's accumulator is to be multiplied by (1: unchanged).
+template <typename T>
+void online_softmax_block(T* s, int nq, int ns, const Tiles& tl, const Block& blk,
+                          const T* table_h, const T* key_h, const int* qy, const int* qx,
+                          T scale, T* brow, T* mrow, T* lrow, T* alpha) {
+  const T lowest = -std::numeric_limits<T>::infinity();
+  for (int r = 0; r < nq; ++r) {
+    T* row = s + (int64_t)r * ns;
+    bias_row<T>(brow, tl, blk, table_h, key_h, qy[r], qx[r]);
+    const T mnew = scale_add_max<T>(row, brow, ns, scale, mrow[r]);
+    if (mnew == lowest) {  // nothing seen yet
+      std::fill(row, row + ns, T(0));
+      alpha[r] = 1;
+      continue;
+    }
+    alpha[r] = std::exp(mrow[r] - mnew);
+    lrow[r] = lrow[r] * alpha[r] + exp_sum<T>(row, ns, mnew);
+    mrow[r] = mnew;
+  }
+}
+
+// acc[r] *= alpha[r] (rows of dp) where alpha[r] != 1.
+template <typename T>
+void rescale_rows(T* acc, int nq, int dp, const T* alpha) {
+  constexpr int V = Vec<T>::size();
+  for (int r = 0; r < nq; ++r)
+    if (alpha[r] != T(1)) {
+      T* a = acc + (int64_t)r * dp;
+      const Vec<T> va(alpha[r]);
+      for (int c = 0; c < dp; c += V) (Vec<T>::loadu(a + c) * va).store(a + c);
+    }
+}
+
+// The normalised output rows and their log-sum-exp, written to the model's token rows.
+template <typename T, typename IT>
+void write_rows(const Tiles& tl, int qt, int nq, int dp, int d, T* acc, const T* mrow,
+                const T* lrow, IT* oh, int64_t ostride, T* lh, int64_t lstride) {
+  const T lowest = -std::numeric_limits<T>::infinity();
+  for (int r = 0; r < nq; ++r) {
+    const int64_t row = tl.J + tl.order[tl.start[qt] + r];
+    IT* o = oh + row * ostride;
+    T* a = acc + (int64_t)r * dp;
+    if (lrow[r] > 0) {
+      const T inv = T(1) / lrow[r];
+      for (int c = 0; c < d; ++c) a[c] *= inv;
+      store_row<T, IT>(o, a, d);
+      lh[row * lstride] = mrow[r] + std::log(lrow[r]);
+    } else {
+      for (int c = 0; c < d; ++c) o[c] = IT(0);
+      lh[row * lstride] = lowest;
+    }
+  }
+}
+
+// Backward, one block: s (nq x ns) from Q K^T to P = exp(S * scale + bias - lse).
+template <typename T>
+void probs_block(T* s, int nq, int ns, const Tiles& tl, const Block& blk, const T* table_h,
+                 const T* key_h, const int* qy, const int* qx, T scale, T* brow,
+                 const T* lrow) {
+  const T lowest = -std::numeric_limits<T>::infinity();
+  for (int r = 0; r < nq; ++r) {
+    T* row = s + (int64_t)r * ns;
+    if (lrow[r] == lowest) {
+      std::fill(row, row + ns, T(0));
+      continue;
+    }
+    bias_row<T>(brow, tl, blk, table_h, key_h, qy[r], qx[r]);
+    scale_add_max<T>(row, brow, ns, scale, lowest);
+    exp_sum<T>(row, ns, lrow[r]);
+  }
+}
+
+// Backward, one block: p (P) to dS = P * (dP - delta), row by row.
+template <typename T>
+void dscores_block(T* p, const T* dprob, int nq, int ns, const T* delta) {
+  constexpr int V = Vec<T>::size();
+  for (int r = 0; r < nq; ++r) {
+    T* pr = p + (int64_t)r * ns;
+    const T* g = dprob + (int64_t)r * ns;
+    const Vec<T> dl(delta[r]);
+    for (int c = 0; c < ns; c += V) (Vec<T>::loadu(pr + c) * (Vec<T>::loadu(g + c) - dl)).store(pr + c);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Forward
 // ---------------------------------------------------------------------------------------
+// The float32 / float64 products (bfloat16 / float16 inputs converted as they are packed).
 template <typename T, typename IT>
 void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& table, const c10::optional<at::Tensor>& key_term,
@@ -429,7 +771,6 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   std::vector<T> kpan(phase * per), vrow(phase * per);  // zeros: the padding stays 0
   const int max_tile = tl.max_tile();
   const int width = std::max(round_up(max_keys, V), std::max(round_up(max_tile, V), tl.Jp));
-  const T lowest = -std::numeric_limits<T>::infinity();
 
   for (int64_t p0 = 0; p0 < BH; p0 += phase) {
     const int64_t p1 = std::min(BH, p0 + phase);
@@ -460,7 +801,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           load_row<IT, T>(qb.data() + (int64_t)r * dp, qh + (J + patch) * q.stride(2), d);
           qy[r] = patch / tl.W;
           qx[r] = patch % tl.W;
-          mrow[r] = lowest;
+          mrow[r] = -std::numeric_limits<T>::infinity();
           lrow[r] = 0;
         }
         std::fill(acc.begin(), acc.begin() + (int64_t)nq * dp, T(0));
@@ -473,43 +814,96 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           const int ns = blk.ns;
           T* s = sb.data();
           gemm_panels<T>(qb.data(), nq, dp, kh + (int64_t)blk.s0 * dp, ns, s, ns);
-          for (int r = 0; r < nq; ++r) {
-            T* row = s + (int64_t)r * ns;
-            bias_row<T>(brow.data(), tl, blk, table_h, key_h, qy[r], qx[r]);
-            const T mnew = scale_add_max<T>(row, brow.data(), ns, scale, mrow[r]);
-            if (mnew == lowest) {  // nothing seen yet
-              std::fill(row, row + ns, T(0));
-              alpha[r] = 1;
-              continue;
-            }
-            alpha[r] = std::exp(mrow[r] - mnew);
-            lrow[r] = lrow[r] * alpha[r] + exp_sum<T>(row, ns, mnew);
-            mrow[r] = mnew;
-          }
-          for (int r = 0; r < nq; ++r)
-            if (alpha[r] != T(1)) {
-              T* a = acc.data() + (int64_t)r * dp;
-              const Vec<T> va(alpha[r]);
-              for (int c = 0; c < dp; c += V) (Vec<T>::loadu(a + c) * va).store(a + c);
-            }
+          online_softmax_block<T>(s, nq, ns, tl, blk, table_h, key_h, qy.data(), qx.data(),
+                                  scale, brow.data(), mrow.data(), lrow.data(), alpha.data());
+          rescale_rows<T>(acc.data(), nq, dp, alpha.data());
           gemm_rows<T>(s, ns, nq, ns, vh + (int64_t)blk.s0 * dp, dp, acc.data(), T(1));
         }
-        IT* oh = op + bb * out.stride(0) + h * out.stride(1);
-        T* lh = lp + bb * lse.stride(0) + h * lse.stride(1);
+        write_rows<T, IT>(tl, qt, nq, dp, d, acc.data(), mrow.data(), lrow.data(),
+                          op + bb * out.stride(0) + h * out.stride(1), out.stride(2),
+                          lp + bb * lse.stride(0) + h * lse.stride(1), lse.stride(2));
+      }
+    });
+  }
+}
+
+// The same forward with the native bfloat16 products: keys as panels, values as slot
+// pairs, the query block and P as bfloat16 rows.
+void forward_native_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const at::Tensor& table, const c10::optional<at::Tensor>& key_term,
+                         const Plan& plan, const Tiles& tl, double scale_d, int max_keys,
+                         int64_t gather_bytes, at::Tensor& out, at::Tensor& lse) {
+  using T = float;
+  constexpr int V = 16;
+  const int64_t B = q.size(0), heads = q.size(1), N = (int64_t)tl.H * tl.W;
+  const int d = (int)q.size(3), dp = round_up(d, V), J = tl.J;
+  const T scale = (T)scale_d;
+  const bf16* qp = q.data_ptr<bf16>();
+  const T* tp = table.data_ptr<T>();
+  const T* kt = key_term ? key_term->data_ptr<T>() : nullptr;
+  const int64_t tab = (int64_t)(2 * tl.H - 1) * (2 * tl.W - 1);
+  const int64_t BH = B * heads;
+  const int64_t head_bytes = 2 * (int64_t)tl.slots * dp * sizeof(bf16);
+  const int64_t phase = std::min<int64_t>(BH, std::max<int64_t>(1, gather_bytes / head_bytes));
+  const int64_t per = (int64_t)tl.slots * dp;
+  std::vector<bf16> kpan(phase * per, bf16(0.f)), vpair(phase * per, bf16(0.f));
+  const int max_tile = tl.max_tile();
+  const int width = std::max(round_up(max_keys, V), std::max(round_up(max_tile, V), tl.Jp));
+
+  for (int64_t p0 = 0; p0 < BH; p0 += phase) {
+    const int64_t p1 = std::min(BH, p0 + phase);
+    at::parallel_for(0, p1 - p0, 1, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) {
+        const int64_t bh = p0 + i, bb = bh / heads, h = bh % heads;
+        pack_head_bf16(k.data_ptr<bf16>() + bb * k.stride(0) + h * k.stride(1), k.stride(2), tl,
+                       d, dp, nullptr, kpan.data() + i * per);
+        pack_head_bf16(v.data_ptr<bf16>() + bb * v.stride(0) + h * v.stride(1), v.stride(2), tl,
+                       d, dp, vpair.data() + i * per, nullptr);
+      }
+    });
+    const int64_t items = (p1 - p0) * plan.nqt;
+    std::atomic<int64_t> next(0);
+    at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+      std::vector<bf16> qb((size_t)max_tile * dp, bf16(0.f)), pb((size_t)max_tile * width);
+      std::vector<T> acc((size_t)max_tile * dp), sb((size_t)max_tile * width), brow(width),
+          mrow(max_tile), lrow(max_tile), alpha(max_tile);
+      std::vector<int> qy(max_tile), qx(max_tile);
+      std::vector<Block> blocks;
+      for (int64_t it; (it = next.fetch_add(1)) < items;) {
+        const int64_t i = it / plan.nqt, bh = p0 + i, bb = bh / heads, h = bh % heads;
+        const int qt = (int)(it % plan.nqt);
+        const int nq = tl.size(qt);
+        const bf16* qh = qp + bb * q.stride(0) + h * q.stride(1);
         for (int r = 0; r < nq; ++r) {
           const int patch = tl.order[tl.start[qt] + r];
-          IT* o = oh + (J + patch) * out.stride(2);
-          T* a = acc.data() + (int64_t)r * dp;
-          if (lrow[r] > 0) {
-            const T inv = T(1) / lrow[r];
-            for (int c = 0; c < d; ++c) a[c] *= inv;
-            store_row<T, IT>(o, a, d);
-            lh[(J + patch) * lse.stride(2)] = mrow[r] + std::log(lrow[r]);
-          } else {
-            for (int c = 0; c < d; ++c) o[c] = IT(0);
-            lh[(J + patch) * lse.stride(2)] = lowest;
-          }
+          std::memcpy(qb.data() + (int64_t)r * dp, qh + (J + patch) * q.stride(2),
+                      sizeof(bf16) * d);
+          qy[r] = patch / tl.W;
+          qx[r] = patch % tl.W;
+          mrow[r] = -std::numeric_limits<T>::infinity();
+          lrow[r] = 0;
         }
+        std::fill(acc.begin(), acc.begin() + (int64_t)nq * dp, T(0));
+        blocks_of(tl, plan, plan.head_group[h], qt, max_keys, blocks);
+        const T* table_h = tp + h * tab;
+        const T* key_h = kt ? kt + h * N : nullptr;
+        const bf16* kh = kpan.data() + i * per;
+        const bf16* vh = vpair.data() + i * per;
+        for (const Block& blk : blocks) {
+          const int ns = blk.ns;
+          T* s = sb.data();
+          qk_bf16(qb.data(), dp, nq, dp, kh + (int64_t)blk.s0 * dp, ns, s, ns);
+          online_softmax_block<T>(s, nq, ns, tl, blk, table_h, key_h, qy.data(), qx.data(),
+                                  scale, brow.data(), mrow.data(), lrow.data(), alpha.data());
+          store_row<T, bf16>(pb.data(), s, nq * ns);
+          rescale_rows<T>(acc.data(), nq, dp, alpha.data());
+          av_bf16(pb.data(), ns, nq, ns, vh + (int64_t)blk.s0 * dp, dp, acc.data(), 1.f);
+        }
+        write_rows<T, bf16>(tl, qt, nq, dp, d, acc.data(), mrow.data(), lrow.data(),
+                            out.data_ptr<bf16>() + bb * out.stride(0) + h * out.stride(1),
+                            out.stride(2),
+                            lse.data_ptr<T>() + bb * lse.stride(0) + h * lse.stride(1),
+                            lse.stride(2));
       }
     });
   }
@@ -518,6 +912,42 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 // ---------------------------------------------------------------------------------------
 // Backward
 // ---------------------------------------------------------------------------------------
+// Items of the backward: (batch, head) pairs, heads with more visible key slots first.
+std::vector<int64_t> backward_items(const Plan& plan, const Tiles& tl, int64_t B,
+                                    int64_t heads) {
+  std::vector<int64_t> cost(heads, 0);
+  for (int64_t h = 0; h < heads; ++h) {
+    const int* rp = plan.run_ptr + (int64_t)plan.head_group[h] * (plan.nqt + 1);
+    for (int qt = 0; qt < plan.nqt; ++qt)
+      for (int r = rp[qt]; r < rp[qt + 1]; ++r)
+        cost[h] += (int64_t)(tl.slot[plan.runs[2 * r + 1]] - tl.slot[plan.runs[2 * r]]) *
+                   tl.size(qt);
+  }
+  std::vector<int64_t> items;
+  for (int64_t bb = 0; bb < B; ++bb)
+    for (int64_t h = 0; h < heads; ++h) items.push_back(bb * heads + h);
+  std::stable_sort(items.begin(), items.end(),
+                   [&](int64_t a, int64_t b) { return cost[a % heads] > cost[b % heads]; });
+  return items;
+}
+
+// One head's dK / dV (float32 slots) written back to the model's token rows.
+template <typename T, typename IT>
+void write_key_grads(const Tiles& tl, int dp, int d, const T* dkh, const T* dvh, IT* dk_out,
+                     int64_t dk_stride, IT* dv_out, int64_t dv_stride) {
+  for (int t = 0; t < tl.n; ++t)
+    for (int i = 0; i < tl.size(t); ++i) {
+      const int64_t row = tl.J + tl.order[tl.start[t] + i];
+      const int64_t sl = (int64_t)(tl.slot[t] + i) * dp;
+      store_row<T, IT>(dk_out + row * dk_stride, dkh + sl, d);
+      store_row<T, IT>(dv_out + row * dv_stride, dvh + sl, d);
+    }
+  for (int j = 0; j < tl.J; ++j) {
+    store_row<T, IT>(dk_out + j * dk_stride, dkh + (int64_t)j * dp, d);
+    store_row<T, IT>(dv_out + j * dv_stride, dvh + (int64_t)j * dp, d);
+  }
+}
+
 template <typename T, typename IT>
 void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
@@ -533,21 +963,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
   const T* kt = key_term ? key_term->data_ptr<T>() : nullptr;
   const int max_tile = tl.max_tile();
   const int width = std::max(round_up(max_keys, V), std::max(round_up(max_tile, V), tl.Jp));
-  const T lowest = -std::numeric_limits<T>::infinity();
-  // heads by decreasing work, handed to whichever thread is free
-  std::vector<int64_t> cost(heads, 0);
-  for (int64_t h = 0; h < heads; ++h) {
-    const int* rp = plan.run_ptr + (int64_t)plan.head_group[h] * (plan.nqt + 1);
-    for (int qt = 0; qt < plan.nqt; ++qt)
-      for (int r = rp[qt]; r < rp[qt + 1]; ++r)
-        cost[h] += (int64_t)(tl.slot[plan.runs[2 * r + 1]] - tl.slot[plan.runs[2 * r]]) *
-                   tl.size(qt);
-  }
-  std::vector<int64_t> items;
-  for (int64_t bb = 0; bb < B; ++bb)
-    for (int64_t h = 0; h < heads; ++h) items.push_back(bb * heads + h);
-  std::stable_sort(items.begin(), items.end(),
-                   [&](int64_t a, int64_t b) { return cost[a % heads] > cost[b % heads]; });
+  const std::vector<int64_t> items = backward_items(plan, tl, B, heads);
   std::atomic<int64_t> next(0);
   const int64_t n_items = (int64_t)items.size();
   const int64_t per = (int64_t)tl.slots * dp;
@@ -566,8 +982,6 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
       const IT* oh = out.data_ptr<IT>() + bb * out.stride(0) + h * out.stride(1);
       const T* lh = lse.data_ptr<T>() + bb * lse.stride(0) + h * lse.stride(1);
       IT* dqh = dq.data_ptr<IT>() + bb * dq.stride(0) + h * dq.stride(1);
-      IT* dkh_out = dk.data_ptr<IT>() + bb * dk.stride(0) + h * dk.stride(1);
-      IT* dvh_out = dv.data_ptr<IT>() + bb * dv.stride(0) + h * dv.stride(1);
       pack_head<IT, T>(k.data_ptr<IT>() + bb * k.stride(0) + h * k.stride(1), k.stride(2), tl,
                        d, dp, krow.data(), kpan.data());
       pack_head<IT, T>(v.data_ptr<IT>() + bb * v.stride(0) + h * v.stride(1), v.stride(2), tl,
@@ -596,28 +1010,13 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
         for (const Block& blk : blocks) {
           const int ns = blk.ns;
           const int64_t off = (int64_t)blk.s0 * dp;
-          // P = exp(S - lse)
           gemm_panels<T>(qb.data(), nq, dp, kpan.data() + off, ns, s.data(), ns);
-          for (int r = 0; r < nq; ++r) {
-            T* row = s.data() + (int64_t)r * ns;
-            if (lrow[r] == lowest) {
-              std::fill(row, row + ns, T(0));
-              continue;
-            }
-            bias_row<T>(brow.data(), tl, blk, table_h, key_h, qy[r], qx[r]);
-            scale_add_max<T>(row, brow.data(), ns, scale, lowest);
-            exp_sum<T>(row, ns, lrow[r]);
-          }
+          probs_block<T>(s.data(), nq, ns, tl, blk, table_h, key_h, qy.data(), qx.data(), scale,
+                         brow.data(), lrow.data());
           // dV += P^T dO ; dP = dO V^T ; dS = P (dP - delta)
           gemm_t<T>(s.data(), ns, nq, ns, dob.data(), dp, dvh.data() + off, T(1));
           gemm_panels<T>(dob.data(), nq, dp, vpan.data() + off, ns, dp_.data(), ns);
-          for (int r = 0; r < nq; ++r) {
-            T* p = s.data() + (int64_t)r * ns;
-            const T* g2 = dp_.data() + (int64_t)r * ns;
-            const Vec<T> dl(delta[r]);
-            for (int c = 0; c < ns; c += V)
-              (Vec<T>::loadu(p + c) * (Vec<T>::loadu(g2 + c) - dl)).store(p + c);
-          }
+          dscores_block<T>(s.data(), dp_.data(), nq, ns, delta.data());
           // dQ += scale dS K ; dK += scale dS^T Q
           gemm_rows<T>(s.data(), ns, nq, ns, krow.data() + off, dp, dqb.data(), scale);
           gemm_t<T>(s.data(), ns, nq, ns, qb.data(), dp, dkh.data() + off, scale);
@@ -627,17 +1026,120 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
           store_row<T, IT>(dqh + (J + patch) * dq.stride(2), dqb.data() + (int64_t)r * dp, d);
         }
       }
-      for (int t = 0; t < tl.n; ++t)
-        for (int i = 0; i < tl.size(t); ++i) {
-          const int64_t row = J + tl.order[tl.start[t] + i];
-          const int64_t sl = (int64_t)(tl.slot[t] + i) * dp;
-          store_row<T, IT>(dkh_out + row * dk.stride(2), dkh.data() + sl, d);
-          store_row<T, IT>(dvh_out + row * dv.stride(2), dvh.data() + sl, d);
+      write_key_grads<T, IT>(tl, dp, d, dkh.data(), dvh.data(),
+                             dk.data_ptr<IT>() + bb * dk.stride(0) + h * dk.stride(1),
+                             dk.stride(2),
+                             dv.data_ptr<IT>() + bb * dv.stride(0) + h * dv.stride(1),
+                             dv.stride(2));
+    }
+  });
+}
+
+// The same backward with the native bfloat16 products. Per head: keys as panels (S) and
+// slot pairs (dS K), values as panels (dO V^T); per query tile: Q and dO as rows and as
+// row pairs; per block: P as row pairs (P^T dO), dS as rows (dS K) and row pairs (dS^T Q).
+void backward_native_bf16(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                          const at::Tensor& table, const c10::optional<at::Tensor>& key_term,
+                          const Plan& plan, const Tiles& tl, double scale_d, int max_keys,
+                          at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
+  using T = float;
+  constexpr int V = 16;
+  const int64_t B = q.size(0), heads = q.size(1), N = (int64_t)tl.H * tl.W;
+  const int d = (int)q.size(3), dp = round_up(d, V), J = tl.J;
+  const T scale = (T)scale_d;
+  const int64_t tab = (int64_t)(2 * tl.H - 1) * (2 * tl.W - 1);
+  const T* tp = table.data_ptr<T>();
+  const T* kt = key_term ? key_term->data_ptr<T>() : nullptr;
+  const int max_tile = tl.max_tile(), max_pair = round_up(max_tile, 2);
+  const int width = std::max(round_up(max_keys, V), std::max(round_up(max_tile, V), tl.Jp));
+  const std::vector<int64_t> items = backward_items(plan, tl, B, heads);
+  std::atomic<int64_t> next(0);
+  const int64_t n_items = (int64_t)items.size();
+  const int64_t per = (int64_t)tl.slots * dp;
+  const bf16 zero(0.f);
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    std::vector<bf16> kpan(per, zero), kpair(per, zero), vpan(per, zero);
+    std::vector<bf16> qb((size_t)max_tile * dp, zero), dob((size_t)max_tile * dp, zero),
+        qpair((size_t)max_pair * dp, zero), dopair((size_t)max_pair * dp, zero),
+        ppair((size_t)max_pair * width), dsb((size_t)max_tile * width),
+        dspair((size_t)max_pair * width);
+    std::vector<T> dkh(per), dvh(per), dqb((size_t)max_tile * dp), s((size_t)max_tile * width),
+        dprob((size_t)max_tile * width), brow(width), lrow(max_tile), delta(max_tile);
+    std::vector<int> qy(max_tile), qx(max_tile);
+    std::vector<Block> blocks;
+    for (int64_t it; (it = next.fetch_add(1)) < n_items;) {
+      const int64_t bh = items[it], bb = bh / heads, h = bh % heads;
+      const int g = plan.head_group[h];
+      const bf16* qh = q.data_ptr<bf16>() + bb * q.stride(0) + h * q.stride(1);
+      const bf16* doh = dout.data_ptr<bf16>() + bb * dout.stride(0) + h * dout.stride(1);
+      const bf16* oh = out.data_ptr<bf16>() + bb * out.stride(0) + h * out.stride(1);
+      const T* lh = lse.data_ptr<T>() + bb * lse.stride(0) + h * lse.stride(1);
+      bf16* dqh = dq.data_ptr<bf16>() + bb * dq.stride(0) + h * dq.stride(1);
+      pack_head_bf16(k.data_ptr<bf16>() + bb * k.stride(0) + h * k.stride(1), k.stride(2), tl, d,
+                     dp, kpair.data(), kpan.data());
+      pack_head_bf16(v.data_ptr<bf16>() + bb * v.stride(0) + h * v.stride(1), v.stride(2), tl, d,
+                     dp, nullptr, vpan.data());
+      std::fill(dkh.begin(), dkh.end(), T(0));
+      std::fill(dvh.begin(), dvh.end(), T(0));
+      const T* table_h = tp + h * tab;
+      const T* key_h = kt ? kt + h * N : nullptr;
+      for (int qt = 0; qt < plan.nqt; ++qt) {
+        const int nq = tl.size(qt), nq2 = round_up(nq, 2);
+        for (int r = 0; r < nq2; ++r) {
+          bf16* qpr = qpair.data() + (int64_t)(r / 2) * dp * 2 + (r & 1);
+          bf16* dpr = dopair.data() + (int64_t)(r / 2) * dp * 2 + (r & 1);
+          if (r == nq) {  // the odd tile's partner row: zeros
+            for (int c = 0; c < d; ++c) qpr[2 * c] = dpr[2 * c] = zero;
+            continue;
+          }
+          const int patch = tl.order[tl.start[qt] + r];
+          const int64_t row = J + patch;
+          const bf16* x = qh + row * q.stride(2);
+          const bf16* gx = doh + row * dout.stride(2);
+          const bf16* o = oh + row * out.stride(2);
+          std::memcpy(qb.data() + (int64_t)r * dp, x, sizeof(bf16) * d);
+          std::memcpy(dob.data() + (int64_t)r * dp, gx, sizeof(bf16) * d);
+          T acc = 0;
+          for (int c = 0; c < d; ++c) {
+            qpr[2 * c] = x[c];
+            dpr[2 * c] = gx[c];
+            acc += static_cast<T>(gx[c]) * static_cast<T>(o[c]);
+          }
+          delta[r] = acc;
+          lrow[r] = lh[row * lse.stride(2)];
+          qy[r] = patch / tl.W;
+          qx[r] = patch % tl.W;
         }
-      for (int j = 0; j < J; ++j) {
-        store_row<T, IT>(dkh_out + j * dk.stride(2), dkh.data() + (int64_t)j * dp, d);
-        store_row<T, IT>(dvh_out + j * dv.stride(2), dvh.data() + (int64_t)j * dp, d);
+        std::fill(dqb.begin(), dqb.begin() + (int64_t)nq * dp, T(0));
+        blocks_of(tl, plan, g, qt, max_keys, blocks);
+        for (const Block& blk : blocks) {
+          const int ns = blk.ns;
+          const int64_t off = (int64_t)blk.s0 * dp;
+          qk_bf16(qb.data(), dp, nq, dp, kpan.data() + off, ns, s.data(), ns);
+          probs_block<T>(s.data(), nq, ns, tl, blk, table_h, key_h, qy.data(), qx.data(), scale,
+                         brow.data(), lrow.data());
+          // dV += P^T dO ; dP = dO V^T ; dS = P (dP - delta)
+          to_row_pairs_bf16(s.data(), ns, nq, ns, ppair.data());
+          tb_bf16(ppair.data(), ns, nq2, ns, dopair.data(), dp, dvh.data() + off, 1.f);
+          qk_bf16(dob.data(), dp, nq, dp, vpan.data() + off, ns, dprob.data(), ns);
+          dscores_block<T>(s.data(), dprob.data(), nq, ns, delta.data());
+          // dQ += scale dS K ; dK += scale dS^T Q
+          store_row<T, bf16>(dsb.data(), s.data(), nq * ns);
+          av_bf16(dsb.data(), ns, nq, ns, kpair.data() + off, dp, dqb.data(), scale);
+          to_row_pairs_bf16(s.data(), ns, nq, ns, dspair.data());
+          tb_bf16(dspair.data(), ns, nq2, ns, qpair.data(), dp, dkh.data() + off, scale);
+        }
+        for (int r = 0; r < nq; ++r) {
+          const int patch = tl.order[tl.start[qt] + r];
+          store_row<T, bf16>(dqh + (J + patch) * dq.stride(2), dqb.data() + (int64_t)r * dp, d);
+        }
       }
+      write_key_grads<T, bf16>(tl, dp, d, dkh.data(), dvh.data(),
+                               dk.data_ptr<bf16>() + bb * dk.stride(0) + h * dk.stride(1),
+                               dk.stride(2),
+                               dv.data_ptr<bf16>() + bb * dv.stride(0) + h * dv.stride(1),
+                               dv.stride(2));
     }
   });
 }
@@ -713,7 +1215,8 @@ std::tuple<at::Tensor, at::Tensor> fused_forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
     const c10::optional<at::Tensor>& key_term, const at::Tensor& run_ptr,
     const at::Tensor& runs, const at::Tensor& head_group, int64_t H, int64_t W, int64_t th,
-    int64_t tw, int64_t J, double scale, int64_t max_keys, int64_t gather_bytes) {
+    int64_t tw, int64_t J, double scale, int64_t max_keys, int64_t gather_bytes,
+    bool native_bf16) {
   check_inputs(q, k, v, table, key_term, run_ptr, runs, head_group, H, W, th, tw, J);
   Tiles tl((int)H, (int)W, (int)th, (int)tw, (int)J, vector_width(q.scalar_type()));
   Plan plan = make_plan(run_ptr, runs, head_group, tl);
@@ -721,6 +1224,11 @@ std::tuple<at::Tensor, at::Tensor> fused_forward(
   // (B, T, heads, d) in memory, like SDPA's output: the model's reshape is a view
   at::Tensor out = at::empty({B, T, heads, d}, q.options()).permute({0, 2, 1, 3});
   at::Tensor lse = at::empty({B, heads, T}, q.options().dtype(compute_type(q.scalar_type())));
+  if (native_bf16 && q.scalar_type() == at::kBFloat16 && native_bf16_available()) {
+    forward_native_bf16(q, k, v, table, key_term, plan, tl, scale, (int)max_keys, gather_bytes,
+                        out, lse);
+    return {out, lse};
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(),
                                   "lookhere_fused_forward", [&] {
     using T = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
@@ -735,7 +1243,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward(
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table,
     const c10::optional<at::Tensor>& key_term, const at::Tensor& run_ptr,
     const at::Tensor& runs, const at::Tensor& head_group, int64_t H, int64_t W, int64_t th,
-    int64_t tw, int64_t J, double scale, int64_t max_keys) {
+    int64_t tw, int64_t J, double scale, int64_t max_keys, bool native_bf16) {
   check_inputs(q, k, v, table, key_term, run_ptr, runs, head_group, H, W, th, tw, J);
   TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes() &&
                   dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type() &&
@@ -749,6 +1257,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward(
   at::Tensor dq = at::zeros(q.sizes(), q.options());
   at::Tensor dk = at::zeros(k.sizes(), k.options());
   at::Tensor dv = at::zeros(v.sizes(), v.options());
+  if (native_bf16 && q.scalar_type() == at::kBFloat16 && native_bf16_available()) {
+    backward_native_bf16(dout, q, k, v, out, lse, table, key_term, plan, tl, scale,
+                         (int)max_keys, dq, dk, dv);
+    return {dq, dk, dv};
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(),
                                   "lookhere_fused_backward", [&] {
     using T = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
@@ -764,11 +1277,14 @@ TORCH_LIBRARY(lookhere_fused, m) {
   m.def(
       "forward(Tensor q, Tensor k, Tensor v, Tensor table, Tensor? key_term, Tensor run_ptr, "
       "Tensor runs, Tensor head_group, int H, int W, int th, int tw, int J, float scale, "
-      "int max_keys, int gather_bytes) -> (Tensor, Tensor)");
+      "int max_keys, int gather_bytes, bool native_bf16=True) -> (Tensor, Tensor)");
   m.def(
       "backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "Tensor table, Tensor? key_term, Tensor run_ptr, Tensor runs, Tensor head_group, int H, "
-      "int W, int th, int tw, int J, float scale, int max_keys) -> (Tensor, Tensor, Tensor)");
+      "int W, int th, int tw, int J, float scale, int max_keys, bool native_bf16=True) -> "
+      "(Tensor, Tensor, Tensor)");
+  // no tensor argument: one kernel for every dispatch key
+  m.def("native_bf16() -> bool", &native_bf16_available);
 }
 
 TORCH_LIBRARY_IMPL(lookhere_fused, CPU, m) {
