@@ -109,7 +109,9 @@ def trunc_normal_(
 
 class DropPath(nn.Module):
     """Stochastic depth per sample: in training, zero a sample's residual branch with
-    probability ``drop_prob`` and scale the kept ones by ``1 / (1 - drop_prob)``.
+    probability ``drop_prob`` and scale the kept ones by ``1 / (1 - drop_prob)``. The scale
+    is folded into the ``(B, 1, ...)`` mask, so the branch costs one full-size tensor (the
+    output), not two.
 
     Args:
         drop_prob: the probability. Default: 0.
@@ -124,8 +126,8 @@ class DropPath(nn.Module):
             return x
         keep = 1 - self.drop_prob
         shape = (x.shape[0],) + (1,) * (x.dim() - 1)
-        mask = (keep + torch.rand(shape, dtype=x.dtype, device=x.device)).floor()
-        return x.div(keep) * mask
+        mask = (keep + torch.rand(shape, dtype=x.dtype, device=x.device)).floor_()
+        return x * mask.div_(keep)
 
     def extra_repr(self) -> str:
         return f'drop_prob={self.drop_prob}'
