@@ -642,6 +642,25 @@ def test_attention_layer_times_lookhere_backends_against_dense_sdpa():
     ]
     assert res['rows'][0]['ratio'] == 1.0
     assert all(r['seconds'] > 0 for r in res['rows'])
+    assert res['dtype'] == 'float32'
+
+
+def test_attention_layer_in_bfloat16_hands_the_backends_bfloat16(monkeypatch):
+    """The per-layer ratio under ``--peer-autocast bfloat16`` is measured on bf16
+    ``q, k, v`` (what the model's attention gets under autocast), SDPA's and ours."""
+    import torch.nn.functional as F
+
+    from research.benchmark.peer import attention_layer
+
+    seen = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        F,
+        'scaled_dot_product_attention',
+        lambda q, *a, **k: seen.append(q.dtype) or real(q, *a, **k),
+    )
+    res = attention_layer(['lh90'], (64, 64), ('fused',), 1, head_dim=16, dtype=torch.bfloat16)
+    assert res['dtype'] == 'bfloat16' and seen and set(seen) == {torch.bfloat16}
 
 
 def test_attention_layer_train_times_forward_and_backward(monkeypatch):

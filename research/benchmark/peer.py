@@ -373,12 +373,14 @@ def attention_layer(
     num_heads: int = 12,
     head_dim: int = 64,
     train: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> Dict[str, Any]:
     """One attention layer at the token count of ``size`` (ViT-B/16 + CLS), in this
     process: dense SDPA without bias (what timm's ViT runs) against LookHere's ``backends``
     per preset; ``q, k, v`` are views of one fused ``qkv`` tensor, as in the models.
     ``train``: each case is a forward and a backward (``sum().backward()`` into the fused
-    tensor); else a forward under ``inference_mode``.
+    tensor); else a forward under ``inference_mode``. ``dtype``: of ``q, k, v`` (bfloat16
+    for the attention a model runs under bf16 autocast). Default: float32.
 
     Returns:
         ``tokens``, ``rows`` (``case``, median ``seconds``, ``ratio``: median of per-round
@@ -390,7 +392,7 @@ def attention_layer(
 
     grid = (math.ceil(size[0] / 16), math.ceil(size[1] / 16))
     t = grid[0] * grid[1] + 1
-    fused = torch.randn(1, t, 3, num_heads, head_dim, requires_grad=train)
+    fused = torch.randn(1, t, 3, num_heads, head_dim).to(dtype).requires_grad_(train)
 
     def case(attend):
         def run():
@@ -417,7 +419,7 @@ def attention_layer(
         dict(case=name, seconds=statistics.median(ts), ratio=paired_ratio(ts, base))
         for name, ts in times.items()
     ]
-    return dict(tokens=t, grid=list(grid), train=train, rows=rows)
+    return dict(tokens=t, grid=list(grid), train=train, dtype=str(dtype).split('.')[-1], rows=rows)
 
 
 def _rise_ratio(pairs) -> Optional[float]:
@@ -556,10 +558,11 @@ def bench_peer(
     if big_frame_size and 'big_frame' in want:
         for preset in big_frame_presets:
             out['bounds'].append(flop_bound(preset, big_frame_size))
+    layer_dtype = DTYPES[autocast] if autocast else torch.float32
     if layer_rounds and device == 'cpu' and 'layer' in want:
         if threads:
             torch.set_num_threads(int(threads))
-        out['layer'] = attention_layer(presets, frame_size, rounds=layer_rounds)
+        out['layer'] = attention_layer(presets, frame_size, rounds=layer_rounds, dtype=layer_dtype)
         for row in out['layer']['rows']:
             print(
                 f'  [attention layer, {out["layer"]["tokens"]} tokens] {row["case"]}: '
@@ -577,6 +580,7 @@ def bench_peer(
                 ('fused', 'tiled'),
                 layer_rounds,
                 train=True,
+                dtype=layer_dtype,
             )
             out['train_layer'].append(res)
             for row in res['rows']:
