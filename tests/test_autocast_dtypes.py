@@ -295,7 +295,8 @@ def test_bias_in_the_compute_dtype():
     reason='known, not fixed: with learnable slopes that train, the bias needs a gradient, '
     "which PyTorch's CPU flash kernel does not give; SDPA then takes its math kernel, "
     'which computes bf16 in float32 (float32 copies of q, k, v and B*h*T^2 scores for '
-    'sdpa, per block for chunked)',
+    'sdpa, per block for chunked; the fused kernel gives the table its gradient itself: '
+    'test_learnable_slopes_while_training_fused)',
 )
 @pytest.mark.parametrize('backend', ['sdpa', 'chunked'])
 def test_learnable_slopes_while_training(backend: str):
@@ -305,6 +306,19 @@ def test_learnable_slopes_while_training(backend: str):
     pe = model.pos_enc
     out, rec = audit(lambda q, k, v: pe(q, k, v, 0, GRID, 1, 0.0), train=True)
     check(backend, out, rec, True)
+
+
+@requires_fused
+def test_learnable_slopes_while_training_fused():
+    """The fused kernel gives the table its gradient itself (per sample, summed over the
+    batch): training learnable slopes stays in bf16 there, unlike sdpa / chunked above."""
+    model = create_model(
+        preset='lh180', attn_backend='fused', lh_config=dict(learnable_slopes=True), **ARCH
+    )
+    pe = model.pos_enc
+    out, rec = audit(lambda q, k, v: pe(q, k, v, 0, GRID, 1, 0.0), train=True)
+    assert pe.engine.last_backend == 'fused'
+    check('fused', out, rec, True)
 
 
 @pytest.mark.parametrize('backend', ['sdpa', 'chunked'])

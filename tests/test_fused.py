@@ -217,11 +217,29 @@ def test_refusals_name_the_problem():
         fused_attention(q, k, v, gb, 0, True, max_keys=0)
     with pytest.raises(ValueError, match='tile must be two positive ints'):
         fused_attention(q, k, v, gb, 0, True, tile=(0, 4))
-    table = gb.table.clone().requires_grad_()
+
+
+def test_a_table_that_requires_grad_gets_its_gradient():
+    """Learnable slopes while they train: the table is no longer refused; its gradient (per
+    sample, summed) equals autograd's through the dense reference (float32 here; float64
+    with every learnable config in tests/test_learnable_slopes.py)."""
     from lookhere_dense.lookhere.bias import GridBias
 
-    with pytest.raises(ValueError, match='fused LookHere backend gives no gradient'):
-        fused_attention(q.requires_grad_(), k, v, GridBias(grid, table, None, gb.visible), 0, True)
+    grid = (4, 5)
+    gb = grid_bias('lh90', grid)
+    q, k, v = qkv(grid, True, dim=16)
+    grads = []
+    for attend in ('fused', 'reference'):
+        table = gb.table.clone().requires_grad_()
+        tables = GridBias(grid, table, None, gb.visible)
+        if attend == 'fused':
+            out = fused_attention(q, k, v, tables, 0, True)
+        else:
+            out = reference_attention(q, k, v, tables.dense(0, True))
+        (out * torch.linspace(-1, 1, out.shape[-1])).sum().backward()
+        grads.append(table.grad)
+    assert grads[0][0].abs().max() > 0
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-5)
 
 
 def test_the_kernel_checks_its_inputs():
@@ -261,7 +279,8 @@ def test_engine_backend_and_auto_choice():
     assert eng.choose_backend(8193, torch.device('cpu'), training=True) == 'fused'
     # what fused cannot do goes elsewhere
     assert eng.choose_backend(8193, torch.device('cpu'), dropout_p=0.1) == 'chunked'
-    assert eng.choose_backend(8193, torch.device('cpu'), slope_grads=True) == 'chunked'
+    # learnable slopes that train: fused gives the table its gradient
+    assert eng.choose_backend(8193, torch.device('cpu'), slope_grads=True) == 'fused'
     assert eng.choose_backend(FUSED_MIN_TOKENS - 1, torch.device('cpu')) == 'sdpa'
     assert eng.cache_info()['fused_plans']['size'] == 1
 

@@ -265,3 +265,41 @@ def test_native_bf16_switch_is_checked():
     if not native_bf16_available():
         with pytest.raises(RuntimeError, match='native_bf16=True, but'):
             fused_attention(q, k, v, gb, 1, True, native_bf16=True)
+
+
+@pytest.mark.parametrize('dtype,native', DTYPE_PRODUCTS)
+def test_table_gradient_matches_float64_reference(dtype, native):
+    """Learnable slopes in mixed precision: the bias table's gradient (the sum of dS over
+    every pair that read an entry) within 2**-7 of the largest entry, as the other
+    gradients."""
+    from lookhere_dense.lookhere.bias import GridBias
+
+    grid = (9, 16)
+    gb = grid_bias('lh90', grid, torch.float64)
+    low, high = rounded_qkv(grid, True, 24, dtype)
+    grad = torch.randn(
+        2,
+        gb.table.shape[1],
+        grid[0] * grid[1] + 1,
+        24,
+        dtype=torch.float64,
+        generator=torch.Generator().manual_seed(5),
+    )
+    got, want = None, None
+    for which in ('kernel', 'reference'):
+        table = (
+            gb.table.clone().float().requires_grad_()
+            if which == 'kernel'
+            else gb.table.clone().requires_grad_()
+        )
+        tables = GridBias(grid, table, None, gb.visible)
+        if which == 'kernel':
+            out = fused_attention(*low, tables, 1, True, native_bf16=native)
+            out.backward(grad.to(dtype))
+            got = table.grad
+        else:
+            reference_attention(*high, tables.dense(1, True)).backward(grad)
+            want = table.grad
+    assert got[1].abs().max() > 0
+    err = (got.double() - want).abs().max().item()
+    assert err <= 2**-7 * want.abs().max().item(), (err, want.abs().max().item())

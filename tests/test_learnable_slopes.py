@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from mmengine.config import Config
+from test_fused import requires_fused
 from test_layer_decay import optim_cfg
 
 from lookhere_dense.checkpoint import decode_extra_state, load_state_dict_strict
@@ -190,6 +191,33 @@ def test_gradients_reach_every_slope_and_agree_across_backends(name):
             atol=1e-6,  # float32
             msg=f'flex {pname}',
         )
+
+
+@requires_fused
+@pytest.mark.parametrize('name', ['lh45', 'center_sqrt', 'fill_max', 'per_layer'])
+def test_fused_gives_the_table_and_the_key_term_their_gradients(name):
+    """The fused kernel's backward adds each score's dS to the table entry (and, for
+    ``center`` heads, the key-term entry) its bias came from: in float64 the slope
+    gradients equal the reference's, with q, k, v trained beside the slopes and with them
+    fixed (only the table needs a gradient), and so do q, k, v's own."""
+    cfg = learnable(resolve_lh_config({**CONFIGS[name].to_dict(), 'bias_rounding': 'none'}))
+    grid, cls = (4, 5), True
+    eng = LookHereAttentionEngine(cfg, DEPTH, HEADS)
+    q, k, v, weight, slopes = attention_case(cfg, grid, cls)
+    for trained in (True, False):
+        x = [t.detach().requires_grad_(trained) for t in (q, k, v)]
+        ref = slope_grads(eng, slopes, *x, weight, grid, cls, 'reference')
+        ref_x = [t.grad for t in x] if trained else []
+        for t in x:
+            t.grad = None
+        got = slope_grads(eng, slopes, *x, weight, grid, cls, 'fused')
+        assert eng.last_backend == 'fused'
+        for pname in ref:
+            torch.testing.assert_close(
+                got[pname], ref[pname], rtol=1e-9, atol=1e-12, msg=f'{pname}, q/k/v {trained}'
+            )
+        for t, want in zip(x, ref_x):
+            torch.testing.assert_close(t.grad, want, rtol=1e-9, atol=1e-12)
 
 
 def test_gradients_equal_finite_differences():

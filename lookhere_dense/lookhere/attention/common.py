@@ -156,13 +156,15 @@ def flash_layer_inputs(
     layer: int,
     cls_token: Union[bool, int],
     dropout_p: float,
+    bias_grads: bool = False,
 ) -> Tuple[int, Tensor, Optional[Tensor]]:
     """The checks of the CPU backends (``tiled``, ``fused``) and what they read:
-    ``(J, table, key_term)`` of ``layer``, detached.
+    ``(J, table, key_term)`` of ``layer``, detached unless ``bias_grads``.
 
     Refused with a ValueError naming ``backend``: attention dropout, non-CPU tensors, a
-    token count that does not fit the grid, and a table that requires grad while autograd
-    records (the flash backward gives the bias none: learnable slopes while they train).
+    token count that does not fit the grid, and, unless ``bias_grads`` (the backend gives
+    the table and the key term their gradients), a table that requires grad while autograd
+    records (learnable slopes while they train).
     """
     if dropout_p:
         raise ValueError(
@@ -183,13 +185,15 @@ def flash_layer_inputs(
         )
     key_term = None if grid_bias.key_term is None else grid_bias.key_term[layer]
     table = grid_bias.table[layer]
+    if bias_grads:
+        return off, table, key_term
     if torch.is_grad_enabled() and (
         table.requires_grad or (key_term is not None and key_term.requires_grad)
     ):
         raise ValueError(
             f'the {backend} LookHere backend gives no gradient to the bias table '
             '(learnable slopes while they train); use backend '
-            "'chunked' or 'sdpa' (attn_backend='auto' routes them there)"
+            "'fused', 'chunked' or 'sdpa' (attn_backend='auto' routes them there)"
         )
     return off, table.detach(), None if key_term is None else key_term.detach()
 

@@ -58,9 +58,15 @@ Build
     ``tiled`` and forcing ``fused`` raises an error with the compiler's
     message. Environment ``LOOKHERE_FUSED=0`` turns it off.
 
-Limits (refused with a ValueError; ``auto`` does not choose it then): CUDA tensors,
-attention dropout, and a table that requires grad while autograd records (learnable
-slopes while they train: the kernel gives the table no gradient).
+Learnable slopes
+    While slopes train, the table (and the ``center`` heads' key term) require grad: the
+    backward adds each score's ``dS`` to the table entry (and key) its bias was read from,
+    per sample, and the sums over the batch flow back to the slopes through autograd. So
+    the training step stays in the kernel, bf16 included (``sdpa`` / ``chunked`` fall back
+    to PyTorch's float32 math kernel there).
+
+Limits (refused with a ValueError; ``auto`` does not choose it then): CUDA tensors and
+attention dropout.
 """
 
 from __future__ import annotations
@@ -453,7 +459,18 @@ class _FusedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, table, key_term, plan, off, max_keys, gather_bytes, native):
-        out, lse = _forward(q, k, v, table, key_term, plan, off, max_keys, gather_bytes, native)
+        out, lse = _forward(
+            q,
+            k,
+            v,
+            table.detach(),
+            None if key_term is None else key_term.detach(),
+            plan,
+            off,
+            max_keys,
+            gather_bytes,
+            native,
+        )
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.table, ctx.key_term, ctx.plan, ctx.off, ctx.max_keys, ctx.native = (
             table,
@@ -474,18 +491,21 @@ class _FusedAttention(torch.autograd.Function):
         if dout.stride(-1) != 1:
             dout = dout.contiguous()
         scale = q.shape[-1] ** -0.5
-        dq, dk, dv = load_fused_ops().backward(
+        table, key_term = ctx.table, ctx.key_term
+        bias_grads = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]
+        dq, dk, dv, dtable, dkey = load_fused_ops().backward(
             dout,
             q,
             k,
             v,
             out,
             lse,
-            ctx.table,
-            ctx.key_term,
+            table.detach(),
+            None if key_term is None else key_term.detach(),
             *_kernel_args(plan, off, scale),
             ctx.max_keys,
             ctx.native,
+            bias_grads,
         )
         if off:  # the prefix queries' share
             gq, gk, gv = FLASH_BWD(
@@ -501,7 +521,11 @@ class _FusedAttention(torch.autograd.Function):
             dq[:, :, :off] += gq
             dk += gk
             dv += gv
-        return dq, dk, dv, None, None, None, None, None, None, None
+        # the kernel's per-sample bias gradients, summed over the batch (the prefix
+        # queries' bias is the constant 0: they add nothing)
+        dtable = dtable.sum(0) if ctx.needs_input_grad[3] else None
+        dkey = dkey.sum(0) if ctx.needs_input_grad[4] else None
+        return dq, dk, dv, dtable, dkey, None, None, None, None, None
 
 
 def fused_attention(
@@ -546,7 +570,7 @@ def fused_attention(
         Differentiable in ``q, k, v``.
     """
     off, table, key_term = flash_layer_inputs(
-        'fused', q, k, grid_bias, layer, cls_token, dropout_p
+        'fused', q, k, grid_bias, layer, cls_token, dropout_p, bias_grads=True
     )
     for name, value in (('max_keys', max_keys), ('gather_bytes', gather_bytes)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -581,7 +605,8 @@ def fused_attention(
     table = table.to(work).contiguous()
     if key_term is not None:
         key_term = key_term.to(work)[:, plan.order].contiguous()
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    inputs = (q, k, v, table) if key_term is None else (q, k, v, table, key_term)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
         out = _FusedAttention.apply(
             q, k, v, table, key_term, plan, off, max_keys, gather_bytes, native
         )
@@ -591,14 +616,13 @@ def fused_attention(
 
 
 def can_run(request: AttentionRequest) -> Optional[str]:
-    """CPU, no attention dropout, no slope gradients, the kernel built (a compiler);
-    ``auto`` from :data:`FUSED_MIN_TOKENS` tokens on."""
+    """CPU, no attention dropout, the kernel built (a compiler); ``auto`` from
+    :data:`FUSED_MIN_TOKENS` tokens on. Learnable slopes that train are fine: the backward
+    gives the bias table (and the key term) their gradients."""
     if not request.on_cpu:
         return f'runs on CPU only (the call is on {request.device})'
     if request.dropout_p:
         return 'has no attention dropout'
-    if request.slope_grads:
-        return 'gives the bias table no gradient (learnable slopes while they train)'
     if request.auto and request.tokens < FUSED_MIN_TOKENS:
         return f'{request.tokens} tokens < FUSED_MIN_TOKENS ({FUSED_MIN_TOKENS})'
     if not fused_available():

@@ -24,7 +24,9 @@
 //   the table (a key tile's row is one contiguous run of it) and added with the scale in
 //   the pass that takes the row maximum; P = exp(S - m); acc = acc * exp(m_old - m) + P V.
 // Backward, per (batch, head): the flash-attention backward over the same blocks with the
-//   global log-sum-exp; dK / dV accumulated in slots and written back at the end.
+//   global log-sum-exp; dK / dV accumulated in slots and written back at the end; where
+//   asked (learnable slopes that train), each dS also added to the table entry (and key
+//   term) its bias was read from, per sample (bias_grad_block).
 //
 // The three products are register-blocked micro-kernels over at::vec::Vectorized (no
 // packing per call, which a BLAS call would do for every block).
@@ -745,6 +747,31 @@ void dscores_block(T* p, const T* dprob, int nq, int ns, const T* delta) {
   }
 }
 
+// Backward, one block: the bias's gradients from dS (nq x ns), the transpose of bias_row:
+// each score's dS added to the table entry its bias was read from and, where there is a
+// key term (dkey_h not null, tile order), to its key's entry. The prefix keys' bias is the
+// constant 0; padded slots were never read.
+template <typename T>
+void bias_grad_block(T* dtab_h, T* dkey_h, const T* ds, int nq, int ns, const Tiles& tl,
+                     const Block& blk, const int* qy, const int* qx) {
+  if (blk.prefix) return;
+  const int W2 = 2 * tl.W - 1;
+  for (int r = 0; r < nq; ++r) {
+    const T* src = ds + (int64_t)r * ns;
+    for (int t = blk.t0; t < blk.t1; ++t) {
+      const int rows = tl.rows[t], cols = tl.cols[t];
+      T* b = dtab_h + (int64_t)(tl.y0[t] - qy[r] + tl.H - 1) * W2 + (tl.x0[t] - qx[r] + tl.W - 1);
+      const T* x = src + (tl.slot[t] - blk.s0);
+      if (dkey_h) {
+        T* e = dkey_h + tl.start[t];
+        for (int i = 0; i < rows * cols; ++i) e[i] += x[i];
+      }
+      for (int i = 0; i < rows; ++i, b += W2, x += cols)
+        for (int c = 0; c < cols; ++c) b[c] += x[c];
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Forward
 // ---------------------------------------------------------------------------------------
@@ -953,7 +980,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                    const at::Tensor& table, const c10::optional<at::Tensor>& key_term,
                    const Plan& plan, const Tiles& tl, double scale_d, int max_keys,
-                   at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
+                   at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, T* dtable, T* dkey) {
   constexpr int V = Vec<T>::size();
   const int64_t B = q.size(0), heads = q.size(1), N = (int64_t)tl.H * tl.W;
   const int d = (int)q.size(3), dp = round_up(d, V), J = tl.J;
@@ -1017,6 +1044,9 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
           gemm_t<T>(s.data(), ns, nq, ns, dob.data(), dp, dvh.data() + off, T(1));
           gemm_panels<T>(dob.data(), nq, dp, vpan.data() + off, ns, dp_.data(), ns);
           dscores_block<T>(s.data(), dp_.data(), nq, ns, delta.data());
+          if (dtable)
+            bias_grad_block<T>(dtable + bh * tab, dkey ? dkey + bh * N : nullptr, s.data(), nq,
+                               ns, tl, blk, qy.data(), qx.data());
           // dQ += scale dS K ; dK += scale dS^T Q
           gemm_rows<T>(s.data(), ns, nq, ns, krow.data() + off, dp, dqb.data(), scale);
           gemm_t<T>(s.data(), ns, nq, ns, qb.data(), dp, dkh.data() + off, scale);
@@ -1042,7 +1072,7 @@ void backward_native_bf16(const at::Tensor& dout, const at::Tensor& q, const at:
                           const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                           const at::Tensor& table, const c10::optional<at::Tensor>& key_term,
                           const Plan& plan, const Tiles& tl, double scale_d, int max_keys,
-                          at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
+                          at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, float* dtable, float* dkey) {
   using T = float;
   constexpr int V = 16;
   const int64_t B = q.size(0), heads = q.size(1), N = (int64_t)tl.H * tl.W;
@@ -1124,6 +1154,9 @@ void backward_native_bf16(const at::Tensor& dout, const at::Tensor& q, const at:
           tb_bf16(ppair.data(), ns, nq2, ns, dopair.data(), dp, dvh.data() + off, 1.f);
           qk_bf16(dob.data(), dp, nq, dp, vpan.data() + off, ns, dprob.data(), ns);
           dscores_block<T>(s.data(), dprob.data(), nq, ns, delta.data());
+          if (dtable)
+            bias_grad_block<T>(dtable + bh * tab, dkey ? dkey + bh * N : nullptr, s.data(), nq,
+                               ns, tl, blk, qy.data(), qx.data());
           // dQ += scale dS K ; dK += scale dS^T Q
           store_row<T, bf16>(dsb.data(), s.data(), nq * ns);
           av_bf16(dsb.data(), ns, nq, ns, kpair.data() + off, dp, dqb.data(), scale);
@@ -1238,12 +1271,12 @@ std::tuple<at::Tensor, at::Tensor> fused_forward(
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_backward(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table,
     const c10::optional<at::Tensor>& key_term, const at::Tensor& run_ptr,
     const at::Tensor& runs, const at::Tensor& head_group, int64_t H, int64_t W, int64_t th,
-    int64_t tw, int64_t J, double scale, int64_t max_keys, bool native_bf16) {
+    int64_t tw, int64_t J, double scale, int64_t max_keys, bool native_bf16, bool table_grad) {
   check_inputs(q, k, v, table, key_term, run_ptr, runs, head_group, H, W, th, tw, J);
   TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes() &&
                   dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type() &&
@@ -1257,18 +1290,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward(
   at::Tensor dq = at::zeros(q.sizes(), q.options());
   at::Tensor dk = at::zeros(k.sizes(), k.options());
   at::Tensor dv = at::zeros(v.sizes(), v.options());
+  // the table's gradient per (batch, head), summed over the batch by the caller: each
+  // backward item owns one slice, no two threads add to the same entry
+  at::Tensor dtable = table_grad ? at::zeros({q.size(0), table.size(0), table.size(1),
+                                              table.size(2)}, table.options())
+                                 : at::empty({0}, table.options());
+  at::Tensor dkey = table_grad && key_term
+                        ? at::zeros({q.size(0), key_term->size(0), key_term->size(1)},
+                                    table.options())
+                        : at::empty({0}, table.options());
   if (native_bf16 && q.scalar_type() == at::kBFloat16 && native_bf16_available()) {
     backward_native_bf16(dout, q, k, v, out, lse, table, key_term, plan, tl, scale,
-                         (int)max_keys, dq, dk, dv);
-    return {dq, dk, dv};
+                         (int)max_keys, dq, dk, dv,
+                         table_grad ? dtable.data_ptr<float>() : nullptr,
+                         dkey.numel() ? dkey.data_ptr<float>() : nullptr);
+    return {dq, dk, dv, dtable, dkey};
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(),
                                   "lookhere_fused_backward", [&] {
     using T = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
     backward_impl<T, scalar_t>(dout, q, k, v, out, lse, table, key_term, plan, tl, scale,
-                               (int)max_keys, dq, dk, dv);
+                               (int)max_keys, dq, dk, dv,
+                               table_grad ? dtable.data_ptr<T>() : nullptr,
+                               dkey.numel() ? dkey.data_ptr<T>() : nullptr);
   });
-  return {dq, dk, dv};
+  return {dq, dk, dv, dtable, dkey};
 }
 
 }  // namespace
@@ -1281,8 +1327,8 @@ TORCH_LIBRARY(lookhere_fused, m) {
   m.def(
       "backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "Tensor table, Tensor? key_term, Tensor run_ptr, Tensor runs, Tensor head_group, int H, "
-      "int W, int th, int tw, int J, float scale, int max_keys, bool native_bf16=True) -> "
-      "(Tensor, Tensor, Tensor)");
+      "int W, int th, int tw, int J, float scale, int max_keys, bool native_bf16=True, "
+      "bool table_grad=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   // no tensor argument: one kernel for every dispatch key
   m.def("native_bf16() -> bool", &native_bf16_available);
 }
