@@ -3,9 +3,11 @@ LookHere attention layer with ViT-B shapes (12 heads, d = 64) at ~4k and ~8k tok
 
 Cases, each timed in interleaved rounds (the machine may be shared: medians, not minima):
 
-- ``fused bf16``: bf16 ``q, k, v`` into the kernel (read natively, float32 compute);
-- ``fused fp32-compute``: the path before it: bf16 ``q, k, v`` copied to float32, the
-  kernel, the output copied back to bf16;
+- ``fused bf16 native``: bf16 ``q, k, v`` through the native bfloat16 products (AVX512-BF16;
+  only where :func:`~lookhere_dense.lookhere.fused.native_bf16_available`);
+- ``fused bf16 fp32-products``: bf16 ``q, k, v`` read natively, float32 products;
+- ``fused fp32-compute``: bf16 ``q, k, v`` copied to float32, the kernel, the output copied
+  back to bf16 (the path before bf16 was read natively);
 - ``sdpa bf16``: ``F.scaled_dot_product_attention`` in bf16 without any bias (a lower
   bound on a dense layer, not a LookHere layer).
 
@@ -22,7 +24,11 @@ import torch
 import torch.nn.functional as F
 
 from lookhere_dense.lookhere import PRESETS, LookHereAttentionEngine
-from lookhere_dense.lookhere.fused import fused_attention
+from lookhere_dense.lookhere.fused import (
+    fused_attention,
+    native_bf16_available,
+    native_bf16_unavailable_reason,
+)
 
 
 def _time(fn) -> float:
@@ -34,8 +40,16 @@ def _time(fn) -> float:
 def _cases(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gb) -> dict:
     """The three timed calls on ``(1, 12, T, 64)`` bf16 ``q, k, v`` (layer 6's table)."""
     plans: dict = {}
+    cases = {}
+    if native_bf16_available():
+        cases['fused bf16 native'] = lambda: fused_attention(
+            q, k, v, gb, 6, True, plans=plans, native_bf16=True
+        )
     return {
-        'fused bf16': lambda: fused_attention(q, k, v, gb, 6, True, plans=plans),
+        **cases,
+        'fused bf16 fp32-products': lambda: fused_attention(
+            q, k, v, gb, 6, True, plans=plans, native_bf16=False
+        ),
         'fused fp32-compute': lambda: fused_attention(
             q.float(), k.float(), v.float(), gb, 6, True, plans=plans
         ).bfloat16(),
@@ -51,6 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f'torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}')
+    print(f'native bf16 products: {native_bf16_unavailable_reason() or "yes"}')
     engine = LookHereAttentionEngine(PRESETS[args.preset], 12, 12)
     gen = torch.Generator().manual_seed(0)
     for grid in ((64, 64), (64, 128)):
@@ -69,7 +84,7 @@ def main() -> None:
         for name, values in times.items():
             med = statistics.median(values)
             print(
-                f'{grid[0]}x{grid[1]} ({tokens} tokens) {name:22s} median {med * 1e3:8.1f} ms '
+                f'{grid[0]}x{grid[1]} ({tokens} tokens) {name:24s} median {med * 1e3:8.1f} ms '
                 f'(min {min(values) * 1e3:.1f}, max {max(values) * 1e3:.1f}; '
                 f'{med / base:.2f}x fp32-compute)',
                 flush=True,
