@@ -775,13 +775,55 @@ void bias_grad_block(T* dtab_h, T* dkey_h, const T* ds, int nq, int ns, const Ti
 // ---------------------------------------------------------------------------------------
 // Forward
 // ---------------------------------------------------------------------------------------
-// The float32 / float64 products (bfloat16 / float16 inputs converted as they are packed).
+// The forward's products, one policy per kind. KT: the element type of the packed keys /
+// values and of the query block.
+//   FloatProducts: float32 / float64 FMA kernels (bf16 / fp16 inputs converted as packed);
+//   NativeBf16Products: VDPBF16PS (keys as panels, values as slot pairs, P rounded to bf16).
 template <typename T, typename IT>
+struct FloatProducts {
+  using KT = T;
+  static void pack_keys(const IT* src, int64_t ld, const Tiles& tl, int d, int dp, KT* dst) {
+    pack_head<IT, T>(src, ld, tl, d, dp, nullptr, dst);
+  }
+  static void pack_values(const IT* src, int64_t ld, const Tiles& tl, int d, int dp, KT* dst) {
+    pack_head<IT, T>(src, ld, tl, d, dp, dst, nullptr);
+  }
+  static void scores(const KT* q, int nq, int dp, const KT* k, int ns, T* s) {
+    gemm_panels<T>(q, nq, dp, k, ns, s, ns);
+  }
+  static void accumulate(const T* p, KT*, int nq, int ns, const KT* v, int dp, T* acc) {
+    gemm_rows<T>(p, ns, nq, ns, v, dp, acc, T(1));
+  }
+};
+
+struct NativeBf16Products {
+  using KT = bf16;
+  static void pack_keys(const bf16* src, int64_t ld, const Tiles& tl, int d, int dp, bf16* dst) {
+    pack_head_bf16(src, ld, tl, d, dp, nullptr, dst);
+  }
+  static void pack_values(const bf16* src, int64_t ld, const Tiles& tl, int d, int dp,
+                          bf16* dst) {
+    pack_head_bf16(src, ld, tl, d, dp, dst, nullptr);
+  }
+  static void scores(const bf16* q, int nq, int dp, const bf16* k, int ns, float* s) {
+    qk_bf16(q, dp, nq, dp, k, ns, s, ns);
+  }
+  // P rounded to bf16 into pb, then P V
+  static void accumulate(const float* p, bf16* pb, int nq, int ns, const bf16* v, int dp,
+                         float* acc) {
+    store_row<float, bf16>(pb, p, nq * ns);
+    av_bf16(pb, ns, nq, ns, v, dp, acc, 1.f);
+  }
+};
+
+template <typename T, typename IT, typename Products>
 void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& table, const c10::optional<at::Tensor>& key_term,
                   const Plan& plan, const Tiles& tl, double scale_d, int max_keys,
                   int64_t gather_bytes, at::Tensor& out, at::Tensor& lse) {
+  using KT = typename Products::KT;
   constexpr int V = Vec<T>::size();
+  constexpr bool kRoundsP = !std::is_same_v<KT, T>;  // P needs a buffer of its own
   const int64_t B = q.size(0), heads = q.size(1), N = (int64_t)tl.H * tl.W;
   const int d = (int)q.size(3), dp = round_up(d, V), J = tl.J;
   const T scale = (T)scale_d;
@@ -792,10 +834,10 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   T* lp = lse.data_ptr<T>();
   const int64_t tab = (int64_t)(2 * tl.H - 1) * (2 * tl.W - 1);
   const int64_t BH = B * heads;
-  const int64_t head_bytes = 2 * (int64_t)tl.slots * dp * sizeof(T);
+  const int64_t head_bytes = 2 * (int64_t)tl.slots * dp * sizeof(KT);
   const int64_t phase = std::min<int64_t>(BH, std::max<int64_t>(1, gather_bytes / head_bytes));
   const int64_t per = (int64_t)tl.slots * dp;
-  std::vector<T> kpan(phase * per), vrow(phase * per);  // zeros: the padding stays 0
+  std::vector<KT> kpan(phase * per, KT(0)), vrow(phase * per, KT(0));  // the padding stays 0
   const int max_tile = tl.max_tile();
   const int width = std::max(round_up(max_keys, V), std::max(round_up(max_tile, V), tl.Jp));
 
@@ -804,18 +846,18 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     at::parallel_for(0, p1 - p0, 1, [&](int64_t s, int64_t e) {
       for (int64_t i = s; i < e; ++i) {
         const int64_t bh = p0 + i, bb = bh / heads, h = bh % heads;
-        pack_head<IT, T>(k.data_ptr<IT>() + bb * k.stride(0) + h * k.stride(1), k.stride(2),
-                         tl, d, dp, nullptr, kpan.data() + i * per);
-        pack_head<IT, T>(v.data_ptr<IT>() + bb * v.stride(0) + h * v.stride(1), v.stride(2),
-                         tl, d, dp, vrow.data() + i * per, nullptr);
+        Products::pack_keys(k.data_ptr<IT>() + bb * k.stride(0) + h * k.stride(1), k.stride(2),
+                            tl, d, dp, kpan.data() + i * per);
+        Products::pack_values(v.data_ptr<IT>() + bb * v.stride(0) + h * v.stride(1),
+                              v.stride(2), tl, d, dp, vrow.data() + i * per);
       }
     });
     const int64_t items = (p1 - p0) * plan.nqt;
     std::atomic<int64_t> next(0);
     at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-      std::vector<T> qb((size_t)max_tile * dp, T(0)), acc((size_t)max_tile * dp),
-          sb((size_t)max_tile * width), brow(width), mrow(max_tile), lrow(max_tile),
-          alpha(max_tile);
+      std::vector<KT> qb((size_t)max_tile * dp, KT(0)), pb(kRoundsP ? (size_t)max_tile * width : 0);
+      std::vector<T> acc((size_t)max_tile * dp), sb((size_t)max_tile * width), brow(width),
+          mrow(max_tile), lrow(max_tile), alpha(max_tile);
       std::vector<int> qy(max_tile), qx(max_tile);
       std::vector<Block> blocks;
       for (int64_t it; (it = next.fetch_add(1)) < items;) {
@@ -825,7 +867,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         const IT* qh = qp + bb * q.stride(0) + h * q.stride(1);
         for (int r = 0; r < nq; ++r) {
           const int patch = tl.order[tl.start[qt] + r];
-          load_row<IT, T>(qb.data() + (int64_t)r * dp, qh + (J + patch) * q.stride(2), d);
+          load_row<IT, KT>(qb.data() + (int64_t)r * dp, qh + (J + patch) * q.stride(2), d);
           qy[r] = patch / tl.W;
           qx[r] = patch % tl.W;
           mrow[r] = -std::numeric_limits<T>::infinity();
@@ -835,16 +877,16 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         blocks_of(tl, plan, plan.head_group[h], qt, max_keys, blocks);
         const T* table_h = tp + h * tab;
         const T* key_h = kt ? kt + h * N : nullptr;
-        const T* kh = kpan.data() + i * per;
-        const T* vh = vrow.data() + i * per;
+        const KT* kh = kpan.data() + i * per;
+        const KT* vh = vrow.data() + i * per;
         for (const Block& blk : blocks) {
           const int ns = blk.ns;
           T* s = sb.data();
-          gemm_panels<T>(qb.data(), nq, dp, kh + (int64_t)blk.s0 * dp, ns, s, ns);
+          Products::scores(qb.data(), nq, dp, kh + (int64_t)blk.s0 * dp, ns, s);
           online_softmax_block<T>(s, nq, ns, tl, blk, table_h, key_h, qy.data(), qx.data(),
                                   scale, brow.data(), mrow.data(), lrow.data(), alpha.data());
           rescale_rows<T>(acc.data(), nq, dp, alpha.data());
-          gemm_rows<T>(s, ns, nq, ns, vh + (int64_t)blk.s0 * dp, dp, acc.data(), T(1));
+          Products::accumulate(s, pb.data(), nq, ns, vh + (int64_t)blk.s0 * dp, dp, acc.data());
         }
         write_rows<T, IT>(tl, qt, nq, dp, d, acc.data(), mrow.data(), lrow.data(),
                           op + bb * out.stride(0) + h * out.stride(1), out.stride(2),
@@ -854,87 +896,6 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   }
 }
 
-// The same forward with the native bfloat16 products: keys as panels, values as slot
-// pairs, the query block and P as bfloat16 rows.
-void forward_native_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const at::Tensor& table, const c10::optional<at::Tensor>& key_term,
-                         const Plan& plan, const Tiles& tl, double scale_d, int max_keys,
-                         int64_t gather_bytes, at::Tensor& out, at::Tensor& lse) {
-  using T = float;
-  constexpr int V = 16;
-  const int64_t B = q.size(0), heads = q.size(1), N = (int64_t)tl.H * tl.W;
-  const int d = (int)q.size(3), dp = round_up(d, V), J = tl.J;
-  const T scale = (T)scale_d;
-  const bf16* qp = q.data_ptr<bf16>();
-  const T* tp = table.data_ptr<T>();
-  const T* kt = key_term ? key_term->data_ptr<T>() : nullptr;
-  const int64_t tab = (int64_t)(2 * tl.H - 1) * (2 * tl.W - 1);
-  const int64_t BH = B * heads;
-  const int64_t head_bytes = 2 * (int64_t)tl.slots * dp * sizeof(bf16);
-  const int64_t phase = std::min<int64_t>(BH, std::max<int64_t>(1, gather_bytes / head_bytes));
-  const int64_t per = (int64_t)tl.slots * dp;
-  std::vector<bf16> kpan(phase * per, bf16(0.f)), vpair(phase * per, bf16(0.f));
-  const int max_tile = tl.max_tile();
-  const int width = std::max(round_up(max_keys, V), std::max(round_up(max_tile, V), tl.Jp));
-
-  for (int64_t p0 = 0; p0 < BH; p0 += phase) {
-    const int64_t p1 = std::min(BH, p0 + phase);
-    at::parallel_for(0, p1 - p0, 1, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) {
-        const int64_t bh = p0 + i, bb = bh / heads, h = bh % heads;
-        pack_head_bf16(k.data_ptr<bf16>() + bb * k.stride(0) + h * k.stride(1), k.stride(2), tl,
-                       d, dp, nullptr, kpan.data() + i * per);
-        pack_head_bf16(v.data_ptr<bf16>() + bb * v.stride(0) + h * v.stride(1), v.stride(2), tl,
-                       d, dp, vpair.data() + i * per, nullptr);
-      }
-    });
-    const int64_t items = (p1 - p0) * plan.nqt;
-    std::atomic<int64_t> next(0);
-    at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-      std::vector<bf16> qb((size_t)max_tile * dp, bf16(0.f)), pb((size_t)max_tile * width);
-      std::vector<T> acc((size_t)max_tile * dp), sb((size_t)max_tile * width), brow(width),
-          mrow(max_tile), lrow(max_tile), alpha(max_tile);
-      std::vector<int> qy(max_tile), qx(max_tile);
-      std::vector<Block> blocks;
-      for (int64_t it; (it = next.fetch_add(1)) < items;) {
-        const int64_t i = it / plan.nqt, bh = p0 + i, bb = bh / heads, h = bh % heads;
-        const int qt = (int)(it % plan.nqt);
-        const int nq = tl.size(qt);
-        const bf16* qh = qp + bb * q.stride(0) + h * q.stride(1);
-        for (int r = 0; r < nq; ++r) {
-          const int patch = tl.order[tl.start[qt] + r];
-          std::memcpy(qb.data() + (int64_t)r * dp, qh + (J + patch) * q.stride(2),
-                      sizeof(bf16) * d);
-          qy[r] = patch / tl.W;
-          qx[r] = patch % tl.W;
-          mrow[r] = -std::numeric_limits<T>::infinity();
-          lrow[r] = 0;
-        }
-        std::fill(acc.begin(), acc.begin() + (int64_t)nq * dp, T(0));
-        blocks_of(tl, plan, plan.head_group[h], qt, max_keys, blocks);
-        const T* table_h = tp + h * tab;
-        const T* key_h = kt ? kt + h * N : nullptr;
-        const bf16* kh = kpan.data() + i * per;
-        const bf16* vh = vpair.data() + i * per;
-        for (const Block& blk : blocks) {
-          const int ns = blk.ns;
-          T* s = sb.data();
-          qk_bf16(qb.data(), dp, nq, dp, kh + (int64_t)blk.s0 * dp, ns, s, ns);
-          online_softmax_block<T>(s, nq, ns, tl, blk, table_h, key_h, qy.data(), qx.data(),
-                                  scale, brow.data(), mrow.data(), lrow.data(), alpha.data());
-          store_row<T, bf16>(pb.data(), s, nq * ns);
-          rescale_rows<T>(acc.data(), nq, dp, alpha.data());
-          av_bf16(pb.data(), ns, nq, ns, vh + (int64_t)blk.s0 * dp, dp, acc.data(), 1.f);
-        }
-        write_rows<T, bf16>(tl, qt, nq, dp, d, acc.data(), mrow.data(), lrow.data(),
-                            out.data_ptr<bf16>() + bb * out.stride(0) + h * out.stride(1),
-                            out.stride(2),
-                            lse.data_ptr<T>() + bb * lse.stride(0) + h * lse.stride(1),
-                            lse.stride(2));
-      }
-    });
-  }
-}
 
 // ---------------------------------------------------------------------------------------
 // Backward
@@ -1258,15 +1219,16 @@ std::tuple<at::Tensor, at::Tensor> fused_forward(
   at::Tensor out = at::empty({B, T, heads, d}, q.options()).permute({0, 2, 1, 3});
   at::Tensor lse = at::empty({B, heads, T}, q.options().dtype(compute_type(q.scalar_type())));
   if (native_bf16 && q.scalar_type() == at::kBFloat16 && native_bf16_available()) {
-    forward_native_bf16(q, k, v, table, key_term, plan, tl, scale, (int)max_keys, gather_bytes,
-                        out, lse);
+    forward_impl<float, bf16, NativeBf16Products>(q, k, v, table, key_term, plan, tl, scale,
+                                                  (int)max_keys, gather_bytes, out, lse);
     return {out, lse};
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(),
                                   "lookhere_fused_forward", [&] {
     using T = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-    forward_impl<T, scalar_t>(q, k, v, table, key_term, plan, tl, scale, (int)max_keys,
-                              gather_bytes, out, lse);
+    forward_impl<T, scalar_t, FloatProducts<T, scalar_t>>(q, k, v, table, key_term, plan, tl,
+                                                          scale, (int)max_keys, gather_bytes,
+                                                          out, lse);
   });
   return {out, lse};
 }
