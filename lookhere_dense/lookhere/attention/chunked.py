@@ -17,7 +17,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from ..bias import GridBias, num_prefix_tokens
-from .common import AttentionCall, AttentionRequest, gather_block
+from .common import AttentionCall, AttentionRequest, biased_sdpa, gather_block
 
 __all__ = [
     'NAME',
@@ -218,9 +218,7 @@ def chunked_attention(
             reverse_queries=True,
             num_prefix=off,
         )
-        return F.scaled_dot_product_attention(
-            q_blk.flip(2), k_blk, v_blk, attn_mask=bias.unsqueeze(0), dropout_p=dropout_p
-        ).flip(2)
+        return biased_sdpa(q_blk.flip(2), k_blk, v_blk, bias.unsqueeze(0), dropout_p).flip(2)
 
     outs = []
     for h0, h1, lo, hi in runs:

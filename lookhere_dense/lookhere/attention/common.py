@@ -11,7 +11,8 @@ What a backend is
 
 Here
     :class:`AttentionRequest`, :class:`AttentionCall`; the CPU flash kernel
-    (:data:`FLASH`, :data:`FLASH_BWD`) with the checks and inputs of the backends that
+    (:data:`FLASH`, :data:`FLASH_BWD`), with the bias gradient it does not give
+    (:func:`biased_sdpa`, :class:`FlashBiasGrad`, :func:`flash_bias_grad`), and the checks and inputs of the backends that
     drive it (:func:`flash_layer_inputs`, :func:`work_dtype`); tile plans (:func:`head_groups`,
     :class:`VisibleCounts`, :func:`plan_key`, :func:`cached_plan`); the online-softmax
     merge of partial results (:func:`merge_partial`, :data:`EMPTY_LSE`); the bias-table
@@ -39,6 +40,10 @@ __all__ = [
     'FLASH',
     'FLASH_BWD',
     'EMPTY_LSE',
+    'biased_sdpa',
+    'FLASH_BIAS_GRAD_MIN_PAIRS',
+    'FlashBiasGrad',
+    'flash_bias_grad',
     'work_dtype',
     'flash_layer_inputs',
     'head_groups',
@@ -141,6 +146,131 @@ FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 #: log-sum-exp of an empty partial: its merge weight underflows to exactly 0
 EMPTY_LSE = -1e30
+
+
+#: float32 / float64: (query, key) pairs per head from which :func:`biased_sdpa` takes the
+#: flash route for a mask that needs a gradient; below, SDPA's math kernel is faster there
+#: (one thread, B=2, 12 heads of 64: 1.7x at 257 tokens, 1.28x at 513, 0.85x at 769,
+#: 0.79x at 1025; ``research.benchmark.flash_bias_grad``). Reduced precision always takes it
+#: (the math kernel would compute in float32 copies).
+FLASH_BIAS_GRAD_MIN_PAIRS = 640 * 640
+
+
+def biased_sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, dropout_p: float = 0.0) -> Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, attn_mask=bias)``, through PyTorch's CPU
+    flash kernel also when ``bias`` needs a gradient (learnable slopes while they train).
+
+    PyTorch's flash kernel gives no gradient to ``attn_mask``, so for such a mask SDPA takes
+    its math kernel, which materialises ``B x heads x T x S`` scores and, for bfloat16 /
+    float16, computes in float32 on float32 copies of ``q, k, v``. Here the forward and the
+    ``q, k, v`` gradients stay in the flash kernel (in the inputs' dtype) and the mask's
+    gradient comes from :func:`flash_bias_grad` (:class:`FlashBiasGrad`). Dropout, CUDA
+    (whose SDPA kernels give the mask its gradient), masks without a gradient, and float32 /
+    float64 calls under :data:`FLASH_BIAS_GRAD_MIN_PAIRS` pairs per head (there the math
+    kernel is faster and computes in the inputs' dtype anyway) go to SDPA unchanged.
+
+    Args:
+        q, k, v: ``(B, heads, T, d)``, ``(B, heads, S, d)``.
+        bias: ``(1 | B, heads, T, S)`` float mask (cast to ``q``'s dtype; a bool mask
+            passes as it is).
+        dropout_p: attention dropout. Default: 0.
+
+    Returns:
+        ``(B, heads, T, d)``.
+    """
+    mask = bias.to(q.dtype) if bias.is_floating_point() else bias
+    if (
+        q.device.type == 'cpu'
+        and not dropout_p
+        and torch.is_grad_enabled()
+        and mask.requires_grad
+        and mask.dim() == 4
+        and mask.shape[1:] == (q.shape[1], q.shape[2], k.shape[2])
+        and mask.shape[0] in (1, q.shape[0])
+        and (
+            q.dtype in (torch.bfloat16, torch.float16)
+            or q.shape[-2] * k.shape[-2] >= FLASH_BIAS_GRAD_MIN_PAIRS
+        )
+    ):
+        return FlashBiasGrad.apply(q, k, v, mask)
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p
+    )
+
+
+class FlashBiasGrad(torch.autograd.Function):
+    """Attention with an additive float mask that gets its gradient, on the CPU flash kernel.
+
+    Forward: :data:`FLASH` (output and log-sum-exp). Backward: :data:`FLASH_BWD` for
+    ``q, k, v``; the mask's gradient from :func:`flash_bias_grad`. Everything of
+    activation size stays in the inputs' dtype (see :func:`flash_bias_grad` for the
+    float32 temporaries).
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        out, lse = FLASH(q, k, v, attn_mask=mask)
+        ctx.save_for_backward(q, k, v, mask, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        q, k, v, mask, out, lse = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        dq, dk, dv = FLASH_BWD(grad_out, q, k, v, out, lse, 0.0, False, attn_mask=mask)
+        dmask = None
+        if ctx.needs_input_grad[3]:
+            dmask = flash_bias_grad(q, k, v, mask, out, lse, grad_out)
+        return dq, dk, dv, dmask
+
+
+def flash_bias_grad(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor
+) -> Tensor:
+    """The gradient of attention ``softmax(q k^T / sqrt(d) + mask) v`` with respect to the
+    additive ``mask``: ``dS = P * (dO v^T - rowsum(dO * O))``, summed over the batch where
+    the mask is broadcast over it.
+
+    Computed per head in blocks of ``d`` query rows, in float32 from the saved log-sum-exp
+    (``P = exp(S - lse)``): the float32 temporaries are one head's keys and values
+    (``B x S x d``) and one block's scores (``B x d x S``), each at most one head's share of
+    ``q`` when ``S = T``; the result is written into a tensor of the mask's shape and
+    dtype.
+
+    Args:
+        q, k, v: ``(B, heads, T, d)``, ``(B, heads, S, d)``, ``(B, heads, S, dv)``.
+        mask: ``(1 | B, heads, T, S)``, the mask the forward used.
+        out: ``(B, heads, T, dv)``, the forward's output.
+        lse: ``(B, heads, T)`` float32, the forward's log-sum-exp (of the scaled scores
+            plus the mask).
+        grad_out: ``(B, heads, T, dv)``.
+
+    Returns:
+        ``(1 | B, heads, T, S)`` in ``mask``'s dtype.
+    """
+    batch, heads, tokens, dim = q.shape
+    f32 = work_dtype(q.dtype)
+    scale = dim**-0.5
+    rows = max(1, dim)
+    grad = torch.empty_like(mask)
+    per_sample = mask.shape[0] != 1 or batch == 1
+    for h in range(heads):
+        kh, vh = k[:, h].to(f32), v[:, h].to(f32)  # (B, S, d)
+        mh = mask[:, h]
+        for r0 in range(0, tokens, rows):
+            r1 = min(tokens, r0 + rows)
+            scores = torch.baddbmm(
+                mh[:, r0:r1].to(f32).expand(batch, -1, -1),
+                q[:, h, r0:r1].to(f32),
+                kh.transpose(1, 2),
+                alpha=scale,
+            )
+            p = scores.sub_(lse[:, h, r0:r1, None].to(f32)).exp_()  # (B, rows, S)
+            do = grad_out[:, h, r0:r1].to(f32)
+            row = (do * out[:, h, r0:r1].to(f32)).sum(-1, keepdim=True)
+            ds = p.mul_(torch.bmm(do, vh.transpose(1, 2)).sub_(row))
+            grad[:, h, r0:r1] = ds if per_sample else ds.sum(0, keepdim=True)
+    return grad
 
 
 def work_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch.nn.functional as F
 from torch import Tensor
 
-from .common import AttentionCall, AttentionRequest
+from .common import AttentionCall, AttentionRequest, biased_sdpa
 
 __all__ = ['NAME', 'can_run', 'attend', 'sdpa_attention', 'as_4d']
 
@@ -40,7 +39,9 @@ def as_4d(mask: Tensor) -> Tensor:
 def sdpa_attention(
     q: Tensor, k: Tensor, v: Tensor, bias: Tensor, dropout_p: float = 0.0
 ) -> Tensor:
-    """``F.scaled_dot_product_attention`` with the bias as a 4-D float ``attn_mask``.
+    """``F.scaled_dot_product_attention`` with the bias as a 4-D float ``attn_mask``
+    (:func:`~.common.biased_sdpa`: on CPU a bias that needs a gradient stays on the flash
+    kernel).
 
     Args:
         q, k, v: ``(B, heads, T, d)``.
@@ -49,9 +50,7 @@ def sdpa_attention(
     Returns:
         ``(B, heads, T, d)``.
     """
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=as_4d(bias).to(q.dtype), dropout_p=dropout_p
-    )
+    return biased_sdpa(q, k, v, as_4d(bias), dropout_p)
 
 
 def attend(call: AttentionCall) -> Tensor:

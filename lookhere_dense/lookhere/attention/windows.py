@@ -16,6 +16,7 @@ from torch import Tensor
 
 from ..bias import num_prefix_tokens
 from ..prefix_tokens import check_tokens
+from .common import biased_sdpa
 
 __all__ = [
     'padded_grid',
@@ -193,18 +194,11 @@ def sdpa_in_windows(
     if pad is not None:
         mask = pad if bias is None else bias + pad  # (nWin, heads | 1, T_w, T_w)
         return torch.stack(
-            [
-                F.scaled_dot_product_attention(
-                    qw[i], kw[i], vw[i], attn_mask=mask, dropout_p=dropout_p
-                )
-                for i in range(batch)
-            ]
+            [biased_sdpa(qw[i], kw[i], vw[i], mask, dropout_p) for i in range(batch)]
         )
-    out = F.scaled_dot_product_attention(
-        qw.flatten(0, 1),
-        kw.flatten(0, 1),
-        vw.flatten(0, 1),
-        attn_mask=None if bias is None else bias.unsqueeze(0),
-        dropout_p=dropout_p,
-    )
+    q, k, v = qw.flatten(0, 1), kw.flatten(0, 1), vw.flatten(0, 1)
+    if bias is None:
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+    else:
+        out = biased_sdpa(q, k, v, bias.unsqueeze(0), dropout_p)
     return out.view(batch, n_win, *out.shape[1:])
