@@ -765,6 +765,37 @@ def test_peer_registered_case_builds_the_config_backbone_as_users_do():
     assert run['start'] > 0 and run['rise'] >= 0
 
 
+def test_peer_with_openmmlab_imports_is_the_registered_backbones_second_baseline():
+    """``timm+openmmlab`` builds the same timm ViT in a process that imported what the
+    registered case imports (mmseg's model modules: their memory is not the backbone's);
+    the registered rows get their ratios against it beside those against the bare peer."""
+    import research.benchmark.peer as peer
+
+    case = dict(kind='peer', size=[32, 48], device='cpu', dtype='float32', steps=1)
+    case.update(model=peer.PEER_OPENMMLAB, arch=dict(embed_dims=48, num_layers=1, num_heads=6))
+    model = peer._build(case)
+    assert type(model).__module__.startswith('timm.') and len(model.blocks) == 1
+    assert 'mmseg.models' in sys.modules
+
+    def run(seconds, peak):
+        return dict(seconds=seconds, peak=peak, start=1, rise=1)
+
+    results = {
+        peer.PEER: [run(2.0, 100), run(2.2, 100)],
+        peer.PEER_OPENMMLAB: [run(2.0, 120), run(2.0, 130)],
+        'registered:lh180': [run(1.0, 132), run(1.1, 130)],
+        'lh180': [run(1.0, 90), run(1.0, 90)],
+    }
+    rows = {r['model']: r for r in peer._rows(results)}
+    reg = rows['registered:lh180']
+    assert reg['peak_ratio'] == pytest.approx(1.31) and reg['time_ratio'] == pytest.approx(0.5)
+    assert reg['peak_ratio_same_imports'] == pytest.approx((1.1 + 1.0) / 2)
+    assert reg['time_ratio_same_imports'] == pytest.approx((0.5 + 0.55) / 2)
+    assert 'peak_ratio_same_imports' not in rows['lh180']
+    del results[peer.PEER_OPENMMLAB]
+    assert 'peak_ratio_same_imports' not in peer._rows(results)[1]
+
+
 def test_peer_autocast_cases_run_the_linear_layers_in_bfloat16(monkeypatch):
     import research.benchmark.peer as peer
 

@@ -54,6 +54,7 @@ from .timing import interleaved, paired_ratio, rotations
 __all__ = [
     'PEER',
     'PEER_MODEL',
+    'PEER_OPENMMLAB',
     'REGISTERED',
     'PARTS',
     'flop_bound',
@@ -65,6 +66,10 @@ __all__ = [
 
 #: case name of the peer
 PEER = 'timm'
+#: the peer in a process that has imported OpenMMLab as the ``registered`` cases do
+#: (``register_all_modules`` and mmseg's model registry): the baseline that tells the
+#: registered backbone's own memory from what importing mmseg costs any backbone
+PEER_OPENMMLAB = 'timm+openmmlab'
 #: model-name prefix of the registered backbone (``'registered:<preset>[:<backend>]'``)
 REGISTERED = 'registered'
 #: the model config whose backbone dict the ``registered`` cases build (ViT-B/16, as users do)
@@ -170,7 +175,9 @@ def _build(case: Dict[str, Any]) -> nn.Module:
     simulation of ``tools/gpu_check.sh``)."""
     device, dtype = case['device'], DTYPES[case['dtype']]
     arch = vit_arch(**case.get('arch', {}))
-    if case['model'] == PEER:
+    if case['model'] == PEER_OPENMMLAB:
+        _import_openmmlab()
+    if case['model'] in (PEER, PEER_OPENMMLAB):
         import timm
 
         torch.manual_seed(0)
@@ -206,18 +213,28 @@ def registered_backbone_cfg(preset: str, backend: str = 'auto', **arch: Any) -> 
     return backbone
 
 
+def _import_openmmlab() -> None:
+    """What building a registered backbone imports before the build: lookhere-dense's
+    registrations, mmseg as the default scope and mmseg's model registry (whose first
+    lookup imports ``mmseg.models``: mmdet, mmcv's ops, scipy, matplotlib, ...)."""
+    from mmseg.registry import MODELS
+
+    from lookhere_dense.registry import register_all_modules
+
+    register_all_modules(init_default_scope=True)
+    MODELS.get('VisionTransformer')  # mmseg's lazy import of its model modules
+
+
 def _registered(case: Dict[str, Any]) -> nn.Module:
     """``MODELS.build`` of :func:`registered_backbone_cfg` for a ``registered:<preset>
     [:<backend>]`` case, ``init_weights()`` run, seed 0 (OpenMMLab)."""
     from mmseg.registry import MODELS
 
-    from lookhere_dense.registry import register_all_modules
-
     _, preset, backend = (case['model'].split(':') + [''])[:3]
     arch = {}
     if case.get('arch'):
         arch = {k: vit_arch(**case['arch'])[k] for k in ('embed_dims', 'num_layers', 'num_heads')}
-    register_all_modules(init_default_scope=True)
+    _import_openmmlab()
     torch.manual_seed(0)
     model = MODELS.build(registered_backbone_cfg(preset, backend or 'auto', **arch))
     model.init_weights()
@@ -430,9 +447,11 @@ def _rise_ratio(pairs) -> Optional[float]:
 
 
 def _rows(results: Dict[str, List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
-    """Per model: medians and per-round ratios against the peer."""
+    """Per model: medians and per-round ratios against the peer; for the ``registered``
+    cases also against :data:`PEER_OPENMMLAB` where it ran (``*_same_imports``)."""
     rows = []
     base = results[PEER]
+    same = results.get(PEER_OPENMMLAB)
     for name, runs in results.items():
         ok = [(a, b) for a, b in zip(runs, base) if 'error' not in a and 'error' not in b]
         if not ok:
@@ -452,6 +471,17 @@ def _rows(results: Dict[str, List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
                 rounds=len(ok),
             )
         )
+        if same and name.startswith(REGISTERED + ':'):
+            pairs = [(a, b) for a, b in zip(runs, same) if 'error' not in a and 'error' not in b]
+            if pairs:
+                rows[-1].update(
+                    time_ratio_same_imports=statistics.median(
+                        a['seconds'] / b['seconds'] for a, b in pairs
+                    ),
+                    peak_ratio_same_imports=statistics.median(
+                        a['peak'] / b['peak'] for a, b in pairs
+                    ),
+                )
     return rows
 
 
@@ -519,7 +549,10 @@ def bench_peer(
         registered_presets: ``frame`` and ``train`` cases of the registered backbone as
             users build it (``'registered:<preset>'``: ``MODELS.build`` of the ADE20K
             Segmenter config's backbone dict, :func:`registered_backbone_cfg`; OpenMMLab)
-            beside the torch-only trunk; empty: none. Default: lh180.
+            beside the torch-only trunk, and the peer in a process with the same imports
+            (:data:`PEER_OPENMMLAB`; the rows of the registered cases get ratios against it
+            too, ``time_ratio_same_imports`` / ``peak_ratio_same_imports``); empty: none.
+            Default: lh180.
         rounds: interleaved rounds (fresh process per case and round). Default: 2.
         layer_rounds: rounds of :func:`attention_layer` (CPU only; 0: skip). Default: 3.
         device, dtype: where and in what the models run. Default: CPU, float32.
@@ -547,6 +580,9 @@ def bench_peer(
             for m in models
         }
 
+    registered = [f'{REGISTERED}:{p}' for p in registered_presets]
+    if registered:  # the peer with the same imports: the registered backbone's own memory
+        registered.insert(0, PEER_OPENMMLAB)
     out: Dict[str, Any] = {'bounds': []}
     want = set(PARTS if parts is None else parts)
     unknown = want - set(PARTS)
@@ -596,7 +632,7 @@ def bench_peer(
                 frame_size,
                 [PEER, NOBIAS, *presets]
                 + [f'{p}:{b}' for p in presets for b in frame_backends]
-                + [f'{REGISTERED}:{p}' for p in registered_presets],
+                + registered,
             ),
             rounds,
             timeout,
@@ -617,7 +653,7 @@ def bench_peer(
                 size,
                 [PEER, NOBIAS, *train_presets]
                 + [f'{p}:{b}' for p in train_presets for b in train_backends]
-                + [f'{REGISTERED}:{p}' for p in registered_presets],
+                + registered,
                 steps=train_steps,
             ),
             rounds,

@@ -242,6 +242,12 @@ def format_peer(pr: Dict[str, Any]) -> List[str]:
                 f'    {r["model"]:<14}{str(r["backend"] or "-"):<10}{r["seconds"]:>9.2f}'
                 f'{r["time_ratio"]:>8.3f}{r["peak_gib"]:>10.2f}{r["peak_ratio"]:>8.3f}'
             )
+            if 'peak_ratio_same_imports' in r:
+                lines.append(
+                    f'    {"":<14}{"":<10}{"x timm, same imports:":>27}'
+                    f'{r["time_ratio_same_imports"]:>8.3f}{"":>10}'
+                    f'{r["peak_ratio_same_imports"]:>8.3f}'
+                )
     lines.append('')
     return lines
 
