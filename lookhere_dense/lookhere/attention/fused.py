@@ -62,8 +62,9 @@ Learnable slopes
     While slopes train, the table (and the ``center`` heads' key term) require grad: the
     backward adds each score's ``dS`` to the table entry (and key) its bias was read from,
     per sample, and the sums over the batch flow back to the slopes through autograd. So
-    the training step stays in the kernel, bf16 included (``sdpa`` / ``chunked`` fall back
-    to PyTorch's float32 math kernel there).
+    the training step stays in the kernel, bf16 included (``sdpa`` / ``chunked`` keep
+    PyTorch's flash kernel and compute the mask's gradient beside it:
+    :func:`~.common.biased_sdpa`).
 
 Limits (refused with a ValueError; ``auto`` does not choose it then): CUDA tensors and
 attention dropout.

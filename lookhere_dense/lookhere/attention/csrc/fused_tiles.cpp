@@ -936,7 +936,101 @@ void write_key_grads(const Tiles& tl, int dp, int d, const T* dkh, const T* dvh,
   }
 }
 
+// The backward's products and the operands they read, one set per thread: one head's
+// keys and values packed, the query tile's Q and dO rows.
+//   FloatBackward: float32 / float64 FMA kernels (bf16 / fp16 inputs converted as loaded).
+//   NativeBf16Backward: VDPBF16PS; keys also as slot pairs (dS K), Q, dO, P and dS also as
+//   row pairs (P^T dO, dS^T Q), P and dS rounded to bf16 as operands.
 template <typename T, typename IT>
+struct FloatBackward {
+  std::vector<T> krow, kpan, vpan, qb, dob;
+  FloatBackward(int64_t per, int max_tile, int dp, int)
+      : krow(per, T(0)), kpan(per, T(0)), vpan(per, T(0)), qb((size_t)max_tile * dp, T(0)),
+        dob((size_t)max_tile * dp, T(0)) {}
+  void pack(const IT* kh, int64_t kld, const IT* vh, int64_t vld, const Tiles& tl, int d,
+            int dp) {
+    pack_head<IT, T>(kh, kld, tl, d, dp, krow.data(), kpan.data());
+    pack_head<IT, T>(vh, vld, tl, d, dp, nullptr, vpan.data());
+  }
+  // row r of the query tile: its q and dO
+  void load(int r, const IT* x, const IT* gx, int d, int dp) {
+    load_row<IT, T>(qb.data() + (int64_t)r * dp, x, d);
+    load_row<IT, T>(dob.data() + (int64_t)r * dp, gx, d);
+  }
+  void pad(int, int, int) {}  // no row pairs
+  // S = Q K^T
+  void scores(int nq, int dp, int64_t off, int ns, T* s) {
+    gemm_panels<T>(qb.data(), nq, dp, kpan.data() + off, ns, s, ns);
+  }
+  // dV += P^T dO
+  void dv(const T* p, int nq, int ns, int dp, T* dvh) {
+    gemm_t<T>(p, ns, nq, ns, dob.data(), dp, dvh, T(1));
+  }
+  // dP = dO V^T
+  void dprob(int nq, int dp, int64_t off, int ns, T* dprob) {
+    gemm_panels<T>(dob.data(), nq, dp, vpan.data() + off, ns, dprob, ns);
+  }
+  // dQ += scale dS K ; dK += scale dS^T Q
+  void dq_dk(const T* ds, int nq, int ns, int dp, int64_t off, T* dqb, T* dkh, T scale) {
+    gemm_rows<T>(ds, ns, nq, ns, krow.data() + off, dp, dqb, scale);
+    gemm_t<T>(ds, ns, nq, ns, qb.data(), dp, dkh, scale);
+  }
+};
+
+struct NativeBf16Backward {
+  std::vector<bf16> kpan, kpair, vpan, qb, dob, qpair, dopair, ppair, dsb, dspair;
+  NativeBf16Backward(int64_t per, int max_tile, int dp, int width)
+      : kpan(per, bf16(0.f)), kpair(per, bf16(0.f)), vpan(per, bf16(0.f)),
+        qb((size_t)max_tile * dp, bf16(0.f)), dob((size_t)max_tile * dp, bf16(0.f)),
+        qpair((size_t)round_up(max_tile, 2) * dp, bf16(0.f)),
+        dopair((size_t)round_up(max_tile, 2) * dp, bf16(0.f)),
+        ppair((size_t)round_up(max_tile, 2) * width), dsb((size_t)max_tile * width),
+        dspair((size_t)round_up(max_tile, 2) * width) {}
+  void pack(const bf16* kh, int64_t kld, const bf16* vh, int64_t vld, const Tiles& tl, int d,
+            int dp) {
+    pack_head_bf16(kh, kld, tl, d, dp, kpair.data(), kpan.data());
+    pack_head_bf16(vh, vld, tl, d, dp, nullptr, vpan.data());
+  }
+  void load(int r, const bf16* x, const bf16* gx, int d, int dp) {
+    std::memcpy(qb.data() + (int64_t)r * dp, x, sizeof(bf16) * d);
+    std::memcpy(dob.data() + (int64_t)r * dp, gx, sizeof(bf16) * d);
+    bf16* qpr = qpair.data() + (int64_t)(r / 2) * dp * 2 + (r & 1);
+    bf16* dpr = dopair.data() + (int64_t)(r / 2) * dp * 2 + (r & 1);
+    for (int c = 0; c < d; ++c) {
+      qpr[2 * c] = x[c];
+      dpr[2 * c] = gx[c];
+    }
+  }
+  // an odd tile's partner row in the row pairs: zeros
+  void pad(int nq, int d, int dp) {
+    if (nq % 2 == 0) return;
+    bf16* qpr = qpair.data() + (int64_t)(nq / 2) * dp * 2 + 1;
+    bf16* dpr = dopair.data() + (int64_t)(nq / 2) * dp * 2 + 1;
+    for (int c = 0; c < d; ++c) qpr[2 * c] = dpr[2 * c] = bf16(0.f);
+  }
+  void scores(int nq, int dp, int64_t off, int ns, float* s) {
+    qk_bf16(qb.data(), dp, nq, dp, kpan.data() + off, ns, s, ns);
+  }
+  void dv(const float* p, int nq, int ns, int dp, float* dvh) {
+    to_row_pairs_bf16(p, ns, nq, ns, ppair.data());
+    tb_bf16(ppair.data(), ns, round_up(nq, 2), ns, dopair.data(), dp, dvh, 1.f);
+  }
+  void dprob(int nq, int dp, int64_t off, int ns, float* dprob) {
+    qk_bf16(dob.data(), dp, nq, dp, vpan.data() + off, ns, dprob, ns);
+  }
+  void dq_dk(const float* ds, int nq, int ns, int dp, int64_t off, float* dqb, float* dkh,
+             float scale) {
+    store_row<float, bf16>(dsb.data(), ds, nq * ns);
+    av_bf16(dsb.data(), ns, nq, ns, kpair.data() + off, dp, dqb, scale);
+    to_row_pairs_bf16(ds, ns, nq, ns, dspair.data());
+    tb_bf16(dspair.data(), ns, round_up(nq, 2), ns, qpair.data(), dp, dkh, scale);
+  }
+};
+
+// The flash backward per (batch, head): P recomputed from the global log-sum-exp, dK, dV
+// accumulated in slot order, dQ per query tile; with dtable, each dS also added to the
+// table entry (and key-term entry) its bias was read from.
+template <typename T, typename IT, typename Products>
 void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                    const at::Tensor& table, const c10::optional<at::Tensor>& key_term,
@@ -956,10 +1050,9 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
   const int64_t n_items = (int64_t)items.size();
   const int64_t per = (int64_t)tl.slots * dp;
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    std::vector<T> krow(per, T(0)), kpan(per, T(0)), vpan(per, T(0)), dkh(per), dvh(per);
-    std::vector<T> qb((size_t)max_tile * dp, T(0)), dob((size_t)max_tile * dp, T(0)),
-        dqb((size_t)max_tile * dp), s((size_t)max_tile * width), dp_((size_t)max_tile * width),
-        brow(width), lrow(max_tile), delta(max_tile);
+    Products ops(per, max_tile, dp, width);
+    std::vector<T> dkh(per), dvh(per), dqb((size_t)max_tile * dp), s((size_t)max_tile * width),
+        dprob((size_t)max_tile * width), brow(width), lrow(max_tile), delta(max_tile);
     std::vector<int> qy(max_tile), qx(max_tile);
     std::vector<Block> blocks;
     for (int64_t it; (it = next.fetch_add(1)) < n_items;) {
@@ -970,10 +1063,8 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
       const IT* oh = out.data_ptr<IT>() + bb * out.stride(0) + h * out.stride(1);
       const T* lh = lse.data_ptr<T>() + bb * lse.stride(0) + h * lse.stride(1);
       IT* dqh = dq.data_ptr<IT>() + bb * dq.stride(0) + h * dq.stride(1);
-      pack_head<IT, T>(k.data_ptr<IT>() + bb * k.stride(0) + h * k.stride(1), k.stride(2), tl,
-                       d, dp, krow.data(), kpan.data());
-      pack_head<IT, T>(v.data_ptr<IT>() + bb * v.stride(0) + h * v.stride(1), v.stride(2), tl,
-                       d, dp, nullptr, vpan.data());
+      ops.pack(k.data_ptr<IT>() + bb * k.stride(0) + h * k.stride(1), k.stride(2),
+               v.data_ptr<IT>() + bb * v.stride(0) + h * v.stride(1), v.stride(2), tl, d, dp);
       std::fill(dkh.begin(), dkh.end(), T(0));
       std::fill(dvh.begin(), dvh.end(), T(0));
       const T* table_h = tp + h * tab;
@@ -983,34 +1074,35 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
         for (int r = 0; r < nq; ++r) {
           const int patch = tl.order[tl.start[qt] + r];
           const int64_t row = J + patch;
-          load_row<IT, T>(qb.data() + (int64_t)r * dp, qh + row * q.stride(2), d);
-          load_row<IT, T>(dob.data() + (int64_t)r * dp, doh + row * dout.stride(2), d);
+          const IT* x = qh + row * q.stride(2);
+          const IT* gx = doh + row * dout.stride(2);
           const IT* o = oh + row * out.stride(2);
-          T acc = 0;
-          for (int c = 0; c < d; ++c) acc += dob[(int64_t)r * dp + c] * static_cast<T>(o[c]);
+          ops.load(r, x, gx, d, dp);
+          T acc = 0;  // delta = rowsum(dO * O)
+          for (int c = 0; c < d; ++c) acc += static_cast<T>(gx[c]) * static_cast<T>(o[c]);
           delta[r] = acc;
           lrow[r] = lh[row * lse.stride(2)];
           qy[r] = patch / tl.W;
           qx[r] = patch % tl.W;
         }
+        ops.pad(nq, d, dp);
         std::fill(dqb.begin(), dqb.begin() + (int64_t)nq * dp, T(0));
         blocks_of(tl, plan, g, qt, max_keys, blocks);
         for (const Block& blk : blocks) {
           const int ns = blk.ns;
           const int64_t off = (int64_t)blk.s0 * dp;
-          gemm_panels<T>(qb.data(), nq, dp, kpan.data() + off, ns, s.data(), ns);
+          ops.scores(nq, dp, off, ns, s.data());
           probs_block<T>(s.data(), nq, ns, tl, blk, table_h, key_h, qy.data(), qx.data(), scale,
                          brow.data(), lrow.data());
           // dV += P^T dO ; dP = dO V^T ; dS = P (dP - delta)
-          gemm_t<T>(s.data(), ns, nq, ns, dob.data(), dp, dvh.data() + off, T(1));
-          gemm_panels<T>(dob.data(), nq, dp, vpan.data() + off, ns, dp_.data(), ns);
-          dscores_block<T>(s.data(), dp_.data(), nq, ns, delta.data());
+          ops.dv(s.data(), nq, ns, dp, dvh.data() + off);
+          ops.dprob(nq, dp, off, ns, dprob.data());
+          dscores_block<T>(s.data(), dprob.data(), nq, ns, delta.data());
           if (dtable)
             bias_grad_block<T>(dtable + bh * tab, dkey ? dkey + bh * N : nullptr, s.data(), nq,
                                ns, tl, blk, qy.data(), qx.data());
           // dQ += scale dS K ; dK += scale dS^T Q
-          gemm_rows<T>(s.data(), ns, nq, ns, krow.data() + off, dp, dqb.data(), scale);
-          gemm_t<T>(s.data(), ns, nq, ns, qb.data(), dp, dkh.data() + off, scale);
+          ops.dq_dk(s.data(), nq, ns, dp, off, dqb.data(), dkh.data() + off, scale);
         }
         for (int r = 0; r < nq; ++r) {
           const int patch = tl.order[tl.start[qt] + r];
@@ -1022,118 +1114,6 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
                              dk.stride(2),
                              dv.data_ptr<IT>() + bb * dv.stride(0) + h * dv.stride(1),
                              dv.stride(2));
-    }
-  });
-}
-
-// The same backward with the native bfloat16 products. Per head: keys as panels (S) and
-// slot pairs (dS K), values as panels (dO V^T); per query tile: Q and dO as rows and as
-// row pairs; per block: P as row pairs (P^T dO), dS as rows (dS K) and row pairs (dS^T Q).
-void backward_native_bf16(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-                          const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                          const at::Tensor& table, const c10::optional<at::Tensor>& key_term,
-                          const Plan& plan, const Tiles& tl, double scale_d, int max_keys,
-                          at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, float* dtable, float* dkey) {
-  using T = float;
-  constexpr int V = 16;
-  const int64_t B = q.size(0), heads = q.size(1), N = (int64_t)tl.H * tl.W;
-  const int d = (int)q.size(3), dp = round_up(d, V), J = tl.J;
-  const T scale = (T)scale_d;
-  const int64_t tab = (int64_t)(2 * tl.H - 1) * (2 * tl.W - 1);
-  const T* tp = table.data_ptr<T>();
-  const T* kt = key_term ? key_term->data_ptr<T>() : nullptr;
-  const int max_tile = tl.max_tile(), max_pair = round_up(max_tile, 2);
-  const int width = std::max(round_up(max_keys, V), std::max(round_up(max_tile, V), tl.Jp));
-  const std::vector<int64_t> items = backward_items(plan, tl, B, heads);
-  std::atomic<int64_t> next(0);
-  const int64_t n_items = (int64_t)items.size();
-  const int64_t per = (int64_t)tl.slots * dp;
-  const bf16 zero(0.f);
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    std::vector<bf16> kpan(per, zero), kpair(per, zero), vpan(per, zero);
-    std::vector<bf16> qb((size_t)max_tile * dp, zero), dob((size_t)max_tile * dp, zero),
-        qpair((size_t)max_pair * dp, zero), dopair((size_t)max_pair * dp, zero),
-        ppair((size_t)max_pair * width), dsb((size_t)max_tile * width),
-        dspair((size_t)max_pair * width);
-    std::vector<T> dkh(per), dvh(per), dqb((size_t)max_tile * dp), s((size_t)max_tile * width),
-        dprob((size_t)max_tile * width), brow(width), lrow(max_tile), delta(max_tile);
-    std::vector<int> qy(max_tile), qx(max_tile);
-    std::vector<Block> blocks;
-    for (int64_t it; (it = next.fetch_add(1)) < n_items;) {
-      const int64_t bh = items[it], bb = bh / heads, h = bh % heads;
-      const int g = plan.head_group[h];
-      const bf16* qh = q.data_ptr<bf16>() + bb * q.stride(0) + h * q.stride(1);
-      const bf16* doh = dout.data_ptr<bf16>() + bb * dout.stride(0) + h * dout.stride(1);
-      const bf16* oh = out.data_ptr<bf16>() + bb * out.stride(0) + h * out.stride(1);
-      const T* lh = lse.data_ptr<T>() + bb * lse.stride(0) + h * lse.stride(1);
-      bf16* dqh = dq.data_ptr<bf16>() + bb * dq.stride(0) + h * dq.stride(1);
-      pack_head_bf16(k.data_ptr<bf16>() + bb * k.stride(0) + h * k.stride(1), k.stride(2), tl, d,
-                     dp, kpair.data(), kpan.data());
-      pack_head_bf16(v.data_ptr<bf16>() + bb * v.stride(0) + h * v.stride(1), v.stride(2), tl, d,
-                     dp, nullptr, vpan.data());
-      std::fill(dkh.begin(), dkh.end(), T(0));
-      std::fill(dvh.begin(), dvh.end(), T(0));
-      const T* table_h = tp + h * tab;
-      const T* key_h = kt ? kt + h * N : nullptr;
-      for (int qt = 0; qt < plan.nqt; ++qt) {
-        const int nq = tl.size(qt), nq2 = round_up(nq, 2);
-        for (int r = 0; r < nq2; ++r) {
-          bf16* qpr = qpair.data() + (int64_t)(r / 2) * dp * 2 + (r & 1);
-          bf16* dpr = dopair.data() + (int64_t)(r / 2) * dp * 2 + (r & 1);
-          if (r == nq) {  // the odd tile's partner row: zeros
-            for (int c = 0; c < d; ++c) qpr[2 * c] = dpr[2 * c] = zero;
-            continue;
-          }
-          const int patch = tl.order[tl.start[qt] + r];
-          const int64_t row = J + patch;
-          const bf16* x = qh + row * q.stride(2);
-          const bf16* gx = doh + row * dout.stride(2);
-          const bf16* o = oh + row * out.stride(2);
-          std::memcpy(qb.data() + (int64_t)r * dp, x, sizeof(bf16) * d);
-          std::memcpy(dob.data() + (int64_t)r * dp, gx, sizeof(bf16) * d);
-          T acc = 0;
-          for (int c = 0; c < d; ++c) {
-            qpr[2 * c] = x[c];
-            dpr[2 * c] = gx[c];
-            acc += static_cast<T>(gx[c]) * static_cast<T>(o[c]);
-          }
-          delta[r] = acc;
-          lrow[r] = lh[row * lse.stride(2)];
-          qy[r] = patch / tl.W;
-          qx[r] = patch % tl.W;
-        }
-        std::fill(dqb.begin(), dqb.begin() + (int64_t)nq * dp, T(0));
-        blocks_of(tl, plan, g, qt, max_keys, blocks);
-        for (const Block& blk : blocks) {
-          const int ns = blk.ns;
-          const int64_t off = (int64_t)blk.s0 * dp;
-          qk_bf16(qb.data(), dp, nq, dp, kpan.data() + off, ns, s.data(), ns);
-          probs_block<T>(s.data(), nq, ns, tl, blk, table_h, key_h, qy.data(), qx.data(), scale,
-                         brow.data(), lrow.data());
-          // dV += P^T dO ; dP = dO V^T ; dS = P (dP - delta)
-          to_row_pairs_bf16(s.data(), ns, nq, ns, ppair.data());
-          tb_bf16(ppair.data(), ns, nq2, ns, dopair.data(), dp, dvh.data() + off, 1.f);
-          qk_bf16(dob.data(), dp, nq, dp, vpan.data() + off, ns, dprob.data(), ns);
-          dscores_block<T>(s.data(), dprob.data(), nq, ns, delta.data());
-          if (dtable)
-            bias_grad_block<T>(dtable + bh * tab, dkey ? dkey + bh * N : nullptr, s.data(), nq,
-                               ns, tl, blk, qy.data(), qx.data());
-          // dQ += scale dS K ; dK += scale dS^T Q
-          store_row<T, bf16>(dsb.data(), s.data(), nq * ns);
-          av_bf16(dsb.data(), ns, nq, ns, kpair.data() + off, dp, dqb.data(), scale);
-          to_row_pairs_bf16(s.data(), ns, nq, ns, dspair.data());
-          tb_bf16(dspair.data(), ns, nq2, ns, qpair.data(), dp, dkh.data() + off, scale);
-        }
-        for (int r = 0; r < nq; ++r) {
-          const int patch = tl.order[tl.start[qt] + r];
-          store_row<T, bf16>(dqh + (J + patch) * dq.stride(2), dqb.data() + (int64_t)r * dp, d);
-        }
-      }
-      write_key_grads<T, bf16>(tl, dp, d, dkh.data(), dvh.data(),
-                               dk.data_ptr<bf16>() + bb * dk.stride(0) + h * dk.stride(1),
-                               dk.stride(2),
-                               dv.data_ptr<bf16>() + bb * dv.stride(0) + h * dv.stride(1),
-                               dv.stride(2));
     }
   });
 }
@@ -1262,19 +1242,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_bac
                                     table.options())
                         : at::empty({0}, table.options());
   if (native_bf16 && q.scalar_type() == at::kBFloat16 && native_bf16_available()) {
-    backward_native_bf16(dout, q, k, v, out, lse, table, key_term, plan, tl, scale,
-                         (int)max_keys, dq, dk, dv,
-                         table_grad ? dtable.data_ptr<float>() : nullptr,
-                         dkey.numel() ? dkey.data_ptr<float>() : nullptr);
+    backward_impl<float, bf16, NativeBf16Backward>(
+        dout, q, k, v, out, lse, table, key_term, plan, tl, scale, (int)max_keys, dq, dk, dv,
+        table_grad ? dtable.data_ptr<float>() : nullptr,
+        dkey.numel() ? dkey.data_ptr<float>() : nullptr);
     return {dq, dk, dv, dtable, dkey};
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(),
                                   "lookhere_fused_backward", [&] {
     using T = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-    backward_impl<T, scalar_t>(dout, q, k, v, out, lse, table, key_term, plan, tl, scale,
-                               (int)max_keys, dq, dk, dv,
-                               table_grad ? dtable.data_ptr<T>() : nullptr,
-                               dkey.numel() ? dkey.data_ptr<T>() : nullptr);
+    backward_impl<T, scalar_t, FloatBackward<T, scalar_t>>(
+        dout, q, k, v, out, lse, table, key_term, plan, tl, scale, (int)max_keys, dq, dk, dv,
+        table_grad ? dtable.data_ptr<T>() : nullptr,
+        dkey.numel() ? dkey.data_ptr<T>() : nullptr);
   });
   return {dq, dk, dv, dtable, dkey};
 }
