@@ -149,10 +149,11 @@ EMPTY_LSE = -1e30
 
 
 #: float32 / float64: (query, key) pairs per head from which :func:`biased_sdpa` takes the
-#: flash route for a mask that needs a gradient; below, SDPA's math kernel is faster there
-#: (one thread, B=2, 12 heads of 64: 1.7x at 257 tokens, 1.28x at 513, 0.85x at 769,
-#: 0.79x at 1025; ``research.benchmark.flash_bias_grad``). Reduced precision always takes it
-#: (the math kernel would compute in float32 copies).
+#: flash route for a mask that needs a gradient; below, SDPA's math kernel is as fast or
+#: faster there (forward + backward, one thread, B=2, 12 heads of 64, flash / math: 1.0-1.24
+#: at 197-513 tokens, 0.92 at 769, 0.77 at 1025; ``python -m
+#: research.benchmark.flash_bias_grad``, docs/mixed_precision.md). Reduced precision always
+#: takes it (the math kernel would compute in float32 copies).
 FLASH_BIAS_GRAD_MIN_PAIRS = 640 * 640
 
 
