@@ -231,20 +231,20 @@ def format_peer(pr: Dict[str, Any]) -> List[str]:
         size = next(iter(group['runs'].values()))[0]['size']
         lines.append(f'  {title} {size[0]}x{size[1]}:')
         lines.append(
-            f'    {"model":<14}{"backend":<10}{"seconds":>9}{"x timm":>8}{"peak GiB":>10}'
+            f'    {"model":<18}{"backend":<10}{"seconds":>9}{"x timm":>8}{"peak GiB":>10}'
             f'{"x timm":>8}'
         )
         for r in group['rows']:
             if 'error' in r:
-                lines.append(f'    {r["model"]:<14}error: {r["error"]}')
+                lines.append(f'    {r["model"]:<18}error: {r["error"]}')
                 continue
             lines.append(
-                f'    {r["model"]:<14}{str(r["backend"] or "-"):<10}{r["seconds"]:>9.2f}'
+                f'    {r["model"]:<18}{str(r["backend"] or "-"):<10}{r["seconds"]:>9.2f}'
                 f'{r["time_ratio"]:>8.3f}{r["peak_gib"]:>10.2f}{r["peak_ratio"]:>8.3f}'
             )
             if 'peak_ratio_same_imports' in r:
                 lines.append(
-                    f'    {"":<14}{"":<10}{"x timm, same imports:":>27}'
+                    f'    {"  x timm+openmmlab":<28}{"":>9}'
                     f'{r["time_ratio_same_imports"]:>8.3f}{"":>10}'
                     f'{r["peak_ratio_same_imports"]:>8.3f}'
                 )
