@@ -572,6 +572,38 @@ def test_study_distils_the_propagate_fill():
         run_study([(64, 64)], [0.5], task='fov', fill='smear')
 
 
+def test_study_seed_changes_the_student_not_the_teacher(capsys):
+    """The study's --seed: the same seed gives the same student, another seed another one
+    (initialisation and step order); seed 0 keeps the earlier studies' student; a negative
+    seed is refused by the CLI."""
+    import runpy
+
+    from research.lookwhere.study import FOV, _frames, distill_student, new_teacher
+
+    torch.manual_seed(0)
+    teacher = new_teacher(FOV).eval()
+    frames = [_frames((64, 64), 2, seed=0, task=FOV)[0]]
+
+    def student(seed):
+        s = distill_student(
+            teacher, frames, [0.5], 2, lambda m: None, FOV, 'boundary', 0.5, 'propagate', seed=seed
+        )
+        return torch.cat([p.detach().flatten() for p in s.selector.parameters()])
+
+    default = distill_student(
+        teacher, frames, [0.5], 2, lambda m: None, FOV, 'boundary', 0.5, 'propagate'
+    )
+    default = torch.cat([p.detach().flatten() for p in default.selector.parameters()])
+    torch.testing.assert_close(student(0), default, rtol=0, atol=0)
+    torch.testing.assert_close(student(1), student(1), rtol=0, atol=0)
+    assert not torch.equal(student(0), student(1))
+    main = runpy.run_path('tools/lookwhere_study.py')['main']
+    with pytest.raises(SystemExit) as exc:
+        main(['study', '--seed', '-1'])
+    assert exc.value.code == 2
+    assert '--seed: -1 is negative' in capsys.readouterr().err
+
+
 def test_extractor_memory_measures_both_paths_on_the_same_output(capsys):
     """tools/lookwhere_study.py extractor-memory: one row per path, each ran the path it
     names, the same output; a bad path is refused by the CLI."""

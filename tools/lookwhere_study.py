@@ -86,6 +86,13 @@ def main(argv=None) -> int:
     )
     s.add_argument('--cache-dir', default='', help='reuse the trained teacher from here')
     s.add_argument(
+        '--seed',
+        type=int,
+        default=0,
+        help="the student's (and the whole-frame control's) initialisation and step order; "
+        'the teacher and the test frames do not change. Default: 0',
+    )
+    s.add_argument(
         '--fill',
         default='nearest',
         choices=['nearest', 'propagate'],
@@ -200,6 +207,8 @@ def main(argv=None) -> int:
     for r in args.k_ratios:
         if not 0 < r <= 1:
             parser.error(f'--k-ratios: {r} is outside (0, 1]')
+    if args.seed < 0:
+        parser.error(f'--seed: {args.seed} is negative')
     from research.lookwhere.study import run_study
 
     run_study(
@@ -220,6 +229,7 @@ def main(argv=None) -> int:
         cache_dir=args.cache_dir,
         fill=args.fill,
         finetune_teacher=args.finetune_teacher,
+        seed=args.seed,
     )
     return 0
 

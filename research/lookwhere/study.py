@@ -230,11 +230,13 @@ def distill_student(
     selector_target: str = 'attn',
     coverage: float = 0.0,
     fill: str = 'nearest',
+    seed: int = 0,
 ) -> LookWhere:
     """A LookWhere student from the frozen teacher trunk on whole frames (no labels);
     ``fill``: its dense fill (``'propagate'``'s learned correction is trained here too,
-    through the extractor loss on every patch)."""
-    torch.manual_seed(1)
+    through the extractor loss on every patch); ``seed``: the student's initialisation
+    and the order of its frames (0 is the seed every earlier study used)."""
+    torch.manual_seed(1 + 100 * seed)
     trunk = copy.deepcopy(teacher.backbone)
     trunk.out_indices = [len(trunk.blocks) - 1]
     student = LookWhere(
@@ -246,7 +248,7 @@ def distill_student(
     )
     params = [p for p in student.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.01)
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator().manual_seed(1 + 100 * seed)
     t_trunk = teacher.backbone
     student.train()
     t0 = time.perf_counter()
@@ -271,28 +273,36 @@ def distill_student(
     return student.eval()
 
 
-def finetune_student(seg: SegModel, pool, k_ratios: Sequence[float], iters: int, log) -> SegModel:
+def finetune_student(
+    seg: SegModel, pool, k_ratios: Sequence[float], iters: int, log, seed: int = 0
+) -> SegModel:
     """Segmentation fine-tuning of the distilled student with the selector frozen (the
     paper's recipe): extractor + head, cross-entropy on whole training frames, ``k_ratio``
-    drawn from the study's ratios each step."""
+    drawn from the study's ratios each step; ``seed``: the order of frames and ratios."""
     student = seg.backbone
     student.freeze_selector = True
     for p in student.selector.parameters():
         p.requires_grad = False
-    return _finetune(seg, pool, k_ratios, iters, log, lambda x, r: seg(x, k_ratio=r))
+    return _finetune(seg, pool, k_ratios, iters, log, lambda x, r: seg(x, k_ratio=r), seed=seed)
 
 
-def finetune_whole(seg: SegModel, pool, k_ratios: Sequence[float], iters: int, log) -> SegModel:
+def finetune_whole(
+    seg: SegModel, pool, k_ratios: Sequence[float], iters: int, log, seed: int = 0
+) -> SegModel:
     """The control for :func:`finetune_student`: the same steps (frames, optimiser, seed)
     on a model that sees the whole frame (e.g. a copy of the teacher), so that labelled
     whole-frame training is not credited to LookWhere alone."""
-    return _finetune(seg, pool, k_ratios, iters, log, lambda x, r: seg(x), 'whole finetune')
+    return _finetune(
+        seg, pool, k_ratios, iters, log, lambda x, r: seg(x), 'whole finetune', seed=seed
+    )
 
 
-def _finetune(seg: SegModel, pool, k_ratios, iters: int, log, forward, tag: str = 'finetune'):
+def _finetune(
+    seg: SegModel, pool, k_ratios, iters: int, log, forward, tag: str = 'finetune', seed: int = 0
+):
     params = [p for p in seg.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=2e-4, weight_decay=0.01)
-    gen = torch.Generator().manual_seed(2)
+    gen = torch.Generator().manual_seed(2 + 100 * seed)
     seg.train()
     t0 = time.perf_counter()
     for it in range(iters):
@@ -378,6 +388,7 @@ def run_study(
     cache_dir: str = '',
     fill: str = 'nearest',
     finetune_teacher: bool = False,
+    seed: int = 0,
 ) -> Dict[str, Any]:
     """Run the study (see the module docstring) on ``task`` (a key of :data:`TASKS`);
     writes ``OUT_DIR/NAME.json`` and ``OUT_DIR/NAME.png`` and returns the results.
@@ -389,7 +400,9 @@ def run_study(
     and evaluation; ``finetune_teacher``: also fine-tune a copy of the teacher on the
     whole frames with the student's fine-tuning steps (:func:`finetune_whole`) and evaluate
     it on the whole frame (``method='whole-ft'``), the control for the student's labelled
-    whole-frame steps."""
+    whole-frame steps; ``seed``: the student's initialisation and the order of its
+    distillation and fine-tuning steps (and the control's), the teacher and the test
+    frames stay the same; 0 is the seed of every earlier study."""
     from research.reporting import figure, write_json
 
     if task not in TASKS:
@@ -423,17 +436,18 @@ def run_study(
         selector_target,
         coverage,
         fill,
+        seed,
     )
     seg_student = SegModel(student, spec.trunk['embed_dims'], spec.num_classes)
     seg_student.norm = copy.deepcopy(teacher.norm)
     seg_student.cls = copy.deepcopy(teacher.cls)
     small_pool = [p for p, s in zip(pool, sizes) if s[0] * s[1] <= 256 * 512] or pool[:1]
     if finetune_iters:
-        finetune_student(seg_student, small_pool, k_ratios, finetune_iters, log)
+        finetune_student(seg_student, small_pool, k_ratios, finetune_iters, log, seed)
     teacher_ft = None
     if finetune_teacher and finetune_iters:
         teacher_ft = finetune_whole(
-            copy.deepcopy(teacher), small_pool, k_ratios, finetune_iters, log
+            copy.deepcopy(teacher), small_pool, k_ratios, finetune_iters, log, seed
         )
     rows: List[Dict[str, Any]] = []
     with torch.inference_mode():
@@ -486,6 +500,7 @@ def run_study(
             finetune_teacher=bool(finetune_teacher and finetune_iters),
             selector_target=selector_target,
             coverage=coverage,
+            seed=seed,
         ),
         'test_frames_per_size': test_frames,
         'repeats': repeats,
