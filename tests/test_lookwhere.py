@@ -637,3 +637,36 @@ def test_study_whole_frame_finetune_control_trains_a_copy():
     moved = [k for k, v in tuned.state_dict().items() if not torch.equal(v, before[k])]
     assert 'cls.weight' in moved and any(k.startswith('backbone.') for k in moved)
     assert all(torch.equal(v, before[k]) for k, v in teacher.state_dict().items())
+
+
+def test_study_whole_frame_teacher_trains_once_and_caches(tmp_path, capsys):
+    """--teacher-whole-iters: whole_frame_teacher trains the crop-trained teacher on whole
+    frames, saves it, and a second call loads the saved one instead of training again; a
+    negative count is refused by the CLI and by run_study."""
+    import copy
+    import runpy
+
+    from research.lookwhere.study import FOV, _frames, new_teacher, run_study, whole_frame_teacher
+
+    torch.manual_seed(0)
+    crop_trained = new_teacher(FOV).eval()
+    before = copy.deepcopy(crop_trained.state_dict())
+    pool = [_frames((64, 64), 2, seed=0, task=FOV)]
+    path = str(tmp_path / 'teacher_whole2.sd.pt')
+    logs = []
+    first = whole_frame_teacher(crop_trained, pool, 2, logs.append, path, FOV)
+    assert not first.training and (tmp_path / 'teacher_whole2.sd.pt').exists()
+    assert any(not torch.equal(v, before[k]) for k, v in first.state_dict().items())
+    assert any('teacher whole-frame iter 2/2' in m for m in logs)
+    logs.clear()
+    again = whole_frame_teacher(new_teacher(FOV), pool, 2, logs.append, path, FOV)
+    assert logs == [f'whole-frame teacher from {path}']
+    for k, v in again.state_dict().items():
+        assert torch.equal(v, first.state_dict()[k]), k
+    with pytest.raises(ValueError, match='teacher_whole_iters=-1 < 0'):
+        run_study([(64, 64)], [0.5], task='fov', teacher_whole_iters=-1)
+    main = runpy.run_path('tools/lookwhere_study.py')['main']
+    with pytest.raises(SystemExit) as exc:
+        main(['study', '--teacher-whole-iters', '-3'])
+    assert exc.value.code == 2
+    assert '--teacher-whole-iters: -3 is negative' in capsys.readouterr().err

@@ -86,6 +86,13 @@ def main(argv=None) -> int:
     )
     s.add_argument('--cache-dir', default='', help='reuse the trained teacher from here')
     s.add_argument(
+        '--teacher-whole-iters',
+        type=int,
+        default=0,
+        help='train the crop-trained teacher this many more steps on whole frames before it '
+        'teaches (the whole row is then that teacher). Default: 0',
+    )
+    s.add_argument(
         '--seed',
         type=int,
         default=0,
@@ -209,6 +216,8 @@ def main(argv=None) -> int:
             parser.error(f'--k-ratios: {r} is outside (0, 1]')
     if args.seed < 0:
         parser.error(f'--seed: {args.seed} is negative')
+    if args.teacher_whole_iters < 0:
+        parser.error(f'--teacher-whole-iters: {args.teacher_whole_iters} is negative')
     from research.lookwhere.study import run_study
 
     run_study(
@@ -230,6 +239,7 @@ def main(argv=None) -> int:
         fill=args.fill,
         finetune_teacher=args.finetune_teacher,
         seed=args.seed,
+        teacher_whole_iters=args.teacher_whole_iters,
     )
     return 0
 

@@ -297,6 +297,28 @@ def finetune_whole(
     )
 
 
+def whole_frame_teacher(
+    teacher: SegModel, pool, iters: int, log, path: str = '', task: Task = CITYSCAPES
+) -> SegModel:
+    """The crop-trained ``teacher`` trained ``iters`` more steps on whole frames of ``pool``
+    (:func:`_finetune`'s steps with a fixed seed of their own, independent of the study's
+    ratios and ``seed``), so that it has seen full-resolution frames before it teaches;
+    cached at ``path`` like the teacher (``''``: no cache)."""
+    if path and os.path.exists(path):
+        model = new_teacher(task)
+        model.load_state_dict(torch.load(path))
+        log(f'whole-frame teacher from {path}')
+        return model.eval()
+    model = _finetune(
+        teacher, pool, [1.0], iters, log, lambda x, r: teacher(x), 'teacher whole-frame', seed=10
+    )
+    if path:
+        os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+        torch.save(model.state_dict(), f'{path}.{os.getpid()}.tmp')
+        os.replace(f'{path}.{os.getpid()}.tmp', path)  # a parallel study never reads half a file
+    return model
+
+
 def _finetune(
     seg: SegModel, pool, k_ratios, iters: int, log, forward, tag: str = 'finetune', seed: int = 0
 ):
@@ -389,6 +411,7 @@ def run_study(
     fill: str = 'nearest',
     finetune_teacher: bool = False,
     seed: int = 0,
+    teacher_whole_iters: int = 0,
 ) -> Dict[str, Any]:
     """Run the study (see the module docstring) on ``task`` (a key of :data:`TASKS`);
     writes ``OUT_DIR/NAME.json`` and ``OUT_DIR/NAME.png`` and returns the results.
@@ -402,7 +425,13 @@ def run_study(
     it on the whole frame (``method='whole-ft'``), the control for the student's labelled
     whole-frame steps; ``seed``: the student's initialisation and the order of its
     distillation and fine-tuning steps (and the control's), the teacher and the test
-    frames stay the same; 0 is the seed of every earlier study."""
+    frames stay the same; 0 is the seed of every earlier study; ``teacher_whole_iters``:
+    train the crop-trained teacher this many more steps on whole training frames
+    (:func:`whole_frame_teacher`) before anything else, so that the teacher, the student's
+    start and the ``whole`` row are a model trained at full resolution (0: the crop-trained
+    teacher, as in every earlier study)."""
+    if teacher_whole_iters < 0:
+        raise ValueError(f'LookWhere study: teacher_whole_iters={teacher_whole_iters!r} < 0')
     from research.reporting import figure, write_json
 
     if task not in TASKS:
@@ -426,6 +455,16 @@ def run_study(
     )
     teacher = load_or_train_teacher(cached, lambda: pool, train_iters, log, spec)
     small = [p[0] for p, s in zip(pool, sizes) if s[0] * s[1] <= 256 * 512]
+    small_pool = [p for p, s in zip(pool, sizes) if s[0] * s[1] <= 256 * 512] or pool[:1]
+    if teacher_whole_iters:
+        teacher = whole_frame_teacher(
+            teacher,
+            small_pool,
+            teacher_whole_iters,
+            log,
+            cached.replace('.sd.pt', f'_whole{teacher_whole_iters}.sd.pt') if cached else '',
+            spec,
+        )
     student = distill_student(
         teacher,
         small or [pool[0][0]],
@@ -441,7 +480,6 @@ def run_study(
     seg_student = SegModel(student, spec.trunk['embed_dims'], spec.num_classes)
     seg_student.norm = copy.deepcopy(teacher.norm)
     seg_student.cls = copy.deepcopy(teacher.cls)
-    small_pool = [p for p, s in zip(pool, sizes) if s[0] * s[1] <= 256 * 512] or pool[:1]
     if finetune_iters:
         finetune_student(seg_student, small_pool, k_ratios, finetune_iters, log, seed)
     teacher_ft = None
@@ -489,7 +527,11 @@ def run_study(
         'threads': threads,
         'task': task,
         'teacher': dict(
-            spec.trunk, head='LayerNorm + Linear', train_iters=train_iters, crop=spec.crop
+            spec.trunk,
+            head='LayerNorm + Linear',
+            train_iters=train_iters,
+            crop=spec.crop,
+            whole_frame_iters=teacher_whole_iters,
         ),
         'student': dict(
             selector=f'3 blocks, 192 dims, {spec.selector_input[0]}x{spec.selector_input[1]} input',
