@@ -670,3 +670,35 @@ def test_study_whole_frame_teacher_trains_once_and_caches(tmp_path, capsys):
         main(['study', '--teacher-whole-iters', '-3'])
     assert exc.value.code == 2
     assert '--teacher-whole-iters: -3 is negative' in capsys.readouterr().err
+
+
+def test_study_train_frames_sets_the_pool_and_is_validated(tmp_path, capsys):
+    """--train-frames: the count of generated training frames the study uses (recorded in
+    the JSON per size); below 2 is refused by the CLI and by run_study, before any training."""
+    import runpy
+
+    from research.lookwhere.study import run_study
+
+    res = run_study(
+        [(64, 64)],
+        [0.5],
+        train_iters=1,
+        distill_iters=1,
+        finetune_iters=0,
+        test_frames=2,
+        repeats=1,
+        threads=1,
+        out_dir=str(tmp_path),
+        name='t',
+        task='fov',
+        train_frames=3,
+    )
+    assert res['teacher']['train_frames'] == {'64x64': 3}
+
+    with pytest.raises(ValueError, match='train_frames=1 < 2'):
+        run_study([(64, 64)], [0.5], task='fov', train_frames=1)
+    main = runpy.run_path('tools/lookwhere_study.py')['main']
+    with pytest.raises(SystemExit) as exc:
+        main(['study', '--train-frames', '0'])
+    assert exc.value.code == 2
+    assert '--train-frames: 0 is below 2' in capsys.readouterr().err

@@ -86,6 +86,13 @@ def main(argv=None) -> int:
     )
     s.add_argument('--cache-dir', default='', help='reuse the trained teacher from here')
     s.add_argument(
+        '--train-frames',
+        type=int,
+        default=16,
+        help='generated training frames at 256x512 (larger sizes: the same pixel count, at '
+        'least 2); a count other than 16 gets its own cached teacher. Default: 16',
+    )
+    s.add_argument(
         '--teacher-whole-iters',
         type=int,
         default=0,
@@ -216,6 +223,8 @@ def main(argv=None) -> int:
             parser.error(f'--k-ratios: {r} is outside (0, 1]')
     if args.seed < 0:
         parser.error(f'--seed: {args.seed} is negative')
+    if args.train_frames < 2:
+        parser.error(f'--train-frames: {args.train_frames} is below 2')
     if args.teacher_whole_iters < 0:
         parser.error(f'--teacher-whole-iters: {args.teacher_whole_iters} is negative')
     from research.lookwhere.study import run_study
@@ -240,6 +249,7 @@ def main(argv=None) -> int:
         finetune_teacher=args.finetune_teacher,
         seed=args.seed,
         teacher_whole_iters=args.teacher_whole_iters,
+        train_frames=args.train_frames,
     )
     return 0
 

@@ -412,6 +412,7 @@ def run_study(
     finetune_teacher: bool = False,
     seed: int = 0,
     teacher_whole_iters: int = 0,
+    train_frames: int = 16,
 ) -> Dict[str, Any]:
     """Run the study (see the module docstring) on ``task`` (a key of :data:`TASKS`);
     writes ``OUT_DIR/NAME.json`` and ``OUT_DIR/NAME.png`` and returns the results.
@@ -429,9 +430,13 @@ def run_study(
     train the crop-trained teacher this many more steps on whole training frames
     (:func:`whole_frame_teacher`) before anything else, so that the teacher, the student's
     start and the ``whole`` row are a model trained at full resolution (0: the crop-trained
-    teacher, as in every earlier study)."""
+    teacher, as in every earlier study); ``train_frames``: generated training frames at
+    256x512 (fewer at larger sizes, the same pixel count, at least 2; 16 in every earlier
+    study), the pool of the teacher, the distillation and the fine-tuning."""
     if teacher_whole_iters < 0:
         raise ValueError(f'LookWhere study: teacher_whole_iters={teacher_whole_iters!r} < 0')
+    if train_frames < 2:
+        raise ValueError(f'LookWhere study: train_frames={train_frames!r} < 2')
     from research.reporting import figure, write_json
 
     if task not in TASKS:
@@ -446,12 +451,20 @@ def run_study(
 
     spec = TASKS[task]
     sizes = [tuple(s) for s in sizes]
-    counts = {s: max(2, min(16, 16 * 256 * 512 // (s[0] * s[1]))) for s in sizes}
+    n = train_frames
+    counts = {s: max(2, min(n, n * 256 * 512 // (s[0] * s[1]))) for s in sizes}
     pool = [_frames(s, counts[s], seed=100 + i, task=spec) for i, s in enumerate(sizes)]
     log(f'training frames: {[(s, counts[s]) for s in sizes]}')
     tag = '_'.join(f'{h}x{w}' for h, w in sizes)
     cached = (
-        os.path.join(cache_dir, f'teacher_{task}_{tag}_{train_iters}.sd.pt') if cache_dir else ''
+        os.path.join(
+            cache_dir,
+            f'teacher_{task}_{tag}_{train_iters}'
+            + ('' if train_frames == 16 else f'_frames{train_frames}')
+            + '.sd.pt',
+        )
+        if cache_dir
+        else ''
     )
     teacher = load_or_train_teacher(cached, lambda: pool, train_iters, log, spec)
     small = [p[0] for p, s in zip(pool, sizes) if s[0] * s[1] <= 256 * 512]
@@ -532,6 +545,7 @@ def run_study(
             train_iters=train_iters,
             crop=spec.crop,
             whole_frame_iters=teacher_whole_iters,
+            train_frames={f'{h}x{w}': c for (h, w), c in counts.items()},
         ),
         'student': dict(
             selector=f'3 blocks, 192 dims, {spec.selector_input[0]}x{spec.selector_input[1]} input',
