@@ -575,10 +575,10 @@ def test_study_distils_the_propagate_fill():
 def test_study_seed_changes_the_student_not_the_teacher(capsys):
     """The study's --seed: the same seed gives the same student, another seed another one
     (initialisation and step order); seed 0 keeps the earlier studies' student; a negative
-    seed is refused by the CLI."""
+    seed is refused by run_study and the CLI."""
     import runpy
 
-    from research.lookwhere.study import FOV, _frames, distill_student, new_teacher
+    from research.lookwhere.study import FOV, _frames, distill_student, new_teacher, run_study
 
     torch.manual_seed(0)
     teacher = new_teacher(FOV).eval()
@@ -597,6 +597,8 @@ def test_study_seed_changes_the_student_not_the_teacher(capsys):
     torch.testing.assert_close(student(0), default, rtol=0, atol=0)
     torch.testing.assert_close(student(1), student(1), rtol=0, atol=0)
     assert not torch.equal(student(0), student(1))
+    with pytest.raises(ValueError, match='seed=-1 < 0'):
+        run_study([(64, 64)], [0.5], task='fov', seed=-1)
     main = runpy.run_path('tools/lookwhere_study.py')['main']
     with pytest.raises(SystemExit) as exc:
         main(['study', '--seed', '-1'])

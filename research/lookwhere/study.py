@@ -208,16 +208,29 @@ def load_or_train_teacher(
     """The teacher from the state dict at ``path`` if it is there, else trained
     (:func:`train_teacher` on ``make_pool()``, seeded) and saved at ``path``; ``path=''``:
     no cache."""
+    return _cached_teacher(
+        path, lambda: train_teacher(make_pool(), iters, log, task), log, 'teacher', task
+    )
+
+
+def _cached_teacher(
+    path: str, train: Callable[[], SegModel], log, what: str, task: Task = CITYSCAPES
+) -> SegModel:
+    """A teacher's state dict from ``path`` if it is there (logged as ``what``), else
+    ``train()`` and its state dict saved at ``path`` (through a temporary file and a rename,
+    so that a parallel study never reads half a file); ``path=''``: no cache."""
     if path and os.path.exists(path):
-        teacher = new_teacher(task)
-        teacher.load_state_dict(torch.load(path))
-        log(f'teacher from {path}')
-        return teacher.eval()
-    teacher = train_teacher(make_pool(), iters, log, task)
+        model = new_teacher(task)
+        model.load_state_dict(torch.load(path))
+        log(f'{what} from {path}')
+        return model.eval()
+    model = train()
     if path:
         os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-        torch.save(teacher.state_dict(), path)
-    return teacher
+        tmp = f'{path}.{os.getpid()}.tmp'
+        torch.save(model.state_dict(), tmp)
+        os.replace(tmp, path)
+    return model
 
 
 def distill_student(
@@ -304,19 +317,22 @@ def whole_frame_teacher(
     (:func:`_finetune`'s steps with a fixed seed of their own, independent of the study's
     ratios and ``seed``), so that it has seen full-resolution frames before it teaches;
     cached at ``path`` like the teacher (``''``: no cache)."""
-    if path and os.path.exists(path):
-        model = new_teacher(task)
-        model.load_state_dict(torch.load(path))
-        log(f'whole-frame teacher from {path}')
-        return model.eval()
-    model = _finetune(
-        teacher, pool, [1.0], iters, log, lambda x, r: teacher(x), 'teacher whole-frame', seed=10
+    return _cached_teacher(
+        path,
+        lambda: _finetune(
+            teacher,
+            pool,
+            [1.0],
+            iters,
+            log,
+            lambda x, r: teacher(x),
+            'teacher whole-frame',
+            seed=10,
+        ),
+        log,
+        'whole-frame teacher',
+        task,
     )
-    if path:
-        os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-        torch.save(model.state_dict(), f'{path}.{os.getpid()}.tmp')
-        os.replace(f'{path}.{os.getpid()}.tmp', path)  # a parallel study never reads half a file
-    return model
 
 
 def _finetune(
@@ -437,6 +453,8 @@ def run_study(
         raise ValueError(f'LookWhere study: teacher_whole_iters={teacher_whole_iters!r} < 0')
     if train_frames < 2:
         raise ValueError(f'LookWhere study: train_frames={train_frames!r} < 2')
+    if seed < 0:
+        raise ValueError(f'LookWhere study: seed={seed!r} < 0')
     from research.reporting import figure, write_json
 
     if task not in TASKS:
@@ -467,7 +485,6 @@ def run_study(
         else ''
     )
     teacher = load_or_train_teacher(cached, lambda: pool, train_iters, log, spec)
-    small = [p[0] for p, s in zip(pool, sizes) if s[0] * s[1] <= 256 * 512]
     small_pool = [p for p, s in zip(pool, sizes) if s[0] * s[1] <= 256 * 512] or pool[:1]
     if teacher_whole_iters:
         teacher = whole_frame_teacher(
@@ -480,7 +497,7 @@ def run_study(
         )
     student = distill_student(
         teacher,
-        small or [pool[0][0]],
+        [frames for frames, _ in small_pool],
         k_ratios,
         distill_iters,
         log,
