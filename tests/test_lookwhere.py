@@ -696,6 +696,7 @@ def test_study_train_frames_sets_the_pool_and_is_validated(tmp_path, capsys):
         train_frames=3,
     )
     assert res['teacher']['train_frames'] == {'64x64': 3}
+    assert [r['method'] for r in res['rows']] == ['whole', 'half', 'slide', 'lookwhere']
 
     with pytest.raises(ValueError, match='train_frames=1 < 2'):
         run_study([(64, 64)], [0.5], task='fov', train_frames=1)
@@ -704,3 +705,26 @@ def test_study_train_frames_sets_the_pool_and_is_validated(tmp_path, capsys):
         main(['study', '--train-frames', '0'])
     assert exc.value.code == 2
     assert '--train-frames: 0 is below 2' in capsys.readouterr().err
+
+
+def test_half_logits_is_the_whole_frame_at_half_the_side():
+    """The study's half-resolution baseline: on a frame made of 2x2 pixel blocks it is the
+    teacher's pass on the half-size image (patch map's logits upsampled to the full frame),
+    not the full-resolution pass; an odd frame side is refused."""
+    import torch.nn.functional as F
+
+    from research.lookwhere.study import FOV, half_logits, new_teacher
+
+    torch.manual_seed(0)
+    teacher = new_teacher(FOV).eval()
+    small = torch.randn(1, 3, 64, 96)
+    frame = F.interpolate(small, scale_factor=2, mode='nearest')
+    with torch.no_grad():
+        got = half_logits(teacher, frame)
+        want = teacher.head(teacher.backbone(small)[-1], (128, 192))
+        full = teacher(frame)
+    assert got.shape == (1, FOV.num_classes, 128, 192)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert (got - full).abs().max() > 1e-2
+    with pytest.raises(ValueError, match='frame size 65x64 is not even'):
+        half_logits(teacher, torch.zeros(1, 3, 65, 64))

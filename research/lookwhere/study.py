@@ -17,7 +17,8 @@ smoke-scale measurement, not a benchmark of a real model):
    fine-tuned for segmentation with the selector frozen, as in the paper (cross-entropy on
    whole training frames up to 256x512);
 4. evaluation per size: the teacher on the whole frame (one pass, the engine's fused
-   kernel), the teacher with sliding 128x128 windows (stride 96, logits averaged), and
+   kernel), the teacher on the whole frame at half the side (:func:`half_logits`, a
+   quarter of the tokens, as many as LookWhere keeps at ``k_ratio`` 0.25), the teacher with sliding 128x128 windows (stride 96, logits averaged), and
    LookWhere at each ``k_ratio`` (nearest-kept fill, or ``fill='propagate'``); mIoU over the test frames
    (19 classes, 255 ignored), the median time of ``repeats`` passes per frame and the
    peak memory (:class:`research.memory.PeakMemory`, process RSS rise).
@@ -43,7 +44,7 @@ from lookhere_dense.lookwhere import LookWhere, LookWhereExtractor
 from lookhere_dense.lookwhere.distill import distillation_losses, teacher_targets
 from lookhere_dense.lookwhere.fill import FILL_MODES
 
-__all__ = ['run_study', 'SegModel', 'miou']
+__all__ = ['run_study', 'SegModel', 'half_logits', 'miou']
 
 MEAN = torch.tensor([123.675, 116.28, 103.53]).view(1, 3, 1, 1)
 STD = torch.tensor([58.395, 57.12, 57.375]).view(1, 3, 1, 1)
@@ -383,6 +384,20 @@ def slide_logits(
     return out / count
 
 
+def half_logits(model: SegModel, x: torch.Tensor) -> torch.Tensor:
+    """``model`` on ``x`` at half the side (2x2 pixel means, ``mode='area'``), its patch map's
+    logits upsampled (bilinear) to ``x``'s size: the whole frame with a quarter of the
+    tokens, as many as LookWhere keeps at ``k_ratio`` 0.25 -- the baseline that asks whether
+    the kept high-resolution patches beat the whole frame at lower resolution.
+
+    x: (B, 3, H, W), H and W even -> logits (B, C, H, W)."""
+    h, w = x.shape[-2:]
+    if h % 2 or w % 2:
+        raise ValueError(f'half_logits: frame size {h}x{w} is not even')
+    small = F.interpolate(x, size=(h // 2, w // 2), mode='area')
+    return model.head(model.backbone(small)[-1], (h, w))
+
+
 def _measure(fn, frames: torch.Tensor, labels: torch.Tensor, repeats: int) -> Dict[str, Any]:
     from research.memory import PeakMemory, free_memory
 
@@ -521,7 +536,9 @@ def run_study(
     with torch.inference_mode():
         for j, size in enumerate(sizes):
             frames, labels = _frames(size, test_frames, seed=900 + j, task=spec)
-            cases = [('whole', None), ('slide', None)] + [('lookwhere', r) for r in k_ratios]
+            cases = [('whole', None), ('half', None), ('slide', None)] + [
+                ('lookwhere', r) for r in k_ratios
+            ]
             if teacher_ft is not None:
                 cases.insert(1, ('whole-ft', None))
             for method, ratio in cases:
@@ -537,6 +554,10 @@ def run_study(
 
                     def fn(x):
                         return teacher(x)
+                elif method == 'half':
+
+                    def fn(x):
+                        return half_logits(teacher, x)
                 else:
 
                     def fn(x, r=ratio):
@@ -587,7 +608,7 @@ def run_study(
         figsize=(7, 4.5),
         title=f'LookWhere vs whole frame / sliding windows ({task} frames)',
     ) as (_, ax):
-        markers = {'whole': 'o', 'whole-ft': 'D', 'slide': 's', 'lookwhere': '^'}
+        markers = {'whole': 'o', 'whole-ft': 'D', 'half': 'v', 'slide': 's', 'lookwhere': '^'}
         for size in sizes:
             key = f'{size[0]}x{size[1]}'
             sub = [r for r in rows if r['size'] == key]
