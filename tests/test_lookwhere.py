@@ -696,7 +696,13 @@ def test_study_train_frames_sets_the_pool_and_is_validated(tmp_path, capsys):
         train_frames=3,
     )
     assert res['teacher']['train_frames'] == {'64x64': 3}
-    assert [r['method'] for r in res['rows']] == ['whole', 'half', 'slide', 'lookwhere']
+    assert [(r['method'], r['k_ratio']) for r in res['rows']] == [
+        ('whole', None),
+        ('slide', None),
+        ('resized', 0.5),
+        ('lookwhere', 0.5),
+    ]
+    assert res['rows'][2]['resized_to'] == '48x48'
 
     with pytest.raises(ValueError, match='train_frames=1 < 2'):
         run_study([(64, 64)], [0.5], task='fov', train_frames=1)
@@ -707,24 +713,30 @@ def test_study_train_frames_sets_the_pool_and_is_validated(tmp_path, capsys):
     assert '--train-frames: 0 is below 2' in capsys.readouterr().err
 
 
-def test_half_logits_is_the_whole_frame_at_half_the_side():
-    """The study's half-resolution baseline: on a frame made of 2x2 pixel blocks it is the
-    teacher's pass on the half-size image (patch map's logits upsampled to the full frame),
-    not the full-resolution pass; an odd frame side is refused."""
+def test_resized_logits_is_the_whole_frame_at_the_same_token_count():
+    """The study's resized baseline: at k_ratio 0.25 on a frame made of 2x2 pixel blocks it
+    is the teacher's pass on the half-size image (patch map's logits upsampled to the full
+    frame), not the full-resolution pass; other ratios shrink each side by sqrt(k) to whole
+    patches; a ratio outside (0, 1] is refused."""
     import torch.nn.functional as F
 
-    from research.lookwhere.study import FOV, half_logits, new_teacher
+    from research.lookwhere.study import FOV, new_teacher, resized_logits, resized_size
 
     torch.manual_seed(0)
     teacher = new_teacher(FOV).eval()
     small = torch.randn(1, 3, 64, 96)
     frame = F.interpolate(small, scale_factor=2, mode='nearest')
     with torch.no_grad():
-        got = half_logits(teacher, frame)
+        got = resized_logits(teacher, frame, 0.25, 8)
         want = teacher.head(teacher.backbone(small)[-1], (128, 192))
         full = teacher(frame)
     assert got.shape == (1, FOV.num_classes, 128, 192)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert (got - full).abs().max() > 1e-2
-    with pytest.raises(ValueError, match='frame size 65x64 is not even'):
-        half_logits(teacher, torch.zeros(1, 3, 65, 64))
+    assert resized_size((1024, 2048), 0.25, 16) == (512, 1024)
+    assert resized_size((1024, 2048), 0.1, 16) == (320, 640)
+    assert resized_size((1024, 2048), 0.5, 16) == (720, 1456)
+    assert resized_size((32, 32), 0.01, 16) == (16, 16)
+    for bad in (0, 1.5, -0.25):
+        with pytest.raises(ValueError, match=f'k_ratio={bad!r} is not in'):
+            resized_logits(teacher, frame, bad, 8)

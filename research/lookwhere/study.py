@@ -17,8 +17,8 @@ smoke-scale measurement, not a benchmark of a real model):
    fine-tuned for segmentation with the selector frozen, as in the paper (cross-entropy on
    whole training frames up to 256x512);
 4. evaluation per size: the teacher on the whole frame (one pass, the engine's fused
-   kernel), the teacher on the whole frame at half the side (:func:`half_logits`, a
-   quarter of the tokens, as many as LookWhere keeps at ``k_ratio`` 0.25), the teacher with sliding 128x128 windows (stride 96, logits averaged), and
+   kernel), the teacher on the whole frame shrunk to LookWhere's token count at each
+   ``k_ratio`` (:func:`resized_logits`, ``method='resized'``), the teacher with sliding 128x128 windows (stride 96, logits averaged), and
    LookWhere at each ``k_ratio`` (nearest-kept fill, or ``fill='propagate'``); mIoU over the test frames
    (19 classes, 255 ignored), the median time of ``repeats`` passes per frame and the
    peak memory (:class:`research.memory.PeakMemory`, process RSS rise).
@@ -44,7 +44,7 @@ from lookhere_dense.lookwhere import LookWhere, LookWhereExtractor
 from lookhere_dense.lookwhere.distill import distillation_losses, teacher_targets
 from lookhere_dense.lookwhere.fill import FILL_MODES
 
-__all__ = ['run_study', 'SegModel', 'half_logits', 'miou']
+__all__ = ['run_study', 'SegModel', 'resized_logits', 'miou']
 
 MEAN = torch.tensor([123.675, 116.28, 103.53]).view(1, 3, 1, 1)
 STD = torch.tensor([58.395, 57.12, 57.375]).view(1, 3, 1, 1)
@@ -384,17 +384,25 @@ def slide_logits(
     return out / count
 
 
-def half_logits(model: SegModel, x: torch.Tensor) -> torch.Tensor:
-    """``model`` on ``x`` at half the side (2x2 pixel means, ``mode='area'``), its patch map's
-    logits upsampled (bilinear) to ``x``'s size: the whole frame with a quarter of the
-    tokens, as many as LookWhere keeps at ``k_ratio`` 0.25 -- the baseline that asks whether
-    the kept high-resolution patches beat the whole frame at lower resolution.
+def resized_size(size: Tuple[int, int], k_ratio: float, patch: int) -> Tuple[int, int]:
+    """The frame size with about ``k_ratio`` of ``size``'s patches: each side times
+    ``sqrt(k_ratio)``, rounded to a multiple of ``patch`` (at least one patch)."""
+    scale = math.sqrt(k_ratio)
+    return tuple(max(patch, int(round(side * scale / patch)) * patch) for side in size)
 
-    x: (B, 3, H, W), H and W even -> logits (B, C, H, W)."""
+
+def resized_logits(model: SegModel, x: torch.Tensor, k_ratio: float, patch: int) -> torch.Tensor:
+    """``model`` on ``x`` shrunk to :func:`resized_size` (box filter, ``mode='area'``), its
+    patch map's logits upsampled (bilinear) to ``x``'s size: the whole frame with as many
+    tokens as LookWhere keeps at ``k_ratio`` -- the baseline that asks whether the kept
+    high-resolution patches beat the whole frame at a lower resolution.
+
+    x: (B, 3, H, W) -> logits (B, C, H, W).
+    """
+    if not 0 < k_ratio <= 1:
+        raise ValueError(f'resized_logits: k_ratio={k_ratio!r} is not in (0, 1]')
     h, w = x.shape[-2:]
-    if h % 2 or w % 2:
-        raise ValueError(f'half_logits: frame size {h}x{w} is not even')
-    small = F.interpolate(x, size=(h // 2, w // 2), mode='area')
+    small = F.interpolate(x, size=resized_size((h, w), k_ratio, patch), mode='area')
     return model.head(model.backbone(small)[-1], (h, w))
 
 
@@ -536,9 +544,11 @@ def run_study(
     with torch.inference_mode():
         for j, size in enumerate(sizes):
             frames, labels = _frames(size, test_frames, seed=900 + j, task=spec)
-            cases = [('whole', None), ('half', None), ('slide', None)] + [
-                ('lookwhere', r) for r in k_ratios
-            ]
+            cases = (
+                [('whole', None), ('slide', None)]
+                + [('resized', r) for r in k_ratios]
+                + [('lookwhere', r) for r in k_ratios]
+            )
             if teacher_ft is not None:
                 cases.insert(1, ('whole-ft', None))
             for method, ratio in cases:
@@ -554,10 +564,10 @@ def run_study(
 
                     def fn(x):
                         return teacher(x)
-                elif method == 'half':
+                elif method == 'resized':
 
-                    def fn(x):
-                        return half_logits(teacher, x)
+                    def fn(x, r=ratio):
+                        return resized_logits(teacher, x, r, spec.trunk['patch_size'])
                 else:
 
                     def fn(x, r=ratio):
@@ -565,6 +575,9 @@ def run_study(
 
                 res = _measure(fn, frames, labels, repeats)
                 row = dict(size=f'{size[0]}x{size[1]}', method=method, k_ratio=ratio, **res)
+                if method == 'resized':
+                    small = resized_size(size, ratio, spec.trunk['patch_size'])
+                    row['resized_to'] = f'{small[0]}x{small[1]}'
                 if method == 'lookwhere':
                     row['attention_path'] = student.last_backend
                 rows.append(row)
@@ -606,9 +619,9 @@ def run_study(
     with figure(
         os.path.join(out_dir, f'{name}.png'),
         figsize=(7, 4.5),
-        title=f'LookWhere vs whole frame / sliding windows ({task} frames)',
+        title=f'LookWhere vs whole frame / resized / sliding windows ({task} frames)',
     ) as (_, ax):
-        markers = {'whole': 'o', 'whole-ft': 'D', 'half': 'v', 'slide': 's', 'lookwhere': '^'}
+        markers = {'whole': 'o', 'whole-ft': 'D', 'resized': 'v', 'slide': 's', 'lookwhere': '^'}
         for size in sizes:
             key = f'{size[0]}x{size[1]}'
             sub = [r for r in rows if r['size'] == key]
@@ -618,6 +631,13 @@ def run_study(
                 '-',
                 alpha=0.5,
             )[0]
+            ax.plot(
+                [r['s_per_frame'] for r in sub if r['method'] == 'resized'],
+                [r['miou'] for r in sub if r['method'] == 'resized'],
+                ':',
+                alpha=0.5,
+                color=line.get_color(),
+            )
             for r in sub:
                 ax.scatter(
                     r['s_per_frame'],
@@ -625,7 +645,11 @@ def run_study(
                     marker=markers[r['method']],
                     color=line.get_color(),
                 )
-                label = r['method'] if r['k_ratio'] is None else f'k={r["k_ratio"]}'
+                label = (
+                    r['method']
+                    if r['k_ratio'] is None
+                    else f'{"k=" if r["method"] == "lookwhere" else "resized k="}{r["k_ratio"]}'
+                )
                 ax.annotate(f'{key} {label}', (r['s_per_frame'], r['miou']), fontsize=6)
         ax.set_xscale('log')
         ax.set_xlabel('seconds per frame (CPU, log scale)')
