@@ -674,9 +674,11 @@ def test_study_whole_frame_teacher_trains_once_and_caches(tmp_path, capsys):
     assert '--teacher-whole-iters: -3 is negative' in capsys.readouterr().err
 
 
-def test_study_train_frames_sets_the_pool_and_is_validated(tmp_path, capsys):
+def test_study_train_frames_rows_and_summary(tmp_path, capsys):
     """--train-frames: the count of generated training frames the study uses (recorded in
-    the JSON per size); below 2 is refused by the CLI and by run_study, before any training."""
+    the JSON per size); below 2 is refused by the CLI and by run_study, before any training.
+    The study's rows (whole, slide, resized and LookWhere per ratio) and ``summary`` of its
+    JSON: the gap from the rows, every missing size / ratio / file a clear error."""
     import runpy
 
     from research.lookwhere.study import run_study
@@ -703,6 +705,36 @@ def test_study_train_frames_sets_the_pool_and_is_validated(tmp_path, capsys):
         ('lookwhere', 0.5),
     ]
     assert res['rows'][2]['resized_to'] == '48x48'
+
+    # the summary of study results (seeds): one line per run, the gap from its rows
+    from research.lookwhere.study import summarize
+
+    lines, table = summarize([res, res], '64x64', 0.5, ['a', 'b'])
+    whole, lw = res['rows'][0]['miou'], res['rows'][3]['miou']
+    assert [ln['run'] for ln in lines] == ['a', 'b']
+    assert lines[0]['gap'] == round(lw - whole, 2) and lines[0]['whole_ft'] is None
+    assert lines[0]['resized'] == res['rows'][2]['miou'] and lines[0]['train_frames'] == 3
+    assert f'| a | 3 | 0 | {whole:.2f} | - |' in table
+    assert f'gap to the whole frame mean {lw - whole:.2f}' in table
+    for args, match in (
+        (([res], '32x32', 0.5), 'run 1 has no rows at 32x32'),
+        (([res], '64x64', 0.25), 'run 1 has no LookWhere row at 64x64, k_ratio 0.25'),
+        (([res], '64x64', 0.5, ['a', 'b']), '2 names for 1 runs'),
+        (([],), 'no study results given'),
+    ):
+        with pytest.raises(ValueError, match=match):
+            summarize(*args)
+    main = runpy.run_path('tools/lookwhere_study.py')['main']
+    capsys.readouterr()
+    assert main(['summary', str(tmp_path / 't.json'), '--size', '64x64', '--k-ratio', '0.5']) == 0
+    assert '| t | 3 | 0 |' in capsys.readouterr().out
+    for argv, err in (
+        (['summary', str(tmp_path / 'missing.json')], 'cannot read study results'),
+        (['summary', str(tmp_path / 't.json'), '--size', '8x8'], 't has no rows at 8x8'),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2 and err in capsys.readouterr().err
 
     with pytest.raises(ValueError, match='train_frames=1 < 2'):
         run_study([(64, 64)], [0.5], task='fov', train_frames=1)

@@ -9,6 +9,8 @@
         [--fill nearest|propagate]
     python tools/lookwhere_study.py diagnose [--sizes 256x512 512x1024] [--json FILE]
     python tools/lookwhere_study.py timing [--size 1024x2048] [--k-ratios 0.25]
+    python tools/lookwhere_study.py summary RUN.json [RUN.json ...] [--size 1024x2048] \\
+        [--k-ratio 0.25]
     python tools/lookwhere_study.py extractor-memory [--size 1024x2048] [--k-ratio 0.25] \\
         [--paths sdpa-coords chunked-coords] [--json FILE]
 
@@ -21,7 +23,9 @@ each k_ratio and frame size (research/lookwhere/study.py), writing a JSON and a 
 features at kept sets chosen several ways vs the extractor on them
 (research/lookwhere/diagnose.py). ``timing`` times whole frame vs LookWhere, interleaved;
 ``extractor-memory`` measures one extractor forward's peak memory and time per attention
-path (dense coordinate bias vs the chunked one).
+path (dense coordinate bias vs the chunked one); ``summary`` prints one Markdown table of
+several study results (seeds, training-set sizes) at one frame size and ratio, with the
+mean and range of LookWhere's gap to the whole frame.
 """
 
 from __future__ import annotations
@@ -151,6 +155,10 @@ def main(argv=None) -> int:
     )
     g.add_argument('--json', default=None, help='write the rows here')
     g.add_argument('--picture', default='', help='PNG of the kept sets (first frame)')
+    u = sub.add_parser('summary', help='a table of study JSONs (seeds) at one size and k_ratio')
+    u.add_argument('jsons', nargs='+', help="study results (the study's OUT_DIR/NAME.json)")
+    u.add_argument('--size', default='1024x2048')
+    u.add_argument('--k-ratio', type=float, default=0.25)
     args = parser.parse_args(argv)
     if args.command == 'distill':
         from lookhere_dense.apis.cli import parse_cfg_options
@@ -158,6 +166,27 @@ def main(argv=None) -> int:
 
         runner = run_distillation(args.config, args.work_dir, parse_cfg_options(args.cfg_options))
         print(f'distillation done: {runner.work_dir}')
+        return 0
+    if args.command == 'summary':
+        import json
+
+        from research.lookwhere.study import summarize
+
+        runs = []
+        for path in args.jsons:
+            try:
+                with open(path) as f:
+                    runs.append(json.load(f))
+            except (OSError, ValueError) as e:
+                parser.error(f'summary: cannot read study results {path!r}: {e}')
+            if not isinstance(runs[-1], dict) or 'rows' not in runs[-1]:
+                parser.error(f'summary: {path!r} is not a study result (no "rows")')
+        try:
+            names = [os.path.splitext(os.path.basename(p))[0] for p in args.jsons]
+            _, table = summarize(runs, args.size, args.k_ratio, names)
+        except ValueError as e:
+            parser.error(str(e))
+        print(table)
         return 0
     command = 'python tools/lookwhere_study.py ' + ' '.join(sys.argv[1:] if argv is None else argv)
     if args.command == 'diagnose':

@@ -44,7 +44,7 @@ from lookhere_dense.lookwhere import LookWhere, LookWhereExtractor
 from lookhere_dense.lookwhere.distill import distillation_losses, teacher_targets
 from lookhere_dense.lookwhere.fill import FILL_MODES
 
-__all__ = ['run_study', 'SegModel', 'resized_logits', 'miou']
+__all__ = ['run_study', 'summarize', 'SegModel', 'resized_logits', 'miou']
 
 MEAN = torch.tensor([123.675, 116.28, 103.53]).view(1, 3, 1, 1)
 STD = torch.tensor([58.395, 57.12, 57.375]).view(1, 3, 1, 1)
@@ -656,6 +656,96 @@ def run_study(
         ax.set_ylabel('mIoU')
     log(f'wrote {out_dir}/{name}.json and .png')
     return results
+
+
+def summarize(
+    runs: Sequence[Dict[str, Any]],
+    size: str = '1024x2048',
+    k_ratio: float = 0.25,
+    names: Sequence[str] = (),
+) -> Tuple[List[Dict[str, Any]], str]:
+    """One line per study result (:func:`run_study`'s dicts, e.g. several seeds) at one frame
+    ``size`` and ``k_ratio``: the training frames, the seed, the whole frame, the control,
+    the resized whole frame and LookWhere at ``k_ratio``, LookWhere's gaps to the whole
+    frame and to the control, and its speed-up; then the mean, closest and farthest gap to
+    the whole frame over the runs. ``names``: one per run (e.g. its file), the first
+    column; default: ``run 1``, ``run 2``, ...
+
+    Returns:
+        ``(lines, markdown)``: the lines as dicts (``None`` where a run has no such row)
+        and a Markdown table of them with the gap statistics below it.
+    """
+    if not runs:
+        raise ValueError('LookWhere summary: no study results given')
+    names = list(names) or [f'run {i + 1}' for i in range(len(runs))]
+    if len(names) != len(runs):
+        raise ValueError(f'LookWhere summary: {len(names)} names for {len(runs)} runs')
+    lines = []
+    for name, res in zip(names, runs):
+        rows = [r for r in res['rows'] if r['size'] == size]
+        if not rows:
+            raise ValueError(f'LookWhere summary: {name} has no rows at {size}')
+
+        def pick(method, ratio=None, rows=rows):
+            return next((r for r in rows if r['method'] == method and r['k_ratio'] == ratio), None)
+
+        lw = pick('lookwhere', k_ratio)
+        if lw is None:
+            raise ValueError(
+                f'LookWhere summary: {name} has no LookWhere row at {size}, k_ratio {k_ratio}'
+            )
+        whole, ft, small = pick('whole'), pick('whole-ft'), pick('resized', k_ratio)
+        frames = res['teacher'].get('train_frames', {})
+        lines.append(
+            dict(
+                run=name,
+                train_frames=max(frames.values()) if frames else None,
+                seed=res['student'].get('seed', 0),
+                whole=whole['miou'],
+                whole_ft=ft and ft['miou'],
+                resized=small and small['miou'],
+                lookwhere=lw['miou'],
+                gap=round(lw['miou'] - whole['miou'], 2),
+                gap_ft=ft and round(lw['miou'] - ft['miou'], 2),
+                speedup=round(whole['s_per_frame'] / lw['s_per_frame'], 2),
+            )
+        )
+
+    def cell(v):
+        return '-' if v is None else f'{v:.2f}' if isinstance(v, float) else f'{v}'
+
+    head = (
+        f'| run | train frames | seed | whole | whole-ft | resized {k_ratio} | LookWhere {k_ratio} '
+        f'| gap | gap to whole-ft | whole time / time |'
+    )
+    md = [head, '|' + '---|' * 10]
+    for ln in lines:
+        md.append(
+            '| '
+            + ' | '.join(
+                cell(ln[k])
+                for k in (
+                    'run',
+                    'train_frames',
+                    'seed',
+                    'whole',
+                    'whole_ft',
+                    'resized',
+                    'lookwhere',
+                    'gap',
+                    'gap_ft',
+                    'speedup',
+                )
+            )
+            + ' |'
+        )
+    gaps = [ln['gap'] for ln in lines]
+    md.append('')
+    md.append(
+        f'{size}, k_ratio {k_ratio}, {len(gaps)} run(s): gap to the whole frame mean '
+        f'{statistics.mean(gaps):.2f}, closest {max(gaps):.2f}, farthest {min(gaps):.2f}'
+    )
+    return lines, '\n'.join(md)
 
 
 def run_timing(
