@@ -164,3 +164,26 @@ def test_crop_larger_than_every_resized_image_is_an_error(data):
         check_crop_fits(cfg)
     msg = str(err.value)
     assert 'crop_size=(600, 600)' in msg and 'at most' in msg and 'Lower crop_size' in msg
+
+
+def test_cityscapes_small_objects_keep_their_pixel_size():
+    """cityscapes_scene(small_objects=n): round(n * H * W / (256 * 512)) traffic lights whose
+    size in pixels does not grow with the frame (detail a lower resolution loses); 0 is the
+    scene without them, draw for draw; a negative or non-finite count is refused."""
+    from research.datasets.synthetic_seg import SMALL_OBJECT_PX, cityscapes_scene
+
+    light = CITYSCAPES_CLASSES['traffic light']
+    plain = cityscapes_scene(128, 256, np.random.default_rng(3))
+    zero = cityscapes_scene(128, 256, np.random.default_rng(3), small_objects=0)
+    assert all(np.array_equal(a, b) for a, b in zip(plain, zero))
+    assert not (plain[1] == light).any()
+    for size in ((256, 512), (1024, 2048)):
+        _, lab = cityscapes_scene(*size, np.random.default_rng(3), small_objects=2)
+        n = round(2 * size[0] * size[1] / (256 * 512))
+        count, _, stats, _ = cv2.connectedComponentsWithStats((lab == light).astype(np.uint8))
+        widths = stats[1:, cv2.CC_STAT_WIDTH]
+        assert 0.6 * n <= count - 1 <= n, (size, count - 1, n)  # some overlap or are covered
+        assert SMALL_OBJECT_PX[0] - 1 <= np.median(widths) <= SMALL_OBJECT_PX[1] + 1, widths
+    for bad in (-1, float('nan')):
+        with pytest.raises(ValueError, match='small_objects=.* is not >= 0'):
+            cityscapes_scene(64, 128, np.random.default_rng(0), small_objects=bad)

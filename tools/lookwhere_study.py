@@ -5,7 +5,7 @@
         [--work-dir DIR] [--cfg-options KEY=VALUE ...]
     python tools/lookwhere_study.py study [--sizes 256x512 512x1024 1024x2048] \\
         [--k-ratios 0.1 0.25 0.5] [--out-dir docs] [--name lookwhere_study] \\
-        [--task cityscapes|fov] [--selector-target attn|boundary] [--coverage 0.5] \\
+        [--task cityscapes|cityscapes-small|fov] [--selector-target attn|boundary] [--coverage 0.5] \\
         [--fill nearest|propagate]
     python tools/lookwhere_study.py diagnose [--sizes 256x512 512x1024] [--json FILE]
     python tools/lookwhere_study.py timing [--size 1024x2048] [--k-ratios 0.25]
@@ -74,9 +74,11 @@ def main(argv=None) -> int:
     s.add_argument(
         '--task',
         default='cityscapes',
-        choices=['cityscapes', 'fov'],
-        help='generated Cityscapes-layout frames, or the field-of-view scenes '
-        '(research/datasets/fov_scenes.py; sizes e.g. 128x128 192x192 256x256)',
+        choices=['cityscapes', 'cityscapes-small', 'fov'],
+        help='generated Cityscapes-layout frames, the same with small traffic lights of a '
+        'fixed pixel size (cityscapes-small: detail a lower resolution loses), or the '
+        'field-of-view scenes (research/datasets/fov_scenes.py; sizes e.g. 128x128 192x192 '
+        '256x256). Default: cityscapes',
     )
     s.add_argument(
         '--selector-target',

@@ -59,6 +59,7 @@ CITYSCAPES_CLASSES: Dict[str, int] = {
     'sidewalk': 1,
     'building': 2,
     'pole': 5,
+    'traffic light': 6,
     'traffic sign': 7,
     'vegetation': 8,
     'sky': 10,
@@ -173,6 +174,7 @@ _CITY_LOOKS: Dict[str, _Look] = {
     'sidewalk': _Look((200, 170, 190), _tex_bricks),
     'building': _Look((120, 110, 100), _tex_bricks),
     'pole': _Look((150, 150, 150), _tex_metal),
+    'traffic light': _Look((40, 230, 200), _tex_flat),
     'traffic sign': _Look((230, 210, 30), _tex_flat),
     'vegetation': _Look((60, 130, 40), _tex_leaves),
     'sky': _Look((100, 150, 215), _tex_gradient),
@@ -327,9 +329,26 @@ def ade_scene(height: int, width: int, rng: Rng) -> Tuple[np.ndarray, np.ndarray
     return c.result()
 
 
-def cityscapes_scene(height: int, width: int, rng: Rng) -> Tuple[np.ndarray, np.ndarray]:
+#: the side of a small object (:func:`cityscapes_scene`'s ``small_objects``) in pixels,
+#: whatever the frame size
+SMALL_OBJECT_PX = (12, 28)
+
+
+def cityscapes_scene(
+    height: int, width: int, rng: Rng, small_objects: float = 0.0
+) -> Tuple[np.ndarray, np.ndarray]:
     """One Cityscapes-style street scene: RGB ``(H, W, 3)`` uint8 and train ids ``(H, W)``
-    uint8 (255 = ignore)."""
+    uint8 (255 = ignore).
+
+    Everything is drawn in proportion to the frame (a larger frame shows the same kind of
+    street larger), except ``small_objects``: that many traffic lights per 256x512 pixels
+    (``round(small_objects * H * W / (256 * 512))`` of them), upright boxes
+    :data:`SMALL_OBJECT_PX` wide and 1.6x as tall *in pixels* at every frame size, above
+    the road -- detail that a lower resolution loses. Default: 0 (none; the scene and the
+    generator's draws are those of the scene without them).
+    """
+    if not (np.isfinite(small_objects) and small_objects >= 0):
+        raise ValueError(f'cityscapes_scene: small_objects={small_objects!r} is not >= 0')
     c = _Canvas(height, width, _CITY_LOOKS, CITYSCAPES_CLASSES, rng, background=255)
     h, w = height, width
     horizon = rng.uniform(0.4, 0.55) * h
@@ -373,6 +392,11 @@ def cityscapes_scene(height: int, width: int, rng: Rng) -> Tuple[np.ndarray, np.
         depth = (foot - horizon) / (h - horizon)
         px = rng.choice([rng.uniform(0.0, 0.2), rng.uniform(0.8, 1.0)]) * w
         c.paint(_person(c, px, foot, (0.15 + 0.45 * depth) * h), 'person')
+    for _ in range(int(round(small_objects * h * w / (256 * 512)))):  # fixed pixel size
+        side = rng.uniform(*SMALL_OBJECT_PX)
+        x0 = rng.uniform(0, w - side)
+        y0 = rng.uniform(0.05 * h, horizon)
+        c.paint(_rect(c, x0, y0, x0 + side, y0 + 1.6 * side), 'traffic light')
     hood = _ellipse(c, w / 2, h * 1.05, w * 0.6, h * 0.12)  # ego vehicle: ignored
     c.paint(hood, 'car', label=255, texture=np.full((h, w, 3), 40.0, np.float32))
     return c.result()

@@ -56,6 +56,12 @@ def _cityscapes_frame(size: Tuple[int, int], rng: np.random.Generator):
     return cityscapes_scene(size[0], size[1], rng)
 
 
+def _cityscapes_small_frame(size: Tuple[int, int], rng: np.random.Generator):
+    from research.datasets.synthetic_seg import cityscapes_scene
+
+    return cityscapes_scene(size[0], size[1], rng, small_objects=SMALL_OBJECTS)
+
+
 def _fov_frame(size: Tuple[int, int], rng: np.random.Generator):
     from research.datasets.fov_scenes import render_scene, sample_scene
 
@@ -89,6 +95,22 @@ CITYSCAPES = Task(
     _cityscapes_frame,
     ((256, 512), (512, 1024), (1024, 2048)),
 )
+#: traffic lights per 256x512 pixels in :data:`CITYSCAPES_SMALL`'s frames
+SMALL_OBJECTS = 2.0
+#: the same frames with :data:`SMALL_OBJECTS` traffic lights of a fixed pixel size
+#: (12-28 px wide at every frame size, :func:`~research.datasets.synthetic_seg.cityscapes_scene`):
+#: detail that the whole frame at a lower resolution loses, where LookWhere's kept
+#: high-resolution patches should pay
+CITYSCAPES_SMALL = Task(
+    'cityscapes-small',
+    19,
+    128,
+    CITYSCAPES.trunk,
+    (64, 128),
+    96,
+    _cityscapes_small_frame,
+    CITYSCAPES.train_sizes,
+)
 #: the field-of-view scenes (:mod:`research.datasets.fov_scenes`: 5 classes decided by a
 #: horizon and a tower that a 64 px crop often does not show; 8 px patches)
 FOV = Task(
@@ -101,7 +123,7 @@ FOV = Task(
     _fov_frame,
     ((128, 128), (192, 192), (256, 256)),
 )
-TASKS = {t.name: t for t in (CITYSCAPES, FOV)}
+TASKS = {t.name: t for t in (CITYSCAPES, CITYSCAPES_SMALL, FOV)}
 #: the Cityscapes task's constants (kept for callers of the first version)
 NUM_CLASSES, CROP, TRUNK = CITYSCAPES.num_classes, CITYSCAPES.crop, CITYSCAPES.trunk
 
