@@ -696,8 +696,10 @@ def test_study_train_frames_rows_and_summary(tmp_path, capsys):
         name='t',
         task='fov',
         train_frames=3,
+        selector_input=(32, 48),
     )
     assert res['teacher']['train_frames'] == {'64x64': 3}
+    assert res['student']['selector'].endswith('32x48 input')
     assert [(r['method'], r['k_ratio']) for r in res['rows']] == [
         ('whole', None),
         ('slide', None),
@@ -738,6 +740,8 @@ def test_study_train_frames_rows_and_summary(tmp_path, capsys):
 
     with pytest.raises(ValueError, match='train_frames=1 < 2'):
         run_study([(64, 64)], [0.5], task='fov', train_frames=1)
+    with pytest.raises(ValueError, match=r'selector_input=\(30, 48\) is not a multiple of the 8'):
+        run_study([(64, 64)], [0.5], task='fov', selector_input=(30, 48))
     main = runpy.run_path('tools/lookwhere_study.py')['main']
     with pytest.raises(SystemExit) as exc:
         main(['study', '--train-frames', '0'])

@@ -106,6 +106,13 @@ def main(argv=None) -> int:
         'teaches (the whole row is then that teacher). Default: 0',
     )
     s.add_argument(
+        '--selector-input',
+        type=_size,
+        default=None,
+        help="the selector's low-resolution input HxW, a multiple of the patch size. "
+        "Default: the task's (64x128 for the Cityscapes frames, 64x64 for fov)",
+    )
+    s.add_argument(
         '--seed',
         type=int,
         default=0,
@@ -281,6 +288,7 @@ def main(argv=None) -> int:
         seed=args.seed,
         teacher_whole_iters=args.teacher_whole_iters,
         train_frames=args.train_frames,
+        selector_input=args.selector_input,
     )
     return 0
 

@@ -27,12 +27,13 @@ smoke-scale measurement, not a benchmark of a real model):
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -474,6 +475,7 @@ def run_study(
     seed: int = 0,
     teacher_whole_iters: int = 0,
     train_frames: int = 16,
+    selector_input: Optional[Tuple[int, int]] = None,
 ) -> Dict[str, Any]:
     """Run the study (see the module docstring) on ``task`` (a key of :data:`TASKS`);
     writes ``OUT_DIR/NAME.json`` and ``OUT_DIR/NAME.png`` and returns the results.
@@ -493,7 +495,9 @@ def run_study(
     start and the ``whole`` row are a model trained at full resolution (0: the crop-trained
     teacher, as in every earlier study); ``train_frames``: generated training frames at
     256x512 (fewer at larger sizes, the same pixel count, at least 2; 16 in every earlier
-    study), the pool of the teacher, the distillation and the fine-tuning."""
+    study), the pool of the teacher, the distillation and the fine-tuning;
+    ``selector_input``: the selector's low-resolution input ``(H, W)`` (None: the task's,
+    64x128 for the Cityscapes frames), a multiple of the patch size."""
     if teacher_whole_iters < 0:
         raise ValueError(f'LookWhere study: teacher_whole_iters={teacher_whole_iters!r} < 0')
     if train_frames < 2:
@@ -513,6 +517,15 @@ def run_study(
         print(f'[{time.time() - start:7.1f}s] {msg}', flush=True)
 
     spec = TASKS[task]
+    if selector_input is not None:
+        patch = spec.trunk['patch_size']
+        h, w = (int(v) for v in selector_input)
+        if h < patch or w < patch or h % patch or w % patch:
+            raise ValueError(
+                f'LookWhere study: selector_input={tuple(selector_input)!r} is not a '
+                f'multiple of the {patch} px patch'
+            )
+        spec = dataclasses.replace(spec, selector_input=(h, w))
     sizes = [tuple(s) for s in sizes]
     n = train_frames
     counts = {s: max(2, min(n, n * 256 * 512 // (s[0] * s[1]))) for s in sizes}
