@@ -4,6 +4,7 @@ fills, bad k, the mmseg backbone and config through mmengine's Runner, distillat
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -718,6 +719,14 @@ def test_study_train_frames_rows_and_summary(tmp_path, capsys):
     assert lines[0]['resized'] == res['rows'][2]['miou'] and lines[0]['train_frames'] == 3
     assert f'| a | 3 | 0 | {whole:.2f} | - |' in table
     assert f'gap to the whole frame mean {lw - whole:.2f}' in table
+    for row in res['rows']:  # per-class IoU beside the mean
+        assert abs(sum(row['class_iou'].values()) / len(row['class_iou']) - row['miou']) < 0.02
+    cls = next(iter(res['rows'][3]['class_iou']))
+    lines, table = summarize([res], '64x64', 0.5, class_id=cls)
+    assert lines[0]['class_lookwhere'] == res['rows'][3]['class_iou'][cls]
+    assert f'class {cls}: whole | resized | LookWhere |' in table
+    stored = json.loads(json.dumps(res))  # from the JSON file: string keys
+    assert summarize([stored], '64x64', 0.5, class_id=cls)[0] == lines
     for args, match in (
         (([res], '32x32', 0.5), 'run 1 has no rows at 32x32'),
         (([res], '64x64', 0.25), 'run 1 has no LookWhere row at 64x64, k_ratio 0.25'),
@@ -776,3 +785,13 @@ def test_resized_logits_is_the_whole_frame_at_the_same_token_count():
     for bad in (0, 1.5, -0.25):
         with pytest.raises(ValueError, match=f'k_ratio={bad!r} is not in'):
             resized_logits(teacher, frame, bad, 8)
+
+
+def test_class_iou_from_the_confusion_matrix():
+    """class_iou: intersection over union per class present (rows: label, columns:
+    prediction); classes in neither are left out; their mean is miou."""
+    from research.lookwhere.study import class_iou, miou
+
+    conf = torch.tensor([[3, 1, 0], [0, 2, 0], [0, 0, 0]])
+    assert class_iou(conf) == {0: 75.0, 1: round(200 / 3, 2)}
+    assert abs(miou(conf) - (75.0 + 200 / 3) / 2) < 1e-9

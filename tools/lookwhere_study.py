@@ -168,6 +168,12 @@ def main(argv=None) -> int:
     u.add_argument('jsons', nargs='+', help="study results (the study's OUT_DIR/NAME.json)")
     u.add_argument('--size', default='1024x2048')
     u.add_argument('--k-ratio', type=float, default=0.25)
+    u.add_argument(
+        '--class-id',
+        type=int,
+        default=None,
+        help="also this class's IoU (e.g. 6: the small traffic lights of cityscapes-small)",
+    )
     args = parser.parse_args(argv)
     if args.command == 'distill':
         from lookhere_dense.apis.cli import parse_cfg_options
@@ -192,7 +198,7 @@ def main(argv=None) -> int:
                 parser.error(f'summary: {path!r} is not a study result (no "rows")')
         try:
             names = [os.path.splitext(os.path.basename(p))[0] for p in args.jsons]
-            _, table = summarize(runs, args.size, args.k_ratio, names)
+            _, table = summarize(runs, args.size, args.k_ratio, names, args.class_id)
         except ValueError as e:
             parser.error(str(e))
         print(table)

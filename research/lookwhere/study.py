@@ -45,7 +45,7 @@ from lookhere_dense.lookwhere import LookWhere, LookWhereExtractor
 from lookhere_dense.lookwhere.distill import distillation_losses, teacher_targets
 from lookhere_dense.lookwhere.fill import FILL_MODES
 
-__all__ = ['run_study', 'summarize', 'SegModel', 'resized_logits', 'miou']
+__all__ = ['run_study', 'summarize', 'SegModel', 'resized_logits', 'miou', 'class_iou']
 
 MEAN = torch.tensor([123.675, 116.28, 103.53]).view(1, 3, 1, 1)
 STD = torch.tensor([58.395, 57.12, 57.375]).view(1, 3, 1, 1)
@@ -166,6 +166,17 @@ def miou(conf: torch.Tensor) -> float:
     union = conf.sum(0).double() + conf.sum(1).double() - inter
     valid = union > 0
     return float((inter[valid] / union[valid]).mean() * 100) if bool(valid.any()) else 0.0
+
+
+def class_iou(conf: torch.Tensor) -> Dict[int, float]:
+    """IoU (percent) per class id present in prediction or label, from the confusion
+    matrix ``conf[label, prediction]``."""
+    inter = conf.diag().double()
+    union = conf.sum(0).double() + conf.sum(1).double() - inter
+    return {
+        int(c): round(float(inter[c] / union[c] * 100), 2)
+        for c in torch.nonzero(union > 0).flatten()
+    }
 
 
 def _confusion(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -449,6 +460,7 @@ def _measure(fn, frames: torch.Tensor, labels: torch.Tensor, repeats: int) -> Di
         conf += _confusion(logits, labels[i : i + 1])
     return {
         'miou': round(miou(conf), 2),
+        'class_iou': class_iou(conf),
         's_per_frame': round(statistics.median(times), 4),
         'peak_rise_mb': round(max(peaks), 1),
     }
@@ -698,13 +710,15 @@ def summarize(
     size: str = '1024x2048',
     k_ratio: float = 0.25,
     names: Sequence[str] = (),
+    class_id: Optional[int] = None,
 ) -> Tuple[List[Dict[str, Any]], str]:
     """One line per study result (:func:`run_study`'s dicts, e.g. several seeds) at one frame
     ``size`` and ``k_ratio``: the training frames, the seed, the whole frame, the control,
     the resized whole frame and LookWhere at ``k_ratio``, LookWhere's gaps to the whole
     frame and to the control, and its speed-up; then the mean, closest and farthest gap to
     the whole frame over the runs. ``names``: one per run (e.g. its file), the first
-    column; default: ``run 1``, ``run 2``, ...
+    column; default: ``run 1``, ``run 2``, ...; ``class_id``: also that class's IoU in the
+    whole frame, the resized frame and LookWhere (``-`` where a run did not record it).
 
     Returns:
         ``(lines, markdown)``: the lines as dicts (``None`` where a run has no such row)
@@ -745,6 +759,11 @@ def summarize(
                 speedup=round(whole['s_per_frame'] / lw['s_per_frame'], 2),
             )
         )
+        if class_id is not None:
+            for key, row in (('whole', whole), ('resized', small), ('lookwhere', lw)):
+                iou = (row or {}).get('class_iou') or {}
+                # JSON keys are strings, run_study's dicts have ints
+                lines[-1][f'class_{key}'] = iou.get(class_id, iou.get(str(class_id)))
 
     def cell(v):
         return '-' if v is None else f'{v:.2f}' if isinstance(v, float) else f'{v}'
@@ -753,27 +772,24 @@ def summarize(
         f'| run | train frames | seed | whole | whole-ft | resized {k_ratio} | LookWhere {k_ratio} '
         f'| gap | gap to whole-ft | whole time / time |'
     )
-    md = [head, '|' + '---|' * 10]
+    keys = [
+        'run',
+        'train_frames',
+        'seed',
+        'whole',
+        'whole_ft',
+        'resized',
+        'lookwhere',
+        'gap',
+        'gap_ft',
+        'speedup',
+    ]
+    if class_id is not None:
+        head += f' class {class_id}: whole | resized | LookWhere |'
+        keys += ['class_whole', 'class_resized', 'class_lookwhere']
+    md = [head, '|' + '---|' * len(keys)]
     for ln in lines:
-        md.append(
-            '| '
-            + ' | '.join(
-                cell(ln[k])
-                for k in (
-                    'run',
-                    'train_frames',
-                    'seed',
-                    'whole',
-                    'whole_ft',
-                    'resized',
-                    'lookwhere',
-                    'gap',
-                    'gap_ft',
-                    'speedup',
-                )
-            )
-            + ' |'
-        )
+        md.append('| ' + ' | '.join(cell(ln[k]) for k in keys) + ' |')
     gaps = [ln['gap'] for ln in lines]
     md.append('')
     md.append(
