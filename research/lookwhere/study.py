@@ -6,10 +6,12 @@ Everything is small so that it runs on a shared 2-core CPU in minutes (the numbe
 smoke-scale measurement, not a benchmark of a real model):
 
 1. frames: :func:`research.datasets.synthetic_seg.cityscapes_scene` rendered at every
-   test size (the same kind of street, drawn larger in pixels on larger frames);
+   test size (the same kind of street, drawn larger in pixels on larger frames; task
+   ``cityscapes-small`` adds traffic lights of a fixed pixel size, detail that a lower
+   resolution loses);
 2. teacher: a LookHere ViT (lh180, patch 16) + a linear head, trained with plain PyTorch
    on random 128x128 crops of training frames of every size (labels used here only);
-3. student: a LookWhere (3-block selector on a 64x128 copy; extractor = a copy of the
+3. student: a LookWhere (3-block selector on a 64x128 copy, ``selector_input``; extractor = a copy of the
    teacher's trunk) distilled from the frozen teacher on whole training frames without
    labels (:func:`lookhere_dense.lookwhere.distill.distillation_losses`, ``k_ratio`` drawn
    from the study's ratios each step; frames up to 256x512 only, for time); the teacher's linear head is applied unchanged
@@ -20,7 +22,7 @@ smoke-scale measurement, not a benchmark of a real model):
    kernel), the teacher on the whole frame shrunk to LookWhere's token count at each
    ``k_ratio`` (:func:`resized_logits`, ``method='resized'``), the teacher with sliding 128x128 windows (stride 96, logits averaged), and
    LookWhere at each ``k_ratio`` (nearest-kept fill, or ``fill='propagate'``); mIoU over the test frames
-   (19 classes, 255 ignored), the median time of ``repeats`` passes per frame and the
+   (19 classes, 255 ignored; the IoU per class beside it), the median time of ``repeats`` passes per frame and the
    peak memory (:class:`research.memory.PeakMemory`, process RSS rise).
 """
 
