@@ -732,6 +732,7 @@ def test_study_train_frames_rows_and_summary(tmp_path, capsys):
         (([res], '64x64', 0.25), 'run 1 has no LookWhere row at 64x64, k_ratio 0.25'),
         (([res], '64x64', 0.5, ['a', 'b']), '2 names for 1 runs'),
         (([],), 'no study results given'),
+        (([{'rows': [{'size': '64x64'}]}],), 'run 1 is not a study result'),
     ):
         with pytest.raises(ValueError, match=match):
             summarize(*args)

@@ -10,7 +10,7 @@
     python tools/lookwhere_study.py diagnose [--sizes 256x512 512x1024] [--json FILE]
     python tools/lookwhere_study.py timing [--size 1024x2048] [--k-ratios 0.25]
     python tools/lookwhere_study.py summary RUN.json [RUN.json ...] [--size 1024x2048] \\
-        [--k-ratio 0.25]
+        [--k-ratio 0.25] [--class-id N]
     python tools/lookwhere_study.py extractor-memory [--size 1024x2048] [--k-ratio 0.25] \\
         [--paths sdpa-coords chunked-coords] [--json FILE]
 
@@ -194,8 +194,6 @@ def main(argv=None) -> int:
                     runs.append(json.load(f))
             except (OSError, ValueError) as e:
                 parser.error(f'summary: cannot read study results {path!r}: {e}')
-            if not isinstance(runs[-1], dict) or 'rows' not in runs[-1]:
-                parser.error(f'summary: {path!r} is not a study result (no "rows")')
         try:
             names = [os.path.splitext(os.path.basename(p))[0] for p in args.jsons]
             _, table = summarize(runs, args.size, args.k_ratio, names, args.class_id)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import os
 import statistics
@@ -53,16 +54,10 @@ MEAN = torch.tensor([123.675, 116.28, 103.53]).view(1, 3, 1, 1)
 STD = torch.tensor([58.395, 57.12, 57.375]).view(1, 3, 1, 1)
 
 
-def _cityscapes_frame(size: Tuple[int, int], rng: np.random.Generator):
+def _cityscapes_frame(size: Tuple[int, int], rng: np.random.Generator, small_objects: float = 0.0):
     from research.datasets.synthetic_seg import cityscapes_scene
 
-    return cityscapes_scene(size[0], size[1], rng)
-
-
-def _cityscapes_small_frame(size: Tuple[int, int], rng: np.random.Generator):
-    from research.datasets.synthetic_seg import cityscapes_scene
-
-    return cityscapes_scene(size[0], size[1], rng, small_objects=SMALL_OBJECTS)
+    return cityscapes_scene(size[0], size[1], rng, small_objects=small_objects)
 
 
 def _fov_frame(size: Tuple[int, int], rng: np.random.Generator):
@@ -111,7 +106,7 @@ CITYSCAPES_SMALL = Task(
     CITYSCAPES.trunk,
     (64, 128),
     96,
-    _cityscapes_small_frame,
+    functools.partial(_cityscapes_frame, small_objects=SMALL_OBJECTS),
     CITYSCAPES.train_sizes,
 )
 #: the field-of-view scenes (:mod:`research.datasets.fov_scenes`: 5 classes decided by a
@@ -162,23 +157,26 @@ def _frames(
     return x, torch.stack(labels)
 
 
-def miou(conf: torch.Tensor) -> float:
-    """Mean IoU (percent) over the classes present in prediction or label."""
+def _present_iou(conf: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(class ids, IoU in percent)`` of the classes present in prediction or label, from
+    the confusion matrix ``conf[label, prediction]`` (float64)."""
     inter = conf.diag().double()
     union = conf.sum(0).double() + conf.sum(1).double() - inter
-    valid = union > 0
-    return float((inter[valid] / union[valid]).mean() * 100) if bool(valid.any()) else 0.0
+    ids = torch.nonzero(union > 0).flatten()
+    return ids, inter[ids] / union[ids] * 100
+
+
+def miou(conf: torch.Tensor) -> float:
+    """Mean IoU (percent) over the classes present in prediction or label."""
+    _, iou = _present_iou(conf)
+    return float(iou.mean()) if iou.numel() else 0.0
 
 
 def class_iou(conf: torch.Tensor) -> Dict[int, float]:
     """IoU (percent) per class id present in prediction or label, from the confusion
     matrix ``conf[label, prediction]``."""
-    inter = conf.diag().double()
-    union = conf.sum(0).double() + conf.sum(1).double() - inter
-    return {
-        int(c): round(float(inter[c] / union[c] * 100), 2)
-        for c in torch.nonzero(union > 0).flatten()
-    }
+    ids, iou = _present_iou(conf)
+    return {int(c): round(float(v), 2) for c, v in zip(ids, iou)}
 
 
 def _confusion(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -733,6 +731,17 @@ def summarize(
         raise ValueError(f'LookWhere summary: {len(names)} names for {len(runs)} runs')
     lines = []
     for name, res in zip(names, runs):
+        if not (
+            isinstance(res, dict)
+            and {'rows', 'teacher', 'student'} <= set(res)
+            and all(
+                {'size', 'method', 'k_ratio', 'miou', 's_per_frame'} <= set(r) for r in res['rows']
+            )
+        ):
+            raise ValueError(
+                f'LookWhere summary: {name} is not a study result (needs "rows" with size, '
+                'method, k_ratio, miou and s_per_frame, "teacher" and "student")'
+            )
         rows = [r for r in res['rows'] if r['size'] == size]
         if not rows:
             raise ValueError(f'LookWhere summary: {name} has no rows at {size}')
@@ -770,26 +779,26 @@ def summarize(
     def cell(v):
         return '-' if v is None else f'{v:.2f}' if isinstance(v, float) else f'{v}'
 
-    head = (
-        f'| run | train frames | seed | whole | whole-ft | resized {k_ratio} | LookWhere {k_ratio} '
-        f'| gap | gap to whole-ft | whole time / time |'
-    )
-    keys = [
-        'run',
-        'train_frames',
-        'seed',
-        'whole',
-        'whole_ft',
-        'resized',
-        'lookwhere',
-        'gap',
-        'gap_ft',
-        'speedup',
+    columns = [
+        ('run', 'run'),
+        ('train_frames', 'train frames'),
+        ('seed', 'seed'),
+        ('whole', 'whole'),
+        ('whole_ft', 'whole-ft'),
+        ('resized', f'resized {k_ratio}'),
+        ('lookwhere', f'LookWhere {k_ratio}'),
+        ('gap', 'gap'),
+        ('gap_ft', 'gap to whole-ft'),
+        ('speedup', 'whole time / time'),
     ]
     if class_id is not None:
-        head += f' class {class_id}: whole | resized | LookWhere |'
-        keys += ['class_whole', 'class_resized', 'class_lookwhere']
-    md = [head, '|' + '---|' * len(keys)]
+        columns += [
+            ('class_whole', f'class {class_id}: whole'),
+            ('class_resized', 'resized'),
+            ('class_lookwhere', 'LookWhere'),
+        ]
+    keys = [k for k, _ in columns]
+    md = ['| ' + ' | '.join(t for _, t in columns) + ' |', '|' + '---|' * len(columns)]
     for ln in lines:
         md.append('| ' + ' | '.join(cell(ln[k]) for k in keys) + ' |')
     gaps = [ln['gap'] for ln in lines]
