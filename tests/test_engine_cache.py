@@ -198,3 +198,52 @@ def test_backbone_training_step_with_chunked_backend_matches_sdpa():
         grads[backend] = [p.grad.clone() for p in model.parameters()]
     for a, b in zip(grads['sdpa'], grads['chunked']):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------
+# inference mode, then training
+# ----------------------------------------------------------------------------------------
+def test_a_value_first_built_under_inference_mode_is_a_normal_tensor():
+    cache = BoundedCache(2)
+    with torch.inference_mode():
+        made = cache.get_or_create('a', lambda: torch.arange(4))
+    assert not made.is_inference()
+    assert not cache.get_or_create('a', lambda: None).is_inference()
+
+
+@pytest.mark.parametrize(
+    'backend, pos_encoding',
+    [
+        ('auto', None),
+        ('sdpa', None),
+        ('chunked', None),
+        ('fused', None),
+        ('auto', 'rope2d'),
+        ('auto', 'pape'),
+        ('auto', 'rope_dinov3'),
+        ('auto', 'ledit'),
+    ],
+)
+def test_training_after_inference_mode_on_the_same_grid(backend, pos_encoding):
+    """Inference under ``torch.inference_mode()`` first (tools, demos, a user's eval loop),
+    then a training step on the same frame size: the caches filled during inference (token
+    orders, dense biases, RoPE / PaPE tables) must not hold inference tensors, which
+    autograd refuses to save ("Inference tensors cannot be saved for backward": the sdpa
+    path's dense bias, flex's token order in the first GPU run)."""
+    from lookhere_dense.lookhere import create_model
+
+    arch = dict(img_size=64, patch_size=16, embed_dims=96, num_layers=2, num_heads=12)
+    if pos_encoding is None:
+        arch.update(preset='lh90', attn_backend=backend)
+    else:
+        arch.update(pos_encoding=pos_encoding)
+    torch.manual_seed(0)
+    model = create_model(**arch)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.inference_mode():
+        model(x)
+    out = model(x)
+    out = out[-1] if isinstance(out, (tuple, list)) else out
+    out.float().square().mean().backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)

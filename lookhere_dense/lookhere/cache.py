@@ -8,6 +8,10 @@ lives on a module as a plain attribute, never as a buffer: nothing in it is part
 The cache is bounded by a number of entries and, optionally, by the bytes of the tensors
 its values hold (:func:`tensor_bytes`); the least recently used entries go first.
 
+Values are built outside inference mode (also when looked up under
+``torch.inference_mode()``): they are shared by inference and training calls, and autograd
+refuses to save an inference tensor for backward.
+
 Under ``torch.compile`` a lookup is not traced (``torch.compiler.disable``): its result is
 an input of the compiled graph, so the cache's changing state (entries, counters, LRU
 order) never becomes a guard that recompiles the model at every call.
@@ -88,7 +92,11 @@ class BoundedCache:
             self.hits += 1
             return self._data[key]
         self.misses += 1
-        value = factory()
+        # built outside inference mode even when looked up inside it: a tensor made under
+        # torch.inference_mode() cannot be saved for backward, so a value cached during
+        # inference would break the first training step on the same grid afterwards
+        with torch.inference_mode(False):
+            value = factory()
         size = tensor_bytes(value)
         if self.max_bytes is not None and size > self.max_bytes:
             return value  # too large to keep without flushing the whole cache
