@@ -263,3 +263,89 @@ def test_inductor_cannot_compile_flex_with_a_table_that_requires_grad_on_cpu():
     tables = eng.slope_bias(0, GRID, CPU, torch.float32, slopes)
     with pytest.raises(Exception, match='tuple index out of range'):
         run_flex(eng, q, k, v, 'inductor', tables)
+
+
+# ----------------------------------------------------------------------------------------
+# the CUDA kernel options (the first GPU run: inductor's Hopper tiles did not fit)
+# ----------------------------------------------------------------------------------------
+def test_flex_kernel_options_only_for_compiled_cuda_16_bit_calls():
+    from lookhere_dense.lookhere.attention.flex import flex_kernel_options
+
+    assert flex_kernel_options('cpu', torch.bfloat16) is None
+    assert flex_kernel_options('cuda', torch.float32) is None
+    assert flex_kernel_options('cuda', torch.bfloat16, compiled=False) is None
+    for dtype in (torch.bfloat16, torch.float16):
+        options = flex_kernel_options('cuda', dtype, 64)
+        assert options['fwd_BLOCK_N'] < 128 and options['fwd_num_stages'] < 3
+
+
+def test_every_cuda_kernel_option_entry_fits_the_block_mask_tiles():
+    """Flex needs its kernel tiles to divide the block mask's (FLEX_BLOCK = 128) and, in the
+    backward, BLOCK_N1 a multiple of BLOCK_M1 and BLOCK_M2 of BLOCK_N2; each later entry
+    is smaller than the one before (what the retry is for)."""
+    from lookhere_dense.lookhere.attention.flex import FLEX_BLOCK, FLEX_CUDA_KERNEL_OPTIONS
+
+    def smem_proxy(o):  # elements staged per pipeline stage, times the stages
+        return o['fwd_BLOCK_M'] * o['fwd_BLOCK_N'] * o['fwd_num_stages']
+
+    for options in FLEX_CUDA_KERNEL_OPTIONS:
+        for name, size in options.items():
+            if 'BLOCK' in name:
+                assert FLEX_BLOCK % size == 0, (name, size)
+        assert options['bwd_BLOCK_N1'] % options['bwd_BLOCK_M1'] == 0
+        assert options['bwd_BLOCK_M2'] % options['bwd_BLOCK_N2'] == 0
+    sizes = [smem_proxy(o) for o in FLEX_CUDA_KERNEL_OPTIONS]
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == len(sizes)
+
+
+def test_a_kernel_out_of_shared_memory_is_compiled_again_with_smaller_tiles():
+    """What the compiled call raises on an H200 with tiles that do not fit (the message of
+    the first GPU run): the call is repeated with the next entry, which is remembered;
+    any other error, and the last entry's, is raised."""
+    from lookhere_dense.lookhere.attention import flex
+
+    message = (
+        'No valid triton configs. OutOfMemoryError: out of resource: '
+        'triton_tem_fused_flex_attention_0 Required: 249856 Hardware limit:232448'
+    )
+    q = torch.zeros(1, 2, 4, 64, dtype=torch.bfloat16)
+    seen = []
+
+    def fits_second(q, k, v, score_mod=None, block_mask=None, kernel_options=None):
+        seen.append(kernel_options)
+        if len(seen) == 1:
+            raise RuntimeError(message)
+        return q + 1
+
+    flex._cuda_options_level.clear()
+    try:
+        with pytest.warns(UserWarning, match='does not fit in shared memory'):
+            out = flex._call_flex(fits_second, q, q, q, None, None, True, device_type='cuda')
+        assert torch.equal(out, q + 1)
+        assert seen == list(flex.FLEX_CUDA_KERNEL_OPTIONS[:2])
+        assert (
+            flex.flex_kernel_options('cuda', torch.bfloat16, 64)
+            == flex.FLEX_CUDA_KERNEL_OPTIONS[1]
+        )
+
+        def never_fits(q, k, v, score_mod=None, block_mask=None, kernel_options=None):
+            raise RuntimeError(message)
+
+        with pytest.raises(RuntimeError, match='out of resource'):
+            flex._call_flex(never_fits, q, q, q, None, None, True, device_type='cuda')
+
+        def other_error(q, k, v, score_mod=None, block_mask=None, kernel_options=None):
+            seen.append(kernel_options)
+            raise RuntimeError('something else')
+
+        flex._cuda_options_level.clear()
+        seen.clear()
+        with pytest.raises(RuntimeError, match='something else'):
+            flex._call_flex(other_error, q, q, q, None, None, True, device_type='cuda')
+        assert len(seen) == 1
+        # on CPU nothing is passed: inductor's own tiles
+        seen.clear()
+        flex._call_flex((lambda *a, **kw: seen.append(kw)), q, q, q, None, None, True)
+        assert seen == [dict(score_mod=None, block_mask=None)]
+    finally:
+        flex._cuda_options_level.clear()

@@ -625,11 +625,10 @@ def attn_case(plan: Plan, tokens: int, watch: RecompileWatch) -> Dict[str, Any]:
     hits = len(watch.hits)
     res: Dict[str, Any] = dict(tokens=tokens, grid=list(grid), dtype=plan.attn_dtype)
     gb32 = eng.grid_bias(grid, dev)
-    # the engine's caches (token order, block mask, score_mod) built here, outside inference
-    # mode: tensors made under it could not be saved by the train step's backward
-    eng.flex_order(grid, 0, dev)
-    eng.block_mask(0, grid, 0, dev)
-    eng.score_mod(0, grid, 0, dev)
+    # the engine's caches (token order, block mask, score_mod) are filled by the first call
+    # below, in inference mode, and are normal tensors all the same (BoundedCache builds
+    # outside it): the train step's backward saves the token order (the first GPU run
+    # failed here: its entries were pre-built under the key 'cuda', the calls asked 'cuda:0')
     checks = {}
     # both flex variants that are timed, with the block mask and without, in inference mode
     # like the timed forward (one compiled entry for both: dynamo guards on the mode)

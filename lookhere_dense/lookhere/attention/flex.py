@@ -47,6 +47,8 @@ __all__ = [
     'flex_mask_mod',
     'lookhere_block_mask',
     'flex_attention_lookhere',
+    'FLEX_CUDA_KERNEL_OPTIONS',
+    'flex_kernel_options',
     'raise_recompile_limit',
     'FLEX_RECOMPILE_LIMIT',
 ]
@@ -75,6 +77,67 @@ def flex_slope_grads_available(version: Optional[str] = None) -> bool:
     if version is None and not flex_available():
         return False
     return TorchVersion(version or torch.__version__) >= FLEX_SLOPE_GRADS_TORCH
+
+
+#: Triton tile settings of flex's CUDA kernels for bfloat16 / float16 ``q, k, v``, tried in
+#: order. Inductor's Hopper default for head dim 64 in 16-bit types (128 x 128 tiles, 3
+#: stages) does not fit our ``score_mod``: its bias gather is a ``(BLOCK_M, BLOCK_N)`` float32
+#: load per stage, and the forward asked for 249,856 bytes of shared memory where an H200
+#: has 232,448 ("No valid triton configs. OutOfMemoryError: out of resource", every
+#: bfloat16 / float16 case of the first GPU run, torch 2.11). Float32 keeps inductor's own
+#: (128 x 32 tiles: it compiled and passed there). The first entry halves the key tile and
+#: drops a stage (the forward's and the backward's); where a kernel still does not fit,
+#: the forward is retried with the next (the backward compiles on the first
+#: ``.backward()``, outside any retry: it gets the entry that compiled the forward).
+FLEX_CUDA_KERNEL_OPTIONS: Tuple[dict, ...] = (
+    dict(
+        fwd_BLOCK_M=128,
+        fwd_BLOCK_N=64,
+        fwd_num_stages=2,
+        bwd_BLOCK_M1=64,
+        bwd_BLOCK_N1=64,
+        bwd_BLOCK_M2=64,
+        bwd_BLOCK_N2=64,
+        bwd_num_stages=2,
+    ),
+    dict(
+        fwd_BLOCK_M=64,
+        fwd_BLOCK_N=32,
+        fwd_num_stages=1,
+        bwd_BLOCK_M1=32,
+        bwd_BLOCK_N1=32,
+        bwd_BLOCK_M2=32,
+        bwd_BLOCK_N2=32,
+        bwd_num_stages=1,
+    ),
+)
+
+#: (dtype, head dim) -> index into FLEX_CUDA_KERNEL_OPTIONS that compiled in this process
+_cuda_options_level: dict = {}
+
+
+def flex_kernel_options(
+    device_type: str, dtype: torch.dtype, head_dim: int = 64, compiled: bool = True
+) -> Optional[dict]:
+    """The ``kernel_options`` our flex calls pass: None (inductor's own) on CPU, in float32
+    and eagerly; on CUDA in bfloat16 / float16 the entry of :data:`FLEX_CUDA_KERNEL_OPTIONS`
+    that compiled last for this dtype and head dim (the first until one fails).
+
+    Args:
+        device_type: ``'cuda'``, ``'cpu'``, ...
+        dtype: the dtype of ``q, k, v``.
+        head_dim: ``q``'s last dimension. Default: 64.
+        compiled: whether flex runs compiled. Default: True.
+    """
+    if not compiled or device_type != 'cuda' or dtype not in (torch.bfloat16, torch.float16):
+        return None
+    level = _cuda_options_level.get((dtype, head_dim), 0)
+    return dict(FLEX_CUDA_KERNEL_OPTIONS[level])
+
+
+def _out_of_shared_memory(err: BaseException) -> bool:
+    """Whether a compile error is Triton's "out of resource" (shared memory) one."""
+    return 'out of resource' in str(err)
 
 
 def tile_order(
@@ -303,12 +366,46 @@ def flex_attention_lookhere(
             warnings.filterwarnings(
                 'ignore', message='flex_attention called without torch.compile'
             )
-        out = fn(q, k, v, score_mod=score_mod, block_mask=block_mask)
+        out = _call_flex(fn, q, k, v, score_mod, block_mask, compiled)
     if order is not None:
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.numel(), device=order.device)
         out = out.index_select(2, inverse)
     return out
+
+
+def _call_flex(
+    fn: Callable,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    score_mod: Callable,
+    block_mask,
+    compiled: bool,
+    device_type: Optional[str] = None,
+) -> Tensor:
+    """``fn(q, k, v, ...)`` with :func:`flex_kernel_options`; on CUDA a forward whose kernel
+    does not fit in shared memory is compiled again with the next, smaller entry of
+    :data:`FLEX_CUDA_KERNEL_OPTIONS` (remembered for the process); the last one's error is
+    raised. ``device_type``: the options' device (None: ``q``'s; tests)."""
+    key = (q.dtype, q.shape[-1])
+    device_type = device_type or q.device.type
+    while True:
+        options = flex_kernel_options(device_type, q.dtype, q.shape[-1], compiled)
+        if options is None:
+            return fn(q, k, v, score_mod=score_mod, block_mask=block_mask)
+        try:
+            return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=options)
+        except Exception as err:
+            level = _cuda_options_level.get(key, 0)
+            if not _out_of_shared_memory(err) or level + 1 >= len(FLEX_CUDA_KERNEL_OPTIONS):
+                raise
+            warnings.warn(
+                f'flex: the CUDA kernel with {FLEX_CUDA_KERNEL_OPTIONS[level]} does not fit in '
+                f'shared memory here; compiling again with {FLEX_CUDA_KERNEL_OPTIONS[level + 1]}',
+                stacklevel=3,
+            )
+            _cuda_options_level[key] = level + 1
 
 
 def can_run(request: AttentionRequest) -> Optional[str]:
