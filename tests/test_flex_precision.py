@@ -257,6 +257,7 @@ def test_inductor_cannot_compile_flex_with_a_table_that_requires_grad_on_cpu():
     flex there): inductor's CPU lowering returns only the output, the training graph also
     reads the logsumexp (torch 2.14.1). When a torch compiles it, this fails: move the
     inductor case into the gradient tests above."""
+    torch._dynamo.reset()  # after other compiled flex calls in the process it did not raise
     eng = make_engine()
     q, k, v, _ = inputs(torch.bfloat16)
     slopes = LookHereSlopes(eng.config, 1, HEADS)
@@ -349,3 +350,50 @@ def test_a_kernel_out_of_shared_memory_is_compiled_again_with_smaller_tiles():
         assert seen == [dict(score_mod=None, block_mask=None)]
     finally:
         flex._cuda_options_level.clear()
+
+
+def test_the_flex_callbacks_per_pair_work_has_no_division_and_no_int64():
+    """Flex evaluates ``score_mod`` / ``mask_mod`` on every (query, key) pair of every
+    computed tile, next to a 64-wide dot product: their integer work is what a LookHere
+    flex kernel pays above flash attention. Traced on one pair (as flex traces them), the
+    callbacks hold no division / modulo and no int64 value: two int32 gathers of per-token
+    codes and a subtraction give the table entry (the first GPU run's callbacks did two
+    int64 gathers of the token order, four int64 floor divisions / modulos and clamps per
+    pair; the lh90 frame ran at 12x our trunk without bias there). A test of structure
+    (no GPU here to time it); the values are the reference tests' above."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from lookhere_dense.lookhere.attention.flex import flex_mask_mod, tile_order
+
+    grid = (8, 16)
+    engine = LookHereAttentionEngine(resolve_lh_config('lh90'), 1, 12, 'flex')
+    tables = engine.grid_bias(grid, torch.device('cpu'))
+    i32 = dict(dtype=torch.int32)
+    for order in (tile_order(grid, True), None):
+        mods = dict(
+            score_mod=(flex_score_mod(tables, 0, True, order), (torch.zeros(1),)),
+            mask_mod=(flex_mask_mod(tables, 0, True, order), ()),
+        )
+        for name, (fn, lead) in mods.items():
+            # one-element index tensors (a 0-d index would be read as a Python int)
+            pair = (torch.zeros(1, **i32), torch.ones(1, **i32), torch.tensor([5], **i32))
+            graph = make_fx(fn)(*lead, *pair, torch.tensor([7], **i32)).graph
+            for node in graph.nodes:
+                if node.op != 'call_function':
+                    continue
+                op = str(node.target)
+                assert not any(w in op for w in ('div', 'remainder', 'floor', 'fmod')), (name, op)
+                val = node.meta.get('val')
+                assert getattr(val, 'dtype', None) != torch.int64, (name, op)
+
+
+def test_a_flex_order_that_does_not_put_the_prefix_last_is_refused():
+    from lookhere_dense.lookhere.attention.flex import _flex_index, tile_order
+
+    grid = (8, 16)
+    order = tile_order(grid, 2)
+    _flex_index(grid, 2, order)  # prefix last: accepted
+    with pytest.raises(ValueError, match='prefix token'):
+        _flex_index(grid, 2, order.roll(1))
+    with pytest.raises(ValueError, match='expected 130 positions'):
+        _flex_index(grid, 2, order[:-1])

@@ -178,34 +178,69 @@ def tile_order(
     return order
 
 
+#: the callbacks' index arrays are padded to a multiple of this many tokens: a ragged last
+#: tile's rows and columns (positions up to the next kernel tile, whose sides divide
+#: FLEX_BLOCK) read a valid entry without a clamp per pair
+FLEX_INDEX_PAD = 2 * FLEX_BLOCK
+
+
 def _flex_index(
-    grid_size: Tuple[int, int], cls_token: Union[bool, int], order: Optional[Tensor] = None
+    grid_size: Tuple[int, int],
+    cls_token: Union[bool, int],
+    order: Optional[Tensor] = None,
+    device: Optional[torch.device] = None,
 ) -> Callable[[Tensor, Tensor], Tuple[Tensor, Tensor, Tensor]]:
     """``(q_idx, kv_idx) -> (is_cls, table_index, key_patch)`` for flex callbacks
     (``is_cls``: the query or the key is one of the ``cls_token`` prefix tokens).
 
-    ``q_idx``/``kv_idx`` are positions in ``order`` (:func:`tile_order`; None: the
-    model's order). ``table_index`` indexes a flattened ``(2H-1) * (2W-1)`` table;
-    indices are clamped so that prefix pairs and the padding of a ragged last tile stay in
-    range.
+    ``q_idx``/``kv_idx`` are positions in ``order`` (:func:`tile_order`, which puts the
+    prefix tokens last; None: the model's order, prefix first). ``table_index`` indexes a
+    flattened ``(2H-1) * (2W-1)`` table, ``key_patch`` the key's patch (row-major), both
+    int32.
+
+    Flex evaluates the callbacks on every (query, key) pair of every computed tile, so the
+    per-pair work is kept to two int32 gathers from per-token arrays (``code = y * (2W-1)
+    + x`` and the key's patch, in flex order, built here once), one subtraction and the
+    prefix comparisons -- no division, no int64, no clamp: the offset ``(dy, dx)``'s entry
+    is ``code[key] - code[query] + (H-1) * (2W-1) + W-1`` (:func:`~..bias.pair_index`),
+    which stays inside the table for prefix tokens too (their code is 0) and for the
+    padding of a ragged last tile (the arrays are padded to :data:`FLEX_INDEX_PAD`).
+    ``device``: where the arrays live (default: ``order``'s, else the CPU).
     """
     height, width = grid_size
     off = num_prefix_tokens(cls_token)
-    table_len = (2 * height - 1) * (2 * width - 1)
     num_patches = height * width
     total = num_patches + off
+    if order is None:
+        model_index = torch.arange(total, device=device)
+    else:
+        model_index = order.long()
+        if model_index.numel() != total or (
+            off and bool((model_index[num_patches:] >= off).any())
+        ):
+            raise ValueError(
+                f'flex token order: expected {total} positions with the {off} prefix token(s) '
+                f'last (tile_order), got {model_index.numel()}'
+            )
+    patch = model_index - off
+    is_patch = patch >= 0
+    patch = patch.clamp(min=0)
+    code = torch.where(is_patch, (patch // width) * (2 * width - 1) + patch % width, 0)
+    key_patch = torch.where(is_patch, patch, 0)
+    pad = -(-total // FLEX_INDEX_PAD) * FLEX_INDEX_PAD - total
+    code = torch.nn.functional.pad(code, (0, pad)).to(torch.int32)
+    key_patch = torch.nn.functional.pad(key_patch, (0, pad)).to(torch.int32)
+    if device is not None:
+        code, key_patch = code.to(device), key_patch.to(device)
+    centre = (height - 1) * (2 * width - 1) + width - 1
+    prefix_last = order is not None
 
     def index(q_idx: Tensor, kv_idx: Tensor):
-        if order is not None:
-            q_idx = order[q_idx.clamp(0, total - 1)]
-            kv_idx = order[kv_idx.clamp(0, total - 1)]
-        qp = q_idx - off
-        kp = kv_idx - off
-        is_cls = (qp < 0) | (kp < 0)
-        qp = qp.clamp(0, num_patches - 1)
-        kp = kp.clamp(0, num_patches - 1)
-        t = pair_index(grid_size, qp, kp)
-        return is_cls, t.clamp(0, table_len - 1), kp
+        if prefix_last:
+            is_cls = (q_idx >= num_patches) | (kv_idx >= num_patches)
+        else:
+            is_cls = (q_idx < off) | (kv_idx < off)
+        return is_cls, code[kv_idx] - code[q_idx] + centre, key_patch[kv_idx]
 
     return index
 
@@ -233,8 +268,8 @@ def flex_score_mod(
     then runs the softmax in float32 and rounds only the probabilities before ``P V`` and
     the output to the input dtype (``tests/test_flex_precision.py``).
     """
-    index = _flex_index(grid_bias.grid_size, cls_token, order)
     table = grid_bias.table[layer].float().flatten(1).contiguous()
+    index = _flex_index(grid_bias.grid_size, cls_token, order, table.device)
     key_term = (
         None if grid_bias.key_term is None else grid_bias.key_term[layer].float().contiguous()
     )
@@ -255,8 +290,8 @@ def flex_mask_mod(
 ) -> Callable:
     """A flex ``mask_mod``: True where layer ``layer``'s heads see the key (positions in
     ``order``, None: the model's order)."""
-    index = _flex_index(grid_bias.grid_size, cls_token, order)
     visible = grid_bias.visible[layer].flatten(1).contiguous()
+    index = _flex_index(grid_bias.grid_size, cls_token, order, visible.device)
 
     def mask_mod(b, h, q_idx, kv_idx):
         is_cls, t, _ = index(q_idx, kv_idx)
