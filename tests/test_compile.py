@@ -122,12 +122,12 @@ def test_flex_index_stays_in_range_at_32k_tokens():
     """The flex callbacks' index arithmetic at a 128x256 grid + CLS (32769 tokens) in the
     int32 that flex passes: every pair's table index equals the int64 pair index."""
     from lookhere_dense.lookhere.bias import pair_index
-    from lookhere_dense.lookhere.flex import _flex_index, tile_order
+    from lookhere_dense.lookhere.flex import flex_index, tile_order
 
     grid = (128, 256)
     n = grid[0] * grid[1]
     order = tile_order(grid, True)
-    index = _flex_index(grid, True, order)
+    index = flex_index(grid, True, order)
     g = torch.Generator().manual_seed(0)
     q = torch.randint(0, n + 1, (4096,), generator=g, dtype=torch.int32)
     kv = torch.randint(0, n + 1, (4096,), generator=g, dtype=torch.int32)

@@ -247,3 +247,21 @@ def test_training_after_inference_mode_on_the_same_grid(backend, pos_encoding):
     out.float().square().mean().backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_flex_with_learnable_slopes_reuses_the_index_arrays():
+    """A learnable-slopes step builds a fresh ``score_mod`` per layer (the table changes);
+    the per-token index arrays around it come from the engine's cache, built once per
+    grid (eager flex on CPU: the slopes' gradients, ``q, k, v`` without)."""
+    from lookhere_dense.lookhere.slopes import LookHereSlopes
+
+    eng = LookHereAttentionEngine(PRESETS['lh90'], 2, 12, backend='flex', flex_compile=False)
+    slopes = LookHereSlopes(eng.config, 2, 12)
+    q, k, v = (torch.randn(1, 12, 33, 16) for _ in range(3))
+    for _ in range(2):
+        for layer in range(2):
+            out = eng(q, k, v, layer, (4, 8), True, slopes=slopes)
+            out.sum().backward()
+    assert all(p.grad is not None for p in slopes.parameters())
+    assert eng.cache_info()['flex_indices']['misses'] == 1
+    assert eng.cache_info()['flex_indices']['hits'] >= 4

@@ -388,12 +388,12 @@ def test_the_flex_callbacks_per_pair_work_has_no_division_and_no_int64():
 
 
 def test_a_flex_order_that_does_not_put_the_prefix_last_is_refused():
-    from lookhere_dense.lookhere.attention.flex import _flex_index, tile_order
+    from lookhere_dense.lookhere.attention.flex import flex_index, tile_order
 
     grid = (8, 16)
     order = tile_order(grid, 2)
-    _flex_index(grid, 2, order)  # prefix last: accepted
+    flex_index(grid, 2, order)  # prefix last: accepted
     with pytest.raises(ValueError, match='prefix token'):
-        _flex_index(grid, 2, order.roll(1))
+        flex_index(grid, 2, order.roll(1))
     with pytest.raises(ValueError, match='expected 130 positions'):
-        _flex_index(grid, 2, order[:-1])
+        flex_index(grid, 2, order[:-1])

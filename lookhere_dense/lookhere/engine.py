@@ -40,7 +40,7 @@ from ..validation import check_int
 from .attention import chooser
 from .attention.chooser import BACKENDS, REGISTRY, RETIRED
 from .attention.common import AttentionCall, AttentionRequest
-from .attention.flex import flex_score_mod, lookhere_block_mask, tile_order
+from .attention.flex import flex_index, flex_score_mod, lookhere_block_mask, tile_order
 from .attention.fused import FUSED_MIN_TOKENS
 from .attention.tiled import TILED_MIN_TOKENS
 from .attention.windows import (
@@ -147,6 +147,8 @@ class LookHereAttentionEngine:
         self.score_mods = BoundedCache(cache_size * depth)
         #: flex token orders per (grid, cls, device)
         self.orders = BoundedCache(cache_size)
+        #: flex callbacks' per-token index arrays per (grid, cls, device, tile order or not)
+        self.flex_indices = BoundedCache(cache_size)
         #: slope-free distance tables per (grid, device), used with ``slopes=``
         self.distances = BoundedCache(2 * cache_size)
         #: tiled plans per (fields of view, grid): shared across layers
@@ -164,6 +166,7 @@ class LookHereAttentionEngine:
             block_masks=self.block_masks,
             score_mods=self.score_mods,
             orders=self.orders,
+            flex_indices=self.flex_indices,
             distances=self.distances,
             tiled_plans=self.tiled_plans,
             fused_plans=self.fused_plans,
@@ -249,6 +252,7 @@ class LookHereAttentionEngine:
                 layer,
                 cls_token,
                 order=self.flex_order(grid_size, cls_token, device),
+                index=self.flex_index(grid_size, cls_token, device),
             ),
         )
 
@@ -268,6 +272,24 @@ class LookHereAttentionEngine:
                 layer,
                 cls_token,
                 self.flex_order(grid_size, cls_token, device),
+                index=self.flex_index(grid_size, cls_token, device),
+            ),
+        )
+
+    def flex_index(
+        self, grid_size: Tuple[int, int], cls_token: Union[bool, int], device: torch.device
+    ) -> Callable:
+        """The flex callbacks' ``(q_idx, kv_idx) -> (is_cls, table_index, key_patch)`` for
+        ``grid_size`` in the engine's token order (cached: a learnable-slopes step builds a
+        fresh ``score_mod`` per layer around it, not fresh index arrays)."""
+        key = (tuple(grid_size), cls_token, str(device), self.flex_tiles)
+        return self.flex_indices.get_or_create(
+            key,
+            lambda: flex_index(
+                tuple(grid_size),
+                cls_token,
+                self.flex_order(grid_size, cls_token, device),
+                device,
             ),
         )
 

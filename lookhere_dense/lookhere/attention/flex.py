@@ -43,6 +43,7 @@ __all__ = [
     'flex_slope_grads_available',
     'check_flex_call',
     'tile_order',
+    'flex_index',
     'flex_score_mod',
     'flex_mask_mod',
     'lookhere_block_mask',
@@ -184,7 +185,7 @@ def tile_order(
 FLEX_INDEX_PAD = 2 * FLEX_BLOCK
 
 
-def _flex_index(
+def flex_index(
     grid_size: Tuple[int, int],
     cls_token: Union[bool, int],
     order: Optional[Tensor] = None,
@@ -246,7 +247,11 @@ def _flex_index(
 
 
 def flex_score_mod(
-    grid_bias: GridBias, layer: int, cls_token: Union[bool, int], order: Optional[Tensor] = None
+    grid_bias: GridBias,
+    layer: int,
+    cls_token: Union[bool, int],
+    order: Optional[Tensor] = None,
+    index: Optional[Callable] = None,
 ) -> Callable:
     """A flex ``score_mod`` adding layer ``layer``'s LookHere bias from the table.
 
@@ -254,6 +259,7 @@ def flex_score_mod(
     pair's relative offset, plus the per-key term of ``center`` heads; pairs with one of
     the ``cls_token`` global prefix tokens (CLS / Jumbo) get 0.
     ``order``: the token order of the flex call (:func:`tile_order`), None: the model's.
+    ``index``: a :func:`flex_index` for this grid and order (None: built here).
     A table that requires grad (learnable slopes) gets its gradient from flex's backward
     (torch >= 2.6, :func:`flex_slope_grads_available`); the block mask never depends on
     the slopes.
@@ -269,7 +275,8 @@ def flex_score_mod(
     the output to the input dtype (``tests/test_flex_precision.py``).
     """
     table = grid_bias.table[layer].float().flatten(1).contiguous()
-    index = _flex_index(grid_bias.grid_size, cls_token, order, table.device)
+    if index is None:
+        index = flex_index(grid_bias.grid_size, cls_token, order, table.device)
     key_term = (
         None if grid_bias.key_term is None else grid_bias.key_term[layer].float().contiguous()
     )
@@ -286,12 +293,18 @@ def flex_score_mod(
 
 
 def flex_mask_mod(
-    grid_bias: GridBias, layer: int, cls_token: Union[bool, int], order: Optional[Tensor] = None
+    grid_bias: GridBias,
+    layer: int,
+    cls_token: Union[bool, int],
+    order: Optional[Tensor] = None,
+    index: Optional[Callable] = None,
 ) -> Callable:
     """A flex ``mask_mod``: True where layer ``layer``'s heads see the key (positions in
-    ``order``, None: the model's order)."""
+    ``order``, None: the model's order; ``index``: a :func:`flex_index` for them, None:
+    built here)."""
     visible = grid_bias.visible[layer].flatten(1).contiguous()
-    index = _flex_index(grid_bias.grid_size, cls_token, order, visible.device)
+    if index is None:
+        index = flex_index(grid_bias.grid_size, cls_token, order, visible.device)
 
     def mask_mod(b, h, q_idx, kv_idx):
         is_cls, t, _ = index(q_idx, kv_idx)
@@ -306,6 +319,7 @@ def lookhere_block_mask(
     cls_token: Union[bool, int],
     block: int = FLEX_BLOCK,
     order: Optional[Tensor] = None,
+    index: Optional[Callable] = None,
 ):
     """The flex ``BlockMask`` of layer ``layer``'s fields of view, built tile row by tile row.
 
@@ -317,6 +331,7 @@ def lookhere_block_mask(
 
     Args:
         order: token order of the flex call (:func:`tile_order`); None: the model's.
+        index: the :func:`flex_index` of its ``mask_mod`` (None: built here).
 
     Returns:
         A ``BlockMask`` for ``(B=1 broadcast, heads, T, T)``, or None when every head
@@ -348,7 +363,11 @@ def lookhere_block_mask(
         full[:, i] = tiles.all(dim=3).all(dim=1)
         partial[:, i] = tiles.any(dim=3).any(dim=1) & ~full[:, i]
     return block_mask_from_tiles(
-        partial[None], full[None], block, total, flex_mask_mod(grid_bias, layer, cls_token, order)
+        partial[None],
+        full[None],
+        block,
+        total,
+        flex_mask_mod(grid_bias, layer, cls_token, order, index),
     )
 
 
@@ -495,7 +514,9 @@ def attend(call: AttentionCall) -> Tensor:
         grid_bias, index = engine.layer_bias(
             layer, grid_size, q.device, torch.float32, call.slopes
         )
-        mod = flex_score_mod(grid_bias, 0, cls_token, order)
+        mod = flex_score_mod(
+            grid_bias, 0, cls_token, order, engine.flex_index(grid_size, cls_token, q.device)
+        )
     return flex_attention_lookhere(
         q,
         k,
