@@ -151,6 +151,9 @@ def test_simulated_run_end_to_end(tmp_path: Path):
         assert c['recompile_limit_hits'] == []
         if name.endswith(':flex'):
             assert c['backend'] == 'flex'
+        # one profiled step: where the time goes (kernel vs call overhead on the GPU)
+        assert 0 < len(c['profile']) <= 10 and c['profile_step_ms'] > 0, c.get('profile_error')
+        assert all(r['self_ms'] >= 0 and r['count'] >= 1 for r in c['profile'])
     ratios = data['sections']['peer']['ratios']
     assert {r['group'] for r in ratios} == {
         'frame 64x128',

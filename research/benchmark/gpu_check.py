@@ -715,6 +715,7 @@ def peer_cases(plan: Plan) -> List[Dict[str, Any]]:
         warmup=plan.warmup,
         strict_compile=True,
         compile_backend=plan.compile_backend,
+        profile=True,  # one more step under torch.profiler: kernel time vs call overhead
         **({'arch': plan.peer_arch} if plan.peer_arch else {}),
     )
     flex = [f'{p}:flex' for p in plan.presets]

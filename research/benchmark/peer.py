@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -281,6 +281,53 @@ def _segmenter(case: Dict[str, Any]):
     return model.to(case['device']), x.to(case['device']), samples
 
 
+def _profile_step(
+    step: Callable[[], Any], sync: Callable[[], None], device: str
+) -> Dict[str, Any]:
+    """One more step under ``torch.profiler``: where its time goes. Returns ``profile``: the
+    10 operators / kernels with the most self time on the device (CUDA) or the CPU, each
+    ``name``, ``count``, ``self_ms`` (that time) and ``cpu_ms`` (their self CPU time); and
+    ``profile_step_ms`` (wall time of the profiled step) and ``profile_cpu_ms`` (the CPU
+    self time of every operator: with ``profile_step_ms`` it tells launch and Python
+    overhead from kernel time). A profiler that fails gives ``profile_error`` instead (the
+    timed row stays)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        cuda = device.startswith('cuda')
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities) as prof:
+            t0 = time.perf_counter()
+            step()
+            sync()
+            wall = time.perf_counter() - t0
+        events = list(prof.key_averages())
+
+        def device_us(e) -> float:
+            for name in ('self_device_time_total', 'self_cuda_time_total'):
+                if hasattr(e, name):
+                    return float(getattr(e, name))
+            return 0.0
+
+        key = device_us if cuda else (lambda e: float(e.self_cpu_time_total))
+        top = sorted(events, key=key, reverse=True)[:10]
+        return dict(
+            profile=[
+                dict(
+                    name=str(e.key)[:160],
+                    count=int(e.count),
+                    self_ms=key(e) / 1e3,
+                    cpu_ms=float(e.self_cpu_time_total) / 1e3,
+                )
+                for e in top
+            ],
+            profile_step_ms=wall * 1e3,
+            profile_cpu_ms=sum(float(e.self_cpu_time_total) for e in events) / 1e3,
+        )
+    except Exception as err:  # pragma: no cover - depends on the profiler's build
+        return dict(profile_error=f'{type(err).__name__}: {err}'[:300])
+
+
 def peer_case(case: Dict[str, Any]) -> Dict[str, Any]:
     """One case in this process (the fresh child of :func:`bench_peer`, kind ``peer``).
 
@@ -368,8 +415,10 @@ def peer_case(case: Dict[str, Any]) -> Dict[str, Any]:
             sync()
             times.append(time.perf_counter() - t0)
     engine = getattr(getattr(trunk, 'pos_enc', None), 'engine', None)
+    profiled = _profile_step(step, sync, str(device)) if case.get('profile') else {}
     return dict(
         case,
+        **profiled,
         seconds=statistics.median(times),
         times=times,
         peak=mem.peak_bytes,
