@@ -107,10 +107,10 @@ def test_simulated_run_end_to_end(tmp_path: Path):
     # all output also in $OUT (the device returns files under it, only a tail of stdout)
     assert 'finished, every case ok' in (Path(env['OUT']) / 'gpu_check.log').read_text()
     assert list(data['sections']) == ['env', 'correctness', 'attn', 'peer']
-    assert data['counts'] == dict(ok=24, failed=0, skipped=0)
+    assert data['counts'] == dict(ok=25, failed=0, skipped=0)
     cases = [c for s in data['sections'].values() for c in s['cases']]
     progress = [ln for ln in proc.stdout.splitlines() if ln.startswith('[') and ': OK' in ln]
-    assert len(progress) == len(cases) == 24
+    assert len(progress) == len(cases) == 25
     assert max(c['elapsed_s'] for c in cases) < time.monotonic() - t0
 
     env_cases = _cases(data, 'env')
@@ -145,7 +145,7 @@ def test_simulated_run_end_to_end(tmp_path: Path):
         assert fwd['first_call_s']['flex'] > 0 and c['flex_vs_nobias'] > 0
 
     peer = _cases(data, 'peer')
-    assert len(peer) == 14
+    assert len(peer) == 15
     for name, c in peer.items():
         assert len(c['times']) >= 3 and c['first_seconds'] is not None
         assert c['recompile_limit_hits'] == []

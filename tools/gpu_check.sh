@@ -31,7 +31,7 @@
 # are assumed at ~10 s and ~25 s (not measured: no GPU was lent): correctness 6 cases x
 # ~(10 + 25) s would need 210 s, so the 70 s budget may skip the learnable and float32
 # cases (bfloat16 and float16 fixed first); attn 5 sizes x ~40 s needs 200 s, so 110 s
-# covers about three sizes (8k, 16k, 32k run first: the goals' sizes); peer 14 processes x
+# covers about three sizes (8k, 16k, 32k run first: the goals' sizes); peer 15 processes x
 # (~8 s start + compile) fit the first ~10 rows in 160 s. Raise it with --budget-scale
 # where time allows (1.25: 450 s of sections, cap 570 s + 30 s to stop, inside a 10-minute
 # limit per command; 2: 12 min). A hard cap of budget + 120 s (timeout, SIGINT) stops a

@@ -726,7 +726,7 @@ def peer_cases(plan: Plan) -> List[Dict[str, Any]]:
     ]
     small, large = plan.train_sizes
     groups = [
-        ('frame', plan.frame, ['timm', 'nobias', *flex]),
+        ('frame', plan.frame, ['timm', 'nobias', *flex, 'lh90:chunked']),
         ('train', (small, small), ['timm', 'nobias', *train]),
         ('frame', plan.big_frame, ['timm', 'nobias', 'lh90:flex']),
         ('train', (large, large), ['timm', train[-1]]),
