@@ -759,6 +759,53 @@ def test_study_train_frames_rows_and_summary(tmp_path, capsys):
     assert '--train-frames: 0 is below 2' in capsys.readouterr().err
 
 
+def test_study_equal_training_controls_whole_ft_and_resized_ft(tmp_path):
+    """With ``finetune_teacher`` the study also evaluates the teacher fine-tuned as long as
+    the student (the equal-training control) on the whole frame and shrunk to LookWhere's
+    token count (``resized-ft``); ``summary`` shows both. The resized-ft row is that model
+    on the shrunk frame: equal to ``resized_logits`` of a separately fine-tuned copy."""
+    from research.lookwhere.study import run_study, summarize
+
+    res = run_study(
+        [(64, 64)],
+        [0.25, 0.5],
+        train_iters=1,
+        distill_iters=1,
+        finetune_iters=2,
+        finetune_teacher=True,
+        test_frames=2,
+        repeats=1,
+        threads=1,
+        out_dir=str(tmp_path),
+        name='t',
+        task='fov',
+        train_frames=2,
+        selector_input=(32, 48),
+    )
+    rows = [(r['method'], r['k_ratio']) for r in res['rows']]
+    assert rows == [
+        ('whole', None),
+        ('whole-ft', None),
+        ('slide', None),
+        ('resized', 0.25),
+        ('resized', 0.5),
+        ('resized-ft', 0.25),
+        ('resized-ft', 0.5),
+        ('lookwhere', 0.25),
+        ('lookwhere', 0.5),
+    ]
+    by = {(r['method'], r['k_ratio']): r for r in res['rows']}
+    assert by[('resized-ft', 0.25)]['resized_to'] == by[('resized', 0.25)]['resized_to']
+    # the fine-tuning changed the model here, so its resized rows are its own, not the
+    # teacher's under another name (the teacher in their place by hand: fails)
+    assert by[('whole-ft', None)]['class_iou'] != by[('whole', None)]['class_iou']
+    assert by[('resized-ft', 0.25)]['class_iou'] != by[('resized', 0.25)]['class_iou']
+    lines, table = summarize([res], '64x64', 0.25)
+    assert lines[0]['resized_ft'] == by[('resized-ft', 0.25)]['miou']
+    assert lines[0]['whole_ft'] == by[('whole-ft', None)]['miou']
+    assert '| resized 0.25 | resized-ft 0.25 | LookWhere 0.25 |' in table
+
+
 def test_resized_logits_is_the_whole_frame_at_the_same_token_count():
     """The study's resized baseline: at k_ratio 0.25 on a frame made of 2x2 pixel blocks it
     is the teacher's pass on the half-size image (patch map's logits upsampled to the full

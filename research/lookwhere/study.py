@@ -498,8 +498,9 @@ def run_study(
     (:data:`lookhere_dense.lookwhere.fill.FILL_MODES`), used in distillation, fine-tuning
     and evaluation; ``finetune_teacher``: also fine-tune a copy of the teacher on the
     whole frames with the student's fine-tuning steps (:func:`finetune_whole`) and evaluate
-    it on the whole frame (``method='whole-ft'``), the control for the student's labelled
-    whole-frame steps; ``seed``: the student's initialisation and the order of its
+    it on the whole frame (``method='whole-ft'``) and shrunk to each ``k_ratio``'s token
+    count (``method='resized-ft'``), the controls for the student's labelled whole-frame
+    steps; ``seed``: the student's initialisation and the order of its
     distillation and fine-tuning steps (and the control's), the teacher and the test
     frames stay the same; 0 is the seed of every earlier study; ``teacher_whole_iters``:
     train the crop-trained teacher this many more steps on whole training frames
@@ -598,6 +599,8 @@ def run_study(
             )
             if teacher_ft is not None:
                 cases.insert(1, ('whole-ft', None))
+                at = cases.index(('resized', k_ratios[-1])) + 1
+                cases[at:at] = [('resized-ft', r) for r in k_ratios]
             for method, ratio in cases:
                 if method == 'whole-ft':
 
@@ -611,10 +614,11 @@ def run_study(
 
                     def fn(x):
                         return teacher(x)
-                elif method == 'resized':
+                elif method in ('resized', 'resized-ft'):
+                    model = teacher if method == 'resized' else teacher_ft
 
-                    def fn(x, r=ratio):
-                        return resized_logits(teacher, x, r, spec.trunk['patch_size'])
+                    def fn(x, r=ratio, model=model):
+                        return resized_logits(model, x, r, spec.trunk['patch_size'])
                 else:
 
                     def fn(x, r=ratio):
@@ -622,7 +626,7 @@ def run_study(
 
                 res = _measure(fn, frames, labels, repeats)
                 row = dict(size=f'{size[0]}x{size[1]}', method=method, k_ratio=ratio, **res)
-                if method == 'resized':
+                if method in ('resized', 'resized-ft'):
                     small = resized_size(size, ratio, spec.trunk['patch_size'])
                     row['resized_to'] = f'{small[0]}x{small[1]}'
                 if method == 'lookwhere':
@@ -668,7 +672,14 @@ def run_study(
         figsize=(7, 4.5),
         title=f'LookWhere vs whole frame / resized / sliding windows ({task} frames)',
     ) as (_, ax):
-        markers = {'whole': 'o', 'whole-ft': 'D', 'resized': 'v', 'slide': 's', 'lookwhere': '^'}
+        markers = {
+            'whole': 'o',
+            'whole-ft': 'D',
+            'resized': 'v',
+            'resized-ft': '<',
+            'slide': 's',
+            'lookwhere': '^',
+        }
         for size in sizes:
             key = f'{size[0]}x{size[1]}'
             sub = [r for r in rows if r['size'] == key]
@@ -695,7 +706,7 @@ def run_study(
                 label = (
                     r['method']
                     if r['k_ratio'] is None
-                    else f'{"k=" if r["method"] == "lookwhere" else "resized k="}{r["k_ratio"]}'
+                    else f'{"k=" if r["method"] == "lookwhere" else r["method"] + " k="}{r["k_ratio"]}'
                 )
                 ax.annotate(f'{key} {label}', (r['s_per_frame'], r['miou']), fontsize=6)
         ax.set_xscale('log')
@@ -755,6 +766,7 @@ def summarize(
                 f'LookWhere summary: {name} has no LookWhere row at {size}, k_ratio {k_ratio}'
             )
         whole, ft, small = pick('whole'), pick('whole-ft'), pick('resized', k_ratio)
+        small_ft = pick('resized-ft', k_ratio)
         frames = res['teacher'].get('train_frames', {})
         lines.append(
             dict(
@@ -764,6 +776,7 @@ def summarize(
                 whole=whole['miou'],
                 whole_ft=ft and ft['miou'],
                 resized=small and small['miou'],
+                resized_ft=small_ft and small_ft['miou'],
                 lookwhere=lw['miou'],
                 gap=round(lw['miou'] - whole['miou'], 2),
                 gap_ft=ft and round(lw['miou'] - ft['miou'], 2),
@@ -786,6 +799,7 @@ def summarize(
         ('whole', 'whole'),
         ('whole_ft', 'whole-ft'),
         ('resized', f'resized {k_ratio}'),
+        ('resized_ft', f'resized-ft {k_ratio}'),
         ('lookwhere', f'LookWhere {k_ratio}'),
         ('gap', 'gap'),
         ('gap_ft', 'gap to whole-ft'),
