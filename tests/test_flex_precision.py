@@ -275,6 +275,9 @@ def test_flex_kernel_options_only_for_compiled_cuda_16_bit_calls():
     assert flex_kernel_options('cpu', torch.bfloat16) is None
     assert flex_kernel_options('cuda', torch.float32) is None
     assert flex_kernel_options('cuda', torch.bfloat16, compiled=False) is None
+    # torch 2.5 has no fwd_ / bwd_ prefixed options: inductor's own tiles there
+    assert flex_kernel_options('cuda', torch.bfloat16, version='2.5.1') is None
+    assert flex_kernel_options('cuda', torch.bfloat16, version='2.11.0+cu130') is not None
     for dtype in (torch.bfloat16, torch.float16):
         options = flex_kernel_options('cuda', dtype, 64)
         assert options['fwd_BLOCK_N'] < 128 and options['fwd_num_stages'] < 3

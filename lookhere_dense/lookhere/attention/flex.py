@@ -117,8 +117,17 @@ FLEX_CUDA_KERNEL_OPTIONS: Tuple[dict, ...] = (
 _cuda_options_level: dict = {}
 
 
+#: the first torch whose flex takes ``fwd_`` / ``bwd_`` prefixed kernel options
+#: (pytorch/pytorch#139639); before it our options are not passed (inductor's own tiles)
+FLEX_PREFIXED_OPTIONS_TORCH = (2, 6)
+
+
 def flex_kernel_options(
-    device_type: str, dtype: torch.dtype, head_dim: int = 64, compiled: bool = True
+    device_type: str,
+    dtype: torch.dtype,
+    head_dim: int = 64,
+    compiled: bool = True,
+    version: Optional[str] = None,
 ) -> Optional[dict]:
     """The ``kernel_options`` our flex calls pass: None (inductor's own) on CPU, in float32
     and eagerly; on CUDA in bfloat16 / float16 the entry of :data:`FLEX_CUDA_KERNEL_OPTIONS`
@@ -129,8 +138,14 @@ def flex_kernel_options(
         dtype: the dtype of ``q, k, v``.
         head_dim: ``q``'s last dimension. Default: 64.
         compiled: whether flex runs compiled. Default: True.
+        version: a torch version to judge instead of the installed one (tests): None
+            before :data:`FLEX_PREFIXED_OPTIONS_TORCH`. Default: None.
     """
+    from torch.torch_version import TorchVersion
+
     if not compiled or device_type != 'cuda' or dtype not in (torch.bfloat16, torch.float16):
+        return None
+    if TorchVersion(version or torch.__version__) < FLEX_PREFIXED_OPTIONS_TORCH:
         return None
     level = _cuda_options_level.get((dtype, head_dim), 0)
     return dict(FLEX_CUDA_KERNEL_OPTIONS[level])
