@@ -241,14 +241,17 @@ def flex_index(
     patch = model_index - off
     is_patch = patch >= 0
     patch = patch.clamp(min=0)
-    code = torch.where(is_patch, (patch // width) * (2 * width - 1) + patch % width, 0)
+    # the table entry of the offset from patch 0 to each patch, less that of offset 0:
+    # pair_index (the one statement of the map) is linear in the key's code, so the
+    # entry of a pair is code[key] - code[query] + centre
+    centre = pair_index(grid_size, 0, 0)
+    code = torch.where(is_patch, pair_index(grid_size, 0, patch) - centre, 0)
     key_patch = torch.where(is_patch, patch, 0)
     pad = -(-total // FLEX_INDEX_PAD) * FLEX_INDEX_PAD - total
     code = torch.nn.functional.pad(code, (0, pad)).to(torch.int32)
     key_patch = torch.nn.functional.pad(key_patch, (0, pad)).to(torch.int32)
     if device is not None:
         code, key_patch = code.to(device), key_patch.to(device)
-    centre = (height - 1) * (2 * width - 1) + width - 1
     prefix_last = order is not None
 
     def index(q_idx: Tensor, kv_idx: Tensor):
