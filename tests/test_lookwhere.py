@@ -675,6 +675,28 @@ def test_study_whole_frame_teacher_trains_once_and_caches(tmp_path, capsys):
     assert '--teacher-whole-iters: -3 is negative' in capsys.readouterr().err
 
 
+def _tiny_study(tmp_path, k_ratios, **options):
+    """``run_study`` at smoke scale: one 64x64 field-of-view size, one step of teacher
+    training and distillation, two test frames, a 32x48 selector input; ``options``
+    (fine-tuning, training frames) as the test needs."""
+    from research.lookwhere.study import run_study
+
+    return run_study(
+        [(64, 64)],
+        k_ratios,
+        train_iters=1,
+        distill_iters=1,
+        test_frames=2,
+        repeats=1,
+        threads=1,
+        out_dir=str(tmp_path),
+        name='t',
+        task='fov',
+        selector_input=(32, 48),
+        **options,
+    )
+
+
 def test_study_train_frames_rows_and_summary(tmp_path, capsys):
     """--train-frames: the count of generated training frames the study uses (recorded in
     the JSON per size); below 2 is refused by the CLI and by run_study, before any training.
@@ -684,21 +706,7 @@ def test_study_train_frames_rows_and_summary(tmp_path, capsys):
 
     from research.lookwhere.study import run_study
 
-    res = run_study(
-        [(64, 64)],
-        [0.5],
-        train_iters=1,
-        distill_iters=1,
-        finetune_iters=0,
-        test_frames=2,
-        repeats=1,
-        threads=1,
-        out_dir=str(tmp_path),
-        name='t',
-        task='fov',
-        train_frames=3,
-        selector_input=(32, 48),
-    )
+    res = _tiny_study(tmp_path, [0.5], finetune_iters=0, train_frames=3)
     assert res['teacher']['train_frames'] == {'64x64': 3}
     assert res['student']['selector'].endswith('32x48 input')
     assert [(r['method'], r['k_ratio']) for r in res['rows']] == [
@@ -762,25 +770,11 @@ def test_study_train_frames_rows_and_summary(tmp_path, capsys):
 def test_study_equal_training_controls_whole_ft_and_resized_ft(tmp_path):
     """With ``finetune_teacher`` the study also evaluates the teacher fine-tuned as long as
     the student (the equal-training control) on the whole frame and shrunk to LookWhere's
-    token count (``resized-ft``); ``summary`` shows both. The resized-ft row is that model
-    on the shrunk frame: equal to ``resized_logits`` of a separately fine-tuned copy."""
-    from research.lookwhere.study import run_study, summarize
+    token count (``resized-ft``); ``summary`` shows both."""
+    from research.lookwhere.study import summarize
 
-    res = run_study(
-        [(64, 64)],
-        [0.25, 0.5],
-        train_iters=1,
-        distill_iters=1,
-        finetune_iters=2,
-        finetune_teacher=True,
-        test_frames=2,
-        repeats=1,
-        threads=1,
-        out_dir=str(tmp_path),
-        name='t',
-        task='fov',
-        train_frames=2,
-        selector_input=(32, 48),
+    res = _tiny_study(
+        tmp_path, [0.25, 0.5], finetune_iters=2, finetune_teacher=True, train_frames=2
     )
     rows = [(r['method'], r['k_ratio']) for r in res['rows']]
     assert rows == [

@@ -593,14 +593,13 @@ def run_study(
         for j, size in enumerate(sizes):
             frames, labels = _frames(size, test_frames, seed=900 + j, task=spec)
             cases = (
-                [('whole', None), ('slide', None)]
+                [('whole', None)]
+                + [('whole-ft', None)] * (teacher_ft is not None)
+                + [('slide', None)]
                 + [('resized', r) for r in k_ratios]
+                + [('resized-ft', r) for r in k_ratios if teacher_ft is not None]
                 + [('lookwhere', r) for r in k_ratios]
             )
-            if teacher_ft is not None:
-                cases.insert(1, ('whole-ft', None))
-                at = cases.index(('resized', k_ratios[-1])) + 1
-                cases[at:at] = [('resized-ft', r) for r in k_ratios]
             for method, ratio in cases:
                 if method == 'whole-ft':
 
