@@ -53,7 +53,11 @@ def _env(tmp_path: Path) -> dict:
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ('PYTHON', 'PYTHONPATH')}
     env.update(
-        PATH=f'{bin_dir}:/usr/bin:/bin', PYTHONPATH=str(block), OUT=str(out), OMP_NUM_THREADS='1'
+        PATH=f'{bin_dir}:/usr/bin:/bin',
+        PYTHONPATH=str(block),
+        OUT=str(out),
+        OMP_NUM_THREADS='1',
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / 'inductor'),
     )
     return env
 
@@ -104,13 +108,15 @@ def test_simulated_run_end_to_end(tmp_path: Path):
     assert 'gpu_check test:' not in log and 'finished, every case ok' in proc.stdout
     data = json.loads((Path(env['OUT']) / 'gpu_check.json').read_text())
     assert data['mode'] == 'simulate-cpu' and data['finished'] and 'interrupted' not in data
+    import research.benchmark.gpu_check as gc
+
     # all output also in $OUT (the device returns files under it, only a tail of stdout)
     assert 'finished, every case ok' in (Path(env['OUT']) / 'gpu_check.log').read_text()
     assert list(data['sections']) == ['env', 'correctness', 'attn', 'peer']
-    assert data['counts'] == dict(ok=25, failed=0, skipped=0)
+    assert data['counts'] == dict(ok=26, failed=0, skipped=0)
     cases = [c for s in data['sections'].values() for c in s['cases']]
     progress = [ln for ln in proc.stdout.splitlines() if ln.startswith('[') and ': OK' in ln]
-    assert len(progress) == len(cases) == 25
+    assert len(progress) == len(cases) == 26
     assert max(c['elapsed_s'] for c in cases) < time.monotonic() - t0
 
     env_cases = _cases(data, 'env')
@@ -136,7 +142,14 @@ def test_simulated_run_end_to_end(tmp_path: Path):
         assert all(c['grads'][k]['ok'] for k in slopes)
 
     attn = _cases(data, 'attn')
-    assert list(attn) == ['64 tokens', '256 tokens']
+    assert list(attn) == ['64 tokens', 'parts 256 tokens', '256 tokens']
+    parts = attn.pop('parts 256 tokens')  # where flex's time goes: every variant timed
+    assert set(parts['forward']['seconds']) == set(gc.ATTN_PARTS) and not parts['errors']
+    assert parts['check']['ok'] and set(parts['vs_sdpa']) == set(gc.ATTN_PARTS[1:])
+    assert [s['step'] for s in parts['steps']] == [s[0] for s in gc.ATTN_PART_STEPS]
+    # aot_eager generates no code: no kernel file (on CUDA: inductor's flex kernels)
+    assert data['kernel_sources'] == dict(files=0, bytes=0, left_out=0)
+    assert not (Path(env['OUT']) / 'gpu_check_kernels.txt').exists()
     for c in attn.values():
         assert all(chk['ok'] for chk in c['check'].values())
         fwd = c['forward']
@@ -162,6 +175,8 @@ def test_simulated_run_end_to_end(tmp_path: Path):
         'train 96x96',
     }
     assert any(g['goal'].startswith('frame 64x128 lh90:flex') for g in data['goals'])
+    attn_goals = [g['goal'].split(':')[0] for g in data['goals'] if g['goal'].startswith('attn')]
+    assert attn_goals == ['attn 64', 'attn 256']  # one per size, none for the parts case
 
 
 def test_recompile_limit_hit_fails_the_case_and_is_not_timed(tmp_path: Path):
@@ -169,6 +184,7 @@ def test_recompile_limit_hit_fails_the_case_and_is_not_timed(tmp_path: Path):
     probe and the first size's calls use it up): that case fails as an eager fallback and
     carries no timings; with the reset (the default) both sizes pass at the same limit."""
     args = ('--sections', 'attn', '--attn-tokens', '64', '128', '--recompile-limit', '4')
+    args += ('--attn-parts-tokens', '0')
     proc, data = _module(tmp_path, *args, '--no-reset', name='noreset.json')
     assert proc.returncode == 3, proc.stdout[-2000:]
     first, second = data['sections']['attn']['cases']
@@ -415,3 +431,55 @@ def test_the_correctness_case_fails_a_score_mod_adding_the_bias_in_bfloat16(
     assert res['status'] == 'failed' and res['error'] == 'outside tolerance: forward_roundings'
     assert res['forward']['ok']  # max|err| / max|ref| alone does not see it
     assert res['forward_roundings']['roundings'] > 5
+
+
+def test_parts_check_fails_when_a_variant_is_not_the_engine_call():
+    """The ``parts`` case's check holds for its own variants and fails when the masked
+    table variant computes something else (here the bias from coordinates)."""
+    import research.benchmark.gpu_check as gc
+    from lookhere_dense.lookhere import LookHereAttentionEngine, resolve_lh_config
+
+    plan = gc.simulate_plan()
+    eng = LookHereAttentionEngine(resolve_lh_config('lh90'), 1, gc.HEADS, 'flex')
+    grid = (8, 16)
+    q, k, v, _ = gc._inputs(grid[0] * grid[1], torch.device('cpu'), torch.float32)
+    variants = gc.attn_part_variants(eng, plan, q, k, v, grid)
+    order = eng.flex_order(grid, 0, 'cpu')
+    with torch.inference_mode():
+        assert gc.check_parts(variants, order)['ok']
+        variants['flex_table_mask'] = variants['flex_coords_mask']
+        assert not gc.check_parts(variants, order)['ok']
+        variants['flex_table_mask'] = variants['flex_mask']  # no bias at all
+        assert not gc.check_parts(variants, order)['ok']
+
+
+def test_save_kernel_sources_keeps_flex_kernels_in_one_file(tmp_path: Path):
+    """Inductor's output code holding a flex kernel and Triton's metadata of template
+    kernels go to one text file (the device returns at most 8 files), newest first, within
+    the size cap; other generated code does not."""
+    import research.benchmark.gpu_check as gc
+
+    cache = tmp_path / 'cache'
+    files = {
+        'ab/cflex.py': f'# flex kernel\n{gc.FLEX_KERNEL_MARKERS[0]} = 128\n',
+        'cd/cother.py': 'def triton_poi_fused_add_0(): pass\n',
+        'fxgraph/ab/fgraph/x': gc.FLEX_KERNEL_MARKERS[0],
+        'triton/0/h1/triton_tem_fused_0.json': '{"shared": 98304, "num_warps": 8}',
+        'triton/0/h2/triton_poi_fused_1.json': '{"shared": 0}',
+    }
+    for i, (name, text) in enumerate(files.items()):
+        path = cache / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        os.utime(path, (1000 + i, 1000 + i))
+    dest = tmp_path / 'out' / 'gpu_check_kernels.txt'
+    info = gc.save_kernel_sources(cache, dest)
+    assert info == dict(files=2, bytes=len(dest.read_text()), left_out=0, path=str(dest))
+    text = dest.read_text()
+    heads = [ln for ln in text.splitlines() if ln.startswith('=====')]
+    assert heads == ['===== triton/0/h1/triton_tem_fused_0.json', '===== ab/cflex.py']
+    assert '"shared": 98304' in text and 'triton_poi' not in text
+    small = gc.save_kernel_sources(cache, tmp_path / 'small.txt', max_bytes=60)
+    assert small['files'] == 1 and small['left_out'] == 1
+    assert gc.save_kernel_sources(tmp_path / 'none', tmp_path / 'x.txt')['files'] == 0
+    assert not (tmp_path / 'x.txt').exists()

@@ -14,11 +14,13 @@
 # tolerances; in bfloat16 / float16 also the forward's rounding bound: the score_mod and
 # softmax in float32), attn (1k-32k tokens: check, warm-up, 5 timed rounds, medians, peak
 # memory; flex, flex computing every tile, SDPA without bias, SDPA with the dense bias;
-# forward and forward + backward), peer (timm's ViT-B vs our trunk without bias and lh180
+# forward and forward + backward; after the first size the parts case, where flex's time
+# goes: flex alone, our tiles, the block mask, the table score_mod, the reorder), peer (timm's ViT-B vs our trunk without bias and lh180
 # / lh90 / lh45 through flex: frames 1024x2048 and 2048x4096, train steps 512 and 1024,
 # one process per case). The JSON is rewritten after every case: a kill at any moment
 # leaves valid JSON with everything finished; with $OUT set, all output also goes to
-# $OUT/gpu_check.log (the device returns files under $OUT, only the tail of stdout).
+# $OUT/gpu_check.log (the device returns files under $OUT, only the tail of stdout), and
+# the generated flex kernels to $OUT/gpu_check_kernels.txt.
 #
 # Budget: 360 s of sections (env 20, correctness 70, attn 110, peer 160), each enforced (a
 # case that would start too late is recorded as skipped; a section that ran over leaves
@@ -30,8 +32,9 @@
 # shape and inductor's CPU kernel 24 s; on the GPU Triton's forward and backward kernels
 # are assumed at ~10 s and ~25 s (not measured: no GPU was lent): correctness 6 cases x
 # ~(10 + 25) s would need 210 s, so the 70 s budget may skip the learnable and float32
-# cases (bfloat16 and float16 fixed first); attn 5 sizes x ~40 s needs 200 s, so 110 s
-# covers about three sizes (8k, 16k, 32k run first: the goals' sizes); peer 15 processes x
+# cases (bfloat16 and float16 fixed first; the first H200 runs: ~10-18 s per case); attn
+# 5 sizes x ~40 s plus the parts case (~7 compiles, ~60 s) need 260 s, so 110 s covers
+# 8k and the parts case, 137 s (--budget-scale 1.25) one more size; peer 15 processes x
 # (~8 s start + compile) fit the first ~10 rows in 160 s. Raise it with --budget-scale
 # where time allows (1.25: 450 s of sections, cap 570 s + 30 s to stop, inside a 10-minute
 # limit per command; 2: 12 min). A hard cap of budget + 120 s (timeout, SIGINT) stops a

@@ -16,7 +16,10 @@ runs four sections in order, each under its own time budget (:data:`BUDGET_S`):
                  query rows against float32 rows of the dense bias), then warm-up and
                  interleaved timed rounds (medians) of flex (block mask), flex computing
                  every tile, SDPA without bias (flash) and SDPA with the dense bias,
-                 forward and forward + backward, peak memory per case.
+                 forward and forward + backward, peak memory per case; after the first
+                 size, ``parts``: where flex's time goes (the flex kernel alone, with our
+                 tiles, the block mask, the table ``score_mod``, a bias from coordinates
+                 instead, the token reorder: :func:`attn_parts_case`).
 ``peer``         timm's ViT-B against our trunk without bias and with lh180 / lh90 / lh45
                  through flex: whole frames and train steps, each case in its own process
                  (:func:`~.fresh.run_child`) with warm-up steps and timed steps.
@@ -54,9 +57,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lookhere_dense.lookhere import LookHereAttentionEngine, resolve_lh_config
+from lookhere_dense.lookhere.attention.common import flex_function
 from lookhere_dense.lookhere.flex import (
+    FLEX_INDEX_PAD,
     flex_attention_lookhere,
     flex_available,
+    flex_kernel_options,
     flex_score_mod,
     flex_slope_grads_available,
     raise_recompile_limit,
@@ -82,6 +88,15 @@ __all__ = [
     'RecompileWatch',
     'correctness_case',
     'attn_case',
+    'ATTN_PARTS',
+    'ATTN_PART_STEPS',
+    'coords_score_mod',
+    'attn_part_variants',
+    'check_parts',
+    'attn_parts_case',
+    'FLEX_KERNEL_MARKERS',
+    'inductor_cache_dir',
+    'save_kernel_sources',
     'peer_cases',
     'goals',
     'run',
@@ -149,6 +164,9 @@ class Plan:
     #: the peer ViT's ``embed_dims`` / ``num_layers`` / ``num_heads`` where not ViT-B (timm's
     #: and ours alike). Default: ViT-B
     peer_arch: Optional[Dict[str, int]] = None
+    #: the token count of the ``attn parts`` case (:func:`attn_parts_case`: where flex's
+    #: time goes), run after the first size of ``attn_tokens``; None: not run. Default: None
+    attn_parts_tokens: Optional[int] = None
 
 
 def cuda_plan() -> Plan:
@@ -174,6 +192,7 @@ def cuda_plan() -> Plan:
         check_rows=256,
         max_dense_gib=32.0,
         min_case_s={'env': 1, 'correctness': 8, 'attn': 20, 'peer': 15},
+        attn_parts_tokens=8192,
     )
 
 
@@ -201,6 +220,7 @@ def simulate_plan() -> Plan:
         max_dense_gib=1.0,
         min_case_s={'env': 0, 'correctness': 0, 'attn': 0, 'peer': 0},
         peer_arch=dict(embed_dims=192, num_layers=2, num_heads=12),
+        attn_parts_tokens=256,
     )
 
 
@@ -700,6 +720,156 @@ def attn_case(plan: Plan, tokens: int, watch: RecompileWatch) -> Dict[str, Any]:
     return dict(res, status=OK)
 
 
+#: the variants of the ``attn parts`` case, in order: each adds one thing to the one
+#: before (:func:`attn_parts_case`), so a ratio of neighbours is what that thing costs
+ATTN_PARTS: Tuple[str, ...] = (
+    'sdpa_nobias',
+    'flex_plain',
+    'flex_plain_options',
+    'flex_mask',
+    'flex_table',
+    'flex_table_mask',
+    'flex_coords_mask',
+    'flex_lookhere',
+)
+#: ``(what, numerator, denominator)``: the steps :func:`attn_parts_case` reports
+ATTN_PART_STEPS: Tuple[Tuple[str, str, str], ...] = (
+    ('flex kernel alone vs flash SDPA', 'flex_plain', 'sdpa_nobias'),
+    ('our kernel options (16-bit tiles)', 'flex_plain_options', 'flex_plain'),
+    ('block mask: tiles skipped, mask_mod on partial tiles', 'flex_mask', 'flex_plain_options'),
+    ('table score_mod, every tile', 'flex_table', 'flex_plain_options'),
+    ('table score_mod on the masked kernel', 'flex_table_mask', 'flex_mask'),
+    ('distance from coordinates instead of the table', 'flex_coords_mask', 'flex_table_mask'),
+    ('token reorder, as the engine calls flex', 'flex_lookhere', 'flex_table_mask'),
+)
+
+
+def coords_score_mod(grid: Tuple[int, int], order: Tensor, slopes: Tensor) -> Callable:
+    """A diagnostic ``score_mod`` for :func:`attn_parts_case`: ``score - slope[h] * |dq -
+    dk|`` with the Euclidean distance computed from per-token ``(y, x)`` int32 arrays (in
+    the order of ``order``, padded like :func:`~lookhere_dense.lookhere.flex.flex_index`)
+    instead of gathered from the table: what the bias costs without the table gather.
+    Not LookHere's bias (no official rounding, one slope per head): timed, never checked."""
+    width = grid[1]
+    pad = -(-order.numel() // FLEX_INDEX_PAD) * FLEX_INDEX_PAD - order.numel()
+    y = F.pad(order // width, (0, pad)).to(torch.int32)
+    x = F.pad(order % width, (0, pad)).to(torch.int32)
+    slopes = slopes.float()
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        dy = (y[kv_idx] - y[q_idx]).float()
+        dx = (x[kv_idx] - x[q_idx]).float()
+        return score.float() - slopes[h] * torch.sqrt(dy * dy + dx * dx)
+
+    return score_mod
+
+
+def attn_part_variants(
+    eng: LookHereAttentionEngine,
+    plan: Plan,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    grid: Tuple[int, int],
+) -> Dict[str, Callable[[], Tensor]]:
+    """The calls of :data:`ATTN_PARTS` for layer 0 of ``eng`` (no CLS) on ``q, k, v`` in the
+    model's order: the flex variants run on inputs put in tile order once here, compiled
+    with ``plan.compile_backend`` (and our kernel options where marked), ``flex_lookhere``
+    is the engine's whole call (:func:`_flex_call`)."""
+    dev = q.device
+    fn = flex_function(True, plan.compile_backend)
+    options = flex_kernel_options(dev.type, q.dtype, q.shape[-1], compiled=True)
+    order = eng.flex_order(grid, 0, dev)
+    mask = eng.block_mask(0, grid, 0, dev)
+    table_mod = eng.score_mod(0, grid, 0, dev)
+    # a slope per head giving biases of the table's size: its largest finite magnitude
+    # over the grid's largest distance
+    table = eng.grid_bias(grid, dev).table[0].float().flatten(1)
+    biggest = torch.where(torch.isfinite(table), table, 0.0).abs().amax(1)
+    coords_mod = coords_score_mod(grid, order, biggest / math.hypot(grid[0] - 1, grid[1] - 1))
+    qo, ko, vo = (t.index_select(2, order) for t in (q, k, v))
+
+    def flex(score_mod=None, block_mask=None, opts=options):
+        extra = {} if opts is None else dict(kernel_options=opts)
+        return fn(qo, ko, vo, score_mod=score_mod, block_mask=block_mask, **extra)
+
+    return dict(
+        sdpa_nobias=partial(F.scaled_dot_product_attention, q, k, v),
+        flex_plain=partial(flex, opts=None),
+        flex_plain_options=flex,
+        flex_mask=partial(flex, block_mask=mask),
+        flex_table=partial(flex, table_mod),
+        flex_table_mask=partial(flex, table_mod, mask),
+        flex_coords_mask=partial(flex, coords_mod, mask),
+        flex_lookhere=partial(_flex_call, eng, plan, q, k, v, grid, 0),
+    )
+
+
+def check_parts(
+    variants: Dict[str, Callable[[], Tensor]], order: Tensor, tol: float = 1e-5
+) -> Dict[str, Any]:
+    """Whether ``flex_table_mask`` (tile order) put back in the model's order is the
+    engine's call ``flex_lookhere``: the parts measure the kernel the model runs."""
+    back = torch.empty_like(order)
+    back[order] = torch.arange(order.numel(), device=order.device)
+    got = variants['flex_table_mask']().index_select(2, back)
+    return within(got, variants['flex_lookhere'](), tol)
+
+
+def attn_parts_case(plan: Plan, tokens: int, watch: RecompileWatch) -> Dict[str, Any]:
+    """Where flex's time goes, at ``tokens`` patches (lh90, layer 0, no CLS, forward in
+    inference mode, compiled like the engine's calls): each of :data:`ATTN_PARTS`
+    (:func:`attn_part_variants`) adds one thing to the one before -- flex with no
+    callbacks (inductor's tiles, then ours), the block mask, the table ``score_mod``
+    (every tile, then masked), the bias computed from coordinates
+    (:func:`coords_score_mod`), and the engine's whole call (token reorder). A variant that
+    raises is recorded with its error and left out of the timing; the masked table
+    variant is checked against the engine's call (:func:`check_parts`)."""
+    dev, tdt = torch.device(plan.device), DTYPES[plan.attn_dtype]
+    eng = LookHereAttentionEngine(resolve_lh_config('lh90'), 1, HEADS, 'flex')
+    grid = grid_for(tokens)
+    q, k, v, _ = _inputs(tokens, dev, tdt)
+    hits = len(watch.hits)
+    res: Dict[str, Any] = dict(kind='parts', tokens=tokens, grid=list(grid), dtype=plan.attn_dtype)
+    res['kernel_options'] = flex_kernel_options(dev.type, tdt, HEAD_DIM, compiled=True)
+    variants = attn_part_variants(eng, plan, q, k, v, grid)
+    errors: Dict[str, str] = {}
+    res['errors'] = errors
+    with torch.inference_mode():
+        for name, call in list(variants.items()):
+            try:
+                call()
+            except Exception as err:  # one variant's compile error costs that variant
+                errors[name] = _error(err)
+                del variants[name]
+        if {'flex_table_mask', 'flex_lookhere'} <= set(variants):
+            res['check'] = check_parts(variants, eng.flex_order(grid, 0, dev))
+        if len(watch.hits) == hits:
+            res['forward'] = _timed_cases(variants, plan, dev)
+    if len(watch.hits) > hits:
+        return dict(res, status=FAILED, error=f'eager fallback: {watch.hits[-1]}')
+    times = res['forward']['times']
+    res['vs_sdpa'] = {
+        n: paired_ratio(times[n], times['sdpa_nobias'])
+        for n in times
+        if n != 'sdpa_nobias' and 'sdpa_nobias' in times
+    }
+    res['steps'] = [
+        dict(step=what, ratio=paired_ratio(times[a], times[b]), of=f'{a} / {b}')
+        for what, a, b in ATTN_PART_STEPS
+        if a in times and b in times
+    ]
+    res['summary'] = (
+        ', '.join(f'{n.replace("flex_", "")} {r:.2f}x' for n, r in res['vs_sdpa'].items())
+        + ' sdpa'
+    )
+    if errors:
+        res['summary'] += f'; {len(errors)} failed: {", ".join(errors)}'
+    if 'check' in res and not res['check']['ok']:
+        return dict(res, status=FAILED, error='the masked table variant is not the engine call')
+    return dict(res, status=FAILED if errors else OK)
+
+
 # ---------------------------------------------------------------------------------------
 # section peer
 # ---------------------------------------------------------------------------------------
@@ -834,7 +1004,11 @@ def goals(data: Dict[str, Any]) -> List[Dict[str, Any]]:
     """The goals of docs/gpu.md against what was measured (``met``: True / False / None
     where the case did not run)."""
     secs = data.get('sections', {})
-    attn = [c for c in secs.get('attn', {}).get('cases', []) if c['status'] == OK]
+    attn = [
+        c
+        for c in secs.get('attn', {}).get('cases', [])
+        if c['status'] == OK and c.get('kind') != 'parts'  # parts: a diagnosis, no goal
+    ]
     ratios = secs.get('peer', {}).get('ratios', [])
     out = []
     for c in attn:
@@ -881,6 +1055,62 @@ def _table(data: Dict[str, Any]) -> str:
         verdict = {True: 'met', False: 'NOT met', None: 'not measured'}[g['met']]
         lines.append(f'goal {g["goal"]}: {value} ({verdict})')
     return '\n'.join(lines)
+
+
+#: what marks inductor's output code of a flex graph: the Triton template's block-sparse
+#: loop, or the name of the operator (the CPU kernel's code, the source-node comments)
+FLEX_KERNEL_MARKERS = ('SPARSE_KV_BLOCK_SIZE', 'flex_attention')
+
+
+def inductor_cache_dir() -> Path:
+    """Where inductor writes its generated code in this process and its children:
+    ``$TORCHINDUCTOR_CACHE_DIR``, else torch's default (``/tmp/torchinductor_<user>``)."""
+    for module in (
+        'torch._inductor.runtime.cache_dir_utils',
+        'torch._inductor.runtime.runtime_utils',
+    ):
+        try:
+            return Path(__import__(module, fromlist=['cache_dir']).cache_dir())
+        except (ImportError, AttributeError):
+            continue
+    return Path(os.environ.get('TORCHINDUCTOR_CACHE_DIR') or '/tmp/torchinductor_root')
+
+
+def save_kernel_sources(
+    cache: Path, dest: Path, since: float = 0.0, max_bytes: int = 12 * 2**20
+) -> Dict[str, Any]:
+    """Write the generated code of this run's flex kernels to ``dest``, one text file: every
+    output-code file under ``cache`` (inductor's ``<2 chars>/c*.py``) that holds
+    :data:`FLEX_KERNEL_MARKERS`, and Triton's metadata (``*.json``: shared memory, warps,
+    stages) of the template kernels (``triton_tem_*``), newest first, each headed by its
+    path, written after ``since`` (a ``time.time()``), at most ``max_bytes`` in all (one
+    file: the device returns at most 8 files). Returns ``{'files': n, 'bytes': n,
+    'left_out': n, 'path': str}``."""
+    found = []
+    if cache.is_dir():
+        for path in cache.glob('*/c*.py'):
+            try:
+                text = path.read_text()
+                if path.stat().st_mtime >= since and any(m in text for m in FLEX_KERNEL_MARKERS):
+                    found.append(path)
+            except (OSError, UnicodeDecodeError):
+                continue
+        found += [p for p in cache.glob('**/triton_tem_*.json') if p.stat().st_mtime >= since]
+    found.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    parts, size, left_out = [], 0, 0
+    for path in found:
+        text = f'===== {path.relative_to(cache)}\n{path.read_text(errors="replace")}\n'
+        if size + len(text) > max_bytes:
+            left_out += 1
+            continue
+        parts.append(text)
+        size += len(text)
+    info = dict(files=len(parts), bytes=size, left_out=left_out)
+    if parts:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(''.join(parts))
+        info['path'] = str(dest)
+    return info
 
 
 _SIGNALLED: List[int] = []
@@ -957,6 +1187,12 @@ def run(plan: Plan, out: Path, command: str) -> int:
         data['goals'] = goals(data)
     except Exception as err:  # never at the cost of the file
         data['goals'], data['goals_error'] = [], _error(err)
+    try:  # what inductor generated for flex (read offline: tiles, loads, shared memory)
+        data['kernel_sources'] = save_kernel_sources(
+            inductor_cache_dir(), out.with_name(out.stem + '_kernels.txt')
+        )
+    except Exception as err:  # never at the cost of the file
+        data['kernel_sources'] = dict(error=_error(err))
     cases = [c for e in data['sections'].values() for c in e['cases']]
     data['counts'] = {s: sum(c['status'] == s for c in cases) for s in (OK, FAILED, SKIPPED)}
     rec.write()
@@ -990,6 +1226,11 @@ def _flex_section(
         ]
     else:
         todo = [(f'{n} tokens', partial(attn_case, plan, n, watch)) for n in plan.attn_tokens]
+        if plan.attn_parts_tokens:  # after the first size: the diagnosis before the goals
+            n = plan.attn_parts_tokens
+            todo.insert(
+                min(1, len(todo)), (f'parts {n} tokens', partial(attn_parts_case, plan, n, watch))
+            )
     for case_name, fn in todo:
         if flex_problem:
             rec.add(name, dict(name=case_name, status=SKIPPED, reason=flex_problem))
@@ -1062,6 +1303,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help='token counts of section attn (default: 1024 to 32768; simulated: 64 256)',
     )
     p.add_argument(
+        '--attn-parts-tokens',
+        type=int,
+        default=None,
+        metavar='N',
+        help="token count of the attn section's 'parts' case, where flex's time goes "
+        '(default: 8192; simulated: 256; 0: not run)',
+    )
+    p.add_argument(
         '--sections',
         nargs='+',
         choices=SECTIONS,
@@ -1091,6 +1340,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error(f'--budget-scale must be > 0, got {args.budget_scale}')
     if args.attn_tokens and min(args.attn_tokens) < 1:
         p.error(f'--attn-tokens must be >= 1, got {args.attn_tokens}')
+    if args.attn_parts_tokens is not None and args.attn_parts_tokens < 0:
+        p.error(f'--attn-parts-tokens must be >= 0 (0: not run), got {args.attn_parts_tokens}')
     return args
 
 
@@ -1113,6 +1364,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     plan.sections = tuple(args.sections)
     if args.attn_tokens:
         plan.attn_tokens = tuple(args.attn_tokens)
+    if args.attn_parts_tokens is not None:
+        plan.attn_parts_tokens = args.attn_parts_tokens or None
     plan.reset = not args.no_reset
     plan.compile_backend = args.compile_backend or plan.compile_backend
     plan.recompile_limit = args.recompile_limit

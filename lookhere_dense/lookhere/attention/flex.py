@@ -44,6 +44,7 @@ __all__ = [
     'check_flex_call',
     'tile_order',
     'flex_index',
+    'FLEX_INDEX_PAD',
     'flex_score_mod',
     'flex_mask_mod',
     'lookhere_block_mask',
