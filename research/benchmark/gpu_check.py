@@ -731,6 +731,7 @@ ATTN_PARTS: Tuple[str, ...] = (
     'flex_table_mask',
     'flex_coords_mask',
     'flex_lookhere',
+    'flex_lookhere_cls',
 )
 #: ``(what, numerator, denominator)``: the steps :func:`attn_parts_case` reports
 ATTN_PART_STEPS: Tuple[Tuple[str, str, str], ...] = (
@@ -741,6 +742,7 @@ ATTN_PART_STEPS: Tuple[Tuple[str, str, str], ...] = (
     ('table score_mod on the masked kernel', 'flex_table_mask', 'flex_mask'),
     ('distance from coordinates instead of the table', 'flex_coords_mask', 'flex_table_mask'),
     ('token reorder, as the engine calls flex', 'flex_lookhere', 'flex_table_mask'),
+    ('a CLS token (one more: not a multiple of 128)', 'flex_lookhere_cls', 'flex_lookhere'),
 )
 
 
@@ -775,7 +777,8 @@ def attn_part_variants(
     """The calls of :data:`ATTN_PARTS` for layer 0 of ``eng`` (no CLS) on ``q, k, v`` in the
     model's order: the flex variants run on inputs put in tile order once here, compiled
     with ``plan.compile_backend`` (and our kernel options where marked), ``flex_lookhere``
-    is the engine's whole call (:func:`_flex_call`)."""
+    is the engine's whole call (:func:`_flex_call`), ``flex_lookhere_cls`` the same with a
+    CLS token in front (``T + 1`` tokens, as in the model: not a multiple of the tile)."""
     dev = q.device
     fn = flex_function(True, plan.compile_backend)
     options = flex_kernel_options(dev.type, q.dtype, q.shape[-1], compiled=True)
@@ -788,6 +791,7 @@ def attn_part_variants(
     biggest = torch.where(torch.isfinite(table), table, 0.0).abs().amax(1)
     coords_mod = coords_score_mod(grid, order, biggest / math.hypot(grid[0] - 1, grid[1] - 1))
     qo, ko, vo = (t.index_select(2, order) for t in (q, k, v))
+    qc, kc, vc = (torch.cat([t[:, :, -1:], t], 2) for t in (q, k, v))  # + a CLS token
 
     def flex(score_mod=None, block_mask=None, opts=options):
         extra = {} if opts is None else dict(kernel_options=opts)
@@ -802,6 +806,7 @@ def attn_part_variants(
         flex_table_mask=partial(flex, table_mod, mask),
         flex_coords_mask=partial(flex, coords_mod, mask),
         flex_lookhere=partial(_flex_call, eng, plan, q, k, v, grid, 0),
+        flex_lookhere_cls=partial(_flex_call, eng, plan, qc, kc, vc, grid, 1),
     )
 
 
@@ -822,7 +827,8 @@ def attn_parts_case(plan: Plan, tokens: int, watch: RecompileWatch) -> Dict[str,
     (:func:`attn_part_variants`) adds one thing to the one before -- flex with no
     callbacks (inductor's tiles, then ours), the block mask, the table ``score_mod``
     (every tile, then masked), the bias computed from coordinates
-    (:func:`coords_score_mod`), and the engine's whole call (token reorder). A variant that
+    (:func:`coords_score_mod`), the engine's whole call (token reorder), and that call with
+    a CLS token (the model's ``T + 1`` tokens: flex's boundary checks). A variant that
     raises is recorded with its error and left out of the timing; the masked table
     variant is checked against the engine's call (:func:`check_parts`)."""
     dev, tdt = torch.device(plan.device), DTYPES[plan.attn_dtype]
