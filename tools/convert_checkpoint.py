@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Convert an official LookHere or a timm / DeiT-III checkpoint for ``LookHereViT``.
+"""Convert an official LookHere, a timm / DeiT-III or a lookhere-dense training checkpoint
+for ``LookHereViT``.
 
 Writes ``{'state_dict': backbone weights, 'meta': {'lookhere_config': ..., 'num_heads': ...,
 'source': ...}}``, which ``LookHereViT(init_cfg=dict(type='Pretrained', checkpoint=OUT))``
@@ -8,10 +9,16 @@ head count). The head count written is ``--num-heads``, else the one the source 
 else 12 for official LookHere files; otherwise none is written and loading applies the
 usual convention (timm / DeiT-III: ``channels / 64``) or asks for ``checkpoint_num_heads``.
 
+A training run's checkpoint (``WORK_DIR/iter_N.pth``, written by mmengine's Runner) holds
+mmengine's message-hub objects besides the weights; the tool allows exactly those classes
+itself (as ``lookhere_dense.register_all_modules`` does), so such a file converts as it is
+where mmengine is installed. Plain weight files need torch alone.
+
 Examples::
 
     python tools/convert_checkpoint.py LH_180_weights_and_config.pth pretrain/lh180_mmseg.pth
     python tools/convert_checkpoint.py deit3_base_patch16_224.pth pretrain/deit3_b.pth
+    python tools/convert_checkpoint.py work_dirs/run/iter_160000.pth pretrain/run_backbone.pth
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         'src',
         help='official LookHere (.pth with weights+config), timm or '
-        'DeiT-III checkpoint (.pth / .safetensors)',
+        "DeiT-III checkpoint (.pth / .safetensors), or a training run's "
+        'WORK_DIR/iter_N.pth',
     )
     parser.add_argument('dst', help='output file (mmseg-style backbone checkpoint)')
     parser.add_argument(
@@ -53,23 +61,45 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _mmengine_installed() -> bool:
+    try:
+        import mmengine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def main(argv=None) -> int:
     """Convert; a file that is missing, unreadable or holds no ViT weights ends in one
     ``error:`` line (exit status 2)."""
     args = parse_args(argv)
+    from lookhere_dense import compat
     from lookhere_dense.checkpoint import load_checkpoint_file
-    from lookhere_dense.errors import CheckpointError, ToolError
+    from lookhere_dense.errors import CheckpointError, ToolError, UnreadableCheckpointError
     from lookhere_dense.lookhere.weights import (
         OFFICIAL_NUM_HEADS,
         backbone_weights,
         save_backbone_checkpoint,
     )
 
+    # a Runner checkpoint (work_dir/iter_N.pth) holds mmengine's message-hub objects: allow
+    # exactly those, as register_all_modules does (torch alone without mmengine: nothing)
+    compat.apply()
     try:
         weights = backbone_weights(
             load_checkpoint_file(args.src), keep_pos_embed=args.keep_pos_embed
         )
     except CheckpointError as err:
+        if (
+            isinstance(err, UnreadableCheckpointError)
+            and 'Python objects (mmengine.' in err.problem
+            and not _mmengine_installed()
+        ):
+            raise ToolError(
+                f'checkpoint {args.src!r} cannot be read: {err.problem}: an mmengine Runner '
+                'checkpoint, which only reads with mmengine installed (pip install mmengine; '
+                'its classes are then allowed, nothing else)'
+            ) from None
         raise ToolError(str(err) if args.src in str(err) else f'{args.src!r}: {err}') from None
     num_heads, how = weights.num_heads, 'recorded in the file'
     if args.num_heads is not None:
