@@ -457,6 +457,72 @@ def test_converted_files_record_the_head_count(official, tmp_path: Path):
     torch.testing.assert_close(model.blocks[2].attn.qkv.weight, six.blocks[2].attn.qkv.weight)
 
 
+#: Runs tools/convert_checkpoint.py (argv after ``-c``) with mmengine unimportable, as on a
+#: machine that has torch alone.
+_WITHOUT_MMENGINE = """
+import runpy, sys
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('mmcv', 'mmengine', 'mmseg', 'mmdet'):
+            raise ModuleNotFoundError(f'blocked for this test: {name}', name=name)
+sys.meta_path.insert(0, Blocked())
+sys.argv = ['tools/convert_checkpoint.py', *sys.argv[1:]]
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+def test_convert_checkpoint_reads_a_training_runs_checkpoint(tmp_path: Path, repo_root: Path):
+    """A Runner checkpoint (``WORK_DIR/iter_N.pth``: weights, plus the message hub's
+    ``HistoryBuffer`` objects and the numpy arrays in them) converts from the command line
+    as it is: the tool allows mmengine's classes itself. Without mmengine the error says
+    what is needed, not to call a Python function."""
+    from mmengine.logging import HistoryBuffer, MessageHub
+
+    six = tiny(num_heads=6)
+    hub = MessageHub.get_instance('test_convert_checkpoint_runner_file')
+    for step in range(3):
+        hub.update_scalar('train/loss', 1.0 / (step + 1))
+        hub.update_scalar('train/lr', 1e-4)
+    hub.update_info('iter', 3)
+    hub_state = hub.state_dict()
+    assert isinstance(hub_state['log_scalars']['train/loss'], HistoryBuffer)
+    src = tmp_path / 'work_dir' / 'iter_3.pth'
+    src.parent.mkdir()
+    torch.save(
+        {
+            'meta': {'epoch': 0, 'iter': 3, 'seed': 0, 'experiment_name': 'tiny'},
+            'state_dict': {f'backbone.{k}': v for k, v in six.state_dict().items()},
+            'message_hub': hub_state,
+        },
+        src,
+    )
+    out = tmp_path / 'backbone.pth'
+    res = subprocess.run(
+        [sys.executable, 'tools/convert_checkpoint.py', str(src), str(out)],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    assert 'heads: 6 (recorded in the file)' in res.stdout and f'wrote {out}' in res.stdout
+    model = tiny(num_heads=6, init_cfg=dict(type='Pretrained', checkpoint=str(out)))
+    for name, value in six.state_dict().items():
+        if isinstance(value, torch.Tensor):
+            torch.testing.assert_close(model.state_dict()[name], value, atol=0, rtol=0)
+    res = subprocess.run(
+        [sys.executable, '-c', _WITHOUT_MMENGINE, str(src), str(tmp_path / 'no.pth')],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 2, res.stderr
+    assert 'an mmengine Runner checkpoint, which only reads with mmengine installed' in res.stderr
+    assert 'register_all_modules' not in res.stderr and 'Traceback' not in res.stderr
+    assert not (tmp_path / 'no.pth').exists()
+
+
 def test_the_record_is_a_tensor_and_old_dict_records_still_load(tmp_path: Path):
     """``_extra_state`` is a uint8 tensor of JSON (mmengine broadcasts every state_dict
     entry); the dict that older files hold is read with the same checks."""
