@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from lookhere_dense.checkpoint import decode_extra_state
+from lookhere_dense.errors import ConfigError
 from lookhere_dense.lookhere import vit as lv
 from lookhere_dense.lookhere.pos_encoding import LookHerePositionEncoding, PositionEncoding
 from lookhere_dense.models.backbones import LookHereViT
@@ -622,16 +623,50 @@ def test_mmengine_checkpoints_with_message_hub_load_under_weights_only(tmp_path:
             ValueError,
             r"unknown LookHere direction type 'quarters'",
         ),
-        (dict(out_indices=(5,)), ValueError, r'out_indices \[5\] out of range'),
+        (dict(out_indices=(5,)), ValueError, r'out_indices=\(5,\): 5 out of range'),
+        (  # the value as written, not the converted -1
+            dict(num_layers=2, out_indices=(-3,)),
+            ValueError,
+            r'out_indices=\(-3,\): -3 out of range for num_layers=2 '
+            r'\(blocks 0\.\.1, or -2\.\.-1 counted from the last\)',
+        ),
         (dict(attn_backend='fast'), ValueError, r"unknown LookHere attention backend 'fast'"),
         (dict(num_fcs=3), ValueError, r'num_fcs=2 only'),
         (dict(patch_pad='reflect'), ValueError, r"patch_pad must be 'corner' or 'same'"),
         (dict(window_block_indexes=[0]), ValueError, r'need window_size > 0'),
+        (  # refused when built, not at forward ("expected 4D input (got 3D input)")
+            dict(norm_cfg=dict(type='BN')),
+            ConfigError,
+            r"norm_cfg=\{'type': 'BN'\}: 'BN' builds BatchNorm2d, which does not normalise "
+            r"the \(B, N, C\) token sequences .*; accepted: dict\(type='LN', \.\.\.\)",
+        ),
+        (
+            dict(norm_cfg=dict(type='GN', num_groups=4)),
+            ConfigError,
+            r"'GN' builds GroupNorm, which does not normalise",
+        ),
+        (dict(norm_cfg=dict(type='Norm')), ConfigError, r"'Norm' is not a layer type mmcv knows"),
     ],
 )
 def test_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         LookHereViT(**{**TINY, **kwargs})
+
+
+@pytest.mark.parametrize(
+    'norm_cfg',
+    [
+        dict(type='LN', eps=1e-6),
+        dict(type=torch.nn.LayerNorm),
+        dict(type='LN', elementwise_affine=False),
+        dict(type='LN', bias=False),
+    ],
+)
+def test_layer_norm_configs_build_initialise_and_run(norm_cfg):
+    model = tiny(norm_cfg=norm_cfg)  # init_weights leaves weight / bias None alone
+    assert isinstance(model.norm, torch.nn.LayerNorm)
+    out = model(torch.randn(1, 3, 32, 48))
+    assert out[0].shape == (1, 96, 2, 3) and torch.isfinite(out[0]).all()
 
 
 def test_bad_inputs():

@@ -405,12 +405,15 @@ class LookHereVisionTransformer(nn.Module):
         self.with_cp = with_cp
         self.frozen_exclude = list(frozen_exclude)
 
-        if isinstance(out_indices, int):
-            out_indices = [num_layers - 1 if out_indices == -1 else out_indices]
-        self.out_indices = [num_layers + i if i < 0 else i for i in out_indices]
-        bad = [i for i in self.out_indices if not 0 <= i < num_layers]
+        given = [out_indices] if isinstance(out_indices, int) else list(out_indices)
+        self.out_indices = [num_layers + i if i < 0 else i for i in given]
+        bad = [g for g, i in zip(given, self.out_indices) if not 0 <= i < num_layers]
         if bad:
-            raise ValueError(f'out_indices {bad} out of range for num_layers={num_layers}')
+            raise ValueError(
+                f'out_indices={out_indices!r}: {", ".join(map(str, bad))} out of range for '
+                f'num_layers={num_layers} (blocks 0..{num_layers - 1}, or '
+                f'-{num_layers}..-1 counted from the last)'
+            )
 
         #: an explicit LookHere config (or preset) vs one to be taken from a checkpoint
         self.lh_explicit = spec.explicit
@@ -519,9 +522,11 @@ class LookHereVisionTransformer(nn.Module):
                 trunc_normal_(m.weight, std=0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):  # elementwise_affine / bias False: None
+                if m.weight is not None:
+                    nn.init.ones_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
         if self.with_cls_token:
             trunc_normal_(self.cls_token, std=0.02)
         if self.jumbo_token is not None:

@@ -16,8 +16,11 @@ from typing import Any, List, Optional, Union
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmengine.logging import print_log
 from mmengine.model import BaseModule
+from mmengine.registry import MODELS
 from mmengine.runner.checkpoint import CheckpointLoader
+from torch import nn
 
+from lookhere_dense.errors import ConfigError
 from lookhere_dense.lookhere.vit import LookHereVisionTransformer
 from lookhere_dense.lookhere.weights import HEADS_KEY
 
@@ -39,6 +42,36 @@ _MMENGINE_SCHEMES = (
 )
 
 
+def _check_norm_cfg(norm_cfg: Any) -> None:
+    """Refuse a ``norm_cfg`` whose layer does not normalise token sequences: every norm
+    of the backbone sees ``(B, N, C)`` tokens, which ``nn.LayerNorm`` (mmcv's ``'LN'``,
+    or a subclass) normalises over ``C``; mmcv's ``BN`` / ``SyncBN`` / ``GN`` / ``IN``
+    take ``(B, C, ...)`` maps and would fail (or normalise the wrong axis) at forward.
+
+    Raises:
+        lookhere_dense.errors.ConfigError: naming ``norm_cfg``, its value and what it
+            takes.
+    """
+    accepted = "accepted: dict(type='LN', ...) (nn.LayerNorm or a subclass of it)"
+    kind = norm_cfg.get('type') if isinstance(norm_cfg, dict) else None
+    cls = kind
+    if isinstance(kind, str):
+        with MODELS.switch_scope_and_registry(None) as registry:
+            cls = registry.get(kind)
+    if isinstance(cls, type) and issubclass(cls, nn.LayerNorm):
+        return
+    name = getattr(kind, '__name__', kind)
+    why = (
+        'not a dict with a type'
+        if kind is None
+        else f'{name!r} is not a layer type mmcv knows'
+        if cls is None
+        else f'{name!r} builds {getattr(cls, "__name__", cls)}, which does not normalise the '
+        '(B, N, C) token sequences every norm of this backbone runs on'
+    )
+    raise ConfigError(f'LookHereViT norm_cfg={norm_cfg!r}: {why}; {accepted}')
+
+
 @register_model()
 class LookHereViT(LookHereVisionTransformer, BaseModule):
     """Plain ViT backbone with LookHere directed-attention position encoding (OpenMMLab).
@@ -51,7 +84,9 @@ class LookHereViT(LookHereVisionTransformer, BaseModule):
     ``window_size``, ...), with mmcv configs instead of the trunk's layer factories:
 
     Args:
-        norm_cfg (dict): every norm, built by mmcv's ``build_norm_layer``.
+        norm_cfg (dict): every norm, built by mmcv's ``build_norm_layer``; its layer must
+            be ``nn.LayerNorm`` (``'LN'``) or a subclass, as the norms run on ``(B, N, C)``
+            tokens (``BN`` / ``GN`` / ``IN`` are refused when built).
             Default: ``dict(type='LN')`` (eps 1e-5, as the official model).
         act_cfg (dict): the MLP activation, built by mmcv's ``build_activation_layer``.
             Default: ``dict(type='GELU')``.
@@ -89,6 +124,7 @@ class LookHereViT(LookHereVisionTransformer, BaseModule):
             raise TypeError('pretrained must be a str or None')
         if num_fcs != 2:
             raise ValueError(f'LookHereViT supports num_fcs=2 only (got {num_fcs})')
+        _check_norm_cfg(norm_cfg)
         super().__init__(
             norm_layer=lambda dim: build_norm_layer(norm_cfg, dim)[1],
             act_layer=lambda: build_activation_layer(act_cfg),
