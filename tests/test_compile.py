@@ -118,6 +118,40 @@ def test_compiled_flex_compiles_once_for_all_layers_of_a_shape():
     assert counters['stats']['unique_graphs'] == 1  # ... one compiled graph
 
 
+@pytest.mark.parametrize(
+    'grid', [(1, 1), (3, 5), (7, 9), (8, 16), (13, 17), (64, 128), (128, 256)]
+)
+@pytest.mark.parametrize('prefix', [0, 1, 4])
+@pytest.mark.parametrize('tiles', [False, True])
+def test_flex_indices_stay_in_the_tables_for_every_reachable_pair(grid, prefix, tiles):
+    """Our flex compiles drop inductor's bounds checks on the callbacks' gathers
+    (FLEX_INDUCTOR_OPTIONS), so every (query, key) position a kernel tile can reach --
+    prefix tokens and the padding of a ragged last tile included -- must read inside the
+    arrays and the tables. The table index of a pair is ``c(k) - c(q) + centre`` with
+    ``c(x)`` the index of the pair (0, x), so its extremes over all pairs come from the
+    extremes of ``c``: checked exactly, at every position up to the last 128-token tile."""
+    from lookhere_dense.lookhere.attention.common import FLEX_BLOCK, flex_compile_options
+    from lookhere_dense.lookhere.flex import flex_index, tile_order
+
+    assert flex_compile_options() == {'assert_indirect_indexing': False}
+    assert flex_compile_options('aot_eager') is None
+    height, width = grid
+    total = prefix + height * width
+    order = tile_order(grid, prefix) if tiles else None
+    index = flex_index(grid, prefix, order)
+    reach = -(-total // FLEX_BLOCK) * FLEX_BLOCK  # positions of the last tile (exclusive)
+    pos = torch.arange(reach, dtype=torch.int32)
+    zero = torch.zeros_like(pos)
+    _, c, key_patch = index(zero, pos)  # raises if an array is shorter than the reach
+    centre = int(index(zero[:1], zero[:1])[1])
+    table = (2 * height - 1) * (2 * width - 1)
+    assert int(c.max()) - int(c.min()) + centre < table
+    assert int(c.min()) - int(c.max()) + centre >= 0
+    assert 0 <= int(key_patch.min()) and int(key_patch.max()) < height * width
+    _, c_q, _ = index(pos, zero)  # the query side reads the same arrays
+    assert torch.equal(c_q, 2 * centre - c)
+
+
 def test_flex_index_stays_in_range_at_32k_tokens():
     """The flex callbacks' index arithmetic at a 128x256 grid + CLS (32769 tokens) in the
     int32 that flex passes: every pair's table index equals the int64 pair index."""

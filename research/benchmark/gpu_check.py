@@ -725,21 +725,23 @@ def attn_case(plan: Plan, tokens: int, watch: RecompileWatch) -> Dict[str, Any]:
 ATTN_PARTS: Tuple[str, ...] = (
     'sdpa_nobias',
     'flex_plain',
-    'flex_plain_options',
+    'flex_plain_ours',
     'flex_mask',
     'flex_table',
     'flex_table_mask',
+    'flex_table_mask_asserts',
     'flex_coords_mask',
     'flex_lookhere',
     'flex_lookhere_cls',
 )
 #: ``(what, numerator, denominator)``: the steps :func:`attn_parts_case` reports
 ATTN_PART_STEPS: Tuple[Tuple[str, str, str], ...] = (
-    ('flex kernel alone vs flash SDPA', 'flex_plain', 'sdpa_nobias'),
-    ('our kernel options (16-bit tiles)', 'flex_plain_options', 'flex_plain'),
-    ('block mask: tiles skipped, mask_mod on partial tiles', 'flex_mask', 'flex_plain_options'),
-    ('table score_mod, every tile', 'flex_table', 'flex_plain_options'),
+    ('flex kernel alone (stock compile) vs flash SDPA', 'flex_plain', 'sdpa_nobias'),
+    ('our compile: kernel options, no bounds asserts', 'flex_plain_ours', 'flex_plain'),
+    ('block mask: tiles skipped, mask_mod on partial tiles', 'flex_mask', 'flex_plain_ours'),
+    ('table score_mod, every tile', 'flex_table', 'flex_plain_ours'),
     ('table score_mod on the masked kernel', 'flex_table_mask', 'flex_mask'),
+    ("inductor's bounds asserts on the gathers", 'flex_table_mask_asserts', 'flex_table_mask'),
     ('distance from coordinates instead of the table', 'flex_coords_mask', 'flex_table_mask'),
     ('token reorder, as the engine calls flex', 'flex_lookhere', 'flex_table_mask'),
     ('a CLS token (one more: not a multiple of 128)', 'flex_lookhere_cls', 'flex_lookhere'),
@@ -775,12 +777,19 @@ def attn_part_variants(
     grid: Tuple[int, int],
 ) -> Dict[str, Callable[[], Tensor]]:
     """The calls of :data:`ATTN_PARTS` for layer 0 of ``eng`` (no CLS) on ``q, k, v`` in the
-    model's order: the flex variants run on inputs put in tile order once here, compiled
-    with ``plan.compile_backend`` (and our kernel options where marked), ``flex_lookhere``
-    is the engine's whole call (:func:`_flex_call`), ``flex_lookhere_cls`` the same with a
-    CLS token in front (``T + 1`` tokens, as in the model: not a multiple of the tile)."""
+    model's order. The flex variants run on inputs put in tile order once here, compiled
+    with ``plan.compile_backend``: ``flex_plain`` and ``flex_table_mask_asserts`` as
+    anyone would (``torch.compile(flex_attention)``: inductor's settings, with its bounds
+    asserts on computed indices), the others as the engine does (:func:`flex_function`:
+    :data:`~lookhere_dense.lookhere.attention.common.FLEX_INDUCTOR_OPTIONS`, and our kernel
+    options); ``flex_lookhere`` is the engine's whole call (:func:`_flex_call`),
+    ``flex_lookhere_cls`` the same with a CLS token in front (``T + 1`` tokens, as in the
+    model: not a multiple of the tile)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
     dev = q.device
-    fn = flex_function(True, plan.compile_backend)
+    ours = flex_function(True, plan.compile_backend)
+    stock = torch.compile(flex_attention, dynamic=False, backend=plan.compile_backend)
     options = flex_kernel_options(dev.type, q.dtype, q.shape[-1], compiled=True)
     order = eng.flex_order(grid, 0, dev)
     mask = eng.block_mask(0, grid, 0, dev)
@@ -793,17 +802,19 @@ def attn_part_variants(
     qo, ko, vo = (t.index_select(2, order) for t in (q, k, v))
     qc, kc, vc = (torch.cat([t[:, :, -1:], t], 2) for t in (q, k, v))  # + a CLS token
 
-    def flex(score_mod=None, block_mask=None, opts=options):
+    def flex(score_mod=None, block_mask=None, opts=options, fn=ours):
         extra = {} if opts is None else dict(kernel_options=opts)
         return fn(qo, ko, vo, score_mod=score_mod, block_mask=block_mask, **extra)
 
     return dict(
         sdpa_nobias=partial(F.scaled_dot_product_attention, q, k, v),
-        flex_plain=partial(flex, opts=None),
-        flex_plain_options=flex,
+        flex_plain=partial(flex, opts=None, fn=stock),
+        flex_plain_ours=flex,
         flex_mask=partial(flex, block_mask=mask),
         flex_table=partial(flex, table_mod),
         flex_table_mask=partial(flex, table_mod, mask),
+        # our kernel options still: inductor's own 16-bit tiles do not fit our score_mod
+        flex_table_mask_asserts=partial(flex, table_mod, mask, fn=stock),
         flex_coords_mask=partial(flex, coords_mod, mask),
         flex_lookhere=partial(_flex_call, eng, plan, q, k, v, grid, 0),
         flex_lookhere_cls=partial(_flex_call, eng, plan, qc, kc, vc, grid, 1),
@@ -823,10 +834,10 @@ def check_parts(
 
 def attn_parts_case(plan: Plan, tokens: int, watch: RecompileWatch) -> Dict[str, Any]:
     """Where flex's time goes, at ``tokens`` patches (lh90, layer 0, no CLS, forward in
-    inference mode, compiled like the engine's calls): each of :data:`ATTN_PARTS`
-    (:func:`attn_part_variants`) adds one thing to the one before -- flex with no
-    callbacks (inductor's tiles, then ours), the block mask, the table ``score_mod``
-    (every tile, then masked), the bias computed from coordinates
+    inference mode): each of :data:`ATTN_PARTS` (:func:`attn_part_variants`) adds one
+    thing to the one before -- flex with no callbacks (a stock compile, then ours), the
+    block mask, the table ``score_mod`` (every tile, then masked; then with inductor's
+    bounds asserts, which our compile drops), the bias computed from coordinates
     (:func:`coords_score_mod`), the engine's whole call (token reorder), and that call with
     a CLS token (the model's ``T + 1`` tokens: flex's boundary checks). A variant that
     raises is recorded with its error and left out of the timing; the masked table

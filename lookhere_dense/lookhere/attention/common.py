@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, List, MutableMapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, MutableMapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -56,6 +56,8 @@ __all__ = [
     'flex_available',
     'check_flex_call',
     'flex_function',
+    'FLEX_INDUCTOR_OPTIONS',
+    'flex_compile_options',
     'raise_recompile_limit',
     'FLEX_RECOMPILE_LIMIT',
     'ordered_blocks',
@@ -462,17 +464,40 @@ def raise_recompile_limit(limit: int = FLEX_RECOMPILE_LIMIT) -> int:
     return value
 
 
+#: inductor settings of our flex compiles. ``assert_indirect_indexing`` off: inductor checks
+#: every read through a computed index (our callbacks' table / visibility / per-token
+#: gathers) inside the kernel's inner loop -- a ``TORCH_CHECK`` per vector on CPU, and on
+#: CUDA it compiles the whole kernel in Triton's debug mode (device asserts, integer
+#: overflow checks). Our indices are in range by construction: every (query, key)
+#: position a kernel tile can reach, prefix and padding included, maps inside the table
+#: (:func:`~.flex.flex_index`; ``tests/test_compile.py`` checks the extremes of every
+#: pair for ragged grids and prefixes)
+FLEX_INDUCTOR_OPTIONS: Dict[str, Any] = {'assert_indirect_indexing': False}
+
+
+def flex_compile_options(backend: str = 'inductor') -> Optional[Dict[str, Any]]:
+    """The ``options`` our ``torch.compile`` of flex passes: :data:`FLEX_INDUCTOR_OPTIONS`
+    (the keys this torch's inductor knows) for ``'inductor'``, None for other backends."""
+    if backend != 'inductor':
+        return None
+    import torch._inductor.config as inductor_config
+
+    return {k: v for k, v in FLEX_INDUCTOR_OPTIONS.items() if hasattr(inductor_config, k)}
+
+
 def flex_function(compiled: bool, backend: str = 'inductor') -> Callable:
-    """``flex_attention``, eager or ``torch.compile``-d with ``backend`` (one compiled
-    wrapper per backend and process; the recompile limit raised, see
-    :data:`FLEX_RECOMPILE_LIMIT`)."""
+    """``flex_attention``, eager or ``torch.compile``-d with ``backend`` and
+    :func:`flex_compile_options` (one compiled wrapper per backend and process; the
+    recompile limit raised, see :data:`FLEX_RECOMPILE_LIMIT`)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     if not compiled:
         return flex_attention
     if backend not in _compiled_flex:
         raise_recompile_limit()
-        _compiled_flex[backend] = torch.compile(flex_attention, dynamic=False, backend=backend)
+        _compiled_flex[backend] = torch.compile(
+            flex_attention, dynamic=False, backend=backend, options=flex_compile_options(backend)
+        )
     return _compiled_flex[backend]
 
 
