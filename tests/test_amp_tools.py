@@ -103,6 +103,8 @@ def test_amp_flag_trains_in_bf16_on_cpu(amp_run):
     with open(osp.join(runner.log_dir, f'{runner.timestamp}.log')) as f:
         backends = [line for line in f if 'LookHere attention at' in line]
     assert len(backends) == 1 and 'bfloat16, cpu, training' in backends[0], backends
+    assert runner.cfg.train_dataloader.batch_size == 2  # SHRINK's, not the line's old 1
+    assert 'tokens, batch 2, bfloat16' in backends[0], backends
     params = [p for p in runner.model.parameters()]
     assert all(p.dtype == torch.float32 for p in params)  # master weights stay float32
     assert all(torch.isfinite(p).all() for p in params)
