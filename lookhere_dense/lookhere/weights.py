@@ -12,8 +12,9 @@ format             recognised by                                         LookHer
 ``official``       ``{'weights': state_dict, 'config': lh_config}``      from the file
 ``lookhere-dense`` ``{'state_dict': ..., 'meta': {'lookhere_config'}}``  from the file
                    (written by :func:`save_backbone_checkpoint`)
-``mmengine``       ``{'state_dict': ...}`` of a whole segmentor/detector  none
-                   (keys ``backbone.*``)
+``mmengine``       ``{'state_dict': ...}`` or the flat state_dict of a   none
+                   whole segmentor/detector (keys ``backbone.*``; the
+                   others dropped)
 ``timm``           a flat state_dict or ``{'model': ...}`` / ``{'state_dict': ...}``  none
                    with ``blocks.*`` / ``patch_embed.*`` keys
 =================  ====================================================  ===============
@@ -118,6 +119,10 @@ class BackboneWeights:
     num_heads: Optional[int] = None
 
 
+def _has_vit_keys(sd: Mapping[str, Any]) -> bool:
+    return any(k.startswith(('blocks.', 'patch_embed.')) for k in sd)
+
+
 def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> BackboneWeights:
     """Recognise a checkpoint's format and return its backbone weights in our keys.
 
@@ -148,7 +153,11 @@ def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> B
 
     if any(k.startswith('module.') for k in sd):
         sd = strip_prefix(sd, 'module.')
-    if not any(k.startswith(('blocks.', 'patch_embed.')) for k in sd):
+    if fmt == 'timm' and not _has_vit_keys(sd) and any(k.startswith('backbone.') for k in sd):
+        # a whole model's flat state_dict (a segmentor's, or an mmengine checkpoint
+        # unwrapped by timm's checkpoint_path= reader): its backbone, as above
+        fmt, sd = 'mmengine', strip_prefix(sd, 'backbone.')
+    if not _has_vit_keys(sd):
         raise CheckpointError(
             'checkpoint has no ViT backbone weights (no "blocks.*" or '
             f'"patch_embed.*" keys); first keys: {sorted(sd)[:8]}'
