@@ -17,10 +17,18 @@ heads; lh45 and 2D-ALiBi need a multiple of 4). The tag picks the position encod
 (``.lh180`` the default preset; ``.lh90`` / ``.lh45`` the official presets whose released
 weights are ``LH_90_…`` / ``LH_45_…``; ``.alibi2d`` 2D-ALiBi in the same trunk). No
 weights are downloaded: load a file with ``checkpoint_path=`` (official LookHere files,
-timm / DeiT-III ViT weights and lookhere-dense files, through
-:func:`lookhere_dense.lookhere.weights.load_backbone_weights`: a file's LookHere config is
-adopted and must equal an explicit tag's, head counts are checked), or
-``pretrained=True, pretrained_cfg_overlay=dict(file=PATH)``.
+timm / DeiT-III ViT weights, lookhere-dense backbone files, and the backbone of a
+training checkpoint: ``tools/train.py``'s ``iter_N.pth`` or a segmentor's / detector's
+``state_dict``, through :func:`lookhere_dense.lookhere.weights.load_backbone_weights`: a
+file's LookHere config is adopted and must equal an explicit tag's, head counts are
+checked), or ``pretrained=True, pretrained_cfg_overlay=dict(file=PATH)``.
+``pretrained=True`` with ``checkpoint_path=`` loads that file (mmseg's ``TIMMBackbone``
+passes ``pretrained=True`` by default); without a file it is an error. The
+``checkpoint_path`` is checked before the model is built (missing, not a checkpoint);
+for a Runner checkpoint, the mmengine classes it holds are allowed for
+``torch.load(weights_only=True)`` exactly as :func:`lookhere_dense.register_all_modules`
+allows them (:mod:`lookhere_dense.compat`). ``in_chans`` (or ``in_channels``) sets the
+input channels.
 
 What differs from timm's ``VisionTransformer``:
 
@@ -36,15 +44,19 @@ What differs from timm's ``VisionTransformer``:
 
 from __future__ import annotations
 
+import inspect
+import os
+import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import build_model_with_cfg, create_model, generate_default_cfgs, register_model
 from timm.models._features import FeatureGetterNet, feature_take_indices
 from timm.models._pretrained import PretrainedCfg
 from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys
 
+from .errors import UnreadableCheckpointError
 from .lookhere.vit import LookHereVisionTransformer
 
 __all__ = ['LookHereTimmViT', 'LookHereFeatures', 'ARCHS', 'TAGS']
@@ -247,10 +259,12 @@ class LookHereTimmViT(LookHereVisionTransformer):
         (official LookHere ``{'weights', 'config'}``, timm / DeiT-III weights, a
         lookhere-dense backbone ``state_dict``), e.g. from timm's ``checkpoint_path=``,
         goes through :meth:`load_pretrained` (its missing and unexpected keys are returned as
-        PyTorch returns them)."""
+        PyTorch returns them). Messages name timm's ``checkpoint_path`` when it is that
+        file's dict (the first call after ``timm.create_model``), else 'the checkpoint'."""
+        source = self.__dict__.pop('_checkpoint_path', None) or 'the checkpoint'
         if getattr(self, '_loading', False) or set(state_dict) == set(self.state_dict()):
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
-        report = self.load_pretrained(dict(state_dict), strict=strict, source='the checkpoint')
+        report = self.load_pretrained(dict(state_dict), strict=strict, source=source)
         return _IncompatibleKeys(report['missing'], report['unexpected'])
 
 
@@ -300,7 +314,19 @@ default_cfgs = generate_default_cfgs(
 
 def _rename(kwargs: Mapping[str, Any]) -> Dict[str, Any]:
     """timm's keyword arguments -> LookHereVisionTransformer's (renamed; the always-on
-    ``dynamic_img_size`` / ``dynamic_img_pad`` dropped)."""
+    ``dynamic_img_size`` / ``dynamic_img_pad`` dropped).
+
+    Raises:
+        ValueError: a timm name and its LookHereVisionTransformer name (``in_chans`` and
+            ``in_channels``, ...) both given, with different values.
+    """
+    for theirs, ours in _RENAMES.items():
+        if theirs in kwargs and ours in kwargs and kwargs[theirs] != kwargs[ours]:
+            raise ValueError(
+                f'{theirs}={kwargs[theirs]!r} and {ours}={kwargs[ours]!r} are the same '
+                "argument (timm's name and LookHereVisionTransformer's) with different "
+                'values: give one of them'
+            )
     return {_RENAMES.get(k, k): v for k, v in kwargs.items() if k not in _IGNORED}
 
 
@@ -326,27 +352,109 @@ def _encoding_kwargs(variant: str, pretrained_cfg: Any, kwargs: Dict[str, Any]) 
         kwargs[key] = value
 
 
+def _timm_checkpoint_path() -> Optional[str]:
+    """The ``checkpoint_path`` of the ``timm.create_model`` call that is building this
+    model; None when it has none or the model function was called otherwise.
+
+    timm keeps ``checkpoint_path`` from the model function and reads the file itself once
+    the function has returned; the entry looks it up in the caller's frame to accept
+    ``pretrained=True`` with a file and to check the file before timm reads it.
+    """
+    code = inspect.unwrap(create_model).__code__
+    frame = sys._getframe(1)
+    try:
+        while frame is not None:
+            if frame.f_code is code:
+                path = frame.f_locals.get('checkpoint_path')
+                return os.fspath(path) if path else None
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
+
+
+def _check_checkpoint(path: str) -> None:
+    """Refuse a ``checkpoint_path`` that timm cannot read, naming the file and the problem
+    (timm's own reader says ``weights_only=True blocked ...``, a bare ``KeyError`` or an
+    empty ``FileNotFoundError``), before the model is built.
+
+    An mmengine Runner checkpoint (``tools/train.py``'s ``iter_N.pth``) holds the message
+    hub's ``HistoryBuffer`` and numpy objects besides tensors: exactly those classes are
+    allowed first for ``torch.load(..., weights_only=True)``, as
+    :func:`lookhere_dense.register_all_modules` does (:mod:`lookhere_dense.compat`; nothing
+    without mmengine). Every other Python object stays refused.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        UnreadableCheckpointError: it is no checkpoint (a folder; an empty, damaged or
+            text file; a pickle of other Python objects).
+    """
+    from . import compat
+    from .checkpoint import checkpoint_problem
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f'checkpoint file not found: {path!r} (timm.create_model checkpoint_path=, '
+            'a local file)'
+        )
+    if path.endswith('.safetensors') and os.path.isfile(path):
+        return  # no pickle; timm reads it with safetensors
+    compat.apply()
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise UnreadableCheckpointError(
+            path,
+            problem,
+            'timm.create_model(checkpoint_path=) takes a file written by torch.save '
+            '(official LookHere, timm / DeiT-III, lookhere-dense or mmengine checkpoints) '
+            'or a .safetensors file',
+        )
+
+
 def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
-    """Build one registered model through timm's ``build_model_with_cfg``."""
+    """Build one registered model through timm's ``build_model_with_cfg``.
+
+    ``pretrained=True`` needs a file: timm's ``checkpoint_path=`` (loaded by timm after
+    this function returns) or ``pretrained_cfg_overlay=dict(file=...)``. A
+    ``checkpoint_path`` is checked before the model is built (:func:`_check_checkpoint`).
+
+    Raises:
+        RuntimeError: ``pretrained=True`` without a file.
+        FileNotFoundError, UnreadableCheckpointError: the ``checkpoint_path`` is missing
+            or no checkpoint.
+    """
     pretrained_cfg = kwargs.pop('pretrained_cfg', None)
     overlay = kwargs.pop('pretrained_cfg_overlay', None) or {}
     _encoding_kwargs(variant, pretrained_cfg, kwargs)
+    checkpoint = _timm_checkpoint_path()
+    if checkpoint is not None:
+        _check_checkpoint(checkpoint)
     if pretrained and not overlay.get('file') and not overlay.get('state_dict'):
-        raise RuntimeError(
-            f'{variant}: no weights to download; pass the file, e.g. '
-            "timm.create_model(NAME, checkpoint_path='LH_180_weights_and_config.pth') or "
-            "pretrained=True, pretrained_cfg_overlay=dict(file='...')"
-        )
+        if checkpoint is None:
+            raise RuntimeError(
+                f'{variant}: no weights to download; pass the file, e.g. '
+                "timm.create_model(NAME, checkpoint_path='LH_180_weights_and_config.pth') or "
+                "pretrained=True, pretrained_cfg_overlay=dict(file='...')"
+            )
+        pretrained = False  # the weights are the checkpoint_path's, which timm loads next
+    args = {**ARCHS[variant], **_rename(kwargs)}
+    # timm's name: build_model_with_cfg sets in_chans from pretrained_cfg (3) unless given
+    if 'in_channels' in args:
+        args['in_chans'] = args.pop('in_channels')
     feature_cfg = dict(feature_cls=LookHereFeatures, prune=False, out_indices=3)
-    return build_model_with_cfg(
+    model = build_model_with_cfg(
         LookHereTimmViT,
         variant,
         pretrained,
         pretrained_cfg=pretrained_cfg,
         pretrained_cfg_overlay=overlay,
         feature_cfg=feature_cfg,
-        **{**ARCHS[variant], **_rename(kwargs)},
+        **args,
     )
+    if checkpoint is not None:  # timm hands the file's dict over: name the file in messages
+        trunk = model.model if isinstance(model, LookHereFeatures) else model
+        trunk._checkpoint_path = checkpoint
+    return model
 
 
 @register_model
