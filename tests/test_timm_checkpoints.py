@@ -1,0 +1,244 @@
+"""timm's ``create_model`` arguments on the LookHere models (:mod:`lookhere_dense.timm_models`):
+``in_chans`` / ``in_channels`` reach the patch embedding, ``checkpoint_path=`` loads a
+training run's checkpoint (``tools/train.py``'s ``iter_N.pth``: an mmengine Runner file) and
+a whole segmentor's flat ``state_dict``, ``pretrained=True`` takes the ``checkpoint_path``
+(mmseg's ``TIMMBackbone`` passes ``pretrained=True`` by default), and a file timm cannot
+read is refused with its name and its problem.
+"""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+timm = pytest.importorskip('timm')
+
+import lookhere_dense  # noqa: E402,F401 - registers (timm is imported)
+from lookhere_dense.errors import CheckpointError, UnreadableCheckpointError  # noqa: E402
+from lookhere_dense.lookhere import create_model  # noqa: E402
+from lookhere_dense.lookhere.weights import backbone_weights  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = 'lookhere_vit_tiny_patch16_224'
+
+
+def _trunk(preset: str = 'lh90'):
+    """A two-block create_model trunk (the tiny timm model with ``depth=2``), random."""
+    torch.manual_seed(0)
+    return create_model(embed_dims=192, num_layers=2, num_heads=12, preset=preset).eval()
+
+
+def _segmentor_state_dict(trunk) -> dict:
+    """What a segmentor's ``state_dict`` holds: the backbone under ``backbone.`` (its
+    ``_extra_state`` record included) and a decode head."""
+    sd = {f'backbone.{k}': v for k, v in trunk.state_dict().items()}
+    sd['decode_head.conv_seg.weight'] = torch.randn(5, 192, 1, 1)
+    sd['decode_head.conv_seg.bias'] = torch.zeros(5)
+    return sd
+
+
+def _runner_checkpoint(path: Path, trunk) -> Path:
+    """A file as mmengine's Runner writes it (``iter_N.pth``): meta, the segmentor's
+    weights and the message hub's ``HistoryBuffer`` objects (numpy inside)."""
+    MessageHub = pytest.importorskip('mmengine.logging').MessageHub
+    hub = MessageHub.get_instance(f'test_timm_checkpoints_{path.name}')
+    for step in range(3):
+        hub.update_scalar('train/loss', 1.0 / (step + 1))
+    hub.update_info('iter', 3)
+    torch.save(
+        {
+            'meta': {'epoch': 0, 'iter': 3, 'seed': 0, 'experiment_name': 'tiny'},
+            'state_dict': _segmentor_state_dict(trunk),
+            'message_hub': hub.state_dict(),
+        },
+        path,
+    )
+    return path
+
+
+# ----------------------------------------------------------------------------------------
+# in_chans
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize('key', ['in_chans', 'in_channels'])
+def test_in_chans_reaches_the_patch_embedding(key):
+    """timm fills in ``in_chans=3`` from the pretrained cfg unless given: the user's value
+    (timm's name or LookHereVisionTransformer's) must win."""
+    m = timm.create_model(TINY, depth=2, num_classes=0, **{key: 1}).eval()
+    assert tuple(m.patch_embed.proj.weight.shape) == (192, 1, 16, 16)
+    with torch.no_grad():
+        assert tuple(m(torch.randn(1, 1, 32, 48)).shape) == (1, 192)
+
+
+def test_in_chans_and_in_channels_that_disagree_are_refused():
+    with pytest.raises(ValueError, match='in_chans=1 and in_channels=3 are the same argument'):
+        timm.create_model(TINY, depth=2, in_chans=1, in_channels=3)
+
+
+def test_mmseg_timm_backbone_in_channels_1_runs():
+    """mmseg's ``TIMMBackbone(in_channels=1)`` passes ``in_chans=1`` to timm."""
+    pytest.importorskip('mmseg')
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+
+    init_default_scope('mmseg')
+    backbone = MODELS.build(
+        dict(
+            type='TIMMBackbone',
+            model_name=TINY,
+            pretrained=False,
+            in_channels=1,
+            features_only=True,
+            out_indices=(1,),
+            depth=2,
+        )
+    ).eval()
+    with torch.no_grad():
+        (fmap,) = backbone(torch.randn(1, 1, 64, 48))
+    assert tuple(fmap.shape) == (1, 192, 4, 3)
+
+
+# ----------------------------------------------------------------------------------------
+# Whole-model checkpoints through checkpoint_path=
+# ----------------------------------------------------------------------------------------
+def test_backbone_weights_of_a_flat_segmentor_state_dict():
+    """timm unwraps ``{'state_dict': ...}`` before ``load_state_dict``: a flat dict with
+    ``backbone.*`` keys is a whole model's (mmengine format), its other keys are left out;
+    a flat dict with neither ViT nor backbone keys is still refused."""
+    trunk = _trunk()
+    weights = backbone_weights(_segmentor_state_dict(trunk))
+    assert weights.format == 'mmengine'
+    want = {k for k in trunk.state_dict() if k != '_extra_state'}
+    assert set(weights.state_dict) == want
+    assert weights.num_heads == 12 and weights.lh_config is not None
+    with pytest.raises(CheckpointError, match=r"no ViT backbone weights.*'decode_head\.w'"):
+        backbone_weights({'decode_head.w': torch.ones(1)})
+
+
+@pytest.mark.parametrize('form', ['runner', 'flat'])
+@pytest.mark.parametrize('pretrained', [False, True])
+def test_checkpoint_path_loads_a_training_checkpoint(tmp_path: Path, form, pretrained):
+    """A Runner checkpoint and a ``torch.save(segmentor.state_dict())`` load through
+    ``checkpoint_path=`` (``pretrained=True`` too): the backbone bit for bit, its LookHere
+    config (lh90) and head count from the file's record."""
+    trunk = _trunk('lh90')
+    if form == 'runner':
+        path = _runner_checkpoint(tmp_path / 'iter_3.pth', trunk)
+    else:
+        path = tmp_path / 'segmentor.pth'
+        torch.save(_segmentor_state_dict(trunk), path)
+    m = timm.create_model(
+        TINY, pretrained=pretrained, checkpoint_path=str(path), depth=2, num_classes=0
+    ).eval()
+    assert m.lh_config.head_directions == trunk.lh_config.head_directions == 'corners-none'
+    x = torch.randn(1, 3, 48, 80)
+    with torch.no_grad():
+        assert torch.equal(m.forward_features(x), trunk.forward_features(x))
+
+
+def test_a_training_checkpoint_is_loaded_strictly_and_named(tmp_path: Path):
+    """The strictness of the other formats: a model with another depth is refused, the
+    message names the file (not 'the checkpoint')."""
+    path = tmp_path / 'segmentor.pth'
+    torch.save(_segmentor_state_dict(_trunk()), path)
+    with pytest.raises(CheckpointError, match=r"segmentor\.pth' .*the file has 2 blocks"):
+        timm.create_model(TINY, checkpoint_path=str(path), depth=3)
+
+
+def test_a_runner_checkpoint_loads_without_register_all_modules(tmp_path: Path):
+    """A fresh process that only imports lookhere_dense and timm (no OpenMMLab
+    registration, so mmengine's classes are not allowed yet): the timm entry allows
+    exactly those before timm reads the file; other Python objects stay refused."""
+    path = _runner_checkpoint(tmp_path / 'iter_3.pth', _trunk())
+    other = tmp_path / 'other.pth'
+    when = datetime.date(2024, 1, 1)  # a Python object no allow-list admits
+    torch.save({'state_dict': _segmentor_state_dict(_trunk()), 'when': when}, other)
+    code = (
+        'import sys, lookhere_dense, timm\n'
+        f'm = timm.create_model({TINY!r}, checkpoint_path=sys.argv[1], depth=2)\n'
+        "print('loaded', type(m).__name__)\n"
+        'try:\n'
+        f'    timm.create_model({TINY!r}, checkpoint_path=sys.argv[2], depth=2)\n'
+        'except Exception as err:\n'
+        "    print('refused', type(err).__name__, err)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, '-c', code, str(path), str(other)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert 'loaded LookHereTimmViT' in res.stdout, res.stdout
+    assert 'refused UnreadableCheckpointError' in res.stdout, res.stdout
+    assert f'{str(other)!r} cannot be read: it holds Python objects (datetime.date)' in res.stdout
+
+
+# ----------------------------------------------------------------------------------------
+# pretrained=True
+# ----------------------------------------------------------------------------------------
+def test_pretrained_true_takes_the_checkpoint_path_and_needs_a_file(tmp_path: Path):
+    path = tmp_path / 'ours.pth'
+    trunk = _trunk('lh180')
+    torch.save({'state_dict': trunk.state_dict()}, path)
+    m = timm.create_model(
+        f'{TINY}.lh180', pretrained=True, checkpoint_path=str(path), depth=2
+    ).eval()
+    assert torch.equal(m.blocks[1].attn.qkv.weight, trunk.blocks[1].attn.qkv.weight)
+    with pytest.raises(RuntimeError, match='no weights to download; pass the file'):
+        timm.create_model(f'{TINY}.lh180', pretrained=True, depth=2)
+    with pytest.raises(RuntimeError, match='no weights to download; pass the file'):
+        timm.create_model(f'{TINY}.lh180', pretrained=True, checkpoint_path='', depth=2)
+
+
+def test_mmseg_timm_backbone_loads_checkpoint_path_with_its_default_pretrained(tmp_path):
+    """``dict(type='TIMMBackbone', model_name=..., checkpoint_path=...)``: mmseg passes
+    ``pretrained=True`` (its default) with the file."""
+    pytest.importorskip('mmseg')
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+
+    trunk = _trunk('lh90')
+    path = _runner_checkpoint(tmp_path / 'iter_3.pth', trunk)
+    init_default_scope('mmseg')
+    backbone = MODELS.build(
+        dict(
+            type='TIMMBackbone',
+            model_name=TINY,
+            checkpoint_path=str(path),
+            features_only=True,
+            out_indices=(1,),
+            depth=2,
+        )
+    ).eval()
+    x = torch.randn(1, 3, 64, 48)
+    with torch.no_grad():
+        (fmap,) = backbone(x)
+        want = trunk(x)[-1]  # the last block's map (after the final norm)
+    assert torch.equal(fmap, want)
+
+
+# ----------------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------------
+def test_checkpoint_path_errors_name_the_file_and_the_problem(tmp_path: Path):
+    missing = tmp_path / 'nope.pth'
+    with pytest.raises(FileNotFoundError, match=r"checkpoint file not found: '.*nope\.pth'"):
+        timm.create_model(TINY, checkpoint_path=str(missing), depth=2)
+    text = tmp_path / 'notes.pth'
+    text.write_text('these are not weights\n')
+    with pytest.raises(
+        UnreadableCheckpointError, match=r"'.*notes\.pth' cannot be read: not a PyTorch checkpoint"
+    ):
+        timm.create_model(TINY, checkpoint_path=str(text), depth=2)
+    empty = tmp_path / 'empty.pth'
+    empty.write_bytes(b'')
+    with pytest.raises(UnreadableCheckpointError, match=r"'.*empty\.pth' cannot be read: empty"):
+        timm.create_model(TINY, checkpoint_path=str(empty), depth=2)
+    with pytest.raises(UnreadableCheckpointError, match='it is a folder, not a file'):
+        timm.create_model(TINY, checkpoint_path=str(tmp_path), depth=2)
