@@ -142,7 +142,7 @@ def test_simulated_run_end_to_end(tmp_path: Path):
         assert all(c['grads'][k]['ok'] for k in slopes)
 
     attn = _cases(data, 'attn')
-    assert list(attn) == ['64 tokens', 'parts 256 tokens', '256 tokens']
+    assert list(attn) == ['parts 256 tokens', '64 tokens', '256 tokens']
     parts = attn.pop('parts 256 tokens')  # where flex's time goes: every variant timed
     assert set(parts['forward']['seconds']) == set(gc.ATTN_PARTS) and not parts['errors']
     assert parts['check']['ok'] and set(parts['vs_sdpa']) == set(gc.ATTN_PARTS[1:])

@@ -14,7 +14,7 @@
 # tolerances; in bfloat16 / float16 also the forward's rounding bound: the score_mod and
 # softmax in float32), attn (1k-32k tokens: check, warm-up, 5 timed rounds, medians, peak
 # memory; flex, flex computing every tile, SDPA without bias, SDPA with the dense bias;
-# forward and forward + backward; after the first size the parts case, where flex's time
+# forward and forward + backward; first the parts case, where flex's time
 # goes: flex alone, our tiles, the block mask, the table score_mod, the reorder), peer (timm's ViT-B vs our trunk without bias and lh180
 # / lh90 / lh45 through flex: frames 1024x2048 and 2048x4096, train steps 512 and 1024,
 # one process per case). The JSON is rewritten after every case: a kill at any moment
@@ -33,8 +33,8 @@
 # are assumed at ~10 s and ~25 s (not measured: no GPU was lent): correctness 6 cases x
 # ~(10 + 25) s would need 210 s, so the 70 s budget may skip the learnable and float32
 # cases (bfloat16 and float16 fixed first; the first H200 runs: ~10-18 s per case); attn
-# 5 sizes x ~40 s plus the parts case (~7 compiles, ~60 s) need 260 s, so 110 s covers
-# 8k and the parts case, 137 s (--budget-scale 1.25) one more size; peer 15 processes x
+# 5 sizes x ~40 s plus the parts case (~8 compiles, ~80 s) need 280 s, so 110 s covers
+# the parts case and 8k, 137 s (--budget-scale 1.25) about one more size; peer 15 processes x
 # (~8 s start + compile) fit the first ~10 rows in 160 s. Raise it with --budget-scale
 # where time allows (1.25: 450 s of sections, cap 570 s + 30 s to stop, inside a 10-minute
 # limit per command; 2: 12 min). A hard cap of budget + 120 s (timeout, SIGINT) stops a

@@ -165,7 +165,7 @@ class Plan:
     #: and ours alike). Default: ViT-B
     peer_arch: Optional[Dict[str, int]] = None
     #: the token count of the ``attn parts`` case (:func:`attn_parts_case`: where flex's
-    #: time goes), run after the first size of ``attn_tokens``; None: not run. Default: None
+    #: time goes), run before the sizes of ``attn_tokens``; None: not run. Default: None
     attn_parts_tokens: Optional[int] = None
 
 
@@ -1243,11 +1243,9 @@ def _flex_section(
         ]
     else:
         todo = [(f'{n} tokens', partial(attn_case, plan, n, watch)) for n in plan.attn_tokens]
-        if plan.attn_parts_tokens:  # after the first size: the diagnosis before the goals
+        if plan.attn_parts_tokens:  # first: the diagnosis of the 12x before the goals' sizes
             n = plan.attn_parts_tokens
-            todo.insert(
-                min(1, len(todo)), (f'parts {n} tokens', partial(attn_parts_case, plan, n, watch))
-            )
+            todo.insert(0, (f'parts {n} tokens', partial(attn_parts_case, plan, n, watch)))
     for case_name, fn in todo:
         if flex_problem:
             rec.add(name, dict(name=case_name, status=SKIPPED, reason=flex_problem))
