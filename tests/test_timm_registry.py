@@ -41,6 +41,17 @@ def test_every_model_and_tag_is_registered():
     assert cfg.tag == 'lh180' and cfg.num_classes == 1000
     for tag in ('lh180', 'lh90', 'lh45', 'alibi2d'):
         assert timm.models.get_pretrained_cfg(f'lookhere_vit_base_patch16_224.{tag}') is not None
+    # lh45 and 2D-ALiBi need a multiple of 4 heads: the small model (6 heads) has two tags
+    tags = {name: [] for name in NAMES}
+    for full in timm.list_models('lookhere_vit_*', include_tags=True):
+        name, tag = full.split('.')
+        tags[name].append(tag)
+    assert {name: sorted(t) for name, t in tags.items()} == {
+        name: sorted(
+            ['lh180', 'lh90'] if 'small' in name else ['lh180', 'lh90', 'lh45', 'alibi2d']
+        )
+        for name in NAMES
+    }
 
 
 @pytest.mark.parametrize('first', ['lookhere_dense', 'timm'])
