@@ -5,7 +5,11 @@
 into the same model on a LookHere backbone: the architecture arguments (embed dims,
 layers, heads, out_indices, CLS-token outputs, norms, drop rates, ...) are carried over,
 the position-embedding ones are dropped, and the heads are checked against what
-LookHereViT gives. ``tools/swap_backbone.py`` does it on the command line::
+LookHereViT gives. mmseg's layer-decay optimizer constructors (the BEiT and MAE configs'),
+which know only BEiT / MAE / ConvNeXt backbones by class name, become
+``LookHereLayerDecayOptimizerConstructor`` with the same decay rate
+(:data:`MMSEG_LAYER_DECAY_CONSTRUCTORS`). ``tools/swap_backbone.py`` does it on the command
+line::
 
     python tools/swap_backbone.py mmseg::setr/setr_vit-l_pup_8xb1-80k_cityscapes-768x768.py \\
         configs/setr_lookhere_pup_cityscapes.py --preset lh90
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from .config_checks import (  # the checks live there; importable from here too
     check_model_cfg,
@@ -33,6 +37,7 @@ from .registry import CONFIG_IMPORT
 
 __all__ = [
     'SOURCE_BACKBONES',
+    'MMSEG_LAYER_DECAY_CONSTRUCTORS',
     'lookhere_backbone_cfg',
     'swap_backbone',
     'check_model_cfg',
@@ -91,6 +96,113 @@ SOURCE_BACKBONES: Dict[str, Dict[str, Any]] = {
     ),
     'MAE': dict(copy=_SHARED + ('init_values',), rename={}, drop=('pretrained', 'init_cfg')),
 }
+
+
+#: mmseg's layer-decay optimizer wrapper constructors, and the ``paramwise_cfg`` key each
+#: reads the decay rate from. They pick a parameter's layer by the backbone's *class name*
+#: (BEiT / MAE / ConvNeXt) and raise a bare ``NotImplementedError`` for any other, so the
+#: swap rewrites them to ``LookHereLayerDecayOptimizerConstructor``
+#: (:mod:`lookhere_dense.engine.layer_decay`): the same layer ids (0 before the blocks,
+#: ``i + 1`` for block ``i``, ``num_layers + 1`` after) and learning-rate scales
+#: (``decay_rate ** (num_layers + 1 - layer)``).
+MMSEG_LAYER_DECAY_CONSTRUCTORS: Dict[str, str] = {
+    'LayerDecayOptimizerConstructor': 'layer_decay_rate',
+    'LearningRateDecayOptimizerConstructor': 'decay_rate',
+}
+#: ``decay_type`` values of mmseg's ``LearningRateDecayOptimizerConstructor`` that mean
+#: layer-wise decay of a ViT (``'stage_wise'`` is for ConvNeXt only).
+_LAYER_WISE = ('layer_wise', 'layer_wise_vit')
+#: Constructors that do not look at the backbone's type: kept as they are.
+_GENERIC_CONSTRUCTORS = ('DefaultOptimWrapperConstructor', 'ForceDefaultOptimWrapperConstructor')
+_LOOKHERE_CONSTRUCTOR = 'LookHereLayerDecayOptimizerConstructor'
+#: Other constructors known to need something of the backbone LookHereViT does not have.
+_BACKBONE_BOUND_CONSTRUCTORS = {
+    'LearningRateDecayOptimWrapperConstructor': (
+        "mmpretrain's layer decay asks the model for get_layer_depth(), which mmseg "
+        'models with a LookHereViT backbone do not have'
+    ),
+}
+
+
+def _constructor_name(ctor: Any) -> str:
+    """``'LayerDecayOptimizerConstructor'`` of ``'mmseg.LayerDecayOptimizerConstructor'``
+    or of the class itself."""
+    name = ctor if isinstance(ctor, str) else getattr(ctor, '__name__', repr(ctor))
+    return name.rsplit('.', 1)[-1]
+
+
+def _swap_optim_constructor(cfg, depth: Optional[int], report: Callable[[str], None]) -> None:
+    """Make ``cfg.optim_wrapper.constructor`` work with a LookHereViT backbone of ``depth``
+    blocks (in place): mmseg's layer decay becomes LookHere's, with the source's rate;
+    ``report`` says what was rewritten.
+
+    Raises:
+        ConfigError: a constructor that cannot work with LookHereViT, or an mmseg layer
+            decay without a rate / with ConvNeXt's ``stage_wise`` decay.
+    """
+    wrapper = cfg.get('optim_wrapper')
+    if not isinstance(wrapper, Mapping) or wrapper.get('constructor') is None:
+        return
+    ctor = wrapper['constructor']
+    shown = ctor if isinstance(ctor, str) else _constructor_name(ctor)
+    name = _constructor_name(ctor)
+    paramwise = dict(wrapper.get('paramwise_cfg') or {})
+    if name in _GENERIC_CONSTRUCTORS:
+        return
+    if name == _LOOKHERE_CONSTRUCTOR:
+        if depth is not None and paramwise.get('num_layers') not in (None, depth):
+            report(
+                f'optim_wrapper.paramwise_cfg.num_layers: {paramwise["num_layers"]} -> {depth} '
+                '(the LookHereViT depth)'
+            )
+            paramwise['num_layers'] = depth
+            wrapper['paramwise_cfg'] = paramwise
+        return
+    if name in _BACKBONE_BOUND_CONSTRUCTORS:
+        raise ConfigError(
+            f'optim_wrapper.constructor={shown!r} cannot work with LookHereViT: '
+            f'{_BACKBONE_BOUND_CONSTRUCTORS[name]}. For layer-wise lr decay set '
+            f"optim_wrapper.constructor='{_LOOKHERE_CONSTRUCTOR}' with "
+            'paramwise_cfg=dict(decay_rate=..., num_layers=...), or remove the constructor'
+        )
+    if name not in MMSEG_LAYER_DECAY_CONSTRUCTORS:
+        report(
+            f'optim_wrapper.constructor={shown!r} kept as it is (swap_backbone does not know '
+            'it; check that it does not depend on the backbone type)'
+        )
+        return
+    rate_key = MMSEG_LAYER_DECAY_CONSTRUCTORS[name]
+    if name == 'LearningRateDecayOptimizerConstructor':
+        decay_type = paramwise.get('decay_type', 'layer_wise')
+        if decay_type not in _LAYER_WISE:
+            raise ConfigError(
+                f'optim_wrapper.paramwise_cfg.decay_type={decay_type!r} (of {shown}) is '
+                "ConvNeXt's stage-wise decay; a LookHereViT backbone takes layer-wise decay: "
+                "set optim_wrapper.paramwise_cfg.decay_type='layer_wise'"
+            )
+    rate = paramwise.get(rate_key)
+    if rate is None:
+        raise ConfigError(
+            f'optim_wrapper.constructor={shown!r} without '
+            f'optim_wrapper.paramwise_cfg.{rate_key}: set the layer-decay rate there'
+        )
+    new_paramwise: Dict[str, Any] = dict(decay_rate=rate)
+    notes = []
+    if depth is not None:
+        new_paramwise['num_layers'] = depth
+        if paramwise.get('num_layers') != depth:
+            notes.append(f'num_layers is the LookHereViT depth, {depth}')
+    ignored = sorted(set(paramwise) - {rate_key, 'num_layers', 'decay_type'})
+    if ignored:
+        notes.append(f'{ignored} dropped: {name} ignores them')
+    wrapper['constructor'] = _LOOKHERE_CONSTRUCTOR
+    wrapper['paramwise_cfg'] = new_paramwise
+    report(
+        f'optim_wrapper: constructor={shown!r}, paramwise_cfg={paramwise} -> '
+        f'constructor={_LOOKHERE_CONSTRUCTOR!r}, paramwise_cfg={new_paramwise} ({name} '
+        'assigns layers by the backbone class name, BEiT / MAE / ConvNeXt only, and fails '
+        'on LookHereViT; the same layer-wise lr scales' + ''.join(f'; {n}' for n in notes) + ')'
+    )
 
 
 def _source_defaults(type_name: str) -> Dict[str, Any]:
@@ -169,26 +281,33 @@ def swap_backbone(
     num_heads: Optional[int] = None,
     checkpoint: Optional[str] = None,
     keep_pretrained: bool = False,
+    report: Optional[Callable[[str], None]] = None,
     **overrides: Any,
 ):
     """A copy of an mmseg config with its plain-ViT backbone replaced by ``LookHereViT``.
 
     Also: ``custom_imports`` gains ``lookhere_dense.openmmlab`` (importing it registers
     lookhere-dense); the model-level ``pretrained``
-    (weights of the source architecture) is cleared unless ``keep_pretrained``; the
-    result passes :func:`check_model_cfg`.
+    (weights of the source architecture) is cleared unless ``keep_pretrained``; mmseg's
+    layer-decay optimizer constructors (:data:`MMSEG_LAYER_DECAY_CONSTRUCTORS`: BEiT and
+    MAE configs), which only know BEiT / MAE / ConvNeXt backbones, become
+    ``LookHereLayerDecayOptimizerConstructor`` with the source's decay rate and
+    ``num_layers`` = the new backbone's depth; the result passes :func:`check_model_cfg`.
 
     Args:
         cfg: an ``mmengine.Config`` (or a dict with ``model``).
         preset, num_heads, checkpoint, **overrides: see :func:`lookhere_backbone_cfg`.
         keep_pretrained: keep ``model.pretrained``. Default: False.
+        report: called with one line per change beyond the backbone (the optimizer
+            constructor rewritten, one it keeps unchecked). Default: None (silent).
 
     Returns:
         The new config (the input is not changed).
 
     Raises:
-        ConfigError: unsupported backbone, or the heads need something the LookHere
-            backbone cannot give as configured (the message says what to set).
+        ConfigError: unsupported backbone, the heads need something the LookHere
+            backbone cannot give as configured, or an optimizer constructor that cannot
+            work with it (the message says what to set).
     """
     new = copy.deepcopy(cfg)
     model = new['model']
@@ -196,6 +315,8 @@ def swap_backbone(
     if not isinstance(backbone, Mapping):
         raise ConfigError('the config has no model.backbone to swap')
     model['backbone'] = lookhere_backbone_cfg(backbone, preset, num_heads, checkpoint, **overrides)
+    notes: List[str] = []
+    _swap_optim_constructor(new, model['backbone'].get('num_layers'), notes.append)
     if not keep_pretrained and model.get('pretrained') is not None:
         model['pretrained'] = None
     imports = new.get('custom_imports') or dict(imports=[], allow_failed_imports=False)
@@ -208,4 +329,6 @@ def swap_backbone(
     imports['imports'] = mods
     new['custom_imports'] = imports
     check_model_cfg(new)
+    for note in notes if report is not None else ():
+        report(note)
     return new

@@ -196,12 +196,35 @@ def test_dedupe_keeps_every_family(models, discovered):
     assert len(models) < len(discovered)
 
 
+def _batch(model) -> dict:
+    """Two random ``SIZE`` x ``SIZE`` images with labels, through the model's preprocessor."""
+    from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
+
+    num_classes = model.decode_head.num_classes
+    imgs = [torch.randint(0, 255, (3, SIZE, SIZE), dtype=torch.uint8) for _ in range(2)]
+    samples = []
+    for _ in imgs:
+        s = SegDataSample()
+        s.gt_sem_seg = PixelData(
+            data=torch.randint(0, num_classes, (1, SIZE, SIZE), dtype=torch.long)
+        )
+        s.set_metainfo(
+            dict(img_shape=(SIZE, SIZE), ori_shape=(SIZE, SIZE), pad_shape=(SIZE, SIZE))
+        )
+        samples.append(s)
+    return model.data_preprocessor(dict(inputs=imgs, data_samples=samples), True)
+
+
+def _total_loss(model, data: dict) -> torch.Tensor:
+    losses = model(**data, mode='loss')
+    return sum(v for k, v in losses.items() if 'loss' in k)
+
+
 def test_every_vit_config_swaps_builds_and_trains_a_step(models):
     from mmengine.config import ConfigDict
     from mmengine.registry import init_default_scope
-    from mmengine.structures import PixelData
     from mmseg.registry import MODELS
-    from mmseg.structures import SegDataSample
 
     init_default_scope('mmseg')
     torch.manual_seed(0)
@@ -211,22 +234,9 @@ def test_every_vit_config_swaps_builds_and_trains_a_step(models):
             model = MODELS.build(ConfigDict(model_cfg))  # PyTorch's default init is enough
             model.train()
             assert type(model.backbone).__name__ == 'LookHereViT'
-            num_classes = model.decode_head.num_classes
-            imgs = [torch.randint(0, 255, (3, SIZE, SIZE), dtype=torch.uint8) for _ in range(2)]
-            samples = []
-            for _ in imgs:
-                s = SegDataSample()
-                s.gt_sem_seg = PixelData(
-                    data=torch.randint(0, num_classes, (1, SIZE, SIZE), dtype=torch.long)
-                )
-                s.set_metainfo(
-                    dict(img_shape=(SIZE, SIZE), ori_shape=(SIZE, SIZE), pad_shape=(SIZE, SIZE))
-                )
-                samples.append(s)
-            data = model.data_preprocessor(dict(inputs=imgs, data_samples=samples), True)
-            losses = model(**data, mode='loss')
-            total = sum(v for k, v in losses.items() if 'loss' in k)
-            assert torch.isfinite(total), (rel, losses)
+            data = _batch(model)
+            total = _total_loss(model, data)
+            assert torch.isfinite(total), (rel, total)
             total.backward()
             grads = [p.grad for p in model.backbone.parameters() if p.requires_grad]
             assert any(g is not None and g.abs().sum() > 0 for g in grads), rel
@@ -237,6 +247,171 @@ def test_every_vit_config_swaps_builds_and_trains_a_step(models):
         except Exception as err:  # collect all, report together
             failures.append(f'{rel}: {type(err).__name__}: {err}')
     assert not failures, '\n'.join(failures)
+
+
+#: a plain-ViT config built beside the BEiT / MAE ones in the optimizer test: mmengine's
+#: default constructor with ``custom_keys``, which the swap keeps
+PLAIN_VIT = 'vit/vit_deit-s16_upernet_8xb2-80k_ade20k-512x512.py'
+LOOKHERE_DECAY = 'LookHereLayerDecayOptimizerConstructor'
+
+
+def _optim_wrapper(model, cfg):
+    """mmengine's ``build_optim_wrapper`` on ``cfg.optim_wrapper`` (an ``AmpOptimWrapper``
+    built as a plain ``OptimWrapper``: it needs a GPU; the constructor is the same)."""
+    from mmengine.optim import build_optim_wrapper
+
+    wrapper = copy.deepcopy(cfg.optim_wrapper)
+    wrapper.type = 'OptimWrapper'
+    return build_optim_wrapper(model, wrapper)
+
+
+def _lr_and_decay(model, optim_wrapper) -> Dict[str, Tuple[float, float]]:
+    """``{parameter name: (lr, weight_decay)}`` of a built optimizer wrapper."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    out = {}
+    for group in optim_wrapper.optimizer.param_groups:
+        for p in group['params']:
+            out[names[id(p)]] = (group['lr'], group['weight_decay'])
+    return out
+
+
+def test_layer_decay_configs_build_their_optimizer_and_train_a_step(discovered):
+    """The BEiT / MAE configs name mmseg's LayerDecayOptimizerConstructor, which raises a
+    bare NotImplementedError for any backbone class but BEiT / MAE / ConvNeXt: swapped,
+    they build their optimizer wrapper with mmengine's build_optim_wrapper (as the Runner
+    does), with the source's layer-wise decay -- the same lr per block and per head
+    parameter as mmseg's constructor gives the source model -- and take an optimizer
+    step. A plain-ViT config keeps its default constructor (no decay)."""
+    import mmseg.engine  # noqa: F401 - registers mmseg's constructors, for the reference
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+
+    init_default_scope('mmseg')
+    torch.manual_seed(0)
+    decayed = [rel for rel in discovered if rel.split('/')[0] in ('beit', 'mae')]
+    assert {rel.split('/')[0] for rel in decayed} == {'beit', 'mae'}
+    assert len(decayed) >= 4, decayed  # 6 in mmsegmentation 1.2.2
+    failures = []
+    for rel in decayed + [PLAIN_VIT]:
+        try:
+            src = _load(rel)
+            src.model = shrink(src.model.to_dict())
+            depth = src.model.backbone.num_layers
+            layer_decay = src.optim_wrapper.get('constructor') is not None
+            if layer_decay:  # as a config for the shrunk backbone would say
+                src.optim_wrapper.paramwise_cfg.num_layers = depth
+            notes: List[str] = []
+            new = swap_backbone(src, report=notes.append, **_swap_kwargs(rel))
+            model = MODELS.build(new.model)
+            model.train()
+            optim_wrapper = _optim_wrapper(model, new)
+            lrs = _lr_and_decay(model, optim_wrapper)
+            base = new.optim_wrapper.optimizer.lr
+            blocks = []
+            for i in range(depth):
+                block = {lr for n, (lr, _) in lrs.items() if n.startswith(f'backbone.blocks.{i}.')}
+                assert len(block) == 1, (i, block)
+                blocks.append(block.pop())
+            heads = {lr for n, (lr, _) in lrs.items() if not n.startswith('backbone.')}
+            assert heads == {base}, heads
+            if not layer_decay:
+                assert new.optim_wrapper.get('constructor') is None and not notes, notes
+                assert set(blocks) == {base}, blocks
+            else:
+                rate = src.optim_wrapper.paramwise_cfg.layer_decay_rate
+                assert new.optim_wrapper.constructor == LOOKHERE_DECAY
+                assert new.optim_wrapper.paramwise_cfg == dict(decay_rate=rate, num_layers=depth)
+                assert len(notes) == 1 and f"-> constructor='{LOOKHERE_DECAY}'" in notes[0]
+                assert blocks[0] < blocks[-1] < base, blocks
+                assert blocks == pytest.approx([base * rate ** (depth - i) for i in range(depth)])
+                # mmseg's own constructor on the source model: the same lr per block, the
+                # same lr and weight decay for every parameter outside the backbone
+                ref_model = MODELS.build(src.model)
+                ref = _lr_and_decay(ref_model, _optim_wrapper(ref_model, src))
+                for name, lr_wd in ref.items():
+                    if name.startswith('backbone.layers.'):
+                        assert blocks[int(name.split('.')[2])] == pytest.approx(lr_wd[0]), name
+                    elif not name.startswith('backbone.'):
+                        assert lrs[name] == pytest.approx(lr_wd), name
+            before = {n: p.detach().clone() for n, p in model.named_parameters()}
+            loss = _total_loss(model, _batch(model))
+            assert torch.isfinite(loss), (rel, loss)
+            optim_wrapper.backward(loss)
+            optim_wrapper.step()  # not update_params: BEiT-L accumulates 2 steps
+            moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+            assert any(n.startswith('backbone.blocks.0.') for n in moved), rel
+            assert any(n.startswith('decode_head.') for n in moved), rel
+        except Exception as err:  # collect all, report together
+            failures.append(f'{rel}: {type(err).__name__}: {err}')
+    assert not failures, '\n'.join(failures)
+
+
+_MMSEG_DECAY = dict(decay_rate=0.8, decay_type='layer_wise_vit', num_layers=12)
+
+
+@pytest.mark.parametrize(
+    'constructor,paramwise,expect',
+    [
+        (  # mmseg's newer name, scoped; the keys it ignores are dropped and said so
+            'mmseg.LearningRateDecayOptimizerConstructor',
+            dict(_MMSEG_DECAY, custom_keys={'head': dict(lr_mult=10.0)}),
+            (LOOKHERE_DECAY, dict(decay_rate=0.8, num_layers=14), r"\['custom_keys'\] dropped"),
+        ),
+        (
+            'LayerDecayOptimizerConstructor',
+            dict(num_layers=12, layer_decay_rate=0.9),
+            (LOOKHERE_DECAY, dict(decay_rate=0.9, num_layers=14), 'LookHereViT depth, 14'),
+        ),
+        (  # already LookHere's: only the depth follows the backbone
+            LOOKHERE_DECAY,
+            dict(decay_rate=0.9, num_layers=12),
+            (LOOKHERE_DECAY, dict(decay_rate=0.9, num_layers=14), r'num_layers: 12 -> 14'),
+        ),
+        (
+            'ForceDefaultOptimWrapperConstructor',
+            {},
+            ('ForceDefaultOptimWrapperConstructor', {}, None),
+        ),
+        ('MyConstructor', {}, ('MyConstructor', {}, "'MyConstructor' kept as it is")),
+        (
+            'LearningRateDecayOptimizerConstructor',
+            dict(_MMSEG_DECAY, decay_type='stage_wise'),
+            r"optim_wrapper.paramwise_cfg.decay_type='stage_wise' .*ConvNeXt",
+        ),
+        (
+            'LayerDecayOptimizerConstructor',
+            dict(num_layers=12),
+            r"'LayerDecayOptimizerConstructor' without optim_wrapper.paramwise_cfg.layer_decay_rate",
+        ),
+        (
+            'mmpretrain.LearningRateDecayOptimWrapperConstructor',
+            dict(layer_decay_rate=0.65),
+            r"constructor='mmpretrain.LearningRateDecayOptimWrapperConstructor' cannot work "
+            'with LookHereViT: .*get_layer_depth',
+        ),
+    ],
+)
+def test_swap_rewrites_or_refuses_optimizer_constructors(constructor, paramwise, expect):
+    """Each optimizer constructor that depends on the backbone's class is rewritten for
+    LookHereViT (num_layers = the swapped backbone's depth, here 14 set on the source) or
+    refused with the key to set; others are kept (an unknown one with a note)."""
+    cfg = _load('beit/beit-base_upernet_8xb2-160k_ade20k-640x640.py')
+    cfg.model.backbone.num_layers = 14
+    cfg.optim_wrapper.constructor = constructor
+    cfg.optim_wrapper.paramwise_cfg = paramwise
+    notes: List[str] = []
+    if isinstance(expect, str):
+        with pytest.raises(ConfigError, match=expect):
+            swap_backbone(cfg, report=notes.append)
+        return
+    want_constructor, want_paramwise, note = expect
+    new = swap_backbone(cfg, report=notes.append)
+    assert new.optim_wrapper.constructor == want_constructor
+    assert new.optim_wrapper.paramwise_cfg == want_paramwise
+    if note is None:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and re.search(note, notes[0]), notes
 
 
 def test_vit_t_needs_a_head_count_lookhere_supports():

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 __all__ = ['swap_config_file']
 
@@ -17,6 +17,7 @@ def swap_config_file(
     checkpoint: Optional[str] = None,
     keep_pretrained: bool = False,
     cfg_options: Optional[dict] = None,
+    report: Optional[Callable[[str], None]] = None,
 ):
     """Load ``config`` (``mmseg::`` paths allowed; ``cfg_options`` merged in), swap its
     backbone for LookHereViT and write the result to ``out`` (a flat ``.py`` config that
@@ -30,6 +31,8 @@ def swap_config_file(
         checkpoint: backbone weights for ``init_cfg=Pretrained``. Default: None.
         keep_pretrained: keep the source's ``model.pretrained``. Default: False.
         cfg_options: overrides of the source config. Default: None.
+        report: called with one line per change beyond the backbone (an mmseg layer-decay
+            optimizer constructor rewritten for LookHereViT, ...). Default: None.
 
     Returns:
         The new config.
@@ -53,6 +56,7 @@ def swap_config_file(
         num_heads=num_heads,
         checkpoint=checkpoint,
         keep_pretrained=keep_pretrained,
+        report=report,
     )
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     new.dump(out)
