@@ -76,3 +76,34 @@ def test_missing_pretrained_in_init_cfg_is_dropped_with_a_warning(tmp_path):
     kept = dict(model=dict(pretrained=str(present), backbone=dict(type='LookHereViT')))
     assert drop_missing_pretrained(kept, warnings.append) == []
     assert kept['model']['pretrained'] == str(present)
+
+
+def test_swap_tool_names_its_flags_and_prints_the_optimizer_rewrite(tmp_path):
+    """On the command line the head-count error names --num-heads / --preset (the user
+    cannot set model.backbone.* of a config that does not exist yet), and a BEiT config's
+    mmseg layer-decay constructor is rewritten for LookHereViT and said so."""
+    from mmengine.config import Config
+    from tiny_seg import run_tools
+
+    vit_t = 'mmseg::segmenter/segmenter_vit-t_mask_8xb1-160k_ade20k-512x512.py'
+    beit = 'mmseg::beit/beit-base_upernet_8xb2-160k_ade20k-640x640.py'
+    outs = [tmp_path / 'vit_t.py', tmp_path / 'beit.py', tmp_path / 'vit_t_12.py']
+    res = run_tools(
+        [
+            ('swap_backbone', [vit_t, str(outs[0])]),
+            ('swap_backbone', [beit, str(outs[1])]),
+            ('swap_backbone', [vit_t, str(outs[2]), '--num-heads', '12']),
+        ]
+    )
+    assert [r['rc'] for r in res] == [2, 0, 0], res
+    err = res[0]['stderr']
+    assert err.startswith('error: ') and err.count('\n') == 1 and 'num_heads=3' in err, err
+    assert 'Set --num-heads to one that fits' in err and 'another preset with --preset' in err
+    assert 'model.backbone.num_heads' not in err and not outs[0].exists()
+    out = res[1]['stdout']
+    assert "optim_wrapper: constructor='LayerDecayOptimizerConstructor'" in out, out
+    assert "-> constructor='LookHereLayerDecayOptimizerConstructor'" in out
+    cfg = Config.fromfile(str(outs[1]))
+    assert cfg.optim_wrapper.constructor == 'LookHereLayerDecayOptimizerConstructor'
+    assert cfg.optim_wrapper.paramwise_cfg == dict(decay_rate=0.9, num_layers=12)
+    assert 'optim_wrapper' not in res[2]['stdout']  # Segmenter: the default constructor

@@ -4,8 +4,11 @@
 Works for the configs whose backbone is ``VisionTransformer`` (Segmenter, ViT/DeiT UPerNet,
 SETR, DPT), ``BEiT`` or ``MAE``: embed dims, layers, heads, out_indices, CLS-token outputs,
 norms and drop rates are carried over; position-embedding settings and the source's
-pretrained weights are dropped (see ``lookhere_dense.swap``). The written file is a flat
-config that ``tools/train.py`` runs as it is.
+pretrained weights are dropped; mmseg's layer-decay optimizer constructor (BEiT and MAE
+configs), which knows only BEiT / MAE / ConvNeXt backbones, becomes
+``LookHereLayerDecayOptimizerConstructor`` with the same decay rate (see
+``lookhere_dense.swap``; each such change is printed). The written file is a flat config
+that ``tools/train.py`` runs as it is.
 
 Examples::
 
@@ -26,6 +29,10 @@ from typing import List, Optional
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+
+#: LookHereViT keys that the tool's own flags set: its error messages name the flags
+_FLAGS = {'model.backbone.num_heads': '--num-heads', 'model.backbone.preset': '--preset'}
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -73,22 +80,33 @@ def main(argv: Optional[List[str]] = None):
 
     quiet_known_warnings()
     from lookhere_dense.apis.swap import swap_config_file
+    from lookhere_dense.errors import ConfigError
 
-    new = swap_config_file(
-        args.config,
-        args.out,
-        preset=args.preset,
-        num_heads=args.num_heads,
-        checkpoint=args.checkpoint,
-        keep_pretrained=args.keep_pretrained,
-        cfg_options=args.cfg_options,
-    )
+    notes: List[str] = []
+    try:
+        new = swap_config_file(
+            args.config,
+            args.out,
+            preset=args.preset,
+            num_heads=args.num_heads,
+            checkpoint=args.checkpoint,
+            keep_pretrained=args.keep_pretrained,
+            cfg_options=args.cfg_options,
+            report=notes.append,
+        )
+    except ConfigError as err:  # 'Set model.backbone.num_heads' -> 'Set --num-heads'
+        message = str(err)
+        for key, flag in _FLAGS.items():
+            message = message.replace(key, flag)
+        raise ConfigError(message) from None
     bb = new.model.backbone
     print(
         f'wrote {args.out}: LookHereViT embed_dims={bb.get("embed_dims")} '
         f'num_layers={bb.get("num_layers")} num_heads={bb.get("num_heads")} '
         f'out_indices={bb.get("out_indices")} preset={bb.get("preset") or "lh180 (default)"}'
     )
+    for note in notes:
+        print(f'  {note}')
     return new
 
 
