@@ -10,8 +10,11 @@ import os
 import subprocess
 import sys
 
+import cv2
+import numpy as np
 import pytest
-from tiny_seg import run_tools, write_study_reports
+import torch
+from tiny_seg import SHRINK, env, run_tools, write_checkpoint, write_study_reports
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = (
@@ -44,6 +47,10 @@ def runs(tmp_path_factory):
         "dict(type='PackSegInputs')]))\n"
     )
     (tmp / 'not_a_checkpoint.pth').write_text('x')
+    ckpt = write_checkpoint(str(tmp / 'tiny.pth'))  # untrained, for the infer runs
+    image = str(tmp / 'image.png')  # 64x80 px, kept so by --native
+    cv2.imwrite(image, np.random.default_rng(0).integers(0, 255, (64, 80, 3), np.uint8))
+    infer = [ADE_CFG, ckpt, image, '--native', '--cfg-options', *SHRINK, '--out-dir']
     calls = {f'help:{tool}': (tool, ['--help']) for tool in TOOLS}
     calls.update(
         {
@@ -52,6 +59,18 @@ def runs(tmp_path_factory):
             'extrapolate:bad test': ('extrapolate', [ADE_CFG, 'x.pth', '--tests', 'whole:2x']),
             'infer:missing input': ('infer', [ADE_CFG, 'x.pth', str(tmp / 'missing')]),
             'infer:bad size': ('infer', [ADE_CFG, 'x.pth', str(tmp), '--size', '10y20']),
+            'infer:cuda without a GPU': (
+                'infer',
+                [ADE_CFG, 'x.pth', str(tmp), '--device', 'cuda'],
+            ),
+            'extrapolate:cuda without a GPU': (
+                'extrapolate',
+                [ADE_CFG, 'x.pth', '--device', 'cuda'],
+            ),
+            'infer:crop below a patch': (
+                'infer',
+                [*infer, str(tmp / 'o1'), '--slide', '--crop', '8x8', '--stride', '8x8'],
+            ),
             'test:amp-dtype without amp': (
                 'test',
                 [ADE_CFG, 'x.pth', '--amp-dtype', 'float16'],
@@ -191,6 +210,66 @@ def test_extrapolate_and_infer_say_what_is_wrong(runs):
     assert res['rc'] == 2 and '--amp-dtype=float16 on CPU' in res['stderr']
     res = runs['test:amp-dtype without amp']
     assert res['rc'] == 2 and '--amp-dtype float16 needs --amp' in res['stderr']
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='checks a machine without CUDA')
+def test_a_cuda_device_without_cuda_is_named_before_any_work(runs):
+    # not torch's 'Found no NVIDIA driver' traceback from the model's .to(device)
+    for key in ('infer:cuda without a GPU', 'extrapolate:cuda without a GPU'):
+        err = _error_line(runs[key])
+        assert err.startswith('error: --device cuda: no CUDA device here'), err
+
+
+def test_check_device_names_a_device_this_machine_lacks(monkeypatch):
+    from lookhere_dense.apis.cli import check_device
+    from lookhere_dense.errors import ConfigError
+
+    assert check_device('cpu') == 'cpu'
+    assert check_device(None) == ('cuda' if torch.cuda.is_available() else 'cpu')
+    with pytest.raises(
+        ConfigError, match=r'--device gpu: not a device name \(expected cpu or cuda'
+    ):
+        check_device('gpu')
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    with pytest.raises(ConfigError, match='--device cuda:0: no CUDA device here'):
+        check_device('cuda:0')
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    assert check_device('cuda') == 'cuda' and check_device('cuda:1') == 'cuda:1'
+    with pytest.raises(
+        ConfigError,
+        match=r'--device cuda:2: this machine has 2 CUDA device\(s\), cuda:0 to cuda:1',
+    ):
+        check_device('cuda:2')
+
+
+def test_infer_refuses_a_slide_crop_below_one_patch(runs):
+    # not the backbone's 'image of 8x8 px is smaller than one 16x16 patch' traceback
+    err = _error_line(runs['infer:crop below a patch'])
+    assert err.startswith('error: --crop 8x8 is smaller than one 16x16 patch of the backbone')
+    assert 'at least 16x16' in err
+    assert not (runs['infer:crop below a patch']['tmp'] / 'o1' / 'image.png').exists()
+
+
+def test_infer_logs_the_backend_at_the_window_and_the_autocast_dtype(runs):
+    """Its own process: the log line goes to the terminal of the first tool that logs."""
+    tmp = runs['infer:crop below a patch']['tmp']
+    res = subprocess.run(
+        [sys.executable, 'tools/infer.py', ADE_CFG, str(tmp / 'tiny.pth'), str(tmp / 'image.png')]
+        + ['--native', '--cfg-options', *SHRINK, '--out-dir', str(tmp / 'o2'), '--amp']
+        + ['--slide', '--crop', '32x48', '--stride', '32x32', '--device', 'cpu'],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in (res.stdout + res.stderr).splitlines() if 'LookHere attention at' in ln]
+    # the 32x48 window of the 64x80 image, in --amp's bfloat16 (it said the image, float32)
+    expected = 'at 32x48 (grid 2x3, 7 tokens, batch 1, bfloat16, cpu, inference)'
+    assert len(lines) == 1 and expected in lines[0], lines
+    assert (tmp / 'o2' / 'image.png').exists()
 
 
 def test_deploy_memory_says_what_is_wrong(runs):

@@ -128,9 +128,10 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
     """Write the overlays (:func:`lookhere_dense.apis.inference.segment_images`); returns
     their paths."""
     args = parse_args(argv)
-    from lookhere_dense.apis.cli import amp_context, start_tool
+    from lookhere_dense.apis.cli import amp_context, check_device, start_tool
 
     start_tool(args.config, args.threads)  # a missing config fails before the heavy imports
+    check_device(args.device)
     from lookhere_dense.apis.inference import segment_images
 
     with amp_context(args, args.device):

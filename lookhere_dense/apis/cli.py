@@ -51,6 +51,7 @@ __all__ = [
     'console_script',
     'amp_context',
     'report_device',
+    'check_device',
     'start_tool',
     'tool_command',
 ]
@@ -422,9 +423,11 @@ def checkpoint_report_parser(doc: str, **report_args: str) -> ToolArgumentParser
 
 
 def start_checkpoint_report(args: argparse.Namespace):
-    """What a report on one checkpoint does first (:func:`start_tool`); returns the
-    context its model runs in (:func:`amp_context`: ``--amp``)."""
+    """What a report on one checkpoint does first (:func:`start_tool`, then
+    :func:`check_device` of ``--device``); returns the context its model runs in
+    (:func:`amp_context`: ``--amp``)."""
     start_tool(args.config, args.threads)
+    check_device(args.device)
     return amp_context(args, args.device)
 
 
@@ -550,6 +553,40 @@ def report_device(device: Optional[str]) -> str:
     import torch
 
     return 'cuda' if torch.cuda.is_available() else 'cpu'
+
+
+def check_device(device: Optional[str], flag: str = '--device') -> str:
+    """The device a tool runs on, checked before any work: ``device`` as given, or
+    :func:`report_device`'s default (cuda when available, else cpu).
+
+    Raises:
+        lookhere_dense.errors.ConfigError: ``device`` is not a device name, or names CUDA
+            on a machine without it, or a ``cuda:N`` beyond its device count (``flag``
+            names the setting).
+    """
+    if not device:
+        return report_device(None)
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(
+            f'{flag} {device}: not a device name (expected cpu or cuda[:N])'
+        ) from None
+    if parsed.type == 'cuda':
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f'{flag} {device}: no CUDA device here (use --device cpu, or leave --device '
+                'out: cuda when available, else cpu)'
+            )
+        count = torch.cuda.device_count()
+        if parsed.index is not None and parsed.index >= count:
+            raise ConfigError(
+                f'{flag} {device}: this machine has {count} CUDA device(s), '
+                f'cuda:0 to cuda:{count - 1}'
+            )
+    return device
 
 
 def amp_context(args: argparse.Namespace, device: Optional[str]):

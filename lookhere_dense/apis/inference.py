@@ -154,13 +154,20 @@ def inference_test_cfg(
     slide: bool = False,
     crop: Optional[Tuple[int, int]] = None,
     stride: Optional[Tuple[int, int]] = None,
+    patch_size: Optional[int] = None,
 ) -> Dict[str, Any]:
     """The model ``test_cfg``: ``whole``, ``slide`` (windows of ``crop`` -- default the
     config's slide crop, else its training crop -- moved by ``stride`` -- default the
     config's, else 2/3 of the crop), or the config's own.
 
+    Args:
+        patch_size: the backbone's patch size in px: a slide window smaller than one
+            patch is refused. Default: None (not checked).
+
     Raises:
-        lookhere_dense.errors.ConfigError: slide inference without any crop.
+        lookhere_dense.errors.ConfigError: slide inference without any crop, or with a
+            window smaller than one ``patch_size`` patch (naming ``--crop`` or the config
+            key it came from).
     """
     tc = dict(cfg.model.get('test_cfg') or dict(mode='whole'))
     if whole:
@@ -175,6 +182,18 @@ def inference_test_cfg(
                 'model.data_preprocessor.size)'
             )
         window = tuple(window)
+        if patch_size and min(window) < patch_size:
+            where = (
+                f'--crop {window[0]}x{window[1]}'
+                if crop
+                else f'the slide window {window[0]}x{window[1]} (model.test_cfg.crop_size)'
+                if tc.get('crop_size')
+                else f'the slide window {window[0]}x{window[1]} (model.data_preprocessor.size)'
+            )
+            raise ConfigError(
+                f'{where} is smaller than one {patch_size}x{patch_size} patch of the '
+                f'backbone: give a --crop of at least {patch_size}x{patch_size}'
+            )
         step = (
             stride
             or (tc.get('stride') if not crop else None)
@@ -295,12 +314,23 @@ def _max_side(crop) -> Optional[int]:
 
 
 def _log_backends(model, size: Tuple[int, int]) -> None:
-    """Log :func:`~lookhere_dense.lookhere.attention.backend_summary` at ``size``."""
+    """Log :func:`~lookhere_dense.lookhere.attention.backend_summary` for an image of
+    ``size``: at the window the backbone sees (in slide mode the crop, at most the
+    image), in the compute dtype (the autocast's around the call, e.g. ``--amp``)."""
+    import torch
     from mmengine.logging import print_log
 
     from ..lookhere.attention import backend_summary
 
-    line = backend_summary(model.backbone, size, training=False)
+    crop = model.test_cfg.get('crop_size')
+    if model.test_cfg.get('mode') == 'slide' and crop:
+        size = tuple(min(int(s), int(c)) for s, c in zip(size, crop))
+    param = next(model.parameters(), None)
+    device_type = param.device.type if param is not None else 'cpu'
+    dtype = (
+        torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    )
+    line = backend_summary(model.backbone, size, training=False, dtype=dtype)
     if line:
         print_log(line, logger='current')
 
@@ -339,7 +369,9 @@ def segment_images(
         lookhere_dense.apis.cli.ToolError: an image that cannot be decoded, an output that
         cannot be written (each named); lookhere_dense.errors.CheckpointError: the
         checkpoint cannot be read or does not fit the config's model;
-        lookhere_dense.errors.ConfigError (see :func:`inference_test_cfg`).
+        lookhere_dense.errors.ConfigError: see :func:`inference_test_cfg`, and a
+        ``device`` this machine does not have
+        (:func:`lookhere_dense.apis.cli.check_device`).
     """
     import lookhere_dense
 
@@ -351,16 +383,21 @@ def segment_images(
     from tqdm import tqdm
 
     from ..visualization.legend import draw_legend
-    from .cli import load_config
+    from .cli import check_device, load_config
 
     if not 0.0 <= opacity <= 1.0:
         raise ValueError(f'--opacity must be in 0..1, got {opacity}')
+    device = check_device(device)
     images = list_images(input)
     cfg = load_config(config, cfg_options)
     _make_out_dir(out_dir)
-    device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
     model, meta = build_model_from_checkpoint(cfg, checkpoint, device)
-    model.test_cfg = ConfigDict(inference_test_cfg(cfg, whole, slide, crop, stride))
+    patch = getattr(model.backbone, 'patch_size', None)
+    model.test_cfg = ConfigDict(
+        inference_test_cfg(
+            cfg, whole, slide, crop, stride, patch if isinstance(patch, int) else None
+        )
+    )
     from ..engine.memory_guard import install_memory_guard, parse_memory
 
     budget = None if max_memory is None else parse_memory(max_memory)
