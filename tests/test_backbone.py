@@ -624,9 +624,9 @@ def test_mmengine_checkpoints_with_message_hub_load_under_weights_only(tmp_path:
             r"unknown LookHere direction type 'quarters'",
         ),
         (dict(out_indices=(5,)), ValueError, r'out_indices=\(5,\): 5 out of range'),
-        (  # the value as written, not the converted -1
+        (  # the value as written, not the converted -1; a ConfigError: one error line
             dict(num_layers=2, out_indices=(-3,)),
-            ValueError,
+            ConfigError,
             r'out_indices=\(-3,\): -3 out of range for num_layers=2 '
             r'\(blocks 0\.\.1, or -2\.\.-1 counted from the last\)',
         ),

@@ -34,6 +34,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from ..checkpoint import encode_extra_state
+from ..errors import ConfigError
 from ..validation import check_int, check_number, check_rate, is_int, is_number
 from . import weights as _weights
 from .config import LookHereConfig
@@ -409,7 +410,7 @@ class LookHereVisionTransformer(nn.Module):
         self.out_indices = [num_layers + i if i < 0 else i for i in given]
         bad = [g for g, i in zip(given, self.out_indices) if not 0 <= i < num_layers]
         if bad:
-            raise ValueError(
+            raise ConfigError(  # a ValueError; the tools print it as one error line
                 f'out_indices={out_indices!r}: {", ".join(map(str, bad))} out of range for '
                 f'num_layers={num_layers} (blocks 0..{num_layers - 1}, or '
                 f'-{num_layers}..-1 counted from the last)'
