@@ -137,6 +137,12 @@ def test_explain_backend_names_each_layer_and_why_the_faster_ones_were_skipped()
         'LookHere attention at 512x512 (grid 32x32, 1025 tokens, batch 1, float32, cpu, '
         'training): windows x 2, '
     )
+    assert backend_summary(model, 512, training=True, batch=4).startswith(
+        'LookHere attention at 512x512 (grid 32x32, 1025 tokens, batch 4, float32, cpu, '
+    )
+    assert backend_summary(model, 512, training=True, batch=None).startswith(
+        'LookHere attention at 512x512 (grid 32x32, 1025 tokens, float32, cpu, training)'
+    )
 
 
 def test_a_retired_backend_name_runs_its_successor_with_a_warning():

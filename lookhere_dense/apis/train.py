@@ -521,14 +521,6 @@ def _lost_process(err: BaseException, cfg) -> Optional[str]:
     )
 
 
-def _with_train_batch(line: str, cfg) -> str:
-    """A :func:`~lookhere_dense.lookhere.attention.backend_summary` line (which always
-    says ``batch 1``: it takes no batch) with the images per training step of one process
-    (``train_dataloader.batch_size``), or without the batch where the config sets none."""
-    batch = (cfg.get('train_dataloader') or {}).get('batch_size')
-    return line.replace(', batch 1,', f', batch {batch},' if batch else ',', 1)
-
-
 def _train(cfg, notes: List[str], verbose: bool):
     """Set up distributed training, build the Runner, log ``notes``, train."""
     from ..engine.amp import train_autocast_dtype
@@ -547,9 +539,11 @@ def _train(cfg, notes: List[str], verbose: bool):
                     tuple(cfg.crop_size),
                     training=True,
                     dtype=train_autocast_dtype(cfg.get('optim_wrapper')),
+                    # images per step of one process; not reported where the config has none
+                    batch=(cfg.get('train_dataloader') or {}).get('batch_size'),
                 )
                 if line:
-                    runner.logger.info(_with_train_batch(line, cfg))
+                    runner.logger.info(line)
             for msg in notes:  # repeat the warnings where the run's log file gets them
                 runner.logger.warning(msg, extra=dict(file_only=True))
             try:

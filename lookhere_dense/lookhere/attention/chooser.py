@@ -109,7 +109,7 @@ def inside_window(pos_enc: Any) -> str:
 def explain_backend(
     model: Any,
     image_size: Union[int, Sequence[int]],
-    batch: int = 1,
+    batch: Optional[int] = 1,
     dtype: Optional[torch.dtype] = None,
     device: Optional[Union[str, torch.device]] = None,
     training: Optional[bool] = None,
@@ -122,8 +122,8 @@ def explain_backend(
         model: a ``LookHereVisionTransformer`` (or the mmseg / mmdet backbone around one,
             or a model with one as ``.backbone``).
         image_size: ``H`` or ``(H, W)`` of the input in pixels.
-        batch: images per call (reported only: the choice does not depend on it).
-            Default: 1.
+        batch: images per call (reported only: the choice does not depend on it); None:
+            not reported. Default: 1.
         dtype: the compute dtype; None: the model's parameters'. Default: None.
         device: None: the model's. Default: None.
         training: autograd records; None: ``model.training``. Default: None.
@@ -161,7 +161,8 @@ def explain_backend(
     )
     lines = [
         f'attention backends at {size[0]}x{size[1]} (grid {grid[0]}x{grid[1]}, {tokens} tokens, '
-        f'batch {batch}, {str(dtype).replace("torch.", "")}, {device}, '
+        + ('' if batch is None else f'batch {batch}, ')
+        + f'{str(dtype).replace("torch.", "")}, {device}, '
         f'{"training" if training else "inference"}):'
     ]
     for layer, window, dropout in _layers(vit):
@@ -190,14 +191,18 @@ def backend_summary(
     image_size: Union[int, Sequence[int]],
     training: Optional[bool] = None,
     dtype: Optional[torch.dtype] = None,
+    batch: Optional[int] = 1,
 ) -> Optional[str]:
     """:func:`explain_backend` in one log line (``attention at 512x512 (1025 tokens,
-    float32, cpu, training): fused x 12``), or None for a model without a LookHere ViT
-    (``model.module`` of a ``DistributedDataParallel`` is looked into). ``dtype``: the
-    compute dtype (an autocast's); None: the parameters'. Default: None."""
+    batch 1, float32, cpu, training): fused x 12``), or None for a model without a LookHere
+    ViT (``model.module`` of a ``DistributedDataParallel`` is looked into). ``dtype``: the
+    compute dtype (an autocast's); None: the parameters'. Default: None. ``batch``: images
+    per call, None: not reported. Default: 1."""
     model = getattr(model, 'module', model)
     try:
-        lines = explain_backend(model, image_size, training=training, dtype=dtype, print_fn=None)
+        lines = explain_backend(
+            model, image_size, batch, training=training, dtype=dtype, print_fn=None
+        )
     except ValueError:
         return None
     counts: Dict[str, int] = {}
