@@ -637,13 +637,18 @@ def test_mmengine_checkpoints_with_message_hub_load_under_weights_only(tmp_path:
         (  # refused when built, not at forward ("expected 4D input (got 3D input)")
             dict(norm_cfg=dict(type='BN')),
             ConfigError,
-            r"norm_cfg=\{'type': 'BN'\}: 'BN' builds BatchNorm2d, which does not normalise "
-            r"the \(B, N, C\) token sequences .*; accepted: dict\(type='LN', \.\.\.\)",
+            r"norm_cfg=\{'type': 'BN'\}: it builds BatchNorm2d, which normalises \(B, C, \.\.\.\) "
+            r"maps, not the \(B, N, C\) token sequences .*; accepted: .*dict\(type='LN'\)",
         ),
         (
             dict(norm_cfg=dict(type='GN', num_groups=4)),
             ConfigError,
-            r"'GN' builds GroupNorm, which does not normalise",
+            r'it builds GroupNorm, which normalises',
+        ),
+        (  # wants maps: fails the (B, N, C) probe
+            dict(norm_cfg=dict(type='LN2d')),
+            ConfigError,
+            r'LayerNorm2d does not take \(B, N, C\) tokens',
         ),
         (dict(norm_cfg=dict(type='Norm')), ConfigError, r"'Norm' is not a layer type mmcv knows"),
     ],
@@ -660,11 +665,12 @@ def test_bad_arguments(kwargs, error, match):
         dict(type=torch.nn.LayerNorm),
         dict(type='LN', elementwise_affine=False),
         dict(type='LN', bias=False),
+        dict(type=torch.nn.RMSNorm),  # a token norm that is no LayerNorm
     ],
 )
 def test_layer_norm_configs_build_initialise_and_run(norm_cfg):
     model = tiny(norm_cfg=norm_cfg)  # init_weights leaves weight / bias None alone
-    assert isinstance(model.norm, torch.nn.LayerNorm)
+    assert isinstance(model.norm, (torch.nn.LayerNorm, torch.nn.RMSNorm))
     out = model(torch.randn(1, 3, 32, 48))
     assert out[0].shape == (1, 96, 2, 3) and torch.isfinite(out[0]).all()
 

@@ -10,13 +10,13 @@ outputs (NCHW maps per ``out_indices``; ``[map, cls]`` pairs with ``output_cls_t
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any, List, Optional, Union
 
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmengine.logging import print_log
 from mmengine.model import BaseModule
-from mmengine.registry import MODELS
 from mmengine.runner.checkpoint import CheckpointLoader
 from torch import nn
 
@@ -42,34 +42,62 @@ _MMENGINE_SCHEMES = (
 )
 
 
-def _check_norm_cfg(norm_cfg: Any) -> None:
+#: norm layers that take ``(B, C, ...)`` maps: refused by class (``BN`` / ``SyncBN`` /
+#: ``GN`` / ``IN`` might accept a token sequence whose length happens to be ``C``)
+_CHANNEL_FIRST_NORMS = (
+    nn.modules.batchnorm._BatchNorm,
+    nn.GroupNorm,
+    nn.modules.instancenorm._InstanceNorm,
+)
+
+
+#: the trunk's default width (what ``norm_cfg`` is probed at when ``embed_dims`` is not given)
+_TRUNK_EMBED_DIMS = inspect.signature(LookHereVisionTransformer).parameters['embed_dims'].default
+
+
+def _check_norm_cfg(norm_cfg: Any, embed_dims: int) -> None:
     """Refuse a ``norm_cfg`` whose layer does not normalise token sequences: every norm
-    of the backbone sees ``(B, N, C)`` tokens, which ``nn.LayerNorm`` (mmcv's ``'LN'``,
-    or a subclass) normalises over ``C``; mmcv's ``BN`` / ``SyncBN`` / ``GN`` / ``IN``
-    take ``(B, C, ...)`` maps and would fail (or normalise the wrong axis) at forward.
+    of the backbone sees ``(B, N, C)`` tokens. mmcv's ``BN`` / ``SyncBN`` / ``GN`` /
+    ``IN`` take ``(B, C, ...)`` maps (refused by class); any other layer is built once for
+    ``C = embed_dims`` and run on a ``(1, C + 1, C)`` sequence, which it must take and
+    return in the same shape (``LN``, ``nn.RMSNorm`` and other token norms pass; ``LN2d``,
+    which wants maps, does not).
 
     Raises:
-        lookhere_dense.errors.ConfigError: naming ``norm_cfg``, its value and what it
-            takes.
+        lookhere_dense.errors.ConfigError: naming ``norm_cfg``, its value and why.
     """
-    accepted = "accepted: dict(type='LN', ...) (nn.LayerNorm or a subclass of it)"
-    kind = norm_cfg.get('type') if isinstance(norm_cfg, dict) else None
-    cls = kind
-    if isinstance(kind, str):
-        with MODELS.switch_scope_and_registry(None) as registry:
-            cls = registry.get(kind)
-    if isinstance(cls, type) and issubclass(cls, nn.LayerNorm):
-        return
-    name = getattr(kind, '__name__', kind)
-    why = (
-        'not a dict with a type'
-        if kind is None
-        else f'{name!r} is not a layer type mmcv knows'
-        if cls is None
-        else f'{name!r} builds {getattr(cls, "__name__", cls)}, which does not normalise the '
-        '(B, N, C) token sequences every norm of this backbone runs on'
-    )
-    raise ConfigError(f'LookHereViT norm_cfg={norm_cfg!r}: {why}; {accepted}')
+    import torch
+
+    accepted = "a norm over the channels of (B, N, C) tokens, e.g. dict(type='LN')"
+    problem = None
+    if not isinstance(norm_cfg, dict) or norm_cfg.get('type') is None:
+        problem = 'not a dict with a type'
+    else:
+        try:
+            layer = build_norm_layer(norm_cfg, embed_dims)[1]
+        except KeyError:
+            problem = f'{getattr(norm_cfg["type"], "__name__", norm_cfg["type"])!r} is not a layer type mmcv knows'
+        except Exception as err:  # mmcv's own argument errors
+            problem = (
+                f'mmcv cannot build it for {embed_dims} channels ({type(err).__name__}: {err})'
+            )
+        else:
+            name = type(layer).__name__
+            if isinstance(layer, _CHANNEL_FIRST_NORMS):
+                problem = f'it builds {name}, which normalises (B, C, ...) maps, not the (B, N, C) token sequences every norm of this backbone runs on'
+            else:
+                probe = torch.zeros(1, embed_dims + 1, embed_dims)
+                try:
+                    with torch.no_grad():
+                        out = layer(probe)
+                    if not isinstance(out, torch.Tensor) or out.shape != probe.shape:
+                        problem = f'{name} turns (B, N, C) tokens into {getattr(out, "shape", type(out))}'
+                except Exception as err:
+                    problem = (
+                        f'{name} does not take (B, N, C) tokens ({type(err).__name__}: {err})'
+                    )
+    if problem is not None:
+        raise ConfigError(f'LookHereViT norm_cfg={norm_cfg!r}: {problem}; accepted: {accepted}')
 
 
 @register_model()
@@ -84,9 +112,9 @@ class LookHereViT(LookHereVisionTransformer, BaseModule):
     ``window_size``, ...), with mmcv configs instead of the trunk's layer factories:
 
     Args:
-        norm_cfg (dict): every norm, built by mmcv's ``build_norm_layer``; its layer must
-            be ``nn.LayerNorm`` (``'LN'``) or a subclass, as the norms run on ``(B, N, C)``
-            tokens (``BN`` / ``GN`` / ``IN`` are refused when built).
+        norm_cfg (dict): every norm, built by mmcv's ``build_norm_layer``; the norms run on
+            ``(B, N, C)`` tokens, so its layer must normalise those (``'LN'``, an RMSNorm;
+            ``BN`` / ``GN`` / ``IN`` / ``LN2d`` are refused when built).
             Default: ``dict(type='LN')`` (eps 1e-5, as the official model).
         act_cfg (dict): the MLP activation, built by mmcv's ``build_activation_layer``.
             Default: ``dict(type='GELU')``.
@@ -124,7 +152,7 @@ class LookHereViT(LookHereVisionTransformer, BaseModule):
             raise TypeError('pretrained must be a str or None')
         if num_fcs != 2:
             raise ValueError(f'LookHereViT supports num_fcs=2 only (got {num_fcs})')
-        _check_norm_cfg(norm_cfg)
+        _check_norm_cfg(norm_cfg, kwargs.get('embed_dims', _TRUNK_EMBED_DIMS))
         super().__init__(
             norm_layer=lambda dim: build_norm_layer(norm_cfg, dim)[1],
             act_layer=lambda: build_activation_layer(act_cfg),
