@@ -352,19 +352,24 @@ def _encoding_kwargs(variant: str, pretrained_cfg: Any, kwargs: Dict[str, Any]) 
         kwargs[key] = value
 
 
-def _timm_checkpoint_path() -> Optional[str]:
+def _timm_checkpoint_path(variant: str) -> Optional[str]:
     """The ``checkpoint_path`` of the ``timm.create_model`` call that is building this
-    model; None when it has none or the model function was called otherwise.
+    model (``variant``); None when it has none, when the model function was called
+    otherwise, or when the nearest ``create_model`` builds another model (a model of
+    another name that builds ours inside: its file is not ours).
 
     timm keeps ``checkpoint_path`` from the model function and reads the file itself once
     the function has returned; the entry looks it up in the caller's frame to accept
-    ``pretrained=True`` with a file and to check the file before timm reads it.
+    ``pretrained=True`` with a file and to check the file before timm reads it. A timm
+    whose ``create_model`` names these locals otherwise gives None: the old behaviour.
     """
     code = inspect.unwrap(create_model).__code__
     frame = sys._getframe(1)
     try:
         while frame is not None:
             if frame.f_code is code:
+                if frame.f_locals.get('model_name') != variant:  # timm strips the tag
+                    return None
                 path = frame.f_locals.get('checkpoint_path')
                 return os.fspath(path) if path else None
             frame = frame.f_back
@@ -379,10 +384,12 @@ def _check_checkpoint(path: str) -> None:
     empty ``FileNotFoundError``), before the model is built.
 
     An mmengine Runner checkpoint (``tools/train.py``'s ``iter_N.pth``) holds the message
-    hub's ``HistoryBuffer`` and numpy objects besides tensors: exactly those classes are
-    allowed first for ``torch.load(..., weights_only=True)``, as
+    hub's ``HistoryBuffer`` and numpy objects besides tensors: where the file is refused
+    for such an ``mmengine`` class, exactly those classes are allowed for
+    ``torch.load(..., weights_only=True)`` from then on in the process, as
     :func:`lookhere_dense.register_all_modules` does (:mod:`lookhere_dense.compat`; nothing
-    without mmengine). Every other Python object stays refused.
+    without mmengine), and the file is read again. Every other Python object stays
+    refused; other files change nothing.
 
     Raises:
         FileNotFoundError: the file does not exist.
@@ -399,8 +406,10 @@ def _check_checkpoint(path: str) -> None:
         )
     if path.endswith('.safetensors') and os.path.isfile(path):
         return  # no pickle; timm reads it with safetensors
-    compat.apply()
     problem = checkpoint_problem(path)
+    if problem is not None and 'mmengine.' in problem:  # a Runner checkpoint
+        compat.apply()
+        problem = checkpoint_problem(path)
     if problem is not None:
         raise UnreadableCheckpointError(
             path,
@@ -426,7 +435,7 @@ def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     pretrained_cfg = kwargs.pop('pretrained_cfg', None)
     overlay = kwargs.pop('pretrained_cfg_overlay', None) or {}
     _encoding_kwargs(variant, pretrained_cfg, kwargs)
-    checkpoint = _timm_checkpoint_path()
+    checkpoint = _timm_checkpoint_path(variant)
     if checkpoint is not None:
         _check_checkpoint(checkpoint)
     if pretrained and not overlay.get('file') and not overlay.get('state_dict'):

@@ -157,24 +157,31 @@ def test_a_runner_checkpoint_loads_without_register_all_modules(tmp_path: Path):
     other = tmp_path / 'other.pth'
     when = datetime.date(2024, 1, 1)  # a Python object no allow-list admits
     torch.save({'state_dict': _segmentor_state_dict(_trunk()), 'when': when}, other)
+    plain = tmp_path / 'plain.pth'
+    torch.save({'state_dict': _trunk().state_dict()}, plain)
     code = (
         'import sys, lookhere_dense, timm\n'
+        'from lookhere_dense import compat\n'
+        f'timm.create_model({TINY!r}, checkpoint_path=sys.argv[3], depth=2)\n'
+        "print('plain file: allow-list', compat._applied)\n"
         f'm = timm.create_model({TINY!r}, checkpoint_path=sys.argv[1], depth=2)\n'
-        "print('loaded', type(m).__name__)\n"
+        "print('loaded', type(m).__name__, 'allow-list', compat._applied)\n"
         'try:\n'
         f'    timm.create_model({TINY!r}, checkpoint_path=sys.argv[2], depth=2)\n'
         'except Exception as err:\n'
         "    print('refused', type(err).__name__, err)\n"
     )
     res = subprocess.run(
-        [sys.executable, '-c', code, str(path), str(other)],
+        [sys.executable, '-c', code, str(path), str(other), str(plain)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    assert 'loaded LookHereTimmViT' in res.stdout, res.stdout
+    # mmengine's classes are allowed only once a file needs them
+    assert 'plain file: allow-list False' in res.stdout, res.stdout
+    assert 'loaded LookHereTimmViT allow-list True' in res.stdout, res.stdout
     assert 'refused UnreadableCheckpointError' in res.stdout, res.stdout
     assert f'{str(other)!r} cannot be read: it holds Python objects (datetime.date)' in res.stdout
 
@@ -242,3 +249,25 @@ def test_checkpoint_path_errors_name_the_file_and_the_problem(tmp_path: Path):
         timm.create_model(TINY, checkpoint_path=str(empty), depth=2)
     with pytest.raises(UnreadableCheckpointError, match='it is a folder, not a file'):
         timm.create_model(TINY, checkpoint_path=str(tmp_path), depth=2)
+
+
+def test_a_model_that_builds_ours_inside_does_not_lend_it_its_checkpoint_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The entry reads ``checkpoint_path`` from the ``timm.create_model`` call building it;
+    a model of another name that builds ours inside keeps its file to itself (ours would
+    otherwise check it, name it in messages, and take ``pretrained=True`` as satisfied)."""
+    from timm.models import _registry
+
+    inner = _registry.model_entrypoint(TINY)
+
+    def wrapper_of_a_lookhere(pretrained: bool = False, **kwargs):
+        return torch.nn.ModuleDict(dict(enc=inner(pretrained=pretrained, depth=2)))
+
+    monkeypatch.setitem(
+        _registry._model_entrypoints, 'wrapper_of_a_lookhere', wrapper_of_a_lookhere
+    )
+    path = tmp_path / 'wrapper.pth'
+    torch.save({'state_dict': {}}, path)
+    with pytest.raises(RuntimeError, match='no weights to download'):
+        timm.create_model('wrapper_of_a_lookhere', pretrained=True, checkpoint_path=str(path))

@@ -3,8 +3,9 @@ to a dict of CPU tensors, weights only, or an error that says what is wrong with
 
 ``torch.load(..., weights_only=True)`` everywhere: unpickling arbitrary objects can run
 code, so a file that holds Python objects besides tensors, numbers and strings is refused
-(mmengine's Runner checkpoints hold a few of mmengine's own classes; the OpenMMLab layer
-allow-lists exactly those when it registers, :mod:`lookhere_dense.compat`). Torch alone.
+(mmengine's Runner checkpoints hold a few of mmengine's own classes; exactly those are
+allow-listed by :mod:`lookhere_dense.compat` when the OpenMMLab layer registers, and by the
+timm entry and ``tools/convert_checkpoint.py`` when they meet such a file). Torch alone.
 """
 
 from __future__ import annotations
