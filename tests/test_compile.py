@@ -152,6 +152,21 @@ def test_flex_indices_stay_in_the_tables_for_every_reachable_pair(grid, prefix, 
     assert torch.equal(c_q, 2 * centre - c)
 
 
+def test_flex_function_compiles_with_our_inductor_options(monkeypatch: pytest.MonkeyPatch):
+    """What FLEX_INDUCTOR_OPTIONS promises reaches torch.compile: ``options=`` for
+    inductor (no bounds asserts), none for other backends (they take no options)."""
+    from lookhere_dense.lookhere.attention import common
+
+    calls = []
+    monkeypatch.setattr(common, '_compiled_flex', {})
+    monkeypatch.setattr(torch, 'compile', lambda fn, **kw: calls.append(kw) or fn)
+    common.flex_function(True, 'inductor')
+    common.flex_function(True, 'aot_eager')
+    assert calls[0]['options'] == {'assert_indirect_indexing': False}
+    assert calls[0]['backend'] == 'inductor' and calls[0]['dynamic'] is False
+    assert calls[1]['options'] is None and calls[1]['backend'] == 'aot_eager'
+
+
 def test_flex_index_stays_in_range_at_32k_tokens():
     """The flex callbacks' index arithmetic at a 128x256 grid + CLS (32769 tokens) in the
     int32 that flex passes: every pair's table index equals the int64 pair index."""

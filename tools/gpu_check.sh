@@ -70,6 +70,12 @@ done
 # LOOKHERE_TIMM=0: importing lookhere_dense does not register our models with timm (the
 # peer is timm's own ViT-B; a timm whose internals differ must not stop the run)
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=1 LOOKHERE_TIMM=0
+# a fresh inductor cache per run (the children share it): first-call times are compile
+# times, and gpu_check_kernels.txt holds this run's kernels only (unless one is given)
+if [[ -z ${TORCHINDUCTOR_CACHE_DIR:-} ]]; then
+    TORCHINDUCTOR_CACHE_DIR="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_inductor.XXXXXX")"
+    export TORCHINDUCTOR_CACHE_DIR
+fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 cap="$("$py" -c "print(int(360 * float('$scale') + 120))" 2>/dev/null || echo 480)"
 if [[ " $* " == *" --simulate-cpu "* ]]; then

@@ -571,9 +571,16 @@ def check_device(device: Optional[str], flag: str = '--device') -> str:
     try:
         parsed = torch.device(device)
     except (RuntimeError, ValueError):
-        raise ConfigError(
-            f'{flag} {device}: not a device name (expected cpu or cuda[:N])'
-        ) from None
+        parsed = None
+    if parsed is None:  # a plugin device (npu, mlu, ...) parses once mmengine imported it
+        try:
+            import mmengine.device  # noqa: F401 - imports the installed device plugins
+
+            parsed = torch.device(device)
+        except (ImportError, RuntimeError, ValueError):
+            raise ConfigError(
+                f'{flag} {device}: not a device name (expected cpu or cuda[:N])'
+            ) from None
     if parsed.type == 'cuda':
         if not torch.cuda.is_available():
             raise ConfigError(

@@ -1090,7 +1090,11 @@ def inductor_cache_dir() -> Path:
             return Path(__import__(module, fromlist=['cache_dir']).cache_dir())
         except (ImportError, AttributeError):
             continue
-    return Path(os.environ.get('TORCHINDUCTOR_CACHE_DIR') or '/tmp/torchinductor_root')
+    import getpass
+    import tempfile
+
+    default = Path(tempfile.gettempdir()) / f'torchinductor_{getpass.getuser()}'
+    return Path(os.environ.get('TORCHINDUCTOR_CACHE_DIR') or default)
 
 
 def save_kernel_sources(
