@@ -69,6 +69,8 @@ def _check_norm_cfg(norm_cfg: Any, embed_dims: int) -> None:
     import torch
 
     accepted = "a norm over the channels of (B, N, C) tokens, e.g. dict(type='LN')"
+    if not isinstance(embed_dims, int) or isinstance(embed_dims, bool) or embed_dims < 1:
+        return  # the trunk refuses embed_dims itself, naming it
     problem = None
     if not isinstance(norm_cfg, dict) or norm_cfg.get('type') is None:
         problem = 'not a dict with a type'
