@@ -478,6 +478,7 @@ def test_convert_checkpoint_reads_a_training_runs_checkpoint(tmp_path: Path, rep
     as it is: the tool allows mmengine's classes itself. Without mmengine the error says
     what is needed, not to call a Python function."""
     from mmengine.logging import HistoryBuffer, MessageHub
+    from tiny_seg import run_tools
 
     six = tiny(num_heads=6)
     hub = MessageHub.get_instance('test_convert_checkpoint_runner_file')
@@ -498,15 +499,9 @@ def test_convert_checkpoint_reads_a_training_runs_checkpoint(tmp_path: Path, rep
         src,
     )
     out = tmp_path / 'backbone.pth'
-    res = subprocess.run(
-        [sys.executable, 'tools/convert_checkpoint.py', str(src), str(out)],
-        cwd=repo_root,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stderr
-    assert 'heads: 6 (recorded in the file)' in res.stdout and f'wrote {out}' in res.stdout
+    (conv,) = run_tools([('convert_checkpoint', [str(src), str(out)])])  # a fresh process
+    assert conv['rc'] == 0, conv['stderr']
+    assert 'heads: 6 (recorded in the file)' in conv['stdout'] and f'wrote {out}' in conv['stdout']
     model = tiny(num_heads=6, init_cfg=dict(type='Pretrained', checkpoint=str(out)))
     for name, value in six.state_dict().items():
         if isinstance(value, torch.Tensor):

@@ -1097,35 +1097,35 @@ def inductor_cache_dir() -> Path:
     return Path(os.environ.get('TORCHINDUCTOR_CACHE_DIR') or default)
 
 
-def save_kernel_sources(
-    cache: Path, dest: Path, since: float = 0.0, max_bytes: int = 12 * 2**20
-) -> Dict[str, Any]:
-    """Write the generated code of this run's flex kernels to ``dest``, one text file: every
-    output-code file under ``cache`` (inductor's ``<2 chars>/c*.py``) that holds
+def save_kernel_sources(cache: Path, dest: Path, max_bytes: int = 12 * 2**20) -> Dict[str, Any]:
+    """Write the generated code of the flex kernels under ``cache`` (the run's own:
+    ``tools/gpu_check.sh`` gives each run a fresh one) to ``dest``, one text file: every
+    output-code file (inductor's ``<2 chars>/c*.py``) that holds
     :data:`FLEX_KERNEL_MARKERS`, and Triton's metadata (``*.json``: shared memory, warps,
     stages) of the template kernels (``triton_tem_*``), newest first, each headed by its
-    path, written after ``since`` (a ``time.time()``), at most ``max_bytes`` in all (one
-    file: the device returns at most 8 files). Returns ``{'files': n, 'bytes': n,
-    'left_out': n, 'path': str}``."""
-    found = []
+    path, at most ``max_bytes`` in all (one file: the device returns at most 8 files).
+    Returns ``{'files': n, 'bytes': n, 'left_out': n, 'path': str}``."""
+    found: List[Tuple[float, Path, str]] = []  # (modified, path, text), each file read once
     if cache.is_dir():
-        for path in cache.glob('*/c*.py'):
+        candidates = [(p, False) for p in cache.glob('*/c*.py')] + [
+            (p, True) for p in cache.glob('**/triton_tem_*.json')
+        ]
+        for path, metadata in candidates:
             try:
-                text = path.read_text()
-                if path.stat().st_mtime >= since and any(m in text for m in FLEX_KERNEL_MARKERS):
-                    found.append(path)
-            except (OSError, UnicodeDecodeError):
+                text = path.read_text(errors='replace')
+                if metadata or any(m in text for m in FLEX_KERNEL_MARKERS):
+                    found.append((path.stat().st_mtime, path, text))
+            except OSError:
                 continue
-        found += [p for p in cache.glob('**/triton_tem_*.json') if p.stat().st_mtime >= since]
-    found.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    found.sort(key=lambda item: item[0], reverse=True)
     parts, size, left_out = [], 0, 0
-    for path in found:
-        text = f'===== {path.relative_to(cache)}\n{path.read_text(errors="replace")}\n'
-        if size + len(text) > max_bytes:
+    for _, path, text in found:
+        entry = f'===== {path.relative_to(cache)}\n{text}\n'
+        if size + len(entry) > max_bytes:
             left_out += 1
             continue
-        parts.append(text)
-        size += len(text)
+        parts.append(entry)
+        size += len(entry)
     info = dict(files=len(parts), bytes=size, left_out=left_out)
     if parts:
         dest.parent.mkdir(parents=True, exist_ok=True)
