@@ -77,10 +77,15 @@ class UnreadableCheckpointError(CheckpointError):
     Attributes:
         path: the file.
         problem: why, in a few words.
+        refused_class: the qualified name of the Python class weights-only reading
+            refused (e.g. ``'mmengine.logging.history_buffer.HistoryBuffer'``), or None
+            when that was not the problem.
     """
 
-    def __init__(self, path: str, problem: str, advice: str = ''):
-        self.path, self.problem = path, problem
+    def __init__(
+        self, path: str, problem: str, advice: str = '', refused_class: str | None = None
+    ):
+        self.path, self.problem, self.refused_class = path, problem, refused_class
         super().__init__(
             f'checkpoint {path!r} cannot be read: {problem}' + (f'; {advice}' if advice else '')
         )

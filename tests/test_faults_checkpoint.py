@@ -111,6 +111,9 @@ def test_unreadable_files_are_named(kind, match, entry, tmp_path, official):
             load_model_weights(tiny(), str(path))
     assert str(path) in str(err.value)
     assert 'weights_only' not in str(err.value)
+    # the refused class as a field (tools branch on it, not on the message's text)
+    refused = getattr(err.value, 'refused_class', None)
+    assert (refused or '').endswith('._Custom') == (kind == 'objects'), refused
     # the check without raising (the --resume fallback, the tools) finds the same problem
     problem = checkpoint_problem(str(path))
     assert problem and f'cannot be read: {problem}' in str(err.value)

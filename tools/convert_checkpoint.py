@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     except CheckpointError as err:
         if (
             isinstance(err, UnreadableCheckpointError)
-            and 'Python objects (mmengine.' in err.problem
+            and (err.refused_class or '').startswith('mmengine.')
             and not _mmengine_installed()
         ):
             raise ToolError(

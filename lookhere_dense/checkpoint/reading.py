@@ -61,6 +61,7 @@ def _unreadable(path: str, err: BaseException) -> UnreadableCheckpointError:
             )
             + ' the weights alone, e.g. torch.save({"state_dict": model.state_dict()}, '
             'PATH)',
+            refused_class=m.group(1) if m else None,
         )
     if isinstance(err, PermissionError):
         return UnreadableCheckpointError(path, 'permission denied')
