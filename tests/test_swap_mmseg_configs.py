@@ -275,13 +275,110 @@ def _lr_and_decay(model, optim_wrapper) -> Dict[str, Tuple[float, float]]:
     return out
 
 
+#: mmseg ``BEiT`` / ``MAE`` backbone parameter (a regex on its name in the segmentor) ->
+#: the ``LookHereViT`` parameter that takes its place in the swapped model (``\1`` is the
+#: block index). BEiT's separate q / v biases are slices of LookHere's one qkv bias.
+_SOURCE_TO_LOOKHERE = tuple(
+    (re.compile(pattern), target)
+    for pattern, target in (
+        (r'backbone\.cls_token', 'backbone.cls_token'),
+        (r'backbone\.patch_embed\.projection\.(weight|bias)', r'backbone.patch_embed.proj.\1'),
+        (r'backbone\.layers\.(\d+)\.ln1\.(weight|bias)', r'backbone.blocks.\1.norm1.\2'),
+        (r'backbone\.layers\.(\d+)\.ln2\.(weight|bias)', r'backbone.blocks.\1.norm2.\2'),
+        (r'backbone\.layers\.(\d+)\.attn\.qkv\.(weight|bias)', r'backbone.blocks.\1.attn.qkv.\2'),
+        (r'backbone\.layers\.(\d+)\.attn\.[qv]_bias', r'backbone.blocks.\1.attn.qkv.bias'),
+        (
+            r'backbone\.layers\.(\d+)\.attn\.proj\.(weight|bias)',
+            r'backbone.blocks.\1.attn.proj.\2',
+        ),
+        (
+            r'backbone\.layers\.(\d+)\.ffn\.layers\.0\.0\.(weight|bias)',
+            r'backbone.blocks.\1.mlp.fc1.\2',
+        ),
+        (
+            r'backbone\.layers\.(\d+)\.ffn\.layers\.1\.(weight|bias)',
+            r'backbone.blocks.\1.mlp.fc2.\2',
+        ),
+        (r'backbone\.layers\.(\d+)\.gamma_1', r'backbone.blocks.\1.ls1.gamma'),
+        (r'backbone\.layers\.(\d+)\.gamma_2', r'backbone.blocks.\1.ls2.gamma'),
+        (r'backbone\.ln1\.(weight|bias)', r'backbone.norm.\1'),  # final_norm=True
+    )
+)
+#: LookHereViT parameters with no source counterpart (the default preset learns no slopes)
+_LOOKHERE_ONLY: frozenset = frozenset()
+#: The one documented difference (docs/segmentation.md): mmseg's constructor exempts
+#: ``pos_embed`` / ``cls_token`` from weight decay by unprefixed name, so on a segmentor it
+#: decays ``backbone.cls_token``; ours does not.
+_CLS_TOKEN = 'backbone.cls_token'
+
+
+def _source_only(family: str, depth: int) -> set:
+    """The source backbone's position parameters, which LookHere has no counterpart of."""
+    names = {f'backbone.layers.{i}.attn.relative_position_bias_table' for i in range(depth)}
+    return names | {'backbone.pos_embed'} if family == 'mae' else names
+
+
+def _to_lookhere(name: str) -> Tuple[int, str]:
+    """``(rule index, LookHereViT name)`` of a source backbone parameter, or ``(-1, '')``."""
+    for i, (pattern, target) in enumerate(_SOURCE_TO_LOOKHERE):
+        if pattern.fullmatch(name):
+            return i, pattern.sub(target, name)
+    return -1, ''
+
+
+def _backbone_differences(
+    family: str, depth: int, ours: dict, ref: dict, base_wd: float, used: set
+) -> List[str]:
+    """Every backbone parameter's ``(lr, weight_decay)`` under our constructor on the swapped
+    model (``ours``) against mmseg's on the source model (``ref``), mapped by name; what
+    differs beyond the documented ``backbone.cls_token`` weight decay, one line each.
+    ``used`` collects the mapping rules that matched."""
+    problems, unmatched, covered = [], set(), set()
+    for name, want in sorted(ref.items()):
+        if not name.startswith('backbone.'):
+            continue
+        rule, target = _to_lookhere(name)
+        if rule < 0:
+            unmatched.add(name)
+            continue
+        used.add(rule)
+        covered.add(target)
+        got = ours.get(target)
+        if got is None:
+            problems.append(f'{name} -> {target}: no such LookHereViT parameter')
+        elif name == _CLS_TOKEN:
+            if not (base_wd > 0 and got == pytest.approx((want[0], 0.0)) and want[1] == base_wd):
+                problems.append(
+                    f'{name}: (lr, weight_decay) {got} (ours) vs {want} (mmseg); expected '
+                    f'the documented difference only: weight decay 0 (ours) vs {base_wd}'
+                )
+        elif got != pytest.approx(want):
+            problems.append(
+                f'{name} -> {target}: (lr, weight_decay) {got} (ours) vs {want} (mmseg)'
+            )
+    expected_only = _source_only(family, depth)
+    if unmatched != expected_only:
+        problems.append(
+            f'source-only parameters: unexpected {sorted(unmatched - expected_only)}, '
+            f'missing {sorted(expected_only - unmatched)}'
+        )
+    ours_only = {n for n in ours if n.startswith('backbone.')} - covered
+    if ours_only != _LOOKHERE_ONLY:
+        problems.append(f'LookHereViT parameters with no source counterpart: {sorted(ours_only)}')
+    return problems
+
+
 def test_layer_decay_configs_build_their_optimizer_and_train_a_step(discovered):
     """The BEiT / MAE configs name mmseg's LayerDecayOptimizerConstructor, which raises a
     bare NotImplementedError for any backbone class but BEiT / MAE / ConvNeXt: swapped,
     they build their optimizer wrapper with mmengine's build_optim_wrapper (as the Runner
-    does), with the source's layer-wise decay -- the same lr per block and per head
-    parameter as mmseg's constructor gives the source model -- and take an optimizer
-    step. A plain-ViT config keeps its default constructor (no decay)."""
+    does), with the source's layer-wise decay, and take an optimizer step. Every backbone
+    parameter, mapped by name to the source's (_SOURCE_TO_LOOKHERE), and every head
+    parameter gets the lr and weight decay mmseg's constructor gives the source model, but
+    for the documented cls_token weight decay; the source's position parameters are the only
+    ones without a counterpart. The ``_ms`` twins (the same model as their single-scale
+    configs) are built with ``final_norm=True``, for the final norm's mapping. A plain-ViT
+    config keeps its default constructor (no decay)."""
     import mmseg.engine  # noqa: F401 - registers mmseg's constructors, for the reference
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
@@ -291,11 +388,13 @@ def test_layer_decay_configs_build_their_optimizer_and_train_a_step(discovered):
     decayed = [rel for rel in discovered if rel.split('/')[0] in ('beit', 'mae')]
     assert {rel.split('/')[0] for rel in decayed} == {'beit', 'mae'}
     assert len(decayed) >= 4, decayed  # 6 in mmsegmentation 1.2.2
-    failures = []
+    failures, used = [], set()
     for rel in decayed + [PLAIN_VIT]:
         try:
             src = _load(rel)
             src.model = shrink(src.model.to_dict())
+            if re.search(r'[-_]ms\.py$', rel):
+                src.model.backbone.final_norm = True
             depth = src.model.backbone.num_layers
             layer_decay = src.optim_wrapper.get('constructor') is not None
             if layer_decay:  # as a config for the shrunk backbone would say
@@ -324,15 +423,17 @@ def test_layer_decay_configs_build_their_optimizer_and_train_a_step(discovered):
                 assert len(notes) == 1 and f"-> constructor='{LOOKHERE_DECAY}'" in notes[0]
                 assert blocks[0] < blocks[-1] < base, blocks
                 assert blocks == pytest.approx([base * rate ** (depth - i) for i in range(depth)])
-                # mmseg's own constructor on the source model: the same lr per block, the
-                # same lr and weight decay for every parameter outside the backbone
+                # mmseg's own constructor on the source model: the same lr and weight decay
+                # for every parameter, in the backbone mapped by name
                 ref_model = MODELS.build(src.model)
                 ref = _lr_and_decay(ref_model, _optim_wrapper(ref_model, src))
-                for name, lr_wd in ref.items():
-                    if name.startswith('backbone.layers.'):
-                        assert blocks[int(name.split('.')[2])] == pytest.approx(lr_wd[0]), name
-                    elif not name.startswith('backbone.'):
-                        assert lrs[name] == pytest.approx(lr_wd), name
+                head_names = {n for n in ref if not n.startswith('backbone.')}
+                assert head_names == {n for n in lrs if not n.startswith('backbone.')}
+                for name in sorted(head_names):
+                    assert lrs[name] == pytest.approx(ref[name]), (name, lrs[name], ref[name])
+                family, base_wd = rel.split('/')[0], src.optim_wrapper.optimizer.weight_decay
+                problems = _backbone_differences(family, depth, lrs, ref, base_wd, used)
+                assert not problems, '\n  '.join(['backbone lr / weight decay:'] + problems)
             before = {n: p.detach().clone() for n, p in model.named_parameters()}
             loss = _total_loss(model, _batch(model))
             assert torch.isfinite(loss), (rel, loss)
@@ -343,7 +444,9 @@ def test_layer_decay_configs_build_their_optimizer_and_train_a_step(discovered):
             assert any(n.startswith('decode_head.') for n in moved), rel
         except Exception as err:  # collect all, report together
             failures.append(f'{rel}: {type(err).__name__}: {err}')
+    unused = [p.pattern for i, (p, _) in enumerate(_SOURCE_TO_LOOKHERE) if i not in used]
     assert not failures, '\n'.join(failures)
+    assert not unused, f'mapping rules no source parameter matched: {unused}'
 
 
 _MMSEG_DECAY = dict(decay_rate=0.8, decay_type='layer_wise_vit', num_layers=12)
