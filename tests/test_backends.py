@@ -143,6 +143,11 @@ def test_explain_backend_names_each_layer_and_why_the_faster_ones_were_skipped()
     assert backend_summary(model, 512, training=True, batch=None).startswith(
         'LookHere attention at 512x512 (grid 32x32, 1025 tokens, float32, cpu, training)'
     )
+    if fused_module.fused_available():  # in bfloat16 the line names the fused kernel's products
+        line = backend_summary(model, 512, training=True, dtype=torch.bfloat16)
+        products = fused_module.bf16_products()
+        assert f'(bf16 products: {products}) (explain_backend' in line, line
+        assert 'bf16 products' not in backend_summary(model, 512, training=True)
 
 
 def test_a_retired_backend_name_runs_its_successor_with_a_warning():

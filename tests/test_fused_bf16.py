@@ -45,6 +45,7 @@ from test_tiled import grid_bias, qkv
 
 from lookhere_dense.lookhere import reference_attention
 from lookhere_dense.lookhere.fused import (
+    bf16_products,
     fused_attention,
     native_bf16_available,
     native_bf16_unavailable_reason,
@@ -65,10 +66,26 @@ requires_native = pytest.mark.skipif(
     not native_bf16_available(),
     reason=f'native bfloat16 products: {native_bf16_unavailable_reason()}',
 )
-#: (dtype, ``native_bf16=``): float16 always takes the float32 products
+
+
+def _requires(products: str):
+    """Skip where the ``products`` implementation of the native bfloat16 products cannot
+    run (the reason from :func:`bf16_products`)."""
+    try:
+        bf16_products(products)
+        why = None
+    except RuntimeError as err:
+        why = str(err)
+    return pytest.mark.skipif(why is not None, reason=f'{products}: {why}')
+
+
+#: (dtype, ``native_bf16=``): float16 always takes the float32 products; bfloat16 also on
+#: each implementation of the native products (our VDPBF16PS kernels, PyTorch's brgemm:
+#: oneDNN's micro-kernel, AMX tiles where the CPU has them)
 DTYPE_PRODUCTS = [
     pytest.param(torch.bfloat16, False, id='bf16'),
-    pytest.param(torch.bfloat16, True, marks=requires_native, id='bf16-native'),
+    pytest.param(torch.bfloat16, 'vdpbf16ps', marks=_requires('vdpbf16ps'), id='bf16-vdpbf16ps'),
+    pytest.param(torch.bfloat16, 'brgemm', marks=_requires('brgemm'), id='bf16-brgemm'),
     pytest.param(torch.float16, False, id='fp16'),
 ]
 
@@ -199,20 +216,23 @@ want = torch.autograd.grad(ref, high, torch.ones_like(ref))
 got = torch.autograd.grad(out, low, torch.ones_like(out))
 for g, w in zip(got, want):
     assert (g.double() - w).abs().max() <= 2**-7 * w.abs().max()
+assert not load_fused_ops().brgemm_bf16()  # brgemm's operands need the AVX-512 build
 print('ok', _capability())
 """
 
 
-def test_default_capability_build():
-    """The build without vector instructions (``ATEN_CPU_CAPABILITY=default``): bfloat16
-    forward and backward against the reference (compiled once per machine, ~1 min)."""
-    env = dict(os.environ, ATEN_CPU_CAPABILITY='default', OMP_NUM_THREADS='1')
+@pytest.mark.parametrize('capability', ['default', 'avx2'])
+def test_other_capability_builds(capability):
+    """The builds for CPUs without AVX-512 (``ATEN_CPU_CAPABILITY=avx2``) and without vector
+    instructions (``=default``): bfloat16 forward and backward against the reference, on the
+    float32 products, brgemm's off (compiled once per machine, ~1 min each)."""
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability, OMP_NUM_THREADS='1')
     env['PYTHONPATH'] = os.pathsep.join([os.path.dirname(__file__), env.get('PYTHONPATH', '')])
     res = subprocess.run(
         [sys.executable, '-c', _CHILD], env=env, capture_output=True, text=True, timeout=600
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.split() == ['ok', 'DEFAULT']
+    assert res.stdout.split() == ['ok', capability.upper()]
 
 
 def test_the_engine_hands_the_kernel_a_float32_table():
@@ -260,7 +280,7 @@ def test_native_bf16_switch_is_checked():
     grid = (3, 4)
     gb = grid_bias('lh90', grid)
     (q, k, v), _ = rounded_qkv(grid, True, 16, torch.bfloat16, batch=1)
-    with pytest.raises(ValueError, match='native_bf16 must be None, True or False'):
+    with pytest.raises(ValueError, match="native_bf16 must be None, True, False or one of 'vdp"):
         fused_attention(q, k, v, gb, 1, True, native_bf16='yes')
     if not native_bf16_available():
         with pytest.raises(RuntimeError, match='native_bf16=True, but'):
@@ -303,3 +323,75 @@ def test_table_gradient_matches_float64_reference(dtype, native):
     assert got[1].abs().max() > 0
     err = (got.double() - want).abs().max().item()
     assert err <= 2**-7 * want.abs().max().item(), (err, want.abs().max().item())
+
+
+def test_bf16_products_choice(monkeypatch):
+    """Which implementation bfloat16 runs on: brgemm where the CPU has AMX tiles (and brgemm
+    takes bfloat16), else our VDPBF16PS kernels; ``LOOKHERE_FUSED_BF16`` names one, ``0``
+    turns both off, anything else is refused by name; an explicit argument wins."""
+    from lookhere_dense.lookhere.attention import fused
+
+    monkeypatch.setattr(fused, 'brgemm_bf16_available', lambda: True)
+    monkeypatch.setattr(fused, '_vdpbf16ps_available', lambda: True)
+    monkeypatch.setattr(fused, 'amx_bf16_available', lambda: True)
+    monkeypatch.delenv('LOOKHERE_FUSED_BF16', raising=False)
+    assert bf16_products() == bf16_products(True) == 'brgemm'
+    monkeypatch.setattr(fused, 'amx_bf16_available', lambda: False)
+    assert bf16_products() == 'vdpbf16ps' and bf16_products(False) == 'float32'
+    monkeypatch.setenv('LOOKHERE_FUSED_BF16', 'brgemm')
+    assert bf16_products() == 'brgemm' and bf16_products('vdpbf16ps') == 'vdpbf16ps'
+    monkeypatch.setenv('LOOKHERE_FUSED_BF16', '0')
+    assert bf16_products() == 'float32' and bf16_products(True) == 'vdpbf16ps'
+    monkeypatch.setenv('LOOKHERE_FUSED_BF16', 'amx')
+    with pytest.raises(ValueError, match="LOOKHERE_FUSED_BF16='amx': expected 0, 1 or one of"):
+        bf16_products()
+    monkeypatch.setenv('LOOKHERE_FUSED_BF16', '1')
+    monkeypatch.setattr(fused, 'brgemm_bf16_available', lambda: False)
+    with pytest.raises(RuntimeError, match="native_bf16='brgemm', but at::native::cpublas"):
+        bf16_products('brgemm')
+    monkeypatch.setattr(fused, '_vdpbf16ps_available', lambda: False)
+    assert bf16_products() == 'float32'
+    with pytest.raises(RuntimeError, match='native_bf16=True, but'):
+        bf16_products(True)
+
+
+@_requires('brgemm')
+@_requires('vdpbf16ps')
+def test_the_environment_switch_reaches_the_kernel(monkeypatch):
+    """``LOOKHERE_FUSED_BF16`` decides what the engine's fused calls (the model's) hand the
+    kernel, forward and backward: brgemm, our kernels, or the float32 products."""
+    from test_tiled import CONFIGS, DEPTH, HEADS
+
+    from lookhere_dense.lookhere import LookHereAttentionEngine
+    from lookhere_dense.lookhere.attention import fused
+
+    ops = fused.load_fused_ops()
+    seen = []
+
+    class Recording:  # the kernel's ops, recording (native_bf16, brgemm) of each call
+        def forward(self, *args):
+            seen.append(('forward', args[-2], args[-1]))
+            return ops.forward(*args)
+
+        def backward(self, *args):
+            seen.append(('backward', args[-3], args[-1]))
+            return ops.backward(*args)
+
+    monkeypatch.setattr(fused, 'load_fused_ops', lambda *a, **k: Recording())
+    monkeypatch.setattr(fused, 'fused_available', lambda: True)
+    monkeypatch.setattr(fused, 'brgemm_bf16_available', lambda: bool(ops.brgemm_bf16()))
+    monkeypatch.setattr(fused, '_vdpbf16ps_available', lambda: bool(ops.native_bf16()))
+    monkeypatch.setattr(fused, 'amx_bf16_available', lambda: bool(ops.amx_bf16()))
+    grid = (9, 16)
+    eng = LookHereAttentionEngine(CONFIGS['no_rounding'], DEPTH, HEADS)
+    low, _ = rounded_qkv(grid, True, 64, torch.bfloat16, grad=True, batch=1)
+    for env, flags in (
+        ('brgemm', (True, True)),
+        ('vdpbf16ps', (True, False)),
+        ('0', (False, False)),
+    ):
+        monkeypatch.setenv('LOOKHERE_FUSED_BF16', env)
+        seen.clear()
+        out = eng(*low, 1, grid, True, backend='fused')
+        out.sum().backward()
+        assert seen == [('forward', *flags), ('backward', *flags)], (env, seen)

@@ -197,7 +197,9 @@ def backend_summary(
     batch 1, float32, cpu, training): fused x 12``), or None for a model without a LookHere
     ViT (``model.module`` of a ``DistributedDataParallel`` is looked into). ``dtype``: the
     compute dtype (an autocast's); None: the parameters'. Default: None. ``batch``: images
-    per call, None: not reported. Default: 1."""
+    per call, None: not reported. Default: 1. Where ``fused`` runs in bfloat16 the line
+    also names its products (:func:`~.fused.bf16_products`: ``brgemm``, ``vdpbf16ps`` or
+    ``float32``)."""
     model = getattr(model, 'module', model)
     try:
         lines = explain_backend(
@@ -211,4 +213,6 @@ def backend_summary(
         counts[chosen] = counts.get(chosen, 0) + 1
     head = lines[0].rstrip(':').replace('attention backends at', 'LookHere attention at')
     uses = ', '.join(f'{name} x {n}' for name, n in counts.items())
+    if 'fused' in counts and ', bfloat16, ' in head:
+        uses += f' (bf16 products: {fused.bf16_products()})'
     return f'{head}: {uses} (explain_backend(model, size) says why)'

@@ -38,7 +38,13 @@ Reduced precision
     ``dS`` rounded to bfloat16 as their operands, as flash attention does on GPUs (0.68-0.75x
     the time of the float32 products on one ViT-B layer; tolerances in
     ``tests/test_fused_bf16.py``). ``native_bf16=False`` or ``LOOKHERE_FUSED_BF16=0``
-    keeps the float32 products. AMX tiles are not used.
+    keeps the float32 products. The same products, operands and roundings also run through
+    PyTorch's ``at::native::cpublas::brgemm`` (oneDNN's micro-kernel: AMX tiles on CPUs
+    with AMX, AVX-512 elsewhere), where torch's oneDNN takes bfloat16 there
+    (:func:`brgemm_bf16_available`). :func:`bf16_products` says which runs: ``'brgemm'``
+    where the CPU has AMX (:func:`amx_bf16_available`), else ``'vdpbf16ps'`` (our
+    kernels) where available; ``native_bf16='brgemm'`` / ``'vdpbf16ps'`` or
+    ``LOOKHERE_FUSED_BF16=brgemm`` / ``=vdpbf16ps`` choose one.
 
 Threads
     The kernel runs on PyTorch's intra-op threads (``torch.set_num_threads``); forward
@@ -112,6 +118,10 @@ __all__ = [
     'fused_unavailable_reason',
     'native_bf16_available',
     'native_bf16_unavailable_reason',
+    'brgemm_bf16_available',
+    'amx_bf16_available',
+    'bf16_products',
+    'BF16_PRODUCTS',
     'load_fused_ops',
     'build_directory',
     'FUSED_TILE',
@@ -239,25 +249,110 @@ def fused_available() -> bool:
         return False
 
 
-def native_bf16_available() -> bool:
-    """True where bfloat16 attention runs on the kernel's native bfloat16 products: the
-    kernel built for AVX-512, a CPU with AVX512-BF16, and ``LOOKHERE_FUSED_BF16`` not
-    ``0``. Elsewhere bfloat16 ``q, k, v`` are computed with the float32 products."""
-    if os.environ.get('LOOKHERE_FUSED_BF16', '1') == '0':
-        return False
+#: the implementations of the bfloat16 products (:func:`bf16_products`)
+BF16_PRODUCTS = ('vdpbf16ps', 'brgemm')
+
+
+def _bf16_env() -> str:
+    """``LOOKHERE_FUSED_BF16``: ``1`` (default: the machine's choice), ``0`` (the float32
+    products) or one of :data:`BF16_PRODUCTS`."""
+    value = os.environ.get('LOOKHERE_FUSED_BF16', '1')
+    if value not in ('0', '1') + BF16_PRODUCTS:
+        raise ValueError(
+            f'LOOKHERE_FUSED_BF16={value!r}: expected 0, 1 or one of {", ".join(BF16_PRODUCTS)}'
+        )
+    return value
+
+
+def _vdpbf16ps_available() -> bool:
     return fused_available() and bool(load_fused_ops().native_bf16())
+
+
+def brgemm_bf16_available() -> bool:
+    """True where PyTorch's ``at::native::cpublas::brgemm`` takes bfloat16 operands in the
+    VNNI layout (torch's oneDNN with its micro-kernel API, a CPU with AVX-512; checked
+    once by one exact small product) and the kernel is built."""
+    return fused_available() and bool(load_fused_ops().brgemm_bf16())
+
+
+def amx_bf16_available() -> bool:
+    """True on a CPU with AMX bfloat16 tiles (PyTorch's ``cpublas::could_pack``)."""
+    return fused_available() and bool(load_fused_ops().amx_bf16())
+
+
+def bf16_products(native_bf16: Union[None, bool, str] = None) -> str:
+    """Which products bfloat16 ``q, k, v`` run on: ``'brgemm'``, ``'vdpbf16ps'`` or
+    ``'float32'``.
+
+    Args:
+        native_bf16: None or True: the machine's choice -- ``'brgemm'`` where the CPU has
+            AMX tiles and brgemm takes bfloat16, else ``'vdpbf16ps'`` where the kernel is
+            built for AVX-512 and the CPU has AVX512-BF16, else ``'brgemm'`` where it runs,
+            else (None) ``'float32'``; ``LOOKHERE_FUSED_BF16`` (``0``, or an
+            implementation's name) overrides it for None. False: ``'float32'``. A name of
+            :data:`BF16_PRODUCTS`: that one. Default: None.
+
+    Raises:
+        RuntimeError: True or a name where that cannot run here (the message says why).
+        ValueError: any other value.
+    """
+    if native_bf16 is None:
+        env = _bf16_env()
+        if env == '0':
+            return 'float32'
+        if env != '1':
+            native_bf16 = env
+    if native_bf16 is False:
+        return 'float32'
+    if native_bf16 is None or native_bf16 is True:
+        if brgemm_bf16_available() and amx_bf16_available():
+            return 'brgemm'
+        if _vdpbf16ps_available():
+            return 'vdpbf16ps'
+        if brgemm_bf16_available():
+            return 'brgemm'
+        if native_bf16 is None:
+            return 'float32'
+        raise RuntimeError(
+            f'fused attention: native_bf16=True, but {native_bf16_unavailable_reason()}'
+        )
+    if native_bf16 not in BF16_PRODUCTS:
+        raise ValueError(
+            'fused attention: native_bf16 must be None, True, False or one of '
+            f'{", ".join(map(repr, BF16_PRODUCTS))}, got {native_bf16!r}'
+        )
+    available = brgemm_bf16_available() if native_bf16 == 'brgemm' else _vdpbf16ps_available()
+    if not available:
+        why = (
+            fused_unavailable_reason()
+            if not fused_available()
+            else 'at::native::cpublas::brgemm takes no bfloat16 VNNI operands here (a torch '
+            "without oneDNN's micro-kernel API, or a CPU without AVX-512)"
+            if native_bf16 == 'brgemm'
+            else f'this CPU / build has no AVX512-BF16 (build capability {_capability()})'
+        )
+        raise RuntimeError(f'fused attention: native_bf16={native_bf16!r}, but {why}')
+    return native_bf16
+
+
+def native_bf16_available() -> bool:
+    """True where bfloat16 attention runs on native bfloat16 products by default
+    (:func:`bf16_products` is not ``'float32'``): our VDPBF16PS kernels (the kernel built
+    for AVX-512, a CPU with AVX512-BF16) or brgemm; ``LOOKHERE_FUSED_BF16=0`` turns them
+    off. Elsewhere bfloat16 ``q, k, v`` are computed with the float32 products."""
+    return bf16_products() != 'float32'
 
 
 def native_bf16_unavailable_reason() -> Optional[str]:
     """Why :func:`native_bf16_available` is False (None while it is True)."""
-    if os.environ.get('LOOKHERE_FUSED_BF16', '1') == '0':
+    if _bf16_env() == '0':
         return 'the native bfloat16 products are turned off (LOOKHERE_FUSED_BF16=0)'
     if not fused_available():
         return fused_unavailable_reason()
-    if not load_fused_ops().native_bf16():
+    if bf16_products() == 'float32':
         return (
-            f'this CPU / build has no AVX512-BF16 (build capability {_capability()}); '
-            'bfloat16 runs on the float32 products'
+            f'this CPU / build has no AVX512-BF16 (build capability {_capability()}) and '
+            "PyTorch's brgemm takes no bfloat16 here; bfloat16 runs on the float32 products"
         )
     return None
 
@@ -442,11 +537,20 @@ def _forward(
     off: int,
     max_keys: int,
     gather_bytes: int,
-    native: bool,
+    products: str,
 ):
     scale = q.shape[-1] ** -0.5
     out, lse = load_fused_ops().forward(
-        q, k, v, table, key_term, *_kernel_args(plan, off, scale), max_keys, gather_bytes, native
+        q,
+        k,
+        v,
+        table,
+        key_term,
+        *_kernel_args(plan, off, scale),
+        max_keys,
+        gather_bytes,
+        products != 'float32',
+        products == 'brgemm',
     )
     if off:  # the prefix queries: bias 0 to every key
         o, l = FLASH(q[:, :, :off], k, v)
@@ -505,8 +609,9 @@ class _FusedAttention(torch.autograd.Function):
             None if key_term is None else key_term.detach(),
             *_kernel_args(plan, off, scale),
             ctx.max_keys,
-            ctx.native,
+            ctx.native != 'float32',
             bias_grads,
+            ctx.native == 'brgemm',
         )
         if off:  # the prefix queries' share
             gq, gk, gv = FLASH_BWD(
@@ -563,8 +668,9 @@ def fused_attention(
         gather_bytes: the most bytes of keys / values copied into tile order at once (at
             least one head). Default: :data:`FUSED_GATHER_BYTES`.
         native_bf16: for bfloat16 ``q, k, v``: True = the native bfloat16 products
-            (AVX512-BF16; a RuntimeError where this machine has none), False = the float32
-            products; None = native where :func:`native_bf16_available` (Default: None).
+            (a RuntimeError where this machine has none), ``'vdpbf16ps'`` / ``'brgemm'`` =
+            that implementation of them, False = the float32 products; None = native where
+            :func:`native_bf16_available` (:func:`bf16_products`). Default: None.
 
     Returns:
         ``(B, heads, T, d)`` in ``q``'s dtype, laid out ``(B, T, heads, d)`` in memory.
@@ -581,20 +687,7 @@ def fused_attention(
             f'{fused_unavailable_reason()}; use '
             "model.backbone.attn_backend='auto' (which then picks 'tiled')"
         )
-    if native_bf16 is None:
-        native = native_bf16_available()
-    elif native_bf16 is True:
-        if not native_bf16_available():
-            raise RuntimeError(
-                f'fused attention: native_bf16=True, but {native_bf16_unavailable_reason()}'
-            )
-        native = True
-    elif native_bf16 is False:
-        native = False
-    else:
-        raise ValueError(
-            f'fused attention: native_bf16 must be None, True or False, got {native_bf16!r}'
-        )
+    native = bf16_products(native_bf16)
     plan = get_fused_plan(grid_bias, layer, tile, plans)
     dtype = q.dtype
     # bfloat16 / float16 q, k, v go in as they are (converted as the kernel packs them);

@@ -38,11 +38,14 @@
 // in the input dtype, the log-sum-exp in float32. No float32 copy of a whole tensor is
 // made. The products are the float32 FMA micro-kernels, except for bfloat16 where the
 // build targets AVX-512 and the CPU has AVX512-BF16: there the native bfloat16 products
-// (section "Native bfloat16 products") take bfloat16 operands with float32 sums. AMX tiles
-// are not used (no machine with AMX was at hand to build and time them).
+// (section "Native bfloat16 products") take bfloat16 operands with float32 sums, in one
+// of two implementations: our VDPBF16PS micro-kernels, or PyTorch's
+// ``at::native::cpublas::brgemm`` (oneDNN's micro-kernel: AMX tiles where the CPU has them,
+// AVX-512 elsewhere; section "bfloat16 products through brgemm"). Python picks one.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/native/CPUBlas.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
@@ -658,6 +661,83 @@ void tb_bf16(const bf16*, int, int, int, const bf16*, int, float*, float) { no_n
 #endif
 
 // ---------------------------------------------------------------------------------------
+// bfloat16 products through brgemm (oneDNN's micro-kernel, AMX tiles where present)
+// ---------------------------------------------------------------------------------------
+// ``at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, add_C, A, B, C, is_vnni=true)``:
+// C (M x N float32, ldc) (+)= A (M x K bfloat16 rows, lda) B, with B in the VNNI layout
+// ``[K / 2][ldb][2]`` (pairs along the summed index) -- the layout our operands already
+// have: a key panel ``[dp / 2][16][2]`` is B of Q K^T for 16 slots (ldb 16), the slot pairs
+// ``[slots / 2][dp][2]`` are B of P V and dS K, the row pairs of Q and dO B of dS^T Q and
+// P^T dO (the A of those two, P^T and dS^T, is transposed into rows here). oneDNN
+// generates the kernel per shape for the CPU it runs on: AMX tiles on CPUs with AMX, AVX-512
+// (VDPBF16PS where present) elsewhere, the same calls and layouts on both. PyTorch runs
+// it where its oneDNN has the micro-kernel API and the CPU has AVX-512; elsewhere the call
+// raises, and brgemm_bf16_available() (a small product checked exactly) says no.
+namespace brg = at::native::cpublas;
+
+// Whether brgemm takes bfloat16 operands in the VNNI layout here: the AVX-512 build (its
+// slots are padded to 16, a whole key panel) on a CPU with AVX512-BF16 (the operands are
+// rounded with its instructions, as for the native products; every CPU with AMX has it)
+// and two small products of the kernels' shapes, compared exactly with the float32 sums
+// (quarters of small integers: exact in both). On a CPU with AMX they run on its tiles, so
+// a layout the tiles read otherwise would turn the products off, not give wrong results.
+bool brgemm_bf16_available() {
+  static const bool ok = [] {
+    if (Vec<float>::size() != 16 || !native_bf16_available()) return false;
+    // the kernels' shapes: a score panel (N 16, K dp) and a P V block (ldb > N, ldc > N)
+    const int shapes[2][6] = {{7, 16, 64, 64, 16, 16}, {5, 32, 34, 40, 48, 56}};
+    try {
+      for (const auto& sh : shapes) {
+        const int M = sh[0], N = sh[1], K = sh[2], lda = sh[3], ldb = sh[4], ldc = sh[5];
+        std::vector<bf16> a((size_t)M * lda), b((size_t)(K / 2) * ldb * 2);
+        std::vector<float> c((size_t)M * ldc, 0.f), ref((size_t)M * ldc, 0.f);
+        for (int m = 0; m < M; ++m)
+          for (int k = 0; k < K; ++k) a[m * lda + k] = bf16(float((m * K + k) % 7 - 3) * 0.25f);
+        for (int k = 0; k < K; ++k)
+          for (int n = 0; n < N; ++n) {
+            const float x = float((k * N + n) % 5 - 2) * 0.25f;
+            b[(k / 2) * ldb * 2 + n * 2 + (k & 1)] = bf16(x);
+            for (int m = 0; m < M; ++m) ref[m * ldc + n] += float(a[m * lda + k]) * x;
+          }
+        brg::brgemm(M, N, K, lda, ldb, ldc, false, a.data(), b.data(), c.data(), true);
+        if (!std::equal(c.begin(), c.end(), ref.begin())) {
+          brg::brgemm_release(true);
+          return false;
+        }
+      }
+      brg::brgemm_release(true);
+    } catch (const std::exception&) {
+      return false;  // no oneDNN micro-kernel in this torch, or a CPU without AVX-512
+    }
+    return true;
+  }();
+  return ok;
+}
+
+// Whether this CPU packs bfloat16 for AMX tiles (PyTorch's own test for AMX, as its flash
+// attention uses it).
+bool amx_bf16_available() { return brg::could_pack(at::kBFloat16); }
+
+// C (n x ns, ldc) = A (n x dp bfloat16 rows, lda) * B^T, B as panels of 16 slots.
+void qk_brgemm(const bf16* A, int lda, int n, int dp, const bf16* Bp, int ns, float* C,
+               int ldc) {
+  for (int p = 0; p < ns / 16; ++p)
+    brg::brgemm(n, 16, dp, lda, 16, ldc, false, A, Bp + (int64_t)p * dp * 16, C + p * 16,
+                true);
+}
+
+// dst (n x rows2 bfloat16, rows2 = rows rounded up to even) = (alpha * src)^T, src rows x n
+// float32 (ld ld); the padding column is 0.
+void transpose_bf16(const float* src, int ld, int rows, int n, float alpha, bf16* dst) {
+  const int rows2 = round_up(rows, 2);
+  for (int j = 0; j < n; ++j) {
+    bf16* o = dst + (int64_t)j * rows2;
+    for (int r = 0; r < rows; ++r) o[r] = bf16(alpha * src[(int64_t)r * ld + j]);
+    if (rows2 > rows) o[rows] = bf16(0.f);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Softmax blocks (shared by both product kinds)
 // ---------------------------------------------------------------------------------------
 
@@ -794,6 +874,7 @@ struct FloatProducts {
   static void accumulate(const T* p, KT*, int nq, int ns, const KT* v, int dp, T* acc) {
     gemm_rows<T>(p, ns, nq, ns, v, dp, acc, T(1));
   }
+  static void release() {}
 };
 
 struct NativeBf16Products {
@@ -814,6 +895,20 @@ struct NativeBf16Products {
     store_row<float, bf16>(pb, p, nq * ns);
     av_bf16(pb, ns, nq, ns, v, dp, acc, 1.f);
   }
+  static void release() {}
+};
+
+// The same operands and roundings through brgemm (keys as panels, values as slot pairs).
+struct BrgemmBf16Products : NativeBf16Products {
+  static void scores(const bf16* q, int nq, int dp, const bf16* k, int ns, float* s) {
+    qk_brgemm(q, dp, nq, dp, k, ns, s, ns);
+  }
+  static void accumulate(const float* p, bf16* pb, int nq, int ns, const bf16* v, int dp,
+                         float* acc) {
+    store_row<float, bf16>(pb, p, nq * ns);
+    brg::brgemm(nq, dp, ns, ns, dp, dp, true, pb, v, acc, true);
+  }
+  static void release() { brg::brgemm_release(true); }  // the AMX tile state, per thread
 };
 
 template <typename T, typename IT, typename Products>
@@ -892,6 +987,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           op + bb * out.stride(0) + h * out.stride(1), out.stride(2),
                           lp + bb * lse.stride(0) + h * lse.stride(1), lse.stride(2));
       }
+      Products::release();
     });
   }
 }
@@ -963,8 +1059,8 @@ struct FloatBackward {
     gemm_panels<T>(qb.data(), nq, dp, kpan.data() + off, ns, s, ns);
   }
   // dV += P^T dO
-  void dv(const T* p, int nq, int ns, int dp, T* dvh) {
-    gemm_t<T>(p, ns, nq, ns, dob.data(), dp, dvh, T(1));
+  void dv(const T* p, int nq, int ns, int dp, int64_t off, T* dvh) {
+    gemm_t<T>(p, ns, nq, ns, dob.data(), dp, dvh + off, T(1));
   }
   // dP = dO V^T
   void dprob(int nq, int dp, int64_t off, int ns, T* dprob) {
@@ -975,6 +1071,8 @@ struct FloatBackward {
     gemm_rows<T>(ds, ns, nq, ns, krow.data() + off, dp, dqb, scale);
     gemm_t<T>(ds, ns, nq, ns, qb.data(), dp, dkh, scale);
   }
+  void keys(T*, T*, int, T) {}  // dK, dV are accumulated in place
+  void release() {}
 };
 
 struct NativeBf16Backward {
@@ -1011,9 +1109,9 @@ struct NativeBf16Backward {
   void scores(int nq, int dp, int64_t off, int ns, float* s) {
     qk_bf16(qb.data(), dp, nq, dp, kpan.data() + off, ns, s, ns);
   }
-  void dv(const float* p, int nq, int ns, int dp, float* dvh) {
+  void dv(const float* p, int nq, int ns, int dp, int64_t off, float* dvh) {
     to_row_pairs_bf16(p, ns, nq, ns, ppair.data());
-    tb_bf16(ppair.data(), ns, round_up(nq, 2), ns, dopair.data(), dp, dvh, 1.f);
+    tb_bf16(ppair.data(), ns, round_up(nq, 2), ns, dopair.data(), dp, dvh + off, 1.f);
   }
   void dprob(int nq, int dp, int64_t off, int ns, float* dprob) {
     qk_bf16(dob.data(), dp, nq, dp, vpan.data() + off, ns, dprob, ns);
@@ -1025,6 +1123,75 @@ struct NativeBf16Backward {
     to_row_pairs_bf16(ds, ns, nq, ns, dspair.data());
     tb_bf16(dspair.data(), ns, round_up(nq, 2), ns, qpair.data(), dp, dkh, scale);
   }
+  void keys(float*, float*, int, float) {}  // dK, dV are accumulated in place
+  void release() {}
+};
+
+// The same products through brgemm. brgemm reads its A in rows, so the two products summed
+// over query rows are computed transposed, with P and dS as B in row pairs (the layout the
+// native products use): dV^T += dO^T P and dK^T += Q^T dS, dO^T and Q^T made once per
+// query tile, dV^T and dK^T (channels x slots) held here and handed back transposed, dK
+// scaled, by keys(). dQ += scale (dS K) through a scratch block (brgemm has no alpha).
+struct BrgemmBf16Backward : NativeBf16Backward {
+  int ldt, slots = 0;  // ldt: the query rows of qT / doT (the largest tile, rounded to even)
+  std::vector<bf16> qT, doT;      // (dp, ldt)
+  std::vector<float> dkT, dvT, tmp;  // (dp, slots), (max_tile, dp)
+  BrgemmBf16Backward(int64_t per, int max_tile, int dp, int width)
+      : NativeBf16Backward(per, max_tile, dp, width), ldt(round_up(max_tile, 2)),
+        qT((size_t)dp * ldt, bf16(0.f)), doT((size_t)dp * ldt, bf16(0.f)), dkT(per), dvT(per),
+        tmp((size_t)max_tile * dp) {}
+  void pack(const bf16* kh, int64_t kld, const bf16* vh, int64_t vld, const Tiles& tl, int d,
+            int dp) {
+    NativeBf16Backward::pack(kh, kld, vh, vld, tl, d, dp);
+    slots = tl.slots;
+    std::fill(dkT.begin(), dkT.end(), 0.f);
+    std::fill(dvT.begin(), dvT.end(), 0.f);
+  }
+  void load(int r, const bf16* x, const bf16* gx, int d, int dp) {
+    NativeBf16Backward::load(r, x, gx, d, dp);
+    for (int c = 0; c < d; ++c) {
+      qT[(int64_t)c * ldt + r] = x[c];
+      doT[(int64_t)c * ldt + r] = gx[c];
+    }
+  }
+  void pad(int nq, int d, int dp) {
+    NativeBf16Backward::pad(nq, d, dp);
+    if (nq % 2 == 0) return;
+    for (int c = 0; c < d; ++c) qT[(int64_t)c * ldt + nq] = doT[(int64_t)c * ldt + nq] = bf16(0.f);
+  }
+  void scores(int nq, int dp, int64_t off, int ns, float* s) {
+    qk_brgemm(qb.data(), dp, nq, dp, kpan.data() + off, ns, s, ns);
+  }
+  void dv(const float* p, int nq, int ns, int dp, int64_t off, float*) {
+    to_row_pairs_bf16(p, ns, nq, ns, ppair.data());
+    brg::brgemm(dp, ns, round_up(nq, 2), ldt, ns, slots, true, doT.data(), ppair.data(),
+                dvT.data() + off / dp, true);
+  }
+  void dprob(int nq, int dp, int64_t off, int ns, float* dprob) {
+    qk_brgemm(dob.data(), dp, nq, dp, vpan.data() + off, ns, dprob, ns);
+  }
+  void dq_dk(const float* ds, int nq, int ns, int dp, int64_t off, float* dqb, float*,
+             float scale) {
+    store_row<float, bf16>(dsb.data(), ds, nq * ns);
+    brg::brgemm(nq, dp, ns, ns, dp, dp, false, dsb.data(), kpair.data() + off, tmp.data(),
+                true);
+    for (int64_t i = 0; i < (int64_t)nq * dp; ++i) dqb[i] += scale * tmp[i];
+    to_row_pairs_bf16(ds, ns, nq, ns, dspair.data());
+    brg::brgemm(dp, ns, round_up(nq, 2), ldt, ns, slots, true, qT.data(), dspair.data(),
+                dkT.data() + off / dp, true);
+  }
+  // dK = scale dK^T transposed, dV = dV^T transposed, into the slot rows (slots x dp)
+  void keys(float* dkh, float* dvh, int dp, float scale) {
+    for (int c = 0; c < dp; ++c) {
+      const float* k = dkT.data() + (int64_t)c * slots;
+      const float* v = dvT.data() + (int64_t)c * slots;
+      for (int j = 0; j < slots; ++j) {
+        dkh[(int64_t)j * dp + c] = scale * k[j];
+        dvh[(int64_t)j * dp + c] = v[j];
+      }
+    }
+  }
+  void release() { brg::brgemm_release(true); }
 };
 
 // The flash backward per (batch, head): P recomputed from the global log-sum-exp, dK, dV
@@ -1095,7 +1262,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
           probs_block<T>(s.data(), nq, ns, tl, blk, table_h, key_h, qy.data(), qx.data(), scale,
                          brow.data(), lrow.data());
           // dV += P^T dO ; dP = dO V^T ; dS = P (dP - delta)
-          ops.dv(s.data(), nq, ns, dp, dvh.data() + off);
+          ops.dv(s.data(), nq, ns, dp, off, dvh.data());
           ops.dprob(nq, dp, off, ns, dprob.data());
           dscores_block<T>(s.data(), dprob.data(), nq, ns, delta.data());
           if (dtable)
@@ -1109,12 +1276,14 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
           store_row<T, IT>(dqh + (J + patch) * dq.stride(2), dqb.data() + (int64_t)r * dp, d);
         }
       }
+      ops.keys(dkh.data(), dvh.data(), dp, scale);
       write_key_grads<T, IT>(tl, dp, d, dkh.data(), dvh.data(),
                              dk.data_ptr<IT>() + bb * dk.stride(0) + h * dk.stride(1),
                              dk.stride(2),
                              dv.data_ptr<IT>() + bb * dv.stride(0) + h * dv.stride(1),
                              dv.stride(2));
     }
+    ops.release();
   });
 }
 
@@ -1190,7 +1359,7 @@ std::tuple<at::Tensor, at::Tensor> fused_forward(
     const c10::optional<at::Tensor>& key_term, const at::Tensor& run_ptr,
     const at::Tensor& runs, const at::Tensor& head_group, int64_t H, int64_t W, int64_t th,
     int64_t tw, int64_t J, double scale, int64_t max_keys, int64_t gather_bytes,
-    bool native_bf16) {
+    bool native_bf16, bool brgemm) {
   check_inputs(q, k, v, table, key_term, run_ptr, runs, head_group, H, W, th, tw, J);
   Tiles tl((int)H, (int)W, (int)th, (int)tw, (int)J, vector_width(q.scalar_type()));
   Plan plan = make_plan(run_ptr, runs, head_group, tl);
@@ -1198,6 +1367,13 @@ std::tuple<at::Tensor, at::Tensor> fused_forward(
   // (B, T, heads, d) in memory, like SDPA's output: the model's reshape is a view
   at::Tensor out = at::empty({B, T, heads, d}, q.options()).permute({0, 2, 1, 3});
   at::Tensor lse = at::empty({B, heads, T}, q.options().dtype(compute_type(q.scalar_type())));
+  if (native_bf16 && q.scalar_type() == at::kBFloat16 && brgemm) {
+    TORCH_CHECK(brgemm_bf16_available(), "fused LookHere attention: brgemm=True, but "
+                "at::native::cpublas::brgemm takes no bfloat16 VNNI operands here");
+    forward_impl<float, bf16, BrgemmBf16Products>(q, k, v, table, key_term, plan, tl, scale,
+                                                  (int)max_keys, gather_bytes, out, lse);
+    return {out, lse};
+  }
   if (native_bf16 && q.scalar_type() == at::kBFloat16 && native_bf16_available()) {
     forward_impl<float, bf16, NativeBf16Products>(q, k, v, table, key_term, plan, tl, scale,
                                                   (int)max_keys, gather_bytes, out, lse);
@@ -1218,7 +1394,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_bac
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table,
     const c10::optional<at::Tensor>& key_term, const at::Tensor& run_ptr,
     const at::Tensor& runs, const at::Tensor& head_group, int64_t H, int64_t W, int64_t th,
-    int64_t tw, int64_t J, double scale, int64_t max_keys, bool native_bf16, bool table_grad) {
+    int64_t tw, int64_t J, double scale, int64_t max_keys, bool native_bf16, bool table_grad,
+    bool brgemm) {
   check_inputs(q, k, v, table, key_term, run_ptr, runs, head_group, H, W, th, tw, J);
   TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes() &&
                   dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type() &&
@@ -1241,6 +1418,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_bac
                         ? at::zeros({q.size(0), key_term->size(0), key_term->size(1)},
                                     table.options())
                         : at::empty({0}, table.options());
+  if (native_bf16 && q.scalar_type() == at::kBFloat16 && brgemm) {
+    TORCH_CHECK(brgemm_bf16_available(), "fused LookHere attention: brgemm=True, but "
+                "at::native::cpublas::brgemm takes no bfloat16 VNNI operands here");
+    backward_impl<float, bf16, BrgemmBf16Backward>(
+        dout, q, k, v, out, lse, table, key_term, plan, tl, scale, (int)max_keys, dq, dk, dv,
+        table_grad ? dtable.data_ptr<float>() : nullptr,
+        dkey.numel() ? dkey.data_ptr<float>() : nullptr);
+    return {dq, dk, dv, dtable, dkey};
+  }
   if (native_bf16 && q.scalar_type() == at::kBFloat16 && native_bf16_available()) {
     backward_impl<float, bf16, NativeBf16Backward>(
         dout, q, k, v, out, lse, table, key_term, plan, tl, scale, (int)max_keys, dq, dk, dv,
@@ -1265,14 +1451,17 @@ TORCH_LIBRARY(lookhere_fused, m) {
   m.def(
       "forward(Tensor q, Tensor k, Tensor v, Tensor table, Tensor? key_term, Tensor run_ptr, "
       "Tensor runs, Tensor head_group, int H, int W, int th, int tw, int J, float scale, "
-      "int max_keys, int gather_bytes, bool native_bf16=True) -> (Tensor, Tensor)");
+      "int max_keys, int gather_bytes, bool native_bf16=True, bool brgemm=False) -> "
+      "(Tensor, Tensor)");
   m.def(
       "backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "Tensor table, Tensor? key_term, Tensor run_ptr, Tensor runs, Tensor head_group, int H, "
       "int W, int th, int tw, int J, float scale, int max_keys, bool native_bf16=True, "
-      "bool table_grad=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "bool table_grad=False, bool brgemm=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   // no tensor argument: one kernel for every dispatch key
   m.def("native_bf16() -> bool", &native_bf16_available);
+  m.def("brgemm_bf16() -> bool", &brgemm_bf16_available);
+  m.def("amx_bf16() -> bool", &amx_bf16_available);
 }
 
 TORCH_LIBRARY_IMPL(lookhere_fused, CPU, m) {
