@@ -672,25 +672,31 @@ void tb_bf16(const bf16*, int, int, int, const bf16*, int, float*, float) { no_n
 // generates the kernel per shape for the CPU it runs on: AMX tiles on CPUs with AMX, AVX-512
 // (VDPBF16PS where present) elsewhere, the same calls and layouts on both. PyTorch runs
 // it where its oneDNN has the micro-kernel API and the CPU has AVX-512; elsewhere the call
-// raises, and brgemm_bf16_available() (a small product checked exactly) says no.
+// raises, and brgemm_bf16_available() (small products checked exactly) says no.
 namespace brg = at::native::cpublas;
 
 // Whether brgemm takes bfloat16 operands in the VNNI layout here: the AVX-512 build (its
 // slots are padded to 16, a whole key panel) on a CPU with AVX512-BF16 (the operands are
 // rounded with its instructions, as for the native products; every CPU with AMX has it)
-// and two small products of the kernels' shapes, compared exactly with the float32 sums
-// (quarters of small integers: exact in both). On a CPU with AMX they run on its tiles, so
-// a layout the tiles read otherwise would turn the products off, not give wrong results.
+// and three small products, one of each kind of call the kernels make, compared exactly
+// with the float32 sums (quarters of small integers: exact in both). On a CPU with AMX
+// they run on its tiles, so a layout or shape the tiles take otherwise turns the brgemm
+// products off there instead of giving wrong results.
 bool brgemm_bf16_available() {
   static const bool ok = [] {
     if (Vec<float>::size() != 16 || !native_bf16_available()) return false;
-    // the kernels' shapes: a score panel (N 16, K dp) and a P V block (ldb > N, ldc > N)
-    const int shapes[2][6] = {{7, 16, 64, 64, 16, 16}, {5, 32, 34, 40, 48, 56}};
+    // the kernels' kinds of call: a score panel (N 16, K dp), a P V block (ldb > N, ldc > N,
+    // added to C), a transposed dV / dK block (N > 64, ldb > N, odd M, K not a multiple
+    // of 32); {M, N, K, lda, ldb, ldc, add_C}
+    const int shapes[3][7] = {
+        {7, 16, 64, 64, 16, 16, 0}, {5, 32, 34, 40, 48, 56, 1}, {17, 80, 18, 20, 96, 112, 1}};
     try {
       for (const auto& sh : shapes) {
         const int M = sh[0], N = sh[1], K = sh[2], lda = sh[3], ldb = sh[4], ldc = sh[5];
+        const bool add = sh[6];
         std::vector<bf16> a((size_t)M * lda), b((size_t)(K / 2) * ldb * 2);
-        std::vector<float> c((size_t)M * ldc, 0.f), ref((size_t)M * ldc, 0.f);
+        std::vector<float> c((size_t)M * ldc), ref((size_t)M * ldc);
+        for (size_t i = 0; i < c.size(); ++i) c[i] = ref[i] = add ? float(i % 3) : 0.f;
         for (int m = 0; m < M; ++m)
           for (int k = 0; k < K; ++k) a[m * lda + k] = bf16(float((m * K + k) % 7 - 3) * 0.25f);
         for (int k = 0; k < K; ++k)
@@ -699,7 +705,7 @@ bool brgemm_bf16_available() {
             b[(k / 2) * ldb * 2 + n * 2 + (k & 1)] = bf16(x);
             for (int m = 0; m < M; ++m) ref[m * ldc + n] += float(a[m * lda + k]) * x;
           }
-        brg::brgemm(M, N, K, lda, ldb, ldc, false, a.data(), b.data(), c.data(), true);
+        brg::brgemm(M, N, K, lda, ldb, ldc, add, a.data(), b.data(), c.data(), true);
         if (!std::equal(c.begin(), c.end(), ref.begin())) {
           brg::brgemm_release(true);
           return false;
