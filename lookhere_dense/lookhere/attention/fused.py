@@ -269,9 +269,10 @@ def _vdpbf16ps_available() -> bool:
 
 
 def brgemm_bf16_available() -> bool:
-    """True where PyTorch's ``at::native::cpublas::brgemm`` takes bfloat16 operands in the
-    VNNI layout (torch's oneDNN with its micro-kernel API, a CPU with AVX-512; checked
-    once by one exact small product) and the kernel is built."""
+    """True where PyTorch's ``at::native::cpublas::brgemm`` runs the kernel's bfloat16
+    products: the kernel built for AVX-512 on a CPU with AVX512-BF16, torch's oneDNN with
+    its micro-kernel API, and three small products of the kernel's kinds of call exact
+    (checked once, on this machine: on AMX tiles where the CPU has them)."""
     return fused_available() and bool(load_fused_ops().brgemm_bf16())
 
 
@@ -286,9 +287,9 @@ def bf16_products(native_bf16: Union[None, bool, str] = None) -> str:
 
     Args:
         native_bf16: None or True: the machine's choice -- ``'brgemm'`` where the CPU has
-            AMX tiles and brgemm takes bfloat16, else ``'vdpbf16ps'`` where the kernel is
-            built for AVX-512 and the CPU has AVX512-BF16, else ``'brgemm'`` where it runs,
-            else (None) ``'float32'``; ``LOOKHERE_FUSED_BF16`` (``0``, or an
+            AMX tiles and brgemm runs (:func:`brgemm_bf16_available`), else ``'vdpbf16ps'``
+            where the kernel is built for AVX-512 and the CPU has AVX512-BF16, else (None)
+            ``'float32'``; ``LOOKHERE_FUSED_BF16`` (``0``, or an
             implementation's name) overrides it for None. False: ``'float32'``. A name of
             :data:`BF16_PRODUCTS`: that one. Default: None.
 
@@ -307,10 +308,8 @@ def bf16_products(native_bf16: Union[None, bool, str] = None) -> str:
     if native_bf16 is None or native_bf16 is True:
         if brgemm_bf16_available() and amx_bf16_available():
             return 'brgemm'
-        if _vdpbf16ps_available():
+        if _vdpbf16ps_available():  # brgemm needs it too (the operands' roundings)
             return 'vdpbf16ps'
-        if brgemm_bf16_available():
-            return 'brgemm'
         if native_bf16 is None:
             return 'float32'
         raise RuntimeError(
@@ -326,8 +325,9 @@ def bf16_products(native_bf16: Union[None, bool, str] = None) -> str:
         why = (
             fused_unavailable_reason()
             if not fused_available()
-            else 'at::native::cpublas::brgemm takes no bfloat16 VNNI operands here (a torch '
-            "without oneDNN's micro-kernel API, or a CPU without AVX-512)"
+            else 'at::native::cpublas::brgemm does not run the bfloat16 products here (a CPU '
+            "or build without AVX512-BF16, a torch without oneDNN's micro-kernel API, or "
+            'its check products came out wrong)'
             if native_bf16 == 'brgemm'
             else f'this CPU / build has no AVX512-BF16 (build capability {_capability()})'
         )
@@ -351,8 +351,8 @@ def native_bf16_unavailable_reason() -> Optional[str]:
         return fused_unavailable_reason()
     if bf16_products() == 'float32':
         return (
-            f'this CPU / build has no AVX512-BF16 (build capability {_capability()}) and '
-            "PyTorch's brgemm takes no bfloat16 here; bfloat16 runs on the float32 products"
+            f'this CPU / build has no AVX512-BF16 (build capability {_capability()}); '
+            'bfloat16 runs on the float32 products'
         )
     return None
 
