@@ -667,8 +667,9 @@ void tb_bf16(const bf16*, int, int, int, const bf16*, int, float*, float) { no_n
 // C (M x N float32, ldc) (+)= A (M x K bfloat16 rows, lda) B, with B in the VNNI layout
 // ``[K / 2][ldb][2]`` (pairs along the summed index) -- the layout our operands already
 // have: a key panel ``[dp / 2][16][2]`` is B of Q K^T for 16 slots (ldb 16), the slot pairs
-// ``[slots / 2][dp][2]`` are B of P V and dS K, the row pairs of Q and dO B of dS^T Q and
-// P^T dO (the A of those two, P^T and dS^T, is transposed into rows here). oneDNN
+// ``[slots / 2][dp][2]`` are B of P V and dS K, and the row pairs of P and dS B of the two
+// products summed over query rows, computed transposed (dV^T += dO^T P, dK^T += Q^T dS:
+// brgemm reads its A in rows, and dO^T, Q^T are made once per query tile). oneDNN
 // generates the kernel per shape for the CPU it runs on: AMX tiles on CPUs with AMX, AVX-512
 // (VDPBF16PS where present) elsewhere, the same calls and layouts on both. PyTorch runs
 // it where its oneDNN has the micro-kernel API and the CPU has AVX-512; elsewhere the call
@@ -730,17 +731,6 @@ void qk_brgemm(const bf16* A, int lda, int n, int dp, const bf16* Bp, int ns, fl
   for (int p = 0; p < ns / 16; ++p)
     brg::brgemm(n, 16, dp, lda, 16, ldc, false, A, Bp + (int64_t)p * dp * 16, C + p * 16,
                 true);
-}
-
-// dst (n x rows2 bfloat16, rows2 = rows rounded up to even) = (alpha * src)^T, src rows x n
-// float32 (ld ld); the padding column is 0.
-void transpose_bf16(const float* src, int ld, int rows, int n, float alpha, bf16* dst) {
-  const int rows2 = round_up(rows, 2);
-  for (int j = 0; j < n; ++j) {
-    bf16* o = dst + (int64_t)j * rows2;
-    for (int r = 0; r < rows; ++r) o[r] = bf16(alpha * src[(int64_t)r * ld + j]);
-    if (rows2 > rows) o[rows] = bf16(0.f);
-  }
 }
 
 // ---------------------------------------------------------------------------------------
