@@ -208,3 +208,14 @@ def test_vit_s_config_takes_deit3_small_weights_with_their_6_heads(tmp_path, pre
         r'has num_heads=12.*num_heads=6',
     ):
         build()
+
+
+@pytest.mark.parametrize('batches,lines', [(2, 2), (10, 10), (16, 8), (19, 9), (200, 10)])
+def test_validation_shows_at_most_ten_progress_lines(batches, lines):
+    """Every ``ceil(n / 10)``-th validation batch is logged: at most ten lines per pass (16
+    batches printed 16 lines with ``n // 10``)."""
+    from lookhere_dense.engine.hooks import ProgressLoggerHook
+
+    hook = ProgressLoggerHook()
+    every = hook._every(range(batches))
+    assert sum(hook.every_n_inner_iters(i, every) for i in range(batches)) == lines

@@ -426,8 +426,8 @@ class ProgressLoggerHook(LoggerHook):
     """mmengine's ``LoggerHook`` with its own interval for validation and test progress.
 
     Args:
-        val_interval: log every N-th validation / test batch. Default: None (about ten
-            lines per pass: ``max(1, len(dataloader) // 10)``).
+        val_interval: log every N-th validation / test batch. Default: None (at most ten
+            lines per pass: every ``ceil(len(dataloader) / 10)``-th batch).
         **kwargs: ``LoggerHook``'s arguments (``interval`` is the training interval).
     """
 
@@ -441,7 +441,7 @@ class ProgressLoggerHook(LoggerHook):
         if self.val_interval is not None:
             return self.val_interval
         try:
-            return max(1, len(dataloader) // 10)
+            return max(1, -(-len(dataloader) // 10))
         except TypeError:
             return self.interval
 
