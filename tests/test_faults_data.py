@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 import os.path as osp
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lookhere_dense.data.checks import check_seg_data, image_size
+from lookhere_dense.data.checks import check_dataset_layout, check_seg_data, image_size
 from lookhere_dense.data.transforms import CheckSegLabels
 from lookhere_dense.errors import (
     DataCheckWarning,
@@ -243,3 +244,104 @@ def test_data_root_with_a_file_instead_of_images(ade):
     with pytest.raises(UnreadableFileError, match=rf"cannot read image file '{bogus}'"):
         check_seg_data(config(ade), ['train'])
     assert osp.exists(bogus)
+
+
+# ----------------------------------------------------------------------------------------
+# A missing dataset: the exact --cfg-options key, through dataset wrappers
+# ----------------------------------------------------------------------------------------
+def suggested(msg: str, path: Path) -> dict:
+    """The ``--cfg-options`` a missing-data_root message suggests, with PATH = ``path``."""
+    found = re.search(r'--cfg-options ((?:\S+=\S+ )+)\(PATH', msg)
+    assert found, msg
+    return dict(kv.replace('=PATH', f'={path}', 1).split('=', 1) for kv in found[1].split())
+
+
+def layout_error(cfg) -> str:
+    with pytest.raises(DatasetLayoutError) as err:
+        check_dataset_layout(cfg)
+    return str(err.value)
+
+
+def test_a_repeat_dataset_detection_config_names_the_inner_data_root(tmp_path, monkeypatch):
+    """mmdet's lsj-100e config wraps the COCO training set in a RepeatDataset:
+    ``train_dataloader.dataset.data_root`` sets the wrapper, which passes nothing on."""
+    from mmengine.config import Config
+
+    coco = tmp_path / 'coco'
+    for folder in ('annotations', 'train2017', 'val2017'):
+        (coco / folder).mkdir(parents=True)
+    for split in ('train', 'val'):
+        (coco / 'annotations' / f'instances_{split}2017.json').write_text('{}')
+    (tmp_path / 'det.py').write_text("_base_ = ['mmdet::common/lsj-100e_coco-instance.py']\n")
+    monkeypatch.chdir(tmp_path)  # the config's data_root='data/coco/' is missing
+    cfg = Config.fromfile(str(tmp_path / 'det.py'))
+    cfg.merge_from_dict({'train_dataloader.dataset.data_root': str(coco)})  # the wrong key
+
+    msg = layout_error(cfg)
+    assert msg.startswith("train_dataloader: dataset folder data_root='data/coco/' not found")
+    assert '--cfg-options train_dataloader.dataset.dataset.data_root=PATH ' in msg
+    assert 'train_dataloader.dataset.dataset is the CocoDataset inside the RepeatDataset' in msg
+    assert f"train_dataloader.dataset.data_root='{coco}' is set on the RepeatDataset" in msg
+    assert '<data_root>/annotations/instances_train2017.json (ann_file, COCO-format' in msg
+    assert '<data_root>/train2017/ (data_prefix.img)' in msg
+    assert 'demo' not in msg  # tools/demo.py writes no COCO layout
+    options = suggested(msg, coco)
+    assert set(options) == {
+        'train_dataloader.dataset.dataset.data_root',
+        'val_dataloader.dataset.data_root',
+        'test_dataloader.dataset.data_root',
+        'val_evaluator.ann_file',
+        'test_evaluator.ann_file',
+    }
+    assert options['val_evaluator.ann_file'] == f'{coco}/annotations/instances_val2017.json'
+
+    cfg.merge_from_dict({'train_dataloader.dataset.dataset.data_root': str(coco)})
+    msg = layout_error(cfg)  # the next one: val (and test, the same folder)
+    assert msg.startswith('val_dataloader: dataset folder')
+    assert '--cfg-options val_dataloader.dataset.data_root=PATH ' in msg
+    assert 'test_dataloader.dataset.data_root=PATH' in msg and 'demo' not in msg
+
+    cfg.merge_from_dict(suggested(msg, coco))
+    check_dataset_layout(cfg)  # the suggested keys are the ones that work
+    shutil.rmtree(coco / 'train2017')
+    msg = layout_error(cfg)
+    assert 'train_dataloader.dataset.dataset.data_prefix.img=FOLDER' in msg
+    assert 'demo' not in msg
+
+
+@pytest.mark.parametrize('wrap', ['concat', 'repeat_of_concat'])
+def test_a_concat_dataset_names_the_missing_member(ade, tmp_path, wrap):
+    cfg = config(ade)
+    good = copy.deepcopy(cfg.train_dataloader.dataset.to_dict())
+    bad = dict(copy.deepcopy(good), data_root=str(tmp_path / 'nowhere'))
+    dataset = dict(type='ConcatDataset', datasets=[good, bad])
+    key = 'train_dataloader.dataset.datasets.1'
+    if wrap == 'repeat_of_concat':
+        dataset = dict(type='RepeatDataset', times=2, dataset=dataset)
+        key = 'train_dataloader.dataset.dataset.datasets.1'
+    cfg.train_dataloader.dataset = dataset
+    msg = layout_error(cfg)
+    assert f'--cfg-options {key}.data_root=PATH (PATH' in msg
+    assert f'{key} is the ADE20KDataset inside the ConcatDataset' in msg
+    assert 'ADE20K layout' in msg and 'tools/demo.py --data-only' in msg  # it writes this one
+    cfg.merge_from_dict(suggested(msg, ade))
+    check_dataset_layout(cfg)
+
+
+def test_mmdet_cityscapes_instances_get_no_segmentation_layout(tmp_path):
+    """mmdet's CityscapesDataset (instances, COCO-format JSON) is not mmseg's: neither the
+    mmseg Cityscapes layout nor the demo datasets apply."""
+    dataset = dict(
+        type='CityscapesDataset',
+        data_root=str(tmp_path / 'cityscapes'),
+        ann_file='annotations/instancesonly_filtered_gtFine_train.json',
+        data_prefix=dict(img='leftImg8bit/train/'),
+    )
+    for cfg in (
+        dict(default_scope='mmdet', train_dataloader=dict(dataset=dataset)),
+        dict(train_dataloader=dict(dataset=dict(dataset, type='mmdet.CityscapesDataset'))),
+    ):
+        msg = layout_error(cfg)
+        assert 'Cityscapes layout' not in msg and 'demo' not in msg
+        assert '--cfg-options train_dataloader.dataset.data_root=PATH (PATH' in msg
+        assert '<data_root>/annotations/instancesonly_filtered_gtFine_train.json' in msg

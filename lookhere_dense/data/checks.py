@@ -20,18 +20,37 @@ dataset, training on nothing but padding):
 Every failure raises a subclass of :class:`~lookhere_dense.errors.DataCheckError` whose message names the
 file / folder / setting and what to change.
 """
+
 from __future__ import annotations
 
 import os.path as osp
 import warnings
 from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
 
-from ..errors import CropSizeError, DataCheckWarning, DatasetLayoutError, LabelRangeError, LabelSizeError
-from .labels import (all_ignored_message, bad_label_values, channels_message, label_message,
-                     size_message, unreadable_file)
+from ..errors import (
+    CropSizeError,
+    DataCheckWarning,
+    DatasetLayoutError,
+    LabelRangeError,
+    LabelSizeError,
+)
+from .labels import (
+    all_ignored_message,
+    bad_label_values,
+    channels_message,
+    label_message,
+    size_message,
+    unreadable_file,
+)
 
-__all__ = ['check_dataset_layout', 'check_label_values', 'check_crop_fits', 'check_seg_data',
-           'image_size', 'LAYOUT_HINTS']
+__all__ = [
+    'check_dataset_layout',
+    'check_label_values',
+    'check_crop_fits',
+    'check_seg_data',
+    'image_size',
+    'LAYOUT_HINTS',
+]
 
 
 #: How each dataset type expects its files (shown when something is missing).
@@ -39,85 +58,226 @@ LAYOUT_HINTS: Dict[str, str] = {
     'ADE20KDataset': (
         'ADE20K layout: <data_root>/images/{training,validation}/*.jpg and '
         '<data_root>/annotations/{training,validation}/*.png (uint8; 0 = other, k = class '
-        'k-1), e.g. data_root=data/ade/ADEChallengeData2016 from ADEChallengeData2016.zip'),
+        'k-1), e.g. data_root=data/ade/ADEChallengeData2016 from ADEChallengeData2016.zip'
+    ),
     'CityscapesDataset': (
         'Cityscapes layout: <data_root>/leftImg8bit/{train,val}/<city>/*_leftImg8bit.png and '
         '<data_root>/gtFine/{train,val}/<city>/*_gtFine_labelTrainIds.png (train ids 0..18, '
         "255 = ignore; made from the official labels by mmseg's "
-        'tools/dataset_converters/cityscapes.py), e.g. data_root=data/cityscapes/'),
+        'tools/dataset_converters/cityscapes.py), e.g. data_root=data/cityscapes/'
+    ),
 }
-_DEMO_HINT = ('To try the pipeline without the real data, write the tiny datasets in these '
-              'layouts: python tools/demo.py --data-only (into ./data).')
+_DEMO_HINT = (
+    'To try the pipeline without the real data, write the tiny datasets in these '
+    'layouts: python tools/demo.py --data-only (into ./data).'
+)
 
 
 # ----------------------------------------------------------------------------------------
-# Labels
+# Dataset configs and layout
 # ----------------------------------------------------------------------------------------
+def _scope(ds: Mapping, default_scope: str) -> str:
+    """The registry scope a dataset config is built in (``mmdet.CocoDataset`` -> mmdet)."""
+    typ = ds.get('type')
+    if isinstance(typ, str) and '.' in typ:
+        return typ.split('.')[0]
+    if isinstance(typ, type):
+        return typ.__module__.split('.')[0]
+    return default_scope
+
+
+def _type_name(ds: Mapping) -> str:
+    typ = ds.get('type')
+    return typ.__name__ if isinstance(typ, type) else str(typ).split('.')[-1]
+
+
+def _dataset_nodes(ds_cfg: Mapping, key: str, wrappers: Tuple[Tuple[str, Mapping], ...] = ()):
+    """``(config key, dataset config, (key, config) of the wrappers around it, outermost
+    first)`` of every concrete dataset inside ``ds_cfg``.
+
+    Wrappers are walked through their ``dataset`` (RepeatDataset, ClassBalancedDataset,
+    MultiImageMixDataset, ...) or ``datasets`` list (ConcatDataset), whatever their type,
+    so that ``key`` is the exact ``--cfg-options`` path of the dataset
+    (``train_dataloader.dataset.dataset``, ``train_dataloader.dataset.datasets.1``)."""
+    subs = ds_cfg.get('datasets')
+    if isinstance(subs, (list, tuple)):
+        for i, sub in enumerate(subs):
+            if isinstance(sub, Mapping):
+                yield from _dataset_nodes(sub, f'{key}.datasets.{i}', wrappers + ((key, ds_cfg),))
+        return
+    if isinstance(ds_cfg.get('dataset'), Mapping):
+        yield from _dataset_nodes(ds_cfg['dataset'], f'{key}.dataset', wrappers + ((key, ds_cfg),))
+        return
+    yield key, ds_cfg, wrappers
+
 
 def _leaf_datasets(ds_cfg: Mapping) -> List[Mapping]:
     """The concrete dataset configs inside wrappers (RepeatDataset, ConcatDataset, ...)."""
-    if 'datasets' in ds_cfg:
-        return [d for sub in ds_cfg['datasets'] for d in _leaf_datasets(sub)]
-    if 'dataset' in ds_cfg and isinstance(ds_cfg['dataset'], Mapping):
-        return _leaf_datasets(ds_cfg['dataset'])
-    return [ds_cfg]
+    return [ds for _, ds, _ in _dataset_nodes(ds_cfg, '')]
+
+
+def _nodes(cfg: Mapping, splits: Iterable[str]):
+    """``(dataloader, config key, dataset config, wrappers)`` of the dataloaders of
+    ``splits``."""
+    for split in splits:
+        dl = cfg.get(f'{split}_dataloader')
+        if dl and isinstance(dl.get('dataset'), Mapping):
+            for key, ds, wrappers in _dataset_nodes(dl['dataset'], f'{split}_dataloader.dataset'):
+                yield f'{split}_dataloader', key, ds, wrappers
 
 
 def _dataloaders(cfg: Mapping, splits: Iterable[str]) -> List[Tuple[str, Mapping]]:
-    out = []
-    for split in splits:
-        dl = cfg.get(f'{split}_dataloader')
-        if dl and dl.get('dataset'):
-            out += [(f'{split}_dataloader', d) for d in _leaf_datasets(dl['dataset'])]
-    return out
+    return [(where, ds) for where, _, ds, _ in _nodes(cfg, splits)]
 
 
-def _hint(ds: Mapping) -> str:
-    return ' ' + LAYOUT_HINTS.get(str(ds.get('type')), '') + ' ' + _DEMO_HINT
+def _at_root(root: str, path: str) -> str:
+    """``path`` as the layout shows it: ``<data_root>/path`` when relative to data_root."""
+    if not root or osp.isabs(path) or '://' in path:
+        return repr(path)
+    return f'<data_root>/{path}'
+
+
+def _expected_files(ds: Mapping, scope: str) -> str:
+    """What a dataset type without a known layout reads, from its config: the annotation
+    file and the folders of ``data_prefix``."""
+    root = ds.get('data_root') or ''
+    ann = ds.get('ann_file')
+    parts = []
+    if isinstance(ann, str) and ann:
+        coco = scope == 'mmdet' and ann.endswith('.json')
+        parts.append(f'{_at_root(root, ann)} (ann_file' + (', COCO-format JSON)' if coco else ')'))
+    prefix = ds.get('data_prefix') or {}
+    for key, sub in prefix.items() if isinstance(prefix, Mapping) else ():
+        if isinstance(sub, str) and sub:
+            what = 'the images it lists' if key in ('img', 'img_path') and parts else key
+            parts.append(f'{what} under {_at_root(root, sub)} (data_prefix.{key})')
+    if not parts:
+        return ''
+    return f' {_type_name(ds)} expects ' + ' and '.join(parts) + '.'
+
+
+def _hint(ds: Mapping, scope: str = 'mmseg') -> str:
+    """The layout of ``ds``; the tiny demo datasets only for the segmentation layouts
+    ``tools/demo.py --data-only`` writes."""
+    scope = _scope(ds, scope)
+    typ = _type_name(ds)
+    if scope == 'mmseg' and typ in LAYOUT_HINTS:
+        return ' ' + LAYOUT_HINTS[typ] + ' ' + _DEMO_HINT
+    return _expected_files(ds, scope)
 
 
 def _join(root: str, path: str) -> str:
     return path if (not root or osp.isabs(path) or '://' in path) else osp.join(root, path)
 
 
-def check_dataset_layout(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'test')
-                         ) -> None:
+def _evaluators(cfg: Mapping):
+    """``(config key, evaluator config)`` of ``val_evaluator`` / ``test_evaluator`` (one
+    or a list)."""
+    for name in ('val_evaluator', 'test_evaluator'):
+        ev = cfg.get(name)
+        if isinstance(ev, Mapping):
+            yield name, ev
+        elif isinstance(ev, (list, tuple)):
+            for i, e in enumerate(ev):
+                if isinstance(e, Mapping):
+                    yield f'{name}.{i}', e
+
+
+def _same_root_options(cfg: Mapping, key: str, root: str) -> List[str]:
+    """The ``--cfg-options`` that move data_root ``root`` to ``PATH``: ``key`` first, then
+    every other dataset of the train / val / test dataloaders with the same data_root, and
+    the evaluators' ``ann_file`` under it (set from data_root when the config was read,
+    so they do not follow a new data_root)."""
+    options = [f'{key}.data_root=PATH']
+    for _, other, ds, _ in _nodes(cfg, ('train', 'val', 'test')):
+        if other != key and ds.get('data_root') == root:
+            options.append(f'{other}.data_root=PATH')
+    for ev_key, ev in _evaluators(cfg):
+        ann = ev.get('ann_file')
+        if not isinstance(ann, str) or not ann.startswith(root) or osp.exists(ann):
+            continue
+        rest = ann[len(root) :]
+        if root.endswith('/') or rest.startswith('/'):  # under root, not a sibling folder
+            options.append(f'{ev_key}.ann_file=PATH/{rest.lstrip("/")}')
+    return options
+
+
+def _where_note(key: str, ds: Mapping, wrappers: Sequence[Tuple[str, Mapping]]) -> str:
+    """``'; <key> is the <type> inside the <wrapper>'`` when wrappers hide the dataset, and
+    a data_root set on a wrapper (where no dataset reads it); ``''`` without wrappers."""
+    if not wrappers:
+        return ''
+    chain = ' inside the '.join(_type_name(w) for _, w in reversed(wrappers))
+    note = f'; {key} is the {_type_name(ds)} inside the {chain}'
+    for w_key, w in wrappers:
+        if 'data_root' in w:
+            note += (
+                f'; {w_key}.data_root={w["data_root"]!r} is set on the {_type_name(w)} '
+                f'wrapper, which does not pass it on: set {key}.data_root instead'
+            )
+    return note
+
+
+def check_dataset_layout(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'test')) -> None:
     """Check that every folder / file the dataloaders of ``splits`` name exists.
 
-    Works for any OpenMMLab dataset config (``data_root``, ``data_prefix``, ``ann_file``).
+    Works for any OpenMMLab dataset config (``data_root``, ``data_prefix``, ``ann_file``),
+    also inside dataset wrappers (``dataset`` / ``datasets``: RepeatDataset, ConcatDataset,
+    ...).
 
     Raises:
-        DatasetLayoutError: naming the dataloader, the setting, the missing path (also
-            made absolute) and the layout the dataset type expects.
+        DatasetLayoutError: naming the dataloader, the missing path (also made absolute),
+            the exact ``--cfg-options`` key(s) to set (through the wrappers) and the layout
+            the dataset type expects (the ``tools/demo.py`` datasets only for the
+            segmentation layouts it writes).
     """
-    for where, ds in _dataloaders(cfg, splits):
+    default_scope = cfg.get('default_scope') or 'mmseg'
+    for where, key, ds, wrappers in _nodes(cfg, splits):
+        hint = _hint(ds, default_scope)
         root = ds.get('data_root') or ''
         if '://' in root:
             continue  # remote storage: nothing to check locally
         if root and not osp.isdir(root):
+            options = ' '.join(_same_root_options(cfg, key, root))
             raise DatasetLayoutError(
                 f'{where}: dataset folder data_root={root!r} not found (looked in '
                 f'{osp.abspath(root)!r}). Put the dataset there or point to it with '
-                f'--cfg-options {where}.dataset.data_root=PATH (all dataloaders that use it).'
-                + _hint(ds))
+                f'--cfg-options {options} (PATH: the dataset folder'
+                + _where_note(key, ds, wrappers)
+                + ').'
+                + hint
+            )
         prefix = ds.get('data_prefix') or {}
-        for key, sub in prefix.items():
+        for name, sub in prefix.items():
             if not isinstance(sub, str) or not sub:
                 continue
             path = _join(root, sub)
             if '://' not in path and not osp.exists(path):
                 raise DatasetLayoutError(
-                    f'{where}: {key} folder {path!r} not found (data_root={root!r}, '
-                    f'data_prefix.{key}={sub!r}).' + _hint(ds))
+                    f'{where}: {name} folder {path!r} not found (data_root={root!r}, '
+                    f'data_prefix.{name}={sub!r}; set with --cfg-options '
+                    f'{key}.data_root=PATH or {key}.data_prefix.{name}=FOLDER'
+                    + _where_note(key, ds, wrappers)
+                    + ').'
+                    + hint
+                )
         ann = ds.get('ann_file') or ''
         if ann and '://' not in ann:
             path = _join(root, ann)
             if not osp.exists(path):
-                raise DatasetLayoutError(f'{where}: ann_file {path!r} not found.' + _hint(ds))
+                raise DatasetLayoutError(
+                    f'{where}: ann_file {path!r} not found (data_root={root!r}, '
+                    f'ann_file={ann!r}; set with --cfg-options {key}.data_root=PATH or '
+                    f'{key}.ann_file=FILE' + _where_note(key, ds, wrappers) + ').' + hint
+                )
 
 
+# ----------------------------------------------------------------------------------------
+# Labels
+# ----------------------------------------------------------------------------------------
 def _build_seg_dataset(ds_cfg: Mapping):
     from mmseg.registry import DATASETS
+
     cfg = dict(ds_cfg)
     cfg['lazy_init'] = True
     cfg['pipeline'] = []
@@ -125,8 +285,9 @@ def _build_seg_dataset(ds_cfg: Mapping):
     return DATASETS.build(cfg)
 
 
-def image_size(path: str, apply_orientation: bool = False, decode: bool = False
-               ) -> Tuple[int, int]:
+def image_size(
+    path: str, apply_orientation: bool = False, decode: bool = False
+) -> Tuple[int, int]:
     """``(H, W)`` of an image file, read from its header (PIL; nothing is decoded unless
     ``decode``).
 
@@ -162,8 +323,9 @@ def _orientation_applied(ds_cfg: Mapping) -> bool:
     return True
 
 
-def _check_pair_sizes(where: str, infos: Sequence[Mapping], orientation: bool,
-                      max_files: int) -> None:
+def _check_pair_sizes(
+    where: str, infos: Sequence[Mapping], orientation: bool, max_files: int
+) -> None:
     """Image vs annotation size (headers only) of up to ``max_files`` pairs."""
     wrong = []
     for i in _spread(len(infos), max_files):
@@ -198,8 +360,12 @@ def _spread(n: int, k: int) -> List[int]:
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if k > 1 else [0]
 
 
-def check_label_values(cfg: Mapping, splits: Sequence[str] = ('train', 'val'),
-                       max_files: int = 64, max_header_files: int = 25000) -> Dict[str, int]:
+def check_label_values(
+    cfg: Mapping,
+    splits: Sequence[str] = ('train', 'val'),
+    max_files: int = 64,
+    max_header_files: int = 25000,
+) -> Dict[str, int]:
     """Check the images and annotations of every segmentation dataloader of ``splits``.
 
     * every image has its annotation file;
@@ -237,14 +403,16 @@ def check_label_values(cfg: Mapping, splits: Sequence[str] = ('train', 'val'),
         if n == 0:
             raise DatasetLayoutError(
                 f'{where}: no images ending in {ds.img_suffix!r} under {img_dir!r}.'
-                + _hint(ds_cfg))
+                + _hint(ds_cfg)
+            )
         infos = [ds.get_data_info(i) for i in range(n)]
         missing = [i['seg_map_path'] for i in infos if not osp.exists(i['seg_map_path'])]
         if missing:
             raise DatasetLayoutError(
                 f'{where}: {len(missing)} of {n} images have no annotation file, e.g. '
                 f'{missing[0]!r} (annotations must end in {ds.seg_map_suffix!r}, same '
-                f'name and sub-folders as the image).' + _hint(ds_cfg))
+                f'name and sub-folders as the image).' + _hint(ds_cfg)
+            )
         _check_pair_sizes(where, infos, _orientation_applied(ds_cfg), max_header_files)
         num_classes = _num_classes(cfg, ds)
         loader = LoadAnnotations()
@@ -265,15 +433,22 @@ def check_label_values(cfg: Mapping, splits: Sequence[str] = ('train', 'val'),
                 raise LabelRangeError(channels_message(where, info['seg_map_path'], seg.shape))
             bad = bad_label_values(seg, num_classes, ds.ignore_index)
             if bad:
-                raise LabelRangeError(label_message(info['seg_map_path'], bad, num_classes,
-                                                     ds.ignore_index, ds.reduce_zero_label))
+                raise LabelRangeError(
+                    label_message(
+                        info['seg_map_path'],
+                        bad,
+                        num_classes,
+                        ds.ignore_index,
+                        ds.reduce_zero_label,
+                    )
+                )
             if seg.size and bool((seg == ds.ignore_index).all()):
                 ignored.append(info['seg_map_path'])
         if ignored:
             msg = f'{where}: ' + all_ignored_message(ignored, ds.ignore_index, len(sample))
             if len(ignored) == len(sample):
                 raise LabelRangeError(msg + ' Nothing to train or evaluate on.')
-            warnings.warn(DataCheckWarning(msg))
+            warnings.warn(DataCheckWarning(msg), stacklevel=2)
         sizes[where] = n
     return sizes
 
@@ -285,8 +460,9 @@ def _pair(x) -> Tuple[float, float]:
     return (float(x), float(x)) if isinstance(x, (int, float)) else (float(x[0]), float(x[1]))
 
 
-def _resized(h: float, w: float, scale_wh: Tuple[float, float], keep_ratio: bool
-             ) -> Tuple[float, float]:
+def _resized(
+    h: float, w: float, scale_wh: Tuple[float, float], keep_ratio: bool
+) -> Tuple[float, float]:
     """Image size after mmcv's ``Resize`` to ``scale`` (given as ``(w, h)``)."""
     if not keep_ratio:
         return scale_wh[1], scale_wh[0]
@@ -304,15 +480,17 @@ def _largest_after(t: Mapping, h: float, w: float) -> Tuple[float, float]:
         best = (0.0, 0.0)
         for s in scales:
             sw, sh = _pair(s)
-            best = max(best, _resized(h, w, (sw * ratio, sh * ratio), keep),
-                       key=lambda x: x[0] * x[1])
+            best = max(
+                best, _resized(h, w, (sw * ratio, sh * ratio), keep), key=lambda x: x[0] * x[1]
+            )
         return best
     if typ == 'Resize' and t.get('scale_factor') is not None:
         fw, fh = _pair(t['scale_factor'])
         return h * fh, w * fw
     if typ == 'RandomChoiceResize' and t.get('scales'):
-        return max((_resized(h, w, _pair(s), keep) for s in t['scales']),
-                   key=lambda x: x[0] * x[1])
+        return max(
+            (_resized(h, w, _pair(s), keep) for s in t['scales']), key=lambda x: x[0] * x[1]
+        )
     return h, w
 
 
@@ -353,15 +531,19 @@ def check_crop_fits(cfg: Mapping, max_images: int = 8) -> None:
                             f'pipeline resizes to at most {round(h)}x{round(w)}: every crop '
                             'would be mostly padding. Lower crop_size (and '
                             'model.data_preprocessor.size and test_cfg.crop_size with it), '
-                            'or raise the RandomResize / Resize scale.')
+                            'or raise the RandomResize / Resize scale.'
+                        )
                     h, w = min(h, ch), min(w, cw)
                 else:
                     h, w = _largest_after(t, h, w)
 
 
-def check_seg_data(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'test'),
-                   max_label_files: int = 64, max_header_files: int = 25000
-                   ) -> Dict[str, int]:
+def check_seg_data(
+    cfg: Mapping,
+    splits: Sequence[str] = ('train', 'val', 'test'),
+    max_label_files: int = 64,
+    max_header_files: int = 25000,
+) -> Dict[str, int]:
     """All checks for a segmentation config: layout, images and annotations (sizes,
     readable files, label values), crop size.
 
