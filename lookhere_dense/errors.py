@@ -18,7 +18,8 @@ class                       raised when
 :class:`ToolError`          anything else a tool user can fix (a file that cannot be
                             written, a launcher without its environment; and its
                             subclasses: a checkpoint save that failed, a run stopped
-                            by SIGTERM / SIGINT, a work dir another run holds)
+                            by SIGTERM / SIGINT, a work dir another run holds or
+                            that cannot be written)
 :class:`MemoryBudgetError`  a whole-frame pass whose estimated peak memory exceeds what
                             the machine (or ``--max-memory``) allows
 ==========================  ============================================================
@@ -44,6 +45,7 @@ __all__ = [
     'CheckpointSaveError',
     'TrainingInterruptedError',
     'WorkDirLockedError',
+    'WorkDirNotWritableError',
     'MemoryBudgetError',
     'USER_ERRORS',
 ]
@@ -155,6 +157,11 @@ class TrainingInterruptedError(ToolError):
 
 class WorkDirLockedError(ToolError):
     """Another live training run holds the work dir's lock file."""
+
+
+class WorkDirNotWritableError(ToolError):
+    """The work dir cannot be created or written (a read-only mount, an immutable folder,
+    no permission, a path under a regular file)."""
 
 
 class MemoryBudgetError(ConfigError):

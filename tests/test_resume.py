@@ -19,7 +19,7 @@ from tiny_seg import checkpoint_weights as _weights
 from tiny_seg import same_weights as _same
 
 from lookhere_dense.apis.train import build_train_config, find_resume_checkpoint, train_model
-from lookhere_dense.errors import ToolError
+from lookhere_dense.errors import ToolError, WorkDirNotWritableError
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
 
@@ -164,3 +164,157 @@ def test_resume_in_an_empty_work_dir_starts_at_iteration_0_and_says_so(tmp_path)
     )
     assert cfg.resume is False and cfg.load_from == 'init.pth'  # the config's own init stays
     assert notes[0] in warned
+
+
+# ----------------------------------------------------------------------------------------
+# a work dir copied from another run's (``cp -r``): its last_checkpoint names the original
+# ----------------------------------------------------------------------------------------
+def _tiny_checkpoint(path) -> str:
+    """A small readable Runner-like checkpoint (no model build)."""
+    import torch
+
+    torch.save({'state_dict': {'w': torch.zeros(2)}, 'meta': {'iter': 0}}, str(path))
+    return str(path)
+
+
+def _copied_work_dir(tmp_path):
+    """``ref`` with iter_2 / iter_4; ``dmg`` a copy of it whose iter_4 is truncated and
+    whose last_checkpoint (copied) still names ``ref/iter_4.pth``."""
+    ref, dmg = tmp_path / 'ref', tmp_path / 'dmg'
+    for work in (ref, dmg):
+        work.mkdir()
+        for n in (2, 4):
+            _tiny_checkpoint(work / f'iter_{n}.pth')
+        (work / 'last_checkpoint').write_text(str(ref / 'iter_4.pth'))
+    size = (dmg / 'iter_4.pth').stat().st_size
+    with open(dmg / 'iter_4.pth', 'r+b') as f:
+        f.truncate(size // 2)
+    return ref, dmg
+
+
+def test_resume_ignores_a_last_checkpoint_that_names_another_work_dir(tmp_path):
+    ref, dmg = _copied_work_dir(tmp_path)
+    path, notes = find_resume_checkpoint(str(dmg))
+    assert path == str(dmg / 'iter_2.pth')  # not ref/iter_4.pth
+    ignored = [n for n in notes if str(ref / 'iter_4.pth') in n]
+    assert len(ignored) == 1 and '\n' not in ignored[0]
+    assert f"outside the work dir '{dmg}'" in ignored[0]
+    assert ignored[0].endswith(f'ignored; resuming from {dmg / "iter_2.pth"}')
+    assert any(f'skipped unreadable checkpoint(s) {dmg / "iter_4.pth"}' in n for n in notes)
+    # what tools/train.py --resume builds
+    cfg, warned = build_train_config(
+        ADE_CFG,
+        work_dir=str(dmg),
+        resume='auto',
+        check_data=False,
+        cfg_options=options(*SHRINK),
+    )
+    assert cfg.resume is True and cfg.load_from == str(dmg / 'iter_2.pth')
+    assert ignored[0] in warned
+
+
+def test_resume_with_nothing_readable_in_the_copied_work_dir_is_an_error(tmp_path):
+    ref, dmg = _copied_work_dir(tmp_path)
+    (dmg / 'iter_2.pth').write_bytes(b'')
+    with pytest.raises(ToolError, match='no readable checkpoint in') as exc:
+        find_resume_checkpoint(str(dmg))
+    assert str(ref / 'iter_4.pth') in str(exc.value) and 'not used' in str(exc.value)
+    # only the pointer, no checkpoint of its own: an error that says how to use the file
+    for n in (2, 4):
+        (dmg / f'iter_{n}.pth').unlink()
+    with pytest.raises(ToolError, match='no checkpoint in') as exc:
+        find_resume_checkpoint(str(dmg))
+    assert f'pass --resume {ref / "iter_4.pth"}' in str(exc.value)
+
+
+def test_resume_follows_last_checkpoint_into_the_configs_checkpoint_out_dir(tmp_path):
+    from mmengine.config import Config
+
+    from lookhere_dense.apis.train import checkpoint_folder
+
+    work, out = tmp_path / 'run1', tmp_path / 'ckpts'
+    work.mkdir()
+    (out / 'run1').mkdir(parents=True)
+    named = _tiny_checkpoint(out / 'run1' / 'iter_3.pth')
+    (work / 'last_checkpoint').write_text(named)
+    cfg = Config(dict(work_dir=str(work), default_hooks=dict(checkpoint=dict(out_dir=str(out)))))
+    assert checkpoint_folder(cfg) == str(out / 'run1')  # as mmengine's CheckpointHook
+    assert find_resume_checkpoint(str(work), checkpoint_folder(cfg)) == (named, [])
+
+
+# ----------------------------------------------------------------------------------------
+# a work dir that cannot be written
+# ----------------------------------------------------------------------------------------
+def test_an_unwritable_work_dir_is_one_error_line_naming_it(tmp_path, capsys):
+    """A work dir under a regular file cannot be created, even by root (chmod would not
+    stop root)."""
+    from lookhere_dense.apis.cli import run_main
+    from lookhere_dense.train import main
+
+    root = make_ade(tmp_path / 'data')
+    (tmp_path / 'plain_file').write_text('')
+    work = str(tmp_path / 'plain_file' / 'wd')
+    argv = [ADE_CFG, '--work-dir', work, '--threads', '1', '--cfg-options']
+    with pytest.raises(SystemExit) as exc:
+        run_main(main, argv + [*roots(root), *SHRINK])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'Traceback' not in err[0], err
+    assert err[0].startswith(f'error: work dir {work!r} cannot be written: ')
+    assert 'not a folder' in err[0] and '--work-dir' in err[0]
+
+
+def test_a_work_dir_that_refuses_new_files_is_refused_before_the_lock(tmp_path, monkeypatch):
+    """``chattr +i`` / a read-only mount: the folder exists but no file can be created in
+    it (simulated: creating files there fails with EPERM)."""
+    import errno
+
+    from lookhere_dense.apis.train import lock_work_dir
+
+    work = tmp_path / 'ro'
+    work.mkdir()
+    real_open = os.open
+
+    def refusing_open(path, flags, *args, **kwargs):
+        if flags & os.O_CREAT and osp.dirname(str(path)) == str(work):
+            raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, 'open', refusing_open)
+    for share in (False, True):  # --share-work-dir takes no lock but still needs the folder
+        with pytest.raises(WorkDirNotWritableError) as exc:
+            lock_work_dir(str(work), share=share)
+        assert str(exc.value).startswith(
+            f'work dir {str(work)!r} cannot be written: operation not permitted (EPERM)'
+        )
+    assert os.listdir(work) == []
+
+
+# ----------------------------------------------------------------------------------------
+# max_iters / max_epochs for the other kind of training loop
+# ----------------------------------------------------------------------------------------
+def test_max_iters_on_an_epoch_based_loop_names_max_epochs_and_the_reverse(tmp_path):
+    from lookhere_dense.apis.cli import load_config
+    from lookhere_dense.errors import ConfigError
+
+    # mmdet's LSJ configs train with EpochBasedTrainLoop
+    epoch_cfg = 'mmdet::common/lsj-100e_coco-instance.py'
+    with pytest.raises(ConfigError) as exc:
+        load_config(epoch_cfg, options('train_cfg.max_iters=2'))
+    msg = str(exc.value)
+    assert msg.startswith('--cfg-options train_cfg.max_iters=2: ')
+    assert 'EpochBasedTrainLoop' in msg and 'set train_cfg.max_epochs instead' in msg
+    assert load_config(epoch_cfg, options('train_cfg.max_epochs=2')).train_cfg.max_epochs == 2
+    # switching the loop type in the options: max_iters is right, but the config's
+    # max_epochs stays (the loop would refuse it)
+    switch = options('train_cfg.type=IterBasedTrainLoop', 'train_cfg.max_iters=2')
+    with pytest.raises(ConfigError, match='has max_epochs=25, which IterBasedTrainLoop does'):
+        load_config(epoch_cfg, switch)
+
+    with pytest.raises(ConfigError, match='set train_cfg.max_iters instead') as exc:
+        load_config(ADE_CFG, options('train_cfg.max_epochs=2'))
+    assert 'IterBasedTrainLoop' in str(exc.value)
+    # a loop given by ``by_epoch`` (no type)
+    (tmp_path / 'by_epoch.py').write_text('train_cfg = dict(by_epoch=True, max_epochs=3)\n')
+    with pytest.raises(ConfigError, match='max_iter.*set train_cfg.max_epochs instead'):
+        load_config(str(tmp_path / 'by_epoch.py'), options('train_cfg.max_iter=2'))

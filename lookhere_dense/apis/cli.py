@@ -220,6 +220,69 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
+#: The schedule length key of each kind of training loop, and the loop types of each kind.
+LOOP_LENGTH = {'epoch': 'max_epochs', 'iter': 'max_iters'}
+LOOP_TYPES = {'EpochBasedTrainLoop': 'epoch', 'IterBasedTrainLoop': 'iter'}
+
+
+def _loop_kind(train_cfg: Any, options: dict) -> Optional[str]:
+    """``'epoch'`` / ``'iter'``: how the training loop of ``train_cfg`` (with ``options``'
+    ``train_cfg.type`` / ``train_cfg.by_epoch``) counts; None when that is not known (no
+    train_cfg, a custom loop)."""
+    if not isinstance(train_cfg, dict):
+        train_cfg = {}
+    typ = options.get('train_cfg.type', train_cfg.get('type'))
+    if typ is None:
+        by_epoch = options.get('train_cfg.by_epoch', train_cfg.get('by_epoch'))
+        return None if by_epoch is None else ('epoch' if by_epoch else 'iter')
+    if isinstance(typ, type):
+        from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
+
+        if issubclass(typ, EpochBasedTrainLoop):
+            return 'epoch'
+        return 'iter' if issubclass(typ, IterBasedTrainLoop) else None
+    return LOOP_TYPES.get(str(typ).split('.')[-1])
+
+
+def _check_loop_length(cfg, options: dict) -> None:
+    """``train_cfg.max_iters`` for a loop that counts epochs (or ``max_epochs`` for one
+    that counts iterations) is an error naming the key the loop takes (the loop's
+    constructor would refuse it after the whole set-up); so is a ``train_cfg.type`` that
+    switches the kind of loop while the config keeps the other kind's length."""
+    train_cfg = cfg.get('train_cfg')
+    kind = _loop_kind(train_cfg, options)
+    if kind is None:
+        return
+    train_cfg = train_cfg if isinstance(train_cfg, dict) else {}
+    wanted = LOOP_LENGTH[kind]
+    other = [k for k in LOOP_LENGTH.values() if k != wanted]
+    loop = 'EpochBasedTrainLoop' if kind == 'epoch' else 'IterBasedTrainLoop'
+    counts = 'epochs' if kind == 'epoch' else 'iterations'
+
+    def wrong(name: str) -> bool:
+        return name != wanted and bool(difflib.get_close_matches(name, other, cutoff=0.75))
+
+    for key in options:
+        parts = key.split('.')
+        if len(parts) == 2 and parts[0] == 'train_cfg' and wrong(parts[1]):
+            has = train_cfg.get(wanted)
+            raise ConfigError(
+                f'--cfg-options {key}={options[key]!r}: this config trains with {loop}, which '
+                f'counts {counts} and takes no {parts[1]!r}; set train_cfg.{wanted} instead'
+                + (f' (the config has train_cfg.{wanted}={has!r})' if has is not None else '')
+                + '.'
+            )
+    switch = options.get('train_cfg.type')
+    kept = [k for k in train_cfg if wrong(k)] if switch is not None else []
+    if kept:
+        raise ConfigError(
+            f"--cfg-options train_cfg.type={switch!r}: the config's train_cfg has "
+            f'{kept[0]}={train_cfg[kept[0]]!r}, which {loop} does not take, and --cfg-options '
+            'cannot remove a key. Write a config that inherits this one and sets '
+            f"train_cfg=dict(_delete_=True, type='{loop}', {wanted}=..., val_interval=...)."
+        )
+
+
 def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
     """Check ``--cfg-options`` against the config they override.
 
@@ -229,11 +292,14 @@ def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
     * a key the config does not have but that is close to one it has (``max_iter`` for
       ``max_iters``) is an error naming the close keys; other new keys are added (new
       keys are legitimate), with a warning when their section is new too; the keys of
-      :data:`OPTIONAL_KEYS` are never taken for misspellings.
+      :data:`OPTIONAL_KEYS` are never taken for misspellings;
+    * ``train_cfg.max_iters`` on a loop that counts epochs (``EpochBasedTrainLoop``, as
+      mmdet's schedules) is an error that names ``train_cfg.max_epochs``, and the reverse.
 
     Raises:
         lookhere_dense.errors.ConfigError: naming the option and the expected value.
     """
+    _check_loop_length(cfg, options)
 
     for key, value in options.items():
         parts = key.split('.')

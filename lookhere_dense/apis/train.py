@@ -19,7 +19,9 @@ file keeps everything mmengine logs (:mod:`lookhere_dense.engine.terminal`).
 dir: an unreadable (truncated, corrupt) newest checkpoint is skipped with a warning, and a
 work dir without any checkpoint starts from iteration 0 with a warning (as mmengine does,
 so a job script can always pass ``--resume``); a work dir whose checkpoints are all
-unreadable is an error.
+unreadable is an error. Only the work dir's own checkpoints count: a ``last_checkpoint``
+naming a file in another folder (a work dir copied with ``cp -r``) is ignored with a
+warning naming both.
 
 Faults of real machines lose nothing (``docs/faults.md``): checkpoints and
 ``last_checkpoint`` are written atomically (a full disk, a file-size limit, a read-only or
@@ -52,6 +54,7 @@ __all__ = [
     'apply_amp',
     'train_model',
     'find_resume_checkpoint',
+    'checkpoint_folder',
     'init_distributed',
     'check_launcher',
     'announce_log_file',
@@ -81,38 +84,91 @@ def _checkpoint_number(path: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def find_resume_checkpoint(work_dir: str) -> Tuple[Optional[str], List[str]]:
+def _inside(path: str, folders: List[str]) -> bool:
+    """Whether ``path`` lies in one of ``folders`` (symbolic links resolved; remote paths
+    by prefix)."""
+    for folder in folders:
+        if '://' in path or '://' in folder:
+            if path.startswith(folder.rstrip('/') + '/'):
+                return True
+            continue
+        real, top = osp.realpath(path), osp.realpath(folder)
+        if osp.commonpath([real, top]) == top:
+            return True
+    return False
+
+
+def checkpoint_folder(cfg) -> Optional[str]:
+    """Where the config's checkpoint hook writes when it is not the work dir: mmengine's
+    ``default_hooks.checkpoint.out_dir`` joined with the work dir's last folder name (None
+    without an ``out_dir``)."""
+    hook = (cfg.get('default_hooks') or {}).get('checkpoint')
+    out_dir = hook.get('out_dir') if isinstance(hook, dict) else None
+    if not out_dir:
+        return None
+    work_dir = osp.abspath(cfg.work_dir)
+    if out_dir == work_dir:
+        return None
+    name = osp.basename(work_dir.rstrip(osp.sep))
+    return f'{out_dir.rstrip("/")}/{name}' if '://' in out_dir else osp.join(out_dir, name)
+
+
+def find_resume_checkpoint(
+    work_dir: str, checkpoint_dir: Optional[str] = None
+) -> Tuple[Optional[str], List[str]]:
     """The checkpoint ``--resume`` continues from: the one mmengine's ``last_checkpoint``
     names, else the newest ``iter_*.pth`` / ``epoch_*.pth``; unreadable ones
     (:func:`lookhere_dense.checkpoint.checkpoint_problem`) are skipped for the next older
-    one.
+    one. Only checkpoints of this work dir count: a ``last_checkpoint`` that names a file
+    elsewhere (a work dir copied or moved from another run's) is ignored with a note.
+
+    Args:
+        work_dir: the work dir.
+        checkpoint_dir: where the checkpoints are written when that is not the work dir
+            (:func:`checkpoint_folder`: mmengine's ``out_dir``). Default: None.
 
     Returns:
         ``(path or None, warnings)``.
 
     Raises:
-        lookhere_dense.apis.cli.ToolError: the work dir has checkpoints but none is readable.
+        lookhere_dense.apis.cli.ToolError: the work dir has checkpoints but none is
+            readable, or only a ``last_checkpoint`` that names a file elsewhere.
     """
     from ..checkpoint import checkpoint_problem
 
+    folders = [work_dir] + ([checkpoint_dir] if checkpoint_dir else [])
     candidates: List[str] = []
+    ignored = None  # the file last_checkpoint names when it is outside this work dir
     last = osp.join(work_dir, 'last_checkpoint')
     if osp.isfile(last):
         with open(last) as f:
             named = f.read().strip()
         if named:
-            candidates.append(named if osp.isabs(named) else osp.join(work_dir, named))
-    numbered = glob.glob(osp.join(work_dir, 'iter_*.pth')) + glob.glob(
-        osp.join(work_dir, 'epoch_*.pth')
-    )
+            named = named if osp.isabs(named) or '://' in named else osp.join(work_dir, named)
+            if _inside(named, folders):
+                candidates.append(named)
+            else:
+                ignored = named
+    numbered = []
+    for folder in folders:
+        if '://' not in folder:
+            numbered += glob.glob(osp.join(folder, 'iter_*.pth'))
+            numbered += glob.glob(osp.join(folder, 'epoch_*.pth'))
     for path in sorted(numbered, key=_checkpoint_number, reverse=True):
         if not any(osp.abspath(path) == osp.abspath(c) for c in candidates):
             candidates.append(path)
+    where = ' or '.join(repr(f) for f in folders)
     notes: List[str] = []
+    outside = (
+        f'{last} names {ignored}, which is outside the work dir {where} (copied or moved '
+        "from another run's work dir?)"
+    )
     skipped: List[str] = []
     for path in candidates:
         problem = checkpoint_problem(path)
         if problem is None:
+            if ignored:
+                notes.append(f'--resume: {outside}: ignored; resuming from {path}')
             if skipped:
                 notes.append(
                     f'--resume: skipped unreadable checkpoint(s) {"; ".join(skipped)}'
@@ -122,10 +178,16 @@ def find_resume_checkpoint(work_dir: str) -> Tuple[Optional[str], List[str]]:
         skipped.append(f'{path} ({problem})')
     if skipped:
         raise ToolError(
-            f'--resume: no readable checkpoint in {work_dir!r}: '
+            f'--resume: no readable checkpoint in {where}: '
             + '; '.join(skipped)
+            + (f' (and {outside}: not used)' if ignored else '')
             + '. Resume from a good file with --resume '
             'PATH, or remove the broken ones to start from iteration 0.'
+        )
+    if ignored:
+        raise ToolError(
+            f'--resume: no checkpoint in {where}, and {outside}. To continue from that '
+            f'file pass --resume {ignored}; to start from iteration 0 remove {last}.'
         )
     notes.append(
         f'--resume: no checkpoint in {work_dir!r}, so training starts from '
@@ -339,7 +401,7 @@ def build_train_config(
     for msg in notes:
         _warn(msg)
     if resume == 'auto':
-        path, found = find_resume_checkpoint(cfg.work_dir)
+        path, found = find_resume_checkpoint(cfg.work_dir, checkpoint_folder(cfg))
         for msg in found:
             _warn(msg)
         notes += found
@@ -442,15 +504,21 @@ def announce_log_file(runner) -> None:
 
 def lock_work_dir(work_dir: str, share: bool = False):
     """Take the work dir's lock (:class:`~lookhere_dense.engine.workdir_lock.WorkDirLock`)
-    on rank 0 (``RANK`` unset or 0); None when ``share`` or on other ranks.
+    on rank 0 (``RANK`` unset or 0); None when ``share`` or on other ranks. Rank 0 checks
+    that the work dir can be written in any case
+    (:func:`~lookhere_dense.engine.workdir_lock.check_work_dir_writable`).
 
     Raises:
         lookhere_dense.errors.WorkDirLockedError: another live run holds it.
+        lookhere_dense.errors.ToolError: the work dir cannot be written (naming the cause).
     """
-    if share or os.environ.get('RANK', '0') != '0':
+    if os.environ.get('RANK', '0') != '0':
         return None
-    from ..engine.workdir_lock import WorkDirLock
+    from ..engine.workdir_lock import WorkDirLock, check_work_dir_writable
 
+    if share:
+        check_work_dir_writable(work_dir)
+        return None
     lock = WorkDirLock(work_dir).acquire()
     for msg in lock.notes:
         _warn(msg)
@@ -474,6 +542,8 @@ def train_model(config: str, verbose: bool = False, share_work_dir: bool = False
 
     Raises:
         lookhere_dense.errors.WorkDirLockedError: another run trains in the work dir.
+        lookhere_dense.errors.ToolError: the work dir cannot be written (read-only,
+            immutable, no permission, a path under a file).
         lookhere_dense.errors.TrainingInterruptedError: SIGTERM / SIGINT stopped the run
             (after saving the iteration it ended).
         lookhere_dense.errors.CheckpointSaveError: a checkpoint could not be written.

@@ -13,6 +13,11 @@ the holding process ends in any way (SIGKILL, OOM killer, power-off of a node ho
 NFSv4 lock after its lease), so a crashed run never blocks the next one; the file's
 content (who held it) is kept and reported when the next run takes over. A file system
 without ``flock`` support gets a warning and no lock.
+
+A work dir that cannot be written (read-only mount, ``chattr +i``, no permission, a path
+under a regular file) is refused before training starts, with one
+:class:`~lookhere_dense.errors.WorkDirNotWritableError` naming the folder and the cause
+(:func:`check_work_dir_writable`; the lock runs it first).
 """
 
 from __future__ import annotations
@@ -23,15 +28,56 @@ import os
 import os.path as osp
 import socket
 import sys
+import tempfile
 import time
 from typing import List, Optional
 
-from ..errors import WorkDirLockedError
+from ..errors import WorkDirLockedError, WorkDirNotWritableError
 
-__all__ = ['WorkDirLock', 'LOCK_FILE']
+__all__ = ['WorkDirLock', 'LOCK_FILE', 'check_work_dir_writable']
 
 #: The lock file's name inside the work dir.
 LOCK_FILE = '.lookhere_train.lock'
+
+
+def _cause(err: OSError) -> str:
+    if err.errno in (errno.ENOTDIR, errno.EEXIST):
+        return f'a part of the path is not a folder ({os.strerror(err.errno)})'
+    if err.errno == errno.ENOENT:
+        return 'a part of the path does not exist (ENOENT)'
+    from ..checkpoint.atomic import describe_os_error
+
+    return describe_os_error(err)
+
+
+def _unwritable(work_dir: str, err: OSError, what: str) -> WorkDirNotWritableError:
+    return WorkDirNotWritableError(
+        f'work dir {work_dir!r} cannot be written: {_cause(err)} ({what}). Training writes '
+        'its logs and checkpoints there: make the folder writable (chmod u+w, chattr -i, '
+        'a read-write mount) or choose another --work-dir.'
+    )
+
+
+def check_work_dir_writable(work_dir: str) -> None:
+    """Create ``work_dir`` if missing and check that a file can be created in it (a
+    temporary file, removed at once).
+
+    Raises:
+        lookhere_dense.errors.WorkDirNotWritableError: naming the folder and the cause.
+    """
+    try:
+        os.makedirs(work_dir, exist_ok=True)
+    except OSError as err:
+        raise _unwritable(work_dir, err, 'creating the folder') from None
+    try:
+        fd, probe = tempfile.mkstemp(prefix='.lookhere_write_test.', dir=work_dir)
+    except OSError as err:
+        raise _unwritable(work_dir, err, 'creating a file in it') from None
+    os.close(fd)
+    try:
+        os.remove(probe)
+    except OSError:
+        pass
 
 
 def _describe(holder: dict) -> str:
@@ -54,7 +100,7 @@ class WorkDirLock:
             ...  # train
 
     Args:
-        work_dir: the folder (created if missing).
+        work_dir: the folder (created if missing; it must be writable).
 
     Attributes:
         path: the lock file.
@@ -72,11 +118,16 @@ class WorkDirLock:
 
         Raises:
             lookhere_dense.errors.WorkDirLockedError: a live run holds it.
+            lookhere_dense.errors.WorkDirNotWritableError: the work dir cannot be written
+                (:func:`check_work_dir_writable`).
         """
         import fcntl
 
-        os.makedirs(self.work_dir, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        check_work_dir_writable(self.work_dir)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise _unwritable(self.work_dir, err, f'opening the lock file {self.path}') from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
