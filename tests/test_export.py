@@ -228,3 +228,94 @@ def test_export_tool_writes_segmenter_logits_and_backbone_maps(tmp_path: Path):
     # the largest constant is a weight, not a bias
     assert bb['largest_constant'][2] <= bb['largest_weight_bytes'], bb['largest_constant']
     assert seg['largest_constant'][2] <= seg['largest_weight_bytes'], seg['largest_constant']
+
+
+def _mmseg_whole_mode(config: str, ckpt: str, opts: dict, img):
+    """``mmseg.apis.inference_model`` in whole mode on the BGR image ``img`` (no resize):
+    the result's ``seg_logits`` / ``pred_sem_seg``, and the normalised input (BGR->RGB,
+    mean / std; the exported graph's input) as a numpy array."""
+    from mmseg.apis import inference_model, init_model
+
+    from lookhere_dense.apis.cli import load_config
+
+    cfg = load_config(config, opts)
+    cfg.model.test_cfg = dict(mode='whole')
+    cfg.test_pipeline = [dict(type='LoadImageFromNDArray'), dict(type='PackSegInputs')]
+    model = init_model(cfg, ckpt, device='cpu')
+    with torch.no_grad():
+        res = inference_model(model, img)
+    dp = model.data_preprocessor
+    x = torch.from_numpy(img).permute(2, 0, 1).float()
+    x = x[[2, 1, 0]] if dp.channel_conversion else x
+    x = ((x - dp.mean) / dp.std)[None]
+    return res.seg_logits.data, res.pred_sem_seg.data[0], x.numpy()
+
+
+def _run_file(path: Path, x):
+    if path.suffix == '.pt2':
+        with torch.no_grad():
+            return torch.export.load(str(path)).module()(torch.from_numpy(x))
+    from lookhere_dense.apis.export import onnxruntime_session
+
+    session = onnxruntime_session(str(path))
+    return torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x})[0])
+
+
+# pad value 0 is also what the patch embedding pads with, 2 is not: only a graph that pads
+# its input as mmseg does matches then
+@pytest.mark.parametrize('fmt,pad_val', [('onnx', 0), ('onnx', 2), ('pt2', 2)])
+def test_export_at_an_odd_size_gives_mmseg_whole_mode_inference(fmt, pad_val, tmp_path: Path):
+    """mmseg's whole mode pads the normalised input to the data preprocessor's
+    ``size_divisor`` (16: 40x72 -> 48x80) with its ``pad_val``, resizes the head's logits
+    to the padded size and crops them: the exported graph does the same (onnxruntime and
+    ``torch.export.load`` equal to ``inference_model``'s logits and classes), and the tool's
+    own check compares with that (not with ``encode_decode`` of the unpadded input)."""
+    import numpy as np
+    from tiny_seg import ADE_CFG, SHRINK, options, write_checkpoint
+
+    from lookhere_dense.apis.export import export_model
+
+    shape = (40, 72)  # not a multiple of size_divisor=16
+    ckpt = write_checkpoint(str(tmp_path / 'ckpt' / 'iter_0.pth'))
+    opts = options(*SHRINK, f'model.data_preprocessor.pad_val={pad_val}')
+    path = tmp_path / f'odd.{fmt}'
+    lines = []
+    rep = export_model(
+        ADE_CFG, ckpt, shape, str(path), format=fmt, cfg_options=opts, log=lines.append
+    )
+    assert rep['output_shapes'] == [[1, 150, *shape]] and rep['max_abs_diff'] < 1e-4, rep
+    img = np.random.default_rng(0).integers(0, 256, (*shape, 3), dtype=np.uint8)
+    logits, pred, x = _mmseg_whole_mode(ADE_CFG, ckpt, opts, img)
+    out = _run_file(path, x)
+    assert out.shape == (1, 150, *shape)
+    torch.testing.assert_close(out[0], logits, atol=1e-4, rtol=0)
+    assert torch.equal(out[0].argmax(0), pred)
+    assert rep['padded_size'] == [48, 80] and rep['grid'] == [3, 5]
+    assert rep['pad_value'] == pad_val and rep['argmax_agreement'] == 1.0
+    assert any('padded in the graph to 48x80' in ln for ln in lines), lines
+    assert not any('WARNING' in ln for ln in lines), lines
+
+
+def test_export_check_catches_a_graph_without_mmseg_padding(monkeypatch, tmp_path: Path):
+    """The check compares with mmseg's inference: a segmentor exported without the
+    test-time padding (the graph before this was fixed) at 40x72 is reported as different
+    (a large max |diff|, classes that disagree, a warning line)."""
+    from tiny_seg import ADE_CFG, SHRINK, options, write_checkpoint
+
+    import lookhere_dense.apis.export as export
+
+    ckpt = write_checkpoint(str(tmp_path / 'ckpt' / 'iter_0.pth'))
+    monkeypatch.setattr(export, 'whole_mode_padding', lambda model, size: (tuple(size), 0.0))
+    lines = []
+    rep = export.export_model(
+        ADE_CFG,
+        ckpt,
+        (40, 72),
+        str(tmp_path / 'unpadded.pt2'),
+        format='pt2',
+        cfg_options=options(*SHRINK),
+        log=lines.append,
+    )
+    assert rep['padded_size'] == [40, 72]
+    assert rep['max_abs_diff'] > 1e-2 and rep['argmax_agreement'] < 0.99, rep
+    assert any(ln.startswith('WARNING: the exported file differs') for ln in lines), lines

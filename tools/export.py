@@ -2,11 +2,15 @@
 """Export a segmentor (whole mode) or its backbone for deployment: ONNX or ``.pt2``.
 
 The file serves one input size: a normalised ``(1, 3, H, W)`` tensor in, the segmentation
-logits at ``H x W`` out (``encode_decode``; ``--part backbone``: the backbone's maps). It
-holds the weights plus the small per-layer LookHere tables; the bias is computed in the
-graph, never stored as an ``N x N`` constant. ONNX weights go to ``OUT.data`` beside
-``OUT`` (keep the two together). With ``--check`` (default) the file is run
-(onnxruntime / ``torch.export.load``) on a random input and compared with the torch model.
+logits at ``H x W`` out, what mmseg's whole-mode inference gives (any ``--shape``: the graph
+pads the input at the bottom and right to the data preprocessor's ``size_divisor`` with its
+``pad_val``, as mmseg does, and crops the logits back; ``--part backbone``: the backbone's
+maps of the input as given). It holds the weights plus the small per-layer LookHere tables;
+the bias is computed in the graph, never stored as an ``N x N`` constant. ONNX weights go
+to ``OUT.data`` beside ``OUT`` (keep the two together). Unless ``--no-check``, the file is
+run (onnxruntime / ``torch.export.load``) and compared with the torch model: the segmentor
+with mmseg's own inference of a random image (data preprocessor, padding, ``predict`` in
+whole mode), the backbone on a random tensor; a difference above 1e-3 prints a warning.
 
 Examples::
 
@@ -50,7 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=positive_int,
         required=True,
         metavar=('H', 'W'),
-        help='input size in pixels',
+        help='input size in pixels (any: the graph pads it as mmseg whole mode does)',
     )
     p.add_argument('--out', required=True, help='output file (.onnx or .pt2)')
     p.add_argument(
@@ -68,7 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         '--no-check',
         action='store_true',
-        help='do not run the exported file against the torch model',
+        help="do not run the exported file against the torch model (mmseg's inference)",
     )
     p.add_argument('--threads', type=positive_int, default=None, help='torch threads')
     p.add_argument('--json', default=None, help='write the report (sizes, times, diff) here')

@@ -4,11 +4,20 @@ or a ``torch.export`` program (``.pt2``), for one input size (``tools/export.py`
 The exported function:
 
 * ``segmentor`` (Segmenter, UPerNet, any mmseg ``EncoderDecoder``): a normalised
-  ``(1, 3, H, W)`` tensor -> the segmentation logits ``(1, classes, H, W)``, what
-  ``encode_decode`` returns (the whole image in one pass, as mmdeploy's ``whole`` mode);
-* ``backbone``: the same input -> the backbone's NCHW maps of ``out_indices``.
+  ``(1, 3, H, W)`` tensor -> the segmentation logits ``(1, classes, H, W)``, what mmseg's
+  whole-mode inference gives for that input (the whole image in one pass, as mmdeploy's
+  ``whole`` mode): the graph pads the input at the bottom and right as the data
+  preprocessor's ``test_cfg`` pads it (``size_divisor``, or ``size``; with its
+  ``pad_val``), runs ``encode_decode`` on the padded tensor (the head's logits resized to
+  the padded size) and crops the logits back to ``H x W`` (:func:`whole_mode_padding`);
+* ``backbone``: the same input -> the backbone's NCHW maps of ``out_indices``, for the
+  input as given (no padding: a caller that wants mmseg's pads it first).
 
-The data preprocessing (BGR->RGB, mean / std) stays outside, as in mmdeploy. Every LookHere
+The data preprocessing (BGR->RGB, mean / std) stays outside, as in mmdeploy; the test-time
+padding, which mmseg applies to the normalised tensor, is in the graph. The check of
+:func:`export_model` runs a random image through mmseg's own path (the data preprocessor,
+then ``predict`` in whole mode: padding, ``encode_decode``, the crop) and compares the
+file's logits, on the preprocessor's unpadded output, with those. Every LookHere
 ViT attends through :func:`~lookhere_dense.lookhere.export.static_grid_attention` while it
 is traced, so the file holds the weights plus the small per-layer tables and computes the
 bias in the graph. ONNX: opset 23 (SDPA becomes the fused ``Attention`` op), exported with
@@ -28,13 +37,15 @@ blocks) takes the many short-lived tensors; measured in ``docs/deploy.md``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import os.path as osp
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError, ToolError
@@ -45,6 +56,7 @@ from .cli import quiet_mmengine_logger
 __all__ = [
     'SegmentorLogits',
     'BackboneMaps',
+    'whole_mode_padding',
     'export_model',
     'onnxruntime_session',
     'exported_file_bytes',
@@ -59,20 +71,66 @@ EXPORT_FORMATS = ('onnx', 'pt2')
 EXPORT_PARTS = ('segmentor', 'backbone')
 #: the ONNX opset: from 23 on, SDPA exports as the fused ``Attention`` op
 ONNX_OPSET = 23
+#: :func:`export_model`'s check logs a warning above this max |diff| (docs/deploy.md: the
+#: target at 1024x2048)
+CHECK_WARN_ABS_DIFF = 1e-3
+
+
+def whole_mode_padding(segmentor: nn.Module, size: Sequence[int]) -> Tuple[Tuple[int, int], float]:
+    """``((H', W'), value)``: what mmseg's whole-mode inference pads an input of ``size``
+    ``(H, W)`` to, and with which value.
+
+    mmseg's ``SegDataPreProcessor`` pads the *normalised* test images at the bottom and
+    right (``stack_batch``) when it has a ``test_cfg``: to the next multiple of its
+    ``size_divisor``, or to its fixed ``size`` (never smaller than the image), with its
+    ``pad_val``; ``encode_decode`` then runs on the padded tensor (the head's logits
+    resized to the padded size) and ``postprocess_result`` crops the padding off. Without a
+    ``test_cfg`` nothing is padded: ``((H, W), 0.0)``.
+    """
+    h, w = (int(s) for s in size)
+    dp = getattr(segmentor, 'data_preprocessor', None)
+    test_cfg = getattr(dp, 'test_cfg', None)
+    value = float(getattr(dp, 'pad_val', 0) or 0)
+    if not test_cfg:
+        return (h, w), value
+    fixed = test_cfg.get('size', None)
+    divisor = test_cfg.get('size_divisor', None)
+    if fixed is not None:  # stack_batch takes ``size`` first
+        return (max(h, int(fixed[-2])), max(w, int(fixed[-1]))), value
+    if divisor is not None and int(divisor) > 1:
+        d = int(divisor)
+        return (-(-h // d) * d, -(-w // d) * d), value
+    return (h, w), value
 
 
 class SegmentorLogits(nn.Module):
     """``(1, 3, H, W)`` normalised images -> ``(1, classes, H, W)`` logits of an mmseg
-    segmentor in whole mode (``encode_decode``), for one static size."""
+    segmentor in whole mode, for one static size: what mmseg's inference gives.
 
-    def __init__(self, segmentor: nn.Module, size: Tuple[int, int]):
+    As mmseg does (:func:`whole_mode_padding`): the input is padded at the bottom and
+    right to the data preprocessor's test-time size with its pad value, ``encode_decode``
+    runs on the padded tensor (``pad_shape``: the head's logits come at the padded size),
+    and the logits are cropped back to ``H x W``. ``mmseg_padding=False``:
+    ``encode_decode`` of the input as it is.
+    """
+
+    def __init__(self, segmentor: nn.Module, size: Tuple[int, int], mmseg_padding: bool = True):
         super().__init__()
         self.segmentor = segmentor
         self.size = (int(size[0]), int(size[1]))
+        self.padded_size, self.pad_value = (
+            whole_mode_padding(segmentor, self.size) if mmseg_padding else (self.size, 0.0)
+        )
 
     def forward(self, inputs: Tensor) -> Tensor:
-        metas = [dict(img_shape=self.size, pad_shape=self.size, ori_shape=self.size)]
-        return self.segmentor.encode_decode(inputs, metas)
+        (h, w), (ph, pw) = self.size, self.padded_size
+        if (ph, pw) != (h, w):
+            inputs = F.pad(inputs, (0, pw - w, 0, ph - h), value=self.pad_value)
+        metas = [dict(img_shape=self.size, pad_shape=self.padded_size, ori_shape=self.size)]
+        logits = self.segmentor.encode_decode(inputs, metas)
+        if (ph, pw) != (h, w):
+            logits = logits[:, :, :h, :w]
+        return logits
 
 
 class BackboneMaps(nn.Module):
@@ -184,8 +242,11 @@ def export_model(
             Default: ``'segmentor'``.
         cfg_options: config overrides. Default: None.
         check: run the file (onnxruntime / ``torch.export.load``) on a random input and
-            compare it with the torch model as it runs in torch (its own attention engine).
-            Default: True.
+            compare it with the torch model as it runs in torch (its own attention engine):
+            the segmentor with mmseg's own whole-mode inference of a random image (the data
+            preprocessor, padding included, then ``predict``; the file gets the
+            preprocessor's output without the padding), the backbone with its maps of a
+            random tensor. Default: True.
         threads: torch (and onnxruntime) threads for the check. Default: None.
         budget_mb: the largest bias block of a global layer (the export's query blocks).
             Default: :data:`~lookhere_dense.lookhere.export.DEFAULT_BUDGET_MB` (48).
@@ -193,8 +254,10 @@ def export_model(
 
     Returns:
         ``dict(out, files, total_bytes, weights_bytes, ratio_to_weights, largest_constant,
-        largest_weight_bytes, export_seconds, grid, ...)`` and, with ``check``, ``max_abs_diff`` and the output
-        shape.
+        largest_weight_bytes, export_seconds, grid, padded_size, pad_value, ...)`` (the
+        grid of the padded size; the backbone: the size itself) and, with ``check``,
+        ``max_abs_diff`` and the output shapes (the segmentor also ``argmax_agreement``,
+        the share of pixels whose class is mmseg's).
 
     Raises:
         ConfigError: a bad shape, format or part, or a model without ``encode_decode``.
@@ -240,28 +303,38 @@ def export_model(
                 "part='backbone', or a segmentor"
             )
         module = SegmentorLogits(model, size).eval()
+        padded, pad_value = module.padded_size, module.pad_value
     else:
         module = BackboneMaps(model.backbone).eval()
+        padded, pad_value = size, 0.0
     floats = [
         t for t in module.state_dict().values() if torch.is_tensor(t) and t.is_floating_point()
     ]
     weights = sum(t.numel() * t.element_size() for t in floats)
     largest_weight = max(t.numel() * t.element_size() for t in floats)
-    torch.manual_seed(0)
-    x = torch.randn(1, 3, *size)
     patch = getattr(getattr(model, 'backbone', None), 'patch_size', 16)
-    grid = [math.ceil(s / patch) for s in size]
+    grid = [math.ceil(s / patch) for s in padded]
     os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
+    pads = (
+        f'padded in the graph to {padded[0]}x{padded[1]} as mmseg pads it, value {pad_value:g}; '
+        if tuple(padded) != tuple(size)
+        else ''
+    )
     log(
         f'exporting {part} of {osp.basename(config)} for {size[0]}x{size[1]} px '
-        f'(patch grid {grid[0]}x{grid[1]}) as {format} to {out}'
+        f'({pads}patch grid {grid[0]}x{grid[1]}) as {format} to {out}'
     )
-    reference = None
-    if check:  # the model as it runs in torch (its own engine), not the export's attention
+    # the check's reference: the model as it runs in torch (its own engine), not the
+    # export's attention; the segmentor through mmseg's own inference path
+    torch.manual_seed(0)
+    x, reference = torch.randn(1, 3, *size), None
+    if check and part == 'segmentor':
+        x, reference = _mmseg_whole_mode(model, size)
+    elif check:
         with torch.no_grad():
             reference = module(x)
     t0 = time.perf_counter()
-    with static_grid_attention(module, size, budget_mb) as stand_ins:
+    with static_grid_attention(module, padded, budget_mb) as stand_ins:
         if format == 'onnx':
             program = torch.onnx.export(
                 module, (x,), dynamo=True, opset_version=ONNX_OPSET, optimize=False
@@ -279,6 +352,8 @@ def export_model(
         part=part,
         format=format,
         size=list(size),
+        padded_size=list(padded),
+        pad_value=pad_value,
         grid=grid,
         out=out,
         files=files,
@@ -297,19 +372,68 @@ def export_model(
         f' {report["ratio_to_weights"]:.3f}x the fp32 weights; export {seconds:.1f} s'
     )
     if check:
-        outputs = _run_exported(out, format, x, threads)
+        outputs = [torch.as_tensor(o) for o in _run_exported(out, format, x, threads)]
         expected = reference if isinstance(reference, (tuple, list)) else (reference,)
+        if part == 'segmentor' and expected[0].shape[1] == 1:
+            outputs[0] = outputs[0].sigmoid()  # mmseg's result of one class: the sigmoid
         diffs = [
-            float((torch.as_tensor(o) - e).abs().max())
+            float((o - e).abs().max()) if o.shape == e.shape else math.inf
             for o, e in zip(outputs, expected, strict=True)
         ]
         report['max_abs_diff'] = max(diffs)
         report['output_shapes'] = [list(e.shape) for e in expected]
-        log(
-            f'{"onnxruntime" if format == "onnx" else "torch.export.load"} vs torch: max |diff| '
-            f'{report["max_abs_diff"]:.2e} on outputs {report["output_shapes"]}'
-        )
+        runner = 'onnxruntime' if format == 'onnx' else 'torch.export.load'
+        if part == 'segmentor':
+            same = outputs[0].shape == expected[0].shape
+            agree = float((outputs[0].argmax(1) == expected[0].argmax(1)).float().mean())
+            report['argmax_agreement'] = agree if same else 0.0
+            log(
+                f'{runner} vs torch (mmseg whole-mode inference, padding included): max |diff| '
+                f'{report["max_abs_diff"]:.2e} on outputs {report["output_shapes"]}, '
+                f'argmax agrees on {100 * report["argmax_agreement"]:.2f} % of the pixels'
+            )
+        else:
+            log(
+                f'{runner} vs torch: max |diff| '
+                f'{report["max_abs_diff"]:.2e} on outputs {report["output_shapes"]}'
+            )
+        if report['max_abs_diff'] > CHECK_WARN_ABS_DIFF:
+            log(
+                f'WARNING: the exported file differs from the torch model by '
+                f'{report["max_abs_diff"]:.2e} (more than {CHECK_WARN_ABS_DIFF:g})'
+            )
     return report
+
+
+@contextlib.contextmanager
+def _whole_mode(segmentor: nn.Module) -> Iterator[None]:
+    """``segmentor.test_cfg`` with ``mode='whole'`` for the time of the block."""
+    from mmengine.config import ConfigDict
+
+    old = segmentor.test_cfg
+    segmentor.test_cfg = ConfigDict({**dict(old or {}), 'mode': 'whole'})
+    try:
+        yield
+    finally:
+        segmentor.test_cfg = old
+
+
+def _mmseg_whole_mode(segmentor: nn.Module, size: Tuple[int, int]) -> Tuple[Tensor, Tensor]:
+    """``(inputs, logits)``: a random ``uint8`` BGR image of ``size`` through mmseg's own
+    whole-mode inference -- the data preprocessor (BGR->RGB, mean / std, the test-time
+    padding) and ``predict`` (``encode_decode`` on the padded tensor, the padding cropped
+    off the logits) -- and the preprocessor's normalised output without its padding (what
+    the exported segmentor takes; mmseg pads at the bottom and right)."""
+    from mmseg.structures import SegDataSample
+
+    gen = torch.Generator().manual_seed(0)
+    image = torch.randint(0, 256, (3, *size), generator=gen, dtype=torch.uint8)
+    sample = SegDataSample(metainfo=dict(img_shape=tuple(size), ori_shape=tuple(size)))
+    with torch.no_grad(), _whole_mode(segmentor):
+        data = segmentor.data_preprocessor(dict(inputs=[image], data_samples=[sample]), False)
+        result = segmentor.predict(data['inputs'], data['data_samples'])[0]
+    inputs = data['inputs'][:, :, : size[0], : size[1]].contiguous()
+    return inputs, result.seg_logits.data[None]
 
 
 def _run_exported(path: str, format: str, x: Tensor, threads: Optional[int]) -> List[Any]:
