@@ -10,6 +10,11 @@ The model section is restated below, built on ``mmdet::_base_/models/mask-rcnn_r
 as the project config is. The full-size model is built and gets its layer-decay optimizer;
 one training step and a prediction run at ViT-B width on a 128 x 128 image (the step's
 cost is the image size, not the config).
+
+The same section with mmdet ``ViT``'s own argument names left in (``embed_dim``, ``depth``,
+``use_rel_pos``: only ``type`` changed, what a user of the project config writes) builds
+the same backbone, weight for weight, and a detector that predicts; an argument neither
+class has and an argument given under both names are one-line ``ConfigError`` s.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import torch
 from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import DefaultScope
+
+from lookhere_dense.errors import USER_ERRORS, ConfigError
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
 
@@ -83,6 +90,59 @@ optim_wrapper = dict(
         weight_decay=0.1,
     ))
 """
+
+
+#: the project config's backbone under LookHereViT's names (as in VITDET_CONFIG) ...
+OUR_BACKBONE = """
+        embed_dims=768,
+        num_layers=12,
+        num_heads=12,
+        drop_path_rate=0.1,
+        window_size=14,
+        mlp_ratio=4,
+        qkv_bias=True,
+        norm_cfg=backbone_norm_cfg,
+        window_block_indexes=[0, 1, 3, 4, 6, 7, 9, 10]),"""
+#: ... and as mmdet's project config has it (mmdet ViT's names), only ``type`` swapped
+MMDET_BACKBONE = """
+        embed_dim=768,
+        depth=12,
+        num_heads=12,
+        drop_path_rate=0.1,
+        window_size=14,
+        mlp_ratio=4,
+        qkv_bias=True,
+        norm_cfg=backbone_norm_cfg,
+        window_block_indexes=[0, 1, 3, 4, 6, 7, 9, 10],
+        use_rel_pos=True,
+        init_cfg=dict(type='Pretrained', checkpoint='mae_pretrain_vit_base.pth')),"""
+assert OUR_BACKBONE in VITDET_CONFIG
+#: the project config with mmdet ViT's argument names
+VITDET_MMDET_NAMES_CONFIG = VITDET_CONFIG.replace(OUR_BACKBONE, MMDET_BACKBONE)
+
+
+def _config(tmp_path, text: str, name: str = 'vitdet.py') -> Config:
+    path = tmp_path / name
+    path.write_text(text)
+    return Config.fromfile(str(path))
+
+
+def _build(cfg_node):
+    from mmdet.registry import MODELS
+
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        torch.manual_seed(0)
+        return MODELS.build(cfg_node)
+
+
+@pytest.fixture
+def logged(monkeypatch):
+    """The messages LookHereViT logs through mmengine's ``print_log``."""
+    from lookhere_dense.models.backbones import lookhere_vit
+
+    out = []
+    monkeypatch.setattr(lookhere_vit, 'print_log', lambda msg, **kw: out.append(msg))
+    return out
 
 
 @pytest.fixture(scope='module')
@@ -218,3 +278,94 @@ def test_importing_mmdets_vitdet_project_does_not_clash():
     finally:
         for registry, name in added:
             registry._module_dict.pop(name, None)
+
+
+def test_mmdet_vit_argument_names_build_the_same_backbone(tmp_path, logged):
+    """The project's backbone dict with mmdet ViT's names (embed_dim, depth, use_rel_pos)
+    builds the LookHereViT that LookHereViT's names build: same blocks, windows, keys,
+    shapes and (same seed) weights; use_rel_pos is dropped with one logged note."""
+    ours = _build(_config(tmp_path, VITDET_CONFIG, 'ours.py').model.backbone)
+    assert logged == []
+    mmdet_cfg = _config(tmp_path, VITDET_MMDET_NAMES_CONFIG, 'mmdet_names.py')
+    assert 'embed_dim' in mmdet_cfg.model.backbone and 'embed_dims' not in mmdet_cfg.model.backbone
+    theirs = _build(mmdet_cfg.model.backbone)
+    assert type(theirs) is type(ours)
+    for attr in ('embed_dims', 'num_layers', 'num_heads', 'window_size', 'window_block_indexes'):
+        assert getattr(theirs, attr) == getattr(ours, attr), attr
+    assert (theirs.embed_dims, theirs.num_layers) == (768, 12)
+    assert [b.window_size for b in theirs.blocks] == [b.window_size for b in ours.blocks]
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert list(a) == list(b)
+    for key in a:
+        assert a[key].shape == b[key].shape and torch.equal(a[key], b[key]), key
+    assert theirs.init_cfg == dict(type='Pretrained', checkpoint='mae_pretrain_vit_base.pth')
+    (note,) = logged
+    assert "ignores mmdet ViT's use_rel_pos=True" in note and '\n' not in note
+    # in_chans -> in_channels (the project config leaves it at 3)
+    tiny = dict(type='LookHereViT', img_size=32, patch_size=8, embed_dims=48, num_layers=1)
+    one, other = (
+        _build(dict(tiny, **kw)).state_dict() for kw in ({'in_chans': 1}, {'in_channels': 1})
+    )
+    assert {k: v.shape for k, v in one.items()} == {k: v.shape for k, v in other.items()}
+    assert one['patch_embed.proj.weight'].shape[1] == 1
+
+
+def test_the_mmdet_named_vitdet_config_builds_a_detector_that_predicts(tmp_path, logged):
+    """mmdet's project config with only ``type='LookHereViT'`` swapped builds the full
+    Mask R-CNN and runs one prediction (64 x 64 image, few proposals)."""
+    from lookhere_dense.models import LookHereViT
+
+    cfg = _config(tmp_path, VITDET_MMDET_NAMES_CONFIG)
+    cfg.model.test_cfg.rpn.update(nms_pre=50, max_per_img=20)
+    cfg.model.test_cfg.rcnn.max_per_img = 5
+    model = _build(cfg.model)
+    assert isinstance(model.backbone, LookHereViT) and model.backbone.num_layers == 12
+    model.data_preprocessor.batch_augments[0].size = (64, 64)
+    model.eval()
+    with torch.no_grad():
+        (pred,) = model.test_step(_batch(64))
+    inst = pred.pred_instances
+    assert inst.bboxes.shape[1] == 4 and len(inst.bboxes) == len(inst.scores) <= 5
+    assert torch.isfinite(inst.bboxes).all()
+
+
+def _one_line_config_error(excinfo) -> str:
+    err = excinfo.value
+    assert isinstance(err, ConfigError) and isinstance(err, USER_ERRORS)
+    msg = str(err)
+    assert '\n' not in msg
+    return msg
+
+
+def test_an_unknown_backbone_key_in_the_config_file_names_the_close_ones(tmp_path):
+    """A misspelt key written in the config (not --cfg-options) is a one-line ConfigError
+    with the suggestion --cfg-options gives, not a TypeError traceback."""
+    text = VITDET_MMDET_NAMES_CONFIG.replace('        depth=12,', '        num_layer=12,')
+    cfg = _config(tmp_path, text)
+    with pytest.raises(ConfigError) as excinfo:
+        _build(cfg.model.backbone)
+    msg = _one_line_config_error(excinfo)
+    assert "LookHereViT has no argument 'num_layer'; did you mean num_layers?" in msg
+    tiny = dict(type='LookHereViT', img_size=32, patch_size=8, embed_dims=48, num_layers=1)
+    with pytest.raises(ConfigError) as excinfo:
+        _build(dict(tiny, dept=2, window_sizes=2, bogus_option=1))
+    msg = _one_line_config_error(excinfo)
+    assert "no argument 'dept'; did you mean depth?" in msg
+    assert "no argument 'window_sizes'; did you mean window_size?" in msg
+    assert "no argument 'bogus_option' (nor has mmdet's ViTDet ViT)" in msg
+
+
+@pytest.mark.parametrize(
+    'mmdet_name, name, values',
+    [
+        ('embed_dim', 'embed_dims', (96, 48)),
+        ('depth', 'num_layers', (1, 1)),
+        ('in_chans', 'in_channels', (3, 1)),
+    ],
+)
+def test_an_argument_under_both_names_is_an_error_naming_both(mmdet_name, name, values):
+    tiny = dict(type='LookHereViT', img_size=32, patch_size=8, embed_dims=48, num_layers=1)
+    with pytest.raises(ConfigError) as excinfo:
+        _build(dict(tiny, **{mmdet_name: values[0], name: values[1]}))
+    msg = _one_line_config_error(excinfo)
+    assert f"{mmdet_name}={values[0]!r} (mmdet ViT's name) and {name}={values[1]!r}" in msg

@@ -6,13 +6,22 @@ this class adds what an mmseg / mmdet config expects of a drop-in for mmseg's
 ``norm_cfg`` / ``act_cfg`` built by mmcv, ``num_fcs``, messages through mmengine's logger,
 and the registration in mmseg's and mmdet's ``MODELS``. Same ``state_dict`` keys, same
 outputs (NCHW maps per ``out_indices``; ``[map, cls]`` pairs with ``output_cls_token``).
+
+It also takes the argument names of mmdet's ViTDet ``ViT`` (``projects/ViTDet``), so that
+project's config builds with only ``type`` changed: :data:`MMDET_VIT_NAMES` are renamed,
+:data:`MMDET_VIT_POS_ARGS` (the position embeddings LookHere replaces) are dropped with a
+logged note. An argument neither class has is a :class:`~lookhere_dense.errors.ConfigError`
+naming the close ones (as ``--cfg-options`` does), not a ``TypeError``.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import inspect
+import logging
 import warnings
-from typing import Any, List, Optional, Union
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Union
 
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmengine.logging import print_log
@@ -26,7 +35,7 @@ from lookhere_dense.lookhere.weights import HEADS_KEY
 
 from ..registry import register_model
 
-__all__ = ['LookHereViT']
+__all__ = ['LookHereViT', 'MMDET_VIT_NAMES', 'MMDET_VIT_POS_ARGS', 'mmdet_vit_arguments']
 
 #: the keys ``init_cfg=dict(type='Pretrained', ...)`` takes (mmengine's and ours)
 _PRETRAINED_KEYS = ('type', 'checkpoint', 'strict', 'prefix', 'map_location', HEADS_KEY)
@@ -53,6 +62,95 @@ _CHANNEL_FIRST_NORMS = (
 
 #: the trunk's default width (what ``norm_cfg`` is probed at when ``embed_dims`` is not given)
 _TRUNK_EMBED_DIMS = inspect.signature(LookHereVisionTransformer).parameters['embed_dims'].default
+
+
+#: mmdet ViTDet ``ViT`` argument -> the ``LookHereViT`` argument of the same meaning (its
+#: other arguments, ``img_size``, ``patch_size``, ``num_heads``, ``mlp_ratio``, ``qkv_bias``,
+#: ``drop_path_rate``, ``norm_cfg``, ``act_cfg``, ``window_size``, ``window_block_indexes``
+#: and ``init_cfg``, already have ``LookHereViT``'s names)
+MMDET_VIT_NAMES: Dict[str, str] = {
+    'embed_dim': 'embed_dims',
+    'depth': 'num_layers',
+    'in_chans': 'in_channels',
+}
+
+#: mmdet ViTDet ``ViT``'s position-embedding arguments (absolute embedding, decomposed
+#: relative bias, the pretraining grid): LookHere's attention biases replace what they
+#: configure, so they are dropped with a logged note
+MMDET_VIT_POS_ARGS = (
+    'use_abs_pos',
+    'use_rel_pos',
+    'rel_pos_zero_init',
+    'pretrain_img_size',
+    'pretrain_use_cls_token',
+)
+
+#: trunk arguments that the wrapper builds from an mmcv config
+_BUILT_FROM_CFG = {'norm_layer': 'norm_cfg', 'act_layer': 'act_cfg'}
+
+
+@functools.lru_cache(maxsize=None)
+def _argument_names() -> FrozenSet[str]:
+    """Every keyword ``LookHereViT`` takes under its own names."""
+    names = set(inspect.signature(LookHereVisionTransformer).parameters)
+    names |= set(inspect.signature(LookHereViT.__init__).parameters)
+    return frozenset(names - set(_BUILT_FROM_CFG) - {'self', 'kwargs'})
+
+
+def mmdet_vit_arguments(kwargs: Mapping[str, Any]) -> Dict[str, Any]:
+    """``kwargs`` in ``LookHereViT``'s names: mmdet ViTDet ``ViT``'s names renamed
+    (:data:`MMDET_VIT_NAMES`), its position-embedding arguments dropped
+    (:data:`MMDET_VIT_POS_ARGS`, one logged warning naming them), everything else checked.
+
+    Raises:
+        lookhere_dense.errors.ConfigError: an mmdet name given with ``LookHereViT``'s
+            (``embed_dim`` and ``embed_dims``), naming both; an argument neither class
+            takes, naming the close ones (``did you mean embed_dims?``).
+    """
+    out = dict(kwargs)
+    for mmdet_name, name in MMDET_VIT_NAMES.items():
+        if mmdet_name not in out:
+            continue
+        if name in out:
+            raise ConfigError(
+                f"LookHereViT: {mmdet_name}={out[mmdet_name]!r} (mmdet ViT's name) and "
+                f'{name}={out[name]!r} are the same argument; keep one of them'
+            )
+        out[name] = out.pop(mmdet_name)
+    dropped = {key: out.pop(key) for key in MMDET_VIT_POS_ARGS if key in out}
+    accepted = _argument_names()
+    problems = []
+    for key in [k for k in out if k not in accepted]:
+        if key in _BUILT_FROM_CFG:
+            problems.append(
+                f'has no argument {key!r}; set {_BUILT_FROM_CFG[key]} (an mmcv config) instead'
+            )
+            continue
+        # the suggestion rule of --cfg-options (lookhere_dense.apis.cli.check_cfg_options);
+        # LookHereViT's names first, mmdet's where none of those is close
+        close = difflib.get_close_matches(key, sorted(accepted), n=3, cutoff=0.75)
+        close = close or difflib.get_close_matches(key, list(MMDET_VIT_NAMES), n=3, cutoff=0.75)
+        problems.append(
+            f'has no argument {key!r}'
+            + (
+                f'; did you mean {" or ".join(close)}?'
+                if close
+                else " (nor has mmdet's ViTDet ViT); the LookHereViT and "
+                'LookHereVisionTransformer docstrings list the arguments'
+            )
+        )
+    if problems:
+        raise ConfigError('LookHereViT ' + '; it '.join(problems))
+    if dropped:
+        shown = ', '.join(f'{k}={v!r}' for k, v in dropped.items())
+        print_log(
+            f"LookHereViT ignores mmdet ViT's {shown}: LookHere's attention biases are the "
+            "position encoding (pos_encoding='lookhere'; pos_encoding='abs' is a learned "
+            'absolute embedding)',
+            logger='current',
+            level=logging.WARNING,
+        )
+    return out
 
 
 def _check_norm_cfg(norm_cfg: Any, embed_dims: int) -> None:
@@ -154,6 +252,7 @@ class LookHereViT(LookHereVisionTransformer, BaseModule):
             raise TypeError('pretrained must be a str or None')
         if num_fcs != 2:
             raise ValueError(f'LookHereViT supports num_fcs=2 only (got {num_fcs})')
+        kwargs = mmdet_vit_arguments(kwargs)
         _check_norm_cfg(norm_cfg, kwargs.get('embed_dims', _TRUNK_EMBED_DIMS))
         super().__init__(
             norm_layer=lambda dim: build_norm_layer(norm_cfg, dim)[1],
