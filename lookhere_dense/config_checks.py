@@ -75,9 +75,11 @@ def _lookhere_checks(model: Mapping) -> None:
     from .lookhere.pos_encoding import parse_pos_encoding
 
     bb = model['backbone']
-    num_layers = bb.get('num_layers', 12)
+    # LookHereViT also takes mmdet ViTDet's names for these (MMDET_VIT_NAMES in
+    # models/backbones/lookhere_vit.py, which refuses both names given together)
+    num_layers = bb.get('num_layers', bb.get('depth', 12))
     num_heads = bb.get('num_heads', 12)
-    embed_dims = bb.get('embed_dims', 768)
+    embed_dims = bb.get('embed_dims', bb.get('embed_dim', 768))
     try:
         spec = parse_pos_encoding(
             bb.get('pos_encoding', 'lookhere'), bb.get('lh_config'), bb.get('preset')

@@ -15,8 +15,9 @@ check as 1; :func:`is_int` and :func:`is_number` refuse it.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
-from typing import Any, Dict, Optional, Type, TypeVar
+from typing import Any, Dict, Iterable, List, Optional, Type, TypeVar
 
 __all__ = [
     'is_int',
@@ -27,7 +28,20 @@ __all__ = [
     'check_rate',
     'check_bool',
     'settings_from_dict',
+    'close_names',
+    'CLOSE_NAME_CUTOFF',
 ]
+
+#: how alike a misspelt key and a real one must be to be suggested ("did you mean ...?")
+CLOSE_NAME_CUTOFF = 0.75
+
+
+def close_names(word: str, names: Iterable[str], n: int = 3) -> List[str]:
+    """The at most ``n`` names of ``names`` closest to ``word`` (:mod:`difflib`, ratio
+    >= :data:`CLOSE_NAME_CUTOFF`), best first: the "did you mean" of every misspelt key
+    (``--cfg-options``, backbone arguments)."""
+    return difflib.get_close_matches(word, list(names), n=n, cutoff=CLOSE_NAME_CUTOFF)
+
 
 T = TypeVar('T')
 

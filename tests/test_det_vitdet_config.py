@@ -369,3 +369,19 @@ def test_an_argument_under_both_names_is_an_error_naming_both(mmdet_name, name, 
         _build(dict(tiny, **{mmdet_name: values[0], name: values[1]}))
     msg = _one_line_config_error(excinfo)
     assert f"{mmdet_name}={values[0]!r} (mmdet ViT's name) and {name}={values[1]!r}" in msg
+
+
+def test_the_config_check_reads_the_mmdet_names():
+    """``check_model_cfg`` (what ``tools/train.py`` runs before building) reads
+    ``embed_dim`` / ``depth`` too: a width the heads do not divide is named before the
+    build, and a valid mmdet-named size is not judged by the defaults."""
+    import lookhere_dense.openmmlab  # noqa: F401  (registers, as the tools do)
+    from lookhere_dense.config_checks import check_model_cfg
+
+    def cfg(**backbone):
+        model = dict(type='MaskRCNN', backbone=dict(type='LookHereViT', **backbone))
+        return Config(dict(default_scope='mmdet', model=model))
+
+    with pytest.raises(ConfigError, match=r'embed_dims=200 is not divisible by num_heads=12'):
+        check_model_cfg(cfg(embed_dim=200))
+    check_model_cfg(cfg(embed_dim=640, num_heads=16, depth=2, preset='lh180'))

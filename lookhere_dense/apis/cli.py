@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import logging
 import os
 import os.path as osp
@@ -20,6 +19,7 @@ import warnings
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 from ..errors import USER_ERRORS, ConfigError
+from ..validation import close_names
 
 __all__ = [
     'quiet_mmengine_logger',
@@ -260,7 +260,7 @@ def _check_loop_length(cfg, options: dict) -> None:
     counts = 'epochs' if kind == 'epoch' else 'iterations'
 
     def wrong(name: str) -> bool:
-        return name != wanted and bool(difflib.get_close_matches(name, other, cutoff=0.75))
+        return name != wanted and bool(close_names(name, other))
 
     for key in options:
         parts = key.split('.')
@@ -307,7 +307,7 @@ def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
         if old is _MISSING:
             where = '.'.join(parts[:depth]) or 'the top level'
             names = list(parent) if isinstance(parent, dict) else []
-            close = difflib.get_close_matches(parts[depth], names, n=3, cutoff=0.75)
+            close = close_names(parts[depth], names)
             if close and parts[depth] not in OPTIONAL_KEYS:
                 raise ConfigError(
                     f'--cfg-options {key}: the config has no {parts[depth]!r} '

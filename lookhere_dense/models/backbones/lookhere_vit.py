@@ -16,7 +16,6 @@ naming the close ones (as ``--cfg-options`` does), not a ``TypeError``.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import inspect
 import logging
@@ -32,6 +31,7 @@ from torch import nn
 from lookhere_dense.errors import ConfigError
 from lookhere_dense.lookhere.vit import LookHereVisionTransformer
 from lookhere_dense.lookhere.weights import HEADS_KEY
+from lookhere_dense.validation import close_names
 
 from ..registry import register_model
 
@@ -126,10 +126,8 @@ def mmdet_vit_arguments(kwargs: Mapping[str, Any]) -> Dict[str, Any]:
                 f'has no argument {key!r}; set {_BUILT_FROM_CFG[key]} (an mmcv config) instead'
             )
             continue
-        # the suggestion rule of --cfg-options (lookhere_dense.apis.cli.check_cfg_options);
         # LookHereViT's names first, mmdet's where none of those is close
-        close = difflib.get_close_matches(key, sorted(accepted), n=3, cutoff=0.75)
-        close = close or difflib.get_close_matches(key, list(MMDET_VIT_NAMES), n=3, cutoff=0.75)
+        close = close_names(key, sorted(accepted)) or close_names(key, MMDET_VIT_NAMES)
         problems.append(
             f'has no argument {key!r}'
             + (
