@@ -3,7 +3,9 @@ mmengine Runner on the tiny ADE20K-layout set-up: ``train_model(amp=True)`` (``-
 and the config form ``optim_wrapper=dict(type='AmpOptimWrapper', dtype='bfloat16')`` train
 in bfloat16 autocast, ``evaluate_checkpoint(amp=True)`` (``tools/test.py --amp``) predicts
 in bfloat16 and scores / writes float32, the ViTDet config's ``AmpOptimWrapper`` trains on
-CPU, and float16 on CPU is refused with a message naming the setting."""
+CPU, and float16 on CPU is refused with a message naming the setting. A Mask R-CNN under
+``AmpTestLoop`` and ``MixedPrecisionOptimWrapper`` computes its features in bfloat16 and
+its boxes, scores and losses in float32 (``docs/mixed_precision.md``, "Detectors")."""
 
 from __future__ import annotations
 
@@ -195,6 +197,26 @@ def test_amp_refuses_another_wrapper_and_leaves_fp32_configs_alone():
         apply_amp(Config(dict(model=dict())), amp=True)
 
 
+def test_a_configs_amp_optim_wrapper_gets_float32_detection_heads_on_a_gpu_too(monkeypatch):
+    """A config's ``AmpOptimWrapper`` (the ViTDet / Mask R-CNN configs, float16) becomes
+    ``MixedPrecisionOptimWrapper`` where mmengine's wrapper runs as well (a GPU: simulated),
+    so a detector's heads, boxes and losses stay float32 there too; dtype kept, one note."""
+    from mmengine.config import Config
+
+    from lookhere_dense.engine import amp
+
+    monkeypatch.setattr(amp, 'accelerator_available', lambda: True)
+    wrapper = dict(type='AmpOptimWrapper', dtype='float16', optimizer=dict(type='SGD'))
+    cfg = Config(dict(optim_wrapper=wrapper))
+    notes = apply_amp(cfg)
+    assert cfg.optim_wrapper.type == 'MixedPrecisionOptimWrapper'
+    assert cfg.optim_wrapper.dtype == 'float16'
+    assert notes == [
+        'optim_wrapper: AmpOptimWrapper -> MixedPrecisionOptimWrapper '
+        "(mmengine's, with a detector's heads, boxes and losses in float32)"
+    ]
+
+
 def test_inference_context_and_float32_outputs():
     """``--amp`` of infer / extrapolate / robustness: bfloat16 autocast on the device;
     predictions made float32 before they are written, label maps untouched."""
@@ -257,3 +279,241 @@ def test_vitdet_config_amp_optim_wrapper_trains_on_cpu(tmp_path):
     assert _PrecisionProbeHook.seen['train'] == {torch.bfloat16}
     loss = runner.message_hub.get_scalar('train/loss').current()
     assert loss > 0 and torch.isfinite(torch.tensor(loss))
+
+
+# ----------------------------------------------------------------------------------------
+# Detectors: backbone + neck in bfloat16, the heads (boxes, scores, losses) in float32
+# ----------------------------------------------------------------------------------------
+DET_H, DET_W = 512, 1024  # coordinates up to 1024: bfloat16 steps of 2 and 4 px there
+
+
+@pytest.fixture(scope='module')
+def det_cfg(tmp_path_factory):
+    """The COCO Mask R-CNN config at toy width (``test_det_mask_rcnn.shrink``), its frames
+    kept at their size (no fixed-size pad), up to 100 detections per image."""
+    from mmengine.config import Config
+    from test_det_mask_rcnn import COCO_CFG, shrink
+
+    cfg = shrink(Config.fromfile(str(COCO_CFG)), tmp_path_factory.mktemp('det'), 3, 14)
+    cfg.model.data_preprocessor.batch_augments = None
+    cfg.model.test_cfg.rcnn.max_per_img = 100
+    return cfg
+
+
+def _tiny_detector(cfg):
+    from mmdet.registry import MODELS
+
+    torch.manual_seed(0)
+    return MODELS.build(cfg.model)
+
+
+def _det_batch(train: bool = False) -> dict:
+    """One noise frame of ``DET_H x DET_W`` (with three boxes and their masks to train on)."""
+    from mmdet.structures import DetDataSample
+    from mmdet.structures.mask import BitmapMasks
+    from mmengine.structures import InstanceData
+
+    shape = (DET_H, DET_W)
+    image = torch.rand(3, *shape, generator=torch.Generator().manual_seed(0)) * 255
+    sample = DetDataSample(metainfo=dict(img_shape=shape, ori_shape=shape, scale_factor=(1, 1)))
+    if train:
+        boxes = torch.tensor([[300.0, 100, 700, 400], [610, 250, 1000, 500], [40, 40, 200, 300]])
+        masks = torch.zeros(3, *shape, dtype=torch.uint8)
+        for mask, (x1, y1, x2, y2) in zip(masks, boxes.int().tolist()):
+            mask[y1:y2, x1:x2] = 1
+        sample.gt_instances = InstanceData(
+            bboxes=boxes, labels=torch.tensor([0, 1, 2]), masks=BitmapMasks(masks.numpy(), *shape)
+        )
+    return dict(inputs=[image], data_samples=[sample])
+
+
+def _spy(monkeypatch, obj, name: str, record) -> None:
+    """``obj.name`` calls ``record`` with its arguments first."""
+    method = getattr(obj, name)
+
+    def spy(*args, **kwargs):
+        record(*args, **kwargs)
+        return method(*args, **kwargs)
+
+    monkeypatch.setattr(obj, name, spy)
+
+
+def _watch_features(monkeypatch, model, seen: dict) -> list:
+    """Records the dtype the backbone's first linear layer computes in (``seen['backbone']``)
+    and, in the returned list, what each ``extract_feat`` call returned with the CPU RNG
+    state after it (what the heads start from)."""
+    linear = next(m for m in model.backbone.modules() if isinstance(m, torch.nn.Linear))
+    linear.register_forward_hook(
+        lambda m, a, out: seen.setdefault('backbone', set()).add(out.dtype)
+    )
+    calls = []
+    features = model.extract_feat
+
+    def extract_feat(inputs):
+        out = features(inputs)
+        calls.append((out, torch.get_rng_state()))
+        return out
+
+    monkeypatch.setattr(model, 'extract_feat', extract_feat)
+    return calls
+
+
+def _same_features(monkeypatch, model, call) -> None:
+    """``model.extract_feat`` returns ``call``'s features as float32 (and puts the RNG
+    state back as it was after them: the same proposals and RoIs are sampled)."""
+    features = outputs_to_float32(tuple(call[0]))
+
+    def extract_feat(inputs):
+        torch.set_rng_state(call[1])
+        return features
+
+    monkeypatch.setattr(model, 'extract_feat', extract_feat)
+
+
+def _dtypes(*tensors) -> set:
+    return {t.dtype for t in tensors}
+
+
+def test_detector_amp_test_keeps_boxes_and_scores_float32(det_cfg, monkeypatch):
+    """``tools/test.py --amp`` (:class:`AmpTestLoop`) on a Mask R-CNN: the backbone computes
+    in bfloat16, the RPN proposals, RoIs, box deltas and scores are float32, and the
+    detections are exactly what float32 heads make of the backbone's features: not on
+    bfloat16's grid (before: every coordinate above 256 px was a bfloat16 number)."""
+    from types import SimpleNamespace
+
+    from lookhere_dense.engine.amp import AmpTestLoop
+
+    model = _tiny_detector(det_cfg).eval()
+    seen: dict = {}
+    calls = _watch_features(monkeypatch, model, seen)
+    spy_feat = model.extract_feat
+    _spy(
+        monkeypatch,
+        model.roi_head,
+        'predict',
+        lambda x, proposals, *a, **k: seen.update(
+            features=_dtypes(*x), proposals=_dtypes(*(p.bboxes for p in proposals))
+        ),
+    )
+    _spy(
+        monkeypatch,
+        model.roi_head.bbox_head,
+        'predict_by_feat',
+        lambda rois, cls_scores, bbox_preds, *a, **k: seen.update(
+            rois=_dtypes(*rois), scores=_dtypes(*cls_scores), deltas=_dtypes(*bbox_preds)
+        ),
+    )
+
+    class Collect:  # the evaluator: keeps what it is handed
+        dataset_meta = None
+
+        def __init__(self):
+            self.samples = []
+
+        def process(self, data_samples, data_batch=None):
+            self.samples.extend(data_samples)
+
+    runner = SimpleNamespace(model=model, call_hook=lambda *a, **k: None, visualizer=None)
+    loop = AmpTestLoop(runner, SimpleNamespace(dataset=SimpleNamespace()), Collect())
+    loop.run_iter(0, _det_batch())
+    [amp] = loop.evaluator.samples
+    float32 = {torch.float32}
+    assert seen.pop('backbone') == {torch.bfloat16}  # still mixed precision
+    assert seen == dict(
+        features=float32, proposals=float32, rois=float32, scores=float32, deltas=float32
+    )
+    assert model.__dict__['extract_feat'] is spy_feat  # the loop's replacement is gone
+    pred = amp.pred_instances
+    assert pred.bboxes.dtype == torch.float32 and len(pred) >= 20
+    coords = pred.bboxes.flatten()
+    inner = coords[(coords > 256) & (coords < DET_W - 1)]  # clipped ones lie on any grid
+    on_grid = (inner.bfloat16().float() == inner).float().mean().item()
+    assert inner.numel() >= 20 and on_grid < 0.1, (inner.numel(), on_grid)
+
+    [call] = calls
+    _same_features(monkeypatch, model, call)
+    with torch.no_grad():
+        [ref] = model.test_step(_det_batch())
+    ref = ref.pred_instances
+    torch.testing.assert_close(pred.bboxes, ref.bboxes, rtol=0, atol=1e-3)
+    torch.testing.assert_close(pred.scores, ref.scores, rtol=0, atol=1e-6)
+    assert torch.equal(pred.labels, ref.labels)
+    assert pred.masks.shape == ref.masks.shape and (pred.masks != ref.masks).float().mean() < 1e-3
+
+
+def test_detector_amp_training_losses_from_float32_boxes(det_cfg, monkeypatch):
+    """A Mask R-CNN training step through :class:`MixedPrecisionOptimWrapper` (``--amp``,
+    or the config's ``AmpOptimWrapper`` on CPU): the backbone computes in bfloat16; the RPN
+    and RoI losses are computed from float32 scores, deltas, proposals and RoIs, and equal
+    the float32 heads' losses on the same features (the same samples drawn)."""
+    model = _tiny_detector(det_cfg).train()
+    seen: dict = {}
+    calls = _watch_features(monkeypatch, model, seen)
+    _spy(
+        monkeypatch,
+        model.rpn_head,
+        'loss_by_feat',
+        lambda cls_scores, bbox_preds, *a, **k: seen.update(
+            rpn_scores=_dtypes(*cls_scores), rpn_deltas=_dtypes(*bbox_preds)
+        ),
+    )
+    _spy(
+        monkeypatch,
+        model.roi_head,
+        'loss',
+        lambda x, proposals, *a, **k: seen.update(
+            proposals=_dtypes(*(p.bboxes for p in proposals))
+        ),
+    )
+    _spy(
+        monkeypatch,
+        model.roi_head.bbox_head,
+        'loss_and_target',
+        lambda cls_score, bbox_pred, rois, *a, **k: seen.update(
+            scores=_dtypes(cls_score), deltas=_dtypes(bbox_pred), rois=_dtypes(rois)
+        ),
+    )
+    _spy(
+        monkeypatch,
+        model.roi_head.mask_head,
+        'loss_and_target',
+        lambda mask_preds, *a, **k: seen.update(masks=_dtypes(mask_preds)),
+    )
+    wrapper = MixedPrecisionOptimWrapper(optimizer=torch.optim.SGD(model.parameters(), lr=0.0))
+    log_vars = model.train_step(_det_batch(train=True), wrapper)
+    float32 = {torch.float32}
+    assert seen.pop('backbone') == {torch.bfloat16}
+    assert seen == dict.fromkeys(
+        ('rpn_scores', 'rpn_deltas', 'proposals', 'scores', 'deltas', 'rois', 'masks'), float32
+    )
+
+    [call] = calls
+    _same_features(monkeypatch, model, call)
+    data = model.data_preprocessor(_det_batch(train=True), True)
+    with torch.no_grad():
+        _, ref = model.parse_losses(model.loss(data['inputs'], data['data_samples']))
+    for key in ('loss_rpn_cls', 'loss_rpn_bbox', 'loss_cls', 'loss_bbox', 'loss_mask'):
+        assert log_vars[key].item() == pytest.approx(ref[key].item(), rel=1e-5, abs=1e-7), key
+
+
+def test_inference_autocast_with_a_detector(det_cfg):
+    """``inference_autocast(..., model=)``: for a detector, autocast is off in the region but
+    in ``extract_feat`` (which returns float32 features), replaced for the region only;
+    for any other model, plain autocast."""
+    from lookhere_dense.engine.amp import inference_autocast
+
+    model = _tiny_detector(det_cfg).eval()
+    seen: dict = {}
+    linear = next(m for m in model.backbone.modules() if isinstance(m, torch.nn.Linear))
+    linear.register_forward_hook(
+        lambda m, a, out: seen.setdefault('backbone', set()).add(out.dtype)
+    )
+    with torch.no_grad(), inference_autocast('bfloat16', 'cpu', model=model):
+        assert not torch.is_autocast_enabled('cpu')
+        feats = model.extract_feat(torch.rand(1, 3, 64, 128))
+    assert 'extract_feat' not in model.__dict__
+    assert seen == {'backbone': {torch.bfloat16}}
+    assert {f.dtype for f in feats} == {torch.float32}
+    with inference_autocast('bfloat16', 'cpu', model=torch.nn.Linear(4, 4)):
+        assert torch.get_autocast_dtype('cpu') == torch.bfloat16
+        assert torch.is_autocast_enabled('cpu')

@@ -282,9 +282,10 @@ def apply_amp(cfg, amp: bool = False, dtype: Optional[str] = None) -> List[str]:
       :class:`~lookhere_dense.engine.amp.MixedPrecisionOptimWrapper` with ``dtype``
       (float16 also gets a dynamic loss scale); a config that is already mixed precision
       gets ``dtype``;
-    * a config's ``AmpOptimWrapper`` on a machine mmengine's wrapper refuses (no CUDA,
-      NPU, MLU, MUSA) becomes ``MixedPrecisionOptimWrapper`` (same arguments: bfloat16
-      autocast on CPU), with a note;
+    * a config's ``AmpOptimWrapper`` becomes ``MixedPrecisionOptimWrapper`` (same
+      arguments), with a note: where mmengine's wrapper refuses (no CUDA, NPU, MLU, MUSA)
+      it trains in bfloat16 autocast; elsewhere it is mmengine's wrapper with a detector's
+      heads, boxes and losses in float32 (:func:`~..engine.amp.float32_detection_heads`);
     * the dtype is checked for the machine: float16 on CPU is refused.
 
     Args:
@@ -324,11 +325,14 @@ def apply_amp(cfg, amp: bool = False, dtype: Optional[str] = None) -> List[str]:
             wrapper.setdefault('loss_scale', 'dynamic')
     if kind in AMP_WRAPPERS:
         amp_dtype(wrapper.get('dtype'), device_type, 'optim_wrapper.dtype')
-        if kind == 'AmpOptimWrapper' and device_type == 'cpu':
+        if kind == 'AmpOptimWrapper':
             wrapper.type = 'MixedPrecisionOptimWrapper'
             notes.append(
                 "optim_wrapper: mmengine's AmpOptimWrapper needs a GPU; on this CPU "
                 'MixedPrecisionOptimWrapper trains in bfloat16 autocast instead'
+                if device_type == 'cpu'
+                else 'optim_wrapper: AmpOptimWrapper -> MixedPrecisionOptimWrapper '
+                "(mmengine's, with a detector's heads, boxes and losses in float32)"
             )
     return notes
 

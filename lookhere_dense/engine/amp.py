@@ -16,11 +16,20 @@ mmcv's CPU NMS and RoIAlign, which have no bfloat16 kernel, get float32 inputs t
 (mmengine's own ``fp16=True`` means float16 on CUDA), its predictions handed to the
 evaluator in float32 (:func:`outputs_to_float32`). :func:`inference_autocast` is the
 context the inference tools run their model in.
+
+In all three (:func:`inference_autocast` when it is given the model) an mmdet detector
+computes only its features (``extract_feat``: backbone and
+neck) in the reduced dtype; its heads (RPN, RoI box and mask heads: anchors, box
+regression and decoding, NMS, targets and losses) run in float32 on float32 copies of the
+features (:func:`float32_detection_heads`): bfloat16 has 8 significant bits, so box
+coordinates above 1024 px would be multiples of 8 and the scores would tie. Segmentors run
+wholly under autocast.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
@@ -38,6 +47,7 @@ __all__ = [
     'float32_mmcv_cpu_ops',
     'accelerator_available',
     'amp_dtype',
+    'float32_detection_heads',
     'inference_autocast',
     'outputs_to_float32',
     'train_autocast_dtype',
@@ -145,6 +155,13 @@ class MixedPrecisionOptimWrapper(AmpOptimWrapper):
         self.loss_scaler = torch.amp.GradScaler('cpu', enabled=False)
         self.cast_dtype = cast
 
+    @contextlib.contextmanager
+    def optim_context(self, model: torch.nn.Module) -> Iterator[None]:
+        """The parent's context (autocast of ``cast_dtype``), in which an mmdet detector's
+        heads compute in float32 (:func:`float32_detection_heads`)."""
+        with super().optim_context(model), float32_detection_heads(model):
+            yield
+
 
 #: mmcv's CPU ops that have no bfloat16 kernel: ``(module, autograd Function)``. Under CPU
 #: autocast their inputs are made float32 (:func:`float32_mmcv_cpu_ops`), as autocast does
@@ -232,14 +249,76 @@ def outputs_to_float32(obj: Any) -> Any:
     return obj
 
 
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` without a DDP-style wrapper (``MMDistributedDataParallel`` and the like)."""
+    inner = getattr(model, 'module', None)
+    return inner if isinstance(inner, torch.nn.Module) else model
+
+
+def _is_detector(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is an mmdet detector (without importing mmdet: a model built from
+    an mmdet config has imported it)."""
+    base = sys.modules.get('mmdet.models.detectors.base')
+    return base is not None and isinstance(model, base.BaseDetector)
+
+
 @contextlib.contextmanager
-def inference_autocast(dtype: Optional[str], device: Union[str, torch.device]) -> Iterator[None]:
+def float32_detection_heads(model: torch.nn.Module) -> Iterator[None]:
+    """Inside an autocast region, an mmdet detector's heads in float32.
+
+    Where ``model`` (or the model a DDP wrapper holds) is an mmdet ``BaseDetector`` and
+    autocast is on for its device, the region's autocast is switched off for the
+    detector's forward except in ``extract_feat`` (backbone and neck), which runs under the
+    region's autocast dtype and hands its features on as float32 (a differentiable cast:
+    their gradients come back in the reduced dtype). So the RPN (anchors, deltas, decoding,
+    NMS), the RoI heads (RoIAlign, box regression and decoding, per-class NMS, mask
+    logits) and every target and loss compute in float32, in ``loss`` (training),
+    ``predict`` and ``_forward`` alike: box coordinates keep float32's 24 significant
+    bits instead of bfloat16's 8 (multiples of 8 px above 1024 px) or float16's 11, and
+    the scores are not rounded to the reduced dtype. A detector that computes its features elsewhere than in
+    ``extract_feat`` runs wholly in float32. Anything else (segmentors), or no autocast:
+    nothing changes. ``extract_feat`` is replaced on the instance for the region only.
+    """
+    model = _unwrapped(model)
+    device_type = _model_device_type(model)
+    if not _is_detector(model) or not torch.is_autocast_enabled(device_type):
+        yield
+        return
+    dtype = torch.get_autocast_dtype(device_type)
+    features = model.extract_feat
+    missing = object()
+    own = model.__dict__.get('extract_feat', missing)
+
+    def extract_feat(*args, **kwargs):
+        with torch.autocast(device_type, dtype=dtype):
+            feats = features(*args, **kwargs)
+        return outputs_to_float32(feats)
+
+    model.extract_feat = extract_feat
+    try:
+        with torch.autocast(device_type, enabled=False):
+            yield
+    finally:
+        if own is missing:
+            del model.extract_feat
+        else:
+            model.extract_feat = own
+
+
+@contextlib.contextmanager
+def inference_autocast(
+    dtype: Optional[str],
+    device: Union[str, torch.device],
+    model: Optional[torch.nn.Module] = None,
+) -> Iterator[None]:
     """``torch.autocast(device type, dtype)`` for inference, or nothing when ``dtype`` is
     None.
 
     Args:
         dtype: ``'bfloat16'`` / ``'float16'`` (CUDA only) or None (float32).
         device: where the model runs (``'cpu'``, ``'cuda:0'``, a ``torch.device``).
+        model: the model that runs in it; an mmdet detector's heads then compute in
+            float32 (:func:`float32_detection_heads`). Default: None.
 
     Raises:
         lookhere_dense.errors.ConfigError: float16 on CPU, an unknown dtype.
@@ -252,7 +331,11 @@ def inference_autocast(dtype: Optional[str], device: Union[str, torch.device]) -
     if device_type == 'cpu':
         float32_mmcv_cpu_ops()
     with torch.autocast(device_type, dtype=cast):
-        yield
+        if model is None:
+            yield
+        else:
+            with float32_detection_heads(model):
+                yield
 
 
 def _model_device_type(model: torch.nn.Module) -> str:
@@ -263,8 +346,9 @@ def _model_device_type(model: torch.nn.Module) -> str:
 @LOOPS.register_module()
 class AmpTestLoop(TestLoop):
     """mmengine's ``TestLoop`` with the model's ``test_step`` under
-    ``torch.autocast(<the model's device type>, dtype)``; the predictions reach the
-    evaluator (and ``--out`` files) in float32 (:func:`outputs_to_float32`).
+    ``torch.autocast(<the model's device type>, dtype)`` (an mmdet detector's heads in
+    float32: :func:`float32_detection_heads`); the predictions reach the evaluator (and
+    ``--out`` files) in float32 (:func:`outputs_to_float32`).
 
     Args:
         runner, dataloader, evaluator: as ``TestLoop``.
@@ -284,8 +368,9 @@ class AmpTestLoop(TestLoop):
         from mmengine.runner.loops import _update_losses
 
         self.runner.call_hook('before_test_iter', batch_idx=idx, data_batch=data_batch)
-        with torch.autocast(self.device_type, dtype=self.dtype):
-            outputs = self.runner.model.test_step(data_batch)
+        model = self.runner.model
+        with torch.autocast(self.device_type, dtype=self.dtype), float32_detection_heads(model):
+            outputs = model.test_step(data_batch)
         outputs = outputs_to_float32(outputs)
         outputs, self.test_loss = _update_losses(outputs, self.test_loss)
         self.evaluator.process(data_samples=outputs, data_batch=data_batch)
