@@ -8,7 +8,9 @@ the training crop. Overlays are written as ``<out-dir>/<image name>.png`` with a
 the classes present (``--no-legend``: without), and the raw class ids as
 ``<image name>_labels.png`` with ``--save-labels``. The checkpoint must fit the config's
 model; a file that is not an image, an image that cannot be decoded and an output that
-cannot be written stop the run with a message naming the file.
+cannot be written stop the run with a message naming the file. Segmentation (mmseg)
+configs only: a detection config stops the run with one line naming it and pointing to
+mmdet's ``DetInferencer`` or ``tools/test.py CONFIG CKPT --show-dir DIR``.
 
 Examples::
 
@@ -51,7 +53,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     )
 
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('config', help='the config the checkpoint was trained with')
+    parser.add_argument(
+        'config', help='the segmentation (mmseg) config the checkpoint was trained with'
+    )
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('input', help='an image file or a folder of images')
     parser.add_argument(
@@ -109,9 +113,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         '--max-memory',
         metavar='SIZE',
-        help='memory budget of one pass (e.g. 8G): a frame whose estimated peak exceeds it '
-        'is refused before it allocates, with cheaper options (default: the memory the '
-        'machine or its cgroup has left)',
+        help='memory budget of one pass (e.g. 8G): a frame whose estimated peak (whole, or '
+        'sliding windows with the frame-sized logits) exceeds it is refused before it '
+        'allocates, with cheaper options (--slide, a smaller frame, bfloat16; default: the '
+        'memory the machine or its cgroup has left)',
     )
     add_cfg_options_arg(parser, 'model.test_cfg.mode=whole')
     add_amp_args(parser, 'the model predicts')

@@ -5,6 +5,9 @@ By default images go through the config's test resize and the config's inference
 one resize rewrite, :mod:`lookhere_dense.evaluation.resize`), and ``whole`` / ``slide``
 choose one pass over the whole image or sliding windows of the training crop. Overlays
 carry a legend of the classes present (:mod:`lookhere_dense.visualization.legend`).
+Segmentation (mmseg) configs only: a detection config is refused by name, with mmdet's
+``DetInferencer`` and ``tools/test.py --show-dir`` as what runs it
+(:func:`check_segmentation_config`).
 
 Every input is checked before the model is built (a file that is not an image is named),
 every image is decoded before it is segmented (a corrupt one is named), the checkpoint is
@@ -37,6 +40,7 @@ __all__ = [
     'class_palette',
     'class_names',
     'output_stems',
+    'check_segmentation_config',
     'Overlays',
     'segment_images',
 ]
@@ -309,8 +313,45 @@ class Overlays:
     device: str
 
 
-def _max_side(crop) -> Optional[int]:
-    return int(max(crop)) if isinstance(crop, (list, tuple)) and crop else None
+def _slide_window(cfg, crop, stride, patch) -> Optional[Tuple[int, int]]:
+    """The window ``--slide`` would use (what the memory guard's advice offers to a
+    whole-frame pass and checks a sliding one with), or None without any."""
+    try:
+        tc = inference_test_cfg(
+            cfg,
+            slide=True,
+            crop=crop,
+            stride=stride,
+            patch_size=patch if isinstance(patch, int) else None,
+        )
+    except ConfigError:
+        return None
+    return tuple(int(c) for c in tc['crop_size'])
+
+
+def check_segmentation_config(cfg, config: str) -> None:
+    """Refuse a config that is not a segmentation (mmseg) one, naming it and what runs it.
+
+    Raises:
+        lookhere_dense.errors.ConfigError: ``default_scope`` is not mmseg (a detection
+            config names mmdet's ``DetInferencer`` and ``tools/test.py --show-dir``).
+    """
+    scope = cfg.get('default_scope') or 'mmseg'
+    if scope == 'mmseg':
+        return
+    model = (cfg.get('model') or {}).get('type')
+    kind = 'a detection' if scope == 'mmdet' else f'a {scope}'
+    advice = (
+        "use mmdet's DetInferencer (from mmdet.apis import DetInferencer; "
+        f"DetInferencer(model={config!r}, weights=CHECKPOINT)('image.jpg', out_dir='vis')) "
+        f'or python tools/test.py {config} CHECKPOINT --show-dir DIR'
+        if scope == 'mmdet'
+        else f"use {scope}'s own inference tools"
+    )
+    raise ConfigError(
+        f'tools/infer.py segments images with segmentation (mmseg) configs only; {config!r} '
+        f'is {kind} config (default_scope={scope!r}, model {model}): {advice}'
+    )
 
 
 def _log_backends(model, size: Tuple[int, int]) -> None:
@@ -369,9 +410,9 @@ def segment_images(
         lookhere_dense.apis.cli.ToolError: an image that cannot be decoded, an output that
         cannot be written (each named); lookhere_dense.errors.CheckpointError: the
         checkpoint cannot be read or does not fit the config's model;
-        lookhere_dense.errors.ConfigError: see :func:`inference_test_cfg`, and a
-        ``device`` this machine does not have
-        (:func:`lookhere_dense.apis.cli.check_device`).
+        lookhere_dense.errors.ConfigError: see :func:`inference_test_cfg`, a config that
+        is not a segmentation one (:func:`check_segmentation_config`), and a ``device``
+        this machine does not have (:func:`lookhere_dense.apis.cli.check_device`).
     """
     import lookhere_dense
 
@@ -390,6 +431,7 @@ def segment_images(
     device = check_device(device)
     images = list_images(input)
     cfg = load_config(config, cfg_options)
+    check_segmentation_config(cfg, config)
     _make_out_dir(out_dir)
     model, meta = build_model_from_checkpoint(cfg, checkpoint, device)
     patch = getattr(model.backbone, 'patch_size', None)
@@ -401,7 +443,7 @@ def segment_images(
     from ..engine.memory_guard import install_memory_guard, parse_memory
 
     budget = None if max_memory is None else parse_memory(max_memory)
-    install_memory_guard(model, budget, _max_side(model.test_cfg.get('crop_size')))
+    install_memory_guard(model, budget, _slide_window(cfg, crop, stride, patch), '--slide')
     pipeline = Compose(inference_pipeline(cfg, native, short_side, size))
     num_classes = int(getattr(model.decode_head, 'num_classes', 0) or 0)
     palette = class_palette(meta, cfg, num_classes)

@@ -1,14 +1,14 @@
 """Refuse a forward pass that cannot fit in memory, before it allocates
-(:func:`estimate_peak`, :func:`available_memory`, :func:`install_memory_guard`,
-:class:`MemoryGuardHook`).
+(:func:`estimate_peak`, :func:`estimate_model_peak`, :func:`available_memory`,
+:func:`install_memory_guard`, :class:`MemoryGuardHook`).
 
 A whole 2048x4096 frame on a ViT-B is 32,769 tokens; with a dense-bias backend, a large
 batch of training crops or a long schedule's validation on full frames, a pass can need
 more memory than the machine has, and the kernel's OOM killer then ends the process
 without a word (or the machine swaps for an hour). The guard estimates the peak before the
-backbone runs and raises :class:`~lookhere_dense.errors.MemoryBudgetError` with the
-estimate, the limit and the cheaper options (sliding windows, the largest frame that fits,
-another attention backend, bfloat16) when the estimate exceeds the limit.
+pass runs and raises :class:`~lookhere_dense.errors.MemoryBudgetError` with the estimate,
+the limit and the cheaper options (sliding windows, the largest frame that fits, another
+attention backend, bfloat16) when the estimate exceeds the limit.
 
 **The estimate** (:func:`estimate_peak`) is the rise of memory during the pass above what
 is allocated when it starts (model weights and the input are already there), from the
@@ -29,11 +29,40 @@ in the activation dtype's bytes ``s``:
   8,193 tokens, measured 514 MB against 485 MB estimated); ``sdpa`` / ``reference`` the
   cached dense bias of every layer (``layers * heads * T^2 * s``; the CPU flash kernel
   never builds the attention matrix); without LookHere (``nobias``) nothing;
-* a fixed ``FIXED_BYTES`` (allocator and kernel buffers, 6 MiB) and, for a segmentor,
-  ``extra_per_pixel`` (e.g. the ``C x H x W`` class logits of a whole-frame prediction).
+* a fixed ``FIXED_BYTES`` (allocator and kernel buffers, 6 MiB);
+* for a segmentor (mmseg), its ``C`` class logits (4 bytes each), checked per frame
+  before ``inference`` allocates: the frame's logits (``4 C`` bytes per pixel) and the
+  prediction at the original image's size (8-byte labels per pixel, and a resized copy of
+  the logits where the sizes differ); sliding windows first hold the frame-sized sum of
+  the windows' logits, the padded window added to it and the window count
+  (``(2 C + 1) * 4`` bytes per frame pixel) and one window's logits, and the trunk sees
+  one window. Measured with a ViT-T (19 classes, 1024x2048, CPU): sliding 96x96 windows
+  320.5 MiB estimated, 317-333 MiB measured; whole, 258 MiB estimated, 208-251 MiB
+  measured;
+* for a detector (mmdet), its neck and heads, **measured** once per model, device and
+  dtype by a calibration: the detector predicts two frames of the first frame's aspect,
+  with short sides ``s/8`` and ``s/4`` (at least 128 and 256 px, at most the frame),
+  under ``torch.profiler``'s memory events, with every module call other than the
+  trunk's marked. The live tensor bytes of each stretch between two marks are fitted as
+  a line in the pixels over the two frames, and the heads' estimate is the largest of
+  those lines at the frame's pixels (the trunk's stretch, fitted the same way, raises
+  the formula's trunk where it is larger). The score threshold is set to 0 during the
+  calibration, so the heads are measured with the most detections the config keeps
+  (``max_per_img``; the masks are pasted at the input's size): the worst case, not the
+  typical image (a smaller frame in the advice keeps the heads at the frame's estimate:
+  the masks are pasted at the original image's size). The trunk's peak and the heads'
+  peak are added: glibc keeps most of the trunk's freed heap while the heads run (the
+  tiny detector's trunk left 49 MiB resident of its 82 MiB peak), so in the process's
+  memory they add up. Measured against a fresh process by ``tests/test_memory_guard.py``
+  (Mask R-CNN shrunk to width 48, 1024x2048, within 25 %: 357.8 MiB estimated, 316-342
+  MiB measured; the ViT-B one by hand: 1.08 GiB estimated, 1051 MiB measured). Where the
+  calibration cannot run (a training pass, a model that is neither an mmseg segmentor
+  nor an mmdet detector, a profiler already running), a refusal says that its number
+  covers the LookHere backbone only.
 
 Measured against the estimate by ``tests/test_faults_cluster.py`` (a fresh process, within
-25 %). Calibrated on CPU; on CUDA the same formula is used against the free device memory
+25 %). Calibrated on CPU; on CUDA the same formula (and the same calibration, on the
+device's memory events) is used against the free device memory
 (``torch.cuda.mem_get_info``), unmeasured there.
 
 **The limit** (:func:`available_memory`): the user's budget (``max_memory``, e.g.
@@ -45,9 +74,13 @@ A pass whose estimate is at or below the limit is never refused.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import re
-from typing import Any, Dict, List, Optional, Tuple, Union
+import sys
+import types
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from mmengine.hooks import Hook
@@ -57,6 +90,7 @@ from ..errors import ConfigError, MemoryBudgetError
 
 __all__ = [
     'estimate_peak',
+    'estimate_model_peak',
     'available_memory',
     'parse_memory',
     'format_size',
@@ -68,6 +102,7 @@ __all__ = [
     'ACT_TRAIN_PER_LAYER',
     'CHUNKED_WORKSPACE',
     'FIXED_BYTES',
+    'CALIBRATION_SIDE',
 ]
 
 #: Inference activations per token, in units of ``embed_dims * itemsize`` (measured).
@@ -78,9 +113,18 @@ ACT_TRAIN_PER_LAYER = 17.5
 CHUNKED_WORKSPACE = 5.0
 #: Allocator and kernel buffers of a pass.
 FIXED_BYTES = 6 * 2**20
+#: The smallest short side (px) of a detector's larger calibration frame (the smaller one
+#: is half of it; both are a quarter and an eighth of the frame's short side when larger).
+CALIBRATION_SIDE = 256
 #: Backends whose bias is dense (cached for every layer).
 DENSE_BACKENDS = ('sdpa', 'reference')
 _UNITS = {'': 1, 'b': 1, 'k': 2**10, 'm': 2**20, 'g': 2**30, 't': 2**40}
+#: How a refusal names the parts of :func:`estimate_peak`.
+_LABELS = {
+    'trunk_excess': 'trunk above the formula (calibrated)',
+    'heads': 'neck and heads (calibrated)',
+}
+_DEFAULT_SLIDE_HINT = "--cfg-options model.test_cfg.mode='slide'"
 
 
 def format_size(n: float) -> str:
@@ -109,6 +153,11 @@ def parse_memory(text: Union[str, int, float]) -> int:
     return int(value)
 
 
+def _line_max(lines: Sequence[Tuple[float, float]], pixels: float) -> float:
+    """The largest of the lines ``a + b * pixels`` (0 without lines, never below 0)."""
+    return max([0.0] + [a + b * pixels for a, b in lines])
+
+
 def estimate_peak(
     tokens: int,
     embed_dims: int,
@@ -120,11 +169,16 @@ def estimate_peak(
     batch: int = 1,
     trainable_params: int = 0,
     extra_bytes: int = 0,
+    pixels: int = 0,
+    logits_bytes: int = 0,
+    calibration: Optional[Dict[str, Any]] = None,
+    heads_pixels: Optional[int] = None,
 ) -> Dict[str, int]:
     """The estimated rise of memory during one pass (see the module docstring).
 
     Args:
-        tokens: tokens per image (patches + prefix tokens).
+        tokens: tokens per image the trunk sees (patches + prefix tokens; in sliding
+            windows, one window's).
         embed_dims, num_layers, num_heads: the trunk's width, depth and heads.
         backend: the attention backend that runs (``'fused'``, ``'tiled'``,
             ``'chunked'``, ``'flex'``, ``'sdpa'``, ``'reference'``,
@@ -134,11 +188,21 @@ def estimate_peak(
         batch: images per pass. Default: 1.
         trainable_params: parameters that get gradients and Adam moments (training).
             Default: 0.
-        extra_bytes: anything else the pass allocates (e.g. class logits). Default: 0.
+        extra_bytes: anything else the pass allocates, fixed. Default: 0.
+        pixels: pixels per image of the frame (what the calibration scales with).
+            Default: 0.
+        logits_bytes: a segmentor's logits per image, in bytes (see
+            :func:`_logits_bytes`). Default: 0.
+        calibration: a detector's measured lines (``heads`` and ``trunk``: lists of
+            ``(bytes, bytes per pixel)``, at ``itemsize``; see the module docstring).
+            Default: None.
+        heads_pixels: the pixels the calibrated heads are evaluated at. Default: None
+            (``pixels``; a smaller frame of the same image keeps the original's, as the
+            detector pastes its masks at the original image's size).
 
     Returns:
         The parts in bytes (``activations``, ``attention``, ``params``, ``fixed``,
-        ``extra``) and their ``total``.
+        ``extra``, ``logits``, ``trunk_excess``, ``heads``) and their ``total``.
     """
     size = torch.empty((), dtype=dtype).element_size()
     per_unit = batch * tokens * embed_dims * size
@@ -155,7 +219,16 @@ def estimate_peak(
         params=int(3 * 4 * trainable_params) if training else 0,
         fixed=FIXED_BYTES,
         extra=int(extra_bytes),
+        logits=int(batch * logits_bytes),
+        trunk_excess=0,
+        heads=0,
     )
+    if calibration:
+        scale = size / calibration.get('itemsize', size)
+        trunk = batch * scale * _line_max(calibration.get('trunk', ()), pixels)
+        parts['trunk_excess'] = int(max(0, trunk - parts['activations'] - parts['attention']))
+        at = pixels if heads_pixels is None else heads_pixels
+        parts['heads'] = int(batch * _line_max(calibration.get('heads', ()), at))
     parts['total'] = sum(parts.values())
     return parts
 
@@ -232,45 +305,125 @@ def available_memory(
 # ----------------------------------------------------------------------------------------
 # the check
 # ----------------------------------------------------------------------------------------
+def _pair(crop) -> Optional[Tuple[int, int]]:
+    """A window ``(H, W)`` from an int, a pair or None."""
+    if isinstance(crop, (list, tuple)) and len(crop) == 2:
+        return int(crop[0]), int(crop[1])
+    if isinstance(crop, (list, tuple)) and crop:
+        return int(max(crop)), int(max(crop))
+    return (int(crop), int(crop)) if isinstance(crop, int) and crop > 0 else None
+
+
+def _logits_bytes(info: Dict[str, Any], h: int, w: int, mode: str) -> int:
+    """A segmentor's logits per image on a frame of ``h x w`` px (measured on mmseg 1.2):
+    the frame's ``C`` logits (4 bytes each) and the prediction at the original image's
+    size (``ori``: its int64 labels, and a resized copy of the logits where the sizes
+    differ); sliding windows first hold the frame-sized sum of the windows' logits, the
+    padded window added to it and the window count, ``(2 C + 1) * 4`` bytes per pixel,
+    plus one window's logits."""
+    classes = info['classes']
+    if info['training'] or not classes:
+        return 0
+    _, fh, fw = info['frame']
+    oh, ow = info.get('ori') or (fh, fw)
+    ph, pw = (info.get('padding') or (0, 0)) if (h, w) == (fh, fw) else (0, 0)
+    resized = (oh, ow) != (h - ph, w - pw)
+    post = classes * 4 * h * w + oh * ow * (8 + (classes * 4 if resized else 0))
+    if mode != 'slide':
+        return post
+    ch, cw = min(info['crop'][0], h), min(info['crop'][1], w)
+    return max((2 * classes + 1) * 4 * h * w, post) + 2 * classes * 4 * ch * cw
+
+
+def _frame_args(info: Dict[str, Any], h: int, w: int, mode: str) -> Dict[str, Any]:
+    """:func:`estimate_peak`'s arguments for a frame of ``h x w`` px (per image) run
+    ``'whole'`` or in ``'slide'`` windows, the rest (the original image's size among it)
+    as in ``info``."""
+    b, training = info['frame'][0], info['training']
+    th, tw = (min(info['crop'][0], h), min(info['crop'][1], w)) if mode == 'slide' else (h, w)
+    args = _trunk_args(info['trunk'], b, th, tw, info['device'], info['dtype'], training)
+    args.update(
+        pixels=h * w,
+        logits_bytes=_logits_bytes(info, h, w, mode),
+        calibration=info.get('calibration'),
+        heads_pixels=info['frame'][1] * info['frame'][2],
+    )
+    return args
+
+
 def _alternatives(info: Dict[str, Any], limit: int) -> List[str]:
     """Cheaper ways to run the refused pass, each with its estimate."""
     tips: List[str] = []
-    est = lambda **kw: estimate_peak(**dict(info['args'], **kw))['total']  # noqa: E731
-    crop = info.get('slide_tokens')
-    if crop and not info['args']['training'] and crop < info['args']['tokens']:
-        tips.append(
-            "sliding windows of the training crop (--cfg-options model.test_cfg.mode='slide'"
-            f'; ~{format_size(est(tokens=crop))} per window)'
-        )
+    a = info['args']
+    est = lambda **kw: estimate_peak(**dict(a, **kw))['total']  # noqa: E731
+    total = est()
+    crop, frame = info.get('crop'), info.get('frame')
+    if (
+        info.get('trunk') is not None
+        and info.get('mode', 'whole') == 'whole'
+        and crop
+        and not a['training']
+        and (crop[0] < frame[1] or crop[1] < frame[2])
+    ):
+        slide = estimate_peak(**_frame_args(info, frame[1], frame[2], 'slide'))['total']
+        if slide < total:  # with many classes the frame's logits dominate: no help then
+            tips.append(
+                f'sliding windows of {crop[0]}x{crop[1]} '
+                f'({info.get("slide_hint") or _DEFAULT_SLIDE_HINT}; ~{format_size(slide)} '
+                "for the pass, the frame's logits included)"
+            )
     for backend in ('fused', 'tiled', 'chunked'):
-        if backend != info['args']['backend'] and est(backend=backend) <= limit:
+        if backend != a['backend'] and est(backend=backend) <= limit:
             tips.append(
                 f"attn_backend='{backend}' (--cfg-options model.backbone.attn_backend="
                 f'{backend}; ~{format_size(est(backend=backend))})'
             )
             break
-    scale = _largest_scale(est, info['args']['tokens'], limit)
-    if scale:
-        tips.append(f'a frame {scale:.2f}x as large per side (~{format_size(limit)} or less)')
-    if info['args']['dtype'] == torch.float32:
+    scaled = _largest_scale(info, limit)
+    if scaled:
+        scale, fits = scaled
+        tips.append(f'a frame {scale:.2f}x as large per side (~{format_size(fits)})')
+    if a['dtype'] == torch.float32:
         tips.append(f'bfloat16 activations (~{format_size(est(dtype=torch.bfloat16))})')
-    if info['args']['training'] and info['args']['batch'] > 1:
+    if a['training'] and a['batch'] > 1:
         tips.append(f'batch size 1 (~{format_size(est(batch=1))})')
     return tips
 
 
-def _largest_scale(est, tokens: int, limit: int) -> Optional[float]:
-    """The largest side scale (< 1) of the frame whose estimate fits, by bisection."""
-    lo, hi = 0.0, 1.0
-    if est(tokens=max(1, int(tokens * 0.01))) > limit:
+def _largest_scale(info: Dict[str, Any], limit: int) -> Optional[Tuple[float, int]]:
+    """The largest side scale (< 1, two decimals) of the frame whose estimate fits, and
+    that estimate: the trunk's tokens and a segmentor's logits at the frame follow it (a
+    sliding window's trunk, the prediction at the original image's size and a detector's
+    heads, whose masks are pasted at that size, do not)."""
+    if info.get('trunk') is None:  # an info without its trunk: scale tokens and pixels
+        a = info['args']
+
+        def estimate(s: float) -> int:
+            kw = dict(
+                tokens=max(1, int(a['tokens'] * s * s)), pixels=int(a.get('pixels', 0) * s * s)
+            )
+            return estimate_peak(**dict(a, **kw))['total']
+
+    else:
+        _, h, w = info['frame']
+
+        def estimate(s: float) -> int:
+            hs, ws = max(1, int(h * s)), max(1, int(w * s))
+            return estimate_peak(**_frame_args(info, hs, ws, info.get('mode', 'whole')))['total']
+
+    if estimate(0.01) > limit:
         return None
-    for _ in range(30):
+    lo, hi = 0.01, 1.0
+    for _ in range(20):
         mid = (lo + hi) / 2
-        if est(tokens=max(1, int(tokens * mid * mid))) <= limit:
-            lo = mid
-        else:
-            hi = mid
-    return math.floor(lo * 100) / 100 or None
+        lo, hi = (mid, hi) if estimate(mid) <= limit else (lo, mid)
+    scale = math.floor(lo * 100) / 100
+    while scale >= 0.01:  # the patch grid rounds up: confirm the two-decimal scale fits
+        fits = estimate(scale)
+        if fits <= limit:
+            return scale, fits
+        scale = round(scale - 0.01, 2)
+    return None
 
 
 def check_memory(info: Dict[str, Any], limit: Optional[int], source: str, what: str) -> None:
@@ -278,11 +431,11 @@ def check_memory(info: Dict[str, Any], limit: Optional[int], source: str, what: 
     ``info['args']`` (:func:`estimate_peak`'s arguments) exceeds ``limit``.
 
     Args:
-        info: ``args`` for :func:`estimate_peak`, optionally ``slide_tokens`` (tokens of
-            one sliding window, for the advice).
+        info: what :func:`_pass_info` returns (``args`` at least; the frame, window and
+            trunk for the cheaper options; ``note`` for what the estimate covers).
         limit: bytes (None: unknown, nothing is refused).
         source: where the limit comes from (for the message).
-        what: the pass, e.g. ``'whole-frame inference of 1x3x2048x4096'``.
+        what: the pass, e.g. ``'inference of a (1, 3, 2048, 4096) input'``.
     """
     if limit is None:
         return
@@ -290,13 +443,22 @@ def check_memory(info: Dict[str, Any], limit: Optional[int], source: str, what: 
     if parts['total'] <= limit:
         return
     a = info['args']
-    detail = ', '.join(f'{k} {format_size(v)}' for k, v in parts.items() if k != 'total' and v)
+    detail = ', '.join(
+        f'{_LABELS.get(k, k)} {format_size(v)}' for k, v in parts.items() if k != 'total' and v
+    )
     tips = _alternatives(info, limit)
+    peak = (
+        'the estimated peak of its LookHere backbone alone is'
+        if info.get('trunk_only')
+        else 'its estimated peak is'
+    )
+    window = ' per window' if info.get('mode') == 'slide' else ''
+    note = f'; {info["note"]}' if info.get('note') else ''
     raise MemoryBudgetError(
-        f'{what} refused before it allocates: its estimated peak is {format_size(parts["total"])} '
-        f'({detail}; {a["tokens"]} tokens x {a["batch"]}, width {a["embed_dims"]}, depth '
-        f'{a["num_layers"]}, backend {a["backend"]}, {str(a["dtype"]).replace("torch.", "")}'
-        f') and {source} is {format_size(limit)}. '
+        f'{what} refused before it allocates: {peak} {format_size(parts["total"])} '
+        f'({detail}; {a["tokens"]} tokens x {a["batch"]}{window}, width {a["embed_dims"]}, '
+        f'depth {a["num_layers"]}, backend {a["backend"]}, '
+        f'{str(a["dtype"]).replace("torch.", "")}{note}) and {source} is {format_size(limit)}. '
         + ('Cheaper: ' + '; '.join(tips) + '. ' if tips else '')
         + 'A larger budget: --max-memory SIZE.'
     )
@@ -306,6 +468,10 @@ def check_memory(info: Dict[str, Any], limit: Optional[int], source: str, what: 
 # on a model
 # ----------------------------------------------------------------------------------------
 _HANDLES = '_lookhere_memory_guard'
+_STATE = '_lookhere_memory_guard_state'
+_CALIBRATION = '_lookhere_memory_calibration'
+_MARK = 'lookhere_memory_guard:'
+_TRUNK = '@trunk'
 
 
 def _trunks(model: torch.nn.Module) -> List[torch.nn.Module]:
@@ -315,8 +481,21 @@ def _trunks(model: torch.nn.Module) -> List[torch.nn.Module]:
 
 
 def _num_classes(model: torch.nn.Module) -> int:
+    """The channels of a segmentor's logits (0 for anything else)."""
     head = getattr(model, 'decode_head', None)
-    return int(getattr(head, 'num_classes', 0) or getattr(head, 'out_channels', 0) or 0)
+    return int(getattr(head, 'out_channels', 0) or getattr(head, 'num_classes', 0) or 0)
+
+
+def _segmentor(model: torch.nn.Module) -> Optional[torch.nn.Module]:
+    """``model`` if it is an mmseg encoder-decoder (whole / slide inference)."""
+    names = ('decode_head', 'inference', 'slide_inference', 'test_cfg')
+    return model if all(hasattr(model, n) for n in names) else None
+
+
+def _detector(model: torch.nn.Module) -> Optional[torch.nn.Module]:
+    """``model`` if it is an mmdet detector (mmdet is not imported for anything else)."""
+    base = sys.modules.get('mmdet.models.detectors.base')
+    return model if base is not None and isinstance(model, base.BaseDetector) else None
 
 
 def _backend(trunk, tokens: int, device, dtype, training: bool) -> str:
@@ -326,66 +505,420 @@ def _backend(trunk, tokens: int, device, dtype, training: bool) -> str:
     return engine.choose_backend(tokens, device, dtype, training=training)
 
 
-def _pass_info(trunk, x: torch.Tensor, num_classes: int, crop: Optional[int]) -> Dict[str, Any]:
-    b, _, h, w = x.shape
+def _dtype_of(x: torch.Tensor) -> torch.dtype:
+    """The activations' dtype: the autocast's around the call, else the input's."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype if x.dtype.is_floating_point else torch.float32
+
+
+def _trunk_args(trunk, b: int, h: int, w: int, device, dtype, training: bool) -> Dict[str, Any]:
     p = trunk.patch_size
     tokens = math.ceil(h / p) * math.ceil(w / p) + trunk.num_prefix_tokens
-    training = trunk.training and torch.is_grad_enabled()
-    autocast = torch.is_autocast_enabled(x.device.type)
-    dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
-    if not dtype.is_floating_point:
-        dtype = torch.float32
     params = sum(q.numel() for q in trunk.parameters() if q.requires_grad) if training else 0
-    logits = 0 if training else 2 * b * num_classes * h * w * 4
-    args = dict(
+    return dict(
         tokens=tokens,
         embed_dims=trunk.embed_dims,
         num_layers=trunk.num_layers,
         num_heads=trunk.num_heads,
-        backend=_backend(trunk, tokens, x.device, dtype, training),
+        backend=_backend(trunk, tokens, device, dtype, training),
         dtype=dtype,
         training=training,
         batch=b,
         trainable_params=params,
-        extra_bytes=logits,
     )
-    slide = crop and math.ceil(crop / p) ** 2 + trunk.num_prefix_tokens
-    return dict(args=args, slide_tokens=slide)
+
+
+def _pass_info(
+    trunk,
+    x: torch.Tensor,
+    num_classes: int,
+    crop,
+    mode: str = 'whole',
+    calibration: Optional[Dict[str, Any]] = None,
+    note: Optional[str] = None,
+    slide_hint: Optional[str] = None,
+    ori: Optional[Tuple[int, int]] = None,
+    padding: Optional[Tuple[int, int]] = None,
+) -> Dict[str, Any]:
+    """What :func:`check_memory` needs about one pass of ``trunk``'s model on the frame
+    ``x`` (``(B, 3, H, W)``): ``args`` for :func:`estimate_peak` and what the cheaper
+    options are computed from.
+
+    Args:
+        num_classes: the segmentor's logit channels (0: no logits).
+        crop: the sliding window (``(H, W)`` or a side): the pass's own in ``'slide'``
+            mode, else the one the advice offers (None: no sliding-window advice).
+        mode: ``'whole'`` (the trunk sees ``x``) or ``'slide'``. Default: ``'whole'``.
+        calibration: a detector's measured heads (see :func:`estimate_peak`).
+        note: what the estimate covers, for the message.
+        slide_hint: how the tool switches to sliding windows, for the message.
+        ori: the original image's ``(H, W)``, where a segmentor's prediction is resized
+            to. Default: None (the frame's).
+        padding: rows and columns of padding in ``x`` (removed before that resize).
+            Default: None.
+    """
+    b, _, h, w = x.shape
+    crop = _pair(crop)
+    info = dict(
+        trunk=trunk,
+        frame=(b, h, w),
+        mode=mode if crop else 'whole',
+        crop=crop,
+        classes=num_classes,
+        device=x.device,
+        dtype=_dtype_of(x),
+        training=trunk.training and torch.is_grad_enabled(),
+        calibration=calibration,
+        note=note,
+        slide_hint=slide_hint,
+        ori=ori,
+        padding=padding,
+    )
+    info['args'] = _frame_args(info, h, w, info['mode'])
+    return info
+
+
+# ---- a detector's neck and heads, measured -----------------------------------------------
+def _round32(v: float) -> int:
+    return max(32, int(math.ceil(v / 32)) * 32)
+
+
+def _calibration_sizes(h: int, w: int) -> List[Tuple[int, int]]:
+    """The warm-up frame and the two calibration frames (aspect kept, multiples of 32):
+    short sides 64, ``s/8`` and ``s/4`` (at least 128 / ``CALIBRATION_SIDE`` px, at
+    most the frame's short side ``s``)."""
+    short = min(h, w)
+    big = min(short, max(CALIBRATION_SIDE, short / 4))
+    return [(_round32(h * s / short), _round32(w * s / short)) for s in (64, big / 2, big)]
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 (kineto prints its start / stop lines there)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def _mark(name: str) -> None:
+    with torch.profiler.record_function(_MARK + name):
+        pass
+
+
+def _stretch_peaks(fn, device: torch.device) -> Dict[str, int]:
+    """Run ``fn`` under ``torch.profiler``'s memory events: the peak of the live tensor
+    bytes (from the start) in each stretch that a mark (:func:`_mark`) opens, by mark."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == 'cuda'
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    prof = profile(activities=acts, profile_memory=True)
+    with _quiet_stderr():
+        prof.start()
+    try:
+        fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+    finally:
+        with _quiet_stderr():
+            prof.stop()
+            raw = list(prof.profiler.kineto_results.events())
+    kind = torch._C._autograd.DeviceType.CUDA if cuda else torch._C._autograd.DeviceType.CPU
+    events = []
+    for e in raw:
+        name = e.name()
+        if name == '[memory]' and e.device_type() == kind:
+            events.append((e.start_ns(), 1, e.nbytes()))
+        elif name.startswith(_MARK):
+            events.append((e.start_ns(), 0, name[len(_MARK) :]))
+    events.sort(key=lambda ev: (ev[0], ev[1]))
+    live, key, peaks = 0, '^', {'^': 0}
+    for _, is_memory, value in events:
+        if is_memory:
+            live += value
+            peaks[key] = max(peaks[key], live)
+        else:
+            key = value
+            peaks[key] = max(peaks.get(key, 0), live)
+    return peaks
+
+
+def _lookup(peaks: Dict[str, int], key: str) -> Optional[int]:
+    """A stretch's peak, else its module's parent's (a call one frame did not make)."""
+    while key not in peaks:
+        if '.' not in key:
+            return None
+        key = key.rsplit('.', 1)[0]
+    return peaks[key]
+
+
+def _fit(p1: int, a: Dict[str, int], p2: int, b: Dict[str, int]):
+    """Lines ``(bytes, bytes per pixel)`` through each stretch's two peaks (a peak that
+    shrinks with the frame: flat at its larger value), the trunk's and the others'."""
+    trunk, heads = [], []
+    for key in set(a) | set(b):
+        va, vb = _lookup(a, key), _lookup(b, key)
+        va, vb = (vb, vb) if va is None else (va, va) if vb is None else (va, vb)
+        if va is None:
+            continue
+        slope = max(0.0, (vb - va) / (p2 - p1)) if p2 > p1 else 0.0
+        line = (float(vb - slope * p2), slope) if slope else (float(max(va, vb)), 0.0)
+        (trunk if key == '>' + _TRUNK else heads).append(line)
+    # keep the upper envelope only: a line below another at 0 px and in slope never wins
+    heads = [
+        line
+        for line in heads
+        if not any(o != line and o[0] >= line[0] and o[1] >= line[1] for o in heads)
+    ]
+    return trunk, sorted(set(heads))
+
+
+@contextlib.contextmanager
+def _most_detections(model: torch.nn.Module) -> Iterator[int]:
+    """Score threshold 0 in every ``test_cfg`` that has one, so a pass keeps the most
+    detections its config allows; yields that number (``max_per_img``)."""
+    saved, most = [], 0
+    for m in model.modules():
+        cfg = getattr(m, 'test_cfg', None)
+        if isinstance(cfg, dict) and 'score_thr' in cfg:
+            saved.append((cfg, cfg['score_thr']))
+            cfg['score_thr'] = 0.0
+            most = max(most, int(cfg.get('max_per_img', 0) or 0))
+    try:
+        yield most
+    finally:
+        for cfg, value in reversed(saved):
+            cfg['score_thr'] = value
+
+
+def _calibrate_detector(det: torch.nn.Module, trunk, x: torch.Tensor) -> Dict[str, Any]:
+    """Measure ``det``'s neck and heads (see the module docstring) on two frames of
+    ``x``'s aspect; returns the lines for :func:`estimate_peak` and a note."""
+    from mmdet.structures import DetDataSample
+
+    warm, small, large = _calibration_sizes(*x.shape[-2:])
+    trunk_ids = {id(m) for m in trunk.modules()}
+    handles = []
+    for name, m in det.named_modules():
+        if m is det or id(m) in trunk_ids:
+            continue
+        handles.append(m.register_forward_pre_hook(lambda mod, args, n=name: _mark('>' + n)))
+        handles.append(m.register_forward_hook(lambda mod, args, out, n=name: _mark('<' + n)))
+    handles.append(trunk.register_forward_pre_hook(lambda mod, args: _mark('>' + _TRUNK)))
+    handles.append(trunk.register_forward_hook(lambda mod, args, out: _mark('<' + _TRUNK)))
+    gen = torch.Generator(device=x.device).manual_seed(0)
+
+    def predict(h: int, w: int):
+        inputs = torch.randn((1, 3, h, w), generator=gen, device=x.device, dtype=x.dtype)
+        meta = dict(
+            img_shape=(h, w),
+            ori_shape=(h, w),
+            scale_factor=(1.0, 1.0),
+            batch_input_shape=(h, w),
+            pad_shape=(h, w),
+        )
+        samples = [DetDataSample(metainfo=meta)]
+        return lambda: det.predict(inputs, samples)
+
+    try:
+        with torch.no_grad(), _most_detections(det) as most:
+            predict(*warm)()  # one-time buffers and kernels: not the pass's
+            peaks = [(h * w, _stretch_peaks(predict(h, w), x.device)) for h, w in (small, large)]
+    finally:
+        for handle in handles:
+            handle.remove()
+    (p1, a), (p2, b) = peaks
+    trunk_lines, head_lines = _fit(p1, a, p2, b)
+    name = type(det).__name__
+    return dict(
+        heads=head_lines,
+        trunk=trunk_lines,
+        itemsize=torch.empty((), dtype=_dtype_of(x)).element_size(),
+        note=(
+            f"{name}'s neck and heads measured at {small[0]}x{small[1]} and "
+            f'{large[0]}x{large[1]} px with up to {most} detections and scaled with the pixels'
+        ),
+    )
+
+
+# ---- the guard -----------------------------------------------------------------------------
+class _Guard:
+    """What the hooks of one :func:`install_memory_guard` share."""
+
+    def __init__(self, root, max_memory, crop, slide_hint):
+        self.root = root
+        self.max_memory = max_memory
+        self.crop = _pair(crop)
+        self.slide_hint = slide_hint
+        self.segmentor = _segmentor(root)
+        self.detector = _detector(root)
+        self.classes = _num_classes(root) if self.segmentor is not None else 0
+        self.busy = 0  # inside a checked frame or a calibration: the trunks' hooks stand by
+        self.previous_inference = None
+        trunk_ids = {id(p) for t in _trunks(root) for p in t.parameters()}
+        self.more_than_trunks = any(id(p) not in trunk_ids for p in root.parameters())
+
+    def calibration(self, trunk, x: torch.Tensor) -> Dict[str, Any]:
+        """The detector's measured heads for ``x``'s device and dtype (measured once)."""
+        cache = self.root.__dict__.setdefault(_CALIBRATION, {})
+        key = (x.device.type, str(_dtype_of(x)))
+        if key not in cache:
+            self.busy += 1
+            try:
+                cache[key] = _calibrate_detector(self.detector, trunk, x)
+            except Exception as err:  # noqa: BLE001 - reported in the refusal, and logged
+                from mmengine.logging import print_log
+
+                reason = f'{type(err).__name__}: {err}'.splitlines()[0][:200]
+                cache[key] = dict(error=reason)
+                print_log(
+                    f'memory guard: could not measure the neck and heads of '
+                    f'{type(self.root).__name__} ({reason}); its estimates cover the '
+                    'LookHere backbone only',
+                    logger='current',
+                    level=30,
+                )
+            finally:
+                self.busy -= 1
+        return cache[key]
+
+    def trunk_info(self, trunk, x: torch.Tensor) -> Dict[str, Any]:
+        """A pass as the trunk sees it (training, detectors, a bare trunk)."""
+        training = trunk.training and torch.is_grad_enabled()
+        calibration, note, trunk_only = None, None, False
+        if self.segmentor is None and self.more_than_trunks:
+            name = type(self.root).__name__
+            cal = None
+            if self.detector is not None and not training:
+                cal = self.calibration(trunk, x)
+            if cal and 'error' not in cal:
+                calibration, note = cal, cal['note']
+            else:
+                trunk_only = True
+                what = 'neck, heads and losses' if training else 'neck and heads'
+                why = f' (not measured: {cal["error"]})' if cal else ''
+                note = (
+                    f"the LookHere backbone only: {name}'s {what} are not counted{why}, "
+                    'so the pass needs more'
+                )
+        info = _pass_info(
+            trunk, x, self.classes, self.crop, 'whole', calibration, note, self.slide_hint
+        )
+        info['trunk_only'] = trunk_only
+        return info
+
+    def frame_info(self, inputs: torch.Tensor, metas=None) -> Dict[str, Any]:
+        """A segmentor's inference on the frame ``inputs``, whole or in sliding windows
+        (``metas``: mmseg's ``batch_img_metas``, for the original image's size)."""
+        seg = self.segmentor
+        trunk = seg.backbone if seg.backbone in _trunks(seg) else _trunks(seg)[0]
+        tc = seg.test_cfg or {}
+        mode = 'slide' if tc.get('mode', 'whole') == 'slide' else 'whole'
+        crop = tc.get('crop_size') if mode == 'slide' else self.crop or tc.get('crop_size')
+        ori = padding = None
+        meta = metas[0] if isinstance(metas, (list, tuple)) and metas else None
+        if isinstance(meta, dict) and meta.get('ori_shape') is not None:
+            ori = tuple(int(v) for v in meta['ori_shape'][:2])
+            left, right, top, bottom = meta.get('padding_size') or (0, 0, 0, 0)
+            padding = (int(top) + int(bottom), int(left) + int(right))
+        return _pass_info(
+            trunk, inputs, self.classes, crop, mode, None, None, self.slide_hint, ori, padding
+        )
+
+    def check_trunk(self, module, args) -> None:
+        x = args[0] if args else None
+        if self.busy or not isinstance(x, torch.Tensor) or x.dim() != 4:
+            return
+        limit, source = available_memory(x.device, self.max_memory)
+        if limit is None:
+            return
+        info = self.trunk_info(module, x)
+        kind = 'training' if info['training'] else 'inference'
+        check_memory(info, limit, source, f'{kind} of a {tuple(x.shape)} input')
+
+    def wrap_inference(self) -> None:
+        """Check a segmentor's frame before ``inference`` allocates (sliding windows
+        allocate the frame's logits before the first window): a method bound to the
+        segmentor, so a deep copy of the model (EMA) checks and runs the copy."""
+        seg = self.segmentor
+        self.previous_inference = seg.__dict__.get('inference')
+        seg.inference = types.MethodType(_guarded_inference, seg)
+
+    def unwrap_inference(self) -> None:
+        seg = self.segmentor
+        if self.previous_inference is None:
+            seg.__dict__.pop('inference', None)
+        else:
+            seg.inference = self.previous_inference
+
+
+def _guarded_inference(seg, inputs, *args, **kwargs):
+    """A guarded segmentor's ``inference``: :func:`check_memory` on the frame, then the
+    segmentor's own ``inference``."""
+    guard = seg.__dict__.get(_STATE)
+    previous = guard.previous_inference if guard is not None else None
+    run = previous or types.MethodType(type(seg).inference, seg)
+    if guard is None:
+        return run(inputs, *args, **kwargs)
+    if not guard.busy and isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
+        limit, source = available_memory(inputs.device, guard.max_memory)
+        if limit is not None:
+            info = guard.frame_info(inputs, args[0] if args else kwargs.get('batch_img_metas'))
+            what = f'inference of a {tuple(inputs.shape)} input'
+            if info['mode'] == 'slide':
+                what += f' in sliding {info["crop"][0]}x{info["crop"][1]} windows'
+            check_memory(info, limit, source, what)
+    guard.busy += 1
+    try:
+        return run(inputs, *args, **kwargs)
+    finally:
+        guard.busy -= 1
 
 
 def install_memory_guard(
     model: torch.nn.Module,
     max_memory: Optional[int] = None,
-    crop: Optional[int] = None,
+    crop=None,
+    slide_hint: Optional[str] = None,
 ) -> int:
-    """Check every forward of the model's LookHere trunks against the memory limit
-    (:func:`available_memory`) before it runs; a pass whose estimate exceeds it raises
-    :class:`~lookhere_dense.errors.MemoryBudgetError`. Idempotent (a second call replaces
-    the first's settings).
+    """Check every forward of the model against the memory limit
+    (:func:`available_memory`) before it allocates; a pass whose estimate exceeds it
+    raises :class:`~lookhere_dense.errors.MemoryBudgetError`. An mmseg segmentor's
+    inference is checked per frame (whole, or sliding windows with the frame's logits),
+    an mmdet detector's inference with its measured neck and heads, anything else at its
+    LookHere trunks. Idempotent (a second call replaces the first's settings).
 
     Args:
         model: a backbone, a segmentor or a detector (its LookHere trunks are found).
         max_memory: the budget in bytes. Default: None (what the machine has left).
-        crop: the training crop side, for the sliding-window advice. Default: None.
+        crop: the sliding window (``(H, W)`` or a side) the advice offers for a whole-frame
+            pass. Default: None (the segmentor's ``test_cfg.crop_size``, if any).
+        slide_hint: how the tool switches to sliding windows (e.g. ``'--slide'``).
+            Default: None (``--cfg-options model.test_cfg.mode='slide'``).
 
     Returns:
         How many trunks are guarded.
     """
     remove_memory_guard(model)
-    classes = _num_classes(model)
     trunks = _trunks(model)
+    guard = _Guard(model, max_memory, crop, slide_hint)
     for trunk in trunks:
-
-        def guard(module, args, _classes=classes):
-            x = args[0] if args else None
-            if not isinstance(x, torch.Tensor) or x.dim() != 4:
-                return
-            info = _pass_info(module, x, _classes, crop)
-            limit, source = available_memory(x.device, max_memory)
-            kind = 'training' if info['args']['training'] else 'inference'
-            check_memory(info, limit, source, f'{kind} of a {tuple(x.shape)} input')
-
-        setattr(trunk, _HANDLES, trunk.register_forward_pre_hook(guard))
+        setattr(trunk, _HANDLES, trunk.register_forward_pre_hook(guard.check_trunk))
+    if trunks and guard.segmentor is not None:
+        guard.wrap_inference()
+    model.__dict__[_STATE] = guard
     return len(trunks)
 
 
@@ -396,20 +929,44 @@ def remove_memory_guard(model: torch.nn.Module) -> None:
         if handle is not None:
             handle.remove()
             delattr(trunk, _HANDLES)
+    guard = model.__dict__.pop(_STATE, None)
+    if guard is not None and guard.segmentor is not None and _trunks(model):
+        guard.unwrap_inference()
 
 
-def _crop_of(cfg) -> Optional[int]:
-    crop = (cfg.get('model') or {}).get('test_cfg', {}).get('crop_size') if cfg else None
-    if isinstance(crop, (list, tuple)) and crop:
-        return int(max(crop))
-    return int(crop) if isinstance(crop, int) else None
+def estimate_model_peak(model: torch.nn.Module, inputs: torch.Tensor, crop=None) -> Dict[str, int]:
+    """What the guard estimates for ``model``'s pass on ``inputs`` (``(B, 3, H, W)``, as
+    the model's ``predict`` / ``inference`` gets it), in the current mode, grad and
+    autocast state: :func:`estimate_peak`'s parts and ``total``. A detector's neck and
+    heads are measured here if they were not yet (see the module docstring).
+
+    Args:
+        crop: as :func:`install_memory_guard` (for a guard not installed). Default: None.
+    """
+    guard = model.__dict__.get(_STATE) or _Guard(model, None, crop, None)
+    if guard.segmentor is not None:
+        info = guard.frame_info(inputs)
+    else:
+        info = guard.trunk_info(_trunks(model)[0], inputs)
+    return estimate_peak(**info['args'])
+
+
+def _crop_of(cfg) -> Optional[Tuple[int, int]]:
+    """The sliding window a config's model would use: ``model.test_cfg.crop_size``, else
+    the training crop (``model.data_preprocessor.size``)."""
+    model = (cfg.get('model') or {}) if cfg else {}
+    crop = (model.get('test_cfg') or {}).get('crop_size') or (
+        model.get('data_preprocessor') or {}
+    ).get('size')
+    return _pair(crop)
 
 
 @HOOKS.register_module()
 class MemoryGuardHook(Hook):
     """:func:`install_memory_guard` on the Runner's model before training, validation
-    and testing: every training step and every (whole-frame) validation or test pass is
-    checked before it allocates.
+    and testing: every training step and every validation or test pass (a segmentor's
+    whole frame or sliding windows, a detector with its neck and heads) is checked before
+    it allocates.
 
     Args:
         max_memory: the budget (bytes, or a size such as ``'8G'``). Default: None (what
