@@ -448,7 +448,7 @@ def extrapolation_report(
 
     budget = None if max_memory is None else parse_memory(max_memory)
     try:  # the sliding window the refusal message offers
-        window: Optional[int] = max(slide_settings(cfg)[0])
+        window: Optional[Tuple[int, int]] = tuple(slide_settings(cfg)[0])
     except ConfigError:
         window = None
     install_memory_guard(model, budget, window)
