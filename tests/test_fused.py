@@ -167,6 +167,32 @@ def test_gradients_match_reference_float32(name, dim):
         torch.testing.assert_close(a, b, atol=5e-5, rtol=2e-5)  # gradients reach ~30
 
 
+@pytest.mark.parametrize('name', ['lh90', 'center_mix'])
+@pytest.mark.parametrize('grid', [(9, 16), (9, 13)])
+@pytest.mark.parametrize('cls_token', [False, True])
+def test_bias_far_below_zero_changes_nothing(name, grid, cls_token):
+    """The softmax pass reads the bias straight from the table (two 8-patch tile rows per
+    vector with AVX-512; masked vectors for the narrower edge tiles of a 13-patch row;
+    the odd last tile row of a 9-row grid with its padding): every patch bias shifted by
+    -200, past the float32 exponential's range, gives the reference's output and
+    gradients. A padded or masked lane counted as a score of 0 in a row's maximum, or a
+    padded slot left visible, underflows or shifts the row."""
+    from lookhere_dense.lookhere.bias import GridBias
+
+    gb = grid_bias(name, grid)
+    shifted = GridBias(grid, gb.table - 200.0, gb.key_term, gb.visible)
+    q, k, v = qkv(grid, cls_token, dim=16, grad=True)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(3))
+    ref = reference_attention(q, k, v, shifted.dense(1, cls_token))
+    want = torch.autograd.grad(ref, (q, k, v), grad)
+    out = fused_attention(q, k, v, shifted, 1, cls_token)
+    # scores near -200 keep 16 fewer bits of their exponents: looser than the other tests
+    torch.testing.assert_close(out, ref.detach(), atol=2e-4, rtol=1e-3)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-3, rtol=1e-3)
+
+
 def test_backward_keeps_what_plain_sdpa_keeps():
     """Saved for backward: ``q, k, v``, the output and the log-sum-exp; no bias, no
     attention matrix."""

@@ -20,9 +20,10 @@
 //
 // Forward, per (batch, head, query tile), an online softmax over blocks of whole tiles
 // (<= max_keys slots; the prefix keys are the first block):
-//   S = Q K^T (micro-kernel on the panels), then per query row: the row's bias copied from
-//   the table (a key tile's row is one contiguous run of it) and added with the scale in
-//   the pass that takes the row maximum; P = exp(S - m); acc = acc * exp(m_old - m) + P V.
+//   S = Q K^T (micro-kernel on the panels), then per query row: the row's bias read from
+//   the table (a key tile's row is one contiguous run of it) by the pass that adds it with
+//   the scale and takes the row maximum; P = exp(S - m), rounded to bfloat16 in the same
+//   pass where the products take bfloat16; acc = acc * exp(m_old - m) + P V.
 // Backward, per (batch, head): the flash-attention backward over the same blocks with the
 //   global log-sum-exp; dK / dV accumulated in slots and written back at the end; where
 //   asked (learnable slopes that train), each dS also added to the table entry (and key
@@ -46,6 +47,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
@@ -219,23 +221,6 @@ void gemm_t(const T* A, int lda, int n, int ns, const T* B, int dp, T* C, T alph
 // Row passes
 // ---------------------------------------------------------------------------------------
 
-// s[0..n) = s * scale + bias; returns max(mx, the row's maximum). n is a multiple of V.
-template <typename T>
-inline T scale_add_max(T* s, const T* bias, int n, T scale, T mx) {
-  constexpr int V = Vec<T>::size();
-  Vec<T> vmax(mx);
-  const Vec<T> vs(scale);
-  for (int j = 0; j < n; j += V) {
-    Vec<T> x = at::vec::fmadd(Vec<T>::loadu(s + j), vs, Vec<T>::loadu(bias + j));
-    x.store(s + j);
-    vmax = at::vec::maximum(vmax, x);
-  }
-  T tmp[V];
-  vmax.store(tmp);
-  for (int i = 0; i < V; ++i) mx = std::max(mx, tmp[i]);
-  return mx;
-}
-
 template <typename T>
 inline Vec<T> vexp(const Vec<T>& x) {
   if constexpr (std::is_same_v<T, float>) {
@@ -266,16 +251,37 @@ inline T exp_sum(T* s, int n, T m) {
   return sum;
 }
 
-// dst[0..n) = src[0..n) for short runs (a key tile's row): fixed-size pieces the compiler
-// turns into vector moves instead of a library call per run.
-template <typename T>
-inline void copy_short(T* dst, const T* src, int n) {
-  int c = 0;
-  for (; c + 8 <= n; c += 8) {
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) dst[c + i] = src[c + i];
+// p[0..n) = exp(s - m) rounded to P's type (p may be s); returns the sum of the unrounded
+// values (m finite). n is a multiple of V. With a reduced P (the bfloat16 products' operand)
+// this is the pass that rounds it: the float32 probabilities are never stored.
+template <typename T, typename P>
+inline T exp_store(T* s, P* p, int n, T m) {
+  if constexpr (std::is_same_v<P, T>) {
+    return exp_sum<T>(s, n, m);
+  } else {
+    static_assert(std::is_same_v<T, float>, "reduced probabilities from float32 scores");
+    constexpr int V = Vec<T>::size();
+    const Vec<T> vm(m);
+    Vec<T> vsum(T(0));
+    int j = 0;
+    for (; j + 2 * V <= n; j += 2 * V) {
+      const Vec<T> x0 = vexp<T>(Vec<T>::loadu(s + j) - vm);
+      const Vec<T> x1 = vexp<T>(Vec<T>::loadu(s + j + V) - vm);
+      vsum = vsum + x0;
+      vsum = vsum + x1;
+      at::vec::convert_from_float<P>(x0, x1).store(p + j);
+    }
+    if (j < n) {
+      const Vec<T> x0 = vexp<T>(Vec<T>::loadu(s + j) - vm);
+      vsum = vsum + x0;
+      at::vec::convert_from_float<P>(x0, Vec<T>(T(0))).store(p + j, V);
+    }
+    T tmp[V];
+    vsum.store(tmp);
+    T sum = 0;
+    for (int i = 0; i < V; ++i) sum += tmp[i];
+    return sum;
   }
-  for (; c < n; ++c) dst[c] = src[c];
 }
 
 // dst[0..n) = src[0..n) converted to the compute type (a plain copy when they agree).
@@ -367,31 +373,73 @@ void blocks_of(const Tiles& tl, const Plan& plan, int g, int qt, int max_keys,
   }
 }
 
-// The bias of query (qy, qx) against a block's slots into brow (-inf on padding).
+// row[0..blk.ns) = row * scale + the bias of query (qy, qx) against the block's slots
+// (-inf on padding); returns max(mx, the row's maximum). The bias is read from the table
+// in the pass itself: a key tile's row is one contiguous run of the table's row
+// (qy - y, qx - x of the tile's first patch), and the key term, where there is one, is
+// added to it before the scale's FMA. With AVX-512 an 8-patch-wide tile row is half a
+// vector: two tile rows are read as one (two 8-float loads of the table); other widths
+// take masked vectors.
 template <typename T>
-inline void bias_row(T* brow, const Tiles& tl, const Block& blk, const T* table_h,
-                     const T* key_h, int qy, int qx) {
+inline T scale_bias_max(T* row, const Tiles& tl, const Block& blk, const T* table_h,
+                        const T* key_h, int qy, int qx, T scale, T mx) {
+  constexpr int V = Vec<T>::size();
   const T blocked = -std::numeric_limits<T>::infinity();
-  if (blk.prefix) {
-    std::fill(brow, brow + tl.J, T(0));
-    std::fill(brow + tl.J, brow + blk.ns, blocked);
-    return;
-  }
-  const int W2 = 2 * tl.W - 1;
-  int j = 0;
-  for (int t = blk.t0; t < blk.t1; ++t) {
-    const int rows = tl.rows[t], cols = tl.cols[t], n = rows * cols;
-    const T* b = table_h + (int64_t)(tl.y0[t] - qy + tl.H - 1) * W2 + (tl.x0[t] - qx + tl.W - 1);
-    T* dst = brow + j;
-    for (int r = 0; r < rows; ++r, b += W2) copy_short<T>(dst + r * cols, b, cols);
-    if (key_h) {
-      const T* e = key_h + tl.start[t];
-      for (int i = 0; i < n; ++i) dst[i] += e[i];
+  const Vec<T> vs(scale), vblocked(blocked);
+  Vec<T> vmax(mx);
+  if (blk.prefix) {  // bias 0 to the prefix keys, -inf on their padding
+    for (int j = 0; j < blk.ns; j += V) {
+      const Vec<T> x = Vec<T>::set(vblocked, Vec<T>::loadu(row + j) * vs,
+                                   std::max(0, std::min(V, tl.J - j)));
+      x.store(row + j);
+      vmax = at::vec::maximum(vmax, x);
     }
-    const int padded = tl.slot[t + 1] - tl.slot[t];
-    std::fill(dst + n, dst + padded, blocked);
-    j += padded;
+  } else {
+    const int W2 = 2 * tl.W - 1;
+    T* dst = row;
+    for (int t = blk.t0; t < blk.t1; ++t) {
+      const int rows = tl.rows[t], cols = tl.cols[t], padded = tl.slot[t + 1] - tl.slot[t];
+      const T* b = table_h + (int64_t)(tl.y0[t] - qy + tl.H - 1) * W2 + (tl.x0[t] - qx + tl.W - 1);
+      const T* e = key_h ? key_h + tl.start[t] : nullptr;
+      int done = 0;  // slots written
+#if defined(CPU_CAPABILITY_AVX512)
+      if constexpr (std::is_same_v<T, float> && V == 16) {
+        if (cols == 8) {
+          for (int r = 0; r < rows; r += 2, b += 2 * W2) {
+            const __m256 lo = _mm256_loadu_ps(b);
+            const __m256 hi = r + 1 < rows ? _mm256_loadu_ps(b + W2) : _mm256_set1_ps(blocked);
+            Vec<T> bias(_mm512_castpd_ps(_mm512_insertf64x4(
+                _mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1)));
+            if (e) bias = bias + Vec<T>::loadu(e + r * 8, r + 1 < rows ? 16 : 8);
+            const Vec<T> x = at::vec::fmadd(Vec<T>::loadu(dst + r * 8), vs, bias);
+            x.store(dst + r * 8);
+            vmax = at::vec::maximum(vmax, x);
+          }
+          done = round_up(rows * 8, 16);
+        }
+      }
+#endif
+      if (done == 0) {
+        for (int r = 0; r < rows; ++r, b += W2)
+          for (int c = 0; c < cols; c += V) {
+            const int cnt = std::min(V, cols - c);
+            T* sp = dst + r * cols + c;
+            Vec<T> bias = Vec<T>::loadu(b + c, cnt);
+            if (e) bias = bias + Vec<T>::loadu(e + r * cols + c, cnt);
+            const Vec<T> x = at::vec::fmadd(Vec<T>::loadu(sp, cnt), vs, bias);
+            x.store(sp, cnt);
+            vmax = at::vec::maximum(vmax, Vec<T>::set(vblocked, x, cnt));
+          }
+        done = rows * cols;
+      }
+      std::fill(dst + done, dst + padded, blocked);
+      dst += padded;
+    }
   }
+  T tmp[V];
+  vmax.store(tmp);
+  for (int i = 0; i < V; ++i) mx = std::max(mx, tmp[i]);
+  return mx;
 }
 
 // One head's keys / values in slots: rows [slots][dp] and/or panels [slots / V][dp][V].
@@ -738,24 +786,25 @@ void qk_brgemm(const bf16* A, int lda, int n, int dp, const bf16* Bp, int ns, fl
 // ---------------------------------------------------------------------------------------
 
 // Forward, one block of scores s (nq x ns): per query row the bias added with the scale,
-// the running maximum mrow and sum lrow updated; s holds exp(S - m) afterwards and alpha
-// the factor the row's accumulator is to be multiplied by (1: unchanged).
-template <typename T>
-void online_softmax_block(T* s, int nq, int ns, const Tiles& tl, const Block& blk,
+// the running maximum mrow and sum lrow updated; p (nq x ns, may be s) holds exp(S - m) in
+// P's type afterwards and alpha the factor the row's accumulator is to be multiplied by
+// (1: unchanged).
+template <typename T, typename P>
+void online_softmax_block(T* s, P* p, int nq, int ns, const Tiles& tl, const Block& blk,
                           const T* table_h, const T* key_h, const int* qy, const int* qx,
-                          T scale, T* brow, T* mrow, T* lrow, T* alpha) {
+                          T scale, T* mrow, T* lrow, T* alpha) {
   const T lowest = -std::numeric_limits<T>::infinity();
   for (int r = 0; r < nq; ++r) {
     T* row = s + (int64_t)r * ns;
-    bias_row<T>(brow, tl, blk, table_h, key_h, qy[r], qx[r]);
-    const T mnew = scale_add_max<T>(row, brow, ns, scale, mrow[r]);
+    P* prow = p + (int64_t)r * ns;
+    const T mnew = scale_bias_max<T>(row, tl, blk, table_h, key_h, qy[r], qx[r], scale, mrow[r]);
     if (mnew == lowest) {  // nothing seen yet
-      std::fill(row, row + ns, T(0));
+      std::fill(prow, prow + ns, P(0));
       alpha[r] = 1;
       continue;
     }
     alpha[r] = std::exp(mrow[r] - mnew);
-    lrow[r] = lrow[r] * alpha[r] + exp_sum<T>(row, ns, mnew);
+    lrow[r] = lrow[r] * alpha[r] + exp_store<T, P>(row, prow, ns, mnew);
     mrow[r] = mnew;
   }
 }
@@ -796,7 +845,7 @@ void write_rows(const Tiles& tl, int qt, int nq, int dp, int d, T* acc, const T*
 // Backward, one block: s (nq x ns) from Q K^T to P = exp(S * scale + bias - lse).
 template <typename T>
 void probs_block(T* s, int nq, int ns, const Tiles& tl, const Block& blk, const T* table_h,
-                 const T* key_h, const int* qy, const int* qx, T scale, T* brow,
+                 const T* key_h, const int* qy, const int* qx, T scale,
                  const T* lrow) {
   const T lowest = -std::numeric_limits<T>::infinity();
   for (int r = 0; r < nq; ++r) {
@@ -805,8 +854,7 @@ void probs_block(T* s, int nq, int ns, const Tiles& tl, const Block& blk, const 
       std::fill(row, row + ns, T(0));
       continue;
     }
-    bias_row<T>(brow, tl, blk, table_h, key_h, qy[r], qx[r]);
-    scale_add_max<T>(row, brow, ns, scale, lowest);
+    scale_bias_max<T>(row, tl, blk, table_h, key_h, qy[r], qx[r], scale, lowest);
     exp_sum<T>(row, ns, lrow[r]);
   }
 }
@@ -858,6 +906,7 @@ void bias_grad_block(T* dtab_h, T* dkey_h, const T* ds, int nq, int ns, const Ti
 template <typename T, typename IT>
 struct FloatProducts {
   using KT = T;
+  using PT = T;  // P in place of the scores
   static void pack_keys(const IT* src, int64_t ld, const Tiles& tl, int d, int dp, KT* dst) {
     pack_head<IT, T>(src, ld, tl, d, dp, nullptr, dst);
   }
@@ -867,7 +916,7 @@ struct FloatProducts {
   static void scores(const KT* q, int nq, int dp, const KT* k, int ns, T* s) {
     gemm_panels<T>(q, nq, dp, k, ns, s, ns);
   }
-  static void accumulate(const T* p, KT*, int nq, int ns, const KT* v, int dp, T* acc) {
+  static void accumulate(const T* p, int nq, int ns, const KT* v, int dp, T* acc) {
     gemm_rows<T>(p, ns, nq, ns, v, dp, acc, T(1));
   }
   static void release() {}
@@ -875,6 +924,7 @@ struct FloatProducts {
 
 struct NativeBf16Products {
   using KT = bf16;
+  using PT = bf16;  // P rounded to bf16 by the softmax pass, into a buffer of its own
   static void pack_keys(const bf16* src, int64_t ld, const Tiles& tl, int d, int dp, bf16* dst) {
     pack_head_bf16(src, ld, tl, d, dp, nullptr, dst);
   }
@@ -885,11 +935,8 @@ struct NativeBf16Products {
   static void scores(const bf16* q, int nq, int dp, const bf16* k, int ns, float* s) {
     qk_bf16(q, dp, nq, dp, k, ns, s, ns);
   }
-  // P rounded to bf16 into pb, then P V
-  static void accumulate(const float* p, bf16* pb, int nq, int ns, const bf16* v, int dp,
-                         float* acc) {
-    store_row<float, bf16>(pb, p, nq * ns);
-    av_bf16(pb, ns, nq, ns, v, dp, acc, 1.f);
+  static void accumulate(const bf16* p, int nq, int ns, const bf16* v, int dp, float* acc) {
+    av_bf16(p, ns, nq, ns, v, dp, acc, 1.f);
   }
   static void release() {}
 };
@@ -899,10 +946,8 @@ struct BrgemmBf16Products : NativeBf16Products {
   static void scores(const bf16* q, int nq, int dp, const bf16* k, int ns, float* s) {
     qk_brgemm(q, dp, nq, dp, k, ns, s, ns);
   }
-  static void accumulate(const float* p, bf16* pb, int nq, int ns, const bf16* v, int dp,
-                         float* acc) {
-    store_row<float, bf16>(pb, p, nq * ns);
-    brg::brgemm(nq, dp, ns, ns, dp, dp, true, pb, v, acc, true);
+  static void accumulate(const bf16* p, int nq, int ns, const bf16* v, int dp, float* acc) {
+    brg::brgemm(nq, dp, ns, ns, dp, dp, true, p, v, acc, true);
   }
   static void release() { brg::brgemm_release(true); }  // the AMX tile state, per thread
 };
@@ -913,8 +958,9 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const Plan& plan, const Tiles& tl, double scale_d, int max_keys,
                   int64_t gather_bytes, at::Tensor& out, at::Tensor& lse) {
   using KT = typename Products::KT;
+  using PT = typename Products::PT;
   constexpr int V = Vec<T>::size();
-  constexpr bool kRoundsP = !std::is_same_v<KT, T>;  // P needs a buffer of its own
+  constexpr bool kRoundsP = !std::is_same_v<PT, T>;  // P needs a buffer of its own
   const int64_t B = q.size(0), heads = q.size(1), N = (int64_t)tl.H * tl.W;
   const int d = (int)q.size(3), dp = round_up(d, V), J = tl.J;
   const T scale = (T)scale_d;
@@ -946,8 +992,9 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const int64_t items = (p1 - p0) * plan.nqt;
     std::atomic<int64_t> next(0);
     at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-      std::vector<KT> qb((size_t)max_tile * dp, KT(0)), pb(kRoundsP ? (size_t)max_tile * width : 0);
-      std::vector<T> acc((size_t)max_tile * dp), sb((size_t)max_tile * width), brow(width),
+      std::vector<KT> qb((size_t)max_tile * dp, KT(0));
+      std::vector<PT> pb(kRoundsP ? (size_t)max_tile * width : 0);
+      std::vector<T> acc((size_t)max_tile * dp), sb((size_t)max_tile * width),
           mrow(max_tile), lrow(max_tile), alpha(max_tile);
       std::vector<int> qy(max_tile), qx(max_tile);
       std::vector<Block> blocks;
@@ -973,11 +1020,14 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         for (const Block& blk : blocks) {
           const int ns = blk.ns;
           T* s = sb.data();
+          PT* p;
+          if constexpr (kRoundsP) p = pb.data(); else p = s;
           Products::scores(qb.data(), nq, dp, kh + (int64_t)blk.s0 * dp, ns, s);
-          online_softmax_block<T>(s, nq, ns, tl, blk, table_h, key_h, qy.data(), qx.data(),
-                                  scale, brow.data(), mrow.data(), lrow.data(), alpha.data());
+          online_softmax_block<T, PT>(s, p, nq, ns, tl, blk, table_h, key_h, qy.data(),
+                                      qx.data(), scale, mrow.data(), lrow.data(),
+                                      alpha.data());
           rescale_rows<T>(acc.data(), nq, dp, alpha.data());
-          Products::accumulate(s, pb.data(), nq, ns, vh + (int64_t)blk.s0 * dp, dp, acc.data());
+          Products::accumulate(p, nq, ns, vh + (int64_t)blk.s0 * dp, dp, acc.data());
         }
         write_rows<T, IT>(tl, qt, nq, dp, d, acc.data(), mrow.data(), lrow.data(),
                           op + bb * out.stride(0) + h * out.stride(1), out.stride(2),
@@ -1215,7 +1265,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     Products ops(per, max_tile, dp, width);
     std::vector<T> dkh(per), dvh(per), dqb((size_t)max_tile * dp), s((size_t)max_tile * width),
-        dprob((size_t)max_tile * width), brow(width), lrow(max_tile), delta(max_tile);
+        dprob((size_t)max_tile * width), lrow(max_tile), delta(max_tile);
     std::vector<int> qy(max_tile), qx(max_tile);
     std::vector<Block> blocks;
     for (int64_t it; (it = next.fetch_add(1)) < n_items;) {
@@ -1256,7 +1306,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
           const int64_t off = (int64_t)blk.s0 * dp;
           ops.scores(nq, dp, off, ns, s.data());
           probs_block<T>(s.data(), nq, ns, tl, blk, table_h, key_h, qy.data(), qx.data(), scale,
-                         brow.data(), lrow.data());
+                         lrow.data());
           // dV += P^T dO ; dP = dO V^T ; dS = P (dP - delta)
           ops.dv(s.data(), nq, ns, dp, off, dvh.data());
           ops.dprob(nq, dp, off, ns, dprob.data());
