@@ -95,6 +95,7 @@ __all__ = [
     'parse_memory',
     'format_size',
     'check_memory',
+    'unscaled_detection_sample',
     'install_memory_guard',
     'remove_memory_guard',
     'MemoryGuardHook',
@@ -703,11 +704,25 @@ def _most_detections(model: torch.nn.Module) -> Iterator[int]:
             cfg['score_thr'] = value
 
 
+def unscaled_detection_sample(h: int, w: int):
+    """An mmdet ``DetDataSample`` for an ``h x w`` frame taken as it is: image, original,
+    padded and batch shapes all ``(h, w)``, scale factor 1 (what ``model.predict`` needs
+    to run a frame that no pipeline resized). Needs mmdet."""
+    from mmdet.structures import DetDataSample
+
+    meta = dict(
+        img_shape=(h, w),
+        ori_shape=(h, w),
+        scale_factor=(1.0, 1.0),
+        batch_input_shape=(h, w),
+        pad_shape=(h, w),
+    )
+    return DetDataSample(metainfo=meta)
+
+
 def _calibrate_detector(det: torch.nn.Module, trunk, x: torch.Tensor) -> Dict[str, Any]:
     """Measure ``det``'s neck and heads (see the module docstring) on two frames of
     ``x``'s aspect; returns the lines for :func:`estimate_peak` and a note."""
-    from mmdet.structures import DetDataSample
-
     warm, small, large = _calibration_sizes(*x.shape[-2:])
     trunk_ids = {id(m) for m in trunk.modules()}
     handles = []
@@ -722,14 +737,7 @@ def _calibrate_detector(det: torch.nn.Module, trunk, x: torch.Tensor) -> Dict[st
 
     def predict(h: int, w: int):
         inputs = torch.randn((1, 3, h, w), generator=gen, device=x.device, dtype=x.dtype)
-        meta = dict(
-            img_shape=(h, w),
-            ori_shape=(h, w),
-            scale_factor=(1.0, 1.0),
-            batch_input_shape=(h, w),
-            pad_shape=(h, w),
-        )
-        samples = [DetDataSample(metainfo=meta)]
+        samples = [unscaled_detection_sample(h, w)]
         return lambda: det.predict(inputs, samples)
 
     try:

@@ -28,12 +28,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from mmdet.registry import MODELS
-    from mmdet.structures import DetDataSample
     from mmdet.utils import register_all_modules
     from mmengine.config import Config
 
     import lookhere_dense.openmmlab  # noqa: F401  (registers LookHereViT)
-    from lookhere_dense.engine.memory_guard import estimate_model_peak, format_size
+    from lookhere_dense.engine.memory_guard import (
+        estimate_model_peak,
+        format_size,
+        unscaled_detection_sample,
+    )
     from research.memory import PeakMemory, free_memory
 
     register_all_modules()
@@ -42,13 +45,6 @@ def main() -> None:
     model = MODELS.build(cfg.model).eval()
     h, w = args.size
     x = torch.randn(1, 3, h, w)
-    meta = dict(
-        img_shape=(h, w),
-        ori_shape=(h, w),
-        scale_factor=(1.0, 1.0),
-        batch_input_shape=(h, w),
-        pad_shape=(h, w),
-    )
     with torch.no_grad():
         start = time.perf_counter()
         first = estimate_model_peak(model, x)  # measures the neck and heads (once)
@@ -68,7 +64,7 @@ def main() -> None:
     for i in range(args.passes):
         free_memory()
         with PeakMemory('cpu') as mem, torch.no_grad():
-            res = model.predict(x, [DetDataSample(metainfo=meta)])
+            res = model.predict(x, [unscaled_detection_sample(h, w)])
         rises.append(mem.rise_bytes)
         print(
             f'pass {i + 1}: peak rise {format_size(mem.rise_bytes)}, '
