@@ -46,11 +46,11 @@ def _pip(*args: str, cwd: Path) -> None:
 
 
 def _copy_sources(dst: Path) -> Path:
-    """What ``pip wheel .`` reads from a checkout: pyproject, README, the package (with
-    its ``.mim/configs`` link) and ``configs/``."""
+    """What ``pip wheel .`` reads from a checkout: pyproject, README, LICENSE, the package
+    (with its ``.mim/configs`` link) and ``configs/``."""
     src = dst / 'src'
     src.mkdir()
-    for name in ('pyproject.toml', 'README.md'):
+    for name in ('pyproject.toml', 'README.md', 'LICENSE'):
         shutil.copy2(REPO / name, src / name)
     ignore = shutil.ignore_patterns('__pycache__', '*.pyc', '*.egg-info')
     shutil.copytree(REPO / 'configs', src / 'configs', ignore=ignore)
@@ -140,6 +140,11 @@ def test_wheel_declares_dependencies_extras_and_entry_points(wheel: Path):
     assert 'timm==1.0.31; extra == "timm"' in requires
     assert 'lookhere-train = lookhere_dense.train:cli' in scripts
     assert 'lookhere-test = lookhere_dense.test:cli' in scripts
+    # the license the metadata declares, with its text
+    assert meta['License-Expression'] == 'Apache-2.0'
+    with zipfile.ZipFile(wheel) as z:
+        text = z.read('lookhere_dense-0.1.0.dist-info/licenses/LICENSE').decode()
+    assert 'Apache License' in text and 'Version 2.0, January 2004' in text
 
 
 def test_the_editable_install_maps_the_package_folder_and_not_research(tmp_path: Path):
@@ -197,6 +202,14 @@ tiny = init_model(config_path('TINY'), device='cpu')
 import numpy as np
 result = inference_model(tiny, np.random.RandomState(0).randint(0, 255, (96, 160, 3), np.uint8))
 print('inference', tuple(result.pred_sem_seg.data.shape))
+# a config of one's own built on a shipped one: its absolute path in _base_ (README)
+import tempfile
+from mmengine.config import Config
+mine = os.path.join(tempfile.mkdtemp(), 'mine.py')
+with open(mine, 'w') as f:
+    f.write(f"_base_ = [{config_path('TINY')!r}]\nmodel = dict(backbone=dict(drop_path_rate=0.0))\n")
+inherited = Config.fromfile(mine)
+print('inherit', inherited.model.backbone.type, inherited.model.backbone.drop_path_rate)
 outside = [m for m, mod in list(sys.modules.items()) if m.startswith('lookhere_dense')
            and not (getattr(mod, '__file__', None) or site).startswith(site)]
 assert not outside, outside
@@ -220,6 +233,7 @@ def test_installed_package_builds_models_configs_and_kernel(site: Path, tmp_path
     assert 'create_model (1, 48, 3, 5)' in out
     assert 'init_model EncoderDecoder 768' in out or 'init_model LeanEncoderDecoder 768' in out
     assert 'inference (1, 96, 160)' in out
+    assert 'inherit LookHereViT 0.0' in out
     if kernel == 'kernel':
         assert re.search(r"kernel \['lookhere_fused_\w+\.so'\]", out), out
 
