@@ -17,18 +17,36 @@ heads; lh45 and 2D-ALiBi need a multiple of 4). The tag picks the position encod
 (``.lh180`` the default preset; ``.lh90`` / ``.lh45`` the official presets whose released
 weights are ``LH_90_…`` / ``LH_45_…``; ``.alibi2d`` 2D-ALiBi in the same trunk). No
 weights are downloaded: load a file with ``checkpoint_path=`` (official LookHere files,
-timm / DeiT-III ViT weights, lookhere-dense backbone files, and the backbone of a
-training checkpoint: ``tools/train.py``'s ``iter_N.pth`` or a segmentor's / detector's
-``state_dict``, through :func:`lookhere_dense.lookhere.weights.load_backbone_weights`: a
-file's LookHere config is adopted and must equal an explicit tag's, head counts are
-checked), or ``pretrained=True, pretrained_cfg_overlay=dict(file=PATH)``.
-``pretrained=True`` with ``checkpoint_path=`` loads that file (mmseg's ``TIMMBackbone``
-passes ``pretrained=True`` by default); without a file it is an error. The
-``checkpoint_path`` is checked before the model is built (missing, not a checkpoint);
-for a Runner checkpoint, the mmengine classes it holds are allowed for
-``torch.load(weights_only=True)`` exactly as :func:`lookhere_dense.register_all_modules`
-allows them (:mod:`lookhere_dense.compat`). ``in_chans`` (or ``in_channels``) sets the
-input channels.
+timm / DeiT-III ViT weights, lookhere-dense backbone files such as
+``tools/convert_checkpoint.py`` writes, and the backbone of a training checkpoint:
+``tools/train.py``'s ``iter_N.pth`` or a segmentor's / detector's ``state_dict``, through
+:func:`lookhere_dense.lookhere.weights.load_backbone_weights`), or ``pretrained=True,
+pretrained_cfg_overlay=dict(file=PATH)`` (or a ``pretrained_cfg`` with a ``file``), also
+into ``features_only=True`` models, through ``timm.models.load_checkpoint`` and mmseg's
+``TIMMBackbone(checkpoint_path=...)``. Every route takes a file as mmseg's ``LookHereViT``
+does: a file's LookHere config is adopted and must equal an explicit tag's (or
+``preset=`` / ``lh_config=``); its head count must equal ``num_heads`` (recorded in
+lookhere-dense files, 12 for official LookHere files, ``channels / 64`` for timm /
+DeiT-III files; ``checkpoint_num_heads=N`` states it for a file that records none). timm's
+reader keeps only a file's ``state_dict``; the ``meta`` of a converted file (head count,
+LookHere config) is read back from the file timm is reading
+(:meth:`LookHereTimmViT.load_state_dict`), and a pretrained file is read by
+:meth:`LookHereTimmViT.load_pretrained` (``custom_load``). A file that does not fit is
+refused with one line naming the file, its value, the model's and the ``create_model``
+argument or tag to change. ``pretrained=True`` with ``checkpoint_path=`` loads that file
+(mmseg's ``TIMMBackbone`` passes ``pretrained=True`` by default); without a file it is an
+error (``pretrained=False``: random weights). The file is checked before the model is
+built (missing, not a checkpoint); for a Runner checkpoint, the mmengine classes it holds
+are allowed for ``torch.load(weights_only=True)`` exactly as
+:func:`lookhere_dense.register_all_modules` allows them (:mod:`lookhere_dense.compat`).
+``in_chans`` (or ``in_channels``) sets the input channels.
+
+Fine-tuning with timm's tools: ``set_grad_checkpointing()`` (activation checkpointing per
+block; also on the ``features_only`` wrapper), ``group_matcher()`` (so
+``timm.optim.create_optimizer_v2(model, 'adamw', layer_decay=0.65)`` decays per block as
+for timm's ViT; learnable LookHere slopes go with their block, the global one with the
+final norm) and ``no_weight_decay()`` (CLS / Jumbo tokens, position parameters, learnable
+LookHere slopes).
 
 What differs from timm's ``VisionTransformer``:
 
@@ -39,7 +57,9 @@ What differs from timm's ``VisionTransformer``:
   ``forward``, so the features equal :func:`lookhere_dense.lookhere.create_model`'s maps
   bit for bit; ``norm=True`` also normalises the other blocks' outputs;
 * ``features_only=True`` keeps every block (no pruning; the forward stops after the last
-  block asked for), so the same files load into it.
+  block asked for), so the same files load into it; its ``out_indices`` are reported as
+  timm's ViT reports them (block indices from the first: ``(9, 10, 11)`` for the default
+  ``3`` of a 12-block model).
 """
 
 from __future__ import annotations
@@ -47,7 +67,8 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+import zipfile
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import torch
 from timm.models import build_model_with_cfg, create_model, generate_default_cfgs, register_model
@@ -56,8 +77,11 @@ from timm.models._pretrained import PretrainedCfg
 from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys
 
-from .errors import UnreadableCheckpointError
+from .checkpoint import load_checkpoint_file
+from .errors import CheckpointError, UnreadableCheckpointError
+from .lookhere.config import OFFICIAL_KEYS, PRESETS, LookHereConfig, resolve_lh_config
 from .lookhere.vit import LookHereVisionTransformer
+from .lookhere.weights import BackboneWeights, backbone_weights, file_num_heads
 
 __all__ = ['LookHereTimmViT', 'LookHereFeatures', 'ARCHS', 'TAGS']
 
@@ -104,6 +128,14 @@ class LookHereTimmViT(LookHereVisionTransformer):
             ``in_chans``, ``embed_dim`` and ``depth`` are accepted too).
     """
 
+    #: the timm name (``name.tag``) and the ``create_model`` arguments that chose the
+    #: position encoding explicitly, for messages (set by the registered model functions)
+    _timm_name: Optional[str] = None
+    _explicit_args: Tuple[str, ...] = ()
+    #: ``create_model(..., checkpoint_num_heads=N)``: the head count of files that do not
+    #: record one (:meth:`load_pretrained`)
+    _checkpoint_num_heads: Optional[int] = None
+
     def __init__(self, num_classes: int = 1000, global_pool: str = 'token', **kwargs: Any):
         if global_pool not in ('token', 'avg', ''):
             raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
@@ -147,6 +179,69 @@ class LookHereTimmViT(LookHereVisionTransformer):
         """Images ``(B, C, H, W)`` of any size -> logits ``(B, num_classes)``."""
         return self.forward_head(self.forward_features(inputs))
 
+    # -- timm's training API (as timm's VisionTransformer) ---------------------------------
+    @property
+    def grad_checkpointing(self) -> bool:
+        """Activation checkpointing per block (timm's name for ``with_cp``)."""
+        return self.with_cp
+
+    @grad_checkpointing.setter
+    def grad_checkpointing(self, enable: bool) -> None:
+        self.with_cp = bool(enable)
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass instead of keeping them
+        (timm API; ``with_cp``): :meth:`forward`, :meth:`forward_features` and
+        :meth:`forward_intermediates` (``features_only``) while gradients are needed."""
+        self.with_cp = bool(enable)
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
+        """Parameter groups for timm's layer-wise lr decay (timm API), as timm's
+        ``VisionTransformer.group_matcher`` (``coarse`` changes nothing there either):
+
+        * ``stem`` (group 0): ``cls_token``, ``jumbo_token``, ``patch_embed``, ``pre_ln``
+          (timm's ``norm_pre``) and the position encoding's parameters (``pos_enc.*``:
+          ``pos_embed``, RoPE-Mixed ``freqs``, ...) except learnable LookHere slopes;
+        * block ``i``: ``blocks.i.*`` and layer ``i``'s learnable LookHere slopes
+          (``pos_enc.slopes.{layer,head}_log_ratio.i``, as BEiT gives each block's relative
+          position bias its block's group);
+        * after the blocks: the final ``norm`` and the learnable global slope (shared by
+          every layer); what no pattern matches (``head``, the Jumbo trunk's shared
+          ``jumbo_mlp``) comes last, as timm does with the classifier.
+
+        The assignments of :class:`lookhere_dense.engine.LookHereLayerDecayOptimizerConstructor`
+        in timm's convention (the unmatched parameters one group after the final norm).
+        """
+        return dict(
+            stem=r'^cls_token|^jumbo_token|^patch_embed|^pre_ln|^pos_enc\.(?!slopes\.)',
+            blocks=[
+                (r'^blocks\.(\d+)', None),
+                (r'^pos_enc\.slopes\.(?:layer|head)_log_ratio\.(\d+)', None),
+                (r'^norm|^pos_enc\.slopes\.global_log_ratio', (99999,)),
+            ],
+        )
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> Set[str]:
+        """Parameters timm's optimizer factory keeps free of weight decay (timm API;
+        ``fnmatch`` patterns): the CLS / Jumbo tokens and position parameters, as timm's
+        ``VisionTransformer`` excludes ``cls_token`` and ``pos_embed`` -- here
+        ``pos_enc.pos_embed`` (``pos_encoding='abs'``) and ``pos_enc.freqs`` (RoPE-Mixed) --
+        and the learnable LookHere slopes (``pos_enc.slopes.*``): log-ratios to the
+        config's slopes, which decay would pull back to the config, like the relative
+        position bias tables timm's BEiT exempts. The same exemptions as
+        :class:`lookhere_dense.engine.LookHereLayerDecayOptimizerConstructor`; norms,
+        LayerScale and biases are 1-D, which timm exempts anyway."""
+        return {
+            'cls_token',
+            'jumbo_token',
+            'pos_enc.pos_embed',
+            'pos_enc.freqs',
+            'pos_enc.slopes.*',
+        }
+
     def forward_intermediates(
         self,
         x: Tensor,
@@ -179,18 +274,16 @@ class LookHereTimmViT(LookHereVisionTransformer):
         take, last = feature_take_indices(self.depth, indices)
         tokens, grid = self._embed(x)
         outs: List[Any] = []
-        prefix = self.num_prefix_tokens
         stop = intermediates_only or stop_early
-        for i, blk in enumerate(self.blocks):
-            if stop and i > last:
-                break
-            q_scale = self.attention_scale(grid, blk.window_size)
-            tokens = blk(tokens, self.pos_enc, i, grid, prefix, q_scale, self.jumbo_mlp)
-            if i == self.depth - 1 and self.norm is not None:
-                tokens = self.norm(tokens)
+        # the trunk's block loop: the final norm after the last block, and with_cp
+        # (set_grad_checkpointing) while gradients are needed
+        for i, out in self._run_blocks(tokens, grid):
+            tokens = out
             if i in take:
                 y = self.norm(tokens) if norm and i != self.depth - 1 and self.norm else tokens
                 outs.append(self._format(y, grid, output_fmt, return_prefix_tokens))
+            if stop and i >= last:
+                break
         return outs if intermediates_only else (tokens, outs)
 
     def _format(self, y: Tensor, grid: Tuple[int, int], fmt: str, with_prefix: bool) -> Any:
@@ -229,22 +322,32 @@ class LookHereTimmViT(LookHereVisionTransformer):
     ) -> Dict[str, List[str]]:
         """:meth:`LookHereVisionTransformer.load_pretrained` for the trunk, then the
         file's classifier (``head.*``) when it has one of this model's shape (official
-        LookHere and timm ImageNet files); otherwise the classifier stays as it is."""
+        LookHere and timm ImageNet files); otherwise the classifier stays as it is.
+
+        The file is read once. Before anything is loaded, its head count and LookHere
+        config are checked against this model with timm's words (:meth:`_check_file`:
+        ``create_model`` arguments and tags). ``checkpoint_num_heads`` defaults to the
+        one given to ``timm.create_model``."""
+        if checkpoint_num_heads is None:
+            checkpoint_num_heads = self._checkpoint_num_heads
+        if isinstance(path, (str, os.PathLike)):
+            source = os.fspath(path)
+            ckpt: Mapping[str, Any] = load_checkpoint_file(source)
+        else:
+            ckpt = path
+        self._check_file(ckpt, source or 'the checkpoint', checkpoint_num_heads)
         head, self.head = self.head, nn.Identity()  # the trunk's strict key check
         self._loading = True  # the loader's own load_state_dict calls are plain ones
         try:
-            report = super().load_pretrained(path, strict, checkpoint_num_heads, source)
+            report = super().load_pretrained(ckpt, strict, checkpoint_num_heads, source)
         finally:
             self.head, self._loading = head, False
-        self._load_head(path)
+        self._load_head(ckpt)
         return report
 
-    def _load_head(self, path: Union[str, Mapping[str, Any]]) -> None:
+    def _load_head(self, ckpt: Mapping[str, Any]) -> None:
         if not isinstance(self.head, nn.Linear):
             return
-        from .checkpoint import load_checkpoint_file
-
-        ckpt = load_checkpoint_file(path) if isinstance(path, str) else path
         sd = ckpt.get('weights') or ckpt.get('state_dict') or ckpt.get('model') or ckpt
         weight, bias = sd.get('head.weight'), sd.get('head.bias')
         if weight is not None and bias is not None and weight.shape == self.head.weight.shape:
@@ -259,26 +362,215 @@ class LookHereTimmViT(LookHereVisionTransformer):
         (official LookHere ``{'weights', 'config'}``, timm / DeiT-III weights, a
         lookhere-dense backbone ``state_dict``), e.g. from timm's ``checkpoint_path=``,
         goes through :meth:`load_pretrained` (its missing and unexpected keys are returned as
-        PyTorch returns them). Messages name timm's ``checkpoint_path`` when it is that
-        file's dict (the first call after ``timm.create_model``), else 'the checkpoint'."""
-        source = self.__dict__.pop('_checkpoint_path', None) or 'the checkpoint'
-        if getattr(self, '_loading', False) or set(state_dict) == set(self.state_dict()):
+        PyTorch returns them).
+
+        When timm is reading a file into this model (``create_model(checkpoint_path=)``,
+        ``timm.models.load_checkpoint``, mmseg's ``TIMMBackbone``, a pretrained file),
+        messages name that file, and the ``meta`` of a ``tools/convert_checkpoint.py``
+        file (head count, LookHere config), which timm's reader drops with everything
+        beside ``state_dict``, is read back from it (:func:`_converted_meta`), so the file
+        is taken and checked as mmseg's ``LookHereViT`` takes it. Else 'the checkpoint'."""
+        if getattr(self, '_loading', False):
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
-        report = self.load_pretrained(dict(state_dict), strict=strict, source=source)
+        path = _timm_file(self)
+        source = path or 'the checkpoint'
+        meta = _converted_meta(path) if path else None
+        if meta is None and set(state_dict) == set(self.state_dict()):
+            self._check_file(state_dict, source, record_only=True)
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        ckpt = {'state_dict': dict(state_dict), 'meta': meta} if meta else dict(state_dict)
+        report = self.load_pretrained(ckpt, strict=strict, source=source)
         return _IncompatibleKeys(report['missing'], report['unexpected'])
+
+    # -- the checks of a file, in timm's words ---------------------------------------------
+    def _name(self) -> str:
+        return self._timm_name or 'this LookHereTimmViT'
+
+    def _check_file(
+        self,
+        ckpt: Mapping[str, Any],
+        source: str,
+        declared: Optional[int] = None,
+        record_only: bool = False,
+    ) -> None:
+        """Refuse a file whose head count, position encoding or LookHere config does not
+        fit this model, in one line naming the file, its value, the model's and the
+        ``timm.create_model`` argument or tag to change (the trunk's loader checks the same
+        things, in the words of mmseg's config: ``model.backbone.num_heads``, ...). Files
+        that are no ViT checkpoint pass: the loader reports them.
+
+        Args:
+            declared: ``checkpoint_num_heads``: the file's head count, where it records none.
+            record_only: check only what the file records (this model's own ``state_dict``,
+                whose ``_extra_state`` the trunk checks as it loads), not the conventions
+                for files without a head count.
+        """
+        try:
+            weights = backbone_weights(ckpt)
+        except CheckpointError:
+            return
+        if weights.pos_encoding == 'alibi2d' and self.pos_encoding != 'alibi2d':
+            weights.lh_config = None  # as the loader: 2D-ALiBi slopes mean nothing here
+        if not record_only or weights.num_heads is not None:
+            self._check_heads(weights, source, declared)
+        if weights.lh_config is not None:
+            self._check_lh_config(weights, source)
+
+    def _check_heads(self, weights: BackboneWeights, source: str, declared: Optional[int]) -> None:
+        heads, how = file_num_heads(weights)
+        name, mine = self._name(), self.num_heads
+        if declared is not None:
+            if not isinstance(declared, int) or isinstance(declared, bool) or declared < 1:
+                raise CheckpointError(
+                    'checkpoint_num_heads must be a positive int (the head count the file '
+                    f'was trained with), got {declared!r}'
+                )
+            if weights.num_heads is not None and weights.num_heads != declared:
+                raise CheckpointError(
+                    f'checkpoint_num_heads={declared}, but {source!r} records '
+                    f'{weights.num_heads} heads: drop checkpoint_num_heads'
+                )
+            heads, how = declared, 'stated by checkpoint_num_heads'
+        if heads is None:
+            raise CheckpointError(
+                f'cannot verify that {source!r} was trained with num_heads={mine} (head count '
+                f'{how}); the weights have the same shapes for any head count, but split into '
+                'other heads they give wrong features: state the head count the file was '
+                'trained with: timm.create_model(..., checkpoint_num_heads=N)'
+            )
+        if heads == mine:
+            return
+        layout = ''
+        if heads not in (6, 12, 16) and self.lh_config is not None:
+            layout = (
+                f' and another pos_encoding (LookHere head layouts need 6, 12 or 16 heads; '
+                f"a {heads}-head model fits e.g. pos_encoding='rope2d', without a tag)"
+            )
+        really = ''
+        if weights.num_heads is None and declared is None:
+            really = f'; if the file has {mine} heads, pass checkpoint_num_heads={mine}'
+        raise CheckpointError(
+            f'{source!r} has {heads} attention heads per block ({how}), but {name} has '
+            f'num_heads={mine}; the qkv weights have the same shapes for any head count, '
+            'but split into other heads they give wrong features: pass '
+            f'num_heads={heads}{layout} to timm.create_model{really}'
+        )
+
+    def _check_lh_config(self, weights: BackboneWeights, source: str) -> None:
+        stored = dict(weights.lh_config or {})
+        file_encoding = weights.pos_encoding or 'lookhere'
+        name, variant = self._name(), (self._timm_name or '').split('.')[0]
+        if self.pos_encoding != file_encoding:
+            tags = [t for t in _FITS.get(variant, TAGS) if _tag_encoding(t) == file_encoding]
+            how = ' / '.join(f'.{t}' for t in tags)
+            if file_encoding == 'lookhere':
+                how += ', or no tag and no pos_encoding='
+            raise CheckpointError(
+                f'{source!r} holds a {file_encoding!r} model, but {name} has '
+                f'pos_encoding={self.pos_encoding!r}: build it with '
+                f'pos_encoding={file_encoding!r} (the tag {how})'
+            )
+        mine = self.lh_config
+        if mine is None:
+            return
+        if stored.get('learnable_slopes') is True and not mine.learnable_slopes:
+            raise CheckpointError(
+                f'{source!r} holds learned LookHere slopes (pos_enc.slopes.*), but {name} '
+                'has fixed slopes: pass lh_config=dict(learnable_slopes=True) to '
+                'timm.create_model'
+            )
+        if not self.lh_explicit:
+            return  # the file's config is adopted
+        stored.setdefault('bias_rounding', mine.bias_rounding)
+        stored['learnable_slopes'] = mine.learnable_slopes
+        try:
+            theirs = resolve_lh_config(stored)
+        except ValueError:
+            return  # the loader says what is wrong with it
+        keys = [k for k in OFFICIAL_KEYS if getattr(mine, k) != getattr(theirs, k)]
+        if not keys:
+            return
+        given = ' and '.join(self._explicit_args) or 'preset= / lh_config='
+        file_name = _config_name(theirs)
+        advice = f"drop {given} to take the file's config"
+        if file_name in _FITS.get(variant, ()):
+            advice += f', or use {variant}.{file_name}'
+        raise CheckpointError(
+            f'{source!r} holds a model trained with the LookHere config {file_name} '
+            f'({_config_values(theirs, keys)}), but {name} has {_config_name(mine)} '
+            f'({_config_values(mine, keys)}), asked for by {given}: {advice}'
+        )
 
 
 class LookHereFeatures(FeatureGetterNet):
     """timm's ``features_only`` wrapper (``forward_intermediates`` getter) whose
     ``load_state_dict`` takes the checkpoints the model takes (timm's
-    ``checkpoint_path=`` loads after the wrapping)."""
+    ``checkpoint_path=`` loads after the wrapping; a file's classifier is left out: the
+    wrapper drops the model's, as timm's pruning does). ``out_indices`` are block indices
+    counted from the first block, as timm's ViT reports them (``3``: the last three, e.g.
+    ``(9, 10, 11)``); ``set_grad_checkpointing``, ``group_matcher`` and
+    ``no_weight_decay`` are the model's (names under ``model.``)."""
+
+    def __init__(self, model: nn.Module, out_indices: Any = 4, **kwargs: Any):
+        # timm's ViT normalises them when it prunes; this wrapper keeps every block
+        out_indices, _ = feature_take_indices(model.depth, out_indices)
+        super().__init__(model, out_indices=out_indices, **kwargs)
+        # the classifier goes, as timm's pruning drops it: never used here, it would hold
+        # parameters without gradients (DDP's unused parameters, an optimizer group)
+        model.reset_classifier(0, '')
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign=False):
         """Checkpoints with this wrapper's keys (``model.*``) load as in PyTorch; others
         go to the model's :meth:`LookHereTimmViT.load_state_dict`."""
         if set(state_dict) == set(self.state_dict()):
+            own = {k[len('model.') :]: v for k, v in state_dict.items()}
+            self.model._check_file(own, _timm_file(self) or 'the checkpoint', record_only=True)
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
         return self.model.load_state_dict(state_dict, strict=strict)
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """The model's :meth:`LookHereTimmViT.set_grad_checkpointing`."""
+        self.model.set_grad_checkpointing(enable)
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
+        """The model's :meth:`LookHereTimmViT.group_matcher`, for names under ``model.``."""
+        groups = self.model.group_matcher(coarse)
+        return dict(
+            stem=_under_model(groups['stem']),
+            blocks=[(_under_model(rx), suffix) for rx, suffix in groups['blocks']],
+        )
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> Set[str]:
+        """The model's :meth:`LookHereTimmViT.no_weight_decay`, under ``model.``."""
+        return {f'model.{name}' for name in self.model.no_weight_decay()}
+
+
+def _under_model(pattern: str) -> str:
+    """A ``group_matcher`` pattern of the model (``^a|^b``, matched at the start of a
+    name) for the wrapper's names (``model.a``, ``model.b``)."""
+    return r'^model\.(?:' + pattern.replace('^', '') + ')'
+
+
+def _tag_encoding(tag: str) -> str:
+    return TAGS[tag].get('pos_encoding', 'lookhere')
+
+
+def _config_name(cfg: LookHereConfig) -> str:
+    """The preset whose official keys ``cfg`` has, else 'a config of its own'."""
+    for name, preset in PRESETS.items():
+        if all(getattr(cfg, k) == getattr(preset, k) for k in OFFICIAL_KEYS):
+            return name
+    return 'of its own'
+
+
+def _config_values(cfg: LookHereConfig, keys: Sequence[str]) -> str:
+    def show(value: Any) -> str:
+        return repr(list(value) if isinstance(value, tuple) else value)
+
+    return ', '.join(f'{k}={show(getattr(cfg, k))}' for k in keys)
 
 
 def _cfg(tag: str) -> Dict[str, Any]:
@@ -330,12 +622,17 @@ def _rename(kwargs: Mapping[str, Any]) -> Dict[str, Any]:
     return {_RENAMES.get(k, k): v for k, v in kwargs.items() if k not in _IGNORED}
 
 
+def _tag(pretrained_cfg: Any) -> Optional[str]:
+    """The tag of the ``create_model`` call (``name.lh90``: timm passes ``'lh90'``)."""
+    if isinstance(pretrained_cfg, PretrainedCfg):
+        return pretrained_cfg.tag or None
+    return pretrained_cfg if isinstance(pretrained_cfg, str) and pretrained_cfg else None
+
+
 def _encoding_kwargs(variant: str, pretrained_cfg: Any, kwargs: Dict[str, Any]) -> None:
     """Set the position encoding of an explicit tag (``name.lh90``); a conflicting
     ``preset`` / ``pos_encoding`` argument is an error."""
-    tag = pretrained_cfg if isinstance(pretrained_cfg, str) else None
-    if isinstance(pretrained_cfg, PretrainedCfg):
-        tag = pretrained_cfg.tag
+    tag = _tag(pretrained_cfg)
     if not tag:
         return
     if tag not in _FITS[variant]:
@@ -378,10 +675,76 @@ def _timm_checkpoint_path(variant: str) -> Optional[str]:
         del frame
 
 
-def _check_checkpoint(path: str) -> None:
-    """Refuse a ``checkpoint_path`` that timm cannot read, naming the file and the problem
-    (timm's own reader says ``weights_only=True blocked ...``, a bare ``KeyError`` or an
-    empty ``FileNotFoundError``), before the model is built.
+def _timm_readers() -> Dict[Any, str]:
+    """``{code of a timm function that reads a file into a model: its path argument}``."""
+    from timm.models import _builder, _helpers
+
+    return {
+        inspect.unwrap(_helpers.load_checkpoint).__code__: 'checkpoint_path',
+        inspect.unwrap(_builder.load_pretrained).__code__: 'pretrained_loc',
+    }
+
+
+def _timm_file(module: nn.Module) -> Optional[str]:
+    """The file timm is reading into ``module`` (this model, or the ``features_only``
+    wrapper around it) while it calls ``module.load_state_dict``: the ``checkpoint_path``
+    of ``timm.models.load_checkpoint`` (which ``create_model(checkpoint_path=)`` and mmseg's
+    ``TIMMBackbone`` call) or the file of timm's ``load_pretrained``; None otherwise
+    (another caller, a model timm reads the file into that does not hold this one).
+
+    timm hands the model the file's ``state_dict`` alone; the path is a local of its
+    reader's frame. A timm that names these locals otherwise gives None: the old behaviour
+    (messages say 'the checkpoint', a converted file's ``meta`` is not seen).
+    """
+    readers = _timm_readers()
+    frame = sys._getframe(1)
+    try:
+        while frame is not None:
+            key = readers.get(frame.f_code)
+            if key is not None:
+                owner = frame.f_locals.get('model')
+                if owner is not module and getattr(owner, 'model', None) is not module:
+                    return None
+                if key == 'pretrained_loc' and frame.f_locals.get('load_from') != 'file':
+                    return None
+                path = frame.f_locals.get(key)
+                return os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
+
+
+def _converted_meta(path: str) -> Optional[Dict[str, Any]]:
+    """The ``meta`` of a backbone file written by ``tools/convert_checkpoint.py``
+    (:func:`lookhere_dense.lookhere.weights.save_backbone_checkpoint`: ``{'state_dict',
+    'meta': {'num_heads', 'lookhere_config', ...}}``), which timm's reader drops; None for
+    any other file, or one that cannot be read here (timm's reader has read it: its own
+    messages stand). A ``torch.save`` zip file is memory-mapped: its tensors are not read
+    again."""
+    if path.endswith('.safetensors') or not os.path.isfile(path):
+        return None
+    try:
+        ckpt = torch.load(
+            path, map_location='cpu', weights_only=True, mmap=zipfile.is_zipfile(path)
+        )
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except Exception:  # noqa: BLE001 - timm read the file; without its meta: None
+        return None
+    meta = ckpt.get('meta') if isinstance(ckpt, Mapping) and 'state_dict' in ckpt else None
+    if not isinstance(meta, Mapping):
+        return None
+    if meta.get('num_heads') is None and meta.get('lookhere_config') is None:
+        return None  # a Runner checkpoint's meta (epoch, iter, seed, ...)
+    return dict(meta)
+
+
+def _check_checkpoint(path: str, argument: str = 'checkpoint_path=') -> None:
+    """Refuse a file timm is to read (``checkpoint_path=``, or the file of
+    ``pretrained=True``) that it cannot read, naming the file and the problem (timm's own
+    reader says ``weights_only=True blocked ...``, a bare ``KeyError`` or an empty
+    ``FileNotFoundError``), before the model is built.
 
     An mmengine Runner checkpoint (``tools/train.py``'s ``iter_N.pth``) holds the message
     hub's ``HistoryBuffer`` and numpy objects besides tensors: where the file is refused
@@ -390,6 +753,9 @@ def _check_checkpoint(path: str) -> None:
     :func:`lookhere_dense.register_all_modules` does (:mod:`lookhere_dense.compat`; nothing
     without mmengine), and the file is read again. Every other Python object stays
     refused; other files change nothing.
+
+    Args:
+        argument: the ``timm.create_model`` argument that gave the file (for messages).
 
     Raises:
         FileNotFoundError: the file does not exist.
@@ -401,8 +767,7 @@ def _check_checkpoint(path: str) -> None:
 
     if not os.path.exists(path):
         raise FileNotFoundError(
-            f'checkpoint file not found: {path!r} (timm.create_model checkpoint_path=, '
-            'a local file)'
+            f'checkpoint file not found: {path!r} (timm.create_model {argument}, a local file)'
         )
     if path.endswith('.safetensors') and os.path.isfile(path):
         return  # no pickle; timm reads it with safetensors
@@ -414,36 +779,73 @@ def _check_checkpoint(path: str) -> None:
         raise UnreadableCheckpointError(
             path,
             problem,
-            'timm.create_model(checkpoint_path=) takes a file written by torch.save '
+            f'timm.create_model({argument}) takes a file written by torch.save '
             '(official LookHere, timm / DeiT-III, lookhere-dense or mmengine checkpoints) '
             'or a .safetensors file',
         )
+
+
+def _pretrained_file(pretrained_cfg: Any, overlay: Mapping[str, Any]) -> Tuple[Optional[str], str]:
+    """The local file of ``pretrained=True``, and the argument that gave it:
+    ``pretrained_cfg_overlay=dict(file=...)``, else a ``pretrained_cfg`` (dict or
+    ``PretrainedCfg``) with a ``file``."""
+    if overlay.get('file'):
+        return os.fspath(overlay['file']), 'pretrained_cfg_overlay=dict(file=)'
+    cfg_file = (
+        pretrained_cfg.get('file')
+        if isinstance(pretrained_cfg, Mapping)
+        else getattr(pretrained_cfg, 'file', None)
+    )
+    if cfg_file:
+        return os.fspath(cfg_file), 'pretrained_cfg=dict(file=)'
+    return None, ''
+
+
+def _explicit_encoding_args(pretrained_cfg: Any, kwargs: Mapping[str, Any]) -> Tuple[str, ...]:
+    """How the ``create_model`` call chose the LookHere config, for messages: the tag
+    and / or ``preset=`` / ``lh_config=``."""
+    tag = _tag(pretrained_cfg)
+    out = [f'the tag .{tag}'] if tag else []
+    out += [f'{key}=' for key in ('preset', 'lh_config') if kwargs.get(key) is not None]
+    return tuple(out)
 
 
 def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """Build one registered model through timm's ``build_model_with_cfg``.
 
     ``pretrained=True`` needs a file: timm's ``checkpoint_path=`` (loaded by timm after
-    this function returns) or ``pretrained_cfg_overlay=dict(file=...)``. A
-    ``checkpoint_path`` is checked before the model is built (:func:`_check_checkpoint`).
+    this function returns) or ``pretrained_cfg_overlay=dict(file=...)`` (also a
+    ``pretrained_cfg`` with a ``file``), which :meth:`LookHereTimmViT.load_pretrained`
+    reads (``custom_load``; timm's generic reader would drop the file's ``meta`` and load
+    non-strictly for another ``num_classes``). Either file is checked before the model is
+    built (:func:`_check_checkpoint`). ``checkpoint_num_heads=N`` states the head count of
+    a file that records none.
 
     Raises:
         RuntimeError: ``pretrained=True`` without a file.
-        FileNotFoundError, UnreadableCheckpointError: the ``checkpoint_path`` is missing
-            or no checkpoint.
+        FileNotFoundError, UnreadableCheckpointError: the file is missing or no checkpoint.
     """
     pretrained_cfg = kwargs.pop('pretrained_cfg', None)
-    overlay = kwargs.pop('pretrained_cfg_overlay', None) or {}
+    overlay = dict(kwargs.pop('pretrained_cfg_overlay', None) or {})
+    checkpoint_num_heads = kwargs.pop('checkpoint_num_heads', None)
+    explicit = _explicit_encoding_args(pretrained_cfg, kwargs)
     _encoding_kwargs(variant, pretrained_cfg, kwargs)
     checkpoint = _timm_checkpoint_path(variant)
     if checkpoint is not None:
         _check_checkpoint(checkpoint)
-    if pretrained and not overlay.get('file') and not overlay.get('state_dict'):
+    file, argument = _pretrained_file(pretrained_cfg, overlay)
+    if pretrained and file is not None:
+        _check_checkpoint(file, argument)
+        # timm resets custom_load for a file given this way unless it is set: our reader
+        overlay.setdefault('custom_load', True)
+    if pretrained and file is None and not overlay.get('state_dict'):
         if checkpoint is None:
             raise RuntimeError(
                 f'{variant}: no weights to download; pass the file, e.g. '
                 "timm.create_model(NAME, checkpoint_path='LH_180_weights_and_config.pth') or "
-                "pretrained=True, pretrained_cfg_overlay=dict(file='...')"
+                "pretrained=True, pretrained_cfg_overlay=dict(file='...'), or pretrained=False "
+                "for random weights (mmseg's TIMMBackbone passes pretrained=True unless its "
+                'config says pretrained=False)'
             )
         pretrained = False  # the weights are the checkpoint_path's, which timm loads next
     args = {**ARCHS[variant], **_rename(kwargs)}
@@ -451,8 +853,18 @@ def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     if 'in_channels' in args:
         args['in_chans'] = args.pop('in_channels')
     feature_cfg = dict(feature_cls=LookHereFeatures, prune=False, out_indices=3)
-    model = build_model_with_cfg(
-        LookHereTimmViT,
+    tag = _tag(pretrained_cfg)
+
+    def model_cls(**model_args: Any) -> LookHereTimmViT:
+        # named before timm loads a pretrained file into it (inside build_model_with_cfg)
+        model = LookHereTimmViT(**model_args)
+        model._timm_name = f'{variant}.{tag}' if tag else variant
+        model._explicit_args = explicit
+        model._checkpoint_num_heads = checkpoint_num_heads
+        return model
+
+    return build_model_with_cfg(
+        model_cls,
         variant,
         pretrained,
         pretrained_cfg=pretrained_cfg,
@@ -460,10 +872,6 @@ def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
         feature_cfg=feature_cfg,
         **args,
     )
-    if checkpoint is not None:  # timm hands the file's dict over: name the file in messages
-        trunk = model.model if isinstance(model, LookHereFeatures) else model
-        trunk._checkpoint_path = checkpoint
-    return model
 
 
 @register_model

@@ -271,3 +271,243 @@ def test_a_model_that_builds_ours_inside_does_not_lend_it_its_checkpoint_path(
     torch.save({'state_dict': {}}, path)
     with pytest.raises(RuntimeError, match='no weights to download'):
         timm.create_model('wrapper_of_a_lookhere', pretrained=True, checkpoint_path=str(path))
+
+
+# ----------------------------------------------------------------------------------------
+# Files written by tools/convert_checkpoint.py: timm's reader keeps their state_dict alone,
+# the head count and LookHere config of their meta are read back from the file
+# ----------------------------------------------------------------------------------------
+def _convert(src: Path, dst: Path) -> Path:
+    """``tools/convert_checkpoint.py SRC DST`` (in this process)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        'convert_checkpoint_tool', REPO / 'tools' / 'convert_checkpoint.py'
+    )
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.main([str(src), str(dst)]) == 0
+    meta = torch.load(dst, weights_only=True)['meta']
+    assert meta['num_heads'] is not None and meta['lookhere_config'] is not None
+    return dst
+
+
+def _converted_run(tmp_path: Path, trunk, name: str = 'bb.pth') -> Path:
+    """A training run's ``iter_N.pth`` converted with tools/convert_checkpoint.py."""
+    src = _runner_checkpoint(tmp_path / f'iter_4_{name}', trunk)
+    return _convert(src, tmp_path / name)
+
+
+def _build(route: str, path: Path, **kwargs):
+    """The tiny timm model with ``depth=2`` and the file of ``path`` loaded the
+    ``route`` way; returns the trunk (the LookHereTimmViT)."""
+    if route == 'mmseg':
+        pytest.importorskip('mmseg')
+        from mmengine.registry import init_default_scope
+        from mmseg.registry import MODELS
+
+        init_default_scope('mmseg')
+        backbone = MODELS.build(
+            dict(
+                type='TIMMBackbone',
+                model_name=TINY,
+                checkpoint_path=str(path),
+                features_only=True,
+                out_indices=(1,),
+                depth=2,
+                **kwargs,
+            )
+        )
+        return backbone.timm_model.model
+    if route == 'load_checkpoint':
+        model = timm.create_model(TINY, depth=2, num_classes=0, **kwargs)
+        timm.models.load_checkpoint(model, str(path))
+        return model
+    if route == 'pretrained_file':
+        return timm.create_model(
+            TINY,
+            pretrained=True,
+            pretrained_cfg_overlay=dict(file=str(path)),
+            depth=2,
+            num_classes=0,
+            **kwargs,
+        )
+    features = route == 'features_only'
+    extra = dict(features_only=True, out_indices=(1,)) if features else dict(num_classes=0)
+    model = timm.create_model(TINY, checkpoint_path=str(path), depth=2, **extra, **kwargs)
+    return model.model if features else model
+
+
+ROUTES = ['checkpoint_path', 'features_only', 'pretrained_file', 'load_checkpoint', 'mmseg']
+
+
+@pytest.mark.parametrize('route', ROUTES)
+def test_a_converted_file_loads_through_every_timm_route(tmp_path: Path, route):
+    """A converted lh90 run of the 12-head tiny model (192 channels, so timm's head-width
+    convention would say 3 heads): every timm route takes its recorded head count and
+    LookHere config, as mmseg's LookHereViT does, and gives the trunk's features."""
+    trunk = _trunk('lh90')
+    path = _converted_run(tmp_path, trunk)
+    model = _build(route, path).eval()
+    assert model.lh_config.head_directions == 'corners-none'
+    x = torch.randn(1, 3, 48, 64)
+    with torch.no_grad():
+        assert torch.equal(model.forward_features(x), trunk.forward_features(x))
+
+
+@pytest.mark.parametrize('route', ROUTES)
+def test_a_converted_file_refuses_a_conflicting_tag_in_timm_words(tmp_path: Path, route):
+    """The file's LookHere config (lh90) against an explicit preset: refused in one line
+    naming the file, both configs and the tag to drop (not mmseg's 'Remove
+    lh_config/preset'); without the tag the file's config is taken (the mmseg route
+    refuses / adopts the same)."""
+    path = _converted_run(tmp_path, _trunk('lh90'))
+    with pytest.raises(CheckpointError) as info:
+        _build(route, path, preset='lh180')
+    msg = str(info.value)
+    assert '\n' not in msg
+    assert f'{str(path)!r} holds a model trained with the LookHere config lh90' in msg, msg
+    assert "head_directions='corners-none'" in msg and "head_directions='halves-none'" in msg
+    assert 'has lh180' in msg and 'drop preset= to take the file' in msg, msg
+    assert 'model.backbone' not in msg and 'Remove lh_config' not in msg
+
+
+def test_a_converted_file_against_a_tag(tmp_path: Path):
+    """``name.lh180`` with a converted lh90 file of the small model (6 heads = 384 / 64,
+    so only the config tells them apart; before, it loaded silently keeping lh180)."""
+    torch.manual_seed(0)
+    small = create_model(embed_dims=384, num_layers=2, num_heads=6, preset='lh90').eval()
+    path = _converted_run(tmp_path, small, 'small_lh90.pth')
+    name = 'lookhere_vit_small_patch16_224'
+    with pytest.raises(CheckpointError) as info:
+        timm.create_model(f'{name}.lh180', num_classes=0, depth=2, checkpoint_path=str(path))
+    msg = str(info.value)
+    assert f'{name}.lh180 has lh180' in msg and 'asked for by the tag .lh180' in msg, msg
+    assert f"drop the tag .lh180 to take the file's config, or use {name}.lh90" in msg, msg
+    for tag in ('', '.lh90'):
+        m = timm.create_model(f'{name}{tag}', num_classes=0, depth=2, checkpoint_path=str(path))
+        assert m.lh_config.head_directions == 'corners-none'
+
+
+def test_head_counts_are_checked_in_timm_words(tmp_path: Path):
+    """A recorded head count against ``num_heads``; a file without one (timm convention:
+    channels / 64) and ``checkpoint_num_heads=`` to state it."""
+    path = _converted_run(tmp_path, _trunk('lh90'))
+    with pytest.raises(CheckpointError) as info:
+        timm.create_model(TINY, checkpoint_path=str(path), depth=2, num_heads=6)
+    msg = str(info.value)
+    assert f'{str(path)!r} has 12 attention heads per block (recorded in the file)' in msg
+    assert 'has num_heads=6' in msg and 'pass num_heads=12 to timm.create_model' in msg, msg
+    assert 'model.backbone' not in msg
+    with pytest.raises(CheckpointError, match='drop checkpoint_num_heads'):
+        timm.create_model(TINY, checkpoint_path=str(path), depth=2, checkpoint_num_heads=3)
+
+    trunk = _trunk('lh180')
+    flat = tmp_path / 'flat.pth'  # no record: a timm-style file of the 12-head tiny trunk
+    torch.save({k: v for k, v in trunk.state_dict().items() if k != '_extra_state'}, flat)
+    with pytest.raises(CheckpointError) as info:
+        timm.create_model(TINY, checkpoint_path=str(flat), depth=2)
+    msg = str(info.value)
+    assert 'has 3 attention heads per block (not recorded' in msg, msg
+    assert 'if the file has 12 heads, pass checkpoint_num_heads=12' in msg, msg
+    m = timm.create_model(TINY, checkpoint_path=str(flat), depth=2, checkpoint_num_heads=12)
+    assert torch.equal(m.blocks[1].attn.qkv.weight, trunk.blocks[1].attn.qkv.weight)
+
+
+def test_encoding_and_learned_slopes_are_checked_in_timm_words(tmp_path: Path):
+    """A LookHere file into the 2D-ALiBi tag, a file with learned slopes into a
+    fixed-slope model: refused naming the create_model argument / tag."""
+    path = _converted_run(tmp_path, _trunk('lh90'))
+    with pytest.raises(CheckpointError) as info:
+        timm.create_model(f'{TINY}.alibi2d', checkpoint_path=str(path), depth=2)
+    msg = str(info.value)
+    assert f"{str(path)!r} holds a 'lookhere' model, but {TINY}.alibi2d has " in msg, msg
+    assert "pos_encoding='lookhere' (the tag .lh180 / .lh90 / .lh45, or no tag" in msg, msg
+    torch.manual_seed(0)
+    learned = create_model(
+        embed_dims=192, num_layers=2, num_heads=12, lh_config=dict(learnable_slopes=True)
+    )
+    with torch.no_grad():
+        learned.pos_enc.slopes.global_log_ratio.fill_(0.25)  # as if trained
+    slopes = _convert(
+        _runner_checkpoint(tmp_path / 'iter_4_slopes.pth', learned), tmp_path / 'slopes.pth'
+    )
+    with pytest.raises(CheckpointError) as info:
+        timm.create_model(TINY, checkpoint_path=str(slopes), depth=2)
+    msg = str(info.value)
+    assert 'holds learned LookHere slopes' in msg, msg
+    assert 'pass lh_config=dict(learnable_slopes=True) to timm.create_model' in msg, msg
+    m = timm.create_model(
+        TINY, checkpoint_path=str(slopes), depth=2, lh_config=dict(learnable_slopes=True)
+    )
+    assert torch.equal(m.pos_enc.slopes.global_log_ratio, learned.pos_enc.slopes.global_log_ratio)
+
+
+@pytest.mark.parametrize('features', [False, True])
+def test_a_timm_models_own_state_dict_is_checked_in_timm_words(tmp_path: Path, features):
+    """A file with exactly the model's keys loads as PyTorch loads it; its record's
+    LookHere config against a tag is refused in timm's words too."""
+    kw = dict(features_only=True, out_indices=(1,)) if features else dict(num_classes=0)
+    src = timm.create_model(f'{TINY}.lh90', depth=2, **kw)
+    path = tmp_path / 'own.pth'
+    torch.save(src.state_dict(), path)
+    with pytest.raises(CheckpointError) as info:
+        timm.create_model(f'{TINY}.lh180', depth=2, checkpoint_path=str(path), **kw)
+    msg = str(info.value)
+    assert f'{str(path)!r} holds a model trained with the LookHere config lh90' in msg, msg
+    assert 'Remove lh_config' not in msg
+    m = timm.create_model(TINY, depth=2, checkpoint_path=str(path), **kw)
+    assert (m.model if features else m).lh_config.head_directions == 'corners-none'
+
+
+# ----------------------------------------------------------------------------------------
+# pretrained=True with a file of the pretrained cfg
+# ----------------------------------------------------------------------------------------
+def test_a_pretrained_runner_checkpoint_loads_in_a_fresh_process(tmp_path: Path):
+    """``pretrained=True, pretrained_cfg_overlay=dict(file=iter_N.pth)`` as the first thing
+    a process does (no checkpoint_path= load before it allowed mmengine's classes), and a
+    ``pretrained_cfg=dict(file=...)``; a missing file is named."""
+    trunk = _trunk('lh90')
+    path = _runner_checkpoint(tmp_path / 'iter_4.pth', trunk)
+    code = (
+        'import sys, torch, lookhere_dense, timm\n'
+        f'm = timm.create_model({TINY!r}, pretrained=True, '
+        'pretrained_cfg_overlay=dict(file=sys.argv[1]), depth=2, num_classes=0)\n'
+        "print('overlay', m.lh_config.head_directions)\n"
+        f'm = timm.create_model({TINY!r}, pretrained=True, '
+        'pretrained_cfg=dict(file=sys.argv[1]), depth=2, num_classes=0)\n'
+        "print('cfg', m.lh_config.head_directions)\n"
+        'torch.save(m.blocks[1].attn.qkv.weight, sys.argv[2])\n'
+        'try:\n'
+        f'    timm.create_model({TINY!r}, pretrained=True, '
+        "pretrained_cfg_overlay=dict(file='nope.pth'), depth=2)\n"
+        'except Exception as err:\n'
+        "    print('refused', type(err).__name__, err)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, '-c', code, str(path), str(tmp_path / 'qkv.pt')],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert 'overlay corners-none' in res.stdout and 'cfg corners-none' in res.stdout, res.stdout
+    qkv = torch.load(tmp_path / 'qkv.pt', weights_only=True)
+    assert torch.equal(qkv, trunk.blocks[1].attn.qkv.weight)
+    assert (
+        "refused FileNotFoundError checkpoint file not found: 'nope.pth' "
+        '(timm.create_model pretrained_cfg_overlay=dict(file=)' in res.stdout
+    ), res.stdout
+
+
+def test_mmseg_timm_backbone_without_a_file_says_pretrained_false():
+    """mmseg's TIMMBackbone passes pretrained=True unless told otherwise: the message
+    says how to build random weights."""
+    pytest.importorskip('mmseg')
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+
+    init_default_scope('mmseg')
+    with pytest.raises(RuntimeError, match=r'no weights to download.*pretrained=False'):
+        MODELS.build(dict(type='TIMMBackbone', model_name=TINY, features_only=True, depth=2))

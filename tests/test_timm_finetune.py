@@ -1,0 +1,169 @@
+"""timm's fine-tuning API on the LookHere timm models (:mod:`lookhere_dense.timm_models`):
+``set_grad_checkpointing`` (the model and the ``features_only`` wrapper), ``group_matcher``
+(timm's layer-wise lr decay groups per block as for timm's own ViT), ``no_weight_decay``
+and the ``features_only`` ``out_indices`` as timm's ViT reports them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+timm = pytest.importorskip('timm')
+
+from timm.optim import create_optimizer_v2, param_groups_weight_decay  # noqa: E402
+
+import lookhere_dense  # noqa: E402,F401 - registers (timm is imported)
+
+TINY = 'lookhere_vit_tiny_patch16_224'
+
+
+def _lr_scales(model, **kwargs) -> dict:
+    """``{parameter name: lr_scale}`` of timm's AdamW with layer decay 0.5."""
+    opt = create_optimizer_v2(model, 'adamw', lr=1e-3, layer_decay=0.5, **kwargs)
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)]: g['lr_scale'] for g in opt.param_groups for p in g['params']}
+
+
+def _weight_decays(model) -> dict:
+    opt = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=0.05, layer_decay=0.5)
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)]: g['weight_decay'] for g in opt.param_groups for p in g['params']}
+
+
+# ----------------------------------------------------------------------------------------
+# set_grad_checkpointing
+# ----------------------------------------------------------------------------------------
+def _block_calls(model, blocks) -> list:
+    calls = [0] * len(blocks)
+    for i, blk in enumerate(blocks):
+        # a pre-hook: the recomputation may stop inside the block once it has what it needs
+        blk.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+    return calls
+
+
+@pytest.mark.parametrize('features', [False, True])
+def test_set_grad_checkpointing_recomputes_the_blocks(features):
+    """With checkpointing the backward pass runs each block's forward again (and the
+    gradients stay the same); ``grad_checkpointing`` reports it, ``enable=False`` ends it."""
+    torch.manual_seed(0)
+    kw = dict(features_only=True, out_indices=(0, 1)) if features else dict(num_classes=4)
+    model = timm.create_model(TINY, depth=2, **kw).train()
+    trunk = model.model if features else model
+    x = torch.randn(2, 3, 32, 48)
+
+    def step() -> tuple:
+        model.zero_grad()
+        out = model(x)
+        loss = sum(o.square().mean() for o in out) if features else out.square().mean()
+        loss.backward()
+        return tuple(p.grad.clone() for p in model.parameters() if p.grad is not None)
+
+    calls = _block_calls(model, trunk.blocks)
+    plain = step()
+    assert calls == [1, 1] and not trunk.grad_checkpointing
+    model.set_grad_checkpointing()
+    assert trunk.grad_checkpointing and trunk.with_cp
+    calls[:] = [0, 0]
+    again = step()
+    assert calls == [2, 2]  # forward, then again in the backward pass
+    for a, b in zip(plain, again):
+        torch.testing.assert_close(a, b)
+    model.set_grad_checkpointing(False)
+    calls[:] = [0, 0]
+    step()
+    assert calls == [1, 1] and not trunk.grad_checkpointing
+
+
+# ----------------------------------------------------------------------------------------
+# group_matcher, no_weight_decay
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize('num_classes', [0, 10])
+def test_layer_decay_groups_as_timms_vit(num_classes):
+    """timm's layer-wise decay gives every parameter the lr scale it gives the parameter of
+    that name in timm's ViT (with a classifier blocks.0 0.5**12 and patch_embed 0.5**13;
+    the final norm in the last block's group), not one group for all."""
+    ours = _lr_scales(timm.create_model(TINY, num_classes=num_classes))
+    vit = timm.create_model('vit_tiny_patch16_224', num_classes=num_classes, init_values=1e-4)
+    theirs = _lr_scales(vit)
+    shared = set(ours) & set(theirs)
+    assert {'cls_token', 'patch_embed.proj.weight', 'blocks.0.attn.qkv.weight'} <= shared
+    assert {'blocks.11.ls2.gamma', 'norm.weight'} <= shared
+    assert {n: ours[n] for n in shared} == {n: theirs[n] for n in shared}
+    top = 12 if num_classes == 0 else 13
+    assert ours['patch_embed.proj.weight'] == 0.5**top
+    assert ours['blocks.0.mlp.fc1.weight'] == 0.5 ** (top - 1)
+    assert ours['blocks.11.mlp.fc1.weight'] == 0.5 ** (top - 12)
+
+
+def test_layer_decay_groups_learnable_slopes_with_their_block():
+    """Layer i's learnable slopes go with block i, the global slope with the final norm,
+    as the mmengine layer-decay constructor assigns them; position parameters with the
+    stem."""
+    model = timm.create_model(TINY, depth=2, num_classes=0, lh_config=dict(learnable_slopes=True))
+    scales = _lr_scales(model)
+    assert scales['pos_enc.slopes.layer_log_ratio.0'] == scales['blocks.0.norm1.weight']
+    assert scales['pos_enc.slopes.head_log_ratio.1'] == scales['blocks.1.norm1.weight']
+    assert scales['pos_enc.slopes.global_log_ratio'] == scales['norm.weight'] == 1.0
+    assert scales['blocks.0.norm1.weight'] == 0.5 and scales['cls_token'] == 0.25
+    absolute = _lr_scales(timm.create_model(TINY, depth=2, num_classes=0, pos_encoding='abs'))
+    assert absolute['pos_enc.pos_embed'] == absolute['patch_embed.proj.weight'] == 0.25
+
+
+def test_no_weight_decay_exempts_tokens_position_parameters_and_slopes():
+    """``no_weight_decay()`` reaches timm's optimizer factory: the CLS token, position
+    parameters and learnable slopes get none even where timm's 1-D rule would not exempt
+    them; weights do."""
+    model = timm.create_model(TINY, depth=2, num_classes=0, lh_config=dict(learnable_slopes=True))
+    decays = _weight_decays(model)
+    assert decays['cls_token'] == 0 and decays['blocks.0.attn.qkv.weight'] == 0.05
+    groups = param_groups_weight_decay(
+        model, 0.05, weight_decay_exclude_1d=False, no_weight_decay_list=model.no_weight_decay()
+    )
+    no_decay = {
+        n
+        for n, p in model.named_parameters()
+        for g in groups
+        if g['weight_decay'] == 0 and any(p is q for q in g['params'])
+    }
+    assert {'cls_token', 'pos_enc.slopes.global_log_ratio', 'pos_enc.slopes.head_log_ratio.0'} <= (
+        no_decay
+    )
+    assert 'blocks.0.norm1.weight' not in no_decay  # 1-D: only by timm's own 1-D rule
+    absolute = timm.create_model(TINY, depth=2, num_classes=0, pos_encoding='abs')
+    assert _weight_decays(absolute)['pos_enc.pos_embed'] == 0
+
+
+def test_the_features_only_wrapper_has_the_same_groups():
+    """The wrapper's names are the model's under ``model.``; it holds no classifier (as
+    timm's pruned ViT: no parameters without gradients, no group above the blocks)."""
+    model = timm.create_model(TINY, depth=2, features_only=True, out_indices=(0, 1))
+    assert not [n for n, _ in model.named_parameters() if n.startswith('model.head')]
+    scales = _lr_scales(model)
+    assert scales['model.patch_embed.proj.weight'] == scales['model.cls_token'] == 0.25
+    assert scales['model.blocks.0.attn.qkv.weight'] == 0.5
+    assert scales['model.blocks.1.attn.qkv.weight'] == scales['model.norm.weight'] == 1.0
+    assert _weight_decays(model)['model.cls_token'] == 0
+
+
+# ----------------------------------------------------------------------------------------
+# features_only out_indices
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize('out_indices', [None, (-1, 2), (3, 5, 7, 11)])
+def test_features_only_out_indices_as_timms_vit(out_indices):
+    kw = {} if out_indices is None else dict(out_indices=out_indices)
+    ours = timm.create_model(TINY, features_only=True, **kw)
+    vit = timm.create_model('vit_tiny_patch16_224', features_only=True, **kw)
+    assert ours.feature_info.out_indices == vit.feature_info.out_indices
+    assert list(ours.out_indices) == list(vit.out_indices)
+    if out_indices is None:
+        assert ours.feature_info.out_indices == (9, 10, 11)
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        maps = ours.eval()(x)
+        want = ours.model.forward_intermediates(
+            x, indices=3 if out_indices is None else out_indices, intermediates_only=True
+        )
+    assert len(maps) == len(want) == len(ours.feature_info.out_indices)
+    for a, b in zip(maps, want):
+        assert torch.equal(a, b)
