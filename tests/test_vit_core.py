@@ -5,6 +5,7 @@ strict checks."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -163,6 +164,33 @@ def test_non_finite_images_are_refused_by_name():
     with pytest.raises(NonFiniteInputError):
         model.forward_features(x)
     assert model(x[:1])[0].isfinite().all()  # the finite image alone is fine
+
+
+def test_non_finite_counts_say_they_are_of_what_the_backbone_receives(tmp_path):
+    """One inf in a user's float image becomes several NaN / inf values once a pipeline
+    resizes it (bilinear: inf * 0 is NaN): the message must not present those as the
+    user's counts."""
+    import numpy as np
+    from tiny_seg import ADE_CFG, SHRINK, options, write_checkpoint
+
+    from lookhere_dense.apis.cli import load_config
+    from lookhere_dense.errors import NonFiniteInputError
+
+    ckpt = write_checkpoint(str(tmp_path / 'ckpt.pth'))
+    cfg_path = str(tmp_path / 'cfg.py')
+    load_config(ADE_CFG, options(*SHRINK, 'model.test_cfg.mode=whole')).dump(cfg_path)
+    from mmseg.apis import inference_model, init_model
+
+    model = init_model(cfg_path, ckpt, device='cpu')
+    img = np.random.default_rng(0).uniform(0, 255, (100, 150, 3)).astype(np.float32)
+    img[10, 20, 1] = np.inf  # one inf, no NaN: the test pipeline resizes to 128x192
+    with pytest.raises(NonFiniteInputError) as err:
+        inference_model(model, img)
+    message = str(err.value)
+    counted = re.search(r'hold (\d+) NaN / infinite values .*\((\d+) NaN;', message)
+    assert counted and int(counted.group(1)) > 1 and int(counted.group(2)) > 0, message
+    assert 'as the backbone receives them' in message  # not the user's counts
+    assert 'turns inf into NaN: the original image may hold fewer' in message
 
 
 def test_finite_images_whose_sum_overflows_are_not_refused():

@@ -525,7 +525,7 @@ def _copy_mirrored_rows(windows: Tensor, m_start: int, m_stop: int, target: Tens
         m_start, m_stop: range of ``m`` (row-major over ``(a, b)``).
         target: ``(heads, m_stop - m_start, R, W)``.
     """
-    width = windows.shape[2]
+    width = int(windows.shape[2])  # a plain int also under torch.jit.trace
     a0, b0 = divmod(m_start, width)
     a1, b1 = divmod(m_stop, width)
     if a0 == a1:  # inside one grid row

@@ -14,11 +14,16 @@ refuses to save an inference tensor for backward.
 
 Under ``torch.compile`` a lookup is not traced (``torch.compiler.disable``): its result is
 an input of the compiled graph, so the cache's changing state (entries, counters, LRU
-order) never becomes a guard that recompiles the model at every call.
+order) never becomes a guard that recompiles the model at every call. Under
+``torch.jit.trace`` (and what traces with it: mmengine's FLOP counter) a value is built
+outside the trace, so it is a constant of the traced graph whether the lookup hits or
+misses (the check that traces a module twice then sees one graph; the values depend on
+the grid and the config, never on a parameter).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Hashable, Iterator, Optional
 
@@ -53,6 +58,21 @@ def tensor_bytes(value: Any, _seen: Optional[set] = None) -> int:
     if attrs is not None and not callable(value):
         return sum(tensor_bytes(v, seen) for v in attrs.values())
     return 0
+
+
+@contextlib.contextmanager
+def _not_jit_traced() -> Iterator[None]:
+    """Suspend ``torch.jit.trace``'s recording for the block (nothing to do when no trace
+    runs): what it builds enters a trace as constants."""
+    state = torch._C._get_tracing_state()
+    if state is None:
+        yield
+        return
+    torch._C._set_tracing_state(None)
+    try:
+        yield
+    finally:
+        torch._C._set_tracing_state(state)
 
 
 class BoundedCache:
@@ -95,7 +115,7 @@ class BoundedCache:
         # built outside inference mode even when looked up inside it: a tensor made under
         # torch.inference_mode() cannot be saved for backward, so a value cached during
         # inference would break the first training step on the same grid afterwards
-        with torch.inference_mode(False):
+        with torch.inference_mode(False), _not_jit_traced():
             value = factory()
         size = tensor_bytes(value)
         if self.max_bytes is not None and size > self.max_bytes:

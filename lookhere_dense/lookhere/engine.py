@@ -25,6 +25,14 @@ compiled model attention runs as here (fused SDPA, the chunked blocks, flex comp
 own), and the block around it (norms, projections, MLP) is compiled. The caches, the
 backend choice and the Python loops over blocks therefore never become guards or unrolled
 graphs: one compilation per input shape, not per layer or call.
+
+``torch.jit.trace`` (and what traces with it, such as mmengine's FLOP counter
+``get_model_complexity_info``). The grid comes from the traced input's shape as plain
+ints, so a traced graph is specialised to that image size (as timm's ViT is), and the
+cached tables enter it as constants. ``auto`` skips the backends the tracer cannot record
+(:data:`UNTRACEABLE`: the fused kernel's custom ops, flex); a model fixed to one
+of them runs the backend ``auto`` would then pick for the trace, with a warning. Every
+backend computes the same attention.
 """
 
 from __future__ import annotations
@@ -64,12 +72,20 @@ from .slopes import LookHereSlopes
 
 __all__ = [
     'LookHereAttentionEngine',
+    'UNTRACEABLE',
     'FUSED_MIN_TOKENS',
     'TILED_MIN_TOKENS',
 ]
 
 #: the thresholds of ``auto`` live in their backends (:mod:`.attention.fused`,
 #: :mod:`.attention.tiled`); imported here for old importers
+
+#: backends ``torch.jit.trace`` cannot record, with the reason ``auto`` gives for skipping
+#: them while a trace runs
+UNTRACEABLE: Dict[str, str] = {
+    'fused': 'cannot be recorded by torch.jit.trace (its kernel ops return Python values)',
+    'flex': 'cannot be recorded by torch.jit.trace (flex_attention runs through dynamo)',
+}
 
 
 class LookHereAttentionEngine:
@@ -158,6 +174,8 @@ class LookHereAttentionEngine:
         self.last_backend: Optional[str] = None
         #: backends that raised when ``auto`` chose them (skipped from then on)
         self.failed: set = set()
+        #: fixed backends replaced under torch.jit.trace (warned once each)
+        self._warned_untraceable: set = set()
 
     def _caches(self) -> Dict[str, BoundedCache]:
         return dict(
@@ -418,6 +436,8 @@ class LookHereAttentionEngine:
         if self.backend != 'auto':
             fixed = replace(request, auto=False)
             return [(self.backend, REGISTRY[self.backend].can_run(fixed))]
+        if torch.jit.is_tracing():
+            return _explain_traced(request)
         return chooser.explain(request)
 
     def choose_backend(self, *args: Any, **kwargs: Any) -> str:
@@ -477,6 +497,8 @@ class LookHereAttentionEngine:
             raise ValueError(
                 f'unknown LookHere attention backend {backend!r}; allowed: {list(BACKENDS[1:])}'
             )
+        if torch.jit.is_tracing() and backend in UNTRACEABLE:
+            backend = self._traceable_backend(backend, n, q, dropout_p, slope_grads, training)
         self.last_backend = backend
         call = AttentionCall(
             q, k, v, layer, tuple(grid_size), cls_token, dropout_p, slopes, slope_grads, self
@@ -496,6 +518,28 @@ class LookHereAttentionEngine:
                 stacklevel=2,
             )
             return REGISTRY[fallback].attend(call)
+
+    def _traceable_backend(
+        self,
+        backend: str,
+        tokens: int,
+        q: Tensor,
+        dropout_p: float,
+        slope_grads: bool,
+        training: bool,
+    ) -> str:
+        """The backend that runs in place of the untraceable ``backend`` under
+        ``torch.jit.trace``: ``auto``'s choice for the trace (warned once per engine)."""
+        request = self.request(tokens, q.device, q.dtype, dropout_p, slope_grads, training)
+        chosen = _explain_traced(request)[-1][0]
+        if backend not in self._warned_untraceable:
+            self._warned_untraceable.add(backend)
+            warnings.warn(
+                f'LookHere attention backend {backend!r} {UNTRACEABLE[backend]}: the traced '
+                f'graph runs the {chosen!r} backend (the same attention)',
+                stacklevel=3,
+            )
+        return chosen
 
     @torch.compiler.disable
     def window_attention(
@@ -548,3 +592,15 @@ class LookHereAttentionEngine:
             return sdpa_in_windows(qw, kw, vw, window_bias, pad, dropout_p)
 
         return attend_in_windows(q, k, v, grid_size, ws, cls_token, attend, dropout_p)
+
+
+def _explain_traced(request: AttentionRequest) -> List[Tuple[str, Optional[str]]]:
+    """:func:`~.attention.chooser.explain` under ``torch.jit.trace``: the backends of
+    :data:`UNTRACEABLE` are skipped with their reason."""
+    out: List[Tuple[str, Optional[str]]] = []
+    for name in chooser.AUTO_ORDER:
+        reason = UNTRACEABLE.get(name) or REGISTRY[name].can_run(request)
+        out.append((name, reason))
+        if reason is None:
+            break
+    return out

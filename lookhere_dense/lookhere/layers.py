@@ -14,7 +14,7 @@ re-exports every name of this module.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -60,8 +60,22 @@ def _tracing() -> bool:
     return torch.jit.is_tracing() or torch.jit.is_scripting()
 
 
+def _jit_int(size: Any) -> Any:
+    """A shape entry as a plain ``int`` under ``torch.jit.trace`` (which gives shape
+    entries as 0-d tensors; the grid sizes the bias tables, so a traced graph is
+    specialised to the traced image size, as timm's ViT is). Elsewhere unchanged: an
+    ``int`` in eager mode, a symbolic size under ``torch.compile`` (not specialised)."""
+    return int(size) if torch.jit.is_tracing() else size
+
+
 def check_finite_images(x: Tensor) -> None:
     """Refuse images with NaN or infinite values (they would give an all-NaN prediction).
+
+    The counts are of ``x``, the tensor the backbone receives. Behind a data pipeline
+    (mmseg / mmdet) that is the image after resizing, normalisation and padding, and in
+    sliding-window inference one window: bilinear resizing spreads a bad pixel over its
+    neighbours and turns inf into NaN (``inf * 0``), so the message says so rather than
+    claim the counts of the original image.
 
     Raises:
         NonFiniteInputError: naming how many values of which images are not finite.
@@ -77,9 +91,10 @@ def check_finite_images(x: Tensor) -> None:
     raise NonFiniteInputError(
         f'LookHereViT: the input images hold {int(bad.sum())} NaN / infinite values of '
         f'{x[0].numel()} per image ({nan} NaN; images {images[:8]} of the batch of '
-        f'{x.shape[0]}): every prediction would be NaN. Check the image files and the '
-        'preprocessing (float images must be finite; normalisation by a zero std gives '
-        'inf / NaN)'
+        f'{x.shape[0]}) as the backbone receives them (resizing in a data pipeline spreads one '
+        'bad pixel and turns inf into NaN: the original image may hold fewer): every '
+        'prediction would be NaN. Check the image files and the preprocessing (float '
+        'images must be finite; normalisation by a zero std gives inf / NaN)'
     )
 
 
@@ -200,7 +215,7 @@ class LookHerePatchEmbed(nn.Module):
                     f'channel axis last: use x.permute(0, 3, 1, 2)'
                 )
             raise ValueError(f'LookHereViT was built for {c} input channels, got {x.shape[1]}')
-        h, w = x.shape[-2:]
+        h, w = _jit_int(x.shape[-2]), _jit_int(x.shape[-1])
         p = self.patch_size
         if h < p or w < p:
             raise ValueError(f'image of {h}x{w} px is smaller than one {p}x{p} patch')
@@ -220,7 +235,7 @@ class LookHerePatchEmbed(nn.Module):
             else:
                 x = F.pad(x, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2))
         x = self.proj(x)
-        grid = (x.shape[2], x.shape[3])
+        grid = (_jit_int(x.shape[2]), _jit_int(x.shape[3]))
         x = x.flatten(2).transpose(1, 2)
         if self.norm is not None:
             x = self.norm(x)
