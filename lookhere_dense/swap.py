@@ -39,6 +39,7 @@ __all__ = [
     'SOURCE_BACKBONES',
     'MMSEG_LAYER_DECAY_CONSTRUCTORS',
     'lookhere_backbone_cfg',
+    'lookhere_config_summary',
     'swap_backbone',
     'check_model_cfg',
     'drop_missing_pretrained',
@@ -273,6 +274,78 @@ def lookhere_backbone_cfg(
         out['init_cfg'] = dict(type='Pretrained', checkpoint=checkpoint)
     out.update(overrides)
     return out
+
+
+def _preset_name(config: Any) -> Optional[str]:
+    """The preset whose official keys a :class:`~.lookhere.config.LookHereConfig` has,
+    else None."""
+    from .lookhere.config import OFFICIAL_KEYS, PRESETS
+
+    mine = {k: v for k, v in config.to_dict().items() if k in OFFICIAL_KEYS}
+    for name, preset in PRESETS.items():
+        if mine == {k: v for k, v in preset.to_dict().items() if k in OFFICIAL_KEYS}:
+            return name
+    return None
+
+
+def _checkpoint_lh_config(path: str) -> Any:
+    """The LookHere config recorded in the weights file ``path`` (as LookHereViT reads
+    it when ``init_cfg=Pretrained`` loads it): a :class:`~.lookhere.config.LookHereConfig`,
+    None when the file records none, or the reason (a string) it cannot be read here."""
+    if '://' in path:
+        return 'a remote file, not read here'
+    from .checkpoint import load_checkpoint_file
+    from .errors import CheckpointError
+    from .lookhere.config import resolve_lh_config
+    from .lookhere.weights import backbone_weights
+
+    try:
+        weights = backbone_weights(load_checkpoint_file(path))
+    except FileNotFoundError:
+        return 'file not found'
+    except CheckpointError as err:
+        return str(err).splitlines()[0]
+    if weights.lh_config is None or weights.pos_encoding not in (None, 'lookhere'):
+        return None
+    try:
+        return resolve_lh_config(dict(weights.lh_config))
+    except (TypeError, ValueError) as err:
+        return f'its LookHere config cannot be used: {err}'
+
+
+def lookhere_config_summary(backbone: Mapping[str, Any]) -> str:
+    """The LookHere config a swapped ``LookHereViT`` backbone config builds with, in words
+    (what ``tools/swap_backbone.py`` prints): ``preset=lh90`` (given), ``lh_config={...}``
+    (given), ``preset=lh90 (recorded in PATH)`` (no preset given: the
+    ``init_cfg=Pretrained`` file's own config, which the backbone adopts when it loads
+    the file), ``preset=lh180 (default; PATH records no LookHere config)`` or
+    ``preset=lh180 (default)``. A file that cannot be read here is said so (the
+    backbone adopts its config when it loads it)."""
+    encoding = backbone.get('pos_encoding')
+    if encoding not in (None, 'lookhere'):
+        return f'pos_encoding={encoding!r}'
+    preset, given = backbone.get('preset'), backbone.get('lh_config')
+    if isinstance(given, str):  # a preset name given as lh_config
+        preset, given = given, None
+    if given is not None:
+        return f'lh_config={dict(given)!r}' + (f' on preset={preset}' if preset else '')
+    if preset is not None:
+        return f'preset={preset}'
+    init_cfg = backbone.get('init_cfg')
+    path = init_cfg.get('checkpoint') if isinstance(init_cfg, Mapping) else None
+    if not isinstance(path, str):
+        return 'preset=lh180 (default)'
+    stored = _checkpoint_lh_config(path)
+    if stored is None:
+        return f'preset=lh180 (default; {path} records no LookHere config)'
+    if isinstance(stored, str):
+        return (
+            f'preset=lh180 (default) unless {path} records another LookHere config, '
+            f'which the backbone adopts when it loads the file ({stored})'
+        )
+    name = _preset_name(stored)
+    shown = f'preset={name}' if name else f'lh_config={stored.to_dict()}'
+    return f'{shown} (recorded in {path})'
 
 
 def swap_backbone(

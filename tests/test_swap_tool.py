@@ -107,3 +107,84 @@ def test_swap_tool_names_its_flags_and_prints_the_optimizer_rewrite(tmp_path):
     assert cfg.optim_wrapper.constructor == 'LookHereLayerDecayOptimizerConstructor'
     assert cfg.optim_wrapper.paramwise_cfg == dict(decay_rate=0.9, num_layers=12)
     assert 'optim_wrapper' not in res[2]['stdout']  # Segmenter: the default constructor
+
+
+def _lh90_vit_s(path) -> str:
+    """A converted-style backbone file (``save_backbone_checkpoint``) of a ViT-S/16 trained
+    with lh90, as ``tools/convert_checkpoint.py`` writes one."""
+    import torch
+
+    from lookhere_dense.lookhere import create_model
+    from lookhere_dense.lookhere.weights import save_backbone_checkpoint
+
+    torch.manual_seed(0)
+    trunk = create_model(embed_dims=384, num_layers=12, num_heads=6, preset='lh90')
+    save_backbone_checkpoint(str(path), trunk.state_dict(), trunk.lh_config.to_dict(), 'test')
+    return str(path)
+
+
+def test_swap_tool_prints_the_preset_the_model_takes_from_the_checkpoint(tmp_path, capsys):
+    """Without --preset the backbone adopts the LookHere config recorded in --checkpoint:
+    the tool says so (it used to print ``preset=lh180 (default)`` for an lh90 file)."""
+    import importlib.util
+    from pathlib import Path
+
+    from mmengine.config import Config
+
+    import lookhere_dense
+    from lookhere_dense.lookhere.config import PRESETS
+    from lookhere_dense.swap import model_registry
+
+    ckpt = _lh90_vit_s(tmp_path / 'lh90_vit-s.pth')
+    tool_path = Path(__file__).resolve().parents[1] / 'tools' / 'swap_backbone.py'
+    spec = importlib.util.spec_from_file_location('swap_backbone_tool', tool_path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    out = tmp_path / 'segmenter_lookhere_vit-s.py'
+    src = 'mmseg::segmenter/segmenter_vit-s_mask_8xb1-160k_ade20k-512x512.py'
+    tool.main([src, str(out), '--checkpoint', ckpt])
+    printed = capsys.readouterr().out
+    assert f'preset=lh90 (recorded in {ckpt})' in printed, printed
+    assert 'lh180' not in printed
+    # what the model built from the written config really uses
+    lookhere_dense.register_all_modules()
+    backbone = model_registry('mmseg').build(Config.fromfile(str(out)).model.backbone)
+    backbone.init_weights()
+    assert backbone.lh_config == PRESETS['lh90']
+    tool.main([src, str(tmp_path / 'given.py'), '--checkpoint', ckpt, '--preset', 'lh90'])
+    printed = capsys.readouterr().out
+    assert 'preset=lh90' in printed and 'recorded in' not in printed, printed  # given
+
+
+def test_lookhere_config_summary_says_where_the_config_comes_from(tmp_path):
+    import torch
+
+    from lookhere_dense.lookhere import create_model
+    from lookhere_dense.swap import lookhere_config_summary
+
+    def bb(**kw):
+        return dict(type='LookHereViT', **kw)
+
+    def pretrained(path):
+        return dict(type='Pretrained', checkpoint=str(path))
+
+    assert lookhere_config_summary(bb()) == 'preset=lh180 (default)'
+    assert lookhere_config_summary(bb(preset='lh45')) == 'preset=lh45'
+    assert lookhere_config_summary(bb(lh_config='lh90')) == 'preset=lh90'
+    custom = dict(head_directions='corners-none', global_slope=2.0)
+    assert lookhere_config_summary(bb(lh_config=custom)) == f'lh_config={custom!r}'
+    assert lookhere_config_summary(bb(pos_encoding='rope2d')) == "pos_encoding='rope2d'"
+    ckpt = _lh90_vit_s(tmp_path / 'lh90.pth')
+    assert lookhere_config_summary(bb(init_cfg=pretrained(ckpt))) == (
+        f'preset=lh90 (recorded in {ckpt})'
+    )
+    assert lookhere_config_summary(bb(preset='lh90', init_cfg=pretrained(ckpt))) == 'preset=lh90'
+    # a timm-style file (no LookHere config): the default, said why
+    trunk = create_model(embed_dims=48, num_layers=1, num_heads=12)
+    plain = tmp_path / 'plain.pth'
+    torch.save({'model': {k: v for k, v in trunk.state_dict().items() if 'extra' not in k}}, plain)
+    assert lookhere_config_summary(bb(init_cfg=pretrained(plain))) == (
+        f'preset=lh180 (default; {plain} records no LookHere config)'
+    )
+    missing = lookhere_config_summary(bb(init_cfg=pretrained(tmp_path / 'nope.pth')))
+    assert missing.startswith('preset=lh180 (default) unless') and 'file not found' in missing

@@ -5,8 +5,11 @@ By default images go through the config's test resize and the config's inference
 ``--native`` keeps each image's own size, ``--short-side`` / ``--size`` pick another one,
 and ``--whole`` / ``--slide`` choose one pass over the whole image or sliding windows of
 the training crop. Overlays are written as ``<out-dir>/<image name>.png`` with a legend of
-the classes present (``--no-legend``: without), and the raw class ids as
-``<image name>_labels.png`` with ``--save-labels``. The checkpoint must fit the config's
+the classes present (``--no-legend``: without), and the class ids as
+``<image name>_labels.png`` with ``--save-labels``, numbered as the dataset's annotation
+files and ``tools/test.py --out``: for a ``reduce_zero_label`` dataset (ADE20K layout)
+class ``k`` of the model is written as ``k + 1`` (0 is the files' "no class" value and is
+never written), otherwise as ``k`` (Cityscapes layout). The checkpoint must fit the config's
 model; a file that is not an image, an image that cannot be decoded and an output that
 cannot be written stop the run with a message naming the file. Segmentation (mmseg)
 configs only: a detection config stops the run with one line naming it and pointing to
@@ -105,7 +108,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         '--save-labels',
         action='store_true',
-        help='also write the predicted class ids as <name>_labels.png',
+        help='also write the predicted class ids as <name>_labels.png, numbered as the '
+        "dataset's annotation files and tools/test.py --out: with the config's test "
+        'dataset reduce_zero_label (ADE20K) model class k is written as k+1 and 0 (the '
+        "files' ignore value) never appears; otherwise class k is k (Cityscapes)",
     )
     parser.add_argument(
         '--device', default=None, help='cpu or cuda[:N] (default: cuda when available, else cpu)'
@@ -164,6 +170,13 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
         f'({result.mode} inference on {result.device}'
         + (f', {args.amp_dtype or "bfloat16"} autocast)' if args.amp else ')')
     )
+    if args.save_labels:
+        print(
+            '*_labels.png: model class k written as k+1 (reduce_zero_label: the '
+            "dataset's annotation ids, 0 = ignore, as tools/test.py --out)"
+            if result.label_offset
+            else '*_labels.png: model class k written as k (as tools/test.py --out)'
+        )
     return result.paths
 
 

@@ -46,7 +46,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         '--preset',
         choices=['lh180', 'lh90', 'lh45'],
         default=None,
-        help='LookHere preset (default: lh180, or the config stored in --checkpoint)',
+        help='LookHere preset (default: the config stored in --checkpoint, else lh180; '
+        'the printed summary says which)',
     )
     parser.add_argument(
         '--num-heads',
@@ -81,6 +82,7 @@ def main(argv: Optional[List[str]] = None):
     quiet_known_warnings()
     from lookhere_dense.apis.swap import swap_config_file
     from lookhere_dense.errors import ConfigError
+    from lookhere_dense.swap import lookhere_config_summary
 
     notes: List[str] = []
     try:
@@ -103,7 +105,7 @@ def main(argv: Optional[List[str]] = None):
     print(
         f'wrote {args.out}: LookHereViT embed_dims={bb.get("embed_dims")} '
         f'num_layers={bb.get("num_layers")} num_heads={bb.get("num_heads")} '
-        f'out_indices={bb.get("out_indices")} preset={bb.get("preset") or "lh180 (default)"}'
+        f'out_indices={bb.get("out_indices")} {lookhere_config_summary(bb)}'
     )
     for note in notes:
         print(f'  {note}')

@@ -20,6 +20,7 @@ was not).
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 import os.path as osp
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ __all__ = [
     'class_names',
     'output_stems',
     'check_segmentation_config',
+    'saved_label_offset',
     'Overlays',
     'segment_images',
 ]
@@ -298,6 +300,70 @@ def _make_out_dir(out_dir: str) -> None:
         raise ToolError(f'the output folder {out_dir!r} is not writable')
 
 
+def _dataset_reduce_zero_label(dataset: Any) -> Optional[bool]:
+    """``reduce_zero_label`` of a dataset config: its own key, else an explicit one of its
+    pipeline's ``LoadAnnotations`` (mmseg asserts the two agree), else that of the
+    dataset it wraps (``dataset`` / the first of ``datasets``), else the default of the
+    dataset class (``ADE20KDataset``: True, ``BaseSegDataset``: False); None when the
+    class is unknown."""
+    if not isinstance(dataset, dict):
+        return None
+    if dataset.get('reduce_zero_label') is not None:
+        return bool(dataset['reduce_zero_label'])
+    for step in dataset.get('pipeline') or []:
+        if (
+            isinstance(step, dict)
+            and str(step.get('type', '')).split('.')[-1] == 'LoadAnnotations'
+            and step.get('reduce_zero_label') is not None
+        ):
+            return bool(step['reduce_zero_label'])
+    inner = dataset.get('dataset')
+    if inner is None and dataset.get('datasets'):
+        inner = dataset['datasets'][0]
+    if inner is not None:
+        return _dataset_reduce_zero_label(inner)
+    ds_type = dataset.get('type')
+    if isinstance(ds_type, str):
+        from mmseg.registry import DATASETS
+
+        ds_type = DATASETS.get(ds_type)
+    if not isinstance(ds_type, type):
+        return None
+    try:
+        param = inspect.signature(ds_type.__init__).parameters.get('reduce_zero_label')
+    except (TypeError, ValueError):  # pragma: no cover - a C-implemented __init__
+        return None
+    if param is None or param.default is inspect.Parameter.empty:
+        return None
+    return bool(param.default)
+
+
+def saved_label_offset(cfg, meta: Optional[Dict[str, Any]] = None) -> int:
+    """What ``--save-labels`` adds to the model's class ids so that ``<name>_labels.png``
+    numbers classes as the dataset's annotation files and ``tools/test.py --out`` do: 1
+    for a ``reduce_zero_label`` dataset (ADE20K layout: file value 0 is "no class",
+    ignored; class ``k`` of the model is value ``k + 1``; mmseg's ``IoUMetric`` adds the
+    same 1 to what ``--out`` writes), else 0 (Cityscapes layout: value ``k`` is class
+    ``k``).
+
+    The config's test dataset decides (:func:`_dataset_reduce_zero_label`), as it does
+    for ``tools/test.py``; a config without one falls back to the checkpoint's
+    ``dataset_meta`` (the Runner records ``reduce_zero_label`` there), else 0.
+    """
+    dataset = (cfg.get('test_dataloader') or {}).get('dataset')
+    reduce = _dataset_reduce_zero_label(dataset)
+    if reduce is None and meta:
+        reduce = meta.get('reduce_zero_label')
+    return 1 if reduce else 0
+
+
+def _saved_labels(pred: np.ndarray, offset: int) -> np.ndarray:
+    """The class ids of one prediction as written to ``<name>_labels.png``: plus
+    ``offset`` (:func:`saved_label_offset`); uint8, or uint16 where an id exceeds 255."""
+    ids = pred.astype(np.int64) + offset
+    return ids.astype(np.uint8 if ids.size == 0 or ids.max() <= 255 else np.uint16)
+
+
 @dataclass
 class Overlays:
     """What :func:`segment_images` wrote.
@@ -306,11 +372,15 @@ class Overlays:
         paths: the overlay PNGs, one per image.
         mode: the inference mode used (``'whole'`` or ``'slide'``).
         device: the device the model ran on.
+        label_offset: what the ``<name>_labels.png`` files add to the model's class ids
+            (:func:`saved_label_offset`: 1 for ``reduce_zero_label`` datasets such as
+            ADE20K, whose annotation value 0 means "no class"; else 0).
     """
 
     paths: List[str]
     mode: str
     device: str
+    label_offset: int = 0
 
 
 def _slide_window(cfg, crop, stride, patch) -> Optional[Tuple[int, int]]:
@@ -396,7 +466,10 @@ def segment_images(
     max_memory: Optional[str] = None,
 ) -> Overlays:
     """Segment an image or a folder of images; write ``<out_dir>/<image name>.png``
-    overlays (and the class ids as ``<image name>_labels.png`` with ``save_labels``).
+    overlays (and the class ids as ``<image name>_labels.png`` with ``save_labels``,
+    numbered as the dataset's annotation files and ``tools/test.py --out``: for a
+    ``reduce_zero_label`` dataset such as ADE20K class ``k`` of the model is written as
+    ``k + 1`` and 0 is never written; see :func:`saved_label_offset`).
 
     Args: as ``tools/infer.py`` (``size``, ``crop``, ``stride``: ``(H, W)``); ``device``
     default: cuda when available, else cpu; ``legend``: draw the legend of the classes
@@ -448,6 +521,7 @@ def segment_images(
     num_classes = int(getattr(model.decode_head, 'num_classes', 0) or 0)
     palette = class_palette(meta, cfg, num_classes)
     names = class_names(meta, cfg, num_classes)
+    offset = saved_label_offset(cfg, meta)
     written = []
     for path, stem in tqdm(
         list(zip(images, output_stems(images))),
@@ -468,7 +542,8 @@ def segment_images(
             _log_backends(model, tuple(data['inputs'].shape[-2:]))
         with torch.no_grad():
             result = model.test_step(batch)[0]
-        labels = result.pred_sem_seg.data[0].cpu().numpy().astype(np.uint8)
+        pred = result.pred_sem_seg.data[0].cpu().numpy()
+        labels = pred.astype(np.uint8)
         if bgr.shape[:2] != labels.shape:  # prediction is at the original size
             bgr = cv2.resize(bgr, labels.shape[::-1])
         rgb = overlay(bgr[..., ::-1], labels, palette, opacity)
@@ -478,5 +553,5 @@ def segment_images(
         _write(out, np.ascontiguousarray(rgb[..., ::-1]))
         written.append(out)
         if save_labels:
-            _write(osp.join(out_dir, f'{stem}_labels.png'), labels)
-    return Overlays(written, str(model.test_cfg.get('mode')), device)
+            _write(osp.join(out_dir, f'{stem}_labels.png'), _saved_labels(pred, offset))
+    return Overlays(written, str(model.test_cfg.get('mode')), device, offset)
