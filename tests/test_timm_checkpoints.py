@@ -79,24 +79,28 @@ def test_in_chans_and_in_channels_that_disagree_are_refused():
         timm.create_model(TINY, depth=2, in_chans=1, in_channels=3)
 
 
-def test_mmseg_timm_backbone_in_channels_1_runs():
-    """mmseg's ``TIMMBackbone(in_channels=1)`` passes ``in_chans=1`` to timm."""
+def _timm_backbone(**kwargs):
+    """mmseg's ``TIMMBackbone`` of the tiny model: ``depth=2``, ``features_only``, block 1."""
     pytest.importorskip('mmseg')
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
 
     init_default_scope('mmseg')
-    backbone = MODELS.build(
+    return MODELS.build(
         dict(
             type='TIMMBackbone',
             model_name=TINY,
-            pretrained=False,
-            in_channels=1,
             features_only=True,
             out_indices=(1,),
             depth=2,
+            **kwargs,
         )
-    ).eval()
+    )
+
+
+def test_mmseg_timm_backbone_in_channels_1_runs():
+    """mmseg's ``TIMMBackbone(in_channels=1)`` passes ``in_chans=1`` to timm."""
+    backbone = _timm_backbone(pretrained=False, in_channels=1).eval()
     with torch.no_grad():
         (fmap,) = backbone(torch.randn(1, 1, 64, 48))
     assert tuple(fmap.shape) == (1, 192, 4, 3)
@@ -206,23 +210,9 @@ def test_pretrained_true_takes_the_checkpoint_path_and_needs_a_file(tmp_path: Pa
 def test_mmseg_timm_backbone_loads_checkpoint_path_with_its_default_pretrained(tmp_path):
     """``dict(type='TIMMBackbone', model_name=..., checkpoint_path=...)``: mmseg passes
     ``pretrained=True`` (its default) with the file."""
-    pytest.importorskip('mmseg')
-    from mmengine.registry import init_default_scope
-    from mmseg.registry import MODELS
-
     trunk = _trunk('lh90')
     path = _runner_checkpoint(tmp_path / 'iter_3.pth', trunk)
-    init_default_scope('mmseg')
-    backbone = MODELS.build(
-        dict(
-            type='TIMMBackbone',
-            model_name=TINY,
-            checkpoint_path=str(path),
-            features_only=True,
-            out_indices=(1,),
-            depth=2,
-        )
-    ).eval()
+    backbone = _timm_backbone(checkpoint_path=str(path)).eval()
     x = torch.randn(1, 3, 64, 48)
     with torch.no_grad():
         (fmap,) = backbone(x)
@@ -302,23 +292,7 @@ def _build(route: str, path: Path, **kwargs):
     """The tiny timm model with ``depth=2`` and the file of ``path`` loaded the
     ``route`` way; returns the trunk (the LookHereTimmViT)."""
     if route == 'mmseg':
-        pytest.importorskip('mmseg')
-        from mmengine.registry import init_default_scope
-        from mmseg.registry import MODELS
-
-        init_default_scope('mmseg')
-        backbone = MODELS.build(
-            dict(
-                type='TIMMBackbone',
-                model_name=TINY,
-                checkpoint_path=str(path),
-                features_only=True,
-                out_indices=(1,),
-                depth=2,
-                **kwargs,
-            )
-        )
-        return backbone.timm_model.model
+        return _timm_backbone(checkpoint_path=str(path), **kwargs).timm_model.model
     if route == 'load_checkpoint':
         model = timm.create_model(TINY, depth=2, num_classes=0, **kwargs)
         timm.models.load_checkpoint(model, str(path))
@@ -504,10 +478,5 @@ def test_a_pretrained_runner_checkpoint_loads_in_a_fresh_process(tmp_path: Path)
 def test_mmseg_timm_backbone_without_a_file_says_pretrained_false():
     """mmseg's TIMMBackbone passes pretrained=True unless told otherwise: the message
     says how to build random weights."""
-    pytest.importorskip('mmseg')
-    from mmengine.registry import init_default_scope
-    from mmseg.registry import MODELS
-
-    init_default_scope('mmseg')
     with pytest.raises(RuntimeError, match=r'no weights to download.*pretrained=False'):
-        MODELS.build(dict(type='TIMMBackbone', model_name=TINY, features_only=True, depth=2))
+        _timm_backbone()
