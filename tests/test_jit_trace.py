@@ -127,7 +127,7 @@ def test_timm_model_traces():
         torch.testing.assert_close(traced(other), model(other), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize('grid', [(8.0, 8), (0, 8), (8,), (torch.tensor(8), 8)])
+@pytest.mark.parametrize('grid', [(8.0, 8), (0, 8), (8,), (torch.tensor(8), 8), (True, 8)])
 def test_bad_grid_sizes_are_still_refused_by_name(grid):
     with pytest.raises(ValueError, match='grid_size must be'):  # the tracing fix kept this
         build_grid_bias(PRESETS['lh180'], grid, 2, 12)

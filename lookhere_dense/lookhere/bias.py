@@ -265,7 +265,9 @@ def _layer_tables(
 
 
 def _check_grid(grid_size: Sequence[int]) -> Tuple[int, int]:
-    if len(grid_size) != 2 or any(not isinstance(g, int) or g < 1 for g in grid_size):
+    if len(grid_size) != 2 or any(
+        not isinstance(g, int) or isinstance(g, bool) or g < 1 for g in grid_size
+    ):
         raise ValueError(f'grid_size must be (H, W) with positive ints, got {grid_size!r}')
     return int(grid_size[0]), int(grid_size[1])
 
