@@ -228,6 +228,53 @@ def test_the_gradient_check_rejects_a_shifted_bias():
         assert max(errors) > 5 * GRAD_TOL[name], errors
 
 
+def captured_tensors(score_mod: Callable) -> List[Tensor]:
+    """The tensors a ``score_mod`` closes over."""
+    cells = [c.cell_contents for c in score_mod.__closure__ or ()]
+    return [t for t in cells if isinstance(t, Tensor)]
+
+
+@pytest.mark.parametrize('directions', ['lh90', 'corners-center'])
+def test_a_learnable_score_mod_captures_tensors_of_their_own(directions):
+    """Compiled flex in torch 2.8 to 2.13 gives a captured tensor that is a view of a
+    graph value no gradient: ``loss.backward()`` leaves the slopes' ``.grad`` None (the
+    learnable-slope cases of ``tools/gpu_check.sh --simulate-cpu`` under torch 2.11: "One
+    of the differentiated Tensors appears to not have been used in the graph"). Torch
+    2.14 has no such bug, so what the score_mod captures is checked here: where it
+    requires grad (the table, the center heads' key term), a tensor that is no view; a
+    fixed table as it is, uncopied."""
+    config = resolve_lh_config('lh90')
+    if directions != 'lh90':
+        config = dataclasses.replace(resolve_lh_config('lh180'), head_directions=directions)
+    eng = LookHereAttentionEngine(config, 1, HEADS, 'flex')
+    slopes = LookHereSlopes(eng.config, 1, HEADS)
+    tables = eng.slope_bias(0, GRID, CPU, torch.float32, slopes)
+    assert tables.table[0]._base is not None  # what it is handed is a view
+    learn = [t for t in captured_tensors(flex_score_mod(tables, 0, CLS)) if t.requires_grad]
+    assert len(learn) == (1 if tables.key_term is None else 2)
+    assert all(t._base is None and t.is_contiguous() for t in learn)
+    fixed = eng.grid_bias(GRID, CPU)
+    kept = {t.data_ptr() for t in captured_tensors(flex_score_mod(fixed, 0, CLS))}
+    assert fixed.table[0].data_ptr() in kept
+
+
+@pytest.mark.skipif(not flex_slope_grads_available(), reason='torch < 2.6: no table gradients')
+def test_compiled_flex_trains_learnable_slopes_through_backward():
+    """``loss.backward()`` through ``aot_eager``-compiled flex fills every slope
+    parameter's ``.grad`` with eager flex's."""
+    eng = make_engine()
+    q, k, v, gout = inputs(torch.float32)
+    grads = []
+    for mode in MODES:
+        slopes = LookHereSlopes(eng.config, 1, HEADS)
+        tables = eng.slope_bias(0, GRID, CPU, torch.float32, slopes)
+        (run_flex(eng, q, k, v, mode, tables) * gout).sum().backward()
+        grads.append([p.grad for p in slopes.parameters()])
+    assert all(g is not None for g in grads[1])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize('mode', MODES)
 def test_torch_refuses_q_k_v_gradients_of_flex_on_cpu(mode):
     """Why no test here checks the gradients of ``q, k, v`` (the GPU script does): torch

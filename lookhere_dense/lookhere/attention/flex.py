@@ -45,6 +45,7 @@ __all__ = [
     'tile_order',
     'flex_index',
     'FLEX_INDEX_PAD',
+    'captured_tensor',
     'flex_score_mod',
     'flex_mask_mod',
     'lookhere_block_mask',
@@ -265,6 +266,26 @@ def flex_index(
     return index
 
 
+def captured_tensor(t: Tensor) -> Tensor:
+    """``t`` as a ``score_mod`` may capture it: contiguous, and, where it requires grad,
+    a tensor of its own rather than a view of another.
+
+    Compiled flex in torch 2.8 to 2.13 (probed on CPU: 2.8, 2.11, 2.12, 2.13 under
+    ``aot_eager``; 2.14 does not) can give no gradient to a captured tensor that is a
+    view of a graph value (a layer's row of the learnable-slopes table,
+    ``table[0].flatten(1)``): ``loss.backward()`` left the slopes' ``.grad`` None, with
+    no error, even where another captured tensor got its gradient. The H200 run (torch
+    2.11, inductor, ``q, k, v`` with gradients) got the slope gradients right, so whole
+    models training on a GPU were likely spared; the CPU simulation of the GPU script
+    (``q, k, v`` without gradients) was not. A copy of a layer's table is small (``heads
+    * (2H-1) * (2W-1)`` floats, once per step); fixed tables (no grad) are captured as
+    they are (docs/gpu.md).
+    """
+    if t.requires_grad and t._base is not None:
+        return t.clone(memory_format=torch.contiguous_format)
+    return t.contiguous()
+
+
 def flex_score_mod(
     grid_bias: GridBias,
     layer: int,
@@ -293,11 +314,11 @@ def flex_score_mod(
     then runs the softmax in float32 and rounds only the probabilities before ``P V`` and
     the output to the input dtype (``tests/test_flex_precision.py``).
     """
-    table = grid_bias.table[layer].float().flatten(1).contiguous()
+    table = captured_tensor(grid_bias.table[layer].float().flatten(1))
     if index is None:
         index = flex_index(grid_bias.grid_size, cls_token, order, table.device)
     key_term = (
-        None if grid_bias.key_term is None else grid_bias.key_term[layer].float().contiguous()
+        None if grid_bias.key_term is None else captured_tensor(grid_bias.key_term[layer].float())
     )
 
     def score_mod(score, b, h, q_idx, kv_idx):
