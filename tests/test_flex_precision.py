@@ -451,14 +451,20 @@ def test_a_flex_order_that_does_not_put_the_prefix_last_is_refused():
 
 def test_the_flex_torch_probe_reports_every_case(capsys):
     """``python -m research.benchmark.flex_torch_probe`` (docs/gpu.md): a line per view
-    case, both score-rounding lines; torch 2.14 keeps every gradient and rounds
-    bfloat16 flex about 1.5 times."""
+    case, both score-rounding lines, exit 0 where our capture keeps its gradient. Torch
+    2.14 keeps every gradient and rounds bfloat16 flex about 1.5 times (2.8-2.13 lose
+    the views' gradients; 2.8 rounds about 10 times)."""
+    from torch.torch_version import TorchVersion
+
     from research.benchmark import flex_torch_probe
 
     assert flex_torch_probe.main(['--device', 'cpu']) == 0
     lines = capsys.readouterr().out.splitlines()
     views = [line for line in lines if line.startswith('view grads')]
     assert len(views) == len(flex_torch_probe.view_cases(torch.zeros(1)))
-    assert not [line for line in views if 'lost' in line or 'error' in line]
+    assert not [line for line in views if flex_torch_probe.OURS in line and 'lost' in line]
     rounds = [float(line.split(': ')[1].split()[0]) for line in lines if 'roundings' in line]
-    assert len(rounds) == 2 and all(0.5 < r < 4 for r in rounds), rounds
+    assert len(rounds) == 2 and all(r > 0.5 for r in rounds), rounds
+    if TorchVersion(torch.__version__) >= (2, 14):
+        assert not [line for line in views if 'lost' in line or 'error' in line]
+        assert all(r < 4 for r in rounds), rounds
