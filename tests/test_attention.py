@@ -258,7 +258,10 @@ def test_tile_row_block_mask_equals_create_block_mask(name, grid, cls_token, blo
         )
         for attr in ('kv_num_blocks', 'kv_indices', 'full_kv_num_blocks', 'full_kv_indices'):
             assert torch.equal(getattr(ours, attr), getattr(theirs, attr)), attr
-        assert ours.sparsity() > 0  # directed heads skip tiles
+        # directed heads skip tiles (counted here: torch 2.11's sparsity() is negative
+        # where the last tile is ragged)
+        n_tiles = -(-t // block)
+        assert int(ours.kv_num_blocks.sum() + ours.full_kv_num_blocks.sum()) < HEADS * n_tiles**2
 
 
 def test_tile_order_is_a_permutation_with_cls_last_and_skips_more_tiles():
