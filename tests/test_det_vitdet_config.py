@@ -356,6 +356,54 @@ def test_an_unknown_backbone_key_in_the_config_file_names_the_close_ones(tmp_pat
 
 
 @pytest.mark.parametrize(
+    'bad, words',
+    [
+        (dict(drop_path_rate=-0.1), 'drop_path_rate must be a probability in [0, 1), got -0.1'),
+        (dict(window_size=-1), 'window_size must be >= 0'),
+        (dict(img_size=-5), 'img_size'),
+        (dict(out_indices=()), 'out_indices must be an int or a non-empty list of ints'),
+        (dict(out_indices='2'), "out_indices must be an int or a non-empty list of ints, got '2'"),
+        (
+            dict(window_size=2, window_block_indexes=[0, 5]),
+            'window_block_indexes / global_attn_indexes: block indexes [5] out of range',
+        ),
+    ],
+)
+def test_a_bad_backbone_value_is_a_one_line_config_error_naming_it(bad, words):
+    """The trunk's argument checks (torch-only code: ValueError) reach a config as a
+    one-line ConfigError naming LookHereViT, the argument and the value, which the tools
+    print as one ``error:`` line (found by a new-user pass: a 55-line traceback)."""
+    tiny = dict(type='LookHereViT', img_size=32, patch_size=8, embed_dims=48, num_layers=2)
+    with pytest.raises(ConfigError) as excinfo:
+        _build(dict(tiny, **bad))
+    msg = _one_line_config_error(excinfo)
+    assert msg.startswith('LookHereViT') and words in msg, msg
+
+
+def test_training_with_flex_on_cpu_is_refused_before_the_runner():
+    """``attn_backend='flex'`` cannot train on CPU (no CPU backward): the training
+    preflight refuses it, naming the key; inference, or CUDA, is left alone."""
+    from lookhere_dense.apis.cli import check_flex_training
+
+    cfg = Config(dict(model=dict(backbone=dict(type='LookHereViT', attn_backend='flex'))))
+    with pytest.raises(ConfigError, match=r"model.backbone.attn_backend='flex' cannot train"):
+        check_flex_training(cfg, cuda=False)
+    check_flex_training(cfg, cuda=True)
+    cfg.model.backbone.attn_backend = 'fused'
+    check_flex_training(cfg, cuda=False)
+    # the training preflight runs it (tools/train.py, lookhere-train); a test run does not
+    import lookhere_dense
+    from lookhere_dense.apis.cli import preflight
+
+    shipped = Config.fromfile(lookhere_dense.config_path('segmenter_lookhere_vit-t_tiny-ade.py'))
+    shipped.model.backbone.attn_backend = 'flex'
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match='cannot train on CPU'):
+            preflight(shipped, ('train', 'val'), check_pretrained=False, check_data=False)
+    preflight(shipped, ('test',), check_pretrained=False, check_data=False)
+
+
+@pytest.mark.parametrize(
     'mmdet_name, name, values',
     [
         ('embed_dim', 'embed_dims', (96, 48)),

@@ -16,7 +16,7 @@ import os.path as osp
 import re
 import sys
 import warnings
-from typing import Any, Callable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence
 
 from ..errors import USER_ERRORS, ConfigError
 from ..validation import close_names
@@ -28,6 +28,7 @@ __all__ = [
     'load_config',
     'set_work_dir',
     'preflight',
+    'check_flex_training',
     'run_main',
     'ToolArgumentParser',
     'CfgOptionsAction',
@@ -695,6 +696,31 @@ def _log(msg: str, level: int = logging.INFO) -> None:
     print_log(msg, logger='current', level=level)
 
 
+def check_flex_training(cfg, cuda: Optional[bool] = None) -> None:
+    """Refuse ``model.backbone.attn_backend='flex'`` for training without CUDA before
+    the Runner is built (PyTorch's ``flex_attention`` has no CPU backward; the engine
+    would refuse it in the first training step, after start-up). ``cuda``: whether
+    training runs on CUDA (None: ``torch.cuda.is_available()``).
+
+    Raises:
+        lookhere_dense.errors.ConfigError: naming the key, its value and what to use.
+    """
+    model = cfg.get('model')
+    backbone = model.get('backbone') if isinstance(model, Mapping) else None
+    if not isinstance(backbone, Mapping) or backbone.get('attn_backend') != 'flex':
+        return
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    if not cuda:
+        raise ConfigError(
+            "model.backbone.attn_backend='flex' cannot train on CPU (PyTorch's "
+            "flex_attention has no CPU backward); use 'auto', 'fused', 'chunked' or "
+            "'sdpa' for training (flex runs inference on CPU)"
+        )
+
+
 def preflight(
     cfg,
     splits: Sequence[str],
@@ -741,6 +767,8 @@ def preflight(
             notes.append(msg)
 
     check_model_cfg(cfg)
+    if 'train' in splits:
+        check_flex_training(cfg)
     clear_inherited_pretrained(cfg, warn)
     dropped: List[str] = []
     if check_pretrained:

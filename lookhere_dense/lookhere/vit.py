@@ -162,7 +162,10 @@ def _check_arguments(args: Mapping[str, Any]) -> None:
                 f'ints, got {out_indices!r}'
             )
     elif not is_int(out_indices):
-        raise TypeError('out_indices must be an int, list or tuple')
+        raise ValueError(
+            'LookHereViT: out_indices must be an int or a non-empty list of '
+            f'ints, got {out_indices!r}'
+        )
 
 
 def window_blocks(
@@ -205,7 +208,10 @@ def window_blocks(
     bad = [i for i in windowed if not 0 <= i < num_layers]
     bad += [i for i in (global_attn_indexes or []) if not 0 <= i < num_layers]
     if bad:
-        raise ValueError(f'block indexes {bad} out of range for num_layers={num_layers}')
+        raise ValueError(
+            f'LookHereViT: window_block_indexes / global_attn_indexes: block indexes {bad} '
+            f'out of range for num_layers={num_layers}'
+        )
     return windowed
 
 

@@ -28,7 +28,7 @@ from mmengine.model import BaseModule
 from mmengine.runner.checkpoint import CheckpointLoader
 from torch import nn
 
-from lookhere_dense.errors import ConfigError
+from lookhere_dense.errors import USER_ERRORS, ConfigError
 from lookhere_dense.lookhere.vit import LookHereVisionTransformer
 from lookhere_dense.lookhere.weights import HEADS_KEY
 from lookhere_dense.validation import close_names
@@ -252,11 +252,22 @@ class LookHereViT(LookHereVisionTransformer, BaseModule):
             raise ValueError(f'LookHereViT supports num_fcs=2 only (got {num_fcs})')
         kwargs = mmdet_vit_arguments(kwargs)
         _check_norm_cfg(norm_cfg, kwargs.get('embed_dims', _TRUNK_EMBED_DIMS))
-        super().__init__(
-            norm_layer=lambda dim: build_norm_layer(norm_cfg, dim)[1],
-            act_layer=lambda: build_activation_layer(act_cfg),
-            **kwargs,
-        )
+        try:
+            super().__init__(
+                norm_layer=lambda dim: build_norm_layer(norm_cfg, dim)[1],
+                act_layer=lambda: build_activation_layer(act_cfg),
+                **kwargs,
+            )
+        except ValueError as err:
+            # the trunk's argument checks raise ValueError naming the argument and value
+            # (torch-only code); in a config that is a ConfigError: the tools print it as
+            # one ``error:`` line instead of a traceback through the registry
+            if isinstance(err, USER_ERRORS):
+                raise
+            msg = str(err)
+            raise ConfigError(
+                msg if msg.startswith('LookHereViT') else f'LookHereViT: {msg}'
+            ) from err
         self.init_cfg = init_cfg  # BaseModule's (its __init__ ran with None in the MRO)
 
     def _log(self, msg: str) -> None:
