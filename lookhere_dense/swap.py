@@ -276,18 +276,6 @@ def lookhere_backbone_cfg(
     return out
 
 
-def _preset_name(config: Any) -> Optional[str]:
-    """The preset whose official keys a :class:`~.lookhere.config.LookHereConfig` has,
-    else None."""
-    from .lookhere.config import OFFICIAL_KEYS, PRESETS
-
-    mine = {k: v for k, v in config.to_dict().items() if k in OFFICIAL_KEYS}
-    for name, preset in PRESETS.items():
-        if mine == {k: v for k, v in preset.to_dict().items() if k in OFFICIAL_KEYS}:
-            return name
-    return None
-
-
 def _checkpoint_lh_config(path: str) -> Any:
     """The LookHere config recorded in the weights file ``path`` (as LookHereViT reads
     it when ``init_cfg=Pretrained`` loads it): a :class:`~.lookhere.config.LookHereConfig`,
@@ -343,7 +331,9 @@ def lookhere_config_summary(backbone: Mapping[str, Any]) -> str:
             f'preset=lh180 (default) unless {path} records another LookHere config, '
             f'which the backbone adopts when it loads the file ({stored})'
         )
-    name = _preset_name(stored)
+    from .lookhere.config import preset_name
+
+    name = preset_name(stored)
     shown = f'preset={name}' if name else f'lh_config={stored.to_dict()}'
     return f'{shown} (recorded in {path})'
 

@@ -79,7 +79,12 @@ from torch.nn.modules.module import _IncompatibleKeys
 
 from .checkpoint import load_checkpoint_file
 from .errors import CheckpointError, UnreadableCheckpointError
-from .lookhere.config import OFFICIAL_KEYS, PRESETS, LookHereConfig, resolve_lh_config
+from .lookhere.config import (
+    OFFICIAL_KEYS,
+    LookHereConfig,
+    preset_name,
+    resolve_lh_config,
+)
 from .lookhere.vit import LookHereVisionTransformer
 from .lookhere.weights import BackboneWeights, backbone_weights, file_num_heads
 
@@ -559,11 +564,8 @@ def _tag_encoding(tag: str) -> str:
 
 
 def _config_name(cfg: LookHereConfig) -> str:
-    """The preset whose official keys ``cfg`` has, else 'a config of its own'."""
-    for name, preset in PRESETS.items():
-        if all(getattr(cfg, k) == getattr(preset, k) for k in OFFICIAL_KEYS):
-            return name
-    return 'of its own'
+    """The preset whose official keys ``cfg`` has, else 'of its own'."""
+    return preset_name(cfg) or 'of its own'
 
 
 def _config_values(cfg: LookHereConfig, keys: Sequence[str]) -> str:

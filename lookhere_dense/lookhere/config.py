@@ -21,6 +21,7 @@ from .directions import NONE_LIKE_TYPES, HeadSpec, heads_of_type
 __all__ = [
     'LookHereConfig',
     'PRESETS',
+    'preset_name',
     'resolve_lh_config',
     'head_layout',
     'layer_slopes',
@@ -199,6 +200,15 @@ PRESETS: Dict[str, LookHereConfig] = {
     'lh90': LookHereConfig('corners-none', 1.0, (1.5, 0.5)),
     'lh45': LookHereConfig('eighths1-eighths2-none', 1.0, (2.0, 0.5)),
 }
+
+
+def preset_name(config: LookHereConfig) -> Optional[str]:
+    """The name of the preset whose official keys (:data:`OFFICIAL_KEYS`) ``config`` has,
+    else None (``bias_rounding`` and ``learnable_slopes`` are not compared)."""
+    for name, preset in PRESETS.items():
+        if all(getattr(config, k) == getattr(preset, k) for k in OFFICIAL_KEYS):
+            return name
+    return None
 
 
 def resolve_lh_config(
