@@ -436,9 +436,7 @@ class LookHereAttentionEngine:
         if self.backend != 'auto':
             fixed = replace(request, auto=False)
             return [(self.backend, REGISTRY[self.backend].can_run(fixed))]
-        if torch.jit.is_tracing():
-            return _explain_traced(request)
-        return chooser.explain(request)
+        return chooser.explain(request, UNTRACEABLE if torch.jit.is_tracing() else None)
 
     def choose_backend(self, *args: Any, **kwargs: Any) -> str:
         """The backend that runs a call (the arguments of :meth:`request`: ``tokens,
@@ -531,7 +529,7 @@ class LookHereAttentionEngine:
         """The backend that runs in place of the untraceable ``backend`` under
         ``torch.jit.trace``: ``auto``'s choice for the trace (warned once per engine)."""
         request = self.request(tokens, q.device, q.dtype, dropout_p, slope_grads, training)
-        chosen = _explain_traced(request)[-1][0]
+        chosen = chooser.explain(request, UNTRACEABLE)[-1][0]
         if backend not in self._warned_untraceable:
             self._warned_untraceable.add(backend)
             warnings.warn(
@@ -592,15 +590,3 @@ class LookHereAttentionEngine:
             return sdpa_in_windows(qw, kw, vw, window_bias, pad, dropout_p)
 
         return attend_in_windows(q, k, v, grid_size, ws, cls_token, attend, dropout_p)
-
-
-def _explain_traced(request: AttentionRequest) -> List[Tuple[str, Optional[str]]]:
-    """:func:`~.attention.chooser.explain` under ``torch.jit.trace``: the backends of
-    :data:`UNTRACEABLE` are skipped with their reason."""
-    out: List[Tuple[str, Optional[str]]] = []
-    for name in chooser.AUTO_ORDER:
-        reason = UNTRACEABLE.get(name) or REGISTRY[name].can_run(request)
-        out.append((name, reason))
-        if reason is None:
-            break
-    return out

@@ -21,7 +21,7 @@ for each layer of a model at an image size.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -66,12 +66,16 @@ BACKENDS: Tuple[str, ...] = (
 RETIRED: Dict[str, str] = {'buffered': 'tiled'}
 
 
-def explain(request: AttentionRequest) -> List[Tuple[str, Optional[str]]]:
+def explain(
+    request: AttentionRequest, skip: Optional[Mapping[str, str]] = None
+) -> List[Tuple[str, Optional[str]]]:
     """``[(backend, reason it cannot run or None)]`` in :data:`AUTO_ORDER`, up to and
-    including the first that can run (the one ``auto`` picks)."""
+    including the first that can run (the one ``auto`` picks). ``skip``: backends passed
+    over whatever the request, with the reason given (e.g. the engine's ``UNTRACEABLE``
+    under ``torch.jit.trace``). Default: None."""
     out = []
     for name in AUTO_ORDER:
-        reason = REGISTRY[name].can_run(request)
+        reason = (skip or {}).get(name) or REGISTRY[name].can_run(request)
         out.append((name, reason))
         if reason is None:
             break
