@@ -12,14 +12,19 @@ registry of a scope. All are also importable from :mod:`lookhere_dense.swap`.
 
 from __future__ import annotations
 
+import ast
 import difflib
+import inspect
 import os.path as osp
-from typing import Any, Callable, List, Mapping, Optional, Tuple
+import textwrap
+from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Tuple
 
 from .errors import ConfigError, PosEncodingError
 from .registry import CONFIG_IMPORT
+from .validation import close_names
 
 __all__ = [
+    'accepted_arguments',
     'check_model_cfg',
     'check_pretrained_files',
     'clear_inherited_pretrained',
@@ -49,6 +54,103 @@ def _heads(model: Mapping) -> List[Tuple[str, Mapping]]:
     elif isinstance(aux, (list, tuple)):
         out += [(f'model.auxiliary_head[{i}]', h) for i, h in enumerate(aux)]
     return out
+
+
+def _parts(model: Mapping) -> List[Tuple[str, Mapping]]:
+    """``(key, config)`` of the model's parts built from ``MODELS``: backbone, neck,
+    decode / auxiliary heads (mmseg), RPN / RoI heads (mmdet)."""
+    parts = [(f'model.{k}', model.get(k)) for k in ('backbone', 'neck')]
+    parts += _heads(model)
+    parts += [(f'model.{k}', model.get(k)) for k in ('rpn_head', 'roi_head')]
+    return [(where, node) for where, node in parts if isinstance(node, Mapping)]
+
+
+def _calls_super_init(node: ast.AST) -> bool:
+    """Whether ``node`` is ``super().__init__`` / ``super(Cls, self).__init__``."""
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == '__init__'
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Name)
+        and node.value.func.id == 'super'
+    )
+
+
+def _only_handed_to_super(init: Callable, var_keyword: str) -> bool:
+    """Whether an ``__init__``'s ``**var_keyword`` is used only as ``**var_keyword`` in
+    ``super().__init__(...)`` calls (read from its source; False where there is none)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(init)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    uses = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == var_keyword]
+    handed = {
+        id(kw.value)
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call) and _calls_super_init(call.func)
+        for kw in call.keywords
+        if kw.arg is None and isinstance(kw.value, ast.Name) and kw.value.id == var_keyword
+    }
+    return bool(uses) and all(id(n) in handed for n in uses)
+
+
+def accepted_arguments(cls: Any) -> Optional[FrozenSet[str]]:
+    """The keyword arguments ``cls(**cfg)`` accepts, or None when that cannot be told.
+
+    Walks ``cls.__mro__``: an ``__init__`` without ``**kwargs`` ends the walk; one whose
+    ``**kwargs`` only go on to ``super().__init__(**kwargs)`` (mmseg's heads) adds its
+    names and goes on to the next ``__init__``; ``torch.nn.Module``'s ends it (it takes
+    none). Anything else -- ``**kwargs`` used otherwise, a decorated ``__init__`` (it may
+    rename arguments), no source, ``object.__init__`` reached -- gives None, so only
+    arguments that would certainly raise ``TypeError`` are ever called unknown (over the
+    1,460 model configs shipped with mmseg 1.2.2 and mmdet 3.3.0 it names one argument:
+    ``FPN``'s ``force_grad_on_level`` in mmdet's V3Det FCOS config, which mmdet 3.3.0's
+    ``FPN`` indeed does not take).
+    """
+    import torch.nn as nn
+
+    if not isinstance(cls, type):
+        return None
+    names = set()
+    for klass in cls.__mro__:
+        if klass is nn.Module:
+            return frozenset(names)
+        init = klass.__dict__.get('__init__')
+        if init is None:
+            continue
+        if not inspect.isfunction(init) or hasattr(init, '__wrapped__'):
+            return None
+        params = list(inspect.signature(init).parameters.values())[1:]  # no self
+        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        var = [p.name for p in params if p.kind == p.VAR_KEYWORD]
+        if not var:
+            return frozenset(names)
+        if not _only_handed_to_super(init, var[0]):
+            return None
+    return frozenset(names)
+
+
+def _check_arguments(where: str, node: Mapping, registry) -> None:
+    """Refuse keys of a part's config that its class cannot take (a typo would be a
+    ``TypeError`` traceback when the Runner builds the model), naming the close ones."""
+    typ = node.get('type')
+    cls = registry.get(typ) if isinstance(typ, str) else typ
+    accepted = accepted_arguments(cls)
+    if accepted is None:
+        return
+    problems = []
+    for key in node:
+        if key in ('type', '_scope_') or key in accepted:
+            continue
+        close = close_names(key, sorted(accepted))
+        problems.append(
+            f'{where}.{key}: {cls.__name__} has no argument {key!r}'
+            + (f'; did you mean {" or ".join(repr(c) for c in close)}?' if close else '')
+        )
+    if problems:
+        raise ConfigError(
+            '; '.join(problems) + f' ({cls.__name__} takes {", ".join(sorted(accepted))})'
+        )
 
 
 def _check_registered(where: str, node: Mapping, registry, scope: str) -> None:
@@ -129,7 +231,8 @@ def _lookhere_checks(model: Mapping) -> None:
                 f'{(["model.neck"] if model.get("neck") else []) + readers} expect feature '
                 'maps. Set model.backbone.output_cls_token=False.'
             )
-    if model.get('neck'):
+    if isinstance(model.get('neck'), Mapping):
+        _check_neck(model['neck'], embed_dims, n_out, outs)
         return  # the neck decides what the heads see
     for where, head in heads:
         idx = head.get('in_index', -1)
@@ -150,13 +253,50 @@ def _lookhere_checks(model: Mapping) -> None:
             )
 
 
+def _check_neck(neck: Mapping, embed_dims: int, n_out: int, outs: Any) -> None:
+    """A neck that cannot read the ``LookHereViT`` outputs, refused before the model is
+    built (else: at the first forward, after start-up): ``SimpleFPN`` (its
+    ``in_channels`` / ``backbone_channel`` and ``in_index``) and mmseg's
+    ``MultiLevelNeck`` (one ``in_channels`` entry per backbone output)."""
+    typ = str(neck.get('type', '')).split('.')[-1]
+    key = 'backbone_channel' if neck.get('backbone_channel') is not None else 'in_channels'
+    chans = neck.get(key)
+    if typ == 'SimpleFPN':
+        if isinstance(chans, int) and chans != embed_dims:
+            raise ConfigError(
+                f'model.neck.{key}={chans} but LookHereViT gives {embed_dims}-channel maps '
+                '(model.backbone.embed_dims): make them equal.'
+            )
+        idx = neck.get('in_index', -1)
+        if isinstance(idx, int) and not -n_out <= idx < n_out:
+            raise ConfigError(
+                f'model.neck.in_index={idx} but the backbone gives {n_out} output(s) '
+                f'(out_indices={outs}): set model.neck.in_index to one of 0..{n_out - 1}.'
+            )
+    elif typ == 'MultiLevelNeck' and isinstance(chans, (list, tuple)):
+        if len(chans) != n_out:
+            raise ConfigError(
+                f'model.neck.in_channels={list(chans)} lists {len(chans)} map(s) but the '
+                f'backbone gives {n_out} (out_indices={outs}): one entry per backbone '
+                'output.'
+            )
+        if any(c != embed_dims for c in chans):
+            raise ConfigError(
+                f'model.neck.in_channels={list(chans)} but LookHereViT gives '
+                f'{embed_dims}-channel maps (model.backbone.embed_dims): make them equal.'
+            )
+
+
 def check_model_cfg(cfg: Mapping) -> None:
     """Check the model part of a config before building it.
 
     * every ``type`` of the model, backbone, neck and heads is registered in the scope's
       ``MODELS`` (an unknown one gets close matches and the ``custom_imports`` hint);
+    * their other keys are arguments their classes take (a misspelt one is named with the
+      close ones; :func:`accepted_arguments`: only where that can be told for sure);
     * for ``LookHereViT``: the LookHere head layout fits ``num_heads``, DPT heads get CLS
-      tokens, other heads do not, head ``in_index`` / ``in_channels`` match the outputs.
+      tokens, other heads do not, head ``in_index`` / ``in_channels`` match the outputs,
+      and so do a ``SimpleFPN`` or ``MultiLevelNeck`` neck's.
 
     Raises:
         ConfigError: naming the key to set.
@@ -166,12 +306,11 @@ def check_model_cfg(cfg: Mapping) -> None:
         return
     scope = cfg.get('default_scope') or 'mmseg'
     registry = model_registry(scope)
-    _check_registered('model', model, registry, scope)
-    parts = [('model.backbone', model.get('backbone')), ('model.neck', model.get('neck'))]
-    parts += _heads(model)
+    parts = [('model', model)] + _parts(model)
     for where, node in parts:
-        if isinstance(node, Mapping):
-            _check_registered(where, node, registry, scope)
+        _check_registered(where, node, registry, scope)
+    for where, node in parts:
+        _check_arguments(where, node, registry)
     bb = model.get('backbone')
     if isinstance(bb, Mapping) and str(bb.get('type', '')).split('.')[-1] == 'LookHereViT':
         _lookhere_checks(model)

@@ -1,0 +1,204 @@
+"""What ``check_model_cfg`` refuses before the Runner builds anything (``tools/train.py``
+and ``tools/test.py`` run it first): a misspelt argument of any part of the model, named
+with the close ones, only where building would certainly fail; a neck that cannot read
+the ``LookHereViT`` outputs."""
+
+from __future__ import annotations
+
+import copy
+import os.path as osp
+
+import pytest
+import torch.nn as nn
+
+from lookhere_dense.config_checks import accepted_arguments, check_model_cfg
+from lookhere_dense.errors import ConfigError
+
+mmseg = pytest.importorskip('mmseg')
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+UPERNET = osp.join(REPO, 'configs', 'upernet_lookhere-b16_sfpn_8xb2-160k_ade20k-512x512.py')
+SEGMENTER = osp.join(REPO, 'configs', 'segmenter_lookhere_vit-t_tiny-ade.py')
+MASK_RCNN = osp.join(REPO, 'configs', 'mask_rcnn_lookhere-b16_sfpn_lsj-1024-100e_coco.py')
+
+
+def _cfg(path: str, **options):
+    from mmengine.config import Config
+
+    cfg = Config.fromfile(path)
+    cfg.merge_from_dict(options)
+    return cfg
+
+
+def _build_error(cfg) -> str:
+    """What building ``cfg.model`` with the scope's registry raises (the Runner's way)."""
+    from mmengine.registry import init_default_scope
+
+    from lookhere_dense.config_checks import model_registry
+
+    scope = cfg.get('default_scope') or 'mmseg'
+    init_default_scope(scope)
+    model = copy.deepcopy(cfg.model)
+    model.pop('pretrained', None)
+    model.get('backbone', {}).pop('init_cfg', None)
+    with pytest.raises(TypeError) as err:
+        model_registry(scope).build(model)
+    return str(err.value)
+
+
+@pytest.mark.parametrize(
+    'path, key, typo, expected',
+    [
+        (UPERNET, 'model.neck', 'out_channel', 'out_channels'),
+        (UPERNET, 'model.decode_head', 'pool_scale', 'pool_scales'),
+        # SegmenterMaskTransformerHead hands **kwargs to BaseDecodeHead
+        (SEGMENTER, 'model.decode_head', 'num_class', 'num_classes'),
+        (SEGMENTER, 'model', 'test_cfgs', 'test_cfg'),
+        (MASK_RCNN, 'model.neck', 'num_out', 'num_outs'),
+        (MASK_RCNN, 'model.rpn_head', 'anchor_generators', 'anchor_generator'),
+    ],
+)
+def test_a_misspelt_argument_is_named_with_the_close_ones(path, key, typo, expected):
+    cfg = _cfg(path, **{f'{key}.{typo}': 1})
+    check_model_cfg(_cfg(path))  # the config as shipped passes
+    with pytest.raises(ConfigError) as err:
+        check_model_cfg(cfg)
+    msg = str(err.value)
+    assert msg.startswith(f'{key}.{typo}: ')
+    assert f"has no argument '{typo}'; did you mean '{expected}'" in msg
+    # the check is exact: building the model would have raised the TypeError it replaces
+    assert f"unexpected keyword argument '{typo}'" in _build_error(cfg)
+
+
+def test_all_misspelt_keys_are_named_in_one_message():
+    cfg = _cfg(UPERNET, **{'model.neck.out_channel': 1, 'model.neck.zzz_unlike_any': 2})
+    with pytest.raises(ConfigError) as err:
+        check_model_cfg(cfg)
+    msg = str(err.value)
+    assert "model.neck.out_channel: SimpleFPN has no argument 'out_channel'" in msg
+    assert "model.neck.zzz_unlike_any: SimpleFPN has no argument 'zzz_unlike_any'" in msg
+    assert 'SimpleFPN takes act_cfg, backbone_channel' in msg
+
+
+def test_the_tools_refuse_a_misspelt_argument_before_building(tmp_path):
+    """A typo in the user's own config file (``--cfg-options`` keys are checked
+    against the config before this, by ``check_cfg_options``)."""
+    from lookhere_dense.apis.train import build_train_config
+
+    path = tmp_path / 'mine.py'
+    path.write_text(f'_base_ = [{UPERNET!r}]\nmodel = dict(neck=dict(out_channel=256))\n')
+    with pytest.raises(ConfigError, match=r'model\.neck\.out_channel: SimpleFPN has no'):
+        build_train_config(str(path), work_dir=str(tmp_path / 'work'))
+
+
+# accepted_arguments: only what would certainly raise ------------------------------------
+
+
+class _Base(nn.Module):
+    def __init__(self, a: int = 1, b: int = 2):
+        super().__init__()
+
+
+class _HandsOn(_Base):
+    def __init__(self, c: int = 3, **kwargs):
+        super().__init__(b=4, **kwargs)
+
+
+class _UsesKwargs(_Base):
+    def __init__(self, c: int = 3, **kwargs):
+        self.d = kwargs.pop('d', None)
+        super().__init__(**kwargs)
+
+
+def _renaming(init):
+    def wrapper(self, *args, **kwargs):
+        if 'old_a' in kwargs:
+            kwargs['a'] = kwargs.pop('old_a')
+        return init(self, *args, **kwargs)
+
+    wrapper.__wrapped__ = init
+    return wrapper
+
+
+class _Decorated(_Base):
+    @_renaming
+    def __init__(self, a: int = 1):
+        super().__init__(a=a)
+
+
+class _NotAModule:  # mmdet's BaseReID without mmpretrain: raises its own error first
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+
+
+def test_accepted_arguments_follow_kwargs_only_into_super():
+    assert accepted_arguments(_Base) == {'a', 'b'}
+    assert accepted_arguments(_HandsOn) == {'a', 'b', 'c'}
+    # what it refuses, Python refuses
+    with pytest.raises(TypeError, match="unexpected keyword argument 'e'"):
+        _HandsOn(e=1)
+    # **kwargs read by the class itself, a decorated __init__, not a class: unknown
+    assert accepted_arguments(_UsesKwargs) is None
+    _UsesKwargs(d=1)
+    assert accepted_arguments(_Decorated) is None
+    _Decorated(old_a=1)
+    assert accepted_arguments(_NotAModule) is None
+    assert accepted_arguments(lambda **kw: None) is None
+
+
+def test_the_stock_configs_of_mmseg_pass():
+    """Shipped mmseg configs of several families (heads that hand on **kwargs, necks,
+    auxiliary heads) pass unchanged: no valid argument is called unknown."""
+    from mmengine.config import Config
+
+    root = osp.join(osp.dirname(mmseg.__file__), '.mim', 'configs')
+    for rel in (
+        'segmenter/segmenter_vit-t_mask_8xb1-160k_ade20k-512x512.py',
+        'vit/vit_vit-b16_mln_upernet_8xb2-80k_ade20k-512x512.py',
+        'deeplabv3plus/deeplabv3plus_r50-d8_4xb2-40k_cityscapes-512x1024.py',
+        'pspnet/pspnet_r50-d8_4xb2-40k_cityscapes-512x1024.py',
+        'setr/setr_vit-l_pup_8xb2-160k_ade20k-512x512.py',
+        'dpt/dpt_vit-b16_8xb2-160k_ade20k-512x512.py',
+        'segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py',
+        'ocrnet/ocrnet_hr18_4xb2-40k_cityscapes-512x1024.py',
+    ):
+        check_model_cfg(Config.fromfile(osp.join(root, rel)))
+
+
+# necks that cannot read the backbone's outputs ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    'options, match',
+    [
+        (
+            {'model.neck.in_channels': 384},
+            r'model\.neck\.in_channels=384 but LookHereViT gives 768',
+        ),
+        ({'model.neck.in_index': 3}, r'model\.neck\.in_index=3 but the backbone gives 1 output'),
+    ],
+)
+def test_a_simple_fpn_that_does_not_fit_the_backbone_is_refused(options, match):
+    check_model_cfg(_cfg(UPERNET, **{'model.neck.in_index': -1}))
+    with pytest.raises(ConfigError, match=match):
+        check_model_cfg(_cfg(UPERNET, **options))
+
+
+def test_a_multi_level_neck_that_does_not_fit_the_backbone_is_refused():
+    from mmengine.config import Config
+
+    from lookhere_dense.swap import swap_backbone
+
+    root = osp.join(osp.dirname(mmseg.__file__), '.mim', 'configs')
+    cfg = swap_backbone(
+        Config.fromfile(osp.join(root, 'vit/vit_vit-b16_mln_upernet_8xb2-80k_ade20k-512x512.py'))
+    )
+    assert cfg.model.neck.type == 'MultiLevelNeck'
+    check_model_cfg(cfg)
+    cfg.model.backbone.out_indices = (5, 8, 11)
+    with pytest.raises(ConfigError, match=r'lists 4 map\(s\) but the backbone gives 3'):
+        check_model_cfg(cfg)
+    cfg.model.backbone.out_indices = (2, 5, 8, 11)
+    cfg.model.neck.in_channels = [768, 768, 768, 384]
+    with pytest.raises(ConfigError, match=r'LookHereViT gives 768-channel maps'):
+        check_model_cfg(cfg)
