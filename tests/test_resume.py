@@ -318,3 +318,45 @@ def test_max_iters_on_an_epoch_based_loop_names_max_epochs_and_the_reverse(tmp_p
     (tmp_path / 'by_epoch.py').write_text('train_cfg = dict(by_epoch=True, max_epochs=3)\n')
     with pytest.raises(ConfigError, match='max_iter.*set train_cfg.max_epochs instead'):
         load_config(str(tmp_path / 'by_epoch.py'), options('train_cfg.max_iter=2'))
+
+
+# ----------------------------------------------------------------------------------------
+# what mmengine resumes in silence: nothing left to train, another precision
+# ----------------------------------------------------------------------------------------
+def _run_log(runner) -> str:
+    return open(osp.join(runner.log_dir, f'{runner.timestamp}.log')).read()
+
+
+def test_resume_says_when_nothing_is_left_and_when_the_precision_changes(tmp_path):
+    root = make_ade(tmp_path / 'data', num_train=2, num_val=1)
+    work = str(tmp_path / 'w')
+    base = [*roots(root), *SHRINK, 'train_cfg.val_interval=100']
+    train_model(ADE_CFG, work_dir=work, cfg_options=options(*base, 'train_cfg.max_iters=1'))
+
+    # resumed from its last checkpoint with the same max_iters: mmengine ends at once
+    done = train_model(
+        ADE_CFG, work_dir=work, resume='auto', cfg_options=options(*base, 'train_cfg.max_iters=1')
+    )
+    assert done.iter == 1
+    assert (
+        f'nothing to train: the run starts at iteration 1 (resumed from '
+        f'{osp.join(work, "iter_1.pth")}) and train_cfg.max_iters=1. To train longer raise '
+        'it, e.g. --cfg-options train_cfg.max_iters=2'
+    ) in _run_log(done)
+    assert 'resume: the checkpoint was trained in' not in _run_log(done)  # same precision
+
+    # resumed longer with --amp: trains, and says the precision changed
+    amp = train_model(
+        ADE_CFG,
+        work_dir=work,
+        resume='auto',
+        amp=True,
+        cfg_options=options(*base, 'train_cfg.max_iters=2'),
+    )
+    assert amp.iter == 2
+    log = _run_log(amp)
+    assert 'nothing to train' not in log
+    assert (
+        'resume: the checkpoint was trained in float32, this run trains in bfloat16 mixed '
+        'precision'
+    ) in log

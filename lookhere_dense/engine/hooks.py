@@ -60,6 +60,8 @@ __all__ = [
     'MemoryGuardHook',
     'capture_rng_state',
     'restore_rng_state',
+    'nothing_left_to_train',
+    'training_precision',
     'RESUME_STATE_KEY',
 ]
 
@@ -238,6 +240,50 @@ class _ResumedIterator:
         return next(self._iterator)
 
 
+#: How :func:`training_precision`'s values read in the resume note.
+_PRECISION_NAMES = {
+    'float32': 'float32',
+    'bfloat16': 'bfloat16 mixed precision',
+    'float16': 'float16 mixed precision',
+}
+
+
+def training_precision(runner) -> Optional[str]:
+    """What the run's optimizer wrapper trains in: ``'float32'``, or the autocast dtype
+    of an ``AmpOptimWrapper`` (``MixedPrecisionOptimWrapper`` included; mmengine's
+    default float16 where it has none); None for another wrapper (an
+    ``OptimWrapperDict``)."""
+    from mmengine.optim import AmpOptimWrapper, OptimWrapper
+
+    wrapper = getattr(runner, 'optim_wrapper', None)
+    if isinstance(wrapper, AmpOptimWrapper):
+        dtype = getattr(wrapper, 'cast_dtype', None)
+        return str(dtype or torch.float16).replace('torch.', '')
+    return 'float32' if isinstance(wrapper, OptimWrapper) else None
+
+
+def nothing_left_to_train(runner) -> Optional[str]:
+    """The warning for a training loop that starts at or past its end (a run resumed from
+    its last checkpoint, or ``max_iters=0``): mmengine then ends at once, with status 0
+    and no word. None when there is something to train."""
+    from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
+
+    loop = runner.train_loop
+    if isinstance(loop, IterBasedTrainLoop) and loop.iter >= loop.max_iters:
+        at, end, key = f'iteration {loop.iter}', loop.max_iters, 'max_iters'
+    elif isinstance(loop, EpochBasedTrainLoop) and loop.epoch >= loop.max_epochs:
+        at, end, key = f'epoch {loop.epoch}', loop.max_epochs, 'max_epochs'
+    else:
+        return None
+    source = getattr(runner, '_load_from', None) if getattr(runner, '_resume', False) else None
+    return (
+        f'nothing to train: the run starts at {at}'
+        + (f' (resumed from {source})' if source else '')
+        + f' and train_cfg.{key}={end}. To train longer raise it, e.g. --cfg-options '
+        f'train_cfg.{key}={max(2 * end, 1)}'
+    )
+
+
 @HOOKS.register_module()
 class ExactResumeHook(Hook):
     """Save the RNG and sampler state in checkpoints; restore it on resume so the resumed
@@ -256,6 +302,11 @@ class ExactResumeHook(Hook):
 
     Also makes validation RNG-neutral: the states are saved before a validation pass and
     restored after it, so training does not depend on whether (or how often) it validates.
+
+    Says on resume what mmengine passes over in silence: a loop with nothing left to train
+    (:func:`nothing_left_to_train`; the run ends at once), and a run that trains in
+    another precision than the checkpoint's (``--amp`` switched on or off; the
+    checkpoints record :func:`training_precision`).
     """
 
     priority = 'VERY_HIGH'
@@ -284,6 +335,7 @@ class ExactResumeHook(Hook):
         checkpoint[RESUME_STATE_KEY] = dict(
             rng=self._rng(),
             sampler=dict(type=type(sampler).__name__, seed=getattr(sampler, 'seed', None)),
+            precision=training_precision(runner),
         )
         ranks, self._ranks = self._ranks, None
         if ranks is not None:
@@ -308,8 +360,19 @@ class ExactResumeHook(Hook):
 
     def before_train(self, runner) -> None:
         state, self._pending = self._pending, None
+        left = nothing_left_to_train(runner)
+        if left:
+            runner.logger.warning(left)
         if state is None:
             return
+        saved, now = state.get('precision'), training_precision(runner)
+        if not left and saved is not None and now is not None and saved != now:
+            runner.logger.warning(
+                f'resume: the checkpoint was trained in {_PRECISION_NAMES.get(saved, saved)}, '
+                f'this run trains in {_PRECISION_NAMES.get(now, now)} (--amp / '
+                'optim_wrapper); weights and optimizer state carry over, the losses may '
+                'shift a little at the switch'
+            )
         from mmengine.dist import get_rank
         from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
 
