@@ -102,6 +102,40 @@ def _export(model, x, path: Path):
     save_onnx(program, str(path))
 
 
+def _timm_tiny():
+    timm = pytest.importorskip('timm')
+    import lookhere_dense.timm_models  # noqa: F401 - registers the timm names
+
+    return timm.create_model('lookhere_vit_tiny_patch16_224', depth=2).eval()
+
+
+@pytest.mark.parametrize('build', [_tiny, _timm_tiny], ids=['create_model', 'timm'])
+def test_plain_export_says_what_to_do_and_the_documented_way_works(build, tmp_path: Path):
+    """docs/deploy.md, "Plain PyTorch and timm models": without ``static_grid_attention``
+    ``torch.export`` / ``torch.onnx.export`` stop with the hint; with it, the snippet's
+    call writes a file onnxruntime runs equal to torch."""
+    from lookhere_dense.apis.export import onnxruntime_session
+    from lookhere_dense.lookhere.vit import EXPORT_HINT
+
+    model = build()
+    images = torch.randn(1, 3, 48, 64)
+    with pytest.raises(RuntimeError, match='static_grid_attention') as err:
+        torch.export.export(model, (images,))
+    assert str(err.value) == EXPORT_HINT
+    with static_grid_attention(model, images.shape[-2:]):
+        torch.onnx.export(model, (images,), str(tmp_path / 'lookhere.onnx'))
+    with torch.no_grad():
+        expected = model(images)
+    expected = expected if isinstance(expected, (tuple, list)) else [expected]
+    session = onnxruntime_session(str(tmp_path / 'lookhere.onnx'))
+    outputs = session.run(None, {session.get_inputs()[0].name: images.numpy()})
+    assert len(outputs) == len(expected)
+    for out, exp in zip(outputs, expected, strict=True):
+        torch.testing.assert_close(torch.from_numpy(out), exp, atol=1e-4, rtol=0)
+    # the model is as before: eager calls at other sizes still run
+    assert model(torch.randn(1, 3, 32, 32)) is not None
+
+
 def test_a_jumbo_trunk_with_window_blocks_exports_and_runs_in_onnxruntime(tmp_path: Path):
     """J = 3 Jumbo tokens (global in the static-grid attention and in the windows), the
     Jumbo tokens side by side as the second output."""
@@ -228,6 +262,21 @@ def test_export_tool_writes_segmenter_logits_and_backbone_maps(tmp_path: Path):
     # the largest constant is a weight, not a bias
     assert bb['largest_constant'][2] <= bb['largest_weight_bytes'], bb['largest_constant']
     assert seg['largest_constant'][2] <= seg['largest_weight_bytes'], seg['largest_constant']
+
+
+@pytest.mark.parametrize('out,fmt', [('c.onnx', 'pt2'), ('c.PT2', 'onnx')])
+def test_export_refuses_a_suffix_of_the_other_format(out, fmt, tmp_path: Path):
+    """``--format pt2 --out c.onnx`` wrote a ``.pt2`` archive named ``.onnx`` (exit 0)."""
+    from tiny_seg import ADE_CFG
+
+    from lookhere_dense.apis.export import export_model
+    from lookhere_dense.errors import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=rf"--out '.*{out}' names a \..* file but the format is '{fmt}'"
+    ):
+        export_model(ADE_CFG, None, (64, 96), str(tmp_path / out), format=fmt)
+    assert not any(tmp_path.iterdir())
 
 
 def _mmseg_whole_mode(config: str, ckpt: str, opts: dict, img):

@@ -133,7 +133,7 @@ def test_official_12_head_file_is_refused_by_a_6_head_model(official):
         match=r'has 12 attention heads per block \(not '
         r'recorded in this LookHere file.*official code'
         r'.*but the model has num_heads=6.*Set '
-        r'model.backbone.num_heads=12',
+        r'num_heads=12 \(model.backbone.num_heads in a config\)',
     ) as err:
         pretrained(official, **{**OFFICIAL, 'num_heads': 6})
     assert 'checkpoint_num_heads=6' in str(err.value)

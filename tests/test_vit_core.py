@@ -107,6 +107,31 @@ def test_create_model_reproduces_the_official_model(official_tiny):
         torch.testing.assert_close(feats, case['forward_features'], atol=1e-4, rtol=0, msg=name)
 
 
+def test_create_model_takes_a_pathlib_path_and_refuses_pretrained_true(official_tiny):
+    """Paths load as strings do (they were taken for loaded checkpoints); ``True``, timm's
+    habit, is refused naming the argument, before a model is built; a bad file's message
+    speaks of ``num_heads``, not of an mmseg config key only."""
+    by_str = create_model(str(official_tiny.path), **official_tiny.vit_kwargs).eval()
+    by_path = create_model(Path(official_tiny.path), **official_tiny.vit_kwargs).eval()
+    for key, value in by_str.state_dict().items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, by_path.state_dict()[key]), key
+    model = create_model(**official_tiny.vit_kwargs)
+    model.load_pretrained(Path(official_tiny.path))
+    assert torch.equal(model.blocks[0].attn.qkv.weight, by_str.blocks[0].attn.qkv.weight)
+    with pytest.raises(TypeError) as err:
+        create_model(True, **official_tiny.vit_kwargs)
+    assert str(err.value) == (
+        'create_model: pretrained must be a checkpoint file (str or pathlib.Path) or a loaded '
+        'checkpoint (a dict), got True; no weights are downloaded: pass the file, e.g. '
+        "'LH_180_weights_and_config.pth'"
+    )
+    with pytest.raises(TypeError, match=r'checkpoint must be a checkpoint file .* got 3'):
+        model.load_pretrained(3)
+    with pytest.raises(CheckpointError, match=r'Set num_heads=12 \(model.backbone.num_heads'):
+        create_model(Path(official_tiny.path), **{**official_tiny.vit_kwargs, 'num_heads': 6})
+
+
 def test_create_model_applies_the_strict_checks(reference_dir: Path, tmp_path: Path):
     path = str(reference_dir / 'official_tiny_halves_none.pth')
     with pytest.raises(CheckpointError, match='has 12 attention heads.*num_heads=6'):

@@ -275,6 +275,13 @@ def export_model(
 
     if format not in EXPORT_FORMATS:
         raise ConfigError(f'format must be one of {list(EXPORT_FORMATS)}, got {format!r}')
+    other = [f for f in EXPORT_FORMATS if f != format and str(out).lower().endswith(f'.{f}')]
+    if other:
+        raise ConfigError(
+            f'--out {out!r} names a .{other[0]} file but the format is {format!r}: the file '
+            f'would hold a {format} export under the other suffix (name it .{format}, or '
+            f'leave --format out: it follows the suffix)'
+        )
     if part not in EXPORT_PARTS:
         raise ConfigError(f'part must be one of {list(EXPORT_PARTS)}, got {part!r}')
     if len(shape) != 2:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -70,6 +71,14 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+#: What ``torch.export`` / ``torch.onnx.export(dynamo=True)`` of a LookHere ViT is told.
+EXPORT_HINT = (
+    'LookHere ViT: torch.export / torch.onnx.export fix the attention to one image size '
+    'first: with lookhere_dense.lookhere.export.static_grid_attention(model, (H, W)): '
+    "torch.onnx.export(model, (images,), 'model.onnx') (H, W: the size of images; "
+    'docs/deploy.md, "Plain PyTorch and timm models")'
+)
+
 #: the keys of the warnings given once per process
 _warned: set = set()
 
@@ -543,7 +552,7 @@ class LookHereVisionTransformer(nn.Module):
 
     def load_pretrained(
         self,
-        path: Union[str, Mapping[str, Any]],
+        path: Union[str, 'os.PathLike[str]', Mapping[str, Any]],
         strict: bool = True,
         checkpoint_num_heads: Optional[int] = None,
         source: Optional[str] = None,
@@ -553,8 +562,8 @@ class LookHereVisionTransformer(nn.Module):
         checks, the head-count rules and the adoption of the file's LookHere config).
 
         Args:
-            path: checkpoint file, or a checkpoint already loaded (then ``source`` names
-                it in messages).
+            path: checkpoint file (``str`` or ``pathlib.Path``), or a checkpoint already
+                loaded (then ``source`` names it in messages).
             strict: refuse files that lack parameters of the backbone or have parameters
                 it lacks. Default: True.
             checkpoint_num_heads: the head count the file was trained with, for files
@@ -642,6 +651,7 @@ class LookHereVisionTransformer(nn.Module):
     def _embed(self, inputs: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
         """Patch tokens (after CLS or the Jumbo tokens), dropout and pre-norm: ``(B, T, D)``
         and the grid."""
+        self._check_export()
         x, grid = self.patch_embed(inputs)
         x = self.pos_enc.add_to_tokens(x, grid)
         if self.with_cls_token:
@@ -696,6 +706,17 @@ class LookHereVisionTransformer(nn.Module):
                 x = self.norm(x)
             yield i, x
 
+    def _check_export(self) -> None:
+        """Refuse ``torch.export`` (and the ``torch.onnx.export`` that runs it) of the
+        grid-generic attention, saying what works: the bias tables are built per input
+        grid, in steps ``torch.export`` cannot trace (a data-dependent range check, cached
+        tensors); :func:`~lookhere_dense.lookhere.export.static_grid_attention` builds
+        them for one image size before the export traces."""
+        if not torch.compiler.is_exporting():
+            return
+        if hasattr(getattr(self.pos_enc, 'engine', None), 'slope_bias'):
+            raise RuntimeError(EXPORT_HINT)
+
     def forward(self, inputs: Tensor) -> Tuple[Any, ...]:
         """Images ``(B, C, H, W)`` -> tuple of ``(B, embed_dims, h, w)`` maps per
         ``out_indices`` (``[map, cls]`` pairs with ``output_cls_token``), where
@@ -725,7 +746,7 @@ class LookHereVisionTransformer(nn.Module):
 
 
 def create_model(
-    pretrained: Optional[str] = None,
+    pretrained: Union[str, 'os.PathLike[str]', Mapping[str, Any], None] = None,
     *,
     strict: bool = True,
     checkpoint_num_heads: Optional[int] = None,
@@ -735,7 +756,8 @@ def create_model(
 
     Args:
         pretrained: official LookHere (``LH_180_weights_and_config.pth``, ...), timm /
-            DeiT-III or lookhere-dense weights; None: the official random initialisation.
+            DeiT-III or lookhere-dense weights (a path, ``str`` or ``pathlib.Path``, or a
+            loaded checkpoint); None: the official random initialisation.
             The LookHere config stored in official and lookhere-dense files is adopted (an
             explicit ``preset`` / ``lh_config`` that differs is an error). Default: None.
         strict: refuse files with missing or unexpected parameters. Default: True.
@@ -752,6 +774,8 @@ def create_model(
         FileNotFoundError, CheckpointError: the file is missing or does not fit.
         ValueError / PosEncodingError: an argument that cannot work, named.
     """
+    if pretrained is not None:
+        _weights.check_weights_argument('create_model: pretrained', pretrained)
     model = LookHereVisionTransformer(**arch)
     model.init_weights()
     if pretrained is not None:

@@ -74,6 +74,7 @@ __all__ = [
     'check_num_heads',
     'vit_key_hints',
     'load_backbone_weights',
+    'check_weights_argument',
     'check_backbone_record',
     'adopt_lh_config',
     'save_backbone_checkpoint',
@@ -269,8 +270,8 @@ def check_num_heads(
             f'cannot verify that {source!r} was trained with num_heads={model_heads} (head '
             f'count {how}). The weights have the same shapes for any head count, but split '
             'into other heads they give wrong features. State the head count the file was '
-            f"trained with: init_cfg=dict(type='Pretrained', checkpoint=..., "
-            f'{key}=N) (load_model_weights(..., {key}=N))'
+            f'trained with: {key}=N (create_model / load_pretrained; in a config '
+            f"init_cfg=dict(type='Pretrained', checkpoint=..., {key}=N))"
         )
     if file_heads != model_heads:
         extra = ''
@@ -282,8 +283,8 @@ def check_num_heads(
         raise CheckpointError(
             f'{source!r} has {file_heads} attention heads per block ({how}), but the model '
             f'has num_heads={model_heads}. The qkv weights have the same shapes for any head '
-            'count, but split into other heads they give wrong features. Set '
-            f'model.backbone.num_heads={file_heads}{extra}; if the file really has '
+            f'count, but split into other heads they give wrong features. Set num_heads='
+            f'{file_heads} (model.backbone.num_heads in a config){extra}; if the file really has '
             f'{model_heads} heads, state it with {key}={model_heads}'
         )
 
@@ -447,9 +448,29 @@ def unused_checkpoint_keys(
     return out
 
 
+def check_weights_argument(name: str, value: Any) -> None:
+    """Refuse weights given as anything but a file path (``str`` / ``os.PathLike``) or a
+    loaded checkpoint (a mapping), e.g. timm's habit ``pretrained=True``.
+
+    Raises:
+        TypeError: naming the argument and the value.
+    """
+    if isinstance(value, (str, os.PathLike, Mapping)):
+        return
+    raise TypeError(
+        f'{name} must be a checkpoint file (str or pathlib.Path) or a loaded checkpoint '
+        f'(a dict), got {value!r}'
+        + (
+            "; no weights are downloaded: pass the file, e.g. 'LH_180_weights_and_config.pth'"
+            if isinstance(value, bool)
+            else ''
+        )
+    )
+
+
 def load_backbone_weights(
     model: Any,
-    checkpoint: Union[str, Mapping[str, Any]],
+    checkpoint: Union[str, 'os.PathLike[str]', Mapping[str, Any]],
     strict: bool = True,
     checkpoint_num_heads: Optional[int] = None,
     source: Optional[str] = None,
@@ -489,9 +510,11 @@ def load_backbone_weights(
     Raises:
         FileNotFoundError, CheckpointError: naming the file and what does not fit.
     """
-    if isinstance(checkpoint, str):
-        path, ckpt = checkpoint, load_checkpoint_file(checkpoint)
+    if isinstance(checkpoint, (str, os.PathLike)):
+        path = os.fspath(checkpoint)
+        ckpt = load_checkpoint_file(path)
     else:
+        check_weights_argument('checkpoint', checkpoint)
         path, ckpt = source or 'the checkpoint', checkpoint
     is_abs = isinstance(model.pos_enc, AbsolutePositionEncoding)
     weights = backbone_weights(ckpt, keep_pos_embed=is_abs)
