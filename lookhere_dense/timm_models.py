@@ -39,7 +39,12 @@ error (``pretrained=False``: random weights). The file is checked before the mod
 built (missing, not a checkpoint); for a Runner checkpoint, the mmengine classes it holds
 are allowed for ``torch.load(weights_only=True)`` exactly as
 :func:`lookhere_dense.register_all_modules` allows them (:mod:`lookhere_dense.compat`).
-``in_chans`` (or ``in_channels``) sets the input channels.
+``in_chans`` (or ``in_channels``) sets the input channels. ``init_values=0`` builds the
+model without LayerScale, as timm's ``VisionTransformer`` (``timm.create_model`` drops
+arguments given as None; the default is LayerScale at 1e-4, as the official LookHere
+models): timm / DeiT ViT files have none. A file that does not fit is refused in timm's
+words: ``init_values=0`` for such a file, ``model.load_pretrained(FILE, strict=False)`` to
+load what fits.
 
 Fine-tuning with timm's tools: ``set_grad_checkpointing()`` (activation checkpointing per
 block; also on the ``features_only`` wrapper), ``group_matcher()`` (so
@@ -345,6 +350,10 @@ class LookHereTimmViT(LookHereVisionTransformer):
         self._loading = True  # the loader's own load_state_dict calls are plain ones
         try:
             report = super().load_pretrained(ckpt, strict, checkpoint_num_heads, source)
+        except CheckpointError as err:
+            if type(err) is CheckpointError:  # its message is its one argument
+                err.args = (_in_timm_words(str(err), self._name()),)
+            raise
         finally:
             self.head, self._loading = head, False
         self._load_head(ckpt)
@@ -606,6 +615,27 @@ default_cfgs = generate_default_cfgs(
 )
 
 
+#: The trunk loader's advice in mmseg's words -> in timm's.
+_TIMM_WORDS = (
+    ('set init_values=None', "pass init_values=0 (no LayerScale, as timm's ViT)"),
+    ('set init_values to a number', 'pass init_values=1e-4 (LayerScale)'),
+    (
+        "pretrained weights meant for another architecture: init_cfg=dict(type='Pretrained', "
+        '..., strict=False) loads what fits',
+        'or load what fits: model = timm.create_model(NAME, ...); '
+        'model.load_pretrained(FILE, strict=False)',
+    ),
+)
+
+
+def _in_timm_words(msg: str, name: str) -> str:
+    """A checkpoint message of the trunk's loader with its advice in ``create_model``
+    terms (timm drops arguments given as None; there is no ``init_cfg``)."""
+    for theirs, ours in _TIMM_WORDS:
+        msg = msg.replace(theirs, ours.replace('NAME', repr(name)))
+    return msg.replace('Build the backbone the file', f'Build {name} like the model the file')
+
+
 def _rename(kwargs: Mapping[str, Any]) -> Dict[str, Any]:
     """timm's keyword arguments -> LookHereVisionTransformer's (renamed; the always-on
     ``dynamic_img_size`` / ``dynamic_img_pad`` dropped).
@@ -829,6 +859,9 @@ def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """
     pretrained_cfg = kwargs.pop('pretrained_cfg', None)
     overlay = dict(kwargs.pop('pretrained_cfg_overlay', None) or {})
+    if kwargs.get('init_values') == 0 and not isinstance(kwargs['init_values'], bool):
+        # timm's ViT: init_values=0 (or None, which timm.create_model drops) is no LayerScale
+        kwargs['init_values'] = None
     checkpoint_num_heads = kwargs.pop('checkpoint_num_heads', None)
     explicit = _explicit_encoding_args(pretrained_cfg, kwargs)
     _encoding_kwargs(variant, pretrained_cfg, kwargs)

@@ -480,3 +480,31 @@ def test_mmseg_timm_backbone_without_a_file_says_pretrained_false():
     says how to build random weights."""
     with pytest.raises(RuntimeError, match=r'no weights to download.*pretrained=False'):
         _timm_backbone()
+
+
+def test_a_timm_vit_file_loads_with_init_values_0_and_is_refused_in_timm_words(tmp_path: Path):
+    """timm's ViT files have no LayerScale; ``timm.create_model`` drops ``init_values=None``,
+    so ``init_values=0`` turns it off (timm's ViT's convention) and the refusal says so, and
+    names ``load_pretrained(..., strict=False)``, not mmseg's ``init_cfg``."""
+    name = 'lookhere_vit_small_patch16_224'
+    source = timm.create_model('vit_small_patch16_224', depth=2).eval()
+    path = tmp_path / 'timm_vit_small.pth'
+    torch.save(source.state_dict(), path)
+    for init_values in (None, 1e-4):  # None is dropped by timm: the default LayerScale
+        with pytest.raises(CheckpointError) as info:
+            timm.create_model(name, checkpoint_path=str(path), depth=2, init_values=init_values)
+        msg = str(info.value)
+        assert 'no LayerScale in the file: pass init_values=0' in msg, msg
+        assert (
+            f"timm.create_model('{name}', ...); model.load_pretrained(FILE, strict=False)" in msg
+        )
+        assert 'init_cfg' not in msg and 'init_values=None' not in msg
+    model = timm.create_model(name, checkpoint_path=str(path), depth=2, init_values=0).eval()
+    assert not any('.ls1.' in k or '.ls2.' in k for k in model.state_dict())
+    for key in ('blocks.1.attn.qkv.weight', 'blocks.1.mlp.fc2.bias', 'head.weight'):
+        assert torch.equal(model.state_dict()[key], source.state_dict()[key]), key
+    # what the message offers instead: the trunk of a model with LayerScale, what fits
+    layered = timm.create_model(name, depth=2).eval()
+    report = layered.load_pretrained(str(path), strict=False)
+    assert any('.ls1.gamma' in k for k in report['missing'])
+    assert torch.equal(layered.blocks[1].attn.qkv.weight, source.blocks[1].attn.qkv.weight)
