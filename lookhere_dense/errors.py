@@ -20,6 +20,7 @@ class                       raised when
                             subclasses: a checkpoint save that failed, a run stopped
                             by SIGTERM / SIGINT, a work dir another run holds or
                             that cannot be written)
+:class:`MissingExtrasError` the OpenMMLab parts used without the ``[openmmlab]`` extras
 :class:`MemoryBudgetError`  a whole-frame pass whose estimated peak memory exceeds what
                             the machine (or ``--max-memory``) allows
 ==========================  ============================================================
@@ -46,6 +47,7 @@ __all__ = [
     'TrainingInterruptedError',
     'WorkDirLockedError',
     'WorkDirNotWritableError',
+    'MissingExtrasError',
     'MemoryBudgetError',
     'USER_ERRORS',
 ]
@@ -162,6 +164,13 @@ class WorkDirLockedError(ToolError):
 class WorkDirNotWritableError(ToolError):
     """The work dir cannot be created or written (a read-only mount, an immutable folder,
     no permission, a path under a regular file)."""
+
+
+class MissingExtrasError(ModuleNotFoundError, ToolError):
+    """An OpenMMLab part of lookhere-dense (registries, configs, tools, entry points) used
+    where the ``[openmmlab]`` extras are not installed; the message names the missing
+    packages and how to install them. Also a ``ModuleNotFoundError``, for code that
+    tries the import and falls back."""
 
 
 class MemoryBudgetError(ConfigError):

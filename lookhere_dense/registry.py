@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ['register_all_modules', 'REGISTERING_MODULES', 'CONFIG_IMPORT']
+__all__ = [
+    'register_all_modules',
+    'check_openmmlab_installed',
+    'REGISTERING_MODULES',
+    'CONFIG_IMPORT',
+    'OPENMMLAB_PACKAGES',
+]
 
 #: the module a config names in ``custom_imports``: importing it registers everything
 CONFIG_IMPORT = 'lookhere_dense.openmmlab'
@@ -38,6 +44,40 @@ REGISTERING_MODULES = (
 _done = False
 
 
+#: The packages the OpenMMLab parts import (the ``[openmmlab]`` extras; mmcv by module name).
+OPENMMLAB_PACKAGES = ('mmengine', 'mmcv', 'mmseg', 'mmdet')
+
+
+def check_openmmlab_installed() -> None:
+    """Refuse to register without the OpenMMLab packages, naming the missing ones.
+
+    Raises:
+        lookhere_dense.errors.MissingExtrasError: one line (the tools and the
+            ``lookhere-train`` / ``lookhere-test`` entry points print it as their
+            ``error:``), instead of an import traceback from deep inside.
+    """
+    import importlib.util
+
+    from .errors import MissingExtrasError
+
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):  # an import hook that refuses it
+            return True
+
+    missing = [name for name in OPENMMLAB_PACKAGES if absent(name)]
+    if missing:
+        raise MissingExtrasError(
+            f'the OpenMMLab parts of lookhere-dense (configs, registries, tools) need '
+            f'{", ".join(missing)}, not installed here: pip install '
+            "'lookhere-dense[openmmlab]' (mmcv 2.1.0 has no PyPI wheel for torch 2.14: "
+            "install a matching wheel first, or run the repository's setup.sh). The model "
+            'alone needs torch only: lookhere_dense.lookhere.create_model',
+            name=missing[0],
+        )
+
+
 def register_all_modules(init_default_scope: bool = False, scope: str = 'mmseg') -> None:
     """Register every lookhere-dense component in the OpenMMLab registries (idempotent).
 
@@ -48,6 +88,7 @@ def register_all_modules(init_default_scope: bool = False, scope: str = 'mmseg')
     """
     global _done
     if not _done:
+        check_openmmlab_installed()
         from . import compat
 
         compat.apply()

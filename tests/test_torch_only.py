@@ -213,3 +213,38 @@ def test_benchmark_torch_sections_run_without_openmmlab_and_timm(tmp_path: Path,
     assert 'section segmenter builds whole mmseg models and needs OpenMMLab' in proc.stderr
     assert 'run --sections bias vit frame attn' in proc.stderr
     assert 'Traceback' not in proc.stderr
+
+
+def test_the_openmmlab_parts_without_openmmlab_say_what_to_install(
+    tmp_path: Path, repo_root: Path
+):
+    """The training entry point (``lookhere-train`` runs the same ``cli``) and
+    ``register_all_modules`` where mmcv / mmengine / mmseg / mmdet are missing: one
+    ``error:`` line naming them and the extras (was: an import traceback)."""
+    env = _env(tmp_path, repo_root, OPENMMLAB)
+    config = 'lookhere_dense::segmenter_lookhere_vit-t_tiny-ade.py'
+    proc = _run(
+        [
+            '-c',
+            'import sys; from lookhere_dense.train import cli; sys.argv[1:] = ['
+            f'{config!r}]; cli()',
+        ],
+        env,
+        tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        'error: the OpenMMLab parts of lookhere-dense (configs, registries, tools) need '
+        'mmengine, mmcv, mmseg, mmdet, not installed here: pip install '
+        "'lookhere-dense[openmmlab]'"
+    ), proc.stderr[-3000:]
+    probe = (
+        'import lookhere_dense\n'
+        'try:\n'
+        '    lookhere_dense.register_all_modules()\n'
+        'except ModuleNotFoundError as err:\n'
+        '    print(type(err).__name__, err.name)\n'
+    )
+    proc = _run(['-c', probe], env, tmp_path)
+    assert proc.stdout.strip() == 'MissingExtrasError mmengine', proc.stderr[-3000:]
