@@ -26,6 +26,7 @@ from .validation import close_names
 __all__ = [
     'accepted_arguments',
     'check_model_cfg',
+    'check_seg_test_cfg',
     'check_pretrained_files',
     'clear_inherited_pretrained',
     'drop_missing_pretrained',
@@ -287,6 +288,66 @@ def _check_neck(neck: Mapping, embed_dims: int, n_out: int, outs: Any) -> None:
             )
 
 
+#: The inference modes of mmseg's ``EncoderDecoder`` (``model.test_cfg.mode``).
+SEG_TEST_MODES = ('whole', 'slide')
+
+
+def _pair(value: Any) -> Optional[Tuple[int, int]]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value, value)
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        return (value[0], value[1])
+    return None
+
+
+def check_seg_test_cfg(
+    test_cfg: Any,
+    crop_key: str = 'model.test_cfg.crop_size',
+    stride_key: str = 'model.test_cfg.stride',
+) -> None:
+    """Refuse an mmseg ``test_cfg`` that would fail (or leave pixels unpredicted) only at
+    the first test image: a ``mode`` mmseg does not have (``'Whole'``), a ``'slide'``
+    without ``crop_size`` / ``stride``, or a stride longer than the window (mmseg's
+    sliding inference then has pixels no window covers and stops on a bare
+    ``AssertionError``).
+
+    Args:
+        crop_key, stride_key: how the message names where the window and the stride
+            come from (``tools/infer.py``: ``--crop`` / ``--stride``).
+
+    Raises:
+        ConfigError: naming the key, its value and what works.
+    """
+    if not isinstance(test_cfg, Mapping) or 'mode' not in test_cfg:
+        return
+    mode = test_cfg['mode']
+    if mode not in SEG_TEST_MODES:
+        close = difflib.get_close_matches(str(mode).lower(), SEG_TEST_MODES, n=1, cutoff=0.6)
+        raise ConfigError(
+            f"model.test_cfg.mode={mode!r} is not one of mmseg's test modes {SEG_TEST_MODES}"
+            + (f'; did you mean {close[0]!r}?' if close else '')
+        )
+    if mode != 'slide':
+        return
+    crop, stride = _pair(test_cfg.get('crop_size')), _pair(test_cfg.get('stride'))
+    if crop is None or stride is None:
+        raise ConfigError(
+            f"model.test_cfg.mode='slide' needs {crop_key} and {stride_key} as (H, W) ints, "
+            f'got crop_size={test_cfg.get("crop_size")!r}, stride={test_cfg.get("stride")!r}'
+        )
+    if any(s < 1 for s in stride) or stride[0] > crop[0] or stride[1] > crop[1]:
+        raise ConfigError(
+            f'{stride_key}={stride[0]}x{stride[1]} with {crop_key}={crop[0]}x{crop[1]}: '
+            'sliding windows must step by 1 px to the window size at most, else pixels '
+            f'between windows get no prediction; use a stride of at most '
+            f'{crop[0]}x{crop[1]} (mmseg configs use about 2/3 of the window)'
+        )
+
+
 def check_model_cfg(cfg: Mapping) -> None:
     """Check the model part of a config before building it.
 
@@ -296,7 +357,9 @@ def check_model_cfg(cfg: Mapping) -> None:
       close ones; :func:`accepted_arguments`: only where that can be told for sure);
     * for ``LookHereViT``: the LookHere head layout fits ``num_heads``, DPT heads get CLS
       tokens, other heads do not, head ``in_index`` / ``in_channels`` match the outputs,
-      and so do a ``SimpleFPN`` or ``MultiLevelNeck`` neck's.
+      and so do a ``SimpleFPN`` or ``MultiLevelNeck`` neck's;
+    * an mmseg ``model.test_cfg`` whose mode or sliding windows cannot work
+      (:func:`check_seg_test_cfg`).
 
     Raises:
         ConfigError: naming the key to set.
@@ -311,6 +374,8 @@ def check_model_cfg(cfg: Mapping) -> None:
         _check_registered(where, node, registry, scope)
     for where, node in parts:
         _check_arguments(where, node, registry)
+    if scope == 'mmseg':
+        check_seg_test_cfg(model.get('test_cfg'))
     bb = model.get('backbone')
     if isinstance(bb, Mapping) and str(bb.get('type', '')).split('.')[-1] == 'LookHereViT':
         _lookhere_checks(model)

@@ -142,7 +142,8 @@ def evaluate(
     import torch
     from mmengine.evaluator import Evaluator
     from mmengine.runner import Runner
-    from tqdm import tqdm
+
+    from lookhere_dense.apis.cli import progress
 
     loader = Runner.build_dataloader(dataloader)
     scorer = Evaluator(copy.deepcopy(evaluator))
@@ -154,9 +155,8 @@ def evaluate(
         start_clean(model)
     meter = PeakMemory(device) if memory else contextlib.nullcontext()
     with meter:
-        for data in tqdm(
-            loader, desc=f'{desc:>16}', unit='img', leave=False, dynamic_ncols=True, disable=None
-        ):  # no bars in logs
+        # a bar on a terminal, about ten plain lines in a log
+        for data in progress(loader, desc.strip(), leave=False):
             t0 = time.perf_counter()
             outputs = step(data)
             if device.startswith('cuda'):

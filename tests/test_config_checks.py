@@ -202,3 +202,75 @@ def test_a_multi_level_neck_that_does_not_fit_the_backbone_is_refused():
     cfg.model.neck.in_channels = [768, 768, 768, 384]
     with pytest.raises(ConfigError, match=r'LookHereViT gives 768-channel maps'):
         check_model_cfg(cfg)
+
+
+# mmseg test_cfg: what would fail only at the first test image ---------------------------
+
+
+def test_a_test_mode_typo_is_named_before_anything_runs():
+    cfg = _cfg(SEGMENTER, **{'model.test_cfg.mode': 'Whole'})
+    with pytest.raises(ConfigError, match=r"mode='Whole' is not one of .*did you mean 'whole'"):
+        check_model_cfg(cfg)
+
+
+def _slide(model, crop, stride):
+    """mmseg's own sliding inference of ``model`` on one 64x96 image."""
+    import torch
+    from mmengine.config import ConfigDict
+
+    model.test_cfg = ConfigDict(mode='slide', crop_size=crop, stride=stride)
+    meta = dict(img_shape=(64, 96), ori_shape=(64, 96), pad_shape=(64, 96))
+    with torch.no_grad():
+        return model.inference(torch.randn(1, 3, 64, 96), [meta])
+
+
+def test_a_slide_stride_longer_than_the_window_is_refused_where_mmseg_fails():
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+
+    from lookhere_dense.apis.inference import inference_test_cfg
+
+    cfg = _cfg(
+        SEGMENTER,
+        **{'model.test_cfg': dict(mode='slide', crop_size=(32, 32), stride=(48, 48))},
+    )
+    with pytest.raises(ConfigError) as err:
+        check_model_cfg(cfg)
+    assert str(err.value).startswith(
+        'model.test_cfg.stride=48x48 with model.test_cfg.crop_size=32x32: sliding windows '
+        'must step by 1 px to the window size at most'
+    )
+    # what the check stands for: mmseg's sliding inference fails on it, not on a stride of
+    # the window's size
+    init_default_scope('mmseg')
+    model_cfg = cfg.model
+    model_cfg.backbone.num_layers = 1
+    model = MODELS.build(model_cfg).eval()
+    with pytest.raises(AssertionError):
+        _slide(model, (32, 32), (48, 48))
+    assert _slide(model, (32, 32), (32, 32)).shape[-2:] == (64, 96)
+    check_model_cfg(_cfg(SEGMENTER, **{'model.test_cfg.mode': 'whole'}))
+    # tools/infer.py --crop / --stride
+    with pytest.raises(ConfigError, match=r'^--stride=48x48 with --crop=32x32'):
+        inference_test_cfg(cfg, slide=True, crop=(32, 32), stride=(48, 48))
+    assert inference_test_cfg(cfg, slide=True, crop=(32, 32), stride=(32, 16))['stride'] == (
+        32,
+        16,
+    )
+
+
+# --cfg-options: a list where OpenMMLab takes one number or several -----------------------
+
+
+def test_cfg_options_take_a_list_where_openmmlab_takes_one_or_several_numbers():
+    from lookhere_dense.apis.cli import load_config
+
+    cfg = load_config(
+        SEGMENTER,
+        {'model.backbone.out_indices': (2, 5, 8, 11), 'model.decode_head.in_index': [3]},
+    )
+    assert tuple(cfg.model.backbone.out_indices) == (2, 5, 8, 11)
+    with pytest.raises(ConfigError, match=r'train_cfg.max_iters=\[1, 2\]: expected a number'):
+        load_config(SEGMENTER, {'train_cfg.max_iters': [1, 2]})
+    with pytest.raises(ConfigError, match=r"out_indices=\['a'\]: expected a number"):
+        load_config(SEGMENTER, {'model.backbone.out_indices': ['a']})

@@ -331,3 +331,23 @@ def test_swap_backbone_refuses_an_output_that_is_not_python(runs):
     res = runs['swap:not python']
     assert res['rc'] == 1
     assert 'the output config must end in .py, got ' in res['stderr']
+
+
+def test_progress_prints_plain_lines_where_there_is_no_terminal():
+    """``tools/infer.py`` and the evaluation passes of ``tools/extrapolate.py`` /
+    ``robustness.py`` under nohup, Slurm or CI: about ten lines, the last one at the end
+    (tqdm's bar printed nothing there)."""
+    import io
+
+    from lookhere_dense.apis.cli import progress
+
+    out = io.StringIO()
+    assert list(progress(range(25), 'whole@1024x2048', stream=out)) == list(range(25))
+    lines = out.getvalue().splitlines()
+    assert [ln.split(' (')[0] for ln in lines] == [
+        f'whole@1024x2048: {k}/25 img' for k in (2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 25)
+    ]
+    assert 'ETA' in lines[0] and 'ETA' not in lines[-1]
+    out = io.StringIO()
+    list(progress(iter(range(3)), 'infer', stream=out))  # no length: counts only
+    assert out.getvalue().splitlines()[-1].startswith('infer: 3 img (')

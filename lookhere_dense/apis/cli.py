@@ -16,7 +16,7 @@ import os.path as osp
 import re
 import sys
 import warnings
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 from ..errors import USER_ERRORS, ConfigError
 from ..validation import close_names
@@ -50,6 +50,7 @@ __all__ = [
     'add_runner_job_args',
     'run_runner_job',
     'console_script',
+    'progress',
     'amp_context',
     'report_device',
     'check_device',
@@ -284,12 +285,26 @@ def _check_loop_length(cfg, options: dict) -> None:
         )
 
 
+#: Keys that OpenMMLab takes as one number or as several (``out_indices=-1`` or
+#: ``(2, 5, 8, 11)``, ``in_index``, ``crop_size``, ``stride``, ``scale``): a list of
+#: numbers may replace a number there.
+_TAKES_ONE_OR_MORE = re.compile(r'(index|indices|indexes|size|sizes|stride|strides|scale|scales)$')
+
+
+def _numbers(value: Any) -> bool:
+    return bool(value) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+    )
+
+
 def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
     """Check ``--cfg-options`` against the config they override.
 
     * a value whose type cannot replace the config's (a word for a number or a bool, a
-      word for a list, a plain value for a whole section) is an error naming the option
-      and what the config has there (``None`` is always allowed: it switches things off);
+      word for a list, a plain value for a whole section, a list for a number except where
+      OpenMMLab takes one or several: ``out_indices``, ``in_index``, ``*_size``,
+      ``stride``, ``scale``) is an error naming the option and what the config has there
+      (``None`` is always allowed: it switches things off);
     * a key the config does not have but that is close to one it has (``max_iter`` for
       ``max_iters``) is an error naming the close keys; other new keys are added (new
       keys are legitimate), with a warning when their section is new too; the keys of
@@ -326,7 +341,10 @@ def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
         if isinstance(old, bool):
             bad = not isinstance(value, bool)
         elif isinstance(old, (int, float)):
-            bad = isinstance(value, (str, list, tuple, dict))
+            bad = isinstance(value, (str, dict)) or (
+                isinstance(value, (list, tuple))
+                and not (_TAKES_ONE_OR_MORE.search(parts[-1]) and _numbers(value))
+            )
         elif isinstance(old, (list, tuple)):
             bad = isinstance(value, str)
         elif isinstance(old, dict):
@@ -599,6 +617,49 @@ def run_runner_job(args: argparse.Namespace, function: str, *positional: Any, **
     module, name = function.split(':')
     run = getattr(importlib.import_module(module), name)
     return run(args.config, *positional, **kwargs, **runner_job_kwargs(args))
+
+
+def progress(
+    items: Iterable[Any],
+    desc: str,
+    unit: str = 'img',
+    total: Optional[int] = None,
+    leave: bool = True,
+    stream: Optional[Any] = None,
+) -> Iterator[Any]:
+    """``items``, showing how far a long pass is: tqdm's bar on a terminal; elsewhere (a
+    log file, ``nohup``, Slurm, CI, a pipe) about ten plain lines per pass,
+    ``desc: k/n unit (elapsed s, ETA s)``, where tqdm would print nothing.
+
+    Args:
+        total: the number of items. Default: None (``len(items)`` where it has one).
+        leave: keep the terminal bar when done. Default: True.
+        stream: where to write. Default: None (``sys.stderr``).
+    """
+    import time
+
+    stream = sys.stderr if stream is None else stream
+    if total is None:
+        total = len(items) if hasattr(items, '__len__') else None
+    if getattr(stream, 'isatty', lambda: False)():
+        from tqdm import tqdm
+
+        yield from tqdm(
+            items, desc=desc, unit=unit, total=total, leave=leave, dynamic_ncols=True, file=stream
+        )
+        return
+    every = max(1, (total or 10) // 10)
+    start = time.perf_counter()
+    done = 0
+    for item in items:
+        yield item
+        done += 1
+        if done % every and done != total:
+            continue
+        spent = time.perf_counter() - start
+        left = f', ETA {spent / done * (total - done):.0f} s' if total and done < total else ''
+        count = f'{done}/{total}' if total else f'{done}'
+        print(f'{desc}: {count} {unit} ({spent:.0f} s{left})', file=stream, flush=True)
 
 
 def console_script(main: Callable[[Optional[List[str]]], object]) -> Callable[[], None]:

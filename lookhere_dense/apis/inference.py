@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..config_checks import check_seg_test_cfg
 from ..errors import ConfigError, ToolError
 from ..evaluation.resize import exact_resize, find_resize, short_side_resize
 
@@ -173,7 +174,8 @@ def inference_test_cfg(
     Raises:
         lookhere_dense.errors.ConfigError: slide inference without any crop, or with a
             window smaller than one ``patch_size`` patch (naming ``--crop`` or the config
-            key it came from).
+            key it came from), or a stride longer than the window or a mode mmseg does not
+            have (:func:`~lookhere_dense.config_checks.check_seg_test_cfg`).
     """
     tc = dict(cfg.model.get('test_cfg') or dict(mode='whole'))
     if whole:
@@ -205,7 +207,14 @@ def inference_test_cfg(
             or (tc.get('stride') if not crop else None)
             or tuple(max(1, c * 2 // 3) for c in window)
         )
-        return dict(mode='slide', crop_size=window, stride=tuple(step))
+        out = dict(mode='slide', crop_size=window, stride=tuple(step))
+        check_seg_test_cfg(
+            out,
+            '--crop' if crop else 'the slide window (model.test_cfg.crop_size)',
+            '--stride' if stride else 'model.test_cfg.stride',
+        )
+        return out
+    check_seg_test_cfg(tc)
     return tc
 
 
@@ -494,10 +503,9 @@ def segment_images(
     import torch
     from mmcv.transforms import Compose
     from mmengine.config import ConfigDict
-    from tqdm import tqdm
 
     from ..visualization.legend import draw_legend
-    from .cli import check_device, load_config
+    from .cli import check_device, load_config, progress
 
     if not 0.0 <= opacity <= 1.0:
         raise ValueError(f'--opacity must be in 0..1, got {opacity}')
@@ -523,13 +531,7 @@ def segment_images(
     names = class_names(meta, cfg, num_classes)
     offset = saved_label_offset(cfg, meta)
     written = []
-    for path, stem in tqdm(
-        list(zip(images, output_stems(images))),
-        desc='infer',
-        unit='img',
-        dynamic_ncols=True,
-        disable=None,
-    ):
+    for path, stem in progress(list(zip(images, output_stems(images))), 'infer'):
         bgr = cv2.imread(path, cv2.IMREAD_COLOR)
         if bgr is None:
             raise ToolError(
