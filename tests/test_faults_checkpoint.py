@@ -508,3 +508,18 @@ def test_older_whole_model_files_without_recorded_heads(trained, tmp_path):
     ):
         load_model_weights(segmentor(num_heads=6), str(old))
     load_model_weights(segmentor(num_heads=6), str(old), checkpoint_num_heads=6)
+
+
+def test_a_url_that_cannot_be_downloaded_is_not_called_corrupt(tmp_path, monkeypatch):
+    """A stock config's ``https://download.openmmlab.com/...`` weights without a network
+    (or a wrong address): 'could not be downloaded', not 'damaged: truncated or corrupt'."""
+    from lookhere_dense.checkpoint import load_checkpoint_file
+    from lookhere_dense.errors import UnreadableCheckpointError
+
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path))  # an empty hub cache
+    url = 'http://127.0.0.1:9/vit_tiny_p16_384.pth'  # the discard port: refused at once
+    with pytest.raises(UnreadableCheckpointError) as err:
+        load_checkpoint_file(url)
+    msg = str(err.value)
+    assert msg.startswith(f'checkpoint {url!r} cannot be read: it could not be downloaded (')
+    assert 'corrupt' not in msg and 'download the file and give its local path' in msg

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import urllib.error
 import zipfile
 from typing import Any, Dict, Mapping, Optional
 
@@ -171,7 +172,17 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
                     'download the file first (with OpenMMLab, mmengine.runner.'
                     'CheckpointLoader reads its other schemes)',
                 )
-            ckpt = torch.hub.load_state_dict_from_url(path, map_location='cpu', weights_only=True)
+            try:
+                ckpt = torch.hub.load_state_dict_from_url(
+                    path, map_location='cpu', weights_only=True
+                )
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
+                raise UnreadableCheckpointError(
+                    path,
+                    f'it could not be downloaded ({_first_line(err)})',
+                    'check the address and the network, or download the file and give '
+                    'its local path',
+                ) from None
         else:
             ckpt = torch.load(path, map_location='cpu', weights_only=True)
     except (FileNotFoundError, MemoryError, KeyboardInterrupt, UnreadableCheckpointError):
