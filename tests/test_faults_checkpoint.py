@@ -523,3 +523,25 @@ def test_a_url_that_cannot_be_downloaded_is_not_called_corrupt(tmp_path, monkeyp
     msg = str(err.value)
     assert msg.startswith(f'checkpoint {url!r} cannot be read: it could not be downloaded (')
     assert 'corrupt' not in msg and 'download the file and give its local path' in msg
+
+
+def test_the_last_checkpoint_pointer_file_names_the_checkpoint_it_points_to(tmp_path):
+    """``tools/test.py CONFIG work_dir/last_checkpoint``: mmengine's pointer file (one line
+    naming the newest checkpoint), read as a pickle before ('Unsupported operand 47')."""
+    from lookhere_dense.checkpoint import load_checkpoint_file
+
+    target = tmp_path / 'iter_8.pth'
+    torch.save({'state_dict': {'w': torch.zeros(2)}}, target)
+    pointer = tmp_path / 'last_checkpoint'
+    pointer.write_text(str(target))
+    expected = (
+        f"it is mmengine's last_checkpoint pointer file (a line of text naming {str(target)!r})"
+    )
+    assert checkpoint_problem(str(pointer)) == expected
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint_file(str(pointer))
+    assert str(err.value) == (
+        f'checkpoint {str(pointer)!r} cannot be read: {expected}; pass that checkpoint: {target}'
+    )
+    pointer.write_text(str(tmp_path / 'iter_9.pth'))  # names nothing that exists: as before
+    assert 'pointer' not in checkpoint_problem(str(pointer))

@@ -81,6 +81,24 @@ def _unreadable(path: str, err: BaseException) -> UnreadableCheckpointError:
     )
 
 
+def _pointer_target(path: str) -> Optional[str]:
+    """The checkpoint a small text file names as its only line (mmengine's
+    ``last_checkpoint`` in a work dir), when that file exists; else None."""
+    if os.path.getsize(path) > 4096:
+        return None
+    try:
+        with open(path, encoding='utf-8') as f:
+            lines = f.read().strip().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if len(lines) != 1:
+        return None
+    target = lines[0].strip()
+    if not os.path.isabs(target):
+        target = os.path.join(os.path.dirname(path), target)
+    return target if os.path.isfile(target) and target != path else None
+
+
 def _file_problem(path: str) -> Optional[UnreadableCheckpointError]:
     """What is wrong with a local file before anything is unpickled: a folder, an empty
     file, a ``torch.save`` (zip) file whose end is missing, whose members fail their
@@ -100,6 +118,13 @@ def _file_problem(path: str) -> Optional[UnreadableCheckpointError]:
             head = f.read(4)
     except OSError as err:
         return _unreadable(path, err)
+    pointed = _pointer_target(path)
+    if pointed is not None:
+        return UnreadableCheckpointError(
+            path,
+            f"it is mmengine's last_checkpoint pointer file (a line of text naming {pointed!r})",
+            f'pass that checkpoint: {pointed}',
+        )
     is_zip = zipfile.is_zipfile(path)
     if head == b'PK\x03\x04' and not is_zip:
         return UnreadableCheckpointError(
