@@ -187,3 +187,32 @@ def test_cityscapes_small_objects_keep_their_pixel_size():
     for bad in (-1, float('nan')):
         with pytest.raises(ValueError, match='small_objects=.* is not >= 0'):
             cityscapes_scene(64, 128, np.random.default_rng(0), small_objects=bad)
+
+
+def test_a_crop_the_data_preprocessor_pads_up_is_warned_about(data, tmp_path):
+    """The crop lowered (``--cfg-options train_dataloader.dataset.pipeline.N.crop_size``)
+    and ``data_preprocessor.size`` left: every crop trains part padding, silently before."""
+    from lookhere_dense.apis.train import build_train_config
+    from lookhere_dense.data.checks import crop_padding_note
+
+    _, ade, _ = data
+    cfg = _tiny_cfg('segmenter_lookhere_vit-t_tiny-ade.py', ade)
+    assert crop_padding_note(cfg) is None  # the config as shipped: crop = size
+    size = tuple(cfg.model.data_preprocessor.size)
+    index = [t['type'] for t in cfg.train_dataloader.dataset.pipeline].index('RandomCrop')
+    small = (size[0] // 2, size[1] // 2)
+    cfg.train_dataloader.dataset.pipeline[index]['crop_size'] = small
+    expected = (
+        f'train_dataloader: RandomCrop crop_size={small} is smaller than '
+        f'model.data_preprocessor.size={size}: every training crop is padded to '
+        f'{size[0]}x{size[1]} (75% padding, label 255)'
+    )
+    assert crop_padding_note(cfg).startswith(expected)
+    roots = {f'{split}_dataloader.dataset.data_root': str(ade) for split in ('train', 'val', 'test')}
+    key = f'train_dataloader.dataset.pipeline.{index}.crop_size'
+    _, notes = build_train_config(
+        osp.join(REPO, 'configs', 'segmenter_lookhere_vit-t_tiny-ade.py'),
+        work_dir=str(tmp_path / 'w'),
+        cfg_options={**roots, key: small},
+    )
+    assert any(n.startswith(expected) for n in notes), notes

@@ -801,7 +801,9 @@ def preflight(
       ``allow_random_init`` (then dropped with a warning: training starts from random
       weights) — only when ``check_pretrained``;
     * the data of ``splits``: folders for any config; for mmseg configs also label
-      values and the training crop size (:mod:`lookhere_dense.data.checks`).
+      values and the training crop size (:mod:`lookhere_dense.data.checks`), and a
+      warning for a training crop the data preprocessor pads up
+      (:func:`~lookhere_dense.data.checks.crop_padding_note`).
 
     Args:
         require_pretrained: kept for compatibility: a missing file is an error unless
@@ -820,7 +822,7 @@ def preflight(
         check_pretrained_files,
         clear_inherited_pretrained,
     )
-    from ..data.checks import check_dataset_layout, check_seg_data
+    from ..data.checks import check_dataset_layout, check_seg_data, crop_padding_note
 
     def warn(msg: str) -> None:
         _log(msg, logging.WARNING)
@@ -841,6 +843,9 @@ def preflight(
             sizes = check_seg_data(cfg, splits)
             for where, n in sizes.items():
                 _log(f'data check passed: {where} has {n} images with annotations')
+            padded = crop_padding_note(cfg) if 'train' in splits else None
+            if padded:
+                warn(padded)
         else:
             check_dataset_layout(cfg, splits)
     return dropped

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os.path as osp
 import warnings
-from typing import Dict, Iterable, List, Mapping, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import (
     CropSizeError,
@@ -48,6 +48,7 @@ __all__ = [
     'check_label_values',
     'check_crop_fits',
     'check_seg_data',
+    'crop_padding_note',
     'image_size',
     'LAYOUT_HINTS',
 ]
@@ -536,6 +537,33 @@ def check_crop_fits(cfg: Mapping, max_images: int = 8) -> None:
                     h, w = min(h, ch), min(w, cw)
                 else:
                     h, w = _largest_after(t, h, w)
+
+
+def crop_padding_note(cfg: Mapping) -> Optional[str]:
+    """The warning for a training ``RandomCrop`` smaller than
+    ``model.data_preprocessor.size``: the preprocessor pads every crop up to that size
+    (labels 255, ignored), so training runs on part padding at the larger size (e.g. the
+    crop lowered with ``--cfg-options`` and the size left). None when they fit."""
+    size = ((cfg.get('model') or {}).get('data_preprocessor') or {}).get('size')
+    if size is None:
+        return None
+    sh, sw = _pair(size)
+    for where, ds_cfg in _dataloaders(cfg, ['train']):
+        for t in ds_cfg.get('pipeline') or []:
+            if not str(t.get('type', '')).endswith('RandomCrop') or 'crop_size' not in t:
+                continue
+            ch, cw = _pair(t['crop_size'])
+            if ch <= sh and cw <= sw and (ch < sh or cw < sw):
+                share = 100 * (1 - ch * cw / (sh * sw))
+                return (
+                    f'{where}: RandomCrop crop_size={(int(ch), int(cw))} is smaller than '
+                    f'model.data_preprocessor.size={(int(sh), int(sw))}: every training crop '
+                    f'is padded to {int(sh)}x{int(sw)} ({share:.0f}% padding, label 255) and '
+                    'the model trains at that size. Set model.data_preprocessor.size='
+                    f'({int(ch)}, {int(cw)}) too (and model.test_cfg.crop_size for sliding '
+                    'inference)'
+                )
+    return None
 
 
 def check_seg_data(
