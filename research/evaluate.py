@@ -146,7 +146,8 @@ def evaluate(
     from lookhere_dense.apis.cli import progress
 
     loader = Runner.build_dataloader(dataloader)
-    scorer = Evaluator(copy.deepcopy(evaluator))
+    with quiet_mmengine_logger():  # IoUMetric: 'The prefix is not set in metric class'
+        scorer = Evaluator(copy.deepcopy(evaluator))
     scorer.dataset_meta = loader.dataset.metainfo
     seconds: List[float] = []
     shapes: List[Tuple[int, int]] = []

@@ -270,6 +270,10 @@ def test_infer_logs_the_backend_at_the_window_and_the_autocast_dtype(runs):
     expected = 'at 32x48 (grid 2x3, 7 tokens, batch 1, bfloat16, cpu, inference)'
     assert len(lines) == 1 and expected in lines[0], lines
     assert (tmp / 'o2' / 'image.png').exists()
+    # no library warning reaches the terminal (mmseg's build_loss / avg_non_ignore notes)
+    assert 'Warning' not in res.stderr, res.stderr
+    # plain progress lines (stderr is a pipe here, where tqdm showed nothing)
+    assert 'infer: 1/1 img (' in res.stderr, res.stderr
 
 
 def test_deploy_memory_says_what_is_wrong(runs):

@@ -115,11 +115,16 @@ def quiet_mmengine_logger() -> Iterator[None]:
 
 def quiet_known_warnings() -> None:
     """Hide the warnings every run prints that are not the user's to fix
-    (``pkg_resources is deprecated`` from mmengine's and mmcv's imports)."""
+    (``pkg_resources is deprecated`` from mmengine's and mmcv's imports, mmseg's notes on
+    its own deprecations and loss defaults)."""
     warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
     # mmseg's own ADE20K configs pass reduce_zero_label to LoadAnnotations, which then
     # warns about its own planned deprecation on every pipeline build
     warnings.filterwarnings('ignore', message='`reduce_zero_label` will be deprecated')
+    # mmseg's heads build their losses through its own deprecated build_loss, and its
+    # CrossEntropyLoss announces its default at every build (tools/infer.py computes no loss)
+    warnings.filterwarnings('ignore', message='``build_loss`` would be deprecated soon')
+    warnings.filterwarnings('ignore', message='Default ``avg_non_ignore`` is False')
 
 
 def resolve_config_path(path: str) -> str:
