@@ -126,10 +126,24 @@ def test_create_model_takes_a_pathlib_path_and_refuses_pretrained_true(official_
         'checkpoint (a dict), got True; no weights are downloaded: pass the file, e.g. '
         "'LH_180_weights_and_config.pth'"
     )
+    with pytest.raises(FileNotFoundError, match=r'is no file but a timm model name: timm'):
+        create_model('lookhere_vit_base_patch16_224.lh90')
     with pytest.raises(TypeError, match=r'checkpoint must be a checkpoint file .* got 3'):
         model.load_pretrained(3)
     with pytest.raises(CheckpointError, match=r'Set num_heads=12 \(model.backbone.num_heads'):
         create_model(Path(official_tiny.path), **{**official_tiny.vit_kwargs, 'num_heads': 6})
+
+
+def test_strict_false_names_what_keeps_its_initial_values(official_tiny):
+    """A deeper model than the file, loaded with strict=False: a warning names the
+    tensors the file lacks (it loaded half a model silently before)."""
+    kwargs = {**official_tiny.vit_kwargs, 'num_layers': official_tiny.vit_kwargs['num_layers'] + 1}
+    last = kwargs['num_layers'] - 1
+    with pytest.warns(UserWarning) as seen:
+        model = create_model(Path(official_tiny.path), strict=False, **kwargs)
+    msgs = [str(w.message) for w in seen if 'strict=False' in str(w.message)]
+    assert len(msgs) == 1 and f"keep their initial values: ['blocks.{last}." in msgs[0], msgs
+    assert model.lh_config.head_directions == 'halves-none'
 
 
 def test_create_model_applies_the_strict_checks(reference_dir: Path, tmp_path: Path):

@@ -776,6 +776,13 @@ def create_model(
     """
     if pretrained is not None:
         _weights.check_weights_argument('create_model: pretrained', pretrained)
+        name = os.fspath(pretrained) if isinstance(pretrained, (str, os.PathLike)) else None
+        if name and name.startswith('lookhere_vit_') and not os.path.exists(name):
+            raise FileNotFoundError(
+                f'create_model: pretrained={name!r} is no file but a timm model name: '
+                f'timm.create_model({name!r}, checkpoint_path=FILE) builds it; '
+                'create_model takes a weights file (e.g. LH_180_weights_and_config.pth)'
+            )
     model = LookHereVisionTransformer(**arch)
     model.init_weights()
     if pretrained is not None:

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -57,6 +58,7 @@ from ..checkpoint import (
     EXTRA_STATE_KEY,
     decode_extra_state,
     is_extra_state_key,
+    listed,
     load_checkpoint_file,
     load_state_dict_strict,
     read_record,
@@ -561,6 +563,13 @@ def load_backbone_weights(
         hints=vit_key_hints,
     )
     report['dropped'] = sorted(weights.dropped + report['dropped'])
+    if report['missing']:  # strict=False: say what stays as initialised
+        warnings.warn(
+            f'{path}: loaded with strict=False; {len(report["missing"])} backbone tensors are '
+            f'not in the file and keep their initial values: {listed(report["missing"])}',
+            UserWarning,
+            stacklevel=2,
+        )
     loaded = len(weights.state_dict) - len(dropped) - len(report['unexpected'])
     config = model.lh_config
     model._log(
