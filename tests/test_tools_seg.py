@@ -226,6 +226,18 @@ def test_infer_writes_overlays_at_any_resolution(demo, tmp_path):
     not_an_image.write_text('not an image')
     with pytest.raises(FileNotFoundError, match='is not an image OpenCV can read'):
         list_images(str(not_an_image))
+    # Cityscapes' leftImg8bit/val: one folder per city, the images inside
+    city = tmp_path / 'leftImg8bit' / 'val' / 'frankfurt'
+    city.mkdir(parents=True)
+    cv2.imwrite(str(city / 'frankfurt_000000_000294_leftImg8bit.png'), src)
+    with pytest.raises(FileNotFoundError) as err:
+        list_images(str(city.parent))
+    assert str(err.value).endswith(
+        "its subfolders hold 1 (e.g. 'frankfurt/frankfurt_000000_000294_leftImg8bit.png', "
+        f'as Cityscapes keeps one folder per city): give a folder of images, e.g. '
+        f'{str(city)!r} (folders are not searched recursively)'
+    )
+    assert list_images(str(city)) == [str(city / 'frankfurt_000000_000294_leftImg8bit.png')]
     slide = segment_images(
         ADE_CFG,
         demo['ckpt'],

@@ -120,7 +120,23 @@ def list_images(path: str) -> List[str]:
         if f.lower().endswith(IMAGE_SUFFIXES) and osp.isfile(osp.join(path, f))
     )
     if not files:
-        raise FileNotFoundError(f'no images ({", ".join(IMAGE_SUFFIXES)}) in {path!r}')
+        nested = sorted(
+            osp.join(folder, f)
+            for folder, _, names in os.walk(path)
+            for f in names
+            if f.lower().endswith(IMAGE_SUFFIXES)
+        )
+        raise FileNotFoundError(
+            f'no images ({", ".join(IMAGE_SUFFIXES)}) in {path!r}'
+            + (
+                f'; its subfolders hold {len(nested)} (e.g. '
+                f'{osp.relpath(nested[0], path)!r}, as Cityscapes keeps one folder per '
+                f'city): give a folder of images, e.g. {osp.dirname(nested[0])!r} (folders '
+                'are not searched recursively)'
+                if nested
+                else ''
+            )
+        )
     bad = [f for f in files if not cv2.haveImageReader(f)]
     if bad:
         more = f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''
