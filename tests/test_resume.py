@@ -360,3 +360,27 @@ def test_resume_says_when_nothing_is_left_and_when_the_precision_changes(tmp_pat
         'resume: the checkpoint was trained in float32, this run trains in bfloat16 mixed '
         'precision'
     ) in log
+
+
+def test_a_run_without_resume_in_a_used_work_dir_says_what_it_replaces(tmp_path):
+    """mmengine starts again from iteration 0 beside the earlier run's checkpoints and
+    repoints last_checkpoint without a word."""
+    from lookhere_dense.apis.train import earlier_run_note
+
+    work = tmp_path / 'w'
+    work.mkdir()
+    assert earlier_run_note(str(work)) is None  # a fresh work dir
+    newest = _tiny_checkpoint(work / 'iter_60.pth')
+    (work / 'last_checkpoint').write_text(newest)
+    cfg, warned = build_train_config(
+        ADE_CFG, work_dir=str(work), check_data=False, cfg_options=options(*SHRINK)
+    )
+    note = (
+        f'the work dir {str(work)!r} holds checkpoints of an earlier run (the newest: '
+        f'{newest}); this run starts from iteration 0 without --resume'
+    )
+    assert any(n.startswith(note) for n in warned), warned
+    _, resumed = build_train_config(
+        ADE_CFG, work_dir=str(work), resume='auto', check_data=False, cfg_options=options(*SHRINK)
+    )
+    assert not any('earlier run' in n for n in resumed)  # --resume continues it: no note

@@ -54,6 +54,7 @@ __all__ = [
     'apply_amp',
     'train_model',
     'find_resume_checkpoint',
+    'earlier_run_note',
     'checkpoint_folder',
     'init_distributed',
     'check_launcher',
@@ -420,6 +421,11 @@ def build_train_config(
             raise ToolError(f'--resume checkpoint {resume!r} cannot be read: {problem}')
         cfg.resume = True
         cfg.load_from = resume
+    else:
+        earlier = earlier_run_note(cfg.work_dir)
+        if earlier:
+            _warn(earlier)
+            notes.append(earlier)
     if hooks:
         _add_hooks(cfg)
         _atomic_checkpoints(cfg)
@@ -443,6 +449,29 @@ def build_train_config(
         for path in dropped
     ]
     return cfg, notes
+
+
+def earlier_run_note(work_dir: str) -> Optional[str]:
+    """The warning for a run started without ``--resume`` in a work dir where an earlier
+    run left checkpoints (its ``last_checkpoint`` names one that exists): this run starts
+    from iteration 0 and its checkpoints replace that run's of the same iterations (as in
+    mmengine, which says nothing). None otherwise."""
+    from ..engine.checkpointing import POINTER_FILE
+
+    pointer = osp.join(work_dir, POINTER_FILE)
+    try:
+        with open(pointer) as f:
+            last = f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not last or not osp.isfile(last):
+        return None
+    return (
+        f'the work dir {work_dir!r} holds checkpoints of an earlier run (the newest: '
+        f'{last}); this run starts from iteration 0 without --resume and its checkpoints '
+        'replace those of the same iterations. --resume continues that run; another '
+        '--work-dir keeps both'
+    )
 
 
 def init_distributed(cfg) -> bool:
