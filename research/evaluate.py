@@ -146,7 +146,7 @@ def evaluate(
     from lookhere_dense.apis.cli import progress
 
     loader = Runner.build_dataloader(dataloader)
-    with quiet_mmengine_logger():  # IoUMetric: 'The prefix is not set in metric class'
+    with quiet_mmengine_logger(drop=('The prefix is not set in metric class',)):
         scorer = Evaluator(copy.deepcopy(evaluator))
     scorer.dataset_meta = loader.dataset.metainfo
     seconds: List[float] = []

@@ -355,3 +355,28 @@ def test_progress_prints_plain_lines_where_there_is_no_terminal():
     out = io.StringIO()
     list(progress(iter(range(3)), 'infer', stream=out))  # no length: counts only
     assert out.getvalue().splitlines()[-1].startswith('infer: 3 img (')
+
+
+def test_quiet_mmengine_logger_drops_the_named_notes_and_keeps_other_warnings():
+    """The evaluation passes (research/evaluate.py) build IoUMetric inside it, dropping its
+    'The prefix is not set' note; another warning still shows."""
+    import logging
+
+    from mmengine.logging import MMLogger
+
+    from lookhere_dense.apis.cli import quiet_mmengine_logger
+
+    logger = MMLogger.get_instance('test_quiet_drop', logger_name='test_quiet_drop')
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger.addHandler(handler)
+    try:
+        with quiet_mmengine_logger(drop=('The prefix is not set',)):
+            logger.warning('The prefix is not set in metric class IoUMetric.')
+            logger.warning('something to act on')
+            logger.info('an info line')
+        logger.warning('The prefix is not set, outside the block')
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ['something to act on', 'The prefix is not set, outside the block']

@@ -98,33 +98,34 @@ def add_cfg_options_arg(parser: argparse.ArgumentParser, example: str) -> None:
 
 
 @contextlib.contextmanager
-def quiet_mmengine_logger() -> Iterator[None]:
+def quiet_mmengine_logger(drop: Sequence[str] = ()) -> Iterator[None]:
     """Keep only warnings of the current mmengine logger inside the block (mmengine's
     ``init_weights`` logs every parameter at INFO, mmseg's ``IoUMetric`` a per-class
-    table per evaluation)."""
+    table per evaluation), without those starting with one of ``drop``."""
     from mmengine.logging import MMLogger
 
+    class _Drop(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return not record.getMessage().startswith(tuple(drop))
+
     logger = MMLogger.get_current_instance()
-    old = logger.level
+    old, dropper = logger.level, _Drop()
     logger.setLevel(logging.WARNING)
+    logger.addFilter(dropper)
     try:
         yield
     finally:
+        logger.removeFilter(dropper)
         logger.setLevel(old)
 
 
 def quiet_known_warnings() -> None:
     """Hide the warnings every run prints that are not the user's to fix
-    (``pkg_resources is deprecated`` from mmengine's and mmcv's imports, mmseg's notes on
-    its own deprecations and loss defaults)."""
+    (``pkg_resources is deprecated`` from mmengine's and mmcv's imports)."""
     warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
     # mmseg's own ADE20K configs pass reduce_zero_label to LoadAnnotations, which then
     # warns about its own planned deprecation on every pipeline build
     warnings.filterwarnings('ignore', message='`reduce_zero_label` will be deprecated')
-    # mmseg's heads build their losses through its own deprecated build_loss, and its
-    # CrossEntropyLoss announces its default at every build (tools/infer.py computes no loss)
-    warnings.filterwarnings('ignore', message='``build_loss`` would be deprecated soon')
-    warnings.filterwarnings('ignore', message='Default ``avg_non_ignore`` is False')
 
 
 def resolve_config_path(path: str) -> str:

@@ -23,6 +23,7 @@ import copy
 import inspect
 import os
 import os.path as osp
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -88,7 +89,13 @@ def build_model_from_checkpoint(
     if isinstance(backbone, dict):
         backbone.pop('init_cfg', None)
         backbone.pop('pretrained', None)
-    model = model_registry(scope).build(model_cfg)
+    with warnings.catch_warnings():
+        # mmseg's heads build their losses through its own deprecated build_loss, and its
+        # CrossEntropyLoss announces its default at every build: an inference model computes
+        # no loss (training runs keep both in their log file: engine.terminal.FILE_ONLY)
+        warnings.filterwarnings('ignore', message='``build_loss`` would be deprecated soon')
+        warnings.filterwarnings('ignore', message='Default ``avg_non_ignore`` is False')
+        model = model_registry(scope).build(model_cfg)
     load_model_weights(model, ckpt, source=checkpoint, checkpoint_num_heads=checkpoint_num_heads)
     model.to(device).eval()
     meta = (ckpt.get('meta') or {}).get('dataset_meta')
