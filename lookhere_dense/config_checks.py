@@ -17,16 +17,17 @@ import difflib
 import inspect
 import os.path as osp
 import textwrap
-from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Tuple
+from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import ConfigError, PosEncodingError
 from .registry import CONFIG_IMPORT
-from .validation import close_names
+from .validation import close_names, is_int
 
 __all__ = [
     'accepted_arguments',
     'check_model_cfg',
     'check_seg_test_cfg',
+    'seg_test_modes',
     'check_pretrained_files',
     'clear_inherited_pretrained',
     'drop_missing_pretrained',
@@ -66,20 +67,25 @@ def _parts(model: Mapping) -> List[Tuple[str, Mapping]]:
     return [(where, node) for where, node in parts if isinstance(node, Mapping)]
 
 
-def _calls_super_init(node: ast.AST) -> bool:
-    """Whether ``node`` is ``super().__init__`` / ``super(Cls, self).__init__``."""
-    return (
+def _calls_super_init(node: ast.AST, owner: str) -> bool:
+    """Whether ``node`` is ``super().__init__`` or ``super(owner, self).__init__`` (the
+    next ``__init__`` of the MRO; ``super(Other, self)`` skips classes: not followed)."""
+    if not (
         isinstance(node, ast.Attribute)
         and node.attr == '__init__'
         and isinstance(node.value, ast.Call)
         and isinstance(node.value.func, ast.Name)
         and node.value.func.id == 'super'
-    )
+    ):
+        return False
+    args = node.value.args
+    return not args or (len(args) == 2 and isinstance(args[0], ast.Name) and args[0].id == owner)
 
 
-def _only_handed_to_super(init: Callable, var_keyword: str) -> bool:
-    """Whether an ``__init__``'s ``**var_keyword`` is used only as ``**var_keyword`` in
-    ``super().__init__(...)`` calls (read from its source; False where there is none)."""
+def _only_handed_to_super(init: Callable, var_keyword: str, owner: str) -> bool:
+    """Whether an ``__init__`` (of the class named ``owner``)'s ``**var_keyword`` is used
+    only as ``**var_keyword`` in ``super().__init__(...)`` calls (read from its source;
+    False where there is none)."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(init)))
     except (OSError, TypeError, SyntaxError):
@@ -88,7 +94,7 @@ def _only_handed_to_super(init: Callable, var_keyword: str) -> bool:
     handed = {
         id(kw.value)
         for call in ast.walk(tree)
-        if isinstance(call, ast.Call) and _calls_super_init(call.func)
+        if isinstance(call, ast.Call) and _calls_super_init(call.func, owner)
         for kw in call.keywords
         if kw.arg is None and isinstance(kw.value, ast.Name) and kw.value.id == var_keyword
     }
@@ -126,7 +132,7 @@ def accepted_arguments(cls: Any) -> Optional[FrozenSet[str]]:
         var = [p.name for p in params if p.kind == p.VAR_KEYWORD]
         if not var:
             return frozenset(names)
-        if not _only_handed_to_super(init, var[0]):
+        if not _only_handed_to_super(init, var[0], klass.__name__):
             return None
     return frozenset(names)
 
@@ -259,7 +265,8 @@ def _check_neck(neck: Mapping, embed_dims: int, n_out: int, outs: Any) -> None:
     built (else: at the first forward, after start-up): ``SimpleFPN`` (its
     ``in_channels`` / ``backbone_channel`` and ``in_index``) and mmseg's
     ``MultiLevelNeck`` (one ``in_channels`` entry per backbone output)."""
-    typ = str(neck.get('type', '')).split('.')[-1]
+    typ = neck.get('type', '')
+    typ = typ.__name__ if isinstance(typ, type) else str(typ).split('.')[-1]
     key = 'backbone_channel' if neck.get('backbone_channel') is not None else 'in_channels'
     chans = neck.get(key)
     if typ == 'SimpleFPN':
@@ -292,14 +299,24 @@ def _check_neck(neck: Mapping, embed_dims: int, n_out: int, outs: Any) -> None:
 SEG_TEST_MODES = ('whole', 'slide')
 
 
+def seg_test_modes(model: Mapping, registry: Any = None) -> Optional[Tuple[str, ...]]:
+    """The ``test_cfg.mode`` values the config's segmentor takes: :data:`SEG_TEST_MODES`
+    for ``EncoderDecoder`` and the subclasses that keep its ``inference`` (mmseg's
+    ``CascadeEncoderDecoder``, ours); None where that cannot be told (another class, e.g.
+    mmseg's ``DepthEstimator`` with its ``'slide_flip'``, or one not registered)."""
+    from mmseg.models.segmentors import EncoderDecoder
+
+    typ = model.get('type')
+    cls = (registry or model_registry('mmseg')).get(typ) if isinstance(typ, str) else typ
+    if isinstance(cls, type) and issubclass(cls, EncoderDecoder):
+        if cls.inference is EncoderDecoder.inference:
+            return SEG_TEST_MODES
+    return None
+
+
 def _pair(value: Any) -> Optional[Tuple[int, int]]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value, value)
-    if (
-        isinstance(value, (list, tuple))
-        and len(value) == 2
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-    ):
+    """``(H, W)`` of a two-int sequence (what mmseg's sliding inference unpacks)."""
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(map(is_int, value)):
         return (value[0], value[1])
     return None
 
@@ -308,6 +325,7 @@ def check_seg_test_cfg(
     test_cfg: Any,
     crop_key: str = 'model.test_cfg.crop_size',
     stride_key: str = 'model.test_cfg.stride',
+    modes: Optional[Sequence[str]] = SEG_TEST_MODES,
 ) -> None:
     """Refuse an mmseg ``test_cfg`` that would fail (or leave pixels unpredicted) only at
     the first test image: a ``mode`` mmseg does not have (``'Whole'``), a ``'slide'``
@@ -318,6 +336,8 @@ def check_seg_test_cfg(
     Args:
         crop_key, stride_key: how the message names where the window and the stride
             come from (``tools/infer.py``: ``--crop`` / ``--stride``).
+        modes: the modes the segmentor takes (:func:`seg_test_modes`); None: any.
+            Default: :data:`SEG_TEST_MODES`.
 
     Raises:
         ConfigError: naming the key, its value and what works.
@@ -325,11 +345,11 @@ def check_seg_test_cfg(
     if not isinstance(test_cfg, Mapping) or 'mode' not in test_cfg:
         return
     mode = test_cfg['mode']
-    if mode not in SEG_TEST_MODES:
-        close = difflib.get_close_matches(str(mode).lower(), SEG_TEST_MODES, n=1, cutoff=0.6)
+    if modes is not None and mode not in modes:
+        close = close_names(str(mode).lower(), modes, n=1)
         raise ConfigError(
-            f"model.test_cfg.mode={mode!r} is not one of mmseg's test modes {SEG_TEST_MODES}"
-            + (f'; did you mean {close[0]!r}?' if close else '')
+            f"model.test_cfg.mode={mode!r} is not one of the test modes of mmseg's "
+            f'EncoderDecoder {tuple(modes)}' + (f'; did you mean {close[0]!r}?' if close else '')
         )
     if mode != 'slide':
         return
@@ -375,7 +395,9 @@ def check_model_cfg(cfg: Mapping) -> None:
     for where, node in parts:
         _check_arguments(where, node, registry)
     if scope == 'mmseg':
-        check_seg_test_cfg(model.get('test_cfg'))
+        modes = seg_test_modes(model, registry)
+        if modes is not None:  # another segmentor: its own modes and checks
+            check_seg_test_cfg(model.get('test_cfg'), modes=modes)
     bb = model.get('backbone')
     if isinstance(bb, Mapping) and str(bb.get('type', '')).split('.')[-1] == 'LookHereViT':
         _lookhere_checks(model)

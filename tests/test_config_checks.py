@@ -274,3 +274,62 @@ def test_cfg_options_take_a_list_where_openmmlab_takes_one_or_several_numbers():
         load_config(SEGMENTER, {'train_cfg.max_iters': [1, 2]})
     with pytest.raises(ConfigError, match=r"out_indices=\['a'\]: expected a number"):
         load_config(SEGMENTER, {'model.backbone.out_indices': ['a']})
+
+
+# what the review of these checks found -------------------------------------------------
+
+
+def test_other_segmentors_keep_their_own_test_modes():
+    """mmseg's DepthEstimator (VPD configs) takes 'slide_flip': not refused."""
+    from mmengine.config import Config
+
+    from lookhere_dense.config_checks import SEG_TEST_MODES, seg_test_modes
+
+    root = osp.join(osp.dirname(mmseg.__file__), '.mim', 'configs')
+    vpd = Config.fromfile(osp.join(root, 'vpd/vpd_sd_4xb8-25k_nyu-480x480.py'))
+    assert vpd.model.test_cfg.mode == 'slide_flip'
+    assert seg_test_modes(vpd.model) is None
+    check_model_cfg(vpd)
+    assert seg_test_modes(_cfg(SEGMENTER).model) == SEG_TEST_MODES
+    # a slide window given as one int: mmseg's sliding inference unpacks (H, W)
+    cfg = _cfg(SEGMENTER, **{'model.test_cfg': dict(mode='slide', crop_size=32, stride=16)})
+    with pytest.raises(ConfigError, match=r'as \(H, W\) ints, got crop_size=32, stride=16'):
+        check_model_cfg(cfg)
+
+
+class _Skipping(_HandsOn):
+    def __init__(self, **kwargs):
+        super(_HandsOn, self).__init__(**kwargs)  # skips _HandsOn: its c is not taken
+
+
+class _Named(_HandsOn):
+    def __init__(self, **kwargs):
+        super(_Named, self).__init__(**kwargs)
+
+
+def test_accepted_arguments_follow_only_the_next_init_of_the_mro():
+    assert accepted_arguments(_Skipping) is None
+    assert accepted_arguments(_Named) == {'a', 'b', 'c'}
+
+
+def test_a_neck_given_as_a_class_is_checked_too():
+    from lookhere_dense.models import SimpleFPN
+
+    cfg = _cfg(UPERNET)
+    cfg.model.neck.type = SimpleFPN
+    cfg.model.neck.in_channels = 384
+    with pytest.raises(ConfigError, match=r'model\.neck\.in_channels=384 but LookHereViT'):
+        check_model_cfg(cfg)
+
+
+def test_cfg_options_refuse_a_list_where_openmmlab_takes_one_number():
+    from lookhere_dense.apis.cli import load_config
+
+    for key, value in (
+        ('train_dataloader.batch_size', [2, 2]),
+        ('model.decode_head.num_classes', [1, 2]),
+        ('model.backbone.patch_size', [16, 16]),
+        ('model.backbone.out_indices', [2.5]),
+    ):
+        with pytest.raises(ConfigError, match='expected a number'):
+            load_config(SEGMENTER, {key: value})

@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..config_checks import check_seg_test_cfg
+from ..config_checks import check_seg_test_cfg, seg_test_modes
 from ..errors import ConfigError, ToolError
 from ..evaluation.resize import exact_resize, find_resize, short_side_resize
 
@@ -233,11 +233,19 @@ def inference_test_cfg(
         out = dict(mode='slide', crop_size=window, stride=tuple(step))
         check_seg_test_cfg(
             out,
-            '--crop' if crop else 'the slide window (model.test_cfg.crop_size)',
-            '--stride' if stride else 'model.test_cfg.stride',
+            '--crop'
+            if crop
+            else 'model.test_cfg.crop_size'
+            if tc.get('crop_size')
+            else 'model.data_preprocessor.size',
+            '--stride'
+            if stride
+            else 'model.test_cfg.stride'
+            if not crop and tc.get('stride')
+            else 'the default stride (2/3 of the window)',
         )
         return out
-    check_seg_test_cfg(tc)
+    check_seg_test_cfg(tc, modes=seg_test_modes(cfg.model))
     return tc
 
 
