@@ -384,3 +384,8 @@ def test_a_run_without_resume_in_a_used_work_dir_says_what_it_replaces(tmp_path)
         ADE_CFG, work_dir=str(work), resume='auto', check_data=False, cfg_options=options(*SHRINK)
     )
     assert not any('earlier run' in n for n in resumed)  # --resume continues it: no note
+    # the config's own resume=True (mmengine resumes from last_checkpoint): no note either
+    cfg, by_config = build_train_config(
+        ADE_CFG, work_dir=str(work), check_data=False, cfg_options=options(*SHRINK, 'resume=True')
+    )
+    assert cfg.resume is True and not any('earlier run' in n for n in by_config), by_config

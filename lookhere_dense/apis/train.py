@@ -140,16 +140,15 @@ def find_resume_checkpoint(
     folders = [work_dir] + ([checkpoint_dir] if checkpoint_dir else [])
     candidates: List[str] = []
     ignored = None  # the file last_checkpoint names when it is outside this work dir
-    last = osp.join(work_dir, 'last_checkpoint')
-    if osp.isfile(last):
-        with open(last) as f:
-            named = f.read().strip()
-        if named:
-            named = named if osp.isabs(named) or '://' in named else osp.join(work_dir, named)
-            if _inside(named, folders):
-                candidates.append(named)
-            else:
-                ignored = named
+    from ..engine.checkpointing import POINTER_FILE, read_pointer
+
+    last = osp.join(work_dir, POINTER_FILE)
+    named = read_pointer(work_dir)
+    if named:
+        if _inside(named, folders):
+            candidates.append(named)
+        else:
+            ignored = named
     numbered = []
     for folder in folders:
         if '://' not in folder:
@@ -421,7 +420,7 @@ def build_train_config(
             raise ToolError(f'--resume checkpoint {resume!r} cannot be read: {problem}')
         cfg.resume = True
         cfg.load_from = resume
-    else:
+    elif not cfg.get('resume'):  # the config's resume=True resumes from last_checkpoint
         earlier = earlier_run_note(cfg.work_dir)
         if earlier:
             _warn(earlier)
@@ -456,15 +455,10 @@ def earlier_run_note(work_dir: str) -> Optional[str]:
     run left checkpoints (its ``last_checkpoint`` names one that exists): this run starts
     from iteration 0 and its checkpoints replace that run's of the same iterations (as in
     mmengine, which says nothing). None otherwise."""
-    from ..engine.checkpointing import POINTER_FILE
+    from ..engine.checkpointing import read_pointer
 
-    pointer = osp.join(work_dir, POINTER_FILE)
-    try:
-        with open(pointer) as f:
-            last = f.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    if not last or not osp.isfile(last):
+    last = read_pointer(work_dir)
+    if last is None or not osp.isfile(last):
         return None
     return (
         f'the work dir {work_dir!r} holds checkpoints of an earlier run (the newest: '
@@ -615,10 +609,9 @@ def _lost_process(err: BaseException, cfg) -> Optional[str]:
         )
     else:
         return None
-    from ..engine.checkpointing import POINTER_FILE
+    from ..engine.checkpointing import read_pointer
 
-    pointer = osp.join(cfg.work_dir, POINTER_FILE)
-    last = open(pointer).read().strip() if osp.isfile(pointer) else None
+    last = read_pointer(cfg.work_dir)
     return f'{what}. The last complete checkpoint is ' + (
         f'{last}: continue with --resume.' if last else 'none: start again.'
     )

@@ -43,10 +43,25 @@ from ..checkpoint.atomic import (
 )
 from ..errors import CheckpointSaveError
 
-__all__ = ['AtomicCheckpointHook', 'POINTER_FILE']
+__all__ = ['AtomicCheckpointHook', 'POINTER_FILE', 'read_pointer']
 
 #: The file in the work dir that names the newest checkpoint (mmengine's name).
 POINTER_FILE = 'last_checkpoint'
+
+
+def read_pointer(work_dir: str) -> Optional[str]:
+    """The checkpoint the work dir's :data:`POINTER_FILE` names, as written (mmengine
+    writes an absolute path; a relative one is taken relative to the work dir), or None:
+    no pointer, an empty or unreadable one."""
+    path = osp.join(work_dir, POINTER_FILE)
+    try:
+        with open(path) as f:
+            named = f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not named:
+        return None
+    return named if osp.isabs(named) or '://' in named else osp.join(work_dir, named)
 
 
 @HOOKS.register_module()

@@ -46,7 +46,7 @@ from mmengine.hooks import Hook, LoggerHook
 from mmengine.registry import HOOKS
 
 from ..errors import TrainingDivergedError
-from .checkpointing import AtomicCheckpointHook
+from .checkpointing import AtomicCheckpointHook, read_pointer
 from .memory_guard import MemoryGuardHook
 from .preemption import SignalCheckpointHook
 
@@ -117,7 +117,7 @@ class FiniteLossHook(Hook):
         # the named losses first: the total ``loss`` only repeats them
         first = sorted(bad, key=lambda k: k == 'loss')[0]
         others = ', '.join(f'{k} = {v}' for k, v in bad.items() if k != first)
-        last = _last_checkpoint(runner)
+        last = read_pointer(runner.work_dir)
         raise TrainingDivergedError(
             f'training stopped at iteration {it}'
             + (f'/{total}' if total else '')
@@ -130,16 +130,6 @@ class FiniteLossHook(Hook):
             'gradient clipping (optim_wrapper.clip_grad=dict(max_norm=1.0)), bad labels, '
             'or invalid model options.'
         )
-
-
-def _last_checkpoint(runner) -> Optional[str]:
-    import os.path as osp
-
-    path = osp.join(runner.work_dir, 'last_checkpoint')
-    if osp.isfile(path):
-        with open(path) as f:
-            return f.read().strip() or None
-    return None
 
 
 # ----------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
 from ..errors import TrainingInterruptedError
+from .checkpointing import read_pointer
 
 __all__ = ['SignalCheckpointHook', 'HANDLED_SIGNALS']
 
@@ -59,19 +60,6 @@ def _barrier() -> None:
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
-
-
-def _pointer(runner) -> Optional[str]:
-    """The checkpoint the work dir's ``last_checkpoint`` names, or None."""
-    import os.path as osp
-
-    from .checkpointing import POINTER_FILE
-
-    path = osp.join(runner.work_dir, POINTER_FILE)
-    if osp.isfile(path):
-        with open(path) as f:
-            return f.read().strip() or None
-    return None
 
 
 @HOOKS.register_module()
@@ -148,7 +136,7 @@ class SignalCheckpointHook(Hook):
         if saved:
             kept = f'saved {saved}'
         else:
-            last = _pointer(runner)
+            last = read_pointer(runner.work_dir)
             kept = f'kept the last checkpoint {last}' if last else 'no checkpoint was saved'
         return (
             f'training stopped by {name} after {where}: {kept}. Continue with --resume '
