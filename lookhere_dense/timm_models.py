@@ -91,7 +91,12 @@ from .lookhere.config import (
     resolve_lh_config,
 )
 from .lookhere.vit import LookHereVisionTransformer
-from .lookhere.weights import BackboneWeights, backbone_weights, file_num_heads
+from .lookhere.weights import (
+    BackboneWeights,
+    backbone_weights,
+    check_weights_argument,
+    file_num_heads,
+)
 
 __all__ = ['LookHereTimmViT', 'LookHereFeatures', 'ARCHS', 'TAGS']
 
@@ -325,7 +330,7 @@ class LookHereTimmViT(LookHereVisionTransformer):
 
     def load_pretrained(
         self,
-        path: Union[str, Mapping[str, Any]],
+        path: Union[str, 'os.PathLike[str]', Mapping[str, Any]],
         strict: bool = True,
         checkpoint_num_heads: Optional[int] = None,
         source: Optional[str] = None,
@@ -340,6 +345,7 @@ class LookHereTimmViT(LookHereVisionTransformer):
         one given to ``timm.create_model``."""
         if checkpoint_num_heads is None:
             checkpoint_num_heads = self._checkpoint_num_heads
+        check_weights_argument('load_pretrained: path', path)
         if isinstance(path, (str, os.PathLike)):
             source = os.fspath(path)
             ckpt: Mapping[str, Any] = load_checkpoint_file(source)

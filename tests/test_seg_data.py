@@ -208,7 +208,9 @@ def test_a_crop_the_data_preprocessor_pads_up_is_warned_about(data, tmp_path):
         f'{size[0]}x{size[1]} (75% padding, label 255)'
     )
     assert crop_padding_note(cfg).startswith(expected)
-    roots = {f'{split}_dataloader.dataset.data_root': str(ade) for split in ('train', 'val', 'test')}
+    roots = {
+        f'{split}_dataloader.dataset.data_root': str(ade) for split in ('train', 'val', 'test')
+    }
     key = f'train_dataloader.dataset.pipeline.{index}.crop_size'
     _, notes = build_train_config(
         osp.join(REPO, 'configs', 'segmenter_lookhere_vit-t_tiny-ade.py'),

@@ -508,4 +508,6 @@ def test_a_timm_vit_file_loads_with_init_values_0_and_is_refused_in_timm_words(t
     with pytest.warns(UserWarning, match=r'strict=False; 4 backbone tensors .*ls1\.gamma'):
         report = layered.load_pretrained(str(path), strict=False)
     assert any('.ls1.gamma' in k for k in report['missing'])
+    with pytest.raises(TypeError, match=r'load_pretrained: path must be a checkpoint file'):
+        layered.load_pretrained(True)
     assert torch.equal(layered.blocks[1].attn.qkv.weight, source.blocks[1].attn.qkv.weight)

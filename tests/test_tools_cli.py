@@ -354,7 +354,15 @@ def test_progress_prints_plain_lines_where_there_is_no_terminal():
     assert 'ETA' in lines[0] and 'ETA' not in lines[-1]
     out = io.StringIO()
     list(progress(iter(range(3)), 'infer', stream=out))  # no length: counts only
-    assert out.getvalue().splitlines()[-1].startswith('infer: 3 img (')
+    assert [ln.split(' (')[0] for ln in out.getvalue().splitlines()] == [
+        'infer: 1 img',
+        'infer: 2 img',
+        'infer: 3 img',
+    ]
+    out = io.StringIO()
+    list(progress(iter(range(120)), 'pass', stream=out))  # 1, 2, 5, ... and the end
+    counts = [int(ln.split()[1]) for ln in out.getvalue().splitlines()]
+    assert counts == [1, 2, 5, 10, 20, 50, 100, 120]
 
 
 def test_quiet_mmengine_logger_drops_the_named_notes_and_keeps_other_warnings():
@@ -379,4 +387,5 @@ def test_quiet_mmengine_logger_drops_the_named_notes_and_keeps_other_warnings():
         logger.warning('The prefix is not set, outside the block')
     finally:
         logger.removeHandler(handler)
+        MMLogger._instance_dict.pop('test_quiet_drop', None)  # not the current logger after
     assert seen == ['something to act on', 'The prefix is not set, outside the block']

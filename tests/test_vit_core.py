@@ -128,6 +128,10 @@ def test_create_model_takes_a_pathlib_path_and_refuses_pretrained_true(official_
     )
     with pytest.raises(FileNotFoundError, match=r'is no file but a timm model name: timm'):
         create_model('lookhere_vit_base_patch16_224.lh90')
+    with pytest.raises(FileNotFoundError) as err:  # a file of the user's, not there
+        create_model('lookhere_vit_b16.pth')
+    assert 'timm' not in str(err.value)
+    assert create_model(False, **official_tiny.vit_kwargs) is not None  # timm: no weights
     with pytest.raises(TypeError, match=r'checkpoint must be a checkpoint file .* got 3'):
         model.load_pretrained(3)
     with pytest.raises(CheckpointError, match=r'Set num_heads=12 \(model.backbone.num_heads'):

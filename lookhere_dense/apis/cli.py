@@ -16,10 +16,10 @@ import os.path as osp
 import re
 import sys
 import warnings
-from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 from ..errors import USER_ERRORS, ConfigError
-from ..validation import close_names
+from ..validation import close_names, is_int, is_number
 
 __all__ = [
     'quiet_mmengine_logger',
@@ -291,16 +291,26 @@ def _check_loop_length(cfg, options: dict) -> None:
         )
 
 
-#: Keys that OpenMMLab takes as one number or as several (``out_indices=-1`` or
-#: ``(2, 5, 8, 11)``, ``in_index``, ``crop_size``, ``stride``, ``scale``): a list of
-#: numbers may replace a number there.
-_TAKES_ONE_OR_MORE = re.compile(r'(index|indices|indexes|size|sizes|stride|strides|scale|scales)$')
+#: Keys that OpenMMLab takes as one number or as several, and what each entry must be: a
+#: list of those may replace a number there (``out_indices=-1`` or ``(2, 5, 8, 11)``).
+ONE_OR_MORE: Dict[str, Callable[[Any], bool]] = {
+    'out_indices': is_int,
+    'in_index': is_int,
+    'crop_size': is_int,
+    'img_size': is_int,
+    'size': is_int,
+    'stride': is_int,
+    'scale': is_number,
+    'img_scale': is_number,
+    'scale_factor': is_number,
+}
 
 
-def _numbers(value: Any) -> bool:
-    return bool(value) and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
-    )
+def _one_or_more(key: str, value: Any) -> bool:
+    """Whether ``value`` is a list that may replace a number at ``key``
+    (:data:`ONE_OR_MORE`)."""
+    entry = ONE_OR_MORE.get(key)
+    return entry is not None and bool(value) and all(map(entry, value))
 
 
 def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
@@ -308,8 +318,7 @@ def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
 
     * a value whose type cannot replace the config's (a word for a number or a bool, a
       word for a list, a plain value for a whole section, a list for a number except where
-      OpenMMLab takes one or several: ``out_indices``, ``in_index``, ``*_size``,
-      ``stride``, ``scale``) is an error naming the option and what the config has there
+      OpenMMLab takes one or several: :data:`ONE_OR_MORE`) is an error naming the option and what the config has there
       (``None`` is always allowed: it switches things off);
     * a key the config does not have but that is close to one it has (``max_iter`` for
       ``max_iters``) is an error naming the close keys; other new keys are added (new
@@ -348,8 +357,7 @@ def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
             bad = not isinstance(value, bool)
         elif isinstance(old, (int, float)):
             bad = isinstance(value, (str, dict)) or (
-                isinstance(value, (list, tuple))
-                and not (_TAKES_ONE_OR_MORE.search(parts[-1]) and _numbers(value))
+                isinstance(value, (list, tuple)) and not _one_or_more(parts[-1], value)
             )
         elif isinstance(old, (list, tuple)):
             bad = isinstance(value, str)
@@ -646,7 +654,10 @@ def progress(
 
     stream = sys.stderr if stream is None else stream
     if total is None:
-        total = len(items) if hasattr(items, '__len__') else None
+        try:
+            total = len(items)  # type: ignore[arg-type]
+        except TypeError:  # a generator, a loader over an iterable dataset
+            total = None
     if getattr(stream, 'isatty', lambda: False)():
         from tqdm import tqdm
 
@@ -654,18 +665,32 @@ def progress(
             items, desc=desc, unit=unit, total=total, leave=leave, dynamic_ncols=True, file=stream
         )
         return
-    every = max(1, (total or 10) // 10)
     start = time.perf_counter()
-    done = 0
-    for item in items:
-        yield item
-        done += 1
-        if done % every and done != total:
-            continue
+    done = shown = 0
+
+    def line() -> None:
         spent = time.perf_counter() - start
         left = f', ETA {spent / done * (total - done):.0f} s' if total and done < total else ''
         count = f'{done}/{total}' if total else f'{done}'
         print(f'{desc}: {count} {unit} ({spent:.0f} s{left})', file=stream, flush=True)
+
+    every = max(1, total // 10) if total else 1
+    for item in items:
+        yield item
+        done += 1
+        # a known length: every tenth and the last; else at 1, 2, 5, 10, 20, 50, ...
+        if (done % every == 0 or done == total) if total else _round_count(done):
+            line()
+            shown = done
+    if not total and done and shown != done:
+        line()  # the end of a pass of unknown length
+
+
+def _round_count(n: int) -> bool:
+    """Whether ``n`` is 1, 2 or 5 times a power of ten."""
+    while n % 10 == 0:
+        n //= 10
+    return n in (1, 2, 5)
 
 
 def console_script(main: Callable[[Optional[List[str]]], object]) -> Callable[[], None]:

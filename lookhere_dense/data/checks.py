@@ -544,7 +544,8 @@ def crop_padding_note(cfg: Mapping) -> Optional[str]:
     ``model.data_preprocessor.size``: the preprocessor pads every crop up to that size
     (labels 255, ignored), so training runs on part padding at the larger size (e.g. the
     crop lowered with ``--cfg-options`` and the size left). None when they fit."""
-    size = ((cfg.get('model') or {}).get('data_preprocessor') or {}).get('size')
+    preprocessor = (cfg.get('model') or {}).get('data_preprocessor') or {}
+    size, pad = preprocessor.get('size'), preprocessor.get('seg_pad_val', 255)
     if size is None:
         return None
     sh, sw = _pair(size)
@@ -558,7 +559,7 @@ def crop_padding_note(cfg: Mapping) -> Optional[str]:
                 return (
                     f'{where}: RandomCrop crop_size={(int(ch), int(cw))} is smaller than '
                     f'model.data_preprocessor.size={(int(sh), int(sw))}: every training crop '
-                    f'is padded to {int(sh)}x{int(sw)} ({share:.0f}% padding, label 255) and '
+                    f'is padded to {int(sh)}x{int(sw)} ({share:.0f}% padding, label {pad}) and '
                     'the model trains at that size. Set model.data_preprocessor.size='
                     f'({int(ch)}, {int(cw)}) too (and model.test_cfg.crop_size for sliding '
                     'inference)'

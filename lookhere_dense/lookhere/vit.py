@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -71,6 +72,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+#: The timm names of the LookHere models (``lookhere_dense.timm_models``), with a tag.
+_TIMM_NAME = re.compile(r'lookhere_vit_[a-z]+_patch\d+_\d+(\.\w+)?')
+
 #: What ``torch.export`` / ``torch.onnx.export(dynamo=True)`` of a LookHere ViT is told.
 EXPORT_HINT = (
     'LookHere ViT: torch.export / torch.onnx.export fix the attention to one image size '
@@ -757,7 +761,7 @@ def create_model(
     Args:
         pretrained: official LookHere (``LH_180_weights_and_config.pth``, ...), timm /
             DeiT-III or lookhere-dense weights (a path, ``str`` or ``pathlib.Path``, or a
-            loaded checkpoint); None: the official random initialisation.
+            loaded checkpoint); None (or False): the official random initialisation.
             The LookHere config stored in official and lookhere-dense files is adopted (an
             explicit ``preset`` / ``lh_config`` that differs is an error). Default: None.
         strict: refuse files with missing or unexpected parameters. Default: True.
@@ -774,10 +778,12 @@ def create_model(
         FileNotFoundError, CheckpointError: the file is missing or does not fit.
         ValueError / PosEncodingError: an argument that cannot work, named.
     """
+    if pretrained is False:  # timm's habit for "no weights"
+        pretrained = None
     if pretrained is not None:
         _weights.check_weights_argument('create_model: pretrained', pretrained)
         name = os.fspath(pretrained) if isinstance(pretrained, (str, os.PathLike)) else None
-        if name and name.startswith('lookhere_vit_') and not os.path.exists(name):
+        if name and _TIMM_NAME.fullmatch(name) and not os.path.exists(name):
             raise FileNotFoundError(
                 f'create_model: pretrained={name!r} is no file but a timm model name: '
                 f'timm.create_model({name!r}, checkpoint_path=FILE) builds it; '
