@@ -2,7 +2,8 @@
 ``Runner`` whose logger's terminal handler gets a
 :class:`~lookhere_dense.engine.terminal.TerminalFilter` from the first line (the run header,
 config dump and library noise go to the log file only), unless ``quiet_terminal`` is False
-(:class:`VerboseToolRunner`, ``--verbose``). Nothing else differs: multi-process runs use
+(:class:`VerboseToolRunner`, ``--verbose``); what evaluation ``print``s (pycocotools'
+tables) goes to the log file too. Nothing else differs: multi-process runs use
 mmengine's own weight sync (every ``state_dict`` entry of lookhere-dense models is a
 tensor, ``LookHereViT``'s record included), so mmseg's and mmdet's own ``tools/train.py``
 run them too.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from mmengine.runner import Runner
 
-from .terminal import attach_terminal_filter, terminal_filter_of
+from .terminal import attach_terminal_filter, evaluate_into_log, terminal_filter_of
 
 __all__ = ['ToolRunner', 'VerboseToolRunner']
 
@@ -32,6 +33,12 @@ class ToolRunner(Runner):
         if self.quiet_terminal and terminal_filter_of(logger) is None:
             attach_terminal_filter(logger)
         return logger
+
+    def build_evaluator(self, evaluator):
+        """mmengine's, whose ``evaluate`` prints into the log file only (quiet terminal:
+        :func:`~lookhere_dense.engine.terminal.evaluate_into_log`)."""
+        built = super().build_evaluator(evaluator)
+        return evaluate_into_log(built, self.logger) if self.quiet_terminal else built
 
 
 class VerboseToolRunner(ToolRunner):

@@ -27,6 +27,8 @@ from typing import Iterator, Optional, Pattern, Sequence
 
 __all__ = [
     'TerminalFilter',
+    'LogLines',
+    'evaluate_into_log',
     'attach_terminal_filter',
     'terminal_filter_of',
     'warnings_to_run_log',
@@ -106,6 +108,47 @@ def terminal_filter_of(logger: logging.Logger) -> Optional[TerminalFilter]:
             if isinstance(flt, TerminalFilter):
                 return flt
     return None
+
+
+class LogLines:
+    """A text stream whose lines go to ``logger`` as INFO records for the log file only
+    (``extra={'file_only': True}``): what a library ``print``s during evaluation."""
+
+    def __init__(self, logger: logging.Logger):
+        self.logger = logger
+        self._buffer = ''
+
+    def write(self, text: str) -> int:
+        self._buffer += text
+        *lines, self._buffer = self._buffer.split('\n')
+        for line in lines:
+            if line.strip():
+                self.logger.info(line, extra=dict(file_only=True))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._buffer.strip():
+            self.logger.info(self._buffer, extra=dict(file_only=True))
+        self._buffer = ''
+
+
+def evaluate_into_log(evaluator, logger: logging.Logger):
+    """``evaluator`` (an mmengine ``Evaluator``) whose ``evaluate`` sends what it prints
+    to ``stdout`` to the run's log file only (pycocotools prints its 12-line tables and
+    'Loading and preparing results...' of every COCO evaluation; the metrics themselves
+    are logged by the metric and stay on the terminal)."""
+    evaluate = evaluator.evaluate
+
+    def evaluate_logged(*args, **kwargs):
+        stream = LogLines(logger)
+        try:
+            with contextlib.redirect_stdout(stream):
+                return evaluate(*args, **kwargs)
+        finally:
+            stream.flush()
+
+    evaluator.evaluate = evaluate_logged
+    return evaluator
 
 
 @contextlib.contextmanager
