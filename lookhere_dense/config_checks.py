@@ -20,7 +20,7 @@ import textwrap
 from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import ConfigError, PosEncodingError
-from .registry import CONFIG_IMPORT
+from .registry import CONFIG_IMPORT, type_name
 from .validation import close_names, is_int
 
 __all__ = [
@@ -265,8 +265,7 @@ def _check_neck(neck: Mapping, embed_dims: int, n_out: int, outs: Any) -> None:
     built (else: at the first forward, after start-up): ``SimpleFPN`` (its
     ``in_channels`` / ``backbone_channel`` and ``in_index``) and mmseg's
     ``MultiLevelNeck`` (one ``in_channels`` entry per backbone output)."""
-    typ = neck.get('type', '')
-    typ = typ.__name__ if isinstance(typ, type) else str(typ).split('.')[-1]
+    typ = type_name(neck)
     key = 'backbone_channel' if neck.get('backbone_channel') is not None else 'in_channels'
     chans = neck.get(key)
     if typ == 'SimpleFPN':

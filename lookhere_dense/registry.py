@@ -14,6 +14,7 @@ Nothing else in the package registers as a side effect of being imported for its
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 __all__ = [
     'register_all_modules',
@@ -21,6 +22,7 @@ __all__ = [
     'REGISTERING_MODULES',
     'CONFIG_IMPORT',
     'OPENMMLAB_PACKAGES',
+    'type_name',
 ]
 
 #: the module a config names in ``custom_imports``: importing it registers everything
@@ -42,6 +44,13 @@ REGISTERING_MODULES = (
 )
 
 _done = False
+
+
+def type_name(node: Any) -> str:
+    """The class name a registry config's ``type`` names: ``'SimpleFPN'`` for
+    ``'SimpleFPN'``, ``'mmseg.SomeHead'`` or the class itself (new-style configs)."""
+    typ = node.get('type')
+    return typ.__name__ if isinstance(typ, type) else str(typ).split('.')[-1]
 
 
 #: The packages the OpenMMLab parts import (the ``[openmmlab]`` extras; mmcv by module name).

@@ -318,8 +318,8 @@ def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
 
     * a value whose type cannot replace the config's (a word for a number or a bool, a
       word for a list, a plain value for a whole section, a list for a number except where
-      OpenMMLab takes one or several: :data:`ONE_OR_MORE`) is an error naming the option and what the config has there
-      (``None`` is always allowed: it switches things off);
+      OpenMMLab takes one or several: :data:`ONE_OR_MORE`) is an error naming the option
+      and what the config has there (``None`` is always allowed: it switches things off);
     * a key the config does not have but that is close to one it has (``max_iter`` for
       ``max_iters``) is an error naming the close keys; other new keys are added (new
       keys are legitimate), with a warning when their section is new too; the keys of

@@ -136,12 +136,11 @@ def find_resume_checkpoint(
             readable, or only a ``last_checkpoint`` that names a file elsewhere.
     """
     from ..checkpoint import checkpoint_problem
+    from ..engine.checkpointing import POINTER_FILE, read_pointer
 
     folders = [work_dir] + ([checkpoint_dir] if checkpoint_dir else [])
     candidates: List[str] = []
     ignored = None  # the file last_checkpoint names when it is outside this work dir
-    from ..engine.checkpointing import POINTER_FILE, read_pointer
-
     last = osp.join(work_dir, POINTER_FILE)
     named = read_pointer(work_dir)
     if named:

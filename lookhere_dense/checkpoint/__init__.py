@@ -5,7 +5,7 @@ mean (official / timm / DeiT-III formats, head counts, LookHere configs) is
 """
 
 from ..errors import CheckpointError, UnreadableCheckpointError
-from .reading import checkpoint_problem, load_checkpoint_file
+from .reading import checkpoint_problem, load_checkpoint_file, read_pointer_file
 from .records import (
     EXTRA_STATE_KEY,
     decode_extra_state,
@@ -20,6 +20,7 @@ __all__ = [
     'UnreadableCheckpointError',
     'load_checkpoint_file',
     'checkpoint_problem',
+    'read_pointer_file',
     'EXTRA_STATE_KEY',
     'encode_extra_state',
     'decode_extra_state',

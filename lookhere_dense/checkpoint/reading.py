@@ -21,7 +21,7 @@ import torch
 
 from ..errors import UnreadableCheckpointError
 
-__all__ = ['load_checkpoint_file', 'checkpoint_problem']
+__all__ = ['load_checkpoint_file', 'checkpoint_problem', 'read_pointer_file']
 
 
 def _first_line(err: BaseException) -> str:
@@ -81,21 +81,30 @@ def _unreadable(path: str, err: BaseException) -> UnreadableCheckpointError:
     )
 
 
-def _pointer_target(path: str) -> Optional[str]:
-    """The checkpoint a small text file names as its only line (mmengine's
-    ``last_checkpoint`` in a work dir), when that file exists; else None."""
-    if os.path.getsize(path) > 4096:
-        return None
+def read_pointer_file(path: str) -> Optional[str]:
+    """The checkpoint a pointer file names (mmengine's ``last_checkpoint``: one line, the
+    newest checkpoint's path): its text, stripped; a relative name is taken relative to
+    the file's folder, a URL as it is. None: no such file, an unreadable or empty one."""
     try:
         with open(path, encoding='utf-8') as f:
-            lines = f.read().strip().splitlines()
+            named = f.read().strip()
     except (OSError, UnicodeDecodeError):
         return None
-    if len(lines) != 1:
+    if not named:
         return None
-    target = lines[0].strip()
-    if not os.path.isabs(target):
-        target = os.path.join(os.path.dirname(path), target)
+    if os.path.isabs(named) or '://' in named:
+        return named
+    return os.path.join(os.path.dirname(path), named)
+
+
+def _pointer_target(path: str) -> Optional[str]:
+    """The checkpoint a small text file names as its only line (:func:`read_pointer_file`),
+    when that file exists; else None."""
+    if os.path.getsize(path) > 4096:
+        return None
+    target = read_pointer_file(path)
+    if target is None or len(target.splitlines()) != 1:
+        return None
     return target if os.path.isfile(target) and target != path else None
 
 

@@ -34,6 +34,7 @@ from ..errors import (
     LabelRangeError,
     LabelSizeError,
 )
+from ..registry import type_name
 from .labels import (
     all_ignored_message,
     bad_label_values,
@@ -85,11 +86,6 @@ def _scope(ds: Mapping, default_scope: str) -> str:
     if isinstance(typ, type):
         return typ.__module__.split('.')[0]
     return default_scope
-
-
-def _type_name(ds: Mapping) -> str:
-    typ = ds.get('type')
-    return typ.__name__ if isinstance(typ, type) else str(typ).split('.')[-1]
 
 
 def _dataset_nodes(ds_cfg: Mapping, key: str, wrappers: Tuple[Tuple[str, Mapping], ...] = ()):
@@ -154,14 +150,14 @@ def _expected_files(ds: Mapping, scope: str) -> str:
             parts.append(f'{what} under {_at_root(root, sub)} (data_prefix.{key})')
     if not parts:
         return ''
-    return f' {_type_name(ds)} expects ' + ' and '.join(parts) + '.'
+    return f' {type_name(ds)} expects ' + ' and '.join(parts) + '.'
 
 
 def _hint(ds: Mapping, scope: str = 'mmseg') -> str:
     """The layout of ``ds``; the tiny demo datasets only for the segmentation layouts
     ``tools/demo.py --data-only`` writes."""
     scope = _scope(ds, scope)
-    typ = _type_name(ds)
+    typ = type_name(ds)
     if scope == 'mmseg' and typ in LAYOUT_HINTS:
         return ' ' + LAYOUT_HINTS[typ] + ' ' + _DEMO_HINT
     return _expected_files(ds, scope)
@@ -208,12 +204,12 @@ def _where_note(key: str, ds: Mapping, wrappers: Sequence[Tuple[str, Mapping]]) 
     a data_root set on a wrapper (where no dataset reads it); ``''`` without wrappers."""
     if not wrappers:
         return ''
-    chain = ' inside the '.join(_type_name(w) for _, w in reversed(wrappers))
-    note = f'; {key} is the {_type_name(ds)} inside the {chain}'
+    chain = ' inside the '.join(type_name(w) for _, w in reversed(wrappers))
+    note = f'; {key} is the {type_name(ds)} inside the {chain}'
     for w_key, w in wrappers:
         if 'data_root' in w:
             note += (
-                f'; {w_key}.data_root={w["data_root"]!r} is set on the {_type_name(w)} '
+                f'; {w_key}.data_root={w["data_root"]!r} is set on the {type_name(w)} '
                 f'wrapper, which does not pass it on: set {key}.data_root instead'
             )
     return note

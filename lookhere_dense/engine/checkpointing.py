@@ -41,6 +41,7 @@ from ..checkpoint.atomic import (
     publish_file,
     remove_quietly,
 )
+from ..checkpoint.reading import read_pointer_file
 from ..errors import CheckpointSaveError
 
 __all__ = ['AtomicCheckpointHook', 'POINTER_FILE', 'read_pointer']
@@ -52,16 +53,9 @@ POINTER_FILE = 'last_checkpoint'
 def read_pointer(work_dir: str) -> Optional[str]:
     """The checkpoint the work dir's :data:`POINTER_FILE` names, as written (mmengine
     writes an absolute path; a relative one is taken relative to the work dir), or None:
-    no pointer, an empty or unreadable one."""
-    path = osp.join(work_dir, POINTER_FILE)
-    try:
-        with open(path) as f:
-            named = f.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    if not named:
-        return None
-    return named if osp.isabs(named) or '://' in named else osp.join(work_dir, named)
+    no pointer, an empty or unreadable one
+    (:func:`~lookhere_dense.checkpoint.read_pointer_file`)."""
+    return read_pointer_file(osp.join(work_dir, POINTER_FILE))
 
 
 @HOOKS.register_module()
