@@ -28,6 +28,8 @@ class                       raised when
 
 from __future__ import annotations
 
+from typing import Optional
+
 __all__ = [
     'ConfigError',
     'PosEncodingError',
@@ -175,7 +177,24 @@ class MissingExtrasError(ModuleNotFoundError, ToolError):
 
 class MemoryBudgetError(ConfigError):
     """The estimated peak memory of a pass exceeds the memory available (or the budget
-    given); the message has the estimate, the limit and cheaper options."""
+    given); the message has the estimate, the limit and cheaper options.
+
+    Attributes:
+        estimate: the pass's estimated peak in bytes (None when not given).
+        limit: the limit it exceeds, in bytes (None when not given).
+        source: what the limit is (``'the --max-memory budget'``, ``'MemAvailable
+            (/proc/meminfo)'``, ...; None when not given).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        estimate: Optional[int] = None,
+        limit: Optional[int] = None,
+        source: Optional[str] = None,
+    ):
+        super().__init__(message)
+        self.estimate, self.limit, self.source = estimate, limit, source
 
 
 #: The errors the tools report as one ``error:`` line (exit status 2), never a traceback.

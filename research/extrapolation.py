@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from lookhere_dense.errors import ConfigError
+from lookhere_dense.errors import ConfigError, MemoryBudgetError
 from lookhere_dense.evaluation.resize import (
     exact_resize,
     is_resize,
@@ -48,6 +48,7 @@ __all__ = [
     'slide_settings',
     'median_shape',
     'evaluate_spec',
+    'refused_row',
     'format_table',
     'plot_report',
     'extrapolation_report',
@@ -278,10 +279,37 @@ def evaluate_spec(
     )
 
 
-def _memory_label(rows: Sequence[Dict[str, Any]]) -> str:
-    return (
-        'peak GPU MB' if rows and rows[0]['memory_kind'] == 'cuda_max_allocated' else 'peak RSS MB'
+def refused_row(spec: TestSpec, err: MemoryBudgetError) -> Dict[str, Any]:
+    """The report row of a test the memory guard refused: ``test, mode, refused`` (the
+    refusal's message, with the cheaper options), ``estimate_mb`` / ``limit_mb`` (the
+    pass's estimated peak and the limit it exceeded) and ``limit_source`` (what the limit
+    is: the ``--max-memory`` budget or the memory left)."""
+    mb = lambda b: None if b is None else round(b / 2**20, 1)  # noqa: E731
+    return dict(
+        test=spec.text,
+        mode=spec.mode,
+        refused=str(err),
+        estimate_mb=mb(err.estimate),
+        limit_mb=mb(err.limit),
+        limit_source=err.source,
     )
+
+
+def _measured(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    return [r for r in rows if not r.get('refused')]
+
+
+def _memory_label(rows: Sequence[Dict[str, Any]]) -> str:
+    measured = _measured(rows)
+    cuda = measured and measured[0]['memory_kind'] == 'cuda_max_allocated'
+    return 'peak GPU MB' if cuda else 'peak RSS MB'
+
+
+def _refusal_cell(row: Dict[str, Any]) -> str:
+    """``est. 12.3 GB > 8.0 GB`` (what the refused test would have needed)."""
+    if row.get('estimate_mb') is None or row.get('limit_mb') is None:
+        return 'refused'
+    return f'est. {row["estimate_mb"]:.0f} > {row["limit_mb"]:.0f}'
 
 
 def input_cell(row: Dict[str, Any]) -> str:
@@ -297,6 +325,14 @@ def input_cell(row: Dict[str, Any]) -> str:
 
 def format_row(row: Dict[str, Any]) -> str:
     """One report row as the progress line ``tools/extrapolate.py`` prints."""
+    if row.get('refused'):
+        why = (
+            f'estimated peak {row["estimate_mb"]:.0f} MB > {row["limit_mb"]:.0f} MB, '
+            f'{row["limit_source"]}'
+            if row.get('estimate_mb') is not None and row.get('limit_mb') is not None
+            else 'over the memory limit'
+        )
+        return f'{row["test"]:>18}: refused before it allocated ({why})'
     return (
         f'{row["test"]:>18}: mIoU {row["mIoU"]:6.2f}  input {input_cell(row)}  '
         f'grid {row["grid_h"]}x{row["grid_w"]}  '
@@ -310,6 +346,9 @@ def format_table(rows: List[Dict[str, Any]], train_grid: Optional[Tuple[int, int
     they vary); the patch grid is the median image's."""
     rows_out = []
     for r in rows:
+        if r.get('refused'):
+            rows_out.append([r['test'], '-', '-', 'refused', '-', '-', _refusal_cell(r)])
+            continue
         grid = f'{r["grid_h"]}x{r["grid_w"]}' + (' (windows)' if r['mode'] == 'slide' else '')
         rows_out.append(
             [
@@ -338,39 +377,66 @@ def format_table(rows: List[Dict[str, Any]], train_grid: Optional[Tuple[int, int
     ]
     if train_grid:
         lines.append(f'\ntraining crop grid: {train_grid[0]}x{train_grid[1]} patches')
+    refused = [r for r in rows if r.get('refused')]
+    if refused:
+        sources = sorted({str(r.get('limit_source') or 'the memory limit') for r in refused})
+        lines.append(
+            f'\nrefused: {", ".join(r["test"] for r in refused)}: the memory guard '
+            f'estimated their pass above {" / ".join(sources)} (`est. estimate > limit`, '
+            'MB) and refused it before it allocated; each refusal (printed above; '
+            '`refused` in the JSON) names cheaper options'
+        )
     return '\n'.join(lines)
 
 
 def plot_report(
     rows: List[Dict[str, Any]], path: str, title: str, train_grid: Optional[Tuple[int, int]]
 ) -> None:
-    """PNG: mIoU vs test (patch grid), and time / memory per test."""
-    labels = [
-        f'{r["test"]}\n{r["input_h"]}x{r["input_w"]}'
-        f'{" (%d sizes)" % r["input_sizes"] if r.get("input_sizes", 1) > 1 else ""}'
-        f'\ngrid {r["grid_h"]}x{r["grid_w"]}'
-        for r in rows
-    ]
+    """PNG: mIoU vs test (patch grid), and time / memory per test (a test the memory
+    guard refused: a hatched grey bar marked ``refused`` with its estimate, no cost)."""
+    nan = float('nan')
+
+    def label(r: Dict[str, Any]) -> str:
+        if r.get('refused'):
+            return f'{r["test"]}\nrefused\n{_refusal_cell(r)} MB'
+        sizes = f' ({r["input_sizes"]} sizes)' if r.get('input_sizes', 1) > 1 else ''
+        return (
+            f'{r["test"]}\n{r["input_h"]}x{r["input_w"]}{sizes}\ngrid {r["grid_h"]}x{r["grid_w"]}'
+        )
+
+    labels = [label(r) for r in rows]
     x = list(range(len(rows)))
-    colours = ['tab:orange' if r['mode'] == 'slide' else 'tab:blue' for r in rows]
+    refused = [bool(r.get('refused')) for r in rows]
+    colours = [
+        'lightgrey' if no else 'tab:orange' if r['mode'] == 'slide' else 'tab:blue'
+        for r, no in zip(rows, refused)
+    ]
+    miou = [0.0 if no else r['mIoU'] for r, no in zip(rows, refused)]
+    top = max(100, max(miou, default=0) * 1.1)
     with figure(path, 1, 2, figsize=(max(10.0, 2.4 * len(rows) + 2), 4.8), title=title) as (
         _,
         (ax1, ax2),
     ):
-        ax1.bar(x, [r['mIoU'] for r in rows], color=colours)
-        for xi, r in zip(x, rows):
-            ax1.annotate(f'{r["mIoU"]:.1f}', (xi, r['mIoU']), ha='center', va='bottom', fontsize=9)
+        bars = ax1.bar(x, [top * 0.05 if no else v for v, no in zip(miou, refused)], color=colours)
+        for bar, xi, v, no in zip(bars, x, miou, refused):
+            if no:
+                bar.set_hatch('//')
+            text = 'refused' if no else f'{v:.1f}'
+            ax1.annotate(text, (xi, top * 0.05 if no else v), ha='center', va='bottom', fontsize=9)
         ax1.set_xticks(x, labels, fontsize=8)
         ax1.set_ylabel('mIoU (%)')
-        ax1.set_ylim(0, max(100, max((r['mIoU'] for r in rows), default=0) * 1.1))
+        ax1.set_ylim(0, top)
         note = f' (trained on {train_grid[0]}x{train_grid[1]} crops)' if train_grid else ''
         ax1.set_title('mIoU per test' + note, fontsize=10)
-        ax2.plot(x, [r['sec_per_img'] for r in rows], 'o-', color='tab:green', label='s / image')
+        secs = [nan if no else r['sec_per_img'] for r, no in zip(rows, refused)]
+        ax2.plot(x, secs, 'o-', color='tab:green', label='s / image')
         ax2.set_ylabel('seconds per image', color='tab:green')
         ax2.set_xticks(x, labels, fontsize=8)
+        ax2.set_xlim(-0.5, len(rows) - 0.5)  # refused tests keep their place (no point)
         ax3 = ax2.twinx()
         kind = _memory_label(rows)
-        ax3.plot(x, [r['peak_mem_mb'] for r in rows], 's--', color='tab:red', label=kind)
+        peaks = [nan if no else r['peak_mem_mb'] for r, no in zip(rows, refused)]
+        ax3.plot(x, peaks, 's--', color='tab:red', label=kind)
         ax3.set_ylabel(kind, color='tab:red')
         ax2.set_title('cost per test', fontsize=10)
 
@@ -407,8 +473,9 @@ def extrapolation_report(
         log: where the progress lines, the table and the written paths go. Default:
             print (flushed).
         max_memory: the budget of one pass (``'8G'``); a test whose estimated peak
-            exceeds it (or, without a budget, the memory left) stops the report before it
-            allocates (:func:`lookhere_dense.engine.memory_guard.install_memory_guard`).
+            exceeds it (or, without a budget, the memory left) is refused before it
+            allocates (:func:`lookhere_dense.engine.memory_guard.install_memory_guard`)
+            and reported as a ``refused`` row (:func:`refused_row`); the other tests run.
             Default: None.
 
     Returns:
@@ -418,6 +485,8 @@ def extrapolation_report(
         lookhere_dense.errors.ConfigError: a bad test spec, a test resized below one patch
         of the config's backbone (:func:`spec_pipeline`; checked before the model is built)
         or a non-mmseg config;
+        lookhere_dense.errors.MemoryBudgetError: every test refused by the memory guard
+        (the first one's refusal; nothing is written);
         FileNotFoundError: config or checkpoint missing; the pre-flight data checks'
         errors (:func:`lookhere_dense.apis.cli.preflight`).
     """
@@ -456,12 +525,20 @@ def extrapolation_report(
     size = (cfg.model.get('data_preprocessor') or {}).get('size')
     train_grid = tuple(math.ceil(s / patch) for s in size) if size else None
 
-    rows = []
+    rows, refusals = [], []
     log(f'{len(specs)} tests on the {split} split, device {device}')
     for spec in specs:
-        row = evaluate_spec(model, cfg, spec, split, device, max_images, patch)
+        try:
+            row = evaluate_spec(model, cfg, spec, split, device, max_images, patch)
+        except MemoryBudgetError as err:
+            refusals.append(err)
+            row = refused_row(spec, err)
+            log(format_row(row) + f'\n{"":>20}{err}')
+        else:
+            log(format_row(row))
         rows.append(row)
-        log(format_row(row))
+    if len(refusals) == len(specs):  # nothing measured: no report, the (first) refusal
+        raise refusals[0]
 
     table = format_table(rows, train_grid)
     log('\n' + table)

@@ -532,6 +532,45 @@ def test_the_test_infer_and_extrapolate_tools_refuse_a_frame_over_their_budget(d
     assert not glob.glob(str(tmp_path / 'o' / '*.png'))
 
 
+def test_a_refused_extrapolation_test_is_a_row_and_the_other_tests_run(data, tmp_path):
+    """A budget between the estimates of a 0.5x and a 3x whole frame: the 3x test is
+    refused before it allocates and reported as a ``refused`` row (JSON, table, plot); the
+    0.5x test runs and is scored. All refused: the first refusal, no report."""
+    import json
+
+    from tiny_seg import write_checkpoint
+
+    from lookhere_dense.errors import MemoryBudgetError
+    from research.extrapolation import extrapolation_report
+
+    ckpt = write_checkpoint(str(tmp_path / 'model.pth'), SHRINK)
+    lines = []
+    kwargs = dict(
+        max_images=1,
+        out_dir=str(tmp_path / 'x'),
+        cfg_options=options(*roots(data), *SHRINK),
+        max_memory='40M',
+        log=lines.append,
+    )
+    report = extrapolation_report(ADE_CFG, ckpt, ['whole@x0.5', 'whole@x3'], **kwargs)
+    small, big = report['rows']
+    assert 'refused' not in small and 0 <= small['mIoU'] <= 100 and small['images'] == 1
+    assert big['refused'].startswith('inference of a (1, 3, ')
+    assert 'the --max-memory budget is 40.0 MiB' in big['refused']
+    assert big['limit_mb'] == 40.0 and big['estimate_mb'] > 40.0
+    assert big['limit_source'] == 'the --max-memory budget'
+    on_disk = json.loads(open(report['json']).read())
+    assert on_disk['rows'][1]['refused'] == big['refused']
+    assert osp.getsize(report['png']) > 0
+    log = '\n'.join(lines)
+    assert 'whole@x3: refused before it allocated (estimated peak ' in log
+    assert '| whole@x3 | - | - | refused | - | - | est. ' in log
+    assert 'refused: whole@x3: the memory guard estimated their pass above the --max-memory' in log
+    with pytest.raises(MemoryBudgetError, match='the --max-memory budget is 40.0 MiB'):
+        extrapolation_report(ADE_CFG, ckpt, ['whole@x3', 'whole@x4'], **dict(kwargs, name='all'))
+    assert not osp.exists(str(tmp_path / 'x' / 'all.json'))
+
+
 # ----------------------------------------------------------------------------------------
 # data faults mid-run (the dataloader-worker kill and resized labels: tools/fault_check.py)
 # ----------------------------------------------------------------------------------------

@@ -62,8 +62,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         '--max-memory',
         metavar='SIZE',
         help='memory budget of one pass (e.g. 8G): a test whose estimated peak exceeds it '
-        'stops the report before it allocates, with cheaper options (default: the memory '
-        'the machine or its cgroup has left)',
+        'is refused before it allocates and reported as a refused row with cheaper '
+        'options; the other tests run (all refused: an error) (default: the memory the '
+        'machine or its cgroup has left)',
     )
     return parser.parse_args(argv)
 

@@ -461,7 +461,10 @@ def check_memory(info: Dict[str, Any], limit: Optional[int], source: str, what: 
         f'depth {a["num_layers"]}, backend {a["backend"]}, '
         f'{str(a["dtype"]).replace("torch.", "")}{note}) and {source} is {format_size(limit)}. '
         + ('Cheaper: ' + '; '.join(tips) + '. ' if tips else '')
-        + 'A larger budget: --max-memory SIZE.'
+        + 'A larger budget: --max-memory SIZE.',
+        estimate=parts['total'],
+        limit=limit,
+        source=source,
     )
 
 
