@@ -56,7 +56,9 @@ LookHere slopes).
 What differs from timm's ``VisionTransformer``:
 
 * every model takes any image size (``dynamic_img_size`` is always on; the LookHere bias
-  needs no interpolation); ``img_size`` is only recorded;
+  needs no interpolation); ``img_size`` is the nominal training size (timm's data config,
+  ``log_n_scaling``'s reference, the ``abs`` table's grid), and ``set_input_size`` changes
+  it but never the patch size;
 * the last block's output is after the final norm (``forward_intermediates``,
   ``features_only``), as in mmseg's ViT and :class:`LookHereVisionTransformer`'s
   ``forward``, so the features equal :func:`lookhere_dense.lookhere.create_model`'s maps
@@ -78,6 +80,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Uni
 import torch
 from timm.models import build_model_with_cfg, create_model, generate_default_cfgs, register_model
 from timm.models._features import FeatureGetterNet, feature_take_indices
+from timm.models._input import update_model_input_size
 from timm.models._pretrained import PretrainedCfg
 from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys
@@ -195,6 +198,19 @@ class LookHereTimmViT(LookHereVisionTransformer):
         return self.forward_head(self.forward_features(inputs))
 
     # -- timm's training API (as timm's VisionTransformer) ---------------------------------
+    def set_input_size(
+        self,
+        img_size: Union[None, int, Tuple[int, int]] = None,
+        patch_size: Optional[int] = None,
+    ) -> None:
+        """:meth:`LookHereVisionTransformer.set_input_size` (the nominal training size:
+        ``log_n_scaling``'s reference, an ``abs`` table resampled; the patch size is kept),
+        and timm's record of it (``timm.models.get_model_input_config(model)``), as timm's
+        ``VisionTransformer.set_input_size`` (timm API)."""
+        super().set_input_size(img_size, patch_size)
+        if img_size is not None:
+            update_model_input_size(self, self.img_size)
+
     @property
     def grad_checkpointing(self) -> bool:
         """Activation checkpointing per block (timm's name for ``with_cp``)."""

@@ -1,10 +1,12 @@
 """timm's fine-tuning API on the LookHere timm models (:mod:`lookhere_dense.timm_models`):
 ``set_grad_checkpointing`` (the model and the ``features_only`` wrapper), ``group_matcher``
-(timm's layer-wise lr decay groups per block as for timm's own ViT), ``no_weight_decay``
-and the ``features_only`` ``out_indices`` as timm's ViT reports them.
+(timm's layer-wise lr decay groups per block as for timm's own ViT), ``no_weight_decay``,
+the ``features_only`` ``out_indices`` as timm's ViT reports them and ``set_input_size``.
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -167,3 +169,48 @@ def test_features_only_out_indices_as_timms_vit(out_indices):
     assert len(maps) == len(want) == len(ours.feature_info.out_indices)
     for a, b in zip(maps, want):
         assert torch.equal(a, b)
+
+
+# ----------------------------------------------------------------------------------------
+# set_input_size
+# ----------------------------------------------------------------------------------------
+def test_set_input_size_moves_the_training_size_and_keeps_the_lookhere_output():
+    """The LookHere bias has no size: an input gives the same features before and after;
+    what moves is the training grid (``log_n_scaling``'s reference) and timm's record."""
+    from timm.models import get_model_input_config
+
+    torch.manual_seed(0)
+    model = timm.create_model(f'{TINY}.lh90', num_classes=0, depth=2, log_n_scaling=True)
+    model.eval()
+    x = torch.randn(1, 3, 96, 128)
+    with torch.no_grad():
+        before = model.forward_features(x)
+        assert model.attention_scale((6, 8)) == pytest.approx(math.log(49) / math.log(197))
+        model.set_input_size((96, 128))
+        assert model.train_grid == (6, 8) and model.img_size == (96, 128)
+        assert model.attention_scale((6, 8)) == 1.0  # the new reference
+        model.set_input_size(224)
+        assert torch.equal(model.forward_features(x), before)
+    assert get_model_input_config(model)['input_size'] == (3, 224, 224)
+    model.set_input_size(384, patch_size=16)
+    assert get_model_input_config(model)['input_size'] == (3, 384, 384)
+    assert model.train_grid == (24, 24)
+    with pytest.raises(ValueError, match="patch_size=8 is not the model's 16"):
+        model.set_input_size(224, patch_size=8)
+    with pytest.raises(ValueError, match=r'img_size must be a positive int .* got \(0, 4\)'):
+        model.set_input_size((0, 4))
+    assert model.train_grid == (24, 24)  # a refused call changes nothing
+
+
+def test_set_input_size_resamples_an_abs_table_as_the_forward_would():
+    """``abs``: after ``set_input_size(S)`` the table has S's grid, and an S input gives
+    what it gave before the call (the forward resampled the table the same way)."""
+    torch.manual_seed(0)
+    model = timm.create_model(TINY, num_classes=0, depth=2, pos_encoding='abs').eval()
+    x = torch.randn(1, 3, 160, 96)
+    with torch.no_grad():
+        before = model.forward_features(x)
+        model.set_input_size((160, 96))
+        assert tuple(model.pos_enc.pos_embed.shape) == (1, 10 * 6, 192)
+        assert model.pos_enc.grid_size == (10, 6) and model.pos_enc.pos_embed.requires_grad
+        torch.testing.assert_close(model.forward_features(x), before, rtol=0, atol=1e-6)

@@ -238,7 +238,7 @@ class LookHereVisionTransformer(nn.Module):
     Args:
         img_size (int | tuple): nominal training size; only recorded, except with
             ``pos_encoding='abs'``, whose embedding has the grid ``img_size / patch_size``,
-            and ``log_n_scaling``. Default: 224.
+            and ``log_n_scaling``; changed later by :meth:`set_input_size`. Default: 224.
         patch_size (int): patch side. Default: 16.
         patch_pad (str): ``'corner'`` or ``'same'`` padding of inputs that are not a patch
             multiple. Default: ``'corner'``.
@@ -438,15 +438,9 @@ class LookHereVisionTransformer(nn.Module):
         #: an explicit LookHere config (or preset) vs one to be taken from a checkpoint
         self.lh_explicit = spec.explicit
         self.attn_backend = attn_backend
-        grid = tuple(math.ceil(s / patch_size) for s in self.img_size)
-        self.train_grid: Tuple[int, int] = grid
         self.log_n_scaling = bool(log_n_scaling)
-        if self.log_n_scaling and grid[0] * grid[1] + self.num_prefix_tokens < 2:
-            raise ValueError(
-                f'log_n_scaling needs at least 2 tokens on the training grid '
-                f'(img_size {self.img_size} / patch_size {patch_size} gives '
-                f'{grid[0]}x{grid[1]})'
-            )
+        grid = self._train_grid(self.img_size, patch_size)
+        self.train_grid: Tuple[int, int] = grid
         with isolated_rng():  # the trunk draws the same init numbers whatever the encoding
             self.pos_enc: PositionEncoding = build_position_encoding(
                 spec,
@@ -687,6 +681,55 @@ class LookHereVisionTransformer(nn.Module):
 
         n, n_train = keys(*grid), keys(*self.train_grid)
         return 1.0 if n == n_train else math.log(n) / math.log(n_train)
+
+    def _train_grid(self, img_size: Tuple[int, int], patch_size: int) -> Tuple[int, int]:
+        """The patch grid of the training size (checked for ``log_n_scaling``)."""
+        grid = (math.ceil(img_size[0] / patch_size), math.ceil(img_size[1] / patch_size))
+        if self.log_n_scaling and grid[0] * grid[1] + self.num_prefix_tokens < 2:
+            raise ValueError(
+                f'log_n_scaling needs at least 2 tokens on the training grid '
+                f'(img_size {img_size} / patch_size {patch_size} gives '
+                f'{grid[0]}x{grid[1]})'
+            )
+        return grid
+
+    def set_input_size(
+        self,
+        img_size: Union[None, int, Tuple[int, int]] = None,
+        patch_size: Optional[int] = None,
+    ) -> None:
+        """Make ``img_size`` the nominal training size, as timm's
+        ``VisionTransformer.set_input_size`` (e.g. before fine-tuning at 384 px):
+        :attr:`img_size`, :attr:`train_grid` (what ``log_n_scaling`` compares an input's
+        grid with) and, with ``pos_encoding='abs'``, the embedding's grid (its table
+        resampled to it, a new parameter: build the optimizer after the call). The
+        LookHere bias has no size: every input size runs before and after the call, so to
+        only *evaluate* at another size, do not call it (it would move ``log_n_scaling``'s
+        reference).
+
+        Args:
+            img_size: an int or ``(H, W)``. Default: None (unchanged).
+            patch_size: None or the model's own (a LookHere distance counts patches and the
+                patch embedding is trained for its patch, so it is not changed). Default:
+                None.
+
+        Raises:
+            ValueError: another ``patch_size``, a bad ``img_size`` (naming the value), a
+                training grid too small for ``log_n_scaling``.
+        """
+        own = self.patch_size
+        if patch_size is not None and patch_size not in (own, (own, own), [own, own]):
+            raise ValueError(
+                f"set_input_size: patch_size={patch_size!r} is not the model's {own}: a "
+                'LookHere model keeps its patch size (its distances count patches and its '
+                'patch embedding is trained for it); pass img_size alone'
+            )
+        if img_size is None:
+            return
+        size = image_size_pair(img_size)
+        grid = self._train_grid(size, own)
+        self.pos_enc.set_train_grid(grid)
+        self.img_size, self.train_grid = size, grid
 
     def _run_blocks(self, x: Tensor, grid: Tuple[int, int]):
         """Yield ``(i, tokens)`` after every block (the last one after the final norm)."""

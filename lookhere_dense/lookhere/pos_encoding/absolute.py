@@ -100,6 +100,17 @@ class AbsolutePositionEncoding(PositionEncoding):
             self.pos_embed, self.grid_size, tuple(grid_size), self.interpolate_mode
         )
 
+    def set_train_grid(self, grid_size: Tuple[int, int]) -> None:
+        """Resample the table to ``grid_size`` (``interpolate_mode``), which becomes its
+        own grid (as timm's ``VisionTransformer.set_input_size``); a trainable table stays
+        trainable (a new parameter: build the optimizer after the call)."""
+        grid = (int(grid_size[0]), int(grid_size[1]))
+        if grid == self.grid_size:
+            return
+        table = self.embedding(grid).detach().clone()
+        self.pos_embed = nn.Parameter(table, requires_grad=self.pos_embed.requires_grad)
+        self.grid_size = grid
+
     def add_to_tokens(self, x: Tensor, grid_size: Tuple[int, int]) -> Tensor:
         return x + self.embedding(grid_size).to(x.dtype)
 

@@ -129,6 +129,11 @@ class PositionEncoding(nn.Module):
         (``name``, ``lh_config``) for the encodings that need it."""
         return cls(**options)
 
+    def set_train_grid(self, grid_size: Tuple[int, int]) -> None:
+        """Make ``grid_size`` the training grid (the trunk's ``set_input_size``). The
+        default keeps nothing of the grid, so nothing changes; ``abs`` resamples its
+        table."""
+
     def add_to_tokens(self, x: Tensor, grid_size: Tuple[int, int]) -> Tensor:
         """Patch tokens ``(B, H*W, D)`` (no prefix tokens) -> the tokens the blocks get
         (same shape)."""
