@@ -571,6 +571,36 @@ def test_a_refused_extrapolation_test_is_a_row_and_the_other_tests_run(data, tmp
     assert not osp.exists(str(tmp_path / 'x' / 'all.json'))
 
 
+def test_an_eval_batch_of_mixed_sizes_names_the_batch_size_and_the_images(data, tmp_path):
+    """mmseg predicts one size per batch: a test batch of 2 keep-ratio images of other
+    aspects stops naming ``test_dataloader.batch_size``, the sizes and the files (was
+    mmseg's bare assertion); the same batch size with one size per batch runs; training's
+    validation batches are checked the same way."""
+    from tiny_seg import write_checkpoint
+
+    from lookhere_dense.apis.test import evaluate_checkpoint
+    from lookhere_dense.errors import ConfigError
+
+    ckpt = write_checkpoint(str(tmp_path / 'model.pth'), SHRINK)
+    two = [*roots(data), *SHRINK, 'test_dataloader.batch_size=2']
+    pattern = (
+        r'test_dataloader.batch_size=2: test batch 0 holds images of different sizes '
+        r"\(171x128 \('.*ADE_val_00000001.jpg'\) and 128x163 .*Set --cfg-options "
+        r'test_dataloader.batch_size=1'
+    )
+    with pytest.raises(ConfigError, match=pattern):
+        evaluate_checkpoint(ADE_CFG, ckpt, work_dir=str(tmp_path / 't'), cfg_options=options(*two))
+    fixed = options(*two, 'test_dataloader.dataset.pipeline.1.keep_ratio=False')
+    metrics = evaluate_checkpoint(ADE_CFG, ckpt, work_dir=str(tmp_path / 'f'), cfg_options=fixed)
+    assert 0 <= metrics['mIoU'] <= 100
+    with pytest.raises(ConfigError, match=r'val_dataloader.batch_size=2: val batch 0 holds'):
+        train_model(
+            ADE_CFG,
+            work_dir=str(tmp_path / 'w'),
+            cfg_options=options(*roots(data), *SHRINK, *RUN, 'val_dataloader.batch_size=2'),
+        )
+
+
 # ----------------------------------------------------------------------------------------
 # data faults mid-run (the dataloader-worker kill and resized labels: tools/fault_check.py)
 # ----------------------------------------------------------------------------------------

@@ -144,6 +144,8 @@ def build_test_config(
             cfg.test_evaluator['keep_results'] = True
     hooks = list(cfg.get('custom_hooks') or [])
     hooks.append(dict(type='CheckpointFitHook', strict_load_from=True))
+    if not any(str(h.get('type', '')).endswith('EvalBatchCheckHook') for h in hooks):
+        hooks.append(dict(type='EvalBatchCheckHook'))
     if not any(str(h.get('type', '')).endswith('MemoryGuardHook') for h in hooks):
         from ..engine.memory_guard import parse_memory
 

@@ -66,7 +66,13 @@ __all__ = [
 ]
 
 #: The hooks every training run gets (unless the config already has them).
-TRAIN_HOOKS = ('FiniteLossHook', 'ExactResumeHook', 'CheckpointFitHook', 'SignalCheckpointHook')
+TRAIN_HOOKS = (
+    'FiniteLossHook',
+    'ExactResumeHook',
+    'CheckpointFitHook',
+    'SignalCheckpointHook',
+    'EvalBatchCheckHook',
+)
 #: The hook a run whose backbone learns its LookHere slopes gets too
 #: (:mod:`lookhere_dense.engine.slope_logging`).
 SLOPE_HOOK = 'LookHereSlopeLoggerHook'

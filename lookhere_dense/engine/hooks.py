@@ -1,11 +1,12 @@
 """mmengine hooks that make a training run safe to trust and to interrupt.
 
 The training API (:func:`lookhere_dense.apis.train.train_model`, ``tools/train.py``) adds
-the first three to every run; ``tools/test.py`` adds :class:`CheckpointFitHook`. In your
+the first four to every run; ``tools/test.py`` adds :class:`CheckpointFitHook` and
+:class:`EvalBatchCheckHook`. In your
 own mmseg / mmdet config (with ``custom_imports=dict(imports=['lookhere_dense.openmmlab'])``)::
 
     custom_hooks = [dict(type='FiniteLossHook'), dict(type='ExactResumeHook'),
-                    dict(type='CheckpointFitHook')]
+                    dict(type='CheckpointFitHook'), dict(type='EvalBatchCheckHook')]
 
 * :class:`FiniteLossHook` stops training at the first NaN / Inf loss, naming the
   iteration and the loss, instead of running (and saving) a diverged model to the end.
@@ -19,6 +20,9 @@ own mmseg / mmdet config (with ``custom_imports=dict(imports=['lookhere_dense.op
   checkpoint that does not fit the model: missing, unexpected and wrongly shaped keys and
   other head counts are named (mmengine itself loads such a checkpoint with warnings
   only); the loader is :func:`lookhere_dense.lookhere.loading.load_model_weights`.
+* :class:`EvalBatchCheckHook` stops a validation / test batch of images of different
+  sizes (mmseg predicts one size per batch) with the loader's ``batch_size`` and the fix,
+  instead of mmseg's bare assertion.
 * :class:`ProgressLoggerHook` is mmengine's ``LoggerHook`` with a separate interval for
   the validation / test progress lines (about ten lines per pass by default), so a short
   training interval does not print one line per validation image.
@@ -45,7 +49,7 @@ import torch
 from mmengine.hooks import Hook, LoggerHook
 from mmengine.registry import HOOKS
 
-from ..errors import TrainingDivergedError
+from ..errors import ConfigError, TrainingDivergedError
 from .checkpointing import AtomicCheckpointHook, read_pointer
 from .memory_guard import MemoryGuardHook
 from .preemption import SignalCheckpointHook
@@ -54,6 +58,7 @@ __all__ = [
     'FiniteLossHook',
     'ExactResumeHook',
     'CheckpointFitHook',
+    'EvalBatchCheckHook',
     'ProgressLoggerHook',
     'AtomicCheckpointHook',
     'SignalCheckpointHook',
@@ -468,6 +473,60 @@ class CheckpointFitHook(Hook):
             checkpoint,
             source=source,
             checkpoint_num_heads=self.checkpoint_num_heads,
+        )
+
+
+# ----------------------------------------------------------------------------------------
+# validation / test batches
+# ----------------------------------------------------------------------------------------
+@HOOKS.register_module()
+class EvalBatchCheckHook(Hook):
+    """Stop a validation or test batch whose images differ in size, naming the loader's
+    ``batch_size``, two of the images and the fix, before the model sees it.
+
+    mmseg's ``SegDataPreProcessor`` predicts one size per batch: such a batch (a
+    ``batch_size`` above 1 with a keep-ratio ``Resize`` on images of several aspects, as
+    ADE20K's) ends in its bare ``AssertionError: The image size in a batch should be the
+    same.``. Batches of one size (Cityscapes' frames) pass; models with another data
+    preprocessor (mmdet's pads each batch) are not checked.
+    """
+
+    priority = 'VERY_HIGH'
+
+    def before_val_iter(self, runner, batch_idx: int, data_batch: Any = None) -> None:
+        self._check(runner, 'val', batch_idx, data_batch)
+
+    def before_test_iter(self, runner, batch_idx: int, data_batch: Any = None) -> None:
+        self._check(runner, 'test', batch_idx, data_batch)
+
+    @staticmethod
+    def _check(runner, split: str, batch_idx: int, data_batch: Any) -> None:
+        inputs = data_batch.get('inputs') if isinstance(data_batch, dict) else None
+        if not isinstance(inputs, (list, tuple)) or len(inputs) < 2:
+            return
+        pre = getattr(_unwrap(runner.model), 'data_preprocessor', None)
+        if type(pre).__name__ != 'SegDataPreProcessor':
+            return
+        sizes = [tuple(x.shape[-2:]) if isinstance(x, torch.Tensor) else None for x in inputs]
+        other = next((i for i, s in enumerate(sizes) if s != sizes[0]), None)
+        if other is None or sizes[0] is None or sizes[other] is None:
+            return
+        samples = data_batch.get('data_samples') or []
+
+        def image(i: int) -> str:
+            (h, w), meta = (
+                sizes[i],
+                getattr(samples[i], 'metainfo', {}) if i < len(samples) else {},
+            )
+            path = meta.get('img_path')
+            return f'{h}x{w}' + (f" ('{path}')" if path else '')
+
+        raise ConfigError(
+            f'{split}_dataloader.batch_size={len(inputs)}: {split} batch {batch_idx} holds '
+            f"images of different sizes ({image(0)} and {image(other)}), and mmseg's "
+            'SegDataPreProcessor predicts one size per batch. Set --cfg-options '
+            f"{split}_dataloader.batch_size=1 (as mmseg's configs do), or a {split} "
+            'pipeline that gives every image one size.'
         )
 
 
