@@ -7,7 +7,8 @@ predictions with the config's evaluator, time the model and meter the peak memor
 * the attacks of :mod:`research.robustness` pass their own ``step``
   (perturb, then predict);
 * :func:`model_for_report` -- the set-up the reports on one checkpoint share (config,
-  checks, the model loaded strictly).
+  checks, the model loaded strictly);
+* :func:`refusal` -- what a report records of a pass the memory guard refused.
 """
 
 from __future__ import annotations
@@ -27,7 +28,26 @@ __all__ = [
     'evaluate_loader',
     'clear_position_caches',
     'start_clean',
+    'refusal',
 ]
+
+
+def refusal(err) -> Dict[str, Any]:
+    """What a report records of an evaluation the memory guard refused
+    (:class:`~lookhere_dense.errors.MemoryBudgetError` ``err``): ``refused`` (its message,
+    with the cheaper options), ``estimate_mb`` / ``limit_mb`` (the pass's estimated peak
+    and the limit it exceeded; None when unknown) and ``limit_source`` (the ``--max-memory``
+    budget or the memory left)."""
+
+    def mb(b: Optional[int]) -> Optional[float]:
+        return None if b is None else round(b / 2**20, 1)
+
+    return dict(
+        refused=str(err),
+        estimate_mb=mb(getattr(err, 'estimate', None)),
+        limit_mb=mb(getattr(err, 'limit', None)),
+        limit_source=getattr(err, 'source', None),
+    )
 
 
 def model_for_report(

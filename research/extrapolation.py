@@ -36,7 +36,7 @@ from lookhere_dense.evaluation.resize import (
 )
 from lookhere_dense.validation import check_int
 
-from .evaluate import evaluate_loader
+from .evaluate import evaluate_loader, refusal
 from .reporting import checkpoint_report, config_stem, figure, markdown_table, write_json
 
 __all__ = [
@@ -280,19 +280,10 @@ def evaluate_spec(
 
 
 def refused_row(spec: TestSpec, err: MemoryBudgetError) -> Dict[str, Any]:
-    """The report row of a test the memory guard refused: ``test, mode, refused`` (the
-    refusal's message, with the cheaper options), ``estimate_mb`` / ``limit_mb`` (the
-    pass's estimated peak and the limit it exceeded) and ``limit_source`` (what the limit
-    is: the ``--max-memory`` budget or the memory left)."""
-    mb = lambda b: None if b is None else round(b / 2**20, 1)  # noqa: E731
-    return dict(
-        test=spec.text,
-        mode=spec.mode,
-        refused=str(err),
-        estimate_mb=mb(err.estimate),
-        limit_mb=mb(err.limit),
-        limit_source=err.source,
-    )
+    """The report row of a test the memory guard refused: ``test, mode`` and
+    :func:`~research.evaluate.refusal`'s ``refused``, ``estimate_mb``, ``limit_mb``,
+    ``limit_source``."""
+    return dict(test=spec.text, mode=spec.mode, **refusal(err))
 
 
 def _measured(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:

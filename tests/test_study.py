@@ -13,6 +13,7 @@ import pytest
 from tiny_seg import study_report, write_study_reports
 
 from lookhere_dense.apis.cli import parse_cfg_options
+from lookhere_dense.errors import ConfigError
 from research.datasets import fov_scenes
 from research.datasets.relational import (
     CLASSES,
@@ -498,6 +499,52 @@ def test_shrunk_fov_study_end_to_end(tmp_path):
     )
     assert merged['settings']['seeds'] == [1, 2]
     assert merged['summary_modes']['slide']['lookhere:lh45+mixed_crops']['1']['n'] == 2
+
+
+def test_a_rung_over_the_memory_budget_is_refused_and_the_others_run(tmp_path):
+    """A budget of 8 MiB between the 2x whole frame's estimate (10.8 MiB) and the 2x
+    sliding windows' (7.4 MiB): the whole (and whole + log-n) 2x rungs are refused before
+    they allocate and shown as ``refused``; every other rung runs and is scored."""
+    data, out = tmp_path / 'data', tmp_path / 'out'
+    report = run_study(
+        ladder='fov',
+        encodings=['lookhere:lh45'],
+        aids=['log_n'],
+        seeds=[1],
+        options=RunOptions(iters=2, batch_size=2),
+        scales=[1, 2],
+        work_dir=str(tmp_path / 'work'),
+        max_memory='8M',
+        cfg_options=parse_cfg_options(
+            [
+                f'train_dataloader.dataset.data_root={data}',
+                f'val_dataloader.dataset.data_root={data}',
+                'fov_scenes.num_train=4',
+                'fov_scenes.num_val=2',
+                'fov_scenes.scales=(1,2)',
+                'model.backbone.num_layers=1',
+            ]
+        ),
+    )
+    write_outputs(report, str(out), 'fov')
+    (run,) = report['runs']
+    evals = dict(whole=run['eval'], **run['modes'])
+    for mode in ('whole', 'log_n'):
+        refused = evals[mode]['2']
+        assert 'mIoU' not in refused and refused['limit_mb'] == 8.0
+        assert refused['refused'].startswith('inference of a (1, 3, 128, 128) input refused')
+        assert 'the --max-memory budget is 8.0 MiB' in refused['refused']
+    for mode, scale in (('whole', '1'), ('slide', '1'), ('slide', '2'), ('log_n', '1')):
+        assert 0 <= evals[mode][scale]['mIoU'] <= 100 and 'refused' not in evals[mode][scale]
+    table = (out / 'fov_table.md').read_text()
+    whole = next(line for line in table.splitlines() if line.startswith('| lookhere:lh45 |'))
+    assert whole.endswith('| refused |') and whole.count('refused') == 1
+    assert '|  | whole + log-n |' in table and table.count('refused') == 3  # + cost table
+    rows = list(csv.DictReader((out / 'fov.csv').open()))
+    assert sum(bool(r['refused']) for r in rows) == 2
+    with pytest.raises(ConfigError, match="--max-memory '8 apples' is not a size"):
+        run_study(ladder='fov', max_memory='8 apples', work_dir=str(tmp_path / 'never'))
+    assert not (tmp_path / 'never').exists()
 
 
 def test_a_zoom_report_with_a_test_time_aid(tmp_path):

@@ -168,6 +168,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         '5-step PGD at 1 2 4 8 /255)',
     )
     p.add_argument(
+        '--max-memory',
+        metavar='SIZE',
+        default=None,
+        help='memory budget of one evaluation pass (e.g. 8G): a rung whose estimated peak '
+        'exceeds it is refused before it allocates and shown as refused; the other rungs '
+        'run (default: the memory the machine or its cgroup has left)',
+    )
+    p.add_argument(
         '--iters',
         type=int,
         default=None,
@@ -264,6 +272,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
             aids=args.aids,
             native_aspect=args.native_aspect,
             robustness=args.robustness,
+            max_memory=args.max_memory,
         )
     out_dir = args.out_dir or args.work_dir
     write_outputs(report, out_dir, args.name)

@@ -89,13 +89,15 @@ def summarise(
     """``{encoding: {scale: {'mean', 'std', 'n', 'values'}}}`` of ``metric`` over seeds
     (``std`` is the sample std, 0 with one seed; both rounded to ``digits``), of the runs'
     ``eval`` or, with ``mode``, of their ``modes[mode]``; a run without ``metric`` (e.g. a
-    zoom report from before the zoom ladders were timed) counts as missing."""
+    zoom report from before the zoom ladders were timed, or a rung the memory guard
+    refused: then counted in a ``refused`` entry) counts as missing."""
     out: Dict[str, Dict[str, Dict[str, Any]]] = {}
     for run in runs:
         for scale, metrics in _evals(run, mode).items():
-            out.setdefault(run['encoding'], {}).setdefault(scale, {'values': []})['values'].append(
-                metrics.get(metric)
-            )
+            entry = out.setdefault(run['encoding'], {}).setdefault(scale, {'values': []})
+            entry['values'].append(metrics.get(metric))
+            if metrics.get('refused'):
+                entry['refused'] = entry.get('refused', 0) + 1
     for per_scale in out.values():
         for entry in per_scale.values():
             vals = [v for v in entry['values'] if v is not None]
@@ -117,12 +119,18 @@ def format_table(summary: Dict[str, Dict[str, Dict]], study: Dict[str, Any]) -> 
 
 
 def _cell(entry: Optional[Dict[str, Any]], digits: int = 2) -> str:
-    """A table cell: ``mean`` (``mean ± std`` with several seeds), ``-`` when missing."""
+    """A table cell: ``mean`` (``mean ± std`` with several seeds), ``refused`` when the
+    memory guard refused every seed's pass, ``-`` when missing; ``(n of m refused)``
+    follows a mean some seeds' refusals left out."""
     if entry is None or entry['mean'] is None:
-        return '-'
+        return 'refused' if entry and entry.get('refused') else '-'
     if entry['n'] > 1:
-        return f'{entry["mean"]:.{digits}f} ± {entry["std"]:.{digits}f}'
-    return f'{entry["mean"]:.{digits}f}'
+        cell = f'{entry["mean"]:.{digits}f} ± {entry["std"]:.{digits}f}'
+    else:
+        cell = f'{entry["mean"]:.{digits}f}'
+    if entry.get('refused'):
+        cell += f' ({entry["refused"]} of {len(entry["values"])} refused)'
+    return cell
 
 
 def _scale_headers(study: Dict[str, Any]) -> List[str]:
@@ -225,13 +233,42 @@ def format_cost_table(runs: Sequence[Dict[str, Any]], study: Dict[str, Any]) -> 
             for s in study['scales']:
                 t = timed[mode].get(enc, {}).get(f'{s:g}')
                 m = memory[mode].get(enc, {}).get(f'{s:g}')
-                cells.append(
-                    '-'
-                    if t is None or t['mean'] is None
-                    else f'{t["mean"]:.3f} s, {m["mean"]:.0f} MB'
-                )
+                if t is None or t['mean'] is None:
+                    cells.append('refused' if t and t.get('refused') else '-')
+                else:
+                    cells.append(f'{t["mean"]:.3f} s, {m["mean"]:.0f} MB')
             rows.append(cells)
     return markdown_table(['encoding', 'mode'] + _scale_headers(study), rows)
+
+
+def _mark_refused(ax, per_scale: Dict[str, Dict], scales: Sequence[float], colour) -> bool:
+    """An ``x`` at the foot of the axis at every scale whose passes the memory guard
+    refused (no mean to plot); whether there was one."""
+    xs = [
+        s
+        for s in scales
+        if per_scale.get(f'{s:g}', {}).get('mean') is None
+        and per_scale.get(f'{s:g}', {}).get('refused')
+    ]
+    if xs:
+        ax.plot(
+            xs,
+            [0.03] * len(xs),
+            ls='',
+            marker='x',
+            ms=9,
+            mew=2,
+            color=colour,
+            transform=ax.get_xaxis_transform(),
+            clip_on=False,
+        )
+    return bool(xs)
+
+
+def _refused_handle():
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], ls='', marker='x', mew=2, color='black', label='refused (memory)')
 
 
 def plot(
@@ -247,15 +284,17 @@ def _plot_scales(
 ) -> None:
     """The one panel of :func:`plot`."""
     scales = list(study['scales'])
+    refused = False
     for enc, per_scale in summary.items():
         xs = [s for s in scales if per_scale.get(f'{s:g}', {}).get('mean') is not None]
         ys = [per_scale[f'{s:g}']['mean'] for s in xs]
         err = [per_scale[f'{s:g}']['std'] for s in xs]
         style = dict(marker='o', lw=2.2 if enc.startswith('lookhere') else 1.4, label=enc)
         if any(err):
-            ax.errorbar(xs, ys, yerr=err, capsize=3, **style)
+            (line, *_) = ax.errorbar(xs, ys, yerr=err, capsize=3, **style)
         else:
-            ax.plot(xs, ys, **style)
+            (line,) = ax.plot(xs, ys, **style)
+        refused |= _mark_refused(ax, per_scale, scales, line.get_color())
     th, tw = study['train_size']
     ax.set_xscale('log', base=2)
     ax.set_xticks(scales)
@@ -265,7 +304,10 @@ def _plot_scales(
     ax.set_ylabel(study['metric'])
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    if refused:
+        handles.append(_refused_handle())
+    ax.legend(handles=handles, fontsize=8)
 
 
 def plot_modes(
@@ -304,9 +346,11 @@ def _plot_mode_panels(
     ax = axes[0]
     encodings = list(dict.fromkeys(e for m in modes for e in summaries.get(m, {})))
     colours = plt.get_cmap('tab10' if len(encodings) <= 10 else 'tab20')
+    refused = False
     for j, enc in enumerate(encodings):
         for mode in modes:
             per_scale = summaries.get(mode, {}).get(enc, {})
+            refused |= _mark_refused(ax, per_scale, scales, colours(j))
             xs = [s for s in scales if per_scale.get(f'{s:g}', {}).get('mean') is not None]
             if not xs:
                 continue
@@ -342,6 +386,8 @@ def _plot_mode_panels(
         Line2D([], [], color='black', ls=styles.get(m, '-.'), label=mode_label(m, modes))
         for m in modes
     ]
+    if refused:
+        handles.append(_refused_handle())
     ax.legend(handles=handles, fontsize=7, ncol=2)
     ax.set_title(title, fontsize=9)
     if has_cost:

@@ -27,9 +27,16 @@ import os.path as osp
 import platform
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
-from ..evaluate import evaluate, evaluate_loader
+from lookhere_dense.engine.memory_guard import (
+    install_memory_guard,
+    parse_memory,
+    remove_memory_guard,
+)
+from lookhere_dense.errors import MemoryBudgetError
+
+from ..evaluate import evaluate, evaluate_loader, refusal
 from .aids import DEFAULT_JUMBO_TOKENS, apply_train_aids, run_specs, split_run_spec
 from .encodings import DEFAULT_ENCODINGS, backbone_for, check_encoding_options
 from .ladders import (
@@ -256,10 +263,19 @@ def learned_slopes(model) -> Optional[Dict[str, Any]]:
     )
 
 
-def train_and_evaluate(cfg, study: Dict[str, Any]) -> Dict[str, Any]:
+def train_and_evaluate(
+    cfg, study: Dict[str, Any], max_memory: Union[None, str, int] = None
+) -> Dict[str, Any]:
     """Train one run with the mmengine ``Runner`` and evaluate it at every ladder scale in
     every mode (:func:`evaluate_rung`), then, with ``study['robustness']``, under attack
     (:func:`evaluate_robustness`).
+
+    The evaluations run under the memory guard
+    (:func:`lookhere_dense.engine.memory_guard.install_memory_guard`, budget
+    ``max_memory``, ``'8G'`` or bytes; default: the memory left): a rung whose pass is
+    estimated above it is refused before it allocates and recorded as
+    :func:`~research.evaluate.refusal`'s dict (no metric: a ``refused`` cell in the
+    tables, no point in the plots); the other rungs run.
 
     Returns:
         ``dict(train_seconds, eval_seconds, params, eval={scale: {metric: value}})`` with
@@ -280,15 +296,25 @@ def train_and_evaluate(cfg, study: Dict[str, Any]) -> Dict[str, Any]:
     modes = ladder_modes(study)
     results: Dict[str, Dict[str, Dict[str, Any]]] = {mode: {} for mode in modes}
     start = time.time()
-    for scale in study['scales']:
-        for mode in modes:
-            metrics = evaluate_rung(runner, cfg, study, scale, mode)
-            results[mode][f'{scale:g}'] = metrics
-            print_log(
-                f'[study] {_encoding_name(cfg)} scale {scale:g} {mode}: '
-                f'{study["metric"]} {metrics.get(study["metric"])}',
-                logger='current',
-            )
+    install_memory_guard(
+        model, None if max_memory is None else parse_memory(max_memory), slide_window(study)[0]
+    )
+    try:
+        for scale in study['scales']:
+            for mode in modes:
+                try:
+                    metrics = evaluate_rung(runner, cfg, study, scale, mode)
+                    shown = f'{study["metric"]} {metrics.get(study["metric"])}'
+                except MemoryBudgetError as err:
+                    metrics = refusal(err)
+                    shown = str(err)
+                results[mode][f'{scale:g}'] = metrics
+                print_log(
+                    f'[study] {_encoding_name(cfg)} scale {scale:g} {mode}: {shown}',
+                    logger='current',
+                )
+    finally:
+        remove_memory_guard(model)
     eval_seconds = time.time() - start
     robustness = None
     if study.get('robustness'):
@@ -348,6 +374,7 @@ def run_study(
     aids: Optional[Sequence[str]] = None,
     native_aspect: Optional[bool] = None,
     robustness: bool = False,
+    max_memory: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Train and evaluate every (seed, run); returns the report dict (``command``,
     ``date``, ``wall_seconds``, ``versions``, ``settings``, ``runs``; write it with
@@ -377,8 +404,14 @@ def run_study(
         robustness: attack every run (FGSM / PGD at the settings of
             ``extrapolation.robustness``, default
             :data:`~research.study.ladders.STUDY_ROBUSTNESS`). Default: False.
+        max_memory: the memory budget of one evaluation pass (``'8G'``): a rung whose
+            estimated peak exceeds it (without one: the memory left) is refused before it
+            allocates and reported as ``refused`` (:func:`train_and_evaluate`).
+            Default: None.
 
     Raises:
+        lookhere_dense.errors.ConfigError: a ``max_memory`` that is no size (before any
+            training).
         ValueError: a bad encoding, aid, encoding option (before any training), ladder,
             scale, native-aspect or robustness setting; a ladder without a CPU default
             config and no ``config``.
@@ -407,6 +440,7 @@ def run_study(
     encoding_options = check_encoding_options(ext.get('encoding_options'))
     backbone_for(cfg.model.backbone, split_run_spec(specs[0])[0], encoding_options)
     study = study_settings(cfg, scales, metric, ladder, all_aids, native_aspect, robustness)
+    budget = None if max_memory is None else parse_memory(max_memory)  # before any training
     data_meta = prepare_data(cfg, study)
 
     runs: List[Dict[str, Any]] = []
@@ -422,7 +456,7 @@ def run_study(
             f'{cfg_run.train_cfg.max_iters} iters -> {run_dir}',
             logger='current',
         )
-        result = train_and_evaluate(cfg_run, study)
+        result = train_and_evaluate(cfg_run, study, budget)
         runs.append(dict(encoding=spec, seed=seed, **result))
         print_log(
             f'[study] run {i + 1}/{total} done: train {result["train_seconds"]} s, '
