@@ -4,7 +4,7 @@
 # map (KL), the extractor the teacher's patch and CLS features (MSE of the dense map).
 #
 #   python tools/lookwhere_study.py distill configs/lookwhere_distill_vit-t_tiny-ade.py \
-#       --cfg-options model.teacher.checkpoint=work_dirs/demo/ade/iter_300.pth \
+#       --cfg-options model.teacher.checkpoint=work_dirs/demo/ade20k/iter_300.pth \
 #                     model.teacher.prefix=backbone.
 #
 # (the teacher: the backbone of a trained Segmenter, e.g. the demo's ViT-T; without a
