@@ -78,6 +78,7 @@ def build_model_from_checkpoint(
 
     from ..checkpoint import load_checkpoint_file
     from ..config_checks import model_registry
+    from ..engine.terminal import MMSEG_LOSS_WARNINGS
     from ..lookhere.loading import load_model_weights
 
     ckpt = load_checkpoint_file(checkpoint)  # before the (slow) build: a bad file fails fast
@@ -90,11 +91,8 @@ def build_model_from_checkpoint(
         backbone.pop('init_cfg', None)
         backbone.pop('pretrained', None)
     with warnings.catch_warnings():
-        # mmseg's heads build their losses through its own deprecated build_loss, and its
-        # CrossEntropyLoss announces its default at every build: an inference model computes
-        # no loss (training runs keep both in their log file: engine.terminal.FILE_ONLY)
-        warnings.filterwarnings('ignore', message='``build_loss`` would be deprecated soon')
-        warnings.filterwarnings('ignore', message='Default ``avg_non_ignore`` is False')
+        for pattern in MMSEG_LOSS_WARNINGS:  # an inference model computes no loss
+            warnings.filterwarnings('ignore', message=pattern)
         model = model_registry(scope).build(model_cfg)
     load_model_weights(model, ckpt, source=checkpoint, checkpoint_num_heads=checkpoint_num_heads)
     model.to(device).eval()

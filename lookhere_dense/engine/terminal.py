@@ -33,9 +33,19 @@ __all__ = [
     'terminal_filter_of',
     'warnings_to_run_log',
     'FILE_ONLY',
+    'MMSEG_LOSS_WARNINGS',
     'CLASS_TABLE',
 ]
 
+#: mmseg's warnings at every build of a decode head (regular expressions, matched at the
+#: start of the message): its heads build their losses through its own deprecated
+#: ``build_loss``, and its ``CrossEntropyLoss`` announces its default. Training and test
+#: runs keep them in their log file (:data:`FILE_ONLY`); an inference model, which computes
+#: no loss, drops them (:func:`lookhere_dense.apis.inference.build_model_from_checkpoint`).
+MMSEG_LOSS_WARNINGS: Sequence[str] = (
+    r'``build_loss`` would be deprecated',
+    r'Default ``avg_non_ignore`` is False',
+)
 #: Messages (regular expressions, matched at the start of the message) that go to the log
 #: file only: mmengine's run header, and warnings of the libraries that are not the user's
 #: to act on.
@@ -49,8 +59,7 @@ FILE_ONLY: Sequence[str] = (
     r'"HardDiskBackend" is the alias of "LocalBackend"',
     r'Exp name: ',
     # Python warnings of mmseg / mmengine / torch that every run triggers
-    r'``build_loss`` would be deprecated',
-    r'Default ``avg_non_ignore`` is False',
+    *MMSEG_LOSS_WARNINGS,
     r'The draw is False, it means that the hook for visualization',
     r'This DataLoader will create \d+ worker processes',
     r'`reduce_zero_label` will be deprecated',
