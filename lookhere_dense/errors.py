@@ -28,8 +28,6 @@ class                       raised when
 
 from __future__ import annotations
 
-from typing import Optional
-
 __all__ = [
     'ConfigError',
     'PosEncodingError',
@@ -189,9 +187,9 @@ class MemoryBudgetError(ConfigError):
     def __init__(
         self,
         message: str,
-        estimate: Optional[int] = None,
-        limit: Optional[int] = None,
-        source: Optional[str] = None,
+        estimate: int | None = None,
+        limit: int | None = None,
+        source: str | None = None,
     ):
         super().__init__(message)
         self.estimate, self.limit, self.source = estimate, limit, source

@@ -390,7 +390,6 @@ def run_demo(
             rows=report['rows'],
         )
         if demo.get('fov_view'):
-            frame = report['rows'][0]
             view = write_fov_view(
                 report,
                 demo['fov_view'],
@@ -401,10 +400,9 @@ def run_demo(
             )
             if view is not None:
                 entry['fov_view'] = dict(table=view['table'], json=view['json'], png=view['png'])
-                log(
-                    f'[demo] {name}: field-of-view view ({frame["input_h"]}x'
-                    f'{frame["input_w"]} frames)\n{view["table"]}'
-                )
+                sizes = {f'{r["input_h"]}x{r["input_w"]}' for r in view['rows'] if 'input_h' in r}
+                shown = f' ({", ".join(sorted(sizes))} frames)' if sizes else ''
+                log(f'[demo] {name}: field-of-view view{shown}\n{view["table"]}')
         summary['datasets'][name] = entry
     os.makedirs(work_dir, exist_ok=True)
     path = osp.join(work_dir, 'demo_summary.json')

@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from lookhere_dense.apis.cli import quiet_mmengine_logger
+from lookhere_dense.errors import MemoryBudgetError
 
 from .memory import PeakMemory, free_memory
 
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 
-def refusal(err) -> Dict[str, Any]:
+def refusal(err: MemoryBudgetError) -> Dict[str, Any]:
     """What a report records of an evaluation the memory guard refused
     (:class:`~lookhere_dense.errors.MemoryBudgetError` ``err``): ``refused`` (its message,
     with the cheaper options), ``estimate_mb`` / ``limit_mb`` (the pass's estimated peak
@@ -44,9 +45,9 @@ def refusal(err) -> Dict[str, Any]:
 
     return dict(
         refused=str(err),
-        estimate_mb=mb(getattr(err, 'estimate', None)),
-        limit_mb=mb(getattr(err, 'limit', None)),
-        limit_source=getattr(err, 'source', None),
+        estimate_mb=mb(err.estimate),
+        limit_mb=mb(err.limit),
+        limit_source=err.source,
     )
 
 

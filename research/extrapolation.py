@@ -286,18 +286,20 @@ def refused_row(spec: TestSpec, err: MemoryBudgetError) -> Dict[str, Any]:
     return dict(test=spec.text, mode=spec.mode, **refusal(err))
 
 
-def _measured(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def _measured_rows(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return [r for r in rows if not r.get('refused')]
 
 
 def _memory_label(rows: Sequence[Dict[str, Any]]) -> str:
-    measured = _measured(rows)
+    measured = _measured_rows(rows)
     cuda = measured and measured[0]['memory_kind'] == 'cuda_max_allocated'
     return 'peak GPU MB' if cuda else 'peak RSS MB'
 
 
 def _refusal_cell(row: Dict[str, Any]) -> str:
-    """``est. 12.3 GB > 8.0 GB`` (what the refused test would have needed)."""
+    """``est. 12595 > 8192``: the refused pass's estimated rise of memory and the limit
+    it exceeded, in MB (the estimate counts what the pass would add to the memory in use,
+    not the process's peak)."""
     if row.get('estimate_mb') is None or row.get('limit_mb') is None:
         return 'refused'
     return f'est. {row["estimate_mb"]:.0f} > {row["limit_mb"]:.0f}'
@@ -373,9 +375,9 @@ def format_table(rows: List[Dict[str, Any]], train_grid: Optional[Tuple[int, int
         sources = sorted({str(r.get('limit_source') or 'the memory limit') for r in refused})
         lines.append(
             f'\nrefused: {", ".join(r["test"] for r in refused)}: the memory guard '
-            f'estimated their pass above {" / ".join(sources)} (`est. estimate > limit`, '
-            'MB) and refused it before it allocated; each refusal (printed above; '
-            '`refused` in the JSON) names cheaper options'
+            f'estimated the rise of memory of their pass above {" / ".join(sources)} '
+            '(`est. estimate > limit`, MB) and refused it before it allocated; each '
+            'refusal (`refused` in the JSON) names cheaper options'
         )
     return '\n'.join(lines)
 

@@ -590,6 +590,14 @@ def test_an_eval_batch_of_mixed_sizes_names_the_batch_size_and_the_images(data, 
     )
     with pytest.raises(ConfigError, match=pattern):
         evaluate_checkpoint(ADE_CFG, ckpt, work_dir=str(tmp_path / 't'), cfg_options=options(*two))
+    mixed = [  # a preprocessor built on mmseg's (the study's mixed-crops aid): checked too
+        'model.data_preprocessor.type=MixedCropSegDataPreProcessor',
+        'model.data_preprocessor.crop_sizes=[64]',
+    ]
+    with pytest.raises(ConfigError, match=pattern):
+        evaluate_checkpoint(
+            ADE_CFG, ckpt, work_dir=str(tmp_path / 'm'), cfg_options=options(*two, *mixed)
+        )
     fixed = options(*two, 'test_dataloader.dataset.pipeline.1.keep_ratio=False')
     metrics = evaluate_checkpoint(ADE_CFG, ckpt, work_dir=str(tmp_path / 'f'), cfg_options=fixed)
     assert 0 <= metrics['mIoU'] <= 100

@@ -214,3 +214,22 @@ def test_set_input_size_resamples_an_abs_table_as_the_forward_would():
         assert tuple(model.pos_enc.pos_embed.shape) == (1, 10 * 6, 192)
         assert model.pos_enc.grid_size == (10, 6) and model.pos_enc.pos_embed.requires_grad
         torch.testing.assert_close(model.forward_features(x), before, rtol=0, atol=1e-6)
+
+
+def test_set_input_size_leaves_a_model_without_log_n_as_it_was():
+    """Without ``log_n_scaling`` nothing of a LookHere model depends on the training size:
+    the features of a model told 384 px equal the 224 px model's, windowed blocks too; a
+    frozen ``abs`` table stays frozen."""
+    torch.manual_seed(0)
+    model = timm.create_model(
+        f'{TINY}.lh90', num_classes=0, depth=2, window_size=3, window_block_indexes=[0]
+    ).eval()
+    x = torch.randn(1, 3, 80, 112)
+    with torch.no_grad():
+        before = model.forward_features(x)
+        model.set_input_size(384)
+        assert torch.equal(model.forward_features(x), before)
+    frozen = timm.create_model(TINY, num_classes=0, depth=1, pos_encoding='abs')
+    frozen.pos_enc.pos_embed.requires_grad_(False)
+    frozen.set_input_size(96)
+    assert not frozen.pos_enc.pos_embed.requires_grad and frozen.pos_enc.grid_size == (6, 6)

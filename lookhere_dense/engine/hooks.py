@@ -505,8 +505,8 @@ class EvalBatchCheckHook(Hook):
         if not isinstance(inputs, (list, tuple)) or len(inputs) < 2:
             return
         pre = getattr(_unwrap(runner.model), 'data_preprocessor', None)
-        if type(pre).__name__ != 'SegDataPreProcessor':
-            return
+        if not any(c.__name__ == 'SegDataPreProcessor' for c in type(pre).__mro__):
+            return  # mmseg's, or one built on it (MixedCropSegDataPreProcessor)
         sizes = [tuple(x.shape[-2:]) if isinstance(x, torch.Tensor) else None for x in inputs]
         other = next((i for i, s in enumerate(sizes) if s != sizes[0]), None)
         if other is None or sizes[0] is None or sizes[other] is None:

@@ -236,7 +236,12 @@ def format_cost_table(runs: Sequence[Dict[str, Any]], study: Dict[str, Any]) -> 
                 if t is None or t['mean'] is None:
                     cells.append('refused' if t and t.get('refused') else '-')
                 else:
-                    cells.append(f'{t["mean"]:.3f} s, {m["mean"]:.0f} MB')
+                    some = (
+                        f' ({t["refused"]} of {len(t["values"])} refused)'
+                        if t.get('refused')
+                        else ''
+                    )
+                    cells.append(f'{t["mean"]:.3f} s, {m["mean"]:.0f} MB{some}')
             rows.append(cells)
     return markdown_table(['encoding', 'mode'] + _scale_headers(study), rows)
 

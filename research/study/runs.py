@@ -275,7 +275,9 @@ def train_and_evaluate(
     ``max_memory``, ``'8G'`` or bytes; default: the memory left): a rung whose pass is
     estimated above it is refused before it allocates and recorded as
     :func:`~research.evaluate.refusal`'s dict (no metric: a ``refused`` cell in the
-    tables, no point in the plots); the other rungs run.
+    tables, no point in the plots); the other rungs run. The ``robustness`` attacks run
+    after the guard is removed (they take gradients through the model in eval mode, which
+    the guard would estimate as inference): unguarded.
 
     Returns:
         ``dict(train_seconds, eval_seconds, params, eval={scale: {metric: value}})`` with
@@ -374,7 +376,7 @@ def run_study(
     aids: Optional[Sequence[str]] = None,
     native_aspect: Optional[bool] = None,
     robustness: bool = False,
-    max_memory: Optional[str] = None,
+    max_memory: Union[None, str, int] = None,
 ) -> Dict[str, Any]:
     """Train and evaluate every (seed, run); returns the report dict (``command``,
     ``date``, ``wall_seconds``, ``versions``, ``settings``, ``runs``; write it with
