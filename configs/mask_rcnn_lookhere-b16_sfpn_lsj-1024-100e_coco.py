@@ -91,7 +91,7 @@ optim_wrapper = dict(
     type='AmpOptimWrapper',
     constructor='LookHereLayerDecayOptimizerConstructor',
     optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.1),
-    paramwise_cfg=dict(num_layers=12, decay_rate=0.7),
+    paramwise_cfg=dict(decay_rate=0.7),
 )
 
 # 100 epochs = 184375 iterations x 64 images / 118k images

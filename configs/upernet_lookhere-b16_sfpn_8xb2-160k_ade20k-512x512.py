@@ -20,7 +20,7 @@ optim_wrapper = dict(
     type='AmpOptimWrapper',
     constructor='LookHereLayerDecayOptimizerConstructor',
     optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
-    paramwise_cfg=dict(num_layers=12, decay_rate=0.65),
+    paramwise_cfg=dict(decay_rate=0.65),
 )
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=1500),

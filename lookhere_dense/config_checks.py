@@ -15,9 +15,10 @@ from __future__ import annotations
 import ast
 import difflib
 import inspect
+import math
 import os.path as osp
 import textwrap
-from typing import Any, Callable, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import ConfigError, PosEncodingError
 from .registry import CONFIG_IMPORT, type_name
@@ -32,6 +33,7 @@ __all__ = [
     'clear_inherited_pretrained',
     'drop_missing_pretrained',
     'model_registry',
+    'neck_strides',
 ]
 
 
@@ -178,7 +180,9 @@ def _check_registered(where: str, node: Mapping, registry, scope: str) -> None:
     )
 
 
-def _lookhere_checks(model: Mapping) -> None:
+def _lookhere_checks(model: Mapping, registry: Any = None) -> None:
+    """The checks of a ``LookHereViT`` model (see :func:`check_model_cfg`); ``registry``:
+    the mmdet ``MODELS`` for a detector's pyramid checks (None: not a detector)."""
     from .lookhere import BACKENDS
     from .lookhere.attention import RETIRED
     from .lookhere.pos_encoding import parse_pos_encoding
@@ -240,6 +244,8 @@ def _lookhere_checks(model: Mapping) -> None:
             )
     if isinstance(model.get('neck'), Mapping):
         _check_neck(model['neck'], embed_dims, n_out, outs)
+        if registry is not None:
+            _check_det_pyramid(model, embed_dims, n_out, outs, registry)
         return  # the neck decides what the heads see
     for where, head in heads:
         idx = head.get('in_index', -1)
@@ -291,6 +297,249 @@ def _check_neck(neck: Mapping, embed_dims: int, n_out: int, outs: Any) -> None:
             raise ConfigError(
                 f'model.neck.in_channels={list(chans)} but LookHereViT gives '
                 f'{embed_dims}-channel maps (model.backbone.embed_dims): make them equal.'
+            )
+
+
+# ----------------------------------------------------------------------------------------
+# mmdet: the feature pyramid the heads expect, and the classes
+# ----------------------------------------------------------------------------------------
+def _defaults(registry: Any, node: Mapping) -> Dict[str, Any]:
+    """The keyword defaults of the class a registry config names (empty when unknown)."""
+    try:
+        cls = registry.get(type_name(node))
+        params = inspect.signature(cls.__init__).parameters.values()
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return {}
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
+def _strides(value: Any) -> Optional[List[float]]:
+    """A list of strides (ints, or square ``(w, h)`` pairs) as floats; None otherwise."""
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    out = []
+    for v in value:
+        if isinstance(v, (list, tuple)) and len(v) == 2 and v[0] == v[1]:
+            v = v[0]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return None
+        out.append(float(v))
+    return out
+
+
+def _show(strides: Sequence[float]) -> str:
+    return '[' + ', '.join(f'{s:g}' for s in strides) + ']'
+
+
+def neck_strides(
+    neck: Mapping, patch_size: int, registry: Any
+) -> Optional[Tuple[List[float], str, str]]:
+    """The strides of a neck's outputs on ``LookHereViT`` maps of stride ``patch_size``:
+    ``(strides, how, advice)``, or None for a neck this cannot tell (``SimpleFPN`` and
+    mmdet's ``FPN`` are known; levels beyond the resampled ones double the stride)."""
+    typ, d = type_name(neck), _defaults(registry, neck)
+    if typ == 'SimpleFPN':
+        factors = neck.get('scale_factors', d.get('scale_factors'))
+        if not isinstance(factors, (list, tuple)) or not factors:
+            return None
+        strides = [patch_size / float(f) for f in factors]
+        how = (
+            f'SimpleFPN scale_factors {tuple(factors)} on the stride-{patch_size} map of '
+            f'LookHereViT (patch_size {patch_size})'
+        )
+        advice = (
+            'choose model.neck.scale_factors so that patch_size / factor gives the '
+            "heads' strides, or set the heads' strides to the neck's"
+        )
+    elif typ == 'FPN':
+        chans = neck.get('in_channels')
+        if not isinstance(chans, (list, tuple)) or not chans:
+            return None
+        start, end = neck.get('start_level', 0), neck.get('end_level', -1)
+        stop = len(chans) if end in (-1, len(chans) - 1) else end + 1
+        strides = [float(patch_size)] * max(0, stop - start)
+        how = (
+            f"mmdet's FPN keeps each input's stride, and every LookHereViT output has "
+            f'stride {patch_size} (a plain ViT)'
+        )
+        advice = (
+            'use SimpleFPN, which builds strides patch_size/4 .. patch_size*2 from one map '
+            "(model.neck=dict(type='SimpleFPN', in_channels=EMBED_DIMS, out_channels=256, "
+            'num_outs=5), as configs/mask_rcnn_lookhere-b16_sfpn_*.py; docs/vitdet.md)'
+        )
+    else:
+        return None
+    num_outs = neck.get('num_outs', d.get('num_outs'))
+    if is_int(num_outs):
+        while len(strides) < num_outs:
+            strides.append(strides[-1] * 2)
+    return strides, how, advice
+
+
+def _simple_fpn_for(strides: Sequence[float], patch_size: int) -> str:
+    """`` (here: model.neck.scale_factors=(...), model.neck.num_outs=N)``: the SimpleFPN
+    settings that give ``strides`` on a stride-``patch_size`` map ('' when none do)."""
+    factors = [patch_size / s for s in strides]
+    if not all(f > 0 and math.log2(f).is_integer() for f in factors):
+        return ''
+    keep = [f for f in factors if f >= 0.5] or factors[:1]
+    if any(b != a * 2 for a, b in zip(strides[len(keep) - 1 :], strides[len(keep) :])):
+        return ''  # levels past the resampled ones are pooled: each doubles the stride
+    shown = ', '.join(f'{f:.1f}' if f >= 1 else f'{f:g}' for f in keep)
+    return (
+        f' (here: model.neck.scale_factors=({shown}{"," if len(keep) == 1 else ""}), '
+        f'model.neck.num_outs={len(strides)})'
+    )
+
+
+def _head_strides(model: Mapping) -> List[Tuple[str, List[float]]]:
+    """``(key, strides)`` of the strides an mmdet detector's heads assume (anchor / prior
+    generators, an anchor-free head's ``strides``, the RoI extractors' ``featmap_strides``),
+    where the config states them."""
+    found: List[Tuple[str, List[float]]] = []
+
+    def add(where: str, node: Any, key: str) -> None:
+        strides = _strides(node.get(key)) if isinstance(node, Mapping) else None
+        if strides:
+            found.append((f'{where}.{key}', strides))
+
+    for head in ('rpn_head', 'bbox_head'):
+        node = model.get(head)
+        if isinstance(node, Mapping):
+            for gen in ('anchor_generator', 'prior_generator'):
+                add(f'model.{head}.{gen}', node.get(gen), 'strides')
+            add(f'model.{head}', node, 'strides')
+    roi = model.get('roi_head')
+    if isinstance(roi, Mapping):
+        for ext in ('bbox_roi_extractor', 'mask_roi_extractor'):
+            nodes = roi.get(ext)
+            for i, node in enumerate(nodes if isinstance(nodes, (list, tuple)) else [nodes]):
+                suffix = f'[{i}]' if isinstance(nodes, (list, tuple)) else ''
+                add(f'model.roi_head.{ext}{suffix}', node, 'featmap_strides')
+    return found
+
+
+def _check_det_pyramid(model: Mapping, embed_dims: int, n_out: int, outs: Any, registry) -> None:
+    """mmdet: the neck's strides against the heads' (a mismatch trains anchors and RoIs on
+    the wrong levels without an error), mmdet's ``FPN`` inputs against the backbone's
+    outputs, and the heads' channels against the neck's."""
+    neck = model.get('neck')
+    if not isinstance(neck, Mapping):
+        return
+    patch = model['backbone'].get('patch_size', 16)
+    if type_name(neck) == 'FPN':
+        chans = neck.get('in_channels')
+        if isinstance(chans, (list, tuple)):
+            if len(chans) != n_out:
+                raise ConfigError(
+                    f'model.neck.in_channels={list(chans)} lists {len(chans)} map(s) but the '
+                    f'backbone gives {n_out} (out_indices={outs}): one entry per backbone '
+                    'output.'
+                )
+            if any(c != embed_dims for c in chans):
+                raise ConfigError(
+                    f'model.neck.in_channels={list(chans)} but LookHereViT gives '
+                    f'{embed_dims}-channel maps (model.backbone.embed_dims): make them equal.'
+                )
+    if is_int(patch):
+        found = neck_strides(neck, patch, registry)
+        if found is not None:
+            have, how, advice = found
+            for where, want in _head_strides(model):
+                n = min(len(want), len(have))
+                if len(want) > len(have) or want[:n] != have[:n]:
+                    fit = _simple_fpn_for(want, patch) if type_name(neck) == 'SimpleFPN' else ''
+                    raise ConfigError(
+                        f'{where}={_show(want)} but the neck gives maps at strides '
+                        f'{_show(have)} ({how}), so the heads would read the wrong levels: '
+                        f'{advice}{fit}.'
+                    )
+    out_channels = neck.get('out_channels', _defaults(registry, neck).get('out_channels'))
+    if not is_int(out_channels):
+        return
+    readers = [
+        (f'model.{h}.in_channels', (model.get(h) or {}).get('in_channels'))
+        for h in ('rpn_head', 'bbox_head')
+    ]
+    roi = model.get('roi_head')
+    if isinstance(roi, Mapping):
+        for ext in ('bbox_roi_extractor', 'mask_roi_extractor'):
+            node = roi.get(ext)
+            if isinstance(node, Mapping):
+                readers.append((f'model.roi_head.{ext}.out_channels', node.get('out_channels')))
+    for where, chans in readers:
+        if is_int(chans) and chans != out_channels:
+            raise ConfigError(
+                f'{where}={chans} but the neck gives {out_channels}-channel maps '
+                '(model.neck.out_channels): make them equal.'
+            )
+
+
+def _dataset_classes(cfg: Mapping) -> Optional[Tuple[int, str]]:
+    """How many classes the training (else validation / test) dataset of an mmdet config
+    has, and where that comes from: its ``metainfo.classes``, else its class's
+    ``METAINFO`` (wrappers' inner datasets followed)."""
+    from mmdet.registry import DATASETS
+
+    for split in ('train', 'val', 'test'):
+        loader = cfg.get(f'{split}_dataloader')
+        ds = loader.get('dataset') if isinstance(loader, Mapping) else None
+        where = f'{split}_dataloader.dataset'
+        while isinstance(ds, Mapping) and ('dataset' in ds or 'datasets' in ds):
+            inner = ds.get('dataset')
+            if inner is None and isinstance(ds.get('datasets'), (list, tuple)) and ds['datasets']:
+                inner, where = ds['datasets'][0], f'{where}.datasets[0]'
+            else:
+                where = f'{where}.dataset'
+            ds = inner
+        if not isinstance(ds, Mapping):
+            continue
+        meta = ds.get('metainfo')
+        if isinstance(meta, Mapping) and isinstance(meta.get('classes'), (list, tuple)):
+            return len(meta['classes']), f'{where}.metainfo.classes'
+        try:
+            cls = DATASETS.get(type_name(ds))
+        except (KeyError, TypeError):
+            cls = None
+        classes = (getattr(cls, 'METAINFO', None) or {}).get('classes')
+        if isinstance(classes, (list, tuple)):
+            return len(classes), f"{type_name(ds)}'s classes ({where}.type)"
+    return None
+
+
+def _check_det_classes(cfg: Mapping, model: Mapping) -> None:
+    """An mmdet head whose ``num_classes`` is not the dataset's class count: fewer trains
+    the missing classes as background without an error, more never sees data for some.
+    Not checked: panoptic models (their box heads count the "thing" classes only) and
+    open-vocabulary detectors (``num_classes`` counts text tokens: GroundingDINO, GLIP)."""
+    if any(k in model for k in ('panoptic_head', 'semantic_head', 'panoptic_fusion_head')):
+        return
+    if any(w in type_name(model) for w in ('Grounding', 'GLIP')):
+        return
+    heads: List[Tuple[str, Any]] = []
+    if isinstance(model.get('bbox_head'), Mapping):
+        heads.append(('model.bbox_head', model['bbox_head']))
+    roi = model.get('roi_head')
+    if isinstance(roi, Mapping):
+        for key in ('bbox_head', 'mask_head'):
+            node = roi.get(key)
+            nodes = node if isinstance(node, (list, tuple)) else [node]
+            for i, h in enumerate(nodes):
+                suffix = f'[{i}]' if isinstance(node, (list, tuple)) else ''
+                heads.append((f'model.roi_head.{key}{suffix}', h))
+    heads = [(w, h) for w, h in heads if isinstance(h, Mapping) and is_int(h.get('num_classes'))]
+    if not heads:
+        return
+    found = _dataset_classes(cfg)
+    if found is None:
+        return
+    n, source = found
+    for where, head in heads:
+        if head['num_classes'] != n:
+            raise ConfigError(
+                f'{where}.num_classes={head["num_classes"]} but the dataset has {n} classes '
+                f'({source}): set {", ".join(w + ".num_classes" for w, _ in heads)} to {n} '
+                "(or the dataset's metainfo.classes to the classes the heads predict)."
             )
 
 
@@ -376,7 +625,11 @@ def check_model_cfg(cfg: Mapping) -> None:
       close ones; :func:`accepted_arguments`: only where that can be told for sure);
     * for ``LookHereViT``: the LookHere head layout fits ``num_heads``, DPT heads get CLS
       tokens, other heads do not, head ``in_index`` / ``in_channels`` match the outputs,
-      and so do a ``SimpleFPN`` or ``MultiLevelNeck`` neck's;
+      and so do a ``SimpleFPN``, ``MultiLevelNeck`` or mmdet ``FPN`` neck's; in a detector
+      (mmdet) the heads' strides (anchor / prior generators, RoI extractors) are the
+      neck's (:func:`neck_strides`) and their channels its ``out_channels``;
+    * in an mmdet config, the heads' ``num_classes`` is the dataset's class count
+      (``metainfo.classes``, else the dataset class's ``METAINFO``);
     * an mmseg ``model.test_cfg`` whose mode or sliding windows cannot work
       (:func:`check_seg_test_cfg`).
 
@@ -399,7 +652,9 @@ def check_model_cfg(cfg: Mapping) -> None:
             check_seg_test_cfg(model.get('test_cfg'), modes=modes)
     bb = model.get('backbone')
     if isinstance(bb, Mapping) and str(bb.get('type', '')).split('.')[-1] == 'LookHereViT':
-        _lookhere_checks(model)
+        _lookhere_checks(model, registry if scope == 'mmdet' else None)
+    if scope == 'mmdet':
+        _check_det_classes(cfg, model)
 
 
 def _local_missing(path: Any) -> bool:

@@ -248,7 +248,11 @@ def lookhere_backbone_cfg(
     if typ not in SOURCE_BACKBONES:
         raise ConfigError(
             f'cannot swap backbone type {typ!r} for LookHereViT; supported '
-            f'plain-ViT types: {sorted(SOURCE_BACKBONES)}'
+            f"plain-ViT types: {sorted(SOURCE_BACKBONES)} (the plain ViTs of mmseg's "
+            'configs). A convolutional or pyramid backbone (ResNet, Swin, PVT) feeds its '
+            'neck maps at several strides, which a plain ViT does not give: for a '
+            "detector, set model.backbone=dict(type='LookHereViT', ...) and "
+            "model.neck=dict(type='SimpleFPN', ...) by hand (docs/vitdet.md)"
         )
     rule = SOURCE_BACKBONES[typ]
     unknown = sorted(set(src) - set(rule['copy']) - set(rule['rename']) - set(rule['drop']))

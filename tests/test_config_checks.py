@@ -333,3 +333,109 @@ def test_cfg_options_refuse_a_list_where_openmmlab_takes_one_number():
     ):
         with pytest.raises(ConfigError, match='expected a number'):
             load_config(SEGMENTER, {key: value})
+
+
+# mmdet: the pyramid the heads expect, the classes ------------------------------------
+
+
+def _stock_det(rel: str, **backbone):
+    """A stock mmdet config with a small LookHereViT as its backbone."""
+    from lookhere_dense.apis.cli import load_config
+
+    cfg = load_config(f'mmdet::{rel}')
+    cfg.model.backbone = dict(
+        type='LookHereViT', embed_dims=96, num_layers=2, num_heads=6, preset='lh90', **backbone
+    )
+    return cfg
+
+
+def test_neck_strides_that_are_not_the_heads_are_refused_with_the_settings_that_fit():
+    """The silent failures of a detector on a plain ViT: anchors / RoIs on levels of
+    another stride (patch 8 under the stock SimpleFPN; RetinaNet's P3-P7 under the
+    default SimpleFPN, which gives P2-P6); the settings the message offers pass."""
+    check_model_cfg(_cfg(MASK_RCNN))
+    with pytest.raises(
+        ConfigError,
+        match=r'model\.rpn_head\.anchor_generator\.strides=\[4, 8, 16, 32, 64\] but the neck '
+        r'gives maps at strides \[2, 4, 8, 16, 32\] \(SimpleFPN scale_factors \(4\.0, 2\.0, '
+        r'1\.0, 0\.5\) on the stride-8 map .*\(here: model\.neck\.scale_factors=\(2\.0, 1\.0, '
+        r'0\.5\), model\.neck\.num_outs=5\)',
+    ):
+        check_model_cfg(_cfg(MASK_RCNN, **{'model.backbone.patch_size': 8}))
+    cfg = _stock_det('retinanet/retinanet_r50_fpn_1x_coco.py')
+    cfg.model.neck = dict(type='SimpleFPN', in_channels=96, out_channels=256, num_outs=5)
+    with pytest.raises(ConfigError, match=r'bbox_head\.anchor_generator\.strides=\[8, 16, 32'):
+        check_model_cfg(cfg)
+    cfg.model.neck.scale_factors = (2.0, 1.0, 0.5)
+    check_model_cfg(cfg)
+
+
+def test_mmdets_fpn_on_a_plain_vit_is_refused_naming_simple_fpn():
+    """mmdet's FPN keeps its inputs' strides: on a plain ViT every level is stride 16,
+    and its channels / map count are checked against the backbone's."""
+    cfg = _stock_det('mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', out_indices=(0, 1))
+    with pytest.raises(ConfigError, match=r'lists 4 map\(s\) but the backbone gives 2'):
+        check_model_cfg(cfg)
+    cfg.model.backbone.out_indices = (0, 1, 1, 1)
+    with pytest.raises(ConfigError, match=r'\[256, 512, 1024, 2048\] but LookHereViT gives 96'):
+        check_model_cfg(cfg)
+    cfg.model.neck.in_channels = [96] * 4
+    with pytest.raises(
+        ConfigError,
+        match=r'strides \[16, 16, 16, 16, 32\] \(mmdet\'s FPN keeps each input\'s stride.*'
+        r'use SimpleFPN',
+    ):
+        check_model_cfg(cfg)
+
+
+@pytest.mark.parametrize(
+    'options, match',
+    [
+        (
+            {'model.neck.out_channels': 128},
+            r'model\.rpn_head\.in_channels=256 but the neck gives 128',
+        ),
+        (
+            {'model.roi_head.bbox_roi_extractor.out_channels': 128},
+            r'bbox_roi_extractor\.out_channels=128 but the neck gives 256',
+        ),
+    ],
+)
+def test_head_channels_that_are_not_the_necks_are_refused(options, match):
+    with pytest.raises(ConfigError, match=match):
+        check_model_cfg(_cfg(MASK_RCNN, **options))
+
+
+def test_num_classes_that_are_not_the_datasets_are_refused():
+    """Fewer classes than the dataset trains the rest as background without an error; the
+    count comes from metainfo.classes, else the dataset class (COCO: 80)."""
+    with pytest.raises(
+        ConfigError,
+        match=r'model\.roi_head\.bbox_head\.num_classes=2 but the dataset has 80 classes '
+        r"\(CocoDataset's classes .*set model\.roi_head\.bbox_head\.num_classes, "
+        r'model\.roi_head\.mask_head\.num_classes to 80',
+    ):
+        check_model_cfg(_cfg(MASK_RCNN, **{'model.roi_head.bbox_head.num_classes': 2}))
+    three = {'train_dataloader.dataset.metainfo': dict(classes=('a', 'b', 'c'))}
+    with pytest.raises(ConfigError, match=r'has 3 classes \(train_dataloader\.dataset'):
+        check_model_cfg(_cfg(MASK_RCNN, **three))
+    fits = {'model.roi_head.bbox_head.num_classes': 3, 'model.roi_head.mask_head.num_classes': 3}
+    check_model_cfg(_cfg(MASK_RCNN, **three, **fits))
+
+
+def test_the_stock_configs_of_mmdet_pass():
+    """Stock mmdet families (two-stage, cascade, single-stage, anchor-free, DETR-like,
+    panoptic, open-vocabulary) pass the classes check as shipped."""
+    from lookhere_dense.apis.cli import load_config
+
+    for rel in (
+        'mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py',
+        'cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py',
+        'retinanet/retinanet_r50_fpn_1x_coco.py',
+        'fcos/fcos_r50-caffe_fpn_gn-head_1x_coco.py',
+        'dino/dino-4scale_r50_8xb2-12e_coco.py',
+        'panoptic_fpn/panoptic-fpn_r50_fpn_1x_coco.py',
+        'cityscapes/mask-rcnn_r50_fpn_1x_cityscapes.py',
+        'pascal_voc/faster-rcnn_r50_fpn_1x_voc0712.py',
+    ):
+        check_model_cfg(load_config(f'mmdet::{rel}'))

@@ -54,6 +54,7 @@ from mmengine.optim import DefaultOptimWrapperConstructor
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
 from mmengine.utils.dl_utils.parrots_wrapper import _BatchNorm, _InstanceNorm
 
+from ..errors import ConfigError
 from ..lookhere.slopes import LookHereSlopes
 from ..lookhere.vit import LayerScale, LookHereVisionTransformer
 
@@ -83,19 +84,19 @@ def find_lookhere_backbone(model: nn.Module) -> Tuple[str, LookHereVisionTransfo
     or ``''`` when ``model`` is the backbone).
 
     Raises:
-        ValueError: no LookHereViT, or more than one.
+        ConfigError (a ValueError): no LookHereViT, or more than one.
     """
     found = [
         (name, m) for name, m in model.named_modules() if isinstance(m, LookHereVisionTransformer)
     ]
     if not found:
-        raise ValueError(
+        raise ConfigError(
             'LookHereLayerDecayOptimizerConstructor: the model has no '
             f"LookHereViT backbone ({type(model).__name__}); use mmengine's "
             'DefaultOptimWrapperConstructor for other models'
         )
     if len(found) > 1:
-        raise ValueError(
+        raise ConfigError(
             'LookHereLayerDecayOptimizerConstructor: the model has '
             f'{len(found)} LookHereViT modules ({[n for n, _ in found]}); layer '
             'decay is defined for one backbone'
@@ -177,33 +178,33 @@ class LookHereLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
             raise TypeError(f'paramwise_cfg must be a dict, got {type(cfg).__name__}')
         unknown = sorted(set(cfg) - set(self._KEYS))
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f'LookHereLayerDecayOptimizerConstructor: unknown paramwise_cfg '
                 f'keys {unknown}; allowed: {list(self._KEYS)}'
             )
         if 'decay_rate' not in cfg:
-            raise ValueError(
+            raise ConfigError(
                 'LookHereLayerDecayOptimizerConstructor needs '
-                'paramwise_cfg=dict(decay_rate=..., num_layers=...)'
+                'paramwise_cfg=dict(decay_rate=...) (num_layers: optional, checked)'
             )
         rate = cfg['decay_rate']
         if not isinstance(rate, (int, float)) or not 0 < rate <= 1:
-            raise ValueError(f'paramwise_cfg.decay_rate must be in (0, 1], got {rate!r}')
+            raise ConfigError(f'paramwise_cfg.decay_rate must be in (0, 1], got {rate!r}')
         if cfg.get('decay_type', 'layer_wise') != 'layer_wise':
-            raise ValueError(
+            raise ConfigError(
                 "paramwise_cfg.decay_type: only 'layer_wise' is supported, got "
                 f'{cfg["decay_type"]!r}'
             )
         layers = cfg.get('num_layers')
         if layers is not None and (not isinstance(layers, int) or layers < 1):
-            raise ValueError(f'paramwise_cfg.num_layers must be a positive int, got {layers!r}')
+            raise ConfigError(f'paramwise_cfg.num_layers must be a positive int, got {layers!r}')
         jumbo = cfg.get('jumbo_mlp_lr_scale', 1.0)
         if isinstance(jumbo, bool) or not isinstance(jumbo, (int, float)) or not jumbo > 0:
-            raise ValueError(
+            raise ConfigError(
                 f'paramwise_cfg.jumbo_mlp_lr_scale must be a number > 0, got {jumbo!r}'
             )
         if self.base_lr is None:
-            raise ValueError('LookHereLayerDecayOptimizerConstructor needs optimizer.lr')
+            raise ConfigError('LookHereLayerDecayOptimizerConstructor needs optimizer.lr')
 
     def add_params(self, params: List[dict], module: nn.Module, **kwargs) -> None:
         """Fill ``params`` with one group per (layer, decay / no decay)."""
@@ -212,9 +213,10 @@ class LookHereLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
         if num_layers is None:
             num_layers = backbone.num_layers
         elif num_layers != backbone.num_layers:
-            raise ValueError(
+            raise ConfigError(
                 f'paramwise_cfg.num_layers={num_layers} but the LookHereViT '
-                f'backbone has {backbone.num_layers} blocks'
+                f'backbone has {backbone.num_layers} blocks: set it to '
+                f'{backbone.num_layers}, or leave it out (it is taken from the backbone)'
             )
         rate = float(self.paramwise_cfg['decay_rate'])
         bias_decay = bool(self.paramwise_cfg.get('bias_decay', False))
@@ -283,7 +285,7 @@ class ViTDetLayerDecayOptimizerConstructor(LookHereLayerDecayOptimizerConstructo
         try:
             find_lookhere_backbone(module)
         except ValueError as err:
-            raise ValueError(
+            raise ConfigError(
                 f"{err}. constructor='LayerDecayOptimizerConstructor' resolved "
                 "to lookhere-dense's layer decay for LookHereViT because mmdet's "
                 'projects/ViTDet is not imported; for its ViT add '

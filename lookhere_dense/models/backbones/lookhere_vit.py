@@ -280,7 +280,7 @@ class LookHereViT(LookHereVisionTransformer, BaseModule):
         if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
             unknown = sorted(set(cfg) - set(_PRETRAINED_KEYS))
             if unknown or not cfg.get('checkpoint'):
-                raise ValueError(
+                raise ConfigError(
                     f'LookHereViT init_cfg {dict(cfg)}: '
                     + (
                         f'unknown keys {unknown}; allowed: {list(_PRETRAINED_KEYS)}'

@@ -29,6 +29,7 @@ from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch import Tensor
 
+from ...errors import ConfigError
 from ...validation import check_int, is_int
 
 __all__ = ['SimpleFPN', 'scale_steps', 'resample_stage', 'level_channels']
@@ -38,13 +39,13 @@ def scale_steps(scale: float) -> int:
     """Number of x2 steps of a power-of-two ``scale``: ``4 -> 2``, ``1 -> 0``, ``0.5 -> -1``.
 
     Raises:
-        ValueError: ``scale`` is not a positive power of two.
+        ConfigError (a ValueError): ``scale`` is not a positive power of two.
     """
     if not isinstance(scale, (int, float)) or scale <= 0:
-        raise ValueError(f'SimpleFPN scale factors must be positive powers of two, got {scale!r}')
+        raise ConfigError(f'SimpleFPN scale factors must be positive powers of two, got {scale!r}')
     steps = math.log2(scale)
     if steps != round(steps):
-        raise ValueError(
+        raise ConfigError(
             f'SimpleFPN scale factors must be powers of two (4, 2, 1, 0.5, ...), got {scale!r}'
         )
     return int(round(steps))
@@ -81,7 +82,7 @@ def resample_stage(
     if steps < 0:
         return nn.Sequential(*[nn.MaxPool2d(2, 2) for _ in range(-steps)]), channels
     if channels % (2**steps):
-        raise ValueError(
+        raise ConfigError(
             f'SimpleFPN: upsampling x{2**steps} halves the channels {steps} '
             f'times, so in_channels={channels} must be divisible by {2**steps}'
         )
@@ -146,10 +147,10 @@ class SimpleFPN(BaseModule):
         super().__init__(init_cfg=init_cfg)
         scale_factors = tuple(scale_factors)
         if not scale_factors:
-            raise ValueError('SimpleFPN needs at least one scale factor')
+            raise ConfigError('SimpleFPN needs at least one scale factor')
         steps = [scale_steps(s) for s in scale_factors]
         if any(a <= b for a, b in zip(steps, steps[1:])):
-            raise ValueError(
+            raise ConfigError(
                 'SimpleFPN scale_factors must be strictly decreasing (finest '
                 f'level first, like the strides of the heads), got {scale_factors}'
             )
@@ -159,7 +160,7 @@ class SimpleFPN(BaseModule):
                 check_int(f'SimpleFPN {name}', value)
         num_outs = len(scale_factors) if num_outs is None else num_outs
         if num_outs < len(scale_factors):
-            raise ValueError(
+            raise ConfigError(
                 f'num_outs={num_outs} is smaller than the number of scale factors '
                 f'({len(scale_factors)})'
             )
@@ -209,19 +210,19 @@ class SimpleFPN(BaseModule):
                     if isinstance(in_channels, (list, tuple))
                     else ''
                 )
-                raise ValueError(
+                raise ConfigError(
                     'SimpleFPN reads one backbone map: in_channels must be a '
                     'positive int (the backbone embed_dims), got '
                     f'{in_channels!r}{hint}'
                 )
             return in_channels
         if not positive_int(backbone_channel):
-            raise ValueError(
+            raise ConfigError(
                 'SimpleFPN backbone_channel must be a positive int (the backbone '
                 f'embed_dims), got {backbone_channel!r}'
             )
         if not isinstance(in_channels, (list, tuple)):
-            raise ValueError(
+            raise ConfigError(
                 f'SimpleFPN got backbone_channel={backbone_channel} and '
                 f'in_channels={in_channels!r}: with backbone_channel, in_channels '
                 'lists the channels of each level (mmdet ViTDet); or give only '
@@ -229,7 +230,7 @@ class SimpleFPN(BaseModule):
             )
         expected = [level_channels(backbone_channel, s) for s in steps]
         if list(in_channels) != expected:
-            raise ValueError(
+            raise ConfigError(
                 f'SimpleFPN in_channels={list(in_channels)} (per level) does not '
                 f'match its levels: backbone_channel={backbone_channel} resampled '
                 f'by the scale factors {tuple(2.0**s for s in steps)} gives '
@@ -242,25 +243,25 @@ class SimpleFPN(BaseModule):
             x = inputs
         else:
             if not isinstance(inputs, (list, tuple)):
-                raise ValueError(
+                raise ConfigError(
                     'SimpleFPN expects a tensor or a tuple of backbone outputs, '
                     f'got {type(inputs).__name__}'
                 )
             try:
                 x = inputs[self.in_index]
             except IndexError:
-                raise ValueError(
+                raise ConfigError(
                     f'SimpleFPN in_index={self.in_index} but the backbone gave '
                     f'{len(inputs)} output(s)'
                 ) from None
         if not isinstance(x, Tensor) or x.dim() != 4:
-            raise ValueError(
+            raise ConfigError(
                 'SimpleFPN expects a (B, C, H, W) map from the backbone (with '
                 'LookHereViT keep output_cls_token=False), got '
                 f'{type(x).__name__ if not isinstance(x, Tensor) else tuple(x.shape)}'
             )
         if x.shape[1] != self.in_channels:
-            raise ValueError(
+            raise ConfigError(
                 f'SimpleFPN was built for in_channels={self.in_channels}, the '
                 f'backbone map has {x.shape[1]} channels'
             )
