@@ -270,6 +270,12 @@ def test_cfg_options_take_a_list_where_openmmlab_takes_one_or_several_numbers():
         {'model.backbone.out_indices': (2, 5, 8, 11), 'model.decode_head.in_index': [3]},
     )
     assert tuple(cfg.model.backbone.out_indices) == (2, 5, 8, 11)
+    # mmdet ViTDet's per-level form of SimpleFPN's in_channels, where the config has an int
+    cfg = load_config(
+        MASK_RCNN,
+        {'model.neck.in_channels': [192, 384, 768, 768], 'model.neck.backbone_channel': 768},
+    )
+    check_model_cfg(cfg)
     with pytest.raises(ConfigError, match=r'train_cfg.max_iters=\[1, 2\]: expected a number'):
         load_config(SEGMENTER, {'train_cfg.max_iters': [1, 2]})
     with pytest.raises(ConfigError, match=r"out_indices=\['a'\]: expected a number"):
@@ -439,3 +445,29 @@ def test_the_stock_configs_of_mmdet_pass():
         'pascal_voc/faster-rcnn_r50_fpn_1x_voc0712.py',
     ):
         check_model_cfg(load_config(f'mmdet::{rel}'))
+
+
+def test_cfg_options_set_a_dict_where_the_config_has_none():
+    """``--cfg-options`` values written as a config writes a dict (mmengine's parser
+    recursed on them until Python gave up), and keys set below an entry the config leaves
+    None (``init_cfg=None``; mmengine's merge refused both): the entry becomes that dict."""
+    import argparse
+
+    from lookhere_dense.apis.cli import load_config, parse_cfg_options
+
+    whole = parse_cfg_options(
+        ["model.backbone.init_cfg=dict(type='Pretrained', checkpoint='w.pth', prefix=None)"]
+    )
+    assert whole == {
+        'model.backbone.init_cfg': dict(type='Pretrained', checkpoint='w.pth', prefix=None)
+    }
+    assert load_config(SEGMENTER).model.backbone.init_cfg is None
+    cfg = load_config(SEGMENTER, whole)
+    assert cfg.model.backbone.init_cfg == dict(type='Pretrained', checkpoint='w.pth', prefix=None)
+    keys = ['model.backbone.init_cfg.type=Pretrained', 'model.backbone.init_cfg.checkpoint=w.pth']
+    cfg = load_config(SEGMENTER, parse_cfg_options(keys))
+    assert cfg.model.backbone.init_cfg == dict(type='Pretrained', checkpoint='w.pth')
+    nested = parse_cfg_options(['x=dict(a=[1, (2, 3)], b=dict(c=-1.5))', 'y=[1,2]'])
+    assert nested == {'x': dict(a=[1, (2, 3)], b=dict(c=-1.5)), 'y': [1, 2]}
+    with pytest.raises(argparse.ArgumentError, match=r'cannot be read as dict\(key=value'):
+        parse_cfg_options(['k=dict(type=Pretrained)'])

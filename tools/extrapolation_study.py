@@ -95,7 +95,7 @@ from research.study.runs import LADDER_CONFIGS, RunOptions, run_study  # noqa: E
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    from mmengine.config import DictAction
+    from lookhere_dense.apis.cli import CfgOptionsAction
 
     p = argparse.ArgumentParser(
         description=__doc__.split('\n\n')[0],
@@ -231,7 +231,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument(
         '--cfg-options',
         nargs='+',
-        action=DictAction,
+        action=CfgOptionsAction,
         default=None,
         help='override config entries, e.g. relational.num_train=1000 model.backbone.num_layers=4',
     )

@@ -68,10 +68,35 @@ class ToolArgumentParser(argparse.ArgumentParser):
         self.exit(2, f'error: {message}\n')
 
 
+def _literal_with_dicts(text: str) -> Any:
+    """A Python literal in which ``dict(key=value, ...)`` calls are allowed too (what a
+    config file would say: ``dict(type='Pretrained', checkpoint='w.pth')``).
+
+    Raises:
+        ValueError: anything else (names, other calls, expressions).
+    """
+    import ast
+
+    def value(node: ast.AST) -> Any:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id == 'dict' and not node.args and all(k.arg for k in node.keywords):
+                return {k.arg: value(k.value) for k in node.keywords}
+        if isinstance(node, (ast.List, ast.Tuple)):
+            items = [value(e) for e in node.elts]
+            return items if isinstance(node, ast.List) else tuple(items)
+        if isinstance(node, ast.Dict) and None not in node.keys:
+            return {value(k): value(v) for k, v in zip(node.keys, node.values)}
+        return ast.literal_eval(node)
+
+    return value(ast.parse(text.strip(), mode='eval').body)
+
+
 class CfgOptionsAction(argparse.Action):
     """``--cfg-options KEY=VALUE ...``: mmengine's ``DictAction`` (values parsed as
     numbers, bools, None, lists and tuples), imported when the option is used, with an
-    argparse error naming an item that is not ``KEY=VALUE``."""
+    argparse error naming an item that is not ``KEY=VALUE``; a value written as a config
+    file writes a dict, ``dict(type='Pretrained', checkpoint='w.pth')``, is read as one
+    (mmengine's parser recursed on it until Python gave up)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         bad = [v for v in values or [] if '=' not in v or not v.split('=', 1)[0].strip()]
@@ -83,7 +108,24 @@ class CfgOptionsAction(argparse.Action):
             )
         from mmengine.config import DictAction
 
-        DictAction(self.option_strings, self.dest)(parser, namespace, values, option_string)
+        action = DictAction(self.option_strings, self.dest)
+        for item in values or []:
+            key, text = item.split('=', 1)
+            if not text.strip().startswith('dict('):
+                action(parser, namespace, [item], option_string)
+                continue
+            try:
+                parsed = _literal_with_dicts(text)
+            except (ValueError, SyntaxError, TypeError):
+                raise argparse.ArgumentError(
+                    self,
+                    f'{item!r}: the value cannot be read as dict(key=value, ...) with quoted '
+                    f"strings (e.g. {key}=\"dict(type='Pretrained', checkpoint='w.pth')\"); "
+                    'or set its keys one by one',
+                ) from None
+            options = dict(getattr(namespace, self.dest, None) or {})
+            options[key] = parsed
+            setattr(namespace, self.dest, options)
 
 
 def add_cfg_options_arg(parser: argparse.ArgumentParser, example: str) -> None:
@@ -160,9 +202,28 @@ def load_config(path: str, cfg_options: Optional[dict] = None):
 
     cfg = Config.fromfile(resolve_config_path(path))
     if cfg_options:
+        _open_unset_parents(cfg, cfg_options)
         check_cfg_options(cfg, cfg_options, lambda m: _log(m, logging.WARNING))
         cfg.merge_from_dict(cfg_options)
     return cfg
+
+
+def _open_unset_parents(cfg, cfg_options: Mapping[str, Any]) -> None:
+    """A key set below an entry the config leaves ``None`` (``init_cfg=None`` and
+    ``model.backbone.init_cfg.checkpoint=PATH``), or a dict given for it, makes that entry
+    a dict, where mmengine's merge would refuse to put a dict in place of ``None``."""
+    from mmengine.config import ConfigDict
+
+    for key, value in cfg_options.items():
+        node: Any = cfg  # a Config (not a Mapping, but read and written like one)
+        parts = key.split('.')
+        for i, part in enumerate(parts):
+            if not hasattr(node, 'keys') or part not in node.keys():
+                break
+            last = i == len(parts) - 1
+            if node[part] is None and (not last or isinstance(value, Mapping)):
+                node[part] = ConfigDict()
+            node = node[part]
 
 
 def load_segmentation_job(
@@ -296,6 +357,7 @@ def _check_loop_length(cfg, options: dict) -> None:
 ONE_OR_MORE: Dict[str, Callable[[Any], bool]] = {
     'out_indices': is_int,
     'in_index': is_int,
+    'in_channels': is_int,  # SimpleFPN / mmseg heads: one map's, or one per level / input
     'crop_size': is_int,
     'img_size': is_int,
     'size': is_int,
@@ -376,12 +438,12 @@ def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
 
 def parse_cfg_options(pairs: Sequence[str]) -> dict:
     """``['a.b=1', 'c=[2,3]']`` -> ``{'a.b': 1, 'c': [2, 3]}``: ``KEY=VALUE`` overrides read
-    exactly as a tool's ``--cfg-options`` reads them (mmengine's ``DictAction``; a later
+    exactly as a tool's ``--cfg-options`` reads them (:class:`CfgOptionsAction`; a later
     key wins)."""
-    from mmengine.config import DictAction
-
     namespace = argparse.Namespace()
-    DictAction(option_strings=['--cfg-options'], dest='cfg_options')(None, namespace, list(pairs))
+    CfgOptionsAction(option_strings=['--cfg-options'], dest='cfg_options')(
+        None, namespace, list(pairs)
+    )
     return getattr(namespace, 'cfg_options', None) or {}
 
 
