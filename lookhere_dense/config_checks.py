@@ -62,10 +62,20 @@ def _heads(model: Mapping) -> List[Tuple[str, Mapping]]:
 
 def _parts(model: Mapping) -> List[Tuple[str, Mapping]]:
     """``(key, config)`` of the model's parts built from ``MODELS``: backbone, neck,
-    decode / auxiliary heads (mmseg), RPN / RoI heads (mmdet)."""
+    decode / auxiliary heads (mmseg), RPN / RoI heads, a single-stage head, and the RoI
+    head's box / mask heads and RoI extractors (each a dict, or a list in cascades)
+    (mmdet)."""
     parts = [(f'model.{k}', model.get(k)) for k in ('backbone', 'neck')]
     parts += _heads(model)
-    parts += [(f'model.{k}', model.get(k)) for k in ('rpn_head', 'roi_head')]
+    parts += [(f'model.{k}', model.get(k)) for k in ('rpn_head', 'bbox_head', 'roi_head')]
+    roi = model.get('roi_head')
+    if isinstance(roi, Mapping):
+        for key in ('bbox_roi_extractor', 'bbox_head', 'mask_roi_extractor', 'mask_head'):
+            node = roi.get(key)
+            if isinstance(node, (list, tuple)):
+                parts += [(f'model.roi_head.{key}[{i}]', n) for i, n in enumerate(node)]
+            else:
+                parts.append((f'model.roi_head.{key}', node))
     return [(where, node) for where, node in parts if isinstance(node, Mapping)]
 
 

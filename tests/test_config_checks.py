@@ -56,6 +56,9 @@ def _build_error(cfg) -> str:
         (SEGMENTER, 'model', 'test_cfgs', 'test_cfg'),
         (MASK_RCNN, 'model.neck', 'num_out', 'num_outs'),
         (MASK_RCNN, 'model.rpn_head', 'anchor_generators', 'anchor_generator'),
+        # the RoI head's own parts (Shared4Conv1FCBBoxHead hands *args / **kwargs on)
+        (MASK_RCNN, 'model.roi_head.bbox_head', 'num_class', 'num_classes'),
+        (MASK_RCNN, 'model.roi_head.mask_roi_extractor', 'out_channel', 'out_channels'),
     ],
 )
 def test_a_misspelt_argument_is_named_with_the_close_ones(path, key, typo, expected):

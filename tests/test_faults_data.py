@@ -303,6 +303,12 @@ def test_a_repeat_dataset_detection_config_names_the_inner_data_root(tmp_path, m
 
     cfg.merge_from_dict(suggested(msg, coco))
     check_dataset_layout(cfg)  # the suggested keys are the ones that work
+    cfg.merge_from_dict({'val_evaluator.ann_file': str(tmp_path / 'nope.json')})
+    msg = layout_error(cfg)  # CocoMetric reads its own file: named with its key
+    assert msg.startswith(f"val_evaluator: the evaluator's ann_file '{tmp_path / 'nope.json'}'")
+    assert '--cfg-options val_evaluator.ann_file=FILE' in msg
+    check_dataset_layout(cfg, ('train',))  # not an evaluator of the splits checked
+    cfg.val_evaluator.ann_file = f'{coco}/annotations/instances_val2017.json'
     shutil.rmtree(coco / 'train2017')
     msg = layout_error(cfg)
     assert 'train_dataloader.dataset.dataset.data_prefix.img=FOLDER' in msg

@@ -222,11 +222,14 @@ def check_dataset_layout(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 
     also inside dataset wrappers (``dataset`` / ``datasets``: RepeatDataset, ConcatDataset,
     ...).
 
+    Also the ``ann_file`` of the ``val`` / ``test`` evaluators of ``splits`` (mmdet's
+    ``CocoMetric`` reads one).
+
     Raises:
-        DatasetLayoutError: naming the dataloader, the missing path (also made absolute),
-            the exact ``--cfg-options`` key(s) to set (through the wrappers) and the layout
-            the dataset type expects (the ``tools/demo.py`` datasets only for the
-            segmentation layouts it writes).
+        DatasetLayoutError: naming the dataloader (or evaluator), the missing path (also
+            made absolute), the exact ``--cfg-options`` key(s) to set (through the
+            wrappers) and the layout the dataset type expects (the ``tools/demo.py``
+            datasets only for the segmentation layouts it writes).
     """
     default_scope = cfg.get('default_scope') or 'mmseg'
     for where, key, ds, wrappers in _nodes(cfg, splits):
@@ -267,6 +270,17 @@ def check_dataset_layout(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 
                     f'ann_file={ann!r}; set with --cfg-options {key}.data_root=PATH or '
                     f'{key}.ann_file=FILE' + _where_note(key, ds, wrappers) + ').' + hint
                 )
+    for ev_key, ev in _evaluators(cfg):  # mmdet's CocoMetric reads its own ann_file
+        if ev_key.split('_')[0] not in splits:
+            continue
+        ann = ev.get('ann_file')
+        if isinstance(ann, str) and ann and '://' not in ann and not osp.exists(ann):
+            raise DatasetLayoutError(
+                f"{ev_key}: the evaluator's ann_file {ann!r} not found (looked in "
+                f'{osp.abspath(ann)!r}); set it with --cfg-options {ev_key}.ann_file=FILE '
+                '(it does not follow a new data_root: it was joined to the old one when the '
+                'config was read).'
+            )
 
 
 # ----------------------------------------------------------------------------------------
