@@ -474,3 +474,17 @@ def test_cfg_options_set_a_dict_where_the_config_has_none():
     assert nested == {'x': dict(a=[1, (2, 3)], b=dict(c=-1.5)), 'y': [1, 2]}
     with pytest.raises(argparse.ArgumentError, match=r'cannot be read as dict\(key=value'):
         parse_cfg_options(['k=dict(type=Pretrained)'])
+
+
+def test_a_top_level_data_root_option_warns_that_it_moves_no_dataset():
+    from lookhere_dense.apis.cli import check_cfg_options, load_config
+
+    cfg = load_config(SEGMENTER)
+    notes = []
+    check_cfg_options(cfg, {'data_root': '/elsewhere'}, notes.append)
+    (note,) = notes
+    assert note.startswith("--cfg-options data_root='/elsewhere' changes the config's top-level")
+    assert 'train_dataloader.dataset.data_root=PATH val_dataloader.dataset.data_root=PATH' in note
+    notes.clear()
+    check_cfg_options(cfg, {'train_dataloader.dataset.data_root': '/elsewhere'}, notes.append)
+    assert notes == []

@@ -375,6 +375,29 @@ def _one_or_more(key: str, value: Any) -> bool:
     return entry is not None and bool(value) and all(map(entry, value))
 
 
+def _warn_top_level_data_root(
+    cfg, options: Mapping[str, Any], warn: Callable[[str], None]
+) -> None:
+    """``--cfg-options data_root=PATH`` changes the top-level variable only: the datasets
+    copied its value when the config was read, so nothing moves. Say which keys do."""
+    if 'data_root' not in options or 'data_root' not in cfg.keys():
+        return
+    keys = [
+        f'{split}_dataloader.dataset.data_root'
+        for split in ('train', 'val', 'test')
+        if isinstance(cfg.get(f'{split}_dataloader'), Mapping)
+        and isinstance(cfg[f'{split}_dataloader'].get('dataset'), Mapping)
+        and 'data_root' in cfg[f'{split}_dataloader']['dataset']
+    ]
+    if keys:
+        warn(
+            f"--cfg-options data_root={options['data_root']!r} changes the config's top-level "
+            'data_root only: its datasets copied the old value when the config was read, so '
+            f'they keep it. Set {" ".join(k + "=PATH" for k in keys)} instead (the data '
+            'check names the keys of wrapped datasets).'
+        )
+
+
 def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
     """Check ``--cfg-options`` against the config they override.
 
@@ -387,12 +410,15 @@ def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
       keys are legitimate), with a warning when their section is new too; the keys of
       :data:`OPTIONAL_KEYS` are never taken for misspellings;
     * ``train_cfg.max_iters`` on a loop that counts epochs (``EpochBasedTrainLoop``, as
-      mmdet's schedules) is an error that names ``train_cfg.max_epochs``, and the reverse.
+      mmdet's schedules) is an error that names ``train_cfg.max_epochs``, and the reverse;
+    * a top-level ``data_root``, which moves no dataset (they copied it when the config was
+      read), gets a warning naming the dataset keys.
 
     Raises:
         lookhere_dense.errors.ConfigError: naming the option and the expected value.
     """
     _check_loop_length(cfg, options)
+    _warn_top_level_data_root(cfg, options, warn)
 
     for key, value in options.items():
         parts = key.split('.')
