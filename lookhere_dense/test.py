@@ -71,7 +71,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         verbose_extra='library warnings',
         memory_help='memory budget of one test pass (e.g. 8G): a whole frame whose estimated '
         'peak exceeds it is refused before it allocates, with cheaper options (default: '
-        'the memory the machine or its cgroup has left)',
+        'the memory the machine or its cgroup has left; off: no limit)',
         amp_help='the model predicts (AmpTestLoop; predictions scored and written in float32)',
     )
     args = parse_launch_args(parser, argv)

@@ -76,7 +76,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         verbose_extra='library warnings, per-class tables',
         memory_help='memory budget of one training step or validation pass (e.g. 8G, 512M): '
         'a pass whose estimated peak exceeds it is refused before it allocates (default: '
-        'the memory the machine or its cgroup has left)',
+        'the memory the machine or its cgroup has left; off: no limit)',
         amp_help='the training forward (MixedPrecisionOptimWrapper; float16 adds a dynamic '
         'loss scale)',
     )

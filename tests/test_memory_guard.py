@@ -191,6 +191,27 @@ def test_a_model_with_other_parts_says_its_estimate_covers_the_backbone_only():
         model.backbone(torch.randn(1, 3, 64, 64))
 
 
+def test_max_memory_off_refuses_nothing():
+    """``--max-memory off`` (:data:`NO_LIMIT`): the guard stays but refuses no pass, where
+    the memory left (or a budget) would."""
+    from lookhere_dense.engine.memory_guard import NO_LIMIT, available_memory, parse_memory
+    from lookhere_dense.errors import ConfigError
+    from lookhere_dense.lookhere.vit import LookHereVisionTransformer
+
+    assert parse_memory('off') == parse_memory(' None ') == NO_LIMIT
+    assert available_memory('cpu', NO_LIMIT) == (None, 'no limit (--max-memory off)')
+    with pytest.raises(ConfigError, match=r"'of' is not a size: .* or off \(no limit\)"):
+        parse_memory('of')
+    trunk = LookHereVisionTransformer(img_size=64, embed_dims=48, num_layers=1, num_heads=6)
+    trunk.eval()
+    install_memory_guard(trunk, max_memory=1)
+    with pytest.raises(MemoryBudgetError), torch.no_grad():
+        trunk(torch.randn(1, 3, 64, 64))
+    install_memory_guard(trunk, max_memory=parse_memory('off'))
+    with torch.no_grad():
+        trunk(torch.randn(1, 3, 64, 64))
+
+
 # ----------------------------------------------------------------------------------------
 # a segmentor: sliding windows and a smaller frame
 # ----------------------------------------------------------------------------------------

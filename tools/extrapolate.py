@@ -64,7 +64,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help='memory budget of one pass (e.g. 8G): a test whose estimated peak exceeds it '
         'is refused before it allocates and reported as a refused row with cheaper '
         'options; the other tests run (all refused: an error) (default: the memory the '
-        'machine or its cgroup has left)',
+        'machine or its cgroup has left; off: no limit)',
     )
     return parser.parse_args(argv)
 

@@ -173,7 +173,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         default=None,
         help='memory budget of one evaluation pass (e.g. 8G): a rung whose estimated peak '
         'exceeds it is refused before it allocates and shown as refused; the other rungs '
-        'run (default: the memory the machine or its cgroup has left)',
+        'run (default: the memory the machine or its cgroup has left; off: no limit)',
     )
     p.add_argument(
         '--iters',

@@ -122,7 +122,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help='memory budget of one pass (e.g. 8G): a frame whose estimated peak (whole, or '
         'sliding windows with the frame-sized logits) exceeds it is refused before it '
         'allocates, with cheaper options (--slide, a smaller frame, bfloat16; default: the '
-        'memory the machine or its cgroup has left)',
+        'memory the machine or its cgroup has left; off: no limit)',
     )
     add_cfg_options_arg(parser, 'model.test_cfg.mode=whole')
     add_amp_args(parser, 'the model predicts')

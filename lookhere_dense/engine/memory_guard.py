@@ -69,7 +69,8 @@ device's memory events) is used against the free device memory
 ``--max-memory 8G``) if given, else the memory the process can still take: the smaller of
 ``MemAvailable`` (``/proc/meminfo``) and the cgroup's limit minus its usage (v2
 ``memory.max`` / ``memory.current``, v1 ``memory.limit_in_bytes`` / ``usage_in_bytes``).
-A pass whose estimate is at or below the limit is never refused.
+A pass whose estimate is at or below the limit is never refused; ``--max-memory off``
+(:data:`NO_LIMIT`) refuses nothing.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ __all__ = [
     'CHUNKED_WORKSPACE',
     'FIXED_BYTES',
     'CALIBRATION_SIDE',
+    'NO_LIMIT',
 ]
 
 #: Inference activations per token, in units of ``embed_dims * itemsize`` (measured).
@@ -117,6 +119,8 @@ FIXED_BYTES = 6 * 2**20
 #: The smallest short side (px) of a detector's larger calibration frame (the smaller one
 #: is half of it; both are a quarter and an eighth of the frame's short side when larger).
 CALIBRATION_SIDE = 256
+#: What :func:`parse_memory` gives for ``--max-memory off``: no pass is refused.
+NO_LIMIT = -1
 #: Backends whose bias is dense (cached for every layer).
 DENSE_BACKENDS = ('sdpa', 'reference')
 _UNITS = {'': 1, 'b': 1, 'k': 2**10, 'm': 2**20, 'g': 2**30, 't': 2**40}
@@ -134,11 +138,14 @@ def format_size(n: float) -> str:
 
 
 def parse_memory(text: Union[str, int, float]) -> int:
-    """``'8G'``, ``'512M'``, ``'1.5GiB'``, ``'2000000000'`` (bytes) -> bytes.
+    """``'8G'``, ``'512M'``, ``'1.5GiB'``, ``'2000000000'`` (bytes) -> bytes; ``'off'``
+    -> :data:`NO_LIMIT` (nothing is refused).
 
     Raises:
         lookhere_dense.errors.ConfigError: not a positive size.
     """
+    if isinstance(text, str) and text.strip().lower() in ('off', 'none'):
+        return NO_LIMIT
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
     else:
@@ -146,7 +153,7 @@ def parse_memory(text: Union[str, int, float]) -> int:
         if not m:
             raise ConfigError(
                 f'--max-memory {text!r} is not a size: give e.g. 8G, 512M or 1.5GiB (bytes '
-                'without a unit)'
+                'without a unit), or off (no limit)'
             )
         value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if not value > 0:
@@ -281,11 +288,14 @@ def available_memory(
 
     Args:
         device: where the pass runs. Default: ``'cpu'``.
-        max_memory: the user's budget in bytes (wins when given). Default: None.
+        max_memory: the user's budget in bytes (wins when given; :data:`NO_LIMIT`: none).
+            Default: None.
 
     Returns:
-        ``(bytes or None when unknown, source)``.
+        ``(bytes or None when unknown or switched off, source)``.
     """
+    if max_memory == NO_LIMIT:
+        return None, 'no limit (--max-memory off)'
     if max_memory is not None:
         return int(max_memory), 'the --max-memory budget'
     if torch.device(device).type == 'cuda':
