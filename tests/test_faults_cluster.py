@@ -532,6 +532,38 @@ def test_the_test_infer_and_extrapolate_tools_refuse_a_frame_over_their_budget(d
     assert not glob.glob(str(tmp_path / 'o' / '*.png'))
 
 
+def test_load_from_backbone_only_weights_is_refused_instead_of_training_from_random(
+    data, tmp_path
+):
+    """mmengine's ``load_from`` of a file that shares no key with the model (backbone-only
+    weights) listed every key as missing and trained from random weights; the training
+    tools refuse it and point to the backbone's ``init_cfg``. A whole-model file loads."""
+    from tiny_seg import write_checkpoint
+
+    from lookhere_dense.errors import CheckpointError
+
+    whole = write_checkpoint(str(tmp_path / 'model.pth'), SHRINK)
+    state = torch.load(whole, weights_only=False)['state_dict']
+    backbone = {k[len('backbone.') :]: v for k, v in state.items() if k.startswith('backbone.')}
+    torch.save({'state_dict': backbone}, str(tmp_path / 'backbone.pth'))
+    opts = [*roots(data), *SHRINK, *RUN, 'train_cfg.max_iters=1']
+    with pytest.raises(
+        CheckpointError,
+        match=r"checkpoint '.*backbone\.pth' has none of the model's keys .* backbone-only "
+        r'weights \(pretrained\): give them to the backbone, model\.backbone\.init_cfg',
+    ):
+        train_model(
+            ADE_CFG,
+            work_dir=str(tmp_path / 'w'),
+            cfg_options=options(*opts, f'load_from={tmp_path / "backbone.pth"}'),
+        )
+    assert not glob.glob(str(tmp_path / 'w' / 'iter_*.pth'))
+    train_model(
+        ADE_CFG, work_dir=str(tmp_path / 'ok'), cfg_options=options(*opts, f'load_from={whole}')
+    )
+    assert osp.exists(tmp_path / 'ok' / 'iter_1.pth')
+
+
 def test_a_refused_extrapolation_test_is_a_row_and_the_other_tests_run(data, tmp_path):
     """A budget between the estimates of a 0.5x and a 3x whole frame: the 3x test is
     refused before it allocates and reported as a ``refused`` row (JSON, table, plot); the
@@ -565,7 +597,10 @@ def test_a_refused_extrapolation_test_is_a_row_and_the_other_tests_run(data, tmp
     log = '\n'.join(lines)
     assert 'whole@x3: refused before it allocated (estimated peak ' in log
     assert '| whole@x3 | - | - | refused | - | - | est. ' in log
-    assert 'refused: whole@x3: the memory guard estimated their pass above the --max-memory' in log
+    assert (
+        'refused: whole@x3: the memory guard estimated the rise of memory of their pass above'
+        in log
+    )
     with pytest.raises(MemoryBudgetError, match='the --max-memory budget is 40.0 MiB'):
         extrapolation_report(ADE_CFG, ckpt, ['whole@x3', 'whole@x4'], **dict(kwargs, name='all'))
     assert not osp.exists(str(tmp_path / 'x' / 'all.json'))

@@ -443,6 +443,9 @@ class CheckpointFitHook(Hook):
     """Refuse a checkpoint that does not fit the model, naming what differs, when the
     Runner resumes from it (and, with ``strict_load_from``, when it loads ``load_from``:
     ``tools/test.py``). mmengine loads such checkpoints non-strictly, with warnings only.
+    A training run's ``load_from`` may differ (a fine-tuning head) but must share keys
+    with the model: backbone-only weights there would load nothing and train from random
+    weights; they are refused, pointing to the backbone's ``init_cfg``.
 
     The check is :func:`lookhere_dense.lookhere.loading.load_model_weights` (shapes, keys both
     ways, the ``LookHereViT`` records, head counts), run on the checkpoint mmengine has
@@ -463,11 +466,13 @@ class CheckpointFitHook(Hook):
         self.checkpoint_num_heads = checkpoint_num_heads
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        if not (getattr(runner, '_resume', False) or self.strict_load_from):
-            return
-        from ..lookhere.loading import load_model_weights
+        from ..lookhere.loading import load_model_weights, model_state_dict_of
 
         source = getattr(runner, '_load_from', None) or 'the checkpoint'
+        if not (getattr(runner, '_resume', False) or self.strict_load_from):
+            # training's load_from may differ in the head, but must load something
+            model_state_dict_of(_unwrap(runner.model), checkpoint, source)
+            return
         load_model_weights(
             _unwrap(runner.model),
             checkpoint,

@@ -22,7 +22,7 @@ from ..validation import int_or_none
 from .vit import LookHereVisionTransformer
 from .weights import BackboneWeights, check_num_heads, file_num_heads, vit_key_hints
 
-__all__ = ['load_model_weights', 'lookhere_backbones']
+__all__ = ['load_model_weights', 'lookhere_backbones', 'model_state_dict_of']
 
 
 def lookhere_backbones(model: nn.Module) -> List[Tuple[str, LookHereVisionTransformer]]:
@@ -32,6 +32,47 @@ def lookhere_backbones(model: nn.Module) -> List[Tuple[str, LookHereVisionTransf
         for name, m in model.named_modules()
         if isinstance(m, LookHereVisionTransformer)
     ]
+
+
+def model_state_dict_of(
+    model: nn.Module, ckpt: Mapping[str, Any], path: str = 'the checkpoint'
+) -> Dict[str, Any]:
+    """The state_dict of a whole-model checkpoint (``state_dict`` of a Runner file, or the
+    file itself; a DDP wrapper's ``module.`` prefixes removed), checked to share keys with
+    ``model``: a file that shares none would load nothing (mmengine's ``load_from`` only
+    warns, listing every key).
+
+    Raises:
+        CheckpointError: no ``state_dict`` dict, or no key of ``model``; for backbone-only
+            weights (official LookHere, timm / DeiT, a converted file) the message says to
+            give them to the backbone's ``init_cfg``.
+    """
+    sd = ckpt.get('state_dict', ckpt)
+    if not isinstance(sd, Mapping):
+        raise CheckpointError(
+            f'{path!r}: "state_dict" is a {type(sd).__name__}, not a dict of weights'
+        )
+    sd = dict(sd)
+    if sd and all(k.startswith('module.') for k in sd):  # saved from a DDP wrapper
+        sd = strip_prefix(sd, 'module.')
+    own = model.state_dict()
+    if not set(sd) & set(own):
+        hint = ''
+        if (
+            'weights' in ckpt
+            and 'config' in ckpt
+            or any(k.startswith(('blocks.', 'patch_embed.')) for k in sd)
+        ):
+            hint = (
+                ' It looks like backbone-only weights (pretrained): give them to the '
+                "backbone, model.backbone.init_cfg=dict(type='Pretrained', checkpoint=...)."
+            )
+        raise CheckpointError(
+            f"checkpoint {path!r} has none of the model's keys (file: "
+            f'{listed(sorted(sd), 6)}, model: '
+            f'{listed(sorted(own), 6)}).{hint}'
+        )
+    return sd
 
 
 def load_model_weights(
@@ -71,32 +112,7 @@ def load_model_weights(
         ckpt: Mapping[str, Any] = load_checkpoint_file(path)
     else:
         path, ckpt = source or 'the checkpoint', checkpoint
-    sd = ckpt.get('state_dict', ckpt)
-    if not isinstance(sd, Mapping):
-        raise CheckpointError(
-            f'{path!r}: "state_dict" is a {type(sd).__name__}, not a dict of weights'
-        )
-    sd = dict(sd)
-    if sd and all(k.startswith('module.') for k in sd):  # saved from a DDP wrapper
-        sd = strip_prefix(sd, 'module.')
-    own = model.state_dict()
-    if not set(sd) & set(own):
-        hint = ''
-        if (
-            'weights' in ckpt
-            and 'config' in ckpt
-            or any(k.startswith(('blocks.', 'patch_embed.')) for k in sd)
-        ):
-            hint = (
-                ' It looks like backbone-only weights (pretrained): use them as '
-                "model.backbone.init_cfg=dict(type='Pretrained', checkpoint=...) and "
-                'train, instead of testing with them.'
-            )
-        raise CheckpointError(
-            f"checkpoint {path!r} has none of the model's keys (file: "
-            f'{listed(sorted(sd), 6)}, model: '
-            f'{listed(sorted(own), 6)}).{hint}'
-        )
+    sd = model_state_dict_of(model, ckpt, path)
 
     def verify_heads() -> None:
         for prefix, backbone in lookhere_backbones(model):
