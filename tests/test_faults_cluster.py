@@ -564,6 +564,32 @@ def test_load_from_backbone_only_weights_is_refused_instead_of_training_from_ran
     assert osp.exists(tmp_path / 'ok' / 'iter_1.pth')
 
 
+def test_a_new_max_iters_moves_the_lr_schedule_also_on_resume(data, tmp_path):
+    """``--cfg-options train_cfg.max_iters=N``: the schedulers written with the config's
+    length (PolyLR ``end=max_iters``) end at N, a warm-up longer than N is clipped; a run
+    resumed to train longer follows the new schedule (mmengine restored the checkpoint's
+    ``end``, so the LR stayed at its floor)."""
+    from lookhere_dense.apis.cli import load_config
+
+    cfg = load_config(ADE_CFG, {'train_cfg.max_iters': 80})
+    assert [(p['begin'], p['end']) for p in cfg.param_scheduler] == [(0, 30), (30, 80)]
+    cfg = load_config(ADE_CFG, {'train_cfg.max_iters': 4})
+    assert [(p['begin'], p['end']) for p in cfg.param_scheduler] == [(0, 4), (3, 4)]
+    cfg = load_config(ADE_CFG, {'train_cfg.max_iters': 80, 'param_scheduler': None})
+    assert cfg.param_scheduler is None  # an explicit option wins
+
+    work = str(tmp_path / 'w')
+    opts = [*roots(data), *SHRINK, *RUN, 'train_cfg.val_interval=100']
+    train_model(ADE_CFG, work_dir=work, cfg_options=options(*opts, 'train_cfg.max_iters=32'))
+    saved = torch.load(osp.join(work, 'iter_32.pth'), weights_only=False)['param_schedulers']
+    assert [(p['begin'], p['end']) for p in saved] == [(0, 30), (30, 32)]
+    train_model(
+        ADE_CFG, work_dir=work, resume='auto', cfg_options=options(*opts, 'train_cfg.max_iters=36')
+    )
+    saved = torch.load(osp.join(work, 'iter_36.pth'), weights_only=False)['param_schedulers']
+    assert [(p['begin'], p['end'], p['total_iters']) for p in saved] == [(0, 30, 29), (30, 36, 5)]
+
+
 def test_a_refused_extrapolation_test_is_a_row_and_the_other_tests_run(data, tmp_path):
     """A budget between the estimates of a 0.5x and a 3x whole frame: the 3x test is
     refused before it allocates and reported as a ``refused`` row (JSON, table, plot); the

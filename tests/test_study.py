@@ -13,6 +13,7 @@ import pytest
 from tiny_seg import study_report, write_study_reports
 
 from lookhere_dense.apis.cli import parse_cfg_options
+from lookhere_dense.engine.schedules import schedule_to
 from lookhere_dense.errors import ConfigError
 from research.datasets import fov_scenes
 from research.datasets.relational import (
@@ -40,7 +41,6 @@ from research.study.reports import (
     write_outputs,
 )
 from research.study.runs import RunOptions, run_config, run_study
-from research.study.schedules import schedule_to
 
 SMALL = RelationalSettings(num_train=12, num_val=3, train_size=(32, 32), scales=(1.0, 2.0), seed=5)
 

@@ -204,8 +204,32 @@ def load_config(path: str, cfg_options: Optional[dict] = None):
     if cfg_options:
         _open_unset_parents(cfg, cfg_options)
         check_cfg_options(cfg, cfg_options, lambda m: _log(m, logging.WARNING))
+        _schedule_follows(cfg, cfg_options)
         cfg.merge_from_dict(cfg_options)
     return cfg
+
+
+def _schedule_follows(cfg, cfg_options: Mapping[str, Any]) -> None:
+    """``train_cfg.max_iters=N``: the iteration-based LR schedulers that ended with the
+    old length end with the new one (:func:`lookhere_dense.engine.schedules.schedule_to`;
+    the config wrote their ``end`` as a number), with a note; ``param_scheduler`` options
+    given too are merged after and win."""
+    new = cfg_options.get('train_cfg.max_iters')
+    train_cfg = cfg.get('train_cfg')
+    if not is_int(new) or new < 1 or not isinstance(train_cfg, Mapping):
+        return
+    if not is_int(train_cfg.get('max_iters')) or train_cfg['max_iters'] == new:
+        return
+    from ..engine.schedules import schedule_to
+
+    old = train_cfg['max_iters']
+    changes = schedule_to(cfg, new)
+    if changes:
+        _log(
+            f'--cfg-options train_cfg.max_iters={new} (the config: {old}): the LR schedule '
+            f'follows: {"; ".join(changes)}',
+            logging.WARNING,
+        )
 
 
 def _open_unset_parents(cfg, cfg_options: Mapping[str, Any]) -> None:

@@ -53,6 +53,7 @@ from ..errors import ConfigError, TrainingDivergedError
 from .checkpointing import AtomicCheckpointHook, read_pointer
 from .memory_guard import MemoryGuardHook
 from .preemption import SignalCheckpointHook
+from .schedules import keep_config_schedule
 
 __all__ = [
     'FiniteLossHook',
@@ -301,7 +302,9 @@ class ExactResumeHook(Hook):
     Says on resume what mmengine passes over in silence: a loop with nothing left to train
     (:func:`nothing_left_to_train`; the run ends at once), and a run that trains in
     another precision than the checkpoint's (``--amp`` switched on or off; the
-    checkpoints record :func:`training_precision`).
+    checkpoints record :func:`training_precision`). A run resumed with another length
+    follows its config's LR schedule, not the checkpoint's
+    (:func:`~lookhere_dense.engine.schedules.keep_config_schedule`, with a note).
     """
 
     priority = 'VERY_HIGH'
@@ -346,6 +349,13 @@ class ExactResumeHook(Hook):
 
     # resuming ----------------------------------------------------------------------------
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        if getattr(runner, '_resume', False):
+            changes = keep_config_schedule(runner, checkpoint)
+            if changes:
+                runner.logger.warning(
+                    "resume: the LR schedule follows this run's config, not the "
+                    f"checkpoint's: {'; '.join(changes)}"
+                )
         if getattr(runner, '_resume', False) and RESUME_STATE_KEY in checkpoint:
             meta = checkpoint.get('meta') or {}
             # where the Runner resumes: mmengine's own counters in the checkpoint

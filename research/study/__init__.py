@@ -6,7 +6,8 @@ written as reports.
 * :mod:`.aids` -- extrapolation aids: ``log_n`` (test time), ``mixed_crops`` and
   ``learnable_slopes`` (training), run specs such as ``'abs+mixed_crops'`` or
   ``'lookhere+learnable_slopes'``;
-* :mod:`.schedules` -- a run's training length with its LR schedule stretched to match;
+* a run's training length with its LR schedule stretched to match:
+  :func:`lookhere_dense.engine.schedules.schedule_to` (the library's, also used by the tools);
 * :mod:`.ladders` -- the test ladders (``rendered`` / ``resize``: zoom ladders, scales
   below 1 too, and their native-aspect rows; ``fov``: whole frames vs sliding windows at
   one pixel scale), their modes, settings, data and evaluator;

@@ -34,6 +34,7 @@ from lookhere_dense.engine.memory_guard import (
     parse_memory,
     remove_memory_guard,
 )
+from lookhere_dense.engine.schedules import schedule_to
 from lookhere_dense.errors import MemoryBudgetError
 
 from ..evaluate import evaluate, evaluate_loader, refusal
@@ -50,7 +51,6 @@ from .ladders import (
     slide_window,
     study_settings,
 )
-from .schedules import schedule_to
 
 __all__ = [
     'DEFAULT_CONFIG',
@@ -88,7 +88,7 @@ class RunOptions:
 
     Attributes:
         iters: training iterations; iteration-based LR schedules are stretched to match
-            (:func:`~research.study.schedules.schedule_to`). Default: None.
+            (:func:`~lookhere_dense.engine.schedules.schedule_to`). Default: None.
         batch_size: training batch size. Default: None.
         lr: learning rate. Default: None.
         val_interval: also validate at 1x every N iterations while training. Default: None
