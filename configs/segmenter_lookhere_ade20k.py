@@ -7,7 +7,8 @@
 # Weights (mmseg's `model.pretrained` convention; it becomes the backbone's
 # init_cfg=dict(type='Pretrained', checkpoint=...)): the official LookHere ImageNet
 # checkpoint below is loaded when the file is there, and its stored LookHere config
-# decides the preset. Without the file tools/train.py warns and trains from scratch.
+# decides the preset. Without the file tools/train.py stops with an error naming it
+# (--allow-random-init: warn and train from scratch).
 #   another file:          --cfg-options model.pretrained=checkpoints/LH_90_weights_and_config.pth
 #   scratch, other preset: --cfg-options model.pretrained=None model.backbone.preset=lh90
 _base_ = [

@@ -195,6 +195,16 @@ def test_amp_refuses_another_wrapper_and_leaves_fp32_configs_alone():
         apply_amp(cfg, amp=True)
     with pytest.raises(ConfigError, match='--amp needs an optim_wrapper section'):
         apply_amp(Config(dict(model=dict())), amp=True)
+    # an AMP config switched to float32 on the command line (optim_wrapper.type=OptimWrapper
+    # cannot remove its dtype, which OptimWrapper does not take)
+    cfg = Config(
+        dict(optim_wrapper=dict(type='AmpOptimWrapper', dtype='bfloat16', optimizer=dict()))
+    )
+    cfg.merge_from_dict({'optim_wrapper.type': 'OptimWrapper'})
+    assert apply_amp(cfg) == [
+        "optim_wrapper.type=OptimWrapper trains in float32: dtype='bfloat16' dropped"
+    ]
+    assert 'dtype' not in cfg.optim_wrapper and cfg.optim_wrapper.type == 'OptimWrapper'
 
 
 def test_a_configs_amp_optim_wrapper_gets_float32_detection_heads_on_a_gpu_too(monkeypatch):

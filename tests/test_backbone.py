@@ -359,9 +359,13 @@ def test_wrong_shapes_and_missing_files_are_named(tmp_path: Path):
 
 
 def test_checkpoint_config_conflicts_with_explicit_one(official):
+    """A CheckpointError, so the tools print it as one ``error:`` line (a plain ValueError
+    was a 43-line traceback from the Runner's init_weights)."""
+    from lookhere_dense.errors import CheckpointError
+
     path, _ = official
     with pytest.raises(
-        ValueError,
+        CheckpointError,
         match=r'conflicts with the one stored.*head_directions: '
         r"'corners-none' != 'halves-none'",
     ):

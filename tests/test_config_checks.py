@@ -472,6 +472,8 @@ def test_cfg_options_set_a_dict_where_the_config_has_none():
     assert cfg.model.backbone.init_cfg == dict(type='Pretrained', checkpoint='w.pth')
     nested = parse_cfg_options(['x=dict(a=[1, (2, 3)], b=dict(c=-1.5))', 'y=[1,2]'])
     assert nested == {'x': dict(a=[1, (2, 3)], b=dict(c=-1.5)), 'y': [1, 2]}
+    hooks = parse_cfg_options(["custom_hooks=[dict(type='LookHereSlopeLoggerHook')]"])
+    assert hooks == {'custom_hooks': [dict(type='LookHereSlopeLoggerHook')]}  # was a str
     with pytest.raises(argparse.ArgumentError, match=r'cannot be read as dict\(key=value'):
         parse_cfg_options(['k=dict(type=Pretrained)'])
 
@@ -488,3 +490,37 @@ def test_a_top_level_data_root_option_warns_that_it_moves_no_dataset():
     notes.clear()
     check_cfg_options(cfg, {'train_dataloader.dataset.data_root': '/elsewhere'}, notes.append)
     assert notes == []
+
+
+def test_a_config_file_that_cannot_be_read_is_one_error_naming_it(tmp_path):
+    """A syntax error, and a child config putting a dict where its base has None (the
+    natural init_cfg of a fine-tuning config), were mmengine tracebacks."""
+    from lookhere_dense.apis.cli import load_config
+
+    bad = tmp_path / 'bad.py'
+    bad.write_text("model = dict(type='X'\n")
+    with pytest.raises(ConfigError, match=r"config '.*bad\.py' is not valid Python: .*line 1"):
+        load_config(str(bad))
+    child = tmp_path / 'child.py'
+    child.write_text(
+        f"_base_ = ['{SEGMENTER}']\n"
+        "model = dict(backbone=dict(init_cfg=dict(type='Pretrained', checkpoint='w.pth')))\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"child\.py'.*cannot inherit from base.*init_cfg=dict\(_delete_=True"
+    ):
+        load_config(str(child))
+
+
+def test_optional_keys_of_openmmlab_sections_are_not_taken_for_misspellings():
+    """``paramwise_cfg.decay_type`` (taken by the layer-decay constructors) next to the
+    config's ``decay_rate`` was refused as a misspelling of it."""
+    from lookhere_dense.apis.cli import load_config
+
+    cfg = load_config(UPERNET, {'optim_wrapper.paramwise_cfg.decay_type': 'layer_wise'})
+    assert cfg.optim_wrapper.paramwise_cfg.decay_type == 'layer_wise'
+    with pytest.raises(
+        ConfigError,
+        match=r"no 'decay_rat' in optim_wrapper.paramwise_cfg; did you mean decay_rate",
+    ):
+        load_config(UPERNET, {'optim_wrapper.paramwise_cfg.decay_rat': 0.5})

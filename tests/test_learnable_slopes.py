@@ -605,6 +605,8 @@ def trained(tmp_path_factory):
             'train_cfg.max_iters': 6,
             'train_cfg.val_interval': 6,
             'default_hooks.logger.interval': 2,
+            # the tools' LoggerHook (a subclass): the slope logger follows its interval too
+            'default_hooks.logger.type': 'ProgressLoggerHook',
             'default_hooks.checkpoint.interval': 6,
             'param_scheduler': [],
             'optim_wrapper': dict(

@@ -111,7 +111,7 @@ class CfgOptionsAction(argparse.Action):
         action = DictAction(self.option_strings, self.dest)
         for item in values or []:
             key, text = item.split('=', 1)
-            if not text.strip().startswith('dict('):
+            if 'dict(' not in text:  # dict(...) at the top or inside a list / tuple
                 action(parser, namespace, [item], option_string)
                 continue
             try:
@@ -200,7 +200,21 @@ def load_config(path: str, cfg_options: Optional[dict] = None):
     (checked first: :func:`check_cfg_options`)."""
     from mmengine.config import Config
 
-    cfg = Config.fromfile(resolve_config_path(path))
+    resolved = resolve_config_path(path)
+    try:
+        cfg = Config.fromfile(resolved)
+    except SyntaxError as err:
+        raise ConfigError(
+            f'config {resolved!r} is not valid Python: {err.msg} (line {err.lineno}: '
+            f'{(err.text or "").strip()!r})'
+        ) from None
+    except TypeError as err:
+        if 'cannot inherit from base' not in str(err):
+            raise
+        raise ConfigError(  # mmengine's merge of a child config into its _base_
+            f'config {resolved!r}: {err} (e.g. init_cfg=dict(_delete_=True, '
+            "type='Pretrained', checkpoint=...) where the base has init_cfg=None)"
+        ) from None
     if cfg_options:
         _open_unset_parents(cfg, cfg_options)
         check_cfg_options(cfg, cfg_options, lambda m: _log(m, logging.WARNING))
@@ -284,7 +298,9 @@ _MISSING = object()
 
 #: Keys that OpenMMLab sections take and configs often leave out, never taken for a
 #: misspelling of a key the config has (``optim_wrapper.dtype`` is not ``type``).
-OPTIONAL_KEYS = frozenset({'dtype', 'loss_scale', 'fp16', 'clip_grad', 'accumulative_counts'})
+OPTIONAL_KEYS = frozenset(
+    {'dtype', 'loss_scale', 'fp16', 'clip_grad', 'accumulative_counts', 'decay_type'}
+)
 
 
 def _lookup(node: Any, parts: Sequence[str]):

@@ -8,9 +8,10 @@ shaped keys are named), and progress is logged about ten times per pass."""
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Mapping, Optional
 
 from ..errors import ConfigError, ToolError
+from ..registry import type_name
 
 __all__ = ['build_test_config', 'evaluate_checkpoint', 'use_amp_test_loop']
 
@@ -143,10 +144,11 @@ def build_test_config(
             cfg.test_evaluator['output_dir'] = out
             cfg.test_evaluator['keep_results'] = True
     hooks = list(cfg.get('custom_hooks') or [])
+    present = {type_name(h) for h in hooks if isinstance(h, Mapping)}
     hooks.append(dict(type='CheckpointFitHook', strict_load_from=True))
-    if not any(str(h.get('type', '')).endswith('EvalBatchCheckHook') for h in hooks):
+    if 'EvalBatchCheckHook' not in present:
         hooks.append(dict(type='EvalBatchCheckHook'))
-    if not any(str(h.get('type', '')).endswith('MemoryGuardHook') for h in hooks):
+    if 'MemoryGuardHook' not in present:
         from ..engine.memory_guard import parse_memory
 
         budget = None if max_memory is None else parse_memory(max_memory)

@@ -44,7 +44,7 @@ import logging
 import os
 import os.path as osp
 import re
-from typing import List, Optional, Tuple
+from typing import List, Mapping, Optional, Tuple
 
 from ..errors import ConfigError, ToolError
 
@@ -254,7 +254,10 @@ def _add_memory_guard(cfg, max_memory) -> None:
     the config has one): every training step and validation pass is checked against the
     memory left (or ``max_memory``) before it allocates."""
     hooks = list(cfg.get('custom_hooks') or [])
-    if not any(str(h.get('type', '')).endswith('MemoryGuardHook') for h in hooks):
+    if not any(
+        isinstance(h, Mapping) and str(h.get('type', '')).endswith('MemoryGuardHook')
+        for h in hooks
+    ):
         hooks.append(dict(type='MemoryGuardHook', max_memory=max_memory))
     cfg.custom_hooks = hooks
 
@@ -291,7 +294,10 @@ def apply_amp(cfg, amp: bool = False, dtype: Optional[str] = None) -> List[str]:
       arguments), with a note: where mmengine's wrapper refuses (no CUDA, NPU, MLU, MUSA)
       it trains in bfloat16 autocast; elsewhere it is mmengine's wrapper with a detector's
       heads, boxes and losses in float32 (:func:`~..engine.amp.float32_detection_heads`);
-    * the dtype is checked for the machine: float16 on CPU is refused.
+    * the dtype is checked for the machine: float16 on CPU is refused;
+    * an ``OptimWrapper`` left with a mixed-precision config's ``dtype`` / ``loss_scale``
+      (switched with ``--cfg-options optim_wrapper.type=OptimWrapper``, which cannot
+      remove keys) trains in float32 without them, with a note.
 
     Args:
         cfg: the config (changed in place).
@@ -328,6 +334,17 @@ def apply_amp(cfg, amp: bool = False, dtype: Optional[str] = None) -> List[str]:
         wrapper.dtype = dtype
         if dtype == 'float16':
             wrapper.setdefault('loss_scale', 'dynamic')
+    if kind == 'OptimWrapper' and isinstance(wrapper, dict):
+        # a mixed-precision config switched to float32 (--cfg-options
+        # optim_wrapper.type=OptimWrapper, which cannot remove its dtype / loss_scale)
+        left = [k for k in ('dtype', 'loss_scale') if k in wrapper]
+        if left:
+            notes.append(
+                f'optim_wrapper.type=OptimWrapper trains in float32: '
+                f'{", ".join(f"{k}={wrapper[k]!r}" for k in left)} dropped'
+            )
+            for key in left:
+                wrapper.pop(key)
     if kind in AMP_WRAPPERS:
         amp_dtype(wrapper.get('dtype'), device_type, 'optim_wrapper.dtype')
         if kind == 'AmpOptimWrapper':

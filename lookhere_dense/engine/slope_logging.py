@@ -20,7 +20,7 @@ import json
 import os.path as osp
 from typing import Any, Dict, List, Optional, Tuple
 
-from mmengine.hooks import Hook
+from mmengine.hooks import Hook, LoggerHook
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
@@ -90,7 +90,7 @@ class LookHereSlopeLoggerHook(Hook):
             )
             return
         if self.interval is None:
-            loggers = [h for h in runner.hooks if type(h).__name__ == 'LoggerHook']
+            loggers = [h for h in runner.hooks if isinstance(h, LoggerHook)]  # ours too
             self.interval = getattr(loggers[0], 'interval', 50) if loggers else 50
         self._report(runner, 'initial', runner.iter, table=True)
 

@@ -594,7 +594,7 @@ def check_backbone_record(model: Any, state: Any) -> None:
     the tensor form hold is read too).
 
     Raises:
-        ValueError / CheckpointError: the weights come from another ``pos_encoding`` or
+        CheckpointError (a ValueError): the weights come from another ``pos_encoding`` or
             attention geometry (heads, layers, channels), or their LookHere config conflicts
             with an explicitly given ``preset`` / ``lh_config`` or does not fit the trunk,
             or the entry is no record of a LookHere ViT.
@@ -602,7 +602,7 @@ def check_backbone_record(model: Any, state: Any) -> None:
     try:
         state = decode_extra_state(state)
     except ValueError as err:
-        raise ValueError(f'LookHereViT: the loaded state_dict has {err}') from None
+        raise CheckpointError(f'LookHereViT: the loaded state_dict has {err}') from None
     for key in ('num_layers', 'embed_dims'):
         stored = state.get(key)
         if stored is not None and stored != getattr(model, key):
@@ -629,7 +629,7 @@ def check_backbone_record(model: Any, state: Any) -> None:
         )
     source = state.get('pos_encoding')
     if source is not None and source != model.pos_encoding:
-        raise ValueError(
+        raise CheckpointError(
             f'the loaded weights were trained with pos_encoding={source!r}, '
             f'but this LookHereViT has pos_encoding={model.pos_encoding!r}: '
             f'set model.backbone.pos_encoding={source!r} (or drop the '
@@ -667,13 +667,15 @@ def adopt_lh_config(model: Any, stored: Mapping[str, Any], path: str) -> None:
     try:
         ckpt_cfg = resolve_lh_config(stored)
     except ValueError as err:
-        raise ValueError(f'the LookHere config stored in {path!r} cannot be used: {err}') from None
+        raise CheckpointError(
+            f'the LookHere config stored in {path!r} cannot be used: {err}'
+        ) from None
     if model.lh_explicit:
         diff = [
             d for d in model.lh_config.differences(ckpt_cfg) if d.split(':')[0] in OFFICIAL_KEYS
         ]
         if diff:
-            raise ValueError(
+            raise CheckpointError(
                 f'the LookHere config given to LookHereViT conflicts with the '
                 f'one stored in {path!r} (given != checkpoint): '
                 + '; '.join(diff)
@@ -683,7 +685,7 @@ def adopt_lh_config(model: Any, stored: Mapping[str, Any], path: str) -> None:
     try:
         ckpt_cfg.validate(model.num_heads, model.num_layers)
     except ValueError as err:
-        raise ValueError(
+        raise CheckpointError(
             f'the LookHere config stored in {path!r} does not fit this backbone: {err}'
         ) from None
     if ckpt_cfg != model.lh_config:
