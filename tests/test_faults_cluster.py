@@ -590,6 +590,27 @@ def test_a_new_max_iters_moves_the_lr_schedule_also_on_resume(data, tmp_path):
     assert [(p['begin'], p['end'], p['total_iters']) for p in saved] == [(0, 30, 29), (30, 36, 5)]
 
 
+def test_resuming_with_another_optimizer_constructor_names_the_cause(data, tmp_path):
+    """A checkpoint of a plain AdamW run resumed with layer-wise lr decay (other parameter
+    groups) stopped in torch's optimizer with 'different number of parameter groups'."""
+    from lookhere_dense.errors import CheckpointError
+
+    work = str(tmp_path / 'w')
+    opts = [*roots(data), *SHRINK, *RUN, 'train_cfg.max_iters=2']
+    train_model(ADE_CFG, work_dir=work, cfg_options=options(*opts))
+    decay = [
+        'train_cfg.max_iters=4',
+        'optim_wrapper.constructor=LookHereLayerDecayOptimizerConstructor',
+        'optim_wrapper.paramwise_cfg.decay_rate=0.9',
+    ]
+    with pytest.raises(
+        CheckpointError,
+        match=r"--resume: the optimizer state in '.*iter_2\.pth' has another number of "
+        r'parameter groups .* another optim_wrapper constructor or paramwise_cfg',
+    ):
+        train_model(ADE_CFG, work_dir=work, resume='auto', cfg_options=options(*opts, *decay))
+
+
 def test_a_refused_extrapolation_test_is_a_row_and_the_other_tests_run(data, tmp_path):
     """A budget between the estimates of a 0.5x and a 3x whole frame: the 3x test is
     refused before it allocates and reported as a ``refused`` row (JSON, table, plot); the

@@ -46,7 +46,7 @@ import os.path as osp
 import re
 from typing import List, Mapping, Optional, Tuple
 
-from ..errors import ConfigError, ToolError
+from ..errors import CheckpointError, ConfigError, ToolError
 
 __all__ = [
     'build_train_config',
@@ -671,6 +671,17 @@ def _train(cfg, notes: List[str], verbose: bool):
                 if lost is None:
                     raise
                 raise ToolError(lost) from err
+            except ValueError as err:
+                if 'different number of parameter groups' not in str(err):
+                    raise
+                raise CheckpointError(  # torch's optimizer, loading the resumed state
+                    '--resume: the optimizer state in '
+                    f'{getattr(runner, "_load_from", None) or "the checkpoint"!r} has another '
+                    'number of parameter groups than this run builds: it was saved with '
+                    'another optim_wrapper constructor or paramwise_cfg (layer decay, '
+                    'custom_keys). Resume with the config it was trained with, or start a '
+                    'new run from its weights: --cfg-options load_from=CKPT without --resume.'
+                ) from err
             finally:  # a run that raised never reached the hook's after_train
                 release_signal_handlers(runner)
     finally:
