@@ -360,3 +360,24 @@ def test_checkpoint_tools_refuse_a_bad_split_a_missing_checkpoint_and_a_detectio
     ):
         load_segmentation_job(det, str(ckpt), 'val', None, 'robustness.py')
     assert load_segmentation_job(seg, str(ckpt), 'val', None, 'robustness.py').model
+
+
+def test_convert_refuses_a_head_count_or_destination_no_model_could_use(reference_dir, tmp_path):
+    """``--num-heads`` that does not split the width, or that the file's LookHere layout
+    does not fit, wrote a file no model could load; a folder as the destination was
+    torch's 'invalid file name' traceback."""
+    src = str(reference_dir / 'official_tiny_halves_none.pth')
+    res = run_tools(
+        [
+            ('convert_checkpoint', [src, str(tmp_path / 'a.pth'), '--num-heads', '5']),
+            ('convert_checkpoint', [src, str(tmp_path / 'b.pth'), '--num-heads', '8']),
+            ('convert_checkpoint', [src, str(tmp_path) + os.sep]),
+            ('convert_checkpoint', [src, str(tmp_path / 'ok.pth'), '--num-heads', '12']),
+        ]
+    )
+    for r in res[:3]:
+        assert r['rc'] == 2 and 'Traceback' not in r['stderr'], r['stderr'][-2000:]
+    assert 'is 96 channels wide, which does not split into 5 heads' in res[0]['stderr']
+    assert "--num-heads 8 does not fit '" in res[1]['stderr'] and 'halves-none' in res[1]['stderr']
+    assert 'is a folder: give the file to write' in res[2]['stderr']
+    assert res[3]['rc'] == 0 and sorted(os.listdir(tmp_path)) == ['ok.pth']

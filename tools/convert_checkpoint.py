@@ -24,6 +24,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -69,6 +70,34 @@ def _mmengine_installed() -> bool:
     return True
 
 
+def _check_heads(args, weights) -> None:
+    """``--num-heads`` that cannot be the source's: its width does not split into that
+    many heads, or its LookHere layout does not fit them (a file no model could load)."""
+    from lookhere_dense.errors import ToolError
+    from lookhere_dense.lookhere.config import resolve_lh_config
+
+    proj = weights.state_dict.get('patch_embed.projection.weight')
+    if proj is None:
+        proj = weights.state_dict.get('patch_embed.proj.weight')
+    width = int(proj.shape[0]) if proj is not None else None
+    if width is not None and width % args.num_heads:
+        raise ToolError(
+            f'--num-heads {args.num_heads}: {args.src!r} is {width} channels wide, which '
+            f'does not split into {args.num_heads} heads'
+        )
+    layers = 1 + max(
+        (int(k.split('.')[1]) for k in weights.state_dict if k.startswith('blocks.')),
+        default=-1,
+    )
+    if weights.lh_config is not None and layers > 0:
+        try:
+            resolve_lh_config(dict(weights.lh_config)).validate(args.num_heads, layers)
+        except ValueError as err:
+            raise ToolError(
+                f'--num-heads {args.num_heads} does not fit {args.src!r}: {err}'
+            ) from None
+
+
 def main(argv=None) -> int:
     """Convert; a file that is missing, unreadable or holds no ViT weights ends in one
     ``error:`` line (exit status 2)."""
@@ -82,6 +111,8 @@ def main(argv=None) -> int:
         save_backbone_checkpoint,
     )
 
+    if os.path.isdir(args.dst) or args.dst.endswith(os.sep):
+        raise ToolError(f'dst {args.dst!r} is a folder: give the file to write, e.g. FOLDER/x.pth')
     # a Runner checkpoint (work_dir/iter_N.pth) holds mmengine's message-hub objects: allow
     # exactly those, as register_all_modules does (torch alone without mmengine: nothing)
     compat.apply()
@@ -109,6 +140,7 @@ def main(argv=None) -> int:
                 f'{num_heads} heads: remove --num-heads'
             )
         num_heads, how = args.num_heads, 'stated by --num-heads'
+        _check_heads(args, weights)
     elif num_heads is None and weights.format == 'official':
         num_heads, how = OFFICIAL_NUM_HEADS, 'official LookHere file: the official models have 12'
     try:
