@@ -28,6 +28,7 @@ __all__ = [
     'accepted_arguments',
     'check_model_cfg',
     'check_seg_test_cfg',
+    'check_section_types',
     'seg_test_modes',
     'check_pretrained_files',
     'clear_inherited_pretrained',
@@ -551,6 +552,100 @@ def _check_det_classes(cfg: Mapping, model: Mapping) -> None:
                 f'({source}): set {", ".join(w + ".num_classes" for w, _ in heads)} to {n} '
                 "(or the dataset's metainfo.classes to the classes the heads predict)."
             )
+
+
+# ----------------------------------------------------------------------------------------
+# the types of the other sections (optimizer, schedulers, hooks, weight initialisation)
+# ----------------------------------------------------------------------------------------
+def _scope_registries(scope: str) -> Dict[str, Any]:
+    """The registries the non-model sections are built from, in ``scope``."""
+    if scope == 'mmdet':
+        from mmdet import registry
+    elif scope == 'mmseg':
+        from mmseg import registry
+    else:
+        from mmengine import registry
+    return {
+        name: getattr(registry, name)
+        for name in (
+            'OPTIM_WRAPPERS',
+            'OPTIM_WRAPPER_CONSTRUCTORS',
+            'OPTIMIZERS',
+            'PARAM_SCHEDULERS',
+            'HOOKS',
+            'WEIGHT_INITIALIZERS',
+        )
+    }
+
+
+def _section_types(cfg: Mapping) -> List[Tuple[str, Any, str]]:
+    """``(key, type name, registry)`` of the config's optimizer wrapper, its constructor
+    and optimizer, the LR / momentum schedulers, the hooks and the backbone's
+    ``init_cfg``: what mmengine builds by name (a typo was a ``KeyError`` traceback)."""
+    found: List[Tuple[str, Any, str]] = []
+    wrapper = cfg.get('optim_wrapper')
+    if isinstance(wrapper, Mapping):
+        found.append(('optim_wrapper.type', wrapper.get('type'), 'OPTIM_WRAPPERS'))
+        found.append(
+            ('optim_wrapper.constructor', wrapper.get('constructor'), 'OPTIM_WRAPPER_CONSTRUCTORS')
+        )
+        optimizer = wrapper.get('optimizer')
+        if isinstance(optimizer, Mapping):
+            found.append(('optim_wrapper.optimizer.type', optimizer.get('type'), 'OPTIMIZERS'))
+    schedulers = cfg.get('param_scheduler')
+    if isinstance(schedulers, Mapping):
+        found.append(('param_scheduler.type', schedulers.get('type'), 'PARAM_SCHEDULERS'))
+    elif isinstance(schedulers, (list, tuple)):
+        for i, sch in enumerate(schedulers):
+            if isinstance(sch, Mapping):
+                found.append((f'param_scheduler[{i}].type', sch.get('type'), 'PARAM_SCHEDULERS'))
+    for i, hook in enumerate(cfg.get('custom_hooks') or []):
+        if isinstance(hook, Mapping):
+            found.append((f'custom_hooks[{i}].type', hook.get('type'), 'HOOKS'))
+    for name, hook in (cfg.get('default_hooks') or {}).items():
+        if isinstance(hook, Mapping):
+            found.append((f'default_hooks.{name}.type', hook.get('type'), 'HOOKS'))
+    model = cfg.get('model')
+    backbone = model.get('backbone') if isinstance(model, Mapping) else None
+    init = backbone.get('init_cfg') if isinstance(backbone, Mapping) else None
+    for i, part in enumerate(init if isinstance(init, (list, tuple)) else [init]):
+        if isinstance(part, Mapping):
+            where = 'model.backbone.init_cfg' + (
+                f'[{i}]' if isinstance(init, (list, tuple)) else ''
+            )
+            found.append((f'{where}.type', part.get('type'), 'WEIGHT_INITIALIZERS'))
+    return [(k, t, r) for k, t, r in found if isinstance(t, str) and t]
+
+
+def check_section_types(cfg: Mapping) -> None:
+    """Refuse a ``type`` of the optimizer wrapper, its constructor and optimizer, a
+    scheduler, a hook or the backbone's ``init_cfg`` that the config's scope has not
+    registered, with the close names (mmengine builds them after start-up, ending in a
+    ``KeyError`` traceback).
+
+    Raises:
+        ConfigError: naming the key, the type and the close names.
+    """
+    scope = cfg.get('default_scope') or 'mmseg'
+    registries = _scope_registries(scope)
+    for key, typ, reg_name in _section_types(cfg):
+        registry = registries[reg_name]
+        if registry.get(typ) is not None:
+            continue
+        names = set(registry.module_dict)
+        if registry.parent is not None:
+            names |= set(registry.parent.module_dict)
+        close = difflib.get_close_matches(typ.split('.')[-1], sorted(names), n=3, cutoff=0.6)
+        raise ConfigError(
+            f'{key}={typ!r} is not registered in the {scope} {registry.name} registry'
+            + (f'; did you mean {" or ".join(repr(c) for c in close)}?' if close else '.')
+            + (
+                f" lookhere-dense's register when {CONFIG_IMPORT} is imported "
+                '(custom_imports; the tools register for you).'
+                if 'LookHere' in typ or 'LookHere' in ''.join(close)
+                else ''
+            )
+        )
 
 
 #: The inference modes of mmseg's ``EncoderDecoder`` (``model.test_cfg.mode``).

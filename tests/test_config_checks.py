@@ -524,3 +524,41 @@ def test_optional_keys_of_openmmlab_sections_are_not_taken_for_misspellings():
         match=r"no 'decay_rat' in optim_wrapper.paramwise_cfg; did you mean decay_rate",
     ):
         load_config(UPERNET, {'optim_wrapper.paramwise_cfg.decay_rat': 0.5})
+
+
+@pytest.mark.parametrize(
+    'key, typo, match',
+    [
+        (
+            'model.backbone.init_cfg',
+            dict(type='Pretrain', checkpoint='w.pth'),
+            r"model\.backbone\.init_cfg\.type='Pretrain' is not registered in the mmseg weight "
+            r"initializer registry; did you mean 'Pretrained'",
+        ),
+        (
+            'optim_wrapper.constructor',
+            'LookHereLayerDecayOptimizerConstructer',
+            r"optim_wrapper\.constructor='LookHereLayerDecayOptimizerConstructer' is not "
+            r"registered .*did you mean 'LookHereLayerDecayOptimizerConstructor'",
+        ),
+        (
+            'custom_hooks',
+            [dict(type='LookHereSlopeLogerHook')],
+            r"custom_hooks\[0\]\.type='LookHereSlopeLogerHook' .*'LookHereSlopeLoggerHook'",
+        ),
+        (
+            'param_scheduler',
+            [dict(type='PolyLr', by_epoch=False)],
+            r"param_scheduler\[0\]\.type='PolyLr' .*did you mean 'PolyLR'",
+        ),
+    ],
+)
+def test_a_misspelt_type_of_another_section_is_named_before_the_run(key, typo, match):
+    """Built by mmengine after start-up: a typo was a KeyError traceback (backbone types
+    already had a suggestion)."""
+    from lookhere_dense.apis.cli import load_config
+    from lookhere_dense.config_checks import check_section_types
+
+    check_section_types(load_config(SEGMENTER))
+    with pytest.raises(ConfigError, match=match):
+        check_section_types(load_config(SEGMENTER, {key: typo}))

@@ -952,7 +952,9 @@ def preflight(
 ) -> List[str]:
     """The checks run before the Runner is built.
 
-    * the model part (:func:`lookhere_dense.swap.check_model_cfg`);
+    * the model part (:func:`lookhere_dense.swap.check_model_cfg`) and the types of the
+      optimizer, schedulers, hooks and ``init_cfg``
+      (:func:`~lookhere_dense.config_checks.check_section_types`);
     * a ``model.pretrained`` inherited from a stock config that conflicts with the
       LookHereViT backbone's own weights is cleared, with a message
       (:func:`lookhere_dense.swap.clear_inherited_pretrained`);
@@ -979,6 +981,7 @@ def preflight(
     from ..config_checks import (
         check_model_cfg,
         check_pretrained_files,
+        check_section_types,
         clear_inherited_pretrained,
     )
     from ..data.checks import check_dataset_layout, check_seg_data, crop_padding_note
@@ -989,6 +992,7 @@ def preflight(
             notes.append(msg)
 
     check_model_cfg(cfg)
+    check_section_types(cfg)
     if 'train' in splits:
         check_flex_training(cfg)
     clear_inherited_pretrained(cfg, warn)
