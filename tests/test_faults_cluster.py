@@ -611,6 +611,31 @@ def test_resuming_with_another_optimizer_constructor_names_the_cause(data, tmp_p
         train_model(ADE_CFG, work_dir=work, resume='auto', cfg_options=options(*opts, *decay))
 
 
+def test_resuming_without_the_pretrained_file_is_not_refused(data, tmp_path):
+    """The pretrained file of a run, deleted before it is resumed: the resumed checkpoint
+    replaces those weights, so it resumes with a note (it was refused, naming
+    --allow-random-init, which then warned of RANDOM weights)."""
+    from tiny_seg import write_checkpoint
+
+    whole = write_checkpoint(str(tmp_path / 'model.pth'), SHRINK)
+    state = torch.load(whole, weights_only=False)['state_dict']
+    backbone = {k[len('backbone.') :]: v for k, v in state.items() if k.startswith('backbone.')}
+    pretrained = tmp_path / 'pretrained.pth'
+    torch.save({'state_dict': backbone}, str(pretrained))
+    work = str(tmp_path / 'w')
+    opts = [*roots(data), *SHRINK, *RUN, f'model.backbone.init_cfg.checkpoint={pretrained}']
+    opts.append('model.backbone.init_cfg.type=Pretrained')
+    train_model(ADE_CFG, work_dir=work, cfg_options=options(*opts, 'train_cfg.max_iters=2'))
+    pretrained.unlink()
+    runner = train_model(
+        ADE_CFG, work_dir=work, resume='auto', cfg_options=options(*opts, 'train_cfg.max_iters=4')
+    )
+    assert runner.iter == 4 and osp.exists(osp.join(work, 'iter_4.pth'))
+    log = open(glob.glob(osp.join(work, '*', '*.log'))[-1]).read()
+    assert f"pretrained file '{pretrained}' not found: not needed, the weights come from" in log
+    assert 'RANDOM' not in log
+
+
 def test_a_refused_extrapolation_test_is_a_row_and_the_other_tests_run(data, tmp_path):
     """A budget between the estimates of a 0.5x and a 3x whole frame: the 3x test is
     refused before it allocates and reported as a ``refused`` row (JSON, table, plot); the

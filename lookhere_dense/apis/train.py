@@ -456,6 +456,17 @@ def build_train_config(
             max_memory = parse_memory(max_memory)  # a bad size stops here
         _add_memory_guard(cfg, max_memory)
         _tune_logging(cfg)
+    if cfg.get('resume') and cfg.get('load_from'):
+        # the resumed checkpoint replaces the pretrained weights: a missing file is moot
+        from ..config_checks import drop_missing_pretrained
+
+        for path in drop_missing_pretrained(cfg, lambda msg: None):
+            moot = (
+                f'pretrained file {path!r} not found: not needed, the weights come from the '
+                f'resumed checkpoint {cfg.load_from!r}'
+            )
+            _warn(moot)
+            notes.append(moot)
     dropped = preflight(
         cfg,
         ('train', 'val'),
