@@ -340,6 +340,34 @@ def test_timm_weights_without_layerscale_need_init_values_none(tmp_path: Path):
     assert isinstance(model.blocks[0].ls1, torch.nn.Identity)
 
 
+def test_init_cfg_prefix_picks_the_tensors_under_it(tmp_path: Path):
+    """``prefix`` (mmengine's ``Pretrained`` key) was accepted and ignored: a distillation
+    run's ``student.backbone.*`` was refused, ``prefix='decode_head.'`` loaded the
+    backbone anyway."""
+    from lookhere_dense.errors import CheckpointError
+
+    source = tiny()
+    torch.nn.init.normal_(source.cls_token)
+    path = tmp_path / 'distill.pth'
+    state = {f'student.backbone.{k}': v for k, v in source.state_dict().items()}
+    state.update(
+        {f'teacher.backbone.{k}': torch.zeros_like(v) for k, v in source.state_dict().items()}
+    )
+    state['decode_head.conv_seg.weight'] = torch.zeros(2, 96, 1, 1)
+    torch.save({'state_dict': state}, path)
+    model = tiny(
+        init_cfg=dict(type='Pretrained', checkpoint=str(path), prefix='student.backbone.')
+    )
+    assert torch.equal(model.cls_token, source.cls_token)
+    with pytest.raises(
+        CheckpointError,
+        match=r"prefix='head\.': no tensor of .*distill\.pth' has a key starting with it",
+    ):
+        tiny(init_cfg=dict(type='Pretrained', checkpoint=str(path), prefix='head.'))
+    with pytest.raises(ValueError, match='no ViT backbone weights'):
+        tiny(init_cfg=dict(type='Pretrained', checkpoint=str(path), prefix='decode_head.'))
+
+
 def test_wrong_shapes_and_missing_files_are_named(tmp_path: Path):
     other = LookHereViT(embed_dims=48, num_layers=3, num_heads=12)
     path = tmp_path / 'small.pth'

@@ -198,6 +198,37 @@ def _check_norm_cfg(norm_cfg: Any, embed_dims: int) -> None:
         raise ConfigError(f'LookHereViT norm_cfg={norm_cfg!r}: {problem}; accepted: {accepted}')
 
 
+def _with_prefix(checkpoint: Any, prefix: str, path: Any) -> Dict[str, Any]:
+    """``init_cfg``'s ``prefix`` (as mmengine's ``Pretrained``): the checkpoint's tensors
+    whose keys start with ``prefix``, the prefix removed (``student.backbone.`` of a
+    distillation run, ``backbone.`` of a segmentor).
+
+    Raises:
+        CheckpointError: no key starts with ``prefix`` (naming some keys of the file).
+    """
+    from lookhere_dense.checkpoint import listed, load_checkpoint_file
+    from lookhere_dense.errors import CheckpointError
+
+    ckpt = checkpoint if isinstance(checkpoint, Mapping) else load_checkpoint_file(path)
+    weights = next((ckpt[k] for k in ('state_dict', 'weights', 'model') if k in ckpt), ckpt)
+    picked = {
+        k[len(prefix) :]: v
+        for k, v in (weights.items() if isinstance(weights, Mapping) else ())
+        if isinstance(k, str) and k.startswith(prefix)
+    }
+    if not picked:
+        keys = (
+            sorted(k for k in weights if isinstance(k, str))
+            if isinstance(weights, Mapping)
+            else []
+        )
+        raise CheckpointError(
+            f'LookHereViT init_cfg prefix={prefix!r}: no tensor of {str(path)!r} has a key '
+            f'starting with it (its keys: {listed(keys, 6)})'
+        )
+    return {'state_dict': picked}
+
+
 @register_model()
 class LookHereViT(LookHereVisionTransformer, BaseModule):
     """Plain ViT backbone with LookHere directed-attention position encoding (OpenMMLab).
@@ -220,8 +251,11 @@ class LookHereViT(LookHereVisionTransformer, BaseModule):
         pretrained (str, optional): deprecated, use ``init_cfg``. Default: None.
         init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH)`` loads
             official LookHere, timm / DeiT-III or lookhere-dense weights in
-            :meth:`init_weights` (keys ``checkpoint``, ``strict``, and
-            ``checkpoint_num_heads`` for files that do not record their head count; see
+            :meth:`init_weights` (keys ``checkpoint``, ``strict``, ``prefix`` -- only the
+            tensors whose keys start with it, the prefix removed, as mmengine's
+            ``Pretrained`` -- ``map_location`` (accepted; the weights are read on the CPU
+            and moved with the model), and ``checkpoint_num_heads`` for files that do not
+            record their head count; see
             :func:`lookhere_dense.lookhere.weights.load_backbone_weights`); other
             ``init_cfg`` types are mmengine's. Default: None (the official random
             initialisation).
@@ -294,6 +328,8 @@ class LookHereViT(LookHereVisionTransformer, BaseModule):
                 checkpoint = CheckpointLoader.load_checkpoint(
                     path, map_location='cpu', logger='silent'
                 )
+            if cfg.get('prefix'):
+                checkpoint = _with_prefix(checkpoint, cfg['prefix'], path)
             self.load_pretrained(
                 checkpoint,
                 strict=cfg.get('strict', True),
