@@ -29,6 +29,7 @@ __all__ = [
     'check_model_cfg',
     'check_seg_test_cfg',
     'check_section_types',
+    'check_loop_values',
     'seg_test_modes',
     'check_pretrained_files',
     'clear_inherited_pretrained',
@@ -646,6 +647,32 @@ def check_section_types(cfg: Mapping) -> None:
                 else ''
             )
         )
+
+
+def check_loop_values(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'test')) -> None:
+    """Refuse a dataloader ``batch_size`` of the ``splits`` below 1 and a negative (or
+    non-numeric) learning rate (torch's sampler and optimizer refused them after
+    start-up, in tracebacks).
+
+    Raises:
+        ConfigError: naming the key and the value.
+    """
+    for split in splits:
+        loader = cfg.get(f'{split}_dataloader')
+        size = loader.get('batch_size') if isinstance(loader, Mapping) else None
+        if size is not None and not (is_int(size) and size >= 1):
+            raise ConfigError(
+                f'{split}_dataloader.batch_size={size!r}: images per batch must be a whole '
+                'number >= 1'
+            )
+    wrapper = cfg.get('optim_wrapper')
+    optimizer = wrapper.get('optimizer') if isinstance(wrapper, Mapping) else None
+    lr = optimizer.get('lr') if isinstance(optimizer, Mapping) else None
+    if 'train' in splits and lr is not None:
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr >= 0:
+            raise ConfigError(
+                f'optim_wrapper.optimizer.lr={lr!r}: the learning rate must be a number >= 0'
+            )
 
 
 #: The inference modes of mmseg's ``EncoderDecoder`` (``model.test_cfg.mode``).

@@ -562,3 +562,16 @@ def test_a_misspelt_type_of_another_section_is_named_before_the_run(key, typo, m
     check_section_types(load_config(SEGMENTER))
     with pytest.raises(ConfigError, match=match):
         check_section_types(load_config(SEGMENTER, {key: typo}))
+
+
+def test_a_batch_size_below_one_or_a_negative_lr_is_named():
+    from lookhere_dense.apis.cli import load_config
+    from lookhere_dense.config_checks import check_loop_values
+
+    check_loop_values(load_config(SEGMENTER))
+    with pytest.raises(ConfigError, match=r'train_dataloader\.batch_size=0: images per batch'):
+        check_loop_values(load_config(SEGMENTER, {'train_dataloader.batch_size': 0}))
+    with pytest.raises(ConfigError, match=r'optim_wrapper\.optimizer\.lr=-1: the learning rate'):
+        check_loop_values(load_config(SEGMENTER, {'optim_wrapper.optimizer.lr': -1}))
+    # a test run does not read the training settings
+    check_loop_values(load_config(SEGMENTER, {'optim_wrapper.optimizer.lr': -1}), ('test',))

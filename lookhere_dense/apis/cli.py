@@ -954,7 +954,8 @@ def preflight(
 
     * the model part (:func:`lookhere_dense.swap.check_model_cfg`) and the types of the
       optimizer, schedulers, hooks and ``init_cfg``
-      (:func:`~lookhere_dense.config_checks.check_section_types`);
+      (:func:`~lookhere_dense.config_checks.check_section_types`), batch sizes and the
+      learning rate (:func:`~lookhere_dense.config_checks.check_loop_values`);
     * a ``model.pretrained`` inherited from a stock config that conflicts with the
       LookHereViT backbone's own weights is cleared, with a message
       (:func:`lookhere_dense.swap.clear_inherited_pretrained`);
@@ -979,6 +980,7 @@ def preflight(
         lookhere_dense.errors.ConfigError, lookhere_dense.errors.DataCheckError.
     """
     from ..config_checks import (
+        check_loop_values,
         check_model_cfg,
         check_pretrained_files,
         check_section_types,
@@ -993,6 +995,7 @@ def preflight(
 
     check_model_cfg(cfg)
     check_section_types(cfg)
+    check_loop_values(cfg, splits)
     if 'train' in splits:
         check_flex_training(cfg)
     clear_inherited_pretrained(cfg, warn)
