@@ -582,35 +582,36 @@ def _scope_registries(scope: str) -> Dict[str, Any]:
 def _section_types(cfg: Mapping) -> List[Tuple[str, Any, str]]:
     """``(key, type name, registry)`` of the config's optimizer wrapper, its constructor
     and optimizer, the LR / momentum schedulers, the hooks and the backbone's
-    ``init_cfg``: what mmengine builds by name (a typo was a ``KeyError`` traceback)."""
+    ``init_cfg``: what mmengine builds by name (a typo was a ``KeyError`` traceback); an
+    entry with its own ``_scope_`` is left to that scope's registry."""
     found: List[Tuple[str, Any, str]] = []
     wrapper = cfg.get('optim_wrapper')
-    if isinstance(wrapper, Mapping):
+    if isinstance(wrapper, Mapping) and '_scope_' not in wrapper:
         found.append(('optim_wrapper.type', wrapper.get('type'), 'OPTIM_WRAPPERS'))
         found.append(
             ('optim_wrapper.constructor', wrapper.get('constructor'), 'OPTIM_WRAPPER_CONSTRUCTORS')
         )
         optimizer = wrapper.get('optimizer')
-        if isinstance(optimizer, Mapping):
+        if isinstance(optimizer, Mapping) and '_scope_' not in optimizer:
             found.append(('optim_wrapper.optimizer.type', optimizer.get('type'), 'OPTIMIZERS'))
     schedulers = cfg.get('param_scheduler')
-    if isinstance(schedulers, Mapping):
+    if isinstance(schedulers, Mapping) and '_scope_' not in schedulers:
         found.append(('param_scheduler.type', schedulers.get('type'), 'PARAM_SCHEDULERS'))
     elif isinstance(schedulers, (list, tuple)):
         for i, sch in enumerate(schedulers):
-            if isinstance(sch, Mapping):
+            if isinstance(sch, Mapping) and '_scope_' not in sch:
                 found.append((f'param_scheduler[{i}].type', sch.get('type'), 'PARAM_SCHEDULERS'))
     for i, hook in enumerate(cfg.get('custom_hooks') or []):
-        if isinstance(hook, Mapping):
+        if isinstance(hook, Mapping) and '_scope_' not in hook:
             found.append((f'custom_hooks[{i}].type', hook.get('type'), 'HOOKS'))
     for name, hook in (cfg.get('default_hooks') or {}).items():
-        if isinstance(hook, Mapping):
+        if isinstance(hook, Mapping) and '_scope_' not in hook:
             found.append((f'default_hooks.{name}.type', hook.get('type'), 'HOOKS'))
     model = cfg.get('model')
     backbone = model.get('backbone') if isinstance(model, Mapping) else None
     init = backbone.get('init_cfg') if isinstance(backbone, Mapping) else None
     for i, part in enumerate(init if isinstance(init, (list, tuple)) else [init]):
-        if isinstance(part, Mapping):
+        if isinstance(part, Mapping) and '_scope_' not in part:
             where = 'model.backbone.init_cfg' + (
                 f'[{i}]' if isinstance(init, (list, tuple)) else ''
             )

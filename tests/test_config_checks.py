@@ -461,8 +461,10 @@ def test_cfg_options_set_a_dict_where_the_config_has_none():
     whole = parse_cfg_options(
         ["model.backbone.init_cfg=dict(type='Pretrained', checkpoint='w.pth', prefix=None)"]
     )
-    assert whole == {
-        'model.backbone.init_cfg': dict(type='Pretrained', checkpoint='w.pth', prefix=None)
+    assert whole == {  # given whole, it replaces the config's entry
+        'model.backbone.init_cfg': dict(
+            type='Pretrained', checkpoint='w.pth', prefix=None, _delete_=True
+        )
     }
     assert load_config(SEGMENTER).model.backbone.init_cfg is None
     cfg = load_config(SEGMENTER, whole)
@@ -471,7 +473,20 @@ def test_cfg_options_set_a_dict_where_the_config_has_none():
     cfg = load_config(SEGMENTER, parse_cfg_options(keys))
     assert cfg.model.backbone.init_cfg == dict(type='Pretrained', checkpoint='w.pth')
     nested = parse_cfg_options(['x=dict(a=[1, (2, 3)], b=dict(c=-1.5))', 'y=[1,2]'])
-    assert nested == {'x': dict(a=[1, (2, 3)], b=dict(c=-1.5)), 'y': [1, 2]}
+    assert nested == {'x': dict(a=[1, (2, 3)], b=dict(c=-1.5), _delete_=True), 'y': [1, 2]}
+    # replaced, not merged into the config's dict (its checkpoint would have stayed)
+    cfg = load_config(UPERNET, parse_cfg_options(["model.backbone.init_cfg=dict(type='Kaiming')"]))
+    assert cfg.model.backbone.init_cfg == dict(type='Kaiming')
+    # values that only contain the letters: mmengine's reading
+    paths = parse_cfg_options(['work_dir=runs/predict(v2)', 'load_from=/c/predict(old).pth'])
+    assert paths == {'work_dir': 'runs/predict(v2)', 'load_from': '/c/predict(old).pth'}
+    # a key alone below an init_cfg=None: Pretrained with a checkpoint, else its type asked
+    cfg = load_config(SEGMENTER, {'model.backbone.init_cfg.checkpoint': 'w.pth'})
+    assert cfg.model.backbone.init_cfg == dict(type='Pretrained', checkpoint='w.pth')
+    with pytest.raises(
+        ConfigError, match=r'init_cfg\.strict: the config has .*init_cfg=None.*type'
+    ):
+        load_config(SEGMENTER, {'model.backbone.init_cfg.strict': False})
     hooks = parse_cfg_options(["custom_hooks=[dict(type='LookHereSlopeLoggerHook')]"])
     assert hooks == {'custom_hooks': [dict(type='LookHereSlopeLoggerHook')]}  # was a str
     with pytest.raises(argparse.ArgumentError, match=r'cannot be read as dict\(key=value'):
@@ -499,8 +514,12 @@ def test_a_config_file_that_cannot_be_read_is_one_error_naming_it(tmp_path):
 
     bad = tmp_path / 'bad.py'
     bad.write_text("model = dict(type='X'\n")
-    with pytest.raises(ConfigError, match=r"config '.*bad\.py' is not valid Python: .*line 1"):
+    with pytest.raises(ConfigError, match=r"config '.*bad\.py' .*is not valid Python: .*line 1"):
         load_config(str(bad))
+    on_bad = tmp_path / 'on_bad.py'
+    on_bad.write_text(f"_base_ = ['{bad}']\n")
+    with pytest.raises(ConfigError, match=r'on_bad\.py.* \(or one of its _base_ files\)'):
+        load_config(str(on_bad))
     child = tmp_path / 'child.py'
     child.write_text(
         f"_base_ = ['{SEGMENTER}']\n"
@@ -575,3 +594,36 @@ def test_a_batch_size_below_one_or_a_negative_lr_is_named():
         check_loop_values(load_config(SEGMENTER, {'optim_wrapper.optimizer.lr': -1}))
     # a test run does not read the training settings
     check_loop_values(load_config(SEGMENTER, {'optim_wrapper.optimizer.lr': -1}), ('test',))
+
+
+def test_a_longer_run_scales_multistep_milestones_and_one_cycle_steps():
+    """MultiStepLR counts absolute steps and OneCycleLR refuses to step past total_steps:
+    both follow a new max_iters (the milestones kept the old length's)."""
+    from mmengine.config import Config
+
+    from lookhere_dense.engine.schedules import schedule_to
+
+    cfg = Config(
+        dict(
+            train_cfg=dict(max_iters=1000),
+            param_scheduler=[
+                dict(type='MultiStepLR', by_epoch=False, begin=0, end=1000, milestones=[800, 900]),
+                dict(type='OneCycleLR', by_epoch=False, eta_max=0.1, total_steps=1000, end=1000),
+                dict(type='PolyLR', by_epoch=False),
+            ],
+        )
+    )
+    notes = schedule_to(cfg, 100)
+    assert cfg.param_scheduler[0].milestones == [80, 90]
+    assert cfg.param_scheduler[1].total_steps == 100 and cfg.param_scheduler[2].end == 100
+    assert (
+        'milestones [800, 900] -> [80, 90]' in notes[0] and 'end 100 (was the length)' in notes[2]
+    )
+
+
+def test_an_entry_with_its_own_scope_is_left_to_that_scope():
+    from lookhere_dense.apis.cli import load_config
+    from lookhere_dense.config_checks import check_section_types
+
+    hooks = [dict(type='DetVisualizationHook', _scope_='mmdet')]
+    check_section_types(load_config(SEGMENTER, {'custom_hooks': hooks}))

@@ -588,6 +588,9 @@ def test_a_new_max_iters_moves_the_lr_schedule_also_on_resume(data, tmp_path):
     )
     saved = torch.load(osp.join(work, 'iter_36.pth'), weights_only=False)['param_schedulers']
     assert [(p['begin'], p['end'], p['total_iters']) for p in saved] == [(0, 30, 29), (30, 36, 5)]
+    # resumed after its end: the note says the LR stays where the schedule ended
+    log = open(sorted(glob.glob(osp.join(work, '*', '*.log')))[-1]).read()
+    assert 'param_scheduler[1] PolyLR: end 32 -> 36 (it had ended at step 32' in log
 
 
 def test_resuming_with_another_optimizer_constructor_names_the_cause(data, tmp_path):

@@ -210,6 +210,13 @@ def test_max_memory_off_refuses_nothing():
     install_memory_guard(trunk, max_memory=parse_memory('off'))
     with torch.no_grad():
         trunk(torch.randn(1, 3, 64, 64))
+    # the tools' way: parsed, then handed to MemoryGuardHook, which parses it again
+    from lookhere_dense.apis.train import build_train_config
+    from lookhere_dense.engine.memory_guard import MemoryGuardHook
+
+    cfg, _ = build_train_config(ADE_CFG, max_memory='off', check_data=False)
+    (hook,) = [h for h in cfg.custom_hooks if h['type'] == 'MemoryGuardHook']
+    assert MemoryGuardHook(hook['max_memory']).max_memory == NO_LIMIT
 
 
 # ----------------------------------------------------------------------------------------

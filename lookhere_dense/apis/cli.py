@@ -16,7 +16,18 @@ import os.path as osp
 import re
 import sys
 import warnings
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 from ..errors import USER_ERRORS, ConfigError
 from ..validation import close_names, is_int, is_number
@@ -91,12 +102,19 @@ def _literal_with_dicts(text: str) -> Any:
     return value(ast.parse(text.strip(), mode='eval').body)
 
 
+#: ``dict(`` as an element of a list / tuple value (``[dict(type='X')]``), where a
+#: bracket, parenthesis or comma comes before it
+_DICT_IN_LIST = re.compile(r'[\[(,]\s*dict\(')
+
+
 class CfgOptionsAction(argparse.Action):
     """``--cfg-options KEY=VALUE ...``: mmengine's ``DictAction`` (values parsed as
     numbers, bools, None, lists and tuples), imported when the option is used, with an
     argparse error naming an item that is not ``KEY=VALUE``; a value written as a config
     file writes a dict, ``dict(type='Pretrained', checkpoint='w.pth')``, is read as one
-    (mmengine's parser recursed on it until Python gave up)."""
+    (mmengine's parser recursed on it until Python gave up) and replaces the config's
+    entry (``_delete_=True``), as in a config file that writes it whole; so are dicts in a
+    list (``custom_hooks=[dict(type=...)]``)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         bad = [v for v in values or [] if '=' not in v or not v.split('=', 1)[0].strip()]
@@ -111,18 +129,24 @@ class CfgOptionsAction(argparse.Action):
         action = DictAction(self.option_strings, self.dest)
         for item in values or []:
             key, text = item.split('=', 1)
-            if 'dict(' not in text:  # dict(...) at the top or inside a list / tuple
+            starts = text.strip().startswith('dict(')
+            if not starts and not _DICT_IN_LIST.search(text):  # a plain value (a path...)
                 action(parser, namespace, [item], option_string)
                 continue
             try:
                 parsed = _literal_with_dicts(text)
             except (ValueError, SyntaxError, TypeError):
+                if not starts:  # e.g. a path with '[dict(' in it: mmengine's reading
+                    action(parser, namespace, [item], option_string)
+                    continue
                 raise argparse.ArgumentError(
                     self,
                     f'{item!r}: the value cannot be read as dict(key=value, ...) with quoted '
                     f"strings (e.g. {key}=\"dict(type='Pretrained', checkpoint='w.pth')\"); "
                     'or set its keys one by one',
                 ) from None
+            if isinstance(parsed, dict):  # a dict given whole replaces the config's
+                parsed = dict(parsed, _delete_=True)
             options = dict(getattr(namespace, self.dest, None) or {})
             options[key] = parsed
             setattr(namespace, self.dest, options)
@@ -204,8 +228,11 @@ def load_config(path: str, cfg_options: Optional[dict] = None):
     try:
         cfg = Config.fromfile(resolved)
     except SyntaxError as err:
+        where = err.filename if err.filename and err.filename != '<unknown>' else None
         raise ConfigError(
-            f'config {resolved!r} is not valid Python: {err.msg} (line {err.lineno}: '
+            f'config {where or resolved!r}'
+            + ('' if where else ' (or one of its _base_ files)')
+            + f' is not valid Python: {err.msg} (line {err.lineno}: '
             f'{(err.text or "").strip()!r})'
         ) from None
     except TypeError as err:
@@ -216,11 +243,37 @@ def load_config(path: str, cfg_options: Optional[dict] = None):
             "type='Pretrained', checkpoint=...) where the base has init_cfg=None)"
         ) from None
     if cfg_options:
-        _open_unset_parents(cfg, cfg_options)
+        opened = _open_unset_parents(cfg, cfg_options)
         check_cfg_options(cfg, cfg_options, lambda m: _log(m, logging.WARNING))
         _schedule_follows(cfg, cfg_options)
         cfg.merge_from_dict(cfg_options)
+        _typed_if_built(cfg, opened)
     return cfg
+
+
+def _typed_if_built(cfg, opened: Sequence[Tuple[str, ...]]) -> None:
+    """An ``init_cfg`` or ``default_hooks`` entry that :func:`_open_unset_parents` made
+    from keys without a ``type`` (mmengine would fail on it after start-up, ``KeyError:
+    'type'``): an ``init_cfg`` with a ``checkpoint`` is ``Pretrained``; anything else is
+    refused, asking for the type."""
+    for parts in opened:
+        node: Any = cfg
+        for part in parts:
+            node = node.get(part) if hasattr(node, 'get') else None
+        built = parts[-1] == 'init_cfg' or (len(parts) == 2 and parts[0] == 'default_hooks')
+        if not built or not isinstance(node, Mapping) or 'type' in node:
+            continue
+        key = '.'.join(parts)
+        if parts[-1] == 'init_cfg' and 'checkpoint' in node:
+            node['type'] = 'Pretrained'
+            _log(
+                f"--cfg-options {key}.checkpoint: {key}.type='Pretrained' (the config had {key}=None)"
+            )
+            continue
+        raise ConfigError(
+            f'--cfg-options {key}.{next(iter(node), "...")}: the config has {key}=None, so '
+            f'there is nothing to change; give its type too ({key}.type=...)'
+        )
 
 
 def _schedule_follows(cfg, cfg_options: Mapping[str, Any]) -> None:
@@ -246,12 +299,14 @@ def _schedule_follows(cfg, cfg_options: Mapping[str, Any]) -> None:
         )
 
 
-def _open_unset_parents(cfg, cfg_options: Mapping[str, Any]) -> None:
+def _open_unset_parents(cfg, cfg_options: Mapping[str, Any]) -> List[Tuple[str, ...]]:
     """A key set below an entry the config leaves ``None`` (``init_cfg=None`` and
     ``model.backbone.init_cfg.checkpoint=PATH``), or a dict given for it, makes that entry
-    a dict, where mmengine's merge would refuse to put a dict in place of ``None``."""
+    a dict, where mmengine's merge would refuse to put a dict in place of ``None``;
+    returns the key paths so opened (checked by :func:`_typed_if_built`)."""
     from mmengine.config import ConfigDict
 
+    opened: List[Tuple[str, ...]] = []
     for key, value in cfg_options.items():
         node: Any = cfg  # a Config (not a Mapping, but read and written like one)
         parts = key.split('.')
@@ -261,7 +316,9 @@ def _open_unset_parents(cfg, cfg_options: Mapping[str, Any]) -> None:
             last = i == len(parts) - 1
             if node[part] is None and (not last or isinstance(value, Mapping)):
                 node[part] = ConfigDict()
+                opened.append(tuple(parts[: i + 1]))
             node = node[part]
+    return opened
 
 
 def load_segmentation_job(

@@ -144,8 +144,8 @@ def parse_memory(text: Union[str, int, float]) -> int:
     Raises:
         lookhere_dense.errors.ConfigError: not a positive size.
     """
-    if isinstance(text, str) and text.strip().lower() in ('off', 'none'):
-        return NO_LIMIT
+    if isinstance(text, str) and text.strip().lower() in ('off', 'none') or text == NO_LIMIT:
+        return NO_LIMIT  # (also NO_LIMIT itself, parsed again by MemoryGuardHook)
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
     else:

@@ -23,8 +23,9 @@ __all__ = ['schedule_to', 'keep_config_schedule', 'PROGRESS_KEYS']
 
 def schedule_to(cfg: Any, iters: int) -> List[str]:
     """Set the train loop of ``cfg`` to ``iters`` (in place) and clip / stretch its
-    iteration-based schedulers: a scheduler that ran to the old end now runs to ``iters``,
-    none runs past it (epoch-based ones are left alone).
+    iteration-based schedulers: a scheduler that ran to the old end now runs to ``iters``
+    (its ``T_max`` / ``total_steps`` with it, a ``MultiStepLR``'s milestones scaled by
+    ``iters / old``), none runs past it (epoch-based ones are left alone).
 
     Returns:
         One line per scheduler changed (``param_scheduler[1] PolyLR: end 160000 -> 80``).
@@ -39,20 +40,27 @@ def schedule_to(cfg: Any, iters: int) -> List[str]:
     schedulers = cfg.get('param_scheduler') or []
     single = isinstance(schedulers, dict)
     changes = []
+    keys = ('begin', 'end', 'T_max', 'total_steps', 'milestones')
     for i, sch in enumerate([schedulers] if single else schedulers):
         if sch.get('by_epoch', True):
             continue
-        before = {k: sch.get(k) for k in ('begin', 'end', 'T_max')}
+        before = {k: sch.get(k) for k in keys}
         end = sch.get('end', old)
-        sch['end'] = iters if end >= old else min(end, iters)
+        stretched = end >= old
+        sch['end'] = iters if stretched else min(end, iters)
         sch['begin'] = min(sch.get('begin', 0), sch['end'] - 1)
         if 'T_max' in sch:
             sch['T_max'] = sch['end'] - sch['begin']
+        if 'total_steps' in sch:  # OneCycleLR: it refuses to step past them
+            sch['total_steps'] = sch['end'] - sch['begin']
+        if isinstance(sch.get('milestones'), (list, tuple)):  # MultiStepLR: absolute steps
+            scale = iters / old if stretched else 1.0
+            sch['milestones'] = [min(iters, max(1, round(m * scale))) for m in sch['milestones']]
         moved = [
             f'{k} {before[k]} -> {sch[k]}'
-            for k in ('begin', 'end', 'T_max')
-            if k in sch and before[k] is not None and before[k] != sch[k]
-        ]
+            for k in keys
+            if k in sch and before[k] != sch[k] and not (k == 'end' and before[k] is None)
+        ] + ([f'end {sch["end"]} (was the length)'] if before['end'] is None else [])
         if moved:
             where = 'param_scheduler' if single else f'param_scheduler[{i}]'
             changes.append(f'{where} {sch.get("type")}: {", ".join(moved)}')
@@ -98,6 +106,17 @@ def keep_config_schedule(runner: Any, checkpoint: Dict[str, Any]) -> List[str]:
             )
             continue
         old = state['end']
+        ended = state.get('_global_step', 0) >= old
         state.update({k: v for k, v in own.items() if k not in PROGRESS_KEYS})
-        changes.append(f'{name}: end {old} -> {own["end"]}')
+        changes.append(
+            f'{name}: end {old} -> {own["end"]}'
+            + (
+                f" (it had ended at step {old}, and mmengine's schedulers step from their "
+                'last value: the extra steps stay at its final value; for a fresh schedule '
+                'start a new run from the checkpoint, --cfg-options load_from=CKPT without '
+                '--resume)'
+                if ended
+                else ''
+            )
+        )
     return changes

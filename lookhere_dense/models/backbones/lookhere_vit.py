@@ -209,6 +209,8 @@ def _with_prefix(checkpoint: Any, prefix: str, path: Any) -> Dict[str, Any]:
     from lookhere_dense.checkpoint import listed, load_checkpoint_file
     from lookhere_dense.errors import CheckpointError
 
+    if not prefix.endswith('.'):
+        prefix += '.'  # as mmengine's Pretrained: 'backbone' is 'backbone.'
     ckpt = checkpoint if isinstance(checkpoint, Mapping) else load_checkpoint_file(path)
     weights = next((ckpt[k] for k in ('state_dict', 'weights', 'model') if k in ckpt), ckpt)
     picked = {
