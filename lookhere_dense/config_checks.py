@@ -257,7 +257,7 @@ def _lookhere_checks(model: Mapping, registry: Any = None) -> None:
     if isinstance(model.get('neck'), Mapping):
         _check_neck(model['neck'], embed_dims, n_out, outs)
         if registry is not None:
-            _check_det_pyramid(model, embed_dims, n_out, outs, registry)
+            _check_det_pyramid(model, registry)
         return  # the neck decides what the heads see
     for where, head in heads:
         idx = head.get('in_index', -1)
@@ -281,8 +281,8 @@ def _lookhere_checks(model: Mapping, registry: Any = None) -> None:
 def _check_neck(neck: Mapping, embed_dims: int, n_out: int, outs: Any) -> None:
     """A neck that cannot read the ``LookHereViT`` outputs, refused before the model is
     built (else: at the first forward, after start-up): ``SimpleFPN`` (its
-    ``in_channels`` / ``backbone_channel`` and ``in_index``) and mmseg's
-    ``MultiLevelNeck`` (one ``in_channels`` entry per backbone output)."""
+    ``in_channels`` / ``backbone_channel`` and ``in_index``), mmseg's ``MultiLevelNeck``
+    and an ``FPN`` (one ``in_channels`` entry per backbone output)."""
     typ = type_name(neck)
     key = 'backbone_channel' if neck.get('backbone_channel') is not None else 'in_channels'
     chans = neck.get(key)
@@ -298,7 +298,7 @@ def _check_neck(neck: Mapping, embed_dims: int, n_out: int, outs: Any) -> None:
                 f'model.neck.in_index={idx} but the backbone gives {n_out} output(s) '
                 f'(out_indices={outs}): set model.neck.in_index to one of 0..{n_out - 1}.'
             )
-    elif typ == 'MultiLevelNeck' and isinstance(chans, (list, tuple)):
+    elif typ in ('MultiLevelNeck', 'FPN') and isinstance(chans, (list, tuple)):
         if len(chans) != n_out:
             raise ConfigError(
                 f'model.neck.in_channels={list(chans)} lists {len(chans)} map(s) but the '
@@ -431,28 +431,13 @@ def _head_strides(model: Mapping) -> List[Tuple[str, List[float]]]:
     return found
 
 
-def _check_det_pyramid(model: Mapping, embed_dims: int, n_out: int, outs: Any, registry) -> None:
+def _check_det_pyramid(model: Mapping, registry: Any) -> None:
     """mmdet: the neck's strides against the heads' (a mismatch trains anchors and RoIs on
-    the wrong levels without an error), mmdet's ``FPN`` inputs against the backbone's
-    outputs, and the heads' channels against the neck's."""
+    the wrong levels without an error) and the heads' channels against the neck's."""
     neck = model.get('neck')
     if not isinstance(neck, Mapping):
         return
     patch = model['backbone'].get('patch_size', 16)
-    if type_name(neck) == 'FPN':
-        chans = neck.get('in_channels')
-        if isinstance(chans, (list, tuple)):
-            if len(chans) != n_out:
-                raise ConfigError(
-                    f'model.neck.in_channels={list(chans)} lists {len(chans)} map(s) but the '
-                    f'backbone gives {n_out} (out_indices={outs}): one entry per backbone '
-                    'output.'
-                )
-            if any(c != embed_dims for c in chans):
-                raise ConfigError(
-                    f'model.neck.in_channels={list(chans)} but LookHereViT gives '
-                    f'{embed_dims}-channel maps (model.backbone.embed_dims): make them equal.'
-                )
     if is_int(patch):
         found = neck_strides(neck, patch, registry)
         if found is not None:

@@ -446,6 +446,21 @@ def test_mixed_crops_aid_rewrites_the_run_config(repo_root, tmp_path):
 
 
 # -- a shrunk field-of-view study through the real Runner --------------------------------------
+def _tiny_fov(data) -> dict:
+    """The ``--cfg-options`` of a tiny field-of-view study on generated scenes in ``data``
+    (4 training and 2 validation scenes at 1x and 2x, a one-block trunk)."""
+    return parse_cfg_options(
+        [
+            f'train_dataloader.dataset.data_root={data}',
+            f'val_dataloader.dataset.data_root={data}',
+            'fov_scenes.num_train=4',
+            'fov_scenes.num_val=2',
+            'fov_scenes.scales=(1,2)',
+            'model.backbone.num_layers=1',
+        ]
+    )
+
+
 def test_shrunk_fov_study_end_to_end(tmp_path):
     data, out = tmp_path / 'data', tmp_path / 'out'
     report = run_study(
@@ -456,16 +471,7 @@ def test_shrunk_fov_study_end_to_end(tmp_path):
         options=RunOptions(iters=2, batch_size=2),
         scales=[1, 2],
         work_dir=str(tmp_path / 'work'),
-        cfg_options=parse_cfg_options(
-            [
-                f'train_dataloader.dataset.data_root={data}',
-                f'val_dataloader.dataset.data_root={data}',
-                'fov_scenes.num_train=4',
-                'fov_scenes.num_val=2',
-                'fov_scenes.scales=(1,2)',
-                'model.backbone.num_layers=1',
-            ]
-        ),
+        cfg_options=_tiny_fov(data),
     )
     write_outputs(report, str(out), 'fov')
     settings = report['settings']
@@ -515,16 +521,7 @@ def test_a_rung_over_the_memory_budget_is_refused_and_the_others_run(tmp_path):
         scales=[1, 2],
         work_dir=str(tmp_path / 'work'),
         max_memory='8M',
-        cfg_options=parse_cfg_options(
-            [
-                f'train_dataloader.dataset.data_root={data}',
-                f'val_dataloader.dataset.data_root={data}',
-                'fov_scenes.num_train=4',
-                'fov_scenes.num_val=2',
-                'fov_scenes.scales=(1,2)',
-                'model.backbone.num_layers=1',
-            ]
-        ),
+        cfg_options=_tiny_fov(data),
     )
     write_outputs(report, str(out), 'fov')
     (run,) = report['runs']
