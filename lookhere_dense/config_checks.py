@@ -70,15 +70,26 @@ def _parts(model: Mapping) -> List[Tuple[str, Mapping]]:
     parts = [(f'model.{k}', model.get(k)) for k in ('backbone', 'neck')]
     parts += _heads(model)
     parts += [(f'model.{k}', model.get(k)) for k in ('rpn_head', 'bbox_head', 'roi_head')]
-    roi = model.get('roi_head')
-    if isinstance(roi, Mapping):
-        for key in ('bbox_roi_extractor', 'bbox_head', 'mask_roi_extractor', 'mask_head'):
-            node = roi.get(key)
-            if isinstance(node, (list, tuple)):
-                parts += [(f'model.roi_head.{key}[{i}]', n) for i, n in enumerate(node)]
-            else:
-                parts.append((f'model.roi_head.{key}', node))
+    parts += _roi_parts(
+        model, ('bbox_roi_extractor', 'bbox_head', 'mask_roi_extractor', 'mask_head')
+    )
     return [(where, node) for where, node in parts if isinstance(node, Mapping)]
+
+
+def _roi_parts(model: Mapping, keys: Sequence[str]) -> List[Tuple[str, Any]]:
+    """``(key, config)`` of the RoI head's ``keys`` (a dict each, or a list of them in
+    cascades: ``model.roi_head.bbox_head[1]``); absent ones are left out."""
+    roi = model.get('roi_head')
+    if not isinstance(roi, Mapping):
+        return []
+    found: List[Tuple[str, Any]] = []
+    for key in keys:
+        node = roi.get(key)
+        if isinstance(node, (list, tuple)):
+            found += [(f'model.roi_head.{key}[{i}]', n) for i, n in enumerate(node)]
+        elif node is not None:
+            found.append((f'model.roi_head.{key}', node))
+    return found
 
 
 def _calls_super_init(node: ast.AST, owner: str) -> bool:
@@ -421,13 +432,8 @@ def _head_strides(model: Mapping) -> List[Tuple[str, List[float]]]:
             for gen in ('anchor_generator', 'prior_generator'):
                 add(f'model.{head}.{gen}', node.get(gen), 'strides')
             add(f'model.{head}', node, 'strides')
-    roi = model.get('roi_head')
-    if isinstance(roi, Mapping):
-        for ext in ('bbox_roi_extractor', 'mask_roi_extractor'):
-            nodes = roi.get(ext)
-            for i, node in enumerate(nodes if isinstance(nodes, (list, tuple)) else [nodes]):
-                suffix = f'[{i}]' if isinstance(nodes, (list, tuple)) else ''
-                add(f'model.roi_head.{ext}{suffix}', node, 'featmap_strides')
+    for where, node in _roi_parts(model, ('bbox_roi_extractor', 'mask_roi_extractor')):
+        add(where, node, 'featmap_strides')
     return found
 
 
@@ -513,17 +519,8 @@ def _check_det_classes(cfg: Mapping, model: Mapping) -> None:
         return
     if any(w in type_name(model) for w in ('Grounding', 'GLIP')):
         return
-    heads: List[Tuple[str, Any]] = []
-    if isinstance(model.get('bbox_head'), Mapping):
-        heads.append(('model.bbox_head', model['bbox_head']))
-    roi = model.get('roi_head')
-    if isinstance(roi, Mapping):
-        for key in ('bbox_head', 'mask_head'):
-            node = roi.get(key)
-            nodes = node if isinstance(node, (list, tuple)) else [node]
-            for i, h in enumerate(nodes):
-                suffix = f'[{i}]' if isinstance(node, (list, tuple)) else ''
-                heads.append((f'model.roi_head.{key}{suffix}', h))
+    heads = [('model.bbox_head', model.get('bbox_head'))]
+    heads += _roi_parts(model, ('bbox_head', 'mask_head'))
     heads = [(w, h) for w, h in heads if isinstance(h, Mapping) and is_int(h.get('num_classes'))]
     if not heads:
         return
@@ -569,39 +566,44 @@ def _section_types(cfg: Mapping) -> List[Tuple[str, Any, str]]:
     and optimizer, the LR / momentum schedulers, the hooks and the backbone's
     ``init_cfg``: what mmengine builds by name (a typo was a ``KeyError`` traceback); an
     entry with its own ``_scope_`` is left to that scope's registry."""
-    found: List[Tuple[str, Any, str]] = []
+
+    def each(where: str, value: Any) -> List[Tuple[str, Any]]:  # one entry, or a list
+        if isinstance(value, (list, tuple)):
+            return [(f'{where}[{i}]', v) for i, v in enumerate(value)]
+        return [(where, value)]
+
     wrapper = cfg.get('optim_wrapper')
-    if isinstance(wrapper, Mapping) and '_scope_' not in wrapper:
-        found.append(('optim_wrapper.type', wrapper.get('type'), 'OPTIM_WRAPPERS'))
-        found.append(
-            ('optim_wrapper.constructor', wrapper.get('constructor'), 'OPTIM_WRAPPER_CONSTRUCTORS')
-        )
-        optimizer = wrapper.get('optimizer')
-        if isinstance(optimizer, Mapping) and '_scope_' not in optimizer:
-            found.append(('optim_wrapper.optimizer.type', optimizer.get('type'), 'OPTIMIZERS'))
-    schedulers = cfg.get('param_scheduler')
-    if isinstance(schedulers, Mapping) and '_scope_' not in schedulers:
-        found.append(('param_scheduler.type', schedulers.get('type'), 'PARAM_SCHEDULERS'))
-    elif isinstance(schedulers, (list, tuple)):
-        for i, sch in enumerate(schedulers):
-            if isinstance(sch, Mapping) and '_scope_' not in sch:
-                found.append((f'param_scheduler[{i}].type', sch.get('type'), 'PARAM_SCHEDULERS'))
-    for i, hook in enumerate(cfg.get('custom_hooks') or []):
-        if isinstance(hook, Mapping) and '_scope_' not in hook:
-            found.append((f'custom_hooks[{i}].type', hook.get('type'), 'HOOKS'))
-    for name, hook in (cfg.get('default_hooks') or {}).items():
-        if isinstance(hook, Mapping) and '_scope_' not in hook:
-            found.append((f'default_hooks.{name}.type', hook.get('type'), 'HOOKS'))
+    optimizer = wrapper.get('optimizer') if isinstance(wrapper, Mapping) else None
     model = cfg.get('model')
     backbone = model.get('backbone') if isinstance(model, Mapping) else None
     init = backbone.get('init_cfg') if isinstance(backbone, Mapping) else None
-    for i, part in enumerate(init if isinstance(init, (list, tuple)) else [init]):
-        if isinstance(part, Mapping) and '_scope_' not in part:
-            where = 'model.backbone.init_cfg' + (
-                f'[{i}]' if isinstance(init, (list, tuple)) else ''
-            )
-            found.append((f'{where}.type', part.get('type'), 'WEIGHT_INITIALIZERS'))
-    return [(k, t, r) for k, t, r in found if isinstance(t, str) and t]
+    # (where, entry, the entry's key that names the type, registry)
+    entries: List[Tuple[str, Any, str, str]] = [
+        ('optim_wrapper', wrapper, 'type', 'OPTIM_WRAPPERS'),
+        ('optim_wrapper', wrapper, 'constructor', 'OPTIM_WRAPPER_CONSTRUCTORS'),
+        ('optim_wrapper.optimizer', optimizer, 'type', 'OPTIMIZERS'),
+    ]
+    entries += [
+        (w, s, 'type', 'PARAM_SCHEDULERS')
+        for w, s in each('param_scheduler', cfg.get('param_scheduler'))
+    ]
+    entries += [(w, h, 'type', 'HOOKS') for w, h in each('custom_hooks', cfg.get('custom_hooks'))]
+    entries += [
+        (f'default_hooks.{name}', hook, 'type', 'HOOKS')
+        for name, hook in (cfg.get('default_hooks') or {}).items()
+    ]
+    entries += [
+        (w, part, 'type', 'WEIGHT_INITIALIZERS')
+        for w, part in each('model.backbone.init_cfg', init)
+    ]
+    return [
+        (f'{where}.{field}', node[field], registry)
+        for where, node, field, registry in entries
+        if isinstance(node, Mapping)
+        and '_scope_' not in node
+        and isinstance(node.get(field), str)
+        and node[field]
+    ]
 
 
 def check_section_types(cfg: Mapping) -> None:

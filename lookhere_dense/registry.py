@@ -14,7 +14,7 @@ Nothing else in the package registers as a side effect of being imported for its
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Mapping, Set
 
 __all__ = [
     'register_all_modules',
@@ -23,6 +23,7 @@ __all__ = [
     'CONFIG_IMPORT',
     'OPENMMLAB_PACKAGES',
     'type_name',
+    'type_names',
 ]
 
 #: the module a config names in ``custom_imports``: importing it registers everything
@@ -51,6 +52,12 @@ def type_name(node: Any) -> str:
     ``'SimpleFPN'``, ``'mmseg.SomeHead'`` or the class itself (new-style configs)."""
     typ = node.get('type')
     return typ.__name__ if isinstance(typ, type) else str(typ).split('.')[-1]
+
+
+def type_names(nodes: Any) -> Set[str]:
+    """:func:`type_name` of every registry config in ``nodes`` (a list such as
+    ``custom_hooks``; entries that are not dicts are left out)."""
+    return {type_name(n) for n in nodes or () if isinstance(n, Mapping)}
 
 
 #: The packages the OpenMMLab parts import (the ``[openmmlab]`` extras; mmcv by module name).

@@ -8,10 +8,10 @@ shaped keys are named), and progress is logged about ten times per pass."""
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional
+from typing import Optional
 
 from ..errors import ConfigError, ToolError
-from ..registry import type_name
+from ..registry import type_names
 
 __all__ = ['build_test_config', 'evaluate_checkpoint', 'use_amp_test_loop']
 
@@ -144,7 +144,7 @@ def build_test_config(
             cfg.test_evaluator['output_dir'] = out
             cfg.test_evaluator['keep_results'] = True
     hooks = list(cfg.get('custom_hooks') or [])
-    present = {type_name(h) for h in hooks if isinstance(h, Mapping)}
+    present = type_names(hooks)
     hooks.append(dict(type='CheckpointFitHook', strict_load_from=True))
     if 'EvalBatchCheckHook' not in present:
         hooks.append(dict(type='EvalBatchCheckHook'))

@@ -44,9 +44,10 @@ import logging
 import os
 import os.path as osp
 import re
-from typing import List, Mapping, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from ..errors import CheckpointError, ConfigError, ToolError
+from ..registry import type_names
 
 __all__ = [
     'build_train_config',
@@ -233,7 +234,7 @@ def _add_hooks(cfg) -> None:
     """:data:`TRAIN_HOOKS`, and :data:`SLOPE_HOOK` when the backbone learns its slopes,
     unless the config has them already."""
     hooks = list(cfg.get('custom_hooks') or [])
-    present = {str(h.get('type', '')).split('.')[-1] for h in hooks if isinstance(h, dict)}
+    present = type_names(hooks)
     wanted = TRAIN_HOOKS + ((SLOPE_HOOK,) if learns_slopes(cfg) else ())
     hooks += [dict(type=name) for name in wanted if name not in present]
     cfg.custom_hooks = hooks
@@ -254,10 +255,7 @@ def _add_memory_guard(cfg, max_memory) -> None:
     the config has one): every training step and validation pass is checked against the
     memory left (or ``max_memory``) before it allocates."""
     hooks = list(cfg.get('custom_hooks') or [])
-    if not any(
-        isinstance(h, Mapping) and str(h.get('type', '')).endswith('MemoryGuardHook')
-        for h in hooks
-    ):
+    if 'MemoryGuardHook' not in type_names(hooks):
         hooks.append(dict(type='MemoryGuardHook', max_memory=max_memory))
     cfg.custom_hooks = hooks
 
