@@ -59,6 +59,14 @@
 #include <type_traits>
 #include <vector>
 
+// The AVX-512 build has the native bfloat16 code (section "Native bfloat16 products"); it
+// runs only where the CPU has AVX512-BF16 (checked at run time, native_bf16_available()).
+#if defined(CPU_CAPABILITY_AVX512) && (defined(__GNUC__) || defined(__clang__))
+#define LH_NATIVE_BF16 1
+#include <immintrin.h>
+#define LH_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#endif
+
 namespace {
 
 template <typename T>
@@ -251,6 +259,30 @@ inline T exp_sum(T* s, int n, T m) {
   return sum;
 }
 
+#ifdef LH_NATIVE_BF16
+// exp_store for bfloat16 P with the CPU's own rounding: VCVTNE2PS2BF16 (round to nearest
+// even, as at::vec's conversion, in one instruction per 32 values instead of ~8 per 16;
+// probabilities below 2^-126 become 0). Only where the native products run (AVX512-BF16).
+LH_BF16 float exp_store_bf16(const float* s, c10::BFloat16* p, int n, float m) {
+  const Vec<float> vm(m);
+  Vec<float> vsum(0.f);
+  int j = 0;
+  for (; j + 32 <= n; j += 32) {
+    const Vec<float> x0 = (Vec<float>::loadu(s + j) - vm).exp_u20();
+    const Vec<float> x1 = (Vec<float>::loadu(s + j + 16) - vm).exp_u20();
+    vsum = vsum + x0;
+    vsum = vsum + x1;
+    _mm512_storeu_si512((void*)(p + j), (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
+  }
+  if (j < n) {  // 16 left (n is a multiple of 16)
+    const Vec<float> x0 = (Vec<float>::loadu(s + j) - vm).exp_u20();
+    vsum = vsum + x0;
+    _mm256_storeu_si256((__m256i*)(p + j), (__m256i)_mm512_cvtneps_pbh(x0));
+  }
+  return _mm512_reduce_add_ps(vsum);
+}
+#endif
+
 // p[0..n) = exp(s - m) rounded to P's type (p may be s); returns the sum of the unrounded
 // values (m finite). n is a multiple of V. With a reduced P (the bfloat16 products' operand)
 // this is the pass that rounds it: the float32 probabilities are never stored.
@@ -258,6 +290,10 @@ template <typename T, typename P>
 inline T exp_store(T* s, P* p, int n, T m) {
   if constexpr (std::is_same_v<P, T>) {
     return exp_sum<T>(s, n, m);
+#ifdef LH_NATIVE_BF16
+  } else if constexpr (std::is_same_v<P, c10::BFloat16>) {
+    return exp_store_bf16(s, p, n, m);  // the native products' path: the CPU has AVX512-BF16
+#endif
   } else {
     static_assert(std::is_same_v<T, float>, "reduced probabilities from float32 scores");
     constexpr int V = Vec<T>::size();
@@ -473,11 +509,7 @@ void pack_head(const IT* src, int64_t ld, const Tiles& tl, int d, int dp, T* row
 //   - row *pairs* ``[rows / 2][n][2]`` of P, dS, Q, dO (P^T dO, dS^T Q: sum over query rows).
 // Scores, bias, softmax, the log-sum-exp and every accumulator stay float32; P and dS are
 // rounded to bfloat16 once, as operands of the products (as flash attention does on GPUs).
-#if defined(CPU_CAPABILITY_AVX512) && (defined(__GNUC__) || defined(__clang__))
-#define LH_NATIVE_BF16 1
-#include <immintrin.h>
-#define LH_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-#endif
+// (LH_NATIVE_BF16 / LH_BF16: defined at the top, with the includes.)
 
 using bf16 = c10::BFloat16;
 
@@ -727,18 +759,21 @@ namespace brg = at::native::cpublas;
 // Whether brgemm takes bfloat16 operands in the VNNI layout here: the AVX-512 build (its
 // slots are padded to 16, a whole key panel) on a CPU with AVX512-BF16 (the operands are
 // rounded with its instructions, as for the native products; every CPU with AMX has it)
-// and three small products, one of each kind of call the kernels make, compared exactly
+// and four small products, one of each kind of call the kernels make, compared exactly
 // with the float32 sums (quarters of small integers: exact in both). On a CPU with AMX
 // they run on its tiles, so a layout or shape the tiles take otherwise turns the brgemm
 // products off there instead of giving wrong results.
 bool brgemm_bf16_available() {
   static const bool ok = [] {
     if (Vec<float>::size() != 16 || !native_bf16_available()) return false;
-    // the kernels' kinds of call: a score panel (N 16, K dp), a P V block (ldb > N, ldc > N,
-    // added to C), a transposed dV / dK block (N > 64, ldb > N, odd M, K not a multiple
-    // of 32); {M, N, K, lda, ldb, ldc, add_C}
-    const int shapes[3][7] = {
-        {7, 16, 64, 64, 16, 16, 0}, {5, 32, 34, 40, 48, 56, 1}, {17, 80, 18, 20, 96, 112, 1}};
+    // the kernels' kinds of call: a score panel (N 16, K dp), a block of scores from keys
+    // across all slots (ldb > N, N = ldc), a P V block (ldb > N, ldc > N, added to C), a
+    // transposed dV / dK block (N > 64, ldb > N, odd M, K not a multiple of 32);
+    // {M, N, K, lda, ldb, ldc, add_C}
+    const int shapes[4][7] = {{7, 16, 64, 64, 16, 16, 0},
+                              {13, 48, 64, 64, 80, 48, 0},
+                              {5, 32, 34, 40, 48, 56, 1},
+                              {17, 80, 18, 20, 96, 112, 1}};
     try {
       for (const auto& sh : shapes) {
         const int M = sh[0], N = sh[1], K = sh[2], lda = sh[3], ldb = sh[4], ldc = sh[5];
@@ -773,12 +808,29 @@ bool brgemm_bf16_available() {
 // attention uses it).
 bool amx_bf16_available() { return brg::could_pack(at::kBFloat16); }
 
-// C (n x ns, ldc) = A (n x dp bfloat16 rows, lda) * B^T, B as panels of 16 slots.
-void qk_brgemm(const bf16* A, int lda, int n, int dp, const bf16* Bp, int ns, float* C,
-               int ldc) {
-  for (int p = 0; p < ns / 16; ++p)
-    brg::brgemm(n, 16, dp, lda, 16, ldc, false, A, Bp + (int64_t)p * dp * 16, C + p * 16,
-                true);
+// One head's keys (or values) in the VNNI layout brgemm takes as B of a product summed over
+// channels, across all slots: ``[dp / 2][slots][2]`` (slot s, channel c at
+// ``((c / 2) * slots + s) * 2 + c % 2``), so that any block of slots s0 .. s0 + ns is one B
+// (from ``dst + 2 * s0``, ldb = slots) and its scores one brgemm call. (Panels of 16 slots
+// took one call per panel: a kernel lookup per 16 scores per row block, and A re-read for
+// each, which on AMX cost more than the tiles' products.) Padding is never written.
+void pack_head_vnni(const bf16* src, int64_t ld, const Tiles& tl, int d, bf16* dst) {
+  const int64_t pair_row = 2 * (int64_t)tl.slots;
+  auto put = [&](const bf16* x, int s) {
+    bf16* p = dst + 2 * (int64_t)s;
+    for (int c = 0; c < d; ++c) p[(c / 2) * pair_row + (c & 1)] = x[c];
+  };
+  for (int j = 0; j < tl.J; ++j) put(src + j * ld, j);
+  for (int t = 0; t < tl.n; ++t)
+    for (int i = 0; i < tl.size(t); ++i)
+      put(src + (int64_t)(tl.J + tl.order[tl.start[t] + i]) * ld, tl.slot[t] + i);
+}
+
+// C (n x ns, ldc) = A (n x dp bfloat16 rows, lda) * B^T for the slots s0 .. s0 + ns of B in
+// the VNNI layout of pack_head_vnni (``slots`` slots in all): one brgemm call.
+void qk_brgemm(const bf16* A, int lda, int n, int dp, const bf16* Bv, int slots, int s0,
+               int ns, float* C, int ldc) {
+  brg::brgemm(n, ns, dp, lda, slots, ldc, false, A, Bv + 2 * (int64_t)s0, C, true);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -913,8 +965,9 @@ struct FloatProducts {
   static void pack_values(const IT* src, int64_t ld, const Tiles& tl, int d, int dp, KT* dst) {
     pack_head<IT, T>(src, ld, tl, d, dp, dst, nullptr);
   }
-  static void scores(const KT* q, int nq, int dp, const KT* k, int ns, T* s) {
-    gemm_panels<T>(q, nq, dp, k, ns, s, ns);
+  // S (nq x ns) = Q K^T for the key slots s0 .. s0 + ns of a head's packed keys kh
+  static void scores(const KT* q, int nq, int dp, const KT* kh, int, int s0, int ns, T* s) {
+    gemm_panels<T>(q, nq, dp, kh + (int64_t)s0 * dp, ns, s, ns);
   }
   static void accumulate(const T* p, int nq, int ns, const KT* v, int dp, T* acc) {
     gemm_rows<T>(p, ns, nq, ns, v, dp, acc, T(1));
@@ -932,8 +985,9 @@ struct NativeBf16Products {
                           bf16* dst) {
     pack_head_bf16(src, ld, tl, d, dp, dst, nullptr);
   }
-  static void scores(const bf16* q, int nq, int dp, const bf16* k, int ns, float* s) {
-    qk_bf16(q, dp, nq, dp, k, ns, s, ns);
+  static void scores(const bf16* q, int nq, int dp, const bf16* kh, int, int s0, int ns,
+                     float* s) {
+    qk_bf16(q, dp, nq, dp, kh + (int64_t)s0 * dp, ns, s, ns);
   }
   static void accumulate(const bf16* p, int nq, int ns, const bf16* v, int dp, float* acc) {
     av_bf16(p, ns, nq, ns, v, dp, acc, 1.f);
@@ -941,10 +995,15 @@ struct NativeBf16Products {
   static void release() {}
 };
 
-// The same operands and roundings through brgemm (keys as panels, values as slot pairs).
+// The same operands and roundings through brgemm (keys in the VNNI layout across all
+// slots, values as slot pairs).
 struct BrgemmBf16Products : NativeBf16Products {
-  static void scores(const bf16* q, int nq, int dp, const bf16* k, int ns, float* s) {
-    qk_brgemm(q, dp, nq, dp, k, ns, s, ns);
+  static void pack_keys(const bf16* src, int64_t ld, const Tiles& tl, int d, int, bf16* dst) {
+    pack_head_vnni(src, ld, tl, d, dst);
+  }
+  static void scores(const bf16* q, int nq, int dp, const bf16* kh, int slots, int s0, int ns,
+                     float* s) {
+    qk_brgemm(q, dp, nq, dp, kh, slots, s0, ns, s, ns);
   }
   static void accumulate(const bf16* p, int nq, int ns, const bf16* v, int dp, float* acc) {
     brg::brgemm(nq, dp, ns, ns, dp, dp, true, p, v, acc, true);
@@ -1022,7 +1081,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           T* s = sb.data();
           PT* p;
           if constexpr (kRoundsP) p = pb.data(); else p = s;
-          Products::scores(qb.data(), nq, dp, kh + (int64_t)blk.s0 * dp, ns, s);
+          Products::scores(qb.data(), nq, dp, kh, tl.slots, blk.s0, ns, s);
           online_softmax_block<T, PT>(s, p, nq, ns, tl, blk, table_h, key_h, qy.data(),
                                       qx.data(), scale, mrow.data(), lrow.data(),
                                       alpha.data());
@@ -1186,9 +1245,13 @@ struct BrgemmBf16Backward : NativeBf16Backward {
       : NativeBf16Backward(per, max_tile, dp, width), ldt(round_up(max_tile, 2)),
         qT((size_t)dp * ldt, bf16(0.f)), doT((size_t)dp * ldt, bf16(0.f)), dkT(per), dvT(per),
         tmp((size_t)max_tile * dp) {}
+  // keys as slot pairs (B of dS K) and, in kpan / vpan, keys and values in the VNNI layout
+  // across all slots (B of Q K^T, dO V^T: one call per block)
   void pack(const bf16* kh, int64_t kld, const bf16* vh, int64_t vld, const Tiles& tl, int d,
             int dp) {
-    NativeBf16Backward::pack(kh, kld, vh, vld, tl, d, dp);
+    pack_head_bf16(kh, kld, tl, d, dp, kpair.data(), nullptr);
+    pack_head_vnni(kh, kld, tl, d, kpan.data());
+    pack_head_vnni(vh, vld, tl, d, vpan.data());
     slots = tl.slots;
     std::fill(dkT.begin(), dkT.end(), 0.f);
     std::fill(dvT.begin(), dvT.end(), 0.f);
@@ -1206,7 +1269,7 @@ struct BrgemmBf16Backward : NativeBf16Backward {
     for (int c = 0; c < d; ++c) qT[(int64_t)c * ldt + nq] = doT[(int64_t)c * ldt + nq] = bf16(0.f);
   }
   void scores(int nq, int dp, int64_t off, int ns, float* s) {
-    qk_brgemm(qb.data(), dp, nq, dp, kpan.data() + off, ns, s, ns);
+    qk_brgemm(qb.data(), dp, nq, dp, kpan.data(), slots, (int)(off / dp), ns, s, ns);
   }
   void dv(const float* p, int nq, int ns, int dp, int64_t off, float*) {
     to_row_pairs_bf16(p, ns, nq, ns, ppair.data());
@@ -1214,7 +1277,7 @@ struct BrgemmBf16Backward : NativeBf16Backward {
                 dvT.data() + off / dp, true);
   }
   void dprob(int nq, int dp, int64_t off, int ns, float* dprob) {
-    qk_brgemm(dob.data(), dp, nq, dp, vpan.data() + off, ns, dprob, ns);
+    qk_brgemm(dob.data(), dp, nq, dp, vpan.data(), slots, (int)(off / dp), ns, dprob, ns);
   }
   void dq_dk(const float* ds, int nq, int ns, int dp, int64_t off, float* dqb, float*,
              float scale) {
