@@ -241,6 +241,33 @@ inline Vec<T> vexp(const Vec<T>& x) {
   }
 }
 
+#ifdef LH_NATIVE_BF16
+// exp(s - m) for 16 float32 scores (m finite), for the bfloat16 P of the native products:
+// 2^t with t = (s - m) log2(e) (one FMA, off = -m log2(e)), t = k + f (k integer,
+// |f| <= 1/2), 2^f by its degree-6 Taylor polynomial
+// (relative error < 2e-7; at::vec's exp_u20 is documented at 20 ULP), 2^k by VSCALEFPS.
+// Lanes with t < -126 (-inf scores: masked keys, padding; results below float32's smallest
+// normal) give exactly 0, so no denormal or underflow is ever made: each costs a microcode
+// assist (a version that clamped t at -160 instead and let VSCALEFPS underflow was slower
+// than exp_u20; this one is ~20 % faster on one ViT-B bf16 layer, docs/performance.md).
+// NaN stays NaN (an unordered compare keeps the lane; VMAXPS returns its second operand).
+// 13 instructions for 16 values. (The float32 paths keep exp_u20: no faster with this one.)
+inline __m512 exp_minus_avx512(const float* s, __m512 l2e, __m512 off) {
+  const __m512 t0 = _mm512_fmadd_ps(_mm512_loadu_ps(s), l2e, off);
+  const __mmask16 keep = _mm512_cmp_ps_mask(t0, _mm512_set1_ps(-126.f), _CMP_NLT_UQ);
+  const __m512 t = _mm512_max_ps(_mm512_set1_ps(-126.f), t0);
+  const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, k);
+  __m512 q = _mm512_fmadd_ps(_mm512_set1_ps(1.5403530e-4f), f, _mm512_set1_ps(1.3333558e-3f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(9.6181291e-3f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(5.5504109e-2f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(2.4022651e-1f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(6.9314718e-1f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(1.f));
+  return _mm512_maskz_scalef_ps(keep, q, k);
+}
+#endif
+
 // s[0..n) = exp(s - m); returns the sum (m finite). n is a multiple of V.
 template <typename T>
 inline T exp_sum(T* s, int n, T m) {
@@ -260,26 +287,24 @@ inline T exp_sum(T* s, int n, T m) {
 }
 
 #ifdef LH_NATIVE_BF16
-// exp_store for bfloat16 P with the CPU's own rounding: VCVTNE2PS2BF16 (round to nearest
-// even, as at::vec's conversion, in one instruction per 32 values instead of ~8 per 16;
-// probabilities below 2^-126 become 0). Only where the native products run (AVX512-BF16).
+// exp_store for bfloat16 P: exp_minus_avx512 and the CPU's own rounding to bfloat16,
+// VCVTNE2PS2BF16 (round to nearest even, one instruction per 32 values; values below
+// 2^-126 become 0). Only where the native products run (AVX512-BF16).
 LH_BF16 float exp_store_bf16(const float* s, c10::BFloat16* p, int n, float m) {
-  const Vec<float> vm(m);
-  Vec<float> vsum(0.f);
+  const __m512 l2e = _mm512_set1_ps(1.44269504f), off = _mm512_set1_ps(-m * 1.44269504f);
+  __m512 sum = _mm512_setzero_ps();
   int j = 0;
   for (; j + 32 <= n; j += 32) {
-    const Vec<float> x0 = (Vec<float>::loadu(s + j) - vm).exp_u20();
-    const Vec<float> x1 = (Vec<float>::loadu(s + j + 16) - vm).exp_u20();
-    vsum = vsum + x0;
-    vsum = vsum + x1;
+    const __m512 x0 = exp_minus_avx512(s + j, l2e, off), x1 = exp_minus_avx512(s + j + 16, l2e, off);
+    sum = _mm512_add_ps(sum, _mm512_add_ps(x0, x1));
     _mm512_storeu_si512((void*)(p + j), (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
   }
   if (j < n) {  // 16 left (n is a multiple of 16)
-    const Vec<float> x0 = (Vec<float>::loadu(s + j) - vm).exp_u20();
-    vsum = vsum + x0;
+    const __m512 x0 = exp_minus_avx512(s + j, l2e, off);
+    sum = _mm512_add_ps(sum, x0);
     _mm256_storeu_si256((__m256i*)(p + j), (__m256i)_mm512_cvtneps_pbh(x0));
   }
-  return _mm512_reduce_add_ps(vsum);
+  return _mm512_reduce_add_ps(sum);
 }
 #endif
 
@@ -440,7 +465,19 @@ inline T scale_bias_max(T* row, const Tiles& tl, const Block& blk, const T* tabl
       int done = 0;  // slots written
 #if defined(CPU_CAPABILITY_AVX512)
       if constexpr (std::is_same_v<T, float> && V == 16) {
-        if (cols == 8) {
+        if (cols == 8 && rows == 8 && !e) {  // a whole 8 x 8 tile, no key term: unrolled
+          Vec<T> x[4];
+          for (int r = 0; r < 4; ++r) {
+            const __m256 lo = _mm256_loadu_ps(b + 2 * r * W2), hi = _mm256_loadu_ps(b + (2 * r + 1) * W2);
+            const Vec<T> bias(_mm512_castpd_ps(_mm512_insertf64x4(
+                _mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1)));
+            x[r] = at::vec::fmadd(Vec<T>::loadu(dst + 16 * r), vs, bias);
+            x[r].store(dst + 16 * r);
+          }
+          vmax = at::vec::maximum(vmax, at::vec::maximum(at::vec::maximum(x[0], x[1]),
+                                                         at::vec::maximum(x[2], x[3])));
+          done = 64;
+        } else if (cols == 8) {
           for (int r = 0; r < rows; r += 2, b += 2 * W2) {
             const __m256 lo = _mm256_loadu_ps(b);
             const __m256 hi = r + 1 < rows ? _mm256_loadu_ps(b + W2) : _mm256_set1_ps(blocked);
@@ -855,7 +892,7 @@ void online_softmax_block(T* s, P* p, int nq, int ns, const Tiles& tl, const Blo
       alpha[r] = 1;
       continue;
     }
-    alpha[r] = std::exp(mrow[r] - mnew);
+    alpha[r] = mnew == mrow[r] ? T(1) : std::exp(mrow[r] - mnew);  // exp(0) without the call
     lrow[r] = lrow[r] * alpha[r] + exp_store<T, P>(row, prow, ns, mnew);
     mrow[r] = mnew;
   }
