@@ -434,6 +434,14 @@ void blocks_of(const Tiles& tl, const Plan& plan, int g, int qt, int max_keys,
   }
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// Two 8-float table rows as one 16-float vector (lo in the low half).
+inline Vec<float> join8(__m256 lo, __m256 hi) {
+  return Vec<float>(_mm512_castpd_ps(
+      _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1)));
+}
+#endif
+
 // row[0..blk.ns) = row * scale + the bias of query (qy, qx) against the block's slots
 // (-inf on padding); returns max(mx, the row's maximum). The bias is read from the table
 // in the pass itself: a key tile's row is one contiguous run of the table's row
@@ -468,9 +476,8 @@ inline T scale_bias_max(T* row, const Tiles& tl, const Block& blk, const T* tabl
         if (cols == 8 && rows == 8 && !e) {  // a whole 8 x 8 tile, no key term: unrolled
           Vec<T> x[4];
           for (int r = 0; r < 4; ++r) {
-            const __m256 lo = _mm256_loadu_ps(b + 2 * r * W2), hi = _mm256_loadu_ps(b + (2 * r + 1) * W2);
-            const Vec<T> bias(_mm512_castpd_ps(_mm512_insertf64x4(
-                _mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1)));
+            const Vec<T> bias = join8(_mm256_loadu_ps(b + 2 * r * W2),
+                                      _mm256_loadu_ps(b + (2 * r + 1) * W2));
             x[r] = at::vec::fmadd(Vec<T>::loadu(dst + 16 * r), vs, bias);
             x[r].store(dst + 16 * r);
           }
@@ -481,8 +488,7 @@ inline T scale_bias_max(T* row, const Tiles& tl, const Block& blk, const T* tabl
           for (int r = 0; r < rows; r += 2, b += 2 * W2) {
             const __m256 lo = _mm256_loadu_ps(b);
             const __m256 hi = r + 1 < rows ? _mm256_loadu_ps(b + W2) : _mm256_set1_ps(blocked);
-            Vec<T> bias(_mm512_castpd_ps(_mm512_insertf64x4(
-                _mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1)));
+            Vec<T> bias = join8(lo, hi);
             if (e) bias = bias + Vec<T>::loadu(e + r * 8, r + 1 < rows ? 16 : 8);
             const Vec<T> x = at::vec::fmadd(Vec<T>::loadu(dst + r * 8), vs, bias);
             x.store(dst + r * 8);
@@ -803,11 +809,11 @@ namespace brg = at::native::cpublas;
 bool brgemm_bf16_available() {
   static const bool ok = [] {
     if (Vec<float>::size() != 16 || !native_bf16_available()) return false;
-    // the kernels' kinds of call: a score panel (N 16, K dp), a block of scores from keys
-    // across all slots (ldb > N, N = ldc), a P V block (ldb > N, ldc > N, added to C), a
-    // transposed dV / dK block (N > 64, ldb > N, odd M, K not a multiple of 32);
-    // {M, N, K, lda, ldb, ldc, add_C}
-    const int shapes[4][7] = {{7, 16, 64, 64, 16, 16, 0},
+    // the kernels' kinds of call: the prefix keys' scores (N 16, K dp, ldb = all slots), a
+    // block of scores from keys across all slots (ldb > N, N = ldc), a P V block (ldb > N,
+    // ldc > N, added to C), a transposed dV / dK block (N > 64, ldb > N, odd M, K not a
+    // multiple of 32); {M, N, K, lda, ldb, ldc, add_C}
+    const int shapes[4][7] = {{7, 16, 64, 64, 48, 16, 0},
                               {13, 48, 64, 64, 80, 48, 0},
                               {5, 32, 34, 40, 48, 56, 1},
                               {17, 80, 18, 20, 96, 112, 1}};
