@@ -685,6 +685,31 @@ def test_attention_layer_train_times_forward_and_backward(monkeypatch):
     assert attention_layer(['lh90'], (64, 64), ('tiled',), 1, head_dim=8)['train'] is False
 
 
+def test_peer_frame_steps_time_the_steady_state(monkeypatch):
+    """``frame_steps`` (``--peer-frame-steps``): 0 times each process's first frame; N > 0
+    one untimed frame, then N timed ones (issue 31's protocol), and the table says which."""
+    from research.benchmark import peer
+    from research.benchmark.report import format_peer
+
+    seen = []
+
+    def child(case, timeout):
+        seen.append(case)
+        return dict(case, seconds=1.0, times=[1.0], peak=2**30, backend=None)
+
+    monkeypatch.setattr(peer, 'run_child', child)
+    common = dict(presets=['lh90'], parts=['frame'], registered_presets=(), rounds=1)
+    res = peer.bench_peer(frame_steps=2, **common)
+    assert seen and all(c['warmup'] == 1 and c['steps'] == 2 for c in seen)
+    assert '(median of 2 frames after 1 untimed)' in '\n'.join(format_peer(res))
+    seen.clear()
+    res = peer.bench_peer(**common)
+    assert seen and all('warmup' not in c and c['steps'] == 1 for c in seen)
+    assert '(the first frame of each process)' in '\n'.join(format_peer(res))
+    with pytest.raises(ValueError, match='frame_steps must be >= 0'):
+        peer.bench_peer(frame_steps=-1, **common)
+
+
 def test_bench_peer_refuses_unknown_parts():
     from research.benchmark.peer import bench_peer
 

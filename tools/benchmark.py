@@ -42,7 +42,9 @@ command line, calls them and prints.
 ``peer``   (by name only) against timm's ViT-B (``vit_base_patch16_224``,
            ``dynamic_img_size=True``), fresh process per case, ``--frame-repeats``
            interleaved rounds: whole-frame inference at ``--frame-size`` (timm, our
-           trunk without bias, each of ``--peer-presets``), one round at
+           trunk without bias, each of ``--peer-presets``; the first frame of each
+           process, or with ``--peer-frame-steps N`` the median of N frames after an
+           untimed one), one round at
            ``--peer-big-frame`` (``lh90``), the train step at ``--vit-size`` (lh180,
            lh90), and with ``--peer-segmenter-config`` a Segmenter train step with its
            LookHere trunk vs timm's ViT-B in its place; beside them the FLOP bound of
@@ -325,6 +327,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help='timed steps per train case of the peer section (default 3)',
     )
     p.add_argument(
+        '--peer-frame-steps',
+        type=int,
+        default=0,
+        help='peer frame cases: 0 times the first frame of each fresh process; N > 0 one '
+        'untimed frame, then the median of N timed ones (the steady state; default 0)',
+    )
+    p.add_argument(
         '--peer-train-backends',
         nargs='+',
         default=(),
@@ -532,6 +541,7 @@ def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
             train_size=args.vit_size,
             train_presets=[p for p in presets if p != 'lh45'] or presets,
             train_steps=args.peer_train_steps,
+            frame_steps=args.peer_frame_steps,
             train_backends=args.peer_train_backends,
             frame_backends=args.peer_frame_backends,
             segmenter_config=args.peer_segmenter_config,

@@ -562,6 +562,7 @@ def bench_peer(
     train_size: int = 512,
     train_presets: Sequence[str] = ('lh180', 'lh90'),
     train_steps: int = 3,
+    frame_steps: int = 0,
     train_layer_sizes: Sequence[int] = (512, 640),
     train_backends: Sequence[str] = (),
     frame_backends: Sequence[str] = (),
@@ -586,6 +587,10 @@ def bench_peer(
         train_size: side of the square training input. Default: 512.
         train_presets: presets of the training step. Default: lh180, lh90.
         train_steps: timed steps per training case. Default: 3.
+        frame_steps: 0: a ``frame`` case times the first frame of its fresh process (the
+            first call at that size: plans, kernels, allocations); N > 0: one untimed
+            frame, then N timed ones, their median (the steady state of a run over many
+            frames, the protocol of issue 31). Default: 0.
         train_layer_sizes: square sides of the ``train_layer`` part (512: 1025 tokens,
             640: 1601). Default: 512, 640.
         train_backends: extra ``train`` cases per train preset with the backend forced
@@ -674,6 +679,9 @@ def bench_peer(
                     f'{row["case"]}: {row["seconds"]:.3f} s, x dense {row["ratio"]:.3f}',
                     flush=True,
                 )
+    if frame_steps < 0:
+        raise ValueError(f'frame_steps must be >= 0, got {frame_steps}')
+    steady = dict(warmup=1, steps=frame_steps) if frame_steps else {}
     if 'frame' in want:
         out['frame'] = _run(
             cases(
@@ -682,6 +690,7 @@ def bench_peer(
                 [PEER, NOBIAS, *presets]
                 + [f'{p}:{b}' for p in presets for b in frame_backends]
                 + registered,
+                **steady,
             ),
             rounds,
             timeout,

@@ -228,8 +228,16 @@ def format_peer(pr: Dict[str, Any]) -> List[str]:
         group = pr.get(key)
         if not group:
             continue
-        size = next(iter(group['runs'].values()))[0]['size']
-        lines.append(f'  {title} {size[0]}x{size[1]}:')
+        first = next(iter(group['runs'].values()))[0]
+        size = first['size']
+        timed = ''
+        if key in ('frame', 'big_frame'):
+            timed = (
+                f' (median of {first.get("steps", 1)} frames after {first["warmup"]} untimed)'
+                if first.get('warmup')
+                else ' (the first frame of each process)'
+            )
+        lines.append(f'  {title} {size[0]}x{size[1]}{timed}:')
         lines.append(
             f'    {"model":<18}{"backend":<10}{"seconds":>9}{"x timm":>8}{"peak GiB":>10}'
             f'{"x timm":>8}'
