@@ -137,6 +137,29 @@ def test_forward_matches_float64_reference(dtype, name, grid, cls_token, dim, na
             check_forward(out, ref, dtype, int(cls_token), pv)
 
 
+@pytest.mark.parametrize(
+    'dtype,native', [pytest.param(torch.float32, None, id='fp32'), *DTYPE_PRODUCTS]
+)
+@pytest.mark.parametrize('where', ['q', 'k', 'v', 'k_inf'])
+def test_nan_and_inf_reach_the_output_rows_they_reach_in_the_reference(dtype, native, where):
+    """One NaN in ``q``, ``k`` or ``v`` (or an infinite key: ``inf`` scores meet ``-inf``
+    bias) makes exactly the output rows NaN that it makes NaN in the reference, through
+    every product implementation; it never turns into zeros (the bf16 path once took a
+    row of NaN scores for a row that sees nothing and wrote zeros). The patch rows: the
+    CLS query is PyTorch's SDPA (in bf16 it does not make the ``inf`` key's NaN)."""
+    grid = (9, 16)
+    gb = grid_bias('lh180', grid)
+    q, k, v = qkv(grid, True, dim=16)
+    target = dict(q=q, k=k, v=v, k_inf=k)[where]
+    target[1, 2, 40, 3] = float('inf') if where == 'k_inf' else float('nan')
+    ref_nan = reference_attention(q, k, v, gb.dense(1, True)).isnan().any(-1)[:, :, 1:]
+    low = [t.to(dtype) for t in (q, k, v)]
+    out = fused_attention(*low, gb, 1, True, native_bf16=native)[:, :, 1:]
+    assert 0 < int(ref_nan.sum()) < ref_nan.numel()
+    assert torch.equal(out.isnan().any(-1), ref_nan)
+    assert torch.isfinite(out[~ref_nan]).all()
+
+
 @pytest.mark.parametrize('name', ['lh180', 'lh90'])
 @pytest.mark.parametrize('cls_token', [True, False])
 def test_bf16_equals_the_float32_compute_path(name, cls_token):

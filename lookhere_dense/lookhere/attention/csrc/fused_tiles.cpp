@@ -517,7 +517,10 @@ inline T scale_bias_max(T* row, const Tiles& tl, const Block& blk, const T* tabl
   }
   T tmp[V];
   vmax.store(tmp);
-  for (int i = 0; i < V; ++i) mx = std::max(mx, tmp[i]);
+  // a NaN score (NaN or infinite inputs) makes the maximum NaN, so that it reaches the
+  // output as it does in the reference (std::max would drop it, and a row of NaN scores
+  // would look like a row that sees nothing: zeros)
+  for (int i = 0; i < V; ++i) mx = (tmp[i] > mx || std::isnan(tmp[i])) ? tmp[i] : mx;
   return mx;
 }
 
@@ -925,7 +928,7 @@ void write_rows(const Tiles& tl, int qt, int nq, int dp, int d, T* acc, const T*
     const int64_t row = tl.J + tl.order[tl.start[qt] + r];
     IT* o = oh + row * ostride;
     T* a = acc + (int64_t)r * dp;
-    if (lrow[r] > 0) {
+    if (!(lrow[r] == 0)) {  // NaN included: it propagates, as in the reference
       const T inv = T(1) / lrow[r];
       for (int c = 0; c < d; ++c) a[c] *= inv;
       store_row<T, IT>(o, a, d);
