@@ -46,6 +46,11 @@ Reduced precision
     kernels) where available; ``native_bf16='brgemm'`` / ``'vdpbf16ps'`` or
     ``LOOKHERE_FUSED_BF16=brgemm`` / ``=vdpbf16ps`` choose one.
 
+Non-finite inputs
+    A NaN in ``q``, ``k`` or ``v`` (or an infinite score meeting a ``-inf`` bias) makes
+    the output rows NaN that it makes NaN in the reference, in every dtype and product
+    implementation (``tests/test_fused_bf16.py``); a row that sees no key is zeros.
+
 Threads
     The kernel runs on PyTorch's intra-op threads (``torch.set_num_threads``); forward
     work items (batch, head, query tile) and backward items (batch, head) are handed to
