@@ -15,6 +15,9 @@ class                       raised when
                             subclasses: layout, label range, crop size, label size,
                             unreadable file)
 :class:`TrainingDivergedError`  a loss became NaN or infinite
+:class:`NonFiniteFeaturesError`  in inference, the backbone's features became NaN or
+                            infinite although its input images are finite (values
+                            that overflow inside it, or non-finite weights)
 :class:`ToolError`          anything else a tool user can fix (a file that cannot be
                             written, a launcher without its environment; and its
                             subclasses: a checkpoint save that failed, a run stopped
@@ -42,6 +45,7 @@ __all__ = [
     'NonFiniteInputError',
     'DataCheckWarning',
     'TrainingDivergedError',
+    'NonFiniteFeaturesError',
     'ToolError',
     'CheckpointSaveError',
     'TrainingInterruptedError',
@@ -132,6 +136,12 @@ class TrainingDivergedError(RuntimeError):
     """A loss became NaN or infinite (raised by the ``FiniteLossHook``)."""
 
 
+class NonFiniteFeaturesError(RuntimeError):
+    """In inference, the backbone's features became NaN or infinite although its input
+    images are finite: input values so large that they overflow inside the backbone
+    (normalisation left out), or NaN / infinite weights; the message says which."""
+
+
 class ToolError(RuntimeError):
     """A failure the user can act on that is not a config or data mistake (a file that
     cannot be read or written, a launcher without its environment)."""
@@ -203,5 +213,6 @@ USER_ERRORS = (
     CheckpointError,
     DataCheckError,
     TrainingDivergedError,
+    NonFiniteFeaturesError,
     ToolError,
 )

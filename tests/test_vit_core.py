@@ -209,6 +209,30 @@ def test_non_finite_images_are_refused_by_name():
     assert model(x[:1])[0].isfinite().all()  # the finite image alone is fine
 
 
+def test_features_that_overflow_from_finite_images_are_refused_by_cause():
+    """In inference, finite images whose values overflow inside the backbone (never
+    normalised, scaled by 1e30), or NaN weights, give NaN features: refused with the cause
+    named, by ``forward`` and ``forward_features``; in training the NaN goes on to the
+    loss (the ``FiniteLossHook``'s, and fp16 loss scaling's, to handle)."""
+    from lookhere_dense.errors import USER_ERRORS, NonFiniteFeaturesError
+
+    model = create_model(embed_dims=48, num_layers=2, num_heads=12).eval()
+    x = torch.randn(2, 3, 32, 48)
+    assert model(x * 1e15)[0].isfinite().all()  # large, and no overflow: fine
+    with pytest.raises(
+        NonFiniteFeaturesError, match=r'input values reach \|x\| = \d.*e\+30'
+    ) as err:
+        model(x * 1e30)
+    assert isinstance(err.value, USER_ERRORS) and 'mean / std' in str(err.value)
+    with pytest.raises(NonFiniteFeaturesError, match='input values reach'):
+        model.forward_features(x * 1e30)
+    with torch.no_grad():
+        model.blocks[1].mlp.fc1.weight[3, 4] = float('nan')
+    with pytest.raises(NonFiniteFeaturesError, match=r'\(1: blocks\.1\.mlp\.fc1\.weight\)'):
+        model(x)
+    assert model.train()(x)[0].isnan().all()  # training: no check
+
+
 def test_non_finite_counts_say_they_are_of_what_the_backbone_receives(tmp_path):
     """One inf in a user's float image becomes several NaN / inf values once a pipeline
     resizes it (bilinear: inf * 0 is NaN): the message must not present those as the

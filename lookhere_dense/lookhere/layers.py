@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..errors import NonFiniteInputError
+from ..errors import NonFiniteFeaturesError, NonFiniteInputError
 
 if TYPE_CHECKING:  # the annotations only: the layers need no position-encoding code
     from .engine import LookHereAttentionEngine
@@ -36,6 +36,7 @@ __all__ = [
     'DropPath',
     'trunc_normal_',
     'check_finite_images',
+    'check_finite_features',
     'NormLayer',
     'ActLayer',
 ]
@@ -95,6 +96,41 @@ def check_finite_images(x: Tensor) -> None:
         'bad pixel and turns inf into NaN: the original image may hold fewer): every '
         'prediction would be NaN. Check the image files and the preprocessing (float '
         'images must be finite; normalisation by a zero std gives inf / NaN)'
+    )
+
+
+def check_finite_features(features: Tensor, images: Tensor, model: nn.Module) -> None:
+    """In inference, refuse features that are NaN / infinite although the images were
+    finite (:func:`check_finite_images` passed), naming the cause: non-finite weights of
+    ``model``, or input values so large that they overflow inside it (e.g. images that
+    were never normalised, scaled by a large factor). One reduction over ``features``
+    when they are finite; nothing while the forward is traced, compiled or exported.
+
+    Raises:
+        NonFiniteFeaturesError: how many feature values are not finite, and the cause.
+    """
+    if _tracing() or bool(torch.isfinite(features.sum())):
+        return
+    finite = torch.isfinite(features)
+    if bool(finite.all()):  # finite values whose sum overflows
+        return
+    where = f'{int((~finite).sum())} of {features.numel()} feature values'
+    bad = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:
+        cause = (
+            f'parameters of the model hold NaN / infinite values ({len(bad)}: '
+            f'{", ".join(bad[:3])}{", ..." if len(bad) > 3 else ""}): load other weights (a '
+            'diverged training saves such a checkpoint)'
+        )
+    else:
+        peak = float(images.detach().abs().amax())
+        cause = (
+            f'the input values reach |x| = {peak:.3g} (normalised images are of order 1) and '
+            f'overflow {features.dtype} inside the backbone: check the preprocessing (the '
+            "data preprocessor's mean / std, a scale factor)"
+        )
+    raise NonFiniteFeaturesError(
+        f'LookHereViT: {where} are NaN / infinite although the input images are finite: {cause}'
     )
 
 

@@ -50,6 +50,7 @@ from .layers import (
     LookHereSelfAttention,
     Mlp,
     NormLayer,
+    check_finite_features,
     check_finite_images,
     trunc_normal_,
 )
@@ -770,9 +771,11 @@ class LookHereVisionTransformer(nn.Module):
         ``h, w = ceil(H / patch), ceil(W / patch)``."""
         tokens, grid = self._embed(inputs)
         outs = [self._output(tokens, grid)] if self.out_origin else []
+        x = tokens
         for i, x in self._run_blocks(tokens, grid):
             if i in self.out_indices:
                 outs.append(self._output(x, grid))
+        self._check_features(x, inputs)
         return tuple(outs)
 
     def forward_features(self, inputs: Tensor) -> Tensor:
@@ -781,7 +784,14 @@ class LookHereVisionTransformer(nn.Module):
         x, grid = self._embed(inputs)
         for _, out in self._run_blocks(x, grid):
             x = out
+        self._check_features(x, inputs)
         return x
+
+    def _check_features(self, x: Tensor, inputs: Tensor) -> None:
+        """In inference (eager), :func:`check_finite_features` of the last block's tokens;
+        in training a NaN loss is the ``FiniteLossHook``'s (and fp16 loss scaling's)."""
+        if not self.training:
+            check_finite_features(x, inputs, self)
 
     def train(self, mode: bool = True) -> 'LookHereVisionTransformer':
         super().train(mode)
