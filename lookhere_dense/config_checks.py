@@ -464,12 +464,9 @@ def _check_det_pyramid(model: Mapping, registry: Any) -> None:
         (f'model.{h}.in_channels', (model.get(h) or {}).get('in_channels'))
         for h in ('rpn_head', 'bbox_head')
     ]
-    roi = model.get('roi_head')
-    if isinstance(roi, Mapping):
-        for ext in ('bbox_roi_extractor', 'mask_roi_extractor'):
-            node = roi.get(ext)
-            if isinstance(node, Mapping):
-                readers.append((f'model.roi_head.{ext}.out_channels', node.get('out_channels')))
+    for where, node in _roi_parts(model, ('bbox_roi_extractor', 'mask_roi_extractor')):
+        if isinstance(node, Mapping):  # a dict each, or one per stage in cascades
+            readers.append((f'{where}.out_channels', node.get('out_channels')))
     for where, chans in readers:
         if is_int(chans) and chans != out_channels:
             raise ConfigError(

@@ -415,6 +415,20 @@ def test_head_channels_that_are_not_the_necks_are_refused(options, match):
         check_model_cfg(_cfg(MASK_RCNN, **options))
 
 
+def test_cascade_roi_extractor_lists_are_checked_stage_by_stage():
+    """A cascade RoI head may give one extractor per stage (a list): each stage's
+    ``out_channels`` is checked against the neck, named by its index."""
+    cfg = _cfg(MASK_RCNN)
+    ext = dict(cfg.model.roi_head.bbox_roi_extractor)
+    cfg.model.roi_head.bbox_roi_extractor = [dict(ext), dict(ext, out_channels=128)]
+    with pytest.raises(
+        ConfigError, match=r'model\.roi_head\.bbox_roi_extractor\[1\]\.out_channels=128 but'
+    ):
+        check_model_cfg(cfg)
+    cfg.model.roi_head.bbox_roi_extractor = [dict(ext), dict(ext)]
+    check_model_cfg(cfg)
+
+
 def test_num_classes_that_are_not_the_datasets_are_refused():
     """Fewer classes than the dataset trains the rest as background without an error; the
     count comes from metainfo.classes, else the dataset class (COCO: 80)."""
