@@ -69,6 +69,16 @@ def _jit_int(size: Any) -> Any:
     return int(size) if torch.jit.is_tracing() else size
 
 
+def _finite_mask(x: Tensor) -> Optional[Tensor]:
+    """None when every value of ``x`` is finite (one reduction, no ``x``-sized temporary,
+    in that common case), else ``torch.isfinite(x)`` (finite values whose sum overflows
+    are finite)."""
+    if bool(torch.isfinite(x.sum())):
+        return None
+    finite = torch.isfinite(x)
+    return None if bool(finite.all()) else finite
+
+
 def check_finite_images(x: Tensor) -> None:
     """Refuse images with NaN or infinite values (they would give an all-NaN prediction).
 
@@ -81,10 +91,8 @@ def check_finite_images(x: Tensor) -> None:
     Raises:
         NonFiniteInputError: naming how many values of which images are not finite.
     """
-    if bool(torch.isfinite(x.sum())):  # one reduction, no image-sized temporary
-        return
-    finite = torch.isfinite(x)
-    if bool(finite.all()):  # finite values whose sum overflows
+    finite = _finite_mask(x)
+    if finite is None:
         return
     bad = (~finite).flatten(1).sum(1)
     images = [int(i) for i in torch.nonzero(bad).flatten()]
@@ -109,10 +117,8 @@ def check_finite_features(features: Tensor, images: Tensor, model: nn.Module) ->
     Raises:
         NonFiniteFeaturesError: how many feature values are not finite, and the cause.
     """
-    if _tracing() or bool(torch.isfinite(features.sum())):
-        return
-    finite = torch.isfinite(features)
-    if bool(finite.all()):  # finite values whose sum overflows
+    finite = None if _tracing() else _finite_mask(features)
+    if finite is None:
         return
     where = f'{int((~finite).sum())} of {features.numel()} feature values'
     bad = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
