@@ -138,8 +138,9 @@ class TrainingDivergedError(RuntimeError):
 
 class NonFiniteFeaturesError(RuntimeError):
     """In inference, the backbone's features became NaN or infinite although its input
-    images are finite: input values so large that they overflow inside the backbone
-    (normalisation left out), or NaN / infinite weights; the message says which."""
+    images are finite: input values or weights so large that they overflow inside the
+    backbone (normalisation left out; weights of a diverging run), or NaN / infinite
+    weights; the message says which."""
 
 
 class ToolError(RuntimeError):

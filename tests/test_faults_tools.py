@@ -307,6 +307,9 @@ def test_training_that_goes_nan_stops_naming_the_iteration_and_the_loss(tmp_path
         capsys,
     )
     assert "error: training stopped at iteration 2/5: loss 'decode.loss_ce' is nan" in err
+    # the cause, found by the backbone in the forward (before the step made the weights NaN)
+    assert "The backbone's features were already not finite" in err
+    assert 'the weights reach |w| = 1' in err and 'lower the learning rate' in err
     assert f'the last checkpoint is {work / "iter_1.pth"}' in err
     assert sorted(p for p in os.listdir(work) if p.endswith('.pth')) == ['iter_1.pth']
 

@@ -230,7 +230,37 @@ def test_features_that_overflow_from_finite_images_are_refused_by_cause():
         model.blocks[1].mlp.fc1.weight[3, 4] = float('nan')
     with pytest.raises(NonFiniteFeaturesError, match=r'\(1: blocks\.1\.mlp\.fc1\.weight\)'):
         model(x)
-    assert model.train()(x)[0].isnan().all()  # training: no check
+    assert model.train()(x)[0].isnan().all()  # training: no refusal (see the next test)
+
+
+def test_in_training_the_cause_of_non_finite_features_is_kept_for_the_loss_hook():
+    """In training (CPU) the forward does not stop at non-finite features: the NaN reaches
+    the loss, which the ``FiniteLossHook`` stops on; the cause is kept for its message,
+    found before the optimizer step turns every weight NaN. Weights grown huge (a learning
+    rate too high) are told from huge inputs, in inference too."""
+    from lookhere_dense.errors import NonFiniteFeaturesError
+
+    model = create_model(embed_dims=48, num_layers=2, num_heads=12).train()
+    x = torch.randn(2, 3, 32, 48)
+    model(x)
+    assert model.nonfinite_features is None
+    model(x * 1e30)
+    assert 'input values reach |x| = ' in model.nonfinite_features
+    model(x)  # a finite forward clears it
+    assert model.nonfinite_features is None
+    with torch.no_grad():
+        model.blocks[0].attn.qkv.weight.mul_(1e30)
+    model(x)
+    cause = model.nonfinite_features
+    assert 'the weights reach |w| = ' in cause and '(blocks.0.attn.qkv.weight;' in cause
+    assert 'optim_wrapper.optimizer.lr' in cause and 'input values' not in cause
+    with pytest.raises(NonFiniteFeaturesError, match=r'weights reach .*load other weights'):
+        model.eval()(x)
+    with torch.no_grad():
+        model.blocks[0].attn.qkv.weight.fill_(float('nan'))
+    model.train()(x)
+    assert 'parameters of the model hold NaN' in model.nonfinite_features
+    assert 'blocks.0.attn.qkv.weight' in model.nonfinite_features
 
 
 def test_non_finite_counts_say_they_are_of_what_the_backbone_receives(tmp_path):

@@ -88,7 +88,9 @@ class FiniteLossHook(Hook):
     contains ``loss``, as mmseg / mmdet name them) are not all finite.
 
     Raises :class:`TrainingDivergedError` naming the iteration, the loss and its value,
-    and the last checkpoint saved. It runs before the logger and the checkpoint hooks, so
+    and the last checkpoint saved; where a LookHere backbone found its features already
+    NaN / infinite in that iteration's forward (``nonfinite_features``, training on CPU),
+    their cause (huge inputs, weights grown huge, NaN weights) instead of the usual list. It runs before the logger and the checkpoint hooks, so
     no diverged checkpoint is written.
 
     Args:
@@ -124,6 +126,7 @@ class FiniteLossHook(Hook):
         first = sorted(bad, key=lambda k: k == 'loss')[0]
         others = ', '.join(f'{k} = {v}' for k, v in bad.items() if k != first)
         last = read_pointer(runner.work_dir)
+        cause = _features_cause(runner.model)
         raise TrainingDivergedError(
             f'training stopped at iteration {it}'
             + (f'/{total}' if total else '')
@@ -131,11 +134,26 @@ class FiniteLossHook(Hook):
             + (f' (also {others})' if others else '')
             + '. The weights are no longer usable, so nothing more is saved'
             + (f'; the last checkpoint is {last}' if last else '')
-            + '. Usual causes: '
-            'a learning rate too high for the schedule (optim_wrapper.optimizer.lr), no '
-            'gradient clipping (optim_wrapper.clip_grad=dict(max_norm=1.0)), bad labels, '
-            'or invalid model options.'
+            + (
+                f". The backbone's features were already not finite: {cause}."
+                if cause
+                else '. Usual causes: '
+                'a learning rate too high for the schedule (optim_wrapper.optimizer.lr), no '
+                'gradient clipping (optim_wrapper.clip_grad=dict(max_norm=1.0)), bad labels, '
+                'or invalid model options.'
+            )
         )
+
+
+def _features_cause(model: torch.nn.Module) -> Optional[str]:
+    """The cause a LookHere backbone found for its last forward's non-finite features
+    (``nonfinite_features``, kept in training on CPU), without its ``LookHereViT:`` prefix;
+    None when no module has one."""
+    for module in model.modules():
+        message = getattr(module, 'nonfinite_features', None)
+        if isinstance(message, str):
+            return message.split(': ', 1)[-1]
+    return None
 
 
 # ----------------------------------------------------------------------------------------

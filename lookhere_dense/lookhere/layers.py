@@ -107,37 +107,85 @@ def check_finite_images(x: Tensor) -> None:
     )
 
 
-def check_finite_features(features: Tensor, images: Tensor, model: nn.Module) -> None:
-    """In inference, refuse features that are NaN / infinite although the images were
-    finite (:func:`check_finite_images` passed), naming the cause: non-finite weights of
-    ``model``, or input values so large that they overflow inside it (e.g. images that
-    were never normalised, scaled by a large factor). One reduction over ``features``
-    when they are finite; nothing while the forward is traced, compiled or exported.
+#: a largest ``|value|`` above which inputs or weights are named as the likely cause of
+#: features that overflow (normalised images and trained weights are of order 1-10)
+OVERFLOW_SUSPECT = 1e4
+
+
+def nonfinite_cause(images: Tensor, model: nn.Module, dtype: Optional[torch.dtype] = None) -> str:
+    """Why a forward of finite ``images`` through ``model`` gave NaN / infinite values: its
+    non-finite parameters (named), else inputs or weights so large that they overflow
+    (the largest ``|x|`` and ``|w|``, the largest weight's parameter named; above
+    :data:`OVERFLOW_SUSPECT` they are named as the cause), else activations that outgrew
+    the dtype (``dtype``, the features' dtype; float16 named). Run only once non-finite
+    values were found: it reads every parameter."""
+    bad, peak_w, where_w = [], 0.0, ''
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not p.is_floating_point():
+                continue
+            if not bool(torch.isfinite(p).all()):
+                bad.append(name)
+            elif not bad and p.numel():
+                top = float(p.detach().abs().amax())
+                if top > peak_w:
+                    peak_w, where_w = top, name
+        peak_x = float(images.detach().abs().amax())
+    fix_weights = (
+        'updates too large made them so: lower the learning rate '
+        '(optim_wrapper.optimizer.lr) or clip gradients '
+        '(optim_wrapper.clip_grad=dict(max_norm=1.0))'
+        if model.training
+        else 'load other weights (a diverging training saves such checkpoints)'
+    )
+    if bad:
+        return (
+            f'parameters of the model hold NaN / infinite values ({len(bad)}: '
+            f'{", ".join(bad[:3])}{", ..." if len(bad) > 3 else ""}): {fix_weights}'
+        )
+    if peak_x > OVERFLOW_SUSPECT and peak_x >= peak_w:
+        return (
+            f'the input values reach |x| = {peak_x:.3g} (normalised images are of order 1) and '
+            f'overflow inside the backbone: check the preprocessing (the data '
+            "preprocessor's mean / std, a scale factor)"
+        )
+    if peak_w > OVERFLOW_SUSPECT:
+        return (
+            f'the weights reach |w| = {peak_w:.3g} ({where_w}; the inputs only |x| = '
+            f'{peak_x:.3g}) and overflow inside the backbone: {fix_weights}'
+        )
+    return (
+        f'the activations overflow inside the backbone with inputs |x| <= {peak_x:.3g} and weights |w| <= {peak_w:.3g}'
+        + (' (float16 ends at 65504: use bfloat16 autocast)' if dtype == torch.float16 else '')
+    )
+
+
+def check_finite_features(features: Tensor, images: Tensor, model: nn.Module) -> Optional[str]:
+    """Whether ``features`` are NaN / infinite although the images were finite
+    (:func:`check_finite_images` passed), and why (:func:`nonfinite_cause`). In inference
+    such features are refused; in training the message is returned (the loss the NaN
+    reaches is the ``FiniteLossHook``'s to stop, and it adds this cause). One reduction over
+    ``features`` when they are finite; nothing while the forward is traced, compiled or
+    exported.
+
+    Returns:
+        None when the features are finite (or not checked), else the message (training).
 
     Raises:
-        NonFiniteFeaturesError: how many feature values are not finite, and the cause.
+        NonFiniteFeaturesError: in inference (``model.training`` False): how many feature
+            values are not finite, and the cause.
     """
-    finite = None if _tracing() else _finite_mask(features)
+    finite = None if _tracing() else _finite_mask(features.detach())
     if finite is None:
-        return
-    where = f'{int((~finite).sum())} of {features.numel()} feature values'
-    bad = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
-    if bad:
-        cause = (
-            f'parameters of the model hold NaN / infinite values ({len(bad)}: '
-            f'{", ".join(bad[:3])}{", ..." if len(bad) > 3 else ""}): load other weights (a '
-            'diverged training saves such a checkpoint)'
-        )
-    else:
-        peak = float(images.detach().abs().amax())
-        cause = (
-            f'the input values reach |x| = {peak:.3g} (normalised images are of order 1) and '
-            f'overflow {features.dtype} inside the backbone: check the preprocessing (the '
-            "data preprocessor's mean / std, a scale factor)"
-        )
-    raise NonFiniteFeaturesError(
-        f'LookHereViT: {where} are NaN / infinite although the input images are finite: {cause}'
+        return None
+    message = (
+        f'LookHereViT: {int((~finite).sum())} of {features.numel()} feature values are NaN / '
+        f'infinite although the input images are finite: '
+        f'{nonfinite_cause(images, model, features.dtype)}'
     )
+    if model.training:
+        return message
+    raise NonFiniteFeaturesError(message)
 
 
 def _autocast_on(device_type: str) -> bool:

@@ -787,11 +787,23 @@ class LookHereVisionTransformer(nn.Module):
         self._check_features(x, inputs)
         return x
 
+    #: in training, why the last forward's features were NaN / infinite, or None (finite,
+    #: or not checked); the ``FiniteLossHook`` adds it to the message that stops the run
+    nonfinite_features: Optional[str] = None
+
     def _check_features(self, x: Tensor, inputs: Tensor) -> None:
-        """In inference (eager), :func:`check_finite_features` of the last block's tokens;
-        in training a NaN loss is the ``FiniteLossHook``'s (and fp16 loss scaling's)."""
+        """:func:`check_finite_features` of the last block's tokens (eager only). In
+        inference non-finite features are refused. In training on CPU (where the check
+        costs no device sync) their cause is kept in :attr:`nonfinite_features`: the NaN
+        goes on to the loss, which the ``FiniteLossHook`` (or fp16 loss scaling) handles,
+        and the hook's message names the cause found here, before the optimizer step made
+        every weight NaN. Not on CUDA in training (a sync per step)."""
         if not self.training:
             check_finite_features(x, inputs, self)
+        elif x.device.type == 'cpu':
+            message = check_finite_features(x, inputs, self)
+            if message is not None or self.nonfinite_features is not None:
+                self.nonfinite_features = message
 
     def train(self, mode: bool = True) -> 'LookHereVisionTransformer':
         super().train(mode)
