@@ -60,6 +60,9 @@ ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 PREFIX_ATOL = 2e-2
 #: small ragged tiles, blocks of one tile, one head per gathered phase
 MANY = dict(tile=(2, 3), max_keys=1, gather_bytes=1)
+#: the default 8 x 8 tiles in blocks of one tile: on grids of multiples of 8 the native
+#: products' rows of whole 8 x 8 tiles, one pass after the first block of tiles
+EIGHTS = dict(max_keys=64)
 
 
 requires_native = pytest.mark.skipif(
@@ -123,7 +126,9 @@ def check_forward(out, ref, dtype, off, pv=None):
 
 @pytest.mark.parametrize('dtype,native', DTYPE_PRODUCTS)
 @pytest.mark.parametrize('name', ['lh180', 'lh90', 'center_mix', 'per_layer'])
-@pytest.mark.parametrize('grid,cls_token', [((9, 16), True), ((5, 7), False), ((1, 9), True)])
+@pytest.mark.parametrize(
+    'grid,cls_token', [((9, 16), True), ((5, 7), False), ((1, 9), True), ((16, 24), False)]
+)
 @pytest.mark.parametrize('dim', [64, 24])
 def test_forward_matches_float64_reference(dtype, name, grid, cls_token, dim, native):
     gb = grid_bias(name, grid, torch.float64)
@@ -132,7 +137,7 @@ def test_forward_matches_float64_reference(dtype, name, grid, cls_token, dim, na
         bias = gb.dense(layer, cls_token)
         ref = reference_attention(q64, k64, v64, bias)
         pv = abs_pv(q64, k64, v64, bias) if native else None
-        for options in ({}, MANY):
+        for options in ({}, MANY, EIGHTS):
             out = fused_attention(q, k, v, gb, layer, cls_token, native_bf16=native, **options)
             check_forward(out, ref, dtype, int(cls_token), pv)
 
@@ -141,23 +146,60 @@ def test_forward_matches_float64_reference(dtype, name, grid, cls_token, dim, na
     'dtype,native', [pytest.param(torch.float32, None, id='fp32'), *DTYPE_PRODUCTS]
 )
 @pytest.mark.parametrize('where', ['q', 'k', 'v', 'k_inf'])
-def test_nan_and_inf_reach_the_output_rows_they_reach_in_the_reference(dtype, native, where):
+@pytest.mark.parametrize('grid', [(9, 16), (16, 16)])
+def test_nan_and_inf_reach_the_output_rows_they_reach_in_the_reference(dtype, native, where, grid):
     """One NaN in ``q``, ``k`` or ``v`` (or an infinite key: ``inf`` scores meet ``-inf``
     bias) makes exactly the output rows NaN that it makes NaN in the reference, through
     every product implementation; it never turns into zeros (the bf16 path once took a
     row of NaN scores for a row that sees nothing and wrote zeros). The patch rows: the
-    CLS query is PyTorch's SDPA (in bf16 it does not make the ``inf`` key's NaN)."""
-    grid = (9, 16)
+    CLS query is PyTorch's SDPA (in bf16 it does not make the ``inf`` key's NaN). The
+    16 x 16 grid in blocks of one tile takes the native products' one-pass rows too."""
     gb = grid_bias('lh180', grid)
     q, k, v = qkv(grid, True, dim=16)
     target = dict(q=q, k=k, v=v, k_inf=k)[where]
     target[1, 2, 40, 3] = float('inf') if where == 'k_inf' else float('nan')
     ref_nan = reference_attention(q, k, v, gb.dense(1, True)).isnan().any(-1)[:, :, 1:]
     low = [t.to(dtype) for t in (q, k, v)]
-    out = fused_attention(*low, gb, 1, True, native_bf16=native)[:, :, 1:]
     assert 0 < int(ref_nan.sum()) < ref_nan.numel()
-    assert torch.equal(out.isnan().any(-1), ref_nan)
-    assert torch.isfinite(out[~ref_nan]).all()
+    for options in ({}, EIGHTS):
+        out = fused_attention(*low, gb, 1, True, native_bf16=native, **options)[:, :, 1:]
+        assert torch.equal(out.isnan().any(-1), ref_nan)
+        assert torch.isfinite(out[~ref_nan]).all()
+
+
+@requires_native
+@pytest.mark.parametrize('native', ['vdpbf16ps', 'brgemm'])
+@pytest.mark.parametrize('name', ['lh180', 'lh90', 'center_mix'])
+def test_one_pass_rows_redo_a_block_whose_maximum_outgrows_the_running_one(native, name):
+    """After the first block of tiles the native products' rows take exp(S - m) against
+    the running maximum m in one pass; a block whose own maximum exceeds m by more than
+    LAZY_RESCALE (here keys far from the queries score ~200 above the rest: e^200
+    overflows float32) is redone with its maximum. The forward within the module's bound
+    of the float64 reference (the gradients of such scores are beyond the bfloat16
+    bound with or without the one pass: the backward rounds dS)."""
+    if native == 'brgemm':
+        try:
+            bf16_products('brgemm')
+        except RuntimeError as err:
+            pytest.skip(str(err))
+    grid, dim = (24, 32), 64
+    gb = grid_bias(name, grid, torch.float64)
+    gen = torch.Generator().manual_seed(5)
+    u = torch.randn(dim, generator=gen)
+    q = u.expand(1, 12, 1 + grid[0] * grid[1], dim).clone() + 0.1 * torch.randn(
+        1, 12, 1 + grid[0] * grid[1], dim, generator=gen
+    )
+    k = torch.randn(q.shape, generator=gen)
+    v = torch.randn(q.shape, generator=gen)
+    far = 1 + torch.arange(grid[1])  # the keys of the first patch row (the first tile row)
+    k[:, :, far] = 1600 * u / u.dot(u)  # q . k ~ 1600: ~200 above the rest once scaled
+    low = [t.to(torch.bfloat16) for t in (q, k, v)]
+    high = [t.double() for t in low]
+    bias = gb.dense(1, True)
+    ref = reference_attention(*high, bias)
+    for options in ({}, EIGHTS):
+        out = fused_attention(*low, gb, 1, True, native_bf16=native, **options)
+        check_forward(out, ref, torch.bfloat16, 1, abs_pv(*high, bias))
 
 
 @pytest.mark.parametrize('name', ['lh180', 'lh90'])
@@ -177,7 +219,7 @@ def test_bf16_equals_the_float32_compute_path(name, cls_token):
 
 @pytest.mark.parametrize('dtype,native', DTYPE_PRODUCTS)
 @pytest.mark.parametrize('name', ['lh180', 'lh90', 'center_mix'])
-@pytest.mark.parametrize('grid,cls_token', [((9, 16), True), ((6, 4), False)])
+@pytest.mark.parametrize('grid,cls_token', [((9, 16), True), ((6, 4), False), ((16, 16), True)])
 def test_gradients_match_float64_reference(dtype, name, grid, cls_token, native):
     gb = grid_bias(name, grid, torch.float64)
     low, high = rounded_qkv(grid, cls_token, 24, dtype, grad=True)
@@ -186,7 +228,7 @@ def test_gradients_match_float64_reference(dtype, name, grid, cls_token, native)
     pv = abs_pv(*(t.detach() for t in high), bias) if native else None
     grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     want = torch.autograd.grad(ref, high, grad)
-    for options in ({}, MANY):
+    for options in ({}, MANY, EIGHTS):
         out = fused_attention(*low, gb, 1, cls_token, native_bf16=native, **options)
         check_forward(out, ref.detach(), dtype, int(cls_token), pv)
         got = torch.autograd.grad(out, low, grad.to(dtype))

@@ -44,7 +44,12 @@ Reduced precision
     (:func:`brgemm_bf16_available`). :func:`bf16_products` says which runs: ``'brgemm'``
     where the CPU has AMX (:func:`amx_bf16_available`), else ``'vdpbf16ps'`` (our
     kernels) where available; ``native_bf16='brgemm'`` / ``'vdpbf16ps'`` or
-    ``LOOKHERE_FUSED_BF16=brgemm`` / ``=vdpbf16ps`` choose one.
+    ``LOOKHERE_FUSED_BF16=brgemm`` / ``=vdpbf16ps`` choose one. With these products, a
+    key block of whole 8 x 8 tiles (no key term) is read, not rewritten, by the row's
+    passes, and after the query tile's first block of tiles (key blocks go nearest first)
+    one pass takes ``P = exp(S - m)`` against the running maximum ``m``, redoing the block
+    in two passes only where its own maximum exceeds ``m`` by more than 20 (the kernel's
+    ``LAZY_RESCALE``): the exact softmax, in fewer passes over the float32 scores.
 
 Non-finite inputs
     A NaN in ``q``, ``k`` or ``v`` (or an infinite score meeting a ``-inf`` bias) makes

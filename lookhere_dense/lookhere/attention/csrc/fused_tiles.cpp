@@ -23,7 +23,12 @@
 //   S = Q K^T (micro-kernel on the panels), then per query row: the row's bias read from
 //   the table (a key tile's row is one contiguous run of it) by the pass that adds it with
 //   the scale and takes the row maximum; P = exp(S - m), rounded to bfloat16 in the same
-//   pass where the products take bfloat16; acc = acc * exp(m_old - m) + P V.
+//   pass where the products take bfloat16; acc = acc * exp(m_old - m) + P V. The key
+//   blocks go nearest first (after the prefix keys). Where P is bfloat16 and a block is
+//   whole 8 x 8 tiles without a key term (section "bfloat16 rows of whole 8 x 8 tiles"),
+//   the passes read S and the bias and store only P, and after the first block of tiles
+//   one pass serves: P = exp(S - m) against the running maximum m, kept where the block's
+//   own maximum stays within LAZY_RESCALE of it (else the block is redone in two passes).
 // Backward, per (batch, head): the flash-attention backward over the same blocks with the
 //   global log-sum-exp; dK / dV accumulated in slots and written back at the end; where
 //   asked (learnable slopes that train), each dS also added to the table entry (and key
@@ -242,8 +247,8 @@ inline Vec<T> vexp(const Vec<T>& x) {
 }
 
 #ifdef LH_NATIVE_BF16
-// exp(s - m) for 16 float32 scores (m finite), for the bfloat16 P of the native products:
-// 2^t with t = (s - m) log2(e) (one FMA, off = -m log2(e)), t = k + f (k integer,
+// exp(x - m) for 16 float32 scores x (m finite), for the bfloat16 P of the native products:
+// 2^t with t = (x - m) log2(e) (one FMA, off = -m log2(e)), t = k + f (k integer,
 // |f| <= 1/2), 2^f by its degree-6 Taylor polynomial
 // (relative error < 2e-7; at::vec's exp_u20 is documented at 20 ULP), 2^k by VSCALEFPS.
 // Lanes with t < -126 (-inf scores: masked keys, padding; results below float32's smallest
@@ -252,8 +257,8 @@ inline Vec<T> vexp(const Vec<T>& x) {
 // than exp_u20; this one is ~20 % faster on one ViT-B bf16 layer, docs/performance.md).
 // NaN stays NaN (an unordered compare keeps the lane; VMAXPS returns its second operand).
 // 13 instructions for 16 values. (The float32 paths keep exp_u20: no faster with this one.)
-inline __m512 exp_minus_avx512(const float* s, __m512 l2e, __m512 off) {
-  const __m512 t0 = _mm512_fmadd_ps(_mm512_loadu_ps(s), l2e, off);
+inline __m512 exp_minus_avx512_v(__m512 x, __m512 l2e, __m512 off) {
+  const __m512 t0 = _mm512_fmadd_ps(x, l2e, off);
   const __mmask16 keep = _mm512_cmp_ps_mask(t0, _mm512_set1_ps(-126.f), _CMP_NLT_UQ);
   const __m512 t = _mm512_max_ps(_mm512_set1_ps(-126.f), t0);
   const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -265,6 +270,11 @@ inline __m512 exp_minus_avx512(const float* s, __m512 l2e, __m512 off) {
   q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(6.9314718e-1f));
   q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(1.f));
   return _mm512_maskz_scalef_ps(keep, q, k);
+}
+
+// exp_minus_avx512_v of 16 scores read from s.
+inline __m512 exp_minus_avx512(const float* s, __m512 l2e, __m512 off) {
+  return exp_minus_avx512_v(_mm512_loadu_ps(s), l2e, off);
 }
 #endif
 
@@ -432,6 +442,24 @@ void blocks_of(const Tiles& tl, const Plan& plan, int g, int qt, int max_keys,
       a = e;
     }
   }
+}
+
+// The forward's order of the blocks: the prefix keys first, then the blocks of tiles by
+// their distance to query tile qt (the nearest tile's, in tiles; ties keep the plan's
+// order). The bias falls with the distance, so the first block of tiles sets a running
+// maximum the later ones seldom exceed (see LAZY_RESCALE). Any order gives the same
+// softmax; the backward keeps the plan's.
+void nearest_first(const Tiles& tl, int qt, std::vector<Block>& blocks) {
+  const int ty = tl.y0[qt] / tl.th, tx = tl.x0[qt] / tl.tw;
+  auto distance = [&](const Block& b) {
+    if (b.prefix) return -1;
+    int d = std::numeric_limits<int>::max();
+    for (int t = b.t0; t < b.t1; ++t)
+      d = std::min(d, std::max(std::abs(tl.y0[t] / tl.th - ty), std::abs(tl.x0[t] / tl.tw - tx)));
+    return d;
+  };
+  std::stable_sort(blocks.begin(), blocks.end(),
+                   [&](const Block& a, const Block& b) { return distance(a) < distance(b); });
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -879,6 +907,91 @@ void qk_brgemm(const bf16* A, int lda, int n, int dp, const bf16* Bv, int slots,
   brg::brgemm(n, ns, dp, lda, slots, ldc, false, A, Bv + 2 * (int64_t)s0, C, true);
 }
 
+#if defined(LH_NATIVE_BF16)
+// ---------------------------------------------------------------------------------------
+// bfloat16 rows of whole 8 x 8 tiles
+// ---------------------------------------------------------------------------------------
+// Where P is bfloat16 (the native products) and a block is whole 8 x 8 key tiles with no
+// key term (the common case: every tile of a grid of multiples of 8), a row's passes read
+// the scores and the bias and store nothing but P: the scores S (float32, written by the
+// product) are not rewritten with the bias, which on AMX left the passes bound by the
+// traffic of S. After the row's first block of tiles, one pass: P = exp(S - m) against the
+// running maximum m of the earlier blocks, with the block's own maximum b taken alongside;
+// it stands where b <= m + LAZY_RESCALE (P and the sums then hold values up to
+// e^LAZY_RESCALE, far inside float32 / bfloat16's range, and lose nothing: rounding is
+// relative), else the block is redone in two passes with the new maximum. The key blocks
+// go nearest first (forward_impl), so the first block of tiles holds the largest bias
+// (0 at distance 0) and the later ones seldom exceed its maximum.
+constexpr float LAZY_RESCALE = 20.f;
+
+// Whether the block is whole 8 x 8 key tiles (no padding, not the prefix keys).
+inline bool whole_8x8(const Tiles& tl, const Block& blk) {
+  if (blk.prefix) return false;
+  for (int t = blk.t0; t < blk.t1; ++t)
+    if (tl.rows[t] != 8 || tl.cols[t] != 8) return false;
+  return true;
+}
+
+// The bias of query (qy, qx) against tile rows 2i, 2i + 1 of key tile t: 16 floats, two
+// 8-float runs of the table.
+LH_BF16 inline __m512 bias16_8x8(const float* table_h, const Tiles& tl, int t, int qy, int qx,
+                                 int i) {
+  const int W2 = 2 * tl.W - 1;
+  const float* b = table_h + (int64_t)(tl.y0[t] + 2 * i - qy + tl.H - 1) * W2 +
+                   (tl.x0[t] - qx + tl.W - 1);
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(b)), _mm256_loadu_ps(b + W2),
+                            1);
+}
+
+// max(mx, the row's largest S * scale + bias), NaN if any is NaN (or mx is); nothing stored.
+LH_BF16 float row_max_8x8_bf16(const float* row, const Tiles& tl, const Block& blk,
+                               const float* table_h, int qy, int qx, float scale, float mx) {
+  const __m512 vs = _mm512_set1_ps(scale);
+  __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __mmask16 nan = 0;
+  for (int t = blk.t0; t < blk.t1; ++t, row += 64)
+    for (int i = 0; i < 4; ++i) {
+      const __m512 x =
+          _mm512_fmadd_ps(_mm512_loadu_ps(row + 16 * i), vs, bias16_8x8(table_h, tl, t, qy, qx, i));
+      nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+      vmax = _mm512_max_ps(vmax, x);
+    }
+  if (nan) return std::numeric_limits<float>::quiet_NaN();
+  const float m = _mm512_reduce_max_ps(vmax);
+  return m > mx ? m : mx;  // a NaN mx stays
+}
+
+// P = exp(S * scale + bias - m) rounded to bfloat16 (NaN stays NaN, -inf gives 0); returns
+// the sum of the unrounded values and, with kMax, the row's largest S * scale + bias in
+// *bmax (NaN if any is NaN).
+template <bool kMax>
+LH_BF16 float row_exp_8x8_bf16(const float* row, c10::BFloat16* p, const Tiles& tl,
+                               const Block& blk, const float* table_h, int qy, int qx,
+                               float scale, float m, float* bmax) {
+  const __m512 vs = _mm512_set1_ps(scale);
+  const __m512 l2e = _mm512_set1_ps(1.44269504f), off = _mm512_set1_ps(-m * 1.44269504f);
+  __m512 sum = _mm512_setzero_ps(), vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __mmask16 nan = 0;
+  for (int t = blk.t0; t < blk.t1; ++t, row += 64, p += 64)
+    for (int i = 0; i < 4; i += 2) {
+      const __m512 x0 = _mm512_fmadd_ps(_mm512_loadu_ps(row + 16 * i), vs,
+                                        bias16_8x8(table_h, tl, t, qy, qx, i));
+      const __m512 x1 = _mm512_fmadd_ps(_mm512_loadu_ps(row + 16 * i + 16), vs,
+                                        bias16_8x8(table_h, tl, t, qy, qx, i + 1));
+      if constexpr (kMax) {
+        nan |= _mm512_cmp_ps_mask(x0, x1, _CMP_UNORD_Q);
+        vmax = _mm512_max_ps(vmax, _mm512_max_ps(x0, x1));
+      }
+      const __m512 e0 = exp_minus_avx512_v(x0, l2e, off), e1 = exp_minus_avx512_v(x1, l2e, off);
+      sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+      _mm512_storeu_si512((void*)(p + 16 * i), (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+    }
+  if constexpr (kMax)
+    *bmax = nan ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(vmax);
+  return _mm512_reduce_add_ps(sum);
+}
+#endif
+
 // ---------------------------------------------------------------------------------------
 // Softmax blocks (shared by both product kinds)
 // ---------------------------------------------------------------------------------------
@@ -886,15 +999,49 @@ void qk_brgemm(const bf16* A, int lda, int n, int dp, const bf16* Bv, int slots,
 // Forward, one block of scores s (nq x ns): per query row the bias added with the scale,
 // the running maximum mrow and sum lrow updated; p (nq x ns, may be s) holds exp(S - m) in
 // P's type afterwards and alpha the factor the row's accumulator is to be multiplied by
-// (1: unchanged).
+// (1: unchanged). ``lazy``: a block after the rows' first block of tiles (the one-pass
+// exp of section "bfloat16 rows of whole 8 x 8 tiles" may stand).
 template <typename T, typename P>
 void online_softmax_block(T* s, P* p, int nq, int ns, const Tiles& tl, const Block& blk,
                           const T* table_h, const T* key_h, const int* qy, const int* qx,
-                          T scale, T* mrow, T* lrow, T* alpha) {
+                          T scale, T* mrow, T* lrow, T* alpha, bool lazy) {
   const T lowest = -std::numeric_limits<T>::infinity();
+#if defined(LH_NATIVE_BF16)
+  constexpr bool kRows8x8 = std::is_same_v<T, float> && std::is_same_v<P, c10::BFloat16>;
+  const bool rows_8x8 = kRows8x8 && !key_h && whole_8x8(tl, blk);
+#endif
   for (int r = 0; r < nq; ++r) {
     T* row = s + (int64_t)r * ns;
     P* prow = p + (int64_t)r * ns;
+#if defined(LH_NATIVE_BF16)
+    if constexpr (kRows8x8) {
+      if (rows_8x8) {
+        if (lazy && std::isfinite(mrow[r])) {  // one pass against the running maximum
+          float bmax;
+          const float sum = row_exp_8x8_bf16<true>(row, prow, tl, blk, table_h, qy[r], qx[r],
+                                                   scale, mrow[r], &bmax);
+          if (!(bmax > mrow[r] + LAZY_RESCALE)) {  // NaN stands: it is in the sum
+            alpha[r] = 1;
+            lrow[r] += sum;
+            continue;
+          }
+        }
+        const float mnew =
+            row_max_8x8_bf16(row, tl, blk, table_h, qy[r], qx[r], scale, mrow[r]);
+        if (mnew == lowest) {  // nothing seen yet
+          std::fill(prow, prow + ns, P(0));
+          alpha[r] = 1;
+          continue;
+        }
+        alpha[r] = mnew == mrow[r] ? T(1) : std::exp(mrow[r] - mnew);
+        lrow[r] = lrow[r] * alpha[r] + row_exp_8x8_bf16<false>(row, prow, tl, blk, table_h,
+                                                               qy[r], qx[r], scale, mnew,
+                                                               nullptr);
+        mrow[r] = mnew;
+        continue;
+      }
+    }
+#endif
     const T mnew = scale_bias_max<T>(row, tl, blk, table_h, key_h, qy[r], qx[r], scale, mrow[r]);
     if (mnew == lowest) {  // nothing seen yet
       std::fill(prow, prow + ns, P(0));
@@ -1118,10 +1265,12 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         }
         std::fill(acc.begin(), acc.begin() + (int64_t)nq * dp, T(0));
         blocks_of(tl, plan, plan.head_group[h], qt, max_keys, blocks);
+        nearest_first(tl, qt, blocks);
         const T* table_h = tp + h * tab;
         const T* key_h = kt ? kt + h * N : nullptr;
         const KT* kh = kpan.data() + i * per;
         const KT* vh = vrow.data() + i * per;
+        bool lazy = false;  // after the first block of tiles
         for (const Block& blk : blocks) {
           const int ns = blk.ns;
           T* s = sb.data();
@@ -1130,7 +1279,8 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           Products::scores(qb.data(), nq, dp, kh, tl.slots, blk.s0, ns, s);
           online_softmax_block<T, PT>(s, p, nq, ns, tl, blk, table_h, key_h, qy.data(),
                                       qx.data(), scale, mrow.data(), lrow.data(),
-                                      alpha.data());
+                                      alpha.data(), lazy);
+          lazy = lazy || !blk.prefix;
           rescale_rows<T>(acc.data(), nq, dp, alpha.data());
           Products::accumulate(p, nq, ns, vh + (int64_t)blk.s0 * dp, dp, acc.data());
         }
