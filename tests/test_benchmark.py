@@ -695,17 +695,24 @@ def test_peer_frame_steps_time_the_steady_state(monkeypatch):
 
     def child(case, timeout):
         seen.append(case)
-        return dict(case, seconds=1.0, times=[1.0], peak=2**30, backend=None)
+        steps = case['steps']
+        # the peer's steps 1.0 s and 3.0 s, the others' 1.0 s and 1.2 s: medians 2.0 / 1.1 s
+        times = [1.0, 3.0][:steps] if case['model'] == peer.PEER else [1.0, 1.2][:steps]
+        return dict(case, seconds=sum(times) / steps, times=times, peak=2**30, backend=None)
 
     monkeypatch.setattr(peer, 'run_child', child)
     common = dict(presets=['lh90'], parts=['frame'], registered_presets=(), rounds=1)
     res = peer.bench_peer(frame_steps=2, **common)
     assert seen and all(c['warmup'] == 1 and c['steps'] == 2 for c in seen)
-    assert '(median of 2 frames after 1 untimed)' in '\n'.join(format_peer(res))
+    text = '\n'.join(format_peer(res))
+    assert '(median of 2 frames after 1 untimed)' in text and 'x timm, best step' in text
+    lh90 = next(r for r in res['frame']['rows'] if r['model'] == 'lh90')
+    assert lh90['time_ratio'] == pytest.approx(0.55) and lh90['best_ratio'] == pytest.approx(1.0)
     seen.clear()
     res = peer.bench_peer(**common)
     assert seen and all('warmup' not in c and c['steps'] == 1 for c in seen)
-    assert '(the first frame of each process)' in '\n'.join(format_peer(res))
+    text = '\n'.join(format_peer(res))
+    assert '(the first frame of each process)' in text and 'best step' not in text
     with pytest.raises(ValueError, match='frame_steps must be >= 0'):
         peer.bench_peer(frame_steps=-1, **common)
 

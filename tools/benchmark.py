@@ -331,7 +331,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         type=int,
         default=0,
         help='peer frame cases: 0 times the first frame of each fresh process; N > 0 one '
-        'untimed frame, then the median of N timed ones (the steady state; default 0)',
+        'untimed frame, then the median of N timed ones (the steady state), the table also '
+        'giving the ratio of the best step (default 0)',
     )
     p.add_argument(
         '--peer-train-backends',

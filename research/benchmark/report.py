@@ -237,10 +237,11 @@ def format_peer(pr: Dict[str, Any]) -> List[str]:
                 if first.get('warmup')
                 else ' (the first frame of each process)'
             )
+        best = all('best_ratio' in r for r in group['rows'] if 'error' not in r)
         lines.append(f'  {title} {size[0]}x{size[1]}{timed}:')
         lines.append(
             f'    {"model":<18}{"backend":<10}{"seconds":>9}{"x timm":>8}{"peak GiB":>10}'
-            f'{"x timm":>8}'
+            f'{"x timm":>8}' + (f'{"x timm, best step":>19}' if best else '')
         )
         for r in group['rows']:
             if 'error' in r:
@@ -249,6 +250,7 @@ def format_peer(pr: Dict[str, Any]) -> List[str]:
             lines.append(
                 f'    {r["model"]:<18}{str(r["backend"] or "-"):<10}{r["seconds"]:>9.2f}'
                 f'{r["time_ratio"]:>8.3f}{r["peak_gib"]:>10.2f}{r["peak_ratio"]:>8.3f}'
+                + (f'{r["best_ratio"]:>19.3f}' if best else '')
             )
             if 'peak_ratio_same_imports' in r:
                 lines.append(
