@@ -360,6 +360,22 @@ def test_resume_says_when_nothing_is_left_and_when_the_precision_changes(tmp_pat
         'resume: the checkpoint was trained in float32, this run trains in bfloat16 mixed '
         'precision'
     ) in log
+    assert 'train_dataloader.batch_size' not in log  # the same batch size: no note
+
+    # resumed longer with another batch size: trains, and says what that changes
+    bigger = train_model(
+        ADE_CFG,
+        work_dir=work,
+        resume='auto',
+        amp=True,
+        cfg_options=options(*base, 'train_cfg.max_iters=3', 'train_dataloader.batch_size=4'),
+    )
+    assert bigger.iter == 3
+    log = _run_log(bigger)
+    saved = [ln for ln in log.splitlines() if 'resume: the checkpoint was trained with' in ln]
+    assert len(saved) == 1, log[-3000:]
+    assert 'train_dataloader.batch_size=2, this run uses 4 (per process)' in saved[0]
+    assert '2x the images' in saved[0] and 'train_dataloader.batch_size=2 to continue' in saved[0]
 
 
 def test_a_run_without_resume_in_a_used_work_dir_says_what_it_replaces(tmp_path):

@@ -320,7 +320,8 @@ class ExactResumeHook(Hook):
     Says on resume what mmengine passes over in silence: a loop with nothing left to train
     (:func:`nothing_left_to_train`; the run ends at once), and a run that trains in
     another precision than the checkpoint's (``--amp`` switched on or off; the
-    checkpoints record :func:`training_precision`). A run resumed with another length
+    checkpoints record :func:`training_precision`) or with another train batch size (the
+    checkpoints record ``train_dataloader.batch_size``). A run resumed with another length
     follows its config's LR schedule, not the checkpoint's
     (:func:`~lookhere_dense.engine.schedules.keep_config_schedule`, with a note).
     """
@@ -347,10 +348,15 @@ class ExactResumeHook(Hook):
             self._ranks = all_gather_object(self._rng())
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        sampler = _train_sampler(getattr(runner.train_loop, 'dataloader', None))
+        loader = getattr(runner.train_loop, 'dataloader', None)
+        sampler = _train_sampler(loader)
         checkpoint[RESUME_STATE_KEY] = dict(
             rng=self._rng(),
-            sampler=dict(type=type(sampler).__name__, seed=getattr(sampler, 'seed', None)),
+            sampler=dict(
+                type=type(sampler).__name__,
+                seed=getattr(sampler, 'seed', None),
+                batch_size=getattr(loader, 'batch_size', None),
+            ),
             precision=training_precision(runner),
         )
         ranks, self._ranks = self._ranks, None
@@ -396,6 +402,9 @@ class ExactResumeHook(Hook):
                 'optim_wrapper); weights and optimizer state carry over, the losses may '
                 'shift a little at the switch'
             )
+        note = _batch_size_change(state, runner.train_loop)
+        if not left and note:
+            runner.logger.warning(note)
         from mmengine.dist import get_rank
         from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
 
@@ -461,6 +470,24 @@ class ExactResumeHook(Hook):
             sampler.indices = sampler._indices_of_rank()
         runner.logger.info(f'resume: train sampler seed restored to {saved}')
         return True
+
+
+def _batch_size_change(state: Mapping[str, Any], loop) -> Optional[str]:
+    """The note for a resume whose train loader draws batches of another size than the
+    checkpoint's run did (its ``sampler.batch_size``; None when it is the same, or either
+    is unknown)."""
+    saved = (state.get('sampler') or {}).get('batch_size')
+    now = getattr(getattr(loop, 'dataloader', None), 'batch_size', None)
+    if saved is None or now is None or saved == now:
+        return None
+    return (
+        f'resume: the checkpoint was trained with train_dataloader.batch_size={saved}, this '
+        f'run uses {now} (per process): the iterations go on counting where they stopped and '
+        'the schedule is in iterations, so from here each iteration trains on '
+        f'{now / saved:.3g}x the images, and the data order does not continue the '
+        f"checkpoint's (not a bitwise resume). Keep --cfg-options "
+        f'train_dataloader.batch_size={saved} to continue the run as it was'
+    )
 
 
 # ----------------------------------------------------------------------------------------
