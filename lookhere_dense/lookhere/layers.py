@@ -155,7 +155,8 @@ def nonfinite_cause(images: Tensor, model: nn.Module, dtype: Optional[torch.dtyp
             f'{peak_x:.3g}) and overflow inside the backbone: {fix_weights}'
         )
     return (
-        f'the activations overflow inside the backbone with inputs |x| <= {peak_x:.3g} and weights |w| <= {peak_w:.3g}'
+        f'the activations overflow inside the backbone with inputs |x| <= {peak_x:.3g} '
+        f'and weights |w| <= {peak_w:.3g}'
         + (' (float16 ends at 65504: use bfloat16 autocast)' if dtype == torch.float16 else '')
     )
 
