@@ -462,6 +462,15 @@ void nearest_first(const Tiles& tl, int qt, std::vector<Block>& blocks) {
                    [&](const Block& a, const Block& b) { return distance(a) < distance(b); });
 }
 
+// The table entry of query (qy, qx) against the first patch of key tile t: the tile's
+// row r is the run of cols entries from + r * (2W - 1) (what every bias read and the bias
+// gradient address).
+template <typename T>
+inline T* tile_bias(T* table_h, const Tiles& tl, int t, int qy, int qx) {
+  return table_h + (int64_t)(tl.y0[t] - qy + tl.H - 1) * (2 * tl.W - 1) +
+         (tl.x0[t] - qx + tl.W - 1);
+}
+
 #if defined(CPU_CAPABILITY_AVX512)
 // Two 8-float table rows as one 16-float vector (lo in the low half).
 inline Vec<float> join8(__m256 lo, __m256 hi) {
@@ -496,7 +505,7 @@ inline T scale_bias_max(T* row, const Tiles& tl, const Block& blk, const T* tabl
     T* dst = row;
     for (int t = blk.t0; t < blk.t1; ++t) {
       const int rows = tl.rows[t], cols = tl.cols[t], padded = tl.slot[t + 1] - tl.slot[t];
-      const T* b = table_h + (int64_t)(tl.y0[t] - qy + tl.H - 1) * W2 + (tl.x0[t] - qx + tl.W - 1);
+      const T* b = tile_bias(table_h, tl, t, qy, qx);
       const T* e = key_h ? key_h + tl.start[t] : nullptr;
       int done = 0;  // slots written
 #if defined(CPU_CAPABILITY_AVX512)
@@ -937,10 +946,8 @@ inline bool whole_8x8(const Tiles& tl, const Block& blk) {
 LH_BF16 inline __m512 bias16_8x8(const float* table_h, const Tiles& tl, int t, int qy, int qx,
                                  int i) {
   const int W2 = 2 * tl.W - 1;
-  const float* b = table_h + (int64_t)(tl.y0[t] + 2 * i - qy + tl.H - 1) * W2 +
-                   (tl.x0[t] - qx + tl.W - 1);
-  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(b)), _mm256_loadu_ps(b + W2),
-                            1);
+  const float* b = tile_bias(table_h, tl, t, qy, qx) + 2 * i * W2;
+  return join8(_mm256_loadu_ps(b), _mm256_loadu_ps(b + W2));
 }
 
 // max(mx, the row's largest S * scale + bias), NaN if any is NaN (or mx is); nothing stored.
@@ -1129,7 +1136,7 @@ void bias_grad_block(T* dtab_h, T* dkey_h, const T* ds, int nq, int ns, const Ti
     const T* src = ds + (int64_t)r * ns;
     for (int t = blk.t0; t < blk.t1; ++t) {
       const int rows = tl.rows[t], cols = tl.cols[t];
-      T* b = dtab_h + (int64_t)(tl.y0[t] - qy[r] + tl.H - 1) * W2 + (tl.x0[t] - qx[r] + tl.W - 1);
+      T* b = tile_bias(dtab_h, tl, t, qy[r], qx[r]);
       const T* x = src + (tl.slot[t] - blk.s0);
       if (dkey_h) {
         T* e = dkey_h + tl.start[t];
