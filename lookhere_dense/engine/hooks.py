@@ -148,12 +148,11 @@ class FiniteLossHook(Hook):
 
 def _features_cause(model: torch.nn.Module) -> Optional[str]:
     """The cause a LookHere backbone found for its last forward's non-finite features
-    (``nonfinite_features``, kept in training on CPU), without its ``LookHereViT:`` prefix;
-    None when no module has one."""
+    (``nonfinite_features``, kept in training on CPU); None when no module has one."""
     for module in model.modules():
         message = getattr(module, 'nonfinite_features', None)
         if isinstance(message, str):
-            return message.split(': ', 1)[-1]
+            return message
     return None
 
 

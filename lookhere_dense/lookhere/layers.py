@@ -170,7 +170,8 @@ def check_finite_features(features: Tensor, images: Tensor, model: nn.Module) ->
     exported.
 
     Returns:
-        None when the features are finite (or not checked), else the message (training).
+        None when the features are finite (or not checked), else what the refusal says
+        after its ``LookHereViT:`` (training).
 
     Raises:
         NonFiniteFeaturesError: in inference (``model.training`` False): how many feature
@@ -180,13 +181,12 @@ def check_finite_features(features: Tensor, images: Tensor, model: nn.Module) ->
     if finite is None:
         return None
     message = (
-        f'LookHereViT: {int((~finite).sum())} of {features.numel()} feature values are NaN / '
-        f'infinite although the input images are finite: '
-        f'{nonfinite_cause(images, model, features.dtype)}'
+        f'{int((~finite).sum())} of {features.numel()} feature values are NaN / infinite '
+        f'although the input images are finite: {nonfinite_cause(images, model, features.dtype)}'
     )
     if model.training:
         return message
-    raise NonFiniteFeaturesError(message)
+    raise NonFiniteFeaturesError(f'LookHereViT: {message}')
 
 
 def _autocast_on(device_type: str) -> bool:
