@@ -836,7 +836,7 @@ def test_peer_autocast_cases_run_the_linear_layers_in_bfloat16(monkeypatch):
 
     def spy(case):
         model = build(case)
-        model.blocks[0].mlp.fc1.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+        model.blocks[0].mlp.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
         return model
 
     monkeypatch.setattr(peer, '_build', spy)
