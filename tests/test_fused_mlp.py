@@ -75,20 +75,29 @@ def test_non_contiguous_tokens_give_the_contiguous_result():
 def test_it_is_taken_only_where_it_computes_the_plain_function(monkeypatch):
     mlp = _mlp()
     x = torch.randn(2, 9, 64)
-    fc1, act = mlp.fc1, mlp.act
+    fc1, act, fc2 = mlp.fc1, mlp.act, mlp.fc2
+
+    def dtype(x=x, act=act, dropout=0.0):
+        return fused_mlp_dtype(x, fc1, act, fc2, dropout)
+
     with torch.autocast(**BF16):
-        assert fused_mlp_dtype(x, fc1, act, training=False) is None  # autograd on
+        assert dtype() is None  # autograd on: the weights need gradients
         with torch.no_grad():
-            assert fused_mlp_dtype(x, fc1, act, training=False) == torch.bfloat16
-            assert fused_mlp_dtype(x, fc1, act, training=True) is None  # dropout may act
-            assert fused_mlp_dtype(x, fc1, nn.ReLU(), training=False) is None
+            assert dtype() == torch.bfloat16
+            assert dtype(dropout=0.1) is None  # training with dropout
+            assert dtype(act=nn.ReLU()) is None
+            assert dtype(x=x.double()) is None  # autocast leaves float64 as it is
             monkeypatch.setenv('LOOKHERE_FUSED_MLP', '0')
-            assert fused_mlp_dtype(x, fc1, act, training=False) is None
+            assert dtype() is None
             monkeypatch.delenv('LOOKHERE_FUSED_MLP')
+        mlp.requires_grad_(False)  # a frozen MLP on an input that needs no gradient
+        assert dtype() == torch.bfloat16
+        assert dtype(x=x.clone().requires_grad_()) is None
+        mlp.requires_grad_(True)
     with torch.no_grad():
-        assert fused_mlp_dtype(x, fc1, act, training=False) is None  # float32
+        assert dtype() is None  # float32
         with torch.autocast('cpu', dtype=torch.float16):
-            assert fused_mlp_dtype(x, fc1, act, training=False) is None
+            assert dtype() is None
 
 
 def test_training_and_tracing_keep_the_plain_path(monkeypatch):

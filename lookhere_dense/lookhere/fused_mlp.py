@@ -1,21 +1,22 @@
 """The MLP's first linear layer and its GELU as one oneDNN call, for bfloat16 inference on
 CPU.
 
-In eager PyTorch ``gelu(fc1(x))`` is three passes over a ``T x 4C`` tensor: ``addmm``
-copies the bias into its output, the product adds to it and rounds to bfloat16, and the
-GELU reads and writes it again (for a 1024 x 2048 frame, 8193 x 3072 per layer, the GELU
-alone costs as much as a third of the product). oneDNN's fused linear
-(``torch.ops.mkldnn._linear_pointwise``, the op Inductor's CPU backend emits) adds the
-bias and applies the GELU to the float32 accumulator before the one bfloat16 rounding: one
-pass, and closer to the float64 result than the eager path (which rounds before the GELU).
+In eager PyTorch ``gelu(fc1(x))`` is three passes over a ``T x 4C`` tensor (8193 x 3072 per
+layer for a 1024 x 2048 frame): ``addmm`` copies the bias into its output, the product adds
+to it and rounds to bfloat16, and the GELU reads and writes it again. oneDNN's fused linear
+(``torch.ops.mkldnn._linear_pointwise``, the op Inductor's CPU backend emits) adds the bias
+and applies the GELU to the float32 accumulator before the one bfloat16 rounding: one pass,
+and at least as close to the float64 result as the eager path (which rounds before the
+GELU; ``tests/test_fused_mlp.py``).
 
 Used only where it computes what :class:`~lookhere_dense.lookhere.layers.Mlp`'s plain path
-computes: no autograd (``torch.no_grad`` / inference mode), a CPU tensor, bfloat16 compute
-(``torch.autocast('cpu', torch.bfloat16)`` or bfloat16 inputs and weights), an exact or
-tanh ``nn.GELU``, no active dropout, not traced / compiled / exported (the caller's
-check: the graph keeps standard ops), and a torch whose
-oneDNN has the op and bfloat16 support on this CPU. ``LOOKHERE_FUSED_MLP=0`` turns it off.
-Float32 keeps the plain path: there the product dominates and oneDNN is no faster.
+computes: no autograd (``torch.no_grad`` / inference mode, or a frozen MLP on an input that
+needs no gradient), a CPU tensor, bfloat16 compute (``torch.autocast('cpu',
+torch.bfloat16)`` with float32 / bfloat16 tensors, or bfloat16 inputs and weights), an exact
+or tanh ``nn.GELU``, no active dropout, not traced / compiled / exported (the caller's
+check: the graph keeps standard ops), and a torch whose oneDNN has the op and bfloat16
+support on this CPU. ``LOOKHERE_FUSED_MLP=0`` turns it off. Float32 keeps the plain path:
+there the product dominates and oneDNN was no faster (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -52,18 +53,25 @@ def fused_mlp_available() -> bool:
 
 
 def fused_mlp_dtype(
-    x: Tensor, fc1: nn.Linear, act: nn.Module, training: bool
+    x: Tensor, fc1: nn.Linear, act: nn.Module, fc2: nn.Linear, dropout: float
 ) -> Optional[torch.dtype]:
     """The compute dtype of the fused path for this call (``torch.bfloat16``), or None where
-    the plain path must run (the module docstring's conditions but the tracing one, which the caller checks)."""
-    if torch.is_grad_enabled() or x.device.type != 'cpu' or type(act) is not nn.GELU:
+    the plain path must run: the module docstring's conditions but the tracing one, which
+    the caller checks. ``dropout``: the probability of the MLP's dropout in this call (0 in
+    eval mode). "No autograd" is: grad mode off, or nothing of the call needs a gradient
+    (a frozen MLP on an input that needs none)."""
+    if x.device.type != 'cpu' or type(act) is not nn.GELU or dropout > 0 or fc1.bias is None:
         return None
-    if training or fc1.bias is None:
+    params = (fc1.weight, fc1.bias, fc2.weight) + (() if fc2.bias is None else (fc2.bias,))
+    if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):
         return None
+    reduced = (torch.float32, torch.bfloat16)  # what autocast casts, or already bfloat16
     if torch.is_autocast_enabled('cpu'):
         if torch.get_autocast_dtype('cpu') != torch.bfloat16:
             return None
-    elif x.dtype != torch.bfloat16 or fc1.weight.dtype != torch.bfloat16:
+        if x.dtype not in reduced or any(p.dtype not in reduced for p in params):
+            return None  # the plain path's dtype error (autocast casts float32 only)
+    elif x.dtype != torch.bfloat16 or any(p.dtype != torch.bfloat16 for p in params):
         return None
     if not fused_mlp_available():
         return None

@@ -364,7 +364,8 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: Tensor) -> Tensor:
-        dtype = fused_mlp_dtype(x, self.fc1, self.act, self.training)
+        dropout = self.drop.p if self.training else 0.0
+        dtype = fused_mlp_dtype(x, self.fc1, self.act, self.fc2, dropout)
         if dtype is not None and not _tracing():  # bf16 inference on CPU: one oneDNN call
             return fused_mlp(x, self.fc1, self.act, self.fc2, dtype)
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
