@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -836,7 +837,7 @@ def test_peer_autocast_cases_run_the_linear_layers_in_bfloat16(monkeypatch):
 
     def spy(case):
         model = build(case)
-        model.blocks[0].mlp.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+        model.blocks[0].attn.qkv.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
         return model
 
     monkeypatch.setattr(peer, '_build', spy)
@@ -845,3 +846,27 @@ def test_peer_autocast_cases_run_the_linear_layers_in_bfloat16(monkeypatch):
     peer.peer_case(case)
     peer.peer_case(dict(case, autocast='bfloat16'))
     assert seen == [torch.float32, torch.bfloat16]
+
+
+def test_peer_plain_mlp_cases_run_the_mlp_plain_path_and_restore_the_environment(monkeypatch):
+    """``'<preset>+plain-mlp'`` runs with ``LOOKHERE_FUSED_MLP=0`` (its MLP never takes the
+    fused path of bf16 inference, which the plain case does) and leaves the variable as it
+    was."""
+    import lookhere_dense.lookhere.layers as layers
+    import research.benchmark.peer as peer
+    from lookhere_dense.lookhere.fused_mlp import fused_mlp_available
+
+    if not fused_mlp_available():
+        pytest.skip('no fused MLP on this CPU: both cases take the plain path')
+    fused = []
+    run = layers.fused_mlp
+    monkeypatch.setattr(layers, 'fused_mlp', lambda *a: fused.append(1) or run(*a))
+    monkeypatch.delenv('LOOKHERE_FUSED_MLP', raising=False)
+    case = dict(kind='peer', mode='frame', size=[32, 48], device='cpu', dtype='float32')
+    case.update(arch=dict(embed_dims=48, num_layers=1, num_heads=6), autocast='bfloat16')
+    peer.peer_case(dict(case, model='lh90'))
+    assert fused  # the default case: the fused MLP
+    fused.clear()
+    peer.peer_case(dict(case, model='lh90' + peer.PLAIN_MLP))
+    assert not fused
+    assert 'LOOKHERE_FUSED_MLP' not in os.environ

@@ -353,6 +353,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "'tiled' beside what auto picks; default: none)",
     )
     p.add_argument(
+        '--peer-plain-mlp',
+        nargs='+',
+        default=(),
+        metavar='PRESET',
+        help="extra peer whole-frame cases of these presets with the MLP's plain path "
+        '(LOOKHERE_FUSED_MLP=0 in their processes), beside the fused MLP that bf16 '
+        'inference on CPU takes (default: none)',
+    )
+    p.add_argument(
         '--peer-parts',
         nargs='+',
         default=None,
@@ -545,6 +554,7 @@ def run_section(section: str, args: argparse.Namespace) -> Dict[str, Any]:
             frame_steps=args.peer_frame_steps,
             train_backends=args.peer_train_backends,
             frame_backends=args.peer_frame_backends,
+            plain_mlp_presets=args.peer_plain_mlp,
             segmenter_config=args.peer_segmenter_config,
             registered_presets=args.peer_registered,
             rounds=args.frame_repeats,

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import NonFiniteFeaturesError, NonFiniteInputError
-from .fused_mlp import fused_mlp, fused_mlp_dtype
+from .fused_mlp import fused_mlp, use_fused_mlp
 
 if TYPE_CHECKING:  # the annotations only: the layers need no position-encoding code
     from .engine import LookHereAttentionEngine
@@ -364,10 +364,11 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: Tensor) -> Tensor:
-        dropout = self.drop.p if self.training else 0.0
-        dtype = fused_mlp_dtype(x, self.fc1, self.act, self.fc2, dropout)
-        if dtype is not None and not _tracing():  # bf16 inference on CPU: one oneDNN call
-            return fused_mlp(x, self.fc1, self.act, self.fc2, dtype)
+        """``(..., dim)`` -> ``(..., dim)``: ``fc2(drop(act(fc1(x))))``, then dropout;
+        where :func:`~.fused_mlp.use_fused_mlp` allows it (bfloat16 inference on CPU, not
+        traced), ``fc1`` and the GELU as one oneDNN call (:mod:`.fused_mlp`)."""
+        if not _tracing() and use_fused_mlp(x, self):
+            return fused_mlp(x, self.fc1, self.act, self.fc2)
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
 

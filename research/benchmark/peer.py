@@ -38,6 +38,7 @@ heads and layers); ``plan_bound`` / ``fused_plan_bound`` use the pairs the ``til
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -74,6 +75,9 @@ PEER_OPENMMLAB = 'timm+openmmlab'
 REGISTERED = 'registered'
 #: the model config whose backbone dict the ``registered`` cases build (ViT-B/16, as users do)
 REGISTERED_CONFIG = 'configs/_base_/models/segmenter_lookhere_vit-b16_mask.py'
+#: model-name suffix of a frame case with the MLP's plain path (``LOOKHERE_FUSED_MLP=0`` in
+#: its process; ``'<preset>+plain-mlp'``): what the fused MLP of bf16 inference gives
+PLAIN_MLP = '+plain-mlp'
 #: the timm model name of the peer
 PEER_MODEL = 'vit_base_patch16_224'
 #: the parts of :func:`bench_peer`, in the order they run
@@ -190,7 +194,9 @@ def _build(case: Dict[str, Any]) -> nn.Module:
         return model.to(device=device, dtype=dtype)
     if case['model'].startswith(REGISTERED + ':'):
         return _registered(case)
-    preset, _, backend = case['model'].partition(':')
+    name = case['model']
+    name = name[: -len(PLAIN_MLP)] if name.endswith(PLAIN_MLP) else name
+    preset, _, backend = name.partition(':')
     if preset == NOBIAS:
         return build_vit(arch, device=device, dtype=dtype, pos_encoding='none')
     return build_vit(arch, preset, backend or 'auto', device=device, dtype=dtype)
@@ -333,7 +339,8 @@ def peer_case(case: Dict[str, Any]) -> Dict[str, Any]:
 
     Args:
         case: ``mode`` (``frame``, ``train``, ``segmenter``), ``model`` (``'timm'``,
-            ``'nobias'`` or ``'<preset>[:<backend>]'``), ``size`` ``[H, W]``, ``device``,
+            ``'nobias'`` or ``'<preset>[:<backend>]'``, with :data:`PLAIN_MLP` appended
+            the MLP's plain path: ``LOOKHERE_FUSED_MLP=0`` while the case runs), ``size`` ``[H, W]``, ``device``,
             ``dtype``, ``steps``, ``threads``; ``config`` for ``segmenter``; optional
             ``arch`` (a narrower ViT on both sides, see :func:`_build`), ``warmup`` (untimed steps before the timed ones; default 0 for ``frame``,
             whose first call at a size is the measurement, 1 otherwise) and
@@ -350,6 +357,21 @@ def peer_case(case: Dict[str, Any]) -> Dict[str, Any]:
         compilation; None without warm-up) and, with ``strict_compile``,
         ``recompile_limit_hits``.
     """
+    if str(case.get('model', '')).endswith(PLAIN_MLP):
+        saved = os.environ.get('LOOKHERE_FUSED_MLP')
+        os.environ['LOOKHERE_FUSED_MLP'] = '0'
+        try:
+            return _peer_case(case)
+        finally:
+            if saved is None:
+                del os.environ['LOOKHERE_FUSED_MLP']
+            else:
+                os.environ['LOOKHERE_FUSED_MLP'] = saved
+    return _peer_case(case)
+
+
+def _peer_case(case: Dict[str, Any]) -> Dict[str, Any]:
+    """:func:`peer_case` in the environment it sets."""
     if case.get('threads'):
         torch.set_num_threads(int(case['threads']))
     watch = None
@@ -572,6 +594,7 @@ def bench_peer(
     train_layer_sizes: Sequence[int] = (512, 640),
     train_backends: Sequence[str] = (),
     frame_backends: Sequence[str] = (),
+    plain_mlp_presets: Sequence[str] = (),
     segmenter_config: Optional[str] = None,
     registered_presets: Sequence[str] = ('lh180',),
     rounds: int = 2,
@@ -604,6 +627,9 @@ def bench_peer(
             Default: none.
         frame_backends: extra ``frame`` cases per preset with the backend forced (e.g.
             ``tiled`` beside what ``auto`` picks). Default: none.
+        plain_mlp_presets: extra ``frame`` cases of these presets with the MLP's plain
+            path (``'<preset>+plain-mlp'``, :data:`PLAIN_MLP`), beside the default one
+            that takes the fused MLP in bfloat16 inference on CPU. Default: none.
         segmenter_config: an mmseg Segmenter config for the Segmenter training step
             (OpenMMLab); None: skip. Default: None.
         registered_presets: ``frame`` and ``train`` cases of the registered backbone as
@@ -696,6 +722,7 @@ def bench_peer(
                 frame_size,
                 [PEER, NOBIAS, *presets]
                 + [f'{p}:{b}' for p in presets for b in frame_backends]
+                + [p + PLAIN_MLP for p in plain_mlp_presets]
                 + registered,
                 **steady,
             ),
