@@ -245,3 +245,53 @@ def test_whole_model_in_bf16_inference_stays_close_to_float32(monkeypatch):
     # two blocks of bfloat16 roundings around float32 residuals: the plain path's error,
     # give or take the rounding noise of the comparison
     assert _rel(fused, ref) <= 1.25 * _rel(plain, ref)
+
+
+@requires_op
+def test_function_transforms_keep_the_plain_path(monkeypatch):
+    """Forward-mode AD (the op would drop the tangent) and ``torch.func`` (``vmap`` would
+    loop over the op): the plain path, its values and tangents."""
+    import torch.autograd.forward_ad as fwAD
+
+    mlp = _mlp()
+    x, t = torch.randn(5, 64), torch.randn(5, 64)
+    with torch.no_grad(), torch.autocast(**BF16):
+        with fwAD.dual_level():
+            out = fwAD.unpack_dual(mlp(fwAD.make_dual(x, t)))
+            with monkeypatch.context() as m:
+                m.setenv('LOOKHERE_FUSED_MLP', '0')
+                plain = fwAD.unpack_dual(mlp(fwAD.make_dual(x, t)))
+        assert out.tangent is not None
+        assert torch.equal(out.primal, plain.primal) and torch.equal(out.tangent, plain.tangent)
+        xs = torch.randn(3, 5, 64)
+        vmapped = torch.func.vmap(mlp)
+        assert torch.equal(vmapped(xs), _plain(vmapped, xs, monkeypatch))
+        jvp = lambda x: torch.func.jvp(mlp, (x,), (t,))  # noqa: E731
+        value, tangent = jvp(x)
+        plain_value, plain_tangent = _plain(jvp, x, monkeypatch)
+    assert torch.equal(value, plain_value) and torch.equal(tangent, plain_tangent)
+
+
+@requires_op
+def test_jumbo_model_in_bf16_inference(monkeypatch):
+    """A Jumbo trunk (its blocks run the MLP on the patch tokens, a slice, and the shared
+    wide MLP on the joined Jumbo tokens) takes the fused path and stays close to float32."""
+    torch.manual_seed(0)
+    model = create_model(
+        embed_dims=48,
+        num_layers=2,
+        num_heads=12,
+        patch_size=8,
+        with_cls_token=False,
+        jumbo_tokens=3,
+        init_values=0.5,
+    ).eval()
+    x = torch.randn(2, 3, 32, 40)
+    with torch.no_grad():
+        ref = model.forward_features(x).double()
+        with torch.autocast(**BF16):
+            fused = model.forward_features(x)
+            plain = _plain(model.forward_features, x, monkeypatch)
+    assert not torch.equal(fused, plain)
+    assert _rel(fused, ref) < 0.02
+    assert _rel(fused, ref) <= 1.25 * _rel(plain, ref)

@@ -7,13 +7,14 @@ to it and rounds to bfloat16, and the GELU reads and writes it again. oneDNN's f
 (``torch.ops.mkldnn._linear_pointwise``, the op Inductor's CPU backend emits) adds the bias
 and applies the GELU to the float32 accumulator before the one bfloat16 rounding: one pass,
 and as close to the float64 result as the eager path, which rounds before the GELU
-(``tests/test_fused_mlp.py``: within 1.1x the plain path's error, mostly below it).
+(``tests/test_fused_mlp.py``: within 1.1x the plain path's error).
 
 Used only where it computes what :class:`~lookhere_dense.lookhere.layers.Mlp`'s plain path
 computes (:func:`use_fused_mlp`): plain ``nn.Linear`` / ``nn.GELU`` (exact or tanh) /
 ``nn.Dropout`` modules without hooks (a wrapped, quantized or hooked layer keeps its own
 forward), no dropout acting, no autograd (``torch.no_grad`` / inference mode, or a frozen
-MLP on an input that needs no gradient), a plain CPU tensor, bfloat16 compute
+MLP on an input that needs no gradient; no forward-mode AD or ``torch.func`` transform), a
+plain CPU tensor, bfloat16 compute
 (``torch.autocast('cpu', torch.bfloat16)`` with float32 / bfloat16 tensors, or bfloat16
 inputs and weights), not traced / compiled / exported (the caller checks that first: the
 graph keeps standard ops), and a torch whose oneDNN has the op and bfloat16 support on this
@@ -27,6 +28,7 @@ import functools
 import os
 
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn as nn
 from torch import Tensor
 
@@ -72,12 +74,23 @@ def _global_hooks() -> bool:
     )
 
 
+def _transformed(x: Tensor) -> bool:
+    """Under a function transform the op has no rule for: forward-mode AD (a dual level is
+    open: the op would drop the tangent) or ``torch.func`` (``vmap``, ``jvp``, ``grad``: a
+    wrapped tensor; ``vmap`` would loop over the op)."""
+    if fwAD._current_level >= 0:
+        return True
+    functorch = getattr(torch._C, '_functorch', None)
+    wrapped = getattr(functorch, 'is_functorch_wrapped_tensor', None)
+    return bool(wrapped(x)) if wrapped is not None else False
+
+
 def use_fused_mlp(x: Tensor, mlp: nn.Module) -> bool:
     """Whether ``mlp(x)`` (an :class:`~lookhere_dense.lookhere.layers.Mlp`: ``fc1``,
     ``act``, ``drop``, ``fc2``) may take the fused path: every condition of the module
     docstring but the tracing one, which the caller checks first."""
     fc1, act, drop, fc2 = mlp.fc1, mlp.act, mlp.drop, mlp.fc2
-    if type(x) is not torch.Tensor or x.device.type != 'cpu':
+    if type(x) is not torch.Tensor or x.device.type != 'cpu' or _transformed(x):
         return False
     if not (_plain(fc1, nn.Linear) and _plain(fc2, nn.Linear) and _plain(act, nn.GELU)):
         return False
