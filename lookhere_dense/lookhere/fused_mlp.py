@@ -90,7 +90,10 @@ def use_fused_mlp(x: Tensor, mlp: nn.Module) -> bool:
     ``act``, ``drop``, ``fc2``) may take the fused path: every condition of the module
     docstring but the tracing one, which the caller checks first."""
     fc1, act, drop, fc2 = mlp.fc1, mlp.act, mlp.drop, mlp.fc2
-    if type(x) is not torch.Tensor or x.device.type != 'cpu' or _transformed(x):
+    grad = torch.is_grad_enabled()
+    if x.device.type != 'cpu' or (grad and x.requires_grad):  # training: out at once
+        return False
+    if type(x) is not torch.Tensor or _transformed(x):
         return False
     if not (_plain(fc1, nn.Linear) and _plain(fc2, nn.Linear) and _plain(act, nn.GELU)):
         return False
@@ -104,7 +107,7 @@ def use_fused_mlp(x: Tensor, mlp: nn.Module) -> bool:
     params = list(mlp.parameters())
     if any(type(p) is not nn.Parameter for p in params) or _global_hooks():
         return False
-    if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):
+    if grad and any(p.requires_grad for p in params):
         return False
     reduced = (torch.float32, torch.bfloat16)  # what autocast casts, or already bfloat16
     if torch.is_autocast_enabled('cpu'):

@@ -194,9 +194,7 @@ def _build(case: Dict[str, Any]) -> nn.Module:
         return model.to(device=device, dtype=dtype)
     if case['model'].startswith(REGISTERED + ':'):
         return _registered(case)
-    name = case['model']
-    name = name[: -len(PLAIN_MLP)] if name.endswith(PLAIN_MLP) else name
-    preset, _, backend = name.partition(':')
+    preset, _, backend = case['model'].removesuffix(PLAIN_MLP).partition(':')
     if preset == NOBIAS:
         return build_vit(arch, device=device, dtype=dtype, pos_encoding='none')
     return build_vit(arch, preset, backend or 'auto', device=device, dtype=dtype)
@@ -340,8 +338,8 @@ def peer_case(case: Dict[str, Any]) -> Dict[str, Any]:
     Args:
         case: ``mode`` (``frame``, ``train``, ``segmenter``), ``model`` (``'timm'``,
             ``'nobias'`` or ``'<preset>[:<backend>]'``, with :data:`PLAIN_MLP` appended
-            the MLP's plain path: ``LOOKHERE_FUSED_MLP=0`` while the case runs), ``size`` ``[H, W]``, ``device``,
-            ``dtype``, ``steps``, ``threads``; ``config`` for ``segmenter``; optional
+            the MLP's plain path: ``LOOKHERE_FUSED_MLP=0`` while the case runs), ``size``
+            ``[H, W]``, ``device``, ``dtype``, ``steps``, ``threads``; ``config`` for ``segmenter``; optional
             ``arch`` (a narrower ViT on both sides, see :func:`_build`), ``warmup`` (untimed steps before the timed ones; default 0 for ``frame``,
             whose first call at a size is the measurement, 1 otherwise) and
             ``strict_compile`` (a dynamo recompile-limit hit raises where torch can, and
