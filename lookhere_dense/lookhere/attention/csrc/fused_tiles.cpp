@@ -1003,23 +1003,24 @@ LH_BF16 float row_exp_8x8_bf16(const float* row, c10::BFloat16* p, const Tiles& 
 // Softmax blocks (shared by both product kinds)
 // ---------------------------------------------------------------------------------------
 
-// Forward, one block of scores s (nq x ns): per query row the bias added with the scale,
-// the running maximum mrow and sum lrow updated; p (nq x ns, may be s) holds exp(S - m) in
-// P's type afterwards and alpha the factor the row's accumulator is to be multiplied by
-// (1: unchanged). ``lazy``: a block after the rows' first block of tiles (the one-pass
-// exp of section "bfloat16 rows of whole 8 x 8 tiles" may stand).
+// Forward, one block of scores s (nq x ns, rows lds apart): per query row the bias added
+// with the scale, the running maximum mrow and sum lrow updated; p (nq x ns, rows ldp
+// apart; may be s) holds exp(S - m) in P's type afterwards and alpha the factor the row's
+// accumulator is to be multiplied by (1: unchanged). ``lazy``: a block after the rows'
+// first block of tiles (the one-pass exp of section "bfloat16 rows of whole 8 x 8 tiles"
+// may stand).
 template <typename T, typename P>
-void online_softmax_block(T* s, P* p, int nq, int ns, const Tiles& tl, const Block& blk,
-                          const T* table_h, const T* key_h, const int* qy, const int* qx,
-                          T scale, T* mrow, T* lrow, T* alpha, bool lazy) {
+void online_softmax_block(T* s, int lds, P* p, int ldp, int nq, int ns, const Tiles& tl,
+                          const Block& blk, const T* table_h, const T* key_h, const int* qy,
+                          const int* qx, T scale, T* mrow, T* lrow, T* alpha, bool lazy) {
   const T lowest = -std::numeric_limits<T>::infinity();
 #if defined(LH_NATIVE_BF16)
   constexpr bool kRows8x8 = std::is_same_v<T, float> && std::is_same_v<P, c10::BFloat16>;
   const bool rows_8x8 = kRows8x8 && !key_h && whole_8x8(tl, blk);
 #endif
   for (int r = 0; r < nq; ++r) {
-    T* row = s + (int64_t)r * ns;
-    P* prow = p + (int64_t)r * ns;
+    T* row = s + (int64_t)r * lds;
+    P* prow = p + (int64_t)r * ldp;
 #if defined(LH_NATIVE_BF16)
     if constexpr (kRows8x8) {
       if (rows_8x8) {
@@ -1151,6 +1152,16 @@ void bias_grad_block(T* dtab_h, T* dkey_h, const T* ds, int nq, int ns, const Ti
 // ---------------------------------------------------------------------------------------
 // Forward
 // ---------------------------------------------------------------------------------------
+// The row stride (elements) of a buffer of score / probability rows up to ``width`` wide:
+// one 64-byte cache line more than the row. A row of 1024 float32 scores is 4096 bytes,
+// and rows 4096 bytes apart all fall in one set of the L1 cache: the scores product's
+// stores of 16-row tiles (AMX) evicted each other, and that product took ~2x its time
+// (bf16 on AMX, one thread; the kernel ~10 % of its).
+template <typename E>
+inline int padded_row(int width) {
+  return width + (int)(64 / sizeof(E));
+}
+
 // The forward's products, one policy per kind. KT: the element type of the packed keys /
 // values and of the query block.
 //   FloatProducts: float32 / float64 FMA kernels (bf16 / fp16 inputs converted as packed);
@@ -1165,12 +1176,15 @@ struct FloatProducts {
   static void pack_values(const IT* src, int64_t ld, const Tiles& tl, int d, int dp, KT* dst) {
     pack_head<IT, T>(src, ld, tl, d, dp, dst, nullptr);
   }
-  // S (nq x ns) = Q K^T for the key slots s0 .. s0 + ns of a head's packed keys kh
-  static void scores(const KT* q, int nq, int dp, const KT* kh, int, int s0, int ns, T* s) {
-    gemm_panels<T>(q, nq, dp, kh + (int64_t)s0 * dp, ns, s, ns);
+  // S (nq x ns, rows lds apart) = Q K^T for the key slots s0 .. s0 + ns of a head's
+  // packed keys kh
+  static void scores(const KT* q, int nq, int dp, const KT* kh, int, int s0, int ns, T* s,
+                     int lds) {
+    gemm_panels<T>(q, nq, dp, kh + (int64_t)s0 * dp, ns, s, lds);
   }
-  static void accumulate(const T* p, int nq, int ns, const KT* v, int dp, T* acc) {
-    gemm_rows<T>(p, ns, nq, ns, v, dp, acc, T(1));
+  // acc (nq x dp) += P V, P (nq x ns) with rows ldp apart
+  static void accumulate(const T* p, int ldp, int nq, int ns, const KT* v, int dp, T* acc) {
+    gemm_rows<T>(p, ldp, nq, ns, v, dp, acc, T(1));
   }
   static void release() {}
 };
@@ -1186,11 +1200,12 @@ struct NativeBf16Products {
     pack_head_bf16(src, ld, tl, d, dp, dst, nullptr);
   }
   static void scores(const bf16* q, int nq, int dp, const bf16* kh, int, int s0, int ns,
-                     float* s) {
-    qk_bf16(q, dp, nq, dp, kh + (int64_t)s0 * dp, ns, s, ns);
+                     float* s, int lds) {
+    qk_bf16(q, dp, nq, dp, kh + (int64_t)s0 * dp, ns, s, lds);
   }
-  static void accumulate(const bf16* p, int nq, int ns, const bf16* v, int dp, float* acc) {
-    av_bf16(p, ns, nq, ns, v, dp, acc, 1.f);
+  static void accumulate(const bf16* p, int ldp, int nq, int ns, const bf16* v, int dp,
+                         float* acc) {
+    av_bf16(p, ldp, nq, ns, v, dp, acc, 1.f);
   }
   static void release() {}
 };
@@ -1202,11 +1217,12 @@ struct BrgemmBf16Products : NativeBf16Products {
     pack_head_vnni(src, ld, tl, d, dst);
   }
   static void scores(const bf16* q, int nq, int dp, const bf16* kh, int slots, int s0, int ns,
-                     float* s) {
-    qk_brgemm(q, dp, nq, dp, kh, slots, s0, ns, s, ns);
+                     float* s, int lds) {
+    qk_brgemm(q, dp, nq, dp, kh, slots, s0, ns, s, lds);
   }
-  static void accumulate(const bf16* p, int nq, int ns, const bf16* v, int dp, float* acc) {
-    brg::brgemm(nq, dp, ns, ns, dp, dp, true, p, v, acc, true);
+  static void accumulate(const bf16* p, int ldp, int nq, int ns, const bf16* v, int dp,
+                         float* acc) {
+    brg::brgemm(nq, dp, ns, ldp, dp, dp, true, p, v, acc, true);
   }
   static void release() { brg::brgemm_release(true); }  // the AMX tile state, per thread
 };
@@ -1236,6 +1252,8 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   std::vector<KT> kpan(phase * per, KT(0)), vrow(phase * per, KT(0));  // the padding stays 0
   const int max_tile = tl.max_tile();
   const int width = std::max(round_up(max_keys, V), std::max(round_up(max_tile, V), tl.Jp));
+  // the rows of the S and P buffers: a cache line longer than the widest block (padded_row)
+  const int lds = padded_row<T>(width), ldp = padded_row<PT>(width);
 
   for (int64_t p0 = 0; p0 < BH; p0 += phase) {
     const int64_t p1 = std::min(BH, p0 + phase);
@@ -1252,8 +1270,8 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     std::atomic<int64_t> next(0);
     at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
       std::vector<KT> qb((size_t)max_tile * dp, KT(0));
-      std::vector<PT> pb(kRoundsP ? (size_t)max_tile * width : 0);
-      std::vector<T> acc((size_t)max_tile * dp), sb((size_t)max_tile * width),
+      std::vector<PT> pb(kRoundsP ? (size_t)max_tile * ldp : 0);
+      std::vector<T> acc((size_t)max_tile * dp), sb((size_t)max_tile * lds),
           mrow(max_tile), lrow(max_tile), alpha(max_tile);
       std::vector<int> qy(max_tile), qx(max_tile);
       std::vector<Block> blocks;
@@ -1283,13 +1301,14 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           T* s = sb.data();
           PT* p;
           if constexpr (kRoundsP) p = pb.data(); else p = s;
-          Products::scores(qb.data(), nq, dp, kh, tl.slots, blk.s0, ns, s);
-          online_softmax_block<T, PT>(s, p, nq, ns, tl, blk, table_h, key_h, qy.data(),
-                                      qx.data(), scale, mrow.data(), lrow.data(),
+          const int ld_p = kRoundsP ? ldp : lds;
+          Products::scores(qb.data(), nq, dp, kh, tl.slots, blk.s0, ns, s, lds);
+          online_softmax_block<T, PT>(s, lds, p, ld_p, nq, ns, tl, blk, table_h, key_h,
+                                      qy.data(), qx.data(), scale, mrow.data(), lrow.data(),
                                       alpha.data(), lazy);
           lazy = lazy || !blk.prefix;
           rescale_rows<T>(acc.data(), nq, dp, alpha.data());
-          Products::accumulate(p, nq, ns, vh + (int64_t)blk.s0 * dp, dp, acc.data());
+          Products::accumulate(p, ld_p, nq, ns, vh + (int64_t)blk.s0 * dp, dp, acc.data());
         }
         write_rows<T, IT>(tl, qt, nq, dp, d, acc.data(), mrow.data(), lrow.data(),
                           op + bb * out.stride(0) + h * out.stride(1), out.stride(2),
