@@ -849,12 +849,13 @@ namespace brg = at::native::cpublas;
 bool brgemm_bf16_available() {
   static const bool ok = [] {
     if (Vec<float>::size() != 16 || !native_bf16_available()) return false;
-    // the kernels' kinds of call: the prefix keys' scores (N 16, K dp, ldb = all slots), a
-    // block of scores from keys across all slots (ldb > N, N = ldc), a P V block (ldb > N,
+    // the kernels' kinds of call: the prefix keys' scores (N 16, K dp, ldb = all slots,
+    // N = ldc: the backward's rows), a block of scores from keys across all slots (ldb > N,
+    // ldc > N: the forward's padded rows, padded_row), a P V block (lda > K, ldb > N,
     // ldc > N, added to C), a transposed dV / dK block (N > 64, ldb > N, odd M, K not a
     // multiple of 32); {M, N, K, lda, ldb, ldc, add_C}
     const int shapes[4][7] = {{7, 16, 64, 64, 48, 16, 0},
-                              {13, 48, 64, 64, 80, 48, 0},
+                              {13, 48, 64, 64, 80, 64, 0},
                               {5, 32, 34, 40, 48, 56, 1},
                               {17, 80, 18, 20, 96, 112, 1}};
     try {
@@ -1156,7 +1157,7 @@ void bias_grad_block(T* dtab_h, T* dkey_h, const T* ds, int nq, int ns, const Ti
 // one 64-byte cache line more than the row. A row of 1024 float32 scores is 4096 bytes,
 // and rows 4096 bytes apart all fall in one set of the L1 cache: the scores product's
 // stores of 16-row tiles (AMX) evicted each other, and that product took ~2x its time
-// (bf16 on AMX, one thread; the kernel ~10 % of its).
+// (bf16 on AMX, one thread: the whole kernel ~10 % slower).
 template <typename E>
 inline int padded_row(int width) {
   return width + (int)(64 / sizeof(E));
