@@ -629,9 +629,9 @@ void pack_head_bf16(const bf16* src, int64_t ld, const Tiles& tl, int d, int dp,
                     dp, pairs, panels);
 }
 
-// dst = rows x n float32 (ld ld) as row pairs [ceil(rows / 2)][n][2] bfloat16 (n % 16 == 0;
-// the odd last row pairs with zeros).
-void to_row_pairs_bf16(const float* src, int ld, int rows, int n, bf16* dst);
+// dst = rows x n float32 (ld ld) as row pairs [ceil(rows / 2)][ldo][2] bfloat16 (n % 16 ==
+// 0, ldo >= n; the odd last row pairs with zeros).
+void to_row_pairs_bf16(const float* src, int ld, int rows, int n, bf16* dst, int ldo);
 // C (n x ns, ldc) = A (n x dp bfloat16 rows, lda) * B^T, B as panels: ns / 16 panels.
 void qk_bf16(const bf16* A, int lda, int n, int dp, const bf16* Bp, int ns, float* C, int ldc);
 // C (n x dp) += alpha * A (n x k bfloat16, lda) * B, B as k / 2 slot pairs (k even).
@@ -798,11 +798,12 @@ LH_BF16 void tb_bf16(const bf16* Ap, int lda, int n, int ns, const bf16* Bp, int
   }
 }
 
-LH_BF16 void to_row_pairs_bf16(const float* src, int ld, int rows, int n, bf16* dst) {
+LH_BF16 void to_row_pairs_bf16(const float* src, int ld, int rows, int n, bf16* dst,
+                               int ldo) {
   for (int r = 0; r < rows; r += 2) {
     const float* a = src + (int64_t)r * ld;
     const float* b = r + 1 < rows ? a + ld : nullptr;
-    bf16* o = dst + (int64_t)r * n;  // pair r / 2 at (r / 2) * n * 2
+    bf16* o = dst + (int64_t)r * ldo;  // pair r / 2 at (r / 2) * ldo * 2
     for (int j = 0; j < n; j += 16) {
       const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(a + j)));
       __m512i hi = _mm512_setzero_si512();
@@ -817,7 +818,7 @@ LH_BF16 void to_row_pairs_bf16(const float* src, int ld, int rows, int n, bf16* 
 [[noreturn]] void no_native_bf16() {
   TORCH_CHECK(false, "fused LookHere attention: this build has no native bfloat16 products");
 }
-void to_row_pairs_bf16(const float*, int, int, int, bf16*) { no_native_bf16(); }
+void to_row_pairs_bf16(const float*, int, int, int, bf16*, int) { no_native_bf16(); }
 void qk_bf16(const bf16*, int, int, int, const bf16*, int, float*, int) { no_native_bf16(); }
 void av_bf16(const bf16*, int, int, int, const bf16*, int, float*, float) { no_native_bf16(); }
 void tb_bf16(const bf16*, int, int, int, const bf16*, int, float*, float) { no_native_bf16(); }
@@ -849,12 +850,12 @@ namespace brg = at::native::cpublas;
 bool brgemm_bf16_available() {
   static const bool ok = [] {
     if (Vec<float>::size() != 16 || !native_bf16_available()) return false;
-    // the kernels' kinds of call: the prefix keys' scores (N 16, K dp, ldb = all slots,
-    // N = ldc: the backward's rows), a block of scores from keys across all slots (ldb > N,
-    // ldc > N: the forward's padded rows, padded_row), a P V block (lda > K, ldb > N,
-    // ldc > N, added to C), a transposed dV / dK block (N > 64, ldb > N, odd M, K not a
-    // multiple of 32); {M, N, K, lda, ldb, ldc, add_C}
-    const int shapes[4][7] = {{7, 16, 64, 64, 48, 16, 0},
+    // the kernels' kinds of call: the prefix keys' scores (N 16, K dp, ldb = all slots),
+    // a block of scores from keys across all slots (ldb > N; both with ldc > N: the rows
+    // of padded_row), a P V block (lda > K, ldb > N, ldc > N, added to C), a
+    // transposed dV / dK block (N > 64, ldb > N, odd M, K not a multiple of 32);
+    // {M, N, K, lda, ldb, ldc, add_C}
+    const int shapes[4][7] = {{7, 16, 64, 64, 48, 32, 0},
                               {13, 48, 64, 64, 80, 64, 0},
                               {5, 32, 34, 40, 48, 56, 1},
                               {17, 80, 18, 20, 96, 112, 1}};
@@ -1003,6 +1004,15 @@ LH_BF16 float row_exp_8x8_bf16(const float* row, c10::BFloat16* p, const Tiles& 
 // ---------------------------------------------------------------------------------------
 // Softmax blocks (shared by both product kinds)
 // ---------------------------------------------------------------------------------------
+// The row stride (elements) of a block of score / probability rows up to ``width`` wide,
+// forward and backward: one 64-byte cache line more than the row. A row of 1024 float32
+// scores is 4096 bytes, and rows 4096 bytes apart all fall in one set of the L1 cache: the
+// scores product's stores of 16-row tiles (AMX) evicted each other, and that product took
+// ~2x its time (bf16 forward on AMX, one thread: the whole kernel ~10 % slower).
+template <typename E>
+inline int padded_row(int width) {
+  return width + (int)(64 / sizeof(E));
+}
 
 // Forward, one block of scores s (nq x ns, rows lds apart): per query row the bias added
 // with the scale, the running maximum mrow and sum lrow updated; p (nq x ns, rows ldp
@@ -1096,14 +1106,15 @@ void write_rows(const Tiles& tl, int qt, int nq, int dp, int d, T* acc, const T*
   }
 }
 
-// Backward, one block: s (nq x ns) from Q K^T to P = exp(S * scale + bias - lse).
+// Backward, one block: s (nq x ns, rows lds apart) from Q K^T to P = exp(S * scale + bias -
+// lse).
 template <typename T>
-void probs_block(T* s, int nq, int ns, const Tiles& tl, const Block& blk, const T* table_h,
-                 const T* key_h, const int* qy, const int* qx, T scale,
+void probs_block(T* s, int lds, int nq, int ns, const Tiles& tl, const Block& blk,
+                 const T* table_h, const T* key_h, const int* qy, const int* qx, T scale,
                  const T* lrow) {
   const T lowest = -std::numeric_limits<T>::infinity();
   for (int r = 0; r < nq; ++r) {
-    T* row = s + (int64_t)r * ns;
+    T* row = s + (int64_t)r * lds;
     if (lrow[r] == lowest) {
       std::fill(row, row + ns, T(0));
       continue;
@@ -1113,29 +1124,29 @@ void probs_block(T* s, int nq, int ns, const Tiles& tl, const Block& blk, const 
   }
 }
 
-// Backward, one block: p (P) to dS = P * (dP - delta), row by row.
+// Backward, one block: p (P) to dS = P * (dP - delta), row by row (rows lds apart).
 template <typename T>
-void dscores_block(T* p, const T* dprob, int nq, int ns, const T* delta) {
+void dscores_block(T* p, const T* dprob, int lds, int nq, int ns, const T* delta) {
   constexpr int V = Vec<T>::size();
   for (int r = 0; r < nq; ++r) {
-    T* pr = p + (int64_t)r * ns;
-    const T* g = dprob + (int64_t)r * ns;
+    T* pr = p + (int64_t)r * lds;
+    const T* g = dprob + (int64_t)r * lds;
     const Vec<T> dl(delta[r]);
     for (int c = 0; c < ns; c += V) (Vec<T>::loadu(pr + c) * (Vec<T>::loadu(g + c) - dl)).store(pr + c);
   }
 }
 
-// Backward, one block: the bias's gradients from dS (nq x ns), the transpose of bias_row:
-// each score's dS added to the table entry its bias was read from and, where there is a
-// key term (dkey_h not null, tile order), to its key's entry. The prefix keys' bias is the
-// constant 0; padded slots were never read.
+// Backward, one block: the bias's gradients from dS (nq x ns, rows lds apart), the
+// transpose of bias_row: each score's dS added to the table entry its bias was read from
+// and, where there is a key term (dkey_h not null, tile order), to its key's entry. The
+// prefix keys' bias is the constant 0; padded slots were never read.
 template <typename T>
-void bias_grad_block(T* dtab_h, T* dkey_h, const T* ds, int nq, int ns, const Tiles& tl,
+void bias_grad_block(T* dtab_h, T* dkey_h, const T* ds, int lds, int nq, const Tiles& tl,
                      const Block& blk, const int* qy, const int* qx) {
   if (blk.prefix) return;
   const int W2 = 2 * tl.W - 1;
   for (int r = 0; r < nq; ++r) {
-    const T* src = ds + (int64_t)r * ns;
+    const T* src = ds + (int64_t)r * lds;
     for (int t = blk.t0; t < blk.t1; ++t) {
       const int rows = tl.rows[t], cols = tl.cols[t];
       T* b = tile_bias(dtab_h, tl, t, qy[r], qx[r]);
@@ -1153,16 +1164,6 @@ void bias_grad_block(T* dtab_h, T* dkey_h, const T* ds, int nq, int ns, const Ti
 // ---------------------------------------------------------------------------------------
 // Forward
 // ---------------------------------------------------------------------------------------
-// The row stride (elements) of a buffer of score / probability rows up to ``width`` wide:
-// one 64-byte cache line more than the row. A row of 1024 float32 scores is 4096 bytes,
-// and rows 4096 bytes apart all fall in one set of the L1 cache: the scores product's
-// stores of 16-row tiles (AMX) evicted each other, and that product took ~2x its time
-// (bf16 on AMX, one thread: the whole kernel ~10 % slower).
-template <typename E>
-inline int padded_row(int width) {
-  return width + (int)(64 / sizeof(E));
-}
-
 // The forward's products, one policy per kind. KT: the element type of the packed keys /
 // values and of the query block.
 //   FloatProducts: float32 / float64 FMA kernels (bf16 / fp16 inputs converted as packed);
@@ -1382,22 +1383,23 @@ struct FloatBackward {
     load_row<IT, T>(dob.data() + (int64_t)r * dp, gx, d);
   }
   void pad(int, int, int) {}  // no row pairs
-  // S = Q K^T
-  void scores(int nq, int dp, int64_t off, int ns, T* s) {
-    gemm_panels<T>(qb.data(), nq, dp, kpan.data() + off, ns, s, ns);
+  // S = Q K^T (the float32 blocks S, P, dP, dS: rows lds apart, padded_row)
+  void scores(int nq, int dp, int64_t off, int ns, T* s, int lds) {
+    gemm_panels<T>(qb.data(), nq, dp, kpan.data() + off, ns, s, lds);
   }
   // dV += P^T dO
-  void dv(const T* p, int nq, int ns, int dp, int64_t off, T* dvh) {
-    gemm_t<T>(p, ns, nq, ns, dob.data(), dp, dvh + off, T(1));
+  void dv(const T* p, int lds, int nq, int ns, int dp, int64_t off, T* dvh) {
+    gemm_t<T>(p, lds, nq, ns, dob.data(), dp, dvh + off, T(1));
   }
   // dP = dO V^T
-  void dprob(int nq, int dp, int64_t off, int ns, T* dprob) {
-    gemm_panels<T>(dob.data(), nq, dp, vpan.data() + off, ns, dprob, ns);
+  void dprob(int nq, int dp, int64_t off, int ns, T* dprob, int lds) {
+    gemm_panels<T>(dob.data(), nq, dp, vpan.data() + off, ns, dprob, lds);
   }
   // dQ += scale dS K ; dK += scale dS^T Q
-  void dq_dk(const T* ds, int nq, int ns, int dp, int64_t off, T* dqb, T* dkh, T scale) {
-    gemm_rows<T>(ds, ns, nq, ns, krow.data() + off, dp, dqb, scale);
-    gemm_t<T>(ds, ns, nq, ns, qb.data(), dp, dkh, scale);
+  void dq_dk(const T* ds, int lds, int nq, int ns, int dp, int64_t off, T* dqb, T* dkh,
+             T scale) {
+    gemm_rows<T>(ds, lds, nq, ns, krow.data() + off, dp, dqb, scale);
+    gemm_t<T>(ds, lds, nq, ns, qb.data(), dp, dkh, scale);
   }
   void keys(T*, T*, int, T) {}  // dK, dV are accumulated in place
   void release() {}
@@ -1405,13 +1407,23 @@ struct FloatBackward {
 
 struct NativeBf16Backward {
   std::vector<bf16> kpan, kpair, vpan, qb, dob, qpair, dopair, ppair, dsb, dspair;
+  // the rows of dsb (dS in bf16 rows) and the pairs of rows of ppair / dspair (P and dS as
+  // row pairs, whose elements are pairs of bf16): padded_row
+  int ldb16, ldpair;
   NativeBf16Backward(int64_t per, int max_tile, int dp, int width)
       : kpan(per, bf16(0.f)), kpair(per, bf16(0.f)), vpan(per, bf16(0.f)),
         qb((size_t)max_tile * dp, bf16(0.f)), dob((size_t)max_tile * dp, bf16(0.f)),
         qpair((size_t)round_up(max_tile, 2) * dp, bf16(0.f)),
         dopair((size_t)round_up(max_tile, 2) * dp, bf16(0.f)),
-        ppair((size_t)round_up(max_tile, 2) * width), dsb((size_t)max_tile * width),
-        dspair((size_t)round_up(max_tile, 2) * width) {}
+        ppair((size_t)round_up(max_tile, 2) * padded_row<float>(width)),
+        dsb((size_t)max_tile * padded_row<bf16>(width)),
+        dspair((size_t)round_up(max_tile, 2) * padded_row<float>(width)),
+        ldb16(padded_row<bf16>(width)), ldpair(padded_row<float>(width)) {}
+  // dsb = dS rounded to bf16, rows ldb16 apart
+  void round_ds(const float* ds, int lds, int nq, int ns) {
+    for (int r = 0; r < nq; ++r)
+      store_row<float, bf16>(dsb.data() + (int64_t)r * ldb16, ds + (int64_t)r * lds, ns);
+  }
   void pack(const bf16* kh, int64_t kld, const bf16* vh, int64_t vld, const Tiles& tl, int d,
             int dp) {
     pack_head_bf16(kh, kld, tl, d, dp, kpair.data(), kpan.data());
@@ -1434,22 +1446,22 @@ struct NativeBf16Backward {
     bf16* dpr = dopair.data() + (int64_t)(nq / 2) * dp * 2 + 1;
     for (int c = 0; c < d; ++c) qpr[2 * c] = dpr[2 * c] = bf16(0.f);
   }
-  void scores(int nq, int dp, int64_t off, int ns, float* s) {
-    qk_bf16(qb.data(), dp, nq, dp, kpan.data() + off, ns, s, ns);
+  void scores(int nq, int dp, int64_t off, int ns, float* s, int lds) {
+    qk_bf16(qb.data(), dp, nq, dp, kpan.data() + off, ns, s, lds);
   }
-  void dv(const float* p, int nq, int ns, int dp, int64_t off, float* dvh) {
-    to_row_pairs_bf16(p, ns, nq, ns, ppair.data());
-    tb_bf16(ppair.data(), ns, round_up(nq, 2), ns, dopair.data(), dp, dvh + off, 1.f);
+  void dv(const float* p, int lds, int nq, int ns, int dp, int64_t off, float* dvh) {
+    to_row_pairs_bf16(p, lds, nq, ns, ppair.data(), ldpair);
+    tb_bf16(ppair.data(), ldpair, round_up(nq, 2), ns, dopair.data(), dp, dvh + off, 1.f);
   }
-  void dprob(int nq, int dp, int64_t off, int ns, float* dprob) {
-    qk_bf16(dob.data(), dp, nq, dp, vpan.data() + off, ns, dprob, ns);
+  void dprob(int nq, int dp, int64_t off, int ns, float* dprob, int lds) {
+    qk_bf16(dob.data(), dp, nq, dp, vpan.data() + off, ns, dprob, lds);
   }
-  void dq_dk(const float* ds, int nq, int ns, int dp, int64_t off, float* dqb, float* dkh,
-             float scale) {
-    store_row<float, bf16>(dsb.data(), ds, nq * ns);
-    av_bf16(dsb.data(), ns, nq, ns, kpair.data() + off, dp, dqb, scale);
-    to_row_pairs_bf16(ds, ns, nq, ns, dspair.data());
-    tb_bf16(dspair.data(), ns, round_up(nq, 2), ns, qpair.data(), dp, dkh, scale);
+  void dq_dk(const float* ds, int lds, int nq, int ns, int dp, int64_t off, float* dqb,
+             float* dkh, float scale) {
+    round_ds(ds, lds, nq, ns);
+    av_bf16(dsb.data(), ldb16, nq, ns, kpair.data() + off, dp, dqb, scale);
+    to_row_pairs_bf16(ds, lds, nq, ns, dspair.data(), ldpair);
+    tb_bf16(dspair.data(), ldpair, round_up(nq, 2), ns, qpair.data(), dp, dkh, scale);
   }
   void keys(float*, float*, int, float) {}  // dK, dV are accumulated in place
   void release() {}
@@ -1491,25 +1503,25 @@ struct BrgemmBf16Backward : NativeBf16Backward {
     if (nq % 2 == 0) return;
     for (int c = 0; c < d; ++c) qT[(int64_t)c * ldt + nq] = doT[(int64_t)c * ldt + nq] = bf16(0.f);
   }
-  void scores(int nq, int dp, int64_t off, int ns, float* s) {
-    qk_brgemm(qb.data(), dp, nq, dp, kpan.data(), slots, (int)(off / dp), ns, s, ns);
+  void scores(int nq, int dp, int64_t off, int ns, float* s, int lds) {
+    qk_brgemm(qb.data(), dp, nq, dp, kpan.data(), slots, (int)(off / dp), ns, s, lds);
   }
-  void dv(const float* p, int nq, int ns, int dp, int64_t off, float*) {
-    to_row_pairs_bf16(p, ns, nq, ns, ppair.data());
-    brg::brgemm(dp, ns, round_up(nq, 2), ldt, ns, slots, true, doT.data(), ppair.data(),
+  void dv(const float* p, int lds, int nq, int ns, int dp, int64_t off, float*) {
+    to_row_pairs_bf16(p, lds, nq, ns, ppair.data(), ldpair);
+    brg::brgemm(dp, ns, round_up(nq, 2), ldt, ldpair, slots, true, doT.data(), ppair.data(),
                 dvT.data() + off / dp, true);
   }
-  void dprob(int nq, int dp, int64_t off, int ns, float* dprob) {
-    qk_brgemm(dob.data(), dp, nq, dp, vpan.data(), slots, (int)(off / dp), ns, dprob, ns);
+  void dprob(int nq, int dp, int64_t off, int ns, float* dprob, int lds) {
+    qk_brgemm(dob.data(), dp, nq, dp, vpan.data(), slots, (int)(off / dp), ns, dprob, lds);
   }
-  void dq_dk(const float* ds, int nq, int ns, int dp, int64_t off, float* dqb, float*,
-             float scale) {
-    store_row<float, bf16>(dsb.data(), ds, nq * ns);
-    brg::brgemm(nq, dp, ns, ns, dp, dp, false, dsb.data(), kpair.data() + off, tmp.data(),
+  void dq_dk(const float* ds, int lds, int nq, int ns, int dp, int64_t off, float* dqb,
+             float*, float scale) {
+    round_ds(ds, lds, nq, ns);
+    brg::brgemm(nq, dp, ns, ldb16, dp, dp, false, dsb.data(), kpair.data() + off, tmp.data(),
                 true);
     for (int64_t i = 0; i < (int64_t)nq * dp; ++i) dqb[i] += scale * tmp[i];
-    to_row_pairs_bf16(ds, ns, nq, ns, dspair.data());
-    brg::brgemm(dp, ns, round_up(nq, 2), ldt, ns, slots, true, qT.data(), dspair.data(),
+    to_row_pairs_bf16(ds, lds, nq, ns, dspair.data(), ldpair);
+    brg::brgemm(dp, ns, round_up(nq, 2), ldt, ldpair, slots, true, qT.data(), dspair.data(),
                 dkT.data() + off / dp, true);
   }
   // dK = scale dK^T transposed, dV = dV^T transposed, into the slot rows (slots x dp)
@@ -1544,14 +1556,15 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
   const T* kt = key_term ? key_term->data_ptr<T>() : nullptr;
   const int max_tile = tl.max_tile();
   const int width = std::max(round_up(max_keys, V), std::max(round_up(max_tile, V), tl.Jp));
+  const int lds = padded_row<T>(width);  // the rows of the S / P / dS and dP blocks
   const std::vector<int64_t> items = backward_items(plan, tl, B, heads);
   std::atomic<int64_t> next(0);
   const int64_t n_items = (int64_t)items.size();
   const int64_t per = (int64_t)tl.slots * dp;
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     Products ops(per, max_tile, dp, width);
-    std::vector<T> dkh(per), dvh(per), dqb((size_t)max_tile * dp), s((size_t)max_tile * width),
-        dprob((size_t)max_tile * width), lrow(max_tile), delta(max_tile);
+    std::vector<T> dkh(per), dvh(per), dqb((size_t)max_tile * dp), s((size_t)max_tile * lds),
+        dprob((size_t)max_tile * lds), lrow(max_tile), delta(max_tile);
     std::vector<int> qy(max_tile), qx(max_tile);
     std::vector<Block> blocks;
     for (int64_t it; (it = next.fetch_add(1)) < n_items;) {
@@ -1590,18 +1603,18 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
         for (const Block& blk : blocks) {
           const int ns = blk.ns;
           const int64_t off = (int64_t)blk.s0 * dp;
-          ops.scores(nq, dp, off, ns, s.data());
-          probs_block<T>(s.data(), nq, ns, tl, blk, table_h, key_h, qy.data(), qx.data(), scale,
-                         lrow.data());
+          ops.scores(nq, dp, off, ns, s.data(), lds);
+          probs_block<T>(s.data(), lds, nq, ns, tl, blk, table_h, key_h, qy.data(), qx.data(),
+                         scale, lrow.data());
           // dV += P^T dO ; dP = dO V^T ; dS = P (dP - delta)
-          ops.dv(s.data(), nq, ns, dp, off, dvh.data());
-          ops.dprob(nq, dp, off, ns, dprob.data());
-          dscores_block<T>(s.data(), dprob.data(), nq, ns, delta.data());
+          ops.dv(s.data(), lds, nq, ns, dp, off, dvh.data());
+          ops.dprob(nq, dp, off, ns, dprob.data(), lds);
+          dscores_block<T>(s.data(), dprob.data(), lds, nq, ns, delta.data());
           if (dtable)
-            bias_grad_block<T>(dtable + bh * tab, dkey ? dkey + bh * N : nullptr, s.data(), nq,
-                               ns, tl, blk, qy.data(), qx.data());
+            bias_grad_block<T>(dtable + bh * tab, dkey ? dkey + bh * N : nullptr, s.data(), lds,
+                               nq, tl, blk, qy.data(), qx.data());
           // dQ += scale dS K ; dK += scale dS^T Q
-          ops.dq_dk(s.data(), nq, ns, dp, off, dqb.data(), dkh.data() + off, scale);
+          ops.dq_dk(s.data(), lds, nq, ns, dp, off, dqb.data(), dkh.data() + off, scale);
         }
         for (int r = 0; r < nq; ++r) {
           const int patch = tl.order[tl.start[qt] + r];
