@@ -843,7 +843,7 @@ namespace brg = at::native::cpublas;
 // Whether brgemm takes bfloat16 operands in the VNNI layout here: the AVX-512 build (its
 // slots are padded to 16, a whole key panel) on a CPU with AVX512-BF16 (the operands are
 // rounded with its instructions, as for the native products; every CPU with AMX has it)
-// and four small products, one of each kind of call the kernels make, compared exactly
+// and five small products, one of each kind of call the kernels make, compared exactly
 // with the float32 sums (quarters of small integers: exact in both). On a CPU with AMX
 // they run on its tiles, so a layout or shape the tiles take otherwise turns the brgemm
 // products off there instead of giving wrong results.
@@ -852,12 +852,14 @@ bool brgemm_bf16_available() {
     if (Vec<float>::size() != 16 || !native_bf16_available()) return false;
     // the kernels' kinds of call: the prefix keys' scores (N 16, K dp, ldb = all slots),
     // a block of scores from keys across all slots (ldb > N; both with ldc > N: the rows
-    // of padded_row), a P V block (lda > K, ldb > N, ldc > N, added to C), a
-    // transposed dV / dK block (N > 64, ldb > N, odd M, K not a multiple of 32);
+    // of padded_row), a P V block (lda > K: P's padded rows, ldb = ldc = N = dp, added to
+    // C), the backward's dS K block (the same, not added), a transposed dV / dK block
+    // (N > 64, ldb > N, ldc > N, odd M, K not a multiple of 32, added);
     // {M, N, K, lda, ldb, ldc, add_C}
-    const int shapes[4][7] = {{7, 16, 64, 64, 48, 32, 0},
+    const int shapes[5][7] = {{7, 16, 64, 64, 48, 32, 0},
                               {13, 48, 64, 64, 80, 64, 0},
-                              {5, 32, 34, 40, 48, 56, 1},
+                              {5, 32, 48, 64, 32, 32, 1},
+                              {7, 32, 48, 64, 32, 32, 0},
                               {17, 80, 18, 20, 96, 112, 1}};
     try {
       for (const auto& sh : shapes) {
