@@ -1256,7 +1256,8 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   std::vector<KT> kpan(phase * per, KT(0)), vrow(phase * per, KT(0));  // the padding stays 0
   const int max_tile = tl.max_tile();
   const int width = std::max(round_up(max_keys, V), std::max(round_up(max_tile, V), tl.Jp));
-  // the rows of the S and P buffers: a cache line longer than the widest block (padded_row)
+  // the rows of the S and P buffers: a cache line longer than the widest block (padded_row;
+  // ldp == lds where P is written in place of S)
   const int lds = padded_row<T>(width), ldp = padded_row<PT>(width);
 
   for (int64_t p0 = 0; p0 < BH; p0 += phase) {
@@ -1305,14 +1306,13 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           T* s = sb.data();
           PT* p;
           if constexpr (kRoundsP) p = pb.data(); else p = s;
-          const int ld_p = kRoundsP ? ldp : lds;
           Products::scores(qb.data(), nq, dp, kh, tl.slots, blk.s0, ns, s, lds);
-          online_softmax_block<T, PT>(s, lds, p, ld_p, nq, ns, tl, blk, table_h, key_h,
+          online_softmax_block<T, PT>(s, lds, p, ldp, nq, ns, tl, blk, table_h, key_h,
                                       qy.data(), qx.data(), scale, mrow.data(), lrow.data(),
                                       alpha.data(), lazy);
           lazy = lazy || !blk.prefix;
           rescale_rows<T>(acc.data(), nq, dp, alpha.data());
-          Products::accumulate(p, ld_p, nq, ns, vh + (int64_t)blk.s0 * dp, dp, acc.data());
+          Products::accumulate(p, ldp, nq, ns, vh + (int64_t)blk.s0 * dp, dp, acc.data());
         }
         write_rows<T, IT>(tl, qt, nq, dp, d, acc.data(), mrow.data(), lrow.data(),
                           op + bb * out.stride(0) + h * out.stride(1), out.stride(2),
