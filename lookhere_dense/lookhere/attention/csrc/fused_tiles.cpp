@@ -61,6 +61,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -76,6 +77,35 @@ namespace {
 
 template <typename T>
 using Vec = at::vec::Vectorized<T>;
+
+// The kernels' buffers (keys and values in tile order, the query tile, the score /
+// probability blocks, the accumulators; forward and backward) start on a 64-byte cache
+// line. malloc aligns to 16 bytes only, and where a buffer started 16, 32 or 48 bytes into
+// a line, every 128-byte row of a bf16 key / value panel and every score row straddled one
+// more line than it fills: a ViT-B bf16 frame of 1024 x 2048 took 20-25 % longer (AMX,
+// 2 threads), which line a buffer fell on changing from process to process
+// (docs/performance.md, "Buffers on cache lines").
+constexpr std::size_t kCacheLine = 64;
+
+template <typename E>
+struct CacheLineAllocator {
+  using value_type = E;
+  CacheLineAllocator() = default;
+  template <typename U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  E* allocate(std::size_t n) {
+    return static_cast<E*>(::operator new(n * sizeof(E), std::align_val_t(kCacheLine)));
+  }
+  void deallocate(E* p, std::size_t) { ::operator delete(p, std::align_val_t(kCacheLine)); }
+  template <typename U>
+  bool operator==(const CacheLineAllocator<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const CacheLineAllocator<U>&) const { return false; }
+};
+
+// A std::vector whose data starts on a cache line (CacheLineAllocator).
+template <typename E>
+using Buffer = std::vector<E, CacheLineAllocator<E>>;
 
 inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
@@ -1253,7 +1283,7 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const int64_t head_bytes = 2 * (int64_t)tl.slots * dp * sizeof(KT);
   const int64_t phase = std::min<int64_t>(BH, std::max<int64_t>(1, gather_bytes / head_bytes));
   const int64_t per = (int64_t)tl.slots * dp;
-  std::vector<KT> kpan(phase * per, KT(0)), vrow(phase * per, KT(0));  // the padding stays 0
+  Buffer<KT> kpan(phase * per, KT(0)), vrow(phase * per, KT(0));  // the padding stays 0
   const int max_tile = tl.max_tile();
   const int width = std::max(round_up(max_keys, V), std::max(round_up(max_tile, V), tl.Jp));
   // the rows of the S and P buffers: a cache line longer than the widest block (padded_row;
@@ -1274,9 +1304,9 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const int64_t items = (p1 - p0) * plan.nqt;
     std::atomic<int64_t> next(0);
     at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-      std::vector<KT> qb((size_t)max_tile * dp, KT(0));
-      std::vector<PT> pb(kRoundsP ? (size_t)max_tile * ldp : 0);
-      std::vector<T> acc((size_t)max_tile * dp), sb((size_t)max_tile * lds),
+      Buffer<KT> qb((size_t)max_tile * dp, KT(0));
+      Buffer<PT> pb(kRoundsP ? (size_t)max_tile * ldp : 0);
+      Buffer<T> acc((size_t)max_tile * dp), sb((size_t)max_tile * lds),
           mrow(max_tile), lrow(max_tile), alpha(max_tile);
       std::vector<int> qy(max_tile), qx(max_tile);
       std::vector<Block> blocks;
@@ -1370,7 +1400,7 @@ void write_key_grads(const Tiles& tl, int dp, int d, const T* dkh, const T* dvh,
 //   row pairs (P^T dO, dS^T Q), P and dS rounded to bf16 as operands.
 template <typename T, typename IT>
 struct FloatBackward {
-  std::vector<T> krow, kpan, vpan, qb, dob;
+  Buffer<T> krow, kpan, vpan, qb, dob;
   FloatBackward(int64_t per, int max_tile, int dp, int)
       : krow(per, T(0)), kpan(per, T(0)), vpan(per, T(0)), qb((size_t)max_tile * dp, T(0)),
         dob((size_t)max_tile * dp, T(0)) {}
@@ -1408,7 +1438,7 @@ struct FloatBackward {
 };
 
 struct NativeBf16Backward {
-  std::vector<bf16> kpan, kpair, vpan, qb, dob, qpair, dopair, ppair, dsb, dspair;
+  Buffer<bf16> kpan, kpair, vpan, qb, dob, qpair, dopair, ppair, dsb, dspair;
   // the rows of dsb (dS in bf16 rows) and the pairs of rows of ppair / dspair (P and dS as
   // row pairs, whose elements are pairs of bf16): padded_row
   int ldb16, ldpair;
@@ -1476,8 +1506,8 @@ struct NativeBf16Backward {
 // scaled, by keys(). dQ += scale (dS K) through a scratch block (brgemm has no alpha).
 struct BrgemmBf16Backward : NativeBf16Backward {
   int ldt, slots = 0;  // ldt: the query rows of qT / doT (the largest tile, rounded to even)
-  std::vector<bf16> qT, doT;      // (dp, ldt)
-  std::vector<float> dkT, dvT, tmp;  // (dp, slots), (max_tile, dp)
+  Buffer<bf16> qT, doT;      // (dp, ldt)
+  Buffer<float> dkT, dvT, tmp;  // (dp, slots), (max_tile, dp)
   BrgemmBf16Backward(int64_t per, int max_tile, int dp, int width)
       : NativeBf16Backward(per, max_tile, dp, width), ldt(round_up(max_tile, 2)),
         qT((size_t)dp * ldt, bf16(0.f)), doT((size_t)dp * ldt, bf16(0.f)), dkT(per), dvT(per),
@@ -1565,7 +1595,7 @@ void backward_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
   const int64_t per = (int64_t)tl.slots * dp;
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     Products ops(per, max_tile, dp, width);
-    std::vector<T> dkh(per), dvh(per), dqb((size_t)max_tile * dp), s((size_t)max_tile * lds),
+    Buffer<T> dkh(per), dvh(per), dqb((size_t)max_tile * dp), s((size_t)max_tile * lds),
         dprob((size_t)max_tile * lds), lrow(max_tile), delta(max_tile);
     std::vector<int> qy(max_tile), qx(max_tile);
     std::vector<Block> blocks;
