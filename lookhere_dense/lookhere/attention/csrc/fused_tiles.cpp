@@ -81,18 +81,19 @@ using Vec = at::vec::Vectorized<T>;
 // The kernels' buffers (keys and values in tile order, the query tile, the score /
 // probability blocks, the accumulators; forward and backward) start on a 64-byte cache
 // line. malloc aligns to 16 bytes only, and where a buffer started 16, 32 or 48 bytes into
-// a line, every 128-byte row of a bf16 key / value panel and every score row straddled one
-// more line than it fills: a ViT-B bf16 frame of 1024 x 2048 took 20-25 % longer (AMX,
-// 2 threads), which line a buffer fell on changing from process to process
-// (docs/performance.md, "Buffers on cache lines").
+// a line, every row of the key / value layouts, the query tile and the score blocks (each
+// a whole number of lines long) straddled one more line than it fills: a ViT-B bf16 frame
+// of 1024 x 2048 took 20-25 % longer with every buffer off a line than on one (AMX,
+// 2 threads, in-process A/B), and where in a line malloc's blocks fell changed from process
+// to process (docs/performance.md, "Buffers on cache lines").
 constexpr std::size_t kCacheLine = 64;
 
 template <typename E>
 struct CacheLineAllocator {
   using value_type = E;
-  CacheLineAllocator() = default;
+  constexpr CacheLineAllocator() noexcept = default;
   template <typename U>
-  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  constexpr CacheLineAllocator(const CacheLineAllocator<U>&) noexcept {}
   E* allocate(std::size_t n) {
     return static_cast<E*>(::operator new(n * sizeof(E), std::align_val_t(kCacheLine)));
   }
@@ -1037,13 +1038,15 @@ LH_BF16 float row_exp_8x8_bf16(const float* row, c10::BFloat16* p, const Tiles& 
 // Softmax blocks (shared by both product kinds)
 // ---------------------------------------------------------------------------------------
 // The row stride (elements) of a block of score / probability rows up to ``width`` wide,
-// forward and backward: one 64-byte cache line more than the row. A row of 1024 float32
-// scores is 4096 bytes, and rows 4096 bytes apart all fall in one set of the L1 cache: the
-// scores product's stores of 16-row tiles (AMX) evicted each other, and that product took
-// ~2x its time (bf16 forward on AMX, one thread: the whole kernel ~10 % slower).
+// forward and backward: the row rounded up to whole 64-byte cache lines (every row then
+// starts on a line of its Buffer) plus one line. A row of 1024 float32 scores is 4096
+// bytes, and rows 4096 bytes apart all fall in one set of the L1 cache: the scores
+// product's stores of 16-row tiles (AMX) evicted each other, and that product took ~2x its
+// time (bf16 forward on AMX, one thread: the whole kernel ~10 % slower).
 template <typename E>
 inline int padded_row(int width) {
-  return width + (int)(64 / sizeof(E));
+  constexpr int line = (int)(kCacheLine / sizeof(E));
+  return round_up(width, line) + line;
 }
 
 // Forward, one block of scores s (nq x ns, rows lds apart): per query row the bias added
@@ -1506,7 +1509,7 @@ struct NativeBf16Backward {
 // scaled, by keys(). dQ += scale (dS K) through a scratch block (brgemm has no alpha).
 struct BrgemmBf16Backward : NativeBf16Backward {
   int ldt, slots = 0;  // ldt: the query rows of qT / doT (the largest tile, rounded to even)
-  Buffer<bf16> qT, doT;      // (dp, ldt)
+  Buffer<bf16> qT, doT;         // (dp, ldt)
   Buffer<float> dkT, dvT, tmp;  // (dp, slots), (max_tile, dp)
   BrgemmBf16Backward(int64_t per, int max_tile, int dp, int width)
       : NativeBf16Backward(per, max_tile, dp, width), ldt(round_up(max_tile, 2)),
