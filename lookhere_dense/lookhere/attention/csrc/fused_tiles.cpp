@@ -82,10 +82,10 @@ using Vec = at::vec::Vectorized<T>;
 // probability blocks, the accumulators; forward and backward) start on a 64-byte cache
 // line. malloc aligns to 16 bytes only, and where a buffer started 16, 32 or 48 bytes into
 // a line, every row of the key / value layouts, the query tile and the score blocks (each
-// a whole number of lines long) straddled one more line than it fills: a ViT-B bf16 frame
-// of 1024 x 2048 took 20-25 % longer with every buffer off a line than on one (AMX,
-// 2 threads, in-process A/B), and where in a line malloc's blocks fell changed from process
-// to process (docs/performance.md, "Buffers on cache lines").
+// a whole number of lines long) straddled one more line than it fills, and where in a line
+// malloc's blocks fell changed from process to process: a ViT-B bf16 frame of 1024 x 2048
+// against timm's went from 0.813-0.879x to 0.734x (lh180) and from 0.745-0.750x to 0.677x
+// (lh90) on AMX, 2 threads (docs/performance.md, "Buffers on cache lines", the commands).
 constexpr std::size_t kCacheLine = 64;
 
 template <typename E>
