@@ -567,8 +567,9 @@ def test_load_from_backbone_only_weights_is_refused_instead_of_training_from_ran
 def test_a_new_max_iters_moves_the_lr_schedule_also_on_resume(data, tmp_path):
     """``--cfg-options train_cfg.max_iters=N``: the schedulers written with the config's
     length (PolyLR ``end=max_iters``) end at N, a warm-up longer than N is clipped; a run
-    resumed to train longer follows the new schedule (mmengine restored the checkpoint's
-    ``end``, so the LR stayed at its floor)."""
+    resumed to train longer follows the new schedule exactly as a fresh run of that length
+    (mmengine restores the checkpoint's ``begin`` / ``end`` and steps from the last value:
+    the LR stayed at its floor, or rose past the peak where a warm-up had ended early)."""
     from lookhere_dense.apis.cli import load_config
 
     cfg = load_config(ADE_CFG, {'train_cfg.max_iters': 80})
@@ -578,19 +579,46 @@ def test_a_new_max_iters_moves_the_lr_schedule_also_on_resume(data, tmp_path):
     cfg = load_config(ADE_CFG, {'train_cfg.max_iters': 80, 'param_scheduler': None})
     assert cfg.param_scheduler is None  # an explicit option wins
 
-    work = str(tmp_path / 'w')
-    opts = [*roots(data), *SHRINK, *RUN, 'train_cfg.val_interval=100']
-    train_model(ADE_CFG, work_dir=work, cfg_options=options(*opts, 'train_cfg.max_iters=32'))
-    saved = torch.load(osp.join(work, 'iter_32.pth'), weights_only=False)['param_schedulers']
-    assert [(p['begin'], p['end']) for p in saved] == [(0, 30), (30, 32)]
-    train_model(
-        ADE_CFG, work_dir=work, resume='auto', cfg_options=options(*opts, 'train_cfg.max_iters=36')
-    )
-    saved = torch.load(osp.join(work, 'iter_36.pth'), weights_only=False)['param_schedulers']
-    assert [(p['begin'], p['end'], p['total_iters']) for p in saved] == [(0, 30, 29), (30, 36, 5)]
-    # resumed after its end: the note says the LR stays where the schedule ended
-    log = open(sorted(glob.glob(osp.join(work, '*', '*.log')))[-1]).read()
-    assert 'param_scheduler[1] PolyLR: end 32 -> 36 (it had ended at step 32' in log
+    keep = ['default_hooks.checkpoint.interval=1', 'default_hooks.checkpoint.max_keep_ckpts=10']
+    opts = [*roots(data), *SHRINK, *RUN, 'train_cfg.val_interval=100', *keep]
+
+    def run(work: str, iters: int, resume: bool = False):
+        train_model(
+            ADE_CFG,
+            work_dir=str(tmp_path / work),
+            resume='auto' if resume else None,
+            cfg_options=options(*opts, f'train_cfg.max_iters={iters}'),
+        )
+
+    def saved(work: str, it: int):
+        ckpt = torch.load(str(tmp_path / work / f'iter_{it}.pth'), weights_only=False)
+        return ckpt['param_schedulers'], [g['lr'] for g in ckpt['optimizer']['param_groups']]
+
+    def note(work: str) -> str:
+        log = open(sorted(glob.glob(str(tmp_path / work / '*' / '*.log')))[-1]).read()
+        return next(ln for ln in log.splitlines() if 'resume: the LR schedule' in ln)
+
+    run('fresh', 36)  # the reference: a fresh run of the new length
+    assert [(p['begin'], p['end']) for p in saved('fresh', 36)[0]] == [(0, 30), (30, 36)]
+    # ended at its floor (PolyLR 30-32), resumed to 36: the decay of a 36-long run, not
+    # the floor mmengine's restored end kept
+    run('short', 32)
+    assert [(p['begin'], p['end']) for p in saved('short', 32)[0]] == [(0, 30), (30, 32)]
+    run('short', 36, resume=True)
+    # resumed after the warm-up had ended early (a 20-long run: LinearLR 0-20, PolyLR
+    # clipped to 19-20) to 36: the LR went on rising past the config's peak (LinearLR
+    # stretched to 30 kept multiplying its last value) and never decayed (PolyLR kept 19-20)
+    run('warm', 20)
+    assert [(p['begin'], p['end']) for p in saved('warm', 20)[0]] == [(0, 20), (19, 20)]
+    run('warm', 36, resume=True)
+    # every kept checkpoint after the resume points (the last 10): the fresh run's state
+    for work, first in (('short', 33), ('warm', 27)):
+        for it in range(first, 37):
+            assert saved(work, it) == saved('fresh', it), (work, it)
+    assert 'replayed to iteration 32: param_scheduler[1] PolyLR: end 32 -> 36' in note('short')
+    text = note('warm')
+    assert 'param_scheduler[0] LinearLR: end 20 -> 30; param_scheduler[1] PolyLR: begin 19' in text
+    assert "at iteration 20 the lr is the new schedule's" in text
 
 
 def test_resuming_with_another_optimizer_constructor_names_the_cause(data, tmp_path):

@@ -374,12 +374,9 @@ class ExactResumeHook(Hook):
     # resuming ----------------------------------------------------------------------------
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         if getattr(runner, '_resume', False):
-            changes = keep_config_schedule(runner, checkpoint)
-            if changes:
-                runner.logger.warning(
-                    "resume: the LR schedule follows this run's config, not the "
-                    f"checkpoint's: {'; '.join(changes)}"
-                )
+            note = keep_config_schedule(runner, checkpoint)
+            if note:
+                runner.logger.warning(f'resume: {note}')
         if getattr(runner, '_resume', False) and RESUME_STATE_KEY in checkpoint:
             meta = checkpoint.get('meta') or {}
             # where the Runner resumes: mmengine's own counters in the checkpoint

@@ -11,14 +11,15 @@ its warm-up), without a word:
   extrapolation study for ``--iters``);
 * :func:`keep_config_schedule` makes a resumed run follow the config's schedule
   (mmengine restores each scheduler's ``begin`` / ``end`` from the checkpoint, so a run
-  resumed to train longer kept the old end).
+  resumed to train longer kept the old end): the config's schedule is replayed to the
+  resume point (:func:`replay_schedule`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ['schedule_to', 'keep_config_schedule', 'PROGRESS_KEYS']
+__all__ = ['schedule_to', 'keep_config_schedule', 'replay_schedule']
 
 
 def schedule_to(cfg: Any, iters: int) -> List[str]:
@@ -67,56 +68,107 @@ def schedule_to(cfg: Any, iters: int) -> List[str]:
     return changes
 
 
-#: A scheduler's state that is progress (kept from the checkpoint on resume); the rest
-#: comes from the config (begin, end and what mmengine derives from them, e.g. PolyLR's
-#: ``total_iters``).
-PROGRESS_KEYS = ('last_step', '_global_step', '_last_value', 'base_values')
+def keep_config_schedule(runner: Any, checkpoint: Dict[str, Any]) -> Optional[str]:
+    """Before a resumed Runner loads the schedulers' and the optimizer's state from
+    ``checkpoint``: where a scheduler built from the config begins or ends elsewhere than
+    the saved one, the schedule of a fresh run of this config is **replayed** up to the
+    iteration the run resumes at (:func:`replay_schedule`), and the checkpoint's scheduler
+    states and the optimizer's scheduled values (``lr``, ...) are replaced by the replay's
+    (in place), so the resumed run continues exactly as a fresh run of its own length
+    would from that iteration: the LR at the resume point may jump (up to a warm-up's or
+    a decay's value of the new schedule), and the note gives it beside the checkpoint's.
 
-
-def keep_config_schedule(runner: Any, checkpoint: Dict[str, Any]) -> List[str]:
-    """Before a resumed Runner loads the schedulers' state from ``checkpoint``: where a
-    scheduler built from the config ends elsewhere than the saved one (and begins where
-    it began), its saved settings are replaced by the config's (in place; the progress,
-    :data:`PROGRESS_KEYS`, is kept), so a run resumed with another length follows its own
-    schedule from the step it resumes at. A scheduler whose ``begin`` moved keeps the
-    checkpoint's (its progress counts from ``begin``), said in the returned lines.
-    mmengine's schedulers compute each step from the last value, so a schedule that had
-    already reached its floor stays there.
+    Patching only ``begin`` / ``end`` cannot do that: mmengine's schedulers compute each
+    step from the last value, so a warm-up (``LinearLR``) stretched after it had ended went
+    on multiplying the LR past the config's peak, and a decay whose ``begin`` had been
+    clipped never ran. Where no replay is possible (epoch-based schedulers, a dict of
+    optimizers, a checkpoint without the iteration or the optimizer's groups) the
+    checkpoint's schedule is kept and the note says so.
 
     Returns:
-        One line per scheduler changed (none when the config's schedule is the
-        checkpoint's).
+        The note for the log: the schedulers moved and the value at the resume point;
+        None when the config's schedule is the checkpoint's.
     """
     saved, built = checkpoint.get('param_schedulers'), getattr(runner, 'param_schedulers', None)
     if not isinstance(saved, list) or not isinstance(built, list) or len(saved) != len(built):
-        return []
-    changes = []
+        return None
+    moved = []
     for i, (state, sch) in enumerate(zip(saved, built)):
         if not isinstance(state, dict) or not hasattr(sch, 'state_dict'):
-            continue
+            return None
         own = sch.state_dict()
-        if 'end' not in state or state.get('end') == own.get('end'):
-            continue
-        name = f'param_scheduler[{i}] {type(sch).__name__}'
-        if state.get('begin') != own.get('begin'):  # its progress counts from begin
-            changes.append(
-                f"{name}: kept the checkpoint's (begin {state.get('begin')}, end "
-                f"{state['end']}): the config's begins at {own.get('begin')}, and a "
-                'schedule cannot move its start while it runs'
-            )
-            continue
-        old = state['end']
-        ended = state.get('_global_step', 0) >= old
-        state.update({k: v for k, v in own.items() if k not in PROGRESS_KEYS})
-        changes.append(
-            f'{name}: end {old} -> {own["end"]}'
-            + (
-                f" (it had ended at step {old}, and mmengine's schedulers step from their "
-                'last value: the extra steps stay at its final value; for a fresh schedule '
-                'start a new run from the checkpoint, --cfg-options load_from=CKPT without '
-                '--resume)'
-                if ended
-                else ''
-            )
+        diff = [
+            f'{k} {state[k]} -> {own.get(k)}'
+            for k in ('begin', 'end')
+            if k in state and state[k] != own.get(k)
+        ]
+        if diff:
+            moved.append(f'param_scheduler[{i}] {type(sch).__name__}: {", ".join(diff)}')
+    if not moved:
+        return None
+    step = (checkpoint.get('meta') or {}).get('iter')
+    groups = (checkpoint.get('optimizer') or {}).get('param_groups')
+    why = _why_no_replay(built, step, groups)
+    if why is not None:
+        return (
+            f"kept the checkpoint's LR schedule, not the config's ({'; '.join(moved)}): a "
+            f"schedule cannot be replayed with {why}; for the config's schedule start a "
+            'new run from the checkpoint, --cfg-options load_from=CKPT without --resume'
         )
-    return changes
+    name = built[0].param_name
+    was = groups[0].get(name) if groups else None
+    states, values = replay_schedule(built, step)
+    for i, state in enumerate(states):
+        saved[i] = state
+    for group, value in zip(groups, values):
+        group.update(value)
+    now = values[0].get(name) if values else None
+    at = (
+        f"; at iteration {step} the {name} is the new schedule's {now:.4g} (the checkpoint's "
+        f'{was:.4g}), as in a fresh run of this length'
+        if isinstance(was, float) and isinstance(now, float)
+        else ''
+    )
+    return (
+        "the LR schedule follows this run's config, not the checkpoint's, replayed to "
+        f'iteration {step}: {"; ".join(moved)}{at}'
+    )
+
+
+def _why_no_replay(built: List[Any], step: Any, groups: Any) -> Optional[str]:
+    """Why :func:`replay_schedule` cannot give a resumed run its config's schedule, or
+    None when it can."""
+    optimizer = getattr(built[0], 'optimizer', None)
+    if any(getattr(sch, 'by_epoch', True) for sch in built):
+        return 'epoch-based schedulers'
+    if optimizer is None or any(getattr(sch, 'optimizer', None) is not optimizer for sch in built):
+        return 'several optimizers'
+    if not isinstance(step, int):
+        return 'no iteration in the checkpoint'
+    if not isinstance(groups, list) or len(groups) != len(optimizer.param_groups):
+        return "the checkpoint's optimizer groups, which are not the optimizer's"
+    return None
+
+
+def replay_schedule(
+    schedulers: List[Any], steps: int
+) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """Step freshly built iteration-based mmengine ``schedulers`` (one optimizer) ``steps``
+    times, as ``ParamSchedulerHook`` does after every training iteration, on their
+    optimizer's hyperparameters (not the weights).
+
+    Returns:
+        Each scheduler's ``state_dict()`` after the steps, and per parameter group of the
+        optimizer the scheduled values (``{param_name: value}``): what a run of these
+        schedulers has saved in its checkpoint of iteration ``steps``.
+    """
+    import warnings
+
+    with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": on purpose
+        warnings.simplefilter('ignore')
+        for _ in range(steps):
+            for sch in schedulers:
+                sch.step()
+    names = {sch.param_name for sch in schedulers}
+    groups = schedulers[0].optimizer.param_groups
+    return [sch.state_dict() for sch in schedulers], [{n: g[n] for n in names} for g in groups]
