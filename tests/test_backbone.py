@@ -658,6 +658,11 @@ def test_mmengine_checkpoints_with_message_hub_load_under_weights_only(tmp_path:
         ),
         (dict(attn_backend='fast'), ValueError, r"unknown LookHere attention backend 'fast'"),
         (dict(num_fcs=3), ValueError, r'num_fcs=2 only'),
+        (  # a stock mmseg base config's model.pretrained beside the user's init_cfg
+            dict(pretrained='vit.pth', init_cfg=dict(type='Pretrained', checkpoint='lh.pth')),
+            ConfigError,
+            r"pretrained='vit\.pth' and init_cfg=.*'lh\.pth'.*--cfg-options model\.pretrained=None",
+        ),
         (dict(patch_pad='reflect'), ValueError, r"patch_pad must be 'corner' or 'same'"),
         (dict(window_block_indexes=[0]), ValueError, r'need window_size > 0'),
         (  # refused when built, not at forward ("expected 4D input (got 3D input)")

@@ -274,7 +274,13 @@ class LookHereViT(LookHereVisionTransformer, BaseModule):
         **kwargs: Any,
     ):
         if init_cfg is not None and pretrained is not None:
-            raise ValueError('init_cfg and pretrained cannot be set at the same time')
+            raise ConfigError(
+                f'LookHereViT got pretrained={pretrained!r} and init_cfg={init_cfg!r}; give '
+                "one: mmseg's segmentors hand model.pretrained to the backbone (mmseg's "
+                'ViT / Segmenter configs set it to weights of their own backbone), so under '
+                'such a base config set pretrained=None in model (--cfg-options '
+                'model.pretrained=None; tools/train.py and tools/test.py clear it themselves)'
+            )
         if isinstance(pretrained, str):
             warnings.warn(
                 'pretrained is deprecated, use init_cfg=dict(type="Pretrained", checkpoint=...)',
