@@ -291,6 +291,23 @@ def _official_like_checkpoint():
     return ckpt, sel, ext, head, r
 
 
+def test_the_distillation_config_builds_through_mmseg_init_model():
+    """mmseg's ``init_model`` sets ``model.pretrained=None`` and ``model.train_cfg=None`` in
+    every config: the distiller takes them (it stopped with 'unexpected keyword argument
+    pretrained'); a value would be unused, and is refused naming the key."""
+    from mmseg.apis import init_model
+    from mmseg.registry import MODELS
+
+    from lookhere_dense.registry import register_all_modules
+
+    register_all_modules()
+    model = init_model('configs/lookwhere_distill_vit-t_tiny-ade.py', device='cpu')
+    assert type(model).__name__ == 'LookWhereDistiller'
+    cfg = dict(model.cfg.model, pretrained='teacher.pth')
+    with pytest.raises(ValueError, match=r"pretrained='teacher\.pth' is not used"):
+        MODELS.build(cfg)
+
+
 def test_official_layout_loads_and_matches_the_official_procedure():
     from lookhere_dense.lookwhere.official import load_official_lookwhere
 

@@ -112,6 +112,9 @@ class LookWhereDistiller(BaseModel):
             :func:`~lookhere_dense.lookwhere.distill.distillation_losses`).
             Default: ``'attn'``.
         data_preprocessor (dict): e.g. mmseg's ``SegDataPreProcessor``.
+        pretrained (None): taken for mmseg's ``init_model``, which sets
+            ``model.pretrained=None`` in every config it builds; the weights come from
+            ``teacher.checkpoint``. Default: None.
     """
 
     def __init__(
@@ -125,7 +128,15 @@ class LookWhereDistiller(BaseModel):
         selector_target: str = 'attn',
         data_preprocessor: Optional[dict] = None,
         init_cfg: Optional[dict] = None,
+        pretrained: None = None,
+        train_cfg: None = None,
     ):
+        for key, value in (('pretrained', pretrained), ('train_cfg', train_cfg)):
+            if value is not None:
+                raise ValueError(
+                    f"LookWhereDistiller: {key}={value!r} is not used (the teacher's weights "
+                    'are teacher.checkpoint, a student to start from is load_from)'
+                )
         super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
         if select_by not in ('teacher', 'selector'):
             raise ValueError(
