@@ -132,6 +132,8 @@ def test_explain_backend_names_each_layer_and_why_the_faster_ones_were_skipped()
     engine.max_dense_bytes = 0
     lines = explain_backend(model, 512, training=True, print_fn=None)
     assert lines[4].startswith('layer 3: chunked (skipped fused: has no attention dropout;')
+    # nothing skipped: the first of the order, or the config's fixed backend, says so
+    assert lines[2] == "layer 1: fused (the first of auto's order that runs here)", lines[2]
     assert engine.choose_backend(1025, CPU, dropout_p=0.1, training=True) == 'chunked'
     assert backend_summary(model, 512, training=True).startswith(
         'LookHere attention at 512x512 (grid 32x32, 1025 tokens, batch 1, float32, cpu, '
@@ -146,7 +148,8 @@ def test_explain_backend_names_each_layer_and_why_the_faster_ones_were_skipped()
     if fused_module.fused_available():  # in bfloat16 the line names the fused kernel's products
         line = backend_summary(model, 512, training=True, dtype=torch.bfloat16)
         products = fused_module.bf16_products()
-        assert f'(bf16 products: {products}) (explain_backend' in line, line
+        says = '(lookhere_dense.lookhere.explain_backend(model, size) says why)'
+        assert f'(bf16 products: {products}) {says}' in line, line
         assert 'bf16 products' not in backend_summary(model, 512, training=True)
 
 

@@ -26,7 +26,7 @@ The LookHere math:
 * :mod:`.windows` -- ViTDet window partitioning; :mod:`.cache` -- the bounded cache.
 """
 
-from .attention import BACKENDS, reference_attention, sdpa_attention
+from .attention import BACKENDS, explain_backend, reference_attention, sdpa_attention
 from .bias import GridBias, build_grid_bias, lookhere_bias, relative_bias_table
 from .cache import BoundedCache
 from .chunked import chunked_attention
@@ -45,6 +45,7 @@ __all__ = [
     'load_model_weights',
     'save_backbone_checkpoint',
     'BACKENDS',
+    'explain_backend',
     'LookHereAttentionEngine',
     'chunked_attention',
     'flex_attention_lookhere',

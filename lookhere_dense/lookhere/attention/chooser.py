@@ -183,7 +183,14 @@ def explain_backend(
             steps = engine.explain(tokens, device, dtype, dropout, slope_grads, training)
             chosen = steps[-1][0]
             skipped = '; '.join(f'{n}: {r}' for n, r in steps[:-1] if r is not None)
-            lines.append(f'{head}: {chosen}' + (f' (skipped {skipped})' if skipped else ''))
+            why = (
+                f'skipped {skipped}'
+                if skipped
+                else f'attn_backend={engine.backend!r}'
+                if engine.backend != 'auto'
+                else "the first of auto's order that runs here"
+            )
+            lines.append(f'{head}: {chosen} ({why})')
     if print_fn is not None:
         for line in lines:
             print_fn(line)
@@ -219,4 +226,4 @@ def backend_summary(
     uses = ', '.join(f'{name} x {n}' for name, n in counts.items())
     if 'fused' in counts and ', bfloat16, ' in head:
         uses += f' (bf16 products: {fused.bf16_products()})'
-    return f'{head}: {uses} (explain_backend(model, size) says why)'
+    return f'{head}: {uses} (lookhere_dense.lookhere.explain_backend(model, size) says why)'
