@@ -202,6 +202,11 @@ def test_max_memory_off_refuses_nothing():
     assert available_memory('cpu', NO_LIMIT) == (None, 'no limit (--max-memory off)')
     with pytest.raises(ConfigError, match=r"'of' is not a size: .* or off \(no limit\)"):
         parse_memory('of')
+    # a forgotten unit is refused, not read as a budget of 100 bytes (every pass refused)
+    with pytest.raises(ConfigError, match=r"'100' has no unit, so it is 100 bytes.* 100M or 100G"):
+        parse_memory('100')
+    assert parse_memory('1.5G') == parse_memory('1610612736') == 3 * 2**29
+    assert parse_memory('512M') == 2**29 and parse_memory(2) == 2  # code's ints stay bytes
     trunk = LookHereVisionTransformer(img_size=64, embed_dims=48, num_layers=1, num_heads=6)
     trunk.eval()
     install_memory_guard(trunk, max_memory=1)

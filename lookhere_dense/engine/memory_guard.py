@@ -142,7 +142,8 @@ def parse_memory(text: Union[str, int, float]) -> int:
     -> :data:`NO_LIMIT` (nothing is refused).
 
     Raises:
-        lookhere_dense.errors.ConfigError: not a positive size.
+        lookhere_dense.errors.ConfigError: not a positive size, or a text without a unit
+            below one MiB (``'100'``: a forgotten unit, not a budget of 100 bytes).
     """
     if isinstance(text, str) and text.strip().lower() in ('off', 'none') or text == NO_LIMIT:
         return NO_LIMIT  # (also NO_LIMIT itself, parsed again by MemoryGuardHook)
@@ -156,6 +157,11 @@ def parse_memory(text: Union[str, int, float]) -> int:
                 'without a unit), or off (no limit)'
             )
         value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+        if not m.group(2) and 0 < value < 2**20:  # '--max-memory 100': not 100 bytes
+            raise ConfigError(
+                f'--max-memory {text!r} has no unit, so it is {int(value)} bytes, less than '
+                f'one MiB: give the unit, e.g. {m.group(1)}M or {m.group(1)}G'
+            )
     if not value > 0:
         raise ConfigError(f'--max-memory must be positive, got {text!r}')
     return int(value)
