@@ -191,6 +191,17 @@ def test_a_tool_run_as_a_script_reports_a_user_error_without_a_traceback(tmp_pat
     assert f'error: config file {str(tmp_path / "nope.py")!r} not found' in res.stderr
 
 
+def test_a_misspelt_config_path_names_the_nearest_config():
+    from lookhere_dense.apis.cli import resolve_config_path
+
+    with pytest.raises(FileNotFoundError) as exc:
+        resolve_config_path('configs/segmenter_lookhere_vit-t_tiny_ade.py')
+    assert str(exc.value) == (
+        "config file 'configs/segmenter_lookhere_vit-t_tiny_ade.py' not found; did you mean "
+        "'configs/segmenter_lookhere_vit-t_tiny-ade.py'?"
+    )
+
+
 def test_train_and_test_name_a_missing_config_or_checkpoint(runs):
     tmp = runs['train:missing config']['tmp']
     err = _error_line(runs['train:missing config'])
@@ -349,9 +360,13 @@ def test_progress_prints_plain_lines_where_there_is_no_terminal():
     assert list(progress(range(25), 'whole@1024x2048', stream=out)) == list(range(25))
     lines = out.getvalue().splitlines()
     assert [ln.split(' (')[0] for ln in lines] == [
-        f'whole@1024x2048: {k}/25 img' for k in (2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 25)
-    ]
+        f'whole@1024x2048: {k}/25 img' for k in (3, 6, 9, 12, 15, 18, 21, 24, 25)
+    ]  # it printed 13 (every 2nd); 16 images printed 16
     assert 'ETA' in lines[0] and 'ETA' not in lines[-1]
+    for n, shown in ((16, 8), (10, 10), (7, 7), (101, 10)):
+        out = io.StringIO()
+        list(progress(range(n), 'infer', stream=out))
+        assert len(out.getvalue().splitlines()) == shown, n
     out = io.StringIO()
     list(progress(iter(range(3)), 'infer', stream=out))  # no length: counts only
     assert [ln.split(' (')[0] for ln in out.getvalue().splitlines()] == [

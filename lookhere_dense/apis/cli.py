@@ -215,7 +215,15 @@ def resolve_config_path(path: str) -> str:
             raise FileNotFoundError(f'config {path!r} not found (looked for {full!r})')
         return full
     if not osp.isfile(path):
-        raise FileNotFoundError(f'config file {path!r} not found')
+        from ..validation import close_names
+
+        folder = osp.dirname(path)
+        files = os.listdir(folder or '.') if osp.isdir(folder or '.') else []
+        near = close_names(osp.basename(path), [f for f in files if f.endswith('.py')])
+        raise FileNotFoundError(
+            f'config file {path!r} not found'
+            + (f'; did you mean {osp.join(folder, near[0])!r}?' if near else '')
+        )
     return path
 
 
@@ -827,7 +835,8 @@ def progress(
     stream: Optional[Any] = None,
 ) -> Iterator[Any]:
     """``items``, showing how far a long pass is: tqdm's bar on a terminal; elsewhere (a
-    log file, ``nohup``, Slurm, CI, a pipe) about ten plain lines per pass,
+    log file, ``nohup``, Slurm, CI, a pipe) at most ten plain lines per pass (every
+    ``ceil(n / 10)``-th item and the last),
     ``desc: k/n unit (elapsed s, ETA s)``, where tqdm would print nothing.
 
     Args:
@@ -859,7 +868,7 @@ def progress(
         count = f'{done}/{total}' if total else f'{done}'
         print(f'{desc}: {count} {unit} ({spent:.0f} s{left})', file=stream, flush=True)
 
-    every = max(1, total // 10) if total else 1
+    every = -(-total // 10) if total else 1  # with the last: at most ten lines
     for item in items:
         yield item
         done += 1
