@@ -222,6 +222,8 @@ def test_infer_writes_overlays_at_any_resolution(demo, tmp_path):
     labels = cv2.imread(str(out / 'ADE_val_00000001_labels.png'), cv2.IMREAD_UNCHANGED)
     assert ov.shape == src.shape and labels.shape == src.shape[:2]
     assert not np.array_equal(ov, src)  # colours were blended in
+    # what the model saw of the first image: --size's, which tools/infer.py's last line names
+    assert result.sizes == (src.shape[:2], (320, 400))
     not_an_image = tmp_path / 'notes.jpg'
     not_an_image.write_text('not an image')
     with pytest.raises(FileNotFoundError, match='is not an image OpenCV can read'):
@@ -251,6 +253,7 @@ def test_infer_writes_overlays_at_any_resolution(demo, tmp_path):
     )
     one = slide.paths
     assert slide.mode == 'slide'
+    assert slide.sizes[0] == slide.sizes[1]  # --native: the image's own size
     assert len(one) == 1 and osp.isfile(one[0])
 
 

@@ -165,10 +165,22 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
             legend=not args.no_legend,
             max_memory=args.max_memory,
         )
+    resized = ''
+    if result.sizes and result.sizes[0] != result.sizes[1]:
+        (h, w), (sh, sw) = result.sizes
+        how = (
+            f'--short-side {args.short_side}'
+            if args.short_side
+            else '--size'
+            if args.size
+            else "the config's test Resize; --native keeps each image's size"
+        )
+        resized = f'; the model saw the first, {h}x{w} image at {sh}x{sw} px: {how}'
     print(
         f'wrote {len(result.paths)} overlay(s) to {args.out_dir} '
         f'({result.mode} inference on {result.device}'
-        + (f', {args.amp_dtype or "bfloat16"} autocast)' if args.amp else ')')
+        + (f', {args.amp_dtype or "bfloat16"} autocast' if args.amp else '')
+        + f'){resized}'
     )
     if args.save_labels:
         print(

@@ -413,12 +413,16 @@ class Overlays:
         label_offset: what the ``<name>_labels.png`` files add to the model's class ids
             (:func:`saved_label_offset`: 1 for ``reduce_zero_label`` datasets such as
             ADE20K, whose annotation value 0 means "no class"; else 0).
+        sizes: ``((H, W) of the first image, (H, W) the model saw of it)``: they differ
+            where the pipeline resized it (the config's test ``Resize`` unless
+            ``native``); None without images.
     """
 
     paths: List[str]
     mode: str
     device: str
     label_offset: int = 0
+    sizes: Optional[Tuple[Tuple[int, int], Tuple[int, int]]] = None
 
 
 def _slide_window(cfg, crop, stride, patch) -> Optional[Tuple[int, int]]:
@@ -559,7 +563,7 @@ def segment_images(
     palette = class_palette(meta, cfg, num_classes)
     names = class_names(meta, cfg, num_classes)
     offset = saved_label_offset(cfg, meta)
-    written = []
+    written, sizes = [], None
     for path, stem in progress(list(zip(images, output_stems(images))), 'infer'):
         bgr = cv2.imread(path, cv2.IMREAD_COLOR)
         if bgr is None:
@@ -570,7 +574,9 @@ def segment_images(
         data = pipeline(dict(img_path=path))
         batch = dict(inputs=[data['inputs']], data_samples=[data['data_samples']])
         if not written:  # which attention backend each layer runs, one line
-            _log_backends(model, tuple(data['inputs'].shape[-2:]))
+            seen = tuple(data['inputs'].shape[-2:])
+            _log_backends(model, seen)
+            sizes = (tuple(bgr.shape[:2]), seen)
         with torch.no_grad():
             result = model.test_step(batch)[0]
         pred = result.pred_sem_seg.data[0].cpu().numpy()
@@ -585,4 +591,4 @@ def segment_images(
         written.append(out)
         if save_labels:
             _write(osp.join(out_dir, f'{stem}_labels.png'), _saved_labels(pred, offset))
-    return Overlays(written, str(model.test_cfg.get('mode')), device, offset)
+    return Overlays(written, str(model.test_cfg.get('mode')), device, offset, sizes)
