@@ -635,6 +635,64 @@ def test_a_longer_run_scales_multistep_milestones_and_one_cycle_steps():
     )
 
 
+def _schedule_run(length: int, steps: int = 0):
+    """mmengine's OptimWrapper over AdamW with two parameter groups (as layer decay makes:
+    the wrapper adds ``base_param_settings``) and the schedulers of a ``length``-long run:
+    a LinearLR warm-up to 10 (clipped to the length), PolyLR after it, and a momentum
+    warm-up (on AdamW it writes ``betas``); stepped ``steps`` times like a run."""
+    import torch
+    from mmengine.optim import OptimWrapper
+    from mmengine.optim.scheduler import LinearLR, LinearMomentum, PolyLR
+
+    torch.manual_seed(0)
+    a, b = nn.Linear(2, 2), nn.Linear(2, 2)
+    groups = [dict(params=a.parameters(), lr=1e-3), dict(params=b.parameters(), lr=5e-4)]
+    wrapper = OptimWrapper(torch.optim.AdamW(groups, lr=1e-3))
+    warm = min(10, length)
+    schedulers = [
+        LinearLR(wrapper, start_factor=0.1, by_epoch=False, begin=0, end=warm),
+        PolyLR(wrapper, eta_min=1e-6, power=0.9, by_epoch=False, begin=warm - 1, end=length),
+        LinearMomentum(wrapper, start_factor=0.8, by_epoch=False, begin=0, end=warm),
+    ]
+    for _ in range(steps):
+        for sch in schedulers:
+            sch.step()
+    return wrapper, schedulers
+
+
+def test_a_resume_with_another_length_replays_the_config_schedule_for_every_group():
+    """The checkpoint of a 6-long run (warm-up ended at 6, the decay clipped to 5-6)
+    resumed with a 30-long config: after mmengine loads the patched checkpoint, the
+    optimizer (both groups, the wrapper's ``base_param_settings``, AdamW's momentum
+    ``betas``) and the schedulers hold what a fresh 30-long run holds at step 6, and keep
+    doing so. Before, the groups' count (the wrapper lists one more) refused the replay."""
+    import types
+
+    from lookhere_dense.engine.schedules import keep_config_schedule
+
+    wrapper, schedulers = _schedule_run(6, steps=6)
+    checkpoint = dict(
+        meta=dict(iter=6),
+        optimizer=wrapper.state_dict(),
+        param_schedulers=[sch.state_dict() for sch in schedulers],
+    )
+    assert 'base_param_settings' in checkpoint['optimizer']
+    wrapper, schedulers = _schedule_run(30)  # as the Runner builds them from the config
+    note = keep_config_schedule(types.SimpleNamespace(param_schedulers=schedulers), checkpoint)
+    assert note.startswith("the LR schedule follows this run's config, not the checkpoint's, ")
+    assert 'param_scheduler[0] LinearLR: end 6 -> 10' in note
+    wrapper.load_state_dict(checkpoint['optimizer'])  # what Runner.resume does next
+    for sch, state in zip(schedulers, checkpoint['param_schedulers']):
+        sch.load_state_dict(state)
+    fresh, fresh_schedulers = _schedule_run(30, steps=6)
+    for step in range(6, 30):
+        for ours, theirs in zip(wrapper.param_groups, fresh.param_groups):
+            assert (ours['lr'], ours['betas']) == (theirs['lr'], theirs['betas']), step
+        for run in (schedulers, fresh_schedulers):
+            for sch in run:
+                sch.step()
+
+
 def test_an_entry_with_its_own_scope_is_left_to_that_scope():
     from lookhere_dense.apis.cli import load_config
     from lookhere_dense.config_checks import check_section_types

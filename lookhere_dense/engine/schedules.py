@@ -81,34 +81,46 @@ def keep_config_schedule(runner: Any, checkpoint: Dict[str, Any]) -> Optional[st
     Patching only ``begin`` / ``end`` cannot do that: mmengine's schedulers compute each
     step from the last value, so a warm-up (``LinearLR``) stretched after it had ended went
     on multiplying the LR past the config's peak, and a decay whose ``begin`` had been
-    clipped never ran. Where no replay is possible (epoch-based schedulers, a dict of
-    optimizers, a checkpoint without the iteration or the optimizer's groups) the
-    checkpoint's schedule is kept and the note says so.
+    clipped never ran. Where no replay is possible (epoch-based schedulers,
+    ``ReduceOnPlateau`` ones, several optimizers, a checkpoint without the iteration or
+    with other parameter groups) the checkpoint's schedule is kept and the note says so.
 
     Returns:
         The note for the log: the schedulers moved and the value at the resume point;
         None when the config's schedule is the checkpoint's.
     """
     saved, built = checkpoint.get('param_schedulers'), getattr(runner, 'param_schedulers', None)
-    if not isinstance(saved, list) or not isinstance(built, list) or len(saved) != len(built):
-        return None
+    if isinstance(saved, dict) and isinstance(built, dict):  # one list per optimizer
+        pairs = [(saved.get(k), built[k], f'param_scheduler[{k!r}]') for k in built]
+    else:
+        pairs = [(saved, built, 'param_scheduler')]
     moved = []
-    for i, (state, sch) in enumerate(zip(saved, built)):
-        if not isinstance(state, dict) or not hasattr(sch, 'state_dict'):
+    for states, schedulers, where in pairs:
+        if not isinstance(states, list) or not isinstance(schedulers, list):
             return None
-        own = sch.state_dict()
-        diff = [
-            f'{k} {state[k]} -> {own.get(k)}'
-            for k in ('begin', 'end')
-            if k in state and state[k] != own.get(k)
-        ]
-        if diff:
-            moved.append(f'param_scheduler[{i}] {type(sch).__name__}: {", ".join(diff)}')
+        if len(states) != len(schedulers):
+            return None
+        for i, (state, sch) in enumerate(zip(states, schedulers)):
+            if not isinstance(state, dict) or not hasattr(sch, 'state_dict'):
+                return None
+            own = sch.state_dict()
+            diff = [
+                f'{k} {state[k]} -> {own.get(k)}'
+                for k in ('begin', 'end')
+                if k in state and state[k] != own.get(k)
+            ]
+            if diff:
+                moved.append(f'{where}[{i}] {type(sch).__name__}: {", ".join(diff)}')
     if not moved:
         return None
     step = (checkpoint.get('meta') or {}).get('iter')
-    groups = (checkpoint.get('optimizer') or {}).get('param_groups')
-    why = _why_no_replay(built, step, groups)
+    state = checkpoint.get('optimizer') or {}
+    # what the wrapper's ``param_groups`` lists: the optimizer's groups, then (several
+    # groups) mmengine's ``base_param_settings``, which its schedulers step too
+    targets = state.get('param_groups')
+    if isinstance(targets, list) and state.get('base_param_settings') is not None:
+        targets = targets + [state['base_param_settings']]
+    why = 'several optimizers' if isinstance(built, dict) else _why_no_replay(built, step, targets)
     if why is not None:
         return (
             f"kept the checkpoint's LR schedule, not the config's ({'; '.join(moved)}): a "
@@ -116,13 +128,12 @@ def keep_config_schedule(runner: Any, checkpoint: Dict[str, Any]) -> Optional[st
             'new run from the checkpoint, --cfg-options load_from=CKPT without --resume'
         )
     name = built[0].param_name
-    was = groups[0].get(name) if groups else None
+    was = targets[0].get(name)
     states, values = replay_schedule(built, step)
-    for i, state in enumerate(states):
-        saved[i] = state
-    for group, value in zip(groups, values):
+    saved[:] = states
+    for group, value in zip(targets, values):
         group.update(value)
-    now = values[0].get(name) if values else None
+    now = values[0].get(name)
     at = (
         f"; at iteration {step} the {name} is the new schedule's {now:.4g} (the checkpoint's "
         f'{was:.4g}), as in a fresh run of this length'
@@ -135,35 +146,43 @@ def keep_config_schedule(runner: Any, checkpoint: Dict[str, Any]) -> Optional[st
     )
 
 
-def _why_no_replay(built: List[Any], step: Any, groups: Any) -> Optional[str]:
+def _why_no_replay(built: List[Any], step: Any, targets: Any) -> Optional[str]:
     """Why :func:`replay_schedule` cannot give a resumed run its config's schedule, or
-    None when it can."""
+    None when it can. ``targets``: the checkpoint's parameter groups as the wrapper lists
+    them (``param_groups`` + ``base_param_settings``)."""
     optimizer = getattr(built[0], 'optimizer', None)
     if any(getattr(sch, 'by_epoch', True) for sch in built):
         return 'epoch-based schedulers'
+    plateau = [type(s).__name__ for s in built if 'ReduceOnPlateau' in type(s).__name__]
+    if plateau:  # its steps depend on the validation metrics of the run, not on the count
+        return f'{plateau[0]} (it steps on validation results)'
     if optimizer is None or any(getattr(sch, 'optimizer', None) is not optimizer for sch in built):
         return 'several optimizers'
     if not isinstance(step, int):
         return 'no iteration in the checkpoint'
-    if not isinstance(groups, list) or len(groups) != len(optimizer.param_groups):
-        return "the checkpoint's optimizer groups, which are not the optimizer's"
+    if not isinstance(targets, list) or len(targets) != len(optimizer.param_groups):
+        return 'another number of optimizer parameter groups in the checkpoint'
     return None
 
 
 def replay_schedule(
     schedulers: List[Any], steps: int
 ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
-    """Step freshly built iteration-based mmengine ``schedulers`` (one optimizer) ``steps``
-    times, as ``ParamSchedulerHook`` does after every training iteration, on their
-    optimizer's hyperparameters (not the weights).
+    """Step freshly built iteration-based mmengine ``schedulers`` (one optimizer or
+    ``OptimWrapper``) ``steps`` times, as ``ParamSchedulerHook`` does after every training
+    iteration, on their optimizer's hyperparameters (not the weights).
 
     Returns:
-        Each scheduler's ``state_dict()`` after the steps, and per parameter group of the
-        optimizer the scheduled values (``{param_name: value}``): what a run of these
-        schedulers has saved in its checkpoint of iteration ``steps``.
+        Each scheduler's ``state_dict()`` after the steps, and per entry of the optimizer's
+        ``param_groups`` the values the schedulers set (their ``param_name``, and what else
+        the steps changed, e.g. ``betas`` of a momentum schedule on Adam): what a run of
+        these schedulers has saved in its checkpoint of iteration ``steps``.
     """
+    import copy
     import warnings
 
+    groups = schedulers[0].optimizer.param_groups
+    before = [{k: copy.deepcopy(v) for k, v in g.items() if k != 'params'} for g in groups]
     with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": on purpose
         warnings.simplefilter('ignore')
         for _ in range(steps):
@@ -171,4 +190,8 @@ def replay_schedule(
                 sch.step()
     names = {sch.param_name for sch in schedulers}
     groups = schedulers[0].optimizer.param_groups
-    return [sch.state_dict() for sch in schedulers], [{n: g[n] for n in names} for g in groups]
+    values = [
+        {k: v for k, v in g.items() if k in names or (k != 'params' and b.get(k, v) != v)}
+        for g, b in zip(groups, before)
+    ]
+    return [sch.state_dict() for sch in schedulers], values
