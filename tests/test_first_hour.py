@@ -110,9 +110,9 @@ def test_readme_snippet_works_under_stock_mmseg_configs(base, tmp_path, monkeypa
         out = model.eval()(torch.rand(1, 3, 64, 64), mode='tensor')
     assert out.shape[:2] == (1, 150)
 
-    # without the check mmseg refuses the same config
+    # without the check the backbone refuses the same config, naming the fix
     cfg.model.pretrained = stock_pretrained
-    with pytest.raises(ValueError, match='init_cfg and pretrained cannot be set'):
+    with pytest.raises(ValueError, match=r'LookHereViT got pretrained=.* set pretrained=None'):
         MODELS.build(cfg.model)
 
 

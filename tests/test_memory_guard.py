@@ -207,6 +207,7 @@ def test_max_memory_off_refuses_nothing():
         parse_memory('100')
     assert parse_memory('1.5G') == parse_memory('1610612736') == 3 * 2**29
     assert parse_memory('512M') == 2**29 and parse_memory(2) == 2  # code's ints stay bytes
+    assert parse_memory('100B') == 100  # a unit given: bytes, as asked
     trunk = LookHereVisionTransformer(img_size=64, embed_dims=48, num_layers=1, num_heads=6)
     trunk.eval()
     install_memory_guard(trunk, max_memory=1)

@@ -150,14 +150,14 @@ def parse_memory(text: Union[str, int, float]) -> int:
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
     else:
-        m = re.fullmatch(r'\s*([0-9]*\.?[0-9]+)\s*([kmgtKMGT]?)(?:i?[bB])?\s*', str(text))
+        m = re.fullmatch(r'\s*([0-9]*\.?[0-9]+)\s*([kmgtKMGT]?)(i?[bB])?\s*', str(text))
         if not m:
             raise ConfigError(
                 f'--max-memory {text!r} is not a size: give e.g. 8G, 512M or 1.5GiB (bytes '
                 'without a unit), or off (no limit)'
             )
         value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-        if not m.group(2) and 0 < value < 2**20:  # '--max-memory 100': not 100 bytes
+        if not (m.group(2) or m.group(3)) and 0 < value < 2**20:  # '100': not 100 bytes
             raise ConfigError(
                 f'--max-memory {text!r} has no unit, so it is {int(value)} bytes, less than '
                 f'one MiB: give the unit, e.g. {m.group(1)}M or {m.group(1)}G'

@@ -131,12 +131,18 @@ class LookWhereDistiller(BaseModel):
         pretrained: None = None,
         train_cfg: None = None,
     ):
-        for key, value in (('pretrained', pretrained), ('train_cfg', train_cfg)):
+        unused = (
+            (
+                'pretrained',
+                pretrained,
+                "the teacher's weights are teacher.checkpoint, a "
+                'student to start from is load_from',
+            ),
+            ('train_cfg', train_cfg, 'the distiller has no training settings of its own'),
+        )
+        for key, value, instead in unused:
             if value is not None:
-                raise ValueError(
-                    f"LookWhereDistiller: {key}={value!r} is not used (the teacher's weights "
-                    'are teacher.checkpoint, a student to start from is load_from)'
-                )
+                raise ValueError(f'LookWhereDistiller: {key}={value!r} is not used ({instead})')
         super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
         if select_by not in ('teacher', 'selector'):
             raise ValueError(
