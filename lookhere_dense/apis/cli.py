@@ -1052,7 +1052,12 @@ def preflight(
         check_section_types,
         clear_inherited_pretrained,
     )
-    from ..data.checks import check_dataset_layout, check_seg_data, crop_padding_note
+    from ..data.checks import (
+        check_coco_annotations,
+        check_dataset_layout,
+        check_seg_data,
+        crop_padding_note,
+    )
 
     def warn(msg: str) -> None:
         _log(msg, logging.WARNING)
@@ -1080,6 +1085,11 @@ def preflight(
                 warn(padded)
         else:
             check_dataset_layout(cfg, splits)
+            for where, (images, anns) in check_coco_annotations(cfg, splits).items():
+                _log(
+                    f'data check passed: {where} has {images} images and {anns} annotations, '
+                    'every class of the dataset among its categories'
+                )
     return dropped
 
 

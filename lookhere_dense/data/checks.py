@@ -46,6 +46,7 @@ from .labels import (
 
 __all__ = [
     'check_dataset_layout',
+    'check_coco_annotations',
     'check_label_values',
     'check_crop_fits',
     'check_seg_data',
@@ -281,6 +282,99 @@ def check_dataset_layout(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 
                 '(it does not follow a new data_root: it was joined to the old one when the '
                 'config was read).'
             )
+
+
+def _dataset_classes(ds: Mapping, scope: str) -> Optional[Tuple[str, ...]]:
+    """The class names a dataset config trains on: its ``metainfo.classes``, else its
+    type's ``METAINFO`` (mmdet's ``CocoDataset``: the 80 COCO classes); None when the type
+    is not found in the scope's registry."""
+    classes = (ds.get('metainfo') or {}).get('classes')
+    if classes:
+        return tuple(classes)
+    import importlib
+
+    try:
+        registry = importlib.import_module(f'{scope}.registry').DATASETS
+        cls = ds['type'] if isinstance(ds.get('type'), type) else registry.get(type_name(ds))
+    except (ImportError, AttributeError, KeyError):
+        return None
+    found = (getattr(cls, 'METAINFO', None) or {}).get('classes')
+    return tuple(found) if found else None
+
+
+def check_coco_annotations(
+    cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'test')
+) -> Dict[str, Tuple[int, int]]:
+    """Check the COCO-format annotation files of the dataloaders of ``splits`` (mmdet's
+    ``CocoDataset`` and its subclasses: an ``ann_file`` ending in ``.json``) before
+    anything is built, where mmdet says nothing or fails late:
+
+    * every class the dataset trains on (``metainfo.classes``, else the type's 80 COCO
+      classes) must be a category name of the file: mmdet keeps the annotations of the
+      matching names only, so a file of other names trained on nothing (an empty dataset:
+      ``need at least one array to concatenate``) and a misspelt name (``Triangle`` for
+      ``triangle``) dropped that class's annotations without a word;
+    * every image the file lists must exist (mmdet reads it when it comes up in training,
+      hours in on a real dataset).
+
+    Reads each file once (``json.load``: seconds for COCO's 450 MB train file).
+
+    Returns:
+        ``{dataloader: (images, annotations)}`` of the checked files.
+
+    Raises:
+        DatasetLayoutError: naming the file, the classes it lacks (with the file's close
+            names) and the option to set, or the first missing image and how many are
+            missing.
+    """
+    import json
+
+    from ..validation import close_names
+
+    default_scope = cfg.get('default_scope') or 'mmseg'
+    counts: Dict[str, Tuple[int, int]] = {}
+    done = set()
+    for where, key, ds, wrappers in _nodes(cfg, splits):
+        root = ds.get('data_root') or ''
+        ann = ds.get('ann_file') or ''
+        path = _join(root, ann) if ann else ''
+        if not path.endswith('.json') or '://' in path or path in done:
+            continue
+        scope = _scope(ds, default_scope)
+        if scope != 'mmdet' or not osp.isfile(path):
+            continue
+        done.add(path)
+        with open(path) as f:
+            data = json.load(f)
+        names = [c.get('name') for c in data.get('categories') or []]
+        classes = _dataset_classes(ds, scope)
+        missing = [c for c in classes or () if c not in names]
+        if missing:
+            near = {c: close_names(c, names, 1) for c in missing}
+            said = ', '.join(
+                f'{c!r}' + (f' (the file has {near[c][0]!r})' if near[c] else '') for c in missing
+            )
+            raise DatasetLayoutError(
+                f'{where}: {len(missing)} of the {len(classes)} classes the dataset trains on '
+                f'are no category of {path!r}: {said}; mmdet keeps only the annotations of '
+                "matching names, so those classes would have none. The file's categories: "
+                f"{names}. Set the classes to the file's names with --cfg-options "
+                f'"{key}.metainfo.classes=(...)"' + _where_note(key, ds, wrappers) + ' (and the '
+                "heads' num_classes to their number), or fix the file."
+            )
+        prefix = (ds.get('data_prefix') or {}).get('img') or ''
+        folder = _join(root, prefix) if prefix else root
+        images = [im.get('file_name') for im in data.get('images') or []]
+        absent = [n for n in images if n and not osp.isfile(osp.join(folder, n))]
+        if absent:
+            raise DatasetLayoutError(
+                f'{where}: {len(absent)} of the {len(images)} images {path!r} lists are not '
+                f'in {folder!r}, e.g. {osp.join(folder, absent[0])!r} (data_root={root!r}, '
+                f'data_prefix.img={prefix!r}; set with --cfg-options {key}.data_root=PATH '
+                f'or {key}.data_prefix.img=FOLDER' + _where_note(key, ds, wrappers) + ').'
+            )
+        counts[where] = (len(images), len(data.get('annotations') or []))
+    return counts
 
 
 # ----------------------------------------------------------------------------------------
