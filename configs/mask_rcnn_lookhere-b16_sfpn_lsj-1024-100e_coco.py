@@ -1,7 +1,8 @@
 # Mask R-CNN + SimpleFPN + LookHere ViT-B/16 (window + global attention) on COCO instances,
 # ViTDet recipe: large-scale jitter (LSJ) at 1024, AdamW, layer-wise lr decay 0.7, AMP,
-# 100 epochs at batch 64 (16 GPUs x 4). On CPU use optim_wrapper.type=OptimWrapper
-# (AmpOptimWrapper needs a GPU).
+# 100 epochs at batch 64 (16 GPUs x 4). AmpOptimWrapper: float16 on a GPU; on a CPU this
+# project's tools train in bfloat16 in its place (docs/vitdet.md); float32: --cfg-options
+# optim_wrapper.type=OptimWrapper.
 _base_ = [
     './_base_/mask_rcnn_lookhere_vit-b_sfpn.py',
     'mmdet::_base_/default_runtime.py',

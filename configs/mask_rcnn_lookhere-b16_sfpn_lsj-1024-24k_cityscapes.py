@@ -7,7 +7,8 @@
 # larger grid (LookHere extrapolates; no position embedding to resize).
 # Annotations: mmdet's tools/dataset_converters/cityscapes.py writes
 # annotations/instancesonly_filtered_gtFine_{train,val}.json.
-# On CPU use optim_wrapper.type=OptimWrapper (AmpOptimWrapper needs a GPU).
+# AmpOptimWrapper: float16 on a GPU; on a CPU this project's tools train in bfloat16 in its
+# place (docs/vitdet.md); float32: --cfg-options optim_wrapper.type=OptimWrapper.
 _base_ = [
     './_base_/mask_rcnn_lookhere_vit-b_sfpn.py',
     'mmdet::_base_/default_runtime.py',

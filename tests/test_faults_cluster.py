@@ -494,7 +494,10 @@ def test_training_over_the_budget_is_refused_at_its_first_step(data, tmp_path):
         train_model(ADE_CFG, work_dir=str(tmp_path / 'w'), max_memory='2M', cfg_options=opts)
     assert str(exc.value).startswith('training of a (2, 3, 128, 128) input refused before it')
     assert 'the --max-memory budget is 2.0 MiB' in str(exc.value)
-    assert 'batch size 1' in str(exc.value)
+    # the cheaper options name their setting and say when they still do not fit
+    assert 'batch size 1 (train_dataloader.batch_size=1; ~' in str(exc.value)
+    assert 'bfloat16 activations (--amp; ~' in str(exc.value)
+    assert str(exc.value).count('still above the budget') == 2
     with pytest.raises(ConfigError, match="--max-memory '2 apples' is not a size"):
         train_model(ADE_CFG, work_dir=str(tmp_path / 'w'), max_memory='2 apples', cfg_options=opts)
 

@@ -400,10 +400,14 @@ def _alternatives(info: Dict[str, Any], limit: int) -> List[str]:
     if scaled:
         scale, fits = scaled
         tips.append(f'a frame {scale:.2f}x as large per side (~{format_size(fits)})')
+
+    def size(n: int) -> str:  # an option that helps without fitting says so
+        return f'~{format_size(n)}' + ('' if n <= limit else ', still above the budget')
+
     if a['dtype'] == torch.float32:
-        tips.append(f'bfloat16 activations (~{format_size(est(dtype=torch.bfloat16))})')
+        tips.append(f'bfloat16 activations (--amp; {size(est(dtype=torch.bfloat16))})')
     if a['training'] and a['batch'] > 1:
-        tips.append(f'batch size 1 (~{format_size(est(batch=1))})')
+        tips.append(f'batch size 1 (train_dataloader.batch_size=1; {size(est(batch=1))})')
     return tips
 
 
