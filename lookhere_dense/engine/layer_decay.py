@@ -49,7 +49,7 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 import torch.nn as nn
-from mmengine.logging import print_log
+from mmengine.logging import MMLogger, print_log
 from mmengine.optim import DefaultOptimWrapperConstructor
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
 from mmengine.utils.dl_utils.parrots_wrapper import _BatchNorm, _InstanceNorm
@@ -263,9 +263,14 @@ class LookHereLayerDecayOptimizerConstructor(DefaultOptimWrapperConstructor):
             f'{g["lr_scale"]:.4g}, weight_decay={g.get("weight_decay", "default")}'
             for g in ordered
         ]
-        print_log(
-            f'LookHere layer decay (rate {rate}, {num_layers} blocks):\n  ' + '\n  '.join(lines),
+        scales = [g['lr_scale'] for g in ordered] or [1.0]
+        print_log(  # one line on the terminal; the groups go to the log file only
+            f'LookHere layer decay (rate {rate}, {num_layers} blocks): {len(ordered)} parameter '
+            f'groups, lr_scale {min(scales):.4g}..{max(scales):.4g} (the groups: in the log file)',
             logger='current',
+        )
+        MMLogger.get_current_instance().info(
+            'LookHere layer decay groups:\n  ' + '\n  '.join(lines), extra=dict(file_only=True)
         )
 
 
