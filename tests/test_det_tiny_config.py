@@ -1,0 +1,57 @@
+"""The smoke-run detector config (``configs/mask_rcnn_lookhere_vit-t_tiny-coco.py``): the
+structure of the full ViTDet config at toy size, trained and tested through the tools'
+own entry points on the generated COCO-layout data its header names."""
+
+from __future__ import annotations
+
+import glob
+import os.path as osp
+
+from mmengine.config import Config
+
+from lookhere_dense.apis.test import evaluate_checkpoint
+from lookhere_dense.apis.train import train_model
+from research import REPO
+from research.datasets.synthetic_coco import SHAPE_CLASSES, make_coco_instances
+
+TINY = osp.join(REPO, 'configs', 'mask_rcnn_lookhere_vit-t_tiny-coco.py')
+
+
+def test_the_tiny_detector_keeps_the_full_configs_structure():
+    tiny = Config.fromfile(TINY)
+    full = Config.fromfile(
+        osp.join(REPO, 'configs', 'mask_rcnn_lookhere-b16_sfpn_lsj-1024-100e_coco.py')
+    )
+    assert tiny.model.type == full.model.type == 'MaskRCNN'
+    assert tiny.model.backbone.type == 'LookHereViT' and tiny.model.neck.type == 'SimpleFPN'
+    assert tiny.model.backbone.window_block_indexes == [0, 2]  # windowed and global blocks
+    assert tiny.optim_wrapper.constructor == full.optim_wrapper.constructor
+    assert [s.type for s in tiny.train_dataloader.dataset.pipeline] == [
+        s.type for s in full.train_dataloader.dataset.pipeline
+    ]
+    assert tuple(tiny.train_dataloader.dataset.metainfo.classes) == SHAPE_CLASSES
+
+
+def test_the_tiny_detector_trains_and_tests_on_the_generated_data(tmp_path, capsys):
+    root = str(tmp_path / 'coco_tiny') + '/'
+    make_coco_instances(root, {'train2017': 4, 'val2017': 2})
+    ann = root + 'annotations/instances_val2017.json'
+    options = {
+        'train_cfg.max_iters': 2,
+        'train_dataloader.batch_size': 2,
+        **{f'{s}_dataloader.dataset.data_root': root for s in ('train', 'val', 'test')},
+        'val_evaluator.ann_file': ann,
+        'test_evaluator.ann_file': ann,
+    }
+    work = str(tmp_path / 'work')
+    runner = train_model(TINY, work_dir=work, cfg_options=options)
+    assert runner.iter == 2
+    # layer decay: one line on the terminal, its 12 groups in the log file (28 lines before)
+    out = capsys.readouterr().out
+    assert 'LookHere layer decay (rate 0.7, 4 blocks): 12 parameter groups' in out
+    log = open(glob.glob(osp.join(runner.log_dir, '*.log'))[0]).read()
+    assert 'layer_0_decay: ' in log and 'layer_0_decay: ' not in out
+    metrics = evaluate_checkpoint(
+        TINY, osp.join(work, 'iter_2.pth'), work_dir=str(tmp_path / 'test'), cfg_options=options
+    )
+    assert {'coco/bbox_mAP', 'coco/segm_mAP'} <= set(metrics)
