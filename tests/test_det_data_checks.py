@@ -62,3 +62,31 @@ def test_an_image_the_file_lists_but_the_folder_lacks_is_named_before_training(c
     with pytest.raises(DatasetLayoutError) as exc:
         check_coco_annotations(cfg, ('train',))
     assert '1 of the 3 images' in str(exc.value) and repr(str(missing)) in str(exc.value)
+
+
+def test_an_mmseg_data_prefix_key_in_a_coco_dataset_is_named(coco):
+    """``data_prefix=dict(img_path=...)`` (mmseg's name) stopped in mmdet with a bare
+    ``KeyError: 'img'``."""
+    cfg, ds, _ = coco
+    ds.metainfo = dict(classes=SHAPE_CLASSES)
+    ds.data_prefix = dict(img_path='train2017/')
+    with pytest.raises(
+        DatasetLayoutError, match=r"data_prefix=\{'img_path': 'train2017/'\} has no 'img'"
+    ):
+        check_coco_annotations(cfg, ('train',))
+
+
+def test_an_mmseg_dataset_argument_in_an_mmdet_dataset_is_named(coco):
+    """``reduce_zero_label=True`` (an mmseg dataset's) on mmdet's CocoDataset was a
+    ``TypeError`` when the Runner built the dataloader."""
+    from lookhere_dense.data.checks import check_dataset_layout
+    from lookhere_dense.errors import ConfigError
+
+    cfg, ds, _ = coco
+    ds.reduce_zero_label = True
+    with pytest.raises(
+        ConfigError,
+        match=r'train_dataloader\.dataset\.reduce_zero_label: '
+        r"CocoDataset has no argument 'reduce_zero_label' \(CocoDataset takes ",
+    ):
+        check_dataset_layout(cfg, ('train',))

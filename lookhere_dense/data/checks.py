@@ -28,6 +28,7 @@ import warnings
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import (
+    ConfigError,
     CropSizeError,
     DataCheckWarning,
     DatasetLayoutError,
@@ -46,6 +47,7 @@ from .labels import (
 
 __all__ = [
     'check_dataset_layout',
+    'check_dataset_arguments',
     'check_coco_annotations',
     'check_label_values',
     'check_crop_fits',
@@ -216,6 +218,43 @@ def _where_note(key: str, ds: Mapping, wrappers: Sequence[Tuple[str, Mapping]]) 
     return note
 
 
+def check_dataset_arguments(
+    cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'test')
+) -> None:
+    """Refuse a dataset config key its class cannot take (``reduce_zero_label`` on mmdet's
+    ``CocoDataset``: a ``TypeError`` when the Runner builds the dataloader), naming the
+    close ones: :func:`~lookhere_dense.config_checks.accepted_arguments` of the class the
+    dataset's scope registers (only keys that would certainly fail).
+
+    Raises:
+        ConfigError: naming the key, the class and what it takes.
+    """
+    import importlib
+
+    from ..config_checks import accepted_arguments
+    from ..validation import close_names
+
+    default_scope = cfg.get('default_scope') or 'mmseg'
+    for _, key, ds, _ in _nodes(cfg, splits):
+        try:
+            registry = importlib.import_module(f'{_scope(ds, default_scope)}.registry').DATASETS
+            cls = ds['type'] if isinstance(ds.get('type'), type) else registry.get(type_name(ds))
+        except (ImportError, AttributeError, KeyError):
+            continue
+        accepted = accepted_arguments(cls)
+        if not accepted:
+            continue
+        for name in ds:
+            if name in ('type', '_scope_') or name in accepted:
+                continue
+            close = close_names(name, sorted(accepted))
+            raise ConfigError(
+                f'{key}.{name}: {cls.__name__} has no argument {name!r}'
+                + (f'; did you mean {" or ".join(repr(c) for c in close)}?' if close else '')
+                + f' ({cls.__name__} takes {", ".join(sorted(accepted))})'
+            )
+
+
 def check_dataset_layout(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'test')) -> None:
     """Check that every folder / file the dataloaders of ``splits`` name exists.
 
@@ -232,6 +271,7 @@ def check_dataset_layout(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 
             wrappers) and the layout the dataset type expects (the ``tools/demo.py``
             datasets only for the segmentation layouts it writes).
     """
+    check_dataset_arguments(cfg, splits)
     default_scope = cfg.get('default_scope') or 'mmseg'
     for where, key, ds, wrappers in _nodes(cfg, splits):
         hint = _hint(ds, default_scope)
@@ -344,6 +384,14 @@ def check_coco_annotations(
         if scope != 'mmdet' or not osp.isfile(path):
             continue
         done.add(path)
+        prefixes = ds.get('data_prefix') or {}
+        if 'img' not in prefixes:  # mmdet's COCO datasets read data_prefix['img']: KeyError
+            raise DatasetLayoutError(
+                f"{where}: data_prefix={dict(prefixes)!r} has no 'img': mmdet's "
+                f'{type_name(ds)} reads its images from data_prefix.img (img_path and '
+                "seg_map_path are mmseg's names); set it with --cfg-options "
+                f'{key}.data_prefix.img=FOLDER' + _where_note(key, ds, wrappers)
+            )
         with open(path) as f:
             data = json.load(f)
         names = [c.get('name') for c in data.get('categories') or []]
