@@ -475,12 +475,34 @@ def _check_det_pyramid(model: Mapping, registry: Any) -> None:
             )
 
 
+def dataset_class(ds: Mapping, scope: str) -> Any:
+    """The class a dataset config builds: its ``type`` when that is a class, else the
+    name's entry in ``scope``'s ``DATASETS`` registry; None where it cannot be told."""
+    import importlib
+
+    if isinstance(ds.get('type'), type):
+        return ds['type']
+    try:
+        return importlib.import_module(f'{scope}.registry').DATASETS.get(type_name(ds))
+    except (ImportError, AttributeError, KeyError, TypeError):
+        return None
+
+
+def dataset_class_names(ds: Mapping, scope: str) -> Tuple[Optional[Tuple[str, ...]], bool]:
+    """The class names a dataset config trains on, and whether they are its own
+    ``metainfo.classes`` (True) or its class's ``METAINFO`` (False; mmdet's
+    ``CocoDataset``: the 80 COCO classes); ``(None, False)`` where neither says."""
+    meta = ds.get('metainfo')
+    if isinstance(meta, Mapping) and isinstance(meta.get('classes'), (list, tuple)):
+        return tuple(meta['classes']), True
+    classes = (getattr(dataset_class(ds, scope), 'METAINFO', None) or {}).get('classes')
+    return (tuple(classes), False) if isinstance(classes, (list, tuple)) else (None, False)
+
+
 def _dataset_classes(cfg: Mapping) -> Optional[Tuple[int, str]]:
     """How many classes the training (else validation / test) dataset of an mmdet config
     has, and where that comes from: its ``metainfo.classes``, else its class's
     ``METAINFO`` (wrappers' inner datasets followed)."""
-    from mmdet.registry import DATASETS
-
     for split in ('train', 'val', 'test'):
         loader = cfg.get(f'{split}_dataloader')
         ds = loader.get('dataset') if isinstance(loader, Mapping) else None
@@ -494,16 +516,12 @@ def _dataset_classes(cfg: Mapping) -> Optional[Tuple[int, str]]:
             ds = inner
         if not isinstance(ds, Mapping):
             continue
-        meta = ds.get('metainfo')
-        if isinstance(meta, Mapping) and isinstance(meta.get('classes'), (list, tuple)):
-            return len(meta['classes']), f'{where}.metainfo.classes'
-        try:
-            cls = DATASETS.get(type_name(ds))
-        except (KeyError, TypeError):
-            cls = None
-        classes = (getattr(cls, 'METAINFO', None) or {}).get('classes')
-        if isinstance(classes, (list, tuple)):
-            return len(classes), f"{type_name(ds)}'s classes ({where}.type)"
+        classes, own = dataset_class_names(ds, 'mmdet')
+        if classes is not None:
+            source = (
+                f'{where}.metainfo.classes' if own else f"{type_name(ds)}'s classes ({where}.type)"
+            )
+            return len(classes), source
     return None
 
 

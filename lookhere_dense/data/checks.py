@@ -229,18 +229,12 @@ def check_dataset_arguments(
     Raises:
         ConfigError: naming the key, the class and what it takes.
     """
-    import importlib
-
-    from ..config_checks import accepted_arguments
+    from ..config_checks import accepted_arguments, dataset_class
     from ..validation import close_names
 
     default_scope = cfg.get('default_scope') or 'mmseg'
     for _, key, ds, _ in _nodes(cfg, splits):
-        try:
-            registry = importlib.import_module(f'{_scope(ds, default_scope)}.registry').DATASETS
-            cls = ds['type'] if isinstance(ds.get('type'), type) else registry.get(type_name(ds))
-        except (ImportError, AttributeError, KeyError):
-            continue
+        cls = dataset_class(ds, _scope(ds, default_scope))
         accepted = accepted_arguments(cls)
         if not accepted:
             continue
@@ -324,24 +318,6 @@ def check_dataset_layout(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 
             )
 
 
-def _dataset_classes(ds: Mapping, scope: str) -> Optional[Tuple[str, ...]]:
-    """The class names a dataset config trains on: its ``metainfo.classes``, else its
-    type's ``METAINFO`` (mmdet's ``CocoDataset``: the 80 COCO classes); None when the type
-    is not found in the scope's registry."""
-    classes = (ds.get('metainfo') or {}).get('classes')
-    if classes:
-        return tuple(classes)
-    import importlib
-
-    try:
-        registry = importlib.import_module(f'{scope}.registry').DATASETS
-        cls = ds['type'] if isinstance(ds.get('type'), type) else registry.get(type_name(ds))
-    except (ImportError, AttributeError, KeyError):
-        return None
-    found = (getattr(cls, 'METAINFO', None) or {}).get('classes')
-    return tuple(found) if found else None
-
-
 def check_coco_annotations(
     cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'test')
 ) -> Dict[str, Tuple[int, int]]:
@@ -369,6 +345,7 @@ def check_coco_annotations(
     """
     import json
 
+    from ..config_checks import dataset_class_names
     from ..validation import close_names
 
     default_scope = cfg.get('default_scope') or 'mmseg'
@@ -395,7 +372,7 @@ def check_coco_annotations(
         with open(path) as f:
             data = json.load(f)
         names = [c.get('name') for c in data.get('categories') or []]
-        classes = _dataset_classes(ds, scope)
+        classes, _ = dataset_class_names(ds, scope)
         missing = [c for c in classes or () if c not in names]
         if missing:
             near = {c: close_names(c, names, 1) for c in missing}
@@ -410,7 +387,7 @@ def check_coco_annotations(
                 f'"{key}.metainfo.classes=(...)"' + _where_note(key, ds, wrappers) + ' (and the '
                 "heads' num_classes to their number), or fix the file."
             )
-        prefix = (ds.get('data_prefix') or {}).get('img') or ''
+        prefix = prefixes['img'] or ''
         folder = _join(root, prefix) if prefix else root
         images = [im.get('file_name') for im in data.get('images') or []]
         absent = [n for n in images if n and not osp.isfile(osp.join(folder, n))]

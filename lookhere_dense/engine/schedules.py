@@ -114,12 +114,12 @@ def keep_config_schedule(runner: Any, checkpoint: Dict[str, Any]) -> Optional[st
     if not moved:
         return None
     step = (checkpoint.get('meta') or {}).get('iter')
-    state = checkpoint.get('optimizer') or {}
+    optim_state = checkpoint.get('optimizer') or {}
     # what the wrapper's ``param_groups`` lists: the optimizer's groups, then (several
     # groups) mmengine's ``base_param_settings``, which its schedulers step too
-    targets = state.get('param_groups')
-    if isinstance(targets, list) and state.get('base_param_settings') is not None:
-        targets = targets + [state['base_param_settings']]
+    targets = optim_state.get('param_groups')
+    if isinstance(targets, list) and optim_state.get('base_param_settings') is not None:
+        targets = targets + [optim_state['base_param_settings']]
     why = 'several optimizers' if isinstance(built, dict) else _why_no_replay(built, step, targets)
     if why is not None:
         return (
@@ -189,7 +189,6 @@ def replay_schedule(
             for sch in schedulers:
                 sch.step()
     names = {sch.param_name for sch in schedulers}
-    groups = schedulers[0].optimizer.param_groups
     values = [
         {k: v for k, v in g.items() if k in names or (k != 'params' and b.get(k, v) != v)}
         for g, b in zip(groups, before)

@@ -112,9 +112,9 @@ class LookWhereDistiller(BaseModel):
             :func:`~lookhere_dense.lookwhere.distill.distillation_losses`).
             Default: ``'attn'``.
         data_preprocessor (dict): e.g. mmseg's ``SegDataPreProcessor``.
-        pretrained (None): taken for mmseg's ``init_model``, which sets
-            ``model.pretrained=None`` in every config it builds; the weights come from
-            ``teacher.checkpoint``. Default: None.
+        pretrained, train_cfg (None): taken for mmseg's ``init_model``, which sets
+            ``model.pretrained=None`` and ``model.train_cfg=None`` in every config it
+            builds; the teacher's weights come from ``teacher.checkpoint``. Default: None.
     """
 
     def __init__(
@@ -131,13 +131,11 @@ class LookWhereDistiller(BaseModel):
         pretrained: None = None,
         train_cfg: None = None,
     ):
+        teacher_weights = (
+            "the teacher's weights are teacher.checkpoint, a student to start from is load_from"
+        )
         unused = (
-            (
-                'pretrained',
-                pretrained,
-                "the teacher's weights are teacher.checkpoint, a "
-                'student to start from is load_from',
-            ),
+            ('pretrained', pretrained, teacher_weights),
             ('train_cfg', train_cfg, 'the distiller has no training settings of its own'),
         )
         for key, value, instead in unused:
