@@ -17,6 +17,7 @@ import difflib
 import inspect
 import math
 import os.path as osp
+import re
 import textwrap
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
@@ -552,6 +553,67 @@ def _check_det_classes(cfg: Mapping, model: Mapping) -> None:
             )
 
 
+#: The keys a two-stage mmdet detector reads from ``model.train_cfg`` / ``model.test_cfg``
+#: (``TwoStageDetector.__init__`` / ``loss``); anything else there is never read.
+_TWO_STAGE_CFG_KEYS = {'train_cfg': ('rpn', 'rpn_proposal', 'rcnn'), 'test_cfg': ('rpn', 'rcnn')}
+
+
+def _reads_no_cfg_of_its_own(cls: type, base: type) -> bool:
+    """Whether no class of ``cls``'s MRO above ``base`` reads a ``train_cfg`` /
+    ``test_cfg`` key itself (mmdet's panoptic detectors read ``test_cfg.panoptic``); False
+    where a source cannot be read."""
+    for owner in cls.__mro__:
+        if owner is base:
+            return True
+        try:
+            src = inspect.getsource(owner)
+        except (OSError, TypeError):
+            return False
+        if re.search(r'(train|test)_cfg(\.\w|\[|\.get\()', src):
+            return False
+    return True
+
+
+def _check_det_loop_cfgs(model: Mapping, registry: Any) -> None:
+    """An mmdet ``model.test_cfg`` / ``train_cfg`` key the detector never reads: a
+    segmentation ``mode='slide'`` (mmdet detectors have no sliding-window inference) or, in
+    a two-stage detector that reads no key of its own (:func:`_reads_no_cfg_of_its_own`),
+    a key beside ``rpn`` / ``rcnn`` (``score_thr`` set one level too high). Both were
+    accepted and silently ignored."""
+    from mmdet.models.detectors import TwoStageDetector
+
+    typ = model.get('type')
+    cls = registry.get(typ) if isinstance(typ, str) else typ
+    two_stage = (
+        isinstance(cls, type)
+        and issubclass(cls, TwoStageDetector)
+        and _reads_no_cfg_of_its_own(cls, TwoStageDetector)
+    )
+    for section, allowed in _TWO_STAGE_CFG_KEYS.items():
+        node = model.get(section)
+        if not isinstance(node, Mapping):
+            continue
+        if section == 'test_cfg' and 'mode' in node:
+            raise ConfigError(
+                f'model.test_cfg.mode={node["mode"]!r}: mmdet detectors ({type_name(model)}) '
+                'have no whole / sliding-window test modes (an mmseg segmentor setting) and '
+                'would ignore it; a detector predicts on the resized image of the test '
+                "pipeline (test_dataloader.dataset.pipeline's Resize scale sets its size)"
+            )
+        if not two_stage:
+            continue
+        for key in node:
+            if key not in allowed:
+                close = close_names(str(key), allowed, n=1)
+                hint = f'did you mean model.{section}.{close[0]}? ' if close else ''
+                raise ConfigError(
+                    f'model.{section}.{key}: {type_name(model)} (a two-stage detector) reads '
+                    f'only {", ".join(allowed)} from model.{section} and would ignore it; '
+                    f"{hint}the RoI head's settings go under model.{section}.rcnn, the "
+                    f"RPN's under model.{section}.rpn"
+                )
+
+
 # ----------------------------------------------------------------------------------------
 # the types of the other sections (optimizer, schedulers, hooks, weight initialisation)
 # ----------------------------------------------------------------------------------------
@@ -766,7 +828,8 @@ def check_model_cfg(cfg: Mapping) -> None:
     * in an mmdet config, the heads' ``num_classes`` is the dataset's class count
       (``metainfo.classes``, else the dataset class's ``METAINFO``);
     * an mmseg ``model.test_cfg`` whose mode or sliding windows cannot work
-      (:func:`check_seg_test_cfg`).
+      (:func:`check_seg_test_cfg`); an mmdet ``model.test_cfg`` / ``train_cfg`` key the
+      detector never reads (a ``mode``; beside ``rpn`` / ``rcnn`` in a two-stage one).
 
     Raises:
         ConfigError: naming the key to set.
@@ -790,6 +853,7 @@ def check_model_cfg(cfg: Mapping) -> None:
         _lookhere_checks(model, registry if scope == 'mmdet' else None)
     if scope == 'mmdet':
         _check_det_classes(cfg, model)
+        _check_det_loop_cfgs(model, registry)
 
 
 def _local_missing(path: Any) -> bool:

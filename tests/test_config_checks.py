@@ -446,6 +446,57 @@ def test_num_classes_that_are_not_the_datasets_are_refused():
     check_model_cfg(_cfg(MASK_RCNN, **three, **fits))
 
 
+@pytest.mark.parametrize(
+    'options, match',
+    [
+        (
+            {'model.test_cfg.mode': 'slide'},
+            r"model\.test_cfg\.mode='slide': mmdet detectors \(MaskRCNN\) have no whole / "
+            r'sliding-window test modes .*Resize scale sets its size',
+        ),
+        (
+            {'model.test_cfg.score_thr': 0.3},
+            r'model\.test_cfg\.score_thr: MaskRCNN \(a two-stage detector\) reads only rpn, '
+            r'rcnn from model\.test_cfg and would ignore it; .*model\.test_cfg\.rcnn',
+        ),
+        (
+            {'model.train_cfg.rcn': {}},
+            r'model\.train_cfg\.rcn: .*reads only rpn, rpn_proposal, rcnn .*did you mean '
+            r'model\.train_cfg\.rcnn\?',
+        ),
+    ],
+)
+def test_a_detector_loop_cfg_key_it_never_reads_is_refused(options, match):
+    """A segmentation ``test_cfg.mode`` on a Mask R-CNN, and a two-stage detector's
+    ``test_cfg`` / ``train_cfg`` key beside ``rpn`` / ``rcnn``, were accepted and ignored."""
+    check_model_cfg(_cfg(MASK_RCNN, **{'model.test_cfg.rcnn.score_thr': 0.3}))
+    with pytest.raises(ConfigError, match=match):
+        check_model_cfg(_cfg(MASK_RCNN, **options))
+
+
+def test_a_mode_on_a_single_stage_detector_is_refused_and_its_own_keys_are_not():
+    """A single-stage detector hands its whole ``test_cfg`` to its head (no key list to
+    check), and a panoptic two-stage detector reads ``test_cfg.panoptic`` itself."""
+    cfg = _stock_det('retinanet/retinanet_r50_fpn_1x_coco.py')
+    cfg.model.neck = dict(
+        type='SimpleFPN',
+        in_channels=96,
+        out_channels=256,
+        num_outs=5,
+        scale_factors=(2.0, 1.0, 0.5),
+    )
+    cfg.model.test_cfg.score_thr = 0.3
+    check_model_cfg(cfg)
+    cfg.model.test_cfg.mode = 'whole'
+    with pytest.raises(
+        ConfigError, match=r"model\.test_cfg\.mode='whole': mmdet detectors \(Retina"
+    ):
+        check_model_cfg(cfg)
+    from lookhere_dense.apis.cli import load_config
+
+    check_model_cfg(load_config('mmdet::panoptic_fpn/panoptic-fpn_r50_fpn_1x_coco.py'))
+
+
 def test_the_stock_configs_of_mmdet_pass():
     """Stock mmdet families (two-stage, cascade, single-stage, anchor-free, DETR-like,
     panoptic, open-vocabulary) pass the classes check as shipped."""
