@@ -218,10 +218,11 @@ def test_backbone_config_trains_through_runner(tmp_path):
     del metrics
 
 
-def test_distillation_entry_runs_and_student_loads_into_backbone(tmp_path):
-    """tools/lookwhere_study.py distill's entry (mmengine Runner on the distillation
-    config, images only) writes a checkpoint whose student.* weights load into
-    LookWhereViT (init_cfg prefix 'student.') with the selector frozen."""
+def test_distillation_entry_runs_and_student_loads_into_backbone(tmp_path, capfd):
+    """tools/lookwhere_study.py distill's entry (the tools' Runner on the distillation
+    config, images only: the libraries' warnings in the log file, not on the terminal)
+    writes a checkpoint whose student.* weights load into LookWhereViT (init_cfg prefix
+    'student.') with the selector frozen."""
     from tiny_seg import make_ade, options
 
     from lookhere_dense.registry import register_all_modules
@@ -245,6 +246,11 @@ def test_distillation_entry_runs_and_student_loads_into_backbone(tmp_path):
         'configs/lookwhere_distill_vit-t_tiny-ade.py', str(tmp_path / 'work'), options(*shrink)
     )
     assert runner.iter == 3
+    terminal = ''.join(capfd.readouterr())
+    assert 'Saving checkpoint at 3 iterations' in terminal
+    assert 'FileClient' not in terminal and 'System environment' not in terminal
+    log = next((tmp_path / 'work').glob('*/*.log')).read_text()
+    assert 'FileClient' in log
     ckpt = str(tmp_path / 'work' / 'iter_3.pth')
     state = torch.load(ckpt, map_location='cpu', weights_only=False)['state_dict']
     student = {k[len('student.') :]: v for k, v in state.items() if k.startswith('student.')}

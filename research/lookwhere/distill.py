@@ -12,7 +12,9 @@ __all__ = ['run_distillation']
 def run_distillation(
     config: str, work_dir: Optional[str] = None, cfg_options: Optional[Dict[str, Any]] = None
 ):
-    """Train the student of ``config`` with mmengine's Runner; returns the runner (its
+    """Train the student of ``config`` with the tools' Runner (mmengine's, its terminal
+    quiet as in ``tools/train.py``: the run header and the libraries' warnings go to the
+    log file; the work dir locked against a second run); returns the runner (its
     ``work_dir`` holds the checkpoint, whose ``student.*`` weights load into
     ``LookWhereViT`` with ``init_cfg=dict(type='Pretrained', checkpoint=..., prefix='student.')``).
 
@@ -20,9 +22,9 @@ def run_distillation(
         ConfigError / ValueError: the config's model is not a ``LookWhereDistiller``, or a
             bad option (named).
     """
-    from mmengine.runner import Runner
-
     from lookhere_dense.apis.cli import load_config
+    from lookhere_dense.apis.train import announce_log_file, build_runner, lock_work_dir
+    from lookhere_dense.engine.terminal import warnings_to_run_log
     from lookhere_dense.registry import register_all_modules
 
     register_all_modules(init_default_scope=True)
@@ -34,6 +36,13 @@ def run_distillation(
         )
     if work_dir is not None:
         cfg.work_dir = work_dir
-    runner = Runner.from_cfg(cfg)
-    runner.train()
+    lock = lock_work_dir(cfg.work_dir)  # two runs in one work dir: refused
+    try:
+        with warnings_to_run_log():  # the libraries' deprecation warnings: log file only
+            runner = build_runner(cfg)  # the tools' Runner: a quiet terminal
+            announce_log_file(runner)
+            runner.train()
+    finally:
+        if lock is not None:
+            lock.release()
     return runner
