@@ -33,6 +33,8 @@ def test_the_tiny_detector_keeps_the_full_configs_structure():
 
 
 def test_the_tiny_detector_trains_and_tests_on_the_generated_data(tmp_path, capsys):
+    """Through the tools' entry points; the terminal shows the run's lines and metrics,
+    the libraries' prints go to the log file."""
     root = str(tmp_path / 'coco_tiny') + '/'
     make_coco_instances(root, {'train2017': 4, 'val2017': 2})
     ann = root + 'annotations/instances_val2017.json'
@@ -51,7 +53,13 @@ def test_the_tiny_detector_trains_and_tests_on_the_generated_data(tmp_path, caps
     assert 'LookHere layer decay (rate 0.7, 4 blocks): 12 parameter groups' in out
     log = open(glob.glob(osp.join(runner.log_dir, '*.log'))[0]).read()
     assert 'layer_0_decay: ' in log and 'layer_0_decay: ' not in out
+    # pycocotools' prints of every COCO dataset and metric built: the log file only
+    assert 'loading annotations into memory' in log
+    assert 'loading annotations into memory' not in out
     metrics = evaluate_checkpoint(
         TINY, osp.join(work, 'iter_2.pth'), work_dir=str(tmp_path / 'test'), cfg_options=options
     )
     assert {'coco/bbox_mAP', 'coco/segm_mAP'} <= set(metrics)
+    out = capsys.readouterr().out
+    assert 'coco/bbox_mAP' in out and 'loading annotations into memory' not in out
+    assert 'Average Precision' not in out  # pycocotools' 12-line tables

@@ -2,8 +2,8 @@
 ``Runner`` whose logger's terminal handler gets a
 :class:`~lookhere_dense.engine.terminal.TerminalFilter` from the first line (the run header,
 config dump and library noise go to the log file only), unless ``quiet_terminal`` is False
-(:class:`VerboseToolRunner`, ``--verbose``); what evaluation ``print``s (pycocotools'
-tables) goes to the log file too. Nothing else differs: multi-process runs use
+(:class:`VerboseToolRunner`, ``--verbose``); what datasets and evaluation ``print`` (pycocotools'
+annotation loading and tables) goes to the log file too. Nothing else differs: multi-process runs use
 mmengine's own weight sync (every ``state_dict`` entry of lookhere-dense models is a
 tensor, ``LookHereViT``'s record included), so mmseg's and mmdet's own ``tools/train.py``
 run them too.
@@ -16,7 +16,12 @@ from __future__ import annotations
 
 from mmengine.runner import Runner
 
-from .terminal import attach_terminal_filter, evaluate_into_log, terminal_filter_of
+from .terminal import (
+    attach_terminal_filter,
+    evaluate_into_log,
+    prints_into_log,
+    terminal_filter_of,
+)
 
 __all__ = ['ToolRunner', 'VerboseToolRunner']
 
@@ -35,10 +40,23 @@ class ToolRunner(Runner):
         return logger
 
     def build_evaluator(self, evaluator):
-        """mmengine's, whose ``evaluate`` prints into the log file only (quiet terminal:
-        :func:`~lookhere_dense.engine.terminal.evaluate_into_log`)."""
-        built = super().build_evaluator(evaluator)
-        return evaluate_into_log(built, self.logger) if self.quiet_terminal else built
+        """mmengine's, whose building and ``evaluate`` print into the log file only (quiet
+        terminal: :func:`~lookhere_dense.engine.terminal.evaluate_into_log`; mmdet's
+        ``CocoMetric`` reads its annotation file with pycocotools, which prints)."""
+        if not self.quiet_terminal:
+            return super().build_evaluator(evaluator)
+        with prints_into_log(self.logger):
+            built = super().build_evaluator(evaluator)
+        return evaluate_into_log(built, self.logger)
+
+    def build_dataloader(self, dataloader, seed=None, diff_rank_seed=False):
+        """mmengine's (a static method there; the loops call it on the runner), whose
+        dataset's ``print``s go to the log file only (quiet terminal: an mmdet COCO
+        dataset's pycocotools "loading annotations into memory..." lines)."""
+        if not self.quiet_terminal:
+            return Runner.build_dataloader(dataloader, seed, diff_rank_seed)
+        with prints_into_log(self.logger):
+            return Runner.build_dataloader(dataloader, seed, diff_rank_seed)
 
 
 class VerboseToolRunner(ToolRunner):

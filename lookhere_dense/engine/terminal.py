@@ -31,6 +31,7 @@ __all__ = [
     'evaluate_into_log',
     'attach_terminal_filter',
     'terminal_filter_of',
+    'prints_into_log',
     'warnings_to_run_log',
     'FILE_ONLY',
     'MMSEG_LOSS_WARNINGS',
@@ -141,6 +142,19 @@ class LogLines:
         self._buffer = ''
 
 
+@contextlib.contextmanager
+def prints_into_log(logger: logging.Logger) -> Iterator[None]:
+    """Within the block, what is ``print``ed to ``stdout`` goes to ``logger``'s log file
+    only (:class:`LogLines`): pycocotools' "loading annotations into memory..." of every
+    COCO dataset and metric built, its tables of every evaluation."""
+    stream = LogLines(logger)
+    try:
+        with contextlib.redirect_stdout(stream):
+            yield
+    finally:
+        stream.flush()
+
+
 def evaluate_into_log(evaluator, logger: logging.Logger):
     """``evaluator`` (an mmengine ``Evaluator``) whose ``evaluate`` sends what it prints
     to ``stdout`` to the run's log file only (pycocotools prints its 12-line tables and
@@ -149,12 +163,8 @@ def evaluate_into_log(evaluator, logger: logging.Logger):
     evaluate = evaluator.evaluate
 
     def evaluate_logged(*args, **kwargs):
-        stream = LogLines(logger)
-        try:
-            with contextlib.redirect_stdout(stream):
-                return evaluate(*args, **kwargs)
-        finally:
-            stream.flush()
+        with prints_into_log(logger):
+            return evaluate(*args, **kwargs)
 
     evaluator.evaluate = evaluate_logged
     return evaluator
