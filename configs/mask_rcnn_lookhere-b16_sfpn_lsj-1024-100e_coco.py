@@ -50,7 +50,7 @@ train_dataloader = dict(
     batch_size=4,
     num_workers=8,
     persistent_workers=True,
-    sampler=dict(type='DefaultSampler', shuffle=True),
+    sampler=dict(type='InfiniteSampler', shuffle=True),  # an iteration-based loop (mmdet's ms-90k)
     dataset=dict(
         type=dataset_type,
         data_root=data_root,

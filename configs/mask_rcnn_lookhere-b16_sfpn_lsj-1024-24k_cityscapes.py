@@ -55,7 +55,7 @@ train_dataloader = dict(
     batch_size=2,
     num_workers=4,
     persistent_workers=True,
-    sampler=dict(type='DefaultSampler', shuffle=True),
+    sampler=dict(type='InfiniteSampler', shuffle=True),  # an iteration-based loop (mmdet's ms-90k)
     batch_sampler=dict(type='AspectRatioBatchSampler'),
     dataset=dict(
         type=dataset_type,
