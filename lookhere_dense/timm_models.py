@@ -74,10 +74,12 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+import warnings
 import zipfile
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import torch
+from timm.layers import Mlp
 from timm.models import build_model_with_cfg, create_model, generate_default_cfgs, register_model
 from timm.models._features import FeatureGetterNet, feature_take_indices
 from timm.models._input import update_model_input_size
@@ -132,6 +134,31 @@ _RENAMES = {
 _IGNORED = ('dynamic_img_size', 'dynamic_img_pad')  # always dynamic
 
 
+#: ``LookHereTimmViT(head_type=...)``: timm's linear classifier, or the official LookHere one
+HEAD_TYPES = ('linear', 'mlp')
+_HEAD_WORDS = {
+    'linear': 'linear classifier (head.weight)',
+    'mlp': 'LookHere MLP classifier (head.fc1 -> tanh -> head.fc2)',
+}
+
+
+def _classifier(head_type: str, width: int, num_classes: int) -> nn.Module:
+    """A new, initialised classifier (truncated normal 0.02 weights, zero biases);
+    ``nn.Identity()`` for ``num_classes=0``. ``'mlp'``: the official LookHere classifier
+    (``fc1`` to 4x ``width``, tanh, ``fc2``), timm's ``Mlp`` with its key names."""
+    if not num_classes:
+        return nn.Identity()
+    if head_type == 'mlp':
+        head: nn.Module = Mlp(width, 4 * width, num_classes, act_layer=nn.Tanh)
+    else:
+        head = nn.Linear(width, num_classes)
+    for m in head.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            nn.init.zeros_(m.bias)
+    return head
+
+
 class LookHereTimmViT(LookHereVisionTransformer):
     """:class:`LookHereVisionTransformer` with timm's classifier interface
     (``forward`` -> logits, ``forward_head``, ``reset_classifier``), ``feature_info`` and
@@ -142,6 +169,10 @@ class LookHereTimmViT(LookHereVisionTransformer):
             pooled features). Default: 1000.
         global_pool (str): ``'token'`` (the CLS token), ``'avg'`` (mean of the patch
             tokens) or ``''`` (all tokens). Default: ``'token'``.
+        head_type (str): ``'linear'`` (timm's ViT classifier, ``head.weight``) or
+            ``'mlp'``: the official LookHere classifier (``head.fc1`` -> tanh ->
+            ``head.fc2``, hidden width 4x the embedding), which the released ImageNet
+            files (``LH_180_weights_and_config.pth``, ...) hold. Default: ``'linear'``.
         **kwargs: :class:`LookHereVisionTransformer` arguments (timm names such as
             ``in_chans``, ``embed_dim`` and ``depth`` are accepted too).
     """
@@ -154,10 +185,22 @@ class LookHereTimmViT(LookHereVisionTransformer):
     #: record one (:meth:`load_pretrained`)
     _checkpoint_num_heads: Optional[int] = None
 
-    def __init__(self, num_classes: int = 1000, global_pool: str = 'token', **kwargs: Any):
+    def __init__(
+        self,
+        num_classes: int = 1000,
+        global_pool: str = 'token',
+        head_type: str = 'linear',
+        **kwargs: Any,
+    ):
         if global_pool not in ('token', 'avg', ''):
             raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
+        if head_type not in HEAD_TYPES:
+            raise ValueError(
+                f'head_type must be one of {HEAD_TYPES}, got {head_type!r} '
+                "('mlp': the official LookHere classifier, head.fc1 -> tanh -> head.fc2)"
+            )
         super().__init__(**_rename(kwargs))
+        self.head_type = head_type
         self.init_weights()  # timm models are initialised when built
         if global_pool == 'token' and not self.with_cls_token:
             raise ValueError("global_pool='token' needs the CLS token (with_cls_token=True)")
@@ -180,10 +223,7 @@ class LookHereTimmViT(LookHereVisionTransformer):
         if global_pool is not None:
             self.global_pool = global_pool
         self.num_classes = num_classes
-        self.head = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()
-        if num_classes:
-            nn.init.trunc_normal_(self.head.weight, std=0.02)
-            nn.init.zeros_(self.head.bias)
+        self.head = _classifier(self.head_type, self.num_features, num_classes)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Pool the tokens of :meth:`forward_features` and apply the classifier."""
@@ -378,20 +418,46 @@ class LookHereTimmViT(LookHereVisionTransformer):
             raise
         finally:
             self.head, self._loading = head, False
-        self._load_head(ckpt)
+        self._load_head(ckpt, source or 'the checkpoint')
         return report
 
-    def _load_head(self, ckpt: Mapping[str, Any]) -> None:
-        if not isinstance(self.head, nn.Linear):
-            return
+    def _load_head(self, ckpt: Mapping[str, Any], source: str) -> None:
+        """Copy the file's classifier (``head.*``) where it has this model's: the same
+        structure (``head_type``) and shapes. A file whose classifier has this model's
+        class count in the other structure gets a warning (the model keeps its random
+        classifier: its logits would be noise); another class count, or none, a log line
+        (a new classifier, as for fine-tuning)."""
         sd = ckpt.get('weights') or ckpt.get('state_dict') or ckpt.get('model') or ckpt
-        weight, bias = sd.get('head.weight'), sd.get('head.bias')
-        if weight is not None and bias is not None and weight.shape == self.head.weight.shape:
+        theirs = {k: v for k, v in sd.items() if k.startswith('head.') and torch.is_tensor(v)}
+        mine = {f'head.{k}': v for k, v in self.head.state_dict().items()}
+        if not mine or not theirs:
+            if mine:
+                self._log(
+                    f'{self._name()}: {source!r} has no classifier; head kept as initialised'
+                )
+            return
+        if set(theirs) == set(mine) and all(theirs[k].shape == v.shape for k, v in mine.items()):
             with torch.no_grad():
-                self.head.weight.copy_(weight)
-                self.head.bias.copy_(bias)
-        else:
-            self._log('LookHereTimmViT: the file has no classifier of this shape; kept as is')
+                for k, v in mine.items():
+                    v.copy_(theirs[k])
+            return
+        file_type = 'mlp' if 'head.fc2.weight' in theirs else 'linear'
+        out = theirs.get('head.fc2.weight' if file_type == 'mlp' else 'head.weight')
+        classes = int(out.shape[0]) if out is not None and out.dim() == 2 else None
+        if file_type != self.head_type and classes == self.num_classes:
+            warnings.warn(
+                f'{source!r} holds a {classes}-class {_HEAD_WORDS[file_type]}, but '
+                f'{self._name()} has a {_HEAD_WORDS[self.head_type]} (head_type='
+                f"{self.head_type!r}): the file's classifier is not loaded and this one stays "
+                f"randomly initialised (its logits mean nothing). To use the file's "
+                f'classifier: timm.create_model(..., head_type={file_type!r})',
+                stacklevel=2,
+            )
+            return
+        self._log(
+            f'{self._name()}: {source!r} has a {classes}-class classifier, this model '
+            f'num_classes={self.num_classes}: a new classifier (as for fine-tuning)'
+        )
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign=False):
         """This model's own ``state_dict`` loads as in PyTorch; any other checkpoint

@@ -140,14 +140,19 @@ def test_forward_intermediates_indices_norm_and_prefix_tokens(tmp_path: Path):
 
 def test_checkpoint_path_loads_official_files_and_checks_their_config(official_tiny):
     """The official format (``{'weights', 'config'}``: the tiny file of the reference
-    set) loads through ``checkpoint_path=`` with its LookHere config adopted and its
-    classifier loaded; a tag that contradicts the file's config is refused."""
+    set) loads through ``checkpoint_path=`` with its LookHere config adopted and, with
+    ``head_type='mlp'``, its classifier: the logits are the official ``forward_head``
+    (``head.fc2(tanh(head.fc1(cls)))`` on the recorded CLS features); a tag that
+    contradicts the file's config is refused."""
     path, io = str(official_tiny.path), official_tiny.io
     # the official model's architecture names are timm's
     kw = {key: io['model'][key] for key in ('embed_dim', 'depth', 'num_heads', 'init_values')}
     ckpt = torch.load(path, weights_only=True)
-    classes = ckpt['weights']['head.weight'].shape[0] if 'head.weight' in ckpt['weights'] else 0
-    m = timm.create_model(TINY, checkpoint_path=path, num_classes=classes, **kw).eval()
+    w = ckpt['weights']
+    classes = w['head.fc2.weight'].shape[0]
+    m = timm.create_model(
+        TINY, checkpoint_path=path, num_classes=classes, head_type='mlp', **kw
+    ).eval()
     assert m.lh_config.head_directions == ckpt['config']['head_directions']
     with torch.no_grad():
         for name, case in io['cases'].items():
@@ -158,11 +163,31 @@ def test_checkpoint_path_loads_official_files_and_checks_their_config(official_t
                 rtol=0,
                 msg=name,
             )
-    if classes:
-        assert torch.equal(m.head.weight, ckpt['weights']['head.weight'])
+            cls = case['forward_features'][:, 0]
+            hidden = torch.tanh(cls @ w['head.fc1.weight'].T + w['head.fc1.bias'])
+            logits = hidden @ w['head.fc2.weight'].T + w['head.fc2.bias']
+            torch.testing.assert_close(m(case['input']), logits, atol=1e-4, rtol=0, msg=name)
     other = 'lh45' if ckpt['config']['head_directions'] != 'lh45' else 'lh90'
     with pytest.raises(Exception, match='lh_config|preset|config'):
         timm.create_model(f'{TINY}.{other}', checkpoint_path=path, num_classes=classes, **kw)
+
+
+def test_a_classifier_the_model_cannot_take_is_a_warning_not_silent_noise(official_tiny, recwarn):
+    """timm's linear classifier of the file's class count cannot take the official MLP
+    classifier: a warning names ``head_type='mlp'`` (it was an INFO log line, and the
+    logits were a random classifier's); another class count is a new classifier, as for
+    fine-tuning, without a warning."""
+    path = str(official_tiny.path)
+    kw = {key: official_tiny.io['model'][key] for key in ('embed_dim', 'depth', 'num_heads')}
+    with pytest.warns(UserWarning, match=r"10-class LookHere MLP classifier .*head_type='mlp'"):
+        m = timm.create_model(TINY, checkpoint_path=path, num_classes=10, **kw)
+    assert isinstance(m.head, torch.nn.Linear)
+    recwarn.clear()
+    m = timm.create_model(TINY, checkpoint_path=path, num_classes=3, head_type='mlp', **kw)
+    assert m.head.fc2.out_features == 3
+    assert not [w for w in recwarn if 'classifier' in str(w.message)]
+    with pytest.raises(ValueError, match=r"head_type must be one of \('linear', 'mlp'\)"):
+        timm.create_model(TINY, head_type='MLP', **kw)
 
 
 def test_mmseg_timm_backbone_builds_and_runs_a_segmenter():
