@@ -44,7 +44,7 @@ model without LayerScale, as timm's ``VisionTransformer`` (``timm.create_model``
 arguments given as None; the default is LayerScale at 1e-4, as the official LookHere
 models): timm / DeiT ViT files have none. A file that does not fit is refused in timm's
 words: ``init_values=0`` for such a file, ``model.load_pretrained(FILE, strict=False)`` to
-load what fits.
+load what fits (:attr:`LookHereTimmViT.loose_loading`).
 
 Fine-tuning with timm's tools: ``set_grad_checkpointing()`` (activation checkpointing per
 block; also on the ``features_only`` wrapper), ``group_matcher()`` (so
@@ -95,7 +95,7 @@ from .lookhere.config import (
     preset_name,
     resolve_lh_config,
 )
-from .lookhere.vit import LookHereVisionTransformer
+from .lookhere.vit import TIMM_ARGUMENT_NAMES, LookHereVisionTransformer
 from .lookhere.weights import (
     BackboneWeights,
     backbone_weights,
@@ -124,13 +124,7 @@ _FITS = {  # the tags whose head layout fits the model's head count
     for name, arch in ARCHS.items()
 }
 #: timm argument names -> LookHereVisionTransformer's
-_RENAMES = {
-    'in_chans': 'in_channels',
-    'embed_dim': 'embed_dims',
-    'depth': 'num_layers',
-    'class_token': 'with_cls_token',
-    'pos_drop_rate': 'drop_rate',
-}
+_RENAMES = TIMM_ARGUMENT_NAMES
 _IGNORED = ('dynamic_img_size', 'dynamic_img_pad')  # always dynamic
 
 
@@ -213,6 +207,14 @@ class LookHereTimmViT(LookHereVisionTransformer):
         ]
         self.head: nn.Module = nn.Identity()
         self.reset_classifier(num_classes)
+
+    @property
+    def loose_loading(self) -> str:  # type: ignore[override]
+        """The advice of a strict refusal, in ``create_model`` terms."""
+        return (
+            f'model = timm.create_model({self._name()!r}, ...); '
+            'model.load_pretrained(FILE, strict=False) loads what fits'
+        )
 
     def get_classifier(self) -> nn.Module:
         """The classifier (timm API)."""
@@ -538,7 +540,9 @@ class LookHereTimmViT(LookHereVisionTransformer):
                 f'cannot verify that {source!r} was trained with num_heads={mine} (head count '
                 f'{how}); the weights have the same shapes for any head count, but split into '
                 'other heads they give wrong features: state the head count the file was '
-                'trained with: timm.create_model(..., checkpoint_num_heads=N)'
+                'trained with: timm.create_model(..., checkpoint_num_heads=N), or for a '
+                'state_dict in hand model.load_pretrained(STATE_DICT, checkpoint_num_heads=N) '
+                '(official LookHere files: 12; load the file itself, whose config records it)'
             )
         if heads == mine:
             return
@@ -707,12 +711,6 @@ default_cfgs = generate_default_cfgs(
 _TIMM_WORDS = (
     ('set init_values=None', "pass init_values=0 (no LayerScale, as timm's ViT)"),
     ('set init_values to a number', 'pass init_values=1e-4 (LayerScale)'),
-    (
-        "pretrained weights meant for another architecture: init_cfg=dict(type='Pretrained', "
-        '..., strict=False) loads what fits',
-        'or load what fits: model = timm.create_model(NAME, ...); '
-        'model.load_pretrained(FILE, strict=False)',
-    ),
 )
 
 

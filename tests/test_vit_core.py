@@ -177,6 +177,37 @@ def test_create_model_applies_the_strict_checks(reference_dir: Path, tmp_path: P
     assert again.lh_config == src.lh_config
 
 
+def test_the_torch_only_routes_name_their_own_calls(official_tiny):
+    """What a plain-PyTorch user meets: timm's argument names refused with ours (a bare
+    TypeError before), an official ``state_dict`` given to ``load_state_dict`` refused
+    naming ``load_pretrained`` (PyTorch's ``Missing key(s): "_extra_state"`` before), and
+    a strict refusal's advice in ``create_model`` / ``load_pretrained`` terms, not
+    mmseg's ``init_cfg``."""
+    path, kw = str(official_tiny.path), official_tiny.vit_kwargs
+    with pytest.raises(
+        TypeError,
+        match=r"create_model: unexpected argument\(s\) 'embed_dim' is timm's name: use "
+        r"'embed_dims', 'depth' is timm's name: use 'num_layers', 'num_head': did you mean "
+        r"'num_heads'",
+    ):
+        create_model(path, embed_dim=96, depth=3, num_head=12)
+    weights = torch.load(path, weights_only=True)['weights']
+    model = create_model(**kw)
+    with pytest.raises(
+        CheckpointError,
+        match=r"state_dict has no '_extra_state' .*model\.load_pretrained\(PATH_OR_STATE_DICT\)",
+    ):
+        model.load_state_dict(weights)
+    assert model.load_pretrained(weights, checkpoint_num_heads=12)['dropped'][0] == 'head.fc1.bias'
+    model.load_state_dict(model.state_dict())  # its own: as in PyTorch
+    with pytest.raises(CheckpointError) as info:
+        create_model(path, **{**kw, 'init_values': None})
+    assert 'create_model(FILE, ..., strict=False) or model.load_pretrained(FILE' in str(info.value)
+    assert 'init_cfg' not in str(info.value)
+    with pytest.raises(CheckpointError, match=r"init_cfg=dict\(type='Pretrained'"):
+        LookHereViT(**{**kw, 'init_values': None}).load_pretrained(path)
+
+
 def test_initialisation_draws_what_mmengine_drew():
     """The trunk initialises with its own truncated normal; one seed must give the numbers
     mmengine's ``trunc_normal_`` gave (the backbone used it before), so seeded runs and the

@@ -100,6 +100,7 @@ def load_state_dict_strict(
     verify: Optional[Callable[[], None]] = None,
     require_extra_state: bool = False,
     hints: Optional[KeyHints] = None,
+    loose: Optional[str] = None,
 ) -> Dict[str, List[str]]:
     """THE strict loader: load ``state_dict`` into ``module`` only if it fits.
 
@@ -129,6 +130,9 @@ def load_state_dict_strict(
         hints: the likely causes of missing / unexpected keys, for the message
             (:data:`KeyHints`; e.g. :func:`lookhere_dense.lookhere.weights.vit_key_hints`).
             Default: None.
+        loose: how the caller's API loads what fits of a file meant for another
+            architecture, for the message of a ``what='backbone'`` refusal. Default: None
+            (mmseg's ``init_cfg=dict(type='Pretrained', ..., strict=False)``).
 
     Returns:
         ``{'missing': [...], 'unexpected': [...], 'dropped': [...], 'from_config': [...]}``
@@ -181,7 +185,7 @@ def load_state_dict_strict(
             'its config, or the same options with --cfg-options'
             if what == 'model'
             else 'pretrained weights meant for another architecture: '
-            "init_cfg=dict(type='Pretrained', ..., strict=False) loads what fits"
+            + (loose or "init_cfg=dict(type='Pretrained', ..., strict=False) loads what fits")
         )
         raise CheckpointError(msg + f'. Build the {what} the file was trained with ({advice})')
     if verify is not None:

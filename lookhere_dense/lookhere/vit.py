@@ -35,8 +35,8 @@ import torch.nn as nn
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from ..checkpoint import encode_extra_state
-from ..errors import ConfigError
+from ..checkpoint import EXTRA_STATE_KEY, encode_extra_state, listed
+from ..errors import CheckpointError, ConfigError
 from ..validation import check_int, check_number, check_rate, is_int, is_number
 from . import weights as _weights
 from .config import LookHereConfig
@@ -346,6 +346,13 @@ class LookHereVisionTransformer(nn.Module):
             ``lookhere`` are read from it.
     """
 
+    #: how this API loads what fits of a file meant for another architecture (the advice
+    #: of a strict refusal; the mmseg and timm classes say it in their own words)
+    loose_loading: str = (
+        'create_model(FILE, ..., strict=False) or model.load_pretrained(FILE, strict=False) '
+        'loads what fits'
+    )
+
     def __init__(
         self,
         img_size: Union[int, Tuple[int, int]] = 224,
@@ -579,6 +586,37 @@ class LookHereVisionTransformer(nn.Module):
         return _weights.load_backbone_weights(
             self, path, strict, checkpoint_num_heads, source=source
         )
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign=False):
+        """PyTorch's, for this model's own ``state_dict`` (it holds the record,
+        ``_extra_state``). A strict load of weights without the record (an official
+        LookHere, timm or DeiT-III ``state_dict``) is refused with what to call instead --
+        :meth:`load_pretrained`, which converts and checks such weights -- rather than
+        PyTorch's ``Missing key(s) in state_dict: "_extra_state"``.
+
+        Raises:
+            CheckpointError: (``strict``) ``state_dict`` lacks ``_extra_state``.
+        """
+        if strict and isinstance(state_dict, Mapping) and EXTRA_STATE_KEY not in state_dict:
+            own = [k for k in self.state_dict() if k != EXTRA_STATE_KEY]
+            missing = [k for k in own if k not in state_dict]
+            unexpected = [k for k in state_dict if k not in set(own)]
+            more = ''
+            if missing or unexpected:
+                more = (
+                    f' (and the names differ: it lacks {listed(missing)}, has '
+                    f'{listed(unexpected)} the model lacks)'
+                )
+            raise CheckpointError(
+                f'load_state_dict: the state_dict has no {EXTRA_STATE_KEY!r} -- the record '
+                f'{type(self).__name__} saves with its weights (position encoding, LookHere '
+                f"config, head count) -- so it is not this model's own state_dict{more}. "
+                'Weights from an official LookHere, timm or DeiT-III file load, converted '
+                'and checked, with model.load_pretrained(PATH_OR_STATE_DICT) or '
+                'lookhere_dense.lookhere.create_model(PATH, ...); '
+                'load_state_dict(state_dict, strict=False) copies the matching names unchecked'
+            )
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def get_extra_state(self) -> Tensor:
         """Saved in every ``state_dict`` (key ``_extra_state``): the position encoding, the
@@ -814,6 +852,48 @@ class LookHereVisionTransformer(nn.Module):
         return self
 
 
+#: timm's names of :class:`LookHereVisionTransformer` arguments -> ours (mmseg's)
+TIMM_ARGUMENT_NAMES: Dict[str, str] = {
+    'in_chans': 'in_channels',
+    'embed_dim': 'embed_dims',
+    'depth': 'num_layers',
+    'class_token': 'with_cls_token',
+    'pos_drop_rate': 'drop_rate',
+}
+
+
+def check_arguments(caller: str, arch: Mapping[str, Any]) -> None:
+    """Refuse keyword arguments :class:`LookHereVisionTransformer` does not take, naming
+    ours for timm's (``embed_dim`` -> ``embed_dims``) and the close names of a typo.
+
+    Raises:
+        TypeError: as Python's for an unexpected keyword argument, with the names to use.
+    """
+    import difflib
+    import inspect
+
+    params = [
+        p for p in inspect.signature(LookHereVisionTransformer.__init__).parameters if p != 'self'
+    ]
+    wrong = [k for k in arch if k not in params]
+    if not wrong:
+        return
+    hints = []
+    for key in wrong:
+        if key in TIMM_ARGUMENT_NAMES:
+            hints.append(f"{key!r} is timm's name: use {TIMM_ARGUMENT_NAMES[key]!r}")
+        else:
+            close = difflib.get_close_matches(key, params, n=2, cutoff=0.6)
+            hints.append(
+                f'{key!r}' + (f': did you mean {" or ".join(map(repr, close))}?' if close else '')
+            )
+    raise TypeError(
+        f'{caller}: unexpected argument(s) {", ".join(hints)}. LookHereVisionTransformer '
+        "takes mmseg's VisionTransformer names (embed_dims, num_layers, in_channels, ...); "
+        "timm's names work in timm.create_model('lookhere_vit_..._patch16_224', ...)"
+    )
+
+
 def create_model(
     pretrained: Union[str, 'os.PathLike[str]', Mapping[str, Any], None] = None,
     *,
@@ -854,6 +934,7 @@ def create_model(
                 f'timm.create_model({name!r}, checkpoint_path=FILE) builds it; '
                 'create_model takes a weights file (e.g. LH_180_weights_and_config.pth)'
             )
+    check_arguments('create_model', arch)
     model = LookHereVisionTransformer(**arch)
     model.init_weights()
     if pretrained is not None:

@@ -561,6 +561,7 @@ def load_backbone_weights(
         what='backbone',
         verify=verify,
         hints=vit_key_hints,
+        loose=getattr(model, 'loose_loading', None),
     )
     report['dropped'] = sorted(weights.dropped + report['dropped'])
     if report['missing']:  # strict=False: say what stays as initialised

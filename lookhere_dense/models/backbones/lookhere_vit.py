@@ -264,6 +264,9 @@ class LookHereViT(LookHereVisionTransformer, BaseModule):
         **kwargs: the trunk's arguments.
     """
 
+    #: the advice of a strict refusal, in a config's words
+    loose_loading = "init_cfg=dict(type='Pretrained', ..., strict=False) loads what fits"
+
     def __init__(
         self,
         norm_cfg: dict = dict(type='LN'),
