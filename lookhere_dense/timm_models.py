@@ -80,7 +80,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Uni
 
 import torch
 from timm.layers import Mlp
-from timm.models import build_model_with_cfg, create_model, generate_default_cfgs, register_model
+from timm.models import (
+    adapt_input_conv,
+    build_model_with_cfg,
+    create_model,
+    generate_default_cfgs,
+    register_model,
+)
 from timm.models._features import FeatureGetterNet, feature_take_indices
 from timm.models._input import update_model_input_size
 from timm.models._pretrained import PretrainedCfg
@@ -409,6 +415,7 @@ class LookHereTimmViT(LookHereVisionTransformer):
             ckpt: Mapping[str, Any] = load_checkpoint_file(source)
         else:
             ckpt = path
+        ckpt = self._adapt_input_conv(ckpt, source or 'the checkpoint')
         self._check_file(ckpt, source or 'the checkpoint', checkpoint_num_heads)
         head, self.head = self.head, nn.Identity()  # the trunk's strict key check
         self._loading = True  # the loader's own load_state_dict calls are plain ones
@@ -422,6 +429,38 @@ class LookHereTimmViT(LookHereVisionTransformer):
             self.head, self._loading = head, False
         self._load_head(ckpt, source or 'the checkpoint')
         return report
+
+    def _adapt_input_conv(self, ckpt: Mapping[str, Any], source: str) -> Mapping[str, Any]:
+        """The file's patch embedding adapted to this model's ``in_chans`` as timm adapts a
+        pretrained first conv (:func:`timm.models.adapt_input_conv`: summed for one
+        channel, repeated and scaled for more), with a log line; the file unchanged where
+        the channels agree. Only this timm route does it, as timm's own models."""
+        mine = self.patch_embed.proj.weight
+        container = next(
+            (k for k in ('weights', 'state_dict', 'model') if isinstance(ckpt.get(k), Mapping)),
+            None,
+        )
+        sd = ckpt[container] if container else ckpt
+        keys = [
+            k
+            for k, v in sd.items()
+            if str(k).endswith('patch_embed.proj.weight')
+            and torch.is_tensor(v)
+            and v.dim() == 4
+            and v.shape[1] != mine.shape[1]
+            and (v.shape[0], *v.shape[2:]) == (mine.shape[0], *mine.shape[2:])
+        ]
+        if not keys:
+            return ckpt
+        sd = dict(sd)
+        for key in keys:
+            theirs = sd[key].shape[1]
+            sd[key] = adapt_input_conv(mine.shape[1], sd[key], base_chans=theirs)
+            self._log(
+                f'{self._name()}: {source!r} {key} adapted from {theirs} to {mine.shape[1]} '
+                "input channels (timm's adapt_input_conv)"
+            )
+        return {**ckpt, container: sd} if container else sd
 
     def _load_head(self, ckpt: Mapping[str, Any], source: str) -> None:
         """Copy the file's classifier (``head.*``) where it has this model's: the same

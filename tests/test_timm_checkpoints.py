@@ -17,6 +17,7 @@ import pytest
 import torch
 
 timm = pytest.importorskip('timm')
+from timm.models import adapt_input_conv  # noqa: E402
 
 import lookhere_dense  # noqa: E402,F401 - registers (timm is imported)
 from lookhere_dense.errors import CheckpointError, UnreadableCheckpointError  # noqa: E402
@@ -77,6 +78,25 @@ def test_in_chans_reaches_the_patch_embedding(key):
 def test_in_chans_and_in_channels_that_disagree_are_refused():
     with pytest.raises(ValueError, match='in_chans=1 and in_channels=3 are the same argument'):
         timm.create_model(TINY, depth=2, in_chans=1, in_channels=3)
+
+
+def test_a_three_channel_file_loads_into_other_in_chans_as_timm_adapts_it(official_tiny):
+    """As timm's own models: a 3-channel file's patch embedding is adapted to ``in_chans``
+    (summed for one channel, so a gray image gives the features of the same image in
+    three equal channels; repeated and scaled for four), through ``checkpoint_path=`` and
+    ``pretrained=True`` alike. It was refused as a shape mismatch."""
+    path = str(official_tiny.path)
+    kw = {k: official_tiny.io['model'][k] for k in ('embed_dim', 'depth', 'num_heads')}
+    rgb = timm.create_model(TINY, checkpoint_path=path, num_classes=0, **kw).eval()
+    gray = timm.create_model(TINY, checkpoint_path=path, num_classes=0, in_chans=1, **kw).eval()
+    x = torch.randn(2, 1, 64, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(gray(x), rgb(x.expand(-1, 3, -1, -1)), atol=1e-5, rtol=1e-5)
+    four = timm.create_model(
+        TINY, pretrained=True, pretrained_cfg_overlay=dict(file=path), in_chans=4, **kw
+    )
+    file_conv = torch.load(path, weights_only=True)['weights']['patch_embed.proj.weight']
+    torch.testing.assert_close(four.patch_embed.proj.weight, adapt_input_conv(4, file_conv))
 
 
 def _timm_backbone(**kwargs):
