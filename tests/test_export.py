@@ -113,25 +113,41 @@ def _timm_tiny():
 def test_plain_export_says_what_to_do_and_the_documented_way_works(build, tmp_path: Path):
     """docs/deploy.md, "Plain PyTorch and timm models": without ``static_grid_attention``
     ``torch.export`` / ``torch.onnx.export`` stop with the hint; with it, the snippet's
-    call writes a file onnxruntime runs equal to torch."""
+    call (named input and outputs, a dynamic batch from an example of 2) writes a file
+    onnxruntime runs equal to torch at batch 1 and 3."""
+    from torch.export import Dim
+
     from lookhere_dense.apis.export import onnxruntime_session
     from lookhere_dense.lookhere.vit import EXPORT_HINT
 
     model = build()
-    images = torch.randn(1, 3, 48, 64)
+    images = torch.randn(2, 3, 48, 64)
     with pytest.raises(RuntimeError, match='static_grid_attention') as err:
         torch.export.export(model, (images,))
     assert str(err.value) == EXPORT_HINT
-    with static_grid_attention(model, images.shape[-2:]):
-        torch.onnx.export(model, (images,), str(tmp_path / 'lookhere.onnx'))
     with torch.no_grad():
         expected = model(images)
-    expected = expected if isinstance(expected, (tuple, list)) else [expected]
+    names = [f'out{i}' for i in range(len(expected))] if isinstance(expected, tuple) else ['y']
+    with static_grid_attention(model, images.shape[-2:]):
+        torch.onnx.export(
+            model,
+            (images,),
+            str(tmp_path / 'lookhere.onnx'),
+            input_names=['images'],
+            output_names=names,
+            dynamic_shapes=({0: Dim('batch')},),
+        )
     session = onnxruntime_session(str(tmp_path / 'lookhere.onnx'))
-    outputs = session.run(None, {session.get_inputs()[0].name: images.numpy()})
-    assert len(outputs) == len(expected)
-    for out, exp in zip(outputs, expected, strict=True):
-        torch.testing.assert_close(torch.from_numpy(out), exp, atol=1e-4, rtol=0)
+    assert [o.name for o in session.get_outputs()] == names
+    for batch in (1, 3):  # the batch stays dynamic
+        x = torch.randn(batch, 3, 48, 64)
+        with torch.no_grad():
+            want = model(x)
+        want = want if isinstance(want, (tuple, list)) else [want]
+        outputs = session.run(None, {'images': x.numpy()})
+        assert len(outputs) == len(want)
+        for out, exp in zip(outputs, want, strict=True):
+            torch.testing.assert_close(torch.from_numpy(out), exp, atol=1e-4, rtol=0)
     # the model is as before: eager calls at other sizes still run
     assert model(torch.randn(1, 3, 32, 32)) is not None
 
