@@ -125,7 +125,8 @@ def explain_backend(
     Args:
         model: a ``LookHereVisionTransformer`` (or the mmseg / mmdet backbone around one,
             or a model with one as ``.backbone``).
-        image_size: ``H`` or ``(H, W)`` of the input in pixels.
+        image_size: ``H`` or ``(H, W)`` of the input in pixels (an image tensor: its last
+            two dimensions).
         batch: images per call (reported only: the choice does not depend on it); None:
             not reported. Default: 1.
         dtype: the compute dtype; None: the model's parameters'. Default: None.
@@ -145,7 +146,14 @@ def explain_backend(
             break
     if not hasattr(vit, 'pos_enc'):
         raise ValueError(f'explain_backend: {type(model).__name__} has no LookHere ViT (pos_enc)')
+    if isinstance(image_size, torch.Tensor):  # an image batch given where a size goes
+        image_size = tuple(image_size.shape[-2:])
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
+        raise ValueError(
+            f'explain_backend: image_size must be H or (H, W) in pixels (positive ints), '
+            f'got {image_size!r}'
+        )
     patch = int(getattr(vit, 'patch_size', 16))
     grid = tuple(-(-int(s) // patch) for s in size)
     prefix = int(getattr(vit, 'num_prefix_tokens', 0))
