@@ -61,6 +61,9 @@ def _cases(tmp) -> dict:
     img = cv2.imread(osp.join(val, 'ADE_val_00000001.jpg'))
     cv2.imwrite(str(twins / 'a.jpg'), img)
     cv2.imwrite(str(twins / 'a.png'), img[::-1])
+    png_in = tmp / 'png_in'
+    png_in.mkdir()
+    cv2.imwrite(str(png_in / 'b.png'), img[::-1])
     a_file = tmp / 'a_file'
     a_file.write_text('x')
 
@@ -208,6 +211,21 @@ def _cases(tmp) -> dict:
             [ADE_CFG, good, val, '--out-dir', str(blocked), *shrink],
             f'could not write {str(blocked / "ADE_val_00000001.png")!r}',
         ),
+        'infer: output folder is the input folder': (
+            'infer',
+            [ADE_CFG, good, str(png_in), '--out-dir', str(png_in), *shrink],
+            f"the output 'b.png' would overwrite the input image {str(png_in / 'b.png')!r}",
+        ),
+        'test: --out the annotation folder': (
+            'test',
+            [ADE_CFG, good, '--out', osp.join(data, 'annotations', 'validation'), *data_opts],
+            'is a folder of the dataset (test_dataloader.dataset.data_prefix.seg_map_path',
+        ),
+        'test: --out under a file': (
+            'test',
+            [ADE_CFG, good, '--out', str(a_file / 'preds'), *data_opts],
+            f"--out {str(a_file / 'preds')!r}: could not write the predictions: ",
+        ),
         'infer: two images, one stem': (
             'infer',
             [ADE_CFG, good, str(twins), '--out-dir', str(tmp / 'o3'), *shrink],
@@ -254,6 +272,9 @@ FAULTS = [
     'infer: corrupt image',
     'infer: output folder under a file',
     'infer: output name taken',
+    'infer: output folder is the input folder',
+    'test: --out the annotation folder',
+    'test: --out under a file',
 ]
 
 
@@ -269,6 +290,25 @@ def test_a_fault_ends_in_one_clear_error_line(faults, name):
 
 def test_every_listed_fault_is_run(faults):
     assert sorted(n for n, (exp, _) in faults[0].items() if exp is not None) == sorted(FAULTS)
+
+
+def test_refused_outputs_leave_the_inputs_and_the_ground_truth_as_they_were(faults):
+    """The two refusals above are made before anything is written: the annotation maps
+    and the PNG input keep their bytes (both were overwritten without a word), and a
+    refused write leaves no temporary file."""
+    tmp = faults[1]
+    root = tmp / 'data' / 'ade' / 'ADEChallengeData2016'
+    ann = sorted((root / 'annotations' / 'validation').iterdir())
+    assert [p.name for p in ann] == ['ADE_val_00000001.png', 'ADE_val_00000002.png']
+    fresh = make_ade(tmp / 'data_again', num_train=2, num_val=2)  # seeded: the same files
+    for p in ann:
+        again = osp.join(fresh, 'annotations', 'validation', p.name)
+        assert np.array_equal(cv2.imread(str(p), 0), cv2.imread(again, 0)), p.name
+    png_in = tmp / 'png_in'
+    assert [p.name for p in png_in.iterdir()] == ['b.png']
+    image = cv2.imread(str(root / 'images' / 'validation' / 'ADE_val_00000001.jpg'))
+    assert np.array_equal(cv2.imread(str(png_in / 'b.png')), image[::-1])
+    assert not list((tmp / 'blocked_out').glob('.*partial*'))
 
 
 def test_images_that_share_a_stem_get_one_overlay_each(faults):

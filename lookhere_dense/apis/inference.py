@@ -313,18 +313,50 @@ def output_stems(images: Sequence[str]) -> List[str]:
     return [s if stems.count(s) == 1 else osp.basename(p) for s, p in zip(stems, images)]
 
 
+def _check_no_input_overwritten(
+    images: Sequence[str], stems: Sequence[str], out_dir: str, save_labels: bool
+) -> None:
+    """Refuse, before anything is written, an ``--out-dir`` where an output would replace
+    one of the input images (``--out-dir`` the input folder: ``a.png`` overwritten by its
+    overlay, as happened without a word).
+
+    Raises:
+        ToolError: naming the folder and the first such image.
+    """
+    inputs = {osp.realpath(p) for p in images}
+    for stem in stems:
+        names = [f'{stem}.png'] + ([f'{stem}_labels.png'] if save_labels else [])
+        for name in names:
+            out = osp.realpath(osp.join(out_dir, name))
+            if out in inputs:
+                raise ToolError(
+                    f'--out-dir {out_dir!r}: the output {name!r} would overwrite the input '
+                    f'image {out!r}; write the overlays to another folder'
+                )
+
+
 def _write(path: str, image: np.ndarray) -> None:
+    """Encode ``image`` as PNG and write it atomically: a write that fails (a full disk)
+    leaves no truncated or empty file under ``path`` (cv2.imwrite reported success for
+    half-written files).
+
+    Raises:
+        ToolError: naming the file and the cause.
+    """
     import cv2
 
+    from ..checkpoint.atomic import atomic_write_bytes, describe_os_error
+
     try:
-        ok = cv2.imwrite(path, image)
+        ok, data = cv2.imencode('.png', image)
     except cv2.error as err:
         raise ToolError(f'could not write {path!r}: {str(err).strip().splitlines()[-1]}') from None
     if not ok:
-        raise ToolError(
-            f'could not write {path!r} (is the folder writable, is the disk full, '
-            'or is there a folder of that name?)'
-        )
+        raise ToolError(f'could not encode {path!r} as PNG')
+    try:
+        atomic_write_bytes(path, data.tobytes(), sync=False)
+    except OSError as err:
+        raise ToolError(f'could not write {path!r}: {describe_os_error(err)}') from None
 
 
 def _make_out_dir(out_dir: str) -> None:
@@ -563,6 +595,7 @@ def segment_images(
     palette = class_palette(meta, cfg, num_classes)
     names = class_names(meta, cfg, num_classes)
     offset = saved_label_offset(cfg, meta)
+    _check_no_input_overwritten(images, output_stems(images), out_dir, save_labels)
     written, sizes = [], None
     for path, stem in progress(list(zip(images, output_stems(images))), 'infer'):
         bgr = cv2.imread(path, cv2.IMREAD_COLOR)

@@ -141,6 +141,9 @@ def build_test_config(
             if not out.endswith(('.pkl', '.pickle')):
                 raise ConfigError(f'--out for an mmdet config is a .pkl file, got {out!r}')
         else:
+            from ..data.checks import check_output_outside_data
+
+            check_output_outside_data(out, cfg, ('test',))
             cfg.test_evaluator['output_dir'] = out
             cfg.test_evaluator['keep_results'] = True
     hooks = list(cfg.get('custom_hooks') or [])
@@ -196,7 +199,17 @@ def evaluate_checkpoint(
                 from mmdet.evaluation import DumpDetResults
 
                 runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=out))
-            return runner.test()
+            try:
+                return runner.test()
+            except OSError as err:  # writing --out: a full disk, a folder gone, ...
+                if out is None or err.errno is None:
+                    raise
+                from ..checkpoint.atomic import describe_os_error
+
+                raise ToolError(
+                    f'--out {out!r}: could not write the predictions: '
+                    f'{describe_os_error(err)}; the last file written there may be incomplete'
+                ) from None
     finally:
         if created:
             import torch.distributed as dist

@@ -20,6 +20,7 @@ __all__ = [
     'fsync_dir',
     'publish_file',
     'atomic_write_text',
+    'atomic_write_bytes',
     'describe_os_error',
     'remove_quietly',
 ]
@@ -68,17 +69,33 @@ def atomic_write_text(path: str, text: str) -> None:
     Raises:
         OSError: the write failed; ``path`` is untouched and the temporary file removed.
     """
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: str, data: bytes, sync: bool = True) -> None:
+    """Write ``data`` to ``path`` atomically (temporary file, ``fsync`` with ``sync``,
+    rename): ``path`` is the old file or the whole new one, never a part.
+
+    Args:
+        sync: flush to the disk before the rename (durable across a power loss); without
+            it a failed write (a full disk) still leaves no partial file. Default: True.
+
+    Raises:
+        OSError: the write failed; ``path`` is untouched and the temporary file removed.
+    """
     tmp = partial_name(path)
     try:
-        with open(tmp, 'w') as f:
-            f.write(text)
+        with open(tmp, 'wb') as f:
+            f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         remove_quietly(tmp)
         raise
-    fsync_dir(osp.dirname(osp.abspath(path)))
+    if sync:
+        fsync_dir(osp.dirname(osp.abspath(path)))
 
 
 def remove_quietly(path: Optional[str]) -> None:

@@ -52,6 +52,7 @@ __all__ = [
     'check_label_values',
     'check_crop_fits',
     'check_seg_data',
+    'check_output_outside_data',
     'crop_padding_note',
     'image_size',
     'LAYOUT_HINTS',
@@ -316,6 +317,44 @@ def check_dataset_layout(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 
                 '(it does not follow a new data_root: it was joined to the old one when the '
                 'config was read).'
             )
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or below it (symbolic links resolved)."""
+    path, folder = osp.realpath(path), osp.realpath(folder)
+    return path == folder or path.startswith(folder.rstrip(osp.sep) + osp.sep)
+
+
+def check_output_outside_data(
+    out: str, cfg: Mapping, splits: Sequence[str], option: str = '--out'
+) -> None:
+    """Refuse an output folder that is one of the dataset's image or annotation folders
+    (``data_root`` + ``data_prefix``), or below one: mmseg's ``IoUMetric`` writes
+    ``<out>/<image name>.png``, the name of an ADE20K annotation and of a Cityscapes
+    image, so such a folder had its ground truth overwritten without a word (the next
+    test then scored 100 %).
+
+    Raises:
+        lookhere_dense.errors.ConfigError: naming the option, the folder and the dataset key.
+    """
+    for where, key, ds, _ in _nodes(cfg, splits):
+        root = ds.get('data_root') or ''
+        if '://' in root:
+            continue
+        folders = [
+            (f'{key}.data_prefix.{name}', _join(root, sub))
+            for name, sub in (ds.get('data_prefix') or {}).items()
+            if isinstance(sub, str) and sub and '://' not in sub
+        ]
+        if not folders and root:
+            folders = [(f'{key}.data_root', root)]
+        for what, folder in folders:
+            if _inside(out, folder):
+                raise ConfigError(
+                    f'{option} {out!r} is a folder of the dataset ({what}: {folder!r}); the '
+                    "predictions are written as '<image name>.png', which would overwrite its "
+                    'annotations or images: choose a folder outside the dataset'
+                )
 
 
 def check_coco_annotations(
