@@ -102,10 +102,28 @@ class _RegisterWithTimm:
         def exec_module(module: Any) -> None:
             run(module)
             _unhook()
-            importlib.import_module('lookhere_dense.timm_models')
+            _import_timm_models()
 
         spec.loader.exec_module = exec_module
         return spec
+
+
+def _import_timm_models() -> None:
+    """Import :mod:`lookhere_dense.timm_models` (which registers the models). A timm whose
+    API it cannot use gets a warning, never an error: ``import timm`` itself must work."""
+    try:
+        importlib.import_module('lookhere_dense.timm_models')
+    except Exception as err:  # noqa: B902 - whatever an unknown timm raises
+        import warnings
+
+        timm = sys.modules.get('timm')
+        warnings.warn(
+            f'lookhere_dense: the lookhere_vit_* models are not registered with timm '
+            f'{getattr(timm, "__version__", "?")} ({type(err).__name__}: {err}); timm '
+            "itself works. lookhere-dense's timm models are tested with timm 1.0.29-1.0.31 "
+            "(pip install 'timm==1.0.31')",
+            stacklevel=2,
+        )
 
 
 def _unhook() -> None:
@@ -118,7 +136,7 @@ def _register_with_timm() -> None:
     if os.environ.get('LOOKHERE_TIMM', '1') == '0':
         return
     if 'timm' in sys.modules:
-        importlib.import_module('lookhere_dense.timm_models')
+        _import_timm_models()
     else:
         _unhook()
         sys.meta_path.insert(0, _RegisterWithTimm())

@@ -88,7 +88,11 @@ from timm.models import (
     register_model,
 )
 from timm.models._features import FeatureGetterNet, feature_take_indices
-from timm.models._input import update_model_input_size
+
+try:  # timm >= 1.0.30 records a model's input size; older timm has no such record
+    from timm.models._input import update_model_input_size
+except ImportError:  # pragma: no cover - depends on the installed timm
+    update_model_input_size = None
 from timm.models._pretrained import PretrainedCfg
 from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys
@@ -256,7 +260,7 @@ class LookHereTimmViT(LookHereVisionTransformer):
         and timm's record of it (``timm.models.get_model_input_config(model)``), as timm's
         ``VisionTransformer.set_input_size`` (timm API)."""
         super().set_input_size(img_size, patch_size)
-        if img_size is not None:
+        if img_size is not None and update_model_input_size is not None:
             update_model_input_size(self, self.img_size)
 
     @property
@@ -431,8 +435,8 @@ class LookHereTimmViT(LookHereVisionTransformer):
         return report
 
     def _adapt_input_conv(self, ckpt: Mapping[str, Any], source: str) -> Mapping[str, Any]:
-        """The file's patch embedding adapted to this model's ``in_chans`` as timm adapts a
-        pretrained first conv (:func:`timm.models.adapt_input_conv`: summed for one
+        """A 3-channel file's patch embedding adapted to this model's ``in_chans`` as timm
+        adapts a pretrained first conv (:func:`timm.models.adapt_input_conv`: summed for one
         channel, repeated and scaled for more), with a log line; the file unchanged where
         the channels agree. Only this timm route does it, as timm's own models."""
         mine = self.patch_embed.proj.weight
@@ -447,18 +451,17 @@ class LookHereTimmViT(LookHereVisionTransformer):
             if str(k).endswith('patch_embed.proj.weight')
             and torch.is_tensor(v)
             and v.dim() == 4
-            and v.shape[1] != mine.shape[1]
+            and v.shape[1] == 3 != mine.shape[1]
             and (v.shape[0], *v.shape[2:]) == (mine.shape[0], *mine.shape[2:])
         ]
         if not keys:
             return ckpt
         sd = dict(sd)
         for key in keys:
-            theirs = sd[key].shape[1]
-            sd[key] = adapt_input_conv(mine.shape[1], sd[key], base_chans=theirs)
+            sd[key] = adapt_input_conv(mine.shape[1], sd[key])
             self._log(
-                f'{self._name()}: {source!r} {key} adapted from {theirs} to {mine.shape[1]} '
-                "input channels (timm's adapt_input_conv)"
+                f'{self._name()}: {source!r} {key} adapted from 3 to {mine.shape[1]} input '
+                "channels (timm's adapt_input_conv)"
             )
         return {**ckpt, container: sd} if container else sd
 

@@ -10,6 +10,7 @@ and our own through ``checkpoint_path=``, takes any image size, and mmseg's
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,30 @@ def test_registration_in_either_import_order_and_no_timm_import_of_its_own(first
     assert res.returncode == 0, res.stderr[-3000:]
     assert f'timm loaded: {first == "timm"}' in res.stdout
     assert str(sorted(NAMES)) in res.stdout
+
+
+@pytest.mark.parametrize('first', ['lookhere_dense', 'timm'])
+def test_a_timm_our_models_cannot_use_still_imports_with_a_warning(first, tmp_path):
+    """A timm whose API the registration cannot use (here a stand-in with no ``models``;
+    timm 1.0.29 lacked ``timm.models._input``): ``import timm`` works, with one warning
+    naming the timm version and the error. It raised ModuleNotFoundError from inside
+    ``import timm`` before, breaking every timm user of the environment."""
+    (tmp_path / 'timm').mkdir()
+    (tmp_path / 'timm' / '__init__.py').write_text("__version__ = '0.0.1'\n")
+    code = (
+        'import warnings\n'
+        "warnings.simplefilter('always')\n"
+        f'import {first}\n'
+        'import lookhere_dense, timm\n'
+        "print('imported timm', timm.__version__)\n"
+    )
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(tmp_path), str(REPO)])}
+    res = subprocess.run(
+        [sys.executable, '-c', code], cwd=tmp_path, capture_output=True, text=True, env=env
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert 'imported timm 0.0.1' in res.stdout
+    assert res.stderr.count('not registered with timm 0.0.1 (ModuleNotFoundError') == 1, res.stderr
 
 
 def test_tags_choose_the_position_encoding_and_conflicts_are_named():
