@@ -558,6 +558,30 @@ def test_cfg_options_set_a_dict_where_the_config_has_none():
         parse_cfg_options(['k=dict(type=Pretrained)'])
 
 
+def test_a_dict_option_for_a_key_the_config_leaves_to_the_default_builds():
+    """``model.backbone.lh_config=dict(...)`` / ``pos_encoding=dict(...)`` where the config
+    does not write the key: mmengine's merge kept the ``_delete_`` the option adds, and the
+    backbone refused the key ``_delete_`` the user never wrote."""
+    from mmseg.registry import MODELS
+
+    from lookhere_dense.apis.cli import load_config, parse_cfg_options
+
+    tiny = osp.join(REPO, 'configs', 'segmenter_lookhere_vit-t_tiny-ade.py')
+    cfg = load_config(tiny)
+    assert 'lh_config' not in cfg.model.backbone and 'pos_encoding' not in cfg.model.backbone
+    options = parse_cfg_options(
+        [
+            "model.backbone.lh_config=dict(head_directions='halves-none', global_slope=1.0)",
+            "model.backbone.pos_encoding=dict(type='lookhere')",
+        ]
+    )
+    cfg = load_config(tiny, options)
+    assert cfg.model.backbone.lh_config == dict(head_directions='halves-none', global_slope=1.0)
+    assert cfg.model.backbone.pos_encoding == dict(type='lookhere')
+    backbone = MODELS.build(cfg.model.backbone)
+    assert backbone.lh_config.head_directions == 'halves-none'
+
+
 def test_a_top_level_data_root_option_warns_that_it_moves_no_dataset():
     from lookhere_dense.apis.cli import check_cfg_options, load_config
 

@@ -255,8 +255,24 @@ def load_config(path: str, cfg_options: Optional[dict] = None):
         check_cfg_options(cfg, cfg_options, lambda m: _log(m, logging.WARNING))
         _schedule_follows(cfg, cfg_options)
         cfg.merge_from_dict(cfg_options)
+        _drop_delete_marks(cfg, cfg_options)
         _typed_if_built(cfg, opened)
     return cfg
+
+
+def _drop_delete_marks(cfg, cfg_options: Mapping[str, Any]) -> None:
+    """Remove the ``_delete_`` that :class:`CfgOptionsAction` adds to a dict value where
+    mmengine's merge left it: a key the config does not have (``model.backbone.lh_config``
+    of a config that leaves it to the default) got the dict with ``_delete_`` in it, and the
+    class then refused the unknown key ``_delete_`` the user never wrote."""
+    for key, value in cfg_options.items():
+        if not isinstance(value, Mapping):
+            continue
+        node: Any = cfg
+        for part in key.split('.'):
+            node = node.get(part) if hasattr(node, 'get') else None
+        if hasattr(node, 'pop'):
+            node.pop('_delete_', None)
 
 
 def _typed_if_built(cfg, opened: Sequence[Tuple[str, ...]]) -> None:
