@@ -172,22 +172,42 @@ def test_sigterm_saves_the_current_iteration_and_resume_loses_nothing(data, full
     _resume_matches(work, data, full)
 
 
-def test_ctrl_c_saves_the_current_iteration_and_restores_the_handler(data, tmp_path):
-    """SIGINT to this very process (sent by a hook after iteration 3)."""
-    before = signal.getsignal(signal.SIGINT)
+@pytest.mark.parametrize('name', ['SIGINT', 'SIGHUP', 'SIGUSR1'])
+def test_ctrl_c_saves_the_current_iteration_and_restores_the_handler(data, tmp_path, name):
+    """SIGINT to this very process (sent by a hook after iteration 3); the same for a
+    closed terminal (SIGHUP: the run ended with status 129 and nothing saved) and Slurm's
+    ``--signal=USR1`` warning."""
+    sig = getattr(signal, name)
+    before = signal.getsignal(sig)
     work = str(tmp_path / 'work')
-    cfg = _config_with(tmp_path, 'SIGINT', '')
+    cfg = _config_with(tmp_path, name, '')
     with pytest.raises(TrainingInterruptedError) as exc:
         train_model(cfg, work_dir=work, cfg_options=options(*roots(data), *SHRINK, *RUN))
     saved = osp.join(work, 'iter_3.pth')
     assert str(exc.value) == (
-        f'training stopped by SIGINT after iteration 3/{N}: saved {saved}. Continue with '
+        f'training stopped by {name} after iteration 3/{N}: saved {saved}. Continue with '
         f'--resume (same --work-dir {work}).'
     )
-    assert exc.value.exit_status == 130
+    assert exc.value.exit_status == 128 + sig
     assert _pointer(work) == saved
     assert glob.glob(osp.join(work, '*.pth')) == [saved]  # max_keep_ckpts=1, after the save
-    assert signal.getsignal(signal.SIGINT) is before
+    assert signal.getsignal(sig) is before
+
+
+def test_a_sighup_ignored_by_nohup_stays_ignored():
+    """Under ``nohup`` (SIGHUP ignored) the hook leaves SIGHUP alone: logging out must not
+    stop the run."""
+    from lookhere_dense.engine.preemption import SignalCheckpointHook
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    hook = SignalCheckpointHook()
+    try:
+        hook.before_train(None)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == hook._handle
+    finally:
+        hook.restore_handlers()
+        signal.signal(signal.SIGHUP, before)
 
 
 # ----------------------------------------------------------------------------------------
@@ -209,8 +229,8 @@ class _BreakWorkDirHook(Hook):
             return
         if self.action == 'remove':
             shutil.rmtree(self.path)
-        elif self.action == 'SIGINT':
-            os.kill(os.getpid(), signal.SIGINT)
+        elif self.action.startswith('SIG'):
+            os.kill(os.getpid(), getattr(signal, self.action))
         else:
             subprocess.run(['mount', '-o', 'remount,ro', self.path], check=True)
 

@@ -1,10 +1,10 @@
-"""SIGTERM / SIGINT during training: finish the iteration, save it, stop with one line
-(:class:`SignalCheckpointHook`).
+"""SIGTERM / SIGINT (and SIGHUP, SIGUSR1: :data:`HANDLED_SIGNALS`) during training: finish
+the iteration, save it, stop with one line (:class:`SignalCheckpointHook`).
 
 A scheduler that preempts a job sends SIGTERM and kills it a grace period later (Slurm:
 ``KillWait``, 30 s by default; torchrun: 30 s after forwarding the signal to its workers).
 mmengine's Runner dies at the signal and loses every iteration since its last checkpoint.
-With this hook the first SIGTERM or SIGINT (Ctrl-C) only sets a flag; when the current
+With this hook the first SIGTERM, SIGUSR1, SIGHUP or SIGINT (Ctrl-C) only sets a flag; when the current
 training iteration ends, the checkpoint of that iteration is written (atomically, by the
 run's :class:`~lookhere_dense.engine.checkpointing.AtomicCheckpointHook`; it is kept as is
 if that iteration was just saved) and the run raises
@@ -38,8 +38,15 @@ from .checkpointing import read_pointer
 
 __all__ = ['SignalCheckpointHook', 'HANDLED_SIGNALS']
 
-#: The signals the hook turns into "save and stop".
-HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: The signals the hook turns into "save and stop": a scheduler's preemption (SIGTERM;
+#: SIGUSR1, what Slurm's ``--signal=USR1@90`` sends before the end of a job's time),
+#: Ctrl-C (SIGINT) and a closed terminal or ssh session (SIGHUP; left ignored under
+#: ``nohup``, which ignores it).
+HANDLED_SIGNALS = tuple(
+    getattr(signal, name)
+    for name in ('SIGTERM', 'SIGINT', 'SIGHUP', 'SIGUSR1')
+    if hasattr(signal, name)
+)
 
 
 def _world_flag(value: int) -> int:
@@ -86,6 +93,8 @@ class SignalCheckpointHook(Hook):
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in HANDLED_SIGNALS:
+            if sig != signal.SIGINT and signal.getsignal(sig) is signal.SIG_IGN:
+                continue  # ignored by the parent (nohup: SIGHUP): the run keeps ignoring it
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def restore_handlers(self) -> None:
