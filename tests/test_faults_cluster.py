@@ -346,6 +346,44 @@ def test_a_second_run_in_a_held_work_dir_is_refused_and_a_dead_holder_is_not(dat
         assert f.read() == ''  # released at the end
 
 
+_HOLDER_WITH_WORKER = r"""
+import multiprocessing as mp, sys, time
+from lookhere_dense.engine.workdir_lock import WorkDirLock
+WorkDirLock(sys.argv[1]).acquire()
+worker = mp.get_context('fork').Process(target=time.sleep, args=(600,))  # a dataloader worker
+worker.start()
+print('locked', worker.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_runs_lingering_workers_do_not_hold_its_lock(tmp_path):
+    """A run SIGKILLed while a forked worker of it lives on: the lock is free at once (the
+    worker closed its copy when forked); ``--resume`` right after the kill was refused as
+    "in use by another training run" until the workers were gone."""
+    from lookhere_dense.engine.workdir_lock import WorkDirLock
+
+    work = str(tmp_path / 'work')
+    child = subprocess.Popen(
+        [sys.executable, '-c', _HOLDER_WITH_WORKER, work],
+        cwd=REPO,
+        env=env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    word, worker = child.stdout.readline().split()
+    assert word == 'locked'
+    child.kill()
+    child.wait()
+    try:
+        os.kill(int(worker), 0)  # the worker outlives its parent
+        lock = WorkDirLock(work).acquire()  # and does not hold the lock
+        assert any(f'pid {child.pid} on ' in n for n in lock.notes), lock.notes
+        lock.release()
+    finally:
+        os.kill(int(worker), signal.SIGKILL)
+
+
 def test_sharing_a_held_work_dir_takes_no_lock(tmp_path):
     from lookhere_dense.apis.train import lock_work_dir
 

@@ -11,8 +11,10 @@ start, command), unless it is told to share (``share_work_dir=True``,
 The lock is an ``flock`` on ``WORK_DIR/.lookhere_train.lock``: the kernel drops it when
 the holding process ends in any way (SIGKILL, OOM killer, power-off of a node holding an
 NFSv4 lock after its lease), so a crashed run never blocks the next one; the file's
-content (who held it) is kept and reported when the next run takes over. A file system
-without ``flock`` support gets a warning and no lock.
+content (who held it) is kept and reported when the next run takes over. Forked children
+(dataloader workers) close their copy of the lock at once, so it ends with the process that
+took it: a ``--resume`` right after a SIGKILL is not refused while the dead run's workers
+linger. A file system without ``flock`` support gets a warning and no lock.
 
 A work dir that cannot be written (read-only mount, ``chattr +i``, no permission, a path
 under a regular file) is refused before training starts, with one
@@ -38,6 +40,32 @@ __all__ = ['WorkDirLock', 'LOCK_FILE', 'check_work_dir_writable']
 
 #: The lock file's name inside the work dir.
 LOCK_FILE = '.lookhere_train.lock'
+
+#: The descriptors of the locks this process holds: a forked child (a dataloader worker)
+#: closes its copies at once (:func:`_close_held_in_child`), so the lock ends with the
+#: process that took it, not with the last of its workers.
+_HELD: set = set()
+_AT_FORK_REGISTERED = False
+
+
+def _close_held_in_child() -> None:
+    """In a forked child: close the inherited descriptors of the held locks. An ``flock``
+    is dropped only when every descriptor of its open file is closed, and dataloader
+    workers outlive a SIGKILLed run for seconds: the run's ``--resume`` was refused as
+    "in use" by a run that was gone."""
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+def _register_at_fork() -> None:
+    global _AT_FORK_REGISTERED
+    if not _AT_FORK_REGISTERED and hasattr(os, 'register_at_fork'):
+        os.register_at_fork(after_in_child=_close_held_in_child)
+        _AT_FORK_REGISTERED = True
 
 
 def _cause(err: OSError) -> str:
@@ -149,6 +177,8 @@ class WorkDirLock:
             )
         self._write(fd)
         self._fd = fd
+        _register_at_fork()
+        _HELD.add(fd)
         return self
 
     def release(self) -> None:
@@ -158,6 +188,7 @@ class WorkDirLock:
         fd, self._fd = self._fd, None
         if fd is None:
             return
+        _HELD.discard(fd)
         try:
             os.ftruncate(fd, 0)
         except OSError:
