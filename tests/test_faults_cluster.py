@@ -41,6 +41,7 @@ from lookhere_dense.errors import (
     CheckpointSaveError,
     TrainingInterruptedError,
     WorkDirLockedError,
+    WorkDirNotWritableError,
 )
 
 pytestmark = pytest.mark.usefixtures('one_torch_thread')
@@ -821,6 +822,40 @@ def test_images_deleted_after_the_dataset_was_listed_stop_naming_the_file(tmp_pa
         )
     assert osp.join(images, 'ADE_train_0000') in str(exc.value)
     assert _pointer(str(tmp_path / 'w')) == str(tmp_path / 'w' / 'iter_2.pth')
+
+
+def test_no_room_for_a_checkpoint_or_for_the_run_is_refused_before_training(data, full, tmp_path):
+    """A checkpoint folder with less room than the weights: refused before the first
+    iteration, naming both sizes (the run trained until its first save and lost it all);
+    a work dir with no room at all: one line naming the disk (a traceback from the lock
+    or config write before)."""
+    mnt = str(tmp_path / 'mnt')
+    room = int(0.3 * osp.getsize(osp.join(full, 'iter_2.pth')))
+    if not _tmpfs(mnt, f'{room // 4096 * 4}k'):
+        pytest.skip('needs mount (root with CAP_SYS_ADMIN) for a real small file system')
+    work = str(tmp_path / 'work')
+    try:
+        cfg = tmp_path / 'small_disk.py'
+        cfg.write_text(
+            f'_base_ = [{ADE_CFG!r}]\ndefault_hooks = dict(checkpoint=dict(out_dir={mnt!r}))\n'
+        )
+        with pytest.raises(CheckpointSaveError) as exc:
+            train_model(str(cfg), work_dir=work, cfg_options=options(*roots(data), *SHRINK, *RUN))
+        msg = str(exc.value)
+        assert msg.startswith(f"the checkpoint folder '{osp.join(mnt, 'work')}' has ")
+        assert (
+            "less than the model's weights alone" in msg and 'the first save at iteration' in msg
+        )
+        assert not osp.exists(osp.join(work, 'last_checkpoint'))  # nothing trained
+        with open(osp.join(mnt, 'fill'), 'wb') as f:  # now no room at all: the work dir there
+            try:
+                f.write(b'\0' * room * 2)
+            except OSError:
+                pass
+        with pytest.raises(WorkDirNotWritableError, match=r'the disk is full \(ENOSPC\)'):
+            train_model(ADE_CFG, work_dir=osp.join(mnt, 'w2'), cfg_options=options(*roots(data)))
+    finally:
+        subprocess.run(['umount', '-l', mnt])
 
 
 def test_a_full_disk_keeps_the_previous_checkpoint(data, full, tmp_path):

@@ -107,6 +107,47 @@ class AtomicCheckpointHook(CheckpointHook):
         super().before_train(runner)
         if self._atomic():  # the folder exists from the start, so its removal shows
             os.makedirs(self.out_dir, exist_ok=True)
+            if is_main_process():
+                self._check_room(runner)
+
+    def _check_room(self, runner) -> None:
+        """Before the first iteration: a checkpoint folder with less free space than the
+        model's weights alone is refused (the first save would fail and lose every
+        iteration before it); less than two checkpoints (weights and optimizer state; the
+        new one is written before the old one is removed) gets a warning."""
+        import shutil
+
+        import torch
+
+        try:
+            free = shutil.disk_usage(self.out_dir).free
+        except OSError:
+            return
+        model = getattr(runner.model, 'module', runner.model)
+        weights = sum(
+            t.numel() * t.element_size()
+            for t in model.state_dict().values()
+            if isinstance(t, torch.Tensor)
+        )
+        trained = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+        checkpoint = weights + (2 * trained if self.save_optimizer else 0)  # Adam's moments
+        first = self.interval if not self.by_epoch else None
+        when = f' at iteration {first}' if first else ''
+        if free < weights:
+            raise CheckpointSaveError(
+                f'the checkpoint folder {self.out_dir!r} has {_size(free)} free, less than '
+                f"the model's weights alone ({_size(weights)}; a checkpoint with the "
+                f'optimizer state is about {_size(checkpoint)}): the first save{when} would '
+                'fail and lose every iteration before it. Free space or choose another '
+                '--work-dir (or default_hooks.checkpoint.out_dir).'
+            )
+        if free < 2 * checkpoint:
+            runner.logger.warning(
+                f'the checkpoint folder {self.out_dir!r} has {_size(free)} free; a '
+                f'checkpoint of this run is about {_size(checkpoint)} and a save needs room '
+                'for the new one before the old one is removed: a save may fail for space '
+                '(the previous checkpoint is kept)'
+            )
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
         """Stop at once when the work dir or the checkpoint folder has been removed (one
@@ -178,6 +219,14 @@ class AtomicCheckpointHook(CheckpointHook):
             f'was written under that name and {self._previous(runner)}; free space or fix '
             'the folder, then continue with --resume.'
         )
+
+
+def _size(n: float) -> str:
+    for unit in ('B', 'KiB', 'MiB', 'GiB'):
+        if n < 1024 or unit == 'GiB':
+            return f'{n:.0f} {unit}' if unit == 'B' else f'{n:.1f} {unit}'
+        n /= 1024
+    return f'{n:.1f} GiB'
 
 
 def _gather_rank_states(runner) -> None:

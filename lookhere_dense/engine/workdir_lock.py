@@ -87,8 +87,9 @@ def _unwritable(work_dir: str, err: OSError, what: str) -> WorkDirNotWritableErr
 
 
 def check_work_dir_writable(work_dir: str) -> None:
-    """Create ``work_dir`` if missing and check that a file can be created in it (a
-    temporary file, removed at once).
+    """Create ``work_dir`` if missing and check that a file can be created in it and 64 KiB
+    written (a temporary file, removed at once: a full disk is named here, not by a
+    traceback from the first log or config write).
 
     Raises:
         lookhere_dense.errors.WorkDirNotWritableError: naming the folder and the cause.
@@ -101,11 +102,17 @@ def check_work_dir_writable(work_dir: str) -> None:
         fd, probe = tempfile.mkstemp(prefix='.lookhere_write_test.', dir=work_dir)
     except OSError as err:
         raise _unwritable(work_dir, err, 'creating a file in it') from None
-    os.close(fd)
-    try:
-        os.remove(probe)
-    except OSError:
-        pass
+    try:  # what the run writes first (lock, config dump, log) fits in this
+        os.write(fd, b'\0' * 65536)
+        os.fsync(fd)
+    except OSError as err:
+        raise _unwritable(work_dir, err, 'writing 64 KiB to a file in it') from None
+    finally:
+        os.close(fd)
+        try:
+            os.remove(probe)
+        except OSError:
+            pass
 
 
 def _describe(holder: dict) -> str:
@@ -175,7 +182,11 @@ class WorkDirLock:
                 f'work dir {self.work_dir}: the previous run ({_describe(holder)}) ended '
                 'without releasing its lock (killed or crashed); this run takes it over'
             )
-        self._write(fd)
+        try:
+            self._write(fd)
+        except OSError as err:
+            os.close(fd)
+            raise _unwritable(self.work_dir, err, f'writing the lock file {self.path}') from None
         self._fd = fd
         _register_at_fork()
         _HELD.add(fd)
