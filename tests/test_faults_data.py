@@ -101,6 +101,32 @@ def test_the_tiny_data_passes(ade):
     }
 
 
+@pytest.mark.parametrize('classes', [30, 171])
+def test_the_label_check_follows_the_heads_class_count(ade, classes):
+    """``--cfg-options model.decode_head.num_classes=N``: the pipeline's
+    ``CheckSegLabels(num_classes=150)`` follows (label 40 passed it with 30 classes and
+    training died in the loss; 171 classes had label 160 refused as outside "the model's
+    150 classes")."""
+    from lookhere_dense.apis.cli import preflight
+
+    cfg = config(ade)
+    cfg.model.decode_head.num_classes = classes
+    preflight(cfg, ('train', 'val'), check_pretrained=False, check_data=False)
+    steps = [s for s in cfg.train_dataloader.dataset.pipeline if s['type'] == 'CheckSegLabels']
+    assert [s['num_classes'] for s in steps] == [classes]
+    _, ann = files(ade)
+    label = cv2.imread(str(ann), cv2.IMREAD_UNCHANGED)
+    label[0, 0] = 161  # class 160 after reduce_zero_label
+    cv2.imwrite(str(ann), label)
+    first = cfg.train_dataloader.dataset.pipeline[:3]
+    assert first[-1]['type'] == 'CheckSegLabels'
+    if classes == 171:
+        load_pair(ade, 1, steps=first)
+    else:
+        with pytest.raises(LabelRangeError, match=r'model has 30 classes'):
+            load_pair(ade, 1, steps=first)
+
+
 # ----------------------------------------------------------------------------------------
 # Image / annotation sizes
 # ----------------------------------------------------------------------------------------

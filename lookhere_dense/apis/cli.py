@@ -1073,6 +1073,7 @@ def preflight(
         check_dataset_layout,
         check_seg_data,
         crop_padding_note,
+        sync_label_checks,
     )
 
     def warn(msg: str) -> None:
@@ -1086,6 +1087,9 @@ def preflight(
     if 'train' in splits:
         check_flex_training(cfg)
     clear_inherited_pretrained(cfg, warn)
+    if (cfg.get('default_scope') or 'mmseg') == 'mmseg':
+        for note in sync_label_checks(cfg, splits):
+            _log(note)
     dropped: List[str] = []
     if check_pretrained:
         dropped = check_pretrained_files(

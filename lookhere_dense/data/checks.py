@@ -53,6 +53,7 @@ __all__ = [
     'check_crop_fits',
     'check_seg_data',
     'check_output_outside_data',
+    'sync_label_checks',
     'crop_padding_note',
     'image_size',
     'LAYOUT_HINTS',
@@ -355,6 +356,33 @@ def check_output_outside_data(
                     "predictions are written as '<image name>.png', which would overwrite its "
                     'annotations or images: choose a folder outside the dataset'
                 )
+
+
+def sync_label_checks(cfg: Mapping, splits: Sequence[str]) -> List[str]:
+    """Set the ``num_classes`` of every ``CheckSegLabels`` in the pipelines of ``splits``
+    to the decode head's, where they differ (``--cfg-options
+    model.decode_head.num_classes=30`` left the config's ``CheckSegLabels(num_classes=150)``
+    behind: labels 30-149 passed it and training died in the loss with ``IndexError:
+    Target 39 is out of bounds``; 171 classes had label 160 refused as "outside the 150
+    classes of the model"); returns a note per change.
+    """
+    head = (cfg.get('model') or {}).get('decode_head') or {}
+    n = head.get('num_classes') if isinstance(head, Mapping) else None
+    if not isinstance(n, int) or isinstance(n, bool):
+        return []
+    notes = []
+    for _, key, ds, _ in _nodes(cfg, splits):
+        for i, step in enumerate(ds.get('pipeline') or []):
+            if not isinstance(step, Mapping) or type_name(step) != 'CheckSegLabels':
+                continue
+            had = step.get('num_classes')
+            if had != n:
+                step['num_classes'] = n
+                notes.append(
+                    f'{key}.pipeline[{i}] CheckSegLabels: num_classes={n}, the decode '
+                    f"head's (the config wrote {had})"
+                )
+    return notes
 
 
 def check_coco_annotations(
