@@ -224,7 +224,7 @@ def _cases(tmp) -> dict:
         'test: --out under a file': (
             'test',
             [ADE_CFG, good, '--out', str(a_file / 'preds'), *data_opts],
-            f"--out {str(a_file / 'preds')!r}: could not write the predictions: ",
+            f'--out {str(a_file / "preds")!r}: could not write the predictions: ',
         ),
         'infer: two images, one stem': (
             'infer',
@@ -352,6 +352,29 @@ def test_training_that_goes_nan_stops_naming_the_iteration_and_the_loss(tmp_path
     assert 'the weights reach |w| = 1' in err and 'lower the learning rate' in err
     assert f'the last checkpoint is {work / "iter_1.pth"}' in err
     assert sorted(p for p in os.listdir(work) if p.endswith('.pth')) == ['iter_1.pth']
+
+
+def test_an_image_that_cannot_be_decoded_mid_run_is_one_line(tmp_path, capsys):
+    """A training image the data check did not decode (it decodes a sample; here the check
+    is off) and mmcv cannot: one line naming the file and --resume (mmcv's 'failed to load
+    image' assertion under a 65-line traceback before)."""
+    root = make_ade(tmp_path / 'data', num_train=2, num_val=1)
+    bad = osp.join(root, 'images', 'training', 'ADE_train_00000002.jpg')
+    with open(bad, 'rb') as f:
+        head = f.read()[:200]  # a JPEG header, then nothing
+    with open(bad, 'wb') as f:
+        f.write(head)
+    err = _error_of(
+        lambda: train_model(
+            ADE_CFG,
+            work_dir=str(tmp_path / 'w'),
+            cfg_options=options(*roots(root), *SHRINK, 'train_cfg.max_iters=3'),
+            check_data=False,
+        ),
+        capsys,
+    )
+    assert err.startswith(f'error: the image {bad!r} could not be decoded (corrupt, truncated')
+    assert err.endswith('continues from its last checkpoint with --resume.')
 
 
 def test_ctrl_c_is_one_line_and_status_130(capsys):

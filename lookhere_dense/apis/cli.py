@@ -1113,6 +1113,25 @@ def preflight(
     return dropped
 
 
+#: mmcv's LoadImageFromFile on a file it cannot decode (also re-raised from a worker)
+_FAILED_IMAGE = re.compile(r'failed to load image: (.+?)\s*$', re.MULTILINE)
+
+
+def _library_data_failure(err: BaseException) -> Optional[str]:
+    """One line for a data file the libraries could not read in the middle of a run (the
+    data checks decode a sample of the files, not all): mmcv's ``failed to load image:
+    PATH`` assertion, a 65-line traceback from a dataloader worker before. None for
+    anything else."""
+    found = _FAILED_IMAGE.search(str(err))
+    if found is None:
+        return None
+    return (
+        f'the image {found.group(1)!r} could not be decoded (corrupt, truncated or not an '
+        'image; the data check decodes a sample of the files, not all). Replace or remove '
+        'it; a training run continues from its last checkpoint with --resume.'
+    )
+
+
 def run_main(
     main: Callable[[Optional[List[str]]], object], argv: Optional[List[str]] = None
 ) -> None:
@@ -1130,6 +1149,10 @@ def run_main(
         )
         sys.exit(130)
     except Exception as err:  # noqa: B902 - re-raised unless it is a user error
+        known = _library_data_failure(err)
+        if known is not None:
+            print(f'error: {known}', file=sys.stderr)
+            sys.exit(2)
         if not isinstance(err, USER_ERRORS):
             raise
         msg = str(err)
