@@ -101,6 +101,25 @@ def test_the_tiny_data_passes(ade):
     }
 
 
+def test_images_whose_suffix_differs_only_in_spelling_are_named(ade):
+    """``.JPG`` / ``.jpeg`` images with annotations are not read by a ``.jpg`` dataset
+    (mmseg drops them): the check said 'passed' over half the data."""
+    for i, suffix in ((1, '.JPG'), (2, '.jpeg')):
+        img, _ = files(ade, i=i)
+        img.rename(img.with_suffix(suffix))
+    with pytest.warns(DataCheckWarning) as seen:
+        sizes = check_seg_data(config(ade), ['train'])
+    assert sizes == {'train_dataloader': 2}
+    msgs = [str(w.message) for w in seen if 'img_suffix' in str(w.message)]
+    assert len(msgs) == 1, msgs
+    assert msgs[0].startswith(
+        'train_dataloader: 2 image(s) with an annotation are not read because their names do '
+        "not end in img_suffix='.jpg', e.g. "
+    )
+    assert 'ADE_train_00000001.JPG' in msgs[0]
+    assert 'set train_dataloader.dataset.img_suffix (training uses the 2 others)' in msgs[0]
+
+
 @pytest.mark.parametrize('classes', [30, 171])
 def test_the_label_check_follows_the_heads_class_count(ade, classes):
     """``--cfg-options model.decode_head.num_classes=N``: the pipeline's

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os.path as osp
 import warnings
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import (
     ConfigError,
@@ -338,7 +338,7 @@ def check_output_outside_data(
     Raises:
         lookhere_dense.errors.ConfigError: naming the option, the folder and the dataset key.
     """
-    for where, key, ds, _ in _nodes(cfg, splits):
+    for _, key, ds, _ in _nodes(cfg, splits):
         root = ds.get('data_root') or ''
         if '://' in root:
             continue
@@ -557,6 +557,38 @@ def _spread(n: int, k: int) -> List[int]:
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if k > 1 else [0]
 
 
+_JPEG = ('.jpg', '.jpeg')
+
+
+def _unread_images(dataset: Any, limit: int = 100000) -> List[str]:
+    """Images of ``dataset``'s image folder that it does not read only because their
+    suffix differs from ``img_suffix`` in case or spelling (``.JPG``, ``.jpeg`` for
+    ``'.jpg'``) and that have an annotation file (mmseg drops them without a word). At
+    most ``limit`` files are looked at; none for remote folders."""
+    import os
+
+    img_dir = dataset.data_prefix.get('img_path', dataset.data_root)
+    seg_dir = dataset.data_prefix.get('seg_map_path', dataset.data_root)
+    want = dataset.img_suffix
+    if not isinstance(want, str) or not img_dir or '://' in str(img_dir):
+        return []
+    variants = _JPEG if want.lower() in _JPEG else (want.lower(),)
+    found, seen = [], 0
+    for folder, _, names in os.walk(img_dir):
+        for name in names:
+            seen += 1
+            if seen > limit:
+                return found
+            low = name.lower()
+            if name.endswith(want) or not low.endswith(variants):
+                continue
+            stem = name[: -len(next(v for v in variants if low.endswith(v)))]
+            rel = osp.relpath(osp.join(folder, stem), img_dir)
+            if osp.exists(osp.join(seg_dir, rel + dataset.seg_map_suffix)):
+                found.append(osp.join(folder, name))
+    return sorted(found)
+
+
 def check_label_values(
     cfg: Mapping,
     splits: Sequence[str] = ('train', 'val'),
@@ -609,6 +641,18 @@ def check_label_values(
                 f'{where}: {len(missing)} of {n} images have no annotation file, e.g. '
                 f'{missing[0]!r} (annotations must end in {ds.seg_map_suffix!r}, same '
                 f'name and sub-folders as the image).' + _hint(ds_cfg)
+            )
+        unread = _unread_images(ds)
+        if unread:
+            key = next(k for w, k, d, _ in _nodes(cfg, splits) if d is ds_cfg)
+            warnings.warn(
+                DataCheckWarning(
+                    f'{where}: {len(unread)} image(s) with an annotation are not read because '
+                    f'their names do not end in img_suffix={ds.img_suffix!r}, e.g. '
+                    f'{unread[0]!r}: rename them, or set {key}.img_suffix (training uses the '
+                    f'{n} others)'
+                ),
+                stacklevel=2,
             )
         _check_pair_sizes(where, infos, _orientation_applied(ds_cfg), max_header_files)
         num_classes = _num_classes(cfg, ds)
