@@ -715,9 +715,9 @@ def check_section_types(cfg: Mapping) -> None:
 
 
 def check_loop_values(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'test')) -> None:
-    """Refuse a dataloader ``batch_size`` of the ``splits`` below 1 and a negative (or
-    non-numeric) learning rate (torch's sampler and optimizer refused them after
-    start-up, in tracebacks).
+    """Refuse a dataloader ``batch_size`` of the ``splits`` below 1, a negative (or
+    non-numeric) learning rate and a ``train_cfg.val_interval`` below 1 (torch's sampler
+    and optimizer and mmengine's loop refused them after start-up, in tracebacks).
 
     Raises:
         ConfigError: naming the key and the value.
@@ -738,6 +738,15 @@ def check_loop_values(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'te
             raise ConfigError(
                 f'optim_wrapper.optimizer.lr={lr!r}: the learning rate must be a number >= 0'
             )
+    train_cfg = cfg.get('train_cfg')
+    interval = train_cfg.get('val_interval') if isinstance(train_cfg, Mapping) else None
+    if 'train' in splits and interval is not None and not (is_int(interval) and interval >= 1):
+        raise ConfigError(  # mmengine divided by it after the first iteration
+            f'train_cfg.val_interval={interval!r}: validate every N >= 1 iterations (or '
+            'epochs); to never validate, set val_interval larger than the run '
+            '(train_cfg.val_interval=1000000) or val_cfg=None val_dataloader=None '
+            'val_evaluator=None'
+        )
 
 
 #: The inference modes of mmseg's ``EncoderDecoder`` (``model.test_cfg.mode``).

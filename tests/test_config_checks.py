@@ -681,8 +681,11 @@ def test_a_batch_size_below_one_or_a_negative_lr_is_named():
         check_loop_values(load_config(SEGMENTER, {'train_dataloader.batch_size': 0}))
     with pytest.raises(ConfigError, match=r'optim_wrapper\.optimizer\.lr=-1: the learning rate'):
         check_loop_values(load_config(SEGMENTER, {'optim_wrapper.optimizer.lr': -1}))
+    with pytest.raises(ConfigError, match=r'train_cfg\.val_interval=0: validate every N >= 1'):
+        check_loop_values(load_config(SEGMENTER, {'train_cfg.val_interval': 0}))
     # a test run does not read the training settings
     check_loop_values(load_config(SEGMENTER, {'optim_wrapper.optimizer.lr': -1}), ('test',))
+    check_loop_values(load_config(SEGMENTER, {'train_cfg.val_interval': 0}), ('test',))
 
 
 def test_a_longer_run_scales_multistep_milestones_and_one_cycle_steps():
