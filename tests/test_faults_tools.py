@@ -13,6 +13,7 @@ import shutil
 import cv2
 import numpy as np
 import pytest
+import torch
 from tiny_seg import ADE_CFG, SHRINK, make_ade, options, roots, run_tools, write_checkpoint
 
 from lookhere_dense.apis.cli import run_main
@@ -39,6 +40,8 @@ def _cases(tmp) -> dict:
     truncated = str(tmp / 'ckpt' / 'truncated.pth')
     with open(good, 'rb') as f, open(truncated, 'wb') as g:
         g.write(f.read()[:3000])
+    weights_only = str(tmp / 'ckpt' / 'weights_only.pth')
+    torch.save({'state_dict': torch.load(good, weights_only=True)['state_dict']}, weights_only)
     text = tmp / 'ckpt' / 'notes.pth'
     text.write_text('these are my notes')
     broken_work = tmp / 'broken_work'
@@ -184,6 +187,13 @@ def _cases(tmp) -> dict:
             [ADE_CFG, '--resume', truncated, *data_opts],
             f'--resume checkpoint {truncated!r} cannot be read',
         ),
+        'resume: weights only': (
+            'train',
+            [ADE_CFG, '--resume', weights_only, *data_opts],
+            f'--resume checkpoint {weights_only!r} holds weights only (no iteration, optimizer '
+            "or schedule: not a training run's iter_N.pth): to train from these weights, start "
+            f'a new run with --cfg-options load_from={weights_only}',
+        ),
         'resume: nothing readable': (
             'train',
             [ADE_CFG, '--resume', '--work-dir', str(broken_work), *data_opts],
@@ -267,6 +277,7 @@ FAULTS = [
     'infer: other widths',
     'convert: not a checkpoint',
     'resume: unreadable file',
+    'resume: weights only',
     'resume: nothing readable',
     'infer: not an image in the folder',
     'infer: corrupt image',

@@ -121,6 +121,20 @@ def checkpoint_folder(cfg) -> Optional[str]:
     return f'{out_dir.rstrip("/")}/{name}' if '://' in out_dir else osp.join(out_dir, name)
 
 
+def _is_training_checkpoint(path: str) -> bool:
+    """Whether ``path`` (readable: :func:`~lookhere_dense.checkpoint.checkpoint_problem`)
+    is a Runner's checkpoint with the ``meta`` mmengine resumes from (a weights-only file
+    failed in mmengine with ``KeyError: 'meta'``). Tensors are memory-mapped, not read."""
+    import zipfile
+
+    import torch
+
+    if path.endswith('.safetensors'):
+        return False
+    ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=zipfile.is_zipfile(path))
+    return isinstance(ckpt, dict) and isinstance(ckpt.get('meta'), dict)
+
+
 def find_resume_checkpoint(
     work_dir: str, checkpoint_dir: Optional[str] = None
 ) -> Tuple[Optional[str], List[str]]:
@@ -438,6 +452,12 @@ def build_train_config(
         problem = checkpoint_problem(resume)
         if problem:
             raise ToolError(f'--resume checkpoint {resume!r} cannot be read: {problem}')
+        if not _is_training_checkpoint(resume):
+            raise ToolError(
+                f'--resume checkpoint {resume!r} holds weights only (no iteration, optimizer '
+                "or schedule: not a training run's iter_N.pth): to train from these weights, "
+                f'start a new run with --cfg-options load_from={resume}'
+            )
         cfg.resume = True
         cfg.load_from = resume
     elif not cfg.get('resume'):  # the config's resume=True resumes from last_checkpoint
