@@ -187,6 +187,17 @@ def _cases(tmp) -> dict:
             [ADE_CFG, '--resume', truncated, *data_opts],
             f'--resume checkpoint {truncated!r} cannot be read',
         ),
+        'test: arguments swapped': (
+            'test',
+            [good, ADE_CFG, *data_opts],
+            f'config {good!r} is a checkpoint: a config is a .py (or .json / .yaml) file; '
+            'the tools take the config first, then the checkpoint',
+        ),
+        'test: the config twice': (
+            'test',
+            [ADE_CFG, ADE_CFG, *data_opts],
+            f'checkpoint {ADE_CFG!r} cannot be read: it is a config file, not a checkpoint',
+        ),
         'resume: weights only': (
             'train',
             [ADE_CFG, '--resume', weights_only, *data_opts],
@@ -278,6 +289,8 @@ FAULTS = [
     'convert: not a checkpoint',
     'resume: unreadable file',
     'resume: weights only',
+    'test: arguments swapped',
+    'test: the config twice',
     'resume: nothing readable',
     'infer: not an image in the folder',
     'infer: corrupt image',

@@ -224,6 +224,13 @@ def resolve_config_path(path: str) -> str:
             f'config file {path!r} not found'
             + (f'; did you mean {osp.join(folder, near[0])!r}?' if near else '')
         )
+    if not path.endswith(('.py', '.json', '.yml', '.yaml')):
+        kind = 'a checkpoint' if path.endswith(('.pth', '.pt', '.safetensors')) else 'no config'
+        raise ConfigError(
+            f'config {path!r} is {kind}: a config is a .py (or .json / .yaml) file; the '
+            'tools take the config first, then the checkpoint (tools/test.py CONFIG '
+            'CHECKPOINT)'
+        )
     return path
 
 

@@ -127,6 +127,12 @@ def _file_problem(path: str) -> Optional[UnreadableCheckpointError]:
             head = f.read(4)
     except OSError as err:
         return _unreadable(path, err)
+    if path.endswith(('.py', '.yaml', '.yml')) and head != b'PK\x03\x04':
+        return UnreadableCheckpointError(
+            path,
+            'it is a config file, not a checkpoint (the tools take the config first, then '
+            'the checkpoint: tools/test.py CONFIG CHECKPOINT)',
+        )
     pointed = _pointer_target(path)
     if pointed is not None:
         return UnreadableCheckpointError(
