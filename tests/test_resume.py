@@ -341,7 +341,8 @@ def test_resume_says_when_nothing_is_left_and_when_the_precision_changes(tmp_pat
     assert (
         f'nothing to train: the run starts at iteration 1 (resumed from '
         f'{osp.join(work, "iter_1.pth")}) and train_cfg.max_iters=1. To train longer raise '
-        'it, e.g. --cfg-options train_cfg.max_iters=2'
+        'it, e.g. --cfg-options train_cfg.max_iters=2; to evaluate the finished run (its last '
+        f'validation may not have ended): tools/test.py CONFIG {osp.join(work, "iter_1.pth")}'
     ) in _run_log(done)
     assert 'resume: the checkpoint was trained in' not in _run_log(done)  # same precision
 

@@ -295,6 +295,12 @@ def nothing_left_to_train(runner) -> Optional[str]:
         + (f' (resumed from {source})' if source else '')
         + f' and train_cfg.{key}={end}. To train longer raise it, e.g. --cfg-options '
         f'train_cfg.{key}={max(2 * end, 1)}'
+        + (
+            f'; to evaluate the finished run (its last validation may not have ended): '
+            f'tools/test.py CONFIG {source}'
+            if source
+            else ''
+        )
     )
 
 
