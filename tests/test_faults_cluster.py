@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 
+import cv2
 import pytest
 import torch
 from mmengine.hooks import Hook
@@ -592,6 +593,22 @@ def test_the_test_infer_and_extrapolate_tools_refuse_a_frame_over_their_budget(d
         assert err.startswith('error: inference of a (1, 3, ') and 'refused before it' in err
         assert 'the --max-memory budget is 3.0 MiB' in err
     assert not glob.glob(str(tmp_path / 'o' / '*.png'))
+    # a large photo seen small: the scores at its own size are the cost, and it says so
+    big = str(tmp_path / 'big.jpg')
+    cv2.imwrite(big, cv2.resize(cv2.imread(image), (1600, 1200)))
+    (res,) = run_tools(
+        [
+            (
+                'infer',
+                [ADE_CFG, ckpt, big, '--short-side', '64', '--out-dir', str(tmp_path / 'o2')]
+                + ['--max-memory', '200M', '--cfg-options', *SHRINK],
+            )
+        ]
+    )
+    err = res['stderr'].strip().splitlines()[-1]
+    assert res['rc'] == 2 and 'refused before it' in err, res['stderr'][-3000:]
+    assert "a smaller image file: the prediction is returned at the image's own size " in err
+    assert '(1200x1600), whose 150 class scores alone take ~1.09 GiB' in err
 
 
 def test_load_from_backbone_only_weights_is_refused_instead_of_training_from_random(

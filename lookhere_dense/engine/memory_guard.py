@@ -404,6 +404,15 @@ def _alternatives(info: Dict[str, Any], limit: int) -> List[str]:
     def size(n: int) -> str:  # an option that helps without fitting says so
         return f'~{format_size(n)}' + ('' if n <= limit else ', still above the budget')
 
+    ori, classes = info.get('ori'), info.get('classes')
+    if ori and classes and not a['training'] and frame and tuple(ori) != tuple(frame[1:]):
+        at_ori = ori[0] * ori[1] * (8 + 4 * classes)  # resized logits and labels
+        if at_ori > limit // 2:
+            tips.append(
+                f"a smaller image file: the prediction is returned at the image's own size "
+                f'({ori[0]}x{ori[1]}), whose {classes} class scores alone take '
+                f'~{format_size(at_ori)} whatever size the model sees'
+            )
     if a['dtype'] == torch.float32:
         tips.append(f'bfloat16 activations (--amp; {size(est(dtype=torch.bfloat16))})')
     if a['training'] and a['batch'] > 1:
