@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequ
 
 from .errors import ConfigError, PosEncodingError
 from .registry import CONFIG_IMPORT, type_name
-from .validation import close_names, is_int
+from .validation import close_names, is_int, is_number
 
 __all__ = [
     'accepted_arguments',
@@ -740,7 +740,13 @@ def check_loop_values(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'te
             )
     train_cfg = cfg.get('train_cfg')
     interval = train_cfg.get('val_interval') if isinstance(train_cfg, Mapping) else None
-    if 'train' in splits and interval is not None and not (is_int(interval) and interval >= 1):
+    validates = all(cfg.get(k) is not None for k in ('val_cfg', 'val_dataloader', 'val_evaluator'))
+    if (
+        'train' in splits
+        and validates
+        and interval is not None
+        and not (is_number(interval) and interval >= 1)  # 1e6 is a float: mmengine takes it
+    ):
         raise ConfigError(  # mmengine divided by it after the first iteration
             f'train_cfg.val_interval={interval!r}: validate every N >= 1 iterations (or '
             'epochs); to never validate, set val_interval larger than the run '

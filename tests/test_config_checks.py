@@ -580,6 +580,12 @@ def test_a_dict_option_for_a_key_the_config_leaves_to_the_default_builds():
     assert cfg.model.backbone.pos_encoding == dict(type='lookhere')
     backbone = MODELS.build(cfg.model.backbone)
     assert backbone.lh_config.head_directions == 'halves-none'
+    # a list element given whole replaces it (mmengine merged it key by key, _delete_ too)
+    step = "dict(type='RandomResize', scale=(64, 64), keep_ratio=True)"
+    cfg = load_config(tiny, parse_cfg_options([f'train_dataloader.dataset.pipeline.3={step}']))
+    assert cfg.train_dataloader.dataset.pipeline[3] == dict(
+        type='RandomResize', scale=(64, 64), keep_ratio=True
+    )
 
 
 def test_a_top_level_data_root_option_warns_that_it_moves_no_dataset():
@@ -686,6 +692,9 @@ def test_a_batch_size_below_one_or_a_negative_lr_is_named():
     # a test run does not read the training settings
     check_loop_values(load_config(SEGMENTER, {'optim_wrapper.optimizer.lr': -1}), ('test',))
     check_loop_values(load_config(SEGMENTER, {'train_cfg.val_interval': 0}), ('test',))
+    check_loop_values(load_config(SEGMENTER, {'train_cfg.val_interval': 1e6}))  # mmengine's float
+    no_val = {'val_cfg': None, 'val_dataloader': None, 'val_evaluator': None}
+    check_loop_values(load_config(SEGMENTER, {'train_cfg.val_interval': 0, **no_val}))
 
 
 def test_a_longer_run_scales_multistep_milestones_and_one_cycle_steps():

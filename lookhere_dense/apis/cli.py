@@ -272,14 +272,33 @@ def _drop_delete_marks(cfg, cfg_options: Mapping[str, Any]) -> None:
     mmengine's merge left it: a key the config does not have (``model.backbone.lh_config``
     of a config that leaves it to the default) got the dict with ``_delete_`` in it, and the
     class then refused the unknown key ``_delete_`` the user never wrote."""
+    from mmengine.config import ConfigDict
+
     for key, value in cfg_options.items():
         if not isinstance(value, Mapping):
             continue
-        node: Any = cfg
-        for part in key.split('.'):
-            node = node.get(part) if hasattr(node, 'get') else None
+        *path, last = key.split('.')
+        parent: Any = cfg
+        for part in path:
+            parent = _child(parent, part)
+        if isinstance(parent, list) and last.lstrip('-').isdigit():
+            # a list element: mmengine merged the dict into it key by key; given whole,
+            # it replaces the element
+            parent[int(last)] = ConfigDict({k: v for k, v in value.items() if k != '_delete_'})
+            continue
+        node = _child(parent, last)
         if hasattr(node, 'pop'):
             node.pop('_delete_', None)
+
+
+def _child(node: Any, part: str) -> Any:
+    """``node[part]`` of a config (a list index for a list), None where there is none."""
+    if isinstance(node, (list, tuple)):
+        try:
+            return node[int(part)]
+        except (ValueError, IndexError):
+            return None
+    return node.get(part) if hasattr(node, 'get') else None
 
 
 def _typed_if_built(cfg, opened: Sequence[Tuple[str, ...]]) -> None:
@@ -1139,6 +1158,15 @@ def _library_data_failure(err: BaseException) -> Optional[str]:
     )
 
 
+def _say(line: str) -> None:
+    """``line`` to stderr; nothing where stderr is gone (a SIGHUP: the terminal closed),
+    so the exit status stays the run's."""
+    try:
+        print(line, file=sys.stderr)
+    except OSError:
+        pass
+
+
 def run_main(
     main: Callable[[Optional[List[str]]], object], argv: Optional[List[str]] = None
 ) -> None:
@@ -1149,21 +1177,19 @@ def run_main(
     try:
         main(argv)
     except KeyboardInterrupt:
-        print(
-            'interrupted (Ctrl-C). A training run continues from its last checkpoint '
-            'with --resume.',
-            file=sys.stderr,
+        _say(
+            'interrupted (Ctrl-C). A training run continues from its last checkpoint with --resume.'
         )
         sys.exit(130)
     except Exception as err:  # noqa: B902 - re-raised unless it is a user error
         known = _library_data_failure(err)
         if known is not None:
-            print(f'error: {known}', file=sys.stderr)
+            _say(f'error: {known}')
             sys.exit(2)
         if not isinstance(err, USER_ERRORS):
             raise
         msg = str(err)
         if 'Original Traceback' in msg:  # raised in a dataloader worker: keep the message
             msg = re.sub(r'^[\w.]+Error: ', '', msg.strip().splitlines()[-1])
-        print(f'error: {msg}', file=sys.stderr)
+        _say(f'error: {msg}')
         sys.exit(getattr(err, 'exit_status', 2))  # a run stopped by a signal: 128 + signal
