@@ -386,6 +386,35 @@ def test_a_killed_runs_lingering_workers_do_not_hold_its_lock(tmp_path):
         os.kill(int(worker), signal.SIGKILL)
 
 
+def test_a_forked_child_releasing_the_lock_changes_nothing(tmp_path):
+    """A forked child that unwinds through ``release()`` (its copy of the lock was closed at
+    the fork and the number may be reused) neither drops the lock nor empties its file."""
+    from lookhere_dense.engine.workdir_lock import WorkDirLock
+
+    work = str(tmp_path / 'work')
+    lock = WorkDirLock(work).acquire()
+    try:
+        before = open(lock.path).read()
+        other = tmp_path / 'other.txt'
+        other.write_text('data')
+        pid = os.fork()
+        if pid == 0:  # the child: a file of its own takes the closed number, then release
+            code = 1
+            try:
+                fd = os.open(str(other), os.O_RDWR)
+                lock.release()
+                code = 0 if os.fstat(fd).st_size == 4 else 3  # not truncated
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert open(lock.path).read() == before and str(os.getpid()) in before
+        with pytest.raises(WorkDirLockedError):
+            WorkDirLock(work).acquire()  # still held here
+    finally:
+        lock.release()
+
+
 def test_sharing_a_held_work_dir_takes_no_lock(tmp_path):
     from lookhere_dense.apis.train import lock_work_dir
 

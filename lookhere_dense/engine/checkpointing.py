@@ -107,22 +107,41 @@ class AtomicCheckpointHook(CheckpointHook):
         super().before_train(runner)
         if self._atomic():  # the folder exists from the start, so its removal shows
             os.makedirs(self.out_dir, exist_ok=True)
-            if is_main_process():
-                self._check_room(runner)
+            problem = self._room_problem(runner) if is_main_process() else None
+            from .preemption import world_max  # one decision for every rank
 
-    def _check_room(self, runner) -> None:
+            if world_max(int(problem is not None)):
+                raise CheckpointSaveError(
+                    problem or f'rank 0 found no room for a checkpoint in {self.out_dir!r}'
+                )
+
+    def _first_save(self, runner) -> Optional[int]:
+        """The iteration of this run's first save (None: it saves nothing, or by epoch)."""
+        if self.by_epoch:
+            return None
+        end = getattr(runner, 'max_iters', None)
+        if self.interval > 0:
+            first = (runner.iter // self.interval + 1) * self.interval
+            return min(first, end) if end and self.save_last else first
+        return end if self.save_last else None
+
+    def _room_problem(self, runner) -> Optional[str]:
         """Before the first iteration: a checkpoint folder with less free space than the
-        model's weights alone is refused (the first save would fail and lose every
-        iteration before it); less than two checkpoints (weights and optimizer state; the
-        new one is written before the old one is removed) gets a warning."""
+        model's weights alone (the first save would fail and lose every iteration before
+        it): the refusal's message; less than two checkpoints (weights and optimizer
+        state; the new one is written before the old one is removed) gets a warning. None
+        for a run that saves nothing."""
         import shutil
 
         import torch
 
+        first = self._first_save(runner)
+        if first is None and not self.by_epoch:
+            return None
         try:
             free = shutil.disk_usage(self.out_dir).free
         except OSError:
-            return
+            return None
         model = getattr(runner.model, 'module', runner.model)
         weights = sum(
             t.numel() * t.element_size()
@@ -131,10 +150,9 @@ class AtomicCheckpointHook(CheckpointHook):
         )
         trained = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
         checkpoint = weights + (2 * trained if self.save_optimizer else 0)  # Adam's moments
-        first = self.interval if not self.by_epoch else None
         when = f' at iteration {first}' if first else ''
         if free < weights:
-            raise CheckpointSaveError(
+            return (
                 f'the checkpoint folder {self.out_dir!r} has {_size(free)} free, less than '
                 f"the model's weights alone ({_size(weights)}; a checkpoint with the "
                 f'optimizer state is about {_size(checkpoint)}): the first save{when} would '
@@ -148,6 +166,7 @@ class AtomicCheckpointHook(CheckpointHook):
                 'for the new one before the old one is removed: a save may fail for space '
                 '(the previous checkpoint is kept)'
             )
+        return None
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
         """Stop at once when the work dir or the checkpoint folder has been removed (one

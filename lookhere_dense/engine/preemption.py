@@ -36,7 +36,7 @@ from mmengine.registry import HOOKS
 from ..errors import TrainingInterruptedError
 from .checkpointing import read_pointer
 
-__all__ = ['SignalCheckpointHook', 'HANDLED_SIGNALS']
+__all__ = ['SignalCheckpointHook', 'HANDLED_SIGNALS', 'world_max']
 
 #: The signals the hook turns into "save and stop": a scheduler's preemption (SIGTERM;
 #: SIGUSR1, what Slurm's ``--signal=USR1@90`` sends before the end of a job's time),
@@ -49,7 +49,7 @@ HANDLED_SIGNALS = tuple(
 )
 
 
-def _world_flag(value: int) -> int:
+def world_max(value: int) -> int:
     """The largest ``value`` over all ranks (``value`` itself outside distributed runs)."""
     import torch
     import torch.distributed as dist
@@ -113,7 +113,7 @@ class SignalCheckpointHook(Hook):
         self.restore_handlers()
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
-        signum = _world_flag(self._received)
+        signum = world_max(self._received)
         if not signum:
             return
         saved = self._save(runner)

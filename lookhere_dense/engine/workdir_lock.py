@@ -187,7 +187,7 @@ class WorkDirLock:
         except OSError as err:
             os.close(fd)
             raise _unwritable(self.work_dir, err, f'writing the lock file {self.path}') from None
-        self._fd = fd
+        self._fd, self._owner = fd, os.getpid()
         _register_at_fork()
         _HELD.add(fd)
         return self
@@ -197,8 +197,8 @@ class WorkDirLock:
         import fcntl
 
         fd, self._fd = self._fd, None
-        if fd is None:
-            return
+        if fd is None or getattr(self, '_owner', None) != os.getpid():
+            return  # a forked child: its copy was closed at the fork (the number may be reused)
         _HELD.discard(fd)
         try:
             os.ftruncate(fd, 0)
