@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from test_tiled import TYPES  # every direction type
@@ -122,6 +123,7 @@ def test_explain_backend_names_each_layer_and_why_the_faster_ones_were_skipped()
     assert lines[0].startswith('attention backends at 224x224 (grid 14x14, 197 tokens,')
     # an image batch where the size goes: its size (a bare torch error before)
     assert explain_backend(model, torch.zeros(1, 3, 224, 224), print_fn=None) == lines
+    assert explain_backend(model, np.array([224, 224]), print_fn=None) == lines
     with pytest.raises(ValueError, match=r'image_size must be H or \(H, W\) .*got \(224, 0\)'):
         explain_backend(model, (224, 0), print_fn=None)
     assert (

@@ -622,7 +622,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         for config in args.segmenter_configs:
             try:
                 resolve_config_path(config)
-            except FileNotFoundError as err:
+            except (FileNotFoundError, ValueError) as err:  # missing, or no config file
                 raise SystemExit(f'--segmenter-configs: {err}') from err
     if args.threads:
         torch.set_num_threads(args.threads)

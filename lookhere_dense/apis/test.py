@@ -8,6 +8,7 @@ shaped keys are named), and progress is logged about ten times per pass."""
 from __future__ import annotations
 
 import os
+import os.path as osp
 from typing import Optional
 
 from ..errors import ConfigError, ToolError
@@ -204,6 +205,9 @@ def evaluate_checkpoint(
             except OSError as err:  # writing --out: a full disk, a folder gone, ...
                 if out is None or err.errno is None:
                     raise
+                name = getattr(err, 'filename', None)
+                if name and not osp.realpath(str(name)).startswith(osp.realpath(out)):
+                    raise  # another file (an image, the checkpoint): not the output's fault
                 from ..checkpoint.atomic import describe_os_error
 
                 raise ToolError(

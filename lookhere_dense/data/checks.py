@@ -347,8 +347,6 @@ def check_output_outside_data(
             for name, sub in (ds.get('data_prefix') or {}).items()
             if isinstance(sub, str) and sub and '://' not in sub
         ]
-        if not folders and root:
-            folders = [(f'{key}.data_root', root)]
         for what, folder in folders:
             if _inside(out, folder):
                 raise ConfigError(
@@ -570,6 +568,8 @@ def _unread_images(dataset: Any, limit: int = 100000) -> List[str]:
     img_dir = dataset.data_prefix.get('img_path', dataset.data_root)
     seg_dir = dataset.data_prefix.get('seg_map_path', dataset.data_root)
     want = dataset.img_suffix
+    if getattr(dataset, 'ann_file', ''):  # a split list chooses the images on purpose
+        return []
     if not isinstance(want, str) or not img_dir or '://' in str(img_dir):
         return []
     variants = _JPEG if want.lower() in _JPEG else (want.lower(),)

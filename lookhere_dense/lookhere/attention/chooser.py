@@ -20,6 +20,7 @@ for each layer of a model at an image size.
 
 from __future__ import annotations
 
+import operator
 from types import ModuleType
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -148,8 +149,15 @@ def explain_backend(
         raise ValueError(f'explain_backend: {type(model).__name__} has no LookHere ViT (pos_enc)')
     if isinstance(image_size, torch.Tensor):  # an image batch given where a size goes
         image_size = tuple(image_size.shape[-2:])
-    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-    if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
+    try:
+        size = tuple(image_size)  # (H, W), a list, a numpy array
+    except TypeError:
+        size = (image_size,) * 2  # H
+    try:  # ints, numpy ints; not bools or floats
+        size = tuple(operator.index(s) for s in size if not isinstance(s, bool))
+    except TypeError:
+        size = ()
+    if len(size) != 2 or not all(s > 0 for s in size):
         raise ValueError(
             f'explain_backend: image_size must be H or (H, W) in pixels (positive ints), '
             f'got {image_size!r}'
