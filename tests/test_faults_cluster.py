@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import List, Tuple
 
 import cv2
 import pytest
@@ -314,22 +315,25 @@ time.sleep(600)
 """
 
 
-def _holder(work: str) -> subprocess.Popen:
+def _holder(work: str, script: str = _HOLDER) -> Tuple[subprocess.Popen, List[str]]:
+    """A process running ``script`` on ``work`` once it printed ``locked`` (and the words
+    after it, returned)."""
     child = subprocess.Popen(
-        [sys.executable, '-c', _HOLDER, work],
+        [sys.executable, '-c', script, work],
         cwd=REPO,
         env=env(),
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert child.stdout.readline().strip() == 'locked'
-    return child
+    first, *rest = child.stdout.readline().split()
+    assert first == 'locked'
+    return child, rest
 
 
 def test_a_second_run_in_a_held_work_dir_is_refused_and_a_dead_holder_is_not(data, tmp_path):
     work = str(tmp_path / 'work')
     opts = options(*roots(data), *SHRINK, *RUN, 'train_cfg.max_iters=2')
-    holder = _holder(work)
+    holder, _ = _holder(work)
     try:
         with pytest.raises(WorkDirLockedError) as exc:
             train_model(ADE_CFG, work_dir=work, cfg_options=opts)
@@ -366,15 +370,7 @@ def test_a_killed_runs_lingering_workers_do_not_hold_its_lock(tmp_path):
     from lookhere_dense.engine.workdir_lock import WorkDirLock
 
     work = str(tmp_path / 'work')
-    child = subprocess.Popen(
-        [sys.executable, '-c', _HOLDER_WITH_WORKER, work],
-        cwd=REPO,
-        env=env(),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    word, worker = child.stdout.readline().split()
-    assert word == 'locked'
+    child, (worker,) = _holder(work, _HOLDER_WITH_WORKER)
     child.kill()
     child.wait()
     try:
@@ -419,7 +415,7 @@ def test_sharing_a_held_work_dir_takes_no_lock(tmp_path):
     from lookhere_dense.apis.train import lock_work_dir
 
     work = str(tmp_path / 'work')
-    holder = _holder(work)
+    holder, _ = _holder(work)
     try:
         assert lock_work_dir(work, share=True) is None  # --share-work-dir: no refusal
         with pytest.raises(WorkDirLockedError, match=f'pid {holder.pid} on '):
@@ -870,23 +866,30 @@ def test_images_deleted_after_the_dataset_was_listed_stop_naming_the_file(tmp_pa
     assert _pointer(str(tmp_path / 'w')) == str(tmp_path / 'w' / 'iter_2.pth')
 
 
+def _checkpoints_on_a_small_disk(tmp_path, full: str, checkpoints: float):
+    """A tmpfs with room for ``checkpoints`` of the run's checkpoints, and a config saving
+    its checkpoints there: ``(mount point, bytes, config path)``; skips without mount."""
+    mnt = str(tmp_path / 'mnt')
+    room = int(checkpoints * osp.getsize(osp.join(full, 'iter_2.pth')))
+    if not _tmpfs(mnt, f'{room // 4096 * 4}k'):
+        pytest.skip('needs mount (root with CAP_SYS_ADMIN) for a real small file system')
+    cfg = tmp_path / 'small_disk.py'
+    cfg.write_text(
+        f'_base_ = [{ADE_CFG!r}]\ndefault_hooks = dict(checkpoint=dict(out_dir={mnt!r}))\n'
+    )
+    return mnt, room, str(cfg)
+
+
 def test_no_room_for_a_checkpoint_or_for_the_run_is_refused_before_training(data, full, tmp_path):
     """A checkpoint folder with less room than the weights: refused before the first
     iteration, naming both sizes (the run trained until its first save and lost it all);
     a work dir with no room at all: one line naming the disk (a traceback from the lock
     or config write before)."""
-    mnt = str(tmp_path / 'mnt')
-    room = int(0.3 * osp.getsize(osp.join(full, 'iter_2.pth')))
-    if not _tmpfs(mnt, f'{room // 4096 * 4}k'):
-        pytest.skip('needs mount (root with CAP_SYS_ADMIN) for a real small file system')
+    mnt, room, cfg = _checkpoints_on_a_small_disk(tmp_path, full, 0.3)
     work = str(tmp_path / 'work')
     try:
-        cfg = tmp_path / 'small_disk.py'
-        cfg.write_text(
-            f'_base_ = [{ADE_CFG!r}]\ndefault_hooks = dict(checkpoint=dict(out_dir={mnt!r}))\n'
-        )
         with pytest.raises(CheckpointSaveError) as exc:
-            train_model(str(cfg), work_dir=work, cfg_options=options(*roots(data), *SHRINK, *RUN))
+            train_model(cfg, work_dir=work, cfg_options=options(*roots(data), *SHRINK, *RUN))
         msg = str(exc.value)
         assert msg.startswith(f"the checkpoint folder '{osp.join(mnt, 'work')}' has ")
         assert (
@@ -908,19 +911,12 @@ def test_a_full_disk_keeps_the_previous_checkpoint(data, full, tmp_path):
     """Checkpoints on a real file system with room for 1.5 checkpoints: the second save
     (the first is still there: it is removed only after the new one is complete) fills the
     disk (ENOSPC)."""
-    mnt = str(tmp_path / 'mnt')
-    room = int(1.5 * osp.getsize(osp.join(full, 'iter_2.pth')))
-    if not _tmpfs(mnt, f'{room // 4096 * 4}k'):
-        pytest.skip('needs mount (root with CAP_SYS_ADMIN) for a real small file system')
+    mnt, _, cfg = _checkpoints_on_a_small_disk(tmp_path, full, 1.5)
     work = str(tmp_path / 'work')
     ckpts = osp.join(mnt, 'work')
     try:
-        cfg = tmp_path / 'full_disk.py'
-        cfg.write_text(
-            f'_base_ = [{ADE_CFG!r}]\ndefault_hooks = dict(checkpoint=dict(out_dir={mnt!r}))\n'
-        )
         with pytest.raises(CheckpointSaveError) as exc:
-            train_model(str(cfg), work_dir=work, cfg_options=options(*roots(data), *SHRINK, *RUN))
+            train_model(cfg, work_dir=work, cfg_options=options(*roots(data), *SHRINK, *RUN))
         assert str(exc.value).startswith(
             f"checkpoint '{osp.join(ckpts, 'iter_4.pth')}' could not be saved: the disk is "
             'full (ENOSPC)'
