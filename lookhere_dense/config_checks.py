@@ -755,6 +755,31 @@ def check_loop_values(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'te
         )
 
 
+def preprocessor_scale_note(cfg: Mapping) -> Optional[str]:
+    """A warning for ``model.data_preprocessor`` ``mean`` / ``std`` written on the 0..1
+    scale (timm's ``IMAGENET_DEFAULT_MEAN``): mmseg / mmdet load images as 0..255, so the
+    model then sees inputs ~255x too large -- it trains without an error, to a few % mIoU.
+    None when both are on the 0..255 scale or not given."""
+    model = cfg.get('model')
+    pre = model.get('data_preprocessor') if isinstance(model, Mapping) else None
+    if not isinstance(pre, Mapping):
+        return None
+    mean, std = pre.get('mean'), pre.get('std')
+    values = (
+        [v for v in (mean or []) + (std or []) if is_number(v)]
+        if isinstance(mean, (list, tuple)) and isinstance(std, (list, tuple))
+        else []
+    )
+    if not values or max(abs(v) for v in values) > 1.5:
+        return None
+    return (
+        f'model.data_preprocessor mean={list(mean)} std={list(std)} are on the 0..1 scale, '
+        'but the images are loaded as 0..255: the model sees inputs ~255x too large (it '
+        'trains, to a few % mIoU). For ImageNet statistics on 0..255 images use '
+        'mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375]'
+    )
+
+
 #: The inference modes of mmseg's ``EncoderDecoder`` (``model.test_cfg.mode``).
 SEG_TEST_MODES = ('whole', 'slide')
 

@@ -6,6 +6,7 @@ the ``LookHereViT`` outputs."""
 from __future__ import annotations
 
 import copy
+import glob
 import os.path as osp
 
 import pytest
@@ -586,6 +587,33 @@ def test_a_dict_option_for_a_key_the_config_leaves_to_the_default_builds():
     assert cfg.train_dataloader.dataset.pipeline[3] == dict(
         type='RandomResize', scale=(64, 64), keep_ratio=True
     )
+
+
+def test_preprocessor_statistics_on_the_0_1_scale_are_named():
+    """timm's ImageNet mean / std (0..1) in an mmseg data preprocessor: the images are
+    0..255, so the model saw inputs ~255x too large and trained to a few % mIoU without a
+    word. The shipped configs and mmseg's own (ImageNet on 0..255, or 127.5) pass."""
+    from lookhere_dense.apis.cli import load_config, preflight
+    from lookhere_dense.config_checks import preprocessor_scale_note
+
+    timm_stats = {
+        'model.data_preprocessor.mean': [0.485, 0.456, 0.406],
+        'model.data_preprocessor.std': [0.229, 0.224, 0.225],
+    }
+    notes: list = []
+    preflight(load_config(SEGMENTER, timm_stats), ('test',), False, False, False, notes=notes)
+    assert any(
+        n.startswith(
+            'model.data_preprocessor mean=[0.485, 0.456, 0.406] std=[0.229, 0.224, '
+            '0.225] are on the 0..1 scale, but the images are loaded as 0..255'
+        )
+        for n in notes
+    ), notes
+    for path in sorted(glob.glob(osp.join(REPO, 'configs', '*.py'))) + [
+        'mmseg::segmenter/segmenter_vit-b_mask_8xb1-160k_ade20k-512x512.py',
+        'mmseg::vit/vit_vit-b16_mln_upernet_8xb2-160k_ade20k-512x512.py',
+    ]:
+        assert preprocessor_scale_note(load_config(path)) is None, path
 
 
 def test_a_top_level_data_root_option_warns_that_it_moves_no_dataset():

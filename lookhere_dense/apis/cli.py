@@ -1093,6 +1093,7 @@ def preflight(
         check_pretrained_files,
         check_section_types,
         clear_inherited_pretrained,
+        preprocessor_scale_note,
     )
     from ..data.checks import (
         check_coco_annotations,
@@ -1113,6 +1114,9 @@ def preflight(
     if 'train' in splits:
         check_flex_training(cfg)
     clear_inherited_pretrained(cfg, warn)
+    scale = preprocessor_scale_note(cfg)
+    if scale:
+        warn(scale)
     if (cfg.get('default_scope') or 'mmseg') == 'mmseg':
         for note in sync_label_checks(cfg, splits):
             _log(note)
