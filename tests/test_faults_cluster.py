@@ -181,11 +181,22 @@ def test_ctrl_c_saves_the_current_iteration_and_restores_the_handler(data, tmp_p
     closed terminal (SIGHUP: the run ended with status 129 and nothing saved) and Slurm's
     ``--signal=USR1`` warning."""
     sig = getattr(signal, name)
+
+    def unhandled(signum, frame):  # what runs if the hook did not take the signal
+        pass
+
+    # a handler of ours (not SIG_IGN, which nohup leaves for SIGHUP and the hook keeps)
+    outer = signal.signal(sig, unhandled) if sig != signal.SIGINT else None
     before = signal.getsignal(sig)
     work = str(tmp_path / 'work')
     cfg = _config_with(tmp_path, name, '')
-    with pytest.raises(TrainingInterruptedError) as exc:
-        train_model(cfg, work_dir=work, cfg_options=options(*roots(data), *SHRINK, *RUN))
+    try:
+        with pytest.raises(TrainingInterruptedError) as exc:
+            train_model(cfg, work_dir=work, cfg_options=options(*roots(data), *SHRINK, *RUN))
+    finally:
+        after = signal.getsignal(sig)
+        if outer is not None:
+            signal.signal(sig, outer)
     saved = osp.join(work, 'iter_3.pth')
     assert str(exc.value) == (
         f'training stopped by {name} after iteration 3/{N}: saved {saved}. Continue with '
@@ -194,7 +205,7 @@ def test_ctrl_c_saves_the_current_iteration_and_restores_the_handler(data, tmp_p
     assert exc.value.exit_status == 128 + sig
     assert _pointer(work) == saved
     assert glob.glob(osp.join(work, '*.pth')) == [saved]  # max_keep_ckpts=1, after the save
-    assert signal.getsignal(sig) is before
+    assert after is before
 
 
 def test_a_sighup_ignored_by_nohup_stays_ignored():
