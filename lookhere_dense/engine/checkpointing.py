@@ -43,6 +43,7 @@ from ..checkpoint.atomic import (
 )
 from ..checkpoint.reading import read_pointer_file
 from ..errors import CheckpointSaveError
+from .ranks import world_max
 
 __all__ = ['AtomicCheckpointHook', 'POINTER_FILE', 'read_pointer']
 
@@ -108,9 +109,7 @@ class AtomicCheckpointHook(CheckpointHook):
         if self._atomic():  # the folder exists from the start, so its removal shows
             os.makedirs(self.out_dir, exist_ok=True)
             problem = self._room_problem(runner) if is_main_process() else None
-            from .preemption import world_max  # one decision for every rank
-
-            if world_max(int(problem is not None)):
+            if world_max(int(problem is not None)):  # one decision for every rank
                 raise CheckpointSaveError(
                     problem or f'rank 0 found no room for a checkpoint in {self.out_dir!r}'
                 )

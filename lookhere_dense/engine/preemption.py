@@ -35,8 +35,9 @@ from mmengine.registry import HOOKS
 
 from ..errors import TrainingInterruptedError
 from .checkpointing import read_pointer
+from .ranks import barrier, world_max
 
-__all__ = ['SignalCheckpointHook', 'HANDLED_SIGNALS', 'world_max']
+__all__ = ['SignalCheckpointHook', 'HANDLED_SIGNALS']
 
 #: The signals the hook turns into "save and stop": a scheduler's preemption (SIGTERM;
 #: SIGUSR1, what Slurm's ``--signal=USR1@90`` sends before the end of a job's time),
@@ -47,26 +48,6 @@ HANDLED_SIGNALS = tuple(
     for name in ('SIGTERM', 'SIGINT', 'SIGHUP', 'SIGUSR1')
     if hasattr(signal, name)
 )
-
-
-def world_max(value: int) -> int:
-    """The largest ``value`` over all ranks (``value`` itself outside distributed runs)."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return value
-    device = 'cuda' if dist.get_backend() == 'nccl' else 'cpu'
-    flag = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return int(flag.item())
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
 
 
 @HOOKS.register_module()
@@ -117,7 +98,7 @@ class SignalCheckpointHook(Hook):
         if not signum:
             return
         saved = self._save(runner)
-        _barrier()
+        barrier()
         self.restore_handlers()
         raise TrainingInterruptedError(self._message(runner, signum, saved), signum)
 

@@ -1,0 +1,28 @@
+"""Decisions every rank of a multi-process run takes together (torch.distributed alone;
+the values of a single-process run pass through): :func:`world_max`, :func:`barrier`."""
+
+from __future__ import annotations
+
+__all__ = ['world_max', 'barrier']
+
+
+def world_max(value: int) -> int:
+    """The largest ``value`` over all ranks (``value`` itself outside distributed runs):
+    a stop flag one rank raised stops them all after the same step."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    device = 'cuda' if dist.get_backend() == 'nccl' else 'cpu'
+    flag = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item())
+
+
+def barrier() -> None:
+    """Wait for every rank (nothing outside distributed runs)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
