@@ -17,9 +17,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os.path as osp
 from typing import Any, Dict, Iterable, List, Optional, Type, TypeVar
 
 __all__ = [
+    'path_inside',
     'is_int',
     'is_number',
     'int_or_none',
@@ -179,3 +181,17 @@ def settings_from_dict(cls: Type[T], cfg: Optional[Dict[str, Any]], what: str) -
     if unknown:
         raise ValueError(f'unknown {what} {unknown}; allowed: {sorted(allowed)}')
     return cls(**cfg)
+
+
+def path_inside(path: str, folders: Iterable[str]) -> bool:
+    """Whether ``path`` is one of ``folders`` or lies below one (symbolic links resolved;
+    remote paths, ``'://'``, by prefix)."""
+    for folder in folders:
+        if '://' in path or '://' in folder:
+            if path.startswith(folder.rstrip('/') + '/'):
+                return True
+            continue
+        real, top = osp.realpath(path), osp.realpath(folder)
+        if osp.commonpath([real, top]) == top:
+            return True
+    return False

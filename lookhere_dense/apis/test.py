@@ -8,11 +8,11 @@ shaped keys are named), and progress is logged about ten times per pass."""
 from __future__ import annotations
 
 import os
-import os.path as osp
 from typing import Optional
 
 from ..errors import ConfigError, ToolError
 from ..registry import type_names
+from ..validation import path_inside
 
 __all__ = ['build_test_config', 'evaluate_checkpoint', 'use_amp_test_loop']
 
@@ -206,7 +206,7 @@ def evaluate_checkpoint(
                 if out is None or err.errno is None:
                     raise
                 name = getattr(err, 'filename', None)
-                if name and not osp.realpath(str(name)).startswith(osp.realpath(out)):
+                if name and not path_inside(str(name), [out]):
                     raise  # another file (an image, the checkpoint): not the output's fault
                 from ..checkpoint.atomic import describe_os_error
 

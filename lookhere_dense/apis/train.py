@@ -48,6 +48,7 @@ from typing import List, Optional, Tuple
 
 from ..errors import CheckpointError, ConfigError, ToolError
 from ..registry import type_names
+from ..validation import path_inside
 
 __all__ = [
     'build_train_config',
@@ -90,20 +91,6 @@ def _warn(msg: str) -> None:
 def _checkpoint_number(path: str) -> int:
     m = re.search(r'(\d+)\.pth$', osp.basename(path))
     return int(m.group(1)) if m else -1
-
-
-def _inside(path: str, folders: List[str]) -> bool:
-    """Whether ``path`` lies in one of ``folders`` (symbolic links resolved; remote paths
-    by prefix)."""
-    for folder in folders:
-        if '://' in path or '://' in folder:
-            if path.startswith(folder.rstrip('/') + '/'):
-                return True
-            continue
-        real, top = osp.realpath(path), osp.realpath(folder)
-        if osp.commonpath([real, top]) == top:
-            return True
-    return False
 
 
 def checkpoint_folder(cfg) -> Optional[str]:
@@ -165,7 +152,7 @@ def find_resume_checkpoint(
     last = osp.join(work_dir, POINTER_FILE)
     named = read_pointer(work_dir)
     if named:
-        if _inside(named, folders):
+        if path_inside(named, folders):
             candidates.append(named)
         else:
             ignored = named

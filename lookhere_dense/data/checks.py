@@ -27,6 +27,7 @@ import os.path as osp
 import warnings
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ..validation import path_inside
 from ..errors import (
     ConfigError,
     CropSizeError,
@@ -320,12 +321,6 @@ def check_dataset_layout(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 
             )
 
 
-def _inside(path: str, folder: str) -> bool:
-    """Whether ``path`` is ``folder`` or below it (symbolic links resolved)."""
-    path, folder = osp.realpath(path), osp.realpath(folder)
-    return path == folder or path.startswith(folder.rstrip(osp.sep) + osp.sep)
-
-
 def check_output_outside_data(
     out: str, cfg: Mapping, splits: Sequence[str], option: str = '--out'
 ) -> None:
@@ -348,7 +343,7 @@ def check_output_outside_data(
             if isinstance(sub, str) and sub and '://' not in sub
         ]
         for what, folder in folders:
-            if _inside(out, folder):
+            if path_inside(out, [folder]):
                 raise ConfigError(
                     f'{option} {out!r} is a folder of the dataset ({what}: {folder!r}); the '
                     "predictions are written as '<image name>.png', which would overwrite its "
