@@ -374,8 +374,34 @@ def test_training_that_goes_nan_stops_naming_the_iteration_and_the_loss(tmp_path
     # the cause, found by the backbone in the forward (before the step made the weights NaN)
     assert "The backbone's features were already not finite" in err
     assert 'the weights reach |w| = 1' in err and 'lower the learning rate' in err
-    assert f'the last checkpoint is {work / "iter_1.pth"}' in err
+    # iter_1.pth holds the weights that gave the NaN features: it is not offered as usable
+    assert (
+        f'the last checkpoint, {work / "iter_1.pth"}, holds the weights of after iteration 1, '
+        'which gave these non-finite features: no older checkpoint is kept, start again'
+    ) in err
     assert sorted(p for p in os.listdir(work) if p.endswith('.pth')) == ['iter_1.pth']
+
+
+def test_a_diverged_run_offers_the_newest_checkpoint_before_the_bad_weights(tmp_path):
+    """The checkpoint saved one iteration before the loss went NaN holds the weights that
+    made the features non-finite (the backbone found them so): the message offers the
+    newest older one instead; a checkpoint further back, or a cause outside the backbone,
+    is named as the last checkpoint."""
+    import torch
+
+    from lookhere_dense.engine.hooks import _checkpoints_note
+
+    for n in (2, 4, 6):
+        torch.save(dict(meta=dict(iter=n), state_dict={}), tmp_path / f'iter_{n}.pth')
+    last = str(tmp_path / 'iter_6.pth')
+    assert _checkpoints_note(last, 7, True) == (
+        f'; the last checkpoint, {last}, holds the weights of after iteration 6, which gave '
+        f'these non-finite features: resume from an older one (--resume {tmp_path / "iter_4.pth"}) '
+        'or start again'
+    )
+    assert _checkpoints_note(last, 8, True) == f'; the last checkpoint is {last}'
+    assert _checkpoints_note(last, 7, False) == f'; the last checkpoint is {last}'
+    assert _checkpoints_note(None, 7, True) == ''
 
 
 def test_an_image_that_cannot_be_decoded_mid_run_is_one_line(tmp_path, capsys):

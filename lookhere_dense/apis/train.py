@@ -112,14 +112,9 @@ def _is_training_checkpoint(path: str) -> bool:
     """Whether ``path`` (readable: :func:`~lookhere_dense.checkpoint.checkpoint_problem`)
     is a Runner's checkpoint with the ``meta`` mmengine resumes from (a weights-only file
     failed in mmengine with ``KeyError: 'meta'``). Tensors are memory-mapped, not read."""
-    import zipfile
+    from ..checkpoint import training_meta
 
-    import torch
-
-    if path.endswith('.safetensors'):
-        return False
-    ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=zipfile.is_zipfile(path))
-    return isinstance(ckpt, dict) and isinstance(ckpt.get('meta'), dict)
+    return training_meta(path) is not None
 
 
 def find_resume_checkpoint(

@@ -5,7 +5,7 @@ mean (official / timm / DeiT-III formats, head counts, LookHere configs) is
 """
 
 from ..errors import CheckpointError, UnreadableCheckpointError
-from .reading import checkpoint_problem, load_checkpoint_file, read_pointer_file
+from .reading import checkpoint_problem, load_checkpoint_file, read_pointer_file, training_meta
 from .records import (
     EXTRA_STATE_KEY,
     decode_extra_state,
@@ -21,6 +21,7 @@ __all__ = [
     'load_checkpoint_file',
     'checkpoint_problem',
     'read_pointer_file',
+    'training_meta',
     'EXTRA_STATE_KEY',
     'encode_extra_state',
     'decode_extra_state',

@@ -261,3 +261,21 @@ def checkpoint_problem(path: str) -> Optional[str]:
         else:
             problem = _not_weights(path, ckpt)
     return None if problem is None else problem.problem
+
+
+def training_meta(path: str) -> Optional[Dict[str, Any]]:
+    """The ``meta`` of a training run's checkpoint (mmengine's: ``iter``, ``epoch``, ...), or
+    None: a weights-only file (no ``meta``), a ``.safetensors`` file, or one that cannot be
+    read. Tensors are memory-mapped, not read."""
+    if path.endswith('.safetensors'):
+        return None
+    try:
+        ckpt = torch.load(
+            path, map_location='cpu', weights_only=True, mmap=zipfile.is_zipfile(path)
+        )
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except Exception:  # noqa: B902 - unreadable: no meta
+        return None
+    meta = ckpt.get('meta') if isinstance(ckpt, dict) else None
+    return dict(meta) if isinstance(meta, dict) else None

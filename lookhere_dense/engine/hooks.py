@@ -41,7 +41,10 @@ Registered in mmengine's root ``HOOKS`` registry, so mmseg and mmdet configs fin
 from __future__ import annotations
 
 import math
+import os
+import os.path as osp
 import random
+import re
 from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
@@ -49,6 +52,7 @@ import torch
 from mmengine.hooks import Hook, LoggerHook
 from mmengine.registry import HOOKS
 
+from ..checkpoint import training_meta
 from ..errors import ConfigError, TrainingDivergedError
 from .checkpointing import AtomicCheckpointHook, read_pointer
 from .memory_guard import MemoryGuardHook
@@ -88,7 +92,8 @@ class FiniteLossHook(Hook):
     contains ``loss``, as mmseg / mmdet name them) are not all finite.
 
     Raises :class:`TrainingDivergedError` naming the iteration, the loss and its value,
-    and the last checkpoint saved; where a LookHere backbone found its features already
+    and the last checkpoint saved (or, where that checkpoint already holds the weights
+    that gave non-finite features, an older one); where a LookHere backbone found its features already
     NaN / infinite in that iteration's forward (``nonfinite_features``, training on CPU),
     their cause (huge inputs, weights grown huge, NaN weights) instead of the usual list.
     It runs before the logger and the checkpoint hooks, so no diverged checkpoint is
@@ -126,7 +131,6 @@ class FiniteLossHook(Hook):
         # the named losses first: the total ``loss`` only repeats them
         first = sorted(bad, key=lambda k: k == 'loss')[0]
         others = ', '.join(f'{k} = {v}' for k, v in bad.items() if k != first)
-        last = read_pointer(runner.work_dir)
         cause = _features_cause(runner.model)
         raise TrainingDivergedError(
             f'training stopped at iteration {it}'
@@ -134,7 +138,7 @@ class FiniteLossHook(Hook):
             + f': loss {first!r} is {bad[first]}'
             + (f' (also {others})' if others else '')
             + '. The weights are no longer usable, so nothing more is saved'
-            + (f'; the last checkpoint is {last}' if last else '')
+            + _checkpoints_note(read_pointer(runner.work_dir), it, cause is not None)
             + (
                 f". The backbone's features were already not finite: {cause}."
                 if cause
@@ -144,6 +148,33 @@ class FiniteLossHook(Hook):
                 'or invalid model options.'
             )
         )
+
+
+def _checkpoints_note(last: Optional[str], it: int, weights_bad: bool) -> str:
+    """What the divergence message says of the checkpoints: the last one; where the weights
+    that entered iteration ``it`` already gave non-finite features (``weights_bad``) and
+    that checkpoint was saved after iteration ``it - 1``, that it holds those weights, and
+    the newest older one in its folder (``iter_N.pth``) to resume from instead."""
+    if not last:
+        return ''
+    meta = training_meta(last) if weights_bad else None
+    if not meta or meta.get('iter') != it - 1:
+        return f'; the last checkpoint is {last}'
+    folder = osp.dirname(last)
+    older = []
+    for name in os.listdir(folder) if osp.isdir(folder) else ():
+        m = re.fullmatch(r'iter_(\d+)\.pth', name)
+        if m and int(m.group(1)) < it - 1:
+            older.append((int(m.group(1)), osp.join(folder, name)))
+    return (
+        f'; the last checkpoint, {last}, holds the weights of after iteration {it - 1}, '
+        'which gave these non-finite features: '
+        + (
+            f'resume from an older one (--resume {max(older)[1]}) or start again'
+            if older
+            else 'no older checkpoint is kept, start again'
+        )
+    )
 
 
 def _features_cause(model: torch.nn.Module) -> Optional[str]:
