@@ -64,6 +64,8 @@ def _cases(tmp) -> dict:
     img = cv2.imread(osp.join(val, 'ADE_val_00000001.jpg'))
     cv2.imwrite(str(twins / 'a.jpg'), img)
     cv2.imwrite(str(twins / 'a.png'), img[::-1])
+    (twins / 'notes.txt').write_text('not an image')  # skipped, and said so
+    (twins / '.DS_Store').write_bytes(b'')  # hidden: not counted
     png_in = tmp / 'png_in'
     png_in.mkdir()
     cv2.imwrite(str(png_in / 'b.png'), img[::-1])
@@ -339,6 +341,10 @@ def test_images_that_share_a_stem_get_one_overlay_each(faults):
     (_, res), tmp = faults[0]['infer: two images, one stem'], faults[1]
     assert res['rc'] == 0, res['stderr'][-3000:]
     assert 'wrote 2 overlay(s)' in res['stdout']
+    assert (
+        '; 1 other file(s) in the folder skipped (not jpg/jpeg/png/bmp/tif/tiff/webp: '
+        'notes.txt)' in res['stdout']
+    )
     assert sorted(os.listdir(tmp / 'o3')) == ['a.jpg.png', 'a.png.png']
 
 

@@ -143,7 +143,7 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
 
     start_tool(args.config, args.threads)  # a missing config fails before the heavy imports
     check_device(args.device)
-    from lookhere_dense.apis.inference import segment_images
+    from lookhere_dense.apis.inference import IMAGE_SUFFIXES, segment_images, skipped_files
 
     with amp_context(args, args.device):
         result = segment_images(
@@ -176,6 +176,14 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
             else "the config's test Resize; --native keeps each image's size"
         )
         resized = f'; the model saw the first, {h}x{w} image at {sh}x{sw} px: {how}'
+    skipped = skipped_files(args.input)
+    if skipped:
+        resized += (
+            f'; {len(skipped)} other file(s) in the folder skipped (not '
+            f'{"/".join(s.lstrip(".") for s in IMAGE_SUFFIXES)}: {", ".join(skipped[:3])}'
+            + (', ...' if len(skipped) > 3 else '')
+            + ')'
+        )
     print(
         f'wrote {len(result.paths)} overlay(s) to {args.out_dir} '
         f'({result.mode} inference on {result.device}'

@@ -37,6 +37,7 @@ __all__ = [
     'build_model_from_checkpoint',
     'IMAGE_SUFFIXES',
     'list_images',
+    'skipped_files',
     'inference_pipeline',
     'inference_test_cfg',
     'overlay',
@@ -150,6 +151,21 @@ def list_images(path: str) -> List[str]:
             'but is not one OpenCV can read: remove or fix it'
         )
     return files
+
+
+def skipped_files(path: str) -> List[str]:
+    """The files of the folder ``path`` that :func:`list_images` leaves out (names without
+    an image suffix: ``notes.txt``, ``a.gif``), sorted; ``[]`` for a file or a missing path.
+    Folders and hidden files (``.DS_Store``) are not counted."""
+    if not osp.isdir(path):
+        return []
+    return sorted(
+        f
+        for f in os.listdir(path)
+        if not f.startswith('.')
+        and not f.lower().endswith(IMAGE_SUFFIXES)
+        and osp.isfile(osp.join(path, f))
+    )
 
 
 def inference_pipeline(
