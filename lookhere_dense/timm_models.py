@@ -438,7 +438,9 @@ class LookHereTimmViT(LookHereVisionTransformer):
         """A 3-channel file's patch embedding adapted to this model's ``in_chans`` as timm
         adapts a pretrained first conv (:func:`timm.models.adapt_input_conv`: summed for one
         channel, repeated and scaled for more), with a log line; the file unchanged where
-        the channels agree. Only this timm route does it, as timm's own models."""
+        the channels agree. Only this timm route does it, as timm's own models (files of
+        every format, this model's own ``state_dict`` saved included; a ``state_dict``
+        given to ``load_state_dict`` directly stays PyTorch's strict copy)."""
         mine = self.patch_embed.proj.weight
         container = next(
             (k for k in ('weights', 'state_dict', 'model') if isinstance(ckpt.get(k), Mapping)),
@@ -521,6 +523,8 @@ class LookHereTimmViT(LookHereVisionTransformer):
         path = _timm_file(self)
         source = path or 'the checkpoint'
         meta = _converted_meta(path) if path else None
+        if path:  # a file timm reads: adapted to in_chans as the other routes (not a dict)
+            state_dict = self._adapt_input_conv(state_dict, source)
         if meta is None and set(state_dict) == set(self.state_dict()):
             self._check_file(state_dict, source, record_only=True)
             return super().load_state_dict(state_dict, strict=strict, assign=assign)

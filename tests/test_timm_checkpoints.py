@@ -99,6 +99,25 @@ def test_a_three_channel_file_loads_into_other_in_chans_as_timm_adapts_it(offici
     torch.testing.assert_close(four.patch_embed.proj.weight, adapt_input_conv(4, file_conv))
 
 
+def test_a_timm_models_own_three_channel_file_loads_into_in_chans_1(official_tiny, tmp_path):
+    """A ``LookHereTimmViT``'s own ``state_dict`` saved with 3 channels is adapted through
+    ``checkpoint_path=`` as the official file is (it got PyTorch's size-mismatch error); the
+    same ``state_dict`` given to ``load_state_dict`` directly stays strict."""
+    kw = {k: official_tiny.io['model'][k] for k in ('embed_dim', 'depth', 'num_heads')}
+    rgb = timm.create_model(TINY, checkpoint_path=str(official_tiny.path), num_classes=0, **kw)
+    own = tmp_path / 'own.pth'
+    torch.save(rgb.state_dict(), own)
+    gray = timm.create_model(TINY, checkpoint_path=str(own), num_classes=0, in_chans=1, **kw)
+    x = torch.randn(2, 1, 64, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            gray.eval()(x), rgb.eval()(x.expand(-1, 3, -1, -1)), atol=1e-5, rtol=1e-5
+        )
+    fresh = timm.create_model(TINY, num_classes=0, in_chans=1, **kw)
+    with pytest.raises(RuntimeError, match='size mismatch for patch_embed.proj.weight'):
+        fresh.load_state_dict(rgb.state_dict())
+
+
 def _timm_backbone(**kwargs):
     """mmseg's ``TIMMBackbone`` of the tiny model: ``depth=2``, ``features_only``, block 1."""
     pytest.importorskip('mmseg')
