@@ -314,6 +314,46 @@ def test_a_checkpoint_folder_turned_read_only_keeps_the_previous_checkpoint(data
         subprocess.run(['umount', '-l', mnt])
 
 
+def test_test_out_on_a_full_disk_leaves_no_truncated_prediction(data, full, tmp_path):
+    """``tools/test.py --out`` on a file system with no room: mmseg's PNG write fails at the
+    buffered file's ``close`` (PIL removes a file only when its writer fails), which left a
+    0-byte ``<image>.png`` beside the error: it is removed and named; an older file there
+    is not touched."""
+    from lookhere_dense.apis.test import evaluate_checkpoint
+    from lookhere_dense.errors import ToolError
+
+    mnt = str(tmp_path / 'mnt')
+    if not _tmpfs(mnt, '64k'):
+        pytest.skip('needs mount (root with CAP_SYS_ADMIN) for a small file system')
+    try:
+        old = osp.join(mnt, 'older.png')
+        with open(old, 'wb') as f:
+            f.write(b"not a png, and not this run's")
+        os.utime(old, (time.time() - 3600,) * 2)
+        with open(osp.join(mnt, 'filler'), 'wb', buffering=0) as f:  # the rest of the room
+            try:
+                while True:
+                    f.write(b'x' * 4096)
+            except OSError:
+                pass
+        with pytest.raises(ToolError) as exc:
+            evaluate_checkpoint(
+                ADE_CFG,
+                osp.join(full, 'iter_6.pth'),
+                out=mnt,
+                work_dir=str(tmp_path / 'test'),
+                cfg_options=options(*roots(data), *SHRINK),
+            )
+        msg = str(exc.value)
+        truncated = osp.join(mnt, 'ADE_val_00000001.png')
+        assert msg.startswith(f'--out {mnt!r}: could not write the predictions: '), msg
+        assert 'the disk is full (ENOSPC)' in msg, msg
+        assert msg.endswith(f'the incomplete {truncated!r} is removed'), msg
+        assert sorted(os.listdir(mnt)) == ['filler', 'older.png']
+    finally:
+        subprocess.run(['umount', '-l', mnt])
+
+
 # ----------------------------------------------------------------------------------------
 # two runs in one work dir
 # ----------------------------------------------------------------------------------------

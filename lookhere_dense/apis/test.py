@@ -8,13 +8,19 @@ shaped keys are named), and progress is logged about ten times per pass."""
 from __future__ import annotations
 
 import os
+import time
 from typing import Optional
 
 from ..errors import ConfigError, ToolError
 from ..registry import type_names
 from ..validation import path_inside
 
-__all__ = ['build_test_config', 'evaluate_checkpoint', 'use_amp_test_loop']
+__all__ = [
+    'build_test_config',
+    'evaluate_checkpoint',
+    'remove_incomplete_output',
+    'use_amp_test_loop',
+]
 
 
 def use_amp_test_loop(cfg, dtype: Optional[str] = None) -> None:
@@ -166,6 +172,48 @@ def build_test_config(
     return cfg
 
 
+def remove_incomplete_output(out: str, since: float) -> Optional[str]:
+    """After a failed ``--out`` write: remove the output this run left incomplete and
+    return its path (None when there is none). ``out`` as a file (mmdet's results dump)
+    written since ``since`` (``time.time()``) is incomplete; in an ``out`` folder (mmseg's
+    ``<image>.png`` maps), the newest PNG written since then that PIL cannot read whole
+    (PIL removes a file it fails to write, but a buffered write that fails at ``close``
+    on a full disk leaves it truncated). Files older than ``since`` are never touched."""
+    from PIL import Image
+
+    def fresh(path: str) -> bool:
+        try:
+            return os.path.getmtime(path) >= since - 1.0  # coarse file-system clocks
+        except OSError:
+            return False
+
+    if os.path.isfile(out):
+        candidate = out if fresh(out) else None
+    elif os.path.isdir(out):
+        pngs = [
+            os.path.join(out, f)
+            for f in os.listdir(out)
+            if f.endswith('.png') and fresh(os.path.join(out, f))
+        ]
+        candidate = max(pngs, key=os.path.getmtime, default=None)
+        if candidate is not None:
+            try:
+                with Image.open(candidate) as image:
+                    image.load()
+                candidate = None  # complete
+            except (OSError, SyntaxError, ValueError):
+                pass
+    else:
+        candidate = None
+    if candidate is None:
+        return None
+    try:
+        os.remove(candidate)
+    except OSError:
+        return None
+    return candidate
+
+
 def evaluate_checkpoint(
     config: str, checkpoint: str, out: Optional[str] = None, verbose: bool = False, **options
 ) -> dict:
@@ -200,6 +248,7 @@ def evaluate_checkpoint(
                 from mmdet.evaluation import DumpDetResults
 
                 runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=out))
+            started = time.time()
             try:
                 return runner.test()
             except OSError as err:  # writing --out: a full disk, a folder gone, ...
@@ -210,9 +259,15 @@ def evaluate_checkpoint(
                     raise  # another file (an image, the checkpoint): not the output's fault
                 from ..checkpoint.atomic import describe_os_error
 
+                broken = remove_incomplete_output(out, started)
                 raise ToolError(
                     f'--out {out!r}: could not write the predictions: '
-                    f'{describe_os_error(err)}; the last file written there may be incomplete'
+                    f'{describe_os_error(err)}; '
+                    + (
+                        f'the incomplete {broken!r} is removed'
+                        if broken
+                        else 'no incomplete file is left there'
+                    )
                 ) from None
     finally:
         if created:
