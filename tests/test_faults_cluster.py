@@ -354,6 +354,25 @@ def test_test_out_on_a_full_disk_leaves_no_truncated_prediction(data, full, tmp_
         subprocess.run(['umount', '-l', mnt])
 
 
+def test_only_this_runs_incomplete_output_is_removed(tmp_path):
+    """mmdet's results dump (``--out`` a file) written by the failed run is removed, an
+    older one is not; in a folder, a complete newest PNG stays."""
+    import numpy as np
+    from PIL import Image
+
+    from lookhere_dense.apis.test import remove_incomplete_output
+
+    dump = tmp_path / 'results.pkl'
+    dump.write_bytes(b'half a pickle')
+    start = time.time()
+    assert remove_incomplete_output(str(dump), start - 10) == str(dump) and not dump.exists()
+    dump.write_bytes(b'an earlier run')
+    assert remove_incomplete_output(str(dump), time.time() + 10) is None and dump.exists()
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(tmp_path / 'a.png')
+    assert remove_incomplete_output(str(tmp_path), start - 10) is None
+    assert (tmp_path / 'a.png').exists()
+
+
 # ----------------------------------------------------------------------------------------
 # two runs in one work dir
 # ----------------------------------------------------------------------------------------
