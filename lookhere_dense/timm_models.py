@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import sys
 import warnings
 import zipfile
@@ -207,7 +208,9 @@ class LookHereTimmViT(LookHereVisionTransformer):
         self.head_type = head_type
         self.init_weights()  # timm models are initialised when built
         if global_pool == 'token' and not self.with_cls_token:
-            raise ValueError("global_pool='token' needs the CLS token (with_cls_token=True)")
+            raise ValueError(
+                "global_pool='token' needs the CLS token (class_token=True; or global_pool='avg')"
+            )
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dims
         self.depth = len(self.blocks)
@@ -762,9 +765,14 @@ _TIMM_WORDS = (
 
 def _in_timm_words(msg: str, name: str) -> str:
     """A checkpoint message of the trunk's loader with its advice in ``create_model``
-    terms (timm drops arguments given as None; there is no ``init_cfg``)."""
+    terms: timm's argument names (``set num_layers=3`` -> ``pass depth=3``,
+    :data:`~lookhere_dense.lookhere.vit.TIMM_ARGUMENT_NAMES`); timm drops arguments given
+    as None; there is no ``init_cfg``."""
     for theirs, ours in _TIMM_WORDS:
         msg = msg.replace(theirs, ours.replace('NAME', repr(name)))
+    for timm_name, our_name in TIMM_ARGUMENT_NAMES.items():
+        msg = re.sub(rf'\bset {our_name}=', f'pass {timm_name}=', msg)
+        msg = re.sub(rf'\b{our_name}=', f'{timm_name}=', msg)
     return msg.replace('Build the backbone the file', f'Build {name} like the model the file')
 
 

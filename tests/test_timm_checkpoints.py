@@ -550,3 +550,21 @@ def test_a_timm_vit_file_loads_with_init_values_0_and_is_refused_in_timm_words(t
     with pytest.raises(TypeError, match=r'load_pretrained: path must be a checkpoint file'):
         layered.load_pretrained(True)
     assert torch.equal(layered.blocks[1].attn.qkv.weight, source.blocks[1].attn.qkv.weight)
+
+
+def test_architecture_advice_uses_timms_argument_names(official_tiny):
+    """A file of another depth is refused with timm's ``depth=`` (it said mmseg's
+    ``set num_layers=3`` to a ``timm.create_model`` user); ``global_pool='token'`` without
+    a CLS token names ``class_token``."""
+    kw = {k: official_tiny.io['model'][k] for k in ('embed_dim', 'num_heads')}
+    with pytest.raises(CheckpointError) as info:
+        timm.create_model(
+            TINY, checkpoint_path=str(official_tiny.path), num_classes=0, depth=2, **kw
+        )
+    msg = str(info.value)
+    assert 'the file has 3 blocks (blocks.0-2), the model 2: pass depth=3' in msg, msg
+    assert 'num_layers' not in msg
+    with pytest.raises(
+        ValueError, match=r"needs the CLS token \(class_token=True; or global_pool='avg'\)"
+    ):
+        timm.create_model(TINY, depth=1, class_token=False, global_pool='token')
