@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, MutableMapping, Optional, Tuple, Union
 
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..bias import GridBias, gather_block, num_prefix_tokens, prefix_phrase
+from ..bias import GridBias, gather_block, num_prefix_tokens, pair_index, prefix_phrase
 
 __all__ = [
     'AttentionRequest',
@@ -60,6 +61,9 @@ __all__ = [
     'flex_compile_options',
     'raise_recompile_limit',
     'FLEX_RECOMPILE_LIMIT',
+    'tile_order',
+    'token_codes',
+    'visible_tiles',
     'ordered_blocks',
     'block_mask_from_tiles',
 ]
@@ -499,6 +503,138 @@ def flex_function(compiled: bool, backend: str = 'inductor') -> Callable:
             flex_attention, dynamic=False, backend=backend, options=flex_compile_options(backend)
         )
     return _compiled_flex[backend]
+
+
+def tile_order(
+    grid_size: Tuple[int, int],
+    cls_token: Union[bool, int],
+    tile: Tuple[int, int] = (8, 16),
+    device=None,
+) -> Tensor:
+    """The token order of the tile-skipping kernels (flex, triton): patches tile by tile, the prefix tokens (CLS /
+    Jumbo) last.
+
+    In the model's row-major order a block of 128 tokens is a stripe of whole grid rows,
+    so a head that looks up-left skips only the tiles below (about half); in tile order
+    a block is an ``8 x 16`` patch of the grid and the same head skips about 3/4 of the
+    tiles (a 45-degree head about 7/8). The prefix tokens go last (in their order) so
+    that the patch tiles stay aligned to flex's 128-token blocks.
+
+    Args:
+        grid_size: ``(H, W)``.
+        cls_token: number ``J`` of global prefix tokens the model's sequence starts with
+            (CLS, or Jumbo tokens; True = 1).
+        tile: ``(th, tw)`` of one block (``th * tw`` should be the flex block, 128).
+        device: where the result lives.
+
+    Returns:
+        int64 ``(T,)``: position in flex order -> index in the model's order.
+    """
+    height, width = grid_size
+    th, tw = tile
+    y = torch.arange(height, device=device)[:, None].expand(height, width)
+    x = torch.arange(width, device=device)[None, :].expand(height, width)
+    tiles_per_row = -(-width // tw)
+    rank = (((y // th) * tiles_per_row + x // tw) * (th * tw) + (y % th) * tw + x % tw).flatten()
+    off = num_prefix_tokens(cls_token)
+    order = rank.argsort() + off
+    if off:
+        order = torch.cat([order, torch.arange(off, dtype=order.dtype, device=order.device)])
+    return order
+
+
+def token_codes(
+    grid_size: Tuple[int, int],
+    cls_token: Union[bool, int],
+    order: Optional[Tensor] = None,
+    device: Optional[torch.device] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Per-token ``(code, key_patch)``, int32 ``(T,)``, in ``order`` (:func:`tile_order`:
+    prefix tokens last; None: the model's order, prefix first).
+
+    ``code = y * (2W-1) + x`` of a patch (0 for a prefix token): the table entry of a
+    (query, key) pair is ``code[key] - code[query] + pair_index(grid, 0, 0)``
+    (:func:`~..bias.pair_index` is linear in the key's code), so a kernel computes each
+    pair's entry with one subtraction; ``key_patch`` is the patch index (row-major; 0 for
+    a prefix token), which reads a ``center`` head's per-key term. ``device``: where the
+    arrays live (default: ``order``'s, else the CPU).
+
+    Raises:
+        ValueError: ``order`` is not a permutation of ``T`` positions with the prefix last.
+    """
+    height, width = grid_size
+    off = num_prefix_tokens(cls_token)
+    num_patches = height * width
+    total = num_patches + off
+    if order is None:
+        model_index = torch.arange(total, device=device)
+    else:
+        model_index = order.long()
+        if model_index.numel() != total or (
+            off and bool((model_index[num_patches:] >= off).any())
+        ):
+            raise ValueError(
+                f'tile token order: expected {total} positions with the {off} prefix token(s) '
+                f'last (tile_order), got {model_index.numel()}'
+            )
+    patch = model_index - off
+    is_patch = patch >= 0
+    patch = patch.clamp(min=0)
+    centre = pair_index(grid_size, 0, 0)
+    code = torch.where(is_patch, pair_index(grid_size, 0, patch) - centre, 0)
+    key_patch = torch.where(is_patch, patch, 0)
+    code, key_patch = code.to(torch.int32), key_patch.to(torch.int32)
+    if device is not None:
+        code, key_patch = code.to(device), key_patch.to(device)
+    return code, key_patch
+
+
+def visible_tiles(
+    grid_bias: GridBias,
+    layer: int,
+    cls_token: Union[bool, int],
+    block: int = FLEX_BLOCK,
+    order: Optional[Tensor] = None,
+) -> Optional[Tuple[Tensor, Tensor]]:
+    """Which ``block x block`` tiles of layer ``layer``'s attention a tile-skipping kernel
+    computes, built tile row by tile row from the boolean relative table (no ``(heads, T,
+    T)`` mask).
+
+    Args:
+        order: the token order of the kernel (:func:`tile_order`); None: the model's.
+
+    Returns:
+        ``(partial, full)``, bool ``(heads, nT, nT)`` with ``nT = ceil(T / block)``:
+        ``partial``: some but not every (query, key) pair of the tile visible; ``full``:
+        every pair visible (padding rows of a ragged last tile do not count). None when
+        every head sees every key (nothing to skip).
+    """
+    visible = grid_bias.visible[layer]
+    if bool(visible.all()):
+        return None
+    off = num_prefix_tokens(cls_token)
+    heads = visible.shape[0]
+    total = grid_bias.num_patches + off
+    flat = visible.flatten(1)
+    tokens = (
+        torch.arange(total, device=visible.device) if order is None else order.to(visible.device)
+    )
+    k_cls = tokens < off
+    kp = (tokens - off).clamp(min=0)
+    n_tiles = math.ceil(total / block)
+    buf = torch.zeros(heads, block, n_tiles * block, dtype=torch.bool, device=visible.device)
+    partial = torch.zeros(heads, n_tiles, n_tiles, dtype=torch.bool, device=visible.device)
+    full = torch.zeros_like(partial)
+    for i in range(n_tiles):
+        s, e = i * block, min(total, (i + 1) * block)
+        t = pair_index(grid_bias.grid_size, kp[s:e, None], kp)  # (Q, T)
+        buf[:, : e - s, :total] = flat[:, t] | (k_cls[s:e, None] | k_cls)
+        if e - s < block:
+            buf[:, e - s :] = False  # padding rows of the ragged last tile
+        tiles = buf.view(heads, block, n_tiles, block)
+        full[:, i] = tiles.all(dim=3).all(dim=1)
+        partial[:, i] = tiles.any(dim=3).any(dim=1) & ~full[:, i]
+    return partial, full
 
 
 def ordered_blocks(blocks: Tensor) -> Tuple[Tensor, Tensor]:

@@ -13,7 +13,6 @@ Needs a torch with ``torch.nn.attention.flex_attention`` (>= 2.5, see
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Callable, Optional, Tuple, Union
 
@@ -31,6 +30,9 @@ from .common import (
     flex_available,
     flex_function,
     raise_recompile_limit,
+    tile_order,
+    token_codes,
+    visible_tiles,
 )
 
 __all__ = [
@@ -158,44 +160,6 @@ def _out_of_shared_memory(err: BaseException) -> bool:
     return 'out of resource' in str(err)
 
 
-def tile_order(
-    grid_size: Tuple[int, int],
-    cls_token: Union[bool, int],
-    tile: Tuple[int, int] = (8, 16),
-    device=None,
-) -> Tensor:
-    """The token order flex runs in: patches tile by tile, the prefix tokens (CLS /
-    Jumbo) last.
-
-    In the model's row-major order a block of 128 tokens is a stripe of whole grid rows,
-    so a head that looks up-left skips only the tiles below (about half); in tile order
-    a block is an ``8 x 16`` patch of the grid and the same head skips about 3/4 of the
-    tiles (a 45-degree head about 7/8). The prefix tokens go last (in their order) so
-    that the patch tiles stay aligned to flex's 128-token blocks.
-
-    Args:
-        grid_size: ``(H, W)``.
-        cls_token: number ``J`` of global prefix tokens the model's sequence starts with
-            (CLS, or Jumbo tokens; True = 1).
-        tile: ``(th, tw)`` of one block (``th * tw`` should be the flex block, 128).
-        device: where the result lives.
-
-    Returns:
-        int64 ``(T,)``: position in flex order -> index in the model's order.
-    """
-    height, width = grid_size
-    th, tw = tile
-    y = torch.arange(height, device=device)[:, None].expand(height, width)
-    x = torch.arange(width, device=device)[None, :].expand(height, width)
-    tiles_per_row = -(-width // tw)
-    rank = (((y // th) * tiles_per_row + x // tw) * (th * tw) + (y % th) * tw + x % tw).flatten()
-    off = num_prefix_tokens(cls_token)
-    order = rank.argsort() + off
-    if off:
-        order = torch.cat([order, torch.arange(off, dtype=order.dtype, device=order.device)])
-    return order
-
-
 #: the callbacks' index arrays are padded to a multiple of this many tokens: a ragged last
 #: tile's rows and columns (positions up to the next kernel tile, whose sides divide
 #: FLEX_BLOCK) read a valid entry without a clamp per pair
@@ -229,31 +193,11 @@ def flex_index(
     off = num_prefix_tokens(cls_token)
     num_patches = height * width
     total = num_patches + off
-    if order is None:
-        model_index = torch.arange(total, device=device)
-    else:
-        model_index = order.long()
-        if model_index.numel() != total or (
-            off and bool((model_index[num_patches:] >= off).any())
-        ):
-            raise ValueError(
-                f'flex token order: expected {total} positions with the {off} prefix token(s) '
-                f'last (tile_order), got {model_index.numel()}'
-            )
-    patch = model_index - off
-    is_patch = patch >= 0
-    patch = patch.clamp(min=0)
-    # the table entry of the offset from patch 0 to each patch, less that of offset 0:
-    # pair_index (the one statement of the map) is linear in the key's code, so the
-    # entry of a pair is code[key] - code[query] + centre
+    code, key_patch = token_codes(grid_size, cls_token, order, device)
     centre = pair_index(grid_size, 0, 0)
-    code = torch.where(is_patch, pair_index(grid_size, 0, patch) - centre, 0)
-    key_patch = torch.where(is_patch, patch, 0)
     pad = -(-total // FLEX_INDEX_PAD) * FLEX_INDEX_PAD - total
-    code = torch.nn.functional.pad(code, (0, pad)).to(torch.int32)
-    key_patch = torch.nn.functional.pad(key_patch, (0, pad)).to(torch.int32)
-    if device is not None:
-        code, key_patch = code.to(device), key_patch.to(device)
+    code = torch.nn.functional.pad(code, (0, pad))
+    key_patch = torch.nn.functional.pad(key_patch, (0, pad))
     prefix_last = order is not None
 
     def index(q_idx: Tensor, kv_idx: Tensor):
@@ -377,31 +321,11 @@ def lookhere_block_mask(
         A ``BlockMask`` for ``(B=1 broadcast, heads, T, T)``, or None when every head
         sees every key (nothing to skip).
     """
-    visible = grid_bias.visible[layer]
-    if bool(visible.all()):
+    tiles = visible_tiles(grid_bias, layer, cls_token, block, order)
+    if tiles is None:
         return None
-    off = num_prefix_tokens(cls_token)
-    heads = visible.shape[0]
-    total = grid_bias.num_patches + off
-    flat = visible.flatten(1)
-    tokens = (
-        torch.arange(total, device=visible.device) if order is None else order.to(visible.device)
-    )
-    k_cls = tokens < off
-    kp = (tokens - off).clamp(min=0)
-    n_tiles = math.ceil(total / block)
-    buf = torch.zeros(heads, block, n_tiles * block, dtype=torch.bool, device=visible.device)
-    partial = torch.zeros(heads, n_tiles, n_tiles, dtype=torch.bool, device=visible.device)
-    full = torch.zeros_like(partial)
-    for i in range(n_tiles):
-        s, e = i * block, min(total, (i + 1) * block)
-        t = pair_index(grid_bias.grid_size, kp[s:e, None], kp)  # (Q, T)
-        buf[:, : e - s, :total] = flat[:, t] | (k_cls[s:e, None] | k_cls)
-        if e - s < block:
-            buf[:, e - s :] = False  # padding rows of the ragged last tile
-        tiles = buf.view(heads, block, n_tiles, block)
-        full[:, i] = tiles.all(dim=3).all(dim=1)
-        partial[:, i] = tiles.any(dim=3).any(dim=1) & ~full[:, i]
+    partial, full = tiles
+    total = grid_bias.num_patches + num_prefix_tokens(cls_token)
     return block_mask_from_tiles(
         partial[None],
         full[None],
