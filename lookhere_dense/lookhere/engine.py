@@ -171,6 +171,8 @@ class LookHereAttentionEngine:
         self.tiled_plans = BoundedCache(cache_size * max(1, len(config.direction_strings)))
         #: fused kernel plans per (fields of view, grid, tile): shared across layers
         self.fused_plans = BoundedCache(cache_size * max(1, len(config.direction_strings)))
+        #: triton kernel plans per (fields of view, grid, cls, device): shared across layers
+        self.triton_plans = BoundedCache(cache_size * max(1, len(config.direction_strings)))
         self.last_backend: Optional[str] = None
         #: backends that raised when ``auto`` chose them (skipped from then on)
         self.failed: set = set()
@@ -188,6 +190,7 @@ class LookHereAttentionEngine:
             distances=self.distances,
             tiled_plans=self.tiled_plans,
             fused_plans=self.fused_plans,
+            triton_plans=self.triton_plans,
         )
 
     def reset(self, config: Optional[LookHereConfig] = None) -> None:

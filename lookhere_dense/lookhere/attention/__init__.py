@@ -24,6 +24,9 @@ module              how the bias reaches the softmax                            
                     read from the table; flash backward                         tile order
 :mod:`.flex`        ``flex_attention``: a ``score_mod`` reading the table and    O(T) + tiles
                     a ``BlockMask`` of the fields of view (compiled on CUDA)
+:mod:`.flash_       CUDA forward in Triton (:mod:`.triton_kernels`): per query  O(T) + tiles
+triton`             tile an online softmax over the visible key tiles, the
+                    bias read from the table; not chosen by ``auto`` (untimed)
 :mod:`.causal`      LEDiT's causal attention (``sdpa`` / ``chunked`` / ``flex`` /  --
                     ``reference``; ``pos_encoding='ledit'``)
 ==================  ==========================================================  ============

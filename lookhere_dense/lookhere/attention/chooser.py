@@ -11,7 +11,8 @@ and takes the first whose ``can_run`` answers None:
 ``chunked``     everywhere, with everything (attention dropout, slope gradients)
 ==============  ===========================================================================
 
-``reference`` (the tests' ground truth) is registered but never chosen by ``auto``. The
+``reference`` (the tests' ground truth) and ``triton`` (a CUDA forward not yet timed on a
+GPU, :mod:`.flash_triton`) are registered but never chosen by ``auto``. The
 CPU kernels refuse attention dropout and learnable slopes while they train; the reasons
 are each backend's own ``can_run`` (:mod:`.common`). :func:`explain` lists, for one
 request, every backend asked and why it was skipped; :func:`explain_backend` prints that
@@ -26,7 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
-from . import chunked, flex, fused, reference, sdpa, tiled
+from . import chunked, flash_triton, flex, fused, reference, sdpa, tiled
 from .common import AttentionRequest
 
 __all__ = [
@@ -43,7 +44,7 @@ __all__ = [
 
 #: every registered backend module by name
 REGISTRY: Dict[str, ModuleType] = {
-    m.NAME: m for m in (reference, sdpa, chunked, tiled, fused, flex)
+    m.NAME: m for m in (reference, sdpa, chunked, tiled, fused, flex, flash_triton)
 }
 
 #: the order ``auto`` asks the backends in (the first that can run is used)
@@ -58,6 +59,7 @@ BACKENDS: Tuple[str, ...] = (
     'flex',
     'tiled',
     'fused',
+    'triton',
 )
 
 #: backends that were removed, and the one that runs in their place (a config or a
