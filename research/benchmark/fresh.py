@@ -41,7 +41,8 @@ def run_child(case: Dict[str, Any], timeout: float) -> Dict[str, Any]:
     """Run ``case`` in a fresh interpreter.
 
     Args:
-        case: a dict with ``kind`` (one of :data:`~.child.CASE_KINDS`) and the case's settings.
+        case: a dict with ``kind`` (one of :data:`~.child.CASE_KINDS`) and the case's settings;
+            ``child_env`` (optional): variables set for the child (``TRITON_INTERPRET``).
         timeout: seconds before the child is abandoned.
 
     Returns:
@@ -50,10 +51,9 @@ def run_child(case: Dict[str, Any], timeout: float) -> Dict[str, Any]:
         (the last 4000 characters of its stderr: the whole traceback) when it failed.
     """
     cmd = [sys.executable, '-m', CHILD_MODULE, json.dumps(case)]
+    env = {**_child_env(), **(case.get('child_env') or {})}
     try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, env=_child_env()
-        )
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return dict(case, error=f'timed out after {timeout:.0f} s')
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{')]

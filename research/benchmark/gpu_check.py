@@ -15,13 +15,15 @@ runs four sections in order, each under its own time budget (:data:`BUDGET_S`):
 ``attn``         attention alone at each token count: a correctness check first (sampled
                  query rows against float32 rows of the dense bias), then warm-up and
                  interleaved timed rounds (medians) of flex (block mask), flex computing
-                 every tile, SDPA without bias (flash) and SDPA with the dense bias,
+                 every tile, SDPA without bias (flash) and SDPA with the dense bias, and
+                 the ``triton`` backend's forward (checked on the same rows first),
                  forward and forward + backward, peak memory per case; after the first
                  size, ``parts``: where flex's time goes (the flex kernel alone, with our
                  tiles, the block mask, the table ``score_mod``, a bias from coordinates
                  instead, the token reorder: :func:`attn_parts_case`).
 ``peer``         timm's ViT-B against our trunk without bias and with lh180 / lh90 / lh45
-                 through flex: whole frames and train steps, each case in its own process
+                 through ``triton`` (frames) and flex: whole frames and train steps, each
+                 case in its own process
                  (:func:`~.fresh.run_child`) with warm-up steps and timed steps.
 
 Every case is appended to the JSON file and the file rewritten (atomically) at once, so a
@@ -107,7 +109,7 @@ __all__ = [
 SECTIONS = ('env', 'correctness', 'attn', 'peer')
 #: seconds per section on the GPU (whole run 360 s = 6 min; the estimate is in
 #: tools/gpu_check.sh's header); a case that would start with too little left is skipped
-BUDGET_S: Dict[str, float] = {'env': 20, 'correctness': 70, 'attn': 110, 'peer': 160}
+BUDGET_S: Dict[str, float] = {'env': 20, 'correctness': 70, 'attn': 110, 'peer': 200}
 #: per dtype: the largest ``max|got - ref| / max|ref|`` allowed for the forward output and
 #: for each gradient (flex in ``dtype`` vs the float32 reference on the same rounded inputs);
 #: in the reduced dtypes also ``roundings``, the largest :func:`roundings` of the forward:
@@ -663,6 +665,7 @@ def attn_case(plan: Plan, tokens: int, watch: RecompileWatch) -> Dict[str, Any]:
                 )
             del out
     res['check'] = checks
+    triton_problem = _triton_check(res, eng, q, k, v, grid, gb32, plan)
     if len(watch.hits) > hits:
         return dict(res, status=FAILED, error=f'eager fallback: {watch.hits[-1]}')
     if not all(c['ok'] for c in checks.values()):
@@ -690,18 +693,26 @@ def attn_case(plan: Plan, tokens: int, watch: RecompileWatch) -> Dict[str, Any]:
             fns['sdpa_dense_bias'] = partial(F.scaled_dot_product_attention, q, k, v, bias)
         return fns
 
+    forward = calls(q, k, v)
+    if triton_problem is None:  # forward only: not in the train step's calls
+        forward['triton'] = partial(eng, q, k, v, 0, grid, 0, backend='triton')
     with torch.inference_mode():
-        res['forward'] = _timed_cases(calls(q, k, v), plan, dev)
+        res['forward'] = _timed_cases(forward, plan, dev)
     if len(watch.hits) > hits:
         return dict(res, status=FAILED, error=f'eager fallback: {watch.hits[-1]}')
     fwd = res['forward']
     res['flex_vs_nobias'] = paired_ratio(fwd['times']['flex'], fwd['times']['sdpa_nobias'])
+    if triton_problem is None:
+        res['triton_vs_nobias'] = paired_ratio(fwd['times']['triton'], fwd['times']['sdpa_nobias'])
+        res['triton_vs_flex'] = paired_ratio(fwd['times']['triton'], fwd['times']['flex'])
     res['all_tiles_vs_nobias'] = paired_ratio(
         fwd['times']['flex_all_tiles'], fwd['times']['sdpa_nobias']
     )
     if bias is None:
         res['sdpa_dense_bias'] = no_bias
     res['summary'] = f'forward flex {res["flex_vs_nobias"]:.2f}x sdpa without bias'
+    if triton_problem is None:
+        res['summary'] += f', triton {res["triton_vs_nobias"]:.2f}x'
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     if dev.type == 'cpu':
         res['train'] = 'skipped: torch has no flex backward for q, k, v on CPU'
@@ -718,6 +729,46 @@ def attn_case(plan: Plan, tokens: int, watch: RecompileWatch) -> Dict[str, Any]:
         err = f'flex forward allocated {rise:.2f} GiB: the scores were materialised (eager)'
         return dict(res, status=FAILED, error=err)
     return dict(res, status=OK)
+
+
+def _triton_check(
+    res: Dict[str, Any],
+    eng: LookHereAttentionEngine,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    grid: Tuple[int, int],
+    gb32: Any,
+    plan: Plan,
+) -> Optional[str]:
+    """The ``triton`` backend's forward (:mod:`~lookhere_dense.lookhere.attention.flash_triton`)
+    on the sampled rows of the flex check, into ``res['check']``; why it is not timed
+    (``res['triton']``: not installed, CPU outside the interpreter, an error, outside
+    tolerance), or None: timed beside flex. An error here never stops the flex rows."""
+    from lookhere_dense.lookhere.attention.common import AttentionRequest
+    from lookhere_dense.lookhere.attention.flash_triton import can_run
+
+    tokens = q.shape[-2]
+    problem = can_run(AttentionRequest(tokens, q.device, q.dtype, auto=False))
+    if problem is None:
+        try:
+            with torch.inference_mode():
+                out = eng(q, k, v, 0, grid, 0, backend='triton')
+            for start in (0, tokens // 2):
+                stop = min(tokens, start + plan.check_rows // 2)
+                ref = _reference_rows(q, k, v, gb32.rows(0, start, stop, 0), start, stop)
+                res['check'][f'triton rows {start}:{stop}'] = check = within(
+                    out[:, :, start:stop], ref, TOLERANCES[plan.attn_dtype]['forward']
+                )
+                if not check['ok']:
+                    problem = 'outside tolerance (not timed)'
+            del out
+        except Exception as err:  # a compile error on this GPU / Triton: recorded, not fatal
+            problem = f'failed: {_error(err, 400)}'
+            res['triton_traceback'] = _traceback()
+    if problem is not None:
+        res['triton'] = f'skipped: {problem}'
+    return problem
 
 
 #: the variants of the ``attn parts`` case, in order: each adds one thing to the one
@@ -906,6 +957,9 @@ def peer_cases(plan: Plan) -> List[Dict[str, Any]]:
         **({'arch': plan.peer_arch} if plan.peer_arch else {}),
     )
     flex = [f'{p}:flex' for p in plan.presets]
+    # the Triton forward (frames only: it has no backward); on CPU its children run in
+    # Triton's interpreter (the simulation: float32 models)
+    triton = [f'{p}:triton' for p in plan.presets]
     train = [
         f'{p}:{plan.train_backend}' if plan.train_backend != 'auto' else p
         for p in plan.presets
@@ -913,13 +967,21 @@ def peer_cases(plan: Plan) -> List[Dict[str, Any]]:
     ]
     small, large = plan.train_sizes
     groups = [
-        ('frame', plan.frame, ['timm', 'nobias', *flex, 'lh90:chunked']),
+        ('frame', plan.frame, ['timm', 'nobias', *triton, *flex, 'lh90:chunked']),
         ('train', (small, small), ['timm', 'nobias', *train]),
-        ('frame', plan.big_frame, ['timm', 'nobias', 'lh90:flex']),
+        ('frame', plan.big_frame, ['timm', 'nobias', 'lh90:triton', 'lh90:flex']),
         ('train', (large, large), ['timm', train[-1]]),
     ]
+    interpret = {'TRITON_INTERPRET': '1'} if plan.device == 'cpu' else None
     return [
-        dict(common, mode=mode, size=list(size), model=m, group=f'{mode} {size[0]}x{size[1]}')
+        dict(
+            common,
+            mode=mode,
+            size=list(size),
+            model=m,
+            group=f'{mode} {size[0]}x{size[1]}',
+            **({'child_env': interpret} if interpret and m.endswith(':triton') else {}),
+        )
         for mode, size, models in groups
         for m in models
     ]

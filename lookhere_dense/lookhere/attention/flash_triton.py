@@ -285,6 +285,11 @@ def attend(call: AttentionCall) -> Tensor:
     ``triton_plans`` cache (per field-of-view layout, grid, prefix and device, in the
     engine's tile order)."""
     q, engine = call.q, call.engine
+    if call.dropout_p:
+        raise ValueError(
+            "attn_backend='triton' has no attention dropout (forward only, for inference); "
+            "use 'flex' / 'auto' where it is on"
+        )
     grid_bias, index = engine.layer_bias(
         call.layer, call.grid_size, q.device, torch.float32, call.slopes
     )
