@@ -290,6 +290,23 @@ def test_merge_combines_seeds_and_refuses_other_settings(tmp_path):
         merge_reports([paths[0], paths[3]], 'x')
 
 
+def test_merge_takes_another_metric_and_refuses_one_the_runs_lack(tmp_path):
+    """``--merge ... --metric aAcc`` tabulates aAcc (it was ignored: the table stayed
+    mIoU); a misspelt metric, a report named twice and a missing one are refused."""
+    from lookhere_dense.errors import ConfigError
+
+    paths = write_study_reports(tmp_path, [(0, 40.0), (1, 60.0)])
+    merged = write_outputs(merge_reports(paths, 'x', 'aAcc'), str(tmp_path / 'm'), 'merged')
+    assert merged['settings']['metric'] == 'aAcc'
+    assert merged['summary']['abs']['1']['values'] == [90.0, 90.0]
+    with pytest.raises(ConfigError, match=r"--metric 'miou'.*did you mean 'mIoU'.*aAcc, mIoU"):
+        merge_reports(paths, 'x', 'miou')
+    with pytest.raises(ConfigError, match='a report is named twice'):
+        merge_reports([paths[0], paths[0]], 'x')
+    with pytest.raises(FileNotFoundError, match='not found'):
+        merge_reports([paths[0], str(tmp_path / 'nope.json')], 'x')
+
+
 def test_ladder_settings_and_the_per_class_evaluator():
     from mmengine.config import Config
     from mmseg.registry import METRICS
@@ -321,6 +338,14 @@ def test_ladder_settings_and_the_per_class_evaluator():
     )
     with pytest.raises(ValueError, match='scales must be positive'):
         study_settings(cfg, scales=[1, 0])
+    # a misspelt metric is refused before any training (it gave a table of '-' at the end)
+    with pytest.raises(ValueError, match=r"--metric 'miou'.*did you mean 'mIoU'\?\); available"):
+        study_settings(cfg, metric='miou')
+    assert study_settings(cfg, metric='IoU.sky')['metric'] == 'IoU.sky'  # per class
+    # the fov ladder widens the view: below 1 is refused with the scales given (the dataset's
+    # check quoted its own, merged list)
+    with pytest.raises(ValueError, match=r"scales \['0.5', '1'\]: the fov ladder widens"):
+        study_settings(cfg, scales=[0.5, 1], ladder='fov')
     ev = ladder_evaluator(cfg)
     assert ev == dict(type='PerClassIoUMetric', iou_metrics=['mIoU'])
     assert cfg.val_evaluator.type == 'IoUMetric'  # config untouched
@@ -896,3 +921,30 @@ def test_shrunk_study_below_1x_native_aspect_robustness_and_learned_slopes(tmp_p
         ('pgd', '4'),
     ]
     assert (out / 'small_robustness.png').stat().st_size > 10_000
+
+
+def test_the_study_tool_ends_a_wrong_argument_in_one_error_line(tmp_path):
+    """``tools/extrapolation_study.py`` under ``run_main``: a mistake is one ``error:`` line
+    and status 2 (tracebacks before), before anything trains."""
+    import subprocess
+    import sys
+
+    from tiny_seg import REPO, env
+
+    cases = {
+        ('--encodings', 'lookhere', 'rope'): "error: unknown encoding 'rope'; allowed:",
+        ('--metric', 'miou', '--iters', '1'): "error: --metric 'miou': the config's val_",
+        ('--merge', str(tmp_path / 'nope.json')): "error: --merge: report '",
+    }
+    for args, expected in cases.items():
+        res = subprocess.run(
+            [sys.executable, 'tools/extrapolation_study.py', *args, '--work-dir', str(tmp_path)],
+            cwd=REPO,
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert res.returncode == 2 and 'Traceback' not in res.stderr, res.stderr[-2000:]
+        lines = [ln for ln in res.stderr.splitlines() if ln.startswith('error: ')]
+        assert len(lines) == 1 and lines[0].startswith(expected), res.stderr[-2000:]

@@ -250,7 +250,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
     apply_threads(args.threads)
     if args.merge:
-        report = merge_reports(args.merge, command)
+        report = merge_reports(args.merge, command, args.metric)
     else:
         report = run_study(
             args.config,
@@ -296,4 +296,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 if __name__ == '__main__':
-    main()
+    from lookhere_dense.apis.cli import run_main
+
+    run_main(main)

@@ -42,6 +42,8 @@ from __future__ import annotations
 import copy
 from typing import Any, Dict, List, Sequence, Tuple
 
+from lookhere_dense.errors import ConfigError
+
 from .encodings import parse_encoding
 
 __all__ = [
@@ -87,7 +89,7 @@ def check_aids(aids: Sequence[str]) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     """
     unknown = [a for a in aids if a not in AIDS]
     if unknown:
-        raise ValueError(f'unknown aid(s) {unknown}; allowed: {list(AIDS)}')
+        raise ConfigError(f'unknown aid(s) {unknown}; allowed: {list(AIDS)}')
     aids = list(dict.fromkeys(aids))
     return (tuple(a for a in aids if a in TEST_AIDS), tuple(a for a in aids if a in TRAIN_AIDS))
 
@@ -107,18 +109,18 @@ def split_run_spec(spec: str) -> Tuple[str, Tuple[str, ...]]:
     name, _ = parse_encoding(encoding)
     for aid in aids:
         if aid in TEST_AIDS:
-            raise ValueError(
+            raise ConfigError(
                 f'run {spec!r}: {aid!r} is a test-time aid (the same trained '
                 f'model, evaluated once more): give it with --aids {aid}'
             )
         if aid not in TRAIN_AIDS:
-            raise ValueError(
+            raise ConfigError(
                 f'run {spec!r}: unknown training aid {aid!r}; allowed: {list(TRAIN_AIDS)}'
             )
     if len(set(aids)) != len(aids):
-        raise ValueError(f'run {spec!r} names an aid twice')
+        raise ConfigError(f'run {spec!r} names an aid twice')
     if 'learnable_slopes' in aids and name not in LOOKHERE_BIAS_ENCODINGS:
-        raise ValueError(
+        raise ConfigError(
             f'run {spec!r}: learnable_slopes learns the slopes of '
             f'{list(LOOKHERE_BIAS_ENCODINGS)}; {name!r} has none (name it per '
             f'run, e.g. --encodings lookhere lookhere+learnable_slopes)'
@@ -142,7 +144,7 @@ def run_specs(encodings: Sequence[str], aids: Sequence[str] = ()) -> List[str]:
         split_run_spec(run)  # the aids of --aids may not fit this encoding
         runs.append(run)
     if len(set(runs)) != len(runs):
-        raise ValueError(f'runs {runs} name one run twice')
+        raise ConfigError(f'runs {runs} name one run twice')
     return runs
 
 
@@ -156,14 +158,14 @@ def _pipeline_crop(cfg) -> Tuple[List[Dict[str, Any]], int]:
 
     pipeline = (cfg.get('train_dataloader') or {}).get('dataset', {}).get('pipeline')
     if pipeline is None:
-        raise ValueError(
+        raise ConfigError(
             'the mixed_crops aid needs train_dataloader.dataset.pipeline (a '
             'dataset wrapper without its own pipeline is not supported)'
         )
     pipeline = [copy.deepcopy(dict(t)) for t in pipeline]
     index = next((i for i, t in enumerate(pipeline) if transform_name(t) == 'RandomCrop'), None)
     if index is None:
-        raise ValueError(
+        raise ConfigError(
             'the mixed_crops aid needs a RandomCrop in the training pipeline (it '
             'crops to the largest size; the data preprocessor crops each batch)'
         )
@@ -177,7 +179,7 @@ def mixed_crop_sizes(crop: Sequence[int], scales: Sequence[float]) -> List[Tuple
         ValueError: a scale < 1 or no scales.
     """
     if not scales or min(scales) < 1:
-        raise ValueError(
+        raise ConfigError(
             f'mixed_crop_scales must be >= 1 (multiples of the training crop), got {tuple(scales)}'
         )
     return sorted({(int(round(crop[0] * s)), int(round(crop[1] * s))) for s in scales})
@@ -192,7 +194,7 @@ def _learn_slopes(cfg) -> None:
     if lh_config is None:
         lh_config = {}
     elif not isinstance(lh_config, dict):
-        raise ValueError(
+        raise ConfigError(
             f'the learnable_slopes aid sets model.backbone.lh_config.'
             f"learnable_slopes; the config's lh_config is {lh_config!r}, not a "
             f'dict (name the preset with preset= instead)'
@@ -217,7 +219,7 @@ def _add_jumbo(cfg) -> None:
     """The ``jumbo`` variant (see :func:`apply_train_aids`)."""
     tokens = (cfg.get('extrapolation') or {}).get('jumbo_tokens', DEFAULT_JUMBO_TOKENS)
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-        raise ValueError(f'extrapolation.jumbo_tokens must be an int >= 1, got {tokens!r}')
+        raise ConfigError(f'extrapolation.jumbo_tokens must be an int >= 1, got {tokens!r}')
     backbone = cfg.model.backbone
     backbone['jumbo_tokens'] = tokens
     backbone['with_cls_token'] = False
@@ -264,7 +266,7 @@ def apply_train_aids(cfg, aids: Sequence[str]) -> None:
         'SegDataPreProcessor',
         'mmseg.SegDataPreProcessor',
     ):
-        raise ValueError(
+        raise ConfigError(
             f'the mixed_crops aid replaces SegDataPreProcessor; the config has '
             f'model.data_preprocessor.type={dp.get("type")!r}'
         )

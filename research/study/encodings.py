@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from lookhere_dense.errors import ConfigError
+
 __all__ = ['DEFAULT_ENCODINGS', 'parse_encoding', 'check_encoding_options', 'backbone_for']
 
 #: the encodings a study compares when none are given
@@ -40,7 +42,7 @@ def parse_encoding(spec: str) -> Tuple[str, Optional[str]]:
     from lookhere_dense.lookhere.pos_encoding import POS_ENCODINGS, parse_pos_encoding
 
     if spec.partition(':')[0] not in POS_ENCODINGS:
-        raise ValueError(
+        raise ConfigError(
             f'unknown encoding {spec!r}; allowed: {list(POS_ENCODINGS)} '
             "(LookHere presets as 'lookhere:PRESET')"
         )
@@ -62,24 +64,24 @@ def check_encoding_options(options: Optional[Mapping[str, Any]]) -> Dict[str, Di
     if options is None:
         return {}
     if not isinstance(options, Mapping):
-        raise ValueError(
+        raise ConfigError(
             f'extrapolation.encoding_options must be a dict {{encoding: '
             f'{{option: value}}}}, got {options!r}'
         )
     out = {}
     for name, opts in options.items():
         if name not in POS_ENCODING_OPTIONS:
-            raise ValueError(
+            raise ConfigError(
                 f'extrapolation.encoding_options: unknown encoding {name!r}; '
                 f'allowed: {list(POS_ENCODING_OPTIONS)}'
             )
         if not isinstance(opts, Mapping):
-            raise ValueError(
+            raise ConfigError(
                 f'extrapolation.encoding_options.{name} must be a dict of options, got {opts!r}'
             )
         unknown = sorted(set(opts) - set(POS_ENCODING_OPTIONS[name]))
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f'extrapolation.encoding_options.{name}: unknown options '
                 f'{unknown}; allowed: {list(POS_ENCODING_OPTIONS[name])}'
             )
@@ -102,7 +104,7 @@ def backbone_for(
     name, preset = parse_encoding(spec)
     own = check_encoding_options(options).get(name)
     if backbone.get('type') != 'LookHereViT':
-        raise ValueError(
+        raise ConfigError(
             f"the study needs model.backbone.type='LookHereViT', the config has "
             f'{backbone.get("type")!r}'
         )

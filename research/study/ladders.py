@@ -47,8 +47,9 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from lookhere_dense.errors import ConfigError
 from lookhere_dense.evaluation.resize import long_side_resize, replace_resize, scale_resizes
 
 __all__ = [
@@ -116,7 +117,7 @@ def resize_ladder(
     ds = dataloader['dataset']
     ds['pipeline'], scaled = scale_resizes(ds.get('pipeline', []), scale)
     if not scaled:
-        raise ValueError(
+        raise ConfigError(
             "ladder='resize' needs a Resize transform in the val pipeline to "
             'scale; this config has none'
         )
@@ -224,6 +225,52 @@ def slide_window(study: Dict[str, Any]) -> Tuple[Tuple[int, int], Tuple[int, int
     return crop, tuple(int(s) for s in stride)
 
 
+#: the summary metric of each mmseg ``iou_metrics`` entry (plus ``aAcc`` always):
+#: what ``IoUMetric`` returns and a study can tabulate
+_SUMMARY_METRICS = {
+    'mIoU': ('mIoU', 'mAcc'),
+    'mDice': ('mDice', 'mAcc'),
+    'mFscore': ('mFscore', 'mPrecision', 'mRecall', 'mAcc'),
+}
+
+
+def evaluator_metrics(cfg) -> List[str]:
+    """The summary metrics the config's ``val_evaluator`` returns (an ``IoUMetric``'s:
+    ``aAcc`` and those of its ``iou_metrics``); ``[]`` for another evaluator (not
+    checked)."""
+    ev = cfg.get('val_evaluator') or {}
+    if isinstance(ev, (list, tuple)) or str(ev.get('type', '')).split('.')[-1] not in (
+        'IoUMetric',
+        'PerClassIoUMetric',
+    ):
+        return []
+    names = ['aAcc']
+    for m in ev.get('iou_metrics') or ['mIoU']:
+        names += [n for n in _SUMMARY_METRICS.get(m, ()) if n not in names]
+    return names
+
+
+def check_metric(metric: str, available: Sequence[str], where: str) -> None:
+    """Refuse a ``--metric`` the study cannot tabulate (a misspelt one gave a table of
+    ``-`` after the whole run), naming the available ones and a close match.
+
+    Raises:
+        ConfigError: ``metric`` is not one of ``available`` (nothing checked when empty).
+    """
+    import difflib
+
+    if not available or metric in available or metric.startswith('IoU.'):
+        return  # IoU.<class>: the study's PerClassIoUMetric returns one per class
+    close = [n for n in available if n.lower() == metric.lower()] or difflib.get_close_matches(
+        metric, list(available), n=1
+    )
+    raise ConfigError(
+        f'--metric {metric!r}: {where} has no such metric'
+        + (f' (did you mean {close[0]!r}?)' if close else '')
+        + f'; available: {", ".join(available)}'
+    )
+
+
 def study_settings(
     cfg,
     scales: Optional[Sequence[float]] = None,
@@ -253,16 +300,17 @@ def study_settings(
     Raises:
         ValueError: an unknown ladder or aid, a scale <= 0, native aspect on a ladder
             without it, bad robustness settings.
+        ConfigError: a metric the config's evaluator does not return.
     """
     from .aids import check_aids
 
     ext = dict(cfg.get('extrapolation') or {})
     ladder = ladder or ext.get('ladder', 'resize')
     if ladder not in LADDERS:
-        raise ValueError(f'unknown extrapolation.ladder {ladder!r}; allowed: {list(LADDERS)}')
+        raise ConfigError(f'unknown extrapolation.ladder {ladder!r}; allowed: {list(LADDERS)}')
     scales = tuple(float(s) for s in (scales or ext.get('scales') or DEFAULT_SCALES))
     if min(scales) <= 0:
-        raise ValueError(f'scales must be positive, got {scales}')
+        raise ConfigError(f'scales must be positive, got {scales}')
     train_size = ext.get('train_size') or cfg.model.backbone.get('img_size', 224)
     if isinstance(train_size, int):
         train_size = (train_size, train_size)
@@ -273,14 +321,20 @@ def study_settings(
         train_size=tuple(train_size),
         val_prefix=ext.get('val_prefix', 'val_x{scale:g}'),
     )
+    check_metric(study['metric'], evaluator_metrics(cfg), "the config's val_evaluator")
     test_aids, _ = check_aids(ext.get('aids', ()) if aids is None else aids)
     if test_aids:
         study['aids'] = test_aids
     if ladder == 'fov':
+        if min(scales) < 1:
+            raise ConfigError(
+                f'scales {[f"{s:g}" for s in scales]}: the fov ladder widens the view (a frame '
+                'is at least one training crop), so its scales must be >= 1'
+            )
         study['slide_stride'] = ext.get('slide_stride')
     if ext.get('native_aspect', False) if native_aspect is None else native_aspect:
         if LADDERS[ladder].native_aspect is None:
-            raise ValueError(
+            raise ConfigError(
                 f'native aspect needs a zoom ladder (rendered or resize); '
                 f'ladder={ladder!r} has none'
             )
@@ -326,7 +380,7 @@ def prepare_data(cfg, study: Dict[str, Any], progress: bool = True) -> Optional[
     if not present:
         return None
     if len(present) > 1:
-        raise ValueError(f'the config describes two generated datasets {present}; keep one')
+        raise ConfigError(f'the config describes two generated datasets {present}; keep one')
     key = present[0]
     module, ensure, size_key = GENERATED_DATASETS[key]
     module = importlib.import_module(module)
@@ -337,18 +391,18 @@ def prepare_data(cfg, study: Dict[str, Any], progress: bool = True) -> Optional[
     )
     settings = module.settings_from_dict(rel)
     if study.get('native_aspect') and not getattr(settings, 'aspect_ratios', ()):
-        raise ValueError(
+        raise ConfigError(
             f'native aspect needs scenes at other aspect ratios: set '
             f'{key}.aspect_ratios (width / height, e.g. (0.5, 0.75, 1.333, 2.0))'
         )
     if tuple(getattr(settings, size_key)) != tuple(study['train_size']):
-        raise ValueError(
+        raise ConfigError(
             f'{key}.{size_key} {getattr(settings, size_key)} differs from '
             f'extrapolation.train_size {study["train_size"]}'
         )
     root = cfg.train_dataloader.dataset.get('data_root')
     if cfg.val_dataloader.dataset.get('data_root') != root:
-        raise ValueError(
+        raise ConfigError(
             f'the {key} dataset needs train and val data_root to be equal, got '
             f'{root!r} and {cfg.val_dataloader.dataset.get("data_root")!r}'
         )
@@ -375,7 +429,7 @@ def native_aspect_dataloader(cfg, study: Dict[str, Any], scale: float) -> Dict[s
     """
     build = LADDERS[study['ladder']].native_aspect
     if build is None:
-        raise ValueError(f'ladder {study["ladder"]!r} has no native-aspect rungs')
+        raise ConfigError(f'ladder {study["ladder"]!r} has no native-aspect rungs')
     dl = copy.deepcopy(
         cfg.val_dataloader.to_dict()
         if hasattr(cfg.val_dataloader, 'to_dict')

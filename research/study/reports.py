@@ -33,6 +33,7 @@ from __future__ import annotations
 import datetime
 import json
 import os.path as osp
+import re
 import statistics
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -540,15 +541,28 @@ MERGEABLE = ('encodings', 'seeds')
 ONE_SIDED = ('jumbo_tokens',)
 
 
-def merge_reports(paths: Sequence[str], command: str) -> Dict[str, Any]:
+def merge_reports(
+    paths: Sequence[str], command: str, metric: Optional[str] = None
+) -> Dict[str, Any]:
     """Combine the runs of earlier ``{name}.json`` reports made with the same settings
-    (e.g. seeds run on different machines) into one report.
+    (e.g. seeds run on different machines) into one report; ``metric``: tabulate this one
+    of the runs' metrics instead of the reports' (None: theirs).
 
     Raises:
-        ValueError: settings that differ (by name), or one (encoding, seed) twice.
+        ConfigError: a file twice, settings that differ (by name), one (encoding, seed)
+            twice, a ``metric`` no run has.
+        FileNotFoundError: a missing report.
     """
+    from lookhere_dense.errors import ConfigError
+
+    from .ladders import check_metric
+
+    if len(set(map(osp.abspath, paths))) < len(paths):
+        raise ConfigError(f'--merge: a report is named twice ({list(paths)})')
     reports = []
     for path in paths:
+        if not osp.isfile(path):
+            raise FileNotFoundError(f'--merge: report {path!r} not found')
         with open(path) as f:
             reports.append(json.load(f))
     base = reports[0]['settings']
@@ -562,18 +576,32 @@ def merge_reports(paths: Sequence[str], command: str) -> Dict[str, Any]:
             != json.dumps(rep['settings'].get(k), sort_keys=True, default=str)
         )
         if diff:
-            raise ValueError(f'cannot merge {path!r} into {paths[0]!r}: settings differ in {diff}')
+            raise ConfigError(
+                f'cannot merge {path!r} into {paths[0]!r}: settings differ in {diff}'
+            )
     runs, seen = [], set()
     for path, rep in zip(paths, reports):
         for run in rep['runs']:
             key = (run['encoding'], run['seed'])
             if key in seen:
-                raise ValueError(f'encoding {key[0]!r} seed {key[1]} appears twice ({path!r})')
+                raise ConfigError(f'encoding {key[0]!r} seed {key[1]} appears twice ({path!r})')
             seen.add(key)
             runs.append(run)
     settings = dict(base)
     for rep in reports[1:]:
         settings.update({k: rep['settings'][k] for k in ONE_SIDED if k in rep['settings']})
+    if metric is not None:
+        found = sorted(
+            {
+                k
+                for r in runs
+                for row in _evals(r, None).values()
+                for k, v in row.items()
+                if isinstance(v, (int, float)) and re.fullmatch(r'aAcc|m[A-Z]\w*|IoU\..+', k)
+            }
+        )
+        check_metric(metric, found, 'the merged runs')
+        settings['metric'] = metric
     settings['encodings'] = list(dict.fromkeys(r['encoding'] for r in runs))
     settings['seeds'] = sorted({r['seed'] for r in runs})
     sources = [

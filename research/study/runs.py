@@ -35,7 +35,7 @@ from lookhere_dense.engine.memory_guard import (
     remove_memory_guard,
 )
 from lookhere_dense.engine.schedules import schedule_to
-from lookhere_dense.errors import MemoryBudgetError
+from lookhere_dense.errors import ConfigError, MemoryBudgetError
 
 from ..evaluate import evaluate, evaluate_loader, refusal
 from .aids import DEFAULT_JUMBO_TOKENS, apply_train_aids, run_specs, split_run_spec
@@ -427,7 +427,7 @@ def run_study(
     options = options or RunOptions()
     if config is None:
         if ladder is not None and ladder not in LADDER_CONFIGS:
-            raise ValueError(
+            raise ConfigError(
                 f'ladder {ladder!r} has no CPU default config: give one (e.g. '
                 'configs/study/segmenter_vit-b_ade20k_ladder.py for resize)'
             )
