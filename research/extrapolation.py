@@ -37,7 +37,15 @@ from lookhere_dense.evaluation.resize import (
 from lookhere_dense.validation import check_int
 
 from .evaluate import evaluate_loader, refusal
-from .reporting import checkpoint_report, config_stem, figure, markdown_table, write_json
+from .reporting import (
+    check_report_target,
+    checkpoint_report,
+    config_stem,
+    figure,
+    markdown_table,
+    position_encoding_label,
+    write_json,
+)
 
 __all__ = [
     'DEFAULT_TESTS',
@@ -503,6 +511,7 @@ def extrapolation_report(
             for spec in specs:
                 spec_pipeline(pipeline, spec, config_patch_size(cfg))
 
+    check_report_target(config, checkpoint, out_dir, 'extrapolation', name)
     cfg, model, device = model_for_report(
         config, checkpoint, split, cfg_options, 'extrapolate.py', device, check
     )
@@ -543,6 +552,7 @@ def extrapolation_report(
         command,
         out_dir,
         'extrapolation',
+        pos_encoding=position_encoding_label(cfg),
         train_crop=list(size) if size else None,
         train_grid=list(train_grid) if train_grid else None,
         patch_size=patch,
@@ -552,7 +562,9 @@ def extrapolation_report(
     json_path = osp.join(out_dir, f'{name}.json')
     png_path = osp.join(out_dir, f'{name}.png')
     write_json(json_path, report)
-    plot_report(rows, png_path, f'{stem} — {osp.basename(checkpoint)} ({device})', train_grid)
+    pos = f', {report["pos_encoding"]}' if report.get('pos_encoding') else ''
+    title = f'{stem} — {osp.basename(checkpoint)} ({device}{pos})'
+    plot_report(rows, png_path, title, train_grid)
     log(f'\nwrote {json_path} and {png_path}')
     report['json'], report['png'] = json_path, png_path
     return report

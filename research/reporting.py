@@ -71,6 +71,48 @@ def checkpoint_report(
     return out_dir, report
 
 
+def position_encoding_label(cfg) -> Optional[str]:
+    """The backbone's position encoding as a report names it (``lookhere lh90``,
+    ``rope2d``), from the config; None for a backbone that is no LookHere ViT."""
+    backbone = (cfg.get('model') or {}).get('backbone') or {}
+    if not str(backbone.get('type', '')).split('.')[-1].startswith('LookHere'):
+        return None
+    pos = backbone.get('pos_encoding') or 'lookhere'
+    pos = pos if isinstance(pos, str) else str(dict(pos).get('type'))
+    preset = backbone.get('preset')
+    return f'{pos} {preset}' if pos == 'lookhere' and isinstance(preset, str) else pos
+
+
+def check_report_target(
+    config: str, checkpoint: str, out_dir: Optional[str], kind: str, name: str
+) -> None:
+    """Refuse, before any work, a report that would replace the one another checkpoint
+    wrote there (``<out_dir>/<name>.json``, ``out_dir`` defaulting as in
+    :func:`checkpoint_report`): evaluating two checkpoints of one config (two position
+    encodings, two schedules) with the defaults overwrote the first report without a word.
+    The same checkpoint again (a rerun) replaces its own report.
+
+    Raises:
+        lookhere_dense.errors.ToolError: naming both checkpoints, ``--name`` and
+            ``--out-dir``.
+    """
+    from lookhere_dense.errors import ToolError
+
+    folder = out_dir or osp.join('work_dirs', config_stem(config), kind)
+    path = osp.join(folder, f'{name}.json')
+    try:
+        with open(path) as f:
+            old = json.load(f).get('checkpoint')
+    except (OSError, ValueError, AttributeError):
+        return  # none there, or not a report of ours: written as before
+    if isinstance(old, str) and osp.abspath(old) != osp.abspath(checkpoint):
+        raise ToolError(
+            f'{path!r} is the {kind} report of {old!r}; this one, of {checkpoint!r}, would '
+            'replace it: give it another --name (e.g. the encoding or the checkpoint) or '
+            '--out-dir, or remove that file'
+        )
+
+
 def _parent(path: str) -> None:
     ensure_dir(osp.dirname(osp.abspath(path)))
 

@@ -180,6 +180,44 @@ def test_the_report_refuses_a_test_below_one_patch_before_any_evaluation(tmp_pat
     assert not (tmp_path / 'out').exists()
 
 
+def test_a_report_of_another_checkpoint_is_not_replaced(tmp_path, repo_root):
+    """Two checkpoints of one config (e.g. two position encodings) evaluated with the
+    defaults: the second run is refused before any work, naming both checkpoints and
+    --name / --out-dir (it replaced the first report without a word); the same checkpoint
+    again passes the check (here it then fails as no checkpoint, later)."""
+    import json
+
+    from lookhere_dense.errors import ToolError
+    from research.extrapolation import extrapolation_report
+    from research.reporting import position_encoding_label
+
+    config = str(repo_root / 'configs' / 'segmenter_lookhere_vit-t_tiny-ade.py')
+    out = tmp_path / 'out'
+    out.mkdir()
+    first = tmp_path / 'lookhere.pth'
+    (out / 'extrapolation.json').write_text(json.dumps(dict(checkpoint=str(first))))
+    second = tmp_path / 'rope.pth'
+    second.write_text('not a checkpoint')
+    with pytest.raises(
+        ToolError,
+        match=r"is the extrapolation report of '.*lookhere\.pth'; "
+        r"this one, of '.*rope\.pth', would replace it: give it another --name",
+    ):
+        extrapolation_report(config, str(second), ['whole@x1'], out_dir=str(out))
+    first.write_text('not a checkpoint either')
+    with pytest.raises(Exception) as exc:
+        extrapolation_report(config, str(first), ['whole@x1'], out_dir=str(out))
+    assert not isinstance(exc.value, ToolError) or 'would replace it' not in str(exc.value)
+    from mmengine.config import Config
+
+    assert position_encoding_label(Config.fromfile(config)) == 'lookhere'
+    rope = Config(dict(model=dict(backbone=dict(type='LookHereViT', pos_encoding='rope2d'))))
+    assert position_encoding_label(rope) == 'rope2d'
+    lh90 = Config(dict(model=dict(backbone=dict(type='LookHereViT', preset='lh90'))))
+    assert position_encoding_label(lh90) == 'lookhere lh90'
+    assert position_encoding_label(Config(dict(model=dict(backbone=dict(type='ResNet'))))) is None
+
+
 def test_long_side_resize_keeps_the_aspect_and_sets_the_longer_side():
     """mmcv's own Resize with the long-side dict: the longer side becomes exactly N (larger
     and smaller images alike), the shorter one follows the aspect."""

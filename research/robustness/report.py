@@ -160,7 +160,9 @@ def robustness_report(
         errors (:func:`lookhere_dense.apis.cli.preflight`).
     """
     from ..evaluate import model_for_report
+    from ..reporting import check_report_target
 
+    check_report_target(config, checkpoint, out_dir, 'robustness', name)
     cfg, model, device = model_for_report(
         config,
         checkpoint,
