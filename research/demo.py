@@ -360,6 +360,7 @@ def run_demo(
             ckpt,
             demo_tests,
             out_dir=work,
+            replace=True,  # the demo's own folder: a rerun with other --iters replaces it
             cfg_options=parse_cfg_options(report_opts),
             command='python tools/extrapolate.py '
             + ' '.join(

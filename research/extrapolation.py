@@ -455,6 +455,7 @@ def extrapolation_report(
     command: str = '',
     log: Callable[[str], None] = _print,
     max_memory: Optional[str] = None,
+    replace: bool = False,
 ) -> Dict[str, Any]:
     """Evaluate ``checkpoint`` at every test and write ``<out_dir>/<name>.json`` and
     ``.png``.
@@ -478,6 +479,9 @@ def extrapolation_report(
             allocates (:func:`lookhere_dense.engine.memory_guard.install_memory_guard`)
             and reported as a ``refused`` row (:func:`refused_row`); the other tests run.
             Default: None.
+        replace: replace a report of another checkpoint there (the demo's own folder);
+            False: refused before any work (:func:`~.reporting.check_report_target`).
+            Default: False.
 
     Returns:
         The JSON content, plus ``json`` and ``png`` (the written paths).
@@ -511,7 +515,8 @@ def extrapolation_report(
             for spec in specs:
                 spec_pipeline(pipeline, spec, config_patch_size(cfg))
 
-    check_report_target(config, checkpoint, out_dir, 'extrapolation', name)
+    if not replace:
+        check_report_target(config, checkpoint, out_dir, 'extrapolation', name)
     cfg, model, device = model_for_report(
         config, checkpoint, split, cfg_options, 'extrapolate.py', device, check
     )
