@@ -151,6 +151,14 @@ def test_explain_backend_names_each_layer_and_why_the_faster_ones_were_skipped()
     assert backend_summary(model, 512, training=True, batch=None).startswith(
         'LookHere attention at 512x512 (grid 32x32, 1025 tokens, float32, cpu, training)'
     )
+    # another position encoding is not called LookHere attention (it was, for rope2d / none)
+    from lookhere_dense.lookhere import create_model as _create
+
+    rope = _create(embed_dims=48, num_layers=2, num_heads=12, pos_encoding='rope2d')
+    assert backend_summary(rope, 64).startswith(
+        'attention (pos_encoding rope2d) at 64x64 (grid 4x4, 17 tokens, batch 1, float32, '
+        'cpu, training): sdpa x 2'
+    ), backend_summary(rope, 64)
     if fused_module.fused_available():  # in bfloat16 the line names the fused kernel's products
         line = backend_summary(model, 512, training=True, dtype=torch.bfloat16)
         products = fused_module.bf16_products()

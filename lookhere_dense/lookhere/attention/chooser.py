@@ -22,6 +22,7 @@ for each layer of a model at an image size.
 from __future__ import annotations
 
 import operator
+import re
 from types import ModuleType
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -240,7 +241,10 @@ def backend_summary(
     for line in lines[1:]:
         chosen = line.split(': ', 1)[1].split(' (', 1)[0]
         counts[chosen] = counts.get(chosen, 0) + 1
-    head = lines[0].rstrip(':').replace('attention backends at', 'LookHere attention at')
+    # another position encoding (rope2d, abs, none, ...): no LookHere bias in any layer
+    other = re.search(r'\(pos_encoding (\S+): no LookHere bias\)', ' '.join(lines[1:]))
+    label = f'attention (pos_encoding {other.group(1)}) at' if other else 'LookHere attention at'
+    head = lines[0].rstrip(':').replace('attention backends at', label)
     uses = ', '.join(f'{name} x {n}' for name, n in counts.items())
     if 'fused' in counts and ', bfloat16, ' in head:
         uses += f' (bf16 products: {fused.bf16_products()})'
