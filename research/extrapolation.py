@@ -377,14 +377,18 @@ def format_table(rows: List[Dict[str, Any]], train_grid: Optional[Tuple[int, int
         )
     ]
     if train_grid:
-        lines.append(f'\ntraining crop grid: {train_grid[0]}x{train_grid[1]} patches')
+        lines.append(
+            f"\ntraining crop grid: {train_grid[0]}x{train_grid[1]} patches (the config's "
+            'data_preprocessor.size)'
+        )
     refused = [r for r in rows if r.get('refused')]
     if refused:
         sources = sorted({str(r.get('limit_source') or 'the memory limit') for r in refused})
         lines.append(
             f'\nrefused: {", ".join(r["test"] for r in refused)}: the memory guard '
             f'estimated the rise of memory of their pass above {" / ".join(sources)} '
-            '(`est. estimate > limit`, MB) and refused it before it allocated; each '
+            '(their memory cell: `est. <estimate> > <limit>`, in MB) and refused it before '
+            'it allocated; each '
             'refusal (`refused` in the JSON) names cheaper options'
         )
     return '\n'.join(lines)

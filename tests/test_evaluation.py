@@ -265,7 +265,7 @@ def test_slide_settings_and_table():
         '| test | input (median HxW) | patch grid | mIoU | aAcc | s / img | peak RSS MB |' in table
     )
     assert '| slide@x1 | 128x256 | 6x6 (windows) | 12.35 | 50.00 | 0.123 | 812 |' in table
-    assert table.endswith('training crop grid: 6x6 patches')
+    assert table.endswith("training crop grid: 6x6 patches (the config's data_preprocessor.size)")
     assert 'peak GPU MB' in format_table([dict(row, memory_kind='cuda_max_allocated')], None)
 
 
