@@ -542,7 +542,7 @@ def extrapolation_report(
         try:
             row = evaluate_spec(model, cfg, spec, split, device, max_images, patch)
         except MemoryBudgetError as err:
-            refusals.append(err)
+            refusals.append(err.with_traceback(None))  # its frames held the refused input
             row = refused_row(spec, err)
             log(format_row(row) + f'\n{"":>20}{err}')
         else:
