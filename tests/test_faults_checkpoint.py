@@ -545,3 +545,18 @@ def test_the_last_checkpoint_pointer_file_names_the_checkpoint_it_points_to(tmp_
     )
     pointer.write_text(str(tmp_path / 'iter_9.pth'))  # names nothing that exists: as before
     assert 'pointer' not in checkpoint_problem(str(pointer))
+
+
+def test_a_state_dict_is_not_quoted_as_a_file_name():
+    """``adopt_lh_config`` names a file in quotes and 'the loaded state_dict' without them
+    (it read "stored in 'the loaded state_dict'", as if that were a file)."""
+    from lookhere_dense.errors import CheckpointError
+    from lookhere_dense.lookhere import create_model
+    from lookhere_dense.lookhere.weights import adopt_lh_config
+
+    model = create_model(embed_dims=48, num_layers=1, num_heads=12, preset='lh90')
+    bad = dict(model.lh_config.to_dict(), head_directions='no-such-layout')
+    with pytest.raises(CheckpointError, match=r'stored in the loaded state_dict cannot be used'):
+        adopt_lh_config(model, bad, 'the loaded state_dict')
+    with pytest.raises(CheckpointError, match=r"stored in 'w\.pth' cannot be used"):
+        adopt_lh_config(model, bad, 'w.pth')

@@ -653,12 +653,13 @@ def adopt_lh_config(model: Any, stored: Mapping[str, Any], path: str) -> None:
     Raises:
         CheckpointError, ValueError: naming the file and what differs.
     """
+    where = path if path.startswith('the ') else repr(path)  # a file, or 'the loaded ...'
     stored = dict(stored)
     stored.setdefault('bias_rounding', model.lh_config.bias_rounding)
     learnable = model.lh_config.learnable_slopes
     if stored.get('learnable_slopes') is True and not learnable:
         raise CheckpointError(
-            f'{path!r} holds learned LookHere slopes (lh_config learnable_slopes=True, '
+            f'{where} holds learned LookHere slopes (lh_config learnable_slopes=True, '
             'tensors pos_enc.slopes.*), but this LookHereViT has fixed slopes: set '
             'model.backbone.lh_config.learnable_slopes=True (lh_config=dict(..., '
             'learnable_slopes=True)) to load them'
@@ -669,7 +670,7 @@ def adopt_lh_config(model: Any, stored: Mapping[str, Any], path: str) -> None:
         ckpt_cfg = resolve_lh_config(stored)
     except ValueError as err:
         raise CheckpointError(
-            f'the LookHere config stored in {path!r} cannot be used: {err}'
+            f'the LookHere config stored in {where} cannot be used: {err}'
         ) from None
     if model.lh_explicit:
         diff = [
@@ -678,7 +679,7 @@ def adopt_lh_config(model: Any, stored: Mapping[str, Any], path: str) -> None:
         if diff:
             raise CheckpointError(
                 f'the LookHere config given to LookHereViT conflicts with the '
-                f'one stored in {path!r} (given != checkpoint): '
+                f'one stored in {where} (given != checkpoint): '
                 + '; '.join(diff)
                 + '. Remove lh_config/preset to use the '
                 "checkpoint's, or make them equal."
@@ -687,7 +688,7 @@ def adopt_lh_config(model: Any, stored: Mapping[str, Any], path: str) -> None:
         ckpt_cfg.validate(model.num_heads, model.num_layers)
     except ValueError as err:
         raise CheckpointError(
-            f'the LookHere config stored in {path!r} does not fit this backbone: {err}'
+            f'the LookHere config stored in {where} does not fit this backbone: {err}'
         ) from None
     if ckpt_cfg != model.lh_config:
         model._log(f'LookHereViT: LookHere config from {path}: {ckpt_cfg.to_dict()}')
