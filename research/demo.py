@@ -403,7 +403,9 @@ def run_demo(
                 entry['fov_view'] = dict(table=view['table'], json=view['json'], png=view['png'])
                 sizes = {f'{r["input_h"]}x{r["input_w"]}' for r in view['rows'] if 'input_h' in r}
                 shown = f' ({", ".join(sorted(sizes))} frames)' if sizes else ''
-                log(f'[demo] {name}: field-of-view view{shown}\n{view["table"]}')
+                log(
+                    f'[demo] {name}: field-of-view view{shown}: {view["png"]} (table in the summary)'
+                )
         summary['datasets'][name] = entry
     os.makedirs(work_dir, exist_ok=True)
     path = osp.join(work_dir, 'demo_summary.json')
