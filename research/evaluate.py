@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -178,7 +179,12 @@ def evaluate(
     meter = PeakMemory(device) if memory else contextlib.nullcontext()
     with meter:
         # a bar on a terminal, about ten plain lines in a log
+        said = False
         for data in progress(loader, desc.strip(), leave=False):
+            note = None if said else large_frame_note(data, desc)
+            if note:  # one pass may take minutes: the bar counts whole images only
+                print(note, file=sys.stderr, flush=True)
+                said = True
             t0 = time.perf_counter()
             outputs = step(data)
             if device.startswith('cuda'):
@@ -199,6 +205,28 @@ def evaluate(
         peak_mem_mb=meter.peak_mb if memory else None,
         mem_rise_mb=meter.rise_mb if memory else None,
         memory_kind=meter.kind if memory else None,
+    )
+
+
+#: pixels of an input from which the evaluation loop says, before the pass, that one image
+#: may take a while (a 2048 x 2048 frame: 16,384 patches of 16 px)
+LARGE_FRAME_PIXELS = 2048 * 2048
+
+
+def large_frame_note(data: Any, desc: str = '') -> Optional[str]:
+    """One line for an input batch holding an image of :data:`LARGE_FRAME_PIXELS` or more
+    (``data['inputs']``: ``(C, H, W)`` tensors): its size, and that the progress counts
+    whole images (a 25600 x 6400 frame printed nothing for minutes); None for smaller ones."""
+    inputs = data.get('inputs') if isinstance(data, dict) else None
+    sizes = [tuple(x.shape[-2:]) for x in inputs or () if hasattr(x, 'shape') and x.dim() >= 2]
+    if not sizes:
+        return None
+    h, w = max(sizes, key=lambda s: s[0] * s[1])
+    if h * w < LARGE_FRAME_PIXELS:
+        return None
+    return (
+        f'{desc.strip() or "evaluation"}: a {h}x{w} px image ({h * w / 256:,.0f} patches of '
+        '16 px): one pass may take minutes on a CPU; the progress counts whole images'
     )
 
 

@@ -450,3 +450,20 @@ def test_tests_below_the_training_size_run_whole_and_slide(tmp_path, repo_root):
     table = format_table([long48, rows['whole@32']], None)
     assert '| whole@long48 | 36x48 (median of 4 sizes: H 24-48, W 24-48) | 5x6 |' in table
     assert '| whole@32 | 32x32 | 4x4 |' in table
+
+
+def test_a_large_frame_is_announced_before_its_pass():
+    """The evaluation loop's progress counts whole images: one 25600 x 6400 frame printed
+    nothing for minutes. A batch from 2048 x 2048 px on gets one line first."""
+    import torch
+
+    from research.evaluate import large_frame_note
+
+    small = dict(inputs=[torch.zeros(3, 1024, 2048, dtype=torch.uint8)])
+    big = dict(inputs=[torch.zeros(3, 25600, 6400, dtype=torch.uint8, device='meta')])
+    assert large_frame_note(small, 'whole@x1') is None
+    assert large_frame_note(big, 'whole@x50') == (
+        'whole@x50: a 25600x6400 px image (640,000 patches of 16 px): one pass may take '
+        'minutes on a CPU; the progress counts whole images'
+    )
+    assert large_frame_note({}, '') is None
