@@ -76,7 +76,6 @@ import os
 import re
 import sys
 import warnings
-import zipfile
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import torch
@@ -893,17 +892,10 @@ def _converted_meta(path: str) -> Optional[Dict[str, Any]]:
     'meta': {'num_heads', 'lookhere_config', ...}}``), which timm's reader drops; None for
     any other file, or one that cannot be read here (timm's reader has read it: its own
     messages stand). A ``torch.save`` zip file is memory-mapped: its tensors are not read
-    again."""
-    if path.endswith('.safetensors') or not os.path.isfile(path):
-        return None
-    try:
-        ckpt = torch.load(
-            path, map_location='cpu', weights_only=True, mmap=zipfile.is_zipfile(path)
-        )
-    except (MemoryError, KeyboardInterrupt):
-        raise
-    except Exception:  # noqa: BLE001 - timm read the file; without its meta: None
-        return None
+    again (:func:`~lookhere_dense.checkpoint.checkpoint_head`)."""
+    from .checkpoint import checkpoint_head
+
+    ckpt = checkpoint_head(path)
     meta = ckpt.get('meta') if isinstance(ckpt, Mapping) and 'state_dict' in ckpt else None
     if not isinstance(meta, Mapping):
         return None

@@ -5,7 +5,13 @@ mean (official / timm / DeiT-III formats, head counts, LookHere configs) is
 """
 
 from ..errors import CheckpointError, UnreadableCheckpointError
-from .reading import checkpoint_problem, load_checkpoint_file, read_pointer_file, training_meta
+from .reading import (
+    checkpoint_head,
+    checkpoint_problem,
+    load_checkpoint_file,
+    read_pointer_file,
+    training_meta,
+)
 from .records import (
     EXTRA_STATE_KEY,
     decode_extra_state,
@@ -22,6 +28,7 @@ __all__ = [
     'checkpoint_problem',
     'read_pointer_file',
     'training_meta',
+    'checkpoint_head',
     'EXTRA_STATE_KEY',
     'encode_extra_state',
     'decode_extra_state',

@@ -263,19 +263,27 @@ def checkpoint_problem(path: str) -> Optional[str]:
     return None if problem is None else problem.problem
 
 
-def training_meta(path: str) -> Optional[Dict[str, Any]]:
-    """The ``meta`` of a training run's checkpoint (mmengine's: ``iter``, ``epoch``, ...), or
-    None: a weights-only file (no ``meta``), a ``.safetensors`` file, or one that cannot be
-    read. Tensors are memory-mapped, not read."""
-    if path.endswith('.safetensors'):
+def checkpoint_head(path: str) -> Any:
+    """A ``torch.save`` file as ``torch.load(weights_only=True)`` gives it, its tensors
+    memory-mapped (a zip file's are not read), to look at its ``meta``; None for a
+    ``.safetensors`` file, a missing one or one that cannot be read (the callers fall back
+    on what they would do without it)."""
+    if path.endswith('.safetensors') or not os.path.isfile(path):
         return None
     try:
-        ckpt = torch.load(
+        return torch.load(
             path, map_location='cpu', weights_only=True, mmap=zipfile.is_zipfile(path)
         )
     except (MemoryError, KeyboardInterrupt):
         raise
-    except Exception:  # noqa: B902 - unreadable: no meta
+    except Exception:  # noqa: B902 - unreadable: nothing to look at
         return None
+
+
+def training_meta(path: str) -> Optional[Dict[str, Any]]:
+    """The ``meta`` of a training run's checkpoint (mmengine's: ``iter``, ``epoch``, ...), or
+    None: a weights-only file (no ``meta``), a ``.safetensors`` file, or one that cannot be
+    read (:func:`checkpoint_head`)."""
+    ckpt = checkpoint_head(path)
     meta = ckpt.get('meta') if isinstance(ckpt, dict) else None
     return dict(meta) if isinstance(meta, dict) else None
