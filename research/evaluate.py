@@ -218,6 +218,8 @@ def large_frame_note(data: Any, desc: str = '') -> Optional[str]:
     (``data['inputs']``: ``(C, H, W)`` tensors): its size, and that the progress counts
     whole images (a 25600 x 6400 frame printed nothing for minutes); None for smaller ones."""
     inputs = data.get('inputs') if isinstance(data, dict) else None
+    if hasattr(inputs, 'shape'):  # one stacked (B, C, H, W) tensor (default_collate)
+        inputs = [inputs]
     sizes = [tuple(x.shape[-2:]) for x in inputs or () if hasattr(x, 'shape') and x.dim() >= 2]
     if not sizes:
         return None

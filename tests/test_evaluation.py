@@ -467,3 +467,5 @@ def test_a_large_frame_is_announced_before_its_pass():
         'minutes on a CPU; the progress counts whole images'
     )
     assert large_frame_note({}, '') is None
+    stacked = dict(inputs=torch.zeros(2, 3, 4096, 4096, device='meta'))  # default_collate
+    assert large_frame_note(stacked, 'x').startswith('x: a 4096x4096 px image')

@@ -906,7 +906,7 @@ def test_a_refused_test_leaves_nothing_to_the_next_rows_memory(data, tmp_path):
     )
     assert after['rows'][0].get('refused')
     peak_alone, peak_after = alone['rows'][0]['peak_mem_mb'], after['rows'][1]['peak_mem_mb']
-    assert peak_after < 1.1 * peak_alone, (peak_alone, peak_after)
+    assert peak_after < 1.25 * peak_alone, (peak_alone, peak_after)  # the leak: +54 %
 
 
 def test_an_eval_batch_of_mixed_sizes_names_the_batch_size_and_the_images(data, tmp_path):

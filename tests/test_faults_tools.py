@@ -408,6 +408,19 @@ def test_a_diverged_run_offers_the_newest_checkpoint_before_the_bad_weights(tmp_
     assert _checkpoints_note(last, 8, True) == f'; the last checkpoint is {last}'
     assert _checkpoints_note(last, 7, False) == f'; the last checkpoint is {last}'
     assert _checkpoints_note(None, 7, True) == ''
+    # an epoch-based run's files, ranked by the iteration their meta records
+    (tmp_path / 'iter_4.pth').unlink()
+    torch.save(dict(meta=dict(iter=5, epoch=1), state_dict={}), tmp_path / 'epoch_1.pth')
+    assert f'(--resume {tmp_path / "epoch_1.pth"})' in _checkpoints_note(last, 7, True)
+    # only a cause in the weights makes the checkpoint suspect (not the inputs or the dtype)
+    from lookhere_dense.lookhere.layers import weights_caused
+
+    assert weights_caused('3 of 9 feature values are NaN ...: the weights reach |w| = 1e+30')
+    assert weights_caused('...: parameters of the model hold NaN / infinite values (2: a, b)')
+    assert not weights_caused('...: the input values reach |x| = 3e+06 (normalised images')
+    assert not weights_caused('...: the activations overflow inside the backbone') and not (
+        weights_caused(None)
+    )
 
 
 def test_an_image_that_cannot_be_decoded_mid_run_is_one_line(tmp_path, capsys):

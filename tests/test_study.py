@@ -342,6 +342,13 @@ def test_ladder_settings_and_the_per_class_evaluator():
     with pytest.raises(ValueError, match=r"--metric 'miou'.*did you mean 'mIoU'\?\); available"):
         study_settings(cfg, metric='miou')
     assert study_settings(cfg, metric='IoU.sky')['metric'] == 'IoU.sky'  # per class
+    assert study_settings(cfg, metric='sec_per_img')['metric'] == 'sec_per_img'  # a row key
+    from research.study.ladders import evaluator_metrics
+
+    cfg.val_evaluator = dict(type='IoUMetric', iou_metrics='mDice', prefix='val')  # a string
+    assert evaluator_metrics(cfg)[:3] == ['val/aAcc', 'val/mDice', 'val/mAcc']
+    assert study_settings(cfg, metric='val/mDice')['metric'] == 'val/mDice'
+    cfg.val_evaluator = dict(type='IoUMetric', iou_metrics=['mIoU'])
     # the fov ladder widens the view: below 1 is refused with the scales given (the dataset's
     # check quoted its own, merged list)
     with pytest.raises(ValueError, match=r"scales \['0.5', '1'\]: the fov ladder widens"):

@@ -54,6 +54,7 @@ from mmengine.registry import HOOKS
 
 from ..checkpoint import training_meta
 from ..errors import ConfigError, TrainingDivergedError
+from ..lookhere.layers import weights_caused
 from .checkpointing import AtomicCheckpointHook, read_pointer
 from .memory_guard import MemoryGuardHook
 from .preemption import SignalCheckpointHook
@@ -138,7 +139,7 @@ class FiniteLossHook(Hook):
             + f': loss {first!r} is {bad[first]}'
             + (f' (also {others})' if others else '')
             + '. The weights are no longer usable, so nothing more is saved'
-            + _checkpoints_note(read_pointer(runner.work_dir), it, cause is not None)
+            + _checkpoints_note(read_pointer(runner.work_dir), it, weights_caused(cause))
             + (
                 f". The backbone's features were already not finite: {cause}."
                 if cause
@@ -154,7 +155,8 @@ def _checkpoints_note(last: Optional[str], it: int, weights_bad: bool) -> str:
     """What the divergence message says of the checkpoints: the last one; where the weights
     that entered iteration ``it`` already gave non-finite features (``weights_bad``) and
     that checkpoint was saved after iteration ``it - 1``, that it holds those weights, and
-    the newest older one in its folder (``iter_N.pth``) to resume from instead."""
+    the newest older one in its folder (``iter_N.pth`` / ``epoch_N.pth``, by the iteration
+    its ``meta`` records) to resume from instead."""
     if not last:
         return ''
     meta = training_meta(last) if weights_bad else None
@@ -163,9 +165,12 @@ def _checkpoints_note(last: Optional[str], it: int, weights_bad: bool) -> str:
     folder = osp.dirname(last)
     older = []
     for name in os.listdir(folder) if osp.isdir(folder) else ():
-        m = re.fullmatch(r'iter_(\d+)\.pth', name)
-        if m and int(m.group(1)) < it - 1:
-            older.append((int(m.group(1)), osp.join(folder, name)))
+        if not re.fullmatch(r'(iter|epoch)_\d+\.pth', name):
+            continue
+        path = osp.join(folder, name)
+        done = (training_meta(path) or {}).get('iter')  # epoch files: their iteration too
+        if isinstance(done, int) and done < it - 1:
+            older.append((done, path))
     return (
         f'; the last checkpoint, {last}, holds the weights of after iteration {it - 1}, '
         'which gave these non-finite features: '

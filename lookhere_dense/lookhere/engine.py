@@ -30,7 +30,7 @@ graphs: one compilation per input shape, not per layer or call.
 ``get_model_complexity_info``). The grid comes from the traced input's shape as plain
 ints, so a traced graph is specialised to that image size (as timm's ViT is), and the
 cached tables enter it as constants. ``auto`` skips the backends the tracer cannot record
-(:data:`UNTRACEABLE`: the fused kernel's custom ops, flex); a model fixed to one
+(:data:`UNTRACEABLE`: the fused kernel's custom ops, flex, the Triton kernel); a model fixed to one
 of them runs the backend ``auto`` would then pick for the trace, with a warning. Every
 backend computes the same attention.
 """
@@ -85,6 +85,8 @@ __all__ = [
 UNTRACEABLE: Dict[str, str] = {
     'fused': 'cannot be recorded by torch.jit.trace (its kernel ops return Python values)',
     'flex': 'cannot be recorded by torch.jit.trace (flex_attention runs through dynamo)',
+    # the tracer would record the output buffer, not the kernel's writes into it
+    'triton': 'cannot be recorded by torch.jit.trace (a Triton kernel launch)',
 }
 
 

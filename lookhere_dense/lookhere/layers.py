@@ -40,6 +40,8 @@ __all__ = [
     'check_finite_features',
     'NormLayer',
     'ActLayer',
+    'WEIGHT_CAUSES',
+    'weights_caused',
 ]
 
 #: ``norm_layer(dim) -> module`` and ``act_layer() -> module``
@@ -111,6 +113,17 @@ def check_finite_images(x: Tensor) -> None:
 #: a largest ``|value|`` above which inputs or weights are named as the likely cause of
 #: features that overflow (normalised images and trained weights are of order 1-10)
 OVERFLOW_SUSPECT = 1e4
+
+
+#: how :func:`nonfinite_cause` begins where the weights themselves are the cause (NaN /
+#: infinite parameters, or weights grown large enough to overflow)
+WEIGHT_CAUSES = ('parameters of the model hold NaN', 'the weights reach |w|')
+
+
+def weights_caused(message: Optional[str]) -> bool:
+    """Whether a :func:`nonfinite_cause` (or a message that quotes one) blames the weights
+    (not the inputs or the activations' dtype)."""
+    return bool(message) and any(cause in message for cause in WEIGHT_CAUSES)
 
 
 def nonfinite_cause(images: Tensor, model: nn.Module, dtype: Optional[torch.dtype] = None) -> str:

@@ -234,20 +234,30 @@ _SUMMARY_METRICS = {
 }
 
 
+#: what every study row records beside the evaluator's metrics (:func:`~.runs.evaluate_rung`);
+#: a table of any of them works too
+STUDY_ROW_KEYS = ('sec_per_img', 'peak_mem_mb', 'mem_rise_mb', 'input_h', 'input_w', 'images')
+
+
 def evaluator_metrics(cfg) -> List[str]:
-    """The summary metrics the config's ``val_evaluator`` returns (an ``IoUMetric``'s:
-    ``aAcc`` and those of its ``iou_metrics``); ``[]`` for another evaluator (not
-    checked)."""
+    """What a study row of the config can tabulate: the summary metrics its
+    ``val_evaluator`` returns (an ``IoUMetric``'s: ``aAcc`` and those of its
+    ``iou_metrics``, under its ``prefix`` where it has one) and :data:`STUDY_ROW_KEYS`;
+    ``[]`` for another evaluator (not checked)."""
     ev = cfg.get('val_evaluator') or {}
     if isinstance(ev, (list, tuple)) or str(ev.get('type', '')).split('.')[-1] not in (
         'IoUMetric',
         'PerClassIoUMetric',
     ):
         return []
+    iou = ev.get('iou_metrics') or ['mIoU']
     names = ['aAcc']
-    for m in ev.get('iou_metrics') or ['mIoU']:
+    for m in [iou] if isinstance(iou, str) else iou:
         names += [n for n in _SUMMARY_METRICS.get(m, ()) if n not in names]
-    return names
+    prefix = ev.get('prefix')
+    if prefix:
+        names = [f'{prefix}/{n}' for n in names]
+    return names + list(STUDY_ROW_KEYS)
 
 
 def check_metric(metric: str, available: Sequence[str], where: str) -> None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import datetime
 import json
 import os.path as osp
-import re
 import statistics
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -597,7 +596,7 @@ def merge_reports(
                 for r in runs
                 for row in _evals(r, None).values()
                 for k, v in row.items()
-                if isinstance(v, (int, float)) and re.fullmatch(r'aAcc|m[A-Z]\w*|IoU\..+', k)
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
             }
         )
         check_metric(metric, found, 'the merged runs')

@@ -83,7 +83,7 @@ def _lookhere_forward(
     SUB: tl.constexpr = MASK_BLOCK // BLOCK_N
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // heads
+    b = (pid_bh // heads).to(tl.int64)  # b * stride_qb passes 2**31 from ~86 images of 32k tokens
     h = pid_bh % heads
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
