@@ -197,7 +197,7 @@ def test_saved_backbones_record_their_geometry(tmp_path):
     six = LookHereViT(**{**TINY, 'num_heads': 6})
     with pytest.raises(
         CheckpointError,
-        match=r"'the loaded state_dict' has 12 attention heads "
+        match=r'the loaded state_dict has 12 attention heads '
         r'.*num_heads=6',
     ):
         six.load_state_dict(src.state_dict())

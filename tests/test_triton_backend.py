@@ -77,9 +77,13 @@ def test_the_interpreted_cases_pass_in_a_child_process():
     assert 'in the interpreter' not in tail.split('short test summary')[-1], tail  # not skipped
 
 
-@pytest.mark.parametrize('dtype', [torch.float32, torch.float16])
 @pytest.mark.parametrize(
-    'name, grid, prefix', [('lh45', (16, 24), 1), ('lh180', (16, 32), 0), ('center', (9, 30), 4)]
+    'name, grid, prefix, dtype',
+    [
+        ('lh45', (16, 24), 1, torch.float32),
+        ('lh180', (16, 32), 0, torch.float16),
+        ('center', (9, 30), 4, torch.float32),
+    ],
 )
 def test_large_grids_skip_tiles_and_match_the_reference_in_the_interpreter(
     name, grid, prefix, dtype

@@ -256,6 +256,7 @@ def check_num_heads(
     Raises:
         CheckpointError: naming the file, both head counts and the key to set.
     """
+    where = source if source.startswith('the ') else repr(source)  # a file, or 'the loaded ...'
     if declared is not None:
         if not is_int(declared) or declared < 1:
             raise CheckpointError(
@@ -264,12 +265,12 @@ def check_num_heads(
             )
         if how == 'recorded in the file' and file_heads != declared:
             raise CheckpointError(
-                f'{key}={declared} but {source!r} records {file_heads} heads; remove {key}'
+                f'{key}={declared} but {where} records {file_heads} heads; remove {key}'
             )
         file_heads, how = declared, f'stated by {key}'
     if file_heads is None:
         raise CheckpointError(
-            f'cannot verify that {source!r} was trained with num_heads={model_heads} (head '
+            f'cannot verify that {where} was trained with num_heads={model_heads} (head '
             f'count {how}). The weights have the same shapes for any head count, but split '
             'into other heads they give wrong features. State the head count the file was '
             f'trained with: {key}=N (create_model / load_pretrained; in a config '
@@ -283,7 +284,7 @@ def check_num_heads(
                 "trunk fits only the other encodings (e.g. pos_encoding='rope2d')"
             )
         raise CheckpointError(
-            f'{source!r} has {file_heads} attention heads per block ({how}), but the model '
+            f'{where} has {file_heads} attention heads per block ({how}), but the model '
             f'has num_heads={model_heads}. The qkv weights have the same shapes for any head '
             f'count, but split into other heads they give wrong features. Set num_heads='
             f'{file_heads} (model.backbone.num_heads in a config){extra}; if the file really has '
