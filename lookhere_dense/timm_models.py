@@ -525,9 +525,9 @@ class LookHereTimmViT(LookHereVisionTransformer):
         path = _timm_file(self)
         source = path or 'the checkpoint'
         meta = _converted_meta(path) if path else None
-        if path:  # a file timm reads: adapted to in_chans as the other routes (not a dict)
-            state_dict = self._adapt_input_conv(state_dict, source)
         if meta is None and set(state_dict) == set(self.state_dict()):
+            if path:  # a file timm reads: adapted to in_chans as load_pretrained adapts others
+                state_dict = self._adapt_input_conv(state_dict, source)
             self._check_file(state_dict, source, record_only=True)
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
         ckpt = {'state_dict': dict(state_dict), 'meta': meta} if meta else dict(state_dict)

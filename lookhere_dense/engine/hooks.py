@@ -94,8 +94,8 @@ class FiniteLossHook(Hook):
 
     Raises :class:`TrainingDivergedError` naming the iteration, the loss and its value,
     and the last checkpoint saved (or, where that checkpoint already holds the weights
-    that gave non-finite features, an older one); where a LookHere backbone found its features already
-    NaN / infinite in that iteration's forward (``nonfinite_features``, training on CPU),
+    that gave non-finite features, an older one); where a LookHere backbone found its
+    features already NaN / infinite in that iteration's forward (``nonfinite_features``, training on CPU),
     their cause (huge inputs, weights grown huge, NaN weights) instead of the usual list.
     It runs before the logger and the checkpoint hooks, so no diverged checkpoint is
     written.

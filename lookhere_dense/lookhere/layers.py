@@ -116,7 +116,8 @@ OVERFLOW_SUSPECT = 1e4
 
 
 #: how :func:`nonfinite_cause` begins where the weights themselves are the cause (NaN /
-#: infinite parameters, or weights grown large enough to overflow)
+#: infinite parameters, or weights grown large enough to overflow); its messages are built
+#: from these, so :func:`weights_caused` recognises them
 WEIGHT_CAUSES = ('parameters of the model hold NaN', 'the weights reach |w|')
 
 
@@ -154,7 +155,7 @@ def nonfinite_cause(images: Tensor, model: nn.Module, dtype: Optional[torch.dtyp
     )
     if bad:
         return (
-            f'parameters of the model hold NaN / infinite values ({len(bad)}: '
+            f'{WEIGHT_CAUSES[0]} / infinite values ({len(bad)}: '
             f'{", ".join(bad[:3])}{", ..." if len(bad) > 3 else ""}): {fix_weights}'
         )
     if peak_x > OVERFLOW_SUSPECT and peak_x >= peak_w:
@@ -165,7 +166,7 @@ def nonfinite_cause(images: Tensor, model: nn.Module, dtype: Optional[torch.dtyp
         )
     if peak_w > OVERFLOW_SUSPECT:
         return (
-            f'the weights reach |w| = {peak_w:.3g} ({where_w}; the inputs only |x| = '
+            f'{WEIGHT_CAUSES[1]} = {peak_w:.3g} ({where_w}; the inputs only |x| = '
             f'{peak_x:.3g}) and overflow inside the backbone: {fix_weights}'
         )
     return (

@@ -234,6 +234,12 @@ def file_num_heads(weights: BackboneWeights) -> Tuple[Optional[int], str]:
     )
 
 
+def _source_words(source: str) -> str:
+    """A file's name in quotes for a message; 'the loaded state_dict' (words, not a file)
+    as it is."""
+    return source if source.startswith('the ') else repr(source)
+
+
 def check_num_heads(
     model_heads: int,
     file_heads: Optional[int],
@@ -256,7 +262,7 @@ def check_num_heads(
     Raises:
         CheckpointError: naming the file, both head counts and the key to set.
     """
-    where = source if source.startswith('the ') else repr(source)  # a file, or 'the loaded ...'
+    where = _source_words(source)
     if declared is not None:
         if not is_int(declared) or declared < 1:
             raise CheckpointError(
@@ -654,7 +660,7 @@ def adopt_lh_config(model: Any, stored: Mapping[str, Any], path: str) -> None:
     Raises:
         CheckpointError, ValueError: naming the file and what differs.
     """
-    where = path if path.startswith('the ') else repr(path)  # a file, or 'the loaded ...'
+    where = _source_words(path)
     stored = dict(stored)
     stored.setdefault('bias_rounding', model.lh_config.bias_rounding)
     learnable = model.lh_config.learnable_slopes

@@ -62,6 +62,7 @@ __all__ = [
     'raise_recompile_limit',
     'FLEX_RECOMPILE_LIMIT',
     'tile_order',
+    'inverse_order',
     'token_codes',
     'visible_tiles',
     'ordered_blocks',
@@ -541,6 +542,14 @@ def tile_order(
     if off:
         order = torch.cat([order, torch.arange(off, dtype=order.dtype, device=order.device)])
     return order
+
+
+def inverse_order(order: Tensor) -> Tensor:
+    """The inverse permutation of ``order`` (:func:`tile_order`): the model's token ->
+    its position in ``order``, to put a kernel's output back in the model's order."""
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    return inverse
 
 
 def token_codes(

@@ -37,6 +37,7 @@ from .common import (
     FLEX_BLOCK,
     AttentionCall,
     AttentionRequest,
+    inverse_order,
     ordered_blocks,
     tile_order,
     token_codes,
@@ -97,8 +98,7 @@ class TritonPlan:
         centre: int,
     ):
         self.order = order
-        self.inverse = torch.empty_like(order)
-        self.inverse[order] = torch.arange(order.numel(), device=order.device)
+        self.inverse = inverse_order(order)
         self.code, self.key_patch, self.tiles = code, key_patch, tiles
         self.patches, self.centre = patches, centre
 
@@ -293,7 +293,6 @@ def attend(call: AttentionCall) -> Tensor:
     grid_bias, index = engine.layer_bias(
         call.layer, call.grid_size, q.device, torch.float32, call.slopes
     )
-    fixed = engine.grid_bias(call.grid_size, q.device)  # the fields of view: slope-free
     key = (
         engine.config.layer_direction(call.layer),
         tuple(call.grid_size),
@@ -303,7 +302,7 @@ def attend(call: AttentionCall) -> Tensor:
     plan = engine.triton_plans.get_or_create(
         key,
         lambda: triton_plan(
-            fixed,
+            engine.grid_bias(call.grid_size, q.device),  # the fields of view: slope-free
             call.layer,
             call.cls_token,
             engine.flex_order(call.grid_size, call.cls_token, q.device),

@@ -29,6 +29,7 @@ from .common import (
     check_flex_call,
     flex_available,
     flex_function,
+    inverse_order,
     raise_recompile_limit,
     tile_order,
     token_codes,
@@ -386,9 +387,7 @@ def flex_attention_lookhere(
             )
         out = _call_flex(fn, q, k, v, score_mod, block_mask, compiled)
     if order is not None:
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=order.device)
-        out = out.index_select(2, inverse)
+        out = out.index_select(2, inverse_order(order))
     return out
 
 
