@@ -52,13 +52,13 @@ def checkpoint_report(
     extrapolation and robustness reports).
 
     Returns:
-        ``out_dir`` (default ``work_dirs/<config stem>/<kind>``), created, and the dict
+        ``out_dir`` (:func:`report_folder`), created, and the dict
         ``config``, ``checkpoint``, ``split``, ``device``, ``torch`` (its version),
         ``command``, then ``fields``.
     """
     import torch
 
-    out_dir = ensure_dir(out_dir or osp.join('work_dirs', config_stem(config), kind))
+    out_dir = ensure_dir(report_folder(config, out_dir, kind))
     report = dict(
         config=config,
         checkpoint=checkpoint,
@@ -69,6 +69,12 @@ def checkpoint_report(
     )
     report.update(fields)
     return out_dir, report
+
+
+def report_folder(config: str, out_dir: Optional[str], kind: str) -> str:
+    """Where a report on one checkpoint goes: ``out_dir``, else
+    ``work_dirs/<config stem>/<kind>``."""
+    return out_dir or osp.join('work_dirs', config_stem(config), kind)
 
 
 def position_encoding_label(cfg) -> Optional[str]:
@@ -87,8 +93,7 @@ def check_report_target(
     config: str, checkpoint: str, out_dir: Optional[str], kind: str, name: str
 ) -> None:
     """Refuse, before any work, a report that would replace the one another checkpoint
-    wrote there (``<out_dir>/<name>.json``, ``out_dir`` defaulting as in
-    :func:`checkpoint_report`): evaluating two checkpoints of one config (two position
+    wrote there (``<name>.json`` in :func:`report_folder`): evaluating two checkpoints of one config (two position
     encodings, two schedules) with the defaults overwrote the first report without a word.
     The same checkpoint again (a rerun) replaces its own report.
 
@@ -98,8 +103,7 @@ def check_report_target(
     """
     from lookhere_dense.errors import ToolError
 
-    folder = out_dir or osp.join('work_dirs', config_stem(config), kind)
-    path = osp.join(folder, f'{name}.json')
+    path = osp.join(report_folder(config, out_dir, kind), f'{name}.json')
     try:
         with open(path) as f:
             old = json.load(f).get('checkpoint')

@@ -553,6 +553,7 @@ def merge_reports(
         FileNotFoundError: a missing report.
     """
     from lookhere_dense.errors import ConfigError
+    from lookhere_dense.validation import is_number
 
     from .ladders import check_metric
 
@@ -596,7 +597,7 @@ def merge_reports(
                 for r in runs
                 for row in _evals(r, None).values()
                 for k, v in row.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)
+                if is_number(v)
             }
         )
         check_metric(metric, found, 'the merged runs')
