@@ -54,6 +54,8 @@ __all__ = [
     'config_patch_size',
     'spec_pipeline',
     'slide_settings',
+    'training_crop',
+    'stored_value',
     'median_shape',
     'evaluate_spec',
     'refused_row',
@@ -220,6 +222,78 @@ def slide_settings(cfg) -> Tuple[Tuple[int, int], Tuple[int, int]]:
     return crop, tuple(max(1, c * 2 // 3) for c in crop)
 
 
+#: Where the training crop of a report comes from (:func:`training_crop`).
+CONFIG_CROP = "the config's data_preprocessor.size"
+CHECKPOINT_CROP = "the checkpoint's training config: data_preprocessor.size"
+
+
+def training_crop(cfg, checkpoint: Optional[str]) -> Tuple[Optional[Tuple[int, int]], str]:
+    """The crop ``(H, W)`` the checkpoint was trained at, and where it comes from: the
+    ``model.data_preprocessor.size`` of the training config that mmengine's Runner stores
+    as text in a checkpoint's ``meta['cfg']`` (a checkpoint trained at another crop than
+    the config given now says so; the text is parsed, never run: :func:`stored_value`),
+    else the config's (a weights-only file, one of another trainer, or a stored config
+    without it). ``(None, ...)`` when neither has one."""
+    from lookhere_dense.checkpoint.reading import training_meta
+
+    text = (training_meta(checkpoint) or {}).get('cfg') if checkpoint else None
+    if isinstance(text, str):
+        size = stored_value(text, ('model', 'data_preprocessor', 'size'))
+        if _is_crop(size):
+            return (int(size[0]), int(size[1])), CHECKPOINT_CROP
+    size = (cfg.model.get('data_preprocessor') or {}).get('size')
+    return ((int(size[0]), int(size[1])) if _is_crop(size) else None), CONFIG_CROP
+
+
+def stored_value(text: str, keys: Sequence[str]) -> Any:
+    """The literal at ``keys`` (``('model', 'data_preprocessor', 'size')``) of a config
+    stored as Python text (mmengine's ``pretty_text``: ``model = dict(..., size=(512,
+    512))``), read with :mod:`ast` (nothing of the text is executed); None where the text
+    does not parse, lacks a key or holds no literal there."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    node: Any = None
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == keys[0] for t in stmt.targets
+        ):
+            node = stmt.value
+    for key in keys[1:]:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == 'dict'
+        ):
+            node = next((k.value for k in node.keywords if k.arg == key), None)
+        elif isinstance(node, ast.Dict):
+            node = next(
+                (
+                    v
+                    for k, v in zip(node.keys, node.values)
+                    if isinstance(k, ast.Constant) and k.value == key
+                ),
+                None,
+            )
+        else:
+            return None
+    try:
+        return None if node is None else ast.literal_eval(node)
+    except ValueError:
+        return None
+
+
+def _is_crop(size: Any) -> bool:
+    return (
+        isinstance(size, (list, tuple))
+        and len(size) == 2
+        and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size)
+    )
+
+
 def median_shape(shapes: Sequence[Tuple[int, int]]) -> Tuple[int, int]:
     """The ``(H, W)`` of the median image by area (ties by H, then W): the size of an image
     that was tested, unlike the median H and median W taken apart (on mixed portrait and
@@ -341,10 +415,15 @@ def format_row(row: Dict[str, Any]) -> str:
     )
 
 
-def format_table(rows: List[Dict[str, Any]], train_grid: Optional[Tuple[int, int]]) -> str:
+def format_table(
+    rows: List[Dict[str, Any]],
+    train_grid: Optional[Tuple[int, int]],
+    crop_source: str = CONFIG_CROP,
+) -> str:
     """The report rows as a Markdown table. The input column is the size of the median
     image by area (:func:`input_cell`: with the number of sizes and their ranges when
-    they vary); the patch grid is the median image's."""
+    they vary); the patch grid is the median image's; ``crop_source`` says where the
+    training crop under the table comes from (:func:`training_crop`)."""
     rows_out = []
     for r in rows:
         if r.get('refused'):
@@ -378,8 +457,7 @@ def format_table(rows: List[Dict[str, Any]], train_grid: Optional[Tuple[int, int
     ]
     if train_grid:
         lines.append(
-            f"\ntraining crop grid: {train_grid[0]}x{train_grid[1]} patches (the config's "
-            'data_preprocessor.size)'
+            f'\ntraining crop grid: {train_grid[0]}x{train_grid[1]} patches ({crop_source})'
         )
     refused = [r for r in rows if r.get('refused')]
     if refused:
@@ -533,7 +611,13 @@ def extrapolation_report(
         window = None
     install_memory_guard(model, budget, window)
     patch = config_patch_size(cfg) or 16
-    size = (cfg.model.get('data_preprocessor') or {}).get('size')
+    size, crop_source = training_crop(cfg, checkpoint)
+    if crop_source == CHECKPOINT_CROP and size != training_crop(cfg, None)[0]:
+        log(
+            f'the checkpoint was trained at {size[0]}x{size[1]} px crops (its stored '
+            'training config), not at the crop of the config given: the report takes '
+            "the checkpoint's"
+        )
     train_grid = tuple(math.ceil(s / patch) for s in size) if size else None
 
     rows, refusals = [], []
@@ -551,7 +635,7 @@ def extrapolation_report(
     if len(refusals) == len(specs):  # nothing measured: no report, the (first) refusal
         raise refusals[0]
 
-    table = format_table(rows, train_grid)
+    table = format_table(rows, train_grid, crop_source)
     log('\n' + table)
     out_dir, report = checkpoint_report(
         config,
@@ -563,6 +647,7 @@ def extrapolation_report(
         'extrapolation',
         pos_encoding=position_encoding_label(cfg),
         train_crop=list(size) if size else None,
+        train_crop_source=crop_source if size else None,
         train_grid=list(train_grid) if train_grid else None,
         patch_size=patch,
         rows=rows,

@@ -269,6 +269,39 @@ def test_slide_settings_and_table():
     assert 'peak GPU MB' in format_table([dict(row, memory_kind='cuda_max_allocated')], None)
 
 
+def test_the_training_crop_is_the_checkpoint_s_own_when_it_stored_its_config(tmp_path, repo_root):
+    """A checkpoint trained at another crop than the config given now (``--cfg-options``
+    at training): the report's training grid is the crop of the training config that
+    mmengine's Runner stored as text in ``meta['cfg']`` (read with ``ast``, never run),
+    labelled so; a weights-only file, or a stored config without a crop, gives the config's."""
+    from mmengine.config import Config
+
+    from research.extrapolation import CHECKPOINT_CROP, CONFIG_CROP, stored_value, training_crop
+
+    config = Config.fromfile(str(repo_root / 'configs' / 'segmenter_lookhere_vit-t_tiny-ade.py'))
+    trained = Config.fromfile(str(repo_root / 'configs' / 'segmenter_lookhere_vit-t_tiny-ade.py'))
+    trained.model.data_preprocessor.size = (64, 96)
+    ckpt = tmp_path / 'iter_1.pth'
+    torch.save(dict(meta=dict(cfg=trained.pretty_text, iter=1), state_dict={}), ckpt)
+    assert training_crop(config, str(ckpt)) == ((64, 96), CHECKPOINT_CROP)
+    weights = tmp_path / 'weights.pth'
+    torch.save(dict(state_dict={}), weights)
+    assert training_crop(config, str(weights)) == ((128, 128), CONFIG_CROP)
+    odd = tmp_path / 'odd.pth'
+    torch.save(dict(meta=dict(cfg='model = dict(type=Foo)')), odd)
+    assert training_crop(config, str(odd)) == ((128, 128), CONFIG_CROP)
+    # parsed, not run: a call in the text is no literal, an import is never executed
+    assert stored_value('import os\nmodel = dict(a=os.getcwd())', ('model', 'a')) is None
+    assert stored_value(
+        "model = {'data_preprocessor': {'size': [3, 4]}}", ('model', 'data_preprocessor', 'size')
+    ) == [3, 4]
+    table = format_table([], (4, 6), CHECKPOINT_CROP)
+    assert table.endswith(
+        "training crop grid: 4x6 patches (the checkpoint's training config: "
+        'data_preprocessor.size)'
+    )
+
+
 def test_clean_slate_clears_every_position_encoding_cache():
     from lookhere_dense.lookhere.pos_encoding import PositionEncoding
 
