@@ -118,6 +118,26 @@ def test_attack_settings_and_the_table():
     assert '| b | 65.00 ± 7.07 | 50.00 ± 0.00 |' in table
 
 
+def test_an_attack_that_raises_miou_is_flagged():
+    """A sweep where PGD raised mIoU above the clean model's (a new-user trial saw it on
+    an undertrained demo checkpoint) is flagged as measuring no robustness, naming the
+    attack and its strengths; a drop, or a rise within 0.5 points (fgsm here), is not."""
+    from research.robustness.report import attack_warnings
+
+    row = {
+        'clean': {'mIoU': 6.5},
+        'fgsm': {'2': {'mIoU': 6.2}, '8': {'mIoU': 6.9}},
+        'pgd': {'2': {'mIoU': 7.1}, '8': {'mIoU': 7.4}},
+    }
+    (line,) = attack_warnings(row)
+    assert line.startswith(
+        "pgd raised mIoU above the clean model's 6.50 (7.10 at eps 2, 7.40 at eps 8)"
+    )
+    assert 'undertrained' in line and '--steps' in line
+    row['pgd'] = {'2': {'mIoU': 5.0}, '8': {'mIoU': 1.0}}
+    assert attack_warnings(row) == []
+
+
 def test_attack_settings_refuse_a_bad_seed_or_random_start():
     """Both would pass a study's settings and fail (or silently mean the opposite) only
     after training: ``int(None)``, and the string 'false' is truthy."""
@@ -310,6 +330,9 @@ def test_a_stronger_attack_lowers_miou_of_a_trained_model(trained):
         assert weak['max_linf'] <= 2 + 1e-3 and strong['max_linf'] <= 16 + 1e-3
     assert res['fgsm']['16']['max_linf'] > 15.99  # FGSM moves by eps (not clipped everywhere)
     assert res['pgd']['16']['loss'] >= res['fgsm']['16']['loss']
+    from research.robustness.report import attack_warnings
+
+    assert attack_warnings(res) == []  # a trained model's sweep is not flagged
 
 
 def test_an_attack_restores_train_mode_test_cfg_and_requires_grad(trained):

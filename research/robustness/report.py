@@ -9,7 +9,7 @@ import copy
 import functools
 import os.path as osp
 import statistics
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..reporting import (
     checkpoint_report,
@@ -22,7 +22,7 @@ from ..reporting import (
 from .attacks import AttackSettings
 from .segmentor import check_attackable, eps_key, robustness_sweep, strength_means
 
-__all__ = ['format_robustness_table', 'plot_robustness', 'robustness_report']
+__all__ = ['attack_warnings', 'format_robustness_table', 'plot_robustness', 'robustness_report']
 
 _print = functools.partial(print, flush=True)
 
@@ -48,6 +48,33 @@ def format_robustness_table(
             cells.append(_mean_cell([strength_means(r, metric)[attack] for r in many]))
         table.append(cells)
     return markdown_table(head, table)
+
+
+def attack_warnings(
+    results: Dict[str, Any], metric: str = 'mIoU', tolerance: float = 0.5
+) -> List[str]:
+    """Where an attack *raised* ``metric`` above the clean model's by more than
+    ``tolerance`` points: a sweep whose numbers measure no robustness. The attacks ascend
+    the decode head's loss, not the metric; on an undertrained model (near-chance
+    predictions) a higher loss can still flip pixels to the right class, and a step too
+    small for the model's scale can leave noise only. One line per attack, naming its
+    strengths; empty when every attack lowered (or kept) the metric."""
+    clean = results['clean'][metric]
+    lines = []
+    for attack, per_eps in results.items():
+        if attack == 'clean':
+            continue
+        raised = [(key, r[metric]) for key, r in per_eps.items() if r[metric] > clean + tolerance]
+        if raised:
+            cells = ', '.join(f'{value:.2f} at eps {key}' for key, value in raised)
+            lines.append(
+                f"{attack} raised {metric} above the clean model's {clean:.2f} ({cells}): "
+                'the attack ascends the loss, not the metric, and did not lower it here -- '
+                'typical of an undertrained model (near-chance predictions); these rows '
+                'measure no robustness. Attack a trained checkpoint, or check the step size '
+                '(--step-size) and the number of steps (--steps)'
+            )
+    return lines
 
 
 def _mean_cell(values: Sequence[float]) -> str:
@@ -192,6 +219,9 @@ def robustness_report(
     means = strength_means(results)
     table = format_robustness_table({osp.basename(checkpoint): results}, settings)
     log('\n' + table)
+    warnings = attack_warnings(results)
+    for line in warnings:
+        log(f'\nwarning: {line}')
     out_dir, report = checkpoint_report(
         config,
         checkpoint,
@@ -207,11 +237,14 @@ def robustness_report(
         results=results,
         means=means,
         table=table,
+        warnings=warnings,
     )
     paths = {ext: osp.join(out_dir, f'{name}.{ext}') for ext in ('json', 'md', 'png')}
     write_json(paths['json'], report, indent=1)
     write_text(
-        paths['md'], f'mIoU under attack ({osp.basename(checkpoint)}, {split} split)\n\n{table}\n'
+        paths['md'],
+        f'mIoU under attack ({osp.basename(checkpoint)}, {split} split)\n\n{table}\n'
+        + ''.join(f'\n**Warning**: {line}\n' for line in warnings),
     )
     plot_robustness(
         paths['png'],
