@@ -489,15 +489,44 @@ def dataset_class(ds: Mapping, scope: str) -> Any:
         return None
 
 
-def dataset_class_names(ds: Mapping, scope: str) -> Tuple[Optional[Tuple[str, ...]], bool]:
+def dataset_class_names(
+    ds: Mapping, scope: str, where: str = ''
+) -> Tuple[Optional[Tuple[str, ...]], bool]:
     """The class names a dataset config trains on, and whether they are its own
-    ``metainfo.classes`` (True) or its class's ``METAINFO`` (False; mmdet's
-    ``CocoDataset``: the 80 COCO classes); ``(None, False)`` where neither says."""
+    ``metainfo.classes`` (True; a string names a file of one class per line, as mmengine
+    reads it) or its class's ``METAINFO`` (False; mmdet's ``CocoDataset``: the 80 COCO
+    classes); ``(None, False)`` where neither says.
+
+    Raises:
+        ConfigError: ``metainfo.classes`` is a string that names no file (``('box')``
+            for ``('box',)``), naming ``where`` (the dataset's config key).
+    """
     meta = ds.get('metainfo')
     if isinstance(meta, Mapping) and isinstance(meta.get('classes'), (list, tuple)):
         return tuple(meta['classes']), True
+    if isinstance(meta, Mapping) and isinstance(meta.get('classes'), str):
+        return _classes_file(meta['classes'], f'{where}.' if where else ''), True
     classes = (getattr(dataset_class(ds, scope), 'METAINFO', None) or {}).get('classes')
     return (tuple(classes), False) if isinstance(classes, (list, tuple)) else (None, False)
+
+
+def _classes_file(value: str, where: str) -> Tuple[str, ...]:
+    """``metainfo.classes`` given as a string: mmengine reads a file of that name, one
+    class per line; any other string it keeps as it is, and ``len('box')`` is 3 classes
+    (``'b'``, ``'o'``, ``'x'``) -- ``classes = ('box')`` is the string, not a one-class
+    tuple.
+
+    Raises:
+        ConfigError: the string is no file, naming the tuple to write.
+    """
+    if osp.isfile(value):
+        with open(value, encoding='utf-8') as f:
+            return tuple(line.rstrip('\r\n') for line in f)
+    raise ConfigError(
+        f'{where}metainfo.classes={value!r} is a string, not a tuple of class names (and no file '
+        'of class names): mmengine would take its characters as classes. A one-class '
+        f'tuple needs its comma: classes=({value!r},)'
+    )
 
 
 def _dataset_classes(cfg: Mapping) -> Optional[Tuple[int, str]]:
@@ -517,7 +546,7 @@ def _dataset_classes(cfg: Mapping) -> Optional[Tuple[int, str]]:
             ds = inner
         if not isinstance(ds, Mapping):
             continue
-        classes, own = dataset_class_names(ds, 'mmdet')
+        classes, own = dataset_class_names(ds, 'mmdet', where)
         if classes is not None:
             source = (
                 f'{where}.metainfo.classes' if own else f"{type_name(ds)}'s classes ({where}.type)"
@@ -709,9 +738,21 @@ def check_section_types(cfg: Mapping) -> None:
                 f" lookhere-dense's register when {CONFIG_IMPORT} is imported "
                 '(custom_imports; the tools register for you).'
                 if 'LookHere' in typ or 'LookHere' in ''.join(close)
-                else ''
+                else _unregistered_fix(key)
             )
         )
+
+
+def _unregistered_fix(key: str) -> str:
+    """What to do with a type no registry knows: import the module that registers it, or
+    (an optional hook) drop the entry."""
+    register = ' Import the module that registers it (custom_imports=dict(imports=[MODULE]))'
+    if key.startswith('custom_hooks['):
+        return (
+            f"{register}; mmdet's projects/ (ViTDet's Fp16CompresssionHook) are not in its pip "
+            'package. Or drop the hook: --cfg-options custom_hooks=[] (all of them).'
+        )
+    return register + '.'
 
 
 def check_loop_values(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'test')) -> None:

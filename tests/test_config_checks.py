@@ -693,6 +693,19 @@ def test_optional_keys_of_openmmlab_sections_are_not_taken_for_misspellings():
             [dict(type='PolyLr', by_epoch=False)],
             r"param_scheduler\[0\]\.type='PolyLr' .*did you mean 'PolyLR'",
         ),
+        (  # mmdet's ViTDet config's hook (its projects/, not pip-installed): the way out
+            'custom_hooks',
+            [dict(type='Fp16CompresssionHook')],
+            r"custom_hooks\[0\]\.type='Fp16CompresssionHook' is not registered in the mmseg "
+            r'hook registry\. Import the module that registers it \(custom_imports=.*'
+            r'Or drop the hook: --cfg-options custom_hooks=\[\] \(all of them\)\.$',
+        ),
+        (
+            'param_scheduler',
+            [dict(type='Cosinus', by_epoch=False)],
+            r"type='Cosinus' is not registered in the mmseg parameter scheduler registry\. "
+            r'Import the module that registers it \(custom_imports=dict\(imports=\[MODULE\]\)\)\.$',
+        ),
     ],
 )
 def test_a_misspelt_type_of_another_section_is_named_before_the_run(key, typo, match):

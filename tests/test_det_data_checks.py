@@ -90,3 +90,76 @@ def test_an_mmseg_dataset_argument_in_an_mmdet_dataset_is_named(coco):
         r"CocoDataset has no argument 'reduce_zero_label' \(CocoDataset takes ",
     ):
         check_dataset_layout(cfg, ('train',))
+
+
+def test_a_one_class_tuple_without_its_comma_is_named(coco):
+    """``classes = ('box')`` is the string ``'box'``: the checks fell back on CocoDataset's
+    80 classes and sent the user from ``num_classes=1`` to ``80`` and on to "80 of the 80
+    classes are no category"; now the string is named with the tuple to write. A string
+    naming a file of class names (mmengine reads it, one per line) is read as mmengine does."""
+    from lookhere_dense.errors import ConfigError
+
+    cfg, ds, root = coco
+    ds.metainfo = dict(classes='box')
+    with pytest.raises(
+        ConfigError,
+        match=r"^train_dataloader\.dataset\.metainfo\.classes='box' is a string, not a tuple "
+        r".* A one-class tuple needs its comma: classes=\('box',\)$",
+    ):
+        check_coco_annotations(cfg, ('train',))
+    cfg.model.roi_head.bbox_head.num_classes = cfg.model.roi_head.mask_head.num_classes = 1
+    with pytest.raises(ConfigError, match=r"classes='box' is a string"):
+        preflight(cfg, ('train',), check_pretrained=False)  # before the head-count check
+    names = root / 'classes.txt'
+    names.write_text('\n'.join(SHAPE_CLASSES) + '\n')
+    ds.metainfo = dict(classes=str(names))
+    assert check_coco_annotations(cfg, ('train',))['train_dataloader'][0] == 3
+
+
+def test_a_damaged_coco_file_is_named_not_a_json_traceback(coco):
+    cfg, ds, root = coco
+    ds.metainfo = dict(classes=SHAPE_CLASSES)
+    path = root / 'broken.json'
+    path.write_text('{"images": [\n')  # a truncated download
+    ds.ann_file = str(path)
+    with pytest.raises(
+        DatasetLayoutError,
+        match=rf"^'{path}' is no valid JSON \(Expecting value at line 2, column 1\): a "
+        'truncated or damaged COCO annotation file',
+    ):
+        check_coco_annotations(cfg, ('train',))
+    path.write_text('[1, 2]')
+    with pytest.raises(DatasetLayoutError, match='holds a JSON list, not the object'):
+        check_coco_annotations(cfg, ('train',))
+
+
+def test_an_evaluator_left_on_the_old_annotation_file_is_refused(tmp_path):
+    """``--cfg-options test_dataloader.dataset.data_root=NEW`` moved the images but not
+    ``test_evaluator.ann_file`` (joined to the old data_root when the config was read):
+    the predictions on the new images were scored against the old file's ground truth
+    (a new-user trial: bbox_mAP 0.020 where the right file gives 0.004), with no word.
+    Refused naming both files and the option; a copy of the dataset's file passes."""
+    import shutil
+
+    from lookhere_dense.data.checks import check_dataset_layout
+
+    register_all_modules()
+    old = make_coco_instances(tmp_path / 'old', splits={'val2017': 2}, seed=0)['val2017']
+    new = make_coco_instances(tmp_path / 'new', splits={'val2017': 3}, seed=1)['val2017']
+    cfg = Config.fromfile(COCO_CFG)
+    cfg.test_dataloader.dataset.update(data_root=str(tmp_path / 'new'), ann_file=str(new))
+    cfg.test_evaluator.ann_file = str(old)
+    with pytest.raises(DatasetLayoutError) as exc:
+        check_dataset_layout(cfg, ('test',))
+    msg = str(exc.value)
+    assert msg.startswith(
+        f"test_evaluator.ann_file='{old}' is not the annotation file of "
+        f"test_dataloader.dataset ('{new}') and lists other images"
+    )
+    assert msg.endswith(f'Set it with --cfg-options test_evaluator.ann_file={new}')
+    copy = tmp_path / 'copy.json'
+    shutil.copy(new, copy)
+    cfg.test_evaluator.ann_file = str(copy)
+    check_dataset_layout(cfg, ('test',))  # the same images: passes
+    cfg.test_evaluator.ann_file = str(new)
+    check_dataset_layout(cfg, ('test',))

@@ -27,7 +27,6 @@ import os.path as osp
 import warnings
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ..validation import path_inside
 from ..errors import (
     ConfigError,
     CropSizeError,
@@ -37,6 +36,7 @@ from ..errors import (
     LabelSizeError,
 )
 from ..registry import type_name
+from ..validation import path_inside
 from .labels import (
     all_ignored_message,
     bad_label_values,
@@ -319,6 +319,83 @@ def check_dataset_layout(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 
                 '(it does not follow a new data_root: it was joined to the old one when the '
                 'config was read).'
             )
+        if isinstance(ann, str) and ann and '://' not in ann:
+            _check_evaluator_file(cfg, ev_key, ann)
+
+
+def _check_evaluator_file(cfg: Mapping, ev_key: str, ann: str) -> None:
+    """An evaluator's ``ann_file`` (mmdet's ``CocoMetric`` scores against its own file)
+    that is not the annotation file of its split's dataset and lists other images: the
+    dataset moved (``--cfg-options test_dataloader.dataset.data_root=NEW``) and the
+    evaluator did not (its path was joined to the old data_root when the config was
+    read), so the predictions on the new images were scored against the old ground truth
+    (wrong metrics, no word), or failed in pycocotools (``Results do not correspond to
+    current coco set``). A copy of the file, or one listing the same images, passes.
+
+    Raises:
+        DatasetLayoutError: naming both files and the option to set.
+    """
+    split = ev_key.split('_')[0]
+    files = {
+        _join(ds.get('data_root') or '', ds['ann_file']): key
+        for _, key, ds, _ in _nodes(cfg, (split,))
+        if isinstance(ds.get('ann_file'), str) and ds['ann_file'].endswith('.json')
+    }
+    if len(files) != 1:
+        return  # no COCO file, or several (a ConcatDataset): nothing to pair
+    ((path, key),) = files.items()
+    if '://' in path or not osp.isfile(path) or not osp.isfile(ann) or osp.samefile(path, ann):
+        return
+    if _image_names(path) == _image_names(ann):
+        return
+    raise DatasetLayoutError(
+        f'{ev_key}.ann_file={ann!r} is not the annotation file of {key} ({path!r}) and '
+        'lists other images: the evaluator scores the predictions against its own file, so '
+        "the metrics would be of another set's ground truth (a new data_root does not move "
+        f'the evaluator: its path was joined to the old one when the config was read). '
+        f'Set it with --cfg-options {ev_key}.ann_file={path}'
+    )
+
+
+def _image_names(path: str) -> Optional[set]:
+    """The ``file_name`` of every image a COCO file lists (None: not readable as one;
+    :func:`read_coco_json` refuses it elsewhere)."""
+    try:
+        data = read_coco_json(path)
+    except DatasetLayoutError:
+        return None
+    return {im.get('file_name') for im in data.get('images') or [] if isinstance(im, Mapping)}
+
+
+def read_coco_json(path: str) -> Dict[str, Any]:
+    """A COCO-format annotation file as a dict.
+
+    Raises:
+        DatasetLayoutError: the file is no JSON (a truncated download: ``json``'s
+            position of the error), not UTF-8, or not a JSON object.
+    """
+    import json
+
+    try:
+        with open(path, encoding='utf-8') as f:
+            data = json.load(f)
+    except json.JSONDecodeError as err:
+        raise DatasetLayoutError(
+            f'{path!r} is no valid JSON ({err.msg} at line {err.lineno}, column '
+            f'{err.colno}): a truncated or damaged COCO annotation file? Download or '
+            'write it again'
+        ) from None
+    except UnicodeDecodeError as err:
+        raise DatasetLayoutError(
+            f'{path!r} is not UTF-8 text ({err.reason} at byte {err.start}): no COCO '
+            'annotation file'
+        ) from None
+    if not isinstance(data, dict):
+        raise DatasetLayoutError(
+            f'{path!r} holds a JSON {type(data).__name__}, not the object of a COCO '
+            "annotation file ('images', 'annotations', 'categories')"
+        )
+    return data
 
 
 def check_output_outside_data(
@@ -403,7 +480,6 @@ def check_coco_annotations(
             names) and the option to set, or the first missing image and how many are
             missing.
     """
-    import json
 
     from ..config_checks import dataset_class_names
     from ..validation import close_names
@@ -429,10 +505,9 @@ def check_coco_annotations(
                 "seg_map_path are mmseg's names); set it with --cfg-options "
                 f'{key}.data_prefix.img=FOLDER' + _where_note(key, ds, wrappers)
             )
-        with open(path) as f:
-            data = json.load(f)
+        data = read_coco_json(path)
         names = [c.get('name') for c in data.get('categories') or []]
-        classes, _ = dataset_class_names(ds, scope)
+        classes, _ = dataset_class_names(ds, scope, key)
         missing = [c for c in classes or () if c not in names]
         if missing:
             near = {c: close_names(c, names, 1) for c in missing}
