@@ -163,3 +163,33 @@ def test_an_evaluator_left_on_the_old_annotation_file_is_refused(tmp_path):
     check_dataset_layout(cfg, ('test',))  # the same images: passes
     cfg.test_evaluator.ann_file = str(new)
     check_dataset_layout(cfg, ('test',))
+
+
+def test_a_pad_in_the_test_pipeline_is_warned_of(coco):
+    """mmdet's ViTDet project configs pad every test image to 1024x1024 (``Pad``): mmcv's
+    Pad sets img_shape to the padded size, so boxes are clipped to the padding, and in a
+    new-user trial an early Mask R-CNN died in mmdet's ``_do_paste_mask`` ("upper bound
+    and lower bound inconsistent with step sign"). The tools warn, naming the step."""
+    from lookhere_dense.data.checks import eval_pad_note
+
+    cfg, ds, root = coco
+    assert eval_pad_note(cfg, ('train', 'val', 'test')) is None  # the project's configs
+    pipeline = list(cfg.test_dataloader.dataset.pipeline)
+    pipeline.insert(2, dict(type='Pad', size=(1024, 1024), pad_val=dict(img=(114, 114, 114))))
+    cfg.test_dataloader.dataset.pipeline = pipeline
+    note = eval_pad_note(cfg, ('test',))
+    assert note.startswith('test_dataloader: pipeline[2] Pad sets img_shape to the padded size')
+    assert note.endswith(
+        'Drop that Pad: the data preprocessor pads the batch '
+        '(pad_size_divisor; the configs of lookhere-dense test so)'
+    )
+    assert eval_pad_note(cfg, ('train',)) is None  # training pads for the batch: fine
+    ds.metainfo = dict(classes=SHAPE_CLASSES)
+    cfg.model.roi_head.bbox_head.num_classes = cfg.model.roi_head.mask_head.num_classes = 3
+    test_ds = cfg.test_dataloader.dataset
+    test_ds.update(data_root=str(root), ann_file=ds.ann_file, data_prefix=dict(img='train2017/'))
+    test_ds.metainfo = dict(classes=SHAPE_CLASSES)
+    cfg.test_evaluator.ann_file = ds.ann_file
+    notes = []
+    preflight(cfg, ('test',), check_pretrained=False, notes=notes)
+    assert [n for n in notes if 'pipeline[2] Pad sets img_shape' in n]

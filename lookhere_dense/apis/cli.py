@@ -1100,6 +1100,7 @@ def preflight(
         check_dataset_layout,
         check_seg_data,
         crop_padding_note,
+        eval_pad_note,
         sync_label_checks,
     )
 
@@ -1135,6 +1136,9 @@ def preflight(
                 warn(padded)
         else:
             check_dataset_layout(cfg, splits)
+            padded = eval_pad_note(cfg, splits)
+            if padded:
+                warn(padded)
             for where, (images, anns) in check_coco_annotations(cfg, splits).items():
                 _log(
                     f'data check passed: {where} has {images} images and {anns} annotations, '

@@ -56,6 +56,7 @@ __all__ = [
     'check_output_outside_data',
     'sync_label_checks',
     'crop_padding_note',
+    'eval_pad_note',
     'image_size',
     'LAYOUT_HINTS',
 ]
@@ -873,6 +874,31 @@ def crop_padding_note(cfg: Mapping) -> Optional[str]:
                     'the model trains at that size. Set model.data_preprocessor.size='
                     f'({int(ch)}, {int(cw)}) too (and model.test_cfg.crop_size for sliding '
                     'inference)'
+                )
+    return None
+
+
+def eval_pad_note(cfg: Mapping, splits: Sequence[str]) -> Optional[str]:
+    """The warning for a ``Pad`` in an mmdet validation / test pipeline (mmdet's ViTDet
+    project configs pad every test image to 1024x1024): mmcv's ``Pad`` sets ``img_shape``
+    to the padded size, so the detector clips its boxes to the padded image, not the
+    image -- boxes reach into the padding, and Mask R-CNN's mask pasting at the original
+    size can fail (``upper bound and lower bound inconsistent with step sign`` in mmdet's
+    ``_do_paste_mask``, seen with an early checkpoint). The model's data preprocessor pads
+    the batch itself (``pad_size_divisor``). None for mmseg configs and pipelines without
+    ``Pad``."""
+    if (cfg.get('default_scope') or 'mmseg') != 'mmdet':
+        return None
+    for where, ds in _dataloaders(cfg, [s for s in splits if s != 'train']):
+        for i, t in enumerate(ds.get('pipeline') or []):
+            if isinstance(t, Mapping) and type_name(t) == 'Pad':
+                return (
+                    f'{where}: pipeline[{i}] Pad sets img_shape to the padded size, so the '
+                    'predicted boxes are clipped to the padded image, not the image: they '
+                    "reach into the padding, and Mask R-CNN's mask pasting can fail (mmdet's "
+                    '_do_paste_mask: "upper bound and lower bound inconsistent with step '
+                    'sign"). Drop that Pad: the data preprocessor pads the batch '
+                    '(pad_size_divisor; the configs of lookhere-dense test so)'
                 )
     return None
 
