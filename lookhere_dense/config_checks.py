@@ -755,6 +755,54 @@ def _unregistered_fix(key: str) -> str:
     return register + '.'
 
 
+#: Keys of an ``optim_wrapper`` section that mmengine's builder takes before the wrapper
+#: class sees the rest (``build_optim_wrapper``: the constructor and its ``paramwise_cfg``).
+OPTIM_WRAPPER_BUILDER_KEYS = frozenset({'type', 'constructor', 'paramwise_cfg', '_scope_'})
+
+
+def check_optim_wrapper_keys(cfg: Mapping) -> None:
+    """Refuse a key of ``optim_wrapper`` that its wrapper class cannot take
+    (``optim_wrapper.dtpye=bfloat16`` for ``dtype``: a ``TypeError`` traceback from the
+    wrapper's ``__init__`` after the model was built), naming the close names.
+    ``MixedPrecisionOptimWrapper`` takes ``AmpOptimWrapper``'s arguments; a wrapper whose
+    arguments cannot be told (:func:`accepted_arguments`) is left alone.
+
+    Raises:
+        ConfigError: naming the key, the close names and what the wrapper takes.
+    """
+    wrapper = cfg.get('optim_wrapper')
+    if not isinstance(wrapper, Mapping) or '_scope_' in wrapper:
+        return
+    scope = cfg.get('default_scope') or 'mmseg'
+    registry = _scope_registries(scope)['OPTIM_WRAPPERS']
+    typ = wrapper.get('type', 'OptimWrapper')
+    cls = registry.get(typ) if isinstance(typ, str) else typ
+    if getattr(cls, '__name__', None) == 'MixedPrecisionOptimWrapper':
+        cls = cls.__mro__[1]  # mmengine's AmpOptimWrapper: the same arguments
+    accepted = accepted_arguments(cls)
+    if accepted is None:
+        return
+    for key in wrapper:
+        if key in OPTIM_WRAPPER_BUILDER_KEYS or key in accepted:
+            continue
+        names = sorted(accepted | {'constructor', 'paramwise_cfg'})
+        close = close_names(key, names)
+        amp = (
+            '' if close else ', '.join(repr(c) for c in close_names(key, ['dtype', 'loss_scale']))
+        )
+        raise ConfigError(
+            f'optim_wrapper.{key}: {cls.__name__} has no argument {key!r}'
+            + (f'; did you mean {" or ".join(repr(c) for c in close)}?' if close else '')
+            + f' ({cls.__name__} takes {", ".join(names)})'
+            + (
+                f'; {amp} is a mixed-precision setting: optim_wrapper.type=AmpOptimWrapper '
+                '(or tools/train.py --amp)'
+                if amp
+                else ''
+            )
+        )
+
+
 def check_loop_values(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'test')) -> None:
     """Refuse a dataloader ``batch_size`` of the ``splits`` below 1, a negative (or
     non-numeric) learning rate and a ``train_cfg.val_interval`` below 1 (torch's sampler

@@ -176,7 +176,11 @@ def test_float16_on_cpu_is_refused_with_the_setting_named(amp_run, data, tmp_pat
                 data, 'optim_wrapper.type=AmpOptimWrapper', 'optim_wrapper.dtype=float16'
             ),
         )
-    with pytest.raises(ConfigError, match=r'--amp-dtype=float16 on CPU'):
+    with pytest.raises(
+        ConfigError,
+        match=r'--amp-dtype=float16 on CPU: the tools run float16 inference on CUDA only; '
+        'on CPU use bfloat16',  # inference: no loss scaling to name
+    ):
         evaluate_checkpoint(ADE_CFG, amp_run[2], amp=True, amp_dtype='float16')
     params = [torch.nn.Parameter(torch.zeros(2))]
     with pytest.raises(ConfigError, match=r'optim_wrapper.dtype=float16'):
@@ -191,7 +195,12 @@ def test_amp_refuses_another_wrapper_and_leaves_fp32_configs_alone():
     cfg = Config(dict(optim_wrapper=dict(type='OptimWrapper', optimizer=dict(type='SGD'))))
     assert apply_amp(cfg) == [] and cfg.optim_wrapper.type == 'OptimWrapper'
     cfg.optim_wrapper.type = 'DeepSpeedOptimWrapper'
-    with pytest.raises(ConfigError, match=r"--amp works with .* 'DeepSpeedOptimWrapper'"):
+    with pytest.raises(
+        ConfigError,
+        match=r'--amp works with optim_wrapper type OptimWrapper \(made mixed precision\) or '
+        r'AmpOptimWrapper / MixedPrecisionOptimWrapper \(its dtype set\), the config has '
+        r"'DeepSpeedOptimWrapper'",
+    ):
         apply_amp(cfg, amp=True)
     with pytest.raises(ConfigError, match='--amp needs an optim_wrapper section'):
         apply_amp(Config(dict(model=dict())), amp=True)
@@ -205,6 +214,46 @@ def test_amp_refuses_another_wrapper_and_leaves_fp32_configs_alone():
         "optim_wrapper.type=OptimWrapper trains in float32: dtype='bfloat16' dropped"
     ]
     assert 'dtype' not in cfg.optim_wrapper and cfg.optim_wrapper.type == 'OptimWrapper'
+
+
+def test_a_misspelt_optim_wrapper_key_and_other_wrappers_are_named_before_the_run(tmp_path):
+    """``optim_wrapper.dtpye=bfloat16`` was a ``TypeError`` traceback from the wrapper's
+    ``__init__`` after the model was built (a new-user trial); ``ApexOptimWrapper`` without
+    apex mmengine's bare ``AssertionError``; a CPU run's ``loss_scale`` was ignored without
+    a word."""
+    from mmengine.config import Config
+
+    def build(*options):
+        opts = dict(o.split('=', 1) for o in options)
+        return build_train_config(
+            ADE_CFG, work_dir=str(tmp_path), cfg_options=opts, check_data=False
+        )
+
+    with pytest.raises(
+        ConfigError,
+        match=r"^optim_wrapper\.dtpye: AmpOptimWrapper has no argument 'dtpye'; did you mean "
+        r"'dtype'\? \(AmpOptimWrapper takes accumulative_counts, clip_grad, constructor, dtype, ",
+    ):
+        build('optim_wrapper.type=AmpOptimWrapper', 'optim_wrapper.dtpye=bfloat16')
+    with pytest.raises(
+        ConfigError,
+        match=r"optim_wrapper\.dtpye: OptimWrapper has no argument 'dtpye' \(.*\); 'dtype' is a "
+        r'mixed-precision setting: optim_wrapper\.type=AmpOptimWrapper \(or tools/train\.py '
+        r'--amp\)$',
+    ):
+        build('optim_wrapper.dtpye=bfloat16')
+    cfg, _ = build('optim_wrapper.type=AmpOptimWrapper', 'optim_wrapper.accumulative_counts=2')
+    assert cfg.optim_wrapper.type == 'MixedPrecisionOptimWrapper'
+    cfg = Config(dict(optim_wrapper=dict(type='ApexOptimWrapper', optimizer=dict())))
+    with pytest.raises(ConfigError, match=r'needs NVIDIA apex, which is not installed: use '):
+        apply_amp(cfg)
+    cfg = Config(
+        dict(optim_wrapper=dict(type='AmpOptimWrapper', loss_scale='dynamic', optimizer=dict()))
+    )
+    assert apply_amp(cfg)[0] == (
+        "optim_wrapper.loss_scale='dynamic' is not used on CPU: bfloat16 has float32's "
+        'exponent range and trains without loss scaling'
+    )
 
 
 def test_a_configs_amp_optim_wrapper_gets_float32_detection_heads_on_a_gpu_too(monkeypatch):

@@ -403,6 +403,52 @@ def test_training_with_flex_on_cpu_is_refused_before_the_runner():
     preflight(shipped, ('test',), check_pretrained=False, check_data=False)
 
 
+def test_the_triton_backend_is_refused_before_the_run_where_it_cannot_run(monkeypatch, tmp_path):
+    """``attn_backend='triton'`` (a CUDA forward) in a training run started, then died in
+    the first step with a 35-frame traceback whose advice ('train with flex') was wrong on
+    CPU; ``tools/test.py`` / ``infer.py`` on CPU ended in a traceback too (a new-user
+    trial). Now one error before the Runner: training anywhere, any pass without CUDA
+    (outside Triton's interpreter)."""
+    import lookhere_dense
+    from lookhere_dense.apis.cli import check_flex_training, preflight
+
+    cfg = Config(dict(model=dict(backbone=dict(type='LookHereViT', attn_backend='triton'))))
+    for cuda in (False, True):
+        with pytest.raises(
+            ConfigError, match=r"attn_backend='triton' cannot train: it has a forward only"
+        ):
+            check_flex_training(cfg, cuda=cuda)
+    check_flex_training(cfg, cuda=True, splits=('test',))
+    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    with pytest.raises(ConfigError, match=r"'triton' runs on CUDA .*: on CPU use 'auto'$"):
+        check_flex_training(cfg, cuda=False, splits=('test',))
+    monkeypatch.setenv('TRITON_INTERPRET', '1')
+    check_flex_training(cfg, cuda=False, splits=('test',))
+    monkeypatch.delenv('TRITON_INTERPRET')
+    shipped = Config.fromfile(lookhere_dense.config_path('segmenter_lookhere_vit-t_tiny-ade.py'))
+    shipped.model.backbone.attn_backend = 'triton'
+    if not torch.cuda.is_available():
+        for splits in (('train', 'val'), ('test',)):
+            with pytest.raises(ConfigError, match="attn_backend='triton'"):
+                preflight(shipped, splits, check_pretrained=False, check_data=False)
+        import cv2
+        import numpy as np
+
+        from lookhere_dense.apis.inference import segment_images
+
+        image = tmp_path / 'a.png'
+        cv2.imwrite(str(image), np.zeros((32, 32, 3), np.uint8))
+        with pytest.raises(ConfigError, match=r"'triton' runs on CUDA"):
+            segment_images(
+                lookhere_dense.config_path('segmenter_lookhere_vit-t_tiny-ade.py'),
+                str(tmp_path / 'no.pth'),
+                str(image),
+                str(tmp_path / 'out'),
+                cfg_options={'model.backbone.attn_backend': 'triton'},
+                device='cpu',
+            )
+
+
 @pytest.mark.parametrize(
     'mmdet_name, name, values',
     [

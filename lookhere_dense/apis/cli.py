@@ -1024,28 +1024,48 @@ def _log(msg: str, level: int = logging.INFO) -> None:
     print_log(msg, logger='current', level=level)
 
 
-def check_flex_training(cfg, cuda: Optional[bool] = None) -> None:
-    """Refuse ``model.backbone.attn_backend='flex'`` for training without CUDA before
-    the Runner is built (PyTorch's ``flex_attention`` has no CPU backward; the engine
-    would refuse it in the first training step, after start-up). ``cuda``: whether
-    training runs on CUDA (None: ``torch.cuda.is_available()``).
+def check_flex_training(
+    cfg, cuda: Optional[bool] = None, splits: Sequence[str] = ('train',)
+) -> None:
+    """Refuse an ``attn_backend`` the run cannot use, before the Runner is built (the
+    engine refused it in the first step, after start-up, in a traceback): ``'flex'`` for
+    training without CUDA (PyTorch's ``flex_attention`` has no CPU backward);
+    ``'triton'`` for training anywhere (a forward only) and for any pass without CUDA
+    (Triton kernels; on CPU only in Triton's interpreter, ``TRITON_INTERPRET=1``).
+    ``cuda``: whether the run is on CUDA (None: ``torch.cuda.is_available()``);
+    ``splits``: the run's (``'train'`` among them: a training run).
 
     Raises:
         lookhere_dense.errors.ConfigError: naming the key, its value and what to use.
     """
+    import os
+
     model = cfg.get('model')
     backbone = model.get('backbone') if isinstance(model, Mapping) else None
-    if not isinstance(backbone, Mapping) or backbone.get('attn_backend') != 'flex':
+    backend = backbone.get('attn_backend') if isinstance(backbone, Mapping) else None
+    if backend not in ('flex', 'triton'):
         return
     if cuda is None:
         import torch
 
         cuda = torch.cuda.is_available()
-    if not cuda:
+    training = 'train' in splits
+    if backend == 'flex' and training and not cuda:
         raise ConfigError(
             "model.backbone.attn_backend='flex' cannot train on CPU (PyTorch's "
             "flex_attention has no CPU backward); use 'auto', 'fused', 'chunked' or "
             "'sdpa' for training (flex runs inference on CPU)"
+        )
+    if backend == 'triton' and training:
+        raise ConfigError(
+            "model.backbone.attn_backend='triton' cannot train: it has a forward only "
+            "(inference); train with 'auto' (or 'fused' / 'chunked' / 'sdpa'"
+            + ("; on CUDA also 'flex')" if not cuda else ", 'flex')")
+        )
+    if backend == 'triton' and not cuda and os.environ.get('TRITON_INTERPRET') != '1':
+        raise ConfigError(
+            "model.backbone.attn_backend='triton' runs on CUDA (Triton kernels; on CPU only "
+            "in Triton's interpreter, TRITON_INTERPRET=1, for tests): on CPU use 'auto'"
         )
 
 
@@ -1112,8 +1132,7 @@ def preflight(
     check_model_cfg(cfg)
     check_section_types(cfg)
     check_loop_values(cfg, splits)
-    if 'train' in splits:
-        check_flex_training(cfg)
+    check_flex_training(cfg, splits=splits)
     clear_inherited_pretrained(cfg, warn)
     scale = preprocessor_scale_note(cfg)
     if scale:

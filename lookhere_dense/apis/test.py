@@ -39,7 +39,7 @@ def use_amp_test_loop(cfg, dtype: Optional[str] = None) -> None:
     from ..engine.amp import accelerator_available, amp_dtype
 
     dtype = dtype or 'bfloat16'
-    amp_dtype(dtype, 'cuda' if accelerator_available() else 'cpu', '--amp-dtype')
+    amp_dtype(dtype, 'cuda' if accelerator_available() else 'cpu', '--amp-dtype', training=False)
     test_cfg = dict(cfg.get('test_cfg') or {})
     kind = str(test_cfg.pop('type', 'TestLoop')).split('.')[-1]
     if kind not in ('TestLoop', 'AmpTestLoop'):

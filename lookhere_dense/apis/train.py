@@ -318,7 +318,8 @@ def apply_amp(cfg, amp: bool = False, dtype: Optional[str] = None) -> List[str]:
             raise ConfigError('--amp needs an optim_wrapper section in the config')
         if kind not in AMP_WRAPPERS + ('OptimWrapper',):
             raise ConfigError(
-                f'--amp works with optim_wrapper type OptimWrapper, the config has {kind!r}'
+                f'--amp works with optim_wrapper type OptimWrapper (made mixed precision) or '
+                f'{" / ".join(AMP_WRAPPERS)} (its dtype set), the config has {kind!r}'
             )
         if kind in AMP_WRAPPERS and wrapper.get('dtype') not in (None, dtype):
             notes.append(f'--amp-dtype {dtype} replaces optim_wrapper.dtype={wrapper.dtype!r}')
@@ -339,8 +340,19 @@ def apply_amp(cfg, amp: bool = False, dtype: Optional[str] = None) -> List[str]:
             )
             for key in left:
                 wrapper.pop(key)
+    if kind == 'ApexOptimWrapper' and not _apex_installed():
+        raise ConfigError(  # mmengine: a bare 'AssertionError: Apex is not installed'
+            "optim_wrapper.type='ApexOptimWrapper' needs NVIDIA apex, which is not "
+            "installed: use type='AmpOptimWrapper' (PyTorch's own mixed precision; bfloat16 "
+            'on CPU) or tools/train.py --amp with type=OptimWrapper'
+        )
     if kind in AMP_WRAPPERS:
         amp_dtype(wrapper.get('dtype'), device_type, 'optim_wrapper.dtype')
+        if device_type == 'cpu' and 'loss_scale' in wrapper:
+            notes.append(
+                f'optim_wrapper.loss_scale={wrapper.loss_scale!r} is not used on CPU: '
+                "bfloat16 has float32's exponent range and trains without loss scaling"
+            )
         if kind == 'AmpOptimWrapper':
             wrapper.type = 'MixedPrecisionOptimWrapper'
             notes.append(
@@ -351,6 +363,12 @@ def apply_amp(cfg, amp: bool = False, dtype: Optional[str] = None) -> List[str]:
                 "(mmengine's, with a detector's heads, boxes and losses in float32)"
             )
     return notes
+
+
+def _apex_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec('apex') is not None
 
 
 def build_train_config(
@@ -406,6 +424,7 @@ def build_train_config(
         FileNotFoundError, lookhere_dense.apis.cli.ToolError: saying what to fix.
     """
     from ..checkpoint import checkpoint_problem
+    from ..config_checks import check_optim_wrapper_keys
     from .cli import load_config, preflight, set_work_dir
 
     check_launcher(launcher)
@@ -418,6 +437,7 @@ def build_train_config(
         # folder). Without the name each run gets its own, named after the experiment.
         cfg.visualizer.pop('name', None)
     notes: List[str] = apply_amp(cfg, amp, amp_dtype)
+    check_optim_wrapper_keys(cfg)
     for msg in notes:
         _warn(msg)
     if resume == 'auto':

@@ -71,7 +71,10 @@ def accelerator_available() -> bool:
 
 
 def amp_dtype(
-    dtype: Union[str, torch.dtype, None], device_type: str, what: str = 'dtype'
+    dtype: Union[str, torch.dtype, None],
+    device_type: str,
+    what: str = 'dtype',
+    training: bool = True,
 ) -> torch.dtype:
     """The autocast dtype for ``device_type``, checked.
 
@@ -79,6 +82,8 @@ def amp_dtype(
         dtype: ``'bfloat16'`` / ``'float16'`` (or the torch dtypes); None: bfloat16.
         device_type: ``'cpu'``, ``'cuda'``, ...
         what: how the error names the setting, e.g. ``'--amp-dtype'``. Default: ``'dtype'``.
+        training: whether the dtype is for training (the refusal of float16 on CPU names
+            loss scaling) or inference. Default: True.
 
     Returns:
         ``torch.bfloat16`` or ``torch.float16``.
@@ -94,9 +99,15 @@ def amp_dtype(
     if name not in AMP_DTYPES:
         raise ConfigError(f'{what}={dtype!r}: mixed precision takes one of {list(AMP_DTYPES)}')
     if name == 'float16' and device_type == 'cpu':
+        if training:
+            raise ConfigError(
+                f'{what}=float16 on CPU: float16 mixed precision (with loss scaling) runs on '
+                'CUDA only; on CPU use bfloat16'
+            )
         raise ConfigError(
-            f'{what}=float16 on CPU: float16 mixed precision (with loss scaling) runs on '
-            'CUDA only; on CPU use bfloat16'
+            f'{what}=float16 on CPU: the tools run float16 inference on CUDA only; on CPU '
+            "use bfloat16, the type of the CPUs' matrix units (AMX, AVX512-BF16); "
+            "torch.autocast('cpu', dtype=torch.float16) runs the model outside the tools"
         )
     return getattr(torch, name)
 
@@ -327,7 +338,7 @@ def inference_autocast(
         yield
         return
     device_type = torch.device(device).type
-    cast = amp_dtype(dtype, device_type, '--amp-dtype')
+    cast = amp_dtype(dtype, device_type, '--amp-dtype', training=False)
     if device_type == 'cpu':
         float32_mmcv_cpu_ops()
     with torch.autocast(device_type, dtype=cast):
@@ -358,7 +369,7 @@ class AmpTestLoop(TestLoop):
     def __init__(self, runner, dataloader, evaluator, dtype: str = 'bfloat16'):
         super().__init__(runner, dataloader, evaluator, fp16=False)
         self.device_type = _model_device_type(runner.model)
-        self.dtype = amp_dtype(dtype, self.device_type, 'test_cfg.dtype')
+        self.dtype = amp_dtype(dtype, self.device_type, 'test_cfg.dtype', training=False)
         if self.device_type == 'cpu':
             float32_mmcv_cpu_ops()
 

@@ -32,6 +32,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from ...errors import ConfigError
 from ..bias import GridBias, num_prefix_tokens, pair_index
 from .common import (
     FLEX_BLOCK,
@@ -159,14 +160,17 @@ def triton_attention_lookhere(
         ``(B, heads, T, d)`` in ``q``'s dtype.
 
     Raises:
-        ValueError: inputs that need a gradient (forward only), mismatched dtypes.
+        lookhere_dense.errors.ConfigError: inputs that need a gradient (forward only), a
+            CPU tensor outside Triton's interpreter (or a CUDA one inside it).
+        ValueError: mismatched dtypes.
     """
     from .triton_kernels import forward_kernel, interpreting
 
     if any(t.requires_grad for t in (q, k, v)) and torch.is_grad_enabled():
-        raise ValueError(
+        raise ConfigError(
             "attn_backend='triton' has a forward only: run it under torch.no_grad() / "
-            "inference_mode(), or train with 'flex' / 'auto'"
+            "inference_mode(), or train with 'auto' (or 'fused' / 'chunked' / 'sdpa'; on "
+            "CUDA also 'flex')"
         )
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _DTYPES:
         raise ValueError(
@@ -177,10 +181,11 @@ def triton_attention_lookhere(
     if interpret and q.dtype == torch.bfloat16:
         raise ValueError(f"attn_backend='triton': {_INTERPRETER_BF16}")
     if (q.device.type == 'cpu') != interpret:
-        raise ValueError(
+        raise ConfigError(
             f"attn_backend='triton' runs on CUDA, or on CPU in Triton's interpreter (Python "
             f'started with TRITON_INTERPRET=1); here q is on {q.device} and the interpreter is '
             + ('on' if interpret else 'off')
+            + ("; on CPU use 'auto'" if q.device.type == 'cpu' else '')
         )
     if plan is None:
         plan = triton_plan(
