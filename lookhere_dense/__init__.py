@@ -133,7 +133,10 @@ def _unhook() -> None:
 def _register_with_timm() -> None:
     """Register the ``lookhere_vit_*`` models with timm: now if timm is imported, else as
     soon as it is (``LOOKHERE_TIMM=0``: never). Nothing here imports timm."""
-    if os.environ.get('LOOKHERE_TIMM', '1') == '0':
+    from .errors import ConfigError
+    from .validation import env_switch
+
+    if not env_switch('LOOKHERE_TIMM', error=ConfigError):
         return
     if 'timm' in sys.modules:
         _import_timm_models()

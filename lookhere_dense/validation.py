@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import os.path as osp
 from typing import Any, Dict, Iterable, List, Optional, Type, TypeVar
 
@@ -32,7 +33,13 @@ __all__ = [
     'settings_from_dict',
     'close_names',
     'CLOSE_NAME_CUTOFF',
+    'env_choice',
+    'env_switch',
 ]
+
+#: the spellings of an on / off environment switch (:func:`env_switch`), lower case
+ENV_ON = ('1', 'true', 'yes', 'on')
+ENV_OFF = ('0', 'false', 'no', 'off')
 
 #: how alike a misspelt key and a real one must be to be suggested ("did you mean ...?")
 CLOSE_NAME_CUTOFF = 0.75
@@ -195,3 +202,37 @@ def path_inside(path: str, folders: Iterable[str]) -> bool:
         if osp.commonpath([real, top]) == top:
             return True
     return False
+
+
+def env_choice(
+    name: str, choices: Iterable[str], default: str, error: Type[Exception] = ValueError
+) -> str:
+    """The value of the environment variable ``name``, one of ``choices`` (or an on / off
+    spelling of :data:`ENV_ON` / :data:`ENV_OFF`, given as ``'1'`` / ``'0'`` where those
+    are choices); ``default`` where it is unset or empty (``NAME=`` unsets it in a shell
+    line).
+
+    Raises:
+        error: another value, naming the variable, the value and the choices.
+    """
+    choices = tuple(choices)
+    value = os.environ.get(name, '').strip()
+    if not value:
+        return default
+    if value in choices:
+        return value
+    low = value.lower()
+    for spellings, word in ((ENV_ON, '1'), (ENV_OFF, '0')):
+        if low in spellings and word in choices:
+            return word
+    raise error(f'{name}={value!r}: expected one of {", ".join(choices)} (or unset)')
+
+
+def env_switch(name: str, default: bool = True, error: Type[Exception] = ValueError) -> bool:
+    """An on / off environment variable (``1`` / ``0``, ``true`` / ``false``, ``yes`` /
+    ``no``, ``on`` / ``off``); ``default`` where it is unset or empty.
+
+    Raises:
+        error: another value (``LOOKHERE_FUSED_MLP=maybe``), naming the variable.
+    """
+    return env_choice(name, ('1', '0'), '1' if default else '0', error) == '1'

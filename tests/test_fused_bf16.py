@@ -408,8 +408,17 @@ def test_bf16_products_choice(monkeypatch):
     monkeypatch.setenv('LOOKHERE_FUSED_BF16', '0')
     assert bf16_products() == 'float32' and bf16_products(True) == 'vdpbf16ps'
     monkeypatch.setenv('LOOKHERE_FUSED_BF16', 'amx')
-    with pytest.raises(ValueError, match="LOOKHERE_FUSED_BF16='amx': expected 0, 1 or one of"):
+    from lookhere_dense.errors import ConfigError
+
+    with pytest.raises(  # a ConfigError: the tools print it as one line
+        ConfigError,
+        match=r"^LOOKHERE_FUSED_BF16='amx': expected one of 1, 0, vdpbf16ps, brgemm \(or unset\)$",
+    ):
         bf16_products()
+    monkeypatch.setenv('LOOKHERE_FUSED_BF16', '')  # NAME= in a shell line: unset
+    assert bf16_products() == 'vdpbf16ps'
+    monkeypatch.setenv('LOOKHERE_FUSED_BF16', 'off')
+    assert bf16_products() == 'float32'
     monkeypatch.setenv('LOOKHERE_FUSED_BF16', '1')
     monkeypatch.setattr(fused, 'brgemm_bf16_available', lambda: False)
     with pytest.raises(RuntimeError, match="native_bf16='brgemm', but at::native::cpublas"):

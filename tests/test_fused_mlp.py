@@ -122,6 +122,15 @@ def test_it_is_taken_only_where_it_computes_the_plain_function(op_available, mon
             mlp.fc2.float()
             monkeypatch.setenv('LOOKHERE_FUSED_MLP', '0')
             assert not fused()
+            monkeypatch.setenv('LOOKHERE_FUSED_MLP', 'off')
+            assert not fused()
+            monkeypatch.setenv('LOOKHERE_FUSED_MLP', 'maybe')  # was taken as on, silently
+            from lookhere_dense.errors import ConfigError
+
+            with pytest.raises(ConfigError, match=r"^LOOKHERE_FUSED_MLP='maybe': expected one"):
+                fused()
+            monkeypatch.setenv('LOOKHERE_FUSED_MLP', '')
+            assert fused()
             monkeypatch.delenv('LOOKHERE_FUSED_MLP')
             assert fused()
         mlp.requires_grad_(False)  # a frozen MLP on an input that needs no gradient

@@ -25,12 +25,14 @@ dominates; oneDNN was no faster in a throw-away A/B of the MLP alone).
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.autograd.forward_ad as fwAD
 import torch.nn as nn
 from torch import Tensor
+
+from ..errors import ConfigError
+from ..validation import env_switch
 
 __all__ = ['fused_mlp_available', 'use_fused_mlp', 'fused_mlp']
 
@@ -53,7 +55,7 @@ def fused_mlp_available() -> bool:
     """Whether the fused path can run here: oneDNN built in and enabled
     (``torch.backends.mkldnn``), :func:`_onednn_bf16_linear`, and ``LOOKHERE_FUSED_MLP`` not
     ``0``."""
-    if os.environ.get('LOOKHERE_FUSED_MLP', '1') == '0':
+    if not env_switch('LOOKHERE_FUSED_MLP', error=ConfigError):
         return False
     if not torch.backends.mkldnn.is_available() or not torch.backends.mkldnn.enabled:
         return False

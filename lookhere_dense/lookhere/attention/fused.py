@@ -101,6 +101,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ...errors import ConfigError
+from ...validation import env_choice, env_switch
 from ..bias import GridBias
 from .common import (
     FLASH,
@@ -200,7 +202,7 @@ def load_fused_ops(verbose: bool = False):
             return _STATE['ops']
         if 'error' in _STATE:
             raise RuntimeError(_STATE['error'])
-        if os.environ.get('LOOKHERE_FUSED', '1') == '0':
+        if not env_switch('LOOKHERE_FUSED', error=ConfigError):
             _STATE['error'] = 'the fused LookHere kernel is turned off (LOOKHERE_FUSED=0)'
             raise RuntimeError(_STATE['error'])
         try:
@@ -269,12 +271,7 @@ BF16_PRODUCTS = ('vdpbf16ps', 'brgemm')
 def _bf16_env() -> str:
     """``LOOKHERE_FUSED_BF16``: ``1`` (default: the machine's choice), ``0`` (the float32
     products) or one of :data:`BF16_PRODUCTS`."""
-    value = os.environ.get('LOOKHERE_FUSED_BF16', '1')
-    if value not in ('0', '1') + BF16_PRODUCTS:
-        raise ValueError(
-            f'LOOKHERE_FUSED_BF16={value!r}: expected 0, 1 or one of {", ".join(BF16_PRODUCTS)}'
-        )
-    return value
+    return env_choice('LOOKHERE_FUSED_BF16', ('1', '0') + BF16_PRODUCTS, '1', ConfigError)
 
 
 def _vdpbf16ps_available() -> bool:
