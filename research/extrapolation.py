@@ -44,6 +44,7 @@ from .reporting import (
     figure,
     markdown_table,
     position_encoding_label,
+    precision_label,
     write_json,
 )
 
@@ -621,7 +622,8 @@ def extrapolation_report(
     train_grid = tuple(math.ceil(s / patch) for s in size) if size else None
 
     rows, refusals = [], []
-    log(f'{len(specs)} tests on the {split} split, device {device}')
+    precision = precision_label(device)
+    log(f'{len(specs)} tests on the {split} split, device {device}, {precision}')
     for spec in specs:
         try:
             row = evaluate_spec(model, cfg, spec, split, device, max_images, patch)
@@ -657,7 +659,8 @@ def extrapolation_report(
     png_path = osp.join(out_dir, f'{name}.png')
     write_json(json_path, report)
     pos = f', {report["pos_encoding"]}' if report.get('pos_encoding') else ''
-    title = f'{stem} — {osp.basename(checkpoint)} ({device}{pos})'
+    amp = '' if report['precision'] == 'float32' else f', {report["precision"]}'
+    title = f'{stem} — {osp.basename(checkpoint)} ({device}{amp}{pos})'
     plot_report(rows, png_path, title, train_grid)
     log(f'\nwrote {json_path} and {png_path}')
     report['json'], report['png'] = json_path, png_path

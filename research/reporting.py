@@ -23,6 +23,7 @@ __all__ = [
     'ensure_dir',
     'config_stem',
     'checkpoint_report',
+    'precision_label',
 ]
 
 
@@ -53,8 +54,9 @@ def checkpoint_report(
 
     Returns:
         ``out_dir`` (:func:`report_folder`), created, and the dict
-        ``config``, ``checkpoint``, ``split``, ``device``, ``torch`` (its version),
-        ``command``, then ``fields``.
+        ``config``, ``checkpoint``, ``split``, ``device``, ``precision``
+        (:func:`precision_label`: the autocast the report is made under, e.g. the tools'
+        ``--amp``), ``torch`` (its version), ``command``, then ``fields``.
     """
     import torch
 
@@ -64,11 +66,23 @@ def checkpoint_report(
         checkpoint=checkpoint,
         split=split,
         device=device,
+        precision=precision_label(device),
         torch=torch.__version__,
         command=command,
     )
     report.update(fields)
     return out_dir, report
+
+
+def precision_label(device: str) -> str:
+    """``'float32'``, or the autocast active on ``device``'s type now (``'bfloat16
+    autocast'``: the tools' ``--amp`` wraps the report's passes in it)."""
+    import torch
+
+    kind = str(device).split(':')[0]
+    if torch.is_autocast_enabled(kind):
+        return f'{str(torch.get_autocast_dtype(kind)).replace("torch.", "")} autocast'
+    return 'float32'
 
 
 def report_folder(config: str, out_dir: Optional[str], kind: str) -> str:

@@ -128,6 +128,11 @@ def test_test_amp_predicts_bf16_and_scores_float32(amp_run, data, tmp_path):
     assert _PrecisionProbeHook.seen['test'] == {torch.bfloat16}
     assert _PrecisionProbeHook.seen['logits'] == {torch.float32}
     assert len(glob.glob(str(out / '*.png'))) == 1
+    (log,) = glob.glob(str(tmp_path / 'w' / '*' / '*.log'))
+    with open(log) as f:  # the run says it was bf16 (a new-user trial found no trace)
+        assert (
+            'testing in bfloat16 autocast on cpu (the predictions; scored in float32)' in f.read()
+        )
 
 
 def test_config_form_amp_optim_wrapper_trains_on_cpu(data, tmp_path):
@@ -276,7 +281,7 @@ def test_a_configs_amp_optim_wrapper_gets_float32_detection_heads_on_a_gpu_too(m
     ]
 
 
-def test_inference_context_and_float32_outputs():
+def test_inference_context_and_float32_outputs(tmp_path):
     """``--amp`` of infer / extrapolate / robustness: bfloat16 autocast on the device;
     predictions made float32 before they are written, label maps untouched."""
     from argparse import Namespace
@@ -291,6 +296,15 @@ def test_inference_context_and_float32_outputs():
     assert y.dtype == torch.bfloat16
     with amp_context(Namespace(amp=False, amp_dtype=None), 'cpu'):
         assert not torch.is_autocast_enabled('cpu')
+    # the reports (extrapolate / robustness) record it: a bf16 report replaced the
+    # float32 one in the same folder with no trace of its precision
+    from research.reporting import checkpoint_report, precision_label
+
+    assert precision_label('cpu') == 'float32'
+    with amp_context(Namespace(amp=True, amp_dtype=None), 'cpu'):
+        assert precision_label('cpu') == 'bfloat16 autocast'
+        _, report = checkpoint_report('a.py', 'b.pth', 'val', 'cpu', '', str(tmp_path), 'x')
+    assert report['precision'] == 'bfloat16 autocast'
     sample = SegDataSample()
     sample.seg_logits = PixelData(data=torch.randn(3, 4, 4, dtype=torch.bfloat16))
     sample.pred_sem_seg = PixelData(data=torch.zeros(1, 4, 4, dtype=torch.int64))

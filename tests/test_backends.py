@@ -126,6 +126,9 @@ def test_explain_backend_names_each_layer_and_why_the_faster_ones_were_skipped()
     assert explain_backend(model, np.array([224, 224]), print_fn=None) == lines
     with pytest.raises(ValueError, match=r'image_size must be H or \(H, W\) .*got \(224, 0\)'):
         explain_backend(model, (224, 0), print_fn=None)
+    assert ', float32, cpu, inference' in lines[0]
+    with torch.autocast('cpu', dtype=torch.bfloat16):  # the dtype the model computes in
+        assert ', bfloat16, cpu, inference' in explain_backend(model, 224, print_fn=None)[0]
     assert (
         lines[1] == 'layer 0 (window 7): windows (sdpa per window, the dense bias of one window)'
     )

@@ -372,6 +372,13 @@ class AmpTestLoop(TestLoop):
         self.dtype = amp_dtype(dtype, self.device_type, 'test_cfg.dtype', training=False)
         if self.device_type == 'cpu':
             float32_mmcv_cpu_ops()
+        from mmengine.logging import print_log
+
+        print_log(
+            f'testing in {str(self.dtype).replace("torch.", "")} autocast on '
+            f'{self.device_type} (the predictions; scored in float32)',
+            logger='current',
+        )
 
     @torch.no_grad()
     def run_iter(self, idx: int, data_batch: Sequence[dict]) -> None:

@@ -16,6 +16,7 @@ from ..reporting import (
     config_stem,
     figure,
     markdown_table,
+    precision_label,
     write_json,
     write_text,
 )
@@ -213,7 +214,7 @@ def robustness_report(
         f'{", ".join(settings.attacks)} at eps {", ".join(f"{e:g}" for e in settings.eps)} '
         f'(/255){steps}, on the {split} split'
         f'{f" (first {settings.max_images} images)" if settings.max_images else ""}, '
-        f'device {device}'
+        f'device {device}, {precision_label(device)}'
     )
     results = robustness_sweep(model, dl_cfg, cfg.get(f'{split}_evaluator'), settings, device, log)
     means = strength_means(results)
@@ -250,7 +251,9 @@ def robustness_report(
         paths['png'],
         {osp.basename(checkpoint): results},
         settings,
-        f'{config_stem(config)} — {osp.basename(checkpoint)} ({device})',
+        f'{config_stem(config)} — {osp.basename(checkpoint)} ({device}'
+        + ('' if report['precision'] == 'float32' else f', {report["precision"]}')
+        + ')',
     )
     log(f'\nwrote {paths["json"]}, {paths["md"]} and {paths["png"]}')
     report.update(paths)

@@ -133,7 +133,8 @@ def explain_backend(
             two dimensions).
         batch: images per call (reported only: the choice does not depend on it); None:
             not reported. Default: 1.
-        dtype: the compute dtype; None: the model's parameters'. Default: None.
+        dtype: the compute dtype; None: the autocast's where this is called under
+            ``torch.autocast`` of the device, else the model's parameters'. Default: None.
         device: None: the model's. Default: None.
         training: autograd records; None: ``model.training``. Default: None.
         print_fn: where each line goes. Default: ``print``.
@@ -170,12 +171,14 @@ def explain_backend(
     prefix = int(getattr(vit, 'num_prefix_tokens', 0))
     tokens = grid[0] * grid[1] + prefix
     param = next(iter(vit.parameters()), None)
-    dtype = dtype or (param.dtype if param is not None else torch.float32)
     device = (
         torch.device(device)
         if device is not None
         else (param.device if param is not None else torch.device('cpu'))
     )
+    if dtype is None and torch.is_autocast_enabled(device.type):
+        dtype = torch.get_autocast_dtype(device.type)  # called under torch.autocast
+    dtype = dtype or (param.dtype if param is not None else torch.float32)
     training = vit.training if training is None else bool(training)
     engine = getattr(vit.pos_enc, 'engine', None)
     slopes = getattr(vit.pos_enc, 'slopes', None)
