@@ -43,7 +43,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         help='mmseg: folder for the predicted label maps (PNG, '
         'one per image); mmdet: a .pkl file for the raw results',
     )
-    parser.add_argument('--show-dir', help='folder for images painted with the predictions')
+    parser.add_argument(
+        '--show-dir',
+        help='folder for images painted with the predictions (a relative one: from the '
+        'current folder; mmseg writes them in its vis_data/vis_image/)',
+    )
     parser.add_argument(
         '--show', action='store_true', help='show the painted predictions in a window'
     )

@@ -32,7 +32,7 @@ def test_the_tiny_detector_keeps_the_full_configs_structure():
     assert tuple(tiny.train_dataloader.dataset.metainfo.classes) == SHAPE_CLASSES
 
 
-def test_the_tiny_detector_trains_and_tests_on_the_generated_data(tmp_path, capsys):
+def test_the_tiny_detector_trains_and_tests_on_the_generated_data(tmp_path, capsys, monkeypatch):
     """Through the tools' entry points; the terminal shows the run's lines and metrics,
     the libraries' prints go to the log file."""
     root = str(tmp_path / 'coco_tiny') + '/'
@@ -56,10 +56,21 @@ def test_the_tiny_detector_trains_and_tests_on_the_generated_data(tmp_path, caps
     # pycocotools' prints of every COCO dataset and metric built: the log file only
     assert 'loading annotations into memory' in log
     assert 'loading annotations into memory' not in out
+    monkeypatch.chdir(tmp_path)  # --show-dir vis: ./vis, as for mmseg (mmdet's hook
+    # joined it to <work_dir>/<timestamp>/, and nothing said where the images were)
     metrics = evaluate_checkpoint(
-        TINY, osp.join(work, 'iter_2.pth'), work_dir=str(tmp_path / 'test'), cfg_options=options
+        TINY,
+        osp.join(work, 'iter_2.pth'),
+        work_dir=str(tmp_path / 'test'),
+        cfg_options=options,
+        show_dir='vis',
     )
     assert {'coco/bbox_mAP', 'coco/segm_mAP'} <= set(metrics)
     out = capsys.readouterr().out
+    painted = glob.glob(str(tmp_path / 'vis' / '*.jpg')) + glob.glob(
+        str(tmp_path / 'vis' / '*.png')
+    )
+    assert len(painted) == 2
+    assert f'--show-dir: 2 painted images in {tmp_path / "vis"}' in out
     assert 'coco/bbox_mAP' in out and 'loading annotations into memory' not in out
     assert 'Average Precision' not in out  # pycocotools' 12-line tables

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+from typing import List, Optional
 
 from ..errors import ConfigError, ToolError
 from ..registry import type_names
@@ -64,6 +64,8 @@ def _enable_visualization(
         hook['show'] = True
         hook['wait_time'] = wait_time
     if show_dir:
+        # absolute: mmdet's hook joined a relative one to <work_dir>/<timestamp>/
+        show_dir = os.path.abspath(show_dir)
         if cfg.get('default_scope') == 'mmdet':
             hook['test_out_dir'] = show_dir
         else:
@@ -214,6 +216,34 @@ def remove_incomplete_output(out: str, since: float) -> Optional[str]:
     return candidate
 
 
+def painted_images(folder: str, since: float) -> List[str]:
+    """The images written under ``folder`` (any depth: mmseg's visualizer writes
+    ``<folder>/vis_data/vis_image/``, mmdet's hook ``<folder>/``) since ``since``."""
+    found = []
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            if name.lower().endswith(('.png', '.jpg', '.jpeg')):
+                try:
+                    if os.path.getmtime(path) >= since - 1.0:
+                        found.append(path)
+                except OSError:
+                    continue
+    return sorted(found)
+
+
+def _log_painted(show_dir: str, since: float) -> None:
+    from mmengine.logging import print_log
+
+    images = painted_images(os.path.abspath(show_dir), since)
+    where = os.path.dirname(images[0]) if images else os.path.abspath(show_dir)
+    print_log(
+        f'--show-dir: {len(images)} painted images in {where}'
+        + ('' if images else ' (none written: check --show-interval and the hook)'),
+        logger='current',
+    )
+
+
 def evaluate_checkpoint(
     config: str, checkpoint: str, out: Optional[str] = None, verbose: bool = False, **options
 ) -> dict:
@@ -250,7 +280,11 @@ def evaluate_checkpoint(
                 runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=out))
             started = time.time()
             try:
-                return runner.test()
+                metrics = runner.test()
+                painted = options.get('show_dir')
+                if painted:
+                    _log_painted(painted, started)
+                return metrics
             except OSError as err:  # writing --out: a full disk, a folder gone, ...
                 if out is None or err.errno is None:
                     raise
