@@ -134,6 +134,52 @@ def test_a_window_covering_the_grid_is_global_attention(cls_token):
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize('pos_encoding', ['lookhere', 'rope2d', 'pape', 'abs', 'none', 'ledit'])
+def test_a_window_larger_than_the_grid_is_cut_to_the_grid(pos_encoding, monkeypatch):
+    """``window_size=64`` on a 6x10 grid (pixels meant for patches): the blocks attend in
+    one 10x10 window, not one 64x64 window of 4,090 padded tokens (~150x the time in a
+    new-user trial); the result is the uncut window's up to float32 rounding (the padded
+    keys' zeros change the summation order), for every position encoding (the uncut window
+    called directly)."""
+    from lookhere_dense.lookhere import create_model
+    from lookhere_dense.lookhere.attention.windows import effective_window
+
+    assert effective_window((6, 10), 64) == 10 and effective_window((6, 10), 4) == 4
+    assert effective_window((64, 64), 14) == 14
+    heads = 16 if pos_encoding == 'lookhere' else 4
+    torch.manual_seed(0)
+    model = create_model(
+        img_size=96,
+        patch_size=16,
+        embed_dims=heads * 8,
+        num_layers=1,
+        num_heads=heads,
+        pos_encoding=pos_encoding,
+        window_size=64,
+        window_block_indexes=[0],
+    ).eval()
+    pos_enc = model.pos_enc
+    seen, uncut = [], []
+    real = type(pos_enc).window_attention
+
+    def record(self, q, k, v, layer, grid, ws, *args, **kwargs):
+        seen.append(ws)
+        uncut.append(real(self, q, k, v, layer, grid, 64, *args, **kwargs))
+        return real(self, q, k, v, layer, grid, ws, *args, **kwargs)
+
+    monkeypatch.setattr(type(pos_enc), 'window_attention', record)
+    hooked = []
+    model.blocks[0].attn.register_forward_hook(lambda m, i, o: hooked.append(o))
+    x = torch.randn(1, 3, 96, 160)
+    with torch.no_grad():
+        model(x)
+    assert seen == [10]
+    monkeypatch.setattr(type(pos_enc), 'window_attention', lambda self, *a, **k: uncut[0])
+    with torch.no_grad():
+        model(x)
+    torch.testing.assert_close(hooked[0], hooked[1], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize('grid,ws', [((5, 7), 3), ((6, 6), 3), ((2, 9), 4)])
 def test_partition_round_trip_and_padding_mask(grid, ws):
     h, w = grid

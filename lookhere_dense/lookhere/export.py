@@ -57,7 +57,7 @@ from .bias import build_grid_bias
 from .pos_encoding import PositionEncoding
 from .prefix_tokens import num_prefix_tokens, prefix_phrase
 from .vit import LookHereVisionTransformer
-from .windows import attend_in_windows, padded_grid, window_key_mask
+from .windows import attend_in_windows, effective_window, padded_grid, window_key_mask
 
 __all__ = [
     'StaticGridAttention',
@@ -301,7 +301,7 @@ class StaticGridAttention:
     ):
         self.config, self.depth, self.num_heads = engine.config, engine.depth, engine.num_heads
         self.grid = (int(grid[0]), int(grid[1]))
-        self.window_size = int(window_size)
+        self.window_size = effective_window(self.grid, window_size) if window_size else 0
         self.prefix = num_prefix_tokens(cls_token)
         self.last_backend = 'static_grid'
         with torch.no_grad():

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import NonFiniteFeaturesError, NonFiniteInputError
+from .attention.windows import effective_window
 from .fused_mlp import fused_mlp, use_fused_mlp
 
 if TYPE_CHECKING:  # the annotations only: the layers need no position-encoding code
@@ -447,7 +448,8 @@ class LookHereSelfAttention(nn.Module):
         p = self.attn_drop if self.training else 0.0
         extra = {'tokens': x} if getattr(pos_enc, 'uses_tokens', False) else {}  # PaPE
         if window_size:
-            x = pos_enc.window_attention(q, k, v, layer, grid, window_size, cls_token, p, **extra)
+            ws = effective_window(grid, window_size)
+            x = pos_enc.window_attention(q, k, v, layer, grid, ws, cls_token, p, **extra)
         else:
             x = pos_enc(q, k, v, layer, grid, cls_token, p, **extra)
         x = x.transpose(1, 2).reshape(b, t, c)
