@@ -174,6 +174,10 @@ def test_a_window_larger_than_the_grid_is_cut_to_the_grid(pos_encoding, monkeypa
     with torch.no_grad():
         model(x)
     assert seen == [10]
+    from lookhere_dense.lookhere import explain_backend
+
+    line = explain_backend(model, (96, 160), print_fn=None)[1]
+    assert line.startswith('layer 0 (window 10, cut from 64: the grid): windows')
     monkeypatch.setattr(type(pos_enc), 'window_attention', lambda self, *a, **k: uncut[0])
     with torch.no_grad():
         model(x)

@@ -30,6 +30,7 @@ import torch
 
 from . import chunked, flash_triton, flex, fused, reference, sdpa, tiled
 from .common import AttentionRequest
+from .windows import effective_window
 
 __all__ = [
     'BACKENDS',
@@ -193,7 +194,12 @@ def explain_backend(
     ]
     for layer, window, dropout in _layers(vit):
         dropout = dropout if training else 0.0
-        head = f'layer {layer}' + (f' (window {window})' if window else '')
+        cut = effective_window(grid, window) if window else 0
+        head = f'layer {layer}' + (
+            f' (window {cut}' + (f', cut from {window}: the grid' if cut != window else '') + ')'
+            if window
+            else ''
+        )
         if window:
             lines.append(f'{head}: windows ({inside_window(vit.pos_enc)})')
         elif hasattr(vit.pos_enc, 'choose_backend'):  # LEDiT: causal attention
