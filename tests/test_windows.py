@@ -373,6 +373,10 @@ def test_both_index_namings_and_vitdet_default():
         (dict(window_size=4, window_block_indexes=[0, 5]), r'block indexes \[5\] out of range'),
         (dict(window_size=-2), r'window_size must be >= 0'),
         (dict(global_attn_indexes=[0]), r'need window_size > 0'),
+        (
+            dict(window_size=4, window_block_indexes=[0, 1, 1]),
+            r'window_block_indexes=\[0, 1, 1\] lists block\(s\) \[1\] more than once',
+        ),
     ],
 )
 def test_bad_window_arguments_are_named(kwargs, match):
