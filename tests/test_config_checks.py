@@ -654,6 +654,22 @@ def test_a_config_file_that_cannot_be_read_is_one_error_naming_it(tmp_path):
         load_config(str(child))
 
 
+def test_a_config_with_an_import_on_an_old_style_base_is_one_error(tmp_path):
+    """``import torch`` + ``dtype = torch.float16`` in a config with ``_base_ = [...]``:
+    mmengine's ConfigParsingError traceback (lazy-import vs old-style configs) before."""
+    from lookhere_dense.apis.cli import load_config
+
+    child = tmp_path / 'child.py'
+    child.write_text(f"import torch\n_base_ = ['{SEGMENTER}']\ndtype = torch.float16\n")
+    with pytest.raises(
+        ConfigError,
+        match=r"child\.py' \(or one of its _base_ files\) cannot be read: .*lazy_import.*"
+        r"drop the import and write values as plain text \(dtype='float16', not "
+        r'torch\.float16\)$',
+    ):
+        load_config(str(child))
+
+
 def test_optional_keys_of_openmmlab_sections_are_not_taken_for_misspellings():
     """``paramwise_cfg.decay_type`` (taken by the layer-decay constructors) next to the
     config's ``decay_rate`` was refused as a misspelling of it."""

@@ -238,10 +238,24 @@ def load_config(path: str, cfg_options: Optional[dict] = None):
     """``Config.fromfile`` (package paths allowed) with ``--cfg-options`` merged in
     (checked first: :func:`check_cfg_options`)."""
     from mmengine.config import Config
+    from mmengine.config.utils import ConfigParsingError
 
     resolved = resolve_config_path(path)
     try:
         cfg = Config.fromfile(resolved)
+    except ConfigParsingError as err:
+        first = str(err).split('. You got this error')[0].strip()
+        raise ConfigError(
+            f'config {resolved!r} (or one of its _base_ files) cannot be read: {first}'
+            + (
+                '. A config with an import statement (import torch) is read as mmengine\'s '
+                "new-style (lazy-import) config, which cannot inherit _base_ = [...]: drop "
+                "the import and write values as plain text (dtype='float16', not "
+                'torch.float16)'
+                if 'lazy_import' in str(err)
+                else ''
+            )
+        ) from None
     except SyntaxError as err:
         where = err.filename if err.filename and err.filename != '<unknown>' else None
         raise ConfigError(
