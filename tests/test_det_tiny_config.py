@@ -51,6 +51,8 @@ def test_the_tiny_detector_trains_and_tests_on_the_generated_data(tmp_path, caps
     # layer decay: one line on the terminal, its 12 groups in the log file (28 lines before)
     out = capsys.readouterr().out
     assert 'LookHere layer decay (rate 0.7, 4 blocks): 12 parameter groups' in out
+    # the attention line at the LSJ pad size (the config has no crop_size: it said nothing)
+    assert 'LookHere attention at 128x128 (grid 8x8, 65 tokens, batch 2, float32' in out
     log = open(glob.glob(osp.join(runner.log_dir, '*.log'))[0]).read()
     assert 'layer_0_decay: ' in log and 'layer_0_decay: ' not in out
     # pycocotools' prints of every COCO dataset and metric built: the log file only

@@ -44,7 +44,7 @@ import logging
 import os
 import os.path as osp
 import re
-from typing import List, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 from ..errors import CheckpointError, ConfigError, ToolError
 from ..registry import type_names
@@ -670,6 +670,40 @@ def _lost_process(err: BaseException, cfg) -> Optional[str]:
     )
 
 
+def training_input_size(cfg) -> Optional[Tuple[int, int]]:
+    """``(H, W)`` of the images a training step feeds the model, as far as the config
+    says: ``model.data_preprocessor.size`` (mmseg pads every crop to it), else a
+    fixed-size batch pad (mmdet's ``BatchFixedSizePad``: LSJ), else the config's
+    ``crop_size``, else the train pipeline's ``RandomCrop``; None where none says (the attention line is then left out)."""
+
+    def pair(value: Any) -> Optional[Tuple[int, int]]:
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return (value, value)
+        if (
+            isinstance(value, (list, tuple))
+            and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+        ):
+            return (int(value[0]), int(value[1]))
+        return None
+
+    model = cfg.get('model') or {}
+    pre = model.get('data_preprocessor') or {}
+    found = pair(pre.get('size'))
+    for aug in pre.get('batch_augments') or []:
+        if found is None and str(aug.get('type', '')).endswith('BatchFixedSizePad'):
+            found = pair(aug.get('size'))
+    found = found or pair(cfg.get('crop_size'))
+    loader = cfg.get('train_dataloader') or {}
+    dataset = loader.get('dataset') or {}
+    while found is None and isinstance(dataset.get('dataset'), Mapping):  # wrappers
+        dataset = dataset['dataset']
+    for step in dataset.get('pipeline') or [] if found is None else []:
+        if isinstance(step, Mapping) and str(step.get('type', '')).endswith('RandomCrop'):
+            found = found or pair(step.get('crop_size'))
+    return found
+
+
 def _train(cfg, notes: List[str], verbose: bool):
     """Set up distributed training, build the Runner, log ``notes``, train."""
     from ..engine.amp import train_autocast_dtype
@@ -682,10 +716,11 @@ def _train(cfg, notes: List[str], verbose: bool):
         with warnings_to_run_log():
             runner = build_runner(cfg, quiet=not verbose)
             announce_log_file(runner)
-            if cfg.get('crop_size'):  # which attention backend each layer runs, one line
+            crop = training_input_size(cfg)
+            if crop:  # which attention backend each layer runs, one line
                 line = backend_summary(
                     runner.model,
-                    tuple(cfg.crop_size),
+                    crop,
                     training=True,
                     dtype=train_autocast_dtype(cfg.get('optim_wrapper')),
                     # images per step of one process; not reported where the config has none
