@@ -283,6 +283,30 @@ def test_strict_false_loads_what_fits_but_never_other_shapes(tmp_path):
         pretrained(wide, **TINY, strict=False)
 
 
+def test_a_file_of_another_architecture_names_its_other_keys_too():
+    """A detector's checkpoint under a config with other heads (a new-user trial: the
+    message listed only '4 tensors of the wrong shape' and hinted at the backbone's
+    arguments): the keys each side lacks are named, and the heads' sizes in the advice."""
+    from lookhere_dense.checkpoint.strict import match_state_dict
+
+    model = {'rpn_conv.0.weight': torch.zeros(8, 8), 'fc.weight': torch.zeros(4, 8)}
+    model['backbone._extra_state'] = torch.zeros(3, dtype=torch.uint8)
+    file = {'rpn_conv.weight': torch.zeros(8, 8), 'fc.weight': torch.zeros(4, 16)}
+    with pytest.raises(CheckpointError) as exc:
+        match_state_dict(model, file, 'det.pth')
+    msg = str(exc.value)
+    assert msg.startswith(
+        "checkpoint 'det.pth' does not fit the model (1 tensors of the wrong shape: "
+        'fc.weight: checkpoint (4, 16) vs model (4, 8); the model has 1 tensors the file '
+        "lacks: ['rpn_conv.0.weight']; the file has 1 the model lacks: ['rpn_conv.weight'])"
+    )  # the record (_extra_state) is no tensor the file lacks
+    assert "the heads' types and sizes (e.g. fc_out_channels" in msg
+    file['fc.weight'] = torch.zeros(4, 8)  # shapes fit: missing / unexpected as before
+    _, missing, unexpected = match_state_dict(model, file)
+    assert missing == ['backbone._extra_state', 'rpn_conv.0.weight']
+    assert unexpected == ['rpn_conv.weight']
+
+
 def test_timm_norm_pre_loads_into_pre_norm(tmp_path):
     import timm
 

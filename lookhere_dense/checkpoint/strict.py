@@ -42,17 +42,26 @@ def match_state_dict(
         for k, v in weights.items()
         if k in model_sd and v.shape != model_sd[k].shape
     ]
-    if mismatched:
-        more = f'; ... and {len(mismatched) - 10} more' if len(mismatched) > 10 else ''
-        where = f'{source!r} ' if source else ''
-        raise CheckpointError(  # one line: the tools print it as one ``error:`` line
-            f'checkpoint {where}does not fit the model ({len(mismatched)} tensors of the '
-            'wrong shape; check embed_dims, patch_size, mlp_ratio, in_channels, num_classes'
-            '): ' + '; '.join(mismatched[:10]) + more
-        )
     loadable = {k: v for k, v in weights.items() if k in model_sd}
     missing = sorted(k for k in model_sd if k not in weights)
     unexpected = sorted(k for k in weights if k not in model_sd)
+    if mismatched:
+        more = f'; ... and {len(mismatched) - 10} more' if len(mismatched) > 10 else ''
+        where = f'{source!r} ' if source else ''
+        keys = ''  # a file of another architecture: its keys differ too (the heads' layers)
+        lacks = [k for k in missing if not is_extra_state_key(k)]
+        extra = [k for k in unexpected if not is_extra_state_key(k)]
+        if lacks:
+            keys += f'; the model has {len(lacks)} tensors the file lacks: {listed(lacks, 5)}'
+        if extra:
+            keys += f'; the file has {len(extra)} the model lacks: {listed(extra, 5)}'
+        raise CheckpointError(  # one line: the tools print it as one ``error:`` line
+            f'checkpoint {where}does not fit the model ({len(mismatched)} tensors of the '
+            'wrong shape: ' + '; '.join(mismatched[:10]) + more + keys + '). Build the '
+            'model as the file was trained: check embed_dims, patch_size, mlp_ratio, '
+            "in_channels, num_classes and the heads' types and sizes (e.g. fc_out_channels, "
+            'num_convs) against the config the checkpoint was trained with'
+        )
     return loadable, missing, unexpected
 
 
