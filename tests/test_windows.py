@@ -134,13 +134,50 @@ def test_a_window_covering_the_grid_is_global_attention(cls_token):
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize(
+    'lh_config', [dict(fill_with='max'), dict(head_directions='halves-center')]
+)
+def test_a_window_bias_that_depends_on_the_window_grid_keeps_its_window(lh_config):
+    """``center`` heads (distance from the window's centre) and ``fill_with='max'``
+    (blocked keys get the window's largest distance): a cut window has another bias (a
+    review found outputs ~1 apart), so these keep ``window_size``."""
+    from lookhere_dense.lookhere import create_model, explain_backend
+
+    model = create_model(
+        img_size=96,
+        patch_size=16,
+        embed_dims=128,
+        num_layers=1,
+        num_heads=16,
+        window_size=64,
+        window_block_indexes=[0],
+        lh_config=lh_config,
+    ).eval()
+    line = explain_backend(model, (96, 160), print_fn=None)[1]
+    assert line.startswith('layer 0 (window 64): windows'), line
+    seen = []
+    real = type(model.pos_enc).window_attention
+
+    def record(self, q, k, v, layer, grid, ws, *args, **kwargs):
+        seen.append(ws)
+        return real(self, q, k, v, layer, grid, ws, *args, **kwargs)
+
+    type(model.pos_enc).window_attention = record
+    try:
+        with torch.no_grad():
+            model(torch.randn(1, 3, 96, 160))
+    finally:
+        type(model.pos_enc).window_attention = real
+    assert seen == [64]
+
+
 @pytest.mark.parametrize('pos_encoding', ['lookhere', 'rope2d', 'pape', 'abs', 'none', 'ledit'])
 def test_a_window_larger_than_the_grid_is_cut_to_the_grid(pos_encoding, monkeypatch):
     """``window_size=64`` on a 6x10 grid (pixels meant for patches): the blocks attend in
     one 10x10 window, not one 64x64 window of 4,090 padded tokens (~150x the time in a
     new-user trial); the result is the uncut window's up to float32 rounding (the padded
     keys' zeros change the summation order), for every position encoding (the uncut window
-    called directly)."""
+    called directly; LookHere's default heads here, the window-grid-dependent ones below)."""
     from lookhere_dense.lookhere import create_model
     from lookhere_dense.lookhere.attention.windows import effective_window
 

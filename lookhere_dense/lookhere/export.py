@@ -301,7 +301,9 @@ class StaticGridAttention:
     ):
         self.config, self.depth, self.num_heads = engine.config, engine.depth, engine.num_heads
         self.grid = (int(grid[0]), int(grid[1]))
-        self.window_size = effective_window(self.grid, window_size) if window_size else 0
+        self.window_size = (
+            effective_window(self.grid, window_size, self.config) if window_size else 0
+        )
         self.prefix = num_prefix_tokens(cls_token)
         self.last_backend = 'static_grid'
         with torch.no_grad():

@@ -448,7 +448,7 @@ class LookHereSelfAttention(nn.Module):
         p = self.attn_drop if self.training else 0.0
         extra = {'tokens': x} if getattr(pos_enc, 'uses_tokens', False) else {}  # PaPE
         if window_size:
-            ws = effective_window(grid, window_size)
+            ws = effective_window(grid, window_size, getattr(pos_enc, 'lh_config', None))
             x = pos_enc.window_attention(q, k, v, layer, grid, ws, cls_token, p, **extra)
         else:
             x = pos_enc(q, k, v, layer, grid, cls_token, p, **extra)

@@ -194,7 +194,8 @@ def explain_backend(
     ]
     for layer, window, dropout in _layers(vit):
         dropout = dropout if training else 0.0
-        cut = effective_window(grid, window) if window else 0
+        lh_config = getattr(vit.pos_enc, 'lh_config', None)
+        cut = effective_window(grid, window, lh_config) if window else 0
         head = f'layer {layer}' + (
             f' (window {cut}' + (f', cut from {window}: the grid' if cut != window else '') + ')'
             if window

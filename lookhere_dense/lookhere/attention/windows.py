@@ -8,7 +8,7 @@ prefix tokens (CLS, or Jumbo tokens) join every window (:func:`attend_in_windows
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Tuple, Union
+from typing import Any, Callable, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -25,20 +25,36 @@ __all__ = [
     'window_valid',
     'window_key_mask',
     'effective_window',
+    'window_cut_exact',
     'attend_in_windows',
     'sdpa_in_windows',
 ]
 
 
-def effective_window(grid_size: Tuple[int, int], window_size: int) -> int:
+def effective_window(grid_size: Tuple[int, int], window_size: int, config: Any = None) -> int:
     """The window side a grid is split with: ``window_size``, or the grid's longer side
-    where the window is larger. A window at least as large as the grid is one window over
-    the grid either way (the padded keys are masked: the same result up to float32
-    rounding, checked for every position encoding in ``tests/test_windows.py``), and padding the grid up to it was work
-    on nothing -- ``window_size=64`` (pixels meant, not patches) on an 8x8 grid attended
-    over 4,096-token windows for 64 tokens, ~150x the time."""
+    where the window is larger and the cut changes nothing. A window at least as large as
+    the grid is one window over the grid either way (the padded keys are masked), and
+    padding the grid up to it was work on nothing -- ``window_size=64`` (pixels meant,
+    not patches) on an 8x8 grid attended over 4,096-token windows for 64 tokens, ~150x the
+    time. The result is the same up to float32 rounding where the window's bias depends on
+    relative positions only: every position encoding but a LookHere ``config``
+    (:func:`window_cut_exact`) with ``center`` heads (their distance is from the window's
+    centre) or ``fill_with='max'`` (the window's largest distance): those keep
+    ``window_size`` (``tests/test_windows.py``)."""
+    if config is not None and not window_cut_exact(config):
+        return int(window_size)
     h, w = grid_size
     return min(int(window_size), max(int(h), int(w)))
+
+
+def window_cut_exact(config: Any) -> bool:
+    """Whether a LookHere config's window bias depends on relative positions only, so a
+    window cut to the grid (:func:`effective_window`) gives the same result: not with
+    ``center`` heads (distance from the grid's centre) or ``fill_with='max'`` (blocked
+    keys get the grid's largest distance)."""
+    strings = getattr(config, 'direction_strings', ())
+    return getattr(config, 'fill_with', 'inf') != 'max' and not any('center' in s for s in strings)
 
 
 def padded_grid(grid_size: Tuple[int, int], window_size: int) -> Tuple[int, int]:
