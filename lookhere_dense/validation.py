@@ -35,6 +35,8 @@ __all__ = [
     'CLOSE_NAME_CUTOFF',
     'env_choice',
     'env_switch',
+    'ENV_ON',
+    'ENV_OFF',
 ]
 
 #: the spellings of an on / off environment switch (:func:`env_switch`), lower case

@@ -413,17 +413,25 @@ def test_the_triton_backend_is_refused_before_the_run_where_it_cannot_run(monkey
     from lookhere_dense.apis.cli import check_flex_training, preflight
 
     cfg = Config(dict(model=dict(backbone=dict(type='LookHereViT', attn_backend='triton'))))
-    for cuda in (False, True):
-        with pytest.raises(
-            ConfigError, match=r"attn_backend='triton' cannot train: it has a forward only"
-        ):
+    for cuda, advice in (
+        (False, "'fused' / 'chunked' / 'sdpa'"),
+        (True, "'chunked' / 'sdpa' / 'flex'"),
+    ):
+        with pytest.raises(ConfigError) as exc:
             check_flex_training(cfg, cuda=cuda)
+        assert "attn_backend='triton' cannot train the backbone: it has a forward only" in str(
+            exc.value
+        )
+        assert str(exc.value).endswith(f"train with 'auto' (or {advice})")
     check_flex_training(cfg, cuda=True, splits=('test',))
+    frozen = Config(dict(model=dict(backbone=dict(attn_backend='triton', frozen_exclude=[]))))
+    check_flex_training(frozen, cuda=True)  # a frozen backbone: triton trains the heads
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
     with pytest.raises(ConfigError, match=r"'triton' runs on CUDA .*: on CPU use 'auto'$"):
         check_flex_training(cfg, cuda=False, splits=('test',))
-    monkeypatch.setenv('TRITON_INTERPRET', '1')
-    check_flex_training(cfg, cuda=False, splits=('test',))
+    for spelling in ('1', 'true', 'on'):  # Triton's own spellings of the interpreter switch
+        monkeypatch.setenv('TRITON_INTERPRET', spelling)
+        check_flex_training(cfg, cuda=False, splits=('test',))
     monkeypatch.delenv('TRITON_INTERPRET')
     shipped = Config.fromfile(lookhere_dense.config_path('segmenter_lookhere_vit-t_tiny-ade.py'))
     shipped.model.backbone.attn_backend = 'triton'

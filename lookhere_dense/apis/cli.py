@@ -30,7 +30,7 @@ from typing import (
 )
 
 from ..errors import USER_ERRORS, ConfigError
-from ..validation import close_names, is_int, is_number
+from ..validation import ENV_ON, close_names, is_int, is_number
 
 __all__ = [
     'quiet_mmengine_logger',
@@ -248,8 +248,8 @@ def load_config(path: str, cfg_options: Optional[dict] = None):
         raise ConfigError(
             f'config {resolved!r} (or one of its _base_ files) cannot be read: {first}'
             + (
-                '. A config with an import statement (import torch) is read as mmengine\'s '
-                "new-style (lazy-import) config, which cannot inherit _base_ = [...]: drop "
+                ". A config with an import statement (import torch) is read as mmengine's "
+                'new-style (lazy-import) config, which cannot inherit _base_ = [...]: drop '
                 "the import and write values as plain text (dtype='float16', not "
                 'torch.float16)'
                 if 'lazy_import' in str(err)
@@ -1063,20 +1063,24 @@ def check_flex_training(
         import torch
 
         cuda = torch.cuda.is_available()
+    # a frozen backbone (frozen_exclude=[]) computes no gradients: triton trains the heads
     training = 'train' in splits
+    frozen = list(backbone.get('frozen_exclude', ['all']) or []) == []
     if backend == 'flex' and training and not cuda:
         raise ConfigError(
             "model.backbone.attn_backend='flex' cannot train on CPU (PyTorch's "
             "flex_attention has no CPU backward); use 'auto', 'fused', 'chunked' or "
             "'sdpa' for training (flex runs inference on CPU)"
         )
-    if backend == 'triton' and training:
+    if backend == 'triton' and training and not frozen:
         raise ConfigError(
-            "model.backbone.attn_backend='triton' cannot train: it has a forward only "
-            "(inference); train with 'auto' (or 'fused' / 'chunked' / 'sdpa'"
-            + ("; on CUDA also 'flex')" if not cuda else ", 'flex')")
+            "model.backbone.attn_backend='triton' cannot train the backbone: it has a "
+            'forward only (inference; a frozen backbone, frozen_exclude=[], trains its '
+            "heads); train with 'auto' (or "
+            + ("'chunked' / 'sdpa' / 'flex')" if cuda else "'fused' / 'chunked' / 'sdpa')")
         )
-    if backend == 'triton' and not cuda and os.environ.get('TRITON_INTERPRET') != '1':
+    interpret = os.environ.get('TRITON_INTERPRET', '').strip().lower() in ENV_ON
+    if backend == 'triton' and not cuda and not interpret:
         raise ConfigError(
             "model.backbone.attn_backend='triton' runs on CUDA (Triton kernels; on CPU only "
             "in Triton's interpreter, TRITON_INTERPRET=1, for tests): on CPU use 'auto'"

@@ -169,8 +169,8 @@ def triton_attention_lookhere(
     if any(t.requires_grad for t in (q, k, v)) and torch.is_grad_enabled():
         raise ConfigError(
             "attn_backend='triton' has a forward only: run it under torch.no_grad() / "
-            "inference_mode(), or train with 'auto' (or 'fused' / 'chunked' / 'sdpa'; on "
-            "CUDA also 'flex')"
+            "inference_mode(), or train with 'auto' (or 'chunked' / 'sdpa' / 'flex'; on "
+            "CPU 'fused')"
         )
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in _DTYPES:
         raise ValueError(
