@@ -133,10 +133,16 @@ def _unhook() -> None:
 def _register_with_timm() -> None:
     """Register the ``lookhere_vit_*`` models with timm: now if timm is imported, else as
     soon as it is (``LOOKHERE_TIMM=0``: never). Nothing here imports timm."""
-    from .errors import ConfigError
+    import warnings
+
     from .validation import env_switch
 
-    if not env_switch('LOOKHERE_TIMM', error=ConfigError):
+    try:
+        on = env_switch('LOOKHERE_TIMM')
+    except ValueError as err:  # at import: a traceback before any tool could say it
+        warnings.warn(f'{err}; the lookhere_vit_* timm models are registered', stacklevel=2)
+        on = True
+    if not on:
         return
     if 'timm' in sys.modules:
         _import_timm_models()

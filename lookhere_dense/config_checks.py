@@ -505,12 +505,13 @@ def dataset_class_names(
     if isinstance(meta, Mapping) and isinstance(meta.get('classes'), (list, tuple)):
         return tuple(meta['classes']), True
     if isinstance(meta, Mapping) and isinstance(meta.get('classes'), str):
-        return _classes_file(meta['classes'], f'{where}.' if where else ''), True
+        classes = _classes_file(meta['classes'], f'{where}.' if where else '')
+        return classes, classes is not None
     classes = (getattr(dataset_class(ds, scope), 'METAINFO', None) or {}).get('classes')
     return (tuple(classes), False) if isinstance(classes, (list, tuple)) else (None, False)
 
 
-def _classes_file(value: str, where: str) -> Tuple[str, ...]:
+def _classes_file(value: str, where: str) -> Optional[Tuple[str, ...]]:
     """``metainfo.classes`` given as a string: mmengine reads a file of that name, one
     class per line; any other string it keeps as it is, and ``len('box')`` is 3 classes
     (``'b'``, ``'o'``, ``'x'``) -- ``classes = ('box')`` is the string, not a one-class
@@ -519,6 +520,8 @@ def _classes_file(value: str, where: str) -> Tuple[str, ...]:
     Raises:
         ConfigError: the string is no file, naming the tuple to write.
     """
+    if '://' in value:
+        return None  # remote (mmengine's backends read it): not told here
     if osp.isfile(value):
         with open(value, encoding='utf-8') as f:
             return tuple(line.rstrip('\r\n') for line in f)
@@ -765,15 +768,24 @@ def check_optim_wrapper_keys(cfg: Mapping) -> None:
     (``optim_wrapper.dtpye=bfloat16`` for ``dtype``: a ``TypeError`` traceback from the
     wrapper's ``__init__`` after the model was built), naming the close names.
     ``MixedPrecisionOptimWrapper`` takes ``AmpOptimWrapper``'s arguments; a wrapper whose
-    arguments cannot be told (:func:`accepted_arguments`) is left alone.
+    arguments cannot be told (:func:`accepted_arguments`), a constructor that is no
+    ``DefaultOptimWrapperConstructor`` (it may read keys of its own) and a section without
+    ``optimizer`` (``MultiOptimWrapperConstructor``'s) are left alone.
 
     Raises:
         ConfigError: naming the key, the close names and what the wrapper takes.
     """
     wrapper = cfg.get('optim_wrapper')
-    if not isinstance(wrapper, Mapping) or '_scope_' in wrapper:
-        return
+    if not isinstance(wrapper, Mapping) or '_scope_' in wrapper or 'optimizer' not in wrapper:
+        return  # no optimizer: a multi-optimizer section, its constructor's keys
     scope = cfg.get('default_scope') or 'mmseg'
+    constructor = wrapper.get('constructor')
+    if constructor is not None:  # another constructor may read keys of its own
+        from mmengine.optim import DefaultOptimWrapperConstructor
+
+        kind = _scope_registries(scope)['OPTIM_WRAPPER_CONSTRUCTORS'].get(constructor)
+        if not (isinstance(kind, type) and issubclass(kind, DefaultOptimWrapperConstructor)):
+            return
     registry = _scope_registries(scope)['OPTIM_WRAPPERS']
     typ = wrapper.get('type', 'OptimWrapper')
     cls = registry.get(typ) if isinstance(typ, str) else typ

@@ -227,7 +227,13 @@ def env_choice(
     for spellings, word in ((ENV_ON, '1'), (ENV_OFF, '0')):
         if low in spellings and word in choices:
             return word
-    raise error(f'{name}={value!r}: expected one of {", ".join(choices)} (or unset)')
+    words = ' / '.join(
+        f'{w}: {", ".join(sp[1:])}' for w, sp in (('1', ENV_ON), ('0', ENV_OFF)) if w in choices
+    )
+    raise error(
+        f'{name}={value!r}: expected one of {", ".join(choices)} (or unset)'
+        + (f'; also spelt {words}' if words else '')
+    )
 
 
 def env_switch(name: str, default: bool = True, error: Type[Exception] = ValueError) -> bool:

@@ -249,6 +249,36 @@ def test_a_misspelt_optim_wrapper_key_and_other_wrappers_are_named_before_the_ru
         build('optim_wrapper.dtpye=bfloat16')
     cfg, _ = build('optim_wrapper.type=AmpOptimWrapper', 'optim_wrapper.accumulative_counts=2')
     assert cfg.optim_wrapper.type == 'MixedPrecisionOptimWrapper'
+    # a constructor of its own reads keys of its own (a review: a multi-optimizer section
+    # was refused): left alone, as a section without optimizer
+    from lookhere_dense.config_checks import check_optim_wrapper_keys
+
+    check_optim_wrapper_keys(
+        Config(
+            dict(
+                optim_wrapper=dict(
+                    constructor='MultiOptimWrapperConstructor',
+                    generator=dict(optimizer=dict(type='SGD')),
+                    discriminator=dict(optimizer=dict(type='SGD')),
+                )
+            )
+        )
+    )
+    check_optim_wrapper_keys(
+        Config(dict(optim_wrapper=dict(optimizer=dict(type='SGD'), constructor='Mine', extra=1)))
+    )
+    with pytest.raises(ConfigError, match=r'optim_wrapper\.dtpye: OptimWrapper has no'):
+        check_optim_wrapper_keys(  # our layer-decay constructor is a default one
+            Config(
+                dict(
+                    optim_wrapper=dict(
+                        optimizer=dict(type='SGD'),
+                        constructor='LookHereLayerDecayOptimizerConstructor',
+                        dtpye='bfloat16',
+                    )
+                )
+            )
+        )
     cfg = Config(dict(optim_wrapper=dict(type='ApexOptimWrapper', optimizer=dict())))
     with pytest.raises(ConfigError, match=r'needs NVIDIA apex, which is not installed: use '):
         apply_amp(cfg)

@@ -6,6 +6,7 @@ mid-training)."""
 
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -110,6 +111,10 @@ def test_a_one_class_tuple_without_its_comma_is_named(coco):
     cfg.model.roi_head.bbox_head.num_classes = cfg.model.roi_head.mask_head.num_classes = 1
     with pytest.raises(ConfigError, match=r"classes='box' is a string"):
         preflight(cfg, ('train',), check_pretrained=False)  # before the head-count check
+    ds.metainfo = dict(classes='s3://bucket/classes.txt')  # remote: mmengine reads it
+    from lookhere_dense.config_checks import dataset_class_names
+
+    assert dataset_class_names(ds, 'mmdet', 'train_dataloader.dataset') == (None, False)
     names = root / 'classes.txt'
     names.write_text('\n'.join(SHAPE_CLASSES) + '\n')
     ds.metainfo = dict(classes=str(names))
@@ -157,6 +162,11 @@ def test_an_evaluator_left_on_the_old_annotation_file_is_refused(tmp_path):
         f"test_dataloader.dataset ('{new}') and lists other images"
     )
     assert msg.endswith(f'Set it with --cfg-options test_evaluator.ann_file={new}')
+    broken = tmp_path / 'broken.json'
+    broken.write_text('{"images": [')  # named as no JSON, not as "lists other images"
+    cfg.test_evaluator.ann_file = str(broken)
+    with pytest.raises(DatasetLayoutError, match=rf"^'{broken}' is no valid JSON"):
+        check_dataset_layout(cfg, ('test',))
     copy = tmp_path / 'copy.json'
     shutil.copy(new, copy)
     cfg.test_evaluator.ann_file = str(copy)
@@ -184,6 +194,9 @@ def test_a_pad_in_the_test_pipeline_is_warned_of(coco):
         '(pad_size_divisor; the configs of lookhere-dense test so)'
     )
     assert eval_pad_note(cfg, ('train',)) is None  # training pads for the batch: fine
+    box_only = copy.deepcopy(cfg)  # RTMDet / YOLOX letterbox their tests by design
+    box_only.model.roi_head.mask_head = None
+    assert eval_pad_note(box_only, ('test',)) is None
     ds.metainfo = dict(classes=SHAPE_CLASSES)
     cfg.model.roi_head.bbox_head.num_classes = cfg.model.roi_head.mask_head.num_classes = 3
     test_ds = cfg.test_dataloader.dataset

@@ -412,7 +412,8 @@ def test_bf16_products_choice(monkeypatch):
 
     with pytest.raises(  # a ConfigError: the tools print it as one line
         ConfigError,
-        match=r"^LOOKHERE_FUSED_BF16='amx': expected one of 1, 0, vdpbf16ps, brgemm \(or unset\)$",
+        match=r"^LOOKHERE_FUSED_BF16='amx': expected one of 1, 0, vdpbf16ps, brgemm \(or unset\); "
+        'also spelt 1: true, yes, on / 0: false, no, off$',
     ):
         bf16_products()
     monkeypatch.setenv('LOOKHERE_FUSED_BF16', '')  # NAME= in a shell line: unset

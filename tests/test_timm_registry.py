@@ -74,6 +74,27 @@ def test_registration_in_either_import_order_and_no_timm_import_of_its_own(first
     assert str(sorted(NAMES)) in res.stdout
 
 
+@pytest.mark.parametrize('value, registered', [('off', False), ('maybe', True)])
+def test_the_lookhere_timm_switch(value, registered, tmp_path):
+    """``LOOKHERE_TIMM=off`` (as ``0``) keeps the models out of timm; a value that is no
+    switch warns, naming the variable and the spellings, and registers them (an error at
+    import was a traceback before any tool, even ``--help``, could say it)."""
+    code = (
+        'import warnings\n'
+        "warnings.simplefilter('always')\n"
+        'import lookhere_dense, timm\n'
+        "print('models', len(timm.list_models('lookhere_vit_*')))\n"
+    )
+    env = {**os.environ, 'LOOKHERE_TIMM': value}
+    res = subprocess.run(
+        [sys.executable, '-c', code], cwd=tmp_path, capture_output=True, text=True, env=env
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert ('models 0' in res.stdout) != registered
+    warned = "LOOKHERE_TIMM='maybe': expected one of 1, 0 (or unset); also spelt" in res.stderr
+    assert warned == registered, res.stderr
+
+
 @pytest.mark.parametrize('first', ['lookhere_dense', 'timm'])
 def test_a_timm_our_models_cannot_use_still_imports_with_a_warning(first, tmp_path):
     """A timm whose API the registration cannot use (here a stand-in with no ``models``;

@@ -358,13 +358,13 @@ def _check_evaluator_file(cfg: Mapping, ev_key: str, ann: str) -> None:
     )
 
 
-def _image_names(path: str) -> Optional[set]:
-    """The ``file_name`` of every image a COCO file lists (None: not readable as one;
-    :func:`read_coco_json` refuses it elsewhere)."""
-    try:
-        data = read_coco_json(path)
-    except DatasetLayoutError:
-        return None
+def _image_names(path: str) -> set:
+    """The ``file_name`` of every image a COCO file lists.
+
+    Raises:
+        DatasetLayoutError: the file is no COCO JSON (:func:`read_coco_json`).
+    """
+    data = read_coco_json(path)
     return {im.get('file_name') for im in data.get('images') or [] if isinstance(im, Mapping)}
 
 
@@ -878,6 +878,14 @@ def crop_padding_note(cfg: Mapping) -> Optional[str]:
     return None
 
 
+def _has_mask_head(cfg: Mapping) -> bool:
+    """Whether the config's model has a mask head (``roi_head.mask_head``: Mask R-CNN,
+    Cascade Mask R-CNN, ...), whose masks are pasted at the original image size."""
+    model = cfg.get('model') or {}
+    roi = model.get('roi_head') if isinstance(model, Mapping) else None
+    return isinstance(roi, Mapping) and roi.get('mask_head') is not None
+
+
 def eval_pad_note(cfg: Mapping, splits: Sequence[str]) -> Optional[str]:
     """The warning for a ``Pad`` in an mmdet validation / test pipeline (mmdet's ViTDet
     project configs pad every test image to 1024x1024): mmcv's ``Pad`` sets ``img_shape``
@@ -885,10 +893,11 @@ def eval_pad_note(cfg: Mapping, splits: Sequence[str]) -> Optional[str]:
     image -- boxes reach into the padding, and Mask R-CNN's mask pasting at the original
     size can fail (``upper bound and lower bound inconsistent with step sign`` in mmdet's
     ``_do_paste_mask``, seen with an early checkpoint). The model's data preprocessor pads
-    the batch itself (``pad_size_divisor``). None for mmseg configs and pipelines without
+    the batch itself (``pad_size_divisor``). None for mmseg configs, models without a mask
+    head (RTMDet and YOLOX letterbox-pad their tests by design) and pipelines without
     ``Pad``."""
-    if (cfg.get('default_scope') or 'mmseg') != 'mmdet':
-        return None
+    if (cfg.get('default_scope') or 'mmseg') != 'mmdet' or not _has_mask_head(cfg):
+        return None  # box detectors (RTMDet, YOLOX) letterbox-pad their tests by design
     for where, ds in _dataloaders(cfg, [s for s in splits if s != 'train']):
         for i, t in enumerate(ds.get('pipeline') or []):
             if isinstance(t, Mapping) and type_name(t) == 'Pad':
