@@ -171,8 +171,7 @@ def _check_arguments(args: Mapping[str, Any]) -> None:
             twice = sorted({i for i in args[name] if list(args[name]).count(i) > 1})
             if twice:  # a typo ([0, 1, 1, 3] for [0, 1, 2, 3]) changed the layout silently
                 raise ValueError(
-                    f'LookHereViT: {name}={list(args[name])} lists block(s) {twice} more '
-                    'than once'
+                    f'LookHereViT: {name}={list(args[name])} lists block(s) {twice} more than once'
                 )
     out_indices = args['out_indices']
     if isinstance(out_indices, (list, tuple)):
