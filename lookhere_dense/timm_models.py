@@ -1022,10 +1022,18 @@ def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     feature_cfg = dict(feature_cls=LookHereFeatures, prune=False, out_indices=3)
     tag = _tag(pretrained_cfg)
 
+    name = f'{variant}.{tag}' if tag else variant
+
     def model_cls(**model_args: Any) -> LookHereTimmViT:
         # named before timm loads a pretrained file into it (inside build_model_with_cfg)
-        model = LookHereTimmViT(**model_args)
-        model._timm_name = f'{variant}.{tag}' if tag else variant
+        try:
+            model = LookHereTimmViT(**model_args)
+        except ValueError as err:  # the trunk's argument checks, in timm's words and name
+            if err.args and isinstance(err.args[0], str):
+                err.args = (_in_timm_words(err.args[0].replace('LookHereViT', name), name),)
+            raise
+        model._timm_name = name
+        model.patch_embed.owner = name  # its input errors name the timm model
         model._explicit_args = explicit
         model._checkpoint_num_heads = checkpoint_num_heads
         return model

@@ -119,6 +119,18 @@ def test_a_timm_our_models_cannot_use_still_imports_with_a_warning(first, tmp_pa
     assert res.stderr.count('not registered with timm 0.0.1 (ModuleNotFoundError') == 1, res.stderr
 
 
+def test_a_timm_model_s_errors_name_the_timm_model():
+    """A timm user's mistakes (an argument, an input) were told of 'LookHereViT', a name
+    of the mmseg / mmdet wrapper they never built."""
+    with pytest.raises(ValueError, match=r'^lookhere_vit_tiny_patch16_224: mlp_ratio must'):
+        timm.create_model(TINY, mlp_ratio=-1)
+    model = timm.create_model(f'{TINY}.lh90', **SMALL)
+    with pytest.raises(ValueError, match=rf'^{TINY}\.lh90 was built for 3 input channels, got 1'):
+        model(torch.randn(1, 1, 32, 32))
+    with pytest.raises(ValueError, match=rf'^{TINY}\.lh90 expects images of shape'):
+        model(torch.randn(3, 32, 32))
+
+
 def test_tags_choose_the_position_encoding_and_conflicts_are_named():
     m = timm.create_model(f'{TINY}.lh90', **SMALL)
     assert m.pos_encoding == 'lookhere' and m.lh_config.head_directions == 'corners-none'

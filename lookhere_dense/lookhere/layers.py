@@ -258,6 +258,9 @@ class DropPath(nn.Module):
 class LookHerePatchEmbed(nn.Module):
     """Non-overlapping patch embedding (a strided conv), padding inputs to a patch multiple.
 
+    Its input errors name the model as :attr:`owner` (``'LookHereViT'``; a timm model sets
+    its own name, ``lookhere_vit_tiny_patch16_224``).
+
     Args:
         patch_size: patch side. Default: 16.
         in_channels: input channels. Default: 3.
@@ -268,6 +271,9 @@ class LookHerePatchEmbed(nn.Module):
         norm_layer: optional norm after the projection, ``norm_layer(embed_dims)``.
             Default: None.
     """
+
+    #: the model's name in the input errors
+    owner: str = 'LookHereViT'
 
     def __init__(
         self,
@@ -301,15 +307,15 @@ class LookHerePatchEmbed(nn.Module):
         """
         if not isinstance(x, Tensor):
             raise TypeError(
-                f'LookHereViT expects a tensor of images (B, C, H, W), got {type(x).__name__}'
+                f'{self.owner} expects a tensor of images (B, C, H, W), got {type(x).__name__}'
             )
         if x.dim() != 4:
             raise ValueError(
-                f'LookHereViT expects images of shape (B, C, H, W), got {tuple(x.shape)}'
+                f'{self.owner} expects images of shape (B, C, H, W), got {tuple(x.shape)}'
             )
         if not x.is_floating_point():
             raise ValueError(
-                f'LookHereViT expects float images (B, C, H, W), got dtype '
+                f'{self.owner} expects float images (B, C, H, W), got dtype '
                 f'{x.dtype}: convert and normalise them first (in mmseg / mmdet '
                 "the model's data_preprocessor does), e.g. x.float()"
             )
@@ -317,11 +323,11 @@ class LookHerePatchEmbed(nn.Module):
         if x.shape[1] != c:
             if x.shape[-1] == c:
                 raise ValueError(
-                    f'LookHereViT expects images of shape (B, C, H, W); got '
+                    f'{self.owner} expects images of shape (B, C, H, W); got '
                     f'{tuple(x.shape)}, which looks like (B, H, W, C) with the '
                     f'channel axis last: use x.permute(0, 3, 1, 2)'
                 )
-            raise ValueError(f'LookHereViT was built for {c} input channels, got {x.shape[1]}')
+            raise ValueError(f'{self.owner} was built for {c} input channels, got {x.shape[1]}')
         h, w = _jit_int(x.shape[-2]), _jit_int(x.shape[-1])
         p = self.patch_size
         if h < p or w < p:
@@ -329,7 +335,7 @@ class LookHerePatchEmbed(nn.Module):
         weight = self.proj.weight
         if x.dtype != weight.dtype and not _autocast_on(x.device.type):
             raise ValueError(
-                f'LookHereViT weights are {weight.dtype} but the images are '
+                f'{self.owner} weights are {weight.dtype} but the images are '
                 f'{x.dtype}: cast one to the other (e.g. x.to({weight.dtype}) '
                 'or model.to(x.dtype)), or run under torch.autocast'
             )
