@@ -19,7 +19,7 @@ import difflib
 import math
 import os
 import os.path as osp
-from typing import Any, Dict, Iterable, List, Optional, Type, TypeVar
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Type, TypeVar
 
 __all__ = [
     'path_inside',
@@ -33,6 +33,7 @@ __all__ = [
     'settings_from_dict',
     'close_names',
     'CLOSE_NAME_CUTOFF',
+    'positive_pair',
     'env_choice',
     'env_switch',
     'ENV_ON',
@@ -204,6 +205,17 @@ def path_inside(path: str, folders: Iterable[str]) -> bool:
         if osp.commonpath([real, top]) == top:
             return True
     return False
+
+
+def positive_pair(value: Any, single: bool = False) -> Optional[Tuple[int, int]]:
+    """``(H, W)`` of a size given as two positive ints (a list or tuple; with ``single``
+    also one positive int for both sides), else None (bools are no ints)."""
+    if single and is_int(value) and value > 0:
+        return (value, value)
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        if all(is_int(v) and v > 0 for v in value):
+            return (int(value[0]), int(value[1]))
+    return None
 
 
 def env_choice(

@@ -34,7 +34,7 @@ from lookhere_dense.evaluation.resize import (
     scale_resizes,
     short_side_resize,
 )
-from lookhere_dense.validation import check_int
+from lookhere_dense.validation import check_int, positive_pair
 
 from .evaluate import evaluate_loader, refusal
 from .reporting import (
@@ -239,11 +239,10 @@ def training_crop(cfg, checkpoint: Optional[str]) -> Tuple[Optional[Tuple[int, i
 
     text = (training_meta(checkpoint) or {}).get('cfg') if checkpoint else None
     if isinstance(text, str):
-        size = stored_value(text, ('model', 'data_preprocessor', 'size'))
-        if _is_crop(size):
-            return (int(size[0]), int(size[1])), CHECKPOINT_CROP
-    size = (cfg.model.get('data_preprocessor') or {}).get('size')
-    return ((int(size[0]), int(size[1])) if _is_crop(size) else None), CONFIG_CROP
+        size = positive_pair(stored_value(text, ('model', 'data_preprocessor', 'size')))
+        if size is not None:
+            return size, CHECKPOINT_CROP
+    return positive_pair((cfg.model.get('data_preprocessor') or {}).get('size')), CONFIG_CROP
 
 
 def stored_value(text: str, keys: Sequence[str]) -> Any:
@@ -285,14 +284,6 @@ def stored_value(text: str, keys: Sequence[str]) -> Any:
         return None if node is None else ast.literal_eval(node)
     except ValueError:
         return None
-
-
-def _is_crop(size: Any) -> bool:
-    return (
-        isinstance(size, (list, tuple))
-        and len(size) == 2
-        and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in size)
-    )
 
 
 def median_shape(shapes: Sequence[Tuple[int, int]]) -> Tuple[int, int]:

@@ -44,11 +44,11 @@ import logging
 import os
 import os.path as osp
 import re
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import List, Mapping, Optional, Tuple
 
 from ..errors import CheckpointError, ConfigError, ToolError
 from ..registry import type_names
-from ..validation import path_inside
+from ..validation import path_inside, positive_pair
 
 __all__ = [
     'build_train_config',
@@ -674,34 +674,28 @@ def training_input_size(cfg) -> Optional[Tuple[int, int]]:
     """``(H, W)`` of the images a training step feeds the model, as far as the config
     says: ``model.data_preprocessor.size`` (mmseg pads every crop to it), else a
     fixed-size batch pad (mmdet's ``BatchFixedSizePad``: LSJ), else the config's
-    ``crop_size``, else the train pipeline's ``RandomCrop``; None where none says (the attention line is then left out)."""
-
-    def pair(value: Any) -> Optional[Tuple[int, int]]:
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return (value, value)
-        if (
-            isinstance(value, (list, tuple))
-            and len(value) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
-        ):
-            return (int(value[0]), int(value[1]))
-        return None
-
+    ``crop_size``, else the train pipeline's ``RandomCrop``; None where none says (the
+    attention line is then left out)."""
     model = cfg.get('model') or {}
     pre = model.get('data_preprocessor') or {}
-    found = pair(pre.get('size'))
-    for aug in pre.get('batch_augments') or []:
-        if found is None and str(aug.get('type', '')).endswith('BatchFixedSizePad'):
-            found = pair(aug.get('size'))
-    found = found or pair(cfg.get('crop_size'))
-    loader = cfg.get('train_dataloader') or {}
-    dataset = loader.get('dataset') or {}
-    while found is None and isinstance(dataset.get('dataset'), Mapping):  # wrappers
+    pads = [
+        aug.get('size')
+        for aug in pre.get('batch_augments') or []
+        if str(aug.get('type', '')).endswith('BatchFixedSizePad')
+    ]
+    dataset = (cfg.get('train_dataloader') or {}).get('dataset') or {}
+    while isinstance(dataset.get('dataset'), Mapping):  # wrappers
         dataset = dataset['dataset']
-    for step in dataset.get('pipeline') or [] if found is None else []:
-        if isinstance(step, Mapping) and str(step.get('type', '')).endswith('RandomCrop'):
-            found = found or pair(step.get('crop_size'))
-    return found
+    crops = [
+        step.get('crop_size')
+        for step in dataset.get('pipeline') or []
+        if isinstance(step, Mapping) and str(step.get('type', '')).endswith('RandomCrop')
+    ]
+    for value in (pre.get('size'), *pads, cfg.get('crop_size'), *crops):
+        size = positive_pair(value, single=True)
+        if size is not None:
+            return size
+    return None
 
 
 def _train(cfg, notes: List[str], verbose: bool):
