@@ -778,15 +778,15 @@ def check_optim_wrapper_keys(cfg: Mapping) -> None:
     wrapper = cfg.get('optim_wrapper')
     if not isinstance(wrapper, Mapping) or '_scope_' in wrapper or 'optimizer' not in wrapper:
         return  # no optimizer: a multi-optimizer section, its constructor's keys
-    scope = cfg.get('default_scope') or 'mmseg'
+    registries = _scope_registries(cfg.get('default_scope') or 'mmseg')
     constructor = wrapper.get('constructor')
     if constructor is not None:  # another constructor may read keys of its own
         from mmengine.optim import DefaultOptimWrapperConstructor
 
-        kind = _scope_registries(scope)['OPTIM_WRAPPER_CONSTRUCTORS'].get(constructor)
+        kind = registries['OPTIM_WRAPPER_CONSTRUCTORS'].get(constructor)
         if not (isinstance(kind, type) and issubclass(kind, DefaultOptimWrapperConstructor)):
             return
-    registry = _scope_registries(scope)['OPTIM_WRAPPERS']
+    registry = registries['OPTIM_WRAPPERS']
     typ = wrapper.get('type', 'OptimWrapper')
     cls = registry.get(typ) if isinstance(typ, str) else typ
     if getattr(cls, '__name__', None) == 'MixedPrecisionOptimWrapper':

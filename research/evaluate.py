@@ -89,7 +89,7 @@ def model_for_report(
     import torch
     from mmengine.registry import init_default_scope
 
-    from lookhere_dense.apis.cli import check_flex_training, load_segmentation_job, preflight
+    from lookhere_dense.apis.cli import check_attn_backend, load_segmentation_job, preflight
     from lookhere_dense.apis.inference import build_model_from_checkpoint
 
     cfg = load_segmentation_job(config, checkpoint, split, cfg_options, tool)
@@ -98,7 +98,7 @@ def model_for_report(
     init_default_scope(cfg.get('default_scope') or 'mmseg')
     preflight(cfg, (split,), check_pretrained=False)
     device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
-    check_flex_training(cfg, str(device).startswith('cuda'), (split,))  # --device cpu
+    check_attn_backend(cfg, str(device).startswith('cuda'), (split,))  # --device cpu
     model, _ = build_model_from_checkpoint(cfg, checkpoint, device)
     return cfg, model, device
 

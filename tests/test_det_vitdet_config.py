@@ -383,14 +383,14 @@ def test_a_bad_backbone_value_is_a_one_line_config_error_naming_it(bad, words):
 def test_training_with_flex_on_cpu_is_refused_before_the_runner():
     """``attn_backend='flex'`` cannot train on CPU (no CPU backward): the training
     preflight refuses it, naming the key; inference, or CUDA, is left alone."""
-    from lookhere_dense.apis.cli import check_flex_training
+    from lookhere_dense.apis.cli import check_attn_backend
 
     cfg = Config(dict(model=dict(backbone=dict(type='LookHereViT', attn_backend='flex'))))
     with pytest.raises(ConfigError, match=r"model.backbone.attn_backend='flex' cannot train"):
-        check_flex_training(cfg, cuda=False)
-    check_flex_training(cfg, cuda=True)
+        check_attn_backend(cfg, cuda=False)
+    check_attn_backend(cfg, cuda=True)
     cfg.model.backbone.attn_backend = 'fused'
-    check_flex_training(cfg, cuda=False)
+    check_attn_backend(cfg, cuda=False)
     # the training preflight runs it (tools/train.py, lookhere-train); a test run does not
     import lookhere_dense
     from lookhere_dense.apis.cli import preflight
@@ -410,7 +410,7 @@ def test_the_triton_backend_is_refused_before_the_run_where_it_cannot_run(monkey
     trial). Now one error before the Runner: training anywhere, any pass without CUDA
     (outside Triton's interpreter)."""
     import lookhere_dense
-    from lookhere_dense.apis.cli import check_flex_training, preflight
+    from lookhere_dense.apis.cli import check_attn_backend, preflight
 
     cfg = Config(dict(model=dict(backbone=dict(type='LookHereViT', attn_backend='triton'))))
     for cuda, advice in (
@@ -418,20 +418,20 @@ def test_the_triton_backend_is_refused_before_the_run_where_it_cannot_run(monkey
         (True, "'chunked' / 'sdpa' / 'flex'"),
     ):
         with pytest.raises(ConfigError) as exc:
-            check_flex_training(cfg, cuda=cuda)
+            check_attn_backend(cfg, cuda=cuda)
         assert "attn_backend='triton' cannot train the backbone: it has a forward only" in str(
             exc.value
         )
         assert str(exc.value).endswith(f"train with 'auto' (or {advice})")
-    check_flex_training(cfg, cuda=True, splits=('test',))
+    check_attn_backend(cfg, cuda=True, splits=('test',))
     frozen = Config(dict(model=dict(backbone=dict(attn_backend='triton', frozen_exclude=[]))))
-    check_flex_training(frozen, cuda=True)  # a frozen backbone: triton trains the heads
+    check_attn_backend(frozen, cuda=True)  # a frozen backbone: triton trains the heads
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
     with pytest.raises(ConfigError, match=r"'triton' runs on CUDA .*: on CPU use 'auto'$"):
-        check_flex_training(cfg, cuda=False, splits=('test',))
+        check_attn_backend(cfg, cuda=False, splits=('test',))
     for spelling in ('1', 'true', 'on'):  # Triton's own spellings of the interpreter switch
         monkeypatch.setenv('TRITON_INTERPRET', spelling)
-        check_flex_training(cfg, cuda=False, splits=('test',))
+        check_attn_backend(cfg, cuda=False, splits=('test',))
     monkeypatch.delenv('TRITON_INTERPRET')
     shipped = Config.fromfile(lookhere_dense.config_path('segmenter_lookhere_vit-t_tiny-ade.py'))
     shipped.model.backbone.attn_backend = 'triton'

@@ -39,6 +39,7 @@ __all__ = [
     'load_config',
     'set_work_dir',
     'preflight',
+    'check_attn_backend',
     'check_flex_training',
     'run_main',
     'ToolArgumentParser',
@@ -1038,7 +1039,7 @@ def _log(msg: str, level: int = logging.INFO) -> None:
     print_log(msg, logger='current', level=level)
 
 
-def check_flex_training(
+def check_attn_backend(
     cfg, cuda: Optional[bool] = None, splits: Sequence[str] = ('train',)
 ) -> None:
     """Refuse an ``attn_backend`` the run cannot use, before the Runner is built (the
@@ -1085,6 +1086,10 @@ def check_flex_training(
             "model.backbone.attn_backend='triton' runs on CUDA (Triton kernels; on CPU only "
             "in Triton's interpreter, TRITON_INTERPRET=1, for tests): on CPU use 'auto'"
         )
+
+
+#: the name before it checked triton too (kept for callers of the old name)
+check_flex_training = check_attn_backend
 
 
 def preflight(
@@ -1150,7 +1155,7 @@ def preflight(
     check_model_cfg(cfg)
     check_section_types(cfg)
     check_loop_values(cfg, splits)
-    check_flex_training(cfg, splits=splits)
+    check_attn_backend(cfg, splits=splits)
     clear_inherited_pretrained(cfg, warn)
     scale = preprocessor_scale_note(cfg)
     if scale:

@@ -586,7 +586,7 @@ def segment_images(
     from mmengine.config import ConfigDict
 
     from ..visualization.legend import draw_legend
-    from .cli import check_device, check_flex_training, load_config, progress
+    from .cli import check_attn_backend, check_device, load_config, progress
 
     if not 0.0 <= opacity <= 1.0:
         raise ValueError(f'--opacity must be in 0..1, got {opacity}')
@@ -594,7 +594,7 @@ def segment_images(
     images = list_images(input)
     cfg = load_config(config, cfg_options)
     check_segmentation_config(cfg, config)
-    check_flex_training(cfg, device.startswith('cuda'), splits=('test',))
+    check_attn_backend(cfg, device.startswith('cuda'), splits=('test',))
     _make_out_dir(out_dir)
     model, meta = build_model_from_checkpoint(cfg, checkpoint, device)
     patch = getattr(model.backbone, 'patch_size', None)
