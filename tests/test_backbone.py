@@ -340,6 +340,98 @@ def test_timm_weights_without_layerscale_need_init_values_none(tmp_path: Path):
     assert isinstance(model.blocks[0].ls1, torch.nn.Identity)
 
 
+def _mmseg_vit(tmp_path: Path, **kwargs):
+    """An mmseg ``VisionTransformer`` with random weights, and its state_dict saved as a
+    file (mmseg's names: ``layers.{i}.attn.attn.in_proj_weight``, ``ln1``, ...)."""
+    from mmseg.models.backbones import VisionTransformer
+
+    torch.manual_seed(0)
+    args = dict(img_size=64, embed_dims=192, num_layers=2, num_heads=3, out_indices=(0, 1))
+    args.update(kwargs)
+    src = VisionTransformer(**args)
+    for p in src.parameters():  # not the init's zeros and ones: every tensor matters
+        p.data.normal_(0, 0.05)
+    path = tmp_path / 'mmseg_vit.pth'
+    torch.save(src.state_dict(), path)
+    src.eval()  # mmseg's VisionTransformer.train() returns None
+    return src, path, args
+
+
+@pytest.mark.parametrize(
+    'arch',
+    [
+        dict(final_norm=True, patch_bias=True),
+        dict(final_norm=False, pre_norm=True, patch_bias=False),
+    ],
+)
+def test_an_mmseg_vit_file_gives_the_mmseg_vits_features(tmp_path: Path, arch):
+    """A file in mmseg VisionTransformer's names (what mmseg's vit2mmseg.py writes, and
+    its model zoo's ViT pretraining files) is renamed back when it loads: with the same
+    absolute position embedding the LookHere trunk gives mmseg's features."""
+    src, path, args = _mmseg_vit(tmp_path, **arch)
+    model = LookHereViT(
+        **args,
+        pos_encoding='abs',
+        init_values=None,
+        init_cfg=dict(type='Pretrained', checkpoint=str(path)),
+    )
+    model.init_weights()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        for want, got in zip(src(x), model.eval()(x)):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_convert_checkpoint_renames_an_mmseg_vit_file(tmp_path: Path, repo_root: Path):
+    _, path, args = _mmseg_vit(
+        tmp_path, final_norm=True, patch_bias=True, embed_dims=384, num_heads=6
+    )
+    out = tmp_path / 'converted.pth'
+    res = subprocess.run(
+        [sys.executable, 'tools/convert_checkpoint.py', str(path), str(out)],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    assert 'mmseg format, 29 tensors' in res.stdout and '2 blocks' in res.stdout
+    keys = torch.load(out, weights_only=True)['state_dict']
+    assert 'blocks.1.mlp.fc1.weight' in keys and 'norm.weight' in keys
+    assert not any(k.startswith('layers.') for k in keys)
+    report = LookHereViT(**args, init_values=None).load_pretrained(str(out))
+    assert report['missing'] == [] and report['unexpected'] == []
+
+
+def test_a_file_without_blocks_is_refused_by_the_converter(tmp_path: Path, repo_root: Path):
+    path = tmp_path / 'stem.pth'
+    torch.save({'patch_embed.proj.weight': torch.zeros(8, 3, 16, 16)}, path)
+    res = subprocess.run(
+        [sys.executable, 'tools/convert_checkpoint.py', str(path), str(tmp_path / 'o.pth')],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 2 and 'no transformer blocks (blocks.N.*)' in res.stderr, res.stderr
+    assert not (tmp_path / 'o.pth').exists()
+
+
+def test_a_file_in_another_mmseg_backbones_names_gets_one_hint(tmp_path: Path):
+    """BEiT's mmseg names (layers.*, but not VisionTransformer's) are not renamed: the
+    refusal names the layout, not qkv_bias / final_norm / LayerScale flags that the names
+    alone seem to differ in."""
+    from mmseg.models.backbones import BEiT
+
+    path = tmp_path / 'beit.pth'
+    torch.save(BEiT(img_size=64, embed_dims=96, num_layers=3, num_heads=12).state_dict(), path)
+    with pytest.raises(ValueError) as err:
+        tiny(init_cfg=dict(type='Pretrained', checkpoint=str(path), checkpoint_num_heads=12))
+    msg = str(err.value)
+    assert "uses mmseg's backbone names (layers.*)" in msg and '(BEiT, MAE)' in msg
+    assert 'qkv_bias' not in msg and 'init_values' not in msg and 'final_norm' not in msg
+
+
 def test_init_cfg_prefix_picks_the_tensors_under_it(tmp_path: Path):
     """``prefix`` (mmengine's ``Pretrained`` key) was accepted and ignored: a distillation
     run's ``student.backbone.*`` was refused, ``prefix='decode_head.'`` loaded the

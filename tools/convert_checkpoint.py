@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Convert an official LookHere, a timm / DeiT-III or a lookhere-dense training checkpoint
-for ``LookHereViT``.
+"""Convert an official LookHere, a timm / DeiT-III, an mmseg ViT or a lookhere-dense
+training checkpoint for ``LookHereViT``.
 
 Writes ``{'state_dict': backbone weights, 'meta': {'lookhere_config': ..., 'num_heads': ...,
 'source': ...}}``, which ``LookHereViT(init_cfg=dict(type='Pretrained', checkpoint=OUT))``
@@ -8,6 +8,9 @@ loads (taking the LookHere config from ``meta`` when the source had one, and che
 head count). The head count written is ``--num-heads``, else the one the source records,
 else 12 for official LookHere files; otherwise none is written and loading applies the
 usual convention (timm / DeiT-III: ``channels / 64``) or asks for ``checkpoint_num_heads``.
+A file in mmseg ``VisionTransformer``'s names (``layers.{i}.attn.attn.in_proj_weight``:
+what mmseg's ``vit2mmseg.py`` writes, e.g. its model zoo's ViT pretraining files) is
+renamed back to timm's (``init_cfg=Pretrained`` reads such a file as it is, too).
 
 A training run's checkpoint (``WORK_DIR/iter_N.pth``, written by mmengine's Runner) holds
 mmengine's message-hub objects besides the weights; the tool allows exactly those classes
@@ -132,6 +135,11 @@ def main(argv=None) -> int:
                 'its classes are then allowed, nothing else)'
             ) from None
         raise ToolError(str(err) if args.src in str(err) else f'{args.src!r}: {err}') from None
+    if not any(k.startswith('blocks.') for k in weights.state_dict):
+        raise ToolError(
+            f'{args.src!r} holds no transformer blocks (blocks.N.*) after reading it as a '
+            f'{weights.format} file; first keys: {sorted(weights.state_dict)[:6]}'
+        )
     num_heads, how = weights.num_heads, 'recorded in the file'
     if args.num_heads is not None:
         if num_heads is not None and num_heads != args.num_heads:

@@ -17,6 +17,10 @@ format             recognised by                                         LookHer
                    others dropped)
 ``timm``           a flat state_dict or ``{'model': ...}`` / ``{'state_dict': ...}``  none
                    with ``blocks.*`` / ``patch_embed.*`` keys
+``mmseg``          the same containers with mmseg ``VisionTransformer``'s   none
+                   names (``layers.{i}.attn.attn.in_proj_weight``, ...:
+                   what mmseg's ``vit2mmseg.py`` writes); renamed back
+                   (:func:`mmseg_vit_to_timm`)
 =================  ====================================================  ===============
 
 Files are read by :func:`lookhere_dense.checkpoint.load_checkpoint_file` and loaded by
@@ -75,6 +79,8 @@ __all__ = [
     'file_num_heads',
     'check_num_heads',
     'vit_key_hints',
+    'is_mmseg_vit',
+    'mmseg_vit_to_timm',
     'load_backbone_weights',
     'check_weights_argument',
     'check_backbone_record',
@@ -90,6 +96,27 @@ HEADS_KEY = 'checkpoint_num_heads'
 #: Keys a classification checkpoint has that a dense-prediction backbone drops.
 _CLASSIFIER = re.compile(r'^(head|fc_norm|head_drop|pre_logits)(\.|$)')
 _DEIT3_LAYERSCALE = re.compile(r'^(blocks\.\d+)\.gamma_([12])$')
+#: mmseg ``VisionTransformer``'s names -> timm's (the inverse of mmseg's
+#: ``tools/model_converters/vit2mmseg.py``); block parts first, then the whole key
+_MMSEG_BLOCK_PARTS = (
+    ('ln1.', 'norm1.'),
+    ('ln2.', 'norm2.'),
+    ('attn.attn.in_proj_weight', 'attn.qkv.weight'),
+    ('attn.attn.in_proj_bias', 'attn.qkv.bias'),
+    ('attn.attn.out_proj.', 'attn.proj.'),
+    ('ffn.layers.0.0.', 'mlp.fc1.'),
+    ('ffn.layers.1.', 'mlp.fc2.'),
+)
+_MMSEG_TOP = (
+    ('patch_embed.projection.', 'patch_embed.proj.'),
+    ('ln_pre.', 'pre_ln.'),
+    ('ln1.', 'norm.'),
+)
+_MMSEG_BLOCK = re.compile(r'^layers\.(\d+)\.(.*)$')
+#: keys only mmseg VisionTransformer's layout has
+#: keys only mmseg VisionTransformer's layout has (BEiT / MAE share its FFN names, not its
+#: attention's)
+_MMSEG_LAYOUT = re.compile(r'^layers\.\d+\.attn\.attn\.in_proj_weight$')
 #: the head count of the official ``LookHere`` class and of every released checkpoint
 #: (LH_180 / LH_90 / LH_45, ViT-B/16), and the default of ``LookHereViT``
 OFFICIAL_NUM_HEADS = 12
@@ -103,7 +130,8 @@ class BackboneWeights:
 
     Attributes:
         state_dict: tensors keyed like ``LookHereViT.state_dict()``.
-        format: ``'official'``, ``'lookhere-dense'``, ``'mmengine'`` or ``'timm'``.
+        format: ``'official'``, ``'lookhere-dense'``, ``'mmengine'``, ``'timm'`` or
+            ``'mmseg'`` (mmseg ``VisionTransformer``'s names, renamed).
         lh_config: the LookHere config stored in the file (official / ours, or the
             ``_extra_state`` of a saved ``LookHereViT``), else None.
         dropped: keys of the file that were dropped on purpose (classifier head, ...).
@@ -120,6 +148,38 @@ class BackboneWeights:
     dropped: List[str] = field(default_factory=list)
     pos_encoding: Optional[str] = None
     num_heads: Optional[int] = None
+
+
+def is_mmseg_vit(sd: Mapping[str, Any]) -> bool:
+    """Whether a state_dict has mmseg ``VisionTransformer``'s names
+    (``layers.{i}.attn.attn.in_proj_weight``) and no timm ones (``blocks.*``)."""
+    return any(_MMSEG_LAYOUT.match(k) for k in sd) and not any(k.startswith('blocks.') for k in sd)
+
+
+def mmseg_vit_to_timm(sd: Mapping[str, Any]) -> Dict[str, Any]:
+    """An mmseg ``VisionTransformer`` state_dict in timm's names, which the LookHere trunk
+    uses: ``layers.{i}.ln1`` -> ``blocks.{i}.norm1``, ``attn.attn.in_proj_weight`` ->
+    ``attn.qkv.weight`` (the same q, k, v rows), ``ffn.layers.0.0`` -> ``mlp.fc1``,
+    ``patch_embed.projection`` -> ``patch_embed.proj``, ``ln_pre`` -> ``pre_ln``, the final
+    ``ln1`` -> ``norm``; ``cls_token`` / ``pos_embed`` as they are. A key of no such name
+    is kept, so that loading names it."""
+    out: Dict[str, Any] = {}
+    for key, value in sd.items():
+        m = _MMSEG_BLOCK.match(key)
+        if m:
+            rest = m.group(2)
+            for old, new in _MMSEG_BLOCK_PARTS:
+                if rest.startswith(old):
+                    rest = new + rest[len(old) :]
+                    break
+            key = f'blocks.{m.group(1)}.{rest}'
+        else:
+            for old, new in _MMSEG_TOP:
+                if key.startswith(old):
+                    key = new + key[len(old) :]
+                    break
+        out[key] = value
+    return out
 
 
 def _has_vit_keys(sd: Mapping[str, Any]) -> bool:
@@ -160,6 +220,8 @@ def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> B
         # a whole model's flat state_dict (a segmentor's, or an mmengine checkpoint
         # unwrapped by timm's checkpoint_path= reader): its backbone, as above
         fmt, sd = 'mmengine', strip_prefix(sd, 'backbone.')
+    if fmt in ('timm', 'mmengine') and is_mmseg_vit(sd):
+        fmt, sd = 'mmseg', mmseg_vit_to_timm(sd)
     if not _has_vit_keys(sd):
         raise CheckpointError(
             'checkpoint has no ViT backbone weights (no "blocks.*" or '
@@ -343,7 +405,18 @@ def vit_key_hints(
     missing: List[str], unexpected: List[str], model_keys: Sequence[str], file_keys: Sequence[str]
 ) -> List[str]:
     """The usual reasons why keys of a ViT differ, found from the keys themselves (the
-    ``hints`` of :func:`~lookhere_dense.checkpoint.load_state_dict_strict`)."""
+    ``hints`` of :func:`~lookhere_dense.checkpoint.load_state_dict_strict`). A file in
+    mmseg's backbone names (``layers.*``) gets that one hint: its other keys differ by name,
+    not by architecture."""
+    if any(re.match(r'^(backbone\.)?layers\.\d+\.', k) for k in file_keys) and not any(
+        re.match(r'^(backbone\.)?blocks\.\d+\.', k) for k in file_keys
+    ):
+        return [
+            "the file uses mmseg's backbone names (layers.*); LookHereViT takes timm / "
+            "official names (blocks.*): init_cfg=dict(type='Pretrained', ...) and "
+            "tools/convert_checkpoint.py rename mmseg VisionTransformer's; for another "
+            'mmseg backbone (BEiT, MAE) load the original timm / DeiT-III / LookHere file'
+        ]
     hints = []
     in_file, in_model = _depths(file_keys), _depths(model_keys)
     for prefix in sorted(set(in_file) & set(in_model)):
@@ -370,12 +443,6 @@ def vit_key_hints(
                 if what == 'LayerScale'
                 else f'the file has a {what}: set {on}'
             )
-    if some(file_keys, r'^(backbone\.)?layers\.\d+\.'):
-        hints.append(
-            "the file uses mmseg VisionTransformer's names (layers.*); LookHereViT "
-            'takes timm / official names (blocks.*): load the original timm / '
-            'DeiT-III / LookHere file instead of the mmseg conversion'
-        )
     if some(missing, r'(^|\.)_extra_state$'):
         hints.append(
             'the file lacks the record a LookHereViT saves with its weights '
