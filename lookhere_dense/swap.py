@@ -22,7 +22,9 @@ names stay importable from here.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
+import os
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from .config_checks import (  # the checks live there; importable from here too
@@ -280,29 +282,121 @@ def lookhere_backbone_cfg(
     return out
 
 
-def _checkpoint_lh_config(path: str) -> Any:
-    """The LookHere config recorded in the weights file ``path`` (as LookHereViT reads
-    it when ``init_cfg=Pretrained`` loads it): a :class:`~.lookhere.config.LookHereConfig`,
-    None when the file records none, or the reason (a string) it cannot be read here."""
-    if '://' in path:
-        return 'a remote file, not read here'
+#: mmseg's ImageNet normalisation (the official LookHere models were trained with it)
+IMAGENET_MEAN = [123.675, 116.28, 103.53]
+IMAGENET_STD = [58.395, 57.12, 57.375]
+
+
+@functools.lru_cache(maxsize=2)
+def _read_weights(path: str, stamp: Any) -> Any:
+    """:func:`~.lookhere.weights.backbone_weights` of ``path``, read once per ``stamp``
+    (the file's size and time), or the reason (a string) it cannot be read here."""
     from .checkpoint import load_checkpoint_file
     from .errors import CheckpointError
-    from .lookhere.config import resolve_lh_config
     from .lookhere.weights import backbone_weights
 
     try:
-        weights = backbone_weights(load_checkpoint_file(path))
+        return backbone_weights(load_checkpoint_file(path))
     except FileNotFoundError:
         return 'file not found'
     except CheckpointError as err:
         return str(err).splitlines()[0]
+
+
+def checkpoint_weights(path: str) -> Any:
+    """The backbone weights of the file ``path`` (a
+    :class:`~.lookhere.weights.BackboneWeights`), or the reason (a string) they cannot be
+    read where this runs (a remote file, a missing or unreadable one)."""
+    if '://' in path:
+        return 'a remote file, not read here'
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 'file not found'
+    return _read_weights(os.path.abspath(path), (st.st_size, st.st_mtime_ns))
+
+
+def _checkpoint_lh_config(path: str) -> Any:
+    """The LookHere config recorded in the weights file ``path`` (as LookHereViT reads
+    it when ``init_cfg=Pretrained`` loads it): a :class:`~.lookhere.config.LookHereConfig`,
+    None when the file records none, or the reason (a string) it cannot be read here."""
+    from .lookhere.config import resolve_lh_config
+
+    weights = checkpoint_weights(path)
+    if isinstance(weights, str):
+        return weights
     if weights.lh_config is None or weights.pos_encoding not in (None, 'lookhere'):
         return None
     try:
         return resolve_lh_config(dict(weights.lh_config))
     except (TypeError, ValueError) as err:
         return f'its LookHere config cannot be used: {err}'
+
+
+def _fit_checkpoint(
+    cfg, path: str, init_values_given: bool, report: Callable[[str], None]
+) -> None:
+    """Make a swapped config fit its backbone file ``path`` where the file decides (in
+    place), and refuse one that cannot load it, before anything is built.
+
+    * width and depth must be the file's; a head count the file records (or the loader's
+      convention gives, :func:`~.lookhere.weights.file_num_heads`) must be the model's;
+    * LayerScale follows the file: without ``ls1`` / ``ls2`` gammas in it,
+      ``init_values=None`` (a timm / DeiT / mmseg ViT file), unless ``init_values`` was
+      given;
+    * an official LookHere file: the data preprocessor's mean / std become ImageNet's,
+      which the official models were trained with (Segmenter's configs normalise with
+      127.5 / 127.5 for their own ViT files).
+
+    A file that cannot be read here (remote, missing) is left to the loader.
+
+    Raises:
+        ConfigError: naming the file, both values and the flag or key to set.
+    """
+    from .lookhere.weights import file_embed_dims, file_num_heads
+
+    weights = checkpoint_weights(path)
+    if isinstance(weights, str):
+        return
+    bb = cfg['model']['backbone']
+    sd = weights.state_dict
+    dims = file_embed_dims(sd)
+    depth = len({k.split('.')[1] for k in sd if k.startswith('blocks.')})
+    for key, have in (('embed_dims', dims), ('num_layers', depth)):
+        want = bb.get(key)
+        if have and want is not None and have != want:
+            raise ConfigError(
+                f'--checkpoint {path!r} has {key}={have}, the swapped backbone {want} (from '
+                f"the source config): swap a config of the file's size, or add "
+                f'--cfg-options model.backbone.{key}={have} (applied to the source config)'
+            )
+    heads, how = file_num_heads(weights)
+    if heads is not None and bb.get('num_heads') not in (None, heads):
+        raise ConfigError(
+            f'--checkpoint {path!r} has {heads} attention heads per block ({how}), the swapped '
+            f'backbone num_heads={bb["num_heads"]}: set --num-heads {heads}'
+        )
+    has_scale = any(k.endswith(('.ls1.gamma', '.ls2.gamma')) for k in sd)
+    if not has_scale and bb.get('init_values', 1e-4) and not init_values_given:
+        bb['init_values'] = None
+        report(f'init_values=None: {path} has no LayerScale (ls1 / ls2 gammas)')
+    if weights.format == 'official':
+        changed = []
+        for where, pre in (
+            ('model.data_preprocessor', cfg['model'].get('data_preprocessor')),
+            ('data_preprocessor', cfg.get('data_preprocessor')),
+        ):
+            if isinstance(pre, Mapping) and (
+                pre.get('mean') != IMAGENET_MEAN or pre.get('std') != IMAGENET_STD
+            ):
+                old = (pre.get('mean'), pre.get('std'))
+                pre['mean'], pre['std'] = list(IMAGENET_MEAN), list(IMAGENET_STD)
+                changed.append(f'{where} mean / std {old[0]} / {old[1]}')
+        if changed:
+            report(
+                f"{' and '.join(changed)} -> ImageNet's {IMAGENET_MEAN} / {IMAGENET_STD}: "
+                f'{path} is an official LookHere file, trained with them'
+            )
 
 
 def lookhere_config_summary(backbone: Mapping[str, Any]) -> str:
@@ -359,7 +453,10 @@ def swap_backbone(
     layer-decay optimizer constructors (:data:`MMSEG_LAYER_DECAY_CONSTRUCTORS`: BEiT and
     MAE configs), which only know BEiT / MAE / ConvNeXt backbones, become
     ``LookHereLayerDecayOptimizerConstructor`` with the source's decay rate and
-    ``num_layers`` = the new backbone's depth; the result passes :func:`check_model_cfg`.
+    ``num_layers`` = the new backbone's depth; with ``checkpoint`` the config is fitted to
+    the file where it decides (:func:`_fit_checkpoint`: LayerScale as the file has it, an
+    official file's ImageNet normalisation; another width, depth or head count refused);
+    the result passes :func:`check_model_cfg`.
 
     Args:
         cfg: an ``mmengine.Config`` (or a dict with ``model``).
@@ -383,6 +480,14 @@ def swap_backbone(
         raise ConfigError('the config has no model.backbone to swap')
     model['backbone'] = lookhere_backbone_cfg(backbone, preset, num_heads, checkpoint, **overrides)
     notes: List[str] = []
+    if checkpoint is not None:
+        _fit_checkpoint(new, checkpoint, 'init_values' in overrides, notes.append)
+    elif backbone.get('type') == 'VisionTransformer' and 'init_values' not in overrides:
+        notes.append(
+            f'init_values={model["backbone"].get("init_values", 1e-4)}: LayerScale, as in the '
+            "official LookHere models (mmseg's VisionTransformer has none; init_values=None "
+            'builds its blocks without it)'
+        )
     _swap_optim_constructor(new, model['backbone'].get('num_layers'), notes.append)
     if not keep_pretrained and model.get('pretrained') is not None:
         model['pretrained'] = None

@@ -325,19 +325,25 @@ def test_loads_timm_and_deit3_weights(tmp_path: Path, deit3_names: bool):
     torch.testing.assert_close(model.blocks[2].attn.qkv.weight, sd['blocks.2.attn.qkv.weight'])
 
 
-def test_timm_weights_without_layerscale_need_init_values_none(tmp_path: Path):
+@pytest.mark.parametrize('off', [None, 0, 0.0])
+def test_timm_weights_without_layerscale_need_init_values_none(tmp_path: Path, off):
     path = _timm_vit(tmp_path, layerscale=False)
     with pytest.raises(
         ValueError,
         match=r'lacks backbone parameters \(no LayerScale.*'
         r'init_values=None\).*blocks.0.ls1.gamma',
-    ):
+    ) as err:
         tiny(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    # strict=False would run the file's blocks at LayerScale 0.1: not offered
+    assert 'loads what fits' not in str(err.value)
+    assert 'not strict=False: the 6 LayerScale gammas the file lacks' in str(err.value)
+    # None, or 0 as in timm's ViT (a LayerScale at 0 would silence every branch)
     model = tiny(
-        init_values=None,
+        init_values=off,
         init_cfg=dict(type='Pretrained', checkpoint=str(path), checkpoint_num_heads=12),
     )
     assert isinstance(model.blocks[0].ls1, torch.nn.Identity)
+    assert isinstance(model.blocks[2].ls2, torch.nn.Identity)
 
 
 def _mmseg_vit(tmp_path: Path, **kwargs):

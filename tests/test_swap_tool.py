@@ -188,3 +188,87 @@ def test_lookhere_config_summary_says_where_the_config_comes_from(tmp_path):
     )
     missing = lookhere_config_summary(bb(init_cfg=pretrained(tmp_path / 'nope.pth')))
     assert missing.startswith('preset=lh180 (default) unless') and 'file not found' in missing
+
+
+def test_a_swap_onto_a_file_takes_its_layerscale_and_an_official_files_normalisation(
+    official_tiny, tmp_path
+):
+    """The swap fits the config to its --checkpoint where the file decides: a timm-style
+    file without LayerScale gets init_values=None (it was swapped with LayerScale 1e-4,
+    which failed to load, and strict=False would have run every branch at 1e-4); an
+    official file gets the ImageNet normalisation it was trained with (Segmenter's
+    127.5 / 127.5 stayed); a file of another width, depth or head count is refused before
+    anything is built."""
+    import torch
+
+    import lookhere_dense
+    from lookhere_dense.apis.cli import load_config
+    from lookhere_dense.errors import ConfigError
+    from lookhere_dense.lookhere import create_model
+    from lookhere_dense.swap import IMAGENET_MEAN, IMAGENET_STD, model_registry, swap_backbone
+
+    lookhere_dense.register_all_modules()
+    src = 'mmseg::segmenter/segmenter_vit-s_mask_8xb1-160k_ade20k-512x512.py'
+    small = dict(
+        **{'model.backbone.num_layers': 2, 'model.backbone.out_indices': 1},
+        **{'model.decode_head.num_layers': 1},
+    )
+    cfg = load_config(src, small)
+    # a timm-style ViT-S file without LayerScale
+    trunk = create_model(embed_dims=384, num_layers=2, num_heads=6, init_values=None)
+    plain = tmp_path / 'vit-s_no_ls.pth'
+    sd = {k: v for k, v in trunk.state_dict().items() if 'extra' not in k}
+    torch.save({'model': sd}, plain)
+    notes = []
+    new = swap_backbone(cfg, checkpoint=str(plain), report=notes.append)
+    assert new.model.backbone.init_values is None
+    assert f'init_values=None: {plain} has no LayerScale (ls1 / ls2 gammas)' in notes, notes
+    backbone = model_registry('mmseg').build(new.model.backbone)
+    backbone.init_weights()  # loads strictly
+    torch.testing.assert_close(backbone.blocks[1].attn.qkv.weight, sd['blocks.1.attn.qkv.weight'])
+    assert new.model.data_preprocessor.mean == cfg.model.data_preprocessor.mean  # not official
+    # an explicit init_values is the user's
+    given = swap_backbone(cfg, checkpoint=str(plain), init_values=1e-5)
+    assert given.model.backbone.init_values == 1e-5
+    # the official tiny file (96 wide, 3 blocks, 12 heads, LayerScale): refused by size ...
+    path = str(official_tiny.path)
+    with pytest.raises(
+        ConfigError,
+        match=r'has embed_dims=96, the swapped backbone 384 .*'
+        r'--cfg-options model.backbone.embed_dims=96',
+    ):
+        swap_backbone(cfg, checkpoint=path)
+    tiny = {
+        'model.backbone.embed_dims': 96,
+        'model.decode_head.in_channels': 96,
+        'model.decode_head.channels': 96,
+        'model.decode_head.embed_dims': 96,
+    }
+    cfg = load_config(src, {**small, **tiny})
+    with pytest.raises(ConfigError, match=r'has num_layers=3, the swapped backbone 2'):
+        swap_backbone(cfg, checkpoint=path)
+    cfg = load_config(src, {**small, **tiny, 'model.backbone.num_layers': 3})
+    with pytest.raises(
+        ConfigError, match=r'has 12 attention heads .* num_heads=6: set --num-heads 12'
+    ):
+        swap_backbone(cfg, checkpoint=path)
+    # ... and in a config of its size, normalised as it was trained
+    notes = []
+    new = swap_backbone(cfg, checkpoint=path, num_heads=12, report=notes.append)
+    assert new.model.backbone.get('init_values', 1e-4) == 1e-4  # the file's LayerScale loads
+    for pre in (new.model.data_preprocessor, new.data_preprocessor):
+        assert pre.mean == IMAGENET_MEAN and pre.std == IMAGENET_STD
+    assert any('-> ImageNet' in n and 'official LookHere file' in n for n in notes), notes
+    backbone = model_registry('mmseg').build(new.model.backbone)
+    backbone.init_weights()
+
+
+def test_a_swap_without_a_file_says_it_adds_layerscale():
+    from lookhere_dense.apis.cli import load_config
+    from lookhere_dense.swap import swap_backbone
+
+    notes = []
+    cfg = load_config('mmseg::segmenter/segmenter_vit-s_mask_8xb1-160k_ade20k-512x512.py')
+    new = swap_backbone(cfg, report=notes.append)
+    assert 'init_values' not in new.model.backbone or new.model.backbone.init_values == 1e-4
+    assert any(n.startswith('init_values=0.0001: LayerScale') for n in notes), notes

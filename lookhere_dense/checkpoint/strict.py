@@ -5,6 +5,7 @@ nothing here knows which model it loads (model-specific hints come in as a calla
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -12,6 +13,10 @@ from torch import Tensor, nn
 
 from ..errors import CheckpointError
 from .records import is_extra_state_key
+
+#: LayerScale parameters (timm's names): a file without them loaded with strict=False
+#: would run at their init value
+_LAYERSCALE = re.compile(r'(^|\.)ls[12]\.gamma$')
 
 __all__ = ['match_state_dict', 'load_state_dict_strict', 'listed', 'strip_prefix', 'KeyHints']
 
@@ -190,12 +195,22 @@ def load_state_dict_strict(
                 f'checkpoint {source!r} has tensors the {what} lacks{because}: '
                 f'{listed(unexpected)}'
             )
-        advice = (
-            'its config, or the same options with --cfg-options'
-            if what == 'model'
-            else 'pretrained weights meant for another architecture: '
-            + (loose or "init_cfg=dict(type='Pretrained', ..., strict=False) loads what fits")
-        )
+        # gammas missing where the file has none at all (not those of blocks it lacks)
+        scales = [k for k in missing if _LAYERSCALE.search(k)]
+        if any(_LAYERSCALE.search(k) for k in entries):
+            scales = []
+        if what == 'model':
+            advice = 'its config, or the same options with --cfg-options'
+        elif scales:  # what fits would run every residual branch of the file at ~1e-4
+            advice = (
+                f'not strict=False: the {len(scales)} LayerScale gammas the file lacks would '
+                'keep their init value and scale every residual branch of the file by it, '
+                'which throws its features away'
+            )
+        else:
+            advice = 'pretrained weights meant for another architecture: ' + (
+                loose or "init_cfg=dict(type='Pretrained', ..., strict=False) loads what fits"
+            )
         raise CheckpointError(msg + f'. Build the {what} the file was trained with ({advice})')
     if verify is not None:
         verify()

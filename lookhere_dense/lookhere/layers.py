@@ -470,7 +470,8 @@ class LookHereBlock(nn.Module):
         drop: dropout after the attention projection and in the MLP. Default: 0.
         attn_drop: attention dropout. Default: 0.
         drop_path: stochastic depth. Default: 0.
-        init_values: LayerScale init; None disables LayerScale. Default: 1e-4.
+        init_values: LayerScale init; None or 0 disables LayerScale (timm's convention: a
+            LayerScale at 0 would silence every residual branch). Default: 1e-4.
         norm_layer: ``norm_layer(dim)``. Default: ``nn.LayerNorm`` (eps 1e-5).
         act_layer: ``act_layer()``. Default: ``nn.GELU``.
         window_size: 0 for global attention, else ViTDet window size (in patches).
@@ -503,17 +504,15 @@ class LookHereBlock(nn.Module):
         self.jumbo_tokens = int(jumbo_tokens)
         self.norm1 = norm_layer(dim)
         self.attn = LookHereSelfAttention(dim, num_heads, qkv_bias, attn_drop, drop)
-        self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
+        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.norm2 = norm_layer(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer, drop)
-        self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
+        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         if self.jumbo_tokens:
             wide = self.jumbo_tokens * dim
             self.jumbo_norm = norm_layer(wide)
-            self.jumbo_ls = (
-                LayerScale(wide, init_values) if init_values is not None else nn.Identity()
-            )
+            self.jumbo_ls = LayerScale(wide, init_values) if init_values else nn.Identity()
 
     def forward(
         self,

@@ -303,8 +303,8 @@ class LookHereVisionTransformer(nn.Module):
         preset (str, optional): ``'lh180'``, ``'lh90'`` or ``'lh45'``. With neither
             ``preset`` nor ``lh_config``: ``lh180``, or the config stored in the
             pretrained checkpoint. Default: None.
-        init_values (float, optional): LayerScale init; None: no LayerScale (e.g. for
-            timm ViT weights without it). Default: 1e-4.
+        init_values (float, optional): LayerScale init; None or 0: no LayerScale (e.g.
+            for timm ViT weights without it; 0 as in timm's ViT). Default: 1e-4.
         attn_backend (str): ``'auto'``, ``'reference'``, ``'sdpa'``, ``'chunked'``,
             ``'tiled'``, ``'fused'`` or ``'flex'`` (see
             :mod:`lookhere_dense.lookhere.attention`). Default: ``'auto'``.

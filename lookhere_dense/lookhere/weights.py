@@ -77,6 +77,7 @@ __all__ = [
     'BackboneWeights',
     'backbone_weights',
     'file_num_heads',
+    'file_embed_dims',
     'check_num_heads',
     'vit_key_hints',
     'is_mmseg_vit',
@@ -254,7 +255,9 @@ def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> B
 # ----------------------------------------------------------------------------------------
 # Attention geometry
 # ----------------------------------------------------------------------------------------
-def _file_embed_dims(sd: Mapping[str, Tensor]) -> Optional[int]:
+def file_embed_dims(sd: Mapping[str, Tensor]) -> Optional[int]:
+    """The width of the ViT whose weights (in our names) ``sd`` holds; None if it cannot
+    tell."""
     for key in ('patch_embed.proj.weight', 'cls_token', 'blocks.0.norm1.weight'):
         value = sd.get(key)
         if isinstance(value, Tensor) and value.dim() >= 1:
@@ -284,7 +287,7 @@ def file_num_heads(weights: BackboneWeights) -> Tuple[Optional[int], str]:
             'not recorded in this LookHere file; LookHere files without a head count come '
             f'from the official code, whose models have {OFFICIAL_NUM_HEADS} heads'
         )
-    dims = _file_embed_dims(weights.state_dict)
+    dims = file_embed_dims(weights.state_dict)
     if dims is not None and dims % TIMM_HEAD_DIM == 0:
         return dims // TIMM_HEAD_DIM, (
             f'not recorded in this {weights.format} file; assumed from its {dims} channels '
