@@ -734,6 +734,38 @@ def test_the_test_infer_and_extrapolate_tools_refuse_a_frame_over_their_budget(d
     assert '(1200x1600), whose 150 class scores alone take ~1.09 GiB' in err
 
 
+def test_infer_refuses_a_frame_over_the_budget_before_it_resizes_the_image(data, tmp_path):
+    """``tools/infer.py --size 8192x16384`` was refused only when the frame reached the
+    model: the resized image and its float copies were in memory by then (a new user's
+    16384x32768 reached 21.5 GB of a 24 GB machine before the refusal). The frame's size is
+    checked before the pipeline resizes it: the refusal costs nothing."""
+    from tiny_seg import write_checkpoint
+
+    from lookhere_dense.apis.inference import segment_images
+    from lookhere_dense.errors import MemoryBudgetError
+    from research.memory import PeakMemory, free_memory
+
+    ckpt = write_checkpoint(str(tmp_path / 'model.pth'), SHRINK)
+    image = sorted(glob.glob(osp.join(data, 'images', 'validation', '*.jpg')))[0]
+    free_memory()
+    with PeakMemory('cpu') as mem, pytest.raises(MemoryBudgetError) as err:
+        segment_images(
+            ADE_CFG,
+            ckpt,
+            image,
+            str(tmp_path / 'o'),
+            whole=True,
+            size=(8192, 16384),
+            max_memory='1G',
+            cfg_options=options(*SHRINK),
+        )
+    assert str(err.value).startswith(
+        'inference of a (1, 3, 8192, 16384) input refused before it allocates'
+    )
+    # the resized frame alone is 384 MiB as uint8 pixels, 1.5 GiB as float32
+    assert mem.rise_bytes < 150 * 2**20, mem.rise_bytes
+
+
 def test_load_from_backbone_only_weights_is_refused_instead_of_training_from_random(
     data, tmp_path
 ):

@@ -536,6 +536,17 @@ def _log_backends(model, size: Tuple[int, int]) -> None:
         print_log(line, logger='current')
 
 
+def _frame_size(hw: Tuple[int, int], resize: Optional[Dict[str, Any]]) -> Tuple[int, int]:
+    """``(H, W)`` an ``hw`` image has after the inference pipeline's ``resize`` step (None:
+    its own), rounded as mmcv rounds (``int(x + 0.5)``)."""
+    if resize is None:
+        return int(hw[0]), int(hw[1])
+    from ..data.checks import largest_size_after
+
+    h, w = largest_size_after(resize, float(hw[0]), float(hw[1]))
+    return int(h + 0.5), int(w + 0.5)
+
+
 def segment_images(
     config: str,
     checkpoint: str,
@@ -603,11 +614,13 @@ def segment_images(
             cfg, whole, slide, crop, stride, patch if isinstance(patch, int) else None
         )
     )
-    from ..engine.memory_guard import install_memory_guard, parse_memory
+    from ..engine.memory_guard import check_frame_size, install_memory_guard, parse_memory
 
     budget = None if max_memory is None else parse_memory(max_memory)
     install_memory_guard(model, budget, _slide_window(cfg, crop, stride, patch), '--slide')
-    pipeline = Compose(inference_pipeline(cfg, native, short_side, size))
+    steps = inference_pipeline(cfg, native, short_side, size)
+    resize_step = steps[1] if len(steps) == 3 else None
+    pipeline = Compose(steps)
     num_classes = int(getattr(model.decode_head, 'num_classes', 0) or 0)
     palette = class_palette(meta, cfg, num_classes)
     names = class_names(meta, cfg, num_classes)
@@ -621,6 +634,8 @@ def segment_images(
                 f'cannot decode the image {path!r} (corrupt or not an image); '
                 f'{len(written)} overlay(s) were written before it'
             )
+        # refused before the pipeline resizes the image (the guard sees the resized frame)
+        check_frame_size(model, _frame_size(bgr.shape[:2], resize_step), bgr.shape[:2])
         data = pipeline(dict(img_path=path))
         batch = dict(inputs=[data['inputs']], data_samples=[data['data_samples']])
         if not written:  # which attention backend each layer runs, one line

@@ -782,8 +782,9 @@ def _resized(
     return h * f, w * f
 
 
-def _largest_after(t: Mapping, h: float, w: float) -> Tuple[float, float]:
-    """The largest size transform ``t`` can give an ``h x w`` image (resizes only)."""
+def largest_size_after(t: Mapping, h: float, w: float) -> Tuple[float, float]:
+    """The largest size transform ``t`` can give an ``h x w`` image (resizes only; other
+    transforms keep the size): ``(H, W)``, unrounded."""
     typ = str(t.get('type', '')).split('.')[-1]
     keep = bool(t.get('keep_ratio', False))  # mmcv's default
     if typ in ('RandomResize', 'Resize') and t.get('scale') is not None:
@@ -847,7 +848,7 @@ def check_crop_fits(cfg: Mapping, max_images: int = 8) -> None:
                         )
                     h, w = min(h, ch), min(w, cw)
                 else:
-                    h, w = _largest_after(t, h, w)
+                    h, w = largest_size_after(t, h, w)
 
 
 def crop_padding_note(cfg: Mapping) -> Optional[str]:

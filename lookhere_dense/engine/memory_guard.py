@@ -92,6 +92,7 @@ from ..errors import ConfigError, MemoryBudgetError
 __all__ = [
     'estimate_peak',
     'estimate_model_peak',
+    'check_frame_size',
     'available_memory',
     'parse_memory',
     'format_size',
@@ -972,6 +973,41 @@ def remove_memory_guard(model: torch.nn.Module) -> None:
     guard = model.__dict__.pop(_STATE, None)
     if guard is not None and guard.segmentor is not None and _trunks(model):
         guard.unwrap_inference()
+
+
+def check_frame_size(
+    model: torch.nn.Module, size: Tuple[int, int], ori_shape: Optional[Tuple[int, int]] = None
+) -> None:
+    """Refuse a segmentor's inference of an ``H x W`` frame before the image is resized to
+    it: the check :func:`install_memory_guard` makes when the frame reaches ``inference``,
+    made from the size alone (a tool that resizes images, e.g. ``tools/infer.py --size``,
+    would otherwise hold the resized frame and its float copies before the guard sees it:
+    a 16384x32768 frame is 6 GiB as float32 pixels alone). Does nothing without an
+    installed guard, or for a model that is not a segmentor.
+
+    Args:
+        model: the guarded segmentor.
+        size: ``(H, W)`` of the frame the pipeline will give.
+        ori_shape: the original image's ``(H, W)`` (the prediction is resized to it).
+            Default: None (``size``).
+
+    Raises:
+        MemoryBudgetError: as the guard's check would.
+    """
+    guard = model.__dict__.get(_STATE)
+    if guard is None or guard.segmentor is None or guard.busy:
+        return
+    device = next(model.parameters()).device
+    limit, source = available_memory(device, guard.max_memory)
+    if limit is None:
+        return
+    h, w = (int(v) for v in size)
+    frame = torch.zeros((), device=device).expand(1, 3, h, w)  # the shape, no memory
+    info = guard.frame_info(frame, [dict(ori_shape=tuple(ori_shape or (h, w)))])
+    what = f'inference of a {(1, 3, h, w)} input'
+    if info['mode'] == 'slide':
+        what += f' in sliding {info["crop"][0]}x{info["crop"][1]} windows'
+    check_memory(info, limit, source, what)
 
 
 def estimate_model_peak(model: torch.nn.Module, inputs: torch.Tensor, crop=None) -> Dict[str, int]:
