@@ -1037,20 +1037,20 @@ def _checkpoints_on_a_small_disk(tmp_path, full: str, checkpoints: float):
 
 
 def test_no_room_for_a_checkpoint_or_for_the_run_is_refused_before_training(data, full, tmp_path):
-    """A checkpoint folder with less room than the weights: refused before the first
-    iteration, naming both sizes (the run trained until its first save and lost it all);
-    a work dir with no room at all: one line naming the disk (a traceback from the lock
-    or config write before)."""
-    mnt, room, cfg = _checkpoints_on_a_small_disk(tmp_path, full, 0.3)
+    """A checkpoint folder with less room than one checkpoint (here more than the weights,
+    less than weights and AdamW's state): refused before the first iteration, naming the
+    sizes (it was only warned about, with "the previous checkpoint is kept", and the run
+    trained until its first save and lost it all); a work dir with no room at all: one
+    line naming the disk (a traceback from the lock or config write before)."""
+    mnt, room, cfg = _checkpoints_on_a_small_disk(tmp_path, full, 0.6)
     work = str(tmp_path / 'work')
     try:
         with pytest.raises(CheckpointSaveError) as exc:
             train_model(cfg, work_dir=work, cfg_options=options(*roots(data), *SHRINK, *RUN))
         msg = str(exc.value)
         assert msg.startswith(f"the checkpoint folder '{osp.join(mnt, 'work')}' has ")
-        assert (
-            "less than the model's weights alone" in msg and 'the first save at iteration' in msg
-        )
+        assert 'less than one checkpoint of this run (about ' in msg, msg
+        assert "and the optimizer's state): the first save at iteration" in msg
         assert not osp.exists(osp.join(work, 'last_checkpoint'))  # nothing trained
         with open(osp.join(mnt, 'fill'), 'wb') as f:  # now no room at all: the work dir there
             try:
@@ -1061,6 +1061,27 @@ def test_no_room_for_a_checkpoint_or_for_the_run_is_refused_before_training(data
             train_model(ADE_CFG, work_dir=osp.join(mnt, 'w2'), cfg_options=options(*roots(data)))
     finally:
         subprocess.run(['umount', '-l', mnt])
+
+
+def test_a_file_size_limit_below_a_checkpoint_is_refused_before_training(data, full, tmp_path):
+    """``ulimit -f`` below one checkpoint: the first save fails with EFBIG and loses every
+    iteration before it, so the run is refused before the first iteration."""
+    size = osp.getsize(osp.join(full, 'iter_2.pth'))
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(0.6 * size), hard))
+    try:
+        with pytest.raises(CheckpointSaveError) as exc:
+            train_model(
+                ADE_CFG,
+                work_dir=str(tmp_path / 'w'),
+                cfg_options=options(*roots(data), *SHRINK, *RUN),
+            )
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    msg = str(exc.value)
+    assert msg.startswith('the file-size limit of this process (ulimit -f) is '), msg
+    assert 'less than one checkpoint of this run' in msg and 'ulimit -f unlimited' in msg
+    assert not osp.exists(tmp_path / 'w' / 'last_checkpoint')
 
 
 def test_a_full_disk_keeps_the_previous_checkpoint(data, full, tmp_path):

@@ -125,11 +125,13 @@ class AtomicCheckpointHook(CheckpointHook):
         return end if self.save_last else None
 
     def _room_problem(self, runner) -> Optional[str]:
-        """Before the first iteration: a checkpoint folder with less free space than the
-        model's weights alone (the first save would fail and lose every iteration before
-        it): the refusal's message; less than two checkpoints (weights and optimizer
-        state; the new one is written before the old one is removed) gets a warning. None
-        for a run that saves nothing."""
+        """Before the first iteration: a checkpoint folder with less free space than one
+        checkpoint of the run (weights and, where the optimizer's kind tells its size, its
+        state; else the weights alone), or a file-size limit (``ulimit -f``) below it: the
+        first save would fail and lose every iteration before it, so the refusal's
+        message; room for one but not two checkpoints (the new one is written before the
+        old one is removed) gets a warning. None for a run that saves nothing."""
+        import resource
         import shutil
 
         import torch
@@ -148,22 +150,35 @@ class AtomicCheckpointHook(CheckpointHook):
             if isinstance(t, torch.Tensor)
         )
         trained = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
-        checkpoint = weights + (2 * trained if self.save_optimizer else 0)  # Adam's moments
+        buffers = optimizer_state_buffers(runner) if self.save_optimizer else 0
+        checkpoint = weights + (buffers or 0) * trained
+        sure = checkpoint if buffers is not None else weights  # what the save needs at least
+        what = (
+            f'one checkpoint of this run (about {_size(checkpoint)}: the weights '
+            f"{_size(weights)} and the optimizer's state)"
+            if buffers
+            else f"the model's weights alone ({_size(weights)})"
+        )
         when = f' at iteration {first}' if first else ''
-        if free < weights:
+        lose = f'the first save{when} would fail and lose every iteration before it'
+        if free < sure:
             return (
                 f'the checkpoint folder {self.out_dir!r} has {_size(free)} free, less than '
-                f"the model's weights alone ({_size(weights)}; a checkpoint with the "
-                f'optimizer state is about {_size(checkpoint)}): the first save{when} would '
-                'fail and lose every iteration before it. Free space or choose another '
-                '--work-dir (or default_hooks.checkpoint.out_dir).'
+                f'{what}: {lose}. Free space or choose another --work-dir (or '
+                'default_hooks.checkpoint.out_dir).'
+            )
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY and limit < sure:
+            return (
+                f'the file-size limit of this process (ulimit -f) is {_size(limit)}, less than '
+                f'{what}: {lose}. Raise the limit (ulimit -f unlimited) before training.'
             )
         if free < 2 * checkpoint:
             runner.logger.warning(
                 f'the checkpoint folder {self.out_dir!r} has {_size(free)} free; a '
                 f'checkpoint of this run is about {_size(checkpoint)} and a save needs room '
-                'for the new one before the old one is removed: a save may fail for space '
-                '(the previous checkpoint is kept)'
+                'for the new one before the old one is removed: a save after the first '
+                'may fail for space (the previous checkpoint is then kept)'
             )
         return None
 
@@ -232,11 +247,62 @@ class AtomicCheckpointHook(CheckpointHook):
             )
 
     def _failure(self, runner, final: str, err: BaseException) -> str:
+        prev = self.last_ckpt
+        then = (
+            'then continue with --resume'
+            if prev and osp.isfile(prev)
+            else 'then start the run again (there is no checkpoint to resume from)'
+        )
         return (
             f'checkpoint {final!r} could not be saved: {describe_os_error(err)}. Nothing '
             f'was written under that name and {self._previous(runner)}; free space or fix '
-            'the folder, then continue with --resume.'
+            f'the folder, {then}.'
         )
+
+
+#: state tensors per parameter, by optimizer class (torch's; float32 like the parameters)
+_STATE_BUFFERS = {
+    'Adam': 2,
+    'AdamW': 2,
+    'Adamax': 2,
+    'NAdam': 2,
+    'RAdam': 2,
+    'Adadelta': 2,
+    'Adagrad': 1,
+    'ASGD': 1,
+}
+
+
+def _buffers_of(optimizer) -> Optional[int]:
+    """State tensors per parameter of one torch optimizer (None: a kind not known here)."""
+    name = type(optimizer).__name__
+    groups = getattr(optimizer, 'param_groups', [])
+    if name == 'SGD':
+        return int(any(g.get('momentum', 0) for g in groups))
+    if name == 'RMSprop':
+        momentum = any(g.get('momentum', 0) for g in groups)
+        centered = any(g.get('centered', False) for g in groups)
+        return 1 + int(momentum) + int(centered)
+    if name in ('Adam', 'AdamW') and any(g.get('amsgrad', False) for g in groups):
+        return 3
+    return _STATE_BUFFERS.get(name)
+
+
+def optimizer_state_buffers(runner) -> Optional[int]:
+    """The optimizer state a checkpoint of ``runner`` holds, in parameter-sized tensors (2
+    for Adam / AdamW, 1 for SGD with momentum, ...; the most over several optimizers);
+    None when an optimizer is of a kind not known here."""
+    wrapper = getattr(runner, 'optim_wrapper', None)
+    wrappers = getattr(wrapper, 'optim_wrappers', None)
+    optimizers = (
+        [w.optimizer for w in wrappers.values()]
+        if wrappers
+        else [getattr(wrapper, 'optimizer', None)]
+    )
+    counts = [_buffers_of(o) for o in optimizers if o is not None]
+    if not counts or any(c is None for c in counts):
+        return None
+    return max(counts)
 
 
 def _size(n: float) -> str:
