@@ -5,7 +5,8 @@ A reader (``--resume``, ``tools/test.py``) therefore sees either the old file or
 complete new one, never a half-written file under the final name, whatever stops the
 writer: a full disk, a file-size limit (``ulimit -f``), a read-only or removed folder,
 SIGKILL. Temporary names start with a dot and end in ``.partial-<pid>`` (mmengine's and
-our ``iter_*.pth`` globs never match them); a failed write removes its own.
+our ``iter_*.pth`` globs never match them); a failed write removes its own, and what a
+killed writer left behind is removed by the next run (:func:`remove_stale_partials`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import errno
 import os
 import os.path as osp
-from typing import Optional
+import re
+from typing import List, Optional, Tuple
 
 __all__ = [
     'partial_name',
@@ -23,7 +25,10 @@ __all__ = [
     'atomic_write_bytes',
     'describe_os_error',
     'remove_quietly',
+    'remove_stale_partials',
 ]
+
+_PARTIAL = re.compile(r'^\..+\.partial-(\d+)$')
 
 
 def partial_name(filename: str) -> str:
@@ -31,6 +36,39 @@ def partial_name(filename: str) -> str:
     (same folder, hidden, unique per process)."""
     head, tail = osp.split(filename)
     return osp.join(head, f'.{tail}.partial-{os.getpid()}')
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # another user's process: it may be the writer
+    return True
+
+
+def remove_stale_partials(folder: str) -> List[Tuple[str, int]]:
+    """Remove the temporary files (``.<name>.partial-<pid>``) that writers killed while
+    writing left in ``folder`` -- those whose process is gone (a live one, or a pid taken
+    by another process since, is left alone) -- and return ``(path, bytes)`` of each."""
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in sorted(names):
+        m = _PARTIAL.match(name)
+        if not m or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
+            continue
+        path = osp.join(folder, name)
+        try:
+            size = os.path.getsize(path)
+            os.remove(path)
+        except OSError:
+            continue
+        removed.append((path, size))
+    return removed
 
 
 def fsync_dir(path: str) -> None:

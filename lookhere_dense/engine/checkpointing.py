@@ -40,6 +40,7 @@ from ..checkpoint.atomic import (
     partial_name,
     publish_file,
     remove_quietly,
+    remove_stale_partials,
 )
 from ..checkpoint.reading import read_pointer_file
 from ..errors import CheckpointSaveError
@@ -108,6 +109,14 @@ class AtomicCheckpointHook(CheckpointHook):
         super().before_train(runner)
         if self._atomic():  # the folder exists from the start, so its removal shows
             os.makedirs(self.out_dir, exist_ok=True)
+            if is_main_process():  # what a run killed while saving left behind
+                stale = remove_stale_partials(self.out_dir)
+                if stale:
+                    runner.logger.warning(
+                        f'removed {len(stale)} unfinished checkpoint file(s) of a run killed '
+                        f'while saving ({_size(sum(n for _, n in stale))}): '
+                        + ', '.join(osp.basename(p) for p, _ in stale)
+                    )
             problem = self._room_problem(runner) if is_main_process() else None
             if world_max(int(problem is not None)):  # one decision for every rank
                 raise CheckpointSaveError(
