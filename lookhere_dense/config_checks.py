@@ -766,7 +766,8 @@ OPTIM_WRAPPER_BUILDER_KEYS = frozenset({'type', 'constructor', 'paramwise_cfg', 
 def check_optim_wrapper_keys(cfg: Mapping) -> None:
     """Refuse a key of ``optim_wrapper`` that its wrapper class cannot take
     (``optim_wrapper.dtpye=bfloat16`` for ``dtype``: a ``TypeError`` traceback from the
-    wrapper's ``__init__`` after the model was built), naming the close names.
+    wrapper's ``__init__`` after the model was built), or of ``optim_wrapper.optimizer``
+    that its optimizer class cannot take (``learning_rate``), naming the close names.
     ``MixedPrecisionOptimWrapper`` takes ``AmpOptimWrapper``'s arguments; a wrapper whose
     arguments cannot be told (:func:`accepted_arguments`), a constructor that is no
     ``DefaultOptimWrapperConstructor`` (it may read keys of its own) and a section without
@@ -812,6 +813,43 @@ def check_optim_wrapper_keys(cfg: Mapping) -> None:
                 if amp
                 else ''
             )
+        )
+    _check_optimizer_keys(wrapper['optimizer'], registries['OPTIMIZERS'])
+
+
+#: other libraries' names of torch optimizers' arguments (Keras, Hugging Face, ...)
+_OPTIMIZER_ALIASES = {
+    'learning_rate': ('lr',),
+    'base_lr': ('lr',),
+    'wd': ('weight_decay',),
+    'beta1': ('betas',),
+    'beta2': ('betas',),
+    'epsilon': ('eps',),
+}
+
+
+def _check_optimizer_keys(optimizer: Any, registry: Any) -> None:
+    """Refuse a key of ``optim_wrapper.optimizer`` its class cannot take
+    (``learning_rate`` for ``lr``: torch's ``TypeError`` after the model was built),
+    naming the close names; an optimizer whose arguments cannot be told is left alone."""
+    if not isinstance(optimizer, Mapping):
+        return
+    typ = optimizer.get('type')
+    cls = registry.get(typ) if isinstance(typ, str) else typ
+    accepted = accepted_arguments(cls)
+    if accepted is None:
+        return
+    names = sorted(accepted - {'params'})
+    for key in optimizer:
+        if key == 'type' or key in names:
+            continue
+        close = close_names(key, names) or [
+            n for n in _OPTIMIZER_ALIASES.get(key.lower(), ()) if n in names
+        ]
+        raise ConfigError(
+            f'optim_wrapper.optimizer.{key}: {cls.__name__} has no argument {key!r}'
+            + (f'; did you mean {" or ".join(repr(c) for c in close)}?' if close else '')
+            + f' ({cls.__name__} takes {", ".join(names)})'
         )
 
 

@@ -279,6 +279,16 @@ def test_a_misspelt_optim_wrapper_key_and_other_wrappers_are_named_before_the_ru
                 )
             )
         )
+    # the optimizer's own keys (a new user's learning_rate: torch's TypeError after the
+    # model was built)
+    with pytest.raises(
+        ConfigError,
+        match=r'^optim_wrapper\.optimizer\.learning_rate: AdamW has no argument '
+        r"'learning_rate'; did you mean 'lr'\? \(AdamW takes amsgrad, betas, ",
+    ):
+        build('optim_wrapper.optimizer.learning_rate=1e-4')
+    with pytest.raises(ConfigError, match=r"optimizer\.amsgrd: .* did you mean 'amsgrad'\?"):
+        build('optim_wrapper.optimizer.amsgrd=True')
     cfg = Config(dict(optim_wrapper=dict(type='ApexOptimWrapper', optimizer=dict())))
     with pytest.raises(ConfigError, match=r'needs NVIDIA apex, which is not installed: use '):
         apply_amp(cfg)
