@@ -301,11 +301,14 @@ def test_a_smaller_frame_is_offered_with_its_logits_scaled_and_then_fits():
     model.test_cfg.mode = 'whole'
     budget = 40 * 2**20
     msg = _refusal(model, budget, torch.randn(1, 3, 512, 1024), _samples((512, 1024), (256, 512)))
-    found = re.search(r'a frame (0\.\d\d)x as large per side \(~([0-9.]+) MiB\)', msg or '')
+    found = re.search(
+        r'a frame (0\.\d\d)x as large per side \((\d+)x(\d+), ~([0-9.]+) MiB\)', msg or ''
+    )
     assert found, msg
     scale = float(found.group(1))
-    assert 0.3 < scale < 1 and float(found.group(2)) <= 40
-    h, w = int(512 * scale), int(1024 * scale)
+    assert 0.3 < scale < 1 and float(found.group(4)) <= 40
+    h, w = int(found.group(2)), int(found.group(3))  # the size to pass (--size HxW)
+    assert abs(h - 512 * scale) <= 3 and abs(w - 1024 * scale) <= 6
     x = torch.randn(1, 3, h, w)
     assert _refusal(model, budget, x, _samples((h, w), (256, 512))) is None
 

@@ -400,7 +400,10 @@ def _alternatives(info: Dict[str, Any], limit: int) -> List[str]:
     scaled = _largest_scale(info, limit)
     if scaled:
         scale, fits = scaled
-        tips.append(f'a frame {scale:.2f}x as large per side (~{format_size(fits)})')
+        side = ''
+        if frame and len(frame) == 3:
+            side = f'{int(frame[1] * scale)}x{int(frame[2] * scale)}, '
+        tips.append(f'a frame {scale:.2f}x as large per side ({side}~{format_size(fits)})')
 
     def size(n: int) -> str:  # an option that helps without fitting says so
         return f'~{format_size(n)}' + ('' if n <= limit else ', still above the budget')
