@@ -473,6 +473,15 @@ def test_the_legend_lists_the_classes_present(tmp_path):
     assert [255, 0, 0] not in panel and [0, 0, 255] not in panel  # absent ones are not
     assert np.array_equal(draw_legend(rgb, np.full((96, 128), 255, np.uint8), palette), rgb)
 
+    # on a 1024x2048 overlay the rows grow with the image (22 px rows were ~1 % of its
+    # height, hard to read once the image is shown on a screen); up to ~700 px they stay
+    def panel_height(h, w):
+        big = draw_legend(np.full((h, w, 3), 200, np.uint8), np.full((h, w), 3, np.uint8), palette)
+        return int((big != 200).any(axis=(1, 2)).nonzero()[0].max()) + 1
+
+    assert panel_height(512, 512) == panel_height(600, 1024)
+    assert panel_height(1024, 2048) >= 1.4 * panel_height(512, 512)
+
 
 def test_checkpoint_tools_refuse_a_bad_split_a_missing_checkpoint_and_a_detection_config(
     tmp_path, repo_root

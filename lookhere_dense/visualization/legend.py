@@ -55,7 +55,9 @@ def draw_legend(
     present = present_classes(labels, len(palette), ignore_index)
     if not present or h < 12 or w < 24:
         return out
-    row = int(np.clip(h // 16, 11, 22))  # row height in px
+    # row height in px: 22 up to ~700 px, then growing with the image (1/32 of its short
+    # side), so that a 2048-px overlay shown on a screen keeps a legible legend
+    row = int(np.clip(h // 16, 11, max(22, min(h, w) // 32)))
     scale = row / 30.0  # Hershey simplex: ~22 px at 1.0
     thick = 1 if row < 18 else 2
     pad = max(2, row // 5)
