@@ -103,3 +103,28 @@ def test_save_labels_help_says_the_numbering(capsys):
         tool.parse_args(['--help'])
     text = ' '.join(capsys.readouterr().out.split())
     assert 'reduce_zero_label' in text and 'k+1' in text and 'test.py --out' in text
+
+
+def test_grayscale_images_are_named_as_read_in_colour(tmp_path):
+    """A grayscale file was read as 3 equal channels without a word (a new-user trial: its
+    predictions were far worse than the colour image's); infer lists such files and the tool
+    says so. Colour files are not listed."""
+    from lookhere_dense.apis.inference import segment_images
+
+    root = make_ade(tmp_path / 'data', num_train=1, num_val=2)
+    ckpt = write_checkpoint(str(tmp_path / 'ckpt' / 'iter_0.pth'))
+    images = tmp_path / 'images'
+    images.mkdir()
+    colour = sorted(glob.glob(osp.join(root, 'images', 'validation', '*.jpg')))[0]
+    bgr = cv2.imread(colour)
+    cv2.imwrite(str(images / 'a_colour.png'), bgr)
+    cv2.imwrite(str(images / 'b_gray.png'), cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY))
+    cv2.imwrite(
+        str(images / 'c_gray16.png'),
+        cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY).astype(np.uint16) * 257,
+    )
+    result = segment_images(
+        ADE_CFG, ckpt, str(images), out_dir=str(tmp_path / 'o'), cfg_options=_opts(*SHRINK)
+    )
+    assert len(result.paths) == 3
+    assert [osp.basename(p) for p in result.gray] == ['b_gray.png', 'c_gray16.png']

@@ -184,6 +184,11 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
             + (', ...' if len(skipped) > 3 else '')
             + ')'
         )
+    if result.gray:
+        resized += (
+            f'; {len(result.gray)} grayscale image(s) read as 3 equal channels (e.g. '
+            f'{result.gray[0]}): the model was trained on colour images'
+        )
     print(
         f'wrote {len(result.paths)} overlay(s) to {args.out_dir} '
         f'({result.mode} inference on {result.device}'

@@ -24,7 +24,7 @@ import inspect
 import os
 import os.path as osp
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -464,6 +464,8 @@ class Overlays:
         sizes: ``((H, W) of the first image, (H, W) the model saw of it)``: they differ
             where the pipeline resized it (the config's test ``Resize`` unless
             ``native``); None without images.
+        gray: the images stored with one channel (grayscale), which were read as three
+            equal channels.
     """
 
     paths: List[str]
@@ -471,6 +473,22 @@ class Overlays:
     device: str
     label_offset: int = 0
     sizes: Optional[Tuple[Tuple[int, int], Tuple[int, int]]] = None
+    gray: List[str] = field(default_factory=list)
+
+
+#: PIL modes of one-channel (grayscale) images
+_GRAY_MODES = ('1', 'L', 'LA', 'I', 'I;16', 'I;16B', 'I;16L', 'F')
+
+
+def _is_gray(path: str) -> bool:
+    """Whether the image file stores one channel (read from its header)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            return im.mode in _GRAY_MODES
+    except Exception:  # noqa: BLE001 - cv2 reads what PIL cannot; not gray then
+        return False
 
 
 def _slide_window(cfg, crop, stride, patch) -> Optional[Tuple[int, int]]:
@@ -626,7 +644,7 @@ def segment_images(
     names = class_names(meta, cfg, num_classes)
     offset = saved_label_offset(cfg, meta)
     _check_no_input_overwritten(images, output_stems(images), out_dir, save_labels)
-    written, sizes = [], None
+    written, sizes, gray = [], None, []
     for path, stem in progress(list(zip(images, output_stems(images))), 'infer'):
         bgr = cv2.imread(path, cv2.IMREAD_COLOR)
         if bgr is None:
@@ -636,6 +654,8 @@ def segment_images(
             )
         # refused before the pipeline resizes the image (the guard sees the resized frame)
         check_frame_size(model, _frame_size(bgr.shape[:2], resize_step), bgr.shape[:2])
+        if _is_gray(path):
+            gray.append(path)
         data = pipeline(dict(img_path=path))
         batch = dict(inputs=[data['inputs']], data_samples=[data['data_samples']])
         if not written:  # which attention backend each layer runs, one line
@@ -656,4 +676,4 @@ def segment_images(
         written.append(out)
         if save_labels:
             _write(osp.join(out_dir, f'{stem}_labels.png'), _saved_labels(pred, offset))
-    return Overlays(written, str(model.test_cfg.get('mode')), device, offset, sizes)
+    return Overlays(written, str(model.test_cfg.get('mode')), device, offset, sizes, gray)
