@@ -233,6 +233,40 @@ def large_frame_note(data: Any, desc: str = '') -> Optional[str]:
     )
 
 
+def largest_frame(
+    dataloader: Dict[str, Any],
+) -> Optional[Tuple[Tuple[int, int], Tuple[int, int]]]:
+    """The largest frame (by pixels) the dataloader's pipeline gives: ``((H, W) after its
+    first resize, (H, W) of the image file)``, from the files' headers (nothing decoded);
+    None without images or for a dataset that is no mmseg one."""
+    from mmseg.datasets import BaseSegDataset
+    from mmseg.registry import DATASETS
+
+    from lookhere_dense.data.checks import image_size, largest_size_after
+    from lookhere_dense.evaluation.resize import find_resize
+
+    dataset = DATASETS.build(copy.deepcopy(dataloader['dataset']))
+    if not isinstance(dataset, BaseSegDataset):
+        return None
+    dataset.full_init()
+    pipeline = list(dataloader['dataset'].get('pipeline') or [])
+    idx = find_resize(pipeline)
+    best = None
+    for i in range(len(dataset)):
+        path = dataset.get_data_info(i)['img_path']
+        if '://' in path:
+            continue
+        try:
+            ori = image_size(path, apply_orientation=True)
+        except Exception:  # noqa: BLE001 - the loop names an unreadable file
+            continue
+        h, w = largest_size_after(pipeline[idx], *ori) if idx is not None else ori
+        size = (int(h + 0.5), int(w + 0.5))
+        if best is None or size[0] * size[1] > best[0][0] * best[0][1]:
+            best = (size, ori)
+    return best
+
+
 def evaluate_loader(
     model,
     dataloader: Dict[str, Any],
@@ -258,6 +292,8 @@ def evaluate_loader(
 
     Raises:
         ValueError: ``slide`` mode without ``slide`` settings, or an unknown mode.
+        lookhere_dense.errors.MemoryBudgetError: the largest frame is over the model's
+            memory guard (:func:`largest_frame`), before any image is predicted.
     """
     import torch
     from mmengine.config import ConfigDict
@@ -271,6 +307,12 @@ def evaluate_loader(
         model.test_cfg = ConfigDict(mode='slide', crop_size=tuple(crop), stride=tuple(stride))
     else:
         raise ValueError(f"mode must be 'whole' or 'slide', got {mode!r}")
+
+    from lookhere_dense.engine.memory_guard import check_frame_size
+
+    frame = largest_frame(dataloader)
+    if frame is not None:  # refused before any image is resized and loaded for it
+        check_frame_size(model, *frame)
 
     def step(data):
         with torch.no_grad():

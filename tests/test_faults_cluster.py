@@ -791,6 +791,37 @@ def test_infer_refuses_a_frame_over_the_budget_before_it_resizes_the_image(data,
     assert mem.rise_bytes < 150 * 2**20, mem.rise_bytes
 
 
+def test_extrapolate_refuses_a_test_over_the_budget_before_it_resizes_an_image(data, tmp_path):
+    """The same for the extrapolation report: its tests (``whole@8192x16384``) were refused
+    when the first frame reached the model, the resized frame and its copies in memory;
+    the largest frame a test gives is checked from the files' headers first."""
+    from tiny_seg import write_checkpoint
+
+    from lookhere_dense.errors import MemoryBudgetError
+    from research.extrapolation import extrapolation_report
+    from research.memory import PeakMemory, free_memory
+
+    ckpt = write_checkpoint(str(tmp_path / 'model.pth'), SHRINK)
+    free_memory()
+    with PeakMemory('cpu') as mem, pytest.raises(MemoryBudgetError) as err:
+        extrapolation_report(
+            ADE_CFG,
+            ckpt,
+            tests=['whole@8192x16384'],
+            split='val',
+            max_images=1,
+            out_dir=str(tmp_path / 'x'),
+            device='cpu',
+            cfg_options=options(*roots(data), *SHRINK),
+            log=lambda *a: None,
+            max_memory='1G',
+        )
+    assert str(err.value).startswith(
+        'inference of a (1, 3, 8192, 16384) input refused before it allocates'
+    )
+    assert mem.rise_bytes < 150 * 2**20, mem.rise_bytes
+
+
 def test_load_from_backbone_only_weights_is_refused_instead_of_training_from_random(
     data, tmp_path
 ):
