@@ -146,6 +146,33 @@ def test_a_save_that_hits_the_file_size_limit_loses_nothing(data, full, tmp_path
     _resume_matches(work, data, full)
 
 
+def test_a_resumed_runs_failed_save_names_the_checkpoint_it_resumed_from(data, full, tmp_path):
+    """mmengine's hook forgets its last save on resume: a resumed run whose first save
+    failed said "no earlier checkpoint ... start the run again" (a review), while the
+    checkpoint it resumed from and last_checkpoint were there."""
+    work = tmp_path / 'w'
+    work.mkdir()
+    shutil.copy(osp.join(full, 'iter_2.pth'), work / 'iter_2.pth')
+    (work / 'last_checkpoint').write_text(str(work / 'iter_2.pth'))
+    size = osp.getsize(work / 'iter_2.pth')
+    cfg = _config_with(tmp_path, f'fsize:{size // 2}', str(work))
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    try:
+        with pytest.raises(CheckpointSaveError) as exc:
+            train_model(
+                cfg,
+                work_dir=str(work),
+                resume='auto',
+                cfg_options=options(*roots(data), *SHRINK, *RUN),
+            )
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    msg = str(exc.value)
+    assert f"checkpoint '{work / 'iter_4.pth'}' could not be saved" in msg, msg
+    assert f'the previous checkpoint {work / "iter_2.pth"} and last_checkpoint are ' in msg
+    assert msg.endswith('then continue with --resume.'), msg
+
+
 # ----------------------------------------------------------------------------------------
 # SIGTERM / SIGINT
 # ----------------------------------------------------------------------------------------
@@ -231,7 +258,8 @@ def test_a_sighup_ignored_by_nohup_stays_ignored():
 class _BreakWorkDirHook(Hook):
     """Test-only: after iteration ``at`` (checkpoint 2 saved), run ``action`` on the folder
     ``path``: ``'remove'`` (rm -rf) or ``'read-only'`` (remount its file system read-only);
-    or ``'SIGINT'``: send it to this process."""
+    or ``'SIGINT'``: send it to this process; or ``'fsize:N'``: limit this process's files
+    to ``N`` bytes (the caller restores the limit)."""
 
     priority = 'LOWEST'
 
@@ -245,6 +273,9 @@ class _BreakWorkDirHook(Hook):
             shutil.rmtree(self.path)
         elif self.action.startswith('SIG'):
             os.kill(os.getpid(), getattr(signal, self.action))
+        elif self.action.startswith('fsize:'):
+            hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+            resource.setrlimit(resource.RLIMIT_FSIZE, (int(self.action[6:]), hard))
         else:
             subprocess.run(['mount', '-o', 'remount,ro', self.path], check=True)
 

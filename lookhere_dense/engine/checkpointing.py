@@ -239,9 +239,18 @@ class AtomicCheckpointHook(CheckpointHook):
         elif self.file_backend.isdir(path):  # deepspeed checkpoints are folders
             self.file_backend.rmtree(path)
 
+    def _previous_file(self, runner) -> Optional[str]:
+        """The complete checkpoint the work dir's ``last_checkpoint`` names (this run's last
+        save, or the one a resumed run started from: mmengine's hook forgets it on
+        resume), else this hook's last save; None when neither is a file."""
+        for prev in (read_pointer(runner.work_dir), self.last_ckpt):
+            if prev and osp.isfile(prev):
+                return prev
+        return None
+
     def _previous(self, runner) -> str:
-        prev: Optional[str] = self.last_ckpt
-        if prev and osp.isfile(prev):
+        prev = self._previous_file(runner)
+        if prev:
             return f'the previous checkpoint {prev} and {POINTER_FILE} are unchanged'
         return f'no earlier checkpoint of this run is in {runner.work_dir}'
 
@@ -256,10 +265,9 @@ class AtomicCheckpointHook(CheckpointHook):
             )
 
     def _failure(self, runner, final: str, err: BaseException) -> str:
-        prev = self.last_ckpt
         then = (
             'then continue with --resume'
-            if prev and osp.isfile(prev)
+            if self._previous_file(runner)
             else 'then start the run again (there is no checkpoint to resume from)'
         )
         return (
