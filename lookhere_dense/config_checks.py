@@ -834,6 +834,8 @@ def _check_optimizer_keys(optimizer: Any, registry: Any) -> None:
     naming the close names; an optimizer whose arguments cannot be told is left alone."""
     if not isinstance(optimizer, Mapping):
         return
+    if optimizer.get('_scope_'):  # mmengine builds it in that scope (and drops the key)
+        registry = _scope_registries(optimizer['_scope_'])['OPTIMIZERS']
     typ = optimizer.get('type')
     cls = registry.get(typ) if isinstance(typ, str) else typ
     accepted = accepted_arguments(cls)
@@ -841,7 +843,7 @@ def _check_optimizer_keys(optimizer: Any, registry: Any) -> None:
         return
     names = sorted(accepted - {'params'})
     for key in optimizer:
-        if key == 'type' or key in names:
+        if key in ('type', '_scope_') or key in names:
             continue
         close = close_names(key, names) or [
             n for n in _OPTIMIZER_ALIASES.get(key.lower(), ()) if n in names

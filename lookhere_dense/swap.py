@@ -371,11 +371,21 @@ def _fit_checkpoint(
                 f'--cfg-options model.backbone.{key}={have} (applied to the source config)'
             )
     heads, how = file_num_heads(weights)
+    init_cfg = bb.get('init_cfg') if isinstance(bb.get('init_cfg'), Mapping) else {}
+    stated = init_cfg.get('checkpoint_num_heads')
+    assumed = 'assumed from' in how  # a convention the loader lets checkpoint_num_heads override
     if heads is not None and bb.get('num_heads') not in (None, heads):
-        raise ConfigError(
-            f'--checkpoint {path!r} has {heads} attention heads per block ({how}), the swapped '
-            f'backbone num_heads={bb["num_heads"]}: set --num-heads {heads}'
-        )
+        if not assumed:
+            raise ConfigError(
+                f'--checkpoint {path!r} has {heads} attention heads per block ({how}), the '
+                f'swapped backbone num_heads={bb["num_heads"]}: set --num-heads {heads}'
+            )
+        if stated is None:
+            report(
+                f'{path} records no head count; loading assumes {heads} ({how}), not '
+                f'num_heads={bb["num_heads"]}: if the file has {bb["num_heads"]} heads, add '
+                f'checkpoint_num_heads={bb["num_heads"]} to model.backbone.init_cfg'
+            )
     has_scale = any(k.endswith(('.ls1.gamma', '.ls2.gamma')) for k in sd)
     if not has_scale and bb.get('init_values', 1e-4) and not init_values_given:
         bb['init_values'] = None
@@ -386,11 +396,16 @@ def _fit_checkpoint(
             ('model.data_preprocessor', cfg['model'].get('data_preprocessor')),
             ('data_preprocessor', cfg.get('data_preprocessor')),
         ):
-            if isinstance(pre, Mapping) and (
-                pre.get('mean') != IMAGENET_MEAN or pre.get('std') != IMAGENET_STD
-            ):
+            if not isinstance(pre, Mapping):
+                continue
+            # the channel order the preprocessor normalises in (RGB unless bgr_to_rgb=False)
+            order = slice(None, None, -1) if pre.get('bgr_to_rgb') is False else slice(None)
+            mean, std = IMAGENET_MEAN[order], IMAGENET_STD[order]
+            if [float(v) for v in pre.get('mean') or []] != mean or [
+                float(v) for v in pre.get('std') or []
+            ] != std:
                 old = (pre.get('mean'), pre.get('std'))
-                pre['mean'], pre['std'] = list(IMAGENET_MEAN), list(IMAGENET_STD)
+                pre['mean'], pre['std'] = list(mean), list(std)
                 changed.append(f'{where} mean / std {old[0]} / {old[1]}')
         if changed:
             report(

@@ -289,6 +289,9 @@ def test_a_misspelt_optim_wrapper_key_and_other_wrappers_are_named_before_the_ru
         build('optim_wrapper.optimizer.learning_rate=1e-4')
     with pytest.raises(ConfigError, match=r"optimizer\.amsgrd: .* did you mean 'amsgrad'\?"):
         build('optim_wrapper.optimizer.amsgrd=True')
+    # mmengine drops _scope_ before it builds (a review: refused as an argument)
+    cfg, _ = build('optim_wrapper.optimizer._scope_=mmengine')
+    assert cfg.optim_wrapper.optimizer._scope_ == 'mmengine'
     cfg = Config(dict(optim_wrapper=dict(type='ApexOptimWrapper', optimizer=dict())))
     with pytest.raises(ConfigError, match=r'needs NVIDIA apex, which is not installed: use '):
         apply_amp(cfg)

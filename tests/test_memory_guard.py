@@ -347,3 +347,30 @@ def test_infer_whole_offers_slide_and_a_detection_config_is_one_line(tmp_path):
     ), det['stderr'][-3000:]
     assert 'Traceback' not in det['stderr']
     assert not osp.exists(tmp_path / 'o') or not list((tmp_path / 'o').iterdir())
+
+
+@pytest.mark.parametrize(
+    'resize',
+    [
+        dict(scale=[1024, 512], keep_ratio=False),  # a list is one (w, h) scale
+        dict(scale=(2048, 512), keep_ratio=True),
+        dict(scale=(1999, 777), keep_ratio=False),
+        dict(scale_factor=(0.5, 0.25), keep_ratio=True),  # mmcv keeps the ratio here too
+        dict(scale_factor=(0.5, 0.25), keep_ratio=False),
+        dict(scale_factor=0.37, keep_ratio=True),
+    ],
+)
+@pytest.mark.parametrize('as_class', [False, True])
+def test_the_frame_precheck_gives_the_size_mmcvs_resize_gives(resize, as_class):
+    """The size the memory pre-check takes (infer, extrapolate: before the image is
+    resized) is the one mmcv's ``Resize`` produces; a review found a list scale read as two
+    scales, a keep-ratio ``scale_factor`` and a class ``type`` read wrongly."""
+    import numpy as np
+    from mmcv.transforms import Resize
+
+    from lookhere_dense.data.checks import largest_size_after
+
+    img = np.zeros((1000, 3000, 3), np.uint8)
+    want = Resize(**resize)(dict(img=img, img_shape=img.shape[:2]))['img'].shape[:2]
+    h, w = largest_size_after(dict(type=Resize if as_class else 'Resize', **resize), 1000, 3000)
+    assert (int(h + 0.5), int(w + 0.5)) == want

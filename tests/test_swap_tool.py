@@ -230,6 +230,13 @@ def test_a_swap_onto_a_file_takes_its_layerscale_and_an_official_files_normalisa
     # an explicit init_values is the user's
     given = swap_backbone(cfg, checkpoint=str(plain), init_values=1e-5)
     assert given.model.backbone.init_values == 1e-5
+    # a head count the file does not record (384 / 64 = 6 assumed) is the loader's to
+    # check, where checkpoint_num_heads overrides it (a review: refused at swap time, with
+    # the advice --num-heads 15 for a 960-wide file); a note says what loading assumes
+    notes = []
+    twelve = swap_backbone(cfg, checkpoint=str(plain), num_heads=12, report=notes.append)
+    assert twelve.model.backbone.num_heads == 12
+    assert any('records no head count; loading assumes 6' in n for n in notes), notes
     # the official tiny file (96 wide, 3 blocks, 12 heads, LayerScale): refused by size ...
     path = str(official_tiny.path)
     with pytest.raises(
@@ -259,6 +266,15 @@ def test_a_swap_onto_a_file_takes_its_layerscale_and_an_official_files_normalisa
     for pre in (new.model.data_preprocessor, new.data_preprocessor):
         assert pre.mean == IMAGENET_MEAN and pre.std == IMAGENET_STD
     assert any('-> ImageNet' in n and 'official LookHere file' in n for n in notes), notes
+    # already ImageNet's (a tuple): nothing said; a BGR preprocessor gets BGR's order
+    for pre in (cfg.model.data_preprocessor, cfg.data_preprocessor):
+        pre.mean, pre.std = tuple(IMAGENET_MEAN), tuple(IMAGENET_STD)
+    notes = []
+    swap_backbone(cfg, checkpoint=path, num_heads=12, report=notes.append)
+    assert not any('ImageNet' in n for n in notes), notes
+    cfg.model.data_preprocessor.bgr_to_rgb = False
+    bgr = swap_backbone(cfg, checkpoint=path, num_heads=12)
+    assert bgr.model.data_preprocessor.mean == IMAGENET_MEAN[::-1]
     backbone = model_registry('mmseg').build(new.model.backbone)
     backbone.init_weights()
 

@@ -785,10 +785,13 @@ def _resized(
 def largest_size_after(t: Mapping, h: float, w: float) -> Tuple[float, float]:
     """The largest size transform ``t`` can give an ``h x w`` image (resizes only; other
     transforms keep the size): ``(H, W)``, unrounded."""
-    typ = str(t.get('type', '')).split('.')[-1]
+    kind = t.get('type', '')
+    typ = (kind if isinstance(kind, str) else getattr(kind, '__name__', '')).split('.')[-1]
     keep = bool(t.get('keep_ratio', False))  # mmcv's default
     if typ in ('RandomResize', 'Resize') and t.get('scale') is not None:
-        scales = t['scale'] if isinstance(t['scale'], list) else [t['scale']]
+        scale = t['scale']
+        one = not isinstance(scale, list) or all(isinstance(v, (int, float)) for v in scale)
+        scales = [scale] if one else scale  # [w, h] is one scale, [(w, h), ...] several
         ratio = max(t.get('ratio_range') or (1.0,)) if typ == 'RandomResize' else 1.0
         best = (0.0, 0.0)
         for s in scales:
@@ -798,8 +801,10 @@ def largest_size_after(t: Mapping, h: float, w: float) -> Tuple[float, float]:
             )
         return best
     if typ == 'Resize' and t.get('scale_factor') is not None:
+        # mmcv: the scale is the image's size times the factor, then resized to it as
+        # to any scale (keep_ratio: the largest that fits it)
         fw, fh = _pair(t['scale_factor'])
-        return h * fh, w * fw
+        return _resized(h, w, (int(w * fw + 0.5), int(h * fh + 0.5)), keep)
     if typ == 'RandomChoiceResize' and t.get('scales'):
         return max(
             (_resized(h, w, _pair(s), keep) for s in t['scales']), key=lambda x: x[0] * x[1]
