@@ -24,6 +24,7 @@ import os.path as osp
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -533,7 +534,7 @@ def test_sharing_a_held_work_dir_takes_no_lock(tmp_path):
 # a corrupt checkpoint named by last_checkpoint
 # ----------------------------------------------------------------------------------------
 def test_a_killed_saves_partial_file_is_removed_by_the_next_run(data, full, tmp_path):
-    """``kill -9`` during a save left ``.iter_N.pth.partial-<pid>`` (a checkpoint's size)
+    """``kill -9`` during a save left ``.iter_N.pth.partial-<host>-<pid>`` (a checkpoint's size)
     in the work dir for good: the next run removes those whose writer is gone, says so, and
     leaves a live writer's alone."""
     from lookhere_dense.checkpoint.atomic import remove_stale_partials
@@ -542,18 +543,22 @@ def test_a_killed_saves_partial_file_is_removed_by_the_next_run(data, full, tmp_
     gone.wait()  # a pid no process has now
     work = tmp_path / 'w'
     shutil.copytree(full, work)
-    stale = work / f'.iter_6.pth.partial-{gone.pid}'
+    host = socket.gethostname()
+    stale = work / f'.iter_6.pth.partial-{host}-{gone.pid}'
     stale.write_bytes(b'\0' * 4096)
-    live = work / f'.iter_6.pth.partial-{os.getppid()}'  # a live process: maybe a writer
+    live = work / f'.iter_6.pth.partial-{host}-{os.getppid()}'  # a live writer, maybe
     live.write_bytes(b'\0' * 10)
+    # another machine's writer on a shared file system: its pid means nothing here
+    other = work / f'.iter_6.pth.partial-elsewhere-{gone.pid}'
+    other.write_bytes(b'\0' * 10)
     assert remove_stale_partials(str(tmp_path)) == []  # nothing there
     opts = [*roots(data), *SHRINK, *RUN, f'train_cfg.max_iters={N + 2}']
     train_model(ADE_CFG, work_dir=str(work), resume='auto', cfg_options=options(*opts))
-    assert not stale.exists() and live.exists()
+    assert not stale.exists() and live.exists() and other.exists()
     logs = ''.join(p.read_text() for p in work.glob('*/*.log'))
     assert (
         'removed 1 unfinished checkpoint file(s) of a run killed while saving (4.0 KiB): '
-        f'.iter_6.pth.partial-{gone.pid}'
+        f'.iter_6.pth.partial-{host}-{gone.pid}'
     ) in logs
 
 

@@ -4,7 +4,7 @@ folder, ``fsync`` it, ``os.replace`` it onto the final name and ``fsync`` the fo
 A reader (``--resume``, ``tools/test.py``) therefore sees either the old file or the
 complete new one, never a half-written file under the final name, whatever stops the
 writer: a full disk, a file-size limit (``ulimit -f``), a read-only or removed folder,
-SIGKILL. Temporary names start with a dot and end in ``.partial-<pid>`` (mmengine's and
+SIGKILL. Temporary names start with a dot and end in ``.partial-<host>-<pid>`` (mmengine's and
 our ``iter_*.pth`` globs never match them); a failed write removes its own, and what a
 killed writer left behind is removed by the next run (:func:`remove_stale_partials`).
 """
@@ -15,6 +15,7 @@ import errno
 import os
 import os.path as osp
 import re
+import socket
 from typing import List, Optional, Tuple
 
 __all__ = [
@@ -28,14 +29,18 @@ __all__ = [
     'remove_stale_partials',
 ]
 
-_PARTIAL = re.compile(r'^\..+\.partial-(\d+)$')
+#: this machine's name in temporary names (no path separators)
+_HOST = socket.gethostname().replace(os.sep, '_') or 'host'
+#: ``.<name>.partial-<host>-<pid>`` (``-<pid>`` alone: written before names had the host)
+_PARTIAL = re.compile(r'^\..+\.partial-(?:(?P<host>.+)-)?(?P<pid>\d+)$')
 
 
 def partial_name(filename: str) -> str:
-    """The temporary name :func:`publish_file` renames from: ``.<filename>.partial-<pid>``
-    (same folder, hidden, unique per process)."""
+    """The temporary name :func:`publish_file` renames from:
+    ``.<filename>.partial-<host>-<pid>`` (same folder, hidden, unique per process and
+    machine: a folder on a shared file system may be written from several)."""
     head, tail = osp.split(filename)
-    return osp.join(head, f'.{tail}.partial-{os.getpid()}')
+    return osp.join(head, f'.{tail}.partial-{_HOST}-{os.getpid()}')
 
 
 def _alive(pid: int) -> bool:
@@ -49,9 +54,10 @@ def _alive(pid: int) -> bool:
 
 
 def remove_stale_partials(folder: str) -> List[Tuple[str, int]]:
-    """Remove the temporary files (``.<name>.partial-<pid>``) that writers killed while
-    writing left in ``folder`` -- those whose process is gone (a live one, or a pid taken
-    by another process since, is left alone) -- and return ``(path, bytes)`` of each."""
+    """Remove the temporary files (:func:`partial_name`) that writers killed while writing
+    left in ``folder`` -- this machine's whose process is gone (a live one, a pid taken by
+    another process since, or another machine's, is left alone) -- and return
+    ``(path, bytes)`` of each."""
     removed = []
     try:
         names = os.listdir(folder)
@@ -59,7 +65,10 @@ def remove_stale_partials(folder: str) -> List[Tuple[str, int]]:
         return removed
     for name in sorted(names):
         m = _PARTIAL.match(name)
-        if not m or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
+        if not m or m.group('host') not in (None, _HOST):
+            continue
+        pid = int(m.group('pid'))
+        if pid == os.getpid() or _alive(pid):
             continue
         path = osp.join(folder, name)
         try:

@@ -146,8 +146,8 @@ class AtomicCheckpointHook(CheckpointHook):
         import torch
 
         first = self._first_save(runner)
-        if first is None and not self.by_epoch:
-            return None
+        if first is None and not (self.by_epoch and (self.interval > 0 or self.save_last)):
+            return None  # a run that saves nothing
         try:
             free = shutil.disk_usage(self.out_dir).free
         except OSError:
@@ -158,14 +158,13 @@ class AtomicCheckpointHook(CheckpointHook):
             for t in model.state_dict().values()
             if isinstance(t, torch.Tensor)
         )
-        trained = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
-        buffers = optimizer_state_buffers(runner) if self.save_optimizer else 0
-        checkpoint = weights + (buffers or 0) * trained
-        sure = checkpoint if buffers is not None else weights  # what the save needs at least
+        state = optimizer_state_bytes(runner) if self.save_optimizer else 0
+        checkpoint = weights + (state or 0)
+        sure = checkpoint if state is not None else weights  # what the save needs at least
         what = (
             f'one checkpoint of this run (about {_size(checkpoint)}: the weights '
             f"{_size(weights)} and the optimizer's state)"
-            if buffers
+            if state
             else f"the model's weights alone ({_size(weights)})"
         )
         when = f' at iteration {first}' if first else ''
@@ -305,10 +304,11 @@ def _buffers_of(optimizer) -> Optional[int]:
     return _STATE_BUFFERS.get(name)
 
 
-def optimizer_state_buffers(runner) -> Optional[int]:
-    """The optimizer state a checkpoint of ``runner`` holds, in parameter-sized tensors (2
-    for Adam / AdamW, 1 for SGD with momentum, ...; the most over several optimizers);
-    None when an optimizer is of a kind not known here."""
+def optimizer_state_bytes(runner) -> Optional[int]:
+    """The bytes of optimizer state a checkpoint of ``runner`` holds: per optimizer, its
+    state tensors per parameter (2 for Adam / AdamW, 1 for SGD with momentum, ...) times
+    the float32 size of the parameters it trains; None when an optimizer is of a kind not
+    known here."""
     wrapper = getattr(runner, 'optim_wrapper', None)
     wrappers = getattr(wrapper, 'optim_wrappers', None)
     optimizers = (
@@ -316,10 +316,19 @@ def optimizer_state_buffers(runner) -> Optional[int]:
         if wrappers
         else [getattr(wrapper, 'optimizer', None)]
     )
-    counts = [_buffers_of(o) for o in optimizers if o is not None]
-    if not counts or any(c is None for c in counts):
-        return None
-    return max(counts)
+    total = 0
+    for optimizer in (o for o in optimizers if o is not None):
+        buffers = _buffers_of(optimizer)
+        if buffers is None:
+            return None
+        params = {
+            id(p): p.numel()
+            for group in optimizer.param_groups
+            for p in group['params']
+            if p.requires_grad
+        }
+        total += buffers * 4 * sum(params.values())
+    return total
 
 
 def _size(n: float) -> str:
