@@ -500,8 +500,8 @@ def swap_backbone(
     elif backbone.get('type') == 'VisionTransformer' and 'init_values' not in overrides:
         notes.append(
             f'init_values={model["backbone"].get("init_values", 1e-4)}: LayerScale, as in the '
-            "official LookHere models (mmseg's VisionTransformer has none; init_values=None "
-            'builds its blocks without it)'
+            "official LookHere models (mmseg's VisionTransformer has none; --init-values none "
+            '/ init_values=None builds its blocks without it)'
         )
     _swap_optim_constructor(new, model['backbone'].get('num_layers'), notes.append)
     if not keep_pretrained and model.get('pretrained') is not None:

@@ -288,3 +288,31 @@ def test_a_swap_without_a_file_says_it_adds_layerscale():
     new = swap_backbone(cfg, report=notes.append)
     assert 'init_values' not in new.model.backbone or new.model.backbone.init_values == 1e-4
     assert any(n.startswith('init_values=0.0001: LayerScale') for n in notes), notes
+
+
+def test_the_swap_tool_takes_init_values(tmp_path):
+    """``init_values=None`` was reachable from Python only (``--cfg-options`` applies to
+    the source config, whose VisionTransformer has no such argument): ``--init-values``."""
+    from mmengine.config import Config
+
+    src = 'mmseg::segmenter/segmenter_vit-s_mask_8xb1-160k_ade20k-512x512.py'
+    tool = _tool_module()
+    none = tool.main([src, str(tmp_path / 'none.py'), '--init-values', 'none'])
+    assert none.model.backbone.init_values is None
+    assert Config.fromfile(str(tmp_path / 'none.py')).model.backbone.init_values is None
+    small = tool.main([src, str(tmp_path / 'small.py'), '--init-values', '1e-5'])
+    assert small.model.backbone.init_values == 1e-5
+    with pytest.raises(SystemExit):
+        tool.main([src, str(tmp_path / 'bad.py'), '--init-values', 'tiny'])
+
+
+def _tool_module():
+    """``tools/swap_backbone.py`` as a module (its ``main`` returns the new config)."""
+    import importlib.util
+    from pathlib import Path
+
+    tool_path = Path(__file__).resolve().parents[1] / 'tools' / 'swap_backbone.py'
+    spec = importlib.util.spec_from_file_location('swap_backbone_tool', tool_path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool

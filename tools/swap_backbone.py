@@ -35,6 +35,23 @@ if str(REPO) not in sys.path:
 _FLAGS = {'model.backbone.num_heads': '--num-heads', 'model.backbone.preset': '--preset'}
 
 
+#: --init-values not given
+_UNSET = object()
+
+
+def _init_values(text: str) -> Optional[float]:
+    """``--init-values``: a number >= 0, or ``none``."""
+    if text.strip().lower() in ('none', 'off'):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'none', got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f'expected a number >= 0 or none, got {text!r}')
+    return value
+
+
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """Command-line arguments."""
     from lookhere_dense.apis.cli import ToolArgumentParser, add_cfg_options_arg
@@ -61,6 +78,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         default=None,
         help='backbone weights (official LookHere, timm / DeiT-III or '
         'lookhere-dense file) for init_cfg=Pretrained',
+    )
+    parser.add_argument(
+        '--init-values',
+        type=_init_values,
+        default=_UNSET,
+        metavar='V',
+        help="LayerScale init of the LookHereViT blocks, or 'none' for none (default: the "
+        "--checkpoint's: none for a file without LayerScale; else LookHere's 1e-4)",
     )
     parser.add_argument(
         '--keep-pretrained', action='store_true', help="keep the source config's model.pretrained"
@@ -95,6 +120,7 @@ def main(argv: Optional[List[str]] = None):
             keep_pretrained=args.keep_pretrained,
             cfg_options=args.cfg_options,
             report=notes.append,
+            **({} if args.init_values is _UNSET else dict(init_values=args.init_values)),
         )
     except ConfigError as err:  # 'Set model.backbone.num_heads' -> 'Set --num-heads'
         message = str(err)

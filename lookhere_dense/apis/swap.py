@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 __all__ = ['swap_config_file']
 
@@ -18,6 +18,7 @@ def swap_config_file(
     keep_pretrained: bool = False,
     cfg_options: Optional[dict] = None,
     report: Optional[Callable[[str], None]] = None,
+    **overrides: Any,
 ):
     """Load ``config`` (``mmseg::`` paths allowed; ``cfg_options`` merged in), swap its
     backbone for LookHereViT and write the result to ``out`` (a flat ``.py`` config that
@@ -33,6 +34,7 @@ def swap_config_file(
         cfg_options: overrides of the source config. Default: None.
         report: called with one line per change beyond the backbone (an mmseg layer-decay
             optimizer constructor rewritten for LookHereViT, ...). Default: None.
+        **overrides: other ``LookHereViT`` arguments (``init_values=None``, ...).
 
     Returns:
         The new config.
@@ -57,6 +59,7 @@ def swap_config_file(
         checkpoint=checkpoint,
         keep_pretrained=keep_pretrained,
         report=report,
+        **overrides,
     )
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     new.dump(out)
