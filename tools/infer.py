@@ -187,7 +187,7 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
     if result.gray:
         resized += (
             f'; {len(result.gray)} grayscale image(s) read as 3 equal channels (e.g. '
-            f'{result.gray[0]}): the model was trained on colour images'
+            f'{result.gray[0]}): a model trained on colour images sees them as gray'
         )
     print(
         f'wrote {len(result.paths)} overlay(s) to {args.out_dir} '
