@@ -67,6 +67,23 @@ def test_static_grid_attention_refuses_another_grid():
         static(q, q, q, 0, (4, 5), True)
 
 
+def test_an_export_under_autocast_is_refused_with_what_to_do():
+    """``torch.export`` under ``torch.autocast`` recorded a graph that mixed a bfloat16 bias
+    with float32 queries and failed when run (a new-user trial); refused by name, and the
+    advice (convert the model) exports a bfloat16 program that runs."""
+    torch.manual_seed(0)
+    model = create_model(img_size=64, embed_dims=48, num_layers=1, num_heads=12).eval()
+    x = torch.randn(1, 3, 64, 64)
+    with static_grid_attention(model, (64, 64)), torch.autocast('cpu', dtype=torch.bfloat16):
+        with pytest.raises(ValueError, match=r'under torch\.autocast \(cpu, torch\.bfloat16\)'):
+            torch.export.export(model, (x,))
+    low = model.to(torch.bfloat16)
+    with static_grid_attention(low, (64, 64)):
+        program = torch.export.export(low, (x.to(torch.bfloat16),))
+    out = program.module()(x.to(torch.bfloat16))
+    assert out[-1].dtype == torch.bfloat16 and bool(torch.isfinite(out[-1]).all())
+
+
 def test_query_blocked_attention_equals_one_call():
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, 300, 8) for _ in range(3))

@@ -357,6 +357,16 @@ class StaticGridAttention:
             )
         if dropout_p:
             raise ValueError('static-grid (export) attention is for inference: no dropout')
+        for device in ('cpu', 'cuda'):
+            if torch.is_autocast_enabled(device):
+                dtype = torch.get_autocast_dtype(device)
+                raise ValueError(
+                    f'static-grid (export) attention under torch.autocast ({device}, {dtype}): '
+                    'an exporter records a graph that mixes dtypes (bias and queries) and '
+                    "fails when run (torch's ONNX exporter writes one onnxruntime cannot load): "
+                    f'convert the model instead (model.to({dtype}); .half() for ONNX) and '
+                    'export without autocast'
+                )
         if num_prefix_tokens(cls_token) != self.prefix:
             raise ValueError(
                 f'this attention was prepared {prefix_phrase(self.prefix)} (CLS / '
