@@ -389,3 +389,21 @@ def test_a_backend_off_by_a_little_fails_the_suite(backend, monkeypatch):
     monkeypatch.setattr(module, 'attend', lambda call: attend(call) + 1e-3)
     with pytest.raises(AssertionError, match='Tensor-likes are not close'):
         check_forward(backend, case)
+
+
+def test_explain_backend_finds_the_trunk_in_timm_and_mmseg_wrappers():
+    """A timm ``features_only`` model (the trunk in ``.model``) and mmseg's
+    ``TIMMBackbone`` around one (``.timm_model.model``) were refused: 'has no LookHere ViT'
+    (a new-user trial)."""
+    import timm
+    from mmseg.models.backbones import TIMMBackbone
+
+    import lookhere_dense  # noqa: F401 - registers the timm models
+
+    name = 'lookhere_vit_tiny_patch16_224'
+    plain = timm.create_model(name, depth=2).eval()
+    want = explain_backend(plain, 64, print_fn=None)
+    feats = timm.create_model(name, depth=2, features_only=True, out_indices=(1,)).eval()
+    assert explain_backend(feats, 64, print_fn=None) == want
+    wrapped = TIMMBackbone(name, pretrained=False, features_only=True, out_indices=(1,), depth=2)
+    assert explain_backend(wrapped.eval(), 64, print_fn=None) == want

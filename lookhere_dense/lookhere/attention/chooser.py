@@ -145,11 +145,18 @@ def explain_backend(
         window)``), after a header line.
     """
     vit = model
-    for attr in ('backbone', 'vit', 'trunk'):
-        inner = getattr(vit, attr, None)
-        if inner is not None and hasattr(inner, 'pos_enc'):
-            vit = inner
+    # mmseg / mmdet models, our wrappers, timm's features_only wrapper, mmseg's
+    # TIMMBackbone, nested (a segmentor's TIMMBackbone's features wrapper)
+    for _ in range(4):
+        if hasattr(vit, 'pos_enc'):
             break
+        attrs = ('backbone', 'vit', 'trunk', 'model', 'timm_model')
+        inner = next(
+            (getattr(vit, a) for a in attrs if hasattr(getattr(vit, a, None), 'modules')), None
+        )
+        if inner is None:
+            break
+        vit = inner
     if not hasattr(vit, 'pos_enc'):
         raise ValueError(f'explain_backend: {type(model).__name__} has no LookHere ViT (pos_enc)')
     if isinstance(image_size, torch.Tensor):  # an image batch given where a size goes
