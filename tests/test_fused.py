@@ -336,3 +336,27 @@ def test_auto_falls_back_to_tiled_where_the_kernel_is_not_built():
     lines = out.stdout.splitlines()
     assert lines[0] == 'False tiled tiled'
     assert 'LOOKHERE_FUSED=0' in lines[1] and "attn_backend='auto'" in lines[1]
+
+
+def test_a_failed_build_says_so_after_compiling(tmp_path):
+    """'compiling the fused CPU attention kernel ...' was the last word when the build
+    failed (a build folder that cannot be written: a new-user trial): attention fell back
+    to another backend without a word. The outcome is printed, with the reason."""
+    blocker = tmp_path / 'a_file'
+    blocker.write_text('not a folder')
+    env = dict(os.environ, LOOKHERE_BUILD_DIR=str(blocker / 'build'))
+    res = subprocess.run(
+        [
+            sys.executable,
+            '-c',
+            'from lookhere_dense.lookhere.attention.fused import fused_available as f; print(f())',
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.stdout.strip() == 'False', res.stderr[-2000:]
+    assert 'compiling the fused CPU attention kernel' in res.stderr
+    assert 'lookhere-dense: the fused kernel could not be built (' in res.stderr, res.stderr
+    assert 'explain_backend(model, size) says which' in res.stderr

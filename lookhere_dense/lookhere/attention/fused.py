@@ -205,11 +205,13 @@ def load_fused_ops(verbose: bool = False):
         if not env_switch('LOOKHERE_FUSED', error=ConfigError):
             _STATE['error'] = 'the fused LookHere kernel is turned off (LOOKHERE_FUSED=0)'
             raise RuntimeError(_STATE['error'])
+        compiled = False
         try:
             name, flags = _build_flags()
             directory = build_directory() / name
             library = directory / f'{name}.so'
             if not library.exists():
+                compiled = True  # the user was told it compiles: the outcome is said too
                 _compile(name, flags, directory, verbose)
             try:
                 torch.ops.load_library(str(library))
@@ -221,6 +223,15 @@ def load_fused_ops(verbose: bool = False):
             return _STATE['ops']
         except Exception as exc:  # no compiler, a failed build, ...
             _STATE['error'] = f'the fused LookHere kernel could not be built: {exc}'
+            if compiled:
+                reason = str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''
+                print(
+                    f'lookhere-dense: the fused kernel could not be built ({type(exc).__name__}'
+                    f'{": " + reason if reason else ""}); attention runs on the other backends '
+                    '(lookhere_dense.lookhere.explain_backend(model, size) says which)',
+                    file=sys.stderr,
+                    flush=True,
+                )
             raise RuntimeError(_STATE['error']) from exc
 
 
