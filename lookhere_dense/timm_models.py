@@ -775,6 +775,28 @@ def _in_timm_words(msg: str, name: str) -> str:
     return msg.replace('Build the backbone the file', f'Build {name} like the model the file')
 
 
+def _unknown_argument(name: str, key: str) -> str:
+    """The message for an argument ``timm.create_model(name, key=...)`` no one takes: the
+    close names among timm's and the model's own."""
+    import difflib
+    import inspect
+
+    ours = [
+        p
+        for cls in (LookHereTimmViT, LookHereVisionTransformer)
+        for p, arg in inspect.signature(cls.__init__).parameters.items()
+        if p != 'self' and arg.kind not in (arg.VAR_KEYWORD, arg.VAR_POSITIONAL)
+    ]
+    timm_names = [k for k in _RENAMES] + [k for k in ours if k not in _RENAMES.values()]
+    close = difflib.get_close_matches(key, sorted(set(timm_names)), n=2, cutoff=0.6)
+    return (
+        f'{name}: unexpected argument {key!r}'
+        + (f'; did you mean {" or ".join(map(repr, close))}?' if close else '')
+        + " (it takes timm's ViT names: embed_dim, depth, num_heads, in_chans, img_size, "
+        'num_classes, ...)'
+    )
+
+
 def _rename(kwargs: Mapping[str, Any]) -> Dict[str, Any]:
     """timm's keyword arguments -> LookHereVisionTransformer's (renamed; the always-on
     ``dynamic_img_size`` / ``dynamic_img_pad`` dropped).
@@ -1032,6 +1054,11 @@ def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
             if err.args and isinstance(err.args[0], str):
                 err.args = (_in_timm_words(err.args[0].replace('LookHereViT', name), name),)
             raise
+        except TypeError as err:  # an argument no one takes: the close names, in timm's
+            unknown = re.search(r"unexpected keyword argument '(\w+)'", str(err))
+            if unknown is None:
+                raise
+            raise TypeError(_unknown_argument(name, unknown.group(1))) from None
         model._timm_name = name
         model.patch_embed.owner = name  # its input errors name the timm model
         model._explicit_args = explicit

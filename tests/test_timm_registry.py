@@ -286,3 +286,16 @@ def test_mmseg_timm_backbone_builds_and_runs_a_segmenter():
     with torch.no_grad():
         logits = model(torch.randn(1, 3, 96, 128), mode='tensor')
     assert tuple(logits.shape) == (1, 5, 6, 8)
+
+
+def test_a_misspelt_argument_is_named_with_the_close_timm_name():
+    """``img_sizes=`` was Python's bare ``TypeError`` from the trunk's ``__init__`` (a
+    new-user trial); ``create_model`` of the torch-only model named the close name."""
+    with pytest.raises(TypeError) as err:
+        timm.create_model('lookhere_vit_tiny_patch16_224.lh90', img_sizes=64)
+    assert str(err.value).startswith(
+        "lookhere_vit_tiny_patch16_224.lh90: unexpected argument 'img_sizes'; did you mean "
+        "'img_size'"
+    ), err.value
+    with pytest.raises(TypeError, match=r"'in_chan'; did you mean 'in_chans'\?"):
+        timm.create_model('lookhere_vit_tiny_patch16_224', in_chan=1)
