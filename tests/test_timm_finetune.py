@@ -233,3 +233,29 @@ def test_set_input_size_leaves_a_model_without_log_n_as_it_was():
     frozen.pos_enc.pos_embed.requires_grad_(False)
     frozen.set_input_size(96)
     assert not frozen.pos_enc.pos_embed.requires_grad and frozen.pos_enc.grid_size == (6, 6)
+
+
+def test_the_log_n_training_size_travels_with_the_weights(tmp_path):
+    """``set_input_size(128)`` before fine-tuning moves ``log_n_scaling``'s reference; a
+    reload built at the original size scaled against 64 px again, all keys matching (a
+    new-user trial: outputs 2.8e-4 apart at 128 px). The size is in the weights' record
+    and adopted when they load; without log_n_scaling the record is as before."""
+    kw = dict(embed_dim=96, depth=3, init_values=0.1, img_size=64, log_n_scaling=True)
+    name = 'lookhere_vit_tiny_patch16_224'
+    tuned = timm.create_model(name, num_classes=7, **kw)
+    tuned.set_input_size(128)
+    tuned.eval()
+    path = tmp_path / 'ft.pth'
+    torch.save(tuned.state_dict(), path)
+    x = torch.randn(1, 3, 128, 128)
+    with torch.no_grad():
+        want = tuned(x)
+    again = timm.create_model(name, num_classes=7, **kw).eval()
+    again.load_state_dict(torch.load(path, weights_only=True))
+    via_file = timm.create_model(name, num_classes=7, checkpoint_path=str(path), **kw).eval()
+    for model in (again, via_file):
+        assert model.img_size == (128, 128)
+        with torch.no_grad():
+            assert torch.equal(model(x), want)
+    plain = timm.create_model(name, num_classes=7, embed_dim=96, depth=3)
+    assert 'log_n_train_size' not in plain.record()

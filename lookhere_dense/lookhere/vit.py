@@ -639,8 +639,10 @@ class LookHereVisionTransformer(nn.Module):
         return encode_extra_state(self.record())
 
     def record(self) -> Dict[str, Any]:
-        """What :meth:`get_extra_state` saves, as a dict of strings, numbers and lists."""
-        return {
+        """What :meth:`get_extra_state` saves, as a dict of strings, numbers and lists; with
+        ``log_n_scaling`` also the training size it refers to (``log_n_train_size``: the
+        ``img_size``, e.g. after :meth:`set_input_size`), which loading adopts."""
+        out = {
             'pos_encoding': self.pos_encoding,
             'lh_config': self.lh_config.to_dict() if self.lh_config is not None else None,
             'num_heads': self.num_heads,
@@ -648,6 +650,9 @@ class LookHereVisionTransformer(nn.Module):
             'embed_dims': self.embed_dims,
             'jumbo_tokens': self.jumbo_tokens,
         }
+        if self.log_n_scaling:
+            out['log_n_train_size'] = [int(v) for v in self.img_size]
+        return out
 
     def set_extra_state(self, state: Any) -> None:
         """Check and adopt the record of loaded weights

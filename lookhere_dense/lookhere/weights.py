@@ -717,6 +717,10 @@ def check_backbone_record(model: Any, state: Any) -> None:
     if stored is not None and model.lh_config is not None:
         stored = {k: v for k, v in stored.items() if k != 'bias_rounding'}
         adopt_lh_config(model, stored, 'the loaded state_dict')
+    size = state.get('log_n_train_size')
+    if size is not None and getattr(model, 'log_n_scaling', False):
+        if tuple(size) != tuple(model.img_size):  # the size the weights' scaling refers to
+            model.set_input_size(tuple(int(v) for v in size))
 
 
 def adopt_lh_config(model: Any, stored: Mapping[str, Any], path: str) -> None:
