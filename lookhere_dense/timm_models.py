@@ -488,6 +488,10 @@ class LookHereTimmViT(LookHereVisionTransformer):
             with torch.no_grad():
                 for k, v in mine.items():
                     v.copy_(theirs[k])
+            self._log(  # the trunk's line lists head.* among what the backbone left out
+                f'{self._name()}: classifier loaded from {source!r} '
+                f'(head_type={self.head_type!r}: {", ".join(sorted(mine))})'
+            )
             return
         file_type = 'mlp' if 'head.fc2.weight' in theirs else 'linear'
         out = theirs.get('head.fc2.weight' if file_type == 'mlp' else 'head.weight')

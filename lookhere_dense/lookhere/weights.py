@@ -652,7 +652,8 @@ def load_backbone_weights(
     config = model.lh_config
     model._log(
         f'LookHereViT: loaded {loaded} tensors from {path} '
-        f'({weights.format} format); dropped {report["dropped"] or "nothing"}; '
+        f'({weights.format} format); left out of the backbone '
+        f'{report["dropped"] or "nothing"}; '
         f'unexpected (ignored) {report["unexpected"] or "none"}; missing '
         f'{report["missing"] or "none"}; pos_encoding {model.pos_encoding!r}'
         + (f', LookHere config {config.to_dict()}' if config else '')
