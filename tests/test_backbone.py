@@ -471,8 +471,9 @@ def test_wrong_shapes_and_missing_files_are_named(tmp_path: Path):
     torch.save({'state_dict': other.state_dict()}, path)
     with pytest.raises(
         ValueError,
-        match=r'(?s)47 tensors of the wrong shape.*patch_embed.proj'
-        r'.weight: checkpoint \(48, 3, 16, 16\) vs model '
+        match=r'(?s)\(the file is a ViT of width 48 with 16x16 patches of 3 channels, the model '
+        r'of width 96 with 16x16 patches of 3 channels; 47 tensors of the wrong shape.*'
+        r'patch_embed.proj.weight: checkpoint \(48, 3, 16, 16\) vs model '
         r'\(96, 3, 16, 16\).*and 37 more',
     ):
         tiny(init_cfg=dict(type='Pretrained', checkpoint=str(path)))

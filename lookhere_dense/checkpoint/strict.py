@@ -60,9 +60,20 @@ def match_state_dict(
             keys += f'; the model has {len(lacks)} tensors the file lacks: {listed(lacks, 5)}'
         if extra:
             keys += f'; the file has {len(extra)} the model lacks: {listed(extra, 5)}'
+        summary = ''  # a ViT's width, patch and channels at a glance (timm's names too)
+        patch = next(
+            (k for k in weights if k.endswith('patch_embed.proj.weight') and k in model_sd), None
+        )
+        if patch is not None and weights[patch].dim() == 4:
+            (fw, fc, fp, _), (mw, mc, mp, _) = weights[patch].shape, model_sd[patch].shape
+            if (fw, fc, fp) != (mw, mc, mp):
+                summary = (
+                    f'the file is a ViT of width {fw} with {fp}x{fp} patches of {fc} channels, '
+                    f'the model of width {mw} with {mp}x{mp} patches of {mc} channels; '
+                )
         raise CheckpointError(  # one line: the tools print it as one ``error:`` line
-            f'checkpoint {where}does not fit the model ({len(mismatched)} tensors of the '
-            'wrong shape: ' + '; '.join(mismatched[:10]) + more + keys + '). Build the '
+            f'checkpoint {where}does not fit the model ({summary}{len(mismatched)} tensors of '
+            'the wrong shape: ' + '; '.join(mismatched[:10]) + more + keys + '). Build the '
             'model as the file was trained: check embed_dims, patch_size, mlp_ratio, '
             "in_channels, num_classes and the heads' types and sizes (e.g. fc_out_channels, "
             'num_convs) against the config the checkpoint was trained with'
