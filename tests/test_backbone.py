@@ -346,6 +346,17 @@ def test_timm_weights_without_layerscale_need_init_values_none(tmp_path: Path, o
     assert isinstance(model.blocks[2].ls2, torch.nn.Identity)
 
 
+def _convert(repo_root: Path, src, dst, *args: str) -> subprocess.CompletedProcess:
+    """``python tools/convert_checkpoint.py SRC DST ARGS...`` from the repository root."""
+    return subprocess.run(
+        [sys.executable, 'tools/convert_checkpoint.py', str(src), str(dst), *args],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def _mmseg_vit(tmp_path: Path, **kwargs):
     """An mmseg ``VisionTransformer`` with random weights, and its state_dict saved as a
     file (mmseg's names: ``layers.{i}.attn.attn.in_proj_weight``, ``ln1``, ...)."""
@@ -393,13 +404,7 @@ def test_convert_checkpoint_renames_an_mmseg_vit_file(tmp_path: Path, repo_root:
         tmp_path, final_norm=True, patch_bias=True, embed_dims=384, num_heads=6
     )
     out = tmp_path / 'converted.pth'
-    res = subprocess.run(
-        [sys.executable, 'tools/convert_checkpoint.py', str(path), str(out)],
-        cwd=repo_root,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = _convert(repo_root, path, out)
     assert res.returncode == 0, res.stderr
     assert 'mmseg format, 29 tensors' in res.stdout and '2 blocks' in res.stdout
     keys = torch.load(out, weights_only=True)['state_dict']
@@ -412,13 +417,7 @@ def test_convert_checkpoint_renames_an_mmseg_vit_file(tmp_path: Path, repo_root:
 def test_a_file_without_blocks_is_refused_by_the_converter(tmp_path: Path, repo_root: Path):
     path = tmp_path / 'stem.pth'
     torch.save({'patch_embed.proj.weight': torch.zeros(8, 3, 16, 16)}, path)
-    res = subprocess.run(
-        [sys.executable, 'tools/convert_checkpoint.py', str(path), str(tmp_path / 'o.pth')],
-        cwd=repo_root,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = _convert(repo_root, path, tmp_path / 'o.pth')
     assert res.returncode == 2 and 'no transformer blocks (blocks.N.*)' in res.stderr, res.stderr
     assert not (tmp_path / 'o.pth').exists()
 
@@ -521,13 +520,7 @@ def test_stored_config_must_fit_the_backbone(tmp_path: Path):
 def test_convert_checkpoint_cli_round_trip(official, tmp_path: Path, repo_root: Path):
     path, io = official
     out = tmp_path / 'converted.pth'
-    res = subprocess.run(
-        [sys.executable, 'tools/convert_checkpoint.py', str(path), str(out)],
-        cwd=repo_root,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = _convert(repo_root, path, out)
     assert res.returncode == 0, res.stderr
     assert 'official format, 47 tensors' in res.stdout and 'head.fc1.weight' in res.stdout
     model = tiny(init_cfg=dict(type='Pretrained', checkpoint=str(out)))
