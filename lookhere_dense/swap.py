@@ -339,8 +339,10 @@ def _fit_checkpoint(
     """Make a swapped config fit its backbone file ``path`` where the file decides (in
     place), and refuse one that cannot load it, before anything is built.
 
-    * width and depth must be the file's; a head count the file records (or the loader's
-      convention gives, :func:`~.lookhere.weights.file_num_heads`) must be the model's;
+    * width and depth must be the file's, and so must a head count the file records (or a
+      LookHere file's 12); one the loader can only assume (``embed_dims / 64``,
+      :func:`~.lookhere.weights.heads_assumed`), which ``checkpoint_num_heads``
+      overrides, gets a note;
     * LayerScale follows the file: without ``ls1`` / ``ls2`` gammas in it,
       ``init_values=None`` (a timm / DeiT / mmseg ViT file), unless ``init_values`` was
       given;
@@ -353,7 +355,7 @@ def _fit_checkpoint(
     Raises:
         ConfigError: naming the file, both values and the flag or key to set.
     """
-    from .lookhere.weights import file_embed_dims, file_num_heads
+    from .lookhere.weights import file_embed_dims, file_num_heads, heads_assumed
 
     weights = checkpoint_weights(path)
     if isinstance(weights, str):
@@ -373,9 +375,8 @@ def _fit_checkpoint(
     heads, how = file_num_heads(weights)
     init_cfg = bb.get('init_cfg') if isinstance(bb.get('init_cfg'), Mapping) else {}
     stated = init_cfg.get('checkpoint_num_heads')
-    assumed = 'assumed from' in how  # a convention the loader lets checkpoint_num_heads override
     if heads is not None and bb.get('num_heads') not in (None, heads):
-        if not assumed:
+        if not heads_assumed(weights):
             raise ConfigError(
                 f'--checkpoint {path!r} has {heads} attention heads per block ({how}), the '
                 f'swapped backbone num_heads={bb["num_heads"]}: set --num-heads {heads}'

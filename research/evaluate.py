@@ -242,7 +242,7 @@ def largest_frame(
     from mmseg.datasets import BaseSegDataset
     from mmseg.registry import DATASETS
 
-    from lookhere_dense.data.checks import image_size, largest_size_after
+    from lookhere_dense.data.checks import image_size, size_after
     from lookhere_dense.evaluation.resize import find_resize
 
     dataset = DATASETS.build(copy.deepcopy(dataloader['dataset']))
@@ -260,8 +260,7 @@ def largest_frame(
             ori = image_size(path, apply_orientation=True)
         except Exception:  # noqa: BLE001 - the loop names an unreadable file
             continue
-        h, w = largest_size_after(pipeline[idx], *ori) if idx is not None else ori
-        size = (int(h + 0.5), int(w + 0.5))
+        size = size_after(pipeline[idx] if idx is not None else None, ori)
         if best is None or size[0] * size[1] > best[0][0] * best[0][1]:
             best = (size, ori)
     return best

@@ -554,17 +554,6 @@ def _log_backends(model, size: Tuple[int, int]) -> None:
         print_log(line, logger='current')
 
 
-def _frame_size(hw: Tuple[int, int], resize: Optional[Dict[str, Any]]) -> Tuple[int, int]:
-    """``(H, W)`` an ``hw`` image has after the inference pipeline's ``resize`` step (None:
-    its own), rounded as mmcv rounds (``int(x + 0.5)``)."""
-    if resize is None:
-        return int(hw[0]), int(hw[1])
-    from ..data.checks import largest_size_after
-
-    h, w = largest_size_after(resize, float(hw[0]), float(hw[1]))
-    return int(h + 0.5), int(w + 0.5)
-
-
 def segment_images(
     config: str,
     checkpoint: str,
@@ -632,6 +621,7 @@ def segment_images(
             cfg, whole, slide, crop, stride, patch if isinstance(patch, int) else None
         )
     )
+    from ..data.checks import size_after
     from ..engine.memory_guard import check_frame_size, install_memory_guard, parse_memory
 
     budget = None if max_memory is None else parse_memory(max_memory)
@@ -653,7 +643,7 @@ def segment_images(
                 f'{len(written)} overlay(s) were written before it'
             )
         # refused before the pipeline resizes the image (the guard sees the resized frame)
-        check_frame_size(model, _frame_size(bgr.shape[:2], resize_step), bgr.shape[:2])
+        check_frame_size(model, size_after(resize_step, bgr.shape[:2]), bgr.shape[:2])
         if _is_gray(path):
             gray.append(path)
         data = pipeline(dict(img_path=path))

@@ -812,6 +812,15 @@ def largest_size_after(t: Mapping, h: float, w: float) -> Tuple[float, float]:
     return h, w
 
 
+def size_after(t: Optional[Mapping], hw: Tuple[int, int]) -> Tuple[int, int]:
+    """``(H, W)`` an ``hw`` image has after the resize ``t`` (None: its own), rounded as
+    mmcv rounds (``int(x + 0.5)``): :func:`largest_size_after` of a test-time resize."""
+    if t is None:
+        return int(hw[0]), int(hw[1])
+    h, w = largest_size_after(t, float(hw[0]), float(hw[1]))
+    return int(h + 0.5), int(w + 0.5)
+
+
 def check_crop_fits(cfg: Mapping, max_images: int = 8) -> None:
     """Check that the training ``RandomCrop`` fits in the training images, at least at
     the largest size the pipeline's resizes can give them (checks up to

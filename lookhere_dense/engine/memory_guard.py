@@ -881,6 +881,18 @@ class _Guard:
             trunk, inputs, self.classes, crop, mode, None, None, self.slide_hint, ori, padding
         )
 
+    def check_frame(self, inputs: torch.Tensor, metas=None) -> None:
+        """:func:`check_memory` on a segmentor's inference of the frame ``inputs`` (its
+        shape, device and dtype are what count), against the limit on its device."""
+        limit, source = available_memory(inputs.device, self.max_memory)
+        if limit is None:
+            return
+        info = self.frame_info(inputs, metas)
+        what = f'inference of a {tuple(inputs.shape)} input'
+        if info['mode'] == 'slide':
+            what += f' in sliding {info["crop"][0]}x{info["crop"][1]} windows'
+        check_memory(info, limit, source, what)
+
     def check_trunk(self, module, args) -> None:
         x = args[0] if args else None
         if self.busy or not isinstance(x, torch.Tensor) or x.dim() != 4:
@@ -917,13 +929,7 @@ def _guarded_inference(seg, inputs, *args, **kwargs):
     if guard is None:
         return run(inputs, *args, **kwargs)
     if not guard.busy and isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
-        limit, source = available_memory(inputs.device, guard.max_memory)
-        if limit is not None:
-            info = guard.frame_info(inputs, args[0] if args else kwargs.get('batch_img_metas'))
-            what = f'inference of a {tuple(inputs.shape)} input'
-            if info['mode'] == 'slide':
-                what += f' in sliding {info["crop"][0]}x{info["crop"][1]} windows'
-            check_memory(info, limit, source, what)
+        guard.check_frame(inputs, args[0] if args else kwargs.get('batch_img_metas'))
     guard.busy += 1
     try:
         return run(inputs, *args, **kwargs)
@@ -1000,17 +1006,10 @@ def check_frame_size(
     guard = model.__dict__.get(_STATE)
     if guard is None or guard.segmentor is None or guard.busy:
         return
-    device = next(model.parameters()).device
-    limit, source = available_memory(device, guard.max_memory)
-    if limit is None:
-        return
     h, w = (int(v) for v in size)
+    device = next(model.parameters()).device
     frame = torch.zeros((), device=device).expand(1, 3, h, w)  # the shape, no memory
-    info = guard.frame_info(frame, [dict(ori_shape=tuple(ori_shape or (h, w)))])
-    what = f'inference of a {(1, 3, h, w)} input'
-    if info['mode'] == 'slide':
-        what += f' in sliding {info["crop"][0]}x{info["crop"][1]} windows'
-    check_memory(info, limit, source, what)
+    guard.check_frame(frame, [dict(ori_shape=tuple(ori_shape or (h, w)))])
 
 
 def estimate_model_peak(model: torch.nn.Module, inputs: torch.Tensor, crop=None) -> Dict[str, int]:

@@ -77,6 +77,7 @@ __all__ = [
     'BackboneWeights',
     'backbone_weights',
     'file_num_heads',
+    'heads_assumed',
     'file_embed_dims',
     'check_num_heads',
     'vit_key_hints',
@@ -114,7 +115,6 @@ _MMSEG_TOP = (
     ('ln1.', 'norm.'),
 )
 _MMSEG_BLOCK = re.compile(r'^layers\.(\d+)\.(.*)$')
-#: keys only mmseg VisionTransformer's layout has
 #: keys only mmseg VisionTransformer's layout has (BEiT / MAE share its FFN names, not its
 #: attention's)
 _MMSEG_LAYOUT = re.compile(r'^layers\.\d+\.attn\.attn\.in_proj_weight$')
@@ -263,6 +263,13 @@ def file_embed_dims(sd: Mapping[str, Tensor]) -> Optional[int]:
         if isinstance(value, Tensor) and value.dim() >= 1:
             return int(value.shape[0] if key == 'patch_embed.proj.weight' else value.shape[-1])
     return None
+
+
+def heads_assumed(weights: BackboneWeights) -> bool:
+    """Whether :func:`file_num_heads` can only assume a file's head count (timm / DeiT-III
+    / mmengine files: ``embed_dims / 64``), which ``checkpoint_num_heads`` then overrides;
+    False where the file records it or is a LookHere file (12)."""
+    return weights.num_heads is None and weights.lh_config is None and weights.pos_encoding is None
 
 
 def file_num_heads(weights: BackboneWeights) -> Tuple[Optional[int], str]:
