@@ -355,7 +355,13 @@ def _fit_checkpoint(
     Raises:
         ConfigError: naming the file, both values and the flag or key to set.
     """
-    from .lookhere.weights import file_embed_dims, file_num_heads, heads_assumed
+    from .lookhere.weights import (
+        file_depth,
+        file_embed_dims,
+        file_num_heads,
+        has_layerscale,
+        heads_assumed,
+    )
 
     weights = checkpoint_weights(path)
     if isinstance(weights, str):
@@ -363,7 +369,7 @@ def _fit_checkpoint(
     bb = cfg['model']['backbone']
     sd = weights.state_dict
     dims = file_embed_dims(sd)
-    depth = len({k.split('.')[1] for k in sd if k.startswith('blocks.')})
+    depth = file_depth(sd)
     for key, have in (('embed_dims', dims), ('num_layers', depth)):
         want = bb.get(key)
         if have and want is not None and have != want:
@@ -387,8 +393,7 @@ def _fit_checkpoint(
                 f'num_heads={bb["num_heads"]}: if the file has {bb["num_heads"]} heads, add '
                 f'checkpoint_num_heads={bb["num_heads"]} to model.backbone.init_cfg'
             )
-    has_scale = any(k.endswith(('.ls1.gamma', '.ls2.gamma')) for k in sd)
-    if not has_scale and bb.get('init_values', 1e-4) and not init_values_given:
+    if not has_layerscale(sd) and bb.get('init_values', 1e-4) and not init_values_given:
         bb['init_values'] = None
         report(f'init_values=None: {path} has no LayerScale (ls1 / ls2 gammas)')
     if weights.format == 'official':

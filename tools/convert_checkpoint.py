@@ -78,6 +78,7 @@ def _check_heads(args, weights) -> None:
     many heads, or its LookHere layout does not fit them (a file no model could load)."""
     from lookhere_dense.errors import ToolError
     from lookhere_dense.lookhere.config import resolve_lh_config
+    from lookhere_dense.lookhere.weights import file_depth
 
     proj = weights.state_dict.get('patch_embed.projection.weight')
     if proj is None:
@@ -88,10 +89,7 @@ def _check_heads(args, weights) -> None:
             f'--num-heads {args.num_heads}: {args.src!r} is {width} channels wide, which '
             f'does not split into {args.num_heads} heads'
         )
-    layers = 1 + max(
-        (int(k.split('.')[1]) for k in weights.state_dict if k.startswith('blocks.')),
-        default=-1,
-    )
+    layers = file_depth(weights.state_dict)
     if weights.lh_config is not None and layers > 0:
         try:
             resolve_lh_config(dict(weights.lh_config)).validate(args.num_heads, layers)
@@ -111,6 +109,7 @@ def main(argv=None) -> int:
     from lookhere_dense.lookhere.weights import (
         OFFICIAL_NUM_HEADS,
         backbone_weights,
+        file_depth,
         save_backbone_checkpoint,
     )
 
@@ -135,7 +134,7 @@ def main(argv=None) -> int:
                 'its classes are then allowed, nothing else)'
             ) from None
         raise ToolError(str(err) if args.src in str(err) else f'{args.src!r}: {err}') from None
-    if not any(k.startswith('blocks.') for k in weights.state_dict):
+    if not file_depth(weights.state_dict):
         raise ToolError(
             f'{args.src!r} holds no transformer blocks (blocks.N.*) after reading it as a '
             f'{weights.format} file; first keys: {sorted(weights.state_dict)[:6]}'
@@ -158,10 +157,9 @@ def main(argv=None) -> int:
     except OSError as err:
         raise ToolError(f'could not write {args.dst!r}: {err.strerror or err}') from None
     n_params = sum(v.numel() for v in weights.state_dict.values())
-    blocks = {k.split('.')[1] for k in weights.state_dict if k.startswith('blocks.')}
     print(
         f'{args.src}: {weights.format} format, {len(weights.state_dict)} tensors '
-        f'({n_params / 1e6:.2f} M parameters, {len(blocks)} blocks)'
+        f'({n_params / 1e6:.2f} M parameters, {file_depth(weights.state_dict)} blocks)'
     )
     print(f'  dropped: {", ".join(weights.dropped) or "nothing"}')
     print(f'  LookHere config: {weights.lh_config or "none in the file (set preset/lh_config)"}')

@@ -1,11 +1,13 @@
 """THE strict loader: a ``state_dict`` goes into a module only if it fits; a file that does
 not fit is refused with a message that names what differs, never used anyway. Torch alone;
-nothing here knows which model it loads (model-specific hints come in as a callable).
+nothing here knows which model it loads: what is model-specific in a message (the likely
+causes of a key mismatch, a shape summary, what to do instead of ``strict=False``) comes in
+as callables (:data:`KeyHints`, :data:`ShapeSummary`, :data:`LooseAdvice`; a ViT's are in
+:mod:`lookhere_dense.lookhere.weights`).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -14,19 +16,32 @@ from torch import Tensor, nn
 from ..errors import CheckpointError
 from .records import is_extra_state_key
 
-#: LayerScale parameters (timm's names): a file without them loaded with strict=False
-#: would run at their init value
-_LAYERSCALE = re.compile(r'(^|\.)ls[12]\.gamma$')
-
-__all__ = ['match_state_dict', 'load_state_dict_strict', 'listed', 'strip_prefix', 'KeyHints']
+__all__ = [
+    'match_state_dict',
+    'load_state_dict_strict',
+    'listed',
+    'strip_prefix',
+    'KeyHints',
+    'ShapeSummary',
+    'LooseAdvice',
+]
 
 #: ``hints(missing, unexpected, model_keys, file_keys) -> [reason, ...]``: the likely causes
 #: of a key mismatch, for the error message.
 KeyHints = Callable[[List[str], List[str], Sequence[str], Sequence[str]], List[str]]
+#: ``summary(model_sd, file_sd) -> str``: the two architectures at a glance when tensor
+#: shapes differ (e.g. a ViT's width and patches), ``''`` when it has nothing to say.
+ShapeSummary = Callable[[Mapping[str, Tensor], Mapping[str, Tensor]], str]
+#: ``advice(missing, file_keys) -> str or None``: why loading what fits (``strict=False``)
+#: would be wrong for this file, for the refusal of a backbone; None: it is the usual advice.
+LooseAdvice = Callable[[List[str], Sequence[str]], Optional[str]]
 
 
 def match_state_dict(
-    model_sd: Mapping[str, Tensor], weights: Mapping[str, Tensor], source: Optional[str] = None
+    model_sd: Mapping[str, Tensor],
+    weights: Mapping[str, Tensor],
+    source: Optional[str] = None,
+    summary: Optional[ShapeSummary] = None,
 ) -> Tuple[Dict[str, Tensor], List[str], List[str]]:
     """Compare checkpoint weights with a model's state_dict.
 
@@ -34,6 +49,8 @@ def match_state_dict(
         model_sd: the model's tensors.
         weights: the file's tensors (non-tensor entries are ignored here).
         source: the file, for the message. Default: None.
+        summary: the architectures at a glance for the message (:data:`ShapeSummary`; e.g.
+            :func:`lookhere_dense.lookhere.weights.vit_shape_summary`). Default: None.
 
     Returns:
         ``(loadable, missing, unexpected)``.
@@ -60,19 +77,10 @@ def match_state_dict(
             keys += f'; the model has {len(lacks)} tensors the file lacks: {listed(lacks, 5)}'
         if extra:
             keys += f'; the file has {len(extra)} the model lacks: {listed(extra, 5)}'
-        summary = ''  # a ViT's width, patch and channels at a glance (timm's names too)
-        patch = next(
-            (k for k in weights if k.endswith('patch_embed.proj.weight') and k in model_sd), None
-        )
-        if patch is not None and weights[patch].dim() == 4:
-            (fw, fc, fp, _), (mw, mc, mp, _) = weights[patch].shape, model_sd[patch].shape
-            if (fw, fc, fp) != (mw, mc, mp):
-                summary = (
-                    f'the file is a ViT of width {fw} with {fp}x{fp} patches of {fc} channels, '
-                    f'the model of width {mw} with {mp}x{mp} patches of {mc} channels; '
-                )
+        glance = summary(model_sd, weights) if summary else ''
+        glance = f'{glance}; ' if glance else ''
         raise CheckpointError(  # one line: the tools print it as one ``error:`` line
-            f'checkpoint {where}does not fit the model ({summary}{len(mismatched)} tensors of '
+            f'checkpoint {where}does not fit the model ({glance}{len(mismatched)} tensors of '
             'the wrong shape: ' + '; '.join(mismatched[:10]) + more + keys + '). Build the '
             'model as the file was trained: check embed_dims, patch_size, mlp_ratio, '
             "in_channels, num_classes and the heads' types and sizes (e.g. fc_out_channels, "
@@ -126,6 +134,8 @@ def load_state_dict_strict(
     require_extra_state: bool = False,
     hints: Optional[KeyHints] = None,
     loose: Optional[str] = None,
+    summary: Optional[ShapeSummary] = None,
+    advice: Optional[LooseAdvice] = None,
 ) -> Dict[str, List[str]]:
     """THE strict loader: load ``state_dict`` into ``module`` only if it fits.
 
@@ -176,7 +186,7 @@ def load_state_dict_strict(
     }
     records = {k: v for k, v in entries.items() if is_extra_state_key(k) and k in everything}
     loadable, missing, unexpected = match_state_dict(
-        own, {k: v for k, v in entries.items() if not is_extra_state_key(k)}, source
+        own, {k: v for k, v in entries.items() if not is_extra_state_key(k)}, source, summary
     )
     from_config, restarted = _restarted(module, missing)
     missing = [k for k in missing if k not in set(from_config)]
@@ -206,23 +216,14 @@ def load_state_dict_strict(
                 f'checkpoint {source!r} has tensors the {what} lacks{because}: '
                 f'{listed(unexpected)}'
             )
-        # gammas missing where the file has none at all (not those of blocks it lacks)
-        scales = [k for k in missing if _LAYERSCALE.search(k)]
-        if any(_LAYERSCALE.search(k) for k in entries):
-            scales = []
         if what == 'model':
-            advice = 'its config, or the same options with --cfg-options'
-        elif scales:  # what fits would run every residual branch of the file at ~1e-4
-            advice = (
-                f'not strict=False: the {len(scales)} LayerScale gammas the file lacks would '
-                'keep their init value and scale every residual branch of the file by it, '
-                'which throws its features away'
-            )
+            todo = 'its config, or the same options with --cfg-options'
         else:
-            advice = 'pretrained weights meant for another architecture: ' + (
-                loose or "init_cfg=dict(type='Pretrained', ..., strict=False) loads what fits"
+            todo = (advice(missing, list(entries)) if advice else None) or (
+                'pretrained weights meant for another architecture: '
+                + (loose or "init_cfg=dict(type='Pretrained', ..., strict=False) loads what fits")
             )
-        raise CheckpointError(msg + f'. Build the {what} the file was trained with ({advice})')
+        raise CheckpointError(msg + f'. Build the {what} the file was trained with ({todo})')
     if verify is not None:
         verify()
     try:

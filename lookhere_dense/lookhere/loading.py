@@ -20,7 +20,13 @@ from ..checkpoint import (
 from ..errors import CheckpointError
 from ..validation import int_or_none
 from .vit import LookHereVisionTransformer
-from .weights import BackboneWeights, check_num_heads, file_num_heads, vit_key_hints
+from .weights import (
+    BackboneWeights,
+    check_num_heads,
+    file_num_heads,
+    vit_key_hints,
+    vit_shape_summary,
+)
 
 __all__ = ['load_model_weights', 'lookhere_backbones', 'model_state_dict_of']
 
@@ -133,5 +139,6 @@ def load_model_weights(
         verify=verify_heads,
         require_extra_state=strict,
         hints=vit_key_hints,
+        summary=vit_shape_summary,
     )
     return dict(ckpt)

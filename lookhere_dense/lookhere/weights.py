@@ -53,7 +53,7 @@ import os
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -81,6 +81,10 @@ __all__ = [
     'file_embed_dims',
     'check_num_heads',
     'vit_key_hints',
+    'vit_shape_summary',
+    'vit_loose_advice',
+    'has_layerscale',
+    'file_depth',
     'is_mmseg_vit',
     'mmseg_vit_to_timm',
     'load_backbone_weights',
@@ -383,6 +387,59 @@ def _depths(keys) -> Dict[str, int]:
     return out
 
 
+def file_depth(keys: Iterable[str]) -> int:
+    """The number of blocks of a trunk's keys (``blocks.{i}.*``, timm's names): one more
+    than the largest ``i``, 0 without blocks."""
+    return _depths(keys).get('', 0)
+
+
+#: a LayerScale parameter (timm's names, any prefix)
+_LAYERSCALE = r'(^|\.)ls[12]\.gamma$'
+
+
+def has_layerscale(keys: Iterable[str]) -> bool:
+    """Whether keys (timm's names, any prefix) hold a LayerScale gamma (``ls1`` / ``ls2``)."""
+    return any(re.search(_LAYERSCALE, k) for k in keys)
+
+
+def vit_shape_summary(model_sd: Mapping[str, Tensor], file_sd: Mapping[str, Tensor]) -> str:
+    """A ViT's width, patches and channels in the file and in the model, when the patch
+    embeddings differ (the ``summary`` of :func:`~lookhere_dense.checkpoint.load_state_dict_strict`;
+    timm's names, any prefix); ``''`` otherwise.
+
+    Args:
+        model_sd: the model's tensors.
+        file_sd: the file's tensors in the model's names.
+    """
+    patch = next(
+        (k for k in file_sd if k.endswith('patch_embed.proj.weight') and k in model_sd), None
+    )
+    if patch is None or file_sd[patch].dim() != 4 or model_sd[patch].dim() != 4:
+        return ''
+    (fw, fc, fp, _), (mw, mc, mp, _) = file_sd[patch].shape, model_sd[patch].shape
+    if (fw, fc, fp) == (mw, mc, mp):
+        return ''
+    return (
+        f'the file is a ViT of width {fw} with {fp}x{fp} patches of {fc} channels, '
+        f'the model of width {mw} with {mp}x{mp} patches of {mc} channels'
+    )
+
+
+def vit_loose_advice(missing: List[str], file_keys: Sequence[str]) -> Optional[str]:
+    """Why ``strict=False`` would be wrong for a file without LayerScale (the ``advice`` of
+    :func:`~lookhere_dense.checkpoint.load_state_dict_strict`): the gammas it lacks would keep
+    their init value (~1e-4) and scale every residual branch of the file by it. None when
+    the file has LayerScale or the model misses none (the usual advice holds)."""
+    scales = [k for k in missing if re.search(_LAYERSCALE, k)]
+    if not scales or has_layerscale(file_keys):  # not only the gammas of blocks it lacks
+        return None
+    return (
+        f'not strict=False: the {len(scales)} LayerScale gammas the file lacks would '
+        'keep their init value and scale every residual branch of the file by it, '
+        'which throws its features away'
+    )
+
+
 #: flag of the architecture differs when one side has such a tensor and the other has none
 _FLAG_HINTS = (
     (r'(^|\.)attn\.qkv\.bias$', 'qkv bias', 'qkv_bias=False', 'qkv_bias=True'),
@@ -407,7 +464,7 @@ _FLAG_HINTS = (
         'jumbo_tokens=0 (or strict=False to start them from scratch)',
         "jumbo_tokens to the file's J (jumbo_token.shape[1]) and with_cls_token=False",
     ),
-    (r'\.ls[12]\.gamma$', 'LayerScale', 'init_values=None', 'init_values to a number'),
+    (_LAYERSCALE, 'LayerScale', 'init_values=None', 'init_values to a number'),
 )
 
 
@@ -646,6 +703,8 @@ def load_backbone_weights(
         verify=verify,
         hints=vit_key_hints,
         loose=getattr(model, 'loose_loading', None),
+        summary=vit_shape_summary,
+        advice=vit_loose_advice,
     )
     report['dropped'] = sorted(weights.dropped + report['dropped'])
     if report['missing']:  # strict=False: say what stays as initialised
