@@ -170,6 +170,19 @@ def test_explain_backend_names_each_layer_and_why_the_faster_ones_were_skipped()
         assert 'bf16 products' not in backend_summary(model, 512, training=True)
 
 
+def test_explain_backend_says_when_the_configured_backend_cannot_run_here():
+    """A fixed ``attn_backend`` that cannot run (triton on a CPU) was explained as if it
+    ran; the forward then refused it."""
+    model = create_model(embed_dims=24, num_layers=1, num_heads=6, attn_backend='triton')
+    line = explain_backend(model.eval(), 128, print_fn=None)[1]
+    assert line.startswith("layer 0: triton (attn_backend='triton', which cannot run here: "), line
+    assert 'CUDA' in line, line
+    fine = create_model(embed_dims=24, num_layers=1, num_heads=6, attn_backend='chunked')
+    assert explain_backend(fine.eval(), 128, print_fn=None)[1] == (
+        "layer 0: chunked (attn_backend='chunked')"
+    )
+
+
 def test_a_retired_backend_name_runs_its_successor_with_a_warning():
     """``attn_backend='buffered'`` (removed: it won nowhere against tiled / fused) in an
     old config or checkpoint still builds; the engine says what runs instead."""
@@ -357,7 +370,9 @@ CAUSAL = [b for b in causal.CAUSAL_BACKENDS if b not in ('auto', 'reference')]
 @pytest.mark.parametrize('backend', CAUSAL)
 def test_causal_matches_reference(backend, grid, prefix, global_prefix):
     tokens = grid[0] * grid[1] + prefix
-    request = causal.CausalRequest(tokens, CPU, torch.float64, True, auto=False, variant=backend)
+    request = causal.CausalRequest(
+        tokens, CPU, torch.float64, training=True, auto=False, variant=backend
+    )
     trains = causal.can_run(request) is None
     if causal.can_run(replace(request, training=False)) is not None:
         pytest.skip(causal.can_run(replace(request, training=False)))

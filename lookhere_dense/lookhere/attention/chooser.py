@@ -217,12 +217,13 @@ def explain_backend(
             lines.append(f'{head}: sdpa (pos_encoding {name}: no LookHere bias)')
         else:
             steps = engine.explain(tokens, device, dtype, dropout, slope_grads, training)
-            chosen = steps[-1][0]
+            chosen, refused = steps[-1]
             skipped = '; '.join(f'{n}: {r}' for n, r in steps[:-1] if r is not None)
             why = (
                 f'skipped {skipped}'
                 if skipped
                 else f'attn_backend={engine.backend!r}'
+                + (f', which cannot run here: {refused}' if refused else '')
                 if engine.backend != 'auto'
                 else "the first of auto's order that runs here"
             )
