@@ -57,6 +57,18 @@ def test_forward_train_size_and_larger_rectangle_with_gradients(enc):
 
 
 @pytest.mark.parametrize('enc', POS_ENCODINGS)
+def test_a_misspelt_attn_backend_is_refused_for_every_encoding(enc):
+    """Only lookhere / alibi2d / ledit checked the name; the others built with any string
+    (they run sdpa, but a typo in a config meant for a LookHere run went unnoticed)."""
+    from lookhere_dense.lookhere import create_model
+
+    with pytest.raises(ValueError, match=r"unknown LookHere attention backend 'fsued'"):
+        create_model(
+            embed_dims=48, num_layers=1, num_heads=12, pos_encoding=enc, attn_backend='fsued'
+        )
+
+
+@pytest.mark.parametrize('enc', POS_ENCODINGS)
 def test_window_covering_the_grid_equals_global_attention(enc):
     """A window at least as large as the grid is global attention, for every encoding (RoPE
     rotates by positions in the whole grid, padded keys are masked)."""

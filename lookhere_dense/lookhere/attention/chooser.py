@@ -53,16 +53,7 @@ REGISTRY: Dict[str, ModuleType] = {
 AUTO_ORDER: Tuple[str, ...] = ('fused', 'tiled', 'sdpa', 'flex', 'chunked')
 
 #: Values of the engine's ``backend`` (and the backbone's ``attn_backend``).
-BACKENDS: Tuple[str, ...] = (
-    'auto',
-    'reference',
-    'sdpa',
-    'chunked',
-    'flex',
-    'tiled',
-    'fused',
-    'triton',
-)
+BACKENDS: Tuple[str, ...] = ('auto', *REGISTRY)
 
 #: backends that were removed, and the one that runs in their place (a config or a
 #: checkpoint that names them keeps working, with a warning): ``buffered`` (CPU flash

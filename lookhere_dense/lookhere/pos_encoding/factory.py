@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Tuple, Union
 
+from ..attention.chooser import BACKENDS, RETIRED
 from ..engine import LookHereAttentionEngine
 from .base import PositionEncoding, Trunk
 from .spec import ENCODINGS, PosEncodingSpec, parse_pos_encoding
@@ -46,6 +47,12 @@ def build_position_encoding(
         ImportError: ``'rope_dinov3'`` without timm.
     """
     spec = parse_pos_encoding(spec)
+    if attn_backend not in BACKENDS and attn_backend not in RETIRED:  # retired: the engine warns
+        # every encoding: one without a LookHere bias runs sdpa, but a typo is still a typo
+        raise ValueError(
+            f'unknown LookHere attention backend {attn_backend!r} (attn_backend); allowed: '
+            f'{list(BACKENDS)}'
+        )
     trunk = Trunk(
         embed_dims,
         num_heads,
