@@ -191,6 +191,32 @@ def test_a_model_with_other_parts_says_its_estimate_covers_the_backbone_only():
         model.backbone(torch.randn(1, 3, 64, 64))
 
 
+def test_training_with_attention_dropout_is_estimated_for_the_backend_that_runs_it():
+    """fused and tiled have no attention dropout, so a training pass with ``attn_drop_rate``
+    runs sdpa (its dense bias) or chunked: the guard estimated it as fused (2.7x too
+    little here) and its advice could name a backend that cannot run the pass."""
+    from lookhere_dense.engine.memory_guard import estimate_model_peak
+    from lookhere_dense.lookhere import create_model
+
+    x = torch.randn(1, 3, 512, 512)
+    model = create_model(
+        embed_dims=96, num_layers=2, num_heads=6, attn_drop_rate=0.1, init_values=None
+    ).train()
+    engine = model.lookhere
+    runs = engine.choose_backend(1025, x.device, torch.float32, 0.1, training=True)
+    assert runs in ('sdpa', 'chunked')
+    plain = create_model(embed_dims=96, num_layers=2, num_heads=6, init_values=None).train()
+    assert estimate_model_peak(model, x)['total'] > estimate_model_peak(plain, x)['total']
+    install_memory_guard(model, max_memory=estimate_model_peak(model, x)['total'] - 1)
+    with pytest.raises(MemoryBudgetError) as err:
+        model(x)
+    msg = str(err.value)
+    assert f'backend {runs}, float32' in msg, msg
+    assert "attn_backend='fused'" not in msg and "attn_backend='tiled'" not in msg, msg
+    if runs == 'sdpa':
+        assert "Cheaper: attn_backend='chunked'" in msg, msg
+
+
 def test_max_memory_off_refuses_nothing():
     """``--max-memory off`` (:data:`NO_LIMIT`): the guard stays but refuses no pass, where
     the memory left (or a budget) would."""

@@ -391,7 +391,7 @@ def _alternatives(info: Dict[str, Any], limit: int) -> List[str]:
                 "for the pass, the frame's logits included)"
             )
     for backend in ('fused', 'tiled', 'chunked'):
-        if backend != a['backend'] and est(backend=backend) <= limit:
+        if backend != a['backend'] and _runs_here(info, backend) and est(backend=backend) <= limit:
             tips.append(
                 f"attn_backend='{backend}' (--cfg-options model.backbone.attn_backend="
                 f'{backend}; ~{format_size(est(backend=backend))})'
@@ -535,11 +535,42 @@ def _detector(model: torch.nn.Module) -> Optional[torch.nn.Module]:
     return model if base is not None and isinstance(model, base.BaseDetector) else None
 
 
+def _attn_dropout(trunk, training: bool) -> float:
+    """The largest attention dropout of ``trunk``'s blocks in a training pass (0 else):
+    the backends without attention dropout (fused, tiled) cannot run it."""
+    if not training:
+        return 0.0
+    drops = (getattr(getattr(b, 'attn', None), 'attn_drop', 0.0) for b in trunk.blocks)
+    return max((float(p or 0.0) for p in drops), default=0.0)
+
+
 def _backend(trunk, tokens: int, device, dtype, training: bool) -> str:
     engine = getattr(trunk, 'lookhere', None)
     if engine is None:
         return 'nobias'
-    return engine.choose_backend(tokens, device, dtype, training=training)
+    dropout = _attn_dropout(trunk, training)
+    return engine.choose_backend(tokens, device, dtype, dropout, training=training)
+
+
+def _runs_here(info: Dict[str, Any], backend: str) -> bool:
+    """Whether the refused pass's trunk could run ``backend`` (named by the user, as the
+    advice would have it): not without a LookHere engine, not one its ``can_run`` refuses
+    (fused on CUDA or where it is not built, fused / tiled with attention dropout)."""
+    from ..lookhere.attention import REGISTRY
+
+    trunk, a = info.get('trunk'), info['args']
+    engine = getattr(trunk, 'lookhere', None)
+    if engine is None or backend not in REGISTRY:
+        return False
+    request = engine.request(
+        a['tokens'],
+        info['device'],
+        a['dtype'],
+        _attn_dropout(trunk, a['training']),
+        training=a['training'],
+        auto=False,
+    )
+    return REGISTRY[backend].can_run(request) is None
 
 
 def _dtype_of(x: torch.Tensor) -> torch.dtype:
