@@ -429,9 +429,15 @@ def test_the_triton_backend_is_refused_before_the_run_where_it_cannot_run(monkey
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
     with pytest.raises(ConfigError, match=r"'triton' runs on CUDA .*: on CPU use 'auto'$"):
         check_attn_backend(cfg, cuda=False, splits=('test',))
-    for spelling in ('1', 'true', 'on'):  # Triton's own spellings of the interpreter switch
+    from lookhere_dense.lookhere.attention import AttentionRequest, flash_triton
+
+    request = AttentionRequest(256, torch.device('cpu'), torch.float32, auto=False)
+    for spelling in ('1', 'true', 'on', 'Y'):  # Triton's own spellings of the interpreter switch
         monkeypatch.setenv('TRITON_INTERPRET', spelling)
         check_attn_backend(cfg, cuda=False, splits=('test',))
+        # the backend reads it as the check does (it read only '1': the check passed, the
+        # forward then refused 'true')
+        assert 'CUDA only' not in str(flash_triton.can_run(request)), spelling
     monkeypatch.delenv('TRITON_INTERPRET')
     shipped = Config.fromfile(lookhere_dense.config_path('segmenter_lookhere_vit-t_tiny-ade.py'))
     shipped.model.backbone.attn_backend = 'triton'

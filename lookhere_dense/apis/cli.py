@@ -30,7 +30,7 @@ from typing import (
 )
 
 from ..errors import USER_ERRORS, ConfigError
-from ..validation import ENV_ON, close_names, is_int, is_number
+from ..validation import close_names, is_int, is_number
 
 __all__ = [
     'quiet_mmengine_logger',
@@ -1053,7 +1053,6 @@ def check_attn_backend(
     Raises:
         lookhere_dense.errors.ConfigError: naming the key, its value and what to use.
     """
-    import os
 
     model = cfg.get('model')
     backbone = model.get('backbone') if isinstance(model, Mapping) else None
@@ -1080,7 +1079,9 @@ def check_attn_backend(
             "heads); train with 'auto' (or "
             + ("'chunked' / 'sdpa' / 'flex')" if cuda else "'fused' / 'chunked' / 'sdpa')")
         )
-    interpret = os.environ.get('TRITON_INTERPRET', '').strip().lower() in ENV_ON
+    from ..lookhere.attention.flash_triton import interpret_requested
+
+    interpret = interpret_requested()  # as Triton and the backend read it
     if backend == 'triton' and not cuda and not interpret:
         raise ConfigError(
             "model.backbone.attn_backend='triton' runs on CUDA (Triton kernels; on CPU only "

@@ -69,6 +69,17 @@ FALLIBLE = True
 TRITON_TILES: Tuple[int, int] = (64, 64)
 
 
+#: the values of ``TRITON_INTERPRET`` that turn Triton's interpreter on, as Triton reads
+#: the variable (``triton.knobs``' booleans: case-insensitive)
+_TRITON_ON = ('1', 'true', 'yes', 'on', 'y')
+
+
+def interpret_requested() -> bool:
+    """Whether ``TRITON_INTERPRET`` asks for Triton's interpreter (read as Triton reads it,
+    without importing it; Triton fixes the mode at its import)."""
+    return os.environ.get('TRITON_INTERPRET', '').lower() in _TRITON_ON
+
+
 def triton_available() -> bool:
     """Whether the ``triton`` package is installed (it is not imported here)."""
     return importlib.util.find_spec('triton') is not None
@@ -275,7 +286,7 @@ def can_run(request: AttentionRequest) -> Optional[str]:
     if NAME in request.failed:
         return 'failed earlier in this model (see the warning)'
     device = torch.device(request.device).type
-    interpret = os.environ.get('TRITON_INTERPRET', '0') == '1'
+    interpret = interpret_requested()
     if device == 'cpu' and not interpret:
         return "CUDA only (on CPU: Triton's interpreter, Python started with TRITON_INTERPRET=1)"
     if device not in ('cuda', 'cpu') or (device == 'cuda' and interpret):

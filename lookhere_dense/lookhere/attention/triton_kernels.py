@@ -166,6 +166,7 @@ def interpreting() -> bool:
     knobs = getattr(triton, 'knobs', None)
     if knobs is not None:
         return bool(knobs.runtime.interpret)
+    # Triton < 3.4 read the variable so itself
     return os.environ.get('TRITON_INTERPRET', '0') == '1'  # pragma: no cover - Triton < 3.4
 
 
