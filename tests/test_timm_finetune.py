@@ -136,6 +136,47 @@ def test_no_weight_decay_exempts_tokens_position_parameters_and_slopes():
     assert _weight_decays(absolute)['pos_enc.pos_embed'] == 0
 
 
+@pytest.mark.parametrize(
+    'kw',
+    [
+        dict(pos_encoding='abs'),
+        dict(pos_encoding='rope2d_mixed'),
+        dict(pos_encoding='pape'),
+        dict(lh_config=dict(learnable_slopes=True)),
+        dict(jumbo_tokens=2, with_cls_token=False),
+    ],
+)
+def test_timm_and_the_mmengine_constructor_exempt_the_same_parameters(kw):
+    """The exemptions are written twice (``no_weight_decay()`` for timm's factory, the
+    layer-decay constructor's own rule for mmengine): the same backbone trained through
+    either route decays the same tensors."""
+    from torch import nn
+
+    from lookhere_dense.engine.layer_decay import LookHereLayerDecayOptimizerConstructor
+    from lookhere_dense.models.backbones import LookHereViT
+
+    timm_kw = dict(kw)
+    if 'jumbo_tokens' in kw:  # timm's names for a trunk without CLS token
+        timm_kw = dict(jumbo_tokens=2, class_token=False, global_pool='avg')
+    ours = timm.create_model(TINY, depth=2, num_classes=0, **timm_kw)
+    timm_free = {n for n, wd in _weight_decays(ours).items() if wd == 0}
+    model = nn.Module()
+    model.backbone = LookHereViT(embed_dims=192, num_layers=2, num_heads=12, **kw)
+    opt = LookHereLayerDecayOptimizerConstructor(
+        dict(type='OptimWrapper', optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05)),
+        dict(decay_rate=0.9),
+    )(model)
+    names = {id(p): n.removeprefix('backbone.') for n, p in model.named_parameters()}
+    mm_free = {
+        names[id(p)]
+        for g in opt.optimizer.param_groups
+        if g['weight_decay'] == 0
+        for p in g['params']
+    }
+    assert mm_free == timm_free
+    assert {n for n, p in ours.named_parameters() if p.dim() > 1} & timm_free  # not only 1-D
+
+
 def test_the_features_only_wrapper_has_the_same_groups():
     """The wrapper's names are the model's under ``model.``; it holds no classifier (as
     timm's pruned ViT: no parameters without gradients, no group above the blocks)."""
