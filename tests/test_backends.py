@@ -183,6 +183,17 @@ def test_explain_backend_says_when_the_configured_backend_cannot_run_here():
     )
 
 
+def test_auto_passes_over_a_backend_that_failed_in_this_model():
+    """The engine records a FALLIBLE backend that raised when ``auto`` chose it; the
+    chooser passes over it from then on (one place, not each backend's ``can_run``)."""
+    from lookhere_dense.lookhere.attention import chooser
+
+    request = AttentionRequest(2048, CPU, torch.float32)
+    first = chooser.choose(request)
+    steps = chooser.explain(replace(request, failed=(first,)))
+    assert steps[0] == (first, chooser.FAILED) and steps[-1][0] != first
+
+
 def test_a_retired_backend_name_runs_its_successor_with_a_warning():
     """``attn_backend='buffered'`` (removed: it won nowhere against tiled / fused) in an
     old config or checkpoint still builds; the engine says what runs instead."""

@@ -53,10 +53,8 @@ __all__ = [
     'PRIMITIVES',
     'DIRECTION_TYPES',
     'NONE_LIKE_TYPES',
-    'DIRECTED_TYPES',
     'primitive_blocked',
     'head_blocked',
-    'head_sees_everything',
     'relative_offsets',
 ]
 
@@ -109,7 +107,6 @@ DIRECTION_TYPES: Dict[str, Tuple[HeadSpec, HeadSpec, HeadSpec, HeadSpec]] = {
 #: Types whose heads get the "unrestricted" slope schedule (official: names containing
 #: ``zero``, ``center`` or ``none``); every other type gets the directed schedule.
 NONE_LIKE_TYPES = tuple(t for t in DIRECTION_TYPES if 'zero' in t or 'center' in t or 'none' in t)
-DIRECTED_TYPES = tuple(t for t in DIRECTION_TYPES if t not in NONE_LIKE_TYPES)
 
 _HALF_PLANES = ('up', 'down', 'left', 'right')
 _CONES = ('tri_up', 'tri_down', 'tri_left', 'tri_right')
@@ -180,11 +177,6 @@ def head_blocked(spec: Sequence[str], dy: Tensor, dx: Tensor) -> Tensor:
     for name in spec:  # at most three primitives per head
         blocked |= primitive_blocked(name, dy, dx)
     return blocked
-
-
-def head_sees_everything(spec: Sequence[str]) -> bool:
-    """True for heads whose field of view is the whole grid (``none``/``zero``/``center``)."""
-    return all(name in ('zero', 'center') for name in spec)
 
 
 def heads_of_type(direction_type: str) -> List[HeadSpec]:

@@ -389,8 +389,6 @@ class LookHereAttentionEngine:
             return self.dense_bias(layer, grid_size, cls_token, device, dtype)
         return self.slope_bias(layer, grid_size, device, dtype, slopes).dense(0, cls_token)
 
-    _dense_or_slope_bias = dense_or_slope_bias
-
     def layer_bias(
         self,
         layer: int,

@@ -61,6 +61,10 @@ BACKENDS: Tuple[str, ...] = ('auto', *REGISTRY)
 #: ``tiled`` / ``fused`` (docs/attention.md, "Retired: buffered")
 RETIRED: Dict[str, str] = {'buffered': 'tiled'}
 
+#: why ``auto`` passes over a backend that raised in this model (the engine records it in
+#: ``failed`` when a ``FALLIBLE`` backend ``auto`` chose raises, and warns)
+FAILED = 'failed earlier in this model (see the warning)'
+
 
 def explain(
     request: AttentionRequest, skip: Optional[Mapping[str, str]] = None
@@ -68,10 +72,16 @@ def explain(
     """``[(backend, reason it cannot run or None)]`` in :data:`AUTO_ORDER`, up to and
     including the first that can run (the one ``auto`` picks). ``skip``: backends passed
     over whatever the request, with the reason given (e.g. the engine's ``UNTRACEABLE``
-    under ``torch.jit.trace``). Default: None."""
+    under ``torch.jit.trace``). Default: None. A backend in ``request.failed`` (it raised
+    in this model) is passed over here, with :data:`FAILED`: no backend checks that
+    itself."""
     out = []
     for name in AUTO_ORDER:
-        reason = (skip or {}).get(name) or REGISTRY[name].can_run(request)
+        reason = (
+            (skip or {}).get(name)
+            or (FAILED if name in request.failed else None)
+            or REGISTRY[name].can_run(request)
+        )
         out.append((name, reason))
         if reason is None:
             break

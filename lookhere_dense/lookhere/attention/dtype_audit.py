@@ -28,14 +28,14 @@ it imports no backend.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ['OpRecord', 'DtypeAudit', 'audit_call']
+__all__ = ['OpRecord', 'DtypeAudit']
 
 
 @dataclass(frozen=True)
@@ -115,18 +115,3 @@ class DtypeAudit(TorchDispatchMode):
         """:meth:`allocations` as lines (what a failing test prints)."""
         rows = self.allocations(dtype, min_numel)
         return '\n'.join(str(r) for r in rows) if rows else '(none)'
-
-
-def audit_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Tuple[Any, DtypeAudit]:
-    """``fn(*args, **kwargs)`` under a fresh :class:`DtypeAudit`: ``(result, audit)``."""
-    with DtypeAudit() as audit:
-        out = fn(*args, **kwargs)
-    return out, audit
-
-
-def by_op(records: List[OpRecord]) -> Dict[str, int]:
-    """The largest element count per operation name among ``records``."""
-    out: Dict[str, int] = {}
-    for r in records:
-        out[r.op] = max(out.get(r.op, 0), r.numel)
-    return out

@@ -47,7 +47,6 @@ from .common import (
 
 __all__ = [
     'NAME',
-    'FALLIBLE',
     'can_run',
     'attend',
     'triton_available',
@@ -58,9 +57,6 @@ __all__ = [
 ]
 
 NAME = 'triton'
-#: a compile problem on some GPU / Triton: ``auto`` never chooses this backend, but a
-#: failure is still reported like flex's
-FALLIBLE = True
 
 #: ``(BLOCK_M, BLOCK_N)`` of the kernel: queries per program and keys per step; both
 #: divide the skipping tile (:data:`~.common.FLEX_BLOCK`, 128 tokens), both >= 16 (Triton's
@@ -283,8 +279,6 @@ def can_run(request: AttentionRequest) -> Optional[str]:
         return 'has no attention dropout'
     if request.dtype not in _DTYPES:
         return f'takes float32 / bfloat16 / float16, not {request.dtype}'
-    if NAME in request.failed:
-        return 'failed earlier in this model (see the warning)'
     device = torch.device(request.device).type
     interpret = interpret_requested()
     if device == 'cpu' and not interpret:

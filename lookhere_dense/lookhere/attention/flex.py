@@ -427,7 +427,7 @@ def _call_flex(
 
 def can_run(request: AttentionRequest) -> Optional[str]:
     """Needs ``flex_attention``, no attention dropout; ``auto`` on CUDA only (eager flex on
-    CPU materialises the scores) and never after it failed in this model; slope gradients
+    CPU materialises the scores; the chooser skips it after it failed in this model); slope gradients
     need torch >= 2.6 (:func:`flex_slope_grads_available`), and not compiled on CPU; no
     training on CPU (no CPU backward)."""
     if not flex_available():
@@ -436,8 +436,6 @@ def can_run(request: AttentionRequest) -> Optional[str]:
         return 'has no attention dropout'
     if request.auto and torch.device(request.device).type != 'cuda':
         return 'auto uses it on CUDA only (eager flex materialises the scores)'
-    if NAME in request.failed:
-        return 'failed earlier in this model (see the warning)'
     if request.slope_grads and not flex_slope_grads_available():
         return f'torch {torch.__version__} cannot give a score_mod table gradients'
     if request.training and request.on_cpu:
