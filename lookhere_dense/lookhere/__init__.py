@@ -19,21 +19,23 @@ The LookHere math:
   table's materialisations (the one source of the bias); :mod:`.prefix_tokens` -- the
   count of global prefix tokens (CLS / Jumbo), which carry no position;
 * :mod:`.slopes` -- :class:`LookHereSlopes`: learnable global / layer / head slopes;
-* :mod:`.attention` -- the backends (overview) and the dense ones (``reference``, ``sdpa``);
-  :mod:`.chunked` (blocks of query rows), :mod:`.flex` (``flex_attention``, block masks,
-  tile order); :mod:`.engine` -- :class:`LookHereAttentionEngine`: backend choice and bias
-  caches;
-* :mod:`.windows` -- ViTDet window partitioning; :mod:`.cache` -- the bounded cache.
+* :mod:`.attention` -- one module per backend (``reference``, ``sdpa``, ``chunked``,
+  ``tiled``, ``fused``, ``flex``, ``triton``; LEDiT's ``causal``), the shared plumbing,
+  ViTDet's window partitioning (``attention.windows``) and the chooser;
+  :mod:`.engine` -- :class:`LookHereAttentionEngine`: backend choice and bias caches
+  (``lookhere.chunked`` / ``flex`` / ``fused`` / ``tiled`` / ``windows``: old import
+  paths of the ``attention`` modules, the same module objects);
+* :mod:`.cache` -- the bounded cache.
 """
 
 from .attention import BACKENDS, explain_backend, reference_attention, sdpa_attention
+from .attention.chunked import chunked_attention
+from .attention.flex import flex_attention_lookhere
 from .bias import GridBias, build_grid_bias, lookhere_bias, relative_bias_table
 from .cache import BoundedCache
-from .chunked import chunked_attention
 from .config import PRESETS, LookHereConfig, head_layout, layer_slopes, resolve_lh_config
 from .directions import DIRECTION_TYPES, PRIMITIVES
 from .engine import LookHereAttentionEngine
-from .flex import flex_attention_lookhere
 from .loading import load_model_weights
 from .slopes import LookHereSlopes
 from .vit import LookHereVisionTransformer, create_model

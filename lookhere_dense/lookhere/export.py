@@ -53,11 +53,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .attention.windows import attend_in_windows, effective_window, padded_grid, window_key_mask
 from .bias import build_grid_bias
 from .pos_encoding import PositionEncoding
 from .prefix_tokens import num_prefix_tokens, prefix_phrase
 from .vit import LookHereVisionTransformer
-from .windows import attend_in_windows, effective_window, padded_grid, window_key_mask
 
 __all__ = [
     'StaticGridAttention',

@@ -306,8 +306,9 @@ class LookHereVisionTransformer(nn.Module):
         init_values (float, optional): LayerScale init; None or 0: no LayerScale (e.g.
             for timm ViT weights without it; 0 as in timm's ViT). Default: 1e-4.
         attn_backend (str): ``'auto'``, ``'reference'``, ``'sdpa'``, ``'chunked'``,
-            ``'tiled'``, ``'fused'`` or ``'flex'`` (see
-            :mod:`lookhere_dense.lookhere.attention`). Default: ``'auto'``.
+            ``'tiled'``, ``'fused'``, ``'flex'`` or ``'triton'`` (CUDA inference; see
+            :mod:`lookhere_dense.lookhere.attention`, whose ``BACKENDS`` lists them).
+            Default: ``'auto'``.
         attn_block_size (int, optional): query rows per block of the chunked backend;
             None: sized automatically (the bias block never exceeds the MLP activation).
             Default: None.

@@ -14,9 +14,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..attention.windows import attend_in_windows, padded_grid, sdpa_in_windows, window_key_mask
 from ..config import LookHereConfig
 from ..prefix_tokens import check_tokens, num_prefix_tokens
-from ..windows import attend_in_windows, padded_grid, sdpa_in_windows, window_key_mask
 
 __all__ = ['PositionEncoding', 'NoPositionEncoding', 'Trunk', 'window_sdpa', 'isolated_rng']
 
