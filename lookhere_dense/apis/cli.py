@@ -68,6 +68,7 @@ __all__ = [
     'check_device',
     'start_tool',
     'tool_command',
+    'log_rank0',
 ]
 
 
@@ -274,7 +275,7 @@ def load_config(path: str, cfg_options: Optional[dict] = None):
         ) from None
     if cfg_options:
         opened = _open_unset_parents(cfg, cfg_options)
-        check_cfg_options(cfg, cfg_options, lambda m: _log(m, logging.WARNING))
+        check_cfg_options(cfg, cfg_options, lambda m: log_rank0(m, logging.WARNING))
         _schedule_follows(cfg, cfg_options)
         cfg.merge_from_dict(cfg_options)
         _drop_delete_marks(cfg, cfg_options)
@@ -331,7 +332,7 @@ def _typed_if_built(cfg, opened: Sequence[Tuple[str, ...]]) -> None:
         key = '.'.join(parts)
         if parts[-1] == 'init_cfg' and 'checkpoint' in node:
             node['type'] = 'Pretrained'
-            _log(
+            log_rank0(
                 f"--cfg-options {key}.checkpoint: {key}.type='Pretrained' (the config had {key}=None)"
             )
             continue
@@ -357,7 +358,7 @@ def _schedule_follows(cfg, cfg_options: Mapping[str, Any]) -> None:
     old = train_cfg['max_iters']
     changes = schedule_to(cfg, new)
     if changes:
-        _log(
+        log_rank0(
             f'--cfg-options train_cfg.max_iters={new} (the config: {old}): the LR schedule '
             f'follows: {"; ".join(changes)}',
             logging.WARNING,
@@ -1029,7 +1030,7 @@ def tool_command(script: str, argv: Optional[Sequence[str]]) -> str:
     return f'python tools/{script} ' + ' '.join(argv if argv is not None else sys.argv[1:])
 
 
-def _log(msg: str, level: int = logging.INFO) -> None:
+def log_rank0(msg: str, level: int = logging.INFO) -> None:
     """Log through mmengine's current logger; in a multi-process run only rank 0 logs
     (errors are raised on every rank anyway)."""
     if os.environ.get('RANK', '0') != '0':
@@ -1149,7 +1150,7 @@ def preflight(
     )
 
     def warn(msg: str) -> None:
-        _log(msg, logging.WARNING)
+        log_rank0(msg, logging.WARNING)
         if notes is not None:
             notes.append(msg)
 
@@ -1163,7 +1164,7 @@ def preflight(
         warn(scale)
     if (cfg.get('default_scope') or 'mmseg') == 'mmseg':
         for note in sync_label_checks(cfg, splits):
-            _log(note)
+            log_rank0(note)
     dropped: List[str] = []
     if check_pretrained:
         dropped = check_pretrained_files(
@@ -1173,7 +1174,7 @@ def preflight(
         if (cfg.get('default_scope') or 'mmseg') == 'mmseg':
             sizes = check_seg_data(cfg, splits)
             for where, n in sizes.items():
-                _log(f'data check passed: {where} has {n} images with annotations')
+                log_rank0(f'data check passed: {where} has {n} images with annotations')
             padded = crop_padding_note(cfg) if 'train' in splits else None
             if padded:
                 warn(padded)
@@ -1183,7 +1184,7 @@ def preflight(
             if padded:
                 warn(padded)
             for where, (images, anns) in check_coco_annotations(cfg, splits).items():
-                _log(
+                log_rank0(
                     f'data check passed: {where} has {images} images and {anns} annotations, '
                     'every class of the dataset among its categories'
                 )

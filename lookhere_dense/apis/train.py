@@ -83,9 +83,9 @@ TORCHRUN_ENV = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT'
 
 
 def _warn(msg: str) -> None:
-    from .cli import _log
+    from .cli import log_rank0
 
-    _log(msg, logging.WARNING)
+    log_rank0(msg, logging.WARNING)
 
 
 def _checkpoint_number(path: str) -> int:
