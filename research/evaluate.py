@@ -236,34 +236,16 @@ def large_frame_note(data: Any, desc: str = '') -> Optional[str]:
 def largest_frame(
     dataloader: Dict[str, Any],
 ) -> Optional[Tuple[Tuple[int, int], Tuple[int, int]]]:
-    """The largest frame (by pixels) the dataloader's pipeline gives: ``((H, W) after its
-    first resize, (H, W) of the image file)``, from the files' headers (nothing decoded);
+    """The largest frame (by pixels) the dataloader config's pipeline gives: ``((H, W)
+    after its first resize, (H, W) of the image file)``, from the files' headers (nothing
+    decoded; :func:`lookhere_dense.data.checks.largest_frame` of the dataset it builds);
     None without images or for a dataset that is no mmseg one."""
-    from mmseg.datasets import BaseSegDataset
     from mmseg.registry import DATASETS
 
-    from lookhere_dense.data.checks import image_size, size_after
-    from lookhere_dense.evaluation.resize import find_resize
+    from lookhere_dense.data.checks import largest_frame as dataset_largest_frame
 
     dataset = DATASETS.build(copy.deepcopy(dataloader['dataset']))
-    if not isinstance(dataset, BaseSegDataset):
-        return None
-    dataset.full_init()
-    pipeline = list(dataloader['dataset'].get('pipeline') or [])
-    idx = find_resize(pipeline)
-    best = None
-    for i in range(len(dataset)):
-        path = dataset.get_data_info(i)['img_path']
-        if '://' in path:
-            continue
-        try:
-            ori = image_size(path, apply_orientation=True)
-        except Exception:  # noqa: BLE001 - the loop names an unreadable file
-            continue
-        size = size_after(pipeline[idx] if idx is not None else None, ori)
-        if best is None or size[0] * size[1] > best[0][0] * best[0][1]:
-            best = (size, ori)
-    return best
+    return dataset_largest_frame(dataset, dataloader['dataset'].get('pipeline') or [])
 
 
 def evaluate_loader(

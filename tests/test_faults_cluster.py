@@ -827,6 +827,36 @@ def test_infer_refuses_a_frame_over_the_budget_before_it_resizes_the_image(data,
     assert mem.rise_bytes < 150 * 2**20, mem.rise_bytes
 
 
+def test_test_refuses_a_frame_over_the_budget_before_it_resizes_an_image(data, tmp_path):
+    """The same for ``tools/test.py`` (mmengine's test loop): its largest frame, from the
+    files' headers and the pipeline's resize, is checked before the first image loads
+    (the guard saw it only in the model, the resized frame and its copies in memory)."""
+    from tiny_seg import write_checkpoint
+
+    from lookhere_dense.apis.test import evaluate_checkpoint
+    from lookhere_dense.errors import MemoryBudgetError
+    from research.memory import PeakMemory, free_memory
+
+    ckpt = write_checkpoint(str(tmp_path / 'model.pth'), SHRINK)
+    resize = ['test_dataloader.dataset.pipeline.1.scale=(16384,8192)']
+    resize += ['test_dataloader.dataset.pipeline.1.keep_ratio=False']
+    resize += ['test_dataloader.num_workers=0', 'test_dataloader.persistent_workers=False']
+    free_memory()
+    with PeakMemory('cpu') as mem, pytest.raises(MemoryBudgetError) as err:
+        evaluate_checkpoint(
+            ADE_CFG,
+            ckpt,
+            work_dir=str(tmp_path / 't'),
+            max_memory='1G',
+            cfg_options=options(*roots(data), *SHRINK, *resize),
+        )
+    assert str(err.value).startswith(  # the config's sliding windows, the frame's logits
+        'inference of a (1, 3, 8192, 16384) input in sliding 128x128 windows refused before'
+    )
+    # the resized frame alone is 384 MiB as uint8 pixels, 1.5 GiB as float32
+    assert mem.rise_bytes < 150 * 2**20, mem.rise_bytes
+
+
 def test_extrapolate_refuses_a_test_over_the_budget_before_it_resizes_an_image(data, tmp_path):
     """The same for the extrapolation report: its tests (``whole@8192x16384``) were refused
     when the first frame reached the model, the resized frame and its copies in memory;

@@ -58,6 +58,9 @@ __all__ = [
     'crop_padding_note',
     'eval_pad_note',
     'image_size',
+    'largest_size_after',
+    'size_after',
+    'largest_frame',
     'LAYOUT_HINTS',
 ]
 
@@ -819,6 +822,43 @@ def size_after(t: Optional[Mapping], hw: Tuple[int, int]) -> Tuple[int, int]:
         return int(hw[0]), int(hw[1])
     h, w = largest_size_after(t, float(hw[0]), float(hw[1]))
     return int(h + 0.5), int(w + 0.5)
+
+
+def largest_frame(
+    dataset: Any, pipeline: Sequence[Mapping]
+) -> Optional[Tuple[Tuple[int, int], Tuple[int, int]]]:
+    """The largest frame (by pixels) a test pipeline gives the images of a dataset:
+    ``((H, W) after the pipeline's first resize, (H, W) of that image file)``, from the
+    files' headers (nothing is decoded: what a memory check needs before the first image
+    is resized). None for a dataset that is no mmseg ``BaseSegDataset`` or without local
+    images; a file that cannot be read is left to the pipeline, which names it.
+
+    Args:
+        dataset: a built dataset (its ``full_init`` is called).
+        pipeline: its pipeline as transform dicts (the config's).
+    """
+    from mmseg.datasets import BaseSegDataset
+
+    from ..evaluation.resize import find_resize
+
+    if not isinstance(dataset, BaseSegDataset):
+        return None
+    dataset.full_init()
+    pipeline = list(pipeline or [])
+    idx = find_resize(pipeline)
+    best = None
+    for i in range(len(dataset)):
+        path = dataset.get_data_info(i).get('img_path')
+        if not isinstance(path, str) or '://' in path:
+            continue
+        try:
+            ori = image_size(path, apply_orientation=True)
+        except Exception:  # noqa: BLE001 - the pipeline names an unreadable file
+            continue
+        size = size_after(pipeline[idx] if idx is not None else None, ori)
+        if best is None or size[0] * size[1] > best[0][0] * best[0][1]:
+            best = (size, ori)
+    return best
 
 
 def check_crop_fits(cfg: Mapping, max_images: int = 8) -> None:

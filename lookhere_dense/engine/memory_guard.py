@@ -1040,7 +1040,13 @@ def check_frame_size(
     h, w = (int(v) for v in size)
     device = next(model.parameters()).device
     frame = torch.zeros((), device=device).expand(1, 3, h, w)  # the shape, no memory
-    guard.check_frame(frame, [dict(ori_shape=tuple(ori_shape or (h, w)))])
+    training = model.training  # e.g. before mmengine's test loop calls eval()
+    model.eval()
+    try:
+        with torch.no_grad():  # as the inference it stands for
+            guard.check_frame(frame, [dict(ori_shape=tuple(ori_shape or (h, w)))])
+    finally:
+        model.train(training)
 
 
 def estimate_model_peak(model: torch.nn.Module, inputs: torch.Tensor, crop=None) -> Dict[str, int]:
@@ -1075,7 +1081,10 @@ class MemoryGuardHook(Hook):
     """:func:`install_memory_guard` on the Runner's model before training, validation
     and testing: every training step and every validation or test pass (a segmentor's
     whole frame or sliding windows, a detector with its neck and heads) is checked before
-    it allocates.
+    it allocates. A segmentor's test and validation sets are checked once more before the
+    first image loads: their largest frame, from the image files' headers and the
+    pipeline's resize (:func:`~lookhere_dense.data.checks.largest_frame`), so a frame over
+    the budget is refused before it is resized into memory.
 
     Args:
         max_memory: the budget (bytes, or a size such as ``'8G'``). Default: None (what
@@ -1086,7 +1095,33 @@ class MemoryGuardHook(Hook):
 
     def __init__(self, max_memory: Union[None, int, str] = None):
         self.max_memory = None if max_memory is None else parse_memory(max_memory)
+        self._checked: set = set()
+
+    @staticmethod
+    def _model(runner) -> torch.nn.Module:
+        return runner.model.module if hasattr(runner.model, 'module') else runner.model
 
     def before_run(self, runner) -> None:
-        model = runner.model.module if hasattr(runner.model, 'module') else runner.model
-        install_memory_guard(model, self.max_memory, _crop_of(runner.cfg))
+        install_memory_guard(self._model(runner), self.max_memory, _crop_of(runner.cfg))
+
+    def _check_largest_frame(self, runner, loop, key: str) -> None:
+        """A segmentor's largest test frame, checked from the image files' headers before
+        the first image is loaded and resized (the guard's own check comes when a frame
+        reaches the model: a refused 8192x16384 frame would be in memory, with its copies,
+        by then). Once per dataset."""
+        from ..data.checks import largest_frame
+
+        dataset = getattr(getattr(loop, 'dataloader', None), 'dataset', None)
+        if dataset is None or id(dataset) in self._checked:
+            return
+        self._checked.add(id(dataset))
+        dataset_cfg = (runner.cfg.get(key) or {}).get('dataset') or {}
+        frame = largest_frame(dataset, dataset_cfg.get('pipeline') or [])
+        if frame is not None:
+            check_frame_size(self._model(runner), *frame)
+
+    def before_test(self, runner) -> None:
+        self._check_largest_frame(runner, runner.test_loop, 'test_dataloader')
+
+    def before_val(self, runner) -> None:
+        self._check_largest_frame(runner, runner.val_loop, 'val_dataloader')
