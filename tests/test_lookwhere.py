@@ -345,7 +345,37 @@ def test_official_layout_loads_and_matches_the_official_procedure():
         e = ext.norm(ext.blocks(e))
         got = model.forward_tokens(x, keep=keep)['tokens'][-1]
         assert torch.allclose(got, e, atol=1e-5)
-        assert model(x, k=7)[0].shape == (2, 48, 5, 5)
+        # the official dense output (upsample_grid_nn, K=5): each patch the mean of its 5
+        # nearest kept patches weighted by 1 / (distance + 1e-8), written out patch by patch
+        dense = model(x, k=7)[-1]
+        assert dense.shape == (2, 48, 5, 5)
+        values = e[:, 5:]
+        for b in range(2):
+            kept = [(int(i) // 5, int(i) % 5) for i in keep[b]]
+            for p in range(25):
+                d = [math.dist((p // 5, p % 5), c) for c in kept]
+                near = sorted(range(7), key=lambda j: (d[j], j))[:5]
+                w = torch.tensor([1 / (d[j] + 1e-8) for j in near])
+                want = (values[b, near] * (w / w.sum())[:, None]).sum(0)
+                torch.testing.assert_close(dense[b, :, p // 5, p % 5], want, atol=1e-5, rtol=0)
+
+
+def test_official_weights_load_at_another_resolution():
+    """``high_res`` other than the file's: the extractor's table is resampled to its grid
+    at load (it was refused for its shape), as the official forward resamples it to the
+    input's; the model then gives what the file's resolution gives at that input."""
+    from lookhere_dense.lookwhere.official import load_official_lookwhere
+
+    ckpt, *_ = _official_like_checkpoint()
+    small = dict(embed_dims=48, selector_layers=2, extractor_layers=2, selector_size=42)
+    at_file, _ = load_official_lookwhere(ckpt, high_res=70, **small)
+    larger, _ = load_official_lookwhere(ckpt, high_res=98, **small)
+    assert larger.extractor.trunk.pos_enc.pos_embed.shape == (1, 49, 48)
+    x = torch.randn(1, 3, 98, 98)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            larger.eval()(x, k=20)[-1], at_file.eval()(x, k=20)[-1], atol=1e-5, rtol=1e-5
+        )
 
 
 def test_official_layout_errors_name_what_does_not_fit():

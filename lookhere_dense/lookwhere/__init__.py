@@ -6,14 +6,15 @@ LookHere extractor, in plain PyTorch (torch alone; no OpenMMLab imports).
 * :mod:`.extractor` -- :class:`LookWhereExtractor`: our LookHere ViT on the kept patches
   only, the bias of each kept pair built from their grid coordinates (:mod:`.subset`);
 * :mod:`.select` -- ``k`` / ``k_ratio`` rules, top-k, gather / scatter;
-* :mod:`.fill` -- the dense map of every patch: nearest kept patch, or learned propagation;
+* :mod:`.fill` -- the dense map of every patch: nearest kept patch, the official
+  inverse-distance mean of the 5 nearest, or learned propagation;
 * :mod:`.model` -- :class:`LookWhere`, the three together;
 * :mod:`.distill` -- what-where distillation from a frozen LookHere teacher;
 * :mod:`.official` -- the official ``lookwhere_dinov2.pt`` layout.
 """
 
 from .extractor import LookWhereExtractor
-from .fill import FILL_MODES, PropagateFill, nearest_fill
+from .fill import FILL_MODES, PropagateFill, idw_fill, nearest_fill
 from .model import LookWhere
 from .select import (
     gather_patches,
@@ -41,6 +42,7 @@ __all__ = [
     'gather_patches',
     'scatter_patches',
     'nearest_fill',
+    'idw_fill',
     'PropagateFill',
     'FILL_MODES',
 ]

@@ -1,14 +1,18 @@
 """From the kept patches' features to a dense NCHW map of every patch.
 
+* :func:`idw_fill` -- every patch takes the inverse-distance-weighted mean of its ``K = 5``
+  nearest kept patches (weights ``1 / (d + 1e-8)``, Euclidean distance on the patch grid):
+  the official LookWhere's dense output (``upsample_grid_nn`` of ``antofuller/lookwhere``,
+  its ``K`` and ``distance_power`` defaults); a kept patch keeps its own features up to
+  that ``1e-8``;
 * :func:`nearest_fill` -- every patch takes the features of the nearest kept patch
-  (Euclidean distance on the patch grid, ties to the lower kept index), as the official
-  LookWhere fills its segmentation output;
+  (Euclidean distance, ties to the lower kept index): ``K = 1`` of the same, exact;
 * :class:`PropagateFill` -- region growing: unkept patches take the mean of their already
   filled 3x3 neighbours, ring by ring outwards from the kept ones, then a learned depthwise
   3x3 + pointwise correction (initialised to zero, so it starts as the plain propagation)
   on the unkept patches only.
 
-Both return the kept patches' own features unchanged. Torch alone.
+``nearest`` and ``propagate`` return the kept patches' own features unchanged. Torch alone.
 """
 
 from __future__ import annotations
@@ -22,10 +26,22 @@ from torch import Tensor
 
 from .select import scatter_patches
 
-__all__ = ['nearest_fill', 'nearest_kept', 'PropagateFill', 'FILL_MODES', 'build_fill']
+__all__ = [
+    'idw_fill',
+    'nearest_fill',
+    'nearest_kept',
+    'PropagateFill',
+    'FILL_MODES',
+    'build_fill',
+    'IDW_NEIGHBOURS',
+]
 
-#: the dense-output modes
-FILL_MODES = ('nearest', 'propagate')
+#: the dense-output modes (``'idw'``: the official LookWhere's)
+FILL_MODES = ('nearest', 'idw', 'propagate')
+#: kept patches :func:`idw_fill` averages (the official ``upsample_grid_nn``'s ``K``)
+IDW_NEIGHBOURS = 5
+#: added to the distances before they are inverted (the official ``epsilon``)
+_IDW_EPSILON = 1e-8
 
 
 def _coords(index: Tensor, width: int) -> Tensor:
@@ -70,6 +86,54 @@ def nearest_fill(values: Tensor, keep: Tensor, grid_size: Tuple[int, int]) -> Te
     src = nearest_kept(keep, grid_size)  # (B, N)
     dense = values.gather(1, src[..., None].expand(-1, -1, values.shape[-1]))
     return dense.transpose(1, 2).reshape(values.shape[0], values.shape[-1], height, width)
+
+
+def idw_fill(
+    values: Tensor,
+    keep: Tensor,
+    grid_size: Tuple[int, int],
+    neighbours: int = IDW_NEIGHBOURS,
+    power: float = 1.0,
+    chunk: int = 4096,
+) -> Tensor:
+    """Every patch gets the inverse-distance-weighted mean of its ``neighbours`` nearest
+    kept patches: weights ``1 / (d**power + 1e-8)`` normalised to sum to 1 (the official
+    LookWhere's ``upsample_grid_nn`` with its defaults ``K=5``, ``distance_power=1``;
+    ties in distance go to the earlier kept patch, where the official's unstable
+    ``argsort`` may take either). A kept patch (distance 0, weight 1e8) keeps its own
+    features up to a relative 1e-8 of its neighbours'.
+
+    Args:
+        values: ``(B, K, D)`` features of the kept patches.
+        keep: ``(B, K)`` their indices on the grid.
+        grid_size: ``(H, W)``.
+        neighbours: kept patches per mean (fewer when fewer are kept). Default: 5.
+        power: the distance's exponent. Default: 1.
+        chunk: grid patches per distance block (bounds memory to ``B * chunk * K``).
+            Default: 4096.
+
+    Returns:
+        ``(B, D, H, W)`` in ``values``' dtype (the weights are computed in float32).
+    """
+    height, width = grid_size
+    b, k, d = values.shape
+    n = height * width
+    m = min(int(neighbours), k)
+    kept = _coords(keep, width).float()  # (B, K, 2)
+    out = []
+    for start in range(0, n, chunk):
+        pos = _coords(torch.arange(start, min(n, start + chunk), device=keep.device), width)
+        dist = torch.cdist(pos.float()[None].expand(b, -1, -1), kept)  # (B, c, K)
+        if power != 1:
+            dist = dist**power
+        near, idx = dist.sort(dim=-1, stable=True)
+        near, idx = near[..., :m], idx[..., :m]  # (B, c, m)
+        weights = 1.0 / (near + _IDW_EPSILON)
+        weights = weights / weights.sum(-1, keepdim=True)
+        picked = values.gather(1, idx.reshape(b, -1, 1).expand(-1, -1, d)).reshape(b, -1, m, d)
+        out.append((picked * weights[..., None].to(values.dtype)).sum(2))
+    dense = torch.cat(out, 1)  # (B, N, D)
+    return dense.transpose(1, 2).reshape(b, d, height, width)
 
 
 class PropagateFill(nn.Module):
@@ -120,9 +184,12 @@ class PropagateFill(nn.Module):
 
 
 def build_fill(mode: str, embed_dims: int) -> nn.Module:
-    """The fill module of ``mode`` (:data:`FILL_MODES`); ``'nearest'`` has no parameters."""
+    """The fill module of ``mode`` (:data:`FILL_MODES`); ``'nearest'`` and ``'idw'`` have no
+    parameters."""
     if mode == 'nearest':
         return _NearestFill()
+    if mode == 'idw':
+        return _IdwFill()
     if mode == 'propagate':
         return PropagateFill(embed_dims)
     raise ValueError(f'LookWhere: fill={mode!r} is not one of {list(FILL_MODES)}')
@@ -133,3 +200,10 @@ class _NearestFill(nn.Module):
 
     def forward(self, values: Tensor, keep: Tensor, grid_size: Tuple[int, int]) -> Tensor:
         return nearest_fill(values, keep, grid_size)
+
+
+class _IdwFill(nn.Module):
+    """:func:`idw_fill` (the official LookWhere's dense output) as a module."""
+
+    def forward(self, values: Tensor, keep: Tensor, grid_size: Tuple[int, int]) -> Tensor:
+        return idw_fill(values, keep, grid_size)

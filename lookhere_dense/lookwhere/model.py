@@ -38,7 +38,9 @@ class LookWhere(nn.Module):
         k (int, optional): default kept patches per image. Default: None.
         k_ratio (float, optional): default kept fraction (used when ``k`` is None).
             Default: 0.25.
-        fill (str): ``'nearest'`` (the official) or ``'propagate'``
+        fill (str): ``'nearest'`` (each patch the nearest kept patch's features),
+            ``'idw'`` (the official LookWhere's: the inverse-distance-weighted mean of the
+            5 nearest, :func:`~.fill.idw_fill`) or ``'propagate'``
             (:class:`~.fill.PropagateFill`, learned). Default: ``'nearest'``.
         use_selector_prefix (bool): the extractor starts from the selector's CLS (and
             register) tokens, as the official; False: from its own CLS token.

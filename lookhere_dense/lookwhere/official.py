@@ -83,7 +83,7 @@ def official_lookwhere(
         **common,
     )
     extractor = LookWhereExtractor(img_size=high_res, num_layers=extractor_layers, **common)
-    return LookWhere(selector, extractor, k_ratio=k_ratio, fill='nearest')
+    return LookWhere(selector, extractor, k_ratio=k_ratio, fill='idw')  # the official fill
 
 
 def _check_layout(ckpt: Any, source: str) -> None:
@@ -142,6 +142,13 @@ def official_state_dict(
                         '(official_lookwhere()), or pass drop_pos_embed=True to use the blocks '
                         'as an initialisation only'
                     )
+                own = trunk.pos_enc.pos_embed
+                if isinstance(value, Tensor) and value.shape != own.shape and value.dim() == 3:
+                    # another resolution (high_res): resampled to the trunk's grid, as the
+                    # official forward resamples the table to its input's grid
+                    resampled, cls_entry, _ = trunk.pos_enc.adapt_checkpoint_embedding(value)
+                    if cls_entry is None:
+                        value = resampled
                 state[prefix + 'pos_enc.pos_embed'] = value
             elif key == 'reg_token':
                 if name == 'selector.backbone':
