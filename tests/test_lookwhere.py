@@ -272,6 +272,32 @@ def test_distillation_entry_runs_and_student_loads_into_backbone(tmp_path, capfd
     assert not any(p.requires_grad for p in backbone.selector.parameters())
     backbone.train()
     assert not backbone.selector.training
+    # a file that does not fit is refused (mmengine's Pretrained loaded what fits: 0 of
+    # 226 tensors of a LookHere file, and training went on from random weights)
+    from lookhere_dense.errors import CheckpointError
+
+    def build(**init_cfg):
+        return model_registry('mmseg').build(
+            dict(
+                type='LookWhereViT',
+                selector=dict(input_size=(64, 64), embed_dims=48, num_layers=1, num_heads=12),
+                extractor=dict(img_size=128, embed_dims=48, num_layers=2, num_heads=12),
+                init_cfg=dict(type='Pretrained', checkpoint=ckpt, **init_cfg),
+            )
+        )
+
+    with pytest.raises(
+        CheckpointError,
+        match=r"distillation run's checkpoint \(student\.\*\): add prefix='student\.'",
+    ):
+        build().init_weights()
+    with pytest.raises(
+        CheckpointError,
+        match=r"the file's blocks are blocks\.0-1, the model's extractor\.trunk\.blocks\.0-1 and selector\.backbone\.blocks\.0-0: a checkpoint of another model",
+    ):
+        build(prefix='teacher.').init_weights()  # the LookHere teacher's weights
+    loose = build(prefix='teacher.', strict=False)
+    loose.init_weights()  # strict=False: what fits, as asked
 
 
 def _official_like_checkpoint():
@@ -890,3 +916,24 @@ def test_class_iou_from_the_confusion_matrix():
     conf = torch.tensor([[3, 1, 0], [0, 2, 0], [0, 0, 0]])
     assert class_iou(conf) == {0: 75.0, 1: round(200 / 3, 2)}
     assert abs(miou(conf) - (75.0 + 200 / 3) / 2) < 1e-9
+
+
+def test_a_lookhere_segmentor_file_for_a_lookwhere_model_is_named_as_such():
+    """tools/test.py with a LookWhere config and a LookHereViT segmentor's checkpoint: the
+    hints said 'set final_norm=True' and 'strict=False loads the weights' (both wrong);
+    blocks under other names mean another model's file."""
+    from lookhere_dense.lookhere.weights import vit_key_hints
+
+    file_keys = ['backbone.blocks.0.attn.qkv.weight', 'backbone.blocks.1.attn.qkv.weight']
+    file_keys += ['backbone.norm.weight', 'backbone._extra_state']
+    model_keys = ['backbone.extractor.trunk.blocks.0.attn.qkv.weight']
+    model_keys += ['backbone.selector.backbone.blocks.0.attn.qkv.weight']
+    model_keys += ['backbone.extractor.trunk._extra_state']
+    hints = vit_key_hints(model_keys, file_keys, model_keys, file_keys)
+    assert hints == [
+        "the file's blocks are backbone.blocks.0-1, the model's "
+        'backbone.extractor.trunk.blocks.0-0 and backbone.selector.backbone.blocks.0-0: a '
+        "checkpoint of another model (e.g. a LookHereViT segmentor's for a LookWhere model, "
+        'whose LookHere trunk is extractor.trunk.*: load such a file with '
+        'extractor=dict(pretrained=FILE))'
+    ]

@@ -387,6 +387,11 @@ def _depths(keys) -> Dict[str, int]:
     return out
 
 
+def _prefixes(depths: Mapping[str, int]) -> str:
+    """``{prefix: depth}`` in words: ``'backbone.blocks.0-11'`` and so on."""
+    return ' and '.join(f'{p}blocks.0-{n - 1}' for p, n in sorted(depths.items()))
+
+
 def file_depth(keys: Iterable[str]) -> int:
     """The number of blocks of a trunk's keys (``blocks.{i}.*``, timm's names): one more
     than the largest ``i``, 0 without blocks."""
@@ -486,6 +491,15 @@ def vit_key_hints(
         ]
     hints = []
     in_file, in_model = _depths(file_keys), _depths(model_keys)
+    if in_file and in_model and not set(in_file) & set(in_model):
+        # blocks under other names: another model's file (a LookHereViT segmentor's for a
+        # LookWhere config, ...), whose other keys differ by name too
+        return [
+            f"the file's blocks are {_prefixes(in_file)}, the model's "
+            f'{_prefixes(in_model)}: a checkpoint of another model (e.g. a LookHereViT '
+            "segmentor's for a LookWhere model, whose LookHere trunk is "
+            'extractor.trunk.*: load such a file with extractor=dict(pretrained=FILE))'
+        ]
     for prefix in sorted(set(in_file) & set(in_model)):
         have, want = in_file[prefix], in_model[prefix]
         if have != want:

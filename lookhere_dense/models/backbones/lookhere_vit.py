@@ -198,7 +198,9 @@ def _check_norm_cfg(norm_cfg: Any, embed_dims: int) -> None:
         raise ConfigError(f'LookHereViT norm_cfg={norm_cfg!r}: {problem}; accepted: {accepted}')
 
 
-def _with_prefix(checkpoint: Any, prefix: str, path: Any) -> Dict[str, Any]:
+def weights_with_prefix(
+    checkpoint: Any, prefix: str, path: Any, owner: str = 'LookHereViT'
+) -> Dict[str, Any]:
     """``init_cfg``'s ``prefix`` (as mmengine's ``Pretrained``): the checkpoint's tensors
     whose keys start with ``prefix``, the prefix removed (``student.backbone.`` of a
     distillation run, ``backbone.`` of a segmentor).
@@ -225,7 +227,7 @@ def _with_prefix(checkpoint: Any, prefix: str, path: Any) -> Dict[str, Any]:
             else []
         )
         raise CheckpointError(
-            f'LookHereViT init_cfg prefix={prefix!r}: no tensor of {str(path)!r} has a key '
+            f'{owner} init_cfg prefix={prefix!r}: no tensor of {str(path)!r} has a key '
             f'starting with it (its keys: {listed(keys, 6)})'
         )
     return {'state_dict': picked}
@@ -340,7 +342,7 @@ class LookHereViT(LookHereVisionTransformer, BaseModule):
                     path, map_location='cpu', logger='silent'
                 )
             if cfg.get('prefix'):
-                checkpoint = _with_prefix(checkpoint, cfg['prefix'], path)
+                checkpoint = weights_with_prefix(checkpoint, cfg['prefix'], path)
             self.load_pretrained(
                 checkpoint,
                 strict=cfg.get('strict', True),

@@ -22,11 +22,15 @@ import torch
 from mmengine.model import BaseModel, BaseModule
 from mmengine.runner.checkpoint import _load_checkpoint_with_prefix, load_checkpoint
 
+from lookhere_dense.checkpoint import load_checkpoint_file, load_state_dict_strict
+from lookhere_dense.errors import ConfigError
 from lookhere_dense.lookhere import create_model
+from lookhere_dense.lookhere.weights import vit_key_hints
 from lookhere_dense.lookwhere import LookWhere
 from lookhere_dense.lookwhere.distill import SELECTOR_TARGETS, distillation_losses, teacher_targets
 
 from ..registry import MMSEG_MODELS, register_model
+from .lookhere_vit import weights_with_prefix
 
 __all__ = ['LookWhereViT', 'LookWhereDistiller']
 
@@ -74,6 +78,54 @@ class LookWhereViT(LookWhere, BaseModule):
         )
         self.init_cfg = init_cfg  # BaseModule's (its __init__ ran with None in the MRO)
         self._is_init = False
+
+    def init_weights(self) -> None:
+        """Load the ``Pretrained`` checkpoint of ``init_cfg`` strictly (mmengine's loader
+        would load what fits and warn: a file of another model loaded nothing, and training
+        went on from random weights); another ``init_cfg``, or none: mmengine's init.
+
+        Raises:
+            ConfigError: unknown ``init_cfg`` keys, or no ``checkpoint``.
+            CheckpointError: a file that does not fit (``strict=False`` loads what fits),
+                naming the likely cause (e.g. a LookHereViT file: the extractor's
+                ``pretrained``; a distillation run's: ``prefix='student.'``).
+        """
+        cfg = self.init_cfg
+        if not (isinstance(cfg, dict) and cfg.get('type') == 'Pretrained'):
+            BaseModule.init_weights(self)
+            return
+        unknown = sorted(set(cfg) - {'type', 'checkpoint', 'strict', 'prefix', 'map_location'})
+        if unknown or not cfg.get('checkpoint'):
+            raise ConfigError(
+                f'LookWhereViT init_cfg {dict(cfg)}: '
+                + (f'unknown keys {unknown}' if unknown else 'needs checkpoint=PATH')
+            )
+        path = cfg['checkpoint']
+        ckpt = load_checkpoint_file(path)
+        if cfg.get('prefix'):
+            ckpt = weights_with_prefix(ckpt, cfg['prefix'], path, owner='LookWhereViT')
+        weights = next((ckpt[k] for k in ('state_dict', 'model') if k in ckpt), ckpt)
+        load_state_dict_strict(
+            self,
+            weights,
+            path,
+            strict=cfg.get('strict', True),
+            what='backbone',
+            hints=_lookwhere_key_hints,
+        )
+        self._is_init = True
+
+
+def _lookwhere_key_hints(missing, unexpected, model_keys, file_keys) -> List[str]:
+    """:func:`~lookhere_dense.lookhere.weights.vit_key_hints`, and a LookWhere's likely
+    causes first: a Runner checkpoint of a distillation run (``student.*``) or of a
+    segmentor (``backbone.*``) without its ``prefix``."""
+    for head, what in (('student.', 'a distillation run'), ('backbone.', 'a segmentor')):
+        if any(k.startswith(head) for k in file_keys) and not any(
+            k.startswith(head) for k in model_keys
+        ):
+            return [f"the file is {what}'s checkpoint ({head}*): add prefix='{head}' to init_cfg"]
+    return vit_key_hints(missing, unexpected, model_keys, file_keys)
 
 
 def _build_teacher(teacher: Dict[str, Any]) -> torch.nn.Module:
