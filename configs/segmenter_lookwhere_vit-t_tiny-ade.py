@@ -7,12 +7,19 @@
 #
 #   python tools/train.py configs/segmenter_lookwhere_vit-t_tiny-ade.py
 #
+# Trained this way the selector's head gets no gradient (top-k is no differentiable
+# function of its scores) and keeps its random initialisation: it picks arbitrary patches.
+# Its blocks and CLS token train through the prefix tokens it gives the extractor. For a
+# selection that means something, distil first (below); model_wrapper_cfg lets DDP run
+# with the parameters no loss reaches (the head; the extractor's own CLS token).
+#
 # Fine-tuning a distilled student (selector frozen, as in the paper; the distillation:
 # configs/lookwhere_distill_vit-t_tiny-ade.py):
 #   --cfg-options model.backbone.init_cfg.type=Pretrained \
 #       model.backbone.init_cfg.checkpoint=work_dirs/lookwhere_distill/iter_N.pth \
 #       model.backbone.init_cfg.prefix=student. model.backbone.freeze_selector=True
-# Change k per test: --cfg-options model.backbone.k_ratio=0.1 (or model.backbone.k=16).
+# Change k per test: --cfg-options model.backbone.k_ratio=0.1 (or model.backbone.k=16
+# model.backbone.k_ratio=None: one of the two).
 _base_ = ['./segmenter_lookhere_vit-t_tiny-ade.py']
 crop_size = (128, 128)
 model = dict(
@@ -37,3 +44,4 @@ model = dict(
         init_cfg=None,
     ),
 )
+model_wrapper_cfg = dict(type='MMDistributedDataParallel', find_unused_parameters=True)

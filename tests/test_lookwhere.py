@@ -154,8 +154,25 @@ def test_resolve_k_rules():
     assert resolve_k(10, default_k=4) == 4
     with pytest.raises(ValueError, match='no default'):
         resolve_k(10)
-    with pytest.raises(ValueError, match='outside'):
+    # the constructor's own words (it said "k=0 is outside [1, 4611686018427387904]")
+    with pytest.raises(ValueError, match=r'^LookWhere: k=0 keeps no patch: give k >= 1 \('):
         LookWhere(TINY_SEL, TINY_EXT, k=0)
+    with pytest.raises(ValueError, match=r'give k or k_ratio, not both \(got k=5, k_ratio=0.5\)'):
+        LookWhere(TINY_SEL, TINY_EXT, k=5, k_ratio=0.5)  # k won silently
+    model = LookWhere(TINY_SEL, TINY_EXT, k=5)
+    model.k_ratio = 0.1  # was ignored: k stayed the default
+    assert (model.k, model.k_ratio) == (None, 0.1)
+    assert model.resolve_k(100) == 10
+    model.k = 7
+    assert (model.k, model.k_ratio, model.resolve_k(100)) == (7, None, 7)
+    with pytest.raises(ValueError, match=r'keep gives the kept patches; k=3'):
+        model(torch.randn(1, 3, 64, 64), keep=torch.tensor([[0, 1]]), k=3)  # k was ignored
+    for images, said in (
+        (torch.randn(3, 64, 64), r'LookWhere expects images of shape \(B, C, H, W\), got'),
+        (torch.randn(1, 64, 64, 3), r'looks like \(B, H, W, C\) with the channel axis last'),
+    ):
+        with pytest.raises(ValueError, match=said):  # F.interpolate's error / '64 channels'
+            model(images)
 
 
 @pytest.mark.parametrize('target', ['attn', 'boundary'])
@@ -937,3 +954,19 @@ def test_a_lookhere_segmentor_file_for_a_lookwhere_model_is_named_as_such():
         'whose LookHere trunk is extractor.trunk.*: load such a file with '
         'extractor=dict(pretrained=FILE))'
     ]
+
+
+def test_the_segmentation_loss_reaches_no_selector_head():
+    """What docs/lookwhere.md and the LookWhere config say: trained directly, the selector's
+    head gets no gradient (top-k is no differentiable function of its scores; the config
+    lets DDP run with such parameters), its blocks do (through the prefix tokens)."""
+    from mmengine.config import Config
+
+    model = LookWhere(TINY_SEL, TINY_EXT, k_ratio=0.5).train()
+    model(torch.randn(2, 3, 64, 64))[-1].mean().backward()
+    none = {n for n, p in model.named_parameters() if p.grad is None}
+    head = {n for n, _ in model.named_parameters() if n.startswith('selector.head.')}
+    assert head and head <= none
+    assert model.selector.backbone.blocks[0].attn.qkv.weight.grad is not None
+    cfg = Config.fromfile('configs/segmenter_lookwhere_vit-t_tiny-ade.py')
+    assert cfg.model_wrapper_cfg.find_unused_parameters is True

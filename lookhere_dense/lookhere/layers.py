@@ -292,18 +292,12 @@ class LookHerePatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_channels, embed_dims, patch_size, patch_size, bias=bias)
         self.norm = norm_layer(embed_dims) if norm_layer is not None else None
 
-    def forward(self, x: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
-        """``(B, C, H, W)`` -> tokens ``(B, h*w, D)`` and the grid ``(h, w)``.
-
-        Any memory format (``torch.channels_last`` too) gives the same result; a batch of
-        0 images gives empty outputs.
+    def check_images(self, x: Tensor) -> None:
+        """The input checks of :meth:`forward` (what a model that resizes or crops the
+        images before its patch embedding, e.g. LookWhere's selector, asks first).
 
         Raises:
-            TypeError: not a tensor.
-            ValueError: not 4-D, not a float dtype, the channel axis last
-                ``(B, H, W, C)``, another channel count, or smaller than one patch.
-            NonFiniteInputError: NaN or infinite pixel values (checked in eager mode; a
-                traced, compiled or exported graph has no data-dependent checks).
+            TypeError, ValueError, NonFiniteInputError: as :meth:`forward`.
         """
         if not isinstance(x, Tensor):
             raise TypeError(
@@ -341,6 +335,23 @@ class LookHerePatchEmbed(nn.Module):
             )
         if not _tracing():
             check_finite_images(x)
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
+        """``(B, C, H, W)`` -> tokens ``(B, h*w, D)`` and the grid ``(h, w)``.
+
+        Any memory format (``torch.channels_last`` too) gives the same result; a batch of
+        0 images gives empty outputs.
+
+        Raises:
+            TypeError: not a tensor.
+            ValueError: not 4-D, not a float dtype, the channel axis last
+                ``(B, H, W, C)``, another channel count, or smaller than one patch.
+            NonFiniteInputError: NaN or infinite pixel values (checked in eager mode; a
+                traced, compiled or exported graph has no data-dependent checks).
+        """
+        self.check_images(x)
+        h, w = _jit_int(x.shape[-2]), _jit_int(x.shape[-1])
+        p = self.patch_size
         pad_h, pad_w = (-h) % p, (-w) % p
         if pad_h or pad_w:
             if self.padding == 'corner':

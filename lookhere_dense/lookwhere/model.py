@@ -5,6 +5,7 @@ Torch alone."""
 from __future__ import annotations
 
 import logging
+from numbers import Integral
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import torch
@@ -16,6 +17,9 @@ from .fill import FILL_MODES, build_fill
 from .select import resolve_k, top_k_with_coverage
 from .selector import LookWhereSelector
 from .subset import SUBSET_BACKENDS
+
+#: the kept fraction of a model given neither ``k`` nor ``k_ratio``
+DEFAULT_K_RATIO = 0.25
 
 __all__ = ['LookWhere']
 
@@ -36,8 +40,9 @@ class LookWhere(nn.Module):
         extractor (dict | LookWhereExtractor): :class:`~.extractor.LookWhereExtractor`
             (LookHere ViT) arguments or module. Default: ``{}`` (the trunk's defaults).
         k (int, optional): default kept patches per image. Default: None.
-        k_ratio (float, optional): default kept fraction (used when ``k`` is None).
-            Default: 0.25.
+        k_ratio (float, optional): default kept fraction; not with ``k``. Default: None
+            (0.25 without ``k``). Setting :attr:`k` or :attr:`k_ratio` later makes it the
+            default (the other is cleared).
         fill (str): ``'nearest'`` (each patch the nearest kept patch's features),
             ``'idw'`` (the official LookWhere's: the inverse-distance-weighted mean of the
             5 nearest, :func:`~.fill.idw_fill`) or ``'propagate'``
@@ -64,7 +69,7 @@ class LookWhere(nn.Module):
         selector: Union[Mapping[str, Any], LookWhereSelector, None] = None,
         extractor: Union[Mapping[str, Any], LookWhereExtractor, None] = None,
         k: Optional[int] = None,
-        k_ratio: Optional[float] = 0.25,
+        k_ratio: Optional[float] = None,
         fill: str = 'nearest',
         use_selector_prefix: bool = True,
         freeze_selector: bool = False,
@@ -91,12 +96,16 @@ class LookWhere(nn.Module):
             if isinstance(extractor, nn.Module)
             else LookWhereExtractor(**dict(extractor or {}))
         )
-        if k is not None:  # the rules of a per-call value (k <= N is checked per call)
-            resolve_k(2**62, k=k)
-        elif k_ratio is not None:
-            resolve_k(1, k_ratio=k_ratio)
-        self.k = k
-        self.k_ratio = None if k is not None else k_ratio
+        # the images' errors name this model (they are LookWhere's input)
+        self.extractor.trunk.patch_embed.owner = type(self).__name__
+        if k is not None and k_ratio is not None:
+            raise ValueError(
+                f'LookWhere: give k or k_ratio, not both (got k={k!r}, k_ratio={k_ratio!r})'
+            )
+        if k is not None:
+            self.k = k
+        else:
+            self.k_ratio = DEFAULT_K_RATIO if k_ratio is None else k_ratio
         d_sel, d_ext = self.selector.embed_dims, self.extractor.embed_dims
         self.use_selector_prefix = bool(use_selector_prefix)
         self.prefix_proj: nn.Module = (
@@ -111,6 +120,38 @@ class LookWhere(nn.Module):
         if self.freeze_selector:
             for p in self.selector.parameters():
                 p.requires_grad = False
+
+    @property
+    def k(self) -> Optional[int]:
+        """The default kept patches per image (None: :attr:`k_ratio` decides). Setting it
+        clears :attr:`k_ratio`; ``k <= N`` is checked per call, at the grid's ``N``."""
+        return self._k
+
+    @k.setter
+    def k(self, value: Optional[int]) -> None:
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, Integral):
+                raise TypeError(f'LookWhere: k must be an int, got {value!r}')
+            if value < 1:
+                raise ValueError(
+                    f'LookWhere: k={value} keeps no patch: give k >= 1 (at most the '
+                    "high-resolution grid's patches, checked per call)"
+                )
+            self._k_ratio = None
+        self._k = None if value is None else int(value)
+
+    @property
+    def k_ratio(self) -> Optional[float]:
+        """The default kept fraction, in ``(0, 1]`` (None: :attr:`k` decides). Setting it
+        clears :attr:`k` (the last one set is the default)."""
+        return self._k_ratio
+
+    @k_ratio.setter
+    def k_ratio(self, value: Optional[float]) -> None:
+        if value is not None:
+            resolve_k(1, k_ratio=value)  # the per-call rules: a number in (0, 1]
+            self._k = None
+        self._k_ratio = value
 
     @property
     def out_indices(self):
@@ -128,6 +169,16 @@ class LookWhere(nn.Module):
         """:func:`~.select.resolve_k` with this model's defaults."""
         return resolve_k(num_patches, k, k_ratio, self.k, self.k_ratio)
 
+    def check_images(self, images: Tensor) -> None:
+        """The extractor's input checks (shape, channels, dtype, size, finite values), made
+        before the selector resizes the images (its errors named a 3-D tensor after
+        ``F.interpolate`` and channels-last images as 96 channels).
+
+        Raises:
+            TypeError, ValueError: naming the problem, as the trunk's patch embedding does.
+        """
+        self.extractor.trunk.patch_embed.check_images(images)
+
     def run_selector(self, images: Tensor, grid: Tuple[int, int]) -> Dict[str, Any]:
         """The selector's output for ``grid`` (without gradients when it is frozen)."""
         if self.freeze_selector:
@@ -144,6 +195,7 @@ class LookWhere(nn.Module):
             dict: ``keep`` ``(B, K)`` (ascending), ``scores`` ``(B, N)``,
             ``prefix_tokens`` ``(B, J, D_sel)``, ``grid`` (high resolution), ``k``.
         """
+        self.check_images(images)
         grid = self.extractor.grid_of(images.shape[-2:])
         n = grid[0] * grid[1]
         kk = self.resolve_k(n, k, k_ratio)
@@ -171,8 +223,15 @@ class LookWhere(nn.Module):
             ``keep``, ``grid``, ``scores``, ``selector_prefix``.
         """
         sel = selection
+        if keep is not None and (k is not None or k_ratio is not None):
+            raise ValueError(
+                f'LookWhere: keep gives the kept patches; k={k!r} / k_ratio={k_ratio!r} '
+                'would be ignored: give one or the other'
+            )
         if sel is None and keep is None:
-            sel = self.select(images, k, k_ratio)
+            sel = self.select(images, k, k_ratio)  # checks the images
+        else:
+            self.check_images(images)
         if keep is None:
             keep = sel['keep']
         prefix = None

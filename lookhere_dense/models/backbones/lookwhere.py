@@ -45,7 +45,7 @@ class LookWhereViT(LookWhere, BaseModule):
             ViT) arguments, e.g. ``embed_dims``, ``num_layers``, ``num_heads``,
             ``out_indices``, ``preset``.
         k, k_ratio, fill, use_selector_prefix, freeze_selector, attn_path, coverage: see
-            :class:`~lookhere_dense.lookwhere.LookWhere`. Defaults: None, 0.25,
+            :class:`~lookhere_dense.lookwhere.LookWhere`. Defaults: None, None (0.25 without ``k``),
             ``'nearest'``, True, False, ``'auto'``, 0.0.
         init_cfg (dict, optional): mmengine init config, e.g.
             ``dict(type='Pretrained', checkpoint=PATH, prefix='student.')`` for the
@@ -57,7 +57,7 @@ class LookWhereViT(LookWhere, BaseModule):
         selector: Optional[dict] = None,
         extractor: Optional[dict] = None,
         k: Optional[int] = None,
-        k_ratio: Optional[float] = 0.25,
+        k_ratio: Optional[float] = None,
         fill: str = 'nearest',
         use_selector_prefix: bool = True,
         freeze_selector: bool = False,
