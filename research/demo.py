@@ -252,6 +252,9 @@ def environment() -> Dict[str, Any]:
         mmseg=mmseg.__version__,
         torch_threads=torch.get_num_threads(),
         cpu=cpu,
+        # the vector instructions torch's CPU kernels use (AVX512, AVX2, ...): two CPUs of
+        # one name ("AMD EPYC") can differ here, and their float32 rounding with them
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
         cpu_count=os.cpu_count(),
         device='cuda:' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu',
     )

@@ -76,6 +76,9 @@ def test_demo_trains_validates_and_reports_both_datasets(demo):
     assert 'fov_view' not in summary['datasets']['ade20k']
     env = summary['environment']
     assert env['torch_threads'] == 1 and env['torch'] and env['numpy'] and env['cpu']
+    import torch
+
+    assert env['cpu_capability'] == torch.backends.cpu.get_cpu_capability()  # AVX2, AVX512
 
 
 def _files(root) -> dict:
