@@ -970,3 +970,38 @@ def test_the_segmentation_loss_reaches_no_selector_head():
     assert model.selector.backbone.blocks[0].attn.qkv.weight.grad is not None
     cfg = Config.fromfile('configs/segmenter_lookwhere_vit-t_tiny-ade.py')
     assert cfg.model_wrapper_cfg.find_unused_parameters is True
+
+
+def test_the_distillation_teacher_loads_through_the_trunks_loader(tmp_path):
+    """The teacher's file: a segmentor's checkpoint loads without a prefix, and one of
+    another depth names model.teacher.* (it said model.backbone.num_layers, and without a
+    prefix mmengine's RuntimeError listed every key)."""
+    from lookhere_dense.errors import CheckpointError
+    from lookhere_dense.registry import register_all_modules
+    from lookhere_dense.swap import model_registry
+
+    register_all_modules(init_default_scope=True)
+    trunk = create_model(embed_dims=48, num_layers=2, num_heads=12)
+    path = str(tmp_path / 'segmentor.pth')
+    torch.save({'state_dict': {'backbone.' + k: v for k, v in trunk.state_dict().items()}}, path)
+
+    def distiller(**teacher):
+        return model_registry('mmseg').build(
+            dict(
+                type='LookWhereDistiller',
+                teacher=dict(embed_dims=48, num_heads=12, checkpoint=path, **teacher),
+                student=dict(selector=TINY_SEL, extractor=TINY_EXT),
+            )
+        )
+
+    model = distiller(num_layers=2)
+    for key, value in trunk.state_dict().items():
+        if value.is_floating_point():
+            assert torch.equal(model.teacher.state_dict()[key], value), key
+    assert torch.equal(
+        distiller(num_layers=2, prefix='backbone.').teacher.cls_token, trunk.cls_token
+    )
+    with pytest.raises(
+        CheckpointError, match=r'^model\.teacher: .*set num_layers=2.*model\.teacher\.num_layers'
+    ):
+        distiller(num_layers=3)

@@ -20,10 +20,9 @@ from typing import Any, Dict, List, Optional, Union
 
 import torch
 from mmengine.model import BaseModel, BaseModule
-from mmengine.runner.checkpoint import _load_checkpoint_with_prefix, load_checkpoint
 
 from lookhere_dense.checkpoint import load_checkpoint_file, load_state_dict_strict
-from lookhere_dense.errors import ConfigError
+from lookhere_dense.errors import CheckpointError, ConfigError
 from lookhere_dense.lookhere import create_model
 from lookhere_dense.lookhere.weights import vit_key_hints
 from lookhere_dense.lookwhere import LookWhere
@@ -134,11 +133,20 @@ def _build_teacher(teacher: Dict[str, Any]) -> torch.nn.Module:
     prefix = cfg.pop('prefix', None)
     model = create_model(**cfg)
     if checkpoint is not None:
+        # the trunk's strict loader (its messages: what differs and what to set; mmengine's
+        # was a RuntimeError listing every key); a segmentor's file needs no prefix
+        ckpt: Any = checkpoint
         if prefix:
-            state = _load_checkpoint_with_prefix(prefix, checkpoint, map_location='cpu')
-            model.load_state_dict(state, strict=True)
-        else:
-            load_checkpoint(model, checkpoint, map_location='cpu', strict=True)
+            ckpt = weights_with_prefix(
+                load_checkpoint_file(checkpoint), prefix, checkpoint, owner='model.teacher'
+            )
+        try:
+            model.load_pretrained(ckpt, strict=True, source=str(checkpoint))
+        except CheckpointError as err:  # the keys to set are the teacher's
+            raise CheckpointError(
+                f'model.teacher: {err} (the teacher\'s arguments are model.teacher.*: '
+                'e.g. model.teacher.num_layers)'
+            ) from None
     for p in model.parameters():
         p.requires_grad = False
     return model.eval()
@@ -150,8 +158,9 @@ class LookWhereDistiller(BaseModel):
 
     Args:
         teacher (dict): :func:`~lookhere_dense.lookhere.create_model` arguments of the
-            teacher, plus ``checkpoint`` (a file; with ``prefix``, e.g. ``'backbone.'`` for
-            a trained mmseg segmentor's checkpoint) -- it must have a CLS token.
+            teacher, plus ``checkpoint`` (a file, loaded strictly by the trunk's loader:
+            a trained mmseg segmentor's checkpoint as it is, or with ``prefix``, e.g.
+            ``'backbone.'``) -- it must have a CLS token.
         student (dict): :class:`~lookhere_dense.lookwhere.LookWhere` arguments
             (``selector``, ``extractor``, ``k_ratio``, ...).
         init_extractor_from_teacher (bool): start the extractor from the teacher's
