@@ -80,3 +80,6 @@ load_from = None
 resume = False
 randomness = dict(seed=0)
 work_dir = 'work_dirs/lookwhere_distill'
+# the student's extractor keeps its own CLS token, which no loss reaches while it starts
+# from the selector's prefix tokens: DDP must be told
+model_wrapper_cfg = dict(type='MMDistributedDataParallel', find_unused_parameters=True)

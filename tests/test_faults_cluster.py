@@ -855,6 +855,23 @@ def test_test_refuses_a_frame_over_the_budget_before_it_resizes_an_image(data, t
     )
     # the resized frame alone is 384 MiB as uint8 pixels, 1.5 GiB as float32
     assert mem.rise_bytes < 150 * 2**20, mem.rise_bytes
+    # a resize it cannot size (mmseg's ResizeToMultiple, test-time augmentation) is left to
+    # the guard in the model: not sized as the file's own size
+    from mmseg.registry import DATASETS
+
+    from lookhere_dense.data.checks import largest_frame
+
+    dataset = DATASETS.build(
+        dict(
+            type='ADE20KDataset',
+            data_root=data,
+            data_prefix=dict(img_path='images/validation', seg_map_path='annotations/validation'),
+        )
+    )
+    resize = dict(type='Resize', scale=(512, 128), keep_ratio=True)
+    assert largest_frame(dataset, [dict(type='LoadImageFromFile'), resize]) is not None
+    for other in (dict(type='ResizeToMultiple', size_divisor=32), dict(type='TestTimeAug')):
+        assert largest_frame(dataset, [dict(type='LoadImageFromFile'), resize, other]) is None
 
 
 def test_extrapolate_refuses_a_test_over_the_budget_before_it_resizes_an_image(data, tmp_path):

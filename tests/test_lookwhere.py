@@ -401,6 +401,12 @@ def test_official_layout_loads_and_matches_the_official_procedure():
                 w = torch.tensor([1 / (d[j] + 1e-8) for j in near])
                 want = (values[b, near] * (w / w.sum())[:, None]).sum(0)
                 torch.testing.assert_close(dense[b, :, p // 5, p % 5], want, atol=1e-5, rtol=0)
+        # blocks of a few pairs give the same; an empty batch gives an empty map
+        from lookhere_dense.lookwhere.fill import idw_fill
+
+        small_blocks = idw_fill(values, keep, (5, 5), max_pairs=20)
+        torch.testing.assert_close(small_blocks, dense, atol=1e-6, rtol=0)
+        assert model(torch.randn(0, 3, 70, 70), k=7)[-1].shape == (0, 48, 5, 5)
 
 
 def test_official_weights_load_at_another_resolution():
@@ -950,9 +956,22 @@ def test_a_lookhere_segmentor_file_for_a_lookwhere_model_is_named_as_such():
     assert hints == [
         "the file's blocks are backbone.blocks.0-1, the model's "
         'backbone.extractor.trunk.blocks.0-0 and backbone.selector.backbone.blocks.0-0: a '
-        "checkpoint of another model (e.g. a LookHereViT segmentor's for a LookWhere model, "
-        'whose LookHere trunk is extractor.trunk.*: load such a file with '
+        "checkpoint of another model (a LookHereViT segmentor's for this LookWhere model, "
+        'whose LookHere trunk is extractor.trunk.*? load such a file with '
         'extractor=dict(pretrained=FILE))'
+    ]
+    # the model's own names under a prefix (a distillation run's student.*): the prefix
+    student = ['student.extractor.trunk.blocks.0.attn.qkv.weight', 'teacher.blocks.0.norm1.weight']
+    trunk = ['extractor.trunk.blocks.0.attn.qkv.weight']
+    assert vit_key_hints(trunk, student, trunk, student)[0].endswith(
+        "the model sits under 'student.' in the file: add prefix='student.'"
+    )
+    # neither: another model, no LookWhere advice for a plain ViT
+    other = ['encoder.blocks.0.attn.qkv.weight']
+    plain = ['backbone.blocks.0.attn.qkv.weight']
+    assert vit_key_hints(plain, other, plain, other) == [
+        "the file's blocks are encoder.blocks.0-0, the model's backbone.blocks.0-0: a "
+        'checkpoint of another model'
     ]
 
 
@@ -968,8 +987,9 @@ def test_the_segmentation_loss_reaches_no_selector_head():
     head = {n for n, _ in model.named_parameters() if n.startswith('selector.head.')}
     assert head and head <= none
     assert model.selector.backbone.blocks[0].attn.qkv.weight.grad is not None
-    cfg = Config.fromfile('configs/segmenter_lookwhere_vit-t_tiny-ade.py')
-    assert cfg.model_wrapper_cfg.find_unused_parameters is True
+    for name in ('segmenter_lookwhere_vit-t_tiny-ade.py', 'lookwhere_distill_vit-t_tiny-ade.py'):
+        cfg = Config.fromfile(f'configs/{name}')
+        assert cfg.model_wrapper_cfg.find_unused_parameters is True, name
 
 
 def test_the_distillation_teacher_loads_through_the_trunks_loader(tmp_path):
@@ -1005,3 +1025,28 @@ def test_the_distillation_teacher_loads_through_the_trunks_loader(tmp_path):
         CheckpointError, match=r'^model\.teacher: .*set num_layers=2.*model\.teacher\.num_layers'
     ):
         distiller(num_layers=3)
+
+
+def test_a_nearest_fill_student_fine_tunes_with_the_learned_fill(tmp_path):
+    """A student distilled with fill='nearest' has no fill parameters; LookWhereViT's strict
+    init_cfg loads it into fill='propagate', whose correction starts afresh (at zero)."""
+    from lookhere_dense.registry import register_all_modules
+    from lookhere_dense.swap import model_registry
+
+    register_all_modules(init_default_scope=True)
+    student = LookWhere(TINY_SEL, TINY_EXT)
+    path = str(tmp_path / 'distill.pth')
+    torch.save({'state_dict': {'student.' + k: v for k, v in student.state_dict().items()}}, path)
+    backbone = model_registry('mmseg').build(
+        dict(
+            type='LookWhereViT',
+            selector=TINY_SEL,
+            extractor=TINY_EXT,
+            fill='propagate',
+            init_cfg=dict(type='Pretrained', checkpoint=path, prefix='student.'),
+        )
+    )
+    torch.nn.init.ones_(backbone.fill.pw.weight)
+    backbone.init_weights()
+    assert torch.equal(backbone.extractor.trunk.cls_token, student.extractor.trunk.cls_token)
+    assert not backbone.fill.pw.weight.any()  # restarted: the plain propagation

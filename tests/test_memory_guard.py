@@ -400,3 +400,20 @@ def test_the_frame_precheck_gives_the_size_mmcvs_resize_gives(resize, as_class):
     want = Resize(**resize)(dict(img=img, img_shape=img.shape[:2]))['img'].shape[:2]
     h, w = largest_size_after(dict(type=Resize if as_class else 'Resize', **resize), 1000, 3000)
     assert (int(h + 0.5), int(w + 0.5)) == want
+
+
+def test_the_test_loops_frame_precheck_runs_in_the_loops_autocast():
+    """MemoryGuardHook's largest-frame check runs in before_test / before_val, outside the
+    autocast the loop's passes run in (AmpTestLoop's run_iter): it estimated a bf16 run
+    in float32 and could refuse what the guard in the model passes. It takes the loop's
+    dtype (this project's AmpTestLoop: dtype, device_type; mmengine's fp16 loops)."""
+    from types import SimpleNamespace
+
+    from lookhere_dense.engine.memory_guard import _loop_autocast
+
+    amp = SimpleNamespace(dtype=torch.bfloat16, device_type='cpu')  # AmpTestLoop's two
+    with _loop_autocast(amp):
+        assert torch.is_autocast_enabled('cpu')
+        assert torch.get_autocast_dtype('cpu') == torch.bfloat16
+    with _loop_autocast(SimpleNamespace()):  # mmengine's TestLoop without fp16
+        assert not torch.is_autocast_enabled('cpu')

@@ -830,8 +830,10 @@ def largest_frame(
     """The largest frame (by pixels) a test pipeline gives the images of a dataset:
     ``((H, W) after the pipeline's first resize, (H, W) of that image file)``, from the
     files' headers (nothing is decoded: what a memory check needs before the first image
-    is resized). None for a dataset that is no mmseg ``BaseSegDataset`` or without local
-    images; a file that cannot be read is left to the pipeline, which names it.
+    is resized). None for a dataset that is no mmseg ``BaseSegDataset``, a pipeline with a
+    resize it cannot size (``ResizeShortestEdge``, a custom one, test-time augmentation:
+    the guard checks those frames when they reach the model) or without local images; a
+    file that cannot be read is left to the pipeline, which names it.
 
     Args:
         dataset: a built dataset (its ``full_init`` is called).
@@ -839,12 +841,19 @@ def largest_frame(
     """
     from mmseg.datasets import BaseSegDataset
 
-    from ..evaluation.resize import find_resize
+    from ..evaluation.resize import find_resize, transform_name
 
     if not isinstance(dataset, BaseSegDataset):
         return None
-    dataset.full_init()
     pipeline = list(pipeline or [])
+    if any(  # size_after reads the first Resize; another resize sizes the frame otherwise
+        transform_name(t) != 'Resize'
+        and any(w in transform_name(t) for w in ('Resize', 'Rescale', 'TestTimeAug'))
+        for t in pipeline
+        if isinstance(t, Mapping)
+    ):
+        return None  # a size this cannot tell (another resize, test-time augmentation)
+    dataset.full_init()
     idx = find_resize(pipeline)
     best = None
     for i in range(len(dataset)):

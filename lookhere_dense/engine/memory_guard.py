@@ -549,7 +549,16 @@ def _backend(trunk, tokens: int, device, dtype, training: bool) -> str:
     if engine is None:
         return 'nobias'
     dropout = _attn_dropout(trunk, training)
-    return engine.choose_backend(tokens, device, dtype, dropout, training=training)
+    slope_grads = _slope_grads(trunk, training)
+    return engine.choose_backend(tokens, device, dtype, dropout, slope_grads, training=training)
+
+
+def _slope_grads(trunk, training: bool) -> bool:
+    """Whether a training pass gives learnable LookHere slopes gradients (tiled cannot)."""
+    slopes = getattr(getattr(trunk, 'pos_enc', None), 'slopes', None)
+    return bool(
+        training and slopes is not None and any(p.requires_grad for p in slopes.parameters())
+    )
 
 
 def _runs_here(info: Dict[str, Any], backend: str) -> bool:
@@ -562,11 +571,13 @@ def _runs_here(info: Dict[str, Any], backend: str) -> bool:
     engine = getattr(trunk, 'lookhere', None)
     if engine is None or backend not in REGISTRY:
         return False
+    slope_grads = _slope_grads(trunk, a['training'])
     request = engine.request(
         a['tokens'],
         info['device'],
         a['dtype'],
         _attn_dropout(trunk, a['training']),
+        slope_grads,
         training=a['training'],
         auto=False,
     )
@@ -1076,6 +1087,20 @@ def _crop_of(cfg) -> Optional[Tuple[int, int]]:
     return _pair(crop)
 
 
+def _loop_autocast(loop) -> Any:
+    """The autocast a validation / test loop runs its passes in (outside ``run_iter``,
+    where a hook runs, it is off): this project's ``AmpTestLoop`` (``dtype``,
+    ``device_type``), mmengine's ``fp16=True`` loops; else none."""
+    dtype, device_type = getattr(loop, 'dtype', None), getattr(loop, 'device_type', None)
+    if isinstance(dtype, torch.dtype) and device_type:
+        return torch.autocast(device_type, dtype=dtype)
+    if getattr(loop, 'fp16', False):
+        from mmengine.runner.amp import autocast
+
+        return autocast(enabled=True)
+    return contextlib.nullcontext()
+
+
 @HOOKS.register_module()
 class MemoryGuardHook(Hook):
     """:func:`install_memory_guard` on the Runner's model before training, validation
@@ -1117,7 +1142,9 @@ class MemoryGuardHook(Hook):
         self._checked.add(id(dataset))
         dataset_cfg = (runner.cfg.get(key) or {}).get('dataset') or {}
         frame = largest_frame(dataset, dataset_cfg.get('pipeline') or [])
-        if frame is not None:
+        if frame is None:
+            return
+        with _loop_autocast(loop):  # the loop's mixed precision, as its passes run in it
             check_frame_size(self._model(runner), *frame)
 
     def before_test(self, runner) -> None:

@@ -492,14 +492,23 @@ def vit_key_hints(
     hints = []
     in_file, in_model = _depths(file_keys), _depths(model_keys)
     if in_file and in_model and not set(in_file) & set(in_model):
-        # blocks under other names: another model's file (a LookHereViT segmentor's for a
-        # LookWhere config, ...), whose other keys differ by name too
-        return [
-            f"the file's blocks are {_prefixes(in_file)}, the model's "
-            f'{_prefixes(in_model)}: a checkpoint of another model (e.g. a LookHereViT '
-            "segmentor's for a LookWhere model, whose LookHere trunk is "
-            'extractor.trunk.*: load such a file with extractor=dict(pretrained=FILE))'
-        ]
+        # blocks under other names: this model's under a prefix, or another model's file
+        # (whose other keys differ by name too)
+        said = f"the file's blocks are {_prefixes(in_file)}, the model's {_prefixes(in_model)}"
+        under = sorted(
+            f[: len(f) - len(m)] for f in in_file for m in in_model if f != m and f.endswith(m)
+        )
+        if under:  # e.g. a distillation run's student.* for the LookWhere model itself
+            return [
+                f"{said}: the model sits under {under[0]!r} in the file: add prefix='{under[0]}'"
+            ]
+        if any('extractor.trunk.' in m for m in in_model):
+            return [
+                f"{said}: a checkpoint of another model (a LookHereViT segmentor's for this "
+                'LookWhere model, whose LookHere trunk is extractor.trunk.*? load such a '
+                'file with extractor=dict(pretrained=FILE))'
+            ]
+        return [f'{said}: a checkpoint of another model']
     for prefix in sorted(set(in_file) & set(in_model)):
         have, want = in_file[prefix], in_model[prefix]
         if have != want:

@@ -94,7 +94,7 @@ def idw_fill(
     grid_size: Tuple[int, int],
     neighbours: int = IDW_NEIGHBOURS,
     power: float = 1.0,
-    chunk: int = 4096,
+    max_pairs: int = 1 << 22,
 ) -> Tensor:
     """Every patch gets the inverse-distance-weighted mean of its ``neighbours`` nearest
     kept patches: weights ``1 / (d**power + 1e-8)`` normalised to sum to 1 (the official
@@ -109,8 +109,9 @@ def idw_fill(
         grid_size: ``(H, W)``.
         neighbours: kept patches per mean (fewer when fewer are kept). Default: 5.
         power: the distance's exponent. Default: 1.
-        chunk: grid patches per distance block (bounds memory to ``B * chunk * K``).
-            Default: 4096.
+        max_pairs: (patch, kept patch) pairs per block of grid patches: a block's
+            distances and sort keys take about ``24 * max_pairs`` bytes (the features
+            ``B * block * D`` per neighbour). Default: 2**22 (about 100 MB).
 
     Returns:
         ``(B, D, H, W)`` in ``values``' dtype (the weights are computed in float32).
@@ -119,19 +120,31 @@ def idw_fill(
     b, k, d = values.shape
     n = height * width
     m = min(int(neighbours), k)
-    kept = _coords(keep, width).float()  # (B, K, 2)
+    kept = _coords(keep, width).double()  # (B, K, 2): exact integers
+    order = torch.arange(k, device=keep.device, dtype=torch.float64)
+    chunk = max(1, min(n, max_pairs // max(1, b * k)))
     out = []
     for start in range(0, n, chunk):
         pos = _coords(torch.arange(start, min(n, start + chunk), device=keep.device), width)
-        dist = torch.cdist(pos.float()[None].expand(b, -1, -1), kept)  # (B, c, K)
+        pos = pos.double()
+        squared = (pos[None, :, None, 0] - kept[:, None, :, 0]).square_()  # (B, c, K)
+        squared += (pos[None, :, None, 1] - kept[:, None, :, 1]).square_()  # exact integers
+        # nearest first, ties to the earlier kept patch: one integer key per pair
+        _, idx = (squared * k + order).topk(m, dim=-1, largest=False, sorted=True)
+        dist = squared.gather(-1, idx).sqrt().float()  # (B, c, m)
+        del squared
         if power != 1:
             dist = dist**power
-        near, idx = dist.sort(dim=-1, stable=True)
-        near, idx = near[..., :m], idx[..., :m]  # (B, c, m)
-        weights = 1.0 / (near + _IDW_EPSILON)
-        weights = weights / weights.sum(-1, keepdim=True)
-        picked = values.gather(1, idx.reshape(b, -1, 1).expand(-1, -1, d)).reshape(b, -1, m, d)
-        out.append((picked * weights[..., None].to(values.dtype)).sum(2))
+        weights = 1.0 / (dist + _IDW_EPSILON)
+        weights = (weights / weights.sum(-1, keepdim=True)).to(values.dtype)
+        c = idx.shape[1]
+        block = values.new_zeros(b, c, d)
+        for j in range(m):  # one neighbour at a time: B * c * D, not m times that
+            near = values.gather(1, idx[..., j, None].expand(b, c, d))
+            block = block + weights[..., j, None] * near
+        out.append(block)
+    if not out:  # an empty grid
+        return values.new_zeros(b, d, height, width)
     dense = torch.cat(out, 1)  # (B, N, D)
     return dense.transpose(1, 2).reshape(b, d, height, width)
 
@@ -145,7 +158,14 @@ class PropagateFill(nn.Module):
             nearest kept patch. Default: 64.
 
     Forward: ``values (B, K, D)``, ``keep (B, K)``, ``grid_size`` -> ``(B, D, H, W)``.
+
+    A file without its parameters (a student distilled with ``fill='nearest'``, fine-tuned
+    with ``'propagate'``) still loads strictly: the fill starts afresh
+    (``restart_when_missing``, :func:`~lookhere_dense.checkpoint.load_state_dict_strict`).
     """
+
+    #: the strict loader restarts it when a file has none of its parameters
+    restart_when_missing = True
 
     def __init__(self, embed_dims: int, max_rings: int = 64):
         super().__init__()
@@ -158,6 +178,11 @@ class PropagateFill(nn.Module):
         """The correction starts at zero (``pw`` zero): the output is the propagation."""
         nn.init.zeros_(self.pw.weight)
         nn.init.zeros_(self.pw.bias)
+
+    def reset_parameters(self) -> None:
+        """A fresh start: ``dw`` drawn as a new layer's, the correction at zero."""
+        self.dw.reset_parameters()
+        self.init_weights()
 
     def forward(self, values: Tensor, keep: Tensor, grid_size: Tuple[int, int]) -> Tensor:
         height, width = grid_size

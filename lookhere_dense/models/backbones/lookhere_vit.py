@@ -40,7 +40,7 @@ __all__ = ['LookHereViT', 'MMDET_VIT_NAMES', 'MMDET_VIT_POS_ARGS', 'mmdet_vit_ar
 #: the keys ``init_cfg=dict(type='Pretrained', ...)`` takes (mmengine's and ours)
 _PRETRAINED_KEYS = ('type', 'checkpoint', 'strict', 'prefix', 'map_location', HEADS_KEY)
 #: checkpoint schemes the torch-only reader does not fetch (mmengine's loader does)
-_MMENGINE_SCHEMES = (
+MMENGINE_SCHEMES = (
     'open-mmlab://',
     'openmmlab://',
     'mmcls://',
@@ -337,7 +337,7 @@ class LookHereViT(LookHereVisionTransformer, BaseModule):
                 )
             path = cfg['checkpoint']
             checkpoint: Any = path
-            if isinstance(path, str) and path.startswith(_MMENGINE_SCHEMES):
+            if isinstance(path, str) and path.startswith(MMENGINE_SCHEMES):
                 checkpoint = CheckpointLoader.load_checkpoint(
                     path, map_location='cpu', logger='silent'
                 )

@@ -20,16 +20,17 @@ from typing import Any, Dict, List, Optional, Union
 
 import torch
 from mmengine.model import BaseModel, BaseModule
+from mmengine.runner.checkpoint import CheckpointLoader
 
 from lookhere_dense.checkpoint import load_checkpoint_file, load_state_dict_strict
 from lookhere_dense.errors import CheckpointError, ConfigError
 from lookhere_dense.lookhere import create_model
-from lookhere_dense.lookhere.weights import vit_key_hints
+from lookhere_dense.lookhere.weights import HEADS_KEY, vit_key_hints, vit_shape_summary
 from lookhere_dense.lookwhere import LookWhere
 from lookhere_dense.lookwhere.distill import SELECTOR_TARGETS, distillation_losses, teacher_targets
 
 from ..registry import MMSEG_MODELS, register_model
-from .lookhere_vit import weights_with_prefix
+from .lookhere_vit import MMENGINE_SCHEMES, weights_with_prefix
 
 __all__ = ['LookWhereViT', 'LookWhereDistiller']
 
@@ -100,7 +101,10 @@ class LookWhereViT(LookWhere, BaseModule):
                 + (f'unknown keys {unknown}' if unknown else 'needs checkpoint=PATH')
             )
         path = cfg['checkpoint']
-        ckpt = load_checkpoint_file(path)
+        if isinstance(path, str) and path.startswith(MMENGINE_SCHEMES):  # fetched by mmengine
+            ckpt = CheckpointLoader.load_checkpoint(path, map_location='cpu', logger='silent')
+        else:
+            ckpt = load_checkpoint_file(path)
         if cfg.get('prefix'):
             ckpt = weights_with_prefix(ckpt, cfg['prefix'], path, owner='LookWhereViT')
         weights = next((ckpt[k] for k in ('state_dict', 'model') if k in ckpt), ckpt)
@@ -111,6 +115,7 @@ class LookWhereViT(LookWhere, BaseModule):
             strict=cfg.get('strict', True),
             what='backbone',
             hints=_lookwhere_key_hints,
+            summary=vit_shape_summary,
         )
         self._is_init = True
 
@@ -131,7 +136,13 @@ def _build_teacher(teacher: Dict[str, Any]) -> torch.nn.Module:
     cfg = dict(teacher)
     checkpoint = cfg.pop('checkpoint', None)
     prefix = cfg.pop('prefix', None)
+    heads = cfg.pop(HEADS_KEY, None)
     model = create_model(**cfg)
+    # a teacher has no init_cfg to load loosely: its refusals say what to build instead
+    model.loose_loading = (
+        'a teacher takes none (strict=False would distil from random layers): build '
+        'model.teacher as its file was trained'
+    )
     if checkpoint is not None:
         # the trunk's strict loader (its messages: what differs and what to set; mmengine's
         # was a RuntimeError listing every key); a segmentor's file needs no prefix
@@ -141,11 +152,14 @@ def _build_teacher(teacher: Dict[str, Any]) -> torch.nn.Module:
                 load_checkpoint_file(checkpoint), prefix, checkpoint, owner='model.teacher'
             )
         try:
-            model.load_pretrained(ckpt, strict=True, source=str(checkpoint))
+            model.load_pretrained(
+                ckpt, strict=True, checkpoint_num_heads=heads, source=str(checkpoint)
+            )
         except CheckpointError as err:  # the keys to set are the teacher's
+            msg = str(err).replace('model.backbone.', 'model.teacher.')
             raise CheckpointError(
-                f'model.teacher: {err} (the teacher\'s arguments are model.teacher.*: '
-                'e.g. model.teacher.num_layers)'
+                f"model.teacher: {msg} (the teacher's arguments are model.teacher.*: e.g. "
+                f'model.teacher.num_layers, model.teacher.{HEADS_KEY})'
             ) from None
     for p in model.parameters():
         p.requires_grad = False
