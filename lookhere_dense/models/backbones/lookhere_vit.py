@@ -20,7 +20,7 @@ import functools
 import inspect
 import logging
 import warnings
-from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Union
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmengine.logging import print_log
@@ -198,6 +198,35 @@ def _check_norm_cfg(norm_cfg: Any, embed_dims: int) -> None:
         raise ConfigError(f'LookHereViT norm_cfg={norm_cfg!r}: {problem}; accepted: {accepted}')
 
 
+def pretrained_checkpoint(
+    cfg: Mapping[str, Any], owner: str, allowed: Sequence[str]
+) -> Tuple[Any, Any]:
+    """``(path, checkpoint)`` of a ``Pretrained`` ``init_cfg``: the checkpoint is the path,
+    or the loaded dict where mmengine fetches the file (its URL schemes) or ``prefix``
+    picks a part of it (:func:`weights_with_prefix`).
+
+    Raises:
+        ConfigError: keys not in ``allowed``, or no ``checkpoint``; naming ``owner``.
+    """
+    unknown = sorted(set(cfg) - set(allowed))
+    if unknown or not cfg.get('checkpoint'):
+        raise ConfigError(
+            f'{owner} init_cfg {dict(cfg)}: '
+            + (
+                f'unknown keys {unknown}; allowed: {list(allowed)}'
+                if unknown
+                else 'needs checkpoint=PATH'
+            )
+        )
+    path = cfg['checkpoint']
+    checkpoint: Any = path
+    if isinstance(path, str) and path.startswith(MMENGINE_SCHEMES):
+        checkpoint = CheckpointLoader.load_checkpoint(path, map_location='cpu', logger='silent')
+    if cfg.get('prefix'):
+        checkpoint = weights_with_prefix(checkpoint, cfg['prefix'], path, owner)
+    return path, checkpoint
+
+
 def weights_with_prefix(
     checkpoint: Any, prefix: str, path: Any, owner: str = 'LookHereViT'
 ) -> Dict[str, Any]:
@@ -325,24 +354,7 @@ class LookHereViT(LookHereVisionTransformer, BaseModule):
         another ``init_cfg``, else the trunk's official initialisation."""
         cfg = self.init_cfg
         if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            unknown = sorted(set(cfg) - set(_PRETRAINED_KEYS))
-            if unknown or not cfg.get('checkpoint'):
-                raise ConfigError(
-                    f'LookHereViT init_cfg {dict(cfg)}: '
-                    + (
-                        f'unknown keys {unknown}; allowed: {list(_PRETRAINED_KEYS)}'
-                        if unknown
-                        else 'needs checkpoint=PATH'
-                    )
-                )
-            path = cfg['checkpoint']
-            checkpoint: Any = path
-            if isinstance(path, str) and path.startswith(MMENGINE_SCHEMES):
-                checkpoint = CheckpointLoader.load_checkpoint(
-                    path, map_location='cpu', logger='silent'
-                )
-            if cfg.get('prefix'):
-                checkpoint = weights_with_prefix(checkpoint, cfg['prefix'], path)
+            path, checkpoint = pretrained_checkpoint(cfg, 'LookHereViT', _PRETRAINED_KEYS)
             self.load_pretrained(
                 checkpoint,
                 strict=cfg.get('strict', True),

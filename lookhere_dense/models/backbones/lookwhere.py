@@ -16,21 +16,20 @@ Both are thin wrappers of the torch-only :mod:`lookhere_dense.lookwhere`:
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Union
 
 import torch
 from mmengine.model import BaseModel, BaseModule
-from mmengine.runner.checkpoint import CheckpointLoader
 
 from lookhere_dense.checkpoint import load_checkpoint_file, load_state_dict_strict
-from lookhere_dense.errors import CheckpointError, ConfigError
+from lookhere_dense.errors import CheckpointError
 from lookhere_dense.lookhere import create_model
 from lookhere_dense.lookhere.weights import HEADS_KEY, vit_key_hints, vit_shape_summary
 from lookhere_dense.lookwhere import LookWhere
 from lookhere_dense.lookwhere.distill import SELECTOR_TARGETS, distillation_losses, teacher_targets
 
 from ..registry import MMSEG_MODELS, register_model
-from .lookhere_vit import MMENGINE_SCHEMES, weights_with_prefix
+from .lookhere_vit import pretrained_checkpoint, weights_with_prefix
 
 __all__ = ['LookWhereViT', 'LookWhereDistiller']
 
@@ -94,19 +93,10 @@ class LookWhereViT(LookWhere, BaseModule):
         if not (isinstance(cfg, dict) and cfg.get('type') == 'Pretrained'):
             BaseModule.init_weights(self)
             return
-        unknown = sorted(set(cfg) - {'type', 'checkpoint', 'strict', 'prefix', 'map_location'})
-        if unknown or not cfg.get('checkpoint'):
-            raise ConfigError(
-                f'LookWhereViT init_cfg {dict(cfg)}: '
-                + (f'unknown keys {unknown}' if unknown else 'needs checkpoint=PATH')
-            )
-        path = cfg['checkpoint']
-        if isinstance(path, str) and path.startswith(MMENGINE_SCHEMES):  # fetched by mmengine
-            ckpt = CheckpointLoader.load_checkpoint(path, map_location='cpu', logger='silent')
-        else:
+        allowed = ('type', 'checkpoint', 'strict', 'prefix', 'map_location')
+        path, ckpt = pretrained_checkpoint(cfg, 'LookWhereViT', allowed)
+        if not isinstance(ckpt, Mapping):
             ckpt = load_checkpoint_file(path)
-        if cfg.get('prefix'):
-            ckpt = weights_with_prefix(ckpt, cfg['prefix'], path, owner='LookWhereViT')
         weights = next((ckpt[k] for k in ('state_dict', 'model') if k in ckpt), ckpt)
         load_state_dict_strict(
             self,
