@@ -464,6 +464,33 @@ def test_init_cfg_prefix_picks_the_tensors_under_it(tmp_path: Path):
         tiny(init_cfg=dict(type='Pretrained', checkpoint=str(path), prefix='decode_head.'))
 
 
+def test_a_listed_pretrained_init_cfg_loads_strictly_after_the_others(tmp_path: Path):
+    """``init_cfg=[dict(type='Pretrained', ...), dict(type='Constant', ...)]`` (mmengine's
+    list form) went through mmengine's loader: a file of another model loaded what fit and
+    warned. The ``Pretrained`` entry loads strictly, after the other initialisers (as
+    mmengine orders them); two of them are refused."""
+    from lookhere_dense.errors import ConfigError
+
+    source = tiny()
+    torch.nn.init.normal_(source.cls_token)
+    path = tmp_path / 'same.pth'
+    torch.save({'state_dict': source.state_dict()}, path)
+    other = tmp_path / 'other.pth'
+    torch.save(
+        {'state_dict': LookHereViT(embed_dims=48, num_layers=3, num_heads=12).state_dict()}, other
+    )
+    constant = dict(type='Constant', layer='LayerNorm', val=3.0, bias=0.0)
+    with pytest.raises(ValueError, match='the file is a ViT of width 48'):
+        tiny(init_cfg=[dict(type='Pretrained', checkpoint=str(other)), constant])
+    model = tiny(init_cfg=[constant, dict(type='Pretrained', checkpoint=str(path))])
+    for key, value in source.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
+    # no Pretrained entry: mmengine's initialisers alone
+    assert torch.all(tiny(init_cfg=[constant]).blocks[0].norm1.weight == 3.0)
+    with pytest.raises(ConfigError, match='init_cfg has 2 Pretrained entries'):
+        tiny(init_cfg=[dict(type='Pretrained', checkpoint=str(p)) for p in (path, other)])
+
+
 def test_wrong_shapes_and_missing_files_are_named(tmp_path: Path):
     other = LookHereViT(embed_dims=48, num_layers=3, num_heads=12)
     path = tmp_path / 'small.pth'

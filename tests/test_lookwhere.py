@@ -293,21 +293,28 @@ def test_distillation_entry_runs_and_student_loads_into_backbone(tmp_path, capfd
     # 226 tensors of a LookHere file, and training went on from random weights)
     from lookhere_dense.errors import CheckpointError
 
-    def build(**init_cfg):
+    def build(*others, **init_cfg):
+        pretrained = dict(type='Pretrained', checkpoint=ckpt, **init_cfg)
         return model_registry('mmseg').build(
             dict(
                 type='LookWhereViT',
                 selector=dict(input_size=(64, 64), embed_dims=48, num_layers=1, num_heads=12),
                 extractor=dict(img_size=128, embed_dims=48, num_layers=2, num_heads=12),
-                init_cfg=dict(type='Pretrained', checkpoint=ckpt, **init_cfg),
+                init_cfg=[*others, pretrained] if others else pretrained,
             )
         )
 
-    with pytest.raises(
-        CheckpointError,
-        match=r"distillation run's checkpoint \(student\.\*\): add prefix='student\.'",
-    ):
-        build().init_weights()
+    for others in ((), (dict(type='Constant', layer='LayerNorm', val=1.0),)):
+        # a list's Pretrained entry too (it went through mmengine's loose loader)
+        with pytest.raises(
+            CheckpointError,
+            match=r"distillation run's checkpoint \(student\.\*\): add prefix='student\.'",
+        ):
+            build(*others).init_weights()
+    listed = build(dict(type='Constant', layer='LayerNorm', val=1.0), prefix='student.')
+    listed.init_weights()  # mmengine's initialisers first, then the file over them
+    for key, value in student.items():
+        assert torch.equal(listed.state_dict()[key], value), key
     with pytest.raises(
         CheckpointError,
         match=r"the file's blocks are blocks\.0-1, the model's extractor\.trunk\.blocks\.0-1 and selector\.backbone\.blocks\.0-0: a checkpoint of another model",

@@ -25,6 +25,7 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tupl
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmengine.logging import print_log
 from mmengine.model import BaseModule
+from mmengine.model.weight_init import PretrainedInit
 from mmengine.runner.checkpoint import CheckpointLoader
 from torch import nn
 
@@ -198,6 +199,43 @@ def _check_norm_cfg(norm_cfg: Any, embed_dims: int) -> None:
         raise ConfigError(f'LookHereViT norm_cfg={norm_cfg!r}: {problem}; accepted: {accepted}')
 
 
+def split_init_cfg(
+    init_cfg: Union[None, Mapping[str, Any], Sequence[Mapping[str, Any]]], owner: str
+) -> Tuple[Optional[Mapping[str, Any]], List[Mapping[str, Any]]]:
+    """``(pretrained, others)`` of an ``init_cfg`` (a dict, a list of dicts, or None): its
+    ``Pretrained`` entry, which the backbone loads strictly itself, and mmengine's other
+    initialisers (``Constant``, ``TruncNormal``, ...), which run first, as
+    ``BaseModule.init_weights`` orders them.
+
+    Raises:
+        ConfigError: more than one ``Pretrained`` entry, naming ``owner``.
+    """
+    cfgs = [init_cfg] if isinstance(init_cfg, Mapping) else list(init_cfg or ())
+    pretrained = [
+        c
+        for c in cfgs
+        if isinstance(c, Mapping) and c.get('type') in ('Pretrained', PretrainedInit)
+    ]
+    if len(pretrained) > 1:
+        raise ConfigError(
+            f'{owner} init_cfg has {len(pretrained)} Pretrained entries '
+            f'({[p.get("checkpoint") for p in pretrained]}); give one'
+        )
+    others = [c for c in cfgs if not any(c is p for p in pretrained)]
+    return (pretrained[0] if pretrained else None), others
+
+
+def run_mmengine_inits(module: BaseModule, others: List[Mapping[str, Any]]) -> None:
+    """``BaseModule.init_weights`` of ``module`` with only ``others`` as its ``init_cfg``
+    (none of them ``Pretrained``: mmengine's loader would load what fits and warn)."""
+    init_cfg = module.init_cfg
+    module.init_cfg = others
+    try:
+        BaseModule.init_weights(module)
+    finally:
+        module.init_cfg = init_cfg
+
+
 def pretrained_checkpoint(
     cfg: Mapping[str, Any], owner: str, allowed: Sequence[str]
 ) -> Tuple[Any, Any]:
@@ -350,10 +388,16 @@ class LookHereViT(LookHereVisionTransformer, BaseModule):
         print_log(msg, logger='current')
 
     def init_weights(self) -> None:
-        """Load the ``Pretrained`` checkpoint of ``init_cfg``, else mmengine's init of
-        another ``init_cfg``, else the trunk's official initialisation."""
-        cfg = self.init_cfg
-        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+        """mmengine's initialisers of ``init_cfg``, then its ``Pretrained`` checkpoint
+        loaded strictly (a list's entry too); no ``init_cfg``: the trunk's official
+        initialisation."""
+        cfg, others = split_init_cfg(self.init_cfg, 'LookHereViT')
+        if others:
+            run_mmengine_inits(self, others)
+        elif cfg is None:
+            LookHereVisionTransformer.init_weights(self)
+            return
+        if cfg is not None:  # after the others, as mmengine orders them: strictly
             path, checkpoint = pretrained_checkpoint(cfg, 'LookHereViT', _PRETRAINED_KEYS)
             self.load_pretrained(
                 checkpoint,
@@ -362,8 +406,3 @@ class LookHereViT(LookHereVisionTransformer, BaseModule):
                 source=path,
             )
             self._is_init = True
-            return
-        if cfg is not None:
-            BaseModule.init_weights(self)
-            return
-        LookHereVisionTransformer.init_weights(self)

@@ -29,7 +29,12 @@ from lookhere_dense.lookwhere import LookWhere
 from lookhere_dense.lookwhere.distill import SELECTOR_TARGETS, distillation_losses, teacher_targets
 
 from ..registry import MMSEG_MODELS, register_model
-from .lookhere_vit import pretrained_checkpoint, weights_with_prefix
+from .lookhere_vit import (
+    pretrained_checkpoint,
+    run_mmengine_inits,
+    split_init_cfg,
+    weights_with_prefix,
+)
 
 __all__ = ['LookWhereViT', 'LookWhereDistiller']
 
@@ -81,7 +86,8 @@ class LookWhereViT(LookWhere, BaseModule):
     def init_weights(self) -> None:
         """Load the ``Pretrained`` checkpoint of ``init_cfg`` strictly (mmengine's loader
         would load what fits and warn: a file of another model loaded nothing, and training
-        went on from random weights); another ``init_cfg``, or none: mmengine's init.
+        went on from random weights), a list's ``Pretrained`` entry too, after mmengine's
+        other initialisers; no ``Pretrained``: mmengine's init.
 
         Raises:
             ConfigError: unknown ``init_cfg`` keys, or no ``checkpoint``.
@@ -89,9 +95,10 @@ class LookWhereViT(LookWhere, BaseModule):
                 naming the likely cause (e.g. a LookHereViT file: the extractor's
                 ``pretrained``; a distillation run's: ``prefix='student.'``).
         """
-        cfg = self.init_cfg
-        if not (isinstance(cfg, dict) and cfg.get('type') == 'Pretrained'):
-            BaseModule.init_weights(self)
+        cfg, others = split_init_cfg(self.init_cfg, 'LookWhereViT')
+        if others or cfg is None:
+            run_mmengine_inits(self, others)
+        if cfg is None:
             return
         allowed = ('type', 'checkpoint', 'strict', 'prefix', 'map_location')
         path, ckpt = pretrained_checkpoint(cfg, 'LookWhereViT', allowed)
