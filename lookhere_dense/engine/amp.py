@@ -38,6 +38,7 @@ from mmengine.registry import LOOPS, OPTIM_WRAPPERS
 from mmengine.runner import TestLoop
 
 from ..errors import ConfigError
+from .ranks import unwrap_model
 
 __all__ = [
     'AMP_DTYPES',
@@ -260,12 +261,6 @@ def outputs_to_float32(obj: Any) -> Any:
     return obj
 
 
-def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` without a DDP-style wrapper (``MMDistributedDataParallel`` and the like)."""
-    inner = getattr(model, 'module', None)
-    return inner if isinstance(inner, torch.nn.Module) else model
-
-
 def _is_detector(model: torch.nn.Module) -> bool:
     """Whether ``model`` is an mmdet detector (without importing mmdet: a model built from
     an mmdet config has imported it)."""
@@ -290,7 +285,7 @@ def float32_detection_heads(model: torch.nn.Module) -> Iterator[None]:
     ``extract_feat`` runs wholly in float32. Anything else (segmentors), or no autocast:
     nothing changes. ``extract_feat`` is replaced on the instance for the region only.
     """
-    model = _unwrapped(model)
+    model = unwrap_model(model)
     device_type = _model_device_type(model)
     if not _is_detector(model) or not torch.is_autocast_enabled(device_type):
         yield

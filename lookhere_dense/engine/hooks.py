@@ -58,6 +58,7 @@ from ..lookhere.layers import weights_caused
 from .checkpointing import AtomicCheckpointHook, read_pointer
 from .memory_guard import MemoryGuardHook
 from .preemption import SignalCheckpointHook
+from .ranks import unwrap_model
 from .schedules import keep_config_schedule
 
 __all__ = [
@@ -78,10 +79,6 @@ __all__ = [
 
 #: The checkpoint key :class:`ExactResumeHook` writes.
 RESUME_STATE_KEY = 'lookhere_resume_state'
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if hasattr(model, 'module') else model
 
 
 # ----------------------------------------------------------------------------------------
@@ -565,10 +562,10 @@ class CheckpointFitHook(Hook):
         source = getattr(runner, '_load_from', None) or 'the checkpoint'
         if not (getattr(runner, '_resume', False) or self.strict_load_from):
             # training's load_from may differ in the head, but must load something
-            model_state_dict_of(_unwrap(runner.model), checkpoint, source)
+            model_state_dict_of(unwrap_model(runner.model), checkpoint, source)
             return
         load_model_weights(
-            _unwrap(runner.model),
+            unwrap_model(runner.model),
             checkpoint,
             source=source,
             checkpoint_num_heads=self.checkpoint_num_heads,
@@ -603,7 +600,7 @@ class EvalBatchCheckHook(Hook):
         inputs = data_batch.get('inputs') if isinstance(data_batch, dict) else None
         if not isinstance(inputs, (list, tuple)) or len(inputs) < 2:
             return
-        pre = getattr(_unwrap(runner.model), 'data_preprocessor', None)
+        pre = getattr(unwrap_model(runner.model), 'data_preprocessor', None)
         if not any(c.__name__ == 'SegDataPreProcessor' for c in type(pre).__mro__):
             return  # mmseg's, or one built on it (MixedCropSegDataPreProcessor)
         sizes = [tuple(x.shape[-2:]) if isinstance(x, torch.Tensor) else None for x in inputs]

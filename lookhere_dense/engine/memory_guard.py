@@ -88,6 +88,8 @@ from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
 from ..errors import ConfigError, MemoryBudgetError
+from ..lookhere.attention.chooser import pass_conditions
+from .ranks import unwrap_model
 
 __all__ = [
     'estimate_peak',
@@ -535,30 +537,12 @@ def _detector(model: torch.nn.Module) -> Optional[torch.nn.Module]:
     return model if base is not None and isinstance(model, base.BaseDetector) else None
 
 
-def _attn_dropout(trunk, training: bool) -> float:
-    """The largest attention dropout of ``trunk``'s blocks in a training pass (0 else):
-    the backends without attention dropout (fused, tiled) cannot run it."""
-    if not training:
-        return 0.0
-    drops = (getattr(getattr(b, 'attn', None), 'attn_drop', 0.0) for b in trunk.blocks)
-    return max((float(p or 0.0) for p in drops), default=0.0)
-
-
 def _backend(trunk, tokens: int, device, dtype, training: bool) -> str:
     engine = getattr(trunk, 'lookhere', None)
     if engine is None:
         return 'nobias'
-    dropout = _attn_dropout(trunk, training)
-    slope_grads = _slope_grads(trunk, training)
+    dropout, slope_grads = pass_conditions(trunk, training)
     return engine.choose_backend(tokens, device, dtype, dropout, slope_grads, training=training)
-
-
-def _slope_grads(trunk, training: bool) -> bool:
-    """Whether a training pass gives learnable LookHere slopes gradients (tiled cannot)."""
-    slopes = getattr(getattr(trunk, 'pos_enc', None), 'slopes', None)
-    return bool(
-        training and slopes is not None and any(p.requires_grad for p in slopes.parameters())
-    )
 
 
 def _runs_here(info: Dict[str, Any], backend: str) -> bool:
@@ -571,13 +555,11 @@ def _runs_here(info: Dict[str, Any], backend: str) -> bool:
     engine = getattr(trunk, 'lookhere', None)
     if engine is None or backend not in REGISTRY:
         return False
-    slope_grads = _slope_grads(trunk, a['training'])
     request = engine.request(
         a['tokens'],
         info['device'],
         a['dtype'],
-        _attn_dropout(trunk, a['training']),
-        slope_grads,
+        *pass_conditions(trunk, a['training']),
         training=a['training'],
         auto=False,
     )
@@ -1122,12 +1104,8 @@ class MemoryGuardHook(Hook):
         self.max_memory = None if max_memory is None else parse_memory(max_memory)
         self._checked: set = set()
 
-    @staticmethod
-    def _model(runner) -> torch.nn.Module:
-        return runner.model.module if hasattr(runner.model, 'module') else runner.model
-
     def before_run(self, runner) -> None:
-        install_memory_guard(self._model(runner), self.max_memory, _crop_of(runner.cfg))
+        install_memory_guard(unwrap_model(runner.model), self.max_memory, _crop_of(runner.cfg))
 
     def _check_largest_frame(self, runner, loop, key: str) -> None:
         """A segmentor's largest test frame, checked from the image files' headers before
@@ -1145,7 +1123,7 @@ class MemoryGuardHook(Hook):
         if frame is None:
             return
         with _loop_autocast(loop):  # the loop's mixed precision, as its passes run in it
-            check_frame_size(self._model(runner), *frame)
+            check_frame_size(unwrap_model(runner.model), *frame)
 
     def before_test(self, runner) -> None:
         self._check_largest_frame(runner, runner.test_loop, 'test_dataloader')

@@ -1,9 +1,20 @@
-"""Decisions every rank of a multi-process run takes together (torch.distributed alone;
-the values of a single-process run pass through): :func:`world_max`, :func:`barrier`."""
+"""Multi-process runs: decisions every rank takes together (torch.distributed alone; the
+values of a single-process run pass through): :func:`world_max`, :func:`barrier`; and
+:func:`unwrap_model`, the model inside a DDP / FSDP wrapper."""
 
 from __future__ import annotations
 
-__all__ = ['world_max', 'barrier']
+from typing import Any
+
+__all__ = ['world_max', 'barrier', 'unwrap_model']
+
+
+def unwrap_model(model: Any) -> Any:
+    """``model.module`` of a model wrapper (mmengine's ``is_model_wrapper``: DDP, FSDP,
+    ``MMDistributedDataParallel``), else ``model``."""
+    from mmengine.model import is_model_wrapper
+
+    return model.module if is_model_wrapper(model) else model
 
 
 def world_max(value: int) -> int:

@@ -22,10 +22,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from mmengine.hooks import Hook, LoggerHook
 from mmengine.logging import print_log
-from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
 from ..lookhere.slopes import LookHereSlopes, format_slope_table
+from .ranks import unwrap_model
 
 __all__ = ['LookHereSlopeLoggerHook', 'learnable_slopes_of']
 
@@ -33,8 +33,7 @@ __all__ = ['LookHereSlopeLoggerHook', 'learnable_slopes_of']
 def learnable_slopes_of(model: Any) -> List[Tuple[str, LookHereSlopes]]:
     """``(name, module)`` of every :class:`LookHereSlopes` in ``model`` (unwrapped from
     DDP / FSDP wrappers)."""
-    if is_model_wrapper(model):
-        model = model.module
+    model = unwrap_model(model)
     return [(name, m) for name, m in model.named_modules() if isinstance(m, LookHereSlopes)]
 
 

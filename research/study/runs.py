@@ -34,6 +34,7 @@ from lookhere_dense.engine.memory_guard import (
     parse_memory,
     remove_memory_guard,
 )
+from lookhere_dense.engine.ranks import unwrap_model
 from lookhere_dense.engine.schedules import schedule_to
 from lookhere_dense.errors import ConfigError, MemoryBudgetError
 
@@ -163,7 +164,7 @@ def evaluate_rung(runner, cfg, study: Dict[str, Any], scale: float, mode: str) -
     * ``'log_n'`` -- the ladder's first mode with the backbone's ``log_n_scaling`` on.
     """
 
-    model = runner.model.module if hasattr(runner.model, 'module') else runner.model
+    model = unwrap_model(runner.model)
     if mode == 'log_n':
         backbone = model.backbone
         before = backbone.log_n_scaling
@@ -232,7 +233,7 @@ def evaluate_robustness(runner, cfg, study: Dict[str, Any]) -> Dict[str, Any]:
 
     from ..robustness import robustness_sweep, settings_from_dict
 
-    model = runner.model.module if hasattr(runner.model, 'module') else runner.model
+    model = unwrap_model(runner.model)
     device = 'cuda' if next(model.parameters()).is_cuda else 'cpu'
     dataloader = ladder_dataloader(cfg, study, 1.0)
     dataloader.update(num_workers=0, persistent_workers=False)
@@ -298,7 +299,7 @@ def train_and_evaluate(
         start = time.time()
         runner.train()
     train_seconds = time.time() - start
-    model = runner.model.module if hasattr(runner.model, 'module') else runner.model
+    model = unwrap_model(runner.model)
     params = sum(p.numel() for p in model.parameters())
     modes = ladder_modes(study)
     results: Dict[str, Dict[str, Dict[str, Any]]] = {mode: {} for mode in modes}

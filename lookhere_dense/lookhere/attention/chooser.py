@@ -40,6 +40,7 @@ __all__ = [
     'choose',
     'explain',
     'explain_backend',
+    'pass_conditions',
     'backend_summary',
     'inside_window',
 ]
@@ -102,6 +103,18 @@ def _layers(model: Any) -> List[Tuple[int, int, float]]:
         drop = float(getattr(getattr(blk, 'attn', None), 'attn_drop', 0.0) or 0.0)
         out.append((i, int(getattr(blk, 'window_size', 0) or 0), drop))
     return out
+
+
+def pass_conditions(model: Any, training: bool) -> Tuple[float, bool]:
+    """``(attention dropout, slope gradients)`` a pass of ``model`` asks the backends for:
+    the largest attention dropout of its blocks and whether learnable LookHere slopes need
+    gradients -- both only in a training pass (fused and tiled run neither)."""
+    if not training:
+        return 0.0, False
+    dropout = max((drop for _, _, drop in _layers(model)), default=0.0)
+    slopes = getattr(getattr(model, 'pos_enc', None), 'slopes', None)
+    slope_grads = slopes is not None and any(p.requires_grad for p in slopes.parameters())
+    return dropout, bool(slope_grads)
 
 
 def inside_window(pos_enc: Any) -> str:
@@ -190,10 +203,7 @@ def explain_backend(
     dtype = dtype or (param.dtype if param is not None else torch.float32)
     training = vit.training if training is None else bool(training)
     engine = getattr(vit.pos_enc, 'engine', None)
-    slopes = getattr(vit.pos_enc, 'slopes', None)
-    slope_grads = bool(
-        training and slopes is not None and any(p.requires_grad for p in slopes.parameters())
-    )
+    _, slope_grads = pass_conditions(vit, training)
     lines = [
         f'attention backends at {size[0]}x{size[1]} (grid {grid[0]}x{grid[1]}, {tokens} tokens, '
         + ('' if batch is None else f'batch {batch}, ')
