@@ -120,6 +120,89 @@ def test_images_whose_suffix_differs_only_in_spelling_are_named(ade):
     assert 'set train_dataloader.dataset.img_suffix (training uses the 2 others)' in msgs[0]
 
 
+def test_an_image_in_another_format_is_named(ade):
+    """An image saved as ``.png`` beside its annotation is left out by mmseg (it lists
+    ``.jpg``): the check passed over it without a word."""
+    img, _ = files(ade, i=1)
+    Image.open(img).save(img.with_suffix('.png'))
+    img.unlink()
+    with pytest.warns(DataCheckWarning) as seen:
+        sizes = check_seg_data(config(ade), ['train'])
+    assert sizes == {'train_dataloader': 3}
+    msgs = [str(w.message) for w in seen if 'have no image' in str(w.message)]
+    assert len(msgs) == 1, [str(w.message) for w in seen]
+    assert msgs[0].startswith('train_dataloader: 1 annotation(s) have no image that is read')
+    assert 'ADE_train_00000001.png' in msgs[0] and '<name>.jpg (img_suffix' in msgs[0]
+
+
+def _reduce_zero_label(cfg, value: bool):
+    """``reduce_zero_label`` on every split's dataset, as a hand-written config sets it."""
+    for split in ('train', 'val', 'test'):
+        ds = cfg[f'{split}_dataloader'].dataset
+        ds.reduce_zero_label = value
+        for t in ds.pipeline:
+            t.pop('reduce_zero_label', None)
+    return cfg
+
+
+def test_ade20k_files_without_reduce_zero_label_are_refused(ade):
+    """ADE20K's own files (0 = "other", class k stored as k+1) with
+    ``reduce_zero_label=False``: every value is in range on the tiny data (and on real
+    ADE20K until a file holds 150), so every class trained as its neighbour."""
+    with pytest.raises(
+        LabelRangeError,
+        match=r'train_dataloader\.dataset\.reduce_zero_label=False on ADE20KDataset \(whose '
+        r'default is True\), but \d of 4 checked label files hold 0 and none holds 255',
+    ):
+        check_seg_data(_reduce_zero_label(config(ade), False), ['train'])
+    # files reduced already (255 marks what was 0) train with reduce_zero_label=False
+    for i in range(1, 5):
+        _, ann = files(ade, i=i)
+        seg = cv2.imread(str(ann), cv2.IMREAD_UNCHANGED)
+        cv2.imwrite(str(ann), np.where(seg == 0, 255, seg - 1).astype(np.uint8))
+    assert check_seg_data(_reduce_zero_label(config(ade), False), ['train']) == {
+        'train_dataloader': 4
+    }
+
+
+def test_cityscapes_train_ids_with_reduce_zero_label_are_refused(tmp_path):
+    """Cityscapes trainIds (0 = road, 255 = ignore) with ``reduce_zero_label=True``: road
+    became ignored and every class its neighbour, all in range, without a word."""
+    from mmengine.config import Config
+
+    from research.datasets.synthetic_seg import make_cityscapes_like
+
+    root = make_cityscapes_like(tmp_path, num_train=2, num_val=1)
+    cfg = Config.fromfile(str(REPO / 'configs' / 'segmenter_lookhere_vit-t_tiny-cityscapes.py'))
+    for split in ('train', 'val', 'test'):
+        cfg[f'{split}_dataloader'].dataset.data_root = str(root)
+    assert check_seg_data(copy.deepcopy(cfg), ['train', 'val']) == {
+        'train_dataloader': 2,
+        'val_dataloader': 1,
+    }
+    with pytest.raises(
+        LabelRangeError,
+        match=r'train_dataloader\.dataset\.reduce_zero_label=True, but 2 of 2 checked label '
+        r'files already hold 255 .*Cityscapes trainIds: 0 = road.*--skip-data-check',
+    ):
+        check_seg_data(_reduce_zero_label(cfg, True), ['train', 'val'])
+
+
+def test_a_16_bit_annotation_above_255_is_refused(ade):
+    """mmseg casts label maps to uint8: class 300 of a 16-bit PNG trained as 44, and the
+    label checks (after the cast) passed."""
+    _, ann = files(ade)
+    seg = cv2.imread(str(ann), cv2.IMREAD_UNCHANGED).astype(np.uint16)
+    seg[0, 0] = 300
+    cv2.imwrite(str(ann), seg)
+    with pytest.raises(
+        LabelRangeError,
+        match=rf"annotation '{ann}' is a uint16 map holding label values up to 300: .* "
+        'would become 44',
+    ):
+        check_seg_data(config(ade), ['train'])
+
+
 @pytest.mark.parametrize('classes', [30, 171])
 def test_the_label_check_follows_the_heads_class_count(ade, classes):
     """``--cfg-options model.decode_head.num_classes=N``: the pipeline's

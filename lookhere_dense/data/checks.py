@@ -42,8 +42,10 @@ from .labels import (
     bad_label_values,
     channels_message,
     label_message,
+    reduce_zero_label_verdict,
     size_message,
     unreadable_file,
+    wide_labels_message,
 )
 
 __all__ = [
@@ -663,6 +665,57 @@ def _unread_images(dataset: Any, limit: int = 100000) -> List[str]:
     return sorted(found)
 
 
+def _annotations_without_images(
+    dataset: Any, infos: Sequence[Mapping], limit: int = 100000
+) -> List[str]:
+    """Annotation files (``seg_map_suffix`` under the annotation folder) whose image the
+    dataset does not read: an image missing, or saved in another format than
+    ``img_suffix`` (mmseg lists images, and leaves such pairs out without a word)."""
+    import os
+
+    seg_dir = dataset.data_prefix.get('seg_map_path', dataset.data_root)
+    suffix = dataset.seg_map_suffix
+    if getattr(dataset, 'ann_file', '') or not isinstance(suffix, str):
+        return []
+    if not seg_dir or '://' in str(seg_dir) or not osp.isdir(seg_dir):
+        return []
+    read = {osp.normpath(i['seg_map_path']) for i in infos}
+    found, seen = [], 0
+    for folder, _, names in os.walk(seg_dir):
+        for name in names:
+            seen += 1
+            if seen > limit:
+                return sorted(found)
+            path = osp.normpath(osp.join(folder, name))
+            if name.endswith(suffix) and path not in read:
+                found.append(path)
+    return sorted(found)
+
+
+def _raw_labels(path: str) -> Any:
+    """The label file's values as stored (``LoadAnnotations`` decodes it the same way,
+    then casts to uint8 and applies ``reduce_zero_label``)."""
+    import mmcv
+    from mmengine import fileio
+
+    return mmcv.imfrombytes(fileio.get(path), flag='unchanged', backend='pillow')
+
+
+def _class_default(cls: type, name: str) -> Any:
+    """The default of argument ``name`` of ``cls``'s constructor (its own, or the nearest
+    base class's that names it); None where none does."""
+    import inspect
+
+    for klass in cls.__mro__:
+        init = klass.__dict__.get('__init__')
+        if init is None:
+            continue
+        param = inspect.signature(init).parameters.get(name)
+        if param is not None and param.default is not inspect.Parameter.empty:
+            return param.default
+    return None
+
+
 def check_label_values(
     cfg: Mapping,
     splits: Sequence[str] = ('train', 'val'),
@@ -677,7 +730,11 @@ def check_label_values(
     * up to ``max_files`` annotations (spread over the dataset) hold no label value
       outside the model's classes, and their images decode;
     * annotations that hold only the ignore index: a :class:`DataCheckWarning` naming
-      them, an error when every checked one does.
+      them, an error when every checked one does;
+    * the checked files' stored values fit 8 bits (mmseg casts label maps to uint8) and
+      agree with ``reduce_zero_label`` (:func:`~.labels.reduce_zero_label_verdict`:
+      Cityscapes-style files with 255 reduced, ADE20K's own files not reduced);
+    * annotations whose image is not read (missing, or in another format): a warning.
 
     Loads annotations with mmseg's own ``LoadAnnotations`` (so ``reduce_zero_label`` and
     ``label_map`` apply exactly as in training).
@@ -689,8 +746,9 @@ def check_label_values(
         DatasetLayoutError: no images, or images without annotation files.
         LabelSizeError: an annotation of another size than its image.
         UnreadableFileError: an image or annotation file that cannot be read.
-        LabelRangeError: a label value outside ``0..num_classes-1`` / the ignore index, or
-            every checked annotation holds only the ignore index.
+        LabelRangeError: a label value outside ``0..num_classes-1`` / the ignore index,
+            every checked annotation holds only the ignore index, a value above 255 in the
+            file, or a ``reduce_zero_label`` the files contradict.
     """
     from mmseg.datasets import BaseSegDataset
     from mmseg.datasets.transforms import LoadAnnotations
@@ -716,9 +774,20 @@ def check_label_values(
                 f'{missing[0]!r} (annotations must end in {ds.seg_map_suffix!r}, same '
                 f'name and sub-folders as the image).' + _hint(ds_cfg)
             )
+        key = next(k for w, k, d, _ in _nodes(cfg, splits) if d is ds_cfg)
         unread = _unread_images(ds)
+        orphans = [] if unread else _annotations_without_images(ds, infos)
+        if orphans:
+            warnings.warn(
+                DataCheckWarning(
+                    f'{where}: {len(orphans)} annotation(s) have no image that is read, e.g. '
+                    f'{orphans[0]!r}: the image is missing, or not named <name>'
+                    f'{ds.img_suffix} (img_suffix; another format is left out without a '
+                    f'word). The run uses the {n} images that are read'
+                ),
+                stacklevel=2,
+            )
         if unread:
-            key = next(k for w, k, d, _ in _nodes(cfg, splits) if d is ds_cfg)
             warnings.warn(
                 DataCheckWarning(
                     f'{where}: {len(unread)} image(s) with an annotation are not read because '
@@ -733,6 +802,7 @@ def check_label_values(
         loader = LoadAnnotations()
         sample = _spread(n, max_files)
         ignored = []
+        with_zero = with_255 = 0
         for i in sample:
             info = infos[i]
             if '://' not in info['img_path']:
@@ -742,8 +812,16 @@ def check_label_values(
                     raise unreadable_file(where, 'image', info['img_path'], err) from None
             try:
                 seg = loader(dict(info))['gt_seg_map']
+                raw = _raw_labels(info['seg_map_path'])
             except Exception as err:
                 raise unreadable_file(where, 'annotation', info['seg_map_path'], err) from None
+            top = int(raw.max()) if raw.size else 0
+            if top > 255:
+                raise LabelRangeError(
+                    wide_labels_message(where, info['seg_map_path'], raw.dtype, top)
+                )
+            with_zero += bool((raw == 0).any())
+            with_255 += bool((raw == 255).any())
             if seg.ndim != 2:
                 raise LabelRangeError(channels_message(where, info['seg_map_path'], seg.shape))
             bad = bad_label_values(seg, num_classes, ds.ignore_index)
@@ -759,6 +837,19 @@ def check_label_values(
                 )
             if seg.size and bool((seg == ds.ignore_index).all()):
                 ignored.append(info['seg_map_path'])
+        verdict, is_error = reduce_zero_label_verdict(
+            key,
+            bool(ds.reduce_zero_label),
+            _class_default(type(ds), 'reduce_zero_label'),
+            type(ds).__name__,
+            with_zero,
+            with_255,
+            len(sample),
+        )
+        if verdict and is_error:
+            raise LabelRangeError(f'{where}: {verdict}.')
+        if verdict:
+            warnings.warn(DataCheckWarning(f'{where}: {verdict}.'), stacklevel=2)
         if ignored:
             msg = f'{where}: ' + all_ignored_message(ignored, ds.ignore_index, len(sample))
             if len(ignored) == len(sample):

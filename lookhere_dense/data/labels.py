@@ -10,7 +10,8 @@ import numpy as np
 from ..errors import UnreadableFileError
 
 __all__ = ['label_values', 'bad_label_values', 'label_message', 'size_message', 'channels_message',
-           'all_ignored_message', 'unreadable_file']
+           'all_ignored_message', 'unreadable_file', 'wide_labels_message',
+           'reduce_zero_label_verdict']
 
 
 def label_values(seg: np.ndarray) -> np.ndarray:
@@ -75,3 +76,46 @@ def unreadable_file(where: str, kind: str, path: str, err: BaseException) -> 'Un
     return UnreadableFileError(f'{where}: cannot read {kind} file {path!r} ({type(err).__name__}: '
                                f'{reason}); it is corrupt, truncated or not an image: '
                                'replace or remove it (and its image / annotation)')
+
+
+def wide_labels_message(where: str, path: str, dtype: np.dtype, top: int) -> str:
+    """An annotation of more than 8 bits holding values above 255: mmseg's
+    ``LoadAnnotations`` casts label maps to uint8, so value ``k`` trains as ``k % 256``."""
+    return (f'{where}: annotation {path!r} is a {np.dtype(dtype).name} map holding label values '
+            f'up to {top}: mmseg reads label maps as 8 bits (uint8), so {top} would become '
+            f'{top % 256}. Save class ids 0..254 (255: ignore) as 8-bit PNGs.')
+
+
+def reduce_zero_label_verdict(key: str, reduce: bool, class_default: Optional[bool],
+                              dataset: str, with_zero: int, with_255: int,
+                              checked: int) -> Tuple[Optional[str], bool]:
+    """``(message, is_error)`` for a ``reduce_zero_label`` the raw label files contradict,
+    or ``(None, False)``. ``with_zero`` / ``with_255``: of ``checked`` files, how many hold
+    the raw value 0 / 255; ``class_default``: the dataset class's own ``reduce_zero_label``.
+
+    * ``True`` and files that hold 255 already: files with an ignore value of their own,
+      whose 0 is a class (Cityscapes trainIds: 0 = road). Reducing makes 0 ignored and
+      names every class after the next one; all values stay in range, so nothing else
+      notices. An error where the dataset class's default is ``False``, a warning else.
+    * ``False`` where the class's default is ``True`` (ADE20K), 0 in the files and no 255:
+      the class's own files, where 0 is "other" (files reduced already mark those pixels
+      255): class ``k`` would train as class ``k``'s neighbour. An error.
+    """
+    fix = '; if the files are meant so, --skip-data-check skips the data checks'
+    if reduce and with_255:
+        msg = (f'{key}.reduce_zero_label=True, but {with_255} of {checked} checked label files '
+               'already hold 255 (an ignore value), as files whose 0 is a class do '
+               '(Cityscapes trainIds: 0 = road): reducing makes 0 ignored and shifts every '
+               f'class down by one, silently (all values stay in range). Set '
+               f'{key}.reduce_zero_label=False (and drop it from LoadAnnotations)')
+        return msg + (fix if class_default is False else ''), class_default is False
+    if not reduce and class_default and not with_255 and with_zero:
+        msg = (f'{key}.reduce_zero_label=False on {dataset} (whose default is True), but '
+               f'{with_zero} of {checked} checked label files hold 0 and none holds 255: '
+               f"{dataset}'s own files, where 0 is \"other\" and class k is stored as k+1. "
+               'Class k would train as class k+1, silently. Set '
+               f'{key}.reduce_zero_label=True (as mmseg\'s configs do); files already '
+               'reduced mark ignored pixels with 255')
+        return msg + fix, True
+    return None, False
+
