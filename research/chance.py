@@ -23,8 +23,8 @@ def chance_levels(
 
     Args:
         label_files: label PNGs.
-        reduce_zero_label: labels as mmseg's ``reduce_zero_label`` reads them (0 ignored,
-            the others minus 1).
+        reduce_zero_label: labels as mmseg's ``reduce_zero_label`` reads them (0 and 255
+            ignored, the others minus 1).
         ignore_index: label value that is not scored. Default: 255.
 
     Returns:
@@ -36,7 +36,7 @@ def chance_levels(
     for f in label_files:
         seg = cv2.imread(f, cv2.IMREAD_UNCHANGED).astype(np.int64)
         if reduce_zero_label:
-            seg = np.where(seg == 0, 256, seg - 1)
+            seg = np.where((seg == 0) | (seg == 255), 256, seg - 1)  # as mmseg: 255 stays ignored
         seg = seg[(seg != ignore_index) & (seg < 256)]
         counts += np.bincount(seg.ravel(), minlength=256)[:256]
     p = counts[counts > 0] / counts.sum()

@@ -351,7 +351,7 @@ def test_clean_slate_empties_a_backbone_s_caches():
 
 
 # -- the per-class IoU metric ---------------------------------------------------------------
-def test_per_class_iou_metric_is_registered_and_reports_every_class():
+def test_per_class_iou_metric_is_registered_and_reports_every_class(tmp_path):
     from mmseg.registry import METRICS
 
     from lookhere_dense.evaluation.metrics import PerClassIoUMetric
@@ -369,6 +369,16 @@ def test_per_class_iou_metric_is_registered_and_reports_every_class():
     assert out['IoU.sky'] == 50.0 and out['IoU.road'] == pytest.approx(66.67)
     assert out['IoU.car'] is None
     assert out['mIoU'] == pytest.approx((50.0 + 66.67) / 2, abs=0.01)
+    # IoUMetric's options: nan_to_num for the absent class, format_only (no labels)
+    metric = METRICS.build(dict(type='PerClassIoUMetric', nan_to_num=0, _scope_='mmseg'))
+    metric.dataset_meta = dict(classes=('sky', 'road', 'car'))
+    metric.process([], [dict(pred_sem_seg=dict(data=pred), gt_sem_seg=dict(data=label))])
+    out = metric.compute_metrics(metric.results)
+    assert out['IoU.car'] == 0 and out['IoU.sky'] == 50.0
+    metric = METRICS.build(
+        dict(type='PerClassIoUMetric', format_only=True, output_dir=str(tmp_path), _scope_='mmseg')
+    )
+    assert metric.compute_metrics([]) == {}  # it crashed on the empty results
 
 
 # -- the inference pipeline (same rewrite) --------------------------------------------------

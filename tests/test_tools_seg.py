@@ -159,6 +159,10 @@ def test_chance_levels_match_a_hand_computation(tmp_path):
     expected = np.mean((p / 2) / (p + 0.5 - p / 2)) * 100
     assert c['classes'] == 2 and abs(c['uniform'] - expected) < 1e-6
     assert abs(c['majority'] - 100 * p[0] / 2) < 1e-6
+    # reduce_zero_label: 0 and 255 are ignored (mmseg maps 255 back to 255; it was class 254)
+    cv2.imwrite(path, np.array([[1, 1, 255, 255], [0, 0, 1, 1]], np.uint8))
+    c = chance([path], reduce_zero_label=True)
+    assert c == dict(uniform=100.0, majority=100.0, classes=1)
 
 
 def test_resume_continues_from_the_last_checkpoint(demo, tmp_path):

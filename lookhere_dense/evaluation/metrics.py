@@ -14,17 +14,21 @@ __all__ = ['PerClassIoUMetric']
 @METRICS.register_module()
 class PerClassIoUMetric(IoUMetric):
     """mmseg's ``IoUMetric`` that also returns ``IoU.<class>`` for every class of the
-    dataset (IoU in %, rounded to 2 decimals; None for a class absent from predictions
-    and labels alike). The extrapolation study scores its ladders with it.
+    dataset (IoU in %, rounded to 2 decimals; for a class absent from predictions and
+    labels alike ``nan_to_num``, else None). The extrapolation study scores its ladders
+    with it.
 
     Takes the same arguments as ``IoUMetric``.
     """
 
     def compute_metrics(self, results: list) -> Dict[str, Optional[float]]:
+        metrics = super().compute_metrics(results)
+        if self.format_only:  # IoUMetric saved the predictions and returns no metrics
+            return metrics
         per = tuple(zip(*results))
         inter, union = sum(per[0]), sum(per[1])
-        metrics = super().compute_metrics(results)
         iou = (inter / union).tolist()
+        absent = None if self.nan_to_num is None else self.nan_to_num  # as IoUMetric's
         for name, value in zip(self.dataset_meta['classes'], iou):
-            metrics[f'IoU.{name}'] = round(100 * value, 2) if value == value else None
+            metrics[f'IoU.{name}'] = round(100 * value, 2) if value == value else absent
         return metrics
