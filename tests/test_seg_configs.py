@@ -223,3 +223,40 @@ def test_ade20k_config_starts_training_on_an_ade20k_folder_as_is(tmp_path, monke
         'from RANDOM weights' in text
     )
     assert 'Iter(val)' in text and 'mIoU' in text  # validated with IoUMetric at the end
+
+
+def test_whole_frame_configs_pad_test_images_to_patch_multiples():
+    """Whole-image evaluation without ``size_divisor`` (the UPerNet configs, the study's
+    ViT-B ladder) let the backbone pad a 512x683 ADE frame and the head stretch the padded
+    grid over it: predictions up to 15 px off. Every shipped mmseg config pads in the
+    preprocessor (or slides); a config that does not is warned about before the run."""
+    from mmengine.config import Config
+
+    from lookhere_dense.data.checks import whole_frame_pad_note
+
+    configs = [
+        p
+        for p in glob.glob(osp.join(REPO, 'configs', '**', '*.py'), recursive=True)
+        if '_base_' not in p
+    ]
+    checked = 0
+    for path in sorted(configs):
+        cfg = Config.fromfile(path)
+        if (cfg.get('default_scope') or 'mmseg') != 'mmseg':
+            continue
+        checked += 1
+        assert whole_frame_pad_note(cfg, ('val', 'test')) is None, path
+    assert checked >= 20
+    cfg = Config.fromfile(
+        osp.join(REPO, 'configs', 'upernet_lookhere-b16_sfpn_8xb2-160k_ade20k-512x512.py')
+    )
+    cfg.model.data_preprocessor.test_cfg = None
+    note = whole_frame_pad_note(cfg, ('train', 'val'))
+    assert note.startswith("model.test_cfg mode='whole' without model.data_preprocessor")
+    assert 'Set model.data_preprocessor.test_cfg=dict(size_divisor=16)' in note
+    assert whole_frame_pad_note(cfg, ('train',)) is None  # no evaluation
+    cfg.model.backbone.patch_size = 8
+    cfg.model.data_preprocessor.test_cfg = dict(size_divisor=4)  # not a patch multiple
+    assert 'dict(size_divisor=8)' in whole_frame_pad_note(cfg, ('test',))
+    cfg.model.test_cfg = dict(mode='slide', crop_size=(512, 512), stride=(341, 341))
+    assert whole_frame_pad_note(cfg, ('test',)) is None

@@ -12,6 +12,9 @@ data_preprocessor = dict(
     bgr_to_rgb=True,
     pad_val=0,
     seg_pad_val=255,
+    # pad test images to a patch multiple; the padding is cropped off the prediction
+    # (without it, the backbone pads and the head stretches the padded grid over the image)
+    test_cfg=dict(size_divisor=16),
 )
 model = dict(
     type='EncoderDecoder',

@@ -49,6 +49,9 @@ data_preprocessor = dict(
     pad_val=0,
     seg_pad_val=255,
     size=(64, 64),
+    # the scenes are whole 8-px patches (size_multiple); frames that are not get padded
+    # here and cropped back, not padded in the backbone and stretched by the head
+    test_cfg=dict(size_divisor=8),
 )
 model = dict(
     type='EncoderDecoder',

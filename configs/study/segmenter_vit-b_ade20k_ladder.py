@@ -52,5 +52,7 @@ model = dict(
         preset='lh180',
     ),
     decode_head=dict(type='LeanSegmenterMaskTransformerHead'),
+    # whole frames padded to a patch multiple (the padding is cropped off the prediction)
+    data_preprocessor=dict(test_cfg=dict(size_divisor=16)),
     test_cfg=dict(_delete_=True, mode='whole'),
 )

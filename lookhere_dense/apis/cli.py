@@ -1147,6 +1147,7 @@ def preflight(
         crop_padding_note,
         eval_pad_note,
         sync_label_checks,
+        whole_frame_pad_note,
     )
 
     def warn(msg: str) -> None:
@@ -1176,8 +1177,9 @@ def preflight(
             for where, n in sizes.items():
                 log_rank0(f'data check passed: {where} has {n} images with annotations')
             padded = crop_padding_note(cfg) if 'train' in splits else None
-            if padded:
-                warn(padded)
+            for note in (padded, whole_frame_pad_note(cfg, splits)):
+                if note:
+                    warn(note)
         else:
             check_dataset_layout(cfg, splits)
             padded = eval_pad_note(cfg, splits)

@@ -59,6 +59,7 @@ __all__ = [
     'sync_label_checks',
     'crop_padding_note',
     'eval_pad_note',
+    'whole_frame_pad_note',
     'image_size',
     'largest_size_after',
     'size_after',
@@ -1065,6 +1066,47 @@ def eval_pad_note(cfg: Mapping, splits: Sequence[str]) -> Optional[str]:
                     '(pad_size_divisor; the configs of lookhere-dense test so)'
                 )
     return None
+
+
+#: mmseg backbones that pad a frame to whole patches themselves (``patch_pad`` /
+#: ``padding='corner'``), with their default patch size
+_PATCH_PADDING_BACKBONES = {'LookHereViT': 16, 'VisionTransformer': 16}
+
+
+def whole_frame_pad_note(cfg: Mapping, splits: Sequence[str]) -> Optional[str]:
+    """The warning for whole-image evaluation of a ViT without ``size_divisor``: the
+    backbone pads a frame whose sides are not patch multiples, and mmseg's head stretches
+    the padded grid over the frame (predictions up to a patch minus one pixel off at the
+    far edge, 56% of the pixels' classes changed in a test). With
+    ``data_preprocessor.test_cfg.size_divisor`` the preprocessor pads and the segmentor
+    crops the padding off. None for sliding windows, training-only runs, other backbones,
+    and a divisor (or fixed ``size``) that is a patch multiple."""
+    if not [s for s in splits if s != 'train']:
+        return None
+    model = cfg.get('model') or {}
+    if not isinstance(model, Mapping):
+        return None
+    backbone = model.get('backbone') or {}
+    name = type_name(backbone) if isinstance(backbone, Mapping) else None
+    if name not in _PATCH_PADDING_BACKBONES:
+        return None
+    patch = backbone.get('patch_size', _PATCH_PADDING_BACKBONES[name])
+    patch = patch[0] if isinstance(patch, (tuple, list)) else patch
+    test_cfg = model.get('test_cfg') or {}
+    if not isinstance(patch, int) or patch <= 1 or test_cfg.get('mode', 'whole') != 'whole':
+        return None
+    pre = (model.get('data_preprocessor') or {}).get('test_cfg') or {}
+    divisor, size = pre.get('size_divisor'), pre.get('size')
+    if (isinstance(divisor, int) and divisor % patch == 0) or size is not None:
+        return None
+    return (
+        "model.test_cfg mode='whole' without model.data_preprocessor.test_cfg.size_divisor: a "
+        f'frame whose sides are not multiples of the {patch}-px patch is padded inside the '
+        f'backbone, and the head stretches the padded grid over the frame (predictions up to '
+        f'{patch - 1} px off at the far edge). Set model.data_preprocessor.test_cfg='
+        f'dict(size_divisor={patch}): the preprocessor pads and the padding is cropped off '
+        "the prediction (lookhere-dense's configs do)"
+    )
 
 
 def check_seg_data(
