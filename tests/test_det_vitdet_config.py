@@ -403,6 +403,36 @@ def test_training_with_flex_on_cpu_is_refused_before_the_runner():
     preflight(shipped, ('test',), check_pretrained=False, check_data=False)
 
 
+def test_the_preflight_asks_the_named_backends_can_run():
+    """The pre-flight asks the backend's own ``can_run`` (it wrote flex's and triton's
+    limits again, and let ``fused`` with attention dropout, or on CUDA, start and fail in
+    the first step); encodings without a LookHere engine run SDPA whatever it names."""
+    from lookhere_dense.apis.cli import check_attn_backend
+
+    def check(cuda, splits=('train',), **backbone):
+        cfg = Config(dict(model=dict(backbone=dict(type='LookHereViT', **backbone))))
+        check_attn_backend(cfg, cuda=cuda, splits=splits)
+
+    with pytest.raises(
+        ConfigError,
+        match=r"attn_backend='fused' cannot train on CPU: has no attention dropout; "
+        r"train with 'auto' \(the first backend that runs here\)$",
+    ):
+        check(False, attn_backend='fused', attn_drop_rate=0.1)
+    # a frozen backbone stays in training mode: its dropout runs
+    with pytest.raises(ConfigError, match="'fused' cannot run on CPU: has no attention dropout"):
+        check(False, attn_backend='fused', attn_drop_rate=0.1, frozen_exclude=[])
+    check(False, ('test',), attn_backend='fused', attn_drop_rate=0.1)  # inference: no dropout
+    for name in ('fused', 'tiled'):
+        with pytest.raises(ConfigError, match=rf"'{name}' cannot run on CUDA: runs on CPU only"):
+            check(True, ('test',), attn_backend=name)
+    check(False, attn_backend='tiled')
+    check(False, attn_backend='flex', pos_encoding='rope2d')  # no LookHere engine: SDPA runs
+    with pytest.raises(ConfigError, match="'flex' cannot train on CPU: PyTorch's flex_attention"):
+        check(False, attn_backend='flex', pos_encoding='ledit')  # LEDiT's causal flex
+    check(False, attn_backend='chunked', pos_encoding='ledit', attn_drop_rate=0.1)
+
+
 def test_the_triton_backend_is_refused_before_the_run_where_it_cannot_run(monkeypatch, tmp_path):
     """``attn_backend='triton'`` (a CUDA forward) in a training run started, then died in
     the first step with a 35-frame traceback whose advice ('train with flex') was wrong on
@@ -413,21 +443,24 @@ def test_the_triton_backend_is_refused_before_the_run_where_it_cannot_run(monkey
     from lookhere_dense.apis.cli import check_attn_backend, preflight
 
     cfg = Config(dict(model=dict(backbone=dict(type='LookHereViT', attn_backend='triton'))))
-    for cuda, advice in (
-        (False, "'fused' / 'chunked' / 'sdpa'"),
-        (True, "'chunked' / 'sdpa' / 'flex'"),
-    ):
+    for cuda, where, frozen_hint in ((False, 'CPU', False), (True, 'CUDA', True)):
         with pytest.raises(ConfigError) as exc:
             check_attn_backend(cfg, cuda=cuda)
-        assert "attn_backend='triton' cannot train the backbone: it has a forward only" in str(
-            exc.value
+        assert str(exc.value).startswith(
+            f"model.backbone.attn_backend='triton' cannot train on {where}: forward only "
+            "(inference): no backward; train with 'auto'"
         )
-        assert str(exc.value).endswith(f"train with 'auto' (or {advice})")
+        # on CUDA a frozen backbone runs it (inference); on CPU nothing does
+        assert ('or freeze the backbone (frozen_exclude=[])' in str(exc.value)) == frozen_hint
     check_attn_backend(cfg, cuda=True, splits=('test',))
     frozen = Config(dict(model=dict(backbone=dict(attn_backend='triton', frozen_exclude=[]))))
     check_attn_backend(frozen, cuda=True)  # a frozen backbone: triton trains the heads
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
-    with pytest.raises(ConfigError, match=r"'triton' runs on CUDA .*: on CPU use 'auto'$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'triton' cannot run on CPU: CUDA only \(on CPU: Triton's interpreter.*\); "
+        r"run with 'auto'",
+    ):
         check_attn_backend(cfg, cuda=False, splits=('test',))
     from lookhere_dense.lookhere.attention import AttentionRequest, flash_triton
 
@@ -452,7 +485,7 @@ def test_the_triton_backend_is_refused_before_the_run_where_it_cannot_run(monkey
 
         image = tmp_path / 'a.png'
         cv2.imwrite(str(image), np.zeros((32, 32, 3), np.uint8))
-        with pytest.raises(ConfigError, match=r"'triton' runs on CUDA"):
+        with pytest.raises(ConfigError, match=r"'triton' cannot run on CPU: CUDA only"):
             segment_images(
                 lookhere_dense.config_path('segmenter_lookhere_vit-t_tiny-ade.py'),
                 str(tmp_path / 'no.pth'),

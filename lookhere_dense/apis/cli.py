@@ -1044,50 +1044,70 @@ def check_attn_backend(
     cfg, cuda: Optional[bool] = None, splits: Sequence[str] = ('train',)
 ) -> None:
     """Refuse an ``attn_backend`` the run cannot use, before the Runner is built (the
-    engine refused it in the first step, after start-up, in a traceback): ``'flex'`` for
-    training without CUDA (PyTorch's ``flex_attention`` has no CPU backward);
-    ``'triton'`` for training anywhere (a forward only) and for any pass without CUDA
-    (Triton kernels; on CPU only in Triton's interpreter, ``TRITON_INTERPRET=1``).
-    ``cuda``: whether the run is on CUDA (None: ``torch.cuda.is_available()``);
-    ``splits``: the run's (``'train'`` among them: a training run).
+    engine refused it in the first step, after start-up, in a traceback). The backend's
+    own ``can_run`` is asked (:mod:`lookhere_dense.lookhere.attention`; LEDiT's causal
+    backends: ``causal.can_run``), for the run's device, a training pass where ``splits``
+    train an unfrozen backbone (with the config's ``attn_drop_rate``), else an inference
+    pass: ``'flex'`` training on CPU (no CPU backward), ``'triton'`` training (a forward
+    only) or without CUDA, ``'fused'`` / ``'tiled'`` on CUDA or with attention dropout.
+    Encodings without a LookHere engine (``rope2d``, ``abs``, ...) run SDPA whatever the
+    backend: nothing to refuse. ``cuda``: whether the run is on CUDA (None:
+    ``torch.cuda.is_available()``); ``splits``: the run's.
 
     Raises:
-        lookhere_dense.errors.ConfigError: naming the key, its value and what to use.
+        lookhere_dense.errors.ConfigError: naming the key, its value, the backend's reason
+            and what to use.
     """
+    import dataclasses
 
     model = cfg.get('model')
     backbone = model.get('backbone') if isinstance(model, Mapping) else None
     backend = backbone.get('attn_backend') if isinstance(backbone, Mapping) else None
-    if backend not in ('flex', 'triton'):
+    if not isinstance(backend, str) or backend == 'auto':
+        return
+    import torch
+
+    from ..lookhere.attention import REGISTRY, AttentionRequest, causal
+    from ..lookhere.pos_encoding.spec import parse_pos_encoding
+
+    try:
+        encoding = parse_pos_encoding(backbone.get('pos_encoding', 'lookhere')).name
+    except Exception:  # the backbone's constructor names a bad spec
         return
     if cuda is None:
-        import torch
-
         cuda = torch.cuda.is_available()
-    # a frozen backbone (frozen_exclude=[]) computes no gradients: triton trains the heads
-    training = 'train' in splits
+    # a frozen backbone (frozen_exclude=[]) computes no gradients, but stays in training
+    # mode: its attention dropout runs
     frozen = list(backbone.get('frozen_exclude', ['all']) or []) == []
-    if backend == 'flex' and training and not cuda:
-        raise ConfigError(
-            "model.backbone.attn_backend='flex' cannot train on CPU (PyTorch's "
-            "flex_attention has no CPU backward); use 'auto', 'fused', 'chunked' or "
-            "'sdpa' for training (flex runs inference on CPU)"
-        )
-    if backend == 'triton' and training and not frozen:
-        raise ConfigError(
-            "model.backbone.attn_backend='triton' cannot train the backbone: it has a "
-            'forward only (inference; a frozen backbone, frozen_exclude=[], trains its '
-            "heads); train with 'auto' (or "
-            + ("'chunked' / 'sdpa' / 'flex')" if cuda else "'fused' / 'chunked' / 'sdpa')")
-        )
-    from ..lookhere.attention.flash_triton import interpret_requested
-
-    interpret = interpret_requested()  # as Triton and the backend read it
-    if backend == 'triton' and not cuda and not interpret:
-        raise ConfigError(
-            "model.backbone.attn_backend='triton' runs on CUDA (Triton kernels; on CPU only "
-            "in Triton's interpreter, TRITON_INTERPRET=1, for tests): on CPU use 'auto'"
-        )
+    training = 'train' in splits and not frozen
+    dropout = backbone.get('attn_drop_rate', 0.0)
+    request = AttentionRequest(
+        tokens=1,
+        device=torch.device('cuda' if cuda else 'cpu'),
+        dropout_p=float(dropout) if 'train' in splits and is_number(dropout) else 0.0,
+        training=training,
+        auto=False,
+    )
+    if encoding == 'ledit':
+        request = causal.CausalRequest(**dataclasses.asdict(request), variant=backend)
+        can_run = causal.can_run
+    elif encoding in ('lookhere', 'alibi2d') and backend in REGISTRY:
+        can_run = REGISTRY[backend].can_run
+    else:
+        return  # no LookHere engine: SDPA runs; an unknown name is the constructor's
+    reason = can_run(request)
+    if reason is None:
+        return
+    where = 'CUDA' if cuda else 'CPU'
+    msg = (
+        f'model.backbone.attn_backend={backend!r} cannot {"train" if training else "run"} '
+        f"on {where}: {reason}; {'train' if training else 'run'} with 'auto' (the first "
+        'backend that runs here)'
+    )
+    inference = dataclasses.replace(request, training=False)
+    if training and can_run(inference) is None:
+        msg += ', or freeze the backbone (frozen_exclude=[]): it then runs inference'
+    raise ConfigError(msg)
 
 
 #: the name before it checked triton too (kept for callers of the old name)
