@@ -88,6 +88,14 @@ class DinoV3RoPE2d(PositionEncoding):
                 f"pos_encoding='rope_dinov3': normalize_coords must be "
                 f"'separate', 'min' or 'max', got {normalize_coords!r}"
             )
+        # checked here, not only by timm (timm < 1.0.2x took rescale_coords=0.5 silently)
+        for name, value, low in (
+            ('shift_coords', shift_coords, 0.0),
+            ('jitter_coords', jitter_coords, 1.0),
+            ('rescale_coords', rescale_coords, 1.0),
+        ):
+            if value is not None:
+                check_number(f"pos_encoding='rope_dinov3': {name}", value, low)
         rope_cls, self._rotate_cat = _timm_dinov3_rope()
         try:
             #: timm's ``RotaryEmbeddingDinoV3`` (its ``periods`` buffer is not saved)
