@@ -457,6 +457,24 @@ def lookhere_config_summary(backbone: Mapping[str, Any]) -> str:
     return f'{shown} (recorded in {path})'
 
 
+def _pad_whole_frames(model: Dict[str, Any], report: Callable[[str], None]) -> None:
+    """Whole-image evaluation pads test images to patch multiples in the preprocessor
+    (mmseg's ViT UPerNet configs test whole 512x683 ADE20K frames without: the backbone
+    pads, and the head stretches the padded grid over the frame)."""
+    from .data.checks import unpadded_whole_frame_patch
+
+    patch = unpadded_whole_frame_patch(dict(model=model))
+    pre = model.get('data_preprocessor')
+    if patch is None or not isinstance(pre, dict):
+        return
+    pre['test_cfg'] = {**(pre.get('test_cfg') or {}), 'size_divisor': patch}
+    report(
+        f'model.data_preprocessor.test_cfg.size_divisor={patch}: whole-image tests pad to '
+        'whole patches (cropped off the prediction); the backbone padded them and the head '
+        'stretched the padded grid over the image'
+    )
+
+
 def swap_backbone(
     cfg,
     preset: Optional[str] = None,
@@ -477,7 +495,8 @@ def swap_backbone(
     ``num_layers`` = the new backbone's depth; with ``checkpoint`` the config is fitted to
     the file where it decides (:func:`_fit_checkpoint`: LayerScale as the file has it, an
     official file's ImageNet normalisation; another width, depth or head count refused);
-    the result passes :func:`check_model_cfg`.
+    whole-image evaluation gets ``data_preprocessor.test_cfg.size_divisor`` = the patch
+    (:func:`_pad_whole_frames`); the result passes :func:`check_model_cfg`.
 
     Args:
         cfg: an ``mmengine.Config`` (or a dict with ``model``).
@@ -510,6 +529,7 @@ def swap_backbone(
             '/ init_values=None builds its blocks without it)'
         )
     _swap_optim_constructor(new, model['backbone'].get('num_layers'), notes.append)
+    _pad_whole_frames(model, notes.append)
     if not keep_pretrained and model.get('pretrained') is not None:
         model['pretrained'] = None
     imports = new.get('custom_imports') or dict(imports=[], allow_failed_imports=False)

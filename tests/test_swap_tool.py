@@ -11,6 +11,8 @@ from lookhere_dense.apis.swap import swap_config_file
 from lookhere_dense.errors import ConfigError
 from lookhere_dense.swap import check_model_cfg, drop_missing_pretrained, lookhere_backbone_cfg
 
+SOURCE = 'mmseg::vit/vit_deit-s16_upernet_8xb2-80k_ade20k-512x512.py'
+
 
 def test_swap_tool_writes_a_config_train_can_load(tmp_path):
     from mmengine.config import Config
@@ -26,6 +28,14 @@ def test_swap_tool_writes_a_config_train_can_load(tmp_path):
     assert 'lookhere_dense.openmmlab' in cfg.custom_imports.imports
     assert cfg.model.decode_head.type == 'UPerHead'
     check_model_cfg(cfg)
+    # mmseg's config tests whole 512x683 frames unpadded: the swap pads them to patches
+    # (the backbone padded them and the head stretched the padded grid over the image)
+    from lookhere_dense.data.checks import whole_frame_pad_note
+
+    source = Config.fromfile(resolve_config_path(SOURCE))
+    assert whole_frame_pad_note(source, ('test',)) is not None
+    assert cfg.model.data_preprocessor.test_cfg == dict(size_divisor=16)
+    assert whole_frame_pad_note(cfg, ('test',)) is None
     with pytest.raises(ValueError, match="must end in .py, got 'x.txt'"):
         swap_config_file('mmseg::vit/vit_deit-s16_upernet_8xb2-80k_ade20k-512x512.py', 'x.txt')
 

@@ -60,6 +60,7 @@ __all__ = [
     'crop_padding_note',
     'eval_pad_note',
     'whole_frame_pad_note',
+    'unpadded_whole_frame_patch',
     'image_size',
     'largest_size_after',
     'size_after',
@@ -1073,16 +1074,11 @@ def eval_pad_note(cfg: Mapping, splits: Sequence[str]) -> Optional[str]:
 _PATCH_PADDING_BACKBONES = {'LookHereViT': 16, 'VisionTransformer': 16}
 
 
-def whole_frame_pad_note(cfg: Mapping, splits: Sequence[str]) -> Optional[str]:
-    """The warning for whole-image evaluation of a ViT without ``size_divisor``: the
-    backbone pads a frame whose sides are not patch multiples, and mmseg's head stretches
-    the padded grid over the frame (predictions up to a patch minus one pixel off at the
-    far edge, 56% of the pixels' classes changed in a test). With
-    ``data_preprocessor.test_cfg.size_divisor`` the preprocessor pads and the segmentor
-    crops the padding off. None for sliding windows, training-only runs, other backbones,
-    and a divisor (or fixed ``size``) that is a patch multiple."""
-    if not [s for s in splits if s != 'train']:
-        return None
+def unpadded_whole_frame_patch(cfg: Mapping) -> Optional[int]:
+    """The backbone's patch size where the config evaluates whole images of a ViT without
+    padding them to patch multiples in the preprocessor (no
+    ``data_preprocessor.test_cfg.size_divisor`` that is a patch multiple, no fixed
+    ``size``), else None (sliding windows, other backbones, a fitting divisor)."""
     model = cfg.get('model') or {}
     if not isinstance(model, Mapping):
         return None
@@ -1098,6 +1094,22 @@ def whole_frame_pad_note(cfg: Mapping, splits: Sequence[str]) -> Optional[str]:
     pre = (model.get('data_preprocessor') or {}).get('test_cfg') or {}
     divisor, size = pre.get('size_divisor'), pre.get('size')
     if (isinstance(divisor, int) and divisor % patch == 0) or size is not None:
+        return None
+    return patch
+
+
+def whole_frame_pad_note(cfg: Mapping, splits: Sequence[str]) -> Optional[str]:
+    """The warning for whole-image evaluation of a ViT without ``size_divisor``
+    (:func:`unpadded_whole_frame_patch`): the backbone pads a frame whose sides are not
+    patch multiples, and mmseg's head stretches the padded grid over the frame
+    (predictions up to a patch minus one pixel off at the far edge, 56% of the pixels'
+    classes changed in a test). With ``data_preprocessor.test_cfg.size_divisor`` the
+    preprocessor pads and the segmentor crops the padding off. None for training-only
+    runs and where :func:`unpadded_whole_frame_patch` is None."""
+    if not [s for s in splits if s != 'train']:
+        return None
+    patch = unpadded_whole_frame_patch(cfg)
+    if patch is None:
         return None
     return (
         "model.test_cfg mode='whole' without model.data_preprocessor.test_cfg.size_divisor: a "
