@@ -93,6 +93,54 @@ def test_two_cpu_processes_train_in_step(tmp_path):
     assert osp.isfile(work / 'iter_2.pth')
 
 
+LOOKWHERE_CFG = osp.join(REPO, 'configs', 'segmenter_lookwhere_vit-t_tiny-ade.py')
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='tests the CPU (Gloo) path')
+@pytest.mark.parametrize('find_unused', [True, False])
+def test_lookwhere_trains_in_two_processes(tmp_path, find_unused):
+    """LookWhere trained from scratch gives its selector's head no gradient (top-k): DDP
+    refuses such a model from the second step unless ``find_unused_parameters`` (which
+    the LookWhere configs set; the claim was not run before). With it off, the run fails
+    as DDP says -- the setting is what makes it train."""
+    root = make_ade(tmp_path / 'data', num_train=4, num_val=2)
+    work = tmp_path / 'work'
+    work.mkdir()
+    driver = tmp_path / 'driver.py'
+    driver.write_text(_DRIVER)
+    opts = [
+        *roots(root),
+        *SHRINK[6:],  # the loaders; the LookWhere backbone shrinks by its own keys
+        'model.backbone.extractor.num_layers=2',
+        'model.backbone.selector.num_layers=1',
+        'train_cfg.max_iters=2',
+        'train_cfg.val_interval=2',
+        f'model_wrapper_cfg.find_unused_parameters={find_unused}',
+    ]
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    res = subprocess.run(
+        [PYTHON, str(driver), LOOKWHERE_CFG, str(work), json.dumps(opts), str(port)],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    out = res.stdout[-3000:] + res.stderr[-3000:]
+    if not find_unused:
+        assert res.returncode != 0 and 'find_unused_parameters' in out, out
+        return
+    assert res.returncode == 0, out
+    info = [json.loads((work / f'rank{r}.json').read_text()) for r in (0, 1)]
+    for i in info:
+        assert i == dict(wrapper='MMDistributedDataParallel', iter=2, world_size=2, backend='gloo')
+    w0, w1 = (torch.load(work / f'rank{r}.pth', weights_only=True) for r in (0, 1))
+    assert w0.keys() == w1.keys() and all(torch.equal(w0[k], w1[k]) for k in w0)
+    assert any(k.startswith('backbone.selector.') for k in w0)
+
+
 _SYNC = r"""
 import os, sys, types, torch, torch.distributed as dist
 torch.set_num_threads(1)
