@@ -430,6 +430,30 @@ def test_bf16_products_choice(monkeypatch):
         bf16_products(True)
 
 
+def test_the_environment_switch_leaves_float32_alone(monkeypatch):
+    """``LOOKHERE_FUSED_BF16=vdpbf16ps`` (a job script from an AVX-512 machine) on a CPU
+    without those products refused *float32* inference with an error naming
+    ``native_bf16=``: the choice is asked for bfloat16 calls only, and its refusal names
+    the variable."""
+    from test_tiled import CONFIGS, DEPTH, HEADS
+
+    from lookhere_dense.lookhere import LookHereAttentionEngine
+    from lookhere_dense.lookhere.attention import fused
+
+    monkeypatch.setattr(fused, 'brgemm_bf16_available', lambda: False)
+    monkeypatch.setattr(fused, '_vdpbf16ps_available', lambda: False)
+    grid = (9, 16)
+    eng = LookHereAttentionEngine(CONFIGS['no_rounding'], DEPTH, HEADS)
+    high, _ = rounded_qkv(grid, True, 64, torch.float32, batch=1)
+    want = eng(*high, 1, grid, True, backend='fused')
+    for products in fused.BF16_PRODUCTS:
+        monkeypatch.setenv('LOOKHERE_FUSED_BF16', products)
+        assert torch.equal(eng(*high, 1, grid, True, backend='fused'), want)
+        low = tuple(t.to(torch.bfloat16) for t in high)
+        with pytest.raises(RuntimeError, match=rf"LOOKHERE_FUSED_BF16='{products}', but"):
+            eng(*low, 1, grid, True, backend='fused')
+
+
 @_requires('brgemm')
 @_requires('vdpbf16ps')
 def test_the_environment_switch_reaches_the_kernel(monkeypatch):

@@ -318,12 +318,13 @@ def bf16_products(native_bf16: Union[None, bool, str] = None) -> str:
         RuntimeError: True or a name where that cannot run here (the message says why).
         ValueError: any other value.
     """
+    asked = 'native_bf16'  # what the refusals name: the argument, or the variable
     if native_bf16 is None:
         env = _bf16_env()
         if env == '0':
             return 'float32'
         if env != '1':
-            native_bf16 = env
+            native_bf16, asked = env, 'LOOKHERE_FUSED_BF16'
     if native_bf16 is False:
         return 'float32'
     if native_bf16 is None or native_bf16 is True:
@@ -352,7 +353,7 @@ def bf16_products(native_bf16: Union[None, bool, str] = None) -> str:
             if native_bf16 == 'brgemm'
             else f'this CPU / build has no AVX512-BF16 (build capability {_capability()})'
         )
-        raise RuntimeError(f'fused attention: native_bf16={native_bf16!r}, but {why}')
+        raise RuntimeError(f'fused attention: {asked}={native_bf16!r}, but {why}')
     return native_bf16
 
 
@@ -708,7 +709,9 @@ def fused_attention(
             f'{fused_unavailable_reason()}; use '
             "model.backbone.attn_backend='auto' (which then picks 'tiled')"
         )
-    native = bf16_products(native_bf16)
+    # the products' choice is for bfloat16 q, k, v only (LOOKHERE_FUSED_BF16=vdpbf16ps on a
+    # CPU without AVX512-BF16 refused float32 inference)
+    native = bf16_products(native_bf16) if q.dtype == torch.bfloat16 else 'float32'
     plan = get_fused_plan(grid_bias, layer, tile, plans)
     dtype = q.dtype
     # bfloat16 / float16 q, k, v go in as they are (converted as the kernel packs them);
