@@ -1,5 +1,5 @@
 """Chance levels of mIoU: what label-blind predictors score on a set of label maps
-(numpy + OpenCV; the demo reports them next to its validation mIoU)."""
+(numpy + Pillow; the demo reports them next to its validation mIoU)."""
 
 from __future__ import annotations
 
@@ -30,11 +30,11 @@ def chance_levels(
     Returns:
         ``dict(uniform=%, majority=%, classes=K)``.
     """
-    import cv2
+    from PIL import Image
 
     counts = np.zeros(256, np.int64)
     for f in label_files:
-        seg = cv2.imread(f, cv2.IMREAD_UNCHANGED).astype(np.int64)
+        seg = np.asarray(Image.open(f)).astype(np.int64)  # as mmseg (pillow): palette indices
         if reduce_zero_label:
             seg = np.where((seg == 0) | (seg == 255), 256, seg - 1)  # as mmseg: 255 stays ignored
         seg = seg[(seg != ignore_index) & (seg < 256)]

@@ -431,6 +431,9 @@ def test_the_preflight_asks_the_named_backends_can_run():
     with pytest.raises(ConfigError, match="'flex' cannot train on CPU: PyTorch's flex_attention"):
         check(False, attn_backend='flex', pos_encoding='ledit')  # LEDiT's causal flex
     check(False, attn_backend='chunked', pos_encoding='ledit', attn_drop_rate=0.1)
+    check(False, attn_backend='fused', pos_encoding='ledit')  # the constructor refuses it
+    with pytest.raises(ConfigError, match=r"'buffered' \(now 'tiled'\) cannot run on CUDA"):
+        check(True, ('test',), attn_backend='buffered')
 
 
 def test_the_triton_backend_is_refused_before_the_run_where_it_cannot_run(monkeypatch, tmp_path):

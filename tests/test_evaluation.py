@@ -370,11 +370,13 @@ def test_per_class_iou_metric_is_registered_and_reports_every_class(tmp_path):
     assert out['IoU.car'] is None
     assert out['mIoU'] == pytest.approx((50.0 + 66.67) / 2, abs=0.01)
     # IoUMetric's options: nan_to_num for the absent class, format_only (no labels)
-    metric = METRICS.build(dict(type='PerClassIoUMetric', nan_to_num=0, _scope_='mmseg'))
+    metric = METRICS.build(dict(type='PerClassIoUMetric', nan_to_num=1, _scope_='mmseg'))
     metric.dataset_meta = dict(classes=('sky', 'road', 'car'))
     metric.process([], [dict(pred_sem_seg=dict(data=pred), gt_sem_seg=dict(data=label))])
     out = metric.compute_metrics(metric.results)
-    assert out['IoU.car'] == 0 and out['IoU.sky'] == 50.0
+    # on IoUMetric's scale: its mIoU counts the absent class as 100
+    assert out['IoU.car'] == 100.0 and out['IoU.sky'] == 50.0
+    assert out['mIoU'] == pytest.approx((50.0 + 66.67 + 100.0) / 3, abs=0.01)
     metric = METRICS.build(
         dict(type='PerClassIoUMetric', format_only=True, output_dir=str(tmp_path), _scope_='mmseg')
     )

@@ -129,10 +129,13 @@ def test_an_image_in_another_format_is_named(ade):
     with pytest.warns(DataCheckWarning) as seen:
         sizes = check_seg_data(config(ade), ['train'])
     assert sizes == {'train_dataloader': 3}
-    msgs = [str(w.message) for w in seen if 'have no image' in str(w.message)]
+    msgs = [str(w.message) for w in seen if 'another format' in str(w.message)]
     assert len(msgs) == 1, [str(w.message) for w in seen]
-    assert msgs[0].startswith('train_dataloader: 1 annotation(s) have no image that is read')
-    assert 'ADE_train_00000001.png' in msgs[0] and '<name>.jpg (img_suffix' in msgs[0]
+    assert msgs[0].startswith(
+        'train_dataloader: 1 image(s) with an annotation are not read because they are saved '
+        "in another format than img_suffix='.jpg', e.g. "
+    )
+    assert 'ADE_train_00000001.png' in msgs[0] and 'the run uses the 3 images' in msgs[0]
 
 
 def _reduce_zero_label(cfg, value: bool):
@@ -188,6 +191,20 @@ def test_cityscapes_train_ids_with_reduce_zero_label_are_refused(tmp_path):
         check_seg_data(_reduce_zero_label(cfg, True), ['train', 'val'])
 
 
+def test_files_whose_0_and_255_are_both_ignored_pass_with_reduce_zero_label(ade):
+    """mmseg keeps 255 ignored when it reduces: files whose 0 is an ignored background and
+    255 a void border (a VOC-style set without its background class) are right with
+    ``reduce_zero_label=True`` and pass -- they hold the value num_classes, which only
+    reducing fits (Cityscapes trainIds do not)."""
+    for i in range(1, 5):
+        _, ann = files(ade, i=i)
+        seg = cv2.imread(str(ann), cv2.IMREAD_UNCHANGED)
+        seg[:2] = 255  # a void border
+        seg[2, :] = 150  # the top class, stored as 150
+        cv2.imwrite(str(ann), seg)
+    assert check_seg_data(config(ade), ['train']) == {'train_dataloader': 4}
+
+
 def test_a_16_bit_annotation_above_255_is_refused(ade):
     """mmseg casts label maps to uint8: class 300 of a 16-bit PNG trained as 44, and the
     label checks (after the cast) passed."""
@@ -201,6 +218,9 @@ def test_a_16_bit_annotation_above_255_is_refused(ade):
         'would become 44',
     ):
         check_seg_data(config(ade), ['train'])
+    seg[0, 0] = 65535  # a 16-bit ignore value: 255 after the cast, as meant
+    cv2.imwrite(str(ann), seg)
+    check_seg_data(config(ade), ['train'])
 
 
 @pytest.mark.parametrize('classes', [30, 171])

@@ -1067,8 +1067,10 @@ def check_attn_backend(
         return
     import torch
 
-    from ..lookhere.attention import REGISTRY, AttentionRequest, causal
+    from ..lookhere.attention import REGISTRY, RETIRED, AttentionRequest, causal
     from ..lookhere.pos_encoding.spec import parse_pos_encoding
+
+    named, backend = backend, RETIRED.get(backend, backend)  # a retired name's successor
 
     try:
         encoding = parse_pos_encoding(backbone.get('pos_encoding', 'lookhere')).name
@@ -1089,6 +1091,8 @@ def check_attn_backend(
         auto=False,
     )
     if encoding == 'ledit':
+        if backend not in causal.CAUSAL_BACKENDS:
+            return  # the constructor names the backends LEDiT runs
         request = causal.CausalRequest(**dataclasses.asdict(request), variant=backend)
         can_run = causal.can_run
     elif encoding in ('lookhere', 'alibi2d') and backend in REGISTRY:
@@ -1100,7 +1104,9 @@ def check_attn_backend(
         return
     where = 'CUDA' if cuda else 'CPU'
     msg = (
-        f'model.backbone.attn_backend={backend!r} cannot {"train" if training else "run"} '
+        f'model.backbone.attn_backend={named!r}'
+        + (f' (now {backend!r})' if named != backend else '')
+        + f' cannot {"train" if training else "run"} '
         f"on {where}: {reason}; {'train' if training else 'run'} with 'auto' (the first "
         'backend that runs here)'
     )

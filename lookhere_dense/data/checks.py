@@ -667,21 +667,33 @@ def _unread_images(dataset: Any, limit: int = 100000) -> List[str]:
     return sorted(found)
 
 
-def _annotations_without_images(
+#: image file endings an image in another format than ``img_suffix`` may have
+_IMAGE_EXTS = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
+
+
+def _images_in_another_format(
     dataset: Any, infos: Sequence[Mapping], limit: int = 100000
 ) -> List[str]:
-    """Annotation files (``seg_map_suffix`` under the annotation folder) whose image the
-    dataset does not read: an image missing, or saved in another format than
-    ``img_suffix`` (mmseg lists images, and leaves such pairs out without a word)."""
+    """Images the dataset does not read because they are saved in another format than
+    ``img_suffix`` (``x.png`` in a ``.jpg`` dataset, ``x_leftImg8bit.jpg`` in Cityscapes)
+    though their annotation is there: mmseg lists images by ``img_suffix`` and leaves such
+    pairs out without a word. Spellings of the same format (``.JPG``): :func:`_unread_images`."""
     import os
 
     seg_dir = dataset.data_prefix.get('seg_map_path', dataset.data_root)
-    suffix = dataset.seg_map_suffix
+    img_dir = dataset.data_prefix.get('img_path', dataset.data_root)
+    suffix, want = dataset.seg_map_suffix, dataset.img_suffix
     if getattr(dataset, 'ann_file', '') or not isinstance(suffix, str):
         return []
-    if not seg_dir or '://' in str(seg_dir) or not osp.isdir(seg_dir):
+    if not isinstance(want, str) or not img_dir or not seg_dir:
+        return []
+    if '://' in str(seg_dir) or '://' in str(img_dir) or not osp.isdir(seg_dir):
         return []
     read = {osp.normpath(i['seg_map_path']) for i in infos}
+    read |= {osp.normpath(i['img_path']) for i in infos}  # images and labels in one folder
+    base = want.rsplit('.', 1)[0]  # '_leftImg8bit' of '_leftImg8bit.png', '' of '.jpg'
+    others = [e for e in _IMAGE_EXTS if e not in _JPEG or want.lower() not in _JPEG]
+    others = [e for e in others if not want.lower().endswith(e)]
     found, seen = [], 0
     for folder, _, names in os.walk(seg_dir):
         for name in names:
@@ -689,8 +701,15 @@ def _annotations_without_images(
             if seen > limit:
                 return sorted(found)
             path = osp.normpath(osp.join(folder, name))
-            if name.endswith(suffix) and path not in read:
-                found.append(path)
+            if not name.endswith(suffix) or path in read:
+                continue
+            stem = osp.join(img_dir, osp.relpath(path, seg_dir)[: -len(suffix)] + base)
+            image = next(
+                (stem + e for ext in others for e in (ext, ext.upper()) if osp.exists(stem + e)),
+                None,
+            )
+            if image is not None:
+                found.append(image)
     return sorted(found)
 
 
@@ -703,9 +722,10 @@ def _raw_labels(path: str) -> Any:
     return mmcv.imfrombytes(fileio.get(path), flag='unchanged', backend='pillow')
 
 
-def _class_default(cls: type, name: str) -> Any:
-    """The default of argument ``name`` of ``cls``'s constructor (its own, or the nearest
-    base class's that names it); None where none does."""
+def _class_default(cls: type, name: str) -> Tuple[Any, Optional[type]]:
+    """``(default, class)``: the default of argument ``name`` of ``cls``'s constructor (its
+    own, or the nearest base class's that names it) and the class that sets it; ``(None,
+    None)`` where none does."""
     import inspect
 
     for klass in cls.__mro__:
@@ -714,8 +734,8 @@ def _class_default(cls: type, name: str) -> Any:
             continue
         param = inspect.signature(init).parameters.get(name)
         if param is not None and param.default is not inspect.Parameter.empty:
-            return param.default
-    return None
+            return param.default, klass
+    return None, None
 
 
 def check_label_values(
@@ -736,7 +756,7 @@ def check_label_values(
     * the checked files' stored values fit 8 bits (mmseg casts label maps to uint8) and
       agree with ``reduce_zero_label`` (:func:`~.labels.reduce_zero_label_verdict`:
       Cityscapes-style files with 255 reduced, ADE20K's own files not reduced);
-    * annotations whose image is not read (missing, or in another format): a warning.
+    * images in another format than ``img_suffix`` beside their annotation: a warning.
 
     Loads annotations with mmseg's own ``LoadAnnotations`` (so ``reduce_zero_label`` and
     ``label_map`` apply exactly as in training).
@@ -778,14 +798,14 @@ def check_label_values(
             )
         key = next(k for w, k, d, _ in _nodes(cfg, splits) if d is ds_cfg)
         unread = _unread_images(ds)
-        orphans = [] if unread else _annotations_without_images(ds, infos)
-        if orphans:
+        other = _images_in_another_format(ds, infos)
+        if other:
             warnings.warn(
                 DataCheckWarning(
-                    f'{where}: {len(orphans)} annotation(s) have no image that is read, e.g. '
-                    f'{orphans[0]!r}: the image is missing, or not named <name>'
-                    f'{ds.img_suffix} (img_suffix; another format is left out without a '
-                    f'word). The run uses the {n} images that are read'
+                    f'{where}: {len(other)} image(s) with an annotation are not read because '
+                    f'they are saved in another format than img_suffix={ds.img_suffix!r}, '
+                    f'e.g. {other[0]!r} (mmseg leaves them out without a word): convert '
+                    f'them (the run uses the {n} images that are read)'
                 ),
                 stacklevel=2,
             )
@@ -805,6 +825,7 @@ def check_label_values(
         sample = _spread(n, max_files)
         ignored = []
         with_zero = with_255 = 0
+        raw_top = -1  # the largest raw value other than 255
         for i in sample:
             info = infos[i]
             if '://' not in info['img_path']:
@@ -817,13 +838,17 @@ def check_label_values(
                 raw = _raw_labels(info['seg_map_path'])
             except Exception as err:
                 raise unreadable_file(where, 'annotation', info['seg_map_path'], err) from None
-            top = int(raw.max()) if raw.size else 0
-            if top > 255:
+            # mmseg casts to uint8: v > 255 trains as v % 256 (65535 as 255, the ignore index)
+            wide = raw.astype('int64') if raw.dtype.itemsize > 1 else None
+            wide = None if wide is None else wide[(wide > 255) & (wide % 256 != ds.ignore_index)]
+            if wide is not None and wide.size:
                 raise LabelRangeError(
-                    wide_labels_message(where, info['seg_map_path'], raw.dtype, top)
+                    wide_labels_message(where, info['seg_map_path'], raw.dtype, int(wide.max()))
                 )
             with_zero += bool((raw == 0).any())
             with_255 += bool((raw == 255).any())
+            kept = raw[raw < 255]
+            raw_top = max(raw_top, int(kept.max()) if kept.size else -1)
             if seg.ndim != 2:
                 raise LabelRangeError(channels_message(where, info['seg_map_path'], seg.shape))
             bad = bad_label_values(seg, num_classes, ds.ignore_index)
@@ -839,14 +864,19 @@ def check_label_values(
                 )
             if seg.size and bool((seg == ds.ignore_index).all()):
                 ignored.append(info['seg_map_path'])
+        default, owner = _class_default(type(ds), 'reduce_zero_label')
+        own = tuple(getattr(owner, 'METAINFO', {}).get('classes', ()))
         verdict, is_error = reduce_zero_label_verdict(
             key,
             bool(ds.reduce_zero_label),
-            _class_default(type(ds), 'reduce_zero_label'),
+            default,
             type(ds).__name__,
             with_zero,
             with_255,
             len(sample),
+            raw_top,
+            num_classes,
+            bool(own) and tuple(ds.metainfo.get('classes', ())) == own and num_classes == len(own),
         )
         if verdict and is_error:
             raise LabelRangeError(f'{where}: {verdict}.')

@@ -87,29 +87,37 @@ def wide_labels_message(where: str, path: str, dtype: np.dtype, top: int) -> str
 
 
 def reduce_zero_label_verdict(key: str, reduce: bool, class_default: Optional[bool],
-                              dataset: str, with_zero: int, with_255: int,
-                              checked: int) -> Tuple[Optional[str], bool]:
+                              dataset: str, with_zero: int, with_255: int, checked: int,
+                              raw_top: int, num_classes: int,
+                              own_classes: bool) -> Tuple[Optional[str], bool]:
     """``(message, is_error)`` for a ``reduce_zero_label`` the raw label files contradict,
-    or ``(None, False)``. ``with_zero`` / ``with_255``: of ``checked`` files, how many hold
-    the raw value 0 / 255; ``class_default``: the dataset class's own ``reduce_zero_label``.
+    or ``(None, False)``. Of ``checked`` files, ``with_zero`` / ``with_255`` hold the raw
+    value 0 / 255; ``raw_top``: their largest raw value other than 255 (-1: none);
+    ``class_default``: the dataset class's own ``reduce_zero_label``; ``own_classes``: the
+    dataset names that class's own classes (``METAINFO``) and the model has as many.
 
-    * ``True`` and files that hold 255 already: files with an ignore value of their own,
-      whose 0 is a class (Cityscapes trainIds: 0 = road). Reducing makes 0 ignored and
-      names every class after the next one; all values stay in range, so nothing else
-      notices. An error where the dataset class's default is ``False``, a warning else.
-    * ``False`` where the class's default is ``True`` (ADE20K), 0 in the files and no 255:
-      the class's own files, where 0 is "other" (files reduced already mark those pixels
-      255): class ``k`` would train as class ``k``'s neighbour. An error.
+    * ``True``, files that hold 255 already, and every other value a class *without*
+      reducing (``raw_top < num_classes``): files with an ignore value of their own whose
+      0 is a class (Cityscapes trainIds: 0 = road). Reducing makes 0 ignored and names
+      every class after the next one; all values stay in range, so nothing else notices.
+      An error where the dataset class's default is ``False``, a warning else. (Files
+      whose 0 is an ignored background and 255 a void border hold ``num_classes`` and
+      pass: mmseg keeps 255 ignored when it reduces.)
+    * ``False`` on the class's own classes where its default is ``True`` (ADE20K), 0 in
+      the files and no 255: the class's own files, where 0 is "other" (files reduced
+      already mark those pixels 255): class ``k`` would train as class ``k``'s neighbour.
+      An error.
     """
     fix = '; if the files are meant so, --skip-data-check skips the data checks'
-    if reduce and with_255:
+    if reduce and with_255 and raw_top < num_classes:
         msg = (f'{key}.reduce_zero_label=True, but {with_255} of {checked} checked label files '
-               'already hold 255 (an ignore value), as files whose 0 is a class do '
+               f'already hold 255 (an ignore value) and their other values are classes as they '
+               f'are (0..{raw_top} of {num_classes}), as in files whose 0 is a class '
                '(Cityscapes trainIds: 0 = road): reducing makes 0 ignored and shifts every '
                f'class down by one, silently (all values stay in range). Set '
                f'{key}.reduce_zero_label=False (and drop it from LoadAnnotations)')
         return msg + (fix if class_default is False else ''), class_default is False
-    if not reduce and class_default and not with_255 and with_zero:
+    if not reduce and class_default and own_classes and not with_255 and with_zero:
         msg = (f'{key}.reduce_zero_label=False on {dataset} (whose default is True), but '
                f'{with_zero} of {checked} checked label files hold 0 and none holds 255: '
                f"{dataset}'s own files, where 0 is \"other\" and class k is stored as k+1. "
@@ -118,4 +126,3 @@ def reduce_zero_label_verdict(key: str, reduce: bool, class_default: Optional[bo
                'reduced mark ignored pixels with 255')
         return msg + fix, True
     return None, False
-

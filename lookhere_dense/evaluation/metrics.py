@@ -28,7 +28,8 @@ class PerClassIoUMetric(IoUMetric):
         per = tuple(zip(*results))
         inter, union = sum(per[0]), sum(per[1])
         iou = (inter / union).tolist()
-        absent = None if self.nan_to_num is None else self.nan_to_num  # as IoUMetric's
+        # IoUMetric replaces NaN on the 0..1 scale, then reports percent
+        absent = None if self.nan_to_num is None else round(100 * self.nan_to_num, 2)
         for name, value in zip(self.dataset_meta['classes'], iou):
             metrics[f'IoU.{name}'] = round(100 * value, 2) if value == value else absent
         return metrics

@@ -90,7 +90,8 @@ class LookWhereViT(LookWhere, BaseModule):
         other initialisers; no ``Pretrained``: mmengine's init.
 
         Raises:
-            ConfigError: unknown ``init_cfg`` keys, or no ``checkpoint``.
+            ConfigError: unknown ``init_cfg`` keys, no ``checkpoint``, or two
+                ``Pretrained`` entries in a list.
             CheckpointError: a file that does not fit (``strict=False`` loads what fits),
                 naming the likely cause (e.g. a LookHereViT file: the extractor's
                 ``pretrained``; a distillation run's: ``prefix='student.'``).
