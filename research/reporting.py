@@ -56,7 +56,8 @@ def checkpoint_report(
         ``out_dir`` (:func:`report_folder`), created, and the dict
         ``config``, ``checkpoint``, ``split``, ``device``, ``precision``
         (:func:`precision_label`: the autocast the report is made under, e.g. the tools'
-        ``--amp``), ``torch`` (its version), ``command``, then ``fields``.
+        ``--amp``), ``torch`` (its version), ``cpu_capability`` (torch's: ``AVX2``,
+        ``AVX512``, ...), ``command``, then ``fields``.
     """
     import torch
 
@@ -68,6 +69,8 @@ def checkpoint_report(
         device=device,
         precision=precision_label(device),
         torch=torch.__version__,
+        # the speed (and bfloat16's products) depend on it: AVX2 emulates bfloat16
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
         command=command,
     )
     report.update(fields)

@@ -348,6 +348,8 @@ def test_inference_context_and_float32_outputs(tmp_path):
         assert precision_label('cpu') == 'bfloat16 autocast'
         _, report = checkpoint_report('a.py', 'b.pth', 'val', 'cpu', '', str(tmp_path), 'x')
     assert report['precision'] == 'bfloat16 autocast'
+    # and the CPU's capability (bfloat16 is emulated, slow, on AVX2)
+    assert report['cpu_capability'] == torch.backends.cpu.get_cpu_capability()
     sample = SegDataSample()
     sample.seg_logits = PixelData(data=torch.randn(3, 4, 4, dtype=torch.bfloat16))
     sample.pred_sem_seg = PixelData(data=torch.zeros(1, 4, 4, dtype=torch.int64))

@@ -173,7 +173,7 @@ def _hint(ds: Mapping, scope: str = 'mmseg') -> str:
     scope = _scope(ds, scope)
     typ = type_name(ds)
     if scope == 'mmseg' and typ in LAYOUT_HINTS:
-        return ' ' + LAYOUT_HINTS[typ] + ' ' + _DEMO_HINT
+        return ' ' + LAYOUT_HINTS[typ] + '. ' + _DEMO_HINT
     return _expected_files(ds, scope)
 
 
