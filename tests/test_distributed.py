@@ -54,25 +54,32 @@ sys.exit(max(abs(p.exitcode or 0) for p in ranks))
 """
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason='tests the CPU (Gloo) path')
-def test_two_cpu_processes_train_in_step(tmp_path):
-    root = make_ade(tmp_path / 'data', num_train=4, num_val=2)
+def train_two_ranks(tmp_path, cfg: str, opts) -> subprocess.CompletedProcess:
+    """Run :data:`_DRIVER`: two forked ranks train ``cfg`` with ``opts`` into
+    ``tmp_path / 'work'`` (Gloo, a free port)."""
     work = tmp_path / 'work'
     work.mkdir()
     driver = tmp_path / 'driver.py'
     driver.write_text(_DRIVER)
-    opts = [*roots(root), *SHRINK, 'train_cfg.max_iters=2', 'train_cfg.val_interval=2']
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         port = s.getsockname()[1]
-    res = subprocess.run(
-        [PYTHON, str(driver), ADE_CFG, str(work), json.dumps(opts), str(port)],
+    return subprocess.run(
+        [PYTHON, str(driver), cfg, str(work), json.dumps(opts), str(port)],
         cwd=REPO,
         env=env(),
         capture_output=True,
         text=True,
         timeout=400,
     )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='tests the CPU (Gloo) path')
+def test_two_cpu_processes_train_in_step(tmp_path):
+    root = make_ade(tmp_path / 'data', num_train=4, num_val=2)
+    work = tmp_path / 'work'
+    opts = [*roots(root), *SHRINK, 'train_cfg.max_iters=2', 'train_cfg.val_interval=2']
+    res = train_two_ranks(tmp_path, ADE_CFG, opts)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     info = [json.loads((work / f'rank{r}.json').read_text()) for r in (0, 1)]
     for i in info:
@@ -105,9 +112,6 @@ def test_lookwhere_trains_in_two_processes(tmp_path, find_unused):
     as DDP says -- the setting is what makes it train."""
     root = make_ade(tmp_path / 'data', num_train=4, num_val=2)
     work = tmp_path / 'work'
-    work.mkdir()
-    driver = tmp_path / 'driver.py'
-    driver.write_text(_DRIVER)
     opts = [
         *roots(root),
         *SHRINK[6:],  # the loaders; the LookWhere backbone shrinks by its own keys
@@ -117,17 +121,7 @@ def test_lookwhere_trains_in_two_processes(tmp_path, find_unused):
         'train_cfg.val_interval=2',
         f'model_wrapper_cfg.find_unused_parameters={find_unused}',
     ]
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    res = subprocess.run(
-        [PYTHON, str(driver), LOOKWHERE_CFG, str(work), json.dumps(opts), str(port)],
-        cwd=REPO,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    res = train_two_ranks(tmp_path, LOOKWHERE_CFG, opts)
     out = res.stdout[-3000:] + res.stderr[-3000:]
     if not find_unused:
         assert res.returncode != 0 and 'find_unused_parameters' in out, out
