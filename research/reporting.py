@@ -57,9 +57,12 @@ def checkpoint_report(
         ``config``, ``checkpoint``, ``split``, ``device``, ``precision``
         (:func:`precision_label`: the autocast the report is made under, e.g. the tools'
         ``--amp``), ``torch`` (its version), ``cpu_capability`` (torch's: ``AVX2``,
-        ``AVX512``, ...), ``command``, then ``fields``.
+        ``AVX512``, ...), ``cpu_bf16_products`` (AVX512-BF16 / AMX:
+        :func:`~lookhere_dense.engine.amp.cpu_bf16_products`), ``command``, then ``fields``.
     """
     import torch
+
+    from lookhere_dense.engine.amp import cpu_bf16_products
 
     out_dir = ensure_dir(report_folder(config, out_dir, kind))
     report = dict(
@@ -69,8 +72,9 @@ def checkpoint_report(
         device=device,
         precision=precision_label(device),
         torch=torch.__version__,
-        # the speed (and bfloat16's products) depend on it: AVX2 emulates bfloat16
+        # the speed depends on it (and, for bfloat16, whether the CPU has its products)
         cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        cpu_bf16_products=cpu_bf16_products(),
         command=command,
     )
     report.update(fields)

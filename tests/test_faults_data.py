@@ -205,6 +205,22 @@ def test_files_whose_0_and_255_are_both_ignored_pass_with_reduce_zero_label(ade)
     assert check_seg_data(config(ade), ['train']) == {'train_dataloader': 4}
 
 
+def test_a_reduced_dataset_of_its_own_classes_is_warned_not_refused():
+    """Files whose 0 is an ignored background and 255 a border, with the top class missing
+    from the checked sample, look like Cityscapes trainIds reduced: on a dataset class of
+    its own classes that is an error (Cityscapes), on a custom one a warning."""
+    from lookhere_dense.data.labels import reduce_zero_label_verdict
+
+    args = ('train_dataloader.dataset', True, False, 'BaseSegDataset', 4, 4, 4, 20, 21, False)
+    msg, error = reduce_zero_label_verdict(*args, type_classes=False)
+    assert not error and 'reduce_zero_label=True, but 4 of 4' in msg
+    assert '--skip-data-check' not in msg
+    msg, error = reduce_zero_label_verdict(*args, type_classes=True)
+    assert error and msg.endswith('--skip-data-check skips the data checks')
+    # the top class among the checked files: reducing is what makes it fit
+    assert reduce_zero_label_verdict(*args[:7], 21, 21, False, True) == (None, False)
+
+
 def test_a_16_bit_annotation_above_255_is_refused(ade):
     """mmseg casts label maps to uint8: class 300 of a 16-bit PNG trained as 44, and the
     label checks (after the cast) passed."""
@@ -218,7 +234,11 @@ def test_a_16_bit_annotation_above_255_is_refused(ade):
         'would become 44',
     ):
         check_seg_data(config(ade), ['train'])
-    seg[0, 0] = 65535  # a 16-bit ignore value: 255 after the cast, as meant
+    seg[0, 0] = 511  # 255 after the cast too, but a class: it would be ignored silently
+    cv2.imwrite(str(ann), seg)
+    with pytest.raises(LabelRangeError, match='holding label values up to 511'):
+        check_seg_data(config(ade), ['train'])
+    seg[0, 0] = 65535  # the 16-bit ignore value: 255 after the cast, as meant
     cv2.imwrite(str(ann), seg)
     check_seg_data(config(ade), ['train'])
 

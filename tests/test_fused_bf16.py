@@ -452,6 +452,13 @@ def test_the_environment_switch_leaves_float32_alone(monkeypatch):
         low = tuple(t.to(torch.bfloat16) for t in high)
         with pytest.raises(RuntimeError, match=rf"LOOKHERE_FUSED_BF16='{products}', but"):
             eng(*low, 1, grid, True, backend='fused')
+        assert not fused.native_bf16_available()  # False, not the refusal
+        assert f"LOOKHERE_FUSED_BF16='{products}', but" in fused.native_bf16_unavailable_reason()
+    from lookhere_dense.errors import ConfigError
+
+    monkeypatch.setenv('LOOKHERE_FUSED_BF16', 'vdpbf16')  # a misspelling: refused in any dtype
+    with pytest.raises(ConfigError, match="LOOKHERE_FUSED_BF16='vdpbf16'"):
+        eng(*high, 1, grid, True, backend='fused')
 
 
 @_requires('brgemm')

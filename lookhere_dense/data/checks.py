@@ -27,6 +27,8 @@ import os.path as osp
 import warnings
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
+
 from ..errors import (
     ConfigError,
     CropSizeError,
@@ -705,7 +707,12 @@ def _images_in_another_format(
                 continue
             stem = osp.join(img_dir, osp.relpath(path, seg_dir)[: -len(suffix)] + base)
             image = next(
-                (stem + e for ext in others for e in (ext, ext.upper()) if osp.exists(stem + e)),
+                (
+                    stem + e
+                    for ext in others
+                    for e in (ext, ext.upper())
+                    if osp.exists(stem + e) and osp.normpath(stem + e) != path
+                ),
                 None,
             )
             if image is not None:
@@ -736,6 +743,14 @@ def _class_default(cls: type, name: str) -> Tuple[Any, Optional[type]]:
         if param is not None and param.default is not inspect.Parameter.empty:
             return param.default, klass
     return None, None
+
+
+def _names_own_classes(dataset: Any, klass: Any, num_classes: int) -> bool:
+    """``dataset`` names ``klass``'s own classes (its ``METAINFO``), and the model has as
+    many."""
+    own = tuple(getattr(klass, 'METAINFO', {}).get('classes') or ())
+    names = tuple(dataset.metainfo.get('classes') or ())
+    return bool(own) and names == own and num_classes == len(own)
 
 
 def check_label_values(
@@ -838,9 +853,12 @@ def check_label_values(
                 raw = _raw_labels(info['seg_map_path'])
             except Exception as err:
                 raise unreadable_file(where, 'annotation', info['seg_map_path'], err) from None
-            # mmseg casts to uint8: v > 255 trains as v % 256 (65535 as 255, the ignore index)
-            wide = raw.astype('int64') if raw.dtype.itemsize > 1 else None
-            wide = None if wide is None else wide[(wide > 255) & (wide % 256 != ds.ignore_index)]
+            # mmseg casts to uint8: v > 255 trains as v % 256; the type's largest value
+            # (65535) is the one 16-bit ignore value that stays ignored (255) as meant
+            wide = None
+            if raw.dtype.kind in 'iu' and raw.dtype.itemsize > 1:
+                wide = raw.astype('int64')
+                wide = wide[(wide > 255) & (wide != np.iinfo(raw.dtype).max)]
             if wide is not None and wide.size:
                 raise LabelRangeError(
                     wide_labels_message(where, info['seg_map_path'], raw.dtype, int(wide.max()))
@@ -865,7 +883,7 @@ def check_label_values(
             if seg.size and bool((seg == ds.ignore_index).all()):
                 ignored.append(info['seg_map_path'])
         default, owner = _class_default(type(ds), 'reduce_zero_label')
-        own = tuple(getattr(owner, 'METAINFO', {}).get('classes', ()))
+
         verdict, is_error = reduce_zero_label_verdict(
             key,
             bool(ds.reduce_zero_label),
@@ -876,7 +894,8 @@ def check_label_values(
             len(sample),
             raw_top,
             num_classes,
-            bool(own) and tuple(ds.metainfo.get('classes', ())) == own and num_classes == len(own),
+            _names_own_classes(ds, owner, num_classes),
+            _names_own_classes(ds, type(ds), num_classes),
         )
         if verdict and is_error:
             raise LabelRangeError(f'{where}: {verdict}.')

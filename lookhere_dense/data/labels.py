@@ -88,21 +88,23 @@ def wide_labels_message(where: str, path: str, dtype: np.dtype, top: int) -> str
 
 def reduce_zero_label_verdict(key: str, reduce: bool, class_default: Optional[bool],
                               dataset: str, with_zero: int, with_255: int, checked: int,
-                              raw_top: int, num_classes: int,
-                              own_classes: bool) -> Tuple[Optional[str], bool]:
+                              raw_top: int, num_classes: int, own_classes: bool,
+                              type_classes: bool = False) -> Tuple[Optional[str], bool]:
     """``(message, is_error)`` for a ``reduce_zero_label`` the raw label files contradict,
     or ``(None, False)``. Of ``checked`` files, ``with_zero`` / ``with_255`` hold the raw
     value 0 / 255; ``raw_top``: their largest raw value other than 255 (-1: none);
     ``class_default``: the dataset class's own ``reduce_zero_label``; ``own_classes``: the
-    dataset names that class's own classes (``METAINFO``) and the model has as many.
+    dataset names the classes (``METAINFO``) of the class that sets that default, and the
+    model has as many; ``type_classes``: the same of the dataset's own class.
 
     * ``True``, files that hold 255 already, and every other value a class *without*
       reducing (``raw_top < num_classes``): files with an ignore value of their own whose
       0 is a class (Cityscapes trainIds: 0 = road). Reducing makes 0 ignored and names
       every class after the next one; all values stay in range, so nothing else notices.
-      An error where the dataset class's default is ``False``, a warning else. (Files
-      whose 0 is an ignored background and 255 a void border hold ``num_classes`` and
-      pass: mmseg keeps 255 ignored when it reduces.)
+      An error for a dataset class whose default is ``False`` on its own classes
+      (Cityscapes), a warning else: files whose 0 is an ignored background and 255 a void
+      border are right reduced (mmseg keeps 255 ignored), and pass when a checked file
+      holds ``num_classes``, but their top class may be missing from the sample.
     * ``False`` on the class's own classes where its default is ``True`` (ADE20K), 0 in
       the files and no 255: the class's own files, where 0 is "other" (files reduced
       already mark those pixels 255): class ``k`` would train as class ``k``'s neighbour.
@@ -116,7 +118,8 @@ def reduce_zero_label_verdict(key: str, reduce: bool, class_default: Optional[bo
                '(Cityscapes trainIds: 0 = road): reducing makes 0 ignored and shifts every '
                f'class down by one, silently (all values stay in range). Set '
                f'{key}.reduce_zero_label=False (and drop it from LoadAnnotations)')
-        return msg + (fix if class_default is False else ''), class_default is False
+        error = class_default is False and type_classes
+        return msg + (fix if error else ''), error
     if not reduce and class_default and own_classes and not with_255 and with_zero:
         msg = (f'{key}.reduce_zero_label=False on {dataset} (whose default is True), but '
                f'{with_zero} of {checked} checked label files hold 0 and none holds 255: '

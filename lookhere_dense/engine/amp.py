@@ -77,7 +77,8 @@ def accelerator_available() -> bool:
 
 def cpu_bf16_products() -> Optional[bool]:
     """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX-BF16, from
-    ``/proc/cpuinfo``'s flags); None where the flags cannot be read (not Linux)."""
+    ``/proc/cpuinfo``'s x86 ``flags``); None where there are no such flags to read (not
+    Linux, or not x86: ARM's cpuinfo lists ``Features``), and nothing is said then."""
     try:
         with open('/proc/cpuinfo') as f:
             flags = next(
@@ -93,9 +94,10 @@ def cpu_bf16_products() -> Optional[bool]:
 @functools.lru_cache(maxsize=None)
 def note_slow_cpu_bf16() -> Optional[str]:
     """Warn once per process where bfloat16 autocast runs on a CPU without bfloat16
-    products (AVX2 only): PyTorch emulates its matrix products there, and mixed precision
-    runs slower than float32 (a new user's trial on an AVX2 EPYC: inference 2-3.5x, a
-    training iteration ~3x). Returns the warning, or None."""
+    products (AVX2-only CPUs, AVX-512 ones without BF16): PyTorch emulates its matrix
+    products there, and mixed precision runs slower than float32 (a new user's trial on an
+    AVX2 EPYC: ``tools/infer.py`` / ``extrapolate.py`` 2.5-2.7x per image, a training
+    iteration ~3x; docs/mixed_precision.md). Returns the warning, or None."""
     if cpu_bf16_products() is not False:
         return None
     from mmengine.logging import print_log

@@ -361,8 +361,12 @@ def native_bf16_available() -> bool:
     """True where bfloat16 attention runs on native bfloat16 products by default
     (:func:`bf16_products` is not ``'float32'``): our VDPBF16PS kernels (the kernel built
     for AVX-512, a CPU with AVX512-BF16) or brgemm; ``LOOKHERE_FUSED_BF16=0`` turns them
-    off. Elsewhere bfloat16 ``q, k, v`` are computed with the float32 products."""
-    return bf16_products() != 'float32'
+    off. Elsewhere bfloat16 ``q, k, v`` are computed with the float32 products (False too
+    where ``LOOKHERE_FUSED_BF16`` names products this CPU lacks: such calls are refused)."""
+    try:
+        return bf16_products() != 'float32'
+    except RuntimeError:
+        return False
 
 
 def native_bf16_unavailable_reason() -> Optional[str]:
@@ -371,7 +375,11 @@ def native_bf16_unavailable_reason() -> Optional[str]:
         return 'the native bfloat16 products are turned off (LOOKHERE_FUSED_BF16=0)'
     if not fused_available():
         return fused_unavailable_reason()
-    if bf16_products() == 'float32':
+    try:
+        products = bf16_products()
+    except RuntimeError as err:  # LOOKHERE_FUSED_BF16 names products this CPU lacks
+        return str(err)
+    if products == 'float32':
         return (
             f'this CPU / build has no AVX512-BF16 (build capability {_capability()}); '
             'bfloat16 runs on the float32 products'
@@ -711,7 +719,14 @@ def fused_attention(
         )
     # the products' choice is for bfloat16 q, k, v only (LOOKHERE_FUSED_BF16=vdpbf16ps on a
     # CPU without AVX512-BF16 refused float32 inference)
-    native = bf16_products(native_bf16) if q.dtype == torch.bfloat16 else 'float32'
+    if q.dtype == torch.bfloat16:
+        native = bf16_products(native_bf16)
+    else:  # the choice is still checked: a misspelt value is refused in any dtype
+        native = 'float32'
+        if native_bf16 is None:
+            _bf16_env()
+        elif native_bf16 not in (True, False, *BF16_PRODUCTS):
+            bf16_products(native_bf16)  # its ValueError names the allowed values
     plan = get_fused_plan(grid_bias, layer, tile, plans)
     dtype = q.dtype
     # bfloat16 / float16 q, k, v go in as they are (converted as the kernel packs them);
