@@ -1102,13 +1102,12 @@ def check_attn_backend(
     reason = can_run(request)
     if reason is None:
         return
-    where = 'CUDA' if cuda else 'CPU'
+    where, verb = ('CUDA' if cuda else 'CPU'), ('train' if training else 'run')
     msg = (
         f'model.backbone.attn_backend={named!r}'
         + (f' (now {backend!r})' if named != backend else '')
-        + f' cannot {"train" if training else "run"} '
-        f"on {where}: {reason}; {'train' if training else 'run'} with 'auto' (the first "
-        'backend that runs here)'
+        + f" cannot {verb} on {where}: {reason}; {verb} with 'auto' (the first backend that "
+        'runs here)'
     )
     inference = dataclasses.replace(request, training=False)
     if training and can_run(inference) is None:

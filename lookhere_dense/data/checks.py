@@ -44,6 +44,7 @@ from .labels import (
     bad_label_values,
     channels_message,
     label_message,
+    label_values,
     reduce_zero_label_verdict,
     size_message,
     unreadable_file,
@@ -853,20 +854,19 @@ def check_label_values(
                 raw = _raw_labels(info['seg_map_path'])
             except Exception as err:
                 raise unreadable_file(where, 'annotation', info['seg_map_path'], err) from None
+            values = label_values(raw)  # the stored values, sorted
             # mmseg casts to uint8: v > 255 trains as v % 256; the type's largest value
             # (65535) is the one 16-bit ignore value that stays ignored (255) as meant
-            wide = None
-            if raw.dtype.kind in 'iu' and raw.dtype.itemsize > 1:
-                wide = raw.astype('int64')
-                wide = wide[(wide > 255) & (wide != np.iinfo(raw.dtype).max)]
-            if wide is not None and wide.size:
+            wider = raw.dtype.kind in 'iu' and raw.dtype.itemsize > 1
+            top = np.iinfo(raw.dtype).max if wider else None
+            wide = [int(v) for v in values if v > 255 and v != top] if wider else []
+            if wide:
                 raise LabelRangeError(
-                    wide_labels_message(where, info['seg_map_path'], raw.dtype, int(wide.max()))
+                    wide_labels_message(where, info['seg_map_path'], raw.dtype, wide[-1])
                 )
-            with_zero += bool((raw == 0).any())
-            with_255 += bool((raw == 255).any())
-            kept = raw[raw < 255]
-            raw_top = max(raw_top, int(kept.max()) if kept.size else -1)
+            with_zero += 0 in values
+            with_255 += 255 in values
+            raw_top = max([raw_top, *(int(v) for v in values if v < 255)])
             if seg.ndim != 2:
                 raise LabelRangeError(channels_message(where, info['seg_map_path'], seg.shape))
             bad = bad_label_values(seg, num_classes, ds.ignore_index)
@@ -883,7 +883,6 @@ def check_label_values(
             if seg.size and bool((seg == ds.ignore_index).all()):
                 ignored.append(info['seg_map_path'])
         default, owner = _class_default(type(ds), 'reduce_zero_label')
-
         verdict, is_error = reduce_zero_label_verdict(
             key,
             bool(ds.reduce_zero_label),

@@ -302,6 +302,29 @@ def amx_bf16_available() -> bool:
     return fused_available() and bool(load_fused_ops().amx_bf16())
 
 
+def _bf16_request(native_bf16: Union[None, bool, str]) -> Tuple[Union[None, bool, str], str]:
+    """``(choice, asked)``: ``native_bf16`` checked, or where it is None the choice of
+    ``LOOKHERE_FUSED_BF16`` (``0``: False, ``1``: None, the machine's; a name: that one);
+    ``asked`` is what a refusal names, the argument or the variable.
+
+    Raises:
+        ConfigError: a ``LOOKHERE_FUSED_BF16`` value not among its choices.
+        ValueError: an argument that is not None, True, False or a name of
+            :data:`BF16_PRODUCTS`.
+    """
+    if native_bf16 is None:
+        env = _bf16_env()
+        if env in ('0', '1'):
+            return (False if env == '0' else None), 'native_bf16'
+        return env, 'LOOKHERE_FUSED_BF16'
+    if native_bf16 is not True and native_bf16 is not False and native_bf16 not in BF16_PRODUCTS:
+        raise ValueError(
+            'fused attention: native_bf16 must be None, True, False or one of '
+            f'{", ".join(map(repr, BF16_PRODUCTS))}, got {native_bf16!r}'
+        )
+    return native_bf16, 'native_bf16'
+
+
 def bf16_products(native_bf16: Union[None, bool, str] = None) -> str:
     """Which products bfloat16 ``q, k, v`` run on: ``'brgemm'``, ``'vdpbf16ps'`` or
     ``'float32'``.
@@ -318,13 +341,7 @@ def bf16_products(native_bf16: Union[None, bool, str] = None) -> str:
         RuntimeError: True or a name where that cannot run here (the message says why).
         ValueError: any other value.
     """
-    asked = 'native_bf16'  # what the refusals name: the argument, or the variable
-    if native_bf16 is None:
-        env = _bf16_env()
-        if env == '0':
-            return 'float32'
-        if env != '1':
-            native_bf16, asked = env, 'LOOKHERE_FUSED_BF16'
+    native_bf16, asked = _bf16_request(native_bf16)
     if native_bf16 is False:
         return 'float32'
     if native_bf16 is None or native_bf16 is True:
@@ -336,11 +353,6 @@ def bf16_products(native_bf16: Union[None, bool, str] = None) -> str:
             return 'float32'
         raise RuntimeError(
             f'fused attention: native_bf16=True, but {native_bf16_unavailable_reason()}'
-        )
-    if native_bf16 not in BF16_PRODUCTS:
-        raise ValueError(
-            'fused attention: native_bf16 must be None, True, False or one of '
-            f'{", ".join(map(repr, BF16_PRODUCTS))}, got {native_bf16!r}'
         )
     available = brgemm_bf16_available() if native_bf16 == 'brgemm' else _vdpbf16ps_available()
     if not available:
@@ -722,11 +734,8 @@ def fused_attention(
     if q.dtype == torch.bfloat16:
         native = bf16_products(native_bf16)
     else:  # the choice is still checked: a misspelt value is refused in any dtype
+        _bf16_request(native_bf16)
         native = 'float32'
-        if native_bf16 is None:
-            _bf16_env()
-        elif native_bf16 not in (True, False, *BF16_PRODUCTS):
-            bf16_products(native_bf16)  # its ValueError names the allowed values
     plan = get_fused_plan(grid_bias, layer, tile, plans)
     dtype = q.dtype
     # bfloat16 / float16 q, k, v go in as they are (converted as the kernel packs them);
