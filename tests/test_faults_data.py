@@ -138,6 +138,36 @@ def test_an_image_in_another_format_is_named(ade):
     assert 'ADE_train_00000001.png' in msgs[0] and 'the run uses the 3 images' in msgs[0]
 
 
+def test_cityscapes_images_misspelt_and_in_another_format_are_told_apart(tmp_path):
+    """Cityscapes names images ``*_leftImg8bit.png``: ``*_leftImg8bit.PNG`` is the same
+    format spelt otherwise, ``*_leftImg8bit.jpg`` another format; mmseg reads neither and
+    says nothing. One walk of the annotation folder names each in its own warning."""
+    from mmengine.config import Config
+
+    from research.datasets.synthetic_seg import make_cityscapes_like
+
+    root = make_cityscapes_like(tmp_path, num_train=3, num_val=1)
+    images = sorted((root / 'leftImg8bit' / 'train').rglob('*_leftImg8bit.png'))
+    assert len(images) == 3
+    images[0].rename(images[0].with_suffix('.PNG'))
+    Image.open(images[1]).save(images[1].with_suffix('.jpg'))
+    images[1].unlink()
+    cfg = Config.fromfile(str(REPO / 'configs' / 'segmenter_lookhere_vit-t_tiny-cityscapes.py'))
+    for split in ('train', 'val', 'test'):
+        cfg[f'{split}_dataloader'].dataset.data_root = str(root)
+    with pytest.warns(DataCheckWarning) as seen:
+        assert check_seg_data(cfg, ['train']) == {'train_dataloader': 1}
+    msgs = [str(w.message) for w in seen if 'not read because' in str(w.message)]
+    assert len(msgs) == 2, msgs
+    msgs.sort(key=lambda m: 'another format' not in m)  # the other-format one first
+    assert "another format than img_suffix='_leftImg8bit.png'" in msgs[0]
+    assert images[1].with_suffix('.jpg').name in msgs[0]
+    assert images[0].with_suffix('.PNG').name not in msgs[0]
+    assert "names do not end in img_suffix='_leftImg8bit.png'" in msgs[1]
+    assert images[0].with_suffix('.PNG').name in msgs[1]
+    assert images[1].with_suffix('.jpg').name not in msgs[1]
+
+
 def _reduce_zero_label(cfg, value: bool):
     """``reduce_zero_label`` on every split's dataset, as a hand-written config sets it."""
     for split in ('train', 'val', 'test'):

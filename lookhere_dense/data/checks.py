@@ -637,88 +637,73 @@ def _spread(n: int, k: int) -> List[int]:
 
 
 _JPEG = ('.jpg', '.jpeg')
-
-
-def _unread_images(dataset: Any, limit: int = 100000) -> List[str]:
-    """Images of ``dataset``'s image folder that it does not read only because their
-    suffix differs from ``img_suffix`` in case or spelling (``.JPG``, ``.jpeg`` for
-    ``'.jpg'``) and that have an annotation file (mmseg drops them without a word). At
-    most ``limit`` files are looked at; none for remote folders."""
-    import os
-
-    img_dir = dataset.data_prefix.get('img_path', dataset.data_root)
-    seg_dir = dataset.data_prefix.get('seg_map_path', dataset.data_root)
-    want = dataset.img_suffix
-    if getattr(dataset, 'ann_file', ''):  # a split list chooses the images on purpose
-        return []
-    if not isinstance(want, str) or not img_dir or '://' in str(img_dir):
-        return []
-    variants = _JPEG if want.lower() in _JPEG else (want.lower(),)
-    found, seen = [], 0
-    for folder, _, names in os.walk(img_dir):
-        for name in names:
-            seen += 1
-            if seen > limit:
-                return found
-            low = name.lower()
-            if name.endswith(want) or not low.endswith(variants):
-                continue
-            stem = name[: -len(next(v for v in variants if low.endswith(v)))]
-            rel = osp.relpath(osp.join(folder, stem), img_dir)
-            if osp.exists(osp.join(seg_dir, rel + dataset.seg_map_suffix)):
-                found.append(osp.join(folder, name))
-    return sorted(found)
-
-
-#: image file endings an image in another format than ``img_suffix`` may have
+#: file endings an image mmseg does not read for its suffix may have
 _IMAGE_EXTS = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
 
 
-def _images_in_another_format(
+def _same_format(name: str, suffix: str) -> bool:
+    """``name``'s ending is ``suffix``'s format spelt otherwise (``.JPG``, ``.jpeg`` for
+    ``'.jpg'``; ``_leftImg8bit.PNG`` for ``'_leftImg8bit.png'``)."""
+    name, suffix = name.lower(), suffix.lower()
+    if name.endswith(suffix):
+        return True
+    stem, _, ext = suffix.rpartition('.')  # not osp.splitext: it keeps '.jpg' whole
+    return '.' + ext in _JPEG and any(name.endswith(stem + e) for e in _JPEG)
+
+
+def _unread_images(
     dataset: Any, infos: Sequence[Mapping], limit: int = 100000
-) -> List[str]:
-    """Images the dataset does not read because they are saved in another format than
-    ``img_suffix`` (``x.png`` in a ``.jpg`` dataset, ``x_leftImg8bit.jpg`` in Cityscapes)
-    though their annotation is there: mmseg lists images by ``img_suffix`` and leaves such
-    pairs out without a word. Spellings of the same format (``.JPG``): :func:`_unread_images`."""
+) -> Tuple[List[str], List[str]]:
+    """``(misspelt, other_format)``: images that have an annotation file but that
+    ``dataset`` does not read because of their suffix -- mmseg lists images by
+    ``img_suffix`` and leaves such pairs out without a word. ``misspelt``: the same format
+    spelt otherwise (``.JPG``, ``.jpeg`` for ``'.jpg'``); ``other_format``: saved in
+    another format (``x.png`` in a ``.jpg`` dataset, ``x_leftImg8bit.jpg`` in Cityscapes).
+    One walk of the annotation folder (at most ``limit`` files); none for split lists
+    (``ann_file`` chooses the images on purpose) or remote folders."""
     import os
 
     seg_dir = dataset.data_prefix.get('seg_map_path', dataset.data_root)
     img_dir = dataset.data_prefix.get('img_path', dataset.data_root)
     suffix, want = dataset.seg_map_suffix, dataset.img_suffix
     if getattr(dataset, 'ann_file', '') or not isinstance(suffix, str):
-        return []
+        return [], []
     if not isinstance(want, str) or not img_dir or not seg_dir:
-        return []
+        return [], []
     if '://' in str(seg_dir) or '://' in str(img_dir) or not osp.isdir(seg_dir):
-        return []
+        return [], []
     read = {osp.normpath(i['seg_map_path']) for i in infos}
     read |= {osp.normpath(i['img_path']) for i in infos}  # images and labels in one folder
-    base = want.rsplit('.', 1)[0]  # '_leftImg8bit' of '_leftImg8bit.png', '' of '.jpg'
-    others = [e for e in _IMAGE_EXTS if e not in _JPEG or want.lower() not in _JPEG]
-    others = [e for e in others if not want.lower().endswith(e)]
-    found, seen = [], 0
+    base = want.lower().rpartition('.')[0]  # '_leftimg8bit' of '_leftImg8bit.png', '' of '.jpg'
+    listed: Dict[str, Dict[str, List[str]]] = {}  # image folder -> lower-case name -> names
+
+    def images_named(folder: str, stem: str) -> List[str]:
+        if folder not in listed:
+            names: Dict[str, List[str]] = {}
+            for name in os.listdir(folder) if osp.isdir(folder) else ():
+                names.setdefault(name.lower(), []).append(name)
+            listed[folder] = names
+        wanted = (stem + base + e for e in _IMAGE_EXTS)
+        return sorted(n for w in wanted for n in listed[folder].get(w, ()))
+
+    misspelt, other, seen = [], [], 0
     for folder, _, names in os.walk(seg_dir):
         for name in names:
             seen += 1
             if seen > limit:
-                return sorted(found)
+                return sorted(misspelt), sorted(other)
             path = osp.normpath(osp.join(folder, name))
             if not name.endswith(suffix) or path in read:
                 continue
-            stem = osp.join(img_dir, osp.relpath(path, seg_dir)[: -len(suffix)] + base)
-            image = next(
-                (
-                    stem + e
-                    for ext in others
-                    for e in (ext, ext.upper())
-                    if osp.exists(stem + e) and osp.normpath(stem + e) != path
-                ),
-                None,
-            )
-            if image is not None:
-                found.append(image)
-    return sorted(found)
+            rel = osp.relpath(path, seg_dir)[: -len(suffix)]
+            image_folder = osp.join(img_dir, osp.dirname(rel))
+            for image in images_named(image_folder, osp.basename(rel).lower()):
+                image_path = osp.join(image_folder, image)
+                if osp.normpath(image_path) == path or image.endswith(want):
+                    continue
+                (misspelt if _same_format(image, want) else other).append(image_path)
+                break
+    return sorted(misspelt), sorted(other)
 
 
 def _raw_labels(path: str) -> Any:
@@ -813,8 +798,7 @@ def check_label_values(
                 f'name and sub-folders as the image).' + _hint(ds_cfg)
             )
         key = next(k for w, k, d, _ in _nodes(cfg, splits) if d is ds_cfg)
-        unread = _unread_images(ds)
-        other = _images_in_another_format(ds, infos)
+        unread, other = _unread_images(ds, infos)
         if other:
             warnings.warn(
                 DataCheckWarning(
