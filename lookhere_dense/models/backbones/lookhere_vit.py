@@ -38,8 +38,9 @@ from ..registry import register_model
 
 __all__ = ['LookHereViT', 'MMDET_VIT_NAMES', 'MMDET_VIT_POS_ARGS', 'mmdet_vit_arguments']
 
-#: the keys ``init_cfg=dict(type='Pretrained', ...)`` takes (mmengine's and ours)
-_PRETRAINED_KEYS = ('type', 'checkpoint', 'strict', 'prefix', 'map_location', HEADS_KEY)
+#: the keys of mmengine's ``Pretrained`` initialiser that the backbones' strict loading takes
+PRETRAINED_KEYS = ('type', 'checkpoint', 'strict', 'prefix', 'map_location')
+_PRETRAINED_KEYS = PRETRAINED_KEYS + (HEADS_KEY,)  # LookHereViT's: and the file's head count
 #: checkpoint schemes the torch-only reader does not fetch (mmengine's loader does)
 MMENGINE_SCHEMES = (
     'open-mmlab://',

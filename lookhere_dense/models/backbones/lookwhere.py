@@ -30,6 +30,7 @@ from lookhere_dense.lookwhere.distill import SELECTOR_TARGETS, distillation_loss
 
 from ..registry import MMSEG_MODELS, register_model
 from .lookhere_vit import (
+    PRETRAINED_KEYS,
     pretrained_checkpoint,
     run_mmengine_inits,
     split_init_cfg,
@@ -101,8 +102,7 @@ class LookWhereViT(LookWhere, BaseModule):
             run_mmengine_inits(self, others)
         if cfg is None:
             return
-        allowed = ('type', 'checkpoint', 'strict', 'prefix', 'map_location')
-        path, ckpt = pretrained_checkpoint(cfg, 'LookWhereViT', allowed)
+        path, ckpt = pretrained_checkpoint(cfg, 'LookWhereViT', PRETRAINED_KEYS)
         if not isinstance(ckpt, Mapping):
             ckpt = load_checkpoint_file(path)
         weights = next((ckpt[k] for k in ('state_dict', 'model') if k in ckpt), ckpt)
