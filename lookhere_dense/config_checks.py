@@ -947,23 +947,77 @@ def _pair(value: Any) -> Optional[Tuple[int, int]]:
     return None
 
 
+#: mmseg backbones that pad a frame to whole patches themselves (``patch_pad`` /
+#: ``padding='corner'``), with their default patch size
+PATCH_PADDING_BACKBONES = {'LookHereViT': 16, 'VisionTransformer': 16}
+
+
+def self_padding_patch(model: Any) -> Optional[int]:
+    """The patch size in px of the backbone of a ``model`` config where that backbone pads
+    its input to whole patches itself (:data:`PATCH_PADDING_BACKBONES`): an input side
+    that is no patch multiple then gives a grid the head stretches over the input. None
+    for other backbones and a patch size of 1 or one that is not an int."""
+    backbone = model.get('backbone') if isinstance(model, Mapping) else None
+    name = type_name(backbone) if isinstance(backbone, Mapping) else None
+    if name not in PATCH_PADDING_BACKBONES:
+        return None
+    patch = backbone.get('patch_size', PATCH_PADDING_BACKBONES[name])
+    patch = patch[0] if isinstance(patch, (tuple, list)) and patch else patch
+    return patch if is_int(patch) and patch > 1 else None
+
+
+def check_patch_multiple(size: Any, patch: Optional[int], key: str, what: str) -> None:
+    """Refuse an input size ``(H, W)`` that is no multiple of the backbone's ``patch``
+    (:func:`self_padding_patch`): the backbone pads it to whole patches and mmseg's head
+    stretches the padded grid over the input -- predictions (or, in training, the logits
+    the loss compares with the labels) up to ``patch - 1`` px off at the far edge, with
+    no error anywhere.
+
+    Args:
+        size: ``(H, W)`` ints (anything else is left to the other checks).
+        patch: the patch size in px; None: nothing to check.
+        key: where the size is set (``--crop``, ``model.test_cfg.crop_size``), for the
+            message.
+        what: what is padded, e.g. ``'each sliding window'``.
+
+    Raises:
+        ConfigError: naming ``key``, its value, the patch and the nearest multiples.
+    """
+    hw = _pair(size)
+    if patch is None or hw is None or all(s % patch == 0 for s in hw):
+        return
+    h, w = hw
+    down = tuple(max(patch, s // patch * patch) for s in hw)
+    up = tuple(-(-s // patch) * patch for s in hw)
+    raise ConfigError(
+        f"{key}={h}x{w} is not a multiple of the backbone's {patch}-px patch: {what} is "
+        f'padded to {up[0]}x{up[1]} inside the backbone and the head stretches the padded '
+        f'grid over {h}x{w} px (up to {patch - 1} px off at the far edge); use '
+        f'{down[0]}x{down[1]}' + (f' or {up[0]}x{up[1]}' if up != down else '')
+    )
+
+
 def check_seg_test_cfg(
     test_cfg: Any,
     crop_key: str = 'model.test_cfg.crop_size',
     stride_key: str = 'model.test_cfg.stride',
     modes: Optional[Sequence[str]] = SEG_TEST_MODES,
+    patch_size: Optional[int] = None,
 ) -> None:
     """Refuse an mmseg ``test_cfg`` that would fail (or leave pixels unpredicted) only at
     the first test image: a ``mode`` mmseg does not have (``'Whole'``), a ``'slide'``
     without ``crop_size`` / ``stride``, or a stride longer than the window (mmseg's
     sliding inference then has pixels no window covers and stops on a bare
-    ``AssertionError``).
+    ``AssertionError``), and a window that is no multiple of ``patch_size``
+    (:func:`check_patch_multiple`).
 
     Args:
         crop_key, stride_key: how the message names where the window and the stride
             come from (``tools/infer.py``: ``--crop`` / ``--stride``).
         modes: the modes the segmentor takes (:func:`seg_test_modes`); None: any.
             Default: :data:`SEG_TEST_MODES`.
+        patch_size: the patch size of a backbone that pads to whole patches itself
+            (:func:`self_padding_patch`). Default: None (not checked).
 
     Raises:
         ConfigError: naming the key, its value and what works.
@@ -992,6 +1046,7 @@ def check_seg_test_cfg(
             f'between windows get no prediction; use a stride of at most '
             f'{crop[0]}x{crop[1]} (mmseg configs use about 2/3 of the window)'
         )
+    check_patch_multiple(crop, patch_size, crop_key, 'each sliding window')
 
 
 def check_model_cfg(cfg: Mapping) -> None:
@@ -1009,7 +1064,9 @@ def check_model_cfg(cfg: Mapping) -> None:
     * in an mmdet config, the heads' ``num_classes`` is the dataset's class count
       (``metainfo.classes``, else the dataset class's ``METAINFO``);
     * an mmseg ``model.test_cfg`` whose mode or sliding windows cannot work
-      (:func:`check_seg_test_cfg`); an mmdet ``model.test_cfg`` / ``train_cfg`` key the
+      (:func:`check_seg_test_cfg`), and, for a backbone that pads to whole patches
+      itself, sliding windows or a ``data_preprocessor.size`` that are no patch multiple
+      (:func:`check_patch_multiple`); an mmdet ``model.test_cfg`` / ``train_cfg`` key the
       detector never reads (a ``mode``; beside ``rpn`` / ``rcnn`` in a two-stage one).
 
     Raises:
@@ -1027,8 +1084,14 @@ def check_model_cfg(cfg: Mapping) -> None:
         _check_arguments(where, node, registry)
     if scope == 'mmseg':
         modes = seg_test_modes(model, registry)
+        patch = self_padding_patch(model)
         if modes is not None:  # another segmentor: its own modes and checks
-            check_seg_test_cfg(model.get('test_cfg'), modes=modes)
+            check_seg_test_cfg(model.get('test_cfg'), modes=modes, patch_size=patch)
+        pre = model.get('data_preprocessor')
+        if isinstance(pre, Mapping):
+            check_patch_multiple(
+                pre.get('size'), patch, 'model.data_preprocessor.size', 'every training crop'
+            )
     bb = model.get('backbone')
     if isinstance(bb, Mapping) and str(bb.get('type', '')).split('.')[-1] == 'LookHereViT':
         _lookhere_checks(model, registry if scope == 'mmdet' else None)

@@ -262,7 +262,9 @@ def evaluate_loader(
     the extrapolation report and the study's ladders.
 
     Args:
-        model: an mmseg segmentor in eval mode; its ``test_cfg`` is set to ``mode``.
+        model: an mmseg segmentor in eval mode; its ``test_cfg`` is set to ``mode``
+            (``whole``: its preprocessor pads to whole patches,
+            :func:`~lookhere_dense.apis.inference.pad_whole_frames`).
         mode: ``'whole'`` or ``'slide'``.
         slide: ``(crop, stride)`` of ``slide`` mode (e.g.
             :func:`research.extrapolation.slide_settings`). Default: None.
@@ -273,19 +275,30 @@ def evaluate_loader(
 
     Raises:
         ValueError: ``slide`` mode without ``slide`` settings, or an unknown mode.
+        lookhere_dense.errors.ConfigError: a slide window that is no multiple of a
+            self-padding backbone's patch (:func:`~lookhere_dense.config_checks.check_patch_multiple`).
         lookhere_dense.errors.MemoryBudgetError: the largest frame is over the model's
             memory guard (:func:`largest_frame`), before any image is predicted.
     """
     import torch
     from mmengine.config import ConfigDict
 
+    from lookhere_dense.apis.inference import backbone_padding_patch, pad_whole_frames
+    from lookhere_dense.config_checks import check_patch_multiple
+
     if mode == 'whole':
         model.test_cfg = ConfigDict(mode='whole')
+        note = pad_whole_frames(model)
+        if note:
+            print(note, file=sys.stderr, flush=True)
     elif mode == 'slide':
         if slide is None:
             raise ValueError("mode='slide' needs slide=(crop, stride)")
         crop, stride = slide
         model.test_cfg = ConfigDict(mode='slide', crop_size=tuple(crop), stride=tuple(stride))
+        check_patch_multiple(
+            crop, backbone_padding_patch(model), 'the slide window', 'each sliding window'
+        )
     else:
         raise ValueError(f"mode must be 'whole' or 'slide', got {mode!r}")
 

@@ -40,6 +40,8 @@ __all__ = [
     'skipped_files',
     'inference_pipeline',
     'inference_test_cfg',
+    'backbone_padding_patch',
+    'pad_whole_frames',
     'overlay',
     'class_palette',
     'class_names',
@@ -257,10 +259,59 @@ def inference_test_cfg(
             else 'model.test_cfg.stride'
             if not crop and tc.get('stride')
             else 'the default stride (2/3 of the window)',
+            patch_size=patch_size,
         )
         return out
     check_seg_test_cfg(tc, modes=seg_test_modes(cfg.model))
     return tc
+
+
+def backbone_padding_patch(model: Any) -> Optional[int]:
+    """The patch size in px of a built segmentor's backbone where the backbone pads its
+    input to whole patches itself
+    (:data:`~lookhere_dense.config_checks.PATCH_PADDING_BACKBONES`), else None."""
+    from ..config_checks import PATCH_PADDING_BACKBONES
+
+    backbone = getattr(model, 'backbone', None)
+    patch = getattr(backbone, 'patch_size', None)
+    patch = patch[0] if isinstance(patch, (tuple, list)) and patch else patch
+    if type(backbone).__name__ not in PATCH_PADDING_BACKBONES or not isinstance(patch, int):
+        return None
+    return patch if patch > 1 else None
+
+
+def pad_whole_frames(model: Any) -> Optional[str]:
+    """Pad whole frames to patch multiples in ``model``'s data preprocessor where its
+    ``test_cfg`` mode is ``'whole'`` and its backbone pads to whole patches itself
+    (:func:`backbone_padding_patch`) without a preprocessor ``test_cfg`` that pads so: the
+    segmentor then crops the padding off the prediction, where the head stretched the
+    backbone's padded grid over the frame (up to a patch minus one px off). For the tools
+    that choose whole-image inference themselves (``tools/infer.py --whole``,
+    ``tools/extrapolate.py``'s whole tests), whatever the config's own mode.
+
+    Returns:
+        The line to show where the preprocessor's ``test_cfg.size_divisor`` was set, else
+        None (sliding windows, other backbones, a preprocessor that pads already).
+    """
+    import math
+
+    patch = backbone_padding_patch(model)
+    pre = getattr(model, 'data_preprocessor', None)
+    mode = (getattr(model, 'test_cfg', None) or {}).get('mode', 'whole')
+    if patch is None or mode != 'whole' or not hasattr(pre, 'test_cfg'):
+        return None
+    test_cfg = dict(pre.test_cfg or {})
+    divisor = test_cfg.get('size_divisor')
+    if test_cfg.get('size') is not None or (isinstance(divisor, int) and divisor % patch == 0):
+        return None
+    test_cfg['size_divisor'] = math.lcm(divisor, patch) if isinstance(divisor, int) else patch
+    pre.test_cfg = test_cfg
+    return (
+        f'whole frames padded to multiples of {test_cfg["size_divisor"]} px in the data '
+        'preprocessor (the config has no data_preprocessor.test_cfg.size_divisor that is a '
+        f"multiple of the backbone's {patch}-px patch): the padding is cropped off the "
+        'prediction, where the head would stretch the padded grid over the frame'
+    )
 
 
 def overlay(
@@ -621,6 +672,11 @@ def segment_images(
             cfg, whole, slide, crop, stride, patch if isinstance(patch, int) else None
         )
     )
+    padded_note = pad_whole_frames(model)
+    if padded_note:
+        from mmengine.logging import print_log
+
+        print_log(padded_note, logger='current')
     from ..data.checks import size_after
     from ..engine.memory_guard import check_frame_size, install_memory_guard, parse_memory
 

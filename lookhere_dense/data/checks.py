@@ -1101,27 +1101,16 @@ def eval_pad_note(cfg: Mapping, splits: Sequence[str]) -> Optional[str]:
     return None
 
 
-#: mmseg backbones that pad a frame to whole patches themselves (``patch_pad`` /
-#: ``padding='corner'``), with their default patch size
-_PATCH_PADDING_BACKBONES = {'LookHereViT': 16, 'VisionTransformer': 16}
-
-
 def unpadded_whole_frame_patch(cfg: Mapping) -> Optional[int]:
     """The backbone's patch size where the config evaluates whole images of a ViT without
     padding them to patch multiples in the preprocessor (no
     ``data_preprocessor.test_cfg.size_divisor`` that is a patch multiple, no fixed
     ``size``), else None (sliding windows, other backbones, a fitting divisor)."""
+    from ..config_checks import self_padding_patch
+
     model = cfg.get('model') or {}
-    if not isinstance(model, Mapping):
-        return None
-    backbone = model.get('backbone') or {}
-    name = type_name(backbone) if isinstance(backbone, Mapping) else None
-    if name not in _PATCH_PADDING_BACKBONES:
-        return None
-    patch = backbone.get('patch_size', _PATCH_PADDING_BACKBONES[name])
-    patch = patch[0] if isinstance(patch, (tuple, list)) else patch
-    test_cfg = model.get('test_cfg') or {}
-    if not isinstance(patch, int) or patch <= 1 or test_cfg.get('mode', 'whole') != 'whole':
+    patch = self_padding_patch(model)
+    if patch is None or (model.get('test_cfg') or {}).get('mode', 'whole') != 'whole':
         return None
     pre = (model.get('data_preprocessor') or {}).get('test_cfg') or {}
     divisor, size = pre.get('size_divisor'), pre.get('size')
