@@ -773,6 +773,13 @@ def test_mmengine_checkpoints_with_message_hub_load_under_weights_only(tmp_path:
             r'out_indices=\(-3,\): -3 out of range for num_layers=2 '
             r'\(blocks 0\.\.1, or -2\.\.-1 counted from the last\)',
         ),
+        (  # the outputs come in block order: a head's in_index=0 got block 0, not 3
+            dict(num_layers=4, out_indices=(3, 0)),
+            ConfigError,
+            r'out_indices=\(3, 0\): the outputs come once per block, in block order \(0, 3\).*'
+            r'give out_indices=\(0, 3\)',
+        ),
+        (dict(num_layers=4, out_indices=(2, -2)), ConfigError, r'give out_indices=\(2,\)'),
         (dict(attn_backend='fast'), ValueError, r"unknown LookHere attention backend 'fast'"),
         (dict(num_fcs=3), ValueError, r'num_fcs=2 only'),
         (  # a stock mmseg base config's model.pretrained beside the user's init_cfg

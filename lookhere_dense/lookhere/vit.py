@@ -256,7 +256,8 @@ class LookHereVisionTransformer(nn.Module):
         out_origin (bool): also output the patch embeddings (before the blocks) first.
             Default: False.
         out_indices (int | Sequence[int]): blocks whose outputs :meth:`forward` returns
-            (-1: last). Default: -1.
+            (-1: last), in increasing block order, each once (the outputs come in block
+            order: an unordered list is refused). Default: -1.
         qkv_bias (bool): Default: True.
         drop_rate (float): dropout after patch embedding, attention projection and MLP.
             Default: 0.
@@ -447,6 +448,13 @@ class LookHereVisionTransformer(nn.Module):
                 f'out_indices={out_indices!r}: {", ".join(map(str, bad))} out of range for '
                 f'num_layers={num_layers} (blocks 0..{num_layers - 1}, or '
                 f'-{num_layers}..-1 counted from the last)'
+            )
+        if any(a >= b for a, b in zip(self.out_indices, self.out_indices[1:])):
+            ordered = tuple(sorted(set(self.out_indices)))
+            raise ConfigError(
+                f'out_indices={out_indices!r}: the outputs come once per block, in block order '
+                f'{ordered}, so an index into them (a head\'s in_index) would name another '
+                f'block than listed: give out_indices={ordered}'
             )
 
         #: an explicit LookHere config (or preset) vs one to be taken from a checkpoint
