@@ -263,6 +263,25 @@ def test_set_input_size_resamples_an_abs_table_as_the_forward_would():
         torch.testing.assert_close(model.forward_features(x), before, rtol=0, atol=1e-6)
 
 
+def test_a_loaded_training_size_keeps_the_abs_table_in_the_optimizer():
+    """mmengine's Runner builds the optimizer before ``load_from`` / ``--resume``: a file
+    whose recorded ``log_n_scaling`` training size differs resized the ``abs`` table into
+    a new parameter the optimizer never saw, and the table stopped training silently."""
+    torch.manual_seed(0)
+    kw = dict(num_classes=0, depth=2, img_size=64, log_n_scaling=True, pos_encoding='abs')
+    trained = timm.create_model(TINY, **kw)
+    model = timm.create_model(TINY, **{**kw, 'img_size': 32})
+    table = model.pos_enc.pos_embed
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    model.load_state_dict(trained.state_dict())
+    assert model.pos_enc.pos_embed is table and model.img_size == (64, 64)  # the file's
+    torch.testing.assert_close(table, trained.pos_enc.pos_embed, rtol=0, atol=0)
+    before = table.detach().clone()
+    model.forward_features(torch.randn(1, 3, 64, 64)).square().mean().backward()
+    opt.step()
+    assert table.grad is not None and not torch.equal(table.detach(), before)
+
+
 def test_set_input_size_leaves_a_model_without_log_n_as_it_was():
     """Without ``log_n_scaling`` nothing of a LookHere model depends on the training size:
     the features of a model told 384 px equal the 224 px model's, windowed blocks too; a

@@ -760,7 +760,8 @@ class LookHereVisionTransformer(nn.Module):
         ``VisionTransformer.set_input_size`` (e.g. before fine-tuning at 384 px):
         :attr:`img_size`, :attr:`train_grid` (what ``log_n_scaling`` compares an input's
         grid with) and, with ``pos_encoding='abs'``, the embedding's grid (its table
-        resampled to it, a new parameter: build the optimizer after the call). The
+        resampled to it in the same parameter: an optimizer built before keeps it, though
+        state it holds for it would not fit the new shape). The
         LookHere bias has no size: every input size runs before and after the call, so to
         only *evaluate* at another size, do not call it (it would move ``log_n_scaling``'s
         reference).

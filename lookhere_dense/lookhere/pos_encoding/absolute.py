@@ -102,13 +102,17 @@ class AbsolutePositionEncoding(PositionEncoding):
 
     def set_train_grid(self, grid_size: Tuple[int, int]) -> None:
         """Resample the table to ``grid_size`` (``interpolate_mode``), which becomes its
-        own grid (as timm's ``VisionTransformer.set_input_size``); a trainable table stays
-        trainable (a new parameter: build the optimizer after the call)."""
+        own grid (as timm's ``VisionTransformer.set_input_size``). The parameter stays the
+        same object, its data resized (frozen or trainable as it was): an optimizer built
+        before holds it still -- mmengine's Runner builds the optimizer before ``load_from``
+        / ``--resume`` loads a file whose recorded training size calls this; a new
+        parameter there was never updated. Its gradient is dropped (another shape)."""
         grid = (int(grid_size[0]), int(grid_size[1]))
         if grid == self.grid_size:
             return
         table = self.embedding(grid).detach().clone()
-        self.pos_embed = nn.Parameter(table, requires_grad=self.pos_embed.requires_grad)
+        self.pos_embed.data = table
+        self.pos_embed.grad = None
         self.grid_size = grid
 
     def add_to_tokens(self, x: Tensor, grid_size: Tuple[int, int]) -> Tensor:
