@@ -148,6 +148,19 @@ def test_bias_decay_option_and_frozen_parameters():
     assert by_param[id(named['backbone.blocks.2.mlp.fc1.weight'])]['weight_decay'] == BASE_WD
 
 
+def test_rms_norm_weights_get_no_weight_decay():
+    """``norm_cfg=dict(type=nn.RMSNorm)`` (a norm LookHereViT takes): its weights were
+    decayed as if they were a linear layer's."""
+    model = segmentor(norm_cfg=dict(type=torch.nn.RMSNorm))
+    wrapper = build_optim_wrapper(model, optim_cfg())
+    by_param = {id(p): g for g in wrapper.optimizer.param_groups for p in g['params']}
+    norms = [n for n, _ in model.backbone.named_modules() if n.endswith(('norm1', 'norm2'))]
+    assert len(norms) == 2 * L and isinstance(model.backbone.blocks[0].norm1, torch.nn.RMSNorm)
+    for name, p in model.named_parameters():
+        if name.startswith('backbone.') and 'norm' in name.split('.')[-2]:
+            assert by_param[id(p)]['weight_decay'] == 0.0, name
+
+
 def test_num_layers_is_inferred_and_the_optimizer_steps(model):
     wrapper = build_optim_wrapper(
         model,

@@ -76,7 +76,9 @@ _NO_DECAY_TOKENS = ('cls_token', 'jumbo_token', 'pos_embed', 'mask_token', 'freq
 #: the Jumbo trunk's shared wide MLP (its own layer-decay groups)
 _JUMBO_MLP = 'jumbo_mlp.'
 
-_NORMS = (nn.LayerNorm, nn.GroupNorm, _BatchNorm, _InstanceNorm)
+#: norm layers, whose weights and biases never get weight decay (``nn.RMSNorm``: a
+#: ``norm_cfg`` LookHereViT takes)
+_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, _BatchNorm, _InstanceNorm)
 
 
 def find_lookhere_backbone(model: nn.Module) -> Tuple[str, LookHereVisionTransformer]:
