@@ -577,6 +577,34 @@ def test_a_corrupt_named_checkpoint_falls_back_to_the_previous_good_one(full, tm
     assert notes[0].endswith(f'; resuming from {work / "iter_2.pth"}')
 
 
+def test_a_corrupt_named_checkpoint_does_not_fall_back_to_an_earlier_runs_later_one(
+    full, tmp_path
+):
+    """A fresh run in a work dir that holds an earlier run's iter_30: its own newest
+    checkpoint (the one last_checkpoint names) truncated, --resume resumed iter_30 of the
+    other run and found nothing to train."""
+    work = tmp_path / 'w'
+    work.mkdir()
+    shutil.copy(osp.join(full, 'iter_4.pth'), work / 'iter_30.pth')  # the earlier run's
+    shutil.copy(osp.join(full, 'iter_2.pth'), work / 'iter_2.pth')
+    data = open(osp.join(full, 'iter_4.pth'), 'rb').read()
+    (work / 'iter_4.pth').write_bytes(data[: len(data) // 3])  # truncated
+    (work / 'last_checkpoint').write_text(str(work / 'iter_4.pth'))
+    path, notes = find_resume_checkpoint(str(work))
+    assert path == str(work / 'iter_2.pth')
+    assert len(notes) == 1 and notes[0].endswith(
+        f'; resuming from {work / "iter_2.pth"} (not from iter_30.pth: numbered after '
+        f'iter_4.pth, which {work / "last_checkpoint"} names, so left from an earlier run)'
+    )
+    (work / 'iter_2.pth').write_bytes(b'')  # nothing of this run readable: an error
+    from lookhere_dense.errors import ToolError
+
+    with pytest.raises(ToolError, match=r'no readable checkpoint in .*not from iter_30\.pth'):
+        find_resume_checkpoint(str(work))
+    (work / 'last_checkpoint').unlink()  # no record of the run: the newest readable file
+    assert find_resume_checkpoint(str(work))[0] == str(work / 'iter_30.pth')
+
+
 # ----------------------------------------------------------------------------------------
 # the memory guard
 # ----------------------------------------------------------------------------------------

@@ -123,7 +123,9 @@ def find_resume_checkpoint(
     """The checkpoint ``--resume`` continues from: the one mmengine's ``last_checkpoint``
     names, else the newest ``iter_*.pth`` / ``epoch_*.pth``; unreadable ones
     (:func:`lookhere_dense.checkpoint.checkpoint_problem`) are skipped for the next older
-    one. Only checkpoints of this work dir count: a ``last_checkpoint`` that names a file
+    one -- older than the one ``last_checkpoint`` names: files numbered after it are an
+    earlier run's (a fresh run in the same work dir leaves them), not this run's. Only
+    checkpoints of this work dir count: a ``last_checkpoint`` that names a file
     elsewhere (a work dir copied or moved from another run's) is ignored with a note.
 
     Args:
@@ -156,14 +158,24 @@ def find_resume_checkpoint(
         if '://' not in folder:
             numbered += glob.glob(osp.join(folder, 'iter_*.pth'))
             numbered += glob.glob(osp.join(folder, 'epoch_*.pth'))
+    # the run last_checkpoint names wrote nothing numbered after it: higher numbers are
+    # an earlier run's (a fresh run in its work dir), not this run's state to fall back to
+    limit = _checkpoint_number(candidates[0]) if candidates else -1
+    later: List[str] = []
     for path in sorted(numbered, key=_checkpoint_number, reverse=True):
         if not any(osp.abspath(path) == osp.abspath(c) for c in candidates):
-            candidates.append(path)
+            (later if 0 <= limit <= _checkpoint_number(path) else candidates).append(path)
     where = ' or '.join(repr(f) for f in folders)
     notes: List[str] = []
     outside = (
         f'{last} names {ignored}, which is outside the work dir {where} (copied or moved '
         "from another run's work dir?)"
+    )
+    earlier_run = (
+        f'not from {", ".join(osp.basename(p) for p in later)}: numbered after '
+        f'{osp.basename(candidates[0])}, which {last} names, so left from an earlier run'
+        if later
+        else ''
     )
     skipped: List[str] = []
     for path in candidates:
@@ -174,7 +186,7 @@ def find_resume_checkpoint(
             if skipped:
                 notes.append(
                     f'--resume: skipped unreadable checkpoint(s) {"; ".join(skipped)}'
-                    f'; resuming from {path}'
+                    f'; resuming from {path}' + (f' ({earlier_run})' if later else '')
                 )
             return path, notes
         skipped.append(f'{path} ({problem})')
@@ -183,6 +195,7 @@ def find_resume_checkpoint(
             f'--resume: no readable checkpoint in {where}: '
             + '; '.join(skipped)
             + (f' (and {outside}: not used)' if ignored else '')
+            + (f' ({earlier_run})' if later else '')
             + '. Resume from a good file with --resume '
             'PATH, or remove the broken ones to start from iteration 0.'
         )
