@@ -65,6 +65,64 @@ def test_an_image_the_file_lists_but_the_folder_lacks_is_named_before_training(c
     assert '1 of the 3 images' in str(exc.value) and repr(str(missing)) in str(exc.value)
 
 
+def _rewrite(path, change):
+    import json
+
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def test_annotations_of_unknown_category_ids_are_named(coco):
+    """Categories renumbered from 0 with the annotations left 1-based: mmdet dropped the
+    annotations of id 3 (one class had none, the others' labels moved) and the check said
+    'passed'."""
+    import pathlib
+
+    cfg, ds, _ = coco
+    ds.metainfo = dict(classes=SHAPE_CLASSES)
+    path = pathlib.Path(ds.ann_file)
+
+    def zero_based(data):
+        for c in data['categories']:
+            c['id'] -= 1
+
+    _rewrite(path, zero_based)
+    with pytest.raises(
+        DatasetLayoutError,
+        match=r'train_dataloader: \d+ of the \d+ annotations of .* have a category_id that is '
+        r"no category's id in the file \(\[3\]; the categories' ids: \[0, 1, 2\]\): mmdet "
+        r'drops them without a word',
+    ):
+        check_coco_annotations(cfg, ('train',))
+
+
+def test_a_training_file_without_annotations_is_refused_and_a_test_file_warned(coco):
+    """``"annotations": []``: training stopped late on mmengine's 'need at least one array
+    to concatenate', a test scored -1 everywhere, both after 'data check passed'."""
+    import pathlib
+    import warnings
+
+    from lookhere_dense.errors import DataCheckWarning
+
+    cfg, ds, _ = coco
+    ds.metainfo = dict(classes=SHAPE_CLASSES)
+    before = check_coco_annotations(cfg, ('train',))['train_dataloader']
+    path = pathlib.Path(ds.ann_file)
+    _rewrite(path, lambda data: data.update(annotations=[]))
+    with pytest.raises(DatasetLayoutError, match=r'holds no annotation of the classes'):
+        check_coco_annotations(cfg, ('train',))
+    test = cfg.test_dataloader.dataset
+    test.update(data_root=ds.data_root, ann_file=ds.ann_file, data_prefix=ds.data_prefix)
+    test.metainfo = dict(classes=SHAPE_CLASSES)
+    with pytest.warns(DataCheckWarning, match=r'every metric would be -1.*format_only=True'):
+        assert check_coco_annotations(cfg, ('test',))['test_dataloader'] == (before[0], 0)
+    cfg.test_evaluator.format_only = True  # test-dev: predictions written, no metrics
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', DataCheckWarning)
+        check_coco_annotations(cfg, ('test',))
+
+
 def test_an_mmseg_data_prefix_key_in_a_coco_dataset_is_named(coco):
     """``data_prefix=dict(img_path=...)`` (mmseg's name) stopped in mmdet with a bare
     ``KeyError: 'img'``."""

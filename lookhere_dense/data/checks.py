@@ -480,11 +480,16 @@ def check_coco_annotations(
       ``triangle``) dropped that class's annotations without a word;
     * every image the file lists must exist (mmdet reads it when it comes up in training,
       hours in on a real dataset).
+    * every annotation's ``category_id`` must be a category's ``id`` (mmdet drops the others
+      without a word), and a training file must hold an annotation of the classes (an
+      evaluation file without one is warned about: every metric -1)
+      (:func:`_usable_annotations`).
 
     Reads each file once (``json.load``: seconds for COCO's 450 MB train file).
 
     Returns:
-        ``{dataloader: (images, annotations)}`` of the checked files.
+        ``{dataloader: (images, annotations of the dataset's classes)}`` of the checked
+        files.
 
     Raises:
         DatasetLayoutError: naming the file, the classes it lacks (with the file's close
@@ -544,8 +549,59 @@ def check_coco_annotations(
                 f'data_prefix.img={prefix!r}; set with --cfg-options {key}.data_root=PATH '
                 f'or {key}.data_prefix.img=FOLDER' + _where_note(key, ds, wrappers) + ').'
             )
-        counts[where] = (len(images), len(data.get('annotations') or []))
+        counts[where] = (len(images), _usable_annotations(cfg, where, path, data, classes))
     return counts
+
+
+def _usable_annotations(
+    cfg: Mapping, where: str, path: str, data: Mapping, classes: Optional[Sequence[str]]
+) -> int:
+    """How many annotations of the COCO file ``data`` mmdet keeps for ``classes`` (None:
+    every category of the file).
+
+    Raises:
+        DatasetLayoutError: annotations whose ``category_id`` is no category's ``id`` in
+            the file (mmdet drops them without a word: a 0-based / 1-based shift dropped a
+            class and moved the others), or a training file without one annotation of
+            the classes (mmdet filters its images out and stops late, on ``need at least
+            one array to concatenate``).
+    """
+    categories = [c for c in data.get('categories') or [] if isinstance(c, Mapping)]
+    ids = {c.get('id') for c in categories}
+    anns = [a for a in data.get('annotations') or [] if isinstance(a, Mapping)]
+    unknown = sorted({a.get('category_id') for a in anns} - ids, key=repr)
+    if unknown:
+        n = sum(1 for a in anns if a.get('category_id') not in ids)
+        raise DatasetLayoutError(
+            f'{where}: {n} of the {len(anns)} annotations of {path!r} have a category_id that '
+            f"is no category's id in the file ({unknown[:5]}"
+            f"{' ...' if len(unknown) > 5 else ''}; the categories' ids: "
+            f'{sorted(ids, key=repr)}): mmdet drops them without a word. Number their '
+            "category_id as the categories' id (ids shifted by one?), or fix the categories."
+        )
+    kept = {c.get('id') for c in categories if classes is None or c.get('name') in classes}
+    usable = sum(1 for a in anns if a.get('category_id') in kept)
+    if usable == 0 and where.startswith('train'):
+        raise DatasetLayoutError(
+            f'{where}: {path!r} holds no annotation of the classes the dataset trains on '
+            f'({len(anns)} annotations in all): mmdet leaves out images without one, so '
+            "nothing would train (mmengine stops on 'need at least one array to "
+            "concatenate'). Give a file with annotations."
+        )
+    if usable == 0:
+        split = where.split('_')[0]  # 'val' of 'val_dataloader'
+        evaluators = [e for k, e in _evaluators(cfg) if k.split('_')[0] == split]
+        if not any(e.get('format_only') for e in evaluators):
+            warnings.warn(
+                DataCheckWarning(
+                    f"{where}: {path!r} holds no annotation of the dataset's classes: every "
+                    f'metric would be -1. For a file without annotations (COCO test-dev) set '
+                    f'{split}_evaluator.format_only=True (and outfile_prefix) to write the '
+                    'predictions instead'
+                ),
+                stacklevel=2,
+            )
+    return usable
 
 
 # ----------------------------------------------------------------------------------------
