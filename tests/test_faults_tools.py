@@ -457,6 +457,39 @@ def test_ctrl_c_is_one_line_and_status_130(capsys):
     assert 'Traceback' not in err and 'continues from its last checkpoint with --resume' in err
 
 
+def test_a_second_ctrl_c_inside_mmengines_config_formatting_is_one_line(capsys):
+    """A second Ctrl-C while a checkpoint is saved lands in mmengine's ``Config.pretty_text``
+    (yapf's ``FormatCode``), whose bare ``except:`` raises ``SyntaxError: Failed to format
+    the config file`` with the whole config: 650 lines and status 1 in a new-user trial.
+    The Ctrl-C is raised where it landed there (a trace function on yapf's call)."""
+    import sys
+
+    from mmengine.config import Config
+
+    def saving(argv):
+        cfg = Config(dict(model=dict(type='EncoderDecoder')))
+
+        def tracer(frame, event, arg):
+            if event == 'call' and frame.f_code.co_name == 'FormatCode':
+                sys.settrace(None)
+                raise KeyboardInterrupt
+            return None
+
+        sys.settrace(tracer)
+        try:
+            return cfg.pretty_text
+        finally:
+            sys.settrace(None)
+
+    with pytest.raises(SystemExit) as exc:
+        run_main(saving)
+    assert exc.value.code == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        'interrupted (Ctrl-C). A training run continues from its last checkpoint with --resume.'
+    ]
+
+
 def test_the_legend_lists_the_classes_present(tmp_path):
     from lookhere_dense.visualization.legend import draw_legend, present_classes
 

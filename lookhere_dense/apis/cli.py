@@ -1246,6 +1246,20 @@ def _say(line: str) -> None:
         pass
 
 
+def _interrupted(err: BaseException) -> bool:
+    """Whether ``err`` was raised while a ``KeyboardInterrupt`` was handled: mmengine's
+    ``Config.pretty_text`` (called by every checkpoint save) turns any exception, a second
+    Ctrl-C's included, into ``SyntaxError: Failed to format the config file`` with the
+    whole config (a bare ``except:``)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
+
+
 def run_main(
     main: Callable[[Optional[List[str]]], object], argv: Optional[List[str]] = None
 ) -> None:
@@ -1261,6 +1275,12 @@ def run_main(
         )
         sys.exit(130)
     except Exception as err:  # noqa: B902 - re-raised unless it is a user error
+        if _interrupted(err):  # a second Ctrl-C turned into another error by a library
+            _say(
+                'interrupted (Ctrl-C). A training run continues from its last checkpoint with '
+                '--resume.'
+            )
+            sys.exit(130)
         known = _library_data_failure(err)
         if known is not None:
             _say(f'error: {known}')
