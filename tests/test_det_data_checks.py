@@ -233,28 +233,30 @@ def test_an_evaluator_left_on_the_old_annotation_file_is_refused(tmp_path):
     check_dataset_layout(cfg, ('test',))
 
 
-def test_a_pad_in_the_test_pipeline_is_warned_of(coco):
+def test_a_pad_in_the_test_pipeline_of_a_mask_detector_is_removed(coco):
     """mmdet's ViTDet project configs pad every test image to 1024x1024 (``Pad``): mmcv's
-    Pad sets img_shape to the padded size, so boxes are clipped to the padding, and in a
-    new-user trial an early Mask R-CNN died in mmdet's ``_do_paste_mask`` ("upper bound
-    and lower bound inconsistent with step sign"). The tools warn, naming the step."""
-    from lookhere_dense.data.checks import eval_pad_note
+    Pad sets img_shape to the padded size, so boxes are clipped to the padding, and in
+    new-user trials an early Mask R-CNN died in mmdet's ``_do_paste_mask`` ("upper bound
+    and lower bound inconsistent with step sign") at the first validation, after the
+    training (the tools only warned). The tools remove the step for the run, saying so."""
+    from lookhere_dense.data.checks import drop_eval_pads
 
     cfg, ds, root = coco
-    assert eval_pad_note(cfg, ('train', 'val', 'test')) is None  # the project's configs
+    assert drop_eval_pads(cfg, ('train', 'val', 'test')) == []  # the project's configs
     pipeline = list(cfg.test_dataloader.dataset.pipeline)
+    steps = [type_of(t) for t in pipeline]
     pipeline.insert(2, dict(type='Pad', size=(1024, 1024), pad_val=dict(img=(114, 114, 114))))
     cfg.test_dataloader.dataset.pipeline = pipeline
-    note = eval_pad_note(cfg, ('test',))
-    assert note.startswith('test_dataloader: pipeline[2] Pad sets img_shape to the padded size')
-    assert note.endswith(
-        'Drop that Pad: the data preprocessor pads the batch '
-        '(pad_size_divisor; the configs of lookhere-dense test so)'
-    )
-    assert eval_pad_note(cfg, ('train',)) is None  # training pads for the batch: fine
     box_only = copy.deepcopy(cfg)  # RTMDet / YOLOX letterbox their tests by design
     box_only.model.roi_head.mask_head = None
-    assert eval_pad_note(box_only, ('test',)) is None
+    assert drop_eval_pads(box_only, ('test',)) == []
+    assert 'Pad' in [type_of(t) for t in box_only.test_dataloader.dataset.pipeline]
+    train_pad = copy.deepcopy(cfg)
+    assert drop_eval_pads(train_pad, ('train',)) == []  # training pads for the batch: fine
+    (note,) = drop_eval_pads(cfg, ('test',))
+    assert note.startswith('test_dataloader: pipeline[2] Pad removed for this run: it set ')
+    assert [type_of(t) for t in cfg.test_dataloader.dataset.pipeline] == steps
+    cfg.test_dataloader.dataset.pipeline = pipeline  # through the tools' pre-flight
     ds.metainfo = dict(classes=SHAPE_CLASSES)
     cfg.model.roi_head.bbox_head.num_classes = cfg.model.roi_head.mask_head.num_classes = 3
     test_ds = cfg.test_dataloader.dataset
@@ -263,4 +265,9 @@ def test_a_pad_in_the_test_pipeline_is_warned_of(coco):
     cfg.test_evaluator.ann_file = ds.ann_file
     notes = []
     preflight(cfg, ('test',), check_pretrained=False, notes=notes)
-    assert [n for n in notes if 'pipeline[2] Pad sets img_shape' in n]
+    assert [n for n in notes if 'pipeline[2] Pad removed for this run' in n]
+    assert [type_of(t) for t in cfg.test_dataloader.dataset.pipeline] == steps
+
+
+def type_of(step) -> str:
+    return step['type'] if isinstance(step['type'], str) else step['type'].__name__

@@ -1170,7 +1170,7 @@ def preflight(
         check_dataset_layout,
         check_seg_data,
         crop_padding_note,
-        eval_pad_note,
+        drop_eval_pads,
         sync_label_checks,
         whole_frame_pad_note,
     )
@@ -1207,9 +1207,8 @@ def preflight(
                     warn(note)
         else:
             check_dataset_layout(cfg, splits)
-            padded = eval_pad_note(cfg, splits)
-            if padded:
-                warn(padded)
+            for note in drop_eval_pads(cfg, splits):
+                warn(note)
             for where, (images, anns) in check_coco_annotations(cfg, splits).items():
                 log_rank0(
                     f'data check passed: {where} has {images} images and {anns} annotations, '

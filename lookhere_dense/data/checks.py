@@ -61,7 +61,7 @@ __all__ = [
     'check_output_outside_data',
     'sync_label_checks',
     'crop_padding_note',
-    'eval_pad_note',
+    'drop_eval_pads',
     'whole_frame_pad_note',
     'unpadded_whole_frame_patch',
     'image_size',
@@ -1131,30 +1131,37 @@ def _has_mask_head(cfg: Mapping) -> bool:
     return isinstance(roi, Mapping) and roi.get('mask_head') is not None
 
 
-def eval_pad_note(cfg: Mapping, splits: Sequence[str]) -> Optional[str]:
-    """The warning for a ``Pad`` in an mmdet validation / test pipeline (mmdet's ViTDet
-    project configs pad every test image to 1024x1024): mmcv's ``Pad`` sets ``img_shape``
-    to the padded size, so the detector clips its boxes to the padded image, not the
-    image -- boxes reach into the padding, and Mask R-CNN's mask pasting at the original
-    size can fail (``upper bound and lower bound inconsistent with step sign`` in mmdet's
-    ``_do_paste_mask``, seen with an early checkpoint). The model's data preprocessor pads
-    the batch itself (``pad_size_divisor``). None for mmseg configs, models without a mask
-    head (RTMDet and YOLOX letterbox-pad their tests by design) and pipelines without
-    ``Pad``."""
+def drop_eval_pads(cfg: Mapping, splits: Sequence[str]) -> List[str]:
+    """Remove ``Pad`` steps from the mmdet validation / test pipelines of ``splits`` of a
+    detector with a mask head, in place; returns one note per removed step. mmdet's
+    ViTDet project configs pad every test image to 1024x1024: mmcv's ``Pad`` sets
+    ``img_shape`` to the padded size, so the detector clips its boxes to the padded image,
+    not the image -- boxes reach into the padding, and Mask R-CNN's mask pasting at the
+    original size fails (``upper bound and lower bound inconsistent with step sign`` in
+    mmdet's ``_do_paste_mask``: a new-user trial trained, then died at the first
+    validation). Without the step the model's data preprocessor pads the batch
+    (``pad_size_divisor``), as this project's configs test. Nothing for mmseg configs,
+    models without a mask head (RTMDet and YOLOX letterbox-pad their tests by design) and
+    pipelines without ``Pad``."""
     if (cfg.get('default_scope') or 'mmseg') != 'mmdet' or not _has_mask_head(cfg):
-        return None  # box detectors (RTMDet, YOLOX) letterbox-pad their tests by design
+        return []  # box detectors (RTMDet, YOLOX) letterbox-pad their tests by design
+    notes = []
     for where, ds in _dataloaders(cfg, [s for s in splits if s != 'train']):
-        for i, t in enumerate(ds.get('pipeline') or []):
-            if isinstance(t, Mapping) and type_name(t) == 'Pad':
-                return (
-                    f'{where}: pipeline[{i}] Pad sets img_shape to the padded size, so the '
-                    'predicted boxes are clipped to the padded image, not the image: they '
-                    "reach into the padding, and Mask R-CNN's mask pasting can fail (mmdet's "
+        pipeline = ds.get('pipeline')
+        if not isinstance(pipeline, list):
+            continue
+        for i in reversed(range(len(pipeline))):
+            if isinstance(pipeline[i], Mapping) and type_name(pipeline[i]) == 'Pad':
+                del pipeline[i]
+                notes.append(
+                    f'{where}: pipeline[{i}] Pad removed for this run: it set img_shape to '
+                    'the padded size, so the predicted boxes were clipped to the padded image, '
+                    "not the image, and Mask R-CNN's mask pasting could fail (mmdet's "
                     '_do_paste_mask: "upper bound and lower bound inconsistent with step '
-                    'sign"). Drop that Pad: the data preprocessor pads the batch '
-                    '(pad_size_divisor; the configs of lookhere-dense test so)'
+                    'sign"). The data preprocessor pads the batch (pad_size_divisor); drop '
+                    "the Pad from the config to silence this (lookhere-dense's configs have none)"
                 )
-    return None
+    return notes
 
 
 def unpadded_whole_frame_patch(cfg: Mapping) -> Optional[int]:
