@@ -630,6 +630,33 @@ def test_a_top_level_data_root_option_warns_that_it_moves_no_dataset():
     assert notes == []
 
 
+def test_an_option_on_a_copied_variable_names_the_copies():
+    """``--cfg-options train_pipeline.2.scale=...``: the dataloader had copied the
+    pipeline when the file was read, so the run was as before, without a word (a new-user
+    trial); the keys that do change it are named."""
+    from lookhere_dense.apis.cli import check_cfg_options, load_config
+
+    cfg = load_config(SEGMENTER)
+    notes = []
+    check_cfg_options(cfg, {'train_pipeline.2.scale': (150, 115)}, notes.append)
+    assert notes == [
+        '--cfg-options train_pipeline.2.scale: train_pipeline is a variable of the config '
+        'file, which train_dataloader.dataset.pipeline copied when the file was read: '
+        'changing it changes no copy, and the run is as before. Set '
+        'train_dataloader.dataset.pipeline.2.scale instead.'
+    ]
+    notes.clear()
+    check_cfg_options(cfg, {'test_pipeline.1.scale': (64, 64)}, notes.append)
+    assert (
+        'Set val_dataloader.dataset.pipeline.1.scale test_dataloader.dataset.pipeline'
+        in (notes[0])
+    )
+    notes.clear()  # the sections the run reads: no note
+    check_cfg_options(cfg, {'train_dataloader.dataset.pipeline.2.scale': (150, 115)}, notes.append)
+    check_cfg_options(cfg, {'model.backbone.num_layers': 2}, notes.append)
+    assert notes == []
+
+
 def test_a_config_file_that_cannot_be_read_is_one_error_naming_it(tmp_path):
     """A syntax error, and a child config putting a dict where its base has None (the
     natural init_cfg of a fine-tuning config), were mmengine tracebacks."""

@@ -561,6 +561,62 @@ def _warn_top_level_data_root(
         )
 
 
+#: the top-level config keys a run reads (mmengine's ``Runner`` arguments; mmseg's
+#: ``tta_model``); the others are variables of the file (``train_pipeline``,
+#: ``crop_size``, a top-level ``data_preprocessor`` the model's replaces)
+RUN_SECTIONS = frozenset(
+    (
+        'model', 'work_dir', 'train_dataloader', 'val_dataloader', 'test_dataloader',
+        'train_cfg', 'val_cfg', 'test_cfg', 'auto_scale_lr', 'optim_wrapper',
+        'param_scheduler', 'val_evaluator', 'test_evaluator', 'default_hooks',
+        'custom_hooks', 'load_from', 'resume', 'launcher', 'env_cfg', 'log_processor',
+        'log_level', 'visualizer', 'default_scope', 'randomness', 'experiment_name',
+        'tta_model',
+    )
+)  # fmt: skip
+
+
+def _copies_of(value: Any, node: Any, path: str, depth: int = 6) -> List[str]:
+    """The keys under ``node`` (at ``path``) whose value equals ``value``."""
+    if depth < 0:
+        return []
+    if node == value:
+        return [path]
+    items = (
+        node.items()
+        if isinstance(node, Mapping)
+        else enumerate(node)
+        if isinstance(node, (list, tuple))
+        else ()
+    )
+    return [c for k, v in items for c in _copies_of(value, v, f'{path}.{k}', depth - 1)]
+
+
+def _warn_top_level_copies(cfg, options: Mapping[str, Any], warn: Callable[[str], None]) -> None:
+    """``--cfg-options train_pipeline.2.scale=...`` (or ``crop_size=...``) changes a variable
+    of the config file only: the sections that use it copied its value when the file was
+    read (mmseg's ``train_dataloader.dataset.pipeline = train_pipeline``), so the run is as
+    before. Say which keys do change it. For list / dict variables, found by value."""
+    for key in options:
+        top, _, rest = key.partition('.')
+        value = cfg.get(top) if top in cfg.keys() else None
+        if top in RUN_SECTIONS or not isinstance(value, (list, tuple, Mapping)) or not value:
+            continue
+        copies = [
+            c
+            for other in cfg.keys()
+            if other in RUN_SECTIONS
+            for c in _copies_of(value, cfg[other], other)
+        ]
+        if copies:
+            keys = ' '.join(f'{c}.{rest}' if rest else c for c in copies)
+            warn(
+                f'--cfg-options {key}: {top} is a variable of the config file, which '
+                f'{", ".join(copies)} copied when the file was read: changing it changes no '
+                f'copy, and the run is as before. Set {keys} instead.'
+            )
+
+
 def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
     """Check ``--cfg-options`` against the config they override.
 
@@ -575,13 +631,15 @@ def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
     * ``train_cfg.max_iters`` on a loop that counts epochs (``EpochBasedTrainLoop``, as
       mmdet's schedules) is an error that names ``train_cfg.max_epochs``, and the reverse;
     * a top-level ``data_root``, which moves no dataset (they copied it when the config was
-      read), gets a warning naming the dataset keys.
+      read), gets a warning naming the dataset keys; so does any list / dict variable of
+      the file that sections copied (``train_pipeline``, ``crop_size``), naming the copies.
 
     Raises:
         lookhere_dense.errors.ConfigError: naming the option and the expected value.
     """
     _check_loop_length(cfg, options)
     _warn_top_level_data_root(cfg, options, warn)
+    _warn_top_level_copies(cfg, options, warn)
 
     for key, value in options.items():
         parts = key.split('.')
