@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import os
 import os.path as osp
+import shutil
 import signal
 import subprocess
 import time
@@ -383,6 +384,7 @@ def test_a_run_without_resume_in_a_used_work_dir_says_what_it_replaces(tmp_path)
     """mmengine starts again from iteration 0 beside the earlier run's checkpoints and
     repoints last_checkpoint without a word."""
     from lookhere_dense.apis.train import earlier_run_note
+    from lookhere_dense.engine.checkpointing import read_pointer
 
     work = tmp_path / 'w'
     work.mkdir()
@@ -406,3 +408,14 @@ def test_a_run_without_resume_in_a_used_work_dir_says_what_it_replaces(tmp_path)
         ADE_CFG, work_dir=str(work), check_data=False, cfg_options=options(*SHRINK, 'resume=True')
     )
     assert cfg.resume is True and not any('earlier run' in n for n in by_config), by_config
+    # a copy of another run's work dir: its pointer names the other folder's file; the
+    # note named that file (a checkpoint of another folder) -- it names this folder's
+    copied = tmp_path / 'copy'
+    shutil.copytree(work, copied)
+    for n in (4, 8):
+        _tiny_checkpoint(copied / f'iter_{n}.pth')
+    assert read_pointer(str(copied)) == newest
+    assert earlier_run_note(str(copied)).startswith(
+        f'the work dir {str(copied)!r} holds checkpoints of an earlier run (the newest: '
+        f'{copied / "iter_60.pth"});'
+    )

@@ -518,7 +518,8 @@ def build_train_config(
 
 def earlier_run_note(work_dir: str) -> Optional[str]:
     """The warning for a run started without ``--resume`` in a work dir where an earlier
-    run left checkpoints (its ``last_checkpoint`` names one that exists): this run starts
+    run left checkpoints (its ``last_checkpoint`` names one that exists; in a work dir
+    copied from another run's, whose pointer names a file there, its own newest): this run starts
     from iteration 0 and its checkpoints replace that run's of the same iterations (as in
     mmengine, which says nothing). None otherwise."""
     from ..engine.checkpointing import read_pointer
@@ -526,6 +527,13 @@ def earlier_run_note(work_dir: str) -> Optional[str]:
     last = read_pointer(work_dir)
     if last is None or not osp.isfile(last):
         return None
+    if not path_inside(last, [work_dir]):  # a work dir copied from another run's
+        own = glob.glob(osp.join(work_dir, 'iter_*.pth')) + glob.glob(
+            osp.join(work_dir, 'epoch_*.pth')
+        )
+        if not own:
+            return None
+        last = max(own, key=_checkpoint_number)
     return (
         f'the work dir {work_dir!r} holds checkpoints of an earlier run (the newest: '
         f'{last}); this run starts from iteration 0 without --resume and its checkpoints '
