@@ -181,8 +181,15 @@ def _check_arguments(where: str, node: Mapping, registry) -> None:
             + (f'; did you mean {" or ".join(repr(c) for c in close)}?' if close else '')
         )
     if problems:
+        unknown = [k for k in node if k not in ('type', '_scope_') and k not in accepted]
+        merged = (  # no near miss among them: likely a base config's section of another type
+            f'. Keys of another type merged from a _base_ config? Replace the whole section: '
+            f"{where}=dict(_delete_=True, type='{cls.__name__}', ...)"
+            if not any(close_names(k, sorted(accepted)) for k in unknown)
+            else ''
+        )
         raise ConfigError(
-            '; '.join(problems) + f' ({cls.__name__} takes {", ".join(sorted(accepted))})'
+            '; '.join(problems) + f' ({cls.__name__} takes {", ".join(sorted(accepted))})' + merged
         )
 
 

@@ -84,6 +84,29 @@ def test_all_misspelt_keys_are_named_in_one_message():
     assert 'SimpleFPN takes act_cfg, backbone_channel' in msg
 
 
+def test_keys_merged_from_a_base_section_of_another_type_get_the_delete_hint(tmp_path):
+    """A user's config swapping mmdet's ``FPN`` neck for ``SimpleFPN`` inherits the
+    base's ``start_level`` / ``add_extra_convs`` (mmengine merges the dicts): each was
+    named, without the way out (``_delete_=True``)."""
+    from lookhere_dense.apis.cli import load_config
+
+    path = tmp_path / 'mine.py'
+    path.write_text(
+        f'_base_ = [{UPERNET!r}]\nmodel = dict(neck=dict(start_level=1, add_extra_convs=True))\n'
+    )
+    with pytest.raises(ConfigError) as err:
+        check_model_cfg(load_config(str(path)))
+    msg = str(err.value)
+    assert "model.neck.start_level: SimpleFPN has no argument 'start_level'" in msg
+    assert msg.endswith(
+        '. Keys of another type merged from a _base_ config? Replace the whole section: '
+        "model.neck=dict(_delete_=True, type='SimpleFPN', ...)"
+    )
+    with pytest.raises(ConfigError) as err:  # a near miss: a typo, not a merged section
+        check_model_cfg(_cfg(UPERNET, **{'model.neck.out_channel': 1}))
+    assert '_delete_' not in str(err.value)
+
+
 def test_the_tools_refuse_a_misspelt_argument_before_building(tmp_path):
     """A typo in the user's own config file (``--cfg-options`` keys are checked
     against the config before this, by ``check_cfg_options``)."""
