@@ -17,6 +17,7 @@ How to use it in an mmseg config: let the training pipeline's ``RandomCrop`` pro
 Inference (validation, test) is exactly ``SegDataPreProcessor``'s. The study tool applies
 it with ``--aids mixed_crops`` (:mod:`lookhere_dense.study.aids`).
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -42,12 +43,13 @@ def check_crop_sizes(crop_sizes: Sequence[Any]) -> List[Tuple[int, int]]:
     for size in crop_sizes or ():
         pair = (size, size) if isinstance(size, int) else tuple(size)
         if len(pair) != 2 or min(int(s) for s in pair) < 1:
-            raise ValueError(f'MixedCropSegDataPreProcessor: crop size {size!r} is not '
-                             '(H, W) with positive ints')
+            raise ValueError(
+                f'MixedCropSegDataPreProcessor: crop size {size!r} is not '
+                '(H, W) with positive ints'
+            )
         sizes.append((int(pair[0]), int(pair[1])))
     if not sizes:
-        raise ValueError('MixedCropSegDataPreProcessor needs at least one crop size in '
-                         'crop_sizes')
+        raise ValueError('MixedCropSegDataPreProcessor needs at least one crop size in crop_sizes')
     return sizes
 
 
@@ -62,27 +64,45 @@ class MixedCropSegDataPreProcessor(SegDataPreProcessor):
         seed: seed of the draws (sizes and positions; a generator of its own, so the
             global random streams are not touched). Default: None
             (``torch.initial_seed()`` at the first training batch, i.e. the run's seed
-            under mmengine's ``randomness``).
+            under mmengine's ``randomness``). The generator's state is part of the
+            checkpoints :class:`~lookhere_dense.engine.hooks.ExactResumeHook` writes, so
+            a resumed run goes on with the draws of the uninterrupted one.
         **kwargs: ``SegDataPreProcessor``'s arguments.
 
     Raises:
         ValueError: see :func:`check_crop_sizes`.
     """
 
-    def __init__(self, crop_sizes: Sequence[Any], seed: Optional[int] = None,
-                 **kwargs: Any):
+    def __init__(self, crop_sizes: Sequence[Any], seed: Optional[int] = None, **kwargs: Any):
         super().__init__(**kwargs)
         self.crop_sizes = check_crop_sizes(crop_sizes)
         self.seed = seed
         self._generator: Optional[torch.Generator] = None
 
-    def _draw(self, high: int) -> int:
-        """A uniform int in ``[0, high)`` from the preprocessor's own generator."""
+    def _rng(self) -> torch.Generator:
+        """The preprocessor's own generator, created (and seeded) at first use."""
         if self._generator is None:
             self._generator = torch.Generator()
-            self._generator.manual_seed(torch.initial_seed() if self.seed is None
-                                        else int(self.seed))
-        return int(torch.randint(high, (1,), generator=self._generator))
+            self._generator.manual_seed(
+                torch.initial_seed() if self.seed is None else int(self.seed)
+            )
+        return self._generator
+
+    def _draw(self, high: int) -> int:
+        """A uniform int in ``[0, high)`` from the preprocessor's own generator."""
+        return int(torch.randint(high, (1,), generator=self._rng()))
+
+    def get_rng_state(self) -> torch.Tensor:
+        """The state of the generator of the draws (a CPU ``ByteTensor``), which
+        :class:`~lookhere_dense.engine.hooks.ExactResumeHook` saves in checkpoints. Before
+        the first training batch the generator is created here, seeded as that batch
+        would seed it, so the state saved is the one the run goes on from."""
+        return self._rng().get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """Continue the draws from ``state`` (what :meth:`get_rng_state` returned), as
+        :class:`~lookhere_dense.engine.hooks.ExactResumeHook` does on resume."""
+        self._rng().set_state(state.detach().to('cpu', torch.uint8))
 
     def forward(self, data: dict, training: bool = False) -> Dict[str, Any]:
         """``SegDataPreProcessor.forward``; in training the batch is then cropped to
@@ -98,19 +118,27 @@ class MixedCropSegDataPreProcessor(SegDataPreProcessor):
         ch, cw = self.crop_sizes[self._draw(len(self.crop_sizes))]
         height, width = inputs.shape[-2:]
         if ch > height or cw > width:
-            raise ValueError(f'MixedCropSegDataPreProcessor: crop size {(ch, cw)} is '
-                             f'larger than the training batch ({height}x{width}); let the '
-                             'pipeline crop to the largest of crop_sizes')
+            raise ValueError(
+                f'MixedCropSegDataPreProcessor: crop size {(ch, cw)} is '
+                f'larger than the training batch ({height}x{width}); let the '
+                'pipeline crop to the largest of crop_sizes'
+            )
         crops = []
         for i, sample in enumerate(samples):
             y0, x0 = self._draw(height - ch + 1), self._draw(width - cw + 1)
-            crops.append(inputs[i, :, y0:y0 + ch, x0:x0 + cw])
+            crops.append(inputs[i, :, y0 : y0 + ch, x0 : x0 + cw])
             for name in _PIXEL_FIELDS:
                 if name in sample:
                     pixels = getattr(sample, name)
-                    setattr(sample, name, PixelData(
-                        data=pixels.data[..., y0:y0 + ch, x0:x0 + cw],
-                        metainfo=pixels.metainfo))
-            sample.set_metainfo(dict(img_shape=(ch, cw), pad_shape=(ch, cw),
-                                     batch_input_shape=(ch, cw)))
+                    setattr(
+                        sample,
+                        name,
+                        PixelData(
+                            data=pixels.data[..., y0 : y0 + ch, x0 : x0 + cw],
+                            metainfo=pixels.metainfo,
+                        ),
+                    )
+            sample.set_metainfo(
+                dict(img_shape=(ch, cw), pad_shape=(ch, cw), batch_input_shape=(ch, cw))
+            )
         return dict(inputs=torch.stack(crops), data_samples=samples)

@@ -11,7 +11,8 @@ own mmseg / mmdet config (with ``custom_imports=dict(imports=['lookhere_dense.op
 * :class:`FiniteLossHook` stops training at the first NaN / Inf loss, naming the
   iteration and the loss, instead of running (and saving) a diverged model to the end.
 * :class:`ExactResumeHook` makes ``--resume`` continue **bit-exactly** (CPU,
-  ``num_workers=0``): the RNG states of torch (and CUDA), numpy and ``random`` and the
+  ``num_workers=0``): the RNG states of torch (and CUDA), numpy and ``random``, the
+  model's own generators (``MixedCropSegDataPreProcessor``'s crop draws) and the
   train sampler's seed are saved in every checkpoint and restored where the interrupted
   run would have drawn its next batch; validation no longer moves the training RNG; and the
   resumed loop skips the already-trained batches by advancing the sampler only (no image is
@@ -192,9 +193,31 @@ def _features_cause(model: torch.nn.Module) -> Optional[str]:
 # ----------------------------------------------------------------------------------------
 # RNG and sampler state
 # ----------------------------------------------------------------------------------------
-def capture_rng_state() -> Dict[str, Any]:
+#: The key of :func:`capture_rng_state`'s states of the model's own generators.
+_MODULE_RNG_KEY = 'modules'
+
+
+def _modules_with_rng(model: Any) -> Dict[str, Any]:
+    """The modules of ``model`` (inside a DDP / FSDP wrapper) that draw from a generator
+    of their own and offer its state (``get_rng_state()`` / ``set_rng_state(state)``:
+    :class:`~lookhere_dense.data.mixed_crops.MixedCropSegDataPreProcessor`, at
+    ``data_preprocessor``), by their names in the model."""
+    model = unwrap_model(model) if model is not None else None
+    if not isinstance(model, torch.nn.Module):
+        return {}
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if callable(getattr(module, 'get_rng_state', None))
+        and callable(getattr(module, 'set_rng_state', None))
+    }
+
+
+def capture_rng_state(model: Any = None) -> Dict[str, Any]:
     """The states of torch's CPU (and CUDA) generators, numpy's global generator and
-    Python's ``random``, in types that load with ``torch.load(weights_only=True)``."""
+    Python's ``random``, and (``model`` given) of the generators of ``model``'s own
+    modules (:func:`_modules_with_rng`, under ``'modules'`` by module name), in types that
+    load with ``torch.load(weights_only=True)``."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
     state = dict(
         torch=torch.get_rng_state(),
@@ -209,6 +232,9 @@ def capture_rng_state() -> Dict[str, Any]:
     )
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state['cuda'] = torch.cuda.get_rng_state_all()
+    modules = _modules_with_rng(model)
+    if modules:
+        state[_MODULE_RNG_KEY] = {name: m.get_rng_state() for name, m in modules.items()}
     return state
 
 
@@ -217,8 +243,11 @@ def _random_state_to_lists(state) -> List[Any]:
     return [int(version), list(internal), gauss]
 
 
-def restore_rng_state(state: Mapping[str, Any]) -> None:
-    """Restore what :func:`capture_rng_state` captured."""
+def restore_rng_state(state: Mapping[str, Any], model: Any = None) -> None:
+    """Restore what :func:`capture_rng_state` captured (with ``model``: also the states of
+    its modules' generators that ``state`` holds; a module whose state it lacks, as in a
+    checkpoint written before these were saved, keeps its generator:
+    :func:`_unsaved_module_rngs`)."""
     torch.set_rng_state(state['torch'])
     npst = state['numpy']
     np.random.set_state(
@@ -234,6 +263,21 @@ def restore_rng_state(state: Mapping[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
     if 'cuda' in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state['cuda'])
+    saved = state.get(_MODULE_RNG_KEY) or {}
+    for name, module in _modules_with_rng(model).items():
+        if name in saved:
+            module.set_rng_state(saved[name])
+
+
+def _unsaved_module_rngs(state: Mapping[str, Any], model: Any) -> List[str]:
+    """The modules of ``model`` with generators of their own whose state ``state`` (a
+    :func:`capture_rng_state`) does not hold, as ``'name (Type)'``."""
+    saved = state.get(_MODULE_RNG_KEY) or {}
+    return [
+        f'model.{name} ({type(module).__name__})'
+        for name, module in _modules_with_rng(model).items()
+        if name not in saved
+    ]
 
 
 def _train_sampler(dataloader) -> Any:
@@ -344,6 +388,12 @@ class ExactResumeHook(Hook):
     would have (bit-exact on CPU with ``num_workers=0``; with worker processes the
     workers' own generators are re-seeded by PyTorch).
 
+    The generators are torch's (CPU and CUDA), numpy's, Python's ``random`` and those of
+    the model's modules that keep one of their own (``get_rng_state`` /
+    ``set_rng_state``: ``MixedCropSegDataPreProcessor``, whose crop sizes and positions
+    would otherwise start again from its seed); a checkpoint written before the latter
+    were saved still resumes, with a note that those draws start again.
+
     In a multi-process run every rank's generators are saved: when a checkpoint is saved,
     the ranks gather their states to rank 0 (:meth:`gather_rank_states`, called on every
     rank by :class:`~lookhere_dense.engine.checkpointing.AtomicCheckpointHook`), which
@@ -371,12 +421,18 @@ class ExactResumeHook(Hook):
         self._pending: Optional[Dict[str, Any]] = None
         self._before_val: Optional[Dict[str, Any]] = None
         self._ranks: Optional[List[Dict[str, Any]]] = None
+        self._model: Any = None  # the run's model: its modules' own generators
+
+    def before_run(self, runner) -> None:
+        self._model = runner.model
 
     # saving ------------------------------------------------------------------------------
     def _rng(self) -> Dict[str, Any]:
         """The generators a checkpoint saved now records (those before a running
-        validation, which is RNG-neutral)."""
-        return self._before_val if self._before_val is not None else capture_rng_state()
+        validation, which is RNG-neutral), the model's own modules' included."""
+        if self._before_val is not None:
+            return self._before_val
+        return capture_rng_state(self._model)
 
     def gather_rank_states(self) -> None:
         """Collect every rank's generators on rank 0 for the checkpoint about to be saved
@@ -387,6 +443,7 @@ class ExactResumeHook(Hook):
             self._ranks = all_gather_object(self._rng())
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        self._model = runner.model
         loader = getattr(runner.train_loop, 'dataloader', None)
         sampler = _train_sampler(loader)
         checkpoint[RESUME_STATE_KEY] = dict(
@@ -403,7 +460,7 @@ class ExactResumeHook(Hook):
             checkpoint[RESUME_STATE_KEY]['ranks'] = ranks
 
     def before_val(self, runner) -> None:
-        self._before_val = capture_rng_state()
+        self._before_val = capture_rng_state(runner.model)
 
     def after_val(self, runner) -> None:
         if self._before_val is not None:
@@ -447,19 +504,33 @@ class ExactResumeHook(Hook):
         loop = runner.train_loop
         iterator_rebuilt = self._restore_sampler_seed(runner, state)
         state = dict(state, rng=self._rank_rng(runner, state, get_rank()))
-        if isinstance(loop, IterBasedTrainLoop) and state['iter'] == loop.iter:
+        model = runner.model
+        exact = isinstance(loop, IterBasedTrainLoop) and state['iter'] == loop.iter
+        by_epoch = (
+            isinstance(loop, EpochBasedTrainLoop)
+            and state['epoch'] == loop.epoch
+            and state['iter'] == loop.epoch * len(loop.dataloader)
+        )
+        unsaved = _unsaved_module_rngs(state['rng'], model)
+        if not left and (exact or by_epoch) and unsaved:
+            runner.logger.warning(
+                f'resume: the checkpoint holds no state of the own generator of '
+                f'{", ".join(unsaved)} (it was written before these were saved): its draws '
+                '(MixedCropSegDataPreProcessor: the crop sizes and positions) start again '
+                'from its seed, so they repeat those of the first iterations instead of '
+                'continuing the run'
+            )
+        if exact:
             if iterator_rebuilt:
                 from mmengine.runner.loops import _InfiniteDataloaderIterator
 
                 loop.dataloader_iterator = _InfiniteDataloaderIterator(loop.dataloader)
             loop.dataloader_iterator = _ResumedIterator(
-                loop.dataloader_iterator, loop.iter, lambda: restore_rng_state(state['rng'])
+                loop.dataloader_iterator,
+                loop.iter,
+                lambda: restore_rng_state(state['rng'], model),
             )
-        elif (
-            isinstance(loop, EpochBasedTrainLoop)
-            and state['epoch'] == loop.epoch
-            and state['iter'] == loop.epoch * len(loop.dataloader)
-        ):
+        elif by_epoch:
             self._epoch_rng = state['rng']  # restored in before_train_epoch
         else:
             runner.logger.warning(
@@ -471,7 +542,7 @@ class ExactResumeHook(Hook):
         rng = getattr(self, '_epoch_rng', None)
         if rng is not None:
             self._epoch_rng = None
-            restore_rng_state(rng)
+            restore_rng_state(rng, runner.model)
 
     @staticmethod
     def _rank_rng(runner, state: Mapping[str, Any], rank: int) -> Dict[str, Any]:
@@ -491,7 +562,7 @@ class ExactResumeHook(Hook):
                 f"this run has {world}: rank 0 restores rank 0's, the other ranks keep their "
                 'own seeding (the run resumes, but not bitwise)'
             )
-        return state['rng'] if rank == 0 else capture_rng_state()
+        return state['rng'] if rank == 0 else capture_rng_state(runner.model)
 
     @staticmethod
     def _restore_sampler_seed(runner, state: Mapping[str, Any]) -> bool:
