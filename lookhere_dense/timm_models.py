@@ -51,7 +51,12 @@ block; also on the ``features_only`` wrapper), ``group_matcher()`` (so
 ``timm.optim.create_optimizer_v2(model, 'adamw', layer_decay=0.65)`` decays per block as
 for timm's ViT; learnable LookHere slopes go with their block, the global one with the
 final norm) and ``no_weight_decay()`` (CLS / Jumbo tokens, position parameters, learnable
-LookHere slopes).
+LookHere slopes). The dropout rates mean what they mean for timm's ``VisionTransformer``
+(timm's ``train.py --drop`` etc.): ``drop_rate`` before the classifier (``head_drop``),
+``pos_drop_rate`` after the position embedding, ``proj_drop_rate`` after each attention
+projection and in each MLP, ``attn_drop_rate`` on the attention weights (the trunk's
+own ``drop_rate``, mmseg's ``LookHereViT``'s, is one rate after the position embedding
+and in every block's projection and MLP together).
 
 What differs from timm's ``VisionTransformer``:
 
@@ -62,7 +67,10 @@ What differs from timm's ``VisionTransformer``:
 * the last block's output is after the final norm (``forward_intermediates``,
   ``features_only``), as in mmseg's ViT and :class:`LookHereVisionTransformer`'s
   ``forward``, so the features equal :func:`lookhere_dense.lookhere.create_model`'s maps
-  bit for bit; ``norm=True`` also normalises the other blocks' outputs;
+  bit for bit; ``norm=True`` also normalises the other blocks' outputs.
+  ``prune_intermediate_layers`` leaves the kept blocks' outputs as they were (as timm's
+  ViT: the new last block's gets no norm; the final tokens have it after the kept blocks);
+  with ``prune_norm=True`` the norm goes unless the model's last block stays;
 * ``features_only=True`` keeps every block (no pruning; the forward stops after the last
   block asked for), so the same files load into it; its ``out_indices`` are reported as
   timm's ViT reports them (block indices from the first: ``(9, 10, 11)`` for the default
@@ -112,6 +120,7 @@ from .lookhere.weights import (
     check_weights_argument,
     file_num_heads,
 )
+from .validation import check_rate
 
 __all__ = ['LookHereTimmViT', 'LookHereFeatures', 'ARCHS', 'TAGS']
 
@@ -133,8 +142,11 @@ _FITS = {  # the tags whose head layout fits the model's head count
     name: [t for t in TAGS if not (arch['num_heads'] % 4 and t in ('lh45', 'alibi2d'))]
     for name, arch in ARCHS.items()
 }
-#: timm argument names -> LookHereVisionTransformer's
-_RENAMES = TIMM_ARGUMENT_NAMES
+#: timm argument names -> LookHereVisionTransformer's. Not the dropout rates: timm's four
+#: (``drop_rate``, ``pos_drop_rate``, ``proj_drop_rate``, ``attn_drop_rate``) are
+#: :class:`LookHereTimmViT`'s own, with timm's meanings (the trunk's ``drop_rate`` is
+#: another thing: after the position embedding *and* in every block)
+_RENAMES = {k: v for k, v in TIMM_ARGUMENT_NAMES.items() if k != 'pos_drop_rate'}
 _IGNORED = ('dynamic_img_size', 'dynamic_img_pad')  # always dynamic
 
 
@@ -177,8 +189,16 @@ class LookHereTimmViT(LookHereVisionTransformer):
             ``'mlp'``: the official LookHere classifier (``head.fc1`` -> tanh ->
             ``head.fc2``, hidden width 4x the embedding), which the released ImageNet
             files (``LH_180_weights_and_config.pth``, ...) hold. Default: ``'linear'``.
+        drop_rate (float): dropout before the classifier (``head_drop``, in
+            :meth:`forward_head`), as timm's ViT's ``drop_rate`` (``--drop`` of timm's
+            ``train.py``); not the trunk's ``drop_rate``. Default: 0.
+        pos_drop_rate (float): dropout after the position embedding (the trunk's
+            ``drop_after_pos``) only, as timm's. Default: 0.
+        proj_drop_rate (float): dropout after each attention projection and in each MLP
+            (after the activation and the output), as timm's. Default: 0.
         **kwargs: :class:`LookHereVisionTransformer` arguments (timm names such as
-            ``in_chans``, ``embed_dim`` and ``depth`` are accepted too).
+            ``in_chans``, ``embed_dim`` and ``depth`` are accepted too;
+            ``attn_drop_rate`` means the same in both).
     """
 
     #: the timm name (``name.tag``) and the ``create_model`` arguments that chose the
@@ -194,8 +214,17 @@ class LookHereTimmViT(LookHereVisionTransformer):
         num_classes: int = 1000,
         global_pool: str = 'token',
         head_type: str = 'linear',
+        drop_rate: float = 0.0,
+        pos_drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
         **kwargs: Any,
     ):
+        for key, rate in (
+            ('drop_rate', drop_rate),
+            ('pos_drop_rate', pos_drop_rate),
+            ('proj_drop_rate', proj_drop_rate),
+        ):
+            check_rate(f'LookHereViT: {key}', rate)
         if global_pool not in ('token', 'avg', ''):
             raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
         if head_type not in HEAD_TYPES:
@@ -203,7 +232,11 @@ class LookHereTimmViT(LookHereVisionTransformer):
                 f'head_type must be one of {HEAD_TYPES}, got {head_type!r} '
                 "('mlp': the official LookHere classifier, head.fc1 -> tanh -> head.fc2)"
             )
-        super().__init__(**_rename(kwargs))
+        # the trunk's drop_rate is dropout after the position embedding and in every block:
+        # timm's proj_drop_rate there, and pos_drop_rate after the position embedding alone
+        super().__init__(**_rename(kwargs), drop_rate=proj_drop_rate)
+        self.drop_after_pos = nn.Dropout(pos_drop_rate)  # no parameters: the same keys
+        self.head_drop = nn.Dropout(drop_rate)
         self.head_type = head_type
         self.init_weights()  # timm models are initialised when built
         if global_pool == 'token' and not self.with_cls_token:
@@ -240,12 +273,24 @@ class LookHereTimmViT(LookHereVisionTransformer):
         self.head = _classifier(self.head_type, self.num_features, num_classes)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Pool the tokens of :meth:`forward_features` and apply the classifier."""
+        """Pool the tokens of :meth:`forward_features`, then ``head_drop`` (``drop_rate``)
+        and the classifier, in timm's ViT's order (``pre_logits``: the pooled features
+        after ``head_drop``, as timm's)."""
         if self.global_pool == 'token':
             x = x[:, 0]
         elif self.global_pool == 'avg':
             x = x[:, self.num_prefix_tokens :].mean(dim=1)
+        x = self.head_drop(x)
         return x if pre_logits else self.head(x)
+
+    def forward_features(self, inputs: Tensor) -> Tensor:
+        """All tokens after the last block and the final norm, ``(B, T, D)``
+        (:meth:`LookHereVisionTransformer.forward_features`; after
+        :meth:`prune_intermediate_layers` the norm follows the kept blocks, as timm's)."""
+        x = super().forward_features(inputs)
+        if not self._norm_in_last_block and self.norm is not None:
+            x = self.norm(x)
+        return x
 
     def forward(self, inputs: Tensor) -> Tensor:  # type: ignore[override]
         """Images ``(B, C, H, W)`` of any size -> logits ``(B, num_classes)``."""
@@ -345,7 +390,8 @@ class LookHereTimmViT(LookHereVisionTransformer):
             return_prefix_tokens: pair each output with its prefix (CLS / Jumbo) tokens.
                 Default: False.
             norm: apply the final norm to every output (the last block's always has
-                it). Default: False.
+                it, unless :meth:`prune_intermediate_layers` cut blocks off). Default:
+                False.
             stop_early: stop after the last block asked for (always, with
                 ``intermediates_only``). Default: False.
             output_fmt: ``'NCHW'`` maps or ``'NLC'`` tokens. Default: ``'NCHW'``.
@@ -360,16 +406,22 @@ class LookHereTimmViT(LookHereVisionTransformer):
         tokens, grid = self._embed(x)
         outs: List[Any] = []
         stop = intermediates_only or stop_early
+        # the block whose output has the final norm (none once blocks were pruned)
+        normed = self.depth - 1 if self._norm_in_last_block else -1
         # the trunk's block loop: the final norm after the last block, and with_cp
         # (set_grad_checkpointing) while gradients are needed
         for i, out in self._run_blocks(tokens, grid):
             tokens = out
             if i in take:
-                y = self.norm(tokens) if norm and i != self.depth - 1 and self.norm else tokens
+                y = self.norm(tokens) if norm and i != normed and self.norm else tokens
                 outs.append(self._format(y, grid, output_fmt, return_prefix_tokens))
             if stop and i >= last:
                 break
-        return outs if intermediates_only else (tokens, outs)
+        if intermediates_only:
+            return outs
+        if normed < 0 and self.norm is not None:  # pruned: the norm after the kept blocks
+            tokens = self.norm(tokens)
+        return tokens, outs
 
     def _format(self, y: Tensor, grid: Tuple[int, int], fmt: str, with_prefix: bool) -> Any:
         prefix = self.num_prefix_tokens
@@ -386,11 +438,20 @@ class LookHereTimmViT(LookHereVisionTransformer):
         prune_head: bool = True,
     ) -> List[int]:
         """Drop the blocks after the last of ``indices`` and the classifier (timm API);
-        returns the block indices. The final norm stays while the last block does (its
-        output includes it), whatever ``prune_norm`` says."""
+        returns the block indices.
+
+        The kept blocks' outputs (:meth:`forward_intermediates`) stay what they were, as
+        timm's ViT keeps them: once blocks are cut off, the new last block's output does
+        not get the final norm (it had none before); :meth:`forward_features` and the
+        final tokens of :meth:`forward_intermediates` have it after the kept blocks, as
+        timm's. ``prune_norm=True`` drops the final norm (``norm=True`` and the final
+        tokens go without it, as timm's), except while the model's last block stays: its
+        output includes the norm, which would change it."""
         take, last = feature_take_indices(self.depth, indices)
+        if last != self.depth - 1:
+            self._norm_in_last_block = False  # the norm was the cut-off last block's
         self.blocks = self.blocks[: last + 1]
-        if prune_norm and last != self.depth - 1:
+        if prune_norm and not self._norm_in_last_block:
             self.norm = None
         self.depth = len(self.blocks)
         self.feature_info = self.feature_info[: self.depth]
@@ -769,11 +830,12 @@ _TIMM_WORDS = (
 def _in_timm_words(msg: str, name: str) -> str:
     """A checkpoint message of the trunk's loader with its advice in ``create_model``
     terms: timm's argument names (``set num_layers=3`` -> ``pass depth=3``,
-    :data:`~lookhere_dense.lookhere.vit.TIMM_ARGUMENT_NAMES`); timm drops arguments given
-    as None; there is no ``init_cfg``."""
+    :data:`~lookhere_dense.lookhere.vit.TIMM_ARGUMENT_NAMES` but the dropout rates, which
+    :class:`LookHereTimmViT` takes itself); timm drops arguments given as None; there is no
+    ``init_cfg``."""
     for theirs, ours in _TIMM_WORDS:
         msg = msg.replace(theirs, ours.replace('NAME', repr(name)))
-    for timm_name, our_name in TIMM_ARGUMENT_NAMES.items():
+    for timm_name, our_name in _RENAMES.items():
         msg = re.sub(rf'\bset {our_name}=', f'pass {timm_name}=', msg)
         msg = re.sub(rf'\b{our_name}=', f'{timm_name}=', msg)
     return msg.replace('Build the backbone the file', f'Build {name} like the model the file')

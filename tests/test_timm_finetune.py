@@ -325,3 +325,47 @@ def test_the_log_n_training_size_travels_with_the_weights(tmp_path):
             assert torch.equal(model(x), want)
     plain = timm.create_model(name, num_classes=7, embed_dim=96, depth=3)
     assert 'log_n_train_size' not in plain.record()
+
+
+# ----------------------------------------------------------------------------------------
+# prune_intermediate_layers
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize('name', [TINY, 'vit_tiny_patch16_224'])  # timm's ViT: the reference
+@pytest.mark.parametrize('prune_norm', [False, True])
+@pytest.mark.parametrize('indices', [[1, 2], [0], 2])
+def test_pruning_keeps_the_kept_blocks_outputs(name, prune_norm, indices):
+    """After ``prune_intermediate_layers`` the blocks asked for give what they gave before
+    (the new last block's output got the final norm: block 2 differed by up to 1.7), as
+    timm's ViT gives; ``norm=True`` normalises them while the norm stays
+    (``prune_norm=False``); the final tokens are ``forward_features``'s, after the norm
+    where it stays."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, depth=4, img_size=64, num_classes=0).eval()
+    x = torch.randn(1, 3, 64, 64)
+
+    def run(**kw):
+        return model.forward_intermediates(x, indices=indices, intermediates_only=True, **kw)
+
+    with torch.no_grad():
+        plain, normed = run(), run(norm=True)
+        model.prune_intermediate_layers(indices, prune_norm=prune_norm)
+        after, after_normed = run(), run(norm=True)
+        final, last = model.forward_intermediates(
+            x, indices=[len(model.blocks) - 1], output_fmt='NLC'
+        )
+        features = model.forward_features(x)
+    assert len(after) == len(plain)
+    for a, b in zip(after, plain):
+        assert torch.equal(a, b)
+    cut = indices != 2  # the last two of four keep every block
+    if not prune_norm or (name == TINY and not cut):  # ours keeps a norm the last block has
+        for a, b in zip(after_normed, normed):
+            assert torch.equal(a, b)
+    elif cut:  # the norm is gone
+        for a, b in zip(after_normed, after):
+            assert torch.equal(a, b)
+    assert torch.equal(final, features)
+    if cut:  # the kept blocks' last output, then the norm where it stays
+        norm = model.norm if not prune_norm else torch.nn.Identity()
+        with torch.no_grad():
+            assert torch.equal(final[:, 1:], norm(last[0]))

@@ -299,3 +299,93 @@ def test_a_misspelt_argument_is_named_with_the_close_timm_name():
     ), err.value
     with pytest.raises(TypeError, match=r"'in_chan'; did you mean 'in_chans'\?"):
         timm.create_model('lookhere_vit_tiny_patch16_224', in_chan=1)
+
+
+# ----------------------------------------------------------------------------------------
+# timm's dropout arguments
+# ----------------------------------------------------------------------------------------
+#: dropout module names (timm's ViT and ours) -> where the dropout acts
+_DROP_SITES = {
+    'pos_drop': 'after the position embedding',
+    'drop_after_pos': 'after the position embedding',
+    'attn.attn_drop': 'on the attention weights',
+    'attn.proj_drop': 'after the attention projection',
+    'mlp.drop1': 'in the MLP',  # timm's: after the activation
+    'mlp.drop2': 'in the MLP',  # timm's: after fc2
+    'mlp.drop': 'in the MLP',  # ours: one module after the activation and after fc2
+    'head_drop': 'before the classifier',
+}
+
+
+def _dropout_sites(model) -> set:
+    """``{(block index or None, where, p)}`` of every dropout with ``p > 0``: timm's and
+    our module names in one vocabulary (our attention dropout is a rate handed to the
+    attention kernel, not a module)."""
+    import re
+
+    sites = set()
+    for name, mod in model.named_modules():
+        rate = getattr(mod, 'attn_drop', None)
+        found = [(f'{name}.attn_drop', rate)] if isinstance(rate, float) else []
+        if isinstance(mod, torch.nn.Dropout):
+            found.append((name, mod.p))
+        for full, p in found:
+            if p:
+                block, suffix = re.fullmatch(r'(?:blocks\.(\d+)\.)?(.+)', full).groups()
+                sites.add((None if block is None else int(block), _DROP_SITES[suffix], p))
+    return sites
+
+
+@pytest.mark.parametrize(
+    'kw',
+    [
+        dict(drop_rate=0.5),
+        dict(pos_drop_rate=0.3),
+        dict(proj_drop_rate=0.2),
+        dict(attn_drop_rate=0.1),
+        dict(drop_rate=0.5, pos_drop_rate=0.3, proj_drop_rate=0.2, attn_drop_rate=0.1),
+    ],
+)
+def test_dropout_arguments_mean_what_they_mean_for_timms_vit(kw):
+    """``drop_rate`` is timm's head dropout (it was the trunk's: after the position
+    embedding and in every block's projection and MLP, no head dropout),
+    ``pos_drop_rate`` dropout after the position embedding alone (it was renamed to the
+    trunk's ``drop_rate``), ``proj_drop_rate`` in the projections and MLPs (it was
+    refused): the dropouts of timm's ViT built with the same arguments. The keys of the
+    ``state_dict`` stay the same."""
+    ours = timm.create_model(TINY, depth=2, **kw)
+    vit = timm.create_model('vit_tiny_patch16_224', depth=2, **kw)
+    assert _dropout_sites(ours) == _dropout_sites(vit)
+    assert _dropout_sites(ours)  # the argument did something
+    assert ours.state_dict().keys() == timm.create_model(TINY, depth=2).state_dict().keys()
+
+
+def test_head_dropout_acts_in_forward_head_alone():
+    """``drop_rate``: the trunk runs without dropout in training; ``forward_head``
+    drops the pooled features before the classifier (``pre_logits`` returns them after
+    ``head_drop``, as timm's ViT does); nothing in eval."""
+    torch.manual_seed(0)
+    model = timm.create_model(TINY, depth=2, num_classes=4, drop_rate=0.5)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = model.eval().forward_features(x)
+        model.train()
+        feats = model.forward_features(x)
+        assert torch.equal(feats, want)  # no dropout in the trunk
+        torch.manual_seed(1)
+        logits = model.forward_head(feats)
+        torch.manual_seed(1)
+        pooled = model.forward_head(feats, pre_logits=True)
+        torch.manual_seed(1)
+        dropped = torch.nn.functional.dropout(feats[:, 0], 0.5, training=True)
+        assert torch.equal(pooled, dropped) and not torch.equal(dropped, feats[:, 0])
+        assert torch.equal(logits, model.head(dropped))
+        model.eval()
+        assert torch.equal(model.forward_head(feats, pre_logits=True), feats[:, 0])
+        assert torch.equal(model.forward_head(feats), model.head(feats[:, 0]))
+
+
+def test_bad_dropout_rates_are_named_in_timms_words():
+    for key in ('drop_rate', 'pos_drop_rate', 'proj_drop_rate', 'attn_drop_rate'):
+        with pytest.raises(ValueError, match=rf'{TINY}: {key} must be a probability'):
+            timm.create_model(TINY, depth=1, **{key: 1.5})

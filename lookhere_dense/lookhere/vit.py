@@ -453,7 +453,7 @@ class LookHereVisionTransformer(nn.Module):
             ordered = tuple(sorted(set(self.out_indices)))
             raise ConfigError(
                 f'out_indices={out_indices!r}: the outputs come once per block, in block order '
-                f'{ordered}, so an index into them (a head\'s in_index) would name another '
+                f"{ordered}, so an index into them (a head's in_index) would name another "
                 f'block than listed: give out_indices={ordered}'
             )
 
@@ -790,8 +790,15 @@ class LookHereVisionTransformer(nn.Module):
         self.pos_enc.set_train_grid(grid)
         self.img_size, self.train_grid = size, grid
 
+    #: the final norm is part of the last block's output (:meth:`_run_blocks`); False once
+    #: timm's ``prune_intermediate_layers`` has cut later blocks off a timm model: the
+    #: kept blocks' outputs stay what they were, the norm comes after them
+    #: (:class:`lookhere_dense.timm_models.LookHereTimmViT`)
+    _norm_in_last_block: bool = True
+
     def _run_blocks(self, x: Tensor, grid: Tuple[int, int]):
-        """Yield ``(i, tokens)`` after every block (the last one after the final norm)."""
+        """Yield ``(i, tokens)`` after every block (the last one after the final norm, while
+        :attr:`_norm_in_last_block`)."""
         for i, blk in enumerate(self.blocks):
             q_scale = self.attention_scale(grid, blk.window_size)
             if self.with_cp and x.requires_grad:
@@ -808,7 +815,7 @@ class LookHereVisionTransformer(nn.Module):
                 )
             else:
                 x = blk(x, self.pos_enc, i, grid, self.num_prefix_tokens, q_scale, self.jumbo_mlp)
-            if i == len(self.blocks) - 1 and self.norm is not None:
+            if i == len(self.blocks) - 1 and self.norm is not None and self._norm_in_last_block:
                 x = self.norm(x)
             yield i, x
 
