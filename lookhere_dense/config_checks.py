@@ -1004,6 +1004,25 @@ def check_patch_multiple(size: Any, patch: Optional[int], key: str, what: str) -
     )
 
 
+def check_training_crop_grid(cfg: Mapping) -> None:
+    """Refuse an mmseg ``model.data_preprocessor.size`` (the size every training batch is
+    padded to) that is no multiple of the patch of a backbone that pads to whole patches
+    itself (:func:`check_patch_multiple`): the logits the loss compares with the labels
+    are the padded grid stretched over the crop. For training runs only (the
+    preprocessor's ``size`` is not used in tests)."""
+    model = cfg.get('model')
+    if (cfg.get('default_scope') or 'mmseg') != 'mmseg' or not isinstance(model, Mapping):
+        return
+    pre = model.get('data_preprocessor')
+    if isinstance(pre, Mapping):
+        check_patch_multiple(
+            pre.get('size'),
+            self_padding_patch(model),
+            'model.data_preprocessor.size',
+            'every training crop',
+        )
+
+
 def check_seg_test_cfg(
     test_cfg: Any,
     crop_key: str = 'model.test_cfg.crop_size',
@@ -1072,8 +1091,8 @@ def check_model_cfg(cfg: Mapping) -> None:
       (``metainfo.classes``, else the dataset class's ``METAINFO``);
     * an mmseg ``model.test_cfg`` whose mode or sliding windows cannot work
       (:func:`check_seg_test_cfg`), and, for a backbone that pads to whole patches
-      itself, sliding windows or a ``data_preprocessor.size`` that are no patch multiple
-      (:func:`check_patch_multiple`); an mmdet ``model.test_cfg`` / ``train_cfg`` key the
+      itself, sliding windows that are no patch multiple (:func:`check_patch_multiple`;
+      training crops: :func:`check_training_crop_grid`); an mmdet ``model.test_cfg`` / ``train_cfg`` key the
       detector never reads (a ``mode``; beside ``rpn`` / ``rcnn`` in a two-stage one).
 
     Raises:
@@ -1094,11 +1113,6 @@ def check_model_cfg(cfg: Mapping) -> None:
         patch = self_padding_patch(model)
         if modes is not None:  # another segmentor: its own modes and checks
             check_seg_test_cfg(model.get('test_cfg'), modes=modes, patch_size=patch)
-        pre = model.get('data_preprocessor')
-        if isinstance(pre, Mapping):
-            check_patch_multiple(
-                pre.get('size'), patch, 'model.data_preprocessor.size', 'every training crop'
-            )
     bb = model.get('backbone')
     if isinstance(bb, Mapping) and str(bb.get('type', '')).split('.')[-1] == 'LookHereViT':
         _lookhere_checks(model, registry if scope == 'mmdet' else None)

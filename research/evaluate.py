@@ -286,6 +286,8 @@ def evaluate_loader(
     from lookhere_dense.apis.inference import backbone_padding_patch, pad_whole_frames
     from lookhere_dense.config_checks import check_patch_multiple
 
+    pre = getattr(model, 'data_preprocessor', None)
+    pre_test_cfg = getattr(pre, 'test_cfg', None)  # restored after a whole test
     if mode == 'whole':
         model.test_cfg = ConfigDict(mode='whole')
         note = pad_whole_frames(model)
@@ -304,12 +306,15 @@ def evaluate_loader(
 
     from lookhere_dense.engine.memory_guard import check_frame_size
 
-    frame = largest_frame(dataloader)
-    if frame is not None:  # refused before any image is resized and loaded for it
-        check_frame_size(model, *frame)
-
     def step(data):
         with torch.no_grad():
             return model.test_step(data)
 
-    return evaluate(model, dataloader, evaluator, step, device, desc)
+    try:
+        frame = largest_frame(dataloader)
+        if frame is not None:  # refused before any image is resized and loaded for it
+            check_frame_size(model, *frame)
+        return evaluate(model, dataloader, evaluator, step, device, desc)
+    finally:  # the padding is the whole test's: a slide test after it pads as configured
+        if pre is not None and hasattr(pre, 'test_cfg'):
+            pre.test_cfg = pre_test_cfg

@@ -677,6 +677,8 @@ def test_an_option_on_a_copied_variable_names_the_copies():
     notes.clear()  # the sections the run reads: no note
     check_cfg_options(cfg, {'train_dataloader.dataset.pipeline.2.scale': (150, 115)}, notes.append)
     check_cfg_options(cfg, {'model.backbone.num_layers': 2}, notes.append)
+    both = {'train_pipeline.2.scale': (1, 1), 'train_dataloader.dataset.pipeline.2.scale': (1, 1)}
+    check_cfg_options(cfg, both, notes.append)  # the copy set beside it: no note
     assert notes == []
 
 

@@ -112,6 +112,8 @@ def test_a_training_file_without_annotations_is_refused_and_a_test_file_warned(c
     _rewrite(path, lambda data: data.update(annotations=[]))
     with pytest.raises(DatasetLayoutError, match=r'holds no annotation of the classes'):
         check_coco_annotations(cfg, ('train',))
+    ds.filter_cfg = dict(filter_empty_gt=False)  # images kept (a semi-supervised set's part)
+    assert check_coco_annotations(cfg, ('train',))['train_dataloader'] == (before[0], 0)
     test = cfg.test_dataloader.dataset
     test.update(data_root=ds.data_root, ann_file=ds.ann_file, data_prefix=ds.data_prefix)
     test.metainfo = dict(classes=SHAPE_CLASSES)
@@ -265,6 +267,11 @@ def test_a_pad_in_the_test_pipeline_of_a_mask_detector_is_removed(coco):
     cfg.test_evaluator.ann_file = ds.ann_file
     notes = []
     preflight(cfg, ('test',), check_pretrained=False, notes=notes)
+    assert [n for n in notes if 'pipeline[2] Pad removed for this run' in n]
+    assert [type_of(t) for t in cfg.test_dataloader.dataset.pipeline] == steps
+    cfg.test_dataloader.dataset.pipeline = pipeline  # --skip-data-check: removed as well
+    notes.clear()
+    preflight(cfg, ('test',), check_pretrained=False, check_data=False, notes=notes)
     assert [n for n in notes if 'pipeline[2] Pad removed for this run' in n]
     assert [type_of(t) for t in cfg.test_dataloader.dataset.pipeline] == steps
 

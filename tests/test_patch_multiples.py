@@ -43,18 +43,27 @@ def test_slide_windows_and_training_crops_off_the_patch_grid_are_refused():
                 'model.test_cfg.stride=(64,64)',
             )
         )
+    # training crops: for training runs (the preprocessor's size is not used in tests)
+    from lookhere_dense.apis.cli import preflight
+    from lookhere_dense.config_checks import check_training_crop_grid
+
+    off = _cfg('model.data_preprocessor.size=(500,500)')
+    check_model_cfg(off)
+    preflight(off, ('test',), check_pretrained=False, check_data=False)
     with pytest.raises(
         ConfigError,
         match=r'model\.data_preprocessor\.size=500x500 .* every training crop is padded to '
         r'512x512 .* use 496x496 or 512x512',
     ):
-        check_model_cfg(_cfg('model.data_preprocessor.size=(500,500)'))
+        preflight(off, ('train',), check_pretrained=False, check_data=False)
     # a backbone with its own patch size: its multiples pass, others are refused
-    check_model_cfg(_cfg('model.backbone.patch_size=4', 'model.data_preprocessor.size=(500,500)'))
+    check_training_crop_grid(
+        _cfg('model.backbone.patch_size=4', 'model.data_preprocessor.size=(500,500)')
+    )
     with pytest.raises(
         ConfigError, match=r'4-px patch: every training crop .* 500x500 or 504x504'
     ):
-        check_model_cfg(
+        check_training_crop_grid(
             _cfg('model.backbone.patch_size=4', 'model.data_preprocessor.size=(502,502)')
         )
 
@@ -127,7 +136,8 @@ def test_pad_whole_frames_sets_the_divisor_once():
 
 def test_extrapolation_tests_pad_whole_frames_and_refuse_windows_off_the_grid(capsys):
     """``tools/extrapolate.py`` sets each test's mode on the built model after the
-    pre-flight: its whole tests pad in the preprocessor, its slide windows are checked."""
+    pre-flight: its whole tests pad in the preprocessor (for that test alone), its slide
+    windows are checked."""
     from mmengine.registry import init_default_scope
 
     from lookhere_dense.swap import model_registry
@@ -139,5 +149,7 @@ def test_extrapolation_tests_pad_whole_frames_and_refuse_windows_off_the_grid(ca
         evaluate_loader(model, {}, {}, 'slide', 'cpu', slide=((100, 100), (64, 64)))
     with pytest.raises(KeyError):  # the empty dataloader config, read after the mode is set
         evaluate_loader(model, {}, {}, 'whole', 'cpu')
-    assert model.data_preprocessor.test_cfg == dict(size_divisor=16)
     assert 'whole frames padded to multiples of 16 px' in capsys.readouterr().err
+    # the padding is the whole test's: restored after it (a slide test after a whole one
+    # padded its frames, and its windows sat elsewhere than in a run of its own)
+    assert model.data_preprocessor.test_cfg is None

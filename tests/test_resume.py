@@ -415,6 +415,13 @@ def test_a_run_without_resume_in_a_used_work_dir_says_what_it_replaces(tmp_path)
     for n in (4, 8):
         _tiny_checkpoint(copied / f'iter_{n}.pth')
     assert read_pointer(str(copied)) == newest
+    # checkpoints in mmengine's out_dir: the pointer in the work dir names a file there
+    out_work, out_dir = tmp_path / 'ow' / 'work', tmp_path / 'ow' / 'out' / 'work'
+    out_work.mkdir(parents=True)
+    out_dir.mkdir(parents=True)
+    elsewhere = _tiny_checkpoint(out_dir / 'iter_4.pth')
+    (out_work / 'last_checkpoint').write_text(elsewhere)
+    assert f'(the newest: {elsewhere})' in earlier_run_note(str(out_work), str(out_dir))
     assert earlier_run_note(str(copied)).startswith(
         f'the work dir {str(copied)!r} holds checkpoints of an earlier run (the newest: '
         f'{copied / "iter_60.pth"});'

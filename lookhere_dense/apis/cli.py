@@ -608,8 +608,9 @@ def _warn_top_level_copies(cfg, options: Mapping[str, Any], warn: Callable[[str]
             if other in RUN_SECTIONS
             for c in _copies_of(value, cfg[other], other)
         ]
-        if copies:
-            keys = ' '.join(f'{c}.{rest}' if rest else c for c in copies)
+        targets = [f'{c}.{rest}' if rest else c for c in copies]
+        if copies and not any(t in options for t in targets):  # not set beside it
+            keys = ' '.join(targets)
             warn(
                 f'--cfg-options {key}: {top} is a variable of the config file, which '
                 f'{", ".join(copies)} copied when the file was read: changing it changes no '
@@ -1220,6 +1221,7 @@ def preflight(
         check_model_cfg,
         check_pretrained_files,
         check_section_types,
+        check_training_crop_grid,
         clear_inherited_pretrained,
         preprocessor_scale_note,
     )
@@ -1239,6 +1241,8 @@ def preflight(
             notes.append(msg)
 
     check_model_cfg(cfg)
+    if 'train' in splits:
+        check_training_crop_grid(cfg)
     check_section_types(cfg)
     check_loop_values(cfg, splits)
     check_attn_backend(cfg, splits=splits)
@@ -1246,6 +1250,8 @@ def preflight(
     scale = preprocessor_scale_note(cfg)
     if scale:
         warn(scale)
+    for note in drop_eval_pads(cfg, splits):  # a pipeline fix, not a data check
+        warn(note)
     if (cfg.get('default_scope') or 'mmseg') == 'mmseg':
         for note in sync_label_checks(cfg, splits):
             log_rank0(note)
@@ -1265,8 +1271,6 @@ def preflight(
                     warn(note)
         else:
             check_dataset_layout(cfg, splits)
-            for note in drop_eval_pads(cfg, splits):
-                warn(note)
             for where, (images, anns) in check_coco_annotations(cfg, splits).items():
                 log_rank0(
                     f'data check passed: {where} has {images} images and {anns} annotations, '

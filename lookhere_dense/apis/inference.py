@@ -201,6 +201,7 @@ def inference_test_cfg(
     crop: Optional[Tuple[int, int]] = None,
     stride: Optional[Tuple[int, int]] = None,
     patch_size: Optional[int] = None,
+    pads_to_patches: bool = True,
 ) -> Dict[str, Any]:
     """The model ``test_cfg``: ``whole``, ``slide`` (windows of ``crop`` -- default the
     config's slide crop, else its training crop -- moved by ``stride`` -- default the
@@ -208,7 +209,12 @@ def inference_test_cfg(
 
     Args:
         patch_size: the backbone's patch size in px: a slide window smaller than one
-            patch is refused. Default: None (not checked).
+            patch is refused, and, where the backbone pads its input to whole patches
+            (``pads_to_patches``), one that is no patch multiple
+            (:func:`~lookhere_dense.config_checks.check_patch_multiple`). Default: None
+            (not checked).
+        pads_to_patches: the backbone pads to whole patches itself
+            (:func:`backbone_padding_patch`; BEiT / MAE floor instead). Default: True.
 
     Raises:
         lookhere_dense.errors.ConfigError: slide inference without any crop, or with a
@@ -259,7 +265,7 @@ def inference_test_cfg(
             else 'model.test_cfg.stride'
             if not crop and tc.get('stride')
             else 'the default stride (2/3 of the window)',
-            patch_size=patch_size,
+            patch_size=patch_size if pads_to_patches else None,
         )
         return out
     check_seg_test_cfg(tc, modes=seg_test_modes(cfg.model))
@@ -667,9 +673,10 @@ def segment_images(
     _make_out_dir(out_dir)
     model, meta = build_model_from_checkpoint(cfg, checkpoint, device)
     patch = getattr(model.backbone, 'patch_size', None)
+    pads = backbone_padding_patch(model) is not None
     model.test_cfg = ConfigDict(
         inference_test_cfg(
-            cfg, whole, slide, crop, stride, patch if isinstance(patch, int) else None
+            cfg, whole, slide, crop, stride, patch if isinstance(patch, int) else None, pads
         )
     )
     padded_note = pad_whole_frames(model)

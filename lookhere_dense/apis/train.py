@@ -476,7 +476,7 @@ def build_train_config(
         cfg.resume = True
         cfg.load_from = resume
     elif not cfg.get('resume'):  # the config's resume=True resumes from last_checkpoint
-        earlier = earlier_run_note(cfg.work_dir)
+        earlier = earlier_run_note(cfg.work_dir, checkpoint_folder(cfg))
         if earlier:
             _warn(earlier)
             notes.append(earlier)
@@ -516,21 +516,27 @@ def build_train_config(
     return cfg, notes
 
 
-def earlier_run_note(work_dir: str) -> Optional[str]:
+def earlier_run_note(work_dir: str, checkpoint_dir: Optional[str] = None) -> Optional[str]:
     """The warning for a run started without ``--resume`` in a work dir where an earlier
-    run left checkpoints (its ``last_checkpoint`` names one that exists; in a work dir
-    copied from another run's, whose pointer names a file there, its own newest): this run starts
-    from iteration 0 and its checkpoints replace that run's of the same iterations (as in
-    mmengine, which says nothing). None otherwise."""
+    run left checkpoints (its ``last_checkpoint`` names one that exists, in the work dir or
+    ``checkpoint_dir``, mmengine's ``out_dir`` folder: :func:`checkpoint_folder`; in a work
+    dir copied from another run's, whose pointer names a file there, its own newest): this
+    run starts from iteration 0 and its checkpoints replace that run's of the same
+    iterations (as in mmengine, which says nothing). None otherwise."""
     from ..engine.checkpointing import read_pointer
 
     last = read_pointer(work_dir)
     if last is None or not osp.isfile(last):
         return None
-    if not path_inside(last, [work_dir]):  # a work dir copied from another run's
-        own = glob.glob(osp.join(work_dir, 'iter_*.pth')) + glob.glob(
-            osp.join(work_dir, 'epoch_*.pth')
-        )
+    folders = [work_dir] + ([checkpoint_dir] if checkpoint_dir else [])
+    if not path_inside(last, folders):  # a work dir copied from another run's
+        own = [
+            path
+            for folder in folders
+            if '://' not in folder
+            for pattern in ('iter_*.pth', 'epoch_*.pth')
+            for path in glob.glob(osp.join(folder, pattern))
+        ]
         if not own:
             return None
         last = max(own, key=_checkpoint_number)

@@ -549,12 +549,17 @@ def check_coco_annotations(
                 f'data_prefix.img={prefix!r}; set with --cfg-options {key}.data_root=PATH '
                 f'or {key}.data_prefix.img=FOLDER' + _where_note(key, ds, wrappers) + ').'
             )
-        counts[where] = (len(images), _usable_annotations(cfg, where, path, data, classes))
+        counts[where] = (len(images), _usable_annotations(cfg, where, ds, path, data, classes))
     return counts
 
 
 def _usable_annotations(
-    cfg: Mapping, where: str, path: str, data: Mapping, classes: Optional[Sequence[str]]
+    cfg: Mapping,
+    where: str,
+    ds: Mapping,
+    path: str,
+    data: Mapping,
+    classes: Optional[Sequence[str]],
 ) -> int:
     """How many annotations of the COCO file ``data`` mmdet keeps for ``classes`` (None:
     every category of the file).
@@ -563,8 +568,10 @@ def _usable_annotations(
         DatasetLayoutError: annotations whose ``category_id`` is no category's ``id`` in
             the file (mmdet drops them without a word: a 0-based / 1-based shift dropped a
             class and moved the others), or a training file without one annotation of
-            the classes (mmdet filters its images out and stops late, on ``need at least
-            one array to concatenate``).
+            the classes whose dataset filters images without one out
+            (``filter_cfg.filter_empty_gt``: mmdet stops late, on ``need at least one
+            array to concatenate``; with ``filter_empty_gt=False`` the images train
+            without boxes, as the unlabelled part of a semi-supervised set: passed).
     """
     categories = [c for c in data.get('categories') or [] if isinstance(c, Mapping)]
     ids = {c.get('id') for c in categories}
@@ -581,15 +588,17 @@ def _usable_annotations(
         )
     kept = {c.get('id') for c in categories if classes is None or c.get('name') in classes}
     usable = sum(1 for a in anns if a.get('category_id') in kept)
-    if usable == 0 and where.startswith('train'):
+    filters = bool((ds.get('filter_cfg') or {}).get('filter_empty_gt', False))
+    if usable == 0 and where.startswith('train') and filters and not ds.get('test_mode'):
         raise DatasetLayoutError(
             f'{where}: {path!r} holds no annotation of the classes the dataset trains on '
-            f'({len(anns)} annotations in all): mmdet leaves out images without one, so '
-            "nothing would train (mmengine stops on 'need at least one array to "
-            "concatenate'). Give a file with annotations."
+            f'({len(anns)} annotations in all): mmdet leaves out images without one '
+            '(filter_cfg.filter_empty_gt=True), so nothing would train (mmengine stops on '
+            "'need at least one array to concatenate'). Give a file with annotations (an "
+            'unlabelled part of a semi-supervised set: filter_empty_gt=False).'
         )
-    if usable == 0:
-        split = where.split('_')[0]  # 'val' of 'val_dataloader'
+    if usable == 0 and not where.startswith('train'):
+        split = where.split('_')[0]
         evaluators = [e for k, e in _evaluators(cfg) if k.split('_')[0] == split]
         if not any(e.get('format_only') for e in evaluators):
             warnings.warn(

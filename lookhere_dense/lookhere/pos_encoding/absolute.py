@@ -106,7 +106,10 @@ class AbsolutePositionEncoding(PositionEncoding):
         same object, its data resized (frozen or trainable as it was): an optimizer built
         before holds it still -- mmengine's Runner builds the optimizer before ``load_from``
         / ``--resume`` loads a file whose recorded training size calls this; a new
-        parameter there was never updated. Its gradient is dropped (another shape)."""
+        parameter there was never updated. Its gradient is dropped (another shape). Not
+        under DDP, which mmengine wraps before loading too: its gradient hooks keep the
+        old shape and the first backward fails, so build the model at the file's training
+        size (``img_size``) for a multi-process run."""
         grid = (int(grid_size[0]), int(grid_size[1]))
         if grid == self.grid_size:
             return
