@@ -55,6 +55,27 @@ def test_classes_the_file_lacks_are_named_with_the_files_close_names(coco):
         check_coco_annotations(cfg, ('train',))
 
 
+def test_classes_in_another_order_than_the_files_categories_are_refused(coco):
+    """mmdet numbers the labels in the file's category order whatever the order of
+    ``metainfo.classes``: listed otherwise, each class was shown and scored under another's
+    name, without a word."""
+    cfg, ds, _ = coco
+    ds.metainfo = dict(classes=tuple(reversed(SHAPE_CLASSES)))
+    with pytest.raises(DatasetLayoutError) as exc:
+        check_coco_annotations(cfg, ('train',))
+    msg = str(exc.value)
+    assert msg.startswith(
+        f'train_dataloader: the classes {tuple(reversed(SHAPE_CLASSES))} are listed in '
+        'another order than the categories of '
+    )
+    assert f'"train_dataloader.dataset.metainfo.classes={tuple(SHAPE_CLASSES)!r}"' in msg
+    ds.metainfo = dict(classes=SHAPE_CLASSES[:1])  # a subset in the file's order: fine
+    check_coco_annotations(cfg, ('train',))
+    ds.metainfo = dict(classes=(SHAPE_CLASSES[2], SHAPE_CLASSES[0]))  # a subset, reordered
+    with pytest.raises(DatasetLayoutError, match='another order'):
+        check_coco_annotations(cfg, ('train',))
+
+
 def test_an_image_the_file_lists_but_the_folder_lacks_is_named_before_training(coco):
     cfg, ds, root = coco
     ds.metainfo = dict(classes=SHAPE_CLASSES)

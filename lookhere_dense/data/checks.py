@@ -478,6 +478,9 @@ def check_coco_annotations(
       matching names only, so a file of other names trained on nothing (an empty dataset:
       ``need at least one array to concatenate``) and a misspelt name (``Triangle`` for
       ``triangle``) dropped that class's annotations without a word;
+    * the classes must be listed in the file's category order: mmdet numbers the labels
+      in the file's order, whatever the order of ``metainfo.classes``, whose names then
+      go to other classes (visualisations, per-class scores);
     * every image the file lists must exist (mmdet reads it when it comes up in training,
       hours in on a real dataset).
     * every annotation's ``category_id`` must be a category's ``id`` (mmdet drops the others
@@ -537,6 +540,17 @@ def check_coco_annotations(
                 f"{names}. Set the classes to the file's names with --cfg-options "
                 f'"{key}.metainfo.classes=(...)"' + _where_note(key, ds, wrappers) + ' (and the '
                 "heads' num_classes to their number), or fix the file."
+            )
+        in_file_order = [n for n in names if n in set(classes or ())]
+        if classes and in_file_order != list(classes) and len(set(in_file_order)) == len(classes):
+            raise DatasetLayoutError(
+                f'{where}: the classes {tuple(classes)} are listed in another order than the '
+                f'categories of {path!r} {tuple(in_file_order)}: mmdet numbers the labels in '
+                "the file's order (pycocotools' getCatIds), so class k would be shown and "
+                "scored under the name of another. List them in the file's order: "
+                f'--cfg-options "{key}.metainfo.classes={tuple(in_file_order)!r}"'
+                + _where_note(key, ds, wrappers)
+                + ' (and every other dataloader alike).'
             )
         prefix = prefixes['img'] or ''
         folder = _join(root, prefix) if prefix else root
