@@ -959,6 +959,20 @@ def _pair(value: Any) -> Optional[Tuple[int, int]]:
 PATCH_PADDING_BACKBONES = {'LookHereViT': 16, 'VisionTransformer': 16}
 
 
+def patch_side(patch: Any) -> Optional[int]:
+    """A patch size (an int, or ``(H, W)``: its first side) as an int above 1, else None."""
+    patch = patch[0] if isinstance(patch, (tuple, list)) and patch else patch
+    return patch if is_int(patch) and patch > 1 else None
+
+
+def pads_test_frames(test_cfg: Any, patch: int) -> bool:
+    """Whether a data preprocessor's ``test_cfg`` pads test frames to multiples of
+    ``patch``: a ``size_divisor`` that is one, or a fixed ``size``."""
+    test_cfg = test_cfg or {}
+    divisor = test_cfg.get('size_divisor')
+    return test_cfg.get('size') is not None or (is_int(divisor) and divisor % patch == 0)
+
+
 def self_padding_patch(model: Any) -> Optional[int]:
     """The patch size in px of the backbone of a ``model`` config where that backbone pads
     its input to whole patches itself (:data:`PATCH_PADDING_BACKBONES`): an input side
@@ -968,9 +982,7 @@ def self_padding_patch(model: Any) -> Optional[int]:
     name = type_name(backbone) if isinstance(backbone, Mapping) else None
     if name not in PATCH_PADDING_BACKBONES:
         return None
-    patch = backbone.get('patch_size', PATCH_PADDING_BACKBONES[name])
-    patch = patch[0] if isinstance(patch, (tuple, list)) and patch else patch
-    return patch if is_int(patch) and patch > 1 else None
+    return patch_side(backbone.get('patch_size', PATCH_PADDING_BACKBONES[name]))
 
 
 def check_patch_multiple(size: Any, patch: Optional[int], key: str, what: str) -> None:

@@ -562,13 +562,19 @@ def test_a_killed_saves_partial_file_is_removed_by_the_next_run(data, full, tmp_
     ) in logs
 
 
-def test_a_corrupt_named_checkpoint_falls_back_to_the_previous_good_one(full, tmp_path):
+def _damaged_work_dir(full, tmp_path):
+    """A work dir with a good iter_2 and a truncated iter_4 that last_checkpoint names."""
     work = tmp_path / 'w'
     work.mkdir()
     shutil.copy(osp.join(full, 'iter_2.pth'), work / 'iter_2.pth')
     data = open(osp.join(full, 'iter_4.pth'), 'rb').read()
     (work / 'iter_4.pth').write_bytes(data[: len(data) // 3])  # truncated
     (work / 'last_checkpoint').write_text(str(work / 'iter_4.pth'))
+    return work
+
+
+def test_a_corrupt_named_checkpoint_falls_back_to_the_previous_good_one(full, tmp_path):
+    work = _damaged_work_dir(full, tmp_path)
     path, notes = find_resume_checkpoint(str(work))
     assert path == str(work / 'iter_2.pth')
     assert notes[0].startswith(
@@ -583,13 +589,8 @@ def test_a_corrupt_named_checkpoint_does_not_fall_back_to_an_earlier_runs_later_
     """A fresh run in a work dir that holds an earlier run's iter_30: its own newest
     checkpoint (the one last_checkpoint names) truncated, --resume resumed iter_30 of the
     other run and found nothing to train."""
-    work = tmp_path / 'w'
-    work.mkdir()
+    work = _damaged_work_dir(full, tmp_path)
     shutil.copy(osp.join(full, 'iter_4.pth'), work / 'iter_30.pth')  # the earlier run's
-    shutil.copy(osp.join(full, 'iter_2.pth'), work / 'iter_2.pth')
-    data = open(osp.join(full, 'iter_4.pth'), 'rb').read()
-    (work / 'iter_4.pth').write_bytes(data[: len(data) // 3])  # truncated
-    (work / 'last_checkpoint').write_text(str(work / 'iter_4.pth'))
     path, notes = find_resume_checkpoint(str(work))
     assert path == str(work / 'iter_2.pth')
     assert len(notes) == 1 and notes[0].endswith(

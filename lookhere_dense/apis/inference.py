@@ -276,14 +276,12 @@ def backbone_padding_patch(model: Any) -> Optional[int]:
     """The patch size in px of a built segmentor's backbone where the backbone pads its
     input to whole patches itself
     (:data:`~lookhere_dense.config_checks.PATCH_PADDING_BACKBONES`), else None."""
-    from ..config_checks import PATCH_PADDING_BACKBONES
+    from ..config_checks import PATCH_PADDING_BACKBONES, patch_side
 
     backbone = getattr(model, 'backbone', None)
-    patch = getattr(backbone, 'patch_size', None)
-    patch = patch[0] if isinstance(patch, (tuple, list)) and patch else patch
-    if type(backbone).__name__ not in PATCH_PADDING_BACKBONES or not isinstance(patch, int):
+    if type(backbone).__name__ not in PATCH_PADDING_BACKBONES:
         return None
-    return patch if patch > 1 else None
+    return patch_side(getattr(backbone, 'patch_size', None))
 
 
 def pad_whole_frames(model: Any) -> Optional[str]:
@@ -301,15 +299,17 @@ def pad_whole_frames(model: Any) -> Optional[str]:
     """
     import math
 
+    from ..config_checks import pads_test_frames
+
     patch = backbone_padding_patch(model)
     pre = getattr(model, 'data_preprocessor', None)
     mode = (getattr(model, 'test_cfg', None) or {}).get('mode', 'whole')
     if patch is None or mode != 'whole' or not hasattr(pre, 'test_cfg'):
         return None
+    if pads_test_frames(pre.test_cfg, patch):
+        return None
     test_cfg = dict(pre.test_cfg or {})
     divisor = test_cfg.get('size_divisor')
-    if test_cfg.get('size') is not None or (isinstance(divisor, int) and divisor % patch == 0):
-        return None
     test_cfg['size_divisor'] = math.lcm(divisor, patch) if isinstance(divisor, int) else patch
     pre.test_cfg = test_cfg
     return (

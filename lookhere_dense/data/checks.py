@@ -1192,17 +1192,14 @@ def unpadded_whole_frame_patch(cfg: Mapping) -> Optional[int]:
     padding them to patch multiples in the preprocessor (no
     ``data_preprocessor.test_cfg.size_divisor`` that is a patch multiple, no fixed
     ``size``), else None (sliding windows, other backbones, a fitting divisor)."""
-    from ..config_checks import self_padding_patch
+    from ..config_checks import pads_test_frames, self_padding_patch
 
     model = cfg.get('model') or {}
     patch = self_padding_patch(model)
     if patch is None or (model.get('test_cfg') or {}).get('mode', 'whole') != 'whole':
         return None
-    pre = (model.get('data_preprocessor') or {}).get('test_cfg') or {}
-    divisor, size = pre.get('size_divisor'), pre.get('size')
-    if (isinstance(divisor, int) and divisor % patch == 0) or size is not None:
-        return None
-    return patch
+    pre = (model.get('data_preprocessor') or {}).get('test_cfg')
+    return None if pads_test_frames(pre, patch) else patch
 
 
 def whole_frame_pad_note(cfg: Mapping, splits: Sequence[str]) -> Optional[str]:
