@@ -410,8 +410,9 @@ class LookHereTimmViT(LookHereVisionTransformer):
         normed = self.depth - 1 if self._norm_in_last_block else -1
         # the trunk's block loop: the final norm after the last block, and with_cp
         # (set_grad_checkpointing) while gradients are needed
+        ran = -1
         for i, out in self._run_blocks(tokens, grid):
-            tokens = out
+            tokens, ran = out, i
             if i in take:
                 y = self.norm(tokens) if norm and i != normed and self.norm else tokens
                 outs.append(self._format(y, grid, output_fmt, return_prefix_tokens))
@@ -419,7 +420,9 @@ class LookHereTimmViT(LookHereVisionTransformer):
                 break
         if intermediates_only:
             return outs
-        if normed < 0 and self.norm is not None:  # pruned: the norm after the kept blocks
+        # the final norm after the last block run (pruned, or stopped early before the
+        # block that holds it), as timm's ViT
+        if ran != normed and self.norm is not None:
             tokens = self.norm(tokens)
         return tokens, outs
 

@@ -196,6 +196,26 @@ def test_forward_intermediates_indices_norm_and_prefix_tokens(tmp_path: Path):
         m.forward_intermediates(x, output_fmt='NHWC')
 
 
+@pytest.mark.parametrize('name', [TINY, 'vit_tiny_patch16_224'])  # timm's ViT: the reference
+@pytest.mark.parametrize('index', [1, 3])
+def test_stop_early_final_tokens_have_the_final_norm(name, index):
+    """``stop_early=True``: the final tokens are the last block run's, after the final
+    norm, as timm's ViT returns them (ours returned block 1's without it)."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, depth=4, img_size=64, num_classes=0).eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        final, (out,) = model.forward_intermediates(
+            x, indices=[index], stop_early=True, output_fmt='NLC'
+        )
+        full = model.forward_features(x)
+    if index == 3:  # the last block: what forward_features gives
+        assert torch.equal(final, full)
+    else:
+        assert torch.equal(final[:, 1:], model.norm(out))
+        assert not torch.equal(final[:, 1:], out)
+
+
 def test_checkpoint_path_loads_official_files_and_checks_their_config(official_tiny):
     """The official format (``{'weights', 'config'}``: the tiny file of the reference
     set) loads through ``checkpoint_path=`` with its LookHere config adopted and, with
