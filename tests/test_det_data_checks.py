@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import pathlib
 
 import pytest
 from mmengine.config import Config
@@ -86,6 +87,65 @@ def test_an_image_the_file_lists_but_the_folder_lacks_is_named_before_training(c
     assert '1 of the 3 images' in str(exc.value) and repr(str(missing)) in str(exc.value)
 
 
+def test_an_image_resized_on_disk_after_the_file_was_written_is_named(coco):
+    """An image resized (or replaced) on disk with the COCO file keeping its old
+    width/height: mmdet loaded it at its new size with the boxes and masks in the file's
+    coordinates (all in the wrong place) and trained on it without a word."""
+    from PIL import Image
+
+    cfg, ds, root = coco
+    ds.metainfo = dict(classes=SHAPE_CLASSES)
+    check_coco_annotations(cfg, ('train',))  # the images as written: passes
+    small = sorted((root / 'train2017').iterdir())[1]
+    with Image.open(small) as im:
+        assert im.size == (160, 128)
+        im.resize((80, 64)).save(small)
+    with pytest.raises(DatasetLayoutError) as exc:
+        check_coco_annotations(cfg, ('train',))
+    assert str(exc.value) == (
+        f'train_dataloader: 1 of 3 images checked (of the 3 with a width/height '
+        f'{ds.ann_file!r} lists) have another size on disk than the file says, e.g. '
+        f"'{root}/train2017/{small.name}': 80x64 on disk, 160x128 (width x height) in the "
+        'file. mmdet loads an image at its size on disk but keeps its boxes and masks in the '
+        "file's coordinates, so they would land in the wrong place without a word. Export "
+        'the annotations again at the new sizes, or restore the original images.'
+    )
+    _rewrite(  # an entry without width/height is not checked
+        pathlib.Path(ds.ann_file),
+        lambda data: [im.pop('width') for im in data['images'] if im['file_name'] == small.name],
+    )
+    check_coco_annotations(cfg, ('train',))
+
+
+def test_the_size_after_the_exif_orientation_mmcv_applies_is_compared(coco):
+    """mmcv 2's ``imfrombytes`` with the default ``flag='color'`` turns an image by its EXIF
+    orientation (cv2 and pillow backends): a file of the turned size passes, one of the
+    stored (unturned) size is refused, unless the loader ignores the orientation."""
+    from PIL import Image
+
+    cfg, ds, root = coco
+    ds.metainfo = dict(classes=SHAPE_CLASSES)
+    turned = sorted((root / 'train2017').iterdir())[0]
+    with Image.open(turned) as im:  # stored 128 wide, 160 high; shown 160x128 (as listed)
+        exif = Image.Exif()
+        exif[0x0112] = 6
+        im.transpose(Image.Transpose.ROTATE_90).save(turned, exif=exif.tobytes())
+    check_coco_annotations(cfg, ('train',))
+
+    def stored_size(data):
+        data['images'][0].update(width=128, height=160)
+
+    _rewrite(pathlib.Path(ds.ann_file), stored_size)
+    with pytest.raises(
+        DatasetLayoutError, match=r': 160x128 on disk after its EXIF orientation, 128x160 \('
+    ):
+        check_coco_annotations(cfg, ('train',))
+    for step in ds.pipeline:
+        if step['type'] == 'LoadImageFromFile':
+            step['color_type'] = 'color_ignore_orientation'
+    check_coco_annotations(cfg, ('train',))
+
+
 def _rewrite(path, change):
     import json
 
@@ -98,7 +158,6 @@ def test_annotations_of_unknown_category_ids_are_named(coco):
     """Categories renumbered from 0 with the annotations left 1-based: mmdet dropped the
     annotations of id 3 (one class had none, the others' labels moved) and the check said
     'passed'."""
-    import pathlib
 
     cfg, ds, _ = coco
     ds.metainfo = dict(classes=SHAPE_CLASSES)
@@ -121,7 +180,6 @@ def test_annotations_of_unknown_category_ids_are_named(coco):
 def test_a_training_file_without_annotations_is_refused_and_a_test_file_warned(coco):
     """``"annotations": []``: training stopped late on mmengine's 'need at least one array
     to concatenate', a test scored -1 everywhere, both after 'data check passed'."""
-    import pathlib
     import warnings
 
     from lookhere_dense.errors import DataCheckWarning

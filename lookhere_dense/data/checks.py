@@ -487,6 +487,9 @@ def check_coco_annotations(
       without a word), and a training file must hold an annotation of the classes (an
       evaluation file without one is warned about: every metric -1)
       (:func:`_usable_annotations`).
+    * the images' sizes on disk (headers of up to 64, spread over the list) must be the
+      file's ``width`` / ``height``: images resized or rotated after the file was written
+      had every box in the wrong place (:func:`_check_coco_image_sizes`).
 
     Reads each file once (``json.load``: seconds for COCO's 450 MB train file).
 
@@ -496,8 +499,8 @@ def check_coco_annotations(
 
     Raises:
         DatasetLayoutError: naming the file, the classes it lacks (with the file's close
-            names) and the option to set, or the first missing image and how many are
-            missing.
+            names) and the option to set, the first missing image and how many are
+            missing, or the first image of another size than the file says.
     """
 
     from ..config_checks import dataset_class_names
@@ -563,8 +566,65 @@ def check_coco_annotations(
                 f'data_prefix.img={prefix!r}; set with --cfg-options {key}.data_root=PATH '
                 f'or {key}.data_prefix.img=FOLDER' + _where_note(key, ds, wrappers) + ').'
             )
+        _check_coco_image_sizes(where, path, folder, data, _orientation_applied(ds))
         counts[where] = (len(images), _usable_annotations(cfg, where, ds, path, data, classes))
     return counts
+
+
+def _check_coco_image_sizes(
+    where: str, path: str, folder: str, data: Mapping, orientation: bool, max_images: int = 64
+) -> None:
+    """The size on disk (header only; after the EXIF orientation where the pipeline's
+    loader applies it, :func:`_orientation_applied`) of up to ``max_images`` of the images
+    the COCO file ``data`` lists, spread over the list, against their ``width`` /
+    ``height`` in the file. Entries without them, and headers that cannot be read, are
+    passed.
+
+    Raises:
+        DatasetLayoutError: images resized, rotated or replaced on disk after the file was
+            written: mmdet loads them at their size on disk and keeps the boxes and masks
+            in the file's coordinates, so every one lands in the wrong place.
+    """
+
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    sized = [
+        im
+        for im in data.get('images') or []
+        if isinstance(im, Mapping)
+        and isinstance(im.get('file_name'), str)
+        and im['file_name']
+        and number(im.get('width'))
+        and number(im.get('height'))
+    ]
+    if '://' in folder:
+        return
+    wrong = []
+    checked = 0
+    for i in _spread(len(sized), max_images):
+        im = sized[i]
+        try:
+            h, w = image_size(osp.join(folder, im['file_name']), orientation)
+        except Exception:  # unreadable: the image checks' business
+            continue
+        checked += 1
+        if (w, h) != (im['width'], im['height']):
+            wrong.append((im['file_name'], (w, h), (im['width'], im['height'])))
+    if not wrong:
+        return
+    name, (w, h), (fw, fh) = wrong[0]
+    full = osp.join(folder, name)
+    turned = orientation and image_size(full) != (h, w)  # its header, read a moment ago
+    raise DatasetLayoutError(
+        f'{where}: {len(wrong)} of {checked} images checked (of the {len(sized)} with a '
+        f'width/height {path!r} lists) have another size on disk than the file says, e.g. '
+        f'{full!r}: {w}x{h} on disk{" after its EXIF orientation" if turned else ""}, '
+        f'{fw}x{fh} (width x height) in the file. mmdet loads an image at its size on disk '
+        "but keeps its boxes and masks in the file's coordinates, so they would land in the "
+        'wrong place without a word. Export the annotations again at the new sizes, or '
+        'restore the original images.'
+    )
 
 
 def _usable_annotations(
