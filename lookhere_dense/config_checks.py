@@ -955,8 +955,9 @@ def _pair(value: Any) -> Optional[Tuple[int, int]]:
 
 
 #: mmseg backbones that pad a frame to whole patches themselves (``patch_pad`` /
-#: ``padding='corner'``), with their default patch size
-PATCH_PADDING_BACKBONES = {'LookHereViT': 16, 'VisionTransformer': 16}
+#: ``padding='corner'``; ``LookWhereViT``'s extractor: its grid is ``ceil(side / p)``), with
+#: their default patch size
+PATCH_PADDING_BACKBONES = {'LookHereViT': 16, 'VisionTransformer': 16, 'LookWhereViT': 16}
 
 
 def patch_side(patch: Any) -> Optional[int]:
@@ -982,6 +983,10 @@ def self_padding_patch(model: Any) -> Optional[int]:
     name = type_name(backbone) if isinstance(backbone, Mapping) else None
     if name not in PATCH_PADDING_BACKBONES:
         return None
+    if name == 'LookWhereViT':  # the extractor's patches
+        backbone = backbone.get('extractor') or {}
+        if not isinstance(backbone, Mapping):
+            return None
     return patch_side(backbone.get('patch_size', PATCH_PADDING_BACKBONES[name]))
 
 

@@ -1,5 +1,5 @@
 """Inputs that are no multiple of the patch size, for a backbone that pads them to whole
-patches itself (``LookHereViT``, mmseg's ``VisionTransformer``): mmseg's head stretches the
+patches itself (``LookHereViT``, ``LookWhereViT``, mmseg's ``VisionTransformer``): mmseg's head stretches the
 padded grid over the input, up to a patch minus one px off at the far edge, without an
 error. Sliding windows and training crops of such a size are refused, naming the key;
 the tools that choose whole-image inference themselves pad in the data preprocessor, so
@@ -12,7 +12,7 @@ import os.path as osp
 import cv2
 import numpy as np
 import pytest
-from tiny_seg import ADE_CFG, SHRINK, write_checkpoint
+from tiny_seg import ADE_CFG, REPO, SHRINK, write_checkpoint
 from tiny_seg import options as _opts
 
 from lookhere_dense.errors import ConfigError
@@ -153,3 +153,33 @@ def test_extrapolation_tests_pad_whole_frames_and_refuse_windows_off_the_grid(ca
     # the padding is the whole test's: restored after it (a slide test after a whole one
     # padded its frames, and its windows sat elsewhere than in a run of its own)
     assert model.data_preprocessor.test_cfg is None
+
+
+def test_lookwhere_backbones_are_checked_on_their_extractors_patches():
+    """``LookWhereViT``'s extractor pads to whole patches as ``LookHereViT`` does (its
+    grid is ``ceil(side / p)``): the same refusals and whole-frame padding, with the
+    extractor's patch size (the backbone was not checked before)."""
+    from mmengine.registry import init_default_scope
+
+    from lookhere_dense.apis.cli import load_config
+    from lookhere_dense.apis.inference import pad_whole_frames
+    from lookhere_dense.config_checks import check_model_cfg, self_padding_patch
+    from lookhere_dense.swap import model_registry
+
+    path = osp.join(REPO, 'configs', 'segmenter_lookwhere_vit-t_tiny-ade.py')
+    cfg = load_config(path, _opts())
+    assert self_padding_patch(cfg.model) == 16
+    check_model_cfg(cfg)  # the shipped config: multiples of 16
+    eight = load_config(path, _opts('model.backbone.extractor.patch_size=8'))
+    assert self_padding_patch(eight.model) == 8
+    slide = ('model.test_cfg.mode=slide', 'model.test_cfg.stride=(64,64)')
+    with pytest.raises(
+        ConfigError, match=r"crop_size=100x100 is not a multiple of the backbone's 16-px"
+    ):
+        check_model_cfg(load_config(path, _opts(*slide, 'model.test_cfg.crop_size=(100,100)')))
+    init_default_scope('mmseg')
+    cfg = load_config(path, _opts('model.data_preprocessor.test_cfg=None'))
+    model = model_registry('mmseg').build(cfg.model)
+    model.test_cfg = dict(mode='whole')
+    assert pad_whole_frames(model).startswith('whole frames padded to multiples of 16 px')
+    assert model.data_preprocessor.test_cfg == dict(size_divisor=16)

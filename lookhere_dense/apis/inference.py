@@ -279,8 +279,11 @@ def backbone_padding_patch(model: Any) -> Optional[int]:
     from ..config_checks import PATCH_PADDING_BACKBONES, patch_side
 
     backbone = getattr(model, 'backbone', None)
-    if type(backbone).__name__ not in PATCH_PADDING_BACKBONES:
+    name = type(backbone).__name__
+    if name not in PATCH_PADDING_BACKBONES:
         return None
+    if name == 'LookWhereViT':  # the extractor's patches
+        backbone = getattr(backbone, 'extractor', None)
     return patch_side(getattr(backbone, 'patch_size', None))
 
 
