@@ -1,9 +1,10 @@
 """Inputs that are no multiple of the patch size, for a backbone that pads them to whole
-patches itself (``LookHereViT``, ``LookWhereViT``, mmseg's ``VisionTransformer``): mmseg's head stretches the
-padded grid over the input, up to a patch minus one px off at the far edge, without an
-error. Sliding windows and training crops of such a size are refused, naming the key;
-the tools that choose whole-image inference themselves pad in the data preprocessor, so
-the segmentor crops the padding off. A random-init shrunk demo model (seconds)."""
+patches itself (``LookHereViT``, ``LookWhereViT``, mmseg's ``VisionTransformer``): mmseg's
+head stretches the padded grid over the input, up to a patch minus one px off at the far
+edge, without an error. Sliding windows and training crops of such a size are refused,
+naming the key; the tools that choose whole-image inference themselves pad in the data
+preprocessor, so the segmentor crops the padding off. A random-init shrunk demo model
+(seconds)."""
 
 from __future__ import annotations
 
