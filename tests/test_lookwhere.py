@@ -1000,9 +1000,11 @@ def test_the_segmentation_loss_reaches_no_selector_head():
 
 
 def test_the_distillation_teacher_loads_through_the_trunks_loader(tmp_path):
-    """The teacher's file: a segmentor's checkpoint loads without a prefix, and one of
-    another depth names model.teacher.* (it said model.backbone.num_layers, and without a
-    prefix mmengine's RuntimeError listed every key)."""
+    """The teacher's file: a segmentor's checkpoint loads without a prefix and stays
+    through ``init_weights`` (the Runner's call redrew 27 of its 33 tensors: the student
+    was distilled from a random teacher), and one of another depth names model.teacher.*
+    (it said model.backbone.num_layers, and without a prefix mmengine's RuntimeError
+    listed every key)."""
     from lookhere_dense.errors import CheckpointError
     from lookhere_dense.registry import register_all_modules
     from lookhere_dense.swap import model_registry
@@ -1022,6 +1024,7 @@ def test_the_distillation_teacher_loads_through_the_trunks_loader(tmp_path):
         )
 
     model = distiller(num_layers=2)
+    model.init_weights()  # what the Runner calls before training: the teacher stays
     for key, value in trunk.state_dict().items():
         if value.is_floating_point():
             assert torch.equal(model.teacher.state_dict()[key], value), key
@@ -1057,3 +1060,32 @@ def test_a_nearest_fill_student_fine_tunes_with_the_learned_fill(tmp_path):
     backbone.init_weights()
     assert torch.equal(backbone.extractor.trunk.cls_token, student.extractor.trunk.cls_token)
     assert not backbone.fill.pw.weight.any()  # restarted: the plain propagation
+
+
+def test_trunk_arguments_the_extractor_would_ignore_are_refused_or_honoured():
+    """``out_origin`` / ``output_cls_token`` on the extractor and ``log_n_scaling`` on the
+    selector were accepted and ignored (LookWhere returned other outputs than the docs'
+    "the trunk's"); ``with_cp`` checkpointed no block (the plain trunk checkpoints each):
+    now each block's forward runs again in backward, with the same gradients; a frozen
+    selector is in eval mode from construction (it was in train mode until the first
+    ``train()`` / ``eval()``: two selections of one image differed with drop path)."""
+    for key in ('out_origin', 'output_cls_token'):
+        with pytest.raises(ValueError, match=f'LookWhere extractor: {key}=True is not supported'):
+            LookWhere(TINY_SEL, dict(TINY_EXT, **{key: True}))
+    with pytest.raises(ValueError, match='LookWhere selector: log_n_scaling is not supported'):
+        LookWhere(dict(TINY_SEL, log_n_scaling=True), TINY_EXT)
+    frozen = LookWhere(dict(TINY_SEL, drop_path_rate=0.5), TINY_EXT, freeze_selector=True)
+    assert not frozen.selector.training and frozen.extractor.training
+
+    x = torch.randn(1, 3, 64, 64)
+    grads, calls = [], []
+    for with_cp in (False, True):
+        torch.manual_seed(0)
+        model = LookWhere(TINY_SEL, dict(TINY_EXT, with_cp=with_cp), k=8)
+        blocks = model.extractor.trunk.blocks
+        calls.append(0)
+        blocks[0].register_forward_pre_hook(lambda *a: calls.__setitem__(-1, calls[-1] + 1))
+        model(x)[0].square().mean().backward()
+        grads.append(blocks[0].attn.qkv.weight.grad.clone())
+    assert calls == [1, 2]  # recomputed in backward with with_cp
+    torch.testing.assert_close(grads[1], grads[0])

@@ -8,6 +8,7 @@ from typing import Any, List, Optional, Tuple
 import torch
 import torch.nn as nn
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from ..lookhere.vit import LookHereVisionTransformer, create_model
 from .select import gather_patches
@@ -33,8 +34,10 @@ class LookWhereExtractor(nn.Module):
     Args:
         **trunk: :class:`~lookhere_dense.lookhere.LookHereVisionTransformer` arguments
             (``embed_dims``, ``num_layers``, ``num_heads``, ``patch_size``, ``preset``,
-            ``pos_encoding``, ``out_indices``, ...). Window attention, Jumbo tokens and
-            ``log_n_scaling`` are refused (not defined on a gathered subset).
+            ``pos_encoding``, ``out_indices``, ``with_cp``, ...). Window attention, Jumbo
+            tokens and ``log_n_scaling`` are refused (not defined on a gathered subset), so
+            are ``out_origin`` and ``output_cls_token`` (LookWhere's outputs are the filled
+            maps of ``out_indices``).
         max_subset_bias_mb (float): the largest dense coordinate bias of one layer
             (``B x heads x (J + K)^2`` elements, MiB) built whole; above it the attention
             runs per block of query rows (``'chunked-coords'``, bounded memory; see
@@ -76,6 +79,12 @@ class LookWhereExtractor(nn.Module):
             raise ValueError('LookWhere extractor: jumbo_tokens are not supported (use CLS)')
         if trunk.log_n_scaling:
             raise ValueError('LookWhere extractor: log_n_scaling is not supported')
+        for key in ('out_origin', 'output_cls_token'):  # LookWhere gives one map per index
+            if getattr(trunk, key):
+                raise ValueError(
+                    f'LookWhere extractor: {key}=True is not supported (its outputs are the '
+                    'filled patch maps of out_indices); use the default False'
+                )
         if trunk.pos_encoding not in SUBSET_ENCODINGS:
             raise ValueError(
                 f'LookWhere extractor: pos_encoding={trunk.pos_encoding!r} is not supported on '
@@ -149,7 +158,10 @@ class LookWhereExtractor(nn.Module):
         outs = []
         last = len(trunk.blocks) - 1
         for i, blk in enumerate(trunk.blocks):
-            x = blk(x, attend, i, grid, j)
+            if trunk.with_cp and x.requires_grad:  # the trunk's activation checkpointing
+                x = checkpoint(blk, x, attend, i, grid, j, use_reentrant=False)
+            else:
+                x = blk(x, attend, i, grid, j)
             if i == last and trunk.norm is not None:
                 x = trunk.norm(x)
             if i in trunk.out_indices:

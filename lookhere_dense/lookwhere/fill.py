@@ -100,7 +100,9 @@ def idw_fill(
     kept patches: weights ``1 / (d**power + 1e-8)`` normalised to sum to 1 (the official
     LookWhere's ``upsample_grid_nn`` with its defaults ``K=5``, ``distance_power=1``;
     ties in distance go to the earlier kept patch, where the official's unstable
-    ``argsort`` may take either). A kept patch (distance 0, weight 1e8) keeps its own
+    ``argsort`` over its score-ordered ``keep`` may take either: on an integer grid ties
+    at the fifth neighbour are common, and with the same kept patches 22 of 242 patches
+    at 154 px differed from the official's output). A kept patch (distance 0, weight 1e8) keeps its own
     features up to a relative 1e-8 of its neighbours'.
 
     Args:

@@ -120,6 +120,7 @@ class LookWhere(nn.Module):
         if self.freeze_selector:
             for p in self.selector.parameters():
                 p.requires_grad = False
+            self.selector.eval()  # from the start, not from the first train() / eval()
 
     @property
     def k(self) -> Optional[int]:

@@ -81,7 +81,9 @@ def top_k_patches(scores: Tensor, k: int) -> Tensor:
 
     Returns:
         ``(B, k)`` int64 patch indices, ascending (so the kept sequence keeps the grid's
-        reading order; ties go to the lower index as in ``torch.topk``'s stable order).
+        reading order). Which of tied scores is kept is ``torch.topk``'s choice, not the
+        lower index (``top_k_patches(torch.zeros(1, 64), 8)`` keeps 40-47 on this CPU) and
+        may differ between devices.
     """
     if scores.dim() != 2:
         raise ValueError(f'scores must be (B, N), got {tuple(scores.shape)}')

@@ -108,6 +108,8 @@ class LookWhereSelector(nn.Module):
                 raise ValueError(
                     f'LookWhere selector: {bad} is set by the selector, not configurable'
                 )
+        if trunk.get('log_n_scaling'):  # its block loop has no attention scale
+            raise ValueError('LookWhere selector: log_n_scaling is not supported')
         img_size = self.input_size or (224, 224)
         self.backbone = create_model(
             img_size=img_size,

@@ -181,7 +181,7 @@ class LookWhereDistiller(BaseModel):
             ``'teacher'`` (its attention map) or ``'selector'``. Default: ``'teacher'``.
         selector_weight, extractor_weight (float): loss weights. Default: 1, 1.
         selector_target (str): what the selector learns: ``'attn'`` (the teacher's CLS
-            attention, the official) or ``'boundary'`` (where its features change;
+            attention; not the official pre-training's patch-query logits) or ``'boundary'`` (where its features change;
             :func:`~lookhere_dense.lookwhere.distill.distillation_losses`).
             Default: ``'attn'``.
         data_preprocessor (dict): e.g. mmseg's ``SegDataPreProcessor``.
@@ -240,6 +240,14 @@ class LookWhereDistiller(BaseModel):
         self.select_by = select_by
         self.selector_weight = float(selector_weight)
         self.extractor_weight = float(extractor_weight)
+
+    def init_weights(self) -> None:
+        """mmengine's initialisation (``init_cfg``, the student) with the teacher left as
+        built: mmengine's ``BaseModule.init_weights`` calls each child's ``init_weights``
+        unless it is marked ``is_init``, and the trunk's redraws every weight -- the Runner
+        distilled from a random teacher, whatever ``teacher.checkpoint`` held."""
+        self.teacher.is_init = True  # built complete: its checkpoint, or its own init
+        super().init_weights()
 
     def train(self, mode: bool = True) -> 'LookWhereDistiller':
         super().train(mode)
