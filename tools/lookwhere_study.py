@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         default='attn',
         choices=['attn', 'boundary'],
         help="what the selector is distilled to predict: the teacher's CLS attention "
-        '(official) or where its features change',
+        "(not the official's patch-query logits) or where its features change",
     )
     s.add_argument(
         '--coverage', type=float, default=0.0, help='share of k kept on a regular lattice'
@@ -123,8 +123,9 @@ def main(argv=None) -> int:
         '--fill',
         default='nearest',
         choices=['nearest', 'propagate'],
-        help="the student's dense fill: the nearest kept patch (official) or the learned "
-        'propagation (trained in distillation and fine-tuning)',
+        help="the student's dense fill: the nearest kept patch or the learned propagation "
+        "(trained in distillation and fine-tuning); the official's inverse-distance fill "
+        "(fill='idw') is not one of the study's",
     )
     s.add_argument(
         '--finetune-teacher',

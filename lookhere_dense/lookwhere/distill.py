@@ -1,14 +1,15 @@
 """What-where distillation (LookWhere, arXiv 2505.18051): a frozen teacher ViT tells the
-selector where to look (its CLS attention over the patches) and the extractor what to see
+selector where to look (a map over the patches) and the extractor what to see
 (its patch and CLS features). No labels. Torch alone.
 
 Losses (:func:`distillation_losses`):
 
 * ``loss_selector`` -- ``KL(teacher map || softmax(selector scores))`` over the patches
   of the high-resolution grid; the teacher map (``selector_target``) is either
-  ``'attn'`` (the official): the last block's attention of the CLS query to the patch
-  keys, averaged over heads and renormalised over the patches (the CLS row of LookHere
-  carries no bias, so this is the plain content attention), or ``'boundary'``: where the
+  ``'attn'``: the last block's attention of the CLS query to the patch keys, averaged
+  over heads and renormalised over the patches (the CLS row of LookHere carries no bias,
+  so this is the plain content attention; not the official pre-training's target, the
+  last block's attention logits averaged over heads and the patch queries), or ``'boundary'``: where the
   teacher's final patch features change, :func:`boundary_map` (for dense prediction: the
   patches a nearest-kept fill gets wrong; ``docs/lookwhere.md``, the diagnosis);
 * ``loss_extractor`` -- mean squared error of the student's dense map (every patch,
