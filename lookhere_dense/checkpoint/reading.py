@@ -5,11 +5,16 @@ to a dict of CPU tensors, weights only, or an error that says what is wrong with
 code, so a file that holds Python objects besides tensors, numbers and strings is refused
 (mmengine's Runner checkpoints hold a few of mmengine's own classes; exactly those are
 allow-listed by :mod:`lookhere_dense.compat` when the OpenMMLab layer registers, and by the
-timm entry and ``tools/convert_checkpoint.py`` when they meet such a file). Torch alone.
+timm entry and ``tools/convert_checkpoint.py`` when they meet such a file). timm's
+``train.py`` checkpoints hold its arguments as an ``argparse.Namespace`` (``args``): that
+class alone is allowed while these functions read a file, as timm's reader allows it.
+Torch alone.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
 import pickle
 import re
@@ -22,6 +27,19 @@ import torch
 from ..errors import UnreadableCheckpointError
 
 __all__ = ['load_checkpoint_file', 'checkpoint_problem', 'read_pointer_file']
+
+
+#: classes allowed for ``torch.load(weights_only=True)`` while a file is read here: timm's
+#: ``train.py`` (its ``CheckpointSaver``) saves its arguments, ``args``, as a Namespace, whose
+#: unpickling sets attributes and runs no code (timm's own reader allows it the same way)
+SAFE_GLOBALS = (argparse.Namespace,)
+
+
+def _safe_globals() -> Any:
+    """A context that allows :data:`SAFE_GLOBALS` for weights-only loading inside it only
+    (nothing where this torch has no ``torch.serialization.safe_globals``)."""
+    scoped = getattr(torch.serialization, 'safe_globals', None)
+    return scoped(list(SAFE_GLOBALS)) if scoped is not None else contextlib.nullcontext()
 
 
 def _first_line(err: BaseException) -> str:
@@ -213,9 +231,10 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
                     'CheckpointLoader reads its other schemes)',
                 )
             try:
-                ckpt = torch.hub.load_state_dict_from_url(
-                    path, map_location='cpu', weights_only=True
-                )
+                with _safe_globals():
+                    ckpt = torch.hub.load_state_dict_from_url(
+                        path, map_location='cpu', weights_only=True
+                    )
             except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
                 raise UnreadableCheckpointError(
                     path,
@@ -224,7 +243,8 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
                     'its local path',
                 ) from None
         else:
-            ckpt = torch.load(path, map_location='cpu', weights_only=True)
+            with _safe_globals():
+                ckpt = torch.load(path, map_location='cpu', weights_only=True)
     except (FileNotFoundError, MemoryError, KeyboardInterrupt, UnreadableCheckpointError):
         raise
     except Exception as err:
@@ -251,9 +271,10 @@ def checkpoint_problem(path: str) -> Optional[str]:
             problem = err
     elif problem is None:
         try:
-            ckpt = torch.load(
-                path, map_location='cpu', weights_only=True, mmap=zipfile.is_zipfile(path)
-            )
+            with _safe_globals():
+                ckpt = torch.load(
+                    path, map_location='cpu', weights_only=True, mmap=zipfile.is_zipfile(path)
+                )
         except (MemoryError, KeyboardInterrupt):
             raise
         except Exception as err:  # noqa: B902 - every failure is a reason
@@ -271,9 +292,10 @@ def checkpoint_head(path: str) -> Any:
     if path.endswith('.safetensors') or not os.path.isfile(path):
         return None
     try:
-        return torch.load(
-            path, map_location='cpu', weights_only=True, mmap=zipfile.is_zipfile(path)
-        )
+        with _safe_globals():
+            return torch.load(
+                path, map_location='cpu', weights_only=True, mmap=zipfile.is_zipfile(path)
+            )
     except (MemoryError, KeyboardInterrupt):
         raise
     except Exception:  # noqa: B902 - unreadable: nothing to look at

@@ -4,7 +4,9 @@ A LookHere ViT saves its position encoding, LookHere config, head count, depth a
 its ``_extra_state`` (PyTorch's ``get_extra_state``): a uint8 tensor holding JSON
 (:func:`encode_extra_state`), so that every ``state_dict`` entry is a tensor (mmengine
 broadcasts all of them in multi-process runs, and files load with ``weights_only=True``).
-Files written before hold a dict there; :func:`decode_extra_state` reads both. Torch alone.
+Files written before hold a dict there; :func:`decode_extra_state` reads both, and the
+record of a ``state_dict`` cast to one dtype (``{k: v.float() ...}``, as timm's
+``avg_checkpoints.py`` writes), whose bytes survive the cast. Torch alone.
 """
 
 from __future__ import annotations
@@ -50,7 +52,15 @@ def decode_extra_state(value: Any) -> Dict[str, Any]:
     """
     if isinstance(value, Mapping):
         return dict(value)
-    if isinstance(value, Tensor) and value.dtype == torch.uint8 and value.dim() == 1:
+    recast = _as_bytes(value)
+    if recast is not value:  # a record cast with the weights, if its bytes are one
+        try:
+            state = json.loads(bytes(recast.tolist()).decode('utf-8'))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            state = None
+        if isinstance(state, dict):
+            return state
+    elif isinstance(value, Tensor) and value.dtype == torch.uint8 and value.dim() == 1:
         try:
             state = json.loads(bytes(value.cpu().tolist()).decode('utf-8'))
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -66,11 +76,37 @@ def decode_extra_state(value: Any) -> Dict[str, Any]:
         if isinstance(value, Tensor)
         else type(value).__name__
     )
+    cast = ''
+    if isinstance(value, Tensor) and value.dtype != torch.uint8:
+        cast = (
+            '; a state_dict cast to one dtype must keep it: cast the weights alone, e.g. '
+            "{k: v if k.endswith('_extra_state') else v.float() for k, v in sd.items()}, or "
+            "save the model's state_dict again"
+        )
     raise ValueError(
         f'an {EXTRA_STATE_KEY!r} entry that is not a LookHereViT record ({what}); '
         'expected the uint8 tensor LookHereViT.get_extra_state() writes (or the '
-        'dict of older files)'
+        f'dict of older files){cast}'
     )
+
+
+def _as_bytes(value: Any) -> Any:
+    """A 1-D tensor of another real dtype whose values are all whole numbers 0-255 (a
+    uint8 record cast with the weights: ``v.float()``, ``v.half()``, ``v.bfloat16()``,
+    ``v.long()`` keep every byte exactly) as the uint8 tensor it was; anything else as it
+    is."""
+    if (
+        not isinstance(value, Tensor)
+        or value.dtype in (torch.uint8, torch.bool)
+        or value.dtype.is_complex
+        or value.dim() != 1
+        or value.numel() == 0
+    ):
+        return value
+    wide = value.detach().cpu().double()
+    if not bool(((wide >= 0) & (wide <= 255) & (wide == wide.round())).all()):
+        return value
+    return wide.to(torch.uint8)  # a new tensor: the caller tells it from ``value``
 
 
 def read_record(value: Any) -> Dict[str, Any]:
