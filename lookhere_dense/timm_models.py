@@ -44,7 +44,22 @@ model without LayerScale, as timm's ``VisionTransformer`` (``timm.create_model``
 arguments given as None; the default is LayerScale at 1e-4, as the official LookHere
 models): timm / DeiT ViT files have none. A file that does not fit is refused in timm's
 words: ``init_values=0`` for such a file, ``model.load_pretrained(FILE, strict=False)`` to
-load what fits (:attr:`LookHereTimmViT.loose_loading`).
+load what fits (:attr:`LookHereTimmViT.loose_loading`). As timm's reader, each of these
+routes takes a file's EMA weights (``state_dict_ema``, else ``model_ema``) before its
+``state_dict``, and
+reads timm ``train.py`` checkpoints (their ``args``, an ``argparse.Namespace``, is the one
+Python class allowed besides tensors) and ``state_dict`` files cast to one dtype (timm's
+``avg_checkpoints.py``: the record, ``_extra_state``, is read back from its cast bytes).
+The classifier: a file's ``head.*`` is loaded where it fits this model; a file without one
+(a backbone file) leaves the classifier random with a warning (timm refuses such a file:
+``num_classes=0`` builds the model without one); a file with another class count gets a
+new classifier, as for fine-tuning. ``model.load_state_dict(state_dict)`` called directly
+treats the classifier's keys as PyTorch does (reported as missing / unexpected, refused
+with ``strict``). A timm ``global_pool='avg'`` file holds ``fc_norm.*`` (a norm after the
+pooling, no final norm): ``fc_norm=True`` loads it; without it the file is refused.
+``act_layer`` takes timm's names (``'gelu_tanh'``, ``timm.layers.get_act_layer``). timm's
+data config (``timm.data.resolve_data_config``) is the official LookHere evaluation's:
+the short side resized to 256 (bilinear), 224 cropped (``crop_pct=0.875``).
 
 Fine-tuning with timm's tools: ``set_grad_checkpointing()`` (activation checkpointing per
 block; also on the ``features_only`` wrapper), ``group_matcher()`` (so
@@ -60,6 +75,11 @@ and in every block's projection and MLP together).
 
 What differs from timm's ``VisionTransformer``:
 
+* ``global_pool='avg'`` pools after the final norm; timm's default ``fc_norm`` for it
+  (a norm after the pooling instead) is ``fc_norm=True`` here; ``global_pool`` is
+  ``'token'``, ``'avg'`` or ``''`` (also in ``reset_classifier``);
+* ``checkpoint_path=`` takes a file without a classifier (a warning) or with another class
+  count (a new classifier), which timm refuses;
 * every model takes any image size (``dynamic_img_size`` is always on; the LookHere bias
   needs no interpolation); ``img_size`` is the nominal training size (timm's data config,
   ``log_n_scaling``'s reference, the ``abs`` table's grid), and ``set_input_size`` changes
@@ -87,7 +107,7 @@ import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import torch
-from timm.layers import Mlp
+from timm.layers import Mlp, get_act_layer
 from timm.models import (
     adapt_input_conv,
     build_model_with_cfg,
@@ -122,7 +142,7 @@ from .lookhere.weights import (
 )
 from .validation import check_rate
 
-__all__ = ['LookHereTimmViT', 'LookHereFeatures', 'ARCHS', 'TAGS']
+__all__ = ['LookHereTimmViT', 'LookHereFeatures', 'ClassifierKeysError', 'ARCHS', 'TAGS']
 
 #: architecture per model name (LookHereVisionTransformer arguments)
 ARCHS: Dict[str, Dict[str, Any]] = {
@@ -158,6 +178,11 @@ _HEAD_WORDS = {
 }
 
 
+def _check_global_pool(global_pool: Any) -> None:
+    if global_pool not in ('token', 'avg', ''):
+        raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
+
+
 def _classifier(head_type: str, width: int, num_classes: int) -> nn.Module:
     """A new, initialised classifier (truncated normal 0.02 weights, zero biases);
     ``nn.Identity()`` for ``num_classes=0``. ``'mlp'``: the official LookHere classifier
@@ -185,6 +210,10 @@ class LookHereTimmViT(LookHereVisionTransformer):
             pooled features). Default: 1000.
         global_pool (str): ``'token'`` (the CLS token), ``'avg'`` (mean of the patch
             tokens) or ``''`` (all tokens). Default: ``'token'``.
+        fc_norm (bool): a norm after the pooling (``fc_norm``) in place of the final norm
+            (``final_norm=False``), as timm's ViT with ``global_pool='avg'`` (whose files
+            hold ``fc_norm.*`` and no ``norm.*``). Unlike timm, ``None`` means False for
+            every ``global_pool``: ``'avg'`` pools after the final norm. Default: None.
         head_type (str): ``'linear'`` (timm's ViT classifier, ``head.weight``) or
             ``'mlp'``: the official LookHere classifier (``head.fc1`` -> tanh ->
             ``head.fc2``, hidden width 4x the embedding), which the released ImageNet
@@ -208,6 +237,9 @@ class LookHereTimmViT(LookHereVisionTransformer):
     #: ``create_model(..., checkpoint_num_heads=N)``: the head count of files that do not
     #: record one (:meth:`load_pretrained`)
     _checkpoint_num_heads: Optional[int] = None
+    #: the classifier is dropped (``features_only``: by the wrapper, or about to be while
+    #: timm reads a pretrained file): a file's ``head.*`` / ``fc_norm.*`` are left out
+    _classifier_dropped: bool = False
 
     def __init__(
         self,
@@ -217,6 +249,7 @@ class LookHereTimmViT(LookHereVisionTransformer):
         drop_rate: float = 0.0,
         pos_drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0,
+        fc_norm: Optional[bool] = None,
         **kwargs: Any,
     ):
         for key, rate in (
@@ -225,8 +258,13 @@ class LookHereTimmViT(LookHereVisionTransformer):
             ('proj_drop_rate', proj_drop_rate),
         ):
             check_rate(f'LookHereViT: {key}', rate)
-        if global_pool not in ('token', 'avg', ''):
-            raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
+        _check_global_pool(global_pool)
+        if fc_norm:
+            if kwargs.get('final_norm', False):
+                raise ValueError(
+                    "fc_norm=True replaces the final norm, as in timm's ViT: drop final_norm=True"
+                )
+            kwargs['final_norm'] = False
         if head_type not in HEAD_TYPES:
             raise ValueError(
                 f'head_type must be one of {HEAD_TYPES}, got {head_type!r} '
@@ -236,13 +274,12 @@ class LookHereTimmViT(LookHereVisionTransformer):
         # timm's proj_drop_rate there, and pos_drop_rate after the position embedding alone
         super().__init__(**_rename(kwargs), drop_rate=proj_drop_rate)
         self.drop_after_pos = nn.Dropout(pos_drop_rate)  # no parameters: the same keys
+        norm_layer = kwargs.get('norm_layer') or nn.LayerNorm
+        self.fc_norm: nn.Module = norm_layer(self.embed_dims) if fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head_type = head_type
         self.init_weights()  # timm models are initialised when built
-        if global_pool == 'token' and not self.with_cls_token:
-            raise ValueError(
-                "global_pool='token' needs the CLS token (class_token=True; or global_pool='avg')"
-            )
+        self._check_token_pool(global_pool)
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dims
         self.depth = len(self.blocks)
@@ -265,21 +302,35 @@ class LookHereTimmViT(LookHereVisionTransformer):
         """The classifier (timm API)."""
         return self.head
 
+    def _check_token_pool(self, global_pool: str) -> None:
+        if global_pool == 'token' and not self.with_cls_token:
+            raise ValueError(
+                "global_pool='token' needs the CLS token (class_token=True; or global_pool='avg')"
+            )
+
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
-        """A new, initialised classifier for ``num_classes`` (0: none) (timm API)."""
+        """A new, initialised classifier for ``num_classes`` (0: none) (timm API);
+        ``global_pool`` (None: unchanged) is checked as the constructor checks it.
+
+        Raises:
+            ValueError: a ``global_pool`` this model does not have.
+        """
         if global_pool is not None:
+            _check_global_pool(global_pool)
+            self._check_token_pool(global_pool)
             self.global_pool = global_pool
         self.num_classes = num_classes
         self.head = _classifier(self.head_type, self.num_features, num_classes)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Pool the tokens of :meth:`forward_features`, then ``head_drop`` (``drop_rate``)
-        and the classifier, in timm's ViT's order (``pre_logits``: the pooled features
-        after ``head_drop``, as timm's)."""
+        """Pool the tokens of :meth:`forward_features`, then ``fc_norm``, ``head_drop``
+        (``drop_rate``) and the classifier, in timm's ViT's order (``pre_logits``: the
+        pooled features after ``head_drop``, as timm's)."""
         if self.global_pool == 'token':
             x = x[:, 0]
         elif self.global_pool == 'avg':
             x = x[:, self.num_prefix_tokens :].mean(dim=1)
+        x = self.fc_norm(x)
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
@@ -459,6 +510,7 @@ class LookHereTimmViT(LookHereVisionTransformer):
         self.depth = len(self.blocks)
         self.feature_info = self.feature_info[: self.depth]
         if prune_head:
+            self.fc_norm = nn.Identity()  # as timm's ViT
             self.reset_classifier(0, '')
         return take
 
@@ -471,12 +523,32 @@ class LookHereTimmViT(LookHereVisionTransformer):
     ) -> Dict[str, List[str]]:
         """:meth:`LookHereVisionTransformer.load_pretrained` for the trunk, then the
         file's classifier (``head.*``) when it has one of this model's shape (official
-        LookHere and timm ImageNet files); otherwise the classifier stays as it is.
+        LookHere and timm ImageNet files); otherwise the classifier stays as it is: a
+        file without one (a backbone file) with a warning, another class count (as for
+        fine-tuning) with a log line. The keys of this model's classifier that were not
+        loaded are in the report's ``missing``, the file's that were not in ``unexpected``.
 
-        The file is read once. Before anything is loaded, its head count and LookHere
-        config are checked against this model with timm's words (:meth:`_check_file`:
-        ``create_model`` arguments and tags). ``checkpoint_num_heads`` defaults to the
-        one given to ``timm.create_model``."""
+        As timm's reader, a file's EMA weights (``state_dict_ema``, else ``model_ema``)
+        are taken before its ``state_dict`` (timm's ``train.py`` saves both). The file is
+        read once. Before anything is loaded, its head count and LookHere config are
+        checked against this model with timm's words (:meth:`_check_file`: ``create_model``
+        arguments and tags), and ``fc_norm.*`` (timm's ``global_pool='avg'`` files) against
+        ``fc_norm=True``. ``checkpoint_num_heads`` defaults to the one given to
+        ``timm.create_model``."""
+        return self._load_file(path, strict, checkpoint_num_heads, source, direct=False)
+
+    def _load_file(
+        self,
+        path: Union[str, 'os.PathLike[str]', Mapping[str, Any]],
+        strict: bool,
+        checkpoint_num_heads: Optional[int],
+        source: Optional[str],
+        direct: bool,
+    ) -> Dict[str, List[str]]:
+        """:meth:`load_pretrained`; ``direct``: for :meth:`load_state_dict` called by the
+        user (not by timm's reader): the classifier's keys (``head.*``, ``fc_norm.*``)
+        follow PyTorch's rules (missing / unexpected reported, refused with ``strict``,
+        another shape refused), checked before anything is loaded."""
         if checkpoint_num_heads is None:
             checkpoint_num_heads = self._checkpoint_num_heads
         check_weights_argument('load_pretrained: path', path)
@@ -485,9 +557,18 @@ class LookHereTimmViT(LookHereVisionTransformer):
             ckpt: Mapping[str, Any] = load_checkpoint_file(source)
         else:
             ckpt = path
-        ckpt = self._adapt_input_conv(ckpt, source or 'the checkpoint')
-        self._check_file(ckpt, source or 'the checkpoint', checkpoint_num_heads)
-        head, self.head = self.head, nn.Identity()  # the trunk's strict key check
+        ckpt = _timm_preferred(ckpt)
+        where = source or 'the checkpoint'
+        ckpt = self._adapt_input_conv(ckpt, where)
+        self._check_file(ckpt, where, checkpoint_num_heads)
+        classifier = _ClassifierKeys(self, ckpt)
+        if strict:
+            self._check_fc_norm(classifier, where)
+        if direct:
+            classifier.check_pytorch(self, strict)
+        # the trunk's strict key check: without the classifier
+        head, fc_norm = self.head, self.fc_norm
+        self.head, self.fc_norm = nn.Identity(), nn.Identity()
         self._loading = True  # the loader's own load_state_dict calls are plain ones
         try:
             report = super().load_pretrained(ckpt, strict, checkpoint_num_heads, source)
@@ -496,8 +577,14 @@ class LookHereTimmViT(LookHereVisionTransformer):
                 err.args = (_in_timm_words(str(err), self._name()),)
             raise
         finally:
-            self.head, self._loading = head, False
-        self._load_head(ckpt, source or 'the checkpoint')
+            self.head, self.fc_norm, self._loading = head, fc_norm, False
+        if direct:
+            classifier.copy_pytorch()
+        else:
+            self._load_fc_norm(classifier, where)
+            self._load_head(classifier, where)
+        report['missing'] = sorted(report['missing'] + classifier.missing)
+        report['unexpected'] = sorted(report['unexpected'] + classifier.unexpected)
         return report
 
     def _adapt_input_conv(self, ckpt: Mapping[str, Any], source: str) -> Mapping[str, Any]:
@@ -533,25 +620,60 @@ class LookHereTimmViT(LookHereVisionTransformer):
             )
         return {**ckpt, container: sd} if container else sd
 
-    def _load_head(self, ckpt: Mapping[str, Any], source: str) -> None:
+    def _check_fc_norm(self, classifier: '_ClassifierKeys', source: str) -> None:
+        """Refuse a file whose norm after the pooling (``fc_norm.*``, timm's
+        ``global_pool='avg'`` ViTs) this model lacks, or a file with a final norm and no
+        ``fc_norm.*`` for ``fc_norm=True``: either norm left out silently changes every
+        output. The ``features_only`` wrapper, which drops the classifier, takes both."""
+        if self._classifier_dropped:
+            return
+        theirs = classifier.theirs('fc_norm.')
+        mine = classifier.mine('fc_norm.')
+        if theirs and not mine:
+            raise CheckpointError(
+                f'{source!r} holds fc_norm.* ({", ".join(sorted(theirs))}): the norm after '
+                "the pooling of timm's ViT with global_pool='avg' (in place of the final "
+                f'norm), which {self._name()} lacks; build it as the file was: '
+                "timm.create_model(..., global_pool='avg', fc_norm=True) (final_norm=False "
+                f'alone would leave that norm out). {self.loose_loading} (the trunk alone)'
+            )
+        if mine and not theirs and any(str(k).startswith('norm.') for k in classifier.file_sd):
+            raise CheckpointError(
+                f'{source!r} has a final norm (norm.*) and no fc_norm.*, but {self._name()} '
+                'has fc_norm=True (a norm after the pooling in place of the final norm): '
+                'drop fc_norm=True'
+            )
+
+    def _load_fc_norm(self, classifier: '_ClassifierKeys', source: str) -> None:
+        """Copy the file's ``fc_norm.*`` where this model has the same (strict loading
+        refused the other cases before: :meth:`_check_fc_norm`)."""
+        if classifier.fits('fc_norm.'):
+            classifier.copy('fc_norm.')
+
+    def _load_head(self, classifier: '_ClassifierKeys', source: str) -> None:
         """Copy the file's classifier (``head.*``) where it has this model's: the same
         structure (``head_type``) and shapes. A file whose classifier has this model's
         class count in the other structure gets a warning (the model keeps its random
-        classifier: its logits would be noise); another class count, or none, a log line
-        (a new classifier, as for fine-tuning)."""
-        sd = ckpt.get('weights') or ckpt.get('state_dict') or ckpt.get('model') or ckpt
-        theirs = {k: v for k, v in sd.items() if k.startswith('head.') and torch.is_tensor(v)}
-        mine = {f'head.{k}': v for k, v in self.head.state_dict().items()}
-        if not mine or not theirs:
-            if mine:
-                self._log(
-                    f'{self._name()}: {source!r} has no classifier; head kept as initialised'
-                )
+        classifier: its logits would be noise), so does a file without a classifier
+        (timm refuses it with ``Missing key(s)``; a backbone file is taken, its
+        classifier random); another class count a log line (a new classifier, as for
+        fine-tuning)."""
+        theirs, mine = classifier.theirs('head.'), classifier.mine('head.')
+        if not mine:
             return
-        if set(theirs) == set(mine) and all(theirs[k].shape == v.shape for k, v in mine.items()):
-            with torch.no_grad():
-                for k, v in mine.items():
-                    v.copy_(theirs[k])
+        if not theirs:
+            warnings.warn(
+                f'{source!r} has no classifier (head.*): {self._name()} keeps its randomly '
+                f'initialised {self.num_classes}-class classifier (its logits mean nothing '
+                'until it is trained; timm refuses such a file with "Missing key(s) in '
+                'state_dict: head.weight"). For the features alone: '
+                'timm.create_model(..., num_classes=0); for the classifier the file was '
+                'meant to have: load the file that holds it',
+                stacklevel=3,
+            )
+            return
+        if classifier.fits('head.'):
+            classifier.copy('head.')
             self._log(  # the trunk's line lists head.* among what the backbone left out
                 f'{self._name()}: classifier loaded from {source!r} '
                 f'(head_type={self.head_type!r}: {", ".join(sorted(mine))})'
@@ -567,7 +689,7 @@ class LookHereTimmViT(LookHereVisionTransformer):
                 f"{self.head_type!r}): the file's classifier is not loaded and this one stays "
                 f"randomly initialised (its logits mean nothing). To use the file's "
                 f'classifier: timm.create_model(..., head_type={file_type!r})',
-                stacklevel=2,
+                stacklevel=3,
             )
             return
         self._log(
@@ -578,16 +700,20 @@ class LookHereTimmViT(LookHereVisionTransformer):
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign=False):
         """This model's own ``state_dict`` loads as in PyTorch; any other checkpoint
         (official LookHere ``{'weights', 'config'}``, timm / DeiT-III weights, a
-        lookhere-dense backbone ``state_dict``), e.g. from timm's ``checkpoint_path=``,
-        goes through :meth:`load_pretrained` (its missing and unexpected keys are returned as
-        PyTorch returns them).
+        lookhere-dense backbone ``state_dict``) goes through :meth:`load_pretrained`'s
+        conversions and checks. Called directly, the classifier's keys (``head.*``,
+        ``fc_norm.*``) follow PyTorch's rules: the ones not loaded are returned as
+        ``missing_keys`` / ``unexpected_keys``, ``strict`` refuses them, another shape is
+        refused (before anything is loaded).
 
         When timm is reading a file into this model (``create_model(checkpoint_path=)``,
         ``timm.models.load_checkpoint``, mmseg's ``TIMMBackbone``, a pretrained file),
-        messages name that file, and the ``meta`` of a ``tools/convert_checkpoint.py``
-        file (head count, LookHere config), which timm's reader drops with everything
-        beside ``state_dict``, is read back from it (:func:`_converted_meta`), so the file
-        is taken and checked as mmseg's ``LookHereViT`` takes it. Else 'the checkpoint'."""
+        the file is taken as :meth:`load_pretrained` takes it (a backbone file without a
+        classifier with a warning), messages name that file, and the ``meta`` of a
+        ``tools/convert_checkpoint.py`` file (head count, LookHere config), which timm's
+        reader drops with everything beside ``state_dict``, is read back from it
+        (:func:`_converted_meta`), so the file is taken and checked as mmseg's
+        ``LookHereViT`` takes it. Else 'the checkpoint'."""
         if getattr(self, '_loading', False):
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
         path = _timm_file(self)
@@ -599,7 +725,7 @@ class LookHereTimmViT(LookHereVisionTransformer):
             self._check_file(state_dict, source, record_only=True)
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
         ckpt = {'state_dict': dict(state_dict), 'meta': meta} if meta else dict(state_dict)
-        report = self.load_pretrained(ckpt, strict=strict, source=source)
+        report = self._load_file(ckpt, strict, None, source, direct=path is None)
         return _IncompatibleKeys(report['missing'], report['unexpected'])
 
     # -- the checks of a file, in timm's words ---------------------------------------------
@@ -724,6 +850,144 @@ class LookHereTimmViT(LookHereVisionTransformer):
         )
 
 
+class ClassifierKeysError(CheckpointError, RuntimeError):
+    """A ``state_dict`` given to :meth:`LookHereTimmViT.load_state_dict` whose classifier
+    keys (``head.*``, ``fc_norm.*``) do not fit, in PyTorch's words (a ``RuntimeError``,
+    as PyTorch raises, and a :class:`~lookhere_dense.errors.CheckpointError`)."""
+
+
+def _file_state_dict(ckpt: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The weights of a loaded checkpoint (official ``weights``, ``state_dict``, DeiT's
+    ``model``, or the flat dict)."""
+    for key in ('weights', 'state_dict', 'model'):
+        if isinstance(ckpt.get(key), Mapping) and ckpt[key]:
+            return ckpt[key]
+    return ckpt
+
+
+def _timm_preferred(ckpt: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The weights timm's reader takes from a file (``timm.models.load_state_dict``,
+    ``use_ema=True``, its default): ``state_dict_ema``, else ``model_ema``, where not
+    None (then ``state_dict``, ``model``, the flat dict: what the trunk's reader takes
+    anyway), with the file's ``meta``. An official LookHere file (``weights`` and
+    ``config``) has none and is kept as it is."""
+    if not isinstance(ckpt, Mapping) or ('weights' in ckpt and 'config' in ckpt):
+        return ckpt
+    for key in ('state_dict_ema', 'model_ema'):
+        if isinstance(ckpt.get(key), Mapping):
+            out: Dict[str, Any] = {'state_dict': ckpt[key]}
+            if isinstance(ckpt.get('meta'), Mapping):
+                out['meta'] = ckpt['meta']
+            return out
+    return ckpt
+
+
+class _ClassifierKeys:
+    """The classifier tensors (``head.*``, ``fc_norm.*``) of a model and of a file, and
+    which of them were loaded. The model's ``features_only`` wrapper drops the
+    classifier: then a file's are left out on purpose (neither loaded nor unexpected)."""
+
+    PARTS = ('head.', 'fc_norm.')
+
+    def __init__(self, model: 'LookHereTimmViT', ckpt: Mapping[str, Any]):
+        self.name = model._name()
+        self.cls_name = type(model).__name__
+        self.file_sd = _file_state_dict(ckpt)
+        self._mine: Dict[str, Tensor] = {}
+        self._theirs: Dict[str, Tensor] = {}
+        if not model._classifier_dropped:
+            self._mine = {
+                f'{part}{k}': v
+                for part in self.PARTS
+                for k, v in getattr(model, part[:-1]).state_dict().items()
+            }
+            self._theirs = {
+                k: v
+                for k, v in self.file_sd.items()
+                if isinstance(k, str) and k.startswith(self.PARTS) and torch.is_tensor(v)
+            }
+        self.loaded: Set[str] = set()
+
+    def mine(self, part: str) -> Dict[str, Tensor]:
+        return {k: v for k, v in self._mine.items() if k.startswith(part)}
+
+    def theirs(self, part: str) -> Dict[str, Tensor]:
+        return {k: v for k, v in self._theirs.items() if k.startswith(part)}
+
+    def fits(self, part: str) -> bool:
+        """The file has this part with the model's keys and shapes."""
+        mine, theirs = self.mine(part), self.theirs(part)
+        return (
+            bool(mine)
+            and set(mine) == set(theirs)
+            and all(theirs[k].shape == v.shape for k, v in mine.items())
+        )
+
+    def copy(self, part: str) -> None:
+        with torch.no_grad():
+            for k, v in self.mine(part).items():
+                v.copy_(self._theirs[k])
+                self.loaded.add(k)
+
+    @property
+    def missing(self) -> List[str]:
+        """The model's classifier keys that were not loaded."""
+        return [k for k in self._mine if k not in self.loaded]
+
+    @property
+    def unexpected(self) -> List[str]:
+        """The file's classifier keys that were not loaded."""
+        return [k for k in self._theirs if k not in self.loaded]
+
+    def check_pytorch(self, model: 'LookHereTimmViT', strict: bool) -> None:
+        """Refuse as PyTorch's ``load_state_dict`` would: another shape always, keys
+        missing or unexpected with ``strict`` (before anything is loaded).
+
+        Raises:
+            ClassifierKeysError: in PyTorch's words, with what to call instead.
+        """
+        mine, theirs = self._mine, self._theirs
+        missing = [k for k in mine if k not in theirs]
+        unexpected = [k for k in theirs if k not in mine]
+        mismatched = [k for k in mine if k in theirs and theirs[k].shape != mine[k].shape]
+        if not mismatched and not (strict and (missing or unexpected)):
+            return
+        errors = []
+        if strict and missing:
+            errors.append('Missing key(s) in state_dict: ' + ', '.join(f'"{k}"' for k in missing))
+        if strict and unexpected:
+            errors.append(
+                'Unexpected key(s) in state_dict: ' + ', '.join(f'"{k}"' for k in unexpected)
+            )
+        errors += [
+            f'size mismatch for {k}: copying a param with shape {tuple(theirs[k].shape)} from '
+            f'checkpoint, the shape in current model is {tuple(mine[k].shape)}'
+            for k in mismatched
+        ]
+        raise ClassifierKeysError(
+            f'Error(s) in loading state_dict for {self.cls_name} ({self.name}): '
+            + '; '.join(errors)
+            + '. The classifier (head.*, fc_norm.*) does not fit: '
+            + (
+                'build the model with the num_classes / head_type the weights have, or '
+                if mismatched
+                else 'load_state_dict(state_dict, strict=False) loads the rest and returns '
+                'these keys, or '
+            )
+            + 'model.load_pretrained(STATE_DICT) takes weights without a classifier or '
+            'with another (a new classifier, as for fine-tuning; a warning without one)'
+        )
+
+    def copy_pytorch(self) -> None:
+        """Copy the file's classifier tensors the model has, of its shapes (PyTorch's
+        ``strict=False``; :meth:`check_pytorch` refused the rest)."""
+        with torch.no_grad():
+            for k, v in self._mine.items():
+                if k in self._theirs and self._theirs[k].shape == v.shape:
+                    v.copy_(self._theirs[k])
+                    self.loaded.add(k)
+
+
 class LookHereFeatures(FeatureGetterNet):
     """timm's ``features_only`` wrapper (``forward_intermediates`` getter) whose
     ``load_state_dict`` takes the checkpoints the model takes (timm's
@@ -740,6 +1004,8 @@ class LookHereFeatures(FeatureGetterNet):
         # the classifier goes, as timm's pruning drops it: never used here, it would hold
         # parameters without gradients (DDP's unused parameters, an optimizer group)
         model.reset_classifier(0, '')
+        model.fc_norm = nn.Identity()  # a norm of the classifier's input, as timm's pruning
+        model._classifier_dropped = True  # a file's classifier is left out on purpose
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign=False):
         """Checkpoints with this wrapper's keys (``model.*``) load as in PyTorch; others
@@ -799,8 +1065,10 @@ def _cfg(tag: str) -> Dict[str, Any]:
         num_classes=1000,
         input_size=(3, 224, 224),
         pool_size=None,
-        crop_pct=1.0,
-        interpolation='bicubic',
+        # the official LookHere evaluation (GreenCUBIC/lookhere data_prep.py): the short
+        # side resized to 256 (torchvision's Resize: bilinear, antialiased), 224 cropped
+        crop_pct=0.875,
+        interpolation='bilinear',
         fixed_input_size=False,
         mean=(0.485, 0.456, 0.406),
         std=(0.229, 0.224, 0.225),
@@ -1086,6 +1354,8 @@ def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
         # timm's ViT: init_values=0 (or None, which timm.create_model drops) is no LayerScale
         kwargs['init_values'] = None
     checkpoint_num_heads = kwargs.pop('checkpoint_num_heads', None)
+    if isinstance(kwargs.get('act_layer'), str):  # timm's names ('gelu_tanh', ...), as its ViT
+        kwargs['act_layer'] = get_act_layer(kwargs['act_layer'])
     explicit = _explicit_encoding_args(pretrained_cfg, kwargs)
     _encoding_kwargs(variant, pretrained_cfg, kwargs)
     checkpoint = _timm_checkpoint_path(variant)
@@ -1111,6 +1381,7 @@ def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     if 'in_channels' in args:
         args['in_chans'] = args.pop('in_channels')
     feature_cfg = dict(feature_cls=LookHereFeatures, prune=False, out_indices=3)
+    features_only = args.get('features_only', False)
     tag = _tag(pretrained_cfg)
 
     name = f'{variant}.{tag}' if tag else variant
@@ -1132,6 +1403,8 @@ def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
         model.patch_embed.owner = name  # its input errors name the timm model
         model._explicit_args = explicit
         model._checkpoint_num_heads = checkpoint_num_heads
+        # timm reads a pretrained file before it wraps the model: its classifier goes then
+        model._classifier_dropped = bool(features_only)
         return model
 
     return build_model_with_cfg(

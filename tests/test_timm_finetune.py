@@ -369,3 +369,29 @@ def test_pruning_keeps_the_kept_blocks_outputs(name, prune_norm, indices):
         norm = model.norm if not prune_norm else torch.nn.Identity()
         with torch.no_grad():
             assert torch.equal(final[:, 1:], norm(last[0]))
+
+
+# ----------------------------------------------------------------------------------------
+# reset_classifier and act_layer as timm's ViT takes them
+# ----------------------------------------------------------------------------------------
+def test_reset_classifier_checks_global_pool_as_the_constructor():
+    """``reset_classifier(n, global_pool)`` takes the pools the constructor takes and
+    refuses others in its words (it took any string and returned per-token logits,
+    ``(2, 17, 4)`` for ``'max'``); ``'token'`` needs the CLS token."""
+    model = timm.create_model(TINY, img_size=64, depth=1, num_classes=5)
+    with pytest.raises(ValueError, match=r"global_pool must be 'token', 'avg' or '', got 'max'"):
+        model.reset_classifier(4, 'max')
+    model.reset_classifier(4, 'avg')
+    assert model(torch.randn(2, 3, 64, 64)).shape == (2, 4)
+    no_cls = timm.create_model(TINY, depth=1, class_token=False, global_pool='avg')
+    with pytest.raises(ValueError, match="global_pool='token' needs the CLS token"):
+        no_cls.reset_classifier(4, 'token')
+
+
+def test_a_timm_activation_name_is_resolved_as_timm_does():
+    """``act_layer='gelu_tanh'`` is resolved with timm's ``get_act_layer`` as for timm's
+    ViT (it was called as a class: TypeError 'str' object is not callable)."""
+    model = timm.create_model(TINY, img_size=64, depth=1, num_classes=4, act_layer='gelu_tanh')
+    vit = timm.create_model('vit_tiny_patch16_224', depth=1, act_layer='gelu_tanh')
+    assert type(model.blocks[0].mlp.act) is type(vit.blocks[0].mlp.act)
+    assert model(torch.randn(2, 3, 64, 64)).shape == (2, 4)

@@ -21,6 +21,7 @@ import torch
 timm = pytest.importorskip('timm')
 
 import lookhere_dense  # noqa: E402,F401 - registers (timm is imported)
+from lookhere_dense.errors import CheckpointError  # noqa: E402
 from lookhere_dense.lookhere import create_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -409,3 +410,182 @@ def test_bad_dropout_rates_are_named_in_timms_words():
     for key in ('drop_rate', 'pos_drop_rate', 'proj_drop_rate', 'attn_drop_rate'):
         with pytest.raises(ValueError, match=rf'{TINY}: {key} must be a probability'):
             timm.create_model(TINY, depth=1, **{key: 1.5})
+
+
+# ----------------------------------------------------------------------------------------
+# Loading as timm's VisionTransformer loads (side by side with vit_tiny_patch16_224)
+# ----------------------------------------------------------------------------------------
+_TIMM_VIT = 'vit_tiny_patch16_224'
+_SIDE = dict(img_size=64, depth=2, num_classes=5)
+
+
+def _without_head(name: str) -> dict:
+    sd = timm.create_model(name, **_SIDE).state_dict()
+    return {k: v for k, v in sd.items() if not k.startswith('head')}
+
+
+@pytest.mark.parametrize('name', [_TIMM_VIT, TINY])
+def test_load_state_dict_reports_and_refuses_a_missing_classifier_as_pytorch(name):
+    """A ``state_dict`` without ``head.*``: ``strict=False`` returns the head's keys as
+    missing, ``strict=True`` raises PyTorch's ``Missing key(s)`` (a RuntimeError) before
+    anything is loaded, as for timm's ViT (ours said 'All keys matched' and left a random
+    head); a head of another class count is a size mismatch."""
+    sd = _without_head(name)
+    model = timm.create_model(name, **_SIDE)
+    result = model.load_state_dict(sd, strict=False)
+    assert sorted(result.missing_keys) == ['head.bias', 'head.weight']
+    assert result.unexpected_keys == []
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fresh = timm.create_model(name, **_SIDE)
+    with pytest.raises(RuntimeError, match=r'Missing key\(s\) in state_dict: "head.weight"'):
+        fresh.load_state_dict(sd, strict=True)
+    if name == TINY:  # refused before anything was loaded
+        assert not torch.equal(fresh.blocks[0].mlp.fc1.weight, before['blocks.0.mlp.fc1.weight'])
+    other = timm.create_model(name, img_size=64, depth=2, num_classes=3).state_dict()
+    with pytest.raises(RuntimeError, match='size mismatch for head.weight'):
+        timm.create_model(name, **_SIDE).load_state_dict(other, strict=False)
+    extra = {**timm.create_model(name, **_SIDE).state_dict(), 'head.extra': torch.zeros(1)}
+    with pytest.raises(RuntimeError, match=r'Unexpected key\(s\) in state_dict: "head.extra"'):
+        timm.create_model(name, **_SIDE).load_state_dict(extra)
+
+
+def test_checkpoint_path_without_a_classifier_warns_that_it_stays_random(tmp_path):
+    """``checkpoint_path=`` with a file without ``head.*`` (a backbone file, which the
+    entry takes on purpose; timm refuses it): a warning says the classifier stays random,
+    names timm's refusal and ``num_classes=0`` (it was an INFO log line); no warning with
+    ``num_classes=0`` or ``features_only=True``."""
+    path = tmp_path / 'backbone.pth'
+    torch.save(_without_head(TINY), path)
+    with pytest.warns(UserWarning, match=r'no classifier \(head\.\*\).*random.*num_classes=0'):
+        timm.create_model(TINY, checkpoint_path=str(path), img_size=64, depth=2, num_classes=10)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        timm.create_model(TINY, checkpoint_path=str(path), img_size=64, depth=2, num_classes=0)
+        # features_only: the classifier goes (timm reads a pretrained file before wrapping)
+        timm.create_model(
+            TINY,
+            features_only=True,
+            out_indices=(1,),
+            pretrained=True,
+            pretrained_cfg_overlay=dict(file=str(path)),
+            img_size=64,
+            depth=2,
+        )
+
+
+@pytest.mark.parametrize('name', [_TIMM_VIT, TINY])
+def test_a_pretrained_file_gives_its_ema_weights_as_timm(name, tmp_path):
+    """``pretrained=True, pretrained_cfg_overlay=dict(file=...)`` with a timm ``train.py``
+    file (``state_dict`` and ``state_dict_ema``) loads the EMA weights, as timm's reader
+    (ours took ``state_dict``); ``model_ema`` likewise."""
+    kw = dict(img_size=64, depth=2, num_classes=5, init_values=0)
+    torch.manual_seed(0)
+    raw = timm.create_model(name, **kw).eval()
+    torch.manual_seed(1)
+    ema = timm.create_model(name, **kw).eval()
+    x = torch.randn(2, 3, 64, 64)
+
+    def pooled(m):
+        return m.forward_head(m.forward_features(x), pre_logits=True)
+
+    for key in ('state_dict_ema', 'model_ema'):
+        path = tmp_path / f'{key}.pth'
+        torch.save({'state_dict': raw.state_dict(), key: ema.state_dict()}, path)
+        model = timm.create_model(
+            name, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **kw
+        ).eval()
+        with torch.no_grad():
+            torch.testing.assert_close(pooled(model), pooled(ema), msg=key)
+
+
+def test_a_timm_avg_file_s_fc_norm_loads_or_is_refused_never_dropped(tmp_path):
+    """A timm ``global_pool='avg'`` file holds ``fc_norm.*`` (the norm after the pooling)
+    and no final norm: refused without ``fc_norm=True`` -- with ``final_norm=False`` too,
+    the advice of the final-norm refusal, which dropped ``fc_norm.*`` silently -- naming
+    ``fc_norm=True``; with it, the logits are timm's (up to LayerNorm's eps, 1e-5 here, 1e-6
+    in timm). A final-norm file is refused for ``fc_norm=True``."""
+    torch.manual_seed(0)
+    vit = timm.create_model(_TIMM_VIT, img_size=64, num_classes=5, global_pool='avg').eval()
+    path = tmp_path / 'avg.pth'
+    torch.save(vit.state_dict(), path)
+    kw = dict(
+        img_size=64,
+        num_classes=5,
+        global_pool='avg',
+        init_values=0,
+        num_heads=3,
+        pos_encoding='abs',
+        checkpoint_path=str(path),
+    )
+    for extra in ({}, dict(final_norm=False)):
+        with pytest.raises(CheckpointError, match=r"fc_norm\.\*.*global_pool='avg', fc_norm=True"):
+            timm.create_model(TINY, **extra, **kw)
+    model = timm.create_model(TINY, fc_norm=True, **kw).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), vit(x), atol=2e-3, rtol=0)
+    assert model.norm is None
+    with pytest.raises(ValueError, match='fc_norm=True replaces the final norm'):
+        timm.create_model(TINY, fc_norm=True, final_norm=True, depth=2)
+    token = tmp_path / 'token.pth'
+    torch.save(timm.create_model(_TIMM_VIT, img_size=64, num_classes=5).state_dict(), token)
+    with pytest.raises(CheckpointError, match='drop fc_norm=True'):
+        timm.create_model(TINY, fc_norm=True, **{**kw, 'checkpoint_path': str(token)})
+    # its own state_dict round-trips; the features_only wrapper leaves fc_norm out
+    again = timm.create_model(TINY, fc_norm=True, **{**kw, 'checkpoint_path': None})
+    again.load_state_dict(model.state_dict())
+    feats = timm.create_model(TINY, features_only=True, out_indices=(11,), fc_norm=True, **kw)
+    assert not any('fc_norm' in k for k in feats.state_dict())
+
+
+def test_a_timm_train_py_checkpoint_with_its_args_loads(tmp_path):
+    """timm's ``train.py`` saves ``{'state_dict', 'args': argparse.Namespace, ...}``:
+    ``checkpoint_path=`` loads it as timm does (it was refused: 'holds Python objects
+    (argparse.Namespace)'); any other Python object stays refused."""
+    import argparse
+    import fractions
+
+    from lookhere_dense.errors import UnreadableCheckpointError
+
+    kw = dict(img_size=64, depth=2, num_classes=5)
+    model = timm.create_model(TINY, **kw).eval()
+    path = tmp_path / 'model_best.pth.tar'
+    args = argparse.Namespace(model=TINY, lr=0.1)
+    torch.save({'epoch': 3, 'arch': TINY, 'state_dict': model.state_dict(), 'args': args}, path)
+    loaded = timm.create_model(TINY, checkpoint_path=str(path), **kw).eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x))
+    bad = tmp_path / 'bad.pth'
+    torch.save({'state_dict': model.state_dict(), 'x': fractions.Fraction(1, 3)}, bad)
+    with pytest.raises(UnreadableCheckpointError, match=r'fractions\.Fraction'):
+        timm.create_model(TINY, checkpoint_path=str(bad), **kw)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_a_state_dict_cast_to_one_dtype_loads(dtype, tmp_path):
+    """A ``state_dict`` cast to one dtype (timm's ``avg_checkpoints.py``: ``v.float()``)
+    casts the uint8 record too; its bytes survive and it loads, through ``checkpoint_path=``
+    and ``load_state_dict`` (it was refused: a float32 ``_extra_state``). A record that is
+    no longer one says how to cast the file."""
+    kw = dict(img_size=64, depth=2, num_classes=5)
+    model = timm.create_model(TINY, **kw).eval()
+    cast = {k: v.to(dtype) for k, v in model.state_dict().items()}
+    path = tmp_path / 'avg.pth'
+    torch.save(cast, path)
+    loaded = timm.create_model(TINY, checkpoint_path=str(path), **kw)
+    assert loaded.record() == model.record()
+    timm.create_model(TINY, **kw).load_state_dict(cast)
+    cast['_extra_state'] = cast['_extra_state'] + 0.5
+    with pytest.raises(CheckpointError, match=r"v if k.endswith\('_extra_state'\) else v.float"):
+        timm.create_model(TINY, **kw).load_state_dict(cast)
+
+
+def test_the_data_config_is_the_official_lookhere_evaluation():
+    """The official LookHere evaluation (GreenCUBIC/lookhere ``data_prep.py``) resizes the
+    short side to 256 with torchvision's ``Resize`` (bilinear) and crops 224: timm's data
+    config says crop_pct 0.875, bilinear."""
+    cfg = timm.data.resolve_data_config({}, model=timm.create_model(TINY, depth=1))
+    assert cfg['crop_pct'] == 0.875 and cfg['interpolation'] == 'bilinear'
