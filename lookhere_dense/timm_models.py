@@ -52,8 +52,12 @@ Python class allowed besides tensors) and ``state_dict`` files cast to one dtype
 ``avg_checkpoints.py``: the record, ``_extra_state``, is read back from its cast bytes).
 The classifier: a file's ``head.*`` is loaded where it fits this model; a file without one
 (a backbone file) leaves the classifier random with a warning (timm refuses such a file:
-``num_classes=0`` builds the model without one); a file with another class count gets a
-new classifier, as for fine-tuning. ``model.load_state_dict(state_dict)`` called directly
+``num_classes=0`` builds the model without one); a file in another layout (timm's ViT,
+official LookHere, converted) with another class count gets a new classifier, as for
+fine-tuning, while this model's own ``state_dict`` with another class count is refused by
+PyTorch's size check, as timm refuses it (``pretrained=True`` with
+``pretrained_cfg_overlay=dict(file=...)`` gives a new classifier to both).
+``model.load_state_dict(state_dict)`` called directly
 treats the classifier's keys as PyTorch does (reported as missing / unexpected, refused
 with ``strict``). A timm ``global_pool='avg'`` file holds ``fc_norm.*`` (a norm after the
 pooling, no final norm): ``fc_norm=True`` loads it; without it the file is refused.
@@ -78,8 +82,9 @@ What differs from timm's ``VisionTransformer``:
 * ``global_pool='avg'`` pools after the final norm; timm's default ``fc_norm`` for it
   (a norm after the pooling instead) is ``fc_norm=True`` here; ``global_pool`` is
   ``'token'``, ``'avg'`` or ``''`` (also in ``reset_classifier``);
-* ``checkpoint_path=`` takes a file without a classifier (a warning) or with another class
-  count (a new classifier), which timm refuses;
+* ``checkpoint_path=`` takes a file without a classifier (a warning), or one in another
+  layout (timm's ViT, official, converted) with another class count (a new classifier),
+  which timm refuses;
 * every model takes any image size (``dynamic_img_size`` is always on; the LookHere bias
   needs no interpolation); ``img_size`` is the nominal training size (timm's data config,
   ``log_n_scaling``'s reference, the ``abs`` table's grid), and ``set_input_size`` changes
@@ -125,7 +130,7 @@ from timm.models._pretrained import PretrainedCfg
 from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys
 
-from .checkpoint import load_checkpoint_file
+from .checkpoint import load_checkpoint_file, strip_prefix
 from .errors import CheckpointError, UnreadableCheckpointError
 from .lookhere.config import (
     OFFICIAL_KEYS,
@@ -138,6 +143,7 @@ from .lookhere.weights import (
     BackboneWeights,
     backbone_weights,
     check_weights_argument,
+    ema_preferred,
     file_num_heads,
 )
 from .validation import check_rate
@@ -557,7 +563,7 @@ class LookHereTimmViT(LookHereVisionTransformer):
             ckpt: Mapping[str, Any] = load_checkpoint_file(source)
         else:
             ckpt = path
-        ckpt = _timm_preferred(ckpt)
+        ckpt = ema_preferred(ckpt)
         where = source or 'the checkpoint'
         ckpt = self._adapt_input_conv(ckpt, where)
         self._check_file(ckpt, where, checkpoint_num_heads)
@@ -858,28 +864,16 @@ class ClassifierKeysError(CheckpointError, RuntimeError):
 
 def _file_state_dict(ckpt: Mapping[str, Any]) -> Mapping[str, Any]:
     """The weights of a loaded checkpoint (official ``weights``, ``state_dict``, DeiT's
-    ``model``, or the flat dict)."""
+    ``model``, or the flat dict), without DDP's ``module.`` prefix where it has one (as
+    the trunk's reader, :func:`~lookhere_dense.lookhere.weights.backbone_weights`)."""
+    sd = ckpt
     for key in ('weights', 'state_dict', 'model'):
         if isinstance(ckpt.get(key), Mapping) and ckpt[key]:
-            return ckpt[key]
-    return ckpt
-
-
-def _timm_preferred(ckpt: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The weights timm's reader takes from a file (``timm.models.load_state_dict``,
-    ``use_ema=True``, its default): ``state_dict_ema``, else ``model_ema``, where not
-    None (then ``state_dict``, ``model``, the flat dict: what the trunk's reader takes
-    anyway), with the file's ``meta``. An official LookHere file (``weights`` and
-    ``config``) has none and is kept as it is."""
-    if not isinstance(ckpt, Mapping) or ('weights' in ckpt and 'config' in ckpt):
-        return ckpt
-    for key in ('state_dict_ema', 'model_ema'):
-        if isinstance(ckpt.get(key), Mapping):
-            out: Dict[str, Any] = {'state_dict': ckpt[key]}
-            if isinstance(ckpt.get('meta'), Mapping):
-                out['meta'] = ckpt['meta']
-            return out
-    return ckpt
+            sd = ckpt[key]
+            break
+    if any(isinstance(k, str) and k.startswith('module.') for k in sd):
+        sd = strip_prefix(sd, 'module.')
+    return sd
 
 
 class _ClassifierKeys:

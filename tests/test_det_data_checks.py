@@ -146,6 +146,26 @@ def test_the_size_after_the_exif_orientation_mmcv_applies_is_compared(coco):
     check_coco_annotations(cfg, ('train',))
 
 
+def test_image_size_is_the_size_mmcv_loads_for_a_turned_tiff_and_jpeg(tmp_path):
+    """Pillow gives a TIFF's size after its EXIF orientation already (a JPEG's before):
+    turning it again refused a valid TIFF listed at the size mmcv loads it."""
+    import mmcv
+    from PIL import Image
+
+    from lookhere_dense.data.checks import image_size
+
+    stored = Image.new('RGB', (160, 128))  # 160 wide, 128 high as stored
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    for name, kw in (('o6.tif', dict(tiffinfo={0x0112: 6})), ('o6.jpg', dict(exif=exif))):
+        path = str(tmp_path / name)
+        stored.save(path, **kw)
+        loaded = mmcv.imfrombytes(pathlib.Path(path).read_bytes()).shape[:2]
+        assert loaded == (160, 128), name  # mmcv turns both
+        assert image_size(path, apply_orientation=True) == loaded, name
+        assert image_size(path) == (128, 160) or name.endswith('.tif'), name
+
+
 def _rewrite(path, change):
     import json
 

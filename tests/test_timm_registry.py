@@ -449,6 +449,24 @@ def test_load_state_dict_reports_and_refuses_a_missing_classifier_as_pytorch(nam
         timm.create_model(name, **_SIDE).load_state_dict(extra)
 
 
+def test_a_ddp_module_prefixed_file_loads_its_classifier(tmp_path, recwarn):
+    """A file saved from a DDP-wrapped model (``module.*`` keys): the trunk's reader strips
+    the prefix, so must the classifier's (its head stayed random with a false 'has no
+    classifier' warning, and ``load_state_dict(strict=True)`` refused it)."""
+    torch.manual_seed(0)
+    src = timm.create_model(TINY, **_SIDE)
+    sd = {f'module.{k}': v for k, v in src.state_dict().items()}
+    model = timm.create_model(TINY, **_SIDE)
+    assert not model.load_state_dict(sd, strict=True).missing_keys
+    assert torch.equal(model.head.weight, src.head.weight)
+    torch.save({'state_dict': sd}, tmp_path / 'ddp.pth')
+    again = timm.create_model(
+        TINY, pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path / 'ddp.pth')), **_SIDE
+    )
+    assert torch.equal(again.head.weight, src.head.weight)
+    assert not [w for w in recwarn if 'no classifier' in str(w.message)]
+
+
 def test_checkpoint_path_without_a_classifier_warns_that_it_stays_random(tmp_path):
     """``checkpoint_path=`` with a file without ``head.*`` (a backbone file, which the
     entry takes on purpose; timm refuses it): a warning says the classifier stays random,
@@ -498,6 +516,24 @@ def test_a_pretrained_file_gives_its_ema_weights_as_timm(name, tmp_path):
         ).eval()
         with torch.no_grad():
             torch.testing.assert_close(pooled(model), pooled(ema), msg=key)
+
+
+def test_every_route_takes_a_train_py_file_s_ema_weights(tmp_path):
+    """The torch-only model's loader (mmseg's ``LookHereViT``'s too) takes a timm
+    ``train.py`` file's ``state_dict_ema`` as the timm route does (it took ``state_dict``:
+    one file, other weights by route)."""
+    from lookhere_dense.lookhere import create_model
+
+    kw = dict(img_size=64, embed_dims=48, num_layers=2, num_heads=12)
+    torch.manual_seed(0)
+    raw = create_model(**kw)
+    torch.manual_seed(1)
+    ema = create_model(**kw)
+    path = tmp_path / 'train.pth.tar'
+    torch.save({'state_dict': raw.state_dict(), 'state_dict_ema': ema.state_dict()}, path)
+    model = create_model(**kw)
+    model.load_pretrained(str(path))
+    assert torch.equal(model.blocks[0].attn.qkv.weight, ema.blocks[0].attn.qkv.weight)
 
 
 def test_a_timm_avg_file_s_fc_norm_loads_or_is_refused_never_dropped(tmp_path):
@@ -562,6 +598,14 @@ def test_a_timm_train_py_checkpoint_with_its_args_loads(tmp_path):
     torch.save({'state_dict': model.state_dict(), 'x': fractions.Fraction(1, 3)}, bad)
     with pytest.raises(UnreadableCheckpointError, match=r'fractions\.Fraction'):
         timm.create_model(TINY, checkpoint_path=str(bad), **kw)
+    # a class the user allowed already stays allowed after our reader (its scoped
+    # allowance's exit took it off torch's list; timm's own reader, behind
+    # checkpoint_path=, does so still)
+    from lookhere_dense.checkpoint import load_checkpoint_file
+
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        load_checkpoint_file(str(path))
+        assert argparse.Namespace in torch.serialization.get_safe_globals()
 
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])

@@ -37,9 +37,15 @@ SAFE_GLOBALS = (argparse.Namespace,)
 
 def _safe_globals() -> Any:
     """A context that allows :data:`SAFE_GLOBALS` for weights-only loading inside it only
-    (nothing where this torch has no ``torch.serialization.safe_globals``)."""
+    (nothing where this torch has no ``torch.serialization.safe_globals``). Classes the
+    user allowed already are left out of it: the context's exit would take them off
+    torch's process-wide list."""
     scoped = getattr(torch.serialization, 'safe_globals', None)
-    return scoped(list(SAFE_GLOBALS)) if scoped is not None else contextlib.nullcontext()
+    if scoped is None:
+        return contextlib.nullcontext()
+    allowed = torch.serialization.get_safe_globals()
+    new = [cls for cls in SAFE_GLOBALS if cls not in allowed]
+    return scoped(new) if new else contextlib.nullcontext()
 
 
 def _first_line(err: BaseException) -> str:

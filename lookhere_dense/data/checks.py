@@ -723,7 +723,11 @@ def image_size(
         if decode:
             im.load()
         if apply_orientation and im.getexif().get(0x0112, 1) in (5, 6, 7, 8):
-            width, height = height, width
+            # Pillow gives some formats' size turned already (a TIFF's): turn the stored one
+            tags = getattr(im, 'tag_v2', None)
+            stored = (tags.get(256), tags.get(257)) if tags is not None else None
+            if stored is None or None in stored or stored == (width, height):
+                width, height = height, width
     return int(height), int(width)
 
 

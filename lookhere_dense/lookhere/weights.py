@@ -76,6 +76,7 @@ from .pos_encoding import AbsolutePositionEncoding
 __all__ = [
     'BackboneWeights',
     'backbone_weights',
+    'ema_preferred',
     'file_num_heads',
     'heads_assumed',
     'file_embed_dims',
@@ -191,6 +192,25 @@ def _has_vit_keys(sd: Mapping[str, Any]) -> bool:
     return any(k.startswith(('blocks.', 'patch_embed.')) for k in sd)
 
 
+def ema_preferred(ckpt: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The weights timm's reader takes from a file (``timm.models.load_state_dict``,
+    ``use_ema=True``, its default): ``state_dict_ema``, else ``model_ema``, where not
+    None (then ``state_dict``, ``model``, the flat dict: what :func:`backbone_weights`
+    takes anyway), with the file's ``meta``. Every route (timm, mmseg's ``LookHereViT``,
+    :func:`~lookhere_dense.lookhere.create_model`) takes a timm ``train.py`` file's EMA
+    weights so. An official LookHere file (``weights`` and ``config``) has none and is
+    kept as it is."""
+    if not isinstance(ckpt, Mapping) or ('weights' in ckpt and 'config' in ckpt):
+        return ckpt
+    for key in ('state_dict_ema', 'model_ema'):
+        if isinstance(ckpt.get(key), Mapping):
+            out: Dict[str, Any] = {'state_dict': ckpt[key]}
+            if isinstance(ckpt.get('meta'), Mapping):
+                out['meta'] = ckpt['meta']
+            return out
+    return ckpt
+
+
 def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> BackboneWeights:
     """Recognise a checkpoint's format and return its backbone weights in our keys.
 
@@ -201,6 +221,7 @@ def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> B
     """
     lh_config = None
     num_heads = None
+    ckpt = ema_preferred(ckpt)
     if 'weights' in ckpt and 'config' in ckpt:
         fmt, sd, lh_config = 'official', dict(ckpt['weights']), dict(ckpt['config'])
     elif 'state_dict' in ckpt:

@@ -242,7 +242,8 @@ class LookWhereDistiller(BaseModel):
         self.extractor_weight = float(extractor_weight)
 
     def init_weights(self) -> None:
-        """mmengine's initialisation (``init_cfg``, the student) with the teacher left as
+        """mmengine's initialisation (``init_cfg``; the student, a plain module, keeps its
+        weights as built, or from ``init_extractor_from_teacher``) with the teacher left as
         built: mmengine's ``BaseModule.init_weights`` calls each child's ``init_weights``
         unless it is marked ``is_init``, and the trunk's redraws every weight -- the Runner
         distilled from a random teacher, whatever ``teacher.checkpoint`` held."""
