@@ -166,6 +166,21 @@ def test_image_size_is_the_size_mmcv_loads_for_a_turned_tiff_and_jpeg(tmp_path):
         assert image_size(path) == (128, 160) or name.endswith('.tif'), name
 
 
+def test_decoders_that_ignore_the_exif_orientation_are_known():
+    """mmcv's ``turbojpeg`` and ``tifffile`` decoders do not turn an image by its EXIF
+    orientation (``imfrombytes``): the size checks compare the stored size for them."""
+    from lookhere_dense.data.checks import _orientation_applied
+
+    def loader(**kw):
+        return dict(pipeline=[dict(type='LoadImageFromFile', **kw)])
+
+    assert _orientation_applied(loader())
+    assert _orientation_applied(loader(imdecode_backend='pillow'))
+    assert not _orientation_applied(loader(imdecode_backend='turbojpeg'))
+    assert not _orientation_applied(loader(imdecode_backend='tifffile'))
+    assert not _orientation_applied(loader(color_type='unchanged'))
+
+
 def _rewrite(path, change):
     import json
 

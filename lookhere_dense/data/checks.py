@@ -733,10 +733,13 @@ def image_size(
 
 def _orientation_applied(ds_cfg: Mapping) -> bool:
     """Whether the pipeline's image loader applies EXIF orientation (mmcv: ``color_type``
-    ``'color'`` / ``'grayscale'``, the default, does; ``'unchanged'`` and
-    ``'*_ignore_orientation'`` do not)."""
+    ``'color'`` / ``'grayscale'``, the default, does with its ``cv2`` and ``pillow``
+    decoders; ``'unchanged'``, ``'*_ignore_orientation'`` and the ``turbojpeg`` and
+    ``tifffile`` decoders (``imdecode_backend``) do not)."""
     for t in ds_cfg.get('pipeline') or []:
         if str(t.get('type', '')).endswith('LoadImageFromFile'):
+            if str(t.get('imdecode_backend', 'cv2')) in ('turbojpeg', 'tifffile'):
+                return False
             color = str(t.get('color_type', 'color'))
             return color in ('color', 'grayscale')
     return True
