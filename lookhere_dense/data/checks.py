@@ -38,7 +38,7 @@ from ..errors import (
     LabelSizeError,
 )
 from ..registry import type_name
-from ..validation import path_inside
+from ..validation import is_number, path_inside
 from .labels import (
     all_ignored_message,
     bad_label_values,
@@ -585,21 +585,17 @@ def _check_coco_image_sizes(
             written: mmdet loads them at their size on disk and keeps the boxes and masks
             in the file's coordinates, so every one lands in the wrong place.
     """
-
-    def number(x: Any) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool)
-
+    if '://' in folder:
+        return
     sized = [
         im
         for im in data.get('images') or []
         if isinstance(im, Mapping)
         and isinstance(im.get('file_name'), str)
         and im['file_name']
-        and number(im.get('width'))
-        and number(im.get('height'))
+        and is_number(im.get('width'))
+        and is_number(im.get('height'))
     ]
-    if '://' in folder:
-        return
     wrong = []
     checked = 0
     for i in _spread(len(sized), max_images):

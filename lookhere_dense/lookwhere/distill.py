@@ -9,8 +9,8 @@ Losses (:func:`distillation_losses`):
   ``'attn'``: the last block's attention of the CLS query to the patch keys, averaged
   over heads and renormalised over the patches (the CLS row of LookHere carries no bias,
   so this is the plain content attention; not the official pre-training's target, the
-  last block's attention logits averaged over heads and the patch queries), or ``'boundary'``: where the
-  teacher's final patch features change, :func:`boundary_map` (for dense prediction: the
+  last block's attention logits averaged over heads and the patch queries), or
+  ``'boundary'``: where the teacher's final patch features change, :func:`boundary_map` (for dense prediction: the
   patches a nearest-kept fill gets wrong; ``docs/lookwhere.md``, the diagnosis);
 * ``loss_extractor`` -- mean squared error of the student's dense map (every patch,
   after the fill) against the teacher's final patch features, plus that of the

@@ -102,8 +102,8 @@ def idw_fill(
     ties in distance go to the earlier kept patch, where the official's unstable
     ``argsort`` over its score-ordered ``keep`` may take either: on an integer grid ties
     at the fifth neighbour are common, and with the same kept patches 22 of 242 patches
-    at 154 px differed from the official's output). A kept patch (distance 0, weight 1e8) keeps its own
-    features up to a relative 1e-8 of its neighbours'.
+    at 154 px differed from the official's output). A kept patch (distance 0, weight 1e8)
+    keeps its own features up to a relative 1e-8 of its neighbours'.
 
     Args:
         values: ``(B, K, D)`` features of the kept patches.

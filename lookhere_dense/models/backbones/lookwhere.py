@@ -181,7 +181,8 @@ class LookWhereDistiller(BaseModel):
             ``'teacher'`` (its attention map) or ``'selector'``. Default: ``'teacher'``.
         selector_weight, extractor_weight (float): loss weights. Default: 1, 1.
         selector_target (str): what the selector learns: ``'attn'`` (the teacher's CLS
-            attention; not the official pre-training's patch-query logits) or ``'boundary'`` (where its features change;
+            attention; not the official pre-training's patch-query logits) or
+            ``'boundary'`` (where its features change;
             :func:`~lookhere_dense.lookwhere.distill.distillation_losses`).
             Default: ``'attn'``.
         data_preprocessor (dict): e.g. mmseg's ``SegDataPreProcessor``.
