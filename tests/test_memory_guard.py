@@ -147,6 +147,8 @@ def test_a_detector_estimate_counts_its_neck_and_heads_within_its_band(detector)
     assert detector['estimate'], detector['message']
     assert detector['detections'] == 100
     ratio = detector['rise'] / detector['estimate']
+    mib = [round(r / 2**20, 1) for r in detector['rises']]
+    print(f'estimate {detector["estimate"] / 2**20:.1f} MiB, rises {mib} MiB, ratio {ratio:.2f}')
     assert DET_BAND[0] <= ratio <= DET_BAND[1], (ratio, detector['rises'], detector)
 
 

@@ -55,7 +55,7 @@ in the activation dtype's bytes ``s``:
   tiny detector's trunk left 49 MiB resident of its 82 MiB peak), so in the process's
   memory they add up. Measured against a fresh process by ``tests/test_memory_guard.py``
   (Mask R-CNN shrunk to width 48, 1024x2048: on an AVX2 EPYC 284-298 MiB estimated and
-  330-380 MiB measured, the rise 1.11-1.27x the estimate: the estimate counts live tensors,
+  320-380 MiB measured, the rise 1.11-1.27x the estimate: the estimate counts live tensors,
   the process also holds what glibc's heap keeps of the trunk's and neck's freed blocks;
   the test accepts 0.75-1.40x; the ViT-B one by hand: 1.08 GiB estimated, 1051 MiB
   measured). Where the
