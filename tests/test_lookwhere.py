@@ -22,6 +22,7 @@ from lookhere_dense.lookwhere import (
     top_k_patches,
 )
 from lookhere_dense.lookwhere.fill import PropagateFill
+from lookhere_dense.lookwhere.selector import LookWhereSelector
 
 TINY_SEL = dict(input_size=32, embed_dims=48, num_layers=2, num_heads=12)
 TINY_EXT = dict(embed_dims=48, num_layers=2, num_heads=12)
@@ -1089,3 +1090,20 @@ def test_trunk_arguments_the_extractor_would_ignore_are_refused_or_honoured():
         grads.append(blocks[0].attn.qkv.weight.grad.clone())
     assert calls == [1, 2]  # recomputed in backward with with_cp
     torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_the_selector_input_is_whole_patches():
+    """A selector input off the patch grid was padded at the bottom and right: the score
+    map covered zero padding and did not line up with the image (an ``input_size`` of 40
+    px at patch 16 gave a 3x3 grid over 48 px, 17 % of it padding). ``input_size`` off the
+    grid is refused, naming the nearest; ``input_scale`` rounds each side to patches."""
+    with pytest.raises(
+        ValueError,
+        match=r'input_size=\(40, 64\) is not a multiple of patch_size=16.*input_size=\(48, 64\)',
+    ):
+        LookWhereSelector(**{**TINY_SEL, 'input_size': (40, 64)})
+    sel = LookWhereSelector(**{**TINY_SEL, 'input_size': None, 'input_scale': 0.25})
+    assert sel.low_res_size((168, 200)) == (48, 48)  # 42 -> 48 (2.6 patches), 50 -> 48
+    assert sel.low_res_size((20, 600)) == (16, 144)  # at least one patch; 150 -> 144
+    out = sel(torch.randn(1, 3, 168, 200), target_grid=(10, 12))
+    assert out['grid'] == (3, 3) and out['scores'].shape == (1, 120)

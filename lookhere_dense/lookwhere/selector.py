@@ -47,10 +47,11 @@ class LookWhereSelector(nn.Module):
     ``(h*r, w*r)`` score map is resized (bilinear) to the high-resolution grid.
 
     Args:
-        input_size (int | tuple, optional): the fixed low resolution ``(H, W)``.
-            Default: ``(64, 64)``.
+        input_size (int | tuple, optional): the fixed low resolution ``(H, W)``, a
+            multiple of ``patch_size`` on each side. Default: ``(64, 64)``.
         input_scale (float, optional): instead of ``input_size``, resize by this factor
-            (the low resolution follows the input's aspect ratio). Default: None.
+            (the low resolution follows the input's aspect ratio, each side rounded to
+            whole patches). Default: None.
         embed_dims (int): Default: 192.
         num_layers (int): Default: 3.
         num_heads (int): Default: 12.
@@ -119,6 +120,15 @@ class LookWhereSelector(nn.Module):
             num_heads=num_heads,
             **trunk,
         )
+        patch = image_size_pair(self.backbone.patch_size)
+        if self.input_size is not None and any(s % q for s, q in zip(self.input_size, patch)):
+            nearest = tuple(_whole_patches(s, q) for s, q in zip(self.input_size, patch))
+            raise ValueError(
+                f'LookWhere selector: input_size={self.input_size} is not a multiple of '
+                f'patch_size={patch_size}: its patch grid would cover zero padding at the '
+                f'bottom and right, and its score map would not line up with the image; '
+                f'use e.g. input_size={nearest}'
+            )
         self.num_registers = num_registers
         self.reg_token = (
             nn.Parameter(torch.zeros(1, num_registers, embed_dims)) if num_registers else None
@@ -135,11 +145,13 @@ class LookWhereSelector(nn.Module):
         return 1 + self.num_registers
 
     def low_res_size(self, size: Tuple[int, int]) -> Tuple[int, int]:
-        """The selector's input size for an image of ``size`` ``(H, W)``."""
+        """The selector's input size for an image of ``size`` ``(H, W)``: ``input_size``,
+        or each side times ``input_scale`` rounded to whole patches (at least one), so that
+        the patch grid, and the score map, cover the image and no padding."""
         if self.input_size is not None:
             return self.input_size
-        p = self.backbone.patch_size
-        return tuple(max(p, int(round(s * self.input_scale))) for s in size)
+        patch = image_size_pair(self.backbone.patch_size)
+        return tuple(_whole_patches(s * self.input_scale, q) for s, q in zip(size, patch))
 
     def forward(self, images: Tensor, target_grid: Tuple[int, int]) -> Dict[str, Tensor]:
         """``images (B, C, H, W)`` -> dict with
@@ -179,6 +191,11 @@ class LookWhereSelector(nn.Module):
             'patch_tokens': patches,
             'grid': grid,
         }
+
+
+def _whole_patches(side: float, patch: int) -> int:
+    """``side`` rounded to the nearest multiple of ``patch`` (halves up), at least one."""
+    return max(patch, patch * math.floor(side / patch + 0.5))
 
 
 def official_multiplier(input_grid: int, reference_grid: int = 37) -> int:
