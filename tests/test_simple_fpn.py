@@ -204,3 +204,34 @@ def test_norm_cfg_none_and_conv_cfg():
         (1, 8, 4, 4),
         (1, 8, 2, 2),
     ]
+
+
+@pytest.mark.parametrize('norm_type', ['LN', 'LN2d'])
+def test_a_token_layer_norm_is_refused(norm_type):
+    """``norm_cfg=dict(type='LN')`` (ViTDet's backbone norm) built ``nn.LayerNorm`` in the
+    neck: over an NCHW map it normalised the width -- a crash deep in torch, or, where the
+    width equals the channels, features silently wrong. Refused, naming LN2d."""
+    if norm_type == 'LN2d':  # the working spelling still builds and runs
+        fpn = SimpleFPN(
+            in_channels=32, out_channels=32, scale_factors=(1.0,), norm_cfg=dict(type='LN2d')
+        )
+        assert fpn((torch.randn(1, 32, 4, 32),))[0].shape == (1, 32, 4, 32)
+        return
+    with pytest.raises(
+        ValueError, match=r"norm_cfg=\{'type': 'LN'\} builds nn.LayerNorm .*dict\(type='LN2d'\)"
+    ):
+        SimpleFPN(in_channels=32, out_channels=32, scale_factors=(1.0,), norm_cfg=dict(type='LN'))
+
+
+def test_a_map_too_small_for_the_coarsest_level_is_refused_by_name(neck):
+    """A 1-patch-high map crashed in ``max_pool2d`` ("Output size is too small") at the
+    stride-32 level; 2 per side is enough for one pooling step."""
+    with pytest.raises(
+        ValueError,
+        match=r'backbone map is 1x20; its coarsest scale factor 0.5 max-pools it by 2.*at least 2 patches per side',
+    ):
+        neck((torch.randn(1, 32, 1, 20),))
+    assert neck((torch.randn(1, 32, 2, 20),))[3].shape[-2:] == (1, 10)
+    quarter = SimpleFPN(in_channels=32, out_channels=16, scale_factors=(1.0, 0.25))
+    with pytest.raises(ValueError, match='at least 4 patches per side'):
+        quarter((torch.randn(1, 32, 3, 20),))

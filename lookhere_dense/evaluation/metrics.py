@@ -15,7 +15,7 @@ __all__ = ['PerClassIoUMetric']
 class PerClassIoUMetric(IoUMetric):
     """mmseg's ``IoUMetric`` that also returns ``IoU.<class>`` for every class of the
     dataset (IoU in %, rounded to 2 decimals; for a class absent from predictions and
-    labels alike ``nan_to_num``, else None). The extrapolation study scores its ladders
+    labels alike ``100 * nan_to_num``, as mmseg's per-class table, else None). The extrapolation study scores its ladders
     with it.
 
     Takes the same arguments as ``IoUMetric``.

@@ -25,7 +25,10 @@ class LayerNorm2d(nn.LayerNorm):
 
     Args:
         num_features (int): channels ``C``.
-        eps (float): Default: 1e-6.
+        eps (float): Default: 1e-6 when constructed directly. Built from a config
+            (``norm_cfg=dict(type='LN2d')``, every neck and head here), mmcv's
+            ``build_norm_layer`` sets ``eps=1e-5`` unless the config gives one:
+            ``dict(type='LN2d', eps=1e-6)`` for ViTDet's 1e-6.
         elementwise_affine (bool): Default: True.
     """
 

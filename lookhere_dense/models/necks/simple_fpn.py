@@ -31,6 +31,7 @@ from torch import Tensor
 
 from ...errors import ConfigError
 from ...validation import check_int, is_int
+from .layer_norm_2d import LayerNorm2d
 
 __all__ = ['SimpleFPN', 'scale_steps', 'resample_stage', 'level_channels']
 
@@ -116,7 +117,8 @@ class SimpleFPN(BaseModule):
             scale factor. Default: None.
         in_index (int): which element of the backbone output tuple to use. Default: -1.
         norm_cfg (dict, optional): norm of the 1x1 / 3x3 output convs and between
-            transposed convs; None: no norm. Default: ``dict(type='LN2d')``.
+            transposed convs, one for NCHW maps (a token LayerNorm, ``'LN'``, is refused);
+            None: no norm. Default: ``dict(type='LN2d')``.
         act_cfg (dict): activation between transposed convs. Default: ``dict(type='GELU')``.
         init_cfg (dict | list[dict], optional): Default: None (mmcv ``ConvModule``'s Kaiming
             init, PyTorch's default for the transposed convs).
@@ -128,7 +130,8 @@ class SimpleFPN(BaseModule):
     Shapes:
         ``forward(inputs)``: ``inputs[in_index]`` is ``(B, in_channels, h, w)``; returns a
         tuple of ``num_outs`` maps ``(B, out_channels, h * s, w * s)`` for the scale
-        factors ``s`` (floored for ``s < 1``), then the extra levels.
+        factors ``s`` (floored for ``s < 1``; ``h`` and ``w`` must be at least ``1 / s``),
+        then the extra levels.
     """
 
     def __init__(
@@ -192,6 +195,21 @@ class SimpleFPN(BaseModule):
                     act_cfg=None,
                 )
             )
+        self._check_map_norms(norm_cfg)
+        self._min_side = 2 ** max(0, -min(steps))
+
+    def _check_map_norms(self, norm_cfg: Optional[dict]) -> None:
+        """Refuse a token LayerNorm (``dict(type='LN')``, as in ViTDet's backbone config):
+        on an NCHW map it normalises the width, not the channels -- a crash deep in torch,
+        or, where the width equals the channels, features silently wrong."""
+        for name, module in self.named_modules():
+            if isinstance(module, nn.LayerNorm) and not isinstance(module, LayerNorm2d):
+                raise ConfigError(
+                    f'SimpleFPN norm_cfg={norm_cfg!r} builds nn.LayerNorm ({name}), which '
+                    'normalises the last dimension: the width of an NCHW map, not its '
+                    "channels. Use norm_cfg=dict(type='LN2d') (LayerNorm over the channels, "
+                    "ViTDet's neck norm)"
+                )
 
     @staticmethod
     def _backbone_channels(in_channels: Any, backbone_channel: Any, steps: List[int]) -> int:
@@ -264,6 +282,13 @@ class SimpleFPN(BaseModule):
             raise ConfigError(
                 f'SimpleFPN was built for in_channels={self.in_channels}, the '
                 f'backbone map has {x.shape[1]} channels'
+            )
+        if min(x.shape[-2:]) < self._min_side:
+            raise ValueError(
+                f'SimpleFPN: the backbone map is {x.shape[-2]}x{x.shape[-1]}; its coarsest '
+                f'scale factor {min(self.scale_factors)} max-pools it by '
+                f'{self._min_side}, which needs at least {self._min_side} on each side: '
+                f'give images of at least {self._min_side} patches per side'
             )
         return x
 
