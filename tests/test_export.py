@@ -401,3 +401,86 @@ def test_export_check_catches_a_graph_without_mmseg_padding(monkeypatch, tmp_pat
     assert rep['padded_size'] == [40, 72]
     assert rep['max_abs_diff'] > 1e-2 and rep['argmax_agreement'] < 0.99, rep
     assert any(ln.startswith('WARNING: the exported file differs') for ln in lines), lines
+
+
+@pytest.mark.parametrize('pos_encoding', ['rope2d', 'pape', 'rope_dinov3'])
+def test_encodings_with_cached_tables_export(pos_encoding):
+    """The RoPE / PaPE tables are cached; the cache's size accounting read the storage's
+    data pointer of an exporter's fake tensors: ``torch.export`` of a trunk with these
+    encodings (and ``tools/export.py``) died in a 280-line traceback."""
+    torch.manual_seed(0)
+    model = create_model(
+        embed_dims=48, num_layers=2, num_heads=12, pos_encoding=pos_encoding, out_indices=(0, 1)
+    ).eval()
+    x = torch.randn(1, 3, 48, 64)
+    with torch.no_grad():
+        expected = model(x)
+    with static_grid_attention(model, x.shape[-2:]):
+        program = torch.export.export(model, (x,))
+    with torch.no_grad():
+        got = program.module()(x)
+    for out, exp in zip(got, expected, strict=True):
+        torch.testing.assert_close(out, exp, atol=1e-5, rtol=0)
+
+
+def test_backbone_export_with_cls_tokens_is_checked_on_flat_outputs(tmp_path: Path):
+    """``--part backbone`` with ``output_cls_token=True`` wrote the file, then its check
+    died (``'list' object has no attribute 'shape'``): the backbone gives ``[map, cls]``
+    per index, the file flat outputs. Both are flat now: map, CLS, map, CLS."""
+    from tiny_seg import ADE_CFG, SHRINK, options
+
+    from lookhere_dense.apis.export import export_model
+
+    opts = options(
+        *SHRINK, 'model.backbone.output_cls_token=True', 'model.backbone.out_indices=[0,1]'
+    )
+    rep = export_model(
+        ADE_CFG,
+        None,
+        (48, 64),
+        str(tmp_path / 'bb.onnx'),
+        part='backbone',
+        cfg_options=opts,
+        log=lambda _: None,
+    )
+    assert rep['output_shapes'] == [[1, 96, 3, 4], [1, 96]] * 2 and rep['max_abs_diff'] < 1e-4
+
+
+def test_export_refuses_what_it_cannot_write_before_building(tmp_path: Path):
+    """Each of these failed only after the export, in a traceback or a misleading error:
+    ``--out`` naming a folder (``IsADirectoryError``) or ending in ``/`` (``No such file
+    '.../.x.data...'``); ``--part backbone`` below one patch (the model's error under a
+    torch traceback); a LookWhere segmentor (its selector's grid was prepared at the
+    image's: "export at the input size it serves"); ``--out m.PT2`` without ``--format``
+    (refused as "the format is 'onnx' ... leave --format out")."""
+    import importlib.util
+
+    from tiny_seg import ADE_CFG, REPO, SHRINK, options
+
+    from lookhere_dense.apis.export import export_model
+    from lookhere_dense.errors import ConfigError
+
+    opts = options(*SHRINK)
+    quiet = dict(cfg_options=opts, log=lambda _: None)
+    with pytest.raises(ConfigError, match=r"--out '.*' is a folder: give the file to write"):
+        export_model(ADE_CFG, None, (64, 64), str(tmp_path), **quiet)
+    with pytest.raises(ConfigError, match='is a folder'):
+        export_model(ADE_CFG, None, (64, 64), str(tmp_path / 'new') + '/', **quiet)
+    with pytest.raises(
+        ConfigError,
+        match=r'--shape 8 40: the backbone alone takes images of at least one 16x16 patch',
+    ):
+        export_model(ADE_CFG, None, (8, 40), str(tmp_path / 'b.onnx'), part='backbone', **quiet)
+    lookwhere = str(Path(REPO) / 'configs' / 'segmenter_lookwhere_vit-t_tiny-ade.py')
+    with pytest.raises(
+        ConfigError, match=r'backbone is a LookWhereViT \(LookWhere\): .*not supported'
+    ):
+        export_model(lookwhere, None, (64, 64), str(tmp_path / 'lw.onnx'), log=lambda _: None)
+    assert not any(tmp_path.iterdir())
+    spec = importlib.util.spec_from_file_location(
+        'export_tool', Path(REPO) / 'tools' / 'export.py'
+    )
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    args = tool.parse_args([ADE_CFG, '--random-weights', '--shape', '64', '64', '--out', 'm.PT2'])
+    assert args.format == 'pt2'

@@ -81,7 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if (args.checkpoint is None) == (not args.random_weights):
         p.error('give CHECKPOINT or --random-weights (one of the two)')
     if args.format is None:
-        args.format = 'pt2' if args.out.endswith('.pt2') else 'onnx'
+        args.format = 'pt2' if args.out.lower().endswith('.pt2') else 'onnx'
     return args
 
 

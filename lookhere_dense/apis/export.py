@@ -134,14 +134,19 @@ class SegmentorLogits(nn.Module):
 
 
 class BackboneMaps(nn.Module):
-    """``(1, 3, H, W)`` normalised images -> the backbone's output maps (a tuple)."""
+    """``(1, 3, H, W)`` normalised images -> the backbone's outputs as one flat tuple: the
+    maps of ``out_indices``; with ``output_cls_token=True`` each index's map, then its CLS
+    token (the file's outputs are flat either way)."""
 
     def __init__(self, backbone: nn.Module):
         super().__init__()
         self.backbone = backbone
 
-    def forward(self, inputs: Tensor):
-        return tuple(self.backbone(inputs))
+    def forward(self, inputs: Tensor) -> Tuple[Tensor, ...]:
+        flat: List[Tensor] = []
+        for out in self.backbone(inputs):
+            flat.extend(out if isinstance(out, (list, tuple)) else [out])
+        return tuple(flat)
 
 
 def exported_file_bytes(path: str) -> Dict[str, int]:
@@ -216,6 +221,26 @@ def _strip_program(program: Any) -> Any:
     return program
 
 
+def refuse_unexportable(model: nn.Module) -> None:
+    """Refuse a model the static-grid export cannot serve: a LookWhere backbone (its
+    selector runs at its own low resolution and the extractor attends over the patches
+    the selector picks, not over one grid per file).
+
+    Raises:
+        ConfigError: naming the module.
+    """
+    from ..lookwhere import LookWhere
+
+    for name, module in model.named_modules():
+        if isinstance(module, LookWhere):
+            raise ConfigError(
+                f'{name or "the model"} is a {type(module).__name__} (LookWhere): the export '
+                'serves LookHere ViTs on one patch grid per file, and LookWhere attends over '
+                'a low-resolution copy and the patches its selector picks -- not supported; '
+                'export a LookHere segmentor'
+            )
+
+
 def export_model(
     config: str,
     checkpoint: Optional[str],
@@ -260,7 +285,8 @@ def export_model(
         the share of pixels whose class is mmseg's).
 
     Raises:
-        ConfigError: a bad shape, format or part, or a model without ``encode_decode``.
+        ConfigError: a bad shape, format, part or ``out`` (a folder), a model without
+            ``encode_decode``, a LookWhere model (:func:`refuse_unexportable`).
         FileNotFoundError, CheckpointError: as :func:`~.inference.build_model_from_checkpoint`.
     """
     import lookhere_dense
@@ -287,6 +313,10 @@ def export_model(
     if len(shape) != 2:
         raise ConfigError(f'shape must be (H, W), got {list(shape)}')
     size = tuple(check_int(f'shape {n}', s, error=ConfigError) for n, s in zip('HW', shape))
+    if osp.isdir(out) or str(out).endswith(('/', os.sep)):
+        raise ConfigError(
+            f'--out {out!r} is a folder: give the file to write, e.g. {osp.join(out, "model." + format)!r}'
+        )
     if threads:
         torch.set_num_threads(threads)
     cfg = load_config(config, cfg_options)
@@ -303,6 +333,13 @@ def export_model(
         with quiet_mmengine_logger():
             model.init_weights()
         model.eval()
+    refuse_unexportable(model)
+    patch = getattr(getattr(model, 'backbone', None), 'patch_size', 16)
+    if part == 'backbone' and min(size) < patch:
+        raise ConfigError(
+            f'--shape {size[0]} {size[1]}: the backbone alone takes images of at least one '
+            f'{patch}x{patch} patch per side (the segmentor pads its input as mmseg does)'
+        )
     if part == 'segmentor':
         if not hasattr(model, 'encode_decode'):
             raise ConfigError(
@@ -319,7 +356,6 @@ def export_model(
     ]
     weights = sum(t.numel() * t.element_size() for t in floats)
     largest_weight = max(t.numel() * t.element_size() for t in floats)
-    patch = getattr(getattr(model, 'backbone', None), 'patch_size', 16)
     grid = [math.ceil(s / patch) for s in padded]
     os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
     pads = (

@@ -43,9 +43,9 @@ def tensor_bytes(value: Any, _seen: Optional[set] = None) -> int:
     if isinstance(value, torch.Tensor):
         try:
             storage = value.untyped_storage()
-        except (RuntimeError, NotImplementedError):  # pragma: no cover - exotic tensors
-            return value.numel() * value.element_size()
-        key = (storage.data_ptr(), value.device.type)
+            key = (storage.data_ptr(), value.device.type)
+        except (RuntimeError, NotImplementedError):  # tensors without data: an exporter's
+            return value.numel() * value.element_size()  # fake tensors, exotic ones
         if key in seen:
             return 0
         seen.add(key)
