@@ -5,7 +5,9 @@ A scheduler that preempts a job sends SIGTERM and kills it a grace period later 
 ``KillWait``, 30 s by default; torchrun: 30 s after forwarding the signal to its workers).
 mmengine's Runner dies at the signal and loses every iteration since its last checkpoint.
 With this hook the first SIGTERM, SIGUSR1, SIGHUP or SIGINT (Ctrl-C) only sets a flag; when the current
-training iteration ends, the checkpoint of that iteration is written (atomically, by the
+training iteration ends (with gradient accumulation, ``optim_wrapper.accumulative_counts
+= k``: the iteration of the next optimizer step, up to ``k - 1`` iterations later, since the
+summed gradients are in no checkpoint), the checkpoint of that iteration is written (atomically, by the
 run's :class:`~lookhere_dense.engine.checkpointing.AtomicCheckpointHook`; it is kept as is
 if that iteration was just saved) and the run raises
 :class:`~lookhere_dense.errors.TrainingInterruptedError` naming the signal, the iteration
@@ -60,6 +62,7 @@ class SignalCheckpointHook(Hook):
 
     def __init__(self):
         self._received: int = 0
+        self._deferred = False
         self._previous: Dict[int, object] = {}
 
     # handlers ----------------------------------------------------------------------------
@@ -88,6 +91,7 @@ class SignalCheckpointHook(Hook):
     # hook points -------------------------------------------------------------------------
     def before_train(self, runner) -> None:
         self._received = 0
+        self._deferred = False
         self._install()
 
     def after_train(self, runner) -> None:
@@ -96,6 +100,15 @@ class SignalCheckpointHook(Hook):
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         signum = world_max(self._received)
         if not signum:
+            return
+        pending = accumulating_iterations(runner)
+        if pending:  # the gradients summed since the last step are in no checkpoint
+            if not self._deferred:
+                runner.logger.warning(
+                    f'{signal.Signals(signum).name} received: training on to the end of the '
+                    f'gradient accumulation ({pending} more iteration(s)) before saving'
+                )
+            self._deferred = True
             return
         saved = self._save(runner)
         barrier()
@@ -132,6 +145,26 @@ class SignalCheckpointHook(Hook):
             f'training stopped by {name} after {where}: {kept}. Continue with --resume '
             f'(same --work-dir {runner.work_dir}).'
         )
+
+
+def accumulating_iterations(runner) -> int:
+    """How many more iterations the run's optimizer wrapper(s) sum gradients over before
+    their next step (``optim_wrapper.accumulative_counts``); 0 at a step. A checkpoint holds
+    the weights and the optimizer, not the gradients summed since the last step: saved in
+    between, ``--resume`` would lose them (mmengine warns "gradient of some iterations is
+    lost")."""
+    wrapper = getattr(runner, 'optim_wrapper', None)
+    wrappers = wrapper.values() if hasattr(wrapper, 'values') else [wrapper]
+    pending = 0
+    for w in wrappers:
+        counts = int(getattr(w, '_accumulative_counts', 1) or 1)
+        inner = int(getattr(w, '_inner_count', 0))
+        left = counts - inner % counts if inner % counts else 0
+        max_counts = getattr(w, '_max_counts', None)
+        if max_counts is not None and max_counts >= 0:  # mmengine steps at the last one too
+            left = min(left, max(0, int(max_counts) - inner))
+        pending = max(pending, left)
+    return pending
 
 
 def release_signal_handlers(runner) -> None:
