@@ -174,6 +174,37 @@ def test_a_resumed_runs_failed_save_names_the_checkpoint_it_resumed_from(data, f
     assert msg.endswith('then continue with --resume.'), msg
 
 
+def test_a_failed_pointer_write_leaves_no_checkpoint_resume_would_skip(
+    data, tmp_path, monkeypatch
+):
+    """The disk fills up between publishing ``iter_4.pth`` and writing ``last_checkpoint``
+    (ENOSPC from the pointer's write, our own function failing as the file system would):
+    the message said "nothing was written under that name" beside a complete
+    ``iter_4.pth``, which ``--resume`` then passed over silently (it follows the pointer,
+    still ``iter_2``). The published file is removed, so the message is true."""
+    import errno
+
+    import lookhere_dense.engine.checkpointing as checkpointing
+
+    real, calls = checkpointing.atomic_write_text, []
+
+    def pointer_write(path, text):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, 'No space left on device', path)
+        return real(path, text)
+
+    monkeypatch.setattr(checkpointing, 'atomic_write_text', pointer_write)
+    work = str(tmp_path / 'work')
+    with pytest.raises(CheckpointSaveError) as exc:
+        train_model(ADE_CFG, work_dir=work, cfg_options=options(*roots(data), *SHRINK, *RUN))
+    final = osp.join(work, 'iter_4.pth')
+    assert f"checkpoint '{final}' could not be saved: the disk is full" in str(exc.value)
+    assert 'Nothing was written under that name' in str(exc.value)
+    assert not osp.exists(final) and not _leftovers(work)
+    assert _pointer(work) == osp.join(work, 'iter_2.pth')
+
+
 # ----------------------------------------------------------------------------------------
 # SIGTERM / SIGINT
 # ----------------------------------------------------------------------------------------

@@ -80,6 +80,7 @@ class AtomicCheckpointHook(CheckpointHook):
         if main:
             self._check_folder(runner, final)
         tmp = osp.join(self.out_dir, osp.basename(partial_name(filename)))
+        published = False  # a new file under the final name, removed if the pointer fails
         try:
             runner.save_checkpoint(
                 self.out_dir,
@@ -93,11 +94,14 @@ class AtomicCheckpointHook(CheckpointHook):
                 **self.args,
             )
             if main:
+                published = not osp.exists(final)  # a file there before is left alone
                 publish_file(tmp, final)
                 atomic_write_text(osp.join(runner.work_dir, POINTER_FILE), final)
         except (OSError, RuntimeError) as err:
             if main:
                 remove_quietly(tmp)
+                if published:  # the pointer could not follow: --resume would not find it
+                    remove_quietly(final)
             raise CheckpointSaveError(self._failure(runner, final, err)) from err
         self.last_ckpt = final
         runner.message_hub.update_info('last_ckpt', final)
