@@ -176,7 +176,8 @@ class MixedPrecisionOptimWrapper(AmpOptimWrapper):
     (the parent's ``optim_context``); parameters, gradients and optimizer state stay
     float32; the loss is not scaled (``loss_scale`` is ignored: bfloat16 underflows no
     sooner than float32). Checkpoints have the parent's keys (an empty ``loss_scaler``
-    state on CPU), so a run can resume on the other kind of machine.
+    state on CPU), so a run can resume on the other kind of machine (on CUDA, from a CPU
+    checkpoint, the loss scale starts afresh: :meth:`load_state_dict`).
 
     Args:
         loss_scale: ``'dynamic'``, a number or a ``GradScaler`` dict (CUDA only).
@@ -207,6 +208,28 @@ class MixedPrecisionOptimWrapper(AmpOptimWrapper):
         self._scale_update_param = None
         self.loss_scaler = torch.amp.GradScaler('cpu', enabled=False)
         self.cast_dtype = cast
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """The parent's, except that an empty ``loss_scaler`` state (saved by a run without
+        loss scaling: on CPU, where the scaler is disabled) is dropped where this wrapper's
+        scaler is enabled (a CUDA machine): torch's ``GradScaler`` refuses it (``The source
+        state dict is empty, possibly because it was saved from a disabled instance of
+        GradScaler``). The scaler then starts afresh from the config's ``loss_scale``, as in
+        a new run, and the log says so. (On CPU the scaler is disabled and loads nothing.)
+        """
+        scaler = state_dict.get('loss_scaler')
+        if isinstance(scaler, dict) and not scaler and self.loss_scaler.is_enabled():
+            from mmengine.logging import print_log
+
+            state_dict.pop('loss_scaler')
+            print_log(
+                'resume: the checkpoint has no loss scale (it was trained without loss '
+                'scaling, e.g. with --amp on CPU); the loss scaler starts afresh from '
+                'optim_wrapper.loss_scale, as in a new run',
+                logger='current',
+                level=logging.WARNING,
+            )
+        super().load_state_dict(state_dict)
 
     @contextlib.contextmanager
     def optim_context(self, model: torch.nn.Module) -> Iterator[None]:

@@ -11,8 +11,9 @@ its warm-up), without a word:
   extrapolation study for ``--iters``);
 * :func:`keep_config_schedule` makes a resumed run follow the config's schedule
   (mmengine restores each scheduler's ``begin`` / ``end`` from the checkpoint, so a run
-  resumed to train longer kept the old end): the config's schedule is replayed to the
-  resume point (:func:`replay_schedule`).
+  resumed to train longer kept the old end; and it loads the saved states into the
+  config's schedulers in order, whatever their number and types): the config's schedule
+  is replayed to the resume point (:func:`replay_schedule`).
 """
 
 from __future__ import annotations
@@ -71,39 +72,59 @@ def schedule_to(cfg: Any, iters: int) -> List[str]:
 def keep_config_schedule(runner: Any, checkpoint: Dict[str, Any]) -> Optional[str]:
     """Before a resumed Runner loads the schedulers' and the optimizer's state from
     ``checkpoint``: where a scheduler built from the config begins or ends elsewhere than
-    the saved one, the schedule of a fresh run of this config is **replayed** up to the
-    iteration the run resumes at (:func:`replay_schedule`), and the checkpoint's scheduler
-    states and the optimizer's scheduled values (``lr``, ...) are replaced by the replay's
-    (in place), so the resumed run continues exactly as a fresh run of its own length
-    would from that iteration: the LR at the resume point may jump (up to a warm-up's or
-    a decay's value of the new schedule), and the note gives it beside the checkpoint's.
+    the saved one, or the config builds other schedulers than the checkpoint saved (another
+    number of them, or another type at a place: ``[LinearLR, PolyLR]`` resumed with
+    ``[PolyLR]``; a saved state's type is told by its keys and ``param_name``, compared with
+    each built scheduler's own ``state_dict()``), the schedule of a fresh run of this config
+    is **replayed** up to the iteration the run resumes at (:func:`replay_schedule`), and
+    the checkpoint's scheduler states and the optimizer's scheduled values (``lr``, ...;
+    a value that only a dropped scheduler set, e.g. a momentum, gets the config's) are
+    replaced by the replay's (in place), so the resumed run continues exactly as a fresh
+    run of this config would from that iteration: the LR at the resume point may jump (up
+    to a warm-up's or a decay's value of the new schedule), and the note gives it beside
+    the checkpoint's. (mmengine pairs the saved states with the built schedulers one by
+    one, in order: another scheduler got a state of the wrong type, a warm-up's included.)
 
     Patching only ``begin`` / ``end`` cannot do that: mmengine's schedulers compute each
     step from the last value, so a warm-up (``LinearLR``) stretched after it had ended went
     on multiplying the LR past the config's peak, and a decay whose ``begin`` had been
     clipped never ran. Where no replay is possible (epoch-based schedulers,
     ``ReduceOnPlateau`` ones, several optimizers, a checkpoint without the iteration or
-    with other parameter groups) the checkpoint's schedule is kept and the note says so.
+    with other parameter groups) the checkpoint's schedule is kept and the note says so;
+    where the config's schedulers are other ones than the checkpoint's there, it cannot
+    be kept either, and the resume is refused.
 
     Returns:
-        The note for the log: the schedulers moved and the value at the resume point;
-        None when the config's schedule is the checkpoint's.
+        The note for the log: the schedulers moved or changed and the value at the resume
+        point; None when the config's schedule is the checkpoint's.
+
+    Raises:
+        lookhere_dense.errors.CheckpointError: the config's schedulers are other ones than
+            the checkpoint's (number or types) and the schedule cannot be replayed.
     """
     saved, built = checkpoint.get('param_schedulers'), getattr(runner, 'param_schedulers', None)
     if isinstance(saved, dict) and isinstance(built, dict):  # one list per optimizer
         pairs = [(saved.get(k), built[k], f'param_scheduler[{k!r}]') for k in built]
     else:
         pairs = [(saved, built, 'param_scheduler')]
-    moved = []
+    moved, other = [], False
     for states, schedulers, where in pairs:
-        if not isinstance(states, list) or not isinstance(schedulers, list):
+        if not isinstance(states, list) or not isinstance(schedulers, list) or not schedulers:
             return None
-        if len(states) != len(schedulers):
+        if not all(isinstance(state, dict) for state in states) or not all(
+            hasattr(sch, 'state_dict') for sch in schedulers
+        ):
             return None
-        for i, (state, sch) in enumerate(zip(states, schedulers)):
-            if not isinstance(state, dict) or not hasattr(sch, 'state_dict'):
-                return None
-            own = sch.state_dict()
+        owns = [sch.state_dict() for sch in schedulers]
+        if len(states) != len(schedulers) or not all(map(_same_kind, states, owns)):
+            other = True
+            names = ', '.join(_kind_name(state, owns, schedulers) for state in states)
+            moved.append(
+                f'{where}: [{names}] -> [{", ".join(type(s).__name__ for s in schedulers)}] '
+                '(other schedulers)'
+            )
+            continue
+        for i, (state, sch, own) in enumerate(zip(states, schedulers, owns)):
             diff = [
                 f'{k} {state[k]} -> {own.get(k)}'
                 for k in ('begin', 'end')
@@ -121,6 +142,17 @@ def keep_config_schedule(runner: Any, checkpoint: Dict[str, Any]) -> Optional[st
     if isinstance(targets, list) and optim_state.get('base_param_settings') is not None:
         targets = targets + [optim_state['base_param_settings']]
     why = 'several optimizers' if isinstance(built, dict) else _why_no_replay(built, step, targets)
+    if why is not None and other:
+        from ..errors import CheckpointError
+
+        raise CheckpointError(
+            f"--resume: the config's LR schedulers are other ones than those of "
+            f'{getattr(runner, "_load_from", None) or "the checkpoint"!r} '
+            f"({'; '.join(moved)}): mmengine would load each saved scheduler's state into "
+            f'the one at its place, and a schedule cannot be replayed with {why}. Resume '
+            "with the checkpoint's param_scheduler, or start a new run from its weights: "
+            '--cfg-options load_from=CKPT without --resume.'
+        )
     if why is not None:
         return (
             f"kept the checkpoint's LR schedule, not the config's ({'; '.join(moved)}): a "
@@ -129,14 +161,22 @@ def keep_config_schedule(runner: Any, checkpoint: Dict[str, Any]) -> Optional[st
         )
     name = built[0].param_name
     was = targets[0].get(name)
+    dropped = {s.get('param_name') for s in saved} - {sch.param_name for sch in built}
     states, values = replay_schedule(built, step)
     saved[:] = states
-    for group, value in zip(targets, values):
+    fresh_groups = built[0].optimizer.param_groups
+    for i, (group, value) in enumerate(zip(targets, values)):
         group.update(value)
+        # what only a scheduler of the checkpoint set (a momentum): the config's value
+        # (base_param_settings, after the groups, has no fresh group of its own)
+        fresh = fresh_groups[i] if i < len(fresh_groups) else {}
+        for key in dropped | ({'betas'} if 'momentum' in dropped else set()):
+            if key in fresh and key not in value:
+                group[key] = fresh[key]
     now = values[0].get(name)
     at = (
         f"; at iteration {step} the {name} is the new schedule's {now:.4g} (the checkpoint's "
-        f'{was:.4g}), as in a fresh run of this length'
+        f'{was:.4g}), as in a fresh run of this config'
         if isinstance(was, float) and isinstance(now, float)
         else ''
     )
@@ -144,6 +184,63 @@ def keep_config_schedule(runner: Any, checkpoint: Dict[str, Any]) -> Optional[st
         "the LR schedule follows this run's config, not the checkpoint's, replayed to "
         f'iteration {step}: {"; ".join(moved)}{at}'
     )
+
+
+def _same_kind(state: Dict[str, Any], own: Dict[str, Any]) -> bool:
+    """Whether a saved scheduler state is of the type of a built scheduler whose
+    ``state_dict()`` is ``own``: the same keys (each type has its own settings:
+    ``start_factor`` / ``end_factor``, ``eta_min`` / ``power``, ...) and ``param_name``."""
+    return state.keys() == own.keys() and state.get('param_name') == own.get('param_name')
+
+
+def _kind_name(state: Dict[str, Any], owns: List[Dict[str, Any]], schedulers: List[Any]) -> str:
+    """A saved scheduler state's type, as the note names it: that of a built scheduler of
+    its kind, else the mmengine scheduler whose settings are the state's
+    (:func:`_registered_kind`), else its own settings (the keys no built one has)."""
+    for own, sch in zip(owns, schedulers):
+        if _same_kind(state, own):
+            return type(sch).__name__
+    common = set.intersection(*(set(own) for own in owns))
+    settings = sorted(k for k in state if k not in common)
+    return _registered_kind(state) or f'a scheduler with {", ".join(settings)}'
+
+
+#: What every mmengine scheduler's constructor takes or its state holds besides the type's
+#: own settings.
+_COMMON = {
+    'self', 'optimizer', 'param_name', 'begin', 'end', 'last_step', 'by_epoch', 'verbose',
+    'total_iters', 'use_betas', 'base_values', '_last_value', '_global_step',
+}  # fmt: skip
+
+
+def _registered_kind(state: Dict[str, Any]) -> Optional[str]:
+    """The one scheduler of mmengine's registry whose constructor takes just the saved
+    state's settings (``LinearLR``: ``start_factor``, ``end_factor``) and whose name says
+    its ``param_name`` (``...LR``, ``...Momentum``), or None."""
+    import inspect
+
+    from mmengine.registry import PARAM_SCHEDULERS
+
+    settings = set(state) - _COMMON
+    suffix = {'lr': 'LR', 'momentum': 'Momentum'}.get(state.get('param_name'), 'ParamScheduler')
+    found = []
+    for name, cls in PARAM_SCHEDULERS.module_dict.items():
+        if not name.endswith(suffix) or not isinstance(cls, type):
+            continue
+        for klass in cls.__mro__:  # the first constructor that names its arguments
+            init = vars(klass).get('__init__')
+            if init is None:
+                continue
+            try:
+                params = inspect.signature(init).parameters.values()
+            except (TypeError, ValueError):
+                break
+            if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+                continue
+            if {p.name for p in params} - _COMMON == settings:
+                found.append(name)
+            break
+    return found[0] if len(found) == 1 else None
 
 
 def _why_no_replay(built: List[Any], step: Any, targets: Any) -> Optional[str]:
