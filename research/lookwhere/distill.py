@@ -36,7 +36,7 @@ def run_distillation(
         )
     if work_dir is not None:
         cfg.work_dir = work_dir
-    lock = lock_work_dir(cfg.work_dir)  # two runs in one work dir: refused
+    lock = lock_work_dir(cfg.work_dir, launcher=cfg.get('launcher', 'none'))  # two runs: refused
     try:
         with warnings_to_run_log():  # the libraries' deprecation warnings: log file only
             runner = build_runner(cfg)  # the tools' Runner: a quiet terminal
