@@ -284,6 +284,18 @@ def test_a_slide_stride_longer_than_the_window_is_refused_where_mmseg_fails():
         32,
         16,
     )
+    # --crop / --stride with whole-image inference were accepted and ignored
+    with pytest.raises(
+        ConfigError,
+        match=r'^--crop set the sliding windows, but this run predicts whole images \(--whole\): add --slide',
+    ):
+        inference_test_cfg(cfg, whole=True, crop=(32, 32))
+    whole = _cfg(SEGMENTER, **{'model.test_cfg.mode': 'whole'})
+    with pytest.raises(
+        ConfigError, match=r"^--crop / --stride set .*\(the config test_cfg mode 'whole'\)"
+    ):
+        inference_test_cfg(whole, crop=(32, 32), stride=(16, 16))
+    assert inference_test_cfg(whole, slide=True, crop=(32, 32))['mode'] == 'slide'
 
 
 # --cfg-options: a list where OpenMMLab takes one number or several -----------------------

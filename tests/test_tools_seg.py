@@ -205,6 +205,30 @@ def test_test_tool_scores_and_writes_predictions(demo, tmp_path):
     assert len(glob.glob(str(show / '**' / '*.png'), recursive=True)) == 2
 
 
+def test_test_tool_needs_no_training_data_and_loads_the_checkpoint_under_tta(demo, tmp_path):
+    """Two failures of ``tools/test.py`` with the run's own checkpoint: ``--show-dir``
+    where the training split is absent (mmseg's visualization hook reads ``runner.iter``,
+    which built the train loop and its dataset: "No such file ... images/training"), and
+    ``--tta`` (the checkpoint check compared the file with the TTA wrapper's keys,
+    ``module.backbone...``: "has none of the model's keys")."""
+    show = tmp_path / 'vis'
+    metrics = evaluate_checkpoint(
+        ADE_CFG,
+        demo['ckpt'],
+        work_dir=str(tmp_path / 'w'),
+        show_dir=str(show),
+        tta=True,
+        cfg_options=_opts(
+            f'test_dataloader.dataset.data_root={demo["ade_root"]}',
+            f'train_dataloader.dataset.data_root={tmp_path / "no_training_data"}',
+            *SHRINK,
+            'model.test_cfg.mode=whole',
+        ),
+    )
+    assert 0.0 <= metrics['mIoU'] <= 100.0
+    assert len(glob.glob(str(show / '**' / '*.png'), recursive=True)) == 2
+
+
 def test_infer_writes_overlays_at_any_resolution(demo, tmp_path):
     folder = demo['ade_root'] / 'images' / 'validation'
     out = tmp_path / 'overlays'

@@ -217,15 +217,24 @@ def inference_test_cfg(
             (:func:`backbone_padding_patch`; BEiT / MAE floor instead). Default: True.
 
     Raises:
-        lookhere_dense.errors.ConfigError: slide inference without any crop, or with a
+        lookhere_dense.errors.ConfigError: ``crop`` / ``stride`` for whole-image inference
+            (they would be ignored), slide inference without any crop, or with a
             window smaller than one ``patch_size`` patch (naming ``--crop`` or the config
             key it came from), or a stride longer than the window or a mode mmseg does not
             have (:func:`~lookhere_dense.config_checks.check_seg_test_cfg`).
     """
     tc = dict(cfg.model.get('test_cfg') or dict(mode='whole'))
+    windowed = slide or (not whole and tc.get('mode') == 'slide')
+    if (crop or stride) and not windowed:
+        given = ' / '.join(n for n, v in (('--crop', crop), ('--stride', stride)) if v)
+        raise ConfigError(
+            f'{given} set the sliding windows, but this run predicts whole images '
+            f'({"--whole" if whole else "the config test_cfg mode " + repr(tc.get("mode"))}): '
+            'add --slide, or leave them out'
+        )
     if whole:
         return dict(mode='whole')
-    if slide or tc.get('mode') == 'slide':
+    if windowed:
         window = (
             crop or tc.get('crop_size') or (cfg.model.get('data_preprocessor') or {}).get('size')
         )

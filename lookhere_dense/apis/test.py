@@ -171,6 +171,11 @@ def build_test_config(
         logger['type'] = 'ProgressLoggerHook'  # ~10 progress lines per pass
     # the model is loaded from the checkpoint: pretrained files are irrelevant here
     preflight(cfg, ('test',), check_pretrained=False, check_data=check_data)
+    # a test builds no training loop: mmseg's SegVisualizationHook reads runner.iter,
+    # which built the train loop and its dataset (a missing training folder stopped
+    # --show-dir); mmengine takes these four all None together
+    for key in ('train_dataloader', 'train_cfg', 'optim_wrapper', 'param_scheduler'):
+        cfg[key] = None
     return cfg
 
 

@@ -1,6 +1,6 @@
 """Multi-process runs: decisions every rank takes together (torch.distributed alone; the
 values of a single-process run pass through): :func:`world_max`, :func:`barrier`; and
-:func:`unwrap_model`, the model inside a DDP / FSDP wrapper."""
+:func:`unwrap_model`, the model inside a DDP / FSDP / TTA wrapper."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ __all__ = ['world_max', 'barrier', 'unwrap_model']
 
 def unwrap_model(model: Any) -> Any:
     """``model.module`` of a model wrapper (mmengine's ``is_model_wrapper``: DDP, FSDP,
-    ``MMDistributedDataParallel``), else ``model``."""
-    from mmengine.model import is_model_wrapper
+    ``MMDistributedDataParallel``) or of a test-time-augmentation model (``BaseTTAModel``,
+    ``--tta``: the checkpoint holds its inner model's keys), else ``model``; as mmengine's
+    own checkpoint loading unwraps them."""
+    from mmengine.model import BaseTTAModel, is_model_wrapper
 
-    return model.module if is_model_wrapper(model) else model
+    return model.module if is_model_wrapper(model) or isinstance(model, BaseTTAModel) else model
 
 
 def world_max(value: int) -> int:
