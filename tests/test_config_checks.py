@@ -11,6 +11,7 @@ import os.path as osp
 
 import pytest
 import torch.nn as nn
+from tiny_seg import assert_resume_follows_fresh
 
 from lookhere_dense.config_checks import accepted_arguments, check_model_cfg
 from lookhere_dense.errors import ConfigError
@@ -889,16 +890,8 @@ def test_a_resume_with_another_length_replays_the_config_schedule_for_every_grou
     note = keep_config_schedule(types.SimpleNamespace(param_schedulers=schedulers), checkpoint)
     assert note.startswith("the LR schedule follows this run's config, not the checkpoint's, ")
     assert 'param_scheduler[0] LinearLR: end 6 -> 10' in note
-    wrapper.load_state_dict(checkpoint['optimizer'])  # what Runner.resume does next
-    for sch, state in zip(schedulers, checkpoint['param_schedulers']):
-        sch.load_state_dict(state)
     fresh, fresh_schedulers = _schedule_run(30, steps=6)
-    for step in range(6, 30):
-        for ours, theirs in zip(wrapper.param_groups, fresh.param_groups):
-            assert (ours['lr'], ours['betas']) == (theirs['lr'], theirs['betas']), step
-        for run in (schedulers, fresh_schedulers):
-            for sch in run:
-                sch.step()
+    assert_resume_follows_fresh(wrapper, schedulers, checkpoint, fresh, fresh_schedulers, 30)
 
 
 def test_an_entry_with_its_own_scope_is_left_to_that_scope():

@@ -14,7 +14,7 @@ import types
 
 import pytest
 import torch
-from tiny_seg import ADE_CFG, SHRINK, make_ade, options, roots
+from tiny_seg import ADE_CFG, SHRINK, assert_resume_follows_fresh, make_ade, options, roots
 from torch import nn
 
 from lookhere_dense.apis.train import train_model
@@ -150,16 +150,8 @@ def test_other_schedulers_are_replayed_not_loaded_into_each_other(old, new, chan
     assert note is not None and changed in note, note
     assert note.startswith("the LR schedule follows this run's config, not the checkpoint's")
     assert len(checkpoint['param_schedulers']) == len(schedulers)
-    wrapper.load_state_dict(checkpoint['optimizer'])  # what Runner.resume does next
-    for sch, state in zip(schedulers, checkpoint['param_schedulers']):
-        sch.load_state_dict(state)
     fresh, fresh_schedulers = _run(new, steps=6)
-    for step in range(6, 30):
-        for ours, theirs in zip(wrapper.param_groups, fresh.param_groups):
-            assert (ours['lr'], ours['betas']) == (theirs['lr'], theirs['betas']), step
-        for run in (schedulers, fresh_schedulers):
-            for sch in run:
-                sch.step()
+    assert_resume_follows_fresh(wrapper, schedulers, checkpoint, fresh, fresh_schedulers, 30)
 
 
 def test_other_schedulers_that_cannot_be_replayed_are_refused():

@@ -175,3 +175,18 @@ def write_study_reports(folder, runs: Sequence[Sequence]) -> List[str]:
         with open(paths[-1], 'w') as f:
             json.dump(study_report(*run), f)
     return paths
+
+
+def assert_resume_follows_fresh(wrapper, schedulers, checkpoint, fresh, fresh_schedulers, end):
+    """Load ``checkpoint``'s optimizer and scheduler states as ``Runner.resume`` does, then
+    step both runs to ``end``: every group's ``lr`` and ``betas`` equal the fresh run's
+    (``fresh`` / ``fresh_schedulers``, built at the resume step) at every step."""
+    wrapper.load_state_dict(checkpoint['optimizer'])
+    for sch, state in zip(schedulers, checkpoint['param_schedulers']):
+        sch.load_state_dict(state)
+    for step in range(6, end):
+        for ours, theirs in zip(wrapper.param_groups, fresh.param_groups):
+            assert (ours['lr'], ours['betas']) == (theirs['lr'], theirs['betas']), step
+        for run in (schedulers, fresh_schedulers):
+            for sch in run:
+                sch.step()
