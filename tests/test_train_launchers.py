@@ -135,7 +135,7 @@ def _param_and_step(optimizer_cls, **kwargs):
 
 
 def test_optimizer_state_problem_names_what_each_optimizer_holds():
-    from lookhere_dense.apis.train import optimizer_state_problem
+    from lookhere_dense.engine.hooks import optimizer_state_problem
 
     def fresh(optimizer_cls, **kwargs):
         return optimizer_cls([torch.nn.Parameter(torch.ones(3))], **kwargs)
@@ -171,6 +171,36 @@ def test_optimizer_state_problem_names_what_each_optimizer_holds():
     assert optimizer_state_problem(adamw, saved, 'x.pth') is None
     adamw.load_state_dict(saved)
     assert adamw.param_groups[0]['fused'] is None
+
+
+def test_adam_and_adamw_states_are_told_apart_on_resume():
+    """Adam and AdamW hold the same keys: torch loads either into the other, and an
+    AdamW state makes an Adam run decay weights as AdamW (``decoupled_weight_decay`` is
+    loaded with the groups). Refused both ways, naming both rules; the same type fits."""
+    from lookhere_dense.engine.hooks import optimizer_state_problem
+
+    adamw_state = _param_and_step(torch.optim.AdamW, lr=1e-3).state_dict()
+    adam = torch.optim.Adam([torch.nn.Parameter(torch.ones(3))], lr=1e-3, weight_decay=1e-4)
+    # what the check prevents: the loaded Adam run silently becomes AdamW
+    probe = torch.optim.Adam([torch.nn.Parameter(torch.ones(3))], lr=1e-3)
+    probe.load_state_dict(adamw_state)
+    assert probe.param_groups[0]['decoupled_weight_decay'] is True
+    problem = optimizer_state_problem(adam, adamw_state, '/w/iter_2.pth')
+    assert problem.startswith(
+        "--resume: the optimizer state in '/w/iter_2.pth' was saved with "
+        "decoupled_weight_decay=True (AdamW's decoupled weight decay), this run's Adam has "
+        "decoupled_weight_decay=False (Adam's L2 weight decay)"
+    ), problem
+    assert 'load_from=/w/iter_2.pth without --resume' in problem
+    adam_state = _param_and_step(torch.optim.Adam, lr=1e-3).state_dict()
+    adamw = torch.optim.AdamW([torch.nn.Parameter(torch.ones(3))], lr=1e-3)
+    problem = optimizer_state_problem(adamw, adam_state, 'the checkpoint', name='head')
+    assert "this run's AdamW (optim_wrapper 'head') has decoupled_weight_decay=True" in problem
+    assert optimizer_state_problem(adam, adam_state, 'x.pth') is None
+    assert optimizer_state_problem(adamw, adamw_state, 'x.pth') is None
+    # a state saved before torch recorded the flag cannot be told apart: not refused
+    del adamw_state['param_groups'][0]['decoupled_weight_decay']
+    assert optimizer_state_problem(adam, adamw_state, 'x.pth') is None
 
 
 def test_resuming_an_adamw_checkpoint_with_sgd_is_one_checkpoint_error(tmp_path):

@@ -64,7 +64,6 @@ __all__ = [
     'learns_slopes',
     'lock_work_dir',
     'launcher_rank',
-    'optimizer_state_problem',
     'TRAIN_HOOKS',
     'SLOPE_HOOK',
 ]
@@ -712,7 +711,7 @@ def train_model(config: str, verbose: bool = False, share_work_dir: bool = False
         lookhere_dense.errors.CheckpointSaveError: a checkpoint could not be written.
         lookhere_dense.errors.CheckpointError: ``--resume`` from a checkpoint whose
             optimizer state does not fit (another number of parameter groups, another
-            optimizer type: :func:`optimizer_state_problem`), before the first step.
+            optimizer type: :func:`lookhere_dense.engine.hooks.optimizer_state_problem`), before the first step.
     """
     import lookhere_dense
 
@@ -784,113 +783,12 @@ def training_input_size(cfg) -> Optional[Tuple[int, int]]:
     return None
 
 
-def _optimizers(optim_wrapper) -> List[Tuple[str, object]]:
-    """``(name, torch optimizer)`` of a built ``OptimWrapper`` (name ``''``) or of each
-    wrapper of an ``OptimWrapperDict``."""
-    wrappers = getattr(optim_wrapper, 'optim_wrappers', None)
-    if isinstance(wrappers, Mapping):
-        return [(name, getattr(w, 'optimizer', None)) for name, w in wrappers.items()]
-    return [('', getattr(optim_wrapper, 'optimizer', None))]
-
-
-def _groups_once_loaded(optimizer, saved_groups: List[Mapping]) -> Optional[List[dict]]:
-    """The parameter groups ``optimizer`` would have after loading ``saved_groups``: the
-    saved hyper-parameters, completed by the optimizer's own ``__setstate__`` (as torch's
-    ``load_state_dict`` and unpickling do: flags newer torch versions added, e.g.
-    ``fused``), on a copy without parameters or state. None where that copy cannot be
-    made (an optimizer whose ``__setstate__`` needs more)."""
-    cls = type(optimizer)
-    groups = [
-        {**{k: v for k, v in g.items() if k != 'params'}, 'params': []} for g in saved_groups
-    ]
-    probe = cls.__new__(cls)
-    try:
-        probe.__setstate__(
-            {'defaults': dict(optimizer.defaults), 'state': {}, 'param_groups': groups}
-        )
-    except Exception:  # any optimizer class: no check rather than a crash
-        return None
-    return probe.param_groups
-
-
-def optimizer_state_problem(
-    optimizer, saved: Mapping, source: str, name: str = ''
-) -> Optional[str]:
-    """Why the optimizer state ``saved`` (a ``state_dict()``) is another optimizer type's
-    than ``optimizer`` (built, not loaded yet), or None when it fits. torch's
-    ``Optimizer.load_state_dict`` replaces the parameter groups' hyper-parameters with the
-    saved ones: the hyper-parameters of ``optimizer`` (its ``defaults``) that the saved
-    groups lack end its first step in a ``KeyError`` (an AdamW state in an SGD run:
-    ``KeyError: 'momentum'``), or the loading itself (an SGD state in an AdamW run:
-    ``KeyError: 'step'``). Flags that torch fills in when it loads an older state do not
-    count.
-
-    Args:
-        optimizer: the torch optimizer the run built.
-        saved: the state to load (``param_groups``, ``state``).
-        source: the checkpoint, for the message.
-        name: the optimizer's name in an ``OptimWrapperDict``. Default: ``''``.
-    """
-    saved_groups = saved.get('param_groups')
-    built = getattr(optimizer, 'param_groups', None)
-    defaults = getattr(optimizer, 'defaults', None)
-    if not saved_groups or not built or not isinstance(defaults, Mapping):
-        return None
-    loaded = _groups_once_loaded(optimizer, saved_groups)
-    if loaded is None:
-        return None
-    missing = [k for k in defaults if any(k not in g for g in loaded)]
-    if not missing:
-        return None
-    theirs = [k for k in saved_groups[0] if k not in built[0] and k != 'params']
-    state = next(iter((saved.get('state') or {}).values()), None)
-    per_param = f' (per-parameter state: {", ".join(state)})' if isinstance(state, Mapping) else ''
-    has = (
-        f"; the checkpoint's hold {', '.join(theirs)} instead{per_param}" if theirs else per_param
-    )
-    where = f' (optim_wrapper {name!r})' if name else ''
-    load = source if source != 'the checkpoint' else 'CKPT'
-    return (
-        f'--resume: the optimizer state in {source!r} was saved by another optimizer type: '
-        f"this run's {type(optimizer).__name__}{where} needs {', '.join(missing)} in its "
-        f'parameter groups{has}. Resume with the config it was trained with (its '
-        f'optim_wrapper.optimizer), or start a new run from its weights: --cfg-options '
-        f'load_from={load} without --resume.'
-    )
-
-
-def _resumed_optimizer_check():
-    """A hook that stops a resumed run whose checkpoint holds another optimizer type's
-    state (:func:`optimizer_state_problem`) with a
-    :class:`~lookhere_dense.errors.CheckpointError` in ``after_load_checkpoint``: before
-    mmengine loads that state into the built optimizers, so before the first step."""
-    from mmengine.hooks import Hook
-
-    class ResumedOptimizerCheck(Hook):
-        def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-            saved = checkpoint.get('optimizer')
-            if not getattr(runner, '_resume', False) or not isinstance(saved, Mapping):
-                return
-            source = getattr(runner, '_load_from', None)
-            if not source:  # resume=True without load_from: mmengine's newest checkpoint
-                from mmengine.runner import find_latest_checkpoint
-
-                source = find_latest_checkpoint(runner.work_dir) or 'the checkpoint'
-            for name, optimizer in _optimizers(runner.optim_wrapper):
-                state = saved.get(name) if name else saved
-                if isinstance(state, Mapping):
-                    problem = optimizer_state_problem(optimizer, state, source, name)
-                    if problem:
-                        raise CheckpointError(problem)
-
-    return ResumedOptimizerCheck()
-
-
 def _train(cfg, notes: List[str], verbose: bool):
     """Set up distributed training, build the Runner, log ``notes``, train (a resumed
     checkpoint of another optimizer type stops before the first step:
-    :func:`optimizer_state_problem`)."""
+    :func:`lookhere_dense.engine.hooks.optimizer_state_problem`)."""
     from ..engine.amp import train_autocast_dtype
+    from ..engine.hooks import OptimizerStateCheckHook
     from ..engine.preemption import release_signal_handlers
     from ..engine.terminal import warnings_to_run_log
     from ..lookhere.attention import backend_summary
@@ -915,7 +813,7 @@ def _train(cfg, notes: List[str], verbose: bool):
             for msg in notes:  # repeat the warnings where the run's log file gets them
                 runner.logger.warning(msg, extra=dict(file_only=True))
             if cfg.get('resume'):
-                runner.register_hook(_resumed_optimizer_check(), priority='HIGHEST')
+                runner.register_hook(OptimizerStateCheckHook(), priority='HIGHEST')
             try:
                 runner.train()
             except RuntimeError as err:

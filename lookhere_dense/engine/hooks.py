@@ -21,6 +21,9 @@ own mmseg / mmdet config (with ``custom_imports=dict(imports=['lookhere_dense.op
   checkpoint that does not fit the model: missing, unexpected and wrongly shaped keys and
   other head counts are named (mmengine itself loads such a checkpoint with warnings
   only); the loader is :func:`lookhere_dense.lookhere.loading.load_model_weights`.
+* :class:`OptimizerStateCheckHook` refuses a resumed checkpoint whose optimizer state is
+  another optimizer type's (AdamW's in an SGD run, AdamW's in an Adam run), before the
+  first step, naming what each holds (the training API adds it to resumed runs).
 * :class:`EvalBatchCheckHook` stops a validation / test batch of images of different
   sizes (mmseg predicts one size per batch) with the loader's ``batch_size`` and the fix,
   instead of mmseg's bare assertion.
@@ -46,7 +49,7 @@ import os
 import os.path as osp
 import random
 import re
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -54,7 +57,7 @@ from mmengine.hooks import Hook, LoggerHook
 from mmengine.registry import HOOKS
 
 from ..checkpoint import training_meta
-from ..errors import ConfigError, TrainingDivergedError
+from ..errors import CheckpointError, ConfigError, TrainingDivergedError
 from ..lookhere.layers import weights_caused
 from .checkpointing import AtomicCheckpointHook, read_pointer
 from .memory_guard import MemoryGuardHook
@@ -66,6 +69,8 @@ __all__ = [
     'FiniteLossHook',
     'ExactResumeHook',
     'CheckpointFitHook',
+    'OptimizerStateCheckHook',
+    'optimizer_state_problem',
     'EvalBatchCheckHook',
     'ProgressLoggerHook',
     'AtomicCheckpointHook',
@@ -641,6 +646,125 @@ class CheckpointFitHook(Hook):
             source=source,
             checkpoint_num_heads=self.checkpoint_num_heads,
         )
+
+
+def _optimizers(optim_wrapper) -> List[Tuple[str, object]]:
+    """``(name, torch optimizer)`` of a built ``OptimWrapper`` (name ``''``) or of each
+    wrapper of an ``OptimWrapperDict``."""
+    wrappers = getattr(optim_wrapper, 'optim_wrappers', None)
+    if isinstance(wrappers, Mapping):
+        return [(name, getattr(w, 'optimizer', None)) for name, w in wrappers.items()]
+    return [('', getattr(optim_wrapper, 'optimizer', None))]
+
+
+def _groups_once_loaded(optimizer, saved_groups: List[Mapping]) -> Optional[List[dict]]:
+    """The parameter groups ``optimizer`` would have after loading ``saved_groups``: the
+    saved hyper-parameters, completed by the optimizer's own ``__setstate__`` (as torch's
+    ``load_state_dict`` and unpickling do: flags newer torch versions added, e.g.
+    ``fused``), on a copy without parameters or state. None where that copy cannot be
+    made (an optimizer whose ``__setstate__`` needs more)."""
+    cls = type(optimizer)
+    groups = [
+        {**{k: v for k, v in g.items() if k != 'params'}, 'params': []} for g in saved_groups
+    ]
+    probe = cls.__new__(cls)
+    try:
+        probe.__setstate__(
+            {'defaults': dict(optimizer.defaults), 'state': {}, 'param_groups': groups}
+        )
+    except Exception:  # any optimizer class: no check rather than a crash
+        return None
+    return probe.param_groups
+
+
+def optimizer_state_problem(
+    optimizer, saved: Mapping, source: str, name: str = ''
+) -> Optional[str]:
+    """Why the optimizer state ``saved`` (a ``state_dict()``) is another optimizer type's
+    than ``optimizer`` (built, not loaded yet), or None when it fits. torch's
+    ``Optimizer.load_state_dict`` replaces the parameter groups' hyper-parameters with the
+    saved ones: the hyper-parameters of ``optimizer`` (its ``defaults``) that the saved
+    groups lack end its first step in a ``KeyError`` (an AdamW state in an SGD run:
+    ``KeyError: 'momentum'``), or the loading itself (an SGD state in an AdamW run:
+    ``KeyError: 'step'``). Adam and AdamW hold the same keys and are told apart by
+    ``decoupled_weight_decay`` where the checkpoint records it (torch >= 2.6): loaded, an
+    AdamW state would silently make an Adam run decay weights as AdamW does. Flags that
+    torch fills in when it loads an older state do not count.
+
+    Args:
+        optimizer: the torch optimizer the run built.
+        saved: the state to load (``param_groups``, ``state``).
+        source: the checkpoint, for the message.
+        name: the optimizer's name in an ``OptimWrapperDict``. Default: ``''``.
+    """
+    saved_groups = saved.get('param_groups')
+    built = getattr(optimizer, 'param_groups', None)
+    defaults = getattr(optimizer, 'defaults', None)
+    if not saved_groups or not built or not isinstance(defaults, Mapping):
+        return None
+    loaded = _groups_once_loaded(optimizer, saved_groups)
+    if loaded is None:
+        return None
+    where = f' (optim_wrapper {name!r})' if name else ''
+    load = source if source != 'the checkpoint' else 'CKPT'
+    fix = (
+        'Resume with the config it was trained with (its optim_wrapper.optimizer), or '
+        f'start a new run from its weights: --cfg-options load_from={load} without --resume.'
+    )
+    flag = 'decoupled_weight_decay'  # Adam (L2 weight decay) or AdamW (decoupled)
+    if flag in saved_groups[0] and flag in built[0] and saved_groups[0][flag] != built[0][flag]:
+        return (
+            f'--resume: the optimizer state in {source!r} was saved with '
+            f'{flag}={saved_groups[0][flag]} ({_decay_kind(saved_groups[0][flag])}), '
+            f"this run's {type(optimizer).__name__}{where} has {flag}={built[0][flag]} "
+            f'({_decay_kind(built[0][flag])}): loaded, the run would train with the '
+            f"checkpoint's weight decay rule and value under the config's optimizer name. " + fix
+        )
+    missing = [k for k in defaults if any(k not in g for g in loaded)]
+    if not missing:
+        return None
+    theirs = [k for k in saved_groups[0] if k not in built[0] and k != 'params']
+    state = next(iter((saved.get('state') or {}).values()), None)
+    per_param = f' (per-parameter state: {", ".join(state)})' if isinstance(state, Mapping) else ''
+    has = (
+        f"; the checkpoint's hold {', '.join(theirs)} instead{per_param}" if theirs else per_param
+    )
+    return (
+        f'--resume: the optimizer state in {source!r} was saved by another optimizer type: '
+        f"this run's {type(optimizer).__name__}{where} needs {', '.join(missing)} in its "
+        f'parameter groups{has}. ' + fix
+    )
+
+
+def _decay_kind(decoupled: Any) -> str:
+    """``'AdamW's decoupled weight decay'`` or ``'Adam's L2 weight decay'``."""
+    return "AdamW's decoupled weight decay" if decoupled else "Adam's L2 weight decay"
+
+
+@HOOKS.register_module()
+class OptimizerStateCheckHook(Hook):
+    """Stop a resumed run whose checkpoint holds another optimizer type's state
+    (:func:`optimizer_state_problem`) with a :class:`~lookhere_dense.errors.CheckpointError`
+    in ``after_load_checkpoint``: before mmengine loads that state into the built
+    optimizers, so before the first step. Runs only when the Runner resumes."""
+
+    priority = 'HIGHEST'
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        saved = checkpoint.get('optimizer')
+        if not getattr(runner, '_resume', False) or not isinstance(saved, Mapping):
+            return
+        source = getattr(runner, '_load_from', None)
+        if not source:  # resume=True without load_from: mmengine's newest checkpoint
+            from mmengine.runner import find_latest_checkpoint
+
+            source = find_latest_checkpoint(runner.work_dir) or 'the checkpoint'
+        for name, optimizer in _optimizers(runner.optim_wrapper):
+            state = saved.get(name) if name else saved
+            if isinstance(state, Mapping):
+                problem = optimizer_state_problem(optimizer, state, source, name)
+                if problem:
+                    raise CheckpointError(problem)
 
 
 # ----------------------------------------------------------------------------------------
