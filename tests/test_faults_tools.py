@@ -490,6 +490,41 @@ def test_a_second_ctrl_c_inside_mmengines_config_formatting_is_one_line(capsys):
     ]
 
 
+def test_an_error_raised_while_stopping_after_ctrl_c_is_not_hidden(capsys):
+    """An error raised while a Ctrl-C is handled was reported as the interrupt alone: the
+    project's own errors (a checkpoint that could not be saved) are reported as
+    themselves, with their exit status; another library's error adds its first line to
+    the interrupt's."""
+    from lookhere_dense.errors import CheckpointSaveError
+
+    def save_fails(argv):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise CheckpointSaveError('could not save iter_3.pth: the disk is full')  # noqa: B904
+
+    with pytest.raises(SystemExit) as exc:
+        run_main(save_fails)
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        'error: could not save iter_3.pth: the disk is full'
+    )
+
+    def cleanup_fails(argv):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise OSError(28, 'No space left on device')  # noqa: B904
+
+    with pytest.raises(SystemExit) as exc:
+        run_main(cleanup_fails)
+    assert exc.value.code == 130
+    assert capsys.readouterr().err.strip() == (
+        'interrupted (Ctrl-C). A training run continues from its last checkpoint with '
+        '--resume. While stopping: OSError: [Errno 28] No space left on device.'
+    )
+
+
 def test_the_legend_lists_the_classes_present(tmp_path):
     from lookhere_dense.visualization.legend import draw_legend, present_classes
 

@@ -1311,7 +1311,8 @@ def _interrupted(err: BaseException) -> bool:
     """Whether ``err`` was raised while a ``KeyboardInterrupt`` was handled: mmengine's
     ``Config.pretty_text`` (called by every checkpoint save) turns any exception, a second
     Ctrl-C's included, into ``SyntaxError: Failed to format the config file`` with the
-    whole config (a bare ``except:``)."""
+    whole config (a bare ``except:``). The project's own errors raised then (a checkpoint
+    that could not be saved) are reported as themselves by :func:`run_main`."""
     seen = set()
     while err is not None and id(err) not in seen:
         if isinstance(err, KeyboardInterrupt):
@@ -1319,6 +1320,17 @@ def _interrupted(err: BaseException) -> bool:
         seen.add(id(err))
         err = err.__cause__ or err.__context__
     return False
+
+
+def _while_stopping(err: BaseException) -> str:
+    """``' While stopping: <type>: <first line>'`` for an error raised while a Ctrl-C
+    was handled; ``''`` for mmengine's ``SyntaxError: Failed to format the config file``
+    (its config formatting's bare ``except:`` around the Ctrl-C itself)."""
+    text = str(err).strip()
+    if isinstance(err, SyntaxError) and text.startswith('Failed to format the config'):
+        return ''
+    first = text.splitlines()[0][:200] if text else ''
+    return f' While stopping: {type(err).__name__}' + (f': {first}' if first else '') + '.'
 
 
 def run_main(
@@ -1336,10 +1348,13 @@ def run_main(
         )
         sys.exit(130)
     except Exception as err:  # noqa: B902 - re-raised unless it is a user error
-        if _interrupted(err):  # a second Ctrl-C turned into another error by a library
+        if _interrupted(err) and not isinstance(err, USER_ERRORS):
+            # a Ctrl-C turned into another error by a library (mmengine's config
+            # formatting), or an error raised while stopping: the interrupt, and the
+            # error's first line where it is not the formatting wrapper
             _say(
                 'interrupted (Ctrl-C). A training run continues from its last checkpoint with '
-                '--resume.'
+                '--resume.' + _while_stopping(err)
             )
             sys.exit(130)
         known = _library_data_failure(err)
