@@ -248,8 +248,10 @@ class DropPath(nn.Module):
             return x
         keep = 1 - self.drop_prob
         shape = (x.shape[0],) + (1,) * (x.dim() - 1)
-        mask = (keep + torch.rand(shape, dtype=x.dtype, device=x.device)).floor_()
-        return x * mask.div_(keep)
+        # drawn in float32: in bf16, keep + rand rounds, and the kept share moved
+        # (0.8985 for 0.9); the mask (0 or 1 / keep) is then cast to the branch's dtype
+        mask = (keep + torch.rand(shape, dtype=torch.float32, device=x.device)).floor_()
+        return x * mask.div_(keep).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f'drop_prob={self.drop_prob}'
