@@ -961,8 +961,11 @@ PATCH_PADDING_BACKBONES = {'LookHereViT': 16, 'VisionTransformer': 16, 'LookWher
 
 
 def patch_side(patch: Any) -> Optional[int]:
-    """A patch size (an int, or ``(H, W)``: its first side) as an int above 1, else None."""
-    patch = patch[0] if isinstance(patch, (tuple, list)) and patch else patch
+    """The smallest side that is a whole number of patches both ways: a patch size (an
+    int, or ``(H, W)``: the least common multiple of its sides, so a ``size_divisor`` or
+    crop that is a multiple of it fits both) as an int above 1, else None."""
+    if isinstance(patch, (tuple, list)) and len(patch) == 2 and all(map(is_int, patch)):
+        patch = math.lcm(*patch) if min(patch) > 0 else None
     return patch if is_int(patch) and patch > 1 else None
 
 

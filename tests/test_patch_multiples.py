@@ -173,6 +173,10 @@ def test_lookwhere_backbones_are_checked_on_their_extractors_patches():
     check_model_cfg(cfg)  # the shipped config: multiples of 16
     eight = load_config(path, _opts('model.backbone.extractor.patch_size=8'))
     assert self_padding_patch(eight.model) == 8
+    # a non-square patch: a multiple of both sides (its first side alone was taken)
+    assert (
+        self_padding_patch({'backbone': dict(type='VisionTransformer', patch_size=(8, 12))}) == 24
+    )
     slide = ('model.test_cfg.mode=slide', 'model.test_cfg.stride=(64,64)')
     with pytest.raises(
         ConfigError, match=r"crop_size=100x100 is not a multiple of the backbone's 16-px"
