@@ -446,6 +446,67 @@ def test_an_image_that_cannot_be_decoded_mid_run_is_one_line(tmp_path, capsys):
     assert err.endswith('continues from its last checkpoint with --resume.')
 
 
+def test_a_worker_failing_on_an_image_names_the_image_not_mmcvs_source_line():
+    """A dataloader worker re-raises mmcv's assertion as text whose traceback quotes mmcv's
+    source line (``f'failed to load image: {filename}'``) before the message: the file of
+    the message is named (the source line's ``{filename}'`` was)."""
+    from lookhere_dense.apis.cli import _library_data_failure
+
+    text = (
+        'Caught AssertionError in DataLoader worker process 0.\n'
+        'Original Traceback (most recent call last):\n'
+        '  File "/x/mmcv/transforms/loading.py", line 110, in transform\n'
+        "    assert img is not None, f'failed to load image: {filename}'\n"
+        'AssertionError: failed to load image: /data/a.jpg\n'
+    )
+    assert _library_data_failure(AssertionError(text)).startswith(
+        "the image '/data/a.jpg' could not be decoded"
+    )
+
+
+def test_a_truncated_annotation_mid_run_is_one_line_and_check_all_data_names_it(tmp_path, capsys):
+    """An annotation the data check did not decode (it decodes 64 files per split, spread
+    over the 70 here) and Pillow cannot (truncated), read in a dataloader worker: a
+    100-line traceback ending in ``OSError: image file is truncated`` and no file name
+    before; now one line pointing to ``--check-all-data``, which decodes every file before
+    training and names it."""
+    from PIL import Image
+
+    from lookhere_dense.data.checks import _spread
+
+    root = make_ade(tmp_path / 'data', num_train=70, num_val=1)
+    skipped = sorted(set(range(70)) - set(_spread(70, 64)))[0]  # not in the sample
+    bad = osp.join(root, 'annotations', 'training', f'ADE_train_{skipped + 1:08d}.png')
+    labels = np.asarray(Image.open(bad))
+    noise = np.random.RandomState(0).randint(0, 9, labels.shape, np.uint8)
+    Image.fromarray(noise).save(bad)  # noise: image data long enough to cut
+    with open(bad, 'rb') as f:
+        data = f.read()
+    with open(bad, 'wb') as f:
+        f.write(data[: len(data) // 2])  # a PNG cut in the middle of its image data
+    opts = options(
+        *roots(root),
+        *SHRINK,
+        f'train_cfg.max_iters={skipped // 2 + 1}',  # batch 2: the bad file's iteration
+        'train_dataloader.num_workers=1',
+        'train_dataloader.sampler.shuffle=False',
+    )
+    err = _error_of(
+        lambda: train_model(ADE_CFG, work_dir=str(tmp_path / 'w'), cfg_options=opts), capsys
+    )
+    assert err.startswith(
+        'error: a data file could not be decoded (OSError: image file is truncated'
+    ), err
+    assert 'Rerun with --check-all-data to decode every file first and name it' in err
+    err = _error_of(
+        lambda: train_model(
+            ADE_CFG, work_dir=str(tmp_path / 'w2'), cfg_options=opts, check_data='all'
+        ),
+        capsys,
+    )
+    assert bad in err and 'annotation' in err, err
+
+
 def test_ctrl_c_is_one_line_and_status_130(capsys):
     def interrupted(argv):
         raise KeyboardInterrupt

@@ -27,6 +27,7 @@ from typing import (
     Optional,
     Sequence,
     Tuple,
+    Union,
 )
 
 from ..errors import USER_ERRORS, ConfigError
@@ -897,11 +898,19 @@ def add_runner_job_args(
         help=f"folder for {what} (default: the config's work_dir, else work_dirs/<config name>)",
     )
     add_cfg_options_arg(parser, cfg_example)
-    parser.add_argument(
+    data = parser.add_mutually_exclusive_group()
+    data.add_argument(
         '--skip-data-check',
         action='store_true',
         help='do not run the data checks first (folders are still checked when the '
         'dataloaders are built)',
+    )
+    data.add_argument(
+        '--check-all-data',
+        action='store_true',
+        help='decode every image and annotation of the checked splits before the run '
+        '(default: a sample of 64 per split; every file is slow on a large dataset): '
+        'finds the corrupt file a run stopped on',
     )
     parser.add_argument(
         '--verbose',
@@ -918,15 +927,16 @@ def runner_job_kwargs(args: argparse.Namespace) -> dict:
     """The keyword arguments :func:`lookhere_dense.apis.train.train_model` and
     :func:`lookhere_dense.apis.test.evaluate_checkpoint` share, from their commands'
     arguments (:func:`add_runner_job_args`): ``work_dir``, ``cfg_options``, ``launcher``,
-    ``verbose``, ``max_memory``, ``amp``, ``amp_dtype`` and ``check_data`` (not
-    ``--skip-data-check``)."""
+    ``verbose``, ``max_memory``, ``amp``, ``amp_dtype`` and ``check_data`` (False for
+    ``--skip-data-check``, ``'all'`` for ``--check-all-data``, else True)."""
     names = ('work_dir', 'cfg_options', 'launcher', 'verbose', 'max_memory')
     dtype = amp_setting(args)
+    check = 'all' if getattr(args, 'check_all_data', False) else not args.skip_data_check
     return dict(
         {k: getattr(args, k) for k in names},
         amp=dtype is not None,
         amp_dtype=dtype,
-        check_data=not args.skip_data_check,
+        check_data=check,
     )
 
 
@@ -1183,7 +1193,7 @@ def preflight(
     splits: Sequence[str],
     require_pretrained: bool = False,
     check_pretrained: bool = True,
-    check_data: bool = True,
+    check_data: Union[bool, str] = True,
     allow_random_init: bool = False,
     notes: Optional[List[str]] = None,
 ) -> List[str]:
@@ -1205,6 +1215,9 @@ def preflight(
       (:func:`~lookhere_dense.data.checks.crop_padding_note`).
 
     Args:
+        check_data: run the data checks on a sample of each split's files (True), on
+            every file (``'all'``: every image and annotation decoded), or not (False).
+            Default: True.
         require_pretrained: kept for compatibility: a missing file is an error unless
             ``allow_random_init``. Default: False.
         notes: the warnings printed are also appended here (to repeat them in the run's
@@ -1262,7 +1275,8 @@ def preflight(
         )
     if check_data:
         if (cfg.get('default_scope') or 'mmseg') == 'mmseg':
-            sizes = check_seg_data(cfg, splits)
+            every = dict(max_label_files=sys.maxsize, max_header_files=sys.maxsize)
+            sizes = check_seg_data(cfg, splits, **(every if check_data == 'all' else {}))
             for where, n in sizes.items():
                 log_rank0(f'data check passed: {where} has {n} images with annotations')
             padded = crop_padding_note(cfg) if 'train' in splits else None
@@ -1279,23 +1293,44 @@ def preflight(
     return dropped
 
 
-#: mmcv's LoadImageFromFile on a file it cannot decode (also re-raised from a worker)
-_FAILED_IMAGE = re.compile(r'failed to load image: (.+?)\s*$', re.MULTILINE)
+#: mmcv's LoadImageFromFile on a file it cannot decode (also re-raised from a worker,
+#: whose traceback quotes mmcv's source line, ``{filename}``, before the message)
+_FAILED_IMAGE = re.compile(r'^[\w.]*Error: failed to load image: (.+?)\s*$', re.MULTILINE)
+
+#: What Pillow raises for a file it cannot decode, naming none (an annotation read by
+#: mmseg's LoadAnnotations, an image read with ``imdecode_backend='pillow'``)
+_UNNAMED_DECODE = re.compile(
+    r'^([\w.]*Error: (?:image file is truncated|cannot identify image file|broken data '
+    r'stream).*?)\s*$',
+    re.MULTILINE,
+)
 
 
 def _library_data_failure(err: BaseException) -> Optional[str]:
     """One line for a data file the libraries could not read in the middle of a run (the
     data checks decode a sample of the files, not all): mmcv's ``failed to load image:
-    PATH`` assertion, a 65-line traceback from a dataloader worker before. None for
-    anything else."""
-    found = _FAILED_IMAGE.search(str(err))
-    if found is None:
-        return None
-    return (
-        f'the image {found.group(1)!r} could not be decoded (corrupt, truncated or not an '
-        'image; the data check decodes a sample of the files, not all). Replace or remove '
-        'it; a training run continues from its last checkpoint with --resume.'
-    )
+    PATH`` assertion, naming the file, or a decoder's error that names none (a truncated
+    annotation: Pillow's ``image file is truncated``), pointing to ``--check-all-data``;
+    a 65- to 100-line traceback from a dataloader worker before. None for anything else."""
+    text = str(err) if str(err).startswith(('Caught ', 'Original ')) else ''
+    text = text or f'{type(err).__name__}: {err}'
+    found = _FAILED_IMAGE.findall(text)
+    if found:
+        return (
+            f'the image {found[-1]!r} could not be decoded (corrupt, truncated or not an '
+            'image; the data check decodes a sample of the files, not all). Replace or '
+            'remove it; a training run continues from its last checkpoint with --resume.'
+        )
+    unnamed = _UNNAMED_DECODE.findall(text)
+    if unnamed:
+        return (
+            f'a data file could not be decoded ({unnamed[-1][:120]}), and the library does '
+            'not name it: a corrupt or truncated image or annotation (the data check decodes '
+            'a sample of 64 files per split, not all). Rerun with --check-all-data to decode '
+            'every file first and name it; a training run continues from its last '
+            'checkpoint with --resume.'
+        )
+    return None
 
 
 def _say(line: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import List, Optional
+from typing import List, Optional, Union
 
 from ..errors import ConfigError, ToolError
 from ..registry import type_names
@@ -84,7 +84,7 @@ def build_test_config(
     tta: bool = False,
     cfg_options: Optional[dict] = None,
     launcher: str = 'none',
-    check_data: bool = True,
+    check_data: Union[bool, str] = True,
     max_memory: Optional[str] = None,
     amp: bool = False,
     amp_dtype: Optional[str] = None,
@@ -105,7 +105,9 @@ def build_test_config(
         tta: the config's ``tta_pipeline`` / ``tta_model``. Default: False.
         cfg_options: config overrides. Default: None.
         launcher: job launcher. Default: ``'none'``.
-        check_data: run the data checks. Default: True.
+        check_data: run the data checks on a sample of each split's files (True), on
+            every file (``'all'``: every image and annotation decoded) or not (False).
+            Default: True.
         max_memory: the memory budget of one test pass (``'8G'``, bytes); a whole frame
             whose estimated peak exceeds it (or, without a budget, the memory left) is
             refused before it allocates

@@ -44,7 +44,7 @@ import logging
 import os
 import os.path as osp
 import re
-from typing import List, Mapping, Optional, Tuple
+from typing import List, Mapping, Optional, Tuple, Union
 
 from ..errors import CheckpointError, ConfigError, ToolError
 from ..registry import type_names
@@ -403,7 +403,7 @@ def build_train_config(
     amp_dtype: Optional[str] = None,
     resume: Optional[str] = None,
     require_pretrained: bool = False,
-    check_data: bool = True,
+    check_data: Union[bool, str] = True,
     allow_random_init: bool = False,
     hooks: bool = True,
     max_memory: Optional[str] = None,
@@ -427,7 +427,9 @@ def build_train_config(
             Default: None.
         require_pretrained: kept for compatibility (a missing pretrained file is an error
             unless ``allow_random_init``). Default: False.
-        check_data: run the data checks. Default: True.
+        check_data: run the data checks on a sample of each split's files (True), on
+            every file (``'all'``: every image and annotation decoded) or not (False).
+            Default: True.
         allow_random_init: a pretrained file the config names but that is missing is
             dropped with a warning (training from random weights) instead of an error.
             Default: False.
