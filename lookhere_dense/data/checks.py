@@ -60,6 +60,7 @@ __all__ = [
     'check_seg_data',
     'check_output_outside_data',
     'sync_label_checks',
+    'loss_ignore_index',
     'crop_padding_note',
     'drop_eval_pads',
     'whole_frame_pad_note',
@@ -197,6 +198,57 @@ def _evaluators(cfg: Mapping):
                     yield f'{name}.{i}', e
 
 
+def _annotation_loaders(pipeline: Any) -> List[Mapping]:
+    """The steps of ``pipeline`` that load annotations (mmseg's ``LoadAnnotations``,
+    ``LoadBiomedicalAnnotation``, ``LoadDepthAnnotation``, ...), also inside the
+    ``transforms`` of a wrapper step (``TestTimeAug``: a list of lists), in order."""
+    found: List[Mapping] = []
+    for step in pipeline if isinstance(pipeline, (list, tuple)) else ():
+        if isinstance(step, (list, tuple)):
+            found += _annotation_loaders(step)
+        elif isinstance(step, Mapping):
+            name = type_name(step)
+            if name.startswith('Load') and 'Annotation' in name:
+                found.append(step)
+            found += _annotation_loaders(step.get('transforms'))
+    return found
+
+
+def _scoring_evaluators(cfg: Mapping, split: str) -> List[str]:
+    """The config keys of the evaluators of ``split`` (``val`` / ``test``) that score the
+    predictions against the annotations (no ``format_only``)."""
+    return [
+        k for k, ev in _evaluators(cfg) if k.split('_')[0] == split and not ev.get('format_only')
+    ]
+
+
+def _reads_no_annotations(cfg: Mapping, where: str, ds: Mapping) -> bool:
+    """Whether nothing of the run reads the annotations of the split ``where``
+    (``test_dataloader``) names: a validation / test pipeline without an annotation loader
+    (mmseg's set-up for a test set without labels: no ``LoadAnnotations``, the evaluator
+    ``format_only=True``). A training split always reads them.
+
+    Raises:
+        ConfigError: such a pipeline under an evaluator that scores against the
+            annotations (``format_only`` not set: mmseg's ``IoUMetric`` fails on the first
+            batch, on the missing ``gt_sem_seg``).
+    """
+    split = where.split('_')[0]
+    if split == 'train' or _annotation_loaders(ds.get('pipeline')):
+        return False
+    scoring = _scoring_evaluators(cfg, split)
+    if scoring:
+        raise ConfigError(
+            f'{where}: the pipeline loads no annotations (no LoadAnnotations), but '
+            f'{" and ".join(scoring)} scores the predictions against them (format_only is not '
+            "set: mmseg's IoUMetric would fail on the missing gt_sem_seg). To score, add "
+            "dict(type='LoadAnnotations') to the pipeline after the image is loaded; for a "
+            f'split without annotations set {scoring[0]}.format_only=True (and its '
+            'output_dir) to write the predictions instead'
+        )
+    return True
+
+
 def _same_root_options(cfg: Mapping, key: str, root: str) -> List[str]:
     """The ``--cfg-options`` that move data_root ``root`` to ``PATH``: ``key`` first, then
     every other dataset of the train / val / test dataloaders with the same data_root, and
@@ -273,11 +325,17 @@ def check_dataset_layout(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 
     Also the ``ann_file`` of the ``val`` / ``test`` evaluators of ``splits`` (mmdet's
     ``CocoMetric`` reads one).
 
+    A missing annotation folder (``data_prefix.seg_map_path``) of a validation / test
+    split whose pipeline loads no annotations passes when its evaluators only write the
+    predictions (``format_only=True``: mmseg's set-up for a test set without labels).
+
     Raises:
         DatasetLayoutError: naming the dataloader (or evaluator), the missing path (also
             made absolute), the exact ``--cfg-options`` key(s) to set (through the
             wrappers) and the layout the dataset type expects (the ``tools/demo.py``
             datasets only for the segmentation layouts it writes).
+        ConfigError: a missing annotation folder of a split whose pipeline loads no
+            annotations while its evaluator scores against them (:func:`_reads_no_annotations`).
     """
     check_dataset_arguments(cfg, splits)
     default_scope = cfg.get('default_scope') or 'mmseg'
@@ -302,6 +360,8 @@ def check_dataset_layout(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 
                 continue
             path = _join(root, sub)
             if '://' not in path and not osp.exists(path):
+                if name == 'seg_map_path' and _reads_no_annotations(cfg, where, ds):
+                    continue  # a split without annotations (format_only): nothing reads them
                 raise DatasetLayoutError(
                     f'{where}: {name} folder {path!r} not found (data_root={root!r}, '
                     f'data_prefix.{name}={sub!r}; set with --cfg-options '
@@ -439,29 +499,118 @@ def check_output_outside_data(
                 )
 
 
+def _loss_heads(cfg: Mapping) -> List[Tuple[str, Mapping]]:
+    """``(config key, head config)`` of every head whose loss reads the label maps: the
+    decode head (one, or a list in mmseg's ``CascadeEncoderDecoder``) and the auxiliary
+    head(s), of ``model`` or of the segmentor a test-time-augmentation model wraps
+    (``model.module``)."""
+    model = cfg.get('model') or {}
+    prefix = 'model'
+    if 'decode_head' not in model and isinstance(model.get('module'), Mapping):
+        model, prefix = model['module'], 'model.module'
+    heads = []
+    for name in ('decode_head', 'auxiliary_head'):
+        node = model.get(name)
+        if isinstance(node, Mapping):
+            heads.append((f'{prefix}.{name}', node))
+        elif isinstance(node, (list, tuple)):
+            heads += [
+                (f'{prefix}.{name}.{i}', h) for i, h in enumerate(node) if isinstance(h, Mapping)
+            ]
+    return heads
+
+
+def _head_ignore_index(key: str, head: Mapping) -> Tuple[int, str, str]:
+    """``(value, config key, how)`` of the label value a head's loss ignores: its
+    ``ignore_index`` (``how``: ``''``), else the default of its class (mmseg's
+    ``BaseDecodeHead``: 255; ``how``: ``"<class>'s default"``)."""
+    value = head.get('ignore_index')
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value, f'{key}.ignore_index', ''
+    from ..config_checks import model_registry
+
+    typ = head.get('type')
+    try:
+        cls = typ if isinstance(typ, type) else model_registry('mmseg').get(type_name(head))
+    except Exception:  # noqa: BLE001 - an unknown type: the model checks name it
+        cls = None
+    default = _class_default(cls, 'ignore_index')[0] if isinstance(cls, type) else None
+    if not isinstance(default, int) or isinstance(default, bool):
+        default = 255
+    name = cls.__name__ if isinstance(cls, type) else 'the head'
+    return default, f'{key}.ignore_index', f"{name}'s default"
+
+
+def loss_ignore_index(cfg: Mapping) -> Optional[Tuple[int, str, str]]:
+    """The label value the segmentation loss ignores, which the label checks allow beside
+    the classes: ``(value, config key, how)`` (``how``: ``''``, or ``"<class>'s default"``
+    where the key is not set), or None for a config without a decode head.
+
+    mmseg hands ``model.decode_head.ignore_index`` (default 255) to the loss
+    (``BaseDecodeHead.loss_by_feat``); a dataset's ``ignore_index`` is stored but read by
+    neither the loss nor ``IoUMetric``, so where the two disagree the head's counts: a
+    value only the dataset names ignored is a class index to the loss (out of range: a
+    CUDA device-side assert; in range: trained as that class), and is refused.
+
+    Raises:
+        ConfigError: heads (decode and auxiliary) whose losses ignore different values:
+            they read the same label maps, so a value one ignores is a class to another.
+    """
+    values = [_head_ignore_index(key, head) for key, head in _loss_heads(cfg)]
+    if not values:
+        return None
+    if len({v for v, _, _ in values}) > 1:
+        said = ', '.join(f'{k}={v}' + (f' ({how})' if how else '') for v, k, how in values)
+        raise ConfigError(
+            f"the heads ignore different label values ({said}): every head's loss reads the "
+            'same label maps, so a value one ignores is a class index to another (out of '
+            'range: the loss fails; in range: trained as that class). Set their ignore_index '
+            'alike'
+        )
+    return values[0]
+
+
 def sync_label_checks(cfg: Mapping, splits: Sequence[str]) -> List[str]:
     """Set the ``num_classes`` of every ``CheckSegLabels`` in the pipelines of ``splits``
     to the decode head's, where they differ (``--cfg-options
     model.decode_head.num_classes=30`` left the config's ``CheckSegLabels(num_classes=150)``
     behind: labels 30-149 passed it and training died in the loss with ``IndexError:
     Target 39 is out of bounds``; 171 classes had label 160 refused as "outside the 150
-    classes of the model"); returns a note per change.
+    classes of the model"), and its ``ignore_index`` to the value the loss ignores
+    (:func:`loss_ignore_index`: ``model.decode_head.ignore_index=100`` left
+    ``CheckSegLabels`` refusing 100; ``CheckSegLabels(ignore_index=100)`` under a head that
+    ignores 255 passed the value 100 on to the loss); returns a note per change. Heads
+    that ignore different values leave ``ignore_index`` as it is (the data check refuses
+    them).
     """
     head = (cfg.get('model') or {}).get('decode_head') or {}
     n = head.get('num_classes') if isinstance(head, Mapping) else None
     if not isinstance(n, int) or isinstance(n, bool):
-        return []
+        n = None
+    try:
+        ignore = loss_ignore_index(cfg)
+    except ConfigError:
+        ignore = None
     notes = []
     for _, key, ds, _ in _nodes(cfg, splits):
         for i, step in enumerate(ds.get('pipeline') or []):
             if not isinstance(step, Mapping) or type_name(step) != 'CheckSegLabels':
                 continue
             had = step.get('num_classes')
-            if had != n:
+            if n is not None and had != n:
                 step['num_classes'] = n
                 notes.append(
                     f'{key}.pipeline[{i}] CheckSegLabels: num_classes={n}, the decode '
                     f"head's (the config wrote {had})"
+                )
+            had = step.get('ignore_index', 255)  # CheckSegLabels' default
+            if ignore is not None and had != ignore[0]:
+                value, source, how = ignore
+                step['ignore_index'] = value
+                notes.append(
+                    f'{key}.pipeline[{i}] CheckSegLabels: ignore_index={value}, the value the '
+                    f'loss ignores ({source}' + (f', {how}' if how else '') + f'; the config '
+                    f'wrote {had})'
                 )
     return notes
 
@@ -848,13 +997,15 @@ def _unread_images(
     return sorted(misspelt), sorted(other)
 
 
-def _raw_labels(path: str) -> Any:
-    """The label file's values as stored (``LoadAnnotations`` decodes it the same way,
-    then casts to uint8 and applies ``reduce_zero_label``)."""
+def _raw_labels(path: str, backend: str = 'pillow', backend_args: Optional[dict] = None) -> Any:
+    """The label file's values as stored, decoded as mmseg's ``LoadAnnotations`` with
+    ``imdecode_backend=backend`` and ``backend_args`` decodes it (it then casts them to
+    uint8 and applies ``reduce_zero_label``). Default: ``'pillow'``, None (its defaults)."""
     import mmcv
     from mmengine import fileio
 
-    return mmcv.imfrombytes(fileio.get(path), flag='unchanged', backend='pillow')
+    data = fileio.get(path, backend_args=backend_args)
+    return mmcv.imfrombytes(data, flag='unchanged', backend=backend)
 
 
 def _class_default(cls: type, name: str) -> Tuple[Any, Optional[type]]:
@@ -871,6 +1022,32 @@ def _class_default(cls: type, name: str) -> Tuple[Any, Optional[type]]:
         if param is not None and param.default is not inspect.Parameter.empty:
             return param.default, klass
     return None, None
+
+
+def _states_default_for_classes(dataset: Any, owner: Optional[type], num_classes: int) -> bool:
+    """Whether ``dataset``'s ``reduce_zero_label`` default (set by ``owner``'s constructor,
+    :func:`_class_default`) is stated for the classes it names: the class that names them
+    in its own ``METAINFO`` (the first of its type's bases that does) is ``owner`` or a
+    base of it, or is a dataset class of mmseg's own other than ``BaseSegDataset``
+    (CityscapesDataset: files of a layout mmseg documents, whose default ``False`` it
+    inherits); and the dataset names those classes, as many as the model has
+    (:func:`_names_own_classes`). Not a user's subclass with a ``METAINFO`` of its own that
+    inherits ``BaseSegDataset``'s default: that says nothing about its files."""
+    from mmseg.datasets import BaseSegDataset
+
+    namer = next(
+        (
+            k
+            for k in type(dataset).__mro__
+            if isinstance(k.__dict__.get('METAINFO'), Mapping)
+            and k.__dict__['METAINFO'].get('classes')
+        ),
+        None,
+    )
+    if namer is None or owner is None or not _names_own_classes(dataset, namer, num_classes):
+        return False
+    mmseg_own = namer.__module__.split('.')[0] == 'mmseg' and namer is not BaseSegDataset
+    return issubclass(owner, namer) or mmseg_own
 
 
 def _names_own_classes(dataset: Any, klass: Any, num_classes: int) -> bool:
@@ -893,7 +1070,9 @@ def check_label_values(
     * image and annotation have the same size (read from the file headers, up to
       ``max_header_files`` pairs spread over the dataset: all of ADE20K and Cityscapes);
     * up to ``max_files`` annotations (spread over the dataset) hold no label value
-      outside the model's classes, and their images decode;
+      outside the model's classes other than the value the loss ignores
+      (:func:`loss_ignore_index`: ``model.decode_head.ignore_index``, not the dataset's
+      ``ignore_index``, which mmseg does not read), and their images decode;
     * annotations that hold only the ignore index: a :class:`DataCheckWarning` naming
       them, an error when every checked one does;
     * the checked files' stored values fit 8 bits (mmseg casts label maps to uint8) and
@@ -901,11 +1080,17 @@ def check_label_values(
       Cityscapes-style files with 255 reduced, ADE20K's own files not reduced);
     * images in another format than ``img_suffix`` beside their annotation: a warning.
 
-    Loads annotations with mmseg's own ``LoadAnnotations`` (so ``reduce_zero_label`` and
+    Loads annotations with mmseg's own ``LoadAnnotations`` given the pipeline's
+    ``imdecode_backend`` and ``backend_args`` (so the decoder, ``reduce_zero_label`` and
     ``label_map`` apply exactly as in training).
 
+    A validation / test split whose pipeline loads no annotations, under evaluators that
+    only write the predictions (``format_only=True``: a test set without labels), has its
+    images checked only, and is not counted (:func:`_reads_no_annotations`).
+
     Returns:
-        ``{dataloader: number of images}``.
+        ``{dataloader: number of images}`` of the dataloaders whose annotations were
+        checked.
 
     Raises:
         DatasetLayoutError: no images, or images without annotation files.
@@ -914,11 +1099,15 @@ def check_label_values(
         LabelRangeError: a label value outside ``0..num_classes-1`` / the ignore index,
             every checked annotation holds only the ignore index, a value above 255 in the
             file, or a ``reduce_zero_label`` the files contradict.
+        ConfigError: a pipeline that loads no annotations under an evaluator that scores
+            against them, a ``LoadAnnotations(reduce_zero_label=...)`` other than its
+            dataset's, or heads that ignore different label values.
     """
     from mmseg.datasets import BaseSegDataset
     from mmseg.datasets.transforms import LoadAnnotations
 
     sizes = {}
+    loss_ignore = loss_ignore_index(cfg)
     for where, ds_cfg in _dataloaders(cfg, splits):
         ds = _build_seg_dataset(ds_cfg)
         if not isinstance(ds, BaseSegDataset):
@@ -932,6 +1121,15 @@ def check_label_values(
                 + _hint(ds_cfg)
             )
         infos = [ds.get_data_info(i) for i in range(n)]
+        if _reads_no_annotations(cfg, where, ds_cfg):
+            for i in _spread(n, max_files):
+                path = infos[i]['img_path']
+                if '://' not in path:
+                    try:
+                        image_size(path, decode=True)
+                    except Exception as err:
+                        raise unreadable_file(where, 'image', path, err) from None
+            continue
         missing = [i['seg_map_path'] for i in infos if not osp.exists(i['seg_map_path'])]
         if missing:
             raise DatasetLayoutError(
@@ -963,7 +1161,30 @@ def check_label_values(
             )
         _check_pair_sizes(where, infos, _orientation_applied(ds_cfg), max_header_files)
         num_classes = _num_classes(cfg, ds)
-        loader = LoadAnnotations()
+        step = next(
+            (
+                t
+                for t in _annotation_loaders(ds_cfg.get('pipeline'))
+                if type_name(t) == 'LoadAnnotations'
+            ),
+            {},
+        )
+        reduce = step.get('reduce_zero_label')
+        if reduce is not None and bool(reduce) != bool(ds.reduce_zero_label):
+            raise ConfigError(
+                f"{key}.pipeline's LoadAnnotations has reduce_zero_label={reduce!r}, but "
+                f"{key}.reduce_zero_label={ds.reduce_zero_label!r}: mmseg's LoadAnnotations "
+                "stops on the first annotation (an AssertionError). Set the dataset's "
+                'reduce_zero_label and drop it from LoadAnnotations (which then follows it)'
+            )
+        backend = step.get('imdecode_backend') or 'pillow'
+        backend_args = step.get('backend_args')
+        loader = LoadAnnotations(imdecode_backend=backend, backend_args=backend_args)
+        if loss_ignore is not None:
+            ignore_index, ignore_key, how = loss_ignore
+        else:  # no decode head in the config: the dataset's
+            ignore_index, ignore_key = int(ds.ignore_index), f'{key}.ignore_index'
+            how = '' if 'ignore_index' in ds_cfg else "mmseg's default"
         sample = _spread(n, max_files)
         ignored = []
         with_zero = with_255 = 0
@@ -977,7 +1198,7 @@ def check_label_values(
                     raise unreadable_file(where, 'image', info['img_path'], err) from None
             try:
                 seg = loader(dict(info))['gt_seg_map']
-                raw = _raw_labels(info['seg_map_path'])
+                raw = _raw_labels(info['seg_map_path'], backend, backend_args)
             except Exception as err:
                 raise unreadable_file(where, 'annotation', info['seg_map_path'], err) from None
             values = label_values(raw)  # the stored values, sorted
@@ -994,19 +1215,36 @@ def check_label_values(
             with_255 += 255 in values
             raw_top = max([raw_top, *(int(v) for v in values if v < 255)])
             if seg.ndim != 2:
-                raise LabelRangeError(channels_message(where, info['seg_map_path'], seg.shape))
-            bad = bad_label_values(seg, num_classes, ds.ignore_index)
-            if bad:
-                raise LabelRangeError(
-                    label_message(
-                        info['seg_map_path'],
-                        bad,
-                        num_classes,
-                        ds.ignore_index,
-                        ds.reduce_zero_label,
+                msg = channels_message(where, info['seg_map_path'], seg.shape)
+                if backend != 'pillow' and _raw_labels(info['seg_map_path']).ndim == 2:
+                    msg = (  # a palette PNG: pillow reads its indices, cv2 its colours
+                        f'{where}: annotation {info["seg_map_path"]!r} is a palette PNG of '
+                        f"class ids, which {key}.pipeline's LoadAnnotations(imdecode_backend="
+                        f'{backend!r}) decodes to its colours (shape {tuple(seg.shape)}): drop '
+                        "imdecode_backend (mmseg's default 'pillow' reads the ids), or save "
+                        'the ids as a greyscale PNG'
                     )
+                raise LabelRangeError(msg)
+            bad = bad_label_values(seg, num_classes, ignore_index)
+            if bad:
+                msg = label_message(
+                    info['seg_map_path'],
+                    bad,
+                    num_classes,
+                    ignore_index,
+                    ds.reduce_zero_label,
+                    f'default of {ignore_key}' if how else ignore_key,
                 )
-            if seg.size and bool((seg == ds.ignore_index).all()):
+                theirs = int(ds.ignore_index)
+                if 'ignore_index' in ds_cfg and theirs != ignore_index and theirs in bad:
+                    msg += (
+                        f' {key}.ignore_index={theirs} is read by neither the loss nor the '
+                        f'metric in mmseg: to ignore {theirs}, set {ignore_key}={theirs} (and '
+                        'the ignore_index of CheckSegLabels, RandomCrop and IoUMetric, and '
+                        'model.data_preprocessor.seg_pad_val, alike).'
+                    )
+                raise LabelRangeError(msg)
+            if seg.size and bool((seg == ignore_index).all()):
                 ignored.append(info['seg_map_path'])
         default, owner = _class_default(type(ds), 'reduce_zero_label')
         verdict, is_error = reduce_zero_label_verdict(
@@ -1020,14 +1258,14 @@ def check_label_values(
             raw_top,
             num_classes,
             _names_own_classes(ds, owner, num_classes),
-            _names_own_classes(ds, type(ds), num_classes),
+            _states_default_for_classes(ds, owner, num_classes),
         )
         if verdict and is_error:
             raise LabelRangeError(f'{where}: {verdict}.')
         if verdict:
             warnings.warn(DataCheckWarning(f'{where}: {verdict}.'), stacklevel=2)
         if ignored:
-            msg = f'{where}: ' + all_ignored_message(ignored, ds.ignore_index, len(sample))
+            msg = f'{where}: ' + all_ignored_message(ignored, ignore_index, len(sample))
             if len(ignored) == len(sample):
                 raise LabelRangeError(msg + ' Nothing to train or evaluate on.')
             warnings.warn(DataCheckWarning(msg), stacklevel=2)
@@ -1142,13 +1380,16 @@ def check_crop_fits(cfg: Mapping, max_images: int = 8) -> None:
     the largest size the pipeline's resizes can give them (checks up to
     ``max_images`` images spread over each training dataset).
 
-    A crop larger than the image is legal in mmseg (the rest is padding); a crop larger
-    than the image at *every* resize scale means training mostly on padding, which is
-    a configuration mistake.
+    A crop larger than the image is legal in mmseg: the crop is the whole image and the
+    data preprocessor pads it (label ``seg_pad_val``, ignored). The rule: a crop that
+    would be *mostly* padding -- more than half its area -- for a checked image even at
+    the largest resize is refused (it would be so at every scale: a configuration
+    mistake); a crop that some checked image falls short of by less (a 120x200 image
+    under a 128x128 crop: 6% padding) is a :class:`DataCheckWarning`, once per dataset.
 
     Raises:
-        CropSizeError: naming the image, its size, the largest resized size, the crop and
-            what to change.
+        CropSizeError: naming the image, its size, the largest resized size, the crop, the
+            share of padding and what to change.
     """
     from PIL import Image
 
@@ -1159,7 +1400,9 @@ def check_crop_fits(cfg: Mapping, max_images: int = 8) -> None:
             continue
         ds = _build_seg_dataset(ds_cfg)
         ds.full_init()
-        for i in _spread(len(ds), max_images):
+        short = []  # (padding share, crop, image, its size, resized size)
+        checked = _spread(len(ds), max_images)
+        for i in checked:
             path = ds.get_data_info(i)['img_path']
             with Image.open(path) as im:
                 w0, h0 = im.size
@@ -1167,18 +1410,36 @@ def check_crop_fits(cfg: Mapping, max_images: int = 8) -> None:
             for t in pipeline:
                 if str(t.get('type', '')).endswith('RandomCrop'):
                     ch, cw = _pair(t['crop_size'])
-                    if ch > round(h) or cw > round(w):
-                        raise CropSizeError(
-                            f'{where}: RandomCrop crop_size={tuple(int(c) for c in (ch, cw))} '
-                            f'is larger than image {path!r} ({h0}x{w0} px), which the '
-                            f'pipeline resizes to at most {round(h)}x{round(w)}: every crop '
-                            'would be mostly padding. Lower crop_size (and '
-                            'model.data_preprocessor.size and test_cfg.crop_size with it), '
-                            'or raise the RandomResize / Resize scale.'
-                        )
+                    rh, rw = round(h), round(w)
+                    if ch > rh or cw > rw:
+                        padding = 1 - min(ch, rh) * min(cw, rw) / (ch * cw)
+                        crop = tuple(int(c) for c in (ch, cw))
+                        if padding > 0.5:
+                            raise CropSizeError(
+                                f'{where}: RandomCrop crop_size={crop} is larger than image '
+                                f'{path!r} ({h0}x{w0} px), which the pipeline resizes to at '
+                                f'most {rh}x{rw}: every crop would be mostly padding '
+                                f'({padding:.0%} of its area, more than half). Lower '
+                                'crop_size (and model.data_preprocessor.size and '
+                                'test_cfg.crop_size with it), or raise the RandomResize / '
+                                'Resize scale.'
+                            )
+                        short.append((padding, crop, path, (h0, w0), (rh, rw)))
                     h, w = min(h, ch), min(w, cw)
                 else:
                     h, w = largest_size_after(t, h, w)
+        if short:
+            padding, crop, path, (h0, w0), (rh, rw) = max(short)
+            warnings.warn(
+                DataCheckWarning(
+                    f'{where}: RandomCrop crop_size={crop} is larger than {len(short)} of '
+                    f'the {len(checked)} checked images even at their largest resized size, '
+                    f'e.g. {path!r} ({h0}x{w0} px, at most {rh}x{rw}): their crops are '
+                    f'padded (up to {padding:.0%} of a crop, ignored by the loss). Fine for '
+                    'a few small images; else lower crop_size or raise the resize scale'
+                ),
+                stacklevel=2,
+            )
 
 
 def crop_padding_note(cfg: Mapping) -> Optional[str]:

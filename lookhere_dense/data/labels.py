@@ -44,11 +44,17 @@ def label_message(
     num_classes: int,
     ignore_index: int,
     reduce_zero_label: Optional[bool],
+    ignore_key: str = '',
 ) -> str:
+    """The message for an annotation holding label values ``bad``, which are neither a
+    class id (``0..num_classes-1``) nor ``ignore_index``; ``ignore_key``: where the
+    ignore value comes from (``'model.decode_head.ignore_index'``), named after it.
+    Default: ''."""
     shown = list(bad[:10]) + (['...'] if len(bad) > 10 else [])
+    source = f', {ignore_key}' if ignore_key else ''
     msg = (
         f'annotation {path!r} has label values {shown} outside the classes 0..'
-        f'{num_classes - 1} (ignore index {ignore_index})'
+        f'{num_classes - 1} (ignore index {ignore_index}{source})'
     )
     if reduce_zero_label:
         msg += (
@@ -140,16 +146,22 @@ def reduce_zero_label_verdict(
     value 0 / 255; ``raw_top``: their largest raw value other than 255 (-1: none);
     ``class_default``: the dataset class's own ``reduce_zero_label``; ``own_classes``: the
     dataset names the classes (``METAINFO``) of the class that sets that default, and the
-    model has as many; ``type_classes``: the same of the dataset's own class.
+    model has as many; ``type_classes``: the dataset names the classes of a class that
+    states that default for them -- the class that names the classes in its own
+    ``METAINFO`` sets the default in its constructor (or a subclass of it does), or is
+    one of mmseg's own dataset classes (CityscapesDataset: files of a documented layout).
+    Not a user's ``BaseSegDataset`` subclass with a ``METAINFO`` of its own that inherits
+    ``BaseSegDataset``'s ``False``: that default says nothing about its files.
 
     * ``True``, files that hold 255 already, and every other value a class *without*
       reducing (``raw_top < num_classes``): files with an ignore value of their own whose
       0 is a class (Cityscapes trainIds: 0 = road). Reducing makes 0 ignored and names
       every class after the next one; all values stay in range, so nothing else notices.
-      An error for a dataset class whose default is ``False`` on its own classes
-      (Cityscapes), a warning else: files whose 0 is an ignored background and 255 a void
-      border are right reduced (mmseg keeps 255 ignored), and pass when a checked file
-      holds ``num_classes``, but their top class may be missing from the sample.
+      An error for a dataset class that states the default ``False`` for its own classes
+      (``type_classes``: Cityscapes), a warning else that gives both readings: files whose
+      0 is an ignored background and 255 a void border are right reduced (mmseg keeps 255
+      ignored), and pass when a checked file holds ``num_classes``, but their top class
+      may be missing from the sample.
     * ``False`` on the class's own classes where its default is ``True`` (ADE20K), 0 in
       the files and no 255: the class's own files, where 0 is "other" (files reduced
       already mark those pixels 255): class ``k`` would train as class ``k``'s neighbour.
@@ -157,16 +169,25 @@ def reduce_zero_label_verdict(
     """
     fix = '; if the files are meant so, --skip-data-check skips the data checks'
     if reduce and with_255 and raw_top < num_classes:
+        error = class_default is False and type_classes
         msg = (
             f'{key}.reduce_zero_label=True, but {with_255} of {checked} checked label files '
             f'already hold 255 (an ignore value) and their other values are classes as they '
             f'are (0..{raw_top} of {num_classes}), as in files whose 0 is a class '
             '(Cityscapes trainIds: 0 = road): reducing makes 0 ignored and shifts every '
-            f'class down by one, silently (all values stay in range). Set '
-            f'{key}.reduce_zero_label=False (and drop it from LoadAnnotations)'
+            'class down by one, silently (all values stay in range). '
         )
-        error = class_default is False and type_classes
-        return msg + (fix if error else ''), error
+        if error:
+            msg += f'Set {key}.reduce_zero_label=False (and drop it from LoadAnnotations)' + fix
+        else:
+            msg += (
+                f'If 0 is a class in these files, set {key}.reduce_zero_label=False (and drop '
+                'it from LoadAnnotations). If 0 marks unlabelled pixels and the classes are '
+                f'stored as 1..{num_classes} (255 a void border, which mmseg keeps ignored), '
+                'reduce_zero_label=True is right and no checked file holds the top class '
+                f'(stored as {num_classes}): keep it (--check-all-data checks every file)'
+            )
+        return msg, error
     if not reduce and class_default and own_classes and not with_255 and with_zero:
         msg = (
             f'{key}.reduce_zero_label=False on {dataset} (whose default is True), but '
