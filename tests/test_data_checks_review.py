@@ -306,3 +306,23 @@ def test_a_load_annotations_reduce_zero_label_other_than_the_datasets_is_named(a
             r'reduce_zero_label=True, but train_dataloader\.dataset\.reduce_zero_label=False',
         ):
             check_label_values(cfg, ['train'])
+
+
+def test_a_check_of_every_file_shows_progress(tmp_path, monkeypatch):
+    """``--check-all-data`` decodes every image and annotation (minutes on ADE20K): the
+    check says how far it is (a line every ``PROGRESS_SECONDS``; 0 here: one per file)."""
+    from mmengine.config import Config
+    from tiny_seg import ADE_CFG, make_ade, options, roots
+
+    from lookhere_dense.data import checks
+
+    root = make_ade(tmp_path / 'data', num_train=3, num_val=1)
+    cfg = Config.fromfile(ADE_CFG)
+    cfg.merge_from_dict(options(*roots(root)))
+    monkeypatch.setattr(checks, 'PROGRESS_SECONDS', 0.0)
+    lines = []
+    sizes = checks.check_label_values(cfg, ('train',), max_files=10**9, progress=lines.append)
+    assert sizes == {'train_dataloader': 3}
+    assert lines == [
+        f'train_dataloader: {k} of 3 images and annotations decoded' for k in (0, 1, 2)
+    ]

@@ -1275,7 +1275,9 @@ def preflight(
         )
     if check_data:
         if (cfg.get('default_scope') or 'mmseg') == 'mmseg':
-            every = dict(max_label_files=sys.maxsize, max_header_files=sys.maxsize)
+            every = dict(
+                max_label_files=sys.maxsize, max_header_files=sys.maxsize, progress=log_rank0
+            )
             sizes = check_seg_data(cfg, splits, **(every if check_data == 'all' else {}))
             for where, n in sizes.items():
                 log_rank0(f'data check passed: {where} has {n} images with annotations')

@@ -24,8 +24,9 @@ file / folder / setting and what to change.
 from __future__ import annotations
 
 import os.path as osp
+import time
 import warnings
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -1058,11 +1059,16 @@ def _names_own_classes(dataset: Any, klass: Any, num_classes: int) -> bool:
     return bool(own) and names == own and num_classes == len(own)
 
 
+#: Seconds between two ``progress`` lines of :func:`check_label_values`.
+PROGRESS_SECONDS = 10.0
+
+
 def check_label_values(
     cfg: Mapping,
     splits: Sequence[str] = ('train', 'val'),
     max_files: int = 64,
     max_header_files: int = 25000,
+    progress: Optional[Callable[[str], None]] = None,
 ) -> Dict[str, int]:
     """Check the images and annotations of every segmentation dataloader of ``splits``.
 
@@ -1087,6 +1093,11 @@ def check_label_values(
     A validation / test split whose pipeline loads no annotations, under evaluators that
     only write the predictions (``format_only=True``: a test set without labels), has its
     images checked only, and is not counted (:func:`_reads_no_annotations`).
+
+    ``progress`` (e.g. a logger's ``info``), where given, gets a line about every 10 s
+    while the files are decoded (``train_dataloader: 1200 of 20210 images and
+    annotations decoded``): a check of every file (``max_files`` above the dataset's size)
+    takes minutes on ADE20K. Default: None.
 
     Returns:
         ``{dataloader: number of images}`` of the dataloaders whose annotations were
@@ -1189,7 +1200,11 @@ def check_label_values(
         ignored = []
         with_zero = with_255 = 0
         raw_top = -1  # the largest raw value other than 255
-        for i in sample:
+        shown = time.monotonic()
+        for done, i in enumerate(sample):
+            if progress is not None and time.monotonic() - shown > PROGRESS_SECONDS:
+                progress(f'{where}: {done} of {len(sample)} images and annotations decoded')
+                shown = time.monotonic()
             info = infos[i]
             if '://' not in info['img_path']:
                 try:
@@ -1554,15 +1569,17 @@ def check_seg_data(
     splits: Sequence[str] = ('train', 'val', 'test'),
     max_label_files: int = 64,
     max_header_files: int = 25000,
+    progress: Optional[Callable[[str], None]] = None,
 ) -> Dict[str, int]:
     """All checks for a segmentation config: layout, images and annotations (sizes,
-    readable files, label values), crop size.
+    readable files, label values), crop size. ``progress``: see
+    :func:`check_label_values`. Default: None.
 
     Returns:
         ``{dataloader: number of images}`` of the checked segmentation dataloaders.
     """
     check_dataset_layout(cfg, splits)
-    sizes = check_label_values(cfg, splits, max_label_files, max_header_files)
+    sizes = check_label_values(cfg, splits, max_label_files, max_header_files, progress)
     if 'train' in splits:
         check_crop_fits(cfg)
     return sizes
