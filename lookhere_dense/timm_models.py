@@ -61,7 +61,13 @@ PyTorch's size check, as timm refuses it (``pretrained=True`` with
 treats the classifier's keys as PyTorch does (reported as missing / unexpected, refused
 with ``strict``). A timm ``global_pool='avg'`` file holds ``fc_norm.*`` (a norm after the
 pooling, no final norm): ``fc_norm=True`` loads it; without it the file is refused.
-``act_layer`` takes timm's names (``'gelu_tanh'``, ``timm.layers.get_act_layer``). timm's
+``act_layer`` and ``norm_layer`` take timm's names (``'gelu_tanh'``, ``'rmsnorm'``,
+``'layernorm'``: ``timm.layers.get_act_layer`` / ``get_norm_layer``). timm / DeiT-III ViT
+files are trained with LayerNorm eps 1e-6 (the official LookHere model, and the default
+here, 1e-5): loading one into a model of another eps warns;
+``norm_layer=functools.partial(nn.LayerNorm, eps=1e-6)`` (or ``'layernorm'``) matches it.
+``device=`` / ``dtype=`` (which timm's ``create_model`` hands to the model, e.g.
+``device='meta'``) build the model on that device in that dtype. timm's
 data config (``timm.data.resolve_data_config``) is the official LookHere evaluation's:
 the short side resized to 256 (bilinear), 224 cropped (``crop_pct=0.875``).
 
@@ -99,11 +105,14 @@ What differs from timm's ``VisionTransformer``:
 * ``features_only=True`` keeps every block (no pruning; the forward stops after the last
   block asked for), so the same files load into it; its ``out_indices`` are reported as
   timm's ViT reports them (block indices from the first: ``(9, 10, 11)`` for the default
-  ``3`` of a 12-block model).
+  ``3`` of a 12-block model). ``feature_cls='getter'`` (timm's default for ViTs) is this
+  wrapper; ``'hook'`` / ``'fx'`` (and ``'list'`` / ``'dict'``) are refused: the blocks take
+  position arguments in every forward, which only ``forward_intermediates`` passes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import re
@@ -112,7 +121,7 @@ import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import torch
-from timm.layers import Mlp, get_act_layer
+from timm.layers import Mlp, get_act_layer, get_norm_layer
 from timm.models import (
     adapt_input_conv,
     build_model_with_cfg,
@@ -189,6 +198,42 @@ def _check_global_pool(global_pool: Any) -> None:
         raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
 
 
+def _timm_layers(name: str, kwargs: Dict[str, Any]) -> None:
+    """``norm_layer`` / ``act_layer`` given by timm's names (``'rmsnorm'``,
+    ``'gelu_tanh'``, ...) replaced by their layers (:func:`timm.layers.get_norm_layer`,
+    :func:`timm.layers.get_act_layer`), as timm's ViT takes them; callables stay.
+
+    Raises:
+        ValueError: a name timm does not know, naming the argument and the value.
+    """
+    for key, getter in (('norm_layer', get_norm_layer), ('act_layer', get_act_layer)):
+        value = kwargs.get(key)
+        if not isinstance(value, str):
+            continue
+        try:
+            layer = getter(value)
+        except KeyError:
+            layer = None
+        if layer is None:
+            raise ValueError(
+                f'{name}: {key}={value!r} is no layer name timm knows '
+                f'(timm.layers.{getter.__name__}); pass a timm name such as '
+                + ("'layernorm' or 'rmsnorm'" if key == 'norm_layer' else "'gelu' or 'gelu_tanh'")
+                + ', or a callable'
+            )
+        kwargs[key] = layer
+
+
+def _check_dtype(dtype: Any) -> None:
+    """Refuse a ``dtype`` that is not a floating-point ``torch.dtype``, by name."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(
+            f'LookHereViT: dtype must be a floating-point torch.dtype (e.g. torch.bfloat16) '
+            'or None, '
+            f'got {dtype!r}'
+        )
+
+
 def _classifier(head_type: str, width: int, num_classes: int) -> nn.Module:
     """A new, initialised classifier (truncated normal 0.02 weights, zero biases);
     ``nn.Identity()`` for ``num_classes=0``. ``'mlp'``: the official LookHere classifier
@@ -231,9 +276,15 @@ class LookHereTimmViT(LookHereVisionTransformer):
             ``drop_after_pos``) only, as timm's. Default: 0.
         proj_drop_rate (float): dropout after each attention projection and in each MLP
             (after the activation and the output), as timm's. Default: 0.
+        device (str | torch.device): build every tensor on this device (timm's
+            ``create_model(..., device=)``; ``'meta'``: no memory). Default: None (the
+            default device).
+        dtype (torch.dtype): a floating-point dtype for the parameters (timm's
+            ``create_model(..., dtype=)``). Default: None (float32).
         **kwargs: :class:`LookHereVisionTransformer` arguments (timm names such as
             ``in_chans``, ``embed_dim`` and ``depth`` are accepted too;
-            ``attn_drop_rate`` means the same in both).
+            ``attn_drop_rate`` means the same in both; ``norm_layer`` / ``act_layer``
+            also by timm's names, ``'rmsnorm'``, ``'gelu_tanh'``, ...).
     """
 
     #: the timm name (``name.tag``) and the ``create_model`` arguments that chose the
@@ -256,8 +307,41 @@ class LookHereTimmViT(LookHereVisionTransformer):
         pos_drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0,
         fc_norm: Optional[bool] = None,
+        device: Union[None, str, torch.device] = None,
+        dtype: Optional[torch.dtype] = None,
         **kwargs: Any,
     ):
+        _check_dtype(dtype)
+        _timm_layers('LookHereViT', kwargs)  # the model function names it (_create)
+        # timm's device / dtype (timm.create_model(..., device=, dtype=), e.g. 'meta'): every
+        # tensor is made on that device; the float ones are then cast to dtype
+        place = torch.device(device) if device is not None else contextlib.nullcontext()
+        with place:
+            self._build(
+                num_classes,
+                global_pool,
+                head_type,
+                drop_rate,
+                pos_drop_rate,
+                proj_drop_rate,
+                fc_norm,
+                kwargs,
+            )
+        if dtype is not None:
+            self.to(dtype=dtype)
+
+    def _build(
+        self,
+        num_classes: int,
+        global_pool: str,
+        head_type: str,
+        drop_rate: float,
+        pos_drop_rate: float,
+        proj_drop_rate: float,
+        fc_norm: Optional[bool],
+        kwargs: Dict[str, Any],
+    ) -> None:
+        """The constructor's work (on the device :meth:`__init__` chose)."""
         for key, rate in (
             ('drop_rate', drop_rate),
             ('pos_drop_rate', pos_drop_rate),
@@ -326,7 +410,11 @@ class LookHereTimmViT(LookHereVisionTransformer):
             self._check_token_pool(global_pool)
             self.global_pool = global_pool
         self.num_classes = num_classes
-        self.head = _classifier(self.head_type, self.num_features, num_classes)
+        # on the model's device, in its dtype (a model built with timm's device= / dtype=)
+        like = self.patch_embed.proj.weight
+        self.head = _classifier(self.head_type, self.num_features, num_classes).to(
+            device=like.device, dtype=like.dtype
+        )
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Pool the tokens of :meth:`forward_features`, then ``fc_norm``, ``head_drop``
@@ -438,14 +526,16 @@ class LookHereTimmViT(LookHereVisionTransformer):
         stop_early: bool = False,
         output_fmt: str = 'NCHW',
         intermediates_only: bool = False,
-    ) -> Union[List[Any], Tuple[Tensor, List[Any]]]:
+        output_dict: bool = False,
+    ) -> Union[List[Any], Tuple[Tensor, List[Any]], Dict[str, Any]]:
         """Block outputs, as timm's ViTs return them.
 
         Args:
             indices: an int n: the last n blocks; a list: those blocks; None: all.
                 Default: None.
-            return_prefix_tokens: pair each output with its prefix (CLS / Jumbo) tokens.
-                Default: False.
+            return_prefix_tokens: pair each output with its prefix (CLS / Jumbo) tokens
+                (a model without any, ``class_token=False``: the outputs alone, as
+                timm's). Default: False.
             norm: apply the final norm to every output (the last block's always has
                 it, unless :meth:`prune_intermediate_layers` cut blocks off). Default:
                 False.
@@ -453,9 +543,14 @@ class LookHereTimmViT(LookHereVisionTransformer):
                 ``intermediates_only``). Default: False.
             output_fmt: ``'NCHW'`` maps or ``'NLC'`` tokens. Default: ``'NCHW'``.
             intermediates_only: return only the outputs. Default: False.
+            output_dict: return a dict, as timm's ViT: ``'image_intermediates'`` (the
+                outputs, without prefix tokens), ``'image_intermediates_prefix'`` (their
+                prefix tokens, with ``return_prefix_tokens`` where the model has any) and,
+                unless ``intermediates_only``, ``'image_features'`` (the final tokens).
+                Default: False.
 
         Returns:
-            The outputs, or ``(final tokens, outputs)``.
+            The outputs, ``(final tokens, outputs)``, or the dict of ``output_dict``.
         """
         if output_fmt not in ('NCHW', 'NLC'):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
@@ -475,13 +570,41 @@ class LookHereTimmViT(LookHereVisionTransformer):
                 outs.append(self._format(y, grid, output_fmt, return_prefix_tokens))
             if stop and i >= last:
                 break
+        if output_dict:
+            return self._output_dict(
+                tokens, ran, normed, outs, intermediates_only, return_prefix_tokens
+            )
         if intermediates_only:
             return outs
-        # the final norm after the last block run (pruned, or stopped early before the
-        # block that holds it), as timm's ViT
+        return self._final_tokens(tokens, ran, normed), outs
+
+    def _final_tokens(self, tokens: Tensor, ran: int, normed: int) -> Tensor:
+        """The final tokens of :meth:`forward_intermediates`: with the final norm after the
+        last block run (pruned, or stopped early before the block that holds it), as
+        timm's ViT."""
         if ran != normed and self.norm is not None:
             tokens = self.norm(tokens)
-        return tokens, outs
+        return tokens
+
+    def _output_dict(
+        self,
+        tokens: Tensor,
+        ran: int,
+        normed: int,
+        outs: List[Any],
+        intermediates_only: bool,
+        with_prefix: bool,
+    ) -> Dict[str, Any]:
+        """:meth:`forward_intermediates`'s ``output_dict=True`` result, in timm's keys."""
+        result: Dict[str, Any] = {}
+        if with_prefix and self.num_prefix_tokens:  # outs are (map, prefix) pairs
+            result['image_intermediates'] = [patches for patches, _ in outs]
+            result['image_intermediates_prefix'] = [prefix for _, prefix in outs]
+        else:
+            result['image_intermediates'] = outs
+        if not intermediates_only:
+            result['image_features'] = self._final_tokens(tokens, ran, normed)
+        return result
 
     def _format(self, y: Tensor, grid: Tuple[int, int], fmt: str, with_prefix: bool) -> Any:
         prefix = self.num_prefix_tokens
@@ -489,7 +612,8 @@ class LookHereTimmViT(LookHereVisionTransformer):
         if fmt == 'NCHW':
             b, _, c = patches.shape
             patches = patches.reshape(b, grid[0], grid[1], c).permute(0, 3, 1, 2).contiguous()
-        return (patches, y[:, :prefix]) if with_prefix else patches
+        # without prefix tokens (class_token=False, no Jumbo tokens) the map alone, as timm's
+        return (patches, y[:, :prefix]) if with_prefix and prefix else patches
 
     def prune_intermediate_layers(
         self,
@@ -719,7 +843,10 @@ class LookHereTimmViT(LookHereVisionTransformer):
         ``tools/convert_checkpoint.py`` file (head count, LookHere config), which timm's
         reader drops with everything beside ``state_dict``, is read back from it
         (:func:`_converted_meta`), so the file is taken and checked as mmseg's
-        ``LookHereViT`` takes it. Else 'the checkpoint'."""
+        ``LookHereViT`` takes it. Else 'the checkpoint'. ``assign=True`` (PyTorch's:
+        the tensors become the parameters) takes the model's own ``state_dict`` only;
+        other formats are refused with it (their tensors are converted and copied: on a
+        ``'meta'`` model nothing would be loaded)."""
         if getattr(self, '_loading', False):
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
         path = _timm_file(self)
@@ -730,6 +857,14 @@ class LookHereTimmViT(LookHereVisionTransformer):
                 state_dict = self._adapt_input_conv(state_dict, source)
             self._check_file(state_dict, source, record_only=True)
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        if assign:
+            raise ValueError(
+                f"{self._name()}: load_state_dict(..., assign=True) takes this model's own "
+                f'state_dict only; {source} is another format (official LookHere, timm / '
+                'DeiT-III, a converted file), whose tensors are converted and copied in: load '
+                "it without assign (a model built on 'meta' first gets memory: "
+                "model.to_empty(device='cpu'))"
+            )
         ckpt = {'state_dict': dict(state_dict), 'meta': meta} if meta else dict(state_dict)
         report = self._load_file(ckpt, strict, None, source, direct=path is None)
         return _IncompatibleKeys(report['missing'], report['unexpected'])
@@ -1001,14 +1136,27 @@ class LookHereFeatures(FeatureGetterNet):
         model.fc_norm = nn.Identity()  # a norm of the classifier's input, as timm's pruning
         model._classifier_dropped = True  # a file's classifier is left out on purpose
 
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign=False):
-        """Checkpoints with this wrapper's keys (``model.*``) load as in PyTorch; others
-        go to the model's :meth:`LookHereTimmViT.load_state_dict`."""
-        if set(state_dict) == set(self.state_dict()):
-            own = {k[len('model.') :]: v for k, v in state_dict.items()}
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> _IncompatibleKeys:
+        """A ``state_dict`` in this wrapper's names (keys under ``model.``: its own, one
+        with keys missing or extra, one of another wrapper) loads as in PyTorch, as timm's
+        ``FeatureGetterNet`` loads it: ``strict=False`` loads the rest and returns the
+        missing / unexpected keys (in this wrapper's names), ``strict=True`` refuses them
+        by name; ``assign`` as PyTorch's. What its record (``model._extra_state``) says
+        about the head count and LookHere config is checked first, in timm's words. Any
+        other checkpoint (official LookHere, timm / DeiT-III, a model's own
+        ``state_dict``, ...) goes to the model's :meth:`LookHereTimmViT.load_state_dict`
+        (its conversions and checks; with ``strict`` and ``assign``)."""
+        if any(isinstance(k, str) and k.startswith('model.') for k in state_dict):
+            own = {
+                k[len('model.') :]: v
+                for k, v in state_dict.items()
+                if isinstance(k, str) and k.startswith('model.')
+            }
             self.model._check_file(own, _timm_file(self) or 'the checkpoint', record_only=True)
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
-        return self.model.load_state_dict(state_dict, strict=strict)
+        return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -1302,6 +1450,70 @@ def _check_checkpoint(path: str, argument: str = 'checkpoint_path=') -> None:
         )
 
 
+#: why timm's other ``features_only`` wrappers do not fit a LookHere model
+_OTHER_WRAPPERS = {
+    'hook': (
+        "timm's FeatureHookNet runs the whole model (its classifier kept) and hooks raw "
+        '(B, 1 + N, C) block tokens (the last without the final norm), and its body.* keys '
+        'take no LookHere / timm file'
+    ),
+    'fx': (
+        "timm's FeatureGraphNet traces the forward with torch.fx, which the model refuses "
+        '(the input checks and the attention built per input grid need real tensors)'
+    ),
+    'list': "timm's FeatureListNet runs the model's modules in sequence",
+    'dict': "timm's FeatureDictNet runs the model's modules in sequence",
+}
+
+
+def _feature_cls(name: str, feature_cls: Any) -> type:
+    """The ``features_only`` wrapper for ``create_model(..., feature_cls=...)``:
+    ``'getter'`` (timm's default for ViTs) or timm's ``FeatureGetterNet`` mean this
+    project's :class:`LookHereFeatures` (a ``forward_intermediates`` getter that drops the
+    classifier and takes the files the model takes); a subclass of it is taken as given.
+
+    The others are refused: each LookHere block is called with position arguments in
+    every forward (the position encoding, the block index, the patch grid, the prefix
+    tokens) and the last block's output includes the final norm, which only
+    ``forward_intermediates`` does; timm's hook / fx / list / dict wrappers call or trace
+    the modules themselves.
+
+    Raises:
+        ValueError: any other wrapper (``'hook'``, ``'fx'``, ``'list'``, ``'dict'``, their
+            classes, another class), in one line saying why and what to use.
+    """
+    if isinstance(feature_cls, str) and feature_cls.lower() == 'getter':
+        return LookHereFeatures
+    if feature_cls is FeatureGetterNet:
+        return LookHereFeatures
+    if isinstance(feature_cls, type) and issubclass(feature_cls, LookHereFeatures):
+        return feature_cls
+    label = feature_cls.lower() if isinstance(feature_cls, str) else ''
+    if isinstance(feature_cls, type):
+        label = {
+            'FeatureHookNet': 'hook',
+            'FeatureGraphNet': 'fx',
+            'FeatureListNet': 'list',
+            'FeatureDictNet': 'dict',
+        }.get(feature_cls.__name__, '')
+    if 'hook' in label:  # timm's own test ('hook' anywhere in the name)
+        label = 'hook'
+    shown = (
+        feature_cls
+        if isinstance(feature_cls, str)
+        else getattr(feature_cls, '__name__', feature_cls)
+    )
+    why = _OTHER_WRAPPERS.get(label, 'it is no forward_intermediates getter')
+    raise ValueError(
+        f'{name}: features_only=True with feature_cls={shown!r} is not supported: the '
+        'LookHere blocks take position arguments in every forward (position encoding, '
+        'block index, patch grid), which only forward_intermediates passes, and '
+        f"{why}; leave feature_cls out (or pass feature_cls='getter': LookHereFeatures, "
+        'the forward_intermediates wrapper), or call model.forward_intermediates(x, '
+        "indices=..., output_fmt='NLC') for block tokens"
+    )
+
+
 def _pretrained_file(pretrained_cfg: Any, overlay: Mapping[str, Any]) -> Tuple[Optional[str], str]:
     """The local file of ``pretrained=True``, and the argument that gave it:
     ``pretrained_cfg_overlay=dict(file=...)``, else a ``pretrained_cfg`` (dict or
@@ -1348,8 +1560,6 @@ def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
         # timm's ViT: init_values=0 (or None, which timm.create_model drops) is no LayerScale
         kwargs['init_values'] = None
     checkpoint_num_heads = kwargs.pop('checkpoint_num_heads', None)
-    if isinstance(kwargs.get('act_layer'), str):  # timm's names ('gelu_tanh', ...), as its ViT
-        kwargs['act_layer'] = get_act_layer(kwargs['act_layer'])
     explicit = _explicit_encoding_args(pretrained_cfg, kwargs)
     _encoding_kwargs(variant, pretrained_cfg, kwargs)
     checkpoint = _timm_checkpoint_path(variant)
@@ -1379,6 +1589,8 @@ def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     tag = _tag(pretrained_cfg)
 
     name = f'{variant}.{tag}' if tag else variant
+    if features_only and 'feature_cls' in args:
+        feature_cfg['feature_cls'] = _feature_cls(name, args.pop('feature_cls'))
 
     def model_cls(**model_args: Any) -> LookHereTimmViT:
         # named before timm loads a pretrained file into it (inside build_model_with_cfg)

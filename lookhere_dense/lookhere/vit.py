@@ -119,13 +119,32 @@ def image_size_pair(img_size: Any) -> Tuple[int, int]:
 
 
 def _check_arguments(args: Mapping[str, Any]) -> None:
-    """Validate the numeric arguments of :class:`LookHereVisionTransformer`, naming key
-    and value."""
+    """Validate the numeric arguments of :class:`LookHereVisionTransformer` and its layer
+    builders (``norm_layer``, ``act_layer``: callables), naming key and value."""
     for name in ('patch_size', 'in_channels', 'embed_dims', 'num_layers', 'num_heads'):
         check_int(f'LookHereViT: {name}', args[name])
     for name in ('drop_rate', 'attn_drop_rate', 'drop_path_rate'):
         check_rate(f'LookHereViT: {name}', args[name])
     check_number('LookHereViT: mlp_ratio', args['mlp_ratio'], 0, strict=True)
+    for name, example in (
+        (
+            'norm_layer',
+            'a norm from the channel count, e.g. nn.LayerNorm or '
+            'functools.partial(nn.LayerNorm, eps=1e-6)',
+        ),
+        ('act_layer', 'the MLP activation, e.g. nn.GELU'),
+    ):
+        if not callable(args[name]):
+            raise TypeError(
+                f'LookHereViT: {name} must be a callable that builds {example}; got '
+                f'{args[name]!r}'
+                + (
+                    f" (a layer name: timm.create_model('lookhere_vit_...', {name}=NAME) "
+                    "takes timm's names)"
+                    if isinstance(args[name], str)
+                    else ''
+                )
+            )
     check_int(
         'LookHereViT: jumbo_tokens', args['jumbo_tokens'], minimum=0, description='>= 0 (an int)'
     )
@@ -493,7 +512,9 @@ class LookHereVisionTransformer(nn.Module):
             self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims))
         self.drop_after_pos = nn.Dropout(drop_rate)
         self.pre_ln = norm_layer(embed_dims) if pre_norm else None
-        dpr = torch.linspace(0, drop_path_rate, num_layers).tolist()
+        # on the CPU whatever the default device (``with torch.device('meta')``: no data to
+        # read back), in float32 as mmseg's and timm's ViTs compute the same schedule
+        dpr = torch.linspace(0, drop_path_rate, num_layers, device='cpu').tolist()
         self.blocks = nn.ModuleList(
             [
                 LookHereBlock(

@@ -96,6 +96,8 @@ __all__ = [
     'HEADS_KEY',
     'OFFICIAL_NUM_HEADS',
     'TIMM_HEAD_DIM',
+    'TIMM_LAYERNORM_EPS',
+    'layernorm_eps_note',
 ]
 
 #: the ``init_cfg`` key (and keyword argument) that states a file's head count
@@ -655,6 +657,41 @@ def check_weights_argument(name: str, value: Any) -> None:
     )
 
 
+#: the LayerNorm eps of timm's ``VisionTransformer``, DeiT-III and mmseg's ViT configs,
+#: whose weights (formats ``timm`` / ``mmseg``) were trained with it; the official LookHere
+#: model (and this trunk's default) uses PyTorch's 1e-5
+TIMM_LAYERNORM_EPS = 1e-6
+
+
+def layernorm_eps_note(model: Any, weights: BackboneWeights, path: str) -> Optional[str]:
+    """The warning for a timm / DeiT-III / mmseg-ViT file (format ``timm`` or ``mmseg``,
+    recording no LookHere model: not an official LookHere file nor one of this project's)
+    loaded into a trunk whose LayerNorms have another eps than those files were trained
+    with (1e-6, :data:`TIMM_LAYERNORM_EPS`); None where they agree, the file records a
+    LookHere model, or the trunk has no ``nn.LayerNorm``. The eps has no parameter: the
+    weights load either way and every feature differs a little; the note says how each
+    route builds the trunk with 1e-6 (the eps is never changed silently)."""
+    if weights.format not in ('timm', 'mmseg') or not heads_assumed(weights):
+        return None
+    eps = sorted({float(m.eps) for m in model.modules() if isinstance(m, torch.nn.LayerNorm)})
+    if not eps or eps == [TIMM_LAYERNORM_EPS]:
+        return None
+    shown = ', '.join(f'{e:g}' for e in eps)
+    return (
+        f'{path}: a timm / DeiT-III / mmseg ViT file ({weights.format} format; such weights '
+        f'are trained with LayerNorm eps={TIMM_LAYERNORM_EPS:g}) loaded into a backbone whose '
+        f'LayerNorm eps is {shown}: every feature differs a little from the original '
+        "model's (the eps is no parameter: nothing else tells). To match it, build the "
+        'backbone with eps=1e-6: timm: timm.create_model(..., '
+        "norm_layer=functools.partial(torch.nn.LayerNorm, eps=1e-6)) (or norm_layer='layernorm', "
+        "timm's LayerNorm, as its ViT); torch only: "
+        'lookhere_dense.lookhere.create_model(..., '
+        'norm_layer=functools.partial(torch.nn.LayerNorm, eps=1e-6)); mmseg / mmdet: '
+        "backbone=dict(type='LookHereViT', norm_cfg=dict(type='LN', eps=1e-6), ...). "
+        'Official LookHere files are trained with the default, 1e-5'
+    )
+
+
 def load_backbone_weights(
     model: Any,
     checkpoint: Union[str, 'os.PathLike[str]', Mapping[str, Any]],
@@ -758,6 +795,9 @@ def load_backbone_weights(
             UserWarning,
             stacklevel=2,
         )
+    eps_note = layernorm_eps_note(model, weights, path)
+    if eps_note is not None:
+        warnings.warn(eps_note, UserWarning, stacklevel=2)
     loaded = len(weights.state_dict) - len(dropped) - len(report['unexpected'])
     config = model.lh_config
     model._log(
