@@ -77,6 +77,56 @@ def test_classes_in_another_order_than_the_files_categories_are_refused(coco):
         check_coco_annotations(cfg, ('train',))
 
 
+def test_a_category_name_listed_twice_is_named_not_called_another_order(coco):
+    """A category name the file lists twice (another id): refused as "another order" with
+    the advice to list four classes, one twice (a review). mmdet labels only a name's
+    first id as its class: a repeat no annotation uses is a warning, one annotations use
+    is refused (mmdet gave them a label past the classes: background, without a word)."""
+    import warnings as _warnings
+
+    from lookhere_dense.errors import DataCheckWarning
+
+    cfg, ds, _ = coco
+    ds.metainfo = dict(classes=SHAPE_CLASSES)
+    first = SHAPE_CLASSES[0]
+    _rewrite(
+        pathlib.Path(ds.ann_file), lambda d: d['categories'].append({'id': 99, 'name': first})
+    )
+    with _warnings.catch_warnings(record=True) as caught:
+        _warnings.simplefilter('always')
+        (images, _) = check_coco_annotations(cfg, ('train',))['train_dataloader']
+    assert images == 3
+    said = [str(w.message) for w in caught if issubclass(w.category, DataCheckWarning)]
+    assert len(said) == 1 and f'the categories {first!r} (ids [' in said[0], said
+    assert said[0].endswith('no annotation uses the repeats, so nothing is lost'), said
+
+    def use_99(d):
+        d['annotations'][0]['category_id'] = 99
+
+    _rewrite(pathlib.Path(ds.ann_file), use_99)
+    with pytest.raises(DatasetLayoutError) as exc:
+        check_coco_annotations(cfg, ('train',))
+    assert '1 annotations use a repeated id and would be dropped without a word' in str(exc.value)
+    assert 'another order' not in str(exc.value)
+
+
+def test_an_image_entry_without_file_name_is_named(coco):
+    """An ``images`` entry without ``file_name`` passed the check (every listed image must
+    exist) and stopped mmdet mid-run with ``KeyError: 'file_name'``."""
+    cfg, ds, _ = coco
+    ds.metainfo = dict(classes=SHAPE_CLASSES)
+
+    def drop(d):
+        del d['images'][1]['file_name']
+
+    _rewrite(pathlib.Path(ds.ann_file), drop)
+    with pytest.raises(
+        DatasetLayoutError,
+        match=r'1 of the 3 images .* have no file_name, e\.g\. images\[1\] \(id ',
+    ):
+        check_coco_annotations(cfg, ('train',))
+
+
 def test_an_image_the_file_lists_but_the_folder_lacks_is_named_before_training(coco):
     cfg, ds, root = coco
     ds.metainfo = dict(classes=SHAPE_CLASSES)

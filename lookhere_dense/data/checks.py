@@ -695,6 +695,9 @@ def check_coco_annotations(
                 "heads' num_classes to their number), or fix the file."
             )
         in_file_order = [n for n in names if n in set(classes or ())]
+        if classes and len(set(in_file_order)) < len(in_file_order):
+            _check_repeated_categories(where, path, data, classes)
+            in_file_order = list(dict.fromkeys(in_file_order))  # first of each name
         if classes and in_file_order != list(classes) and len(set(in_file_order)) == len(classes):
             raise DatasetLayoutError(
                 f'{where}: the classes {tuple(classes)} are listed in another order than the '
@@ -708,6 +711,17 @@ def check_coco_annotations(
         prefix = prefixes['img'] or ''
         folder = _join(root, prefix) if prefix else root
         images = [im.get('file_name') for im in data.get('images') or []]
+        unnamed = [i for i, n in enumerate(images) if not isinstance(n, str) or not n.strip()]
+        if unnamed:
+            first = (data.get('images') or [])[unnamed[0]]
+            ident = first.get('id') if isinstance(first, Mapping) else None
+            raise DatasetLayoutError(
+                f'{where}: {len(unnamed)} of the {len(images)} images {path!r} lists have no '
+                f'file_name, e.g. images[{unnamed[0]}]'
+                + (f' (id {ident})' if ident is not None else '')
+                + ": mmdet stops on it (KeyError: 'file_name'). Give every image "
+                'entry the file name of its image, relative to data_prefix.img.'
+            )
         absent = [n for n in images if n and not osp.isfile(osp.join(folder, n))]
         if absent:
             raise DatasetLayoutError(
@@ -719,6 +733,49 @@ def check_coco_annotations(
         _check_coco_image_sizes(where, path, folder, data, _orientation_applied(ds))
         counts[where] = (len(images), _usable_annotations(cfg, where, ds, path, data, classes))
     return counts
+
+
+def _check_repeated_categories(
+    where: str, path: str, data: Mapping, classes: Sequence[str]
+) -> None:
+    """A COCO file whose ``categories`` name one of the dataset's classes more than once.
+    mmdet maps every category of a class's name to a label, in the file's order
+    (``getCatIds``): the second id of a name gets a label past the classes, which the
+    heads take as background -- its annotations are dropped without a word. Refused where
+    annotations use such a repeated id; a repeated category no annotation uses is a
+    :class:`DataCheckWarning` (nothing is lost; mmdet trains as if it were absent).
+
+    Raises:
+        DatasetLayoutError: naming the name, its ids and how many annotations use the
+            repeats.
+    """
+    ids: Dict[str, List[Any]] = {}
+    for cat in data.get('categories') or []:
+        if isinstance(cat, Mapping) and cat.get('name') in set(classes):
+            ids.setdefault(cat['name'], []).append(cat.get('id'))
+    repeated = {name: got for name, got in ids.items() if len(got) > 1}
+    extra = {i for got in repeated.values() for i in got[1:]}
+    used = sum(
+        1
+        for a in data.get('annotations') or []
+        if isinstance(a, Mapping) and a.get('category_id') in extra
+    )
+    said = ', '.join(f'{name!r} (ids {got})' for name, got in repeated.items())
+    msg = (
+        f'{where}: {path!r} lists the categories {said} more than once; mmdet labels only '
+        'the first id of a name as its class, later ones get a label past the classes '
+        '(background to the heads)'
+    )
+    if used:
+        raise DatasetLayoutError(
+            f'{msg}: {used} annotations use a repeated id and would be dropped without a '
+            'word. Give each category one id (and its annotations that id), or give the '
+            'categories distinct names and list them in metainfo.classes.'
+        )
+    warnings.warn(
+        DataCheckWarning(f'{msg}; no annotation uses the repeats, so nothing is lost'),
+        stacklevel=3,
+    )
 
 
 def _check_coco_image_sizes(
