@@ -76,3 +76,51 @@ def test_the_tiny_detector_trains_and_tests_on_the_generated_data(tmp_path, caps
     assert f'--show-dir: 2 painted images in {tmp_path / "vis"}' in out
     assert 'coco/bbox_mAP' in out and 'loading annotations into memory' not in out
     assert 'Average Precision' not in out  # pycocotools' 12-line tables
+
+
+def test_a_detector_eval_batch_of_mixed_sizes_is_stopped(tmp_path):
+    """mmdet's DetDataPreprocessor pads a batch to its largest image and the LookHere
+    backbone attends over the padded frame: a validation batch of two image sizes gave
+    each image predictions that depended on its batch-mate (boxes up to 145 px apart
+    between batch sizes 1 and 2 in a review). Stopped naming the batch size, the sizes and
+    the fix, as for mmseg; the same batch size on images of one size runs."""
+    import json
+
+    import pytest
+
+    from lookhere_dense.errors import ConfigError
+    from research.datasets.synthetic_coco import write_instance_split
+
+    root = str(tmp_path / 'coco') + '/'
+    make_coco_instances(root, {'train2017': 2, 'val2017': 2})
+    ann = root + 'annotations/instances_val2017.json'
+    other = write_instance_split(
+        root + 'val2017', root + 'annotations/_other.json', SHAPE_CLASSES, [1, 2, 3],
+        ['wide.png'], (224, 96), seed=6, first_image_id=100,
+    )  # fmt: skip
+    data, extra = json.load(open(ann)), json.load(open(other))
+    for a in extra['annotations']:
+        a['id'] += 1000
+    mixed = dict(data, images=[data['images'][0], *extra['images']])
+    mixed['annotations'] = [
+        a for a in data['annotations'] if a['image_id'] == data['images'][0]['id']
+    ] + extra['annotations']
+    mixed_ann = root + 'annotations/mixed.json'
+    json.dump(mixed, open(mixed_ann, 'w'))
+    options = {
+        'train_cfg.max_iters': 1,
+        'val_dataloader.batch_size': 2,
+        **{f'{s}_dataloader.dataset.data_root': root for s in ('train', 'val', 'test')},
+        'val_dataloader.dataset.ann_file': 'annotations/mixed.json',
+        'val_evaluator.ann_file': mixed_ann,
+        'test_evaluator.ann_file': ann,
+    }
+    with pytest.raises(
+        ConfigError,
+        match=r'val_dataloader.batch_size=2: val batch 0 holds images of different sizes '
+        r'.*DetDataPreprocessor pads them to the largest, and the LookHereViT backbone',
+    ):
+        train_model(TINY, work_dir=str(tmp_path / 'w'), cfg_options=options)
+    same = dict(options, **{'val_dataloader.dataset.ann_file': ann, 'val_evaluator.ann_file': ann})
+    runner = train_model(TINY, work_dir=str(tmp_path / 'w2'), cfg_options=same)
+    assert runner.iter == 1

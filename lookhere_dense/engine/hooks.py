@@ -770,6 +770,11 @@ class OptimizerStateCheckHook(Hook):
 # ----------------------------------------------------------------------------------------
 # validation / test batches
 # ----------------------------------------------------------------------------------------
+#: Backbones whose attention spans the whole (batch-padded) frame: their predictions for
+#: an image depend on the padding its batch-mates add (:class:`EvalBatchCheckHook`)
+GLOBAL_ATTENTION_BACKBONES = ('LookHereViT', 'LookWhereViT', 'VisionTransformer')
+
+
 @HOOKS.register_module()
 class EvalBatchCheckHook(Hook):
     """Stop a validation or test batch whose images differ in size, naming the loader's
@@ -778,8 +783,12 @@ class EvalBatchCheckHook(Hook):
     mmseg's ``SegDataPreProcessor`` predicts one size per batch: such a batch (a
     ``batch_size`` above 1 with a keep-ratio ``Resize`` on images of several aspects, as
     ADE20K's) ends in its bare ``AssertionError: The image size in a batch should be the
-    same.``. Batches of one size (Cityscapes' frames) pass; models with another data
-    preprocessor (mmdet's pads each batch) are not checked.
+    same.``. mmdet's ``DetDataPreprocessor`` pads the batch to its largest image: a
+    detector whose backbone attends over the whole padded frame (``LookHereViT``,
+    ``LookWhereViT``, mmseg's ``VisionTransformer``) then predicts each image from its
+    batch-mates' padding too -- results that change with ``batch_size`` and the dataset's
+    order (boxes up to 145 px apart in a trial) -- and is stopped the same way. Batches of
+    one size (Cityscapes' frames) pass; other detectors (CNN backbones) are not checked.
     """
 
     priority = 'VERY_HIGH'
@@ -795,9 +804,17 @@ class EvalBatchCheckHook(Hook):
         inputs = data_batch.get('inputs') if isinstance(data_batch, dict) else None
         if not isinstance(inputs, (list, tuple)) or len(inputs) < 2:
             return
-        pre = getattr(unwrap_model(runner.model), 'data_preprocessor', None)
-        if not any(c.__name__ == 'SegDataPreProcessor' for c in type(pre).__mro__):
-            return  # mmseg's, or one built on it (MixedCropSegDataPreProcessor)
+        model = unwrap_model(runner.model)
+        pre = getattr(model, 'data_preprocessor', None)
+        kinds = {c.__name__ for c in type(pre).__mro__}
+        # mmseg's (or one built on it: MixedCropSegDataPreProcessor); mmdet's, for a
+        # backbone whose attention reaches the padding of the whole batch
+        seg = 'SegDataPreProcessor' in kinds
+        det = 'DetDataPreprocessor' in kinds and (
+            type(getattr(model, 'backbone', None)).__name__ in GLOBAL_ATTENTION_BACKBONES
+        )
+        if not (seg or det):
+            return
         sizes = [tuple(x.shape[-2:]) if isinstance(x, torch.Tensor) else None for x in inputs]
         other = next((i for i, s in enumerate(sizes) if s != sizes[0]), None)
         if other is None or sizes[0] is None or sizes[other] is None:
@@ -812,12 +829,23 @@ class EvalBatchCheckHook(Hook):
             path = meta.get('img_path')
             return f'{h}x{w}' + (f" ('{path}')" if path else '')
 
-        raise ConfigError(
+        head = (
             f'{split}_dataloader.batch_size={len(inputs)}: {split} batch {batch_idx} holds '
-            f"images of different sizes ({image(0)} and {image(other)}), and mmseg's "
-            'SegDataPreProcessor predicts one size per batch. Set --cfg-options '
-            f"{split}_dataloader.batch_size=1 (as mmseg's configs do), or a {split} "
-            'pipeline that gives every image one size.'
+            f'images of different sizes ({image(0)} and {image(other)})'
+        )
+        if seg:
+            raise ConfigError(
+                f"{head}, and mmseg's SegDataPreProcessor predicts one size per batch. Set "
+                f"--cfg-options {split}_dataloader.batch_size=1 (as mmseg's configs do), or "
+                f'a {split} pipeline that gives every image one size.'
+            )
+        raise ConfigError(
+            f"{head}: mmdet's DetDataPreprocessor pads them to the largest, and the "
+            f'{type(model.backbone).__name__} backbone attends over the padded frame, so '
+            "each image's predictions would depend on the images batched with it (another "
+            f'batch_size or order, other results). Set --cfg-options '
+            f"{split}_dataloader.batch_size=1 (as lookhere-dense's detection configs do), or "
+            f'a {split} pipeline that gives every image one size.'
         )
 
 
