@@ -51,6 +51,48 @@ def _size(text: str):
     return h, w
 
 
+def _k_ratio(text: str) -> float:
+    """A kept fraction in ``(0, 1]`` (``resolve_k``'s rule), refused by the parser (it was
+    checked only by ``study``; ``diagnose`` met it after training its teacher, ``timing``
+    and ``extractor-memory`` as a traceback)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'k ratio must be a number, got {text!r}') from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f'{text} is outside (0, 1]')
+    return value
+
+
+def _coverage(text: str) -> float:
+    """The lattice's share of ``k``, in ``[0, 1]`` (``LookWhere``'s rule), refused by the
+    parser (it was refused only when the student was built, after the teacher's
+    training)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'coverage must be a number, got {text!r}') from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f'{text} is outside [0, 1]')
+    return value
+
+
+def _check_study_sizes(parser: argparse.ArgumentParser, sizes, task: str) -> None:
+    """Refuse frame sizes smaller than ``task``'s training crop (the study trains its
+    teacher on random crops of frames of every size: a smaller frame crashed deep in the
+    crop sampling)."""
+    from research.lookwhere.study import TASKS
+
+    crop = TASKS[task].crop
+    for h, w in sizes:
+        if h < crop or w < crop:
+            parser.error(
+                f'--sizes: {h}x{w} is smaller than the {crop} px training crop of --task '
+                f'{task} (its teacher trains on {crop}x{crop} crops of every size): give '
+                f'sizes of at least {crop}x{crop}'
+            )
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     sub = parser.add_subparsers(dest='command', required=True)
@@ -62,7 +104,7 @@ def main(argv=None) -> int:
     s.add_argument(
         '--sizes', nargs='+', type=_size, default=[(256, 512), (512, 1024), (1024, 2048)]
     )
-    s.add_argument('--k-ratios', nargs='+', type=float, default=[0.1, 0.25, 0.5])
+    s.add_argument('--k-ratios', nargs='+', type=_k_ratio, default=[0.1, 0.25, 0.5])
     s.add_argument('--train-iters', type=int, default=300)
     s.add_argument('--distill-iters', type=int, default=150)
     s.add_argument('--finetune-iters', type=int, default=60, help='0: distillation only')
@@ -88,7 +130,10 @@ def main(argv=None) -> int:
         "(not the official's patch-query logits) or where its features change",
     )
     s.add_argument(
-        '--coverage', type=float, default=0.0, help='share of k kept on a regular lattice'
+        '--coverage',
+        type=_coverage,
+        default=0.0,
+        help='share of k kept on a regular lattice, in [0, 1]',
     )
     s.add_argument('--cache-dir', default='', help='reuse the trained teacher from here')
     s.add_argument(
@@ -135,7 +180,7 @@ def main(argv=None) -> int:
     )
     t = sub.add_parser('timing', help='whole frame vs LookWhere time only, interleaved rounds')
     t.add_argument('--size', type=_size, default=(1024, 2048))
-    t.add_argument('--k-ratios', nargs='+', type=float, default=[0.25])
+    t.add_argument('--k-ratios', nargs='+', type=_k_ratio, default=[0.25])
     t.add_argument('--rounds', type=int, default=3)
     t.add_argument('--threads', type=int, default=2)
     t.add_argument('--json', default=None, help='write the rows here')
@@ -143,7 +188,7 @@ def main(argv=None) -> int:
         'extractor-memory', help='peak memory / time of one extractor forward per attention path'
     )
     m.add_argument('--size', type=_size, default=(1024, 2048))
-    m.add_argument('--k-ratio', type=float, default=0.25)
+    m.add_argument('--k-ratio', type=_k_ratio, default=0.25)
     m.add_argument('--paths', nargs='+', default=['sdpa-coords', 'chunked-coords'])
     m.add_argument('--rounds', type=int, default=3)
     m.add_argument('--threads', type=int, default=2)
@@ -151,7 +196,7 @@ def main(argv=None) -> int:
     m.add_argument('--json', default=None, help='write the rows here')
     g = sub.add_parser('diagnose', help='oracle fills: which kept set / extractor loses mIoU')
     g.add_argument('--sizes', nargs='+', type=_size, default=[(256, 512), (512, 1024)])
-    g.add_argument('--k-ratios', nargs='+', type=float, default=[0.1, 0.25, 0.5])
+    g.add_argument('--k-ratios', nargs='+', type=_k_ratio, default=[0.1, 0.25, 0.5])
     g.add_argument('--train-iters', type=int, default=200)
     g.add_argument('--distill-iters', type=int, default=0, help='0: no student (teacher trunk)')
     g.add_argument('--test-frames', type=int, default=2)
@@ -261,9 +306,7 @@ def main(argv=None) -> int:
                     indent=2,
                 )
         return 0
-    for r in args.k_ratios:
-        if not 0 < r <= 1:
-            parser.error(f'--k-ratios: {r} is outside (0, 1]')
+    _check_study_sizes(parser, args.sizes, args.task)
     if args.seed < 0:
         parser.error(f'--seed: {args.seed} is negative')
     if args.train_frames < 2:

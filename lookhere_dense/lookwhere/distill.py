@@ -111,7 +111,8 @@ def distillation_losses(
 
     Args:
         student: a :class:`~lookhere_dense.lookwhere.LookWhere` whose extractor has the
-            teacher's patch size (the same high-resolution grid).
+            teacher's patch size (the same high-resolution grid) and width (its
+            ``embed_dims``; others: ValueError naming both).
         images: ``(B, C, H, W)``.
         targets: :func:`teacher_targets` of ``images``.
         select_by: ``'teacher'`` (top-k of the teacher's map) or ``'selector'``.
@@ -139,6 +140,13 @@ def distillation_losses(
         raise ValueError(
             f'LookWhere distillation: selector_target={selector_target!r} is not one of '
             f'{list(SELECTOR_TARGETS)}'
+        )
+    width = targets['features'].shape[-1]
+    if width != trunk.embed_dims:
+        raise ValueError(
+            f"LookWhere distillation: the teacher's features are {width} wide, the "
+            f"student's extractor embed_dims={trunk.embed_dims}: build the extractor with "
+            f"the teacher's width (embed_dims={width})"
         )
     n = grid[0] * grid[1]
     k = student.resolve_k(n)

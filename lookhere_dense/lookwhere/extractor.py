@@ -22,6 +22,25 @@ from .subset import (
 __all__ = ['LookWhereExtractor']
 
 
+def _check_distinct(keep: Tensor) -> None:
+    """Refuse a ``keep`` ``(B, K)`` with a patch index twice in one row (it is attended
+    twice: every kept token's softmax changes). One sort of ``B x K`` indices.
+
+    Raises:
+        ValueError: naming the first such row and index.
+    """
+    ordered = keep.sort(dim=1).values
+    same = ordered[:, 1:] == ordered[:, :-1]  # (B, K - 1)
+    if bool(same.any()):
+        row = int(same.any(1).nonzero()[0, 0])
+        index = int(ordered[row, 1:][same[row]][0])
+        raise ValueError(
+            f'LookWhere extractor: keep row {row} holds patch {index} more than once; '
+            'give distinct patch indices per image (e.g. keep.unique() of that row, or '
+            'top_k_patches)'
+        )
+
+
 class LookWhereExtractor(nn.Module):
     """A LookHere ViT (:func:`~lookhere_dense.lookhere.create_model`) that embeds the whole
     high-resolution image into patch tokens but runs its blocks only on the kept ones.
@@ -123,7 +142,9 @@ class LookWhereExtractor(nn.Module):
 
         Args:
             images: ``(B, C, H, W)``.
-            keep: ``(B, K)`` kept patch indices of the grid of ``images``.
+            keep: ``(B, K)`` kept patch indices of the grid of ``images``, ``K >= 1``,
+                distinct within each row (a repeated patch would enter every kept
+                token's softmax twice).
             prefix_tokens: ``(B, J, D)`` tokens in front of the kept patches (the
                 selector's CLS and registers); None: the trunk's own CLS token.
             backend: one of :data:`~.subset.SUBSET_BACKENDS` (``'auto'``, ``'coords'``,
@@ -139,8 +160,14 @@ class LookWhereExtractor(nn.Module):
         n = grid[0] * grid[1]
         if keep.dim() != 2 or keep.shape[0] != tokens.shape[0]:
             raise ValueError(f'keep must be (B={tokens.shape[0]}, K), got {tuple(keep.shape)}')
+        if keep.shape[1] == 0:
+            raise ValueError(
+                f'LookWhere extractor: keep is {tuple(keep.shape)}, no kept patch: give at '
+                'least one patch index per image (every patch is filled from the kept ones)'
+            )
         if keep.numel() and (int(keep.min()) < 0 or int(keep.max()) >= n):
             raise ValueError(f'keep holds patch indices outside the {grid[0]}x{grid[1]} grid')
+        _check_distinct(keep)
         x = gather_patches(tokens, keep)
         if prefix_tokens is None:
             if not trunk.with_cls_token:

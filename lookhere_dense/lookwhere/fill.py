@@ -48,6 +48,17 @@ def _coords(index: Tensor, width: int) -> Tensor:
     return torch.stack([index.div(width, rounding_mode='floor'), index.remainder(width)], -1)
 
 
+def _check_some_kept(keep: Tensor, who: str) -> None:
+    """Refuse a ``keep`` ``(B, 0)``: no kept patch to fill from (``argmin`` over an empty
+    axis was torch's IndexError)."""
+    if keep.dim() != 2 or keep.shape[1] == 0:
+        raise ValueError(
+            f'LookWhere {who}: keep must be (B, K) with K >= 1 kept patches, got '
+            f'{tuple(keep.shape)}: every patch is filled from the kept ones, give at '
+            'least one per image'
+        )
+
+
 def nearest_kept(keep: Tensor, grid_size: Tuple[int, int], chunk: int = 4096) -> Tensor:
     """For every patch of the grid, the position (in ``keep``'s order) of the nearest
     kept patch.
@@ -59,7 +70,11 @@ def nearest_kept(keep: Tensor, grid_size: Tuple[int, int], chunk: int = 4096) ->
 
     Returns:
         ``(B, H*W)`` int64 in ``[0, K)``.
+
+    Raises:
+        ValueError: ``keep`` is no ``(B, K)`` with ``K >= 1``.
     """
+    _check_some_kept(keep, 'nearest fill')
     height, width = grid_size
     n = height * width
     kept = _coords(keep, width).float()  # (B, K, 2)
@@ -117,7 +132,11 @@ def idw_fill(
 
     Returns:
         ``(B, D, H, W)`` in ``values``' dtype (the weights are computed in float32).
+
+    Raises:
+        ValueError: ``keep`` is no ``(B, K)`` with ``K >= 1``.
     """
+    _check_some_kept(keep, 'idw fill')
     height, width = grid_size
     b, k, d = values.shape
     n = height * width
@@ -159,7 +178,8 @@ class PropagateFill(nn.Module):
         max_rings: the most growing steps; patches still empty after them take the
             nearest kept patch. Default: 64.
 
-    Forward: ``values (B, K, D)``, ``keep (B, K)``, ``grid_size`` -> ``(B, D, H, W)``.
+    Forward: ``values (B, K, D)``, ``keep (B, K)`` (``K >= 1``), ``grid_size`` ->
+    ``(B, D, H, W)``.
 
     A file without its parameters (a student distilled with ``fill='nearest'``, fine-tuned
     with ``'propagate'``) still loads strictly: the fill starts afresh
@@ -187,6 +207,9 @@ class PropagateFill(nn.Module):
         self.init_weights()
 
     def forward(self, values: Tensor, keep: Tensor, grid_size: Tuple[int, int]) -> Tensor:
+        """``values (B, K, D)``, ``keep (B, K)`` (``K >= 1``), ``grid_size`` ->
+        ``(B, D, H, W)``."""
+        _check_some_kept(keep, 'propagate fill')
         height, width = grid_size
         b, k, d = values.shape
         n = height * width

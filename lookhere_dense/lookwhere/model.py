@@ -216,12 +216,26 @@ class LookWhere(nn.Module):
     ) -> Dict[str, Any]:
         """Selector, top-k (or the given ``keep`` ``(B, K)``) and extractor, without fill.
 
-        ``selection``: the selector's output for these images (:meth:`select` or
-        ``self.selector(images, grid)``), reused instead of running the selector again.
+        Args:
+            images: ``(B, C, H, W)``.
+            k, k_ratio: this call's kept count / fraction (:meth:`resolve_k`); not with
+                ``keep`` nor with a ``selection`` that holds its ``keep``.
+            keep: ``(B, K)`` kept patch indices (distinct per row, ``K >= 1``) instead
+                of the top-k.
+            selection: the selector's output for these images, reused instead of running
+                the selector again: :meth:`select`'s (its ``keep`` is the kept set), or
+                ``self.selector(images, grid)``'s (``scores`` ``(B, N)``,
+                ``prefix_tokens``; the top-k of its scores is taken as :meth:`select`
+                does, with ``k`` / ``k_ratio`` / the model's defaults and ``coverage``).
 
         Returns:
             dict: ``tokens`` (list per out index of ``(B, J + K, D)``), ``num_prefix``,
             ``keep``, ``grid``, ``scores``, ``selector_prefix``.
+
+        Raises:
+            ValueError: ``k`` / ``k_ratio`` with ``keep`` or with a ``selection`` that
+                has its ``keep`` (they would be ignored); a ``selection`` without
+                ``scores`` and ``keep``.
         """
         sel = selection
         if keep is not None and (k is not None or k_ratio is not None):
@@ -229,12 +243,29 @@ class LookWhere(nn.Module):
                 f'LookWhere: keep gives the kept patches; k={k!r} / k_ratio={k_ratio!r} '
                 'would be ignored: give one or the other'
             )
+        if sel is not None and 'keep' in sel and (k is not None or k_ratio is not None):
+            raise ValueError(
+                f"LookWhere: selection['keep'] gives the kept patches ({sel['keep'].shape[1]} "
+                f'per image); k={k!r} / k_ratio={k_ratio!r} would be ignored: give one or the '
+                "other (select(images, k=...) for another count, or the selector's output "
+                "without 'keep')"
+            )
         if sel is None and keep is None:
             sel = self.select(images, k, k_ratio)  # checks the images
         else:
             self.check_images(images)
         if keep is None:
-            keep = sel['keep']
+            if 'keep' in sel:
+                keep = sel['keep']
+            elif 'scores' in sel:  # the selector's own output: top-k as select() takes it
+                grid = self.extractor.grid_of(images.shape[-2:])
+                kk = self.resolve_k(grid[0] * grid[1], k, k_ratio)
+                keep = top_k_with_coverage(sel['scores'], kk, grid, self.coverage)
+            else:
+                raise ValueError(
+                    f"LookWhere: selection has neither 'keep' nor 'scores' (keys "
+                    f'{sorted(sel)}): give select(images) or selector(images, grid)'
+                )
         prefix = None
         if self.use_selector_prefix:
             if sel is None:

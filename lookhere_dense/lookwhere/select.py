@@ -72,12 +72,25 @@ def resolve_k(
     return max(1, min(num_patches, math.ceil(k_ratio * num_patches - 1e-9)))
 
 
+def _check_k(k: int, num_patches: int, who: str) -> None:
+    """``k`` an int in ``[1, N]`` (torch's ``topk`` gave duplicated or empty selections,
+    or its own 'selected index k out of range', for the others)."""
+    if isinstance(k, bool) or not isinstance(k, Integral):
+        raise TypeError(f'LookWhere {who}: k must be an int, got {k!r} ({type(k).__name__})')
+    if not 1 <= int(k) <= num_patches:
+        raise ValueError(
+            f'LookWhere {who}: k={int(k)} is outside [1, N={num_patches}] (the scores have '
+            f'{num_patches} patches): give 1 <= k <= N, e.g. resolve_k(N, k_ratio=...)'
+        )
+
+
 def top_k_patches(scores: Tensor, k: int) -> Tensor:
     """The ``k`` highest-scoring patches of each image, in row-major order.
 
     Args:
         scores: ``(B, N)`` selector scores.
-        k: kept patches, ``1 <= k <= N``.
+        k: kept patches, ``1 <= k <= N`` (others: ValueError / TypeError naming ``k``
+            and ``N``).
 
     Returns:
         ``(B, k)`` int64 patch indices, ascending (so the kept sequence keeps the grid's
@@ -87,6 +100,7 @@ def top_k_patches(scores: Tensor, k: int) -> Tensor:
     """
     if scores.dim() != 2:
         raise ValueError(f'scores must be (B, N), got {tuple(scores.shape)}')
+    _check_k(k, scores.shape[1], 'top_k_patches')
     idx = torch.topk(scores.detach(), k, dim=1, sorted=False).indices
     return idx.sort(dim=1).values
 
@@ -121,12 +135,14 @@ def top_k_with_coverage(
 
     Args:
         scores: ``(B, N)``.
-        k: kept patches, ``1 <= k <= N``.
+        k: kept patches, ``1 <= k <= N`` (others: ValueError / TypeError naming ``k``
+            and ``N``).
         grid_size: ``(H, W)`` with ``H * W = N``.
         coverage: the lattice's share of ``k``, in ``[0, 1]``; 0 is :func:`top_k_patches`.
 
     Returns:
-        ``(B, k)`` int64, ascending.
+        ``(B, k)`` int64, ``k`` distinct patches per image, ascending (also where scores
+        are ``-inf``: the lattice's patches are never picked twice).
     """
     if not 0 <= coverage <= 1:
         raise ValueError(f'LookWhere: coverage={coverage!r} is outside [0, 1]')
@@ -135,11 +151,14 @@ def top_k_with_coverage(
             f'scores must be (B, {int(grid_size[0]) * int(grid_size[1])}) for grid '
             f'{tuple(grid_size)}, got {tuple(scores.shape)}'
         )
+    _check_k(k, scores.shape[1], 'top_k_with_coverage')
     k_lattice = round(coverage * k)
     if not k_lattice:
         return top_k_patches(scores, k)
     lattice = lattice_patches(grid_size, k_lattice, scores.device)
-    rest = scores.detach().float().clone()
+    # the lattice's patches below every other score, -inf ones too (a -inf score tied
+    # with the lattice's -inf, and topk could pick a lattice patch twice)
+    rest = scores.detach().float().clamp(min=torch.finfo(torch.float32).min)
     rest[:, lattice] = float('-inf')
     other = torch.topk(rest, k - lattice.numel(), dim=1, sorted=False).indices
     keep = torch.cat([lattice[None].expand(scores.shape[0], -1), other], 1)

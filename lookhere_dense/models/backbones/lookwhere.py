@@ -121,11 +121,14 @@ class LookWhereViT(LookWhere, BaseModule):
 def _lookwhere_key_hints(missing, unexpected, model_keys, file_keys) -> List[str]:
     """:func:`~lookhere_dense.lookhere.weights.vit_key_hints`, and a LookWhere's likely
     causes first: a Runner checkpoint of a distillation run (``student.*``) or of a
-    segmentor (``backbone.*``) without its ``prefix``."""
+    segmentor (``backbone.*``) without its ``prefix`` -- only where the keys under that
+    prefix are this model's (``selector.*`` / ``extractor.*``): a LookHereViT segmentor's
+    ``backbone.*`` are a plain trunk's, which ``prefix='backbone.'`` refused again; for
+    those :func:`vit_key_hints` names the extractor's ``pretrained``."""
+    own = set(model_keys)
     for head, what in (('student.', 'a distillation run'), ('backbone.', 'a segmentor')):
-        if any(k.startswith(head) for k in file_keys) and not any(
-            k.startswith(head) for k in model_keys
-        ):
+        under = {k[len(head) :] for k in file_keys if k.startswith(head)}
+        if under & own and not any(k.startswith(head) for k in model_keys):
             return [f"the file is {what}'s checkpoint ({head}*): add prefix='{head}' to init_cfg"]
     return vit_key_hints(missing, unexpected, model_keys, file_keys)
 
@@ -164,6 +167,38 @@ def _build_teacher(teacher: Dict[str, Any]) -> torch.nn.Module:
     return model.eval()
 
 
+def _check_student_fits_teacher(teacher: torch.nn.Module, trunk: torch.nn.Module) -> None:
+    """What the distillation loss needs of the student's extractor ``trunk`` and the
+    ``teacher`` (both LookHere ViTs), checked when the distiller is built (the loss gave a
+    raw reshape RuntimeError for another width): the same ``embed_dims`` (its patch
+    features ``(B, N, D)`` and CLS ``(B, D)`` are the extractor's targets), ``patch_size``
+    (the same high-resolution grid) and input channels (the same images). Depth and heads
+    may differ: only the last block's output and the teacher's own last attention are
+    used (unless ``init_extractor_from_teacher``, whose copy checks them).
+
+    Raises:
+        ValueError: naming ``model.teacher.*`` and ``model.student.extractor.*``.
+    """
+    pairs = (
+        ('embed_dims', teacher.embed_dims, trunk.embed_dims),
+        ('patch_size', teacher.patch_size, trunk.patch_size),
+        (
+            'in_channels',
+            teacher.patch_embed.proj.in_channels,
+            trunk.patch_embed.proj.in_channels,
+        ),
+    )
+    for key, want, have in pairs:
+        if want != have:
+            raise ValueError(
+                f'LookWhereDistiller: model.teacher.{key}={want} but '
+                f'model.student.extractor.{key}={have}: the extractor learns the '
+                "teacher's features on the teacher's patch grid, so the two must match "
+                f'(set model.student.extractor.{key}={want}; model.teacher.* describes the '
+                'teacher as its checkpoint was trained)'
+            )
+
+
 @MMSEG_MODELS.register_module(force=True)
 class LookWhereDistiller(BaseModel):
     """What-where distillation of a LookWhere student from a frozen LookHere teacher.
@@ -176,7 +211,10 @@ class LookWhereDistiller(BaseModel):
         student (dict): :class:`~lookhere_dense.lookwhere.LookWhere` arguments
             (``selector``, ``extractor``, ``k_ratio``, ...).
         init_extractor_from_teacher (bool): start the extractor from the teacher's
-            weights (same architecture needed). Default: True.
+            weights (same architecture needed; its refusals name
+            ``model.student.extractor.*``). Default: True. Either way the extractor needs
+            the teacher's ``embed_dims``, ``patch_size`` and input channels (checked when
+            built, naming both keys).
         select_by (str): which map picks the kept patches during distillation:
             ``'teacher'`` (its attention map) or ``'selector'``. Default: ``'teacher'``.
         selector_weight, extractor_weight (float): loss weights. Default: 1, 1.
@@ -228,10 +266,20 @@ class LookWhereDistiller(BaseModel):
         self.selector_target = selector_target
         self.teacher = _build_teacher(teacher)
         self.student = LookWhere(**dict(student))
+        _check_student_fits_teacher(self.teacher, self.student.extractor.trunk)
         if init_extractor_from_teacher:
-            missing = self.student.extractor.trunk.load_state_dict(
-                self.teacher.state_dict(), strict=False
-            )
+            try:
+                missing = self.student.extractor.trunk.load_state_dict(
+                    self.teacher.state_dict(), strict=False
+                )
+            except CheckpointError as err:  # the keys to set are the student extractor's
+                msg = str(err).replace('model.backbone.', 'model.student.extractor.')
+                raise CheckpointError(
+                    f'model.student.extractor: {msg} (init_extractor_from_teacher=True copies '
+                    "the teacher's weights into the student's extractor: build "
+                    'model.student.extractor.* as model.teacher.*, or set '
+                    'init_extractor_from_teacher=False)'
+                ) from None
             if missing.missing_keys or missing.unexpected_keys:
                 raise ValueError(
                     'LookWhereDistiller: init_extractor_from_teacher needs the same '
