@@ -120,3 +120,22 @@ def drop_closed_log_streams():
             stream = getattr(handler, 'stream', None)
             if stream is not None and getattr(stream, 'closed', False):
                 logger.removeHandler(handler)
+
+
+@pytest.fixture(scope='module')
+def pristine(tmp_path_factory) -> Path:
+    """A tiny ADE20K-layout dataset (4 training, 2 validation pairs), made once per
+    module: copy it (:func:`ade`) before changing it."""
+    from research.datasets.synthetic_seg import make_ade20k_like
+
+    return make_ade20k_like(tmp_path_factory.mktemp('pristine'), num_train=4, num_val=2)
+
+
+@pytest.fixture
+def ade(pristine, tmp_path) -> Path:
+    """A fresh copy of :func:`pristine`, to change or break."""
+    import shutil
+
+    root = tmp_path / 'ade'
+    shutil.copytree(pristine, root)
+    return root

@@ -6,8 +6,6 @@ ADE20K-layout data, through mmseg's own dataset classes."""
 
 from __future__ import annotations
 
-import copy
-import functools
 import shutil
 import warnings
 from pathlib import Path
@@ -16,6 +14,7 @@ import cv2
 import numpy as np
 import pytest
 from PIL import Image
+from tiny_seg import tiny_ade_config as config
 
 from lookhere_dense.data.checks import (
     check_crop_fits,
@@ -24,37 +23,6 @@ from lookhere_dense.data.checks import (
     sync_label_checks,
 )
 from lookhere_dense.errors import ConfigError, CropSizeError, DataCheckWarning, LabelRangeError
-from research.datasets.synthetic_seg import make_ade20k_like
-
-REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / 'configs' / 'segmenter_lookhere_vit-t_tiny-ade.py'
-
-
-@pytest.fixture(scope='module')
-def pristine(tmp_path_factory) -> Path:
-    return make_ade20k_like(tmp_path_factory.mktemp('pristine'), num_train=4, num_val=2)
-
-
-@pytest.fixture
-def ade(pristine, tmp_path) -> Path:
-    """A fresh copy of the tiny dataset, to change."""
-    root = tmp_path / 'ade'
-    shutil.copytree(pristine, root)
-    return root
-
-
-@functools.lru_cache(maxsize=1)
-def _parsed_config():
-    from mmengine.config import Config
-
-    return Config.fromfile(str(CONFIG))
-
-
-def config(data_root: Path):
-    cfg = copy.deepcopy(_parsed_config())
-    for split in ('train', 'val', 'test'):
-        cfg[f'{split}_dataloader'].dataset.data_root = str(data_root)
-    return cfg
 
 
 def annotations(root: Path, split: str = 'training'):
@@ -311,14 +279,11 @@ def test_a_load_annotations_reduce_zero_label_other_than_the_datasets_is_named(a
 def test_a_check_of_every_file_shows_progress(tmp_path, monkeypatch):
     """``--check-all-data`` decodes every image and annotation (minutes on ADE20K): the
     check says how far it is (a line every ``PROGRESS_SECONDS``; 0 here: one per file)."""
-    from mmengine.config import Config
-    from tiny_seg import ADE_CFG, make_ade, options, roots
+    from tiny_seg import make_ade
 
     from lookhere_dense.data import checks
 
-    root = make_ade(tmp_path / 'data', num_train=3, num_val=1)
-    cfg = Config.fromfile(ADE_CFG)
-    cfg.merge_from_dict(options(*roots(root)))
+    cfg = config(make_ade(tmp_path / 'data', num_train=3, num_val=1))
     monkeypatch.setattr(checks, 'PROGRESS_SECONDS', 0.0)
     lines = []
     sizes = checks.check_label_values(cfg, ('train',), max_files=10**9, progress=lines.append)

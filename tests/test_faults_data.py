@@ -7,7 +7,6 @@ through mmseg's own dataset class and transforms.
 from __future__ import annotations
 
 import copy
-import functools
 import os.path as osp
 import re
 import shutil
@@ -18,6 +17,7 @@ import cv2
 import numpy as np
 import pytest
 from PIL import Image
+from tiny_seg import tiny_ade_config as config
 
 from lookhere_dense.data.checks import check_dataset_layout, check_seg_data, image_size
 from lookhere_dense.data.transforms import CheckSegLabels
@@ -28,37 +28,8 @@ from lookhere_dense.errors import (
     LabelSizeError,
     UnreadableFileError,
 )
-from research.datasets.synthetic_seg import make_ade20k_like
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / 'configs' / 'segmenter_lookhere_vit-t_tiny-ade.py'
-
-
-@pytest.fixture(scope='module')
-def pristine(tmp_path_factory) -> Path:
-    return make_ade20k_like(tmp_path_factory.mktemp('pristine'), num_train=4, num_val=2)
-
-
-@pytest.fixture
-def ade(pristine, tmp_path) -> Path:
-    """A fresh copy of the tiny dataset, to break."""
-    root = tmp_path / 'ade'
-    shutil.copytree(pristine, root)
-    return root
-
-
-@functools.lru_cache(maxsize=1)
-def _parsed_config():
-    from mmengine.config import Config
-
-    return Config.fromfile(str(CONFIG))
-
-
-def config(data_root: Path):
-    cfg = copy.deepcopy(_parsed_config())
-    for split in ('train', 'val', 'test'):
-        cfg[f'{split}_dataloader'].dataset.data_root = str(data_root)
-    return cfg
 
 
 def files(root: Path, split: str = 'training', i: int = 2):

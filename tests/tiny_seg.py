@@ -4,6 +4,7 @@ dataset, and checkpoints written the way mmengine's Runner writes them."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import os.path as osp
@@ -190,3 +191,21 @@ def assert_resume_follows_fresh(wrapper, schedulers, checkpoint, fresh, fresh_sc
         for run in (schedulers, fresh_schedulers):
             for sch in run:
                 sch.step()
+
+
+@functools.lru_cache(maxsize=1)
+def _parsed_ade_config():
+    from mmengine.config import Config
+
+    return Config.fromfile(ADE_CFG)
+
+
+def tiny_ade_config(data_root) -> 'Config':  # noqa: F821 - mmengine's, imported lazily
+    """The tiny ADE20K config (:data:`ADE_CFG`, parsed once) with every split's
+    ``data_root`` set to ``data_root``: a copy, free to change."""
+    import copy
+
+    cfg = copy.deepcopy(_parsed_ade_config())
+    for split in ('train', 'val', 'test'):
+        cfg[f'{split}_dataloader'].dataset.data_root = str(data_root)
+    return cfg
