@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from numbers import Integral, Real
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -57,14 +57,7 @@ def resolve_k(
         if k is None and k_ratio is None:
             raise ValueError('LookWhere: no k or k_ratio given and the model has no default')
     if k is not None:
-        if isinstance(k, bool) or not isinstance(k, Integral):
-            raise TypeError(f'LookWhere: k must be an int, got {k!r} ({type(k).__name__})')
-        if not 1 <= int(k) <= num_patches:
-            raise ValueError(
-                f'LookWhere: k={int(k)} is outside [1, {num_patches}] (the high-resolution '
-                f'grid has {num_patches} patches)'
-            )
-        return int(k)
+        return _check_k(k, num_patches)
     if isinstance(k_ratio, bool) or not isinstance(k_ratio, Real):
         raise TypeError(f'LookWhere: k_ratio must be a number, got {k_ratio!r}')
     if not (math.isfinite(k_ratio) and 0 < k_ratio <= 1):
@@ -72,16 +65,23 @@ def resolve_k(
     return max(1, min(num_patches, math.ceil(k_ratio * num_patches - 1e-9)))
 
 
-def _check_k(k: int, num_patches: int, who: str) -> None:
-    """``k`` an int in ``[1, N]`` (torch's ``topk`` gave duplicated or empty selections,
-    or its own 'selected index k out of range', for the others)."""
+def _check_k(k: Any, num_patches: int, who: str = '') -> int:
+    """``k`` as an int in ``[1, N]``: the kept count :func:`resolve_k` takes (``who``
+    empty: its messages name the high-resolution grid), or the ``k`` a selection function
+    ``who`` is given (its messages name the scores; torch's ``topk`` gave duplicated or
+    empty selections, or its own 'selected index k out of range', for the others)."""
+    name = f'LookWhere {who}' if who else 'LookWhere'
     if isinstance(k, bool) or not isinstance(k, Integral):
-        raise TypeError(f'LookWhere {who}: k must be an int, got {k!r} ({type(k).__name__})')
+        raise TypeError(f'{name}: k must be an int, got {k!r} ({type(k).__name__})')
     if not 1 <= int(k) <= num_patches:
-        raise ValueError(
-            f'LookWhere {who}: k={int(k)} is outside [1, N={num_patches}] (the scores have '
-            f'{num_patches} patches): give 1 <= k <= N, e.g. resolve_k(N, k_ratio=...)'
+        where = (
+            f'[1, N={num_patches}] (the scores have {num_patches} patches): give 1 <= k <= '
+            'N, e.g. resolve_k(N, k_ratio=...)'
+            if who
+            else f'[1, {num_patches}] (the high-resolution grid has {num_patches} patches)'
         )
+        raise ValueError(f'{name}: k={int(k)} is outside {where}')
+    return int(k)
 
 
 def top_k_patches(scores: Tensor, k: int) -> Tensor:
