@@ -1314,8 +1314,9 @@ def _library_data_failure(err: BaseException) -> Optional[str]:
     PATH`` assertion, naming the file, or a decoder's error that names none (a truncated
     annotation: Pillow's ``image file is truncated``), pointing to ``--check-all-data``;
     a 65- to 100-line traceback from a dataloader worker before. None for anything else."""
-    text = str(err) if str(err).startswith(('Caught ', 'Original ')) else ''
-    text = text or f'{type(err).__name__}: {err}'
+    text = str(err)
+    if not text.startswith(('Caught ', 'Original ')):  # not a worker's re-raised traceback
+        text = f'{type(err).__name__}: {text}'
     found = _FAILED_IMAGE.findall(text)
     if found:
         return (
