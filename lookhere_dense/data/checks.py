@@ -1082,6 +1082,20 @@ def _class_default(cls: type, name: str) -> Tuple[Any, Optional[type]]:
     return None, None
 
 
+def _decode_image(where: str, path: str) -> None:
+    """Decode the local image ``path`` whole (remote ones are left to the pipeline).
+
+    Raises:
+        UnreadableFileError: it cannot be decoded, naming ``where`` and the file.
+    """
+    if '://' in path:
+        return
+    try:
+        image_size(path, decode=True)
+    except Exception as err:
+        raise unreadable_file(where, 'image', path, err) from None
+
+
 def _states_default_for_classes(dataset: Any, owner: Optional[type], num_classes: int) -> bool:
     """Whether ``dataset``'s ``reduce_zero_label`` default (set by ``owner``'s constructor,
     :func:`_class_default`) is stated for the classes it names: the class that names them
@@ -1191,12 +1205,7 @@ def check_label_values(
         infos = [ds.get_data_info(i) for i in range(n)]
         if _reads_no_annotations(cfg, where, ds_cfg):
             for i in _spread(n, max_files):
-                path = infos[i]['img_path']
-                if '://' not in path:
-                    try:
-                        image_size(path, decode=True)
-                    except Exception as err:
-                        raise unreadable_file(where, 'image', path, err) from None
+                _decode_image(where, infos[i]['img_path'])
             continue
         missing = [i['seg_map_path'] for i in infos if not osp.exists(i['seg_map_path'])]
         if missing:
@@ -1263,11 +1272,7 @@ def check_label_values(
                 progress(f'{where}: {done} of {len(sample)} images and annotations decoded')
                 shown = time.monotonic()
             info = infos[i]
-            if '://' not in info['img_path']:
-                try:
-                    image_size(info['img_path'], decode=True)
-                except Exception as err:
-                    raise unreadable_file(where, 'image', info['img_path'], err) from None
+            _decode_image(where, info['img_path'])
             try:
                 seg = loader(dict(info))['gt_seg_map']
                 raw = _raw_labels(info['seg_map_path'], backend, backend_args)
