@@ -291,3 +291,34 @@ def test_a_check_of_every_file_shows_progress(tmp_path, monkeypatch):
     assert lines == [
         f'train_dataloader: {k} of 3 images and annotations decoded' for k in (0, 1, 2)
     ]
+
+
+# ----------------------------------------------------------------------------------------
+# Labels saved as JPEG
+# ----------------------------------------------------------------------------------------
+def test_annotations_saved_as_jpeg_are_warned(ade, pristine):
+    """JPEG is lossy: a label map saved as JPEG reads back with other class ids along its
+    region edges, all inside the classes, so nothing else in the check can see it and mmseg
+    trains on them. The check warns, naming the file and the suffix key; PNG labels pass
+    without a warning."""
+    changed = 0
+    for path in annotations(ade):
+        seg = cv2.imread(str(path), cv2.IMREAD_UNCHANGED) % 4 * 20  # ids 0, 20, 40, 60
+        jpg = path.with_suffix('.jpg')
+        cv2.imwrite(str(jpg), seg)
+        changed += int((cv2.imread(str(jpg), cv2.IMREAD_UNCHANGED) != seg).sum())
+        path.unlink()
+    assert changed > 0  # the reason for the warning: the ids read back are not those saved
+    cfg = config(ade)
+    cfg.train_dataloader.dataset.seg_map_suffix = '.jpg'
+    with pytest.warns(DataCheckWarning) as said:
+        assert check_label_values(cfg, ['train']) == {'train_dataloader': 4}
+    msg = [str(w.message) for w in said if 'JPEG' in str(w.message)]
+    assert len(msg) == 1, [str(w.message) for w in said]
+    assert msg[0].startswith(
+        f"train_dataloader: 4 of 4 annotations are JPEG files, e.g. '{ade}/annotations/training/"
+    )
+    assert "(train_dataloader.dataset.seg_map_suffix='.jpg'): JPEG is lossy" in msg[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', DataCheckWarning)
+        assert check_label_values(config(pristine), ['train']) == {'train_dataloader': 4}

@@ -1155,7 +1155,8 @@ def check_label_values(
     * the checked files' stored values fit 8 bits (mmseg casts label maps to uint8) and
       agree with ``reduce_zero_label`` (:func:`~.labels.reduce_zero_label_verdict`:
       Cityscapes-style files with 255 reduced, ADE20K's own files not reduced);
-    * images in another format than ``img_suffix`` beside their annotation: a warning.
+    * images in another format than ``img_suffix`` beside their annotation: a warning;
+    * annotations saved as JPEG (lossy: class ids change along region edges): a warning.
 
     Loads annotations with mmseg's own ``LoadAnnotations`` given the pipeline's
     ``imdecode_backend`` and ``backend_args`` (so the decoder, ``reduce_zero_label`` and
@@ -1215,6 +1216,18 @@ def check_label_values(
                 f'name and sub-folders as the image).' + _hint(ds_cfg)
             )
         key = next(k for w, k, d, _ in _nodes(cfg, splits) if d is ds_cfg)
+        lossy = [i['seg_map_path'] for i in infos if i['seg_map_path'].lower().endswith(_JPEG)]
+        if lossy:
+            warnings.warn(
+                DataCheckWarning(
+                    f'{where}: {len(lossy)} of {n} annotations are JPEG files, e.g. '
+                    f'{lossy[0]!r} ({key}.seg_map_suffix={ds.seg_map_suffix!r}): JPEG is '
+                    'lossy, so class ids along region edges are not the ones labelled (a '
+                    'neighbouring id, or one of no region), and mmseg trains and scores on '
+                    'them as they are: export the labels again as PNG'
+                ),
+                stacklevel=2,
+            )
         unread, other = _unread_images(ds, infos)
         if other:
             warnings.warn(
