@@ -186,6 +186,9 @@ def test_baseline_encodings_need_no_lookhere_head_layout(encoding):
         ('model.backbone.attn_backend', 'fast', r"attn_backend='fast' is not one of"),
         ('model.backbone.preset', 'lh30', r"unknown LookHere preset 'lh30'"),
         ('model.backbone.embed_dims', 200, r'embed_dims=200 is not divisible by num_heads=12'),
+        ('model.backbone.num_heads', 0, r'model.backbone.num_heads must be a positive int, got 0'),
+        ('model.backbone.embed_dims', 0, r'backbone.embed_dims must be a positive int, got 0'),
+        ('model.backbone.num_heads', 4.0, r'backbone.num_heads must be a positive int, got 4.0'),
     ],
 )
 def test_backbone_typos_are_config_errors(key, value, match):
