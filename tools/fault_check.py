@@ -15,16 +15,20 @@ real files on the tiny ADE20K-layout config (CPU, Gloo, 2 processes):
 * ``image_deleted``: the training images removed after the dataset was listed: the run
   stops naming the file.
 
-Each resumed run's final weights are compared with an uninterrupted 2-process run: they
-must be bit-identical (:data:`RESUME_TOLERANCE` is 0: every rank's generators are in the
-checkpoint; see ExactResumeHook). The relative L2 difference is reported as well.
+Each resumed run's final weights are compared with an uninterrupted 2-process run (the
+``reference`` case, run first whenever a selected case needs it): they must be
+bit-identical (:data:`RESUME_TOLERANCE` is 0: every rank's generators are in the
+checkpoint; see ExactResumeHook). The relative L2 difference is reported as well; a
+resumed run without that comparison is a failure.
 
 Usage::
 
     python tools/fault_check.py --out work_dirs/fault_check [--cases kill_rank two_runs]
 
-Writes ``OUT/fault_check.json`` and prints one line per case; exit status 1 if a case
-failed.
+What ``OUT`` holds is removed first, so it must not exist, be empty, or be an earlier
+output of this tool (it holds ``fault_check.json``, written at the start); any other
+folder is refused before anything is removed. Writes ``OUT/fault_check.json`` and prints
+one line per case; exit status 1 if a case failed.
 """
 
 from __future__ import annotations
@@ -43,7 +47,11 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / 'tests'))
+# the repository root (research/, not installed, is imported by tests/tiny_seg.py) and
+# tests/ (tiny_seg itself)
+for _path in (str(REPO), str(REPO / 'tests')):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 from tiny_seg import ADE_CFG, SHRINK, env, make_ade, roots  # noqa: E402
 
 N = 8  # iterations of every run
@@ -178,9 +186,15 @@ def _resume(ctx: dict, work: str, opts: List[str], name: str, compare: bool = Tr
     rc = child.wait(600)
     final = osp.join(work, f'iter_{N}.pth')
     res = dict(resume_rc=rc, resume_finished=rc == 0 and osp.isfile(final))
-    if compare and res['resume_finished'] and ctx.get('reference'):
-        res['vs_uninterrupted'] = _difference(final, ctx['reference'])
-        res['resume_finished'] = res['vs_uninterrupted']['max_abs'] <= RESUME_TOLERANCE
+    if compare and res['resume_finished']:
+        # never a pass without the comparison: main() runs the reference case first
+        if ctx.get('reference') and osp.isfile(ctx['reference']):
+            res['vs_uninterrupted'] = _difference(final, ctx['reference'])
+            res['resume_finished'] = res['vs_uninterrupted']['max_abs'] <= RESUME_TOLERANCE
+        else:
+            res['vs_uninterrupted'] = None
+            res['resume_finished'] = False
+            res['why'] = 'no uninterrupted reference run to compare the resumed weights with'
     if rc != 0:
         res['resume_tail'] = _tail(log)
     return res
@@ -295,10 +309,11 @@ def case_sigterm_torchrun(ctx: dict) -> dict:
 def case_two_runs(ctx: dict) -> dict:
     work = osp.join(ctx['out'], 'two_runs')
     opts = [o for o in ctx['opts'] if not o.startswith('train_cfg.max_iters=')]
-    first = _train(work, opts + ['train_cfg.max_iters=400'], osp.join(ctx['out'], 'two_a.log'))
+    first_log = osp.join(ctx['out'], 'two_a.log')
+    first = _train(work, opts + ['train_cfg.max_iters=400'], first_log)
     try:
         if not _wait(lambda: bool(_pointer(work)), first, 300):
-            return dict(ok=False, why='the first run did not start', tail=_tail(first.args[-1]))
+            return dict(ok=False, why='the first run did not start', tail=_tail(first_log))
         before = {p: os.path.getmtime(p) for p in glob.glob(osp.join(work, '*.pth'))}
         second_log = osp.join(ctx['out'], 'two_b.log')
         rc = _train(work, ctx['opts'], second_log).wait(300)
@@ -392,6 +407,52 @@ CASES = {
     'image_deleted': case_image_deleted,
     'label_resized': case_label_resized,
 }
+#: The cases whose resumed weights are compared with the ``reference`` run's.
+NEEDS_REFERENCE = ('kill_rank', 'sigterm_torchrun')
+#: Written into ``--out`` first: marks the folder as this tool's output (safe to remove).
+MARKER = 'fault_check.json'
+
+
+def order_cases(names: List[str]) -> List[str]:
+    """``names`` without repeats, in their order, and ``reference`` first whenever a case
+    of :data:`NEEDS_REFERENCE` is among them (or ``reference`` itself is)."""
+    names = list(dict.fromkeys(names))
+    if 'reference' in names or any(n in NEEDS_REFERENCE for n in names):
+        names = ['reference'] + [n for n in names if n != 'reference']
+    return names
+
+
+def _earlier_output(folder: str) -> bool:
+    """Whether ``folder`` holds this tool's :data:`MARKER` (a JSON object with
+    ``command`` and ``results``)."""
+    try:
+        with open(osp.join(folder, MARKER)) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and 'results' in data and 'command' in data
+
+
+def out_problem(out: str) -> Optional[str]:
+    """Why what ``out`` holds must not be removed, or ``None``: it may be absent, an empty
+    folder, or an earlier output of this tool."""
+    if osp.islink(out):
+        return f'--out {out!r} is a symbolic link: give the folder itself or another one'
+    if not osp.exists(out):
+        return None
+    if not osp.isdir(out):
+        return f'--out {out!r} exists and is not a folder'
+    if not os.listdir(out) or _earlier_output(out):
+        return None
+    return (
+        f'--out {out!r} is a folder that is not empty and not an earlier output of '
+        f'fault_check.py (no {MARKER} in it); it would be removed: give a new or empty folder'
+    )
+
+
+def _write(out: str, results: dict) -> None:
+    with open(osp.join(out, MARKER), 'w') as f:
+        json.dump(dict(command=' '.join(sys.argv), results=results), f, indent=1)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -400,19 +461,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument('--out', default='work_dirs/fault_check', help='output folder')
     parser.add_argument('--cases', nargs='+', choices=list(CASES), default=list(CASES))
     args = parser.parse_args(argv)
-    shutil.rmtree(args.out, ignore_errors=True)
-    os.makedirs(args.out)
+    problem = out_problem(args.out)
+    if problem:
+        parser.error(problem)
+    if osp.isdir(args.out):  # empty or an earlier output: its entries go, the folder stays
+        for entry in os.scandir(args.out):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.remove(entry.path)
+    os.makedirs(args.out, exist_ok=True)
     out = osp.abspath(args.out)
+    results = {}
+    _write(out, results)  # marks the folder as this tool's, even if a case crashes
     root = make_ade(osp.join(out, 'data'))
     ctx = dict(out=out, opts=[*roots(root), *SHRINK, *RUN])
-    results = {}
-    for name in args.cases:
+    for name in order_cases(args.cases):
         t0 = time.time()
         results[name] = CASES[name](ctx)
         results[name]['seconds'] = round(time.time() - t0, 1)
         print(f'{name}: {"ok" if results[name]["ok"] else "FAILED"} {json.dumps(results[name])}')
-        with open(osp.join(out, 'fault_check.json'), 'w') as f:
-            json.dump(dict(command=' '.join(sys.argv), results=results), f, indent=1)
+        _write(out, results)
     return 0 if all(r['ok'] for r in results.values()) else 1
 
 
