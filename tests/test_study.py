@@ -955,3 +955,57 @@ def test_the_study_tool_ends_a_wrong_argument_in_one_error_line(tmp_path):
         assert res.returncode == 2 and 'Traceback' not in res.stderr, res.stderr[-2000:]
         lines = [ln for ln in res.stderr.splitlines() if ln.startswith('error: ')]
         assert len(lines) == 1 and lines[0].startswith(expected), res.stderr[-2000:]
+
+
+def _study_tool():
+    import importlib.util
+
+    from tiny_seg import REPO
+
+    spec = importlib.util.spec_from_file_location(
+        'extrapolation_study_tool', os.path.join(REPO, 'tools', 'extrapolation_study.py')
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    'args,expected',
+    [  # values once read as "the config's", and a seed twice (two runs in one work dir)
+        (['--iters', '0'], 'argument --iters: must be >= 1, got 0'),
+        (['--batch-size', '-2'], 'argument --batch-size: must be >= 1, got -2'),
+        (['--val-interval', '0'], 'argument --val-interval: must be >= 1, got 0'),
+        (['--lr', '0'], 'argument --lr: must be > 0, got 0'),
+        (['--lr', 'nan'], 'argument --lr: must be > 0, got nan'),
+        (
+            ['--seeds', '0', '1', '0'],
+            '--seeds 0 1 0: seed 0 is given twice (each seed is one run per encoding, in one '
+            'work dir)',
+        ),
+    ],
+)
+def test_the_study_tool_refuses_values_it_would_ignore_when_parsing(args, expected, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _study_tool().parse_args(args)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f'error: {expected}')
+
+
+def test_the_study_tool_does_not_replace_another_studys_report(tmp_path):
+    """A study takes minutes to hours: ``<out-dir>/<name>.json`` of another command is
+    not replaced (its .csv, _table.md and .png went with it); the same command (a rerun)
+    replaces its own."""
+    from lookhere_dense.errors import ToolError
+
+    tool = _study_tool()
+    other = 'python tools/extrapolation_study.py --ladder fov'
+    (tmp_path / 'study.json').write_text(json.dumps(dict(command=other)))
+    with pytest.raises(ToolError) as err:
+        tool.check_outputs(str(tmp_path), 'study', 'python tools/extrapolation_study.py')
+    assert str(err.value).startswith(
+        f"'{tmp_path}/study.json' is the report of another study ({other}); this one would "
+        'replace it and its .csv, _table.md and .png: give it another --name or --out-dir'
+    )
+    tool.check_outputs(str(tmp_path), 'study', other)  # a rerun
+    tool.check_outputs(str(tmp_path), 'other_name', 'python tools/extrapolation_study.py')

@@ -95,7 +95,7 @@ from research.study.runs import LADDER_CONFIGS, RunOptions, run_study  # noqa: E
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    from lookhere_dense.apis.cli import CfgOptionsAction
+    from lookhere_dense.apis.cli import CfgOptionsAction, positive_int
 
     p = argparse.ArgumentParser(
         description=__doc__.split('\n\n')[0],
@@ -177,15 +177,20 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument(
         '--iters',
-        type=int,
+        type=positive_int,
         default=None,
         help="training iterations (default: the config's max_iters); "
         'iteration-based LR schedules are stretched to match',
     )
     p.add_argument(
-        '--batch-size', type=int, default=None, help="training batch size (default: the config's)"
+        '--batch-size',
+        type=positive_int,
+        default=None,
+        help="training batch size (default: the config's)",
     )
-    p.add_argument('--lr', type=float, default=None, help="learning rate (default: the config's)")
+    p.add_argument(
+        '--lr', type=_positive_float, default=None, help="learning rate (default: the config's)"
+    )
     p.add_argument(
         '--metric',
         default=None,
@@ -193,7 +198,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument(
         '--val-interval',
-        type=int,
+        type=positive_int,
         default=None,
         help='also validate at 1x every N iterations while training (default: never; '
         'the ladder is evaluated after training)',
@@ -206,7 +211,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument(
         '--threads',
-        type=int,
+        type=positive_int,
         default=None,
         help="PyTorch CPU threads (default: PyTorch's choice; 1 is much faster "
         'on a machine whose cores are busy with other jobs)',
@@ -235,7 +240,52 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         default=None,
         help='override config entries, e.g. relational.num_train=1000 model.backbone.num_layers=4',
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    repeated = sorted({s for s in args.seeds if args.seeds.count(s) > 1})
+    if repeated:
+        p.error(
+            f'--seeds {" ".join(map(str, args.seeds))}: seed {repeated[0]} is given twice '
+            '(each seed is one run per encoding, in one work dir)'
+        )
+    return args
+
+
+def _positive_float(text: str) -> float:
+    """argparse type: a number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected a number, got {text!r}') from None
+    if not value > 0:  # also NaN
+        raise argparse.ArgumentTypeError(f'must be > 0, got {text}')
+    return value
+
+
+def check_outputs(out_dir: str, name: str, command: str) -> None:
+    """Refuse, before anything trains, a study whose ``<out_dir>/<name>.json`` would
+    replace the report of another command (a study takes minutes to hours; its .csv,
+    _table.md and .png would go too). The same command again replaces its own report.
+
+    Raises:
+        lookhere_dense.errors.ToolError: naming the file, its command, ``--name`` and
+            ``--out-dir``.
+    """
+    import json
+
+    from lookhere_dense.errors import ToolError
+
+    path = osp.join(out_dir, f'{name}.json')
+    try:
+        with open(path) as f:
+            old = json.load(f).get('command')
+    except (OSError, ValueError, AttributeError):
+        return  # none there, or not a report: written as before
+    if isinstance(old, str) and old != command:
+        raise ToolError(
+            f'{path!r} is the report of another study ({old}); this one would replace it '
+            'and its .csv, _table.md and .png: give it another --name or --out-dir, or '
+            'remove that file'
+        )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
@@ -249,6 +299,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     from lookhere_dense.apis.cli import apply_threads
 
     apply_threads(args.threads)
+    check_outputs(args.out_dir or args.work_dir, args.name, command)
     if args.merge:
         report = merge_reports(args.merge, command, args.metric)
     else:
