@@ -89,7 +89,11 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from lookhere_dense.apis.cli import quiet_known_warnings, resolve_config_path  # noqa: E402
+from lookhere_dense.apis.cli import (  # noqa: E402
+    positive_int,
+    quiet_known_warnings,
+    resolve_config_path,
+)
 from lookhere_dense.lookhere import BACKENDS  # noqa: E402
 from research.benchmark import (  # noqa: E402
     DTYPES,
@@ -107,6 +111,81 @@ from research.benchmark.report import environment, format_table  # noqa: E402
 from research.benchmark.segmenter import CASES as SEGMENTER_CASES  # noqa: E402
 from research.benchmark.segmenter import bench_segmenter  # noqa: E402
 from research.reporting import write_json  # noqa: E402
+
+#: Side of one ViT patch in pixels: the smallest image side the sections take.
+PATCH = 16
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: a whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected a whole number, got {text!r}') from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f'must be >= 0, got {value}')
+    return value
+
+
+def image_side(text: str) -> int:
+    """argparse type: an image side in pixels, at least one patch (16)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected a whole number, got {text!r}') from None
+    if value < PATCH:
+        raise argparse.ArgumentTypeError(f'must be at least one {PATCH} px patch, got {value}')
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected a number, got {text!r}') from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f'must be > 0, got {text}')
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected a number, got {text!r}') from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f'must be >= 0, got {text}')
+    return value
+
+
+#: what a frame case may be besides ``chunked:<block rows>``
+FRAME_CASES = (models.NOBIAS, *BACKENDS)
+
+
+def frame_case(text: str) -> str:
+    """argparse type of ``--frame-backends``: ``nobias``, a LookHere backend, or
+    ``chunked:<block rows>`` (rows >= 0; 0: automatic)."""
+    backend, colon, block = text.partition(':')
+    if backend not in FRAME_CASES:
+        raise argparse.ArgumentTypeError(
+            f'invalid frame case {text!r}: choose from {", ".join(FRAME_CASES)} '
+            "or 'chunked:<block rows>'"
+        )
+    if colon:
+        if backend != 'chunked':
+            raise argparse.ArgumentTypeError(
+                f"invalid frame case {text!r}: only 'chunked' takes ':<block rows>'"
+            )
+        try:
+            non_negative_int(block)
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentTypeError(
+                f'invalid frame case {text!r}: block rows {err}'
+            ) from None
+    return text
+
 
 #: Default configs of the segmenter section (relative to the repository).
 SEGMENTER_CONFIGS = [
@@ -183,22 +262,25 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument(
         '--grid',
-        type=int,
+        type=positive_int,
         default=None,
         help='side of the square grid of the bias section (default 64)',
     )
     p.add_argument(
-        '--bias-layers', type=int, default=None, help='layers of our bias build (default 12)'
+        '--bias-layers',
+        type=positive_int,
+        default=None,
+        help='layers of our bias build (default 12)',
     )
     p.add_argument(
         '--baseline-depth',
-        type=int,
+        type=positive_int,
         default=None,
         help='layers the baseline really builds; the rest is extrapolated (default 1)',
     )
-    p.add_argument('--embed-dims', type=int, default=None, help='ViT width (default 768)')
-    p.add_argument('--num-layers', type=int, default=None, help='ViT depth (default 12)')
-    p.add_argument('--num-heads', type=int, default=12, help='ViT heads (default: 12)')
+    p.add_argument('--embed-dims', type=positive_int, default=None, help='ViT width (default 768)')
+    p.add_argument('--num-layers', type=positive_int, default=None, help='ViT depth (default 12)')
+    p.add_argument('--num-heads', type=positive_int, default=12, help='ViT heads (default: 12)')
     p.add_argument(
         '--dtype',
         choices=tuple(DTYPES),
@@ -206,10 +288,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help='model dtype of the vit and frame sections (default: float32)',
     )
     p.add_argument(
-        '--vit-size', type=int, default=None, help='image side of the vit section (default 512)'
+        '--vit-size',
+        type=image_side,
+        default=None,
+        help='image side of the vit section (default 512)',
     )
     p.add_argument(
-        '--vit-batch', type=int, default=1, help='batch of the vit section (default: 1)'
+        '--vit-batch', type=positive_int, default=1, help='batch of the vit section (default: 1)'
     )
     p.add_argument(
         '--compile-modes',
@@ -228,15 +313,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         '--vit-backends',
         nargs='*',
         default=None,
-        help="LookHere backends timed besides 'auto' in the vit section "
-        '(default: chunked; on cuda chunked flex)',
+        choices=BACKENDS[1:],
+        metavar='BACKEND',
+        help="LookHere backends timed besides 'auto' in the vit section, of "
+        + ' '.join(BACKENDS[1:])
+        + ' (default: chunked; on cuda chunked flex)',
     )
     p.add_argument(
         '--no-mmseg', action='store_true', help="skip mmseg's VisionTransformer in the vit section"
     )
     p.add_argument(
         '--frame-size',
-        type=int,
+        type=image_side,
         nargs=2,
         default=None,
         metavar=('H', 'W'),
@@ -246,25 +334,27 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         '--frame-backends',
         nargs='+',
         default=None,
+        type=frame_case,
+        metavar='CASE',
         help="frame cases: 'nobias', a backend, or 'chunked:<block rows>' "
         '(default: nobias auto chunked:256 sdpa; on cuda nobias auto flex '
         'chunked sdpa)',
     )
     p.add_argument(
         '--frame-repeats',
-        type=int,
+        type=positive_int,
         default=None,
         help='fresh-process runs per frame case, interleaved (default 2)',
     )
     p.add_argument(
         '--max-dense-gib',
-        type=float,
+        type=non_negative_float,
         default=8.0,
         help='skip frame cases whose dense biases would exceed this many GiB (default: 8)',
     )
     p.add_argument(
         '--block-size',
-        type=int,
+        type=non_negative_int,
         default=0,
         help='query rows per block of the chunked backend (default: 0 = automatic)',
     )
@@ -313,7 +403,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument(
         '--peer-big-frame',
-        type=int,
+        type=image_side,
         nargs='*',
         default=None,
         metavar='H W',
@@ -322,13 +412,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument(
         '--peer-train-steps',
-        type=int,
+        type=positive_int,
         default=None,
         help='timed steps per train case of the peer section (default 3)',
     )
     p.add_argument(
         '--peer-frame-steps',
-        type=int,
+        type=non_negative_int,
         default=0,
         help='peer frame cases: 0 times the first frame of each fresh process; N > 0 one '
         'untimed frame, then the median of N timed ones (the steady state), the table also '
@@ -370,7 +460,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument(
         '--peer-layer-rounds',
-        type=int,
+        type=non_negative_int,
         default=None,
         help='rounds of the peer one-attention-layer case (CPU; 0: skip; default 3)',
     )
@@ -399,7 +489,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument(
         '--attn-tokens',
-        type=int,
+        type=positive_int,
         nargs='+',
         default=None,
         help='token counts of the attn section (default 1024 4096 8192)',
@@ -411,18 +501,21 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help='dtype of the attn section (default: bfloat16)',
     )
     p.add_argument(
-        '--repeats', type=int, default=None, help='timed repeats per case in-process (default 5)'
+        '--repeats',
+        type=positive_int,
+        default=None,
+        help='timed repeats per case in-process (default 5)',
     )
     p.add_argument(
         '--threads',
-        type=int,
+        type=positive_int,
         default=None,
         help='torch threads (default: torch default; 1 with --quick, where tiny '
         'ops on busy cores otherwise spend their time in thread hand-offs)',
     )
     p.add_argument(
         '--child-timeout',
-        type=float,
+        type=positive_float,
         default=1800,
         help='seconds before a subprocess case is abandoned (default: 1800)',
     )
@@ -465,6 +558,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         (args.deploy_config,) = repo_configs([args.deploy_config])
     if args.peer_big_frame and len(args.peer_big_frame) != 2:
         p.error(f'--peer-big-frame takes H W (or nothing), got {args.peer_big_frame}')
+    if args.embed_dims % args.num_heads:
+        p.error(f'--embed-dims {args.embed_dims} is not divisible by --num-heads {args.num_heads}')
     if args.section is not None and args.sections is not None:
         p.error('give --section (a group) or --sections (names), not both')
     if args.sections is None:

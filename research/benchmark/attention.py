@@ -101,14 +101,18 @@ def bench_attention(
             ``train_flex_vs_nobias`` / ``train_dense_vs_flex``). Default: True.
 
     Returns:
-        ``preset``, ``dtype``, ``cases`` per token count: ``grid``, and
+        ``preset``, ``dtype``, ``repeats`` (the interleaved rounds really timed:
+        ``max(repeats, 10)`` on CUDA, None on CPU where nothing is timed), ``cases`` per
+        token count: ``grid``, and
         ``skipped_tile_fraction`` (or ``skipped``: why not); on CUDA also median
         ``seconds`` per case, ``flex_vs_nobias``, ``dense_vs_flex`` and
         ``flex_max_abs_err``.
     """
     torch_dtype = DTYPES[dtype]
     cfg = resolve_lh_config(preset)
-    res: Dict[str, Any] = dict(preset=preset, dtype=dtype, cases={})
+    # the rounds really timed (CUDA only: on CPU nothing is timed), recorded in the result
+    rounds = max(repeats, 10) if torch.device(device).type == 'cuda' else None
+    res: Dict[str, Any] = dict(preset=preset, dtype=dtype, repeats=rounds, cases={})
     for n in tokens:
         grid = grid_for(n)
         case: Dict[str, Any] = dict(grid=list(grid))
@@ -141,7 +145,7 @@ def bench_attention(
                 for _ in range(3):
                     fn()
             err = (fns['flex']().float() - ref).abs().max().item()
-            times = interleaved(fns, max(repeats, 10), device)
+            times = interleaved(fns, rounds, device)
         case.update(
             seconds={name: statistics.median(t) for name, t in times.items()},
             flex_vs_nobias=paired_ratio(times['flex'], times['sdpa_nobias']),
@@ -157,7 +161,7 @@ def bench_attention(
             for fn in steps.values():  # compile / warm up
                 for _ in range(2):
                     fn()
-            times = interleaved(steps, max(repeats, 10), device)
+            times = interleaved(steps, rounds, device)
             case.update(
                 train_seconds={name: statistics.median(t) for name, t in times.items()},
                 train_flex_vs_nobias=paired_ratio(times['flex'], times['sdpa_nobias']),

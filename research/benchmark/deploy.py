@@ -23,6 +23,7 @@ activations, without the libraries' own imports. The outputs of the two are comp
 
 from __future__ import annotations
 
+import os
 import os.path as osp
 import statistics
 import threading
@@ -296,16 +297,32 @@ def bench_deploy(
     """Section ``deploy``: export, then torch and onnxruntime on the same input, each stage
     in a fresh process.
 
+    The files of an earlier run at ``out`` (the export, its ``.data``, the stages'
+    outputs) are removed first; where the export fails, torch and onnxruntime do not run
+    (a stale file would be measured): their stages say ``skipped``, the result carries
+    ``error`` and no ratios.
+
     Returns:
         ``{'config', 'size', 'stages': {stage: result}, 'max_abs_diff', 'peak_ratio',
-        'time_ratio'}`` (onnxruntime over torch).
+        'time_ratio'}`` (onnxruntime over torch); ``error`` instead of the ratios where
+        the export failed.
     """
     import numpy as np
 
     out = export_path(config, size, out_dir)
+    for stale in (out, out + '.data', *(f'{out}.{stage}.npy' for stage in STAGES[1:])):
+        if osp.lexists(stale):
+            os.remove(stale)
     base = base_case(config, size, out, repeats, threads, cfg_options)
-    stages = {stage: run_child(dict(base, stage=stage), timeout) for stage in STAGES}
+    stages = {'export': run_child(dict(base, stage='export'), timeout)}
     res: Dict[str, Any] = dict(config=config, size=list(size), out=out, stages=stages)
+    if 'error' in stages['export']:
+        res['error'] = f'export failed: {stages["export"]["error"]}'
+        for stage in STAGES[1:]:
+            stages[stage] = dict(stage=stage, skipped='the export failed')
+        return res
+    for stage in STAGES[1:]:
+        stages[stage] = run_child(dict(base, stage=stage), timeout)
     t, o = stages['torch'], stages['onnxruntime']
     if 'error' not in t and 'error' not in o:
         a, b = (np.load(out + f'.{s}.npy') for s in ('torch', 'onnxruntime'))

@@ -210,7 +210,7 @@ def bench_vit(
     return dict(
         size=list(img),
         batch=batch,
-        tokens=(size // 16) ** 2 + 1,
+        tokens=math.ceil(size / arch['patch_size']) ** 2 + 1,  # the trunk pads to ceil
         auto_backend=engine.last_backend,
         cold_seconds=cold,
         seconds={n: statistics.median(t) for n, t in times.items()},
@@ -254,7 +254,8 @@ def bench_frame(
         ``peak_rise_ratio``. ``skipped``: cases not run, and why.
     """
     size = tuple(size)
-    tokens = math.ceil(size[0] / 16) * math.ceil(size[1] / 16) + 1
+    patch = arch['patch_size']
+    tokens = math.ceil(size[0] / patch) * math.ceil(size[1] / patch) + 1
     dense_gib = arch['num_layers'] * arch['num_heads'] * tokens**2 * DTYPES[dtype].itemsize / GiB
     cases = []
     skipped = {}

@@ -655,6 +655,8 @@ def bench_peer(
         :func:`attention_layer` at the frame's token count (CPU); ``train_layer``: a list
         of :func:`attention_layer` with ``train=True`` (CPU).
     """
+    if frame_steps < 0:  # before any case runs (the layer parts take minutes)
+        raise ValueError(f'frame_steps must be >= 0, got {frame_steps}')
     common = dict(kind='peer', device=device, dtype=dtype, threads=threads)
     if autocast:
         common['autocast'] = autocast
@@ -710,8 +712,6 @@ def bench_peer(
                     f'{row["case"]}: {row["seconds"]:.3f} s, x dense {row["ratio"]:.3f}',
                     flush=True,
                 )
-    if frame_steps < 0:
-        raise ValueError(f'frame_steps must be >= 0, got {frame_steps}')
     steady = dict(warmup=1, steps=frame_steps) if frame_steps else {}
     if 'frame' in want:
         out['frame'] = _run(

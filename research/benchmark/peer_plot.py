@@ -3,6 +3,7 @@ and the FLOP bounds (matplotlib)."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 __all__ = ['PEER_GOALS', 'plot_peer']
@@ -19,8 +20,14 @@ PEER_GOALS = {
 }
 
 
-def _panels(peers: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """One panel per case group present: bars (label, ratio, goal, bound)."""
+def _panels(
+    peers: Sequence[Dict[str, Any]], failed: Optional[List[str]] = None
+) -> List[Dict[str, Any]]:
+    """One panel per case group present: bars (label, ratio, goal, bound). Rows that
+    failed (``error``, no ratio) are left out; ``failed`` collects them as
+    ``'<group>: <model>: <error>'``, and the panel's title names them. A group with no
+    row left makes no panel."""
+    failed = [] if failed is None else failed
     panels = []
     layers = [p['layer'] for p in peers if p.get('layer')]
     layers += [layer for p in peers for layer in p.get('train_layer') or []]
@@ -53,7 +60,12 @@ def _panels(peers: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
             bounds = {(b['preset'], tuple(b['grid'])): b for b in p.get('bounds', [])}
             size = part['runs'] and next(iter(part['runs'].values()))[0].get('size')
             bars = []
+            missing = []
             for r in part['rows']:
+                if 'time_ratio' not in r:  # a failed row: no ratio to draw
+                    missing.append(r['model'])
+                    failed.append(f'{key}: {r["model"]}: {r.get("error", "no time_ratio")}')
+                    continue
                 if r['model'] == 'timm':
                     continue
                 preset = r['model'].split(':')[0]
@@ -67,7 +79,12 @@ def _panels(peers: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
             where = f' {size[0]}x{size[1]}' if size else ''
             rounds = max((r.get('rounds') or 0 for r in part['rows']), default=0)
             where += f', {rounds} round{"s" * (rounds != 1)}' if rounds else ''
-            panels.append(dict(title=f'{title}{where}\n(time x timm ViT-B)', bars=bars, line=1.0))
+            if not bars:
+                continue
+            note = f'\nfailed, not drawn: {", ".join(missing)}' if missing else ''
+            panels.append(
+                dict(title=f'{title}{where}\n(time x timm ViT-B){note}', bars=bars, line=1.0)
+            )
     return panels
 
 
@@ -75,16 +92,23 @@ def plot_peer(results: Sequence[Dict[str, Any]], png: str, title: Optional[str] 
     """Draw the ``peer`` sections of one or more benchmark JSONs (``results``: each the
     whole JSON of ``tools/benchmark.py --sections peer``) into ``png``: per case group the
     ratio of every model against its baseline (bars), the goal (black tick) and the FLOP
-    bound (grey tick) where one exists."""
+    bound (grey tick) where one exists. Rows that failed (``error``) are left out, named
+    on stderr and in their panel's title."""
     import matplotlib
 
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
     peers = [r['peer'] for r in results if r.get('peer')]
-    panels = _panels(peers)
+    failed: List[str] = []
+    panels = _panels(peers, failed)
+    for line in failed:  # named, not drawn
+        print(f'failed peer row, left out of the plot: {line}', file=sys.stderr)
     if not panels:
-        raise ValueError('no peer results to draw (run tools/benchmark.py --sections peer)')
+        raise ValueError(
+            'no peer results to draw (run tools/benchmark.py --sections peer)'
+            + (f'; every row failed ({len(failed)})' if failed else '')
+        )
     cols = min(4, len(panels))
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 4.3 * rows), squeeze=False)

@@ -148,9 +148,10 @@ def format_table(results: Dict[str, Any]) -> str:
                 f'largest constant {ex["largest_constant"][0]} {_mb(ex["largest_constant"][2])}'
             )
         for stage in ('torch', 'onnxruntime'):
-            r = dp['stages'][stage]
-            if 'error' in r:
-                lines.append(f'  {stage}: error: {r["error"]}')
+            r = dp['stages'].get(stage, {})
+            if 'error' in r or 'seconds' not in r:
+                why = f'error: {r["error"]}' if 'error' in r else f'not run: {r.get("skipped")}'
+                lines.append(f'  {stage}: {why}')
                 continue
             lines.append(
                 f'  {stage:<12}{r["seconds"]:>9.2f} s/run   peak {_mb(r["peak_over_before"])} '
@@ -170,6 +171,7 @@ def format_table(results: Dict[str, Any]) -> str:
         lines.append(
             f'[attn] preset {a["preset"]}, {a["dtype"]}; fraction of 128x128 tiles '
             f'flex skips (all heads)'
+            + (f'; {a["repeats"]} interleaved rounds' if a.get('repeats') else '')
         )
         for tokens, c in a['cases'].items():
             line = f'  {tokens:>6} tokens {c["grid"][0]}x{c["grid"][1]}: '
@@ -292,7 +294,8 @@ def format_segmenter(res: Dict[str, Any]) -> str:
 
 def environment(device: str = 'cpu') -> Dict[str, Any]:
     """Machine and library facts recorded with the results: ``device``, ``device_name``
-    (GPU or CPU model), ``torch``, ``commit`` (of the checkout, if it is one), ``threads``,
+    (GPU or CPU model), ``torch``, ``commit`` (of the checkout, if it is one: ``git
+    describe --always --dirty``, ending in ``-dirty`` with uncommitted changes), ``threads``,
     ``cpus``, ``python``, ``load_avg``."""
     name = platform.processor() or platform.machine()
     if device == 'cuda':
@@ -305,7 +308,8 @@ def environment(device: str = 'cpu') -> Dict[str, Any]:
             pass
     try:
         commit = subprocess.run(
-            ['git', '-C', str(_checkout()), 'rev-parse', '--short', 'HEAD'],
+            # '-dirty' where the checkout has uncommitted changes (as research/demo.py)
+            ['git', '-C', str(_checkout()), 'describe', '--always', '--dirty'],
             capture_output=True,
             text=True,
             timeout=10,
