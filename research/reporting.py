@@ -116,15 +116,19 @@ def check_report_target(
     """Refuse, before any work, a report that would replace the one another checkpoint
     wrote there (``<name>.json`` in :func:`report_folder`): evaluating two checkpoints of one config (two position
     encodings, two schedules) with the defaults overwrote the first report without a word.
-    The same checkpoint again (a rerun) replaces its own report.
+    The same checkpoint again (a rerun) replaces its own report. A folder that cannot be
+    written is refused here too (it was found after every test had run).
 
     Raises:
         lookhere_dense.errors.ToolError: naming both checkpoints, ``--name`` and
-            ``--out-dir``.
+            ``--out-dir``; or the folder that cannot be written.
     """
+    from lookhere_dense.engine.workdir_lock import check_output_folder
     from lookhere_dense.errors import ToolError
 
-    path = osp.join(report_folder(config, out_dir, kind), f'{name}.json')
+    folder = report_folder(config, out_dir, kind)
+    check_output_folder(folder, '--out-dir')  # before the work, not after it
+    path = osp.join(folder, f'{name}.json')
     try:
         with open(path) as f:
             old = json.load(f).get('checkpoint')

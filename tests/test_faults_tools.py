@@ -249,6 +249,29 @@ def _cases(tmp) -> dict:
             [ADE_CFG, good, '--out', str(a_file / 'preds'), *data_opts],
             f'--out {str(a_file / "preds")!r}: could not write the predictions: ',
         ),
+        # an output folder under a regular file: named before the work (a traceback from
+        # mmengine, or from the report writer after every test had run, before)
+        'test: --show-dir under a file': (
+            'test',
+            [ADE_CFG, good, '--show-dir', str(a_file / 'show'), *data_opts],
+            f'--show-dir {str(a_file / "show")!r} cannot be written: a part of the path is '
+            'not a folder',
+        ),
+        'extrapolate: --out-dir under a file': (
+            'extrapolate',
+            [ADE_CFG, good, '--tests', 'whole@x1', '--out-dir', str(a_file / 'x'), *data_opts],
+            f'--out-dir {str(a_file / "x")!r} cannot be written: a part of the path is not',
+        ),
+        'robustness: --out-dir under a file': (
+            'robustness',
+            [ADE_CFG, good, '--attack', 'fgsm', '--out-dir', str(a_file / 'x'), *data_opts],
+            f'--out-dir {str(a_file / "x")!r} cannot be written: a part of the path is not',
+        ),
+        'plot_heads: --out under a file': (
+            'plot_heads',
+            ['--layers', '0', '--out', str(a_file / 'h.png')],
+            f'--out {str(a_file)!r} cannot be written: a part of the path is not a folder',
+        ),
         'infer: two images, one stem': (
             'infer',
             [ADE_CFG, good, str(twins), '--out-dir', str(tmp / 'o3'), *shrink],
@@ -301,6 +324,10 @@ FAULTS = [
     'infer: output folder is the input folder',
     'test: --out the annotation folder',
     'test: --out under a file',
+    'test: --show-dir under a file',
+    'extrapolate: --out-dir under a file',
+    'robustness: --out-dir under a file',
+    'plot_heads: --out under a file',
 ]
 
 

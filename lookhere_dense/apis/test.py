@@ -11,6 +11,7 @@ import os
 import time
 from typing import List, Optional, Union
 
+from ..engine.workdir_lock import check_output_folder
 from ..errors import ConfigError, ToolError
 from ..registry import type_names
 from ..validation import path_inside
@@ -66,6 +67,7 @@ def _enable_visualization(
     if show_dir:
         # absolute: mmdet's hook joined a relative one to <work_dir>/<timestamp>/
         show_dir = os.path.abspath(show_dir)
+        check_output_folder(show_dir, '--show-dir')  # else a traceback from mmengine
         if cfg.get('default_scope') == 'mmdet':
             hook['test_out_dir'] = show_dir
         else:
@@ -100,7 +102,8 @@ def build_test_config(
             raw results. Default: None.
         show_dir: folder for painted predictions. Default: None.
         show: show the painted predictions in a window. Default: False.
-        show_interval: paint every N-th image. Default: 1.
+        show_interval: paint every N-th test batch (every N-th image at batch size 1;
+            mmseg's hook counts batches). Default: 1.
         wait_time: seconds each shown image stays up. Default: 2.
         tta: the config's ``tta_pipeline`` / ``tta_model``. Default: False.
         cfg_options: config overrides. Default: None.

@@ -32,11 +32,11 @@ import socket
 import sys
 import tempfile
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from ..errors import WorkDirLockedError, WorkDirNotWritableError
 
-__all__ = ['WorkDirLock', 'LOCK_FILE', 'check_work_dir_writable']
+__all__ = ['WorkDirLock', 'LOCK_FILE', 'check_output_folder', 'check_work_dir_writable']
 
 #: The lock file's name inside the work dir.
 LOCK_FILE = '.lookhere_train.lock'
@@ -86,6 +86,31 @@ def _unwritable(work_dir: str, err: OSError, what: str) -> WorkDirNotWritableErr
     )
 
 
+def _write_problem(folder: str) -> Optional[Tuple[OSError, str]]:
+    """Create ``folder`` if missing and write 64 KiB to a temporary file in it (removed at
+    once); the error and the step that failed, or None."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        return err, 'creating the folder'
+    try:
+        fd, probe = tempfile.mkstemp(prefix='.lookhere_write_test.', dir=folder)
+    except OSError as err:
+        return err, 'creating a file in it'
+    try:  # what the run writes first (lock, config dump, log) fits in this
+        os.write(fd, b'\0' * 65536)
+        os.fsync(fd)
+    except OSError as err:
+        return err, 'writing 64 KiB to a file in it'
+    finally:
+        os.close(fd)
+        try:
+            os.remove(probe)
+        except OSError:
+            pass
+    return None
+
+
 def check_work_dir_writable(work_dir: str) -> None:
     """Create ``work_dir`` if missing and check that a file can be created in it and 64 KiB
     written (a temporary file, removed at once: a full disk is named here, not by a
@@ -94,25 +119,29 @@ def check_work_dir_writable(work_dir: str) -> None:
     Raises:
         lookhere_dense.errors.WorkDirNotWritableError: naming the folder and the cause.
     """
-    try:
-        os.makedirs(work_dir, exist_ok=True)
-    except OSError as err:
-        raise _unwritable(work_dir, err, 'creating the folder') from None
-    try:
-        fd, probe = tempfile.mkstemp(prefix='.lookhere_write_test.', dir=work_dir)
-    except OSError as err:
-        raise _unwritable(work_dir, err, 'creating a file in it') from None
-    try:  # what the run writes first (lock, config dump, log) fits in this
-        os.write(fd, b'\0' * 65536)
-        os.fsync(fd)
-    except OSError as err:
-        raise _unwritable(work_dir, err, 'writing 64 KiB to a file in it') from None
-    finally:
-        os.close(fd)
-        try:
-            os.remove(probe)
-        except OSError:
-            pass
+    problem = _write_problem(work_dir)
+    if problem:
+        raise _unwritable(work_dir, *problem) from None
+
+
+def check_output_folder(folder: str, flag: str) -> None:
+    """The :func:`check_work_dir_writable` test for a tool's output folder (``--show-dir``,
+    ``--out-dir``), before the work whose results it keeps: a path under a regular file,
+    a read-only mount or a full disk is named by the flag, not by a traceback after the
+    work (or deep in a library).
+
+    Raises:
+        lookhere_dense.errors.ToolError: naming the flag, the folder and the cause.
+    """
+    from ..errors import ToolError
+
+    problem = _write_problem(folder)
+    if problem:
+        err, what = problem
+        raise ToolError(
+            f'{flag} {folder!r} cannot be written: {_cause(err)} ({what}): make it writable '
+            f'or choose another {flag}'
+        )
 
 
 def _describe(holder: dict) -> str:
