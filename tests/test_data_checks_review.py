@@ -220,7 +220,9 @@ def test_a_test_split_without_annotations_passes_with_format_only(ade):
     shutil.rmtree(folder)
     check_dataset_layout(_unlabelled_test_config(ade), ['test'])
     folder.mkdir()  # an empty annotation folder: no image has its annotation
-    assert check_label_values(_unlabelled_test_config(ade), ['test']) == {}
+    unlabelled = {}
+    assert check_label_values(_unlabelled_test_config(ade), ['test'], images_only=unlabelled) == {}
+    assert unlabelled == {'test_dataloader': 2}
     # an evaluator that scores against the annotations needs them: said so
     scoring = _unlabelled_test_config(ade, format_only=False)
     said = (
@@ -322,3 +324,17 @@ def test_annotations_saved_as_jpeg_are_warned(ade, pristine):
     with warnings.catch_warnings():
         warnings.simplefilter('error', DataCheckWarning)
         assert check_label_values(config(pristine), ['train']) == {'train_dataloader': 4}
+
+
+def test_a_split_without_annotations_gets_its_data_check_line(ade, monkeypatch):
+    """The tools say which splits passed the data check: a test split without annotations
+    (``format_only``) too, with what it holds."""
+    from lookhere_dense.apis import cli
+
+    lines = []
+    monkeypatch.setattr(cli, 'log_rank0', lambda msg, level=None: lines.append(msg))
+    cli.preflight(_unlabelled_test_config(ade), ['test'], check_pretrained=False)
+    assert [ln for ln in lines if ln.startswith('data check passed')] == [
+        'data check passed: test_dataloader has 2 images (its pipeline loads no annotations: '
+        'the predictions are written, not scored)'
+    ]

@@ -1278,9 +1278,17 @@ def preflight(
             every = dict(
                 max_label_files=sys.maxsize, max_header_files=sys.maxsize, progress=log_rank0
             )
-            sizes = check_seg_data(cfg, splits, **(every if check_data == 'all' else {}))
+            unlabelled: dict = {}
+            sizes = check_seg_data(
+                cfg, splits, images_only=unlabelled, **(every if check_data == 'all' else {})
+            )
             for where, n in sizes.items():
                 log_rank0(f'data check passed: {where} has {n} images with annotations')
+            for where, n in unlabelled.items():
+                log_rank0(
+                    f'data check passed: {where} has {n} images (its pipeline loads no '
+                    'annotations: the predictions are written, not scored)'
+                )
             padded = crop_padding_note(cfg) if 'train' in splits else None
             for note in (padded, whole_frame_pad_note(cfg, splits)):
                 if note:

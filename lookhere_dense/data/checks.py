@@ -1140,6 +1140,7 @@ def check_label_values(
     max_files: int = 64,
     max_header_files: int = 25000,
     progress: Optional[Callable[[str], None]] = None,
+    images_only: Optional[Dict[str, int]] = None,
 ) -> Dict[str, int]:
     """Check the images and annotations of every segmentation dataloader of ``splits``.
 
@@ -1164,7 +1165,8 @@ def check_label_values(
 
     A validation / test split whose pipeline loads no annotations, under evaluators that
     only write the predictions (``format_only=True``: a test set without labels), has its
-    images checked only, and is not counted (:func:`_reads_no_annotations`).
+    images checked only, and is not counted (:func:`_reads_no_annotations`): ``images_only``,
+    where given, gets ``{dataloader: number of images}`` of those. Default: None.
 
     ``progress`` (e.g. a logger's ``info``), where given, gets a line about every 10 s
     while the files are decoded (``train_dataloader: 1200 of 20210 images and
@@ -1207,6 +1209,8 @@ def check_label_values(
         if _reads_no_annotations(cfg, where, ds_cfg):
             for i in _spread(n, max_files):
                 _decode_image(where, infos[i]['img_path'])
+            if images_only is not None:
+                images_only[where] = n
             continue
         missing = [i['seg_map_path'] for i in infos if not osp.exists(i['seg_map_path'])]
         if missing:
@@ -1645,16 +1649,19 @@ def check_seg_data(
     max_label_files: int = 64,
     max_header_files: int = 25000,
     progress: Optional[Callable[[str], None]] = None,
+    images_only: Optional[Dict[str, int]] = None,
 ) -> Dict[str, int]:
     """All checks for a segmentation config: layout, images and annotations (sizes,
-    readable files, label values), crop size. ``progress``: see
+    readable files, label values), crop size. ``progress``, ``images_only``: see
     :func:`check_label_values`. Default: None.
 
     Returns:
         ``{dataloader: number of images}`` of the checked segmentation dataloaders.
     """
     check_dataset_layout(cfg, splits)
-    sizes = check_label_values(cfg, splits, max_label_files, max_header_files, progress)
+    sizes = check_label_values(
+        cfg, splits, max_label_files, max_header_files, progress, images_only
+    )
     if 'train' in splits:
         check_crop_fits(cfg)
     return sizes
