@@ -124,18 +124,39 @@ def check_work_dir_writable(work_dir: str) -> None:
         raise _unwritable(work_dir, *problem) from None
 
 
+def _nearest_existing(path: str) -> str:
+    path = osp.abspath(path)
+    while not osp.lexists(path) and osp.dirname(path) != path:
+        path = osp.dirname(path)
+    return path
+
+
 def check_output_folder(folder: str, flag: str) -> None:
     """The :func:`check_work_dir_writable` test for a tool's output folder (``--show-dir``,
-    ``--out-dir``), before the work whose results it keeps: a path under a regular file,
-    a read-only mount or a full disk is named by the flag, not by a traceback after the
-    work (or deep in a library).
+    ``--out-dir``), before the work whose results it keeps, leaving nothing behind: an
+    existing folder gets a 64 KiB file written and removed; a missing one, a folder
+    created and removed in its nearest existing parent (it is created when the results
+    are written). A path under a regular file, a read-only mount or a full disk is named
+    by the flag, not by a traceback after the work (or deep in a library).
 
     Raises:
         lookhere_dense.errors.ToolError: naming the flag, the folder and the cause.
     """
     from ..errors import ToolError
 
-    problem = _write_problem(folder)
+    problem: Optional[Tuple[OSError, str]] = None
+    if osp.isdir(folder):
+        problem = _write_problem(folder)
+    else:
+        parent = _nearest_existing(folder)
+        if not osp.isdir(parent):
+            err = OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+            problem = err, f'{parent!r} is a file'
+        else:
+            try:
+                os.rmdir(tempfile.mkdtemp(prefix='.lookhere_write_test.', dir=parent))
+            except OSError as err:
+                problem = err, f'creating a folder in {parent!r}'
     if problem:
         err, what = problem
         raise ToolError(
