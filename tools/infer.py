@@ -10,8 +10,11 @@ the classes present (``--no-legend``: without), and the class ids as
 files and ``tools/test.py --out``: for a ``reduce_zero_label`` dataset (ADE20K layout)
 class ``k`` of the model is written as ``k + 1`` (0 is the files' "no class" value and is
 never written), otherwise as ``k`` (Cityscapes layout). The checkpoint must fit the config's
-model; a file that is not an image, an image that cannot be decoded and an output that
-cannot be written stop the run with a message naming the file. Segmentation (mmseg)
+model; a file that is not an image, an image that cannot be decoded (a float32 TIFF: named
+with its type) and an output that cannot be written stop the run with a message naming the
+file, the first two before any image is predicted, as do two outputs with one file name
+(``--save-labels`` on a folder holding ``a.jpg`` and an earlier run's ``a_labels.png``) and
+a ``--size`` / ``--short-side`` below one patch of the backbone. Segmentation (mmseg)
 configs only: a detection config stops the run with one line naming it and pointing to
 mmdet's ``DetInferencer`` or ``tools/test.py CONFIG CKPT --show-dir DIR``.
 
@@ -81,9 +84,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         '--short-side',
         type=int,
         metavar='S',
-        help='resize so the short side is S px (aspect kept)',
+        help='resize so the short side is S px (aspect kept; at least one patch of the backbone)',
     )
-    size.add_argument('--size', type=_hw, metavar='HxW', help='resize to exactly HxW')
+    size.add_argument(
+        '--size',
+        type=_hw,
+        metavar='HxW',
+        help='resize to exactly HxW (each side at least one patch of the backbone)',
+    )
     parser.add_argument(
         '--crop',
         type=_hw,

@@ -9,8 +9,12 @@ Segmentation (mmseg) configs only: a detection config is refused by name, with m
 ``DetInferencer`` and ``tools/test.py --show-dir`` as what runs it
 (:func:`check_segmentation_config`).
 
-Every input is checked before the model is built (a file that is not an image is named),
-every image is decoded before it is segmented (a corrupt one is named), the checkpoint is
+Every input is checked before the model is built: a file that is not an image, and one
+that the prediction's reader cannot decode (corrupt, or stored in a type it does not read:
+a float32 TIFF, named with its type; :func:`read_image` both lists and predicts), is named
+before anything is predicted, and so are two outputs that would get one file name
+(:func:`output_files`) and a resize flag below one patch of the backbone
+(:func:`~lookhere_dense.evaluation.resize.check_resize_sides`). The checkpoint is
 loaded strictly (:func:`build_model_from_checkpoint`, also what the test, export and
 extrapolation tools build their model with), and every write
 is checked (a file that cannot be written is named; nothing is reported as written that
@@ -31,11 +35,17 @@ import numpy as np
 
 from ..config_checks import check_seg_test_cfg, seg_test_modes
 from ..errors import ConfigError, ToolError
-from ..evaluation.resize import exact_resize, find_resize, short_side_resize
+from ..evaluation.resize import (
+    check_resize_sides,
+    exact_resize,
+    find_resize,
+    short_side_resize,
+)
 
 __all__ = [
     'build_model_from_checkpoint',
     'IMAGE_SUFFIXES',
+    'read_image',
     'list_images',
     'skipped_files',
     'inference_pipeline',
@@ -46,8 +56,10 @@ __all__ = [
     'class_palette',
     'class_names',
     'output_stems',
+    'output_files',
     'check_segmentation_config',
     'saved_label_offset',
+    'backbone_patch',
     'Overlays',
     'segment_images',
 ]
@@ -103,25 +115,94 @@ def build_model_from_checkpoint(
     return model, meta
 
 
+def read_image(path: str) -> Optional[np.ndarray]:
+    """``path`` decoded as the prediction reads it: 8-bit BGR, as mmcv's
+    ``LoadImageFromFile`` (OpenCV's ``IMREAD_COLOR``) loads it for the model; None where
+    that reader cannot decode it. :func:`list_images` checks every input with it, so an
+    image it cannot read is named before anything is predicted."""
+    import cv2
+
+    try:
+        return cv2.imread(path, cv2.IMREAD_COLOR)
+    except cv2.error:
+        return None
+
+
+#: the format names of the image suffixes, for messages
+_FORMATS = {'.jpg': 'JPEG', '.jpeg': 'JPEG', '.tif': 'TIFF', '.tiff': 'TIFF'}
+
+
+def _undecodable(path: str) -> Optional[str]:
+    """Why :func:`read_image` cannot decode ``path``, where OpenCV reads it unconverted:
+    what it holds (a float32 3-channel TIFF: OpenCV reads only 8- and 16-bit integer
+    samples as colour images) and what to do; None where OpenCV cannot decode it at all
+    (corrupt, or not an image)."""
+    import cv2
+
+    try:
+        raw = cv2.imread(path, cv2.IMREAD_UNCHANGED)
+    except cv2.error:
+        raw = None
+    if not isinstance(raw, np.ndarray) or raw.size == 0:
+        return None
+    suffix = osp.splitext(path)[1].lower()
+    fmt = _FORMATS.get(suffix, suffix.lstrip('.').upper())
+    channels = 1 if raw.ndim == 2 else raw.shape[2]
+    article = 'an' if str(raw.dtype).startswith('int') else 'a'
+    return (
+        f'cannot read the image {path!r} as a colour image: it is {article} {raw.dtype} '
+        f'{channels}-channel {fmt} ({raw.shape[0]}x{raw.shape[1]} px), and the model reads '
+        "8- or 16-bit integer images only (OpenCV's IMREAD_COLOR, as mmcv's "
+        'LoadImageFromFile): convert it to 8- or 16-bit'
+    )
+
+
 def list_images(path: str) -> List[str]:
-    """``path`` itself, or the images in the folder ``path`` (sorted, not recursive).
+    """``path`` itself, or the images in the folder ``path`` (sorted, not recursive), each
+    decoded once with the prediction's reader (:func:`read_image`), so that none fails
+    after other images were predicted.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist, is a file that is not an image, is a
-            folder that holds no images, or holds a file named like an image that is not
-            one (named; its header is checked, not the whole file).
+        FileNotFoundError: ``path`` does not exist, is a file that is not an image (or one
+            OpenCV cannot decode at all), is a folder that holds no images, or holds a
+            file named like an image that is not one (named; its header is checked).
+        lookhere_dense.errors.ToolError: an image of the folder that the prediction's
+            reader cannot decode (corrupt), or an image stored in a type it does not read
+            (named, with what it holds: ``it is a float32 3-channel TIFF ...: convert it
+            to 8- or 16-bit``).
     """
     import cv2
 
+    not_an_image = (
+        f'input {path!r} is not an image OpenCV can read '
+        f'(give an image file or a folder of {IMAGE_SUFFIXES})'
+    )
     if osp.isfile(path):
-        if cv2.imread(path, cv2.IMREAD_UNCHANGED) is None:
-            raise FileNotFoundError(
-                f'input {path!r} is not an image OpenCV can read '
-                f'(give an image file or a folder of {IMAGE_SUFFIXES})'
-            )
-        return [path]
-    if not osp.isdir(path):
+        if not cv2.haveImageReader(path):
+            raise FileNotFoundError(not_an_image)
+        files = [path]
+    elif not osp.isdir(path):
         raise FileNotFoundError(f'input {path!r} is neither an image file nor a folder')
+    else:
+        files = _folder_images(path)
+    bad = [f for f in files if read_image(f) is None]
+    if not bad:
+        return files
+    why = _undecodable(bad[0])
+    if why is None and bad[0] == path:  # one file that OpenCV cannot decode at all
+        raise FileNotFoundError(not_an_image)
+    more = f' (and {len(bad) - 1} more in the folder)' if len(bad) > 1 else ''
+    raise ToolError(
+        (why or f'cannot decode the image {bad[0]!r} (corrupt or not an image)')
+        + f'{more}; nothing was predicted'
+    )
+
+
+def _folder_images(path: str) -> List[str]:
+    """The files of the folder ``path`` named like images, each with an OpenCV reader
+    (:func:`list_images`)."""
+    import cv2
+
     files = sorted(
         osp.join(path, f)
         for f in os.listdir(path)
@@ -398,26 +479,64 @@ def output_stems(images: Sequence[str]) -> List[str]:
     return [s if stems.count(s) == 1 else osp.basename(p) for s, p in zip(stems, images)]
 
 
+def output_files(images: Sequence[str], save_labels: bool) -> List[Tuple[str, Optional[str]]]:
+    """The file names each image's outputs get in ``--out-dir``, planned before anything is
+    predicted: ``(<stem>.png, <stem>_labels.png or None)`` (the label map with
+    ``save_labels``), the stems of :func:`output_stems` (an image name without its suffix,
+    with it where two images share a stem).
+
+    Raises:
+        ToolError: two outputs with one file name, naming both images and the file (e.g.
+            ``a.jpg``'s label map ``a_labels.png`` and the overlay of an input
+            ``a_labels.png``, an earlier run's label map: it was overwritten without a
+            word); nothing is written then.
+    """
+    files: List[Tuple[str, Optional[str]]] = []
+    owner: Dict[str, Tuple[str, str]] = {}
+    for image, stem in zip(images, output_stems(images)):
+        overlay_name = f'{stem}.png'
+        labels_name = f'{stem}_labels.png' if save_labels else None
+        for name, kind in ((overlay_name, 'overlay'), (labels_name, 'label map')):
+            if name is None:
+                continue
+            if name in owner:
+                other, other_kind = owner[name]
+                labels = 'label map' in (kind, other_kind)
+                raise ToolError(
+                    f'two outputs would be written as {name!r}: the {other_kind} of '
+                    f'{other!r} and the {kind} of {image!r}'
+                    + (
+                        " (an input named like a label map: an earlier run's output?)"
+                        if labels
+                        else ''
+                    )
+                    + ': move one of the two images out of the input folder'
+                    + (', or leave out --save-labels' if labels else '')
+                    + '; nothing was predicted'
+                )
+            owner[name] = (image, kind)
+        files.append((overlay_name, labels_name))
+    return files
+
+
 def _check_no_input_overwritten(
-    images: Sequence[str], stems: Sequence[str], out_dir: str, save_labels: bool
+    images: Sequence[str], files: Sequence[Tuple[str, Optional[str]]], out_dir: str
 ) -> None:
-    """Refuse, before anything is written, an ``--out-dir`` where an output would replace
-    one of the input images (``--out-dir`` the input folder: ``a.png`` overwritten by its
-    overlay, as happened without a word).
+    """Refuse, before anything is written, an ``--out-dir`` where an output
+    (:func:`output_files`) would replace one of the input images (``--out-dir`` the input
+    folder: ``a.png`` overwritten by its overlay, as happened without a word).
 
     Raises:
         ToolError: naming the folder and the first such image.
     """
     inputs = {osp.realpath(p) for p in images}
-    for stem in stems:
-        names = [f'{stem}.png'] + ([f'{stem}_labels.png'] if save_labels else [])
-        for name in names:
-            out = osp.realpath(osp.join(out_dir, name))
-            if out in inputs:
-                raise ToolError(
-                    f'--out-dir {out_dir!r}: the output {name!r} would overwrite the input '
-                    f'image {out!r}; write the overlays to another folder'
-                )
+    for name in (n for pair in files for n in pair if n is not None):
+        out = osp.realpath(osp.join(out_dir, name))
+        if out in inputs:
+            raise ToolError(
+                f'--out-dir {out_dir!r}: the output {name!r} would overwrite the input '
+                f'image {out!r}; write the overlays to another folder'
+            )
 
 
 def _write(path: str, image: np.ndarray) -> None:
@@ -623,6 +742,31 @@ def _log_backends(model, size: Tuple[int, int]) -> None:
         print_log(line, logger='current')
 
 
+def backbone_patch(model: Any) -> Any:
+    """The patch size of a built segmentor's backbone as it gives it (an int, or
+    ``(H, W)``; ``LookWhereViT``: its extractor's), or None where it has none."""
+    backbone = getattr(model, 'backbone', None)
+    if type(backbone).__name__ == 'LookWhereViT':
+        backbone = getattr(backbone, 'extractor', backbone)
+    patch = getattr(backbone, 'patch_size', None)
+    return tuple(patch) if isinstance(patch, list) else patch
+
+
+def _check_resize_flags(
+    model: Any, native: bool, short_side: Optional[int], size: Optional[Tuple[int, int]]
+) -> None:
+    """Refuse ``--short-side`` / ``--size`` below one patch of ``model``'s backbone
+    (:func:`~lookhere_dense.evaluation.resize.check_resize_sides`): the model would see
+    less than one patch and an overlay would be written without a word."""
+    patch = backbone_patch(model)
+    if native:  # no resize (inference_pipeline's order)
+        return
+    if short_side:
+        check_resize_sides(f'--short-side {short_side}', int(short_side), patch)
+    elif size:
+        check_resize_sides(f'--size {size[0]}x{size[1]}', tuple(size), patch)
+
+
 def segment_images(
     config: str,
     checkpoint: str,
@@ -657,12 +801,18 @@ def segment_images(
     Raises:
         ValueError: ``opacity`` outside 0..1; FileNotFoundError: input / config /
         checkpoint missing, or an input named like an image that is not one;
-        lookhere_dense.apis.cli.ToolError: an image that cannot be decoded, an output that
-        cannot be written (each named); lookhere_dense.errors.CheckpointError: the
+        lookhere_dense.apis.cli.ToolError: an image that cannot be decoded (a float32
+        TIFF: with its type; found when the input is listed, :func:`list_images`), two
+        outputs with one file name (:func:`output_files`) or one that would replace an
+        input (found before the model is built), an output that cannot be written (each
+        named); lookhere_dense.errors.CheckpointError: the
         checkpoint cannot be read or does not fit the config's model;
         lookhere_dense.errors.ConfigError: see :func:`inference_test_cfg`, a config that
-        is not a segmentation one (:func:`check_segmentation_config`), and a ``device``
-        this machine does not have (:func:`lookhere_dense.apis.cli.check_device`).
+        is not a segmentation one (:func:`check_segmentation_config`), a ``device``
+        this machine does not have (:func:`lookhere_dense.apis.cli.check_device`), and
+        a ``short_side`` / ``size`` below one patch of the backbone
+        (:func:`~lookhere_dense.evaluation.resize.check_resize_sides`, before any image is
+        predicted).
     """
     import lookhere_dense
 
@@ -679,11 +829,14 @@ def segment_images(
         raise ValueError(f'--opacity must be in 0..1, got {opacity}')
     device = check_device(device)
     images = list_images(input)
+    files = output_files(images, save_labels)
+    _check_no_input_overwritten(images, files, out_dir)
     cfg = load_config(config, cfg_options)
     check_segmentation_config(cfg, config)
     check_attn_backend(cfg, device.startswith('cuda'), splits=('test',))
     _make_out_dir(out_dir)
     model, meta = build_model_from_checkpoint(cfg, checkpoint, device)
+    _check_resize_flags(model, native, short_side, size)
     patch = getattr(model.backbone, 'patch_size', None)
     pads = backbone_padding_patch(model) is not None
     model.test_cfg = ConfigDict(
@@ -708,15 +861,14 @@ def segment_images(
     palette = class_palette(meta, cfg, num_classes)
     names = class_names(meta, cfg, num_classes)
     offset = saved_label_offset(cfg, meta)
-    _check_no_input_overwritten(images, output_stems(images), out_dir, save_labels)
     written, sizes, gray = [], None, []
-    for path, stem in progress(list(zip(images, output_stems(images))), 'infer'):
-        bgr = cv2.imread(path, cv2.IMREAD_COLOR)
-        if bgr is None:
-            raise ToolError(
-                f'cannot decode the image {path!r} (corrupt or not an image); '
-                f'{len(written)} overlay(s) were written before it'
+    for path, (overlay_name, labels_name) in progress(list(zip(images, files)), 'infer'):
+        bgr = read_image(path)
+        if bgr is None:  # it was read when listed: changed since
+            why = (
+                _undecodable(path) or f'cannot decode the image {path!r} (corrupt or not an image)'
             )
+            raise ToolError(f'{why}; {len(written)} overlay(s) were written before it')
         # refused before the pipeline resizes the image (the guard sees the resized frame)
         check_frame_size(model, size_after(resize_step, bgr.shape[:2]), bgr.shape[:2])
         if _is_gray(path):
@@ -736,9 +888,9 @@ def segment_images(
         rgb = overlay(bgr[..., ::-1], labels, palette, opacity)
         if legend:
             rgb = draw_legend(rgb, labels, palette, names)
-        out = osp.join(out_dir, f'{stem}.png')
+        out = osp.join(out_dir, overlay_name)
         _write(out, np.ascontiguousarray(rgb[..., ::-1]))
         written.append(out)
-        if save_labels:
-            _write(osp.join(out_dir, f'{stem}_labels.png'), _saved_labels(pred, offset))
+        if labels_name is not None:
+            _write(osp.join(out_dir, labels_name), _saved_labels(pred, offset))
     return Overlays(written, str(model.test_cfg.get('mode')), device, offset, sizes, gray)

@@ -9,7 +9,9 @@ the size images are tested at; they do it here:
 * :func:`short_side_resize` / :func:`long_side_resize` / :func:`exact_resize` -- a
   ``Resize`` to a short side or to a long side (aspect kept), or to exactly ``(H, W)``;
 * :func:`replace_resize` -- the first ``Resize`` replaced by another one (inserted after the
-  image loading when there is none), or removed.
+  image loading when there is none), or removed;
+* :func:`check_resize_sides` -- a resize target with a side below one patch of the
+  backbone refused, naming how it was given.
 
 A transform is a ``Resize`` when its ``type`` -- a registry name, possibly scoped
 (``'mmseg.Resize'``, ``'mmcv.Resize'``), or a class -- names ``Resize`` (:func:`is_resize`);
@@ -20,7 +22,9 @@ never changes the pipeline it is given.
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from ..errors import ConfigError
 
 __all__ = [
     'transform_name',
@@ -31,6 +35,7 @@ __all__ = [
     'long_side_resize',
     'exact_resize',
     'replace_resize',
+    'check_resize_sides',
 ]
 
 #: the ``scale`` width of a short-side resize: large enough never to be the limiting side
@@ -138,3 +143,45 @@ def replace_resize(
         load = next((i for i, t in enumerate(out) if transform_name(t) == 'LoadImageFromFile'), 0)
         out.insert(load + 1, dict(resize))
     return out
+
+
+def check_resize_sides(what: str, target: Union[int, Sequence[int]], patch: Any = None) -> None:
+    """Refuse a resize target with a side of 0 px or below one patch of the backbone (the
+    model would see less than one patch: a degenerate prediction, without a word).
+
+    Args:
+        what: how the target was given, named first in the message (``'--size 8x8'``,
+            ``'--short-side 4'``, ``'whole@8x8: the size 8x8 px'``).
+        target: ``(H, W)`` of an exact resize, or one int: the short side of a resize that
+            keeps the aspect (either side of an image may be the short one, so it must hold
+            a patch both ways).
+        patch: the backbone's patch size in px, an int or ``(H, W)``; None (or anything
+            else): only sides of 0 px are refused.
+
+    Raises:
+        lookhere_dense.errors.ConfigError: e.g. ``--size 8x8 has a side of 8 px, below one
+            patch of the model (16 px): give 16 px or more``.
+    """
+    if isinstance(patch, int) and not isinstance(patch, bool):
+        patch = (patch, patch)
+    ok = isinstance(patch, (list, tuple)) and len(patch) == 2
+    ok = ok and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in patch)
+    hw = (int(patch[0]), int(patch[1])) if ok else None
+    ph, pw = hw or (1, 1)
+    if isinstance(target, (list, tuple)):
+        h, w = (int(v) for v in target)
+        if h >= ph and w >= pw:
+            return
+        side = h if h < ph else w
+        need = f'{ph} px or more' if ph == pw else f'at least {ph}x{pw} px (H x W)'
+    else:
+        side = int(target)
+        if side >= max(ph, pw):
+            return
+        need = f'{max(ph, pw)} px or more'
+    if hw is None:
+        raise ConfigError(f'{what} has a side of {side} px: give 1 px or more')
+    patch_text = f'{ph} px' if ph == pw else f'{ph}x{pw} px, H x W'
+    raise ConfigError(
+        f'{what} has a side of {side} px, below one patch of the model ({patch_text}): give {need}'
+    )
