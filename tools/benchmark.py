@@ -90,6 +90,9 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from lookhere_dense.apis.cli import (  # noqa: E402
+    non_negative_float,
+    non_negative_int,
+    positive_float,
     positive_int,
     quiet_known_warnings,
     resolve_config_path,
@@ -116,17 +119,6 @@ from research.reporting import write_json  # noqa: E402
 PATCH = 16
 
 
-def non_negative_int(text: str) -> int:
-    """argparse type: a whole number >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'expected a whole number, got {text!r}') from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f'must be >= 0, got {value}')
-    return value
-
-
 def image_side(text: str) -> int:
     """argparse type: an image side in pixels, at least one patch (16)."""
     try:
@@ -135,28 +127,6 @@ def image_side(text: str) -> int:
         raise argparse.ArgumentTypeError(f'expected a whole number, got {text!r}') from None
     if value < PATCH:
         raise argparse.ArgumentTypeError(f'must be at least one {PATCH} px patch, got {value}')
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'expected a number, got {text!r}') from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f'must be > 0, got {text}')
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """argparse type: a number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'expected a number, got {text!r}') from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f'must be >= 0, got {text}')
     return value
 
 

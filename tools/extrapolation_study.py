@@ -95,7 +95,7 @@ from research.study.runs import LADDER_CONFIGS, RunOptions, run_study  # noqa: E
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    from lookhere_dense.apis.cli import CfgOptionsAction, positive_int
+    from lookhere_dense.apis.cli import CfgOptionsAction, positive_float, positive_int
 
     p = argparse.ArgumentParser(
         description=__doc__.split('\n\n')[0],
@@ -189,7 +189,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="training batch size (default: the config's)",
     )
     p.add_argument(
-        '--lr', type=_positive_float, default=None, help="learning rate (default: the config's)"
+        '--lr', type=positive_float, default=None, help="learning rate (default: the config's)"
     )
     p.add_argument(
         '--metric',
@@ -248,17 +248,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             '(each seed is one run per encoding, in one work dir)'
         )
     return args
-
-
-def _positive_float(text: str) -> float:
-    """argparse type: a number above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'expected a number, got {text!r}') from None
-    if not value > 0:  # also NaN
-        raise argparse.ArgumentTypeError(f'must be > 0, got {text}')
-    return value
 
 
 def check_outputs(out_dir: str, name: str, command: str) -> None:

@@ -50,6 +50,9 @@ __all__ = [
     'add_threads_arg',
     'apply_threads',
     'positive_int',
+    'non_negative_int',
+    'positive_float',
+    'non_negative_float',
     'parse_cfg_options',
     'add_launch_args',
     'parse_launch_args',
@@ -713,15 +716,40 @@ def set_work_dir(cfg, work_dir: Optional[str], config_path: str) -> None:
         )
 
 
+def _number(text: str, cast: type, low: float, strict: bool) -> Any:
+    """``text`` as ``cast`` (int: a whole number), at least ``low`` (above it where
+    ``strict``; NaN refused); else an ``argparse.ArgumentTypeError`` argparse names the
+    flag in."""
+    try:
+        value = cast(text)
+    except ValueError:
+        what = 'a whole number' if cast is int else 'a number'
+        raise argparse.ArgumentTypeError(f'expected {what}, got {text!r}') from None
+    if not (value > low if strict else value >= low):  # also NaN
+        bound = f'> {low}' if strict else f'>= {low}'
+        shown = value if cast is int else text.strip()
+        raise argparse.ArgumentTypeError(f'must be {bound}, got {shown}')
+    return value
+
+
 def positive_int(text: str) -> int:
     """argparse type: a whole number >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'expected a whole number, got {text!r}') from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f'must be >= 1, got {value}')
-    return value
+    return _number(text, int, 1, strict=False)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: a whole number >= 0."""
+    return _number(text, int, 0, strict=False)
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0."""
+    return _number(text, float, 0, strict=True)
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a number >= 0."""
+    return _number(text, float, 0, strict=False)
 
 
 def add_threads_arg(parser, default: Optional[int] = None) -> None:
