@@ -10,7 +10,11 @@ the bias is computed in the graph, never stored as an ``N x N`` constant. ONNX w
 to ``OUT.data`` beside ``OUT`` (keep the two together). Unless ``--no-check``, the file is
 run (onnxruntime / ``torch.export.load``) and compared with the torch model: the segmentor
 with mmseg's own inference of a random image (data preprocessor, padding, ``predict`` in
-whole mode), the backbone on a random tensor; a difference above 1e-3 prints a warning.
+whole mode), the backbone on a random tensor. The check fails -- a ``WARNING`` line, then
+exit status 1 after the file (and ``--json``) are written -- where the max |diff| exceeds
+``--max-diff`` (1e-3) or an output is NaN / infinite or of another shape. The ONNX file's
+input is named ``images``, its output ``logits`` (``--part backbone``: ``block{i}`` per
+out index, ``cls{i}`` for its CLS token).
 
 Examples::
 
@@ -32,8 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from lookhere_dense.apis.cli import ToolArgumentParser, add_cfg_options_arg, positive_int
-    from lookhere_dense.apis.export import EXPORT_FORMATS, EXPORT_PARTS
+    from lookhere_dense.apis.cli import (
+        ToolArgumentParser,
+        add_cfg_options_arg,
+        positive_float,
+        positive_int,
+    )
+    from lookhere_dense.apis.export import CHECK_WARN_ABS_DIFF, EXPORT_FORMATS, EXPORT_PARTS
 
     p = ToolArgumentParser(
         description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -74,6 +83,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         action='store_true',
         help="do not run the exported file against the torch model (mmseg's inference)",
     )
+    p.add_argument(
+        '--max-diff',
+        type=positive_float,
+        default=CHECK_WARN_ABS_DIFF,
+        metavar='D',
+        help='the check fails (exit status 1, after writing the file) above this max |diff| '
+        f'of the outputs, or on NaN / infinite outputs (default: {CHECK_WARN_ABS_DIFF:g})',
+    )
     p.add_argument('--threads', type=positive_int, default=None, help='torch threads')
     p.add_argument('--json', default=None, help='write the report (sizes, times, diff) here')
     add_cfg_options_arg(p, 'model.backbone.attn_backend=chunked')
@@ -87,9 +104,22 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    import os.path as osp
+
     from lookhere_dense.apis.cli import quiet_known_warnings
     from lookhere_dense.apis.export import export_model
+    from lookhere_dense.engine.workdir_lock import check_output_folder
+    from lookhere_dense.errors import ConfigError, ToolError
 
+    if args.json:  # before the export, not in a traceback after it
+        if osp.isdir(args.json) or args.json.endswith(('/', osp.sep)):
+            raise ConfigError(f'--json {args.json!r} is a folder: give the file to write')
+        for what, path in (('the checkpoint', args.checkpoint), ('the config', args.config)):
+            if path and osp.isfile(path) and osp.realpath(path) == osp.realpath(args.json):
+                raise ConfigError(f'--json {args.json!r} is {what}: write the report elsewhere')
+        if osp.realpath(args.json) in {osp.realpath(args.out), osp.realpath(args.out + '.data')}:
+            raise ConfigError(f'--json {args.json!r} is the exported file: write it elsewhere')
+        check_output_folder(osp.dirname(osp.abspath(args.json)), '--json')
     quiet_known_warnings()
     report = export_model(
         args.config,
@@ -101,12 +131,20 @@ def main(argv=None) -> None:
         args.cfg_options,
         not args.no_check,
         args.threads,
+        max_diff=args.max_diff,
     )
     if args.json:
         from research.reporting import write_json
 
         write_json(args.json, report)
         print(f'wrote {args.json}')
+    if report.get('check_passed') is False:
+        err = ToolError(
+            f'the check failed: {"; ".join(report["check_problems"])}. The file is kept '
+            f'({args.out}) for inspection; --max-diff sets the limit, --no-check skips the check'
+        )
+        err.exit_status = 1  # a failed check, not a usage error (2)
+        raise err
 
 
 if __name__ == '__main__':

@@ -62,6 +62,9 @@ __all__ = [
     'exported_file_bytes',
     'EXPORT_FORMATS',
     'EXPORT_PARTS',
+    'EXPORT_SUFFIXES',
+    'INPUT_NAME',
+    'SEGMENTOR_OUTPUT_NAME',
     'ONNX_OPSET',
 ]
 
@@ -71,9 +74,15 @@ EXPORT_FORMATS = ('onnx', 'pt2')
 EXPORT_PARTS = ('segmentor', 'backbone')
 #: the ONNX opset: from 23 on, SDPA exports as the fused ``Attention`` op
 ONNX_OPSET = 23
-#: :func:`export_model`'s check logs a warning above this max |diff| (docs/deploy.md: the
-#: target at 1024x2048)
+#: :func:`export_model`'s check fails (a warning line; ``tools/export.py`` exits with
+#: status 1) above this max |diff| by default (docs/deploy.md: the target at 1024x2048)
 CHECK_WARN_ABS_DIFF = 1e-3
+#: the suffixes of :func:`export_model`'s ``out``, per format
+EXPORT_SUFFIXES = {'onnx': '.onnx', 'pt2': '.pt2'}
+#: the name of the exported graph's input (ONNX)
+INPUT_NAME = 'images'
+#: the name of the segmentor's output (ONNX)
+SEGMENTOR_OUTPUT_NAME = 'logits'
 
 
 def whole_mode_padding(segmentor: nn.Module, size: Sequence[int]) -> Tuple[Tuple[int, int], float]:
@@ -136,16 +145,34 @@ class SegmentorLogits(nn.Module):
 class BackboneMaps(nn.Module):
     """``(1, 3, H, W)`` normalised images -> the backbone's outputs as one flat tuple: the
     maps of ``out_indices``; with ``output_cls_token=True`` each index's map, then its CLS
-    token (the file's outputs are flat either way)."""
+    token (the file's outputs are flat either way).
+
+    :attr:`output_names` (set by each call): the outputs' names in the exported file,
+    ``block{i}`` for the map of out index ``i`` and ``cls{i}`` for its CLS token (the
+    position in the outputs where the backbone has no ``out_indices`` of that length).
+    """
 
     def __init__(self, backbone: nn.Module):
         super().__init__()
         self.backbone = backbone
+        self.output_names: List[str] = []
 
     def forward(self, inputs: Tensor) -> Tuple[Tensor, ...]:
         flat: List[Tensor] = []
-        for out in self.backbone(inputs):
-            flat.extend(out if isinstance(out, (list, tuple)) else [out])
+        names: List[str] = []
+        outs = list(self.backbone(inputs))
+        indices = getattr(self.backbone, 'out_indices', None)
+        indices = [indices] if isinstance(indices, int) else list(indices or [])
+        if len(indices) != len(outs) or len(set(indices)) != len(indices):
+            indices = list(range(len(outs)))
+        for i, out in zip(indices, outs):
+            parts = list(out) if isinstance(out, (list, tuple)) else [out]
+            flat.extend(parts)
+            if len(parts) <= 2:  # the map, and its CLS token with output_cls_token=True
+                names.extend([f'block{i}', f'cls{i}'][: len(parts)])
+            else:  # pragma: no cover - no backbone here returns more per index
+                names.extend(f'block{i}_{j}' for j in range(len(parts)))
+        self.output_names = names
         return tuple(flat)
 
 
@@ -211,6 +238,16 @@ def save_onnx(program: Any, path: str) -> None:
     program.save(path, external_data=True)
 
 
+def _name_outputs(program: Any, names: Sequence[str]) -> None:
+    """Give the ONNX program's graph outputs ``names`` (torch generates names that change
+    with the input size: ``upsample_bilinear2d``, ``slice_100``, ...)."""
+    outputs = list(program.model.graph.outputs)
+    if len(outputs) != len(names):  # pragma: no cover - BackboneMaps names every output
+        raise ToolError(f'the export has {len(outputs)} outputs, expected {list(names)}')
+    for value, name in zip(outputs, names):
+        value.name = name
+
+
 def _strip_program(program: Any) -> Any:
     """A ``torch.export`` program without its example inputs and per-node stack traces
     (they would add the input's bytes and megabytes of local paths to the ``.pt2``)."""
@@ -253,6 +290,7 @@ def export_model(
     threads: Optional[int] = None,
     budget_mb: float = DEFAULT_BUDGET_MB,
     log=print,
+    max_diff: float = CHECK_WARN_ABS_DIFF,
 ) -> Dict[str, Any]:
     """Export ``config`` with the weights of ``checkpoint`` for inputs of ``shape``.
 
@@ -276,17 +314,26 @@ def export_model(
         budget_mb: the largest bias block of a global layer (the export's query blocks).
             Default: :data:`~lookhere_dense.lookhere.export.DEFAULT_BUDGET_MB` (48).
         log: where progress lines go. Default: print.
+        max_diff: the check fails above this max |diff| (and where an output is NaN /
+            infinite or of another shape). Default: :data:`CHECK_WARN_ABS_DIFF` (1e-3).
 
     Returns:
         ``dict(out, files, total_bytes, weights_bytes, ratio_to_weights, largest_constant,
         largest_weight_bytes, export_seconds, grid, padded_size, pad_value, ...)`` (the
         grid of the padded size; the backbone: the size itself) and, with ``check``,
-        ``max_abs_diff`` and the output shapes (the segmentor also ``argmax_agreement``,
-        the share of pixels whose class is mmseg's).
+        ``max_abs_diff`` (None where an output is NaN / infinite or of another shape), the
+        output shapes, ``check_passed``, ``check_problems`` (what failed, as sentences) and
+        ``check_max_diff`` (the segmentor also ``argmax_agreement``, the share of pixels
+        whose class is mmseg's); ``input_name`` / ``output_names`` (the file's; ONNX),
+        ``test_cfg_mode`` and ``notes`` (e.g. a config that infers in ``slide`` mode).
+        A failed check logs a ``WARNING`` line and is reported, not raised.
 
     Raises:
-        ConfigError: a bad shape, format, part or ``out`` (a folder), a model without
-            ``encode_decode``, a LookWhere model (:func:`refuse_unexportable`).
+        ConfigError: a bad shape (below one patch per side, for the segmentor after the
+            data preprocessor's padding), format, part or ``out`` (a folder, a suffix
+            other than ``.onnx`` / ``.pt2``, the checkpoint or the config itself), a model
+            without ``encode_decode``, a LookWhere model (:func:`refuse_unexportable`).
+        ToolError: ``out``'s folder cannot be written (before any work).
         FileNotFoundError, CheckpointError: as :func:`~.inference.build_model_from_checkpoint`.
     """
     import lookhere_dense
@@ -295,12 +342,23 @@ def export_model(
     from mmengine.registry import init_default_scope
 
     from ..config_checks import model_registry
+    from ..engine.workdir_lock import check_output_folder
     from ..lookhere.export import QUERY_BLOCK_BUDGET, static_grid_attention
     from .cli import load_config
     from .inference import build_model_from_checkpoint
 
     if format not in EXPORT_FORMATS:
         raise ConfigError(f'format must be one of {list(EXPORT_FORMATS)}, got {format!r}')
+    if osp.isdir(out) or str(out).endswith(('/', os.sep)):
+        raise ConfigError(
+            f'--out {out!r} is a folder: give the file to write, e.g. {osp.join(out, "model." + format)!r}'
+        )
+    if not str(out).lower().endswith(tuple(EXPORT_SUFFIXES.values())):
+        raise ConfigError(
+            f'--out {out!r}: the file to write must end in '
+            f'{" or ".join(EXPORT_SUFFIXES.values())} (the format follows it; a file of '
+            'another name, such as the checkpoint, is never overwritten)'
+        )
     other = [f for f in EXPORT_FORMATS if f != format and str(out).lower().endswith(f'.{f}')]
     if other:
         raise ConfigError(
@@ -313,10 +371,17 @@ def export_model(
     if len(shape) != 2:
         raise ConfigError(f'shape must be (H, W), got {list(shape)}')
     size = tuple(check_int(f'shape {n}', s, error=ConfigError) for n, s in zip('HW', shape))
-    if osp.isdir(out) or str(out).endswith(('/', os.sep)):
-        raise ConfigError(
-            f'--out {out!r} is a folder: give the file to write, e.g. {osp.join(out, "model." + format)!r}'
-        )
+    written = [out] + ([out + '.data'] if format == 'onnx' else [])
+    for flag, source in (('the checkpoint', checkpoint), ('the config', config)):
+        if source is None or not osp.isfile(str(source)):
+            continue
+        for path in written:
+            if osp.realpath(path) == osp.realpath(str(source)):
+                raise ConfigError(
+                    f'--out {out!r} would overwrite {flag} {source!r} ({path!r} is that '
+                    'file): write the export to another file'
+                )
+    check_output_folder(osp.dirname(osp.abspath(out)), '--out')
     if threads:
         torch.set_num_threads(threads)
     cfg = load_config(config, cfg_options)
@@ -340,6 +405,8 @@ def export_model(
             f'--shape {size[0]} {size[1]}: the backbone alone takes images of at least one '
             f'{patch}x{patch} patch per side (the segmentor pads its input as mmseg does)'
         )
+    notes: List[str] = []
+    mode = None
     if part == 'segmentor':
         if not hasattr(model, 'encode_decode'):
             raise ConfigError(
@@ -348,6 +415,28 @@ def export_model(
             )
         module = SegmentorLogits(model, size).eval()
         padded, pad_value = module.padded_size, module.pad_value
+        if min(padded) < patch:
+            how = (
+                f'padded by the data preprocessor to {padded[0]}x{padded[1]}'
+                if tuple(padded) != tuple(size)
+                else 'not padded: the data preprocessor has no test_cfg size / size_divisor'
+            )
+            raise ConfigError(
+                f'--shape {size[0]} {size[1]}: the segmentor takes images of at least one '
+                f'{patch}x{patch} patch per side and this one is {how}: give a --shape of at '
+                f'least {patch} px per side'
+            )
+        mode = (getattr(model, 'test_cfg', None) or {}).get('mode', 'whole')
+        if mode == 'slide':
+            crop = model.test_cfg.get('crop_size')
+            stride = model.test_cfg.get('stride')
+            notes.append(
+                f"the config's model.test_cfg.mode='slide' (crop_size {crop}, stride "
+                f'{stride}): tools/test.py and inference_model slide a window over the image, '
+                'the file computes whole-frame logits (mmseg whole mode, the one pass over '
+                'the padded frame the check compares with); the two differ (docs/deploy.md, '
+                'Limits)'
+            )
     else:
         module = BackboneMaps(model.backbone).eval()
         padded, pad_value = size, 0.0
@@ -367,6 +456,8 @@ def export_model(
         f'exporting {part} of {osp.basename(config)} for {size[0]}x{size[1]} px '
         f'({pads}patch grid {grid[0]}x{grid[1]}) as {format} to {out}'
     )
+    for note in notes:
+        log(f'NOTE: {note}')
     # the check's reference: the model as it runs in torch (its own engine), not the
     # export's attention; the segmentor through mmseg's own inference path
     torch.manual_seed(0)
@@ -380,8 +471,19 @@ def export_model(
     with static_grid_attention(module, padded, budget_mb) as stand_ins:
         if format == 'onnx':
             program = torch.onnx.export(
-                module, (x,), dynamo=True, opset_version=ONNX_OPSET, optimize=False
+                module,
+                (x,),
+                dynamo=True,
+                opset_version=ONNX_OPSET,
+                optimize=False,
+                input_names=[INPUT_NAME],
             )
+            # the segmentor's one output; the backbone's as its forward named them
+            # while it was traced (block{i}, cls{i})
+            output_names = (
+                [SEGMENTOR_OUTPUT_NAME] if part == 'segmentor' else list(module.output_names)
+            )
+            _name_outputs(program, output_names)
             save_onnx(program, out)
         else:
             program = _strip_program(torch.export.export(module, (x,)))
@@ -408,7 +510,11 @@ def export_model(
         lookhere_layers_served=len(stand_ins),
         query_blocked_modules=sum(hasattr(m, QUERY_BLOCK_BUDGET) for m in module.modules()),
         tables_bytes=sum(t.numel() * t.element_size() for s in stand_ins for t in s.tables),
+        test_cfg_mode=mode,
+        notes=notes,
     )
+    if format == 'onnx':
+        report['input_name'], report['output_names'] = INPUT_NAME, output_names
     report['largest_constant'] = _largest_constant(out, format)
     log(
         f'wrote {", ".join(f"{osp.basename(f)} ({b / 2**20:.1f} MiB)" for f, b in files.items())}:'
@@ -419,12 +525,9 @@ def export_model(
         expected = reference if isinstance(reference, (tuple, list)) else (reference,)
         if part == 'segmentor' and expected[0].shape[1] == 1:
             outputs[0] = outputs[0].sigmoid()  # mmseg's result of one class: the sigmoid
-        diffs = [
-            float((o - e).abs().max()) if o.shape == e.shape else math.inf
-            for o, e in zip(outputs, expected, strict=True)
-        ]
-        report['max_abs_diff'] = max(diffs)
-        report['output_shapes'] = [list(e.shape) for e in expected]
+        report.update(_compare(outputs, expected, max_diff))
+        diff = report['max_abs_diff']
+        shown = f'{diff:.2e}' if diff is not None else 'not measured (see below)'
         runner = 'onnxruntime' if format == 'onnx' else 'torch.export.load'
         if part == 'segmentor':
             same = outputs[0].shape == expected[0].shape
@@ -432,20 +535,57 @@ def export_model(
             report['argmax_agreement'] = agree if same else 0.0
             log(
                 f'{runner} vs torch (mmseg whole-mode inference, padding included): max |diff| '
-                f'{report["max_abs_diff"]:.2e} on outputs {report["output_shapes"]}, '
+                f'{shown} on outputs {report["output_shapes"]}, '
                 f'argmax agrees on {100 * report["argmax_agreement"]:.2f} % of the pixels'
             )
         else:
-            log(
-                f'{runner} vs torch: max |diff| '
-                f'{report["max_abs_diff"]:.2e} on outputs {report["output_shapes"]}'
-            )
-        if report['max_abs_diff'] > CHECK_WARN_ABS_DIFF:
-            log(
-                f'WARNING: the exported file differs from the torch model by '
-                f'{report["max_abs_diff"]:.2e} (more than {CHECK_WARN_ABS_DIFF:g})'
-            )
+            log(f'{runner} vs torch: max |diff| {shown} on outputs {report["output_shapes"]}')
+        for problem in report['check_problems']:
+            log(f'WARNING: {problem}')
     return report
+
+
+def _compare(outputs: Sequence[Tensor], expected: Sequence[Tensor], max_diff: float) -> dict:
+    """The check's verdict on the file's ``outputs`` against the torch model's:
+    ``max_abs_diff`` (None where it cannot be measured: an output of another shape, or
+    NaN / infinite values -- never NaN, which JSON has no value for), ``output_shapes``,
+    ``check_passed``, ``check_problems`` (sentences; empty when it passed) and
+    ``check_max_diff``. NaN / infinite outputs, of the file or of torch, fail the check
+    (``NaN > limit`` is False: a comparison alone would pass them)."""
+    problems: List[str] = []
+    if len(outputs) != len(expected):
+        problems.append(
+            f'the exported file gives {len(outputs)} outputs, the torch model {len(expected)}'
+        )
+    pairs = list(zip(outputs, expected))
+    shapes = [(list(o.shape), list(e.shape)) for o, e in pairs if o.shape != e.shape]
+    if shapes:
+        problems.append(
+            'the exported file gives outputs of other shapes than the torch model '
+            f'(file, torch: {shapes})'
+        )
+    for who, tensors in (('the exported file', outputs), ('the torch model', expected)):
+        bad = [i for i, t in enumerate(tensors) if not bool(torch.isfinite(t).all())]
+        if bad:
+            problems.append(
+                f'{who} gives NaN / infinite values (output {", ".join(map(str, bad))}): '
+                'the difference cannot be measured'
+            )
+    diff = None
+    if not problems:
+        diff = max(float((o - e).abs().max()) for o, e in pairs)
+        if diff > max_diff:
+            problems.append(
+                f'the exported file differs from the torch model by {diff:.2e} (more than '
+                f'{max_diff:g})'
+            )
+    return dict(
+        max_abs_diff=diff,
+        output_shapes=[list(e.shape) for e in expected],
+        check_passed=not problems,
+        check_problems=problems,
+        check_max_diff=max_diff,
+    )
 
 
 @contextlib.contextmanager
