@@ -233,7 +233,8 @@ def _lookhere_checks(model: Mapping, registry: Any = None) -> None:
     backend = bb.get('attn_backend', 'auto')
     if backend not in BACKENDS and backend not in RETIRED:  # retired: the engine warns
         raise ConfigError(f'model.backbone.attn_backend={backend!r} is not one of {BACKENDS}')
-    for name, value in (('num_heads', num_heads), ('embed_dims', embed_dims)):
+    dims_key = 'embed_dim' if 'embed_dim' in bb and 'embed_dims' not in bb else 'embed_dims'
+    for name, value in (('num_heads', num_heads), (dims_key, embed_dims)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f'model.backbone.{name} must be a positive int, got {value!r}')
     if embed_dims % num_heads:

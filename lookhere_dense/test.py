@@ -55,8 +55,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         '--show-interval',
         type=int,
         default=1,
-        help='with --show / --show-dir: paint every N-th test batch (every N-th image at '
-        'batch size 1; default: 1)',
+        help='with --show / --show-dir: paint every N-th test batch (mmseg configs: every '
+        "N-th image at batch size 1; mmdet's DetVisualizationHook paints every image; "
+        'default: 1)',
     )
     parser.add_argument(
         '--wait-time',

@@ -116,7 +116,11 @@ def test_a_folder_of_other_files_is_refused_before_anything_is_removed(
     assert fc.main(['--out', str(tmp_path / 'new'), '--cases', 'two_runs']) == 0
     (tmp_path / 'empty').mkdir()
     assert fc.main(['--out', str(tmp_path / 'empty'), '--cases', 'two_runs']) == 0
-    assert [c[0] for c in calls] == ['two_runs', 'two_runs']
+    # a link to an earlier output (work_dirs -> /scratch): its entries go, the link stays
+    (tmp_path / 'link').symlink_to(tmp_path / 'empty')
+    assert fc.main(['--out', str(tmp_path / 'link'), '--cases', 'two_runs']) == 0
+    assert (tmp_path / 'link').is_symlink()
+    assert [c[0] for c in calls] == ['two_runs', 'two_runs', 'two_runs']
 
 
 def test_the_output_is_marked_first_so_a_crashed_run_is_replaced_by_the_next(

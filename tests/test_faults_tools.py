@@ -681,3 +681,32 @@ def test_convert_refuses_a_head_count_or_destination_no_model_could_use(referenc
     assert "--num-heads 8 does not fit '" in res[1]['stderr'] and 'halves-none' in res[1]['stderr']
     assert 'is a folder: give the file to write' in res[2]['stderr']
     assert res[3]['rc'] == 0 and sorted(os.listdir(tmp_path)) == ['ok.pth']
+
+
+def test_an_output_folder_behind_a_dangling_link_is_named_as_such(tmp_path):
+    """``--out-dir results`` where ``results`` links to a missing target: said so (it was
+    called a file), and nothing is left behind for a folder that can be made."""
+    from lookhere_dense.engine.workdir_lock import check_output_folder
+    from lookhere_dense.errors import ToolError
+
+    (tmp_path / 'results').symlink_to(tmp_path / 'gone')
+    with pytest.raises(ToolError) as err:
+        check_output_folder(str(tmp_path / 'results' / 'x'), '--out-dir')
+    assert 'is a symbolic link to a missing target' in str(err.value)
+    check_output_folder(str(tmp_path / 'new' / 'deeper'), '--out-dir')
+    assert sorted(os.listdir(tmp_path)) == ['results']
+
+
+def test_the_export_names_the_callers_flag_for_its_folder(tmp_path):
+    """The benchmark's deploy section exports into ``--deploy-dir``: a folder that cannot
+    be written is named by that flag, not by the export tool's ``--out``."""
+    from lookhere_dense.apis.export import export_model
+    from lookhere_dense.errors import ToolError
+
+    a_file = tmp_path / 'a_file'
+    a_file.write_text('x')
+    out = str(a_file / 'seg_32x32.onnx')
+    with pytest.raises(ToolError, match=r"^--deploy-dir '.*a_file' cannot be written"):
+        export_model(ADE_CFG, None, (32, 32), out, check=False, out_flag='--deploy-dir')
+    with pytest.raises(ToolError, match=r"^--out '.*a_file' cannot be written"):
+        export_model(ADE_CFG, None, (32, 32), out, check=False)

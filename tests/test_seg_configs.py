@@ -179,6 +179,15 @@ def test_baseline_encodings_need_no_lookhere_head_layout(encoding):
         check_model_cfg(cfg)
 
 
+def test_a_zero_width_under_mmdets_name_is_named_by_it():
+    """ViTDet's ``embed_dim`` (LookHereViT takes it too): its key in the message."""
+    cfg = _cfg('segmenter_lookhere_vit-t_tiny-ade.py')
+    cfg.model.backbone.pop('embed_dims')
+    cfg.model.backbone.embed_dim = 0
+    with pytest.raises(ConfigError, match=r'^model\.backbone\.embed_dim must be a positive int'):
+        check_model_cfg(cfg)
+
+
 @pytest.mark.parametrize(
     'key,value,match',
     [

@@ -1008,4 +1008,7 @@ def test_the_study_tool_does_not_replace_another_studys_report(tmp_path):
         'replace it and its .csv, _table.md and .png: give it another --name or --out-dir'
     )
     tool.check_outputs(str(tmp_path), 'study', other)  # a rerun
+    # a --merge of that report (with others) into its own name: it was read first
+    merged = [str(tmp_path / 'study.json'), str(tmp_path / 'seed1.json')]
+    tool.check_outputs(str(tmp_path), 'study', 'python x --merge', merged)
     tool.check_outputs(str(tmp_path), 'other_name', 'python tools/extrapolation_study.py')

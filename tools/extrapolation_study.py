@@ -250,10 +250,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
-def check_outputs(out_dir: str, name: str, command: str) -> None:
+def check_outputs(out_dir: str, name: str, command: str, merged: Sequence[str] = ()) -> None:
     """Refuse, before anything trains, a study whose ``<out_dir>/<name>.json`` would
     replace the report of another command (a study takes minutes to hours; its .csv,
-    _table.md and .png would go too). The same command again replaces its own report.
+    _table.md and .png would go too). The same command again replaces its own report, and
+    a ``--merge`` replaces one of the reports it merges (``merged``: their paths).
 
     Raises:
         lookhere_dense.errors.ToolError: naming the file, its command, ``--name`` and
@@ -264,6 +265,8 @@ def check_outputs(out_dir: str, name: str, command: str) -> None:
     from lookhere_dense.errors import ToolError
 
     path = osp.join(out_dir, f'{name}.json')
+    if osp.realpath(path) in {osp.realpath(p) for p in merged}:
+        return  # read first, merged into the new report
     try:
         with open(path) as f:
             old = json.load(f).get('command')
@@ -288,7 +291,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     from lookhere_dense.apis.cli import apply_threads
 
     apply_threads(args.threads)
-    check_outputs(args.out_dir or args.work_dir, args.name, command)
+    check_outputs(args.out_dir or args.work_dir, args.name, command, args.merge or ())
     if args.merge:
         report = merge_reports(args.merge, command, args.metric)
     else:

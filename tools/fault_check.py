@@ -436,8 +436,6 @@ def _earlier_output(folder: str) -> bool:
 def out_problem(out: str) -> Optional[str]:
     """Why what ``out`` holds must not be removed, or ``None``: it may be absent, an empty
     folder, or an earlier output of this tool."""
-    if osp.islink(out):
-        return f'--out {out!r} is a symbolic link: give the folder itself or another one'
     if not osp.exists(out):
         return None
     if not osp.isdir(out):

@@ -56,6 +56,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         add_amp_args,
         add_cfg_options_arg,
         add_threads_arg,
+        positive_int,
     )
 
     parser = ToolArgumentParser(description=__doc__.split('\n')[0])
@@ -82,7 +83,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     )
     size.add_argument(
         '--short-side',
-        type=int,
+        type=positive_int,
         metavar='S',
         help='resize so the short side is S px (aspect kept; at least one patch of the backbone)',
     )

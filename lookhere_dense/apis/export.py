@@ -291,6 +291,7 @@ def export_model(
     budget_mb: float = DEFAULT_BUDGET_MB,
     log=print,
     max_diff: float = CHECK_WARN_ABS_DIFF,
+    out_flag: str = '--out',
 ) -> Dict[str, Any]:
     """Export ``config`` with the weights of ``checkpoint`` for inputs of ``shape``.
 
@@ -316,6 +317,8 @@ def export_model(
         log: where progress lines go. Default: print.
         max_diff: the check fails above this max |diff| (and where an output is NaN /
             infinite or of another shape). Default: :data:`CHECK_WARN_ABS_DIFF` (1e-3).
+        out_flag: the caller's name for ``out``'s folder in a refusal (the benchmark's
+            ``--deploy-dir``). Default: ``'--out'``.
 
     Returns:
         ``dict(out, files, total_bytes, weights_bytes, ratio_to_weights, largest_constant,
@@ -381,7 +384,7 @@ def export_model(
                     f'--out {out!r} would overwrite {flag} {source!r} ({path!r} is that '
                     'file): write the export to another file'
                 )
-    check_output_folder(osp.dirname(osp.abspath(out)), '--out')
+    check_output_folder(osp.dirname(osp.abspath(out)), out_flag)
     if threads:
         torch.set_num_threads(threads)
     cfg = load_config(config, cfg_options)

@@ -264,7 +264,7 @@ def inference_pipeline(
     resize = dict(test_pipeline[idx]) if idx is not None else None
     if native:
         resize = None
-    elif short_side:
+    elif short_side is not None:
         resize = short_side_resize(short_side)
     elif size:
         resize = exact_resize(size)
@@ -761,7 +761,7 @@ def _check_resize_flags(
     patch = backbone_patch(model)
     if native:  # no resize (inference_pipeline's order)
         return
-    if short_side:
+    if short_side is not None:
         check_resize_sides(f'--short-side {short_side}', int(short_side), patch)
     elif size:
         check_resize_sides(f'--size {size[0]}x{size[1]}', tuple(size), patch)
@@ -834,9 +834,9 @@ def segment_images(
     cfg = load_config(config, cfg_options)
     check_segmentation_config(cfg, config)
     check_attn_backend(cfg, device.startswith('cuda'), splits=('test',))
-    _make_out_dir(out_dir)
     model, meta = build_model_from_checkpoint(cfg, checkpoint, device)
     _check_resize_flags(model, native, short_side, size)
+    _make_out_dir(out_dir)  # after the refusals above: a refused run leaves no folder
     patch = getattr(model.backbone, 'patch_size', None)
     pads = backbone_padding_patch(model) is not None
     model.test_cfg = ConfigDict(

@@ -103,7 +103,7 @@ def build_test_config(
         show_dir: folder for painted predictions. Default: None.
         show: show the painted predictions in a window. Default: False.
         show_interval: paint every N-th test batch (every N-th image at batch size 1;
-            mmseg's hook counts batches). Default: 1.
+            mmseg's hook counts batches; mmdet's paints every image). Default: 1.
         wait_time: seconds each shown image stays up. Default: 2.
         tta: the config's ``tta_pipeline`` / ``tta_model``. Default: False.
         cfg_options: config overrides. Default: None.

@@ -149,7 +149,10 @@ def check_output_folder(folder: str, flag: str) -> None:
         problem = _write_problem(folder)
     else:
         parent = _nearest_existing(folder)
-        if not osp.isdir(parent):
+        if osp.islink(parent) and not osp.exists(parent):
+            err = OSError(errno.ENOENT, os.strerror(errno.ENOENT))
+            problem = err, f'{parent!r} is a symbolic link to a missing target'
+        elif not osp.isdir(parent):
             err = OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
             problem = err, f'{parent!r} is a file'
         else:

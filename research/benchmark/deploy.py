@@ -148,6 +148,7 @@ def deploy_case(case: Dict[str, Any]) -> Dict[str, Any]:
             cfg_options=case.get('cfg_options'),
             check=False,
             log=lambda *_: None,
+            out_flag='--deploy-dir',
         )
         return dict(
             case,
