@@ -123,7 +123,7 @@ def check_report_target(
         lookhere_dense.errors.ToolError: naming both checkpoints, ``--name`` and
             ``--out-dir``; or the folder that cannot be written.
     """
-    from lookhere_dense.engine.workdir_lock import check_output_folder
+    from lookhere_dense.checkpoint.atomic import check_output_folder
     from lookhere_dense.errors import ToolError
 
     folder = report_folder(config, out_dir, kind)

@@ -686,7 +686,7 @@ def test_convert_refuses_a_head_count_or_destination_no_model_could_use(referenc
 def test_an_output_folder_behind_a_dangling_link_is_named_as_such(tmp_path):
     """``--out-dir results`` where ``results`` links to a missing target: said so (it was
     called a file), and nothing is left behind for a folder that can be made."""
-    from lookhere_dense.engine.workdir_lock import check_output_folder
+    from lookhere_dense.checkpoint.atomic import check_output_folder
     from lookhere_dense.errors import ToolError
 
     (tmp_path / 'results').symlink_to(tmp_path / 'gone')

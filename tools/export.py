@@ -108,7 +108,7 @@ def main(argv=None) -> None:
 
     from lookhere_dense.apis.cli import quiet_known_warnings
     from lookhere_dense.apis.export import export_model
-    from lookhere_dense.engine.workdir_lock import check_output_folder
+    from lookhere_dense.checkpoint.atomic import check_output_folder
     from lookhere_dense.errors import ConfigError, ToolError
 
     if args.json:  # before the export, not in a traceback after it

@@ -89,7 +89,7 @@ def main(argv: Optional[Sequence[str]] = None):
     returns the plotted fields (a tensor; with ``--checkpoint``: the slopes drawn,
     :func:`~research.head_plots.draw_learned_slopes`)."""
     args = parse_args(argv)
-    from lookhere_dense.engine.workdir_lock import check_output_folder
+    from lookhere_dense.checkpoint.atomic import check_output_folder
     from lookhere_dense.errors import ToolError
     from research.head_plots import (
         draw_head_fields,

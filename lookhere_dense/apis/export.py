@@ -344,8 +344,8 @@ def export_model(
     lookhere_dense.register_all_modules()
     from mmengine.registry import init_default_scope
 
+    from ..checkpoint.atomic import check_output_folder
     from ..config_checks import model_registry
-    from ..engine.workdir_lock import check_output_folder
     from ..lookhere.export import QUERY_BLOCK_BUDGET, static_grid_attention
     from .cli import load_config
     from .inference import build_model_from_checkpoint

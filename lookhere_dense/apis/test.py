@@ -11,7 +11,6 @@ import os
 import time
 from typing import List, Optional, Union
 
-from ..engine.workdir_lock import check_output_folder
 from ..errors import ConfigError, ToolError
 from ..registry import type_names
 from ..validation import path_inside
@@ -67,6 +66,8 @@ def _enable_visualization(
     if show_dir:
         # absolute: mmdet's hook joined a relative one to <work_dir>/<timestamp>/
         show_dir = os.path.abspath(show_dir)
+        from ..checkpoint.atomic import check_output_folder
+
         check_output_folder(show_dir, '--show-dir')  # else a traceback from mmengine
         if cfg.get('default_scope') == 'mmdet':
             hook['test_out_dir'] = show_dir

@@ -16,6 +16,7 @@ import os
 import os.path as osp
 import re
 import socket
+import tempfile
 from typing import List, Optional, Tuple
 
 __all__ = [
@@ -25,6 +26,9 @@ __all__ = [
     'atomic_write_text',
     'atomic_write_bytes',
     'describe_os_error',
+    'describe_path_error',
+    'folder_write_problem',
+    'check_output_folder',
     'remove_quietly',
     'remove_stale_partials',
 ]
@@ -176,3 +180,82 @@ def describe_os_error(err: BaseException) -> str:
             return _CAUSES[code]
         seen = seen.__cause__ or seen.__context__
     return f'{type(err).__name__}: {err}'
+
+
+def describe_path_error(err: OSError) -> str:
+    """:func:`describe_os_error`, with the path's own problems said as such: a part of it
+    that is a file (``ENOTDIR`` / ``EEXIST``), or missing (``ENOENT``)."""
+    if err.errno in (errno.ENOTDIR, errno.EEXIST):
+        return f'a part of the path is not a folder ({os.strerror(err.errno)})'
+    if err.errno == errno.ENOENT:
+        return 'a part of the path does not exist (ENOENT)'
+    return describe_os_error(err)
+
+
+def folder_write_problem(folder: str) -> Optional[Tuple[OSError, str]]:
+    """Create ``folder`` if missing and write 64 KiB to a temporary file in it (removed at
+    once); the error and the step that failed, or None."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        return err, 'creating the folder'
+    try:
+        fd, probe = tempfile.mkstemp(prefix='.lookhere_write_test.', dir=folder)
+    except OSError as err:
+        return err, 'creating a file in it'
+    try:  # what the run writes first (lock, config dump, log) fits in this
+        os.write(fd, b'\0' * 65536)
+        os.fsync(fd)
+    except OSError as err:
+        return err, 'writing 64 KiB to a file in it'
+    finally:
+        os.close(fd)
+        try:
+            os.remove(probe)
+        except OSError:
+            pass
+    return None
+
+
+def _nearest_existing(path: str) -> str:
+    path = osp.abspath(path)
+    while not osp.lexists(path) and osp.dirname(path) != path:
+        path = osp.dirname(path)
+    return path
+
+
+def check_output_folder(folder: str, flag: str) -> None:
+    """The training work dir's test (:func:`folder_write_problem`) for a tool's output
+    folder (``--show-dir``, ``--out-dir``), before the work whose results it keeps, leaving nothing behind: an
+    existing folder gets a 64 KiB file written and removed; a missing one, a folder
+    created and removed in its nearest existing parent (it is created when the results
+    are written). A path under a regular file, a read-only mount or a full disk is named
+    by the flag, not by a traceback after the work (or deep in a library).
+
+    Raises:
+        lookhere_dense.errors.ToolError: naming the flag, the folder and the cause.
+    """
+    from ..errors import ToolError
+
+    problem: Optional[Tuple[OSError, str]] = None
+    if osp.isdir(folder):
+        problem = folder_write_problem(folder)
+    else:
+        parent = _nearest_existing(folder)
+        if osp.islink(parent) and not osp.exists(parent):
+            err = OSError(errno.ENOENT, os.strerror(errno.ENOENT))
+            problem = err, f'{parent!r} is a symbolic link to a missing target'
+        elif not osp.isdir(parent):
+            err = OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+            problem = err, f'{parent!r} is a file'
+        else:
+            try:
+                os.rmdir(tempfile.mkdtemp(prefix='.lookhere_write_test.', dir=parent))
+            except OSError as err:
+                problem = err, f'creating a folder in {parent!r}'
+    if problem:
+        err, what = problem
+        raise ToolError(
+            f'{flag} {folder!r} cannot be written: {describe_path_error(err)} ({what}): '
+            f'make it writable or choose another {flag}'
+        )

@@ -30,13 +30,12 @@ import os
 import os.path as osp
 import socket
 import sys
-import tempfile
 import time
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 from ..errors import WorkDirLockedError, WorkDirNotWritableError
 
-__all__ = ['WorkDirLock', 'LOCK_FILE', 'check_output_folder', 'check_work_dir_writable']
+__all__ = ['WorkDirLock', 'LOCK_FILE', 'check_work_dir_writable']
 
 #: The lock file's name inside the work dir.
 LOCK_FILE = '.lookhere_train.lock'
@@ -69,13 +68,9 @@ def _register_at_fork() -> None:
 
 
 def _cause(err: OSError) -> str:
-    if err.errno in (errno.ENOTDIR, errno.EEXIST):
-        return f'a part of the path is not a folder ({os.strerror(err.errno)})'
-    if err.errno == errno.ENOENT:
-        return 'a part of the path does not exist (ENOENT)'
-    from ..checkpoint.atomic import describe_os_error
+    from ..checkpoint.atomic import describe_path_error
 
-    return describe_os_error(err)
+    return describe_path_error(err)
 
 
 def _unwritable(work_dir: str, err: OSError, what: str) -> WorkDirNotWritableError:
@@ -86,31 +81,6 @@ def _unwritable(work_dir: str, err: OSError, what: str) -> WorkDirNotWritableErr
     )
 
 
-def _write_problem(folder: str) -> Optional[Tuple[OSError, str]]:
-    """Create ``folder`` if missing and write 64 KiB to a temporary file in it (removed at
-    once); the error and the step that failed, or None."""
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as err:
-        return err, 'creating the folder'
-    try:
-        fd, probe = tempfile.mkstemp(prefix='.lookhere_write_test.', dir=folder)
-    except OSError as err:
-        return err, 'creating a file in it'
-    try:  # what the run writes first (lock, config dump, log) fits in this
-        os.write(fd, b'\0' * 65536)
-        os.fsync(fd)
-    except OSError as err:
-        return err, 'writing 64 KiB to a file in it'
-    finally:
-        os.close(fd)
-        try:
-            os.remove(probe)
-        except OSError:
-            pass
-    return None
-
-
 def check_work_dir_writable(work_dir: str) -> None:
     """Create ``work_dir`` if missing and check that a file can be created in it and 64 KiB
     written (a temporary file, removed at once: a full disk is named here, not by a
@@ -119,53 +89,11 @@ def check_work_dir_writable(work_dir: str) -> None:
     Raises:
         lookhere_dense.errors.WorkDirNotWritableError: naming the folder and the cause.
     """
-    problem = _write_problem(work_dir)
+    from ..checkpoint.atomic import folder_write_problem
+
+    problem = folder_write_problem(work_dir)
     if problem:
         raise _unwritable(work_dir, *problem) from None
-
-
-def _nearest_existing(path: str) -> str:
-    path = osp.abspath(path)
-    while not osp.lexists(path) and osp.dirname(path) != path:
-        path = osp.dirname(path)
-    return path
-
-
-def check_output_folder(folder: str, flag: str) -> None:
-    """The :func:`check_work_dir_writable` test for a tool's output folder (``--show-dir``,
-    ``--out-dir``), before the work whose results it keeps, leaving nothing behind: an
-    existing folder gets a 64 KiB file written and removed; a missing one, a folder
-    created and removed in its nearest existing parent (it is created when the results
-    are written). A path under a regular file, a read-only mount or a full disk is named
-    by the flag, not by a traceback after the work (or deep in a library).
-
-    Raises:
-        lookhere_dense.errors.ToolError: naming the flag, the folder and the cause.
-    """
-    from ..errors import ToolError
-
-    problem: Optional[Tuple[OSError, str]] = None
-    if osp.isdir(folder):
-        problem = _write_problem(folder)
-    else:
-        parent = _nearest_existing(folder)
-        if osp.islink(parent) and not osp.exists(parent):
-            err = OSError(errno.ENOENT, os.strerror(errno.ENOENT))
-            problem = err, f'{parent!r} is a symbolic link to a missing target'
-        elif not osp.isdir(parent):
-            err = OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
-            problem = err, f'{parent!r} is a file'
-        else:
-            try:
-                os.rmdir(tempfile.mkdtemp(prefix='.lookhere_write_test.', dir=parent))
-            except OSError as err:
-                problem = err, f'creating a folder in {parent!r}'
-    if problem:
-        err, what = problem
-        raise ToolError(
-            f'{flag} {folder!r} cannot be written: {_cause(err)} ({what}): make it writable '
-            f'or choose another {flag}'
-        )
 
 
 def _describe(holder: dict) -> str:
