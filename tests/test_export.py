@@ -429,7 +429,7 @@ def test_backbone_export_with_cls_tokens_is_checked_on_flat_outputs(tmp_path: Pa
     per index, the file flat outputs. Both are flat now: map, CLS, map, CLS."""
     from tiny_seg import ADE_CFG, SHRINK, options
 
-    from lookhere_dense.apis.export import export_model
+    from lookhere_dense.apis.export import export_model, onnxruntime_session
 
     opts = options(
         *SHRINK, 'model.backbone.output_cls_token=True', 'model.backbone.out_indices=[0,1]'
@@ -444,6 +444,11 @@ def test_backbone_export_with_cls_tokens_is_checked_on_flat_outputs(tmp_path: Pa
         log=lambda _: None,
     )
     assert rep['output_shapes'] == [[1, 96, 3, 4], [1, 96]] * 2 and rep['max_abs_diff'] < 1e-4
+    # the file's outputs by name, the same at every size (torch generated them before)
+    assert rep['output_names'] == ['block0', 'cls0', 'block1', 'cls1']
+    session = onnxruntime_session(str(tmp_path / 'bb.onnx'))
+    assert [o.name for o in session.get_outputs()] == ['block0', 'cls0', 'block1', 'cls1']
+    assert session.get_inputs()[0].name == 'images'
 
 
 def test_export_refuses_what_it_cannot_write_before_building(tmp_path: Path):
