@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from lookhere_dense.errors import ConfigError, MemoryBudgetError
 from lookhere_dense.evaluation.resize import (
+    check_resize_sides,
     exact_resize,
     is_resize,
     long_side_resize,
@@ -140,20 +141,13 @@ def config_patch_size(cfg) -> Optional[int]:
     return int(min(patch)) if isinstance(patch, (list, tuple)) else int(patch)
 
 
-def _check_sides(
-    spec: TestSpec, sides: Sequence[int], what: str, patch_size: Optional[int]
-) -> None:
+def _check_sides(spec: TestSpec, target: Any, what: str, patch_size: Optional[int]) -> None:
     """Refuse a test whose resize gives a side of 0 px or, with ``patch_size``, below one
-    patch (the backbone cannot embed it)."""
-    smallest = min(int(v) for v in sides)
-    if smallest >= (patch_size or 1):
-        return
-    if patch_size:
-        raise ConfigError(
-            f'{spec.text}: {what} has a side of {smallest} px, below one patch of '
-            f'the model ({patch_size} px): test at {patch_size} px or more'
-        )
-    raise ConfigError(f'{spec.text}: {what} has a side of {smallest} px: test at 1 px or more')
+    patch (the backbone cannot embed it): one rule with ``tools/infer.py``'s sizes
+    (:func:`~lookhere_dense.evaluation.resize.check_resize_sides`)."""
+    if isinstance(target, (list, tuple)) and len(target) == 1:
+        target = target[0]
+    check_resize_sides(f'{spec.text}: {what}', target, patch_size, advice='test at')
 
 
 def spec_pipeline(
@@ -188,7 +182,7 @@ def spec_pipeline(
                 scale = after['scale']
                 _check_sides(
                     spec,
-                    scale if isinstance(scale, tuple) else (scale,),
+                    scale,
                     f'the test Resize scale {before["scale"]} x {spec.factor:g} = {scale}',
                     patch_size,
                 )

@@ -147,6 +147,11 @@ def test_resizes_to_zero_px_or_below_one_patch_are_refused():
             r'patch of the model \(16 px\)',
         ):
             spec_pipeline(PIPE, parse_spec(text), patch_size=16)
+    # one rule with tools/infer.py's --size (check_resize_sides), the advice a test's
+    with pytest.raises(
+        ConfigError, match=r'whole@8: the short side 8 px .*: test at 16 px or more$'
+    ):
+        spec_pipeline(PIPE, parse_spec('whole@8'), patch_size=16)
     assert spec_pipeline(PIPE, parse_spec('whole@16x16'), 16)[1]['scale'] == (16, 16)
     assert spec_pipeline(PIPE, parse_spec('whole@x0.0625'), 16)[1]['scale'] == (128, 32)
     # the patch unknown: only 0 px is refused

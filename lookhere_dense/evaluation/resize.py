@@ -145,7 +145,9 @@ def replace_resize(
     return out
 
 
-def check_resize_sides(what: str, target: Union[int, Sequence[int]], patch: Any = None) -> None:
+def check_resize_sides(
+    what: str, target: Union[int, Sequence[int]], patch: Any = None, advice: str = 'give'
+) -> None:
     """Refuse a resize target with a side of 0 px or below one patch of the backbone (the
     model would see less than one patch: a degenerate prediction, without a word).
 
@@ -157,6 +159,8 @@ def check_resize_sides(what: str, target: Union[int, Sequence[int]], patch: Any 
             a patch both ways).
         patch: the backbone's patch size in px, an int or ``(H, W)``; None (or anything
             else): only sides of 0 px are refused.
+        advice: the verb of the message's advice (``'test at'`` for a test spec of
+            ``tools/extrapolate.py``). Default: ``'give'``.
 
     Raises:
         lookhere_dense.errors.ConfigError: e.g. ``--size 8x8 has a side of 8 px, below one
@@ -180,8 +184,8 @@ def check_resize_sides(what: str, target: Union[int, Sequence[int]], patch: Any 
             return
         need = f'{max(ph, pw)} px or more'
     if hw is None:
-        raise ConfigError(f'{what} has a side of {side} px: give 1 px or more')
+        raise ConfigError(f'{what} has a side of {side} px: {advice} 1 px or more')
     patch_text = f'{ph} px' if ph == pw else f'{ph}x{pw} px, H x W'
     raise ConfigError(
-        f'{what} has a side of {side} px, below one patch of the model ({patch_text}): give {need}'
+        f'{what} has a side of {side} px, below one patch of the model ({patch_text}): {advice} {need}'
     )
