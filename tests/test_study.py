@@ -477,6 +477,29 @@ def test_mixed_crops_aid_rewrites_the_run_config(repo_root, tmp_path):
         run_config(cfg, 'abs+mixed_crops', 0, RunOptions(), str(tmp_path))
 
 
+def test_run_options_refuse_zero_instead_of_reading_it_as_the_configs(repo_root, tmp_path):
+    """``RunOptions(iters=0)`` from the Python API trained the config's own schedule (0 was
+    read as "not given"): refused like the tool's flags; None keeps the config's value."""
+    from mmengine.config import Config
+
+    for name, value in (
+        ('iters', 0),
+        ('batch_size', 0),
+        ('val_interval', 0),
+        ('iters', 2.5),
+        ('lr', 0),
+        ('lr', float('nan')),
+    ):
+        with pytest.raises(ConfigError, match=f'RunOptions.{name} must be'):
+            RunOptions(**{name: value})
+    cfg = Config.fromfile(str(repo_root / 'configs' / 'study' / 'fov_vit_tiny.py'))
+    run = run_config(cfg, 'abs', 0, RunOptions(), str(tmp_path))
+    assert run.train_dataloader.batch_size == cfg.train_dataloader.batch_size
+    assert run.train_cfg.val_interval == cfg.train_cfg.max_iters + 1
+    run = run_config(cfg, 'abs', 0, RunOptions(batch_size=1, lr=0.5), str(tmp_path))
+    assert run.train_dataloader.batch_size == 1 and run.optim_wrapper.optimizer.lr == 0.5
+
+
 # -- a shrunk field-of-view study through the real Runner --------------------------------------
 def _tiny_fov(data) -> dict:
     """The ``--cfg-options`` of a tiny field-of-view study on generated scenes in ``data``

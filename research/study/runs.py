@@ -37,6 +37,7 @@ from lookhere_dense.engine.memory_guard import (
 from lookhere_dense.engine.ranks import unwrap_model
 from lookhere_dense.engine.schedules import schedule_to
 from lookhere_dense.errors import ConfigError, MemoryBudgetError
+from lookhere_dense.validation import check_int, check_number
 
 from ..evaluate import evaluate, evaluate_loader, refusal
 from .aids import DEFAULT_JUMBO_TOKENS, apply_train_aids, run_specs, split_run_spec
@@ -104,6 +105,14 @@ class RunOptions:
     val_interval: Optional[int] = None
     keep_test_mode: bool = False
 
+    def __post_init__(self) -> None:
+        # a 0 is not "the config's own" (the tool refuses it when parsing; so does the API)
+        for name in ('iters', 'batch_size', 'val_interval'):
+            if getattr(self, name) is not None:
+                check_int(f'RunOptions.{name}', getattr(self, name), 1, ConfigError)
+        if self.lr is not None:
+            check_number('RunOptions.lr', self.lr, 0, strict=True, error=ConfigError)
+
 
 def run_config(base_cfg, spec: str, seed: int, options: RunOptions, work_dir: str):
     """A deep copy of ``base_cfg`` for one run (run ``spec``: an encoding with optional
@@ -117,14 +126,14 @@ def run_config(base_cfg, spec: str, seed: int, options: RunOptions, work_dir: st
     apply_train_aids(cfg, aids)
     cfg.work_dir = work_dir
     cfg.randomness = dict(seed=seed, deterministic=False)
-    if options.iters:
+    if options.iters is not None:
         schedule_to(cfg, options.iters)
-    if options.batch_size:
+    if options.batch_size is not None:
         cfg.train_dataloader.batch_size = options.batch_size
-    if options.lr:
+    if options.lr is not None:
         cfg.optim_wrapper.optimizer.lr = options.lr
     cfg.train_cfg.val_interval = (
-        options.val_interval if options.val_interval else cfg.train_cfg.max_iters + 1
+        options.val_interval if options.val_interval is not None else cfg.train_cfg.max_iters + 1
     )
     if cfg.get('visualizer'):
         cfg.visualizer.pop('name', None)  # one global visualizer name per Runner
