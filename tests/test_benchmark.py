@@ -718,6 +718,34 @@ def test_peer_frame_steps_time_the_steady_state(monkeypatch):
         peer.bench_peer(frame_steps=-1, **common)
 
 
+def test_peer_layer_parts_follow_the_weights_dtype_and_the_train_size(monkeypatch):
+    """``--dtype bfloat16`` without ``--peer-autocast`` ran the one-layer parts in float32,
+    and ``train_layer`` timed 512 / 640 px whatever ``--vit-size`` (``--quick``) said."""
+    from research.benchmark import peer
+
+    calls = []
+
+    def layer(presets, size, backends=(), rounds=3, train=False, dtype=torch.float32, **kw):
+        calls.append((tuple(size), train, dtype))
+        return dict(tokens=1, rows=[])
+
+    monkeypatch.setattr(peer, 'attention_layer', layer)
+    common = dict(presets=['lh90'], parts=['layer', 'train_layer'], registered_presets=())
+    peer.bench_peer(frame_size=(64, 128), train_size=64, dtype='bfloat16', **common)
+    assert calls == [
+        ((64, 128), False, torch.bfloat16),
+        ((64, 64), True, torch.bfloat16),
+        ((80, 80), True, torch.bfloat16),
+    ]
+    calls.clear()
+    peer.bench_peer(frame_size=(64, 128), autocast='bfloat16', **common)
+    assert [c[0] for c in calls] == [(64, 128), (512, 512), (640, 640)]
+    assert {c[2] for c in calls} == {torch.bfloat16}
+    calls.clear()
+    peer.bench_peer(frame_size=(64, 128), train_layer_sizes=(96,), **common)
+    assert calls == [((64, 128), False, torch.float32), ((96, 96), True, torch.float32)]
+
+
 def test_bench_peer_refuses_unknown_parts():
     from research.benchmark.peer import bench_peer
 

@@ -589,7 +589,7 @@ def bench_peer(
     train_presets: Sequence[str] = ('lh180', 'lh90'),
     train_steps: int = 3,
     frame_steps: int = 0,
-    train_layer_sizes: Sequence[int] = (512, 640),
+    train_layer_sizes: Optional[Sequence[int]] = None,
     train_backends: Sequence[str] = (),
     frame_backends: Sequence[str] = (),
     plain_mlp_presets: Sequence[str] = (),
@@ -619,7 +619,8 @@ def bench_peer(
             frame, then N timed ones, their median (the steady state of a run over many
             frames, the protocol of issue 31). Default: 0.
         train_layer_sizes: square sides of the ``train_layer`` part (512: 1025 tokens,
-            640: 1601). Default: 512, 640.
+            640: 1601). Default: None: ``train_size`` and 5/4 of it rounded up to a patch
+            (512, 640 for the default ``train_size``).
         train_backends: extra ``train`` cases per train preset with the backend forced
             (``'<preset>:<backend>'``, e.g. ``tiled`` beside what ``auto`` picks).
             Default: none.
@@ -681,7 +682,10 @@ def bench_peer(
     if big_frame_size and 'big_frame' in want:
         for preset in big_frame_presets:
             out['bounds'].append(flop_bound(preset, big_frame_size))
-    layer_dtype = DTYPES[autocast] if autocast else torch.float32
+    # the dtype the models' attention runs in: autocast's, else the weights' (``dtype``)
+    layer_dtype = DTYPES[autocast or dtype]
+    if train_layer_sizes is None:
+        train_layer_sizes = (train_size, -(-train_size * 5 // 64) * 16)
     if layer_rounds and device == 'cpu' and 'layer' in want:
         if threads:
             torch.set_num_threads(int(threads))
