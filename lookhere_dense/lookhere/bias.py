@@ -55,6 +55,7 @@ __all__ = [
     'key_bias_table',
     'GridBias',
     'build_grid_bias',
+    'cast_bias',
     'lookhere_bias',
     'pair_index',
     'offset_index',
@@ -194,6 +195,31 @@ def _check_range(bias: Tensor, table: DistanceTable, scale: float, key: bool = F
             'block the key); use smaller slopes'
         )
     return bias
+
+
+def cast_bias(
+    bias: Tensor, dtype: torch.dtype, device: Union[torch.device, str, None] = None
+) -> Tensor:
+    """``bias`` (a float64 table, ``-inf`` where blocked) moved to ``device`` in ``dtype``;
+    a finite entry beyond float16's range (65504) is refused when ``dtype`` is float16:
+    the cast would make it ``-inf``, i.e. block a key the model sees (a row of such keys
+    gives NaN), without a word.
+
+    Raises:
+        ValueError: naming the largest bias and the way out (bfloat16 or float32, or
+            smaller slopes).
+    """
+    if dtype == torch.float16:
+        finite = bias.detach()[torch.isfinite(bias.detach())]
+        limit = torch.finfo(torch.float16).max
+        if finite.numel() and finite.abs().max().item() > limit:
+            raise ValueError(
+                f'LookHere distance bias reaches {finite.abs().max().item():g}, beyond '
+                f'float16 ({limit:g}): in float16 those keys would be blocked (-inf) instead '
+                'of penalised; run in bfloat16 (torch.autocast(..., dtype=torch.bfloat16)) '
+                'or float32, or use smaller slopes'
+            )
+    return bias.to(device=device, dtype=dtype)
 
 
 def relative_bias_table(
@@ -619,9 +645,9 @@ def build_grid_bias(
     """Tables for one grid, moved to ``device`` and cast to ``dtype``."""
     table = relative_bias_table(config, grid_size, depth, num_heads)
     key = key_bias_table(config, grid_size, depth, num_heads)
-    table = table.to(device=device, dtype=dtype)
+    table = cast_bias(table, dtype, device)
     if key is not None:
-        key = key.flatten(2).to(device=device, dtype=dtype)
+        key = cast_bias(key.flatten(2), dtype, device)
     return GridBias(tuple(grid_size), table, key)
 
 

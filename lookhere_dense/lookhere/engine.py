@@ -62,6 +62,7 @@ from .bias import (
     GridBias,
     bias_from_distances,
     build_grid_bias,
+    cast_bias,
     distance_table,
     num_prefix_tokens,
 )
@@ -372,8 +373,8 @@ class LookHereAttentionEngine:
         key = None
         if table.key is not None:
             key = (bias_from_distances(table.key, head, scale, rounding) + 0.0).flatten(1)
-            key = key.to(dtype)[None]
-        return GridBias(tuple(grid_size), rel.to(dtype)[None], key, table.visible[None])
+            key = cast_bias(key, dtype)[None]
+        return GridBias(tuple(grid_size), cast_bias(rel, dtype)[None], key, table.visible[None])
 
     def dense_or_slope_bias(
         self,

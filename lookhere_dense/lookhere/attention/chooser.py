@@ -13,8 +13,9 @@ and takes the first whose ``can_run`` answers None:
 
 ``reference`` (the tests' ground truth) and ``triton`` (a CUDA forward not yet timed on a
 GPU, :mod:`.flash_triton`) are registered but never chosen by ``auto``. The
-CPU kernels refuse attention dropout and learnable slopes while they train; the reasons
-are each backend's own ``can_run`` (:mod:`.common`). :func:`explain` lists, for one
+CPU kernels refuse attention dropout, and ``tiled`` learnable slopes while they train
+(``fused``'s backward gives the table its gradient); the reasons are each backend's own
+``can_run`` (:mod:`.common`). :func:`explain` lists, for one
 request, every backend asked and why it was skipped; :func:`explain_backend` prints that
 for each layer of a model at an image size.
 """

@@ -40,6 +40,7 @@ __all__ = [
     'AttentionCall',
     'FLASH',
     'FLASH_BWD',
+    'last_dim_contiguous',
     'EMPTY_LSE',
     'biased_sdpa',
     'FLASH_BIAS_GRAD_MIN_PAIRS',
@@ -155,6 +156,14 @@ FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 EMPTY_LSE = -1e30
 
 
+def last_dim_contiguous(t: Tensor) -> Tensor:
+    """``t`` with a stride of 1 along its last dimension (a copy only when it has not):
+    :data:`FLASH` / :data:`FLASH_BWD` read the head dimension as contiguous without
+    checking it, and give wrong results for a ``q`` that is not (e.g. a transposed
+    ``(B, heads, d, T)`` tensor transposed back)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 #: float32 / float64: (query, key) pairs per head from which :func:`biased_sdpa` takes the
 #: flash route for a mask that needs a gradient; below, SDPA's math kernel is as fast or
 #: faster there (forward + backward, one thread, B=2, 12 heads of 64, flash / math: 1.0-1.24
@@ -200,6 +209,7 @@ def biased_sdpa(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, dropout_p: float 
             or q.shape[-2] * k.shape[-2] >= FLASH_BIAS_GRAD_MIN_PAIRS
         )
     ):
+        q, k, v, mask = (last_dim_contiguous(t) for t in (q, k, v, mask))
         return FlashBiasGrad.apply(q, k, v, mask)
     return torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p

@@ -634,6 +634,13 @@ class _FusedAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         off, plan = ctx.off, ctx.plan
+        if q.numel() == 0:  # an empty batch (the kernel's checks want real rows)
+            dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+            dtable = torch.zeros_like(ctx.table) if ctx.needs_input_grad[3] else None
+            dkey = None
+            if ctx.needs_input_grad[4] and ctx.key_term is not None:
+                dkey = torch.zeros_like(ctx.key_term)
+            return dq, dk, dv, dtable, dkey, None, None, None, None, None
         dout = dout.to(q.dtype)
         if dout.stride(-1) != 1:
             dout = dout.contiguous()

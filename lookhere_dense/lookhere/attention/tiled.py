@@ -104,6 +104,7 @@ from .common import (
     cached_plan,
     flash_layer_inputs,
     head_groups,
+    last_dim_contiguous,
     merge_partial,
     plan_key,
     work_dtype,
@@ -1053,6 +1054,7 @@ class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
+        dout = last_dim_contiguous(dout)
         dq, dk, dv = _backward(dout, q, k, v, out, lse, ctx.table, ctx.key_term, ctx.plan, ctx.off)
         return dq, dk, dv, None, None, None, None
 
@@ -1091,6 +1093,7 @@ def tiled_attention(
         'tiled', q, k, grid_bias, layer, cls_token, dropout_p
     )
     plan = get_plan(grid_bias, layer, options, plans)
+    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))  # the flash kernel assumes it
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         return _TiledAttention.apply(q, k, v, table, key_term, plan, off)
     return _forward(q, k, v, table, key_term, plan, off, want_lse=False)[0]
