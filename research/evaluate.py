@@ -38,8 +38,8 @@ def refusal(err: MemoryBudgetError) -> Dict[str, Any]:
     """What a report records of an evaluation the memory guard refused
     (:class:`~lookhere_dense.errors.MemoryBudgetError` ``err``): ``refused`` (its message,
     with the cheaper options), ``estimate_mb`` / ``limit_mb`` (the pass's estimated peak
-    and the limit it exceeded; None when unknown) and ``limit_source`` (the ``--max-memory``
-    budget or the memory left)."""
+    and the limit it exceeded, in MiB despite the names; None when unknown) and
+    ``limit_source`` (the ``--max-memory`` budget or the memory left)."""
 
     def mb(b: Optional[int]) -> Optional[float]:
         return None if b is None else round(b / 2**20, 1)

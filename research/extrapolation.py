@@ -299,7 +299,7 @@ def evaluate_spec(
         area, :func:`median_shape`), ``input_sizes`` (how many distinct sizes were tested),
         ``input_h_range, input_w_range`` (``[min, max]`` of each side), ``grid_h, grid_w``
         (patch grid the backbone saw for the median image; a window's for slide tests),
-        ``mIoU, aAcc, mAcc``, ``sec_per_img`` (model time), ``peak_mem_mb``,
+        ``mIoU, aAcc, mAcc``, ``sec_per_img`` (model time), ``peak_mem_mb`` (MiB),
         ``memory_kind`` (:attr:`PeakMemory.kind`), ``images``.
 
     Raises:
@@ -361,12 +361,12 @@ def _measured_rows(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
 def _memory_label(rows: Sequence[Dict[str, Any]]) -> str:
     measured = _measured_rows(rows)
     cuda = measured and measured[0]['memory_kind'] == 'cuda_max_allocated'
-    return 'peak GPU MB' if cuda else 'peak RSS MB'
+    return 'peak GPU MiB' if cuda else 'peak RSS MiB'
 
 
 def _refusal_cell(row: Dict[str, Any]) -> str:
     """``est. 12595 > 8192``: the refused pass's estimated rise of memory and the limit
-    it exceeded, in MB (the estimate counts what the pass would add to the memory in use,
+    it exceeded, in MiB (the estimate counts what the pass would add to the memory in use,
     not the process's peak)."""
     if row.get('estimate_mb') is None or row.get('limit_mb') is None:
         return 'refused'
@@ -388,7 +388,7 @@ def format_row(row: Dict[str, Any]) -> str:
     """One report row as the progress line ``tools/extrapolate.py`` prints."""
     if row.get('refused'):
         why = (
-            f'estimated peak {row["estimate_mb"]:.0f} MB > {row["limit_mb"]:.0f} MB, '
+            f'estimated peak {row["estimate_mb"]:.0f} MiB > {row["limit_mb"]:.0f} MiB, '
             f'{row["limit_source"]}'
             if row.get('estimate_mb') is not None and row.get('limit_mb') is not None
             else 'over the memory limit'
@@ -397,7 +397,7 @@ def format_row(row: Dict[str, Any]) -> str:
     return (
         f'{row["test"]:>18}: mIoU {row["mIoU"]:6.2f}  input {input_cell(row)}  '
         f'grid {row["grid_h"]}x{row["grid_w"]}  '
-        f'{row["sec_per_img"]:.3f} s/img  peak {row["peak_mem_mb"]:.0f} MB'
+        f'{row["sec_per_img"]:.3f} s/img  peak {row["peak_mem_mb"]:.0f} MiB'
     )
 
 

@@ -344,6 +344,12 @@ def test_a_smaller_frame_is_offered_with_its_logits_scaled_and_then_fits():
     assert abs(h - 512 * scale) <= 3 and abs(w - 1024 * scale) <= 6
     x = torch.randn(1, 3, h, w)
     assert _refusal(model, budget, x, _samples((h, w), (256, 512))) is None
+    # as the offered size reaches the model through a test pipeline that pads to whole
+    # patches (size_divisor): it fits too (it was refused again, offering a pixel less)
+    ph, pw = (-(-side // 16) * 16 for side in (h, w))
+    assert (ph, pw) != (h, w)
+    x = torch.randn(1, 3, ph, pw)
+    assert _refusal(model, budget, x, _samples((ph, pw), (256, 512))) is None
 
 
 def test_infer_whole_offers_slide_and_a_detection_config_is_one_line(tmp_path):

@@ -445,9 +445,13 @@ def _largest_scale(info: Dict[str, Any], limit: int) -> Optional[Tuple[float, in
 
     else:
         _, h, w = info['frame']
+        p = int(getattr(info['trunk'], 'patch_size', 1) or 1)
 
         def estimate(s: float) -> int:
-            hs, ws = max(1, int(h * s)), max(1, int(w * s))
+            # at the size the offered frame reaches the model: padded to whole patches (a
+            # test pipeline's size_divisor / the backbone pad it; else the user passing the
+            # offered size is refused again, and offered a size one pixel smaller)
+            hs, ws = (-(-max(1, int(side * s)) // p) * p for side in (h, w))
             return estimate_peak(**_frame_args(info, hs, ws, info.get('mode', 'whole')))['total']
 
     if estimate(0.01) > limit:
