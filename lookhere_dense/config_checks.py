@@ -886,9 +886,10 @@ def check_loop_values(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'te
     optimizer = wrapper.get('optimizer') if isinstance(wrapper, Mapping) else None
     lr = optimizer.get('lr') if isinstance(optimizer, Mapping) else None
     if 'train' in splits and lr is not None:
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr >= 0:
-            raise ConfigError(
-                f'optim_wrapper.optimizer.lr={lr!r}: the learning rate must be a number >= 0'
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 <= lr < math.inf:
+            raise ConfigError(  # NaN, and inf (which trained on until it diverged)
+                f'optim_wrapper.optimizer.lr={lr!r}: the learning rate must be a finite '
+                'number >= 0'
             )
     train_cfg = cfg.get('train_cfg')
     interval = train_cfg.get('val_interval') if isinstance(train_cfg, Mapping) else None
@@ -901,9 +902,9 @@ def check_loop_values(cfg: Mapping, splits: Sequence[str] = ('train', 'val', 'te
     ):
         raise ConfigError(  # mmengine divided by it after the first iteration
             f'train_cfg.val_interval={interval!r}: validate every N >= 1 iterations (or '
-            'epochs); to never validate, set val_interval larger than the run '
-            '(train_cfg.val_interval=1000000) or val_cfg=None val_dataloader=None '
-            'val_evaluator=None'
+            'epochs); to never validate, start validating after the run '
+            '(train_cfg.val_begin=1000000: a val_interval larger than the run still '
+            'validates at its end) or val_cfg=None val_dataloader=None val_evaluator=None'
         )
 
 

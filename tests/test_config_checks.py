@@ -811,6 +811,12 @@ def test_a_batch_size_below_one_or_a_negative_lr_is_named():
         check_loop_values(load_config(SEGMENTER, {'optim_wrapper.optimizer.lr': -1}))
     with pytest.raises(ConfigError, match=r'train_cfg\.val_interval=0: validate every N >= 1'):
         check_loop_values(load_config(SEGMENTER, {'train_cfg.val_interval': 0}))
+    # the advice: mmengine's loop validates at the last iteration whatever the interval
+    with pytest.raises(ConfigError, match=r'train_cfg\.val_begin=1000000'):
+        check_loop_values(load_config(SEGMENTER, {'train_cfg.val_interval': 0}))
+    for lr in (float('inf'), float('nan')):  # inf trained on until it diverged
+        with pytest.raises(ConfigError, match=r'lr=(inf|nan): the learning rate must be a finite'):
+            check_loop_values(load_config(SEGMENTER, {'optim_wrapper.optimizer.lr': lr}))
     # a test run does not read the training settings
     check_loop_values(load_config(SEGMENTER, {'optim_wrapper.optimizer.lr': -1}), ('test',))
     check_loop_values(load_config(SEGMENTER, {'train_cfg.val_interval': 0}), ('test',))

@@ -496,6 +496,7 @@ def test_run_options_refuse_zero_instead_of_reading_it_as_the_configs(repo_root,
     run = run_config(cfg, 'abs', 0, RunOptions(), str(tmp_path))
     assert run.train_dataloader.batch_size == cfg.train_dataloader.batch_size
     assert run.train_cfg.val_interval == cfg.train_cfg.max_iters + 1
+    assert run.train_cfg.val_begin == cfg.train_cfg.max_iters + 1  # else it validates at the end
     run = run_config(cfg, 'abs', 0, RunOptions(batch_size=1, lr=0.5), str(tmp_path))
     assert run.train_dataloader.batch_size == 1 and run.optim_wrapper.optimizer.lr == 0.5
 

@@ -829,8 +829,12 @@ class EvalBatchCheckHook(Hook):
             path = meta.get('img_path')
             return f'{h}x{w}' + (f" ('{path}')" if path else '')
 
+        # the configured size (a last, short batch, or a dataset smaller than the batch,
+        # holds fewer images than the user set)
+        loader = (getattr(runner, 'cfg', None) or {}).get(f'{split}_dataloader') or {}
+        size = loader.get('batch_size', len(inputs)) if hasattr(loader, 'get') else len(inputs)
         head = (
-            f'{split}_dataloader.batch_size={len(inputs)}: {split} batch {batch_idx} holds '
+            f'{split}_dataloader.batch_size={size}: {split} batch {batch_idx} holds '
             f'images of different sizes ({image(0)} and {image(other)})'
         )
         if seg:

@@ -132,9 +132,11 @@ def run_config(base_cfg, spec: str, seed: int, options: RunOptions, work_dir: st
         cfg.train_dataloader.batch_size = options.batch_size
     if options.lr is not None:
         cfg.optim_wrapper.optimizer.lr = options.lr
-    cfg.train_cfg.val_interval = (
-        options.val_interval if options.val_interval is not None else cfg.train_cfg.max_iters + 1
-    )
+    if options.val_interval is not None:
+        cfg.train_cfg.val_interval = options.val_interval
+    else:  # mmengine's loop validates at the last iteration whatever the interval: no start
+        cfg.train_cfg.val_interval = cfg.train_cfg.max_iters + 1
+        cfg.train_cfg.val_begin = cfg.train_cfg.max_iters + 1
     if cfg.get('visualizer'):
         cfg.visualizer.pop('name', None)  # one global visualizer name per Runner
     if not options.keep_test_mode:
