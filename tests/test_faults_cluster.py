@@ -267,6 +267,26 @@ def test_ctrl_c_saves_the_current_iteration_and_restores_the_handler(data, tmp_p
     assert after is before
 
 
+def test_ctrl_c_in_the_last_validation_is_acknowledged_and_said(data, tmp_path, capfd):
+    """A SIGINT while the last validation runs: the run had nothing left to stop, ended
+    with status 0 and said nothing (the README promises one line); now the signal is
+    acknowledged when it arrives and the end of the run says what happened."""
+    work = str(tmp_path / 'work')
+    cfg = tmp_path / 'sigint_val.py'
+    cfg.write_text(
+        f'_base_ = [{ADE_CFG!r}]\n'
+        f'custom_hooks = [dict(type={_BreakWorkDirHook.__name__!r}, at={N}, '
+        "action='SIGINT-val', path='')]\n"
+    )
+    runner = train_model(str(cfg), work_dir=work, cfg_options=options(*roots(data), *SHRINK, *RUN))
+    assert runner.iter == N
+    err = capfd.readouterr().err
+    assert 'SIGINT received: the run saves and stops after the current training iteration' in err
+    log = open(glob.glob(osp.join(work, '*', '*.log'))[0]).read()
+    assert 'SIGINT received after the last training iteration: training had ended' in log
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_a_signal_mid_accumulation_trains_on_to_the_step_and_resume_loses_nothing(data, tmp_path):
     """With ``accumulative_counts=2`` a SIGINT after iteration 3 saved iteration 3: the
     gradient summed in it was in no checkpoint, and the resumed run ended up to 3e-3 away
@@ -323,8 +343,12 @@ class _BreakWorkDirHook(Hook):
     def __init__(self, at: int, action: str, path: str):
         self.at, self.action, self.path = at, action, path
 
+    def before_val_iter(self, runner, batch_idx, data_batch=None):
+        if self.action == 'SIGINT-val' and runner.iter == self.at and batch_idx == 0:
+            os.kill(os.getpid(), signal.SIGINT)
+
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
-        if runner.iter + 1 != self.at:
+        if runner.iter + 1 != self.at or self.action == 'SIGINT-val':
             return
         if self.action == 'remove':
             shutil.rmtree(self.path)
@@ -1212,6 +1236,10 @@ def test_an_eval_batch_of_mixed_sizes_names_the_batch_size_and_the_images(data, 
     )
     with pytest.raises(ConfigError, match=pattern):
         evaluate_checkpoint(ADE_CFG, ckpt, work_dir=str(tmp_path / 't'), cfg_options=options(*two))
+    # a batch size above the dataset's: the configured one is named, not the images held
+    big = [*roots(data), *SHRINK, 'test_dataloader.batch_size=64']
+    with pytest.raises(ConfigError, match=r'test_dataloader.batch_size=64: test batch 0 holds'):
+        evaluate_checkpoint(ADE_CFG, ckpt, work_dir=str(tmp_path / 'b'), cfg_options=options(*big))
     mixed = [  # a preprocessor built on mmseg's (the study's mixed-crops aid): checked too
         'model.data_preprocessor.type=MixedCropSegDataPreProcessor',
         'model.data_preprocessor.crop_sizes=[64]',

@@ -21,13 +21,15 @@ it at a barrier, then all stop.
 
 A second SIGINT stops at once (``KeyboardInterrupt``: a person pressing Ctrl-C twice means
 it); repeated SIGTERMs are ignored, since schedulers and torchrun may each deliver one.
-A signal during validation is acted on after the next training iteration (or when
-training ends). Epoch-based loops keep the last epoch checkpoint (mmengine resumes them
+A signal is acknowledged on stderr when it arrives; one during validation is acted on
+after the next training iteration (during the last validation the run ends normally, with
+a warning saying so). Epoch-based loops keep the last epoch checkpoint (mmengine resumes them
 at epoch boundaries only) and stop at once after the current iteration.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Dict, Optional
@@ -72,6 +74,17 @@ class SignalCheckpointHook(Hook):
             raise KeyboardInterrupt
         if not self._received:
             self._received = signum
+            # acknowledged at once (a validation running now finishes first, which may take
+            # minutes); os.write: no buffered stream is re-entered from a signal handler
+            again = ' (Ctrl-C again stops at once)' if signum == signal.SIGINT else ''
+            note = (
+                f'{signal.Signals(signum).name} received: the run saves and stops after the '
+                f'current training iteration; a validation running now finishes first{again}\n'
+            )
+            try:
+                os.write(2, note.encode())
+            except OSError:
+                pass
 
     def _install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -95,6 +108,12 @@ class SignalCheckpointHook(Hook):
         self._install()
 
     def after_train(self, runner) -> None:
+        if self._received:  # during the last validation, or after the last iteration
+            runner.logger.warning(
+                f'{signal.Signals(self._received).name} received after the last training '
+                'iteration: training had ended, and the run finishes as it would have '
+                '(its checkpoints are complete)'
+            )
         self.restore_handlers()
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
