@@ -581,7 +581,7 @@ def test_converted_files_record_the_head_count(official, tmp_path: Path):
     )
     flat = tmp_path / 'flat.pth'  # 96 channels: no head-width convention applies
     torch.save({k: v for k, v in six.state_dict().items() if k != '_extra_state'}, flat)
-    outs = [tmp_path / f'{name}.pth' for name in ('official', 'six', 'flat', 'wrong')]
+    outs = [tmp_path / f'{name}.pth' for name in ('official', 'six', 'flat_out', 'wrong')]
     res = run_tools(
         [
             ('convert_checkpoint', [str(path), str(outs[0])]),

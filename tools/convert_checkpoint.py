@@ -99,6 +99,34 @@ def _check_heads(args, weights) -> None:
             ) from None
 
 
+def _check_dst(args) -> None:
+    """Refuse an output that cannot be written as asked, before reading the source: a
+    folder, the source itself, a ``.safetensors`` name (its reader keeps tensors alone, not
+    the ``meta`` this tool records), or a path under an existing file."""
+    from lookhere_dense.errors import ToolError
+
+    dst = args.dst
+    if os.path.isdir(dst) or dst.endswith(os.sep):
+        raise ToolError(f'dst {dst!r} is a folder: give the file to write, e.g. FOLDER/x.pth')
+    if os.path.realpath(dst) == os.path.realpath(args.src) or (
+        os.path.exists(dst) and os.path.exists(args.src) and os.path.samefile(dst, args.src)
+    ):
+        raise ToolError(
+            f'dst {dst!r} is the source file {args.src!r}: converting in place would '
+            'overwrite the original; give another output file'
+        )
+    if dst.lower().endswith('.safetensors'):
+        raise ToolError(
+            f'dst {dst!r}: a .safetensors file keeps tensors alone, not the LookHere config, '
+            'head count and position encoding this tool records: name the output .pth'
+        )
+    parent = os.path.dirname(os.path.abspath(dst))
+    while not os.path.lexists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if os.path.lexists(parent) and not os.path.isdir(parent):
+        raise ToolError(f'dst {dst!r} cannot be written: {parent!r} is a file, not a folder')
+
+
 def main(argv=None) -> int:
     """Convert; a file that is missing, unreadable or holds no ViT weights ends in one
     ``error:`` line (exit status 2)."""
@@ -110,17 +138,17 @@ def main(argv=None) -> int:
         OFFICIAL_NUM_HEADS,
         backbone_weights,
         file_depth,
+        missing_blocks,
         save_backbone_checkpoint,
     )
 
-    if os.path.isdir(args.dst) or args.dst.endswith(os.sep):
-        raise ToolError(f'dst {args.dst!r} is a folder: give the file to write, e.g. FOLDER/x.pth')
+    _check_dst(args)
     # a Runner checkpoint (work_dir/iter_N.pth) holds mmengine's message-hub objects: allow
     # exactly those, as register_all_modules does (torch alone without mmengine: nothing)
     compat.apply()
     try:
         weights = backbone_weights(
-            load_checkpoint_file(args.src), keep_pos_embed=args.keep_pos_embed
+            load_checkpoint_file(args.src), keep_pos_embed=args.keep_pos_embed, source=args.src
         )
     except CheckpointError as err:
         if (
@@ -139,6 +167,13 @@ def main(argv=None) -> int:
             f'{args.src!r} holds no transformer blocks (blocks.N.*) after reading it as a '
             f'{weights.format} file; first keys: {sorted(weights.state_dict)[:6]}'
         )
+    gaps = missing_blocks(weights.state_dict)
+    if gaps:
+        raise ToolError(
+            f'{args.src!r} lacks the blocks {", ".join(f"blocks.{i}" for i in gaps)} below its '
+            f'last, blocks.{file_depth(weights.state_dict) - 1}: no whole trunk (a damaged '
+            'or filtered file); nothing was written'
+        )
     num_heads, how = weights.num_heads, 'recorded in the file'
     if args.num_heads is not None:
         if num_heads is not None and num_heads != args.num_heads:
@@ -152,10 +187,19 @@ def main(argv=None) -> int:
         num_heads, how = OFFICIAL_NUM_HEADS, 'official LookHere file: the official models have 12'
     try:
         save_backbone_checkpoint(
-            args.dst, weights.state_dict, weights.lh_config, source=args.src, num_heads=num_heads
+            args.dst,
+            weights.state_dict,
+            weights.lh_config,
+            source=args.src,
+            num_heads=num_heads,
+            pos_encoding=weights.pos_encoding,
         )
-    except OSError as err:
-        raise ToolError(f'could not write {args.dst!r}: {err.strerror or err}') from None
+    except (OSError, RuntimeError) as err:  # torch's writer raises RuntimeError
+        from lookhere_dense.checkpoint.atomic import describe_path_error
+
+        why = describe_path_error(err) if isinstance(err, OSError) else str(err).split('\n')[0]
+        kept = ' (the file already there is left as it was)' if os.path.exists(args.dst) else ''
+        raise ToolError(f'could not write {args.dst!r}: {why}{kept}') from None
     n_params = sum(v.numel() for v in weights.state_dict.values())
     print(
         f'{args.src}: {weights.format} format, {len(weights.state_dict)} tensors '

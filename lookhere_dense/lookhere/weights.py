@@ -49,6 +49,7 @@ message naming the key to set. Torch alone.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import warnings
@@ -68,6 +69,7 @@ from ..checkpoint import (
     read_record,
     strip_prefix,
 )
+from ..checkpoint.atomic import atomic_write_bytes
 from ..errors import CheckpointError
 from ..validation import int_or_none, is_int
 from .config import OFFICIAL_KEYS, resolve_lh_config
@@ -86,6 +88,7 @@ __all__ = [
     'vit_loose_advice',
     'has_layerscale',
     'file_depth',
+    'missing_blocks',
     'is_mmseg_vit',
     'mmseg_vit_to_timm',
     'load_backbone_weights',
@@ -93,6 +96,7 @@ __all__ = [
     'check_backbone_record',
     'adopt_lh_config',
     'save_backbone_checkpoint',
+    'file_pos_encoding',
     'HEADS_KEY',
     'OFFICIAL_NUM_HEADS',
     'TIMM_HEAD_DIM',
@@ -213,26 +217,69 @@ def ema_preferred(ckpt: Mapping[str, Any]) -> Mapping[str, Any]:
     return ckpt
 
 
-def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> BackboneWeights:
+def _mapping(value: Any, key: str, where: str) -> Dict[str, Any]:
+    """``value`` (a checkpoint's entry ``key``) as a dict, else a CheckpointError naming
+    the file and the key."""
+    if not isinstance(value, Mapping):
+        raise CheckpointError(
+            f'{where}: {key} is a {type(value).__name__} ({_short(value)}), not a dict'
+        )
+    return dict(value)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + '...'
+
+
+def backbone_weights(
+    ckpt: Mapping[str, Any], keep_pos_embed: bool = False, source: Optional[str] = None
+) -> BackboneWeights:
     """Recognise a checkpoint's format and return its backbone weights in our keys.
 
     Args:
         ckpt: the loaded checkpoint (see :func:`load_checkpoint_file`).
         keep_pos_embed: keep a timm ``pos_embed`` (only a backbone with an absolute
             position embedding uses it). Default: False (dropped and listed).
+        source: the file, for messages. Default: None (``'the checkpoint'``).
+
+    Raises:
+        CheckpointError: no ViT weights, or a container that is malformed (``weights`` /
+            ``config`` / ``state_dict`` / ``meta`` of the wrong type, a value that is no
+            tensor), naming the file and the key.
     """
+    where = 'the checkpoint' if source is None else _source_words(os.fspath(source))
     lh_config = None
     num_heads = None
+    pos_encoding = None
+    if not isinstance(ckpt, Mapping):
+        raise CheckpointError(f'{where} is a {type(ckpt).__name__}, not a dict of weights')
     ckpt = ema_preferred(ckpt)
     if 'weights' in ckpt and 'config' in ckpt:
-        fmt, sd, lh_config = 'official', dict(ckpt['weights']), dict(ckpt['config'])
+        fmt = 'official'
+        sd = _mapping(ckpt['weights'], "'weights'", where)
+        lh_config = _mapping(ckpt['config'], "'config'", where + ' (official LookHere file)')
     elif 'state_dict' in ckpt:
-        sd = dict(ckpt['state_dict'])
+        sd = _mapping(ckpt['state_dict'], "'state_dict'", where)
         meta = ckpt.get('meta') or {}
-        if isinstance(meta, Mapping):
+        if not isinstance(meta, Mapping):
+            raise CheckpointError(
+                f"{where}: 'meta' is a {type(meta).__name__} ({_short(meta)}), not a dict"
+            )
+        if meta:
             num_heads = int_or_none(meta.get('num_heads'))  # save_backbone_checkpoint's
+            if meta.get('num_heads') is not None and num_heads is None:
+                raise CheckpointError(
+                    f"{where}: meta 'num_heads' is {_short(meta['num_heads'])}, not an int"
+                )
+            pos_encoding = meta.get('pos_encoding')
+            if pos_encoding is not None and not isinstance(pos_encoding, str):
+                raise CheckpointError(
+                    f"{where}: meta 'pos_encoding' is {_short(pos_encoding)}, not a name"
+                )
         if isinstance(meta, Mapping) and meta.get('lookhere_config') is not None:
-            fmt, lh_config = 'lookhere-dense', dict(meta['lookhere_config'])
+            fmt = 'lookhere-dense'
+            lh_config = _mapping(meta['lookhere_config'], "meta 'lookhere_config'", where)
         elif any(k.startswith('backbone.') for k in sd):
             fmt, sd = 'mmengine', strip_prefix(sd, 'backbone.')
         else:
@@ -241,6 +288,9 @@ def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> B
         fmt, sd = 'timm', dict(ckpt['model'])
     else:
         fmt, sd = 'timm', dict(ckpt)
+    if not all(isinstance(k, str) for k in sd):
+        bad = next(k for k in sd if not isinstance(k, str))
+        raise CheckpointError(f'{where}: the weights have a key {bad!r} that is no name')
 
     if any(k.startswith('module.') for k in sd):
         sd = strip_prefix(sd, 'module.')
@@ -252,14 +302,19 @@ def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> B
         fmt, sd = 'mmseg', mmseg_vit_to_timm(sd)
     if not _has_vit_keys(sd):
         raise CheckpointError(
-            'checkpoint has no ViT backbone weights (no "blocks.*" or '
+            ('' if source is None else f'{where}: ')
+            + 'checkpoint has no ViT backbone weights (no "blocks.*" or '
             f'"patch_embed.*" keys); first keys: {sorted(sd)[:8]}'
         )
-    pos_encoding = 'lookhere' if fmt == 'official' else None
+    if fmt == 'official':
+        pos_encoding = 'lookhere'
     extra = sd.pop(EXTRA_STATE_KEY, None)  # LookHereViT.get_extra_state() of our own saves
     if extra is not None:
-        extra = read_record(extra)
-        pos_encoding = extra.get('pos_encoding')
+        try:
+            extra = read_record(extra)
+        except CheckpointError as err:
+            raise CheckpointError(f'{where}: {EXTRA_STATE_KEY!r}: {err}') from None
+        pos_encoding = extra.get('pos_encoding') or pos_encoding
         if lh_config is None and extra.get('lh_config') is not None:
             lh_config = dict(extra['lh_config'])
         if num_heads is None:
@@ -275,6 +330,11 @@ def backbone_weights(ckpt: Mapping[str, Any], keep_pos_embed: bool = False) -> B
         if _CLASSIFIER.match(key) or (key == 'pos_embed' and not keep_pos_embed):
             dropped.append(key)
             continue
+        if not isinstance(value, Tensor):
+            raise CheckpointError(
+                f'{where}: {key!r} holds a {type(value).__name__} ({_short(value)}), not a '
+                'tensor: the file is damaged or no weights file'
+            )
         out[key] = value
     return BackboneWeights(out, fmt, lh_config, sorted(dropped), pos_encoding, num_heads)
 
@@ -415,6 +475,28 @@ def _prefixes(depths: Mapping[str, int]) -> str:
     return ' and '.join(f'{p}blocks.0-{n - 1}' for p, n in sorted(depths.items()))
 
 
+def missing_blocks(keys: Iterable[str], prefix: str = '') -> List[int]:
+    """The block indices below the largest that ``{prefix}blocks.{i}.*`` keys lack (a
+    file with blocks 0, 1, 2, 7 lacks 3-6: no whole trunk of any depth)."""
+    seen = set()
+    for k in keys:
+        m = _ANY_BLOCK.match(k)
+        if m and m.group(1) == prefix:
+            seen.add(int(m.group(2)))
+    return [i for i in range(max(seen) + 1) if i not in seen] if seen else []
+
+
+def _ranges(indices: Sequence[int]) -> str:
+    """``[3, 4, 5, 9]`` -> ``'3-5, 9'``."""
+    parts: List[str] = []
+    for i in indices:
+        if parts and parts[-1][1] == i - 1:
+            parts[-1][1] = i
+        else:
+            parts.append([i, i])
+    return ', '.join(f'{a}' if a == b else f'{a}-{b}' for a, b in parts)
+
+
 def file_depth(keys: Iterable[str]) -> int:
     """The number of blocks of a trunk's keys (``blocks.{i}.*``, timm's names): one more
     than the largest ``i``, 0 without blocks."""
@@ -534,7 +616,14 @@ def vit_key_hints(
         return [f'{said}: a checkpoint of another model']
     for prefix in sorted(set(in_file) & set(in_model)):
         have, want = in_file[prefix], in_model[prefix]
-        if have != want:
+        gaps = missing_blocks(file_keys, prefix)
+        if gaps:
+            hints.append(
+                f'the file lacks the blocks {prefix}blocks.{_ranges(gaps)} below its last, '
+                f'{prefix}blocks.{have - 1}: no whole trunk (a damaged or filtered file), '
+                'whatever num_layers'
+            )
+        elif have != want:
             hints.append(
                 f'the file has {have} blocks ({prefix}blocks.0-{have - 1}), the '
                 f'model {want}: set num_layers={have}'
@@ -582,8 +671,11 @@ def save_backbone_checkpoint(
     lh_config: Optional[Mapping[str, Any]],
     source: str,
     num_heads: Optional[int] = None,
+    pos_encoding: Optional[str] = None,
 ) -> None:
-    """Write backbone weights as ``{'state_dict': ..., 'meta': {...}}``.
+    """Write backbone weights as ``{'state_dict': ..., 'meta': {...}}``, atomically (a
+    temporary file in the same folder renamed onto ``path``: a failed write leaves an
+    earlier file there as it was).
 
     The file works with ``init_cfg=dict(type='Pretrained', checkpoint=path)`` of
     ``LookHereViT`` (which also takes the stored LookHere config from ``meta``). Only
@@ -594,14 +686,33 @@ def save_backbone_checkpoint(
         num_heads: the head count of the weights, written to ``meta['num_heads']`` so
             loading can check it; None: taken from the ``_extra_state`` of a saved
             ``LookHereViT`` in ``state_dict``, else not recorded. Default: None.
+        pos_encoding: the ``pos_encoding`` the weights were trained with, written to
+            ``meta['pos_encoding']`` so loading refuses a model of another; None: taken
+            from the ``_extra_state`` in ``state_dict``, else not recorded. Default: None.
+
+    Raises:
+        CheckpointError: a value of ``state_dict`` that is no tensor (nothing written).
+        OSError: the write failed (``path`` untouched).
     """
     extra = state_dict.get(EXTRA_STATE_KEY)
-    if num_heads is None and extra is not None:
-        num_heads = int_or_none(read_record(extra).get('num_heads'))
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if extra is not None:
+        record = read_record(extra)
+        if num_heads is None:
+            num_heads = int_or_none(record.get('num_heads'))
+        if pos_encoding is None:
+            pos_encoding = record.get('pos_encoding')
+    bad = [
+        k for k, v in state_dict.items() if not isinstance(v, Tensor) and not is_extra_state_key(k)
+    ]
+    if bad:
+        raise CheckpointError(
+            f'{source!r}: {listed(bad)} hold no tensor '
+            f'({type(state_dict[bad[0]]).__name__}); nothing was written'
+        )
     meta = {
         'lookhere_config': None if lh_config is None else dict(lh_config),
         'num_heads': num_heads,
+        'pos_encoding': pos_encoding,
         'source': source,
         'converted_by': __name__,
     }
@@ -610,7 +721,10 @@ def save_backbone_checkpoint(
         for k, v in state_dict.items()
         if isinstance(v, Tensor) and not is_extra_state_key(k)
     }
-    torch.save({'state_dict': tensors, 'meta': meta}, path)
+    buffer = io.BytesIO()
+    torch.save({'state_dict': tensors, 'meta': meta}, buffer)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write_bytes(os.fspath(path), buffer.getvalue())
 
 
 # ----------------------------------------------------------------------------------------
@@ -692,6 +806,22 @@ def layernorm_eps_note(model: Any, weights: BackboneWeights, path: str) -> Optio
     )
 
 
+def file_pos_encoding(weights: BackboneWeights) -> Optional[str]:
+    """The ``pos_encoding`` the weights were trained with: recorded in the file (the
+    ``_extra_state`` of a saved trunk, ``meta['pos_encoding']`` of a converted file,
+    ``'lookhere'`` for official files), else told by its keys and record: a LookHere config
+    without a recorded encoding (converted before encodings were recorded) is
+    ``'lookhere'``, a table ``pos_enc.pos_embed`` (only the ``'abs'`` trunk saves one) is
+    ``'abs'``; None (unknown: timm / DeiT-III / mmseg files, which fit any encoding)."""
+    if weights.pos_encoding is not None:
+        return weights.pos_encoding
+    if weights.lh_config is not None:
+        return 'lookhere'
+    if 'pos_enc.pos_embed' in weights.state_dict:
+        return 'abs'
+    return None
+
+
 def load_backbone_weights(
     model: Any,
     checkpoint: Union[str, 'os.PathLike[str]', Mapping[str, Any]],
@@ -741,32 +871,57 @@ def load_backbone_weights(
         check_weights_argument('checkpoint', checkpoint)
         path, ckpt = source or 'the checkpoint', checkpoint
     is_abs = isinstance(model.pos_enc, AbsolutePositionEncoding)
-    weights = backbone_weights(ckpt, keep_pos_embed=is_abs)
-    if weights.pos_encoding == 'alibi2d' and model.pos_encoding != 'alibi2d':
+    weights = backbone_weights(ckpt, keep_pos_embed=is_abs, source=path)
+    file_encoding = file_pos_encoding(weights)
+    if file_encoding == 'alibi2d' and model.pos_encoding != 'alibi2d':
         weights.lh_config = None  # 2D-ALiBi slopes: meaningless for another encoding
-    if weights.lh_config is not None:
-        file_encoding = weights.pos_encoding or 'lookhere'
-        if model.pos_encoding != file_encoding:
-            raise CheckpointError(
-                f'{path!r} ({weights.format} format) holds a '
-                f'{file_encoding!r} model (config {weights.lh_config}); it '
-                f'loads only into pos_encoding={file_encoding!r}, not '
-                f'{model.pos_encoding!r}'
-            )
+    if file_encoding == 'lookhere' and model.pos_encoding != 'lookhere':
+        raise CheckpointError(
+            f'{_source_words(path)} ({weights.format} format) holds a '
+            f"'lookhere' model (config {weights.lh_config}); it loads only into "
+            f"pos_encoding='lookhere', not {model.pos_encoding!r}: set "
+            "model.backbone.pos_encoding='lookhere'"
+        )
+    if file_encoding is not None and model.pos_encoding != file_encoding:
+        # a trunk of another encoding as pretraining (as timm's 'abs' weights are): said,
+        # never silent
+        warnings.warn(
+            f'{path}: weights trained with pos_encoding={file_encoding!r} ({weights.format} '
+            f'format, recorded in the file) loaded into a pos_encoding={model.pos_encoding!r} '
+            'backbone: its trunk is used as pretraining, the position encoding it was '
+            f'trained with is not, so its features differ from the original model; set '
+            f'pos_encoding={file_encoding!r} to use the model as it was trained',
+            UserWarning,
+            stacklevel=2,
+        )
     pos_note = ''
     if is_abs:
         stored = [k for k in ('pos_embed', 'pos_enc.pos_embed') if k in weights.state_dict]
         if stored:
             sd = weights.state_dict
-            pos_embed, cls_entry, pos_note = model.pos_enc.adapt_checkpoint_embedding(
-                sd.pop(stored[0])
-            )
+            try:
+                pos_embed, cls_entry, pos_note = model.pos_enc.adapt_checkpoint_embedding(
+                    sd.pop(stored[0])
+                )
+            except ValueError as err:
+                reg = sd.get('reg_token')
+                extra = (
+                    f'; the file has {reg.shape[1]} register tokens (reg_token, timm '
+                    'reg_tokens), which this trunk has none of: such a pos_embed (and '
+                    "file) does not fit pos_encoding='abs'; convert it without "
+                    '--keep-pos-embed for another encoding'
+                    if isinstance(reg, Tensor) and reg.dim() == 3
+                    else ''
+                )
+                raise CheckpointError(
+                    f'{_source_words(path)}: {stored[0]!r} cannot be used: {err}{extra}'
+                ) from None
             sd['pos_enc.pos_embed'] = pos_embed
             if cls_entry is not None and 'cls_token' in sd:
                 sd['cls_token'] = sd['cls_token'] + cls_entry
                 pos_note += ', added to cls_token'
             pos_note = f'; {stored[0]} -> pos_enc.pos_embed: {pos_note}'
-    dropped = unused_checkpoint_keys(model, weights.state_dict, weights.pos_encoding)
+    dropped = unused_checkpoint_keys(model, weights.state_dict, file_encoding)
 
     def verify() -> None:  # after the key checks, before anything is loaded
         heads, how = file_num_heads(weights)

@@ -128,7 +128,8 @@ class AbsolutePositionEncoding(PositionEncoding):
 
         Accepts ``(1, N, D)`` with ``N = h*w`` (DeiT-III / ours) or ``N = 1 + h*w`` (timm
         ViTs with a CLS entry, returned separately). ``(h, w)`` is this encoding's grid when
-        ``N`` matches it, else the square ``sqrt(N)`` grid.
+        ``N`` or ``N - 1`` matches it (tested first: a non-square grid with a CLS entry can
+        have a square length), else the square ``sqrt(N)`` / ``sqrt(N - 1)`` grid.
 
         Returns:
             ``(patches, cls_entry, note)``: the ``(1, H*W, D)`` patch embedding, the
@@ -159,18 +160,27 @@ class AbsolutePositionEncoding(PositionEncoding):
 
         n = pos_embed.shape[1]
         cls_entry = None
-        if n == own or square(n):
-            src = self.grid_size if n == own else square(n)
-        elif n - 1 == own or square(n - 1):
-            cls_entry, pos_embed = pos_embed[:, :1], pos_embed[:, 1:]
-            notes.append('split off its CLS entry')
-            src = self.grid_size if n - 1 == own else square(n - 1)
+        # this grid exactly (with or without a CLS entry) before any square-grid guess: a
+        # non-square h x w grid with CLS (e.g. 6x8 + 1 = 49) would else be read as a 7x7
+        if n == own:
+            src = self.grid_size
+        elif n - 1 == own:
+            src = self.grid_size
+            cls_entry = pos_embed[:, :1]
+        elif square(n):
+            src = square(n)
+        elif square(n - 1):
+            src = square(n - 1)
+            cls_entry = pos_embed[:, :1]
         else:
             raise ValueError(
                 f"checkpoint pos_embed has {n} tokens: neither this backbone's "
                 f'{self.grid_size[0]}x{self.grid_size[1]} grid nor a square grid '
                 '(with or without a CLS entry)'
             )
+        if cls_entry is not None:
+            pos_embed = pos_embed[:, 1:]
+            notes.append('split off its CLS entry')
         if tuple(src) != self.grid_size:
             notes.append(
                 f'resampled {src[0]}x{src[1]} -> '
