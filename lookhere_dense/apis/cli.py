@@ -280,10 +280,11 @@ def load_config(path: str, cfg_options: Optional[dict] = None):
     if cfg_options:
         opened = _open_unset_parents(cfg, cfg_options)
         check_cfg_options(cfg, cfg_options, lambda m: log_rank0(m, logging.WARNING))
-        _schedule_follows(cfg, cfg_options)
+        follows = _schedule_follows(cfg, cfg_options)
         cfg.merge_from_dict(cfg_options)
         _drop_delete_marks(cfg, cfg_options)
         _typed_if_built(cfg, opened)
+        _report_schedule(cfg, cfg_options, follows)
     return cfg
 
 
@@ -346,27 +347,54 @@ def _typed_if_built(cfg, opened: Sequence[Tuple[str, ...]]) -> None:
         )
 
 
-def _schedule_follows(cfg, cfg_options: Mapping[str, Any]) -> None:
+def _schedule_follows(cfg, cfg_options: Mapping[str, Any]) -> Optional[Tuple[Any, int, int]]:
     """``train_cfg.max_iters=N``: the iteration-based LR schedulers that ended with the
     old length end with the new one (:func:`lookhere_dense.engine.schedules.schedule_to`;
-    the config wrote their ``end`` as a number), with a note; ``param_scheduler`` options
-    given too are merged after and win."""
+    the config wrote their ``end`` as a number); ``param_scheduler`` options given too are
+    merged after and win. Returns ``(the schedulers before, old length, new length)`` for
+    the note (:func:`_report_schedule`, after the merge), or None."""
     new = cfg_options.get('train_cfg.max_iters')
     train_cfg = cfg.get('train_cfg')
     if not is_int(new) or new < 1 or not isinstance(train_cfg, Mapping):
-        return
+        return None
     if not is_int(train_cfg.get('max_iters')) or train_cfg['max_iters'] == new:
-        return
+        return None
+    import copy
+
     from ..engine.schedules import schedule_to
 
     old = train_cfg['max_iters']
-    changes = schedule_to(cfg, new)
-    if changes:
-        log_rank0(
-            f'--cfg-options train_cfg.max_iters={new} (the config: {old}): the LR schedule '
-            f'follows: {"; ".join(changes)}',
-            logging.WARNING,
-        )
+    before = copy.deepcopy(cfg.get('param_scheduler') or [])
+    schedule_to(cfg, new)
+    return before, old, new
+
+
+def _report_schedule(
+    cfg, cfg_options: Mapping[str, Any], follows: Optional[Tuple[Any, int, int]]
+) -> None:
+    """After the merge of ``--cfg-options``: the note on the schedule that runs (what
+    :func:`_schedule_follows` and the user's ``param_scheduler`` options moved, compared
+    with the config file's), and a warning for each iteration-based scheduler that ends
+    after ``max_iters`` (it cannot finish: a warm-up never reaches its peak)."""
+    touched = any(
+        k.split('.')[0] == 'param_scheduler' or k.startswith('train_cfg.max_iters')
+        for k in cfg_options
+    )
+    if follows is None and not touched:
+        return
+    from ..engine.schedules import describe_schedule, unfinished_schedulers
+
+    if follows is not None:
+        before, old, new = follows
+        changes = describe_schedule(before, cfg.get('param_scheduler') or [], old, new)
+        if changes:
+            log_rank0(
+                f'--cfg-options train_cfg.max_iters={new} (the config: {old}): the LR schedule '
+                f'follows: {"; ".join(changes)}',
+                logging.WARNING,
+            )
+    for line in unfinished_schedulers(cfg):
+        log_rank0(f'--cfg-options: {line}', logging.WARNING)
 
 
 def _open_unset_parents(cfg, cfg_options: Mapping[str, Any]) -> List[Tuple[str, ...]]:
@@ -428,6 +456,61 @@ _MISSING = object()
 OPTIONAL_KEYS = frozenset(
     {'dtype', 'loss_scale', 'fp16', 'clip_grad', 'accumulative_counts', 'decay_type'}
 )
+
+
+#: The registries of mmengine whose classes a config names by ``type`` (hooks, loops,
+#: optimizers and their wrappers, schedulers, models, datasets, transforms, ...).
+_TYPE_REGISTRIES = (
+    'HOOKS', 'LOOPS', 'OPTIM_WRAPPERS', 'OPTIMIZERS', 'OPTIM_WRAPPER_CONSTRUCTORS',
+    'PARAM_SCHEDULERS', 'MODELS', 'DATASETS', 'DATA_SAMPLERS', 'TRANSFORMS', 'METRICS',
+    'EVALUATOR', 'VISUALIZERS', 'VISBACKENDS', 'LOG_PROCESSORS', 'RUNNERS', 'MODEL_WRAPPERS',
+)  # fmt: skip
+
+
+def _class_arguments(node: Any) -> frozenset:
+    """The keyword arguments of the class a config section names by ``type`` (its
+    ``__init__``'s, and its bases' where it passes ``**kwargs`` on): keys such a section
+    may get though the config leaves them out (``default_hooks.checkpoint.save_best``).
+    Empty where the section has no ``type`` or the class cannot be found."""
+    typ = node.get('type') if isinstance(node, Mapping) else None
+    if typ is None:
+        return frozenset()
+    cls = typ if isinstance(typ, type) else None
+    if cls is None and isinstance(typ, str):
+        try:
+            import mmengine.registry as registries
+        except ImportError:
+            return frozenset()
+        names = [typ] if '.' in typ else [typ, *(f'{s}.{typ}' for s in ('mmseg', 'mmdet'))]
+        for attr in _TYPE_REGISTRIES:
+            registry = getattr(registries, attr, None)
+            for name in names:
+                try:
+                    found = registry.get(name) if registry is not None else None
+                except Exception:  # noqa: B902 - a scope that is not installed
+                    found = None
+                if isinstance(found, type):
+                    cls = found
+                    break
+            if cls is not None:
+                break
+    if cls is None:
+        return frozenset()
+    import inspect
+
+    args: set = set()
+    for klass in cls.__mro__:
+        init = vars(klass).get('__init__')
+        if init is None:
+            continue
+        try:
+            params = list(inspect.signature(init).parameters.values())
+        except (TypeError, ValueError):
+            break
+        args |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return frozenset(args - {'self'})
 
 
 def _lookup(node: Any, parts: Sequence[str]):
@@ -653,7 +736,11 @@ def check_cfg_options(cfg, options: dict, warn: Callable[[str], None]) -> None:
             where = '.'.join(parts[:depth]) or 'the top level'
             names = list(parent) if isinstance(parent, dict) else []
             close = close_names(parts[depth], names)
-            if close and parts[depth] not in OPTIONAL_KEYS:
+            if (
+                close
+                and parts[depth] not in OPTIONAL_KEYS
+                and parts[depth] not in _class_arguments(parent)
+            ):
                 raise ConfigError(
                     f'--cfg-options {key}: the config has no {parts[depth]!r} '
                     f'in {where}; did you mean {" or ".join(close)}?'

@@ -21,7 +21,10 @@ work dir without any checkpoint starts from iteration 0 with a warning (as mmeng
 so a job script can always pass ``--resume``); a work dir whose checkpoints are all
 unreadable is an error. Only the work dir's own checkpoints count: a ``last_checkpoint``
 naming a file in another folder (a work dir copied with ``cp -r``) is ignored with a
-warning naming both.
+warning naming both. ``--resume PATH`` of a file without the optimizer's state (a
+``save_best`` file: its warm-up would restart) is refused, naming ``load_from=`` for a new
+run from its weights; a local ``load_from`` file that is missing or cannot be read stops
+before the Runner, in one line.
 
 Faults of real machines lose nothing (``docs/faults.md``): checkpoints and
 ``last_checkpoint`` are written atomically (a full disk, a file-size limit, a read-only or
@@ -125,6 +128,35 @@ def _is_training_checkpoint(path: str) -> bool:
     from ..checkpoint import training_meta
 
     return training_meta(path) is not None
+
+
+def _missing_resume_state(path: str) -> Optional[str]:
+    """What a Runner's checkpoint lacks to resume a run exactly: ``'optimizer or LR
+    scheduler'`` for one without the optimizer's state (a ``CheckpointHook``'s
+    ``save_best`` file: mmengine would resume with a fresh optimizer and restart the
+    warm-up, silently); None otherwise. Tensors are memory-mapped, not read."""
+    from ..checkpoint import checkpoint_head
+
+    ckpt = checkpoint_head(path)
+    if not isinstance(ckpt, Mapping) or 'optimizer' in ckpt:
+        return None
+    return 'optimizer' + (' or LR scheduler' if 'param_schedulers' not in ckpt else '')
+
+
+def _check_load_from(cfg) -> None:
+    """A local ``load_from`` file that is missing or cannot be read is an error naming
+    ``load_from`` (:func:`~lookhere_dense.checkpoint.checkpoint_problem`: the reader
+    ``--resume`` uses), before the Runner starts."""
+    from ..checkpoint import checkpoint_problem
+
+    path = cfg.get('load_from')
+    if not isinstance(path, str) or not path or '://' in path:
+        return
+    if not osp.exists(path):
+        raise FileNotFoundError(f'load_from checkpoint {path!r} not found')
+    problem = checkpoint_problem(path)
+    if problem:
+        raise ToolError(f'load_from checkpoint {path!r} cannot be read: {problem}')
 
 
 def find_resume_checkpoint(
@@ -485,6 +517,14 @@ def build_train_config(
                 "or schedule: not a training run's iter_N.pth): to train from these weights, "
                 f'start a new run with --cfg-options load_from={resume}'
             )
+        missing = _missing_resume_state(resume)
+        if missing:
+            raise ToolError(
+                f'--resume checkpoint {resume!r} holds no {missing} state (a save_best file: '
+                'weights only, its LR warm-up would restart): resume with --resume '
+                f"WORK_DIR/iter_N.pth (a training run's), or start a new run from its weights "
+                f'with --cfg-options load_from={resume}'
+            )
         cfg.resume = True
         cfg.load_from = resume
     elif not cfg.get('resume'):  # the config's resume=True resumes from last_checkpoint
@@ -711,6 +751,8 @@ def train_model(config: str, verbose: bool = False, share_work_dir: bool = False
         lookhere_dense.errors.TrainingInterruptedError: SIGTERM / SIGINT stopped the run
             (after saving the iteration it ended).
         lookhere_dense.errors.CheckpointSaveError: a checkpoint could not be written.
+        FileNotFoundError, lookhere_dense.errors.ToolError: a local ``load_from`` file
+            that is missing or cannot be read (truncated, corrupt), before the Runner.
         lookhere_dense.errors.CheckpointError: ``--resume`` from a checkpoint whose
             optimizer state does not fit (another number of parameter groups, another
             optimizer type: :func:`lookhere_dense.engine.hooks.optimizer_state_problem`), before the first step.
@@ -719,6 +761,7 @@ def train_model(config: str, verbose: bool = False, share_work_dir: bool = False
 
     lookhere_dense.register_all_modules()
     cfg, notes = build_train_config(config, **options)
+    _check_load_from(cfg)
     lock = lock_work_dir(cfg.work_dir, share_work_dir, launcher=cfg.get('launcher', 'none'))
     notes += lock.notes if lock is not None else []
     try:

@@ -20,7 +20,16 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ['schedule_to', 'keep_config_schedule', 'replay_schedule']
+__all__ = [
+    'schedule_to',
+    'describe_schedule',
+    'unfinished_schedulers',
+    'keep_config_schedule',
+    'replay_schedule',
+]
+
+#: The settings of a scheduler that a change of the run's length moves.
+_LENGTH_KEYS = ('begin', 'end', 'T_max', 'total_steps', 'milestones')
 
 
 def schedule_to(cfg: Any, iters: int) -> List[str]:
@@ -30,23 +39,23 @@ def schedule_to(cfg: Any, iters: int) -> List[str]:
     ``iters / old``), none runs past it (epoch-based ones are left alone).
 
     Returns:
-        One line per scheduler changed (``param_scheduler[1] PolyLR: end 160000 -> 80``).
+        One line per scheduler changed (``param_scheduler[1] PolyLR: end 160000 -> 80``),
+        and one for a warm-up the new length ends inside (:func:`describe_schedule`).
 
     Raises:
         ValueError: ``cfg.train_cfg`` has no ``max_iters``.
     """
+    import copy
+
     old = cfg.train_cfg.get('max_iters')
     if old is None:
         raise ValueError('--iters needs an iteration-based train_cfg (max_iters)')
     cfg.train_cfg.max_iters = iters
     schedulers = cfg.get('param_scheduler') or []
-    single = isinstance(schedulers, dict)
-    changes = []
-    keys = ('begin', 'end', 'T_max', 'total_steps', 'milestones')
-    for i, sch in enumerate([schedulers] if single else schedulers):
+    before = copy.deepcopy(schedulers)
+    for sch in [schedulers] if isinstance(schedulers, dict) else schedulers:
         if sch.get('by_epoch', True):
             continue
-        before = {k: sch.get(k) for k in keys}
         end = sch.get('end', old)
         stretched = end >= old
         sch['end'] = iters if stretched else min(end, iters)
@@ -58,21 +67,93 @@ def schedule_to(cfg: Any, iters: int) -> List[str]:
         if isinstance(sch.get('milestones'), (list, tuple)):  # MultiStepLR: absolute steps
             scale = iters / old if stretched else 1.0
             sch['milestones'] = [min(iters, max(1, round(m * scale))) for m in sch['milestones']]
+    return describe_schedule(before, schedulers, old, iters)
+
+
+def describe_schedule(before: Any, after: Any, old: int, new: int) -> List[str]:
+    """What moved between the iteration-based schedulers ``before`` and ``after`` (a
+    config's ``param_scheduler``: a list or one dict) of a run whose length went from
+    ``old`` to ``new``: one line per scheduler changed (``param_scheduler[1] PolyLR: end
+    160000 -> 80``), and one more where ``new`` ends inside a warm-up that ended before
+    ``old`` (a scheduler that ended before the old length and after the new one): the run
+    then ends on that warm-up and the schedulers after it (the decay) are dropped."""
+    single = isinstance(after, dict)
+    befores = [before] if isinstance(before, dict) else list(before or [])
+    afters = [after] if single else list(after or [])
+    changes = []
+    for i, sch in enumerate(afters):
+        if sch.get('by_epoch', True):
+            continue
+        where = 'param_scheduler' if single else f'param_scheduler[{i}]'
+        b = befores[i] if i < len(befores) else None
+        if b is None or b.get('type') != sch.get('type'):  # given whole (--cfg-options)
+            changes.append(
+                f'{where} {sch.get("type")}: begin {sch.get("begin", 0)}, end '
+                f"{sch.get('end')} (not the config file's scheduler)"
+            )
+            continue
         moved = [
-            f'{k} {before[k]} -> {sch[k]}'
-            for k in keys
-            if k in sch and before[k] != sch[k] and not (k == 'end' and before[k] is None)
-        ] + ([f'end {sch["end"]} (was the length)'] if before['end'] is None else [])
+            f'{k} {b.get(k)} -> {sch[k]}'
+            for k in _LENGTH_KEYS
+            if k in sch and b.get(k) != sch[k] and not (k == 'end' and b.get(k) is None)
+        ] + (
+            [f'end {sch["end"]} (was the length)'] if b.get('end') is None and 'end' in sch else []
+        )
         if moved:
-            where = 'param_scheduler' if single else f'param_scheduler[{i}]'
             changes.append(f'{where} {sch.get("type")}: {", ".join(moved)}')
+
+    def kept(j: int) -> bool:  # the config file's scheduler still at its place
+        return j < len(afters) and afters[j].get('type') == befores[j].get('type')
+
+    for i, b in enumerate(befores):
+        end = b.get('end', old)
+        if b.get('by_epoch', True) or not isinstance(end, int) or not new < end < old:
+            continue
+        if not kept(i):
+            continue
+        later = [
+            f'param_scheduler[{j}] {c.get("type")}'
+            for j, c in enumerate(befores)
+            if j != i and kept(j) and not c.get('by_epoch', True) and (c.get('begin') or 0) >= end
+        ]
+        if later:
+            changes.append(
+                f'max_iters={new} ends inside param_scheduler[{i}] {b.get("type")} (to {end} in '
+                f'the config): the run ends on the warm-up, and the decay after it '
+                f'({", ".join(later)}) is dropped'
+            )
     return changes
+
+
+def unfinished_schedulers(cfg: Any) -> List[str]:
+    """One line per iteration-based scheduler of ``cfg`` that ends after
+    ``train_cfg.max_iters``: the run stops before it finishes (a warm-up never reaches its
+    peak LR)."""
+    max_iters = (cfg.get('train_cfg') or {}).get('max_iters')
+    schedulers = cfg.get('param_scheduler') or []
+    single = isinstance(schedulers, dict)
+    if not isinstance(max_iters, int):
+        return []
+    lines = []
+    for i, sch in enumerate([schedulers] if single else schedulers):
+        end = sch.get('end') if hasattr(sch, 'get') else None
+        if sch.get('by_epoch', True) or not isinstance(end, int) or end <= max_iters:
+            continue
+        where = 'param_scheduler' if single else f'param_scheduler[{i}]'
+        lines.append(
+            f'{where} {sch.get("type")} ends at iteration {end}, after train_cfg.max_iters='
+            f'{max_iters}: it cannot finish (a warm-up never reaches its peak LR); set its end '
+            f'to {max_iters} at most'
+        )
+    return lines
 
 
 def keep_config_schedule(runner: Any, checkpoint: Dict[str, Any]) -> Optional[str]:
     """Before a resumed Runner loads the schedulers' and the optimizer's state from
     ``checkpoint``: where a scheduler built from the config begins or ends elsewhere than
-    the saved one, or the config builds other schedulers than the checkpoint saved (another
+    the saved one or has other settings (``PolyLR``'s ``power`` / ``eta_min``, ...: the
+    arguments of its constructor), where the optimizer's values it starts from differ
+    (``optim_wrapper.optimizer.lr``: the schedulers' ``base_values``), or the config builds other schedulers than the checkpoint saved (another
     number of them, or another type at a place: ``[LinearLR, PolyLR]`` resumed with
     ``[PolyLR]``; a saved state's type is told by its keys and ``param_name``, compared with
     each built scheduler's own ``state_dict()``), the schedule of a fresh run of this config
@@ -124,14 +205,22 @@ def keep_config_schedule(runner: Any, checkpoint: Dict[str, Any]) -> Optional[st
                 '(other schedulers)'
             )
             continue
+        based = set()  # the optimizer's values (lr) the schedulers start from: once each
         for i, (state, sch, own) in enumerate(zip(states, schedulers, owns)):
             diff = [
                 f'{k} {state[k]} -> {own.get(k)}'
-                for k in ('begin', 'end')
-                if k in state and state[k] != own.get(k)
+                for k in ('begin', 'end') + _settings(sch)
+                if k in state and k in own and _differ(state[k], own[k])
             ]
             if diff:
                 moved.append(f'{where}[{i}] {type(sch).__name__}: {", ".join(diff)}')
+            name = own.get('param_name')
+            if name not in based and _differ(state.get('base_values'), own.get('base_values')):
+                based.add(name)
+                moved.append(
+                    f"the optimizer's {name} (optim_wrapper.optimizer) "
+                    f'{_short(state.get("base_values"))} -> {_short(own.get("base_values"))}'
+                )
     if not moved:
         return None
     step = (checkpoint.get('meta') or {}).get('iter')
@@ -167,9 +256,12 @@ def keep_config_schedule(runner: Any, checkpoint: Dict[str, Any]) -> Optional[st
     fresh_groups = built[0].optimizer.param_groups
     for i, (group, value) in enumerate(zip(targets, values)):
         group.update(value)
+        # the values the config's schedulers start from (``initial_lr``): the config's
+        fresh = fresh_groups[i] if i < len(fresh_groups) else {}
+        for key in [k for k in fresh if str(k).startswith('initial_') and k in group]:
+            group[key] = fresh[key]
         # what only a scheduler of the checkpoint set (a momentum): the config's value
         # (base_param_settings, after the groups, has no fresh group of its own)
-        fresh = fresh_groups[i] if i < len(fresh_groups) else {}
         for key in dropped | ({'betas'} if 'momentum' in dropped else set()):
             if key in fresh and key not in value:
                 group[key] = fresh[key]
@@ -184,6 +276,55 @@ def keep_config_schedule(runner: Any, checkpoint: Dict[str, Any]) -> Optional[st
         "the LR schedule follows this run's config, not the checkpoint's, replayed to "
         f'iteration {step}: {"; ".join(moved)}{at}'
     )
+
+
+def _differ(a: Any, b: Any) -> bool:
+    """Whether two saved settings differ (values that cannot be compared do not)."""
+    try:
+        return bool(a != b)
+    except Exception:  # noqa: B902 - arrays and the like: taken as equal
+        return False
+
+
+def _short(values: Any) -> str:
+    """Per-group values as the note gives them: one value where the groups agree."""
+    if isinstance(values, (list, tuple)) and values and all(v == values[0] for v in values):
+        values = values[0]
+    if isinstance(values, float):
+        return f'{values:.4g}'
+    if isinstance(values, (list, tuple)):
+        return (
+            '[' + ', '.join(f'{v:.4g}' if isinstance(v, float) else str(v) for v in values) + ']'
+        )
+    return str(values)
+
+
+def _settings(scheduler: Any) -> Tuple[str, ...]:
+    """The settings a scheduler's constructor takes besides the ones every scheduler has
+    (``LinearLR``: ``start_factor``, ``end_factor``; ``PolyLR``: ``eta_min``, ``power``),
+    as its ``state_dict()`` keeps them: a config that changes one of them changes the
+    schedule (its run state -- steps, last values -- is not a setting)."""
+    import inspect
+
+    names: List[str] = []
+    for klass in type(scheduler).__mro__:
+        init = vars(klass).get('__init__')
+        if init is None:
+            continue
+        try:
+            params = inspect.signature(init).parameters.values()
+        except (TypeError, ValueError):
+            break
+        names += [
+            p.name
+            for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.name not in _COMMON
+            and p.name not in names
+        ]
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return tuple(names)
 
 
 def _same_kind(state: Dict[str, Any], own: Dict[str, Any]) -> bool:
