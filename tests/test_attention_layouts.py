@@ -1,10 +1,10 @@
 """Inputs the models never make but callers of the engine can: a ``q`` whose head
 dimension is strided, an empty batch, a float16 bias beyond float16's range.
 
-* ``tiled`` and the flash route of ``sdpa`` / ``chunked`` (a learnable slope table that
-  trains, or any bfloat16 / float16 call) handed slices of ``q`` to PyTorch's CPU flash
-  kernel, which reads the head dimension as contiguous without checking it: wrong
-  outputs and gradients, or NaN / inf;
+* ``tiled`` and the flash route of ``sdpa`` / ``chunked`` (a bias that needs a gradient:
+  a learnable slope table that trains; in bfloat16 / float16 always, in float32 from 640²
+  pairs) handed slices of ``q`` to PyTorch's CPU flash kernel, which reads the head
+  dimension as contiguous without checking it: wrong outputs and gradients, or NaN / inf;
 * the ``fused`` backward refused an empty batch with a message about layouts;
 * a float16 table turned a bias beyond 65504 into ``-inf`` (a blocked key; a row of them
   gave NaN): refused, naming the way out.
@@ -35,7 +35,7 @@ def _strided(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize('backend', ['tiled', 'sdpa', 'chunked'])
+@pytest.mark.parametrize('backend', ['tiled'])  # sdpa / chunked: the next test (their route)
 def test_a_strided_head_dimension_gives_the_reference_output_and_gradients(backend):
     eng = LookHereAttentionEngine(PRESETS['lh90'], 4, 12)
     torch.manual_seed(0)

@@ -269,3 +269,45 @@ def test_register_tokens_in_an_abs_pos_embed_are_named(tmp_path: Path):
             pos_encoding='abs',
             init_values=None,
         )
+
+
+def test_our_own_abs_table_is_never_read_with_a_cls_entry(tmp_path: Path):
+    """A 7x7 ``pos_enc.pos_embed`` (49 entries, ours: never a CLS entry) into a 6x8 model
+    (48 = 49 - 1) was read as 6x8 + CLS: its first entry added to ``cls_token``, the rest
+    taken as the 6x8 grid unresampled. It is resampled, the CLS token untouched."""
+    kw = dict(KW, img_size=112)
+    torch.manual_seed(0)
+    src = LookHereVisionTransformer(pos_encoding='abs', **kw)
+    with torch.no_grad():
+        src.pos_enc.pos_embed.normal_()
+    path = tmp_path / 'abs7.pth'
+    torch.save({'state_dict': src.state_dict()}, path)
+    dst = LookHereVisionTransformer(pos_encoding='abs', **dict(KW, img_size=(96, 128)))
+    load_backbone_weights(dst, str(path))
+    assert torch.equal(dst.cls_token, src.cls_token)
+    expected, cls_entry, note = dst.pos_enc.adapt_checkpoint_embedding(
+        src.pos_enc.pos_embed.detach(), has_cls=False
+    )
+    assert cls_entry is None and note.startswith('resampled 7x7 -> 6x8')
+    assert torch.equal(dst.pos_enc.pos_embed.detach(), expected)
+
+
+def test_an_alibi2d_file_converted_before_encodings_were_recorded_loads_into_alibi2d(
+    tmp_path: Path,
+):
+    """Earlier conversions wrote the 2D-ALiBi config (every head unrestricted) without the
+    encoding: not taken for a LookHere model (it was refused from an alibi2d backbone)."""
+    from lookhere_dense.checkpoint import decode_extra_state
+    from lookhere_dense.lookhere.weights import EXTRA_STATE_KEY
+
+    sd = LookHereVisionTransformer(pos_encoding='alibi2d', **KW).state_dict()
+    record = decode_extra_state(sd[EXTRA_STATE_KEY])
+    tensors = {k: v for k, v in sd.items() if k != EXTRA_STATE_KEY}
+    path = tmp_path / 'old_alibi.pth'
+    meta = {'lookhere_config': record['lh_config'], 'num_heads': 12, 'source': 'x'}
+    torch.save({'state_dict': tensors, 'meta': meta}, path)
+    model = LookHereVisionTransformer(pos_encoding='alibi2d', **KW)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # no warning either: the same bias
+        load_backbone_weights(model, str(path))
+    assert torch.equal(model.blocks[0].attn.qkv.weight, tensors['blocks.0.attn.qkv.weight'])

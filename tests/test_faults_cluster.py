@@ -328,6 +328,21 @@ def test_a_sighup_ignored_by_nohup_stays_ignored():
         signal.signal(signal.SIGHUP, before)
 
 
+def test_the_acknowledgement_promises_a_save_only_where_one_happens(capfd):
+    """Without an iteration-based checkpoint hook (epoch-based loops) nothing is saved at
+    the stop: the line said it would be."""
+    from lookhere_dense.engine.preemption import SignalCheckpointHook
+
+    hook = SignalCheckpointHook()
+    hook.before_train(None)  # no checkpoint hook
+    try:
+        hook._handle(signal.SIGTERM, None)
+    finally:
+        hook.restore_handlers()
+    err = capfd.readouterr().err
+    assert 'SIGTERM received: the run stops (keeping its last checkpoint) after the' in err
+
+
 # ----------------------------------------------------------------------------------------
 # the work dir removed / read-only while the run trains
 # ----------------------------------------------------------------------------------------

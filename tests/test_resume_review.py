@@ -39,6 +39,7 @@ def test_resume_from_a_save_best_file_is_refused_naming_it(tmp_path):
         _config(tmp_path, resume=best)
     msg = str(exc.value)
     assert best in msg and 'no optimizer or LR scheduler state' in msg and 'save_best' in msg
+    assert "one of the run's iteration checkpoints" in msg
     assert f'load_from={best}' in msg and len(msg.splitlines()) == 1
 
 
@@ -55,6 +56,24 @@ def test_resume_from_a_training_checkpoint_is_not_refused(tmp_path):
     )
     cfg, _ = _config(tmp_path, resume=ckpt)
     assert cfg.resume is True and cfg.load_from == ckpt
+    # default_hooks.checkpoint.save_optimizer=False: the run's own file, its schedulers kept
+    kept = str(tmp_path / 'iter_12.pth')
+    torch.save(
+        dict(meta=dict(iter=12, epoch=0), state_dict={'w': torch.zeros(2)}, param_schedulers=[]),
+        kept,
+    )
+    cfg, _ = _config(tmp_path, resume=kept)
+    assert cfg.resume is True and cfg.load_from == kept
+
+
+def test_a_load_from_under_home_is_found_as_mmengine_finds_it(tmp_path, monkeypatch):
+    from lookhere_dense.apis.train import _check_load_from
+
+    monkeypatch.setenv('HOME', str(tmp_path))
+    torch.save(dict(state_dict={'w': torch.zeros(2)}), str(tmp_path / 'init.pth'))
+    _check_load_from({'load_from': '~/init.pth'})
+    with pytest.raises(FileNotFoundError, match="load_from checkpoint '.*gone.pth' not found"):
+        _check_load_from({'load_from': '~/gone.pth'})
 
 
 # 2 ---------------------------------------------------------------------------------------
@@ -179,8 +198,10 @@ def test_a_warm_up_longer_than_the_run_says_the_decay_is_dropped(monkeypatch):
     note = next(m for m in said if 'train_cfg.max_iters=20' in m and 'LR schedule' in m)
     assert 'param_scheduler[0] LinearLR: end 30 -> 20' in note
     assert (
-        'max_iters=20 ends inside param_scheduler[0] LinearLR (to 30 in the config): the run '
-        'ends on the warm-up, and the decay after it (param_scheduler[1] PolyLR) is dropped'
+        'max_iters=20 ends inside param_scheduler[0] LinearLR (to 30 in the config): the '
+        'warm-up is cut short and the decay after it (param_scheduler[1] PolyLR: iterations '
+        '19-20 of 30-300 in the config) has (almost) nothing left: the run ends at about the '
+        'peak LR'
     ) in note
     assert not [m for m in said if 'cannot finish' in m]  # the clipped warm-up ends at 20
     _, longer = _schedule_notes(monkeypatch, 'train_cfg.max_iters=100')

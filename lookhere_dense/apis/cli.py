@@ -375,7 +375,7 @@ def _report_schedule(
     """After the merge of ``--cfg-options``: the note on the schedule that runs (what
     :func:`_schedule_follows` and the user's ``param_scheduler`` options moved, compared
     with the config file's), and a warning for each iteration-based scheduler that ends
-    after ``max_iters`` (it cannot finish: a warm-up never reaches its peak)."""
+    after ``max_iters`` (it cannot finish: the LR never reaches the value it ends at)."""
     touched = any(
         k.split('.')[0] == 'param_scheduler' or k.startswith('train_cfg.max_iters')
         for k in cfg_options

@@ -131,16 +131,18 @@ def _is_training_checkpoint(path: str) -> bool:
 
 
 def _missing_resume_state(path: str) -> Optional[str]:
-    """What a Runner's checkpoint lacks to resume a run exactly: ``'optimizer or LR
-    scheduler'`` for one without the optimizer's state (a ``CheckpointHook``'s
-    ``save_best`` file: mmengine would resume with a fresh optimizer and restart the
-    warm-up, silently); None otherwise. Tensors are memory-mapped, not read."""
+    """What a Runner's checkpoint lacks to resume a run: ``'optimizer or LR scheduler'``
+    for one with neither state (a ``CheckpointHook``'s ``save_best`` file: mmengine would
+    resume with a fresh optimizer and restart the warm-up, silently); None otherwise. Tensors
+    are memory-mapped, not read."""
     from ..checkpoint import checkpoint_head
 
     ckpt = checkpoint_head(path)
-    if not isinstance(ckpt, Mapping) or 'optimizer' in ckpt:
+    # a save_optimizer=False checkpoint of the run keeps its schedulers: mmengine resumes
+    # it (a fresh optimizer state, the LR schedule where it was), as it always did
+    if not isinstance(ckpt, Mapping) or 'optimizer' in ckpt or 'param_schedulers' in ckpt:
         return None
-    return 'optimizer' + (' or LR scheduler' if 'param_schedulers' not in ckpt else '')
+    return 'optimizer or LR scheduler'
 
 
 def _check_load_from(cfg) -> None:
@@ -152,6 +154,7 @@ def _check_load_from(cfg) -> None:
     path = cfg.get('load_from')
     if not isinstance(path, str) or not path or '://' in path:
         return
+    path = osp.expanduser(path)  # as mmengine's local loader does
     if not osp.exists(path):
         raise FileNotFoundError(f'load_from checkpoint {path!r} not found')
     problem = checkpoint_problem(path)
@@ -520,10 +523,10 @@ def build_train_config(
         missing = _missing_resume_state(resume)
         if missing:
             raise ToolError(
-                f'--resume checkpoint {resume!r} holds no {missing} state (a save_best file: '
-                'weights only, its LR warm-up would restart): resume with --resume '
-                f"WORK_DIR/iter_N.pth (a training run's), or start a new run from its weights "
-                f'with --cfg-options load_from={resume}'
+                f'--resume checkpoint {resume!r} holds no {missing} state (weights only, as '
+                "a save_best file: the LR schedule would restart): resume from one of the run's "
+                'iteration checkpoints (WORK_DIR/iter_N.pth), or start a new run from its '
+                f'weights with --cfg-options load_from={resume}'
             )
         cfg.resume = True
         cfg.load_from = resume

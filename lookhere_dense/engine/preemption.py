@@ -65,6 +65,7 @@ class SignalCheckpointHook(Hook):
     def __init__(self):
         self._received: int = 0
         self._deferred = False
+        self._saves = True  # whether a signal's stop saves the iteration (before_train)
         self._previous: Dict[int, object] = {}
 
     # handlers ----------------------------------------------------------------------------
@@ -77,9 +78,10 @@ class SignalCheckpointHook(Hook):
             # acknowledged at once (a validation running now finishes first, which may take
             # minutes); os.write: no buffered stream is re-entered from a signal handler
             again = ' (Ctrl-C again stops at once)' if signum == signal.SIGINT else ''
+            act = 'saves and stops' if self._saves else 'stops (keeping its last checkpoint)'
             note = (
-                f'{signal.Signals(signum).name} received: the run saves and stops after the '
-                f'current training iteration; a validation running now finishes first{again}\n'
+                f'{signal.Signals(signum).name} received: the run {act} after the current '
+                f'training iteration; a validation running now finishes first{again}\n'
             )
             try:
                 os.write(2, note.encode())
@@ -105,6 +107,8 @@ class SignalCheckpointHook(Hook):
     def before_train(self, runner) -> None:
         self._received = 0
         self._deferred = False
+        hook = self._checkpoint_hook(runner)
+        self._saves = hook is not None and not hook.by_epoch  # as _save decides
         self._install()
 
     def after_train(self, runner) -> None:
@@ -138,7 +142,7 @@ class SignalCheckpointHook(Hook):
     def _checkpoint_hook(self, runner):
         from .checkpointing import AtomicCheckpointHook
 
-        for hook in runner.hooks:
+        for hook in getattr(runner, 'hooks', ()):
             if isinstance(hook, AtomicCheckpointHook):
                 return hook
         return None

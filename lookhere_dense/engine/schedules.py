@@ -75,8 +75,9 @@ def describe_schedule(before: Any, after: Any, old: int, new: int) -> List[str]:
     config's ``param_scheduler``: a list or one dict) of a run whose length went from
     ``old`` to ``new``: one line per scheduler changed (``param_scheduler[1] PolyLR: end
     160000 -> 80``), and one more where ``new`` ends inside a warm-up that ended before
-    ``old`` (a scheduler that ended before the old length and after the new one): the run
-    then ends on that warm-up and the schedulers after it (the decay) are dropped."""
+    ``old`` (a scheduler that ended before the old length and after the new one): the
+    warm-up is cut short and the schedulers after it (the decay) keep at most the last
+    iterations, so the run ends at about the peak LR."""
     single = isinstance(after, dict)
     befores = [before] if isinstance(before, dict) else list(before or [])
     afters = [after] if single else list(after or [])
@@ -112,15 +113,18 @@ def describe_schedule(before: Any, after: Any, old: int, new: int) -> List[str]:
         if not kept(i):
             continue
         later = [
-            f'param_scheduler[{j}] {c.get("type")}'
+            f'param_scheduler[{j}] {c.get("type")}: iterations {afters[j].get("begin", 0)}-'
+            f'{afters[j].get("end", new)} of {c.get("begin") or 0}-{c.get("end", old)} in the '
+            'config'
             for j, c in enumerate(befores)
             if j != i and kept(j) and not c.get('by_epoch', True) and (c.get('begin') or 0) >= end
         ]
         if later:
             changes.append(
                 f'max_iters={new} ends inside param_scheduler[{i}] {b.get("type")} (to {end} in '
-                f'the config): the run ends on the warm-up, and the decay after it '
-                f'({", ".join(later)}) is dropped'
+                f'the config): the warm-up is cut short and the decay after it '
+                f'({"; ".join(later)}) has (almost) nothing left: the run ends at about the '
+                'peak LR'
             )
     return changes
 
@@ -128,7 +132,7 @@ def describe_schedule(before: Any, after: Any, old: int, new: int) -> List[str]:
 def unfinished_schedulers(cfg: Any) -> List[str]:
     """One line per iteration-based scheduler of ``cfg`` that ends after
     ``train_cfg.max_iters``: the run stops before it finishes (a warm-up never reaches its
-    peak LR)."""
+    peak, a decay never its end value)."""
     max_iters = (cfg.get('train_cfg') or {}).get('max_iters')
     schedulers = cfg.get('param_scheduler') or []
     single = isinstance(schedulers, dict)
@@ -142,8 +146,8 @@ def unfinished_schedulers(cfg: Any) -> List[str]:
         where = 'param_scheduler' if single else f'param_scheduler[{i}]'
         lines.append(
             f'{where} {sch.get("type")} ends at iteration {end}, after train_cfg.max_iters='
-            f'{max_iters}: it cannot finish (a warm-up never reaches its peak LR); set its end '
-            f'to {max_iters} at most'
+            f'{max_iters}: it cannot finish (the LR never reaches the value it ends at); set '
+            f'its end to {max_iters} at most'
         )
     return lines
 

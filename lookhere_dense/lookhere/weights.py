@@ -811,12 +811,16 @@ def file_pos_encoding(weights: BackboneWeights) -> Optional[str]:
     ``_extra_state`` of a saved trunk, ``meta['pos_encoding']`` of a converted file,
     ``'lookhere'`` for official files), else told by its keys and record: a LookHere config
     without a recorded encoding (converted before encodings were recorded) is
-    ``'lookhere'``, a table ``pos_enc.pos_embed`` (only the ``'abs'`` trunk saves one) is
+    ``'lookhere'``, except one whose heads are all unrestricted (``head_directions='none'``:
+    2D ALiBi's, or the same bias as LookHere's: None), a table ``pos_enc.pos_embed`` (only the ``'abs'`` trunk saves one) is
     ``'abs'``; None (unknown: timm / DeiT-III / mmseg files, which fit any encoding)."""
     if weights.pos_encoding is not None:
         return weights.pos_encoding
     if weights.lh_config is not None:
-        return 'lookhere'
+        # every head unrestricted: 2D ALiBi's config, or a LookHere one with the same bias
+        # (files converted before the encoding was recorded cannot tell them apart)
+        directions = weights.lh_config.get('head_directions')
+        return None if directions == 'none' else 'lookhere'
     if 'pos_enc.pos_embed' in weights.state_dict:
         return 'abs'
     return None
@@ -901,7 +905,8 @@ def load_backbone_weights(
             sd = weights.state_dict
             try:
                 pos_embed, cls_entry, pos_note = model.pos_enc.adapt_checkpoint_embedding(
-                    sd.pop(stored[0])
+                    sd.pop(stored[0]),  # our own table never has a CLS entry
+                    has_cls=False if stored[0] == 'pos_enc.pos_embed' else None,
                 )
             except ValueError as err:
                 reg = sd.get('reg_token')

@@ -122,7 +122,7 @@ class AbsolutePositionEncoding(PositionEncoding):
         return x + self.embedding(grid_size).to(x.dtype)
 
     def adapt_checkpoint_embedding(
-        self, pos_embed: Tensor
+        self, pos_embed: Tensor, has_cls: Optional[bool] = None
     ) -> Tuple[Tensor, Optional[Tensor], str]:
         """A checkpoint's ``pos_embed`` resampled to this encoding's shape.
 
@@ -130,6 +130,9 @@ class AbsolutePositionEncoding(PositionEncoding):
         ViTs with a CLS entry, returned separately). ``(h, w)`` is this encoding's grid when
         ``N`` or ``N - 1`` matches it (tested first: a non-square grid with a CLS entry can
         have a square length), else the square ``sqrt(N)`` / ``sqrt(N - 1)`` grid.
+        ``has_cls`` settles it where the file tells: False for our own ``pos_enc.pos_embed``
+        (never a CLS entry: a 7x7 table into a 6x8 model is resampled, not read as 6x8 +
+        CLS), True for a table known to have one. Default: None (guessed as above).
 
         Returns:
             ``(patches, cls_entry, note)``: the ``(1, H*W, D)`` patch embedding, the
@@ -162,14 +165,16 @@ class AbsolutePositionEncoding(PositionEncoding):
         cls_entry = None
         # this grid exactly (with or without a CLS entry) before any square-grid guess: a
         # non-square h x w grid with CLS (e.g. 6x8 + 1 = 49) would else be read as a 7x7
-        if n == own:
+        plain = has_cls is not True  # N = h*w may be read
+        with_cls = has_cls is not False  # N = 1 + h*w may be read
+        if plain and n == own:
             src = self.grid_size
-        elif n - 1 == own:
+        elif with_cls and n - 1 == own:
             src = self.grid_size
             cls_entry = pos_embed[:, :1]
-        elif square(n):
+        elif plain and square(n):
             src = square(n)
-        elif square(n - 1):
+        elif with_cls and square(n - 1):
             src = square(n - 1)
             cls_entry = pos_embed[:, :1]
         else:
