@@ -267,7 +267,8 @@ def test_slide_settings_and_table():
     )
     table = format_table([row], (6, 6))
     assert (
-        '| test | input (median HxW) | patch grid | mIoU | aAcc | s / img | peak RSS MiB |' in table
+        '| test | input (median HxW) | patch grid | mIoU | aAcc | s / img | peak RSS MiB |'
+        in table
     )
     assert '| slide@x1 | 128x256 | 6x6 (windows) | 12.35 | 50.00 | 0.123 | 812 |' in table
     assert table.endswith("training crop grid: 6x6 patches (the config's data_preprocessor.size)")

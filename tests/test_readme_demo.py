@@ -103,7 +103,7 @@ def test_readme_cityscapes_sentence_is_the_field_of_view_report(readme: str):
 
 def test_segmentation_doc_tables_are_the_reports():
     text = (DOCS / 'segmentation.md').read_text()
-    header = '| test | input (median HxW) | patch grid | mIoU | aAcc | s / img | peak RSS MB |'
+    header = '| test | input (median HxW) | patch grid | mIoU | aAcc | s / img | peak RSS MiB |'
     tables = _all_tables(text, header)
     reports = [
         _json('seg_demo_ade20k.json')['rows'],
