@@ -32,6 +32,7 @@ __all__ = [
     'check_bool',
     'settings_from_dict',
     'close_names',
+    'keyword_arguments',
     'CLOSE_NAME_CUTOFF',
     'positive_pair',
     'env_choice',
@@ -205,6 +206,34 @@ def path_inside(path: str, folders: Iterable[str]) -> bool:
         if osp.commonpath([real, top]) == top:
             return True
     return False
+
+
+def keyword_arguments(cls: type) -> Tuple[str, ...]:
+    """The names a config may give ``cls``'s constructor, in order, ``self`` left out: its
+    ``__init__``'s arguments, and its bases' where it passes ``**kwargs`` on (a hook's
+    ``save_best``, a scheduler's ``eta_min`` / ``power``). Empty where no signature can be
+    read."""
+    import inspect
+
+    names: List[str] = []
+    for klass in cls.__mro__:
+        init = vars(klass).get('__init__')
+        if init is None:
+            continue
+        try:
+            params = list(inspect.signature(init).parameters.values())
+        except (TypeError, ValueError):
+            break
+        names += [
+            p.name
+            for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.name != 'self'
+            and p.name not in names
+        ]
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return tuple(names)
 
 
 def positive_pair(value: Any, single: bool = False) -> Optional[Tuple[int, int]]:

@@ -31,7 +31,7 @@ from typing import (
 )
 
 from ..errors import USER_ERRORS, ConfigError
-from ..validation import close_names, is_int, is_number
+from ..validation import close_names, is_int, is_number, keyword_arguments
 
 __all__ = [
     'quiet_mmengine_logger',
@@ -496,21 +496,7 @@ def _class_arguments(node: Any) -> frozenset:
                 break
     if cls is None:
         return frozenset()
-    import inspect
-
-    args: set = set()
-    for klass in cls.__mro__:
-        init = vars(klass).get('__init__')
-        if init is None:
-            continue
-        try:
-            params = list(inspect.signature(init).parameters.values())
-        except (TypeError, ValueError):
-            break
-        args |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-        if not any(p.kind == p.VAR_KEYWORD for p in params):
-            break
-    return frozenset(args - {'self'})
+    return frozenset(keyword_arguments(cls))
 
 
 def _lookup(node: Any, parts: Sequence[str]):

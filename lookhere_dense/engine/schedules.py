@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..validation import keyword_arguments
+
 __all__ = [
     'schedule_to',
     'describe_schedule',
@@ -308,27 +310,7 @@ def _settings(scheduler: Any) -> Tuple[str, ...]:
     (``LinearLR``: ``start_factor``, ``end_factor``; ``PolyLR``: ``eta_min``, ``power``),
     as its ``state_dict()`` keeps them: a config that changes one of them changes the
     schedule (its run state -- steps, last values -- is not a setting)."""
-    import inspect
-
-    names: List[str] = []
-    for klass in type(scheduler).__mro__:
-        init = vars(klass).get('__init__')
-        if init is None:
-            continue
-        try:
-            params = inspect.signature(init).parameters.values()
-        except (TypeError, ValueError):
-            break
-        names += [
-            p.name
-            for p in params
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-            and p.name not in _COMMON
-            and p.name not in names
-        ]
-        if not any(p.kind == p.VAR_KEYWORD for p in params):
-            break
-    return tuple(names)
+    return tuple(n for n in keyword_arguments(type(scheduler)) if n not in _COMMON)
 
 
 def _same_kind(state: Dict[str, Any], own: Dict[str, Any]) -> bool:
