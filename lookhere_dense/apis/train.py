@@ -121,28 +121,34 @@ def checkpoint_folder(cfg) -> Optional[str]:
     return f'{out_dir.rstrip("/")}/{name}' if '://' in out_dir else osp.join(out_dir, name)
 
 
-def _is_training_checkpoint(path: str) -> bool:
-    """Whether ``path`` (readable: :func:`~lookhere_dense.checkpoint.checkpoint_problem`)
-    is a Runner's checkpoint with the ``meta`` mmengine resumes from (a weights-only file
-    failed in mmengine with ``KeyError: 'meta'``). Tensors are memory-mapped, not read."""
-    from ..checkpoint import training_meta
+def _resume_refusal(path: str) -> Optional[str]:
+    """Why ``--resume path`` (readable: :func:`~lookhere_dense.checkpoint.checkpoint_problem`)
+    cannot resume a run, or None; the file's head is read once, its tensors memory-mapped:
 
-    return training_meta(path) is not None
-
-
-def _missing_resume_state(path: str) -> Optional[str]:
-    """What a Runner's checkpoint lacks to resume a run: ``'optimizer or LR scheduler'``
-    for one with neither state (a ``CheckpointHook``'s ``save_best`` file: mmengine would
-    resume with a fresh optimizer and restart the warm-up, silently); None otherwise. Tensors
-    are memory-mapped, not read."""
+    * no ``meta`` (a weights-only file: mmengine failed with ``KeyError: 'meta'``);
+    * neither the optimizer's nor the LR schedulers' state (a ``CheckpointHook``'s
+      ``save_best`` file: mmengine would resume with a fresh optimizer and restart the
+      warm-up, silently). A ``save_optimizer=False`` checkpoint of the run keeps its
+      schedulers: mmengine resumes it (a fresh optimizer state, the LR schedule where it
+      was), as it always did.
+    """
     from ..checkpoint import checkpoint_head
 
     ckpt = checkpoint_head(path)
-    # a save_optimizer=False checkpoint of the run keeps its schedulers: mmengine resumes
-    # it (a fresh optimizer state, the LR schedule where it was), as it always did
-    if not isinstance(ckpt, Mapping) or 'optimizer' in ckpt or 'param_schedulers' in ckpt:
-        return None
-    return 'optimizer or LR scheduler'
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get('meta'), dict):
+        return (
+            f'--resume checkpoint {path!r} holds weights only (no iteration, optimizer '
+            "or schedule: not a training run's iter_N.pth): to train from these weights, "
+            f'start a new run with --cfg-options load_from={path}'
+        )
+    if 'optimizer' not in ckpt and 'param_schedulers' not in ckpt:
+        return (
+            f'--resume checkpoint {path!r} holds no optimizer or LR scheduler state (weights '
+            'only, as a save_best file: the LR schedule would restart): resume from one of the '
+            "run's iteration checkpoints (WORK_DIR/iter_N.pth), or start a new run from its "
+            f'weights with --cfg-options load_from={path}'
+        )
+    return None
 
 
 def _check_load_from(cfg) -> None:
@@ -514,20 +520,9 @@ def build_train_config(
         problem = checkpoint_problem(resume)
         if problem:
             raise ToolError(f'--resume checkpoint {resume!r} cannot be read: {problem}')
-        if not _is_training_checkpoint(resume):
-            raise ToolError(
-                f'--resume checkpoint {resume!r} holds weights only (no iteration, optimizer '
-                "or schedule: not a training run's iter_N.pth): to train from these weights, "
-                f'start a new run with --cfg-options load_from={resume}'
-            )
-        missing = _missing_resume_state(resume)
-        if missing:
-            raise ToolError(
-                f'--resume checkpoint {resume!r} holds no {missing} state (weights only, as '
-                "a save_best file: the LR schedule would restart): resume from one of the run's "
-                'iteration checkpoints (WORK_DIR/iter_N.pth), or start a new run from its '
-                f'weights with --cfg-options load_from={resume}'
-            )
+        refusal = _resume_refusal(resume)
+        if refusal:
+            raise ToolError(refusal)
         cfg.resume = True
         cfg.load_from = resume
     elif not cfg.get('resume'):  # the config's resume=True resumes from last_checkpoint
